@@ -1,0 +1,113 @@
+"""What one replica reports about its convergence (the ``revision`` part of /status).
+
+Fields and meaning (CONTRACT.md section 6):
+
+- ``desired``: the revision the control plane last said is desired (None: never read).
+- ``loaded``: the last revision hydrated from the store (or the cache).
+- ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
+- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving).
+- ``lag_s``: seconds since desired first differed from active (0.0 when equal).
+  While the control plane is unreachable, "desired" is unknown, so lag keeps
+  growing from the moment the replica last knew it was converged.
+- ``last_convergence_s``: duration of the last successful publish.
+- ``consecutive_failures``: failed attempts since the last success.
+- ``last_rejection``: the last refused candidate (revision, reason, detail, at).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import trio
+
+from supervisor.events import utc_now_iso
+
+__all__ = ["RevisionStatus", "Source"]
+
+Source = Literal["control_plane", "last_known_good"]
+
+
+class RevisionStatus:
+    def __init__(self, clock: Callable[[], float] = trio.current_time) -> None:
+        self._clock = clock
+        self.desired: int | None = None
+        self.loaded: int | None = None
+        self.active: int | None = None
+        self.generation = 0
+        self.source: Source | None = None
+        self.last_convergence_s: float | None = None
+        self.consecutive_failures = 0
+        self.last_rejection: dict[str, Any] | None = None
+        self.last_error: str | None = None
+        self.control_plane_up = False
+        # Clock reading when desired first differed from active; None when converged.
+        self._diverged_at: float | None = None
+
+    def _track_lag(self) -> None:
+        converged = (
+            self.control_plane_up
+            and self.source == "control_plane"
+            and self.desired is not None
+            and self.desired == self.active
+        )
+        if converged:
+            self._diverged_at = None
+        elif self._diverged_at is None:
+            self._diverged_at = self._clock()
+
+    @property
+    def lag_s(self) -> float:
+        if self._diverged_at is None:
+            return 0.0
+        return max(0.0, self._clock() - self._diverged_at)
+
+    def observed(self, desired: int | None) -> None:
+        """A successful cheap read: the control plane is up and desires ``desired``."""
+        self.control_plane_up = True
+        self.desired = desired
+        self._track_lag()
+
+    def unreachable(self) -> None:
+        self.control_plane_up = False
+        self._track_lag()
+
+    def loaded_revision(self, revision: int) -> None:
+        self.loaded = revision
+
+    def published(self, revision: int, generation: int, source: Source, took_s: float) -> None:
+        self.active = revision
+        self.generation = generation
+        self.source = source
+        self.last_convergence_s = took_s
+        self._track_lag()
+
+    def succeeded(self) -> None:
+        self.consecutive_failures = 0
+        self.last_error = None
+
+    def failed(self, revision: int | None, reason: str, detail: str) -> None:
+        """A failed attempt. Refusals of a candidate revision also set ``last_rejection``."""
+        self.consecutive_failures += 1
+        self.last_error = f"{reason}: {detail}"
+        if revision is not None:
+            self.last_rejection = {
+                "revision": revision,
+                "reason": reason,
+                "detail": detail,
+                "at": utc_now_iso(),
+            }
+        self._track_lag()
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "desired": self.desired,
+            "loaded": self.loaded,
+            "active": self.active,
+            "generation": self.generation,
+            "source": self.source,
+            "lag_s": round(self.lag_s, 6),
+            "last_convergence_s": self.last_convergence_s,
+            "consecutive_failures": self.consecutive_failures,
+            "last_rejection": self.last_rejection,
+        }

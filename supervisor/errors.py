@@ -1,0 +1,64 @@
+"""The root of every exception this package raises on purpose.
+
+Foreign errors (psycopg, httpx, msgspec, nacl, OS) are mapped to these at the
+module that touches the foreign library, chained with ``raise ... from exc``,
+so a caller never needs to know which driver sits underneath::
+
+    SupervisorError
+    ├── ConfigError              invalid configuration (exit 2); names the $.path
+    ├── UsageError               bad command line or input file (exit 2)
+    ├── BootRefused              nothing servable at boot (exit 3); names the refusal
+    ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
+    ├── controlplane.store.ControlPlaneError   store failures, by category
+    ├── revision.errors.RevisionError          decode and compile refusals, by reason
+    ├── sinks.lkg.CacheError                   last-known-good refusals
+    ├── kube.errors.KubeError                  Kubernetes API failures
+    └── admin.errors.AdminError                admin server start failures
+
+Each feature's module docstring draws its own sub-tree.
+"""
+
+from __future__ import annotations
+
+
+class SupervisorError(Exception):
+    """Base class of every error raised on purpose by this package."""
+
+
+class ConfigError(SupervisorError):
+    """The configuration is invalid. ``path`` is the JSON-path of the bad key."""
+
+    def __init__(self, path: str, reason: str, *, source: str | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{path}: {reason}")
+
+
+class UsageError(SupervisorError):
+    """The command line or an input file named on it is invalid (exit 2)."""
+
+
+class BootRefused(SupervisorError):
+    """No servable snapshot could be reached at boot (exit 3).
+
+    ``refusal`` is a short label (``empty``, ``corrupt``, ``rejected``,
+    ``unavailable``, ``cache`` ...); the message says why in full.
+    """
+
+    def __init__(self, refusal: str, message: str) -> None:
+        self.refusal = refusal
+        super().__init__(message)
+
+
+class SupervisionGaveUp(SupervisorError):
+    """A child crashed more than ``restart_intensity`` times within the period (exit 4)."""
+
+    def __init__(self, child: str, restarts: int, period_s: float) -> None:
+        self.child = child
+        self.restarts = restarts
+        self.period_s = period_s
+        super().__init__(
+            f"child {child!r} restarted {restarts} times within {period_s:g} s; giving up"
+        )

@@ -1,0 +1,65 @@
+"""The one catalogue of every low-cardinality label this daemon emits.
+
+Metrics pre-initialise every label listed here, the status report and the
+stream use exactly these strings, and the README's troubleshooting table is
+keyed by them. A new label is added here first; nothing else spells one.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+# Why a candidate revision was refused (CONTRACT.md sections 4 and 5).
+UNAVAILABLE: Final = "unavailable"  # connection failure or timeout
+CONFLICT: Final = "conflict"  # serialization conflict
+NOT_FOUND: Final = "not_found"  # desired points at a missing revision
+INVALID: Final = "invalid"  # the store refused a malformed request
+DENIED: Final = "denied"  # privileges, or a body over max_revision_bytes
+CORRUPT: Final = "corrupt"  # digest mismatch or undecodable body
+INCOMPATIBLE: Final = "incompatible"  # schema_version newer than this build reads
+VALIDATION: Final = "validation"  # shape or constraint, with the $.path
+PROJECTION: Final = "projection"  # a key names an unknown alias
+SECRET: Final = "secret"  # a secret reference cannot be resolved
+SNAPSHOT: Final = "snapshot"  # the snapshot cannot be built
+
+RevisionReason = Literal[
+    "unavailable",
+    "conflict",
+    "not_found",
+    "invalid",
+    "denied",
+    "corrupt",
+    "incompatible",
+    "validation",
+    "projection",
+    "secret",
+    "snapshot",
+]
+
+REVISION_REASONS: Final[tuple[RevisionReason, ...]] = (
+    UNAVAILABLE,
+    CONFLICT,
+    NOT_FOUND,
+    INVALID,
+    DENIED,
+    CORRUPT,
+    INCOMPATIBLE,
+    VALIDATION,
+    PROJECTION,
+    SECRET,
+    SNAPSHOT,
+)
+
+# What one convergence attempt did.
+OUTCOMES: Final = ("published", "converged", "empty", "rejected")
+
+# Why a fan-out preflight failed (CONTRACT.md section 6, `last_error_class`).
+SCHEMA_SKEW: Final = "schema_skew"
+NAMESPACE_OR_RBAC_UNREADY: Final = "namespace_or_rbac_unready"
+FANOUT_ERROR_CLASSES: Final = (SCHEMA_SKEW, NAMESPACE_OR_RBAC_UNREADY)
+FANOUT_KINDS: Final = ("ServiceDefinition", "Workflow")
+FANOUT_APPLY_RESULTS: Final = ("applied", "unchanged", "deleted", "conflict", "error")
+
+# Last-known-good cache events.
+LKG_EVENTS: Final = ("exported", "export_failed", "restored", "refused")
+SINKS: Final = ("snapshot_file", "cache")

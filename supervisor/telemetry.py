@@ -1,0 +1,139 @@
+"""Every Prometheus metric of the daemon, in one place.
+
+One :class:`Metrics` per process (tests make their own), each on its own
+``CollectorRegistry`` so nothing leaks between tests. Names follow Prometheus
+conventions (``_total`` counters, ``_seconds`` units). Revision ids are gauge
+*values*, never labels; every label value comes from :mod:`supervisor.reasons`
+and is pre-initialised to 0 so a rate() over a never-seen reason is 0, not absent.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from supervisor import reasons
+
+__all__ = ["Metrics"]
+
+NS = "supervisor"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        if process:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+
+        # Convergence.
+        self.convergence_attempts = Counter(
+            "convergence_attempts", "Convergence attempts by outcome.", ["outcome"],
+            namespace=NS, registry=r,
+        )
+        self.convergence_duration = Histogram(
+            "convergence_duration_seconds", "Duration of one convergence attempt.",
+            namespace=NS, registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.revision_rejections = Counter(
+            "revision_rejections", "Refused candidate revisions by reason.", ["reason"],
+            namespace=NS, registry=r,
+        )
+        self.desired_revision = Gauge(
+            "desired_revision", "The control plane's desired revision id (0 = none).",
+            namespace=NS, registry=r,
+        )
+        self.active_revision = Gauge(
+            "active_revision", "The revision id of the active snapshot (0 = none).",
+            namespace=NS, registry=r,
+        )
+        self.active_generation = Gauge(
+            "active_generation", "The generation of the active snapshot.",
+            namespace=NS, registry=r,
+        )
+        self.convergence_lag = Gauge(
+            "convergence_lag_seconds", "Time since desired first differed from active.",
+            namespace=NS, registry=r,
+        )
+        self.control_plane_up = Gauge(
+            "control_plane_up", "1 when the last control-plane read succeeded.",
+            namespace=NS, registry=r,
+        )
+        self.sink_write_failures = Counter(
+            "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"],
+            namespace=NS, registry=r,
+        )
+        self.last_known_good_events = Counter(
+            "last_known_good_events", "Last-known-good cache exports, restores, refusals.",
+            ["event"], namespace=NS, registry=r,
+        )
+
+        # LISTEN.
+        self.listen_connected = Gauge(
+            "listen_connected", "1 while the LISTEN connection is established.",
+            namespace=NS, registry=r,
+        )
+        self.listen_notifications = Counter(
+            "listen_notifications", "Notifications received on the LISTEN channel.",
+            namespace=NS, registry=r,
+        )
+        self.listen_reconnects = Counter(
+            "listen_reconnects", "LISTEN connection (re)connect attempts that failed.",
+            namespace=NS, registry=r,
+        )
+
+        # Fan-out.
+        self.fanout_preflight_failures = Counter(
+            "fanout_preflight_failures", "Failed fan-out preflights by kind and error class.",
+            ["kind", "error_class"], namespace=NS, registry=r,
+        )
+        self.fanout_applies = Counter(
+            "fanout_applies", "Fan-out child writes by kind and result.", ["kind", "result"],
+            namespace=NS, registry=r,
+        )
+        self.fanout_watch_restarts = Counter(
+            "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.", ["kind"],
+            namespace=NS, registry=r,
+        )
+        self.fanout_objects = Gauge(
+            "fanout_objects", "Parent objects currently watched, by kind.", ["kind"],
+            namespace=NS, registry=r,
+        )
+
+        # Supervision and admin.
+        self.child_restarts = Counter(
+            "child_restarts", "Restarts of supervised children.", ["child"],
+            namespace=NS, registry=r,
+        )
+        self.stream_clients = Gauge(
+            "stream_clients", "Connected live-stream WebSocket clients.",
+            namespace=NS, registry=r,
+        )
+        self.stream_dropped = Counter(
+            "stream_dropped_clients", "Stream clients closed for falling behind.",
+            namespace=NS, registry=r,
+        )
+
+        for outcome in reasons.OUTCOMES:
+            self.convergence_attempts.labels(outcome)
+        for reason in reasons.REVISION_REASONS:
+            self.revision_rejections.labels(reason)
+        for sink in reasons.SINKS:
+            self.sink_write_failures.labels(sink)
+        for event in reasons.LKG_EVENTS:
+            self.last_known_good_events.labels(event)
+        for kind in reasons.FANOUT_KINDS:
+            self.fanout_objects.labels(kind)
+            self.fanout_watch_restarts.labels(kind)
+            for error_class in reasons.FANOUT_ERROR_CLASSES:
+                self.fanout_preflight_failures.labels(kind, error_class)
+            for result in reasons.FANOUT_APPLY_RESULTS:
+                self.fanout_applies.labels(kind, result)

@@ -1,0 +1,230 @@
+"""The supervision tree: one-for-one restarts of long-lived children.
+
+A :class:`ChildSpec` names a child, its start function, its restart type and
+its shutdown timeout. The start function has trio's ``nursery.start`` shape::
+
+    async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        ... set up ...
+        task_status.started()       # "I am serving": readiness is explicit
+        ... serve until cancelled ...
+
+:meth:`Supervisor.run` starts the children in order, each with
+``nursery.start``, and reports started (to its own caller) once every child
+has reported started, which is what ``READY=1`` waits for.
+
+Restart semantics follow OTP's one_for_one: only the crashed child restarts,
+its siblings keep running.
+
+- ``permanent``: always restarted, also when it returns.
+- ``transient``: restarted only when it crashes; a normal return ends it.
+- ``temporary``: never restarted.
+
+Restarts wait an exponential backoff with jitter (``BACKOFF_INITIAL_S`` doubling
+to ``BACKOFF_MAX_S``). More than ``intensity`` restarts of one child within
+``period_s`` raise :class:`~supervisor.errors.SupervisionGaveUp`, which ends
+the process with exit 4 so systemd or Kubernetes restart it whole.
+
+A crash is logged once, with its traceback. ``trio.Cancelled`` is a
+``BaseException`` and is never caught here, so shutdown always unwinds.
+
+Shutdown (:meth:`Supervisor.shutdown`) stops children in reverse start order,
+giving each up to its ``shutdown_timeout_s`` to unwind (children clean up in
+``finally`` blocks under ``trio.move_on_after(..., shield=True)``).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import traceback
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+import trio
+
+from supervisor.errors import SupervisionGaveUp
+from supervisor.logs import get_logger
+
+__all__ = ["ChildSpec", "ChildState", "Restart", "Supervisor"]
+
+log = get_logger("tree")
+
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+class StartFn(Protocol):
+    def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
+
+
+class Restart(enum.Enum):
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+    TEMPORARY = "temporary"
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str
+    start: Callable[..., Awaitable[None]]
+    restart: Restart = Restart.PERMANENT
+    shutdown_timeout_s: float = 5.0
+
+
+@dataclass
+class ChildState:
+    """What the status report shows of one child."""
+
+    state: str = "starting"  # starting, running, backoff, stopped, failed
+    restarts: int = 0
+    last_error: str | None = None
+    recent: deque[float] = field(default_factory=deque)
+    started: bool = False
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def report(self) -> dict[str, Any]:
+        return {"state": self.state, "restarts": self.restarts, "last_error": self.last_error}
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _describe(exc.exceptions[0])
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: list[ChildSpec],
+        *,
+        intensity: int,
+        period_s: float,
+        on_restart: Callable[[str], None] | None = None,
+        on_change: Callable[[], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate child names in {names}")
+        self.specs = list(specs)
+        self.intensity = intensity
+        self.period_s = period_s
+        self.children: dict[str, ChildState] = {spec.name: ChildState() for spec in specs}
+        self._on_restart = on_restart
+        self._on_change = on_change
+        self._rng = rng or random.Random()
+
+    # -- reading -------------------------------------------------------------
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        return {name: child.report() for name, child in self.children.items()}
+
+    @property
+    def crash_looping(self) -> bool:
+        """True while some child waits to restart after two or more recent crashes."""
+        return any(c.state == "backoff" and len(c.recent) >= 2 for c in self.children.values())
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every child until cancelled, or until one exceeds the restart intensity."""
+        async with trio.open_nursery() as nursery:
+            for spec in self.specs:
+                await nursery.start(self._supervise, spec)
+            task_status.started()
+
+    async def shutdown(self) -> None:
+        """Stop children in reverse start order, each within its shutdown timeout."""
+        for spec in reversed(self.specs):
+            child = self.children[spec.name]
+            child.scope.cancel()
+            with trio.move_on_after(spec.shutdown_timeout_s, shield=True) as scope:
+                await child.done.wait()
+            if scope.cancelled_caught:
+                log.warning("child did not stop in time", child=spec.name,
+                            timeout_s=spec.shutdown_timeout_s)
+
+    def _set(self, child: ChildState, state: str) -> None:
+        if child.state != state:
+            child.state = state
+            if self._on_change is not None:
+                self._on_change()
+
+    async def _supervise(
+        self, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        structlog.contextvars.bind_contextvars(child=spec.name)
+        child = self.children[spec.name]
+        reported = False
+
+        def report_started() -> None:
+            nonlocal reported
+            if not reported:
+                reported = True
+                task_status.started()
+
+        try:
+            with child.scope:
+                while True:
+                    crashed: BaseException | None = None
+                    try:
+                        async with trio.open_nursery() as inner:
+                            await inner.start(spec.start)
+                            child.started = True
+                            self._set(child, "running")
+                            report_started()
+                    except Exception as exc:  # Cancelled is a BaseException: never caught
+                        crashed = exc
+                    if crashed is None:
+                        if spec.restart is not Restart.PERMANENT:
+                            log.info("child finished", child=spec.name)
+                            self._set(child, "stopped")
+                            report_started()
+                            return
+                        child.last_error = "returned while permanent"
+                        log.warning("permanent child returned; restarting", child=spec.name)
+                    else:
+                        child.last_error = _describe(crashed)
+                        log.error(
+                            "child crashed",
+                            child=spec.name,
+                            error=child.last_error,
+                            traceback="".join(traceback.format_exception(crashed)),
+                        )
+                        if spec.restart is Restart.TEMPORARY:
+                            self._set(child, "failed")
+                            report_started()
+                            return
+                    await self._before_restart(spec, child)
+        finally:
+            child.done.set()
+
+    async def _before_restart(self, spec: ChildSpec, child: ChildState) -> None:
+        now = trio.current_time()
+        child.recent.append(now)
+        while child.recent and child.recent[0] <= now - self.period_s:
+            child.recent.popleft()
+        if len(child.recent) > self.intensity:
+            self._set(child, "failed")
+            log.critical(
+                "restart intensity exceeded; giving up",
+                child=spec.name,
+                restarts=len(child.recent),
+                period_s=self.period_s,
+            )
+            raise SupervisionGaveUp(spec.name, len(child.recent), self.period_s)
+        child.restarts += 1
+        if self._on_restart is not None:
+            self._on_restart(spec.name)
+        delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (len(child.recent) - 1))
+        delay *= self._rng.uniform(0.8, 1.2)
+        self._set(child, "backoff")
+        log.info("restarting child", child=spec.name, delay_s=round(delay, 3),
+                 restarts=child.restarts)
+        await trio.sleep(delay)
+        self._set(child, "starting")
