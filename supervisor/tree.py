@@ -19,6 +19,11 @@ its siblings keep running.
 - ``transient``: restarted only when it crashes; a normal return ends it.
 - ``temporary``: never restarted.
 
+A child that raises :class:`~supervisor.errors.ConfigError` or
+:class:`~supervisor.errors.BootRefused` is not restarted: no restart fixes a
+port in use or an unservable boot, so the error ends the process with its own
+exit code.
+
 Restarts wait an exponential backoff with jitter (``BACKOFF_INITIAL_S`` doubling
 to ``BACKOFF_MAX_S``). More than ``intensity`` restarts of one child within
 ``period_s`` raise :class:`~supervisor.errors.SupervisionGaveUp`, which ends
@@ -45,7 +50,7 @@ from typing import Any, Protocol
 import structlog
 import trio
 
-from supervisor.errors import SupervisionGaveUp
+from supervisor.errors import BootRefused, ConfigError, SupervisionGaveUp
 from supervisor.logs import get_logger
 
 __all__ = ["ChildSpec", "ChildState", "Restart", "Supervisor"]
@@ -95,6 +100,17 @@ def _describe(exc: BaseException) -> str:
         return _describe(exc.exceptions[0])
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _fatal(exc: BaseException) -> BaseException | None:
+    if isinstance(exc, ConfigError | BootRefused):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _fatal(inner)
+            if found is not None:
+                return found
+    return None
 
 
 class Supervisor:
@@ -179,6 +195,11 @@ class Supervisor:
                             self._set(child, "running")
                             report_started()
                     except Exception as exc:  # Cancelled is a BaseException: never caught
+                        fatal = _fatal(exc)
+                        if fatal is not None:
+                            # No restart can fix a bad configuration or a refused boot.
+                            self._set(child, "failed")
+                            raise fatal from None
                         crashed = exc
                     if crashed is None:
                         if spec.restart is not Restart.PERMANENT:
