@@ -88,6 +88,7 @@ class ChildState:
     last_error: str | None = None
     recent: deque[float] = field(default_factory=deque)
     started: bool = False
+    entered: bool = False
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -159,6 +160,8 @@ class Supervisor:
         for spec in reversed(self.specs):
             child = self.children[spec.name]
             child.scope.cancel()
+            if not child.entered:
+                continue  # never started: nothing to wait for
             with trio.move_on_after(spec.shutdown_timeout_s, shield=True) as scope:
                 await child.done.wait()
             if scope.cancelled_caught:
@@ -176,6 +179,7 @@ class Supervisor:
     ) -> None:
         structlog.contextvars.bind_contextvars(child=spec.name)
         child = self.children[spec.name]
+        child.entered = True
         reported = False
 
         def report_started() -> None:

@@ -1,1 +1,1 @@
-"""lifecycle"""
+"""Process lifecycle: signals and the systemd notify protocol."""

@@ -1,0 +1,271 @@
+"""The daemon: builds every component from the configuration and runs the root nursery.
+
+Start-up order, and why:
+
+1. The signal receiver, before anything slow (PID 1 in a container drops
+   signals that have no handler).
+2. The supervision tree, children in this order: ``admin`` (so /healthz and
+   /readyz answer during bootstrap), ``listen`` (PostgreSQL with
+   ``listen = true``: a notification during bootstrap wakes the loop right
+   after it), ``convergence`` (reports started only once the first snapshot is
+   published, or refuses to boot with exit 3), then one watcher per fan-out
+   kind (started while dormant in their preflight, so readiness never waits
+   for Kubernetes).
+3. ``READY=1`` once the tree reports every child started.
+
+Shutdown: the first SIGTERM/SIGINT sends ``STOPPING=1`` and stops the children
+in reverse order within ``shutdown_grace_s``; whatever is still running then is
+cancelled. A second signal cancels at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from supervisor import logs
+from supervisor.config import Config, load
+from supervisor.convergence.signal import ChangeSignal
+from supervisor.convergence.status import RevisionStatus
+from supervisor.errors import ConfigError
+from supervisor.events import EventBus
+from supervisor.fanout.status import FanoutStatus
+from supervisor.lifecycle.signals import HANDLED, HupHooks
+from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
+from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
+from supervisor.tree import ChildSpec, Restart, Supervisor
+
+__all__ = ["Daemon", "run_daemon"]
+
+log = logs.get_logger("daemon")
+
+# After a second signal, or past the grace, how long cancellation may take
+# before the process is ended without further cleanup. Every write the daemon
+# makes is atomic (temp file + rename), so nothing is lost either way.
+HARD_EXIT_AFTER_S = 2.0
+
+
+@dataclass
+class Daemon:
+    config: Config
+    config_path: str | None = None
+    notifier: Notifier = field(default_factory=Notifier)
+    metrics: Metrics = field(default_factory=Metrics)
+    events: EventBus = field(default_factory=EventBus)
+    state: ActiveState = field(default_factory=ActiveState)
+    status: RevisionStatus = field(default_factory=RevisionStatus)
+    signal: ChangeSignal = field(default_factory=ChangeSignal)
+    hup: HupHooks = field(default_factory=HupHooks)
+    fanout: dict[str, FanoutStatus] = field(default_factory=dict)
+    tree: Supervisor | None = None
+    admin_address: tuple[str, int] | None = None
+    _stopping: bool = False
+    _ready: bool = False
+
+    # -- children --------------------------------------------------------------
+
+    def _admin_child(self) -> ChildSpec:
+        from supervisor.admin.context import AdminContext
+        from supervisor.admin.server import read_token, serve_admin
+
+        cfg = self.config.admin
+        token = read_token(cfg.token_file) if cfg.token_file else None
+        ctx = AdminContext(
+            state=self.state,
+            revision=self.status,
+            events=self.events,
+            metrics=self.metrics,
+            children=lambda: self.tree.report() if self.tree is not None else {},
+            fanout=self.fanout,
+            token=token,
+        )
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(serve_admin, ctx, cfg.listen)
+                self.admin_address = address
+                log.info("admin API listening", address=f"{address[0]}:{address[1]}")
+                task_status.started()
+
+        return ChildSpec("admin", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    def _convergence_child(self) -> ChildSpec:
+        from supervisor.controlplane.store import open_store
+        from supervisor.revision.document import SCHEMA_VERSION
+        from supervisor.revision.secrets import EnvFileResolver
+
+        cp = self.config.control_plane
+        cache = None
+        if self.config.cache.path is not None:
+            from supervisor.sinks.lkg import LastKnownGood
+
+            cache = LastKnownGood(
+                self.config.cache.path,
+                signing_key_path=self.config.cache.signing_key,
+                trusted_keys=self.config.cache.trusted_keys,
+                max_schema_version=SCHEMA_VERSION,
+            )
+        snapshot_file = None
+        if self.config.snapshot.path is not None:
+            from supervisor.sinks.file import SnapshotFile
+
+            snapshot_file = SnapshotFile(self.config.snapshot.path)
+        from supervisor.convergence.reconciler import Reconciler
+
+        store = open_store(cp, max_schema_version=SCHEMA_VERSION)
+        reconciler = Reconciler(
+            store,
+            state=self.state,
+            status=self.status,
+            metrics=self.metrics,
+            events=self.events,
+            signal=self.signal,
+            poll_interval_s=cp.poll_interval_s,
+            backoff_initial_s=cp.backoff_initial_s,
+            backoff_max_s=cp.backoff_max_s,
+            resolver=EnvFileResolver(),
+            cache=cache,
+            snapshot_file=snapshot_file,
+            on_status=self.notifier.status,
+        )
+        self.hup.register("converge-now", lambda: self.signal.notify("sighup"))
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await reconciler.run(task_status=task_status)
+            finally:
+                with trio.move_on_after(2.0, shield=True):
+                    await store.aclose()
+
+        return ChildSpec("convergence", run, Restart.PERMANENT, shutdown_timeout_s=3.0)
+
+    def _listen_child(self) -> ChildSpec | None:
+        cp = self.config.control_plane
+        if cp.backend != "postgresql" or not cp.listen:
+            return None
+        from supervisor.controlplane.listen import run_listener
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            await run_listener(cp, self.signal, self.metrics, task_status=task_status)
+
+        return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    def _fanout_children(self) -> list[ChildSpec]:
+        if not self.config.kubernetes.enabled:
+            return []
+        from supervisor.fanout.children import fanout_children
+
+        return fanout_children(self.config.kubernetes, self.metrics, self.fanout)
+
+    def build_tree(self) -> Supervisor:
+        specs = [self._admin_child()]
+        listen = self._listen_child()
+        if listen is not None:
+            specs.append(listen)
+        specs.append(self._convergence_child())
+        specs.extend(self._fanout_children())
+        sup = self.config.supervisor
+        self.tree = Supervisor(
+            specs,
+            intensity=sup.restart_intensity,
+            period_s=sup.restart_period_s,
+            on_restart=lambda name: self.metrics.child_restarts.labels(name).inc(),
+            on_change=self._tree_changed,
+        )
+        return self.tree
+
+    def _tree_changed(self) -> None:
+        if self.tree is None:
+            return
+        report = self.tree.report()
+        self.events.publish("status", {"children": report})
+        troubled = [name for name, child in report.items()
+                    if child["state"] in ("backoff", "failed")]
+        if troubled and self._ready:
+            self.notifier.status("restarting: " + ", ".join(troubled))
+
+    # -- signals ---------------------------------------------------------------
+
+    def _reload_log_level(self) -> None:
+        if self.config_path is None:
+            return
+        try:
+            fresh = load(self.config_path)
+        except ConfigError as exc:
+            log.error("SIGHUP: configuration not reloaded", error=str(exc))
+            return
+        logs.set_level(fresh.log.level)
+        log.info("SIGHUP: log level set", level=fresh.log.level)
+
+    async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
+                       nursery: trio.Nursery) -> None:
+        async for signum in receiver:
+            if signum == signal.SIGHUP:
+                self._reload_log_level()
+                for name, exc in self.hup.run():
+                    log.error("SIGHUP hook failed", hook=name, error=str(exc))
+                continue
+            if self._stopping:
+                log.warning("second signal: cancelling now", signal=signal.Signals(signum).name)
+                tree_scope.cancel()
+                nursery.start_soon(self._hard_exit, HARD_EXIT_AFTER_S)
+                continue
+            self._stopping = True
+            log.info("shutting down", signal=signal.Signals(signum).name,
+                     grace_s=self.config.supervisor.shutdown_grace_s)
+            self.notifier.stopping()
+            nursery.start_soon(self._graceful, tree_scope, nursery)
+
+    async def _graceful(self, tree_scope: trio.CancelScope, nursery: trio.Nursery) -> None:
+        grace = self.config.supervisor.shutdown_grace_s
+        if self.tree is None or not self._ready:
+            # Still starting: there is nothing to stop gracefully.
+            tree_scope.cancel()
+        else:
+            with trio.move_on_after(grace):
+                await self.tree.shutdown()
+            tree_scope.cancel()
+        nursery.start_soon(self._hard_exit, HARD_EXIT_AFTER_S)
+
+    async def _hard_exit(self, after_s: float) -> None:
+        await trio.sleep(after_s)
+        log.error("shutdown did not finish; exiting without further cleanup")
+        os._exit(1)
+
+    # -- running ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until shutdown. Raises BootRefused, SupervisionGaveUp, ConfigError."""
+        with trio.open_signal_receiver(*HANDLED) as receiver:
+            tree = self.build_tree()
+            tree_scope = trio.CancelScope()
+            async with trio.open_nursery() as root:
+                root.start_soon(self._signals, receiver, tree_scope, root)
+                try:
+                    with tree_scope:
+                        async with trio.open_nursery() as tree_nursery:
+                            await tree_nursery.start(tree.run)
+                            self._ready = True
+                            snapshot = self.state.snapshot
+                            revision = snapshot.revision if snapshot is not None else None
+                            self.notifier.ready(f"serving revision {revision}")
+                            log.info("ready", revision=revision,
+                                     children=sorted(tree.children))
+                            interval = watchdog_interval()
+                            if interval is not None:
+                                tree_nursery.start_soon(
+                                    run_watchdog, self.notifier, interval,
+                                    lambda: not tree.crash_looping,
+                                )
+                finally:
+                    root.cancel_scope.cancel()
+        log.info("stopped")
+
+
+async def run_daemon(config: Config, config_path: str | None = None) -> None:
+    await Daemon(config, config_path).run()

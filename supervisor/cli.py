@@ -1,0 +1,276 @@
+"""The command line (CONTRACT.md sections 1 and 2): subcommands and exit codes, nothing else.
+
+Exit codes: 0 clean shutdown; 1 anything else; 2 bad usage or invalid
+configuration (or an invalid input file); 3 refused to boot; 4 supervision
+gave up. ``python -m supervisor --config PATH`` is ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import trio
+
+from supervisor import __version__, logs
+from supervisor.config import CONFIG_ENV, Config, check_files, load
+from supervisor.errors import (
+    BootRefused,
+    ConfigError,
+    SupervisionGaveUp,
+    SupervisorError,
+    UsageError,
+)
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trio-supervisor", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"trio-supervisor {__version__}")
+    parser.add_argument("--config", help=f"configuration file (or ${CONFIG_ENV})")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--config", default=argparse.SUPPRESS,
+                       help=f"configuration file (or ${CONFIG_ENV})")
+        return p
+
+    command("run", "run the daemon (the default)")
+    command("check", "validate the configuration and the files it names")
+    db = command("db", "control-plane schema")
+    db.add_argument("action", choices=["migrate"])
+    publish = command("publish", "validate a revision document, store it and make it desired")
+    publish.add_argument("file", help="TOML or JSON revision document")
+    publish.add_argument("--message", default=None)
+    status = command("status", "print the running replica's status report")
+    status.add_argument("--url", default=None, help="admin API base URL (default: from --config)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON report")
+    watch = command("watch", "follow the live stream, one line per event")
+    watch.add_argument("--url", default=None, help="ws://HOST:PORT/v1/stream")
+    keygen = command("keygen", "write a new Ed25519 signing key for the last-known-good cache")
+    keygen.add_argument("--out", required=True)
+    return parser
+
+
+def _config_path(args: argparse.Namespace, required: bool = True) -> str | None:
+    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV)
+    if path is None and required:
+        raise UsageError(f"no configuration: pass --config PATH or set {CONFIG_ENV}")
+    return path
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, str]:
+    path = _config_path(args)
+    assert path is not None
+    return load(path), path
+
+
+def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first leaf of ``kinds`` in a (possibly nested) exception group."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kinds)
+            if found is not None:
+                return found
+    return None
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config, path = _load(args)
+    logs.configure(config.log.level, config.log.format)
+    from supervisor.app import run_daemon
+
+    trio.run(run_daemon, config, path)
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config, path = _load(args)
+    problems = check_files(config)
+    for key, problem in problems:
+        print(f"{path}: {key}: {problem}", file=sys.stderr)
+    if problems:
+        return EXIT_USAGE
+    print(f"{path}: configuration OK")
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    config, _ = _load(args)
+    from supervisor.controlplane.dsn import redact
+    from supervisor.controlplane.store import open_store
+    from supervisor.revision.document import SCHEMA_VERSION
+
+    async def migrate() -> None:
+        store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION)
+        try:
+            await store.migrate()
+        finally:
+            await store.aclose()
+
+    trio.run(migrate)
+    print(f"schema up to date: {redact(config.control_plane.url)}")
+    return EXIT_OK
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    config, _ = _load(args)
+    from supervisor.controlplane.store import open_store
+    from supervisor.revision.compile import compile_revision
+    from supervisor.revision.document import SCHEMA_VERSION, load_document_file
+    from supervisor.revision.errors import RevisionError
+
+    try:
+        schema_version, body = load_document_file(args.file)
+        # Projection and snapshot rules are checked here too; secrets are not
+        # resolved (they may exist only on the daemon's hosts), so each
+        # reference stands in for its value.
+        compile_revision(body, revision=0, generation=0, resolver=_ReferenceResolver())
+    except RevisionError as exc:
+        raise UsageError(f"{args.file}: refused ({exc.reason}): {exc.detail}") from exc
+
+    async def publish() -> int:
+        store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION)
+        try:
+            if config.control_plane.backend == "sqlite":
+                await store.migrate()
+            return await store.publish(body, schema_version, args.message)
+        finally:
+            await store.aclose()
+
+    revision = trio.run(publish)
+    print(f"published revision {revision}")
+    print(revision)
+    return EXIT_OK
+
+
+class _ReferenceResolver:
+    def resolve(self, reference: str) -> bytes:
+        return reference.encode()
+
+
+def _admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
+    path = _config_path(args, required=False)
+    token = None
+    if path is not None:
+        config = load(path)
+        from supervisor.admin.server import read_token
+
+        if config.admin.token_file:
+            token = read_token(config.admin.token_file)
+        host, port = config.admin.host_port
+    else:
+        host, port = "127.0.0.1", 9464
+    if ":" in host:
+        host = f"[{host}]"
+    if host in ("0.0.0.0", "[::]"):
+        host = "127.0.0.1"
+    return f"{host}:{port}", token
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from supervisor.admin.client import AdminUnreachable, fetch_status, render_status
+
+    address, token = _admin_base(args)
+    url = args.url or f"http://{address}"
+    try:
+        doc = trio.run(fetch_status, url, token)
+    except AdminUnreachable as exc:
+        print(f"status: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from supervisor.admin.client import watch_stream
+
+    address, token = _admin_base(args)
+    url = args.url or f"ws://{address}/v1/stream"
+
+    async def follow() -> None:
+        await watch_stream(url, sys.stdout, token=token)
+
+    trio.run(follow)
+    return EXIT_OK
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from supervisor.sinks.lkg import generate_signing_key
+
+    verify_key = generate_signing_key(args.out)
+    print(f"wrote signing key {args.out}")
+    print(f"add to [cache].trusted_keys: {verify_key}")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "check": cmd_check,
+    "db": cmd_db,
+    "publish": cmd_publish,
+    "status": cmd_status,
+    "watch": cmd_watch,
+    "keygen": cmd_keygen,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = COMMANDS[args.command or "run"]
+    if command is not cmd_run:
+        logs.configure("warning", "console")
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BaseException as exc:
+        return _report(exc)
+
+
+def _report(exc: BaseException) -> int:
+    found: Any = _find(exc, (ConfigError, UsageError))
+    if found is not None:
+        label = "configuration error" if isinstance(found, ConfigError) else "error"
+        print(f"trio-supervisor: {label}: {found}", file=sys.stderr)
+        return EXIT_USAGE
+    found = _find(exc, (BootRefused,))
+    if found is not None:
+        # One log line (JSON in production), not a second plain line beside it.
+        logs.get_logger("daemon").critical("refused to boot", refusal=found.refusal,
+                                           reason=str(found))
+        return EXIT_REFUSED
+    found = _find(exc, (SupervisionGaveUp,))
+    if found is not None:
+        logs.get_logger("daemon").critical("supervision gave up", child=found.child,
+                                           restarts=found.restarts, reason=str(found))
+        return EXIT_GAVE_UP
+    found = _find(exc, (SupervisorError,))
+    if found is not None:
+        print(f"trio-supervisor: error: {found}", file=sys.stderr)
+        return EXIT_ERROR
+    if isinstance(exc, SystemExit):
+        return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_ERROR
+    if _find(exc, (KeyboardInterrupt,)) is not None:
+        return EXIT_OK
+    logs.get_logger("daemon").critical("unexpected error", error=repr(exc), exc_info=exc)
+    return EXIT_ERROR

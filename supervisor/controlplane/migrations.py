@@ -1,0 +1,209 @@
+"""Versioned, idempotent schema migrations for both control-plane backends.
+
+Contract (CONTRACT.md section 2): ``db migrate`` creates or upgrades the schema
+and running it twice is harmless. Migrations are SQL files shipped as package
+data, ``migrations/NNNN_name.<backend>.sql`` (backend ``postgresql`` or
+``sqlite``); the applied versions are recorded in
+``supervisor_schema_migrations`` and each pending one runs once, in order, in
+the same transaction as its record, so a failed migration leaves nothing
+behind.
+
+PostgreSQL specifics: the whole run holds a transaction-scoped advisory lock,
+so replicas migrating at the same time queue rather than collide; and the
+NOTIFY trigger on ``supervisor_desired`` is reconciled on every run rather
+than versioned, because its channel comes from the configuration (it is the
+trigger's argument): changing ``[control_plane].channel`` and migrating again
+re-points it. The channel was validated as an identifier by the configuration
+and is checked again here, then passed as a quoted literal, never spliced.
+
+The functions here are blocking; the stores call them from worker threads.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "MIGRATIONS_TABLE",
+    "Migration",
+    "latest_version",
+    "load_migrations",
+    "migrate_postgres",
+    "migrate_sqlite",
+]
+
+Backend = Literal["postgresql", "sqlite"]
+
+MIGRATIONS_TABLE = "supervisor_schema_migrations"
+TRIGGER_NAME = "supervisor_desired_notify"
+# Arbitrary but fixed: the key every replica's migration run locks on
+# (the bytes of "tsupmigr" as a signed 64-bit integer).
+ADVISORY_LOCK_KEY = int.from_bytes(b"tsupmigr", "big", signed=True)
+
+_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.(?P<backend>postgresql|sqlite)\.sql$")
+_CHANNEL = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@cache
+def load_migrations(backend: Backend) -> tuple[Migration, ...]:
+    """The backend's migrations, ordered by version (read from package data once)."""
+    found: list[Migration] = []
+    folder = resources.files("supervisor.controlplane").joinpath("migrations")
+    for entry in folder.iterdir():
+        match = _FILE.match(entry.name)
+        if match is None or match["backend"] != backend:
+            continue
+        found.append(
+            Migration(int(match["version"]), match["name"], entry.read_text(encoding="utf-8"))
+        )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions) or not found:
+        raise RuntimeError(f"broken {backend} migration set: versions {versions}")
+    return tuple(found)
+
+
+def latest_version(backend: Backend) -> int:
+    return load_migrations(backend)[-1].version
+
+
+# -- PostgreSQL -----------------------------------------------------------------
+
+
+def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> list[int]:
+    """Apply pending migrations and reconcile the NOTIFY trigger; return versions applied.
+
+    ``conn`` must be in autocommit mode (the run is its own explicit transaction).
+    """
+    from psycopg import sql
+
+    if not _CHANNEL.match(channel):
+        raise ValueError(f"invalid NOTIFY channel {channel!r}")
+    applied_now: list[int] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
+            " version integer PRIMARY KEY,"
+            " name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
+        for migration in load_migrations("postgresql"):
+            if migration.version in done:
+                continue
+            # No parameters: psycopg sends it with the simple-query protocol,
+            # which allows several statements (and $$-quoted function bodies).
+            conn.execute(migration.sql.encode("utf-8"))
+            conn.execute(
+                f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
+                [migration.version, migration.name],
+            )
+            applied_now.append(migration.version)
+
+        current = conn.execute(
+            "SELECT t.tgargs FROM pg_trigger t"
+            " WHERE t.tgname = %s AND t.tgrelid = 'supervisor_desired'::regclass",
+            [TRIGGER_NAME],
+        ).fetchone()
+        wanted = channel.encode("ascii") + b"\x00"  # tgargs: NUL-terminated arguments
+        if current is None or bytes(current[0]) != wanted:
+            conn.execute(
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON supervisor_desired").format(
+                    sql.Identifier(TRIGGER_NAME)
+                )
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER {} AFTER INSERT OR UPDATE ON supervisor_desired"
+                    " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})"
+                ).format(sql.Identifier(TRIGGER_NAME), sql.Literal(channel))
+            )
+    return applied_now
+
+
+# -- SQLite ---------------------------------------------------------------------
+
+
+def _sqlite_applied(conn: sqlite3.Connection) -> set[int]:
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
+        " version INTEGER PRIMARY KEY,"
+        " name TEXT NOT NULL,"
+        " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+    )
+    return {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
+
+
+def _sqlite_statements(script: str) -> list[str]:
+    # executescript() would COMMIT whatever transaction is open first, which
+    # would break "the migration and its record commit together": split instead.
+    statements: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            if pending.strip():
+                statements.append(pending)
+            pending = ""
+    leftover = [ln for ln in pending.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+    if leftover:
+        raise ValueError(f"incomplete SQL statement at the end of a migration: {leftover[0]!r}")
+    return statements
+
+
+def migrate_sqlite(conn: sqlite3.Connection) -> list[int]:
+    """Apply pending migrations; return versions applied.
+
+    ``conn`` must have ``isolation_level=None`` (transactions are explicit).
+    An up-to-date database is only read, so a read-only file still opens.
+    """
+    done = _sqlite_applied_readonly(conn)
+    if all(m.version in done for m in load_migrations("sqlite")):
+        return []
+    applied_now: list[int] = []
+    # IMMEDIATE takes the write lock up front, so two processes migrating at
+    # once serialise here instead of failing halfway with SQLITE_BUSY.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        done = _sqlite_applied(conn)
+        for migration in load_migrations("sqlite"):
+            if migration.version in done:
+                continue
+            for statement in _sqlite_statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(
+                f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
+                (migration.version, migration.name),
+            )
+            applied_now.append(migration.version)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return applied_now
+
+
+def _sqlite_applied_readonly(conn: sqlite3.Connection) -> set[int]:
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MIGRATIONS_TABLE,)
+    ).fetchone()
+    if exists is None:
+        return set()
+    return {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}

@@ -1,0 +1,139 @@
+"""Where the API server is and how to authenticate: the ``kubernetes`` package's loaders.
+
+Contract:
+
+- Only the official loaders read configuration:
+  ``kubernetes.config.load_kube_config(config_file=..., client_configuration=cfg)``
+  and ``load_incluster_config(client_configuration=cfg)``. We never parse a
+  kubeconfig ourselves, so contexts, exec plugins, embedded certificates and
+  ``tokenFile`` behave exactly as kubectl's Python sibling does.
+- ``kubernetes`` is imported inside :func:`load_settings` only. Importing it
+  costs about 0.17 s, and the daemon must not pay that when ``[kubernetes]``
+  is disabled; nothing imported at module level here pulls it in.
+- :func:`load_settings` blocks (file reads, exec-plugin subprocesses): callers
+  on trio run it with :func:`load_settings_async`, which uses a worker thread.
+- Source selection (CONTRACT section 3, ``kubeconfig``): a path given ->
+  that kubeconfig; none, and ``KUBERNETES_SERVICE_HOST`` set -> in-cluster
+  service account; none otherwise -> the loader's default (``$KUBECONFIG`` or
+  ``~/.kube/config``).
+
+Every loader failure is raised as :class:`~supervisor.kube.errors.KubeConfigError`
+chained to the loader's own exception.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from supervisor.kube.errors import KubeConfigError
+
+__all__ = ["KubeSettings", "load_settings", "load_settings_async"]
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """What the HTTP client needs, copied out of a ``kubernetes.client.Configuration``.
+
+    ``authorization`` is the full header value (``Bearer ...``) or None.
+    ``refresh`` re-runs the loader's ``refresh_api_key_hook`` (in-cluster it
+    re-reads the service-account token once a minute) and returns the current
+    header value; it blocks, so call it in a thread. ``source`` describes
+    where the settings came from, for logs (never a secret).
+    """
+
+    host: str
+    source: str
+    verify: bool = True
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    tls_server_name: str | None = None
+    proxy: str | None = None
+    authorization: str | None = field(default=None, repr=False)
+    refresh: Callable[[], str | None] | None = field(default=None, repr=False, compare=False)
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """The TLS context for httpx: CA verification and the client certificate.
+
+        Blocks (reads files). ``False`` only when the kubeconfig says
+        ``insecure-skip-tls-verify``.
+        """
+        if not self.host.startswith("https"):
+            return True  # plain HTTP (a local proxy or a test server): no TLS at all
+        if not self.verify:
+            return False
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise KubeConfigError(f"cannot load TLS material for {self.host}: {exc}") from exc
+        return ctx
+
+
+def _header(cfg: Any) -> str | None:
+    # The loaders store the token already prefixed ("Bearer x" / "bearer x").
+    # get_api_key_with_prefix also runs refresh_api_key_hook when one is set.
+    value = cfg.get_api_key_with_prefix("BearerToken")
+    return str(value) if value else None
+
+
+def load_settings(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None) -> KubeSettings:
+    """Load the settings with the official loaders (blocking; imports ``kubernetes``)."""
+    env = os.environ if environ is None else environ
+    try:
+        # Deliberately lazy: see the module docstring.
+        import yaml
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+    except ImportError as exc:  # pragma: no cover - a packaging error
+        raise KubeConfigError(f"the kubernetes package is not installed: {exc}") from exc
+
+    cfg = k8s_client.Configuration()
+    try:
+        if kubeconfig is None and env.get("KUBERNETES_SERVICE_HOST"):
+            source = "in-cluster service account"
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        else:
+            path = os.path.expanduser(kubeconfig) if kubeconfig is not None else None
+            source = f"kubeconfig {path or '(default)'}"
+            k8s_config.load_kube_config(
+                config_file=path, client_configuration=cfg, persist_config=False
+            )
+    except KubeConfigError:
+        raise
+    except (
+        k8s_config.ConfigException, yaml.YAMLError, OSError, ValueError, KeyError, TypeError
+    ) as exc:
+        raise KubeConfigError(f"cannot load Kubernetes configuration: {exc}") from exc
+
+    hook = cfg.refresh_api_key_hook
+
+    def refresh() -> str | None:
+        return _header(cfg)
+
+    return KubeSettings(
+        host=str(cfg.host).rstrip("/"),
+        source=source,
+        verify=bool(cfg.verify_ssl),
+        ca_file=cfg.ssl_ca_cert or None,
+        cert_file=cfg.cert_file or None,
+        key_file=cfg.key_file or None,
+        tls_server_name=getattr(cfg, "tls_server_name", None) or None,
+        proxy=cfg.proxy or None,
+        authorization=_header(cfg),
+        refresh=refresh if hook is not None else None,
+    )
+
+
+async def load_settings_async(kubeconfig: str | None) -> KubeSettings:
+    """:func:`load_settings` in a worker thread (exec plugins run subprocesses)."""
+    # abandon_on_cancel: a hung exec plugin must not block shutdown; the thread
+    # finishes on its own and its result is dropped.
+    return await trio.to_thread.run_sync(load_settings, kubeconfig, abandon_on_cancel=True)

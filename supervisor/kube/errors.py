@@ -1,0 +1,184 @@
+"""Errors of the Kubernetes client, mapped from httpx, msgspec and the loaders.
+
+Every failure the client can meet is raised as one of these, chained with
+``raise ... from exc`` to the foreign error it came from, so callers (the
+preflight, the watchers, the reconcilers) never see httpx or msgspec types::
+
+    supervisor.errors.SupervisorError
+    └── KubeError                     any Kubernetes API failure
+        ├── KubeConfigError           kubeconfig / in-cluster configuration cannot be loaded
+        ├── ApiError                  the API server answered with an error status
+        │   ├── Unauthorized          401 (after the one retry with a re-read token)
+        │   ├── Forbidden             403 (RBAC)
+        │   ├── NotFound              404 (namespace, object, or the CRD itself missing)
+        │   ├── Conflict              409 (a reconciler requeues, never drops)
+        │   ├── Gone                  410 (resourceVersion expired: relist)
+        │   ├── Invalid               422 (the object we sent was refused)
+        │   └── TooManyRequests       429 (``retry_after`` holds Retry-After, seconds)
+        ├── TransportError            connection refused/reset, timeout, TLS failure
+        │   └── StreamStalled         a watch sent nothing within the inactivity deadline
+        └── DecodeError               a body is not the JSON we expect
+            └── SchemaSkew            JSON, but not of the expected type (missing
+                                      required field, type mismatch): the installed
+                                      CRD's schema is not the one this build reads
+
+:func:`supervisor.fanout.preflight.classify_watch_error` is the one place that
+turns these into the ``schema_skew`` / ``namespace_or_rbac_unready`` labels.
+"""
+
+from __future__ import annotations
+
+from supervisor.errors import SupervisorError
+
+__all__ = [
+    "ApiError",
+    "Conflict",
+    "DecodeError",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeConfigError",
+    "KubeError",
+    "NotFound",
+    "SchemaSkew",
+    "StreamStalled",
+    "TooManyRequests",
+    "TransportError",
+    "Unauthorized",
+    "api_error",
+]
+
+
+class KubeError(SupervisorError):
+    """Base of every Kubernetes client failure."""
+
+
+class KubeConfigError(KubeError):
+    """The kubeconfig or the in-cluster service-account configuration cannot be loaded."""
+
+
+class ApiError(KubeError):
+    """The API server answered with HTTP ``status``.
+
+    ``reason`` and ``message`` come from the ``Status`` body when there is one
+    (``reason`` is Kubernetes' CamelCase word, e.g. ``Forbidden``); ``body`` is
+    the raw body, truncated, for diagnostics.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        reason: str = "",
+        message: str = "",
+        *,
+        body: bytes = b"",
+        method: str = "",
+        path: str = "",
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = body[:2048]
+        self.method = method
+        self.path = path
+        where = f"{method} {path}: " if method else ""
+        detail = f" {reason}" if reason else ""
+        text = f": {message}" if message else ""
+        super().__init__(f"{where}HTTP {status}{detail}{text}")
+
+
+class Unauthorized(ApiError):
+    """401: the credentials were refused even after re-reading the token."""
+
+
+class Forbidden(ApiError):
+    """403: RBAC does not allow this verb on this resource in this namespace."""
+
+
+class NotFound(ApiError):
+    """404: the object, its namespace, or the resource type (CRD) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: a concurrent writer, or a field-manager conflict; retry later."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion is older than the server keeps; relist."""
+
+
+class Invalid(ApiError):
+    """422: the object was refused by validation; retrying the same body cannot help."""
+
+
+class TooManyRequests(ApiError):
+    """429: the server asks us to slow down; ``retry_after`` seconds when it said."""
+
+    def __init__(
+        self,
+        status: int = 429,
+        reason: str = "",
+        message: str = "",
+        *,
+        body: bytes = b"",
+        method: str = "",
+        path: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(status, reason, message, body=body, method=method, path=path)
+        self.retry_after = retry_after
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+    429: TooManyRequests,
+}
+
+
+def api_error(
+    status: int,
+    reason: str = "",
+    message: str = "",
+    *,
+    body: bytes = b"",
+    method: str = "",
+    path: str = "",
+    retry_after: float | None = None,
+) -> ApiError:
+    """The most specific :class:`ApiError` subclass for ``status``."""
+    cls = _BY_STATUS.get(status, ApiError)
+    if cls is TooManyRequests:
+        return TooManyRequests(
+            status, reason, message, body=body, method=method, path=path, retry_after=retry_after
+        )
+    return cls(status, reason, message, body=body, method=method, path=path)
+
+
+class TransportError(KubeError):
+    """No usable HTTP answer: connection refused or reset, timeout, TLS failure."""
+
+
+class StreamStalled(TransportError):
+    """A watch stream sent nothing (not even a bookmark) within the inactivity deadline."""
+
+
+class DecodeError(KubeError):
+    """A response body is not the JSON we expect (malformed, or of another type)."""
+
+
+class SchemaSkew(DecodeError):
+    """The body is JSON but does not decode into the expected type.
+
+    For a custom resource this means the installed CRD's schema is older or
+    newer than what this build reads. ``path`` is msgspec's ``$.items[0]...``
+    location when known.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(message)

@@ -1,0 +1,146 @@
+"""Typed shapes of the Kubernetes bodies we read, as msgspec Structs.
+
+Each Struct declares only the fields this daemon reads; every other field is
+ignored on decode (msgspec's default), so a newer server adding fields is not
+a skew. A field we read that is missing or of another type fails the decode
+with a :class:`msgspec.ValidationError` naming its ``$.path``, which the
+client raises as :class:`~supervisor.kube.errors.SchemaSkew`.
+
+Field names are snake_case here and camelCase on the wire (``rename="camel"``).
+
+:class:`Resource` names an API resource (group, version, plural, kind) and
+builds its URL paths; it is plain data, not a Struct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import msgspec
+
+__all__ = [
+    "Condition",
+    "ListMeta",
+    "ObjectList",
+    "ObjectMeta",
+    "ParentStatus",
+    "PartialMeta",
+    "PartialObject",
+    "RawWatchEvent",
+    "Resource",
+    "Status",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One namespaced API resource: ``group`` is ``""`` for the core group."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def _prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def collection_path(self, namespace: str) -> str:
+        return f"{self._prefix()}/namespaces/{namespace}/{self.plural}"
+
+    def object_path(self, namespace: str, name: str, subresource: str | None = None) -> str:
+        path = f"{self.collection_path(namespace)}/{name}"
+        return f"{path}/{subresource}" if subresource else path
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+class _Wire(msgspec.Struct, rename="camel", kw_only=True):
+    """Base: camelCase on the wire, unknown fields ignored."""
+
+
+class ObjectMeta(_Wire):
+    """The metadata of an object we decode fully (a parent)."""
+
+    name: str
+    namespace: str | None = None
+    uid: str = ""
+    resource_version: str = ""
+    generation: int = 0
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    deletion_timestamp: str | None = None
+
+
+class PartialMeta(_Wire):
+    """Metadata read leniently: of a child, a bookmark, or a skewed object."""
+
+    name: str = ""
+    resource_version: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+
+
+class PartialObject(_Wire):
+    """Any object, of which only the metadata is read."""
+
+    metadata: PartialMeta = msgspec.field(default_factory=PartialMeta)
+
+
+class ListMeta(_Wire):
+    resource_version: str = ""
+    # ``continue`` is a Python keyword; the wire name is set explicitly.
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class ObjectList(_Wire, Generic[T]):
+    """A list response; ``items`` decode into ``T`` (``msgspec.Raw`` to defer)."""
+
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[T] = []
+
+
+class Status(_Wire):
+    """The ``Status`` body of an error response or a watch ``ERROR`` event."""
+
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+class RawWatchEvent(_Wire):
+    """One line of a watch stream; ``object`` is decoded separately, one at a time."""
+
+    type: str
+    object: msgspec.Raw
+
+
+class Condition(_Wire):
+    """A ``metav1.Condition`` as found in a parent's status."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int | None = None
+
+
+class ParentStatus(_Wire):
+    """The status our reconcilers write on a parent (observedGeneration, Ready)."""
+
+    observed_generation: int | None = None
+    conditions: list[Condition] = []
+
+    def condition(self, type_: str) -> Condition | None:
+        for cond in self.conditions:
+            if cond.type == type_:
+                return cond
+        return None

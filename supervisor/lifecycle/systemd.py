@@ -1,0 +1,106 @@
+"""The systemd notify protocol (``sd_notify``), our own small implementation.
+
+One datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET`` (a filesystem path, or
+``@name`` for an abstract socket, where ``@`` stands for a leading NUL).
+Sending never blocks and never raises: the socket is non-blocking and a full
+or vanished receiver costs one warning per failure streak, because the daemon
+must keep serving whatever happens to its supervisor's socket.
+
+Messages we send (CONTRACT.md section 1): ``READY=1`` once the first snapshot
+is published and every child has started; ``STATUS=<text>`` on state changes;
+``STOPPING=1`` when shutdown begins; ``WATCHDOG=1`` every half
+``$WATCHDOG_USEC`` while healthy (honouring ``$WATCHDOG_PID``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+
+import trio
+
+from supervisor.logs import get_logger
+
+__all__ = ["Notifier", "watchdog_interval"]
+
+log = get_logger("systemd")
+
+
+class Notifier:
+    """Sends notify messages; a no-op when ``NOTIFY_SOCKET`` is not set."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        raw = env.get("NOTIFY_SOCKET")
+        self.address: str | bytes | None = None
+        if raw:
+            self.address = ("\0" + raw[1:]) if raw.startswith("@") else raw
+        self._sock: socket.socket | None = None
+        self._failing = False
+        self.last_status: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def send(self, **fields: str) -> bool:
+        """Send one datagram with ``KEY=VALUE`` lines; True when it was sent."""
+        if self.address is None:
+            return False
+        payload = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock.setblocking(False)
+            self._sock.sendto(payload, self.address)
+        except OSError as exc:
+            if not self._failing:
+                log.warning("systemd notify failed", error=str(exc))
+            self._failing = True
+            return False
+        self._failing = False
+        return True
+
+    def ready(self, status: str) -> None:
+        self.last_status = status
+        self.send(READY="1", STATUS=status)
+
+    def status(self, text: str) -> None:
+        if text != self.last_status:
+            self.last_status = text
+            self.send(STATUS=text)
+
+    def stopping(self) -> None:
+        self.send(STOPPING="1", STATUS="stopping")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
+    """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off for us."""
+    env = os.environ if environ is None else environ
+    usec = env.get("WATCHDOG_USEC")
+    pid = env.get("WATCHDOG_PID")
+    if not usec or not usec.isdigit() or int(usec) == 0:
+        return None
+    if pid and pid.isdigit() and int(pid) != os.getpid():
+        return None
+    return int(usec) / 2 / 1_000_000
+
+
+async def run_watchdog(
+    notifier: Notifier, interval_s: float, healthy: Callable[[], bool]
+) -> None:
+    """Ping ``WATCHDOG=1`` every ``interval_s`` while ``healthy()``; runs until cancelled.
+
+    A crash-looping tree stops the pings, so systemd's ``WatchdogSec`` restarts
+    the whole process, the same escalation as exit 4.
+    """
+    while True:
+        if healthy():
+            notifier.send(WATCHDOG="1")
+        await trio.sleep(interval_s)

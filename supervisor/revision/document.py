@@ -1,0 +1,423 @@
+"""The revision document, schema_version 1: its types, decoding, and file loading.
+
+Contract (CONTRACT.md section 5)::
+
+    schema_version = 1
+    [aliases.NAME]  upstream (required; http or https URL with a host, no credentials)
+                    timeout_s (> 0, at most 86400; default 30), retries (0..10; default 2)
+    [keys.NAME]     secret ("env:NAME" or "file:PATH"), aliases (non-empty, no repeats)
+
+Alias and key names match ``NAME_PATTERN``. A stored body is the UTF-8 JSON of
+such a document. :func:`decode_body` refuses, in this order:
+
+1. ``corrupt``: not UTF-8, not JSON (also nested too deeply), or not a JSON object;
+2. ``validation``: ``schema_version`` missing or not an integer (or below 1);
+3. ``incompatible``: ``schema_version`` above :data:`SCHEMA_VERSION`, whatever
+   the rest looks like (a newer schema may have a different shape);
+4. ``validation``: any other shape or constraint error, ``detail`` starting
+   with the ``$.path`` of the offending value (``$.aliases.chat.timeout_s``).
+
+Cross-references (a key naming an unknown alias) and secrets are the compile
+stage's business (:mod:`supervisor.revision.compile`), not the document's.
+
+Design: the success path is one typed msgspec decode (constraints are msgspec
+``Meta`` so the decoder checks them in C) plus one Python pass for the checks
+msgspec cannot express (upstream URLs, repeated aliases). msgspec reports a
+dictionary value's path as ``$.aliases[...]``, without the name, so only when
+that decode fails do we decode a second time, untyped, to classify the failure
+and to name the exact entry. Failures are rare; the common path stays fast.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from supervisor import reasons
+from supervisor.revision.errors import RevisionError
+
+__all__ = [
+    "NAME_PATTERN",
+    "SCHEMA_VERSION",
+    "AliasSpec",
+    "KeySpec",
+    "RevisionDocument",
+    "decode_body",
+    "encode_document",
+    "load_document_file",
+    "member_path",
+]
+
+SCHEMA_VERSION: Final[int] = 1
+"""The highest ``schema_version`` this build reads."""
+
+# ``\Z`` rather than ``$``: msgspec applies patterns with ``re.search``, and
+# ``$`` also matches before a trailing newline ("chat\n" would pass).
+NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z"
+_NAME_RULE = "names are 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+# The env form takes a portable shell variable name; a file path is anything
+# non-empty without NUL (relative paths resolve against the working directory).
+_SECRET_PATTERN: Final = r"^(?:env:[A-Za-z_][A-Za-z0-9_]{0,254}|file:[^\x00]{1,4095})\Z"
+_SECRET_RULE = 'must be "env:NAME" (NAME a shell variable name) or "file:PATH"'
+
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
+_NAME: Final = re.compile(NAME_PATTERN)
+
+_MAX_TIMEOUT_S: Final = 86_400.0  # a day; also keeps inf out of a float field
+
+
+# gc=False: these instances hold only str/int/float/tuple-of-str, so they can
+# never be part of a reference cycle; untracked they cost the garbage collector
+# nothing, which matters when a revision holds 100,000 of them.
+class AliasSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, gc=False):
+    """One ``[aliases.NAME]`` table. Also the snapshot's alias entry (reused, not copied)."""
+
+    upstream: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=_MAX_TIMEOUT_S)] = 30.0
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
+
+
+class KeySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, gc=False):
+    """One ``[keys.NAME]`` table: a secret reference and the aliases it may use."""
+
+    secret: Annotated[str, msgspec.Meta(pattern=_SECRET_PATTERN)]
+    aliases: Annotated[tuple[Name, ...], msgspec.Meta(min_length=1)]
+
+
+class RevisionDocument(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A whole revision document. Frozen; its dictionaries belong to whoever decoded it."""
+
+    schema_version: int
+    aliases: dict[Name, AliasSpec] = msgspec.field(default_factory=dict)
+    keys: dict[Name, KeySpec] = msgspec.field(default_factory=dict)
+
+
+_DECODER: Final = msgspec.json.Decoder(RevisionDocument)  # thread-safe since msgspec 0.16
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+
+
+def member_path(parent: str, name: str) -> str:
+    """``$.aliases`` + ``chat`` -> ``$.aliases.chat``; other names quoted: ``$.aliases["a.b"]``."""
+    if _PLAIN_MEMBER.fullmatch(name):
+        return f"{parent}.{name}"
+    return f"{parent}[{msgspec.json.encode(name).decode()}]"
+
+
+_PLAIN_MEMBER: Final = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def decode_body(body: bytes, *, revision: int | None = None) -> RevisionDocument:
+    """Decode and validate a stored revision body (UTF-8 JSON). See the module docstring."""
+    try:
+        doc = _DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        # Ordering matters: ValidationError subclasses DecodeError.
+        raise _explain_failure(body, exc, revision) from None
+    except msgspec.DecodeError as exc:
+        raise RevisionError(reasons.CORRUPT, f"not JSON: {exc}", revision=revision) from None
+    except RecursionError:
+        raise RevisionError(reasons.CORRUPT, "JSON nested too deeply", revision=revision) from None
+    _check_version(doc.schema_version, revision)
+    _check_document(doc, revision)
+    return doc
+
+
+def document_from_object(obj: object, *, revision: int | None = None) -> RevisionDocument:
+    """Validate an already-parsed document (a TOML file's tables) by the same rules."""
+    if not isinstance(obj, dict):
+        raise RevisionError(reasons.CORRUPT, f"not an object (got {_kind(obj)})", revision=revision)
+    _check_version(obj.get("schema_version", _MISSING), revision)
+    try:
+        doc = msgspec.convert(obj, RevisionDocument)
+    except msgspec.ValidationError as exc:
+        raise RevisionError(
+            reasons.VALIDATION, _locate(obj) or _rebase(str(exc), "$"), revision=revision
+        ) from None
+    _check_document(doc, revision)
+    return doc
+
+
+def encode_document(doc: RevisionDocument) -> bytes:
+    """The canonical body of ``doc``: UTF-8 JSON, defaults written out, names sorted.
+
+    Writing defaults out means the stored revision says exactly what runs, even
+    if a later build changes a default.
+    """
+    return _ENCODER.encode(doc)
+
+
+def load_document_file(path: str | os.PathLike[str]) -> tuple[int, bytes]:
+    """Read and fully validate a TOML or JSON revision document file.
+
+    ``.toml`` files are TOML, ``.json`` files JSON; any other name is JSON when
+    its first non-blank byte is ``{`` and TOML otherwise. Returns
+    ``(schema_version, canonical body)`` (see :func:`encode_document`); the body
+    is what ``publish`` stores. Refusals are :class:`RevisionError` (``corrupt``,
+    ``incompatible``, ``validation``) whose detail starts with the file name.
+    """
+    where = os.fspath(path)
+    try:
+        raw = Path(where).read_bytes()
+    except OSError as exc:
+        raise RevisionError(
+            reasons.CORRUPT, f"{where}: cannot read: {exc.strerror or exc}"
+        ) from None
+    try:
+        doc = _load_toml(raw) if _is_toml(where, raw) else decode_body(raw)
+        body = encode_document(doc)
+        # The stored body must decode on every replica by the very rules it
+        # will meet there; cheap insurance against an encode/decode asymmetry.
+        decode_body(body)
+    except RevisionError as exc:
+        raise RevisionError(exc.reason, f"{where}: {exc.detail}") from None
+    return doc.schema_version, body
+
+
+# -- validation beyond msgspec ------------------------------------------------
+
+_MISSING: Final = object()
+
+
+def _check_version(version: object, revision: int | None) -> None:
+    if version is _MISSING:
+        raise RevisionError(
+            reasons.VALIDATION, "$.schema_version: required field is missing", revision=revision
+        )
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RevisionError(
+            reasons.VALIDATION,
+            f"$.schema_version: expected an integer, got {_kind(version)}",
+            revision=revision,
+        )
+    if version > SCHEMA_VERSION:
+        raise RevisionError(
+            reasons.INCOMPATIBLE,
+            f"schema_version {version} is newer than this build reads "
+            f"(at most {SCHEMA_VERSION}); deploy a newer build to serve it",
+            revision=revision,
+        )
+    if version < 1:
+        raise RevisionError(
+            reasons.VALIDATION, f"$.schema_version: must be >= 1, got {version}", revision=revision
+        )
+
+
+def _check_document(doc: RevisionDocument, revision: int | None) -> None:
+    """The constraints msgspec cannot express, on an already-typed document."""
+    match_url = _URL.match
+    for name, alias in doc.aliases.items():
+        found = match_url(alias.upstream)
+        if found is None or not _url_parts_ok(found):
+            problem = _explain_upstream(alias.upstream)
+            raise RevisionError(
+                reasons.VALIDATION,
+                f"{member_path(member_path('$.aliases', name), 'upstream')}: {problem}",
+                revision=revision,
+            )
+    for name, key in doc.keys.items():
+        listed = key.aliases
+        # Most keys name one alias; only build a set when a repeat is possible.
+        if len(listed) > 1 and len(set(listed)) != len(listed):
+            seen: set[str] = set()
+            for index, alias_name in enumerate(listed):
+                if alias_name in seen:
+                    raise RevisionError(
+                        reasons.VALIDATION,
+                        f"{member_path('$.keys', name)}.aliases[{index}]: "
+                        f"alias {alias_name!r} is listed twice",
+                        revision=revision,
+                    )
+                seen.add(alias_name)
+
+
+# An absolute http(s) URL whose authority is a host (DNS-like name, or a
+# bracketed IPv6 literal) and an optional port; no userinfo, no whitespace or
+# control characters anywhere. Underscores are allowed in names because
+# container networks use them.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_URL: Final = re.compile(
+    rf"(?i:https?)://(?P<host>{_LABEL}(?:\.{_LABEL})*\.?|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])"
+    r"(?::(?P<port>[0-9]{1,5}))?(?:[/?#][^\x00-\x20\x7f]*)?\Z"
+)
+
+
+def _url_parts_ok(found: re.Match[str]) -> bool:
+    port = found.group("port")
+    if port is not None and not 0 < int(port) <= 65535:
+        return False
+    ipv6 = found.group("ipv6")
+    if ipv6 is not None:
+        try:
+            ipaddress.IPv6Address(ipv6)
+        except ValueError:
+            return False
+    return len(found.group("host")) <= 255
+
+
+def _explain_upstream(url: str) -> str:
+    """Why ``url`` is not an acceptable upstream. Never echoes the URL: it may hold credentials."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "must be an absolute http or https URL (scheme://host...)"
+    if scheme.lower() not in ("http", "https"):
+        return "must be an http or https URL"
+    if re.search(r"[\x00-\x20\x7f]", url):
+        return "must not contain whitespace or control characters"
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:
+        return "must not embed credentials (user@host); give clients a key instead"
+    if not authority:
+        return "has no host"
+    found = re.fullmatch(r"(?P<host>.*?)(?::(?P<port>[^:\]]*))?", authority)
+    port = found.group("port") if found else None
+    if port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+        return "port must be a number from 1 to 65535"
+    return "host must be a DNS name or an IP address (IPv6 in brackets)"
+
+
+# -- the failure path ---------------------------------------------------------
+
+
+def _explain_failure(
+    body: bytes, exc: msgspec.ValidationError, revision: int | None
+) -> RevisionError:
+    """Classify a failed typed decode, naming the exact entry when possible."""
+    try:
+        obj = msgspec.json.decode(body)
+    except msgspec.ValidationError as untyped:
+        # Valid JSON holding a number no Python float can hold ("1e400"). A
+        # newer or malformed schema_version still takes precedence, as always.
+        version = _probe_version(body)
+        if isinstance(version, RevisionError):
+            return version.with_revision(revision)
+        refusal = _version_refusal(version, revision)
+        if refusal is not None:
+            return refusal
+        # The typed message names the field (the untyped one says only `$[...]`).
+        return RevisionError(reasons.VALIDATION, _rebase(str(exc), "$"), revision=revision)
+    except msgspec.DecodeError as untyped:
+        return RevisionError(reasons.CORRUPT, f"not JSON: {untyped}", revision=revision)
+    except RecursionError:
+        return RevisionError(reasons.CORRUPT, "JSON nested too deeply", revision=revision)
+    try:
+        document_from_object(obj, revision=revision)
+    except RevisionError as refusal:
+        return refusal
+    # The untyped view converts cleanly although the typed decode did not (for
+    # example a name repeated within one JSON object, where the last one wins
+    # here but the first one failed there): keep msgspec's own message.
+    return RevisionError(reasons.VALIDATION, _rebase(str(exc), "$"), revision=revision)
+
+
+class _VersionProbe(msgspec.Struct):
+    schema_version: Any = _MISSING
+
+
+def _probe_version(body: bytes) -> object:
+    """``schema_version`` alone, the rest skipped; or a corrupt refusal."""
+    try:
+        return _PROBE.decode(body).schema_version
+    except msgspec.ValidationError:
+        return math.inf  # schema_version itself out of range: "not an integer"
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return RevisionError(reasons.CORRUPT, f"not JSON: {exc}")
+
+
+_PROBE: Final = msgspec.json.Decoder(_VersionProbe)
+
+
+def _version_refusal(version: object, revision: int | None) -> RevisionError | None:
+    try:
+        _check_version(version, revision)
+    except RevisionError as refusal:
+        return refusal
+    return None
+
+
+def _locate(obj: dict[Any, Any]) -> str | None:
+    """``$.path: message`` for the first shape error in ``obj``, or None."""
+    top = {k: v for k, v in obj.items() if k not in ("aliases", "keys")}
+    problem = _convert_error(top, RevisionDocument, "$")
+    if problem is not None:
+        return problem
+    for section, spec, what in (("aliases", AliasSpec, "alias"), ("keys", KeySpec, "key")):
+        if section not in obj:
+            continue
+        parent = f"$.{section}"
+        entries = obj[section]
+        if not isinstance(entries, dict):
+            return f"{parent}: expected an object, got {_kind(entries)}"
+        for name, value in entries.items():
+            here = member_path(parent, name)
+            if not _NAME.search(name):
+                return f"{here}: not a valid {what} name: {_NAME_RULE}"
+            problem = _convert_error(value, spec, here)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _convert_error(value: object, spec: type[msgspec.Struct], path: str) -> str | None:
+    try:
+        msgspec.convert(value, spec)
+    except msgspec.ValidationError as exc:
+        return _rebase(str(exc), path)
+    return None
+
+
+_AT: Final = re.compile(r"(?P<what>.*) - at `\$(?P<rest>[^`]*)`", re.DOTALL)
+
+
+def _rebase(message: str, path: str) -> str:
+    """msgspec's ``Expected ... - at `$.x``` as ``<path>.x: Expected ...``."""
+    found = _AT.fullmatch(message)
+    what, where = (found["what"], path + found["rest"]) if found else (message, path)
+    if "matching regex" in what:
+        # The pattern itself is unreadable in a log line; say the rule instead.
+        what = _SECRET_RULE if where.endswith(".secret") else f"invalid name: {_NAME_RULE}"
+    return f"{where}: {what}"
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+# -- TOML ---------------------------------------------------------------------
+
+
+def _is_toml(name: str, raw: bytes) -> bool:
+    suffix = Path(name).suffix.lower()
+    if suffix in (".toml", ".json"):
+        return suffix == ".toml"
+    return not raw.lstrip().startswith(b"{")
+
+
+def _load_toml(raw: bytes) -> RevisionDocument:
+    try:
+        tables = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RevisionError(
+            reasons.CORRUPT, f"not UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RevisionError(reasons.CORRUPT, f"not TOML: {exc}") from None
+    return document_from_object(tables)

@@ -1,0 +1,72 @@
+"""Durable, atomic replacement of a small file.
+
+:func:`write_atomic` is the one way this package writes a file that another
+process (or this one, after a crash) reads back whole: the last-known-good
+cache, its served-revision mark, and the snapshot file for local consumers.
+
+Contract: after it returns, ``path`` holds exactly ``data`` with permission
+bits ``mode``, and survives a power loss. If it raises, ``path`` holds what it
+held before (its old content, or nothing), and no temporary file is left
+behind. Readers never see a partly written file, because the new content is
+written to a temporary file in the *same directory* (``os.replace`` is only
+atomic within one file system) and renamed over the target.
+
+Errors are the ``OSError`` the system raised, unchanged: each caller maps it
+to its own refusal (the cache raises ``CacheUnwritable``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+
+__all__ = ["fsync_directory", "write_atomic"]
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (see the module docstring)."""
+    directory = os.path.dirname(path) or "."
+    base = os.path.basename(path)
+    # mkstemp creates the file 0600 and O_EXCL, so nobody else can open it
+    # between creation and the chmod below; the leading dot keeps it out of
+    # casual directory listings and globs like "*.json".
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    try:
+        try:
+            # fchmod rather than relying on the umask: the mode is part of the
+            # contract (a cache or key file must not become group-readable).
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            # Without this fsync a crash after the rename can leave an empty
+            # or partial file under the final name (ext4 delalloc, xfs).
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # BaseException, not Exception: a KeyboardInterrupt or a trio
+        # cancellation delivered in the middle must not leave the temp file.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(directory)
+
+
+def fsync_directory(directory: str) -> None:
+    """Make the rename itself durable: it lives in the directory's entries."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # Some file systems (certain FUSE and network mounts) refuse fsync on
+        # a directory. The rename has happened and there is nothing stronger
+        # to do there, so that one refusal is not a failed write.
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,26 @@
+"""The snapshot file: the active snapshot as JSON, for local consumers.
+
+Written atomically (temp file, fsync, rename, fsync the directory) so a reader
+sees either the previous snapshot or the new one, never a torn file. Mode 0644:
+the file holds digests, never secrets, and local consumers run as other users.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from supervisor.sinks.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from supervisor.revision.snapshot import Snapshot
+
+__all__ = ["SnapshotFile"]
+
+
+class SnapshotFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, snapshot: Snapshot) -> None:
+        """Write ``snapshot``; raises OSError on failure (the caller counts it)."""
+        write_atomic(self.path, snapshot.to_json(), mode=0o644)

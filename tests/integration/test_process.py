@@ -1,0 +1,171 @@
+"""The real daemon process: signals, exit codes, systemd notify, logs (SQLite default)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+from pathlib import Path
+
+import trio
+
+from tests.proc import EXAMPLE, NotifySocket, cli, run_daemon, write_config
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cp.db"
+
+
+def published(tmp_path: Path, extra: str = "") -> Path:
+    config = write_config(tmp_path, sqlite_url(tmp_path), extra)
+    out = cli("publish", "--config", str(config), str(EXAMPLE), "--message", "test")
+    assert out.stdout.strip().splitlines()[-1] == "1"
+    return config
+
+
+async def test_ready_status_stopping_and_sigterm_exit_0_within_grace(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    with trio.fail_after(30):
+        async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+            ready = await notify.wait_for("READY=1")
+            assert "STATUS=serving revision 1" in ready
+            line = await daemon.wait_log("published", revision=1)
+            assert line["child"] == "convergence" and line["level"] == "info"
+            assert "timestamp" in line and line["timestamp"].endswith("Z")
+            daemon.signal(signal.SIGTERM)
+            stopping_at = trio.current_time()
+            await notify.wait_for("STOPPING=1")
+            code = await daemon.wait()
+            took = trio.current_time() - stopping_at
+    assert code == 0
+    assert took < 5.0  # the configured grace
+    assert any(line.get("event") == "stopped" for line in daemon.lines)
+    # Every line on stderr is one JSON object.
+    assert not [line for line in daemon.lines if line.get("unparsed")]
+    notify.close()
+
+
+async def test_sigint_twice_cancels_at_once(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    with trio.fail_after(30):
+        async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+            await notify.wait_for("READY=1")
+            daemon.signal(signal.SIGINT)
+            daemon.signal(signal.SIGINT)
+            with trio.fail_after(3):
+                code = await daemon.wait()
+    assert code in (0, 1)
+    assert any(line.get("event") == "second signal: cancelling now" for line in daemon.lines) or \
+        any(line.get("event") == "stopped" for line in daemon.lines)
+    notify.close()
+
+
+async def test_watchdog_cadence(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"}  # ping every 0.2 s
+    with trio.fail_after(30):
+        async with run_daemon(config, env=env) as daemon:
+            await notify.wait_for("READY=1")
+            pings = []
+            while len(pings) < 6:
+                if "WATCHDOG=1" in await notify.receive():
+                    pings.append(notify.messages[-1][0])
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+    assert all(0.1 < gap < 0.4 for gap in gaps), gaps
+    notify.close()
+
+
+async def test_sighup_converges_now_and_rereads_log_level(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    text = config.read_text().replace("poll_interval_s = 1", "poll_interval_s = 3600")
+    config.write_text(text)
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    with trio.fail_after(30):
+        async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+            await notify.wait_for("READY=1")
+            cli("publish", "--config", str(config), str(EXAMPLE))
+            config.write_text(text.replace('level = "info"', 'level = "debug"'))
+            daemon.signal(signal.SIGHUP)
+            await daemon.wait_log("SIGHUP: log level set", level="debug")
+            await daemon.wait_log("published", revision=2)
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    notify.close()
+
+
+async def test_sigterm_during_startup_exits_0(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    with trio.fail_after(30):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("admin API listening")
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_bad_configuration_exits_2_naming_the_path(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[control_plane]\npoll_interval_s = -1\n")
+    result = cli("run", "--config", str(config), check=False)
+    assert result.returncode == 2
+    assert "$.control_plane.poll_interval_s" in result.stderr
+    result = cli("check", "--config", str(config), check=False)
+    assert result.returncode == 2
+    assert "$.control_plane.poll_interval_s" in result.stderr
+
+
+async def test_check_ok_and_version(tmp_path: Path) -> None:
+    config = write_config(tmp_path, sqlite_url(tmp_path))
+    assert cli("check", "--config", str(config)).returncode == 0
+    assert "trio-supervisor" in cli("--version").stdout
+
+
+async def test_refuses_to_boot_with_an_empty_store(tmp_path: Path) -> None:
+    config = write_config(tmp_path, sqlite_url(tmp_path))
+    cli("db", "migrate", "--config", str(config))
+    result = cli("run", "--config", str(config), check=False)
+    assert result.returncode == 3
+    line = json.loads(result.stderr.strip().splitlines()[-1])
+    assert line["event"] == "refused to boot" and line["refusal"] == "empty"
+
+
+async def test_refuses_to_boot_on_a_corrupt_revision(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    with sqlite3.connect(tmp_path / "cp.db") as db:
+        db.execute("UPDATE supervisor_revisions SET body = CAST('{\"schema_version\": 1}' AS BLOB)")
+    result = cli("run", "--config", str(config), check=False)
+    assert result.returncode == 3
+    line = json.loads(result.stderr.strip().splitlines()[-1])
+    assert line["refusal"] == "corrupt"
+
+
+async def test_refuses_to_boot_on_an_uncompilable_revision(tmp_path: Path) -> None:
+    config = write_config(tmp_path, sqlite_url(tmp_path))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema_version = 1\n[aliases.a]\nupstream = "https://a/"\n'
+                   '[keys.k]\nsecret = "env:TSUP_DEFINITELY_UNSET"\naliases = ["a"]\n')
+    cli("publish", "--config", str(config), str(bad))
+    result = cli("run", "--config", str(config), check=False,
+                 env={"TSUP_DEFINITELY_UNSET": ""})
+    assert result.returncode == 3
+    line = json.loads(result.stderr.strip().splitlines()[-1])
+    assert line["refusal"] == "secret"
+
+
+async def test_publish_refuses_an_invalid_file_and_stores_nothing(tmp_path: Path) -> None:
+    config = write_config(tmp_path, sqlite_url(tmp_path))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema_version = 1\n[aliases.a]\nupstream = "gopher://a"\n')
+    result = cli("publish", "--config", str(config), str(bad), check=False)
+    assert result.returncode == 2
+    assert "$.aliases.a.upstream" in result.stderr
+    result = cli("run", "--config", str(config), check=False)
+    assert result.returncode == 3  # nothing was stored: still empty

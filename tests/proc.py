@@ -1,0 +1,156 @@
+"""Run the real daemon process in tests: config files, the notify socket, log lines.
+
+Every wait here is for an event (a datagram, a log line, process exit) under a
+``trio.fail_after`` guard; nothing sleeps to wait for something.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "conf" / "example-revision.toml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(directory: Path, url: str, extra: str = "", *, port: int | None = None,
+                 grace_s: float = 5.0) -> Path:
+    port = port or free_port()
+    path = directory / "supervisor.toml"
+    path.write_text(
+        f"""
+[supervisor]
+shutdown_grace_s = {grace_s}
+[log]
+level = "info"
+format = "json"
+[control_plane]
+url = "{url}"
+poll_interval_s = 1
+[admin]
+listen = "127.0.0.1:{port}"
+{extra}
+"""
+    )
+    return path
+
+
+def cli(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    result = subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        capture_output=True, text=True, env=full_env, cwd=REPO, timeout=timeout, check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{args} exited {result.returncode}\nstdout:{result.stdout}\nstderr:{result.stderr}"
+        )
+    return result
+
+
+class NotifySocket:
+    """A datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.messages: list[tuple[float, str]] = []
+
+    async def bind(self) -> None:
+        await self.sock.bind(str(self.path))
+
+    async def receive(self) -> str:
+        data = await self.sock.recv(65536)
+        text = data.decode()
+        self.messages.append((trio.current_time(), text))
+        return text
+
+    async def wait_for(self, needle: str) -> str:
+        while True:
+            text = await self.receive()
+            if needle in text:
+                return text
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclass
+class Daemon:
+    process: trio.Process
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)
+    _new_line: trio.Event = field(default_factory=trio.Event)
+
+    async def _pump(self) -> None:
+        assert self.process.stderr is not None
+        buffer = b""
+        async for chunk in self.process.stderr:
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for line in complete:
+                text = line.decode(errors="replace")
+                self.raw.append(text)
+                try:
+                    self.lines.append(json.loads(text))
+                except ValueError:
+                    self.lines.append({"event": text, "unparsed": True})
+            self._new_line.set()
+            self._new_line = trio.Event()
+
+    async def wait_log(self, event: str, **fields: Any) -> dict[str, Any]:
+        seen = 0
+        while True:
+            for line in self.lines[seen:]:
+                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                    return line
+            seen = len(self.lines)
+            if self.process.returncode is not None:
+                raise AssertionError(f"process exited before logging {event!r}:\n"
+                                     + "\n".join(self.raw))
+            await self._new_line.wait()
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.process.send_signal(signum)
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+
+@asynccontextmanager
+async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
+                     args: tuple[str, ...] = ()) -> AsyncIterator[Daemon]:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "supervisor", *args, "--config", str(config)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=full_env, cwd=str(REPO),
+    )
+    daemon = Daemon(process)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(daemon._pump)
+        try:
+            yield daemon
+        finally:
+            if process.returncode is None:
+                process.kill()
+            with trio.move_on_after(10, shield=True):
+                await process.wait()
+            nursery.cancel_scope.cancel()

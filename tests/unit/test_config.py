@@ -1,0 +1,139 @@
+"""Configuration: paths in errors, environment overrides, cross-field rules, check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import check_files, load, load_text, split_host_port
+from supervisor.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def refuse(text: str, env: dict[str, str] | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_text(text, source="t.toml", environ=env or {})
+    return info.value
+
+
+def test_defaults_match_the_contract() -> None:
+    config = load_text("", environ={})
+    assert config.supervisor.shutdown_grace_s == 10
+    assert config.supervisor.restart_intensity == 5
+    assert config.supervisor.restart_period_s == 60
+    assert config.log.level == "info" and config.log.format == "auto"
+    cp = config.control_plane
+    assert (cp.poll_interval_s, cp.listen, cp.channel) == (5, True, "supervisor_desired")
+    assert (cp.max_revision_bytes, cp.backoff_initial_s, cp.backoff_max_s) == (16777216, 0.25, 30)
+    assert config.admin.listen == "127.0.0.1:9464"
+    assert config.kubernetes.enabled is False
+    assert config.kubernetes.field_manager == "trio-supervisor"
+    assert config.kubernetes.preflight_retry_s == 300
+
+
+def test_a_typo_names_its_path() -> None:
+    exc = refuse("[control_plane]\npoll_intervall_s = 3\n")
+    assert exc.path == "$.control_plane.poll_intervall_s"
+    assert "unknown key" in exc.reason
+    assert "t.toml" in str(exc)
+
+
+def test_an_unknown_section_names_its_path() -> None:
+    assert refuse("[controlplane]\nurl = 'x'\n").path == "$.controlplane"
+
+
+def test_a_wrong_type_names_its_path() -> None:
+    exc = refuse('[control_plane]\npoll_interval_s = "soon"\n')
+    assert exc.path == "$.control_plane.poll_interval_s"
+    assert "Expected `float`" in exc.reason
+
+
+def test_a_range_error_names_its_path() -> None:
+    exc = refuse("[supervisor]\nshutdown_grace_s = 0\n")
+    assert exc.path == "$.supervisor.shutdown_grace_s"
+    assert "> 0" in exc.reason
+
+
+def test_bad_enum_value() -> None:
+    assert refuse('[log]\nformat = "xml"\n').path == "$.log.format"
+
+
+def test_invalid_toml() -> None:
+    assert "not valid TOML" in refuse("[log\n").reason
+
+
+def test_environment_override_wins_over_the_file() -> None:
+    config = load_text(
+        "[control_plane]\npoll_interval_s = 9\nlisten = true\n",
+        environ={
+            "SUPERVISOR_CONTROL_PLANE__POLL_INTERVAL_S": "2.5",
+            "SUPERVISOR_CONTROL_PLANE__LISTEN": "false",
+            "SUPERVISOR_CONTROL_PLANE__URL": "postgresql://u@h/db",
+            "SUPERVISOR_LOG__LEVEL": "debug",
+            "SUPERVISOR_CONFIG": "ignored.toml",
+        },
+    )
+    assert config.control_plane.poll_interval_s == 2.5
+    assert config.control_plane.listen is False
+    assert config.control_plane.url == "postgresql://u@h/db"
+    assert config.log.level == "debug"
+
+
+def test_environment_override_is_validated_with_its_path() -> None:
+    exc = refuse("", env={"SUPERVISOR_SUPERVISOR__RESTART_INTENSITY": "lots"})
+    assert exc.path == "$.supervisor.restart_intensity"
+    exc = refuse("", env={"SUPERVISOR_NOPE__X": "1"})
+    assert exc.path == "$.nope"
+
+
+def test_environment_list_override() -> None:
+    config = load_text(
+        "[cache]\npath = '/tmp/x'\nsigning_key = '/tmp/k'\n",
+        environ={"SUPERVISOR_CACHE__TRUSTED_KEYS": '["ed25519:a", "ed25519:b"]'},
+    )
+    assert config.cache.trusted_keys == ["ed25519:a", "ed25519:b"]
+
+
+def test_non_loopback_admin_requires_a_token_file() -> None:
+    exc = refuse('[admin]\nlisten = "0.0.0.0:9464"\n')
+    assert exc.path == "$.admin.token_file"
+    load_text('[admin]\nlisten = "0.0.0.0:9464"\ntoken_file = "/t"\n', environ={})
+    load_text('[admin]\nlisten = "[::1]:9464"\n', environ={})
+
+
+def test_bad_listen_and_url() -> None:
+    assert refuse('[admin]\nlisten = "nowhere"\n').path == "$.admin.listen"
+    assert refuse('[control_plane]\nurl = "mysql://x"\n').path == "$.control_plane.url"
+
+
+def test_cache_requires_keys() -> None:
+    assert refuse('[cache]\npath = "/tmp/lkg"\n').path == "$.cache.trusted_keys"
+
+
+def test_split_host_port() -> None:
+    assert split_host_port("[::1]:80") == ("::1", 80)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        split_host_port("80")
+
+
+def test_shipped_configurations_are_valid() -> None:
+    for name in ("dev.toml", "prod.toml"):
+        load(REPO / "conf" / name, environ={})
+
+
+def test_check_files_reports_missing_files(tmp_path: Path) -> None:
+    config = load_text(
+        f'[admin]\ntoken_file = "{tmp_path}/missing-token"\n'
+        f'[snapshot]\npath = "{tmp_path}/no/such/dir/snap.json"\n',
+        environ={},
+    )
+    problems = dict(check_files(config))
+    assert "$.admin.token_file" in problems
+    assert "$.snapshot.path" in problems
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "absent.toml", environ={})

@@ -1,0 +1,312 @@
+"""The convergence loop against a fake store (our own seam), in virtual time."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import structlog
+import trio
+import trio.testing
+
+from supervisor import reasons
+from supervisor.controlplane.store import (
+    ControlPlaneError,
+    FailureCategory,
+    Incompatible,
+    LoadedRevision,
+)
+from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.convergence.signal import ChangeSignal
+from supervisor.convergence.status import RevisionStatus
+from supervisor.errors import BootRefused
+from supervisor.events import EventBus
+from supervisor.sinks.file import SnapshotFile
+from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
+
+
+def doc(*aliases: str, keys: dict[str, list[str]] | None = None) -> bytes:
+    body = {
+        "schema_version": 1,
+        "aliases": {a: {"upstream": f"https://{a}.internal/v1"} for a in aliases},
+        "keys": {k: {"secret": f"env:SECRET_{k.upper().replace('-', '_')}", "aliases": v}
+                 for k, v in (keys or {}).items()},
+    }
+    return json.dumps(body).encode()
+
+
+class Resolver:
+    def resolve(self, reference: str) -> bytes:
+        return b"value-of-" + reference.encode()
+
+
+@dataclass
+class FakeStore:
+    """In-memory ControlPlaneStore; ``outage`` makes every call fail as unavailable."""
+
+    revisions: dict[int, bytes] = field(default_factory=dict)
+    desired_id: int | None = None
+    outage: bool = False
+    corrupt: set[int] = field(default_factory=set)
+    calls: list[tuple[str, float]] = field(default_factory=list)
+
+    def put(self, body: bytes) -> int:
+        rid = max(self.revisions, default=0) + 1
+        self.revisions[rid] = body
+        self.desired_id = rid
+        return rid
+
+    def _check(self, what: str) -> None:
+        self.calls.append((what, trio.current_time()))
+        if self.outage:
+            raise ControlPlaneError("connection refused", category=FailureCategory.UNAVAILABLE)
+
+    async def desired(self) -> int | None:
+        self._check("desired")
+        return self.desired_id
+
+    async def hydrate(self) -> LoadedRevision | None:
+        self._check("hydrate")
+        if self.desired_id is None:
+            return None
+        rid = self.desired_id
+        if rid in self.corrupt:
+            raise ControlPlaneError("digest mismatch", category=FailureCategory.CORRUPT,
+                                    revision=rid)
+        body = self.revisions[rid]
+        try:
+            version = json.loads(body.decode()).get("schema_version", 1)
+        except ValueError:
+            version = 1  # the decoder, not the store, refuses an undecodable body
+        if version > 1:
+            raise Incompatible(rid, version, 1)
+        return LoadedRevision(id=rid, schema_version=version, body=body,
+                              created_at=datetime.now(UTC), message=None)
+
+    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
+        return self.put(body)
+
+    async def migrate(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def make(store: FakeStore, **kw: object) -> Reconciler:
+    params: dict[str, object] = {
+        "state": ActiveState(), "status": RevisionStatus(), "metrics": Metrics(process=False),
+        "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
+        "backoff_initial_s": 0.25, "backoff_max_s": 30.0, "resolver": Resolver(),
+        "rng": random.Random(1),
+    }
+    params.update(kw)
+    return Reconciler(store, **params)  # type: ignore[arg-type]
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def test_converge_once_publishes_then_reports_converged() -> None:
+    store = FakeStore()
+    store.put(doc("chat", keys={"team-a": ["chat"]}))
+    rec = make(store)
+    outcome = await rec.converge_once()
+    assert (outcome.kind, outcome.revision, outcome.generation) == (OutcomeKind.PUBLISHED, 1, 1)
+    snap = rec.state.snapshot
+    assert snap is not None and snap.revision == 1 and snap.generation == 1
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    report = rec.status.report()
+    assert report["desired"] == report["active"] == report["loaded"] == 1
+    assert report["source"] == "control_plane" and report["lag_s"] == 0.0
+    assert sample(rec.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="converged") == 1
+
+
+async def test_empty_store() -> None:
+    rec = make(FakeStore())
+    assert (await rec.converge_once()).kind is OutcomeKind.EMPTY
+    assert rec.state.snapshot is None
+
+
+async def test_missed_notification_polling_publishes_within_one_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=5.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rec.run)
+        await trio.sleep(12.3)
+        published_at = trio.current_time()
+        store.put(doc("a", "b"))  # no signal: as if the NOTIFY was lost
+        while rec.state.generation < 2:
+            await trio.sleep(0.01)
+        assert trio.current_time() - published_at <= 5.0 + 0.011
+        nursery.cancel_scope.cancel()
+    assert rec.state.snapshot is not None and rec.state.snapshot.revision == 2
+
+
+async def test_change_signal_wakes_the_loop_early(autojump_clock: trio.testing.MockClock) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rec.run)
+        await trio.sleep(10)
+        store.put(doc("a", "b"))
+        start = trio.current_time()
+        for _ in range(50):  # a burst coalesces into at most one pending wake-up
+            rec.signal.notify("notify")
+        while rec.state.generation < 2:
+            await trio.sleep(0.001)
+        assert trio.current_time() - start < 0.01
+        nursery.cancel_scope.cancel()
+    # One wake-up goes straight to the waiting loop, one stays pending; the rest coalesce.
+    assert rec.signal.coalesced >= 48
+
+
+async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> None:
+    store = FakeStore()
+    store.put(doc("chat", keys={"k": ["chat"]}))
+    rec = make(store)
+    await rec.converge_once()
+    good = rec.state.snapshot
+    store.put(doc("chat", keys={"k": ["nope"]}))  # projection: unknown alias
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.PROJECTION
+    assert rec.state.snapshot is good
+    report = rec.status.report()
+    assert report["active"] == 1 and report["desired"] == 2
+    assert report["consecutive_failures"] == 1
+    assert report["last_rejection"]["revision"] == 2
+    assert report["last_rejection"]["reason"] == "projection"
+    assert report["lag_s"] >= 0
+    line = next(entry for entry in logs if entry["log_level"] == "error")
+    assert line["reason"] == "projection" and line["revision"] == 2
+    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="projection") == 1
+    store.put(doc("chat", "x", keys={"k": ["x"]}))
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 3
+    assert rec.status.report()["consecutive_failures"] == 0
+    assert rec.state.snapshot is not None and rec.state.snapshot.generation == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"\xff\xfe not json", reasons.CORRUPT),
+        (json.dumps({"schema_version": 1, "aliases": {"a": {"upstream": "ftp://x"}}}).encode(),
+         reasons.VALIDATION),
+        (doc("a", keys={"k": ["a"], "j": ["a"]}).replace(b"SECRET_J", b"SECRET_K"), reasons.SNAPSHOT),
+    ],
+)
+async def test_each_compile_reason_reaches_status(body: bytes, reason: str) -> None:
+    store = FakeStore()
+    store.put(body)
+    rec = make(store)
+    outcome = await rec.converge_once()
+    assert outcome.reason == reason
+    assert rec.status.report()["last_rejection"]["reason"] == reason
+
+
+async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=5.0, backoff_initial_s=0.25, backoff_max_s=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rec.run)
+        serving = rec.state.snapshot
+        await trio.sleep(1)
+        store.outage = True
+        outage_start = trio.current_time()
+        store.calls.clear()
+        await trio.sleep(300)
+        attempts = [t for what, t in store.calls if what == "desired"]
+        gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+        # Grows (never a hot loop) and is capped at backoff_max_s.
+        assert gaps[0] < 1.0
+        assert max(gaps) <= 30.0 + 1e-9
+        assert gaps[-1] >= 15.0  # jitter keeps at least half of the capped delay
+        assert len(attempts) < 30
+        assert rec.state.snapshot is serving
+        # Lag counts from the first failed observation (the next poll after the outage began).
+        assert rec.status.report()["lag_s"] >= 300 - 5.0 - (outage_start - 1)
+        assert rec.status.report()["consecutive_failures"] == len(attempts)
+        assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+        store.outage = False
+        store.put(doc("a", "b"))
+        recovery = trio.current_time()
+        while rec.state.generation < 2:
+            await trio.sleep(0.5)
+        assert trio.current_time() - recovery <= 30.0
+        assert rec.status.report()["consecutive_failures"] == 0
+        assert rec.status.report()["lag_s"] == 0.0
+        assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_bootstrap_refusals() -> None:
+    with pytest.raises(BootRefused) as info:
+        await make(FakeStore()).bootstrap()
+    assert info.value.refusal == "empty"
+
+    store = FakeStore()
+    store.put(doc("a"))
+    store.corrupt.add(1)
+    with pytest.raises(BootRefused) as info:
+        await make(store).bootstrap()
+    assert info.value.refusal == "corrupt"
+
+    store = FakeStore()
+    store.put(doc("a", keys={"k": ["missing"]}))
+    with pytest.raises(BootRefused) as info:
+        await make(store).bootstrap()
+    assert info.value.refusal == "projection"
+
+    store = FakeStore(outage=True)
+    with pytest.raises(BootRefused) as info:
+        await make(store).bootstrap()
+    assert info.value.refusal == "unavailable"
+    assert "no last-known-good cache" in str(info.value)
+
+
+async def test_bootstrap_publishes_and_run_reports_started_after_it() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            assert rec.state.snapshot is not None
+            nursery.cancel_scope.cancel()
+
+
+async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path: Path) -> None:
+    target = tmp_path / "snap.json"
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    assert json.loads(target.read_bytes())["revision"] == 1
+    rec.snapshot_file = SnapshotFile(str(tmp_path / "file-not-dir" / "snap.json"))
+    (tmp_path / "file-not-dir").write_text("x")
+    with structlog.testing.capture_logs() as logs:
+        for i in range(3):
+            store.put(doc("a", f"b{i}"))
+            outcome = await rec.converge_once()
+            assert outcome.kind is OutcomeKind.PUBLISHED  # serving goes on
+    warnings = [e for e in logs if e["event"].startswith("sink write failed")]
+    assert len(warnings) == 1
+    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 3
+    assert rec.state.snapshot is not None and rec.state.snapshot.revision == 4
