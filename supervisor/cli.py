@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command(args)
     except KeyboardInterrupt:
         return EXIT_OK
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
         return _report(exc)
 
 

@@ -51,18 +51,18 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     pass
 
 
-class SupervisorConfig(_Section):
+class SupervisorConfig(_Section, frozen=True):
     shutdown_grace_s: PositiveFloat = 10.0
     restart_intensity: NonNegativeInt = 5
     restart_period_s: PositiveFloat = 60.0
 
 
-class LogConfig(_Section):
+class LogConfig(_Section, frozen=True):
     level: LogLevel = "info"
     format: Literal["auto", "json", "console"] = "auto"
 
 
-class ControlPlaneConfig(_Section):
+class ControlPlaneConfig(_Section, frozen=True):
     url: str = "sqlite:///var/controlplane.db"
     poll_interval_s: PositiveFloat = 5.0
     listen: bool = True
@@ -78,17 +78,17 @@ class ControlPlaneConfig(_Section):
         return "sqlite" if self.url.startswith("sqlite:") else "postgresql"
 
 
-class CacheConfig(_Section):
+class CacheConfig(_Section, frozen=True):
     path: str | None = None
     signing_key: str | None = None
     trusted_keys: list[str] = msgspec.field(default_factory=list)
 
 
-class SnapshotConfig(_Section):
+class SnapshotConfig(_Section, frozen=True):
     path: str | None = None
 
 
-class AdminConfig(_Section):
+class AdminConfig(_Section, frozen=True):
     listen: str = "127.0.0.1:9464"
     token_file: str | None = None
 
@@ -97,7 +97,7 @@ class AdminConfig(_Section):
         return split_host_port(self.listen)
 
 
-class KubernetesConfig(_Section):
+class KubernetesConfig(_Section, frozen=True):
     enabled: bool = False
     kubeconfig: str | None = None
     control_namespace: str = "trio-supervisor"
@@ -106,7 +106,7 @@ class KubernetesConfig(_Section):
     preflight_retry_s: PositiveFloat = 300.0
 
 
-class Config(_Section):
+class Config(_Section, frozen=True):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     control_plane: ControlPlaneConfig = msgspec.field(default_factory=ControlPlaneConfig)
@@ -189,7 +189,9 @@ def _cross_check(config: Config) -> None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
 
 
-def load_text(text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Config:
+def load_text(
+    text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> Config:
     """Parse TOML text, apply environment overrides, validate. Raises ConfigError."""
     try:
         raw = tomllib.loads(text)
@@ -219,7 +221,8 @@ def load(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = No
 
 
 def _split_msgspec_error(message: str) -> tuple[str, str]:
-    # msgspec: "Object contains unknown field `x` - at `$.log`" / "Expected `int`, got `str` - at `$.a.b`"
+    # msgspec says "Object contains unknown field `x` - at `$.log`"
+    # or "Expected `int`, got `str` - at `$.a.b`".
     reason, sep, where = message.rpartition(" - at `")
     if sep:
         path = where.rstrip("`")

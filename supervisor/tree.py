@@ -198,7 +198,7 @@ class Supervisor:
                             child.started = True
                             self._set(child, "running")
                             report_started()
-                    except Exception as exc:  # Cancelled is a BaseException: never caught
+                    except Exception as exc:  # noqa: BLE001 - Cancelled is a BaseException: never caught
                         fatal = _fatal(exc)
                         if fatal is not None:
                             # No restart can fix a bad configuration or a refused boot.

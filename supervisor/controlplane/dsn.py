@@ -70,7 +70,7 @@ def passwords(url: str) -> list[str]:
 
 
 def scrub(text: str, url: str) -> str:
-    """``text`` (a driver's error message, say) with ``url``'s password masked wherever it appears."""
+    """``text`` (a driver's message, say) with ``url``'s password masked wherever it appears."""
     if url and url in text:
         text = text.replace(url, redact(url))
     for secret in passwords(url):

@@ -48,7 +48,9 @@ TRIGGER_NAME = "supervisor_desired_notify"
 # (the bytes of "tsupmigr" as a signed 64-bit integer).
 ADVISORY_LOCK_KEY = int.from_bytes(b"tsupmigr", "big", signed=True)
 
-_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.(?P<backend>postgresql|sqlite)\.sql$")
+_FILE = re.compile(
+    r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.(?P<backend>postgresql|sqlite)\.sql$"
+)
 _CHANNEL = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 

@@ -14,7 +14,9 @@ __all__ = ["Backoff"]
 
 
 class Backoff:
-    def __init__(self, initial_s: float, maximum_s: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, initial_s: float, maximum_s: float, rng: random.Random | None = None
+    ) -> None:
         if initial_s <= 0 or maximum_s < initial_s:
             raise ValueError(f"invalid backoff bounds {initial_s}..{maximum_s}")
         self.initial_s = initial_s

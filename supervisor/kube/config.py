@@ -84,17 +84,21 @@ def _header(cfg: Any) -> str | None:
     return str(value) if value else None
 
 
-def load_settings(kubeconfig: str | None, *, environ: Mapping[str, str] | None = None) -> KubeSettings:
+def load_settings(
+    kubeconfig: str | None, *, environ: Mapping[str, str] | None = None
+) -> KubeSettings:
     """Load the settings with the official loaders (blocking; imports ``kubernetes``)."""
     env = os.environ if environ is None else environ
     try:
         # Deliberately lazy: see the module docstring.
-        import yaml
+        import yaml  # type: ignore[import-untyped]
         from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
+        from kubernetes import config as _k8s_config
     except ImportError as exc:  # pragma: no cover - a packaging error
         raise KubeConfigError(f"the kubernetes package is not installed: {exc}") from exc
 
+    # The loaders are untyped; treat the module as dynamic.
+    k8s_config: Any = _k8s_config
     cfg = k8s_client.Configuration()
     try:
         if kubeconfig is None and env.get("KUBERNETES_SERVICE_HOST"):

@@ -35,6 +35,6 @@ class HupHooks:
         for name, hook in self._hooks:
             try:
                 hook()
-            except Exception as exc:  # a hook's bug must not stop the daemon
+            except Exception as exc:  # noqa: BLE001 - a hook's bug must not stop the daemon
                 failures.append((name, exc))
         return failures

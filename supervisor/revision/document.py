@@ -291,7 +291,7 @@ def _explain_failure(
     """Classify a failed typed decode, naming the exact entry when possible."""
     try:
         obj = msgspec.json.decode(body)
-    except msgspec.ValidationError as untyped:
+    except msgspec.ValidationError:
         # Valid JSON holding a number no Python float can hold ("1e400"). A
         # newer or malformed schema_version still takes precedence, as always.
         version = _probe_version(body)

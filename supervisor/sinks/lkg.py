@@ -108,6 +108,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import os
@@ -197,14 +198,14 @@ class CacheSkew(CacheError):
 
     def __init__(self, path: str, detail: str, *, format_version: int) -> None:
         self.format_version = format_version
-        super().__init__("incompatible", path, detail)
+        super().__init__(reasons.INCOMPATIBLE, path, detail)
 
 
 class CacheUnwritable(CacheError):
     """The cache or its served-revision mark could not be written (``OSError`` chained)."""
 
     def __init__(self, path: str, detail: str) -> None:
-        super().__init__("unwritable", path, detail)
+        super().__init__(UNWRITABLE, path, detail)
 
 
 class KeyFileError(SupervisorError):
@@ -306,10 +307,8 @@ def generate_signing_key(out_path: str) -> str:
     except OSError as exc:
         # The file is ours (O_EXCL): a half-written key must not survive to be
         # trusted later.
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(out_path)
-        except OSError:
-            pass
         raise KeyFileError(out_path, f"cannot write: {exc.strerror or exc}") from exc
     return format_verify_key(key.verify_key)
 

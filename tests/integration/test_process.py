@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sqlite3
@@ -78,7 +79,7 @@ async def test_watchdog_cadence(tmp_path: Path) -> None:
                     pings.append(notify.messages[-1][0])
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
-    gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(pings)]
     assert all(0.1 < gap < 0.4 for gap in gaps), gaps
     notify.close()
 

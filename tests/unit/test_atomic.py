@@ -5,12 +5,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from supervisor.sinks import atomic
 from supervisor.sinks.atomic import write_atomic
 
 
@@ -63,7 +61,9 @@ def test_empty_and_large_payloads(tmp_path: Path) -> None:
     assert (tmp_path / "big").read_bytes() == big
 
 
-def test_relative_path_in_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_path_in_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     write_atomic("relative.bin", b"r")
     assert (tmp_path / "relative.bin").read_bytes() == b"r"
@@ -91,16 +91,11 @@ def test_failed_rename_leaves_no_temp_file(tmp_path: Path) -> None:
     assert _entries(tmp_path) == ["target"]
 
 
-def _failing(
-    monkeypatch: pytest.MonkeyPatch, name: str, exc: BaseException
-) -> Callable[..., object]:
-    original = getattr(os, name)
-
+def _failing(monkeypatch: pytest.MonkeyPatch, name: str, exc: BaseException) -> None:
     def fail(*args: object) -> object:
         raise exc
 
-    monkeypatch.setattr(atomic.os, name, fail)
-    return original  # type: ignore[no-any-return]
+    monkeypatch.setattr(os, name, fail)
 
 
 @pytest.mark.parametrize(
@@ -134,7 +129,7 @@ def _fsync_failing_on_directories(monkeypatch: pytest.MonkeyPatch, err: int) -> 
             raise OSError(err, os.strerror(err))
         original(fd)
 
-    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
 
 
 def test_directory_fsync_unsupported_is_tolerated(

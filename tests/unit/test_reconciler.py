@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
@@ -233,7 +234,7 @@ async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
         store.calls.clear()
         await trio.sleep(300)
         attempts = [t for what, t in store.calls if what == "desired"]
-        gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(attempts)]
         # Grows (never a hot loop) and is capped at backoff_max_s.
         assert gaps[0] < 1.0
         assert max(gaps) <= 30.0 + 1e-9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -56,10 +57,10 @@ async def test_crashing_child_restarts_with_growing_delays_while_sibling_runs(
         await trio.sleep(200)
         nursery.cancel_scope.cancel()
     assert len(crasher.starts) == 5
-    gaps = [b - a - crasher.after_s for a, b in zip(crasher.starts, crasher.starts[1:], strict=False)]
+    gaps = [b - a - crasher.after_s for a, b in itertools.pairwise(crasher.starts)]
     # Exponential: each delay at least ~1.33x the previous (2x nominal, jitter 0.8..1.2).
     assert gaps[0] >= BACKOFF_INITIAL_S * 0.8
-    for earlier, later in zip(gaps, gaps[1:], strict=False):
+    for earlier, later in itertools.pairwise(gaps):
         assert later > earlier * 1.3
     # The sibling never restarted and kept ticking the whole time.
     assert steady.starts == 1

@@ -1,0 +1,307 @@
+"""The admin API as an ASGI application (CONTRACT.md section 6).
+
+============================  ==========================================================
+``GET /healthz``              200 ``{"ok": true}`` while the event loop responds; never
+                              needs the token
+``GET /readyz``               200 ``{"ready": true, "revision", "generation"}`` once a
+                              snapshot is active; else 503 ``{"ready": false, "reason",
+                              "consecutive_failures"}``
+``GET /status``               200, the status document (:meth:`AdminContext.status`)
+``GET /metrics``              200, Prometheus text (or OpenMetrics when the ``Accept``
+                              header asks for it: ``prometheus_client.choose_encoder``)
+``GET /v1/snapshot``          200, the active snapshot's JSON with
+                              ``ETag: "<revision>-<generation>"``; 304 when
+                              ``If-None-Match`` names it (lists, ``*`` and weak ``W/``
+                              tags are understood); 503 when none is active
+``WS /v1/stream``             the live stream (:mod:`supervisor.admin.stream`); a plain
+                              GET there answers 426
+============================  ==========================================================
+
+``HEAD`` is answered like ``GET`` without the body. Any other method gets 405
+with ``Allow``; an unknown path gets 404. Every error body is JSON
+``{"error": "<code>", "detail": "<text>"}``; dynamic answers carry
+``Cache-Control: no-store`` (the snapshot ``no-cache``: revalidate by ETag).
+
+Authentication: when :attr:`AdminContext.token` is set, every route except
+``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`); otherwise
+HTTP answers 401 with ``WWW-Authenticate: Bearer realm="trio-supervisor"``, and a
+WebSocket handshake is refused before it is accepted, also with 401 (through
+ASGI's ``websocket.http.response`` extension, which hypercorn implements; a
+server without it sends 403). Authentication is checked before routing, so
+without the token nothing reveals which paths exist.
+
+Robustness: a handler that raises answers 500 JSON and is logged; the app never
+lets a request's failure reach the server. It reads state only and never awaits
+anything but the transport, so a slow reader cannot hold up the daemon.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
+
+from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
+from supervisor.admin.context import AdminContext
+from supervisor.admin.stream import Receive, Scope, Send, StreamHub, encode_json
+from supervisor.logs import get_logger
+
+__all__ = ["AdminApp", "Response", "etag_matches"]
+
+log = get_logger("admin")
+
+JSON = b"application/json"
+ALLOW = b"GET, HEAD"
+STREAM_PATH = "/v1/stream"
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: bytes | None = JSON
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    cache: bytes = b"no-store"
+
+
+def json_response(status: int, doc: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> Response:
+    return Response(status, encode_json(doc), JSON, list(headers))
+
+
+def error_response(
+    status: int, error: str, detail: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> Response:
+    return json_response(status, {"error": error, "detail": detail}, headers)
+
+
+_ETAG = re.compile(r'(?:W/)?"[^"]*"')
+
+
+def etag_matches(if_none_match: str, etag: str) -> bool:
+    """``If-None-Match`` against our ETag, with the weak comparison RFC 9110 asks for."""
+    if if_none_match.strip() == "*":
+        return True
+    want = etag.removeprefix("W/")
+    return any(tag.removeprefix("W/") == want for tag in _ETAG.findall(if_none_match))
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """All values of one header joined with ", " (RFC 9110 list syntax), or None."""
+    values = [v for k, v in headers if k.lower() == name]
+    if not values:
+        return None
+    return b", ".join(values).decode("latin-1")
+
+
+def _headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    raw = scope.get("headers") or []
+    out: list[tuple[bytes, bytes]] = []
+    for item in raw:
+        # Servers hand over well-formed pairs; anything else is dropped rather
+        # than trusted (the app must not crash on what a client sent).
+        if isinstance(item, list | tuple) and len(item) == 2:
+            name, value = item
+            if isinstance(name, bytes) and isinstance(value, bytes):
+                out.append((name, value))
+    return out
+
+
+class AdminApp:
+    """The ASGI callable. ``hub`` serves ``/v1/stream`` (None: the stream answers 503)."""
+
+    def __init__(self, ctx: AdminContext, hub: StreamHub | None = None) -> None:
+        self.ctx = ctx
+        self.hub = hub
+        self._routes: dict[str, Callable[[list[tuple[bytes, bytes]]], Response]] = {
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+            "/status": self._status,
+            "/metrics": self._metrics,
+            "/v1/snapshot": self._snapshot,
+            STREAM_PATH: self._stream_over_http,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if kind == "http":
+            await self._http(scope, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    # -- HTTP ----------------------------------------------------------------
+
+    async def _http(self, scope: Scope, send: Send) -> None:
+        method = scope.get("method")
+        path = scope.get("path")
+        headers = _headers(scope)
+        try:
+            response = self._respond(method, path, headers)
+        except Exception:  # noqa: BLE001 - one request's failure must never reach the server
+            log.exception("admin request failed", path=str(path)[:200])
+            response = error_response(500, "internal", "internal error; see the daemon's log")
+        await _send_response(send, response, head=method == "HEAD")
+
+    def _respond(self, method: Any, path: Any, headers: list[tuple[bytes, bytes]]) -> Response:
+        if not isinstance(path, str) or not isinstance(method, str):
+            return error_response(400, "bad_request", "malformed request")
+        if path not in OPEN_PATHS and not self._authorized(headers):
+            return _unauthorized(headers)
+        handler = self._routes.get(path)
+        if handler is None:
+            return error_response(404, "not_found", "no such route")
+        if method not in ("GET", "HEAD"):
+            return error_response(
+                405, "method_not_allowed", f"{path} answers GET and HEAD", [(b"allow", ALLOW)]
+            )
+        return handler(headers)
+
+    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        token = self.ctx.token
+        return token is None or authorized(headers, token)
+
+    def _healthz(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        # Answering at all proves the event loop runs: nothing here can block.
+        return json_response(200, {"ok": True})
+
+    def _readyz(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        snapshot = self.ctx.state.snapshot
+        if snapshot is not None:
+            return json_response(
+                200, {"ready": True, "revision": snapshot.revision,
+                      "generation": snapshot.generation}
+            )
+        rev = self.ctx.revision
+        reason = "no snapshot published yet"
+        if rev.last_error:
+            reason = f"{reason}; last attempt failed: {rev.last_error}"
+        return json_response(
+            503,
+            {"ready": False, "reason": reason,
+             "consecutive_failures": rev.consecutive_failures},
+        )
+
+    def _status(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        return json_response(200, self.ctx.status())
+
+    def _metrics(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        accept = _header(headers, b"accept") or ""
+        try:
+            encoder, content_type = choose_encoder(accept)
+        except (ValueError, TypeError, IndexError, AttributeError):
+            # A malformed version or escaping parameter: fall back to plain text
+            # rather than failing a scrape over a header.
+            encoder, content_type = generate_latest, CONTENT_TYPE_LATEST
+        body = encoder(self.ctx.metrics.registry)
+        return Response(200, body, content_type.encode("latin-1"))
+
+    def _snapshot(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        snapshot = self.ctx.state.snapshot
+        if snapshot is None:
+            return error_response(503, "no_snapshot", "no snapshot published yet")
+        etag = snapshot.etag()
+        tag_header = [(b"etag", etag.encode("latin-1"))]
+        if_none_match = _header(headers, b"if-none-match")
+        if if_none_match is not None and etag_matches(if_none_match, etag):
+            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        return Response(200, snapshot.to_json(), JSON, tag_header, cache=b"no-cache")
+
+    def _stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        return error_response(
+            426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
+        )
+
+    # -- WebSocket -----------------------------------------------------------
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = await receive()
+        if message.get("type") != "websocket.connect":
+            return
+        headers = _headers(scope)
+        hub = self.hub
+        if scope.get("path") != STREAM_PATH:
+            # Same order as HTTP: without the token, nothing reveals which paths exist.
+            if not self._authorized(headers):
+                await _reject(scope, send, _unauthorized(headers))
+            else:
+                await _reject(scope, send, error_response(404, "not_found", "no such route"))
+        elif not self._authorized(headers):
+            await _reject(scope, send, _unauthorized(headers))
+        elif hub is None or hub.closing:
+            await _reject(scope, send, error_response(503, "unavailable", "shutting down"))
+        elif hub.full():
+            await _reject(
+                scope, send, error_response(503, "too_many_clients", "too many stream clients")
+            )
+        else:
+            try:
+                await hub.serve(scope, receive, send)
+            except Exception:  # noqa: BLE001 - one client's failure must not reach the server
+                log.exception("stream client failed", peer=str(scope.get("client")))
+
+
+def _unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
+    presented = any(k.lower() == b"authorization" for k, _ in headers)
+    challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
+    return error_response(
+        401, "unauthorized", "missing or invalid bearer token", [(b"www-authenticate", challenge)]
+    )
+
+
+def _response_headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:
+    headers = list(response.headers)
+    if response.content_type is not None:
+        headers.append((b"content-type", response.content_type))
+    if length is not None:
+        headers.append((b"content-length", str(length).encode("ascii")))
+    headers.append((b"cache-control", response.cache))
+    return headers
+
+
+async def _send_response(send: Send, response: Response, *, head: bool) -> None:
+    length = None if response.status == 304 else len(response.body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": _response_headers(response, length),
+        }
+    )
+    body = b"" if head or response.status == 304 else response.body
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _reject(scope: Scope, send: Send, response: Response) -> None:
+    """Refuse a WebSocket handshake before accepting it."""
+    extensions = scope.get("extensions") or {}
+    if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": response.status,
+                "headers": _response_headers(response, len(response.body)),
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": response.body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    # Nothing to set up or tear down: serve_admin owns the resources. Answering
+    # keeps any ASGI server that runs a lifespan from logging a warning.
+    while True:
+        message = await receive()
+        kind = message.get("type")
+        if kind == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif kind == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        else:
+            return

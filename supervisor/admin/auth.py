@@ -1,0 +1,58 @@
+"""Bearer-token authentication of the admin API.
+
+Contract (CONTRACT.md section 6): when ``[admin].token_file`` is set, every
+route but ``/healthz`` requires ``Authorization: Bearer <token>``.
+
+- :func:`read_token` reads the file once at start: surrounding whitespace is
+  stripped (files end with a newline); an unreadable or empty file, or a token
+  that could not travel in one header value, is a :class:`ConfigError` on
+  ``$.admin.token_file``. The token itself never appears in a message.
+- :func:`authorized` compares with :func:`hmac.compare_digest`, so the time it
+  takes does not depend on how many leading bytes matched. Exactly one
+  ``Authorization`` header is accepted: two are ambiguous (a proxy and a
+  client may disagree on which one counts), so they are refused.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from pathlib import Path
+
+from supervisor.errors import ConfigError
+
+__all__ = ["WWW_AUTHENTICATE", "authorized", "read_token"]
+
+TOKEN_PATH = "$.admin.token_file"
+WWW_AUTHENTICATE = b'Bearer realm="trio-supervisor"'
+
+
+def read_token(path: str) -> str:
+    """The bearer token stored in ``path``, stripped of surrounding whitespace."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(TOKEN_PATH, f"{path} is not UTF-8 text") from exc
+    except OSError as exc:
+        raise ConfigError(TOKEN_PATH, f"cannot read {path}: {exc.strerror or exc}") from exc
+    token = text.strip()
+    if not token:
+        raise ConfigError(TOKEN_PATH, f"{path} is empty")
+    # RFC 6750 tokens are printable ASCII without spaces; anything else would be
+    # mangled by some HTTP client or proxy on the way, and fail in confusing ways.
+    if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise ConfigError(
+            TOKEN_PATH, f"{path} must hold one token of printable ASCII without spaces"
+        )
+    return token
+
+
+def authorized(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:
+    """True when ``headers`` (ASGI: lower-case names) carry exactly ``Bearer <token>``."""
+    values = [value for name, value in headers if name.lower() == b"authorization"]
+    if len(values) != 1:
+        return False
+    scheme, _, credentials = values[0].strip().partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    return hmac.compare_digest(credentials.strip(), token.encode("ascii"))

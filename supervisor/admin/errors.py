@@ -1,0 +1,51 @@
+"""Errors of the admin API, its server and its client side.
+
+::
+
+    SupervisorError
+    └── AdminError                   anything the admin API raises on purpose
+        ├── AdminBindError           the listen address cannot be bound (also a ConfigError:
+        │                            path ``$.admin.listen``, so the tree treats it as fatal
+        │                            and the CLI exits 2)
+        └── AdminUnreachable         client side: connect failure, timeout, non-200 answer,
+            │                        undecodable body, or a stream that ended abnormally
+            └── AdminRefused         the server refused our credentials (401/403); retrying
+                                     cannot help, so ``watch`` does not reconnect
+
+Messages never contain the bearer token.
+"""
+
+from __future__ import annotations
+
+from supervisor.errors import ConfigError, SupervisorError
+
+__all__ = ["AdminBindError", "AdminError", "AdminRefused", "AdminUnreachable"]
+
+
+class AdminError(SupervisorError):
+    """Base class of the admin API's own errors."""
+
+
+class AdminBindError(ConfigError, AdminError):
+    """``[admin].listen`` cannot be bound (in use, not local, not permitted, unresolvable)."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        self.address = address
+        super().__init__("$.admin.listen", f"address {address} {reason}")
+
+
+class AdminUnreachable(AdminError):
+    """The admin API could not be reached or did not answer as expected.
+
+    ``status_code`` is the HTTP status when the server answered (None otherwise).
+    """
+
+    def __init__(self, url: str, reason: str, *, status_code: int | None = None) -> None:
+        self.url = url
+        self.reason = reason
+        self.status_code = status_code
+        super().__init__(f"{url}: {reason}")
+
+
+class AdminRefused(AdminUnreachable):
+    """The server answered 401 or 403: the token is missing or wrong."""

@@ -1,0 +1,329 @@
+"""``WS /v1/stream``: the live event stream, one bounded queue per client.
+
+Messages (text frames, each one compact JSON object):
+
+1. First, the current state: ``{"type": "status", "revision": {...}, "children": {...},
+   "fanout": {...}, "heartbeat_s": 15.0}``, i.e. the ``/status`` document plus
+   ``type`` and the heartbeat period the client can use to detect a dead server.
+2. Then every :class:`~supervisor.events.EventBus` event, in publish order, as
+   published: ``{"type": "published" | "rejected" | "status", "seq": N, "at": "...", ...}``.
+   The client subscribes in the same synchronous step that builds the first
+   message, so no event falls between the two and none is counted twice.
+3. ``{"type": "ping", "at": "..."}`` after ``heartbeat_s`` without any other
+   message. hypercorn's ASGI interface cannot send protocol ping frames on the
+   application's behalf with a per-connection deadline, and an application
+   message also proves the whole path (event loop, hub, connection) is alive.
+   Pings are not events: ``watch`` does not print them.
+
+Closing (close codes):
+
+- ``1001`` "going away": the server shuts down (:meth:`StreamHub.close_all`).
+- ``1013`` "client too slow": the client's buffer (``max_buffer`` events)
+  overflowed, so it missed events; it should reconnect and start again from a
+  fresh status message. :attr:`Metrics.stream_dropped` counts these.
+
+A client that stops reading altogether cannot even be sent a close frame:
+hypercorn's socket write is shielded from cancellation and blocks once the
+kernel's buffers are full. The hub's :meth:`StreamHub.monitor` finds writes that
+have been blocked too long (``stall_timeout_s``, or ``close_timeout_s`` once the
+client has overflowed) and asks the server to reset that TCP connection
+(the ``abort`` callback), which unblocks the write. A publish never waits for a
+client either way: :meth:`EventBus.publish` only offers to bounded buffers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import trio
+
+from supervisor.events import EventBus, Subscription, utc_now_iso
+from supervisor.logs import get_logger
+from supervisor.telemetry import Metrics
+
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_TOO_SLOW",
+    "Receive",
+    "Scope",
+    "Send",
+    "StreamHub",
+    "StreamSettings",
+    "encode_json",
+]
+
+log = get_logger("admin.stream")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_TOO_SLOW = 1013
+
+
+def _fallback(obj: Any) -> Any:
+    # Events are meant to be JSON-ready; a stray value (a Path, an enum) must
+    # degrade to its text rather than end the stream for every client.
+    return str(obj)
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_fallback)
+
+
+def encode_json(obj: Any) -> bytes:
+    """Compact JSON; values msgspec cannot encode are rendered with ``str``."""
+    return _encoder.encode(obj)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Tunables of the stream; the defaults suit one operator's ``watch`` and a few tools."""
+
+    max_buffer: int = 256  # events buffered per client before it counts as too slow
+    heartbeat_s: float = 15.0  # a ping after this long without any other message
+    max_clients: int = 4096  # further handshakes are refused with 503
+    stall_timeout_s: float = 10.0  # a single write blocked this long: reset the connection
+    close_timeout_s: float = 2.0  # an overflowed client's write blocked this long: reset
+    monitor_interval_s: float = 0.5  # how often the monitor looks for blocked writes
+
+
+class _Client:
+    __slots__ = ("aborted", "dropped", "peer", "sending_since", "sub", "wait_scope")
+
+    def __init__(self, sub: Subscription, peer: tuple[str, int] | None) -> None:
+        self.sub = sub
+        self.peer = peer
+        self.sending_since: float | None = None
+        self.wait_scope: trio.CancelScope | None = None
+        self.aborted = False
+        self.dropped = False
+
+
+class StreamHub:
+    """Every connected stream client; the fan-out from the bus to the sockets.
+
+    ``status`` builds the first message's state (the ``/status`` document);
+    ``abort(peer)`` resets the TCP connection of the client at ``peer`` (the ASGI
+    ``scope["client"]``) and returns whether it found one; the server provides it.
+    """
+
+    def __init__(
+        self,
+        events: EventBus,
+        status: Callable[[], dict[str, Any]],
+        metrics: Metrics,
+        settings: StreamSettings | None = None,
+        *,
+        abort: Callable[[tuple[str, int]], bool] | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.settings = settings if settings is not None else StreamSettings()
+        self._events = events
+        self._status = status
+        self._metrics = metrics
+        self._abort_peer = abort
+        self._clock = clock
+        self._clients: set[_Client] = set()
+        self._closing = trio.Event()
+        self._empty = trio.Event()
+        self._empty.set()
+        # One encoding per event, not one per client: with 1,000 clients the
+        # encode would otherwise dominate the fan-out. Keyed by the bus's seq.
+        self._encoded: OrderedDict[int, str] = OrderedDict()
+
+    # -- reading -------------------------------------------------------------
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+    def full(self) -> bool:
+        return len(self._clients) >= self.settings.max_clients
+
+    # -- one client ----------------------------------------------------------
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run one accepted-to-be client: the app has read ``websocket.connect``
+        and checked the token; this accepts, streams, and closes."""
+        peer = _peer(scope)
+        # Subscribe and snapshot the state in one synchronous step: an event is
+        # either reflected in the first message or delivered after it, never both.
+        sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
+        client = _Client(sub, peer)
+        try:
+            first = {"type": "status", **self._status(), "heartbeat_s": self.settings.heartbeat_s}
+            first_text = encode_json(first).decode()
+        except BaseException:
+            sub.close()
+            raise
+        self._add(client)
+        try:
+            await send({"type": "websocket.accept"})
+            await self._send_text(client, send, first_text)
+            close: tuple[int, str] | None = None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_until_disconnect, receive, nursery.cancel_scope)
+                close = await self._write_events(client, send)
+                nursery.cancel_scope.cancel()
+            if close is not None and not client.aborted:
+                code, reason = close
+                await send({"type": "websocket.close", "code": code, "reason": reason})
+        finally:
+            sub.close()
+            self._remove(client)
+
+    async def _read_until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
+        # The stream is one-way; client messages are read (so hypercorn's bounded
+        # per-connection queue never fills) and ignored.
+        while True:
+            message = await receive()
+            if message.get("type") == "websocket.disconnect":
+                scope.cancel()
+                return
+
+    async def _write_events(self, client: _Client, send: Send) -> tuple[int, str] | None:
+        """Forward events until the client must be closed: returns the close code and
+        reason, or None when the connection is already gone."""
+        heartbeat = self.settings.heartbeat_s
+        receive = client.sub.receive
+        while True:
+            if client.aborted:
+                return None
+            if client.sub.overflowed:
+                self._count_drop(client)
+                return (CLOSE_TOO_SLOW, "client too slow")
+            if self._closing.is_set():
+                return (CLOSE_GOING_AWAY, "going away")
+            event: dict[str, Any] | None = None
+            ended = False
+            # Only the wait is cancellable from outside (close_all, abort); a write
+            # in progress is never interrupted, so no frame is ever cut in half.
+            with trio.CancelScope() as wait_scope:
+                client.wait_scope = wait_scope
+                with trio.move_on_after(heartbeat):
+                    try:
+                        event = await receive.receive()
+                    except trio.EndOfChannel:
+                        ended = True
+            client.wait_scope = None
+            if ended:
+                # The bus closes a channel only when it overflows.
+                if client.sub.overflowed:
+                    continue
+                return (CLOSE_GOING_AWAY, "going away")
+            if wait_scope.cancelled_caught:
+                continue
+            text = self._encode(event) if event is not None else _ping()
+            await self._send_text(client, send, text)
+
+    async def _send_text(self, client: _Client, send: Send, text: str) -> None:
+        client.sending_since = self._clock()
+        try:
+            await send({"type": "websocket.send", "text": text})
+        finally:
+            client.sending_since = None
+
+    def _encode(self, event: dict[str, Any]) -> str:
+        seq = event.get("seq")
+        if not isinstance(seq, int):
+            return encode_json(event).decode()
+        text = self._encoded.get(seq)
+        if text is None:
+            text = encode_json(event).decode()
+            self._encoded[seq] = text
+            # Clients more than max_buffer events behind have overflowed already,
+            # so older encodings can never be asked for again.
+            while len(self._encoded) > max(self.settings.max_buffer, 16):
+                self._encoded.popitem(last=False)
+        return text
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    def _add(self, client: _Client) -> None:
+        if not self._clients:
+            self._empty = trio.Event()
+        self._clients.add(client)
+        self._metrics.stream_clients.set(len(self._clients))
+
+    def _remove(self, client: _Client) -> None:
+        self._clients.discard(client)
+        self._metrics.stream_clients.set(len(self._clients))
+        if not self._clients:
+            self._empty.set()
+
+    def _count_drop(self, client: _Client) -> None:
+        if not client.dropped:
+            client.dropped = True
+            self._metrics.stream_dropped.inc()
+            log.warning("stream client too slow; closing", peer=_peer_text(client.peer))
+
+    def _abort(self, client: _Client) -> None:
+        client.aborted = True
+        if client.wait_scope is not None:
+            client.wait_scope.cancel()
+        if self._abort_peer is not None and client.peer is not None:
+            self._abort_peer(client.peer)
+
+    # -- the whole hub -------------------------------------------------------
+
+    def abort_stalled(self) -> int:
+        """Reset the connections of clients whose current write has been blocked too
+        long; returns how many. Called by :meth:`monitor`; tests call it directly."""
+        now = self._clock()
+        s = self.settings
+        count = 0
+        for client in list(self._clients):
+            since = client.sending_since
+            if since is None or client.aborted:
+                continue
+            blocked = now - since
+            if blocked > s.stall_timeout_s or (client.sub.overflowed and blocked > s.close_timeout_s):
+                self._count_drop(client)
+                self._abort(client)
+                count += 1
+        return count
+
+    async def monitor(self) -> None:
+        """Run :meth:`abort_stalled` periodically, until cancelled."""
+        while True:
+            await trio.sleep(self.settings.monitor_interval_s)
+            self.abort_stalled()
+
+    async def close_all(self, timeout_s: float) -> None:
+        """Close every client with 1001 "going away" and refuse new ones.
+
+        Waits up to ``timeout_s`` for the close frames to go out; clients whose
+        writes are still blocked after that have their connections reset.
+        """
+        self._closing.set()
+        for client in list(self._clients):
+            if client.wait_scope is not None:
+                client.wait_scope.cancel()
+        with trio.move_on_after(timeout_s):
+            await self._empty.wait()
+        for client in list(self._clients):
+            self._abort(client)
+
+
+def _ping() -> str:
+    return encode_json({"type": "ping", "at": utc_now_iso()}).decode()
+
+
+def _peer(scope: Scope) -> tuple[str, int] | None:
+    client = scope.get("client")
+    if isinstance(client, list | tuple) and len(client) >= 2:
+        return (str(client[0]), int(client[1]))
+    return None
+
+
+def _peer_text(peer: tuple[str, int] | None) -> str | None:
+    return None if peer is None else f"{peer[0]}:{peer[1]}"

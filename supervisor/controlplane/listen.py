@@ -1,0 +1,230 @@
+"""The LISTEN child: turns PostgreSQL notifications into ChangeSignal wake-ups.
+
+Contract: a notification on ``[control_plane].channel`` (sent by the trigger
+on ``supervisor_desired`` at commit, payload the revision id) wakes the
+convergence loop at once instead of at its next poll. It is only a hint:
+NOTIFY is delivered only to sessions listening at commit time and is never
+replayed, so polling stays the correctness path, and this child
+  * reports started at once, before connecting: a control plane that is down
+    must not hold up readiness (the child is then "running, reconnecting");
+  * calls ``signal.notify("reconnect")`` after every (re)connect, since
+    whatever was notified while disconnected is gone;
+  * never lets a failure escape (each is logged, then it reconnects with
+    bounded exponential backoff and jitter); Cancelled always propagates, and
+    shutdown is prompt whether it is waiting, probing or reconnecting.
+
+Mechanics (KNOW-HOW, checked recipe): a dedicated autocommit connection runs
+``LISTEN``; the wait is native, ``trio.lowlevel.wait_readable`` on the
+connection's socket (no thread parked), draining ``conn.notifies(timeout=0)``
+before every wait, which is also after the previous one (any statement moves
+pending notifications into psycopg's own backlog, which only ``notifies()``
+reads). The wait is bounded by ``probe_interval_s``; when it runs out, a
+``SELECT 1`` (in a worker thread, under a deadline) proves the connection is
+not half-open, which a socket that never becomes readable cannot show.
+``trio.lowlevel.notify_closing`` precedes every close. Connects and probes run
+in abandonable worker threads (:func:`~supervisor.controlplane.store.call_interruptibly`).
+
+The backoff resets once a connection has proven healthy (a probe succeeded or
+a notification arrived), so a server that accepts and immediately drops
+connections is retried ever more slowly rather than in a tight loop.
+
+Metrics: ``listen_connected`` (1 while listening), ``listen_notifications``
+(notifications received), ``listen_reconnects`` (failed connect attempts).
+SQLite, or ``listen = false``, has nothing to listen to: the child then
+reports started and idles until cancelled, so a supervisor never sees it exit.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+import psycopg
+import trio
+from psycopg import sql
+
+from supervisor.controlplane.dsn import redact, scrub
+from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
+from supervisor.controlplane.store import INTERRUPT_GRACE_S, call_interruptibly
+from supervisor.convergence.backoff import Backoff
+from supervisor.logs import get_logger
+
+if TYPE_CHECKING:
+    from supervisor.config import ControlPlaneConfig
+    from supervisor.convergence.signal import ChangeSignal
+    from supervisor.telemetry import Metrics
+
+__all__ = ["run_listener"]
+
+log = get_logger("listen")
+
+#: Deadline of one probe; a healthy server answers SELECT 1 in milliseconds.
+PROBE_TIMEOUT_S = 5.0
+#: Wake-ups in a row that yield nothing before the connection is probed early
+#: (a readable socket that never yields anything would otherwise spin).
+EMPTY_WAKES_BEFORE_PROBE = 3
+
+
+async def run_listener(
+    config: ControlPlaneConfig,
+    signal: ChangeSignal,
+    metrics: Metrics,
+    *,
+    probe_interval_s: float = 30.0,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen for desired-state notifications until cancelled; never raises otherwise."""
+    task_status.started()
+    if config.backend != "postgresql" or not config.listen:
+        log.info(
+            "notifications disabled; converging by polling alone",
+            backend=config.backend,
+            listen=config.listen,
+        )
+        await trio.sleep_forever()
+    await _Listener(config, signal, metrics, probe_interval_s).run()
+
+
+class _ConnectionLost(Exception):
+    """The LISTEN connection stopped answering (probe deadline)."""
+
+
+class _Listener:
+    def __init__(
+        self,
+        config: ControlPlaneConfig,
+        signal: ChangeSignal,
+        metrics: Metrics,
+        probe_interval_s: float,
+    ) -> None:
+        self.url = config.url
+        self.channel = config.channel
+        self.signal = signal
+        self.metrics = metrics
+        self.probe_interval_s = probe_interval_s
+        self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+        # False once an abandoned probe thread has taken the connection over.
+        self._owns_conn = False
+
+    async def run(self) -> None:
+        while True:
+            try:
+                conn = await self._connect()
+            except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
+                self.metrics.listen_reconnects.inc()
+                delay = self.backoff.next()
+                log.warning(
+                    "LISTEN connection failed; retrying",
+                    error=self._describe(exc),
+                    retry_in_s=round(delay, 3),
+                    url=redact(self.url),
+                )
+                await trio.sleep(delay)
+                continue
+
+            self.metrics.listen_connected.set(1)
+            self._owns_conn = True
+            log.info("listening for desired-state notifications", channel=self.channel)
+            # Whatever was published while we were not listening was never
+            # delivered to us: one wake-up makes the loop look now.
+            self.signal.notify("reconnect")
+            try:
+                await self._serve(conn)
+            except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
+                log.warning("LISTEN connection lost; reconnecting", error=self._describe(exc))
+            finally:
+                self.metrics.listen_connected.set(0)
+                if self._owns_conn:
+                    await _close(conn)
+            await trio.sleep(self.backoff.next())
+
+    def _describe(self, exc: BaseException) -> str:
+        return scrub(str(exc).strip(), self.url) or type(exc).__name__
+
+    async def _connect(self) -> Conn:
+        made: list[Conn] = []
+        url, channel = self.url, self.channel
+
+        def open_and_listen() -> Conn:
+            conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S)
+            made.append(conn)
+            try:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        def dispose() -> None:
+            for conn in made:
+                conn.close()
+
+        # Cancelled mid-connect (shutdown): the thread is abandoned and closes
+        # the connection itself if the connect ever completes.
+        return await call_interruptibly(open_and_listen, interrupt=lambda: None, dispose=dispose)
+
+    async def _serve(self, conn: Conn) -> None:
+        fd = conn.fileno()
+        empty_wakes = 0
+        while True:
+            if self._drain(conn):
+                empty_wakes = 0
+                self.backoff.reset()
+            with trio.move_on_after(self.probe_interval_s) as waited:
+                await trio.lowlevel.wait_readable(fd)
+            if waited.cancelled_caught:
+                await self._probe(conn)
+                continue
+            # Readable: the next _drain reads it. A socket that keeps waking us
+            # with nothing in it gets probed rather than spun on.
+            empty_wakes += 1
+            if empty_wakes > EMPTY_WAKES_BEFORE_PROBE:
+                empty_wakes = 0
+                await self._probe(conn)
+
+    def _drain(self, conn: Conn) -> int:
+        # Non-blocking: reads what the socket already holds, raises
+        # OperationalError when the server has gone.
+        count = 0
+        for note in conn.notifies(timeout=0):
+            count += 1
+            log.debug("notification", channel=note.channel, payload=note.payload[:32])
+        if count:
+            self.metrics.listen_notifications.inc(count)
+            self.signal.notify("notify")
+        return count
+
+    async def _probe(self, conn: Conn) -> None:
+        def select_one() -> None:
+            conn.execute("SELECT 1")
+
+        with trio.move_on_after(PROBE_TIMEOUT_S) as deadline:
+            try:
+                await call_interruptibly(
+                    select_one,
+                    interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
+                    dispose=conn.close,
+                )
+            except trio.Cancelled:
+                # Shutdown or the probe deadline: the abandoned worker thread
+                # now owns the connection and closes it when the driver returns.
+                self._owns_conn = False
+                raise
+        if deadline.cancelled_caught:
+            raise _ConnectionLost(f"no answer to a probe within {PROBE_TIMEOUT_S:g} s")
+        self.backoff.reset()
+
+
+async def _close(conn: Conn) -> None:
+    if not conn.closed:
+        # Wake (with ClosedResourceError) any task still waiting on this socket
+        # before the descriptor is closed and its number reused.
+        try:
+            trio.lowlevel.notify_closing(conn.fileno())
+        except psycopg.Error:
+            pass
+    with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
+        try:
+            await trio.to_thread.run_sync(conn.close, abandon_on_cancel=True)
+        except Exception as exc:  # noqa: BLE001 - the connection is gone either way
+            log.debug("closing the LISTEN connection failed", error=str(exc))

@@ -1,0 +1,353 @@
+"""The PostgreSQL control-plane store, driven from trio through worker threads.
+
+psycopg's async API is asyncio-only, so (KNOW-HOW, "psycopg 3 under trio")
+each call runs the synchronous ``psycopg.Connection`` in a worker thread that
+trio may abandon (``abandon_on_cancel=True``), one call at a time per
+connection (a ``CapacityLimiter(1)``). A cancelled call asks the server to
+stop its statement (``cancel_safe``, shielded and time-limited) and the
+connection is replaced: the old one is closed by its worker thread once the
+driver returns, because closing it under a running call is unsafe.
+
+Bounds on every call, so nothing can hang the convergence loop:
+``connect_timeout``; a server-side ``statement_timeout``; TCP keepalives and
+``tcp_user_timeout`` against half-open connections; and a client-side deadline
+covering connect plus statement, which also catches what the server cannot
+(a network that swallows packets). Values already present in the DSN win over
+these defaults.
+
+Connections are made lazily, by the first call, and remade by the next call
+after one breaks. The connection is in autocommit mode: reads never leave a
+transaction open (an idle-in-transaction session holds back vacuum and the
+NOTIFY queue), and writes use explicit transactions.
+
+Failures are mapped here, at the driver boundary, by :func:`classify`
+(categories in :mod:`supervisor.controlplane.store`), chained with ``from``,
+with the DSN's password scrubbed from every message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
+
+import psycopg
+import trio
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
+
+from supervisor.controlplane import migrations
+from supervisor.controlplane.dsn import redact, scrub
+from supervisor.controlplane.store import (
+    INTERRUPT_GRACE_S,
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    HydrateRow,
+    LoadedRevision,
+    call_interruptibly,
+    check_hydrated,
+    check_publishable,
+    unavailable_timeout,
+)
+from supervisor.logs import get_logger
+
+if TYPE_CHECKING:
+    from supervisor.config import ControlPlaneConfig
+
+__all__ = ["PostgresStore", "classify", "connect", "map_error"]
+
+log = get_logger("controlplane")
+
+T = TypeVar("T")
+Conn = psycopg.Connection[TupleRow]
+
+APPLICATION_NAME = "trio-supervisor"
+CONNECT_TIMEOUT_S = 5.0
+# Keepalive probes start after 30 s idle, every 10 s, 3 misses: a dead peer is
+# noticed within about a minute even on an idle connection; tcp_user_timeout
+# bounds unacknowledged writes the same way.
+KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+             "keepalives_count": "3", "tcp_user_timeout": "30000"}
+# Schema changes can queue behind the advisory lock of another replica's run.
+MIGRATE_TIMEOUT_S = 120.0
+
+# SQLSTATEs that mean "the schema is not there or not current".
+_SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a driver (or socket) error. Order matters: see the comments."""
+    # Before OperationalError: psycopg files transaction rollbacks and lock
+    # timeouts under it, but they are contention, and contention clears on retry.
+    if isinstance(
+        exc, pgerrors.SerializationFailure | pgerrors.DeadlockDetected | pgerrors.LockNotAvailable
+    ):
+        return FailureCategory.CONFLICT
+    if isinstance(
+        exc,
+        pgerrors.InsufficientPrivilege
+        | pgerrors.InvalidAuthorizationSpecification
+        | pgerrors.InvalidPassword,
+    ):
+        return FailureCategory.DENIED
+    if isinstance(exc, _SCHEMA_MISSING):
+        return FailureCategory.INVALID
+    # SQLSTATE class XX: the server itself reports damaged data or indexes.
+    if isinstance(exc, pgerrors.DataCorrupted | pgerrors.IndexCorrupted):
+        return FailureCategory.CORRUPT
+    # QueryCanceled (statement_timeout or our cancel), AdminShutdown, too many
+    # connections, failed connects (which carry no SQLSTATE at all) ...
+    if isinstance(exc, psycopg.OperationalError):
+        return FailureCategory.UNAVAILABLE
+    # A hot standby refuses writes; during a failover that clears by itself.
+    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
+        return FailureCategory.UNAVAILABLE
+    # "the connection is closed/lost" and friends; and raw socket errors.
+    if isinstance(exc, psycopg.InterfaceError | OSError | TimeoutError):
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
+    """Wrap a driver error for the caller; the message never holds the password."""
+    category = classify(exc)
+    detail = scrub(str(exc).strip(), url) or type(exc).__name__
+    if isinstance(exc, _SCHEMA_MISSING):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=category)
+
+
+def connection_params(
+    url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> dict[str, str]:
+    """The DSN's parameters plus this daemon's defaults for whatever it leaves unset."""
+    params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    params.setdefault("connect_timeout", str(max(2, round(connect_timeout_s))))
+    params.setdefault("application_name", APPLICATION_NAME)
+    for key, value in KEEPALIVE.items():
+        params.setdefault(key, value)
+    return params
+
+
+def connect(
+    url: str,
+    *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    statement_timeout_s: float | None = 10.0,
+) -> Conn:
+    """Open an autocommit connection (blocking; call it from a worker thread)."""
+    conninfo = make_conninfo("", **connection_params(url, connect_timeout_s=connect_timeout_s))
+    conn = psycopg.connect(conninfo, autocommit=True)
+    try:
+        if statement_timeout_s is not None:
+            # set_config rather than "options=-c ..." at connect: a DSN's own
+            # options parameter must keep working.
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                [f"{max(1, round(statement_timeout_s * 1000))}ms"],
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _healthy(conn: Conn) -> bool:
+    return (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
+
+
+def _close_quietly(conn: Conn) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail; it is gone anyway
+        log.debug("closing a control-plane connection failed", error=str(exc))
+
+
+class PostgresStore:
+    """ControlPlaneStore on PostgreSQL (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ControlPlaneConfig,
+        *,
+        max_schema_version: int,
+        statement_timeout_s: float = 10.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        self._url = config.url
+        self._channel = config.channel
+        self._max_bytes = config.max_revision_bytes
+        self._max_schema = max_schema_version
+        self._statement_timeout_s = statement_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        # The client-side deadline: a connect plus one statement, plus slack
+        # so the server's own statement_timeout normally fires first (its
+        # error says more than ours).
+        self._deadline_s = connect_timeout_s + statement_timeout_s + 2.0
+        self._limiter = trio.CapacityLimiter(1)
+        self._conn: Conn | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact(self._url)!r})"
+
+    # -- the protocol -------------------------------------------------------------
+
+    async def desired(self) -> int | None:
+        def read(conn: Conn) -> int | None:
+            row = conn.execute(
+                "SELECT revision_id FROM supervisor_desired WHERE singleton"
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run("read", read)
+
+    async def hydrate(self) -> LoadedRevision | None:
+        max_bytes, max_schema = self._max_bytes, self._max_schema
+
+        def read(conn: Conn) -> LoadedRevision | None:
+            # One statement is one snapshot, even under READ COMMITTED: the
+            # pointer and the revision it names are read consistently. The
+            # body is withheld in SQL when it is too large or too new, so an
+            # oversize body never crosses the network. Binary format: bytea
+            # travels as raw bytes rather than hex text twice the size.
+            cur = conn.cursor(binary=True)
+            row = cur.execute(
+                "SELECT d.revision_id, r.id, r.schema_version, octet_length(r.body),"
+                " CASE WHEN octet_length(r.body) <= %(max_bytes)s"
+                "       AND r.schema_version <= %(max_schema)s THEN r.body END,"
+                " r.body_sha256, r.created_at, r.message"
+                " FROM supervisor_desired d"
+                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+                " WHERE d.singleton",
+                {"max_bytes": max_bytes, "max_schema": max_schema},
+            ).fetchone()
+            if row is None:
+                return None
+            return check_hydrated(
+                HydrateRow(*row), max_revision_bytes=max_bytes, max_schema_version=max_schema
+            )
+
+        return await self._run("hydrate", read)
+
+    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
+        check_publishable(
+            body, schema_version,
+            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
+        )
+
+        def write(conn: Conn) -> int:
+            digest = hashlib.sha256(body).digest()
+            with conn.transaction():
+                row = conn.execute(
+                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
+                    " VALUES (%s, %b, %b, %s) RETURNING id",
+                    [schema_version, body, digest, message],
+                ).fetchone()
+                assert row is not None  # INSERT ... RETURNING always returns the row
+                revision = int(row[0])
+                # The trigger on supervisor_desired sends the NOTIFY, at commit.
+                conn.execute(
+                    "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
+                    " ON CONFLICT (singleton) DO UPDATE"
+                    " SET revision_id = EXCLUDED.revision_id, updated_at = now()",
+                    [revision],
+                )
+            return revision
+
+        revision = await self._run("publish", write)
+        log.info("revision published", revision=revision, bytes=len(body))
+        return revision
+
+    async def migrate(self) -> None:
+        channel = self._channel
+
+        def run(conn: Conn) -> list[int]:
+            return migrations.migrate_postgres(conn, channel=channel)
+
+        applied = await self._run("migrate", run, deadline_s=MIGRATE_TIMEOUT_S)
+        log.info(
+            "control-plane schema migrated" if applied else "control-plane schema up to date",
+            applied=applied,
+            version=migrations.latest_version("postgresql"),
+            url=redact(self._url),
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        # Often called from a cancelled scope during shutdown: shielded, bounded.
+        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
+            async with self._limiter:
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await trio.to_thread.run_sync(
+                        partial(_close_quietly, conn), abandon_on_cancel=True
+                    )
+
+    # -- one call ------------------------------------------------------------------
+
+    async def _run(
+        self, what: str, fn: Callable[[Conn], T], *, deadline_s: float | None = None
+    ) -> T:
+        if self._closed:
+            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
+        deadline_s = self._deadline_s if deadline_s is None else deadline_s
+        async with self._limiter:
+            with trio.move_on_after(deadline_s):
+                return await self._run_locked(what, fn)
+            raise unavailable_timeout(what, deadline_s)
+
+    async def _run_locked(self, what: str, fn: Callable[[Conn], T]) -> T:
+        conn = self._conn
+        try:
+            if conn is None:
+                conn = await self._connect()
+                self._conn = conn
+            return await call_interruptibly(
+                partial(fn, conn),
+                interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
+                dispose=partial(_close_quietly, conn),
+            )
+        except trio.Cancelled:
+            # call_interruptibly has handed the connection over for closing.
+            self._conn = None
+            raise
+        except (psycopg.Error, OSError) as exc:
+            if conn is not None and not _healthy(conn):
+                self._conn = None
+                await trio.to_thread.run_sync(partial(_close_quietly, conn))
+            raise map_error(exc, what=what, url=self._url) from exc
+        finally:
+            if self._closed and self._conn is not None:
+                # aclose() ran while this call held the connection.
+                stale, self._conn = self._conn, None
+                trio.lowlevel.start_thread_soon(partial(_close_quietly, stale), lambda _: None)
+
+    async def _connect(self) -> Conn:
+        made: list[Conn] = []
+        url, connect_timeout_s = self._url, self._connect_timeout_s
+        statement_timeout_s = self._statement_timeout_s
+
+        def open_one() -> Conn:
+            conn = connect(
+                url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s
+            )
+            made.append(conn)
+            return conn
+
+        def dispose() -> None:
+            for conn in made:
+                _close_quietly(conn)
+
+        # Nothing to interrupt while connecting: a cancelled connect is
+        # abandoned, and its connection closed if it ever completes.
+        conn = await call_interruptibly(open_one, interrupt=lambda: None, dispose=dispose)
+        log.debug("control-plane connection opened", url=redact(url))
+        return conn

@@ -1,0 +1,330 @@
+"""The embedded SQLite control-plane store: the PostgreSQL store's semantics, one file.
+
+Same tables (CONTRACT.md section 4, minus the NOTIFY trigger: replicas on
+SQLite converge by polling alone), same hydration checks
+(:func:`~supervisor.controlplane.store.check_hydrated`), same failure
+categories. The schema is migrated when the connection is first opened (an
+embedded store has no separate operator step; an up-to-date file is only read).
+
+Driving: the stdlib ``sqlite3`` module, one connection
+(``check_same_thread=False``) used from worker threads one call at a time
+under a ``CapacityLimiter(1)``. A cancelled call (shutdown, or the client-side
+deadline) calls ``Connection.interrupt()``, the thread-safe SQLite analogue
+of PostgreSQL's cancel, and the connection is replaced.
+``isolation_level=None``: transactions are explicit, so a read never leaves
+one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
+writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
+
+Error mapping (SQLite primary result codes): BUSY/LOCKED -> CONFLICT;
+CANTOPEN/IOERR/FULL/INTERRUPT and other operational failures -> UNAVAILABLE
+(an unreadable file or a missing directory included); PERM/READONLY/AUTH ->
+DENIED; CORRUPT/NOTADB -> CORRUPT; a missing table -> INVALID with the migrate
+hint; anything else -> INVALID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
+
+import trio
+
+from supervisor.config import sqlite_path
+from supervisor.controlplane import migrations
+from supervisor.controlplane.store import (
+    INTERRUPT_GRACE_S,
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    HydrateRow,
+    LoadedRevision,
+    call_interruptibly,
+    check_hydrated,
+    check_publishable,
+    unavailable_timeout,
+)
+from supervisor.logs import get_logger
+
+if TYPE_CHECKING:
+    from supervisor.config import ControlPlaneConfig
+
+__all__ = ["SQLiteStore", "classify", "map_error"]
+
+log = get_logger("controlplane")
+
+T = TypeVar("T")
+
+_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+# The body's size in bytes. length() of a BLOB column is answered from the
+# record header without loading the value; TEXT (a plain-SQL publisher's
+# string) counts characters, so it is measured as bytes instead.
+_SIZE = (
+    "CASE typeof(r.body) WHEN 'blob' THEN length(r.body)"
+    " ELSE length(CAST(r.body AS BLOB)) END"
+)
+
+# Primary result codes (https://www.sqlite.org/rescode.html); extended codes
+# carry the primary one in their low byte.
+_CONFLICT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
+_DENIED = {3, 8, 23}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
+_CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
+_UNAVAILABLE = {9, 10, 13, 14, 15, 22}  # INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL, NOLFS
+
+
+def _schema_missing(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and (
+        text.startswith("no such table") or text.startswith("no such column")
+    )
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a ``sqlite3`` (or OS) error."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+        if primary in _CONFLICT:
+            return FailureCategory.CONFLICT
+        if primary in _DENIED:
+            return FailureCategory.DENIED
+        if primary in _CORRUPT:
+            return FailureCategory.CORRUPT
+        if primary in _UNAVAILABLE:
+            return FailureCategory.UNAVAILABLE
+    if _schema_missing(exc):
+        return FailureCategory.INVALID
+    if isinstance(exc, sqlite3.OperationalError | OSError):
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
+    detail = str(exc).strip() or type(exc).__name__
+    if _schema_missing(exc):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _as_bytes(value: object) -> bytes | None:
+    # A plain-SQL publisher may have stored TEXT rather than a BLOB.
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return None
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - it is being thrown away either way
+        log.debug("closing a control-plane connection failed", error=str(exc))
+
+
+class SQLiteStore:
+    """ControlPlaneStore on an SQLite file (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ControlPlaneConfig,
+        *,
+        max_schema_version: int,
+        statement_timeout_s: float = 10.0,
+    ) -> None:
+        self._path = sqlite_path(config.url)
+        self._max_bytes = config.max_revision_bytes
+        self._max_schema = max_schema_version
+        # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
+        # the problem) well before the client-side deadline cancels the call.
+        self._busy_timeout_s = statement_timeout_s / 2
+        self._deadline_s = statement_timeout_s + 1.0
+        self._limiter = trio.CapacityLimiter(1)
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self._path!r})"
+
+    # -- the protocol -------------------------------------------------------------
+
+    async def desired(self) -> int | None:
+        def read(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT revision_id FROM supervisor_desired WHERE singleton"
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run("read", read)
+
+    async def hydrate(self) -> LoadedRevision | None:
+        max_bytes, max_schema = self._max_bytes, self._max_schema
+
+        def read(conn: sqlite3.Connection) -> LoadedRevision | None:
+            # One SELECT runs in one read transaction: a consistent pair. The
+            # body is withheld in SQL when too large or too new.
+            row = conn.execute(
+                "SELECT d.revision_id, r.id, r.schema_version, "
+                f"{_SIZE}, CASE WHEN {_SIZE} <= :max_bytes"
+                " AND r.schema_version <= :max_schema THEN r.body END,"
+                " r.body_sha256, r.created_at, r.message"
+                " FROM supervisor_desired d"
+                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+                " WHERE d.singleton",
+                {"max_bytes": max_bytes, "max_schema": max_schema},
+            ).fetchone()
+            if row is None:
+                return None
+            desired, rid, schema_version, size, body, digest, created_at, message = row
+            return check_hydrated(
+                HydrateRow(
+                    desired=int(desired),
+                    id=rid,
+                    schema_version=schema_version,
+                    size=size,
+                    body=_as_bytes(body),
+                    body_sha256=_as_bytes(digest),
+                    created_at=_parse_time(created_at),
+                    message=message,
+                ),
+                max_revision_bytes=max_bytes,
+                max_schema_version=max_schema,
+            )
+
+        return await self._run("hydrate", read)
+
+    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
+        check_publishable(
+            body, schema_version,
+            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
+        )
+
+        def write(conn: sqlite3.Connection) -> int:
+            digest = hashlib.sha256(body).digest()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = conn.execute(
+                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
+                    " VALUES (?, ?, ?, ?)",
+                    (schema_version, body, digest, message),
+                )
+                revision = cur.lastrowid
+                assert revision is not None  # set by every successful INSERT
+                conn.execute(
+                    "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (TRUE, ?)"
+                    " ON CONFLICT (singleton) DO UPDATE"
+                    f" SET revision_id = excluded.revision_id, updated_at = {_NOW}",
+                    (revision,),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return revision
+
+        revision = await self._run("publish", write)
+        log.info("revision published", revision=revision, bytes=len(body))
+        return revision
+
+    async def migrate(self) -> None:
+        # Opening the connection migrates; this makes sure one is open (and
+        # migrates again, harmlessly, in case the file was replaced meanwhile).
+        applied = await self._run("migrate", migrations.migrate_sqlite)
+        log.info(
+            "control-plane schema migrated" if applied else "control-plane schema up to date",
+            applied=applied,
+            version=migrations.latest_version("sqlite"),
+            path=self._path,
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
+            async with self._limiter:
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await trio.to_thread.run_sync(
+                        partial(_close_quietly, conn), abandon_on_cancel=True
+                    )
+
+    # -- one call ------------------------------------------------------------------
+
+    async def _run(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
+        async with self._limiter:
+            with trio.move_on_after(self._deadline_s):
+                return await self._run_locked(what, fn)
+            raise unavailable_timeout(what, self._deadline_s)
+
+    async def _run_locked(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        try:
+            if conn is None:
+                conn = await self._connect()
+                self._conn = conn
+            return await call_interruptibly(
+                partial(fn, conn), interrupt=conn.interrupt, dispose=partial(_close_quietly, conn)
+            )
+        except trio.Cancelled:
+            self._conn = None
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            error = map_error(exc, what=what)
+            if conn is not None and error.category is not FailureCategory.CONFLICT:
+                # Reopen next time: the file may have been replaced, repaired
+                # or made readable meanwhile. Contention keeps the connection.
+                self._conn = None
+                await trio.to_thread.run_sync(partial(_close_quietly, conn))
+            raise error from exc
+        finally:
+            if self._closed and self._conn is not None:
+                stale, self._conn = self._conn, None
+                trio.lowlevel.start_thread_soon(partial(_close_quietly, stale), lambda _: None)
+
+    async def _connect(self) -> sqlite3.Connection:
+        made: list[sqlite3.Connection] = []
+        path, busy_timeout_s = self._path, self._busy_timeout_s
+
+        def open_one() -> sqlite3.Connection:
+            conn = sqlite3.connect(
+                path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
+            made.append(conn)
+            try:
+                # Per connection in SQLite; without it the REFERENCES clause is decorative.
+                conn.execute("PRAGMA foreign_keys = ON")
+                try:
+                    # WAL lets the CLI publish while the daemon reads. Persistent
+                    # in the file; needs write access, so best effort.
+                    conn.execute("PRAGMA journal_mode = WAL")
+                except sqlite3.OperationalError as exc:
+                    if classify(exc) is not FailureCategory.DENIED:
+                        raise
+                applied = migrations.migrate_sqlite(conn)
+                if applied:
+                    log.info("control-plane schema migrated", applied=applied, path=path)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        def dispose() -> None:
+            for conn in made:
+                _close_quietly(conn)
+
+        return await call_interruptibly(open_one, interrupt=lambda: None, dispose=dispose)

@@ -1,0 +1,50 @@
+"""The labels every fanned-out object carries (CONTRACT.md section 7).
+
+One definition for every fan-out kind, so a new kind cannot drift the set:
+
+- ``app.kubernetes.io/name=<parent name>``: the standard name label;
+- ``app.kubernetes.io/managed-by=trio-supervisor``: "ours", for operators and selectors;
+- the lineage label ``platform.trio-supervisor.dev/<kind>=<parent name>``
+  (``servicedefinition`` or ``workflow``): which parent owns the object.
+
+Children live in another namespace than their parent, and Kubernetes ignores
+cross-namespace ownerReferences, so the lineage label is how children are
+found again: to delete a deleted parent's children and to sweep orphans.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "GROUP",
+    "LINEAGE_SERVICEDEFINITION",
+    "LINEAGE_WORKFLOW",
+    "MANAGED_BY_KEY",
+    "MANAGED_BY_VALUE",
+    "NAME_KEY",
+    "labels",
+    "lineage_selector",
+]
+
+GROUP: Final = "platform.trio-supervisor.dev"
+NAME_KEY: Final = "app.kubernetes.io/name"
+MANAGED_BY_KEY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "trio-supervisor"
+LINEAGE_SERVICEDEFINITION: Final = f"{GROUP}/servicedefinition"
+LINEAGE_WORKFLOW: Final = f"{GROUP}/workflow"
+
+
+def labels(parent_name: str, lineage_key: str) -> dict[str, str]:
+    """The label set of an object fanned out from the parent ``parent_name``."""
+    return {
+        NAME_KEY: parent_name,
+        MANAGED_BY_KEY: MANAGED_BY_VALUE,
+        lineage_key: parent_name,
+    }
+
+
+def lineage_selector(lineage_key: str, parent_name: str | None = None) -> str:
+    """A label selector for our children: of one parent, or (None) of every parent."""
+    lineage = lineage_key if parent_name is None else f"{lineage_key}={parent_name}"
+    return f"{MANAGED_BY_KEY}={MANAGED_BY_VALUE},{lineage}"

@@ -1,0 +1,215 @@
+"""The preflight every fan-out watcher runs before it watches.
+
+A watcher stays dormant, not failing, until a one-item list of what it is
+about to watch succeeds. Each attempt is one ``list`` with ``limit=1``; a
+failed attempt is classified, logged, counted, and retried every
+``retry_s`` (``[kubernetes].preflight_retry_s``).
+
+Two failures look alike and need different fixes, so
+:func:`classify_watch_error` (the only place that decides) tells them apart:
+
+- ``namespace_or_rbac_unready``: the list failed at the HTTP level (any error
+  status, a refused connection, a configuration that cannot be loaded). The
+  apps namespace or its RBAC is not provisioned yet, or the API server is not
+  reachable: self-healing, so it is logged at **warning**, naming
+  ``manifests/apps-namespace``.
+- ``schema_skew``: the list answered, but its body did not decode into the
+  type this build expects. The installed CRD's schema differs from this
+  build's; that never heals by itself (a CRD does not change under a running
+  process), so it is logged at **error** on every retry, naming the fix
+  ``kubectl apply -k manifests/crds``. It keeps the same retry cadence rather
+  than ending the daemon: the convergence loop and the other watchers keep
+  serving.
+
+Both lines carry ``kind`` and ``error_class`` (CONTRACT.md section 1). While
+waiting, the kind's :class:`~supervisor.fanout.status.FanoutStatus` says
+``state="preflight"`` with ``last_error_class`` set, and
+``fanout_preflight_failures{kind,error_class}`` counts each failed attempt.
+
+:func:`await_watchable` waits until serveable (cancel it with trio's usual
+scopes); :func:`await_watchable_cancellable` takes an explicit ``cancel``
+(a :class:`trio.Event` to set, or an unentered :class:`trio.CancelScope` to
+cancel) and returns False when that fired first, so an owner whose shutdown
+must unwind the wait never waits out a retry sleep.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, TypeVar
+
+import trio
+
+from supervisor import reasons
+from supervisor.fanout.status import FanoutStatus
+from supervisor.kube.errors import DecodeError, KubeError
+from supervisor.kube.models import KindSpec, ObjectList, Resource
+from supervisor.logs import get_logger
+from supervisor.telemetry import Metrics
+
+__all__ = [
+    "ListClient",
+    "await_watchable",
+    "await_watchable_cancellable",
+    "classify_watch_error",
+]
+
+T = TypeVar("T")
+
+log = get_logger("fanout.preflight")
+
+ErrorClass = Literal["schema_skew", "namespace_or_rbac_unready"]
+
+CRDS_FIX = "kubectl apply -k manifests/crds"
+NAMESPACE_FIX = "manifests/apps-namespace"
+
+
+class ListClient(Protocol):
+    """The one client call a preflight makes (``KubeClient`` satisfies it)."""
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str,
+        item_type: type[T],
+        *,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        label_selector: str | None = None,
+    ) -> ObjectList[T]: ...
+
+
+def classify_watch_error(exc: BaseException) -> ErrorClass:
+    """``schema_skew`` when a body failed to decode into the expected type, else unready.
+
+    A :class:`~supervisor.kube.errors.DecodeError` (its subclass
+    :class:`~supervisor.kube.errors.SchemaSkew` included) means the server
+    answered and we could not read the answer. Everything else, any HTTP error
+    status, a transport failure, a configuration that does not load, means
+    the watch is not reachable yet.
+    """
+    if isinstance(exc, DecodeError):
+        return reasons.SCHEMA_SKEW
+    return reasons.NAMESPACE_OR_RBAC_UNREADY
+
+
+def _report(
+    exc: KubeError,
+    *,
+    kind: str,
+    resource: Resource,
+    namespace: str,
+    retry_s: float,
+    status: FanoutStatus | None,
+    metrics: Metrics | None,
+) -> ErrorClass:
+    error_class = classify_watch_error(exc)
+    if status is not None:
+        status.state = "preflight"
+        status.last_error_class = error_class
+    if metrics is not None:
+        metrics.fanout_preflight_failures.labels(kind, error_class).inc()
+    context = {
+        "kind": kind,
+        "error_class": error_class,
+        "resource": str(resource),
+        "namespace": namespace,
+        "error": str(exc),
+        "retry_s": retry_s,
+    }
+    if error_class == reasons.SCHEMA_SKEW:
+        log.error(
+            "fan-out watch response failed to decode: the installed CRD schema differs from"
+            " the one this build reads (schema skew, not a namespace or RBAC problem);"
+            f" apply the current CRDs with `{CRDS_FIX}`; retrying",
+            fix=CRDS_FIX,
+            **context,
+        )
+    else:
+        log.warning(
+            "fan-out watch not available yet (apps namespace or its RBAC not provisioned,"
+            f" CRDs missing, or the API server unreachable?); apply {NAMESPACE_FIX};"
+            " retrying",
+            fix=NAMESPACE_FIX,
+            **context,
+        )
+    return error_class
+
+
+async def _attempt(client: ListClient, kind_spec: KindSpec[T], namespace: str) -> KubeError | None:
+    try:
+        await client.list(kind_spec.resource, namespace, kind_spec.item_type, limit=1)
+    except KubeError as exc:
+        return exc
+    return None
+
+
+async def await_watchable(
+    client: ListClient,
+    kind_spec: KindSpec[T],
+    namespace: str,
+    *,
+    retry_s: float,
+    kind: str | None = None,
+    status: FanoutStatus | None = None,
+    metrics: Metrics | None = None,
+) -> None:
+    """Return once a one-item list of ``kind_spec`` in ``namespace`` succeeds.
+
+    ``kind`` is the fan-out kind named in logs and metrics (default: the
+    resource's own kind). Cancel with an enclosing cancel scope.
+    """
+    label = kind or kind_spec.kind
+    if status is not None:
+        status.state = "preflight"
+    while True:
+        exc = await _attempt(client, kind_spec, namespace)
+        if exc is None:
+            return
+        _report(exc, kind=label, resource=kind_spec.resource, namespace=namespace,
+                retry_s=retry_s, status=status, metrics=metrics)
+        await trio.sleep(retry_s)
+
+
+async def await_watchable_cancellable(
+    client: ListClient,
+    kind_spec: KindSpec[T],
+    namespace: str,
+    *,
+    retry_s: float,
+    cancel: trio.Event | trio.CancelScope,
+    kind: str | None = None,
+    status: FanoutStatus | None = None,
+    metrics: Metrics | None = None,
+) -> bool:
+    """:func:`await_watchable` that gives up when ``cancel`` fires: True if serveable first.
+
+    ``cancel`` is a :class:`trio.Event` (set it to give up) or a fresh
+    :class:`trio.CancelScope` (cancel it to give up; this function enters it).
+    Either way the wait unwinds at once, from a list in flight or from the
+    retry sleep, and returns False.
+    """
+
+    async def wait() -> None:
+        await await_watchable(client, kind_spec, namespace, retry_s=retry_s, kind=kind,
+                              status=status, metrics=metrics)
+
+    if isinstance(cancel, trio.CancelScope):
+        with cancel:
+            await wait()
+            return True
+        return False
+
+    if cancel.is_set():
+        return False
+    served = False
+    async with trio.open_nursery() as nursery:
+
+        async def give_up_when_set() -> None:
+            await cancel.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(give_up_when_set)
+        await wait()
+        served = True
+        nursery.cancel_scope.cancel()
+    return served

@@ -1,0 +1,427 @@
+"""A small Kubernetes API client on ``httpx.AsyncClient``, for trio.
+
+Contract:
+
+- Configuration comes from :mod:`supervisor.kube.config` (the official
+  loaders), loaded lazily on the first request, in a worker thread. A load
+  failure surfaces from that request as
+  :class:`~supervisor.kube.errors.KubeConfigError`; the next request tries
+  again, so a kubeconfig fixed on disk heals without a restart.
+- TLS is verified against the configured CA; client certificates are used
+  when configured.
+- The bearer token is refreshed every ``token_refresh_s`` through the loader's
+  refresh hook (in-cluster: the service-account token file), and after a
+  ``401`` the whole loader runs again (re-reading a kubeconfig ``tokenFile``,
+  re-running an exec plugin) and the request is retried once. Concurrent
+  ``401`` s reload once.
+- Every failure is one of :mod:`supervisor.kube.errors`, chained with
+  ``from`` to the httpx or msgspec error.
+- Bodies decode with msgspec into the caller's Struct type
+  (:func:`decode`): a body of another shape raises
+  :class:`~supervisor.kube.errors.SchemaSkew`, malformed JSON
+  :class:`~supervisor.kube.errors.DecodeError`.
+- Watches are streamed line by line with a client-side inactivity deadline
+  (:class:`WatchStream`); the caller decodes each event on its own.
+
+Not retried here: 409, 410, 429 and 5xx are the caller's decision (the
+watchers relist or back off, the reconcilers requeue).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar, cast
+
+import httpx
+import msgspec
+import trio
+
+from supervisor.kube.config import KubeSettings, load_settings_async
+from supervisor.kube.errors import (
+    DecodeError,
+    KubeConfigError,
+    NotFound,
+    SchemaSkew,
+    StreamStalled,
+    TransportError,
+    api_error,
+)
+from supervisor.kube.models import ObjectList, PartialObject, Resource, Status
+from supervisor.logs import get_logger
+
+__all__ = ["APPLY_PATCH", "KubeClient", "WatchStream", "decode"]
+
+T = TypeVar("T")
+
+log = get_logger("kube")
+
+APPLY_PATCH = "application/apply-patch+yaml"
+_JSON = "application/json"
+
+
+@functools.lru_cache(maxsize=128)
+def _decoder(type_: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(type_)
+
+
+def decode(body: bytes, type_: type[T]) -> T:
+    """Decode ``body`` into ``type_``; SchemaSkew on a shape mismatch, DecodeError on bad JSON."""
+    try:
+        return cast(T, _decoder(cast(Any, type_)).decode(body))
+    except msgspec.ValidationError as exc:  # subclasses msgspec.DecodeError: first
+        message = str(exc)
+        _, sep, where = message.rpartition(" - at `")
+        raise SchemaSkew(message, path=where.rstrip("`") if sep else "") from exc
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"malformed JSON: {exc}") from exc
+
+
+def _list_type(item_type: type[T]) -> type[ObjectList[T]]:
+    return cast("type[ObjectList[T]]", ObjectList[item_type])  # type: ignore[valid-type]
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP-date: rare from kube-apiserver; the caller's backoff applies
+
+
+class WatchStream:
+    """The lines of one watch response, each within ``inactivity_s`` of the previous.
+
+    :meth:`next_line` returns one non-empty line (one JSON event), or None when
+    the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
+    ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
+    behind a load balancer never errors on its own, and bookmarks guarantee
+    a healthy stream is never silent that long.
+    """
+
+    def __init__(self, response: httpx.Response, inactivity_s: float, where: str) -> None:
+        self._response = response
+        self._chunks = response.aiter_bytes()
+        self._buffer = bytearray()
+        self._inactivity_s = inactivity_s
+        self._where = where
+        self._ended = False
+
+    async def next_line(self) -> bytes | None:
+        while True:
+            index = self._buffer.find(b"\n")
+            if index >= 0:
+                line = bytes(self._buffer[:index])
+                del self._buffer[: index + 1]
+                if line.strip():
+                    return line
+                continue
+            if self._ended:
+                rest, self._buffer = bytes(self._buffer), bytearray()
+                return rest if rest.strip() else None
+            chunk: bytes | None = None
+            with trio.move_on_after(self._inactivity_s) as scope:
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    self._ended = True
+                except httpx.HTTPError as exc:
+                    raise TransportError(
+                        f"watch {self._where}: {type(exc).__name__}: {exc}"
+                    ) from exc
+            if scope.cancelled_caught:
+                raise StreamStalled(
+                    f"watch {self._where}: nothing received for {self._inactivity_s:g} s"
+                )
+            if chunk:
+                self._buffer += chunk
+
+
+class KubeClient:
+    """One connection pool to one API server; share it between watchers.
+
+    ``settings`` is a coroutine function returning fresh :class:`KubeSettings`
+    (called on first use and after a 401). Use :meth:`from_kubeconfig` in
+    production. Call :meth:`aclose` when done.
+    """
+
+    def __init__(
+        self,
+        settings: Callable[[], Awaitable[KubeSettings]],
+        *,
+        timeout_s: float = 10.0,
+        token_refresh_s: float = 60.0,
+        max_connections: int = 32,
+    ) -> None:
+        self._load = settings
+        self._timeout = httpx.Timeout(timeout_s)
+        self._timeout_s = timeout_s
+        self._token_refresh_s = token_refresh_s
+        self._max_connections = max_connections
+        self._lock = trio.Lock()
+        self._http: httpx.AsyncClient | None = None
+        self._settings: KubeSettings | None = None
+        self._authorization: str | None = None
+        self._refreshed_at = 0.0
+        self._closed = False
+        self.token_reloads = 0
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> KubeClient:
+        """A client configured by ``kubeconfig`` (None: in-cluster, else the default file)."""
+        return cls(functools.partial(load_settings_async, kubeconfig), **kwargs)
+
+    @property
+    def source(self) -> str | None:
+        """Where the settings came from (for logs), once loaded."""
+        return self._settings.source if self._settings is not None else None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    async def _ensure(self) -> httpx.AsyncClient:
+        if self._http is not None:
+            return self._http
+        async with self._lock:
+            if self._http is None:
+                if self._closed:
+                    raise KubeConfigError("the Kubernetes client is closed")
+                settings = await self._load()
+                verify = await trio.to_thread.run_sync(settings.ssl_context)
+                self._http = httpx.AsyncClient(
+                    base_url=settings.host,
+                    verify=verify,
+                    proxy=settings.proxy,
+                    timeout=self._timeout,
+                    limits=httpx.Limits(
+                        max_connections=self._max_connections,
+                        max_keepalive_connections=self._max_connections,
+                    ),
+                    trust_env=False,
+                )
+                self._settings = settings
+                self._authorization = settings.authorization
+                self._refreshed_at = trio.current_time()
+                log.info("kubernetes client configured", host=settings.host, source=settings.source)
+            return self._http
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent; later requests fail with KubeConfigError."""
+        self._closed = True
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    # -- credentials ------------------------------------------------------------
+
+    async def _current_authorization(self) -> str | None:
+        settings = self._settings
+        if (
+            settings is not None
+            and settings.refresh is not None
+            and trio.current_time() - self._refreshed_at >= self._token_refresh_s
+        ):
+            async with self._lock:
+                if trio.current_time() - self._refreshed_at >= self._token_refresh_s:
+                    try:
+                        value = await trio.to_thread.run_sync(settings.refresh)
+                    except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
+                        log.warning("token refresh failed; keeping the current token",
+                                    error=f"{type(exc).__name__}: {exc}")
+                    else:
+                        self._authorization = value
+                    self._refreshed_at = trio.current_time()
+        return self._authorization
+
+    async def _reload_after_401(self, refused: str | None) -> None:
+        async with self._lock:
+            if self._authorization != refused:
+                return  # another task already reloaded while we waited for the lock
+            settings = await self._load()
+            self._authorization = settings.authorization
+            self._refreshed_at = trio.current_time()
+            if self._settings is not None:
+                # Keep the connection pool (TLS identity is fixed for its lifetime);
+                # adopt the new token and its refresh hook.
+                self._settings = dataclasses.replace(
+                    self._settings, authorization=settings.authorization, refresh=settings.refresh
+                )
+            self.token_reloads += 1
+            log.info("credentials re-read after 401", source=settings.source,
+                     changed=settings.authorization != refused)
+
+    # -- requests ---------------------------------------------------------------
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        content_type: str | None = None,
+        stream: bool = False,
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        http = await self._ensure()
+        settings = self._settings
+        extensions: dict[str, Any] = {}
+        if settings is not None and settings.tls_server_name:
+            extensions["sni_hostname"] = settings.tls_server_name
+        for attempt in (0, 1):
+            authorization = await self._current_authorization()
+            headers = {"Accept": _JSON}
+            if authorization:
+                headers["Authorization"] = authorization
+            if content_type:
+                headers["Content-Type"] = content_type
+            request = http.build_request(
+                method, path, params=params, content=content, headers=headers,
+                timeout=timeout or self._timeout, extensions=extensions,
+            )
+            try:
+                response = await http.send(request, stream=stream)
+            except httpx.HTTPError as exc:
+                raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if response.status_code == 401 and attempt == 0:
+                await response.aclose()
+                await self._reload_after_401(authorization)
+                continue
+            if response.status_code >= 400:
+                await self._raise_for(response, method, path)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _raise_for(self, response: httpx.Response, method: str, path: str) -> None:
+        try:
+            body = await response.aread()
+        except httpx.HTTPError:
+            body = b""
+        finally:
+            await response.aclose()
+        reason = message = ""
+        try:
+            status = _decoder(Status).decode(body)
+            reason, message = status.reason, status.message
+        except msgspec.DecodeError:
+            message = body[:200].decode("utf-8", "replace").strip()
+        raise api_error(
+            response.status_code, reason, message, body=body, method=method, path=path,
+            retry_after=_retry_after(response),
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        type_: type[T],
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = _JSON,
+    ) -> T:
+        """One request; the JSON body (``body`` encoded by msgspec) decoded into ``type_``."""
+        content = msgspec.json.encode(body) if body is not None else None
+        response = await self._send(
+            method, path, params=params, content=content,
+            content_type=content_type if content is not None else None,
+        )
+        try:
+            raw = await response.aread()
+        except httpx.HTTPError as exc:
+            raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            await response.aclose()
+        return decode(raw, type_)
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str,
+        item_type: type[T],
+        *,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        label_selector: str | None = None,
+    ) -> ObjectList[T]:
+        """One page of a list; ``item_type`` ``msgspec.Raw`` defers item decoding."""
+        params: dict[str, str] = {}
+        if limit is not None:
+            params["limit"] = str(limit)
+        if continue_token:
+            params["continue"] = continue_token
+        if label_selector:
+            params["labelSelector"] = label_selector
+        return await self.request(
+            "GET", resource.collection_path(namespace), _list_type(item_type), params=params
+        )
+
+    async def get(self, resource: Resource, namespace: str, name: str, type_: type[T]) -> T:
+        return await self.request("GET", resource.object_path(namespace, name), type_)
+
+    async def apply(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        field_manager: str,
+        force: bool = True,
+        subresource: str | None = None,
+    ) -> PartialObject:
+        """Server-side apply: JSON is valid YAML, so the body goes as apply-patch+yaml."""
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
+        return await self.request(
+            "PATCH", resource.object_path(namespace, name, subresource), PartialObject,
+            params=params, body=body, content_type=APPLY_PATCH,
+        )
+
+    async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        """Delete with background propagation; False when it was already gone."""
+        try:
+            await self.request(
+                "DELETE", resource.object_path(namespace, name), PartialObject,
+                body={"kind": "DeleteOptions", "apiVersion": "v1",
+                      "propagationPolicy": "Background"},
+            )
+        except NotFound:
+            return False
+        return True
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str,
+        *,
+        resource_version: str,
+        timeout_s: int,
+        inactivity_s: float,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[WatchStream]:
+        """Watch from ``resource_version`` with bookmarks; yields its :class:`WatchStream`."""
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+            "resourceVersion": resource_version,
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        path = resource.collection_path(namespace)
+        # No httpx read timeout: the stream's own inactivity deadline decides.
+        response = await self._send(
+            "GET", path, params=params, stream=True,
+            timeout=httpx.Timeout(self._timeout_s, read=None),
+        )
+        try:
+            yield WatchStream(response, inactivity_s, path)
+        finally:
+            with trio.move_on_after(1.0, shield=True):
+                await response.aclose()

@@ -1,0 +1,271 @@
+"""List-then-watch of one resource in one namespace, with the failure modes handled.
+
+Contract of :meth:`Informer.run` (never returns; cancel it to stop):
+
+1. **List** every object (paged, ``limit=page_size``), items decoded one at a
+   time: an item that does not decode into the item type is reported to the
+   handler as skewed (by name, when its metadata is readable) and skipped,
+   never failing the list. The handler's :meth:`~InformerHandler.on_list` gets
+   the complete set before any watch event.
+2. **Watch** from the list's ``resourceVersion`` with
+   ``allowWatchBookmarks=true`` and the server-side ``timeoutSeconds``; every
+   line must arrive within ``inactivity_s`` (longer than the server's bookmark
+   interval), else the stream is declared stalled. Each event is decoded on
+   its own: a skewed object is reported and skipped, the stream goes on.
+   Bookmarks only advance the resourceVersion.
+3. A stream the server ends normally is re-opened from the last
+   resourceVersion at once. ``410 Gone`` (as a status or as an ``ERROR``
+   event) means **relist**. Any other failure (transport, stall, 5xx, 429)
+   waits a backoff of 0.8 s doubling to 30 s with jitter (at least
+   ``Retry-After`` on 429) and re-watches from the last resourceVersion.
+   Every relist and reconnect after a failure calls ``on_restart`` (the
+   ``fanout_watch_restarts`` metric).
+4. ``403``/``404`` from the list or watch, and an undecodable list envelope,
+   are not this loop's to fix (RBAC, namespace, CRD, schema): they propagate
+   so the caller can go back to its preflight.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import msgspec
+import trio
+
+from supervisor.convergence.backoff import Backoff
+from supervisor.kube.client import KubeClient, decode
+from supervisor.kube.errors import (
+    DecodeError,
+    Forbidden,
+    Gone,
+    KubeError,
+    NotFound,
+    StreamStalled,
+    TooManyRequests,
+    api_error,
+)
+from supervisor.kube.models import PartialObject, RawWatchEvent, Resource, Status
+from supervisor.logs import get_logger
+
+__all__ = ["Informer", "InformerHandler", "WatchTuning", "is_preflight_matter"]
+
+T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+
+log = get_logger("kube.watch")
+
+
+@dataclass(frozen=True)
+class WatchTuning:
+    """Timings of list/watch; the defaults suit a real cluster, tests shrink them.
+
+    ``inactivity_s`` must exceed the server's bookmark interval (about a minute
+    on kube-apiserver) or healthy idle streams are cut.
+    """
+
+    timeout_s: int = 240
+    inactivity_s: float = 120.0
+    backoff_initial_s: float = 0.8
+    backoff_max_s: float = 30.0
+    page_size: int = 500
+
+
+class InformerHandler(Protocol[T_contra]):
+    """What an :class:`Informer` tells its owner. Callbacks must not block for long."""
+
+    async def on_list(self, items: Mapping[str, T_contra], skewed: set[str]) -> None:
+        """The complete current set (after the first list and every relist)."""
+
+    def on_upsert(self, obj: T_contra, name: str) -> None:
+        """An object was added or modified."""
+
+    def on_delete(self, name: str) -> None:
+        """An object was deleted."""
+
+    def on_skewed(self, name: str, error: DecodeError) -> None:
+        """An object (``name`` may be ``""`` when unreadable) failed to decode; it is skipped."""
+
+
+def is_preflight_matter(exc: KubeError) -> bool:
+    """True for failures a retry loop cannot heal: back to the preflight."""
+    return isinstance(exc, Forbidden | NotFound) or (
+        isinstance(exc, DecodeError) and not isinstance(exc, _LineError)
+    )
+
+
+class _LineError(DecodeError):
+    """A watch line that is not a JSON event at all: a broken stream, not a skewed object."""
+
+
+class Informer(Generic[T]):
+    """Keeps ``handler`` in step with one resource in one namespace (see the module doc)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: Resource,
+        item_type: type[T],
+        namespace: str,
+        handler: InformerHandler[T],
+        *,
+        name_of: Callable[[T], str],
+        tuning: WatchTuning = WatchTuning(),
+        on_restart: Callable[[str], None] | None = None,
+        label_selector: str | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._resource = resource
+        self._item_type = item_type
+        self._namespace = namespace
+        self._handler = handler
+        self._name_of = name_of
+        self._tuning = tuning
+        self._on_restart = on_restart
+        self._selector = label_selector
+        self._backoff = Backoff(tuning.backoff_initial_s, tuning.backoff_max_s, rng)
+        self.resource_version: str | None = None
+        self.lists = 0
+        self.watches = 0
+
+    def _restart(self, why: str) -> None:
+        if self._on_restart is not None:
+            self._on_restart(why)
+
+    async def _sleep_backoff(self, exc: KubeError) -> None:
+        delay = self._backoff.next()
+        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
+            delay = max(delay, exc.retry_after)
+        log.warning("watch failed; retrying", resource=str(self._resource),
+                    namespace=self._namespace, error=str(exc), delay_s=round(delay, 3))
+        await trio.sleep(delay)
+
+    async def run(self) -> None:
+        """List, then watch, forever (see the module docstring); raises preflight matters."""
+        while True:
+            if self.resource_version is None:
+                try:
+                    await self._list()
+                except KubeError as exc:
+                    if is_preflight_matter(exc):
+                        raise
+                    self._restart("list_failed")
+                    await self._sleep_backoff(exc)
+                    continue
+            try:
+                received = await self._watch_once()
+            except Gone:
+                log.info("watch resourceVersion expired; relisting",
+                         resource=str(self._resource), namespace=self._namespace)
+                self.resource_version = None
+                self._restart("gone")
+                continue
+            except KubeError as exc:
+                if is_preflight_matter(exc):
+                    raise
+                self._restart("stalled" if isinstance(exc, StreamStalled) else "error")
+                await self._sleep_backoff(exc)
+                continue
+            if received:
+                self._backoff.reset()
+            else:
+                # Ended normally without a single line: a server (or proxy) closing
+                # streams at once must not turn this loop hot.
+                await trio.sleep(self._backoff.next())
+
+    async def _list(self) -> None:
+        items: dict[str, T] = {}
+        skewed: set[str] = set()
+        continue_token: str | None = None
+        while True:
+            page = await self._client.list(
+                self._resource, self._namespace, msgspec.Raw,
+                limit=self._tuning.page_size, continue_token=continue_token,
+                label_selector=self._selector,
+            )
+            for raw in page.items:
+                obj = self._decode_object(raw, skewed)
+                if obj is not None:
+                    items[self._name_of(obj)] = obj
+            continue_token = page.metadata.continue_
+            if not continue_token:
+                resource_version = page.metadata.resource_version
+                break
+        self.lists += 1
+        self._backoff.reset()
+        await self._handler.on_list(items, skewed)
+        self.resource_version = resource_version
+
+    def _decode_object(self, raw: msgspec.Raw, skewed: set[str]) -> T | None:
+        try:
+            return decode(bytes(raw), self._item_type)
+        except DecodeError as exc:
+            name = _name_of_raw(raw)
+            if name:
+                skewed.add(name)
+            self._handler.on_skewed(name, exc)
+            return None
+
+    async def _watch_once(self) -> bool:
+        """One watch request until the server ends it; True when any line arrived."""
+        assert self.resource_version is not None
+        received = False
+        self.watches += 1
+        async with self._client.watch(
+            self._resource, self._namespace,
+            resource_version=self.resource_version,
+            timeout_s=self._tuning.timeout_s,
+            inactivity_s=self._tuning.inactivity_s,
+            label_selector=self._selector,
+        ) as stream:
+            while (line := await stream.next_line()) is not None:
+                received = True
+                self._handle_line(line)
+        return received
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            event = decode(line, RawWatchEvent)
+        except DecodeError as exc:
+            raise _LineError(f"undecodable watch line: {exc}") from exc
+        if event.type == "ERROR":
+            try:
+                status = decode(bytes(event.object), Status)
+            except DecodeError as exc:
+                raise _LineError(f"undecodable watch ERROR event: {exc}") from exc
+            # 410 here is the usual way a watch learns its resourceVersion expired.
+            raise api_error(status.code or 500, status.reason, status.message,
+                            method="WATCH", path=self._resource.collection_path(self._namespace))
+        meta = _partial(event.object)
+        if event.type == "BOOKMARK":
+            if meta is not None and meta.metadata.resource_version:
+                self.resource_version = meta.metadata.resource_version
+            return
+        if event.type == "DELETED":
+            if meta is not None and meta.metadata.name:
+                self._handler.on_delete(meta.metadata.name)
+        elif event.type in ("ADDED", "MODIFIED"):
+            skewed: set[str] = set()
+            obj = self._decode_object(event.object, skewed)
+            if obj is not None:
+                self._handler.on_upsert(obj, self._name_of(obj))
+        else:
+            log.warning("unknown watch event type; ignored", type=event.type,
+                        resource=str(self._resource))
+        if meta is not None and meta.metadata.resource_version:
+            self.resource_version = meta.metadata.resource_version
+
+
+def _partial(raw: msgspec.Raw) -> PartialObject | None:
+    try:
+        return decode(bytes(raw), PartialObject)
+    except DecodeError:
+        return None
+
+
+def _name_of_raw(raw: msgspec.Raw) -> str:
+    meta = _partial(raw)
+    return meta.metadata.name if meta is not None else ""

@@ -1,0 +1,194 @@
+"""The signed last-known-good cache through the real process (PostgreSQL control plane)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import nacl.signing
+import pytest
+import trio
+
+from supervisor.sinks import lkg
+from tests.proc import EXAMPLE, NotifySocket, cli, free_port, run_daemon, write_config
+from tests.tcpproxy import tcp_proxy
+
+
+def keys(tmp_path: Path, name: str = "signing.key") -> tuple[Path, str]:
+    key = tmp_path / name
+    out = cli("keygen", "--out", str(key))
+    return key, out.stdout.strip().splitlines()[-1].split()[-1]
+
+
+def cache_config(tmp_path: Path, url: str, key: Path, trusted: list[str], *,
+                 admin_port: int | None = None) -> Path:
+    extra = (f'[cache]\npath = "{tmp_path}/cache/lkg.bin"\nsigning_key = "{key}"\n'
+             f"trusted_keys = {json.dumps(trusted)}\n")
+    (tmp_path / "cache").mkdir(exist_ok=True)
+    return write_config(tmp_path, url, extra, port=admin_port)
+
+
+def proxied(pg_url: str, port: int) -> str:
+    return pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+
+
+async def serve_once_and_stop(config: Path) -> None:
+    """Boot against a reachable control plane, publish once (exporting the cache), stop."""
+    with trio.fail_after(30):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published")
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_keygen(tmp_path: Path) -> None:
+    key, verify = keys(tmp_path)
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert verify.startswith("ed25519:")
+    again = cli("keygen", "--out", str(key), check=False)
+    assert again.returncode == 1
+
+
+async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg_url: str) -> None:
+    key, verify = keys(tmp_path)
+    port = free_port()
+    admin_port = free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
+    async with tcp_proxy(port) as proxy:
+        cli("db", "migrate", "--config", str(config))
+        cli("publish", "--config", str(config), str(EXAMPLE))
+        await serve_once_and_stop(config)
+        assert (tmp_path / "cache" / "lkg.bin").exists()
+        proxy.stop()
+        notify = NotifySocket(tmp_path / "notify")
+        await notify.bind()
+        with trio.fail_after(60):
+            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+                await notify.wait_for("READY=1")
+                line = await daemon.wait_log("serving the last-known-good cache")
+                assert line["revision"] == 1 and line["cause"] == "unavailable"
+                async with httpx.AsyncClient() as client:
+                    status = (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()
+                    assert status["revision"]["source"] == "last_known_good"
+                    assert status["revision"]["active"] == 1
+                    # The control plane comes back with a newer revision.
+                    await proxy.start()
+                    cli("publish", "--config", str(config), str(EXAMPLE))
+                    await daemon.wait_log("published", revision=2, source="control_plane")
+                    status = (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()
+                    assert status["revision"]["source"] == "control_plane"
+                    assert status["revision"]["active"] == 2
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+        notify.close()
+
+
+def _tamper_body(data: bytes) -> bytes:
+    return data[:-2] + bytes([data[-2] ^ 0x01]) + data[-1:]
+
+
+def _tamper_header(data: bytes) -> bytes:
+    at = data.index(b'"generation":') + len(b'"generation":')
+    return data[:at] + b"9" + data[at + 1:]
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (_tamper_body, "corrupt"),
+        (_tamper_header, "denied"),
+        (_truncate, "corrupt"),
+    ],
+)
+async def test_damaged_cache_refuses_to_boot(tmp_path: Path, pg_url: str, damage, words) -> None:  # type: ignore[no-untyped-def]
+    key, verify = keys(tmp_path)
+    port = free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+    async with tcp_proxy(port) as proxy:
+        cli("db", "migrate", "--config", str(config))
+        cli("publish", "--config", str(config), str(EXAMPLE))
+        await serve_once_and_stop(config)
+        proxy.stop()
+        cache = tmp_path / "cache" / "lkg.bin"
+        cache.write_bytes(damage(cache.read_bytes()))
+        result = await trio.to_thread.run_sync(
+            lambda: cli("run", "--config", str(config), check=False))
+    assert result.returncode == 3
+    line = json.loads(result.stderr.strip().splitlines()[-1])
+    assert line["refusal"] == "cache"
+    assert "last-known-good cache" in line["reason"] and words in line["reason"]
+
+
+async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: str) -> None:
+    key, verify = keys(tmp_path)
+    _, other = keys(tmp_path, "other.key")
+    port = free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+    async with tcp_proxy(port) as proxy:
+        cli("db", "migrate", "--config", str(config))
+        cli("publish", "--config", str(config), str(EXAMPLE))
+        await serve_once_and_stop(config)
+        proxy.stop()
+        # Unknown key: the file was signed by a key this configuration does not trust.
+        untrusting = cache_config(tmp_path, proxied(pg_url, port), key, [other])
+        result = await trio.to_thread.run_sync(
+            lambda: cli("run", "--config", str(untrusting), check=False))
+        assert result.returncode == 3
+        assert "denied" in json.loads(result.stderr.strip().splitlines()[-1])["reason"]
+        # Rollback: this replica already served a later revision than the cache holds.
+        config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+        (tmp_path / "cache" / "lkg.bin.served").write_text("5\n")
+        result = await trio.to_thread.run_sync(
+            lambda: cli("run", "--config", str(config), check=False))
+        assert result.returncode == 3
+        assert "rollback" in json.loads(result.stderr.strip().splitlines()[-1])["reason"]
+
+
+async def test_cache_from_a_newer_format_is_reported_as_skew(tmp_path: Path, pg_url: str) -> None:
+    key, verify = keys(tmp_path)
+    port = free_port()  # nothing listens: unreachable
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+    signing = lkg._load_signing_key(str(key))
+    key_id = lkg.key_id_of(signing.verify_key)
+    body = json.dumps({"schema_version": 1, "aliases": {}}).encode()
+    header = lkg.encode_header(revision=3, generation=1, schema_version=1,
+                               created_at=datetime.now(UTC), body=body, key_id=key_id,
+                               format_version=lkg.FORMAT_VERSION + 1)
+    (tmp_path / "cache" / "lkg.bin").write_bytes(lkg.encode_file(header, body, signing))
+    result = await trio.to_thread.run_sync(lambda: cli("run", "--config", str(config), check=False))
+    assert result.returncode == 3
+    assert "skew" in result.stderr
+    assert isinstance(signing, nacl.signing.SigningKey)
+
+
+async def test_unwritable_cache_directory_keeps_serving_with_one_warning(
+    tmp_path: Path, pg_url: str
+) -> None:
+    key, verify = keys(tmp_path)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should be")
+    config = write_config(
+        tmp_path, pg_url,
+        f'[cache]\npath = "{blocker}/lkg.bin"\nsigning_key = "{key}"\n'
+        f"trusted_keys = {json.dumps([verify])}\n",
+    )
+    cli("db", "migrate", "--config", str(config))
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published", revision=1)
+            cli("publish", "--config", str(config), str(EXAMPLE))
+            await daemon.wait_log("published", revision=2)
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    warnings = [line for line in daemon.lines
+                if line.get("event", "").startswith("sink write failed")]
+    assert len(warnings) == 1 and warnings[0]["sink"] == "cache"
