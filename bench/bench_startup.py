@@ -38,7 +38,10 @@ def one_run(config: Path, notify_path: Path) -> tuple[float, float]:
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "supervisor", "--config", str(config)],
-        env=env, cwd=REPO, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO,
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
     )
     try:
         while b"READY=1" not in sock.recv(65536):
@@ -70,9 +73,18 @@ def main() -> None:
             f'[admin]\nlisten = "127.0.0.1:{free_port()}"\n'
         )
         subprocess.run(
-            [sys.executable, "-m", "supervisor", "publish", "--config", str(config),
-             str(REPO / "conf" / "example-revision.toml")],
-            check=True, cwd=REPO, capture_output=True,
+            [
+                sys.executable,
+                "-m",
+                "supervisor",
+                "publish",
+                "--config",
+                str(config),
+                str(REPO / "conf" / "example-revision.toml"),
+            ],
+            check=True,
+            cwd=REPO,
+            capture_output=True,
         )
         floors = []
         for _ in range(args.runs):
@@ -85,11 +97,15 @@ def main() -> None:
     floor = statistics.median(floors)
     print(f"runs: {args.runs}")
     print(f"floor (python -c pass):   median {floor * 1000:7.1f} ms")
-    print(f"start to READY=1:         median {statistics.median(ready) * 1000:7.1f} ms  "
-          f"max {max(ready) * 1000:7.1f} ms  ({statistics.median(ready) / floor:.1f}x floor; "
-          f"aim < 800 ms)")
-    print(f"SIGTERM to exit:          median {statistics.median(stop) * 1000:7.1f} ms  "
-          f"max {max(stop) * 1000:7.1f} ms  (aim < 150 ms)")
+    print(
+        f"start to READY=1:         median {statistics.median(ready) * 1000:7.1f} ms  "
+        f"max {max(ready) * 1000:7.1f} ms  ({statistics.median(ready) / floor:.1f}x floor; "
+        f"aim < 800 ms)"
+    )
+    print(
+        f"SIGTERM to exit:          median {statistics.median(stop) * 1000:7.1f} ms  "
+        f"max {max(stop) * 1000:7.1f} ms  (aim < 150 ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -89,7 +89,6 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
                 self.admin_address = address
-                log.info("admin API listening", address=f"{address[0]}:{address[1]}")
                 task_status.started()
 
         return ChildSpec("admin", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
@@ -200,7 +199,7 @@ class Daemon:
             log.error("SIGHUP: configuration not reloaded", error=str(exc))
             return
         logs.set_level(fresh.log.level)
-        log.info("SIGHUP: log level set", level=fresh.log.level)
+        log.info("SIGHUP: log level set", new_level=fresh.log.level)
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:

@@ -154,3 +154,11 @@ async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
             with trio.move_on_after(10, shield=True):
                 await process.wait()
             nursery.cancel_scope.cancel()
+
+
+async def acli(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """:func:`cli` in a worker thread, so the test's own servers (a proxy) keep running."""
+    return await trio.to_thread.run_sync(
+        lambda: cli(*args, env=env, check=check, timeout=timeout)
+    )

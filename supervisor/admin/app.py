@@ -42,7 +42,8 @@ from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
@@ -116,6 +117,10 @@ class AdminApp:
     def __init__(self, ctx: AdminContext, hub: StreamHub | None = None) -> None:
         self.ctx = ctx
         self.hub = hub
+        # The last snapshot served and its body. Snapshots are immutable, so the
+        # body is encoded once per snapshot (identity), not once per request: a
+        # large one costs milliseconds of event loop to encode.
+        self._body_of: tuple[object, bytes] | None = None
         self._routes: dict[str, Callable[[list[tuple[bytes, bytes]]], Response]] = {
             "/healthz": self._healthz,
             "/readyz": self._readyz,
@@ -142,7 +147,7 @@ class AdminApp:
         headers = _headers(scope)
         try:
             response = self._respond(method, path, headers)
-        except Exception:  # noqa: BLE001 - one request's failure must never reach the server
+        except Exception:  # one request's failure must never reach the server
             log.exception("admin request failed", path=str(path)[:200])
             response = error_response(500, "internal", "internal error; see the daemon's log")
         await _send_response(send, response, head=method == "HEAD")
@@ -173,8 +178,8 @@ class AdminApp:
         snapshot = self.ctx.state.snapshot
         if snapshot is not None:
             return json_response(
-                200, {"ready": True, "revision": snapshot.revision,
-                      "generation": snapshot.generation}
+                200,
+                {"ready": True, "revision": snapshot.revision, "generation": snapshot.generation},
             )
         rev = self.ctx.revision
         reason = "no snapshot published yet"
@@ -182,8 +187,7 @@ class AdminApp:
             reason = f"{reason}; last attempt failed: {rev.last_error}"
         return json_response(
             503,
-            {"ready": False, "reason": reason,
-             "consecutive_failures": rev.consecutive_failures},
+            {"ready": False, "reason": reason, "consecutive_failures": rev.consecutive_failures},
         )
 
     def _status(self, headers: list[tuple[bytes, bytes]]) -> Response:
@@ -209,7 +213,13 @@ class AdminApp:
         if_none_match = _header(headers, b"if-none-match")
         if if_none_match is not None and etag_matches(if_none_match, etag):
             return Response(304, b"", None, tag_header, cache=b"no-cache")
-        return Response(200, snapshot.to_json(), JSON, tag_header, cache=b"no-cache")
+        cached = self._body_of
+        if cached is not None and cached[0] is snapshot:
+            body = cached[1]
+        else:
+            body = snapshot.to_json()
+            self._body_of = (snapshot, body)
+        return Response(200, body, JSON, tag_header, cache=b"no-cache")
 
     def _stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(
@@ -241,7 +251,7 @@ class AdminApp:
         else:
             try:
                 await hub.serve(scope, receive, send)
-            except Exception:  # noqa: BLE001 - one client's failure must not reach the server
+            except Exception:  # one client's failure must not reach the server
                 log.exception("stream client failed", peer=str(scope.get("client")))
 
 

@@ -10,10 +10,12 @@ Messages (text frames, each one compact JSON object):
    The client subscribes in the same synchronous step that builds the first
    message, so no event falls between the two and none is counted twice.
 3. ``{"type": "ping", "at": "..."}`` after ``heartbeat_s`` without any other
-   message. hypercorn's ASGI interface cannot send protocol ping frames on the
-   application's behalf with a per-connection deadline, and an application
-   message also proves the whole path (event loop, hub, connection) is alive.
-   Pings are not events: ``watch`` does not print them.
+   message: an application-level heartbeat. ASGI gives the application no way
+   to send protocol ping frames (hypercorn can send them server-wide, but never
+   checks the pongs, and client libraries rarely surface them); a message every
+   client sees also proves the whole path (event loop, hub, connection) alive,
+   so a client that hears nothing for a few periods knows to reconnect. Pings
+   are not events: ``watch`` does not print them.
 
 Closing (close codes):
 
@@ -205,23 +207,30 @@ class StreamHub:
                 return (CLOSE_GOING_AWAY, "going away")
             event: dict[str, Any] | None = None
             ended = False
-            # Only the wait is cancellable from outside (close_all, abort); a write
-            # in progress is never interrupted, so no frame is ever cut in half.
-            with trio.CancelScope() as wait_scope:
-                client.wait_scope = wait_scope
-                with trio.move_on_after(heartbeat):
+            try:
+                # Fast path, no cancel scope: an event is already waiting.
+                event = receive.receive_nowait()
+            except trio.EndOfChannel:
+                ended = True
+            except trio.WouldBlock:
+                # Only the wait is cancellable from outside (close_all, abort); a
+                # write in progress is never interrupted, so no frame is ever cut
+                # in half. The scope's deadline is the heartbeat.
+                with trio.CancelScope(deadline=trio.current_time() + heartbeat) as wait_scope:
+                    client.wait_scope = wait_scope
                     try:
                         event = await receive.receive()
                     except trio.EndOfChannel:
                         ended = True
-            client.wait_scope = None
+                client.wait_scope = None
+                if wait_scope.cancelled_caught and (client.aborted or self._closing.is_set()):
+                    continue
             if ended:
                 # The bus closes a channel only when it overflows.
                 if client.sub.overflowed:
                     continue
                 return (CLOSE_GOING_AWAY, "going away")
-            if wait_scope.cancelled_caught:
-                continue
+            # No event after a whole heartbeat period: a ping.
             text = self._encode(event) if event is not None else _ping()
             await self._send_text(client, send, text)
 
@@ -240,8 +249,9 @@ class StreamHub:
         if text is None:
             text = encode_json(event).decode()
             self._encoded[seq] = text
-            # Clients more than max_buffer events behind have overflowed already,
-            # so older encodings can never be asked for again.
+            # A client more than max_buffer events behind has overflowed, so
+            # older encodings are (almost) never asked for again; a miss only
+            # costs one more encode.
             while len(self._encoded) > max(self.settings.max_buffer, 16):
                 self._encoded.popitem(last=False)
         return text
@@ -286,7 +296,9 @@ class StreamHub:
             if since is None or client.aborted:
                 continue
             blocked = now - since
-            if blocked > s.stall_timeout_s or (client.sub.overflowed and blocked > s.close_timeout_s):
+            if blocked > s.stall_timeout_s or (
+                client.sub.overflowed and blocked > s.close_timeout_s
+            ):
                 self._count_drop(client)
                 self._abort(client)
                 count += 1
@@ -320,8 +332,8 @@ def _ping() -> str:
 
 def _peer(scope: Scope) -> tuple[str, int] | None:
     client = scope.get("client")
-    if isinstance(client, list | tuple) and len(client) >= 2:
-        return (str(client[0]), int(client[1]))
+    if isinstance(client, list | tuple) and len(client) >= 2 and isinstance(client[1], int):
+        return (str(client[0]), client[1])
     return None
 
 

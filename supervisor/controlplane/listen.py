@@ -139,7 +139,7 @@ class _Listener:
             await trio.sleep(self.backoff.next())
 
     def _describe(self, exc: BaseException) -> str:
-        return scrub(str(exc).strip(), self.url) or type(exc).__name__
+        return " ".join(scrub(str(exc), self.url).split()) or type(exc).__name__
 
     async def _connect(self) -> Conn:
         made: list[Conn] = []

@@ -114,7 +114,8 @@ def classify(exc: BaseException) -> FailureCategory:
 def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
     """Wrap a driver error for the caller; the message never holds the password."""
     category = classify(exc)
-    detail = scrub(str(exc).strip(), url) or type(exc).__name__
+    # One line: libpq's messages carry newlines and tab-indented hints.
+    detail = " ".join(scrub(str(exc), url).split()) or type(exc).__name__
     if isinstance(exc, _SCHEMA_MISSING):
         detail = f"{detail} ({MIGRATE_HINT})"
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=category)
@@ -218,17 +219,17 @@ class PostgresStore:
             # body is withheld in SQL when it is too large or too new, so an
             # oversize body never crosses the network. Binary format: bytea
             # travels as raw bytes rather than hex text twice the size.
-            cur = conn.cursor(binary=True)
-            row = cur.execute(
-                "SELECT d.revision_id, r.id, r.schema_version, octet_length(r.body),"
-                " CASE WHEN octet_length(r.body) <= %(max_bytes)s"
-                "       AND r.schema_version <= %(max_schema)s THEN r.body END,"
-                " r.body_sha256, r.created_at, r.message"
-                " FROM supervisor_desired d"
-                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                " WHERE d.singleton",
-                {"max_bytes": max_bytes, "max_schema": max_schema},
-            ).fetchone()
+            with conn.cursor(binary=True) as cur:
+                row = cur.execute(
+                    "SELECT d.revision_id, r.id, r.schema_version, octet_length(r.body),"
+                    " CASE WHEN octet_length(r.body) <= %(max_bytes)s"
+                    "       AND r.schema_version <= %(max_schema)s THEN r.body END,"
+                    " r.body_sha256, r.created_at, r.message"
+                    " FROM supervisor_desired d"
+                    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+                    " WHERE d.singleton",
+                    {"max_bytes": max_bytes, "max_schema": max_schema},
+                ).fetchone()
             if row is None:
                 return None
             return check_hydrated(

@@ -10,22 +10,28 @@ Driving: the stdlib ``sqlite3`` module, one connection
 (``check_same_thread=False``) used from worker threads one call at a time
 under a ``CapacityLimiter(1)``. A cancelled call (shutdown, or the client-side
 deadline) calls ``Connection.interrupt()``, the thread-safe SQLite analogue
-of PostgreSQL's cancel, and the connection is replaced.
+of PostgreSQL's cancel, and the connection is replaced. SQLite's own busy
+wait ignores interrupt(), so the store waits for locks itself (busy timeout
+0, re-running the statement with backoff up to half the statement timeout)
+and stops waiting as soon as the call is cancelled.
 ``isolation_level=None``: transactions are explicit, so a read never leaves
 one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
 writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
 
-Error mapping (SQLite primary result codes): BUSY/LOCKED -> CONFLICT;
-CANTOPEN/IOERR/FULL/INTERRUPT and other operational failures -> UNAVAILABLE
-(an unreadable file or a missing directory included); PERM/READONLY/AUTH ->
-DENIED; CORRUPT/NOTADB -> CORRUPT; a missing table -> INVALID with the migrate
-hint; anything else -> INVALID.
+Error mapping (SQLite primary result codes, not exception classes: sqlite3
+raises OperationalError for a syntax error too): BUSY/LOCKED -> CONFLICT;
+CANTOPEN/IOERR/FULL/NOMEM/INTERRUPT -> UNAVAILABLE (an unreadable file or a
+missing directory included); PERM/READONLY/AUTH -> DENIED; CORRUPT/NOTADB ->
+CORRUPT; a missing table -> INVALID with the migrate hint; any other code ->
+INVALID.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
@@ -72,7 +78,8 @@ _SIZE = (
 _CONFLICT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
 _DENIED = {3, 8, 23}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
 _CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
-_UNAVAILABLE = {9, 10, 13, 14, 15, 22}  # INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL, NOLFS
+# NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL, NOLFS
+_UNAVAILABLE = {7, 9, 10, 13, 14, 15, 22}
 
 
 def _schema_missing(exc: BaseException) -> bool:
@@ -95,15 +102,18 @@ def classify(exc: BaseException) -> FailureCategory:
             return FailureCategory.CORRUPT
         if primary in _UNAVAILABLE:
             return FailureCategory.UNAVAILABLE
-    if _schema_missing(exc):
+        # SQLITE_ERROR (a syntax error, a missing table) and the rest: the
+        # request itself is wrong. sqlite3 files many of these under
+        # OperationalError, so the code, not the class, decides.
         return FailureCategory.INVALID
     if isinstance(exc, sqlite3.OperationalError | OSError):
+        # No result code: raised by this module or the OS, not by SQLite.
         return FailureCategory.UNAVAILABLE
     return FailureCategory.INVALID
 
 
 def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
-    detail = str(exc).strip() or type(exc).__name__
+    detail = " ".join(str(exc).split()) or type(exc).__name__
     if _schema_missing(exc):
         detail = f"{detail} ({MIGRATE_HINT})"
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
@@ -126,6 +136,40 @@ def _as_bytes(value: object) -> bytes | None:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     return None
+
+
+def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
+    """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
+
+    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
+    and writes that roll back on failure. ``stop`` (set when trio gives the
+    call up) ends the wait at once, so a cancelled write never goes on to
+    commit once the lock frees up.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.002
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code not in _CONFLICT or time.monotonic() + delay >= deadline:
+                raise
+        if stop.wait(delay):
+            raise sqlite3.OperationalError("interrupted: the call was cancelled")
+        delay = min(delay * 2, 0.05)
+
+
+def _prepare(conn: sqlite3.Connection) -> list[int]:
+    """Switch the file to WAL (best effort) and migrate it; return versions applied."""
+    try:
+        # WAL lets the CLI publish while the daemon reads. Persistent in the
+        # file; needs write access, so a read-only file stays as it is.
+        conn.execute("PRAGMA journal_mode = WAL")
+    except sqlite3.OperationalError as exc:
+        if classify(exc) is not FailureCategory.DENIED:
+            raise
+    return migrations.migrate_sqlite(conn)
 
 
 def _close_quietly(conn: sqlite3.Connection) -> None:
@@ -273,12 +317,21 @@ class SQLiteStore:
 
     async def _run_locked(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
+        stop = threading.Event()
         try:
             if conn is None:
                 conn = await self._connect()
                 self._conn = conn
+            live = conn
+
+            def interrupt() -> None:
+                stop.set()
+                live.interrupt()
+
             return await call_interruptibly(
-                partial(fn, conn), interrupt=conn.interrupt, dispose=partial(_close_quietly, conn)
+                partial(_retry_busy, partial(fn, conn), stop, self._busy_timeout_s),
+                interrupt=interrupt,
+                dispose=partial(_close_quietly, conn),
             )
         except trio.Cancelled:
             self._conn = None
@@ -300,22 +353,20 @@ class SQLiteStore:
         made: list[sqlite3.Connection] = []
         path, busy_timeout_s = self._path, self._busy_timeout_s
 
+        stop = threading.Event()
+
         def open_one() -> sqlite3.Connection:
-            conn = sqlite3.connect(
-                path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
-            )
+            # timeout=0: SQLite's own busy wait cannot be interrupted (a
+            # cancelled call would sleep it out and then, the lock gone, commit
+            # anyway); _retry_busy waits instead, and stops when told to.
+            conn = sqlite3.connect(path, timeout=0, check_same_thread=False, isolation_level=None)
             made.append(conn)
             try:
                 # Per connection in SQLite; without it the REFERENCES clause is decorative.
                 conn.execute("PRAGMA foreign_keys = ON")
-                try:
-                    # WAL lets the CLI publish while the daemon reads. Persistent
-                    # in the file; needs write access, so best effort.
-                    conn.execute("PRAGMA journal_mode = WAL")
-                except sqlite3.OperationalError as exc:
-                    if classify(exc) is not FailureCategory.DENIED:
-                        raise
-                applied = migrations.migrate_sqlite(conn)
+                # Both steps may meet a lock (another process migrating, or a
+                # closing connection checkpointing the WAL): waited out like any other.
+                applied = _retry_busy(partial(_prepare, conn), stop, busy_timeout_s)
                 if applied:
                     log.info("control-plane schema migrated", applied=applied, path=path)
             except BaseException:
@@ -327,4 +378,4 @@ class SQLiteStore:
             for conn in made:
                 _close_quietly(conn)
 
-        return await call_interruptibly(open_one, interrupt=lambda: None, dispose=dispose)
+        return await call_interruptibly(open_one, interrupt=stop.set, dispose=dispose)

@@ -71,7 +71,6 @@ __all__ = [
     "Incompatible",
     "LoadedRevision",
     "TooLarge",
-    "call_interruptibly",
     "open_store",
 ]
 

@@ -93,6 +93,35 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None  # an HTTP-date: rare from kube-apiserver; the caller's backoff applies
 
 
+class _Body(httpx.AsyncByteStream):
+    """A request body whose iterator is an object, not an async generator.
+
+    httpx wraps ``content=bytes`` in a stream whose ``__aiter__`` is an async
+    generator; a request cancelled mid-send abandons it, and trio's GC hook
+    then warns (encode/httpx#3686). A plain iterator has nothing to finalise.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _OneChunk(self._data)
+
+
+class _OneChunk:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _OneChunk:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
 class WatchStream:
     """The lines of one watch response, each within ``inactivity_s`` of the previous.
 
@@ -110,6 +139,26 @@ class WatchStream:
         self._inactivity_s = inactivity_s
         self._where = where
         self._ended = False
+
+    async def aclose(self) -> None:
+        """Finish the byte iterator, then close the response.
+
+        httpx's body iterators are nested async generators; abandoning them
+        half-way leaves trio's GC hook to finalise them, with a ResourceWarning
+        (encode/httpx#3686). Pulling once more inside an already-cancelled
+        scope raises Cancelled at their innermost checkpoint instead, which
+        finishes every level properly.
+        """
+        if not self._ended:
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                for _ in range(10_000):  # bounded: already-buffered chunks drain first
+                    try:
+                        await self._chunks.__anext__()
+                    except (StopAsyncIteration, httpx.HTTPError):
+                        break
+            self._ended = True
+        await self._response.aclose()
 
     async def next_line(self) -> bytes | None:
         while True:
@@ -282,6 +331,8 @@ class KubeClient:
                 method, path, params=params, content=content, headers=headers,
                 timeout=timeout or self._timeout, extensions=extensions,
             )
+            if content is not None:
+                request.stream = _Body(content)  # Content-Length is already set
             try:
                 response = await http.send(request, stream=stream)
             except httpx.HTTPError as exc:
@@ -420,8 +471,10 @@ class KubeClient:
             "GET", path, params=params, stream=True,
             timeout=httpx.Timeout(self._timeout_s, read=None),
         )
+        stream = WatchStream(response, inactivity_s, path)
         try:
-            yield WatchStream(response, inactivity_s, path)
+            yield stream
         finally:
+            # Shielded and bounded: this also runs while we are being cancelled.
             with trio.move_on_after(1.0, shield=True):
-                await response.aclose()
+                await stream.aclose()

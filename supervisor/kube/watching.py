@@ -130,6 +130,7 @@ class Informer(Generic[T]):
         self.resource_version: str | None = None
         self.lists = 0
         self.watches = 0
+        self.watches_with_events = 0
 
     def _restart(self, why: str) -> None:
         if self._on_restart is not None:
@@ -222,7 +223,9 @@ class Informer(Generic[T]):
             label_selector=self._selector,
         ) as stream:
             while (line := await stream.next_line()) is not None:
-                received = True
+                if not received:
+                    received = True
+                    self.watches_with_events += 1
                 self._handle_line(line)
         return received
 

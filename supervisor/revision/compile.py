@@ -30,10 +30,13 @@ digest and one key entry per key beyond what decoding already built.
 from __future__ import annotations
 
 import hashlib
-from itertools import chain
+from bisect import bisect_left
+from itertools import chain, islice
+from operator import attrgetter, eq, methodcaller
+from typing import Any, Final, NoReturn, cast
 
 from supervisor import reasons
-from supervisor.revision.document import RevisionDocument, decode_body, member_path
+from supervisor.revision.document import KeySpec, RevisionDocument, decode_body, member_path
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver, SecretResolver
 from supervisor.revision.snapshot import KeyEntry, Snapshot
@@ -63,10 +66,10 @@ def compile_revision(
 
 def _check_projection(doc: RevisionDocument, revision: int) -> None:
     aliases = doc.aliases
-    # One set operation in C answers the common case; only a refusal walks
-    # the keys in Python to name the first offender.
-    referenced = set(chain.from_iterable(key.aliases for key in doc.keys.values()))
-    if referenced <= aliases.keys():
+    # One C-level pass answers the common case; only a refusal walks the keys
+    # in Python to name the first offender (and count the others).
+    referenced = chain.from_iterable(map(_ALIASES_OF, doc.keys.values()))
+    if all(map(aliases.__contains__, referenced)):
         return
     dangling = [
         (name, index, alias)
@@ -85,56 +88,82 @@ def _check_projection(doc: RevisionDocument, revision: int) -> None:
     )
 
 
+_ALIASES_OF: Final = attrgetter("aliases")
+_SECRET_OF: Final = attrgetter("secret")
+_DIGEST_OF: Final = attrgetter("digest")
+_HEX: Final = methodcaller("hexdigest")
+_EMPTY_DIGEST: Final = hashlib.sha256(b"").hexdigest()
+
+
 def _resolve_keys(
     doc: RevisionDocument, resolver: SecretResolver, revision: int
 ) -> dict[str, KeyEntry]:
-    resolve = resolver.resolve
-    sha256 = hashlib.sha256
-    entries: dict[str, KeyEntry] = {}
-    owner_of: dict[str, str] = {}  # digest -> first key holding it
-    shared: tuple[str, str] | None = None
-    for name, key in doc.keys.items():
-        try:
-            secret = resolve(key.secret)
-        except RevisionError as exc:
-            # Whatever label a pluggable resolver chose, this stage is "secret".
-            raise RevisionError(
-                reasons.SECRET, f"{_secret_path(name)}: {exc.detail}", revision=revision
-            ) from None
-        except MemoryError:
-            raise  # the process's problem, not the reference's
-        except Exception as exc:  # noqa: BLE001 - a pluggable resolver may raise anything
-            # Its class only: a foreign message may quote the value. Not
-            # chained for the same reason (a traceback would print it).
-            raise RevisionError(
-                reasons.SECRET,
-                f"{_secret_path(name)}: {key.secret} could not be resolved ({type(exc).__name__})",
-                revision=revision,
-            ) from None
-        if not isinstance(secret, bytes) or not secret:
-            raise RevisionError(
-                reasons.SECRET,
-                f"{_secret_path(name)}: resolved to an empty secret",
-                revision=revision,
-            )
-        digest = sha256(secret).hexdigest()
-        del secret  # nothing below needs it; the digest is all the snapshot keeps
-        first = owner_of.setdefault(digest, name)
-        if first != name and shared is None:
-            # Remember, don't raise: a secret refusal on a later key outranks
-            # this one (stage order), so finish resolving first.
-            shared = (first, name)
-        entries[name] = KeyEntry(digest=digest, aliases=key.aliases)
-    if shared is not None:
-        first, second = shared
-        raise RevisionError(
-            reasons.SNAPSHOT,
-            f"keys {first!r} and {second!r} resolve to the same secret; a request "
-            "presenting it could not be attributed to one key",
-            revision=revision,
+    """Replace each key's spec by its entry, in place, in document order.
+
+    Memory and time are the point: ``doc.keys`` is this compilation's own
+    dictionary, so rewriting its values in place frees each spec and its
+    reference string as soon as the entry replacing it exists, and reuses the
+    dictionary itself. Each secret lives from ``resolve`` to ``sha256`` inside
+    one chain of C-level ``map`` calls and is never collected in a list. The
+    chain pulls one key at a time: resolve, hash, build the entry, store it.
+    """
+    table = cast(dict[str, Any], doc.keys)  # KeySpec values become KeyEntry values
+    names = list(table)
+    spec_of = table.__getitem__
+    digests = map(
+        _HEX, map(hashlib.sha256, map(resolver.resolve, map(_SECRET_OF, map(spec_of, names))))
+    )
+    try:
+        table.update(
+            zip(names, map(KeyEntry, digests, map(_ALIASES_OF, map(spec_of, names))), strict=True)
         )
+    except MemoryError:
+        raise  # the process's problem, not the reference's
+    except Exception as exc:  # noqa: BLE001 - a pluggable resolver may raise anything
+        # Entries are stored in order, so the failing key is the first one
+        # still holding its spec.
+        name = next(n for n in names if isinstance(table[n], KeySpec))
+        raise _secret_refusal(name, table[name], exc, revision) from None
+    entries = cast(dict[str, KeyEntry], table)
+    ordered = sorted(map(_DIGEST_OF, entries.values()))
+    at = bisect_left(ordered, _EMPTY_DIGEST)
+    has_empty = at < len(ordered) and ordered[at] == _EMPTY_DIGEST
+    if has_empty or any(map(eq, ordered, islice(ordered, 1, None))):
+        _refuse_digests(entries, revision)
     return entries
 
 
-def _secret_path(name: str) -> str:
-    return f"{member_path('$.keys', name)}.secret"
+def _secret_refusal(name: str, spec: KeySpec, exc: Exception, revision: int) -> RevisionError:
+    where = f"{member_path('$.keys', name)}.secret"
+    if isinstance(exc, RevisionError):
+        # Whatever label a pluggable resolver chose, this stage is "secret".
+        return RevisionError(reasons.SECRET, f"{where}: {exc.detail}", revision=revision)
+    # The class only, and the caller does not chain: a foreign message (or a
+    # traceback) may quote the secret value.
+    return RevisionError(
+        reasons.SECRET,
+        f"{where}: {spec.secret} could not be resolved ({type(exc).__name__})",
+        revision=revision,
+    )
+
+
+def _refuse_digests(entries: dict[str, KeyEntry], revision: int) -> NoReturn:
+    """Name the first empty secret (a ``secret`` refusal) or else the first shared one."""
+    for name, entry in entries.items():
+        if entry.digest == _EMPTY_DIGEST:
+            raise RevisionError(
+                reasons.SECRET,
+                f"{member_path('$.keys', name)}.secret: resolved to an empty secret",
+                revision=revision,
+            )
+    owner_of: dict[str, str] = {}
+    for name, entry in entries.items():
+        first = owner_of.setdefault(entry.digest, name)
+        if first != name:
+            raise RevisionError(
+                reasons.SNAPSHOT,
+                f"keys {first!r} and {name!r} resolve to the same secret; a request "
+                "presenting it could not be attributed to one key",
+                revision=revision,
+            )
+    raise AssertionError("digest check disagreed with itself")  # pragma: no cover

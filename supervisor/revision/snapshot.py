@@ -36,7 +36,7 @@ AliasEntry = AliasSpec
 """A snapshot's alias entry (``upstream``, ``timeout_s``, ``retries``): the decoded spec itself."""
 
 
-class KeyEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class KeyEntry(msgspec.Struct, frozen=True, gc=False):
     """A snapshot's key entry: the secret's SHA-256 hex digest and the key's aliases."""
 
     digest: str
@@ -49,14 +49,14 @@ _ENCODER: Final = msgspec.json.Encoder()
 class Snapshot:
     """An immutable compiled revision; :func:`.compile.compile_revision` builds one."""
 
-    __slots__ = ("_alias_dict", "_key_dict", "aliases", "generation", "keys", "revision")
+    __slots__ = ("_alias_dict", "_aliases", "_generation", "_key_dict", "_keys", "_revision")
 
-    revision: int
-    generation: int
-    aliases: Mapping[str, AliasEntry]
-    keys: Mapping[str, KeyEntry]
+    _revision: int
+    _generation: int
     _alias_dict: dict[str, AliasEntry]
     _key_dict: dict[str, KeyEntry]
+    _aliases: Mapping[str, AliasEntry]
+    _keys: Mapping[str, KeyEntry]
 
     def __init__(
         self,
@@ -96,12 +96,34 @@ class Snapshot:
         keys: dict[str, KeyEntry],
     ) -> None:
         setter = object.__setattr__
-        setter(self, "revision", revision)
-        setter(self, "generation", generation)
+        setter(self, "_revision", revision)
+        setter(self, "_generation", generation)
         setter(self, "_alias_dict", aliases)
         setter(self, "_key_dict", keys)
-        setter(self, "aliases", MappingProxyType(aliases))
-        setter(self, "keys", MappingProxyType(keys))
+        setter(self, "_aliases", MappingProxyType(aliases))
+        setter(self, "_keys", MappingProxyType(keys))
+
+    # Read-only properties: a type checker flags an assignment, and so does
+    # ``__setattr__`` at run time.
+    @property
+    def revision(self) -> int:
+        """The control-plane revision id this snapshot was compiled from."""
+        return self._revision
+
+    @property
+    def generation(self) -> int:
+        """How many snapshots this replica had published, this one included."""
+        return self._generation
+
+    @property
+    def aliases(self) -> Mapping[str, AliasEntry]:
+        """Alias name -> entry (``upstream``, ``timeout_s``, ``retries``); read-only."""
+        return self._aliases
+
+    @property
+    def keys(self) -> Mapping[str, KeyEntry]:
+        """Key name -> entry (``digest``, ``aliases``); read-only."""
+        return self._keys
 
     def __setattr__(self, name: str, value: Any) -> NoReturn:
         raise AttributeError(f"Snapshot is immutable; cannot set {name!r}")

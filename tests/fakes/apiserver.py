@@ -27,6 +27,9 @@ Real (behaves as a kube-apiserver does):
   cleanly, ``allowWatchBookmarks`` gives BOOKMARK events every ``bookmark_interval_s``, an RV
   older than the history window (see ``compact()``) gives an ``ERROR`` event carrying a 410
   ``Expired`` Status and the stream ends. DELETED objects carry the deletion's RV.
+  ``compact()`` expires every RV handed out so far (and moves the RV on by one, so a fresh
+  list gives a watchable RV); so does falling out of the ``history_limit`` window. A list with
+  ``resourceVersionMatch=Exact`` and an expired RV, or an expired ``continue``, is a 410 too.
 * Writes: POST (201; 409 AlreadyExists; 404 when the namespace does not exist), PUT with the
   ``resourceVersion`` precondition (409 Conflict), PATCH merge-patch / JSON-patch /
   apply-patch+yaml (JSON or YAML body, ``fieldManager`` required, ``force``), DELETE (returns the
@@ -42,9 +45,12 @@ Real (behaves as a kube-apiserver does):
   the fields they change, so an apply after someone's "kubectl edit" conflicts.
 * Defaulting (``defaulting=True``): Deployment replicas/revisionHistoryLimit/
   progressDeadlineSeconds/strategy, Service type/sessionAffinity/clusterIP(s)/ports protocol and
-  targetPort, CronJob suspend/concurrencyPolicy/history limits, ServiceDefinition replicas=1,
-  Namespace phase and ``kubernetes.io/metadata.name`` label. So "skip the write when nothing
-  changed" must not compare whole specs naively.
+  targetPort, CronJob suspend/concurrencyPolicy/history limits and Job backoffLimit/completions/
+  parallelism/completionMode/suspend, pod templates (restartPolicy, dnsPolicy, schedulerName,
+  securityContext, terminationGracePeriodSeconds; containers' imagePullPolicy, resources,
+  terminationMessagePath/Policy, ports protocol), ServiceDefinition replicas=1, Namespace phase
+  and ``kubernetes.io/metadata.name`` label. So "skip the write when nothing changed" must not
+  compare live specs with desired ones naively.
 * Validation (``validation=True``, 422 Invalid Status with causes): names, label keys/values,
   Deployment selector present/matching the template/immutable, containers with name and image,
   Service ports, CronJob schedule and a job restartPolicy of OnFailure/Never, the CRD specs'
@@ -65,7 +71,13 @@ Simplified (documented gaps):
   controllers (tests write Deployment status themselves with ``set_status``), protobuf, CBOR,
   ``sendInitialEvents``, or watch-cache RV semantics beyond "events after RV".
 * A stalled watch (``stall_watches``) ignores its ``timeoutSeconds`` and bookmarks until
-  unstalled or closed, as a stream hung behind a load balancer would.
+  unstalled or closed, as a stream hung behind a load balancer would; what queued meanwhile
+  is delivered on ``unstall_watches``.
+* One user for RBAC messages; no impersonation, no client certificates, no TLS.
+
+Test helpers: ``wait_until(predicate)`` / ``wait_for_watches(n, plural)`` wait without fixed
+sleeps; ``requests`` (:class:`RecordedRequest`), ``count()``, ``find_requests()``,
+``writes()``; direct state access ``get/objects/create/apply/patch/set_status/delete/put_raw``.
 """
 
 from __future__ import annotations
@@ -85,7 +97,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qs
 
 import trio
@@ -288,11 +300,15 @@ class FakeApiServer:
                 w.push(kind, ev.obj)
         self._notify()
 
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        """Wait (no polling) until ``predicate()`` holds; it is re-checked after every
-        request, state change and watch open/close. Wrap in ``trio.fail_after``."""
+    async def wait_until(self, predicate: Callable[[], bool], *,
+                         recheck_s: float | None = 0.05) -> None:
+        """Wait until ``predicate()`` holds. It is re-checked after every request, state
+        change, watch open/close and watch line sent, and (for predicates on client-side
+        state that changes between those) every ``recheck_s`` (None: never). Wrap the call
+        in ``trio.fail_after``."""
         while not predicate():
-            await self._changed.wait()
+            with trio.move_on_after(math.inf if recheck_s is None else recheck_s):
+                await self._changed.wait()
 
     async def wait_for_watches(self, n: int = 1, plural: str | None = None) -> None:
         """Wait until at least ``n`` watch streams (of ``plural``) are open."""
@@ -319,7 +335,7 @@ class FakeApiServer:
 
     def objects(self, plural: str, namespace: str | None = None, *,
                 label_selector: str | None = None) -> list[Obj]:
-        items, _, _, _ = self.store.list(self._res(plural), namespace,
+        items, _, _, _ = self.store.list_objects(self._res(plural), namespace,
                                          labels=parse_label_selector(label_selector))
         return copy.deepcopy(items)
 
@@ -327,7 +343,7 @@ class FakeApiServer:
         """Create like a POST (validation, defaulting, 409, missing namespace -> 404);
         raises :class:`ApiError`."""
         res = self.store.resource_of(obj)
-        ns = (obj.get("metadata") or {}).get("namespace", "") if res.namespaced else ""
+        ns = _direct_namespace(res, obj)
         result = self.store.create(res, ns, copy.deepcopy(obj), field_manager)
         return copy.deepcopy(result.obj)
 
@@ -336,7 +352,7 @@ class FakeApiServer:
         """Server-side apply as ``field_manager``; raises :class:`ApiError` (e.g. 409)."""
         res = self.store.resource_of(obj)
         md = obj.get("metadata") or {}
-        ns = md.get("namespace", "") if res.namespaced else ""
+        ns = _direct_namespace(res, obj)
         result = self.store.patch(res, ns, md.get("name", ""), "apply", copy.deepcopy(obj),
                                   field_manager, subresource, force)
         return copy.deepcopy(result.obj)
@@ -392,7 +408,7 @@ class FakeApiServer:
             for key in sorted(self.store.objects[plural]):
                 self.store.delete(res, key[0], key[1])
         self.store.installed.discard(plural)
-        self.close_watches(plural)
+        self.close_watches(plural, drain=True)
 
     def install_crd(self, plural: str) -> None:
         self._res(plural)
@@ -461,11 +477,16 @@ class FakeApiServer:
     def stalled(self) -> bool:
         return self._stalled
 
-    def close_watches(self, plural: str | None = None) -> None:
-        """End open watch streams cleanly (the terminating chunk is sent)."""
+    def close_watches(self, plural: str | None = None, *, drain: bool = False) -> None:
+        """End open watch streams cleanly (the terminating chunk is sent), as a server
+        restart or a load balancer would. Events not yet sent are dropped (the client gets
+        them by re-watching from its last RV) unless ``drain=True``."""
         for w in list(self._watchers):
             if plural in (None, w.res.plural):
-                w.closed = True
+                if drain:
+                    w.end_when_drained = True
+                else:
+                    w.closed = True
                 w.wake.set()
         self._notify()
 
@@ -734,7 +755,7 @@ class FakeApiServer:
             await _respond_json(send, 200, result.obj)
             return
         if method == "DELETE" and name is None:
-            items, _, _, _ = self.store.list(
+            items, _, _, _ = self.store.list_objects(
                 res, ns, labels=parse_label_selector(query.get("labelSelector")),
                 fields=parse_field_selector(query.get("fieldSelector")))
             deleted = []
@@ -762,7 +783,12 @@ class FakeApiServer:
                 limit = int(query["limit"])
             except ValueError as exc:
                 raise ApiError(400, "BadRequest", f"invalid limit: {query['limit']}") from exc
-        items, rv, cont, remaining = self.store.list(
+        exact = query.get("resourceVersionMatch") == "Exact"
+        if exact and query.get("resourceVersion", "").isdigit() and int(
+                query["resourceVersion"]) < self.store.floor:
+            raise ApiError(410, "Expired", f"too old resource version: "
+                                           f"{query['resourceVersion']} ({self.store.floor})")
+        items, rv, cont, remaining = self.store.list_objects(
             res, ns,
             labels=parse_label_selector(query.get("labelSelector")),
             fields=parse_field_selector(query.get("fieldSelector")),
@@ -850,6 +876,7 @@ class FakeApiServer:
                 line = w.queue.popleft()
                 w.sent += 1
                 await send({"type": "http.response.body", "body": line, "more_body": True})
+                self._notify()
                 continue
             if w.end_when_drained:
                 return
@@ -862,6 +889,7 @@ class FakeApiServer:
                 next_bookmark = now + interval
                 await send({"type": "http.response.body",
                             "body": _event_line("BOOKMARK", bookmark), "more_body": True})
+                self._notify()
                 continue
             with trio.move_on_at(min(deadline, next_bookmark if w.bookmarks else math.inf)):
                 await w.wake.wait()
@@ -997,6 +1025,16 @@ class FakeApiServer:
 # HTTP helpers
 
 
+def _direct_namespace(res: ResourceType, obj: Obj) -> str:
+    if not res.namespaced:
+        return ""
+    ns = (obj.get("metadata") or {}).get("namespace")
+    if not ns:
+        raise ValueError(f"{res.kind} {obj.get('metadata', {}).get('name')!r}: "
+                         "metadata.namespace is required")
+    return str(ns)
+
+
 def _truthy(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "true", "yes")
 
@@ -1036,11 +1074,19 @@ def _parse_yaml(raw: bytes) -> Any:
     except ValueError:
         pass
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped]
     except ImportError as exc:  # pragma: no cover - PyYAML comes with kubernetes
         raise ApiError(400, "BadRequest", "apply body is not JSON and PyYAML is missing") from exc
+
+    class _Loader(yaml.SafeLoader):  # type: ignore[misc]
+        """Timestamps stay strings, as when Kubernetes converts YAML to JSON."""
+
+    _Loader.yaml_implicit_resolvers = {
+        key: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
     try:
-        return yaml.safe_load(raw)
+        return yaml.load(raw, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ApiError(400, "BadRequest", f"error decoding YAML: {exc}") from exc
 
@@ -1095,6 +1141,7 @@ async def run_fake_apiserver(
     crds_installed: bool = True,
     defaulting: bool = True,
     validation: bool = True,
+    history_limit: int = 10_000,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> AsyncIterator[FakeApiServer]:
@@ -1105,7 +1152,8 @@ async def run_fake_apiserver(
 
     server = FakeApiServer(token=token, bookmark_interval_s=bookmark_interval_s,
                            namespaces=namespaces, crds_installed=crds_installed,
-                           defaulting=defaulting, validation=validation)
+                           defaulting=defaulting, validation=validation,
+                           history_limit=history_limit)
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
@@ -1119,7 +1167,7 @@ async def run_fake_apiserver(
 
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
-            lambda task_status: serve(server, config, shutdown_trigger=_trigger,
+            lambda task_status: serve(cast(Any, server), config, shutdown_trigger=_trigger,
                                       task_status=task_status))
         server.url = binds[0]
         try:

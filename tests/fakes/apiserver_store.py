@@ -187,7 +187,9 @@ _EXISTS_RE = re.compile(rf"^\s*(?P<neg>!?)\s*(?P<key>{_KEY})\s*$")
 
 
 def _split_top(selector: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in selector:
         if ch == "(":
             depth += 1
@@ -466,11 +468,6 @@ def _deep_merge(target: Obj, config: Obj) -> None:
             target[key] = copy.deepcopy(value)
 
 
-def _related(a: Path, b: Path) -> bool:
-    n = min(len(a), len(b))
-    return a[:n] == b[:n]
-
-
 def fields_v1(paths: Iterable[Path]) -> Obj:
     root: Obj = {}
     for path in sorted(paths):
@@ -593,9 +590,10 @@ def apply_config(
             others |= entry.fields
     merged = copy.deepcopy(existing)
     for path in sorted(previous - set(config_leaves), key=len, reverse=True):
-        if any(_related(path, p) for p in config_leaves):
+        # keep it when the config now goes deeper, or another manager shares it
+        if any(len(q) > len(path) and q[: len(path)] == path for q in config_leaves):
             continue
-        if any(_related(path, o) for o in others):
+        if any(o[: len(path)] == path for o in others):
             continue
         _remove_path(merged, path)
     if subresource == "status":
@@ -769,17 +767,20 @@ def _validate_service(obj: Obj, old: Obj | None, errors: list[tuple[str, str]]) 
         errors.append(("spec", "spec: Required value"))
         return
     ports = spec.get("ports")
+    if ports is not None and not isinstance(ports, list):
+        errors.append(("spec.ports", "spec.ports: Invalid value: must be a list"))
+        ports = []
     headless = spec.get("clusterIP") == "None"
     if spec.get("type", "ClusterIP") != "ExternalName" and not headless and not ports:
         errors.append(("spec.ports", "spec.ports: Required value"))
     for i, p in enumerate(ports or []):
         port = p.get("port") if isinstance(p, dict) else None
-        if not _is_int(port) or not 1 <= port <= 65535:
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             errors.append((f"spec.ports[{i}].port",
                            f"spec.ports[{i}].port: Invalid value: {port!r}: must be between 1 "
                            "and 65535, inclusive"))
-    if len(ports or []) > 1 and any(not (isinstance(p, dict) and p.get("name"))
-                                    for p in ports):
+    if ports and len(ports) > 1 and any(not (isinstance(p, dict) and p.get("name"))
+                                        for p in ports):
         errors.append(("spec.ports", "spec.ports[0].name: Required value"))
     if old is not None:
         old_ip = (old.get("spec") or {}).get("clusterIP")
@@ -887,6 +888,36 @@ def validate(res: ResourceType, obj: Obj, old: Obj | None) -> None:
         )
 
 
+def _pull_policy(image: Any) -> str:
+    if not isinstance(image, str) or "@" in image:
+        return "IfNotPresent"
+    last = image.rsplit("/", 1)[-1]
+    tag = last.partition(":")[2]
+    return "Always" if tag in ("", "latest") else "IfNotPresent"
+
+
+def _default_pod_template(tmpl: Any) -> None:
+    """The pod-template defaults a real server adds (so reads differ from what was sent)."""
+    if not isinstance(tmpl, dict) or not isinstance(tmpl.get("spec"), dict):
+        return
+    spec = tmpl["spec"]
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    for container in spec.get("containers") or []:
+        if not isinstance(container, dict):
+            continue
+        container.setdefault("resources", {})
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+        container.setdefault("terminationMessagePolicy", "File")
+        container.setdefault("imagePullPolicy", _pull_policy(container.get("image")))
+        for port in container.get("ports") or []:
+            if isinstance(port, dict):
+                port.setdefault("protocol", "TCP")
+
+
 def apply_defaults(res: ResourceType, obj: Obj, old: Obj | None, alloc_ip: Callable[[], str],
                    ) -> None:
     """Fill the server-side defaults a client sees in its reads (a subset)."""
@@ -906,6 +937,7 @@ def apply_defaults(res: ResourceType, obj: Obj, old: Obj | None, alloc_ip: Calla
         spec.setdefault("strategy", {"type": "RollingUpdate",
                                      "rollingUpdate": {"maxSurge": "25%",
                                                        "maxUnavailable": "25%"}})
+        _default_pod_template(spec.get("template"))
     elif res.plural == "services":
         spec.setdefault("type", "ClusterIP")
         spec.setdefault("sessionAffinity", "None")
@@ -928,6 +960,15 @@ def apply_defaults(res: ResourceType, obj: Obj, old: Obj | None, alloc_ip: Calla
         spec.setdefault("concurrencyPolicy", "Allow")
         spec.setdefault("successfulJobsHistoryLimit", 3)
         spec.setdefault("failedJobsHistoryLimit", 1)
+        job = (spec.get("jobTemplate") or {}).get("spec") if isinstance(
+            spec.get("jobTemplate"), dict) else None
+        if isinstance(job, dict):
+            job.setdefault("backoffLimit", 6)
+            job.setdefault("completions", 1)
+            job.setdefault("parallelism", 1)
+            job.setdefault("completionMode", "NonIndexed")
+            job.setdefault("suspend", False)
+            _default_pod_template(job.get("template"))
     elif res.plural == "servicedefinitions":
         spec.setdefault("replicas", 1)
 
@@ -1087,7 +1128,7 @@ class Store:
                 "continue token in this response to retrieve the remainder of the results.")
         return rv, start
 
-    def list(
+    def list_objects(
         self,
         res: ResourceType,
         ns: str | None,
@@ -1156,7 +1197,10 @@ class Store:
             listener(ev)
 
     def compact(self) -> int:
-        """Forget the history: watches and continue tokens from an older RV now get 410."""
+        """Forget the history: every RV handed out so far is now too old (watches from it
+        and continue tokens get 410). The RV moves on by one, as if something unrelated was
+        written, so a fresh list yields an RV that can be watched from."""
+        self.rv += 1
         self.history.clear()
         self.floor = self.rv
         return self.rv

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from supervisor.sinks import lkg
-from tests.proc import EXAMPLE, NotifySocket, cli, free_port, run_daemon, write_config
+from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
 from tests.tcpproxy import tcp_proxy
 
 
@@ -59,8 +59,8 @@ async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg
     admin_port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
     async with tcp_proxy(port) as proxy:
-        cli("db", "migrate", "--config", str(config))
-        cli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
         assert (tmp_path / "cache" / "lkg.bin").exists()
         proxy.stop()
@@ -77,7 +77,7 @@ async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg
                     assert status["revision"]["active"] == 1
                     # The control plane comes back with a newer revision.
                     await proxy.start()
-                    cli("publish", "--config", str(config), str(EXAMPLE))
+                    await acli("publish", "--config", str(config), str(EXAMPLE))
                     await daemon.wait_log("published", revision=2, source="control_plane")
                     status = (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()
                     assert status["revision"]["source"] == "control_plane"
@@ -113,14 +113,13 @@ async def test_damaged_cache_refuses_to_boot(tmp_path: Path, pg_url: str, damage
     port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
     async with tcp_proxy(port) as proxy:
-        cli("db", "migrate", "--config", str(config))
-        cli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
         proxy.stop()
         cache = tmp_path / "cache" / "lkg.bin"
         cache.write_bytes(damage(cache.read_bytes()))
-        result = await trio.to_thread.run_sync(
-            lambda: cli("run", "--config", str(config), check=False))
+        result = await acli("run", "--config", str(config), check=False)
     assert result.returncode == 3
     line = json.loads(result.stderr.strip().splitlines()[-1])
     assert line["refusal"] == "cache"
@@ -133,21 +132,19 @@ async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: s
     port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
     async with tcp_proxy(port) as proxy:
-        cli("db", "migrate", "--config", str(config))
-        cli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
         proxy.stop()
         # Unknown key: the file was signed by a key this configuration does not trust.
         untrusting = cache_config(tmp_path, proxied(pg_url, port), key, [other])
-        result = await trio.to_thread.run_sync(
-            lambda: cli("run", "--config", str(untrusting), check=False))
+        result = await acli("run", "--config", str(untrusting), check=False)
         assert result.returncode == 3
         assert "denied" in json.loads(result.stderr.strip().splitlines()[-1])["reason"]
         # Rollback: this replica already served a later revision than the cache holds.
         config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
         (tmp_path / "cache" / "lkg.bin.served").write_text("5\n")
-        result = await trio.to_thread.run_sync(
-            lambda: cli("run", "--config", str(config), check=False))
+        result = await acli("run", "--config", str(config), check=False)
         assert result.returncode == 3
         assert "rollback" in json.loads(result.stderr.strip().splitlines()[-1])["reason"]
 
@@ -163,7 +160,7 @@ async def test_cache_from_a_newer_format_is_reported_as_skew(tmp_path: Path, pg_
                                created_at=datetime.now(UTC), body=body, key_id=key_id,
                                format_version=lkg.FORMAT_VERSION + 1)
     (tmp_path / "cache" / "lkg.bin").write_bytes(lkg.encode_file(header, body, signing))
-    result = await trio.to_thread.run_sync(lambda: cli("run", "--config", str(config), check=False))
+    result = await acli("run", "--config", str(config), check=False)
     assert result.returncode == 3
     assert "skew" in result.stderr
     assert isinstance(signing, nacl.signing.SigningKey)
@@ -180,12 +177,12 @@ async def test_unwritable_cache_directory_keeps_serving_with_one_warning(
         f'[cache]\npath = "{blocker}/lkg.bin"\nsigning_key = "{key}"\n'
         f"trusted_keys = {json.dumps([verify])}\n",
     )
-    cli("db", "migrate", "--config", str(config))
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
-            cli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE))
             await daemon.wait_log("published", revision=2)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

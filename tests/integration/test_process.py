@@ -96,7 +96,7 @@ async def test_sighup_converges_now_and_rereads_log_level(tmp_path: Path) -> Non
             cli("publish", "--config", str(config), str(EXAMPLE))
             config.write_text(text.replace('level = "info"', 'level = "debug"'))
             daemon.signal(signal.SIGHUP)
-            await daemon.wait_log("SIGHUP: log level set", level="debug")
+            await daemon.wait_log("SIGHUP: log level set", new_level="debug")
             await daemon.wait_log("published", revision=2)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

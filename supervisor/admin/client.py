@@ -1,0 +1,438 @@
+"""The client side of the admin API: what ``trio-supervisor status`` and ``watch`` call.
+
+- :func:`fetch_status` GETs ``/status`` (httpx) and returns the document; any
+  failure (connect, timeout, non-200, undecodable body) raises
+  :class:`AdminUnreachable`, a 401/403 its subclass :class:`AdminRefused`. The
+  environment's proxy settings are ignored: the admin API is a local, direct
+  endpoint, and a proxy meant for the internet would only get in the way.
+- :func:`render_status` turns the document into a readable block: the revision
+  lines, then a children table and a fan-out table. Missing keys show as ``-``,
+  so it renders a document of an older or newer replica too.
+- :func:`watch_stream` follows ``/v1/stream`` (trio-websocket) and writes **one
+  line per message: the message's compact JSON as the server sent it** (the first
+  line is the ``status`` message, then one line per event; heartbeat ``ping``
+  messages are not printed). JSON lines compose with ``jq`` and ``grep``; a
+  prettier rendering is a ``jq`` filter away, while a prose one-liner would lose
+  fields.
+
+  Connection handling: with ``reconnect`` (the default) a lost connection, a
+  close by the server (1001 on its shutdown, 1013 when this client fell behind)
+  or a failed connect is retried after an exponential backoff with jitter
+  (``backoff_initial_s`` doubling to ``backoff_max_s``; reset once a connection
+  delivers a message); every new connection starts with a fresh ``status``
+  line. A server silent for three heartbeat periods counts as lost. Without
+  ``reconnect`` it returns on a clean close (1000/1001) and raises
+  :class:`AdminUnreachable` otherwise. It always returns after ``max_events``
+  printed lines, and a refused token (401/403) always raises :class:`AdminRefused`
+  (retrying cannot fix it). Reconnect notices go to the log (stderr), never to
+  ``out``.
+
+  The WebSocket runs over a TCP stream this module opens and closes itself
+  (``trio_websocket.wrap_client_stream``): ``open_websocket_url`` leaves the
+  socket open when the server closes first or refuses the handshake, which a
+  reconnecting watcher would repeat on every server restart.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
+
+from supervisor.admin.errors import AdminRefused, AdminUnreachable
+from supervisor.config import split_host_port
+from supervisor.logs import get_logger
+
+__all__ = [
+    "base_url_for_listen",
+    "fetch_status",
+    "render_status",
+    "stream_url",
+    "watch_stream",
+]
+
+log = get_logger("admin.client")
+
+CLEAN_CLOSE = (1000, 1001)
+# Without a heartbeat_s in the first message (an older server), consider the
+# connection lost after this long without any message.
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+# -- URLs -------------------------------------------------------------------------
+
+
+def base_url_for_listen(listen: str) -> str:
+    """The URL a local client uses for ``[admin].listen`` (a wildcard means loopback)."""
+    host, port = split_host_port(listen)
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _http_base(base_url: str) -> str:
+    base = base_url.strip()
+    if "://" not in base:
+        base = f"http://{base}"
+    return base.rstrip("/")
+
+
+def _status_url(base_url: str) -> str:
+    base = _http_base(base_url)
+    return base if base.endswith("/status") else f"{base}/status"
+
+
+def stream_url(base_url: str) -> str:
+    """``http://h:p`` (or ``h:p``) -> ``ws://h:p/v1/stream``; ws URLs pass through."""
+    base = base_url.strip()
+    if base.startswith(("ws://", "wss://")):
+        return base
+    base = _http_base(base)
+    if base.startswith("https://"):
+        base = "wss://" + base[len("https://") :]
+    elif base.startswith("http://"):
+        base = "ws://" + base[len("http://") :]
+    return base if base.endswith("/v1/stream") else f"{base}/v1/stream"
+
+
+def _auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        doc = response.json()
+    except ValueError:
+        return response.reason_phrase or ""
+    if isinstance(doc, dict):
+        return str(doc.get("detail") or doc.get("reason") or doc.get("error") or "")
+    return ""
+
+
+# -- status ------------------------------------------------------------------------
+
+
+async def fetch_status(
+    base_url: str, token: str | None = None, *, timeout_s: float = 5.0
+) -> dict[str, Any]:
+    """GET ``<base_url>/status``; see the module docstring for the errors."""
+    url = _status_url(base_url)
+    try:
+        # httpx's timeout is per phase (connect, read, ...); the scope bounds the whole.
+        with trio.fail_after(timeout_s):
+            async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+                response = await client.get(url, headers=_auth_headers(token))
+    except trio.TooSlowError:
+        raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise AdminUnreachable(
+            url, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        ) from exc
+    if response.status_code in (401, 403):
+        raise AdminRefused(
+            url,
+            f"refused ({response.status_code}): {_detail(response)}",
+            status_code=response.status_code,
+        )
+    if response.status_code != 200:
+        raise AdminUnreachable(
+            url,
+            f"answered {response.status_code}: {_detail(response)}",
+            status_code=response.status_code,
+        )
+    try:
+        doc = response.json()
+    except ValueError as exc:
+        raise AdminUnreachable(url, "answered with a body that is not JSON") from exc
+    if not isinstance(doc, dict):
+        raise AdminUnreachable(url, "answered with JSON that is not an object")
+    return doc
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    # One line per row: control characters (a newline in an error) would break the table.
+    return "".join(c if c.isprintable() else " " for c in str(value))
+
+
+def _table(header: Sequence[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = []
+    for row in [list(header), *rows]:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _seconds(value: Any) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.3f} s"
+
+
+def render_status(doc: dict[str, Any]) -> str:
+    """A human rendering of the ``/status`` document (see the module docstring)."""
+    raw_rev = doc.get("revision")
+    rev: dict[str, Any] = raw_rev if isinstance(raw_rev, dict) else {}
+    lines = [
+        "revision",
+        "  desired {}  loaded {}  active {}  generation {}  source {}".format(
+            *(_cell(rev.get(k)) for k in ("desired", "loaded", "active", "generation", "source"))
+        ),
+        "  lag {}  last convergence {}  consecutive failures {}".format(
+            _seconds(rev.get("lag_s")),
+            _seconds(rev.get("last_convergence_s")),
+            _cell(rev.get("consecutive_failures")),
+        ),
+    ]
+    rejection = rev.get("last_rejection")
+    if isinstance(rejection, dict):
+        lines.append(
+            "  last rejection: revision {} ({}) at {}: {}".format(
+                *(_cell(rejection.get(k)) for k in ("revision", "reason", "at", "detail"))
+            )
+        )
+    else:
+        lines.append("  last rejection: none")
+
+    children = doc.get("children")
+    lines.append("children")
+    if isinstance(children, dict) and children:
+        rows = [
+            [_cell(name), *(_cell(c.get(k)) for k in ("state", "restarts", "last_error"))]
+            if isinstance(c, dict)
+            else [_cell(name), "-", "-", "-"]
+            for name, c in children.items()
+        ]
+        lines += _table(("NAME", "STATE", "RESTARTS", "LAST ERROR"), rows)
+    else:
+        lines.append("  (none)")
+
+    fanout = doc.get("fanout")
+    lines.append("fanout")
+    if isinstance(fanout, dict) and fanout:
+        rows = [
+            [_cell(kind), *(_cell(f.get(k)) for k in ("state", "objects", "last_error_class"))]
+            if isinstance(f, dict)
+            else [_cell(kind), "-", "-", "-"]
+            for kind, f in fanout.items()
+        ]
+        lines += _table(("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"), rows)
+    else:
+        lines.append("  (none)")
+    return "\n".join(lines) + "\n"
+
+
+# -- watch -------------------------------------------------------------------------
+
+
+def _line(message: str | bytes) -> tuple[str, dict[str, Any] | None]:
+    text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        doc = None
+    # Compact JSON never holds a raw newline; anything else is flattened to stay one line.
+    return text.replace("\r", " ").replace("\n", " "), doc
+
+
+@dataclass
+class _Ended:
+    """How one connection ended. ``kind``: done (max_events printed), closed (by the
+    server: ``code``), refused (handshake: ``code`` is the HTTP status), lost."""
+
+    kind: str
+    why: str = ""
+    code: int | None = None
+    worked: bool = False  # at least one message arrived: reset the backoff
+
+
+@dataclass
+class _Watch:
+    out: TextIO
+    headers: list[tuple[bytes, bytes]] | None
+    max_events: int | None
+    connect_timeout_s: float
+    printed: int = 0
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
+    """The first leaf of ``group`` (nested groups included) that is a ``kind``."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first(exc, kind)
+            if found is not None:
+                return found
+        elif isinstance(exc, kind):
+            return exc
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _connect_once(url: str, watch: _Watch) -> _Ended:
+    """One connection, start to end. The TCP stream is opened and closed here,
+    not by trio-websocket: its client leaves the socket open when the server
+    closes first or refuses the handshake (trio-websocket 0.12)."""
+    parts = urlsplit(url)
+    secure = parts.scheme == "wss"
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if secure else 80)
+    except ValueError:
+        return _Ended("lost", f"bad URL {url!r}")
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host_header = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        host_header += f":{port}"
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    try:
+        with trio.fail_after(watch.connect_timeout_s):
+            if secure:
+                stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, ssl_context=ssl.create_default_context()
+                )
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as exc:
+        return _Ended("lost", f"cannot connect ({_describe(exc)})")
+    rejected: ConnectionRejected | None = None
+    broken: BaseException | None = None
+    ended = _Ended("lost", "connection ended")
+    try:
+        try:
+            async with trio.open_nursery() as nursery:
+                ended = await _follow(nursery, stream, host_header, resource, watch)
+                nursery.cancel_scope.cancel()  # the connection's reader task
+        except* ConnectionRejected as group:
+            rejected = _first(group, ConnectionRejected)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            broken = _first(group, BaseException)
+    finally:
+        await trio.aclose_forcefully(stream)
+    if rejected is not None:
+        return _Ended(
+            "refused", f"handshake refused ({rejected.status_code})", rejected.status_code
+        )
+    if broken is not None:
+        return _Ended("lost", f"connection failed ({_describe(broken)})")
+    return ended
+
+
+async def _follow(
+    nursery: trio.Nursery,
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    host_header: str,
+    resource: str,
+    watch: _Watch,
+) -> _Ended:
+    with trio.move_on_after(watch.connect_timeout_s) as handshake:
+        ws = await wrap_client_stream(
+            nursery,
+            stream,
+            host_header,
+            resource,
+            extra_headers=watch.headers,
+            max_message_size=MAX_MESSAGE_BYTES,
+        )
+    if handshake.cancelled_caught:
+        return _Ended("lost", f"no handshake within {watch.connect_timeout_s:g} s")
+    idle_s = DEFAULT_IDLE_TIMEOUT_S
+    worked = False
+    try:
+        while True:
+            with trio.move_on_after(idle_s) as idle:
+                message = await ws.get_message()
+            if idle.cancelled_caught:
+                return _Ended(
+                    "lost", f"no message (not even a heartbeat) for {idle_s:g} s", worked=worked
+                )
+            worked = True
+            text, doc = _line(message)
+            kind = doc.get("type") if doc is not None else None
+            if kind == "ping":
+                continue
+            if kind == "status" and doc is not None:
+                heartbeat = doc.get("heartbeat_s")
+                if isinstance(heartbeat, int | float) and heartbeat > 0:
+                    idle_s = 3 * float(heartbeat)
+            watch.out.write(text + "\n")
+            watch.out.flush()
+            watch.printed += 1
+            if watch.max_events is not None and watch.printed >= watch.max_events:
+                # A polite close (1000); a server that does not answer in time
+                # does not hold the caller up.
+                with trio.move_on_after(2.0):
+                    await ws.aclose()
+                return _Ended("done", worked=True)
+    except ConnectionClosed as exc:
+        code = exc.reason.code if exc.reason is not None else None
+        reason = (exc.reason.reason if exc.reason is not None else None) or ""
+        why = f"closed by the server ({code}{' ' + reason if reason else ''})"
+        return _Ended("closed", why, code, worked=worked)
+
+
+async def watch_stream(
+    url: str,
+    out: TextIO,
+    *,
+    token: str | None = None,
+    reconnect: bool = True,
+    max_events: int | None = None,
+    backoff_initial_s: float = 0.5,
+    backoff_max_s: float = 30.0,
+    connect_timeout_s: float = 10.0,
+    rng: random.Random | None = None,
+) -> None:
+    """Follow the live stream at ``url`` (``ws://``, or an ``http://`` base); see above."""
+    url = stream_url(url)
+    rng = rng or random.Random()
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
+    watch = _Watch(out, headers, max_events, connect_timeout_s)
+    delay = backoff_initial_s
+    while True:
+        ended = await _connect_once(url, watch)
+        if ended.kind == "done":
+            return
+        if ended.kind == "refused" and ended.code in (401, 403):
+            raise AdminRefused(
+                url,
+                f"handshake refused ({ended.code}): missing or invalid token",
+                status_code=ended.code,
+            )
+        if not reconnect:
+            if ended.kind == "closed" and ended.code in CLEAN_CLOSE:
+                return
+            status = ended.code if ended.kind == "refused" else None
+            raise AdminUnreachable(url, ended.why, status_code=status)
+        if ended.worked:
+            delay = backoff_initial_s
+        # Equal jitter: at least half the delay (no hammering), randomised so
+        # many watchers of one restarted server do not reconnect in lockstep.
+        wait = delay / 2 + rng.uniform(0, delay / 2)
+        log.warning("stream lost; reconnecting", url=url, why=ended.why, retry_in_s=round(wait, 3))
+        await trio.sleep(wait)
+        delay = min(delay * 2, backoff_max_s)

@@ -1,0 +1,119 @@
+"""The fan-out watchers as supervised children: the app wiring's one entry point.
+
+``fanout_children(config, metrics, statuses)`` returns one
+:class:`~supervisor.tree.ChildSpec` per fan-out kind (``ServiceDefinition``,
+``Workflow``) and fills ``statuses`` with one
+:class:`~supervisor.fanout.status.FanoutStatus` per kind. The app imports this
+module lazily, only when ``[kubernetes].enabled``: it pulls in httpx and the
+Kubernetes client code (``kubernetes`` itself is imported later still, on the
+first request, in a worker thread).
+
+Each child reports started before any Kubernetes request (a watcher waiting
+in its preflight has started), so ``READY=1`` never waits for Kubernetes.
+
+The children share one :class:`~supervisor.kube.client.KubeClient` (one
+connection pool, one credential cache). It is created when the first child
+starts and closed when the last one stops, within a shielded
+``CLOSE_TIMEOUT_S`` so shutdown never hangs on a dead connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from supervisor.config import KubernetesConfig
+from supervisor.fanout.reconciler import FanoutKind, FanoutTuning, Reconciler
+from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
+from supervisor.fanout.status import FanoutStatus
+from supervisor.fanout.workflow import WORKFLOW
+from supervisor.kube.client import KubeClient
+from supervisor.logs import get_logger
+from supervisor.telemetry import Metrics
+from supervisor.tree import ChildSpec, Restart
+
+__all__ = ["CLOSE_TIMEOUT_S", "KINDS", "SharedClient", "fanout_children"]
+
+log = get_logger("fanout")
+
+CLOSE_TIMEOUT_S = 2.0
+KINDS: tuple[FanoutKind[Any], ...] = (SERVICE_DEFINITION, WORKFLOW)
+
+
+class SharedClient:
+    """A reference-counted :class:`KubeClient`: made on first use, closed after the last."""
+
+    def __init__(self, factory: Callable[[], KubeClient]) -> None:
+        self._factory = factory
+        self._client: KubeClient | None = None
+        self._users = 0
+
+    @property
+    def users(self) -> int:
+        return self._users
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[KubeClient]:
+        if self._client is None:
+            self._client = self._factory()
+        client = self._client
+        self._users += 1
+        try:
+            yield client
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._client is client:
+                self._client = None
+                # Shielded and bounded: this runs while shutdown cancels us.
+                with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True) as scope:
+                    await client.aclose()
+                if scope.cancelled_caught:
+                    log.warning("kubernetes client did not close in time",
+                                timeout_s=CLOSE_TIMEOUT_S)
+
+
+def _child(
+    kind: FanoutKind[Any],
+    shared: SharedClient,
+    config: KubernetesConfig,
+    metrics: Metrics,
+    status: FanoutStatus,
+    tuning: FanoutTuning | None,
+) -> ChildSpec:
+    async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with shared.use() as client:
+            reconciler = Reconciler(client, kind, config, metrics, status, tuning)
+            await reconciler.run(task_status=task_status)
+
+    return ChildSpec(
+        name=f"fanout-{kind.kind.lower()}",
+        start=start,
+        restart=Restart.PERMANENT,
+        shutdown_timeout_s=CLOSE_TIMEOUT_S + 1.0,
+    )
+
+
+def fanout_children(
+    config: KubernetesConfig,
+    metrics: Metrics,
+    statuses: dict[str, FanoutStatus],
+    *,
+    tuning: FanoutTuning | None = None,
+    client_factory: Callable[[], KubeClient] | None = None,
+) -> list[ChildSpec]:
+    """One supervised child per fan-out kind; fills ``statuses`` (``state="preflight"``).
+
+    ``tuning`` and ``client_factory`` are for tests; production uses the
+    defaults (a client configured from ``config.kubeconfig``).
+    """
+    factory = client_factory or (lambda: KubeClient.from_kubeconfig(config.kubeconfig))
+    shared = SharedClient(factory)
+    specs = []
+    for kind in KINDS:
+        status = statuses.setdefault(kind.kind, FanoutStatus())
+        status.state = "preflight"
+        specs.append(_child(kind, shared, config, metrics, status, tuning))
+    return specs

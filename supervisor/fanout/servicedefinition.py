@@ -1,0 +1,99 @@
+"""ServiceDefinition -> Deployment (+ Service when ``port`` is set), in the apps namespace.
+
+CONTRACT.md section 7: ``platform.trio-supervisor.dev/v1`` ``ServiceDefinition``
+(plural ``servicedefinitions``), spec ``image``, ``replicas`` [1], ``port``
+(optional), ``env`` (map). The children are named after the parent and carry
+:func:`supervisor.fanout.labels.labels` with the lineage key
+``platform.trio-supervisor.dev/servicedefinition``. The Deployment's selector
+uses the name and lineage labels only, which never change for a given parent
+(a Deployment's selector is immutable).
+
+:class:`ServiceDefinition` declares only the fields read here; a CRD whose
+schema disagrees (``replicas`` a string, ``image`` missing) fails its decode,
+which the preflight and the watcher report as a schema skew.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from supervisor.fanout.labels import GROUP, LINEAGE_SERVICEDEFINITION, NAME_KEY, labels
+from supervisor.fanout.reconciler import FanoutKind
+from supervisor.kube.applying import Desired, make_desired
+from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+
+__all__ = [
+    "DEPLOYMENTS",
+    "SERVICEDEFINITIONS",
+    "SERVICES",
+    "SERVICE_DEFINITION",
+    "ServiceDefinition",
+    "ServiceDefinitionSpec",
+    "desired_children",
+]
+
+SERVICEDEFINITIONS = Resource(GROUP, "v1", "servicedefinitions", "ServiceDefinition")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+SERVICES = Resource("", "v1", "services", "Service")
+
+CONTAINER = "main"
+
+
+class ServiceDefinitionSpec(msgspec.Struct, rename="camel", kw_only=True):
+    image: str
+    replicas: int = 1
+    port: int | None = None
+    env: dict[str, str] = {}
+
+
+class ServiceDefinition(msgspec.Struct, kw_only=True):
+    metadata: ObjectMeta
+    spec: ServiceDefinitionSpec
+    status: ParentStatus = msgspec.field(default_factory=ParentStatus)
+
+
+def desired_children(parent: ServiceDefinition, namespace: str) -> list[Desired]:
+    name = parent.metadata.name
+    spec = parent.spec
+    own = labels(name, LINEAGE_SERVICEDEFINITION)
+    selector = {NAME_KEY: name, LINEAGE_SERVICEDEFINITION: name}
+    container: dict[str, Any] = {"name": CONTAINER, "image": spec.image}
+    if spec.env:
+        # Sorted: the same map must always produce the same body (and digest).
+        container["env"] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    if spec.port is not None:
+        container["ports"] = [{"name": CONTAINER, "containerPort": spec.port, "protocol": "TCP"}]
+    children = [
+        make_desired(
+            DEPLOYMENTS, namespace, name, labels=own,
+            spec={
+                "replicas": spec.replicas,
+                "selector": {"matchLabels": selector},
+                "template": {"metadata": {"labels": own}, "spec": {"containers": [container]}},
+            },
+        )
+    ]
+    if spec.port is not None:
+        children.append(
+            make_desired(
+                SERVICES, namespace, name, labels=own,
+                spec={
+                    "selector": selector,
+                    "ports": [{"name": CONTAINER, "port": spec.port, "targetPort": spec.port,
+                               "protocol": "TCP"}],
+                },
+            )
+        )
+    return children
+
+
+SERVICE_DEFINITION: FanoutKind[ServiceDefinition] = FanoutKind(
+    kind="ServiceDefinition",
+    resource=SERVICEDEFINITIONS,
+    parent_type=ServiceDefinition,
+    lineage_key=LINEAGE_SERVICEDEFINITION,
+    child_resources=(DEPLOYMENTS, SERVICES),
+    desired=desired_children,
+)

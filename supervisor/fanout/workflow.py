@@ -1,0 +1,74 @@
+"""Workflow -> CronJob, in the apps namespace.
+
+CONTRACT.md section 7: ``platform.trio-supervisor.dev/v1`` ``Workflow``
+(plural ``workflows``), spec ``image``, ``schedule`` (cron), ``args``. The
+CronJob is named after the parent and carries
+:func:`supervisor.fanout.labels.labels` with the lineage key
+``platform.trio-supervisor.dev/workflow``, on the CronJob and on its pod
+template (so the Jobs' pods are attributable too). The schedule is passed
+through as written; the API server validates it (a refusal shows as
+``Ready=False``, reason ``Invalid``, on the Workflow).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from supervisor.fanout.labels import GROUP, LINEAGE_WORKFLOW, labels
+from supervisor.fanout.reconciler import FanoutKind
+from supervisor.kube.applying import Desired, make_desired
+from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+
+__all__ = ["CRONJOBS", "WORKFLOW", "WORKFLOWS", "Workflow", "WorkflowSpec", "desired_children"]
+
+WORKFLOWS = Resource(GROUP, "v1", "workflows", "Workflow")
+CRONJOBS = Resource("batch", "v1", "cronjobs", "CronJob")
+
+CONTAINER = "main"
+
+
+class WorkflowSpec(msgspec.Struct, rename="camel", kw_only=True):
+    image: str
+    schedule: str
+    args: list[str] = []
+
+
+class Workflow(msgspec.Struct, kw_only=True):
+    metadata: ObjectMeta
+    spec: WorkflowSpec
+    status: ParentStatus = msgspec.field(default_factory=ParentStatus)
+
+
+def desired_children(parent: Workflow, namespace: str) -> list[Desired]:
+    name = parent.metadata.name
+    spec = parent.spec
+    own = labels(name, LINEAGE_WORKFLOW)
+    container: dict[str, Any] = {"name": CONTAINER, "image": spec.image}
+    if spec.args:
+        container["args"] = list(spec.args)
+    pod = {
+        "metadata": {"labels": own},
+        # A Job's pods may not use restartPolicy Always.
+        "spec": {"restartPolicy": "OnFailure", "containers": [container]},
+    }
+    return [
+        make_desired(
+            CRONJOBS, namespace, name, labels=own,
+            spec={
+                "schedule": spec.schedule,
+                "jobTemplate": {"metadata": {"labels": own}, "spec": {"template": pod}},
+            },
+        )
+    ]
+
+
+WORKFLOW: FanoutKind[Workflow] = FanoutKind(
+    kind="Workflow",
+    resource=WORKFLOWS,
+    parent_type=Workflow,
+    lineage_key=LINEAGE_WORKFLOW,
+    child_resources=(CRONJOBS,),
+    desired=desired_children,
+)

@@ -1,0 +1,493 @@
+"""The fan-out reconcilers against the fake API server, over real HTTP on loopback.
+
+Every test runs a :class:`~supervisor.fanout.reconciler.Reconciler` with a
+:class:`~supervisor.kube.client.KubeClient` configured from a kubeconfig that
+points at the fake (never a patched client), and observes the fake's state
+and its request log. Timings are shrunk (bookmarks every 0.2 s, inactivity
+deadline 1 s) and every test runs under ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from supervisor import reasons
+from supervisor.config import KubernetesConfig
+from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION, LINEAGE_WORKFLOW
+from supervisor.fanout.reconciler import FanoutKind, FanoutTuning, Reconciler
+from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
+from supervisor.fanout.status import FanoutStatus
+from supervisor.fanout.workflow import WORKFLOW
+from supervisor.kube.client import KubeClient
+from supervisor.kube.watching import WatchTuning
+from supervisor.telemetry import Metrics
+from tests.fakes.apiserver import FakeApiServer, run_fake_apiserver, write_kubeconfig
+
+GROUP = "platform.trio-supervisor.dev/v1"
+CONTROL = "trio-supervisor"
+APPS = "apps"
+
+FAST = FanoutTuning(
+    watch=WatchTuning(timeout_s=30, inactivity_s=1.0, backoff_initial_s=0.05,
+                      backoff_max_s=0.2, page_size=50),
+    workers=4,
+    resync_s=3600.0,  # tests call resync() themselves
+    requeue_initial_s=0.05,
+    requeue_max_s=0.2,
+)
+
+
+@dataclass
+class Harness:
+    fake: FakeApiServer
+    reconciler: Reconciler[Any]
+    status: FanoutStatus
+    metrics: Metrics
+    client: KubeClient
+
+    def metric(self, name: str, **labels: str) -> float:
+        registry = self.metrics.registry
+        value = registry.get_sample_value(f"supervisor_{name}_total", labels)
+        if value is None:
+            value = registry.get_sample_value(f"supervisor_{name}", labels)
+        return 0.0 if value is None else value
+
+    async def until(self, predicate: Any) -> None:
+        await self.fake.wait_until(predicate)
+
+    async def idle(self) -> None:
+        """Wait until the work queue is drained (nothing queued, running or requeued)."""
+        await self.reconciler.queue.wait_idle()
+
+
+@asynccontextmanager
+async def harness(
+    tmp_path: Path,
+    *,
+    kind: FanoutKind[Any] = SERVICE_DEFINITION,
+    tuning: FanoutTuning = FAST,
+    preflight_retry_s: float = 0.2,
+    before_start: Any = None,
+    token_file: Path | None = None,
+    **fake_kwargs: Any,
+) -> AsyncIterator[Harness]:
+    fake_kwargs.setdefault("bookmark_interval_s", 0.2)
+    async with run_fake_apiserver(**fake_kwargs) as fake:
+        kubeconfig = tmp_path / "kubeconfig"
+        write_kubeconfig(fake, kubeconfig, token_file=str(token_file) if token_file else None)
+        if before_start is not None:
+            before_start(fake)
+        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        status = FanoutStatus()
+        metrics = Metrics(process=False)
+        config = KubernetesConfig(enabled=True, kubeconfig=str(kubeconfig),
+                                  preflight_retry_s=preflight_retry_s)
+        reconciler = Reconciler(client, kind, config, metrics, status, tuning)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(reconciler.run)
+                yield Harness(fake, reconciler, status, metrics, client)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.move_on_after(2, shield=True):
+                await client.aclose()
+
+
+def sd(name: str, *, image: str = "nginx:1.27", port: int | None = None,
+       env: dict[str, str] | None = None, replicas: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"image": image}
+    if port is not None:
+        spec["port"] = port
+    if env is not None:
+        spec["env"] = env
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
+            "metadata": {"name": name, "namespace": CONTROL}, "spec": spec}
+
+
+def wf(name: str, *, image: str = "busybox", schedule: str = "*/5 * * * *",
+       args: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"image": image, "schedule": schedule}
+    if args is not None:
+        spec["args"] = args
+    return {"apiVersion": GROUP, "kind": "Workflow",
+            "metadata": {"name": name, "namespace": CONTROL}, "spec": spec}
+
+
+def container(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+
+def ready(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == "Ready":
+            return cond  # type: ignore[no-any-return]
+    return None
+
+
+async def test_servicedefinition_create_update_delete_reflected_in_children(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            await h.until(lambda: h.status.state == "watching")
+            fake.create(sd("web", port=8080, env={"B": "2", "A": "1"}, replicas=2))
+            await h.until(lambda: fake.get("services", APPS, "web") is not None
+                          and ready(fake.get("servicedefinitions", CONTROL, "web")) is not None)
+
+            deployment = fake.get("deployments", APPS, "web")
+            assert deployment is not None
+            labels = deployment["metadata"]["labels"]
+            assert labels == {
+                "app.kubernetes.io/name": "web",
+                "app.kubernetes.io/managed-by": "trio-supervisor",
+                LINEAGE_SERVICEDEFINITION: "web",
+            }
+            assert deployment["spec"]["replicas"] == 2
+            assert container(deployment)["image"] == "nginx:1.27"
+            assert container(deployment)["env"] == [{"name": "A", "value": "1"},
+                                                    {"name": "B", "value": "2"}]
+            service = fake.get("services", APPS, "web")
+            assert service is not None
+            assert service["spec"]["ports"][0]["port"] == 8080
+            assert service["metadata"]["labels"] == labels
+            parent = fake.get("servicedefinitions", CONTROL, "web")
+            assert parent is not None
+            assert parent["status"]["observedGeneration"] == 1
+            assert ready(parent) is not None and ready(parent)["status"] == "True"  # type: ignore[index]
+            assert ready(parent)["reason"] == "Applied"  # type: ignore[index]
+            # Every write was a server-side apply by our field manager.
+            patches = fake.find_requests("PATCH")
+            assert patches and all(r.content_type == "application/apply-patch+yaml"
+                                   and r.field_manager == "trio-supervisor"
+                                   and r.query.get("force") == "true" for r in patches)
+            assert h.status.objects == 1
+            assert h.metric("fanout_objects", kind="ServiceDefinition") == 1
+
+            # Update: new image, no port -> the Service goes.
+            fake.patch("servicedefinitions", CONTROL, "web",
+                       {"spec": {"image": "nginx:1.28", "port": None}})
+            await h.until(lambda: fake.get("services", APPS, "web") is None)
+            await h.until(lambda: container(fake.get("deployments", APPS, "web") or {
+                "spec": {"template": {"spec": {"containers": [{}]}}}}).get("image")
+                == "nginx:1.28")
+            await h.until(lambda: (fake.get("servicedefinitions", CONTROL, "web") or {})
+                          .get("status", {}).get("observedGeneration") == 2)
+
+            # Delete: the children go.
+            fake.delete("servicedefinitions", CONTROL, "web")
+            await h.until(lambda: fake.get("deployments", APPS, "web") is None)
+            await h.until(lambda: h.status.objects == 0)
+            await h.idle()
+            assert h.metric("fanout_applies", kind="ServiceDefinition", result="deleted") >= 2
+
+
+async def test_workflow_create_update_delete_reflected_in_cronjob(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path, kind=WORKFLOW) as h:
+            fake = h.fake
+            fake.create(wf("nightly", args=["--all"]))
+            await h.until(lambda: fake.get("cronjobs", APPS, "nightly") is not None)
+            cron = fake.get("cronjobs", APPS, "nightly")
+            assert cron is not None
+            assert cron["spec"]["schedule"] == "*/5 * * * *"
+            assert cron["metadata"]["labels"][LINEAGE_WORKFLOW] == "nightly"
+            pod = cron["spec"]["jobTemplate"]["spec"]["template"]
+            assert pod["spec"]["containers"][0]["args"] == ["--all"]
+            assert pod["metadata"]["labels"][LINEAGE_WORKFLOW] == "nightly"
+
+            fake.patch("workflows", CONTROL, "nightly", {"spec": {"schedule": "0 3 * * *"}})
+            await h.until(lambda: (fake.get("cronjobs", APPS, "nightly") or {})
+                          .get("spec", {}).get("schedule") == "0 3 * * *")
+            fake.delete("workflows", CONTROL, "nightly")
+            await h.until(lambda: fake.get("cronjobs", APPS, "nightly") is None)
+
+
+async def test_an_unchanged_resync_makes_no_write(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            for i in range(5):
+                fake.create(sd(f"svc-{i}", port=80 + i))
+            await h.until(lambda: all(ready(fake.get("servicedefinitions", CONTROL, f"svc-{i}"))
+                                      for i in range(5)))
+            await h.idle()
+            before = len(h.fake.requests)
+            await h.reconciler.resync()
+            await h.idle()
+            after = fake.requests[before:]
+            assert [r for r in after if r.method != "GET"] == []
+            assert h.reconciler.resyncs == 2
+            assert h.metric("fanout_applies", kind="ServiceDefinition", result="unchanged") >= 10
+
+
+async def test_a_restarted_reconciler_writes_nothing_for_up_to_date_children(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            h.fake.create(sd("web", port=8080))
+            await h.until(lambda: ready(h.fake.get("servicedefinitions", CONTROL, "web")))
+            await h.idle()
+            fake = h.fake
+            # A second reconciler (a restart) against the same server.
+            before = len(fake.requests)
+            second = Reconciler(h.client, SERVICE_DEFINITION, h.reconciler.config,
+                                Metrics(process=False), FanoutStatus(), FAST)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(second.run)
+                await second.synced.wait()
+                await second.queue.wait_idle()
+                nursery.cancel_scope.cancel()
+            assert [r for r in fake.requests[before:] if r.method != "GET"] == []
+
+
+async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: Path) -> None:
+    def seed(fake: FakeApiServer) -> None:
+        fake.create({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "gone", "namespace": APPS, "labels": {
+                "app.kubernetes.io/name": "gone",
+                "app.kubernetes.io/managed-by": "trio-supervisor",
+                LINEAGE_SERVICEDEFINITION: "gone"}},
+            "spec": {"selector": {"matchLabels": {"app": "gone"}},
+                     "template": {"metadata": {"labels": {"app": "gone"}},
+                                  "spec": {"containers": [{"name": "c", "image": "x"}]}}},
+        })
+        fake.create({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "theirs", "namespace": APPS, "labels": {"app": "theirs"}},
+            "spec": {"selector": {"matchLabels": {"app": "theirs"}},
+                     "template": {"metadata": {"labels": {"app": "theirs"}},
+                                  "spec": {"containers": [{"name": "c", "image": "x"}]}}},
+        })
+
+    with trio.fail_after(10):
+        async with harness(tmp_path, before_start=seed) as h:
+            await h.until(lambda: h.fake.get("deployments", APPS, "gone") is None)
+            assert h.fake.get("deployments", APPS, "theirs") is not None
+            # An orphan made while running is swept by the periodic resync.
+            h.fake.create({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "late", "namespace": APPS, "labels": {
+                    "app.kubernetes.io/managed-by": "trio-supervisor",
+                    LINEAGE_SERVICEDEFINITION: "late"}},
+                "spec": {"ports": [{"port": 80}]},
+            })
+            await h.reconciler.resync()
+            assert h.fake.get("services", APPS, "late") is None
+
+
+async def test_a_410_relists(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("a"))
+            await h.until(lambda: fake.get("deployments", APPS, "a") is not None)
+            informer = h.reconciler.informer
+            assert informer is not None and informer.lists == 1
+            fake.compact()
+            fake.close_watches()  # the re-watch from the old RV now gets ERROR 410
+            fake.create(sd("b"))
+            await h.until(lambda: fake.get("deployments", APPS, "b") is not None)
+            await h.until(lambda: informer.lists == 2)
+            assert h.metric("fanout_watch_restarts", kind="ServiceDefinition") >= 1
+
+
+async def test_a_skewed_object_mid_stream_is_skipped(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("good", port=80))
+            await h.until(lambda: fake.get("services", APPS, "good") is not None)
+            with capture_logs() as logs:
+                # The stored object now has a type our schema does not read.
+                bad = sd("good", port=80)
+                bad["spec"]["replicas"] = "three"
+                fake.put_raw(bad)
+                fake.create(sd("after"))
+                await h.until(lambda: fake.get("deployments", APPS, "after") is not None)
+            skew = [e for e in logs if e.get("error_class") == reasons.SCHEMA_SKEW]
+            assert skew and skew[0]["log_level"] == "error"
+            assert skew[0]["kind"] == "ServiceDefinition" and skew[0]["name"] == "good"
+            assert "kubectl apply -k manifests/crds" in skew[0]["event"]
+            assert h.status.last_error_class == reasons.SCHEMA_SKEW
+            assert h.status.state == "watching"
+            # The unreadable parent's children are left alone, also by a resync.
+            await h.reconciler.resync()
+            assert fake.get("services", APPS, "good") is not None
+            assert h.status.objects == 2
+
+
+async def test_a_stalled_stream_is_detected(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            await fake.wait_for_watches(1, "servicedefinitions")
+            with capture_logs() as logs:
+                fake.stall_watches()
+                await h.until(lambda: h.metric("fanout_watch_restarts",
+                                               kind="ServiceDefinition") >= 1)
+                fake.unstall_watches()
+            assert any("nothing received" in str(e.get("error", "")) for e in logs)
+            fake.create(sd("after-stall"))
+            await h.until(lambda: fake.get("deployments", APPS, "after-stall") is not None)
+
+
+async def test_a_401_re_reads_the_rotated_token_and_the_watch_goes_on(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("one")
+    with trio.fail_after(10):
+        async with harness(tmp_path, token="one", token_file=token) as h:
+            fake = h.fake
+            fake.create(sd("a"))
+            await h.until(lambda: fake.get("deployments", APPS, "a") is not None)
+            token.write_text("two")
+            fake.set_token("two")
+            fake.close_watches()  # the re-watch meets the rotated token
+            await h.until(lambda: fake.count(status=401) >= 1)
+            fake.create(sd("b"))
+            await h.until(lambda: fake.get("deployments", APPS, "b") is not None)
+            assert h.client.token_reloads == 1
+            assert h.status.state == "watching"
+
+
+async def test_a_409_is_requeued_and_retried(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.inject("PATCH", r"/deployments/web$", status=409, times=2)
+            fake.create(sd("web"))
+            await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
+            await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web")) or {})
+                          .get("reason") == "Applied")
+            assert fake.count("PATCH", "/deployments/web", status=409) == 2
+            assert h.metric("fanout_applies", kind="ServiceDefinition", result="conflict") == 2
+            reasons_written = [
+                r.body["status"]["conditions"][0]["reason"]
+                for r in fake.find_requests("PATCH", "/servicedefinitions/web/status")
+            ]
+            assert reasons_written[0] == "Conflict" and reasons_written[-1] == "Applied"
+
+
+async def test_an_invalid_child_sets_ready_false_without_a_retry_loop(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path, kind=WORKFLOW) as h:
+            fake = h.fake
+            fake.create(wf("bad", schedule="every day"))
+            await h.until(lambda: (ready(fake.get("workflows", CONTROL, "bad")) or {})
+                          .get("reason") == "Invalid")
+            cond = ready(fake.get("workflows", CONTROL, "bad"))
+            assert cond is not None and cond["status"] == "False"
+            assert "schedule" in cond["message"]
+            # Settled: nothing queued and no requeue pending, after exactly one attempt
+            # (our own status write's MODIFIED event did not resend the refused child).
+            await h.idle()
+            assert fake.count("PATCH", "/cronjobs/bad") == 1
+
+
+async def test_a_429_honours_retry_after(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            await fake.wait_for_watches(1, "servicedefinitions")
+            fake.inject("GET", r"/servicedefinitions$", status=429, query_contains="watch=",
+                        headers={"Retry-After": "1"})
+            fake.close_watches()
+            await h.until(lambda: fake.count("GET", "/servicedefinitions", watch=True,
+                                             status=200) >= 2)
+            throttled = fake.find_requests("GET", "/servicedefinitions", status=429)[0]
+            after = [r for r in fake.find_requests("GET", "/servicedefinitions", watch=True)
+                     if r.time > throttled.time]
+            assert after[0].time - throttled.time >= 0.95
+
+
+async def test_an_undecodable_watch_line_restarts_the_watch(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            await fake.wait_for_watches(1, "servicedefinitions")
+            fake.inject_watch_line(b"{this is not json", "servicedefinitions")
+            await h.until(lambda: h.metric("fanout_watch_restarts",
+                                           kind="ServiceDefinition") >= 1)
+            fake.create(sd("later"))
+            await h.until(lambda: fake.get("deployments", APPS, "later") is not None)
+            assert h.status.state == "watching"
+
+
+async def test_a_missing_namespace_retries_quietly_while_a_skewed_crd_logs_an_error(
+    tmp_path: Path,
+) -> None:
+    # The apps namespace (and so its Role) is not there yet: listing there is forbidden.
+    def unprovisioned(fake: FakeApiServer) -> None:
+        fake.deny("list", "deployments", APPS)
+
+    with trio.fail_after(10), capture_logs() as logs:
+        async with harness(tmp_path, namespaces=(CONTROL,),
+                           before_start=unprovisioned) as h:
+            fake = h.fake
+            await h.until(lambda: fake.count("GET", "/deployments", status=403) >= 2)
+            assert h.status.state == "preflight"
+            assert h.status.last_error_class == reasons.NAMESPACE_OR_RBAC_UNREADY
+            # "kubectl apply -k manifests/apps-namespace"
+            fake.create_namespace(APPS)
+            fake.allow()
+            await h.until(lambda: h.status.state == "watching")
+            assert h.status.last_error_class is None
+    unready = [e for e in logs if e.get("error_class") == reasons.NAMESPACE_OR_RBAC_UNREADY]
+    assert len(unready) >= 2
+    assert {e["log_level"] for e in unready} == {"warning"}
+    assert all(e["kind"] == "ServiceDefinition" for e in unready)
+    assert "manifests/apps-namespace" in unready[0]["event"]
+    assert not [e for e in logs if e["log_level"] == "error"]
+
+    def skewed_crd(fake: FakeApiServer) -> None:
+        bad = sd("old")
+        bad["spec"] = {"image": ["an", "array"], "replicas": "two"}  # an older schema
+        fake.put_raw(bad)
+
+    with trio.fail_after(10), capture_logs() as logs:
+        async with harness(tmp_path, before_start=skewed_crd) as h:
+            fake = h.fake
+            # Re-checked on each of the fake's requests: the retries drive it.
+            await h.until(lambda: h.metric("fanout_preflight_failures", kind="ServiceDefinition",
+                                           error_class=reasons.SCHEMA_SKEW) >= 2)
+            assert h.status.state == "preflight"
+            assert h.status.last_error_class == reasons.SCHEMA_SKEW
+            fake.put_raw(sd("old"))  # the CRDs were re-applied and the object fixed
+            await h.until(lambda: fake.get("deployments", APPS, "old") is not None)
+            assert h.status.state == "watching"
+    skew = [e for e in logs if e.get("error_class") == reasons.SCHEMA_SKEW]
+    assert len(skew) >= 2  # on every retry
+    assert {e["log_level"] for e in skew} == {"error"}
+    assert "kubectl apply -k manifests/crds" in skew[0]["event"]
+    assert skew[0]["kind"] == "ServiceDefinition"
+
+
+async def test_a_crd_removed_while_watching_sends_the_watcher_back_to_preflight(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("kept"))
+            await h.until(lambda: fake.get("deployments", APPS, "kept") is not None)
+            fake.uninstall_crd("servicedefinitions", keep_objects=True)
+            await h.until(lambda: h.status.state == "preflight")
+            assert h.status.last_error_class == reasons.NAMESPACE_OR_RBAC_UNREADY
+            await h.until(lambda: fake.count("GET", "/servicedefinitions", status=404) >= 2)
+            fake.install_crd("servicedefinitions")
+            await h.until(lambda: h.status.state == "watching")
+            fake.create(sd("new"))
+            await h.until(lambda: fake.get("deployments", APPS, "new") is not None)
+            assert fake.get("deployments", APPS, "kept") is not None

@@ -1,0 +1,374 @@
+"""The Kubernetes client against the fake API server over real HTTP (and HTTPS).
+
+No patching: the client is configured from a kubeconfig through the official
+loaders and talks HTTP to :mod:`tests.fakes.apiserver`; faults come from the
+fake (``inject``, ``deny``, ``set_token``, ``stall_watches``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+
+from supervisor import reasons
+from supervisor.fanout.preflight import classify_watch_error
+from supervisor.fanout.servicedefinition import (
+    DEPLOYMENTS,
+    SERVICEDEFINITIONS,
+    ServiceDefinition,
+)
+from supervisor.kube.client import KubeClient
+from supervisor.kube.errors import (
+    ApiError,
+    Conflict,
+    DecodeError,
+    Forbidden,
+    KubeConfigError,
+    NotFound,
+    SchemaSkew,
+    StreamStalled,
+    TooManyRequests,
+    TransportError,
+    Unauthorized,
+)
+from supervisor.kube.models import PartialObject, RawWatchEvent
+from tests.fakes.apiserver import (
+    FakeApiServer,
+    run_fake_apiserver,
+    write_kubeconfig,
+)
+
+CONTROL = "trio-supervisor"
+APPS = "apps"
+
+
+@asynccontextmanager
+async def client_for(fake: FakeApiServer, tmp_path: Path, *,
+                     token_file: Path | None = None) -> AsyncIterator[KubeClient]:
+    path = tmp_path / "kubeconfig"
+    write_kubeconfig(fake, path, token_file=str(token_file) if token_file else None)
+    client = KubeClient.from_kubeconfig(str(path))
+    try:
+        yield client
+    finally:
+        with trio.move_on_after(2, shield=True):
+            await client.aclose()
+
+
+def deployment(name: str, image: str = "nginx") -> dict[str, Any]:
+    labels = {"app": name, "tier": "web"}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": APPS, "labels": labels},
+        "spec": {"selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "c", "image": image}]}}},
+    }
+
+
+async def test_apply_get_list_delete_round_trip(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            body = deployment("web")
+            created = await client.apply(DEPLOYMENTS, APPS, "web", body, field_manager="me")
+            assert created.metadata.name == "web"
+            assert len(fake.writes()) == 1
+            again = await client.apply(DEPLOYMENTS, APPS, "web", body, field_manager="me")
+            assert again.metadata.resource_version == created.metadata.resource_version
+            assert len(fake.writes()) == 1  # a no-op apply changes nothing
+            got = await client.get(DEPLOYMENTS, APPS, "web", PartialObject)
+            assert got.metadata.labels["tier"] == "web"
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject, label_selector="tier=web")
+            assert [item.metadata.name for item in page.items] == ["web"]
+            assert page.metadata.resource_version
+            assert await client.delete(DEPLOYMENTS, APPS, "web") is True
+            assert await client.delete(DEPLOYMENTS, APPS, "web") is False
+            patch = fake.find_requests("PATCH")[0]
+            assert patch.content_type == "application/apply-patch+yaml"
+            assert patch.query == {"fieldManager": "me", "force": "true"}
+
+
+async def test_paged_lists_follow_continue_tokens(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            for i in range(5):
+                fake.create(deployment(f"d{i}"))
+            first = await client.list(DEPLOYMENTS, APPS, PartialObject, limit=2)
+            assert len(first.items) == 2 and first.metadata.continue_
+            second = await client.list(DEPLOYMENTS, APPS, PartialObject, limit=2,
+                                       continue_token=first.metadata.continue_)
+            assert [i.metadata.name for i in second.items] == ["d2", "d3"]
+
+
+async def test_error_statuses_map_to_our_errors(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            with pytest.raises(NotFound) as missing:
+                await client.get(DEPLOYMENTS, APPS, "absent", PartialObject)
+            assert missing.value.status == 404 and "absent" in missing.value.message
+            fake.deny("list", "deployments", APPS)
+            with pytest.raises(Forbidden) as denied:
+                await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert "cannot list" in denied.value.message
+            assert classify_watch_error(denied.value) == reasons.NAMESPACE_OR_RBAC_UNREADY
+            fake.allow()
+            fake.inject("GET", "/deployments$", status=500)
+            with pytest.raises(ApiError) as boom:
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            assert (boom.value.status, boom.value.reason) == (500, "InternalError")
+            fake.inject("GET", "/deployments$", status=429, headers={"Retry-After": "3"})
+            with pytest.raises(TooManyRequests) as slow:
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            assert slow.value.retry_after == 3.0
+            fake.inject("PATCH", "/deployments/web$", status=409)
+            with pytest.raises(Conflict):
+                await client.apply(DEPLOYMENTS, APPS, "web", deployment("web"),
+                                   field_manager="me")
+            # The original httpx/msgspec error is chained, never lost.
+            with pytest.raises(NotFound) as chained:
+                await client.get(DEPLOYMENTS, APPS, "absent", PartialObject)
+            assert chained.value.path.endswith("/deployments/absent")
+
+
+async def test_bodies_of_the_wrong_shape_are_schema_skew(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            fake.inject("GET", "/servicedefinitions$", status=200,
+                        body={"kind": "ServiceDefinitionList",
+                              "items": [{"metadata": {"name": "a"}, "spec": {"replicas": 2}}]})
+            with pytest.raises(SchemaSkew) as skew:
+                await client.list(SERVICEDEFINITIONS, CONTROL, ServiceDefinition, limit=1)
+            assert "image" in str(skew.value) and skew.value.path.startswith("$.items[0]")
+            assert isinstance(skew.value.__cause__, msgspec.ValidationError)
+            fake.inject("GET", "/servicedefinitions$", status=200, body=b"<html>proxy</html>",
+                        headers={"Content-Type": "text/html"})
+            with pytest.raises(DecodeError) as garbage:
+                await client.list(SERVICEDEFINITIONS, CONTROL, ServiceDefinition, limit=1)
+            assert not isinstance(garbage.value, SchemaSkew)
+            assert classify_watch_error(garbage.value) == reasons.SCHEMA_SKEW
+
+
+async def test_a_refused_connection_is_a_transport_error(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    class Nowhere:
+        url = f"http://127.0.0.1:{port}"
+        token = None
+
+    write_kubeconfig(Nowhere(), tmp_path / "kubeconfig")
+    client = KubeClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+    with trio.fail_after(10):
+        with pytest.raises(TransportError) as refused:
+            await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+        assert refused.value.__cause__ is not None
+        assert classify_watch_error(refused.value) == reasons.NAMESPACE_OR_RBAC_UNREADY
+        await client.aclose()
+
+
+async def test_a_missing_kubeconfig_fails_the_request_and_heals_when_written(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "kubeconfig"
+    client = KubeClient.from_kubeconfig(str(path))
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake:
+            with pytest.raises(KubeConfigError) as missing:
+                await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert classify_watch_error(missing.value) == reasons.NAMESPACE_OR_RBAC_UNREADY
+            write_kubeconfig(fake, path)
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert page.items == []
+            await client.aclose()
+
+
+async def test_a_401_re_reads_the_token_file_and_retries_once(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first")
+    with trio.fail_after(10):
+        async with run_fake_apiserver(token="first") as fake, \
+                client_for(fake, tmp_path, token_file=token) as client:
+            await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            # The bound token rotates: on disk and on the server.
+            token.write_text("second")
+            fake.set_token("second")
+            await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert fake.count("GET", "/deployments", status=401) == 1
+            assert fake.count("GET", "/deployments", status=200) == 2
+            assert client.token_reloads == 1
+            # Concurrent requests after another rotation reload once.
+            token.write_text("third")
+            fake.set_token("third")
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(client.list, DEPLOYMENTS, APPS, PartialObject)
+            assert client.token_reloads == 2
+
+
+async def test_a_token_that_stays_refused_is_unauthorized_after_one_retry(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("stale")
+    with trio.fail_after(10):
+        async with run_fake_apiserver(token="fresh") as fake, \
+                client_for(fake, tmp_path, token_file=token) as client:
+            with pytest.raises(Unauthorized):
+                await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert fake.count("GET", "/deployments") == 2
+            assert "stale" not in repr(client.__dict__.get("_settings"))
+
+
+async def test_a_watch_streams_events_and_bookmarks(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver(bookmark_interval_s=0.1) as fake, \
+                client_for(fake, tmp_path) as client:
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject)
+            fake.create(deployment("web"))
+            types: list[str] = []
+            async with client.watch(DEPLOYMENTS, APPS,
+                                    resource_version=page.metadata.resource_version,
+                                    timeout_s=5, inactivity_s=1.0) as stream:
+                while len(types) < 3:
+                    line = await stream.next_line()
+                    assert line is not None
+                    types.append(msgspec.json.decode(line, type=RawWatchEvent).type)
+            assert types[0] == "ADDED" and types[1:] == ["BOOKMARK", "BOOKMARK"]
+            (watch,) = fake.find_requests("GET", "/deployments", watch=True)
+            assert watch.query["allowWatchBookmarks"] == "true"
+            assert watch.query["timeoutSeconds"] == "5"
+
+
+async def test_a_stalled_watch_raises_stream_stalled(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver(bookmark_interval_s=0.1) as fake, \
+                client_for(fake, tmp_path) as client:
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject)
+            fake.stall_watches()
+            start = trio.current_time()
+            with pytest.raises(StreamStalled):
+                async with client.watch(DEPLOYMENTS, APPS,
+                                        resource_version=page.metadata.resource_version,
+                                        timeout_s=5, inactivity_s=0.5) as stream:
+                    while await stream.next_line() is not None:
+                        pass
+            assert 0.5 <= trio.current_time() - start < 3.0
+
+
+async def test_a_watch_ending_normally_returns_none(tmp_path: Path) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver(bookmark_interval_s=10) as fake, \
+                client_for(fake, tmp_path) as client:
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject)
+            async with client.watch(DEPLOYMENTS, APPS,
+                                    resource_version=page.metadata.resource_version,
+                                    timeout_s=1, inactivity_s=5) as stream:
+                assert await stream.next_line() is None
+
+
+# -- TLS ---------------------------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca in ("ca", "other-ca"):
+        _openssl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
+                 "-days", "2", "-subj", f"/CN={ca}", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for leaf, cn in (("server", "localhost"), ("client", "trio-supervisor")):
+        _openssl("req", *ec, "-keyout", f"{leaf}.key", "-out", f"{leaf}.csr",
+                 "-subj", f"/CN={cn}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{leaf}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{leaf}.crt", "-days", "2",
+                 "-extfile", "san.ext", cwd=d)
+    return d
+
+
+@asynccontextmanager
+async def tls_fake(pki: Path) -> AsyncIterator[FakeApiServer]:
+    """The fake API server behind HTTPS that requires a client certificate."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    app = FakeApiServer()
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.certfile = str(pki / "server.crt")
+    config.keyfile = str(pki / "server.key")
+    config.ca_certs = str(pki / "ca.crt")
+    config.verify_mode = ssl.CERT_REQUIRED
+    config.accesslog = None
+    done = trio.Event()
+
+    async def trigger() -> None:
+        await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(lambda task_status: serve(
+            app, config, shutdown_trigger=trigger, task_status=task_status))
+        app.url = binds[0].replace("http://", "https://")
+        try:
+            yield app
+        finally:
+            app.close_watches()
+            done.set()
+            nursery.cancel_scope.deadline = trio.current_time() + 2
+
+
+def _tls_kubeconfig(path: Path, url: str, ca: Path, pki: Path, *, cert: bool = True) -> str:
+    user = {"client-certificate": str(pki / "client.crt"),
+            "client-key": str(pki / "client.key")} if cert else {}
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": url,
+                                               "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }))
+    return str(path)
+
+
+async def test_tls_is_verified_and_client_certificates_are_presented(
+    tmp_path: Path, pki: Path,
+) -> None:
+    with trio.fail_after(20):
+        async with tls_fake(pki) as fake:
+            assert fake.url.startswith("https://127.0.0.1:")
+            good = KubeClient.from_kubeconfig(
+                _tls_kubeconfig(tmp_path / "good", fake.url, pki / "ca.crt", pki))
+            page = await good.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert page.items == []
+            await good.aclose()
+            # A server certificate from a CA we were not told to trust is refused.
+            wrong = KubeClient.from_kubeconfig(
+                _tls_kubeconfig(tmp_path / "wrong", fake.url, pki / "other-ca.crt", pki))
+            with pytest.raises(TransportError):
+                await wrong.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            await wrong.aclose()
+            # Without our client certificate the server refuses us.
+            anonymous = KubeClient.from_kubeconfig(
+                _tls_kubeconfig(tmp_path / "anon", fake.url, pki / "ca.crt", pki, cert=False))
+            with pytest.raises(TransportError):
+                await anonymous.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            await anonymous.aclose()

@@ -1,0 +1,267 @@
+"""The embedded SQLite store: same round trips, checks and categories as PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from supervisor import reasons
+from supervisor.config import ControlPlaneConfig, sqlite_path
+from supervisor.controlplane.sqlite import SQLiteStore
+from supervisor.controlplane.store import (
+    ControlPlaneError,
+    ControlPlaneStore,
+    FailureCategory,
+    Incompatible,
+    TooLarge,
+    open_store,
+)
+
+
+def doc(**extra: Any) -> bytes:
+    return json.dumps({"schema_version": 1, "aliases": {}, **extra}).encode()
+
+
+def make_store(url: str, **cp: Any) -> ControlPlaneStore:
+    statement_timeout_s = cp.pop("statement_timeout_s", 10.0)
+    return open_store(
+        ControlPlaneConfig(url=url, **cp), max_schema_version=1,
+        statement_timeout_s=statement_timeout_s,
+    )
+
+
+def raw(url: str) -> sqlite3.Connection:
+    """A second, independent connection to the same file (foreign keys off, the default)."""
+    return sqlite3.connect(sqlite_path(url), isolation_level=None)
+
+
+def plain_sql_publish(url: str, body: bytes | str, schema_version: int = 1) -> int:
+    with raw(url) as conn:
+        digest = hashlib.sha256(body.encode() if isinstance(body, str) else body).digest()
+        cur = conn.execute(
+            "INSERT INTO supervisor_revisions (schema_version, body, body_sha256) VALUES (?, ?, ?)",
+            (schema_version, body, digest),
+        )
+        rid = cur.lastrowid
+        assert rid is not None
+        conn.execute(
+            "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (TRUE, ?)"
+            " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id",
+            (rid,),
+        )
+    return rid
+
+
+@pytest.fixture
+async def store(sqlite_url: str) -> AsyncIterator[ControlPlaneStore]:
+    s = make_store(sqlite_url)
+    yield s
+    with trio.fail_after(5):
+        await s.aclose()
+
+
+async def test_migrates_on_open_and_migrating_again_is_harmless(sqlite_url: str) -> None:
+    s = make_store(sqlite_url)
+    with trio.fail_after(10):
+        assert await s.desired() is None  # the first call opened and migrated the file
+        rid = await s.publish(doc(), 1, None)
+        await s.migrate()
+        await s.migrate()
+        assert await s.desired() == rid
+        await s.aclose()
+    with raw(sqlite_url) as conn:
+        assert conn.execute("SELECT version FROM supervisor_schema_migrations").fetchall() == [
+            (1,)
+        ]
+
+
+async def test_round_trip(store: ControlPlaneStore) -> None:
+    assert isinstance(store, SQLiteStore)
+    body = doc(note="é ünïcode")
+    with trio.fail_after(10):
+        assert await store.hydrate() is None
+        first = await store.publish(body, 1, "first")
+        assert await store.desired() == first
+        loaded = await store.hydrate()
+        assert loaded is not None
+        assert (loaded.id, loaded.schema_version, loaded.body, loaded.message) == (
+            first, 1, body, "first",
+        )
+        assert isinstance(loaded.created_at, datetime) and loaded.created_at.tzinfo is not None
+        second = await store.publish(doc(n=2), 1, None)
+        assert second > first
+        loaded = await store.hydrate()
+        assert loaded is not None and (loaded.id, loaded.message) == (second, None)
+
+
+async def test_plain_sql_publish_with_a_text_body_is_read_as_utf8(
+    store: ControlPlaneStore, sqlite_url: str
+) -> None:
+    with trio.fail_after(10):
+        await store.migrate()
+        text = doc(note="ü").decode()
+        rid = plain_sql_publish(sqlite_url, text)
+        loaded = await store.hydrate()
+    assert loaded is not None and loaded.id == rid and loaded.body == text.encode()
+
+
+async def test_digest_mismatch_is_corrupt(store: ControlPlaneStore, sqlite_url: str) -> None:
+    with trio.fail_after(10):
+        rid = await store.publish(doc(), 1, None)
+        with raw(sqlite_url) as conn:
+            conn.execute("UPDATE supervisor_revisions SET body = ?", (doc(tampered=True),))
+        with pytest.raises(ControlPlaneError) as info:
+            await store.hydrate()
+    assert (info.value.category, info.value.reason, info.value.revision) == (
+        FailureCategory.CORRUPT, reasons.CORRUPT, rid,
+    )
+
+
+async def test_newer_schema_version_is_incompatible(
+    store: ControlPlaneStore, sqlite_url: str
+) -> None:
+    with trio.fail_after(10):
+        await store.migrate()
+        rid = plain_sql_publish(sqlite_url, doc(), schema_version=2)
+        with pytest.raises(Incompatible) as info:
+            await store.hydrate()
+    assert (info.value.reason, info.value.revision, info.value.schema_version) == (
+        reasons.INCOMPATIBLE, rid, 2,
+    )
+
+
+async def test_oversize_is_too_large(sqlite_url: str) -> None:
+    s = make_store(sqlite_url, max_revision_bytes=1024)
+    big = doc(blob="x" * 2000)
+    with trio.fail_after(10):
+        with pytest.raises(TooLarge):
+            await s.publish(big, 1, None)
+        assert await s.desired() is None
+        rid = plain_sql_publish(sqlite_url, big)
+        with pytest.raises(TooLarge) as info:
+            await s.hydrate()
+        await s.aclose()
+    assert (info.value.reason, info.value.revision, info.value.size) == (
+        reasons.DENIED, rid, len(big),
+    )
+
+
+async def test_desired_pointing_at_a_missing_revision_is_not_found(
+    store: ControlPlaneStore, sqlite_url: str
+) -> None:
+    with trio.fail_after(10):
+        await store.migrate()
+        with raw(sqlite_url) as conn:  # foreign keys are off on this connection
+            conn.execute("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (1, 99)")
+        with pytest.raises(ControlPlaneError) as info:
+            await store.hydrate()
+    assert (info.value.category, info.value.reason, info.value.revision) == (
+        FailureCategory.NOT_FOUND, reasons.NOT_FOUND, 99,
+    )
+
+
+async def test_foreign_keys_are_enforced_on_the_store_connection(store: ControlPlaneStore) -> None:
+    # The store's own connection turns foreign keys on; prove it through a
+    # publish whose desired row could only dangle if they were off.
+    with trio.fail_after(10):
+        rid = await store.publish(doc(), 1, None)
+        assert await store.desired() == rid
+
+
+async def test_missing_directory_is_unavailable(tmp_path: Path) -> None:
+    s = make_store(f"sqlite:///{tmp_path}/no/such/dir/cp.db")
+    with trio.fail_after(10):
+        with pytest.raises(ControlPlaneError) as info:
+            await s.desired()
+        await s.aclose()
+    assert info.value.category is FailureCategory.UNAVAILABLE and info.value.retryable
+
+
+async def test_a_directory_in_place_of_the_file_is_unavailable(tmp_path: Path) -> None:
+    # Unreadable whatever the privileges (the tests may run as root, which
+    # ignores file modes).
+    (tmp_path / "cp.db").mkdir()
+    s = make_store(f"sqlite:///{tmp_path}/cp.db")
+    with trio.fail_after(10):
+        with pytest.raises(ControlPlaneError) as info:
+            await s.desired()
+        await s.aclose()
+    assert info.value.category is FailureCategory.UNAVAILABLE
+
+
+async def test_a_file_that_is_not_a_database_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "cp.db"
+    path.write_bytes(os.urandom(8192))
+    s = make_store(f"sqlite:///{path}")
+    with trio.fail_after(10):
+        with pytest.raises(ControlPlaneError) as info:
+            await s.desired()
+        await s.aclose()
+    assert info.value.category is FailureCategory.CORRUPT
+
+
+async def test_store_recovers_when_the_file_becomes_usable(tmp_path: Path) -> None:
+    s = make_store(f"sqlite:///{tmp_path}/later/cp.db")
+    with trio.fail_after(10):
+        with pytest.raises(ControlPlaneError):
+            await s.desired()
+        (tmp_path / "later").mkdir()
+        assert await s.desired() is None
+        await s.aclose()
+
+
+async def test_write_lock_held_elsewhere_is_conflict(sqlite_url: str) -> None:
+    s = make_store(sqlite_url, statement_timeout_s=0.4)  # busy timeout 0.2 s
+    with trio.fail_after(10):
+        await s.migrate()
+        with raw(sqlite_url) as other:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(ControlPlaneError) as info:
+                await s.publish(doc(), 1, None)
+            assert await s.desired() is None  # WAL: readers are not blocked by the writer
+            other.execute("ROLLBACK")
+        assert info.value.category is FailureCategory.CONFLICT and info.value.retryable
+        rid = await s.publish(doc(), 1, None)
+        assert await s.desired() == rid
+        await s.aclose()
+
+
+async def test_cancelling_a_blocked_write_is_prompt_and_the_store_recovers(
+    sqlite_url: str,
+) -> None:
+    s = make_store(sqlite_url, statement_timeout_s=20)  # busy timeout 10 s
+    with trio.fail_after(10):
+        await s.migrate()
+        other = raw(sqlite_url)
+        other.execute("BEGIN IMMEDIATE")
+        start = trio.current_time()
+        with trio.move_on_after(0.2) as scope:
+            await s.publish(doc(), 1, None)
+        assert scope.cancelled_caught
+        assert trio.current_time() - start < 1.0
+        other.execute("ROLLBACK")
+        other.close()
+        rid = await s.publish(doc(), 1, None)
+        assert await s.desired() == rid
+        await s.aclose()
+    # The cancelled publish stopped waiting for the lock: it never committed.
+    with raw(sqlite_url) as conn:
+        assert conn.execute("SELECT count(*) FROM supervisor_revisions").fetchone() == (1,)
+
+
+async def test_closed_store_refuses_calls(sqlite_url: str) -> None:
+    s = make_store(sqlite_url)
+    with trio.fail_after(10):
+        await s.migrate()
+        await s.aclose()
+        with pytest.raises(ControlPlaneError):
+            await s.desired()

@@ -1,0 +1,90 @@
+"""render_status and the URL helpers of the status/watch client."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.admin.client import base_url_for_listen, render_status, stream_url
+
+CONTRACT_EXAMPLE = {
+    "revision": {
+        "desired": 7, "loaded": 7, "active": 7, "generation": 3,
+        "source": "control_plane", "lag_s": 0.0, "last_convergence_s": 0.004,
+        "consecutive_failures": 0,
+        "last_rejection": {"revision": 6, "reason": "projection",
+                           "detail": "key team-a names unknown alias x",
+                           "at": "2025-01-01T00:00:00Z"},
+    },
+    "children": {
+        "convergence": {"state": "running", "restarts": 0, "last_error": None},
+        "listen": {"state": "backoff", "restarts": 2, "last_error": "OperationalError: down\nmore"},
+    },
+    "fanout": {
+        "ServiceDefinition": {"state": "watching", "last_error_class": None, "objects": 12},
+        "Workflow": {"state": "preflight", "last_error_class": "schema_skew", "objects": 0},
+    },
+}
+
+
+def test_render_status_contract_example() -> None:
+    text = render_status(CONTRACT_EXAMPLE)
+    lines = text.splitlines()
+    assert lines[0] == "revision"
+    assert "desired 7  loaded 7  active 7  generation 3  source control_plane" in text
+    assert "lag 0.000 s  last convergence 0.004 s  consecutive failures 0" in text
+    assert "last rejection: revision 6 (projection) at 2025-01-01T00:00:00Z: key team-a" in text
+    assert "children" in lines and "fanout" in lines
+    header = next(line for line in lines if line.strip().startswith("NAME"))
+    assert header.split() == ["NAME", "STATE", "RESTARTS", "LAST", "ERROR"]
+    row = next(line for line in lines if line.strip().startswith("listen"))
+    assert row.split()[:3] == ["listen", "backoff", "2"]
+    assert "OperationalError: down more" in row  # one line per row
+    kinds = [line.split()[:4] for line in lines if line.strip().startswith(("Service", "Work"))]
+    assert kinds == [["ServiceDefinition", "watching", "12", "-"],
+                     ["Workflow", "preflight", "0", "schema_skew"]]
+    # Columns line up.
+    table = [line for line in lines if line.strip().startswith(("NAME", "convergence", "listen"))]
+    assert len({line.index(line.split()[1]) for line in table}) == 1
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {},
+        {"revision": None, "children": [], "fanout": "x"},
+        {"revision": {"last_rejection": "odd"}, "children": {"a": None}, "fanout": {"K": 3}},
+    ],
+)
+def test_render_status_tolerates_odd_documents(doc: dict[str, object]) -> None:
+    text = render_status(doc)
+    assert text.startswith("revision\n")
+    assert "desired -" in text
+
+
+@pytest.mark.parametrize(
+    ("listen", "url"),
+    [
+        ("127.0.0.1:9464", "http://127.0.0.1:9464"),
+        ("0.0.0.0:9464", "http://127.0.0.1:9464"),
+        ("[::]:9464", "http://[::1]:9464"),
+        ("[::1]:80", "http://[::1]:80"),
+        ("localhost:1", "http://localhost:1"),
+    ],
+)
+def test_base_url_for_listen(listen: str, url: str) -> None:
+    assert base_url_for_listen(listen) == url
+
+
+@pytest.mark.parametrize(
+    ("base", "url"),
+    [
+        ("http://h:1", "ws://h:1/v1/stream"),
+        ("http://h:1/", "ws://h:1/v1/stream"),
+        ("h:1", "ws://h:1/v1/stream"),
+        ("https://h:1", "wss://h:1/v1/stream"),
+        ("ws://h:1/v1/stream", "ws://h:1/v1/stream"),
+        ("http://h:1/v1/stream", "ws://h:1/v1/stream"),
+    ],
+)
+def test_stream_url(base: str, url: str) -> None:
+    assert stream_url(base) == url

@@ -1,0 +1,71 @@
+"""The per-kind work queue: deduplication, one worker per key, bounded concurrency."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from supervisor.fanout.reconciler import WorkQueue
+
+
+async def test_a_queued_key_is_not_queued_twice() -> None:
+    queue = WorkQueue()
+    for key in ("a", "b", "a", "a"):
+        queue.add(key)
+    assert len(queue) == 2
+    assert [await queue.get(), await queue.get()] == ["a", "b"]
+
+
+async def test_a_key_added_while_processing_runs_once_more_after() -> None:
+    queue = WorkQueue()
+    queue.add("a")
+    key = await queue.get()
+    queue.add("a")  # while "a" is processed
+    queue.add("a")
+    assert len(queue) == 0  # never handed to a second worker concurrently
+    queue.done(key)
+    assert len(queue) == 1
+    assert await queue.get() == "a"
+    queue.done("a")
+    assert queue.idle()
+
+
+async def test_add_after_delays_and_deduplicates(autojump_clock: trio.testing.MockClock) -> None:
+    queue = WorkQueue()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(queue.add_after, "a", 5.0)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(queue.add_after, "a", 1.0)  # one pending delay per key
+        await trio.sleep(4.0)
+        assert len(queue) == 0 and not queue.idle()
+        await trio.sleep(2.0)
+        assert len(queue) == 1
+    assert await queue.get() == "a"
+
+
+async def test_workers_bound_the_concurrency(autojump_clock: trio.testing.MockClock) -> None:
+    queue = WorkQueue()
+    running = 0
+    peak = 0
+    done: list[str] = []
+
+    async def worker() -> None:
+        nonlocal running, peak
+        while True:
+            key = await queue.get()
+            running += 1
+            peak = max(peak, running)
+            await trio.sleep(1.0)
+            running -= 1
+            done.append(key)
+            queue.done(key)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(worker)
+        for i in range(10):
+            queue.add(f"k{i}")
+        await queue.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert peak == 3
+    assert sorted(done) == sorted(f"k{i}" for i in range(10))

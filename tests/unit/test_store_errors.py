@@ -1,0 +1,205 @@
+"""Store failure classification, the error hierarchy, hydration check order, DSN redaction.
+
+The driver mappings are exercised on real exception instances (psycopg's
+SQLSTATE classes, sqlite3 errors from real faults) for the categories that a
+test cannot cheaply produce from a live server (serialization failure,
+deadlock, damaged data ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import errors as pgerrors
+
+from supervisor import reasons
+from supervisor.controlplane import postgres, sqlite
+from supervisor.controlplane.dsn import redact, scrub
+from supervisor.controlplane.store import (
+    ControlPlaneError,
+    FailureCategory,
+    HydrateRow,
+    Incompatible,
+    TooLarge,
+    check_hydrated,
+)
+from supervisor.errors import SupervisorError
+
+C = FailureCategory
+
+
+@pytest.mark.parametrize(
+    ("exc", "category"),
+    [
+        (pgerrors.SerializationFailure("could not serialize access"), C.CONFLICT),
+        (pgerrors.DeadlockDetected("deadlock detected"), C.CONFLICT),
+        (pgerrors.LockNotAvailable("could not obtain lock"), C.CONFLICT),
+        (pgerrors.QueryCanceled("canceling statement due to statement timeout"), C.UNAVAILABLE),
+        (pgerrors.AdminShutdown("terminating connection"), C.UNAVAILABLE),
+        (pgerrors.TooManyConnections("too many clients"), C.UNAVAILABLE),
+        (psycopg.OperationalError("connection failed: Connection refused"), C.UNAVAILABLE),
+        (psycopg.InterfaceError("the connection is closed"), C.UNAVAILABLE),
+        (pgerrors.ReadOnlySqlTransaction("read-only transaction"), C.UNAVAILABLE),
+        (ConnectionResetError(104, "reset"), C.UNAVAILABLE),
+        (pgerrors.InsufficientPrivilege("permission denied for table"), C.DENIED),
+        (pgerrors.InvalidAuthorizationSpecification("role does not exist"), C.DENIED),
+        (pgerrors.InvalidPassword("password authentication failed"), C.DENIED),
+        (pgerrors.UndefinedTable('relation "supervisor_desired" does not exist'), C.INVALID),
+        (pgerrors.UndefinedColumn("column does not exist"), C.INVALID),
+        (pgerrors.DataCorrupted("invalid page in block"), C.CORRUPT),
+        (pgerrors.IndexCorrupted("index contains unexpected zero page"), C.CORRUPT),
+        (pgerrors.UniqueViolation("duplicate key"), C.INVALID),
+        (pgerrors.SyntaxError("syntax error"), C.INVALID),
+        (psycopg.DataError("invalid input"), C.INVALID),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else v.name,
+)
+def test_postgres_classification(exc: BaseException, category: FailureCategory) -> None:
+    assert postgres.classify(exc) is category
+
+
+def test_postgres_mapping_names_the_fix_and_hides_the_password() -> None:
+    url = "postgresql://app:hunter2@db.internal:5432/cp"
+    err = postgres.map_error(
+        pgerrors.UndefinedTable('relation "supervisor_desired" does not exist'),
+        what="read", url=url,
+    )
+    assert err.category is C.INVALID and "trio-supervisor db migrate" in str(err)
+    leaky = psycopg.OperationalError(f"could not connect with {url} (password hunter2)")
+    err = postgres.map_error(leaky, what="read", url=url)
+    assert "hunter2" not in str(err)
+    assert "postgresql://app:***@db.internal:5432/cp" in str(err)
+
+
+def test_sqlite_classification_from_real_faults(tmp_path: Path) -> None:
+    def fault(fn: object) -> sqlite3.Error:
+        try:
+            fn()  # type: ignore[operator]
+        except sqlite3.Error as exc:
+            return exc
+        raise AssertionError("no fault")
+
+    missing_dir = fault(lambda: sqlite3.connect(tmp_path / "no" / "x.db").execute("SELECT 1"))
+    assert sqlite.classify(missing_dir) is C.UNAVAILABLE
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all, clearly" * 200)
+    not_a_db = fault(lambda: sqlite3.connect(garbage).execute("SELECT * FROM sqlite_master"))
+    assert sqlite.classify(not_a_db) is C.CORRUPT
+
+    path = tmp_path / "ok.db"
+    sqlite3.connect(path).close()
+    no_table = fault(lambda: sqlite3.connect(path).execute("SELECT * FROM supervisor_desired"))
+    assert sqlite.classify(no_table) is C.INVALID
+    assert "db migrate" in str(sqlite.map_error(no_table, what="read"))
+
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    locked = fault(lambda: sqlite3.connect(path, timeout=0).execute("BEGIN EXCLUSIVE"))
+    holder.execute("ROLLBACK")
+    assert sqlite.classify(locked) is C.CONFLICT
+
+    readonly = fault(
+        lambda: sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("CREATE TABLE t (x)")
+    )
+    assert sqlite.classify(readonly) is C.DENIED
+
+    bad_sql = fault(lambda: sqlite3.connect(path).execute("SELEC 1"))
+    assert sqlite.classify(bad_sql) is C.INVALID
+
+
+@pytest.mark.parametrize(
+    ("category", "reason", "retryable"),
+    [
+        (C.UNAVAILABLE, reasons.UNAVAILABLE, True),
+        (C.CONFLICT, reasons.CONFLICT, True),
+        (C.NOT_FOUND, reasons.NOT_FOUND, False),
+        (C.INVALID, reasons.INVALID, False),
+        (C.DENIED, reasons.DENIED, False),
+        (C.CORRUPT, reasons.CORRUPT, False),
+    ],
+)
+def test_reason_and_retryable_per_category(
+    category: FailureCategory, reason: str, retryable: bool
+) -> None:
+    err = ControlPlaneError("x", category=category, revision=3)
+    assert (err.reason, err.retryable, err.revision) == (reason, retryable, 3)
+    assert reason in reasons.REVISION_REASONS
+    assert isinstance(err, SupervisorError)
+
+
+def test_incompatible_and_too_large() -> None:
+    inc = Incompatible(7, 2, 1)
+    assert isinstance(inc, ControlPlaneError)
+    assert (inc.reason, inc.category, inc.revision, inc.schema_version) == (
+        reasons.INCOMPATIBLE, C.DENIED, 7, 2,
+    )
+    assert not inc.retryable
+    big = TooLarge(8, 5000, 1024)
+    assert (big.reason, big.category, big.revision, big.size) == (reasons.DENIED, C.DENIED, 8, 5000)
+    assert "5000" in str(big) and "1024" in str(big)
+
+
+BODY = b'{"schema_version": 1}'
+NOW = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def row(**changes: object) -> HydrateRow:
+    fields: dict[str, object] = {
+        "desired": 5, "id": 5, "schema_version": 1, "size": len(BODY), "body": BODY,
+        "body_sha256": hashlib.sha256(BODY).digest(), "created_at": NOW, "message": "m",
+    }
+    fields.update(changes)
+    return HydrateRow(**fields)  # type: ignore[arg-type]
+
+
+def check(r: HydrateRow) -> object:
+    return check_hydrated(r, max_revision_bytes=1024, max_schema_version=1)
+
+
+def test_hydration_check_order() -> None:
+    loaded = check(row())
+    assert loaded.body == BODY and loaded.id == 5  # type: ignore[attr-defined]
+    everything_wrong = dict(schema_version=2, size=4096, body=None, body_sha256=b"\0" * 32)
+    with pytest.raises(ControlPlaneError) as info:
+        check(row(id=None, **everything_wrong))
+    assert info.value.category is C.NOT_FOUND and info.value.revision == 5
+    with pytest.raises(TooLarge):
+        check(row(**everything_wrong))
+    with pytest.raises(Incompatible):
+        check(row(schema_version=2, body=None, body_sha256=b"\0" * 32))
+    with pytest.raises(ControlPlaneError) as info:
+        check(row(body_sha256=b"\0" * 32))
+    assert info.value.category is C.CORRUPT and info.value.revision == 5
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://app:hunter2@db:5432/cp", "postgresql://app:***@db:5432/cp"),
+        ("postgresql://app:p%40ss%2Fw@db/cp", "postgresql://app:***@db/cp"),
+        ("postgres://app:@db/cp", "postgres://app:***@db/cp"),
+        ("postgresql://app@db/cp", "postgresql://app@db/cp"),
+        ("postgresql://db/cp?user=app&password=hunter2&sslmode=require",
+         "postgresql://db/cp?user=app&password=***&sslmode=require"),
+        ("host=db user=app password=hunter2 dbname=cp", "host=db user=app password=*** dbname=cp"),
+        ("host=db password = 'hun ter\\'2' dbname=cp", "host=db password = *** dbname=cp"),
+        ("sqlite:///var/cp.db", "sqlite:///var/cp.db"),
+    ],
+)
+def test_redact(url: str, expected: str) -> None:
+    assert redact(url) == expected
+
+
+def test_scrub_masks_every_spelling_of_the_password() -> None:
+    url = "postgresql://app:p%40ss@db/cp"
+    text = f"failed for {url}: password p@ss rejected (raw p%40ss)"
+    cleaned = scrub(text, url)
+    assert "p@ss" not in cleaned and "p%40ss" not in cleaned
+    assert "postgresql://app:***@db/cp" in cleaned
+    assert scrub("nothing secret", "sqlite:///x.db") == "nothing secret"
