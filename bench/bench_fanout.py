@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -184,4 +183,4 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    cli()

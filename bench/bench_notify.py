@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {
         "server": redact(args.dsn),
+        # Tails (p99, max) mostly measure the machine: report how busy it was.
+        "cpus": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
         "iterations": args.iterations,
         "floor": floor,
         "run_listener": listener,
@@ -172,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"NOTIFY round trip, {args.iterations} iterations ({args.warmup} warm-up discarded)")
+    print(
+        f"NOTIFY round trip, {args.iterations} iterations ({args.warmup} warm-up discarded);"
+        f" {result['cpus']} CPUs, load average {result['load_average_1m']:.2f}"
+    )
     for name in ("floor", "run_listener"):
         s = result[name]
         print(

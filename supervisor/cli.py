@@ -188,7 +188,8 @@ def _admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import AdminUnreachable, fetch_status, render_status
+    from supervisor.admin.client import fetch_status, render_status
+    from supervisor.admin.errors import AdminUnreachable
 
     address, token = _admin_base(args)
     url = args.url or f"http://{address}"

@@ -25,7 +25,10 @@ and keeps each connection's stream so it can reset one: the stream hub resets a
 stream client stuck in a write (see :mod:`supervisor.admin.stream`), and
 shutdown resets the rest. The hypercorn names used (``TCPServer``,
 ``WorkerContext``, ``wrap_app``, ``Config``) are pinned by the
-``hypercorn<0.19`` requirement and exercised by the integration tests.
+``hypercorn<0.19`` requirement and exercised by the integration tests (written
+against 0.18). As a kernel-level backstop the listening socket carries
+``TCP_USER_TIMEOUT`` (30 s, Linux), which accepted sockets inherit: a peer that
+leaves our data unacknowledged that long is dropped by the kernel.
 
 hypercorn's own loggers: the access log is off (a scrape every few seconds is
 noise); the error log is the stdlib ``hypercorn.error`` logger, which

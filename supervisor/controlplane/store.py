@@ -28,21 +28,26 @@ so callers classify without knowing the driver::
     NOT_FOUND    not_found     no         desired points at a missing revision
     INVALID      invalid       no         schema not migrated, malformed request or URL
     DENIED       denied        no         privileges; body too large; (Incompatible)
-    CORRUPT      corrupt       no         body digest mismatch; unreadable storage file
+    CORRUPT      corrupt       no         body digest mismatch; damaged storage (PostgreSQL
+                                          SQLSTATE class XX, SQLite CORRUPT/NOTADB)
 
 A refusal about a specific revision (NOT_FOUND, CORRUPT, Incompatible,
 TooLarge) names it in ``.revision``; connection-level failures leave it None.
 
-Hydration checks, in this order, before the body leaves the database or is
-decoded: the pointer names a missing revision (NOT_FOUND); the body is larger
-than ``max_revision_bytes`` (TooLarge; checked in SQL, so an oversize body is
-never transferred); its ``schema_version`` is newer than the build reads
-(Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT). The body is
-returned as bytes, undecoded: decoding is the revision compiler's job.
+Hydration checks, in this order, all before the body is decoded: the pointer
+names a missing revision (NOT_FOUND); the body is larger than
+``max_revision_bytes`` (TooLarge); its ``schema_version`` is newer than the
+build reads (Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT).
+The query itself withholds the body in the first three cases, so an oversize
+or unreadable body never crosses the network. The body is returned as bytes,
+undecoded: decoding is the revision compiler's job. Both stores run the same
+:func:`check_hydrated` and :func:`check_publishable`, so they cannot drift.
 
 The module also holds the one piece of machinery both implementations share,
 :func:`call_interruptibly`: blocking driver calls run in worker threads that
-trio may abandon, and a cancelled call is interrupted on the server side.
+trio may abandon, and a cancelled call is interrupted on the server side and
+its connection replaced. A cancelled ``publish`` has an unknown outcome (the
+commit may have won the race), like any write whose answer never arrived.
 """
 
 from __future__ import annotations

@@ -327,8 +327,8 @@ class Reconciler(Generic[P]):
     def on_skewed(self, name: str, error: DecodeError) -> None:
         if name:
             self.skewed.add(name)
-        self.status.last_error_class = reasons.SCHEMA_SKEW
         self._count()
+        self.status.last_error_class = reasons.SCHEMA_SKEW  # after _count, which may clear it
         self._log.error(
             "fan-out object failed to decode and is skipped (schema skew: the installed CRD"
             f" schema differs from this build's); apply `{CRDS_FIX}`",
@@ -480,9 +480,9 @@ class Reconciler(Generic[P]):
             self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
         if not known:
             self.known.pop(name, None)
-        if parent is None:
+        if parent is None or parent.metadata.deletion_timestamp is not None:
             self._status_written.pop(name, None)
-            return
+            return  # gone, or going: its status no longer matters
         noun = "object" if len(desired) == 1 else "objects"
         await self._write_status(
             parent, _StatusWant(parent.metadata.generation, "True", "Applied",

@@ -20,11 +20,13 @@ active one: this function either returns a whole snapshot or raises
 :class:`RevisionError`.
 
 Pure, synchronous and thread-safe (no shared mutable state), so the caller may
-run it in ``trio.to_thread.run_sync`` for large bodies. Secrets live only in a
-local variable long enough to be hashed; the snapshot holds their SHA-256 hex
-digests. The decoded alias specs are reused as the snapshot's alias entries and
-the decoded dictionary is adopted, not copied: compilation allocates one
-digest and one key entry per key beyond what decoding already built.
+run it in ``trio.to_thread.run_sync`` for large bodies. A secret exists only
+between ``resolve`` and ``sha256`` (one step of a chain of ``map`` calls, never
+gathered in a list); the snapshot holds SHA-256 hex digests. The snapshot
+adopts the decoded dictionaries instead of copying them: alias specs serve as
+alias entries unchanged, and each key spec is replaced in place by its entry,
+so compiling allocates little beyond what decoding built (see
+``bench/bench_compile.py``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def compile_revision(
     """
     doc = decode_body(body, revision=revision)
     _check_projection(doc, revision)
-    keys = _resolve_keys(doc, resolver or EnvFileResolver(), revision)
+    keys = _resolve_keys(doc, EnvFileResolver() if resolver is None else resolver, revision)
     # ``doc`` is local to this call and dropped on return, so the snapshot can
     # adopt its alias dictionary (and the frozen specs in it) without a copy.
     return Snapshot.adopt(revision=revision, generation=generation, aliases=doc.aliases, keys=keys)

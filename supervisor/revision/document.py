@@ -55,6 +55,7 @@ __all__ = [
     "KeySpec",
     "RevisionDocument",
     "decode_body",
+    "document_from_object",
     "encode_document",
     "load_document_file",
     "member_path",

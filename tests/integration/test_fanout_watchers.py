@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -442,7 +441,7 @@ async def test_a_missing_namespace_retries_quietly_while_a_skewed_crd_logs_an_er
             # "kubectl apply -k manifests/apps-namespace"
             fake.create_namespace(APPS)
             fake.allow()
-            await h.until(lambda: h.status.state == "watching")
+            await h.until(lambda: h.status.report()["state"] == "watching")
             assert h.status.last_error_class is None
     unready = [e for e in logs if e.get("error_class") == reasons.NAMESPACE_OR_RBAC_UNREADY]
     assert len(unready) >= 2

@@ -166,7 +166,7 @@ async def test_a_refused_connection_is_a_transport_error(tmp_path: Path) -> None
 
     class Nowhere:
         url = f"http://127.0.0.1:{port}"
-        token = None
+        token: str | None = None
 
     write_kubeconfig(Nowhere(), tmp_path / "kubeconfig")
     client = KubeClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
@@ -324,8 +324,9 @@ async def tls_fake(pki: Path) -> AsyncIterator[FakeApiServer]:
         await done.wait()
 
     async with trio.open_nursery() as nursery:
+        asgi: Any = app
         binds = await nursery.start(lambda task_status: serve(
-            app, config, shutdown_trigger=trigger, task_status=task_status))
+            asgi, config, shutdown_trigger=trigger, task_status=task_status))
         app.url = binds[0].replace("http://", "https://")
         try:
             yield app
@@ -372,3 +373,29 @@ async def test_tls_is_verified_and_client_certificates_are_presented(
             with pytest.raises(TransportError):
                 await anonymous.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
             await anonymous.aclose()
+
+
+async def test_the_refresh_hook_rotates_the_token_before_any_401(tmp_path: Path) -> None:
+    """In-cluster, the loader's refresh hook re-reads the service-account token; the
+    client calls it every ``token_refresh_s`` (0 here: before every request)."""
+    from supervisor.kube.config import KubeSettings
+
+    current = {"token": "one"}
+    with trio.fail_after(10):
+        async with run_fake_apiserver(token="one") as fake:
+
+            async def settings() -> KubeSettings:
+                return KubeSettings(
+                    host=fake.url, source="test",
+                    authorization=f"Bearer {current['token']}",
+                    refresh=lambda: f"Bearer {current['token']}",
+                )
+
+            client = KubeClient(settings, token_refresh_s=0.0)
+            await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            current["token"] = "two"
+            fake.set_token("two")
+            await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+            assert fake.count(status=401) == 0
+            assert client.token_reloads == 0
+            await client.aclose()

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import trio
 
-from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
+from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import tcp_proxy
 
 
