@@ -146,7 +146,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         # reference stands in for its value.
         compile_revision(body, revision=0, generation=0, resolver=_ReferenceResolver())
     except RevisionError as exc:
-        raise UsageError(f"{args.file}: refused ({exc.reason}): {exc.detail}") from exc
+        where = "" if exc.detail.startswith(str(args.file)) else f"{args.file}: "
+        raise UsageError(f"{where}{exc.detail} ({exc.reason}); nothing was stored") from exc
 
     async def publish() -> int:
         store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION)

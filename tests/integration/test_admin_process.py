@@ -1,0 +1,110 @@
+"""The admin API of the real daemon: the `status` and `watch` commands, port in use."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
+
+
+async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            status = await acli("status", "--config", str(config))
+            assert "control_plane" in status.stdout and "convergence" in status.stdout
+            raw = json.loads((await acli("status", "--config", str(config), "--json")).stdout)
+            assert raw["revision"]["active"] == 1
+            assert raw["children"]["convergence"]["state"] == "running"
+            assert set(raw) == {"revision", "children", "fanout"}
+
+            watcher = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "watch", "--url",
+                 f"ws://127.0.0.1:{port}/v1/stream"],
+                stdout=subprocess.PIPE, cwd=str(REPO),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            try:
+                assert watcher.stdout is not None
+                buffer = b""
+                lines: list[dict[str, object]] = []
+
+                async def next_event() -> dict[str, object]:
+                    nonlocal buffer
+                    while b"\n" not in buffer:
+                        chunk = await watcher.stdout.receive_some()  # type: ignore[union-attr]
+                        assert chunk, "watch exited"
+                        buffer += chunk
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(line)
+                    lines.append(event)
+                    return event
+
+                first = await next_event()
+                assert first["type"] == "status"  # the current state comes first
+                await acli("publish", "--config", str(config), str(EXAMPLE))
+                while True:
+                    event = await next_event()
+                    if event["type"] == "published":
+                        break
+                assert event["revision"] == 2
+            finally:
+                watcher.kill()
+                await watcher.wait()
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_status_of_an_unreachable_daemon_exits_1(tmp_path: Path) -> None:
+    result = await acli("status", "--url", f"http://127.0.0.1:{free_port()}", check=False)
+    assert result.returncode == 1
+    assert "status:" in result.stderr
+
+
+async def test_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+        cli("publish", "--config", str(config), str(EXAMPLE))
+        result = await acli("run", "--config", str(config), check=False)
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert "$.admin.listen" in result.stderr
+
+
+async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
+    port = free_port()
+    token = tmp_path / "admin.token"
+    token.write_text("s3cret-token\n")
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          f'token_file = "{token}"\n', port=port)
+    # write_config appends extra after [admin]'s listen line: token_file lands in [admin].
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                assert (await client.get("/healthz")).status_code == 200
+                assert (await client.get("/status")).status_code == 401
+                ok = await client.get("/v1/snapshot",
+                                      headers={"Authorization": "Bearer s3cret-token"})
+                assert ok.status_code == 200 and ok.json()["revision"] == 1
+            status = await acli("status", "--config", str(config), "--json")
+            assert json.loads(status.stdout)["revision"]["active"] == 1
+            assert "s3cret-token" not in "\n".join(daemon.raw)
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
