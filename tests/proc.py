@@ -116,11 +116,14 @@ class Daemon:
             self._new_line.set()
             self._new_line = trio.Event()
 
-    async def wait_log(self, event: str, **fields: Any) -> dict[str, Any]:
+    async def wait_log(self, event: str | None, **fields: Any) -> dict[str, Any]:
+        """The first log line with this ``event`` (any, when None) and these fields."""
         seen = 0
         while True:
             for line in self.lines[seen:]:
-                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                if (event is None or line.get("event") == event) and all(
+                    line.get(k) == v for k, v in fields.items()
+                ):
                     return line
             seen = len(self.lines)
             if self.process.returncode is not None:

@@ -59,8 +59,11 @@ async def test_cli_and_plain_sql_publishes_converge_through_notifications(
             await daemon.wait_log("published", revision=2)
             rid = await trio.to_thread.run_sync(sql_publish, pg_url)
             await daemon.wait_log("published", revision=rid)
+            # Shutdown while the child waits on its connection: prompt.
             daemon.signal(signal.SIGTERM)
+            start = trio.current_time()
             assert await daemon.wait() == 0
+            assert trio.current_time() - start < 2.0
     notify.close()
 
 
@@ -103,7 +106,8 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
         with trio.fail_after(60):
             async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
                 await notify.wait_for("READY=1")
-                # Shutdown while the child waits on its connection.
+                # READY=1 does not wait for LISTEN: wait until it is connected.
+                await daemon.wait_log("listening for desired-state notifications")
                 proxy.stop()  # cuts every connection: the listener starts reconnecting
                 await daemon.wait_log("LISTEN connection lost; reconnecting")
                 daemon.signal(signal.SIGTERM)

@@ -1,0 +1,95 @@
+"""Kubernetes fan-out through the real daemon process, against the fake API server."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
+from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
+
+GROUP = "platform.trio-supervisor.dev/v1"
+
+
+def sd(name: str, port: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"image": "nginx:1.27", "replicas": 2}
+    if port is not None:
+        spec["port"] = port
+    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
+            "metadata": {"name": name, "namespace": "trio-supervisor"}, "spec": spec}
+
+
+def kube_config(tmp_path: Path, kubeconfig: Path, admin_port: int) -> Path:
+    extra = (f'\n[kubernetes]\nenabled = true\nkubeconfig = "{kubeconfig}"\n'
+             'control_namespace = "trio-supervisor"\napps_namespace = "apps"\n'
+             "preflight_retry_s = 1\n")
+    return write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", extra, port=admin_port)
+
+
+async def status(admin_port: int) -> dict[str, Any]:
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()  # type: ignore[no-any-return]
+
+
+async def test_children_appear_with_lineage_labels(tmp_path: Path) -> None:
+    admin_port = free_port()
+    with trio.fail_after(60):
+        async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
+            server.create(sd("web", port=8080))
+            kubeconfig = tmp_path / "kubeconfig"
+            write_kubeconfig(server, kubeconfig)
+            config = kube_config(tmp_path, kubeconfig, admin_port)
+            await acli("publish", "--config", str(config), str(EXAMPLE))
+            async with run_daemon(config) as daemon:
+                await daemon.wait_log("ready")
+                await server.wait_until(
+                    lambda: server.get("deployments", "apps", "web") is not None
+                    and server.get("services", "apps", "web") is not None)
+                deployment = server.get("deployments", "apps", "web")
+                assert deployment is not None
+                labels = deployment["metadata"]["labels"]
+                assert labels["app.kubernetes.io/name"] == "web"
+                assert labels["app.kubernetes.io/managed-by"] == "trio-supervisor"
+                assert labels["platform.trio-supervisor.dev/servicedefinition"] == "web"
+                assert deployment["spec"]["replicas"] == 2
+                # A second parent created while the daemon runs is fanned out too.
+                server.create(sd("api"))
+                await server.wait_until(
+                    lambda: server.get("deployments", "apps", "api") is not None)
+                report = await status(admin_port)
+                assert report["fanout"]["ServiceDefinition"]["state"] == "watching"
+                assert report["fanout"]["ServiceDefinition"]["objects"] == 2
+                assert report["fanout"]["Workflow"]["state"] == "watching"
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+
+
+async def test_sigterm_while_the_preflight_waits_exits_0_promptly(tmp_path: Path) -> None:
+    admin_port = free_port()
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    with trio.fail_after(60):
+        async with run_fake_apiserver(crds_installed=False) as server:
+            kubeconfig = tmp_path / "kubeconfig"
+            write_kubeconfig(server, kubeconfig)
+            config = kube_config(tmp_path, kubeconfig, admin_port)
+            await acli("publish", "--config", str(config), str(EXAMPLE))
+            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+                # READY=1 never waits for Kubernetes: the watchers are dormant, not failing.
+                await notify.wait_for("READY=1")
+                warned = await daemon.wait_log(None, kind="ServiceDefinition",
+                                               error_class="namespace_or_rbac_unready")
+                assert warned["level"] == "warning"
+                assert "manifests/apps-namespace" in str(warned)
+                sd_status = (await status(admin_port))["fanout"]["ServiceDefinition"]
+                assert sd_status["state"] == "preflight"
+                assert sd_status["last_error_class"] == "namespace_or_rbac_unready"
+                daemon.signal(signal.SIGTERM)
+                start = trio.current_time()
+                assert await daemon.wait() == 0
+                assert trio.current_time() - start < 2.0
+    notify.close()
