@@ -1,0 +1,209 @@
+"""PostgreSQL goes away mid-run: through a TCP proxy we cut, and by a real server restart."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from tests.chaos.support import (
+    chaos_config,
+    count_lines,
+    get_json,
+    metric,
+    proxied,
+    publish_once,
+    revision_body,
+    stop_within_grace,
+    stream_clients,
+    tag_of,
+    wait_count,
+)
+from tests.conftest import ADMIN_DSN
+from tests.proc import NotifySocket, acli, free_port, run_daemon
+from tests.tcpproxy import tcp_proxy
+
+pytestmark = pytest.mark.chaos
+
+
+async def test_outage_through_the_proxy_keeps_serving_and_converges_after(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The database host disappears (every connection cut, new ones refused) and comes back.
+
+    Must not be lost: the active snapshot (GET /v1/snapshot stays 200 with the same
+    ETag and body, /readyz stays 200, the snapshot file keeps its content) for the
+    whole outage; the revision published during the outage, which the daemon
+    cannot see until the database returns, is converged to afterwards. While
+    down, the replica reports it: lag grows, failures count, control_plane_up is 0
+    and each failed attempt is counted as ``unavailable``.
+    """
+    proxy_port = free_port()
+    snapshot = tmp_path / "snapshot.json"
+    config, port = chaos_config(tmp_path, proxied(pg_url, proxy_port), poll_interval_s=0.2,
+                                extra=f'[snapshot]\npath = "{snapshot}"\n')
+    base = f"http://127.0.0.1:{port}"
+    async with tcp_proxy(proxy_port) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        first = await trio.to_thread.run_sync(publish_once, pg_url, revision_body(50, "r1"))
+        notify = NotifySocket(tmp_path / "notify")
+        await notify.bind()
+        with trio.fail_after(90):
+            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon, \
+                    httpx.AsyncClient(timeout=5) as http, stream_clients(port, 1) as (watcher,):
+                await notify.wait_for("READY=1")
+                code, before, etag = await get_json(http, f"{base}/v1/snapshot")
+                assert code == 200 and before["revision"] == first
+                assert etag == f'"{first}-1"'
+
+                proxy.stop()
+                await daemon.wait_log("convergence attempt failed", reason="unavailable")
+                # Published where the daemon cannot see it.
+                second = await trio.to_thread.run_sync(publish_once, pg_url,
+                                                       revision_body(50, "r2"))
+                # Several failed attempts later (backoff at most 0.5 s) it still serves.
+                failed = count_lines(daemon, "convergence attempt failed")
+                for n in range(failed + 1, failed + 4):
+                    code, body, now_etag = await get_json(http, f"{base}/v1/snapshot")
+                    assert (code, now_etag) == (200, etag)
+                    assert body == before
+                    assert (await http.get(f"{base}/readyz")).status_code == 200
+                    assert json.loads(snapshot.read_bytes()) == before
+                    await wait_count(daemon, "convergence attempt failed", n,
+                                     reason="unavailable")
+                status = (await http.get(f"{base}/status")).json()["revision"]
+                assert status["active"] == first and status["source"] == "control_plane"
+                assert status["lag_s"] > 0 and status["consecutive_failures"] >= 3
+                metrics = (await http.get(f"{base}/metrics")).text
+                assert metric(metrics, "supervisor_control_plane_up") == 0
+                assert metric(metrics, "supervisor_revision_rejections_total",
+                              reason="unavailable") >= 3
+                # The stream said so too.
+                assert any(m.get("type") == "status" and m.get("control_plane_up") is False
+                           for m in watcher.messages)
+
+                await proxy.start()
+                await daemon.wait_log("published", revision=second)
+                await watcher.wait_published(second)
+                code, after, etag = await get_json(http, f"{base}/v1/snapshot")
+                assert code == 200 and after["revision"] == second and tag_of(after) == {"r2"}
+                assert etag == f'"{second}-2"'
+                assert json.loads(snapshot.read_bytes()) == after
+                status = (await http.get(f"{base}/status")).json()["revision"]
+                assert status["active"] == second and status["lag_s"] == 0
+                assert status["consecutive_failures"] == 0
+                await stop_within_grace(daemon, 5.0)
+        notify.close()
+
+
+async def test_outage_is_visible_as_unavailable_in_status(tmp_path: Path, pg_url: str) -> None:
+    """While the control plane is unreachable, /status itself says so.
+
+    Must not be lost: the *reason* the replica is lagging. An operator reading
+    ``trio-supervisor status`` during an outage must see that the control plane is
+    unavailable, not only a growing ``lag_s`` and a failure count.
+    """
+    proxy_port = free_port()
+    config, port = chaos_config(tmp_path, proxied(pg_url, proxy_port), poll_interval_s=0.2)
+    async with tcp_proxy(proxy_port) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        await trio.to_thread.run_sync(publish_once, pg_url, revision_body(5, "r1"))
+        with trio.fail_after(60):
+            async with run_daemon(config) as daemon, httpx.AsyncClient(timeout=5) as http:
+                await daemon.wait_log("ready")
+                proxy.stop()
+                await daemon.wait_log("convergence attempt failed", reason="unavailable")
+                status = (await http.get(f"http://127.0.0.1:{port}/status")).json()
+                await stop_within_grace(daemon, 5.0)
+    assert "unavailable" in json.dumps(status["revision"]), status
+
+
+def _pg_cluster() -> tuple[str, str]:
+    versions = sorted(Path("/etc/postgresql").iterdir()) if Path("/etc/postgresql").is_dir() else []
+    if not versions or shutil.which("pg_ctlcluster") is None:
+        pytest.skip("pg_ctlcluster is not installed (a real restart needs a local cluster)")
+    return versions[-1].name, "main"
+
+
+def _pg_ready() -> bool:
+    try:
+        with psycopg.connect(ADMIN_DSN, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _ensure_pg_up(version: str, cluster: str) -> None:
+    if _ensure_pg_up_poll():
+        return
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "start"],
+                   check=False, capture_output=True, timeout=60)
+    if not _ensure_pg_up_poll(30):
+        raise AssertionError("PostgreSQL did not come back after the restart drill")
+
+
+def _ensure_pg_up_poll(attempts: int = 1) -> bool:
+    import time
+
+    for _ in range(attempts):
+        if _pg_ready():
+            return True
+        time.sleep(1)
+    return False
+
+
+async def test_real_postgresql_restart(tmp_path: Path, pg_url: str) -> None:
+    """``pg_ctlcluster restart``: every backend is terminated, the server is gone, then back.
+
+    Must not be lost: the active snapshot keeps serving (same ETag) throughout,
+    the LISTEN child reconnects, and a revision published right after the
+    restart is converged with the poll interval at an hour, so only the
+    reconnect wake-up, a notification or the failure backoff can have done it.
+    """
+    version, cluster = _pg_cluster()
+    config, port = chaos_config(tmp_path, pg_url, poll_interval_s=3600)
+    base = f"http://127.0.0.1:{port}"
+    await acli("db", "migrate", "--config", str(config))
+    first = await trio.to_thread.run_sync(publish_once, pg_url, revision_body(20, "r1"))
+    try:
+        with trio.fail_after(120):
+            async with run_daemon(config) as daemon, httpx.AsyncClient(timeout=5) as http:
+                await daemon.wait_log("ready")
+                await daemon.wait_log("listening for desired-state notifications")
+                _, _, etag = await get_json(http, f"{base}/v1/snapshot")
+                restarted = trio.Event()
+                served = 0
+
+                async def keep_reading() -> None:
+                    nonlocal served
+                    while not restarted.is_set():
+                        code, body, now = await get_json(http, f"{base}/v1/snapshot")
+                        assert (code, now, body["revision"]) == (200, etag, first)
+                        served += 1
+                        await trio.sleep(0.02)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(keep_reading)
+                    result = await trio.to_thread.run_sync(lambda: subprocess.run(
+                        ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster,
+                         "restart"], capture_output=True, text=True, timeout=60))
+                    restarted.set()
+                assert result.returncode == 0, result.stderr
+                assert served > 0
+                second = await trio.to_thread.run_sync(publish_once, pg_url,
+                                                       revision_body(20, "r2"))
+                await daemon.wait_log("published", revision=second)
+                code, body, etag = await get_json(http, f"{base}/v1/snapshot")
+                assert code == 200 and tag_of(body) == {"r2"}
+                await stop_within_grace(daemon, 5.0)
+        assert any(line.get("event") == "LISTEN connection lost; reconnecting"
+                   for line in daemon.lines)
+    finally:
+        await trio.to_thread.run_sync(_ensure_pg_up, version, cluster)
