@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from supervisor import logs
+from supervisor import logs, reasons
 from supervisor.config import Config, load
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
@@ -156,6 +156,9 @@ class Daemon:
 
     def _fanout_children(self) -> list[ChildSpec]:
         if not self.config.kubernetes.enabled:
+            # Reported, not absent: an operator sees "disabled", not a missing key.
+            for kind in reasons.FANOUT_KINDS:
+                self.fanout[kind] = FanoutStatus(state="disabled")
             return []
         from supervisor.fanout.children import fanout_children
 

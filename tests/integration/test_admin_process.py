@@ -29,6 +29,9 @@ async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -
             assert raw["revision"]["active"] == 1
             assert raw["children"]["convergence"]["state"] == "running"
             assert set(raw) == {"revision", "children", "fanout"}
+            assert raw["fanout"]["ServiceDefinition"] == {
+                "state": "disabled", "last_error_class": None, "objects": 0}
+            assert raw["fanout"]["Workflow"]["state"] == "disabled"
 
             watcher = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "supervisor", "watch", "--url",
