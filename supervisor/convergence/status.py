@@ -12,6 +12,11 @@ Fields and meaning (CONTRACT.md section 6):
 - ``last_convergence_s``: duration of the last successful publish.
 - ``consecutive_failures``: failed attempts since the last success.
 - ``last_rejection``: the last refused candidate (revision, reason, detail, at).
+
+Two keys beyond the contract's example, so that an outage is visible in the
+report itself and not only as a growing lag: ``control_plane_up`` (the last
+read succeeded; None before the first read) and ``last_error`` (the last
+failed attempt as ``"<reason>: <detail>"``, None once an attempt succeeds).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class RevisionStatus:
         self.last_rejection: dict[str, Any] | None = None
         self.last_error: str | None = None
         self.control_plane_up = False
+        self._ever_read = False
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
 
@@ -65,11 +71,13 @@ class RevisionStatus:
     def observed(self, desired: int | None) -> None:
         """A successful cheap read: the control plane is up and desires ``desired``."""
         self.control_plane_up = True
+        self._ever_read = True
         self.desired = desired
         self._track_lag()
 
     def unreachable(self) -> None:
         self.control_plane_up = False
+        self._ever_read = True
         self._track_lag()
 
     def loaded_revision(self, revision: int) -> None:
@@ -110,4 +118,6 @@ class RevisionStatus:
             "last_convergence_s": self.last_convergence_s,
             "consecutive_failures": self.consecutive_failures,
             "last_rejection": self.last_rejection,
+            "control_plane_up": self.control_plane_up if self._ever_read else None,
+            "last_error": self.last_error,
         }

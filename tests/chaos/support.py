@@ -26,7 +26,7 @@ import psycopg
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from tests.proc import REPO, free_port
+from tests.proc import REPO, Daemon, free_port
 
 POLL_S = 0.05  # the pause between two reads of external state in a bounded poll loop
 
@@ -148,7 +148,7 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-async def stop_within_grace(daemon: Any, grace_s: float) -> float:
+async def stop_within_grace(daemon: Daemon, grace_s: float) -> float:
     """SIGTERM; assert exit 0 within ``grace_s``; return how long it took."""
     start = trio.current_time()
     daemon.signal(signal.SIGTERM)
@@ -157,21 +157,35 @@ async def stop_within_grace(daemon: Any, grace_s: float) -> float:
     took = trio.current_time() - start
     assert daemon.process.returncode is not None, f"still running {took:.1f} s after SIGTERM"
     assert code == 0, f"exit {code} after SIGTERM\n" + "\n".join(daemon.raw[-30:])
+    print(f"SIGTERM to exit: {took:.3f} s")
     assert took < grace_s, f"took {took:.2f} s to stop, grace is {grace_s} s"
     return took
 
 
-def count_lines(daemon: Any, event: str, **fields: Any) -> int:
+def count_lines(daemon: Daemon, event: str, **fields: Any) -> int:
     return sum(1 for line in daemon.lines if line.get("event") == event
                and all(line.get(k) == v for k, v in fields.items()))
 
 
-async def wait_count(daemon: Any, event: str, n: int, **fields: Any) -> None:
+async def wait_count(daemon: Daemon, event: str, n: int, **fields: Any) -> None:
     """Wait for the ``n``-th log line ``event`` (with ``fields``); an event, not a poll."""
     while count_lines(daemon, event, **fields) < n:
         if daemon.process.returncode is not None:
             raise AssertionError(f"process exited before {n} x {event!r}:\n"
                                  + "\n".join(daemon.raw[-30:]))
+        await daemon._new_line.wait()
+
+
+async def wait_fields(daemon: Daemon, **fields: Any) -> dict[str, Any]:
+    """Wait for a log line carrying ``fields`` whatever its event text."""
+    seen = 0
+    while True:
+        for line in daemon.lines[seen:]:
+            if all(line.get(k) == v for k, v in fields.items()):
+                return dict(line)
+        seen = len(daemon.lines)
+        if daemon.process.returncode is not None:
+            raise AssertionError(f"process exited before a line with {fields}")
         await daemon._new_line.wait()
 
 
@@ -224,6 +238,7 @@ class StreamClient:
             self.close_code = exc.reason.code
         finally:
             self.closed.set()
+            self._changed.set()
 
     async def wait_published(self, revision: int) -> None:
         while not self.published or max(self.published) < revision:
@@ -258,6 +273,7 @@ async def get_json(client: httpx.AsyncClient, url: str) -> tuple[int, dict[str, 
 class FakeApiServerProcess:
     process: trio.Process
     url: str
+    token: str | None = None  # write_kubeconfig reads it
 
     @property
     def port(self) -> int:
@@ -300,6 +316,16 @@ async def fake_apiserver_process(log_path: Path, *, port: int = 0,
     finally:
         with trio.CancelScope(shield=True):
             await server.stop()
+
+
+async def snapshot_file_at(path: Path, revision: int) -> dict[str, Any]:
+    """The snapshot file once it holds ``revision`` (it is written after the publish event)."""
+
+    async def read() -> dict[str, Any] | None:
+        data = json.loads(await trio.to_thread.run_sync(path.read_bytes))
+        return dict(data) if data["revision"] == revision else None
+
+    return dict(await poll_until(read, f"snapshot file at revision {revision}", 10))
 
 
 async def poll_until(predicate: Callable[[], Awaitable[Any]], what: str,

@@ -163,15 +163,19 @@ async def test_change_signal_wakes_the_loop_early(autojump_clock: trio.testing.M
         await nursery.start(rec.run)
         await trio.sleep(10)
         store.put(doc("a", "b"))
+        store.calls.clear()
         start = trio.current_time()
         for _ in range(50):  # a burst coalesces into at most one pending wake-up
             rec.signal.notify("notify")
         while rec.state.generation < 2:
             await trio.sleep(0.001)
         assert trio.current_time() - start < 0.01
+        # A notification goes straight to hydrate: no separate observe round trip.
+        assert store.calls[0][0] == "hydrate"
         nursery.cancel_scope.cancel()
     # One wake-up goes straight to the waiting loop, one stays pending; the rest coalesce.
     assert rec.signal.coalesced >= 48
+    assert rec.status.report()["desired"] == 2
 
 
 async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> None:
@@ -245,6 +249,8 @@ async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
         assert rec.status.report()["lag_s"] >= 300 - 5.0 - (outage_start - 1)
         assert rec.status.report()["consecutive_failures"] == len(attempts)
         assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+        assert rec.status.report()["control_plane_up"] is False
+        assert rec.status.report()["last_error"].startswith("unavailable")
         store.outage = False
         store.put(doc("a", "b"))
         recovery = trio.current_time()
@@ -254,6 +260,8 @@ async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
         assert rec.status.report()["consecutive_failures"] == 0
         assert rec.status.report()["lag_s"] == 0.0
         assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+        assert rec.status.report()["control_plane_up"] is True
+        assert rec.status.report()["last_error"] is None
         nursery.cancel_scope.cancel()
 
 

@@ -1,0 +1,467 @@
+"""The deployment artifacts under deploy/ (and the manifests they include) hold together.
+
+Not chaos: these checks are fast and run in the default suite (no ``chaos``
+marker). They live here beside the suite that exercises the same contract
+through the real process, and check what no engine can build on this machine:
+
+- the systemd unit (``systemd-analyze verify`` when the binary exists, and its
+  key properties always), and that the daemon runs under the W^X policy that
+  ``MemoryDenyWriteExecute=yes`` imposes;
+- the Containerfile's key properties and its ignore file;
+- every YAML file under deploy/ and manifests/, and the Kubernetes deployment's
+  cross-references: probes point at routes the admin API answers, ports and
+  paths match the configuration it mounts, labels match selectors, the service
+  account is the one the RBAC manifests bind;
+- the readiness probe's command, run for real against a daemon with a token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import yaml
+
+from supervisor.admin.app import AdminApp
+from supervisor.admin.context import AdminContext
+from supervisor.config import load, load_text
+from supervisor.convergence.status import RevisionStatus
+from supervisor.events import EventBus
+from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
+from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
+from tests.proc import EXAMPLE, REPO, Daemon, NotifySocket, acli, cli, free_port, run_daemon
+
+DEPLOY = REPO / "deploy"
+UNIT = DEPLOY / "systemd" / "trio-supervisor.service"
+CONTAINERFILE = DEPLOY / "container" / "Containerfile"
+DOCKERIGNORE = DEPLOY / "container" / "Containerfile.dockerignore"
+KUBE = DEPLOY / "kubernetes"
+MANIFESTS = REPO / "manifests"
+PROD = REPO / "conf" / "prod.toml"
+HARD_EXIT_AFTER_S = 2.0  # supervisor.app: cancellation's allowance after the grace
+
+
+# -- systemd -----------------------------------------------------------------------
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit file: {section: {key: [values in order]}} (keys may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None, f"key outside a section: {line}"
+        key, sep, value = line.partition("=")
+        assert sep, f"not KEY=VALUE: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|min)?", value)
+    assert match, value
+    factor = {"ms": 0.001, "s": 1.0, "min": 60.0, None: 1.0}[match.group(2)]
+    return float(match.group(1)) * factor
+
+
+def test_systemd_unit_properties() -> None:
+    unit = parse_unit(UNIT.read_text())
+    service = unit["Service"]
+    one = {key: values[-1] for key, values in service.items()}
+    assert one["Type"] == "notify" and one["NotifyAccess"] == "main"
+    assert seconds(one["WatchdogSec"]) >= 10
+    prod = load(PROD)
+    assert seconds(one["TimeoutStopSec"]) > prod.supervisor.shutdown_grace_s + HARD_EXIT_AFTER_S
+    assert one["Restart"] == "on-failure"
+    prevented = one["RestartPreventExitStatus"].split()
+    assert "2" in prevented, "bad configuration must not be restarted"
+    assert "3" not in prevented, "a refused boot is restarted (documented in the unit)"
+    argv = shlex.split(one["ExecStart"])
+    assert argv[1:4] == ["-m", "supervisor", "run"]
+    assert argv[argv.index("--config") + 1] == "/etc/trio-supervisor/prod.toml"
+    assert one["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert one.get("DynamicUser") == "yes" or one.get("User") not in (None, "root", "0")
+    # The paths in conf/prod.toml live in the directories systemd creates for the unit.
+    assert Path(prod.cache.path or "").parent == Path("/var/lib") / one["StateDirectory"]
+    assert Path(prod.snapshot.path or "").parent == Path("/run") / one["RuntimeDirectory"]
+    assert one["ConfigurationDirectory"] == "trio-supervisor"
+    # Hardening.
+    for key, value in {"ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
+                       "PrivateDevices": "yes", "NoNewPrivileges": "yes",
+                       "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
+                       "ProtectKernelLogs": "yes", "ProtectControlGroups": "yes",
+                       "LockPersonality": "yes", "MemoryDenyWriteExecute": "yes",
+                       "UMask": "0077", "CapabilityBoundingSet": ""}.items():
+        assert one.get(key) == value, f"{key}={one.get(key)!r}, want {value!r}"
+    assert set(one["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    assert "@system-service" in service["SystemCallFilter"]
+    # Secrets the dynamic user cannot read as files come in as credentials.
+    credentials = {value.split(":", 1)[0] for value in service.get("LoadCredential", [])}
+    env = " ".join(service.get("Environment", []))
+    for name, variable in (("cache-signing.key", "SUPERVISOR_CACHE__SIGNING_KEY"),
+                           ("admin.token", "SUPERVISOR_ADMIN__TOKEN_FILE")):
+        assert name in credentials and f"{variable}=%d/{name}" in env
+
+
+def test_systemd_analyze_verify(tmp_path: Path) -> None:
+    binary = shutil.which("systemd-analyze")
+    if binary is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    # verify checks that ExecStart's program exists: point it at this interpreter.
+    text = UNIT.read_text().replace("/opt/trio-supervisor/bin/python", sys.executable)
+    unit = tmp_path / "trio-supervisor.service"
+    unit.write_text(text)
+    result = subprocess.run([binary, "verify", str(unit)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    # Unknown keys and bad values are warnings with exit 0: none is allowed.
+    complaints = [line for line in (result.stdout + result.stderr).splitlines()
+                  if "trio-supervisor.service" in line]
+    assert not complaints, "\n".join(complaints)
+
+
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+
+
+def _deny_write_execute() -> None:
+    """In the child before exec: the kernel's W^X policy (Linux 6.3+), inherited across exec.
+
+    It refuses what systemd's MemoryDenyWriteExecute=yes refuses: memory mapped
+    writable and executable, or made executable later.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
+        os.write(2, f"prctl(PR_SET_MDWE) failed: errno {ctypes.get_errno()}\n".encode())
+        os._exit(97)
+
+
+async def test_daemon_runs_under_memory_deny_write_execute(tmp_path: Path, pg_url: str) -> None:
+    """Every native path the unit's MemoryDenyWriteExecute=yes constrains: psycopg (binary),
+    LISTEN, PyNaCl/cffi (the signed cache), hypercorn, httpx and the kubernetes client."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import mmap; mmap.mmap(-1, 4096, prot=7)"],
+        preexec_fn=_deny_write_execute, capture_output=True, check=False)
+    assert probe.returncode != 0 and b"Permission denied" in probe.stderr, (
+        "the W^X policy did not take effect", probe)
+    key = tmp_path / "signing.key"
+    verify = cli("keygen", "--out", str(key)).stdout.strip().splitlines()[-1].split()[-1]
+    (tmp_path / "cache").mkdir()
+    async with run_fake_apiserver() as fake:
+        write_kubeconfig(fake, tmp_path / "kubeconfig")
+        port = free_port()
+        config = tmp_path / "supervisor.toml"
+        config.write_text(
+            f'[log]\nformat = "json"\n[control_plane]\nurl = "{pg_url}"\npoll_interval_s = 1\n'
+            f'[cache]\npath = "{tmp_path}/cache/lkg.bin"\nsigning_key = "{key}"\n'
+            f"trusted_keys = {json.dumps([verify])}\n"
+            f'[snapshot]\npath = "{tmp_path}/snapshot.json"\n'
+            f'[admin]\nlisten = "127.0.0.1:{port}"\n'
+            f'[kubernetes]\nenabled = true\nkubeconfig = "{tmp_path}/kubeconfig"\n'
+            "preflight_retry_s = 1\n")
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
+        notify = NotifySocket(tmp_path / "notify")
+        await notify.bind()
+        with trio.fail_after(60):
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "run", "--config", str(config)],
+                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=str(REPO),
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "NOTIFY_SOCKET": str(notify.path)},
+                preexec_fn=_deny_write_execute)
+            daemon = Daemon(process)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(daemon._pump)
+                try:
+                    await notify.wait_for("READY=1")
+                    await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+                    fake.create({"apiVersion": "platform.trio-supervisor.dev/v1",
+                                 "kind": "ServiceDefinition",
+                                 "metadata": {"name": "web", "namespace": "trio-supervisor"},
+                                 "spec": {"image": "nginx", "port": 80}})
+                    await fake.wait_until(lambda: fake.get("services", "apps", "web") is not None)
+                    await acli("publish", "--config", str(config), str(EXAMPLE))
+                    await daemon.wait_log("published", revision=2)
+                    daemon.signal(signal.SIGTERM)
+                    assert await daemon.wait() == 0, "\n".join(daemon.raw)
+                finally:
+                    if process.returncode is None:
+                        process.kill()
+                    nursery.cancel_scope.cancel()
+        notify.close()
+    assert (tmp_path / "cache" / "lkg.bin").exists()
+    assert not [line for line in daemon.lines if line.get("level") in ("error", "critical")]
+
+
+# -- the container image --------------------------------------------------------------
+
+
+def containerfile_stages(text: str) -> list[list[tuple[str, str]]]:
+    """Instructions per stage: [(INSTRUCTION, arguments)], continuation lines joined."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        logical.append(pending + stripped)
+        pending = ""
+    stages: list[list[tuple[str, str]]] = []
+    for line in logical:
+        instruction, _, args = line.partition(" ")
+        instruction = instruction.upper()
+        if instruction == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((instruction, args.strip()))
+    return stages
+
+
+def test_containerfile_properties() -> None:
+    stages = containerfile_stages(CONTAINERFILE.read_text())
+    assert len(stages) >= 2, "multi-stage: build, then runtime"
+    build, runtime = stages[0], stages[-1]
+    assert any(i == "RUN" and "pip wheel" in a for i, a in build), "the build stage builds wheels"
+    assert not any(i == "RUN" and ("gcc" in a or "build-essential" in a) for i, a in runtime)
+    final: dict[str, str] = {}
+    for instruction, args in runtime:
+        final[instruction] = args  # the last one of each counts
+    user = final["USER"].split(":")[0]
+    assert user not in ("root", "0") and user.isdigit(), "numeric non-root (runAsNonRoot)"
+    entrypoint = json.loads(final["ENTRYPOINT"])  # exec form is a JSON array
+    assert entrypoint[0].endswith("/tini") and entrypoint[1:] == ["--"]
+    assert json.loads(final["CMD"]) == [
+        "python", "-m", "supervisor", "--config", "/etc/trio-supervisor/prod.toml"]
+    assert "/var/lib/trio-supervisor" in json.loads(final["VOLUME"])
+    prod = load(PROD)
+    assert final["EXPOSE"] == str(prod.admin.host_port[1])
+    assert "/healthz" in final["HEALTHCHECK"] and str(prod.admin.host_port[1]) in final["HEALTHCHECK"]
+    assert any(i == "RUN" and "tini" in a for i, a in runtime), "tini is installed"
+
+
+def test_containerfile_ignore_file_keeps_what_the_build_copies() -> None:
+    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert patterns[0] == "*", "an allow-list"
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    build = containerfile_stages(CONTAINERFILE.read_text())[0]
+    copied = {src for i, a in build if i == "COPY" for src in a.split()[:-1]
+              if not src.startswith("--")}
+    assert copied <= allowed, copied - allowed
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["readme"] in allowed
+    assert (REPO / "supervisor" / "__main__.py").exists()
+
+
+# -- YAML: deploy/ and manifests/ ----------------------------------------------------------
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for root in (DEPLOY, MANIFESTS) for p in root.rglob("*")
+                  if p.suffix in (".yaml", ".yml"))
+
+
+def test_every_yaml_file_parses_into_kubernetes_objects() -> None:
+    files = yaml_files()
+    assert any(p.is_relative_to(DEPLOY) for p in files)
+    assert any(p.is_relative_to(MANIFESTS) for p in files)
+    for path in files:
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+        assert docs, f"{path}: empty"
+        for doc in docs:
+            assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), path
+            if doc["kind"] != "Kustomization":
+                assert doc.get("metadata", {}).get("name"), f"{path}: {doc['kind']} has no name"
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects a kustomization yields: its resources (recursively) and generated
+    ConfigMaps (name without the content hash). Enough for cross-reference checks;
+    ``kubectl kustomize`` renders the real thing."""
+    spec = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    objects: list[dict[str, Any]] = []
+    for entry in spec.get("resources", []):
+        target = (directory / entry).resolve()
+        assert target.exists(), f"{directory}/kustomization.yaml: missing resource {entry}"
+        if target.is_dir():
+            objects += kustomize(target)
+        else:
+            objects += [d for d in yaml.safe_load_all(target.read_text()) if d is not None]
+    for gen in spec.get("configMapGenerator", []):
+        data = {}
+        for name in gen.get("files", []):
+            key, _, source = name.partition("=")
+            path = directory / (source or key)
+            assert path.exists(), f"configMapGenerator file {path} is missing"
+            data[Path(key).name] = path.read_text()
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": gen["name"],
+                                     "namespace": gen.get("namespace", spec.get("namespace"))},
+                        "data": data})
+    return objects
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind
+             and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"want one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def admin_app() -> AdminApp:
+    ctx = AdminContext(state=ActiveState(), revision=RevisionStatus(), events=EventBus(),
+                       metrics=Metrics(process=False), children=dict)
+    return AdminApp(ctx)
+
+
+async def answered(app: AdminApp, path: str) -> int:
+    """The status the admin API answers to GET ``path`` (404: no such route)."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    await app({"type": "http", "method": "GET", "path": path, "headers": [],
+               "query_string": b""}, receive, send)
+    return int(next(m for m in sent if m["type"] == "http.response.start")["status"])
+
+
+async def test_kubernetes_deployment_cross_references() -> None:
+    objects = kustomize(KUBE)
+    deployment = one(objects, "Deployment", "trio-supervisor")
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    template_labels = spec["template"]["metadata"]["labels"]
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= template_labels.items(), "the selector selects the template"
+    namespace = deployment["metadata"]["namespace"]
+
+    # The configuration it mounts is valid and agrees with the pod.
+    configmap_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
+    configmap = one(objects, "ConfigMap", configmap_name)
+    assert configmap["metadata"]["namespace"] == namespace
+    container = one([{"kind": "c", "metadata": c} for c in pod["containers"]], "c",
+                    "supervisor")["metadata"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config_dir = mounts[next(v["name"] for v in pod["volumes"] if "configMap" in v)]
+    argv = container["args"]
+    config_path = Path(argv[argv.index("--config") + 1])
+    assert config_path.parent == Path(config_dir)
+    config = load_text(configmap["data"][config_path.name], environ={})
+    host, port = config.admin.host_port
+    assert host == "0.0.0.0", "reachable by the kubelet's probes"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["admin"] == port
+    assert config.kubernetes.enabled and config.kubernetes.kubeconfig is None  # in-cluster
+    assert config.kubernetes.control_namespace == namespace
+
+    def volume_of(path: str | None) -> dict[str, Any]:
+        assert path is not None
+        name = next(n for n, mount in mounts.items() if Path(path).parent == Path(mount))
+        return next(v for v in pod["volumes"] if v["name"] == name)
+
+    assert "secret" in volume_of(config.admin.token_file)
+    assert "secret" in volume_of(config.cache.signing_key)
+    cache = volume_of(config.cache.path)["persistentVolumeClaim"]["claimName"]
+    one(objects, "PersistentVolumeClaim", cache)
+    assert "emptyDir" in volume_of(config.snapshot.path)
+    assert pod["terminationGracePeriodSeconds"] > (config.supervisor.shutdown_grace_s
+                                                   + HARD_EXIT_AFTER_S)
+
+    # Probes point at routes the admin API answers, on its port.
+    app = admin_app()
+    for probe in ("startupProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["port"] in ("admin", port)
+        assert await answered(app, get["path"]) == 200
+    command = " ".join(container["readinessProbe"]["exec"]["command"])
+    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", command)
+    assert url and int(url.group(1)) == port and url.group(2) == "/readyz"
+    assert await answered(app, "/readyz") == 503  # a route: not ready without a snapshot
+    assert config.admin.token_file in command
+
+    # Security.
+    pod_security = pod["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    image_user = dict(containerfile_stages(CONTAINERFILE.read_text())[-1])["USER"]
+    assert str(pod_security["runAsUser"]) == image_user.split(":")[0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+    # The Service selects the pods and targets the admin port.
+    service = one(objects, "Service")
+    assert service["spec"]["selector"].items() <= template_labels.items()
+    assert all(p["targetPort"] in ports or p["targetPort"] in ports.values()
+               for p in service["spec"]["ports"])
+
+    # The identity the RBAC manifests bind, in both namespaces.
+    account = pod["serviceAccountName"]
+    sa = one(objects, "ServiceAccount", account)
+    assert sa["metadata"]["namespace"] == namespace
+    apps = kustomize(MANIFESTS / "apps-namespace")
+    assert one(apps, "Namespace")["metadata"]["name"] == config.kubernetes.apps_namespace
+    for binding in [o for o in objects + apps if o["kind"] == "RoleBinding"]:
+        assert {"kind": "ServiceAccount", "name": account, "namespace": namespace} in \
+            binding["subjects"]
+    role = one(objects, "Role")
+    watched = {r for rule in role["rules"] if {"list", "watch"} <= set(rule["verbs"])
+               for r in rule["resources"]}
+    assert {"servicedefinitions", "workflows"} <= watched
+
+
+async def test_readiness_probe_command_against_a_daemon_with_a_token(tmp_path: Path) -> None:
+    """The Deployment's readiness command, verbatim but for paths, port and interpreter."""
+    deployment = one(kustomize(KUBE), "Deployment", "trio-supervisor")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    command = list(container["readinessProbe"]["exec"]["command"])
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    port = free_port()
+    command[0] = sys.executable
+    command[-1] = (command[-1]
+                   .replace("/var/run/secrets/trio-supervisor/admin/token", str(token))
+                   .replace("127.0.0.1:9464", f"127.0.0.1:{port}"))
+    config = tmp_path / "supervisor.toml"
+    config.write_text(
+        f'[log]\nformat = "json"\n[control_plane]\nurl = "sqlite:///{tmp_path}/cp.db"\n'
+        f'[admin]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{token}"\n')
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(30):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            ok = await trio.to_thread.run_sync(lambda: subprocess.run(
+                command, capture_output=True, timeout=10, check=False))
+            assert ok.returncode == 0, ok.stderr
+            token.write_text("wrong-token\n")
+            refused = await trio.to_thread.run_sync(lambda: subprocess.run(
+                command, capture_output=True, timeout=10, check=False))
+            assert refused.returncode != 0 and b"401" in refused.stderr
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
