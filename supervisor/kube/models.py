@@ -31,6 +31,8 @@ __all__ = [
     "RawWatchEvent",
     "Resource",
     "Status",
+    "StatusCause",
+    "StatusDetails",
 ]
 
 T = TypeVar("T")
@@ -108,12 +110,34 @@ class ObjectList(_Wire, Generic[T]):
     items: list[T] = []
 
 
+class StatusCause(_Wire):
+    """One of a ``Status``'s ``details.causes`` (``reason`` is the cause type on the wire)."""
+
+    reason: str = ""
+    message: str = ""
+
+
+class StatusDetails(_Wire):
+    """A ``Status``'s ``details``; only the causes are read."""
+
+    causes: list[StatusCause] = []
+
+
 class Status(_Wire):
     """The ``Status`` body of an error response or a watch ``ERROR`` event."""
 
     code: int = 0
     reason: str = ""
     message: str = ""
+    details: StatusDetails | None = None
+
+    @property
+    def causes(self) -> list[StatusCause]:
+        return self.details.causes if self.details is not None else []
+
+    def has_cause(self, reason: str) -> bool:
+        """True when ``details.causes`` holds one whose reason (cause type) is ``reason``."""
+        return any(cause.reason == reason for cause in self.causes)
 
 
 class RawWatchEvent(_Wire):

@@ -15,9 +15,18 @@ Contract of :meth:`Informer.run` (never returns; cancel it to stop):
    Bookmarks only advance the resourceVersion.
 3. A stream the server ends normally is re-opened from the last
    resourceVersion at once. ``410 Gone`` (as a status or as an ``ERROR``
-   event) means **relist**. Any other failure (transport, stall, 5xx, 429)
-   waits a backoff of 0.8 s doubling to 30 s with jitter (at least
-   ``Retry-After`` on 429) and re-watches from the last resourceVersion.
+   event) means **relist**. So does a *too large resource version* (a
+   ``Status`` with the cause ``ResourceVersionTooLarge``, as an ``ERROR``
+   event or an error response; kube-apiserver answers so, a 504 ``Timeout``
+   after waiting a few seconds, when asked for an RV newer than its own): the
+   server's resourceVersion went backwards (etcd restored from a backup), and
+   re-watching from ours would see nothing until the server caught up with it
+   (client-go's reflector relists too, see ``isTooLargeResourceVersionError``).
+   When that RV came straight from a list, the relist waits a backoff first:
+   a server contradicting its own list must not make the loop hot. Any other
+   failure (transport, stall, 5xx, 429) waits a backoff of 0.8 s doubling to
+   30 s with jitter (at least ``Retry-After`` on 429) and re-watches from the
+   last resourceVersion.
    Every relist and reconnect after a failure calls ``on_restart`` (the
    ``fanout_watch_restarts`` metric).
 4. ``403``/``404`` from the list or watch, and an undecodable list envelope,
@@ -38,6 +47,7 @@ import trio
 from supervisor.convergence.backoff import Backoff
 from supervisor.kube.client import KubeClient, decode
 from supervisor.kube.errors import (
+    ApiError,
     DecodeError,
     Forbidden,
     Gone,
@@ -50,12 +60,23 @@ from supervisor.kube.errors import (
 from supervisor.kube.models import PartialObject, RawWatchEvent, Resource, Status
 from supervisor.logs import get_logger
 
-__all__ = ["Informer", "InformerHandler", "WatchTuning", "is_preflight_matter"]
+__all__ = [
+    "Informer",
+    "InformerHandler",
+    "WatchTuning",
+    "is_preflight_matter",
+    "is_too_large_resource_version",
+]
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 
 log = get_logger("kube.watch")
+
+# metav1.CauseTypeResourceVersionTooLarge, and the cause message servers 1.17-1.18.5 sent
+# without that type (storage.NewTooLargeResourceVersionError).
+RV_TOO_LARGE_CAUSE = "ResourceVersionTooLarge"
+_RV_TOO_LARGE_TEXT = "Too large resource version"
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,31 @@ def is_preflight_matter(exc: KubeError) -> bool:
     )
 
 
+def is_too_large_resource_version(exc: KubeError) -> bool:
+    """True for "Too large resource version": asked for an RV newer than the server's.
+
+    As client-go's ``isTooLargeResourceVersionError``: the ``ResourceVersionTooLarge``
+    cause in the ``Status`` (read from the error's body: the response's, or the watch
+    ``ERROR`` event's object), or, from servers before 1.18.6, a ``Timeout`` whose cause
+    or message says so.
+    """
+    if not isinstance(exc, ApiError):
+        return False
+    status: Status | None = None
+    if exc.body:
+        try:
+            status = decode(exc.body, Status)
+        except DecodeError:
+            status = None
+    if status is not None and status.has_cause(RV_TOO_LARGE_CAUSE):
+        return True
+    if exc.reason != "Timeout":
+        return False
+    if status is not None and any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes):
+        return True
+    return _RV_TOO_LARGE_TEXT in exc.message
+
+
 class _LineError(DecodeError):
     """A watch line that is not a JSON event at all: a broken stream, not a skewed object."""
 
@@ -128,6 +174,7 @@ class Informer(Generic[T]):
         self._selector = label_selector
         self._backoff = Backoff(tuning.backoff_initial_s, tuning.backoff_max_s, rng)
         self.resource_version: str | None = None
+        self._listed_version: str | None = None  # the RV the last list returned
         self.lists = 0
         self.watches = 0
         self.watches_with_events = 0
@@ -165,6 +212,9 @@ class Informer(Generic[T]):
                 self._restart("gone")
                 continue
             except KubeError as exc:
+                if is_too_large_resource_version(exc):
+                    await self._relist_too_large(exc)
+                    continue
                 if is_preflight_matter(exc):
                     raise
                 self._restart("stalled" if isinstance(exc, StreamStalled) else "error")
@@ -176,6 +226,20 @@ class Informer(Generic[T]):
                 # Ended normally without a single line: a server (or proxy) closing
                 # streams at once must not turn this loop hot.
                 await trio.sleep(self._backoff.next())
+
+    async def _relist_too_large(self, exc: KubeError) -> None:
+        """Drop the RV the server no longer has (it went backwards) and relist."""
+        from_list = self.resource_version == self._listed_version
+        delay = self._backoff.next() if from_list else 0.0
+        log.warning("watch resourceVersion is newer than the server's (its store was "
+                    "restored?); relisting", kind=self._resource.kind,
+                    resource=str(self._resource), namespace=self._namespace,
+                    resource_version=self.resource_version, error=str(exc),
+                    delay_s=round(delay, 3))
+        self.resource_version = None
+        self._restart("too_large_resource_version")
+        if delay:
+            await trio.sleep(delay)
 
     async def _list(self) -> None:
         items: dict[str, T] = {}
@@ -198,7 +262,7 @@ class Informer(Generic[T]):
         self.lists += 1
         self._backoff.reset()
         await self._handler.on_list(items, skewed)
-        self.resource_version = resource_version
+        self.resource_version = self._listed_version = resource_version
 
     def _decode_object(self, raw: msgspec.Raw, skewed: set[str]) -> T | None:
         try:
@@ -239,9 +303,11 @@ class Informer(Generic[T]):
                 status = decode(bytes(event.object), Status)
             except DecodeError as exc:
                 raise _LineError(f"undecodable watch ERROR event: {exc}") from exc
-            # 410 here is the usual way a watch learns its resourceVersion expired.
+            # 410 here is the usual way a watch learns its resourceVersion expired; the
+            # Status goes along as the body (its causes tell "too large resource version").
             raise api_error(status.code or 500, status.reason, status.message,
-                            method="WATCH", path=self._resource.collection_path(self._namespace))
+                            body=bytes(event.object), method="WATCH",
+                            path=self._resource.collection_path(self._namespace))
         meta = _partial(event.object)
         if event.type == "BOOKMARK":
             if meta is not None and meta.metadata.resource_version:

@@ -30,6 +30,13 @@ Real (behaves as a kube-apiserver does):
   ``compact()`` expires every RV handed out so far (and moves the RV on by one, so a fresh
   list gives a watchable RV); so does falling out of the ``history_limit`` window. A list with
   ``resourceVersionMatch=Exact`` and an expired RV, or an expired ``continue``, is a 410 too.
+* An RV newer than the server's (after ``reset_state()``, an etcd restore): a watch from it
+  waits up to ``too_large_rv_wait_s`` for the server to reach it (kube-apiserver's watch cache
+  waits 3 s), then, as the watch cache does, answers 200 with one ``ERROR`` event carrying a
+  504 ``Timeout`` Status (``Timeout: Too large resource version: N, current: M``, cause
+  ``ResourceVersionTooLarge``, ``retryAfterSeconds: 1``) and ends the stream; client-go logs
+  it as "watch of ... ended with: Timeout: Too large resource version". A list with such a
+  non-zero ``resourceVersion`` gets the same Status as an HTTP 504 after the same wait.
 * Writes: POST (201; 409 AlreadyExists; 404 when the namespace does not exist), PUT with the
   ``resourceVersion`` precondition (409 Conflict), PATCH merge-patch / JSON-patch /
   apply-patch+yaml (JSON or YAML body, ``fieldManager`` required, ``force``), DELETE (returns the
@@ -63,7 +70,7 @@ Simplified (documented gaps):
 
 * Lists are not snapshots: a ``continue`` token resumes after the last key against the current
   state (it does 410 once the history is compacted past it); ``resourceVersion`` on a list is
-  ignored (always "latest").
+  otherwise ignored (always "latest").
 * Field ownership is at leaf granularity with atomic lists (true for CRDs without list-type
   markers; built-in associative lists such as containers are treated as atomic). Strategic merge
   patch is treated as a JSON merge patch for built-in resources (415 for CRDs, as real).
@@ -77,7 +84,8 @@ Simplified (documented gaps):
 
 Test helpers: ``wait_until(predicate)`` / ``wait_for_watches(n, plural)`` wait without fixed
 sleeps; ``requests`` (:class:`RecordedRequest`), ``count()``, ``find_requests()``,
-``writes()``; direct state access ``get/objects/create/apply/patch/set_status/delete/put_raw``.
+``writes()``; direct state access ``get/objects/create/apply/patch/set_status/delete/put_raw``;
+``reset_state()`` wipes everything and restarts the RV counter (the RV goes backwards).
 """
 
 from __future__ import annotations
@@ -116,6 +124,7 @@ from tests.fakes.apiserver_store import (
     parse_label_selector,
     reason_for,
     status_body,
+    too_large_resource_version,
 )
 
 log = logging.getLogger("tests.fakes.apiserver")
@@ -270,10 +279,12 @@ class FakeApiServer:
         validation: bool = True,
         resources: Iterable[ResourceType] = DEFAULT_RESOURCES,
         history_limit: int = 10_000,
+        too_large_rv_wait_s: float = 0.1,
     ) -> None:
         self.url = ""
         self.token = token
         self.bookmark_interval_s = bookmark_interval_s
+        self.too_large_rv_wait_s = too_large_rv_wait_s
         self.store = Store(resources, crds_installed=crds_installed, defaulting=defaulting,
                            validation=validation, history_limit=history_limit)
         self.store.listeners.append(self._on_event)
@@ -285,7 +296,8 @@ class FakeApiServer:
         self._stalled = False
         self._changed = trio.Event()
         self._closing = trio.Event()
-        for ns in namespaces:
+        self._namespaces = tuple(namespaces)
+        for ns in self._namespaces:
             self.create_namespace(ns)
 
     # ---------------------------------------------------------------- notifications
@@ -398,6 +410,22 @@ class FakeApiServer:
         rv = self.store.compact()
         self._notify()
         return rv
+
+    def reset_state(self, *, keep_crds: bool = True,
+                    namespaces: Iterable[str] | None = None) -> int:
+        """An etcd restored from an empty backup behind a restarted API server: every object
+        goes (no watch events), the resourceVersion counter starts again (so a client's RV
+        is now newer than the server's: see "An RV newer than the server's" above), open
+        watches end cleanly, and ``namespaces`` (None: those the server started with) are
+        created again. The CRDs stay installed unless ``keep_crds=False``. Injections, deny
+        rules, the token and the request log are the test's, not etcd's: they stay.
+        Returns the new resourceVersion."""
+        self.close_watches()
+        self.store.reset(keep_crds=keep_crds)
+        for ns in self._namespaces if namespaces is None else namespaces:
+            self.create_namespace(ns)
+        self._notify()
+        return self.store.rv
 
     def uninstall_crd(self, plural: str, *, keep_objects: bool = False) -> None:
         """Remove a CRD: its paths 404 and it leaves discovery. Like a real CRD deletion its
@@ -784,6 +812,9 @@ class FakeApiServer:
             except ValueError as exc:
                 raise ApiError(400, "BadRequest", f"invalid limit: {query['limit']}") from exc
         exact = query.get("resourceVersionMatch") == "Exact"
+        rv_param = query.get("resourceVersion", "")
+        if rv_param.isdigit() and not await self._reached(int(rv_param)):
+            raise too_large_resource_version(int(rv_param), self.store.rv)
         if exact and query.get("resourceVersion", "").isdigit() and int(
                 query["resourceVersion"]) < self.store.floor:
             raise ApiError(410, "Expired", f"too old resource version: "
@@ -821,9 +852,14 @@ class FakeApiServer:
         except ValueError as exc:
             raise ApiError(400, "BadRequest",
                            f"invalid resource version: {rv_param!r}") from exc
+        too_large = since is not None and not await self._reached(since)
         w = _Watcher(res, ns, labels, fields, _truthy(query.get("allowWatchBookmarks")))
         # Backlog and registration happen without an await: no event can fall in between.
-        if since is None:
+        if too_large:
+            assert since is not None
+            w.push("ERROR", too_large_resource_version(since, self.store.rv).status())
+            w.end_when_drained = True
+        elif since is None:
             for key in sorted(self.store.objects[res.plural]):
                 obj = self.store.objects[res.plural][key]
                 if (ns is None or not res.namespaced or key[0] == ns) and w._match(obj):
@@ -859,6 +895,15 @@ class FakeApiServer:
         if not disconnected:
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _reached(self, rv: int) -> bool:
+        """Whether the server's RV is (or, within ``too_large_rv_wait_s``, gets) at least
+        ``rv``: kube-apiserver waits a while for a future RV before calling it too large."""
+        if rv <= self.store.rv:
+            return True
+        with trio.move_on_after(self.too_large_rv_wait_s):
+            await self.wait_until(lambda: self.store.rv >= rv, recheck_s=None)
+        return rv <= self.store.rv
 
     async def _stream(self, w: _Watcher, send: Send, timeout: float | None) -> None:
         start = trio.current_time()
@@ -990,6 +1035,11 @@ class FakeApiServer:
             self.unstall_watches()
         elif op == "compact":
             return {"resourceVersion": self.compact()}
+        elif op == "reset":
+            names = q.get("namespaces")
+            return {"resourceVersion": self.reset_state(
+                keep_crds=q.get("keepCrds", "true").lower() != "false",
+                namespaces=None if names is None else [n for n in names.split(",") if n])}
         elif op == "close-watches":
             self.close_watches(q.get("plural"))
         elif op == "uninstall-crd":
@@ -1142,6 +1192,7 @@ async def run_fake_apiserver(
     defaulting: bool = True,
     validation: bool = True,
     history_limit: int = 10_000,
+    too_large_rv_wait_s: float = 0.1,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> AsyncIterator[FakeApiServer]:
@@ -1153,7 +1204,7 @@ async def run_fake_apiserver(
     server = FakeApiServer(token=token, bookmark_interval_s=bookmark_interval_s,
                            namespaces=namespaces, crds_installed=crds_installed,
                            defaulting=defaulting, validation=validation,
-                           history_limit=history_limit)
+                           history_limit=history_limit, too_large_rv_wait_s=too_large_rv_wait_s)
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
@@ -1281,6 +1332,12 @@ class FakeControl:
     async def compact(self) -> int:
         return int((await self._call("POST", "compact"))["resourceVersion"])
 
+    async def reset_state(self, *, keep_crds: bool = True,
+                          namespaces: Iterable[str] | None = None) -> int:
+        params = {"keepCrds": "true" if keep_crds else "false",
+                  "namespaces": None if namespaces is None else ",".join(namespaces)}
+        return int((await self._call("POST", "reset", params=params))["resourceVersion"])
+
     async def close_watches(self, plural: str | None = None) -> None:
         await self._call("POST", "close-watches", params={"plural": plural})
 
@@ -1342,6 +1399,7 @@ async def _serve_process(args: argparse.Namespace) -> None:
     namespaces = [n for n in args.namespaces.split(",") if n]
     async with run_fake_apiserver(token=args.token, bookmark_interval_s=args.bookmark_interval,
                                   namespaces=namespaces, crds_installed=not args.no_crds,
+                                  too_large_rv_wait_s=args.too_large_rv_wait,
                                   host=args.host, port=args.port) as server:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             if args.ready_file:
@@ -1362,6 +1420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespaces", default="trio-supervisor,apps",
                         help="comma-separated namespaces to create")
     parser.add_argument("--no-crds", action="store_true", help="start with the CRDs absent")
+    parser.add_argument("--too-large-rv-wait", type=float, default=0.1,
+                        help="seconds a watch or list from a future resourceVersion waits "
+                             "before its 'Too large resource version' error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     trio.run(_serve_process, args)

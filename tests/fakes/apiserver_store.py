@@ -104,6 +104,18 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
+def too_large_resource_version(requested: int, current: int) -> ApiError:
+    """What kube-apiserver answers for an RV newer than its own, once it has waited for it
+    (``storage.NewTooLargeResourceVersionError``: a 504 ``Timeout`` whose cause type is
+    ``ResourceVersionTooLarge``, retry after 1 s)."""
+    return ApiError(
+        504, "Timeout",
+        f"Timeout: Too large resource version: {requested}, current: {current}",
+        details={"causes": [{"reason": "ResourceVersionTooLarge",
+                             "message": "Too large resource version"}],
+                 "retryAfterSeconds": 1})
+
+
 # --------------------------------------------------------------------------------------
 # Resource table
 
@@ -1205,6 +1217,21 @@ class Store:
         self.floor = self.rv
         return self.rv
 
+    def reset(self, *, keep_crds: bool = True) -> int:
+        """Forget every object, its field ownership and the history, and restart the RV
+        counter (an etcd restored from an empty backup); no watch event is sent. The CRDs
+        stay installed unless ``keep_crds=False``. Returns the (new, lower) RV."""
+        for plural in self.objects:
+            self.objects[plural].clear()
+        self.owners.clear()
+        self.history.clear()
+        self.rv = 1
+        self.floor = 0
+        self._ip = 0
+        if not keep_crds:
+            self.installed -= {res.plural for res in self.by_plural.values() if res.crd}
+        return self.rv
+
     def history_since(self, rv: int) -> list[WatchEvent]:
         if rv < self.floor:
             raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.floor})")
@@ -1464,4 +1491,5 @@ __all__ = [
     "parse_label_selector",
     "reason_for",
     "status_body",
+    "too_large_resource_version",
 ]

@@ -539,6 +539,68 @@ async def test_compact_gives_410_error_event(api: FakeApiServer,
                                                "timeoutSeconds": "0"}) == []
 
 
+async def test_reset_state_lowers_the_rv_and_a_future_rv_is_too_large(
+        api: FakeApiServer, client: httpx.AsyncClient) -> None:
+    with trio.fail_after(10):
+        await client.post(SD, json=sd("a"))
+        old = api.resource_version
+        async with trio.open_nursery() as nursery:
+            ended: list[list[dict[str, Any]]] = []
+
+            async def reader() -> None:
+                ended.append(await watch_events(client, SD, {"resourceVersion": str(old)}))
+
+            nursery.start_soon(reader)
+            await api.wait_for_watches(1, "servicedefinitions")
+            new = api.reset_state()
+        # The open watch was ended, with no event for the wiped objects.
+        assert ended == [[]]
+        assert new < old
+        assert api.get("servicedefinitions", "trio-supervisor", "a") is None
+        assert api.get("namespaces", None, "apps") is not None  # re-created
+        assert api.crd_installed("servicedefinitions")
+        listed = (await client.get(SD)).json()
+        assert listed["items"] == [] and listed["metadata"]["resourceVersion"] == str(new)
+
+        # A watch from the old (now future) RV: after the wait, one ERROR event, then the end.
+        api.too_large_rv_wait_s = 0.2
+        start = trio.current_time()
+        events = await watch_events(client, SD, {"resourceVersion": str(old)})
+        assert trio.current_time() - start >= 0.19
+        assert [e["type"] for e in events] == ["ERROR"]
+        status = events[0]["object"]
+        assert (status["kind"], status["code"], status["reason"]) == ("Status", 504, "Timeout")
+        assert status["message"] == f"Timeout: Too large resource version: {old}, current: {new}"
+        assert status["details"]["causes"] == [{"reason": "ResourceVersionTooLarge",
+                                                "message": "Too large resource version"}]
+        # A list from it: the same Status, as an HTTP 504.
+        r = await client.get(SD, params={"resourceVersion": str(old)})
+        assert r.status_code == 504
+        assert r.json()["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
+
+        # A future RV the server reaches within the wait is watched normally.
+        api.too_large_rv_wait_s = 5.0
+        target = api.resource_version + 1
+        async with trio.open_nursery() as nursery:
+            got: list[list[dict[str, Any]]] = []
+
+            async def late_reader() -> None:
+                got.append(await watch_events(client, SD, {"resourceVersion": str(target)},
+                                              count=1))
+
+            nursery.start_soon(late_reader)
+            await api.wait_until(lambda: api.count("GET", SD, watch=True) >= 3)
+            api.create({**sd("b"), "metadata": {"name": "b", "namespace": "trio-supervisor"}})
+            api.create({**sd("c"), "metadata": {"name": "c", "namespace": "trio-supervisor"}})
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in got[0]] == [("ADDED", "c")]
+
+        # Without the CRDs and with other namespaces.
+        api.reset_state(keep_crds=False, namespaces=["elsewhere"])
+        assert (await client.get(SD)).status_code == 404
+        assert api.get("namespaces", None, "apps") is None
+        assert api.get("namespaces", None, "elsewhere") is not None
+
+
 async def test_history_window_expires_old_resource_versions() -> None:
     with trio.fail_after(10):
         async with run_fake_apiserver(history_limit=3) as api:
@@ -868,6 +930,9 @@ async def test_process_mode(tmp_path: Path) -> None:
             await control.uninstall_crd("servicedefinitions")
             await control.inject("GET", "deployments", status=429)
             await control.compact()
+            before = int((await control.state())["resourceVersion"])
+            assert await control.reset_state(namespaces=["apps"]) < before
+            assert await control.objects("deployments", "apps") == []
             await control.stall_watches()
             await control.unstall_watches()
             async with httpx.AsyncClient(base_url=url,
