@@ -308,6 +308,9 @@ class Reconciler(Generic[P]):
     async def on_list(self, items: Mapping[str, P], skewed: set[str]) -> None:
         self.parents = dict(items)
         self.skewed = set(skewed)
+        # A relist may follow a restored API server whose resourceVersions repeat
+        # for other content: forget which (name, RV) statuses were written.
+        self._status_written.clear()
         self._count()
         await self.resync()
         self.synced.set()
