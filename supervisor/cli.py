@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON report")
     watch = command("watch", "follow the live stream, one line per event")
     watch.add_argument("--url", default=None, help="ws://HOST:PORT/v1/stream")
+    watch.add_argument("--no-reconnect", action="store_true",
+                       help="exit when the stream ends (0 on a clean close, 1 when lost)")
     keygen = command("keygen", "write a new Ed25519 signing key for the last-known-good cache")
     keygen.add_argument("--out", required=True)
     return parser
@@ -209,10 +211,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     address, token = _admin_base(args)
     url = args.url or f"ws://{address}/v1/stream"
 
-    async def follow() -> None:
-        await watch_stream(url, sys.stdout, token=token)
+    from supervisor.admin.errors import AdminUnreachable
 
-    trio.run(follow)
+    async def follow() -> None:
+        await watch_stream(url, sys.stdout, token=token, reconnect=not args.no_reconnect)
+
+    try:
+        trio.run(follow)
+    except AdminUnreachable as exc:
+        print(f"watch: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -423,6 +423,8 @@ async def watch_stream(
                 f"handshake refused ({ended.code}): missing or invalid token",
                 status_code=ended.code,
             )
+        if ended.kind == "closed" and ended.code == 1000:
+            return  # the server ended the stream on purpose: not a loss to recover from
         if not reconnect:
             if ended.kind == "closed" and ended.code in CLEAN_CLOSE:
                 return

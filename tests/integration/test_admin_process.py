@@ -111,3 +111,27 @@ async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
             assert "s3cret-token" not in "\n".join(daemon.raw)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+async def test_watch_without_reconnect_exits_0_when_the_daemon_stops(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            watcher = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "watch", "--no-reconnect", "--url",
+                 f"ws://127.0.0.1:{port}/v1/stream"],
+                stdout=subprocess.PIPE, cwd=str(REPO),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            assert watcher.stdout is not None
+            first = await watcher.stdout.receive_some()
+            assert b'"type":"status"' in first.replace(b" ", b"")
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+            assert await watcher.wait() == 0  # the daemon closed the stream cleanly (1001)
+    unreachable = await acli("watch", "--no-reconnect", "--url",
+                             f"ws://127.0.0.1:{free_port()}/v1/stream", check=False)
+    assert unreachable.returncode == 1
