@@ -108,12 +108,45 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     config, path = _load(args)
     problems = check_files(config)
+    if not problems:
+        problems = _check_contents(config)
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
+
+
+def _check_contents(config: Config) -> list[tuple[str, str]]:
+    """What the daemon would refuse at start in the files themselves (keys, token)."""
+    problems: list[tuple[str, str]] = []
+    if config.admin.token_file:
+        from supervisor.admin.server import read_token
+
+        try:
+            read_token(config.admin.token_file)
+        except ConfigError as exc:
+            problems.append((exc.path, exc.reason))
+    if config.cache.path is not None:
+        from supervisor.revision.document import SCHEMA_VERSION
+        from supervisor.sinks.lkg import LastKnownGood
+
+        try:
+            cache = LastKnownGood(
+                config.cache.path,
+                signing_key_path=config.cache.signing_key,
+                trusted_keys=config.cache.trusted_keys,
+                max_schema_version=SCHEMA_VERSION,
+            )
+        except ConfigError as exc:
+            problems.append((exc.path, exc.reason))
+        else:
+            if not cache.signing_key_trusted:
+                print("warning: $.cache.signing_key: its verify key is not in "
+                      "cache.trusted_keys; this replica would refuse its own cache",
+                      file=sys.stderr)
+    return problems
 
 
 def cmd_db(args: argparse.Namespace) -> int:

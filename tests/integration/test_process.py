@@ -173,3 +173,23 @@ async def test_publish_refuses_an_invalid_file_and_stores_nothing(tmp_path: Path
     assert "$.aliases.a.upstream" in result.stderr
     result = cli("run", "--config", str(config), check=False)
     assert result.returncode == 3  # nothing was stored: still empty
+
+
+async def test_check_reads_the_keys_and_token(tmp_path: Path) -> None:
+    key = tmp_path / "signing.key"
+    verify = cli("keygen", "--out", str(key)).stdout.strip().split()[-1]
+    token = tmp_path / "token"
+    token.write_text("\n")
+    good = write_config(
+        tmp_path, sqlite_url(tmp_path),
+        f'token_file = "{token}"\n[cache]\npath = "{tmp_path}/lkg.bin"\n'
+        f'signing_key = "{key}"\ntrusted_keys = ["{verify}"]\n',
+    )
+    result = cli("check", "--config", str(good), check=False)
+    assert result.returncode == 2 and "$.admin.token_file" in result.stderr  # empty token
+    token.write_text("t0ken\n")
+    assert cli("check", "--config", str(good)).returncode == 0
+    bad = good.read_text().replace(verify, "ed25519:not-base64!")
+    good.write_text(bad)
+    result = cli("check", "--config", str(good), check=False)
+    assert result.returncode == 2 and "$.cache.trusted_keys[0]" in result.stderr
