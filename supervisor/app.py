@@ -109,6 +109,10 @@ class Daemon:
                 trusted_keys=self.config.cache.trusted_keys,
                 max_schema_version=SCHEMA_VERSION,
             )
+            if not cache.signing_key_trusted:
+                log.warning("the cache signing key is not among cache.trusted_keys: this "
+                            "replica would refuse its own cache at boot",
+                            path=self.config.cache.path)
         snapshot_file = None
         if self.config.snapshot.path is not None:
             from supervisor.sinks.file import SnapshotFile
