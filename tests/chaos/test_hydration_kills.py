@@ -26,6 +26,10 @@ from tests.chaos.support import (
 )
 from tests.proc import acli, run_daemon
 
+# The readers below sample the daemon's output continuously during the fault;
+# this is their sampling cadence, not a wait for something to happen.
+SAMPLE_EVERY_S = 0.01
+
 pytestmark = pytest.mark.chaos
 
 ALIASES = 20_000  # about 1.5 MB of JSON: hydrated in one read, compiled in a worker thread
@@ -88,7 +92,7 @@ async def test_backends_killed_during_hydration_never_half_apply(
                 while not done.is_set():
                     data = await trio.to_thread.run_sync(snapshot.read_bytes)
                     _observe(file_seen, json.loads(data))
-                    await trio.sleep(0.01)
+                    await trio.sleep(SAMPLE_EVERY_S)
 
             async def read_http() -> None:
                 while not done.is_set():
@@ -96,7 +100,7 @@ async def test_backends_killed_during_hydration_never_half_apply(
                     assert code == 200
                     assert etag == f'"{data["revision"]}-{data["generation"]}"'
                     _observe(http_seen, data)
-                    await trio.sleep(0.01)
+                    await trio.sleep(SAMPLE_EVERY_S)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read_file)

@@ -31,6 +31,10 @@ from tests.conftest import ADMIN_DSN
 from tests.proc import Daemon, NotifySocket, acli, free_port, run_daemon
 from tests.tcpproxy import TcpProxy, tcp_proxy
 
+# The readers below sample the daemon's output continuously during the fault;
+# this is their sampling cadence, not a wait for something to happen.
+SAMPLE_EVERY_S = 0.01
+
 pytestmark = pytest.mark.chaos
 
 
@@ -190,7 +194,7 @@ async def test_real_postgresql_restart(tmp_path: Path, pg_url: str) -> None:
                         code, body, now = await get_json(http, f"{base}/v1/snapshot")
                         assert (code, now, body["revision"]) == (200, etag, first)
                         served += 1
-                        await trio.sleep(0.02)
+                        await trio.sleep(SAMPLE_EVERY_S)
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(keep_reading)

@@ -20,6 +20,7 @@ from supervisor.controlplane.listen import run_listener
 from supervisor.controlplane.store import open_store
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.telemetry import Metrics
+from tests.polling import poll_until
 
 
 def fast(url: str) -> ControlPlaneConfig:
@@ -57,17 +58,6 @@ async def publish(url: str, body: bytes) -> int:
         return await store.publish(body, 1, None)
     finally:
         await store.aclose()
-
-
-async def wait_until(predicate: Callable[[], bool | Awaitable[bool]]) -> None:
-    """Wait for an outside condition that no event reports (a server view, a metric)."""
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        await trio.sleep(0.01)
 
 
 def free_port() -> int:
@@ -114,7 +104,7 @@ async def test_a_burst_coalesces_into_one_pending_wake_up(pg_url: str) -> None:
             assert await signal.wait() == "reconnect"
             for n in range(5):
                 await publish(pg_url, doc(n=n))
-            await wait_until(lambda: sample(metrics, "listen_notifications_total") == 5)
+            await poll_until(lambda: sample(metrics, "listen_notifications_total") == 5)
             assert await signal.wait() == "notify"
             with pytest.raises(trio.WouldBlock):
                 signal._receive.receive_nowait()  # nothing else pending
@@ -146,7 +136,7 @@ async def test_starts_at_once_and_keeps_retrying_while_the_server_is_down() -> N
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(run_listener, config, signal, metrics)  # no connection needed
-            await wait_until(lambda: sample(metrics, "listen_reconnects_total") >= 3)
+            await poll_until(lambda: sample(metrics, "listen_reconnects_total") >= 3)
             assert sample(metrics, "listen_connected") == 0
             assert signal.sent == 0
             # Shutdown while reconnecting (between attempts) is prompt.
@@ -167,7 +157,7 @@ async def test_shutdown_while_waiting_is_prompt(pg_url: str) -> None:
         assert trio.current_time() - start < 0.5
         assert sample(metrics, "listen_connected") == 0
         # The connection was closed, not leaked.
-        await wait_until(lambda: _none(listener_pids(pg_url)))
+        await poll_until(lambda: _none(listener_pids(pg_url)))
 
 
 async def _none(pids: Awaitable[list[int]]) -> bool:

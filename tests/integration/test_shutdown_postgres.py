@@ -8,6 +8,7 @@ from pathlib import Path
 import psycopg
 import trio
 
+from tests.polling import poll_until
 from tests.proc import EXAMPLE, NotifySocket, acli, run_daemon, write_config
 
 
@@ -36,9 +37,11 @@ async def test_sigterm_during_a_hung_query_exits_within_the_grace(
                 await trio.to_thread.run_sync(
                     locker.execute, "LOCK TABLE supervisor_desired IN ACCESS EXCLUSIVE MODE")
                 # Wait (bounded, polling external state) until the daemon's poll is stuck.
+                async def blocked() -> bool:
+                    return await trio.to_thread.run_sync(blocked_backends, pg_url) > 0
+
                 with trio.fail_after(10):
-                    while await trio.to_thread.run_sync(blocked_backends, pg_url) == 0:
-                        await trio.sleep(0.05)
+                    await poll_until(blocked)
                 daemon.signal(signal.SIGTERM)
                 start = trio.current_time()
                 code = await daemon.wait()

@@ -100,7 +100,7 @@ async def _run_until_cancel(lister: FakeLister, cancel: trio.Event | trio.Cancel
     async with trio.open_nursery() as nursery:
         nursery.start_soon(task)
         # Let the first (failing) attempt settle into its retry sleep, then cancel.
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
         if isinstance(cancel, trio.Event):
             cancel.set()
         else:
