@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
+from supervisor.controlplane.store import ControlPlaneError
 from supervisor.convergence.backoff import Backoff
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus, Source
-from supervisor.errors import BootRefused, SupervisorError
+from supervisor.errors import BootRefused
 from supervisor.events import EventBus
 from supervisor.logs import get_logger
+from supervisor.revision.errors import RevisionError
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 
@@ -112,14 +114,11 @@ class _Streak:
         self.failing = False
 
 
-def _failure_fields(exc: SupervisorError) -> tuple[str, int | None, str]:
+def _failure_fields(exc: ControlPlaneError | RevisionError) -> tuple[str, int | None, str]:
     """(reason label, revision or None, detail) of a store or compile failure."""
-    reason = getattr(exc, "reason", None)
-    if not isinstance(reason, str) or reason not in reasons.REVISION_REASONS:
-        reason = reasons.INVALID
-    revision = getattr(exc, "revision", None)
-    detail = getattr(exc, "detail", None) or str(exc)
-    return reason, revision if isinstance(revision, int) else None, str(detail)
+    if isinstance(exc, RevisionError):
+        return exc.reason, exc.revision, exc.detail
+    return exc.reason, exc.revision, str(exc)
 
 
 class Reconciler:
@@ -183,7 +182,7 @@ class Reconciler:
         if observe:
             try:
                 desired = await self.store.desired()
-            except SupervisorError:
+            except ControlPlaneError:
                 self._set_reachable(False)
                 raise
             self._set_reachable(True)
@@ -195,8 +194,8 @@ class Reconciler:
                 return Outcome(OutcomeKind.CONVERGED, revision=desired)
         try:
             loaded = await self.store.hydrate()
-        except SupervisorError as exc:
-            if not observe and getattr(exc, "retryable", False):
+        except ControlPlaneError as exc:
+            if not observe and exc.retryable:
                 self._set_reachable(False)
             raise
         if not observe:
@@ -273,7 +272,7 @@ class Reconciler:
             self.metrics.last_known_good_events.labels("exported").inc()
             self._cache_streak.ok()
 
-    def _record_failure(self, exc: SupervisorError) -> Outcome:
+    def _record_failure(self, exc: ControlPlaneError | RevisionError) -> Outcome:
         reason, revision, detail = _failure_fields(exc)
         self.status.failed(revision, reason, detail)
         self.metrics.revision_rejections.labels(reason).inc()
@@ -296,9 +295,6 @@ class Reconciler:
 
     async def converge_once(self, trigger: str = "poll") -> Outcome:
         """One full attempt; never raises on data or store failures (Cancelled propagates)."""
-        from supervisor.controlplane.store import ControlPlaneError
-        from supervisor.revision.errors import RevisionError
-
         self.attempts += 1
         with self.metrics.convergence_duration.time():
             try:
@@ -347,9 +343,6 @@ class Reconciler:
 
     async def bootstrap(self) -> Outcome:
         """Reach a first servable snapshot, or raise BootRefused naming the refusal."""
-        from supervisor.controlplane.store import ControlPlaneError
-        from supervisor.revision.errors import RevisionError
-
         try:
             outcome = await self._attempt()
         except ControlPlaneError as exc:
@@ -378,7 +371,7 @@ class Reconciler:
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         return outcome
 
-    async def _restore(self, cause: SupervisorError) -> Outcome:
+    async def _restore(self, cause: ControlPlaneError | RevisionError) -> Outcome:
         from supervisor.sinks.lkg import CacheError, CacheSkew
 
         reason, _, detail = _failure_fields(cause)
@@ -393,8 +386,7 @@ class Reconciler:
             cached = await trio.to_thread.run_sync(cache.load)
         except CacheSkew as exc:
             log.error("last-known-good cache written by a newer build (version skew); "
-                      "treating it as no cache", path=cache.path if hasattr(cache, "path")
-                      else None, error=str(exc))
+                      "treating it as no cache", path=cache.path, error=str(exc))
             self.metrics.last_known_good_events.labels("refused").inc()
             raise BootRefused(
                 "cache",
@@ -414,8 +406,6 @@ class Reconciler:
                 f"refusing to boot: {detail} ({reason}), and the last-known-good cache "
                 "file does not exist yet",
             ) from cause
-        from supervisor.revision.errors import RevisionError
-
         generation = self.state.generation + 1
         try:
             snapshot = await self._compile(cached.body, cached.revision, generation)
