@@ -175,6 +175,8 @@ class Daemon:
             specs.append(listen)
         specs.append(self._convergence_child())
         specs.extend(self._fanout_children())
+        for spec in specs:  # pre-initialised: a rate() over a child never restarted is 0
+            self.metrics.child_restarts.labels(spec.name)
         sup = self.config.supervisor
         self.tree = Supervisor(
             specs,

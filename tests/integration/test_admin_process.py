@@ -32,6 +32,12 @@ async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -
             assert raw["fanout"]["ServiceDefinition"] == {
                 "state": "disabled", "last_error_class": None, "objects": 0}
             assert raw["fanout"]["Workflow"]["state"] == "disabled"
+            async with httpx.AsyncClient() as client:
+                metrics = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            assert 'supervisor_child_restarts_total{child="convergence"} 0.0' in metrics
+            assert 'supervisor_revision_rejections_total{reason="projection"} 0.0' in metrics
+            assert "supervisor_active_revision 1.0" in metrics
+            assert "process_resident_memory_bytes" in metrics
 
             watcher = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "supervisor", "watch", "--url",
