@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config_path(args: argparse.Namespace, required: bool = True) -> str | None:
-    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV)
+    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
     if path is None and required:
         raise UsageError(f"no configuration: pass --config PATH or set {CONFIG_ENV}")
     return path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from tests.proc import EXAMPLE, NotifySocket, cli, run_daemon, write_config
+from tests.proc import EXAMPLE, NotifySocket, cli, free_port, run_daemon, write_config
 
 
 def sqlite_url(tmp_path: Path) -> str:
@@ -193,3 +193,23 @@ async def test_check_reads_the_keys_and_token(tmp_path: Path) -> None:
     good.write_text(bad)
     result = cli("check", "--config", str(good), check=False)
     assert result.returncode == 2 and "$.cache.trusted_keys[0]" in result.stderr
+
+
+async def test_supervisor_config_names_the_file(tmp_path: Path) -> None:
+    config = write_config(tmp_path, sqlite_url(tmp_path))
+    assert cli("check", env={"SUPERVISOR_CONFIG": str(config)}).returncode == 0
+    missing = cli("check", check=False, env={"SUPERVISOR_CONFIG": ""})
+    assert missing.returncode == 2 and "SUPERVISOR_CONFIG" in missing.stderr
+
+
+async def test_environment_override_reaches_the_daemon(tmp_path: Path) -> None:
+    config = published(tmp_path)
+    # The file says port X; the environment moves the admin API elsewhere.
+    other = free_port()
+    env = {"SUPERVISOR_ADMIN__LISTEN": f"127.0.0.1:{other}"}
+    with trio.fail_after(30):
+        async with run_daemon(config, env=env) as daemon:
+            line = await daemon.wait_log("admin API listening")
+            assert line["address"] == f"127.0.0.1:{other}"
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
