@@ -213,3 +213,16 @@ async def test_environment_override_reaches_the_daemon(tmp_path: Path) -> None:
             assert line["address"] == f"127.0.0.1:{other}"
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+async def test_console_script_is_installed(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    script = shutil.which("trio-supervisor", path=str(Path(sys.executable).parent))
+    assert script is not None, "the trio-supervisor console script is not installed"
+    config = write_config(tmp_path, sqlite_url(tmp_path))
+    result = subprocess.run([script, "check", "--config", str(config)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
