@@ -31,9 +31,20 @@ def free_port() -> int:
 
 
 def write_config(directory: Path, url: str, extra: str = "", *, port: int | None = None,
-                 grace_s: float = 5.0) -> Path:
+                 grace_s: float = 5.0, poll_interval_s: float = 1.0,
+                 listen: bool | None = None, backoff_initial_s: float | None = None,
+                 backoff_max_s: float | None = None) -> Path:
+    """The daemon's configuration for a test; ``extra`` lands in ``[admin]`` or after it."""
     port = port or free_port()
+    control_plane = [f'url = "{url}"', f"poll_interval_s = {poll_interval_s}"]
+    if listen is not None:
+        control_plane.append(f"listen = {'true' if listen else 'false'}")
+    if backoff_initial_s is not None:
+        control_plane.append(f"backoff_initial_s = {backoff_initial_s}")
+    if backoff_max_s is not None:
+        control_plane.append(f"backoff_max_s = {backoff_max_s}")
     path = directory / "supervisor.toml"
+    newline = "\n"
     path.write_text(
         f"""
 [supervisor]
@@ -42,8 +53,7 @@ shutdown_grace_s = {grace_s}
 level = "info"
 format = "json"
 [control_plane]
-url = "{url}"
-poll_interval_s = 1
+{newline.join(control_plane)}
 [admin]
 listen = "127.0.0.1:{port}"
 {extra}

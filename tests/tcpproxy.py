@@ -62,6 +62,11 @@ class TcpProxy:
             nursery.start_soon(pump, upstream, client)
 
 
+def proxied_url(pg_url: str, port: int) -> str:
+    """``pg_url`` pointed at a proxy on ``port`` instead of the server on 5432."""
+    return pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+
+
 @asynccontextmanager
 async def tcp_proxy(port: int, target_port: int = 5432, *, up: bool = True) -> AsyncIterator[TcpProxy]:
     async with trio.open_nursery() as nursery:

@@ -26,10 +26,8 @@ import psycopg
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from tests.proc import REPO, Daemon, free_port
-
-POLL_S = 0.05  # the pause between two reads of external state in a bounded poll loop
-
+from tests.polling import poll_until as _poll_until
+from tests.proc import REPO, Daemon, free_port, write_config
 
 # -- configuration ------------------------------------------------------------------
 
@@ -48,30 +46,10 @@ def chaos_config(
 ) -> tuple[Path, int]:
     """Write a configuration for the daemon; returns (path, admin port)."""
     port = port or free_port()
-    path = directory / "supervisor.toml"
-    path.write_text(
-        f"""
-[supervisor]
-shutdown_grace_s = {grace_s}
-[log]
-level = "info"
-format = "json"
-[control_plane]
-url = "{url}"
-poll_interval_s = {poll_interval_s}
-listen = {"true" if listen else "false"}
-backoff_initial_s = {backoff_initial_s}
-backoff_max_s = {backoff_max_s}
-[admin]
-listen = "127.0.0.1:{port}"
-{extra}
-"""
-    )
+    path = write_config(directory, url, extra, port=port, grace_s=grace_s,
+                        poll_interval_s=poll_interval_s, listen=listen,
+                        backoff_initial_s=backoff_initial_s, backoff_max_s=backoff_max_s)
     return path, port
-
-
-def proxied(pg_url: str, port: int) -> str:
-    return pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
 
 
 # -- revisions ------------------------------------------------------------------------
@@ -133,9 +111,12 @@ def daemon_backends(pg_url: str, *, waiting_on_lock: bool = False) -> list[int]:
 
 async def wait_backend_on_lock(pg_url: str) -> None:
     """Bounded poll (the caller's fail_after) until a daemon query waits on a lock."""
-    while not await trio.to_thread.run_sync(lambda: daemon_backends(pg_url,
-                                                                     waiting_on_lock=True)):
-        await trio.sleep(POLL_S)
+
+    async def blocked() -> bool:
+        return bool(await trio.to_thread.run_sync(
+            lambda: daemon_backends(pg_url, waiting_on_lock=True)))
+
+    await _poll_until(blocked)
 
 
 # -- the process --------------------------------------------------------------------
@@ -331,10 +312,15 @@ async def snapshot_file_at(path: Path, revision: int) -> dict[str, Any]:
 async def poll_until(predicate: Callable[[], Awaitable[Any]], what: str,
                      timeout_s: float = 30.0) -> Any:
     """Poll external state until ``predicate()`` is truthy (bounded); returns that value."""
+    found: list[Any] = []
+
+    async def holds() -> bool:
+        value = await predicate()
+        if value:
+            found.append(value)
+        return bool(value)
+
     with trio.move_on_after(timeout_s):
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            await trio.sleep(POLL_S)
+        await _poll_until(holds)
+        return found[0]
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -18,7 +18,6 @@ from tests.chaos.support import (
     count_lines,
     get_json,
     metric,
-    proxied,
     publish_once,
     revision_body,
     snapshot_file_at,
@@ -30,6 +29,7 @@ from tests.chaos.support import (
 from tests.conftest import ADMIN_DSN
 from tests.proc import Daemon, NotifySocket, acli, free_port, run_daemon
 from tests.tcpproxy import TcpProxy, tcp_proxy
+from tests.tcpproxy import proxied_url as proxied
 
 # The readers below sample the daemon's output continuously during the fault;
 # this is their sampling cadence, not a wait for something to happen.

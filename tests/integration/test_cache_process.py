@@ -15,6 +15,7 @@ import trio
 
 from supervisor.sinks import lkg
 from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
+from tests.tcpproxy import proxied_url as proxied
 from tests.tcpproxy import tcp_proxy
 
 
@@ -30,10 +31,6 @@ def cache_config(tmp_path: Path, url: str, key: Path, trusted: list[str], *,
              f"trusted_keys = {json.dumps(trusted)}\n")
     (tmp_path / "cache").mkdir(exist_ok=True)
     return write_config(tmp_path, url, extra, port=admin_port)
-
-
-def proxied(pg_url: str, port: int) -> str:
-    return pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
 
 
 async def serve_once_and_stop(config: Path) -> None:

@@ -13,13 +13,11 @@ import psycopg
 import trio
 
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
-from tests.tcpproxy import tcp_proxy
+from tests.tcpproxy import proxied_url, tcp_proxy
 
 
 def hour_poll(tmp_path: Path, url: str) -> Path:
-    config = write_config(tmp_path, url)
-    config.write_text(config.read_text().replace("poll_interval_s = 1", "poll_interval_s = 3600"))
-    return config
+    return write_config(tmp_path, url, poll_interval_s=3600)
 
 
 def sql_publish(pg_url: str) -> int:
@@ -96,7 +94,7 @@ async def test_listener_killed_reconnects_and_converges_without_the_poll(
 
 async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, pg_url: str) -> None:
     port = free_port()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+    url = proxied_url(pg_url, port)
     config = hour_poll(tmp_path, url)
     async with tcp_proxy(port) as proxy:
         await acli("db", "migrate", "--config", str(config))

@@ -89,8 +89,8 @@ async def test_watchdog_cadence(tmp_path: Path) -> None:
 
 async def test_sighup_converges_now_and_rereads_log_level(tmp_path: Path) -> None:
     config = published(tmp_path)
-    text = config.read_text().replace("poll_interval_s = 1", "poll_interval_s = 3600")
-    config.write_text(text)
+    config = write_config(tmp_path, sqlite_url(tmp_path), poll_interval_s=3600)
+    text = config.read_text()
     notify = NotifySocket(tmp_path / "notify")
     await notify.bind()
     with trio.fail_after(30):

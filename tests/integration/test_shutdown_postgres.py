@@ -8,23 +8,14 @@ from pathlib import Path
 import psycopg
 import trio
 
-from tests.polling import poll_until
+from tests.chaos.support import daemon_backends, wait_backend_on_lock
 from tests.proc import EXAMPLE, NotifySocket, acli, run_daemon, write_config
-
-
-def blocked_backends(pg_url: str) -> int:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock'").fetchone()
-    return int(row[0]) if row else 0
 
 
 async def test_sigterm_during_a_hung_query_exits_within_the_grace(
     tmp_path: Path, pg_url: str
 ) -> None:
-    config = write_config(tmp_path, pg_url, grace_s=3.0)
-    config.write_text(config.read_text().replace("poll_interval_s = 1", "poll_interval_s = 0.2"))
+    config = write_config(tmp_path, pg_url, grace_s=3.0, poll_interval_s=0.2)
     await acli("db", "migrate", "--config", str(config))
     await acli("publish", "--config", str(config), str(EXAMPLE))
     notify = NotifySocket(tmp_path / "notify")
@@ -37,11 +28,8 @@ async def test_sigterm_during_a_hung_query_exits_within_the_grace(
                 await trio.to_thread.run_sync(
                     locker.execute, "LOCK TABLE supervisor_desired IN ACCESS EXCLUSIVE MODE")
                 # Wait (bounded, polling external state) until the daemon's poll is stuck.
-                async def blocked() -> bool:
-                    return await trio.to_thread.run_sync(blocked_backends, pg_url) > 0
-
                 with trio.fail_after(10):
-                    await poll_until(blocked)
+                    await wait_backend_on_lock(pg_url)
                 daemon.signal(signal.SIGTERM)
                 start = trio.current_time()
                 code = await daemon.wait()
@@ -51,5 +39,6 @@ async def test_sigterm_during_a_hung_query_exits_within_the_grace(
     assert code == 0
     assert took < 3.0, took
     # The hung statement was cancelled server-side, not left behind.
-    assert await trio.to_thread.run_sync(blocked_backends, pg_url) == 0
+    assert await trio.to_thread.run_sync(
+        lambda: daemon_backends(pg_url, waiting_on_lock=True)) == []
     notify.close()

@@ -4,7 +4,6 @@ produced by a real fault (a fresh database per test, from the ``pg_url`` fixture
 from __future__ import annotations
 
 import hashlib
-import json
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +15,6 @@ import pytest
 import trio
 
 from supervisor import reasons
-from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.postgres import PostgresStore
 from supervisor.controlplane.store import (
     ControlPlaneError,
@@ -24,21 +22,9 @@ from supervisor.controlplane.store import (
     FailureCategory,
     Incompatible,
     TooLarge,
-    open_store,
 )
 from tests.conftest import ADMIN_DSN
-
-
-def doc(**extra: Any) -> bytes:
-    return json.dumps({"schema_version": 1, "aliases": {}, **extra}).encode()
-
-
-def make_store(url: str, **cp: Any) -> ControlPlaneStore:
-    statement_timeout_s = cp.pop("statement_timeout_s", 10.0)
-    return open_store(
-        ControlPlaneConfig(url=url, **cp), max_schema_version=1,
-        statement_timeout_s=statement_timeout_s,
-    )
+from tests.stores import doc, make_store
 
 
 async def sql(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from supervisor import reasons
-from supervisor.config import ControlPlaneConfig, sqlite_path
+from supervisor.config import sqlite_path
 from supervisor.controlplane.sqlite import SQLiteStore
 from supervisor.controlplane.store import (
     ControlPlaneError,
@@ -23,20 +21,8 @@ from supervisor.controlplane.store import (
     FailureCategory,
     Incompatible,
     TooLarge,
-    open_store,
 )
-
-
-def doc(**extra: Any) -> bytes:
-    return json.dumps({"schema_version": 1, "aliases": {}, **extra}).encode()
-
-
-def make_store(url: str, **cp: Any) -> ControlPlaneStore:
-    statement_timeout_s = cp.pop("statement_timeout_s", 10.0)
-    return open_store(
-        ControlPlaneConfig(url=url, **cp), max_schema_version=1,
-        statement_timeout_s=statement_timeout_s,
-    )
+from tests.stores import doc, make_store
 
 
 def raw(url: str) -> sqlite3.Connection:
