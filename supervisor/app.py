@@ -20,15 +20,17 @@ cancelled. A second signal cancels at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from supervisor import logs, reasons
 from supervisor.config import Config, load
+from supervisor.controlplane.poke import Poke
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
@@ -40,9 +42,17 @@ from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 from supervisor.tree import ChildSpec, Restart, Supervisor
 
+if TYPE_CHECKING:
+    from supervisor.sinks.lkg import LastKnownGood
+
 __all__ = ["Daemon", "run_daemon"]
 
 log = logs.get_logger("daemon")
+
+#: Tests only: a directory where a file ``crash-<child>`` plus SIGUSR2 crashes
+#: that child with an injected fault (the crash drills). Unset, SIGUSR2 keeps
+#: its default disposition and nothing here runs.
+FAULT_DIR_ENV = "SUPERVISOR_TEST_FAULT_DIR"
 
 # After a second signal, or past the grace, how long cancellation may take
 # before the process is ended without further cleanup. Every write the daemon
@@ -61,6 +71,7 @@ class Daemon:
     status: RevisionStatus = field(default_factory=RevisionStatus)
     signal: ChangeSignal = field(default_factory=ChangeSignal)
     hup: HupHooks = field(default_factory=HupHooks)
+    listener_poke: Poke = field(default_factory=Poke)
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     tree: Supervisor | None = None
     admin_address: tuple[str, int] | None = None
@@ -74,18 +85,20 @@ class Daemon:
         from supervisor.admin.server import read_token, serve_admin
 
         cfg = self.config.admin
-        token = read_token(cfg.token_file) if cfg.token_file else None
-        ctx = AdminContext(
-            state=self.state,
-            revision=self.status,
-            events=self.events,
-            metrics=self.metrics,
-            children=lambda: self.tree.report() if self.tree is not None else {},
-            fanout=self.fanout,
-            token=token,
-        )
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            # Built by every start: a restart re-reads the token file.
+            token = read_token(cfg.token_file) if cfg.token_file else None
+            ctx = AdminContext(
+                state=self.state,
+                revision=self.status,
+                events=self.events,
+                metrics=self.metrics,
+                children=lambda: self.tree.report() if self.tree is not None else {},
+                fanout=self.fanout,
+                token=token,
+                unhealthy=self.unhealthy,
+            )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
                 self.admin_address = address
@@ -93,53 +106,59 @@ class Daemon:
 
         return ChildSpec("admin", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
-    def _convergence_child(self) -> ChildSpec:
-        from supervisor.controlplane.store import open_store
+    def _open_cache(self) -> LastKnownGood | None:
+        if self.config.cache.path is None:
+            return None
         from supervisor.revision.document import SCHEMA_VERSION
-        from supervisor.revision.secrets import EnvFileResolver
+        from supervisor.sinks.lkg import LastKnownGood
 
-        cp = self.config.control_plane
-        cache = None
-        if self.config.cache.path is not None:
-            from supervisor.sinks.lkg import LastKnownGood
-
-            cache = LastKnownGood(
-                self.config.cache.path,
-                signing_key_path=self.config.cache.signing_key,
-                trusted_keys=self.config.cache.trusted_keys,
-                max_schema_version=SCHEMA_VERSION,
-            )
-            if not cache.signing_key_trusted:
-                log.warning("the cache signing key is not among cache.trusted_keys: this "
-                            "replica would refuse its own cache at boot",
-                            path=self.config.cache.path)
-        snapshot_file = None
-        if self.config.snapshot.path is not None:
-            from supervisor.sinks.file import SnapshotFile
-
-            snapshot_file = SnapshotFile(self.config.snapshot.path)
-        from supervisor.convergence.reconciler import Reconciler
-
-        store = open_store(cp, max_schema_version=SCHEMA_VERSION)
-        reconciler = Reconciler(
-            store,
-            state=self.state,
-            status=self.status,
-            metrics=self.metrics,
-            events=self.events,
-            signal=self.signal,
-            poll_interval_s=cp.poll_interval_s,
-            backoff_initial_s=cp.backoff_initial_s,
-            backoff_max_s=cp.backoff_max_s,
-            resolver=EnvFileResolver(),
-            cache=cache,
-            snapshot_file=snapshot_file,
-            on_status=self.notifier.status,
+        cache = LastKnownGood(
+            self.config.cache.path,
+            signing_key_path=self.config.cache.signing_key,
+            trusted_keys=self.config.cache.trusted_keys,
+            max_schema_version=SCHEMA_VERSION,
         )
+        if not cache.signing_key_trusted:
+            log.warning("the cache signing key is not among cache.trusted_keys: this "
+                        "replica would refuse its own cache at boot",
+                        path=self.config.cache.path)
+        return cache
+
+    def _convergence_child(self) -> ChildSpec:
+        cp = self.config.control_plane
         self.hup.register("converge-now", lambda: self.signal.notify("sighup"))
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            # Everything this child owns is made here, by every start, and
+            # closed on the way out: a restart after a crash starts fresh (a
+            # store closed by the previous run's ``finally`` is never reused).
+            from supervisor.controlplane.store import open_store
+            from supervisor.convergence.reconciler import Reconciler
+            from supervisor.revision.document import SCHEMA_VERSION
+            from supervisor.revision.secrets import EnvFileResolver
+            from supervisor.sinks.file import SnapshotFile
+
+            cache = self._open_cache()
+            snapshot_file = (SnapshotFile(self.config.snapshot.path)
+                             if self.config.snapshot.path is not None else None)
+            store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False)
             try:
+                reconciler = Reconciler(
+                    store,
+                    state=self.state,
+                    status=self.status,
+                    metrics=self.metrics,
+                    events=self.events,
+                    signal=self.signal,
+                    poll_interval_s=cp.poll_interval_s,
+                    backoff_initial_s=cp.backoff_initial_s,
+                    backoff_max_s=cp.backoff_max_s,
+                    resolver=EnvFileResolver(),
+                    cache=cache,
+                    snapshot_file=snapshot_file,
+                    on_status=self.notifier.status,
+                    on_outage_change=lambda _down: self.listener_poke.poke(),
+                )
                 await reconciler.run(task_status=task_status)
             finally:
                 with trio.move_on_after(2.0, shield=True):
@@ -154,9 +173,40 @@ class Daemon:
         from supervisor.controlplane.listen import run_listener
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            await run_listener(cp, self.signal, self.metrics, task_status=task_status)
+            await run_listener(cp, self.signal, self.metrics, poke=self.listener_poke,
+                               task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    # -- health ----------------------------------------------------------------
+
+    def stall_limit_s(self) -> float:
+        """How long the convergence loop may go without finishing an attempt (CONTRACT 8)."""
+        cp = self.config.control_plane
+        return 3 * cp.poll_interval_s + cp.backoff_max_s
+
+    def unhealthy(self) -> list[str]:
+        """Why /healthz answers 503: children down or failed, convergence stalled."""
+        found: list[str] = []
+        if self.tree is not None:
+            for name, child in self.tree.children.items():
+                if child.state in ("backoff", "failed"):
+                    found.append(f"child {name} is {child.state}: {child.last_error}")
+        stalled = self.status.stalled_for()
+        if self._ready and stalled > self.stall_limit_s():
+            found.append(f"convergence has not finished an attempt for {stalled:.0f} s "
+                         f"(limit {self.stall_limit_s():g} s)")
+        return found
+
+    def _watchdog_healthy(self) -> bool:
+        """Pings stop when restarting cannot help: a crash loop, a failed child, a stall."""
+        if self.tree is None:
+            return False
+        if self.tree.crash_looping:
+            return False
+        if any(child.state == "failed" for child in self.tree.children.values()):
+            return False
+        return self.status.stalled_for() <= self.stall_limit_s()
 
     def _fanout_children(self) -> list[ChildSpec]:
         if not self.config.kubernetes.enabled:
@@ -245,6 +295,24 @@ class Daemon:
         log.error("shutdown did not finish; exiting without further cleanup")
         os._exit(1)
 
+    async def _fault_injection(self, fault_dir: str) -> None:
+        with trio.open_signal_receiver(signal.SIGUSR2) as receiver:
+            async for _ in receiver:
+                try:
+                    names = sorted(os.listdir(fault_dir))
+                except OSError as exc:
+                    log.error("fault injection: cannot read the fault directory",
+                              path=fault_dir, error=str(exc))
+                    continue
+                for entry in names:
+                    if not entry.startswith("crash-") or self.tree is None:
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(fault_dir, entry))
+                    child = entry.removeprefix("crash-")
+                    injected = self.tree.inject_fault(child)
+                    log.warning("fault injection", child=child, injected=injected)
+
     # -- running ---------------------------------------------------------------
 
     async def run(self) -> None:
@@ -254,6 +322,9 @@ class Daemon:
             tree_scope = trio.CancelScope()
             async with trio.open_nursery() as root:
                 root.start_soon(self._signals, receiver, tree_scope, root)
+                fault_dir = os.environ.get(FAULT_DIR_ENV)
+                if fault_dir:
+                    root.start_soon(self._fault_injection, fault_dir)
                 try:
                     with tree_scope:
                         async with trio.open_nursery() as tree_nursery:
@@ -268,7 +339,7 @@ class Daemon:
                             if interval is not None:
                                 tree_nursery.start_soon(
                                     run_watchdog, self.notifier, interval,
-                                    lambda: not tree.crash_looping,
+                                    self._watchdog_healthy,
                                 )
                 finally:
                     root.cancel_scope.cancel()

@@ -61,6 +61,10 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
+class InjectedFault(RuntimeError):
+    """A crash made on purpose by a test (:meth:`Supervisor.inject_fault`)."""
+
+
 class StartFn(Protocol):
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
 
@@ -91,6 +95,8 @@ class ChildState:
     entered: bool = False
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
+    # The nursery the current run lives in (None between runs).
+    nursery: trio.Nursery | None = None
 
     def report(self) -> dict[str, Any]:
         return {"state": self.state, "restarts": self.restarts, "last_error": self.last_error}
@@ -168,6 +174,23 @@ class Supervisor:
                 log.warning("child did not stop in time", child=spec.name,
                             timeout_s=spec.shutdown_timeout_s)
 
+    def inject_fault(self, name: str) -> bool:
+        """Crash child ``name`` as a real fault would (tests only; see app.FAULT_DIR_ENV).
+
+        An exception raised inside the child's own nursery: its tasks are
+        cancelled, its ``finally`` blocks run, and the tree sees a crash.
+        False when the child is not running.
+        """
+        child = self.children.get(name)
+        if child is None or child.nursery is None:
+            return False
+
+        async def fault() -> None:
+            raise InjectedFault(f"fault injected into child {name!r} by a test")
+
+        child.nursery.start_soon(fault)
+        return True
+
     def _set(self, child: ChildState, state: str) -> None:
         if child.state != state:
             child.state = state
@@ -194,6 +217,7 @@ class Supervisor:
                     crashed: BaseException | None = None
                     try:
                         async with trio.open_nursery() as inner:
+                            child.nursery = inner
                             await inner.start(spec.start)
                             child.started = True
                             self._set(child, "running")
@@ -205,6 +229,8 @@ class Supervisor:
                             self._set(child, "failed")
                             raise fatal from None
                         crashed = exc
+                    finally:
+                        child.nursery = None
                     if crashed is None:
                         if spec.restart is not Restart.PERMANENT:
                             log.info("child finished", child=spec.name)
@@ -221,6 +247,9 @@ class Supervisor:
                             error=child.last_error,
                             traceback="".join(traceback.format_exception(crashed)),
                         )
+                        # Not kept across the backoff: its frames hold what the
+                        # crashed run owned.
+                        crashed = None
                         if spec.restart is Restart.TEMPORARY:
                             self._set(child, "failed")
                             report_started()

@@ -1,8 +1,11 @@
 """The admin API as an ASGI application (CONTRACT.md section 6).
 
 ============================  ==========================================================
-``GET /healthz``              200 ``{"ok": true}`` while the event loop responds; never
-                              needs the token
+``GET /healthz``              200 ``{"ok": true}`` while the event loop responds and
+                              nothing is unhealthy; 503 ``{"ok": false, "unhealthy":
+                              [reasons]}`` when a child is down or failed for good,
+                              or convergence has stalled
+                              (:meth:`AdminContext.unhealthy`); never needs the token
 ``GET /readyz``               200 ``{"ready": true, "revision", "generation"}`` once a
                               snapshot is active; else 503 ``{"ready": false, "reason",
                               "consecutive_failures"}``
@@ -172,6 +175,9 @@ class AdminApp:
 
     def _healthz(self, headers: list[tuple[bytes, bytes]]) -> Response:
         # Answering at all proves the event loop runs: nothing here can block.
+        unhealthy = self.ctx.unhealthy()
+        if unhealthy:
+            return json_response(503, {"ok": False, "unhealthy": unhealthy})
         return json_response(200, {"ok": True})
 
     def _readyz(self, headers: list[tuple[bytes, bytes]]) -> Response:

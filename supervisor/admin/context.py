@@ -26,6 +26,8 @@ class AdminContext:
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     # The bearer token, already read from [admin].token_file; None = no auth.
     token: str | None = None
+    # Why the process is not healthy (empty: healthy); the daemon's health().
+    unhealthy: Callable[[], list[str]] = field(default=lambda: [])
 
     def status(self) -> dict[str, Any]:
         """The /status document of CONTRACT.md section 6."""

@@ -28,6 +28,15 @@ The backoff resets once a connection has proven healthy (a probe succeeded or
 a notification arrived), so a server that accepts and immediately drops
 connections is retried ever more slowly rather than in a tight loop.
 
+Recovery is prompt: the convergence loop pokes this child
+(:class:`~supervisor.controlplane.poke.Poke`) when the control plane stops or
+starts answering. Poked while waiting to reconnect, it reconnects at once with
+its backoff reset (a two-minute outage no longer leaves LISTEN down for a
+further 30 s); poked while connected, it probes the connection at once (a
+frozen primary is noticed within the probe deadline, not at the next probe).
+Failures are logged as an outage (:class:`~supervisor.outage.OutageLog`): the
+first at once, then at most one line a minute, and one line when it ends.
+
 Metrics: ``listen_connected`` (1 while listening), ``listen_notifications``
 (notifications received), ``listen_reconnects`` (failed connect attempts).
 SQLite, or ``listen = false``, has nothing to listen to: the child then
@@ -44,10 +53,12 @@ import trio
 from psycopg import sql
 
 from supervisor.controlplane.dsn import redact, scrub
+from supervisor.controlplane.poke import Poke
 from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.store import INTERRUPT_GRACE_S, call_interruptibly
 from supervisor.convergence.backoff import Backoff
 from supervisor.logs import get_logger
+from supervisor.outage import OutageLog
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
@@ -71,6 +82,7 @@ async def run_listener(
     metrics: Metrics,
     *,
     probe_interval_s: float = 30.0,
+    poke: Poke | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen for desired-state notifications until cancelled; never raises otherwise."""
@@ -82,7 +94,7 @@ async def run_listener(
             listen=config.listen,
         )
         await trio.sleep_forever()
-    await _Listener(config, signal, metrics, probe_interval_s).run()
+    await _Listener(config, signal, metrics, probe_interval_s, poke or Poke()).run()
 
 
 class _ConnectionLost(Exception):
@@ -96,8 +108,11 @@ class _Listener:
         signal: ChangeSignal,
         metrics: Metrics,
         probe_interval_s: float,
+        poke: Poke,
     ) -> None:
         self.url = config.url
+        self.poke = poke
+        self.outage = OutageLog(log, "LISTEN connection")
         self.channel = config.channel
         self.signal = signal
         self.metrics = metrics
@@ -113,17 +128,17 @@ class _Listener:
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
                 self.metrics.listen_reconnects.inc()
                 delay = self.backoff.next()
-                log.warning(
-                    "LISTEN connection failed; retrying",
+                self.outage.failed(
                     error=self._describe(exc),
                     retry_in_s=round(delay, 3),
                     url=redact(self.url),
                 )
-                await trio.sleep(delay)
+                await self._sleep_unless_poked(delay)
                 continue
 
             self.metrics.listen_connected.set(1)
             self._owns_conn = True
+            self.outage.recovered()
             log.info("listening for desired-state notifications", channel=self.channel)
             # Whatever was published while we were not listening was never
             # delivered to us: one wake-up makes the loop look now.
@@ -131,12 +146,17 @@ class _Listener:
             try:
                 await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
-                log.warning("LISTEN connection lost; reconnecting", error=self._describe(exc))
+                self.outage.failed(error=self._describe(exc), url=redact(self.url))
             finally:
                 self.metrics.listen_connected.set(0)
                 if self._owns_conn:
                     await _close(conn)
-            await trio.sleep(self.backoff.next())
+            await self._sleep_unless_poked(self.backoff.next())
+
+    async def _sleep_unless_poked(self, delay: float) -> None:
+        """The reconnect backoff, cut short (and reset) when the loop says the server is back."""
+        if await self.poke.wait(delay):
+            self.backoff.reset()
 
     def _describe(self, exc: BaseException) -> str:
         return " ".join(scrub(str(exc), self.url).split()) or type(exc).__name__
@@ -170,9 +190,8 @@ class _Listener:
             if self._drain(conn):
                 empty_wakes = 0
                 self.backoff.reset()
-            with trio.move_on_after(self.probe_interval_s) as waited:
-                await trio.lowlevel.wait_readable(fd)
-            if waited.cancelled_caught:
+            woken = await self._wait(fd)
+            if woken != "readable":  # the probe deadline, or poked by the loop
                 await self._probe(conn)
                 continue
             # Readable: the next _drain reads it. A socket that keeps waking us
@@ -181,6 +200,27 @@ class _Listener:
             if empty_wakes > EMPTY_WAKES_BEFORE_PROBE:
                 empty_wakes = 0
                 await self._probe(conn)
+
+    async def _wait(self, fd: int) -> str:
+        """Wait until ``fd`` is readable, a poke, or the probe interval: which one came."""
+        woken = "timeout"
+        async with trio.open_nursery() as nursery:
+
+            async def readable() -> None:
+                nonlocal woken
+                await trio.lowlevel.wait_readable(fd)
+                woken = "readable"
+                nursery.cancel_scope.cancel()
+
+            async def poked() -> None:
+                nonlocal woken
+                if await self.poke.wait(self.probe_interval_s):
+                    woken = "poke"
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(readable)
+            nursery.start_soon(poked)
+        return woken
 
     def _drain(self, conn: Conn) -> int:
         # Non-blocking: reads what the socket already holds, raises

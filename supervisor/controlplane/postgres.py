@@ -47,9 +47,11 @@ from supervisor.controlplane.store import (
     FailureCategory,
     HydrateRow,
     LoadedRevision,
+    RevisionPointer,
     call_interruptibly,
     check_hydrated,
     check_publishable,
+    malformed,
     unavailable_timeout,
 )
 from supervisor.logs import get_logger
@@ -156,6 +158,27 @@ def connect(
     return conn
 
 
+def _identity(conn: Conn) -> str | None:
+    """``<system identifier>/<database oid>``: which cluster and database this is.
+
+    A restore from a physical backup into a new cluster changes the first, a
+    dropped and re-created database the second. ``pg_control_system()`` is
+    executable by PUBLIC by default; where it was revoked only the oid is used.
+    """
+    try:
+        row = conn.execute(
+            "SELECT (SELECT system_identifier::text FROM pg_control_system()),"
+            " (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+    except pgerrors.InsufficientPrivilege:
+        row = conn.execute(
+            "SELECT NULL, (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+    if row is None:
+        return None
+    return f"postgresql:{row[0] or '?'}/{row[1]}"
+
+
 def _healthy(conn: Conn) -> bool:
     return (
         not conn.closed
@@ -195,6 +218,9 @@ class PostgresStore:
         self._limiter = trio.CapacityLimiter(1)
         self._conn: Conn | None = None
         self._closed = False
+        # Read at every connect: a restore or another database behind the
+        # same DSN can only appear across a new connection.
+        self._identity: str | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
@@ -207,6 +233,25 @@ class PostgresStore:
                 "SELECT revision_id FROM supervisor_desired WHERE singleton"
             ).fetchone()
             return None if row is None else int(row[0])
+
+        return await self._run("read", read)
+
+    async def observe(self) -> RevisionPointer | None:
+        def read(conn: Conn) -> RevisionPointer | None:
+            with conn.cursor(binary=True) as cur:
+                row = cur.execute(
+                    "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
+                    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+                    " WHERE d.singleton"
+                ).fetchone()
+            if row is None:
+                return None
+            revision, digest = row
+            if not isinstance(revision, int):
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            return RevisionPointer(
+                revision, None if digest is None else bytes(digest), self._identity
+            )
 
         return await self._run("read", read)
 
@@ -325,6 +370,10 @@ class PostgresStore:
                 self._conn = None
                 await trio.to_thread.run_sync(partial(_close_quietly, conn))
             raise map_error(exc, what=what, url=self._url) from exc
+        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+            # Our own decoding of a row the schema should not allow; the
+            # connection itself is fine. Traceback dropped (it holds the rows).
+            raise malformed(exc, what=what) from exc.with_traceback(None)
         finally:
             if self._closed and self._conn is not None:
                 # aclose() ran while this call held the connection.
@@ -341,6 +390,7 @@ class PostgresStore:
                 url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s
             )
             made.append(conn)
+            self._identity = _identity(conn)
             return conn
 
         def dispose() -> None:

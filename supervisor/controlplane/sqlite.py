@@ -29,6 +29,7 @@ INVALID.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 import time
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import quote
 
 import trio
 
@@ -48,9 +50,11 @@ from supervisor.controlplane.store import (
     FailureCategory,
     HydrateRow,
     LoadedRevision,
+    RevisionPointer,
     call_interruptibly,
     check_hydrated,
     check_publishable,
+    malformed,
     unavailable_timeout,
 )
 from supervisor.logs import get_logger
@@ -188,8 +192,14 @@ class SQLiteStore:
         *,
         max_schema_version: int,
         statement_timeout_s: float = 10.0,
+        create: bool = True,
     ) -> None:
         self._path = sqlite_path(config.url)
+        self._create = create
+        # (st_dev, st_ino) of the file the open connection reads: a restore by
+        # `mv new.db cp.db` or a deleted file leaves the connection on the old
+        # inode, so every call first checks the path still names it.
+        self._file_id: tuple[int, int] | None = None
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
@@ -210,9 +220,36 @@ class SQLiteStore:
             row = conn.execute(
                 "SELECT revision_id FROM supervisor_desired WHERE singleton"
             ).fetchone()
-            return None if row is None else int(row[0])
+            if row is None:
+                return None
+            if not isinstance(row[0], int):
+                raise TypeError(f"the desired pointer holds {row[0]!r}, not a revision id")
+            return int(row[0])
 
         return await self._run("read", read)
+
+    async def observe(self) -> RevisionPointer | None:
+        def read(conn: sqlite3.Connection) -> RevisionPointer | None:
+            row = conn.execute(
+                "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
+                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+                " WHERE d.singleton"
+            ).fetchone()
+            if row is None:
+                return None
+            revision, digest = row
+            if not isinstance(revision, int):
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            return RevisionPointer(revision, _as_bytes(digest), self.identity)
+
+        return await self._run("read", read)
+
+    @property
+    def identity(self) -> str | None:
+        """``sqlite:<device>:<inode>`` of the open file (None before the first call)."""
+        if self._file_id is None:
+            return None
+        return f"sqlite:{self._file_id[0]}:{self._file_id[1]}"
 
     async def hydrate(self) -> LoadedRevision | None:
         max_bytes, max_schema = self._max_bytes, self._max_schema
@@ -235,7 +272,7 @@ class SQLiteStore:
             desired, rid, schema_version, size, body, digest, created_at, message = row
             return check_hydrated(
                 HydrateRow(
-                    desired=int(desired),
+                    desired=desired if isinstance(desired, int) else None,
                     id=rid,
                     schema_version=schema_version,
                     size=size,
@@ -315,7 +352,38 @@ class SQLiteStore:
                 return await self._run_locked(what, fn)
             raise unavailable_timeout(what, self._deadline_s)
 
+    async def _still_same_file(self) -> None:
+        """Drop the connection when the path no longer names the file it reads.
+
+        Raises the ``unavailable`` error when the file is gone (the daemon does
+        not create one: a vanished control plane is an outage, not an empty one).
+        """
+        conn = self._conn
+        path = self._path
+        try:
+            st = await trio.to_thread.run_sync(os.stat, path)
+        except FileNotFoundError:
+            current = None
+        except OSError as exc:
+            raise map_error(exc, what="read") from exc
+        else:
+            current = (st.st_dev, st.st_ino)
+        if conn is not None and current != self._file_id:
+            log.warning(
+                "control-plane file replaced or removed; reopening"
+                if current is not None else "control-plane file removed",
+                path=path,
+            )
+            self._conn = None
+            await trio.to_thread.run_sync(partial(_close_quietly, conn))
+        if current is None and not self._create:
+            raise ControlPlaneError(
+                f"control plane read failed: the control-plane file {path} does not exist",
+                category=FailureCategory.UNAVAILABLE,
+            )
+
     async def _run_locked(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        await self._still_same_file()
         conn = self._conn
         stop = threading.Event()
         try:
@@ -344,6 +412,9 @@ class SQLiteStore:
                 self._conn = None
                 await trio.to_thread.run_sync(partial(_close_quietly, conn))
             raise error from exc
+        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+            # Our own decoding of a row the schema should not allow (see malformed()).
+            raise malformed(exc, what=what) from exc.with_traceback(None)
         finally:
             if self._closed and self._conn is not None:
                 stale, self._conn = self._conn, None
@@ -352,6 +423,9 @@ class SQLiteStore:
     async def _connect(self) -> sqlite3.Connection:
         made: list[sqlite3.Connection] = []
         path, busy_timeout_s = self._path, self._busy_timeout_s
+        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
+        # makes the embedded control plane on first publish).
+        uri = f"file:{quote(path)}?mode={'rwc' if self._create else 'rw'}"
 
         stop = threading.Event()
 
@@ -359,8 +433,16 @@ class SQLiteStore:
             # timeout=0: SQLite's own busy wait cannot be interrupted (a
             # cancelled call would sleep it out and then, the lock gone, commit
             # anyway); _retry_busy waits instead, and stops when told to.
-            conn = sqlite3.connect(path, timeout=0, check_same_thread=False, isolation_level=None)
+            conn = sqlite3.connect(
+                uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
+            )
             made.append(conn)
+            try:
+                st = os.stat(path)
+            except OSError:
+                conn.close()
+                raise
+            self._file_id = (st.st_dev, st.st_ino)
             try:
                 # Per connection in SQLite; without it the REFERENCES clause is decorative.
                 conn.execute("PRAGMA foreign_keys = ON")

@@ -56,7 +56,7 @@ import enum
 import hashlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -75,7 +75,9 @@ __all__ = [
     "FailureCategory",
     "Incompatible",
     "LoadedRevision",
+    "RevisionPointer",
     "TooLarge",
+    "malformed",
     "open_store",
 ]
 
@@ -188,13 +190,34 @@ class TooLarge(ControlPlaneError):
 
 @dataclass(frozen=True)
 class LoadedRevision:
-    """A complete revision as stored: the body is verified against its digest, not decoded."""
+    """A complete revision as stored: the body is verified against its digest, not decoded.
+
+    ``body_sha256`` is part of the revision's identity: after a restore from a
+    backup an id may be reused for another body, so "the same revision" means
+    the same id *and* the same digest.
+    """
 
     id: int
     schema_version: int
-    body: bytes
+    body: bytes = field(repr=False)
     created_at: datetime
     message: str | None
+    body_sha256: bytes = b""
+
+
+@dataclass(frozen=True)
+class RevisionPointer:
+    """What the cheap observe read learns: the desired revision and who said so.
+
+    ``body_sha256`` is None when the pointer names a missing revision.
+    ``identity`` names the control plane itself (PostgreSQL: system identifier
+    and database oid; SQLite: the file's device and inode); a change means a
+    restore or another database, and starts a new epoch in the loop.
+    """
+
+    revision: int
+    body_sha256: bytes | None
+    identity: str | None = None
 
 
 class ControlPlaneStore(Protocol):
@@ -205,6 +228,15 @@ class ControlPlaneStore(Protocol):
 
         The cheap read the loop makes every poll; its success is what proves
         the control plane reachable.
+        """
+        ...
+
+    async def observe(self) -> RevisionPointer | None:
+        """The desired revision's id, body digest and the control plane's identity.
+
+        As cheap as :meth:`desired` (one indexed join, 32 bytes more), and what
+        the loop polls: an id alone cannot tell a reused id from the revision
+        it replaced.
         """
         ...
 
@@ -239,13 +271,19 @@ def open_store(
     *,
     max_schema_version: int,
     statement_timeout_s: float = 10.0,
+    create: bool = True,
 ) -> ControlPlaneStore:
-    """The store for ``config.url`` (PostgreSQL or SQLite). Does not connect yet."""
+    """The store for ``config.url`` (PostgreSQL or SQLite). Does not connect yet.
+
+    ``create=False`` (the daemon) never creates an SQLite file: a control-plane
+    file that vanished is an outage to report, not an empty control plane.
+    """
     if config.backend == "sqlite":
         from supervisor.controlplane.sqlite import SQLiteStore
 
         return SQLiteStore(
-            config, max_schema_version=max_schema_version, statement_timeout_s=statement_timeout_s
+            config, max_schema_version=max_schema_version,
+            statement_timeout_s=statement_timeout_s, create=create,
         )
     from supervisor.controlplane.postgres import PostgresStore
 
@@ -339,7 +377,7 @@ class HydrateRow:
     checks below refuse those rows before they look at the body.
     """
 
-    desired: int
+    desired: int | None
     id: int | None
     schema_version: int | None
     size: int | None
@@ -349,6 +387,23 @@ class HydrateRow:
     message: str | None
 
 
+def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
+    """A driver call that failed with something no driver error explains.
+
+    A row the code cannot read (a NULL where the schema promises a value, a
+    type the column should not hold) surfaces as TypeError or ValueError from
+    our own decoding: storage holds something the contract does not allow, so
+    it is ``corrupt``, reported like any refusal instead of crashing the loop.
+    The traceback is dropped: its frames hold the rows (possibly a whole body).
+    """
+    detail = " ".join(str(exc).split()) or "no detail"
+    return ControlPlaneError(
+        f"control plane {what} returned data this build cannot read "
+        f"({type(exc).__name__}: {detail})",
+        category=FailureCategory.CORRUPT,
+    )
+
+
 def check_hydrated(
     row: HydrateRow, *, max_revision_bytes: int, max_schema_version: int
 ) -> LoadedRevision:
@@ -356,6 +411,12 @@ def check_hydrated(
 
     Shared by both stores so they cannot drift apart in what they refuse or in which order.
     """
+    if not isinstance(row.desired, int):
+        # The schema says NOT NULL; only a hand-edited table gets here.
+        raise ControlPlaneError(
+            f"the desired pointer holds {row.desired!r}, not a revision id",
+            category=FailureCategory.CORRUPT,
+        )
     if row.id is None:
         raise ControlPlaneError(
             f"desired points at revision {row.desired}, which does not exist",
@@ -386,6 +447,7 @@ def check_hydrated(
         body=bytes(row.body),
         created_at=row.created_at,
         message=row.message,
+        body_sha256=bytes(row.body_sha256),
     )
 
 

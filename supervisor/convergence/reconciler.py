@@ -1,53 +1,30 @@
-"""The convergence loop: observe, hydrate, compile, publish, or say exactly why not.
-
-One task per replica keeps the active snapshot equal to the control plane's
-desired revision:
-
-1. **observe**: the cheap desired-revision read. It runs even when converged,
-   because it is both the change detector and the liveness check.
-2. **hydrate**: one consistent read of the complete desired revision. A
-   revision published between the two reads is simply the one we converge to.
-3. **compile**: decode, validate, project, resolve secrets, build an immutable
-   :class:`~supervisor.revision.snapshot.Snapshot`.
-4. **publish**: one atomic swap in :class:`~supervisor.sinks.state.ActiveState`,
-   then the side sinks (snapshot file, last-known-good cache).
-
-Every failure happens before step 4 touches anything, so a refused candidate
-cannot half-apply: "the previous snapshot keeps serving" follows from the
-control flow, not from a cleanup path. Side-sink failures after the swap are
-logged once per failure streak and counted; they never stop serving.
-
-Polling is the correctness mechanism; the :class:`ChangeSignal` (LISTEN,
-SIGHUP, a LISTEN reconnect) only shortens the wait. A failing attempt replaces
-the poll interval with the backoff delay (``backoff_initial_s`` doubling to
-``backoff_max_s``), reset on success, so an outage never becomes a hot loop.
-
-Bootstrap (:meth:`Reconciler.bootstrap`) reaches a first servable snapshot or
-raises :class:`~supervisor.errors.BootRefused` (exit 3). The signed
-last-known-good cache answers exactly two failures: an unreachable control
-plane, and a desired revision this build cannot read (``incompatible``, a
-mixed-version rollout). Corruption, oversize, refused reads and uncompilable
-revisions never fall back: cached state would hide damage an operator must fix.
-"""
-
 from __future__ import annotations
 
 import enum
+import hashlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.store import ControlPlaneError
+from supervisor.controlplane.store import (
+    ControlPlaneError,
+    FailureCategory,
+    Incompatible,
+    LoadedRevision,
+    RevisionPointer,
+    TooLarge,
+)
 from supervisor.convergence.backoff import Backoff
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.errors import BootRefused
 from supervisor.events import EventBus
 from supervisor.logs import get_logger
+from supervisor.outage import PROGRESS_EVERY_S, OutageLog
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -71,6 +48,19 @@ THREAD_COMPILE_BYTES = 1024 * 1024
 # Wake-ups that already say desired state changed: hydrate without observing first.
 FAST_TRIGGERS = frozenset({"notify"})
 
+# The control plane could not be asked: back off.
+UNREACHED = frozenset({reasons.UNAVAILABLE, reasons.CONFLICT})
+
+# Compile refusals that only a new body can change (``secret`` is not here:
+# the secret may appear; ``unavailable`` is a transient OS error).
+_FINAL_COMPILE = frozenset({
+    reasons.CORRUPT, reasons.INCOMPATIBLE, reasons.VALIDATION, reasons.PROJECTION,
+    reasons.SNAPSHOT,
+})
+
+# A revision's identity: its id and its body's SHA-256 (None: not known yet).
+Key = tuple[int, bytes | None]
+
 
 class OutcomeKind(enum.Enum):
     PUBLISHED = "published"
@@ -87,10 +77,24 @@ class Outcome:
     reason: str | None = None
     detail: str | None = None
     took_s: float = 0.0
+    #: How long the loop waits before the next attempt (absent a wake-up).
+    retry_in_s: float | None = None
+    #: A refusal already reported for this very revision (not hydrated again).
+    repeated: bool = False
 
     @property
     def failed(self) -> bool:
         return self.kind is OutcomeKind.REJECTED
+
+
+@dataclass(frozen=True)
+class _Export:
+    """What the cache is due to hold (kept until a write succeeds)."""
+
+    revision: int
+    generation: int
+    schema_version: int
+    body: bytes
 
 
 class _Streak:
@@ -104,13 +108,13 @@ class _Streak:
     def failed(self, exc: BaseException, **context: object) -> None:
         self.metrics.sink_write_failures.labels(self.sink).inc()
         if not self.failing:
-            log.warning("sink write failed; still serving", sink=self.sink, error=str(exc),
-                        **context)
+            log.warning("sink write failed; still serving, retrying every poll",
+                        sink=self.sink, error=str(exc), **context)
         self.failing = True
 
-    def ok(self) -> None:
+    def ok(self, **context: object) -> None:
         if self.failing:
-            log.info("sink write recovered", sink=self.sink)
+            log.info("sink write recovered", sink=self.sink, **context)
         self.failing = False
 
 
@@ -119,6 +123,26 @@ def _failure_fields(exc: ControlPlaneError | RevisionError) -> tuple[str, int | 
     if isinstance(exc, RevisionError):
         return exc.reason, exc.revision, exc.detail
     return exc.reason, exc.revision, str(exc)
+
+
+def _final(exc: ControlPlaneError | RevisionError) -> bool:
+    """True when the refusal cannot change while the revision's content does not."""
+    if isinstance(exc, RevisionError):
+        return exc.reason in _FINAL_COMPILE
+    if isinstance(exc, TooLarge | Incompatible):
+        return True
+    return exc.category is FailureCategory.CORRUPT and exc.revision is not None
+
+
+def _fresh(exc: RevisionError) -> RevisionError:
+    """The same refusal without traceback or context.
+
+    Raised from a worker thread, a refusal's traceback keeps every frame's
+    locals alive (the decoded document of a 16 MB body among them), often in
+    cycles the collector rarely frees. The label, the revision and the detail
+    are all the loop needs.
+    """
+    return RevisionError(exc.reason, exc.detail, revision=exc.revision)
 
 
 class Reconciler:
@@ -138,6 +162,7 @@ class Reconciler:
         cache: LastKnownGood | None = None,
         snapshot_file: SnapshotFile | None = None,
         on_status: Callable[[str], None] | None = None,
+        on_outage_change: Callable[[bool], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
@@ -152,23 +177,105 @@ class Reconciler:
         self.cache = cache
         self.snapshot_file = snapshot_file
         self._on_status = on_status or (lambda _text: None)
+        # Told True when the control plane stops answering, False when it is
+        # back: the LISTEN child probes / reconnects at once instead of waiting.
+        self._on_outage_change = on_outage_change or (lambda _down: None)
         self._file_streak = _Streak("snapshot_file", metrics)
         self._cache_streak = _Streak("cache", metrics)
+        self._outage = OutageLog(log, "control plane")
         self.attempts = 0
+        # What each side sink is due to hold until a write succeeds.
+        self._file_due: Snapshot | None = None
+        self._cache_due: _Export | None = None
+        # A restarted child cannot know whether its predecessor crashed between
+        # the swap and a sink: re-write the sinks at the first attempt.
+        self._sinks_unknown = state.snapshot is not None
+        # The revision refused for a reason only a new body can change.
+        self._refused: tuple[Key, Outcome] | None = None
+        # The revision the current attempt is about (for the refusal memo).
+        self._candidate: Key | None = None
+        # (revision, reason, detail) last logged as refused, and when.
+        self._last_refusal_line: tuple[tuple[object, ...], float] | None = None
+
+    # -- identity --------------------------------------------------------------
+
+    def _is_active(self, key: Key) -> bool:
+        snapshot = self.state.snapshot
+        return (
+            snapshot is not None
+            and self.status.source == "control_plane"
+            and snapshot.revision == key[0]
+            and self.state.body_sha256 == key[1]
+        )
+
+    def _still_refused(self, key: Key) -> Outcome | None:
+        if self._refused is None or self._refused[0] != key:
+            return None
+        return replace(self._refused[1], repeated=True)
+
+    def _learn_desired(self, desired: int | None) -> None:
+        self.status.observed(desired)
+        self.metrics.desired_revision.set(desired or 0)
+
+    def _check_epoch(self, identity: str | None) -> None:
+        if identity is None:
+            return
+        known = self.status.identity
+        self.status.identity = identity
+        if known is not None and known != identity:
+            log.warning(
+                "control plane identity changed (a restore, or another database): new "
+                "epoch; re-reading the desired revision and re-writing the sinks, and the "
+                "cache's rollback mark follows what this epoch serves",
+                previous=known, identity=identity,
+            )
+            self._sinks_unknown = True
+            self._refused = None
 
     # -- one attempt -----------------------------------------------------------
 
     async def _compile(self, body: bytes, revision: int, generation: int) -> Snapshot:
         from supervisor.revision.compile import compile_revision
 
+        resolver = self.resolver
+
         def run() -> Snapshot:
-            return compile_revision(
-                body, revision=revision, generation=generation, resolver=self.resolver
-            )
+            try:
+                return compile_revision(
+                    body, revision=revision, generation=generation, resolver=resolver
+                )
+            except RevisionError as exc:
+                refusal = _fresh(exc)
+            # Raised outside the except block: no __context__ chain either.
+            raise refusal
 
         if len(body) > THREAD_COMPILE_BYTES:
             return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
         return run()
+
+    async def _observe(self) -> RevisionPointer | None:
+        try:
+            pointer = await self.store.observe()
+        except ControlPlaneError:
+            self._set_reachable(False)
+            raise
+        self._set_reachable(True)
+        return pointer
+
+    async def _hydrate(self) -> LoadedRevision | None:
+        try:
+            loaded = await self.store.hydrate()
+        except ControlPlaneError as exc:
+            if exc.retryable:
+                self._set_reachable(False)
+            else:
+                self._set_reachable(True)
+                if exc.revision is not None:
+                    # Every hydrate refusal about a revision is about the desired one.
+                    self._learn_desired(exc.revision)
+            raise
+        self._set_reachable(True)
+        return loaded
 
     async def _attempt(self, *, observe: bool = True) -> Outcome:
         """Observe, hydrate, compile, publish. Raises store and revision errors.
@@ -178,44 +285,56 @@ class Reconciler:
         desired pointer itself, so the separate round trip would only add latency.
         """
         start = trio.current_time()
-        desired: int | None = None
+        self._candidate = None
+        await self._catch_up_sinks()
         if observe:
-            try:
-                desired = await self.store.desired()
-            except ControlPlaneError:
-                self._set_reachable(False)
-                raise
-            self._set_reachable(True)
-            self.status.observed(desired)
-            self.metrics.desired_revision.set(desired or 0)
-            if desired is None:
+            pointer = await self._observe()
+            if pointer is None:
+                self._learn_desired(None)
                 return Outcome(OutcomeKind.EMPTY)
-            if desired == self.status.active and self.status.source == "control_plane":
-                return Outcome(OutcomeKind.CONVERGED, revision=desired)
-        try:
-            loaded = await self.store.hydrate()
-        except ControlPlaneError as exc:
-            if not observe and exc.retryable:
-                self._set_reachable(False)
-            raise
-        if not observe:
-            self._set_reachable(True)
+            self._learn_desired(pointer.revision)
+            self._check_epoch(pointer.identity)
+            key: Key = (pointer.revision, pointer.body_sha256)
+            self._candidate = key
+            if self._is_active(key) and not self._sinks_unknown:
+                return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
+            repeated = self._still_refused(key)
+            if repeated is not None:
+                return repeated
+        loaded = await self._hydrate()
         if loaded is None:
-            if not observe:
-                self.status.observed(None)
+            self._learn_desired(None)
             return Outcome(OutcomeKind.EMPTY)
-        self.status.loaded_revision(loaded.id)
-        if loaded.id != desired:
-            # Published between the two reads: converge straight to it.
-            self.status.observed(loaded.id)
-            self.metrics.desired_revision.set(loaded.id)
-        if loaded.id == self.status.active and self.status.source == "control_plane":
+        self._learn_desired(loaded.id)
+        key = (loaded.id, loaded.body_sha256)
+        self._candidate = key
+        if self._is_active(key):
+            if self._sinks_unknown:
+                # A restart or a new epoch: the sinks may not hold what serves.
+                self._sinks_unknown = False
+                snapshot = self.state.snapshot
+                assert snapshot is not None  # _is_active
+                self._file_due = snapshot
+                self._cache_due = _Export(loaded.id, snapshot.generation,
+                                          loaded.schema_version, loaded.body)
+                await self._catch_up_sinks()
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
+        repeated = self._still_refused(key)
+        if repeated is not None:
+            return repeated
+        active = self.state.snapshot
+        if active is not None and active.revision == loaded.id:
+            log.warning("revision id reused with different content (a restore followed by "
+                        "new publishes?): treating it as a new revision",
+                        revision=loaded.id)
         generation = self.state.generation + 1
         snapshot = await self._compile(loaded.body, loaded.id, generation)
+        self.status.loaded_revision(loaded.id)
         took = trio.current_time() - start
-        await self._publish(snapshot, "control_plane", took)
-        await self._export(loaded.id, generation, loaded.schema_version, loaded.body)
+        # The cache first, then the swap: see the module docstring.
+        await self._export(_Export(loaded.id, generation, loaded.schema_version, loaded.body))
+        await self._publish(snapshot, "control_plane", took, body_sha256=loaded.body_sha256)
+        self._sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
 
@@ -228,8 +347,9 @@ class Reconciler:
             self.events.publish("status", {"control_plane_up": up,
                                            "revision": self.status.report()})
 
-    async def _publish(self, snapshot: Snapshot, source: Source, took_s: float) -> None:
-        self.state.publish(snapshot)  # the one atomic swap
+    async def _publish(self, snapshot: Snapshot, source: Source, took_s: float, *,
+                       body_sha256: bytes | None) -> None:
+        self.state.publish(snapshot, body_sha256=body_sha256)  # the one atomic swap
         self.status.published(snapshot.revision, snapshot.generation, source, took_s)
         self.metrics.active_revision.set(snapshot.revision)
         self.metrics.active_generation.set(snapshot.generation)
@@ -243,16 +363,33 @@ class Reconciler:
         self._on_status(
             f"serving revision {snapshot.revision} (generation {snapshot.generation}, {source})"
         )
-        if self.snapshot_file is not None:
-            try:
-                await trio.to_thread.run_sync(self.snapshot_file.write, snapshot)
-            except OSError as exc:
-                self._file_streak.failed(exc, path=self.snapshot_file.path)
-            else:
-                self._file_streak.ok()
+        self._file_due = snapshot
+        await self._write_snapshot_file()
 
-    async def _export(self, revision: int, generation: int, schema_version: int,
-                      body: bytes) -> None:
+    # -- side sinks ------------------------------------------------------------
+
+    async def _catch_up_sinks(self) -> None:
+        """Retry whatever sink write is still due (every attempt, converged or not)."""
+        if self._file_due is not None:
+            await self._write_snapshot_file()
+        if self._cache_due is not None:
+            await self._export(self._cache_due)
+
+    async def _write_snapshot_file(self) -> None:
+        snapshot = self._file_due
+        if self.snapshot_file is None or snapshot is None:
+            self._file_due = None
+            return
+        try:
+            await trio.to_thread.run_sync(self.snapshot_file.write, snapshot)
+        except OSError as exc:
+            self._file_streak.failed(exc, path=self.snapshot_file.path)
+        else:
+            if self._file_due is snapshot:
+                self._file_due = None
+            self._file_streak.ok(path=self.snapshot_file.path, revision=snapshot.revision)
+
+    async def _export(self, export: _Export) -> None:
         if self.cache is None:
             return
         from supervisor.sinks.lkg import CacheError
@@ -260,41 +397,93 @@ class Reconciler:
         cache = self.cache
 
         def run() -> None:
-            cache.export(revision=revision, generation=generation,
-                         schema_version=schema_version, body=body)
+            cache.export(revision=export.revision, generation=export.generation,
+                         schema_version=export.schema_version, body=export.body)
 
+        def discard() -> bool:
+            return cache.discard_if_newer(export.revision)
+
+        self._cache_due = export
         try:
             await trio.to_thread.run_sync(run)
         except CacheError as exc:
             self.metrics.last_known_good_events.labels("export_failed").inc()
-            self._cache_streak.failed(exc)
+            self._cache_streak.failed(exc, revision=export.revision)
+            try:
+                removed = await trio.to_thread.run_sync(discard)
+            except CacheError as discard_exc:
+                log.error("the cache holds a newer revision than the one being served and "
+                          "could not be removed", error=str(discard_exc))
+            else:
+                if removed:
+                    log.warning("removed a cache newer than the revision being served (a "
+                                "rollback whose export failed): a boot now uses the control "
+                                "plane rather than the revision rolled back from",
+                                path=cache.path, revision=export.revision)
         else:
+            if self._cache_due is export:
+                self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()
-            self._cache_streak.ok()
+            self._cache_streak.ok(path=cache.path, revision=export.revision)
+
+    # -- reporting -------------------------------------------------------------
 
     def _record_failure(self, exc: ControlPlaneError | RevisionError) -> Outcome:
         reason, revision, detail = _failure_fields(exc)
-        self.status.failed(revision, reason, detail)
+        outage = reason in UNREACHED and revision is None
+        self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
         self.metrics.revision_rejections.labels(reason).inc()
-        self.metrics.convergence_lag.set(self.status.lag_s)
-        fields = {"reason": reason, "revision": revision, "detail": detail,
-                  "active": self.status.active,
-                  "consecutive_failures": self.status.consecutive_failures}
+        outcome = Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)
         if revision is not None:
-            log.error("revision refused; previous snapshot keeps serving", **fields)
             self.events.publish("rejected", {"revision": revision, "reason": reason,
                                              "detail": detail, "active": self.status.active})
+            candidate = self._candidate
+            if _final(exc) and candidate is not None and candidate[0] == revision:
+                self._refused = (candidate, outcome)
+        if outage and not self._outage.ongoing:
+            self._on_outage_change(True)
+        return outcome
+
+    def _report_failure(self, outcome: Outcome) -> None:
+        """Log a failed attempt (rate-limited when repeated) and update STATUS=."""
+        assert outcome.reason is not None
+        fields = {"reason": outcome.reason, "revision": outcome.revision,
+                  "detail": outcome.detail, "active": self.status.active,
+                  "consecutive_failures": self.status.consecutive_failures,
+                  "retry_in_s": None if outcome.retry_in_s is None
+                  else round(outcome.retry_in_s, 3)}
+        if outcome.reason in UNREACHED and outcome.revision is None:
+            self._outage.failed(**fields)
         else:
-            log.warning("convergence attempt failed", **fields)
+            now = trio.current_time()
+            line = (outcome.revision, outcome.reason, outcome.detail)
+            last = self._last_refusal_line
+            if last is None or last[0] != line or now - last[1] >= PROGRESS_EVERY_S:
+                self._last_refusal_line = (line, now)
+                if outcome.revision is not None:
+                    log.error("revision refused; previous snapshot keeps serving",
+                              repeated=outcome.repeated, **fields)
+                else:
+                    log.error("convergence attempt refused by the control plane; previous "
+                              "snapshot keeps serving", **fields)
         active = self.status.active
         self._on_status(
-            f"serving revision {active}; last attempt failed: {reason}"
-            if active is not None else f"not serving; last attempt failed: {reason}"
+            f"serving revision {active}; last attempt failed: {outcome.reason}"
+            if active is not None else f"not serving; last attempt failed: {outcome.reason}"
         )
-        return Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)
+
+    def _delay_after(self, outcome: Outcome) -> float:
+        if outcome.failed and outcome.reason in UNREACHED:
+            return self.backoff.next()
+        self.backoff.reset()
+        return self.poll_interval_s
 
     async def converge_once(self, trigger: str = "poll") -> Outcome:
-        """One full attempt; never raises on data or store failures (Cancelled propagates)."""
+        """One full attempt; never raises on data or store failures (Cancelled propagates).
+
+        The returned outcome carries ``retry_in_s``, the delay the loop waits
+        before the next attempt unless woken.
+        """
         self.attempts += 1
         with self.metrics.convergence_duration.time():
             try:
@@ -302,7 +491,17 @@ class Reconciler:
             except (ControlPlaneError, RevisionError) as exc:
                 outcome = self._record_failure(exc)
             else:
-                self.status.succeeded()
+                if outcome.repeated:
+                    self.status.failed(outcome.revision, outcome.reason or "", outcome.detail
+                                       or "", refusal=False)
+                else:
+                    self.status.succeeded()
+        self.status.attempt_finished()
+        outcome = replace(outcome, retry_in_s=self._delay_after(outcome))
+        if outcome.failed:
+            self._report_failure(outcome)
+        elif self._outage.recovered(active=self.status.active):
+            self._on_outage_change(False)
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         self.metrics.convergence_lag.set(self.status.lag_s)
         log.debug("convergence attempt", trigger=trigger, outcome=outcome.kind.value,
@@ -321,14 +520,9 @@ class Reconciler:
             # A wake-up that arrived while the attempt ran may concern something
             # the attempt did not see, so it is kept, not cleared.
             outcome = await self.converge_once(trigger)
-            if outcome.failed:
-                delay = self.backoff.next()
-                floor = self.backoff.initial_s
-            else:
-                self.backoff.reset()
-                delay = self.poll_interval_s
-                floor = 0.0
-            trigger = await self._wait(delay, floor)
+            assert outcome.retry_in_s is not None
+            floor = self.backoff.initial_s if outcome.failed else 0.0
+            trigger = await self._wait(outcome.retry_in_s, floor)
 
     async def _wait(self, delay: float, floor: float) -> str:
         """Sleep ``delay`` unless signalled; never wake before ``floor``."""
@@ -354,7 +548,8 @@ class Reconciler:
             ) from exc
         except RevisionError as exc:
             self._record_failure(exc)
-            if exc.reason == reasons.INCOMPATIBLE:
+            # unavailable: a transient OS error while resolving a secret (EMFILE ...).
+            if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
                 return await self._restore(exc)
             raise BootRefused(
                 exc.reason,
@@ -368,6 +563,7 @@ class Reconciler:
                 "revision; publish one with `trio-supervisor publish`",
             )
         self.status.succeeded()
+        self.status.attempt_finished()
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         return outcome
 
@@ -417,8 +613,10 @@ class Reconciler:
                 f"does not compile ({exc.reason}): {exc.detail}",
             ) from exc
         self.status.loaded_revision(cached.revision)
-        await self._publish(snapshot, "last_known_good", 0.0)
+        await self._publish(snapshot, "last_known_good", 0.0,
+                            body_sha256=hashlib.sha256(cached.body).digest())
         self.metrics.last_known_good_events.labels("restored").inc()
+        self.status.attempt_finished()
         log.warning("serving the last-known-good cache", revision=cached.revision,
                     age_s=round(cached.age_s, 1), cause=reason)
         return Outcome(OutcomeKind.PUBLISHED, revision=cached.revision, generation=generation)

@@ -3,7 +3,8 @@
 Fields and meaning (CONTRACT.md section 6):
 
 - ``desired``: the revision the control plane last said is desired (None: never read).
-- ``loaded``: the last revision hydrated from the store (or the cache).
+- ``loaded``: the last revision that compiled (from the store or the cache);
+  a refused candidate never shows here.
 - ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
 - ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving).
 - ``lag_s``: seconds since desired first differed from active (0.0 when equal).
@@ -11,7 +12,15 @@ Fields and meaning (CONTRACT.md section 6):
   growing from the moment the replica last knew it was converged.
 - ``last_convergence_s``: duration of the last successful publish.
 - ``consecutive_failures``: failed attempts since the last success.
-- ``last_rejection``: the last refused candidate (revision, reason, detail, at).
+- ``last_rejection``: the last refusal (revision, reason, detail, at): every
+  failed attempt except an unreachable control plane, which is an outage, not
+  a refusal (see ``control_plane_up``). ``revision`` is null when the refusal
+  was not about a known revision (a privilege refused, a malformed pointer).
+
+Liveness: :attr:`RevisionStatus.last_attempt_at` is the clock reading when the
+last attempt (successful or not) finished; :meth:`RevisionStatus.stalled_for`
+is how long ago that was, which ``/healthz`` and the watchdog compare with
+``3 * poll_interval_s + backoff_max_s``.
 
 Two keys beyond the contract's example, so that an outage is visible in the
 report itself and not only as a growing lag: ``control_plane_up`` (the last
@@ -47,6 +56,10 @@ class RevisionStatus:
         self.last_error: str | None = None
         self.control_plane_up = False
         self._ever_read = False
+        # Who answered last (RevisionPointer.identity); a change is a new epoch.
+        self.identity: str | None = None
+        # Start of the clock for liveness: no attempt finished yet counts from here.
+        self.last_attempt_at = clock()
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
 
@@ -90,15 +103,23 @@ class RevisionStatus:
         self.last_convergence_s = took_s
         self._track_lag()
 
+    def attempt_finished(self) -> None:
+        self.last_attempt_at = self._clock()
+
+    def stalled_for(self) -> float:
+        """Seconds since the last attempt finished (or since start, before the first)."""
+        return max(0.0, self._clock() - self.last_attempt_at)
+
     def succeeded(self) -> None:
         self.consecutive_failures = 0
         self.last_error = None
 
-    def failed(self, revision: int | None, reason: str, detail: str) -> None:
-        """A failed attempt. Refusals of a candidate revision also set ``last_rejection``."""
+    def failed(self, revision: int | None, reason: str, detail: str, *,
+               refusal: bool = True) -> None:
+        """A failed attempt; a refusal (anything but an outage) sets ``last_rejection``."""
         self.consecutive_failures += 1
         self.last_error = f"{reason}: {detail}"
-        if revision is not None:
+        if refusal:
             self.last_rejection = {
                 "revision": revision,
                 "reason": reason,

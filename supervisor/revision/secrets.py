@@ -5,7 +5,9 @@ Contract: a reference is ``env:NAME`` (the environment variable NAME) or
 ``echo value > file`` works; a relative PATH resolves against the working
 directory). A reference that cannot be resolved (unknown scheme, variable
 unset, file missing or unreadable, empty secret) raises
-``RevisionError(reason="secret")``.
+``RevisionError(reason="secret")``, except a transient shortage while
+reading a file (EMFILE, ENFILE, ENOMEM, EAGAIN), which is ``unavailable``:
+retried with backoff, and never mistaken for a missing secret.
 
 Refusals name the reference, never the value: a reference is configuration,
 a value is a credential. The compile stage prefixes the key's ``$.path``.
@@ -16,6 +18,7 @@ SHA-256 digest only (see :mod:`supervisor.revision.compile`).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Mapping
@@ -40,6 +43,18 @@ class SecretResolver(Protocol):
 
 def _refuse(detail: str) -> RevisionError:
     return RevisionError(reasons.SECRET, detail)
+
+
+# The process or the system ran short of something for a moment (descriptors,
+# memory): the secret is not the problem, and the next attempt may succeed.
+_TRANSIENT_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+
+
+def _os_refusal(path: str, exc: OSError) -> RevisionError:
+    detail = f"secret file {path}: {exc.strerror or type(exc).__name__}"
+    if exc.errno in _TRANSIENT_ERRNOS:
+        return RevisionError(reasons.UNAVAILABLE, f"{detail} (transient; retried)")
+    return _refuse(detail)
 
 
 class EnvFileResolver:
@@ -81,14 +96,14 @@ def _from_file(path: str) -> bytes:
         # Kubernetes secret volumes need).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise _refuse(f"secret file {path}: {exc.strerror or type(exc).__name__}") from None
+        raise _os_refusal(path, exc) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _refuse(f"secret file {path} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(MAX_SECRET_BYTES + 1)
     except OSError as exc:
-        raise _refuse(f"secret file {path}: {exc.strerror or type(exc).__name__}") from None
+        raise _os_refusal(path, exc) from None
     finally:
         os.close(fd)
     if len(data) > MAX_SECRET_BYTES:

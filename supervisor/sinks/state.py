@@ -18,8 +18,16 @@ __all__ = ["ActiveState"]
 
 
 class ActiveState:
+    """The serving snapshot and the SHA-256 of the body it was compiled from.
+
+    The digest is the snapshot's identity next to its revision id: after a
+    restore an id can come back with another body, and "already converged"
+    must mean same id *and* same content.
+    """
+
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
+        self.body_sha256: bytes | None = None
         self._first = trio.Event()
 
     @property
@@ -30,8 +38,9 @@ class ActiveState:
     def generation(self) -> int:
         return 0 if self._snapshot is None else self._snapshot.generation
 
-    def publish(self, snapshot: Snapshot) -> None:
+    def publish(self, snapshot: Snapshot, *, body_sha256: bytes | None = None) -> None:
         self._snapshot = snapshot
+        self.body_sha256 = body_sha256
         self._first.set()
 
     async def wait_first(self) -> None:

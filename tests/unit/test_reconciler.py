@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
@@ -20,6 +21,7 @@ from supervisor.controlplane.store import (
     FailureCategory,
     Incompatible,
     LoadedRevision,
+    RevisionPointer,
 )
 from supervisor.convergence.reconciler import OutcomeKind, Reconciler
 from supervisor.convergence.signal import ChangeSignal
@@ -54,6 +56,7 @@ class FakeStore:
     desired_id: int | None = None
     outage: bool = False
     corrupt: set[int] = field(default_factory=set)
+    identity: str | None = "fake:1"
     calls: list[tuple[str, float]] = field(default_factory=list)
 
     def put(self, body: bytes) -> int:
@@ -71,6 +74,15 @@ class FakeStore:
         self._check("desired")
         return self.desired_id
 
+    async def observe(self) -> RevisionPointer | None:
+        self._check("desired")
+        if self.desired_id is None:
+            return None
+        body = self.revisions.get(self.desired_id)
+        return RevisionPointer(self.desired_id,
+                               None if body is None else hashlib.sha256(body).digest(),
+                               self.identity)
+
     async def hydrate(self) -> LoadedRevision | None:
         self._check("hydrate")
         if self.desired_id is None:
@@ -87,7 +99,8 @@ class FakeStore:
         if version > 1:
             raise Incompatible(rid, version, 1)
         return LoadedRevision(id=rid, schema_version=version, body=body,
-                              created_at=datetime.now(UTC), message=None)
+                              created_at=datetime.now(UTC), message=None,
+                              body_sha256=hashlib.sha256(body).digest())
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
         return self.put(body)
@@ -317,5 +330,7 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
             assert outcome.kind is OutcomeKind.PUBLISHED  # serving goes on
     warnings = [e for e in logs if e["event"].startswith("sink write failed")]
     assert len(warnings) == 1
-    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 3
+    # Three publishes, and before the second and third the retry of the write
+    # still due (a failed sink is retried at every attempt): five failed writes.
+    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 5
     assert rec.state.snapshot is not None and rec.state.snapshot.revision == 4

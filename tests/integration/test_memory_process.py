@@ -1,0 +1,96 @@
+"""Memory after refusals (issue 10.2), through the real daemon process.
+
+A refused candidate of any size must leave nothing behind: ten refusals of a
+~15 MB body (a missing ``env:`` secret, retried every poll) keep the daemon's
+peak RSS within 1.5x of what it was after the first.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from tests.polling import poll_until
+from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def big_body(target_bytes: int) -> bytes:
+    per_alias = len(json.dumps({"a000000": {"upstream": "https://a000000.internal.example/v1",
+                                            "timeout_s": 30, "retries": 2}}))
+    count = target_bytes // per_alias
+    doc = {
+        "schema_version": 1,
+        "aliases": {f"a{i:06d}": {"upstream": f"https://a{i:06d}.internal.example/v1",
+                                  "timeout_s": 30, "retries": 2} for i in range(count)},
+        "keys": {"team": {"secret": "env:SUPERVISOR_TEST_NEVER_SET", "aliases": ["a000000"]}},
+    }
+    return json.dumps(doc).encode()
+
+
+def rss_bytes(pid: int, field: str = "VmHWM") -> int:
+    """The process's peak (VmHWM) or current (VmRSS) resident set, in bytes.
+
+    The peak is what the comparison uses: every poll re-compiles the refused
+    body, so the current RSS depends on where in a compile it is sampled; a
+    leak raises the peak with every refusal, a transient working set does not.
+    """
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field}")
+
+
+async def failures(port: int) -> int:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        report = (await client.get(f"http://127.0.0.1:{port}/status")).json()
+    return int(report["revision"]["consecutive_failures"])
+
+
+async def test_ten_refusals_of_a_large_body_leave_no_memory_behind(
+    tmp_path: Path, pg_url: str
+) -> None:
+    port = free_port()
+    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.2, listen=False)
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    body = big_body(15 * 1024 * 1024)
+    with trio.fail_after(240):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            baseline = rss_bytes(daemon.process.pid)
+
+            def insert() -> None:
+                with psycopg.connect(pg_url) as conn:
+                    rid = conn.execute(
+                        "INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                        " VALUES (1, %s, sha256(%s)) RETURNING id", (body, body)).fetchone()[0]
+                    conn.execute("UPDATE supervisor_desired SET revision_id = %s", (rid,))
+
+            await trio.to_thread.run_sync(insert)
+            await daemon.wait_log("revision refused; previous snapshot keeps serving",
+                                  reason="secret")
+
+            async def refused(n: int) -> bool:
+                return await failures(port) >= n
+
+            await poll_until(lambda: refused(1))
+            after_first = rss_bytes(daemon.process.pid)
+            await poll_until(lambda: refused(10))
+            after_ten = rss_bytes(daemon.process.pid)
+            current = rss_bytes(daemon.process.pid, "VmRSS")
+            mib = 1024 * 1024
+            assert after_ten <= 1.5 * after_first, (
+                f"peak RSS grew from {after_first / mib:.0f} MiB after one refusal to "
+                f"{after_ten / mib:.0f} MiB after ten (current {current / mib:.0f} MiB, "
+                f"baseline {baseline / mib:.0f} MiB, body {len(body) / mib:.1f} MiB)")
+            # Still serving the previous snapshot.
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                snap = (await client.get(f"http://127.0.0.1:{port}/v1/snapshot")).json()
+            assert snap["revision"] == 1

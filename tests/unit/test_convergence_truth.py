@@ -1,0 +1,418 @@
+"""The convergence loop tells the truth and heals (issues 10, 17, 18), on virtual time.
+
+Against the fake store of ``test_reconciler`` (our own seam) and a fake cache
+that implements the cache's surface; every test asserts a visible effect
+(outcome, status, sinks, log lines, metrics), never call order.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+import trio.testing
+
+from supervisor import reasons
+from supervisor.controlplane.store import ControlPlaneError, FailureCategory
+from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.revision.errors import RevisionError
+from supervisor.revision.secrets import EnvFileResolver
+from supervisor.sinks.file import SnapshotFile
+from supervisor.sinks.lkg import CacheUnwritable
+from tests.unit.test_reconciler import FakeStore, doc, make, sample
+
+
+@dataclass
+class FakeCache:
+    """The cache's surface as the loop uses it; records what was served at each export."""
+
+    state_at_export: Callable[[], int | None]
+    path: str = "/fake/lkg"
+    fail: bool = False
+    revision: int | None = None
+    exported: list[tuple[int, int | None]] = field(default_factory=list)
+    discarded: list[int] = field(default_factory=list)
+
+    def export(self, *, revision: int, generation: int, schema_version: int,
+               body: bytes) -> None:
+        if self.fail:
+            raise CacheUnwritable(self.path, "No space left on device")
+        self.exported.append((revision, self.state_at_export()))
+        self.revision = revision
+
+    def discard_if_newer(self, revision: int) -> bool:
+        if self.revision is not None and self.revision > revision:
+            self.discarded.append(self.revision)
+            self.revision = None
+            return True
+        return False
+
+
+def with_cache(store: FakeStore, **kw: Any) -> tuple[Reconciler, FakeCache]:
+    holder: list[Reconciler] = []
+
+    def serving() -> int | None:
+        snap = holder[0].state.snapshot
+        return None if snap is None else snap.revision
+
+    cache = FakeCache(serving)
+    rec = make(store, cache=cache, **kw)
+    holder.append(rec)
+    return rec, cache
+
+
+# -- a revision is its content (issue 18.1) -------------------------------------------
+
+
+async def test_reused_id_with_new_content_is_a_new_revision() -> None:
+    store = FakeStore()
+    store.put(doc("a0", "a1"))
+    store.put(doc("a0", "a1"))
+    store.put(doc("a0", "a1"))
+    rec = make(store)
+    assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
+    assert rec.state.snapshot is not None and rec.state.snapshot.revision == 3
+    # A restore: desired back to 1, ids above it deleted, the sequence restarted,
+    # two new bodies published (ids 2 and 3; the new 3 has more aliases).
+    del store.revisions[2], store.revisions[3]
+    store.desired_id = 1
+    store.put(doc("a0"))
+    store.put(doc(*[f"a{i}" for i in range(7)]))
+    assert store.desired_id == 3
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 3
+    assert sorted(rec.state.snapshot.aliases) == [f"a{i}" for i in range(7)]
+    assert any(e["event"].startswith("revision id reused") for e in logs)
+    # The LISTEN fast path (no observe) goes through the same identity.
+    store.revisions[3] = doc("z")
+    assert (await rec.converge_once("notify")).kind is OutcomeKind.PUBLISHED
+    assert sorted(rec.state.snapshot.aliases) == ["z"]
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+
+
+async def test_identity_change_starts_an_epoch_and_rewrites_the_sinks() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec, cache = with_cache(store)
+    await rec.converge_once()
+    assert [r for r, _ in cache.exported] == [1]
+    store.identity = "fake:2"  # same id and body, another database (a restore)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.CONVERGED
+    assert any("identity changed" in e["event"] for e in logs)
+    assert [r for r, _ in cache.exported] == [1, 1]  # re-written for the new epoch
+    await rec.converge_once()
+    assert len(cache.exported) == 2  # once per epoch, not per poll
+
+
+# -- status tells the truth (issue 10.3) --------------------------------------------
+
+
+async def test_notification_refusal_updates_desired_and_last_rejection() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    bad = store.put(doc("a", keys={"k": ["missing-alias"]}))
+    outcome = await rec.converge_once("notify")  # no observe read before the hydrate
+    assert outcome.failed and outcome.reason == reasons.PROJECTION
+    report = rec.status.report()
+    assert report["desired"] == bad and report["active"] == 1
+    assert report["loaded"] == 1  # the refused candidate never shows as loaded
+    assert report["last_rejection"]["revision"] == bad
+    assert sample(rec.metrics, "supervisor_desired_revision") == bad
+
+
+async def test_store_level_refusal_replaces_an_older_rejection() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    await rec.converge_once()
+    assert rec.status.report()["last_rejection"]["reason"] == reasons.PROJECTION
+
+    async def denied() -> None:
+        raise ControlPlaneError("permission denied for table supervisor_desired",
+                                category=FailureCategory.DENIED)
+
+    store.observe = denied  # type: ignore[method-assign]
+    outcome = await rec.converge_once()
+    rejection = rec.status.report()["last_rejection"]
+    assert outcome.failed and rejection["reason"] == reasons.DENIED
+    assert rejection["revision"] is None
+
+
+async def test_an_outage_is_not_a_rejection() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.outage = True
+    await rec.converge_once()
+    report = rec.status.report()
+    assert report["last_rejection"] is None and report["control_plane_up"] is False
+    assert report["last_error"].startswith("unavailable")
+
+
+async def test_refusal_line_carries_retry_in_s() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    [line] = [e for e in logs if e["event"].startswith("revision refused")]
+    assert line["retry_in_s"] == outcome.retry_in_s == 5.0
+    assert line["reason"] == reasons.PROJECTION
+
+
+# -- refusals do not wedge (issue 10.4) -----------------------------------------------
+
+
+async def test_refused_candidate_waits_the_poll_interval_not_the_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=5.0, backoff_initial_s=4.0, backoff_max_s=30.0)
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            store.put(doc("a", keys={"k": ["nope"]}))
+            for _ in range(6):  # six refusals in a row: a backoff would reach 30 s
+                await trio.sleep(5.0)
+            fixed = store.put(doc("a", "b"))
+            published = trio.current_time()
+            while rec.status.active != fixed:
+                await trio.sleep(0.1)
+            assert trio.current_time() - published <= 5.0 + 0.1
+            nursery.cancel_scope.cancel()
+
+
+async def test_final_refusal_is_not_hydrated_again_until_desired_moves() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    bad = store.put(doc("a", keys={"k": ["nope"]}))
+    await rec.converge_once()
+    hydrates = sum(1 for what, _ in store.calls if what == "hydrate")
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(5):
+            outcome = await rec.converge_once()
+            assert outcome.failed and outcome.revision == bad and outcome.repeated
+    assert sum(1 for what, _ in store.calls if what == "hydrate") == hydrates
+    assert not [e for e in logs if e["event"].startswith("revision refused")]  # < 1/min
+    assert rec.status.consecutive_failures == 6
+    assert sample(rec.metrics, "supervisor_revision_rejections_total",
+                  reason=reasons.PROJECTION) == 1
+    store.put(doc("a", "c"))
+    assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
+
+
+async def test_secret_refusal_is_retried_every_poll() -> None:
+    store = FakeStore()
+    environ: dict[str, str] = {}
+    rec = make(store, resolver=EnvFileResolver(environ))
+    environ["SECRET_OK"] = "x"
+    store.put(doc("a", keys={"ok": ["a"]}))
+    await rec.converge_once()
+    rid = store.put(doc("a", keys={"ok": ["a"], "late": ["a"]}))
+    assert (await rec.converge_once()).reason == reasons.SECRET
+    environ["SECRET_LATE"] = "y"  # the secret appears
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == rid
+
+
+async def test_transient_os_error_on_a_secret_file_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = tmp_path / "s"
+    secret.write_text("v")
+    real_open = __import__("os").open
+
+    def exhausted(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path) == str(secret):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("supervisor.revision.secrets.os.open", exhausted)
+    with pytest.raises(RevisionError) as info:
+        EnvFileResolver({}).resolve(f"file:{secret}")
+    assert info.value.reason == reasons.UNAVAILABLE
+    monkeypatch.undo()
+    assert EnvFileResolver({}).resolve(f"file:{secret}") == b"v"
+
+
+# -- sinks catch up (issues 17, 18.3) -------------------------------------------------
+
+
+async def test_cache_is_exported_before_the_swap() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec, cache = with_cache(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    await rec.converge_once()
+    # At each export, the swap had not happened yet: the cache never lags.
+    assert cache.exported == [(1, None), (2, 1)]
+
+
+async def test_failed_sinks_are_retried_every_poll_until_they_succeed(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a directory should be")
+    rec, cache = with_cache(store, snapshot_file=SnapshotFile(str(blocked / "snap.json")))
+    cache.fail = True
+    await rec.converge_once()
+    assert rec.state.snapshot is not None  # serving regardless
+    assert cache.exported == []
+    blocked.unlink()
+    blocked.mkdir()
+    cache.fail = False
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()  # converged: no new revision needed
+    assert outcome.kind is OutcomeKind.CONVERGED
+    assert (blocked / "snap.json").exists()
+    assert [r for r, _ in cache.exported] == [1]
+    assert sorted(e["sink"] for e in logs if e["event"] == "sink write recovered") == [
+        "cache", "snapshot_file"]
+    await rec.converge_once()
+    assert len(cache.exported) == 1  # nothing due any more
+
+
+async def test_failed_rollback_export_removes_the_newer_cache() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    store.put(doc("a", "b"))
+    rec, cache = with_cache(store)
+    await rec.converge_once()
+    assert cache.revision == 2
+    store.desired_id = 1  # the operator rolls back; the disk is full
+    cache.fail = True
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 1
+    assert cache.discarded == [2] and cache.revision is None
+
+
+async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    first, cache = with_cache(store)
+    await first.converge_once()
+    target = tmp_path / "snap.json"
+    # A new child run (after a crash) shares the serving state, nothing else.
+    second = make(store, state=first.state, status=first.status, cache=cache,
+                  snapshot_file=SnapshotFile(str(target)))
+    outcome = await second.converge_once()
+    assert outcome.kind is OutcomeKind.CONVERGED
+    assert target.exists() and [r for r, _ in cache.exported] == [1, 1]
+    assert first.state.generation == 1  # no new generation for the same revision
+
+
+# -- outages are told once (issue 18.4) -------------------------------------------------
+
+
+async def test_two_minute_outage_logs_start_progress_and_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    changes: list[bool] = []
+    rec = make(store, poll_interval_s=5.0, backoff_initial_s=0.25, backoff_max_s=30.0,
+               on_outage_change=changes.append)
+    with trio.fail_after(600), structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            store.outage = True
+            await trio.sleep(120)
+            store.outage = False
+            while rec.status.control_plane_up is not True:
+                await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+    events = [e["event"] for e in logs if e["log_level"] in ("warning", "info", "error")]
+    outage = [e for e in events if "control plane" in e and "reachable" in e]
+    assert outage[0] == "control plane unreachable"
+    assert 1 <= outage.count("control plane still unreachable") <= 2  # once a minute
+    assert outage[-1] == "control plane reachable again"
+    [end] = [e for e in logs if e["event"] == "control plane reachable again"]
+    assert end["after_s"] >= 120 and end["attempts"] >= 5
+    assert changes == [True, False]  # the LISTEN child is poked at start and end
+
+
+# -- the loop's own mechanics (issue 20.2, 20.4) -----------------------------------------
+
+
+async def test_backoff_floor_holds_against_wakeups_and_resets_on_success(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=5.0, backoff_initial_s=2.0, backoff_max_s=30.0)
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            store.outage = True
+            store.calls.clear()
+            await trio.sleep(5.0)  # poll -> failure
+            for _ in range(80):
+                rec.signal.notify("sighup")  # a storm of wake-ups
+                await trio.sleep(0.1)
+            times = [t for what, t in store.calls]
+            gaps = [b - a for a, b in itertools.pairwise(times)]
+            assert len(gaps) >= 2 and min(gaps) >= 2.0 - 1e-9  # never before the floor
+            store.outage = False
+            while rec.status.control_plane_up is not True:
+                await trio.sleep(0.1)
+            assert rec.backoff.failures == 0
+            nursery.cancel_scope.cancel()
+
+
+class YieldingStore(FakeStore):
+    """A fake store whose reads take time, as a real one does."""
+
+    async def observe(self) -> Any:
+        await trio.sleep(1.0)
+        return await super().observe()
+
+    async def hydrate(self) -> Any:
+        await trio.sleep(1.0)
+        return await super().hydrate()
+
+
+async def test_run_reports_started_only_after_the_first_publish(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = YieldingStore()
+    store.put(doc("a"))
+    rec = make(store)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            assert rec.state.snapshot is not None and rec.status.source == "control_plane"
+            nursery.cancel_scope.cancel()
+
+
+async def test_attempt_finished_is_recorded_for_liveness(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await trio.sleep(50)
+    assert rec.status.stalled_for() >= 50
+    store.outage = True
+    await rec.converge_once()  # a failed attempt is a finished attempt too
+    assert rec.status.stalled_for() == 0
