@@ -119,7 +119,7 @@ async def test_backends_killed_during_hydration_never_half_apply(
             assert code == 200 and data["revision"] == last
             assert tag_of(data) == {published[last]} and len(data["aliases"]) == ALIASES
             assert await snapshot_file_at(snapshot, last) == data
-            failures = count_lines(daemon, "convergence attempt failed", reason="unavailable")
+            failures = count_lines(daemon, "control plane unreachable", reason="unavailable")
             await stop_within_grace(daemon, 5.0)
 
     print(f"kills={sum(kills)} failures={failures} file_reads={len(file_seen)} http_reads={len(http_seen)} revisions_seen={sorted({r for r, _, _ in file_seen})}")

@@ -107,7 +107,7 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
                 # READY=1 does not wait for LISTEN: wait until it is connected.
                 await daemon.wait_log("listening for desired-state notifications")
                 proxy.stop()  # cuts every connection: the listener starts reconnecting
-                await daemon.wait_log("LISTEN connection lost; reconnecting")
+                await daemon.wait_log("LISTEN connection unreachable")
                 daemon.signal(signal.SIGTERM)
                 start = trio.current_time()
                 assert await daemon.wait() == 0
