@@ -150,7 +150,7 @@ async def test_cache_from_a_newer_format_is_reported_as_skew(tmp_path: Path, pg_
     key, verify = keys(tmp_path)
     port = free_port()  # nothing listens: unreachable
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    signing = lkg._load_signing_key(str(key))
+    signing = lkg.load_signing_key(str(key))
     key_id = lkg.key_id_of(signing.verify_key)
     body = json.dumps({"schema_version": 1, "aliases": {}}).encode()
     header = lkg.encode_header(revision=3, generation=1, schema_version=1,
