@@ -8,7 +8,7 @@ All integers big-endian; offsets from the start of the file::
     header_len   4 bytes   unsigned; at most 65536
     header      header_len bytes: msgspec JSON object, fields in this order:
                   format_version  int     1
-                  revision        int     control-plane revision id (>= 0)
+                  revision        int     control-plane revision id (>= 1 when written)
                   generation      int     the snapshot generation it was published as
                   schema_version  int     the revision document's schema_version
                   created_at      string  RFC 3339, UTC ("...Z")
@@ -57,6 +57,7 @@ __all__ = [
     "decode_file",
     "encode_file",
     "encode_header",
+    "peek_revision",
 ]
 
 MAGIC: Final = b"TRIO-SUPERVISOR-LKG\n"
@@ -225,3 +226,27 @@ def decode_file(
     if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), header.body_sha256):
         corrupt("the body's SHA-256 does not match the signed header", header.revision)
     return header, body
+
+
+class _RevisionPeek(msgspec.Struct):
+    revision: Any = None
+
+
+def peek_revision(prefix: bytes) -> int | None:
+    """The header's ``revision`` from the first bytes of a file, UNVERIFIED; None if unreadable.
+
+    For decisions that only ever remove or report (never serve): nothing here is
+    authenticated. ``prefix`` needs only the magic, the length and the header.
+    """
+    if not prefix.startswith(MAGIC) or len(prefix) < len(MAGIC) + _LENGTH.size:
+        return None
+    (header_len,) = _LENGTH.unpack_from(prefix, len(MAGIC))
+    start = len(MAGIC) + _LENGTH.size
+    if header_len > MAX_HEADER_BYTES or len(prefix) < start + header_len:
+        return None
+    try:
+        revision = msgspec.json.decode(prefix[start : start + header_len], type=_RevisionPeek)
+    except msgspec.DecodeError:
+        return None
+    value = revision.revision
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
