@@ -242,10 +242,12 @@ def check_files(config: Config) -> list[tuple[str, str]]:
         if value is not None and not os.access(value, os.R_OK):
             problems.append((key, f"cannot read {value}"))
 
-    def parent_writable(key: str, value: str | None) -> None:
+    def parent_writable(key: str, value: str | None, *, created: bool = False) -> None:
         if value is None:
             return
         parent = Path(value).parent
+        if created and not os.path.lexists(parent):
+            return  # made at start, mode 0700 (the cache's constructor; `check` runs it too)
         if not parent.is_dir():
             problems.append((key, f"directory {parent} does not exist"))
         elif not os.access(parent, os.W_OK):
@@ -254,7 +256,7 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     readable("$.admin.token_file", config.admin.token_file)
     readable("$.cache.signing_key", config.cache.signing_key)
     readable("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig)
-    parent_writable("$.cache.path", config.cache.path)
+    parent_writable("$.cache.path", config.cache.path, created=True)
     parent_writable("$.snapshot.path", config.snapshot.path)
     if config.control_plane.backend == "sqlite":
         parent_writable("$.control_plane.url", sqlite_path(config.control_plane.url))
