@@ -8,19 +8,41 @@ CLI turns into exit 2.
 Environment values are parsed as TOML values when they parse (so
 ``["a", "b"]`` is a list and ``2.5`` a float) and taken as plain strings
 otherwise (so ``postgresql://...`` needs no quoting); msgspec's lax conversion
-then turns ``"true"`` or ``"5"`` into the declared type.
+then turns ``"true"`` or ``"5"`` into the declared type. An override whose name
+or value is not UTF-8 (``os.environ`` holds such bytes as lone surrogates) is
+refused.
+
+Durations, in seconds, each with a sane minimum and a finite maximum (the
+error names both)::
+
+    supervisor.shutdown_grace_s       0.1 .. 3600   below 0.1 s nothing can close
+    supervisor.restart_period_s       1 .. 86400
+    control_plane.poll_interval_s     0.01 .. 86400 (a day)
+    control_plane.backoff_initial_s   0.01 .. 3600
+    control_plane.backoff_max_s       0.01 .. 3600  (also >= backoff_initial_s)
+    kubernetes.preflight_retry_s      0.1 .. 86400
+
+Anywhere in the file or the environment, ``inf``/``nan`` and strings holding a
+NUL character are refused with their path, and input that breaks the parser
+itself (nesting deeper than the interpreter's recursion limit, an integer of
+more digits than Python converts, text that is not UTF-8) is a
+:class:`~supervisor.errors.ConfigError` like any other: nothing here raises
+anything else.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
+import msgspec.inspect
 
 from supervisor.errors import ConfigError
 
@@ -42,6 +64,12 @@ ENV_PREFIX = "SUPERVISOR_"
 CONFIG_ENV = "SUPERVISOR_CONFIG"
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+# Durations (module docstring): inf and nan fail these bounds too.
+GraceSeconds = Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)]
+PeriodSeconds = Annotated[float, msgspec.Meta(ge=1.0, le=86400.0)]
+PollSeconds = Annotated[float, msgspec.Meta(ge=0.01, le=86400.0)]
+BackoffSeconds = Annotated[float, msgspec.Meta(ge=0.01, le=3600.0)]
+RetrySeconds = Annotated[float, msgspec.Meta(ge=0.1, le=86400.0)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
@@ -52,9 +80,9 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
 
 
 class SupervisorConfig(_Section, frozen=True):
-    shutdown_grace_s: PositiveFloat = 10.0
+    shutdown_grace_s: GraceSeconds = 10.0
     restart_intensity: NonNegativeInt = 5
-    restart_period_s: PositiveFloat = 60.0
+    restart_period_s: PeriodSeconds = 60.0
 
 
 class LogConfig(_Section, frozen=True):
@@ -64,14 +92,14 @@ class LogConfig(_Section, frozen=True):
 
 class ControlPlaneConfig(_Section, frozen=True):
     url: str = "sqlite:///var/controlplane.db"
-    poll_interval_s: PositiveFloat = 5.0
+    poll_interval_s: PollSeconds = 5.0
     listen: bool = True
     channel: Annotated[str, msgspec.Meta(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = (
         "supervisor_desired"
     )
     max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
-    backoff_initial_s: PositiveFloat = 0.25
-    backoff_max_s: PositiveFloat = 30.0
+    backoff_initial_s: BackoffSeconds = 0.25
+    backoff_max_s: BackoffSeconds = 30.0
 
     @property
     def backend(self) -> Literal["postgresql", "sqlite"]:
@@ -103,7 +131,7 @@ class KubernetesConfig(_Section, frozen=True):
     control_namespace: str = "trio-supervisor"
     apps_namespace: str = "apps"
     field_manager: str = "trio-supervisor"
-    preflight_retry_s: PositiveFloat = 300.0
+    preflight_retry_s: RetrySeconds = 300.0
 
 
 class Config(_Section, frozen=True):
@@ -141,8 +169,18 @@ def is_loopback(host: str) -> bool:
 def _env_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (ValueError, RecursionError):
+        # Not a TOML value (TOMLDecodeError is a ValueError; so is an integer
+        # of too many digits; RecursionError is nesting): a plain string.
         return text
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -152,8 +190,15 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
             continue
         section, _, key = name[len(ENV_PREFIX) :].partition("__")
         section, key = section.lower(), key.lower()
+        if not _is_utf8(name):
+            where = f"$.{section}" if _is_utf8(section) else "$"
+            raise ConfigError(where, f"the environment variable {name!a} is not UTF-8")
         if section not in sections:
             raise ConfigError(f"$.{section}", f"unknown section (from environment {name})")
+        if not _is_utf8(value):
+            raise ConfigError(
+                f"$.{section}.{key}", f"the environment variable {name} is not valid UTF-8"
+            )
         table = raw.setdefault(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"$.{section}", "expected a table")
@@ -192,23 +237,69 @@ def _cross_check(config: Config) -> None:
 def load_text(
     text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None
 ) -> Config:
-    """Parse TOML text, apply environment overrides, validate. Raises ConfigError."""
+    """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only."""
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("$", f"not valid TOML: {exc}", source=source) from exc
-    try:
+        raw = _parse_toml(text)
         raw = _apply_env(raw, os.environ if environ is None else environ)
+        _refuse_unusable_values(raw)
         try:
             config = msgspec.convert(raw, Config, strict=False)
         except msgspec.ValidationError as exc:
-            raise ConfigError(*_split_msgspec_error(str(exc))) from exc
+            raise ConfigError(*_explain(str(exc), raw)) from exc
         _cross_check(config)
     except ConfigError as exc:
         exc.source = source
         exc.args = (f"{source}: {exc.path}: {exc.reason}",)
         raise
+    except (RecursionError, ValueError, UnicodeError) as exc:
+        # The safety net: anything above that a hostile input can still make
+        # the parser or converter raise is a bad configuration, not a crash.
+        raise ConfigError("$", f"cannot be parsed: {exc}", source=source) from None
     return config
+
+
+def _parse_toml(text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("$", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            "$", "not valid TOML here: arrays or inline tables nested too deeply"
+        ) from None
+    except ValueError as exc:
+        # tomllib converts integers with int(): past sys.get_int_max_str_digits()
+        # (4300) digits that raises ValueError. Say where, in the file's terms.
+        long_number = re.search(f"[0-9_]{{{_MAX_INT_DIGITS},}}", text)
+        if long_number is None:
+            raise ConfigError("$", f"not valid TOML: {exc}") from None
+        line = text.count("\n", 0, long_number.start()) + 1
+        raise ConfigError(
+            "$", f"not valid TOML here: an integer at line {line} has more than "
+            f"{_MAX_INT_DIGITS} digits"
+        ) from None
+
+
+_MAX_INT_DIGITS: Final = 4300  # CPython's default int max str digits
+
+
+def _refuse_unusable_values(raw: dict[str, Any]) -> None:
+    """inf, nan and NUL characters are meaningless in every key: refuse them with their path."""
+    stack: list[tuple[str, Any]] = [("$", raw)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((_member(path, str(k)), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(path, f"must be a finite number, got {value}")
+        elif isinstance(value, str) and "\x00" in value:
+            raise ConfigError(path, "contains a NUL character")
+
+
+def _member(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f"{parent}[{name!r}]"
 
 
 def load(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
@@ -218,6 +309,39 @@ def load(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = No
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("$", f"cannot read: {exc}", source=str(path)) from exc
     return load_text(text, source=str(path), environ=environ)
+
+
+def _explain(message: str, raw: dict[str, Any]) -> tuple[str, str]:
+    """(path, reason) for a msgspec error; a bound error names the whole allowed range."""
+    path, reason = _split_msgspec_error(message)
+    bounds = _bounds_of(path)
+    if bounds and re.fullmatch(r"Expected `(float|int)` [<>]=? \S+", reason):
+        reason = f"must be {bounds}, got {_raw_value(raw, path)!r}"
+    return path, reason
+
+
+def _bounds_of(path: str) -> str | None:
+    """``">= 0.01 and <= 86400"`` for a numeric field with bounds, from its declared type."""
+    info: Any = msgspec.inspect.type_info(Config)
+    for name in path.split(".")[1:]:
+        if not isinstance(info, msgspec.inspect.StructType):
+            return None
+        field = next((f for f in info.fields if f.name == name), None)
+        if field is None:
+            return None
+        info = field.type
+    if not isinstance(info, msgspec.inspect.FloatType | msgspec.inspect.IntType):
+        return None
+    parts = [f"{op} {bound:g}" for op, bound in (
+        (">=", info.ge), (">", info.gt), ("<=", info.le), ("<", info.lt)) if bound is not None]
+    return " and ".join(parts) or None
+
+
+def _raw_value(raw: dict[str, Any], path: str) -> Any:
+    value: Any = raw
+    for name in path.split(".")[1:]:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
 
 
 def _split_msgspec_error(message: str) -> tuple[str, str]:
@@ -242,10 +366,12 @@ def check_files(config: Config) -> list[tuple[str, str]]:
         if value is not None and not os.access(value, os.R_OK):
             problems.append((key, f"cannot read {value}"))
 
-    def parent_writable(key: str, value: str | None) -> None:
+    def parent_writable(key: str, value: str | None, *, created: bool = False) -> None:
         if value is None:
             return
         parent = Path(value).parent
+        if created and not os.path.lexists(parent):
+            return  # made at start, mode 0700 (the cache's constructor; `check` runs it too)
         if not parent.is_dir():
             problems.append((key, f"directory {parent} does not exist"))
         elif not os.access(parent, os.W_OK):
@@ -254,7 +380,7 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     readable("$.admin.token_file", config.admin.token_file)
     readable("$.cache.signing_key", config.cache.signing_key)
     readable("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig)
-    parent_writable("$.cache.path", config.cache.path)
+    parent_writable("$.cache.path", config.cache.path, created=True)
     parent_writable("$.snapshot.path", config.snapshot.path)
     if config.control_plane.backend == "sqlite":
         parent_writable("$.control_plane.url", sqlite_path(config.control_plane.url))

@@ -10,7 +10,9 @@ Contract (CONTRACT.md section 5)::
 Alias and key names match :data:`NAME_PATTERN`. A stored body is the UTF-8 JSON of
 such a document. :func:`decode_body` refuses, in this order:
 
-1. ``corrupt``: not UTF-8, not JSON (also nested too deeply), or not a JSON object;
+1. ``corrupt``: not UTF-8, not JSON (also nested too deeply), or not a JSON object
+   (and, for TOML files, not TOML: nested too deeply, or an integer of more than
+   4300 digits, included);
 2. ``validation``: ``schema_version`` missing or not an integer (or below 1);
 3. ``incompatible``: ``schema_version`` above :data:`SCHEMA_VERSION`, whatever
    the rest looks like (a newer schema may have a different shape);
@@ -121,7 +123,20 @@ _PLAIN_MEMBER: Final = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def decode_body(body: bytes, *, revision: int | None = None) -> RevisionDocument:
-    """Decode and validate a stored revision body (UTF-8 JSON). See the module docstring."""
+    """Decode and validate a stored revision body (UTF-8 JSON). See the module docstring.
+
+    Raises :class:`RevisionError` and nothing else for any body.
+    """
+    try:
+        return _decode_body(body, revision)
+    except (RecursionError, ValueError, UnicodeError) as exc:
+        # The safety net for hostile input the decoders below let through.
+        raise RevisionError(
+            reasons.VALIDATION, f"$: cannot be processed: {exc}", revision=revision
+        ) from None
+
+
+def _decode_body(body: bytes, revision: int | None) -> RevisionDocument:
     try:
         doc = _DECODER.decode(body)
     except msgspec.ValidationError as exc:
@@ -186,6 +201,11 @@ def load_document_file(path: str | os.PathLike[str]) -> tuple[int, bytes]:
         decode_body(body)
     except RevisionError as exc:
         raise RevisionError(exc.reason, f"{where}: {exc.detail}") from None
+    except (RecursionError, ValueError, UnicodeError) as exc:
+        # The safety net for hostile input the parsers above let through.
+        raise RevisionError(
+            reasons.VALIDATION, f"{where}: $: cannot be processed: {exc}"
+        ) from None
     return doc.schema_version, body
 
 
@@ -461,4 +481,21 @@ def _load_toml(raw: bytes) -> RevisionDocument:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise RevisionError(reasons.CORRUPT, f"not TOML: {exc}") from None
+    except RecursionError:
+        raise RevisionError(
+            reasons.CORRUPT, "not TOML here: arrays or inline tables nested too deeply"
+        ) from None
+    except ValueError:
+        # tomllib's int() of an integer past sys.get_int_max_str_digits() digits.
+        text = raw.decode("utf-8")
+        found = re.search(f"[0-9_]{{{_MAX_INT_DIGITS},}}", text)
+        line = text.count("\n", 0, found.start()) + 1 if found else None
+        raise RevisionError(
+            reasons.CORRUPT,
+            f"not TOML here: an integer{f' at line {line}' if line else ''} has more than "
+            f"{_MAX_INT_DIGITS} digits",
+        ) from None
     return document_from_object(tables)
+
+
+_MAX_INT_DIGITS: Final = 4300  # CPython's default int max str digits

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -150,7 +152,7 @@ async def test_cache_from_a_newer_format_is_reported_as_skew(tmp_path: Path, pg_
     key, verify = keys(tmp_path)
     port = free_port()  # nothing listens: unreachable
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    signing = lkg._load_signing_key(str(key))
+    signing = lkg.load_signing_key(str(key))
     key_id = lkg.key_id_of(signing.verify_key)
     body = json.dumps({"schema_version": 1, "aliases": {}}).encode()
     header = lkg.encode_header(revision=3, generation=1, schema_version=1,
@@ -186,3 +188,82 @@ async def test_unwritable_cache_directory_keeps_serving_with_one_warning(
     warnings = [line for line in daemon.lines
                 if line.get("event", "").startswith("sink write failed")]
     assert len(warnings) == 1 and warnings[0]["sink"] == "cache"
+
+
+async def test_fifo_at_the_cache_path_refuses_to_boot_promptly(tmp_path: Path, pg_url: str) -> None:
+    key, verify = keys(tmp_path)
+    port = free_port()  # nothing listens: the control plane is unreachable
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+    cache = tmp_path / "cache" / "lkg.bin"
+    os.mkfifo(cache, 0o600)
+    started = time.monotonic()
+    result = await acli("run", "--config", str(config), check=False, timeout=30)
+    took = time.monotonic() - started
+    assert result.returncode == 3, result.stderr
+    line = json.loads(result.stderr.strip().splitlines()[-1])
+    assert line["refusal"] == "cache"
+    assert str(cache) in line["reason"] and "FIFO" in line["reason"]
+    assert "corrupt" in line["reason"]
+    assert took < 20, f"took {took:.1f} s"
+
+
+async def test_deleted_served_mark_refuses_to_boot_from_the_cache(
+    tmp_path: Path, pg_url: str
+) -> None:
+    key, verify = keys(tmp_path)
+    port = free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+    async with tcp_proxy(port) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await serve_once_and_stop(config)
+        proxy.stop()
+        mark = tmp_path / "cache" / "lkg.bin.served"
+        mark.unlink()
+        result = await acli("run", "--config", str(config), check=False)
+        assert result.returncode == 3
+        reason = json.loads(result.stderr.strip().splitlines()[-1])["reason"]
+        assert "rollback" in reason and str(mark) in reason
+        # The deliberate reset the message describes.
+        mark.write_text("1\n")
+        notify = NotifySocket(tmp_path / "notify")
+        await notify.bind()
+        with trio.fail_after(60):
+            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+                await notify.wait_for("READY=1")
+                line = await daemon.wait_log("serving the last-known-good cache")
+                assert line["revision"] == 1
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+        notify.close()
+
+
+async def test_unsafe_cache_directory_is_refused_by_check_and_boot(
+    tmp_path: Path, pg_url: str
+) -> None:
+    key, verify = keys(tmp_path)
+    config = cache_config(tmp_path, pg_url, key, [verify])
+    directory = tmp_path / "cache"
+    directory.chmod(0o777)
+    for command in ("check", "run"):
+        result = await acli(command, "--config", str(config), check=False)
+        assert result.returncode == 2, (command, result.stderr)
+        assert "$.cache.path" in result.stderr and str(directory) in result.stderr
+        assert "0777" in result.stderr and "Traceback" not in result.stderr
+    directory.chmod(0o700)
+    assert (await acli("check", "--config", str(config))).returncode == 0
+
+
+async def test_check_creates_a_missing_cache_directory_private(
+    tmp_path: Path, pg_url: str
+) -> None:
+    key, verify = keys(tmp_path)
+    config = write_config(
+        tmp_path, pg_url,
+        f'[cache]\npath = "{tmp_path}/state/cache/lkg.bin"\nsigning_key = "{key}"\n'
+        f"trusted_keys = {json.dumps([verify])}\n",
+    )
+    result = await acli("check", "--config", str(config), check=False)
+    assert result.returncode == 0, result.stderr
+    for directory in (tmp_path / "state", tmp_path / "state" / "cache"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700

@@ -383,7 +383,9 @@ async def test_kubernetes_deployment_cross_references() -> None:
 
     def volume_of(path: str | None) -> dict[str, Any]:
         assert path is not None
-        name = next(n for n, mount in mounts.items() if Path(path).parent == Path(mount))
+        # The deepest mount holding the file (the cache sits in a subdirectory of its claim).
+        name = max((n for n, mount in mounts.items() if Path(mount) in Path(path).parents),
+                   key=lambda n: len(Path(mounts[n]).parts))
         return next(v for v in pod["volumes"] if v["name"] == name)
 
     assert "secret" in volume_of(config.admin.token_file)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.errors import ConfigError, SupervisorError
+from supervisor.sinks.atomic import write_atomic
 from supervisor.sinks.lkg import (
     FORMAT_VERSION,
     MAGIC,
@@ -334,7 +335,7 @@ def test_unreadable_cache_is_corrupt(cache: LastKnownGood, cache_path: str) -> N
     os.mkdir(cache_path)
     err = _refusal(cache)
     assert err.reason == "corrupt"
-    assert isinstance(err.__cause__, OSError)
+    assert "a directory" in err.detail
 
 
 # --------------------------------------------------------------------------- keys and trust
@@ -615,14 +616,28 @@ def test_export_of_older_revision_resets_the_mark(cache: LastKnownGood, cache_pa
     assert loaded.revision == 5
 
 
-def test_failed_lowering_export_keeps_the_old_cache(cache: LastKnownGood, cache_path: str) -> None:
+class _MarkUnwritable:
+    """The cache's file seam with a mark that cannot be replaced (the disk is full)."""
+
+    def write(self, path: str, data: bytes, *, mode: int) -> None:
+        if path.endswith(".served"):
+            raise OSError(28, "No space left on device")
+        write_atomic(path, data, mode=mode)
+
+    def remove(self, path: str) -> None:
+        os.unlink(path)
+
+
+def test_failed_lowering_export_keeps_the_old_cache(
+    cache: LastKnownGood, cache_path: str, signer: tuple[str, str]
+) -> None:
     _export(cache, revision=9)
-    os.unlink(cache_path + ".served")
-    os.mkdir(cache_path + ".served")  # the mark cannot be replaced now
+    full = LastKnownGood(cache_path, signing_key_path=signer[0], trusted_keys=[signer[1]],
+                         max_schema_version=1, files=_MarkUnwritable())
     with pytest.raises(CacheUnwritable) as info:
-        _export(cache, revision=5)
+        _export(full, revision=5)
     assert info.value.path == cache_path + ".served"
-    os.rmdir(cache_path + ".served")
+    assert Path(cache_path + ".served").read_text() == "9\n"
     loaded = cache.load()
     assert loaded is not None
     assert loaded.revision == 9  # mark first, cache second: nothing was half-lowered
@@ -671,7 +686,7 @@ def test_export_into_unwritable_directory(tmp_path: Path, signer: tuple[str, str
     assert err.reason == "unwritable"
     assert isinstance(err, CacheError)
     assert isinstance(err.__cause__, OSError)
-    assert err.path == str(blocker / "lkg.bin")
+    assert err.path == str(blocker / "lkg.bin.served")  # the first export writes the mark first
     assert sorted(os.listdir(tmp_path)) == ["keys", "regular-file"]
 
 

@@ -1,0 +1,75 @@
+"""The signed last-known-good cache, and the Ed25519 keys that sign it.
+
+Split by concern:
+
+- :mod:`~supervisor.sinks.lkg.errors`: the refusals (``CacheError`` and its labels) and
+  the key file's errors;
+- :mod:`~supervisor.sinks.lkg.keys`: key texts, key ids, the signing key file, ``keygen``;
+- :mod:`~supervisor.sinks.lkg.fileformat`: the signed file format and its verification;
+- :mod:`~supervisor.sinks.lkg.cache`: :class:`LastKnownGood` (export, load, the
+  served-revision mark and rollback protection).
+
+Every public name is importable from here, as before the split.
+"""
+
+from __future__ import annotations
+
+from supervisor.sinks.lkg.cache import SERVED_SUFFIX, CachedRevision, LastKnownGood
+from supervisor.sinks.lkg.errors import (
+    ROLLBACK,
+    UNWRITABLE,
+    CacheError,
+    CacheReason,
+    CacheSkew,
+    CacheUnwritable,
+    KeyFileError,
+    KeyFileExists,
+)
+from supervisor.sinks.lkg.fileformat import (
+    FORMAT_VERSION,
+    MAGIC,
+    MAX_HEADER_BYTES,
+    SIGNATURE_BYTES,
+    encode_file,
+    encode_header,
+)
+from supervisor.sinks.lkg.keys import (
+    KEY_BYTES,
+    KEY_ID_HEX_DIGITS,
+    SIGNING_KEY_PREFIX,
+    VERIFY_KEY_PREFIX,
+    format_verify_key,
+    generate_signing_key,
+    key_id_of,
+    load_signing_key,
+    parse_verify_key,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_BYTES",
+    "KEY_ID_HEX_DIGITS",
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "ROLLBACK",
+    "SERVED_SUFFIX",
+    "SIGNATURE_BYTES",
+    "SIGNING_KEY_PREFIX",
+    "UNWRITABLE",
+    "VERIFY_KEY_PREFIX",
+    "CacheError",
+    "CacheReason",
+    "CacheSkew",
+    "CacheUnwritable",
+    "CachedRevision",
+    "KeyFileError",
+    "KeyFileExists",
+    "LastKnownGood",
+    "encode_file",
+    "encode_header",
+    "format_verify_key",
+    "generate_signing_key",
+    "key_id_of",
+    "load_signing_key",
+    "parse_verify_key",
+]

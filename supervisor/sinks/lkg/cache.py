@@ -1,0 +1,427 @@
+"""The signed last-known-good cache: one replica's cache file and its served-revision mark.
+
+What it is for
+--------------
+A replica writes every revision it publishes to a local file (:meth:`LastKnownGood.export`).
+When it boots and the control plane is unreachable, or holds a revision this
+build cannot read, it may serve that file instead (:meth:`LastKnownGood.load`).
+The cache is a *statement by this deployment* ("revision N was good"), so it is
+signed (:mod:`~supervisor.sinks.lkg.fileformat`, :mod:`~supervisor.sinks.lkg.keys`),
+and it is refused rather than served whenever it cannot be trusted.
+It is never expired by age (an outage is exactly when it is needed):
+:attr:`CachedRevision.age_s` reports the age so the caller can show it.
+
+Refusals (``CacheError.reason``), checked in this order
+--------------------------------------------------------
+``corrupt``
+    Anything at the cache path (or the mark path) that is not a regular file: a
+    FIFO, socket, device, directory or symbolic link, named in the detail (it is
+    never read, so a FIFO cannot hang the boot). Unreadable file, bad magic,
+    truncation, a header length over the limit, a validly signed header that is
+    malformed, or a body whose length or SHA-256 differs from the signed header.
+    A body digest mismatch is ``corrupt`` and not ``denied`` on purpose: the
+    signed statement itself is authentic, the bytes it vouches for are not those
+    bytes (bit rot or tampering look the same), exactly the control plane's
+    ``corrupt`` (CONTRACT.md section 4).
+``denied``
+    The header names a key id not in ``trusted_keys``, or the signature does
+    not verify (any altered header byte ends here). When the header is not even
+    decodable, every trusted key is tried: no match is ``denied``, a match
+    means an authentic but malformed header, ``corrupt``.
+``incompatible``
+    As :class:`CacheSkew` when the (authentic) ``format_version`` is newer
+    than this build reads: the caller reports it and treats it as no cache. As
+    plain :class:`CacheError` when ``schema_version`` is above
+    ``max_schema_version``.
+``rollback``
+    ``revision`` is below this replica's served-revision mark, or the mark is
+    missing or 0 next to an existing cache (``path`` is then the mark file).
+``unwritable``
+    Only from :meth:`~LastKnownGood.export`, :meth:`~LastKnownGood.note_served`
+    and :meth:`~LastKnownGood.discard_if_newer` (:class:`CacheUnwritable`, the
+    ``OSError`` chained).
+
+Rollback protection
+-------------------
+``<path>.served`` holds one decimal revision id, written atomically (0600): the
+served-revision mark. :meth:`~LastKnownGood.note_served` raises it;
+:meth:`~LastKnownGood.export` sets it to the exported revision, which is what
+this replica serves from then on. ``export`` *sets* rather than only raises
+because an operator may point desired state back at an older revision id; a
+mark that only rose would then make the replica refuse its own, current cache
+at the next boot, during an outage, when it is needed.
+
+The mark cannot be defeated by deleting it: a cache file with no mark next to
+it, or a mark of 0, is refused as ``rollback`` (revision ids start at 1, so 0
+is never a served revision). To trust such a cache deliberately, write its
+revision into the mark file (the refusal says which number). A garbled mark,
+or something other than a regular file there, is ``corrupt``, for the same
+reason: the protection is never silently dropped.
+
+The invariant: **at every instant a process can be stopped, a cache file never
+exists without a mark, and the mark is <= the cached revision** (given that it
+held before; a replica whose mark was deleted is refused until reset, above).
+:meth:`~LastKnownGood.export` keeps it by ordering its two atomic writes:
+
+- the mark is missing (or 0, or garbled): mark first, then the cache, so a
+  stop between them leaves a mark and no new cache (the first export leaves a
+  mark and no cache at all: nothing to serve, nothing refused);
+- the revision rises: cache first, then the mark (a stop leaves mark < cache);
+- the revision falls: mark first, then the cache (a stop leaves the lower mark
+  next to the newer cache, which still loads; when the export fails instead,
+  :meth:`~LastKnownGood.discard_if_newer` removes that newer cache so that the
+  next boot cannot serve the revision the operator moved away from).
+
+Files and their owners
+----------------------
+The constructor creates a missing cache directory (0700, parents too) and
+refuses, as :class:`~supervisor.errors.ConfigError` at ``$.cache.path``, a
+directory or an existing cache or mark file that is not owned by the effective
+uid or is group- or world-writable (:mod:`supervisor.sinks.lkg.files`).
+
+Every method but the properties blocks (file I/O and fsync), the constructor
+included (it may create the directory): call them from a worker thread under
+trio. They are safe to call from several threads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final
+
+from supervisor import reasons
+from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, CacheUnwritable
+from supervisor.sinks.lkg.fileformat import (
+    MAGIC,
+    MAX_HEADER_BYTES,
+    decode_file,
+    encode_file,
+    encode_header,
+    peek_revision,
+)
+from supervisor.sinks.lkg.files import (
+    CacheFiles,
+    DurableFiles,
+    NotRegularFile,
+    prepare_directory,
+    read_regular,
+)
+from supervisor.sinks.lkg.keys import key_id_of, load_signing_key, parse_trusted
+
+__all__ = ["SERVED_SUFFIX", "CacheFiles", "CachedRevision", "LastKnownGood"]
+
+SERVED_SUFFIX: Final = ".served"
+_MARK_BYTES: Final = 64  # a revision id is at most 20 digits
+_PEEK_BYTES: Final = len(MAGIC) + 4 + MAX_HEADER_BYTES
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+@dataclass(frozen=True)
+class CachedRevision:
+    """A verified revision read from the cache."""
+
+    revision: int
+    generation: int
+    schema_version: int
+    created_at: datetime
+    body: bytes = field(repr=False)
+    key_id: str
+    _clock: Callable[[], datetime] = field(default=_utcnow, repr=False, compare=False)
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since it was exported, by the cache's clock; 0 if that clock is behind."""
+        return max(0.0, (self._clock() - self.created_at).total_seconds())
+
+
+class LastKnownGood:
+    """One replica's signed cache file and its served-revision mark (module docstring)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        signing_key_path: str | None,
+        trusted_keys: Sequence[str],
+        max_schema_version: int,
+        clock: Callable[[], datetime] = _utcnow,
+        files: CacheFiles | None = None,
+    ) -> None:
+        self._path = path
+        self._served_path = path + SERVED_SUFFIX
+        self._trusted = parse_trusted(trusted_keys)
+        # Loaded now, not at the first export: a bad key is a configuration
+        # error that `check` and boot should report, not a silent export failure.
+        self._signing_key = (
+            load_signing_key(signing_key_path) if signing_key_path is not None else None
+        )
+        self.signing_key_id: str | None = None
+        self.signing_key_trusted = False
+        if self._signing_key is not None:
+            verify = self._signing_key.verify_key
+            self.signing_key_id = key_id_of(verify)
+            known = self._trusted.get(self.signing_key_id)
+            # Exports signed by an untrusted key would be refused ("denied") at
+            # the next boot: the caller warns when this is False.
+            self.signing_key_trusted = known is not None and bytes(known) == bytes(verify)
+        prepare_directory(os.path.dirname(path), (path, self._served_path))
+        self._max_schema_version = max_schema_version
+        self._clock = clock
+        self._files: CacheFiles = files if files is not None else DurableFiles()
+        self._lock = threading.Lock()
+        # The mark as this process knows it (max of what it noted and read),
+        # and what the .served file is known to hold (None: not read yet;
+        # 0: missing or 0; -1: unusable, rewritten by the next write).
+        self._mark = 0
+        self._persisted_mark: int | None = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def served_path(self) -> str:
+        return self._served_path
+
+    @property
+    def trusted_key_ids(self) -> tuple[str, ...]:
+        return tuple(self._trusted)
+
+    # ----------------------------------------------------------------- the mark
+
+    def _read_mark_file(self) -> int:
+        """The .served file's value; 0 when missing; CacheError(corrupt) when unusable."""
+        reset = f"write the cache's revision into {self._served_path} to reset it deliberately"
+        try:
+            raw = read_regular(self._served_path, limit=_MARK_BYTES)
+        except NotRegularFile as exc:
+            raise CacheError(
+                reasons.CORRUPT,
+                self._served_path,
+                f"the served-revision mark is {exc.kind}, not a regular file; remove it and "
+                f"{reset}",
+            ) from None
+        except OSError as exc:
+            raise CacheError(
+                reasons.CORRUPT,
+                self._served_path,
+                f"the served-revision mark cannot be read: {exc.strerror or exc}",
+            ) from exc
+        if raw is None:
+            return 0
+        text = raw.strip()
+        if not text.isdigit() or len(text) > 20:
+            raise CacheError(
+                reasons.CORRUPT,
+                self._served_path,
+                f"the served-revision mark is not a revision id; {reset}",
+            )
+        return int(text)
+
+    def _known_mark(self) -> int:
+        """The mark for a write path: a garbled or unreadable file counts as 0 and is rewritten."""
+        if self._persisted_mark is None:
+            try:
+                self._persisted_mark = self._read_mark_file()
+            except CacheError:
+                self._persisted_mark = -1  # never equal to a target: forces a rewrite
+            # A fresh instance (a restart) must not lower what an earlier one served.
+            self._mark = max(self._mark, self._persisted_mark)
+        return self._mark
+
+    def _write_mark(self, value: int) -> None:
+        if self._persisted_mark == value:
+            return  # no fsync per publish when nothing changed
+        try:
+            self._files.write(self._served_path, f"{value}\n".encode("ascii"), mode=0o600)
+        except OSError as exc:
+            raise CacheUnwritable(
+                self._served_path,
+                f"the served-revision mark could not be written: {exc.strerror or exc}",
+            ) from exc
+        self._persisted_mark = value
+
+    def note_served(self, revision: int) -> None:
+        """Record that this replica served ``revision`` (>= 1): raise the mark to it if below.
+
+        Raises :class:`CacheUnwritable` when the mark file cannot be written;
+        the mark is raised in memory regardless, and the write is retried by
+        the next call.
+        """
+        _check_revision(revision)
+        with self._lock:
+            target = max(self._known_mark(), revision)
+            self._mark = target
+            self._write_mark(target)
+
+    # ----------------------------------------------------------------- export
+
+    def export(self, *, revision: int, generation: int, schema_version: int, body: bytes) -> None:
+        """Sign and durably write ``body`` as the cache; set the served mark to ``revision``.
+
+        ``revision`` is a control-plane id (>= 1); ``generation`` and
+        ``schema_version`` are >= 0 (ValueError otherwise, nothing written).
+        Raises :class:`CacheUnwritable` (``OSError`` chained) when either file
+        cannot be written, or when no signing key is configured; the two
+        writes are ordered as the module docstring says. Blocking.
+        """
+        _check_revision(revision)
+        for name, value in (("generation", generation), ("schema_version", schema_version)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self._signing_key is None or self.signing_key_id is None:
+            raise CacheUnwritable(self._path, "no signing key is configured ($.cache.signing_key)")
+        header = encode_header(
+            revision=revision,
+            generation=generation,
+            schema_version=schema_version,
+            created_at=self._clock(),
+            body=body,
+            key_id=self.signing_key_id,
+        )
+        data = encode_file(header, body, self._signing_key)
+        with self._lock:
+            known = self._known_mark()
+            mark_absent = self._persisted_mark is None or self._persisted_mark <= 0
+            if mark_absent or revision < known:
+                # Mark first: a cache never exists without a mark, and a
+                # lowered mark is never above the cache a stop leaves behind.
+                self._write_mark(revision)
+                self._mark = revision
+                self._write_cache(data)
+            else:
+                # Cache first: a raised mark is never above the cached revision.
+                self._write_cache(data)
+                self._mark = revision
+                self._write_mark(revision)
+
+    def _write_cache(self, data: bytes) -> None:
+        try:
+            self._files.write(self._path, data, mode=0o600)
+        except OSError as exc:
+            raise CacheUnwritable(
+                self._path, f"the cache could not be written: {exc.strerror or exc}"
+            ) from exc
+
+    # ----------------------------------------------------------------- discard
+
+    def cached_revision(self) -> int | None:
+        """The revision the cache file's header names, UNVERIFIED; None when there is none.
+
+        Cheap (reads the header only) and never raises: for logs and for
+        :meth:`discard_if_newer`, never for serving (only :meth:`load` verifies).
+        """
+        try:
+            prefix = read_regular(self._path, limit=_PEEK_BYTES)
+        except (NotRegularFile, OSError):
+            return None
+        return None if prefix is None else peek_revision(prefix)
+
+    def discard_if_newer(self, revision: int) -> bool:
+        """Remove the cache file when it holds a revision above ``revision``; True when removed.
+
+        For a rollback whose export failed (desired moved to an older revision,
+        the disk is full): the newer cache must not be served by the next boot.
+        The mark is left as it is; unlink needs no disk space. A missing (or
+        unreadable, or never servable) file is not removed and is no error.
+        Raises :class:`CacheUnwritable` when the removal fails. Blocking.
+        """
+        if revision < 0:
+            raise ValueError(f"revision must be >= 0, got {revision}")
+        with self._lock:
+            held = self.cached_revision()
+            if held is None or held <= revision:
+                return False
+            try:
+                self._files.remove(self._path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise CacheUnwritable(
+                    self._path,
+                    f"the cache (revision {held}) could not be removed: {exc.strerror or exc}",
+                ) from exc
+            return True
+
+    # ----------------------------------------------------------------- load
+
+    def load(self) -> CachedRevision | None:
+        """The verified cached revision; None when there is no cache file.
+
+        Raises :class:`CacheSkew` for a newer format (treat as no cache) and
+        :class:`CacheError` for every other refusal. Blocking.
+        """
+        try:
+            data = read_regular(self._path)
+        except NotRegularFile as exc:
+            raise CacheError(
+                reasons.CORRUPT,
+                self._path,
+                f"{exc.kind} is at the cache path, not a regular file; remove it (the next "
+                f"export writes the cache again)",
+            ) from None
+        except OSError as exc:
+            raise CacheError(
+                reasons.CORRUPT, self._path, f"cannot be read: {exc.strerror or exc}"
+            ) from exc
+        if data is None:
+            return None
+        header, body = decode_file(data, self._path, self._trusted)
+        if header.schema_version > self._max_schema_version:
+            raise CacheError(
+                reasons.INCOMPATIBLE,
+                self._path,
+                f"schema_version {header.schema_version} is newer than this build reads "
+                f"({self._max_schema_version})",
+                revision=header.revision,
+            )
+        with self._lock:
+            # Strict here, unlike the write paths: a garbled or missing mark
+            # refuses the cache instead of quietly disabling rollback protection.
+            persisted = self._read_mark_file()
+            mark = max(self._mark, persisted)
+        if persisted <= 0:
+            state = "0" if os.path.exists(self._served_path) else "missing"
+            raise CacheError(
+                ROLLBACK,
+                self._served_path,
+                f"the served-revision mark is {state} next to a cache of revision "
+                f"{header.revision}, so whether that revision is "
+                f"older than one this replica already served cannot be told (the mark may have "
+                f"been deleted); to trust this cache deliberately, write its revision into the "
+                f"mark: echo {header.revision} > {self._served_path}",
+                revision=header.revision,
+            )
+        if header.revision < mark:
+            raise CacheError(
+                ROLLBACK,
+                self._path,
+                f"revision {header.revision} is older than revision {mark}, which this "
+                f"replica already served",
+                revision=header.revision,
+            )
+        return CachedRevision(
+            revision=header.revision,
+            generation=header.generation,
+            schema_version=header.schema_version,
+            created_at=header.created_at,
+            body=body,
+            key_id=header.key_id,
+            _clock=self._clock,
+        )
+
+
+def _check_revision(revision: int) -> None:
+    # Control-plane ids start at 1; a mark of 0 means "no mark" on disk.
+    if revision < 1:
+        raise ValueError(f"revision must be >= 1, got {revision}")

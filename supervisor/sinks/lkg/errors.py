@@ -1,0 +1,93 @@
+"""The cache's refusals and the key file's errors.
+
+::
+
+    SupervisorError
+    ├── CacheError         reason: corrupt | denied | incompatible | rollback | unwritable
+    │   ├── CacheSkew      format newer than this build (reason incompatible): treat as no cache
+    │   └── CacheUnwritable  export, discard or mark write failed (reason unwritable)
+    └── KeyFileError       keygen could not write the key file
+        └── KeyFileExists  the key file already exists (keygen never overwrites)
+
+Bad ``trusted_keys`` text, an unreadable signing key, or a cache directory or
+file with unsafe ownership or permissions is a
+:class:`~supervisor.errors.ConfigError` instead (exit 2), raised by the
+:class:`~supervisor.sinks.lkg.LastKnownGood` constructor.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from supervisor import reasons
+from supervisor.errors import SupervisorError
+
+__all__ = [
+    "ROLLBACK",
+    "UNWRITABLE",
+    "CacheError",
+    "CacheReason",
+    "CacheSkew",
+    "CacheUnwritable",
+    "KeyFileError",
+    "KeyFileExists",
+]
+
+# Labels beyond the revision reasons of supervisor.reasons; spelled once here.
+ROLLBACK: Final = "rollback"
+UNWRITABLE: Final = "unwritable"
+CacheReason = Literal["corrupt", "denied", "incompatible", "rollback", "unwritable"]
+
+
+class CacheError(SupervisorError):
+    """The cache was refused (or could not be written); see :mod:`supervisor.sinks.lkg.cache`.
+
+    ``reason`` is the label, ``path`` the file at fault (the cache, or its
+    ``.served`` mark), ``detail`` the explanation without the path, and
+    ``revision`` the cached revision id when the refusal got far enough to
+    know it authentically (else None).
+    """
+
+    def __init__(
+        self, reason: CacheReason, path: str, detail: str, *, revision: int | None = None
+    ) -> None:
+        self.reason: CacheReason = reason
+        self.path = path
+        self.detail = detail
+        self.revision = revision
+        super().__init__(f"last-known-good cache {path}: {reason}: {detail}")
+
+
+class CacheSkew(CacheError):
+    """The cache's format is newer than this build reads: report it, treat it as no cache.
+
+    The file is authentic (its signature verified) and probably intact: a
+    newer build wrote it, and this one was rolled back onto the same volume.
+    """
+
+    def __init__(self, path: str, detail: str, *, format_version: int) -> None:
+        self.format_version = format_version
+        super().__init__(reasons.INCOMPATIBLE, path, detail)
+
+
+class CacheUnwritable(CacheError):
+    """The cache or its served-revision mark could not be written (``OSError`` chained)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(UNWRITABLE, path, detail)
+
+
+class KeyFileError(SupervisorError):
+    """``keygen`` could not write the signing key file."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(f"signing key {path}: {detail}")
+
+
+class KeyFileExists(KeyFileError):
+    """The key file already exists; keygen never overwrites a key."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "already exists; refusing to overwrite a key")

@@ -1,0 +1,252 @@
+"""The cache file's format: framing, the signed header, and verification.
+
+File format (format_version 1)
+------------------------------
+All integers big-endian; offsets from the start of the file::
+
+    magic       20 bytes   b"TRIO-SUPERVISOR-LKG\\n"
+    header_len   4 bytes   unsigned; at most 65536
+    header      header_len bytes: msgspec JSON object, fields in this order:
+                  format_version  int     1
+                  revision        int     control-plane revision id (>= 1 when written)
+                  generation      int     the snapshot generation it was published as
+                  schema_version  int     the revision document's schema_version
+                  created_at      string  RFC 3339, UTC ("...Z")
+                  body_length     int     length of the body in bytes
+                  body_sha256     string  lowercase hex SHA-256 of the body
+                  key_id          string  id of the signing key (below)
+    signature   64 bytes   Ed25519 detached signature over magic + header_len + header
+    body        body_length bytes: the revision document as the control plane stored it
+
+The signature covers every byte before it, so the header, its length prefix
+and the magic cannot be altered without detection; the body is covered through
+the signed ``body_length`` and ``body_sha256``. Truncation anywhere is caught
+by the length prefix, the fixed signature size, or ``body_length``. The framing
+(magic, length prefix, 64-byte signature, body) is fixed for every format
+version; a future format that must change it changes the magic instead.
+
+:func:`decode_file` checks, in this order: framing (``corrupt``), authenticity
+(``denied``), the format version (:class:`CacheSkew`), then the header fields
+and the body they vouch for (``corrupt``); see :mod:`supervisor.sinks.lkg.cache`
+for what each refusal means to the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, NoReturn
+
+import msgspec
+import nacl.exceptions
+import nacl.signing
+
+from supervisor import reasons
+from supervisor.sinks.lkg.errors import CacheError, CacheSkew
+from supervisor.sinks.lkg.keys import KEY_ID_HEX_DIGITS
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "SIGNATURE_BYTES",
+    "Header",
+    "decode_file",
+    "encode_file",
+    "encode_header",
+    "peek_revision",
+]
+
+MAGIC: Final = b"TRIO-SUPERVISOR-LKG\n"
+FORMAT_VERSION: Final = 1
+MAX_HEADER_BYTES: Final = 64 * 1024
+SIGNATURE_BYTES: Final = 64
+_LENGTH: Final = struct.Struct(">I")
+
+_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+_Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+_KeyId = Annotated[str, msgspec.Meta(pattern=f"^[0-9a-f]{{{KEY_ID_HEX_DIGITS}}}$")]
+
+
+class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The signed header of format_version 1 (field order is the on-disk order)."""
+
+    format_version: int
+    revision: _NonNegative
+    generation: _NonNegative
+    schema_version: _NonNegative
+    created_at: datetime
+    body_length: _NonNegative
+    body_sha256: _Sha256Hex
+    key_id: _KeyId
+
+
+class _Envelope(msgspec.Struct):
+    """The two fields every format version keeps, read before the signature is checked.
+
+    Lenient on purpose (unknown fields ignored, key_id of any type) so that a
+    newer format's header still yields its version and key, and surfaces as
+    skew rather than as corruption.
+    """
+
+    format_version: int
+    key_id: Any = None
+
+
+def encode_header(
+    *,
+    revision: int,
+    generation: int,
+    schema_version: int,
+    created_at: datetime,
+    body: bytes,
+    key_id: str,
+    format_version: int = FORMAT_VERSION,
+) -> bytes:
+    """The header bytes for ``body`` (format_version 1 fields)."""
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)  # a naive clock is taken to be UTC
+    header = Header(
+        format_version=format_version,
+        revision=revision,
+        generation=generation,
+        schema_version=schema_version,
+        created_at=created_at.astimezone(UTC),
+        body_length=len(body),
+        body_sha256=hashlib.sha256(body).hexdigest(),
+        key_id=key_id,
+    )
+    return msgspec.json.encode(header)
+
+
+def encode_file(header: bytes, body: bytes, signing_key: nacl.signing.SigningKey) -> bytes:
+    """Frame and sign: magic, header length, header, signature, body."""
+    if len(header) > MAX_HEADER_BYTES:
+        raise ValueError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+    signed = MAGIC + _LENGTH.pack(len(header)) + header
+    return signed + signing_key.sign(signed).signature + body
+
+
+def _shown(value: object) -> str:
+    # Values from an unauthenticated file: bounded, repr-escaped, before they
+    # reach a log line.
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def decode_file(
+    data: bytes, path: str, trusted: Mapping[str, nacl.signing.VerifyKey]
+) -> tuple[Header, bytes]:
+    """Verify and split a cache file; raises CacheError (see the module docstring)."""
+
+    def corrupt(detail: str, revision: int | None = None) -> NoReturn:
+        raise CacheError(reasons.CORRUPT, path, detail, revision=revision)
+
+    def denied(detail: str) -> NoReturn:
+        raise CacheError(reasons.DENIED, path, detail)
+
+    # 1. Framing: everything here is unauthenticated, so only lengths are read.
+    if not data.startswith(MAGIC):
+        if MAGIC.startswith(data):
+            corrupt(f"truncated to {len(data)} bytes, inside the magic")
+        corrupt("not a last-known-good cache file (bad magic)")
+    at = len(MAGIC)
+    if len(data) < at + _LENGTH.size:
+        corrupt("truncated inside the header length")
+    (header_len,) = _LENGTH.unpack_from(data, at)
+    if header_len > MAX_HEADER_BYTES:
+        corrupt(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    header_start = at + _LENGTH.size
+    header_end = header_start + header_len
+    signature_end = header_end + SIGNATURE_BYTES
+    if len(data) < header_end:
+        corrupt("truncated inside the header")
+    if len(data) < signature_end:
+        corrupt("truncated inside the signature")
+    signed = data[:header_end]
+    header_bytes = data[header_start:header_end]
+    signature = data[header_end:signature_end]
+    body = data[signature_end:]
+
+    # 2. Authenticity, before any header field is believed.
+    try:
+        envelope: _Envelope | None = msgspec.json.decode(header_bytes, type=_Envelope)
+    except msgspec.DecodeError:  # ValidationError is a DecodeError
+        envelope = None
+    named = envelope.key_id if envelope is not None else None
+    if isinstance(named, str):
+        key = trusted.get(named)
+        if key is None:
+            denied(f"signed by key id {_shown(named)}, which is not in cache.trusted_keys")
+        candidates = [(named, key)]
+    else:
+        # Undecodable header: try every trusted key (a keyring is a handful),
+        # so that an altered header reads as "denied" whatever byte changed.
+        candidates = list(trusted.items())
+    signer = None
+    for key_id, key in candidates:
+        try:
+            key.verify(signed, signature)
+        except nacl.exceptions.BadSignatureError:
+            continue
+        signer = key_id
+        break
+    if signer is None:
+        denied("the signature does not verify (the file was altered, or signed by another key)")
+    if envelope is None:
+        corrupt("the header is authentic but malformed")
+
+    # 3. The format version, now that it is known to be the signer's.
+    if envelope.format_version > FORMAT_VERSION:
+        raise CacheSkew(
+            path,
+            f"format_version {envelope.format_version} is newer than this build reads "
+            f"({FORMAT_VERSION}); written by a newer build",
+            format_version=envelope.format_version,
+        )
+    if envelope.format_version < FORMAT_VERSION:
+        corrupt(f"format_version {envelope.format_version} was never written by any build")
+
+    # 4. The fields, and the body they vouch for.
+    try:
+        header = msgspec.json.decode(header_bytes, type=Header)
+    except msgspec.DecodeError as exc:
+        corrupt(f"the header is authentic but malformed: {exc}")
+    if header.key_id != signer or header.created_at.tzinfo is None:
+        corrupt("the header is authentic but inconsistent", header.revision)
+    if len(body) != header.body_length:
+        corrupt(
+            f"the body is {len(body)} bytes but the signed header says {header.body_length} "
+            f"(truncated or appended to)",
+            header.revision,
+        )
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), header.body_sha256):
+        corrupt("the body's SHA-256 does not match the signed header", header.revision)
+    return header, body
+
+
+class _RevisionPeek(msgspec.Struct):
+    revision: Any = None
+
+
+def peek_revision(prefix: bytes) -> int | None:
+    """The header's ``revision`` from the first bytes of a file, UNVERIFIED; None if unreadable.
+
+    For decisions that only ever remove or report (never serve): nothing here is
+    authenticated. ``prefix`` needs only the magic, the length and the header.
+    """
+    if not prefix.startswith(MAGIC) or len(prefix) < len(MAGIC) + _LENGTH.size:
+        return None
+    (header_len,) = _LENGTH.unpack_from(prefix, len(MAGIC))
+    start = len(MAGIC) + _LENGTH.size
+    if header_len > MAX_HEADER_BYTES or len(prefix) < start + header_len:
+        return None
+    try:
+        revision = msgspec.json.decode(prefix[start : start + header_len], type=_RevisionPeek)
+    except msgspec.DecodeError:
+        return None
+    value = revision.revision
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

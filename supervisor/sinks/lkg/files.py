@@ -1,0 +1,192 @@
+"""The cache's files on disk: reading them safely, writing them durably, who may own them.
+
+Reading (:func:`read_regular`): whatever is at a path is opened with
+``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat`` before a byte is read,
+so a FIFO planted at the cache path cannot hang the boot, and a symlink, a
+socket, a device or a directory is reported for what it is
+(:class:`NotRegularFile`) instead of being read.
+
+Writing (:class:`CacheFiles`): the seam through which the cache writes and
+removes its two files. :class:`DurableFiles` is the real one (atomic, fsynced
+replacement; an unlink made durable by an fsync of the directory); tests pass
+their own to stop or fail between two writes.
+
+Ownership and permissions (:func:`prepare_directory`): the cache's directory
+and any existing cache or mark file must belong to the effective uid and must
+not be group- or world-writable; anything else is a
+:class:`~supervisor.errors.ConfigError` at ``$.cache.path`` naming the path and
+its octal mode. Another local user able to replace or delete those files could
+make the replica boot an old revision. A missing directory is created (parents
+too) with mode 0700.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from supervisor.errors import ConfigError
+from supervisor.sinks.atomic import fsync_directory, write_atomic
+
+__all__ = [
+    "CacheFiles",
+    "DurableFiles",
+    "NotRegularFile",
+    "describe_mode",
+    "prepare_directory",
+    "read_regular",
+]
+
+_WHERE: Final = "$.cache.path"
+_READ_FLAGS: Final = (
+    os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+_KINDS: Final = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+class NotRegularFile(Exception):
+    """Something other than a regular file is at the path; ``kind`` says what."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__(kind)
+
+
+def describe_mode(mode: int) -> str:
+    """``"a FIFO (named pipe)"``, ``"a directory"`` ...; ``"a regular file"`` for one."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def read_regular(path: str, *, limit: int = -1) -> bytes | None:
+    """The bytes of the regular file at ``path`` (at most ``limit``); None when nothing is there.
+
+    Raises :class:`NotRegularFile` when something else is there (never blocks
+    on a FIFO, never follows a symlink), and ``OSError`` when it cannot be read.
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        # ELOOP (a symlink under O_NOFOLLOW), ENXIO (a socket) ...: say what is there.
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            raise exc from None
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(describe_mode(mode)) from exc
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(describe_mode(mode))
+    with open(fd, "rb", closefd=True) as f:
+        # O_NONBLOCK has no effect on a regular file: this reads to the end.
+        return f.read(limit)
+
+
+class CacheFiles(Protocol):
+    """How the cache changes its files (the seam tests replace)."""
+
+    def write(self, path: str, data: bytes, *, mode: int) -> None:
+        """Replace ``path`` with ``data``, atomically and durably; OSError when not done."""
+
+    def remove(self, path: str) -> None:
+        """Remove ``path`` durably; FileNotFoundError when absent, OSError otherwise."""
+
+
+class DurableFiles:
+    """The real :class:`CacheFiles`: :func:`~supervisor.sinks.atomic.write_atomic`, unlink."""
+
+    def write(self, path: str, data: bytes, *, mode: int) -> None:
+        write_atomic(path, data, mode=mode)
+
+    def remove(self, path: str) -> None:
+        os.unlink(path)
+        # Without it a power loss could bring the removed file back.
+        fsync_directory(os.path.dirname(path) or ".")
+
+
+def prepare_directory(directory: str, files: Sequence[str]) -> None:
+    """Create ``directory`` when missing (0700), then refuse unsafe ownership or modes.
+
+    Checks the directory (symlinks followed: a state directory may be a link)
+    and each of ``files`` that exists (not followed: a symlink is checked for
+    its owner only, and refused as not a regular file when the cache reads it).
+    When a non-directory stands where the directory should be, nothing is
+    checked: every write then fails as ``unwritable`` and ``check`` reports it.
+    Raises :class:`~supervisor.errors.ConfigError` at ``$.cache.path``.
+    """
+    _create_missing(directory or ".")
+    try:
+        st = os.stat(directory or ".")
+    except OSError as exc:
+        raise ConfigError(_WHERE, f"cannot inspect {directory}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    _refuse_unsafe(directory or ".", st, "the cache directory")
+    for path in files:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(_WHERE, f"cannot inspect {path}: {exc.strerror or exc}") from exc
+        _refuse_unsafe(path, st, describe_mode(st.st_mode), owner_only=stat.S_ISLNK(st.st_mode))
+
+
+def _create_missing(directory: str) -> None:
+    missing: list[str] = []
+    at = os.path.abspath(directory)
+    while not os.path.lexists(at):
+        missing.append(at)
+        parent = os.path.dirname(at)
+        if parent == at:
+            break
+        at = parent
+    for path in reversed(missing):
+        try:
+            # 0700 narrowed by the umask, never widened: nobody else may list
+            # or replace the cache.
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue  # created meanwhile by someone else: checked below like any other
+        except OSError as exc:
+            raise ConfigError(
+                _WHERE, f"cannot create the cache directory {path}: {exc.strerror or exc}"
+            ) from exc
+
+
+def _refuse_unsafe(path: str, st: os.stat_result, what: str, *, owner_only: bool = False) -> None:
+    euid = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != euid:
+        raise ConfigError(
+            _WHERE,
+            f"{what} {path} (mode {mode:04o}) is owned by uid {st.st_uid}, not by this "
+            f"process's user (uid {euid}); another user could replace the cache: chown it "
+            f"to the daemon's user (and run `check` as that user)",
+        )
+    if not owner_only and mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(
+            _WHERE,
+            f"{what} {path} has mode {mode:04o}: group- or world-writable, so another user "
+            f"could replace or delete the cache or its served mark; chmod go-w it "
+            f"(0700 for the directory, 0600 for the files)",
+        )

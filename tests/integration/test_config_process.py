@@ -1,0 +1,76 @@
+"""Hostile configuration and revision input through the installed console script:
+exit 2 with the place named, never a traceback (issue 10, seen case 7)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.proc import REPO
+
+SCRIPT = Path(sys.executable).parent / "trio-supervisor"
+
+
+def run(*args: str, env: Mapping[str, str | bytes] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env: dict[str | bytes, str | bytes] = {**os.environ, **(env or {})}
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=full_env,
+                          cwd=REPO, timeout=60, check=False, errors="backslashreplace")
+
+
+def config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "supervisor.toml"
+    path.write_text(f'[control_plane]\nurl = "sqlite:///{tmp_path}/cp.db"\n{extra}')
+    return path
+
+
+def refused(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("extra", "where", "words"),
+    [
+        ("poll_interval_s = 1e-300\n", "$.control_plane.poll_interval_s", ">= 0.01"),
+        ("[supervisor]\nshutdown_grace_s = inf\n", "$.supervisor.shutdown_grace_s", "finite"),
+        ("[kubernetes]\npreflight_retry_s = 5e-324\n", "$.kubernetes.preflight_retry_s",
+         ">= 0.1"),
+        ("[supervisor]\nrestart_intensity = " + "[" * 2000 + "]" * 2000 + "\n", "$",
+         "nested too deeply"),
+        ("[supervisor]\nrestart_intensity = " + "9" * 4301 + "\n", "$", "4300 digits"),
+    ],
+)
+def test_check_refuses_with_the_path(tmp_path: Path, extra: str, where: str, words: str) -> None:
+    path = config(tmp_path, extra)
+    refused(run("check", "--config", str(path)), f"{path}: {where}: ", words)
+
+
+def test_a_non_utf8_environment_override_is_exit_2(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    env = {"SUPERVISOR_LOG__LEVEL": b"\xff\xfe"}
+    for command in (("check",), ("publish", str(REPO / "conf" / "example-revision.toml"))):
+        refused(run(command[0], "--config", str(path), *command[1:], env=env),
+                "$.log.level", "SUPERVISOR_LOG__LEVEL", "UTF-8")
+    assert not (tmp_path / "cp.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("[" * 2000 + "]" * 2000, "nested too deeply"), ("9" * 4400, "4300 digits")],
+)
+def test_publish_refuses_a_revision_file_that_breaks_the_parser(
+    tmp_path: Path, value: str, words: str
+) -> None:
+    document = tmp_path / "rev.toml"
+    document.write_text(f'schema_version = 1\n[aliases.chat]\nupstream = "http://a/"\n'
+                        f"retries = {value}\n")
+    result = run("publish", "--config", str(config(tmp_path)), str(document))
+    refused(result, str(document), words, "nothing was stored")
+    assert not (tmp_path / "cp.db").exists()
