@@ -28,7 +28,7 @@ from tests.proc import Daemon, acli, cli, run_daemon
 
 pytestmark = pytest.mark.chaos
 
-FAILED = "sink write failed; still serving"
+FAILED = "sink write failed; still serving, retrying every poll"
 RECOVERED = "sink write recovered"
 
 
@@ -110,7 +110,9 @@ async def test_unwritable_sink_directories_keep_serving_with_one_warning_per_str
             assert _warnings(daemon, FAILED) == {"snapshot_file": 2, "cache": 2}
             metrics = (await http.get(f"{base}/metrics")).text
             for sink in ("snapshot_file", "cache"):
-                assert metric(metrics, "supervisor_sink_write_failures_total", sink=sink) == 3
+                # Every failed write counts, the retries at each attempt included:
+                # at least the three publishes that met a broken sink.
+                assert metric(metrics, "supervisor_sink_write_failures_total", sink=sink) >= 3
             status = (await http.get(f"{base}/status")).json()["revision"]
             assert status["active"] == last and status["consecutive_failures"] == 0
             await stop_within_grace(daemon, 5.0)

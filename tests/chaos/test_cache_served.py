@@ -1,0 +1,114 @@
+"""The cache always holds the revision that was served (issue 17), through the real process.
+
+Thirty rounds of: publish, stop the daemon the moment the snapshot file shows
+the new revision (SIGTERM; separately SIGKILL), then boot with the control
+plane unreachable (the SQLite file moved away) and read which revision the
+cache restored. SIGTERM: exactly the one the snapshot file showed. SIGKILL:
+that one or the one before, never older, and never a refusal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.polling import poll_until
+from tests.proc import cli, run_daemon, write_config
+
+pytestmark = pytest.mark.chaos
+
+ROUNDS = 30
+
+
+def body(n: int) -> bytes:
+    return json.dumps({"schema_version": 1, "aliases": {
+        f"r{n}": {"upstream": f"https://r{n}.example/v1"}}}).encode()
+
+
+def publish(db: Path, n: int) -> int:
+    data = body(n)
+    with sqlite3.connect(db) as conn:
+        cur = conn.execute(
+            "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
+            " VALUES (1, ?, ?, 'round')", (data, hashlib.sha256(data).digest()))
+        rid = cur.lastrowid
+        conn.execute("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (1, ?)"
+                     " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id",
+                     (rid,))
+    assert rid is not None
+    return rid
+
+
+def shown(snapshot: Path) -> int | None:
+    try:
+        return int(json.loads(snapshot.read_bytes())["revision"])
+    except (OSError, ValueError):
+        return None
+
+
+def move_control_plane(src: Path, dst: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        path = src.with_name(src.name + suffix)
+        if path.exists():
+            path.rename(dst.with_name(dst.name + suffix))
+
+
+async def test_sigterm_right_after_publish_never_leaves_the_cache_behind(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(600):
+        results = await rounds(tmp_path, signal.SIGTERM)
+    assert len(results) == ROUNDS
+    wrong = [(showed, restored) for showed, restored in results if showed != restored]
+    assert not wrong, f"(snapshot file showed, cache restored): {wrong}"
+
+
+async def test_sigkill_right_after_publish_restores_that_or_the_previous(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(600):
+        results = await rounds(tmp_path, signal.SIGKILL)
+    assert len(results) == ROUNDS
+    wrong = [(showed, restored) for showed, restored in results
+             if restored not in (showed, showed - 1)]
+    assert not wrong, f"(snapshot file showed, cache restored): {wrong}"
+
+
+async def rounds(tmp_path: Path, signum: int) -> list[tuple[int, int]]:
+    """One daemon per round: publish, stop on the snapshot file, cold boot, back online."""
+    db = tmp_path / "cp.db"
+    away = tmp_path / "away.db"
+    snapshot = tmp_path / "snapshot.json"
+    key = tmp_path / "signing.key"
+    verify = cli("keygen", "--out", str(key)).stdout.split()[-1]
+    config = write_config(
+        tmp_path, f"sqlite:///{db}", poll_interval_s=0.05, grace_s=5.0,
+        extra=f'[cache]\npath = "{tmp_path / "cache" / "lkg.bin"}"\n'
+              f'signing_key = "{key}"\ntrusted_keys = ["{verify}"]\n'
+              f'[snapshot]\npath = "{snapshot}"\n')
+    (tmp_path / "first.json").write_bytes(body(0))
+    cli("publish", "--config", str(config), str(tmp_path / "first.json"))
+    results: list[tuple[int, int]] = []
+    for n in range(1, ROUNDS + 1):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            rid = await trio.to_thread.run_sync(publish, db, n)
+            await poll_until(lambda rid=rid: shown(snapshot) == rid)
+            daemon.signal(signum)
+            await daemon.wait()
+        showed = shown(snapshot)
+        assert showed is not None
+        await trio.to_thread.run_sync(move_control_plane, db, away)
+        async with run_daemon(config) as booted:
+            line = await booted.wait_log("serving the last-known-good cache")
+            results.append((showed, int(line["revision"])))
+            booted.signal(signal.SIGTERM)
+            assert await booted.wait() == 0
+        await trio.to_thread.run_sync(move_control_plane, away, db)
+    return results
