@@ -59,7 +59,7 @@ class SupervisorConfig(_Section, frozen=True):
 
 class LogConfig(_Section, frozen=True):
     level: LogLevel = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+    format: Literal["auto", "json", "console", "journal"] = "auto"
 
 
 class ControlPlaneConfig(_Section, frozen=True):

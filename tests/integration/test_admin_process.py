@@ -82,7 +82,8 @@ async def test_status_of_an_unreachable_daemon_exits_1(tmp_path: Path) -> None:
     assert "status:" in result.stderr
 
 
-async def test_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
+async def test_port_in_use_exits_1_naming_the_address(tmp_path: Path) -> None:
+    """A bind failure is retryable (exit 1, restarted by systemd), not a configuration error."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -90,9 +91,14 @@ async def test_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
         config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
         cli("publish", "--config", str(config), str(EXAMPLE))
         result = await acli("run", "--config", str(config), check=False)
-    assert result.returncode == 2
+    assert result.returncode == 1, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr
-    assert "$.admin.listen" in result.stderr
+    assert "already in use" in result.stderr
+    [line] = [json.loads(x) for x in result.stderr.splitlines() if "cannot start" in x]
+    assert line["level"] == "critical" and line["address"] == f"127.0.0.1:{port}"
+    assert "already in use" in line["error"]
+    # Only JSON lines on stderr: nothing printed beside the log.
+    assert all(x.startswith("{") for x in result.stderr.splitlines() if x.strip())
 
 
 async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
