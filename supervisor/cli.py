@@ -13,12 +13,13 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import trio
 
 from supervisor import __version__, cli_help, logs
-from supervisor.config import CONFIG_ENV, Config, check_files, load
+from supervisor.config import CONFIG_ENV, Config, check_files, load, sqlite_path
 from supervisor.errors import (
     BootRefused,
     ConfigError,
@@ -110,7 +111,23 @@ def _config_path(args: argparse.Namespace, required: bool = True) -> str | None:
 def _load(args: argparse.Namespace) -> tuple[Config, str]:
     path = _config_path(args)
     assert path is not None
-    return load(path), path
+    config = load(path)
+    _require_sqlite_directory(config)
+    return config, path
+
+
+def _require_sqlite_directory(config: Config) -> None:
+    """Name the missing directory of an SQLite control plane (SQLite says only
+    "unable to open database file"); exit 2, as no restart creates it."""
+    if config.control_plane.backend != "sqlite":
+        return
+    parent = Path(sqlite_path(config.control_plane.url)).parent
+    if not parent.is_dir():
+        raise ConfigError(
+            "$.control_plane.url",
+            f"directory {parent} (of {config.control_plane.url}, relative to "
+            f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
+        )
 
 
 def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
@@ -138,7 +155,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config, path = _load(args)
+    path = _config_path(args)
+    assert path is not None
+    config = load(path)  # check_files reports a missing SQLite directory with the rest
     problems = check_files(config)
     if not problems:
         problems = _check_contents(config)
@@ -206,6 +225,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from supervisor.revision.document import SCHEMA_VERSION, load_document_file
     from supervisor.revision.errors import RevisionError
 
+    try:
+        Path(args.file).open("rb").close()
+    except OSError as exc:
+        # Not `corrupt`: nothing was read. Say what the shell would.
+        raise UsageError(f"{args.file}: {exc.strerror or exc}; nothing was stored") from exc
     try:
         schema_version, body = load_document_file(args.file)
         # Projection and snapshot rules are checked here too; secrets are not

@@ -13,6 +13,7 @@ then turns ``"true"`` or ``"5"`` into the declared type.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import tomllib
@@ -153,7 +154,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
         section, _, key = name[len(ENV_PREFIX) :].partition("__")
         section, key = section.lower(), key.lower()
         if section not in sections:
-            raise ConfigError(f"$.{section}", f"unknown section (from environment {name})")
+            raise ConfigError(f"$.{section}", f"unknown section (from environment {name})"
+                              + _did_you_mean("$", section))
         table = raw.setdefault(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"$.{section}", "expected a table")
@@ -230,8 +232,26 @@ def _split_msgspec_error(message: str) -> tuple[str, str]:
         reason, path = message, "$"
     if reason.startswith("Object contains unknown field `"):
         field = reason.split("`")[1]
-        return f"{path}.{field}", "unknown key"
+        return f"{path}.{field}", "unknown key" + _did_you_mean(path, field)
     return path, reason
+
+
+def _did_you_mean(path: str, field: str) -> str:
+    """`` (did you mean `x`?)`` for the closest known key at ``path``, or ``""``."""
+    struct: Any = Config
+    for part in path.removeprefix("$").strip(".").split("."):
+        if not part:
+            continue
+        fields = getattr(struct, "__annotations__", {})
+        struct = fields.get(part)
+        if not isinstance(struct, type):
+            # Annotations are strings under `from __future__ import annotations`.
+            struct = globals().get(str(struct))
+        if struct is None:
+            return ""
+    known = getattr(struct, "__struct_fields__", ())
+    close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def check_files(config: Config) -> list[tuple[str, str]]:
