@@ -19,7 +19,14 @@ from typing import Any, NoReturn
 import trio
 
 from supervisor import __version__, cli_help, logs
-from supervisor.config import CONFIG_ENV, Config, check_files, load, sqlite_path
+from supervisor.config import (
+    CONFIG_ENV,
+    Config,
+    check_files,
+    load,
+    placeholders,
+    sqlite_path,
+)
 from supervisor.errors import (
     BootRefused,
     ConfigError,
@@ -112,6 +119,8 @@ def _load(args: argparse.Namespace) -> tuple[Config, str]:
     path = _config_path(args)
     assert path is not None
     config = load(path)
+    for key, problem in placeholders(config):
+        raise ConfigError(key, problem, source=path)
     _require_sqlite_directory(config)
     return config, path
 
@@ -158,7 +167,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     path = _config_path(args)
     assert path is not None
     config = load(path)  # check_files reports a missing SQLite directory with the rest
-    problems = check_files(config)
+    problems = placeholders(config) + check_files(config)
     if not problems:
         problems = _check_contents(config)
     for key, problem in problems:

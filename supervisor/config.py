@@ -37,6 +37,7 @@ __all__ = [
     "check_files",
     "load",
     "load_text",
+    "placeholders",
 ]
 
 ENV_PREFIX = "SUPERVISOR_"
@@ -279,6 +280,20 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     if config.control_plane.backend == "sqlite":
         parent_writable("$.control_plane.url", sqlite_path(config.control_plane.url))
     return problems
+
+
+def placeholders(config: Config) -> list[tuple[str, str]]:
+    """(path, problem) for each value the shipped examples leave for the operator to fill.
+
+    Not part of :func:`load` (the shipped files must stay loadable as examples);
+    ``check`` reports them and the commands that act refuse them, with what to do.
+    """
+    return [
+        (f"$.cache.trusted_keys[{index}]",
+         "still the placeholder: put the verify key that `trio-supervisor keygen` printed "
+         "here (README.rst, Kubernetes)")
+        for index, key in enumerate(config.cache.trusted_keys) if "REPLACE" in key
+    ]
 
 
 def sqlite_path(url: str) -> str:
