@@ -291,7 +291,7 @@ def placeholders(config: Config) -> list[tuple[str, str]]:
     return [
         (f"$.cache.trusted_keys[{index}]",
          "still the placeholder: put the verify key that `trio-supervisor keygen` printed "
-         "here (README.rst, Kubernetes)")
+         "here (README.rst, Operations)")
         for index, key in enumerate(config.cache.trusted_keys) if "REPLACE" in key
     ]
 

@@ -36,9 +36,13 @@ PROD = REPO / "deploy" / "kubernetes" / "prod.toml"
 
 
 def literal_blocks(section: str) -> list[list[str]]:
-    """The ``::`` literal blocks of a README section (continuation lines joined)."""
-    body = README.split(f"\n{section}\n{'~' * len(section)}\n", 1)[1]
-    body = re.split(r"\n\S[^\n]*\n~{3,}\n", body, maxsplit=1)[0]
+    """The ``::`` literal blocks of a README subsection (continuation lines joined)."""
+    return literal_blocks_of(section, "~")
+
+
+def literal_blocks_of(section: str, underline: str) -> list[list[str]]:
+    body = README.split(f"\n{section}\n{underline * len(section)}\n", 1)[1]
+    body = re.split(rf"\n\S[^\n]*\n{re.escape(underline)}{{3,}}\n", body, maxsplit=1)[0]
     blocks: list[list[str]] = []
     lines = body.splitlines()
     for i, line in enumerate(lines):
@@ -196,3 +200,16 @@ def test_no_pod_disruption_budget_and_the_readme_says_why() -> None:
     objects = kustomize(REPO / "deploy" / "kubernetes")
     assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
     assert "No PodDisruptionBudget" in README and "node drain" in README
+
+
+def test_readme_check_example_is_what_check_prints() -> None:
+    [block] = [b for b in literal_blocks_of("Configuration", "-")
+               if b and b[0].startswith("$ trio-supervisor check")]
+    argv = shlex.split(block[0][2:])
+    result = cli(*argv[1:], check=False)
+    assert result.returncode == 2
+    shown = block[1:]
+    printed = result.stderr.splitlines()
+    assert shown[0] == printed[0]  # the placeholder line does not depend on the host
+    for line in shown[1:]:
+        assert line in printed or "/etc/trio-supervisor" in line, line
