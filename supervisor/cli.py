@@ -11,16 +11,26 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import trio
 
-from supervisor import __version__, logs
-from supervisor.config import CONFIG_ENV, Config, check_files, load
+from supervisor import __version__, cli_help, logs
+from supervisor.config import (
+    CONFIG_ENV,
+    Config,
+    check_files,
+    load,
+    placeholders,
+    sqlite_path,
+)
 from supervisor.errors import (
     BootRefused,
     ConfigError,
+    StartError,
     SupervisionGaveUp,
     SupervisorError,
     UsageError,
@@ -31,40 +41,70 @@ __all__ = ["main"]
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
 
 
+_CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="trio-supervisor", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"trio-supervisor {__version__}")
-    parser.add_argument("--config", help=f"configuration file (or ${CONFIG_ENV})")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=78)
 
-    def command(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("--config", default=argparse.SUPPRESS,
-                       help=f"configuration file (or ${CONFIG_ENV})")
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="trio-supervisor",
+        description=_wrap(cli_help.PROGRAM),
+        epilog=cli_help.program_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"trio-supervisor {__version__}",
+                        help="print the version and exit 0")
+    parser.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND",
+                                title="commands")
+
+    def command(name: str) -> argparse.ArgumentParser:
+        text = cli_help.COMMANDS[name]
+        p = sub.add_parser(
+            name,
+            help=text.summary,
+            description=_wrap(text.description),
+            epilog=cli_help.epilog(text),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=_CONFIG_HELP)
         return p
 
-    command("run", "run the daemon (the default)")
-    command("check", "validate the configuration and the files it names")
-    db = command("db", "control-plane schema")
-    db.add_argument("action", choices=["migrate"])
-    publish = command("publish", "validate a revision document, store it and make it desired")
-    publish.add_argument("file", help="TOML or JSON revision document")
-    publish.add_argument("--message", default=None)
-    status = command("status", "print the running replica's status report")
-    status.add_argument("--url", default=None, help="admin API base URL (default: from --config)")
-    status.add_argument("--json", action="store_true", help="print the raw JSON report")
-    watch = command("watch", "follow the live stream, one line per event")
-    watch.add_argument("--url", default=None, help="ws://HOST:PORT/v1/stream")
+    command("run")
+    command("check")
+    db = command("db")
+    db.add_argument("action", choices=["migrate"],
+                    help="migrate: create or upgrade the schema (idempotent)")
+    publish = command("publish")
+    publish.add_argument("file", metavar="FILE", help="TOML or JSON revision document")
+    publish.add_argument("--message", metavar="TEXT", default=None,
+                         help="why this revision exists; stored with it (like a commit message)")
+    status = command("status")
+    status.add_argument("--url", default=None,
+                        help="admin API base URL, http://HOST:PORT (default: [admin].listen "
+                             "of --config, else http://127.0.0.1:9464)")
+    status.add_argument("--token-file", metavar="PATH", default=None,
+                        help="file holding the admin bearer token (default: "
+                             "[admin].token_file of --config)")
+    status.add_argument("--json", action="store_true",
+                        help="print the raw /status JSON document instead of the table")
+    watch = command("watch")
+    watch.add_argument("--url", default=None,
+                       help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
-    keygen = command("keygen", "write a new Ed25519 signing key for the last-known-good cache")
-    keygen.add_argument("--out", required=True)
+    keygen = command("keygen")
+    keygen.add_argument("--out", metavar="PATH", required=True,
+                        help="where to write the new signing key (mode 0600; must not exist)")
     return parser
 
 
@@ -78,7 +118,25 @@ def _config_path(args: argparse.Namespace, required: bool = True) -> str | None:
 def _load(args: argparse.Namespace) -> tuple[Config, str]:
     path = _config_path(args)
     assert path is not None
-    return load(path), path
+    config = load(path)
+    for key, problem in placeholders(config):
+        raise ConfigError(key, problem, source=path)
+    _require_sqlite_directory(config)
+    return config, path
+
+
+def _require_sqlite_directory(config: Config) -> None:
+    """Name the missing directory of an SQLite control plane (SQLite says only
+    "unable to open database file"); exit 2, as no restart creates it."""
+    if config.control_plane.backend != "sqlite":
+        return
+    parent = Path(sqlite_path(config.control_plane.url)).parent
+    if not parent.is_dir():
+        raise ConfigError(
+            "$.control_plane.url",
+            f"directory {parent} (of {config.control_plane.url}, relative to "
+            f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
+        )
 
 
 def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
@@ -106,8 +164,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config, path = _load(args)
-    problems = check_files(config)
+    path = _config_path(args)
+    assert path is not None
+    config = load(path)  # check_files reports a missing SQLite directory with the rest
+    problems = placeholders(config) + check_files(config)
     if not problems:
         problems = _check_contents(config)
     for key, problem in problems:
@@ -175,6 +235,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from supervisor.revision.errors import RevisionError
 
     try:
+        Path(args.file).open("rb").close()
+    except OSError as exc:
+        # Not `corrupt`: nothing was read. Say what the shell would.
+        raise UsageError(f"{args.file}: {exc.strerror or exc}; nothing was stored") from exc
+    try:
         schema_version, body = load_document_file(args.file)
         # Projection and snapshot rules are checked here too; secrets are not
         # resolved (they may exist only on the daemon's hosts), so each
@@ -207,15 +272,21 @@ class _ReferenceResolver:
 def _admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
     path = _config_path(args, required=False)
     token = None
+    token_file = getattr(args, "token_file", None)
+    from supervisor.admin.server import read_token
+
     if path is not None:
         config = load(path)
-        from supervisor.admin.server import read_token
-
-        if config.admin.token_file:
+        if config.admin.token_file and token_file is None:
             token = read_token(config.admin.token_file)
         host, port = config.admin.host_port
     else:
         host, port = "127.0.0.1", 9464
+    if token_file is not None:
+        try:
+            token = read_token(token_file)
+        except ConfigError as exc:
+            raise UsageError(f"--token-file: {exc.reason}") from exc
     if ":" in host:
         host = f"[{host}]"
     if host in ("0.0.0.0", "[::]"):
@@ -224,7 +295,7 @@ def _admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import fetch_status, render_status
+    from supervisor.admin.client import fetch_status, render_status, unhealthy
     from supervisor.admin.errors import AdminUnreachable
 
     address, token = _admin_base(args)
@@ -235,7 +306,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"status: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(json.dumps(doc, indent=2) if args.json else render_status(doc))
-    return EXIT_OK
+    problems = unhealthy(doc)
+    for problem in problems:
+        print(f"status: {problem}", file=sys.stderr)
+    return EXIT_ERROR if problems else EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -299,13 +373,20 @@ def _report(exc: BaseException) -> int:
     found = _find(exc, (BootRefused,))
     if found is not None:
         # One log line (JSON in production), not a second plain line beside it.
-        logs.get_logger("daemon").critical("refused to boot", refusal=found.refusal,
-                                           reason=str(found))
+        # `reason` is the label (as on "revision refused" lines); `refusal` is kept
+        # for queries written before it was; the prose is `detail`.
+        logs.get_logger("daemon").critical("refused to boot", reason=found.refusal,
+                                           refusal=found.refusal, detail=str(found))
         return EXIT_REFUSED
+    found = _find(exc, (StartError,))
+    if found is not None:
+        logs.get_logger("daemon").critical(
+            "cannot start", error=str(found), address=getattr(found, "address", None))
+        return EXIT_ERROR
     found = _find(exc, (SupervisionGaveUp,))
     if found is not None:
         logs.get_logger("daemon").critical("supervision gave up", child=found.child,
-                                           restarts=found.restarts, reason=str(found))
+                                           restarts=found.restarts, detail=str(found))
         return EXIT_GAVE_UP
     found = _find(exc, (SupervisorError,))
     if found is not None:

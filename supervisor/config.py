@@ -32,6 +32,7 @@ anything else.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import os
@@ -58,6 +59,7 @@ __all__ = [
     "check_files",
     "load",
     "load_text",
+    "placeholders",
 ]
 
 ENV_PREFIX = "SUPERVISOR_"
@@ -87,7 +89,7 @@ class SupervisorConfig(_Section, frozen=True):
 
 class LogConfig(_Section, frozen=True):
     level: LogLevel = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+    format: Literal["auto", "json", "console", "journal"] = "auto"
 
 
 class ControlPlaneConfig(_Section, frozen=True):
@@ -194,7 +196,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
             where = f"$.{section}" if _is_utf8(section) else "$"
             raise ConfigError(where, f"the environment variable {name!a} is not UTF-8")
         if section not in sections:
-            raise ConfigError(f"$.{section}", f"unknown section (from environment {name})")
+            raise ConfigError(f"$.{section}", f"unknown section (from environment {name})"
+                              + _did_you_mean("$", section))
         if not _is_utf8(value):
             raise ConfigError(
                 f"$.{section}.{key}", f"the environment variable {name} is not valid UTF-8"
@@ -354,8 +357,26 @@ def _split_msgspec_error(message: str) -> tuple[str, str]:
         reason, path = message, "$"
     if reason.startswith("Object contains unknown field `"):
         field = reason.split("`")[1]
-        return f"{path}.{field}", "unknown key"
+        return f"{path}.{field}", "unknown key" + _did_you_mean(path, field)
     return path, reason
+
+
+def _did_you_mean(path: str, field: str) -> str:
+    """`` (did you mean `x`?)`` for the closest known key at ``path``, or ``""``."""
+    struct: Any = Config
+    for part in path.removeprefix("$").strip(".").split("."):
+        if not part:
+            continue
+        fields = getattr(struct, "__annotations__", {})
+        struct = fields.get(part)
+        if not isinstance(struct, type):
+            # Annotations are strings under `from __future__ import annotations`.
+            struct = globals().get(str(struct))
+        if struct is None:
+            return ""
+    known = getattr(struct, "__struct_fields__", ())
+    close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def check_files(config: Config) -> list[tuple[str, str]]:
@@ -385,6 +406,20 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     if config.control_plane.backend == "sqlite":
         parent_writable("$.control_plane.url", sqlite_path(config.control_plane.url))
     return problems
+
+
+def placeholders(config: Config) -> list[tuple[str, str]]:
+    """(path, problem) for each value the shipped examples leave for the operator to fill.
+
+    Not part of :func:`load` (the shipped files must stay loadable as examples);
+    ``check`` reports them and the commands that act refuse them, with what to do.
+    """
+    return [
+        (f"$.cache.trusted_keys[{index}]",
+         "still the placeholder: put the verify key that `trio-supervisor keygen` printed "
+         "here (README.rst, Operations)")
+        for index, key in enumerate(config.cache.trusted_keys) if "REPLACE" in key
+    ]
 
 
 def sqlite_path(url: str) -> str:

@@ -9,6 +9,7 @@ so a caller never needs to know which driver sits underneath::
     ├── UsageError               bad command line or input file (exit 2)
     ├── BootRefused              nothing servable at boot (exit 3); names the refusal
     ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
+    ├── StartError               a resource needed at start cannot be had now (exit 1)
     ├── controlplane.store.ControlPlaneError   store failures, by category
     ├── revision.errors.RevisionError          decode and compile refusals, by reason
     ├── sinks.lkg.CacheError                   last-known-good refusals
@@ -50,6 +51,17 @@ class BootRefused(SupervisorError):
     def __init__(self, refusal: str, message: str) -> None:
         self.refusal = refusal
         super().__init__(message)
+
+
+class StartError(SupervisorError):
+    """Something the process needs at start cannot be had right now (exit 1).
+
+    Not restarted inside the process (the tree ends the process with it, like
+    a :class:`ConfigError`), but unlike a configuration error a restart of the
+    whole process may succeed: a port held by a previous instance, an address
+    not yet assigned. Exit 1 lets systemd's ``Restart=on-failure`` retry it,
+    while exit 2 stays for what no restart fixes.
+    """
 
 
 class SupervisionGaveUp(SupervisorError):

@@ -50,6 +50,10 @@ REVISION_REASONS: Final[tuple[RevisionReason, ...]] = (
     SNAPSHOT,
 )
 
+# Refusals to boot that are not a revision reason (a boot refusal otherwise
+# carries the reason of the revision or store failure that caused it).
+BOOT_REFUSALS: Final = ("empty", "cache")
+
 # What one convergence attempt did.
 OUTCOMES: Final = ("published", "converged", "empty", "rejected")
 

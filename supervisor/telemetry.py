@@ -5,9 +5,19 @@ One :class:`Metrics` per process (tests make their own), each on its own
 conventions (``_total`` counters, ``_seconds`` units). Revision ids are gauge
 *values*, never labels; every label value comes from :mod:`supervisor.reasons`
 and is pre-initialised to 0 so a rate() over a never-seen reason is 0, not absent.
+
+No ``_created`` series: prometheus_client would export one per counter and
+histogram child, doubling the series count for a timestamp nobody alerts on
+(:func:`prometheus_client.disable_created_metrics`, a process-wide switch).
+``supervisor_build_info{version}`` is always 1; ``supervisor_fanout_state{kind,
+state}`` is 1 for each kind's current state and 0 for the others, read from the
+fan-out's status objects at scrape time (:meth:`Metrics.track_fanout`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -16,19 +26,53 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from supervisor import reasons
+from supervisor import __version__, reasons
 
 __all__ = ["Metrics"]
 
 NS = "supervisor"
 
 
+FANOUT_STATES = ("disabled", "preflight", "watching")
+
+
+class _FanoutStateCollector(Collector):
+    """``supervisor_fanout_state{kind,state}`` from the live status objects."""
+
+    def __init__(self) -> None:
+        self.statuses: Mapping[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            f"{NS}_fanout_state",
+            "1 for each fan-out kind's current state (disabled, preflight, watching).",
+            labels=["kind", "state"],
+        )
+        for kind in reasons.FANOUT_KINDS:
+            status = self.statuses.get(kind)
+            current = getattr(status, "state", "disabled")
+            for state in FANOUT_STATES:
+                family.add_metric([kind, state], 1.0 if state == current else 0.0)
+        yield family
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.build_info = Gauge(
+            "build_info", "Always 1; the version of this build in the label.", ["version"],
+            namespace=NS, registry=r,
+        )
+        self.build_info.labels(__version__).set(1)
+        self._fanout_state = _FanoutStateCollector()
+        r.register(self._fanout_state)
         if process:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
@@ -137,3 +181,7 @@ class Metrics:
                 self.fanout_preflight_failures.labels(kind, error_class)
             for result in reasons.FANOUT_APPLY_RESULTS:
                 self.fanout_applies.labels(kind, result)
+
+    def track_fanout(self, statuses: Mapping[str, Any]) -> None:
+        """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""
+        self._fanout_state.statuses = statuses

@@ -19,10 +19,10 @@ its siblings keep running.
 - ``transient``: restarted only when it crashes; a normal return ends it.
 - ``temporary``: never restarted.
 
-A child that raises :class:`~supervisor.errors.ConfigError` or
-:class:`~supervisor.errors.BootRefused` is not restarted: no restart fixes a
-port in use or an unservable boot, so the error ends the process with its own
-exit code.
+A child that raises :class:`~supervisor.errors.ConfigError`,
+:class:`~supervisor.errors.BootRefused` or :class:`~supervisor.errors.StartError`
+is not restarted in the process: the error ends the process with its own exit
+code (a port in use exits 1, which systemd retries).
 
 Restarts wait an exponential backoff with jitter (``BACKOFF_INITIAL_S`` doubling
 to ``BACKOFF_MAX_S``). More than ``intensity`` restarts of one child within
@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import structlog
 import trio
 
-from supervisor.errors import BootRefused, ConfigError, SupervisionGaveUp
+from supervisor.errors import BootRefused, ConfigError, StartError, SupervisionGaveUp
 from supervisor.logs import get_logger
 
 __all__ = ["ChildSpec", "ChildState", "Restart", "Supervisor"]
@@ -110,7 +110,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _fatal(exc: BaseException) -> BaseException | None:
-    if isinstance(exc, ConfigError | BootRefused):
+    if isinstance(exc, ConfigError | BootRefused | StartError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:

@@ -56,6 +56,7 @@ __all__ = [
     "fetch_status",
     "render_status",
     "stream_url",
+    "unhealthy",
     "watch_stream",
 ]
 
@@ -186,6 +187,27 @@ def _seconds(value: Any) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.3f} s"
 
 
+def _yes_no(value: Any) -> str:
+    return "-" if not isinstance(value, bool) else ("yes" if value else "NO")
+
+
+def unhealthy(doc: dict[str, Any]) -> list[str]:
+    """Why the replica behind a ``/status`` document is not healthy; empty when it is.
+
+    Not ready (no active snapshot) or a supervised child failed for good: what
+    ``trio-supervisor status`` turns into exit 1, so scripts can use it as a check.
+    """
+    problems: list[str] = []
+    rev = doc.get("revision")
+    if not isinstance(rev, dict) or rev.get("active") is None:
+        problems.append("not ready: no active snapshot")
+    children = doc.get("children")
+    if isinstance(children, dict):
+        problems += [f"child {name} has failed" for name, child in sorted(children.items())
+                     if isinstance(child, dict) and child.get("state") == "failed"]
+    return problems
+
+
 def render_status(doc: dict[str, Any]) -> str:
     """A human rendering of the ``/status`` document (see the module docstring)."""
     raw_rev = doc.get("revision")
@@ -199,6 +221,9 @@ def render_status(doc: dict[str, Any]) -> str:
             _seconds(rev.get("lag_s")),
             _seconds(rev.get("last_convergence_s")),
             _cell(rev.get("consecutive_failures")),
+        ),
+        "  control plane up {}  last error {}".format(
+            _yes_no(rev.get("control_plane_up")), _cell(rev.get("last_error"))
         ),
     ]
     rejection = rev.get("last_rejection")

@@ -4,9 +4,9 @@
 
     SupervisorError
     └── AdminError                   anything the admin API raises on purpose
-        ├── AdminBindError           the listen address cannot be bound (also a ConfigError:
-        │                            path ``$.admin.listen``, so the tree treats it as fatal
-        │                            and the CLI exits 2)
+        ├── AdminBindError           the listen address cannot be bound (also a StartError:
+        │                            the tree does not restart it and the CLI exits 1,
+        │                            so systemd retries; ``path`` is ``$.admin.listen``)
         └── AdminUnreachable         client side: connect failure, timeout, non-200 answer,
             │                        undecodable body, or a stream that ended abnormally
             └── AdminRefused         the server refused our credentials (401/403); retrying
@@ -17,7 +17,7 @@ Messages never contain the bearer token.
 
 from __future__ import annotations
 
-from supervisor.errors import ConfigError, SupervisorError
+from supervisor.errors import StartError, SupervisorError
 
 __all__ = ["AdminBindError", "AdminError", "AdminRefused", "AdminUnreachable"]
 
@@ -26,12 +26,17 @@ class AdminError(SupervisorError):
     """Base class of the admin API's own errors."""
 
 
-class AdminBindError(ConfigError, AdminError):
-    """``[admin].listen`` cannot be bound (in use, not local, not permitted, unresolvable)."""
+class AdminBindError(StartError, AdminError):
+    """``[admin].listen`` cannot be bound (in use, not local, not permitted, unresolvable).
+
+    ``path`` names the key, ``reason`` says why with the address in it.
+    """
 
     def __init__(self, address: str, reason: str) -> None:
         self.address = address
-        super().__init__("$.admin.listen", f"address {address} {reason}")
+        self.path = "$.admin.listen"
+        self.reason = f"address {address} {reason}"
+        super().__init__(f"{self.path}: {self.reason}")
 
 
 class AdminUnreachable(AdminError):

@@ -4,8 +4,10 @@
 *before* reporting started, so:
 
 - a port in use (or an address not of this host, or a privileged port) raises
-  :class:`AdminBindError`, a :class:`~supervisor.errors.ConfigError` on
-  ``$.admin.listen``: the tree does not restart it and the CLI exits 2;
+  :class:`AdminBindError`, a :class:`~supervisor.errors.StartError` naming
+  ``$.admin.listen`` and the address: the tree does not restart it and the CLI
+  exits 1 (a restart of the process may succeed; a malformed value stays a
+  :class:`~supervisor.errors.ConfigError`, exit 2);
 - ``task_status.started((host, port))`` reports the bound address, so
   ``"127.0.0.1:0"`` picks a free port and the caller learns which.
 

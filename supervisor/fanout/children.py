@@ -111,6 +111,7 @@ def fanout_children(
     """
     factory = client_factory or (lambda: KubeClient.from_kubeconfig(config.kubeconfig))
     shared = SharedClient(factory)
+    metrics.track_fanout(statuses)
     specs = []
     for kind in KINDS:
         status = statuses.setdefault(kind.kind, FanoutStatus())

@@ -12,7 +12,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from supervisor.admin.errors import AdminBindError, AdminError
 from supervisor.admin.server import serve_admin
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, StartError
 from tests.integration.test_admin_support import FakeSnapshot, make_ctx, owned_ws, running_admin
 
 TOKEN = "tok-123"
@@ -155,7 +155,9 @@ async def test_port_in_use_raises_admin_bind_error() -> None:
                 with pytest.raises(AdminBindError) as info:
                     await nursery.start(serve_admin, ctx, f"127.0.0.1:{port}")
             error = info.value
-            assert isinstance(error, ConfigError) and isinstance(error, AdminError)
+            # Retryable (exit 1): not a configuration error, which no restart fixes.
+            assert not isinstance(error, ConfigError) and isinstance(error, AdminError)
+            assert isinstance(error, StartError)
             assert error.path == "$.admin.listen"
             assert error.reason == f"address 127.0.0.1:{port} already in use"
         # And the same port serves once it is free.

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
+import pytest
 import trio
 
 from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
@@ -82,7 +86,8 @@ async def test_status_of_an_unreachable_daemon_exits_1(tmp_path: Path) -> None:
     assert "status:" in result.stderr
 
 
-async def test_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
+async def test_port_in_use_exits_1_naming_the_address(tmp_path: Path) -> None:
+    """A bind failure is retryable (exit 1, restarted by systemd), not a configuration error."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -90,9 +95,14 @@ async def test_port_in_use_exits_2_naming_the_address(tmp_path: Path) -> None:
         config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
         cli("publish", "--config", str(config), str(EXAMPLE))
         result = await acli("run", "--config", str(config), check=False)
-    assert result.returncode == 2
+    assert result.returncode == 1, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr
-    assert "$.admin.listen" in result.stderr
+    assert "already in use" in result.stderr
+    [line] = [json.loads(x) for x in result.stderr.splitlines() if "cannot start" in x]
+    assert line["level"] == "critical" and line["address"] == f"127.0.0.1:{port}"
+    assert "already in use" in line["error"]
+    # Only JSON lines on stderr: nothing printed beside the log.
+    assert all(x.startswith("{") for x in result.stderr.splitlines() if x.strip())
 
 
 async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
@@ -114,6 +124,14 @@ async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
                 assert ok.status_code == 200 and ok.json()["revision"] == 1
             status = await acli("status", "--config", str(config), "--json")
             assert json.loads(status.stdout)["revision"]["active"] == 1
+            url = f"http://127.0.0.1:{port}"
+            by_file = await acli("status", "--url", url, "--token-file", str(token))
+            assert "active 1" in by_file.stdout and "control plane up yes" in by_file.stdout
+            refused = await acli("status", "--url", url, check=False)
+            assert refused.returncode == 1 and "401" in refused.stderr
+            missing = await acli("status", "--url", url, "--token-file",
+                                 str(tmp_path / "nope"), check=False)
+            assert missing.returncode == 2 and "--token-file" in missing.stderr
             assert "s3cret-token" not in "\n".join(daemon.raw)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
@@ -141,3 +159,45 @@ async def test_watch_without_reconnect_exits_0_when_the_daemon_stops(tmp_path: P
     unreachable = await acli("watch", "--no-reconnect", "--url",
                              f"ws://127.0.0.1:{free_port()}/v1/stream", check=False)
     assert unreachable.returncode == 1
+
+
+class _StaticStatus(http.server.BaseHTTPRequestHandler):
+    doc: ClassVar[dict[str, object]] = {}
+
+    def do_GET(self) -> None:
+        body = json.dumps(self.doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("doc", "problem"), [
+    ({"revision": {"active": None}, "children": {"convergence": {"state": "running"}}},
+     "not ready"),
+    ({"revision": {"active": 3}, "children": {"listen": {"state": "failed"}}},
+     "child listen has failed"),
+    ({"revision": {"active": 3}, "children": {"listen": {"state": "running"}}}, None),
+])
+async def test_status_exits_1_when_the_replica_is_not_healthy(
+        doc: dict[str, object], problem: str | None) -> None:
+    handler = type("Handler", (_StaticStatus,), {"doc": doc})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with trio.fail_after(30):
+            result = await acli("status", "--url", f"http://127.0.0.1:{server.server_port}",
+                                check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    if problem is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 1 and problem in result.stderr
+        assert "revision" in result.stdout  # the report is still printed

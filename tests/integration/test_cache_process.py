@@ -121,8 +121,8 @@ async def test_damaged_cache_refuses_to_boot(tmp_path: Path, pg_url: str, damage
         result = await acli("run", "--config", str(config), check=False)
     assert result.returncode == 3
     line = json.loads(result.stderr.strip().splitlines()[-1])
-    assert line["refusal"] == "cache"
-    assert "last-known-good cache" in line["reason"] and words in line["reason"]
+    assert line["refusal"] == "cache" and line["reason"] == "cache"
+    assert "last-known-good cache" in line["detail"] and words in line["detail"]
 
 
 async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: str) -> None:
@@ -139,13 +139,13 @@ async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: s
         untrusting = cache_config(tmp_path, proxied(pg_url, port), key, [other])
         result = await acli("run", "--config", str(untrusting), check=False)
         assert result.returncode == 3
-        assert "denied" in json.loads(result.stderr.strip().splitlines()[-1])["reason"]
+        assert "denied" in json.loads(result.stderr.strip().splitlines()[-1])["detail"]
         # Rollback: this replica already served a later revision than the cache holds.
         config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
         (tmp_path / "cache" / "lkg.bin.served").write_text("5\n")
         result = await acli("run", "--config", str(config), check=False)
         assert result.returncode == 3
-        assert "rollback" in json.loads(result.stderr.strip().splitlines()[-1])["reason"]
+        assert "rollback" in json.loads(result.stderr.strip().splitlines()[-1])["detail"]
 
 
 async def test_cache_from_a_newer_format_is_reported_as_skew(tmp_path: Path, pg_url: str) -> None:

@@ -139,6 +139,8 @@ async def test_refuses_to_boot_with_an_empty_store(tmp_path: Path) -> None:
     assert result.returncode == 3
     line = json.loads(result.stderr.strip().splitlines()[-1])
     assert line["event"] == "refused to boot" and line["refusal"] == "empty"
+    # `reason` carries the label on every line, so `reason="..."` queries find boot refusals.
+    assert line["reason"] == "empty" and "publish" in line["detail"]
 
 
 async def test_refuses_to_boot_on_a_corrupt_revision(tmp_path: Path) -> None:
@@ -148,7 +150,7 @@ async def test_refuses_to_boot_on_a_corrupt_revision(tmp_path: Path) -> None:
     result = cli("run", "--config", str(config), check=False)
     assert result.returncode == 3
     line = json.loads(result.stderr.strip().splitlines()[-1])
-    assert line["refusal"] == "corrupt"
+    assert line["refusal"] == "corrupt" and line["reason"] == "corrupt"
 
 
 async def test_refuses_to_boot_on_an_uncompilable_revision(tmp_path: Path) -> None:
@@ -161,7 +163,8 @@ async def test_refuses_to_boot_on_an_uncompilable_revision(tmp_path: Path) -> No
                  env={"TSUP_DEFINITELY_UNSET": ""})
     assert result.returncode == 3
     line = json.loads(result.stderr.strip().splitlines()[-1])
-    assert line["refusal"] == "secret"
+    assert line["refusal"] == "secret" and line["reason"] == "secret"
+    assert "TSUP_DEFINITELY_UNSET" in line["detail"]
 
 
 async def test_publish_refuses_an_invalid_file_and_stores_nothing(tmp_path: Path) -> None:

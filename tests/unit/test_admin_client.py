@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.admin.client import base_url_for_listen, render_status, stream_url
+from supervisor.admin.client import base_url_for_listen, render_status, stream_url, unhealthy
 
 CONTRACT_EXAMPLE = {
     "revision": {
@@ -88,3 +88,21 @@ def test_base_url_for_listen(listen: str, url: str) -> None:
 )
 def test_stream_url(base: str, url: str) -> None:
     assert stream_url(base) == url
+
+
+def test_render_status_shows_control_plane_up() -> None:
+    up = {**CONTRACT_EXAMPLE, "revision": {**CONTRACT_EXAMPLE["revision"],
+                                           "control_plane_up": False,
+                                           "last_error": "unavailable: connection refused"}}
+    text = render_status(up)
+    assert "control plane up NO  last error unavailable: connection refused" in text
+    assert "control plane up -" in render_status({})
+
+
+def test_unhealthy_names_not_ready_and_failed_children() -> None:
+    assert unhealthy(CONTRACT_EXAMPLE) == []  # backoff is not failed: it is being restarted
+    not_ready = {"revision": {"active": None}, "children": {}}
+    assert unhealthy(not_ready) == ["not ready: no active snapshot"]
+    failed = {**CONTRACT_EXAMPLE, "children": {"listen": {"state": "failed"}}}
+    assert unhealthy(failed) == ["child listen has failed"]
+    assert unhealthy({}) == ["not ready: no active snapshot"]

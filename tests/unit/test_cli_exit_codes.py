@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from supervisor.admin.errors import AdminBindError
 from supervisor.cli import _report
 from supervisor.errors import (
     BootRefused,
@@ -21,7 +22,8 @@ def nested(exc: BaseException) -> BaseExceptionGroup[BaseException]:
 @pytest.mark.parametrize(
     ("exc", "code"),
     [
-        (ConfigError("$.admin.listen", "address 127.0.0.1:1 already in use"), 2),
+        (ConfigError("$.admin.listen", "expected HOST:PORT, got 'x'"), 2),
+        (AdminBindError("127.0.0.1:1", "already in use"), 1),
         (UsageError("no configuration"), 2),
         (BootRefused("empty", "nothing published"), 3),
         (SupervisionGaveUp("convergence", 6, 60.0), 4),

@@ -137,3 +137,24 @@ def test_check_files_reports_missing_files(tmp_path: Path) -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "absent.toml", environ={})
+
+
+@pytest.mark.parametrize(("text", "environ", "message"), [
+    ("[control_plane]\npoll_intervall_s = 3\n", {},
+     "$.control_plane.poll_intervall_s: unknown key (did you mean `poll_interval_s`?)"),
+    ("[contol_plane]\n", {}, "$.contol_plane: unknown key (did you mean `control_plane`?)"),
+    ("", {"SUPERVISOR_LOG__LEVLE": "debug"},
+     "$.log.levle: unknown key (did you mean `level`?)"),
+    ("", {"SUPERVISOR_CONTROLPLANE__URL": "x"}, "(did you mean `control_plane`?)"),
+])
+def test_unknown_keys_suggest_the_closest_known_one(
+        text: str, environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_text(text, environ=environ)
+    assert message in str(info.value)
+
+
+def test_no_suggestion_when_nothing_is_close() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_text("[log]\nzzz = 1\n", environ={})
+    assert str(info.value).endswith("$.log.zzz: unknown key")

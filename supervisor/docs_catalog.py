@@ -1,0 +1,128 @@
+"""The prose of the generated reference pages in ``docs/`` (see :mod:`supervisor.docsgen`).
+
+Types, defaults, bounds, environment names, reason labels and log events come
+from the code; what a key *means* and what to do about a label is written here,
+keyed by name. A key or label missing here still gets its generated row (with
+"(not described yet)"), and ``tests/unit/test_docsgen.py`` names what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+CONFIG_KEYS: Final[dict[str, str]] = {
+    "supervisor.shutdown_grace_s": "How long a SIGTERM/SIGINT shutdown may take before "
+    "the remaining children are cancelled. Keep systemd's TimeoutStopSec (and the pod's "
+    "terminationGracePeriodSeconds) above it plus 2 s.",
+    "supervisor.restart_intensity": "Restarts of one child allowed within restart_period_s; "
+    "one more and the process exits 4 so systemd or Kubernetes restart it whole.",
+    "supervisor.restart_period_s": "The window restart_intensity is counted in.",
+    "log.level": "The lowest level logged. SIGHUP re-reads it without a restart.",
+    "log.format": "auto: journal when $JOURNAL_STREAM names stderr, else console on a "
+    "terminal, else json. json: one JSON object per line. journal: the same behind a "
+    "syslog priority prefix (<3> error, <4> warning, <6> info, <7> debug) for journald. "
+    "console: readable lines.",
+    "control_plane.url": "Where the desired revision lives: postgresql://USER@HOST/DB "
+    "(the password in a pgpass file, never here), or sqlite:///PATH (relative to the "
+    "working directory; four slashes for an absolute path).",
+    "control_plane.poll_interval_s": "How often the desired revision is read. Polling is "
+    "the correctness path; LISTEN only makes convergence faster.",
+    "control_plane.listen": "Wake the loop early with PostgreSQL LISTEN/NOTIFY (ignored "
+    "for SQLite). Needs a direct or session-pooled connection, not a transaction-pooling "
+    "PgBouncer.",
+    "control_plane.channel": "The NOTIFY channel the publishing trigger signals.",
+    "control_plane.max_revision_bytes": "A desired revision whose body is larger is "
+    "refused as denied without being read.",
+    "control_plane.backoff_initial_s": "The first wait after a failed attempt; it doubles "
+    "(with jitter) up to backoff_max_s.",
+    "control_plane.backoff_max_s": "The longest wait between failed attempts.",
+    "cache.path": "The signed last-known-good file, written after every publish and served "
+    "at boot when the control plane is unreachable. Unset: no cache.",
+    "cache.signing_key": "The Ed25519 key (trio-supervisor keygen) the cache is signed "
+    "with. Required with cache.path.",
+    "cache.trusted_keys": "Verify keys (ed25519:...) whose signatures are accepted on the "
+    "cache. Required with cache.path; must include the signing key's own verify key.",
+    "snapshot.path": "Where the active snapshot is written atomically as JSON for local "
+    "consumers (digests only, never secrets). Unset: not written.",
+    "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
+    "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
+    "admin.token_file": "A file holding the bearer token every route but /healthz "
+    "requires. Required when admin.listen is not a loopback address.",
+    "kubernetes.enabled": "Run the ServiceDefinition and Workflow fan-out watchers.",
+    "kubernetes.kubeconfig": "Kubeconfig path. Unset: in-cluster service-account "
+    "credentials.",
+    "kubernetes.control_namespace": "Where the ServiceDefinition and Workflow objects are "
+    "watched.",
+    "kubernetes.apps_namespace": "Where their children (Deployments, Services, CronJobs) "
+    "are written.",
+    "kubernetes.field_manager": "The server-side apply field manager of every child write.",
+    "kubernetes.preflight_retry_s": "How long a dormant watcher waits between preflight "
+    "attempts (CRDs, namespace, RBAC).",
+}
+
+# label -> (what happened, what to do)
+REASONS: Final[dict[str, tuple[str, str]]] = {
+    "unavailable": ("The control plane could not be reached, or timed out.",
+                    "Check the database, the network and the DSN. The replica keeps "
+                    "serving and retries with backoff; at boot it serves its "
+                    "last-known-good cache if one is configured."),
+    "conflict": ("A serialization conflict with a concurrent writer.",
+                 "Nothing: the attempt is retried."),
+    "not_found": ("The desired pointer names a revision that does not exist.",
+                  "Publish again (or roll back to an existing revision)."),
+    "invalid": ("The store refused the request (schema missing or older?).",
+                "Run trio-supervisor db migrate with this build."),
+    "denied": ("Privileges refused, or the body is over "
+               "[control_plane].max_revision_bytes; for the cache: signed by a key not in "
+               "[cache].trusted_keys.",
+               "Fix the grants, shrink the revision, or trust the signing key."),
+    "corrupt": ("The body's digest does not match, or it cannot be decoded; for the "
+                "cache: truncated or damaged.",
+                "Publish again; inspect the storage that damaged it."),
+    "incompatible": ("The revision's schema_version is newer than this build reads.",
+                     "Upgrade the daemon before publishing documents of a new schema."),
+    "validation": ("The document's shape or a constraint is wrong (the detail names the "
+                   "$.path).",
+                   "Fix the document; trio-supervisor publish checks it before storing."),
+    "projection": ("A key names an alias the document does not define.",
+                   "Define the alias or remove it from the key's aliases."),
+    "secret": ("A secret reference (env:NAME or file:PATH) cannot be resolved on this "
+               "host.",
+               "Provide the variable or file to the daemon (systemd: LoadCredential= or "
+               "Environment=; Kubernetes: a Secret), then publish again or send SIGHUP."),
+    "snapshot": ("The snapshot cannot be built from a compiled revision (two keys with "
+                 "the same secret).",
+                 "Fix the document."),
+    "empty": ("Boot only: the control plane is reachable but has no desired revision.",
+              "Publish one: trio-supervisor publish --config PATH FILE."),
+    "cache": ("Boot only: the control plane could not serve, and the last-known-good "
+              "cache was refused (damaged, unauthentic, rolled back, or from a newer "
+              "format).",
+              "Restore the control plane, or fix the cache (trusted keys); the detail "
+              "names the cache's own reason."),
+    "schema_skew": ("Fan-out: the installed CRD's schema differs from this build's.",
+                    "Apply the running build's CRDs: kubectl apply -k manifests/crds."),
+    "namespace_or_rbac_unready": ("Fan-out: the preflight list failed (apps namespace, "
+                                  "RBAC or CRD missing, or the API server unreachable).",
+                                  "kubectl apply -k manifests/apps-namespace; check the "
+                                  "API server. Retried every preflight_retry_s."),
+}
+
+REVISION_TABLES: Final[dict[str, str]] = {
+    "RevisionDocument": "The top level: the schema version and two tables of named entries.",
+    "AliasSpec": "An upstream the data plane may route to, by alias name.",
+    "KeySpec": "An API key: a secret reference and the aliases it may use.",
+}
+
+REVISION_KEYS: Final[dict[str, str]] = {
+    "RevisionDocument.schema_version": "The document's schema; a newer one than this build "
+    "reads is refused as incompatible (and served from the cache at boot).",
+    "RevisionDocument.aliases": "Alias name → `[aliases.NAME]` table.",
+    "RevisionDocument.keys": "Key name → `[keys.NAME]` table.",
+    "AliasSpec.upstream": "An http or https URL with a host.",
+    "AliasSpec.timeout_s": "Seconds the data plane waits for the upstream.",
+    "AliasSpec.retries": "Retries the data plane makes.",
+    "KeySpec.secret": "`env:NAME` or `file:PATH`, resolved on the daemon's host; with "
+    "`[revision]` limits where they may point (when this build has them).",
+    "KeySpec.aliases": "Names of aliases defined in this document.",
+}

@@ -1,0 +1,78 @@
+"""journald lines through the real process: ``auto`` detects ``$JOURNAL_STREAM``.
+
+systemd sets ``JOURNAL_STREAM=DEV:INODE`` for a service whose stderr is the
+journal; here stderr is a file and the variable names that file, which is
+exactly what the daemon compares (``fstat(2)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from tests.proc import REPO, cli, write_config
+
+LINE = re.compile(r"^<([0-7])>(\{.*\})$")
+
+
+def _run_with_stderr_file(config: Path, err: Path, env: dict[str, str],
+                          name_it: bool) -> int:
+    with open(err, "w") as stream:
+        st = os.fstat(stream.fileno())
+        full = {**os.environ, **env}
+        full.pop("JOURNAL_STREAM", None)
+        if name_it:
+            full["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor", "run", "--config", str(config)],
+            stderr=stream, stdout=subprocess.DEVNULL, env=full, cwd=REPO, timeout=60,
+            check=False,
+        ).returncode
+
+
+def _uncompilable(tmp_path: Path) -> Path:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema_version = 1\n[aliases.a]\nupstream = "https://a/"\n'
+                   '[keys.k]\nsecret = "env:TSUP_JOURNAL_UNSET"\naliases = ["a"]\n')
+    cli("publish", "--config", str(config), str(bad))
+    return config
+
+
+async def test_auto_under_journald_prefixes_every_line_with_its_priority(
+        tmp_path: Path) -> None:
+    config = _uncompilable(tmp_path)
+    err = tmp_path / "stderr"
+    with trio.fail_after(60):
+        code = await trio.to_thread.run_sync(
+            _run_with_stderr_file, config, err, {"SUPERVISOR_LOG__FORMAT": "auto"}, True)
+    assert code == 3
+    raw = [x for x in err.read_text().splitlines() if x.strip()]
+    parsed = []
+    for line in raw:
+        match = LINE.match(line)
+        assert match, f"not a journal line: {line!r}"
+        parsed.append((int(match.group(1)), json.loads(match.group(2))))
+    levels = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+    assert all(levels[doc["level"]] == priority for priority, doc in parsed), parsed
+    assert any(priority == 6 for priority, _ in parsed)  # info lines before the refusal
+    # What `journalctl -p err` finds: priority 3 or more severe.
+    [(priority, refused)] = [(p, d) for p, d in parsed if d["event"] == "refused to boot"]
+    assert priority <= 3 and refused["reason"] == "secret"
+
+
+async def test_auto_without_journal_stream_writes_plain_json(tmp_path: Path) -> None:
+    config = _uncompilable(tmp_path)
+    err = tmp_path / "stderr"
+    with trio.fail_after(60):
+        code = await trio.to_thread.run_sync(
+            _run_with_stderr_file, config, err, {"SUPERVISOR_LOG__FORMAT": "auto"}, False)
+    assert code == 3
+    lines = [json.loads(x) for x in err.read_text().splitlines() if x.strip()]
+    assert lines[-1]["event"] == "refused to boot"

@@ -1,0 +1,62 @@
+"""The reference pages in docs/ match the code they document (python -m supervisor.docsgen)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from supervisor import docs_catalog, docsgen, reasons
+from supervisor.config import Config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_docs_are_up_to_date() -> None:
+    stale = docsgen.check(REPO / "docs")
+    assert not stale, f"stale: {stale}; run `python -m supervisor.docsgen` and commit docs/"
+
+
+def test_check_command_fails_on_a_stale_page(tmp_path: Path) -> None:
+    docsgen.write(tmp_path)
+    assert docsgen.check(tmp_path) == []
+    page = tmp_path / "configuration.md"
+    page.write_text(page.read_text().replace("poll_interval_s", "poll_s"))
+    assert docsgen.check(tmp_path) == ["configuration.md"]
+    result = subprocess.run([sys.executable, "-m", "supervisor.docsgen", "--check"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_configuration_key_is_documented_with_its_environment_name() -> None:
+    text = docsgen.render_configuration()
+    for section in Config.__struct_fields__:
+        sub = type(getattr(Config(), section))
+        for key in sub.__struct_fields__:
+            assert f"| `{key}` |" in text
+            assert f"`SUPERVISOR_{section.upper()}__{key.upper()}`" in text
+    assert "| `poll_interval_s` | float | `5` | ≥ 0.01, ≤ 86400 |" in text
+    assert "| `max_revision_bytes` | integer | `16777216` | ≥ 1024 |" in text
+
+
+def test_every_key_and_label_has_prose() -> None:
+    described = set(docs_catalog.CONFIG_KEYS)
+    for section in Config.__struct_fields__:
+        sub = type(getattr(Config(), section))
+        missing = {f"{section}.{k}" for k in sub.__struct_fields__} - described
+        assert not missing, f"describe in supervisor/docs_catalog.py: {missing}"
+    labels = {*reasons.REVISION_REASONS, *reasons.BOOT_REFUSALS, *reasons.FANOUT_ERROR_CLASSES}
+    assert labels <= set(docs_catalog.REASONS), labels - set(docs_catalog.REASONS)
+
+
+def test_log_events_page_lists_the_calls_it_finds() -> None:
+    text = docsgen.render_log_events()
+    assert "| refused to boot | critical | `detail`, `reason`, `refusal` |" in text
+    assert "| revision refused; previous snapshot keeps serving | error |" in text
+    # Keys passed as **fields are resolved from the dict literal.
+    row = next(line for line in text.splitlines()
+               if line.startswith("| convergence attempt refused by the control plane"))
+    assert "`reason`" in row and "`revision`" in row and "`retry_in_s`" in row
+    # An OutageLog's three events, found through its constructor.
+    assert "| control plane unreachable | warning |" in text
+    assert "| LISTEN connection reachable again | info | `after_s`, `attempts` |" in text
