@@ -158,6 +158,7 @@ class Daemon:
                     snapshot_file=snapshot_file,
                     on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.poke(),
+                    serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
                 )
                 await reconciler.run(task_status=task_status)
             finally:

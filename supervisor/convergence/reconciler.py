@@ -163,6 +163,7 @@ class Reconciler:
         snapshot_file: SnapshotFile | None = None,
         on_status: Callable[[str], None] | None = None,
         on_outage_change: Callable[[bool], None] | None = None,
+        serve_cache_on_refusal: bool = False,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
@@ -183,6 +184,8 @@ class Reconciler:
         self._file_streak = _Streak("snapshot_file", metrics)
         self._cache_streak = _Streak("cache", metrics)
         self._outage = OutageLog(log, "control plane")
+        # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
+        self.serve_cache_on_refusal = serve_cache_on_refusal
         self.attempts = 0
         # What each side sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
@@ -351,6 +354,7 @@ class Reconciler:
                        body_sha256: bytes | None) -> None:
         self.state.publish(snapshot, body_sha256=body_sha256)  # the one atomic swap
         self.status.published(snapshot.revision, snapshot.generation, source, took_s)
+        self.metrics.serving_last_known_good.set(1 if source == "last_known_good" else 0)
         self.metrics.active_revision.set(snapshot.revision)
         self.metrics.active_generation.set(snapshot.generation)
         self.metrics.convergence_lag.set(self.status.lag_s)
@@ -458,7 +462,10 @@ class Reconciler:
             now = trio.current_time()
             line = (outcome.revision, outcome.reason, outcome.detail)
             last = self._last_refusal_line
-            if last is None or last[0] != line or now - last[1] >= PROGRESS_EVERY_S:
+            # Serving the cache because desired is refused: said at every poll.
+            every_poll = self.status.source == "last_known_good"
+            if (every_poll or last is None or last[0] != line
+                    or now - last[1] >= PROGRESS_EVERY_S):
                 self._last_refusal_line = (line, now)
                 if outcome.revision is not None:
                     log.error("revision refused; previous snapshot keeps serving",
@@ -550,6 +557,11 @@ class Reconciler:
             self._record_failure(exc)
             # unavailable: a transient OS error while resolving a secret (EMFILE ...).
             if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
+                return await self._restore(exc)
+            if self.serve_cache_on_refusal and self.cache is not None:
+                log.error("desired revision refused at boot; serving the last-known-good cache "
+                          "([cache].serve_when_desired_refused)", reason=exc.reason,
+                          revision=exc.revision, detail=exc.detail)
                 return await self._restore(exc)
             raise BootRefused(
                 exc.reason,
