@@ -174,7 +174,7 @@ class Daemon:
         from supervisor.controlplane.listen import run_listener
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            await run_listener(cp, self.signal, self.metrics, poke=self.listener_poke,
+            await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
                                task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)

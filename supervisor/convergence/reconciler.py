@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
+from supervisor.backoff import Backoff
 from supervisor.controlplane.store import (
     ControlPlaneError,
     FailureCategory,
@@ -18,7 +19,6 @@ from supervisor.controlplane.store import (
     RevisionPointer,
     TooLarge,
 )
-from supervisor.convergence.backoff import Backoff
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.errors import BootRefused
