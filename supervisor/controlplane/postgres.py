@@ -247,8 +247,9 @@ class PostgresStore:
             if row is None:
                 return None
             revision, digest = row
-            if not isinstance(revision, int):
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            if not isinstance(revision, int) or revision < 1:
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                                "(ids are >= 1)")
             return RevisionPointer(
                 revision, None if digest is None else bytes(digest), self._identity
             )

@@ -238,8 +238,9 @@ class SQLiteStore:
             if row is None:
                 return None
             revision, digest = row
-            if not isinstance(revision, int):
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            if not isinstance(revision, int) or revision < 1:
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                                "(ids are >= 1)")
             return RevisionPointer(revision, _as_bytes(digest), self.identity)
 
         return await self._run("read", read)

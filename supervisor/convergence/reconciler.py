@@ -216,8 +216,8 @@ class Reconciler:
             return None
         return replace(self._refused[1], repeated=True)
 
-    def _learn_desired(self, desired: int | None) -> None:
-        self.status.observed(desired)
+    def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
+        self.status.observed(desired, body_sha256)
         self.metrics.desired_revision.set(desired or 0)
 
     def _check_epoch(self, identity: str | None) -> None:
@@ -295,7 +295,7 @@ class Reconciler:
             if pointer is None:
                 self._learn_desired(None)
                 return Outcome(OutcomeKind.EMPTY)
-            self._learn_desired(pointer.revision)
+            self._learn_desired(pointer.revision, pointer.body_sha256)
             self._check_epoch(pointer.identity)
             key: Key = (pointer.revision, pointer.body_sha256)
             self._candidate = key
@@ -308,7 +308,7 @@ class Reconciler:
         if loaded is None:
             self._learn_desired(None)
             return Outcome(OutcomeKind.EMPTY)
-        self._learn_desired(loaded.id)
+        self._learn_desired(loaded.id, loaded.body_sha256)
         key = (loaded.id, loaded.body_sha256)
         self._candidate = key
         if self._is_active(key):
@@ -353,7 +353,8 @@ class Reconciler:
     async def _publish(self, snapshot: Snapshot, source: Source, took_s: float, *,
                        body_sha256: bytes | None) -> None:
         self.state.publish(snapshot, body_sha256=body_sha256)  # the one atomic swap
-        self.status.published(snapshot.revision, snapshot.generation, source, took_s)
+        self.status.published(snapshot.revision, snapshot.generation, source, took_s,
+                              body_sha256)
         self.metrics.serving_last_known_good.set(1 if source == "last_known_good" else 0)
         self.metrics.active_revision.set(snapshot.revision)
         self.metrics.active_generation.set(snapshot.generation)
