@@ -371,7 +371,7 @@ class PostgresStore:
                 self._conn = None
                 await trio.to_thread.run_sync(partial(_close_quietly, conn))
             raise map_error(exc, what=what, url=self._url) from exc
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
             # Our own decoding of a row the schema should not allow; the
             # connection itself is fine. Traceback dropped (it holds the rows).
             raise malformed(exc, what=what) from exc.with_traceback(None)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -190,6 +191,8 @@ class Reconciler:
         # What each side sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
         self._cache_due: _Export | None = None
+        # The last export that succeeded: re-written if the cache file vanishes.
+        self._last_export: _Export | None = None
         # A restarted child cannot know whether its predecessor crashed between
         # the swap and a sink: re-write the sinks at the first attempt.
         self._sinks_unknown = state.snapshot is not None
@@ -293,8 +296,7 @@ class Reconciler:
         if observe:
             pointer = await self._observe()
             if pointer is None:
-                self._learn_desired(None)
-                return Outcome(OutcomeKind.EMPTY)
+                return self._empty()
             self._learn_desired(pointer.revision, pointer.body_sha256)
             self._check_epoch(pointer.identity)
             key: Key = (pointer.revision, pointer.body_sha256)
@@ -306,8 +308,7 @@ class Reconciler:
                 return repeated
         loaded = await self._hydrate()
         if loaded is None:
-            self._learn_desired(None)
-            return Outcome(OutcomeKind.EMPTY)
+            return self._empty()
         self._learn_desired(loaded.id, loaded.body_sha256)
         key = (loaded.id, loaded.body_sha256)
         self._candidate = key
@@ -340,6 +341,17 @@ class Reconciler:
         self._sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
+
+    def _empty(self) -> Outcome:
+        """Nothing is desired. While a snapshot serves, that is news: said once."""
+        was = self.status.desired
+        self._learn_desired(None)
+        if was is not None and self.state.snapshot is not None:
+            log.warning("the control plane has no desired revision any more (the pointer was "
+                        "deleted, or the database restored empty); the previous snapshot "
+                        "keeps serving", previously_desired=was,
+                        active=self.status.active)
+        return Outcome(OutcomeKind.EMPTY)
 
     def _set_reachable(self, up: bool) -> None:
         was = self.status.control_plane_up
@@ -374,7 +386,19 @@ class Reconciler:
     # -- side sinks ------------------------------------------------------------
 
     async def _catch_up_sinks(self) -> None:
-        """Retry whatever sink write is still due (every attempt, converged or not)."""
+        """Retry whatever sink write is still due (every attempt, converged or not).
+
+        A sink file that vanished after a successful write (its directory
+        removed and re-created, a cleanup) is due again: one ``stat`` per
+        attempt notices it.
+        """
+        snapshot = self.state.snapshot
+        if (snapshot is not None and self._file_due is None and self.snapshot_file is not None
+                and not await trio.to_thread.run_sync(os.path.exists, self.snapshot_file.path)):
+            self._file_due = snapshot
+        if (self.cache is not None and self._cache_due is None and self._last_export is not None
+                and not await trio.to_thread.run_sync(os.path.exists, self.cache.path)):
+            self._cache_due = self._last_export
         if self._file_due is not None:
             await self._write_snapshot_file()
         if self._cache_due is not None:
@@ -426,6 +450,7 @@ class Reconciler:
                                 "plane rather than the revision rolled back from",
                                 path=cache.path, revision=export.revision)
         else:
+            self._last_export = export
             if self._cache_due is export:
                 self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()
@@ -493,6 +518,12 @@ class Reconciler:
         before the next attempt unless woken.
         """
         self.attempts += 1
+        if trigger == "sighup":
+            # The operator's "look again": a revision repaired in place (its
+            # body restored to match its digest) keeps its key, so only this
+            # forgets the refusal.
+            self._refused = None
+            self._last_refusal_line = None
         with self.metrics.convergence_duration.time():
             try:
                 outcome = await self._attempt(observe=trigger not in FAST_TRIGGERS)
@@ -537,6 +568,13 @@ class Reconciler:
         deadline = trio.current_time() + delay
         if floor > 0:
             await trio.sleep(floor)
+        # A wake-up that came during the floor is taken even when the deadline
+        # has passed too (a poll interval shorter than the floor): otherwise it
+        # would sit in the channel, never consumed, and its trigger (SIGHUP's
+        # "look again") would be lost.
+        woken = self.signal.pending()
+        if woken is not None:
+            return woken
         with trio.move_on_at(deadline):
             return await self.signal.wait()
         return "poll"
@@ -551,6 +589,9 @@ class Reconciler:
             self._record_failure(exc)
             if exc.retryable or exc.reason == reasons.INCOMPATIBLE:
                 return await self._restore(exc)
+            if exc.revision is not None and self._serving_cache_instead(exc):
+                # The desired revision itself is refused (corrupt, too large, missing).
+                return await self._restore(exc)
             raise BootRefused(
                 exc.reason, f"refusing to boot: the control plane refused: {exc}"
             ) from exc
@@ -559,10 +600,7 @@ class Reconciler:
             # unavailable: a transient OS error while resolving a secret (EMFILE ...).
             if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
                 return await self._restore(exc)
-            if self.serve_cache_on_refusal and self.cache is not None:
-                log.error("desired revision refused at boot; serving the last-known-good cache "
-                          "([cache].serve_when_desired_refused)", reason=exc.reason,
-                          revision=exc.revision, detail=exc.detail)
+            if self._serving_cache_instead(exc):
                 return await self._restore(exc)
             raise BootRefused(
                 exc.reason,
@@ -579,6 +617,16 @@ class Reconciler:
         self.status.attempt_finished()
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         return outcome
+
+    def _serving_cache_instead(self, exc: ControlPlaneError | RevisionError) -> bool:
+        """``[cache].serve_when_desired_refused``: a refused desired revision boots the cache."""
+        if not self.serve_cache_on_refusal or self.cache is None:
+            return False
+        reason, revision, detail = _failure_fields(exc)
+        log.error("desired revision refused at boot; serving the last-known-good cache "
+                  "([cache].serve_when_desired_refused)", reason=reason, revision=revision,
+                  detail=detail)
+        return True
 
     async def _restore(self, cause: ControlPlaneError | RevisionError) -> Outcome:
         from supervisor.sinks.lkg import CacheError, CacheSkew

@@ -90,3 +90,42 @@ async def test_reused_id_with_a_refused_body_is_not_reported_converged(
                 f"under id 3, yet /status says desired={report['desired']} "
                 f"active={report['active']} lag_s={report['lag_s']} and "
                 f"supervisor_convergence_lag_seconds={lag_metric}")
+
+
+async def test_desired_pointer_gone_while_serving_is_told(tmp_path: Path) -> None:
+    """The desired row vanishes (a restore into a fresh file, ``DELETE FROM supervisor_desired``).
+
+    At boot this is a refusal ("empty", exit 3). While running, nothing says so:
+    no log line, ``consecutive_failures`` 0, ``last_error`` null, /healthz 200;
+    only ``desired`` turns null and the lag starts to grow. Expected: a log line
+    (once) and ``last_error`` naming it, like every other way desired state can
+    stop being servable.
+    """
+    import sqlite3
+
+    from tests.proc import EXAMPLE
+
+    port = free_port()
+    cp = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published", revision=1)
+            start = len(daemon.lines)
+            with sqlite3.connect(cp) as conn:
+                conn.execute("DELETE FROM supervisor_desired")
+
+            async def seen_empty() -> bool:
+                return await metric(port, 'supervisor_convergence_attempts_total'
+                                          '{outcome="empty"}') >= 5
+
+            await poll_until(seen_empty)
+            report = (await get(port, "/status"))["revision"]
+            assert report["desired"] is None
+            told = [line for line in daemon.lines[start:]
+                    if line.get("level") in ("warning", "error")]
+            assert told or report["last_error"] is not None, (
+                f"desired state vanished while serving revision {report['active']}: no "
+                f"warning logged, last_error={report['last_error']!r}, "
+                f"consecutive_failures={report['consecutive_failures']}")
