@@ -54,10 +54,12 @@ class ServiceDefinition(msgspec.Struct, kw_only=True):
     status: ParentStatus = msgspec.field(default_factory=ParentStatus)
 
 
-def desired_children(parent: ServiceDefinition, namespace: str) -> list[Desired]:
+def desired_children(
+    parent: ServiceDefinition, namespace: str, installation: str
+) -> list[Desired]:
     name = parent.metadata.name
     spec = parent.spec
-    own = labels(name, LINEAGE_SERVICEDEFINITION)
+    own = labels(name, LINEAGE_SERVICEDEFINITION, installation)
     selector = {NAME_KEY: name, LINEAGE_SERVICEDEFINITION: name}
     container: dict[str, Any] = {"name": CONTAINER, "image": spec.image}
     if spec.env:

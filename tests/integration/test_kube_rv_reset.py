@@ -18,7 +18,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
+from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.reconciler import FanoutTuning
 from supervisor.kube.errors import ApiError, Gone, TransportError, api_error
 from supervisor.kube.watching import WatchTuning, is_too_large_resource_version
@@ -35,6 +35,7 @@ def orphan_deployment(parent: str) -> dict[str, Any]:
         "metadata": {"name": parent, "namespace": APPS, "labels": {
             "app.kubernetes.io/name": parent,
             "app.kubernetes.io/managed-by": "trio-supervisor",
+            INSTALLATION_KEY: CONTROL,
             LINEAGE_SERVICEDEFINITION: parent}},
         "spec": {"selector": {"matchLabels": {"app": parent}},
                  "template": {"metadata": {"labels": {"app": parent}},
