@@ -9,6 +9,7 @@ client's own :func:`~supervisor.kube.client.decode` on a skewed body.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, TypeVar
 
 import msgspec
@@ -197,7 +198,7 @@ async def test_retries_start_near_one_second_and_grow_to_retry_s(
     lister = FakeLister(*([boom] * 12), ok, repeat_last=False)
     await await_watchable(lister, KIND, "apps", retry_s=RETRY_S)
     times = [call["at"] for call in lister.calls]
-    gaps = [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(times)]
     assert gaps[:4] == [1.0, 2.0, 4.0, 8.0]
     assert max(gaps) == RETRY_S  # the configured cadence is the ceiling
     assert gaps[-1] == RETRY_S
