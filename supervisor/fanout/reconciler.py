@@ -61,7 +61,7 @@ preflight|watching, ``last_error_class``, ``objects``, ``skewed``), and
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -70,9 +70,10 @@ import trio
 from supervisor import reasons
 from supervisor.config import KubernetesConfig
 from supervisor.convergence.backoff import Backoff
+from supervisor.fanout.drain import Drain
 from supervisor.fanout.labels import lineage_selector
-from supervisor.fanout.live import LiveChildren, Obj, covers, unavailable
-from supervisor.fanout.parentstatus import StatusWant, needs_write, status_body
+from supervisor.fanout.live import LiveChildren, Obj, covers
+from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
     Wakeup,
@@ -89,11 +90,8 @@ from supervisor.kube.errors import (
     DecodeError,
     Invalid,
     KubeError,
-    NotFound,
     TooManyRequests,
-    TransportError,
 )
-from supervisor.kube.events import EventRecorder, EventType, Involved
 from supervisor.kube.models import (
     KindSpec,
     ObjectMeta,
@@ -178,21 +176,18 @@ class Reconciler(Generic[P]):
         self.parents: dict[str, P] = {}
         self.skewed: set[str] = set()
         self.live = LiveChildren(kind.child_resources, kind.lineage_key, self.queue.add)
-        self.events = EventRecorder(client, config.field_manager)
+        self.drain = Drain(self.tuning.drain_s)
+        self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
         self.guard = SweepGuard()
         # The digest each child was last applied with: a child gone or changed while
         # we still want that digest was changed by someone else (drift).
         self._applied: dict[ChildKey, str] = {}
-        # The status we last wrote, with the parent's resourceVersion at that time.
-        self._status_written: dict[str, tuple[str, StatusWant]] = {}
         self._failures: dict[str, int] = {}
         # Children the server refused (422), by digest: not resent until they change
         # or the next resync, so a bad spec does not loop.
         self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
-        self._inflight: set[trio.CancelScope] = set()
-        self._draining = False
         self._by_plural = {res.plural: res for res in kind.child_resources}
         self._installation = config.installation_label
         self._selector = lineage_selector(kind.lineage_key, self._installation)
@@ -212,7 +207,7 @@ class Reconciler(Generic[P]):
         back_off = Backoff(watch.backoff_initial_s, watch.backoff_max_s, self._rng)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._drain_on_cancel)
+            nursery.start_soon(self.drain.guard)
             for _ in range(max(1, self.tuning.workers)):
                 nursery.start_soon(self._worker)
             nursery.start_soon(self._resync_loop)
@@ -232,35 +227,6 @@ class Reconciler(Generic[P]):
                 self.status.state = "preflight"
                 self.status.last_error_class = classify_watch_error(exc)
                 await trio.sleep(delay)
-
-    async def _drain_on_cancel(self) -> None:
-        """On cancellation (shutdown), give in-flight writes ``drain_s`` to finish."""
-        try:
-            await trio.sleep_forever()
-        finally:
-            self._draining = True
-            deadline = trio.current_time() + self.tuning.drain_s
-            for scope in self._inflight:
-                scope.deadline = min(scope.deadline, deadline)
-
-    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """One API write, shielded from cancellation but for a bounded drain.
-
-        A write is never started once shutdown began; one in flight gets up to
-        ``drain_s`` to complete, so the API server never sees half of a reconcile
-        cut at an arbitrary request.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with trio.CancelScope(shield=True) as scope:
-            if self._draining:
-                scope.deadline = trio.current_time() + self.tuning.drain_s
-            self._inflight.add(scope)
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                self._inflight.discard(scope)
-        await trio.lowlevel.checkpoint()  # the drain ran out: our own cancellation lands here
-        raise TransportError("write abandoned at shutdown")  # pragma: no cover
 
     async def _preflight(self) -> None:
         targets: list[tuple[KindSpec[Any], str, bool]] = [
@@ -336,7 +302,7 @@ class Reconciler(Generic[P]):
         self.skewed = set(skewed)
         # A relist may follow a restored API server whose resourceVersions repeat
         # for other content: forget which (name, RV) statuses were written.
-        self._status_written.clear()
+        self.reporter.forget()
         self._count()
         await self.resync()
         self.synced.set()
@@ -418,7 +384,8 @@ class Reconciler(Generic[P]):
     async def _sweep(self, key: ChildKey, parent: str) -> None:
         resource = self._by_plural[key.plural]
         try:
-            await self._write(self.client.delete, resource, self.config.apps_namespace, key.name)
+            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
+                                   key.name)
         except KubeError as exc:
             self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
             self._log.warning("orphan sweep failed; the next resync retries",
@@ -510,7 +477,7 @@ class Reconciler(Generic[P]):
                               method=earlier.method, path=earlier.path)
             drift = _drift(live, child, self._applied.get(child.key))
             try:
-                obj = await self._write(
+                obj = await self.drain.write(
                     self.client.apply_object, child.resource, self.config.apps_namespace,
                     child.name, child.body, field_manager=self.config.field_manager)
             except Invalid as exc:
@@ -534,73 +501,40 @@ class Reconciler(Generic[P]):
         wanted = {child.key for child in desired}
         for key in sorted(self.live.of_parent(name) - wanted):
             resource = self._by_plural[key.plural]
-            await self._write(self.client.delete, resource, self.config.apps_namespace, key.name)
+            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
+                                   key.name)
             self.live.discard(key)
             self._applied.pop(key, None)
             self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
             self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
         if parent is None or parent.metadata.deletion_timestamp is not None:
-            self._status_written.pop(name, None)
+            self.reporter.forget(name)
             for key in [k for k in self._applied if k not in wanted and k.name == name]:
                 self._applied.pop(key, None)
             return  # gone, or going: its status no longer matters
         if repaired:
-            await self._event(parent, "Normal", "DriftRepaired",
+            await self.reporter.event(parent, "Normal", "DriftRepaired",
                               "repaired " + ", ".join(repaired))
         if applied:
-            await self._event(parent, "Normal", "Applied", "applied " + ", ".join(applied))
+            await self.reporter.event(parent, "Normal", "Applied",
+                                      "applied " + ", ".join(applied))
         noun = "object" if len(desired) == 1 else "objects"
-        await self._write_status(parent, self._want(
-            parent, desired, "True", "Applied",
-            f"{len(desired)} {noun} applied in {self.config.apps_namespace}"))
+        await self.reporter.write(parent, desired, "True", "Applied",
+                                  f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
 
     # -- parent status and events ----------------------------------------------------
-
-    def _want(self, parent: P, desired: list[Desired], status: str, reason: str,
-              message: str) -> StatusWant:
-        missing = [why for child in desired
-                   if (why := unavailable(child, self.live.get(child.key))) is not None]
-        if missing:
-            return StatusWant(parent.metadata.generation, status, reason, message,
-                              "False", "ChildrenUnavailable", missing[0][:1024])
-        return StatusWant(parent.metadata.generation, status, reason, message, "True",
-                          "ChildrenAvailable", f"{len(desired)} of {len(desired)} available")
-
-    async def _event(self, parent: P, type_: EventType, reason: str, message: str) -> None:
-        meta = parent.metadata
-        about = Involved(self.kind.resource, self.config.control_namespace, meta.name,
-                         meta.uid, meta.resource_version)
-        await self.events.emit(about, type_, reason, message)
 
     async def _failed(self, name: str, reason: str, message: str) -> None:
         parent = self.parents.get(name)
         if parent is None or name in self.skewed:
             return
         event_reason = "Invalid" if reason == "Invalid" else "ApplyFailed"
-        await self._event(parent, "Warning", event_reason, message)
-        want = self._want(parent, self._desired(parent), "False", reason, message[:1024])
+        await self.reporter.event(parent, "Warning", event_reason, message)
         try:
-            await self._write_status(parent, want)
+            await self.reporter.write(parent, self._desired(parent), "False", reason,
+                                      message[:1024])
         except KubeError as exc:
             self._log.warning("could not write the parent's status", name=name, error=str(exc))
-
-    async def _write_status(self, parent: P, want: StatusWant) -> None:
-        meta = parent.metadata
-        written = self._status_written.get(meta.name)
-        if written is not None and written == (meta.resource_version, want):
-            return  # written already; our own MODIFIED event has not arrived yet
-        if not needs_write(parent.status, want):
-            return
-        body = status_body(self.kind.resource.api_version, self.kind.resource.kind, meta.name,
-                           self.config.control_namespace, parent.status, want)
-        try:
-            await self._write(
-                self.client.apply, self.kind.resource, self.config.control_namespace,
-                meta.name, body, field_manager=self.config.field_manager, subresource="status",
-            )
-        except NotFound:
-            return  # the parent was deleted meanwhile; its DELETED event follows
-        self._status_written[meta.name] = (meta.resource_version, want)
 
 
 def _child_name(obj: Obj) -> str:

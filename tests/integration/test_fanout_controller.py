@@ -259,7 +259,7 @@ async def test_shutdown_gives_an_in_flight_apply_a_bounded_drain(tmp_path: Path)
             fake.inject("PATCH", r"/deployments/web$", status=200, hang=True, times=1)
             fake.create(sd("web"))
             await h.until(lambda: fake.count("PATCH", "/deployments/web") >= 1)
-            assert h.reconciler._inflight  # the write is in flight
+            assert h.reconciler.drain.inflight  # the write is in flight
             # Leaving the harness cancels the reconciler, as the tree does at shutdown:
             # the write is not cut at once, and not waited for beyond the drain either.
             start = trio.current_time()
