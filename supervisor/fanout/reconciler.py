@@ -81,7 +81,7 @@ from supervisor.fanout.preflight import (
     classify_watch_error,
 )
 from supervisor.fanout.status import FanoutStatus
-from supervisor.fanout.sweep import SweepGuard
+from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
@@ -178,7 +178,8 @@ class Reconciler(Generic[P]):
         self.live = LiveChildren(kind.child_resources, kind.lineage_key, self.queue.add)
         self.drain = Drain(self.tuning.drain_s)
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
-        self.guard = SweepGuard()
+        self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
+                               {res.plural: res for res in kind.child_resources})
         # The digest each child was last applied with: a child gone or changed while
         # we still want that digest was changed by someone else (drift).
         self._applied: dict[ChildKey, str] = {}
@@ -358,42 +359,11 @@ class Reconciler(Generic[P]):
         """
         await self.live.wait_synced()
         async with self._resync_lock:
-            known = set(self.parents) | self.skewed
-            orphans = [(key, self.live.parent_of(obj)) for key, obj in self.live.items()
-                       if self.live.parent_of(obj) not in known]
-            seen = len(self.live)
-            if orphans and not self.guard.allow(len(orphans), seen, known):
-                self.metrics.fanout_sweeps_refused.labels(self.kind.kind).inc()
-                self._log.error(
-                    f"orphan sweep refused: it would delete {len(orphans)} of the {seen}"
-                    " children of this installation (more than half); the parent list looks"
-                    " wrong (control_namespace, installation, a restored or emptied API"
-                    " server?). If it is right, the next resync that sees the same parent"
-                    " list sweeps them",
-                    count=len(orphans), seen=seen, parents=len(known),
-                    installation=self._installation,
-                )
-            else:
-                for key, parent in orphans:
-                    await self._sweep(key, parent)
+            await self.sweeper.sweep(set(self.parents) | self.skewed)
             self._refused.clear()
             self.resyncs += 1
             for name in sorted(self.parents):
                 self.queue.add(name)
-
-    async def _sweep(self, key: ChildKey, parent: str) -> None:
-        resource = self._by_plural[key.plural]
-        try:
-            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
-                                   key.name)
-        except KubeError as exc:
-            self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
-            self._log.warning("orphan sweep failed; the next resync retries",
-                              resource=str(resource), name=key.name, error=str(exc))
-            return
-        self.live.discard(key)
-        self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
-        self._log.info("orphan swept", resource=str(resource), name=key.name, parent=parent)
 
     # -- workers ------------------------------------------------------------------
 
