@@ -265,3 +265,31 @@ async def test_shutdown_gives_an_in_flight_apply_a_bounded_drain(tmp_path: Path)
             start = trio.current_time()
         elapsed = trio.current_time() - start
         assert 0.45 <= elapsed < 1.5
+
+
+async def test_the_watch_backoff_starts_over_after_a_stream_that_delivered(
+    tmp_path: Path,
+) -> None:
+    # Finding 5: the backoff grew across separate outages (0.4 -> 1.4 -> 3.1 -> 8.1 s)
+    # because a stream that delivered and was then cut never reset it.
+    with trio.fail_after(20), capture_logs() as logs:
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            await h.until(lambda: h.status.state == "watching")
+            for outage in range(3):
+                await fake.wait_for_watches(3)  # parents, deployments, services
+                fake.create(sd(f"web-{outage}"))  # the stream delivers
+                await h.until(lambda: fake.get("deployments", APPS, f"web-{outage}")  # noqa: B023
+                              is not None)
+                fake.stall_watches()  # cut: nothing arrives until the inactivity deadline
+                await h.until(lambda: len(retries(logs)) > outage)
+                fake.unstall_watches()
+    delays = [e["delay_s"] for e in retries(logs)]
+    assert len(delays) >= 3
+    # Every outage starts again from the initial delay (0.05 s, jittered down to half).
+    assert all(delay <= FAST.watch.backoff_initial_s for delay in delays), delays
+
+
+def retries(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e.get("event") == "watch failed; retrying"
+            and str(e.get("resource", "")).startswith("servicedefinitions")]
