@@ -279,10 +279,10 @@ async def test_the_watch_backoff_starts_over_after_a_stream_that_delivered(
             for outage in range(3):
                 await fake.wait_for_watches(3)  # parents, deployments, services
                 fake.create(sd(f"web-{outage}"))  # the stream delivers
-                await h.until(lambda: fake.get("deployments", APPS, f"web-{outage}")  # noqa: B023
-                              is not None)
+                name, seen = f"web-{outage}", outage
+                await h.until(lambda: fake.get("deployments", APPS, name) is not None)  # noqa: B023
                 fake.stall_watches()  # cut: nothing arrives until the inactivity deadline
-                await h.until(lambda: len(retries(logs)) > outage)
+                await h.until(lambda: len(retries(logs)) > seen)  # noqa: B023
                 fake.unstall_watches()
     delays = [e["delay_s"] for e in retries(logs)]
     assert len(delays) >= 3
