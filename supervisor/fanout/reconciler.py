@@ -219,6 +219,9 @@ class Reconciler(Generic[P]):
                 self._log.info("fan-out watching", namespace=self.config.control_namespace,
                                installation=self._installation)
                 exc, productive = await self._watch_all()
+                # Nothing is compared against children nobody watches any more: the
+                # workers wait until the next watch has listed them again.
+                self.live.clear()
                 if productive:
                     back_off.reset()
                 delay = back_off.next()
