@@ -5,6 +5,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from supervisor.config import load_text
+from supervisor.errors import ConfigError
 from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.live import LiveChildren, covers, unavailable
 from supervisor.fanout.servicedefinition import DEPLOYMENTS, SERVICES
@@ -94,3 +96,21 @@ async def test_the_token_bucket_paces_after_the_burst(
     for _ in range(6):
         await bucket.acquire()
     assert abs(trio.current_time() - again - 0.1) < 1e-6
+
+
+def test_kubernetes_config_keys_of_issue_13() -> None:
+    defaults = load_text("").kubernetes
+    assert defaults.installation is None
+    assert defaults.installation_label == defaults.control_namespace  # CONTRACT section 8
+    assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 200.0, 400)
+    mine = load_text('[kubernetes]\ncontrol_namespace = "ctl"\n').kubernetes
+    assert mine.installation_label == "ctl"
+    named = load_text('[kubernetes]\ninstallation = "prod-eu"\n').kubernetes
+    assert named.installation_label == "prod-eu"
+    for bad in ('installation = "not a label value!"', "resync_s = 0", "burst = 0"):
+        try:
+            load_text(f"[kubernetes]\n{bad}\n")
+        except ConfigError as exc:
+            assert "$.kubernetes." in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
