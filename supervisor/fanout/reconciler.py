@@ -61,9 +61,8 @@ preflight|watching, ``last_error_class``, ``objects``, ``skewed``), and
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic
 
 import trio
 
@@ -71,6 +70,7 @@ from supervisor import reasons
 from supervisor.config import KubernetesConfig
 from supervisor.convergence.backoff import Backoff
 from supervisor.fanout.drain import Drain
+from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent
 from supervisor.fanout.labels import lineage_selector
 from supervisor.fanout.live import LiveChildren, Obj, covers
 from supervisor.fanout.parentstatus import ParentReporter
@@ -92,60 +92,14 @@ from supervisor.kube.errors import (
     KubeError,
     TooManyRequests,
 )
-from supervisor.kube.models import (
-    KindSpec,
-    ObjectMeta,
-    ParentStatus,
-    PartialObject,
-    Resource,
-)
-from supervisor.kube.watching import Informer, WatchTuning
+from supervisor.kube.models import KindSpec, PartialObject
+from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
 __all__ = ["FanoutKind", "FanoutTuning", "Parent", "Reconciler", "WorkQueue"]
 
 log = get_logger("fanout")
-
-
-class Parent(Protocol):
-    """What the engine reads of any parent Struct."""
-
-    @property
-    def metadata(self) -> ObjectMeta: ...
-
-    @property
-    def status(self) -> ParentStatus: ...
-
-
-P = TypeVar("P", bound=Parent)
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class FanoutKind(Generic[P]):
-    """Everything kind-specific: the parent resource and type, and its children."""
-
-    kind: str
-    resource: Resource
-    parent_type: type[P]
-    lineage_key: str
-    child_resources: tuple[Resource, ...]
-    # (parent, apps namespace, installation) -> children
-    desired: Callable[[P, str, str], list[Desired]]
-
-
-@dataclass(frozen=True)
-class FanoutTuning:
-    """Timings and bounds; the defaults suit production, tests shrink them."""
-
-    watch: WatchTuning = field(default_factory=WatchTuning)
-    workers: int = 4
-    resync_s: float | None = None  # None: [kubernetes].resync_s
-    requeue_initial_s: float = 0.8
-    requeue_max_s: float = 30.0
-    page_size: int = 500
-    drain_s: float = 2.0  # how long an in-flight write may finish after shutdown begins
 
 
 class Reconciler(Generic[P]):

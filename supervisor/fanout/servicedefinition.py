@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
+from supervisor.fanout.kind import FanoutKind
 from supervisor.fanout.labels import GROUP, LINEAGE_SERVICEDEFINITION, NAME_KEY, labels
-from supervisor.fanout.reconciler import FanoutKind
 from supervisor.kube.applying import Desired, make_desired
 from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
 

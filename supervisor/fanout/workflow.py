@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
+from supervisor.fanout.kind import FanoutKind
 from supervisor.fanout.labels import GROUP, LINEAGE_WORKFLOW, labels
-from supervisor.fanout.reconciler import FanoutKind
 from supervisor.kube.applying import Desired, make_desired
 from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
 
