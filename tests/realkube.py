@@ -23,6 +23,7 @@ import base64
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import uuid
@@ -127,9 +128,8 @@ class Installation:
 
     def toml(self, **extra: Any) -> str:
         lines = ["[kubernetes]", "enabled = true", f'kubeconfig = "{self.kubeconfig}"',
-                 f'control_namespace = "{self.control}"', f'apps_namespace = "{self.apps}"',
-                 "preflight_retry_s = 2"]
-        for key, value in extra.items():
+                 f'control_namespace = "{self.control}"', f'apps_namespace = "{self.apps}"']
+        for key, value in {"preflight_retry_s": 2, **extra}.items():
             lines.append(f"{key} = {value!r}" if not isinstance(value, str)
                          else f'{key} = "{value}"')
         return "\n" + "\n".join(lines) + "\n"
@@ -144,7 +144,8 @@ class RealKube:
         self.ca = env["K8S_CA"]
         self.admin_token = env["K8S_ADMIN_TOKEN"]
         self.pids = [int(env["APISERVER_PID"]), int(env["ETCD_PID"])]
-        self.admin = httpx.Client(base_url=self.url, verify=self.ca, timeout=30,
+        self.admin = httpx.Client(base_url=self.url, timeout=30,
+                                  verify=ssl.create_default_context(cafile=self.ca),
                                   headers={"Authorization": f"Bearer {self.admin_token}"})
         self.crds_installed = False
 
