@@ -12,8 +12,9 @@ foreign is ever held). It is an informer handler for each child resource:
   repaired within a moment instead of at the next resync.
 - :meth:`LiveChildren.put` records an object a write just returned, so a
   reconcile right after our own apply sees it before its watch event comes.
-  An event older than what is held (by resourceVersion, compared as integers
-  when both are; kube-apiserver's are etcd revisions) does not replace it.
+  An event not newer than what is held (by resourceVersion, compared as
+  integers when both are; kube-apiserver's are etcd revisions) neither replaces
+  it nor enqueues: our own write's event is not a reason to reconcile again.
 
 :func:`covers` is the drift test: the live object *covers* the desired one
 when every field we set has the same value live (maps: each key we set;
@@ -210,8 +211,10 @@ class LiveChildren:
         held = self._objects.get(key)
         if held is not None:
             new_rv, held_rv = _rv(obj), _rv(held)
-            if new_rv is not None and held_rv is not None and new_rv < held_rv:
-                return  # an event older than what our own write returned
+            if new_rv is not None and held_rv is not None and new_rv <= held_rv:
+                # Older than what our own write returned, or the event of that very write:
+                # nothing we do not hold already, so nothing to reconcile.
+                return
         old_parent = self.parent_of(held) if held is not None else ""
         parent = self._store(key, obj)
         for name_ in {old_parent, parent}:
