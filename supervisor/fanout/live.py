@@ -68,6 +68,25 @@ def _rv(obj: Mapping[str, Any]) -> int | None:
         return None
 
 
+_META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations")
+_STATUS_KEPT = ("observedGeneration", "availableReplicas")
+
+
+def _slim(obj: Obj) -> Obj:
+    """What is compared and read of a child: metadata we set, the spec, two status fields.
+
+    managedFields, status conditions and the like are large and never read: not held.
+    """
+    metadata = obj.get("metadata") or {}
+    slim: Obj = {key: value for key, value in obj.items()
+                 if key not in ("metadata", "status")}
+    slim["metadata"] = {key: metadata[key] for key in _META_KEPT if key in metadata}
+    status = obj.get("status")
+    if isinstance(status, Mapping):
+        slim["status"] = {key: status[key] for key in _STATUS_KEPT if key in status}
+    return slim
+
+
 def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
     """None when ``child`` is available, else why not (for the Available message)."""
     if live is None:
@@ -166,8 +185,7 @@ class LiveChildren:
                 keys.discard(key)
                 if not keys:
                     del self._by_parent[old_parent]
-        metadata = obj.get("metadata") or {}
-        metadata.pop("managedFields", None)  # large, and never read
+        obj = _slim(obj)
         self._objects[key] = obj
         parent = self.parent_of(obj)
         self._by_parent.setdefault(parent, set()).add(key)
