@@ -148,6 +148,7 @@ class RealKube:
                                   verify=ssl.create_default_context(cafile=self.ca),
                                   headers={"Authorization": f"Bearer {self.admin_token}"})
         self.crds_installed = False
+        self._apiserver: subprocess.Popen[bytes] | None = None  # after a restart: ours
 
     # -- plain admin requests (setup and observation) ---------------------------------
 
@@ -211,11 +212,43 @@ class RealKube:
         }))
         return Installation(control, names["apps"], kubeconfig)
 
+    def restart_apiserver(self) -> None:
+        """Kill kube-apiserver and start it again with the same arguments and etcd.
+
+        Its watch cache starts over at etcd's current revision, so a client
+        watching from an older resourceVersion gets ``410 Gone`` and must relist.
+        """
+        pid = self.pids[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        # SIGKILL: a crash. (SIGTERM makes 1.20 wait out its in-flight requests first.)
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(600):  # outside state: the old process releasing its port
+            if self._apiserver is not None:
+                if self._apiserver.poll() is not None:
+                    break
+            elif not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(POLL_INTERVAL_S)
+        log = (self.run_dir / "apiserver.log").open("ab")
+        self._apiserver = subprocess.Popen(argv, cwd=self.run_dir, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.pids[0] = self._apiserver.pid
+        for _ in range(1500):  # outside state: the new process becoming ready
+            with suppress(httpx.HTTPError):
+                if self.admin.get("/readyz").status_code == 200:
+                    return
+            time.sleep(POLL_INTERVAL_S)
+        raise AssertionError("kube-apiserver did not come back")
+
     def stop(self) -> None:
         self.admin.close()
         for pid in self.pids:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+        if self._apiserver is not None:
+            with suppress(subprocess.TimeoutExpired):
+                self._apiserver.wait(timeout=10)
 
 
 @contextmanager

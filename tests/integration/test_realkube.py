@@ -9,6 +9,14 @@ The first test runs before the CRDs are installed (tests run in file order;
 the ``crds`` fixture installs them for the rest). What v1.20 lacks: batch/v1
 CronJob (so the Workflow kind reports ``child_api_missing`` throughout), CEL
 rules, and controllers (a Deployment's status is written here by hand).
+
+Covered here: the preflight with the CRDs absent and then present (woken by
+SIGHUP), ``child_api_missing``, create/update/delete, drift repair of a deleted
+and an edited child, Events and the Ready/Available conditions, no writes when
+nothing drifted, the orphan sweep at restart, the sweep guard, a 410 relist
+after an API server restart, and SIGTERM (every daemon here exits 0 on it).
+Faults a real server cannot be made to produce on demand (409, 429, hangs,
+compaction) are tested against the fake (test_fanout_controller.py).
 """
 
 from __future__ import annotations
@@ -306,3 +314,32 @@ async def test_orphan_sweep_at_restart_and_the_sweep_guard(
 
 async def has_deployments(kube: RealKube, inst: Installation, names: list[str]) -> bool:
     return await deployments(kube, inst) == sorted(names)
+
+
+async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
+    crds: RealKube, tmp_path: Path,
+) -> None:
+    kube = crds
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(90):
+        await trio.to_thread.run_sync(kube.apply, sd(inst, "before"))
+        async with run_daemon(config) as daemon:
+            await poll_until(lambda: has_deployments(kube, inst, ["before"]))
+            # Move etcd's revision on without touching what the daemon watches, then restart
+            # the API server: its watch cache starts at the new revision, older is 410.
+            for i in range(5):
+                await trio.to_thread.run_sync(kube.request, "POST",
+                                              f"/api/v1/namespaces/{inst.apps}/configmaps",
+                                              {"metadata": {"name": f"cm-{i}"}})
+            await trio.to_thread.run_sync(kube.restart_apiserver)
+            relisted = await daemon.wait_log("watch resourceVersion expired; relisting",
+                                             resource="servicedefinitions."
+                                             "platform.trio-supervisor.dev")
+            assert relisted["level"] == "info"
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "after"))
+            await poll_until(lambda: has_deployments(kube, inst, ["after", "before"]))
+            assert (await status(port))["fanout"]["ServiceDefinition"]["state"] == "watching"
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
