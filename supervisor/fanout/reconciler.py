@@ -80,6 +80,7 @@ from supervisor.fanout.preflight import (
     await_watchable,
     classify_watch_error,
 )
+from supervisor.fanout.repairs import RepairLimiter
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
@@ -138,6 +139,8 @@ class Reconciler(Generic[P]):
         # we still want that digest was changed by someone else (drift).
         self._applied: dict[ChildKey, str] = {}
         self._failures: dict[str, int] = {}
+        self._repairs = RepairLimiter()
+        self._fights: set[ChildKey] = set()  # children whose fight was logged
         # Children the server refused (422), by digest: not resent until they change
         # or the next resync, so a bad spec does not loop.
         self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
@@ -396,6 +399,7 @@ class Reconciler(Generic[P]):
             live = self.live.get(child.key)
             if live is not None and covers(live, child.body):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
+                self._fights.discard(child.key)
                 continue
             refused = self._refused.get(child.key)
             if refused is not None and refused[0] == child.digest:
@@ -403,6 +407,13 @@ class Reconciler(Generic[P]):
                 raise Invalid(earlier.status, earlier.reason, earlier.message,
                               method=earlier.method, path=earlier.path)
             drift = _drift(live, child, self._applied.get(child.key))
+            if drift is not None:
+                now = trio.current_time()
+                wait = self._repairs.delay(child.key, now)
+                if wait > 0:
+                    self._fighting(name, child, wait)
+                    continue
+                self._repairs.record(child.key, now)
             try:
                 obj = await self.drain.write(
                     self.client.apply_object, child.resource, self.config.apps_namespace,
@@ -448,6 +459,18 @@ class Reconciler(Generic[P]):
         noun = "object" if len(desired) == 1 else "objects"
         await self.reporter.write(parent, desired, "True", "Applied",
                                   f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
+
+    def _fighting(self, name: str, child: Desired, wait: float) -> None:
+        """Someone keeps undoing our repairs of ``child``: repair it later, say so once."""
+        if child.key not in self._fights:
+            self._fights.add(child.key)
+            self._log.warning(
+                "a child keeps drifting right after each repair (another controller, or"
+                " another installation with a parent of the same name?); repairs slow down",
+                name=name, resource=str(child.resource), child=child.name,
+                delay_s=round(wait, 3))
+        assert self._nursery is not None
+        self._nursery.start_soon(self.queue.add_after, name, wait)
 
     # -- parent status and events ----------------------------------------------------
 

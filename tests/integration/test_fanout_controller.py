@@ -293,3 +293,32 @@ async def test_the_watch_backoff_starts_over_after_a_stream_that_delivered(
 def retries(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e.get("event") == "watch failed; retrying"
             and str(e.get("resource", "")).startswith("servicedefinitions")]
+
+
+async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(15), capture_logs() as logs:
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web"))
+            await h.until(lambda: ready(fake.get("servicedefinitions", CONTROL, "web")))
+
+            def replicas() -> int:
+                return int((fake.get("deployments", APPS, "web") or {})["spec"]["replicas"])
+
+            async def other_controller() -> None:  # wants 5 replicas, and says so at once
+                while True:
+                    await h.until(lambda: replicas() == 1)
+                    fake.patch("deployments", APPS, "web", {"spec": {"replicas": 5}},
+                               field_manager="other-controller")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other_controller)
+                await trio.sleep(3.0)  # the observation window: repairs in 3 s are counted
+                nursery.cancel_scope.cancel()
+    repairs = h.metric("fanout_drift_repairs", kind="ServiceDefinition")
+    # Three at once, then 1 s and 2 s apart: about 5 in 3 s, not hundreds.
+    assert 3 <= repairs <= 6, repairs
+    fights = [e for e in logs if "keeps drifting" in str(e.get("event"))]
+    assert len(fights) == 1 and fights[0]["log_level"] == "warning"
