@@ -217,7 +217,7 @@ class Daemon:
             return []
         from supervisor.fanout.children import fanout_children
 
-        return fanout_children(self.config.kubernetes, self.metrics, self.fanout)
+        return fanout_children(self.config.kubernetes, self.metrics, self.fanout, hup=self.hup)
 
     def build_tree(self) -> Supervisor:
         specs = [self._admin_child()]

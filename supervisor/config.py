@@ -138,6 +138,20 @@ class KubernetesConfig(_Section, frozen=True):
     apps_namespace: str = "apps"
     field_manager: str = "trio-supervisor"
     preflight_retry_s: RetrySeconds = 300.0
+    # Issue 13: which installation owns a child (the label on every child and part of every
+    # sweep selector; None = the control namespace), the periodic resync, and the client-side
+    # rate limit (a token bucket, as client-go's QPS and Burst).
+    installation: Annotated[
+        str, msgspec.Meta(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+    ] | None = None
+    resync_s: RetrySeconds = 600.0
+    qps: PositiveFloat = 200.0
+    burst: Annotated[int, msgspec.Meta(ge=1)] = 400
+
+    @property
+    def installation_label(self) -> str:
+        """The value of ``platform.trio-supervisor.dev/installation`` on our children."""
+        return self.installation or self.control_namespace
 
 
 class Config(_Section, frozen=True):

@@ -60,8 +60,18 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "kubernetes.apps_namespace": "Where their children (Deployments, Services, CronJobs) "
     "are written.",
     "kubernetes.field_manager": "The server-side apply field manager of every child write.",
-    "kubernetes.preflight_retry_s": "How long a dormant watcher waits between preflight "
-    "attempts (CRDs, namespace, RBAC).",
+    "kubernetes.preflight_retry_s": "The longest a dormant watcher waits between preflight "
+    "attempts (CRDs, namespace, RBAC); retries start near 1 s and double up to it, and SIGHUP "
+    "wakes a waiting preflight.",
+    "kubernetes.installation": "The value of the platform.trio-supervisor.dev/installation label "
+    "on every child, and part of every orphan-sweep selector, so two installations sharing an "
+    "apps namespace never sweep each other's children. Unset: the control namespace.",
+    "kubernetes.resync_s": "How often every parent is reconciled again even without a change "
+    "(a periodic safety net; drift repair does not wait for it).",
+    "kubernetes.qps": "Client-side rate limit on API requests per second (a token bucket, as "
+    "client-go's QPS).",
+    "kubernetes.burst": "Requests allowed at once above qps (the bucket's size, as client-go's "
+    "Burst).",
 }
 
 # label -> (what happened, what to do)
@@ -110,6 +120,10 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                                   "RBAC or CRD missing, or the API server unreachable).",
                                   "kubectl apply -k manifests/apps-namespace; check the "
                                   "API server. Retried every preflight_retry_s."),
+    "child_api_missing": ("Fan-out: the API server does not serve the child's group and "
+                          "version (batch/v1 CronJob needs Kubernetes 1.21 or newer).",
+                          "Upgrade the cluster, or disable the kind; the other kind and the "
+                          "convergence loop keep working."),
 }
 
 REVISION_TABLES: Final[dict[str, str]] = {
