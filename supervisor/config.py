@@ -176,6 +176,13 @@ def _cross_check(config: Config) -> None:
         raise ConfigError(
             "$.control_plane.url", "expected postgresql://... or sqlite:///PATH"
         )
+    if cp.backend == "postgresql":
+        from supervisor.controlplane.dsn import problem
+
+        why = problem(cp.url)
+        if why is not None:
+            # The reason names the rule, never the value: the DSN holds a password.
+            raise ConfigError("$.control_plane.url", why)
     if cp.backoff_initial_s > cp.backoff_max_s:
         raise ConfigError(
             "$.control_plane.backoff_initial_s", "must not exceed control_plane.backoff_max_s"
