@@ -95,7 +95,8 @@ def problem(dsn: str) -> str | None:
         return None
     params = _parse(dsn)
     if params is None:
-        return "libpq cannot parse this DSN (is a %-sequence in it malformed?)"
+        return ("libpq cannot parse this DSN (in a URL, percent-encode the password's "
+                "special characters)")
     spelled = _spelled_password(dsn) if _is_url(dsn) else None
     if spelled is not None:
         try:
