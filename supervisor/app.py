@@ -83,6 +83,7 @@ class Daemon:
             children=lambda: self.tree.report() if self.tree is not None else {},
             fanout=self.fanout,
             token=token,
+            allowed_hosts=tuple(cfg.allowed_hosts),
         )
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

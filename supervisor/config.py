@@ -88,9 +88,15 @@ class SnapshotConfig(_Section, frozen=True):
     path: str | None = None
 
 
+HostName = Annotated[str, msgspec.Meta(pattern=r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)$")]
+
+
 class AdminConfig(_Section, frozen=True):
     listen: str = "127.0.0.1:9464"
     token_file: str | None = None
+    # Host names (or addresses, ".domain" for a domain and its subdomains, "*"
+    # for any) the admin API answers to besides the listen address and loopback.
+    allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -26,6 +26,8 @@ class AdminContext:
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     # The bearer token, already read from [admin].token_file; None = no auth.
     token: str | None = None
+    # [admin].allowed_hosts: names besides the listen address and loopback.
+    allowed_hosts: tuple[str, ...] = ()
 
     def status(self) -> dict[str, Any]:
         """The /status document of CONTRACT.md section 6."""

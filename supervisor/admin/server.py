@@ -66,6 +66,7 @@ from supervisor.admin.auth import read_token
 from supervisor.admin.connections import AcceptLoop, ConnectionTable, Peer, reset
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
+from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.http11 import Http11Connection, first_request_head
 from supervisor.admin.limits import ConnectionLimits, current_nofile, derive
 from supervisor.admin.stream import StreamHub, StreamSettings
@@ -282,7 +283,8 @@ async def serve_admin(
         settings = replace(settings, max_clients=limits.max_stream_clients)
         server = _Server(sock, limits, ctx.metrics)
         hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset)
-        server.mount(AdminApp(ctx, hub))
+        hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts)
+        server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             nursery.start_soon(hub.monitor)
