@@ -31,6 +31,7 @@ __all__ = [
     "ControlPlaneConfig",
     "KubernetesConfig",
     "LogConfig",
+    "RevisionConfig",
     "SnapshotConfig",
     "SupervisorConfig",
     "check_files",
@@ -103,6 +104,18 @@ class AdminConfig(_Section, frozen=True):
         return split_host_port(self.listen)
 
 
+class RevisionConfig(_Section, frozen=True):
+    # Where a revision's secret references may point (CONTRACT section 8): an
+    # env: reference's name must start with one of the prefixes, a file:
+    # reference must lie under one of the directories. Empty = anywhere.
+    secret_env_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
+        default_factory=list
+    )
+    secret_dirs: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
+        default_factory=list
+    )
+
+
 class KubernetesConfig(_Section, frozen=True):
     enabled: bool = False
     kubeconfig: str | None = None
@@ -120,6 +133,7 @@ class Config(_Section, frozen=True):
     snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
+    revision: RevisionConfig = msgspec.field(default_factory=RevisionConfig)
 
 
 def split_host_port(listen: str) -> tuple[str, int]:
