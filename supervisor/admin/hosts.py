@@ -11,7 +11,10 @@ does not cover WebSockets). Browsers always send these headers truthfully, so:
   loopback names ``localhost``, ``127.0.0.1`` and ``::1`` when the listener is
   loopback or a wildcard (``0.0.0.0``/``::``, which includes loopback); and
   every entry of ``[admin].allowed_hosts`` (a name, an address, ``.example.com``
-  for that domain and its subdomains, or ``*`` for any). A request without
+  for that domain and its subdomains, or ``*`` for any); and, on a wildcard
+  listener (whose addresses the server cannot enumerate), any IP address: DNS
+  rebinding needs a name, so an address in ``Host`` is not one (Prometheus and
+  probes address pods by IP). A request without
   ``Host`` (HTTP/1.0, never a browser) passes.
 - a WebSocket handshake whose ``Origin`` names a host not known the same way
   (or is ``null``) is refused with 403. Without ``Origin`` (``watch``, any
@@ -23,6 +26,7 @@ does not cover WebSockets). Browsers always send these headers truthfully, so:
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
@@ -44,6 +48,14 @@ def host_of(header: str) -> str:
     return value.rstrip(".")
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 class AllowedHosts:
     """The names the server answers to; see the module docstring."""
 
@@ -59,9 +71,12 @@ class AllowedHosts:
         if host in WILDCARDS or is_loopback(host):
             names.update(LOOPBACK_NAMES)
         self.names = frozenset(n for n in names if not n.startswith("."))
+        self.any_address = host in WILDCARDS
 
     def allows(self, host: str) -> bool:
         if self.any or host in self.names:
+            return True
+        if self.any_address and _is_ip(host):
             return True
         return any(host.endswith(s) or host == s[1:] for s in self.suffixes)
 

@@ -32,8 +32,11 @@ def test_allowed_hosts() -> None:
     assert not loopback.allows_origin("http://evil.example")
     public = AllowedHosts("10.0.0.5")
     assert public.allows("10.0.0.5") and not public.allows("localhost")
-    wildcard = AllowedHosts("0.0.0.0", ["*"])
-    assert wildcard.allows("anything.example") and wildcard.allows("localhost")
+    assert not public.allows("10.0.0.6")
+    wildcard = AllowedHosts("0.0.0.0", [".svc.cluster.local"])
+    assert wildcard.allows("10.1.2.3") and wildcard.allows("localhost")  # pod IPs, probes
+    assert wildcard.allows("admin.ns.svc.cluster.local") and not wildcard.allows("evil.example")
+    assert AllowedHosts("0.0.0.0", ["*"]).allows("anything.example")
 
 
 async def test_unknown_host_gets_421_and_a_foreign_origin_403(tmp_path: Path) -> None:
