@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     command("run", "run the daemon (the default)")
-    command("check", "validate the configuration and the files it names")
+    check = command("check", "validate the configuration and the files it names")
+    check.add_argument("--strict", action="store_true",
+                       help="exit 2 on warnings too (secret files readable by others)")
     db = command("db", "control-plane schema")
     db.add_argument("action", choices=["migrate"])
     publish = command("publish", "validate a revision document, store it and make it desired")
@@ -99,6 +101,10 @@ def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseExc
 def cmd_run(args: argparse.Namespace) -> int:
     config, path = _load(args)
     logs.configure(config.log.level, config.log.format)
+    from supervisor.filemodes import loose_secret_files
+
+    for key, file, why in loose_secret_files(config):
+        logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
     from supervisor.app import run_daemon
 
     trio.run(run_daemon, config, path)
@@ -113,6 +119,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
+        return EXIT_USAGE
+    from supervisor.filemodes import loose_secret_files
+
+    loose = loose_secret_files(config)
+    for key, file, why in loose:
+        print(f"warning: {path}: {key}: {file} is {why}", file=sys.stderr)
+    if loose and getattr(args, "strict", False):
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
