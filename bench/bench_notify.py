@@ -37,9 +37,9 @@ import psycopg
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.dsn import redact
 from supervisor.controlplane.listen import run_listener
 from supervisor.convergence.signal import ChangeSignal
+from supervisor.dsn import redact
 from supervisor.logs import configure
 from supervisor.telemetry import Metrics
 

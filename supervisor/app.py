@@ -98,6 +98,7 @@ class Daemon:
                 fanout=self.fanout,
                 token=token,
                 unhealthy=self.unhealthy,
+                allowed_hosts=tuple(cfg.allowed_hosts),
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -153,7 +154,7 @@ class Daemon:
                     poll_interval_s=cp.poll_interval_s,
                     backoff_initial_s=cp.backoff_initial_s,
                     backoff_max_s=cp.backoff_max_s,
-                    resolver=EnvFileResolver(),
+                    resolver=EnvFileResolver.from_config(self.config.revision),
                     cache=cache,
                     snapshot_file=snapshot_file,
                     on_status=self.notifier.status,

@@ -81,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     command("run")
-    command("check")
+    check = command("check")
+    check.add_argument("--strict", action="store_true",
+                       help="exit 2 on warnings too (secret files readable by others)")
     db = command("db")
     db.add_argument("action", choices=["migrate"],
                     help="migrate: create or upgrade the schema (idempotent)")
@@ -146,6 +148,10 @@ def _require_sqlite_directory(config: Config) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config, path = _load(args)
     logs.configure(config.log.level, config.log.format)
+    from supervisor.filemodes import loose_secret_files
+
+    for key, file, why in loose_secret_files(config):
+        logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
     from supervisor.app import run_daemon
 
     trio.run(run_daemon, config, path)
@@ -162,6 +168,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
+        return EXIT_USAGE
+    from supervisor.filemodes import loose_secret_files
+
+    loose = loose_secret_files(config)
+    for key, file, why in loose:
+        print(f"warning: {path}: {key}: {file} is {why}", file=sys.stderr)
+    if loose and getattr(args, "strict", False):
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
@@ -200,8 +213,8 @@ def _check_contents(config: Config) -> list[tuple[str, str]]:
 
 def cmd_db(args: argparse.Namespace) -> int:
     config, _ = _load(args)
-    from supervisor.controlplane.dsn import redact
     from supervisor.controlplane.store import open_store
+    from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
 
     async def migrate() -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "ControlPlaneConfig",
     "KubernetesConfig",
     "LogConfig",
+    "RevisionConfig",
     "SnapshotConfig",
     "SupervisorConfig",
     "check_files",
@@ -122,13 +123,31 @@ class SnapshotConfig(_Section, frozen=True):
     path: str | None = None
 
 
+HostName = Annotated[str, msgspec.Meta(pattern=r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)$")]
+
+
 class AdminConfig(_Section, frozen=True):
     listen: str = "127.0.0.1:9464"
     token_file: str | None = None
+    # Host names (or addresses, ".domain" for a domain and its subdomains, "*"
+    # for any) the admin API answers to besides the listen address and loopback.
+    allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
 
     @property
     def host_port(self) -> tuple[str, int]:
         return split_host_port(self.listen)
+
+
+class RevisionConfig(_Section, frozen=True):
+    # Where a revision's secret references may point (CONTRACT section 8): an
+    # env: reference's name must start with one of the prefixes, a file:
+    # reference must lie under one of the directories. Empty = anywhere.
+    secret_env_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
+        default_factory=list
+    )
+    secret_dirs: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
+        default_factory=list
+    )
 
 
 class KubernetesConfig(_Section, frozen=True):
@@ -162,6 +181,7 @@ class Config(_Section, frozen=True):
     snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
+    revision: RevisionConfig = msgspec.field(default_factory=RevisionConfig)
 
 
 def split_host_port(listen: str) -> tuple[str, int]:
@@ -242,6 +262,13 @@ def _cross_check(config: Config) -> None:
         raise ConfigError(
             "$.control_plane.url", "expected postgresql://... or sqlite:///PATH"
         )
+    if cp.backend == "postgresql":
+        from supervisor.dsn import problem
+
+        why = problem(cp.url)
+        if why is not None:
+            # The reason names the rule, never the value: the DSN holds a password.
+            raise ConfigError("$.control_plane.url", why)
     if cp.backoff_initial_s > cp.backoff_max_s:
         raise ConfigError(
             "$.control_plane.backoff_initial_s", "must not exceed control_plane.backoff_max_s"

@@ -36,6 +36,12 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "control_plane.backoff_initial_s": "The first wait after a failed attempt; it doubles "
     "(with jitter) up to backoff_max_s.",
     "control_plane.backoff_max_s": "The longest wait between failed attempts.",
+    "revision.secret_env_prefixes": "Prefixes an env: secret reference must start with (empty: "
+    "any variable). Anything else is refused as secret, with the same text whether or not it "
+    "exists, so whoever publishes cannot make the replica hash its own environment.",
+    "revision.secret_dirs": "Directories a file: secret reference must lie in, after resolving "
+    "symlinks and .. (empty: anywhere). Anything else is refused as secret, with one message "
+    "for missing, unreadable and outside.",
     "cache.path": "The signed last-known-good file, written after every publish and served "
     "at boot when the control plane is unreachable. Unset: no cache.",
     "cache.signing_key": "The Ed25519 key (trio-supervisor keygen) the cache is signed "
@@ -48,6 +54,9 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "cache. Required with cache.path; must include the signing key's own verify key.",
     "snapshot.path": "Where the active snapshot is written atomically as JSON for local "
     "consumers (digests only, never secrets). Unset: not written.",
+    "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
+    "besides its listen address and the loopback names; any other Host header gets 421, and "
+    "a WebSocket from another Origin 403 (DNS rebinding, cross-site WebSockets).",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "

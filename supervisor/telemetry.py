@@ -195,6 +195,21 @@ class Metrics:
             "stream_dropped_clients", "Stream clients closed for falling behind.",
             namespace=NS, registry=r,
         )
+        self.admin_connections = Gauge(
+            "admin_connections", "Admin API connections held (stream clients included).",
+            namespace=NS, registry=r,
+        )
+        self.admin_connection_limit = Gauge(
+            "admin_connection_limit",
+            "Admin API connections held at most (from RLIMIT_NOFILE minus a reserve).",
+            namespace=NS, registry=r,
+        )
+        self.admin_connections_shed = Counter(
+            "admin_connections_shed",
+            "Admin connections given up at the limit: an idle one closed (evicted) or a new "
+            "one refused (refused).",
+            ["how"], namespace=NS, registry=r,
+        )
 
         for outcome in reasons.OUTCOMES:
             self.convergence_attempts.labels(outcome)
@@ -204,6 +219,8 @@ class Metrics:
             self.sink_write_failures.labels(sink)
         for event in reasons.LKG_EVENTS:
             self.last_known_good_events.labels(event)
+        for how in ("evicted", "refused"):
+            self.admin_connections_shed.labels(how)
         for kind in reasons.FANOUT_KINDS:
             self.fanout_objects.labels(kind)
             self.fanout_watch_restarts.labels(kind)

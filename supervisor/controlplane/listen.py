@@ -54,10 +54,10 @@ import trio
 from psycopg import sql
 
 from supervisor.backoff import Backoff
-from supervisor.controlplane.dsn import redact, scrub
 from supervisor.controlplane.poke import Poke
 from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.store import INTERRUPT_GRACE_S, call_interruptibly
+from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 from supervisor.outage import OutageLog
 

@@ -39,7 +39,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from supervisor.controlplane import migrations
-from supervisor.controlplane.dsn import redact, scrub
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
@@ -54,6 +53,7 @@ from supervisor.controlplane.store import (
     malformed,
     unavailable_timeout,
 )
+from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
