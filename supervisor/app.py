@@ -76,6 +76,7 @@ class Daemon:
     tree: Supervisor | None = None
     admin_address: tuple[str, int] | None = None
     _stopping: bool = False
+    _convergence_started: bool = False
     _ready: bool = False
 
     # -- children --------------------------------------------------------------
@@ -139,7 +140,18 @@ class Daemon:
             from supervisor.revision.secrets import EnvFileResolver
             from supervisor.sinks.file import SnapshotFile
 
-            cache = self._open_cache()
+            try:
+                cache = self._open_cache()
+            except ConfigError as exc:
+                if not self._convergence_started:
+                    raise  # at boot: a configuration error, exit 2
+                # A restart after a crash must not turn a serving replica into
+                # a configuration error (systemd would not restart exit 2): the
+                # cache is left out until the process restarts.
+                log.error("last-known-good cache unusable after a restart; serving "
+                          "without it until the process restarts", error=str(exc))
+                cache = None
+            self._convergence_started = True
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
             store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False)

@@ -404,6 +404,14 @@ class SQLiteStore:
                             path=path)
             self._wal_id = None
         elif conn is not None:
+            if self._wal_id is not None and wal != self._wal_id:
+                # Our connection still reads the WAL that had that name (now
+                # unlinked): publishes go to a new one it never sees.
+                log.warning("control-plane WAL file removed or replaced under the daemon; "
+                            "reopening", path=path)
+                self._conn = None
+                await trio.to_thread.run_sync(partial(_close_quietly, conn))
+                wal = None
             self._wal_id = wal
         if current is None and not self._create:
             raise ControlPlaneError(

@@ -1,3 +1,83 @@
+"""The convergence loop: observe, hydrate, compile, publish, or say exactly why not.
+
+One task per replica keeps the active snapshot equal to the control plane's
+desired revision:
+
+1. **observe**: the cheap read of the desired revision's id, body digest and
+   the control plane's identity. It runs even when converged, because it is
+   both the change detector and the liveness check.
+2. **hydrate**: one consistent read of the complete desired revision. A
+   revision published between the two reads is simply the one we converge to.
+3. **compile**: decode, validate, project, resolve secrets, build an immutable
+   :class:`~supervisor.revision.snapshot.Snapshot`.
+4. **publish**: export to the last-known-good cache, then one atomic swap in
+   :class:`~supervisor.sinks.state.ActiveState`, then the snapshot file.
+
+Every failure happens before step 4 touches anything, so a refused candidate
+cannot half-apply: "the previous snapshot keeps serving" follows from the
+control flow, not from a cleanup path.
+
+A revision is its content. "Already converged" means the same id *and* the
+same body SHA-256 (and the status's lag compares both): after a restore from a
+backup an id may come back with another body, which is a new revision
+(published, with a log line saying the id was reused). The control plane's
+identity (PostgreSQL cluster and database, SQLite file) is compared on every
+observe; a change starts a new epoch: it is logged, and the sinks are
+re-written from a fresh hydrate.
+
+Why the cache is written *before* the swap (the cache must hold what was
+served): once the swap has happened, the snapshot file and every reader say
+the new revision is served; a shutdown arriving after the swap but before the
+export would leave the cache one revision behind, and a boot during an outage
+would then serve an older configuration than the one served before. So the
+export, the swap and the snapshot file write run as one step shielded from
+cancellation (each write is bounded by the disk, not the network): a SIGTERM
+arriving anywhere in it takes effect after it, and at every instant a process
+can be stopped the cache holds the revision served or, under SIGKILL, the one
+about to be (compiled, not yet swapped), never an older one. This holds for an
+operator's rollback too (desired moved to an older id: the cache is lowered to
+it before the swap) and a restore from the cache itself (nothing to export:
+the cache is the source). A failed export never blocks serving; the cache is
+marked due and retried on every poll (and on SIGHUP) until it succeeds, like
+the snapshot file, and a sink file that vanished after a successful write is
+written again; when the export that failed was a move to an older revision,
+the newer cache is removed (unlinking needs no disk space) so a boot cannot
+serve what the operator rolled back from.
+
+Polling is the correctness mechanism; the :class:`ChangeSignal` (LISTEN,
+SIGHUP, a LISTEN reconnect) only shortens the wait. Delays after an attempt:
+
+- success, converged, empty: ``poll_interval_s``;
+- the control plane could not be asked (``unavailable``, ``conflict``): the
+  backoff delay (``backoff_initial_s`` doubling to ``backoff_max_s``), reset on
+  the next answer, so an outage never becomes a hot loop;
+- the control plane answered and the candidate was refused: ``poll_interval_s``.
+  A revision refused for a reason that cannot change while its content does not
+  (``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
+  not hydrated again until desired moves or SIGHUP asks to look again (a body
+  repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
+  secrets' values) and the store's own refusals are retried every poll.
+
+Each refusal line carries ``retry_in_s``. A refusal repeated unchanged is
+logged at most once a minute (every poll while the cache serves instead of a
+refused desired revision), and an outage as a start, progress once a minute
+and an end (:class:`~supervisor.outage.OutageLog`).
+
+Bootstrap (:meth:`Reconciler.bootstrap`) reaches a first servable snapshot or
+raises :class:`~supervisor.errors.BootRefused` (exit 3). The signed
+last-known-good cache answers exactly two failures: an unreachable control
+plane, and a desired revision this build cannot read (``incompatible``, a
+mixed-version rollout); and, with ``[cache].serve_when_desired_refused``, any
+refusal of the desired revision. Otherwise corruption, oversize, refused reads
+and uncompilable revisions never fall back: cached state would hide damage an
+operator must fix.
+
+A Reconciler is built anew by every start of the convergence child (it owns
+nothing that outlives a run but what it is given); one built while a snapshot
+is already serving (a restart after a crash) re-writes the sinks from a fresh
+hydrate at its first attempt, since a crash may have come between them.
+"""
+
 from __future__ import annotations
 
 import enum
@@ -54,9 +134,10 @@ UNREACHED = frozenset({reasons.UNAVAILABLE, reasons.CONFLICT})
 
 # Compile refusals that only a new body can change (``secret`` is not here:
 # the secret may appear; ``unavailable`` is a transient OS error).
+# ``snapshot`` (two keys share one secret) depends on the secrets' values, not
+# only the body: a rotated secret file can clear it, so it is retried too.
 _FINAL_COMPILE = frozenset({
     reasons.CORRUPT, reasons.INCOMPATIBLE, reasons.VALIDATION, reasons.PROJECTION,
-    reasons.SNAPSHOT,
 })
 
 # A revision's identity: its id and its body's SHA-256 (None: not known yet).
@@ -335,9 +416,13 @@ class Reconciler:
         snapshot = await self._compile(loaded.body, loaded.id, generation)
         self.status.loaded_revision(loaded.id)
         took = trio.current_time() - start
-        # The cache first, then the swap: see the module docstring.
-        await self._export(_Export(loaded.id, generation, loaded.schema_version, loaded.body))
-        await self._publish(snapshot, "control_plane", took, body_sha256=loaded.body_sha256)
+        # The cache first, then the swap and the snapshot file, as one step a
+        # shutdown cannot split: see the module docstring.
+        with trio.CancelScope(shield=True):
+            await self._export(_Export(loaded.id, generation, loaded.schema_version,
+                                       loaded.body))
+            await self._publish(snapshot, "control_plane", took,
+                                body_sha256=loaded.body_sha256)
         self._sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
