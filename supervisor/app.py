@@ -98,6 +98,8 @@ class Daemon:
                 fanout=self.fanout,
                 token=token,
                 unhealthy=self.unhealthy,
+                # POST /v1/converge (issue 15): a request on the change signal.
+                converge=self.signal.converge,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
