@@ -74,7 +74,7 @@ def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int,
     )
 
 
-class pg:  # noqa: N801 - a namespace of PostgreSQL statements
+class pg:  # a namespace of PostgreSQL statements
     Conn = psycopg.Connection[Any]
 
     @staticmethod
@@ -134,7 +134,7 @@ class pg:  # noqa: N801 - a namespace of PostgreSQL statements
         return sorted(int(r[0]) for r in rows)
 
 
-class sqlite:  # noqa: N801 - a namespace of SQLite statements
+class sqlite:  # a namespace of SQLite statements
     SIZE = "CASE typeof(body) WHEN 'blob' THEN length(body) ELSE length(CAST(body AS BLOB)) END"
 
     @staticmethod
