@@ -28,7 +28,12 @@ from typing import Any, Literal
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    open_websocket_url,
+)
 
 __all__ = ["ReplicaResult", "judge", "wait_for_revision"]
 
@@ -110,6 +115,15 @@ async def _follow(base: str, revision: int, token: str | None) -> ReplicaResult:
                 nursery.start_soon(_nudge, base, token)
 
 
+def _handshake(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRejected):
+        return f"handshake refused ({exc.status_code})"
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, OSError):  # trio-websocket wraps a failed connect
+        return f"unreachable: {cause.strerror or cause}"
+    return f"no handshake: {exc or type(exc).__name__}"
+
+
 async def wait_for_revision(base: str, revision: int, token: str | None,
                             timeout_s: float) -> ReplicaResult:
     """Follow ``base``'s stream until ``revision`` is active, refused or superseded there."""
@@ -120,7 +134,7 @@ async def wait_for_revision(base: str, revision: int, token: str | None,
             try:
                 return await _follow(base, revision, token)
             except* HandshakeError as group:
-                failure = f"handshake refused: {group.exceptions[0]}"
+                failure = _handshake(group.exceptions[0])
             except* ConnectionClosed as group:
                 failure = f"stream closed: {group.exceptions[0]}"
             except* (OSError, trio.BrokenResourceError) as group:
