@@ -54,23 +54,28 @@ def judge(doc: Any, revision: int, url: str) -> ReplicaResult | None:
     if not isinstance(doc, dict):
         return None
     kind = doc.get("type")
-    if kind == "published" and doc.get("revision") == revision:
+    if kind == "published" and _is(doc.get("revision"), revision):
         return ReplicaResult(url, "active")
-    if kind == "rejected" and doc.get("revision") == revision:
+    if kind == "rejected" and _is(doc.get("revision"), revision):
         return ReplicaResult(url, "refused", _text(doc.get("reason")), _text(doc.get("detail")))
     rev = doc.get("revision") if kind == "status" else None
     if not isinstance(rev, dict):
         return None
     active = rev.get("active")
-    if active == revision:
+    if _is(active, revision):
         return ReplicaResult(url, "active")
     rejection = rev.get("last_rejection")
-    if isinstance(rejection, dict) and rejection.get("revision") == revision:
+    if isinstance(rejection, dict) and _is(rejection.get("revision"), revision):
         return ReplicaResult(url, "refused", _text(rejection.get("reason")),
                              _text(rejection.get("detail")))
     if isinstance(active, int) and not isinstance(active, bool) and active > revision:
         return ReplicaResult(url, "superseded", None, f"revision {active} is active there")
     return None
+
+
+def _is(value: Any, revision: int) -> bool:
+    """``value`` is the revision id ``revision`` (JSON ``true`` is not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value == revision
 
 
 def _text(value: Any) -> str | None:
