@@ -62,6 +62,13 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             assert f"http://127.0.0.1:{ports[1]}: revision 2 active" in lines
             await first.wait_log("published", revision=2)
             await second.wait_log("published", revision=2)
+            urls = ("--url", f"http://127.0.0.1:{ports[0]}", "--url", f"http://127.0.0.1:{ports[1]}")
+            fleet = await acli("status", *urls, "--token-file", str(token))
+            rows = fleet.stdout.splitlines()
+            assert rows[0].split() == ["REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP", "UP",
+                                       "FAILURES", "STATE"]
+            assert [r.split()[:4] for r in rows[1:]] == [
+                [f"http://127.0.0.1:{p}", "2", "2", "control_plane"] for p in ports]
 
             bad = await acli("publish", "--config", str(configs[0]),
                              str(_variant(tmp_path, "bad.toml", secret=f"env:{UNSET}")), *wait(),
@@ -84,6 +91,11 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             assert f"http://127.0.0.1:{ports[1]}: timeout: revision 4 not active after 3 s" \
                 in late.stdout
             assert "unreachable" in late.stdout
+            fleet = await acli("status", *urls, "--token-file", str(token), check=False)
+            assert fleet.returncode == 1
+            assert fleet.stdout.splitlines()[1].split()[:3] == [
+                f"http://127.0.0.1:{ports[0]}", "4", "4"]
+            assert "unreachable" in fleet.stdout.splitlines()[2]
 
 
 async def test_rollback_then_cold_boot_serves_the_rolled_back_revision_from_cache(
