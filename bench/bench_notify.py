@@ -106,7 +106,7 @@ def bench_listener(url: str, iterations: int, warmup: int) -> list[float]:
         samples: list[float] = []
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(run_listener, config, signal, metrics)
+                await nursery.start(run_listener, config, signal.notify, metrics)
                 with trio.fail_after(10):
                     if await signal.wait() != "reconnect":
                         raise RuntimeError("expected the connect wake-up first")

@@ -160,6 +160,7 @@ class Daemon:
                     snapshot_file=snapshot_file,
                     on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.poke(),
+                    serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
                 )
                 await reconciler.run(task_status=task_status)
             finally:
@@ -175,7 +176,7 @@ class Daemon:
         from supervisor.controlplane.listen import run_listener
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            await run_listener(cp, self.signal, self.metrics, poke=self.listener_poke,
+            await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
                                task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)

@@ -35,6 +35,7 @@ from supervisor.errors import (
     SupervisionGaveUp,
     SupervisorError,
     UsageError,
+    find_leaf,
 )
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
@@ -103,16 +104,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first leaf of ``kinds`` in a (possibly nested) exception group."""
-    if isinstance(exc, kinds):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _find(inner, kinds)
-            if found is not None:
-                return found
-    return None
 
 
 # -- commands ------------------------------------------------------------------
@@ -252,12 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(exc: BaseException) -> int:
-    found: Any = _find(exc, (ConfigError, UsageError))
+    found: Any = find_leaf(exc, (ConfigError, UsageError))
     if found is not None:
         label = "configuration error" if isinstance(found, ConfigError) else "error"
         print(f"trio-supervisor: {label}: {found}", file=sys.stderr)
         return EXIT_USAGE
-    found = _find(exc, (BootRefused,))
+    found = find_leaf(exc, (BootRefused,))
     if found is not None:
         # One log line (JSON in production), not a second plain line beside it.
         # `reason` is the label (as on "revision refused" lines); `refusal` is kept
@@ -265,23 +256,23 @@ def _report(exc: BaseException) -> int:
         logs.get_logger("daemon").critical("refused to boot", reason=found.refusal,
                                            refusal=found.refusal, detail=str(found))
         return EXIT_REFUSED
-    found = _find(exc, (StartError,))
+    found = find_leaf(exc, (StartError,))
     if found is not None:
         logs.get_logger("daemon").critical(
             "cannot start", error=str(found), address=getattr(found, "address", None))
         return EXIT_ERROR
-    found = _find(exc, (SupervisionGaveUp,))
+    found = find_leaf(exc, (SupervisionGaveUp,))
     if found is not None:
         logs.get_logger("daemon").critical("supervision gave up", child=found.child,
                                            restarts=found.restarts, detail=str(found))
         return EXIT_GAVE_UP
-    found = _find(exc, (SupervisorError,))
+    found = find_leaf(exc, (SupervisorError,))
     if found is not None:
         print(f"trio-supervisor: error: {found}", file=sys.stderr)
         return EXIT_ERROR
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_ERROR
-    if _find(exc, (KeyboardInterrupt,)) is not None:
+    if find_leaf(exc, (KeyboardInterrupt,)) is not None:
         return EXIT_OK
     logs.get_logger("daemon").critical("unexpected error", error=repr(exc), exc_info=exc)
     return EXIT_ERROR

@@ -99,7 +99,8 @@ class ControlPlaneConfig(_Section, frozen=True):
     channel: Annotated[str, msgspec.Meta(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = (
         "supervisor_desired"
     )
-    max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
+    # At most 1 GiB: a body is held in memory (about 7x while it compiles).
+    max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 16 * 1024 * 1024
     backoff_initial_s: BackoffSeconds = 0.25
     backoff_max_s: BackoffSeconds = 30.0
 
@@ -112,6 +113,9 @@ class CacheConfig(_Section, frozen=True):
     path: str | None = None
     signing_key: str | None = None
     trusted_keys: list[str] = msgspec.field(default_factory=list)
+    # False (the seed's rule): a boot whose desired revision does not compile
+    # refuses (exit 3). True: it serves a valid signed cache instead.
+    serve_when_desired_refused: bool = False
 
 
 class SnapshotConfig(_Section, frozen=True):
@@ -235,6 +239,38 @@ def _cross_check(config: Config) -> None:
         )
     if cache.path is not None and cache.signing_key is None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
+    _refuse_shared_files(config)
+
+
+def _refuse_shared_files(config: Config) -> None:
+    """Every file the daemon writes is its own: none may be another's (or the control plane).
+
+    A snapshot path pointing at the SQLite control-plane file would replace the
+    control plane with a JSON document at the first publish.
+    """
+    owners: dict[str, str] = {}
+    cp = config.control_plane
+    if cp.url.startswith("sqlite:///"):
+        base = sqlite_path(cp.url)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            owners.setdefault(os.path.realpath(base + suffix), "$.control_plane.url")
+    if config.cache.signing_key is not None:
+        owners.setdefault(os.path.realpath(config.cache.signing_key), "$.cache.signing_key")
+    if config.admin.token_file is not None:
+        owners.setdefault(os.path.realpath(config.admin.token_file), "$.admin.token_file")
+    written = []
+    if config.cache.path is not None:
+        written += [("$.cache.path", config.cache.path),
+                    ("$.cache.path", config.cache.path + ".served")]
+    if config.snapshot.path is not None:
+        written.append(("$.snapshot.path", config.snapshot.path))
+    for where, path in written:
+        real = os.path.realpath(path)
+        other = owners.get(real)
+        if other is not None and other != where:
+            raise ConfigError(where, f"{path} is the same file as {other}: every file the "
+                                     "daemon writes must be its own")
+        owners[real] = where
 
 
 def load_text(

@@ -40,6 +40,10 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "at boot when the control plane is unreachable. Unset: no cache.",
     "cache.signing_key": "The Ed25519 key (trio-supervisor keygen) the cache is signed "
     "with. Required with cache.path.",
+    "cache.serve_when_desired_refused": "When true, a boot whose desired revision does not "
+    "compile serves a valid signed cache instead of exiting 3 (source last_known_good, the "
+    "refusal in last_rejection, an error line every poll until desired compiles). False keeps "
+    "the rule that an operator's broken intent is never hidden behind an older revision.",
     "cache.trusted_keys": "Verify keys (ed25519:...) whose signatures are accepted on the "
     "cache. Required with cache.path; must include the signing key's own verify key.",
     "snapshot.path": "Where the active snapshot is written atomically as JSON for local "

@@ -111,6 +111,12 @@ class Metrics:
             "control_plane_up", "1 when the last control-plane read succeeded.",
             namespace=NS, registry=r,
         )
+        self.serving_last_known_good = Gauge(
+            "serving_last_known_good",
+            "1 while the active snapshot came from the last-known-good cache, not the "
+            "control plane.",
+            namespace=NS, registry=r,
+        )
         self.sink_write_failures = Counter(
             "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"],
             namespace=NS, registry=r,

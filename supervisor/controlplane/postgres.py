@@ -248,8 +248,9 @@ class PostgresStore:
             if row is None:
                 return None
             revision, digest = row
-            if not isinstance(revision, int):
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            if not isinstance(revision, int) or revision < 1:
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                                "(ids are >= 1)")
             return RevisionPointer(
                 revision, None if digest is None else bytes(digest), self._identity
             )
@@ -388,7 +389,7 @@ class PostgresStore:
                 self._conn = None
                 await trio.to_thread.run_sync(partial(_close_quietly, conn))
             raise map_error(exc, what=what, url=self._url) from exc
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
             # Our own decoding of a row the schema should not allow; the
             # connection itself is fine. Traceback dropped (it holds the rows).
             raise malformed(exc, what=what) from exc.with_traceback(None)

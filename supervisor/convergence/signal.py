@@ -126,7 +126,17 @@ class ChangeSignal:
         The trigger is ``notify`` when any of them is one (the loop's fast
         path), else the first one's.
         """
-        items = [await self._receive.receive()]
+        return self._take([await self._receive.receive()])
+
+    def pending(self) -> Wakeup | None:
+        """Take every pending wake-up without waiting (as :meth:`next_wakeup`); None if none."""
+        try:
+            first = self._receive.receive_nowait()
+        except trio.WouldBlock:
+            return None
+        return self._take([first])
+
+    def _take(self, items: list[_Item]) -> Wakeup:
         while True:
             try:
                 items.append(self._receive.receive_nowait())

@@ -54,8 +54,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import trio
 
 from supervisor import reasons
+from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
-from supervisor.convergence.backoff import Backoff
 from supervisor.fanout.labels import lineage_selector
 from supervisor.fanout.preflight import CRDS_FIX, await_watchable, classify_watch_error
 from supervisor.fanout.status import FanoutStatus

@@ -44,7 +44,7 @@ from typing import Generic, Protocol, TypeVar
 import msgspec
 import trio
 
-from supervisor.convergence.backoff import Backoff
+from supervisor.backoff import Backoff
 from supervisor.kube.client import KubeClient, decode
 from supervisor.kube.errors import (
     ApiError,
