@@ -36,10 +36,6 @@ __all__ = ["ChangeSignal", "ConvergeAnswer", "ConvergeRequest", "OutcomeLabel", 
 
 OutcomeLabel = Literal["published", "converged", "empty", "rejected", "failed"]
 
-#: Triggers that already say desired state changed (the loop may skip its cheap read).
-FAST = "notify"
-
-
 @dataclass(frozen=True)
 class ConvergeAnswer:
     """What ``POST /v1/converge`` answers (CONTRACT.md section 8)."""
@@ -123,8 +119,8 @@ class ChangeSignal:
     async def next_wakeup(self) -> Wakeup:
         """Wait for a wake-up, then take every one pending as one :class:`Wakeup`.
 
-        The trigger is ``notify`` when any of them is one (the loop's fast
-        path), else the first one's.
+        The trigger is the fire-and-forget one's when one is among them (SIGHUP's
+        and a notification's mean something to the loop), else ``request``.
         """
         return self._take([await self._receive.receive()])
 
@@ -143,8 +139,11 @@ class ChangeSignal:
             except trio.WouldBlock:
                 break
         self._plain_pending = False
-        triggers = [trigger for trigger, _ in items]
-        trigger = FAST if FAST in triggers else triggers[0]
+        # At most one fire-and-forget wake-up is pending; its trigger wins over
+        # "request", since it may change what the attempt does (SIGHUP forgets
+        # refusals, a notification skips the cheap read).
+        plain = [trigger for trigger, request in items if request is None]
+        trigger = plain[0] if plain else "request"
         return Wakeup(trigger, [request for _, request in items if request is not None])
 
     async def wait(self) -> str:

@@ -170,6 +170,12 @@ async def test_notify_bursts_still_coalesce_next_to_requests(
     assert signal.sent == 1 and signal.coalesced == 50
     signal.notify("notify")  # nothing pending any more: sent
     assert (await signal.next_wakeup()).trigger == "notify"
+    # A request first, SIGHUP second: the attempt still runs as SIGHUP's.
+    first = signal.request()
+    signal.notify("sighup")
+    wakeup = await signal.next_wakeup()
+    assert wakeup.trigger == "sighup" and wakeup.requests == [first]
+    assert signal.pending() is None
     # An observer taking a request through wait() answers it rather than losing it.
     late = signal.request()
     assert await signal.wait() == "request"
