@@ -100,6 +100,8 @@ class Daemon:
                 token=token,
                 unhealthy=self.unhealthy,
                 allowed_hosts=tuple(cfg.allowed_hosts),
+                # POST /v1/converge (issue 15): a request on the change signal.
+                converge=self.signal.converge,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)

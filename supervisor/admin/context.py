@@ -1,11 +1,13 @@
-"""What the admin API reads. It reads state; it never drives the loop."""
+"""What the admin API reads. It reads state; it drives the loop only through ``converge``,
+which queues a request on the change signal (the loop never waits on the API)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.fanout.status import FanoutStatus
@@ -30,6 +32,9 @@ class AdminContext:
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
     # [admin].allowed_hosts: names besides the listen address and loopback.
     allowed_hosts: tuple[str, ...] = ()
+    # POST /v1/converge: request an attempt and wait (with the deadline given)
+    # for its answer; None when the deadline passed. None: the route answers 503.
+    converge: Callable[[float], Awaitable[ConvergeAnswer | None]] | None = None
 
     def status(self) -> dict[str, Any]:
         """The /status document of CONTRACT.md section 6."""

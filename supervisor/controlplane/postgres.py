@@ -38,7 +38,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
-from supervisor.controlplane import migrations
+from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
@@ -58,6 +58,7 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import RevisionSummary
 
 __all__ = ["PostgresStore", "classify", "connect", "map_error"]
 
@@ -326,6 +327,23 @@ class PostgresStore:
             version=migrations.latest_version("postgresql"),
             url=redact(self._url),
         )
+
+    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+
+    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        return await self._run("history", partial(revisions.pg.history, limit=limit))
+
+    async def revision(self, revision: int) -> LoadedRevision:
+        return await self._run("read", partial(revisions.pg.read_revision, revision=revision,
+                                               max_bytes=self._max_bytes))
+
+    async def rollback(self, revision: int, body_sha256: bytes) -> None:
+        await self._run("rollback", partial(revisions.pg.rollback, revision=revision,
+                                            body_sha256=body_sha256))
+        log.info("desired revision rolled back", revision=revision)
+
+    async def prune(self, keep: int) -> list[int]:
+        return await self._run("prune", partial(revisions.pg.prune, keep=keep))
 
     async def aclose(self) -> None:
         self._closed = True

@@ -68,6 +68,7 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import RevisionSummary
 
 __all__ = [
     "ControlPlaneError",
@@ -259,6 +260,27 @@ class ControlPlaneStore(Protocol):
 
     async def migrate(self) -> None:
         """Create or upgrade the schema; versioned and idempotent."""
+        ...
+
+    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+
+    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        """(desired id, the newest ``limit`` revisions newest first, without bodies)."""
+        ...
+
+    async def revision(self, revision: int) -> LoadedRevision:
+        """One revision, its body checked against its digest; NOT_FOUND, TooLarge, CORRUPT.
+
+        ``schema_version`` is returned as stored: the caller decides what it reads.
+        """
+        ...
+
+    async def rollback(self, revision: int, body_sha256: bytes) -> None:
+        """Point desired at ``revision`` if it still exists with this digest (else NOT_FOUND)."""
+        ...
+
+    async def prune(self, keep: int) -> list[int]:
+        """Delete revisions older than the newest ``keep``, never the desired one; their ids."""
         ...
 
     async def aclose(self) -> None:

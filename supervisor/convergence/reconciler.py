@@ -100,7 +100,7 @@ from supervisor.controlplane.store import (
     RevisionPointer,
     TooLarge,
 )
-from supervisor.convergence.signal import ChangeSignal
+from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer, OutcomeLabel, Wakeup
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.errors import BootRefused
 from supervisor.events import EventBus
@@ -117,7 +117,7 @@ if TYPE_CHECKING:
     from supervisor.sinks.file import SnapshotFile
     from supervisor.sinks.lkg import LastKnownGood
 
-__all__ = ["Outcome", "OutcomeKind", "Reconciler"]
+__all__ = ["Outcome", "OutcomeKind", "Reconciler", "answer_for"]
 
 log = get_logger("convergence")
 
@@ -225,6 +225,27 @@ def _fresh(exc: RevisionError) -> RevisionError:
     are all the loop needs.
     """
     return RevisionError(exc.reason, exc.detail, revision=exc.revision)
+
+
+_ANSWER_LABELS: dict[OutcomeKind, OutcomeLabel] = {
+    OutcomeKind.PUBLISHED: "published",
+    OutcomeKind.CONVERGED: "converged",
+    OutcomeKind.EMPTY: "empty",
+    OutcomeKind.REJECTED: "rejected",
+}
+
+
+def answer_for(outcome: Outcome | None) -> ConvergeAnswer:
+    """The ``POST /v1/converge`` answer for an attempt (None: it was interrupted).
+
+    A refusal about a revision is ``rejected``; a refusal with no revision
+    (the control plane unreachable, or refusing the read) is ``failed``.
+    """
+    if outcome is None:
+        return ConvergeAnswer("failed")
+    if outcome.kind is OutcomeKind.REJECTED and outcome.revision is None:
+        return ConvergeAnswer("failed", None, outcome.reason)
+    return ConvergeAnswer(_ANSWER_LABELS[outcome.kind], outcome.revision, outcome.reason)
 
 
 class Reconciler:
@@ -635,20 +656,29 @@ class Reconciler:
     # -- the loop --------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Bootstrap when nothing is serving yet, report started, then converge forever."""
+        """Bootstrap when nothing is serving yet, report started, then converge forever.
+
+        Every wake-up taken off the change signal is answered (``POST
+        /v1/converge`` waits on it) once the attempt that consumed it has
+        finished, also when that attempt was interrupted.
+        """
         if self.state.snapshot is None:
             await self.bootstrap()
         task_status.started()
-        trigger = "poll"
+        wakeup = Wakeup("poll")
         while True:
             # A wake-up that arrived while the attempt ran may concern something
             # the attempt did not see, so it is kept, not cleared.
-            outcome = await self.converge_once(trigger)
+            outcome: Outcome | None = None
+            try:
+                outcome = await self.converge_once(wakeup.trigger)
+            finally:
+                wakeup.resolve(answer_for(outcome))
             assert outcome.retry_in_s is not None
             floor = self.backoff.initial_s if outcome.failed else 0.0
-            trigger = await self._wait(outcome.retry_in_s, floor)
+            wakeup = await self._wait(outcome.retry_in_s, floor)
 
-    async def _wait(self, delay: float, floor: float) -> str:
+    async def _wait(self, delay: float, floor: float) -> Wakeup:
         """Sleep ``delay`` unless signalled; never wake before ``floor``."""
         deadline = trio.current_time() + delay
         if floor > 0:
@@ -661,8 +691,8 @@ class Reconciler:
         if woken is not None:
             return woken
         with trio.move_on_at(deadline):
-            return await self.signal.wait()
-        return "poll"
+            return await self.signal.next_wakeup()
+        return Wakeup("poll")
 
     # -- bootstrap -------------------------------------------------------------
 
