@@ -205,9 +205,7 @@ class _Listener:
             conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S)
             made.append(conn)
             try:
-                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-                if row is not None and row[0] is True:
-                    raise _InRecovery
+                _refuse_standby(conn)
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             except BaseException:
                 conn.close()
@@ -292,6 +290,12 @@ class _Listener:
         if deadline.cancelled_caught:
             raise _ConnectionLost(f"no answer to a probe within {PROBE_TIMEOUT_S:g} s")
         self.backoff.reset()
+
+
+def _refuse_standby(conn: Conn) -> None:
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if row is not None and row[0] is True:
+        raise _InRecovery
 
 
 async def _close(conn: Conn) -> None:
