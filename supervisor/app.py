@@ -83,8 +83,10 @@ class Daemon:
     def _admin_child(self) -> ChildSpec:
         from supervisor.admin.context import AdminContext
         from supervisor.admin.server import read_token, serve_admin
+        from supervisor.admin.signed import SignedRevisionFile
 
         cfg = self.config.admin
+        cp, cache = self.config.control_plane, self.config.cache
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token file.
@@ -98,6 +100,10 @@ class Daemon:
                 fanout=self.fanout,
                 token=token,
                 unhealthy=self.unhealthy,
+                # Fleets (issue 16): GET /v1/revision, and the follower's upstream in /status.
+                signed=SignedRevisionFile(cache.path, cache.signing_key is not None,
+                                          max_bytes=cp.max_revision_bytes),
+                upstream=cp.url if cp.backend == "follower" else None,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -141,7 +147,8 @@ class Daemon:
             cache = self._open_cache()
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
-            store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False)
+            store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
+                               trusted_keys=self.config.cache.trusted_keys)
             try:
                 reconciler = Reconciler(
                     store,

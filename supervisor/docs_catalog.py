@@ -91,6 +91,9 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                 "Publish again; inspect the storage that damaged it."),
     "incompatible": ("The revision's schema_version is newer than this build reads.",
                      "Upgrade the daemon before publishing documents of a new schema."),
+    "rollback": ("Follower mode: the upstream served a validly signed revision older than "
+                 "one this replica already accepted from it (a replayed response).",
+                 "Check the upstream; publish a newer revision there."),
     "validation": ("The document's shape or a constraint is wrong (the detail names the "
                    "$.path).",
                    "Fix the document; trio-supervisor publish checks it before storing."),

@@ -16,6 +16,13 @@
                               ``ETag: "<revision>-<generation>"``; 304 when
                               ``If-None-Match`` names it (lists, ``*`` and weak ``W/``
                               tags are understood); 503 when none is active
+``GET /v1/revision``          the active revision as the signed cache file
+                              (:mod:`.signed`), ``ETag: "<revision>"``; 304 when
+                              ``If-None-Match`` names it; 503 when none is active,
+                              no signing key or cache is configured, or the cache
+                              does not hold the active revision (yet). The only
+                              route that may touch the disk: in a worker thread,
+                              and only when the active revision changed
 ``WS /v1/stream``             the live stream (:mod:`supervisor.admin.stream`); a plain
                               GET there answers 426
 ============================  ==========================================================
@@ -35,7 +42,8 @@ without the token nothing reveals which paths exist.
 
 Robustness: a handler that raises answers 500 JSON and is logged; the app never
 lets a request's failure reach the server. It reads state only and never awaits
-anything but the transport, so a slow reader cannot hold up the daemon.
+anything but the transport (and ``/v1/revision``'s one file read in a worker
+thread), so a slow reader cannot hold up the daemon.
 """
 
 from __future__ import annotations
@@ -45,11 +53,13 @@ from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
+from supervisor.admin.signed import Unservable
 from supervisor.admin.stream import Receive, Scope, Send, StreamHub, encode_json
 from supervisor.logs import get_logger
 
@@ -60,6 +70,8 @@ log = get_logger("admin")
 JSON = b"application/json"
 ALLOW = b"GET, HEAD"
 STREAM_PATH = "/v1/stream"
+REVISION_PATH = "/v1/revision"
+SIGNED = b"application/vnd.trio-supervisor.lkg"
 OPEN_PATHS = frozenset({"/healthz"})
 
 
@@ -130,6 +142,7 @@ class AdminApp:
             "/status": self._status,
             "/metrics": self._metrics,
             "/v1/snapshot": self._snapshot,
+            REVISION_PATH: self._revision,
             STREAM_PATH: self._stream_over_http,
         }
 
@@ -150,6 +163,8 @@ class AdminApp:
         headers = _headers(scope)
         try:
             response = self._respond(method, path, headers)
+            if response is _READ_SIGNED:
+                response = await self._revision_from_file()
         except Exception:  # one request's failure must never reach the server
             log.exception("admin request failed", path=str(path)[:200])
             response = error_response(500, "internal", "internal error; see the daemon's log")
@@ -227,6 +242,36 @@ class AdminApp:
             self._body_of = (snapshot, body)
         return Response(200, body, JSON, tag_header, cache=b"no-cache")
 
+    def _revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        signed = self.ctx.signed
+        snapshot = self.ctx.state.snapshot
+        if signed is None or signed.unservable_reason() is not None:
+            detail = signed.unservable_reason() if signed is not None else None
+            return error_response(503, "no_signing_key", detail or "no signed revisions here")
+        if snapshot is None:
+            return error_response(503, "no_snapshot", "no revision is active yet")
+        etag = f'"{snapshot.revision}"'
+        tag_header = [(b"etag", etag.encode("latin-1"))]
+        if_none_match = _header(headers, b"if-none-match")
+        if if_none_match is not None and etag_matches(if_none_match, etag):
+            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        data = signed.held(snapshot.revision, self.ctx.state.body_sha256)
+        if data is None:
+            return _READ_SIGNED
+        return Response(200, data, SIGNED, tag_header, cache=b"no-cache")
+
+    async def _revision_from_file(self) -> Response:
+        signed = self.ctx.signed
+        snapshot = self.ctx.state.snapshot
+        assert signed is not None and snapshot is not None  # _revision checked both
+        revision, digest = snapshot.revision, self.ctx.state.body_sha256
+        try:
+            data = await trio.to_thread.run_sync(signed.read, revision, digest)
+        except Unservable as exc:
+            return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
+        return Response(200, data, SIGNED, [(b"etag", f'"{revision}"'.encode("latin-1"))],
+                        cache=b"no-cache")
+
     def _stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(
             426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
@@ -259,6 +304,10 @@ class AdminApp:
                 await hub.serve(scope, receive, send)
             except Exception:  # one client's failure must not reach the server
                 log.exception("stream client failed", peer=str(scope.get("client")))
+
+
+# _revision's answer when the bytes must first be read from the disk (in _http).
+_READ_SIGNED = Response(0)
 
 
 def _unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:

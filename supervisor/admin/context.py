@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.admin.signed import SignedRevisionFile
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.fanout.status import FanoutStatus
@@ -28,11 +29,25 @@ class AdminContext:
     token: str | None = None
     # Why the process is not healthy (empty: healthy); the daemon's health().
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
+    # What GET /v1/revision serves (the signed cache file); None: 503 there.
+    signed: SignedRevisionFile | None = None
+    # Follower mode: the upstream replica's address ([control_plane].url).
+    upstream: str | None = None
 
     def status(self) -> dict[str, Any]:
-        """The /status document of CONTRACT.md section 6."""
+        """The /status document of CONTRACT.md section 6.
+
+        In follower mode ``revision.source`` names the upstream's address
+        instead of ``control_plane`` (``last_known_good`` and null unchanged),
+        and ``revision.upstream`` always holds it.
+        """
+        revision = self.revision.report()
+        if self.upstream is not None:
+            revision["upstream"] = self.upstream
+            if revision.get("source") == "control_plane":
+                revision["source"] = self.upstream
         return {
-            "revision": self.revision.report(),
+            "revision": revision,
             "children": self.children(),
             "fanout": {kind: st.report() for kind, st in self.fanout.items()},
         }
