@@ -117,6 +117,7 @@ class FollowerStore:
         *,
         max_schema_version: int,
         timeout_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._url = config.url.rstrip("/")
         self._where = f"{self._url}{REVISION_PATH}"
@@ -130,6 +131,7 @@ class FollowerStore:
         self._client = httpx.AsyncClient(
             base_url=self._url, headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
+            transport=transport,  # tests: an upstream served in-process
         )
         self._accepted: _Accepted | None = None
         self._highest = 0
