@@ -176,6 +176,8 @@ class Daemon:
 
     def _listen_child(self) -> ChildSpec | None:
         cp = self.config.control_plane
+        if cp.backend == "follower" and cp.listen:
+            return self._upstream_hint_child()
         if cp.backend != "postgresql" or not cp.listen:
             return None
         from supervisor.controlplane.listen import run_listener
@@ -183,6 +185,19 @@ class Daemon:
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
                                task_status=task_status)
+
+        return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    def _upstream_hint_child(self) -> ChildSpec:
+        """Follower mode (issue 16): the upstream's /v1/stream wakes the loop early."""
+        cp = self.config.control_plane
+        from supervisor.controlplane.upstream_hint import run_upstream_hint
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            from supervisor.admin.auth import read_token
+
+            token = read_token(cp.token_file) if cp.token_file else None
+            await run_upstream_hint(cp, self.signal.notify, token=token, task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 

@@ -150,3 +150,33 @@ async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_
             assert report["revision"]["active"] == 2
             async with httpx.AsyncClient(base_url=f3.url) as http:
                 assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_the_upstream_stream_wakes_a_follower_and_polling_alone_converges(
+    tmp_path: Path
+) -> None:
+    """An hour's poll converges only through the stream hint; with the hint off, the poll does."""
+    upstream = make_node(tmp_path, "upstream", f"sqlite:///{tmp_path}/cp.db", [])
+    hinted = make_node(tmp_path, "hinted", upstream.url, [upstream.verify_key])
+    text = hinted.config.read_text().replace(f"poll_interval_s = {POLL_S}",
+                                             "poll_interval_s = 3600")
+    hinted.config.write_text(text)
+    polling = make_node(tmp_path, "polling", upstream.url, [upstream.verify_key])
+    text = polling.config.read_text().replace("[control_plane]\n",
+                                              "[control_plane]\nlisten = false\n")
+    polling.config.write_text(text)
+    await acli("db", "migrate", "--config", str(upstream.config))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(upstream.config) as up:
+            await up.wait_log("published", revision=1)
+            async with run_daemon(hinted.config) as hint, run_daemon(polling.config) as poll:
+                await hint.wait_log("following the upstream's stream for wake-ups")
+                await wait_active(polling, 1)
+                await wait_active(hinted, 1)
+                for revision in (2, 3):
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                    await hint.wait_log("published", revision=revision)
+                    await poll.wait_log("published", revision=revision)
+                assert not [line for line in poll.lines
+                            if "stream" in str(line.get("event"))]
