@@ -18,6 +18,7 @@ import json
 import signal
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +181,70 @@ async def test_the_upstream_stream_wakes_a_follower_and_polling_alone_converges(
                     await poll.wait_log("published", revision=revision)
                 assert not [line for line in poll.lines
                             if "stream" in str(line.get("event"))]
+
+
+class TamperingProxy:
+    """A plain HTTP proxy to the upstream that flips the last body byte while ``tamper`` is set."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.tamper = False
+        self.tampered = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            data += chunk
+        request_line, *header_lines = data.split(b"\r\n\r\n")[0].decode().split("\r\n")
+        path = request_line.split(" ")[1]
+        headers = dict(line.split(":", 1) for line in header_lines)
+        forwarded = {k: v.strip() for k, v in headers.items()
+                     if k.lower() in ("if-none-match", "authorization")}
+        async with httpx.AsyncClient() as http:
+            response = await http.get(self.upstream + path, headers=forwarded)
+        body = bytearray(response.content)
+        if self.tamper and response.status_code == 200 and body:
+            body[-1] ^= 0x01
+            self.tampered += 1
+        head = (f"HTTP/1.1 {response.status_code} X\r\ncontent-length: {len(body)}\r\n"
+                f"etag: {response.headers.get('etag', '')}\r\nconnection: close\r\n\r\n")
+        await stream.send_all(head.encode() + bytes(body))
+        await stream.aclose()
+
+
+async def test_a_proxy_flipping_a_byte_is_refused_as_corrupt_and_the_follower_keeps_serving(
+    tmp_path: Path
+) -> None:
+    upstream = make_node(tmp_path, "upstream", f"sqlite:///{tmp_path}/cp.db", [])
+    proxy = TamperingProxy(upstream.url)
+    proxy_port = free_port()
+    follower = make_node(tmp_path, "follower", f"http://127.0.0.1:{proxy_port}",
+                         [upstream.verify_key])
+    text = follower.config.read_text().replace("[control_plane]\n",
+                                               "[control_plane]\nlisten = false\n")
+    follower.config.write_text(text)
+    await acli("db", "migrate", "--config", str(upstream.config))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(trio.serve_tcp, proxy.handle, proxy_port,
+                                        host="127.0.0.1"))
+            async with run_daemon(upstream.config) as up:
+                await up.wait_log("published", revision=1)
+                async with run_daemon(follower.config) as daemon:
+                    await wait_active(follower, 1)
+                    proxy.tamper = True
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                    line = await daemon.wait_log("revision refused; previous snapshot keeps "
+                                                 "serving", reason="corrupt")
+                    assert line["revision"] == 2
+                    report = await status_of(follower)
+                    assert report["revision"]["active"] == 1
+                    assert report["revision"]["last_rejection"]["reason"] == "corrupt"
+                    proxy.tamper = False
+                    await wait_active(follower, 2)
+            nursery.cancel_scope.cancel()
+    assert proxy.tampered >= 1
