@@ -43,6 +43,7 @@ from supervisor.telemetry import Metrics
 from supervisor.tree import ChildSpec, Restart, Supervisor
 
 if TYPE_CHECKING:
+    from supervisor.admin.signed import SignedRevisionFile
     from supervisor.sinks.lkg import LastKnownGood
 
 __all__ = ["Daemon", "run_daemon"]
@@ -83,10 +84,9 @@ class Daemon:
     def _admin_child(self) -> ChildSpec:
         from supervisor.admin.context import AdminContext
         from supervisor.admin.server import read_token, serve_admin
-        from supervisor.admin.signed import SignedRevisionFile
 
         cfg = self.config.admin
-        cp, cache = self.config.control_plane, self.config.cache
+        cp = self.config.control_plane
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token file.
@@ -101,8 +101,7 @@ class Daemon:
                 token=token,
                 unhealthy=self.unhealthy,
                 # Fleets (issue 16): GET /v1/revision, and the follower's upstream in /status.
-                signed=SignedRevisionFile(cache.path, cache.signing_key is not None,
-                                          max_bytes=cp.max_revision_bytes),
+                signed=self._signed_revision_file(),
                 upstream=cp.url if cp.backend == "follower" else None,
             )
             async with trio.open_nursery() as nursery:
@@ -138,6 +137,7 @@ class Daemon:
             # Everything this child owns is made here, by every start, and
             # closed on the way out: a restart after a crash starts fresh (a
             # store closed by the previous run's ``finally`` is never reused).
+            from supervisor.controlplane.follower import forward_path
             from supervisor.controlplane.store import open_store
             from supervisor.convergence.reconciler import Reconciler
             from supervisor.revision.document import SCHEMA_VERSION
@@ -148,7 +148,9 @@ class Daemon:
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
             store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
-                               trusted_keys=self.config.cache.trusted_keys)
+                               trusted_keys=self.config.cache.trusted_keys,
+                               forward_to=forward_path(self.config.cache.path)
+                               if cp.backend == "follower" else None)
             try:
                 reconciler = Reconciler(
                     store,
@@ -187,6 +189,18 @@ class Daemon:
                                task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    def _signed_revision_file(self) -> SignedRevisionFile:
+        """What GET /v1/revision serves: a follower forwards its upstream's signed bytes."""
+        from supervisor.admin.signed import SignedRevisionFile
+        from supervisor.controlplane.follower import forward_path
+
+        cp, cache = self.config.control_plane, self.config.cache
+        if cp.backend == "follower":
+            return SignedRevisionFile(forward_path(cache.path), True,
+                                      max_bytes=cp.max_revision_bytes)
+        return SignedRevisionFile(cache.path, cache.signing_key is not None,
+                                  max_bytes=cp.max_revision_bytes)
 
     def _upstream_hint_child(self) -> ChildSpec:
         """Follower mode (issue 16): the upstream's /v1/stream wakes the loop early."""

@@ -4,7 +4,9 @@ Contract (CONTRACT.md section 8): the active revision in the signed
 last-known-good file format, the same bytes ``[cache]`` writes. They are read
 from the cache file itself: the convergence loop exports a revision to the
 cache *before* it swaps the snapshot in, so once revision N is active the file
-normally holds N, signed with ``[cache].signing_key``. The file is served only
+normally holds N, signed with ``[cache].signing_key``. A follower serves the
+upstream's signed bytes it forwards instead (``<[cache].path>.upstream``,
+:mod:`supervisor.controlplane.follower`), under the same rule. The file is served only
 when its header names the active revision and the active body's SHA-256;
 otherwise (the export failed, or the next revision is being exported right
 now) the route answers 503 and the follower retries.
@@ -44,8 +46,8 @@ class SignedRevisionFile:
 
     def unservable_reason(self) -> str | None:
         if self.path is None or not self.signing:
-            return ("this replica has no signing key and cache ([cache].path and "
-                    "[cache].signing_key): it cannot serve signed revisions")
+            return ("this replica cannot serve signed revisions: it needs [cache].path and "
+                    "[cache].signing_key (a follower: [cache].path)")
         return None
 
     def held(self, revision: int, body_sha256: bytes | None) -> bytes | None:

@@ -26,6 +26,13 @@ own secrets, and publishes, caches and reports it the same way. The loop's
 ``observe`` is this store's conditional GET; ``hydrate`` returns the revision
 that GET verified (fetching first when it holds none), so the two always agree.
 
+Signatures pass through the tree: every response accepted is also written,
+byte for byte, to ``forward_path`` (``<[cache].path>.upstream``), and this
+replica's own ``GET /v1/revision`` serves that file (once its revision is the
+active one) instead of re-signing. A follower of a follower therefore verifies
+the *root's* signature, and trusts the root's key, not the hub's: a
+compromised hub can withhold or delay revisions, but cannot forge one.
+
 Failures map to the store's categories: connection errors, timeouts, 5xx and
 503 (the upstream has nothing active yet, or no signing key) are
 ``unavailable`` (retried with the loop's backoff while the last good snapshot
@@ -43,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import nacl.signing
+import trio
 
 from supervisor import reasons
 from supervisor.controlplane.store import (
@@ -55,6 +63,7 @@ from supervisor.controlplane.store import (
 )
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
+from supervisor.sinks.atomic import write_atomic
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, decode_file
 from supervisor.sinks.lkg.keys import parse_trusted
@@ -62,14 +71,21 @@ from supervisor.sinks.lkg.keys import parse_trusted
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["REVISION_PATH", "FollowerStore", "RolledBack"]
+__all__ = ["FORWARD_SUFFIX", "REVISION_PATH", "FollowerStore", "RolledBack", "forward_path"]
 
 log = get_logger("controlplane")
 
 REVISION_PATH = "/v1/revision"
+#: Beside the cache file: the upstream's signed bytes of the revision last accepted.
+FORWARD_SUFFIX = ".upstream"
 CONNECT_TIMEOUT_S = 5.0
 # Framing around the body: magic, length prefix, header, signature.
 _FRAMING_BYTES = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
+
+
+def forward_path(cache_path: str | None) -> str | None:
+    """Where a follower keeps the upstream's signed bytes (None without a cache)."""
+    return None if cache_path is None else cache_path + FORWARD_SUFFIX
 
 
 def _read_token(path: str) -> str:
@@ -118,6 +134,7 @@ class FollowerStore:
         max_schema_version: int,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        forward_to: str | None = None,
     ) -> None:
         self._url = config.url.rstrip("/")
         self._where = f"{self._url}{REVISION_PATH}"
@@ -135,6 +152,7 @@ class FollowerStore:
         )
         self._accepted: _Accepted | None = None
         self._highest = 0
+        self._forward_to = forward_to
 
     def __repr__(self) -> str:
         return f"FollowerStore({self._url!r})"
@@ -199,9 +217,21 @@ class FollowerStore:
                 category=FailureCategory.UNAVAILABLE,
             ) from exc
         accepted = self._verify(data, etag)
+        if self._forward_to is not None:
+            await trio.to_thread.run_sync(self._forward, data)
         self._accepted = accepted
         self._highest = max(self._highest, accepted.loaded.id)
         return accepted
+
+    def _forward(self, data: bytes) -> None:
+        """Keep the verified bytes for this replica's own followers (blocking; atomic)."""
+        assert self._forward_to is not None
+        try:
+            write_atomic(self._forward_to, data, mode=0o600)
+        except OSError as exc:
+            # Only this replica's followers lose: they keep polling and retry.
+            log.warning("cannot keep the upstream's signed revision for this replica's "
+                        "followers", path=self._forward_to, error=str(exc))
 
     async def _read_bounded(self, response: httpx.Response) -> bytes:
         limit = self._max_bytes + _FRAMING_BYTES

@@ -275,12 +275,14 @@ def open_store(
     statement_timeout_s: float = 10.0,
     create: bool = True,
     trusted_keys: Sequence[str] = (),
+    forward_to: str | None = None,
 ) -> ControlPlaneStore:
     """The store for ``config.url`` (PostgreSQL, SQLite, an upstream replica); not connected yet.
 
     ``trusted_keys`` (``[cache].trusted_keys``) is what a follower verifies the
     upstream's revisions against (:mod:`supervisor.controlplane.follower`);
-    unused by the databases.
+    ``forward_to`` is where it keeps the upstream's signed bytes for its own
+    followers. Both are unused by the databases.
 
     ``create=False`` (the daemon) never creates an SQLite file: a control-plane
     file that vanished is an outage to report, not an empty control plane.
@@ -290,7 +292,7 @@ def open_store(
 
         return FollowerStore(
             config, list(trusted_keys), max_schema_version=max_schema_version,
-            timeout_s=statement_timeout_s,
+            timeout_s=statement_timeout_s, forward_to=forward_to,
         )
     if config.backend == "sqlite":
         from supervisor.controlplane.sqlite import SQLiteStore

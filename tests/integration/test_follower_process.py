@@ -3,7 +3,8 @@
 The upstream reads PostgreSQL and serves its active revision, signed with its
 cache key, on ``GET /v1/revision``. Followers poll it (every 0.3 s here),
 verify against their own ``[cache].trusted_keys``, compile, and serve it
-themselves, re-signed with their own key for whoever follows them.
+themselves; they forward the upstream's signed bytes, unchanged, to whoever
+follows them.
 
 One scenario, in phases: a publish reaches all; the upstream is killed (the
 followers keep serving, ready, reporting ``unavailable``) and a revision is
@@ -93,7 +94,9 @@ async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_
     f1 = make_node(tmp_path, "f1", upstream.url, trusting)
     f2 = make_node(tmp_path, "f2", upstream.url, trusting)
     f3 = make_node(tmp_path, "f3", upstream.url, [upstream.verify_key])  # not the new key
-    ff = make_node(tmp_path, "ff", f1.url, [f1.verify_key])
+    # The follower of a follower trusts the root's keys only, not f1's: f1 forwards
+    # the upstream's signed bytes unchanged, so a hub cannot forge a revision.
+    ff = make_node(tmp_path, "ff", f1.url, trusting)
     followers = [f1, f2, f3, ff]
 
     await acli("db", "migrate", "--config", str(upstream.config))

@@ -153,3 +153,23 @@ def test_open_store_picks_the_follower_for_http_urls() -> None:
     store = open_store(ControlPlaneConfig(url="https://hub.example:9464"), max_schema_version=1,
                        trusted_keys=[format_verify_key(KEY.verify_key)])
     assert isinstance(store, FollowerStore)
+
+
+async def test_accepted_bytes_are_forwarded_unchanged_and_refused_ones_are_not(
+    tmp_path: object
+) -> None:
+    import pathlib
+
+    forward = pathlib.Path(str(tmp_path)) / "lkg.bin.upstream"
+    data = signed(2)
+    upstream = FakeUpstream(data, 2)
+    config = ControlPlaneConfig(url="http://upstream.test:9464")
+    store = FollowerStore(config, [format_verify_key(KEY.verify_key)], max_schema_version=1,
+                          transport=httpx.MockTransport(upstream.handle),
+                          forward_to=str(forward))
+    await store.observe()
+    assert forward.read_bytes() == data
+    upstream.data, upstream.revision = signed(3, key=OTHER), 3
+    error = await refusal(store)
+    assert error.reason == "denied"
+    assert forward.read_bytes() == data
