@@ -16,6 +16,13 @@
                               ``ETag: "<revision>-<generation>"``; 304 when
                               ``If-None-Match`` names it (lists, ``*`` and weak ``W/``
                               tags are understood); 503 when none is active
+``GET /v1/revision``          the active revision as the signed cache file
+                              (:mod:`.signed`), ``ETag: "<revision>"``; 304 when
+                              ``If-None-Match`` names it; 503 when none is active,
+                              no signing key or cache is configured, or the cache
+                              does not hold the active revision (yet). The only
+                              route that may touch the disk: in a worker thread,
+                              and only when the active revision changed
 ``WS /v1/stream``             the live stream (:mod:`supervisor.admin.stream`); a plain
                               GET there answers 426
 ``POST /v1/converge``         runs a convergence attempt now (a request on the change
@@ -45,7 +52,8 @@ without the token nothing reveals which paths exist.
 
 Robustness: a handler that raises answers 500 JSON and is logged; the app never
 lets a request's failure reach the server. It reads state only and never awaits
-anything but the transport, so a slow reader cannot hold up the daemon. The one
+anything but the transport (and ``/v1/revision``'s one file read in a worker
+thread), so a slow reader cannot hold up the daemon. The one
 exception, ``POST /v1/converge``, awaits the loop's answer, but the loop never
 awaits it: a client that disconnects (or a deadline that passes) only stops this
 request waiting, and the loop answers the abandoned request into the void.
@@ -66,6 +74,7 @@ from prometheus_client.exposition import choose_encoder
 from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
 from supervisor.admin.hosts import AllowedHosts
+from supervisor.admin.signed import Unservable
 from supervisor.admin.stream import Receive, Scope, Send, StreamHub, encode_json
 from supervisor.logs import get_logger
 
@@ -76,6 +85,8 @@ log = get_logger("admin")
 JSON = b"application/json"
 ALLOW = b"GET, HEAD"
 STREAM_PATH = "/v1/stream"
+REVISION_PATH = "/v1/revision"
+SIGNED = b"application/vnd.trio-supervisor.lkg"
 OPEN_PATHS = frozenset({"/healthz"})
 CONVERGE_PATH = "/v1/converge"
 CONVERGE_TIMEOUT_S = 60.0
@@ -153,6 +164,7 @@ class AdminApp:
             "/status": self._status,
             "/metrics": self._metrics,
             "/v1/snapshot": self._snapshot,
+            REVISION_PATH: self._revision,
             STREAM_PATH: self._stream_over_http,
             CONVERGE_PATH: self._converge_not_posted,
         }
@@ -180,6 +192,8 @@ class AdminApp:
                     return  # the client is gone: nobody to answer
             else:
                 response = self._respond(method, path, headers)
+                if response is _READ_SIGNED:
+                    response = await self._revision_from_file()
         except Exception:  # one request's failure must never reach the server
             log.exception("admin request failed", path=str(path)[:200])
             response = error_response(500, "internal", "internal error; see the daemon's log")
@@ -309,6 +323,36 @@ class AdminApp:
             )
         return json_response(200, answer.to_json())
 
+    def _revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        signed = self.ctx.signed
+        snapshot = self.ctx.state.snapshot
+        if signed is None or signed.unservable_reason() is not None:
+            detail = signed.unservable_reason() if signed is not None else None
+            return error_response(503, "no_signing_key", detail or "no signed revisions here")
+        if snapshot is None:
+            return error_response(503, "no_snapshot", "no revision is active yet")
+        etag = f'"{snapshot.revision}"'
+        tag_header = [(b"etag", etag.encode("latin-1"))]
+        if_none_match = _header(headers, b"if-none-match")
+        if if_none_match is not None and etag_matches(if_none_match, etag):
+            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        data = signed.held(snapshot.revision, self.ctx.state.body_sha256)
+        if data is None:
+            return _READ_SIGNED
+        return Response(200, data, SIGNED, tag_header, cache=b"no-cache")
+
+    async def _revision_from_file(self) -> Response:
+        signed = self.ctx.signed
+        snapshot = self.ctx.state.snapshot
+        assert signed is not None and snapshot is not None  # _revision checked both
+        revision, digest = snapshot.revision, self.ctx.state.body_sha256
+        try:
+            data = await trio.to_thread.run_sync(signed.read, revision, digest)
+        except Unservable as exc:
+            return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
+        return Response(200, data, SIGNED, [(b"etag", f'"{revision}"'.encode("latin-1"))],
+                        cache=b"no-cache")
+
     def _stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(
             426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
@@ -369,6 +413,10 @@ def _timeout_param(query: Any) -> float | None:
     if not 0 < value <= CONVERGE_TIMEOUT_MAX_S:  # also refuses nan
         return None
     return value
+
+
+# _revision's answer when the bytes must first be read from the disk (in _http).
+_READ_SIGNED = Response(0)
 
 
 def _unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:

@@ -11,7 +11,7 @@ dependencies even when they cost nothing at run time)::
 
 A part may import parts of lower layers, and only the listed pairs within one
 layer (the shared parts use each other, so do the commands; sinks store
-compiled revisions).
+compiled revisions; the follower store reads the cache's signed format).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ LAYERS = {
     4: {"app", "cli", "commands", "__main__", "cli_help", "docsgen", "docs_catalog"},
 }
 RANK = {part: rank for rank, parts in LAYERS.items() for part in parts}
-SAME_LAYER_ALLOWED = {("sinks", "revision")} | {
+# controlplane -> sinks: the follower store (controlplane/follower.py) verifies
+# the upstream's revision with the signed cache file format (sinks/lkg).
+SAME_LAYER_ALLOWED = {("sinks", "revision"), ("controlplane", "sinks")} | {
     (a, b) for layer in (0, 4) for a in LAYERS[layer] for b in LAYERS[layer]}
 
 
