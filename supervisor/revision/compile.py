@@ -9,7 +9,8 @@ wrong with it:
 2. projection: every alias a key names must be defined, else ``projection``
    naming the key and the alias (and how many other dangling references exist);
 3. secrets: every key's reference resolves to a non-empty secret, else
-   ``secret`` naming the key's ``$.path`` and the reference, never the value;
+   ``secret`` naming the key's ``$.path`` and the reference, never the value
+   (``unavailable`` for a transient shortage while reading a secret file);
 4. snapshot: the build itself. Rule: no two keys may share one secret (equal
    digests). Clients authenticate by presenting the secret; a shared secret
    would make the key, and so the aliases the request may use, ambiguous.
@@ -138,8 +139,11 @@ def _resolve_keys(
 def _secret_refusal(name: str, spec: KeySpec, exc: Exception, revision: int) -> RevisionError:
     where = f"{member_path('$.keys', name)}.secret"
     if isinstance(exc, RevisionError):
-        # Whatever label a pluggable resolver chose, this stage is "secret".
-        return RevisionError(reasons.SECRET, f"{where}: {exc.detail}", revision=revision)
+        # Whatever label a pluggable resolver chose, this stage is "secret",
+        # except a transient shortage (EMFILE ...): ``unavailable`` is retried
+        # with backoff, and at boot falls back to the cache (secrets.py).
+        reason = reasons.UNAVAILABLE if exc.reason == reasons.UNAVAILABLE else reasons.SECRET
+        return RevisionError(reason, f"{where}: {exc.detail}", revision=revision)
     # The class only, and the caller does not chain: a foreign message (or a
     # traceback) may quote the secret value.
     return RevisionError(
