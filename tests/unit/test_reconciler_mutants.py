@@ -229,6 +229,7 @@ async def test_boot_with_a_cache_from_a_newer_format_is_refused_as_skew() -> Non
     assert sample(rec.metrics, LKG, event="refused") == 1
     assert any("version skew" in e["event"] for e in logs)
     assert rec.state.snapshot is None
+    assert seen.status == []
 
 
 async def test_boot_with_a_refused_cache_names_the_cache_refusal(tmp_path: Path) -> None:
