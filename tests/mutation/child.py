@@ -71,21 +71,48 @@ def _quiet_hypothesis() -> None:
     settings.load_profile("mutation")
 
 
+class _Tests:
+    """A pytest plugin: knows the running test; keeps only ``selected`` tests when given."""
+
+    def __init__(self, selected: Sequence[str] | None) -> None:
+        self.current = ""
+        self.selected = None if selected is None else set(selected)
+
+    def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
+        if self.selected is not None:
+            kept = [item for item in items if item.nodeid in self.selected]
+            config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+            items[:] = kept
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self.current = nodeid
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        self.current = ""
+
+
 def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | None = None,
-               trace_files: Sequence[str] = (), trace_out: str | None = None) -> int:
-    """Run pytest in this (forked) process; with ``trace_files``, record their executed lines."""
+               trace_files: Sequence[str] = (), trace_out: str | None = None,
+               selected: Sequence[str] | None = None) -> int:
+    """Run pytest in this (forked) process.
+
+    With ``trace_files``, record which tests execute each of their lines into
+    ``trace_out`` as ``{file: {line: [test ids]}}`` (the id ``""``: outside any
+    test, at import or collection). With ``selected``, run only those test ids.
+    """
     _purge()
     _quiet_hypothesis()
     if module is not None and code is not None:
         sys.meta_path.insert(0, _MutantFinder(module, code))
-    lines: dict[str, set[int]] = {name: set() for name in trace_files}
+    tests = _Tests(selected)
+    lines: dict[str, dict[int, dict[str, None]]] = {name: {} for name in trace_files}
 
     def tracer(frame: FrameType, event: str, arg: Any) -> Any:
         seen = lines.get(frame.f_code.co_filename)
         if seen is None:
             return None  # no local tracing outside the target files
         if event in ("line", "call"):
-            seen.add(frame.f_lineno)
+            seen.setdefault(frame.f_lineno, {})[tests.current] = None
         return tracer
 
     if trace_files:
@@ -94,11 +121,12 @@ def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | N
     import pytest
 
     try:
-        code_ = int(pytest.main(args))
+        status = int(pytest.main(args, plugins=[tests]))
     finally:
         sys.settrace(None)
         threading.settrace(None)  # type: ignore[arg-type]
     if trace_out is not None:
         with open(trace_out, "w") as f:
-            json.dump({name: sorted(seen) for name, seen in lines.items()}, f)
-    return code_
+            json.dump({name: {str(line): list(ids) for line, ids in seen.items()}
+                       for name, seen in lines.items()}, f)
+    return status

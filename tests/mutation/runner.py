@@ -5,8 +5,9 @@ imported once, before forking), with the mutated module served from memory
 (:mod:`tests.mutation.child`): the working tree is never written. One baseline
 run per group first checks that the tests pass unmutated, times them (the
 per-mutant timeout is ``2 x baseline + 5 s``; a timeout counts as killed) and
-records which lines they execute: a mutant on a line no test executes is
-reported as surviving without being run.
+records which tests execute which lines: a mutant runs only the tests that
+execute its line (all of them for a line that runs at import), and a mutant on
+a line no test executes is reported as surviving without being run.
 
 The equivalents file (``tests/mutation/equivalent.txt``) lists mutants that
 cannot change behaviour, one a line: the mutant id, whitespace, a one-line
@@ -169,7 +170,10 @@ def _reap(job: _Job, *, block: bool) -> int | None:
     return os.waitstatus_to_exitcode(status)
 
 
-def _baseline(target: Target, tests: list[str], workdir: str) -> tuple[float, dict[str, set[int]]]:
+Coverage = dict[str, dict[int, list[str]]]  # file -> line -> ids of the tests executing it
+
+
+def _baseline(target: Target, tests: list[str], workdir: str) -> tuple[float, Coverage]:
     import json
 
     files = [str(ROOT / m) for m in target.modules]
@@ -184,7 +188,8 @@ def _baseline(target: Target, tests: list[str], workdir: str) -> tuple[float, di
         sys.stdout.write(Path(log_path).read_text()[-4000:])
         raise SystemExit(2)
     with open(trace_out) as f:
-        lines = {name: set(found) for name, found in json.load(f).items()}
+        lines = {name: {int(line): ids for line, ids in found.items()}
+                 for name, found in json.load(f).items()}
     return took, lines
 
 
@@ -198,7 +203,7 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
         print(f"== {name}: baseline {took:.1f} s over {len(tests)} test files; "
               f"per-mutant timeout {timeout:.0f} s", flush=True)
         results: list[Result] = []
-        queue: list[tuple[Result, Site, str]] = []
+        queue: list[tuple[Result, Site, str, list[str] | None]] = []
         for path in target.modules:
             source = (ROOT / path).read_text()
             sites, log_calls = find_sites(source, path, operators)
@@ -207,7 +212,7 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                                key=lambda s: s.index)
             result = Result(path, sites, log_calls)
             results.append(result)
-            lines = covered.get(str(ROOT / path), set())
+            lines = covered.get(str(ROOT / path), {})
             for site in sites:
                 if site.mutant_id in equivalents:
                     used_equivalents.add(site.mutant_id)
@@ -215,18 +220,21 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                 elif site.line not in lines:
                     result.uncovered.append(site)
                 else:
-                    queue.append((result, site, source))
+                    # Only the tests that execute the mutated line, unless it
+                    # runs at import (a constant, a default): then all of them.
+                    ids = lines[site.line]
+                    queue.append((result, site, source, None if "" in ids else ids))
         running: list[tuple[_Job, Result]] = []
         done = 0
         started = time.monotonic()
         while queue or running:
             while queue and len(running) < jobs:
-                result, site, source = queue.pop(0)
+                result, site, source, selected = queue.pop(0)
                 path = str(ROOT / result.module)
                 code = apply_site(source, path, site.index, operators)
                 assert isinstance(code, CodeType)
                 log_path = os.path.join(workdir, f"{site.mutant_id}.log")
-                pid = _fork([*PYTEST_ARGS, *tests], log_path,
+                pid = _fork([*PYTEST_ARGS, *tests], log_path, selected=selected,
                             module=_module_name(result.module), code=code)
                 running.append((_Job(pid, site, log_path, time.monotonic() + timeout), result))
             for entry in list(running):
@@ -236,8 +244,11 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                     continue
                 running.remove(entry)
                 done += 1
+                if done % 25 == 0:
+                    print(f"   {done}/{done + len(running) + len(queue)} mutants run, "
+                          f"{time.monotonic() - started:.0f} s", flush=True)
                 assert job.site is not None
-                if status == 0:
+                if status in (0, 5):  # 5: no test ran, which notices nothing
                     result.survived.append(job.site)
                 else:
                     result.killed.append(job.site)
