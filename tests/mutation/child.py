@@ -15,6 +15,7 @@ import importlib.util
 import json
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from types import CodeType, FrameType, ModuleType
 from typing import Any
@@ -77,6 +78,8 @@ class _Tests:
     def __init__(self, selected: Sequence[str] | None) -> None:
         self.current = ""
         self.selected = None if selected is None else set(selected)
+        self.durations: dict[str, float] = {}
+        self._started = 0.0
 
     def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
         if self.selected is not None:
@@ -86,9 +89,11 @@ class _Tests:
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
         self.current = nodeid
+        self._started = time.monotonic()
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         self.current = ""
+        self.durations[nodeid] = time.monotonic() - self._started
 
 
 def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | None = None,
@@ -97,8 +102,9 @@ def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | N
     """Run pytest in this (forked) process.
 
     With ``trace_files``, record which tests execute each of their lines into
-    ``trace_out`` as ``{file: {line: [test ids]}}`` (the id ``""``: outside any
-    test, at import or collection). With ``selected``, run only those test ids.
+    ``trace_out`` as ``{"lines": {file: {line: [test ids]}}, "durations": {test id:
+    seconds}}`` (the id ``""``: outside any test, at import or collection).
+    With ``selected``, run only those test ids.
     """
     _purge()
     _quiet_hypothesis()
@@ -127,6 +133,7 @@ def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | N
         threading.settrace(None)  # type: ignore[arg-type]
     if trace_out is not None:
         with open(trace_out, "w") as f:
-            json.dump({name: {str(line): list(ids) for line, ids in seen.items()}
-                       for name, seen in lines.items()}, f)
+            json.dump({"lines": {name: {str(line): list(ids) for line, ids in seen.items()}
+                                 for name, seen in lines.items()},
+                       "durations": tests.durations}, f)
     return status

@@ -3,9 +3,9 @@
 Each mutant runs in a forked copy of this process (the test dependencies are
 imported once, before forking), with the mutated module served from memory
 (:mod:`tests.mutation.child`): the working tree is never written. One baseline
-run per group first checks that the tests pass unmutated, times them (the
-per-mutant timeout is ``2 x baseline + 5 s``; a timeout counts as killed) and
-records which tests execute which lines: a mutant runs only the tests that
+run per group first checks that the tests pass unmutated, times each test (a
+mutant's timeout is 10 s plus three times the baseline duration of the tests it
+runs; a timeout counts as killed) and records which tests execute which lines: a mutant runs only the tests that
 execute its line (all of them for a line that runs at import), and a mutant on
 a line no test executes is reported as surviving without being run.
 
@@ -173,7 +173,8 @@ def _reap(job: _Job, *, block: bool) -> int | None:
 Coverage = dict[str, dict[int, list[str]]]  # file -> line -> ids of the tests executing it
 
 
-def _baseline(target: Target, tests: list[str], workdir: str) -> tuple[float, Coverage]:
+def _baseline(target: Target, tests: list[str],
+              workdir: str) -> tuple[float, Coverage, dict[str, float]]:
     import json
 
     files = [str(ROOT / m) for m in target.modules]
@@ -188,9 +189,10 @@ def _baseline(target: Target, tests: list[str], workdir: str) -> tuple[float, Co
         sys.stdout.write(Path(log_path).read_text()[-4000:])
         raise SystemExit(2)
     with open(trace_out) as f:
-        lines = {name: {int(line): ids for line, ids in found.items()}
-                 for name, found in json.load(f).items()}
-    return took, lines
+        traced = json.load(f)
+    lines = {name: {int(line): ids for line, ids in found.items()}
+             for name, found in traced["lines"].items()}
+    return took, lines, traced["durations"]
 
 
 def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...],
@@ -198,10 +200,9 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
               used_equivalents: set[str]) -> list[Result]:
     tests = [t for t in target.tests if (ROOT / t).exists()]
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as workdir:
-        took, covered = _baseline(target, tests, workdir)
-        timeout = 2 * took + 5
-        print(f"== {name}: baseline {took:.1f} s over {len(tests)} test files; "
-              f"per-mutant timeout {timeout:.0f} s", flush=True)
+        took, covered, durations = _baseline(target, tests, workdir)
+        print(f"== {name}: baseline {took:.1f} s (traced) over {len(tests)} test files",
+              flush=True)
         results: list[Result] = []
         queue: list[tuple[Result, Site, str, list[str] | None]] = []
         for path in target.modules:
@@ -234,7 +235,13 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                 code = apply_site(source, path, site.index, operators)
                 assert isinstance(code, CodeType)
                 log_path = os.path.join(workdir, f"{site.mutant_id}.log")
-                pid = _fork([*PYTEST_ARGS, *tests], log_path, selected=selected,
+                # Only the files holding the selected tests: less to collect.
+                files = tests if selected is None else [
+                    t for t in tests if any(i.startswith(f"{t}::") for i in selected)]
+                ran = durations.values() if selected is None else (
+                    durations.get(i, 0.0) for i in selected)
+                timeout = 10 + 3 * sum(ran)
+                pid = _fork([*PYTEST_ARGS, *files], log_path, selected=selected,
                             module=_module_name(result.module), code=code)
                 running.append((_Job(pid, site, log_path, time.monotonic() + timeout), result))
             for entry in list(running):
