@@ -470,3 +470,13 @@ def test_a_naive_clock_is_utc_whatever_the_local_zone(
         time.tzset()
     assert loaded is not None
     assert loaded.created_at == datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def test_describe_mode_names_regular_files_too() -> None:
+    import stat
+
+    from supervisor.sinks.lkg.files import describe_mode
+
+    assert describe_mode(stat.S_IFREG | 0o600) == "a regular file"
+    assert describe_mode(stat.S_IFDIR | 0o700) == "a directory"
+    assert describe_mode(0) == "not a regular file"
