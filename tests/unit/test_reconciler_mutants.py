@@ -11,6 +11,7 @@ store of ``test_reconciler`` and the real signed cache on a temporary directory
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,7 +352,10 @@ async def test_publish_refusal_and_recovery_are_visible_everywhere() -> None:
 
 async def test_not_serving_status_text_names_the_failure() -> None:
     rec, seen = watched(FakeStore(outage=True))
-    outcome = await rec.converge_once()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    [line] = [e for e in logs if e["event"] == "control plane unreachable"]
+    assert line["retry_in_s"] == round(outcome.retry_in_s or 0, 3) != outcome.retry_in_s
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.UNAVAILABLE
     assert seen.status == ["not serving; last attempt failed: unavailable"]
     assert rec.status.report()["control_plane_up"] is False
@@ -434,3 +438,287 @@ async def test_the_active_state_is_swapped_with_the_body_digest() -> None:
     await rec.converge_once()
     assert state.body_sha256 == hashlib.sha256(body).digest()
     assert rec.status.report()["last_convergence_s"] is not None
+
+
+# -- survivors of the mutation run: each asserts a visible effect ---------------------------
+
+
+class ThreadRecordingResolver:
+    """Records whether each secret was resolved on the event loop's thread."""
+
+    def __init__(self) -> None:
+        self.on_loop_thread: list[bool] = []
+
+    def resolve(self, reference: str) -> bytes:
+        import threading
+
+        self.on_loop_thread.append(threading.current_thread() is threading.main_thread())
+        return b"value-of-" + reference.encode()
+
+
+def padded(size: int) -> bytes:
+    """A valid document of exactly ``size`` bytes (one key; aliases and blanks fill it)."""
+    base = json.loads(doc("a", keys={"k": ["a"]}))
+    entry = len(json.dumps({"pad000000": {"upstream": "https://pad000000.internal/v1"}})) - 1
+    for n in range((size - 200) // (entry + 3)):
+        base["aliases"][f"pad{n:06d}"] = {"upstream": f"https://pad{n:06d}.internal/v1"}
+    text = json.dumps(base).encode()
+    assert len(text) <= size
+    return text + b" " * (size - len(text))
+
+
+async def test_a_body_over_one_mebibyte_is_compiled_off_the_event_loop() -> None:
+    small, large = padded(1024 * 1024 - 2000), padded(1024 * 1024 + 100)
+    for body, off_loop in ((small, False), (large, True)):
+        resolver = ThreadRecordingResolver()
+        store = FakeStore()
+        store.put(body)
+        rec = make(store, resolver=resolver)
+        assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
+        assert resolver.on_loop_thread == [not off_loop], len(body)
+
+
+async def test_a_large_compile_is_abandoned_on_cancellation() -> None:
+    import threading
+
+    release = threading.Event()
+
+    class Blocking:
+        def resolve(self, reference: str) -> bytes:
+            release.wait(20)
+            return b"v"
+
+    store = FakeStore()
+    store.put(padded(1024 * 1024 + 100))
+    rec = make(store, resolver=Blocking())
+    try:
+        start = trio.current_time()
+        with trio.move_on_after(0.2):
+            await rec.converge_once()
+        assert trio.current_time() - start < 5  # not held until the thread finishes
+    finally:
+        release.set()
+    assert rec.state.snapshot is None
+
+
+async def test_converged_outcomes_take_no_time_and_epochs_forget_refusals() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec, seen = watched(store)
+    await rec.converge_once()
+    assert (await rec.converge_once()).took_s == 0.0
+    store.put(doc("a", keys={"k": ["nope"]}))
+    await rec.converge_once()
+    assert (await rec.converge_once()).repeated
+    store.identity = "fake:2"  # a restore: a new epoch judges the revision afresh
+    store.calls.clear()
+    outcome = await rec.converge_once()
+    assert not outcome.repeated and "hydrate" in [what for what, _ in store.calls]
+    assert len([e for e in events_of(seen) if e["type"] == "rejected"]) == 2
+
+
+async def test_the_first_successful_sink_write_is_not_a_recovery(tmp_path: Path) -> None:
+    from supervisor.sinks.file import SnapshotFile
+
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, snapshot_file=SnapshotFile(str(tmp_path / "snap.json")))
+    with structlog.testing.capture_logs() as logs:
+        await rec.converge_once()
+    assert not [e for e in logs if e["event"] == "sink write recovered"]
+
+
+async def test_incompatible_and_too_large_refusals_are_final_until_desired_moves() -> None:
+    from supervisor.controlplane.store import TooLarge
+
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(json.dumps({"schema_version": 9}).encode())
+    assert (await rec.converge_once()).reason == reasons.INCOMPATIBLE
+    store.calls.clear()
+    assert (await rec.converge_once()).repeated
+    assert [what for what, _ in store.calls] == ["desired"]
+
+    class Huge(FakeStore):
+        async def hydrate(self) -> Any:
+            self._check("hydrate")
+            raise TooLarge(self.desired_id, 10**9, 16 * 1024 * 1024)
+
+    huge = Huge()
+    huge.put(doc("a"))
+    rec = make(huge)
+    assert (await rec.converge_once()).reason == reasons.DENIED
+    huge.calls.clear()
+    assert (await rec.converge_once()).repeated
+    assert [what for what, _ in huge.calls] == ["desired"]
+
+
+async def test_a_denied_read_of_the_desired_revision_is_retried_every_poll() -> None:
+    class Denied(FakeStore):
+        async def hydrate(self) -> Any:
+            self._check("hydrate")
+            raise ControlPlaneError("permission denied for table", revision=self.desired_id,
+                                    category=FailureCategory.DENIED)
+
+    store = Denied()
+    store.put(doc("a"))
+    changes: list[bool] = []
+    rec = make(store, on_outage_change=changes.append)
+    first = await rec.converge_once()
+    assert first.reason == reasons.DENIED and first.retry_in_s == 5.0
+    store.calls.clear()
+    again = await rec.converge_once()
+    assert not again.repeated and "hydrate" in [what for what, _ in store.calls]
+    assert changes == []  # a refusal, not an outage
+
+
+async def test_a_refusal_without_a_revision_is_logged_as_a_refusal_not_an_outage() -> None:
+    class Denied(FakeStore):
+        async def observe(self) -> Any:
+            self._check("desired")
+            raise ControlPlaneError("permission denied", category=FailureCategory.DENIED)
+
+    changes: list[bool] = []
+    rec = make(Denied(), on_outage_change=changes.append)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    assert outcome.reason == reasons.DENIED
+    assert changes == []
+    events = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
+    assert events == ["convergence attempt refused by the control plane; previous snapshot "
+                      "keeps serving"]
+
+
+async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
+    class HydrateDown(FakeStore):
+        down = False
+
+        async def hydrate(self) -> Any:
+            if self.down:
+                raise ControlPlaneError("connection reset", category=FailureCategory.UNAVAILABLE)
+            return await super().hydrate()
+
+    store = HydrateDown()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    store.down = True
+    await rec.converge_once()  # observe answers, hydrate does not
+    assert rec.status.report()["control_plane_up"] is False
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    # A notification goes straight to hydrate; a refusal about a revision proves
+    # the control plane answers, and says what is desired.
+    store.down = False
+    store.put(doc("a", "c"))
+    store.corrupt.add(3)
+    outcome = await rec.converge_once("notify")
+    assert outcome.reason == reasons.CORRUPT
+    assert rec.status.report()["control_plane_up"] is True
+    assert rec.status.report()["desired"] == 3
+    assert sample(rec.metrics, "supervisor_desired_revision") == 3
+
+
+async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_desired_revision") == 1
+    store.desired_id = None
+    assert (await rec.converge_once()).kind is OutcomeKind.EMPTY
+    assert rec.status.report()["desired"] is None
+    assert sample(rec.metrics, "supervisor_desired_revision") == 0
+    store.desired_id = 1
+    await rec.converge_once()
+    store.desired_id = None
+    assert (await rec.converge_once("notify")).kind is OutcomeKind.EMPTY  # hydrate's view
+    assert rec.status.report()["desired"] is None
+
+
+async def test_a_failed_export_is_counted_and_a_removal_only_logged_when_done() -> None:
+    from tests.unit.test_convergence_truth import with_cache
+
+    store = FakeStore()
+    store.put(doc("a"))
+    rec, cache = with_cache(store)
+    cache.fail = True
+    with structlog.testing.capture_logs() as logs:
+        await rec.converge_once()  # nothing newer to remove
+    assert sample(rec.metrics, LKG, event="export_failed") == 1
+    assert not [e for e in logs if e["event"].startswith("removed a cache newer")]
+
+
+async def test_repeated_refusals_keep_their_reason_and_first_report() -> None:
+    store = FakeStore()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    rec = make(store)
+    with structlog.testing.capture_logs() as logs:
+        await rec.converge_once()
+    first = dict(rec.status.report()["last_rejection"])
+    again = await rec.converge_once()
+    assert again.repeated
+    report = rec.status.report()
+    assert report["last_rejection"] == first  # the same refusal, not a new one
+    assert report["last_error"].startswith("projection: $.keys.k.aliases[0]")
+    retry = [e["retry_in_s"] for e in logs if "retry_in_s" in e]
+    assert retry and all(r == round(r, 3) for r in retry)
+
+
+async def test_a_wakeup_right_after_a_success_is_served_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rec.run)
+        await trio.sleep(10)
+        store.put(doc("a", "b"))
+        rec.signal.notify("notify")
+        while rec.state.generation < 2:
+            await trio.sleep(0.001)
+        store.put(doc("a", "c"))  # at once again, right after that success
+        start = trio.current_time()
+        rec.signal.notify("notify")
+        while rec.state.generation < 3:
+            await trio.sleep(0.001)
+        assert trio.current_time() - start < 0.01
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sub_second_backoff_floor_still_holds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=5.0, backoff_initial_s=0.5, backoff_max_s=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rec.run)
+        store.outage = True
+        store.calls.clear()
+        for _ in range(100):
+            rec.signal.notify("sighup")
+            await trio.sleep(0.05)
+        times = [t for _, t in store.calls]
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(gaps) >= 2 and min(gaps) >= 0.5 - 1e-9
+
+
+async def test_refusals_at_boot_reach_the_status_and_metrics(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    store.corrupt.add(1)
+    rec = make(store)
+    with pytest.raises(BootRefused):
+        await rec.bootstrap()
+    assert rec.status.report()["last_rejection"]["reason"] == reasons.CORRUPT
+    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="corrupt") == 1
+    exported(tmp_path, doc("a"))
+    rec = make(FakeStore(outage=True), cache=real_cache(tmp_path))
+    await rec.bootstrap()
+    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
+    assert rec.status.report()["last_convergence_s"] == 0.0
