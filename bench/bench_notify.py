@@ -37,9 +37,9 @@ import psycopg
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.dsn import redact
 from supervisor.controlplane.listen import run_listener
 from supervisor.convergence.signal import ChangeSignal
+from supervisor.dsn import redact
 from supervisor.logs import configure
 from supervisor.telemetry import Metrics
 
@@ -106,7 +106,7 @@ def bench_listener(url: str, iterations: int, warmup: int) -> list[float]:
         samples: list[float] = []
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(run_listener, config, signal, metrics)
+                await nursery.start(run_listener, config, signal.notify, metrics)
                 with trio.fail_after(10):
                     if await signal.wait() != "reconnect":
                         raise RuntimeError("expected the connect wake-up first")

@@ -98,6 +98,7 @@ class Daemon:
                 fanout=self.fanout,
                 token=token,
                 unhealthy=self.unhealthy,
+                allowed_hosts=tuple(cfg.allowed_hosts),
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -153,11 +154,12 @@ class Daemon:
                     poll_interval_s=cp.poll_interval_s,
                     backoff_initial_s=cp.backoff_initial_s,
                     backoff_max_s=cp.backoff_max_s,
-                    resolver=EnvFileResolver(),
+                    resolver=EnvFileResolver.from_config(self.config.revision),
                     cache=cache,
                     snapshot_file=snapshot_file,
                     on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.poke(),
+                    serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
                 )
                 await reconciler.run(task_status=task_status)
             finally:
@@ -173,7 +175,7 @@ class Daemon:
         from supervisor.controlplane.listen import run_listener
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            await run_listener(cp, self.signal, self.metrics, poke=self.listener_poke,
+            await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
                                task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
@@ -216,7 +218,7 @@ class Daemon:
             return []
         from supervisor.fanout.children import fanout_children
 
-        return fanout_children(self.config.kubernetes, self.metrics, self.fanout)
+        return fanout_children(self.config.kubernetes, self.metrics, self.fanout, hup=self.hup)
 
     def build_tree(self) -> Supervisor:
         specs = [self._admin_child()]

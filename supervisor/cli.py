@@ -34,6 +34,7 @@ from supervisor.errors import (
     SupervisionGaveUp,
     SupervisorError,
     UsageError,
+    find_leaf,
 )
 
 __all__ = ["main"]
@@ -80,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     command("run")
-    command("check")
+    check = command("check")
+    check.add_argument("--strict", action="store_true",
+                       help="exit 2 on warnings too (secret files readable by others)")
     db = command("db")
     db.add_argument("action", choices=["migrate"],
                     help="migrate: create or upgrade the schema (idempotent)")
@@ -139,24 +142,16 @@ def _require_sqlite_directory(config: Config) -> None:
         )
 
 
-def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first leaf of ``kinds`` in a (possibly nested) exception group."""
-    if isinstance(exc, kinds):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _find(inner, kinds)
-            if found is not None:
-                return found
-    return None
-
-
 # -- commands ------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     config, path = _load(args)
     logs.configure(config.log.level, config.log.format)
+    from supervisor.filemodes import loose_secret_files
+
+    for key, file, why in loose_secret_files(config):
+        logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
     from supervisor.app import run_daemon
 
     trio.run(run_daemon, config, path)
@@ -173,6 +168,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
+        return EXIT_USAGE
+    from supervisor.filemodes import loose_secret_files
+
+    loose = loose_secret_files(config)
+    for key, file, why in loose:
+        print(f"warning: {path}: {key}: {file} is {why}", file=sys.stderr)
+    if loose and getattr(args, "strict", False):
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
@@ -211,8 +213,8 @@ def _check_contents(config: Config) -> list[tuple[str, str]]:
 
 def cmd_db(args: argparse.Namespace) -> int:
     config, _ = _load(args)
-    from supervisor.controlplane.dsn import redact
     from supervisor.controlplane.store import open_store
+    from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
 
     async def migrate() -> None:
@@ -365,12 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(exc: BaseException) -> int:
-    found: Any = _find(exc, (ConfigError, UsageError))
+    found: Any = find_leaf(exc, (ConfigError, UsageError))
     if found is not None:
         label = "configuration error" if isinstance(found, ConfigError) else "error"
         print(f"trio-supervisor: {label}: {found}", file=sys.stderr)
         return EXIT_USAGE
-    found = _find(exc, (BootRefused,))
+    found = find_leaf(exc, (BootRefused,))
     if found is not None:
         # One log line (JSON in production), not a second plain line beside it.
         # `reason` is the label (as on "revision refused" lines); `refusal` is kept
@@ -378,23 +380,23 @@ def _report(exc: BaseException) -> int:
         logs.get_logger("daemon").critical("refused to boot", reason=found.refusal,
                                            refusal=found.refusal, detail=str(found))
         return EXIT_REFUSED
-    found = _find(exc, (StartError,))
+    found = find_leaf(exc, (StartError,))
     if found is not None:
         logs.get_logger("daemon").critical(
             "cannot start", error=str(found), address=getattr(found, "address", None))
         return EXIT_ERROR
-    found = _find(exc, (SupervisionGaveUp,))
+    found = find_leaf(exc, (SupervisionGaveUp,))
     if found is not None:
         logs.get_logger("daemon").critical("supervision gave up", child=found.child,
                                            restarts=found.restarts, detail=str(found))
         return EXIT_GAVE_UP
-    found = _find(exc, (SupervisorError,))
+    found = find_leaf(exc, (SupervisorError,))
     if found is not None:
         print(f"trio-supervisor: error: {found}", file=sys.stderr)
         return EXIT_ERROR
     if isinstance(exc, SystemExit):
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_ERROR
-    if _find(exc, (KeyboardInterrupt,)) is not None:
+    if find_leaf(exc, (KeyboardInterrupt,)) is not None:
         return EXIT_OK
     logs.get_logger("daemon").critical("unexpected error", error=repr(exc), exc_info=exc)
     return EXIT_ERROR

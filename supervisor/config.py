@@ -54,6 +54,7 @@ __all__ = [
     "ControlPlaneConfig",
     "KubernetesConfig",
     "LogConfig",
+    "RevisionConfig",
     "SnapshotConfig",
     "SupervisorConfig",
     "check_files",
@@ -99,7 +100,8 @@ class ControlPlaneConfig(_Section, frozen=True):
     channel: Annotated[str, msgspec.Meta(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = (
         "supervisor_desired"
     )
-    max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024
+    # At most 1 GiB: a body is held in memory (about 7x while it compiles).
+    max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 16 * 1024 * 1024
     backoff_initial_s: BackoffSeconds = 0.25
     backoff_max_s: BackoffSeconds = 30.0
 
@@ -112,19 +114,40 @@ class CacheConfig(_Section, frozen=True):
     path: str | None = None
     signing_key: str | None = None
     trusted_keys: list[str] = msgspec.field(default_factory=list)
+    # False (the seed's rule): a boot whose desired revision does not compile
+    # refuses (exit 3). True: it serves a valid signed cache instead.
+    serve_when_desired_refused: bool = False
 
 
 class SnapshotConfig(_Section, frozen=True):
     path: str | None = None
 
 
+HostName = Annotated[str, msgspec.Meta(pattern=r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)$")]
+
+
 class AdminConfig(_Section, frozen=True):
     listen: str = "127.0.0.1:9464"
     token_file: str | None = None
+    # Host names (or addresses, ".domain" for a domain and its subdomains, "*"
+    # for any) the admin API answers to besides the listen address and loopback.
+    allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
 
     @property
     def host_port(self) -> tuple[str, int]:
         return split_host_port(self.listen)
+
+
+class RevisionConfig(_Section, frozen=True):
+    # Where a revision's secret references may point (CONTRACT section 8): an
+    # env: reference's name must start with one of the prefixes, a file:
+    # reference must lie under one of the directories. Empty = anywhere.
+    secret_env_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
+        default_factory=list
+    )
+    secret_dirs: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
+        default_factory=list
+    )
 
 
 class KubernetesConfig(_Section, frozen=True):
@@ -134,6 +157,20 @@ class KubernetesConfig(_Section, frozen=True):
     apps_namespace: str = "apps"
     field_manager: str = "trio-supervisor"
     preflight_retry_s: RetrySeconds = 300.0
+    # Issue 13: which installation owns a child (the label on every child and part of every
+    # sweep selector; None = the control namespace), the periodic resync, and the client-side
+    # rate limit (a token bucket, as client-go's QPS and Burst).
+    installation: Annotated[
+        str, msgspec.Meta(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+    ] | None = None
+    resync_s: RetrySeconds = 600.0
+    qps: PositiveFloat = 200.0
+    burst: Annotated[int, msgspec.Meta(ge=1)] = 400
+
+    @property
+    def installation_label(self) -> str:
+        """The value of ``platform.trio-supervisor.dev/installation`` on our children."""
+        return self.installation or self.control_namespace
 
 
 class Config(_Section, frozen=True):
@@ -144,6 +181,7 @@ class Config(_Section, frozen=True):
     snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
+    revision: RevisionConfig = msgspec.field(default_factory=RevisionConfig)
 
 
 def split_host_port(listen: str) -> tuple[str, int]:
@@ -224,6 +262,13 @@ def _cross_check(config: Config) -> None:
         raise ConfigError(
             "$.control_plane.url", "expected postgresql://... or sqlite:///PATH"
         )
+    if cp.backend == "postgresql":
+        from supervisor.dsn import problem
+
+        why = problem(cp.url)
+        if why is not None:
+            # The reason names the rule, never the value: the DSN holds a password.
+            raise ConfigError("$.control_plane.url", why)
     if cp.backoff_initial_s > cp.backoff_max_s:
         raise ConfigError(
             "$.control_plane.backoff_initial_s", "must not exceed control_plane.backoff_max_s"
@@ -235,6 +280,38 @@ def _cross_check(config: Config) -> None:
         )
     if cache.path is not None and cache.signing_key is None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
+    _refuse_shared_files(config)
+
+
+def _refuse_shared_files(config: Config) -> None:
+    """Every file the daemon writes is its own: none may be another's (or the control plane).
+
+    A snapshot path pointing at the SQLite control-plane file would replace the
+    control plane with a JSON document at the first publish.
+    """
+    owners: dict[str, str] = {}
+    cp = config.control_plane
+    if cp.url.startswith("sqlite:///"):
+        base = sqlite_path(cp.url)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            owners.setdefault(os.path.realpath(base + suffix), "$.control_plane.url")
+    if config.cache.signing_key is not None:
+        owners.setdefault(os.path.realpath(config.cache.signing_key), "$.cache.signing_key")
+    if config.admin.token_file is not None:
+        owners.setdefault(os.path.realpath(config.admin.token_file), "$.admin.token_file")
+    written = []
+    if config.cache.path is not None:
+        written += [("$.cache.path", config.cache.path),
+                    ("$.cache.path", config.cache.path + ".served")]
+    if config.snapshot.path is not None:
+        written.append(("$.snapshot.path", config.snapshot.path))
+    for where, path in written:
+        real = os.path.realpath(path)
+        other = owners.get(real)
+        if other is not None and other != where:
+            raise ConfigError(where, f"{path} is the same file as {other}: every file the "
+                                     "daemon writes must be its own")
+        owners[real] = where
 
 
 def load_text(

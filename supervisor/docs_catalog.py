@@ -36,14 +36,27 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "control_plane.backoff_initial_s": "The first wait after a failed attempt; it doubles "
     "(with jitter) up to backoff_max_s.",
     "control_plane.backoff_max_s": "The longest wait between failed attempts.",
+    "revision.secret_env_prefixes": "Prefixes an env: secret reference must start with (empty: "
+    "any variable). Anything else is refused as secret, with the same text whether or not it "
+    "exists, so whoever publishes cannot make the replica hash its own environment.",
+    "revision.secret_dirs": "Directories a file: secret reference must lie in, after resolving "
+    "symlinks and .. (empty: anywhere). Anything else is refused as secret, with one message "
+    "for missing, unreadable and outside.",
     "cache.path": "The signed last-known-good file, written after every publish and served "
     "at boot when the control plane is unreachable. Unset: no cache.",
     "cache.signing_key": "The Ed25519 key (trio-supervisor keygen) the cache is signed "
     "with. Required with cache.path.",
+    "cache.serve_when_desired_refused": "When true, a boot whose desired revision does not "
+    "compile serves a valid signed cache instead of exiting 3 (source last_known_good, the "
+    "refusal in last_rejection, an error line every poll until desired compiles). False keeps "
+    "the rule that an operator's broken intent is never hidden behind an older revision.",
     "cache.trusted_keys": "Verify keys (ed25519:...) whose signatures are accepted on the "
     "cache. Required with cache.path; must include the signing key's own verify key.",
     "snapshot.path": "Where the active snapshot is written atomically as JSON for local "
     "consumers (digests only, never secrets). Unset: not written.",
+    "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
+    "besides its listen address and the loopback names; any other Host header gets 421, and "
+    "a WebSocket from another Origin 403 (DNS rebinding, cross-site WebSockets).",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "
@@ -56,8 +69,18 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "kubernetes.apps_namespace": "Where their children (Deployments, Services, CronJobs) "
     "are written.",
     "kubernetes.field_manager": "The server-side apply field manager of every child write.",
-    "kubernetes.preflight_retry_s": "How long a dormant watcher waits between preflight "
-    "attempts (CRDs, namespace, RBAC).",
+    "kubernetes.preflight_retry_s": "The longest a dormant watcher waits between preflight "
+    "attempts (CRDs, namespace, RBAC); retries start near 1 s and double up to it, and SIGHUP "
+    "wakes a waiting preflight.",
+    "kubernetes.installation": "The value of the platform.trio-supervisor.dev/installation label "
+    "on every child, and part of every orphan-sweep selector, so two installations sharing an "
+    "apps namespace never sweep each other's children. Unset: the control namespace.",
+    "kubernetes.resync_s": "How often every parent is reconciled again even without a change "
+    "(a periodic safety net; drift repair does not wait for it).",
+    "kubernetes.qps": "Client-side rate limit on API requests per second (a token bucket, as "
+    "client-go's QPS).",
+    "kubernetes.burst": "Requests allowed at once above qps (the bucket's size, as client-go's "
+    "Burst).",
 }
 
 # label -> (what happened, what to do)
@@ -106,6 +129,10 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                                   "RBAC or CRD missing, or the API server unreachable).",
                                   "kubectl apply -k manifests/apps-namespace; check the "
                                   "API server. Retried every preflight_retry_s."),
+    "child_api_missing": ("Fan-out: the API server does not serve the child's group and "
+                          "version (batch/v1 CronJob needs Kubernetes 1.21 or newer).",
+                          "Upgrade the cluster, or disable the kind; the other kind and the "
+                          "convergence loop keep working."),
 }
 
 REVISION_TABLES: Final[dict[str, str]] = {

@@ -74,3 +74,21 @@ class SupervisionGaveUp(SupervisorError):
         super().__init__(
             f"child {child!r} restarted {restarts} times within {period_s:g} s; giving up"
         )
+
+
+def find_leaf(
+    exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first leaf of ``kinds`` in ``exc``, looking inside (nested) exception groups.
+
+    trio's nurseries wrap a child's error in groups; the CLI's exit-code mapping
+    and the supervision tree's "fatal, do not restart" both look through them.
+    """
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = find_leaf(inner, kinds)
+            if found is not None:
+                return found
+    return None

@@ -60,9 +60,16 @@ OUTCOMES: Final = ("published", "converged", "empty", "rejected")
 # Why a fan-out preflight failed (CONTRACT.md section 6, `last_error_class`).
 SCHEMA_SKEW: Final = "schema_skew"
 NAMESPACE_OR_RBAC_UNREADY: Final = "namespace_or_rbac_unready"
-FANOUT_ERROR_CLASSES: Final = (SCHEMA_SKEW, NAMESPACE_OR_RBAC_UNREADY)
+# Issue 13: the API server does not serve a child's group/version/resource at all
+# (kube-apiserver 1.20 has no batch/v1 CronJob): no manifest in this repository fixes it.
+CHILD_API_MISSING: Final = "child_api_missing"
+FANOUT_ERROR_CLASSES: Final = (SCHEMA_SKEW, NAMESPACE_OR_RBAC_UNREADY, CHILD_API_MISSING)
 FANOUT_KINDS: Final = ("ServiceDefinition", "Workflow")
-FANOUT_APPLY_RESULTS: Final = ("applied", "unchanged", "deleted", "conflict", "error")
+FANOUT_APPLY_RESULTS: Final = ("applied", "unchanged", "deleted", "conflict", "error",
+                               "repaired")
+# Issue 13: how one reconcile ended, and why a parent was requeued.
+FANOUT_RECONCILE_RESULTS: Final = ("success", "conflict", "invalid", "error")
+FANOUT_REQUEUE_CAUSES: Final = ("conflict", "throttled", "error")
 
 # Last-known-good cache events.
 LKG_EVENTS: Final = ("exported", "export_failed", "restored", "refused")

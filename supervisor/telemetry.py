@@ -111,6 +111,12 @@ class Metrics:
             "control_plane_up", "1 when the last control-plane read succeeded.",
             namespace=NS, registry=r,
         )
+        self.serving_last_known_good = Gauge(
+            "serving_last_known_good",
+            "1 while the active snapshot came from the last-known-good cache, not the "
+            "control plane.",
+            namespace=NS, registry=r,
+        )
         self.sink_write_failures = Counter(
             "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"],
             namespace=NS, registry=r,
@@ -152,6 +158,30 @@ class Metrics:
             namespace=NS, registry=r,
         )
 
+        # Fan-out controller (issue 13): reconcile durations, queue depth, requeues,
+        # drift repairs, refused sweeps, Events that could not be recorded.
+        self.fanout_reconcile_duration = Histogram(
+            "fanout_reconcile_duration_seconds", "Duration of one parent reconcile.",
+            ["kind", "result"], namespace=NS, registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.fanout_queue_depth = Gauge(
+            "fanout_queue_depth", "Parents waiting in the work queue, by kind.", ["kind"],
+            namespace=NS, registry=r,
+        )
+        self.fanout_requeues = Counter(
+            "fanout_requeues", "Parents requeued after a failed reconcile, by kind and cause.",
+            ["kind", "cause"], namespace=NS, registry=r,
+        )
+        self.fanout_drift_repairs = Counter(
+            "fanout_drift_repairs", "Children repaired after an out-of-band change, by kind.",
+            ["kind"], namespace=NS, registry=r,
+        )
+        self.fanout_sweeps_refused = Counter(
+            "fanout_sweeps_refused", "Orphan sweeps refused by the sweep guard, by kind.",
+            ["kind"], namespace=NS, registry=r,
+        )
+
         # Supervision and admin.
         self.child_restarts = Counter(
             "child_restarts", "Restarts of supervised children.", ["child"],
@@ -165,6 +195,21 @@ class Metrics:
             "stream_dropped_clients", "Stream clients closed for falling behind.",
             namespace=NS, registry=r,
         )
+        self.admin_connections = Gauge(
+            "admin_connections", "Admin API connections held (stream clients included).",
+            namespace=NS, registry=r,
+        )
+        self.admin_connection_limit = Gauge(
+            "admin_connection_limit",
+            "Admin API connections held at most (from RLIMIT_NOFILE minus a reserve).",
+            namespace=NS, registry=r,
+        )
+        self.admin_connections_shed = Counter(
+            "admin_connections_shed",
+            "Admin connections given up at the limit: an idle one closed (evicted) or a new "
+            "one refused (refused).",
+            ["how"], namespace=NS, registry=r,
+        )
 
         for outcome in reasons.OUTCOMES:
             self.convergence_attempts.labels(outcome)
@@ -174,6 +219,8 @@ class Metrics:
             self.sink_write_failures.labels(sink)
         for event in reasons.LKG_EVENTS:
             self.last_known_good_events.labels(event)
+        for how in ("evicted", "refused"):
+            self.admin_connections_shed.labels(how)
         for kind in reasons.FANOUT_KINDS:
             self.fanout_objects.labels(kind)
             self.fanout_watch_restarts.labels(kind)
@@ -181,6 +228,14 @@ class Metrics:
                 self.fanout_preflight_failures.labels(kind, error_class)
             for result in reasons.FANOUT_APPLY_RESULTS:
                 self.fanout_applies.labels(kind, result)
+            # Issue 13 block.
+            self.fanout_queue_depth.labels(kind)
+            self.fanout_drift_repairs.labels(kind)
+            self.fanout_sweeps_refused.labels(kind)
+            for result in reasons.FANOUT_RECONCILE_RESULTS:
+                self.fanout_reconcile_duration.labels(kind, result)
+            for cause in reasons.FANOUT_REQUEUE_CAUSES:
+                self.fanout_requeues.labels(kind, cause)
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
         """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""

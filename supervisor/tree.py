@@ -50,7 +50,14 @@ from typing import Any, Protocol
 import structlog
 import trio
 
-from supervisor.errors import BootRefused, ConfigError, StartError, SupervisionGaveUp
+from supervisor.backoff import Backoff
+from supervisor.errors import (
+    BootRefused,
+    ConfigError,
+    StartError,
+    SupervisionGaveUp,
+    find_leaf,
+)
 from supervisor.logs import get_logger
 
 __all__ = ["ChildSpec", "ChildState", "Restart", "Supervisor"]
@@ -109,15 +116,8 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _fatal(exc: BaseException) -> BaseException | None:
-    if isinstance(exc, ConfigError | BootRefused | StartError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _fatal(inner)
-            if found is not None:
-                return found
-    return None
+# No restart fixes these: a bad configuration, a refused boot, an address in use.
+_FATAL = (ConfigError, BootRefused, StartError)
 
 
 class Supervisor:
@@ -223,7 +223,7 @@ class Supervisor:
                             self._set(child, "running")
                             report_started()
                     except Exception as exc:  # noqa: BLE001 - Cancelled is a BaseException: never caught
-                        fatal = _fatal(exc)
+                        fatal = find_leaf(exc, _FATAL)
                         if fatal is not None:
                             # No restart can fix a bad configuration or a refused boot.
                             self._set(child, "failed")
@@ -275,8 +275,10 @@ class Supervisor:
         child.restarts += 1
         if self._on_restart is not None:
             self._on_restart(spec.name)
-        delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (len(child.recent) - 1))
-        delay *= self._rng.uniform(0.8, 1.2)
+        # Grows with the crashes still inside the period, not with a streak:
+        # a child that crashes once a day always restarts after ~0.5 s.
+        delay = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S, self._rng,
+                        jitter=(0.8, 1.2)).after(len(child.recent) - 1)
         self._set(child, "backoff")
         log.info("restarting child", child=spec.name, delay_s=round(delay, 3),
                  restarts=child.restarts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -150,11 +151,19 @@ class Daemon:
 
 @asynccontextmanager
 async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
-                     args: tuple[str, ...] = ()) -> AsyncIterator[Daemon]:
+                     args: tuple[str, ...] = (), nofile: int | None = None,
+                     ) -> AsyncIterator[Daemon]:
+    """The daemon on ``config``; ``nofile`` lowers its RLIMIT_NOFILE (soft and hard)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+    def lower_nofile() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "supervisor", *args, "--config", str(config)],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=full_env, cwd=str(REPO),
+        preexec_fn=lower_nofile if nofile is not None else None,
     )
     daemon = Daemon(process)
     async with trio.open_nursery() as nursery:

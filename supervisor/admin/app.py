@@ -25,6 +25,10 @@ with ``Allow``; an unknown path gets 404. Every error body is JSON
 ``{"error": "<code>", "detail": "<text>"}``; dynamic answers carry
 ``Cache-Control: no-store`` (the snapshot ``no-cache``: revalidate by ETag).
 
+Host and Origin (:mod:`.hosts`): every route but ``/healthz`` answers 421 to a
+``Host`` the server is not known by, and a WebSocket handshake with a foreign
+``Origin`` is refused with 403; both are checked before the token.
+
 Authentication: when :attr:`AdminContext.token` is set, every route except
 ``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`); otherwise
 HTTP answers 401 with ``WWW-Authenticate: Bearer realm="trio-supervisor"``, and a
@@ -50,6 +54,7 @@ from prometheus_client.exposition import choose_encoder
 
 from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
+from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.stream import Receive, Scope, Send, StreamHub, encode_json
 from supervisor.logs import get_logger
 
@@ -117,9 +122,13 @@ def _headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 class AdminApp:
     """The ASGI callable. ``hub`` serves ``/v1/stream`` (None: the stream answers 503)."""
 
-    def __init__(self, ctx: AdminContext, hub: StreamHub | None = None) -> None:
+    def __init__(
+        self, ctx: AdminContext, hub: StreamHub | None = None, hosts: AllowedHosts | None = None
+    ) -> None:
         self.ctx = ctx
         self.hub = hub
+        # None: no Host/Origin check (an app mounted without a listener, in tests).
+        self.hosts = hosts
         # The last snapshot served and its body. Snapshots are immutable, so the
         # body is encoded once per snapshot (identity), not once per request: a
         # large one costs milliseconds of event loop to encode.
@@ -158,6 +167,8 @@ class AdminApp:
     def _respond(self, method: Any, path: Any, headers: list[tuple[bytes, bytes]]) -> Response:
         if not isinstance(path, str) or not isinstance(method, str):
             return error_response(400, "bad_request", "malformed request")
+        if path not in OPEN_PATHS and not self._known_host(headers):
+            return _misdirected()
         if path not in OPEN_PATHS and not self._authorized(headers):
             return _unauthorized(headers)
         handler = self._routes.get(path)
@@ -168,6 +179,12 @@ class AdminApp:
                 405, "method_not_allowed", f"{path} answers GET and HEAD", [(b"allow", ALLOW)]
             )
         return handler(headers)
+
+    def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        return self.hosts is None or self.hosts.allows_host_header(_header(headers, b"host"))
+
+    def _allowed_origin(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        return self.hosts is None or self.hosts.allows_origin(_header(headers, b"origin"))
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         token = self.ctx.token
@@ -240,7 +257,13 @@ class AdminApp:
             return
         headers = _headers(scope)
         hub = self.hub
-        if scope.get("path") != STREAM_PATH:
+        if not self._known_host(headers):
+            await _reject(scope, send, _misdirected())
+        elif not self._allowed_origin(headers):
+            await _reject(
+                scope, send, error_response(403, "forbidden_origin", "Origin not allowed")
+            )
+        elif scope.get("path") != STREAM_PATH:
             # Same order as HTTP: without the token, nothing reveals which paths exist.
             if not self._authorized(headers):
                 await _reject(scope, send, _unauthorized(headers))
@@ -259,6 +282,12 @@ class AdminApp:
                 await hub.serve(scope, receive, send)
             except Exception:  # one client's failure must not reach the server
                 log.exception("stream client failed", peer=str(scope.get("client")))
+
+
+def _misdirected() -> Response:
+    return error_response(
+        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
+    )
 
 
 def _unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:

@@ -48,6 +48,7 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
+from supervisor.backoff import Backoff
 from supervisor.config import split_host_port
 from supervisor.logs import get_logger
 
@@ -434,10 +435,9 @@ async def watch_stream(
 ) -> None:
     """Follow the live stream at ``url`` (``ws://``, or an ``http://`` base); see above."""
     url = stream_url(url)
-    rng = rng or random.Random()
+    backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
     watch = _Watch(out, headers, max_events, connect_timeout_s)
-    delay = backoff_initial_s
     while True:
         ended = await _connect_once(url, watch)
         if ended.kind == "done":
@@ -456,10 +456,9 @@ async def watch_stream(
             status = ended.code if ended.kind == "refused" else None
             raise AdminUnreachable(url, ended.why, status_code=status)
         if ended.worked:
-            delay = backoff_initial_s
+            backoff.reset()
         # Equal jitter: at least half the delay (no hammering), randomised so
         # many watchers of one restarted server do not reconnect in lockstep.
-        wait = delay / 2 + rng.uniform(0, delay / 2)
+        wait = backoff.next()
         log.warning("stream lost; reconnecting", url=url, why=ended.why, retry_in_s=round(wait, 3))
         await trio.sleep(wait)
-        delay = min(delay * 2, backoff_max_s)

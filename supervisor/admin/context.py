@@ -28,6 +28,8 @@ class AdminContext:
     token: str | None = None
     # Why the process is not healthy (empty: healthy); the daemon's health().
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
+    # [admin].allowed_hosts: names besides the listen address and loopback.
+    allowed_hosts: tuple[str, ...] = ()
 
     def status(self) -> dict[str, Any]:
         """The /status document of CONTRACT.md section 6."""

@@ -21,12 +21,13 @@ Why not ``hypercorn.trio.serve``: hypercorn writes to a socket inside an
 unbounded cancellation shield, so one peer that stops reading (a paused
 ``watch``, a frozen scraper) would block that connection's task forever and with
 it the server's shutdown, and nothing outside can reach the socket to undo it.
-This module therefore runs the accept loop itself, hands each connection to
-hypercorn's own per-connection ``TCPServer`` (the same class ``serve`` uses),
-and keeps each connection's stream so it can reset one: the stream hub resets a
-stream client stuck in a write (see :mod:`supervisor.admin.stream`), and
-shutdown resets the rest. The hypercorn names used (``TCPServer``,
-``WorkerContext``, ``wrap_app``, ``Config``) are pinned by the
+This module therefore runs the accept loop itself
+(:mod:`supervisor.admin.connections`), hands each connection to hypercorn's own
+per-connection ``TCPServer`` restricted to HTTP/1.1
+(:mod:`supervisor.admin.http11`), and keeps each connection's stream so it can
+reset one: the stream hub resets a stream client stuck in a write (see
+:mod:`supervisor.admin.stream`), and shutdown resets the rest. The hypercorn
+names used (``TCPServer``, ``WorkerContext``, ``wrap_app``, ``Config``) are pinned by the
 ``hypercorn<0.19`` requirement and exercised by the integration tests (written
 against 0.18). As a kernel-level backstop the listening socket carries
 ``TCP_USER_TIMEOUT`` (30 s, Linux), which accepted sockets inherit: a peer that
@@ -35,6 +36,18 @@ leaves our data unacknowledged that long is dropped by the kernel.
 hypercorn's own loggers: the access log is off (a scrape every few seconds is
 noise); the error log is the stdlib ``hypercorn.error`` logger, which
 :func:`supervisor.logs.configure` routes through the daemon's renderer at WARNING.
+
+Connection discipline (why: a flood of connections must not take the
+descriptors the rest of the daemon needs, nor ``/healthz``):
+
+- HTTP/1.1 only: the HTTP/2 preface closes the connection at once;
+- a complete request head within ``IDLE_DEADLINE_S`` of accepting (and of the
+  previous response on a keep-alive connection), or the connection is closed;
+- at most ``max_connections`` held (:mod:`supervisor.admin.limits`: the soft
+  ``RLIMIT_NOFILE`` minus a reserve), and at most ``max_stream_clients`` of
+  them stream clients; the configured stream ``max_clients`` is lowered to fit,
+  with a warning naming both numbers. At the limit the longest-idle connection
+  makes room, or the new one is refused (:mod:`supervisor.admin.connections`).
 """
 
 from __future__ import annotations
@@ -42,34 +55,48 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-import struct
+from dataclasses import replace
 from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.auth import read_token
+from supervisor.admin.connections import AcceptLoop, ConnectionTable, Peer, reset
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
+from supervisor.admin.hosts import AllowedHosts
+from supervisor.admin.http11 import Http11Connection, first_request_head
+from supervisor.admin.limits import ConnectionLimits, current_nofile, derive
 from supervisor.admin.stream import StreamHub, StreamSettings
 from supervisor.config import split_host_port
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
+from supervisor.telemetry import Metrics
 
 __all__ = ["bind_listener", "read_token", "serve_admin"]
 
 log = get_logger("admin")
 
-BACKLOG = 128
+# The kernel caps it at net.core.somaxconn. Deep, because the accept loop drains
+# it quickly (in batches) and a connection dropped from a full backlog costs its
+# client a SYN retransmission (a second or more) rather than a wait in line.
+BACKLOG = 4096
 # Kernel-level backstop for a peer that stops reading: data unacknowledged (or
 # stuck behind a zero window) this long aborts the connection. Linux only;
 # accepted sockets inherit it from the listening socket.
 TCP_USER_TIMEOUT_MS = 30_000
+# A connection must send a complete request head within this long of being
+# accepted, or of its previous response (hypercorn's keep_alive_timeout).
+IDLE_DEADLINE_S = 5.0
+# Slots for /healthz alone when every other one is busy, and how long a
+# connection there has to send its request (a probe sends it at once).
+RESERVED_SLOTS = 16
+RESERVE_DEADLINE_S = 1.0
+HEALTHZ = (b"GET /healthz ", b"HEAD /healthz ")
 
 
 def bind_listener(listen: str) -> socket.socket:
@@ -113,32 +140,29 @@ def _hypercorn_config() -> HypercornConfig:
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.include_server_header = False
+    # A connection must deliver a complete request head within this long of
+    # being accepted (and of its previous response): hypercorn's idle timer.
+    config.keep_alive_timeout = IDLE_DEADLINE_S
     # Clients have nothing to say on the stream: a small limit bounds what one
     # can make us buffer.
     config.websocket_max_message_size = 64 * 1024
     return config
 
 
-def _reset(stream: trio.SocketStream) -> None:
-    """Abort a connection with a RST: buffered unsent data is dropped, and a task
-    blocked writing to it wakes (trio's close notifies waiters)."""
-    sock = stream.socket
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass  # already closed or not a TCP socket: closing is all that is left
-    sock.close()
-
-
 class _Server:
     """hypercorn's per-connection protocol on our accept loop; see the module docstring."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, limits: ConnectionLimits, metrics: Metrics) -> None:
         self.config = _hypercorn_config()
         self._app: Any = None
-        self._listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        self._sock = sock
         self._context = WorkerContext(None)
-        self._conns: dict[tuple[str, int], trio.SocketStream] = {}
+        self._table = ConnectionTable(
+            limits.max_connections,
+            RESERVED_SLOTS,
+            metrics,
+            reserve_admits=lambda head: head.startswith(HEALTHZ),
+        )
         # Shielded: cancelling serve_admin must not cancel the connections
         # before they are closed in order (stream clients first, with 1001).
         self._scope = trio.CancelScope(shield=True)
@@ -150,7 +174,7 @@ class _Server:
 
     @property
     def connection_count(self) -> int:
-        return len(self._conns)
+        return len(self._table)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -167,49 +191,49 @@ class _Server:
         *,
         task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
+            handlers.start_soon(self._handle, peer, stream, pool)
+
+        accept = AcceptLoop(self._sock, self._table, spawn)
         try:
             with self._accepting:
-                await trio.serve_listeners(
-                    self._handle,
-                    [self._listener],
-                    handler_nursery=handlers,
-                    task_status=task_status,
-                )
+                await handlers.start(accept.run)
+                task_status.started()
+                await trio.sleep_forever()
         finally:
             # Not accepting any more: close the socket now, so a client that
             # connects during the rest of shutdown is refused at once instead of
             # waiting in the kernel's backlog.
-            self._listener.socket.close()
+            accept.close()
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
         try:
-            peer = stream.socket.getpeername()
-        except OSError:
-            return  # gone before we looked
-        key = (str(peer[0]), int(peer[1]))
-        self._conns[key] = stream
-        try:
-            # hypercorn annotates an SSLStream, but TCPServer handles a plain
-            # SocketStream too (worker_serve passes exactly that for http://).
-            await TCPServer(
+            # Until its first request head is complete a connection costs only
+            # this task: an idle flood never reaches hypercorn.
+            reserve = pool == ConnectionTable.RESERVE
+            deadline = RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S
+            if not await first_request_head(stream, deadline, only=HEALTHZ if reserve else None):
+                reset(stream)
+                return
+            await Http11Connection(
                 self._app,
                 self.config,
                 self._context,
-                ConnectionState({}),
-                stream,  # type: ignore[arg-type]
+                stream,
+                lambda idle: self._table.set_idle(key, stream, idle),
             )
         except Exception:  # one connection's failure must not stop the server
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
-            if self._conns.get(key) is stream:
-                del self._conns[key]
+            self._table.remove(key, stream)
+            stream.socket.close()
 
     def reset(self, peer: tuple[str, int]) -> bool:
         """Reset the connection from ``peer`` (ASGI ``scope["client"]``); False if none."""
-        stream = self._conns.get(peer)
+        stream = self._table.get(peer)
         if stream is None:
             return False
-        _reset(stream)
+        reset(stream)
         return True
 
     async def stop(self, hub: StreamHub, timeout_s: float) -> None:
@@ -221,9 +245,24 @@ class _Server:
         await self._done.wait()
 
     def kill(self) -> None:
-        for stream in list(self._conns.values()):
-            _reset(stream)
+        for stream in self._table.streams():
+            reset(stream)
         self._scope.cancel()
+
+
+def connection_limits(settings: StreamSettings, nofile: int | None) -> ConnectionLimits:
+    """The limits for this process, logged; a warning when they lower the configured ones."""
+    limits = derive(nofile, settings.max_clients)
+    if limits.stream_clients_lowered:
+        log.warning(
+            "admin stream max_clients exceeds what RLIMIT_NOFILE allows; lowered",
+            max_clients=limits.configured_stream_clients,
+            allowed=limits.max_stream_clients,
+            nofile=limits.nofile,
+            reserve=limits.reserve,
+            max_connections=limits.max_connections,
+        )
+    return limits
 
 
 async def serve_admin(
@@ -232,6 +271,7 @@ async def serve_admin(
     *,
     settings: StreamSettings | None = None,
     shutdown_timeout_s: float = 2.0,
+    limits: ConnectionLimits | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin API on ``listen`` until cancelled; see the module docstring."""
@@ -239,13 +279,25 @@ async def serve_admin(
     try:
         bound = sock.getsockname()
         host, port = str(bound[0]), int(bound[1])
-        server = _Server(sock)
+        settings = settings or StreamSettings()
+        if limits is None:
+            limits = connection_limits(settings, current_nofile())
+        settings = replace(settings, max_clients=limits.max_stream_clients)
+        server = _Server(sock, limits, ctx.metrics)
         hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset)
-        server.mount(AdminApp(ctx, hub))
+        hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts)
+        server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             nursery.start_soon(hub.monitor)
-            log.info("admin API listening", address=f"{host}:{port}", auth=ctx.token is not None)
+            log.info(
+                "admin API listening",
+                address=f"{host}:{port}",
+                auth=ctx.token is not None,
+                max_connections=limits.max_connections,
+                max_stream_clients=limits.max_stream_clients,
+                nofile=limits.nofile,
+            )
             task_status.started((host, port))
             try:
                 await trio.sleep_forever()

@@ -7,7 +7,7 @@
 * :mod:`~supervisor.controlplane.migrations`: the versioned schema.
 * :mod:`~supervisor.controlplane.listen`: the LISTEN child (PostgreSQL only),
   which only pokes the convergence loop's ChangeSignal.
-* :mod:`~supervisor.controlplane.dsn`: keeping the DSN's password out of logs.
+* :mod:`~supervisor.dsn`: keeping the DSN's password out of logs.
 """
 
 from supervisor.controlplane.store import (

@@ -7,7 +7,7 @@ NOTIFY is delivered only to sessions listening at commit time and is never
 replayed, so polling stays the correctness path, and this child
   * reports started at once, before connecting: a control plane that is down
     must not hold up readiness (the child is then "running, reconnecting");
-  * calls ``signal.notify("reconnect")`` after every (re)connect, since
+  * calls ``wake("reconnect")`` after every (re)connect, since
     whatever was notified while disconnected is gone;
   * never lets a failure escape (each is logged, then it reconnects with
     bounded exponential backoff and jitter); Cancelled always propagates, and
@@ -45,6 +45,7 @@ reports started and idles until cancelled, so a supervisor never sees it exit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -52,17 +53,16 @@ import psycopg
 import trio
 from psycopg import sql
 
-from supervisor.controlplane.dsn import redact, scrub
+from supervisor.backoff import Backoff
 from supervisor.controlplane.poke import Poke
 from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.store import INTERRUPT_GRACE_S, call_interruptibly
-from supervisor.convergence.backoff import Backoff
+from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 from supervisor.outage import OutageLog
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.convergence.signal import ChangeSignal
     from supervisor.telemetry import Metrics
 
 __all__ = ["run_listener"]
@@ -78,7 +78,7 @@ EMPTY_WAKES_BEFORE_PROBE = 3
 
 async def run_listener(
     config: ControlPlaneConfig,
-    signal: ChangeSignal,
+    wake: Callable[[str], None],
     metrics: Metrics,
     *,
     probe_interval_s: float = 30.0,
@@ -94,7 +94,7 @@ async def run_listener(
             listen=config.listen,
         )
         await trio.sleep_forever()
-    await _Listener(config, signal, metrics, probe_interval_s, poke or Poke()).run()
+    await _Listener(config, wake, metrics, probe_interval_s, poke or Poke()).run()
 
 
 class _ConnectionLost(Exception):
@@ -105,7 +105,7 @@ class _Listener:
     def __init__(
         self,
         config: ControlPlaneConfig,
-        signal: ChangeSignal,
+        wake: Callable[[str], None],
         metrics: Metrics,
         probe_interval_s: float,
         poke: Poke,
@@ -114,7 +114,9 @@ class _Listener:
         self.poke = poke
         self.outage = OutageLog(log, "LISTEN connection")
         self.channel = config.channel
-        self.signal = signal
+        # The convergence loop's wake-up (ChangeSignal.notify): this module
+        # knows nothing of the loop above it.
+        self.wake = wake
         self.metrics = metrics
         self.probe_interval_s = probe_interval_s
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
@@ -142,7 +144,7 @@ class _Listener:
             log.info("listening for desired-state notifications", channel=self.channel)
             # Whatever was published while we were not listening was never
             # delivered to us: one wake-up makes the loop look now.
-            self.signal.notify("reconnect")
+            self.wake("reconnect")
             try:
                 await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
@@ -231,7 +233,7 @@ class _Listener:
             log.debug("notification", channel=note.channel, payload=note.payload[:32])
         if count:
             self.metrics.listen_notifications.inc(count)
-            self.signal.notify("notify")
+            self.wake("notify")
         return count
 
     async def _probe(self, conn: Conn) -> None:

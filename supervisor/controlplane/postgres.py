@@ -39,7 +39,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from supervisor.controlplane import migrations
-from supervisor.controlplane.dsn import redact, scrub
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
@@ -54,6 +53,7 @@ from supervisor.controlplane.store import (
     malformed,
     unavailable_timeout,
 )
+from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
@@ -247,8 +247,9 @@ class PostgresStore:
             if row is None:
                 return None
             revision, digest = row
-            if not isinstance(revision, int):
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            if not isinstance(revision, int) or revision < 1:
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                                "(ids are >= 1)")
             return RevisionPointer(
                 revision, None if digest is None else bytes(digest), self._identity
             )
@@ -370,7 +371,7 @@ class PostgresStore:
                 self._conn = None
                 await trio.to_thread.run_sync(partial(_close_quietly, conn))
             raise map_error(exc, what=what, url=self._url) from exc
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
             # Our own decoding of a row the schema should not allow; the
             # connection itself is fine. Traceback dropped (it holds the rows).
             raise malformed(exc, what=what) from exc.with_traceback(None)

@@ -176,6 +176,23 @@ def _prepare(conn: sqlite3.Connection) -> list[int]:
     return migrations.migrate_sqlite(conn)
 
 
+def _file_id(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of ``path``; None when it does not exist. Raises other OSError."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _remove_stale_wal(path: str) -> None:
+    for suffix in ("-wal", "-shm"):
+        try:
+            os.unlink(path + suffix)
+        except FileNotFoundError:
+            pass
+
+
 def _close_quietly(conn: sqlite3.Connection) -> None:
     try:
         conn.close()
@@ -200,6 +217,7 @@ class SQLiteStore:
         # `mv new.db cp.db` or a deleted file leaves the connection on the old
         # inode, so every call first checks the path still names it.
         self._file_id: tuple[int, int] | None = None
+        self._wal_id: tuple[int, int] | None = None
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
@@ -238,8 +256,9 @@ class SQLiteStore:
             if row is None:
                 return None
             revision, digest = row
-            if not isinstance(revision, int):
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id")
+            if not isinstance(revision, int) or revision < 1:
+                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                                "(ids are >= 1)")
             return RevisionPointer(revision, _as_bytes(digest), self.identity)
 
         return await self._run("read", read)
@@ -357,17 +376,19 @@ class SQLiteStore:
 
         Raises the ``unavailable`` error when the file is gone (the daemon does
         not create one: a vanished control plane is an outage, not an empty one).
+
+        A replaced file may have the *previous* file's ``-wal`` and ``-shm``
+        next to it, left by another process that still has the old file open
+        (an operator's shell, a CLI command): opening the new file would replay
+        the old file's WAL over it and silently undo the restore. The WAL's
+        inode is recorded while the file is unchanged; after a replacement a WAL
+        with that same inode belongs to the old file (whose name is gone, so
+        nobody can open it again) and is removed with its shared-memory index.
         """
         conn = self._conn
         path = self._path
-        try:
-            st = await trio.to_thread.run_sync(os.stat, path)
-        except FileNotFoundError:
-            current = None
-        except OSError as exc:
-            raise map_error(exc, what="read") from exc
-        else:
-            current = (st.st_dev, st.st_ino)
+        current = await trio.to_thread.run_sync(_file_id, path)
+        wal = await trio.to_thread.run_sync(_file_id, path + "-wal")
         if conn is not None and current != self._file_id:
             log.warning(
                 "control-plane file replaced or removed; reopening"
@@ -376,6 +397,14 @@ class SQLiteStore:
             )
             self._conn = None
             await trio.to_thread.run_sync(partial(_close_quietly, conn))
+            if current is not None and wal is not None and wal == self._wal_id:
+                await trio.to_thread.run_sync(_remove_stale_wal, path)
+                log.warning("removed the replaced control-plane file's WAL (another process "
+                            "still had the old file open); the new file is read as restored",
+                            path=path)
+            self._wal_id = None
+        elif conn is not None:
+            self._wal_id = wal
         if current is None and not self._create:
             raise ControlPlaneError(
                 f"control plane read failed: the control-plane file {path} does not exist",
@@ -383,7 +412,10 @@ class SQLiteStore:
             )
 
     async def _run_locked(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        await self._still_same_file()
+        try:
+            await self._still_same_file()
+        except OSError as exc:
+            raise map_error(exc, what=what) from exc
         conn = self._conn
         stop = threading.Event()
         try:
@@ -412,7 +444,7 @@ class SQLiteStore:
                 self._conn = None
                 await trio.to_thread.run_sync(partial(_close_quietly, conn))
             raise error from exc
-        except (TypeError, ValueError, LookupError, AttributeError) as exc:
+        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
             # Our own decoding of a row the schema should not allow (see malformed()).
             raise malformed(exc, what=what) from exc.with_traceback(None)
         finally:

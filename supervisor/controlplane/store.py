@@ -411,10 +411,11 @@ def check_hydrated(
 
     Shared by both stores so they cannot drift apart in what they refuse or in which order.
     """
-    if not isinstance(row.desired, int):
-        # The schema says NOT NULL; only a hand-edited table gets here.
+    if not isinstance(row.desired, int) or row.desired < 1:
+        # The schema says NOT NULL, and identity columns start at 1; only a
+        # hand-edited table gets here.
         raise ControlPlaneError(
-            f"the desired pointer holds {row.desired!r}, not a revision id",
+            f"the desired pointer holds {row.desired!r}, not a revision id (ids are >= 1)",
             category=FailureCategory.CORRUPT,
         )
     if row.id is None:

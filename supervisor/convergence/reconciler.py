@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
+from supervisor.backoff import Backoff
 from supervisor.controlplane.store import (
     ControlPlaneError,
     FailureCategory,
@@ -18,7 +20,6 @@ from supervisor.controlplane.store import (
     RevisionPointer,
     TooLarge,
 )
-from supervisor.convergence.backoff import Backoff
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.errors import BootRefused
@@ -163,6 +164,7 @@ class Reconciler:
         snapshot_file: SnapshotFile | None = None,
         on_status: Callable[[str], None] | None = None,
         on_outage_change: Callable[[bool], None] | None = None,
+        serve_cache_on_refusal: bool = False,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
@@ -183,10 +185,14 @@ class Reconciler:
         self._file_streak = _Streak("snapshot_file", metrics)
         self._cache_streak = _Streak("cache", metrics)
         self._outage = OutageLog(log, "control plane")
+        # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
+        self.serve_cache_on_refusal = serve_cache_on_refusal
         self.attempts = 0
         # What each side sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
         self._cache_due: _Export | None = None
+        # The last export that succeeded: re-written if the cache file vanishes.
+        self._last_export: _Export | None = None
         # A restarted child cannot know whether its predecessor crashed between
         # the swap and a sink: re-write the sinks at the first attempt.
         self._sinks_unknown = state.snapshot is not None
@@ -213,8 +219,8 @@ class Reconciler:
             return None
         return replace(self._refused[1], repeated=True)
 
-    def _learn_desired(self, desired: int | None) -> None:
-        self.status.observed(desired)
+    def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
+        self.status.observed(desired, body_sha256)
         self.metrics.desired_revision.set(desired or 0)
 
     def _check_epoch(self, identity: str | None) -> None:
@@ -290,9 +296,8 @@ class Reconciler:
         if observe:
             pointer = await self._observe()
             if pointer is None:
-                self._learn_desired(None)
-                return Outcome(OutcomeKind.EMPTY)
-            self._learn_desired(pointer.revision)
+                return self._empty()
+            self._learn_desired(pointer.revision, pointer.body_sha256)
             self._check_epoch(pointer.identity)
             key: Key = (pointer.revision, pointer.body_sha256)
             self._candidate = key
@@ -303,9 +308,8 @@ class Reconciler:
                 return repeated
         loaded = await self._hydrate()
         if loaded is None:
-            self._learn_desired(None)
-            return Outcome(OutcomeKind.EMPTY)
-        self._learn_desired(loaded.id)
+            return self._empty()
+        self._learn_desired(loaded.id, loaded.body_sha256)
         key = (loaded.id, loaded.body_sha256)
         self._candidate = key
         if self._is_active(key):
@@ -338,6 +342,17 @@ class Reconciler:
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
 
+    def _empty(self) -> Outcome:
+        """Nothing is desired. While a snapshot serves, that is news: said once."""
+        was = self.status.desired
+        self._learn_desired(None)
+        if was is not None and self.state.snapshot is not None:
+            log.warning("the control plane has no desired revision any more (the pointer was "
+                        "deleted, or the database restored empty); the previous snapshot "
+                        "keeps serving", previously_desired=was,
+                        active=self.status.active)
+        return Outcome(OutcomeKind.EMPTY)
+
     def _set_reachable(self, up: bool) -> None:
         was = self.status.control_plane_up
         if not up:
@@ -350,7 +365,9 @@ class Reconciler:
     async def _publish(self, snapshot: Snapshot, source: Source, took_s: float, *,
                        body_sha256: bytes | None) -> None:
         self.state.publish(snapshot, body_sha256=body_sha256)  # the one atomic swap
-        self.status.published(snapshot.revision, snapshot.generation, source, took_s)
+        self.status.published(snapshot.revision, snapshot.generation, source, took_s,
+                              body_sha256)
+        self.metrics.serving_last_known_good.set(1 if source == "last_known_good" else 0)
         self.metrics.active_revision.set(snapshot.revision)
         self.metrics.active_generation.set(snapshot.generation)
         self.metrics.convergence_lag.set(self.status.lag_s)
@@ -369,7 +386,19 @@ class Reconciler:
     # -- side sinks ------------------------------------------------------------
 
     async def _catch_up_sinks(self) -> None:
-        """Retry whatever sink write is still due (every attempt, converged or not)."""
+        """Retry whatever sink write is still due (every attempt, converged or not).
+
+        A sink file that vanished after a successful write (its directory
+        removed and re-created, a cleanup) is due again: one ``stat`` per
+        attempt notices it.
+        """
+        snapshot = self.state.snapshot
+        if (snapshot is not None and self._file_due is None and self.snapshot_file is not None
+                and not await trio.to_thread.run_sync(os.path.exists, self.snapshot_file.path)):
+            self._file_due = snapshot
+        if (self.cache is not None and self._cache_due is None and self._last_export is not None
+                and not await trio.to_thread.run_sync(os.path.exists, self.cache.path)):
+            self._cache_due = self._last_export
         if self._file_due is not None:
             await self._write_snapshot_file()
         if self._cache_due is not None:
@@ -421,6 +450,7 @@ class Reconciler:
                                 "plane rather than the revision rolled back from",
                                 path=cache.path, revision=export.revision)
         else:
+            self._last_export = export
             if self._cache_due is export:
                 self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()
@@ -458,7 +488,10 @@ class Reconciler:
             now = trio.current_time()
             line = (outcome.revision, outcome.reason, outcome.detail)
             last = self._last_refusal_line
-            if last is None or last[0] != line or now - last[1] >= PROGRESS_EVERY_S:
+            # Serving the cache because desired is refused: said at every poll.
+            every_poll = self.status.source == "last_known_good"
+            if (every_poll or last is None or last[0] != line
+                    or now - last[1] >= PROGRESS_EVERY_S):
                 self._last_refusal_line = (line, now)
                 if outcome.revision is not None:
                     log.error("revision refused; previous snapshot keeps serving",
@@ -485,6 +518,12 @@ class Reconciler:
         before the next attempt unless woken.
         """
         self.attempts += 1
+        if trigger == "sighup":
+            # The operator's "look again": a revision repaired in place (its
+            # body restored to match its digest) keeps its key, so only this
+            # forgets the refusal.
+            self._refused = None
+            self._last_refusal_line = None
         with self.metrics.convergence_duration.time():
             try:
                 outcome = await self._attempt(observe=trigger not in FAST_TRIGGERS)
@@ -529,6 +568,13 @@ class Reconciler:
         deadline = trio.current_time() + delay
         if floor > 0:
             await trio.sleep(floor)
+        # A wake-up that came during the floor is taken even when the deadline
+        # has passed too (a poll interval shorter than the floor): otherwise it
+        # would sit in the channel, never consumed, and its trigger (SIGHUP's
+        # "look again") would be lost.
+        woken = self.signal.pending()
+        if woken is not None:
+            return woken
         with trio.move_on_at(deadline):
             return await self.signal.wait()
         return "poll"
@@ -543,6 +589,9 @@ class Reconciler:
             self._record_failure(exc)
             if exc.retryable or exc.reason == reasons.INCOMPATIBLE:
                 return await self._restore(exc)
+            if exc.revision is not None and self._serving_cache_instead(exc):
+                # The desired revision itself is refused (corrupt, too large, missing).
+                return await self._restore(exc)
             raise BootRefused(
                 exc.reason, f"refusing to boot: the control plane refused: {exc}"
             ) from exc
@@ -550,6 +599,8 @@ class Reconciler:
             self._record_failure(exc)
             # unavailable: a transient OS error while resolving a secret (EMFILE ...).
             if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
+                return await self._restore(exc)
+            if self._serving_cache_instead(exc):
                 return await self._restore(exc)
             raise BootRefused(
                 exc.reason,
@@ -566,6 +617,16 @@ class Reconciler:
         self.status.attempt_finished()
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         return outcome
+
+    def _serving_cache_instead(self, exc: ControlPlaneError | RevisionError) -> bool:
+        """``[cache].serve_when_desired_refused``: a refused desired revision boots the cache."""
+        if not self.serve_cache_on_refusal or self.cache is None:
+            return False
+        reason, revision, detail = _failure_fields(exc)
+        log.error("desired revision refused at boot; serving the last-known-good cache "
+                  "([cache].serve_when_desired_refused)", reason=reason, revision=revision,
+                  detail=detail)
+        return True
 
     async def _restore(self, cause: ControlPlaneError | RevisionError) -> Outcome:
         from supervisor.sinks.lkg import CacheError, CacheSkew

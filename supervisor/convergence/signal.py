@@ -29,6 +29,13 @@ class ChangeSignal:
         except trio.WouldBlock:
             self.coalesced += 1
 
+    def pending(self) -> str | None:
+        """Take the pending wake-up's trigger without waiting; None when there is none."""
+        try:
+            return self._receive.receive_nowait()
+        except trio.WouldBlock:
+            return None
+
     async def wait(self) -> str:
         """Wait for the next wake-up; return the trigger of the first one pending."""
         return await self._receive.receive()

@@ -60,6 +60,11 @@ class RevisionStatus:
         self.identity: str | None = None
         # Start of the clock for liveness: no attempt finished yet counts from here.
         self.last_attempt_at = clock()
+        # Body digests of the desired and the active revision (None: unknown):
+        # after a restore an id can name another body, so equal ids alone are
+        # not "converged".
+        self.desired_sha256: bytes | None = None
+        self.active_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
 
@@ -69,6 +74,7 @@ class RevisionStatus:
             and self.source == "control_plane"
             and self.desired is not None
             and self.desired == self.active
+            and (self.desired_sha256 is None or self.desired_sha256 == self.active_sha256)
         )
         if converged:
             self._diverged_at = None
@@ -81,10 +87,16 @@ class RevisionStatus:
             return 0.0
         return max(0.0, self._clock() - self._diverged_at)
 
-    def observed(self, desired: int | None) -> None:
-        """A successful cheap read: the control plane is up and desires ``desired``."""
+    def observed(self, desired: int | None, body_sha256: bytes | None = None) -> None:
+        """A successful read: the control plane is up and desires ``desired``.
+
+        ``body_sha256`` is the desired body's digest when the read learned it;
+        a different id, or an unknown digest, forgets the previous one.
+        """
         self.control_plane_up = True
         self._ever_read = True
+        if body_sha256 is not None or desired != self.desired:
+            self.desired_sha256 = body_sha256
         self.desired = desired
         self._track_lag()
 
@@ -96,8 +108,10 @@ class RevisionStatus:
     def loaded_revision(self, revision: int) -> None:
         self.loaded = revision
 
-    def published(self, revision: int, generation: int, source: Source, took_s: float) -> None:
+    def published(self, revision: int, generation: int, source: Source, took_s: float,
+                  body_sha256: bytes | None = None) -> None:
         self.active = revision
+        self.active_sha256 = body_sha256
         self.generation = generation
         self.source = source
         self.last_convergence_s = took_s

@@ -12,9 +12,20 @@ Each child reports started before any Kubernetes request (a watcher waiting
 in its preflight has started), so ``READY=1`` never waits for Kubernetes.
 
 The children share one :class:`~supervisor.kube.client.KubeClient` (one
-connection pool, one credential cache). It is created when the first child
-starts and closed when the last one stops, within a shielded
-``CLOSE_TIMEOUT_S`` so shutdown never hangs on a dead connection.
+connection pool, one credential cache, one client-side rate limit of
+``[kubernetes].qps``/``burst``). It is created when the first child starts and
+closed when the last one stops, within a shielded ``CLOSE_TIMEOUT_S`` so
+shutdown never hangs on a dead connection. A child's shutdown timeout covers
+the bounded drain of in-flight writes (``DRAIN_S``) and that close.
+
+SIGHUP: when the daemon passes its :class:`~supervisor.lifecycle.signals.HupHooks`,
+one hook wakes every waiting preflight (a CRD or Role just applied is picked
+up at once instead of at the next retry).
+
+:func:`run_fanout_group` runs every kind in one nursery under one call: a
+caller that must start and stop the whole fan-out at once (leader election,
+issue 14) runs that inside a cancel scope of its own; cancelling it drains
+and stops every kind together.
 """
 
 from __future__ import annotations
@@ -26,20 +37,30 @@ from typing import Any
 import trio
 
 from supervisor.config import KubernetesConfig
+from supervisor.fanout.preflight import Wakeup
 from supervisor.fanout.reconciler import FanoutKind, FanoutTuning, Reconciler
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.client import KubeClient
+from supervisor.lifecycle.signals import HupHooks
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 from supervisor.tree import ChildSpec, Restart
 
-__all__ = ["CLOSE_TIMEOUT_S", "KINDS", "SharedClient", "fanout_children"]
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "DRAIN_S",
+    "KINDS",
+    "SharedClient",
+    "fanout_children",
+    "run_fanout_group",
+]
 
 log = get_logger("fanout")
 
 CLOSE_TIMEOUT_S = 2.0
+DRAIN_S = 2.0
 KINDS: tuple[FanoutKind[Any], ...] = (SERVICE_DEFINITION, WORKFLOW)
 
 
@@ -82,18 +103,52 @@ def _child(
     metrics: Metrics,
     status: FanoutStatus,
     tuning: FanoutTuning | None,
+    wakeup: Wakeup,
 ) -> ChildSpec:
     async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with shared.use() as client:
-            reconciler = Reconciler(client, kind, config, metrics, status, tuning)
+            reconciler = Reconciler(client, kind, config, metrics, status, tuning,
+                                    wakeup=wakeup)
             await reconciler.run(task_status=task_status)
 
+    drain = tuning.drain_s if tuning is not None else DRAIN_S
     return ChildSpec(
         name=f"fanout-{kind.kind.lower()}",
         start=start,
         restart=Restart.PERMANENT,
-        shutdown_timeout_s=CLOSE_TIMEOUT_S + 1.0,
+        shutdown_timeout_s=drain + CLOSE_TIMEOUT_S + 1.0,
     )
+
+
+def _factory(config: KubernetesConfig) -> Callable[[], KubeClient]:
+    return lambda: KubeClient.from_kubeconfig(config.kubeconfig, qps=config.qps,
+                                              burst=config.burst)
+
+
+async def run_fanout_group(
+    config: KubernetesConfig,
+    metrics: Metrics,
+    statuses: dict[str, FanoutStatus],
+    *,
+    tuning: FanoutTuning | None = None,
+    client_factory: Callable[[], KubeClient] | None = None,
+    wakeup: Wakeup | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Every fan-out kind in one nursery, on one client: start and stop them as a group.
+
+    Reports started once every kind has (before any Kubernetes request);
+    runs until cancelled. Each run starts fresh (preflight, list, resync,
+    sweep): all state is re-read from the API server.
+    """
+    shared = SharedClient(client_factory or _factory(config))
+    wake = wakeup or Wakeup()
+    async with shared.use() as client, trio.open_nursery() as nursery:
+        for kind in KINDS:
+            status = statuses.setdefault(kind.kind, FanoutStatus())
+            reconciler = Reconciler(client, kind, config, metrics, status, tuning, wakeup=wake)
+            await nursery.start(reconciler.run)
+        task_status.started()
 
 
 def fanout_children(
@@ -103,18 +158,22 @@ def fanout_children(
     *,
     tuning: FanoutTuning | None = None,
     client_factory: Callable[[], KubeClient] | None = None,
+    hup: HupHooks | None = None,
 ) -> list[ChildSpec]:
     """One supervised child per fan-out kind; fills ``statuses`` (``state="preflight"``).
 
     ``tuning`` and ``client_factory`` are for tests; production uses the
-    defaults (a client configured from ``config.kubeconfig``).
+    defaults (a client configured from ``config.kubeconfig``). ``hup``: SIGHUP
+    wakes every waiting preflight.
     """
-    factory = client_factory or (lambda: KubeClient.from_kubeconfig(config.kubeconfig))
-    shared = SharedClient(factory)
+    shared = SharedClient(client_factory or _factory(config))
     metrics.track_fanout(statuses)
+    wakeup = Wakeup()
+    if hup is not None:
+        hup.register("fanout-preflight-wake", wakeup.wake)
     specs = []
     for kind in KINDS:
         status = statuses.setdefault(kind.kind, FanoutStatus())
         status.state = "preflight"
-        specs.append(_child(kind, shared, config, metrics, status, tuning))
+        specs.append(_child(kind, shared, config, metrics, status, tuning, wakeup))
     return specs

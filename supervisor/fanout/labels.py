@@ -5,7 +5,12 @@ One definition for every fan-out kind, so a new kind cannot drift the set:
 - ``app.kubernetes.io/name=<parent name>``: the standard name label;
 - ``app.kubernetes.io/managed-by=trio-supervisor``: "ours", for operators and selectors;
 - the lineage label ``platform.trio-supervisor.dev/<kind>=<parent name>``
-  (``servicedefinition`` or ``workflow``): which parent owns the object.
+  (``servicedefinition`` or ``workflow``): which parent owns the object;
+- ``platform.trio-supervisor.dev/installation=<installation>`` (CONTRACT.md
+  section 8, ``[kubernetes].installation``, default the control namespace):
+  which installation owns it. Every selector that can lead to a delete (the
+  orphan sweep) and every child watch selects on it, so two installations
+  sharing an apps namespace never see, let alone sweep, each other's children.
 
 Children live in another namespace than their parent, and Kubernetes ignores
 cross-namespace ownerReferences, so the lineage label is how children are
@@ -18,6 +23,7 @@ from typing import Final
 
 __all__ = [
     "GROUP",
+    "INSTALLATION_KEY",
     "LINEAGE_SERVICEDEFINITION",
     "LINEAGE_WORKFLOW",
     "MANAGED_BY_KEY",
@@ -33,18 +39,21 @@ MANAGED_BY_KEY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE: Final = "trio-supervisor"
 LINEAGE_SERVICEDEFINITION: Final = f"{GROUP}/servicedefinition"
 LINEAGE_WORKFLOW: Final = f"{GROUP}/workflow"
+INSTALLATION_KEY: Final = f"{GROUP}/installation"
 
 
-def labels(parent_name: str, lineage_key: str) -> dict[str, str]:
+def labels(parent_name: str, lineage_key: str, installation: str) -> dict[str, str]:
     """The label set of an object fanned out from the parent ``parent_name``."""
     return {
         NAME_KEY: parent_name,
         MANAGED_BY_KEY: MANAGED_BY_VALUE,
+        INSTALLATION_KEY: installation,
         lineage_key: parent_name,
     }
 
 
-def lineage_selector(lineage_key: str, parent_name: str | None = None) -> str:
-    """A label selector for our children: of one parent, or (None) of every parent."""
+def lineage_selector(lineage_key: str, installation: str,
+                     parent_name: str | None = None) -> str:
+    """A label selector for this installation's children: of one parent, or (None) of all."""
     lineage = lineage_key if parent_name is None else f"{lineage_key}={parent_name}"
-    return f"{MANAGED_BY_KEY}={MANAGED_BY_VALUE},{lineage}"
+    return f"{MANAGED_BY_KEY}={MANAGED_BY_VALUE},{INSTALLATION_KEY}={installation},{lineage}"

@@ -2,8 +2,17 @@
 
 A watcher stays dormant, not failing, until a one-item list of what it is
 about to watch succeeds. Each attempt is one ``list`` with ``limit=1``; a
-failed attempt is classified, logged, counted, and retried every
-``retry_s`` (``[kubernetes].preflight_retry_s``).
+failed attempt is classified, logged, counted, and retried after a delay that
+starts near 1 s and doubles up to ``retry_s`` (``[kubernetes].preflight_retry_s``,
+the ceiling), so a CRD or Role applied just after the daemon started is
+noticed at once. A :class:`Wakeup` (the daemon wakes it on SIGHUP) ends a
+waiting delay early and starts the schedule over.
+
+The list's items are *not* decoded here: objects are decoded one at a time by
+the informer, which names each undecodable one (``kind``, ``name``,
+``error_class=schema_skew``, the decode ``path``) and skips it, so one bad
+object never holds its whole kind in the preflight. Only an undecodable list
+envelope is a schema skew of the preflight itself.
 
 Two failures look alike and need different fixes, so
 :func:`classify_watch_error` (the only place that decides) tells them apart:
@@ -21,7 +30,12 @@ Two failures look alike and need different fixes, so
   than ending the daemon: the convergence loop and the other watchers keep
   serving.
 
-Both lines carry ``kind`` and ``error_class`` (CONTRACT.md section 1). While
+- ``child_api_missing``: a child resource answered 404 and the server's
+  discovery confirms it does not serve that group/version/resource at all
+  (kube-apiserver 1.20 has no ``batch/v1`` CronJob). No manifest of ours fixes
+  that: it is logged at **error** naming the API and what serves it.
+
+Every line carries ``kind`` and ``error_class`` (CONTRACT.md section 1). While
 waiting, the kind's :class:`~supervisor.fanout.status.FanoutStatus` says
 ``state="preflight"`` with ``last_error_class`` set, and
 ``fanout_preflight_failures{kind,error_class}`` counts each failed attempt.
@@ -35,19 +49,22 @@ must unwind the wait never waits out a retry sleep.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, TypeVar
 
+import msgspec
 import trio
 
 from supervisor import reasons
 from supervisor.fanout.status import FanoutStatus
-from supervisor.kube.errors import DecodeError, KubeError
+from supervisor.kube.errors import DecodeError, KubeError, NotFound
 from supervisor.kube.models import KindSpec, ObjectList, Resource
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
 __all__ = [
     "ListClient",
+    "Wakeup",
     "await_watchable",
     "await_watchable_cancellable",
     "classify_watch_error",
@@ -57,10 +74,40 @@ T = TypeVar("T")
 
 log = get_logger("fanout.preflight")
 
-ErrorClass = Literal["schema_skew", "namespace_or_rbac_unready"]
+ErrorClass = Literal["schema_skew", "namespace_or_rbac_unready", "child_api_missing"]
 
 CRDS_FIX = "kubectl apply -k manifests/crds"
 NAMESPACE_FIX = "manifests/apps-namespace"
+FIRST_RETRY_S = 1.0
+
+
+def missing_api_fix(resource: Resource) -> str:
+    """The fix text of ``child_api_missing`` for ``resource``."""
+    hint = " (batch/v1 CronJob is served from Kubernetes 1.21)" if (
+        resource.group, resource.version, resource.plural) == ("batch", "v1", "cronjobs") else ""
+    return (f"run against an API server that serves {resource.api_version} {resource.plural}"
+            f"{hint}")
+
+
+class Wakeup:
+    """Ends a waiting preflight delay early (the daemon calls :meth:`wake` on SIGHUP)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def sleep(self, delay_s: float) -> bool:
+        """Sleep ``delay_s``; True when woken before it ended."""
+        event = self._event
+        with trio.move_on_after(delay_s):
+            await event.wait()
+            return True
+        return False
 
 
 class ListClient(Protocol):
@@ -89,12 +136,13 @@ def classify_watch_error(exc: BaseException) -> ErrorClass:
     """
     if isinstance(exc, DecodeError):
         return reasons.SCHEMA_SKEW
-    return reasons.NAMESPACE_OR_RBAC_UNREADY
+    return reasons.NAMESPACE_OR_RBAC_UNREADY  # child_api_missing needs discovery: _report
 
 
 def _report(
     exc: KubeError,
     *,
+    missing_api: bool = False,
     kind: str,
     resource: Resource,
     namespace: str,
@@ -102,7 +150,9 @@ def _report(
     status: FanoutStatus | None,
     metrics: Metrics | None,
 ) -> ErrorClass:
-    error_class = classify_watch_error(exc)
+    error_class: ErrorClass = (
+        reasons.CHILD_API_MISSING if missing_api else classify_watch_error(exc)
+    )
     if status is not None:
         status.state = "preflight"
         status.last_error_class = error_class
@@ -116,7 +166,19 @@ def _report(
         "error": str(exc),
         "retry_s": retry_s,
     }
-    if error_class == reasons.SCHEMA_SKEW:
+    if error_class == reasons.CHILD_API_MISSING:
+        fix = missing_api_fix(resource)
+        log.error(
+            f"fan-out child API not served: the API server does not serve"
+            f" {resource.api_version} {resource.plural} (a child resource of {kind}); no"
+            f" manifest fixes this: {fix}; retrying",
+            fix=fix,
+            **context,
+        )
+    elif error_class == reasons.SCHEMA_SKEW:
+        path = getattr(exc, "path", "")
+        if path:
+            context["path"] = path
         log.error(
             "fan-out watch response failed to decode: the installed CRD schema differs from"
             " the one this build reads (schema skew, not a namespace or RBAC problem);"
@@ -137,10 +199,22 @@ def _report(
 
 async def _attempt(client: ListClient, kind_spec: KindSpec[T], namespace: str) -> KubeError | None:
     try:
-        await client.list(kind_spec.resource, namespace, kind_spec.item_type, limit=1)
+        # Items stay raw: the informer decodes (and names) them one at a time.
+        await client.list(kind_spec.resource, namespace, msgspec.Raw, limit=1)
     except KubeError as exc:
         return exc
     return None
+
+
+async def _not_served(exc: KubeError, resource: Resource,
+                      is_served: Callable[[Resource], Awaitable[bool]] | None) -> bool:
+    """A 404 that discovery confirms: the server does not serve ``resource`` at all."""
+    if is_served is None or not isinstance(exc, NotFound):
+        return False
+    try:
+        return not await is_served(resource)
+    except KubeError:
+        return False  # discovery itself failed: keep the ordinary classification
 
 
 async def await_watchable(
@@ -152,22 +226,35 @@ async def await_watchable(
     kind: str | None = None,
     status: FanoutStatus | None = None,
     metrics: Metrics | None = None,
+    wakeup: Wakeup | None = None,
+    is_served: Callable[[Resource], Awaitable[bool]] | None = None,
 ) -> None:
     """Return once a one-item list of ``kind_spec`` in ``namespace`` succeeds.
 
     ``kind`` is the fan-out kind named in logs and metrics (default: the
-    resource's own kind). Cancel with an enclosing cancel scope.
+    resource's own kind). Retries start after :data:`FIRST_RETRY_S` (or
+    ``retry_s`` if smaller) and double up to ``retry_s``; ``wakeup`` ends a
+    wait early and restarts that schedule. ``is_served`` (a discovery check)
+    tells a child API the server does not serve from an ordinary 404. Cancel
+    with an enclosing cancel scope.
     """
     label = kind or kind_spec.kind
     if status is not None:
         status.state = "preflight"
+    failures = 0
     while True:
         exc = await _attempt(client, kind_spec, namespace)
         if exc is None:
             return
-        _report(exc, kind=label, resource=kind_spec.resource, namespace=namespace,
-                retry_s=retry_s, status=status, metrics=metrics)
-        await trio.sleep(retry_s)
+        delay = min(retry_s, min(FIRST_RETRY_S, retry_s) * 2.0 ** min(failures, 32))
+        missing = await _not_served(exc, kind_spec.resource, is_served)
+        _report(exc, missing_api=missing, kind=label, resource=kind_spec.resource,
+                namespace=namespace, retry_s=round(delay, 3), status=status, metrics=metrics)
+        failures += 1
+        if wakeup is None:
+            await trio.sleep(delay)
+        elif await wakeup.sleep(delay):
+            failures = 0
 
 
 async def await_watchable_cancellable(

@@ -1,4 +1,4 @@
-"""The generic fan-out reconciler: one parent kind -> its children in the apps namespace.
+"""The generic fan-out controller: one parent kind -> its children in the apps namespace.
 
 One :class:`Reconciler` per kind runs as one supervised child
 (:meth:`Reconciler.run`). What it guarantees:
@@ -6,77 +6,95 @@ One :class:`Reconciler` per kind runs as one supervised child
 - **Started before Kubernetes.** ``task_status.started()`` is called before
   the preflight: a watcher waiting for its namespace, RBAC or CRD has started
   (it is dormant, not failing), so ``READY=1`` never waits for Kubernetes.
-- **Preflight, then watch.** The preflight (:mod:`supervisor.fanout.preflight`)
-  lists the parent kind in the control namespace (which also detects a
-  schema skew of the CRD) and each child resource in the apps namespace.
-  Then an :class:`~supervisor.kube.watching.Informer` lists and watches the
-  parents. A 403/404 or an undecodable list later sends the watcher back to
-  its preflight (with a backoff, so a Role that can list but not watch
-  cannot make it spin).
-- **Desired state, written only when it changed.** Each parent maps to a set
-  of :class:`~supervisor.kube.applying.Desired` children, named after the
-  parent and labelled by :func:`supervisor.fanout.labels.labels`. A child is
-  server-side applied only when its digest differs from what was last applied
-  or observed; an unchanged resync writes nothing. A deleted parent's
-  children, and children no longer desired (a ServiceDefinition whose
-  ``port`` was removed loses its Service), are deleted.
-- **Orphans** (children carrying our lineage label whose parent no longer
-  exists) are swept after every (re)list and on the periodic resync, which
-  also re-reads every child's digest so out-of-band deletions are repaired.
-- **A work queue per kind**: keys (parent names) are deduplicated, one key is
-  never reconciled by two workers at once, and ``workers`` bounds the
-  concurrency. A failed reconcile is requeued with a per-key backoff (0.8 s
-  doubling to 30 s, jittered; at least ``Retry-After`` on 429); a 409 is
-  always requeued, never dropped. A 422 (the server refused our object) is
-  not retried until the parent changes or the next resync.
-- **Parent status**: the status subresource gets ``observedGeneration`` and a
-  ``Ready`` condition (reasons ``Applied``, ``Conflict``, ``Invalid``,
-  ``ApplyFailed``), written only when it changes.
+- **Preflight, then watch parents and children.** The preflight
+  (:mod:`supervisor.fanout.preflight`) lists the parent kind in the control
+  namespace and each child resource in the apps namespace. Then one
+  :class:`~supervisor.kube.watching.Informer` lists and watches the parents,
+  and one per child resource watches this installation's children (selected by
+  the managed-by, installation and lineage labels) into
+  :class:`~supervisor.fanout.live.LiveChildren`. A 403/404 or an undecodable
+  list envelope from any of them sends the kind back to its preflight (with a
+  backoff, reset after a watch that delivered).
+- **Drift repair.** A child's change or delete enqueues the parent named by its
+  lineage label. A reconcile compares each desired child with the live one
+  (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
+  server-side applies only what differs, so a child deleted or edited by hand
+  is repaired at once (``DriftRepaired`` Event, ``fanout_drift_repairs``), and
+  a reconcile with nothing drifted writes nothing. Children no longer desired,
+  and a deleted parent's children, are deleted.
+- **Quiet.** A parent update that changes neither generation, labels,
+  annotations nor deletionTimestamp (a status write, ours included) does not
+  enqueue it.
+- **Orphans** (this installation's children whose parent does not exist) are
+  swept after every parent (re)list and on the periodic resync
+  (``[kubernetes].resync_s``), behind :class:`~supervisor.fanout.sweep.SweepGuard`:
+  a sweep of more than half of the children (and more than a handful) is
+  refused, logged at error with the count, until a resync sees the same parent
+  list again.
+- **A work queue per kind** (:class:`~supervisor.fanout.workqueue.WorkQueue`):
+  deduplicated keys, one worker per key, ``workers`` bound the concurrency. A
+  failed reconcile is requeued after a per-key backoff from the first retry on
+  (0.8 s doubling to 30 s, jittered; at least ``Retry-After`` on 429); a 409 is
+  always requeued, never dropped. A 422 is not retried until the parent
+  changes or the next resync.
+- **Parent status** (:mod:`supervisor.fanout.parentstatus`): ``observedGeneration``,
+  ``Ready`` (``Applied``, ``Conflict``, ``Invalid``, ``ApplyFailed``) and
+  ``Available`` (from the children's status), written only when they change.
+  **Events** on the parent: ``Applied``, ``DriftRepaired``, ``ApplyFailed``,
+  ``Invalid`` (:mod:`supervisor.kube.events`, best effort).
+- **Bounded drain.** Writes run shielded; when the child is cancelled
+  (shutdown) no new write starts and one in flight gets ``drain_s`` to finish.
 - A parent that does not decode (schema skew) is logged at error with
-  ``kind`` and ``error_class`` and skipped; its existing children are left
-  alone (never swept: the parent exists, we just cannot read it).
+  ``kind``, ``name``, ``error_class`` and the decode ``path``, skipped, and
+  listed in the status report; its existing children are left alone (never
+  swept: the parent exists, we just cannot read it).
 
 Status and metrics: :class:`~supervisor.fanout.status.FanoutStatus` (``state``
-preflight|watching, ``last_error_class``, ``objects``), and
+preflight|watching, ``last_error_class``, ``objects``, ``skewed``), and
 ``fanout_applies{kind,result}``, ``fanout_objects{kind}``,
-``fanout_watch_restarts{kind}``, ``fanout_preflight_failures{kind,error_class}``.
+``fanout_watch_restarts{kind}``, ``fanout_preflight_failures{kind,error_class}``,
+``fanout_reconcile_duration_seconds{kind,result}``, ``fanout_queue_depth{kind}``,
+``fanout_requeues{kind,cause}``, ``fanout_drift_repairs{kind}``,
+``fanout_sweeps_refused{kind}``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import random
-from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic
 
 import trio
 
 from supervisor import reasons
+from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
-from supervisor.convergence.backoff import Backoff
+from supervisor.fanout.drain import Drain
+from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent
 from supervisor.fanout.labels import lineage_selector
-from supervisor.fanout.preflight import CRDS_FIX, await_watchable, classify_watch_error
+from supervisor.fanout.live import LiveChildren, Obj, covers
+from supervisor.fanout.parentstatus import ParentReporter
+from supervisor.fanout.preflight import (
+    CRDS_FIX,
+    Wakeup,
+    await_watchable,
+    classify_watch_error,
+)
+from supervisor.fanout.repairs import RepairLimiter
 from supervisor.fanout.status import FanoutStatus
-from supervisor.kube.applying import ChildKey, Desired, apply_desired, digest_of
+from supervisor.fanout.sweep import Sweeper
+from supervisor.fanout.workqueue import WorkQueue
+from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import (
     Conflict,
     DecodeError,
     Invalid,
     KubeError,
-    NotFound,
     TooManyRequests,
 )
-from supervisor.kube.models import (
-    KindSpec,
-    ObjectMeta,
-    ParentStatus,
-    PartialObject,
-    Resource,
-)
-from supervisor.kube.watching import Informer, WatchTuning
+from supervisor.kube.models import KindSpec, PartialObject
+from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
@@ -85,123 +103,8 @@ __all__ = ["FanoutKind", "FanoutTuning", "Parent", "Reconciler", "WorkQueue"]
 log = get_logger("fanout")
 
 
-class Parent(Protocol):
-    """What the engine reads of any parent Struct."""
-
-    @property
-    def metadata(self) -> ObjectMeta: ...
-
-    @property
-    def status(self) -> ParentStatus: ...
-
-
-P = TypeVar("P", bound=Parent)
-
-
-@dataclass(frozen=True)
-class FanoutKind(Generic[P]):
-    """Everything kind-specific: the parent resource and type, and its children."""
-
-    kind: str
-    resource: Resource
-    parent_type: type[P]
-    lineage_key: str
-    child_resources: tuple[Resource, ...]
-    desired: Callable[[P, str], list[Desired]]  # (parent, apps namespace) -> children
-
-
-@dataclass(frozen=True)
-class FanoutTuning:
-    """Timings and bounds; the defaults suit production, tests shrink them."""
-
-    watch: WatchTuning = field(default_factory=WatchTuning)
-    workers: int = 4
-    resync_s: float = 300.0
-    requeue_initial_s: float = 0.8
-    requeue_max_s: float = 30.0
-    page_size: int = 500
-
-
-class WorkQueue:
-    """Deduplicating keys, one worker per key at a time (client-go's workqueue, in small).
-
-    A key added while queued is a no-op; added while being processed, it is
-    processed once more after :meth:`done`.
-    """
-
-    def __init__(self) -> None:
-        self._queue: deque[str] = deque()
-        self._queued: set[str] = set()
-        self._active: set[str] = set()
-        self._dirty: set[str] = set()
-        self._delayed: set[str] = set()
-        self._lot = trio.lowlevel.ParkingLot()
-        self._idle_lot = trio.lowlevel.ParkingLot()
-
-    def add(self, key: str) -> None:
-        if key in self._queued:
-            return
-        if key in self._active:
-            self._dirty.add(key)
-            return
-        self._queued.add(key)
-        self._queue.append(key)
-        self._lot.unpark()
-
-    async def add_after(self, key: str, delay_s: float) -> None:
-        """Add ``key`` after ``delay_s`` (run it in a nursery); one pending delay per key."""
-        if key in self._delayed:
-            return
-        self._delayed.add(key)
-        try:
-            await trio.sleep(delay_s)
-        finally:
-            self._delayed.discard(key)
-        self.add(key)
-
-    async def get(self) -> str:
-        while not self._queue:
-            await self._lot.park()
-        key = self._queue.popleft()
-        self._queued.discard(key)
-        self._active.add(key)
-        return key
-
-    def done(self, key: str) -> None:
-        self._active.discard(key)
-        if key in self._dirty:
-            self._dirty.discard(key)
-            self.add(key)
-        if self.idle():
-            self._idle_lot.unpark_all()
-
-    async def wait_idle(self) -> None:
-        """Return once nothing is queued, processing, or waiting to be requeued."""
-        while not self.idle():
-            await self._idle_lot.park()
-
-    def idle(self) -> bool:
-        """Nothing queued, processing, or waiting to be requeued."""
-        return not (self._queue or self._active or self._delayed)
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-
-def _now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True)
-class _StatusWant:
-    generation: int
-    status: str
-    reason: str
-    message: str
-
-
 class Reconciler(Generic[P]):
-    """Watches one parent kind and keeps its children converged (see the module doc)."""
+    """Watches one parent kind and its children and keeps them converged (see the module doc)."""
 
     def __init__(
         self,
@@ -213,6 +116,7 @@ class Reconciler(Generic[P]):
         tuning: FanoutTuning | None = None,
         *,
         rng: random.Random | None = None,
+        wakeup: Wakeup | None = None,
     ) -> None:
         self.client = client
         self.kind = kind
@@ -220,21 +124,31 @@ class Reconciler(Generic[P]):
         self.metrics = metrics
         self.status = status
         self.tuning = tuning or FanoutTuning()
+        self.wakeup = wakeup
         self._rng = rng or random.Random()
         self.queue = WorkQueue()
+        metrics.fanout_queue_depth.labels(kind.kind).set_function(lambda: self.queue.depth)
         self.parents: dict[str, P] = {}
         self.skewed: set[str] = set()
-        # Per parent: the digest of each child as last applied or observed.
-        self.known: dict[str, dict[ChildKey, str]] = {}
-        # The status we last wrote, with the parent's resourceVersion at that time.
-        self._status_written: dict[str, tuple[str, _StatusWant]] = {}
+        self.live = LiveChildren(kind.child_resources, kind.lineage_key, self.queue.add)
+        self.drain = Drain(self.tuning.drain_s)
+        self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
+        self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
+                               {res.plural: res for res in kind.child_resources})
+        # The digest each child was last applied with: a child gone or changed while
+        # we still want that digest was changed by someone else (drift).
+        self._applied: dict[ChildKey, str] = {}
         self._failures: dict[str, int] = {}
+        self._repairs = RepairLimiter()
+        self._fights: set[ChildKey] = set()  # children whose fight was logged
         # Children the server refused (422), by digest: not resent until they change
-        # or the next resync, so a bad spec does not loop on its own status updates.
+        # or the next resync, so a bad spec does not loop.
         self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._by_plural = {res.plural: res for res in kind.child_resources}
+        self._installation = config.installation_label
+        self._selector = lineage_selector(kind.lineage_key, self._installation)
         self.resyncs = 0
         self.reconciles = 0
         self.synced = trio.Event()  # set after the first list and resync
@@ -247,9 +161,11 @@ class Reconciler(Generic[P]):
         """Run until cancelled. Reports started at once, before any Kubernetes request."""
         self.status.state = "preflight"
         task_status.started()
-        back_off = Backoff(self.tuning.requeue_initial_s, self.tuning.requeue_max_s, self._rng)
+        watch = self.tuning.watch
+        back_off = Backoff(watch.backoff_initial_s, watch.backoff_max_s, self._rng)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.drain.guard)
             for _ in range(max(1, self.tuning.workers)):
                 nursery.start_soon(self._worker)
             nursery.start_soon(self._resync_loop)
@@ -257,50 +173,87 @@ class Reconciler(Generic[P]):
                 await self._preflight()
                 self.status.state = "watching"
                 self.status.last_error_class = reasons.SCHEMA_SKEW if self.skewed else None
-                self._log.info("fan-out watching", namespace=self.config.control_namespace)
-                informer = Informer(
-                    self.client, self.kind.resource, self.kind.parent_type,
-                    self.config.control_namespace, self,
-                    name_of=lambda parent: parent.metadata.name,
-                    tuning=self.tuning.watch, on_restart=self._on_restart, rng=self._rng,
-                )
-                self.informer = informer
-                try:
-                    await informer.run()
-                except KubeError as exc:
-                    if informer.watches_with_events:
-                        back_off.reset()
-                    delay = back_off.next()
-                    self._log.warning("fan-out watch lost; back to preflight",
-                                      error=str(exc), delay_s=round(delay, 3))
-                    self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
-                    self.status.state = "preflight"
-                    self.status.last_error_class = classify_watch_error(exc)
-                    await trio.sleep(delay)
+                self._log.info("fan-out watching", namespace=self.config.control_namespace,
+                               installation=self._installation)
+                exc, productive = await self._watch_all()
+                # Nothing is compared against children nobody watches any more: the
+                # workers wait until the next watch has listed them again.
+                self.live.clear()
+                if productive:
+                    back_off.reset()
+                delay = back_off.next()
+                self._log.warning("fan-out watch lost; back to preflight",
+                                  error=str(exc), delay_s=round(delay, 3))
+                self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
+                self.status.state = "preflight"
+                self.status.last_error_class = classify_watch_error(exc)
+                await trio.sleep(delay)
 
     async def _preflight(self) -> None:
-        targets: list[tuple[KindSpec[Any], str]] = [
-            (KindSpec(self.kind.resource, self.kind.parent_type), self.config.control_namespace)
+        targets: list[tuple[KindSpec[Any], str, bool]] = [
+            (KindSpec(self.kind.resource, self.kind.parent_type),
+             self.config.control_namespace, False)
         ]
         targets += [
-            (KindSpec(res, PartialObject), self.config.apps_namespace)
+            (KindSpec(res, PartialObject), self.config.apps_namespace, True)
             for res in self.kind.child_resources
         ]
-        for spec, namespace in targets:
+        for spec, namespace, child in targets:
             await await_watchable(
                 self.client, spec, namespace, retry_s=self.config.preflight_retry_s,
                 kind=self.kind.kind, status=self.status, metrics=self.metrics,
+                wakeup=self.wakeup, is_served=self.client.serves if child else None,
             )
+
+    async def _watch_all(self) -> tuple[KubeError, bool]:
+        """Run the parent informer and one informer per child resource until one fails.
+
+        Returns the failure (a preflight matter) and whether any stream delivered.
+        """
+        self.live.clear()
+        failures: list[KubeError] = []
+        tuning = self.tuning.watch
+        parents: Informer[P] = Informer(
+            self.client, self.kind.resource, self.kind.parent_type,
+            self.config.control_namespace, self,
+            name_of=lambda parent: parent.metadata.name,
+            tuning=tuning, on_restart=self._on_restart, rng=self._rng,
+        )
+        self.informer = parents
+        children: list[Informer[Obj]] = [
+            Informer(
+                self.client, res, dict[str, Any], self.config.apps_namespace,
+                self.live.handler(res), name_of=_child_name, tuning=tuning,
+                on_restart=self._on_restart, label_selector=self._selector, rng=self._rng,
+            )
+            for res in self.kind.child_resources
+        ]
+        async with trio.open_nursery() as nursery:
+
+            async def guard(informer: Informer[Any]) -> None:
+                try:
+                    await informer.run()
+                except KubeError as exc:
+                    failures.append(exc)
+                    nursery.cancel_scope.cancel()
+
+            for informer in children:
+                nursery.start_soon(guard, informer)
+            nursery.start_soon(guard, parents)
+        productive = parents.watches_with_events > 0 or any(
+            informer.watches_with_events for informer in children)
+        return failures[0], productive
 
     def _on_restart(self, why: str) -> None:
         self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
 
-    # -- the informer's handler ---------------------------------------------------
+    # -- the parent informer's handler ----------------------------------------------
 
     def _count(self) -> None:
         # Not len(parents | skewed): that is O(n) per event; skewed is almost always empty.
         count = len(self.parents) + sum(1 for name in self.skewed if name not in self.parents)
         self.status.objects = count
+        self.status.skewed = sorted(self.skewed)[:20]
         self.metrics.fanout_objects.labels(self.kind.kind).set(count)
         if not self.skewed and self.status.last_error_class == reasons.SCHEMA_SKEW:
             self.status.last_error_class = None
@@ -310,15 +263,19 @@ class Reconciler(Generic[P]):
         self.skewed = set(skewed)
         # A relist may follow a restored API server whose resourceVersions repeat
         # for other content: forget which (name, RV) statuses were written.
-        self._status_written.clear()
+        self.reporter.forget()
         self._count()
         await self.resync()
         self.synced.set()
 
     def on_upsert(self, obj: P, name: str) -> None:
+        old = self.parents.get(name)
         self.parents[name] = obj
+        was_skewed = name in self.skewed
         self.skewed.discard(name)
         self._count()
+        if old is not None and not was_skewed and not _matters(old, obj):
+            return  # a status-only update (ours, usually): nothing to reconcile
         self.queue.add(name)
 
     def on_delete(self, name: str) -> None:
@@ -332,18 +289,21 @@ class Reconciler(Generic[P]):
             self.skewed.add(name)
         self._count()
         self.status.last_error_class = reasons.SCHEMA_SKEW  # after _count, which may clear it
+        path = getattr(error, "path", "") or None
         self._log.error(
-            "fan-out object failed to decode and is skipped (schema skew: the installed CRD"
-            f" schema differs from this build's); apply `{CRDS_FIX}`",
-            error_class=reasons.SCHEMA_SKEW, name=name or None, error=str(error),
-            fix=CRDS_FIX,
+            f"fan-out object {name or '(unnamed)'} failed to decode and is skipped (schema"
+            f" skew: the installed CRD schema differs from this build's, or the object was"
+            f" stored under an older one); fix the object or apply `{CRDS_FIX}`",
+            error_class=reasons.SCHEMA_SKEW, name=name or None, path=path,
+            error=str(error), fix=CRDS_FIX,
         )
 
     # -- resync and orphans -------------------------------------------------------
 
     async def _resync_loop(self) -> None:
+        period = self.tuning.resync_s or self.config.resync_s
         while True:
-            await trio.sleep(self.tuning.resync_s)
+            await trio.sleep(period)
             if not self.synced.is_set() or self.status.state != "watching":
                 continue
             try:
@@ -351,51 +311,16 @@ class Reconciler(Generic[P]):
             except KubeError as exc:
                 self._log.warning("periodic resync failed; next one will retry", error=str(exc))
 
-    async def _list_children(self, resource: Resource) -> list[PartialObject]:
-        out: list[PartialObject] = []
-        token: str | None = None
-        while True:
-            page = await self.client.list(
-                resource, self.config.apps_namespace, PartialObject,
-                limit=self.tuning.page_size, continue_token=token,
-                label_selector=lineage_selector(self.kind.lineage_key),
-            )
-            out += page.items
-            token = page.metadata.continue_
-            if not token:
-                return out
-
     async def resync(self) -> None:
-        """Re-read every child, sweep orphans, and enqueue every parent.
+        """Sweep orphans (behind the sweep guard) and enqueue every parent.
 
-        The children's digests replace what we remembered, so a child deleted
-        or re-labelled behind our back is re-applied, and nothing unchanged is
-        written.
+        The children are the watched cache (always current), so a resync reads
+        nothing and writes nothing for parents whose children are as desired.
         """
+        await self.live.wait_synced()
         async with self._resync_lock:
-            observed: dict[str, dict[ChildKey, str]] = {}
-            orphans: list[tuple[Resource, str, str]] = []
-            for resource in self.kind.child_resources:
-                for child in await self._list_children(resource):
-                    parent = child.metadata.labels.get(self.kind.lineage_key, "")
-                    if parent in self.parents or parent in self.skewed:
-                        key = ChildKey(resource.plural, child.metadata.name)
-                        observed.setdefault(parent, {})[key] = digest_of(child) or ""
-                    else:
-                        orphans.append((resource, child.metadata.name, parent))
-            self.known = observed
+            await self.sweeper.sweep(set(self.parents) | self.skewed)
             self._refused.clear()
-            for resource, name, parent in orphans:
-                try:
-                    await self.client.delete(resource, self.config.apps_namespace, name)
-                except KubeError as exc:
-                    self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
-                    self._log.warning("orphan sweep failed; the next resync retries",
-                                      resource=str(resource), name=name, error=str(exc))
-                    continue
-                self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
-                self._log.info("orphan swept", resource=str(resource), name=name,
-                               parent=parent)
             self.resyncs += 1
             for name in sorted(self.parents):
                 self.queue.add(name)
@@ -406,43 +331,60 @@ class Reconciler(Generic[P]):
         while True:
             name = await self.queue.get()
             try:
+                # Never compare against a cache that has not been listed yet.
+                await self.live.wait_synced()
                 await self._reconcile_guarded(name)
             finally:
                 self.queue.done(name)
 
-    def _requeue(self, name: str, exc: KubeError) -> float:
+    def _requeue(self, name: str, exc: KubeError, cause: str) -> float:
         failures = self._failures.get(name, 0)
         self._failures[name] = failures + 1
         nominal = min(self.tuning.requeue_max_s, self.tuning.requeue_initial_s * 2.0 ** failures)
         delay = nominal * self._rng.uniform(0.5, 1.0)
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
             delay = max(delay, exc.retry_after)
+        self.metrics.fanout_requeues.labels(self.kind.kind, cause).inc()
         assert self._nursery is not None
         self._nursery.start_soon(self.queue.add_after, name, delay)
         return delay
 
     async def _reconcile_guarded(self, name: str) -> None:
+        started = trio.current_time()
+        result = "success"
         try:
             await self.reconcile(name)
         except Conflict as exc:
+            result = "conflict"
             self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
-            delay = self._requeue(name, exc)
+            delay = self._requeue(name, exc, "conflict")
             self._log.info("conflict writing a child; requeued", name=name, error=str(exc),
                            delay_s=round(delay, 3))
-            await self._fail_status(name, "Conflict", str(exc))
+            await self._failed(name, "Conflict", str(exc))
         except Invalid as exc:
+            result = "invalid"
             self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
             self._log.warning("child refused by the API server; not retried until the parent"
                               " changes", name=name, error=str(exc))
-            await self._fail_status(name, "Invalid", str(exc))
+            await self._failed(name, "Invalid", str(exc))
         except KubeError as exc:
+            result = "error"
             self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
-            delay = self._requeue(name, exc)
+            cause = "throttled" if isinstance(exc, TooManyRequests) else "error"
+            delay = self._requeue(name, exc, cause)
             self._log.warning("reconcile failed; requeued", name=name, error=str(exc),
                               delay_s=round(delay, 3))
-            await self._fail_status(name, "ApplyFailed", str(exc))
+            await self._failed(name, "ApplyFailed", str(exc))
         else:
             self._failures.pop(name, None)
+        finally:
+            self.metrics.fanout_reconcile_duration.labels(self.kind.kind, result).observe(
+                trio.current_time() - started)
+
+    def _desired(self, parent: P | None) -> list[Desired]:
+        if parent is None or parent.metadata.deletion_timestamp is not None:
+            return []
+        return self.kind.desired(parent, self.config.apps_namespace, self._installation)
 
     async def reconcile(self, name: str) -> None:
         """Make ``name``'s children what its current parent wants (none when deleted)."""
@@ -450,102 +392,115 @@ class Reconciler(Generic[P]):
         if name in self.skewed:
             return  # unreadable parent: leave its children exactly as they are
         parent = self.parents.get(name)
-        desired: list[Desired] = []
-        if parent is not None and parent.metadata.deletion_timestamp is None:
-            desired = self.kind.desired(parent, self.config.apps_namespace)
-        known = self.known.setdefault(name, {})
+        desired = self._desired(parent)
+        applied: list[str] = []
+        repaired: list[str] = []
         for child in desired:
-            if known.get(child.key) == child.digest:
+            live = self.live.get(child.key)
+            if live is not None and covers(live, child.body):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
+                self._fights.discard(child.key)
                 continue
             refused = self._refused.get(child.key)
             if refused is not None and refused[0] == child.digest:
                 earlier = refused[1]
                 raise Invalid(earlier.status, earlier.reason, earlier.message,
                               method=earlier.method, path=earlier.path)
+            drift = _drift(live, child, self._applied.get(child.key))
+            if drift is not None:
+                now = trio.current_time()
+                wait = self._repairs.delay(child.key, now)
+                if wait > 0:
+                    self._fighting(name, child, wait)
+                    continue
+                self._repairs.record(child.key, now)
             try:
-                await apply_desired(self.client, self.config.apps_namespace, child,
-                                    field_manager=self.config.field_manager)
+                obj = await self.drain.write(
+                    self.client.apply_object, child.resource, self.config.apps_namespace,
+                    child.name, child.body, field_manager=self.config.field_manager)
             except Invalid as exc:
                 self._refused[child.key] = (child.digest, exc)
                 raise
             self._refused.pop(child.key, None)
-            known[child.key] = child.digest
-            self.metrics.fanout_applies.labels(self.kind.kind, "applied").inc()
-            self._log.info("child applied", name=name, resource=str(child.resource),
-                           child=child.name)
+            self.live.put(child.resource, obj)
+            self._applied[child.key] = child.digest
+            what = f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
+            if drift is not None:
+                repaired.append(f"{what} ({drift})")
+                self.metrics.fanout_applies.labels(self.kind.kind, "repaired").inc()
+                self.metrics.fanout_drift_repairs.labels(self.kind.kind).inc()
+                self._log.info("drift repaired", name=name, resource=str(child.resource),
+                               child=child.name, drift=drift)
+            else:
+                applied.append(what)
+                self.metrics.fanout_applies.labels(self.kind.kind, "applied").inc()
+                self._log.info("child applied", name=name, resource=str(child.resource),
+                               child=child.name)
         wanted = {child.key for child in desired}
-        for key in sorted(set(known) - wanted):
+        for key in sorted(self.live.of_parent(name) - wanted):
             resource = self._by_plural[key.plural]
-            await self.client.delete(resource, self.config.apps_namespace, key.name)
-            known.pop(key, None)
+            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
+                                   key.name)
+            self.live.discard(key)
+            self._applied.pop(key, None)
             self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
             self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
-        if not known:
-            self.known.pop(name, None)
         if parent is None or parent.metadata.deletion_timestamp is not None:
-            self._status_written.pop(name, None)
+            self.reporter.forget(name)
+            for key in [k for k in self._applied if k not in wanted and k.name == name]:
+                self._applied.pop(key, None)
             return  # gone, or going: its status no longer matters
+        if repaired:
+            await self.reporter.event(parent, "Normal", "DriftRepaired",
+                              "repaired " + ", ".join(repaired))
+        if applied:
+            await self.reporter.event(parent, "Normal", "Applied",
+                                      "applied " + ", ".join(applied))
         noun = "object" if len(desired) == 1 else "objects"
-        await self._write_status(
-            parent, _StatusWant(parent.metadata.generation, "True", "Applied",
-                                f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
-        )
+        await self.reporter.write(parent, desired, "True", "Applied",
+                                  f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
 
-    # -- parent status -------------------------------------------------------------
+    def _fighting(self, name: str, child: Desired, wait: float) -> None:
+        """Someone keeps undoing our repairs of ``child``: repair it later, say so once."""
+        if child.key not in self._fights:
+            self._fights.add(child.key)
+            self._log.warning(
+                "a child keeps drifting right after each repair (another controller, or"
+                " another installation with a parent of the same name?); repairs slow down",
+                name=name, resource=str(child.resource), child=child.name,
+                delay_s=round(wait, 3))
+        assert self._nursery is not None
+        self._nursery.start_soon(self.queue.add_after, name, wait)
 
-    async def _fail_status(self, name: str, reason: str, message: str) -> None:
+    # -- parent status and events ----------------------------------------------------
+
+    async def _failed(self, name: str, reason: str, message: str) -> None:
         parent = self.parents.get(name)
         if parent is None or name in self.skewed:
             return
-        want = _StatusWant(parent.metadata.generation, "False", reason, message[:1024])
+        event_reason = "Invalid" if reason == "Invalid" else "ApplyFailed"
+        await self.reporter.event(parent, "Warning", event_reason, message)
         try:
-            await self._write_status(parent, want)
+            await self.reporter.write(parent, self._desired(parent), "False", reason,
+                                      message[:1024])
         except KubeError as exc:
             self._log.warning("could not write the parent's status", name=name, error=str(exc))
 
-    async def _write_status(self, parent: P, want: _StatusWant) -> None:
-        meta = parent.metadata
-        written = self._status_written.get(meta.name)
-        if written is not None and written == (meta.resource_version, want):
-            return  # written already; our own MODIFIED event has not arrived yet
-        current = parent.status.condition("Ready")
-        if (
-            parent.status.observed_generation == want.generation
-            and current is not None
-            and (current.status, current.reason, current.message)
-            == (want.status, want.reason, want.message)
-        ):
-            return
-        transition = (
-            current.last_transition_time
-            if current is not None and current.status == want.status
-            and current.last_transition_time
-            else _now_rfc3339()
-        )
-        body = {
-            "apiVersion": self.kind.resource.api_version,
-            "kind": self.kind.resource.kind,
-            "metadata": {"name": meta.name, "namespace": self.config.control_namespace},
-            "status": {
-                "observedGeneration": want.generation,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": want.status,
-                        "reason": want.reason,
-                        "message": want.message,
-                        "lastTransitionTime": transition,
-                        "observedGeneration": want.generation,
-                    }
-                ],
-            },
-        }
-        try:
-            await self.client.apply(
-                self.kind.resource, self.config.control_namespace, meta.name, body,
-                field_manager=self.config.field_manager, subresource="status",
-            )
-        except NotFound:
-            return  # the parent was deleted meanwhile; its DELETED event follows
-        self._status_written[meta.name] = (meta.resource_version, want)
+
+def _child_name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _matters(old: Parent, new: Parent) -> bool:
+    """Does an update change anything a reconcile reads (not a status-only write)?"""
+    a, b = old.metadata, new.metadata
+    return (a.generation, a.labels, a.annotations, a.deletion_timestamp) != (
+        b.generation, b.labels, b.annotations, b.deletion_timestamp)
+
+
+def _drift(live: Obj | None, child: Desired, applied_digest: str | None) -> str | None:
+    """Why ``child`` is being rewritten although its desired state did not change, if so."""
+    if live is None:
+        return "deleted" if applied_digest == child.digest else None
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    return "edited" if annotations.get(DIGEST_ANNOTATION) == child.digest else None

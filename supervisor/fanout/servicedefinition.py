@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
+from supervisor.fanout.kind import FanoutKind
 from supervisor.fanout.labels import GROUP, LINEAGE_SERVICEDEFINITION, NAME_KEY, labels
-from supervisor.fanout.reconciler import FanoutKind
 from supervisor.kube.applying import Desired, make_desired
 from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
 
@@ -54,10 +54,12 @@ class ServiceDefinition(msgspec.Struct, kw_only=True):
     status: ParentStatus = msgspec.field(default_factory=ParentStatus)
 
 
-def desired_children(parent: ServiceDefinition, namespace: str) -> list[Desired]:
+def desired_children(
+    parent: ServiceDefinition, namespace: str, installation: str
+) -> list[Desired]:
     name = parent.metadata.name
     spec = parent.spec
-    own = labels(name, LINEAGE_SERVICEDEFINITION)
+    own = labels(name, LINEAGE_SERVICEDEFINITION, installation)
     selector = {NAME_KEY: name, LINEAGE_SERVICEDEFINITION: name}
     container: dict[str, Any] = {"name": CONTAINER, "image": spec.image}
     if spec.env:

@@ -2,12 +2,14 @@
 
 ``state`` is ``disabled``, ``preflight`` or ``watching`` (CONTRACT.md section 6);
 ``last_error_class`` is None, ``schema_skew`` or ``namespace_or_rbac_unready``;
-``objects`` is the number of parent objects currently known.
+``objects`` is the number of parent objects currently known; ``skewed`` names
+(up to 20) the parents that do not decode and are skipped (issue 13), reported
+only when there are any.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["FanoutStatus"]
@@ -20,10 +22,14 @@ class FanoutStatus:
     state: FanoutState = "disabled"
     last_error_class: str | None = None
     objects: int = 0
+    skewed: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
-        return {
+        report: dict[str, Any] = {
             "state": self.state,
             "last_error_class": self.last_error_class,
             "objects": self.objects,
         }
+        if self.skewed:  # only when there are some: the CONTRACT's shape otherwise
+            report["skewed"] = list(self.skewed)
+        return report

@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
+from supervisor.fanout.kind import FanoutKind
 from supervisor.fanout.labels import GROUP, LINEAGE_WORKFLOW, labels
-from supervisor.fanout.reconciler import FanoutKind
 from supervisor.kube.applying import Desired, make_desired
 from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
 
@@ -41,10 +41,10 @@ class Workflow(msgspec.Struct, kw_only=True):
     status: ParentStatus = msgspec.field(default_factory=ParentStatus)
 
 
-def desired_children(parent: Workflow, namespace: str) -> list[Desired]:
+def desired_children(parent: Workflow, namespace: str, installation: str) -> list[Desired]:
     name = parent.metadata.name
     spec = parent.spec
-    own = labels(name, LINEAGE_WORKFLOW)
+    own = labels(name, LINEAGE_WORKFLOW, installation)
     container: dict[str, Any] = {"name": CONTAINER, "image": spec.image}
     if spec.args:
         container["args"] = list(spec.args)

@@ -9,14 +9,12 @@ Contract:
 - Writes go as server-side apply (``PATCH``, ``application/apply-patch+yaml``
   with a JSON body, ``fieldManager``, ``force=true``): we own our fields and
   take them back from anyone who edited them, without read-modify-write races.
-- Skipping unchanged writes: a reconciler remembers, per child, the digest it
-  last applied or observed (the annotation read back from a list of the
-  children). Equal digest, no request. The annotation makes this survive a
-  restart: the first resync after boot reads the digests of the existing
-  children and writes nothing for those already up to date.
-- Known limitation: an edit by someone else that leaves our annotation alone
-  is not seen until the desired object changes (we do not compare the live
-  spec, which carries server defaults).
+- Skipping unchanged writes is the reconciler's: it compares each desired
+  body with the live child it watches (:func:`supervisor.fanout.live.covers`,
+  every field we set must have our value; server defaults do not count), so
+  an edit by someone else, annotation untouched or not, is seen and repaired.
+  The digest annotation tells such drift (the live child carries the digest
+  we still want) from a desired change (it carries an older one).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ Contract:
 - Watches are streamed line by line with a client-side inactivity deadline
   (:class:`WatchStream`); the caller decodes each event on its own.
 
+- A client-side rate limit (a token bucket, client-go's QPS and Burst) paces
+  every request when ``qps`` is given; a watch counts once, when it opens.
+
 Not retried here: 409, 410, 429 and 5xx are the caller's decision (the
 watchers relist or back off, the reconcilers requeue).
 """
@@ -50,6 +53,7 @@ from supervisor.kube.errors import (
     api_error,
 )
 from supervisor.kube.models import ObjectList, PartialObject, Resource, Status
+from supervisor.kube.ratelimit import TokenBucket
 from supervisor.logs import get_logger
 
 __all__ = ["APPLY_PATCH", "KubeClient", "WatchStream", "decode"]
@@ -120,6 +124,16 @@ class _OneChunk:
             raise StopAsyncIteration
         data, self._data = self._data, None
         return data
+
+
+class _ResourceName(msgspec.Struct):
+    name: str
+
+
+class _ResourceList(msgspec.Struct):
+    """Discovery's ``APIResourceList``: only the resource names are read."""
+
+    resources: list[_ResourceName] = []
 
 
 class WatchStream:
@@ -205,8 +219,11 @@ class KubeClient:
         timeout_s: float = 10.0,
         token_refresh_s: float = 60.0,
         max_connections: int = 32,
+        qps: float | None = None,
+        burst: int = 1,
     ) -> None:
         self._load = settings
+        self.limiter = TokenBucket(qps, max(1, burst)) if qps else None
         self._timeout = httpx.Timeout(timeout_s)
         self._timeout_s = timeout_s
         self._token_refresh_s = token_refresh_s
@@ -316,6 +333,8 @@ class KubeClient:
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         http = await self._ensure()
+        if self.limiter is not None:
+            await self.limiter.acquire()
         settings = self._settings
         extensions: dict[str, Any] = {}
         if settings is not None and settings.tls_server_name:
@@ -432,6 +451,30 @@ class KubeClient:
             "PATCH", resource.object_path(namespace, name, subresource), PartialObject,
             params=params, body=body, content_type=APPLY_PATCH,
         )
+
+    async def apply_object(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        field_manager: str,
+    ) -> dict[str, Any]:
+        """Server-side apply with force; the whole object the server returned, as a map."""
+        params = {"fieldManager": field_manager, "force": "true"}
+        return await self.request(
+            "PATCH", resource.object_path(namespace, name), dict[str, Any],
+            params=params, body=body, content_type=APPLY_PATCH,
+        )
+
+    async def serves(self, resource: Resource) -> bool:
+        """Does the server serve ``resource`` (its group/version's discovery lists it)?"""
+        try:
+            found = await self.request("GET", resource.group_version_path(), _ResourceList)
+        except NotFound:
+            return False
+        return any(item.name == resource.plural for item in found.resources)
 
     async def delete(self, resource: Resource, namespace: str, name: str) -> bool:
         """Delete with background propagation; False when it was already gone."""

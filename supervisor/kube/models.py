@@ -54,6 +54,10 @@ class Resource:
     def _prefix(self) -> str:
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
 
+    def group_version_path(self) -> str:
+        """Discovery of this resource's group/version (``/apis/batch/v1``)."""
+        return self._prefix()
+
     def collection_path(self, namespace: str) -> str:
         return f"{self._prefix()}/namespaces/{namespace}/{self.plural}"
 

@@ -26,7 +26,8 @@ Contract of :meth:`Informer.run` (never returns; cancel it to stop):
    a server contradicting its own list must not make the loop hot. Any other
    failure (transport, stall, 5xx, 429) waits a backoff of 0.8 s doubling to
    30 s with jitter (at least ``Retry-After`` on 429) and re-watches from the
-   last resourceVersion.
+   last resourceVersion. A stream that delivered any line before it failed
+   resets that backoff first: each outage starts again from the initial delay.
    Every relist and reconnect after a failure calls ``on_restart`` (the
    ``fanout_watch_restarts`` metric).
 4. ``403``/``404`` from the list or watch, and an undecodable list envelope,
@@ -44,7 +45,7 @@ from typing import Generic, Protocol, TypeVar
 import msgspec
 import trio
 
-from supervisor.convergence.backoff import Backoff
+from supervisor.backoff import Backoff
 from supervisor.kube.client import KubeClient, decode
 from supervisor.kube.errors import (
     ApiError,
@@ -178,6 +179,7 @@ class Informer(Generic[T]):
         self.lists = 0
         self.watches = 0
         self.watches_with_events = 0
+        self._productive = False  # the current (or last) watch stream delivered a line
 
     def _restart(self, why: str) -> None:
         if self._on_restart is not None:
@@ -217,6 +219,10 @@ class Informer(Generic[T]):
                     continue
                 if is_preflight_matter(exc):
                     raise
+                if self._productive:
+                    # The stream delivered before it was cut: this is a new outage, not
+                    # the next failure of the last one (kube-rs resets after a good event).
+                    self._backoff.reset()
                 self._restart("stalled" if isinstance(exc, StreamStalled) else "error")
                 await self._sleep_backoff(exc)
                 continue
@@ -278,6 +284,7 @@ class Informer(Generic[T]):
         """One watch request until the server ends it; True when any line arrived."""
         assert self.resource_version is not None
         received = False
+        self._productive = False
         self.watches += 1
         async with self._client.watch(
             self._resource, self._namespace,
@@ -289,6 +296,7 @@ class Informer(Generic[T]):
             while (line := await stream.next_line()) is not None:
                 if not received:
                     received = True
+                    self._productive = True
                     self.watches_with_events += 1
                 self._handle_line(line)
         return received

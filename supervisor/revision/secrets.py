@@ -4,7 +4,8 @@ Contract: a reference is ``env:NAME`` (the environment variable NAME) or
 ``file:PATH`` (the file's bytes, one trailing ``\\n`` or ``\\r\\n`` removed so
 ``echo value > file`` works; a relative PATH resolves against the working
 directory). A reference that cannot be resolved (unknown scheme, variable
-unset, file missing or unreadable, empty secret) raises
+unset, file missing or unreadable, empty secret), or that points outside
+``[revision].secret_env_prefixes`` / ``secret_dirs``, raises
 ``RevisionError(reason="secret")``, except a transient shortage while
 reading a file (EMFILE, ENFILE, ENOMEM, EAGAIN), which is ``unavailable``:
 retried with backoff, and never mistaken for a missing secret.
@@ -21,11 +22,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Mapping
-from typing import Final, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Protocol
 
 from supervisor import reasons
 from supervisor.revision.errors import RevisionError
+
+if TYPE_CHECKING:
+    from supervisor.config import RevisionConfig
 
 __all__ = ["MAX_SECRET_BYTES", "EnvFileResolver", "SecretResolver"]
 
@@ -51,10 +55,10 @@ _TRANSIENT_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, 
 
 
 def _os_refusal(path: str, exc: OSError) -> RevisionError:
-    detail = f"secret file {path}: {exc.strerror or type(exc).__name__}"
     if exc.errno in _TRANSIENT_ERRNOS:
+        detail = f"secret file {path}: {exc.strerror or type(exc).__name__}"
         return RevisionError(reasons.UNAVAILABLE, f"{detail} (transient; retried)")
-    return _refuse(detail)
+    return _unresolvable(path)
 
 
 class EnvFileResolver:
@@ -62,34 +66,83 @@ class EnvFileResolver:
 
     ``environ`` defaults to the live ``os.environ`` (read at each resolution,
     not copied at construction); tests and benchmarks inject a mapping.
+
+    ``env_prefixes`` and ``dirs`` (``[revision].secret_env_prefixes`` and
+    ``secret_dirs``; empty = anywhere) confine where references may point:
+    whoever can publish must not make the replica hash, and serve the digest of,
+    its own database password (``env:SUPERVISOR_CONTROL_PLANE__URL``) or any file
+    it can read (``file:/proc/self/environ``). A reference outside is refused
+    before anything is looked up. A file reference inside is refused with one
+    message whatever the cause (missing, unreadable, not a regular file, empty,
+    too large, or a symlink leading outside the directories), so a refusal
+    does not tell the publisher whether a file exists.
     """
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        environ: Mapping[str, str] | None = None,
+        *,
+        env_prefixes: Sequence[str] = (),
+        dirs: Sequence[str] = (),
+    ) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
+        self._prefixes = tuple(env_prefixes)
+        self._dirs = tuple(os.path.abspath(d) for d in dirs)
+        self._real_dirs = tuple(os.path.realpath(d) for d in dirs)
+
+    @classmethod
+    def from_config(cls, config: RevisionConfig) -> EnvFileResolver:
+        """The resolver ``[revision]`` asks for, on the live environment."""
+        return cls(env_prefixes=config.secret_env_prefixes, dirs=config.secret_dirs)
 
     def resolve(self, reference: str) -> bytes:
         scheme, sep, target = reference.partition(":")
         if sep and scheme == "env" and target:
             return self._from_env(target)
         if sep and scheme == "file" and target:
-            return _from_file(target)
+            return self._from_file(target)
         # Echo nothing of it: a malformed reference is often a pasted secret.
         raise _refuse('unsupported secret reference: expected "env:NAME" or "file:PATH"')
 
     def _from_env(self, name: str) -> bytes:
+        if self._prefixes and not name.startswith(self._prefixes):
+            raise _refuse(
+                f"environment variable {name} is outside [revision].secret_env_prefixes"
+            )
         value = self._environ.get(name)
-        if value is None:
-            raise _refuse(f"environment variable {name} is not set")
         if not value:
-            raise _refuse(f"environment variable {name} is empty")
+            raise _refuse(f"environment variable {name} is not set or empty")
         try:
             # surrogateescape gives back the exact bytes os.environ decoded.
             return value.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             raise _refuse(f"environment variable {name} cannot be encoded as bytes") from None
 
+    def _from_file(self, path: str) -> bytes:
+        if self._dirs:
+            # Decided on the spelled path alone (.. collapsed): nothing is touched.
+            if not _under(os.path.abspath(path), self._dirs):
+                raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
+            # A symlink may lead outside: refused like any other unusable file.
+            if not _under(os.path.realpath(path), self._real_dirs):
+                raise _unresolvable(path)
+        return _read_file(path)
 
-def _from_file(path: str) -> bytes:
+
+def _under(path: str, dirs: tuple[str, ...]) -> bool:
+    return any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+
+
+def _unresolvable(path: str) -> RevisionError:
+    # One message for every cause: which one it was would tell whoever
+    # publishes whether the file exists on this host.
+    return _refuse(
+        f"secret file {path} cannot be resolved (it must be a readable, non-empty "
+        f"regular file of at most {MAX_SECRET_BYTES} bytes)"
+    )
+
+
+def _read_file(path: str) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO must not hang the compile; fstat then
         # refuses anything but a regular file (symlinks are followed, as
@@ -99,7 +152,7 @@ def _from_file(path: str) -> bytes:
         raise _os_refusal(path, exc) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _refuse(f"secret file {path} is not a regular file")
+            raise _unresolvable(path)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(MAX_SECRET_BYTES + 1)
     except OSError as exc:
@@ -107,11 +160,11 @@ def _from_file(path: str) -> bytes:
     finally:
         os.close(fd)
     if len(data) > MAX_SECRET_BYTES:
-        raise _refuse(f"secret file {path} is larger than {MAX_SECRET_BYTES} bytes")
+        raise _unresolvable(path)
     if data.endswith(b"\r\n"):
         data = data[:-2]
     elif data.endswith(b"\n"):
         data = data[:-1]
     if not data:
-        raise _refuse(f"secret file {path} is empty")
+        raise _unresolvable(path)
     return data

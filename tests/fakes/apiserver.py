@@ -1195,6 +1195,7 @@ async def run_fake_apiserver(
     too_large_rv_wait_s: float = 0.1,
     host: str = "127.0.0.1",
     port: int = 0,
+    resources: Iterable[ResourceType] = DEFAULT_RESOURCES,
 ) -> AsyncIterator[FakeApiServer]:
     """Serve a :class:`FakeApiServer` on ``host:port`` (port 0: the OS picks) inside the
     caller's trio run; ``server.url`` is set on entry, everything stops on exit."""
@@ -1204,7 +1205,8 @@ async def run_fake_apiserver(
     server = FakeApiServer(token=token, bookmark_interval_s=bookmark_interval_s,
                            namespaces=namespaces, crds_installed=crds_installed,
                            defaulting=defaulting, validation=validation,
-                           history_limit=history_limit, too_large_rv_wait_s=too_large_rv_wait_s)
+                           history_limit=history_limit, too_large_rv_wait_s=too_large_rv_wait_s,
+                           resources=resources)
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.accesslog = None

@@ -157,6 +157,8 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
                  singular="service", short_names=("svc",)),
     ResourceType("", "v1", "configmaps", "ConfigMap", True, has_generation=False,
                  singular="configmap", short_names=("cm",)),
+    ResourceType("", "v1", "events", "Event", True, has_generation=False,
+                 singular="event", short_names=("ev",)),
     ResourceType("apps", "v1", "deployments", "Deployment", True,
                  singular="deployment", short_names=("deploy",)),
     ResourceType("batch", "v1", "cronjobs", "CronJob", True,

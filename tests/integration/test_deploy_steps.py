@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -144,6 +145,12 @@ def test_kubernetes_apply_steps_follow_a_working_order(tmp_path: Path) -> None:
             assert ns in namespaces, f"{line}: namespace {ns} does not exist yet"
             keys = {a.split("=", 2)[1] for a in argv[7:] if a.startswith("--from-")}
             secrets[(ns, name)] = keys
+        elif argv[1:3] == ["label", "namespace"]:
+            # Who may reach the admin port: the label the NetworkPolicy admits.
+            policy = [o for o in kustomize(REPO / "deploy" / "kubernetes")
+                      if o["kind"] == "NetworkPolicy"]
+            key = argv[4].split("=", 1)[0]
+            assert policy and key in json.dumps(policy), f"{line}: no NetworkPolicy admits {key}"
         else:
             pytest.fail(f"unexpected command in the README: {line}")
     assert applied[-2:] == ["deploy/kubernetes", "deploy/prometheus"]

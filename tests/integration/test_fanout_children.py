@@ -8,7 +8,7 @@ import trio
 
 from supervisor import reasons
 from supervisor.config import KubernetesConfig
-from supervisor.fanout.children import fanout_children
+from supervisor.fanout.children import fanout_children, run_fanout_group
 from supervisor.fanout.reconciler import FanoutTuning
 from supervisor.fanout.status import FanoutStatus
 from supervisor.kube.client import KubeClient
@@ -99,3 +99,38 @@ async def test_children_start_at_once_while_kubernetes_is_unavailable(tmp_path: 
                 await tree.shutdown()
                 assert trio.current_time() - shutdown_start < 3.0
                 nursery.cancel_scope.cancel()
+
+
+async def test_the_fan_out_runs_and_stops_as_one_group(tmp_path: Path) -> None:
+    # Room for leader election (issue 14): every kind starts together, on one client, and
+    # one cancellation stops them all (after the bounded drain); a second run starts fresh.
+    clients: list[KubeClient] = []
+    with trio.fail_after(15):
+        async with run_fake_apiserver(bookmark_interval_s=0.2) as fake:
+            write_kubeconfig(fake, tmp_path / "kubeconfig")
+            config = KubernetesConfig(enabled=True, kubeconfig=str(tmp_path / "kubeconfig"),
+                                      preflight_retry_s=0.2)
+
+            def factory() -> KubeClient:
+                clients.append(KubeClient.from_kubeconfig(config.kubeconfig))
+                return clients[-1]
+
+            statuses: dict[str, FanoutStatus] = {}
+            for run in range(2):
+                name = f"web-{run}"
+                with trio.CancelScope() as group:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(lambda task_status: run_fanout_group(
+                            config, Metrics(process=False), statuses, tuning=FAST,
+                            client_factory=factory, task_status=task_status))
+                        await fake.wait_until(lambda: len(statuses) == 2 and all(
+                            st.state == "watching" for st in statuses.values()))
+                        fake.create({"apiVersion": GROUP, "kind": "ServiceDefinition",
+                                     "metadata": {"name": name,
+                                                  "namespace": "trio-supervisor"},
+                                     "spec": {"image": "nginx"}})
+                        await fake.wait_until(
+                            lambda: fake.get("deployments", "apps", name) is not None)  # noqa: B023
+                        group.cancel()
+                assert clients[-1]._closed
+    assert len(clients) == 2

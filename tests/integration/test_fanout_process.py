@@ -93,3 +93,34 @@ async def test_sigterm_while_the_preflight_waits_exits_0_promptly(tmp_path: Path
                 assert await daemon.wait() == 0
                 assert trio.current_time() - start < 2.0
     notify.close()
+
+
+async def test_sighup_wakes_a_waiting_preflight(tmp_path: Path) -> None:
+    # Finding 5: a CRD applied after start was noticed only at the next preflight retry
+    # (300 s by default), and SIGHUP did not wake the preflight.
+    admin_port = free_port()
+    with trio.fail_after(60):
+        async with run_fake_apiserver(crds_installed=False) as server:
+            kubeconfig = tmp_path / "kubeconfig"
+            write_kubeconfig(server, kubeconfig)
+            config = kube_config(tmp_path, kubeconfig, admin_port)
+            config.write_text(config.read_text().replace("preflight_retry_s = 1",
+                                                         "preflight_retry_s = 300"))
+            await acli("publish", "--config", str(config), str(EXAMPLE))
+            async with run_daemon(config) as daemon:
+                await daemon.wait_log("ready")
+                # Retries start near 1 s and double: after the fourth the next is ~8 s away.
+                await server.wait_until(
+                    lambda: server.count("GET", "/servicedefinitions", status=404) >= 4,
+                    recheck_s=None)
+                server.install_crd("servicedefinitions")
+                server.install_crd("workflows")
+                daemon.signal(signal.SIGHUP)
+                woken = trio.current_time()
+                await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+                assert trio.current_time() - woken < 3.0
+                server.create(sd("web"))
+                await server.wait_until(lambda: server.get("deployments", "apps", "web")
+                                        is not None)
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0

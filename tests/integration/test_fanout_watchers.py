@@ -20,11 +20,12 @@ from structlog.testing import capture_logs
 
 from supervisor import reasons
 from supervisor.config import KubernetesConfig
-from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION, LINEAGE_WORKFLOW
+from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION, LINEAGE_WORKFLOW
 from supervisor.fanout.reconciler import FanoutKind, FanoutTuning, Reconciler
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
+from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.watching import WatchTuning
 from supervisor.telemetry import Metrics
@@ -150,6 +151,7 @@ async def test_servicedefinition_create_update_delete_reflected_in_children(tmp_
             assert labels == {
                 "app.kubernetes.io/name": "web",
                 "app.kubernetes.io/managed-by": "trio-supervisor",
+                "platform.trio-supervisor.dev/installation": CONTROL,
                 LINEAGE_SERVICEDEFINITION: "web",
             }
             assert deployment["spec"]["replicas"] == 2
@@ -251,18 +253,25 @@ async def test_a_restarted_reconciler_writes_nothing_for_up_to_date_children(
             assert [r for r in fake.requests[before:] if r.method != "GET"] == []
 
 
+def _orphan_deployment(name: str, installation: str | None = CONTROL) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "trio-supervisor",
+              LINEAGE_SERVICEDEFINITION: name}
+    if installation is not None:
+        labels[INSTALLATION_KEY] = installation
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": APPS, "labels": labels},
+        "spec": {"selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "x"}]}}},
+    }
+
+
 async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: Path) -> None:
     def seed(fake: FakeApiServer) -> None:
-        fake.create({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "gone", "namespace": APPS, "labels": {
-                "app.kubernetes.io/name": "gone",
-                "app.kubernetes.io/managed-by": "trio-supervisor",
-                LINEAGE_SERVICEDEFINITION: "gone"}},
-            "spec": {"selector": {"matchLabels": {"app": "gone"}},
-                     "template": {"metadata": {"labels": {"app": "gone"}},
-                                  "spec": {"containers": [{"name": "c", "image": "x"}]}}},
-        })
+        fake.create(_orphan_deployment("gone"))
+        # Another installation sharing the apps namespace: its children are not ours.
+        fake.create(_orphan_deployment("other-install", installation="staging"))
         fake.create({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "theirs", "namespace": APPS, "labels": {"app": "theirs"}},
@@ -275,16 +284,25 @@ async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: P
         async with harness(tmp_path, before_start=seed) as h:
             await h.until(lambda: h.fake.get("deployments", APPS, "gone") is None)
             assert h.fake.get("deployments", APPS, "theirs") is not None
+            assert h.fake.get("deployments", APPS, "other-install") is not None
+            # Every child list and watch selected on our installation.
+            child_reads = h.fake.find_requests("GET", "/deployments")
+            assert child_reads and all(
+                f"{INSTALLATION_KEY}={CONTROL}" in r.query.get("labelSelector", "")
+                for r in child_reads if "limit" not in r.query or r.query.get("limit") != "1")
             # An orphan made while running is swept by the periodic resync.
             h.fake.create({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": "late", "namespace": APPS, "labels": {
                     "app.kubernetes.io/managed-by": "trio-supervisor",
+                    INSTALLATION_KEY: CONTROL,
                     LINEAGE_SERVICEDEFINITION: "late"}},
                 "spec": {"ports": [{"port": 80}]},
             })
+            await h.until(lambda: h.reconciler.live.get(ChildKey("services", "late")) is not None)
             await h.reconciler.resync()
             assert h.fake.get("services", APPS, "late") is None
+            assert h.fake.get("deployments", APPS, "other-install") is not None
 
 
 async def test_a_410_relists(tmp_path: Path) -> None:
@@ -450,27 +468,43 @@ async def test_a_missing_namespace_retries_quietly_while_a_skewed_crd_logs_an_er
     assert "manifests/apps-namespace" in unready[0]["event"]
     assert not [e for e in logs if e["log_level"] == "error"]
 
-    def skewed_crd(fake: FakeApiServer) -> None:
-        bad = sd("old")
+
+
+async def test_one_undecodable_parent_that_sorts_first_never_blocks_its_kind(
+    tmp_path: Path,
+) -> None:
+    # Issue 13, finding 2: the seed's preflight decoded a one-item list with the typed
+    # decoder, so one bad object that sorts first held the whole kind in the preflight.
+    def skewed_object(fake: FakeApiServer) -> None:
+        bad = sd("aaa-old")
         bad["spec"] = {"image": ["an", "array"], "replicas": "two"}  # an older schema
         fake.put_raw(bad)
+        fake.create(sd("web"))
 
     with trio.fail_after(10), capture_logs() as logs:
-        async with harness(tmp_path, before_start=skewed_crd) as h:
+        async with harness(tmp_path, before_start=skewed_object) as h:
             fake = h.fake
-            # Re-checked on each of the fake's requests: the retries drive it.
-            await h.until(lambda: h.metric("fanout_preflight_failures", kind="ServiceDefinition",
-                                           error_class=reasons.SCHEMA_SKEW) >= 2)
-            assert h.status.state == "preflight"
-            assert h.status.last_error_class == reasons.SCHEMA_SKEW
-            fake.put_raw(sd("old"))  # the CRDs were re-applied and the object fixed
-            await h.until(lambda: fake.get("deployments", APPS, "old") is not None)
+            await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
             assert h.status.state == "watching"
+            assert h.status.last_error_class == reasons.SCHEMA_SKEW
+            assert h.status.report()["skewed"] == ["aaa-old"]
+            assert h.metric("fanout_preflight_failures", kind="ServiceDefinition",
+                            error_class=reasons.SCHEMA_SKEW) == 0
+            # A parent created later is fanned out too: the kind is watching.
+            fake.create(sd("api"))
+            await h.until(lambda: fake.get("deployments", APPS, "api") is not None)
+            assert fake.get("deployments", APPS, "aaa-old") is None
+            fake.put_raw(sd("aaa-old"))  # the object was fixed
+            await h.until(lambda: fake.get("deployments", APPS, "aaa-old") is not None)
+            assert h.status.last_error_class is None
+            assert "skewed" not in h.status.report()
     skew = [e for e in logs if e.get("error_class") == reasons.SCHEMA_SKEW]
-    assert len(skew) >= 2  # on every retry
-    assert {e["log_level"] for e in skew} == {"error"}
-    assert "kubectl apply -k manifests/crds" in skew[0]["event"]
-    assert skew[0]["kind"] == "ServiceDefinition"
+    assert len(skew) == 1  # named once, not on every retry
+    line = skew[0]
+    assert line["log_level"] == "error"
+    assert (line["kind"], line["name"]) == ("ServiceDefinition", "aaa-old")
+    assert line["path"].startswith("$.spec.")
+    assert "kubectl apply -k manifests/crds" in line["event"]
 
 
 async def test_a_crd_removed_while_watching_sends_the_watcher_back_to_preflight(

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
+from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.reconciler import FanoutTuning
 from supervisor.kube.errors import ApiError, Gone, TransportError, api_error
 from supervisor.kube.watching import WatchTuning, is_too_large_resource_version
@@ -35,6 +35,7 @@ def orphan_deployment(parent: str) -> dict[str, Any]:
         "metadata": {"name": parent, "namespace": APPS, "labels": {
             "app.kubernetes.io/name": parent,
             "app.kubernetes.io/managed-by": "trio-supervisor",
+            INSTALLATION_KEY: CONTROL,
             LINEAGE_SERVICEDEFINITION: parent}},
         "spec": {"selector": {"matchLabels": {"app": parent}},
                  "template": {"metadata": {"labels": {"app": parent}},
@@ -105,13 +106,18 @@ async def test_a_restored_store_is_relisted_and_the_new_parent_fanned_out(
             assert h.reconciler.informer is informer  # never went back to the preflight
             assert h.status.state == "watching" and h.status.last_error_class is None
             assert h.status.objects == 1
-            assert h.metric("fanout_watch_restarts", kind="ServiceDefinition") == restarts + 1
+            # One relist per informer of the kind (parents, deployments, services), no loop.
+            assert h.metric("fanout_watch_restarts", kind="ServiceDefinition") == restarts + 3
             # The watch from the old RV was answered with the ERROR event, not a 410.
             stale = [r for r in fake.find_requests("GET", "/servicedefinitions", watch=True)
                      if r.query.get("resourceVersion") == str(held)]
             assert stale and all(r.status == 200 for r in stale)
+            # One warning per informer of the kind (the children are watched too).
             warned = [e for e in logs if RESTORED in str(e.get("event"))]
-            assert len(warned) == 1
+            assert sorted(e["resource"] for e in warned) == [
+                "deployments.apps", "servicedefinitions.platform.trio-supervisor.dev",
+                "services"]
+            warned = [e for e in warned if e["resource"].startswith("servicedefinitions")]
             assert warned[0]["log_level"] == "warning"
             assert warned[0]["kind"] == "ServiceDefinition"
             assert warned[0]["resource_version"] == str(held)

@@ -81,7 +81,7 @@ async def test_a_notification_wakes_the_signal(pg_url: str) -> None:
     config = fast(pg_url)
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_listener, config, signal, metrics)
+            await nursery.start(run_listener, config, signal.notify, metrics)
             assert await signal.wait() == "reconnect"  # the first connect counts too
             assert sample(metrics, "listen_connected") == 1
             await publish(pg_url, doc())
@@ -100,7 +100,7 @@ async def test_a_burst_coalesces_into_one_pending_wake_up(pg_url: str) -> None:
     signal, metrics = ChangeSignal(), Metrics(process=False)
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_listener, ControlPlaneConfig(url=pg_url), signal, metrics)
+            await nursery.start(run_listener, ControlPlaneConfig(url=pg_url), signal.notify, metrics)
             assert await signal.wait() == "reconnect"
             for n in range(5):
                 await publish(pg_url, doc(n=n))
@@ -117,7 +117,7 @@ async def test_terminated_backend_reconnects_and_says_so(pg_url: str) -> None:
     config = fast(pg_url)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_listener, config, signal, metrics)
+            await nursery.start(run_listener, config, signal.notify, metrics)
             assert await signal.wait() == "reconnect"
             [pid] = await listener_pids(pg_url)
             await sql(pg_url, "SELECT pg_terminate_backend(%s)", (pid,))
@@ -135,7 +135,7 @@ async def test_starts_at_once_and_keeps_retrying_while_the_server_is_down() -> N
     config = fast(f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_listener, config, signal, metrics)  # no connection needed
+            await nursery.start(run_listener, config, signal.notify, metrics)  # no connection needed
             await poll_until(lambda: sample(metrics, "listen_reconnects_total") >= 3)
             assert sample(metrics, "listen_connected") == 0
             assert signal.sent == 0
@@ -150,7 +150,7 @@ async def test_shutdown_while_waiting_is_prompt(pg_url: str) -> None:
     signal, metrics = ChangeSignal(), Metrics(process=False)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_listener, ControlPlaneConfig(url=pg_url), signal, metrics)
+            await nursery.start(run_listener, ControlPlaneConfig(url=pg_url), signal.notify, metrics)
             assert await signal.wait() == "reconnect"
             start = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -193,7 +193,7 @@ async def test_shutdown_while_connecting_to_an_unresponsive_server_is_prompt() -
         config = fast(f"postgresql://postgres@127.0.0.1:{server.port}/x")
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
-                await nursery.start(run_listener, config, signal, metrics)
+                await nursery.start(run_listener, config, signal.notify, metrics)
                 await server.arrived.wait()  # the connect is now stuck in its worker thread
                 start = trio.current_time()
                 nursery.cancel_scope.cancel()
@@ -270,7 +270,8 @@ def partial_listener(
 ) -> Callable[..., Awaitable[None]]:
     async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await run_listener(
-            config, signal, metrics, probe_interval_s=probe_interval_s, task_status=task_status
+            config, signal.notify, metrics, probe_interval_s=probe_interval_s,
+            task_status=task_status
         )
 
     return run
@@ -286,7 +287,7 @@ async def test_sqlite_or_listen_off_idles_until_cancelled(
     ):
         signal, metrics = ChangeSignal(), Metrics(process=False)
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_listener, config, signal, metrics)
+            await nursery.start(run_listener, config, signal.notify, metrics)
             await trio.sleep(86400)
             assert signal.sent == 0 and sample(metrics, "listen_reconnects_total") == 0
             nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ class FakeCache:
     """The cache's surface as the loop uses it; records what was served at each export."""
 
     state_at_export: Callable[[], int | None]
-    path: str = "/fake/lkg"
+    path: str
     fail: bool = False
     revision: int | None = None
     exported: list[tuple[int, int | None]] = field(default_factory=list)
@@ -46,11 +47,13 @@ class FakeCache:
             raise CacheUnwritable(self.path, "No space left on device")
         self.exported.append((revision, self.state_at_export()))
         self.revision = revision
+        Path(self.path).write_bytes(body)
 
     def discard_if_newer(self, revision: int) -> bool:
         if self.revision is not None and self.revision > revision:
             self.discarded.append(self.revision)
             self.revision = None
+            Path(self.path).unlink()
             return True
         return False
 
@@ -62,7 +65,7 @@ def with_cache(store: FakeStore, **kw: Any) -> tuple[Reconciler, FakeCache]:
         snap = holder[0].state.snapshot
         return None if snap is None else snap.revision
 
-    cache = FakeCache(serving)
+    cache = FakeCache(serving, tempfile.mktemp(prefix="fake-lkg-"))
     rec = make(store, cache=cache, **kw)
     holder.append(rec)
     return rec, cache
@@ -416,3 +419,26 @@ async def test_attempt_finished_is_recorded_for_liveness(
     store.outage = True
     await rec.converge_once()  # a failed attempt is a finished attempt too
     assert rec.status.stalled_for() == 0
+
+
+async def test_sighup_forgets_a_refusal_even_when_the_poll_is_shorter_than_the_floor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    # A poll shorter than the backoff floor: the wake-up must still be taken.
+    rec = make(store, poll_interval_s=0.2, backoff_initial_s=0.25, backoff_max_s=1.0)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            bad = store.put(doc("a", "b"))
+            store.corrupt.add(bad)  # body does not match its digest
+            while rec.status.last_rejection is None:
+                await trio.sleep(0.05)
+            store.corrupt.discard(bad)  # repaired in place: same id, same digest
+            await trio.sleep(5)
+            assert rec.status.active == 1  # the memo still answers for the key
+            rec.signal.notify("sighup")
+            while rec.status.active != bad:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()

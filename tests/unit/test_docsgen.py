@@ -36,7 +36,7 @@ def test_every_configuration_key_is_documented_with_its_environment_name() -> No
             assert f"| `{key}` |" in text
             assert f"`SUPERVISOR_{section.upper()}__{key.upper()}`" in text
     assert "| `poll_interval_s` | float | `5` | ≥ 0.01, ≤ 86400 |" in text
-    assert "| `max_revision_bytes` | integer | `16777216` | ≥ 1024 |" in text
+    assert "| `max_revision_bytes` | integer | `16777216` | ≥ 1024, ≤ 1073741824 |" in text
 
 
 def test_every_key_and_label_has_prose() -> None:

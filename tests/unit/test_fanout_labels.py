@@ -20,19 +20,22 @@ from supervisor.kube.applying import DIGEST_ANNOTATION
 
 
 def test_labels_are_name_managed_by_and_lineage() -> None:
-    assert labels("web", LINEAGE_SERVICEDEFINITION) == {
+    assert labels("web", LINEAGE_SERVICEDEFINITION, "prod") == {
         "app.kubernetes.io/name": "web",
         "app.kubernetes.io/managed-by": "trio-supervisor",
+        "platform.trio-supervisor.dev/installation": "prod",
         "platform.trio-supervisor.dev/servicedefinition": "web",
     }
-    assert labels("nightly", LINEAGE_WORKFLOW)["platform.trio-supervisor.dev/workflow"] == \
-        "nightly"
+    assert labels("nightly", LINEAGE_WORKFLOW, "prod")[
+        "platform.trio-supervisor.dev/workflow"] == "nightly"
 
 
 def test_lineage_selector() -> None:
-    assert lineage_selector(LINEAGE_WORKFLOW) == (
-        "app.kubernetes.io/managed-by=trio-supervisor,platform.trio-supervisor.dev/workflow")
-    assert lineage_selector(LINEAGE_WORKFLOW, "x").endswith("/workflow=x")
+    # Every selector carries the installation: another installation's children never match.
+    assert lineage_selector(LINEAGE_WORKFLOW, "prod") == (
+        "app.kubernetes.io/managed-by=trio-supervisor,"
+        "platform.trio-supervisor.dev/installation=prod,platform.trio-supervisor.dev/workflow")
+    assert lineage_selector(LINEAGE_WORKFLOW, "prod", "x").endswith("/workflow=x")
 
 
 def _sd(**spec: Any) -> ServiceDefinition:
@@ -41,11 +44,11 @@ def _sd(**spec: Any) -> ServiceDefinition:
 
 
 def test_servicedefinition_without_port_is_one_deployment() -> None:
-    (deployment,) = sd_children(_sd(), "apps")
+    (deployment,) = sd_children(_sd(), "apps", "prod")
     body: Any = deployment.body
     assert (body["apiVersion"], body["kind"]) == ("apps/v1", "Deployment")
     assert body["metadata"]["namespace"] == "apps" and deployment.name == "web"
-    assert body["metadata"]["labels"] == labels("web", LINEAGE_SERVICEDEFINITION)
+    assert body["metadata"]["labels"] == labels("web", LINEAGE_SERVICEDEFINITION, "prod")
     assert body["metadata"]["annotations"] == {DIGEST_ANNOTATION: deployment.digest}
     assert body["spec"]["replicas"] == 1
     selector = body["spec"]["selector"]["matchLabels"]
@@ -57,7 +60,7 @@ def test_servicedefinition_without_port_is_one_deployment() -> None:
 
 def test_servicedefinition_with_port_adds_a_service_and_sorted_env() -> None:
     deployment, service = sd_children(_sd(port=8080, replicas=3, env={"Z": "1", "A": "2"}),
-                                      "apps")
+                                      "apps", "prod")
     container = deployment.body["spec"]["template"]["spec"]["containers"][0]
     assert container["env"] == [{"name": "A", "value": "2"}, {"name": "Z", "value": "1"}]
     assert container["ports"][0]["containerPort"] == 8080
@@ -68,9 +71,9 @@ def test_servicedefinition_with_port_adds_a_service_and_sorted_env() -> None:
 
 
 def test_digest_is_stable_and_follows_the_spec() -> None:
-    first = sd_children(_sd(env={"A": "1", "B": "2"}), "apps")[0]
-    again = sd_children(_sd(env={"B": "2", "A": "1"}), "apps")[0]
-    other = sd_children(_sd(env={"A": "1", "B": "3"}), "apps")[0]
+    first = sd_children(_sd(env={"A": "1", "B": "2"}), "apps", "prod")[0]
+    again = sd_children(_sd(env={"B": "2", "A": "1"}), "apps", "prod")[0]
+    other = sd_children(_sd(env={"A": "1", "B": "3"}), "apps", "prod")[0]
     assert first.digest == again.digest
     assert first.digest != other.digest
 
@@ -79,11 +82,11 @@ def test_workflow_is_one_cronjob() -> None:
     workflow = msgspec.convert({"metadata": {"name": "nightly"},
                                 "spec": {"image": "busybox", "schedule": "0 3 * * *",
                                          "args": ["run", "--all"]}}, Workflow)
-    (cron,) = wf_children(workflow, "apps")
+    (cron,) = wf_children(workflow, "apps", "prod")
     body: Any = cron.body
     assert (body["apiVersion"], body["kind"], cron.name) == ("batch/v1", "CronJob", "nightly")
     assert body["spec"]["schedule"] == "0 3 * * *"
     pod = body["spec"]["jobTemplate"]["spec"]["template"]
     assert pod["spec"]["restartPolicy"] == "OnFailure"
     assert pod["spec"]["containers"][0]["args"] == ["run", "--all"]
-    assert pod["metadata"]["labels"] == labels("nightly", LINEAGE_WORKFLOW)
+    assert pod["metadata"]["labels"] == labels("nightly", LINEAGE_WORKFLOW, "prod")

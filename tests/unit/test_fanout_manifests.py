@@ -86,11 +86,13 @@ def test_rbac_grants_what_the_reconcilers_do() -> None:
     apps, control = _rules(apps_role), _rules(control_role)
     for kind in KINDS:
         for child in kind.child_resources:
-            for verb in ("list", "create", "patch", "delete"):  # SSA creates need create
+            # SSA creates need create; the child watches (drift repair) need watch.
+            for verb in ("list", "watch", "create", "patch", "delete"):
                 assert (child.group, child.plural, verb) in apps
         for verb in ("list", "watch"):
             assert (kind.resource.group, kind.resource.plural, verb) in control
         assert (kind.resource.group, f"{kind.resource.plural}/status", "patch") in control
+    assert ("", "events", "create") in control  # Events on the parents
 
     for directory, role in (("apps-namespace", apps_role), ("supervisor", control_role)):
         (binding,) = [d for d in objects(directory) if d["kind"] == "RoleBinding"]

@@ -9,6 +9,7 @@ client's own :func:`~supervisor.kube.client.decode` on a skewed body.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, TypeVar
 
 import msgspec
@@ -19,6 +20,7 @@ from structlog.testing import capture_logs
 
 from supervisor import reasons
 from supervisor.fanout.preflight import (
+    Wakeup,
     await_watchable,
     await_watchable_cancellable,
     classify_watch_error,
@@ -65,7 +67,8 @@ class FakeLister:
         label_selector: str | None = None,
     ) -> ObjectList[T]:
         await trio.lowlevel.checkpoint()  # a real request is a checkpoint too
-        self.calls.append({"resource": resource, "namespace": namespace, "limit": limit})
+        self.calls.append({"resource": resource, "namespace": namespace, "limit": limit,
+                           "at": trio.current_time()})
         answer = self.answers[0] if len(self.answers) == 1 and self.repeat_last \
             else self.answers.pop(0)
         if isinstance(answer, KubeError):
@@ -84,8 +87,9 @@ def listable() -> FakeLister:
 
 
 def skewed() -> FakeLister:
-    # items holds a value that cannot decode into a ServiceDefinition (a bare string).
-    return FakeLister(b'{"kind":"ServiceDefinitionList","items":["not an object"]}')
+    # The list envelope itself does not decode (items is not a list): a skew of the
+    # preflight. A bad *item* is not: the informer names and skips it.
+    return FakeLister(b'{"kind":"ServiceDefinitionList","items":"not a list"}')
 
 
 async def _run_until_cancel(lister: FakeLister, cancel: trio.Event | trio.CancelScope,
@@ -132,7 +136,8 @@ async def test_a_serveable_watch_returns_true_without_ever_sleeping(
                                                cancel=trio.Event())
     assert served is True
     assert trio.current_time() == start
-    assert lister.calls == [{"resource": SERVICEDEFINITIONS, "namespace": "ns", "limit": 1}]
+    assert lister.calls == [{"resource": SERVICEDEFINITIONS, "namespace": "ns", "limit": 1,
+                             "at": start}]
 
 
 @pytest.mark.parametrize("make_cancel", [trio.Event, trio.CancelScope], ids=["event", "scope"])
@@ -183,16 +188,93 @@ def test_api_error_subclasses_by_status() -> None:
 # -- cadence, logs, status, metrics --------------------------------------------------------
 
 
-async def test_retries_every_retry_s_until_serveable(
+async def test_retries_start_near_one_second_and_grow_to_retry_s(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    # Issue 13, finding 5: the seed retried every retry_s (300 s) from the first failure,
+    # so a CRD applied just after start was noticed minutes later.
     boom = api_error(403, "Forbidden", "no role")
     ok = b'{"items":[]}'
-    lister = FakeLister(boom, boom, ok, repeat_last=False)
-    start = trio.current_time()
+    lister = FakeLister(*([boom] * 12), ok, repeat_last=False)
     await await_watchable(lister, KIND, "apps", retry_s=RETRY_S)
-    assert len(lister.calls) == 3
-    assert trio.current_time() - start == pytest.approx(2 * RETRY_S)
+    times = [call["at"] for call in lister.calls]
+    gaps = [round(b - a, 6) for a, b in itertools.pairwise(times)]
+    assert gaps[:4] == [1.0, 2.0, 4.0, 8.0]
+    assert max(gaps) == RETRY_S  # the configured cadence is the ceiling
+    assert gaps[-1] == RETRY_S
+
+
+async def test_a_wakeup_retries_at_once_and_starts_the_schedule_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    boom = api_error(404, "NotFound", "the server could not find the requested resource")
+    lister = FakeLister(*([boom] * 8), b'{"items":[]}', repeat_last=False)
+    wakeup = Wakeup()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: await_watchable(lister, KIND, "ns", retry_s=RETRY_S,
+                                                   wakeup=wakeup))
+        await trio.sleep(100)  # attempts at 0, 1, 3, 7, 15, 31, 63: waiting 64 s now
+        assert len(lister.calls) == 7
+        woken_at = trio.current_time()
+        wakeup.wake()  # SIGHUP
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(lister.calls) == 8
+        assert lister.calls[-1]["at"] == woken_at
+        await trio.sleep(1.01)  # and the schedule starts again near 1 s
+        assert len(lister.calls) == 9
+
+
+async def test_a_bad_item_does_not_fail_the_preflight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lister = FakeLister(b'{"items":[{"metadata":{"name":"old"},"spec":{"image":["x"]}}]}')
+    status = FanoutStatus()
+    with capture_logs() as logs:
+        await await_watchable(lister, KIND, "ns", retry_s=RETRY_S, status=status)
+    assert len(lister.calls) == 1
+    assert not [e for e in logs if e.get("error_class")]
+
+
+async def test_a_child_api_the_server_does_not_serve_is_its_own_class(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 13, finding 6: kube-apiserver 1.20 has no batch/v1 CronJob; the seed told the
+    # operator to apply manifests/apps-namespace, which cannot help.
+    cronjobs = Resource("batch", "v1", "cronjobs", "CronJob")
+    lister = FakeLister(api_error(404, "NotFound", "404 page not found"))
+    asked: list[Resource] = []
+
+    async def is_served(resource: Resource) -> bool:
+        asked.append(resource)
+        return False
+
+    status = FanoutStatus()
+    metrics = Metrics(process=False)
+    with capture_logs() as logs, trio.move_on_after(2.5):
+        await await_watchable(lister, KindSpec(cronjobs, ServiceDefinition), "apps",
+                              retry_s=RETRY_S, kind="Workflow", status=status,
+                              metrics=metrics, is_served=is_served)
+    lines = [e for e in logs if e.get("error_class")]
+    assert lines and {e["error_class"] for e in lines} == {reasons.CHILD_API_MISSING}
+    assert lines[0]["log_level"] == "error"
+    assert "batch/v1 cronjobs" in lines[0]["event"]
+    assert "manifests/apps-namespace" not in str(lines[0])
+    assert "1.21" in lines[0]["fix"]
+    assert asked == [cronjobs] * len(lines)
+    assert status.last_error_class == reasons.CHILD_API_MISSING
+    assert metrics.registry.get_sample_value(
+        "supervisor_fanout_preflight_failures_total",
+        {"kind": "Workflow", "error_class": reasons.CHILD_API_MISSING}) == len(lines)
+
+    # A 404 the discovery does not confirm (the resource is served) stays unready.
+    async def served(resource: Resource) -> bool:
+        return True
+
+    with capture_logs() as logs, trio.move_on_after(0.5):
+        await await_watchable(lister, KindSpec(cronjobs, ServiceDefinition), "apps",
+                              retry_s=RETRY_S, kind="Workflow", is_served=served)
+    assert [e["error_class"] for e in logs if e.get("error_class")] == [
+        reasons.NAMESPACE_OR_RBAC_UNREADY]
 
 
 async def test_skew_logs_an_error_naming_the_crd_fix_on_every_retry(
@@ -201,7 +283,7 @@ async def test_skew_logs_an_error_naming_the_crd_fix_on_every_retry(
     status = FanoutStatus()
     metrics = Metrics(process=False)
     with capture_logs() as logs:
-        with trio.move_on_after(2.5 * RETRY_S):
+        with trio.move_on_after(3.5):  # attempts at 0, 1 and 3 s
             await await_watchable(skewed(), KIND, "ns", retry_s=RETRY_S, status=status,
                                   metrics=metrics, kind="ServiceDefinition")
     lines = [e for e in logs if e.get("error_class")]
@@ -211,7 +293,8 @@ async def test_skew_logs_an_error_naming_the_crd_fix_on_every_retry(
         assert line["kind"] == "ServiceDefinition"
         assert line["error_class"] == reasons.SCHEMA_SKEW
         assert "kubectl apply -k manifests/crds" in line["event"]
-        assert "$.items[0]" in line["error"]
+        assert "$.items" in line["error"]
+        assert line["path"] == "$.items"
     assert status.state == "preflight"
     assert status.last_error_class == reasons.SCHEMA_SKEW
     assert metrics.registry.get_sample_value(

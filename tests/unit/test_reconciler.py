@@ -330,7 +330,8 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
             assert outcome.kind is OutcomeKind.PUBLISHED  # serving goes on
     warnings = [e for e in logs if e["event"].startswith("sink write failed")]
     assert len(warnings) == 1
-    # Three publishes, and before the second and third the retry of the write
-    # still due (a failed sink is retried at every attempt): five failed writes.
-    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 5
+    # Three publishes, and before each the retry of the write still due (a
+    # failed sink, or one whose file is missing, is retried at every attempt):
+    # six failed writes.
+    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 6
     assert rec.state.snapshot is not None and rec.state.snapshot.revision == 4

@@ -143,14 +143,16 @@ def test_projection_counts_further_dangling_references() -> None:
 def test_missing_env_secret_names_the_path_not_any_value() -> None:
     error = refused(document(), {"TEAM_A_KEY": SECRET_A})
     assert error.reason == reasons.SECRET
-    assert error.detail == "$.keys.team-b.secret: environment variable TEAM_B_KEY is not set"
+    assert error.detail == (
+        "$.keys.team-b.secret: environment variable TEAM_B_KEY is not set or empty")
     assert SECRET_A not in str(error)
 
 
 def test_empty_env_secret_is_refused() -> None:
     error = refused(document(), {"TEAM_A_KEY": "", "TEAM_B_KEY": SECRET_B})
     assert error.reason == reasons.SECRET
-    assert error.detail == "$.keys.team-a.secret: environment variable TEAM_A_KEY is empty"
+    assert error.detail == (
+        "$.keys.team-a.secret: environment variable TEAM_A_KEY is not set or empty")
 
 
 def test_duplicate_secret_is_a_snapshot_refusal() -> None:
@@ -290,26 +292,59 @@ def test_file_secret_follows_symlinks(tmp_path: Path) -> None:
     assert compile_(file_document(f"file:{tmp_path / 'link'}")).keys["ops"].digest == sha("linked")
 
 
-def test_file_secret_refusals(tmp_path: Path) -> None:
+def test_file_secret_refusals_say_the_same_whatever_the_cause(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_bytes(b"\n")
     large = tmp_path / "large"
     large.write_bytes(b"x" * (MAX_SECRET_BYTES + 1))
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # opening it for reading must not block the compile
-    cases = {
-        tmp_path / "missing": "No such file or directory",
-        empty / "below-a-file": "Not a directory",
-        empty: "is empty",
-        large: f"larger than {MAX_SECRET_BYTES} bytes",
-        tmp_path: "not a regular file",
-        fifo: "not a regular file",
-    }
-    for path, words in cases.items():
+    unreadable = tmp_path / "unreadable"
+    unreadable.write_bytes(b"s3cret")
+    unreadable.chmod(0)
+    cases = [tmp_path / "missing", empty / "below-a-file", empty, large, tmp_path, fifo]
+    if os.geteuid() != 0:  # root reads a mode-0 file anyway
+        cases.append(unreadable)
+    for path in cases:
         error = refused(file_document(f"file:{path}"))
         assert error.reason == reasons.SECRET, path
-        assert error.detail.startswith(f"$.keys.ops.secret: secret file {path}"), error.detail
-        assert words in error.detail
+        assert error.detail == (
+            f"$.keys.ops.secret: secret file {path} cannot be resolved (it must be a "
+            f"readable, non-empty regular file of at most {MAX_SECRET_BYTES} bytes)"
+        )
+
+
+def test_references_outside_the_allowed_prefixes_and_directories_are_refused(
+    tmp_path: Path,
+) -> None:
+    allowed = tmp_path / "secrets"
+    allowed.mkdir()
+    (allowed / "team-a").write_bytes(b"in-dir")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"elsewhere")
+    (allowed / "escape").symlink_to(outside)  # a link leading out of the directory
+    resolver = EnvFileResolver(
+        {"TEAM_A_KEY": "in-env", "SUPERVISOR_CONTROL_PLANE__URL": "postgresql://u:pw@h/db"},
+        env_prefixes=["TEAM_"], dirs=[str(allowed)],
+    )
+    assert resolver.resolve("env:TEAM_A_KEY") == b"in-env"
+    assert resolver.resolve(f"file:{allowed / 'team-a'}") == b"in-dir"
+
+    def refusal(reference: str) -> str:
+        with pytest.raises(RevisionError) as info:
+            resolver.resolve(reference)
+        assert info.value.reason == reasons.SECRET
+        return info.value.detail
+
+    assert refusal("env:SUPERVISOR_CONTROL_PLANE__URL") == (
+        "environment variable SUPERVISOR_CONTROL_PLANE__URL is outside "
+        "[revision].secret_env_prefixes")
+    for path in ("/proc/self/environ", str(outside), f"{allowed}/../outside"):
+        assert refusal(f"file:{path}") == (
+            f"secret file {path} is outside [revision].secret_dirs"), path
+    # Inside: missing, and a link out of the directory, read exactly alike.
+    missing, escape = refusal(f"file:{allowed / 'nope'}"), refusal(f"file:{allowed / 'escape'}")
+    assert missing.replace("nope", "X") == escape.replace("escape", "X")
 
 
 def test_resolver_refuses_unknown_schemes_without_echoing_them() -> None:

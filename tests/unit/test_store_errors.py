@@ -19,7 +19,6 @@ from psycopg import errors as pgerrors
 
 from supervisor import reasons
 from supervisor.controlplane import postgres, sqlite
-from supervisor.controlplane.dsn import redact, scrub
 from supervisor.controlplane.store import (
     ControlPlaneError,
     FailureCategory,
@@ -28,6 +27,7 @@ from supervisor.controlplane.store import (
     TooLarge,
     check_hydrated,
 )
+from supervisor.dsn import redact, scrub
 from supervisor.errors import SupervisorError
 
 C = FailureCategory
@@ -73,7 +73,7 @@ def test_postgres_mapping_names_the_fix_and_hides_the_password() -> None:
     leaky = psycopg.OperationalError(f"could not connect with {url} (password hunter2)")
     err = postgres.map_error(leaky, what="read", url=url)
     assert "hunter2" not in str(err)
-    assert "postgresql://app:***@db.internal:5432/cp" in str(err)
+    assert "postgresql://app@db.internal:5432/cp" in str(err)
 
 
 def test_sqlite_classification_from_real_faults(tmp_path: Path) -> None:
@@ -181,25 +181,34 @@ def test_hydration_check_order() -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("postgresql://app:hunter2@db:5432/cp", "postgresql://app:***@db:5432/cp"),
-        ("postgresql://app:p%40ss%2Fw@db/cp", "postgresql://app:***@db/cp"),
-        ("postgres://app:@db/cp", "postgres://app:***@db/cp"),
+        ("postgresql://app:hunter2@db:5432/cp", "postgresql://app@db:5432/cp"),
+        ("postgresql://app:p%40ss%2Fw@db/cp", "postgresql://app@db/cp"),
+        ("postgres://app:@db/cp", "postgresql://app@db/cp"),
         ("postgresql://app@db/cp", "postgresql://app@db/cp"),
-        ("postgresql://db/cp?user=app&password=hunter2&sslmode=require",
-         "postgresql://db/cp?user=app&password=***&sslmode=require"),
-        ("host=db user=app password=hunter2 dbname=cp", "host=db user=app password=*** dbname=cp"),
-        ("host=db password = 'hun ter\\'2' dbname=cp", "host=db password = *** dbname=cp"),
+        ("postgresql://db/cp?user=app&password=hunter2&sslmode=require&sslpassword=k3y",
+         "postgresql://app@db/cp"),
+        ("host=db user=app password=hunter2 dbname=cp", "postgresql://app@db/cp"),
+        ("host=db password = 'hun ter\\'2' dbname=cp port=6432", "postgresql://db:6432/cp"),
+        ("postgresql://app:P@ss@db/cp", "postgresql://<unparseable>"),  # unencoded @
+        ("postgresql://app:p%zz@db/cp", "postgresql://<unparseable>"),
         ("sqlite:///var/cp.db", "sqlite:///var/cp.db"),
     ],
 )
-def test_redact(url: str, expected: str) -> None:
+def test_redact_names_only_user_host_port_and_database(url: str, expected: str) -> None:
     assert redact(url) == expected
 
 
 def test_scrub_masks_every_spelling_of_the_password() -> None:
-    url = "postgresql://app:p%40ss@db/cp"
-    text = f"failed for {url}: password p@ss rejected (raw p%40ss)"
+    url = "postgresql://app:p%40ss@db/cp?sslpassword=s3cr%26t"
+    text = f"failed for {url}: password p@ss rejected (raw p%40ss), key s3cr&t"
     cleaned = scrub(text, url)
-    assert "p@ss" not in cleaned and "p%40ss" not in cleaned
-    assert "postgresql://app:***@db/cp" in cleaned
+    for spelling in ("p@ss", "p%40ss", "s3cr&t", "s3cr%26t"):
+        assert spelling not in cleaned
+    assert "postgresql://app@db/cp" in cleaned
     assert scrub("nothing secret", "sqlite:///x.db") == "nothing secret"
+
+
+def test_scrub_masks_the_pieces_libpq_misreads_from_an_unencoded_password() -> None:
+    url = "postgresql://app:Secr3t@Wb14pw@127.0.0.1/cp"
+    libpq = 'could not translate host name "Wb14pw@127.0.0.1" to address'
+    assert "Wb14pw" not in scrub(libpq, url) and "Secr3t" not in scrub(libpq, url)

@@ -1,0 +1,54 @@
+"""Bounded exponential backoff with jitter: the one used by every retry loop.
+
+``next()`` returns ``initial * 2**n`` (n = failures so far) capped at ``maximum``,
+scaled by a uniform jitter in ``jitter`` (default [0.5, 1.0], "equal jitter":
+never below half the nominal delay, so an outage never becomes a hot loop, and
+replicas failing together spread out). ``reset()`` after a success.
+
+Used by the convergence loop, the LISTEN child, the Kubernetes watch and
+fan-out requeues, the supervision tree's restarts and the ``watch`` command.
+It sits at the bottom of the package: it imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+import random
+
+__all__ = ["Backoff"]
+
+
+class Backoff:
+    def __init__(
+        self,
+        initial_s: float,
+        maximum_s: float,
+        rng: random.Random | None = None,
+        *,
+        jitter: tuple[float, float] = (0.5, 1.0),
+    ) -> None:
+        if initial_s <= 0 or maximum_s < initial_s:
+            raise ValueError(f"invalid backoff bounds {initial_s}..{maximum_s}")
+        if not 0 < jitter[0] <= jitter[1]:
+            raise ValueError(f"invalid jitter {jitter}")
+        self.initial_s = initial_s
+        self.maximum_s = maximum_s
+        self.jitter = jitter
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def nominal(self) -> float:
+        """The next delay before jitter."""
+        return min(self.maximum_s, self.initial_s * 2.0 ** min(self.failures, 64))
+
+    def after(self, failures: int) -> float:
+        """The jittered delay after ``failures`` failures (state untouched)."""
+        nominal = min(self.maximum_s, self.initial_s * 2.0 ** min(max(failures, 0), 64))
+        return nominal * self._rng.uniform(*self.jitter)
+
+    def next(self) -> float:
+        delay = self.after(self.failures)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0

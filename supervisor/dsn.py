@@ -1,0 +1,140 @@
+"""Keeping the control-plane passwords out of logs, stdout, status and exceptions.
+
+Contract (CONTRACT.md section 1): no secret value ever appears in a log line.
+The DSN carries the store's secrets, ``password`` and ``sslpassword``. One
+redaction, built on libpq's own parser (``psycopg.conninfo.conninfo_to_dict``,
+so the URL and key/value spellings are read exactly as the driver reads them):
+
+- :func:`describe` (also :func:`redact`) is what any message shows of a DSN:
+  ``postgresql://USER@HOST:PORT/DBNAME``, nothing else (no password, no other
+  parameter). A DSN the parser refuses is shown as ``postgresql://<unparseable>``.
+- :func:`scrub` masks, in any text (a driver's error, libpq's own message), every
+  spelling of the secrets: the parsed values, their percent-encoded forms, the
+  raw text of the URL's password, and the pieces of it that libpq may have read
+  as another field when the password holds an unencoded ``@`` or ``/``
+  (libpq then reports, say, ``failed to resolve host "Wb14@127.0.0.1"``).
+- :func:`problem` says why a DSN cannot be used as written (libpq refuses it,
+  or reads its URL password differently than it is spelled: percent-encode
+  ``@`` and ``/``); ``check`` and the configuration loader refuse it, naming
+  the key, never the value.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, unquote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+__all__ = ["MASK", "describe", "problem", "redact", "scrub", "secrets"]
+
+MASK = "***"
+SECRET_KEYS = ("password", "sslpassword")
+# Pieces of a misread password shorter than this are not masked on their own:
+# masking every "a" of a message would destroy it and protect nothing.
+MIN_PIECE = 4
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_PIECE_SPLIT = re.compile(r"[@/?#:&=]")
+
+
+def _is_url(dsn: str) -> bool:
+    return bool(_SCHEME.match(dsn))
+
+
+def _parse(dsn: str) -> dict[str, str] | None:
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return None
+    return {k: str(v) for k, v in params.items() if v is not None}
+
+
+def _spelled_password(dsn: str) -> str | None:
+    """The URL's password as written: after the user's ``:``, up to the last ``@``."""
+    match = _SCHEME.match(dsn)
+    if match is None:
+        return None
+    rest = dsn[match.end() :]
+    at = rest.rfind("@")
+    if at < 0:
+        return None
+    userinfo = rest[:at]
+    _, sep, password = userinfo.partition(":")
+    return password if sep and password else None
+
+
+def describe(dsn: str) -> str:
+    """``postgresql://USER@HOST:PORT/DBNAME`` of ``dsn``: only those four, when set."""
+    if dsn.startswith("sqlite:"):
+        return dsn  # a path: nothing secret in it
+    params = _parse(dsn)
+    if params is None or problem(dsn) is not None:
+        return "postgresql://<unparseable>"
+    user = params.get("user")
+    host = params.get("host") or params.get("hostaddr") or ""
+    port = params.get("port")
+    dbname = params.get("dbname")
+    text = "postgresql://"
+    if user:
+        text += f"{quote(user, safe='')}@"
+    text += host
+    if port:
+        text += f":{port}"
+    if dbname:
+        text += f"/{quote(dbname, safe='')}"
+    return text
+
+
+redact = describe
+
+
+def problem(dsn: str) -> str | None:
+    """Why ``dsn`` cannot be used as written; None when libpq reads it as spelled."""
+    if dsn.startswith("sqlite:"):
+        return None
+    params = _parse(dsn)
+    if params is None:
+        return ("libpq cannot parse this DSN (in a URL, percent-encode the password's "
+                "special characters)")
+    spelled = _spelled_password(dsn) if _is_url(dsn) else None
+    if spelled is not None:
+        try:
+            decoded = unquote(spelled, errors="strict")
+        except UnicodeDecodeError:
+            decoded = spelled
+        if params.get("password") != decoded:
+            return ("libpq reads the password differently than it is written: "
+                    "percent-encode '@' as %40 and '/' as %2F in a URL's password")
+    return None
+
+
+def secrets(dsn: str) -> list[str]:
+    """Every spelling of the DSN's secrets to mask, longest first."""
+    found: set[str] = set()
+    params = _parse(dsn) or {}
+    misread = problem(dsn) is not None
+    for key in SECRET_KEYS:
+        value = params.get(key)
+        # A misread password is only a piece of the real one: short pieces are
+        # left alone (see MIN_PIECE), the spelled password below covers them.
+        if value and (not misread or len(value) >= MIN_PIECE):
+            found.update({value, quote(value, safe=""), quote(value)})
+    spelled = _spelled_password(dsn) if _is_url(dsn) else None
+    if spelled:
+        found.update({spelled, unquote(spelled)})
+        # Misread: libpq may have taken pieces of it for a host or a database.
+        found.update(p for p in _PIECE_SPLIT.split(spelled) if len(p) >= MIN_PIECE)
+    if params.get("password") is None and not _is_url(dsn):
+        # Unparseable key/value text: mask what follows password= as best we can.
+        found.update(m[1] for m in re.finditer(r"password\s*=\s*'?([^'\s]+)", dsn))
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def scrub(text: str, dsn: str) -> str:
+    """``text`` with ``dsn`` shown as :func:`describe` and every secret spelling masked."""
+    if dsn and dsn in text:
+        text = text.replace(dsn, describe(dsn))
+    for secret in secrets(dsn):
+        text = text.replace(secret, MASK)
+    return text

@@ -1,0 +1,57 @@
+"""What the fan-out engine knows of a kind: its parent resource and type, children, tuning.
+
+:class:`FanoutKind` is everything kind-specific (``ServiceDefinition`` and
+``Workflow`` each define one); :class:`FanoutTuning` holds the timings and
+bounds (the defaults suit production; tests shrink them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from supervisor.kube.applying import Desired
+from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+from supervisor.kube.watching import WatchTuning
+
+__all__ = ["FanoutKind", "FanoutTuning", "P", "Parent"]
+
+
+class Parent(Protocol):
+    """What the engine reads of any parent Struct."""
+
+    @property
+    def metadata(self) -> ObjectMeta: ...
+
+    @property
+    def status(self) -> ParentStatus: ...
+
+
+P = TypeVar("P", bound=Parent)
+
+
+@dataclass(frozen=True)
+class FanoutKind(Generic[P]):
+    """Everything kind-specific: the parent resource and type, and its children."""
+
+    kind: str
+    resource: Resource
+    parent_type: type[P]
+    lineage_key: str
+    child_resources: tuple[Resource, ...]
+    # (parent, apps namespace, installation) -> children
+    desired: Callable[[P, str, str], list[Desired]]
+
+
+@dataclass(frozen=True)
+class FanoutTuning:
+    """Timings and bounds; the defaults suit production, tests shrink them."""
+
+    watch: WatchTuning = field(default_factory=WatchTuning)
+    workers: int = 4
+    resync_s: float | None = None  # None: [kubernetes].resync_s
+    requeue_initial_s: float = 0.8
+    requeue_max_s: float = 30.0
+    page_size: int = 500
+    drain_s: float = 2.0  # how long an in-flight write may finish after shutdown begins

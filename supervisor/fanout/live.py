@@ -1,0 +1,261 @@
+"""What the children look like right now: a watched cache, and the drift test.
+
+One :class:`LiveChildren` per fan-out kind holds every child of that kind's
+child resources in the apps namespace, as the API server last told us
+(selected by the managed-by, installation and lineage labels, so nothing
+foreign is ever held). It is an informer handler for each child resource:
+
+- ``on_list`` replaces that resource's children (after a list or relist) and
+  marks the resource synced; ``on_upsert``/``on_delete`` keep it current.
+- Every change or delete calls ``enqueue(parent)`` with the parent named by
+  the child's lineage label: that is how a child deleted or edited by hand is
+  repaired within a moment instead of at the next resync.
+- :meth:`LiveChildren.put` records an object a write just returned, so a
+  reconcile right after our own apply sees it before its watch event comes.
+  An event not newer than what is held (by resourceVersion, compared as
+  integers when both are; kube-apiserver's are etcd revisions) neither replaces
+  it nor enqueues: our own write's event is not a reason to reconcile again.
+
+:func:`covers` is the drift test: the live object *covers* the desired one
+when every field we set has the same value live (maps: each key we set;
+lists: same length, element by element). Fields the server added (defaults,
+status, managedFields) do not count, so an unchanged child is never
+rewritten; a changed ``replicas`` or image, a removed label of ours, or a
+deleted child is drift.
+
+:func:`unavailable` reads availability from the live status: a Deployment is
+available when its ``availableReplicas`` reach the desired ``replicas`` and
+its controller has observed the current generation; any other child counts
+as available once it exists (CONTRACT.md section 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import trio
+
+from supervisor.kube.applying import ChildKey, Desired
+from supervisor.kube.errors import DecodeError
+from supervisor.kube.models import Resource
+
+__all__ = ["LiveChildren", "Obj", "covers", "unavailable"]
+
+Obj = dict[str, Any]
+
+
+def covers(live: Any, want: Any) -> bool:
+    """True when every field set in ``want`` has the same value in ``live``."""
+    if isinstance(want, Mapping):
+        if not isinstance(live, Mapping):
+            return False
+        return all(key in live and covers(live[key], value) for key, value in want.items())
+    if isinstance(want, list):
+        if not isinstance(live, list) or len(live) != len(want):
+            return False
+        return all(covers(a, b) for a, b in zip(live, want, strict=True))
+    if isinstance(want, bool) or isinstance(live, bool):
+        return live is want
+    return bool(live == want)
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+_META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations")
+_STATUS_KEPT = ("observedGeneration", "availableReplicas")
+
+
+def _slim(obj: Obj) -> Obj:
+    """What is compared and read of a child: metadata we set, the spec, two status fields.
+
+    managedFields, status conditions and the like are large and never read: not held.
+    """
+    metadata = obj.get("metadata") or {}
+    slim: Obj = {key: value for key, value in obj.items()
+                 if key not in ("metadata", "status")}
+    slim["metadata"] = {key: metadata[key] for key in _META_KEPT if key in metadata}
+    status = obj.get("status")
+    if isinstance(status, Mapping):
+        slim["status"] = {key: status[key] for key in _STATUS_KEPT if key in status}
+    return slim
+
+
+def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
+    """None when ``child`` is available, else why not (for the Available message)."""
+    if live is None:
+        return f"{child.resource.kind} {child.name} does not exist"
+    if child.resource.kind != "Deployment":
+        return None
+    want = int((child.body.get("spec") or {}).get("replicas", 1))
+    status = live.get("status") or {}
+    generation = (live.get("metadata") or {}).get("generation", 0)
+    if status.get("observedGeneration", 0) < generation:
+        return f"Deployment {child.name}: rollout of generation {generation} not observed yet"
+    have = int(status.get("availableReplicas") or 0)
+    if have < want:
+        return f"Deployment {child.name}: {have}/{want} replicas available"
+    return None
+
+
+class _ResourceHandler:
+    """The informer handler of one child resource (delegates to :class:`LiveChildren`)."""
+
+    def __init__(self, owner: LiveChildren, resource: Resource) -> None:
+        self._owner = owner
+        self._resource = resource
+
+    async def on_list(self, items: Mapping[str, Obj], skewed: set[str]) -> None:
+        self._owner.replace(self._resource, items.values())
+
+    def on_upsert(self, obj: Obj, name: str) -> None:
+        self._owner.observe(self._resource, obj)
+
+    def on_delete(self, name: str) -> None:
+        self._owner.forget(self._resource, name)
+
+    def on_skewed(self, name: str, error: DecodeError) -> None:
+        pass  # a child is read as a plain map: only malformed JSON lands here, and is skipped
+
+
+class LiveChildren:
+    """The watched children of one kind (see the module doc)."""
+
+    def __init__(self, resources: Iterable[Resource], lineage_key: str,
+                 enqueue: Callable[[str], None]) -> None:
+        self._resources = tuple(resources)
+        self._lineage_key = lineage_key
+        self._enqueue = enqueue
+        self._objects: dict[ChildKey, Obj] = {}
+        self._by_parent: dict[str, set[ChildKey]] = {}
+        self._synced: set[str] = set()
+        self._synced_event = trio.Event()
+
+    def handler(self, resource: Resource) -> _ResourceHandler:
+        return _ResourceHandler(self, resource)
+
+    @property
+    def synced(self) -> bool:
+        """Every child resource has been listed at least once."""
+        return all(res.plural in self._synced for res in self._resources)
+
+    async def wait_synced(self) -> None:
+        """Return once every child resource has been listed."""
+        while not self.synced:
+            await self._synced_event.wait()
+
+    def clear(self) -> None:
+        """Forget everything (the informers are restarting)."""
+        self._objects.clear()
+        self._by_parent.clear()
+        self._synced.clear()
+        if self._synced_event.is_set():
+            self._synced_event = trio.Event()
+
+    def parent_of(self, obj: Mapping[str, Any]) -> str:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return str(labels.get(self._lineage_key, ""))
+
+    def get(self, key: ChildKey) -> Obj | None:
+        return self._objects.get(key)
+
+    def of_parent(self, parent: str) -> set[ChildKey]:
+        return set(self._by_parent.get(parent, ()))
+
+    def items(self) -> list[tuple[ChildKey, Obj]]:
+        return list(self._objects.items())
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    # -- updates -------------------------------------------------------------------
+
+    def _store(self, key: ChildKey, obj: Obj) -> str:
+        old = self._objects.get(key)
+        if old is not None:
+            old_parent = self.parent_of(old)
+            keys = self._by_parent.get(old_parent)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_parent[old_parent]
+        obj = _slim(obj)
+        self._objects[key] = obj
+        parent = self.parent_of(obj)
+        self._by_parent.setdefault(parent, set()).add(key)
+        return parent
+
+    def _drop(self, key: ChildKey) -> str | None:
+        old = self._objects.pop(key, None)
+        if old is None:
+            return None
+        parent = self.parent_of(old)
+        keys = self._by_parent.get(parent)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_parent[parent]
+        return parent
+
+    def replace(self, resource: Resource, objects: Iterable[Obj]) -> None:
+        """A (re)list of ``resource``: its children are exactly ``objects``."""
+        touched: set[str] = set()
+        for key in [k for k in self._objects if k.plural == resource.plural]:
+            parent = self._drop(key)
+            if parent is not None:
+                touched.add(parent)
+        for obj in objects:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            touched.add(self._store(ChildKey(resource.plural, name), obj))
+        first = resource.plural not in self._synced
+        self._synced.add(resource.plural)
+        if self.synced:
+            self._synced_event.set()
+        if not first:  # a relist: whatever changed meanwhile gets a look
+            for parent in sorted(touched):
+                if parent:
+                    self._enqueue(parent)
+
+    def observe(self, resource: Resource, obj: Obj) -> None:
+        """A watch event: hold ``obj`` unless what is held is newer; enqueue its parent."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        key = ChildKey(resource.plural, name)
+        held = self._objects.get(key)
+        if held is not None:
+            new_rv, held_rv = _rv(obj), _rv(held)
+            if new_rv is not None and held_rv is not None and new_rv <= held_rv:
+                # Older than what our own write returned, or the event of that very write:
+                # nothing we do not hold already, so nothing to reconcile.
+                return
+        old_parent = self.parent_of(held) if held is not None else ""
+        parent = self._store(key, obj)
+        for name_ in {old_parent, parent}:
+            if name_:
+                self._enqueue(name_)
+
+    def put(self, resource: Resource, obj: Obj) -> None:
+        """Hold what a write of ours just returned (no enqueue: we just reconciled it)."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        key = ChildKey(resource.plural, name)
+        held = self._objects.get(key)
+        if held is not None:
+            new_rv, held_rv = _rv(obj), _rv(held)
+            if new_rv is not None and held_rv is not None and new_rv < held_rv:
+                return
+        self._store(key, obj)
+
+    def forget(self, resource: Resource, name: str) -> None:
+        """A child is gone (watch DELETED, or our own delete): enqueue its parent."""
+        parent = self._drop(ChildKey(resource.plural, name))
+        if parent:
+            self._enqueue(parent)
+
+    def discard(self, key: ChildKey) -> None:
+        """Drop a child we deleted ourselves (no enqueue)."""
+        self._drop(key)

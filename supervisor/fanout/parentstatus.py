@@ -1,0 +1,165 @@
+"""The status a reconciler writes on a parent: ``observedGeneration``, ``Ready``, ``Available``.
+
+Contract (CONTRACT.md section 8):
+
+- ``Ready``: ``True`` (reason ``Applied``) when every child was applied for
+  the observed generation; ``False`` with reason ``Conflict``, ``Invalid`` or
+  ``ApplyFailed`` otherwise.
+- ``Available``: ``True`` (reason ``ChildrenAvailable``) when every Deployment
+  child reports its desired replicas available (and its controller has seen
+  its current generation) and every other child exists; ``False`` (reason
+  ``ChildrenUnavailable``, the message naming the first child that is not)
+  otherwise.
+- Events (:class:`ParentReporter.event`): ``Applied``, ``DriftRepaired``,
+  ``ApplyFailed``, ``Invalid``, best effort (:mod:`supervisor.kube.events`).
+- Written by server-side apply on the status subresource, only when it
+  differs from what the parent already shows (or what we wrote for the same
+  resourceVersion, while our own event is on its way): an idle resync writes
+  nothing. ``lastTransitionTime`` moves only when a condition's status does.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from supervisor.config import KubernetesConfig
+from supervisor.fanout.drain import Drain
+from supervisor.fanout.live import LiveChildren, unavailable
+from supervisor.kube.applying import Desired
+from supervisor.kube.client import KubeClient
+from supervisor.kube.errors import NotFound
+from supervisor.kube.events import EventRecorder, EventType, Involved
+from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+
+__all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
+
+
+class ParentLike(Protocol):
+    @property
+    def metadata(self) -> ObjectMeta: ...
+
+    @property
+    def status(self) -> ParentStatus: ...
+
+
+def _now_rfc3339() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class StatusWant:
+    generation: int
+    status: str
+    reason: str
+    message: str
+    available: str = "False"
+    available_reason: str = "ChildrenUnavailable"
+    available_message: str = ""
+
+    def conditions(self) -> list[tuple[str, str, str, str]]:
+        return [
+            ("Ready", self.status, self.reason, self.message),
+            ("Available", self.available, self.available_reason, self.available_message),
+        ]
+
+
+def needs_write(current: ParentStatus, want: StatusWant) -> bool:
+    """Does ``current`` differ from ``want`` in anything we own?"""
+    if current.observed_generation != want.generation:
+        return True
+    for type_, status, reason, message in want.conditions():
+        cond = current.condition(type_)
+        if cond is None or (cond.status, cond.reason, cond.message) != (status, reason, message):
+            return True
+    return False
+
+
+def status_body(api_version: str, kind: str, name: str, namespace: str,
+                current: ParentStatus, want: StatusWant) -> dict[str, Any]:
+    """The apply configuration of the status subresource for ``want``."""
+    conditions = []
+    for type_, status, reason, message in want.conditions():
+        cond = current.condition(type_)
+        transition = (
+            cond.last_transition_time
+            if cond is not None and cond.status == status and cond.last_transition_time
+            else _now_rfc3339()
+        )
+        conditions.append({
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "observedGeneration": want.generation,
+        })
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"observedGeneration": want.generation, "conditions": conditions},
+    }
+
+
+class ParentReporter:
+    """Writes a parent's status (only when it changes) and records Events on it."""
+
+    def __init__(self, client: KubeClient, resource: Resource, config: KubernetesConfig,
+                 live: LiveChildren, drain: Drain) -> None:
+        self._client = client
+        self._resource = resource
+        self._config = config
+        self._live = live
+        self._drain = drain
+        self.events = EventRecorder(client, config.field_manager)
+        # The status we last wrote, with the parent's resourceVersion at that time.
+        self._written: dict[str, tuple[str, StatusWant]] = {}
+
+    def forget(self, name: str | None = None) -> None:
+        """Forget what was written (for one parent, or all: after a relist)."""
+        if name is None:
+            self._written.clear()
+        else:
+            self._written.pop(name, None)
+
+    def want(self, parent: ParentLike, desired: list[Desired], status: str, reason: str,
+             message: str) -> StatusWant:
+        """The status for ``Ready`` as given, and ``Available`` from the live children."""
+        generation = parent.metadata.generation
+        missing = [why for child in desired
+                   if (why := unavailable(child, self._live.get(child.key))) is not None]
+        if missing:
+            return StatusWant(generation, status, reason, message, "False",
+                              "ChildrenUnavailable", missing[0][:1024])
+        return StatusWant(generation, status, reason, message, "True", "ChildrenAvailable",
+                          f"{len(desired)} of {len(desired)} available")
+
+    async def event(self, parent: ParentLike, type_: EventType, reason: str,
+                    message: str) -> None:
+        meta = parent.metadata
+        about = Involved(self._resource, self._config.control_namespace, meta.name, meta.uid,
+                         meta.resource_version)
+        await self.events.emit(about, type_, reason, message)
+
+    async def write(self, parent: ParentLike, desired: list[Desired], status: str,
+                    reason: str, message: str) -> None:
+        """Write ``Ready``/``Available`` unless the parent already shows them."""
+        want = self.want(parent, desired, status, reason, message)
+        meta = parent.metadata
+        written = self._written.get(meta.name)
+        if written is not None and written == (meta.resource_version, want):
+            return  # written already; our own MODIFIED event has not arrived yet
+        if not needs_write(parent.status, want):
+            return
+        body = status_body(self._resource.api_version, self._resource.kind, meta.name,
+                           self._config.control_namespace, parent.status, want)
+        try:
+            await self._drain.write(
+                self._client.apply, self._resource, self._config.control_namespace, meta.name,
+                body, field_manager=self._config.field_manager, subresource="status",
+            )
+        except NotFound:
+            return  # the parent was deleted meanwhile; its DELETED event follows
+        self._written[meta.name] = (meta.resource_version, want)

@@ -1,0 +1,44 @@
+"""How often one child may be repaired: a fight with another writer must not become a hot loop.
+
+Something else that keeps changing a child (another controller, a second
+installation whose parent has the same name, an admission webhook rewriting a
+field we set) would otherwise meet a repair within milliseconds, every time,
+forever. Contract of :meth:`RepairLimiter.delay`: the first ``burst`` repairs
+of one child within ``window_s`` go at once; beyond that each further repair
+waits 1 s, 2 s, 4 s ... after the previous one, up to ``max_s``. The caller
+requeues the parent after that delay and logs the fight once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+__all__ = ["RepairLimiter"]
+
+
+class RepairLimiter:
+    def __init__(self, burst: int = 3, window_s: float = 60.0, max_s: float = 60.0) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self.max_s = max_s
+        self._times: dict[Hashable, list[float]] = {}
+
+    def delay(self, key: Hashable, now: float) -> float:
+        """Seconds until ``key`` may be repaired again (0: now)."""
+        times = [t for t in self._times.get(key, ()) if now - t < self.window_s]
+        if times:
+            self._times[key] = times
+        else:
+            self._times.pop(key, None)
+        excess = len(times) - self.burst + 1
+        if excess <= 0:
+            return 0.0
+        wait = min(self.max_s, 2.0 ** (excess - 1))
+        return max(0.0, times[-1] + wait - now)
+
+    def record(self, key: Hashable, now: float) -> None:
+        """A repair of ``key`` was made at ``now``."""
+        self._times.setdefault(key, []).append(now)
+        if len(self._times) > 10_000:  # bounded: forget children past the window
+            self._times = {k: v for k, v in self._times.items()
+                           if v and now - v[-1] < self.window_s}

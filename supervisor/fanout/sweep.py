@@ -1,0 +1,119 @@
+"""The orphan sweep's safety catch.
+
+An orphan is a child of this installation (managed-by, installation and
+lineage labels) whose parent is not in the parent list. A parent list that is
+wrong (a mistyped ``control_namespace`` whose list the RBAC happens to allow,
+a restored-empty etcd, a CRD reinstalled empty) makes *every* child look
+orphaned, and deleting them all is the one mistake a controller must not make
+on its own.
+
+Contract of :meth:`SweepGuard.allow`: a sweep that would delete more than
+half of the children it sees *and* more than ``handful`` of them is refused
+(False), and the parent list it saw is remembered. It stays refused until a
+later sweep (the next resync) sees the very same parent list again: then the
+list was not a glitch, and the sweep goes ahead. Any smaller sweep is allowed
+and clears the memory.
+
+:class:`Sweeper` finds the orphans in the watched children
+(:class:`~supervisor.fanout.live.LiveChildren`, already selected by this
+installation's labels), asks the guard, and deletes them (each failure logged
+and left to the next resync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from supervisor.config import KubernetesConfig
+from supervisor.fanout.drain import Drain
+from supervisor.fanout.live import LiveChildren
+from supervisor.kube.applying import ChildKey
+from supervisor.kube.client import KubeClient
+from supervisor.kube.errors import KubeError
+from supervisor.kube.models import Resource
+from supervisor.logs import get_logger
+from supervisor.telemetry import Metrics
+
+__all__ = ["HANDFUL", "SweepGuard", "Sweeper"]
+
+log = get_logger("fanout")
+
+HANDFUL = 5
+
+
+class SweepGuard:
+    """Refuses implausibly large sweeps until the same parent list is seen twice."""
+
+    def __init__(self, handful: int = HANDFUL) -> None:
+        self.handful = handful
+        self._refused_for: frozenset[str] | None = None
+        self.refusals = 0
+
+    @property
+    def holding(self) -> bool:
+        """A sweep was refused and waits for the same parent list to come again."""
+        return self._refused_for is not None
+
+    def allow(self, orphans: int, seen: int, parents: Iterable[str]) -> bool:
+        """May a sweep delete ``orphans`` of the ``seen`` children, given ``parents``?"""
+        current = frozenset(parents)
+        if orphans <= self.handful or orphans * 2 <= seen:
+            self._refused_for = None
+            return True
+        if self._refused_for is not None and self._refused_for == current:
+            self._refused_for = None
+            return True
+        self._refused_for = current
+        self.refusals += 1
+        return False
+
+
+class Sweeper:
+    """Deletes this installation's orphans, behind a :class:`SweepGuard`."""
+
+    def __init__(self, client: KubeClient, kind: str, config: KubernetesConfig,
+                 live: LiveChildren, drain: Drain, metrics: Metrics,
+                 resources: Mapping[str, Resource]) -> None:
+        self._client = client
+        self._kind = kind
+        self._config = config
+        self._live = live
+        self._drain = drain
+        self._metrics = metrics
+        self._resources = resources
+        self.guard = SweepGuard()
+        self._log = log.bind(kind=kind)
+
+    async def sweep(self, known: set[str]) -> None:
+        """Delete every watched child whose parent is not in ``known`` (unless refused)."""
+        orphans = [(key, self._live.parent_of(obj)) for key, obj in self._live.items()
+                   if self._live.parent_of(obj) not in known]
+        seen = len(self._live)
+        if orphans and not self.guard.allow(len(orphans), seen, known):
+            self._metrics.fanout_sweeps_refused.labels(self._kind).inc()
+            self._log.error(
+                f"orphan sweep refused: it would delete {len(orphans)} of the {seen}"
+                " children of this installation (more than half); the parent list looks"
+                " wrong (control_namespace, installation, a restored or emptied API"
+                " server?). If it is right, the next resync that sees the same parent"
+                " list sweeps them",
+                count=len(orphans), seen=seen, parents=len(known),
+                installation=self._config.installation_label,
+            )
+            return
+        for key, parent in orphans:
+            await self._delete(key, parent)
+
+    async def _delete(self, key: ChildKey, parent: str) -> None:
+        resource = self._resources[key.plural]
+        try:
+            await self._drain.write(self._client.delete, resource, self._config.apps_namespace,
+                                    key.name)
+        except KubeError as exc:
+            self._metrics.fanout_applies.labels(self._kind, "error").inc()
+            self._log.warning("orphan sweep failed; the next resync retries",
+                              resource=str(resource), name=key.name, error=str(exc))
+            return
+        self._live.discard(key)
+        self._metrics.fanout_applies.labels(self._kind, "deleted").inc()
+        self._log.info("orphan swept", resource=str(resource), name=key.name, parent=parent)

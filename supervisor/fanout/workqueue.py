@@ -1,0 +1,88 @@
+"""The per-kind work queue of parent names (client-go's workqueue, in small).
+
+Contract: keys are deduplicated; one key is never handed to two workers at
+once (a key added while it is processed is processed once more after
+:meth:`WorkQueue.done`); :meth:`WorkQueue.add_after` delays a requeue (one
+pending delay per key); :meth:`WorkQueue.wait_idle` returns once nothing is
+queued, processing or waiting to be requeued. ``depth`` (queued, not yet
+taken) is what the ``fanout_queue_depth`` gauge shows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import trio
+
+__all__ = ["WorkQueue"]
+
+
+class WorkQueue:
+    """Deduplicating keys, one worker per key at a time (client-go's workqueue, in small).
+
+    A key added while queued is a no-op; added while being processed, it is
+    processed once more after :meth:`done`.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._active: set[str] = set()
+        self._dirty: set[str] = set()
+        self._delayed: set[str] = set()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._idle_lot = trio.lowlevel.ParkingLot()
+
+    def add(self, key: str) -> None:
+        if key in self._queued:
+            return
+        if key in self._active:
+            self._dirty.add(key)
+            return
+        self._queued.add(key)
+        self._queue.append(key)
+        self._lot.unpark()
+
+    async def add_after(self, key: str, delay_s: float) -> None:
+        """Add ``key`` after ``delay_s`` (run it in a nursery); one pending delay per key."""
+        if key in self._delayed:
+            return
+        self._delayed.add(key)
+        try:
+            await trio.sleep(delay_s)
+        finally:
+            self._delayed.discard(key)
+        self.add(key)
+
+    async def get(self) -> str:
+        while not self._queue:
+            await self._lot.park()
+        key = self._queue.popleft()
+        self._queued.discard(key)
+        self._active.add(key)
+        return key
+
+    def done(self, key: str) -> None:
+        self._active.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+        if self.idle():
+            self._idle_lot.unpark_all()
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is queued, processing, or waiting to be requeued."""
+        while not self.idle():
+            await self._idle_lot.park()
+
+    def idle(self) -> bool:
+        """Nothing queued, processing, or waiting to be requeued."""
+        return not (self._queue or self._active or self._delayed)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def depth(self) -> int:
+        """Keys queued and not yet taken by a worker."""
+        return len(self._queue)

@@ -1,0 +1,195 @@
+"""Connection discipline of the real daemon's admin server (issue 12, finding 1).
+
+The daemon runs with a lowered RLIMIT_NOFILE, so a few hundred connections are
+already more than it may hold; the floods are sized at a few times that limit.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import trio
+
+from tests.floods import (
+    EMPTY_SETTINGS,
+    H2_PREFACE,
+    ProbeProcess,
+    connect,
+    open_fds,
+    read_head,
+    request,
+    rss_bytes,
+    until_closed,
+    websocket_request,
+)
+from tests.proc import EXAMPLE, acli, cli, free_port, run_daemon, write_config
+
+IDLE_DEADLINE_S = 5.0  # supervisor.admin.server.IDLE_DEADLINE_S
+NOFILE = 256  # the daemon's RLIMIT_NOFILE in the flood test
+FLOOD = 600  # connections per flood: a few times what NOFILE lets the daemon hold
+
+
+async def _h2_preface(port: int, closed_after: list[float]) -> None:
+    stream = await connect(port)
+    try:
+        await stream.send_all(H2_PREFACE + EMPTY_SETTINGS)
+        sent = time.monotonic()
+        await until_closed(stream)
+        closed_after.append(time.monotonic() - sent)
+    finally:
+        await stream.aclose()
+
+
+async def _idle(port: int, closed_after: list[float], connected: trio.Semaphore) -> None:
+    try:
+        stream = await connect(port)
+    except OSError:
+        # Reset before this task even saw it connected: the server made room
+        # for a newer connection (it evicts the longest-idle one).
+        closed_after.append(0.0)
+        connected.release()
+        return
+    opened = time.monotonic()
+    connected.release()
+    try:
+        await until_closed(stream)
+        closed_after.append(time.monotonic() - opened)
+    finally:
+        await stream.aclose()
+
+
+async def _websocket(port: int, held: list[trio.SocketStream], refused: list[int]) -> None:
+    try:
+        stream = await connect(port)
+        await stream.send_all(websocket_request())
+        head = await read_head(stream)
+    except (OSError, trio.BrokenResourceError):
+        refused.append(0)  # reset: evicted while idle, or refused at the limit
+        return
+    if head.startswith(b"HTTP/1.1 101"):
+        held.append(stream)
+        return
+    refused.append(int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1") else 0)
+    await stream.aclose()
+
+
+async def _run_all(count: int, limit: int, job: object, *args: object) -> None:
+    limiter = trio.CapacityLimiter(limit)
+
+    async def one() -> None:
+        async with limiter:
+            await job(*args)  # type: ignore[operator]
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            nursery.start_soon(one)
+
+
+async def test_http2_preface_is_closed_at_once_and_h2c_upgrade_is_served_as_http11(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    token = tmp_path / "admin.token"
+    token.write_text("tok-en\n")
+    token.chmod(0o600)
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          f'token_file = "{token}"\n', port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            closed_after: list[float] = []
+            await _h2_preface(port, closed_after)
+            assert closed_after[0] < 1.0  # at once, not after any idle deadline
+            stream = await connect(port)
+            await stream.send_all(
+                b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade, HTTP2-Settings"
+                b"\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+            )
+            head = await read_head(stream)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            await stream.aclose()
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(90):
+        async with run_daemon(config, nofile=NOFILE) as daemon:
+            await daemon.wait_log("ready")
+            lowered = await daemon.wait_log(
+                "admin stream max_clients exceeds what RLIMIT_NOFILE allows; lowered")
+            assert lowered["max_clients"] == 4096 and lowered["nofile"] == NOFILE
+            allowed = lowered["allowed"]
+            assert 0 < allowed < lowered["max_connections"] < NOFILE
+            pid = daemon.process.pid
+            baseline_rss = rss_bytes(pid)
+            with ProbeProcess(port) as prober:
+
+                # 1. HTTP/2 prefaces: each closed at once.
+                h2_closed: list[float] = []
+                await _run_all(FLOOD, 100, _h2_preface, port, h2_closed)
+                assert len(h2_closed) == FLOOD and max(h2_closed) < 1.0
+
+                # 2. Idle connections, and a publish meanwhile: each connection is
+                # closed within the idle deadline (or sooner, making room).
+                idle_closed: list[float] = []
+                connected = trio.Semaphore(FLOOD, max_value=FLOOD)
+                for _ in range(FLOOD):
+                    await connected.acquire()
+                async with trio.open_nursery() as idle:
+                    for _ in range(FLOOD):
+                        idle.start_soon(_idle, port, idle_closed, connected)
+                    for _ in range(FLOOD):
+                        await connected.acquire()  # every connection is open
+                    await acli("publish", "--config", str(config), str(EXAMPLE))
+                    while True:
+                        status, body, _ = await request(port, "/readyz")
+                        if status == 200 and json.loads(body.split(b"\r\n\r\n", 1)[1])[
+                                "revision"] == 2:
+                            break
+                        await trio.sleep(0.05)
+                assert len(idle_closed) == FLOOD
+                # The slack covers the measuring: 600 sockets watched by one loaded
+                # test process on a 2-core machine.
+                assert max(idle_closed) < IDLE_DEADLINE_S + 2.0, max(idle_closed)
+
+                # 3. WebSocket clients: at most the lowered max_clients held, the
+                # rest refused with 503, /healthz answering throughout.
+                held: list[trio.SocketStream] = []
+                refused: list[int] = []
+                await _run_all(FLOOD, 100, _websocket, port, held, refused)
+                assert 0 < len(held) <= allowed
+                assert set(refused) <= {0, 503} and len(held) + len(refused) == FLOOD
+                status, _, _ = await request(port, "/healthz")
+                assert status == 200
+                for stream in held:
+                    await stream.aclose()
+                await trio.to_thread.run_sync(prober.stop)
+
+            # /healthz answered throughout. The 100 ms bound is asserted on the
+            # median only, and at most 2 % of the probes may be reset: this
+            # machine (2 cores) is shared with other test runs, a daemon that
+            # gets no CPU for a moment cannot answer in time however it is
+            # written, and a probe whose process stalls between its connect and
+            # its request looks, for that moment, exactly like an idle flood
+            # connection. bench/bench_admin_flood.py reports p99 and max.
+            assert len(prober.latencies) > 20
+            assert prober.percentile(0.5) < 0.1, sorted(prober.latencies)[-10:]
+            assert len(prober.failures) <= max(1, len(prober.latencies) // 50), prober.failures
+            status_doc = json.loads((await acli("status", "--config", str(config),
+                                                "--json")).stdout)
+            assert status_doc["revision"]["active"] == 2
+            assert status_doc["revision"]["last_rejection"] is None  # no `secret` refusal
+            # Everything the floods held is given back.
+            assert open_fds(pid) < 64
+            assert rss_bytes(pid) < baseline_rss + 40 * 1024 * 1024
+            assert not [line for line in daemon.lines if line.get("level") == "error"]
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0

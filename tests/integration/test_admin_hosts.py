@@ -1,0 +1,91 @@
+"""Host and Origin checks of the real daemon (issue 12, finding 3): DNS rebinding and
+cross-site WebSockets get nothing, while curl, `status` and `watch` keep working."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from supervisor.admin.hosts import AllowedHosts, host_of
+from tests.floods import connect, read_head, request, websocket_request
+from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
+
+
+def test_allowed_hosts() -> None:
+    loopback = AllowedHosts("127.0.0.1", ["supervisor.internal", ".svc.cluster.local"])
+    for host in ("127.0.0.1", "localhost", "::1", "supervisor.internal",
+                 "admin.ns.svc.cluster.local", "svc.cluster.local"):
+        assert loopback.allows(host), host
+    for host in ("evil.example", "127.0.0.2", "supervisor.internal.evil.example", ""):
+        assert not loopback.allows(host), host
+    assert host_of("LocalHost.:9464") == "localhost" and host_of("[::1]:80") == "::1"
+    assert loopback.allows_host_header(None)  # HTTP/1.0: no browser
+    assert loopback.allows_origin(None) and loopback.allows_origin("http://localhost:9464")
+    assert not loopback.allows_origin("null")
+    assert not loopback.allows_origin("http://evil.example")
+    public = AllowedHosts("10.0.0.5")
+    assert public.allows("10.0.0.5") and not public.allows("localhost")
+    assert not public.allows("10.0.0.6")
+    wildcard = AllowedHosts("0.0.0.0", [".svc.cluster.local"])
+    assert wildcard.allows("10.1.2.3") and wildcard.allows("localhost")  # pod IPs, probes
+    assert wildcard.allows("admin.ns.svc.cluster.local") and not wildcard.allows("evil.example")
+    assert AllowedHosts("0.0.0.0", ["*"]).allows("anything.example")
+
+
+async def test_unknown_host_gets_421_and_a_foreign_origin_403(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          'allowed_hosts = ["supervisor.internal"]\n', port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            status, body, _ = await request(port, "/v1/snapshot", host="evil.example")
+            assert status == 421 and b"misdirected_request" in body
+            assert (await request(port, "/status", host="evil.example:9464"))[0] == 421
+            assert (await request(port, "/healthz", host="evil.example"))[0] == 200  # probes
+            for host in (f"127.0.0.1:{port}", "localhost", "supervisor.internal:80"):
+                assert (await request(port, "/v1/snapshot", host=host))[0] == 200, host
+
+            async def handshake(**kwargs: str) -> bytes:
+                stream = await connect(port)
+                try:
+                    await stream.send_all(websocket_request(**kwargs))
+                    return await read_head(stream)
+                finally:
+                    await stream.aclose()
+
+            assert (await handshake(origin="http://evil.example")).startswith(b"HTTP/1.1 403")
+            assert (await handshake(origin="null")).startswith(b"HTTP/1.1 403")
+            assert (await handshake(host="evil.example")).startswith(b"HTTP/1.1 421")
+            assert (await handshake(origin=f"http://localhost:{port}")).startswith(
+                b"HTTP/1.1 101")
+            assert (await handshake()).startswith(b"HTTP/1.1 101")  # no Origin: not a browser
+
+            # The operator's tools, unchanged.
+            status_doc = json.loads((await acli("status", "--config", str(config),
+                                                "--json")).stdout)
+            assert status_doc["revision"]["active"] == 1
+            curl = shutil.which("curl")
+            if curl is not None:
+                result = await trio.run_process([curl, "-sf", f"http://localhost:{port}/status"],
+                                                capture_stdout=True)
+                assert json.loads(result.stdout)["revision"]["active"] == 1
+            watcher = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "watch", "--no-reconnect", "--url",
+                 f"ws://127.0.0.1:{port}/v1/stream"],
+                stdout=subprocess.PIPE, cwd=str(REPO), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            assert watcher.stdout is not None
+            first = await watcher.stdout.receive_some()
+            assert b'"type":"status"' in first.replace(b" ", b"")
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+            assert await watcher.wait() == 0

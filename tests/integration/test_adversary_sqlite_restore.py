@@ -1,0 +1,69 @@
+"""Adversary drill: ``mv new.db cp.db`` (issue 18.2) while another connection has cp.db open.
+
+The daemon puts the control-plane file in WAL mode. A restore by rename leaves
+the old database's ``cp.db-wal`` and ``cp.db-shm`` next to the new ``cp.db``.
+With the daemon alone, closing its (last) connection checkpoints that WAL into
+the old inode and deletes it, so the reopen reads the new file (the team's test).
+With any other connection open on the old file (an operator's ``sqlite3 cp.db``
+shell, ``trio-supervisor history`` running at that moment, a second replica on
+the same host), the WAL survives; the daemon's reopen then replays the OLD
+database's WAL frames over the NEW file. Seen: the restore is silently undone
+(the replica, and every later reader of cp.db, see the old desired revision 5;
+the restored file's revisions are gone), and /status says converged, lag 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.proc import acli, free_port, run_daemon, write_config
+
+
+def doc(path: Path, tag: str) -> Path:
+    path.write_text(json.dumps({"schema_version": 1, "aliases": {
+        tag: {"upstream": f"https://{tag}.example/v1"}}}))
+    return path
+
+
+async def test_restore_by_rename_with_another_reader_open(tmp_path: Path) -> None:
+    port = free_port()
+    cp = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+    await acli("publish", "--config", str(config), str(doc(tmp_path / "old1.json", "old1")))
+    other = tmp_path / "other"
+    other.mkdir()
+    other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
+    for i in range(3):  # the backup being restored: desired is its revision 3
+        await acli("publish", "--config", str(other_config),
+                   str(doc(tmp_path / f"new{i}.json", f"new{i}")))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published", revision=1)
+            shell = sqlite3.connect(cp)  # an operator's sqlite3 shell, left open
+            try:
+                shell.execute("SELECT count(*) FROM supervisor_revisions").fetchall()
+                for i in range(2, 6):
+                    await acli("publish", "--config", str(config),
+                               str(doc(tmp_path / f"old{i}.json", f"old{i}")))
+                await daemon.wait_log("published", revision=5)
+                os.replace(other / "new.db", cp)  # mv new.db cp.db
+                await daemon.wait_log("control-plane file replaced or removed; reopening")
+                with trio.move_on_after(3):
+                    await daemon.wait_log("published", revision=3)
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    report = (await client.get(f"http://127.0.0.1:{port}/status")).json()
+                    snap = (await client.get(f"http://127.0.0.1:{port}/v1/snapshot")).json()
+            finally:
+                shell.close()
+            revision = report["revision"]
+            assert sorted(snap["aliases"]) == ["new2"], (
+                f"after `mv new.db cp.db` (desired 3, alias new2) the replica serves "
+                f"{sorted(snap['aliases'])} and reports desired={revision['desired']} "
+                f"active={revision['active']} lag_s={revision['lag_s']}: the old database's "
+                f"WAL was replayed over the restored file")

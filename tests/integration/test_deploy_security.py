@@ -1,0 +1,91 @@
+"""Secret-file modes at check and boot, and the security properties of deploy/ (issue 12, 5)."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import trio
+import yaml
+
+from supervisor.config import load
+from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
+
+
+async def test_check_and_boot_warn_about_a_world_readable_token(tmp_path: Path) -> None:
+    token = tmp_path / "admin.token"
+    token.write_text("tok-en\n")
+    token.chmod(0o644)
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          f'token_file = "{token}"\n', port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        lenient = await acli("check", "--config", str(config))
+        assert "$.admin.token_file" in lenient.stderr and "readable by others" in lenient.stderr
+        assert "tok-en" not in lenient.stderr
+        strict = await acli("check", "--strict", "--config", str(config), check=False)
+        assert strict.returncode == 2
+        async with run_daemon(config) as daemon:
+            line = await daemon.wait_log("secret file too open")
+            assert line["key"] == "$.admin.token_file" and line["level"] == "warning"
+            await daemon.wait_log("ready")
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+        token.chmod(0o600)
+        assert (await acli("check", "--strict", "--config", str(config))).returncode == 0
+
+
+def _docs(path: Path) -> list[dict[str, object]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_base_image_is_pinned_by_digest() -> None:
+    text = (REPO / "deploy/container/Containerfile").read_text()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:[\w.-]+@sha256:[0-9a-f]{64}$", text, re.M)
+    assert "imagetools inspect" in (REPO / "README.rst").read_text()  # the update procedure
+
+
+def test_kubernetes_deployment_keeps_the_password_out_of_the_environment() -> None:
+    (deployment,) = _docs(REPO / "deploy/kubernetes/deployment.yaml")
+    spec = deployment["spec"]["template"]["spec"]  # type: ignore[index]
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert "SUPERVISOR_CONTROL_PLANE__URL" not in env
+    assert env["PGPASSFILE"]["value"] == "/run/pgpass/pgpass"
+    init = spec["initContainers"][0]
+    assert "0o600" in " ".join(init["command"])
+    config = load(REPO / "deploy/kubernetes/prod.toml")
+    assert ":" not in config.control_plane.url.split("@")[0].split("//")[1]  # no password
+    for path in ("deploy/kubernetes/prod.toml", "conf/prod.toml"):
+        revision = load(REPO / path).revision
+        assert revision.secret_env_prefixes and revision.secret_dirs, path
+        assert load(REPO / path).admin.allowed_hosts, path
+    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    assert config.revision.secret_dirs[0] in mounts
+
+
+def test_network_policy_admits_only_the_admin_port_from_labelled_namespaces() -> None:
+    (policy,) = _docs(REPO / "deploy/kubernetes/networkpolicy.yaml")
+    (deployment,) = _docs(REPO / "deploy/kubernetes/deployment.yaml")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]  # type: ignore[index]
+    spec = policy["spec"]  # type: ignore[index]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert all(labels[k] == v for k, v in spec["podSelector"]["matchLabels"].items())
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": "admin", "protocol": "TCP"}]
+    assert {"namespaceSelector": {"matchLabels": {"trio-supervisor.dev/admin-access": "true"}}} \
+        in rule["from"]
+    kustomization = yaml.safe_load((REPO / "deploy/kubernetes/kustomization.yaml").read_text())
+    assert "networkpolicy.yaml" in kustomization["resources"]
+
+
+def test_apps_namespace_pod_security_and_least_privilege_rbac() -> None:
+    (namespace,) = _docs(REPO / "manifests/apps-namespace/namespace.yaml")
+    labels = namespace["metadata"]["labels"]  # type: ignore[index]
+    assert labels["pod-security.kubernetes.io/enforce"] in ("baseline", "restricted")
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    for path in ("manifests/apps-namespace/role.yaml", "manifests/supervisor/role.yaml"):
+        for doc in _docs(REPO / path):
+            for rule in doc.get("rules", []):  # type: ignore[attr-defined]
+                assert "get" not in rule["verbs"] and "*" not in rule["verbs"], (path, rule)

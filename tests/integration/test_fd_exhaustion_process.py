@@ -1,0 +1,67 @@
+"""Exhausted descriptors while resolving a secret are transient (issue 10.5), real process.
+
+The running daemon's descriptor limit is lowered with ``prlimit`` to exactly
+what it holds, so the next ``open()`` fails with EMFILE, the way a connection
+flood leaves a process. A revision whose key is a ``file:`` secret is then made
+desired: it must be refused as ``unavailable`` (retried with backoff), never as
+the permanent-looking ``secret``, and it converges once descriptors are back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.proc import EXAMPLE, acli, run_daemon, write_config
+
+pytestmark = pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+
+
+def set_soft_nofile(pid: int, soft: int | str, hard: str) -> None:
+    # Only the soft limit moves: raising a hard limit back needs more than root here.
+    subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={soft}:{hard}"], check=True)
+
+
+async def test_emfile_on_a_secret_file_is_unavailable_not_secret(tmp_path: Path) -> None:
+    db = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{db}", poll_interval_s=0.2,
+                          backoff_initial_s=0.2, backoff_max_s=1.0)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    secret = tmp_path / "team.key"
+    secret.write_text("s3cret\n")
+    body = json.dumps({
+        "schema_version": 1,
+        "aliases": {"chat": {"upstream": "https://chat.example/v1"}},
+        "keys": {"team": {"secret": f"file:{secret}", "aliases": ["chat"]}},
+    }).encode()
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            pid = daemon.process.pid
+            held = len(os.listdir(f"/proc/{pid}/fd"))
+            original = subprocess.run(["prlimit", f"--pid={pid}", "--nofile", "--raw",
+                                       "--noheadings", "--output=SOFT,HARD"],
+                                      capture_output=True, text=True, check=True).stdout.split()
+            set_soft_nofile(pid, held, original[1])
+            with sqlite3.connect(db) as conn:
+                rid = conn.execute(
+                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                    " VALUES (1, ?, ?)", (body, hashlib.sha256(body).digest())).lastrowid
+                conn.execute("UPDATE supervisor_desired SET revision_id = ?", (rid,))
+            line = await daemon.wait_log("revision refused; previous snapshot keeps serving",
+                                         revision=rid)
+            assert line["reason"] == "unavailable", line
+            assert "Too many open files" in line["detail"]
+            assert line["retry_in_s"] <= 1.0  # backed off, not the poll of a refusal
+            set_soft_nofile(pid, original[0], original[1])
+            await daemon.wait_log("published", revision=rid)
+            assert not [x for x in daemon.lines
+                        if x.get("reason") == "secret" and x.get("revision") == rid]

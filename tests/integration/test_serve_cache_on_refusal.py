@@ -1,0 +1,85 @@
+"""``[cache].serve_when_desired_refused`` both ways (issue 19.7), through the real process.
+
+A revision whose ``env:`` secret the daemon cannot resolve is published (the CLI
+does not resolve secrets) while a valid signed cache sits on disk. By default
+the boot refuses (exit 3, the seed's rule); with the switch on, it serves the
+cache: ``source = last_known_good``, the refusal in ``last_rejection``, the
+metric at 1 and an error line every poll until desired compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.integration.test_cache_process import cache_config, keys, serve_once_and_stop
+from tests.polling import poll_until
+from tests.proc import acli, free_port, run_daemon
+
+
+def document(path: Path, secret: str) -> Path:
+    path.write_text(json.dumps({
+        "schema_version": 1,
+        "aliases": {"chat": {"upstream": "https://chat.example/v1"}},
+        "keys": {"team": {"secret": secret, "aliases": ["chat"]}},
+    }))
+    return path
+
+
+async def prepare(tmp_path: Path, port: int, *, switch: bool) -> Path:
+    key, verify = keys(tmp_path)
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    config = cache_config(tmp_path, url, key, [verify], admin_port=port)
+    if switch:
+        config.write_text(config.read_text().replace(
+            "[cache]\n", "[cache]\nserve_when_desired_refused = true\n"))
+    await acli("publish", "--config", str(config),
+               str(document(tmp_path / "good.json", "env:HOME")))
+    await serve_once_and_stop(config)  # exports revision 1 to the cache
+    await acli("publish", "--config", str(config),
+               str(document(tmp_path / "bad.json", "env:SUPERVISOR_TEST_NEVER_SET")))
+    return config
+
+
+async def test_default_refuses_to_boot(tmp_path: Path) -> None:
+    config = await prepare(tmp_path, free_port(), switch=False)
+    result = await acli("run", "--config", str(config), check=False, timeout=30)
+    assert result.returncode == 3, result.stderr
+    assert "SUPERVISOR_TEST_NEVER_SET" in result.stderr
+
+
+async def test_switch_serves_the_cache_and_says_so_every_poll(tmp_path: Path) -> None:
+    port = free_port()
+    config = await prepare(tmp_path, port, switch=True)
+    config.write_text(re.sub(r"poll_interval_s = [0-9.]+", "poll_interval_s = 0.2",
+                             config.read_text()))
+    base = f"http://127.0.0.1:{port}"
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon, httpx.AsyncClient(timeout=5) as http:
+            await daemon.wait_log("desired revision refused at boot; serving the last-known-good "
+                                  "cache ([cache].serve_when_desired_refused)", reason="secret")
+            await daemon.wait_log("ready")
+            report = (await http.get(f"{base}/status")).json()["revision"]
+            assert report["source"] == "last_known_good" and report["active"] == 1
+            assert report["desired"] == 2
+            assert report["last_rejection"]["revision"] == 2
+            assert report["last_rejection"]["reason"] == "secret"
+            metrics = (await http.get(f"{base}/metrics")).text
+            assert "supervisor_serving_last_known_good 1.0" in metrics
+            # An error line at every poll (0.2 s), not once a minute.
+            def refusals() -> list[dict[str, object]]:
+                return [x for x in daemon.lines if x.get("event")
+                        == "revision refused; previous snapshot keeps serving"]
+
+            await poll_until(lambda: len(refusals()) >= 3)
+            assert all(x["level"] == "error" and x["reason"] == "secret" for x in refusals())
+            # Desired compiles again: served from the control plane.
+            good = document(tmp_path / "good2.json", "env:HOME")
+            await acli("publish", "--config", str(config), str(good))
+            await daemon.wait_log("published", revision=3, source="control_plane")
+            metrics = (await http.get(f"{base}/metrics")).text
+            assert "supervisor_serving_last_known_good 0.0" in metrics

@@ -1,0 +1,116 @@
+"""Issue 13's small parts on their own: the drift test, the sweep guard, the token bucket."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from supervisor.config import load_text
+from supervisor.errors import ConfigError
+from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
+from supervisor.fanout.live import LiveChildren, covers, unavailable
+from supervisor.fanout.servicedefinition import DEPLOYMENTS, SERVICES
+from supervisor.fanout.sweep import SweepGuard
+from supervisor.kube.applying import ChildKey, make_desired
+from supervisor.kube.ratelimit import TokenBucket
+
+
+def test_covers_ignores_what_the_server_adds_and_sees_what_we_set() -> None:
+    want = {"spec": {"replicas": 1, "template": {"spec": {"containers": [
+        {"name": "main", "image": "nginx:1.27"}]}}}}
+    live = {"status": {"replicas": 1}, "spec": {
+        "replicas": 1, "revisionHistoryLimit": 10, "template": {"spec": {
+            "dnsPolicy": "ClusterFirst",
+            "containers": [{"name": "main", "image": "nginx:1.27",
+                            "imagePullPolicy": "IfNotPresent"}]}}}}
+    assert covers(live, want)
+    live["spec"]["replicas"] = 3  # kubectl scale
+    assert not covers(live, want)
+    live["spec"]["replicas"] = 1
+    live["spec"]["template"]["spec"]["containers"].append({"name": "sidecar", "image": "x"})
+    assert not covers(live, want)  # a list of ours is ours as a whole
+    assert not covers({"spec": {"replicas": True}}, {"spec": {"replicas": 1}})
+    assert not covers({}, want)
+
+
+def test_availability_of_a_deployment_and_of_other_children() -> None:
+    labels = {"a": "b"}
+    deployment = make_desired(DEPLOYMENTS, "apps", "web", labels=labels, spec={"replicas": 2})
+    service = make_desired(SERVICES, "apps", "web", labels=labels, spec={})
+    assert unavailable(service, {"metadata": {}}) is None
+    assert unavailable(service, None) == "Service web does not exist"
+    live = {"metadata": {"generation": 2},
+            "status": {"observedGeneration": 1, "availableReplicas": 2}}
+    assert "not observed" in (unavailable(deployment, live) or "")
+    live["status"] = {"observedGeneration": 2, "availableReplicas": 1}
+    assert unavailable(deployment, live) == "Deployment web: 1/2 replicas available"
+    live["status"]["availableReplicas"] = 2
+    assert unavailable(deployment, live) is None
+
+
+def test_live_children_enqueue_their_parent_and_keep_the_newer_object() -> None:
+    queued: list[str] = []
+    live = LiveChildren((DEPLOYMENTS,), LINEAGE_SERVICEDEFINITION, queued.append)
+
+    def obj(rv: str, replicas: int) -> dict[str, object]:
+        return {"metadata": {"name": "web", "resourceVersion": rv,
+                             "labels": {LINEAGE_SERVICEDEFINITION: "web"}},
+                "spec": {"replicas": replicas}}
+
+    live.replace(DEPLOYMENTS, [obj("5", 1)])
+    assert live.synced and queued == []  # the first list enqueues nothing by itself
+    live.put(DEPLOYMENTS, obj("9", 1))  # what our own apply returned
+    live.observe(DEPLOYMENTS, obj("7", 3))  # an older event arriving late: not held
+    assert live.get(ChildKey("deployments", "web"))["spec"]["replicas"] == 1  # type: ignore[index]
+    live.observe(DEPLOYMENTS, obj("11", 3))
+    assert live.get(ChildKey("deployments", "web"))["spec"]["replicas"] == 3  # type: ignore[index]
+    live.forget(DEPLOYMENTS, "web")
+    assert live.of_parent("web") == set()
+    assert queued == ["web", "web"]  # the newer event and the delete; not the stale one
+
+
+def test_the_sweep_guard() -> None:
+    guard = SweepGuard()
+    assert guard.allow(5, 6, {"a"})  # a handful is always allowed
+    assert guard.allow(10, 20, {"a"})  # half is allowed
+    assert not guard.allow(11, 20, {"a"})  # more than half and more than a handful
+    assert guard.holding
+    assert not guard.allow(11, 20, {"a", "b"})  # another parent list: still refused
+    assert guard.allow(11, 20, {"a", "b"})  # the same list seen again: allowed
+    assert not guard.holding and guard.refusals == 2
+
+
+async def test_the_token_bucket_paces_after_the_burst(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    bucket = TokenBucket(qps=10, burst=5)
+    start = trio.current_time()
+    for _ in range(5):
+        await bucket.acquire()
+    assert trio.current_time() == start  # the burst goes at once
+    for _ in range(10):
+        await bucket.acquire()
+    assert abs(trio.current_time() - start - 1.0) < 1e-6  # then 10 a second
+    await trio.sleep(10)  # refills up to the burst, no more
+    again = trio.current_time()
+    for _ in range(6):
+        await bucket.acquire()
+    assert abs(trio.current_time() - again - 0.1) < 1e-6
+
+
+def test_kubernetes_config_keys_of_issue_13() -> None:
+    defaults = load_text("").kubernetes
+    assert defaults.installation is None
+    assert defaults.installation_label == defaults.control_namespace  # CONTRACT section 8
+    assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 200.0, 400)
+    mine = load_text('[kubernetes]\ncontrol_namespace = "ctl"\n').kubernetes
+    assert mine.installation_label == "ctl"
+    named = load_text('[kubernetes]\ninstallation = "prod-eu"\n').kubernetes
+    assert named.installation_label == "prod-eu"
+    for bad in ('installation = "not a label value!"', "resync_s = 0", "burst = 0"):
+        try:
+            load_text(f"[kubernetes]\n{bad}\n")
+        except ConfigError as exc:
+            assert "$.kubernetes." in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
