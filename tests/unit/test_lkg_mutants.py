@@ -480,3 +480,61 @@ def test_describe_mode_names_regular_files_too() -> None:
     assert describe_mode(stat.S_IFREG | 0o600) == "a regular file"
     assert describe_mode(stat.S_IFDIR | 0o700) == "a directory"
     assert describe_mode(0) == "not a regular file"
+
+
+def test_a_directory_that_cannot_be_inspected_is_a_config_error(
+    tmp_path: Path, signer: tuple[str, str],
+) -> None:
+    from supervisor.errors import ConfigError
+
+    loop = tmp_path / "loop"
+    os.symlink(loop, loop)  # stat: too many levels of symbolic links
+    with pytest.raises(ConfigError) as info:
+        make(str(loop / "lkg.bin"), signer)
+    assert info.value.reason == f"cannot inspect {loop}: Too many levels of symbolic links"
+    long_name = tmp_path / ("x" * 300)
+    with pytest.raises(ConfigError) as info:
+        make(str(long_name), signer)
+    assert info.value.reason == f"cannot inspect {long_name}: File name too long"
+
+
+def test_a_cache_at_a_relative_path_exports_and_discards(
+    tmp_path: Path, signer: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    directory = tmp_path / "rel"
+    directory.mkdir(mode=0o700)
+    monkeypatch.chdir(directory)
+    cache = make("lkg.bin", signer)
+    export(cache, 5)
+    assert cache.discard_if_newer(3) is True
+    assert not (directory / "lkg.bin").exists()
+
+
+def test_a_cache_that_cannot_be_opened_for_want_of_descriptors_is_corrupt(
+    cache_path: str, signer: tuple[str, str],
+) -> None:
+    import resource
+
+    export(make(cache_path, signer), 5)
+    cache = make(cache_path, signer)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    # A new descriptor takes the lowest free number, which the limit now forbids.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        with pytest.raises(CacheError) as info:
+            cache.load()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert info.value.reason == "corrupt" and info.value.path == cache_path
+    assert info.value.detail == "cannot be read: Too many open files"
+
+
+def test_a_key_id_repr_of_41_characters_is_cut() -> None:
+    import json as jsonlib
+
+    key_id = "z" * 39  # repr: 41 characters, one over the bound
+    data = _framed(jsonlib.dumps({"format_version": 1, "key_id": key_id}).encode(), b"\x00" * 64)
+    assert _decode_detail(data) == (
+        f"signed by key id {repr(key_id)[:37]}..., which is not in cache.trusted_keys")
