@@ -722,3 +722,80 @@ async def test_refusals_at_boot_reach_the_status_and_metrics(tmp_path: Path) -> 
     await rec.bootstrap()
     assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
     assert rec.status.report()["last_convergence_s"] == 0.0
+
+
+# -- the current loop's additions: cache gauge, lost pointer, vanished sinks, refused desired ---
+
+
+async def test_the_serving_cache_gauge_follows_the_source(tmp_path: Path) -> None:
+    body = doc("a")
+    store = FakeStore(outage=True)
+    store.revisions[1] = body
+    store.desired_id = 1
+    exported(tmp_path, body)
+    rec = make(store, cache=real_cache(tmp_path))
+    await rec.bootstrap()
+    assert sample(rec.metrics, "supervisor_serving_last_known_good") == 1
+    store.outage = False
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_serving_last_known_good") == 0
+
+
+async def test_a_lost_desired_pointer_is_told_once_while_serving() -> None:
+    told = "the control plane has no desired revision any more"
+    empty = make(FakeStore())
+    with structlog.testing.capture_logs() as logs:
+        await empty.converge_once()
+    assert not [e for e in logs if e["event"].startswith(told)]
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.desired_id = None
+    with structlog.testing.capture_logs() as logs:
+        await rec.converge_once()
+        await rec.converge_once()
+    [line] = [e for e in logs if e["event"].startswith(told)]
+    assert line["previously_desired"] == 1 and line["active"] == 1
+
+
+async def test_vanished_sink_files_are_written_again(tmp_path: Path) -> None:
+    from supervisor.sinks.file import SnapshotFile
+
+    store = FakeStore()
+    store.put(doc("a"))
+    cache = real_cache(tmp_path)
+    target = tmp_path / "snap.json"
+    rec = make(store, cache=cache, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    assert target.exists() and Path(cache.path).exists()
+    target.unlink()
+    Path(cache.path).unlink()
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    assert target.exists() and json.loads(target.read_bytes())["revision"] == 1
+    loaded = real_cache(tmp_path).load()
+    assert loaded is not None and loaded.revision == 1
+
+
+async def test_a_refused_desired_revision_boots_the_cache_only_when_asked(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    store.put(doc("a", "b"))
+    store.corrupt.add(2)
+    exported(tmp_path, doc("a"), revision=1)
+    rec = make(store, cache=real_cache(tmp_path), serve_cache_on_refusal=True)
+    outcome = await rec.bootstrap()
+    assert outcome.revision == 1 and rec.status.report()["source"] == "last_known_good"
+    with pytest.raises(BootRefused) as info:
+        await make(store, serve_cache_on_refusal=True).bootstrap()  # no cache configured
+    assert info.value.refusal == reasons.CORRUPT
+
+    class Denied(FakeStore):
+        async def observe(self) -> Any:
+            self._check("desired")
+            raise ControlPlaneError("permission denied", category=FailureCategory.DENIED)
+
+    # A refusal that is not about the desired revision is not the revision's fault.
+    with pytest.raises(BootRefused) as info:
+        await make(Denied(), cache=real_cache(tmp_path), serve_cache_on_refusal=True).bootstrap()
+    assert info.value.refusal == reasons.DENIED
