@@ -130,8 +130,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     async def publish(store: ControlPlaneStore) -> int:
         return await store.publish(body, schema_version, args.message)
 
-    # Before publishing: a bad token file or URL must not leave a revision nobody waits for.
+    # Before publishing: a bad token file or URL must not leave a revision nobody waits for,
+    # and the follower's imports (a few hundred ms) are not paid between commit and verdict.
     targets = _wait_targets(args) if args.wait else []
+    if args.wait:
+        from supervisor.commands import waiting  # noqa: F401
     revision = with_store(config, publish, create=True)
     print(f"published revision {revision}")
     if not args.wait:

@@ -35,6 +35,8 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from supervisor.admin.client import stream_url
+
 __all__ = ["ReplicaResult", "judge", "wait_for_revision"]
 
 State = Literal["active", "refused", "superseded", "timeout"]
@@ -82,12 +84,6 @@ def _text(value: Any) -> str | None:
     return None if value is None else " ".join(str(value).split())
 
 
-def _ws_url(base: str) -> str:
-    from supervisor.admin.client import stream_url
-
-    return stream_url(base)
-
-
 async def _nudge(base: str, token: str | None) -> None:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -100,7 +96,7 @@ async def _nudge(base: str, token: str | None) -> None:
 async def _follow(base: str, revision: int, token: str | None) -> ReplicaResult:
     """One connection: the verdict, or ConnectionClosed / HandshakeError / OSError."""
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
-    async with open_websocket_url(_ws_url(base), extra_headers=headers,
+    async with open_websocket_url(stream_url(base), extra_headers=headers,
                                   max_message_size=16 * 1024 * 1024,
                                   connect_timeout=10, disconnect_timeout=2) as ws, \
             trio.open_nursery() as nursery:
