@@ -83,7 +83,8 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
             await daemon.wait_log("ready")
             outputs.append((await acli("status", "--config", str(config), "--json")).stdout)
             proxy.stop()  # the outage: LISTEN and the loop fail with libpq's messages
-            await daemon.wait_log("LISTEN connection failed; retrying")
+            await daemon.wait_log("LISTEN connection unreachable")
+            await daemon.wait_log("control plane unreachable")
             status = await acli("status", "--config", str(config), "--json")
             outputs.append(status.stdout)
             assert json.loads(status.stdout)["revision"]["consecutive_failures"] >= 1
@@ -93,7 +94,7 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
             assert await daemon.wait() == 0
         outputs += daemon.raw
         failed = [line for line in daemon.lines if line.get("event") ==
-                  "LISTEN connection failed; retrying"]
+                  "LISTEN connection unreachable"]
         assert failed[0]["url"] == f"postgresql://postgres@127.0.0.1:{proxy_port}/{db}"
         # With the proxy down for good, db migrate fails: its error is clean too.
         result = await acli("db", "migrate", "--config", str(config), check=False)
