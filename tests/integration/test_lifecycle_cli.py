@@ -249,7 +249,7 @@ async def test_resolve_secrets_refuses_what_no_replica_could_serve(
     refused = await run("publish", "--config", config, second, "--resolve-secrets")
     assert refused.returncode == 2
     assert f"refused: secret: {second}: $.keys.team-b.secret: environment variable {UNSET} " \
-           "is not set; nothing was stored" == err(refused).strip().splitlines()[-1]
+           "is not set or empty; nothing was stored" == err(refused).strip().splitlines()[-1]
     # Without the switch, the same file is stored: secrets may live only on the replicas.
     assert (await run("publish", "--config", config, second)).returncode == 0
     stored = await run("publish", "--config", config, second, "--resolve-secrets",

@@ -76,7 +76,7 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             assert bad.returncode == 5, bad.stdout + bad.stderr
             last = bad.stdout.splitlines()[-1]
             assert last == (f"refused: secret: $.keys.k.secret: environment variable {UNSET} "
-                            "is not set")
+                            "is not set or empty")
             assert "revision 3 refused (secret)" in bad.stdout
 
             second.signal(signal.SIGTERM)
