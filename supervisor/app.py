@@ -43,6 +43,7 @@ from supervisor.telemetry import Metrics
 from supervisor.tree import ChildSpec, Restart, Supervisor
 
 if TYPE_CHECKING:
+    from supervisor.admin.signed import SignedRevisionFile
     from supervisor.sinks.lkg import LastKnownGood
 
 __all__ = ["Daemon", "run_daemon"]
@@ -76,6 +77,7 @@ class Daemon:
     tree: Supervisor | None = None
     admin_address: tuple[str, int] | None = None
     _stopping: bool = False
+    _convergence_started: bool = False
     _ready: bool = False
 
     # -- children --------------------------------------------------------------
@@ -85,6 +87,7 @@ class Daemon:
         from supervisor.admin.server import read_token, serve_admin
 
         cfg = self.config.admin
+        cp = self.config.control_plane
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token file.
@@ -99,6 +102,11 @@ class Daemon:
                 token=token,
                 unhealthy=self.unhealthy,
                 allowed_hosts=tuple(cfg.allowed_hosts),
+                # POST /v1/converge (issue 15): a request on the change signal.
+                converge=self.signal.converge,
+                # Fleets (issue 16): GET /v1/revision, and the follower's upstream in /status.
+                signed=self._signed_revision_file(),
+                upstream=cp.url if cp.backend == "follower" else None,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -133,16 +141,31 @@ class Daemon:
             # Everything this child owns is made here, by every start, and
             # closed on the way out: a restart after a crash starts fresh (a
             # store closed by the previous run's ``finally`` is never reused).
+            from supervisor.controlplane.follower import forward_path
             from supervisor.controlplane.store import open_store
             from supervisor.convergence.reconciler import Reconciler
             from supervisor.revision.document import SCHEMA_VERSION
             from supervisor.revision.secrets import EnvFileResolver
             from supervisor.sinks.file import SnapshotFile
 
-            cache = self._open_cache()
+            try:
+                cache = self._open_cache()
+            except ConfigError as exc:
+                if not self._convergence_started:
+                    raise  # at boot: a configuration error, exit 2
+                # A restart after a crash must not turn a serving replica into
+                # a configuration error (systemd would not restart exit 2): the
+                # cache is left out until the process restarts.
+                log.error("last-known-good cache unusable after a restart; serving "
+                          "without it until the process restarts", error=str(exc))
+                cache = None
+            self._convergence_started = True
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
-            store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False)
+            store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
+                               trusted_keys=self.config.cache.trusted_keys,
+                               forward_to=forward_path(self.config.cache.path)
+                               if cp.backend == "follower" else None)
             try:
                 reconciler = Reconciler(
                     store,
@@ -170,6 +193,8 @@ class Daemon:
 
     def _listen_child(self) -> ChildSpec | None:
         cp = self.config.control_plane
+        if cp.backend == "follower" and cp.listen:
+            return self._upstream_hint_child()
         if cp.backend != "postgresql" or not cp.listen:
             return None
         from supervisor.controlplane.listen import run_listener
@@ -177,6 +202,31 @@ class Daemon:
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
                                task_status=task_status)
+
+        return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    def _signed_revision_file(self) -> SignedRevisionFile:
+        """What GET /v1/revision serves: a follower forwards its upstream's signed bytes."""
+        from supervisor.admin.signed import SignedRevisionFile
+        from supervisor.controlplane.follower import forward_path
+
+        cp, cache = self.config.control_plane, self.config.cache
+        if cp.backend == "follower":
+            return SignedRevisionFile(forward_path(cache.path), True,
+                                      max_bytes=cp.max_revision_bytes)
+        return SignedRevisionFile(cache.path, cache.signing_key is not None,
+                                  max_bytes=cp.max_revision_bytes)
+
+    def _upstream_hint_child(self) -> ChildSpec:
+        """Follower mode (issue 16): the upstream's /v1/stream wakes the loop early."""
+        cp = self.config.control_plane
+        from supervisor.controlplane.upstream_hint import run_upstream_hint
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            from supervisor.admin.auth import read_token
+
+            token = read_token(cp.token_file) if cp.token_file else None
+            await run_upstream_hint(cp, self.signal.notify, token=token, task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 

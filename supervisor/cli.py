@@ -8,25 +8,26 @@ gave up. ``python -m supervisor --config PATH`` is ``run``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import trio
 
 from supervisor import __version__, cli_help, logs
-from supervisor.config import (
-    CONFIG_ENV,
-    Config,
-    check_files,
-    load,
-    placeholders,
-    sqlite_path,
+from supervisor.commands import publish, revisions, status
+from supervisor.commands.common import (
+    EXIT_ERROR,
+    EXIT_GAVE_UP,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    admin_base,
+    config_path,
+    load_config,
 )
+from supervisor.config import CONFIG_ENV, Config, check_files, load, placeholders
 from supervisor.errors import (
     BootRefused,
     ConfigError,
@@ -37,9 +38,7 @@ from supervisor.errors import (
     find_leaf,
 )
 
-__all__ = ["main"]
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
+__all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
 
 _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
@@ -85,21 +84,17 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true",
                        help="exit 2 on warnings too (secret files readable by others)")
     db = command("db")
-    db.add_argument("action", choices=["migrate"],
-                    help="migrate: create or upgrade the schema (idempotent)")
-    publish = command("publish")
-    publish.add_argument("file", metavar="FILE", help="TOML or JSON revision document")
-    publish.add_argument("--message", metavar="TEXT", default=None,
-                         help="why this revision exists; stored with it (like a commit message)")
-    status = command("status")
-    status.add_argument("--url", default=None,
-                        help="admin API base URL, http://HOST:PORT (default: [admin].listen "
-                             "of --config, else http://127.0.0.1:9464)")
-    status.add_argument("--token-file", metavar="PATH", default=None,
-                        help="file holding the admin bearer token (default: "
-                             "[admin].token_file of --config)")
-    status.add_argument("--json", action="store_true",
-                        help="print the raw /status JSON document instead of the table")
+    db.add_argument("action", choices=["migrate", "prune"],
+                    help="migrate: create or upgrade the schema (idempotent); prune: delete "
+                         "revisions older than the newest --keep N, never the desired one")
+    db.add_argument("--keep", type=revisions.count, default=None, metavar="N",
+                    help="with prune: how many of the newest revisions to keep")
+    db.add_argument("--json", action="store_true",
+                    help="with prune: print one JSON document instead of the summary")
+    publish.register(command("publish"))
+    for name in ("history", "show", "diff", "rollback"):
+        revisions.register(name, command(name))
+    status.register(command("status"))
     watch = command("watch")
     watch.add_argument("--url", default=None,
                        help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
@@ -111,42 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_path(args: argparse.Namespace, required: bool = True) -> str | None:
-    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
-    if path is None and required:
-        raise UsageError(f"no configuration: pass --config PATH or set {CONFIG_ENV}")
-    return path
-
-
-def _load(args: argparse.Namespace) -> tuple[Config, str]:
-    path = _config_path(args)
-    assert path is not None
-    config = load(path)
-    for key, problem in placeholders(config):
-        raise ConfigError(key, problem, source=path)
-    _require_sqlite_directory(config)
-    return config, path
-
-
-def _require_sqlite_directory(config: Config) -> None:
-    """Name the missing directory of an SQLite control plane (SQLite says only
-    "unable to open database file"); exit 2, as no restart creates it."""
-    if config.control_plane.backend != "sqlite":
-        return
-    parent = Path(sqlite_path(config.control_plane.url)).parent
-    if not parent.is_dir():
-        raise ConfigError(
-            "$.control_plane.url",
-            f"directory {parent} (of {config.control_plane.url}, relative to "
-            f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
-        )
 
 
 # -- commands ------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config, path = _load(args)
+    config, path = load_config(args)
     logs.configure(config.log.level, config.log.format)
     from supervisor.filemodes import loose_secret_files
 
@@ -159,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    path = _config_path(args)
+    path = config_path(args)
     assert path is not None
     config = load(path)  # check_files reports a missing SQLite directory with the rest
     problems = placeholders(config) + check_files(config)
@@ -212,7 +178,11 @@ def _check_contents(config: Config) -> list[tuple[str, str]]:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    config, _ = _load(args)
+    if args.action == "prune":
+        return revisions.cmd_prune(args)
+    if args.keep is not None or args.json:
+        raise UsageError("--keep and --json go with db prune")
+    config, _ = load_config(args)
     from supervisor.controlplane.store import open_store
     from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
@@ -229,95 +199,10 @@ def cmd_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
-    config, _ = _load(args)
-    from supervisor.controlplane.store import open_store
-    from supervisor.revision.compile import compile_revision
-    from supervisor.revision.document import SCHEMA_VERSION, load_document_file
-    from supervisor.revision.errors import RevisionError
-
-    try:
-        Path(args.file).open("rb").close()
-    except OSError as exc:
-        # Not `corrupt`: nothing was read. Say what the shell would.
-        raise UsageError(f"{args.file}: {exc.strerror or exc}; nothing was stored") from exc
-    try:
-        schema_version, body = load_document_file(args.file)
-        # Projection and snapshot rules are checked here too; secrets are not
-        # resolved (they may exist only on the daemon's hosts), so each
-        # reference stands in for its value.
-        compile_revision(body, revision=0, generation=0, resolver=_ReferenceResolver())
-    except RevisionError as exc:
-        where = "" if exc.detail.startswith(str(args.file)) else f"{args.file}: "
-        raise UsageError(f"{where}{exc.detail} ({exc.reason}); nothing was stored") from exc
-
-    async def publish() -> int:
-        store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION)
-        try:
-            if config.control_plane.backend == "sqlite":
-                await store.migrate()
-            return await store.publish(body, schema_version, args.message)
-        finally:
-            await store.aclose()
-
-    revision = trio.run(publish)
-    print(f"published revision {revision}")
-    print(revision)
-    return EXIT_OK
-
-
-class _ReferenceResolver:
-    def resolve(self, reference: str) -> bytes:
-        return reference.encode()
-
-
-def _admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
-    path = _config_path(args, required=False)
-    token = None
-    token_file = getattr(args, "token_file", None)
-    from supervisor.admin.server import read_token
-
-    if path is not None:
-        config = load(path)
-        if config.admin.token_file and token_file is None:
-            token = read_token(config.admin.token_file)
-        host, port = config.admin.host_port
-    else:
-        host, port = "127.0.0.1", 9464
-    if token_file is not None:
-        try:
-            token = read_token(token_file)
-        except ConfigError as exc:
-            raise UsageError(f"--token-file: {exc.reason}") from exc
-    if ":" in host:
-        host = f"[{host}]"
-    if host in ("0.0.0.0", "[::]"):
-        host = "127.0.0.1"
-    return f"{host}:{port}", token
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import fetch_status, render_status, unhealthy
-    from supervisor.admin.errors import AdminUnreachable
-
-    address, token = _admin_base(args)
-    url = args.url or f"http://{address}"
-    try:
-        doc = trio.run(fetch_status, url, token)
-    except AdminUnreachable as exc:
-        print(f"status: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    print(json.dumps(doc, indent=2) if args.json else render_status(doc))
-    problems = unhealthy(doc)
-    for problem in problems:
-        print(f"status: {problem}", file=sys.stderr)
-    return EXIT_ERROR if problems else EXIT_OK
-
-
 def cmd_watch(args: argparse.Namespace) -> int:
     from supervisor.admin.client import watch_stream
 
-    address, token = _admin_base(args)
+    address, token = admin_base(args)
     url = args.url or f"ws://{address}/v1/stream"
 
     from supervisor.admin.errors import AdminUnreachable
@@ -346,8 +231,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "check": cmd_check,
     "db": cmd_db,
-    "publish": cmd_publish,
-    "status": cmd_status,
+    "publish": publish.cmd_publish,
+    "history": revisions.cmd_history,
+    "show": revisions.cmd_show,
+    "diff": revisions.cmd_diff,
+    "rollback": revisions.cmd_rollback,
+    "status": status.cmd_status,
     "watch": cmd_watch,
     "keygen": cmd_keygen,
 }

@@ -66,41 +66,102 @@ COMMANDS: dict[str, CommandHelp] = {
          (2, "invalid: each problem printed with its key path")),
     ),
     "db": CommandHelp(
-        "create or upgrade the control-plane schema",
+        "create or upgrade the control-plane schema; prune old revisions",
         "ACTION migrate creates or upgrades the control-plane tables (PostgreSQL or SQLite) "
         "named by [control_plane].url. Running it twice is harmless. Run the new build's "
         "migrate before rolling the daemons during an upgrade: replicas of the previous "
-        "version keep working on the migrated schema.",
+        "version keep working on the migrated schema. ACTION prune --keep N deletes every "
+        "revision older than the newest N, in one transaction, and never the desired one "
+        "(so a rollback target in use survives); running it twice is harmless.",
         ("trio-supervisor db migrate --config /etc/trio-supervisor/prod.toml",
-         "SUPERVISOR_CONTROL_PLANE__URL=postgresql://supervisor@db/cp trio-supervisor db "
-         "migrate --config prod.toml"),
-        ((0, "the schema is up to date"),
+         "trio-supervisor db prune --keep 50 --config prod.toml"),
+        ((0, "the schema is up to date / the old revisions are deleted"),
          (1, "the control plane could not be reached or refused the change"),
-         (2, "bad usage or invalid configuration")),
+         (2, "bad usage (prune without --keep) or invalid configuration")),
     ),
     "publish": CommandHelp(
         "validate a revision document, store it and make it desired",
         "Reads FILE (a TOML or JSON revision document, schema_version 1; see "
-        "conf/example-revision.toml), validates it and compiles it as the daemon would "
-        "(secret references are checked for shape, not resolved: the secrets may exist only "
-        "on the daemon's hosts), then stores it and makes it the desired revision in one "
-        "transaction. Running daemons pick it up on their next poll, or at once with "
-        "LISTEN. The new revision id is the last line of stdout.",
+        "conf/example-revision.toml), validates it and compiles it as the daemon would, "
+        "then stores it and makes it the desired revision in one transaction. Secret "
+        "references are checked for shape only, unless --resolve-secrets (or --dry-run) "
+        "resolves them in this environment, as on a replica's host. --dry-run stores "
+        "nothing and prints the changes against the desired revision. --wait follows each "
+        "--url replica's stream until it reports the revision active (0) or refused (5, "
+        "the reason label and detail on the last line). The new revision id is the last "
+        "line of stdout on success.",
         ("trio-supervisor publish --config prod.toml revision.toml --message 'add team-b'",
-         "rev=$(trio-supervisor publish --config prod.toml revision.json | tail -n1)"),
-        ((0, "stored and desired; the id printed last"),
-         (1, "the control plane could not be reached or refused the write"),
-         (2, "FILE is missing or invalid (the reason label and $.path printed); "
-             "nothing was stored")),
+         "trio-supervisor publish --config prod.toml revision.toml --wait "
+         "--url http://replica-1:9464 --url http://replica-2:9464 --timeout 60"),
+        ((0, "stored and desired (with --wait: active on every replica); the id printed "
+             "last. --dry-run: it would be accepted"),
+         (1, "the control plane could not be reached or refused the write; with --wait: "
+             "a replica timed out, was unreachable, or already serves a newer revision"),
+         (2, "FILE is missing or invalid, or (--dry-run, --resolve-secrets) a secret "
+             "cannot be resolved here: the reason label and $.path printed; nothing was "
+             "stored"),
+         (5, "with --wait: a replica refused the revision (the reason on the last line)")),
+    ),
+    "history": CommandHelp(
+        "list the stored revisions, newest first, marking the desired one",
+        "Lists the revisions in the control plane, newest first: id, creation time (UTC), "
+        "schema_version, body size, the first 12 hex digits of the body's SHA-256 and the "
+        "message; a * marks the desired revision. With `status --url A --url B` it answers "
+        "what is live where. Nothing is changed.",
+        ("trio-supervisor history --config prod.toml --limit 10",
+         "trio-supervisor history --config prod.toml --json | jq '.desired'"),
+        ((0, "listed"),
+         (1, "the control plane could not be reached or refused the read"),
+         (2, "bad usage or invalid configuration")),
+    ),
+    "show": CommandHelp(
+        "print one stored revision's document",
+        "Prints revision REV as stored, as TOML that publish accepts (defaults written "
+        "out), after a header with its time, size, digest and message. Secrets appear as "
+        "their references (env:NAME, file:PATH), never as values: nothing is resolved. A "
+        "body this build cannot read is printed as stored JSON, with the reason.",
+        ("trio-supervisor show 7 --config prod.toml",
+         "trio-supervisor show 7 --config prod.toml > revision-7.toml"),
+        ((0, "printed"),
+         (1, "REV does not exist, or the control plane could not be reached"),
+         (2, "bad usage or invalid configuration")),
+    ),
+    "diff": CommandHelp(
+        "show what changes from revision A to revision B (default: the desired one)",
+        "Compares two stored revisions alias by alias and key by key: + an entry added, - "
+        "removed, ~ one field changed (old -> new), each named by its $.path. Secret "
+        "references are compared as references and never resolved. Exits 0 whether or not "
+        "there are changes.",
+        ("trio-supervisor diff 5 --config prod.toml",
+         "trio-supervisor diff 5 7 --config prod.toml --json | jq '.changes[].path'"),
+        ((0, "compared"),
+         (1, "A or B does not exist, or the control plane could not be reached"),
+         (2, "this build cannot read A or B (the reason label printed)")),
+    ),
+    "rollback": CommandHelp(
+        "point desired at an existing revision (no new body)",
+        "Makes revision REV desired again, in one statement that succeeds only if REV "
+        "still exists with the body that was checked; replicas converge to it as to any "
+        "publish (LISTEN fires at commit). REV is first compiled as the daemon would "
+        "(secret references standing in for values): a revision this build cannot read, or "
+        "would refuse, is not made desired. Replicas with a cache move their rollback mark "
+        "with it. Prints REV as the last line.",
+        ("trio-supervisor rollback 5 --config prod.toml --message 'team-b broke chat'",
+         "trio-supervisor rollback \"$(trio-supervisor history --config prod.toml --json "
+         "| jq '.revisions[1].id')\" --config prod.toml"),
+        ((0, "desired now points at REV; REV printed last"),
+         (1, "REV does not exist, or the control plane could not be reached"),
+         (2, "this build cannot read REV, or would refuse it (the reason label printed)")),
     ),
     "status": CommandHelp(
-        "print the running replica's status report",
+        "print the running replica's status report (one line each for several --url)",
         "Fetches GET /status from a running replica's admin API and prints it as a table: "
         "the desired, loaded and active revisions, whether the control plane is up, the "
         "last rejection, the supervised children and the fan-out watchers. The address and "
         "the token come from --config ([admin].listen and [admin].token_file), or from --url "
-        "and --token-file. Exits 1 when the replica is unreachable, not ready (no active "
-        "snapshot) or a child has failed, so it works as a health check in scripts.",
+        "and --token-file. With several --url, one line per replica (desired, active, "
+        "source, control plane up, failures). Exits 1 when a replica is unreachable, not "
+        "ready (no active snapshot) or a child has failed, so it works as a health check.",
         ("trio-supervisor status --config /etc/trio-supervisor/prod.toml",
          "trio-supervisor status --url http://replica-2.internal:9464 "
          "--token-file admin.token --json"),

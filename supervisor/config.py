@@ -41,6 +41,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 import msgspec.inspect
@@ -104,10 +105,24 @@ class ControlPlaneConfig(_Section, frozen=True):
     max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 16 * 1024 * 1024
     backoff_initial_s: BackoffSeconds = 0.25
     backoff_max_s: BackoffSeconds = 30.0
+    # Follower mode only: the upstream replica's admin token.
+    token_file: str | None = None
+    # PostgreSQL only: a direct connection for LISTEN when url goes through a
+    # transaction-pooling PgBouncer (which cannot carry LISTEN).
+    listen_url: str | None = None
 
     @property
-    def backend(self) -> Literal["postgresql", "sqlite"]:
-        return "sqlite" if self.url.startswith("sqlite:") else "postgresql"
+    def backend(self) -> Literal["postgresql", "sqlite", "follower"]:
+        if self.url.startswith("sqlite:"):
+            return "sqlite"
+        if self.url.startswith(("http://", "https://")):
+            return "follower"
+        return "postgresql"
+
+    @property
+    def listen_dsn(self) -> str:
+        """Where the LISTEN child connects: ``listen_url`` when set, else ``url``."""
+        return self.listen_url or self.url
 
 
 class CacheConfig(_Section, frozen=True):
@@ -184,6 +199,18 @@ class Config(_Section, frozen=True):
     revision: RevisionConfig = msgspec.field(default_factory=RevisionConfig)
 
 
+def _check_upstream_url(url: str) -> None:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError("$.control_plane.url", f"bad port: {exc}") from exc
+    if not parts.hostname or port is None or parts.path not in ("", "/") or parts.query \
+            or parts.username or parts.password:
+        raise ConfigError("$.control_plane.url", "follower mode expects http(s)://HOST:PORT "
+                          "(the upstream replica's admin address, nothing after it)")
+
+
 def split_host_port(listen: str) -> tuple[str, int]:
     """``"127.0.0.1:9464"`` or ``"[::1]:9464"`` -> (host, port); ValueError when malformed."""
     host, sep, port_text = listen.rpartition(":")
@@ -258,9 +285,10 @@ def _cross_check(config: Config) -> None:
             f"required when admin.listen ({config.admin.listen}) is not a loopback address",
         )
     cp = config.control_plane
-    if not (cp.url.startswith(("postgresql://", "postgres://")) or cp.url.startswith("sqlite:///")):
+    if not cp.url.startswith(("postgresql://", "postgres://", "sqlite:///", "http://", "https://")):
         raise ConfigError(
-            "$.control_plane.url", "expected postgresql://... or sqlite:///PATH"
+            "$.control_plane.url",
+            "expected postgresql://..., sqlite:///PATH, or http(s)://HOST:PORT (follower mode)",
         )
     if cp.backend == "postgresql":
         from supervisor.dsn import problem
@@ -269,6 +297,23 @@ def _cross_check(config: Config) -> None:
         if why is not None:
             # The reason names the rule, never the value: the DSN holds a password.
             raise ConfigError("$.control_plane.url", why)
+    if cp.backend == "follower":
+        _check_upstream_url(cp.url)
+        if not config.cache.trusted_keys:
+            raise ConfigError(
+                "$.cache.trusted_keys",
+                "follower mode verifies every revision it receives: name the upstream's "
+                "verify key(s) here",
+            )
+    elif cp.token_file is not None:
+        raise ConfigError("$.control_plane.token_file", "only used in follower mode "
+                          "(control_plane.url = http(s)://HOST:PORT)")
+    if cp.listen_url is not None and (
+        cp.backend != "postgresql"
+        or not cp.listen_url.startswith(("postgresql://", "postgres://"))
+    ):
+        raise ConfigError("$.control_plane.listen_url", "a postgresql://... DSN, and only "
+                          "when control_plane.url is PostgreSQL")
     if cp.backoff_initial_s > cp.backoff_max_s:
         raise ConfigError(
             "$.control_plane.backoff_initial_s", "must not exceed control_plane.backoff_max_s"

@@ -24,7 +24,13 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "console: readable lines.",
     "control_plane.url": "Where the desired revision lives: postgresql://USER@HOST/DB "
     "(the password in a pgpass file, never here), or sqlite:///PATH (relative to the "
-    "working directory; four slashes for an absolute path).",
+    "working directory; four slashes for an absolute path), or http(s)://HOST:PORT: "
+    "follower mode, another replica's admin address (its GET /v1/revision, verified "
+    "against cache.trusted_keys).",
+    "control_plane.token_file": "Follower mode: a file holding the upstream replica's "
+    "admin token.",
+    "control_plane.listen_url": "PostgreSQL: a direct connection for LISTEN when url goes "
+    "through a transaction-pooling PgBouncer (which cannot carry LISTEN). Unset: url.",
     "control_plane.poll_interval_s": "How often the desired revision is read. Polling is "
     "the correctness path; LISTEN only makes convergence faster.",
     "control_plane.listen": "Wake the loop early with PostgreSQL LISTEN/NOTIFY (ignored "
@@ -104,6 +110,9 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                 "Publish again; inspect the storage that damaged it."),
     "incompatible": ("The revision's schema_version is newer than this build reads.",
                      "Upgrade the daemon before publishing documents of a new schema."),
+    "rollback": ("Follower mode: the upstream served a validly signed revision older than "
+                 "one this replica already accepted from it (a replayed response).",
+                 "Check the upstream; publish a newer revision there."),
     "validation": ("The document's shape or a constraint is wrong (the detail names the "
                    "$.path).",
                    "Fix the document; trio-supervisor publish checks it before storing."),

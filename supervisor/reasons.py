@@ -21,6 +21,7 @@ VALIDATION: Final = "validation"  # shape or constraint, with the $.path
 PROJECTION: Final = "projection"  # a key names an unknown alias
 SECRET: Final = "secret"  # a secret reference cannot be resolved
 SNAPSHOT: Final = "snapshot"  # the snapshot cannot be built
+ROLLBACK: Final = "rollback"  # follower: the upstream served an older revision than accepted
 
 RevisionReason = Literal[
     "unavailable",
@@ -34,6 +35,7 @@ RevisionReason = Literal[
     "projection",
     "secret",
     "snapshot",
+    "rollback",
 ]
 
 REVISION_REASONS: Final[tuple[RevisionReason, ...]] = (
@@ -48,6 +50,7 @@ REVISION_REASONS: Final[tuple[RevisionReason, ...]] = (
     PROJECTION,
     SECRET,
     SNAPSHOT,
+    ROLLBACK,
 )
 
 # Refusals to boot that are not a revision reason (a boot refusal otherwise

@@ -16,8 +16,21 @@
                               ``ETag: "<revision>-<generation>"``; 304 when
                               ``If-None-Match`` names it (lists, ``*`` and weak ``W/``
                               tags are understood); 503 when none is active
+``GET /v1/revision``          the active revision as the signed cache file
+                              (:mod:`.signed`), ``ETag: "<revision>"``; 304 when
+                              ``If-None-Match`` names it; 503 when none is active,
+                              no signing key or cache is configured, or the cache
+                              does not hold the active revision (yet). The only
+                              route that may touch the disk: in a worker thread,
+                              and only when the active revision changed
 ``WS /v1/stream``             the live stream (:mod:`supervisor.admin.stream`); a plain
                               GET there answers 426
+``POST /v1/converge``         runs a convergence attempt now (a request on the change
+                              signal) and answers 200 ``{"outcome", "revision",
+                              "reason"}`` once it has finished; an unreachable control
+                              plane is the outcome ``failed``, not an HTTP error. 504
+                              when no attempt finished within ``?timeout_s=`` (default
+                              60, at most 300); 503 without a convergence loop
 ============================  ==========================================================
 
 ``HEAD`` is answered like ``GET`` without the body. Any other method gets 405
@@ -39,7 +52,11 @@ without the token nothing reveals which paths exist.
 
 Robustness: a handler that raises answers 500 JSON and is logged; the app never
 lets a request's failure reach the server. It reads state only and never awaits
-anything but the transport, so a slow reader cannot hold up the daemon.
+anything but the transport (and ``/v1/revision``'s one file read in a worker
+thread), so a slow reader cannot hold up the daemon. The one
+exception, ``POST /v1/converge``, awaits the loop's answer, but the loop never
+awaits it: a client that disconnects (or a deadline that passes) only stops this
+request waiting, and the loop answers the abandoned request into the void.
 """
 
 from __future__ import annotations
@@ -48,13 +65,16 @@ import re
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
 from supervisor.admin.hosts import AllowedHosts
+from supervisor.admin.signed import Unservable
 from supervisor.admin.stream import Receive, Scope, Send, StreamHub, encode_json
 from supervisor.logs import get_logger
 
@@ -65,7 +85,12 @@ log = get_logger("admin")
 JSON = b"application/json"
 ALLOW = b"GET, HEAD"
 STREAM_PATH = "/v1/stream"
+REVISION_PATH = "/v1/revision"
+SIGNED = b"application/vnd.trio-supervisor.lkg"
 OPEN_PATHS = frozenset({"/healthz"})
+CONVERGE_PATH = "/v1/converge"
+CONVERGE_TIMEOUT_S = 60.0
+CONVERGE_TIMEOUT_MAX_S = 300.0
 
 
 @dataclass
@@ -139,13 +164,15 @@ class AdminApp:
             "/status": self._status,
             "/metrics": self._metrics,
             "/v1/snapshot": self._snapshot,
+            REVISION_PATH: self._revision,
             STREAM_PATH: self._stream_over_http,
+            CONVERGE_PATH: self._converge_not_posted,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
         if kind == "http":
-            await self._http(scope, send)
+            await self._http(scope, receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
@@ -153,12 +180,20 @@ class AdminApp:
 
     # -- HTTP ----------------------------------------------------------------
 
-    async def _http(self, scope: Scope, send: Send) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
         path = scope.get("path")
         headers = _headers(scope)
+        response: Response | None
         try:
-            response = self._respond(method, path, headers)
+            if method == "POST" and path == CONVERGE_PATH and self._authorized(headers):
+                response = await self._converge(scope, receive)
+                if response is None:
+                    return  # the client is gone: nobody to answer
+            else:
+                response = self._respond(method, path, headers)
+                if response is _READ_SIGNED:
+                    response = await self._revision_from_file()
         except Exception:  # one request's failure must never reach the server
             log.exception("admin request failed", path=str(path)[:200])
             response = error_response(500, "internal", "internal error; see the daemon's log")
@@ -244,6 +279,80 @@ class AdminApp:
             self._body_of = (snapshot, body)
         return Response(200, body, JSON, tag_header, cache=b"no-cache")
 
+    def _converge_not_posted(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        return error_response(
+            405, "method_not_allowed", f"{CONVERGE_PATH} answers POST", [(b"allow", b"POST")]
+        )
+
+    async def _converge(self, scope: Scope, receive: Receive) -> Response | None:
+        """Run an attempt now and answer its outcome; None when the client went away."""
+        converge = self.ctx.converge
+        if converge is None:
+            return error_response(503, "unavailable", "this process runs no convergence loop")
+        timeout_s = _timeout_param(scope.get("query_string"))
+        if timeout_s is None:
+            return error_response(
+                400, "bad_request",
+                f"timeout_s must be a number above 0 and at most {CONVERGE_TIMEOUT_MAX_S:g}",
+            )
+        gone = False
+        answer = None
+        async with trio.open_nursery() as nursery:
+
+            async def until_disconnect() -> None:
+                nonlocal gone
+                while True:
+                    message = await receive()
+                    # A server's receive blocks once the body is in; a checkpoint
+                    # anyway, so one that does not cannot starve the event loop.
+                    await trio.lowlevel.checkpoint()
+                    if message.get("type") == "http.disconnect":
+                        gone = True
+                        nursery.cancel_scope.cancel()
+                        return
+
+            nursery.start_soon(until_disconnect)
+            answer = await converge(timeout_s)
+            nursery.cancel_scope.cancel()
+        if gone:
+            log.debug("converge request abandoned by its client", peer=str(scope.get("client")))
+            return None
+        if answer is None:
+            return error_response(
+                504, "timeout", f"no convergence attempt finished within {timeout_s:g} s"
+            )
+        return json_response(200, answer.to_json())
+
+    def _revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        signed = self.ctx.signed
+        snapshot = self.ctx.state.snapshot
+        if signed is None or signed.unservable_reason() is not None:
+            detail = signed.unservable_reason() if signed is not None else None
+            return error_response(503, "no_signing_key", detail or "no signed revisions here")
+        if snapshot is None:
+            return error_response(503, "no_snapshot", "no revision is active yet")
+        etag = f'"{snapshot.revision}"'
+        tag_header = [(b"etag", etag.encode("latin-1"))]
+        if_none_match = _header(headers, b"if-none-match")
+        if if_none_match is not None and etag_matches(if_none_match, etag):
+            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        data = signed.held(snapshot.revision, self.ctx.state.body_sha256)
+        if data is None:
+            return _READ_SIGNED
+        return Response(200, data, SIGNED, tag_header, cache=b"no-cache")
+
+    async def _revision_from_file(self) -> Response:
+        signed = self.ctx.signed
+        snapshot = self.ctx.state.snapshot
+        assert signed is not None and snapshot is not None  # _revision checked both
+        revision, digest = snapshot.revision, self.ctx.state.body_sha256
+        try:
+            data = await trio.to_thread.run_sync(signed.read, revision, digest)
+        except Unservable as exc:
+            return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
+        return Response(200, data, SIGNED, [(b"etag", f'"{revision}"'.encode("latin-1"))],
+                        cache=b"no-cache")
+
     def _stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(
             426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
@@ -288,6 +397,26 @@ def _misdirected() -> Response:
     return error_response(
         421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
     )
+
+
+def _timeout_param(query: Any) -> float | None:
+    """``timeout_s`` of a query string (the default when absent); None when invalid."""
+    if not isinstance(query, bytes) or not query:
+        return CONVERGE_TIMEOUT_S
+    values = parse_qs(query.decode("latin-1")).get("timeout_s")
+    if not values:
+        return CONVERGE_TIMEOUT_S
+    try:
+        value = float(values[-1])
+    except ValueError:
+        return None
+    if not 0 < value <= CONVERGE_TIMEOUT_MAX_S:  # also refuses nan
+        return None
+    return value
+
+
+# _revision's answer when the bytes must first be read from the disk (in _http).
+_READ_SIGNED = Response(0)
 
 
 def _unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:

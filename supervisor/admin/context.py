@@ -1,11 +1,14 @@
-"""What the admin API reads. It reads state; it never drives the loop."""
+"""What the admin API reads. It reads state; it drives the loop only through ``converge``,
+which queues a request on the change signal (the loop never waits on the API)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.admin.signed import SignedRevisionFile
+from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.fanout.status import FanoutStatus
@@ -30,11 +33,28 @@ class AdminContext:
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
     # [admin].allowed_hosts: names besides the listen address and loopback.
     allowed_hosts: tuple[str, ...] = ()
+    # POST /v1/converge: request an attempt and wait (with the deadline given)
+    # for its answer; None when the deadline passed. None: the route answers 503.
+    converge: Callable[[float], Awaitable[ConvergeAnswer | None]] | None = None
+    # What GET /v1/revision serves (the signed cache file); None: 503 there.
+    signed: SignedRevisionFile | None = None
+    # Follower mode: the upstream replica's address ([control_plane].url).
+    upstream: str | None = None
 
     def status(self) -> dict[str, Any]:
-        """The /status document of CONTRACT.md section 6."""
+        """The /status document of CONTRACT.md section 6.
+
+        In follower mode ``revision.source`` names the upstream's address
+        instead of ``control_plane`` (``last_known_good`` and null unchanged),
+        and ``revision.upstream`` always holds it.
+        """
+        revision = self.revision.report()
+        if self.upstream is not None:
+            revision["upstream"] = self.upstream
+            if revision.get("source") == "control_plane":
+                revision["source"] = self.upstream
         return {
-            "revision": self.revision.report(),
+            "revision": revision,
             "children": self.children(),
             "fanout": {kind: st.report() for kind, st in self.fanout.items()},
         }

@@ -41,6 +41,15 @@ Metrics: ``listen_connected`` (1 while listening), ``listen_notifications``
 (notifications received), ``listen_reconnects`` (failed connect attempts).
 SQLite, or ``listen = false``, has nothing to listen to: the child then
 reports started and idles until cancelled, so a supervisor never sees it exit.
+
+Fleets: the child connects to ``[control_plane].listen_url`` when set (a direct
+connection beside a ``url`` that goes through a transaction-pooling PgBouncer,
+which cannot carry LISTEN), else to ``url``. A hot standby refuses ``LISTEN``
+during recovery and NOTIFY is not replicated, so the child asks
+``pg_is_in_recovery()`` before listening: on a standby it says so once, at
+info level, closes the connection and idles (the loop converges by polling),
+looking again only every ``STANDBY_RECHECK_S`` (quietly) in case the standby
+is promoted, when it starts listening like on any primary.
 """
 
 from __future__ import annotations
@@ -71,6 +80,9 @@ log = get_logger("listen")
 
 #: Deadline of one probe; a healthy server answers SELECT 1 in milliseconds.
 PROBE_TIMEOUT_S = 5.0
+#: How often a listener parked on a hot standby checks whether it was promoted.
+STANDBY_RECHECK_S = 300.0
+
 #: Wake-ups in a row that yield nothing before the connection is probed early
 #: (a readable socket that never yields anything would otherwise spin).
 EMPTY_WAKES_BEFORE_PROBE = 3
@@ -101,6 +113,10 @@ class _ConnectionLost(Exception):
     """The LISTEN connection stopped answering (probe deadline)."""
 
 
+class _InRecovery(Exception):
+    """The server is a hot standby: LISTEN cannot run there, NOTIFY is not replicated."""
+
+
 class _Listener:
     def __init__(
         self,
@@ -110,8 +126,9 @@ class _Listener:
         probe_interval_s: float,
         poke: Poke,
     ) -> None:
-        self.url = config.url
+        self.url = config.listen_dsn
         self.poke = poke
+        self.standby_reported = False
         self.outage = OutageLog(log, "LISTEN connection")
         self.channel = config.channel
         # The convergence loop's wake-up (ChangeSignal.notify): this module
@@ -127,6 +144,9 @@ class _Listener:
         while True:
             try:
                 conn = await self._connect()
+            except _InRecovery:
+                await self._park_on_standby()
+                continue
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
                 self.metrics.listen_reconnects.inc()
                 delay = self.backoff.next()
@@ -155,6 +175,20 @@ class _Listener:
                     await _close(conn)
             await self._sleep_unless_poked(self.backoff.next())
 
+    async def _park_on_standby(self) -> None:
+        """Idle while the server is a hot standby: an outage it is not, so no error lines."""
+        self.outage.recovered()
+        self.backoff.reset()
+        if not self.standby_reported:
+            self.standby_reported = True
+            log.info(
+                "the control plane is a hot standby: LISTEN cannot run during recovery and "
+                "NOTIFY is not replicated; converging by polling alone",
+                url=redact(self.url),
+                recheck_s=STANDBY_RECHECK_S,
+            )
+        await trio.sleep(STANDBY_RECHECK_S)
+
     async def _sleep_unless_poked(self, delay: float) -> None:
         """The reconnect backoff, cut short (and reset) when the loop says the server is back."""
         if await self.poke.wait(delay):
@@ -171,6 +205,7 @@ class _Listener:
             conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S)
             made.append(conn)
             try:
+                _refuse_standby(conn)
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             except BaseException:
                 conn.close()
@@ -255,6 +290,12 @@ class _Listener:
         if deadline.cancelled_caught:
             raise _ConnectionLost(f"no answer to a probe within {PROBE_TIMEOUT_S:g} s")
         self.backoff.reset()
+
+
+def _refuse_standby(conn: Conn) -> None:
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if row is not None and row[0] is True:
+        raise _InRecovery
 
 
 async def _close(conn: Conn) -> None:

@@ -9,16 +9,23 @@ connection is replaced: the old one is closed by its worker thread once the
 driver returns, because closing it under a running call is unsafe.
 
 Bounds on every call, so nothing can hang the convergence loop:
-``connect_timeout``; a server-side ``statement_timeout``; TCP keepalives and
+``connect_timeout``; a server-side ``statement_timeout`` (set per transaction
+with ``SET LOCAL``, never per session: see :func:`bounded`); TCP keepalives and
 ``tcp_user_timeout`` against half-open connections; and a client-side deadline
 covering connect plus statement, which also catches what the server cannot
 (a network that swallows packets). Values already present in the DSN win over
 these defaults.
 
 Connections are made lazily, by the first call, and remade by the next call
-after one breaks. The connection is in autocommit mode: reads never leave a
-transaction open (an idle-in-transaction session holds back vacuum and the
-NOTIFY queue), and writes use explicit transactions.
+after one breaks. Each call is one short explicit transaction and nothing is
+left open between calls (an idle-in-transaction session holds back vacuum and
+the NOTIFY queue).
+
+Fleets (README "fleets"): the store relies on no session state at all (no
+session ``SET``, no server-side prepared statements, transaction-scoped
+advisory locks in migrations), so it works unchanged behind PgBouncer in
+transaction pooling mode and against a hot standby (reads only; ``publish``
+and ``migrate`` are refused there as ``unavailable``, a read-only transaction).
 
 Failures are mapped here, at the driver boundary, by :func:`classify`
 (categories in :mod:`supervisor.controlplane.store`), chained with ``from``,
@@ -38,7 +45,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
-from supervisor.controlplane import migrations
+from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
@@ -58,8 +65,9 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import RevisionSummary
 
-__all__ = ["PostgresStore", "classify", "connect", "map_error"]
+__all__ = ["PostgresStore", "bounded", "classify", "connect", "map_error"]
 
 log = get_logger("controlplane")
 
@@ -141,21 +149,72 @@ def connect(
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     statement_timeout_s: float | None = 10.0,
 ) -> Conn:
-    """Open an autocommit connection (blocking; call it from a worker thread)."""
+    """Open an autocommit connection (blocking; call it from a worker thread).
+
+    ``statement_timeout_s`` set here is *session* state: only for a connection
+    known to be direct (the LISTEN child's). The store passes None and bounds
+    each call per transaction instead (:func:`bounded`), which also works
+    behind PgBouncer in transaction pooling mode. Statements are never
+    prepared server-side (``prepare_threshold=None``): a prepared statement is
+    session state too, and under transaction pooling the next transaction may
+    run on a server connection that never saw it.
+    """
     conninfo = make_conninfo("", **connection_params(url, connect_timeout_s=connect_timeout_s))
-    conn = psycopg.connect(conninfo, autocommit=True)
+    conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
     try:
         if statement_timeout_s is not None:
             # set_config rather than "options=-c ..." at connect: a DSN's own
             # options parameter must keep working.
             conn.execute(
                 "SELECT set_config('statement_timeout', %s, false)",
-                [f"{max(1, round(statement_timeout_s * 1000))}ms"],
+                [f"{timeout_ms(statement_timeout_s)}ms"],
             )
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def timeout_ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def dsn_sets_statement_timeout(url: str) -> bool:
+    """True when the DSN's own ``options`` set ``statement_timeout`` (then it wins)."""
+    try:
+        options = conninfo_to_dict(url).get("options")
+    except psycopg.ProgrammingError:
+        return False
+    return isinstance(options, str) and "statement_timeout" in options
+
+
+def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | None) -> T:
+    """Run ``fn`` in one transaction whose statements are bounded by ``statement_timeout_ms``.
+
+    ``SET LOCAL`` lasts until the transaction ends, so nothing outlives the
+    call: no session state, which is what PgBouncer's transaction pooling
+    requires. ``BEGIN`` and the setting travel in one round trip (simple
+    query protocol, no parameters; the value is an int). ``fn`` may open
+    ``conn.transaction()`` itself: that becomes a savepoint inside this one.
+    None skips the setting (the DSN's own ``options`` set it) but keeps the
+    transaction. On any failure the transaction is rolled back when the
+    connection still can, so a connection is never returned mid-transaction.
+    """
+    if statement_timeout_ms is None:
+        conn.execute("BEGIN")
+    else:
+        conn.execute(f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    try:
+        result = fn(conn)
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error as exc:
+                log.debug("rolling back a failed call failed", error=str(exc))
+        raise
+    conn.execute("COMMIT")
+    return result
 
 
 def _identity(conn: Conn) -> str | None:
@@ -166,10 +225,13 @@ def _identity(conn: Conn) -> str | None:
     executable by PUBLIC by default; where it was revoked only the oid is used.
     """
     try:
-        row = conn.execute(
-            "SELECT (SELECT system_identifier::text FROM pg_control_system()),"
-            " (SELECT oid::text FROM pg_database WHERE datname = current_database())"
-        ).fetchone()
+        # A savepoint when called inside bounded()'s transaction: the fallback
+        # below must not run in an aborted transaction.
+        with conn.transaction():
+            row = conn.execute(
+                "SELECT (SELECT system_identifier::text FROM pg_control_system()),"
+                " (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
     except pgerrors.InsufficientPrivilege:
         row = conn.execute(
             "SELECT NULL, (SELECT oid::text FROM pg_database WHERE datname = current_database())"
@@ -209,7 +271,6 @@ class PostgresStore:
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
-        self._statement_timeout_s = statement_timeout_s
         self._connect_timeout_s = connect_timeout_s
         # The client-side deadline: a connect plus one statement, plus slack
         # so the server's own statement_timeout normally fires first (its
@@ -221,6 +282,10 @@ class PostgresStore:
         # Read at every connect: a restore or another database behind the
         # same DSN can only appear across a new connection.
         self._identity: str | None = None
+        # Per call, never per session (see bounded()); the DSN's options win.
+        self._timeout_ms: int | None = (
+            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s)
+        )
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
@@ -327,6 +392,23 @@ class PostgresStore:
             url=redact(self._url),
         )
 
+    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+
+    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        return await self._run("history", partial(revisions.pg.history, limit=limit))
+
+    async def revision(self, revision: int) -> LoadedRevision:
+        return await self._run("read", partial(revisions.pg.read_revision, revision=revision,
+                                               max_bytes=self._max_bytes))
+
+    async def rollback(self, revision: int, body_sha256: bytes) -> None:
+        await self._run("rollback", partial(revisions.pg.rollback, revision=revision,
+                                            body_sha256=body_sha256))
+        log.info("desired revision rolled back", revision=revision)
+
+    async def prune(self, keep: int) -> list[int]:
+        return await self._run("prune", partial(revisions.pg.prune, keep=keep))
+
     async def aclose(self) -> None:
         self._closed = True
         # Often called from a cancelled scope during shutdown: shielded, bounded.
@@ -358,7 +440,7 @@ class PostgresStore:
                 conn = await self._connect()
                 self._conn = conn
             return await call_interruptibly(
-                partial(fn, conn),
+                partial(bounded, conn, fn, self._timeout_ms),
                 interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
                 dispose=partial(_close_quietly, conn),
             )
@@ -384,14 +466,12 @@ class PostgresStore:
     async def _connect(self) -> Conn:
         made: list[Conn] = []
         url, connect_timeout_s = self._url, self._connect_timeout_s
-        statement_timeout_s = self._statement_timeout_s
+        timeout = self._timeout_ms
 
         def open_one() -> Conn:
-            conn = connect(
-                url, connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s
-            )
+            conn = connect(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=None)
             made.append(conn)
-            self._identity = _identity(conn)
+            self._identity = bounded(conn, _identity, timeout)
             return conn
 
         def dispose() -> None:

@@ -42,7 +42,7 @@ from urllib.parse import quote
 import trio
 
 from supervisor.config import sqlite_path
-from supervisor.controlplane import migrations
+from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
@@ -61,6 +61,7 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import RevisionSummary
 
 __all__ = ["SQLiteStore", "classify", "map_error"]
 
@@ -351,6 +352,25 @@ class SQLiteStore:
             path=self._path,
         )
 
+    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+
+    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        return await self._run("history", partial(revisions.sqlite.history, limit=limit,
+                                                  as_bytes=_as_bytes, parse_time=_parse_time))
+
+    async def revision(self, revision: int) -> LoadedRevision:
+        return await self._run("read", partial(
+            revisions.sqlite.read_revision, revision=revision, max_bytes=self._max_bytes,
+            as_bytes=_as_bytes, parse_time=_parse_time))
+
+    async def rollback(self, revision: int, body_sha256: bytes) -> None:
+        await self._run("rollback", partial(revisions.sqlite.rollback, revision=revision,
+                                            body_sha256=body_sha256, now=_NOW))
+        log.info("desired revision rolled back", revision=revision)
+
+    async def prune(self, keep: int) -> list[int]:
+        return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))
+
     async def aclose(self) -> None:
         self._closed = True
         with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
@@ -404,6 +424,14 @@ class SQLiteStore:
                             path=path)
             self._wal_id = None
         elif conn is not None:
+            if self._wal_id is not None and wal != self._wal_id:
+                # Our connection still reads the WAL that had that name (now
+                # unlinked): publishes go to a new one it never sees.
+                log.warning("control-plane WAL file removed or replaced under the daemon; "
+                            "reopening", path=path)
+                self._conn = None
+                await trio.to_thread.run_sync(partial(_close_quietly, conn))
+                wal = None
             self._wal_id = wal
         if current is None and not self._create:
             raise ControlPlaneError(

@@ -6,8 +6,10 @@ Contract (CONTRACT.md section 4): the control plane holds immutable revisions
 needs (:meth:`ControlPlaneStore.desired`, the cheap liveness-proving read, and
 :meth:`ControlPlaneStore.hydrate`, one consistent read of the complete desired
 revision), :meth:`~ControlPlaneStore.publish` for the CLI, and
-:meth:`~ControlPlaneStore.migrate`. Two implementations exist:
-:mod:`supervisor.controlplane.postgres` and :mod:`supervisor.controlplane.sqlite`;
+:meth:`~ControlPlaneStore.migrate`. Three implementations exist:
+:mod:`supervisor.controlplane.postgres`, :mod:`supervisor.controlplane.sqlite`
+and, in follower mode, :mod:`supervisor.controlplane.follower` (another
+replica's signed ``/v1/revision``; it refuses ``publish`` and ``migrate``);
 :func:`open_store` picks one from the URL and never connects by itself (the
 first call does, and a failed connection is re-made on the next call).
 
@@ -55,7 +57,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -68,6 +70,7 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import RevisionSummary
 
 __all__ = [
     "ControlPlaneError",
@@ -261,6 +264,27 @@ class ControlPlaneStore(Protocol):
         """Create or upgrade the schema; versioned and idempotent."""
         ...
 
+    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+
+    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        """(desired id, the newest ``limit`` revisions newest first, without bodies)."""
+        ...
+
+    async def revision(self, revision: int) -> LoadedRevision:
+        """One revision, its body checked against its digest; NOT_FOUND, TooLarge, CORRUPT.
+
+        ``schema_version`` is returned as stored: the caller decides what it reads.
+        """
+        ...
+
+    async def rollback(self, revision: int, body_sha256: bytes) -> None:
+        """Point desired at ``revision`` if it still exists with this digest (else NOT_FOUND)."""
+        ...
+
+    async def prune(self, keep: int) -> list[int]:
+        """Delete revisions older than the newest ``keep``, never the desired one; their ids."""
+        ...
+
     async def aclose(self) -> None:
         """Close the connection; the store may not be used afterwards."""
         ...
@@ -272,12 +296,26 @@ def open_store(
     max_schema_version: int,
     statement_timeout_s: float = 10.0,
     create: bool = True,
+    trusted_keys: Sequence[str] = (),
+    forward_to: str | None = None,
 ) -> ControlPlaneStore:
-    """The store for ``config.url`` (PostgreSQL or SQLite). Does not connect yet.
+    """The store for ``config.url`` (PostgreSQL, SQLite, an upstream replica); not connected yet.
+
+    ``trusted_keys`` (``[cache].trusted_keys``) is what a follower verifies the
+    upstream's revisions against (:mod:`supervisor.controlplane.follower`);
+    ``forward_to`` is where it keeps the upstream's signed bytes for its own
+    followers. Both are unused by the databases.
 
     ``create=False`` (the daemon) never creates an SQLite file: a control-plane
     file that vanished is an outage to report, not an empty control plane.
     """
+    if config.backend == "follower":
+        from supervisor.controlplane.follower import FollowerStore
+
+        return FollowerStore(
+            config, list(trusted_keys), max_schema_version=max_schema_version,
+            timeout_s=statement_timeout_s, forward_to=forward_to,
+        )
     if config.backend == "sqlite":
         from supervisor.controlplane.sqlite import SQLiteStore
 

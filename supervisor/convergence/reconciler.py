@@ -1,3 +1,83 @@
+"""The convergence loop: observe, hydrate, compile, publish, or say exactly why not.
+
+One task per replica keeps the active snapshot equal to the control plane's
+desired revision:
+
+1. **observe**: the cheap read of the desired revision's id, body digest and
+   the control plane's identity. It runs even when converged, because it is
+   both the change detector and the liveness check.
+2. **hydrate**: one consistent read of the complete desired revision. A
+   revision published between the two reads is simply the one we converge to.
+3. **compile**: decode, validate, project, resolve secrets, build an immutable
+   :class:`~supervisor.revision.snapshot.Snapshot`.
+4. **publish**: export to the last-known-good cache, then one atomic swap in
+   :class:`~supervisor.sinks.state.ActiveState`, then the snapshot file.
+
+Every failure happens before step 4 touches anything, so a refused candidate
+cannot half-apply: "the previous snapshot keeps serving" follows from the
+control flow, not from a cleanup path.
+
+A revision is its content. "Already converged" means the same id *and* the
+same body SHA-256 (and the status's lag compares both): after a restore from a
+backup an id may come back with another body, which is a new revision
+(published, with a log line saying the id was reused). The control plane's
+identity (PostgreSQL cluster and database, SQLite file) is compared on every
+observe; a change starts a new epoch: it is logged, and the sinks are
+re-written from a fresh hydrate.
+
+Why the cache is written *before* the swap (the cache must hold what was
+served): once the swap has happened, the snapshot file and every reader say
+the new revision is served; a shutdown arriving after the swap but before the
+export would leave the cache one revision behind, and a boot during an outage
+would then serve an older configuration than the one served before. So the
+export, the swap and the snapshot file write run as one step shielded from
+cancellation (each write is bounded by the disk, not the network): a SIGTERM
+arriving anywhere in it takes effect after it, and at every instant a process
+can be stopped the cache holds the revision served or, under SIGKILL, the one
+about to be (compiled, not yet swapped), never an older one. This holds for an
+operator's rollback too (desired moved to an older id: the cache is lowered to
+it before the swap) and a restore from the cache itself (nothing to export:
+the cache is the source). A failed export never blocks serving; the cache is
+marked due and retried on every poll (and on SIGHUP) until it succeeds, like
+the snapshot file, and a sink file that vanished after a successful write is
+written again; when the export that failed was a move to an older revision,
+the newer cache is removed (unlinking needs no disk space) so a boot cannot
+serve what the operator rolled back from.
+
+Polling is the correctness mechanism; the :class:`ChangeSignal` (LISTEN,
+SIGHUP, a LISTEN reconnect) only shortens the wait. Delays after an attempt:
+
+- success, converged, empty: ``poll_interval_s``;
+- the control plane could not be asked (``unavailable``, ``conflict``): the
+  backoff delay (``backoff_initial_s`` doubling to ``backoff_max_s``), reset on
+  the next answer, so an outage never becomes a hot loop;
+- the control plane answered and the candidate was refused: ``poll_interval_s``.
+  A revision refused for a reason that cannot change while its content does not
+  (``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
+  not hydrated again until desired moves or SIGHUP asks to look again (a body
+  repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
+  secrets' values) and the store's own refusals are retried every poll.
+
+Each refusal line carries ``retry_in_s``. A refusal repeated unchanged is
+logged at most once a minute (every poll while the cache serves instead of a
+refused desired revision), and an outage as a start, progress once a minute
+and an end (:class:`~supervisor.outage.OutageLog`).
+
+Bootstrap (:meth:`Reconciler.bootstrap`) reaches a first servable snapshot or
+raises :class:`~supervisor.errors.BootRefused` (exit 3). The signed
+last-known-good cache answers exactly two failures: an unreachable control
+plane, and a desired revision this build cannot read (``incompatible``, a
+mixed-version rollout); and, with ``[cache].serve_when_desired_refused``, any
+refusal of the desired revision. Otherwise corruption, oversize, refused reads
+and uncompilable revisions never fall back: cached state would hide damage an
+operator must fix.
+
+A Reconciler is built anew by every start of the convergence child (it owns
+nothing that outlives a run but what it is given); one built while a snapshot
+is already serving (a restart after a crash) re-writes the sinks from a fresh
+hydrate at its first attempt, since a crash may have come between them.
+"""
+
 from __future__ import annotations
 
 import enum
@@ -20,7 +100,7 @@ from supervisor.controlplane.store import (
     RevisionPointer,
     TooLarge,
 )
-from supervisor.convergence.signal import ChangeSignal
+from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer, OutcomeLabel, Wakeup
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.errors import BootRefused
 from supervisor.events import EventBus
@@ -37,7 +117,7 @@ if TYPE_CHECKING:
     from supervisor.sinks.file import SnapshotFile
     from supervisor.sinks.lkg import LastKnownGood
 
-__all__ = ["Outcome", "OutcomeKind", "Reconciler"]
+__all__ = ["Outcome", "OutcomeKind", "Reconciler", "answer_for"]
 
 log = get_logger("convergence")
 
@@ -54,9 +134,10 @@ UNREACHED = frozenset({reasons.UNAVAILABLE, reasons.CONFLICT})
 
 # Compile refusals that only a new body can change (``secret`` is not here:
 # the secret may appear; ``unavailable`` is a transient OS error).
+# ``snapshot`` (two keys share one secret) depends on the secrets' values, not
+# only the body: a rotated secret file can clear it, so it is retried too.
 _FINAL_COMPILE = frozenset({
     reasons.CORRUPT, reasons.INCOMPATIBLE, reasons.VALIDATION, reasons.PROJECTION,
-    reasons.SNAPSHOT,
 })
 
 # A revision's identity: its id and its body's SHA-256 (None: not known yet).
@@ -144,6 +225,27 @@ def _fresh(exc: RevisionError) -> RevisionError:
     are all the loop needs.
     """
     return RevisionError(exc.reason, exc.detail, revision=exc.revision)
+
+
+_ANSWER_LABELS: dict[OutcomeKind, OutcomeLabel] = {
+    OutcomeKind.PUBLISHED: "published",
+    OutcomeKind.CONVERGED: "converged",
+    OutcomeKind.EMPTY: "empty",
+    OutcomeKind.REJECTED: "rejected",
+}
+
+
+def answer_for(outcome: Outcome | None) -> ConvergeAnswer:
+    """The ``POST /v1/converge`` answer for an attempt (None: it was interrupted).
+
+    A refusal about a revision is ``rejected``; a refusal with no revision
+    (the control plane unreachable, or refusing the read) is ``failed``.
+    """
+    if outcome is None:
+        return ConvergeAnswer("failed")
+    if outcome.kind is OutcomeKind.REJECTED and outcome.revision is None:
+        return ConvergeAnswer("failed", None, outcome.reason)
+    return ConvergeAnswer(_ANSWER_LABELS[outcome.kind], outcome.revision, outcome.reason)
 
 
 class Reconciler:
@@ -335,9 +437,13 @@ class Reconciler:
         snapshot = await self._compile(loaded.body, loaded.id, generation)
         self.status.loaded_revision(loaded.id)
         took = trio.current_time() - start
-        # The cache first, then the swap: see the module docstring.
-        await self._export(_Export(loaded.id, generation, loaded.schema_version, loaded.body))
-        await self._publish(snapshot, "control_plane", took, body_sha256=loaded.body_sha256)
+        # The cache first, then the swap and the snapshot file, as one step a
+        # shutdown cannot split: see the module docstring.
+        with trio.CancelScope(shield=True):
+            await self._export(_Export(loaded.id, generation, loaded.schema_version,
+                                       loaded.body))
+            await self._publish(snapshot, "control_plane", took,
+                                body_sha256=loaded.body_sha256)
         self._sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
@@ -550,20 +656,29 @@ class Reconciler:
     # -- the loop --------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Bootstrap when nothing is serving yet, report started, then converge forever."""
+        """Bootstrap when nothing is serving yet, report started, then converge forever.
+
+        Every wake-up taken off the change signal is answered (``POST
+        /v1/converge`` waits on it) once the attempt that consumed it has
+        finished, also when that attempt was interrupted.
+        """
         if self.state.snapshot is None:
             await self.bootstrap()
         task_status.started()
-        trigger = "poll"
+        wakeup = Wakeup("poll")
         while True:
             # A wake-up that arrived while the attempt ran may concern something
             # the attempt did not see, so it is kept, not cleared.
-            outcome = await self.converge_once(trigger)
+            outcome: Outcome | None = None
+            try:
+                outcome = await self.converge_once(wakeup.trigger)
+            finally:
+                wakeup.resolve(answer_for(outcome))
             assert outcome.retry_in_s is not None
             floor = self.backoff.initial_s if outcome.failed else 0.0
-            trigger = await self._wait(outcome.retry_in_s, floor)
+            wakeup = await self._wait(outcome.retry_in_s, floor)
 
-    async def _wait(self, delay: float, floor: float) -> str:
+    async def _wait(self, delay: float, floor: float) -> Wakeup:
         """Sleep ``delay`` unless signalled; never wake before ``floor``."""
         deadline = trio.current_time() + delay
         if floor > 0:
@@ -576,8 +691,8 @@ class Reconciler:
         if woken is not None:
             return woken
         with trio.move_on_at(deadline):
-            return await self.signal.wait()
-        return "poll"
+            return await self.signal.next_wakeup()
+        return Wakeup("poll")
 
     # -- bootstrap -------------------------------------------------------------
 

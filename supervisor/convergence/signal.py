@@ -1,48 +1,157 @@
-"""The change signal: a hint that desired state may have changed.
+"""The change signal: a hint that desired state may have changed, or a request to converge now.
 
-Senders (the LISTEN child, SIGHUP, a reconnect) call :meth:`ChangeSignal.notify`,
-which never blocks and never fails. The channel holds at most one pending
-wake-up, so a burst of notifications coalesces into one convergence attempt.
-Nothing is carried but the trigger's name: the payload is only a hint, and a
-lost signal costs at most one poll interval, because polling is the
-correctness path.
+Two kinds of sender share one memory channel into the convergence loop:
+
+- **fire and forget** (the LISTEN child, SIGHUP, a LISTEN reconnect) call
+  :meth:`ChangeSignal.notify`, which never blocks and never fails. At most one
+  such wake-up is pending at a time, so a burst of notifications coalesces into
+  one convergence attempt. Nothing is carried but the trigger's name: the
+  payload is only a hint, and a lost signal costs at most one poll interval,
+  because polling is the correctness path.
+- **a caller that wants the outcome** (``POST /v1/converge``) calls
+  :meth:`ChangeSignal.request`, which sends a :class:`ConvergeRequest`: a
+  ``trio.Event`` with a slot for the answer. The caller waits on the event
+  with its own deadline (:meth:`ChangeSignal.converge`); giving up never
+  touches the loop, which sets the event anyway when it gets there.
+
+The loop takes wake-ups with :meth:`ChangeSignal.next_wakeup`, which returns
+every wake-up pending at that moment as one :class:`Wakeup` (so bursts of
+requests coalesce too: ten requests that arrive during one attempt are all
+served by the next attempt). After the attempt that consumed them has
+finished, the loop calls :meth:`Wakeup.resolve` with that attempt's answer,
+which fills every request's slot and sets every event. A wake-up that arrives
+while an attempt runs is kept for the next one: the running attempt may
+already have read the control plane before the change the caller cares about.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
 import trio
 
-__all__ = ["ChangeSignal"]
+__all__ = ["ChangeSignal", "ConvergeAnswer", "ConvergeRequest", "OutcomeLabel", "Wakeup"]
+
+OutcomeLabel = Literal["published", "converged", "empty", "rejected", "failed"]
+
+@dataclass(frozen=True)
+class ConvergeAnswer:
+    """What ``POST /v1/converge`` answers (CONTRACT.md section 8)."""
+
+    outcome: OutcomeLabel
+    revision: int | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "revision": self.revision, "reason": self.reason}
+
+
+class ConvergeRequest:
+    """One caller's wish for an attempt: an event, set once, and the answer it carries."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: ConvergeAnswer | None = None
+
+    def resolve(self, answer: ConvergeAnswer) -> None:
+        """Fill the slot and wake the caller; a second call changes nothing."""
+        if not self.done.is_set():
+            self.answer = answer
+            self.done.set()
+
+
+@dataclass
+class Wakeup:
+    """The wake-ups one attempt consumes: the trigger to run it with, and its waiters."""
+
+    trigger: str
+    requests: list[ConvergeRequest] = field(default_factory=list)
+
+    def resolve(self, answer: ConvergeAnswer) -> None:
+        for request in self.requests:
+            request.resolve(answer)
+
+
+# One channel item: (trigger, None) for fire-and-forget, ("request", request) otherwise.
+_Item = tuple[str, ConvergeRequest | None]
 
 
 class ChangeSignal:
     def __init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[str](1)
+        # Unbounded, yet small: fire-and-forget senders keep at most one item in
+        # it (``_plain_pending``), and requests are bounded by the admin API's
+        # concurrent connections.
+        self._send, self._receive = trio.open_memory_channel[_Item](math.inf)
+        self._plain_pending = False
         self.sent = 0
         self.coalesced = 0
+        self.requests = 0
 
     def notify(self, trigger: str = "notify") -> None:
         """Wake the loop now instead of at its next poll. Never blocks."""
-        try:
-            self._send.send_nowait(trigger)
-            self.sent += 1
-        except trio.WouldBlock:
+        if self._plain_pending:
             self.coalesced += 1
+            return
+        self._plain_pending = True
+        self._send.send_nowait((trigger, None))
+        self.sent += 1
 
-    def pending(self) -> str | None:
-        """Take the pending wake-up's trigger without waiting; None when there is none."""
+    def request(self) -> ConvergeRequest:
+        """Ask for an attempt that starts after this call; wait on ``.done`` for its answer."""
+        request = ConvergeRequest()
+        self._send.send_nowait(("request", request))
+        self.requests += 1
+        return request
+
+    async def converge(self, timeout_s: float) -> ConvergeAnswer | None:
+        """Request an attempt and wait for its answer; None when ``timeout_s`` passed first.
+
+        Cancelling or timing out only stops this caller waiting: the request
+        stays queued and the loop resolves it as usual.
+        """
+        request = self.request()
+        with trio.move_on_after(timeout_s):
+            await request.done.wait()
+        return request.answer
+
+    async def next_wakeup(self) -> Wakeup:
+        """Wait for a wake-up, then take every one pending as one :class:`Wakeup`.
+
+        The trigger is the fire-and-forget one's when one is among them (SIGHUP's
+        and a notification's mean something to the loop), else ``request``.
+        """
+        return self._take([await self._receive.receive()])
+
+    def pending(self) -> Wakeup | None:
+        """Take every pending wake-up without waiting (as :meth:`next_wakeup`); None if none."""
         try:
-            return self._receive.receive_nowait()
+            first = self._receive.receive_nowait()
         except trio.WouldBlock:
             return None
+        return self._take([first])
+
+    def _take(self, items: list[_Item]) -> Wakeup:
+        while True:
+            try:
+                items.append(self._receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+        self._plain_pending = False
+        # At most one fire-and-forget wake-up is pending; its trigger wins over
+        # "request", since it may change what the attempt does (SIGHUP forgets
+        # refusals, a notification skips the cheap read).
+        plain = [trigger for trigger, request in items if request is None]
+        trigger = plain[0] if plain else "request"
+        return Wakeup(trigger, [request for _, request in items if request is not None])
 
     async def wait(self) -> str:
-        """Wait for the next wake-up; return the trigger of the first one pending."""
-        return await self._receive.receive()
+        """Wait for the next wake-up and return its trigger (for fire-and-forget observers).
 
-    def clear(self) -> None:
-        """Drop a pending wake-up (an attempt that just ran has already seen it)."""
-        try:
-            self._receive.receive_nowait()
-        except trio.WouldBlock:
-            pass
+        Requests taken this way are answered ``failed`` at once: only the loop
+        (:meth:`next_wakeup`) runs attempts for them.
+        """
+        wakeup = await self.next_wakeup()
+        wakeup.resolve(ConvergeAnswer("failed"))
+        return wakeup.trigger

@@ -67,3 +67,44 @@ async def test_restore_by_rename_with_another_reader_open(tmp_path: Path) -> Non
                 f"{sorted(snap['aliases'])} and reports desired={revision['desired']} "
                 f"active={revision['active']} lag_s={revision['lag_s']}: the old database's "
                 f"WAL was replayed over the restored file")
+
+
+async def test_wal_and_shm_removed_under_the_daemon(tmp_path: Path) -> None:
+    """``rm cp.db-wal cp.db-shm`` while the daemon runs (a clean-up script, a careless restore).
+
+    The daemon keeps its connection and its mapping of the deleted -shm; the CLI
+    makes new -wal/-shm files and commits there. Seen: the daemon never sees
+    another publish: the file says desired 4, /status says desired=2 active=2
+    lag_s=0, no error, indefinitely. (Deleting the WAL also lost the commit of
+    revision 2 from the file, so the CLI's next publish reused id 2.)
+    """
+    port = free_port()
+    cp = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+    await acli("publish", "--config", str(config), str(doc(tmp_path / "a.json", "a")))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published", revision=1)
+            await acli("publish", "--config", str(config), str(doc(tmp_path / "b.json", "b")))
+            await daemon.wait_log("published", revision=2)
+            for suffix in ("-wal", "-shm"):
+                Path(f"{cp}{suffix}").unlink(missing_ok=True)
+            for tag in ("c", "d", "e"):
+                await acli("publish", "--config", str(config), str(doc(tmp_path / f"{tag}.json",
+                                                                         tag)))
+            with sqlite3.connect(cp) as conn:
+                row = conn.execute("SELECT revision_id FROM supervisor_desired").fetchone()
+                desired = row[0]
+                want = conn.execute("SELECT body FROM supervisor_revisions WHERE id = ?",
+                                    (desired,)).fetchone()[0]
+            alias = sorted(json.loads(want)["aliases"])
+            with trio.move_on_after(5):
+                await daemon.wait_log("published", revision=desired)
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                report = (await client.get(f"http://127.0.0.1:{port}/status")).json()["revision"]
+                snap = (await client.get(f"http://127.0.0.1:{port}/v1/snapshot")).json()
+            assert sorted(snap["aliases"]) == alias, (
+                f"cp.db says desired {desired} ({alias}); the replica serves "
+                f"{sorted(snap['aliases'])} and reports desired={report['desired']} "
+                f"active={report['active']} lag_s={report['lag_s']} "
+                f"last_error={report['last_error']!r}")

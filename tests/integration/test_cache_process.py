@@ -201,9 +201,10 @@ async def test_fifo_at_the_cache_path_refuses_to_boot_promptly(tmp_path: Path, p
     took = time.monotonic() - started
     assert result.returncode == 3, result.stderr
     line = json.loads(result.stderr.strip().splitlines()[-1])
-    assert line["refusal"] == "cache"
-    assert str(cache) in line["reason"] and "FIFO" in line["reason"]
-    assert "corrupt" in line["reason"]
+    # reason carries the label; the prose (path, what is there) is in detail.
+    assert line["refusal"] == "cache" and line["reason"] == "cache"
+    assert str(cache) in line["detail"] and "FIFO" in line["detail"]
+    assert "corrupt" in line["detail"]
     assert took < 20, f"took {took:.1f} s"
 
 
@@ -222,8 +223,8 @@ async def test_deleted_served_mark_refuses_to_boot_from_the_cache(
         mark.unlink()
         result = await acli("run", "--config", str(config), check=False)
         assert result.returncode == 3
-        reason = json.loads(result.stderr.strip().splitlines()[-1])["reason"]
-        assert "rollback" in reason and str(mark) in reason
+        detail = json.loads(result.stderr.strip().splitlines()[-1])["detail"]
+        assert "rollback" in detail and str(mark) in detail
         # The deliberate reset the message describes.
         mark.write_text("1\n")
         notify = NotifySocket(tmp_path / "notify")

@@ -74,3 +74,18 @@ def test_top_level_help_lists_the_exit_codes() -> None:
     text = PARSER.format_help()
     for code in "01234":
         assert re.search(rf"^\s+{code}\s+\S", text, re.M), text
+
+
+def test_every_command_is_in_the_readme_command_table_with_its_exit_codes() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.rst").read_text()
+    table = readme.split("Commands\n--------\n", 1)[1].split("Exit codes:", 1)[0]
+    rows = table.split("   * - ``trio-supervisor ")[1:]
+    named = {row.split("`", 1)[0].split()[0] for row in rows}
+    names = {n.split()[0] for n in SUBCOMMANDS}
+    assert names <= named, names - named
+    assert "``trio-supervisor db prune" in table and "``trio-supervisor db migrate" in table
+    for row in rows:
+        # Each row: the command, what it does, and its exit codes (a line starting with 0).
+        assert "     - 0" in row, row

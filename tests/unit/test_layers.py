@@ -3,7 +3,7 @@
 Layers, bottom to top (``TYPE_CHECKING`` imports count too: they are design
 dependencies even when they cost nothing at run time)::
 
-    4  app, cli, __main__, cli_help, docsgen, docs_catalog   (assembly and commands)
+    4  app, cli, commands, __main__, cli_help, docsgen, docs_catalog   (assembly, commands)
     3  admin                                                 (reads what the loops report)
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
@@ -11,7 +11,7 @@ dependencies even when they cost nothing at run time)::
 
 A part may import parts of lower layers, and only the listed pairs within one
 layer (the shared parts use each other, so do the commands; sinks store
-compiled revisions).
+compiled revisions; the follower store reads the cache's signed format).
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ LAYERS = {
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},
     3: {"admin"},
-    4: {"app", "cli", "__main__", "cli_help", "docsgen", "docs_catalog"},
+    4: {"app", "cli", "commands", "__main__", "cli_help", "docsgen", "docs_catalog"},
 }
 RANK = {part: rank for rank, parts in LAYERS.items() for part in parts}
-SAME_LAYER_ALLOWED = {("sinks", "revision")} | {
+# controlplane -> sinks: the follower store (controlplane/follower.py) verifies
+# the upstream's revision with the signed cache file format (sinks/lkg).
+SAME_LAYER_ALLOWED = {("sinks", "revision"), ("controlplane", "sinks")} | {
     (a, b) for layer in (0, 4) for a in LAYERS[layer] for b in LAYERS[layer]}
 
 

@@ -1,0 +1,94 @@
+"""The bytes ``GET /v1/revision`` serves: the active revision as the cache signed it.
+
+Contract (CONTRACT.md section 8): the active revision in the signed
+last-known-good file format, the same bytes ``[cache]`` writes. They are read
+from the cache file itself: the convergence loop exports a revision to the
+cache *before* it swaps the snapshot in, so once revision N is active the file
+normally holds N, signed with ``[cache].signing_key``. A follower serves the
+upstream's signed bytes it forwards instead (``<[cache].path>.upstream``,
+:mod:`supervisor.controlplane.follower`), under the same rule. The file is served only
+when its header names the active revision and the active body's SHA-256;
+otherwise (the export failed, or the next revision is being exported right
+now) the route answers 503 and the follower retries.
+
+The last bytes served are kept in memory, keyed by revision and digest, so a
+fleet polling an unchanged upstream costs no file read; a conditional request
+naming the active revision costs nothing at all (304 before this module runs).
+:meth:`SignedRevisionFile.read` blocks (file I/O): call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, Header
+from supervisor.sinks.lkg.files import NotRegularFile, read_regular
+
+__all__ = ["SignedRevisionFile", "Unservable"]
+
+_FRAMING = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
+
+
+class Unservable(Exception):
+    """Why the active revision's signed bytes cannot be served now (503 with this detail)."""
+
+
+@dataclass
+class SignedRevisionFile:
+    """The cache file behind ``/v1/revision``; ``path`` None or no signing key: never servable."""
+
+    path: str | None
+    signing: bool
+    max_bytes: int = 16 * 1024 * 1024
+    _held: tuple[int, bytes | None, bytes] | None = None
+
+    def unservable_reason(self) -> str | None:
+        if self.path is None or not self.signing:
+            return ("this replica cannot serve signed revisions: it needs [cache].path and "
+                    "[cache].signing_key (a follower: [cache].path)")
+        return None
+
+    def held(self, revision: int, body_sha256: bytes | None) -> bytes | None:
+        """The bytes already read for this revision and digest, or None (no I/O)."""
+        held = self._held
+        if held is not None and held[0] == revision and held[1] == body_sha256:
+            return held[2]
+        return None
+
+    def read(self, revision: int, body_sha256: bytes | None) -> bytes:
+        """The cache file's bytes when they are this revision's; raises Unservable. Blocking."""
+        reason = self.unservable_reason()
+        if reason is not None:
+            raise Unservable(reason)
+        assert self.path is not None
+        try:
+            data = read_regular(self.path, limit=self.max_bytes + _FRAMING + 1)
+        except (OSError, NotRegularFile) as exc:
+            raise Unservable(f"the cache file cannot be read: {exc}") from exc
+        if data is None:
+            raise Unservable("the active revision has not been written to the cache yet")
+        header = _header_of(data)
+        if header is None or header.revision != revision or (
+            body_sha256 is not None and header.body_sha256 != body_sha256.hex()
+        ):
+            raise Unservable(f"the cache does not hold the active revision {revision} (yet)")
+        if len(data) > self.max_bytes + _FRAMING:
+            raise Unservable("the cache file is larger than any revision can be")
+        self._held = (revision, body_sha256, data)
+        return data
+
+
+def _header_of(data: bytes) -> Header | None:
+    """The header, UNVERIFIED (the follower verifies; here it only picks the file)."""
+    start = len(MAGIC) + 4
+    if not data.startswith(MAGIC) or len(data) < start:
+        return None
+    length = int.from_bytes(data[len(MAGIC):start], "big")
+    if length > MAX_HEADER_BYTES or len(data) < start + length:
+        return None
+    try:
+        return msgspec.json.decode(data[start:start + length], type=Header)
+    except msgspec.DecodeError:
+        return None

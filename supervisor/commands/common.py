@@ -1,0 +1,147 @@
+"""What the subcommands share: exit codes, loading the configuration, a store for one call,
+the admin address and token, and the printing helpers of the tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import trio
+
+from supervisor.config import CONFIG_ENV, Config, load, placeholders, sqlite_path
+from supervisor.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from supervisor.controlplane.store import ControlPlaneStore
+
+__all__ = [
+    "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
+    "EXIT_USAGE", "ReferenceResolver", "admin_base", "config_path", "iso", "load_config",
+    "table", "with_store",
+]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
+#: ``publish --wait``: a replica refused the revision.
+EXIT_REPLICA_REFUSED = 5
+
+T = TypeVar("T")
+
+
+def config_path(args: argparse.Namespace, required: bool = True) -> str | None:
+    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
+    if path is None and required:
+        raise UsageError(f"no configuration: pass --config PATH or set {CONFIG_ENV}")
+    return path
+
+
+def load_config(args: argparse.Namespace) -> tuple[Config, str]:
+    path = config_path(args)
+    assert path is not None
+    config = load(path)
+    for key, problem in placeholders(config):
+        raise ConfigError(key, problem, source=path)
+    require_sqlite_directory(config)
+    return config, path
+
+
+def require_sqlite_directory(config: Config) -> None:
+    """Name the missing directory of an SQLite control plane (SQLite says only
+    "unable to open database file"); exit 2, as no restart creates it."""
+    if config.control_plane.backend != "sqlite":
+        return
+    parent = Path(sqlite_path(config.control_plane.url)).parent
+    if not parent.is_dir():
+        raise ConfigError(
+            "$.control_plane.url",
+            f"directory {parent} (of {config.control_plane.url}, relative to "
+            f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
+        )
+
+
+def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], *,
+               create: bool = False) -> T:
+    """Run ``fn`` with a store for ``config`` (closed afterwards) under ``trio.run``.
+
+    ``create=False`` (every command but ``publish``): a missing SQLite file is
+    an error naming it, not a new empty control plane.
+    """
+    from supervisor.controlplane.store import open_store
+    from supervisor.revision.document import SCHEMA_VERSION
+
+    async def run() -> T:
+        store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION,
+                           create=create)
+        try:
+            if create and config.control_plane.backend == "sqlite":
+                await store.migrate()
+            return await fn(store)
+        finally:
+            await store.aclose()
+
+    return trio.run(run)
+
+
+def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``HOST:PORT`` of the replica named by --config (or the default), and its token."""
+    from supervisor.admin.server import read_token
+
+    path = config_path(args, required=False)
+    token = None
+    token_file = getattr(args, "token_file", None)
+    if path is not None:
+        config = load(path)
+        if config.admin.token_file and token_file is None:
+            token = read_token(config.admin.token_file)
+        host, port = config.admin.host_port
+    else:
+        host, port = "127.0.0.1", 9464
+    if token_file is not None:
+        try:
+            token = read_token(token_file)
+        except ConfigError as exc:
+            raise UsageError(f"--token-file: {exc.reason}") from exc
+    if ":" in host:
+        host = f"[{host}]"
+    if host in ("0.0.0.0", "[::]"):
+        host = "127.0.0.1"
+    return f"{host}:{port}", token
+
+
+class ReferenceResolver:
+    """Each secret reference stands in for its value: compiles everything but the secrets
+    (which may exist only on the replicas' hosts)."""
+
+    def resolve(self, reference: str) -> bytes:
+        return reference.encode()
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO-8601 UTC with milliseconds and a ``Z``, as the stores write it."""
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def cell(value: object) -> str:
+    if value is None:
+        return "-"
+    # One line per row: a newline in a message would break the table.
+    return "".join(c if c.isprintable() else " " for c in str(value))
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]],
+          right: Sequence[int] = ()) -> list[str]:
+    """Aligned columns; the columns named in ``right`` are right-aligned (numbers)."""
+    cells = [[cell(c) for c in row] for row in [list(header), *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    return lines

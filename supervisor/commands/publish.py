@@ -1,0 +1,214 @@
+"""``publish FILE`` and its modes: ``--dry-run``, ``--resolve-secrets``, ``--wait`` (CONTRACT 8).
+
+Every mode first validates and compiles FILE with the daemon's own code path
+(:func:`~supervisor.revision.compile.compile_revision` on the canonical body
+``publish`` would store), so a refusal names the same reason label and
+``$.path`` a replica would log. Secrets:
+
+- plain ``publish``: each secret reference stands in for its value (the
+  secrets may exist only on the replicas' hosts);
+- ``--resolve-secrets`` and ``--dry-run``: resolved in this environment, as
+  the daemon resolves them (``secret`` refusal, exit 2, when one cannot be).
+
+``--dry-run`` stores nothing and prints the changes against the desired
+revision. ``--wait`` publishes, then follows each ``--url`` replica's stream
+(:mod:`supervisor.commands.waiting`): exit 0 when all report the revision
+active, 5 when any refused it (the reason label and detail on the last line),
+1 when any timed out, was unreachable, or serves a newer revision already.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from supervisor.commands.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_REPLICA_REFUSED,
+    EXIT_USAGE,
+    ReferenceResolver,
+    admin_base,
+    load_config,
+    with_store,
+)
+from supervisor.errors import UsageError
+
+if TYPE_CHECKING:
+    from supervisor.commands.waiting import ReplicaResult
+    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
+    from supervisor.revision.errors import RevisionError
+
+__all__ = ["cmd_publish", "register"]
+
+DEFAULT_WAIT_S = 60.0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400, got {text}")
+    return value
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="TOML or JSON revision document")
+    parser.add_argument("--message", metavar="TEXT", default=None,
+                        help="why this revision exists; stored with it (like a commit message)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate and compile FILE as the daemon would, secrets resolved "
+                             "here, print the changes against the desired revision; store "
+                             "nothing")
+    parser.add_argument("--resolve-secrets", action="store_true",
+                        help="also resolve every secret reference in this environment and "
+                             "refuse (secret, exit 2) when one cannot be")
+    parser.add_argument("--wait", action="store_true",
+                        help="after publishing, wait until every --url replica reports the "
+                             "revision active (exit 0) or refused (exit 5)")
+    parser.add_argument("--url", action="append", default=None, metavar="URL",
+                        help="with --wait: a replica's admin URL, http://HOST:PORT; repeat "
+                             "for several (default: [admin].listen of --config)")
+    parser.add_argument("--token-file", metavar="PATH", default=None,
+                        help="with --wait: the replicas' admin token (default: "
+                             "[admin].token_file of --config)")
+    parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
+                        help=f"with --wait: give up after S seconds (exit 1; default "
+                             f"{DEFAULT_WAIT_S:g})")
+    parser.add_argument("--json", action="store_true",
+                        help="with --dry-run: print one JSON document instead of the list")
+
+
+def _compile(args: argparse.Namespace, *, resolve: bool) -> tuple[int, bytes]:
+    """(schema_version, canonical body) of FILE, compiled; RevisionError on refusal."""
+    from supervisor.revision.compile import compile_revision
+    from supervisor.revision.document import load_document_file
+    from supervisor.revision.secrets import EnvFileResolver
+
+    try:
+        Path(args.file).open("rb").close()
+    except OSError as exc:
+        # Not `corrupt`: nothing was read. Say what the shell would.
+        raise UsageError(f"{args.file}: {exc.strerror or exc}; nothing was stored") from exc
+    schema_version, body = load_document_file(args.file)
+    compile_revision(body, revision=0, generation=0,
+                     resolver=EnvFileResolver() if resolve else ReferenceResolver())
+    return schema_version, body
+
+
+def _refusal_line(file: str, exc: RevisionError) -> str:
+    detail = exc.detail if exc.detail.startswith(file) else f"{file}: {exc.detail}"
+    return f"refused: {exc.reason}: {detail}"
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from supervisor.revision.errors import RevisionError
+
+    if (args.url or args.token_file) and not args.wait:
+        raise UsageError("--url and --token-file go with --wait")
+    if args.dry_run and args.wait:
+        raise UsageError("--dry-run stores nothing: there is nothing to --wait for")
+    config, _ = load_config(args)
+    try:
+        schema_version, body = _compile(args, resolve=args.dry_run or args.resolve_secrets)
+    except RevisionError as exc:
+        if args.dry_run and args.json:
+            print(json.dumps({"ok": False, "reason": exc.reason, "detail": exc.detail}))
+        # The label and the $.path on the last line: what a replica would log.
+        print(_refusal_line(args.file, exc) + "; nothing was stored", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        return _dry_run(args, config, body)
+
+    async def publish(store: ControlPlaneStore) -> int:
+        return await store.publish(body, schema_version, args.message)
+
+    # Before publishing: a bad token file or URL must not leave a revision nobody waits for,
+    # and the follower's imports (a few hundred ms) are not paid between commit and verdict.
+    targets = _wait_targets(args) if args.wait else []
+    if args.wait:
+        from supervisor.commands import waiting  # noqa: F401
+    revision = with_store(config, publish, create=True)
+    print(f"published revision {revision}")
+    if not args.wait:
+        print(revision)
+        return EXIT_OK
+    return _wait(targets, revision, args.timeout)
+
+
+# -- --dry-run ----------------------------------------------------------------------
+
+
+def _dry_run(args: argparse.Namespace, config: object, body: bytes) -> int:
+    from supervisor.commands.documents import diff_documents, render_changes
+    from supervisor.commands.revisions import readable
+    from supervisor.revision.document import decode_body
+
+    async def desired(store: ControlPlaneStore) -> LoadedRevision | None:
+        current = await store.desired()
+        return None if current is None else await store.revision(current)
+
+    current = with_store(config, desired)  # type: ignore[arg-type]
+    changes = diff_documents(None if current is None else readable(current), decode_body(body))
+    against = None if current is None else current.id
+    if args.json:
+        print(json.dumps({"ok": True, "desired": against,
+                          "changes": [c.to_json() for c in changes]}, indent=2))
+        return EXIT_OK
+    print(f"{args.file}: compiles; nothing was stored")
+    print(f"changes against {'desired revision ' + str(against) if against else 'nothing'}"
+          f" ({len(changes)}):")
+    for line in render_changes(changes):
+        print(line)
+    return EXIT_OK
+
+
+# -- --wait -------------------------------------------------------------------------
+
+
+def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    address, token = admin_base(args)
+    urls = args.url or [f"http://{address}"]
+    return [(url.rstrip("/"), token) for url in urls]
+
+
+def _wait(targets: list[tuple[str, str | None]], revision: int, timeout_s: float) -> int:
+    from supervisor.commands.waiting import wait_for_revision
+
+    results: list[ReplicaResult] = []
+
+    async def wait_all() -> None:
+        async def one(url: str, token: str | None) -> None:
+            results.append(await wait_for_revision(url, revision, token, timeout_s))
+
+        async with trio.open_nursery() as nursery:
+            for url, token in targets:
+                nursery.start_soon(one, url, token)
+
+    trio.run(wait_all)
+    order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
+    results.sort(key=lambda r: (order[r.state], r.url))
+    for result in results:
+        if result.state == "active":
+            print(f"{result.url}: revision {revision} active")
+        elif result.state == "refused":
+            print(f"{result.url}: revision {revision} refused ({result.reason})")
+        else:
+            print(f"{result.url}: {result.state}: {result.detail}")
+    refused = [r for r in results if r.state == "refused"]
+    if refused:
+        # The last line, for a pipeline's log: the label and what to fix.
+        print(f"refused: {refused[-1].reason}: {refused[-1].detail}")
+        return EXIT_REPLICA_REFUSED
+    if any(r.state != "active" for r in results):
+        print(f"not active everywhere: revision {revision}")
+        return EXIT_ERROR
+    print(revision)
+    return EXIT_OK

@@ -1,0 +1,147 @@
+"""``publish --wait``: follow a replica's stream until it reports a revision active or refused.
+
+One task per replica follows ``/v1/stream`` (trio-websocket) and judges every
+message: the first ``status`` message (the state when it connected, so a
+revision that went live or was refused before the connection is seen too),
+then ``published``, ``rejected`` and ``status`` events. A revision is
+
+- ``active`` when the replica reports it active (published, or the status's
+  ``active``);
+- ``refused`` when a rejection names it (the reason label and detail kept);
+- ``superseded`` when the replica is already serving a newer revision id
+  (someone published after us: ours will never be active there);
+- ``timeout`` when none of that happened before the deadline. A replica that
+  cannot be reached, or whose connection drops, is retried until then, and the
+  last error is kept for the report.
+
+Once connected, the waiter also asks the replica to converge now
+(``POST /v1/converge``, best effort): a replica that only polls (SQLite, or
+LISTEN off) would otherwise take up to its poll interval. The answer is not
+awaited, and failure is ignored: the stream is what is judged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    open_websocket_url,
+)
+
+from supervisor.admin.client import stream_url
+
+__all__ = ["ReplicaResult", "judge", "wait_for_revision"]
+
+State = Literal["active", "refused", "superseded", "timeout"]
+RETRY_S = 0.25
+
+
+@dataclass
+class ReplicaResult:
+    url: str
+    state: State
+    reason: str | None = None
+    detail: str | None = None
+
+
+def judge(doc: Any, revision: int, url: str) -> ReplicaResult | None:
+    """The verdict one stream message gives about ``revision`` (None: not yet known)."""
+    if not isinstance(doc, dict):
+        return None
+    kind = doc.get("type")
+    if kind == "published" and _is(doc.get("revision"), revision):
+        return ReplicaResult(url, "active")
+    if kind == "rejected" and _is(doc.get("revision"), revision):
+        return ReplicaResult(url, "refused", _text(doc.get("reason")), _text(doc.get("detail")))
+    rev = doc.get("revision") if kind == "status" else None
+    if not isinstance(rev, dict):
+        return None
+    active = rev.get("active")
+    if _is(active, revision):
+        return ReplicaResult(url, "active")
+    rejection = rev.get("last_rejection")
+    if isinstance(rejection, dict) and _is(rejection.get("revision"), revision):
+        return ReplicaResult(url, "refused", _text(rejection.get("reason")),
+                             _text(rejection.get("detail")))
+    if isinstance(active, int) and not isinstance(active, bool) and active > revision:
+        return ReplicaResult(url, "superseded", None, f"revision {active} is active there")
+    return None
+
+
+def _is(value: Any, revision: int) -> bool:
+    """``value`` is the revision id ``revision`` (JSON ``true`` is not 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value == revision
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else " ".join(str(value).split())
+
+
+async def _nudge(base: str, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await client.post(f"{base.rstrip('/')}/v1/converge", headers=headers)
+    except httpx.HTTPError:
+        pass  # best effort: the stream decides
+
+
+async def _follow(base: str, revision: int, token: str | None) -> ReplicaResult:
+    """One connection: the verdict, or ConnectionClosed / HandshakeError / OSError."""
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
+    async with open_websocket_url(stream_url(base), extra_headers=headers,
+                                  max_message_size=16 * 1024 * 1024,
+                                  connect_timeout=10, disconnect_timeout=2) as ws, \
+            trio.open_nursery() as nursery:
+        nudged = False
+        while True:
+            message = await ws.get_message()
+            try:
+                doc = json.loads(message)
+            except ValueError:
+                continue
+            verdict = judge(doc, revision, base)
+            if verdict is not None:
+                nursery.cancel_scope.cancel()
+                return verdict
+            if not nudged:
+                nudged = True
+                nursery.start_soon(_nudge, base, token)
+
+
+def _handshake(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRejected):
+        return f"handshake refused ({exc.status_code})"
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, OSError):  # trio-websocket wraps a failed connect
+        return f"unreachable: {cause.strerror or cause}"
+    return f"no handshake: {exc or type(exc).__name__}"
+
+
+async def wait_for_revision(base: str, revision: int, token: str | None,
+                            timeout_s: float) -> ReplicaResult:
+    """Follow ``base``'s stream until ``revision`` is active, refused or superseded there."""
+    last = "no answer yet"
+    with trio.move_on_after(timeout_s):
+        while True:
+            failure: str | None = None
+            try:
+                return await _follow(base, revision, token)
+            except* HandshakeError as group:
+                failure = _handshake(group.exceptions[0])
+            except* ConnectionClosed as group:
+                failure = f"stream closed: {group.exceptions[0]}"
+            except* (OSError, trio.BrokenResourceError) as group:
+                exc = group.exceptions[0]
+                failure = f"unreachable: {exc}" if str(exc) else type(exc).__name__
+            last = failure or last
+            await trio.sleep(RETRY_S)
+    return ReplicaResult(base, "timeout", None,
+                         f"revision {revision} not active after {timeout_s:g} s ({last})")

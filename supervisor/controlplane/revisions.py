@@ -1,0 +1,201 @@
+"""The revision lifecycle's statements: history, one revision, rollback, prune (issue 15).
+
+Blocking functions that take a driver connection, one set per dialect; the
+stores run them through their usual ``_run`` (worker thread, deadline,
+interruption, error mapping), so they fail exactly like every other store call.
+Contracts, the same for both dialects:
+
+- :func:`history`: the newest ``limit`` revisions (all when None), newest first,
+  without bodies, and the desired revision id read in the same statement.
+- :func:`read_revision`: one revision by id, its body checked against its digest
+  (NOT_FOUND, TooLarge over ``max_revision_bytes``, CORRUPT); the schema version
+  is returned as stored, whatever this build reads: the caller decides.
+- :func:`rollback`: one statement points desired at ``revision`` if it still
+  exists with ``body_sha256`` (so a revision pruned or replaced meanwhile is
+  NOT_FOUND, never a dangling or different pointer). On PostgreSQL the trigger
+  sends the NOTIFY at commit, as for any publish.
+- :func:`prune`: one transaction deletes every revision older than the newest
+  ``keep``, never the desired one (the desired row is locked first, so a
+  concurrent rollback or publish waits rather than losing its revision).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from supervisor.controlplane.store import (
+    ControlPlaneError,
+    FailureCategory,
+    HydrateRow,
+    LoadedRevision,
+    check_hydrated,
+)
+
+__all__ = ["RevisionSummary", "pg", "sqlite"]
+
+
+@dataclass(frozen=True)
+class RevisionSummary:
+    """One row of ``history``: everything but the body."""
+
+    id: int
+    schema_version: int
+    size: int
+    body_sha256: bytes
+    created_at: datetime | None
+    message: str | None
+
+
+def _not_found(revision: int) -> ControlPlaneError:
+    return ControlPlaneError(
+        f"revision {revision} does not exist", category=FailureCategory.NOT_FOUND,
+        revision=revision,
+    )
+
+
+def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int,
+             parse_time: Any = None, as_bytes: Any = None) -> LoadedRevision:
+    if row is None:
+        raise _not_found(revision)
+    rid, schema_version, size, body, digest, created_at, message = row
+    if as_bytes is not None:
+        body, digest = as_bytes(body), as_bytes(digest)
+    if parse_time is not None:
+        created_at = parse_time(created_at)
+    return check_hydrated(
+        HydrateRow(revision, rid, schema_version, size, body, digest, created_at, message),
+        max_revision_bytes=max_bytes, max_schema_version=sys.maxsize,
+    )
+
+
+class pg:  # a namespace of PostgreSQL statements
+    Conn = psycopg.Connection[Any]
+
+    @staticmethod
+    def history(conn: Conn, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        with conn.cursor(binary=True) as cur:
+            rows = cur.execute(
+                "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
+                " r.id, r.schema_version, octet_length(r.body), r.body_sha256,"
+                " r.created_at, r.message"
+                " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT * FROM supervisor_revisions"
+                "   ORDER BY id DESC LIMIT %s) r ON true",
+                [limit],
+            ).fetchall()
+        desired = rows[0][0] if rows else None
+        return desired, [
+            RevisionSummary(int(rid), int(sv), int(size), bytes(digest), created, message)
+            for _, rid, sv, size, digest, created, message in rows if rid is not None
+        ]
+
+    @staticmethod
+    def read_revision(conn: Conn, revision: int, max_bytes: int) -> LoadedRevision:
+        with conn.cursor(binary=True) as cur:
+            row = cur.execute(
+                "SELECT id, schema_version, octet_length(body),"
+                " CASE WHEN octet_length(body) <= %s THEN body END,"
+                " body_sha256, created_at, message FROM supervisor_revisions WHERE id = %s",
+                [max_bytes, revision],
+            ).fetchone()
+        return _checked(row, revision, max_bytes)
+
+    @staticmethod
+    def rollback(conn: Conn, revision: int, body_sha256: bytes) -> None:
+        row = conn.execute(
+            "INSERT INTO supervisor_desired (singleton, revision_id)"
+            " SELECT true, id FROM supervisor_revisions WHERE id = %s AND body_sha256 = %b"
+            " ON CONFLICT (singleton) DO UPDATE"
+            " SET revision_id = EXCLUDED.revision_id, updated_at = now()"
+            " RETURNING revision_id",
+            [revision, body_sha256],
+        ).fetchone()
+        if row is None:
+            raise _not_found(revision)
+
+    @staticmethod
+    def prune(conn: Conn, keep: int) -> list[int]:
+        with conn.transaction():
+            row = conn.execute(
+                "SELECT revision_id FROM supervisor_desired WHERE singleton FOR UPDATE"
+            ).fetchone()
+            desired = None if row is None else int(row[0])
+            rows = conn.execute(
+                "DELETE FROM supervisor_revisions WHERE id NOT IN"
+                " (SELECT id FROM supervisor_revisions ORDER BY id DESC LIMIT %s)"
+                " AND id IS DISTINCT FROM %s RETURNING id",
+                [keep, desired],
+            ).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+
+class sqlite:  # a namespace of SQLite statements
+    SIZE = "CASE typeof(body) WHEN 'blob' THEN length(body) ELSE length(CAST(body AS BLOB)) END"
+
+    @staticmethod
+    def history(conn: sqlite3.Connection, limit: int | None,
+                as_bytes: Any, parse_time: Any) -> tuple[int | None, list[RevisionSummary]]:
+        conn.execute("BEGIN")  # one read transaction: the pointer and the list agree
+        try:
+            row = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
+                               ).fetchone()
+            rows = conn.execute(
+                f"SELECT id, schema_version, {sqlite.SIZE}, body_sha256, created_at, message"
+                " FROM supervisor_revisions ORDER BY id DESC LIMIT ?",
+                (-1 if limit is None else limit,),
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return (None if row is None else int(row[0])), [
+            RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
+                            parse_time(created), message)
+            for rid, sv, size, digest, created, message in rows
+        ]
+
+    @staticmethod
+    def read_revision(conn: sqlite3.Connection, revision: int, max_bytes: int,
+                      as_bytes: Any, parse_time: Any) -> LoadedRevision:
+        row = conn.execute(
+            f"SELECT id, schema_version, {sqlite.SIZE},"
+            f" CASE WHEN {sqlite.SIZE} <= ? THEN body END,"
+            " body_sha256, created_at, message FROM supervisor_revisions WHERE id = ?",
+            (max_bytes, revision),
+        ).fetchone()
+        return _checked(row, revision, max_bytes, parse_time=parse_time, as_bytes=as_bytes)
+
+    @staticmethod
+    def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes, now: str) -> None:
+        row = conn.execute(
+            "INSERT INTO supervisor_desired (singleton, revision_id)"
+            " SELECT TRUE, id FROM supervisor_revisions WHERE id = ? AND body_sha256 = ?"
+            " ON CONFLICT (singleton) DO UPDATE"
+            f" SET revision_id = excluded.revision_id, updated_at = {now}"
+            " RETURNING revision_id",
+            (revision, body_sha256),
+        ).fetchone()
+        if row is None:
+            raise _not_found(revision)
+
+    @staticmethod
+    def prune(conn: sqlite3.Connection, keep: int) -> list[int]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
+                               ).fetchone()
+            rows = conn.execute(
+                "DELETE FROM supervisor_revisions WHERE id NOT IN"
+                " (SELECT id FROM supervisor_revisions ORDER BY id DESC LIMIT ?)"
+                " AND id IS NOT ? RETURNING id",
+                (keep, None if row is None else row[0]),
+            ).fetchall()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return sorted(int(r[0]) for r in rows)

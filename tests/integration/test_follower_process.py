@@ -1,0 +1,253 @@
+"""Follower mode through real processes: an upstream, followers, and a follower of a follower.
+
+The upstream reads PostgreSQL and serves its active revision, signed with its
+cache key, on ``GET /v1/revision``. Followers poll it (every 0.3 s here),
+verify against their own ``[cache].trusted_keys``, compile, and serve it
+themselves; they forward the upstream's signed bytes, unchanged, to whoever
+follows them.
+
+One scenario, in phases: a publish reaches all; the upstream is killed (the
+followers keep serving, ready, reporting ``unavailable``) and a revision is
+published while it is down; it returns signing with a new key that two
+followers trust and one does not: those two (and the follower of a follower)
+converge, the third refuses it as ``denied`` and keeps serving the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from supervisor.sinks.lkg import generate_signing_key
+from tests.polling import poll_until
+from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
+
+POLL_S = 0.3
+
+
+@dataclass
+class Node:
+    name: str
+    config: Path
+    port: int
+    verify_key: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def make_node(root: Path, name: str, url: str, trusted: list[str], *, port: int | None = None,
+              key_name: str | None = None) -> Node:
+    """A replica's directory, key and configuration; ``trusted`` gets its own key added."""
+    directory = root / name
+    directory.mkdir(exist_ok=True)
+    key = root / f"{key_name or name}.key"
+    if key.exists():
+        verify = json.loads((root / f"{key_name or name}.pub").read_text())
+    else:
+        verify = generate_signing_key(str(key))
+        (root / f"{key_name or name}.pub").write_text(json.dumps(verify))
+    port = port or free_port()
+    extra = (f'[cache]\npath = "{directory}/cache/lkg.bin"\nsigning_key = "{key}"\n'
+             f"trusted_keys = {json.dumps([*trusted, verify])}\n")
+    config = write_config(directory, url, extra, port=port, poll_interval_s=POLL_S,
+                          backoff_initial_s=0.1, backoff_max_s=0.5)
+    return Node(name, config, port, verify)
+
+
+async def status_of(node: Node) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=node.url) as http:
+        return dict((await http.get("/status")).json())
+
+
+async def wait_active(node: Node, revision: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+
+    async def active() -> bool:
+        nonlocal report
+        try:
+            report = await status_of(node)
+        except httpx.HTTPError:
+            return False
+        return bool(report["revision"]["active"] == revision)
+
+    await poll_until(active)
+    return report
+
+
+async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_a_foreign_key(
+    tmp_path: Path, pg_url: str
+) -> None:
+    upstream = make_node(tmp_path, "upstream", pg_url, [])
+    new_upstream_key = make_node(tmp_path, "upstream-v2", pg_url, [upstream.verify_key],
+                                 port=upstream.port, key_name="upstream2")
+    trusting = [upstream.verify_key, new_upstream_key.verify_key]
+    f1 = make_node(tmp_path, "f1", upstream.url, trusting)
+    f2 = make_node(tmp_path, "f2", upstream.url, trusting)
+    f3 = make_node(tmp_path, "f3", upstream.url, [upstream.verify_key])  # not the new key
+    # The follower of a follower trusts the root's keys only, not f1's: f1 forwards
+    # the upstream's signed bytes unchanged, so a hub cannot forge a revision.
+    ff = make_node(tmp_path, "ff", f1.url, trusting)
+    followers = [f1, f2, f3, ff]
+
+    await acli("db", "migrate", "--config", str(upstream.config))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    with trio.fail_after(120):
+        async with AsyncExitStack() as stack:
+            up: Daemon = await stack.enter_async_context(run_daemon(upstream.config))
+            await up.wait_log("published", revision=1)
+            # A cold follower with no cache refuses to boot while its upstream cannot
+            # answer (exit 3, as on a database): the follower of a follower starts last.
+            for tier in ([f1, f2, f3], [ff]):
+                for node in tier:
+                    await stack.enter_async_context(run_daemon(node.config))
+                for node in tier:
+                    await wait_active(node, 1)
+            for node in followers:
+                report = await status_of(node)
+                want = f1.url if node is ff else upstream.url
+                assert report["revision"]["source"] == want
+                assert report["revision"]["upstream"] == want
+
+            # A publish reaches all, the follower of a follower included.
+            await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+            for node in followers:
+                await wait_active(node, 2)
+
+            # The upstream killed: every follower keeps serving, and says why it cannot converge.
+            up.signal(signal.SIGKILL)
+            await up.wait()
+            await acli("publish", "--config", str(upstream.config), str(EXAMPLE))  # 3, to PG
+
+            async def failing(node: Node) -> bool:
+                report = await status_of(node)
+                return bool(report["revision"]["consecutive_failures"] >= 2
+                            and report["revision"]["active"] == 2)
+
+            for node in (f1, f2, f3):
+                await poll_until(lambda node=node: failing(node))
+                async with httpx.AsyncClient(base_url=node.url) as http:
+                    assert (await http.get("/readyz")).status_code == 200
+                    assert (await http.get("/v1/snapshot")).json()["revision"] == 2
+
+            # It returns, signing with a key f3 does not trust.
+            await stack.enter_async_context(run_daemon(new_upstream_key.config))
+            for node in (f1, f2, ff):
+                await wait_active(node, 3)
+
+            async def refused() -> bool:
+                report = (await status_of(f3))["revision"]
+                rejection = report["last_rejection"] or {}
+                return bool(rejection.get("reason") == "denied")
+
+            await poll_until(refused)
+            report = await status_of(f3)
+            assert report["revision"]["active"] == 2
+            async with httpx.AsyncClient(base_url=f3.url) as http:
+                assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_the_upstream_stream_wakes_a_follower_and_polling_alone_converges(
+    tmp_path: Path
+) -> None:
+    """An hour's poll converges only through the stream hint; with the hint off, the poll does."""
+    upstream = make_node(tmp_path, "upstream", f"sqlite:///{tmp_path}/cp.db", [])
+    hinted = make_node(tmp_path, "hinted", upstream.url, [upstream.verify_key])
+    text = hinted.config.read_text().replace(f"poll_interval_s = {POLL_S}",
+                                             "poll_interval_s = 3600")
+    hinted.config.write_text(text)
+    polling = make_node(tmp_path, "polling", upstream.url, [upstream.verify_key])
+    text = polling.config.read_text().replace("[control_plane]\n",
+                                              "[control_plane]\nlisten = false\n")
+    polling.config.write_text(text)
+    await acli("db", "migrate", "--config", str(upstream.config))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(upstream.config) as up:
+            await up.wait_log("published", revision=1)
+            async with run_daemon(hinted.config) as hint, run_daemon(polling.config) as poll:
+                await hint.wait_log("following the upstream's stream for wake-ups")
+                await wait_active(polling, 1)
+                await wait_active(hinted, 1)
+                for revision in (2, 3):
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                    await hint.wait_log("published", revision=revision)
+                    await poll.wait_log("published", revision=revision)
+                assert not [line for line in poll.lines
+                            if "stream" in str(line.get("event"))]
+
+
+class TamperingProxy:
+    """A plain HTTP proxy to the upstream that flips the last body byte while ``tamper`` is set."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.tamper = False
+        self.tampered = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            data += chunk
+        request_line, *header_lines = data.split(b"\r\n\r\n")[0].decode().split("\r\n")
+        path = request_line.split(" ")[1]
+        headers = dict(line.split(":", 1) for line in header_lines)
+        forwarded = {k: v.strip() for k, v in headers.items()
+                     if k.lower() in ("if-none-match", "authorization")}
+        async with httpx.AsyncClient() as http:
+            response = await http.get(self.upstream + path, headers=forwarded)
+        body = bytearray(response.content)
+        if self.tamper and response.status_code == 200 and body:
+            body[-1] ^= 0x01
+            self.tampered += 1
+        head = (f"HTTP/1.1 {response.status_code} X\r\ncontent-length: {len(body)}\r\n"
+                f"etag: {response.headers.get('etag', '')}\r\nconnection: close\r\n\r\n")
+        await stream.send_all(head.encode() + bytes(body))
+        await stream.aclose()
+
+
+async def test_a_proxy_flipping_a_byte_is_refused_as_corrupt_and_the_follower_keeps_serving(
+    tmp_path: Path
+) -> None:
+    upstream = make_node(tmp_path, "upstream", f"sqlite:///{tmp_path}/cp.db", [])
+    proxy = TamperingProxy(upstream.url)
+    proxy_port = free_port()
+    follower = make_node(tmp_path, "follower", f"http://127.0.0.1:{proxy_port}",
+                         [upstream.verify_key])
+    text = follower.config.read_text().replace("[control_plane]\n",
+                                               "[control_plane]\nlisten = false\n")
+    follower.config.write_text(text)
+    await acli("db", "migrate", "--config", str(upstream.config))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(trio.serve_tcp, proxy.handle, proxy_port,
+                                        host="127.0.0.1"))
+            async with run_daemon(upstream.config) as up:
+                await up.wait_log("published", revision=1)
+                async with run_daemon(follower.config) as daemon:
+                    await wait_active(follower, 1)
+                    proxy.tamper = True
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                    line = await daemon.wait_log("revision refused; previous snapshot keeps "
+                                                 "serving", reason="corrupt")
+                    assert line["revision"] == 2
+                    report = await status_of(follower)
+                    assert report["revision"]["active"] == 1
+                    assert report["revision"]["last_rejection"]["reason"] == "corrupt"
+                    proxy.tamper = False
+                    await wait_active(follower, 2)
+            nursery.cancel_scope.cancel()
+    assert proxy.tampered >= 1

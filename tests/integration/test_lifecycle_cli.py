@@ -1,0 +1,257 @@
+"""The revision lifecycle through the console script, on PostgreSQL and on SQLite.
+
+history, show, diff, rollback, db prune, publish --dry-run and --resolve-secrets:
+their tables, their --json documents and their error exits. What the daemon
+makes of a rollback or a --wait is in ``test_lifecycle_process.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+import trio
+
+from supervisor.revision.compile import compile_revision
+from supervisor.revision.document import load_document_file
+from supervisor.revision.errors import RevisionError
+from supervisor.revision.secrets import EnvFileResolver
+from tests.proc import EXAMPLE, REPO, write_config
+
+SCRIPT = str(Path(sys.executable).parent / "trio-supervisor")
+UNSET = "TRIO_SUP_LIFECYCLE_UNSET"
+
+
+async def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed console script, not ``python -m``: what operators type."""
+    full_env = {**os.environ, **(env or {})}
+    return await trio.to_thread.run_sync(lambda: subprocess.run(
+        [SCRIPT, *args], capture_output=True, text=True, check=False, cwd=str(REPO),
+        env=full_env, timeout=60,
+    ))
+
+
+async def run_all(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Independent read-only commands at once (each is a process start on a busy machine)."""
+    results: list[subprocess.CompletedProcess[str] | None] = [None] * len(commands)
+
+    async def one(i: int) -> None:
+        results[i] = await run(*commands[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(commands)):
+            nursery.start_soon(one, i)
+    return [r for r in results if r is not None]
+
+
+def out(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout
+
+
+def err(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stderr
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("pg_url" if request.param == "postgresql"
+                                       else "sqlite_url"))
+
+
+def _raw_insert(url: str, schema_version: int, body: bytes) -> None:
+    """A revision stored by plain SQL (CONTRACT 4), as another tool might."""
+    params = (schema_version, body, hashlib.sha256(body).digest())
+    statement = ("INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                 " VALUES (%s, %s, %s)")
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            conn.execute(statement.replace("%s", "?"), params)
+    else:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(statement, params)
+
+
+def _second(tmp_path: Path) -> Path:
+    second = tmp_path / "second.toml"
+    second.write_text(
+        EXAMPLE.read_text().replace("timeout_s = 5", "timeout_s = 10")
+        + '\n[aliases.search]\nupstream = "https://search.internal/v1"\n'
+        + f'\n[keys.team-b]\nsecret = "env:{UNSET}"\naliases = ["search"]\n'
+    )
+    return second
+
+
+async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, url))
+    if url.startswith("postgresql"):
+        assert (await run("db", "migrate", "--config", config)).returncode == 0
+    first = await run("publish", "--config", config, str(EXAMPLE), "--message", "first")
+    assert out(first).splitlines()[-1] == "1"
+    second = await run("publish", "--config", config, str(_second(tmp_path)),
+                       "--message", "add search")
+    assert second.returncode == 0 and out(second).splitlines()[-1] == "2"
+
+    history, limited, shown, shown_one, diff, backwards = await run_all(
+        ("history", "--config", config),
+        ("history", "--config", config, "--json", "--limit", "1"),
+        ("show", "2", "--config", config),
+        ("show", "1", "--config", config, "--json"),
+        ("diff", "1", "--config", config),
+        ("diff", "2", "1", "--config", config, "--json"),
+    )
+    assert history.returncode == 0
+    lines = out(history).splitlines()
+    assert lines[0].split() == ["ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"]
+    assert lines[1].startswith("*") and lines[1].split()[1] == "2"
+    assert lines[1].endswith("add search") and lines[2].split()[0] == "1"
+    assert lines[-1] == "* desired: revision 2"
+    doc = json.loads(out(limited))
+    assert doc["desired"] == 2 and [r["id"] for r in doc["revisions"]] == [2]
+    row = doc["revisions"][0]
+    _, body = load_document_file(_second(tmp_path))
+    assert row["body_sha256"] == hashlib.sha256(body).hexdigest()[:12]
+    assert row["size"] == len(body) and row["desired"] is True and row["schema_version"] == 1
+    assert row["created_at"].endswith("Z") and row["message"] == "add search"
+
+    assert shown.returncode == 0
+    text = out(shown)
+    assert "# revision 2 (desired)" in text and "# message: add search" in text
+    assert f'secret = "env:{UNSET}"' in text  # the reference, never resolved
+    # What show prints is a document publish accepts, and it is the same document.
+    copy = tmp_path / "copy.toml"
+    copy.write_text(text)
+    assert load_document_file(copy) == load_document_file(_second(tmp_path))
+    shown_json = json.loads(out(shown_one))
+    assert shown_json["desired"] is False and shown_json["message"] == "first"
+    assert shown_json["document"]["keys"]["example"]["secret"] == "file:conf/example.key"
+
+    assert diff.returncode == 0
+    assert out(diff).splitlines() == [
+        "revision 1 -> revision 2: 3 change(s)",
+        "  ~ $.aliases.embeddings.timeout_s: 5.0 -> 10.0",
+        '  + $.aliases.search: {"upstream": "https://search.internal/v1", "timeout_s": 30.0, '
+        '"retries": 2}',
+        f'  + $.keys.team-b: {{"secret": "env:{UNSET}", "aliases": ["search"]}}',
+    ]
+    diff_json = json.loads(out(backwards))
+    assert diff_json["from"] == 2 and diff_json["to"] == 1
+    assert {c["op"] for c in diff_json["changes"]} == {"changed", "removed"}
+
+    rolled = await run("rollback", "1", "--config", config, "--message", "search broke")
+    assert rolled.returncode == 0, err(rolled)
+    assert out(rolled).splitlines() == ["desired revision 2 -> 1: search broke", "1"]
+    assert json.loads(out(await run("history", "--config", config, "--json")))["desired"] == 1
+
+    for i in range(3):
+        await run("publish", "--config", config, str(EXAMPLE), "--message", f"again {i}")
+    await run("rollback", "2", "--config", config)
+    pruned = await run("db", "prune", "--keep", "2", "--config", config)
+    assert pruned.returncode == 0
+    assert out(pruned).splitlines() == ["deleted 2 revision(s): 1, 3",
+                                        "kept the newest 2 and the desired one (2)"]
+    again = json.loads(out(await run("db", "prune", "--keep", "2", "--config", config,
+                                     "--json")))
+    assert again == {"deleted": [], "keep": 2, "desired": 2}
+    left = json.loads(out(await run("history", "--config", config, "--json")))
+    assert [r["id"] for r in left["revisions"]] == [5, 4, 2]
+
+
+async def test_error_exits(url: str, tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, url))
+    await run("db", "migrate", "--config", config)
+    await run("publish", "--config", config, str(EXAMPLE))
+    missing = (("show", "9"), ("rollback", "9"), ("diff", "9"), ("diff", "1", "9"))
+    for command, result in zip(missing, await run_all(*((*c, "--config", config)
+                                                        for c in missing)), strict=True):
+        assert result.returncode == 1, command
+        assert "revision 9 does not exist" in err(result)
+    # Unreadable: a newer schema, a body that does not validate, one the daemon would refuse.
+    _raw_insert(url, 2, b'{"schema_version": 2, "routes": {}}')
+    _raw_insert(url, 1, b'{"schema_version": 1, "aliases": {"a": {"upstream": "gopher://x"}}}')
+    _raw_insert(url, 1, b'{"schema_version": 1, "keys": {"k": {"secret": "env:X",'
+                        b' "aliases": ["nope"]}}}')
+    unreadable = (("2", "incompatible", "schema_version 2"),
+                  ("3", "validation", "$.aliases.a.upstream"),
+                  ("4", "projection", "$.keys.k"))
+    results = await run_all(*(("rollback", rev, "--config", config) for rev, _, _ in unreadable),
+                            ("diff", "1", "2", "--config", config),
+                            ("show", "2", "--config", config),
+                            ("history", "--config", config, "--json"))
+    for (rev, reason, where), result in zip(unreadable, results, strict=False):
+        assert result.returncode == 2, (rev, err(result))
+        assert f"({reason})" in err(result) and where in err(result)
+        assert "desired was not changed" in err(result)
+    diff, shown, history = results[3:]
+    assert diff.returncode == 2 and "(incompatible)" in err(diff)
+    # show prints what this build cannot read as stored, saying why.
+    assert shown.returncode == 0 and "cannot read it (incompatible)" in out(shown)
+    assert '"routes": {}' in out(shown)
+    assert json.loads(out(history))["desired"] == 1
+    bad_usage = (("show", "0"), ("show", "x"), ("db", "prune"), ("db", "prune", "--keep", "-1"),
+                 ("history", "--limit", "x"), ("db", "migrate", "--keep", "3"))
+    for command, result in zip(bad_usage, await run_all(*((*c, "--config", config)
+                                                          for c in bad_usage)), strict=True):
+        assert result.returncode == 2, command
+
+
+async def test_dry_run_refuses_as_the_daemon_would(url: str, tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, url))
+    await run("db", "migrate", "--config", config)
+    await run("publish", "--config", config, str(EXAMPLE))
+    second = _second(tmp_path)
+    dry = ("publish", "--config", config, str(second), "--dry-run")
+    refused, as_json = await run_all(dry, (*dry, "--json"))
+    assert refused.returncode == 2
+    last = err(refused).strip().splitlines()[-1]
+    # The daemon's own verdict on this body in this environment, by the same code path.
+    _, body = load_document_file(second)
+    with pytest.raises(RevisionError) as daemon:
+        compile_revision(body, revision=2, generation=1, resolver=EnvFileResolver())
+    assert last.startswith(f"refused: {daemon.value.reason}: ")
+    assert daemon.value.detail in last and "$.keys.team-b.secret" in last
+    assert json.loads(out(as_json)) == {"ok": False, "reason": "secret",
+                                        "detail": daemon.value.detail}
+
+    ok = await run("publish", "--config", config, str(second), "--dry-run",
+                   env={UNSET: "team-b-secret"})
+    assert ok.returncode == 0, err(ok)
+    assert out(ok).splitlines()[1] == "changes against desired revision 1 (3):"
+    assert "team-b-secret" not in out(ok)
+    changes = json.loads(out(await run("publish", "--config", config, str(second),
+                                       "--dry-run", "--json", env={UNSET: "v"})))
+    assert changes["ok"] is True and changes["desired"] == 1 and len(changes["changes"]) == 3
+    # Nothing was stored by any of it.
+    assert json.loads(out(await run("history", "--config", config, "--json")))["desired"] == 1
+    assert len(json.loads(out(await run("history", "--config", config,
+                                        "--json")))["revisions"]) == 1
+
+    invalid = tmp_path / "invalid.toml"
+    invalid.write_text('schema_version = 1\n[aliases.a]\nupstream = "gopher://a"\n')
+    result = await run("publish", "--config", config, str(invalid), "--dry-run")
+    assert result.returncode == 2
+    assert err(result).strip().splitlines()[-1].startswith("refused: validation: ")
+    assert "$.aliases.a.upstream" in err(result)
+
+
+async def test_resolve_secrets_refuses_what_no_replica_could_serve(
+    url: str, tmp_path: Path
+) -> None:
+    config = str(write_config(tmp_path, url))
+    await run("db", "migrate", "--config", config)
+    second = str(_second(tmp_path))
+    refused = await run("publish", "--config", config, second, "--resolve-secrets")
+    assert refused.returncode == 2
+    assert f"refused: secret: {second}: $.keys.team-b.secret: environment variable {UNSET} " \
+           "is not set; nothing was stored" == err(refused).strip().splitlines()[-1]
+    # Without the switch, the same file is stored: secrets may live only on the replicas.
+    assert (await run("publish", "--config", config, second)).returncode == 0
+    stored = await run("publish", "--config", config, second, "--resolve-secrets",
+                       env={UNSET: "here"})
+    assert stored.returncode == 0 and out(stored).splitlines()[-1] == "2"

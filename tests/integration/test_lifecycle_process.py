@@ -1,0 +1,135 @@
+"""The lifecycle commands against the real daemon: publish --wait, and rollback then a cold boot."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.integration.test_cache_process import cache_config, keys
+from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
+from tests.tcpproxy import proxied_url as proxied
+from tests.tcpproxy import tcp_proxy
+
+TOKEN = "lifecycle-token-0123456789"
+UNSET = "TRIO_SUP_WAIT_UNSET_SECRET"
+
+
+def _variant(tmp_path: Path, name: str, secret: str = "file:conf/example.key",
+             timeout_s: int = 7) -> Path:
+    path = tmp_path / name
+    path.write_text(
+        f'schema_version = 1\n[aliases.chat]\nupstream = "https://llm.internal/v1"\n'
+        f"timeout_s = {timeout_s}\n"
+        f'[keys.k]\nsecret = "{secret}"\naliases = ["chat"]\n'
+    )
+    return path
+
+
+async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path: Path) -> None:
+    token = tmp_path / "admin.token"
+    token.write_text(TOKEN)
+    os.chmod(token, 0o600)
+    url = f"sqlite:///{tmp_path}/cp.db"
+    ports = [free_port(), free_port()]
+    configs = []
+    for i, port in enumerate(ports):
+        home = tmp_path / f"replica{i}"
+        home.mkdir()
+        # Polling once an hour: only the stream plus the converge request can be this fast.
+        configs.append(write_config(home, url, f'token_file = "{token}"', port=port,
+                                    poll_interval_s=3600))
+    await acli("publish", "--config", str(configs[0]), str(EXAMPLE))
+
+    def wait(timeout_s: int = 20) -> tuple[str, ...]:
+        return ("--wait", "--token-file", str(token), "--timeout", str(timeout_s),
+                "--url", f"http://127.0.0.1:{ports[0]}", "--url", f"http://127.0.0.1:{ports[1]}")
+
+    with trio.fail_after(120):
+        async with run_daemon(configs[0]) as first, run_daemon(configs[1]) as second:
+            await first.wait_log("ready")
+            await second.wait_log("ready")
+
+            good = await acli("publish", "--config", str(configs[0]),
+                              str(_variant(tmp_path, "good.toml")), *wait(), check=False)
+            assert good.returncode == 0, good.stdout + good.stderr
+            lines = good.stdout.splitlines()
+            assert lines[-1] == "2"
+            assert f"http://127.0.0.1:{ports[0]}: revision 2 active" in lines
+            assert f"http://127.0.0.1:{ports[1]}: revision 2 active" in lines
+            await first.wait_log("published", revision=2)
+            await second.wait_log("published", revision=2)
+            urls = ("--url", f"http://127.0.0.1:{ports[0]}", "--url", f"http://127.0.0.1:{ports[1]}")
+            fleet = await acli("status", *urls, "--token-file", str(token))
+            rows = fleet.stdout.splitlines()
+            assert rows[0].split() == ["REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP", "UP",
+                                       "FAILURES", "STATE"]
+            assert [r.split()[:4] for r in rows[1:]] == [
+                [f"http://127.0.0.1:{p}", "2", "2", "control_plane"] for p in ports]
+
+            bad = await acli("publish", "--config", str(configs[0]),
+                             str(_variant(tmp_path, "bad.toml", secret=f"env:{UNSET}")), *wait(),
+                             check=False)
+            assert bad.returncode == 5, bad.stdout + bad.stderr
+            last = bad.stdout.splitlines()[-1]
+            assert last == (f"refused: secret: $.keys.k.secret: environment variable {UNSET} "
+                            "is not set")
+            assert "revision 3 refused (secret)" in bad.stdout
+
+            second.signal(signal.SIGTERM)
+            assert await second.wait() == 0
+            started = trio.current_time()
+            late = await acli("publish", "--config", str(configs[0]),
+                              str(_variant(tmp_path, "late.toml", timeout_s=9)),
+                              *wait(3), check=False)
+            assert late.returncode == 1, late.stdout + late.stderr
+            assert trio.current_time() - started >= 3.0
+            assert f"http://127.0.0.1:{ports[0]}: revision 4 active" in late.stdout
+            assert f"http://127.0.0.1:{ports[1]}: timeout: revision 4 not active after 3 s" \
+                in late.stdout
+            assert "unreachable" in late.stdout
+            fleet = await acli("status", *urls, "--token-file", str(token), check=False)
+            assert fleet.returncode == 1
+            assert fleet.stdout.splitlines()[1].split()[:3] == [
+                f"http://127.0.0.1:{ports[0]}", "4", "4"]
+            assert "unreachable" in fleet.stdout.splitlines()[2]
+
+
+async def test_rollback_then_cold_boot_serves_the_rolled_back_revision_from_cache(
+    tmp_path: Path, pg_url: str,
+) -> None:
+    key, verify = keys(tmp_path)
+    port, admin_port = free_port(), free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
+    # An hour between polls: the rollback reaches the daemon by its NOTIFY, as a publish does.
+    config.write_text(config.read_text().replace("poll_interval_s = 1.0",
+                                                 "poll_interval_s = 3600"))
+    async with tcp_proxy(port) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(_variant(tmp_path, "two.toml")))
+        with trio.fail_after(60):
+            async with run_daemon(config) as daemon:
+                await daemon.wait_log("published", revision=2)
+                await daemon.wait_log("listening for desired-state notifications")
+                rolled = await acli("rollback", "1", "--config", str(config),
+                                    "--message", "two broke")
+                assert rolled.stdout.splitlines()[-1] == "1"
+                await daemon.wait_log("published", revision=1)
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+        assert (tmp_path / "cache" / "lkg.bin.served").read_text().strip() == "1"
+        proxy.stop()
+        with trio.fail_after(60):
+            async with run_daemon(config) as daemon:
+                line = await daemon.wait_log("serving the last-known-good cache")
+                assert line["revision"] == 1 and line["cause"] == "unavailable"
+                async with httpx.AsyncClient(trust_env=False) as client:
+                    status = (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()
+                assert status["revision"]["source"] == "last_known_good"
+                assert status["revision"]["active"] == 1
+                assert not [x for x in daemon.lines if "rollback" in str(x.get("reason"))
+                            or x.get("event") == "refused to boot"]

@@ -1,0 +1,117 @@
+"""The revision lifecycle's store calls on both control planes: history, read, rollback, prune."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+import trio
+
+from supervisor.controlplane.store import ControlPlaneError, ControlPlaneStore, FailureCategory
+from tests.stores import doc, make_store
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("pg_url" if request.param == "postgresql"
+                                       else "sqlite_url"))
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[ControlPlaneStore]:
+    s = make_store(url, max_revision_bytes=4096)
+    await s.migrate()
+    try:
+        yield s
+    finally:
+        await s.aclose()
+
+
+def _sql(url: str, statement: str, params: tuple[object, ...] = ()) -> None:
+    if url.startswith("sqlite"):
+        path = url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as conn:
+            conn.execute(statement.replace("%s", "?"), params)
+    else:
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute(statement, params)  # type: ignore[arg-type]
+
+
+async def test_history_newest_first_with_the_desired_one(store: ControlPlaneStore) -> None:
+    with trio.fail_after(30):
+        assert await store.history(None) == (None, [])
+        ids = [await store.publish(doc(n=i), 1, f"m{i}") for i in range(4)]
+        desired, rows = await store.history(None)
+        assert desired == ids[-1]
+        assert [r.id for r in rows] == ids[::-1]
+        assert rows[0].message == "m3" and rows[0].schema_version == 1
+        assert rows[0].size == len(doc(n=3))
+        assert rows[0].body_sha256 == hashlib.sha256(doc(n=3)).digest()
+        assert rows[0].created_at is not None
+        desired, rows = await store.history(2)
+        assert [r.id for r in rows] == ids[:1:-1] and desired == ids[-1]
+
+
+async def test_read_a_revision_and_its_refusals(store: ControlPlaneStore, url: str) -> None:
+    with trio.fail_after(30):
+        first = await store.publish(doc(n=1), 1, "one")
+        got = await store.revision(first)
+        assert got.body == doc(n=1) and got.message == "one" and got.id == first
+        with pytest.raises(ControlPlaneError) as missing:
+            await store.revision(999)
+        assert missing.value.category is FailureCategory.NOT_FOUND
+        assert missing.value.revision == 999
+        # Stored by plain SQL: a newer schema is returned as stored; a bad digest is corrupt.
+        body = doc(n=2)
+        _sql(url, "INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                  " VALUES (%s, %s, %s)", (7, body, hashlib.sha256(body).digest()))
+        _sql(url, "INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                  " VALUES (%s, %s, %s)", (1, body, hashlib.sha256(b"other").digest()))
+        assert (await store.revision(first + 1)).schema_version == 7
+        with pytest.raises(ControlPlaneError) as corrupt:
+            await store.revision(first + 2)
+        assert corrupt.value.category is FailureCategory.CORRUPT
+        big = await store.publish(b'{"schema_version": 1, "pad": "' + b"x" * 4000 + b'"}',
+                                  1, None)
+        assert (await store.revision(big)).id == big
+        await store.aclose()
+        small = make_store(url, max_revision_bytes=1024)
+        try:
+            with pytest.raises(ControlPlaneError) as too_big:
+                await small.revision(big)
+            assert too_big.value.reason == "denied"
+        finally:
+            await small.aclose()
+
+
+async def test_rollback_repoints_desired_only_at_the_same_revision(
+    store: ControlPlaneStore,
+) -> None:
+    with trio.fail_after(30):
+        one = await store.publish(doc(n=1), 1, None)
+        two = await store.publish(doc(n=2), 1, None)
+        await store.rollback(one, hashlib.sha256(doc(n=1)).digest())
+        assert await store.desired() == one
+        for rev, digest in ((999, hashlib.sha256(doc(n=1)).digest()),
+                            (two, hashlib.sha256(doc(n=1)).digest())):
+            with pytest.raises(ControlPlaneError) as refused:
+                await store.rollback(rev, digest)
+            assert refused.value.category is FailureCategory.NOT_FOUND
+        assert await store.desired() == one  # a refused rollback changes nothing
+
+
+async def test_prune_keeps_the_newest_and_the_desired(store: ControlPlaneStore) -> None:
+    with trio.fail_after(30):
+        assert await store.prune(3) == []
+        ids = [await store.publish(doc(n=i), 1, None) for i in range(6)]
+        await store.rollback(ids[0], hashlib.sha256(doc(n=0)).digest())
+        assert await store.prune(2) == ids[1:4]
+        _, rows = await store.history(None)
+        assert [r.id for r in rows] == [ids[5], ids[4], ids[0]]
+        assert await store.prune(2) == []  # harmless to repeat
+        assert await store.prune(0) == [ids[4], ids[5]]
+        assert (await store.history(None))[1][0].id == ids[0]
+        assert (await store.hydrate()) is not None

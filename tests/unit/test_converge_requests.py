@@ -1,0 +1,182 @@
+"""Converge-and-wait over the change signal: requests coalesce, every waiter gets its attempt.
+
+The loop runs against the fake store of ``test_reconciler`` in virtual time; a
+slow store makes "during one attempt" a span of virtual time that requests can
+arrive in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import trio
+import trio.testing
+
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.convergence.reconciler import Reconciler
+from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer
+from tests.unit.test_reconciler import FakeStore, doc, make
+
+
+@dataclass
+class SlowStore(FakeStore):
+    """Every read sees the store as it starts, then takes ``delay_s`` of (virtual) time."""
+
+    delay_s: float = 1.0
+    in_flight: int = 0
+
+    async def observe(self) -> RevisionPointer | None:
+        self.in_flight += 1
+        try:
+            pointer = await super().observe()
+            await trio.sleep(self.delay_s)
+            return pointer
+        finally:
+            self.in_flight -= 1
+
+    async def hydrate(self) -> LoadedRevision | None:
+        loaded = await super().hydrate()
+        await trio.sleep(self.delay_s)
+        return loaded
+
+
+async def _started(rec: Reconciler, nursery: trio.Nursery) -> None:
+    await nursery.start(rec.run)
+
+
+async def _until(predicate: object) -> None:
+    assert callable(predicate)
+    while not predicate():
+        await trio.sleep(0.001)
+
+
+async def test_the_answer_is_the_attempt_that_ran_after_the_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    async with trio.open_nursery() as nursery:
+        await _started(rec, nursery)
+        assert await rec.signal.converge(10) == ConvergeAnswer("converged", 1)
+        store.put(doc("a", "b"))
+        assert await rec.signal.converge(10) == ConvergeAnswer("published", 2)
+        assert rec.state.snapshot is not None and rec.state.snapshot.revision == 2
+        store.put(doc("a", keys={"k": ["nope"]}))  # projection: only a new body fixes it
+        assert await rec.signal.converge(10) == ConvergeAnswer("rejected", 3, "projection")
+        # Asked again, the memo answers without hydrating: still a rejection, still named.
+        assert await rec.signal.converge(10) == ConvergeAnswer("rejected", 3, "projection")
+        store.outage = True
+        assert await rec.signal.converge(10) == ConvergeAnswer("failed", None, "unavailable")
+        nursery.cancel_scope.cancel()
+
+
+async def test_ten_requests_during_one_attempt_share_the_next_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = SlowStore(delay_s=1.0)
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    answers: list[ConvergeAnswer | None] = []
+
+    async def ask() -> None:
+        answers.append(await rec.signal.converge(60))
+
+    async with trio.open_nursery() as nursery:
+        await _started(rec, nursery)
+        # The loop's first attempt after the bootstrap is reading (for a second).
+        await _until(lambda: store.in_flight == 1)
+        attempts_before = rec.attempts
+        # Published while the running attempt is already reading: only an
+        # attempt that starts after the requests can see it.
+        store.put(doc("a", "b"))
+        async with trio.open_nursery() as askers:
+            for _ in range(10):
+                askers.start_soon(ask)
+        nursery.cancel_scope.cancel()
+    assert answers == [ConvergeAnswer("published", 2)] * 10
+    # The attempt in flight, then exactly one more for all ten.
+    assert rec.attempts == attempts_before + 1
+    assert rec.signal.requests == 10
+
+
+async def test_a_waiter_that_gives_up_does_not_disturb_the_loop(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = SlowStore(delay_s=5.0)
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    async with trio.open_nursery() as nursery:
+        await _started(rec, nursery)
+        abandoned = rec.signal.request()
+        with trio.move_on_after(0.5):  # the caller's deadline: shorter than the attempt
+            await abandoned.done.wait()
+        assert abandoned.answer is None
+        # The loop still runs that attempt, answers into the void, and serves the next caller.
+        store.put(doc("a", "b"))
+        assert await rec.signal.converge(60) == ConvergeAnswer("published", 2)
+        assert abandoned.done.is_set() and abandoned.answer is not None
+        assert await rec.signal.converge(60) == ConvergeAnswer("converged", 2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_attempt_that_crashes_still_answers_its_waiters(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    @dataclass
+    class Breaks(FakeStore):
+        broken: bool = False
+
+        async def observe(self) -> RevisionPointer | None:
+            if self.broken:
+                raise RuntimeError("a bug in the store")
+            return await super().observe()
+
+    store = Breaks()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    request = None
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            await _started(rec, nursery)
+            await _until(lambda: rec.attempts == 1)
+            store.broken = True
+            request = rec.signal.request()
+    assert caught.group_contains(RuntimeError)
+    assert request is not None and request.done.is_set()
+    assert request.answer == ConvergeAnswer("failed")
+    # A request made while nothing consumes it stays queued for the restarted loop.
+    queued = rec.signal.request()
+    store.broken = False
+    successor = make(store, poll_interval_s=3600.0, signal=rec.signal, state=rec.state)
+    async with trio.open_nursery() as nursery:
+        await _started(successor, nursery)
+        await queued.done.wait()
+        nursery.cancel_scope.cancel()
+    assert queued.answer == ConvergeAnswer("converged", 1)
+
+
+async def test_notify_bursts_still_coalesce_next_to_requests(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    signal = ChangeSignal()
+    for _ in range(50):
+        signal.notify("sighup")
+    request = signal.request()
+    signal.notify("notify")  # coalesced into the pending sighup
+    wakeup = await signal.next_wakeup()
+    assert wakeup.trigger == "sighup" and wakeup.requests == [request]
+    assert signal.sent == 1 and signal.coalesced == 50
+    signal.notify("notify")  # nothing pending any more: sent
+    assert (await signal.next_wakeup()).trigger == "notify"
+    # A request first, SIGHUP second: the attempt still runs as SIGHUP's.
+    first = signal.request()
+    signal.notify("sighup")
+    wakeup = await signal.next_wakeup()
+    assert wakeup.trigger == "sighup" and wakeup.requests == [first]
+    assert signal.pending() is None
+    # An observer taking a request through wait() answers it rather than losing it.
+    late = signal.request()
+    assert await signal.wait() == "request"
+    assert late.answer == ConvergeAnswer("failed")
