@@ -80,6 +80,7 @@ class _Tests:
         self.selected = None if selected is None else set(selected)
         self.durations: dict[str, float] = {}
         self._started = 0.0
+        self.tracer: Any = None
 
     def pytest_collection_modifyitems(self, config: Any, items: list[Any]) -> None:
         if self.selected is not None:
@@ -90,6 +91,10 @@ class _Tests:
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
         self.current = nodeid
         self._started = time.monotonic()
+        if self.tracer is not None:
+            # CPython drops a tracer that raised (a RecursionError from a test
+            # of deep nesting does): arm it again for every test.
+            sys.settrace(self.tracer)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
         self.current = ""
@@ -122,6 +127,7 @@ def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | N
         return tracer
 
     if trace_files:
+        tests.tracer = tracer
         threading.settrace(tracer)
         sys.settrace(tracer)
     import pytest

@@ -60,6 +60,8 @@ def test_an_emfile_reading_a_secret_file_is_unavailable_end_to_end(
     with pytest.raises(RevisionError) as info:
         compile_revision(doc, revision=1, generation=1, resolver=EnvFileResolver({}))
     assert info.value.reason == reasons.UNAVAILABLE
+    assert info.value.detail == (
+        f"$.keys.k.secret: secret file {secret}: Too many open files (transient; retried)")
 
 
 # -- bracketed hosts ------------------------------------------------------------------------
@@ -139,7 +141,7 @@ def test_kinds_are_named_in_refusals(obj: object, detail: str) -> None:
 
 def test_a_toml_integer_past_the_digit_limit_is_named_with_its_line(tmp_path: Path) -> None:
     path = tmp_path / "rev.toml"
-    path.write_text("schema_version = 1\n\nx = " + "1" * 5000 + "\n")
+    path.write_text("\nschema_version = 1\nx = " + "1" * 5000 + "\n")  # a blank first line
     with pytest.raises(RevisionError) as info:
         load_document_file(path)
     assert info.value.reason == reasons.CORRUPT
