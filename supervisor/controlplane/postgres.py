@@ -49,6 +49,7 @@ from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
+    OBSERVE_SQL,
     ControlPlaneError,
     FailureCategory,
     HydrateRow,
@@ -58,6 +59,7 @@ from supervisor.controlplane.store import (
     check_hydrated,
     check_publishable,
     malformed,
+    pointer_from_row,
     unavailable_timeout,
 )
 from supervisor.dsn import redact, scrub
@@ -304,20 +306,8 @@ class PostgresStore:
     async def observe(self) -> RevisionPointer | None:
         def read(conn: Conn) -> RevisionPointer | None:
             with conn.cursor(binary=True) as cur:
-                row = cur.execute(
-                    "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
-                    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                    " WHERE d.singleton"
-                ).fetchone()
-            if row is None:
-                return None
-            revision, digest = row
-            if not isinstance(revision, int) or revision < 1:
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
-                                "(ids are >= 1)")
-            return RevisionPointer(
-                revision, None if digest is None else bytes(digest), self._identity
-            )
+                row = cur.execute(OBSERVE_SQL).fetchone()
+            return pointer_from_row(row, self._identity)
 
         return await self._run("read", read)
 

@@ -46,6 +46,7 @@ from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.store import (
     INTERRUPT_GRACE_S,
     MIGRATE_HINT,
+    OBSERVE_SQL,
     ControlPlaneError,
     FailureCategory,
     HydrateRow,
@@ -55,6 +56,7 @@ from supervisor.controlplane.store import (
     check_hydrated,
     check_publishable,
     malformed,
+    pointer_from_row,
     unavailable_timeout,
 )
 from supervisor.logs import get_logger
@@ -249,18 +251,7 @@ class SQLiteStore:
 
     async def observe(self) -> RevisionPointer | None:
         def read(conn: sqlite3.Connection) -> RevisionPointer | None:
-            row = conn.execute(
-                "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
-                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                " WHERE d.singleton"
-            ).fetchone()
-            if row is None:
-                return None
-            revision, digest = row
-            if not isinstance(revision, int) or revision < 1:
-                raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
-                                "(ids are >= 1)")
-            return RevisionPointer(revision, _as_bytes(digest), self.identity)
+            return pointer_from_row(conn.execute(OBSERVE_SQL).fetchone(), self.identity)
 
         return await self._run("read", read)
 

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from supervisor.controlplane.revisions import RevisionSummary
 
 __all__ = [
+    "OBSERVE_SQL",
     "ControlPlaneError",
     "ControlPlaneStore",
     "FailureCategory",
@@ -82,6 +83,7 @@ __all__ = [
     "TooLarge",
     "malformed",
     "open_store",
+    "pointer_from_row",
 ]
 
 log = get_logger("controlplane")
@@ -423,6 +425,31 @@ class HydrateRow:
     body_sha256: bytes | None
     created_at: datetime | None
     message: str | None
+
+
+#: The observe read, identical on both stores: the pointer and its body's digest.
+OBSERVE_SQL = (
+    "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
+    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+    " WHERE d.singleton"
+)
+
+
+def pointer_from_row(
+    row: tuple[object, object] | None, identity: str | None
+) -> RevisionPointer | None:
+    """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer."""
+    if row is None:
+        return None
+    revision, digest = row
+    if not isinstance(revision, int) or revision < 1:
+        raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                        "(ids are >= 1)")
+    if isinstance(digest, str):  # a plain-SQL publisher on SQLite may store TEXT
+        digest = digest.encode("utf-8")
+    if digest is not None and not isinstance(digest, bytes | bytearray | memoryview):
+        raise TypeError(f"body_sha256 holds {type(digest).__name__}, not bytes")
+    return RevisionPointer(revision, None if digest is None else bytes(digest), identity)
 
 
 def malformed(exc: Exception, *, what: str) -> ControlPlaneError:

@@ -25,6 +25,7 @@ from tests.floods import (
     until_closed,
     websocket_request,
 )
+from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, cli, free_port, run_daemon, write_config
 
 IDLE_DEADLINE_S = 5.0  # supervisor.admin.server.IDLE_DEADLINE_S
@@ -149,12 +150,13 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
                     for _ in range(FLOOD):
                         await connected.acquire()  # every connection is open
                     await acli("publish", "--config", str(config), str(EXAMPLE))
-                    while True:
+
+                    async def converged() -> bool:
                         status, body, _ = await request(port, "/readyz")
-                        if status == 200 and json.loads(body.split(b"\r\n\r\n", 1)[1])[
-                                "revision"] == 2:
-                            break
-                        await trio.sleep(0.05)
+                        return status == 200 and json.loads(
+                            body.split(b"\r\n\r\n", 1)[1])["revision"] == 2
+
+                    await poll_until(converged)
                 assert len(idle_closed) == FLOOD
                 # The slack covers the measuring: 600 sockets watched by one loaded
                 # test process on a 2-core machine.
