@@ -35,7 +35,7 @@ import structlog
 import trio
 
 from supervisor.config import KubernetesConfig
-from supervisor.fanout.reconciler import FanoutTuning, Reconciler
+from supervisor.fanout.engine import FanoutEngine, FanoutTuning
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.kube.client import KubeClient
@@ -73,7 +73,7 @@ def converged(fake: FakeApiServer, n: int) -> bool:
     return True
 
 
-async def wait_idle(reconciler: Reconciler[Any]) -> None:
+async def wait_idle(reconciler: FanoutEngine[Any]) -> None:
     await reconciler.synced.wait()
     await reconciler.queue.wait_idle()
 
@@ -97,7 +97,7 @@ async def main(args: argparse.Namespace) -> None:
 
         # 1. Converge from nothing.
         client = KubeClient.from_kubeconfig(config.kubeconfig)
-        reconciler = Reconciler(
+        reconciler = FanoutEngine(
             client, SERVICE_DEFINITION, config, Metrics(process=False), FanoutStatus(), tuning
         )
         async with trio.open_nursery() as nursery:
@@ -139,7 +139,7 @@ async def main(args: argparse.Namespace) -> None:
         tracemalloc.start(1)
         before = tracemalloc.take_snapshot()
         client = KubeClient.from_kubeconfig(config.kubeconfig)
-        restarted = Reconciler(
+        restarted = FanoutEngine(
             client, SERVICE_DEFINITION, config, Metrics(process=False), FanoutStatus(), tuning
         )
         async with trio.open_nursery() as nursery:

@@ -34,7 +34,7 @@ import structlog
 import trio
 
 from supervisor.config import KubernetesConfig
-from supervisor.fanout.reconciler import FanoutTuning, Reconciler
+from supervisor.fanout.engine import FanoutEngine, FanoutTuning
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.kube.client import KubeClient
@@ -95,7 +95,7 @@ async def main(args: argparse.Namespace) -> None:
         client = KubeClient.from_kubeconfig(config.kubeconfig, qps=config.qps,
                                             burst=config.burst)
         metrics = Metrics(process=False)
-        reconciler = Reconciler(client, SERVICE_DEFINITION, config, metrics, FanoutStatus(),
+        reconciler = FanoutEngine(client, SERVICE_DEFINITION, config, metrics, FanoutStatus(),
                                 tuning)
         print(f"kube-apiserver v1.20.2, {n} ServiceDefinitions, {args.workers} workers, "
               f"client rate limit {args.qps:g} qps / burst {args.burst}")

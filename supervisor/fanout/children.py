@@ -37,8 +37,8 @@ from typing import Any
 import trio
 
 from supervisor.config import KubernetesConfig
+from supervisor.fanout.engine import FanoutEngine, FanoutKind, FanoutTuning
 from supervisor.fanout.preflight import Wakeup
-from supervisor.fanout.reconciler import FanoutKind, FanoutTuning, Reconciler
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
@@ -107,7 +107,7 @@ def _child(
 ) -> ChildSpec:
     async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with shared.use() as client:
-            reconciler = Reconciler(client, kind, config, metrics, status, tuning,
+            reconciler = FanoutEngine(client, kind, config, metrics, status, tuning,
                                     wakeup=wakeup)
             await reconciler.run(task_status=task_status)
 
@@ -146,7 +146,7 @@ async def run_fanout_group(
     async with shared.use() as client, trio.open_nursery() as nursery:
         for kind in KINDS:
             status = statuses.setdefault(kind.kind, FanoutStatus())
-            reconciler = Reconciler(client, kind, config, metrics, status, tuning, wakeup=wake)
+            reconciler = FanoutEngine(client, kind, config, metrics, status, tuning, wakeup=wake)
             await nursery.start(reconciler.run)
         task_status.started()
 

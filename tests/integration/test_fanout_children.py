@@ -9,7 +9,7 @@ import trio
 from supervisor import reasons
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.children import fanout_children, run_fanout_group
-from supervisor.fanout.reconciler import FanoutTuning
+from supervisor.fanout.engine import FanoutTuning
 from supervisor.fanout.status import FanoutStatus
 from supervisor.kube.client import KubeClient
 from supervisor.kube.watching import WatchTuning

@@ -1,6 +1,6 @@
 """The fan-out reconcilers against the fake API server, over real HTTP on loopback.
 
-Every test runs a :class:`~supervisor.fanout.reconciler.Reconciler` with a
+Every test runs a :class:`~supervisor.fanout.engine.FanoutEngine` with a
 :class:`~supervisor.kube.client.KubeClient` configured from a kubeconfig that
 points at the fake (never a patched client), and observes the fake's state
 and its request log. Timings are shrunk (bookmarks every 0.2 s, inactivity
@@ -20,8 +20,8 @@ from structlog.testing import capture_logs
 
 from supervisor import reasons
 from supervisor.config import KubernetesConfig
+from supervisor.fanout.engine import FanoutEngine, FanoutKind, FanoutTuning
 from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION, LINEAGE_WORKFLOW
-from supervisor.fanout.reconciler import FanoutKind, FanoutTuning, Reconciler
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
@@ -48,7 +48,7 @@ FAST = FanoutTuning(
 @dataclass
 class Harness:
     fake: FakeApiServer
-    reconciler: Reconciler[Any]
+    reconciler: FanoutEngine[Any]
     status: FanoutStatus
     metrics: Metrics
     client: KubeClient
@@ -90,7 +90,7 @@ async def harness(
         metrics = Metrics(process=False)
         config = KubernetesConfig(enabled=True, kubeconfig=str(kubeconfig),
                                   preflight_retry_s=preflight_retry_s)
-        reconciler = Reconciler(client, kind, config, metrics, status, tuning)
+        reconciler = FanoutEngine(client, kind, config, metrics, status, tuning)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(reconciler.run)
@@ -243,7 +243,7 @@ async def test_a_restarted_reconciler_writes_nothing_for_up_to_date_children(
             fake = h.fake
             # A second reconciler (a restart) against the same server.
             before = len(fake.requests)
-            second = Reconciler(h.client, SERVICE_DEFINITION, h.reconciler.config,
+            second = FanoutEngine(h.client, SERVICE_DEFINITION, h.reconciler.config,
                                 Metrics(process=False), FanoutStatus(), FAST)
             async with trio.open_nursery() as nursery:
                 await nursery.start(second.run)

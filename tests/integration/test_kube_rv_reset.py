@@ -18,8 +18,8 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
+from supervisor.fanout.engine import FanoutTuning
 from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
-from supervisor.fanout.reconciler import FanoutTuning
 from supervisor.kube.errors import ApiError, Gone, TransportError, api_error
 from supervisor.kube.watching import WatchTuning, is_too_large_resource_version
 from tests.fakes.apiserver_store import status_body, too_large_resource_version

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from supervisor.fanout.reconciler import WorkQueue
+from supervisor.fanout.engine import WorkQueue
 
 
 async def test_a_queued_key_is_not_queued_twice() -> None:

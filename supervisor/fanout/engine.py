@@ -1,7 +1,7 @@
-"""The generic fan-out controller: one parent kind -> its children in the apps namespace.
+"""The fan-out engine: one parent kind -> its children in the apps namespace.
 
-One :class:`Reconciler` per kind runs as one supervised child
-(:meth:`Reconciler.run`). What it guarantees:
+One :class:`FanoutEngine` per kind runs as one supervised child
+(:meth:`FanoutEngine.run`). What it guarantees:
 
 - **Started before Kubernetes.** ``task_status.started()`` is called before
   the preflight: a watcher waiting for its namespace, RBAC or CRD has started
@@ -16,12 +16,8 @@ One :class:`Reconciler` per kind runs as one supervised child
   list envelope from any of them sends the kind back to its preflight (with a
   backoff, reset after a watch that delivered).
 - **Drift repair.** A child's change or delete enqueues the parent named by its
-  lineage label. A reconcile compares each desired child with the live one
-  (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
-  server-side applies only what differs, so a child deleted or edited by hand
-  is repaired at once (``DriftRepaired`` Event, ``fanout_drift_repairs``), and
-  a reconcile with nothing drifted writes nothing. Children no longer desired,
-  and a deleted parent's children, are deleted.
+  lineage label; the reconcile itself (compare, apply what differs, delete what
+  is no longer desired, repair drift) is :class:`~supervisor.fanout.childwrites.ChildWriter`.
 - **Quiet.** A parent update that changes neither generation, labels,
   annotations nor deletionTimestamp (a status write, ours included) does not
   enqueue it.
@@ -69,10 +65,11 @@ import trio
 from supervisor import reasons
 from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
+from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
 from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent
 from supervisor.fanout.labels import lineage_selector
-from supervisor.fanout.live import LiveChildren, Obj, covers
+from supervisor.fanout.live import LiveChildren, Obj
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
@@ -80,11 +77,9 @@ from supervisor.fanout.preflight import (
     await_watchable,
     classify_watch_error,
 )
-from supervisor.fanout.repairs import RepairLimiter
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
-from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import (
     Conflict,
@@ -98,12 +93,12 @@ from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
-__all__ = ["FanoutKind", "FanoutTuning", "Parent", "Reconciler", "WorkQueue"]
+__all__ = ["FanoutEngine", "FanoutKind", "FanoutTuning", "Parent", "WorkQueue"]
 
 log = get_logger("fanout")
 
 
-class Reconciler(Generic[P]):
+class FanoutEngine(Generic[P]):
     """Watches one parent kind and its children and keeps them converged (see the module doc)."""
 
     def __init__(
@@ -135,18 +130,12 @@ class Reconciler(Generic[P]):
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
         self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
                                {res.plural: res for res in kind.child_resources})
-        # The digest each child was last applied with: a child gone or changed while
-        # we still want that digest was changed by someone else (drift).
-        self._applied: dict[ChildKey, str] = {}
         self._failures: dict[str, int] = {}
-        self._repairs = RepairLimiter()
-        self._fights: set[ChildKey] = set()  # children whose fight was logged
-        # Children the server refused (422), by digest: not resent until they change
-        # or the next resync, so a bad spec does not loop.
-        self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
+        self.writer: ChildWriter[P] = ChildWriter(
+            client, kind, config, metrics, self.live, self.drain, self.reporter,
+            self._requeue_after, log.bind(kind=kind.kind))
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
-        self._by_plural = {res.plural: res for res in kind.child_resources}
         self._installation = config.installation_label
         self._selector = lineage_selector(kind.lineage_key, self._installation)
         self.resyncs = 0
@@ -320,7 +309,7 @@ class Reconciler(Generic[P]):
         await self.live.wait_synced()
         async with self._resync_lock:
             await self.sweeper.sweep(set(self.parents) | self.skewed)
-            self._refused.clear()
+            self.writer.forget_refusals()
             self.resyncs += 1
             for name in sorted(self.parents):
                 self.queue.add(name)
@@ -345,8 +334,7 @@ class Reconciler(Generic[P]):
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
             delay = max(delay, exc.retry_after)
         self.metrics.fanout_requeues.labels(self.kind.kind, cause).inc()
-        assert self._nursery is not None
-        self._nursery.start_soon(self.queue.add_after, name, delay)
+        self._requeue_after(name, delay)
         return delay
 
     async def _reconcile_guarded(self, name: str) -> None:
@@ -381,110 +369,22 @@ class Reconciler(Generic[P]):
             self.metrics.fanout_reconcile_duration.labels(self.kind.kind, result).observe(
                 trio.current_time() - started)
 
-    def _desired(self, parent: P | None) -> list[Desired]:
-        if parent is None or parent.metadata.deletion_timestamp is not None:
-            return []
-        return self.kind.desired(parent, self.config.apps_namespace, self._installation)
-
     async def reconcile(self, name: str) -> None:
         """Make ``name``'s children what its current parent wants (none when deleted)."""
         self.reconciles += 1
         if name in self.skewed:
             return  # unreadable parent: leave its children exactly as they are
-        parent = self.parents.get(name)
-        desired = self._desired(parent)
-        applied: list[str] = []
-        repaired: list[str] = []
-        for child in desired:
-            live = self.live.get(child.key)
-            if live is not None and covers(live, child.body):
-                self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
-                self._fights.discard(child.key)
-                continue
-            refused = self._refused.get(child.key)
-            if refused is not None and refused[0] == child.digest:
-                earlier = refused[1]
-                raise Invalid(earlier.status, earlier.reason, earlier.message,
-                              method=earlier.method, path=earlier.path)
-            drift = _drift(live, child, self._applied.get(child.key))
-            if drift is not None:
-                now = trio.current_time()
-                wait = self._repairs.delay(child.key, now)
-                if wait > 0:
-                    self._fighting(name, child, wait)
-                    continue
-                self._repairs.record(child.key, now)
-            try:
-                obj = await self.drain.write(
-                    self.client.apply_object, child.resource, self.config.apps_namespace,
-                    child.name, child.body, field_manager=self.config.field_manager)
-            except Invalid as exc:
-                self._refused[child.key] = (child.digest, exc)
-                raise
-            self._refused.pop(child.key, None)
-            self.live.put(child.resource, obj)
-            self._applied[child.key] = child.digest
-            what = f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
-            if drift is not None:
-                repaired.append(f"{what} ({drift})")
-                self.metrics.fanout_applies.labels(self.kind.kind, "repaired").inc()
-                self.metrics.fanout_drift_repairs.labels(self.kind.kind).inc()
-                self._log.info("drift repaired", name=name, resource=str(child.resource),
-                               child=child.name, drift=drift)
-            else:
-                applied.append(what)
-                self.metrics.fanout_applies.labels(self.kind.kind, "applied").inc()
-                self._log.info("child applied", name=name, resource=str(child.resource),
-                               child=child.name)
-        wanted = {child.key for child in desired}
-        for key in sorted(self.live.of_parent(name) - wanted):
-            resource = self._by_plural[key.plural]
-            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
-                                   key.name)
-            self.live.discard(key)
-            self._applied.pop(key, None)
-            self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
-            self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
-        if parent is None or parent.metadata.deletion_timestamp is not None:
-            self.reporter.forget(name)
-            for key in [k for k in self._applied if k not in wanted and k.name == name]:
-                self._applied.pop(key, None)
-            return  # gone, or going: its status no longer matters
-        if repaired:
-            await self.reporter.event(parent, "Normal", "DriftRepaired",
-                              "repaired " + ", ".join(repaired))
-        if applied:
-            await self.reporter.event(parent, "Normal", "Applied",
-                                      "applied " + ", ".join(applied))
-        noun = "object" if len(desired) == 1 else "objects"
-        await self.reporter.write(parent, desired, "True", "Applied",
-                                  f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
-
-    def _fighting(self, name: str, child: Desired, wait: float) -> None:
-        """Someone keeps undoing our repairs of ``child``: repair it later, say so once."""
-        if child.key not in self._fights:
-            self._fights.add(child.key)
-            self._log.warning(
-                "a child keeps drifting right after each repair (another controller, or"
-                " another installation with a parent of the same name?); repairs slow down",
-                name=name, resource=str(child.resource), child=child.name,
-                delay_s=round(wait, 3))
-        assert self._nursery is not None
-        self._nursery.start_soon(self.queue.add_after, name, wait)
-
-    # -- parent status and events ----------------------------------------------------
+        await self.writer.reconcile(name, self.parents.get(name))
 
     async def _failed(self, name: str, reason: str, message: str) -> None:
         parent = self.parents.get(name)
         if parent is None or name in self.skewed:
             return
-        event_reason = "Invalid" if reason == "Invalid" else "ApplyFailed"
-        await self.reporter.event(parent, "Warning", event_reason, message)
-        try:
-            await self.reporter.write(parent, self._desired(parent), "False", reason,
-                                      message[:1024])
-        except KubeError as exc:
-            self._log.warning("could not write the parent's status", name=name, error=str(exc))
+        await self.writer.failed(name, parent, reason, message)
+
+    def _requeue_after(self, name: str, delay: float) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self.queue.add_after, name, delay)
 
 
 def _child_name(obj: Obj) -> str:
@@ -496,11 +396,3 @@ def _matters(old: Parent, new: Parent) -> bool:
     a, b = old.metadata, new.metadata
     return (a.generation, a.labels, a.annotations, a.deletion_timestamp) != (
         b.generation, b.labels, b.annotations, b.deletion_timestamp)
-
-
-def _drift(live: Obj | None, child: Desired, applied_digest: str | None) -> str | None:
-    """Why ``child`` is being rewritten although its desired state did not change, if so."""
-    if live is None:
-        return "deleted" if applied_digest == child.digest else None
-    annotations = (live.get("metadata") or {}).get("annotations") or {}
-    return "edited" if annotations.get(DIGEST_ANNOTATION) == child.digest else None

@@ -1,0 +1,187 @@
+"""One parent's reconcile: desired children against the watched ones, then the writes.
+
+:class:`ChildWriter` is the write half of :class:`~supervisor.fanout.engine.FanoutEngine`
+(the engine watches, queues and retries; this compares and writes). Contract of
+:meth:`ChildWriter.reconcile`:
+
+- Each desired child is compared with the live one
+  (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
+  server-side applied only when it differs, so a reconcile with nothing drifted
+  writes nothing. A child changed or deleted by someone else while we still want
+  the digest we applied is **drift**: repaired at once (``DriftRepaired`` Event,
+  ``fanout_drift_repairs``), but slowed down by a
+  :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
+  the repair (logged once per child).
+- Children no longer desired, and a deleted parent's children, are deleted.
+- A child the server refused (422) is not resent until its digest changes or
+  the engine calls :meth:`forget_refusals` (the next resync): the earlier
+  :class:`~supervisor.kube.errors.Invalid` is raised again instead.
+- Every write goes through the engine's :class:`~supervisor.fanout.drain.Drain`
+  (shielded, bounded on cancellation); failures propagate as
+  :class:`~supervisor.kube.errors.KubeError` for the engine to requeue.
+- The parent's status (:mod:`supervisor.fanout.parentstatus`) and Events are
+  written after the children; :meth:`failed` writes the failure's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic
+
+import trio
+
+from supervisor.config import KubernetesConfig
+from supervisor.fanout.drain import Drain
+from supervisor.fanout.kind import FanoutKind, P
+from supervisor.fanout.live import LiveChildren, Obj, covers
+from supervisor.fanout.parentstatus import ParentReporter
+from supervisor.fanout.repairs import RepairLimiter
+from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
+from supervisor.kube.client import KubeClient
+from supervisor.kube.errors import Invalid, KubeError
+from supervisor.telemetry import Metrics
+
+__all__ = ["ChildWriter"]
+
+
+class ChildWriter(Generic[P]):
+    """Compares and writes one kind's children; owns what it remembers about past writes."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        kind: FanoutKind[P],
+        config: KubernetesConfig,
+        metrics: Metrics,
+        live: LiveChildren,
+        drain: Drain,
+        reporter: ParentReporter,
+        requeue_after: Callable[[str, float], None],
+        log: Any,
+    ) -> None:
+        self.client = client
+        self.kind = kind
+        self.config = config
+        self.metrics = metrics
+        self.live = live
+        self.drain = drain
+        self.reporter = reporter
+        self._requeue_after = requeue_after
+        self._log = log
+        self._installation = config.installation_label
+        self._by_plural = {res.plural: res for res in kind.child_resources}
+        # The digest each child was last applied with: a child gone or changed while
+        # we still want that digest was changed by someone else (drift).
+        self._applied: dict[ChildKey, str] = {}
+        self._repairs = RepairLimiter()
+        self._fights: set[ChildKey] = set()  # children whose fight was logged
+        # Children the server refused (422), by digest: not resent until they change
+        # or the next resync, so a bad spec does not loop.
+        self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
+
+    def forget_refusals(self) -> None:
+        self._refused.clear()
+
+    def desired(self, parent: P | None) -> list[Desired]:
+        if parent is None or parent.metadata.deletion_timestamp is not None:
+            return []
+        return self.kind.desired(parent, self.config.apps_namespace, self._installation)
+
+    async def reconcile(self, name: str, parent: P | None) -> None:
+        """Make ``name``'s children what ``parent`` wants (none when deleted or None)."""
+        desired = self.desired(parent)
+        applied: list[str] = []
+        repaired: list[str] = []
+        for child in desired:
+            live = self.live.get(child.key)
+            if live is not None and covers(live, child.body):
+                self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
+                self._fights.discard(child.key)
+                continue
+            refused = self._refused.get(child.key)
+            if refused is not None and refused[0] == child.digest:
+                earlier = refused[1]
+                raise Invalid(earlier.status, earlier.reason, earlier.message,
+                              method=earlier.method, path=earlier.path)
+            drift = _drift(live, child, self._applied.get(child.key))
+            if drift is not None:
+                now = trio.current_time()
+                wait = self._repairs.delay(child.key, now)
+                if wait > 0:
+                    self._fighting(name, child, wait)
+                    continue
+                self._repairs.record(child.key, now)
+            try:
+                obj = await self.drain.write(
+                    self.client.apply_object, child.resource, self.config.apps_namespace,
+                    child.name, child.body, field_manager=self.config.field_manager)
+            except Invalid as exc:
+                self._refused[child.key] = (child.digest, exc)
+                raise
+            self._refused.pop(child.key, None)
+            self.live.put(child.resource, obj)
+            self._applied[child.key] = child.digest
+            what = f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
+            if drift is not None:
+                repaired.append(f"{what} ({drift})")
+                self.metrics.fanout_applies.labels(self.kind.kind, "repaired").inc()
+                self.metrics.fanout_drift_repairs.labels(self.kind.kind).inc()
+                self._log.info("drift repaired", name=name, resource=str(child.resource),
+                               child=child.name, drift=drift)
+            else:
+                applied.append(what)
+                self.metrics.fanout_applies.labels(self.kind.kind, "applied").inc()
+                self._log.info("child applied", name=name, resource=str(child.resource),
+                               child=child.name)
+        wanted = {child.key for child in desired}
+        for key in sorted(self.live.of_parent(name) - wanted):
+            resource = self._by_plural[key.plural]
+            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
+                                   key.name)
+            self.live.discard(key)
+            self._applied.pop(key, None)
+            self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
+            self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
+        if parent is None or parent.metadata.deletion_timestamp is not None:
+            self.reporter.forget(name)
+            for key in [k for k in self._applied if k not in wanted and k.name == name]:
+                self._applied.pop(key, None)
+            return  # gone, or going: its status no longer matters
+        if repaired:
+            await self.reporter.event(parent, "Normal", "DriftRepaired",
+                                      "repaired " + ", ".join(repaired))
+        if applied:
+            await self.reporter.event(parent, "Normal", "Applied",
+                                      "applied " + ", ".join(applied))
+        noun = "object" if len(desired) == 1 else "objects"
+        await self.reporter.write(parent, desired, "True", "Applied",
+                                  f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
+
+    def _fighting(self, name: str, child: Desired, wait: float) -> None:
+        """Someone keeps undoing our repairs of ``child``: repair it later, say so once."""
+        if child.key not in self._fights:
+            self._fights.add(child.key)
+            self._log.warning(
+                "a child keeps drifting right after each repair (another controller, or"
+                " another installation with a parent of the same name?); repairs slow down",
+                name=name, resource=str(child.resource), child=child.name,
+                delay_s=round(wait, 3))
+        self._requeue_after(name, wait)
+
+    async def failed(self, name: str, parent: P, reason: str, message: str) -> None:
+        """Report a failed reconcile on the parent: an Event and the ``Ready=False`` status."""
+        event_reason = "Invalid" if reason == "Invalid" else "ApplyFailed"
+        await self.reporter.event(parent, "Warning", event_reason, message)
+        try:
+            await self.reporter.write(parent, self.desired(parent), "False", reason,
+                                      message[:1024])
+        except KubeError as exc:
+            self._log.warning("could not write the parent's status", name=name, error=str(exc))
+
+
+def _drift(live: Obj | None, child: Desired, applied_digest: str | None) -> str | None:
+    """Why ``child`` is being rewritten although its desired state did not change, if so."""
+    if live is None:
+        return "deleted" if applied_digest == child.digest else None
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    return "edited" if annotations.get(DIGEST_ANNOTATION) == child.digest else None
