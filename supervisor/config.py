@@ -21,6 +21,9 @@ error names both)::
     control_plane.backoff_initial_s   0.01 .. 3600
     control_plane.backoff_max_s       0.01 .. 3600  (also >= backoff_initial_s)
     kubernetes.preflight_retry_s      0.1 .. 86400
+    kubernetes.lease_duration_s       1 .. 3600    (renew_deadline_s < lease_duration_s)
+    kubernetes.renew_deadline_s       0.5 .. 3600  (retry_period_s < renew_deadline_s)
+    kubernetes.retry_period_s         0.1 .. 3600
 
 Anywhere in the file or the environment, ``inf``/``nan`` and strings holding a
 NUL character are refused with their path, and input that breaks the parser
@@ -181,6 +184,29 @@ class KubernetesConfig(_Section, frozen=True):
     resync_s: RetrySeconds = 600.0
     qps: PositiveFloat = 200.0
     burst: Annotated[int, msgspec.Meta(ge=1)] = 400
+    # Issue 14: leader election for the fan-out on a coordination.k8s.io/v1 Lease
+    # (controller-runtime's defaults). identity None = hostname, pid and a random suffix.
+    leader_election: bool = True
+    lease_name: Annotated[
+        str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    ] = "trio-supervisor-fanout"
+    lease_duration_s: Annotated[float, msgspec.Meta(ge=1.0, le=3600.0)] = 15.0
+    renew_deadline_s: Annotated[float, msgspec.Meta(ge=0.5, le=3600.0)] = 10.0
+    retry_period_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)] = 2.0
+    identity: Annotated[str, msgspec.Meta(min_length=1, max_length=128,
+                                          pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
+
+    def election_problem(self) -> tuple[str, str] | None:
+        """(key path, reason) when the election's durations cannot work together, else None."""
+        if self.renew_deadline_s >= self.lease_duration_s:
+            return ("$.kubernetes.renew_deadline_s",
+                    f"must be less than kubernetes.lease_duration_s ({self.lease_duration_s:g}):"
+                    " a leader must stop before its lease can expire for the others")
+        if self.retry_period_s >= self.renew_deadline_s:
+            return ("$.kubernetes.retry_period_s",
+                    f"must be less than kubernetes.renew_deadline_s ({self.renew_deadline_s:g}):"
+                    " a renewal needs more than one try before the deadline")
+        return None
 
     @property
     def installation_label(self) -> str:
@@ -325,6 +351,9 @@ def _cross_check(config: Config) -> None:
         )
     if cache.path is not None and cache.signing_key is None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
+    election = config.kubernetes.election_problem()
+    if election is not None:
+        raise ConfigError(*election)
     _refuse_shared_files(config)
 
 

@@ -87,6 +87,21 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "client-go's QPS).",
     "kubernetes.burst": "Requests allowed at once above qps (the bucket's size, as client-go's "
     "Burst).",
+    "kubernetes.leader_election": "Only the replica holding the Lease kubernetes.lease_name in "
+    "the control namespace fans out; the others stand by (they converge and serve as usual) "
+    "and take over when it stops renewing. false: this replica always fans out (one replica "
+    "only: two would both write every child).",
+    "kubernetes.lease_name": "The coordination.k8s.io/v1 Lease the replicas elect the fan-out "
+    "leader on (in the control namespace; created by the first replica).",
+    "kubernetes.lease_duration_s": "How long a standby waits, from the last change of the Lease "
+    "it observed, before it may take over from a leader that stopped renewing.",
+    "kubernetes.renew_deadline_s": "A leader that has not renewed for this long (counted from "
+    "the start of its last successful renewal) stops every fan-out write; less than "
+    "lease_duration_s, so it stops before anyone else may start.",
+    "kubernetes.retry_period_s": "How often the leader renews and a standby tries to acquire; "
+    "after a leader's clean shutdown (it releases the Lease) a standby takes over within it.",
+    "kubernetes.identity": "This replica's holderIdentity in the Lease. Unset: the host name, "
+    "the process id and a random suffix (unique per process).",
 }
 
 # label -> (what happened, what to do)

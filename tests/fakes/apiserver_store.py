@@ -163,6 +163,8 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
                  singular="deployment", short_names=("deploy",)),
     ResourceType("batch", "v1", "cronjobs", "CronJob", True,
                  singular="cronjob", short_names=("cj",)),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, has_generation=False,
+                 singular="lease"),
     ResourceType(CRD_GROUP, "v1", "servicedefinitions", "ServiceDefinition", True, crd=True,
                  singular="servicedefinition", short_names=("sd",)),
     ResourceType(CRD_GROUP, "v1", "workflows", "Workflow", True, crd=True,

@@ -1,0 +1,322 @@
+"""Leader election for the fan-out on a Lease, as controller-runtime (client-go) does it.
+
+:meth:`LeaderElector.run` runs until cancelled and runs ``lead`` (the whole
+fan-out group) only while this replica holds the Lease. Its contract:
+
+- **Acquire.** Every ``retry_period_s`` a standby reads the Lease. A free Lease
+  (no holder) is taken at once; one whose record has not changed for
+  ``leaseDurationSeconds`` *as observed by this replica's own monotonic clock*
+  (since it first saw that resourceVersion) is taken over. A missing Lease is
+  created. Every write carries the resourceVersion read: if anyone wrote in
+  between, the write is a 409 and nothing is taken.
+- **Renew.** The leader writes a fresh ``renewTime`` every ``retry_period_s``.
+  A renewal that has not succeeded ``renew_deadline_s`` after the *start* of
+  the last successful one (an unreachable server, refusals, slowness), or a
+  conflict that shows another holder, loses leadership: ``lead`` is cancelled
+  at that moment, so no fan-out write starts after it (writes in flight get the
+  fan-out's bounded drain). That moment comes before any other replica can
+  take over: they wait ``lease_duration_s`` from when they observed our last
+  renewal, which was no earlier than its start.
+- **Clock assumption** (the Lease protocol's): replicas' clocks *run* at about
+  the same rate over one lease duration. Nothing compares one replica's wall
+  clock with another's: ``renewTime`` is written for humans and tools, and
+  expiry is judged only by local elapsed time since a record change.
+- **Release.** When cancelled (shutdown) while leading, ``lead`` is stopped
+  first (its drain included), then the Lease is written with no holder (a
+  1-second duration, as client-go), so a standby takes over within its
+  retry period instead of a lease duration. Bounded by ``release_timeout_s``.
+- **Re-acquire** after a loss starts ``lead`` fresh: the fan-out re-reads all
+  state (preflight, list, resync, sweep).
+- Every change of role or of the observed holder goes to ``on_change``
+  (:class:`LeadershipStatus` is updated first), and the
+  ``supervisor_leader`` gauge and ``supervisor_leader_transitions_total``
+  counter follow.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any, Literal
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from supervisor.errors import SupervisorError
+from supervisor.kube.errors import Conflict, KubeError
+from supervisor.kube.lease import LeaseApi, LeaseRecord
+from supervisor.logs import get_logger
+
+__all__ = [
+    "LeadEnded",
+    "LeaderElector",
+    "LeadershipMetrics",
+    "LeadershipStatus",
+    "default_identity",
+]
+
+log = get_logger("leadership")
+
+Role = Literal["leader", "standby", "disabled"]
+
+
+def default_identity() -> str:
+    """``<hostname>_<pid>_<random>``: unique per process, readable in ``kubectl get lease``."""
+    host = socket.gethostname().split(".")[0] or "replica"
+    return f"{host[:80]}_{os.getpid()}_{random.getrandbits(32):08x}"
+
+
+@dataclass
+class LeadershipStatus:
+    """What /status reports as ``leadership``."""
+
+    role: Role = "disabled"
+    holder: str | None = None
+    lease: str | None = None
+    identity: str | None = None
+
+    def report(self) -> dict[str, Any]:
+        return {"role": self.role, "holder": self.holder, "lease": self.lease}
+
+
+class LeadershipMetrics:
+    """``supervisor_leader`` (1 while this replica leads) and the transitions counter."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leader = Gauge("leader", "1 while this replica holds the fan-out Lease, else 0.",
+                            namespace="supervisor", registry=registry)
+        self.transitions = Counter(
+            "leader_transitions", "Times this replica became or stopped being the fan-out "
+            "leader.", ["to"], namespace="supervisor", registry=registry)
+        for to in ("leader", "standby"):
+            self.transitions.labels(to)
+
+
+class LeadEnded(SupervisorError):
+    """The fan-out returned while leading (it runs until cancelled): a bug, fail the child."""
+
+
+class _Try(Enum):
+    HELD = "held"  # we hold the lease now (acquired or renewed)
+    OTHER = "other"  # someone else holds it and it has not expired
+    FAILED = "failed"  # the attempt failed (error or conflict); try again
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        leases: LeaseApi,
+        *,
+        identity: str,
+        lease_duration_s: float,
+        renew_deadline_s: float,
+        retry_period_s: float,
+        status: LeadershipStatus | None = None,
+        metrics: LeadershipMetrics | None = None,
+        on_change: Callable[[LeadershipStatus], None] | None = None,
+        release_timeout_s: float = 2.0,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rng: random.Random | None = None,
+    ) -> None:
+        if not retry_period_s < renew_deadline_s < lease_duration_s:
+            raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
+        self.leases = leases
+        self.identity = identity
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.retry_period_s = retry_period_s
+        self.status = status or LeadershipStatus()
+        self.status.role = "standby"
+        self.status.lease = leases.where
+        self.status.identity = identity
+        self.metrics = metrics
+        self.on_change = on_change
+        self.release_timeout_s = release_timeout_s
+        self._wall = wall_clock
+        self._rng = rng or random.Random()
+        self._observed: LeaseRecord | None = None
+        self._observed_at = 0.0  # local monotonic time the observed record was first seen
+        self._renewed_at = 0.0  # local time the last successful write *started*
+        self.lost_at: float | None = None  # local time leadership was last considered lost
+        self.leading = False
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self, lead: Callable[[], Awaitable[None]], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Elect, lead while elected, stand by otherwise; release on cancellation."""
+        self._changed()
+        task_status.started()
+        try:
+            while True:
+                await self._acquire()
+                await self._lead(lead)
+        finally:
+            if self._observed is not None and self._observed.holder == self.identity:
+                with trio.move_on_after(self.release_timeout_s, shield=True):
+                    await self._release()
+
+    async def _acquire(self) -> None:
+        while True:
+            outcome = await self._attempt()
+            if outcome is _Try.HELD:
+                return
+            await trio.sleep(self.retry_period_s * self._rng.uniform(0.9, 1.0))
+
+    async def _lead(self, lead: Callable[[], Awaitable[None]]) -> None:
+        self.leading = True
+        self._changed(log_event="fan-out leadership acquired")
+        why = "renewal deadline passed"
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._run_lead, lead)
+                why = await self._renew_until_lost()
+                # No checkpoint between the decision and the cancellation: no fan-out
+                # write starts after this moment (those in flight get the drain).
+                self.lost_at = trio.current_time()
+                self.leading = False
+                nursery.cancel_scope.cancel()
+        finally:
+            self.leading = False
+        self._changed(log_event="fan-out leadership lost; fan-out stopped", level="warning",
+                      why=why)
+
+    async def _run_lead(self, lead: Callable[[], Awaitable[None]]) -> None:
+        await lead()
+        # ``lead`` runs until cancelled; returning is a bug: fail the child (its
+        # restart releases the lease on the way out) rather than hold a lease for
+        # a fan-out that is not running.
+        raise LeadEnded("the fan-out ended while leading")
+
+    async def _renew_until_lost(self) -> str:
+        """Renew every retry period; return why leadership was lost."""
+        while True:
+            await trio.sleep(self.retry_period_s)
+            with trio.move_on_at(self._renewed_at + self.renew_deadline_s):
+                while True:
+                    outcome = await self._attempt()
+                    if outcome is _Try.HELD:
+                        break
+                    if outcome is _Try.OTHER:
+                        return f"the lease is held by {self._observed_holder()}"
+                    await trio.sleep(self.retry_period_s)
+                continue
+            return (f"no renewal succeeded within renew_deadline_s "
+                    f"({self.renew_deadline_s:g} s)")
+
+    # -- one attempt ------------------------------------------------------------------
+
+    async def _attempt(self) -> _Try:
+        started = trio.current_time()
+        try:
+            with trio.fail_after(self.renew_deadline_s):
+                outcome = await self._try(started)
+        except trio.TooSlowError:
+            log.warning("lease request timed out", lease=self.leases.where)
+            return _Try.FAILED
+        except Conflict:
+            # Someone wrote in between: read it again at once; it may show a new holder.
+            try:
+                with trio.fail_after(self.renew_deadline_s):
+                    current = await self.leases.get()
+            except (KubeError, trio.TooSlowError):
+                return _Try.FAILED
+            self._observe(current, trio.current_time())
+            if current is not None and current.holder not in (None, self.identity) \
+                    and self.leading:
+                return _Try.OTHER
+            return _Try.FAILED
+        except KubeError as exc:
+            log.warning("lease request failed", lease=self.leases.where,
+                        error=str(exc), leading=self.leading)
+            return _Try.FAILED
+        return outcome
+
+    async def _try(self, started: float) -> _Try:
+        now = self._wall()
+        current = await self.leases.get()
+        if current is None:
+            fresh = LeaseRecord(holder=self.identity, duration_s=self._duration(),
+                                acquire_time=now, renew_time=now, transitions=0)
+            self._won(await self.leases.create(fresh), started)
+            return _Try.HELD
+        # Observed when the answer arrived (not when asked): the holder's write may
+        # have happened any time before that, never after.
+        self._observe(current, trio.current_time())
+        ours = current.holder == self.identity
+        if not ours and current.holder and not self._expired(current):
+            return _Try.OTHER
+        if not ours and self.leading:
+            # The record says we no longer hold it (someone took an expired lease
+            # from us): never take it back while we think we are leading.
+            return _Try.OTHER
+        update = current.but(holder=self.identity, duration_s=self._duration(),
+                             renew_time=now)
+        if not ours:
+            update = update.but(acquire_time=now, transitions=current.transitions + 1)
+        self._won(await self.leases.update(update), started)
+        return _Try.HELD
+
+    def _duration(self) -> int:
+        return max(1, round(self.lease_duration_s))
+
+    def _observe(self, record: LeaseRecord | None, now: float) -> None:
+        old = self._observed
+        if record is None:
+            self._observed = None
+            return
+        if old is None or old.resource_version != record.resource_version:
+            self._observed = record
+            self._observed_at = now
+            if old is None or old.holder != record.holder:
+                self.status.holder = record.holder
+                if not self.leading:
+                    self._changed(log_event="fan-out leader observed")
+
+    def _expired(self, record: LeaseRecord) -> bool:
+        duration = record.duration_s if record.duration_s is not None else self.lease_duration_s
+        return trio.current_time() >= self._observed_at + duration
+
+    def _won(self, record: LeaseRecord, started: float) -> None:
+        self._observed = record
+        self._observed_at = started
+        self._renewed_at = started
+        self.status.holder = self.identity
+
+    def _observed_holder(self) -> str:
+        return (self._observed.holder if self._observed is not None else None) or "nobody"
+
+    async def _release(self) -> None:
+        assert self._observed is not None
+        released = self._observed.but(holder=None, duration_s=1, renew_time=self._wall())
+        try:
+            record = await self.leases.update(released)
+        except KubeError as exc:
+            log.warning("could not release the fan-out lease; a standby takes over when it "
+                        "expires", lease=self.leases.where, error=str(exc))
+            return
+        self._observed = record
+        self.status.holder = None
+        log.info("fan-out lease released", lease=self.leases.where, identity=self.identity)
+
+    # -- reporting --------------------------------------------------------------------
+
+    def _changed(self, *, log_event: str | None = None, level: str = "info",
+                 **context: Any) -> None:
+        role: Role = "leader" if self.leading else "standby"
+        previous = self.status.role
+        self.status.role = role
+        if self.metrics is not None:
+            self.metrics.leader.set(1.0 if role == "leader" else 0.0)
+            if previous != role and log_event is not None:
+                self.metrics.transitions.labels(role).inc()
+        if log_event is not None:
+            getattr(log, level)(log_event, lease=self.leases.where, identity=self.identity,
+                                holder=self.status.holder, **context)
+        if self.on_change is not None:
+            self.on_change(self.status)

@@ -1,0 +1,134 @@
+"""Lease support of the fake API server, for election tests.
+
+The fake serves ``coordination.k8s.io/v1`` ``leases`` like any other resource
+(:data:`LEASE` is in ``DEFAULT_RESOURCES``), with the store's real optimistic
+concurrency: a PUT whose ``metadata.resourceVersion`` is stale is a 409
+``Conflict``, a POST of an existing Lease a 409 ``AlreadyExists``.
+
+:class:`StoreLeases` is :class:`~supervisor.kube.lease.LeaseApi` straight on a
+:class:`~tests.fakes.apiserver.FakeApiServer`'s store, without HTTP, so
+election unit tests run in virtual time (``autojump_clock``) against the very
+same store and concurrency rules the HTTP fake serves. Each replica gets its
+own instance, with its own faults: ``unreachable`` (every call raises
+TransportError, as a partition), ``refuse_writes`` (every create/update gets a
+500), ``latency_s`` (each call takes that long first), ``hang`` (calls never
+answer until cleared). ``calls`` counts calls by verb.
+
+:func:`lease_holder` reads the stored Lease's holder; :func:`refuse_lease_writes`
+makes the HTTP fake refuse one replica's Lease writes (matched by the
+``fieldManager`` the election sends: its identity).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import trio
+
+from supervisor.kube.errors import TransportError, api_error
+from supervisor.kube.lease import LeaseRecord, micro_time, parse_micro_time
+from tests.fakes.apiserver import FakeApiServer, Injection
+from tests.fakes.apiserver_store import DEFAULT_RESOURCES, ApiError, ResourceType
+
+__all__ = ["LEASE", "StoreLeases", "lease_holder", "refuse_lease_writes"]
+
+LEASE: ResourceType = next(res for res in DEFAULT_RESOURCES if res.plural == "leases")
+
+
+class StoreLeases:
+    def __init__(self, server: FakeApiServer, namespace: str, name: str,
+                 manager: str = "election-test") -> None:
+        self.server = server
+        self.namespace = namespace
+        self.name = name
+        self.manager = manager
+        self.unreachable = False
+        self.refuse_writes = False
+        self.latency_s = 0.0
+        self.hang = False
+        self.calls: Counter[str] = Counter()
+        self._unhung = trio.Event()
+
+    @property
+    def where(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def unhang(self) -> None:
+        self.hang = False
+        self._unhung.set()
+        self._unhung = trio.Event()
+
+    async def _enter(self, verb: str) -> None:
+        self.calls[verb] += 1
+        if self.latency_s:
+            await trio.sleep(self.latency_s)
+        while self.hang:
+            await self._unhung.wait()
+        if self.unreachable:
+            raise TransportError(f"{verb} lease {self.where}: connection refused (fake)")
+        if self.refuse_writes and verb != "get":
+            raise api_error(500, "InternalError", "lease writes refused (fake)")
+        await trio.lowlevel.checkpoint()
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ApiError as exc:
+            raise api_error(exc.code, exc.reason, exc.message) from exc
+
+    async def get(self) -> LeaseRecord | None:
+        await self._enter("get")
+        obj = self.server.store.find(LEASE, self.namespace, self.name)
+        return None if obj is None else _record(obj)
+
+    async def create(self, record: LeaseRecord) -> LeaseRecord:
+        await self._enter("create")
+        result = self._call(self.server.store.create, LEASE, self.namespace,
+                            self._body(record, with_rv=False), self.manager)
+        self.server._notify()
+        return _record(result.obj)
+
+    async def update(self, record: LeaseRecord) -> LeaseRecord:
+        await self._enter("update")
+        result = self._call(self.server.store.replace, LEASE, self.namespace, self.name,
+                            self._body(record, with_rv=True), self.manager)
+        self.server._notify()
+        return _record(result.obj)
+
+    def _body(self, record: LeaseRecord, *, with_rv: bool) -> dict[str, Any]:
+        md: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if with_rv:
+            md["resourceVersion"] = record.resource_version
+        spec: dict[str, Any] = {"holderIdentity": record.holder,
+                                "leaseDurationSeconds": record.duration_s,
+                                "leaseTransitions": record.transitions}
+        if record.acquire_time is not None:
+            spec["acquireTime"] = micro_time(record.acquire_time)
+        if record.renew_time is not None:
+            spec["renewTime"] = micro_time(record.renew_time)
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": md,
+                "spec": spec}
+
+
+def _record(obj: dict[str, Any]) -> LeaseRecord:
+    spec = obj.get("spec") or {}
+    return LeaseRecord(
+        holder=spec.get("holderIdentity") or None,
+        duration_s=spec.get("leaseDurationSeconds"),
+        acquire_time=parse_micro_time(spec.get("acquireTime")),
+        renew_time=parse_micro_time(spec.get("renewTime")),
+        transitions=spec.get("leaseTransitions") or 0,
+        resource_version=obj["metadata"]["resourceVersion"],
+    )
+
+
+def lease_holder(server: FakeApiServer, namespace: str, name: str) -> str | None:
+    obj = server.store.find(LEASE, namespace, name)
+    return None if obj is None else ((obj.get("spec") or {}).get("holderIdentity") or None)
+
+
+def refuse_lease_writes(server: FakeApiServer, identity: str) -> Injection:
+    """The HTTP fake answers 500 to every Lease write carrying ``fieldManager=identity``."""
+    return server.inject("*", r"/leases", status=500, times=None,
+                         query_contains=f"fieldManager={identity}")
