@@ -10,7 +10,9 @@ Start-up order, and why:
    after it), ``convergence`` (reports started only once the first snapshot is
    published, or refuses to boot with exit 3), then one watcher per fan-out
    kind (started while dormant in their preflight, so readiness never waits
-   for Kubernetes).
+   for Kubernetes), or, with ``[kubernetes].leader_election``, one ``fanout``
+   child: the Lease election, running every kind only while this replica
+   leads (readiness never waits for leadership either).
 3. ``READY=1`` once the tree reports every child started.
 
 Shutdown: the first SIGTERM/SIGINT sends ``STOPPING=1`` and stops the children
@@ -20,7 +22,6 @@ cancelled. A second signal cancels at once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
 from supervisor.events import EventBus
 from supervisor.fanout.status import FanoutStatus
+from supervisor.lifecycle.faults import FAULT_DIR_ENV, run_fault_injection
 from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
@@ -44,16 +46,12 @@ from supervisor.tree import ChildSpec, Restart, Supervisor
 
 if TYPE_CHECKING:
     from supervisor.admin.signed import SignedRevisionFile
+    from supervisor.fanout.leadership import LeadershipStatus
     from supervisor.sinks.lkg import LastKnownGood
 
 __all__ = ["Daemon", "run_daemon"]
 
 log = logs.get_logger("daemon")
-
-#: Tests only: a directory where a file ``crash-<child>`` plus SIGUSR2 crashes
-#: that child with an injected fault (the crash drills). Unset, SIGUSR2 keeps
-#: its default disposition and nothing here runs.
-FAULT_DIR_ENV = "SUPERVISOR_TEST_FAULT_DIR"
 
 # After a second signal, or past the grace, how long cancellation may take
 # before the process is ended without further cleanup. Every write the daemon
@@ -75,6 +73,7 @@ class Daemon:
     listener_poke: Poke = field(default_factory=Poke)
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     tree: Supervisor | None = None
+    leadership: LeadershipStatus | None = None
     admin_address: tuple[str, int] | None = None
     _stopping: bool = False
     _convergence_started: bool = False
@@ -107,6 +106,8 @@ class Daemon:
                 # Fleets (issue 16): GET /v1/revision, and the follower's upstream in /status.
                 signed=self._signed_revision_file(),
                 upstream=cp.url if cp.backend == "follower" else None,
+                # Issue 14: None (reported "disabled") without leader election.
+                leadership=self.leadership.report if self.leadership is not None else None,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -266,9 +267,20 @@ class Daemon:
             for kind in reasons.FANOUT_KINDS:
                 self.fanout[kind] = FanoutStatus(state="disabled")
             return []
-        from supervisor.fanout.children import fanout_children
+        kube = self.config.kubernetes
+        if not kube.leader_election:
+            from supervisor.fanout.children import fanout_children
 
-        return fanout_children(self.config.kubernetes, self.metrics, self.fanout, hup=self.hup)
+            return fanout_children(kube, self.metrics, self.fanout, hup=self.hup)
+        from supervisor.fanout.children import elected_fanout_child
+        from supervisor.fanout.leadership import LeadershipStatus, announcer, default_identity
+
+        self.leadership = LeadershipStatus(lease=f"{kube.control_namespace}/{kube.lease_name}")
+        return [elected_fanout_child(
+            kube, self.metrics, self.fanout, self.leadership,
+            kube.identity or default_identity(), hup=self.hup,
+            on_change=announcer(self.events.publish, self.notifier.status))]
+
 
     def build_tree(self) -> Supervisor:
         specs = [self._admin_child()]
@@ -342,28 +354,13 @@ class Daemon:
             tree_scope.cancel()
         nursery.start_soon(self._hard_exit, HARD_EXIT_AFTER_S)
 
+    def _inject_fault(self, child: str) -> bool:
+        return self.tree.inject_fault(child) if self.tree is not None else False
+
     async def _hard_exit(self, after_s: float) -> None:
         await trio.sleep(after_s)
         log.error("shutdown did not finish; exiting without further cleanup")
         os._exit(1)
-
-    async def _fault_injection(self, fault_dir: str) -> None:
-        with trio.open_signal_receiver(signal.SIGUSR2) as receiver:
-            async for _ in receiver:
-                try:
-                    names = sorted(os.listdir(fault_dir))
-                except OSError as exc:
-                    log.error("fault injection: cannot read the fault directory",
-                              path=fault_dir, error=str(exc))
-                    continue
-                for entry in names:
-                    if not entry.startswith("crash-") or self.tree is None:
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(fault_dir, entry))
-                    child = entry.removeprefix("crash-")
-                    injected = self.tree.inject_fault(child)
-                    log.warning("fault injection", child=child, injected=injected)
 
     # -- running ---------------------------------------------------------------
 
@@ -376,7 +373,7 @@ class Daemon:
                 root.start_soon(self._signals, receiver, tree_scope, root)
                 fault_dir = os.environ.get(FAULT_DIR_ENV)
                 if fault_dir:
-                    root.start_soon(self._fault_injection, fault_dir)
+                    root.start_soon(run_fault_injection, fault_dir, self._inject_fault)
                 try:
                     with tree_scope:
                         async with trio.open_nursery() as tree_nursery:

@@ -40,6 +40,8 @@ class AdminContext:
     signed: SignedRevisionFile | None = None
     # Follower mode: the upstream replica's address ([control_plane].url).
     upstream: str | None = None
+    # Issue 14: the fan-out leadership report {"role", "holder", "lease"}; None: disabled.
+    leadership: Callable[[], dict[str, Any]] | None = None
 
     def status(self) -> dict[str, Any]:
         """The /status document of CONTRACT.md section 6.
@@ -57,4 +59,6 @@ class AdminContext:
             "revision": revision,
             "children": self.children(),
             "fanout": {kind: st.report() for kind, st in self.fanout.items()},
+            "leadership": self.leadership() if self.leadership is not None
+            else {"role": "disabled", "holder": None, "lease": None},
         }

@@ -30,6 +30,7 @@ and stops every kind together.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -38,11 +39,13 @@ import trio
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.engine import FanoutEngine, FanoutKind, FanoutTuning
+from supervisor.fanout.leadership import LeaderElector, LeadershipMetrics, LeadershipStatus
 from supervisor.fanout.preflight import Wakeup
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.client import KubeClient
+from supervisor.kube.lease import KubeLeases
 from supervisor.lifecycle.signals import HupHooks
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
@@ -53,6 +56,7 @@ __all__ = [
     "DRAIN_S",
     "KINDS",
     "SharedClient",
+    "elected_fanout_child",
     "fanout_children",
     "run_fanout_group",
 ]
@@ -177,3 +181,68 @@ def fanout_children(
         status.state = "preflight"
         specs.append(_child(kind, shared, config, metrics, status, tuning, wakeup))
     return specs
+
+
+def elected_fanout_child(
+    config: KubernetesConfig,
+    metrics: Metrics,
+    statuses: dict[str, FanoutStatus],
+    leadership: LeadershipStatus,
+    identity: str,
+    *,
+    on_change: Callable[[LeadershipStatus], None] | None = None,
+    tuning: FanoutTuning | None = None,
+    client_factory: Callable[[], KubeClient] | None = None,
+    lease_client_factory: Callable[[], KubeClient] | None = None,
+    hup: HupHooks | None = None,
+) -> ChildSpec:
+    """One supervised child: the leader election, running the fan-out group while leading.
+
+    The Lease has its own client (no client-side rate limit): a bulk of child
+    writes queued behind the fan-out's token bucket must never delay a renewal.
+    The group's drain is at most half the gap between the renew deadline and the
+    lease duration, so writes in flight when leadership is lost end before the
+    lease can expire for the others. While standing by, every kind reports
+    ``preflight`` (dormant: waiting for leadership).
+    """
+    metrics.track_fanout(statuses)
+    leader_metrics = LeadershipMetrics(metrics.registry)
+    wakeup = Wakeup()
+    if hup is not None:
+        hup.register("fanout-preflight-wake", wakeup.wake)
+    for kind in KINDS:
+        statuses.setdefault(kind.kind, FanoutStatus()).state = "preflight"
+    gap = config.lease_duration_s - config.renew_deadline_s
+    base = tuning or FanoutTuning(drain_s=DRAIN_S)
+    group_tuning = dataclasses.replace(base, drain_s=min(base.drain_s, gap / 2))
+    lease_factory = lease_client_factory or (
+        lambda: KubeClient.from_kubeconfig(config.kubeconfig))
+
+    async def lead() -> None:
+        try:
+            await run_fanout_group(config, metrics, statuses, tuning=group_tuning,
+                                   client_factory=client_factory, wakeup=wakeup)
+        finally:
+            for status in statuses.values():
+                status.state = "preflight"
+
+    async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        client = lease_factory()
+        try:
+            leases = KubeLeases(client, config.control_namespace, config.lease_name, identity)
+            elector = LeaderElector(
+                leases, identity=identity, lease_duration_s=config.lease_duration_s,
+                renew_deadline_s=config.renew_deadline_s,
+                retry_period_s=config.retry_period_s, status=leadership,
+                metrics=leader_metrics, on_change=on_change)
+            await elector.run(lead, task_status=task_status)
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                await client.aclose()
+
+    return ChildSpec(
+        name="fanout",
+        start=start,
+        restart=Restart.PERMANENT,
+        shutdown_timeout_s=group_tuning.drain_s + 2 * CLOSE_TIMEOUT_S + 2.0 + 1.0,
+    )

@@ -57,6 +57,7 @@ __all__ = [
     "LeaderElector",
     "LeadershipMetrics",
     "LeadershipStatus",
+    "announcer",
     "default_identity",
 ]
 
@@ -82,6 +83,29 @@ class LeadershipStatus:
 
     def report(self) -> dict[str, Any]:
         return {"role": self.role, "holder": self.holder, "lease": self.lease}
+
+
+def announcer(
+    publish: Callable[[str, dict[str, Any]], object], status_line: Callable[[str], None],
+) -> Callable[[LeadershipStatus], None]:
+    """An ``on_change`` that tells the stream (a ``status`` event) and systemd (``STATUS=``).
+
+    Only real changes of the report are announced; the elector logs them itself.
+    """
+    last: list[dict[str, Any]] = []
+
+    def changed(status: LeadershipStatus) -> None:
+        report = status.report()
+        if last and last[0] == report:
+            return
+        last[:] = [report]
+        publish("status", {"leadership": report})
+        if status.role == "leader":
+            status_line(f"fan-out leader (lease {status.lease})")
+        else:
+            status_line(f"fan-out standby (leader: {status.holder or 'none'})")
+
+    return changed
 
 
 class LeadershipMetrics:

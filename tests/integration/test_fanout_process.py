@@ -23,10 +23,12 @@ def sd(name: str, port: int | None = None) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": "trio-supervisor"}, "spec": spec}
 
 
-def kube_config(tmp_path: Path, kubeconfig: Path, admin_port: int) -> Path:
+def kube_config(tmp_path: Path, kubeconfig: Path, admin_port: int, *,
+                leader_election: bool = True) -> Path:
     extra = (f'\n[kubernetes]\nenabled = true\nkubeconfig = "{kubeconfig}"\n'
              'control_namespace = "trio-supervisor"\napps_namespace = "apps"\n'
-             "preflight_retry_s = 1\n")
+             "preflight_retry_s = 1\n"
+             f"leader_election = {'true' if leader_election else 'false'}\n")
     return write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", extra, port=admin_port)
 
 

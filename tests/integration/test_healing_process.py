@@ -155,7 +155,8 @@ async def test_fanout_watchers_heal_after_two_crashes(tmp_path: Path) -> None:
         async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
             kubeconfig = tmp_path / "kubeconfig"
             write_kubeconfig(server, kubeconfig)
-            config = kube_config(tmp_path, kubeconfig, port)
+            # One child per kind without leader election (with it, one "fanout" child).
+            config = kube_config(tmp_path, kubeconfig, port, leader_election=False)
             await acli("publish", "--config", str(config), str(EXAMPLE))
             async with run_daemon(config, env=env) as daemon:
                 await daemon.wait_log("ready")
