@@ -359,10 +359,12 @@ async def answered(app: AdminApp, path: str) -> int:
 
 async def test_kubernetes_deployment_cross_references() -> None:
     objects = kustomize(KUBE)
-    deployment = one(objects, "Deployment", "trio-supervisor")
+    deployment = one(objects, "StatefulSet", "trio-supervisor")
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    # Two replicas (issue 14: only the Lease holder fans out), replaced one at a time.
+    assert spec["replicas"] == 2 and spec["updateStrategy"]["type"] == "RollingUpdate"
+    assert one(objects, "Service", spec["serviceName"])
     template_labels = spec["template"]["metadata"]["labels"]
     selector = spec["selector"]["matchLabels"]
     assert selector.items() <= template_labels.items(), "the selector selects the template"
@@ -392,12 +394,15 @@ async def test_kubernetes_deployment_cross_references() -> None:
         # The deepest mount holding the file (the cache sits in a subdirectory of its claim).
         name = max((n for n, mount in mounts.items() if Path(mount) in Path(path).parents),
                    key=lambda n: len(Path(mounts[n]).parts))
-        return next(v for v in pod["volumes"] if v["name"] == name)
+        claims = [{"name": c["metadata"]["name"], "claim": c} for c in
+                  spec.get("volumeClaimTemplates", [])]
+        return next(v for v in pod["volumes"] + claims if v["name"] == name)
 
     assert "secret" in volume_of(config.admin.token_file)
     assert "secret" in volume_of(config.cache.signing_key)
-    cache = volume_of(config.cache.path)["persistentVolumeClaim"]["claimName"]
-    one(objects, "PersistentVolumeClaim", cache)
+    # One cache claim per replica (ReadWriteOnce), from the claim template.
+    assert volume_of(config.cache.path)["claim"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert config.kubernetes.leader_election
     assert "emptyDir" in volume_of(config.snapshot.path)
     assert pod["terminationGracePeriodSeconds"] > (config.supervisor.shutdown_grace_s
                                                    + HARD_EXIT_AFTER_S)
@@ -446,7 +451,7 @@ async def test_kubernetes_deployment_cross_references() -> None:
 
 async def test_readiness_probe_command_against_a_daemon_with_a_token(tmp_path: Path) -> None:
     """The Deployment's readiness command, verbatim but for paths, port and interpreter."""
-    deployment = one(kustomize(KUBE), "Deployment", "trio-supervisor")
+    deployment = one(kustomize(KUBE), "StatefulSet", "trio-supervisor")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     command = list(container["readinessProbe"]["exec"]["command"])
     token = tmp_path / "token"

@@ -89,9 +89,9 @@ def test_kubernetes_workstation_steps_run_as_written(tmp_path: Path) -> None:
 
 
 def _secret_refs(objects: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """Secret name -> keys the Deployment needs (non-optional references only)."""
+    """Secret name -> keys the StatefulSet needs."""
     needed: dict[str, set[str]] = {}
-    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+    for deployment in (o for o in objects if o["kind"] == "StatefulSet"):
         pod = deployment["spec"]["template"]["spec"]
         for volume in pod.get("volumes", []):
             secret = volume.get("secret")
@@ -108,7 +108,7 @@ def _secret_refs(objects: list[dict[str, Any]]) -> dict[str, set[str]]:
 
 def _mounted_secret_files(objects: list[dict[str, Any]]) -> dict[str, str]:
     """Path in the pod -> Secret name, for the files prod.toml names."""
-    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    deployment = next(o for o in objects if o["kind"] == "StatefulSet")
     pod = deployment["spec"]["template"]["spec"]
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
@@ -135,7 +135,7 @@ def test_kubernetes_apply_steps_follow_a_working_order(tmp_path: Path) -> None:
                 assert ns is None or ns in namespaces | created, \
                     f"{line}: {obj['kind']} {obj['metadata']['name']} in missing namespace {ns}"
             for name, keys in _secret_refs(objects).items():
-                ns = next(o["metadata"]["namespace"] for o in objects if o["kind"] == "Deployment")
+                ns = next(o["metadata"]["namespace"] for o in objects if o["kind"] == "StatefulSet")
                 assert (ns, name) in secrets, f"{line}: Secret {name} not created before"
                 assert keys <= secrets[(ns, name)], f"{line}: Secret {name} lacks {keys}"
             namespaces |= created
@@ -165,7 +165,7 @@ def test_kubernetes_apply_steps_follow_a_working_order(tmp_path: Path) -> None:
 
 def test_kubernetes_secret_files_are_readable_by_the_pod_user() -> None:
     objects = kustomize(REPO / "deploy" / "kubernetes")
-    pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    pod = next(o for o in objects if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
     context = pod["securityContext"]
     for volume in (v for v in pod["volumes"] if "secret" in v):
         mode = volume["secret"].get("defaultMode", 0o644)
@@ -203,10 +203,14 @@ def test_container_steps_give_the_image_user_its_files() -> None:
     assert "prod.toml" in installed
 
 
-def test_no_pod_disruption_budget_and_the_readme_says_why() -> None:
+def test_pod_disruption_budget_lets_a_drain_take_one_replica_of_two() -> None:
     objects = kustomize(REPO / "deploy" / "kubernetes")
-    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
-    assert "No PodDisruptionBudget" in README and "node drain" in README
+    [pdb] = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    [replicas] = [o for o in objects if o["kind"] == "StatefulSet"]
+    assert pdb["spec"]["maxUnavailable"] == 1 < replicas["spec"]["replicas"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= \
+        replicas["spec"]["template"]["metadata"]["labels"].items()
+    assert "PodDisruptionBudget" in README and "node drain" in README
 
 
 def test_readme_check_example_is_what_check_prints() -> None:

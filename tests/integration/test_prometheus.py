@@ -119,8 +119,8 @@ def test_servicemonitor_selects_the_admin_service_with_the_token() -> None:
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
     secret = endpoint["authorization"]["credentials"]
-    deployment = next(d for d in _objects(REPO / "deploy" / "kubernetes" / "deployment.yaml")
-                      if d["kind"] == "Deployment")
+    deployment = next(d for d in _objects(REPO / "deploy" / "kubernetes" / "statefulset.yaml")
+                      if d["kind"] == "StatefulSet")
     secrets = {v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]
                ["volumes"] if "secret" in v}
     assert secret["name"] in secrets and secret["key"] == "token"
