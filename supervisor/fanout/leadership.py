@@ -194,7 +194,9 @@ class LeaderElector:
 
     async def _lead(self, lead: Callable[[], Awaitable[None]]) -> None:
         self.leading = True
-        self._changed(log_event="fan-out leadership acquired")
+        log.info("fan-out leadership acquired", lease=self.leases.where,
+                 identity=self.identity, holder=self.status.holder)
+        self._changed(transition=True)
         why = "renewal deadline passed"
         try:
             async with trio.open_nursery() as nursery:
@@ -207,8 +209,9 @@ class LeaderElector:
                 nursery.cancel_scope.cancel()
         finally:
             self.leading = False
-        self._changed(log_event="fan-out leadership lost; fan-out stopped", level="warning",
-                      why=why)
+        log.warning("fan-out leadership lost; fan-out stopped", lease=self.leases.where,
+                    identity=self.identity, holder=self.status.holder, why=why)
+        self._changed(transition=True)
 
     async def _run_lead(self, lead: Callable[[], Awaitable[None]]) -> None:
         await lead()
@@ -300,7 +303,9 @@ class LeaderElector:
             if old is None or old.holder != record.holder:
                 self.status.holder = record.holder
                 if not self.leading:
-                    self._changed(log_event="fan-out leader observed")
+                    log.info("fan-out leader observed", lease=self.leases.where,
+                             identity=self.identity, holder=record.holder)
+                    self._changed()
 
     def _expired(self, record: LeaseRecord) -> bool:
         duration = record.duration_s if record.duration_s is not None else self.lease_duration_s
@@ -330,17 +335,13 @@ class LeaderElector:
 
     # -- reporting --------------------------------------------------------------------
 
-    def _changed(self, *, log_event: str | None = None, level: str = "info",
-                 **context: Any) -> None:
+    def _changed(self, *, transition: bool = False) -> None:
         role: Role = "leader" if self.leading else "standby"
         previous = self.status.role
         self.status.role = role
         if self.metrics is not None:
             self.metrics.leader.set(1.0 if role == "leader" else 0.0)
-            if previous != role and log_event is not None:
+            if previous != role and transition:
                 self.metrics.transitions.labels(role).inc()
-        if log_event is not None:
-            getattr(log, level)(log_event, lease=self.leases.where, identity=self.identity,
-                                holder=self.status.holder, **context)
         if self.on_change is not None:
             self.on_change(self.status)
