@@ -11,8 +11,9 @@ election unit tests run in virtual time (``autojump_clock``) against the very
 same store and concurrency rules the HTTP fake serves. Each replica gets its
 own instance, with its own faults: ``unreachable`` (every call raises
 TransportError, as a partition), ``refuse_writes`` (every create/update gets a
-500), ``latency_s`` (each call takes that long first), ``hang`` (calls never
-answer until cleared). ``calls`` counts calls by verb.
+500), ``latency_s`` (each call takes that long first; ``read_latency_s`` reads
+only), ``hang`` (calls never
+answer until cleared). ``calls`` counts calls by verb, ``answered`` the reads that returned.
 
 :func:`lease_holder` reads the stored Lease's holder; :func:`refuse_lease_writes`
 makes the HTTP fake refuse one replica's Lease writes (matched by the
@@ -46,8 +47,10 @@ class StoreLeases:
         self.unreachable = False
         self.refuse_writes = False
         self.latency_s = 0.0
+        self.read_latency_s = 0.0  # reads only: the answer reflects the state at its end
         self.hang = False
         self.calls: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()  # calls that returned (not raised)
         self._unhung = trio.Event()
 
     @property
@@ -63,6 +66,8 @@ class StoreLeases:
         self.calls[verb] += 1
         if self.latency_s:
             await trio.sleep(self.latency_s)
+        if verb == "get" and self.read_latency_s:
+            await trio.sleep(self.read_latency_s)
         while self.hang:
             await self._unhung.wait()
         if self.unreachable:
@@ -80,6 +85,7 @@ class StoreLeases:
     async def get(self) -> LeaseRecord | None:
         await self._enter("get")
         obj = self.server.store.find(LEASE, self.namespace, self.name)
+        self.answered["get"] += 1
         return None if obj is None else _record(obj)
 
     async def create(self, record: LeaseRecord) -> LeaseRecord:

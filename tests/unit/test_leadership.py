@@ -310,3 +310,30 @@ async def test_lease_record_round_trip_through_the_store(
         await leases.update(created.but(holder="z"))  # stale resourceVersion
     with pytest.raises(Conflict):
         await leases.create(LeaseRecord(holder="z"))  # already exists
+
+
+async def test_a_slow_read_dates_the_observation_from_its_answer(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A standby whose read took 9 s must not date what it saw from when it asked.
+
+    The leader's last renewal landed near the end of that read; dated from the
+    question, the standby would take over up to 9 s early, while the leader
+    still writes.
+    """
+    server, writers = FakeApiServer(), Writers()
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            a, = start(nursery, server, writers, "a")
+            await wait_for(lambda: a.elector.leading)
+            b, = start(nursery, server, writers, "b")
+            await trio.sleep(10)
+            b.leases.read_latency_s = 9.0
+            seen = b.leases.answered["get"]
+            await wait_for(lambda: b.leases.answered["get"] >= seen + 2)  # one slow read
+            a.leases.unreachable = True  # a renewed just before that read's answer
+            b.leases.read_latency_s = 0.0
+            await wait_for(lambda: b.elector.leading)
+            assert a.elector.lost_at is not None
+            assert writers.first_write("b") > a.elector.lost_at
+            nursery.cancel_scope.cancel()
+    assert not writers.overlaps
