@@ -262,6 +262,10 @@ def render_status(doc: dict[str, Any]) -> str:
         lines += _table(("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"), rows)
     else:
         lines.append("  (none)")
+    leadership = doc.get("leadership")
+    if isinstance(leadership, dict):  # issue 14; absent from older replicas
+        lines.append("leadership: {}  holder {}  lease {}".format(
+            *(_cell(leadership.get(k)) for k in ("role", "holder", "lease"))))
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,8 @@ CONTRACT_EXAMPLE = {
         "ServiceDefinition": {"state": "watching", "last_error_class": None, "objects": 12},
         "Workflow": {"state": "preflight", "last_error_class": "schema_skew", "objects": 0},
     },
+    "leadership": {"role": "standby", "holder": "vm-1_812_5f2c9a1e",
+                   "lease": "trio-supervisor/trio-supervisor-fanout"},
 }
 
 
@@ -42,6 +44,8 @@ def test_render_status_contract_example() -> None:
     kinds = [line.split()[:4] for line in lines if line.strip().startswith(("Service", "Work"))]
     assert kinds == [["ServiceDefinition", "watching", "12", "-"],
                      ["Workflow", "preflight", "0", "schema_skew"]]
+    assert lines[-1] == ("leadership: standby  holder vm-1_812_5f2c9a1e  lease "
+                         "trio-supervisor/trio-supervisor-fanout")
     # Columns line up.
     table = [line for line in lines if line.strip().startswith(("NAME", "convergence", "listen"))]
     assert len({line.index(line.split()[1]) for line in table}) == 1
