@@ -89,14 +89,16 @@ async def test_sigterm_during_bootstrap_against_a_hung_server(tmp_path: Path) ->
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("election", [False, True])
 @pytest.mark.parametrize("failure", ["hang", "503"])
 async def test_sigterm_while_fanout_waits_in_preflight(
-    tmp_path: Path, pg_url: str, failure: str
+    tmp_path: Path, pg_url: str, failure: str, election: bool
 ) -> None:
     """Kubernetes hangs every request, or answers 503 (preflight retry: 300 s).
 
     Must not be lost: readiness (READY=1 and /readyz never wait for Kubernetes)
-    and the ability to stop while a watcher is dormant in its preflight.
+    and the ability to stop while a watcher is dormant in its preflight, or
+    (leader election on) while the replica waits for the Lease it cannot read.
     """
     async with fake_apiserver_process(tmp_path / "apiserver.log") as fake:
         control = FakeControl(fake.url)
@@ -105,7 +107,8 @@ async def test_sigterm_while_fanout_waits_in_preflight(
         config, port = chaos_config(
             tmp_path, pg_url, grace_s=GRACE_S,
             extra=f'[kubernetes]\nenabled = true\nkubeconfig = "{tmp_path}/kubeconfig"\n'
-                  "preflight_retry_s = 300\n")
+                  "preflight_retry_s = 300\n"
+                  f"leader_election = {'true' if election else 'false'}\n")
         await acli("db", "migrate", "--config", str(config))
         await trio.to_thread.run_sync(publish_once, pg_url, revision_body(5, "r1"))
         notify = NotifySocket(tmp_path / "notify")
@@ -117,10 +120,14 @@ async def test_sigterm_while_fanout_waits_in_preflight(
                 assert (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
                 # Both watchers have sent their preflight list.
                 await poll_until(lambda: _preflight_requests(control, 2), "preflight requests")
-                if failure == "503":
+                if failure == "503" and not election:
                     await wait_fields(daemon, error_class="namespace_or_rbac_unready")
+                elif failure == "503":
+                    await daemon.wait_log("lease request failed")
                 status = (await http.get(f"http://127.0.0.1:{port}/status")).json()
                 assert {st["state"] for st in status["fanout"].values()} == {"preflight"}
+                if election:
+                    assert status["leadership"]["role"] == "standby"
                 await stop_within_grace(daemon, GRACE_S)
         notify.close()
 
