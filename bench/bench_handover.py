@@ -7,7 +7,8 @@ Run from the repository root::
 
 Each round starts replica A, waits until it leads (the Lease was released by the
 previous round, so that takes at most a retry period), starts replica B and waits
-until B has observed A, then stops A: ``SIGKILL`` (a crash: B must wait for the
+until B has observed A, waits a random fraction of a retry period (so the signal
+falls at a random phase of B's polling), then stops A: ``SIGKILL`` (a crash: B must wait for the
 lease to expire, as observed by its own clock) or ``SIGTERM`` (A releases the
 Lease on its way out: B takes over at its next retry). The handover is the time
 from the signal to B's ``fan-out leadership acquired`` log line (both processes
@@ -28,6 +29,7 @@ running, nothing to fan out), counted by the fake per replica.
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import statistics
 import tempfile
@@ -41,6 +43,8 @@ from supervisor.kube.lease import KubeLeases, LeaseRecord
 from tests.fakes.apiserver import FakeApiServer, run_fake_apiserver, write_kubeconfig
 from tests.ha import CONTROL, Timings, lease_writes, log_time, replica, sd
 from tests.proc import EXAMPLE, acli, run_daemon
+
+PHASE = random.Random(14)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -75,6 +79,9 @@ async def one_round(tmp: Path, server: FakeApiServer, kubeconfig: Path, cp: str,
         await da.wait_log("fan-out leadership acquired")
         async with run_daemon(b.config) as db:
             await db.wait_log("fan-out leader observed", holder=a.identity)
+            # At a random phase of the standby's polling (right after its poll would
+            # be the worst case for a SIGTERM handover, a whole retry period).
+            await trio.sleep(PHASE.uniform(0, timings.retry_period_s))
             da.signal(how)
             signalled = time.time()
             took = await db.wait_log("fan-out leadership acquired")
