@@ -321,13 +321,28 @@ class LeaderElector:
         return (self._observed.holder if self._observed is not None else None) or "nobody"
 
     async def _release(self) -> None:
-        assert self._observed is not None
-        released = self._observed.but(holder=None, duration_s=1, renew_time=self._wall())
+        """Write the Lease with no holder; once more on a 409 if it still names us."""
+        current = self._observed
+        record: LeaseRecord | None = None
         try:
-            record = await self.leases.update(released)
+            for _ in range(2):
+                assert current is not None
+                try:
+                    record = await self.leases.update(
+                        current.but(holder=None, duration_s=1, renew_time=self._wall()))
+                    break
+                except Conflict:
+                    # A renewal cancelled in flight may have landed: read it again.
+                    current = await self.leases.get()
+                    if current is None or current.holder != self.identity:
+                        return  # not ours any more: nothing to release
         except KubeError as exc:
             log.warning("could not release the fan-out lease; a standby takes over when it "
                         "expires", lease=self.leases.where, error=str(exc))
+            return
+        if record is None:
+            log.warning("could not release the fan-out lease; a standby takes over when it "
+                        "expires", lease=self.leases.where, error="conflicting writes")
             return
         self._observed = record
         self.status.holder = None

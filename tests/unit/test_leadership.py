@@ -337,3 +337,20 @@ async def test_a_slow_read_dates_the_observation_from_its_answer(
             assert writers.first_write("b") > a.elector.lost_at
             nursery.cancel_scope.cancel()
     assert not writers.overlaps
+
+
+async def test_release_reads_again_after_a_conflict(autojump_clock: trio.testing.MockClock) -> None:
+    """The Lease changed since our last renewal (a label, say): release still happens."""
+    server, writers = FakeApiServer(), Writers()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            a, = start(nursery, server, writers, "a")
+            await wait_for(lambda: a.elector.leading)
+            obj = server.store.find(LEASE, NS, NAME)
+            assert obj is not None
+            labelled = {**obj, "metadata": {**obj["metadata"], "labels": {"x": "y"}}}
+            server.store.replace(LEASE, NS, NAME, labelled, "kubectl")
+            a.scope.cancel()
+            await wait_for(lambda: lease_holder(server, NS, NAME) is None)
+            assert a.leases.calls["update"] >= 2  # the stale release, then the fresh one
+            nursery.cancel_scope.cancel()
