@@ -54,6 +54,7 @@ async def test_two_replicas_one_fans_out_and_sigterm_hands_over(tmp_path: Path) 
                 leader, standby = (a, b) if lead_name == "a" else (b, a)
                 d_leader, d_standby = daemons[leader.name], daemons[standby.name]
                 await server.wait_until(lambda: all_ready(server, names))
+                await d_standby.wait_log("fan-out leader observed", holder=leader.identity)
                 # Both serve and are ready; only the leader wrote anything.
                 for r in (leader, standby):
                     assert (await r.get("/readyz")).status_code == 200
