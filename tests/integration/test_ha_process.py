@@ -100,7 +100,7 @@ async def test_kill_9_of_the_leader_mid_bulk(tmp_path: Path) -> None:
                 await da.wait_log("fan-out leadership acquired")
                 async with run_daemon(b.config) as db:
                     await db.wait_log("fan-out leader observed", holder=a.identity)
-                    names = [f"bulk-{i}" for i in range(150)]
+                    names = [f"bulk-{i}" for i in range(500)]
                     for name in names:
                         server.create(sd(name))
                     await server.wait_until(
