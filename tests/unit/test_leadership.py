@@ -372,3 +372,24 @@ def test_announcer_tells_the_stream_and_systemd_once_per_change() -> None:
         ("status", {"leadership": {"role": "leader", "holder": "vm-1", "lease": "ns/lease"}}),
     ]
     assert lines == ["fan-out standby (leader: vm-2)", "fan-out leader (lease ns/lease)"]
+
+
+async def test_an_outage_warns_once_then_says_when_it_is_over(
+        autojump_clock: trio.testing.MockClock) -> None:
+    from structlog.testing import capture_logs
+
+    server, writers = FakeApiServer(), Writers()
+    with trio.fail_after(120), capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            a, = start(nursery, server, writers, "a")
+            await wait_for(lambda: a.elector.leading)
+            a.leases.unreachable = True
+            await trio.sleep(60)  # thirty retries
+            a.leases.unreachable = False
+            await wait_for(lambda: a.elector.leading)
+            nursery.cancel_scope.cancel()
+    failed = [e for e in logs if e["event"] == "lease request failed"]
+    assert [e["log_level"] for e in failed].count("warning") == 1
+    assert len(failed) > 20
+    assert [e["failures"] for e in logs if e["event"] == "lease requests succeed again"] == [
+        len(failed)]
