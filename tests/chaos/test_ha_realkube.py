@@ -22,6 +22,7 @@ from tests.ha import Timings, log_time
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.realkube import Installation, RealKube, start_realkube
+from tests.tcpproxy import tcp_proxy
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -107,3 +108,68 @@ async def test_kill_9_of_the_leader_mid_bulk_on_a_real_api_server(
                               "/leases/trio-supervisor-fanout")
                 assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
                 assert lease["spec"]["leaseTransitions"] >= 1
+
+
+async def test_api_server_unreachable_past_the_renew_deadline_on_a_real_api_server(
+        kube: RealKube, tmp_path: Path) -> None:
+    """Behind a proxy (the Service address): cut for longer than the lease, then back."""
+    inst = await trio.to_thread.run_sync(kube.install)
+    target = int(kube.url.rsplit(":", 1)[1])
+    port = free_port()
+    text = inst.kubeconfig.read_text().replace(kube.url, f"https://127.0.0.1:{port}")
+    proxied = tmp_path / "kubeconfig-proxied"
+    proxied.write_text(text)
+    inst = Installation(inst.control, inst.apps, proxied)
+    a, b = config_for(tmp_path, inst, "a"), config_for(tmp_path, inst, "b")
+    await acli("publish", "--config", str(a), str(EXAMPLE))
+    with trio.fail_after(300):
+        async with tcp_proxy(port, target) as proxy, run_daemon(a) as da:
+            await da.wait_log("fan-out leadership acquired")
+            async with run_daemon(b) as db:
+                await db.wait_log("fan-out leader observed", holder="replica-a")
+                for i in range(20):
+                    await trio.to_thread.run_sync(kube.apply, {
+                        "apiVersion": GROUP, "kind": "ServiceDefinition",
+                        "metadata": {"name": f"web-{i}", "namespace": inst.control},
+                        "spec": {"image": "nginx:1.27", "replicas": 1}})
+                await poll_until(lambda: trio.to_thread.run_sync(
+                    lambda: ready_parents(kube, inst) == 20))
+                proxy.stop()
+                cut = time.time()
+                lost = await da.wait_log("fan-out leadership lost; fan-out stopped")
+                assert log_time(lost) - cut <= T.renew_deadline_s + 1.0
+                await trio.sleep(T.lease_duration_s)  # the outage outlasts the lease
+                # Changed while nobody could see it: a new parent.
+                await trio.to_thread.run_sync(kube.apply, {
+                    "apiVersion": GROUP, "kind": "ServiceDefinition",
+                    "metadata": {"name": "during", "namespace": inst.control},
+                    "spec": {"image": "nginx:1.27", "replicas": 1}})
+                await proxy.start()
+                await poll_until(lambda: trio.to_thread.run_sync(
+                    lambda: ready_parents(kube, inst) == 21))
+                lease_path = (f"/apis/coordination.k8s.io/v1/namespaces/{inst.control}"
+                              "/leases/trio-supervisor-fanout")
+                lease = await trio.to_thread.run_sync(kube.get, lease_path)
+                assert lease is not None
+                holder = lease["spec"]["holderIdentity"]
+                assert holder in ("replica-a", "replica-b")
+                # Exactly one leads, the holder, and stays so over a few renewals.
+                for _ in range(4):
+                    leading = [d for d in (da, db) if _role(d) == "leader"]
+                    assert len(leading) == 1
+                    await trio.sleep(T.retry_period_s)
+                during = await trio.to_thread.run_sync(
+                    kube.get, f"/apis/apps/v1/namespaces/{inst.apps}/deployments/during")
+                assert during is not None
+                assert managers(during) & {"mgr-a", "mgr-b"} == {f"mgr-{holder[-1]}"}
+
+
+def _role(daemon: Any) -> str:
+    """The role the daemon's log says it holds now (its last transition line)."""
+    role = "standby"
+    for line in daemon.lines:
+        if line.get("event") == "fan-out leadership acquired":
+            role = "leader"
+        elif line.get("event") == "fan-out leadership lost; fan-out stopped":
+            role = "standby"
+    return role
