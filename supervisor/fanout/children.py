@@ -22,10 +22,13 @@ SIGHUP: when the daemon passes its :class:`~supervisor.lifecycle.signals.HupHook
 one hook wakes every waiting preflight (a CRD or Role just applied is picked
 up at once instead of at the next retry).
 
-:func:`run_fanout_group` runs every kind in one nursery under one call: a
-caller that must start and stop the whole fan-out at once (leader election,
-issue 14) runs that inside a cancel scope of its own; cancelling it drains
-and stops every kind together.
+:func:`run_fanout_group` runs every kind in one nursery under one call;
+cancelling it drains and stops every kind together. With
+``[kubernetes].leader_election`` (issue 14) the app uses
+:func:`elected_fanout_child` instead of :func:`fanout_children`: one child
+named ``fanout`` that runs the Lease election
+(:mod:`supervisor.fanout.leadership`) and the group only while leading, on a
+Lease client of its own.
 """
 
 from __future__ import annotations
