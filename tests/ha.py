@@ -27,7 +27,7 @@ LEASE_NAME = "trio-supervisor-fanout"
 
 @dataclass(frozen=True)
 class Timings:
-    lease_duration_s: float = 4.0
+    lease_duration_s: float = 5.0
     renew_deadline_s: float = 3.0
     retry_period_s: float = 0.5
 

@@ -1,6 +1,6 @@
 """Two real daemon replicas on the fake API server: one fans out, handover is safe and fast.
 
-Timings are short (lease 4 s, renew deadline 3 s, retry 0.5 s); the bounds
+Timings are short (lease 5 s, renew deadline 3 s, retry 0.5 s); the bounds
 checked are the protocol's (a handover after a clean stop needs no lease
 expiry; after a kill it needs one), never a latency budget.
 """
