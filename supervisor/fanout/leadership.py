@@ -20,7 +20,9 @@ fan-out group) only while this replica holds the Lease. Its contract:
 - **Clock assumption** (the Lease protocol's): replicas' clocks *run* at about
   the same rate over one lease duration. Nothing compares one replica's wall
   clock with another's: ``renewTime`` is written for humans and tools, and
-  expiry is judged only by local elapsed time since a record change.
+  expiry is judged only by local elapsed time since a record change. And, as
+  any lease-based election, that a leader's process is not frozen longer than
+  ``lease_duration_s - renew_deadline_s`` minus the fan-out's drain.
 - **Release.** When cancelled (shutdown) while leading, ``lead`` is stopped
   first (its drain included), then the Lease is written with no holder (a
   1-second duration, as client-go), so a standby takes over within its
