@@ -12,7 +12,8 @@ Real (behaves as a kube-apiserver does):
 * Paths: ``/api/v1/namespaces[/{name}]``, ``/api/v1/namespaces/{ns}/{services,configmaps}``,
   ``/apis/apps/v1/.../deployments``, ``/apis/batch/v1/.../cronjobs``,
   ``/apis/platform.trio-supervisor.dev/v1/.../{servicedefinitions,workflows}`` with
-  ``/status``; all-namespace lists and watches (``/apis/apps/v1/deployments``), the legacy
+  ``/status``, ``/apis/coordination.k8s.io/v1/.../leases`` (election tests:
+  :mod:`tests.fakes.leases`); all-namespace lists and watches (``/apis/apps/v1/deployments``), the legacy
   ``/watch/`` prefix, discovery (``/api``, ``/apis``, ``/api/v1``, ``/apis/{g}/{v}``), ``/version``.
   Uninstalled CRDs 404 with a ``Status`` body and vanish from discovery.
 * ``metadata.uid``, ``creationTimestamp``, ``resourceVersion`` from one global counter
