@@ -143,7 +143,7 @@ class Daemon:
             # store closed by the previous run's ``finally`` is never reused).
             from supervisor.controlplane.follower import forward_path
             from supervisor.controlplane.store import open_store
-            from supervisor.convergence.reconciler import Reconciler
+            from supervisor.convergence.loop import ConvergenceLoop
             from supervisor.revision.document import SCHEMA_VERSION
             from supervisor.revision.secrets import EnvFileResolver
             from supervisor.sinks.file import SnapshotFile
@@ -167,7 +167,7 @@ class Daemon:
                                forward_to=forward_path(self.config.cache.path)
                                if cp.backend == "follower" else None)
             try:
-                reconciler = Reconciler(
+                reconciler = ConvergenceLoop(
                     store,
                     state=self.state,
                     status=self.status,

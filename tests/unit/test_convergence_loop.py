@@ -23,7 +23,8 @@ from supervisor.controlplane.store import (
     LoadedRevision,
     RevisionPointer,
 )
-from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import BootRefused
@@ -112,7 +113,7 @@ class FakeStore:
         pass
 
 
-def make(store: FakeStore, **kw: object) -> Reconciler:
+def make(store: FakeStore, **kw: object) -> ConvergenceLoop:
     params: dict[str, object] = {
         "state": ActiveState(), "status": RevisionStatus(), "metrics": Metrics(process=False),
         "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
@@ -120,7 +121,7 @@ def make(store: FakeStore, **kw: object) -> Reconciler:
         "rng": random.Random(1),
     }
     params.update(kw)
-    return Reconciler(store, **params)  # type: ignore[arg-type]
+    return ConvergenceLoop(store, **params)  # type: ignore[arg-type]
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
@@ -321,7 +322,7 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
     rec = make(store, snapshot_file=SnapshotFile(str(target)))
     await rec.converge_once()
     assert json.loads(target.read_bytes())["revision"] == 1
-    rec.snapshot_file = SnapshotFile(str(tmp_path / "file-not-dir" / "snap.json"))
+    rec.sinks.snapshot_file = SnapshotFile(str(tmp_path / "file-not-dir" / "snap.json"))
     (tmp_path / "file-not-dir").write_text("x")
     with structlog.testing.capture_logs() as logs:
         for i in range(3):

@@ -4,7 +4,7 @@ Every restore branch of ``bootstrap`` (skew, a refused cache, an uncompilable
 cache, no cache file, the republish as ``control_plane`` once the control plane
 answers again), and the visible effects of each attempt: the status report,
 the events on the bus, the metrics and the ``STATUS=`` text. Against the fake
-store of ``test_reconciler`` and the real signed cache on a temporary directory
+store of ``test_convergence_loop`` and the real signed cache on a temporary directory
 (or a fake one raising the cache's own errors); virtual time throughout.
 """
 
@@ -24,13 +24,14 @@ import trio.testing
 
 from supervisor import reasons
 from supervisor.controlplane.store import ControlPlaneError, FailureCategory
-from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.errors import BootRefused
 from supervisor.events import EventBus
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg import CacheError, CacheSkew, LastKnownGood, generate_signing_key
 from supervisor.sinks.state import ActiveState
-from tests.unit.test_reconciler import FakeStore, doc, make, sample
+from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
 
 LKG = "supervisor_last_known_good_events_total"
 
@@ -57,7 +58,7 @@ class Seen:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def watched(store: FakeStore, **kw: Any) -> tuple[Reconciler, Seen]:
+def watched(store: FakeStore, **kw: Any) -> tuple[ConvergenceLoop, Seen]:
     seen = Seen()
     bus = EventBus()
     rec = make(store, events=bus, on_status=seen.status.append, **kw)
