@@ -28,40 +28,34 @@ transaction pooling mode and against a hot standby (reads only; ``publish``
 and ``migrate`` are refused there as ``unavailable``, a read-only transaction).
 
 Failures are mapped here, at the driver boundary, by :func:`classify`
-(categories in :mod:`supervisor.controlplane.store`), chained with ``from``,
+(categories in :mod:`supervisor.controlplane.errors`), chained with ``from``,
 with the DSN's password scrubbed from every message.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
-import trio
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.store import (
-    INTERRUPT_GRACE_S,
-    MIGRATE_HINT,
+from supervisor.controlplane.checks import (
     OBSERVE_SQL,
-    ControlPlaneError,
-    FailureCategory,
     HydrateRow,
-    LoadedRevision,
-    RevisionPointer,
-    call_interruptibly,
     check_hydrated,
     check_publishable,
-    malformed,
     pointer_from_row,
-    unavailable_timeout,
 )
+from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
+from supervisor.controlplane.runner import INTERRUPT_GRACE_S, ConnectionRunner
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
@@ -258,6 +252,48 @@ def _close_quietly(conn: Conn) -> None:
         log.debug("closing a control-plane connection failed", error=str(exc))
 
 
+class _Connections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg."""
+
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+
+    def __init__(self, url: str, connect_timeout_s: float, timeout_ms: int | None) -> None:
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_ms = timeout_ms
+        # Read at every connect: a restore or another database behind the
+        # same DSN can only appear across a new connection.
+        self.identity: str | None = None
+
+    def open(self, stop: threading.Event) -> Conn:
+        # Nothing to interrupt while connecting (``stop`` unused): a cancelled
+        # connect is abandoned, and its connection closed if it ever completes.
+        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
+                       statement_timeout_s=None)
+        try:
+            self.identity = bounded(conn, _identity, self.timeout_ms)
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        log.debug("control-plane connection opened", url=redact(self.url))
+        return conn
+
+    def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
+        return bounded(conn, fn, self.timeout_ms)
+
+    def interrupt(self, conn: Conn, stop: threading.Event) -> None:
+        conn.cancel_safe(timeout=INTERRUPT_GRACE_S)
+
+    def close(self, conn: Conn) -> None:
+        _close_quietly(conn)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what, url=self.url)
+
+    def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
+        return _healthy(conn)
+
+
 class PostgresStore:
     """ControlPlaneStore on PostgreSQL (see the module docstring)."""
 
@@ -273,21 +309,17 @@ class PostgresStore:
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
-        self._connect_timeout_s = connect_timeout_s
         # The client-side deadline: a connect plus one statement, plus slack
         # so the server's own statement_timeout normally fires first (its
         # error says more than ours).
-        self._deadline_s = connect_timeout_s + statement_timeout_s + 2.0
-        self._limiter = trio.CapacityLimiter(1)
-        self._conn: Conn | None = None
-        self._closed = False
-        # Read at every connect: a restore or another database behind the
-        # same DSN can only appear across a new connection.
-        self._identity: str | None = None
         # Per call, never per session (see bounded()); the DSN's options win.
-        self._timeout_ms: int | None = (
-            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s)
+        self._connections = _Connections(
+            config.url, connect_timeout_s,
+            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s),
         )
+        self._runner = ConnectionRunner(
+            self._connections, deadline_s=connect_timeout_s + statement_timeout_s + 2.0)
+        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
@@ -307,7 +339,7 @@ class PostgresStore:
         def read(conn: Conn) -> RevisionPointer | None:
             with conn.cursor(binary=True) as cur:
                 row = cur.execute(OBSERVE_SQL).fetchone()
-            return pointer_from_row(row, self._identity)
+            return pointer_from_row(row, self._connections.identity)
 
         return await self._run("read", read)
 
@@ -400,76 +432,4 @@ class PostgresStore:
         return await self._run("prune", partial(revisions.pg.prune, keep=keep))
 
     async def aclose(self) -> None:
-        self._closed = True
-        # Often called from a cancelled scope during shutdown: shielded, bounded.
-        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
-            async with self._limiter:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        partial(_close_quietly, conn), abandon_on_cancel=True
-                    )
-
-    # -- one call ------------------------------------------------------------------
-
-    async def _run(
-        self, what: str, fn: Callable[[Conn], T], *, deadline_s: float | None = None
-    ) -> T:
-        if self._closed:
-            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
-        deadline_s = self._deadline_s if deadline_s is None else deadline_s
-        async with self._limiter:
-            with trio.move_on_after(deadline_s):
-                return await self._run_locked(what, fn)
-            raise unavailable_timeout(what, deadline_s)
-
-    async def _run_locked(self, what: str, fn: Callable[[Conn], T]) -> T:
-        conn = self._conn
-        try:
-            if conn is None:
-                conn = await self._connect()
-                self._conn = conn
-            return await call_interruptibly(
-                partial(bounded, conn, fn, self._timeout_ms),
-                interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
-                dispose=partial(_close_quietly, conn),
-            )
-        except trio.Cancelled:
-            # call_interruptibly has handed the connection over for closing.
-            self._conn = None
-            raise
-        except (psycopg.Error, OSError) as exc:
-            if conn is not None and not _healthy(conn):
-                self._conn = None
-                await trio.to_thread.run_sync(partial(_close_quietly, conn))
-            raise map_error(exc, what=what, url=self._url) from exc
-        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
-            # Our own decoding of a row the schema should not allow; the
-            # connection itself is fine. Traceback dropped (it holds the rows).
-            raise malformed(exc, what=what) from exc.with_traceback(None)
-        finally:
-            if self._closed and self._conn is not None:
-                # aclose() ran while this call held the connection.
-                stale, self._conn = self._conn, None
-                trio.lowlevel.start_thread_soon(partial(_close_quietly, stale), lambda _: None)
-
-    async def _connect(self) -> Conn:
-        made: list[Conn] = []
-        url, connect_timeout_s = self._url, self._connect_timeout_s
-        timeout = self._timeout_ms
-
-        def open_one() -> Conn:
-            conn = connect(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=None)
-            made.append(conn)
-            self._identity = bounded(conn, _identity, timeout)
-            return conn
-
-        def dispose() -> None:
-            for conn in made:
-                _close_quietly(conn)
-
-        # Nothing to interrupt while connecting: a cancelled connect is
-        # abandoned, and its connection closed if it ever completes.
-        conn = await call_interruptibly(open_one, interrupt=lambda: None, dispose=dispose)
-        log.debug("control-plane connection opened", url=redact(url))
-        return conn
+        await self._runner.aclose()

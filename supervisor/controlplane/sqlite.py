@@ -43,22 +43,16 @@ import trio
 
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.store import (
-    INTERRUPT_GRACE_S,
-    MIGRATE_HINT,
+from supervisor.controlplane.checks import (
     OBSERVE_SQL,
-    ControlPlaneError,
-    FailureCategory,
     HydrateRow,
-    LoadedRevision,
-    RevisionPointer,
-    call_interruptibly,
     check_hydrated,
     check_publishable,
-    malformed,
     pointer_from_row,
-    unavailable_timeout,
 )
+from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
+from supervisor.controlplane.runner import ConnectionRunner
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
@@ -203,6 +197,66 @@ def _close_quietly(conn: sqlite3.Connection) -> None:
         log.debug("closing a control-plane connection failed", error=str(exc))
 
 
+class _Connections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for sqlite3."""
+
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
+        self.path = path
+        self.create = create
+        self.busy_timeout_s = busy_timeout_s
+        # (st_dev, st_ino) of the file the open connection reads: a restore by
+        # `mv new.db cp.db` or a deleted file leaves the connection on the old
+        # inode, so every call first checks the path still names it.
+        self.file_id: tuple[int, int] | None = None
+
+    def open(self, stop: threading.Event) -> sqlite3.Connection:
+        path = self.path
+        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
+        # makes the embedded control plane on first publish).
+        uri = f"file:{quote(path)}?mode={'rwc' if self.create else 'rw'}"
+        # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
+        # call would sleep it out and then, the lock gone, commit anyway);
+        # _retry_busy waits instead, and stops when told to.
+        conn = sqlite3.connect(
+            uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
+        )
+        try:
+            st = os.stat(path)
+            self.file_id = (st.st_dev, st.st_ino)
+            # Per connection in SQLite; without it the REFERENCES clause is decorative.
+            conn.execute("PRAGMA foreign_keys = ON")
+            # Both steps may meet a lock (another process migrating, or a
+            # closing connection checkpointing the WAL): waited out like any other.
+            applied = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
+            if applied:
+                log.info("control-plane schema migrated", applied=applied, path=path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
+             stop: threading.Event) -> T:
+        return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
+
+    def interrupt(self, conn: sqlite3.Connection, stop: threading.Event) -> None:
+        stop.set()
+        conn.interrupt()
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        _close_quietly(conn)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what)
+
+    def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
+        # Reopen next time: the file may have been replaced, repaired or made
+        # readable meanwhile. Contention keeps the connection.
+        return error.category is FailureCategory.CONFLICT
+
+
 class SQLiteStore:
     """ControlPlaneStore on an SQLite file (see the module docstring)."""
 
@@ -216,20 +270,15 @@ class SQLiteStore:
     ) -> None:
         self._path = sqlite_path(config.url)
         self._create = create
-        # (st_dev, st_ino) of the file the open connection reads: a restore by
-        # `mv new.db cp.db` or a deleted file leaves the connection on the old
-        # inode, so every call first checks the path still names it.
-        self._file_id: tuple[int, int] | None = None
         self._wal_id: tuple[int, int] | None = None
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
         # the problem) well before the client-side deadline cancels the call.
-        self._busy_timeout_s = statement_timeout_s / 2
-        self._deadline_s = statement_timeout_s + 1.0
-        self._limiter = trio.CapacityLimiter(1)
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
+        self._connections = _Connections(self._path, create, statement_timeout_s / 2)
+        self._runner = ConnectionRunner(self._connections, deadline_s=statement_timeout_s + 1.0,
+                                        before=self._check_file)
+        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
@@ -258,9 +307,10 @@ class SQLiteStore:
     @property
     def identity(self) -> str | None:
         """``sqlite:<device>:<inode>`` of the open file (None before the first call)."""
-        if self._file_id is None:
+        file_id = self._connections.file_id
+        if file_id is None:
             return None
-        return f"sqlite:{self._file_id[0]}:{self._file_id[1]}"
+        return f"sqlite:{file_id[0]}:{file_id[1]}"
 
     async def hydrate(self) -> LoadedRevision | None:
         max_bytes, max_schema = self._max_bytes, self._max_schema
@@ -363,24 +413,15 @@ class SQLiteStore:
         return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))
 
     async def aclose(self) -> None:
-        self._closed = True
-        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
-            async with self._limiter:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        partial(_close_quietly, conn), abandon_on_cancel=True
-                    )
+        await self._runner.aclose()
 
-    # -- one call ------------------------------------------------------------------
+    # -- before every call ---------------------------------------------------------
 
-    async def _run(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._closed:
-            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
-        async with self._limiter:
-            with trio.move_on_after(self._deadline_s):
-                return await self._run_locked(what, fn)
-            raise unavailable_timeout(what, self._deadline_s)
+    async def _check_file(self, what: str) -> None:
+        try:
+            await self._still_same_file()
+        except OSError as exc:
+            raise map_error(exc, what=what) from exc
 
     async def _still_same_file(self) -> None:
         """Drop the connection when the path no longer names the file it reads.
@@ -396,18 +437,17 @@ class SQLiteStore:
         with that same inode belongs to the old file (whose name is gone, so
         nobody can open it again) and is removed with its shared-memory index.
         """
-        conn = self._conn
+        conn = self._runner.connection
         path = self._path
         current = await trio.to_thread.run_sync(_file_id, path)
         wal = await trio.to_thread.run_sync(_file_id, path + "-wal")
-        if conn is not None and current != self._file_id:
+        if conn is not None and current != self._connections.file_id:
             log.warning(
                 "control-plane file replaced or removed; reopening"
                 if current is not None else "control-plane file removed",
                 path=path,
             )
-            self._conn = None
-            await trio.to_thread.run_sync(partial(_close_quietly, conn))
+            await self._runner.discard()
             if current is not None and wal is not None and wal == self._wal_id:
                 await trio.to_thread.run_sync(_remove_stale_wal, path)
                 log.warning("removed the replaced control-plane file's WAL (another process "
@@ -420,8 +460,7 @@ class SQLiteStore:
                 # unlinked): publishes go to a new one it never sees.
                 log.warning("control-plane WAL file removed or replaced under the daemon; "
                             "reopening", path=path)
-                self._conn = None
-                await trio.to_thread.run_sync(partial(_close_quietly, conn))
+                await self._runner.discard()
                 wal = None
             self._wal_id = wal
         if current is None and not self._create:
@@ -429,86 +468,3 @@ class SQLiteStore:
                 f"control plane read failed: the control-plane file {path} does not exist",
                 category=FailureCategory.UNAVAILABLE,
             )
-
-    async def _run_locked(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            await self._still_same_file()
-        except OSError as exc:
-            raise map_error(exc, what=what) from exc
-        conn = self._conn
-        stop = threading.Event()
-        try:
-            if conn is None:
-                conn = await self._connect()
-                self._conn = conn
-            live = conn
-
-            def interrupt() -> None:
-                stop.set()
-                live.interrupt()
-
-            return await call_interruptibly(
-                partial(_retry_busy, partial(fn, conn), stop, self._busy_timeout_s),
-                interrupt=interrupt,
-                dispose=partial(_close_quietly, conn),
-            )
-        except trio.Cancelled:
-            self._conn = None
-            raise
-        except (sqlite3.Error, OSError) as exc:
-            error = map_error(exc, what=what)
-            if conn is not None and error.category is not FailureCategory.CONFLICT:
-                # Reopen next time: the file may have been replaced, repaired
-                # or made readable meanwhile. Contention keeps the connection.
-                self._conn = None
-                await trio.to_thread.run_sync(partial(_close_quietly, conn))
-            raise error from exc
-        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
-            # Our own decoding of a row the schema should not allow (see malformed()).
-            raise malformed(exc, what=what) from exc.with_traceback(None)
-        finally:
-            if self._closed and self._conn is not None:
-                stale, self._conn = self._conn, None
-                trio.lowlevel.start_thread_soon(partial(_close_quietly, stale), lambda _: None)
-
-    async def _connect(self) -> sqlite3.Connection:
-        made: list[sqlite3.Connection] = []
-        path, busy_timeout_s = self._path, self._busy_timeout_s
-        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
-        # makes the embedded control plane on first publish).
-        uri = f"file:{quote(path)}?mode={'rwc' if self._create else 'rw'}"
-
-        stop = threading.Event()
-
-        def open_one() -> sqlite3.Connection:
-            # timeout=0: SQLite's own busy wait cannot be interrupted (a
-            # cancelled call would sleep it out and then, the lock gone, commit
-            # anyway); _retry_busy waits instead, and stops when told to.
-            conn = sqlite3.connect(
-                uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
-            )
-            made.append(conn)
-            try:
-                st = os.stat(path)
-            except OSError:
-                conn.close()
-                raise
-            self._file_id = (st.st_dev, st.st_ino)
-            try:
-                # Per connection in SQLite; without it the REFERENCES clause is decorative.
-                conn.execute("PRAGMA foreign_keys = ON")
-                # Both steps may meet a lock (another process migrating, or a
-                # closing connection checkpointing the WAL): waited out like any other.
-                applied = _retry_busy(partial(_prepare, conn), stop, busy_timeout_s)
-                if applied:
-                    log.info("control-plane schema migrated", applied=applied, path=path)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        def dispose() -> None:
-            for conn in made:
-                _close_quietly(conn)
-
-        return await call_interruptibly(open_one, interrupt=stop.set, dispose=dispose)

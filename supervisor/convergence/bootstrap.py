@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.store import ControlPlaneError
+from supervisor.controlplane.errors import ControlPlaneError
 from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.outcome import Outcome, OutcomeKind, failure_fields
 from supervisor.errors import BootRefused

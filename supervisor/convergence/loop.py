@@ -86,7 +86,8 @@ import trio
 
 from supervisor import reasons
 from supervisor.backoff import Backoff
-from supervisor.controlplane.store import ControlPlaneError, LoadedRevision, RevisionPointer
+from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.outcome import (
     FAST_TRIGGERS,

@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass
 
 from supervisor import reasons
-from supervisor.controlplane.store import (
+from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     Incompatible,

@@ -16,13 +16,8 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.store import (
-    ControlPlaneError,
-    FailureCategory,
-    Incompatible,
-    LoadedRevision,
-    RevisionPointer,
-)
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, Incompatible
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.signal import ChangeSignal

@@ -23,7 +23,7 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.store import ControlPlaneError, FailureCategory
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.errors import BootRefused
@@ -530,7 +530,7 @@ async def test_the_first_successful_sink_write_is_not_a_recovery(tmp_path: Path)
 
 
 async def test_incompatible_and_too_large_refusals_are_final_until_desired_moves() -> None:
-    from supervisor.controlplane.store import TooLarge
+    from supervisor.controlplane.errors import TooLarge
 
     store = FakeStore()
     store.put(doc("a"))

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.store import ControlPlaneError, FailureCategory
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
