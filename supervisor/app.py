@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from supervisor import logs, reasons
-from supervisor.config import Config, load
+from supervisor.config import Config
+from supervisor.configfile import load
 from supervisor.controlplane.poke import Poke
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus

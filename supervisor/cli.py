@@ -27,7 +27,8 @@ from supervisor.commands.common import (
     config_path,
     load_config,
 )
-from supervisor.config import CONFIG_ENV, Config, check_files, load, placeholders
+from supervisor.config import CONFIG_ENV, Config, check_files, placeholders
+from supervisor.configfile import load
 from supervisor.errors import (
     BootRefused,
     ConfigError,

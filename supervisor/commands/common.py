@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from supervisor.config import CONFIG_ENV, Config, load, placeholders, sqlite_path
+from supervisor.config import CONFIG_ENV, Config, placeholders, sqlite_path
+from supervisor.configfile import load
 from supervisor.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:

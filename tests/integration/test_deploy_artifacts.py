@@ -36,7 +36,7 @@ import yaml
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.context import AdminContext
-from supervisor.config import load, load_text
+from supervisor.configfile import load, load_text
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.sinks.state import ActiveState
