@@ -316,6 +316,8 @@ def check_files(config: Config) -> list[tuple[str, str]]:
         parent = Path(value).parent
         if created and not os.path.lexists(parent):
             return  # made at start, mode 0700 (the cache's constructor; `check` runs it too)
+        if not parent.is_absolute() and not parent.is_dir():
+            return  # made at start; statedirs.creation_problems says when it cannot be
         if not parent.is_dir():
             problems.append((key, f"directory {parent} does not exist"))
         elif not os.access(parent, os.W_OK):
