@@ -73,6 +73,8 @@ class InjectedFault(RuntimeError):
 
 
 class StartFn(Protocol):
+    """A child: started with ``nursery.start``, reports ``task_status.started()`` when up."""
+
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
 
 
@@ -85,7 +87,7 @@ class Restart(enum.Enum):
 @dataclass(frozen=True)
 class ChildSpec:
     name: str
-    start: Callable[..., Awaitable[None]]
+    start: StartFn
     restart: Restart = Restart.PERMANENT
     shutdown_timeout_s: float = 5.0
 

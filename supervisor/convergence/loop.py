@@ -312,7 +312,7 @@ class ConvergenceLoop:
     async def swap_in(self, snapshot: Snapshot, source: Source, took_s: float, *,
                       body_sha256: bytes | None) -> None:
         """Serve ``snapshot`` (the one atomic swap), report it, write the snapshot file."""
-        self.state.publish(snapshot, body_sha256=body_sha256)  # the one atomic swap
+        self.state.swap(snapshot, body_sha256=body_sha256)
         self.status.published(snapshot.revision, snapshot.generation, source, took_s,
                               body_sha256)
         self.metrics.serving_last_known_good.set(1 if source == "last_known_good" else 0)
