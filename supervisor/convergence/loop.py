@@ -146,6 +146,8 @@ class ConvergenceLoop:
         self.state = state
         self.status = status
         self.metrics = metrics
+        # The revision gauges read the status: it is the one place they are written.
+        metrics.follow_revision(status)
         self.events = events
         self.signal = signal
         self.poll_interval_s = poll_interval_s
@@ -186,7 +188,6 @@ class ConvergenceLoop:
 
     def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         self.status.observed(desired, body_sha256)
-        self.metrics.desired_revision.set(desired or 0)
 
     def _check_epoch(self, identity: str | None) -> None:
         if identity is None:
@@ -302,9 +303,10 @@ class ConvergenceLoop:
 
     def _set_reachable(self, up: bool) -> None:
         was = self.status.control_plane_up
-        if not up:
+        if up:
+            self.status.answered()
+        else:
             self.status.unreachable()
-        self.metrics.control_plane_up.set(1 if up else 0)
         if was != up:
             self.events.publish("status", {"control_plane_up": up,
                                            "revision": self.status.report()})
@@ -315,10 +317,6 @@ class ConvergenceLoop:
         self.state.swap(snapshot, body_sha256=body_sha256)
         self.status.published(snapshot.revision, snapshot.generation, source, took_s,
                               body_sha256)
-        self.metrics.serving_last_known_good.set(1 if source == "last_known_good" else 0)
-        self.metrics.active_revision.set(snapshot.revision)
-        self.metrics.active_generation.set(snapshot.generation)
-        self.metrics.convergence_lag.set(self.status.lag_s)
         log.info("published", revision=snapshot.revision, generation=snapshot.generation,
                  source=source, took_s=round(took_s, 6))
         self.events.publish("published", {
@@ -385,7 +383,6 @@ class ConvergenceLoop:
         elif self._failures.outage.recovered(active=self.status.active):
             self._on_outage_change(False)
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
-        self.metrics.convergence_lag.set(self.status.lag_s)
         log.debug("convergence attempt", trigger=trigger, outcome=outcome.kind.value,
                   revision=outcome.revision)
         return outcome

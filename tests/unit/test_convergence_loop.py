@@ -331,3 +331,35 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
     # six failed writes.
     assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 6
     assert rec.state.snapshot is not None and rec.state.snapshot.revision == 4
+
+
+async def test_revision_gauges_read_the_status_between_attempts(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """One writer per fact: the gauges follow the status report at every scrape.
+
+    The lag grows while the control plane stays unreachable, also between two
+    attempts (a gauge set only at each attempt would stand still), and a
+    refusal that proves the control plane answered marks it up in both.
+    """
+    store = FakeStore()
+    store.put(doc("chat"))
+    rec = make(store)
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    store.put(doc("chat", "mail"))
+    store.outage = True
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    assert rec.status.report()["control_plane_up"] is False
+    await trio.sleep(100)
+    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") >= 100
+    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") == pytest.approx(
+        rec.status.lag_s)
+    store.outage = False
+    store.corrupt.add(2)
+    await rec.converge_once()  # refused as corrupt: the control plane answered
+    assert rec.status.report()["control_plane_up"] is True
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.metrics, "supervisor_desired_revision") == 2
+    assert sample(rec.metrics, "supervisor_active_revision") == 1
