@@ -16,13 +16,13 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import trio
 
-from tests.proc import REPO, Daemon, free_port
+from tests.proc import REPO, Daemon, free_port, run_daemon
 
 CONF = REPO / "conf"
 
@@ -48,22 +48,9 @@ def cli_in(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
                           timeout=60, check=False)
 
 
-@asynccontextmanager
-async def daemon_in(cwd: Path, env: Mapping[str, str]) -> AsyncIterator[Daemon]:
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "supervisor", "run", "--config", "conf/dev.toml"],
-        cwd=str(cwd), env=dict(env), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    daemon = Daemon(process)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(daemon._pump)
-        try:
-            yield daemon
-        finally:
-            if process.returncode is None:
-                process.kill()
-            with trio.move_on_after(10, shield=True):
-                await process.wait()
-            nursery.cancel_scope.cancel()
+def daemon_in(cwd: Path, env: Mapping[str, str]) -> AbstractAsyncContextManager[Daemon]:
+    """The README's first command's daemon, run from ``cwd`` (a fresh clone)."""
+    return run_daemon(Path("conf/dev.toml"), args=("run",), env=env, cwd=cwd)
 
 
 def mode(path: Path) -> int:
