@@ -172,8 +172,8 @@ PAGES: Final[dict[str, str]] = {
     "meaning.",
     "commands.md": "every subcommand and option of `trio-supervisor`, with examples and exit "
     "codes.",
-    "exit-codes.md": "the process's exit codes, which errors lead to them, and the signals it "
-    "handles.",
+    "exit-codes.md": "the process's exit codes, which errors lead to them, the signals it "
+    "handles, and what it tells systemd.",
     "revision-schema.md": "the revision document `publish` takes and the daemon compiles.",
     "control-plane.md": "the control-plane tables, the NOTIFY trigger, the desired pointer's "
     "rules, how reads fail.",
@@ -192,6 +192,15 @@ SIGNALS: Final[dict[str, str]] = {
     "SIGINT": "As SIGTERM (Ctrl-C).",
     "SIGHUP": "Re-read `[log].level` from the configuration file and run a convergence "
     "attempt now (and wake the fan-out watchers waiting in their preflight).",
+}
+
+SYSTEMD: Final[dict[str, str]] = {
+    "READY": "Once the first snapshot is published and every child has started (a fan-out "
+    "watcher waiting in its preflight has started: READY never waits for Kubernetes).",
+    "STATUS": "On state changes: what is served, what is failing, `stopping`.",
+    "STOPPING": "When shutdown begins (the first SIGTERM/SIGINT).",
+    "WATCHDOG": "Every half `WATCHDOG_USEC` (when `WATCHDOG_PID` is unset or this process) "
+    "while healthy; a crash-looping tree stops it, so `WatchdogSec` restarts the process.",
 }
 
 ADMIN_ROUTES: Final[dict[str, str]] = {

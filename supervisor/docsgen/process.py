@@ -5,7 +5,8 @@
   examples and exit codes per command come from :mod:`supervisor.cli_help`.
 - Exit codes: the ``EXIT_*`` constants of :mod:`supervisor.commands.common`; the
   exceptions :func:`supervisor.cli._report` maps to them, read from its syntax
-  tree; the signals of :mod:`supervisor.lifecycle.signals`.
+  tree; the signals of :mod:`supervisor.lifecycle.signals`; the ``sd_notify``
+  lines found in the source (:func:`~supervisor.docsgen.sourcescan.notify_messages`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from supervisor import cli, cli_help, docs_catalog, errors
 from supervisor.commands import common
 from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
+from supervisor.docsgen.sourcescan import modules, notify_messages
 from supervisor.lifecycle import signals
 
 __all__ = ["exception_exits", "exit_constants", "render_commands", "render_exit_codes",
@@ -195,9 +197,9 @@ def render_exit_codes() -> str:
             for c, text in words.exits if c == value) or UNDESCRIBED
         rows.append((code(value), code(name), meaning,
                      ", ".join(f"[`{c}`](commands.md#{c})" for c in users.get(value, []))))
-    out = [HEADER, "# Exit codes and signals\n\n",
-           "How the process ends, and the signals it answers. The codes are the `EXIT_*` "
-           "constants of `supervisor/commands/common.py`; what each command means by them "
+    out = [HEADER, "# Exit codes, signals and systemd\n\n",
+           "How the process ends, the signals it answers, and what it tells systemd. The "
+           "codes are the `EXIT_*` constants of `supervisor/commands/common.py`; what each command means by them "
            "is in [commands.md](commands.md).\n\n",
            table(("code", "constant", "meaning", "commands"), rows),
            "\n## Which error ends in which code\n\n",
@@ -213,4 +215,18 @@ def render_exit_codes() -> str:
     out.append(table(("signal", "what the daemon does"),
                      [(code(sig.name), docs_catalog.SIGNALS.get(sig.name, UNDESCRIBED))
                       for sig in signals.HANDLED]))
+    out.append("\n## Under systemd\n\n"
+               "When `NOTIFY_SOCKET` is set (`Type=notify`), the daemon sends these "
+               "`sd_notify` lines (found in the source); without it, nothing.\n\n")
+    sent: dict[str, tuple[set[str], set[str]]] = {}
+    for module, tree in modules():
+        for key, line_value in notify_messages(tree):
+            entry = sent.setdefault(key, (set(), set()))
+            entry[0].add(line_value)
+            entry[1].add(module)
+    out.append(table(("line", "when", "sent by"),
+                     [(", ".join(code(f"{key}={v}") for v in sorted(values)),
+                       docs_catalog.SYSTEMD.get(key, UNDESCRIBED),
+                       ", ".join(code(m) for m in sorted(mods)))
+                      for key, (values, mods) in sorted(sent.items())]))
     return "".join(out)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from supervisor.docsgen.common import PACKAGE
 
-__all__ = ["kube_event_reasons", "log_calls", "modules", "stream_events"]
+__all__ = ["kube_event_reasons", "log_calls", "modules", "notify_messages", "stream_events"]
 
 LEVELS = ("debug", "info", "warning", "error", "critical", "exception")
 
@@ -134,3 +134,21 @@ def _constants(node: ast.expr) -> list[str]:
     if isinstance(node, ast.IfExp):
         return _constants(node.body) + _constants(node.orelse)
     return []
+
+
+def notify_messages(tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """(KEY, value) of every sd_notify line sent: ``<...>.send(READY="1", STATUS=text)``.
+
+    A call counts when every keyword is an upper-case name (the notify
+    protocol's keys); a value that is not a constant is shown as ``<text>``.
+    """
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "send" and node.keywords and not node.args
+                and all(k.arg and k.arg.isupper() for k in node.keywords)):
+            continue
+        for keyword in node.keywords:
+            value = keyword.value
+            shown = (value.value if isinstance(value, ast.Constant) and isinstance(value.value, str)
+                     else "<text>")
+            yield str(keyword.arg), shown

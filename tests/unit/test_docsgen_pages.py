@@ -292,3 +292,12 @@ def test_the_contract_event_reasons_and_conditions_are_found() -> None:
     for condition in ("Ready", "Available"):
         assert condition in docs_catalog.KUBE_CONDITIONS
         assert row(page, f"`{condition}`")
+
+
+def test_every_sd_notify_line_sent_is_described() -> None:
+    page = section(docsgen.render_exit_codes(), "## Under systemd")
+    keys = {key for _, tree in sourcescan.modules()
+            for key, _ in sourcescan.notify_messages(tree)}
+    assert {"READY", "STATUS", "STOPPING", "WATCHDOG"} <= keys
+    assert keys == set(docs_catalog.SYSTEMD)
+    assert "`READY=1`" in page and "`WATCHDOG=1`" in page
