@@ -199,8 +199,8 @@ def render_exit_codes() -> str:
                      ", ".join(f"[`{c}`](commands.md#{c})" for c in users.get(value, []))))
     out = [HEADER, "# Exit codes, signals and systemd\n\n",
            "How the process ends, the signals it answers, and what it tells systemd. The "
-           "codes are the `EXIT_*` constants of `supervisor/commands/common.py`; what each command means by them "
-           "is in [commands.md](commands.md).\n\n",
+           "codes are the `EXIT_*` constants of `supervisor/commands/common.py`; what each "
+           "command means by them is in [commands.md](commands.md).\n\n",
            table(("code", "constant", "meaning", "commands"), rows),
            "\n## Which error ends in which code\n\n",
            "The daemon and every command map the first error of these kinds found (inside "
