@@ -176,7 +176,7 @@ PAGES: Final[dict[str, str]] = {
     "handles, and what it tells systemd.",
     "revision-schema.md": "the revision document `publish` takes and the daemon compiles.",
     "control-plane.md": "the control-plane tables, the NOTIFY trigger, the desired pointer's "
-    "rules, how reads fail.",
+    "rules, follower mode, how reads fail.",
     "admin-api.md": "the admin routes, the `/status` document and the live stream's messages.",
     "metrics.md": "every Prometheus metric with its type, help and label values.",
     "kubernetes.md": "the custom resources, labels, annotations, conditions, Events and API "
@@ -309,6 +309,24 @@ POINTER_RULES: Final[tuple[str, ...]] = (
     "missing revision (`not_found`); the body is over `max_revision_bytes` (`denied`); its "
     "`schema_version` is newer than the build reads (`incompatible`); its digest differs "
     "(`corrupt`). A refused candidate never replaces the active snapshot.",
+)
+
+FOLLOWER: Final[tuple[str, ...]] = (
+    "A replica whose `[control_plane].url` is another replica's admin address "
+    "(`http(s)://HOST:PORT`) takes its desired revision from that replica instead of a "
+    "database; `[control_plane].token_file` holds the upstream's admin token.",
+    "Polling the upstream's `GET /v1/revision` every `poll_interval_s` is the correctness "
+    "path; its `/v1/stream` only wakes the follower early ([admin-api.md](admin-api.md)).",
+    "Every revision received is verified against `[cache].trusted_keys` before it is "
+    "compiled (unauthentic `denied`, damaged `corrupt`, older than one already served "
+    "`rollback`), then compiled with this replica's own secrets, as one read from the "
+    "database.",
+    "Failures: connection errors, timeouts and 5xx (503: the upstream has nothing active "
+    "yet, or no signing key) are `unavailable`, retried while the last good snapshot keeps "
+    "serving; 401/403 are `denied`; any other status `invalid`.",
+    "A follower has no control plane of its own: `publish`, `history`, `show`, `rollback` "
+    "and `db` refuse it (`invalid`). A follower can itself be followed, so replicas form a "
+    "tree.",
 )
 
 FAILURE_CATEGORIES: Final[dict[str, str]] = {

@@ -130,6 +130,8 @@ def render_control_plane() -> str:
     out.append("".join(f"- {rule}\n" for rule in docs_catalog.POINTER_RULES))
     out.append(f"\nEvery poll reads the pointer and its body's digest with:\n\n```sql\n"
                f"{OBSERVE_SQL}\n```\n")
+    out.append("\n## Follower mode\n\n")
+    out.append("".join(f"- {rule}\n" for rule in docs_catalog.FOLLOWER))
     out.append("\n## How a read fails\n\n"
                "Every store failure carries one category; the reason label is what "
                "`/status`, the log and the metrics show ([reasons.md](reasons.md)). A "

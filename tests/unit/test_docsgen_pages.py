@@ -301,3 +301,12 @@ def test_every_sd_notify_line_sent_is_described() -> None:
     assert {"READY", "STATUS", "STOPPING", "WATCHDOG"} <= keys
     assert keys == set(docs_catalog.SYSTEMD)
     assert "`READY=1`" in page and "`WATCHDOG=1`" in page
+
+
+def test_the_control_plane_page_has_its_sections() -> None:
+    page = docsgen.render_control_plane()
+    for heading in ("## NOTIFY", "## The desired pointer", "## Follower mode",
+                    "## How a read fails"):
+        assert section(page, heading).strip()
+    for rule in (*docs_catalog.POINTER_RULES, *docs_catalog.FOLLOWER):
+        assert f"- {rule}\n" in page
