@@ -35,7 +35,7 @@ from supervisor.controlplane.poke import Poke
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
-from supervisor.events import EventBus
+from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
@@ -294,7 +294,7 @@ class Daemon:
         if self.tree is None:
             return
         report = self.tree.report()
-        self.events.publish("status", {"children": report})
+        self.events.emit(StatusChanged(children=report))
         troubled = [name for name, child in report.items()
                     if child["state"] in ("backoff", "failed")]
         if troubled and self._ready:

@@ -264,13 +264,6 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "and are skipped.",
 }
 
-STREAM_EVENTS: Final[dict[str, str]] = {
-    "published": "A snapshot was swapped in (`source` as in `/status`).",
-    "rejected": "A candidate revision was refused; `active` keeps serving.",
-    "status": "The control plane became reachable or unreachable (with the `revision` "
-    "report), or a child changed state (with the `children` report).",
-}
-
 CONTROL_PLANE_TABLES: Final[dict[str, str]] = {
     "supervisor_revisions": "Immutable revision documents; a revision is never updated, "
     "only pointed at (or pruned).",

@@ -103,7 +103,7 @@ from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.side_sinks import Export, SideSinks
 from supervisor.convergence.signal import ChangeSignal, Wakeup
 from supervisor.convergence.status import RevisionStatus, Source
-from supervisor.events import EventBus
+from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.state import ActiveState
@@ -308,8 +308,7 @@ class ConvergenceLoop:
         else:
             self.status.unreachable()
         if was != up:
-            self.events.publish("status", {"control_plane_up": up,
-                                           "revision": self.status.report()})
+            self.events.emit(StatusChanged(control_plane_up=up, revision=self.status.report()))
 
     async def swap_in(self, snapshot: Snapshot, source: Source, took_s: float, *,
                       body_sha256: bytes | None) -> None:
@@ -319,10 +318,8 @@ class ConvergenceLoop:
                               body_sha256)
         log.info("published", revision=snapshot.revision, generation=snapshot.generation,
                  source=source, took_s=round(took_s, 6))
-        self.events.publish("published", {
-            "revision": snapshot.revision, "generation": snapshot.generation,
-            "source": source, "took_s": took_s,
-        })
+        self.events.emit(Published(revision=snapshot.revision, generation=snapshot.generation,
+                                   source=source, took_s=took_s))
         self._on_status(
             f"serving revision {snapshot.revision} (generation {snapshot.generation}, {source})"
         )
@@ -337,8 +334,8 @@ class ConvergenceLoop:
         self.metrics.revision_rejections.labels(reason).inc()
         outcome = Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)
         if revision is not None:
-            self.events.publish("rejected", {"revision": revision, "reason": reason,
-                                             "detail": detail, "active": self.status.active})
+            self.events.emit(Rejected(revision=revision, reason=reason, detail=detail,
+                                      active=self.status.active))
             candidate = self._candidate
             if is_final(exc) and candidate is not None and candidate[0] == revision:
                 self._refused = (candidate, outcome)

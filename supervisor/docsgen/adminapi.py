@@ -7,12 +7,15 @@
   is prose in :data:`supervisor.docs_catalog.ADMIN_ROUTES`.
 - ``/status``: the keys of :data:`supervisor.docs_catalog.STATUS_KEYS`, which
   ``tests/unit/test_docsgen_pages.py`` holds equal to a real document's keys.
-- Stream events: every ``events.publish("type", {...})`` in the source
-  (:func:`~supervisor.docsgen.sourcescan.stream_events`), with the keys the
-  event bus adds (:meth:`supervisor.events.EventBus.publish`).
+- Stream events: the Structs of :mod:`supervisor.events` (their keys, types
+  and docstrings), with the modules that emit each (found by
+  :func:`~supervisor.docsgen.sourcescan.emitted_events`).
 """
 
 from __future__ import annotations
+
+import msgspec
+import msgspec.inspect
 
 from supervisor import docs_catalog
 from supervisor.admin import app as admin_app
@@ -20,14 +23,14 @@ from supervisor.admin import stream
 from supervisor.admin.context import AdminContext
 from supervisor.convergence.status import RevisionStatus
 from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
-from supervisor.docsgen.sourcescan import modules, stream_events
-from supervisor.events import EventBus
+from supervisor.docsgen.sourcescan import emitted_events, modules
+from supervisor.events import EVENT_TYPES, EventBus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 
 __all__ = ["all_stream_events", "render_admin_api", "routes"]
 
-# What the event bus adds to every event (supervisor/events.py, EventBus.publish).
+# What the event bus stamps on every event (supervisor/events.py, EventBus.emit).
 BUS_KEYS = ("type", "seq", "at")
 
 
@@ -53,15 +56,34 @@ def routes() -> list[tuple[str, str, bool]]:
     return found
 
 
-def all_stream_events() -> dict[str, tuple[set[str], set[str]]]:
-    """Event type → (payload keys, modules publishing it), found in the source."""
-    found: dict[str, tuple[set[str], set[str]]] = {}
+def all_stream_events() -> dict[str, tuple[dict[str, str], str, set[str]]]:
+    """Event type → (key → type, what it means, modules emitting it), from the Structs."""
+    emitters: dict[str, set[str]] = {}
     for module, tree in modules():
-        for type_, keys in stream_events(tree):
-            entry = found.setdefault(type_, (set(), set()))
-            entry[0].update(keys)
-            entry[1].add(module)
+        for name in emitted_events(tree):
+            emitters.setdefault(name, set()).add(module)
+    found = {}
+    for type_, struct in EVENT_TYPES.items():
+        keys = {field.name: _type_name(field)
+                for field in msgspec.inspect.type_info(struct).fields  # type: ignore[attr-defined]
+                if field.name not in BUS_KEYS}
+        doc = " ".join((struct.__doc__ or UNDESCRIBED).split()).replace("``", "`")
+        found[type_] = (keys, doc, emitters.get(struct.__name__, set()))
     return found
+
+
+def _type_name(field: msgspec.inspect.Field) -> str:
+    info = field.type
+    kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    names = {msgspec.inspect.IntType: "integer", msgspec.inspect.FloatType: "number",
+             msgspec.inspect.StrType: "string", msgspec.inspect.BoolType: "boolean",
+             msgspec.inspect.DictType: "object", msgspec.inspect.NoneType: "null"}
+    shown = " or ".join(names.get(type(kind), type(kind).__name__.removesuffix("Type").lower())
+                        for kind in kinds)
+    # Not required and no default: an UNSET field, sent only when it changed.
+    if not field.required and field.default is msgspec.NODEFAULT:
+        shown += " (only when it changed)"
+    return shown
 
 
 def render_admin_api() -> str:
@@ -95,9 +117,9 @@ def render_admin_api() -> str:
            "Every event carries " + ", ".join(code(k) for k in BUS_KEYS)
            + " (an increasing number and an ISO-8601 UTC time) besides the keys below.\n\n"]
     rows = []
-    for type_, (keys, mods) in sorted(all_stream_events().items()):
-        rows.append((code(type_), ", ".join(code(k) for k in sorted(keys)) or "—",
-                     docs_catalog.STREAM_EVENTS.get(type_, UNDESCRIBED),
-                     ", ".join(code(m) for m in sorted(mods))))
-    out.append(table(("type", "keys", "when", "published by"), rows))
+    for type_, (keys, doc, mods) in sorted(all_stream_events().items()):
+        rows.append((code(type_),
+                     "; ".join(f"{code(k)}: {kind}" for k, kind in keys.items()) or "—",
+                     doc, ", ".join(code(m) for m in sorted(mods)) or "—"))
+    out.append(table(("type", "keys", "when", "emitted by"), rows))
     return "".join(out)

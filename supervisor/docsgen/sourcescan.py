@@ -14,7 +14,7 @@ from pathlib import Path
 
 from supervisor.docsgen.common import PACKAGE
 
-__all__ = ["kube_event_reasons", "log_calls", "modules", "notify_messages", "stream_events"]
+__all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "notify_messages"]
 
 LEVELS = ("debug", "info", "warning", "error", "critical", "exception")
 
@@ -76,28 +76,19 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
             yield f"{what} reachable again", "info", ["after_s", "attempts"]
 
 
-def stream_events(tree: ast.Module) -> Iterator[tuple[str, list[str]]]:
-    """(type, payload keys) of every ``<...events>.publish("type", {...})`` call in ``tree``.
+def emitted_events(tree: ast.Module) -> Iterator[str]:
+    """The Struct name of every ``<...events>.emit(Name(...))`` call in ``tree``.
 
     These are the event bus's events (:mod:`supervisor.events`), which the
     WebSocket stream forwards as they are.
     """
-    dicts = _dict_literals(tree)
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "publish" and len(node.args) == 2
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "emit" and len(node.args) == 1
                 and "events" in ast.unparse(node.func.value)
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)):
-            continue
-        payload = node.args[1]
-        if isinstance(payload, ast.Dict):
-            keys = _keys(payload)
-        elif isinstance(payload, ast.Name):
-            keys = dicts.get(payload.id, set())
-        else:
-            keys = set()
-        yield node.args[0].value, sorted(keys)
+                and isinstance(node.args[0], ast.Call)
+                and isinstance(node.args[0].func, ast.Name)):
+            yield node.args[0].func.id
 
 
 def kube_event_reasons(tree: ast.Module) -> Iterator[tuple[str, str]]:

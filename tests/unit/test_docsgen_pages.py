@@ -22,6 +22,8 @@ from supervisor.commands import common
 from supervisor.controlplane import migrations
 from supervisor.docsgen import adminapi, controlplane, kubernetes, process, sourcescan
 from supervisor.docsgen.common import DOCS
+from supervisor.docsgen.sourcescan import modules
+from supervisor.events import EVENT_TYPES
 from supervisor.fanout import labels
 from supervisor.fanout.children import KINDS
 from supervisor.fanout.status import FanoutStatus
@@ -137,27 +139,37 @@ def test_every_route_of_the_app_is_on_the_page_with_its_method() -> None:
         assert ("when set" if token else "never") in line
 
 
-def test_every_stream_event_published_in_the_source_is_documented() -> None:
+def test_every_stream_event_struct_is_documented_with_its_emitters() -> None:
     events = adminapi.all_stream_events()
-    assert {"published", "rejected", "status"} <= set(events)
-    assert set(events) == set(docs_catalog.STREAM_EVENTS)
+    assert set(events) == set(EVENT_TYPES) == {"published", "rejected", "status"}
+    assert all(emitters for _, _, emitters in events.values()), events
     page = docsgen.render_admin_api()
     line = row(page, "`rejected`")
     for key in ("active", "detail", "reason", "revision"):
         assert f"`{key}`" in line
+    assert "`supervisor.convergence.loop`" in line
+
+
+def test_the_daemon_emits_events_only_as_declared_structs() -> None:
+    """No producer in the package bypasses the Structs with an untyped publish."""
+    for module, tree in modules():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "publish"
+                    and "events" in ast.unparse(node.func.value)):
+                raise AssertionError(f"{module}: {ast.unparse(node)}")
 
 
 def test_the_source_scanners_read_literals_names_and_conditionals() -> None:
     tree = ast.parse(
-        "fields = {'a': 1, 'b': 2}\n"
         "def f(self, events, ok):\n"
-        "    self.events.publish('one', {'x': 1})\n"
-        "    events.publish('two', fields)\n"
+        "    self.events.emit(One(x=1))\n"
+        "    events.emit(Two(a=1, b=2))\n"
         "    why = 'Bad' if ok else 'Worse'\n"
         "    self.reporter.event(obj, 'Warning', why, 'text')\n"
         "    self.reporter.event(obj, 'Normal', 'Fine', 'text')\n"
     )
-    assert sorted(sourcescan.stream_events(tree)) == [("one", ["x"]), ("two", ["a", "b"])]
+    assert sorted(sourcescan.emitted_events(tree)) == ["One", "Two"]
     assert sorted(sourcescan.kube_event_reasons(tree)) == [
         ("Normal", "Fine"), ("Warning", "Bad"), ("Warning", "Worse")]
 
