@@ -98,7 +98,6 @@ class WatchEvent:
     old: Obj | None
 
 
-
 class Store(ObjectWrites):
     """Objects, resourceVersions, history and field ownership."""
 
