@@ -210,7 +210,7 @@ async def orchestrate(args: argparse.Namespace) -> None:
         children=lambda: {"convergence": {"state": "running", "restarts": 0, "last_error": None}},
     )
     snapshot = make_snapshot(args.aliases, args.keys)
-    ctx.state.publish(snapshot)
+    ctx.state.swap(snapshot)
     settings = StreamSettings(max_clients=max(4096, args.stream_clients))
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(

@@ -30,7 +30,7 @@ import psycopg
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import open_store
+from supervisor.controlplane.factory import open_store
 from supervisor.revision.document import SCHEMA_VERSION
 
 DEFAULT_DSN = os.environ.get("SUPERVISOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from supervisor import logs, reasons
-from supervisor.config import Config, load
+from supervisor.config import Config
+from supervisor.configfile import load
 from supervisor.controlplane.poke import Poke
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
-from supervisor.events import EventBus
+from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle.faults import FAULT_DIR_ENV, run_fault_injection
 from supervisor.lifecycle.signals import HANDLED, HupHooks
@@ -142,9 +143,9 @@ class Daemon:
             # Everything this child owns is made here, by every start, and
             # closed on the way out: a restart after a crash starts fresh (a
             # store closed by the previous run's ``finally`` is never reused).
+            from supervisor.controlplane.factory import open_store
             from supervisor.controlplane.follower import forward_path
-            from supervisor.controlplane.store import open_store
-            from supervisor.convergence.reconciler import Reconciler
+            from supervisor.convergence.loop import ConvergenceLoop
             from supervisor.revision.document import SCHEMA_VERSION
             from supervisor.revision.secrets import EnvFileResolver
             from supervisor.sinks.file import SnapshotFile
@@ -168,7 +169,7 @@ class Daemon:
                                forward_to=forward_path(self.config.cache.path)
                                if cp.backend == "follower" else None)
             try:
-                reconciler = Reconciler(
+                reconciler = ConvergenceLoop(
                     store,
                     state=self.state,
                     status=self.status,
@@ -279,7 +280,7 @@ class Daemon:
         return [elected_fanout_child(
             kube, self.metrics, self.fanout, self.leadership,
             kube.identity or default_identity(), hup=self.hup,
-            on_change=announcer(self.events.publish, self.notifier.status))]
+            on_change=announcer(self.events, self.notifier.status))]
 
 
     def build_tree(self) -> Supervisor:
@@ -305,7 +306,7 @@ class Daemon:
         if self.tree is None:
             return
         report = self.tree.report()
-        self.events.publish("status", {"children": report})
+        self.events.emit(StatusChanged(children=report))
         troubled = [name for name, child in report.items()
                     if child["state"] in ("backoff", "failed")]
         if troubled and self._ready:

@@ -27,7 +27,8 @@ from supervisor.commands.common import (
     config_path,
     load_config,
 )
-from supervisor.config import CONFIG_ENV, Config, check_files, load, placeholders
+from supervisor.config import CONFIG_ENV, Config, check_files, placeholders
+from supervisor.configfile import load
 from supervisor.errors import (
     BootRefused,
     ConfigError,
@@ -37,6 +38,7 @@ from supervisor.errors import (
     UsageError,
     find_leaf,
 )
+from supervisor.statedirs import creation_problems, make_state_directories
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
@@ -114,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     config, path = load_config(args)
     logs.configure(config.log.level, config.log.format)
+    make_state_directories(config)  # relative paths only: the embedded default's var/
     from supervisor.filemodes import loose_secret_files
 
     for key, file, why in loose_secret_files(config):
@@ -128,7 +131,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     path = config_path(args)
     assert path is not None
     config = load(path)  # check_files reports a missing SQLite directory with the rest
-    problems = placeholders(config) + check_files(config)
+    problems = placeholders(config) + check_files(config) + creation_problems(config)
     if not problems:
         problems = _check_contents(config)
     for key, problem in problems:
@@ -183,7 +186,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     if args.keep is not None or args.json:
         raise UsageError("--keep and --json go with db prune")
     config, _ = load_config(args)
-    from supervisor.controlplane.store import open_store
+    from supervisor.controlplane.factory import open_store
     from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
 

@@ -2,8 +2,12 @@
 
 Types, defaults, bounds, environment names, reason labels and log events come
 from the code; what a key *means* and what to do about a label is written here,
-keyed by name. A key or label missing here still gets its generated row (with
-"(not described yet)"), and ``tests/unit/test_docsgen.py`` names what is missing.
+keyed by name. A key, label, route or column missing here still gets its generated row (with
+"(not described yet)"), and ``tests/unit/test_docsgen*.py`` name what is missing.
+
+One catalogue here is not prose but a declaration: :data:`STATUS_KEYS` lists the
+keys of the ``/status`` document (a plain dict today), and
+``tests/unit/test_docsgen_pages.py`` holds it equal to the keys of a real document.
 """
 
 from __future__ import annotations
@@ -176,4 +180,190 @@ REVISION_KEYS: Final[dict[str, str]] = {
     "KeySpec.secret": "`env:NAME` or `file:PATH`, resolved on the daemon's host; with "
     "`[revision]` limits where they may point (when this build has them).",
     "KeySpec.aliases": "Names of aliases defined in this document.",
+}
+
+PAGES: Final[dict[str, str]] = {
+    "configuration.md": "every configuration key: type, default, bounds, environment name, "
+    "meaning.",
+    "commands.md": "every subcommand and option of `trio-supervisor`, with examples and exit "
+    "codes.",
+    "exit-codes.md": "the process's exit codes, which errors lead to them, the signals it "
+    "handles, and what it tells systemd.",
+    "revision-schema.md": "the revision document `publish` takes and the daemon compiles.",
+    "control-plane.md": "the control-plane tables, the NOTIFY trigger, the desired pointer's "
+    "rules, follower mode, how reads fail.",
+    "admin-api.md": "the admin routes, the `/status` document and the live stream's messages.",
+    "metrics.md": "every Prometheus metric with its type, help and label values.",
+    "kubernetes.md": "the custom resources, labels, annotations, conditions, Events and API "
+    "resources of the fan-out.",
+    "reasons.md": "every `reason` label, and what to do about it.",
+    "log-events.md": "every log line with its level and keys.",
+}
+
+SIGNALS: Final[dict[str, str]] = {
+    "SIGTERM": "Graceful shutdown (`STOPPING=1` under systemd): children stop in reverse "
+    "start order, all within `[supervisor].shutdown_grace_s`; exit 0. A second SIGTERM or "
+    "SIGINT cancels everything at once.",
+    "SIGINT": "As SIGTERM (Ctrl-C).",
+    "SIGHUP": "Re-read `[log].level` from the configuration file and run a convergence "
+    "attempt now (and wake the fan-out watchers waiting in their preflight).",
+}
+
+SYSTEMD: Final[dict[str, str]] = {
+    "READY": "Once the first snapshot is published and every child has started (a fan-out "
+    "watcher waiting in its preflight has started: READY never waits for Kubernetes).",
+    "STATUS": "On state changes: what is served, what is failing, `stopping`.",
+    "STOPPING": "When shutdown begins (the first SIGTERM/SIGINT).",
+    "WATCHDOG": "Every half `WATCHDOG_USEC` (when `WATCHDOG_PID` is unset or this process) "
+    "while healthy; a crash-looping tree stops it, so `WatchdogSec` restarts the process.",
+}
+
+ADMIN_ROUTES: Final[dict[str, str]] = {
+    "/healthz": "200 `{\"ok\": true}` while the event loop responds and every child is "
+    "alive; 503 `{\"ok\": false, \"unhealthy\": [reasons]}` when a child has failed for good "
+    "or the convergence loop has not finished an attempt for longer than "
+    "`3 * poll_interval_s + backoff_max_s`.",
+    "/readyz": "200 `{\"ready\": true, \"revision\", \"generation\"}` once a snapshot is "
+    "active; 503 `{\"ready\": false, \"reason\", \"consecutive_failures\"}` otherwise.",
+    "/status": "200, the status document (below).",
+    "/metrics": "200, Prometheus text exposition, or OpenMetrics when `Accept` asks for it "
+    "([metrics.md](metrics.md)).",
+    "/v1/snapshot": "200, the active snapshot as JSON `{\"revision\", \"generation\", "
+    "\"aliases\", \"keys\"}` (each key's SHA-256, never the secret) with "
+    "`ETag: \"<revision>-<generation>\"`; 304 when `If-None-Match` names it; 503 when none "
+    "is active.",
+    "/v1/revision": "200, the active revision in the signed last-known-good file format "
+    "(the bytes `[cache]` writes), `ETag: \"<revision>\"`; 304 on `If-None-Match`; 503 when "
+    "none is active, no signing key is configured, or the cache does not hold it yet. What "
+    "followers poll.",
+    "/v1/stream": "The live stream (WebSocket, below); a plain GET answers 426.",
+    "/v1/converge": "Runs a convergence attempt now and answers when it has finished: "
+    "200 `{\"outcome\", \"revision\", \"reason\"}` (outcome `published`, `converged`, "
+    "`empty`, `rejected` or `failed`; an unreachable control plane is `failed`, not an HTTP "
+    "error); 504 when none finished within `?timeout_s=` (default 60, at most 300).",
+}
+
+# The /status document's keys, by dotted path (<name>: a child, <kind>: a fan-out kind).
+STATUS_KEYS: Final[dict[str, str]] = {
+    "revision": "What this replica converges: the revisions and the last attempts.",
+    "revision.desired": "The revision the control plane last said is desired (null: never "
+    "read).",
+    "revision.loaded": "The last revision that compiled (a refused candidate never shows "
+    "here).",
+    "revision.active": "The revision of the snapshot serving now (null: none).",
+    "revision.generation": "Counts the snapshots published since start.",
+    "revision.source": "`control_plane`, `last_known_good`, null (nothing serving), or in "
+    "follower mode the upstream's address.",
+    "revision.lag_s": "Seconds since desired first differed from active (0.0 when equal).",
+    "revision.last_convergence_s": "Duration of the last successful publish.",
+    "revision.consecutive_failures": "Failed attempts since the last success.",
+    "revision.last_rejection": "The last refusal `{\"revision\", \"reason\", \"detail\", "
+    "\"at\"}`, null until one happens (an unreachable control plane is an outage, not a "
+    "refusal).",
+    "revision.control_plane_up": "The last control-plane read succeeded (null before the "
+    "first).",
+    "revision.last_error": "The last failed attempt as `<reason>: <detail>`, null once one "
+    "succeeds.",
+    "revision.upstream": "Follower mode only: the upstream replica's address.",
+    "children": "The supervised children, by name.",
+    "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`.",
+    "children.<name>.restarts": "Restarts since start.",
+    "children.<name>.last_error": "Why it last crashed (null: never).",
+    "fanout": "The fan-out watchers, by kind (empty when `[kubernetes].enabled` is false).",
+    "fanout.<kind>.state": "`disabled`, `preflight` (waiting for the CRD, namespace or RBAC) "
+    "or `watching`.",
+    "fanout.<kind>.last_error_class": "Why the preflight last failed (null, or a fan-out "
+    "label of [reasons.md](reasons.md)).",
+    "fanout.<kind>.objects": "Parent objects currently known.",
+    "fanout.<kind>.skewed": "Only when there are some: parents (up to 20) that do not decode "
+    "and are skipped.",
+    "leadership": "The fan-out leader election (issue 14; README \"High availability\").",
+    "leadership.role": "`leader` (this replica fans out), `standby` (another replica, or "
+    "nobody yet, holds the Lease; a standby's kinds report `preflight`), or `disabled` "
+    "(no Kubernetes, or `[kubernetes].leader_election = false`).",
+    "leadership.holder": "The Lease's holder identity as last observed (null: free, or "
+    "disabled).",
+    "leadership.lease": "`<namespace>/<name>` of the election Lease (null when disabled).",
+}
+
+CONTROL_PLANE_TABLES: Final[dict[str, str]] = {
+    "supervisor_revisions": "Immutable revision documents; a revision is never updated, "
+    "only pointed at (or pruned).",
+    "supervisor_desired": "The one-row pointer to the revision every replica should serve.",
+}
+
+CONTROL_PLANE_COLUMNS: Final[dict[str, str]] = {
+    "supervisor_revisions.id": "The revision id replicas report.",
+    "supervisor_revisions.schema_version": "The document's schema; a newer one than a build "
+    "reads is refused as `incompatible`.",
+    "supervisor_revisions.body": "The UTF-8 JSON of the revision document "
+    "([revision-schema.md](revision-schema.md)).",
+    "supervisor_revisions.body_sha256": "SHA-256 of `body`, written by the publisher and "
+    "verified by every reader (`corrupt` when it differs).",
+    "supervisor_revisions.created_at": "When it was stored (UTC).",
+    "supervisor_revisions.message": "The publisher's note (`publish --message`).",
+    "supervisor_desired.singleton": "Always true: at most one row; publishers upsert it with "
+    "`ON CONFLICT (singleton)`.",
+    "supervisor_desired.revision_id": "The desired revision.",
+    "supervisor_desired.updated_at": "When the pointer last moved.",
+}
+
+POINTER_RULES: Final[tuple[str, ...]] = (
+    "Publishing is one transaction: insert a revision, point `supervisor_desired` at it, "
+    "commit. Anyone may do it with plain SQL; `trio-supervisor publish` computes the digest "
+    "and refuses (nothing stored) a body over `max_revision_bytes` or a `schema_version` "
+    "this build does not read.",
+    "`rollback REV` points desired at an existing revision in one statement that succeeds "
+    "only if REV still exists with the body that was checked; no new body is stored.",
+    "`db prune --keep N` deletes every revision older than the newest N in one transaction, "
+    "never the desired one.",
+    "Replicas read the pointer cheaply every `poll_interval_s` (and on NOTIFY), then the "
+    "whole revision in one consistent read when it moved. A revision is the same only with "
+    "the same id and the same `body_sha256` (after a restore an id may name another body).",
+    "Checks on the read, in this order, before the body is decoded: the pointer names a "
+    "missing revision (`not_found`); the body is over `max_revision_bytes` (`denied`); its "
+    "`schema_version` is newer than the build reads (`incompatible`); its digest differs "
+    "(`corrupt`). A refused candidate never replaces the active snapshot.",
+)
+
+FOLLOWER: Final[tuple[str, ...]] = (
+    "A replica whose `[control_plane].url` is another replica's admin address "
+    "(`http(s)://HOST:PORT`) takes its desired revision from that replica instead of a "
+    "database; `[control_plane].token_file` holds the upstream's admin token.",
+    "Polling the upstream's `GET /v1/revision` every `poll_interval_s` is the correctness "
+    "path; its `/v1/stream` only wakes the follower early ([admin-api.md](admin-api.md)).",
+    "Every revision received is verified against `[cache].trusted_keys` before it is "
+    "compiled (unauthentic `denied`, damaged `corrupt`, older than one already served "
+    "`rollback`), then compiled with this replica's own secrets, as one read from the "
+    "database.",
+    "Failures: connection errors, timeouts and 5xx (503: the upstream has nothing active "
+    "yet, or no signing key) are `unavailable`, retried while the last good snapshot keeps "
+    "serving; 401/403 are `denied`; any other status `invalid`.",
+    "A follower has no control plane of its own: `publish`, `history`, `show`, `rollback` "
+    "and `db` refuse it (`invalid`). A follower can itself be followed, so replicas form a "
+    "tree.",
+)
+
+FAILURE_CATEGORIES: Final[dict[str, str]] = {
+    "UNAVAILABLE": "Connection failure, timeout, cancelled statement.",
+    "CONFLICT": "Serialization failure, deadlock, lock contention.",
+    "NOT_FOUND": "Desired points at a missing revision.",
+    "INVALID": "Schema not migrated (run `db migrate`), malformed request or URL.",
+    "DENIED": "Privileges; a body over `max_revision_bytes`; a `schema_version` newer than "
+    "this build reads (reason `incompatible`).",
+    "CORRUPT": "Body digest mismatch; damaged storage (PostgreSQL SQLSTATE class XX, SQLite "
+    "CORRUPT/NOTADB).",
+}
+
+KUBE_KEYS: Final[dict[str, str]] = {
+    "platform.trio-supervisor.dev/applied-digest": "Annotation on every child: the digest of "
+    "what was last applied, so an unchanged child is not written again.",
+}
+
+KUBE_CONDITIONS: Final[dict[str, str]] = {
+    "Ready": "`True` (reason `Applied`) when every child was applied for the observed "
+    "generation; `False` with reason `Conflict`, `Invalid` or `ApplyFailed` otherwise.",
+    "Available": "`True` (reason `ChildrenAvailable`) when every Deployment child has its "
+    "desired replicas available and every other child exists; `False` "
+    "(`ChildrenUnavailable`, the message naming the first child that is not) otherwise.",
 }

@@ -10,7 +10,7 @@ so a caller never needs to know which driver sits underneath::
     ├── BootRefused              nothing servable at boot (exit 3); names the refusal
     ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
     ├── StartError               a resource needed at start cannot be had now (exit 1)
-    ├── controlplane.store.ControlPlaneError   store failures, by category
+    ├── controlplane.errors.ControlPlaneError  store failures, by category
     ├── revision.errors.RevisionError          decode and compile refusals, by reason
     ├── sinks.lkg.CacheError                   last-known-good refusals
     ├── kube.errors.KubeError                  Kubernetes API failures

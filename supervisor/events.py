@@ -7,8 +7,15 @@ closed and :attr:`Subscription.overflowed` is set) rather than slowing the
 producer or the other subscribers. The admin API's WebSocket stream is the
 consumer; it closes a dropped client with a reason.
 
-Events are plain JSON-ready dicts with a ``type`` key (``published``,
-``rejected``, ``status``) and a monotonically increasing ``seq``.
+What the daemon emits is declared here, once, as msgspec Structs tagged by
+``type`` (:class:`Published`, :class:`Rejected`, :class:`StatusChanged`):
+producers call :meth:`EventBus.emit` with one, the bus stamps ``seq`` (a
+monotonically increasing number) and ``at`` (UTC, ISO 8601), and subscribers
+receive the JSON-ready dict of the Struct (``type`` first, then ``seq``,
+``at`` and the event's own keys; a ``status`` event carries only the parts
+that changed). ``docs/admin-api.md`` is generated from these Structs.
+:meth:`EventBus.publish` delivers an untyped payload as it is (tests use it
+to push arbitrary messages through the stream).
 """
 
 from __future__ import annotations
@@ -18,9 +25,52 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import trio
 
-__all__ = ["EventBus", "Subscription", "utc_now_iso"]
+__all__ = ["EVENT_TYPES", "Event", "EventBus", "Published", "Rejected", "StatusChanged",
+           "Subscription", "utc_now_iso"]
+
+
+class Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """What every event carries (stamped by :meth:`EventBus.emit`, whatever is set here)."""
+
+    seq: int = 0  # a monotonically increasing number
+    at: str = ""  # UTC, ISO 8601
+
+
+class Published(Event, tag="published"):
+    """A snapshot was swapped in: now serving ``revision`` (from ``source``)."""
+
+    revision: int
+    generation: int
+    source: str
+    took_s: float
+
+
+class Rejected(Event, tag="rejected"):
+    """A candidate revision was refused; ``active`` keeps serving."""
+
+    revision: int
+    reason: str
+    detail: str
+    active: int | None
+
+
+class StatusChanged(Event, tag="status"):
+    """Part of the ``/status`` document changed; only the parts that did are present."""
+
+    control_plane_up: bool | msgspec.UnsetType = msgspec.UNSET
+    revision: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    children: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    leadership: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+#: Every event type the daemon emits, by its ``type``.
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (Published, Rejected, StatusChanged)
+}
 
 
 def utc_now_iso() -> str:
@@ -70,6 +120,18 @@ class EventBus:
     @property
     def subscriber_count(self) -> int:
         return len(self._subscribers)
+
+    def emit(self, event: Event) -> dict[str, Any]:
+        """Stamp ``event`` and deliver it to every subscriber now; never blocks."""
+        fields: dict[str, Any] = msgspec.to_builtins(event)
+        fields.pop("seq", None)
+        fields.pop("at", None)
+        # The order every stream client has seen: type, seq, at, then the keys.
+        delivered = {"type": fields.pop("type"), "seq": next(self._seq),
+                     "at": utc_now_iso(), **fields}
+        for sub in list(self._subscribers):
+            sub._offer(delivered)
+        return delivered
 
     def publish(self, type_: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Deliver one event to every subscriber now; never blocks. Returns the event."""

@@ -7,51 +7,48 @@ keyed by them. A new label is added here first; nothing else spells one.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
-# Why a candidate revision was refused (CONTRACT.md sections 4 and 5).
-UNAVAILABLE: Final = "unavailable"  # connection failure or timeout
-CONFLICT: Final = "conflict"  # serialization conflict
-NOT_FOUND: Final = "not_found"  # desired points at a missing revision
-INVALID: Final = "invalid"  # the store refused a malformed request
-DENIED: Final = "denied"  # privileges, or a body over max_revision_bytes
-CORRUPT: Final = "corrupt"  # digest mismatch or undecodable body
-INCOMPATIBLE: Final = "incompatible"  # schema_version newer than this build reads
-VALIDATION: Final = "validation"  # shape or constraint, with the $.path
-PROJECTION: Final = "projection"  # a key names an unknown alias
-SECRET: Final = "secret"  # a secret reference cannot be resolved
-SNAPSHOT: Final = "snapshot"  # the snapshot cannot be built
-ROLLBACK: Final = "rollback"  # follower: the upstream served an older revision than accepted
-
+# Why a candidate revision was refused (CONTRACT.md sections 4 and 5). The
+# Literal is the one source: the tuple is derived from it, and each constant
+# below is checked against it (by mypy, and at import).
 RevisionReason = Literal[
-    "unavailable",
-    "conflict",
-    "not_found",
-    "invalid",
-    "denied",
-    "corrupt",
-    "incompatible",
-    "validation",
-    "projection",
-    "secret",
-    "snapshot",
-    "rollback",
+    "unavailable",  # connection failure or timeout
+    "conflict",  # serialization conflict
+    "not_found",  # desired points at a missing revision
+    "invalid",  # the store refused a malformed request
+    "denied",  # privileges, or a body over max_revision_bytes
+    "corrupt",  # digest mismatch or undecodable body
+    "incompatible",  # schema_version newer than this build reads
+    "validation",  # shape or constraint, with the $.path
+    "projection",  # a key names an unknown alias
+    "secret",  # a secret reference cannot be resolved
+    "snapshot",  # the snapshot cannot be built
+    "rollback",  # follower: the upstream served an older revision than accepted
 ]
 
-REVISION_REASONS: Final[tuple[RevisionReason, ...]] = (
-    UNAVAILABLE,
-    CONFLICT,
-    NOT_FOUND,
-    INVALID,
-    DENIED,
-    CORRUPT,
-    INCOMPATIBLE,
-    VALIDATION,
-    PROJECTION,
-    SECRET,
-    SNAPSHOT,
-    ROLLBACK,
+REVISION_REASONS: Final[tuple[RevisionReason, ...]] = get_args(RevisionReason)
+
+UNAVAILABLE: Final = "unavailable"
+CONFLICT: Final = "conflict"
+NOT_FOUND: Final = "not_found"
+INVALID: Final = "invalid"
+DENIED: Final = "denied"
+CORRUPT: Final = "corrupt"
+INCOMPATIBLE: Final = "incompatible"
+VALIDATION: Final = "validation"
+PROJECTION: Final = "projection"
+SECRET: Final = "secret"
+SNAPSHOT: Final = "snapshot"
+ROLLBACK: Final = "rollback"
+
+# mypy checks every constant is one of the Literal's labels; the import fails
+# when a label of the Literal has no constant.
+_CONSTANTS: Final[tuple[RevisionReason, ...]] = (
+    UNAVAILABLE, CONFLICT, NOT_FOUND, INVALID, DENIED, CORRUPT, INCOMPATIBLE, VALIDATION,
+    PROJECTION, SECRET, SNAPSHOT, ROLLBACK,
 )
+assert set(_CONSTANTS) == set(REVISION_REASONS), "a reason label without its constant"
 
 # Refusals to boot that are not a revision reason (a boot refusal otherwise
 # carries the reason of the revision or store failure that caused it).

@@ -16,8 +16,9 @@ fan-out's status objects at scrape time (:meth:`Metrics.track_fanout`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -33,7 +34,24 @@ from prometheus_client.registry import Collector
 
 from supervisor import __version__, reasons
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "RevisionFacts"]
+
+
+class RevisionFacts(Protocol):
+    """What the revision gauges read (the convergence loop's status report)."""
+
+    @property
+    def desired(self) -> int | None: ...
+    @property
+    def active(self) -> int | None: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def control_plane_up(self) -> bool: ...
+    @property
+    def lag_s(self) -> float: ...
 
 NS = "supervisor"
 
@@ -236,6 +254,23 @@ class Metrics:
                 self.fanout_reconcile_duration.labels(kind, result)
             for cause in reasons.FANOUT_REQUEUE_CAUSES:
                 self.fanout_requeues.labels(kind, cause)
+
+    def follow_revision(self, status: RevisionFacts) -> None:
+        """Read the revision gauges from ``status`` at every scrape (its writer is the loop)."""
+
+        def lag() -> float:
+            try:
+                return status.lag_s
+            except RuntimeError:  # read outside the event loop's thread: no clock
+                return math.nan
+
+        self.desired_revision.set_function(lambda: status.desired or 0)
+        self.active_revision.set_function(lambda: status.active or 0)
+        self.active_generation.set_function(lambda: status.generation)
+        self.convergence_lag.set_function(lag)
+        self.control_plane_up.set_function(lambda: 1 if status.control_plane_up else 0)
+        self.serving_last_known_good.set_function(
+            lambda: 1 if status.source == "last_known_good" else 0)
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
         """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""

@@ -45,7 +45,7 @@ import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import structlog
 import trio
@@ -60,7 +60,7 @@ from supervisor.errors import (
 )
 from supervisor.logs import get_logger
 
-__all__ = ["ChildSpec", "ChildState", "Restart", "Supervisor"]
+__all__ = ["ChildSpec", "ChildState", "ChildStateName", "Restart", "StartFn", "Supervisor"]
 
 log = get_logger("tree")
 
@@ -73,7 +73,13 @@ class InjectedFault(RuntimeError):
 
 
 class StartFn(Protocol):
+    """A child: started with ``nursery.start``, reports ``task_status.started()`` when up."""
+
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
+
+
+#: A child's state as ``/status`` and the stream report it.
+ChildStateName = Literal["starting", "running", "backoff", "stopped", "failed"]
 
 
 class Restart(enum.Enum):
@@ -85,7 +91,7 @@ class Restart(enum.Enum):
 @dataclass(frozen=True)
 class ChildSpec:
     name: str
-    start: Callable[..., Awaitable[None]]
+    start: StartFn
     restart: Restart = Restart.PERMANENT
     shutdown_timeout_s: float = 5.0
 
@@ -94,7 +100,7 @@ class ChildSpec:
 class ChildState:
     """What the status report shows of one child."""
 
-    state: str = "starting"  # starting, running, backoff, stopped, failed
+    state: ChildStateName = "starting"
     restarts: int = 0
     last_error: str | None = None
     recent: deque[float] = field(default_factory=deque)
@@ -191,7 +197,7 @@ class Supervisor:
         child.nursery.start_soon(fault)
         return True
 
-    def _set(self, child: ChildState, state: str) -> None:
+    def _set(self, child: ChildState, state: ChildStateName) -> None:
         if child.state != state:
             child.state = state
             if self._on_change is not None:

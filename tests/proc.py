@@ -152,8 +152,11 @@ class Daemon:
 @asynccontextmanager
 async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
                      args: tuple[str, ...] = (), nofile: int | None = None,
-                     ) -> AsyncIterator[Daemon]:
-    """The daemon on ``config``; ``nofile`` lowers its RLIMIT_NOFILE (soft and hard)."""
+                     cwd: Path | None = None) -> AsyncIterator[Daemon]:
+    """The daemon on ``config``; ``nofile`` lowers its RLIMIT_NOFILE (soft and hard).
+
+    ``cwd`` (default: the repository) is where relative paths in ``config`` start.
+    """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
 
     def lower_nofile() -> None:
@@ -162,7 +165,7 @@ async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
 
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "supervisor", *args, "--config", str(config)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=full_env, cwd=str(REPO),
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=full_env, cwd=str(cwd or REPO),
         preexec_fn=lower_nofile if nofile is not None else None,
     )
     daemon = Daemon(process)

@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import ControlPlaneStore, open_store
+from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.store import ControlPlaneStore
 
 
 def doc(**extra: Any) -> bytes:

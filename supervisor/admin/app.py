@@ -1,37 +1,8 @@
 """The admin API as an ASGI application (CONTRACT.md section 6).
 
-============================  ==========================================================
-``GET /healthz``              200 ``{"ok": true}`` while the event loop responds and
-                              nothing is unhealthy; 503 ``{"ok": false, "unhealthy":
-                              [reasons]}`` when a child is down or failed for good,
-                              or convergence has stalled
-                              (:meth:`AdminContext.unhealthy`); never needs the token
-``GET /readyz``               200 ``{"ready": true, "revision", "generation"}`` once a
-                              snapshot is active; else 503 ``{"ready": false, "reason",
-                              "consecutive_failures"}``
-``GET /status``               200, the status document (:meth:`AdminContext.status`)
-``GET /metrics``              200, Prometheus text (or OpenMetrics when the ``Accept``
-                              header asks for it: ``prometheus_client.choose_encoder``)
-``GET /v1/snapshot``          200, the active snapshot's JSON with
-                              ``ETag: "<revision>-<generation>"``; 304 when
-                              ``If-None-Match`` names it (lists, ``*`` and weak ``W/``
-                              tags are understood); 503 when none is active
-``GET /v1/revision``          the active revision as the signed cache file
-                              (:mod:`.signed`), ``ETag: "<revision>"``; 304 when
-                              ``If-None-Match`` names it; 503 when none is active,
-                              no signing key or cache is configured, or the cache
-                              does not hold the active revision (yet). The only
-                              route that may touch the disk: in a worker thread,
-                              and only when the active revision changed
-``WS /v1/stream``             the live stream (:mod:`supervisor.admin.stream`); a plain
-                              GET there answers 426
-``POST /v1/converge``         runs a convergence attempt now (a request on the change
-                              signal) and answers 200 ``{"outcome", "revision",
-                              "reason"}`` once it has finished; an unreachable control
-                              plane is the outcome ``failed``, not an HTTP error. 504
-                              when no attempt finished within ``?timeout_s=`` (default
-                              60, at most 300); 503 without a convergence loop
-============================  ==========================================================
+The routes and what each answers: ``docs/admin-api.md`` (generated from this
+module's route table and :mod:`supervisor.docs_catalog`). The plumbing of
+answers (status, headers, refusing a WebSocket handshake) is :mod:`.responses`.
 
 ``HEAD`` is answered like ``GET`` without the body. Any other method gets 405
 with ``Allow``; an unknown path gets 404. Every error body is JSON
@@ -61,9 +32,7 @@ request waiting, and the loop answers the abandoned request into the void.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -71,18 +40,30 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.exposition import choose_encoder
 
-from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
+from supervisor.admin.auth import authorized
 from supervisor.admin.context import AdminContext
 from supervisor.admin.hosts import AllowedHosts
+from supervisor.admin.responses import (
+    JSON,
+    Response,
+    error_response,
+    etag_matches,
+    header_value,
+    json_response,
+    misdirected,
+    reject_handshake,
+    scope_headers,
+    send_response,
+    unauthorized,
+)
 from supervisor.admin.signed import Unservable
-from supervisor.admin.stream import Receive, Scope, Send, StreamHub, encode_json
+from supervisor.admin.stream import Receive, Scope, Send, StreamHub
 from supervisor.logs import get_logger
 
 __all__ = ["AdminApp", "Response", "etag_matches"]
 
 log = get_logger("admin")
 
-JSON = b"application/json"
 ALLOW = b"GET, HEAD"
 STREAM_PATH = "/v1/stream"
 REVISION_PATH = "/v1/revision"
@@ -91,57 +72,6 @@ OPEN_PATHS = frozenset({"/healthz"})
 CONVERGE_PATH = "/v1/converge"
 CONVERGE_TIMEOUT_S = 60.0
 CONVERGE_TIMEOUT_MAX_S = 300.0
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: bytes | None = JSON
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    cache: bytes = b"no-store"
-
-
-def json_response(status: int, doc: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> Response:
-    return Response(status, encode_json(doc), JSON, list(headers))
-
-
-def error_response(
-    status: int, error: str, detail: str, headers: Iterable[tuple[bytes, bytes]] = ()
-) -> Response:
-    return json_response(status, {"error": error, "detail": detail}, headers)
-
-
-_ETAG = re.compile(r'(?:W/)?"[^"]*"')
-
-
-def etag_matches(if_none_match: str, etag: str) -> bool:
-    """``If-None-Match`` against our ETag, with the weak comparison RFC 9110 asks for."""
-    if if_none_match.strip() == "*":
-        return True
-    want = etag.removeprefix("W/")
-    return any(tag.removeprefix("W/") == want for tag in _ETAG.findall(if_none_match))
-
-
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """All values of one header joined with ", " (RFC 9110 list syntax), or None."""
-    values = [v for k, v in headers if k.lower() == name]
-    if not values:
-        return None
-    return b", ".join(values).decode("latin-1")
-
-
-def _headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    raw = scope.get("headers") or []
-    out: list[tuple[bytes, bytes]] = []
-    for item in raw:
-        # Servers hand over well-formed pairs; anything else is dropped rather
-        # than trusted (the app must not crash on what a client sent).
-        if isinstance(item, list | tuple) and len(item) == 2:
-            name, value = item
-            if isinstance(name, bytes) and isinstance(value, bytes):
-                out.append((name, value))
-    return out
 
 
 class AdminApp:
@@ -183,7 +113,7 @@ class AdminApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
         path = scope.get("path")
-        headers = _headers(scope)
+        headers = scope_headers(scope)
         response: Response | None
         try:
             if method == "POST" and path == CONVERGE_PATH and self._authorized(headers):
@@ -197,15 +127,15 @@ class AdminApp:
         except Exception:  # one request's failure must never reach the server
             log.exception("admin request failed", path=str(path)[:200])
             response = error_response(500, "internal", "internal error; see the daemon's log")
-        await _send_response(send, response, head=method == "HEAD")
+        await send_response(send, response, head=method == "HEAD")
 
     def _respond(self, method: Any, path: Any, headers: list[tuple[bytes, bytes]]) -> Response:
         if not isinstance(path, str) or not isinstance(method, str):
             return error_response(400, "bad_request", "malformed request")
         if path not in OPEN_PATHS and not self._known_host(headers):
-            return _misdirected()
+            return misdirected()
         if path not in OPEN_PATHS and not self._authorized(headers):
-            return _unauthorized(headers)
+            return unauthorized(headers)
         handler = self._routes.get(path)
         if handler is None:
             return error_response(404, "not_found", "no such route")
@@ -216,10 +146,10 @@ class AdminApp:
         return handler(headers)
 
     def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        return self.hosts is None or self.hosts.allows_host_header(_header(headers, b"host"))
+        return self.hosts is None or self.hosts.allows_host_header(header_value(headers, b"host"))
 
     def _allowed_origin(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        return self.hosts is None or self.hosts.allows_origin(_header(headers, b"origin"))
+        return self.hosts is None or self.hosts.allows_origin(header_value(headers, b"origin"))
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         token = self.ctx.token
@@ -252,7 +182,7 @@ class AdminApp:
         return json_response(200, self.ctx.status())
 
     def _metrics(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        accept = _header(headers, b"accept") or ""
+        accept = header_value(headers, b"accept") or ""
         try:
             encoder, content_type = choose_encoder(accept)
         except (ValueError, TypeError, IndexError, AttributeError):
@@ -268,7 +198,7 @@ class AdminApp:
             return error_response(503, "no_snapshot", "no snapshot published yet")
         etag = snapshot.etag()
         tag_header = [(b"etag", etag.encode("latin-1"))]
-        if_none_match = _header(headers, b"if-none-match")
+        if_none_match = header_value(headers, b"if-none-match")
         if if_none_match is not None and etag_matches(if_none_match, etag):
             return Response(304, b"", None, tag_header, cache=b"no-cache")
         cached = self._body_of
@@ -333,7 +263,7 @@ class AdminApp:
             return error_response(503, "no_snapshot", "no revision is active yet")
         etag = f'"{snapshot.revision}"'
         tag_header = [(b"etag", etag.encode("latin-1"))]
-        if_none_match = _header(headers, b"if-none-match")
+        if_none_match = header_value(headers, b"if-none-match")
         if if_none_match is not None and etag_matches(if_none_match, etag):
             return Response(304, b"", None, tag_header, cache=b"no-cache")
         data = signed.held(snapshot.revision, self.ctx.state.body_sha256)
@@ -364,26 +294,27 @@ class AdminApp:
         message = await receive()
         if message.get("type") != "websocket.connect":
             return
-        headers = _headers(scope)
+        headers = scope_headers(scope)
         hub = self.hub
         if not self._known_host(headers):
-            await _reject(scope, send, _misdirected())
+            await reject_handshake(scope, send, misdirected())
         elif not self._allowed_origin(headers):
-            await _reject(
+            await reject_handshake(
                 scope, send, error_response(403, "forbidden_origin", "Origin not allowed")
             )
         elif scope.get("path") != STREAM_PATH:
             # Same order as HTTP: without the token, nothing reveals which paths exist.
             if not self._authorized(headers):
-                await _reject(scope, send, _unauthorized(headers))
+                await reject_handshake(scope, send, unauthorized(headers))
             else:
-                await _reject(scope, send, error_response(404, "not_found", "no such route"))
+                await reject_handshake(
+                    scope, send, error_response(404, "not_found", "no such route"))
         elif not self._authorized(headers):
-            await _reject(scope, send, _unauthorized(headers))
+            await reject_handshake(scope, send, unauthorized(headers))
         elif hub is None or hub.closing:
-            await _reject(scope, send, error_response(503, "unavailable", "shutting down"))
+            await reject_handshake(scope, send, error_response(503, "unavailable", "shutting down"))
         elif hub.full():
-            await _reject(
+            await reject_handshake(
                 scope, send, error_response(503, "too_many_clients", "too many stream clients")
             )
         else:
@@ -391,12 +322,6 @@ class AdminApp:
                 await hub.serve(scope, receive, send)
             except Exception:  # one client's failure must not reach the server
                 log.exception("stream client failed", peer=str(scope.get("client")))
-
-
-def _misdirected() -> Response:
-    return error_response(
-        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
-    )
 
 
 def _timeout_param(query: Any) -> float | None:
@@ -417,53 +342,6 @@ def _timeout_param(query: Any) -> float | None:
 
 # _revision's answer when the bytes must first be read from the disk (in _http).
 _READ_SIGNED = Response(0)
-
-
-def _unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
-    presented = any(k.lower() == b"authorization" for k, _ in headers)
-    challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
-    return error_response(
-        401, "unauthorized", "missing or invalid bearer token", [(b"www-authenticate", challenge)]
-    )
-
-
-def _response_headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:
-    headers = list(response.headers)
-    if response.content_type is not None:
-        headers.append((b"content-type", response.content_type))
-    if length is not None:
-        headers.append((b"content-length", str(length).encode("ascii")))
-    headers.append((b"cache-control", response.cache))
-    return headers
-
-
-async def _send_response(send: Send, response: Response, *, head: bool) -> None:
-    length = None if response.status == 304 else len(response.body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": _response_headers(response, length),
-        }
-    )
-    body = b"" if head or response.status == 304 else response.body
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _reject(scope: Scope, send: Send, response: Response) -> None:
-    """Refuse a WebSocket handshake before accepting it."""
-    extensions = scope.get("extensions") or {}
-    if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": response.status,
-                "headers": _response_headers(response, len(response.body)),
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": response.body})
-    else:
-        await send({"type": "websocket.close", "code": 1008})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

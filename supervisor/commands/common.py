@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from supervisor.config import CONFIG_ENV, Config, load, placeholders, sqlite_path
+from supervisor.config import CONFIG_ENV, Config, placeholders, sqlite_path
+from supervisor.configfile import load
 from supervisor.errors import ConfigError, UsageError
+from supervisor.statedirs import CONTROL_PLANE, make_state_directories
 
 if TYPE_CHECKING:
     from supervisor.controlplane.store import ControlPlaneStore
@@ -50,10 +52,16 @@ def load_config(args: argparse.Namespace) -> tuple[Config, str]:
 
 def require_sqlite_directory(config: Config) -> None:
     """Name the missing directory of an SQLite control plane (SQLite says only
-    "unable to open database file"); exit 2, as no restart creates it."""
+    "unable to open database file"); exit 2, as no restart creates it.
+
+    A relative path's directory is left alone: ``run`` and ``publish`` make it
+    (supervisor/statedirs.py), the other commands report the missing file.
+    """
     if config.control_plane.backend != "sqlite":
         return
     parent = Path(sqlite_path(config.control_plane.url)).parent
+    if not parent.is_absolute():
+        return
     if not parent.is_dir():
         raise ConfigError(
             "$.control_plane.url",
@@ -69,8 +77,11 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
     ``create=False`` (every command but ``publish``): a missing SQLite file is
     an error naming it, not a new empty control plane.
     """
-    from supervisor.controlplane.store import open_store
+    from supervisor.controlplane.factory import open_store
     from supervisor.revision.document import SCHEMA_VERSION
+
+    if create:
+        make_state_directories(config, keys={CONTROL_PLANE})  # the file's directory, if relative
 
     async def run() -> T:
         store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION,

@@ -89,7 +89,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _compile(args: argparse.Namespace, *, resolve: bool) -> tuple[int, bytes]:
     """(schema_version, canonical body) of FILE, compiled; RevisionError on refusal."""
     from supervisor.revision.compile import compile_revision
-    from supervisor.revision.document import load_document_file
+    from supervisor.revision.files import load_document_file
     from supervisor.revision.secrets import EnvFileResolver
 
     try:

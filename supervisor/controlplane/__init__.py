@@ -1,24 +1,27 @@
 """The control plane: where desired state lives, and how a replica hears about changes.
 
-* :mod:`~supervisor.controlplane.store`: the store interface, its failure
-  categories and error hierarchy, :func:`open_store`.
+* :mod:`~supervisor.controlplane.store`: the store interface and what it returns.
+* :mod:`~supervisor.controlplane.errors`: how stores fail (the hierarchy is drawn there).
+* :mod:`~supervisor.controlplane.factory`: :func:`open_store`, the store for a URL.
 * :mod:`~supervisor.controlplane.postgres` / :mod:`~supervisor.controlplane.sqlite`:
-  the two implementations (imported lazily by :func:`open_store`).
+  the two databases (imported lazily by :func:`open_store`), sharing
+  :mod:`~supervisor.controlplane.checks` (what both refuse) and
+  :mod:`~supervisor.controlplane.runner` (the blocking-connection lifecycle).
+* :mod:`~supervisor.controlplane.follower`: another replica as the control plane.
+* :mod:`~supervisor.controlplane.revisions`: history, rollback and prune statements.
 * :mod:`~supervisor.controlplane.migrations`: the versioned schema.
 * :mod:`~supervisor.controlplane.listen`: the LISTEN child (PostgreSQL only),
-  which only pokes the convergence loop's ChangeSignal.
-* :mod:`~supervisor.dsn`: keeping the DSN's password out of logs.
+  which only pokes the convergence loop's change signal (:mod:`.poke`).
 """
 
-from supervisor.controlplane.store import (
+from supervisor.controlplane.errors import (
     ControlPlaneError,
-    ControlPlaneStore,
     FailureCategory,
     Incompatible,
-    LoadedRevision,
     TooLarge,
-    open_store,
 )
+from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
 
 __all__ = [
     "ControlPlaneError",

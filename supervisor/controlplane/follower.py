@@ -53,15 +53,14 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.revisions import RevisionSummary
-from supervisor.controlplane.store import (
+from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     Incompatible,
-    LoadedRevision,
-    RevisionPointer,
     TooLarge,
 )
+from supervisor.controlplane.revisions import RevisionSummary
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
 from supervisor.sinks.atomic import write_atomic

@@ -64,8 +64,8 @@ from psycopg import sql
 
 from supervisor.backoff import Backoff
 from supervisor.controlplane.poke import Poke
-from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
-from supervisor.controlplane.store import INTERRUPT_GRACE_S, call_interruptibly
+from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, connect
+from supervisor.controlplane.runner import INTERRUPT_GRACE_S, call_interruptibly
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 from supervisor.outage import OutageLog

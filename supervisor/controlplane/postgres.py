@@ -28,234 +28,46 @@ transaction pooling mode and against a hot standby (reads only; ``publish``
 and ``migrate`` are refused there as ``unavailable``, a read-only transaction).
 
 Failures are mapped here, at the driver boundary, by :func:`classify`
-(categories in :mod:`supervisor.controlplane.store`), chained with ``from``,
+(categories in :mod:`supervisor.controlplane.errors`), chained with ``from``,
 with the DSN's password scrubbed from every message.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
-
-import psycopg
-import trio
-from psycopg import errors as pgerrors
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import TupleRow
+from typing import TYPE_CHECKING
 
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.store import (
-    INTERRUPT_GRACE_S,
-    MIGRATE_HINT,
+from supervisor.controlplane.checks import (
     OBSERVE_SQL,
-    ControlPlaneError,
-    FailureCategory,
     HydrateRow,
-    LoadedRevision,
-    RevisionPointer,
-    call_interruptibly,
     check_hydrated,
     check_publishable,
-    malformed,
     pointer_from_row,
-    unavailable_timeout,
 )
-from supervisor.dsn import redact, scrub
+from supervisor.controlplane.postgres_driver import (
+    CONNECT_TIMEOUT_S,
+    Conn,
+    PostgresConnections,
+    dsn_sets_statement_timeout,
+    timeout_ms,
+)
+from supervisor.controlplane.runner import ConnectionRunner
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.dsn import redact
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
     from supervisor.controlplane.revisions import RevisionSummary
 
-__all__ = ["PostgresStore", "bounded", "classify", "connect", "map_error"]
+__all__ = ["PostgresStore"]
 
 log = get_logger("controlplane")
 
-T = TypeVar("T")
-Conn = psycopg.Connection[TupleRow]
-
-APPLICATION_NAME = "trio-supervisor"
-CONNECT_TIMEOUT_S = 5.0
-# Keepalive probes start after 30 s idle, every 10 s, 3 misses: a dead peer is
-# noticed within about a minute even on an idle connection; tcp_user_timeout
-# bounds unacknowledged writes the same way.
-KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
-             "keepalives_count": "3", "tcp_user_timeout": "30000"}
 # Schema changes can queue behind the advisory lock of another replica's run.
 MIGRATE_TIMEOUT_S = 120.0
-
-# SQLSTATEs that mean "the schema is not there or not current".
-_SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
-
-
-def classify(exc: BaseException) -> FailureCategory:
-    """The failure category of a driver (or socket) error. Order matters: see the comments."""
-    # Before OperationalError: psycopg files transaction rollbacks and lock
-    # timeouts under it, but they are contention, and contention clears on retry.
-    if isinstance(
-        exc, pgerrors.SerializationFailure | pgerrors.DeadlockDetected | pgerrors.LockNotAvailable
-    ):
-        return FailureCategory.CONFLICT
-    if isinstance(
-        exc,
-        pgerrors.InsufficientPrivilege
-        | pgerrors.InvalidAuthorizationSpecification
-        | pgerrors.InvalidPassword,
-    ):
-        return FailureCategory.DENIED
-    if isinstance(exc, _SCHEMA_MISSING):
-        return FailureCategory.INVALID
-    # SQLSTATE class XX: the server itself reports damaged data or indexes.
-    if isinstance(exc, pgerrors.DataCorrupted | pgerrors.IndexCorrupted):
-        return FailureCategory.CORRUPT
-    # QueryCanceled (statement_timeout or our cancel), AdminShutdown, too many
-    # connections, failed connects (which carry no SQLSTATE at all) ...
-    if isinstance(exc, psycopg.OperationalError):
-        return FailureCategory.UNAVAILABLE
-    # A hot standby refuses writes; during a failover that clears by itself.
-    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
-        return FailureCategory.UNAVAILABLE
-    # "the connection is closed/lost" and friends; and raw socket errors.
-    if isinstance(exc, psycopg.InterfaceError | OSError | TimeoutError):
-        return FailureCategory.UNAVAILABLE
-    return FailureCategory.INVALID
-
-
-def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
-    """Wrap a driver error for the caller; the message never holds the password."""
-    category = classify(exc)
-    # One line: libpq's messages carry newlines and tab-indented hints.
-    detail = " ".join(scrub(str(exc), url).split()) or type(exc).__name__
-    if isinstance(exc, _SCHEMA_MISSING):
-        detail = f"{detail} ({MIGRATE_HINT})"
-    return ControlPlaneError(f"control plane {what} failed: {detail}", category=category)
-
-
-def connection_params(
-    url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
-) -> dict[str, str]:
-    """The DSN's parameters plus this daemon's defaults for whatever it leaves unset."""
-    params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
-    params.setdefault("connect_timeout", str(max(2, round(connect_timeout_s))))
-    params.setdefault("application_name", APPLICATION_NAME)
-    for key, value in KEEPALIVE.items():
-        params.setdefault(key, value)
-    return params
-
-
-def connect(
-    url: str,
-    *,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-    statement_timeout_s: float | None = 10.0,
-) -> Conn:
-    """Open an autocommit connection (blocking; call it from a worker thread).
-
-    ``statement_timeout_s`` set here is *session* state: only for a connection
-    known to be direct (the LISTEN child's). The store passes None and bounds
-    each call per transaction instead (:func:`bounded`), which also works
-    behind PgBouncer in transaction pooling mode. Statements are never
-    prepared server-side (``prepare_threshold=None``): a prepared statement is
-    session state too, and under transaction pooling the next transaction may
-    run on a server connection that never saw it.
-    """
-    conninfo = make_conninfo("", **connection_params(url, connect_timeout_s=connect_timeout_s))
-    conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
-    try:
-        if statement_timeout_s is not None:
-            # set_config rather than "options=-c ..." at connect: a DSN's own
-            # options parameter must keep working.
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, false)",
-                [f"{timeout_ms(statement_timeout_s)}ms"],
-            )
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def timeout_ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
-
-
-def dsn_sets_statement_timeout(url: str) -> bool:
-    """True when the DSN's own ``options`` set ``statement_timeout`` (then it wins)."""
-    try:
-        options = conninfo_to_dict(url).get("options")
-    except psycopg.ProgrammingError:
-        return False
-    return isinstance(options, str) and "statement_timeout" in options
-
-
-def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | None) -> T:
-    """Run ``fn`` in one transaction whose statements are bounded by ``statement_timeout_ms``.
-
-    ``SET LOCAL`` lasts until the transaction ends, so nothing outlives the
-    call: no session state, which is what PgBouncer's transaction pooling
-    requires. ``BEGIN`` and the setting travel in one round trip (simple
-    query protocol, no parameters; the value is an int). ``fn`` may open
-    ``conn.transaction()`` itself: that becomes a savepoint inside this one.
-    None skips the setting (the DSN's own ``options`` set it) but keeps the
-    transaction. On any failure the transaction is rolled back when the
-    connection still can, so a connection is never returned mid-transaction.
-    """
-    if statement_timeout_ms is None:
-        conn.execute("BEGIN")
-    else:
-        conn.execute(f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
-    try:
-        result = fn(conn)
-    except BaseException:
-        if not conn.closed and not conn.broken:
-            try:
-                conn.execute("ROLLBACK")
-            except psycopg.Error as exc:
-                log.debug("rolling back a failed call failed", error=str(exc))
-        raise
-    conn.execute("COMMIT")
-    return result
-
-
-def _identity(conn: Conn) -> str | None:
-    """``<system identifier>/<database oid>``: which cluster and database this is.
-
-    A restore from a physical backup into a new cluster changes the first, a
-    dropped and re-created database the second. ``pg_control_system()`` is
-    executable by PUBLIC by default; where it was revoked only the oid is used.
-    """
-    try:
-        # A savepoint when called inside bounded()'s transaction: the fallback
-        # below must not run in an aborted transaction.
-        with conn.transaction():
-            row = conn.execute(
-                "SELECT (SELECT system_identifier::text FROM pg_control_system()),"
-                " (SELECT oid::text FROM pg_database WHERE datname = current_database())"
-            ).fetchone()
-    except pgerrors.InsufficientPrivilege:
-        row = conn.execute(
-            "SELECT NULL, (SELECT oid::text FROM pg_database WHERE datname = current_database())"
-        ).fetchone()
-    if row is None:
-        return None
-    return f"postgresql:{row[0] or '?'}/{row[1]}"
-
-
-def _healthy(conn: Conn) -> bool:
-    return (
-        not conn.closed
-        and not conn.broken
-        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    )
-
-
-def _close_quietly(conn: Conn) -> None:
-    try:
-        conn.close()
-    except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail; it is gone anyway
-        log.debug("closing a control-plane connection failed", error=str(exc))
 
 
 class PostgresStore:
@@ -273,21 +85,17 @@ class PostgresStore:
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
-        self._connect_timeout_s = connect_timeout_s
         # The client-side deadline: a connect plus one statement, plus slack
         # so the server's own statement_timeout normally fires first (its
         # error says more than ours).
-        self._deadline_s = connect_timeout_s + statement_timeout_s + 2.0
-        self._limiter = trio.CapacityLimiter(1)
-        self._conn: Conn | None = None
-        self._closed = False
-        # Read at every connect: a restore or another database behind the
-        # same DSN can only appear across a new connection.
-        self._identity: str | None = None
         # Per call, never per session (see bounded()); the DSN's options win.
-        self._timeout_ms: int | None = (
-            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s)
+        self._connections = PostgresConnections(
+            config.url, connect_timeout_s,
+            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s),
         )
+        self._runner = ConnectionRunner(
+            self._connections, deadline_s=connect_timeout_s + statement_timeout_s + 2.0)
+        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
@@ -307,7 +115,7 @@ class PostgresStore:
         def read(conn: Conn) -> RevisionPointer | None:
             with conn.cursor(binary=True) as cur:
                 row = cur.execute(OBSERVE_SQL).fetchone()
-            return pointer_from_row(row, self._identity)
+            return pointer_from_row(row, self._connections.identity)
 
         return await self._run("read", read)
 
@@ -400,76 +208,4 @@ class PostgresStore:
         return await self._run("prune", partial(revisions.pg.prune, keep=keep))
 
     async def aclose(self) -> None:
-        self._closed = True
-        # Often called from a cancelled scope during shutdown: shielded, bounded.
-        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
-            async with self._limiter:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        partial(_close_quietly, conn), abandon_on_cancel=True
-                    )
-
-    # -- one call ------------------------------------------------------------------
-
-    async def _run(
-        self, what: str, fn: Callable[[Conn], T], *, deadline_s: float | None = None
-    ) -> T:
-        if self._closed:
-            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
-        deadline_s = self._deadline_s if deadline_s is None else deadline_s
-        async with self._limiter:
-            with trio.move_on_after(deadline_s):
-                return await self._run_locked(what, fn)
-            raise unavailable_timeout(what, deadline_s)
-
-    async def _run_locked(self, what: str, fn: Callable[[Conn], T]) -> T:
-        conn = self._conn
-        try:
-            if conn is None:
-                conn = await self._connect()
-                self._conn = conn
-            return await call_interruptibly(
-                partial(bounded, conn, fn, self._timeout_ms),
-                interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
-                dispose=partial(_close_quietly, conn),
-            )
-        except trio.Cancelled:
-            # call_interruptibly has handed the connection over for closing.
-            self._conn = None
-            raise
-        except (psycopg.Error, OSError) as exc:
-            if conn is not None and not _healthy(conn):
-                self._conn = None
-                await trio.to_thread.run_sync(partial(_close_quietly, conn))
-            raise map_error(exc, what=what, url=self._url) from exc
-        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
-            # Our own decoding of a row the schema should not allow; the
-            # connection itself is fine. Traceback dropped (it holds the rows).
-            raise malformed(exc, what=what) from exc.with_traceback(None)
-        finally:
-            if self._closed and self._conn is not None:
-                # aclose() ran while this call held the connection.
-                stale, self._conn = self._conn, None
-                trio.lowlevel.start_thread_soon(partial(_close_quietly, stale), lambda _: None)
-
-    async def _connect(self) -> Conn:
-        made: list[Conn] = []
-        url, connect_timeout_s = self._url, self._connect_timeout_s
-        timeout = self._timeout_ms
-
-        def open_one() -> Conn:
-            conn = connect(url, connect_timeout_s=connect_timeout_s, statement_timeout_s=None)
-            made.append(conn)
-            self._identity = bounded(conn, _identity, timeout)
-            return conn
-
-        def dispose() -> None:
-            for conn in made:
-                _close_quietly(conn)
-
-        # Nothing to interrupt while connecting: a cancelled connect is
-        # abandoned, and its connection closed if it ever completes.
-        conn = await call_interruptibly(open_one, interrupt=lambda: None, dispose=dispose)
-        log.debug("control-plane connection opened", url=redact(url))
-        return conn
+        await self._runner.aclose()

@@ -29,13 +29,9 @@ from typing import Any
 
 import psycopg
 
-from supervisor.controlplane.store import (
-    ControlPlaneError,
-    FailureCategory,
-    HydrateRow,
-    LoadedRevision,
-    check_hydrated,
-)
+from supervisor.controlplane.checks import HydrateRow, check_hydrated
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.store import LoadedRevision
 
 __all__ = ["RevisionSummary", "pg", "sqlite"]
 

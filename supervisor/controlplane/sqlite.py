@@ -18,12 +18,7 @@ and stops waiting as soon as the call is cancelled.
 one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
 writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
 
-Error mapping (SQLite primary result codes, not exception classes: sqlite3
-raises OperationalError for a syntax error too): BUSY/LOCKED -> CONFLICT;
-CANTOPEN/IOERR/FULL/NOMEM/INTERRUPT -> UNAVAILABLE (an unreadable file or a
-missing directory included); PERM/READONLY/AUTH -> DENIED; CORRUPT/NOTADB ->
-CORRUPT; a missing table -> INVALID with the migrate hint; any other code ->
-INVALID.
+Error mapping: :mod:`supervisor.controlplane.sqlite_driver`.
 """
 
 from __future__ import annotations
@@ -31,41 +26,32 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-import threading
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import quote
 
 import trio
 
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.store import (
-    INTERRUPT_GRACE_S,
-    MIGRATE_HINT,
+from supervisor.controlplane.checks import (
     OBSERVE_SQL,
-    ControlPlaneError,
-    FailureCategory,
     HydrateRow,
-    LoadedRevision,
-    RevisionPointer,
-    call_interruptibly,
     check_hydrated,
     check_publishable,
-    malformed,
     pointer_from_row,
-    unavailable_timeout,
 )
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.runner import ConnectionRunner
+from supervisor.controlplane.sqlite_driver import SQLiteConnections, map_error
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
     from supervisor.controlplane.revisions import RevisionSummary
 
-__all__ = ["SQLiteStore", "classify", "map_error"]
+__all__ = ["SQLiteStore"]
 
 log = get_logger("controlplane")
 
@@ -79,52 +65,6 @@ _SIZE = (
     "CASE typeof(r.body) WHEN 'blob' THEN length(r.body)"
     " ELSE length(CAST(r.body AS BLOB)) END"
 )
-
-# Primary result codes (https://www.sqlite.org/rescode.html); extended codes
-# carry the primary one in their low byte.
-_CONFLICT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
-_DENIED = {3, 8, 23}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
-_CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
-# NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL, NOLFS
-_UNAVAILABLE = {7, 9, 10, 13, 14, 15, 22}
-
-
-def _schema_missing(exc: BaseException) -> bool:
-    text = str(exc)
-    return isinstance(exc, sqlite3.OperationalError) and (
-        text.startswith("no such table") or text.startswith("no such column")
-    )
-
-
-def classify(exc: BaseException) -> FailureCategory:
-    """The failure category of a ``sqlite3`` (or OS) error."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        primary = code & 0xFF
-        if primary in _CONFLICT:
-            return FailureCategory.CONFLICT
-        if primary in _DENIED:
-            return FailureCategory.DENIED
-        if primary in _CORRUPT:
-            return FailureCategory.CORRUPT
-        if primary in _UNAVAILABLE:
-            return FailureCategory.UNAVAILABLE
-        # SQLITE_ERROR (a syntax error, a missing table) and the rest: the
-        # request itself is wrong. sqlite3 files many of these under
-        # OperationalError, so the code, not the class, decides.
-        return FailureCategory.INVALID
-    if isinstance(exc, sqlite3.OperationalError | OSError):
-        # No result code: raised by this module or the OS, not by SQLite.
-        return FailureCategory.UNAVAILABLE
-    return FailureCategory.INVALID
-
-
-def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
-    detail = " ".join(str(exc).split()) or type(exc).__name__
-    if _schema_missing(exc):
-        detail = f"{detail} ({MIGRATE_HINT})"
-    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
-
 
 def _parse_time(value: object) -> datetime | None:
     if not isinstance(value, str):
@@ -145,40 +85,6 @@ def _as_bytes(value: object) -> bytes | None:
     return None
 
 
-def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
-    """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
-
-    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
-    and writes that roll back on failure. ``stop`` (set when trio gives the
-    call up) ends the wait at once, so a cancelled write never goes on to
-    commit once the lock frees up.
-    """
-    deadline = time.monotonic() + busy_timeout_s
-    delay = 0.002
-    while True:
-        try:
-            return fn()
-        except sqlite3.OperationalError as exc:
-            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-            if code not in _CONFLICT or time.monotonic() + delay >= deadline:
-                raise
-        if stop.wait(delay):
-            raise sqlite3.OperationalError("interrupted: the call was cancelled")
-        delay = min(delay * 2, 0.05)
-
-
-def _prepare(conn: sqlite3.Connection) -> list[int]:
-    """Switch the file to WAL (best effort) and migrate it; return versions applied."""
-    try:
-        # WAL lets the CLI publish while the daemon reads. Persistent in the
-        # file; needs write access, so a read-only file stays as it is.
-        conn.execute("PRAGMA journal_mode = WAL")
-    except sqlite3.OperationalError as exc:
-        if classify(exc) is not FailureCategory.DENIED:
-            raise
-    return migrations.migrate_sqlite(conn)
-
-
 def _file_id(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of ``path``; None when it does not exist. Raises other OSError."""
     try:
@@ -196,13 +102,6 @@ def _remove_stale_wal(path: str) -> None:
             pass
 
 
-def _close_quietly(conn: sqlite3.Connection) -> None:
-    try:
-        conn.close()
-    except Exception as exc:  # noqa: BLE001 - it is being thrown away either way
-        log.debug("closing a control-plane connection failed", error=str(exc))
-
-
 class SQLiteStore:
     """ControlPlaneStore on an SQLite file (see the module docstring)."""
 
@@ -216,20 +115,15 @@ class SQLiteStore:
     ) -> None:
         self._path = sqlite_path(config.url)
         self._create = create
-        # (st_dev, st_ino) of the file the open connection reads: a restore by
-        # `mv new.db cp.db` or a deleted file leaves the connection on the old
-        # inode, so every call first checks the path still names it.
-        self._file_id: tuple[int, int] | None = None
         self._wal_id: tuple[int, int] | None = None
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
         # the problem) well before the client-side deadline cancels the call.
-        self._busy_timeout_s = statement_timeout_s / 2
-        self._deadline_s = statement_timeout_s + 1.0
-        self._limiter = trio.CapacityLimiter(1)
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
+        self._connections = SQLiteConnections(self._path, create, statement_timeout_s / 2)
+        self._runner = ConnectionRunner(self._connections, deadline_s=statement_timeout_s + 1.0,
+                                        before=self._check_file)
+        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
@@ -258,9 +152,10 @@ class SQLiteStore:
     @property
     def identity(self) -> str | None:
         """``sqlite:<device>:<inode>`` of the open file (None before the first call)."""
-        if self._file_id is None:
+        file_id = self._connections.file_id
+        if file_id is None:
             return None
-        return f"sqlite:{self._file_id[0]}:{self._file_id[1]}"
+        return f"sqlite:{file_id[0]}:{file_id[1]}"
 
     async def hydrate(self) -> LoadedRevision | None:
         max_bytes, max_schema = self._max_bytes, self._max_schema
@@ -363,24 +258,15 @@ class SQLiteStore:
         return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))
 
     async def aclose(self) -> None:
-        self._closed = True
-        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
-            async with self._limiter:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        partial(_close_quietly, conn), abandon_on_cancel=True
-                    )
+        await self._runner.aclose()
 
-    # -- one call ------------------------------------------------------------------
+    # -- before every call ---------------------------------------------------------
 
-    async def _run(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._closed:
-            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
-        async with self._limiter:
-            with trio.move_on_after(self._deadline_s):
-                return await self._run_locked(what, fn)
-            raise unavailable_timeout(what, self._deadline_s)
+    async def _check_file(self, what: str) -> None:
+        try:
+            await self._still_same_file()
+        except OSError as exc:
+            raise map_error(exc, what=what) from exc
 
     async def _still_same_file(self) -> None:
         """Drop the connection when the path no longer names the file it reads.
@@ -396,18 +282,17 @@ class SQLiteStore:
         with that same inode belongs to the old file (whose name is gone, so
         nobody can open it again) and is removed with its shared-memory index.
         """
-        conn = self._conn
+        conn = self._runner.connection
         path = self._path
         current = await trio.to_thread.run_sync(_file_id, path)
         wal = await trio.to_thread.run_sync(_file_id, path + "-wal")
-        if conn is not None and current != self._file_id:
+        if conn is not None and current != self._connections.file_id:
             log.warning(
                 "control-plane file replaced or removed; reopening"
                 if current is not None else "control-plane file removed",
                 path=path,
             )
-            self._conn = None
-            await trio.to_thread.run_sync(partial(_close_quietly, conn))
+            await self._runner.discard()
             if current is not None and wal is not None and wal == self._wal_id:
                 await trio.to_thread.run_sync(_remove_stale_wal, path)
                 log.warning("removed the replaced control-plane file's WAL (another process "
@@ -420,8 +305,7 @@ class SQLiteStore:
                 # unlinked): publishes go to a new one it never sees.
                 log.warning("control-plane WAL file removed or replaced under the daemon; "
                             "reopening", path=path)
-                self._conn = None
-                await trio.to_thread.run_sync(partial(_close_quietly, conn))
+                await self._runner.discard()
                 wal = None
             self._wal_id = wal
         if current is None and not self._create:
@@ -429,86 +313,3 @@ class SQLiteStore:
                 f"control plane read failed: the control-plane file {path} does not exist",
                 category=FailureCategory.UNAVAILABLE,
             )
-
-    async def _run_locked(self, what: str, fn: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            await self._still_same_file()
-        except OSError as exc:
-            raise map_error(exc, what=what) from exc
-        conn = self._conn
-        stop = threading.Event()
-        try:
-            if conn is None:
-                conn = await self._connect()
-                self._conn = conn
-            live = conn
-
-            def interrupt() -> None:
-                stop.set()
-                live.interrupt()
-
-            return await call_interruptibly(
-                partial(_retry_busy, partial(fn, conn), stop, self._busy_timeout_s),
-                interrupt=interrupt,
-                dispose=partial(_close_quietly, conn),
-            )
-        except trio.Cancelled:
-            self._conn = None
-            raise
-        except (sqlite3.Error, OSError) as exc:
-            error = map_error(exc, what=what)
-            if conn is not None and error.category is not FailureCategory.CONFLICT:
-                # Reopen next time: the file may have been replaced, repaired
-                # or made readable meanwhile. Contention keeps the connection.
-                self._conn = None
-                await trio.to_thread.run_sync(partial(_close_quietly, conn))
-            raise error from exc
-        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
-            # Our own decoding of a row the schema should not allow (see malformed()).
-            raise malformed(exc, what=what) from exc.with_traceback(None)
-        finally:
-            if self._closed and self._conn is not None:
-                stale, self._conn = self._conn, None
-                trio.lowlevel.start_thread_soon(partial(_close_quietly, stale), lambda _: None)
-
-    async def _connect(self) -> sqlite3.Connection:
-        made: list[sqlite3.Connection] = []
-        path, busy_timeout_s = self._path, self._busy_timeout_s
-        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
-        # makes the embedded control plane on first publish).
-        uri = f"file:{quote(path)}?mode={'rwc' if self._create else 'rw'}"
-
-        stop = threading.Event()
-
-        def open_one() -> sqlite3.Connection:
-            # timeout=0: SQLite's own busy wait cannot be interrupted (a
-            # cancelled call would sleep it out and then, the lock gone, commit
-            # anyway); _retry_busy waits instead, and stops when told to.
-            conn = sqlite3.connect(
-                uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
-            )
-            made.append(conn)
-            try:
-                st = os.stat(path)
-            except OSError:
-                conn.close()
-                raise
-            self._file_id = (st.st_dev, st.st_ino)
-            try:
-                # Per connection in SQLite; without it the REFERENCES clause is decorative.
-                conn.execute("PRAGMA foreign_keys = ON")
-                # Both steps may meet a lock (another process migrating, or a
-                # closing connection checkpointing the WAL): waited out like any other.
-                applied = _retry_busy(partial(_prepare, conn), stop, busy_timeout_s)
-                if applied:
-                    log.info("control-plane schema migrated", applied=applied, path=path)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        def dispose() -> None:
-            for conn in made:
-                _close_quietly(conn)
-
-        return await call_interruptibly(open_one, interrupt=stop.set, dispose=dispose)

@@ -100,6 +100,12 @@ class RevisionStatus:
         self.desired = desired
         self._track_lag()
 
+    def answered(self) -> None:
+        """The control plane answered (a read, or a refusal): it is up."""
+        self.control_plane_up = True
+        self._ever_read = True
+        self._track_lag()
+
     def unreachable(self) -> None:
         self.control_plane_up = False
         self._ever_read = True

@@ -50,6 +50,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from supervisor.errors import SupervisorError
+from supervisor.events import EventBus, StatusChanged
 from supervisor.kube.errors import Conflict, KubeError
 from supervisor.kube.lease import LeaseApi, LeaseRecord
 from supervisor.logs import get_logger
@@ -87,9 +88,8 @@ class LeadershipStatus:
         return {"role": self.role, "holder": self.holder, "lease": self.lease}
 
 
-def announcer(
-    publish: Callable[[str, dict[str, Any]], object], status_line: Callable[[str], None],
-) -> Callable[[LeadershipStatus], None]:
+def announcer(events: EventBus, status_line: Callable[[str], None],
+              ) -> Callable[[LeadershipStatus], None]:
     """An ``on_change`` that tells the stream (a ``status`` event) and systemd (``STATUS=``).
 
     Only real changes of the report are announced; the elector logs them itself.
@@ -101,7 +101,7 @@ def announcer(
         if last and last[0] == report:
             return
         last[:] = [report]
-        publish("status", {"leadership": report})
+        events.emit(StatusChanged(leadership=report))
         if status.role == "leader":
             status_line(f"fan-out leader (lease {status.lease})")
         else:

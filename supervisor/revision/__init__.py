@@ -1,7 +1,8 @@
 """Revision documents, their compilation, and the snapshots they compile to.
 
 - :mod:`.document`: the schema_version 1 document, :func:`decode_body` for a
-  stored body, :func:`load_document_file` for ``publish`` (TOML or JSON);
+  stored body; :mod:`.upstream`: the rule for an alias's upstream URL;
+- :mod:`.files`: :func:`load_document_file` for ``publish`` (TOML or JSON);
 - :mod:`.secrets`: secret references (``env:NAME``, ``file:PATH``);
 - :mod:`.compile`: :func:`compile_revision`, body -> :class:`Snapshot`, staged
   so each refusal carries one reason label;
@@ -19,9 +20,9 @@ from supervisor.revision.document import (
     RevisionDocument,
     decode_body,
     encode_document,
-    load_document_file,
 )
 from supervisor.revision.errors import RevisionError
+from supervisor.revision.files import load_document_file
 from supervisor.revision.secrets import EnvFileResolver, SecretResolver
 from supervisor.revision.snapshot import AliasEntry, KeyEntry, Snapshot
 

@@ -29,26 +29,24 @@ references, upstream URLs, repeated aliases). Only a refusal walks the document
 in Python to name the first offender. msgspec reports a dictionary value's path
 as ``$.aliases[...]``, without the name, so when the typed decode fails we
 decode again, untyped, to classify the failure and to name the exact entry.
-The same checks serve TOML files (:func:`document_from_object`), so a file and
-the body it becomes get the same verdict.
+The same checks serve TOML files (:func:`document_from_object`, used by
+:mod:`supervisor.revision.files`), so a file and the body it becomes get the
+same verdict.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import math
-import os
 import re
-import tomllib
 from itertools import chain
 from operator import attrgetter
-from pathlib import Path
 from typing import Annotated, Any, Final
 
 import msgspec
 
 from supervisor import reasons
 from supervisor.revision.errors import RevisionError
+from supervisor.revision.upstream import UPSTREAM_URL, explain_upstream, ipv6_ok
 
 __all__ = [
     "NAME_PATTERN",
@@ -59,7 +57,6 @@ __all__ = [
     "decode_body",
     "document_from_object",
     "encode_document",
-    "load_document_file",
     "member_path",
 ]
 
@@ -175,40 +172,6 @@ def encode_document(doc: RevisionDocument) -> bytes:
     return _ENCODER.encode(doc)
 
 
-def load_document_file(path: str | os.PathLike[str]) -> tuple[int, bytes]:
-    """Read and fully validate a TOML or JSON revision document file.
-
-    ``.toml`` files are TOML, ``.json`` files JSON; any other name is JSON when
-    its first non-blank byte is ``{`` and TOML otherwise. Returns
-    ``(schema_version, canonical body)`` (see :func:`encode_document`); the body
-    is what ``publish`` stores. Refusals are :class:`RevisionError` (``corrupt``,
-    ``incompatible``, ``validation``) whose detail starts with the file name.
-    """
-    where = os.fspath(path)
-    try:
-        raw = Path(where).read_bytes()
-    except OSError as exc:
-        raise RevisionError(
-            reasons.CORRUPT, f"{where}: cannot read: {exc.strerror or exc}"
-        ) from None
-    # Editors on some systems prefix a byte order mark; a stored body never has one.
-    raw = raw.removeprefix(b"\xef\xbb\xbf")
-    try:
-        doc = _load_toml(raw) if _is_toml(where, raw) else decode_body(raw)
-        body = encode_document(doc)
-        # The stored body must decode on every replica by the very rules it
-        # will meet there; cheap insurance against an encode/decode asymmetry.
-        decode_body(body)
-    except RevisionError as exc:
-        raise RevisionError(exc.reason, f"{where}: {exc.detail}") from None
-    except (RecursionError, ValueError, UnicodeError) as exc:
-        # The safety net for hostile input the parsers above let through.
-        raise RevisionError(
-            reasons.VALIDATION, f"{where}: $: cannot be processed: {exc}"
-        ) from None
-    return doc.schema_version, body
-
-
 # -- validation beyond msgspec ------------------------------------------------
 
 _MISSING: Final = object()
@@ -248,7 +211,7 @@ def _check_document(doc: RevisionDocument, revision: int | None) -> None:
     listed = list(map(_ALIASES_OF, keys.values()))
     fine = (
         all(map(_NAME.fullmatch, aliases))
-        and all(map(_URL.fullmatch, map(_UPSTREAM_OF, aliases.values())))
+        and all(map(UPSTREAM_URL.fullmatch, map(_UPSTREAM_OF, aliases.values())))
         and all(map(_NAME.fullmatch, keys))
         and all(map(_SECRET.fullmatch, map(_SECRET_OF, keys.values())))
         # A name that is a defined alias is valid (checked above): the cheap
@@ -263,7 +226,7 @@ def _check_document(doc: RevisionDocument, revision: int | None) -> None:
     if fine:
         # The URL pattern cannot tell a well-formed IPv6 literal; the rare
         # bracketed host gets a precise look.
-        fine = all(_ipv6_ok(a.upstream) for a in aliases.values() if "[" in a.upstream)
+        fine = all(ipv6_ok(a.upstream) for a in aliases.values() if "[" in a.upstream)
     if not fine:
         # The walk cannot disagree with the passes above; if it ever did, the
         # document is still refused rather than let through.
@@ -282,8 +245,8 @@ def _first_violation(doc: RevisionDocument) -> str | None:
         here = member_path("$.aliases", name)
         if not _NAME.fullmatch(name):
             return f"{here}: not a valid alias name: {_NAME_RULE}"
-        if not (_URL.fullmatch(alias.upstream) and _ipv6_ok(alias.upstream)):
-            return f"{here}.upstream: {_explain_upstream(alias.upstream)}"
+        if not (UPSTREAM_URL.fullmatch(alias.upstream) and ipv6_ok(alias.upstream)):
+            return f"{here}.upstream: {explain_upstream(alias.upstream)}"
     for name, key in doc.keys.items():
         here = member_path("$.keys", name)
         if not _NAME.fullmatch(name):
@@ -299,51 +262,6 @@ def _first_violation(doc: RevisionDocument) -> str | None:
                 return f"{here}.aliases[{index}]: alias {alias_name!r} is listed twice"
             seen.add(alias_name)
     return None
-
-
-# An absolute http(s) URL whose authority is a host (DNS-like name, or a
-# bracketed IPv6 literal) and an optional port from 1 to 65535; no userinfo, no
-# whitespace or control characters anywhere. Underscores are allowed in names
-# because container networks use them.
-_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-_URL: Final = re.compile(
-    rf"(?i:https?)://(?:{_LABEL}(?:\.{_LABEL})*\.?|\[[0-9A-Fa-f:.]+\])"
-    rf"(?::{_PORT})?(?:[/?#][^\x00-\x20\x7f]*)?"
-)
-
-
-def _ipv6_ok(url: str) -> bool:
-    """False when ``url``'s host is bracketed but not an IPv6 address."""
-    authority = url.partition("://")[2]
-    if not authority.startswith("["):
-        return True
-    try:
-        ipaddress.IPv6Address(authority[1 : authority.find("]")])
-    except ValueError:
-        return False
-    return True
-
-
-def _explain_upstream(url: str) -> str:
-    """Why ``url`` is not an acceptable upstream. Never echoes the URL: it may hold credentials."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "must be an absolute http or https URL (scheme://host...)"
-    if scheme.lower() not in ("http", "https"):
-        return "must be an http or https URL"
-    if re.search(r"[\x00-\x20\x7f]", url):
-        return "must not contain whitespace or control characters"
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" in authority:
-        return "must not embed credentials (user@host); give clients a key instead"
-    if not authority:
-        return "has no host"
-    found = re.fullmatch(r"(?P<host>.*?)(?::(?P<port>[^:\]]*))?", authority)
-    port = found.group("port") if found else None
-    if port is not None and not re.fullmatch(_PORT, port):
-        return "port must be a number from 1 to 65535 (no leading zeros)"
-    return "host must be a DNS name or an IP address (IPv6 in brackets)"
 
 
 # -- the failure path ---------------------------------------------------------
@@ -460,42 +378,3 @@ def _kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
-
-
-# -- TOML ---------------------------------------------------------------------
-
-
-def _is_toml(name: str, raw: bytes) -> bool:
-    suffix = Path(name).suffix.lower()
-    if suffix in (".toml", ".json"):
-        return suffix == ".toml"
-    return not raw.lstrip().startswith(b"{")
-
-
-def _load_toml(raw: bytes) -> RevisionDocument:
-    try:
-        tables = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise RevisionError(
-            reasons.CORRUPT, f"not UTF-8: {exc.reason} at byte {exc.start}"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RevisionError(reasons.CORRUPT, f"not TOML: {exc}") from None
-    except RecursionError:
-        raise RevisionError(
-            reasons.CORRUPT, "not TOML here: arrays or inline tables nested too deeply"
-        ) from None
-    except ValueError:
-        # tomllib's int() of an integer past sys.get_int_max_str_digits() digits.
-        text = raw.decode("utf-8")
-        found = re.search(f"[0-9_]{{{_MAX_INT_DIGITS},}}", text)
-        line = text.count("\n", 0, found.start()) + 1 if found else None
-        raise RevisionError(
-            reasons.CORRUPT,
-            f"not TOML here: an integer{f' at line {line}' if line else ''} has more than "
-            f"{_MAX_INT_DIGITS} digits",
-        ) from None
-    return document_from_object(tables)
-
-
-_MAX_INT_DIGITS: Final = 4300  # CPython's default int max str digits

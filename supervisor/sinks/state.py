@@ -1,6 +1,6 @@
 """The in-memory active snapshot: what the admin API and local readers serve.
 
-Publishing is one attribute assignment: a reader that took :attr:`ActiveState.snapshot`
+Swapping is one attribute assignment: a reader that took :attr:`ActiveState.snapshot`
 keeps the object it holds (snapshots are immutable), and every reader after the
 swap sees the new one. Nothing here can half-apply.
 """
@@ -8,8 +8,6 @@ swap sees the new one. Nothing here can half-apply.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-import trio
 
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot
@@ -28,7 +26,6 @@ class ActiveState:
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
         self.body_sha256: bytes | None = None
-        self._first = trio.Event()
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -38,10 +35,7 @@ class ActiveState:
     def generation(self) -> int:
         return 0 if self._snapshot is None else self._snapshot.generation
 
-    def publish(self, snapshot: Snapshot, *, body_sha256: bytes | None = None) -> None:
+    def swap(self, snapshot: Snapshot, *, body_sha256: bytes | None = None) -> None:
+        """Serve ``snapshot`` from now on (the one atomic swap)."""
         self._snapshot = snapshot
         self.body_sha256 = body_sha256
-        self._first.set()
-
-    async def wait_first(self) -> None:
-        await self._first.wait()

@@ -64,7 +64,7 @@ async def test_readyz_turns_ready_on_publish() -> None:
             r = await http.get("/readyz")
             assert r.status_code == 503
             assert "unavailable: connection refused" in r.json()["reason"]
-            ctx.state.publish(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+            ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
             r = await http.get("/readyz")
             assert (r.status_code, r.json()) == (200, {"ready": True, "revision": 7,
                                                        "generation": 3})
@@ -73,7 +73,7 @@ async def test_readyz_turns_ready_on_publish() -> None:
 async def test_snapshot_etag_and_304() -> None:
     with trio.fail_after(10):
         ctx = make_ctx()
-        ctx.state.publish(FakeSnapshot(7, 3, keys={"team-a": {"sha256": "ab"}}))  # type: ignore[arg-type]
+        ctx.state.swap(FakeSnapshot(7, 3, keys={"team-a": {"sha256": "ab"}}))  # type: ignore[arg-type]
         async with running_admin(ctx) as srv, httpx.AsyncClient(base_url=srv.base) as http:
             r = await http.get("/v1/snapshot")
             assert r.status_code == 200
@@ -85,7 +85,7 @@ async def test_snapshot_etag_and_304() -> None:
                 assert r.status_code == 304, header
                 assert r.content == b""
                 assert r.headers["etag"] == '"7-3"'
-            ctx.state.publish(FakeSnapshot(7, 4))  # type: ignore[arg-type]
+            ctx.state.swap(FakeSnapshot(7, 4))  # type: ignore[arg-type]
             r = await http.get("/v1/snapshot", headers={"if-none-match": '"7-3"'})
             assert r.status_code == 200
             assert r.headers["etag"] == '"7-4"'
@@ -213,7 +213,7 @@ async def test_real_snapshot_is_served() -> None:
             aliases={"chat": document.AliasSpec(upstream="https://llm.internal:8443/v1")},
             keys={"team-a": snapshot_mod.KeyEntry("ab" * 32, ("chat",))},
         )
-        ctx.state.publish(snapshot)
+        ctx.state.swap(snapshot)
         async with running_admin(ctx) as srv, httpx.AsyncClient(base_url=srv.base) as http:
             r = await http.get("/v1/snapshot")
             assert r.status_code == 200

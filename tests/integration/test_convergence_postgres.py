@@ -11,8 +11,9 @@ import trio
 
 from supervisor import reasons
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import open_store
-from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.controlplane.factory import open_store
+from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
@@ -29,9 +30,9 @@ def body(*aliases: str, **extra: Any) -> bytes:
     return json.dumps(doc).encode()
 
 
-def reconciler(url: str, **cp: Any) -> Reconciler:
+def reconciler(url: str, **cp: Any) -> ConvergenceLoop:
     config = ControlPlaneConfig(url=url, **cp)
-    return Reconciler(
+    return ConvergenceLoop(
         open_store(config, max_schema_version=SCHEMA_VERSION, statement_timeout_s=30),
         state=ActiveState(), status=RevisionStatus(), metrics=Metrics(process=False),
         events=EventBus(), signal=ChangeSignal(),

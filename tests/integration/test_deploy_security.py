@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 import yaml
 
-from supervisor.config import load
+from supervisor.configfile import load
 from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
 
 

@@ -6,7 +6,7 @@
   ``trio-supervisor`` on PATH;
 - Kubernetes, second block: replayed command by command against the rendered
   manifests: every namespace a command writes into exists by then, every Secret
-  the Deployment mounts was created before it, with the keys it reads;
+  the StatefulSet mounts was created before it, with the keys it reads;
 - the placeholder as shipped is refused (exit 2), so a pod never runs with it;
 - containers: the key and token files the configuration names are installed
   owned by the image's user before ``docker run`` mounts them;

@@ -119,7 +119,7 @@ async def test_a_url_password_libpq_would_misread_is_refused_without_echoing_it(
 
 @pytest.mark.parametrize("form", ["url-encoded", "url-raw", "url-misread", "keyvalue"])
 async def test_libpq_connect_errors_are_scrubbed_in_every_form(form: str) -> None:
-    from supervisor.controlplane import postgres
+    from supervisor.controlplane import postgres_driver as postgres
 
     url = _cases(f"127.0.0.1:{free_port()}", "cp")[form]
     try:

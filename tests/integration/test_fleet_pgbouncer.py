@@ -19,7 +19,8 @@ import pytest
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import ControlPlaneStore, open_store
+from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.store import ControlPlaneStore
 from supervisor.revision.document import SCHEMA_VERSION
 from tests.integration.test_listen_process import sql_publish
 from tests.pgfleet import pgbouncer

@@ -112,6 +112,11 @@ async def test_every_child_heals_after_two_crashes(tmp_path: Path, pg_url: str) 
                         rid = await trio.to_thread.run_sync(sql_publish, pg_url)
                         expected_revision = rid
                         await daemon.wait_log("published", revision=rid)
+                        # A sample asked before the restart may be answered after
+                        # the publish: wait for one healthy answer from after it.
+                        after = len(seen)
+                        await poll_until(lambda seen=seen, after=after: any(
+                            s is not None and s[0] == 200 for s in seen[after:]))
                         stop.set()
                     report = await status(port)
                     assert report["children"][child]["state"] == "running"

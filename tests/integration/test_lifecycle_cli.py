@@ -20,8 +20,8 @@ import pytest
 import trio
 
 from supervisor.revision.compile import compile_revision
-from supervisor.revision.document import load_document_file
 from supervisor.revision.errors import RevisionError
+from supervisor.revision.files import load_document_file
 from supervisor.revision.secrets import EnvFileResolver
 from tests.proc import EXAMPLE, REPO, write_config
 

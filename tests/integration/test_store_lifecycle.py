@@ -10,7 +10,8 @@ import psycopg
 import pytest
 import trio
 
-from supervisor.controlplane.store import ControlPlaneError, ControlPlaneStore, FailureCategory
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.store import ControlPlaneStore
 from tests.stores import doc, make_store
 
 

@@ -15,14 +15,14 @@ import pytest
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.postgres import PostgresStore
-from supervisor.controlplane.store import (
+from supervisor.controlplane.errors import (
     ControlPlaneError,
-    ControlPlaneStore,
     FailureCategory,
     Incompatible,
     TooLarge,
 )
+from supervisor.controlplane.postgres import PostgresStore
+from supervisor.controlplane.store import ControlPlaneStore
 from tests.conftest import ADMIN_DSN
 from tests.stores import doc, make_store
 

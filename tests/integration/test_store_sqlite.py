@@ -14,14 +14,14 @@ import trio
 
 from supervisor import reasons
 from supervisor.config import sqlite_path
-from supervisor.controlplane.sqlite import SQLiteStore
-from supervisor.controlplane.store import (
+from supervisor.controlplane.errors import (
     ControlPlaneError,
-    ControlPlaneStore,
     FailureCategory,
     Incompatible,
     TooLarge,
 )
+from supervisor.controlplane.sqlite import SQLiteStore
+from supervisor.controlplane.store import ControlPlaneStore
 from tests.stores import doc, make_store
 
 

@@ -59,13 +59,14 @@ TARGETS: dict[str, Target] = {
         90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
-                                                       "secrets", "errors")),
+                                                       "secrets", "errors", "files", "upstream")),
         ("tests/unit/test_revision_mutants.py", "tests/unit/test_revision_document.py",
          "tests/unit/test_revision_compile.py", "tests/unit/test_revision_properties.py"),
         90.0),
-    "reconciler": Target(
-        ("supervisor/convergence/reconciler.py",),
-        ("tests/unit/test_reconciler_mutants.py", "tests/unit/test_reconciler.py",
+    "convergence": Target(
+        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "bootstrap", "side_sinks",
+                                                          "reporting", "outcome", "compiling")),
+        ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop.py",
          "tests/unit/test_convergence_truth.py"),
         85.0),
 }

@@ -63,7 +63,7 @@ async def test_readyz_without_snapshot_then_with() -> None:
     assert status == 503
     assert "unavailable: connection refused" in doc["reason"]
     assert doc["consecutive_failures"] == 1
-    ctx.state.publish(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+    ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
     status, _, body = await call(app, "GET", "/readyz")
     assert status == 200
     assert msgspec.json.decode(body) == {"ready": True, "revision": 7, "generation": 3}
@@ -113,7 +113,7 @@ async def test_snapshot_503_then_body_and_etag() -> None:
     status, _, body = await call(app, "GET", "/v1/snapshot")
     assert status == 503
     assert msgspec.json.decode(body)["error"] == "no_snapshot"
-    ctx.state.publish(FakeSnapshot(7, 3, aliases={"chat": {}}))  # type: ignore[arg-type]
+    ctx.state.swap(FakeSnapshot(7, 3, aliases={"chat": {}}))  # type: ignore[arg-type]
     status, headers, body = await call(app, "GET", "/v1/snapshot")
     assert status == 200
     assert headers[b"etag"] == b'"7-3"'
@@ -138,7 +138,7 @@ async def test_snapshot_503_then_body_and_etag() -> None:
 )
 async def test_snapshot_if_none_match(if_none_match: bytes, expected: int) -> None:
     ctx = make_ctx()
-    ctx.state.publish(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+    ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
     status, headers, body = await call(
         AdminApp(ctx), "GET", "/v1/snapshot", [(b"if-none-match", if_none_match)]
     )
@@ -151,7 +151,7 @@ async def test_snapshot_if_none_match(if_none_match: bytes, expected: int) -> No
 
 async def test_if_none_match_split_across_headers() -> None:
     ctx = make_ctx()
-    ctx.state.publish(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+    ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
     status, _, _ = await call(
         AdminApp(ctx), "GET", "/v1/snapshot",
         [(b"if-none-match", b'"1-1"'), (b"if-none-match", b'"7-3"')],
@@ -331,10 +331,10 @@ async def test_snapshot_body_encoded_once_per_snapshot() -> None:
 
     ctx = make_ctx()
     app = AdminApp(ctx)
-    ctx.state.publish(Counting(1, 1))  # type: ignore[arg-type]
+    ctx.state.swap(Counting(1, 1))  # type: ignore[arg-type]
     for _ in range(3):
         assert (await call(app, "GET", "/v1/snapshot"))[0] == 200
-    ctx.state.publish(Counting(2, 2))  # type: ignore[arg-type]
+    ctx.state.swap(Counting(2, 2))  # type: ignore[arg-type]
     status, headers, body = await call(app, "GET", "/v1/snapshot")
     assert (status, headers[b"etag"]) == (200, b'"2-2"')
     assert msgspec.json.decode(body)["revision"] == 2

@@ -27,7 +27,7 @@ async def test_503_without_signing_key_or_before_a_revision(tmp_path: Path) -> N
     status, _, body = await call(AdminApp(make_ctx()), "GET", "/v1/revision")
     assert status == 503
     ctx = ctx_with_cache(tmp_path, signing=False)
-    ctx.state.publish(FakeSnapshot(7, 1), body_sha256=DIGEST)  # type: ignore[arg-type]
+    ctx.state.swap(FakeSnapshot(7, 1), body_sha256=DIGEST)  # type: ignore[arg-type]
     status, _, body = await call(AdminApp(ctx), "GET", "/v1/revision")
     assert status == 503 and msgspec.json.decode(body)["error"] == "no_signing_key"
     ctx = ctx_with_cache(tmp_path)
@@ -40,7 +40,7 @@ async def test_serves_the_cache_bytes_of_the_active_revision_with_etag_and_304(
 ) -> None:
     ctx = ctx_with_cache(tmp_path)
     app = AdminApp(ctx)
-    ctx.state.publish(FakeSnapshot(7, 1), body_sha256=DIGEST)  # type: ignore[arg-type]
+    ctx.state.swap(FakeSnapshot(7, 1), body_sha256=DIGEST)  # type: ignore[arg-type]
     # Not exported yet: 503, retry soon.
     status, headers, _ = await call(app, "GET", "/v1/revision")
     assert status == 503 and headers[b"retry-after"] == b"1"

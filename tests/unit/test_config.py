@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import check_files, load, load_text, split_host_port
+from supervisor.config import check_files, split_host_port
+from supervisor.configfile import load, load_text
 from supervisor.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

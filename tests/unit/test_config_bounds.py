@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.cli import EXIT_OK, EXIT_USAGE, _report
-from supervisor.config import check_files, load_text
+from supervisor.config import check_files
+from supervisor.configfile import load_text
 from supervisor.errors import ConfigError
-from supervisor.revision.document import load_document_file
 from supervisor.revision.errors import RevisionError
+from supervisor.revision.files import load_document_file
 
 # (section, key, smallest accepted, largest accepted, a refused value below)
 DURATIONS = [

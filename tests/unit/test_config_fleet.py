@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.config import load_text
+from supervisor.configfile import load_text
 from supervisor.errors import ConfigError
 
 KEY = 'trusted_keys = ["ed25519:' + "A" * 43 + '="]'

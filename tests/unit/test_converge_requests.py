@@ -1,6 +1,6 @@
 """Converge-and-wait over the change signal: requests coalesce, every waiter gets its attempt.
 
-The loop runs against the fake store of ``test_reconciler`` in virtual time; a
+The loop runs against the fake store of ``test_convergence_loop`` in virtual time; a
 slow store makes "during one attempt" a span of virtual time that requests can
 arrive in.
 """
@@ -14,9 +14,9 @@ import trio
 import trio.testing
 
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
-from supervisor.convergence.reconciler import Reconciler
+from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer
-from tests.unit.test_reconciler import FakeStore, doc, make
+from tests.unit.test_convergence_loop import FakeStore, doc, make
 
 
 @dataclass
@@ -41,7 +41,7 @@ class SlowStore(FakeStore):
         return loaded
 
 
-async def _started(rec: Reconciler, nursery: trio.Nursery) -> None:
+async def _started(rec: ConvergenceLoop, nursery: trio.Nursery) -> None:
     await nursery.start(rec.run)
 
 

@@ -1,6 +1,6 @@
 """The convergence loop tells the truth and heals (issues 10, 17, 18), on virtual time.
 
-Against the fake store of ``test_reconciler`` (our own seam) and a fake cache
+Against the fake store of ``test_convergence_loop`` (our own seam) and a fake cache
 that implements the cache's surface; every test asserts a visible effect
 (outcome, status, sinks, log lines, metrics), never call order.
 """
@@ -21,13 +21,14 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.store import ControlPlaneError, FailureCategory
-from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver
 from supervisor.sinks.file import SnapshotFile
 from supervisor.sinks.lkg import CacheUnwritable
-from tests.unit.test_reconciler import FakeStore, doc, make, sample
+from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
 
 
 @dataclass
@@ -58,8 +59,8 @@ class FakeCache:
         return False
 
 
-def with_cache(store: FakeStore, **kw: Any) -> tuple[Reconciler, FakeCache]:
-    holder: list[Reconciler] = []
+def with_cache(store: FakeStore, **kw: Any) -> tuple[ConvergenceLoop, FakeCache]:
+    holder: list[ConvergenceLoop] = []
 
     def serving() -> int | None:
         snap = holder[0].state.snapshot

@@ -23,6 +23,11 @@ def test_check_command_fails_on_a_stale_page(tmp_path: Path) -> None:
     page = tmp_path / "configuration.md"
     page.write_text(page.read_text().replace("poll_interval_s", "poll_s"))
     assert docsgen.check(tmp_path) == ["configuration.md"]
+    # Every page is compared, the generated index and a missing page included.
+    (tmp_path / "metrics.md").unlink()
+    index = tmp_path / "README.md"
+    index.write_text(index.read_text() + "- [old.md](old.md): gone\n")
+    assert sorted(docsgen.check(tmp_path)) == ["README.md", "configuration.md", "metrics.md"]
     result = subprocess.run([sys.executable, "-m", "supervisor.docsgen", "--check"],
                             cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr

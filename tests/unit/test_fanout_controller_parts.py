@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from supervisor.config import load_text
+from supervisor.configfile import load_text
 from supervisor.errors import ConfigError
 from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.live import LiveChildren, covers, unavailable

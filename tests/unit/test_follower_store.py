@@ -14,8 +14,9 @@ import nacl.signing
 import pytest
 
 from supervisor.config import ControlPlaneConfig
+from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.factory import open_store
 from supervisor.controlplane.follower import FollowerStore
-from supervisor.controlplane.store import ControlPlaneError, open_store
 from supervisor.sinks.lkg import encode_file, encode_header, format_verify_key, key_id_of
 
 BODY = b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://a.example/"}}}'

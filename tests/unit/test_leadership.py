@@ -356,20 +356,24 @@ async def test_release_reads_again_after_a_conflict(autojump_clock: trio.testing
             nursery.cancel_scope.cancel()
 
 
-def test_announcer_tells_the_stream_and_systemd_once_per_change() -> None:
+async def test_announcer_tells_the_stream_and_systemd_once_per_change() -> None:
+    from supervisor.events import EventBus
     from supervisor.fanout.leadership import announcer
 
-    events: list[tuple[str, dict[str, object]]] = []
+    bus = EventBus()
     lines: list[str] = []
-    announce = announcer(lambda kind, payload: events.append((kind, payload)), lines.append)
-    status = LeadershipStatus(role="standby", holder="vm-2", lease="ns/lease")
-    announce(status)
-    announce(status)  # no change: nothing new
-    status.role, status.holder = "leader", "vm-1"
-    announce(status)
-    assert events == [
-        ("status", {"leadership": {"role": "standby", "holder": "vm-2", "lease": "ns/lease"}}),
-        ("status", {"leadership": {"role": "leader", "holder": "vm-1", "lease": "ns/lease"}}),
+    announce = announcer(bus, lines.append)
+    with bus.subscribe() as sub:
+        status = LeadershipStatus(role="standby", holder="vm-2", lease="ns/lease")
+        announce(status)
+        announce(status)  # no change: nothing new
+        status.role, status.holder = "leader", "vm-1"
+        announce(status)
+        sub.close()
+        events = [event async for event in sub.receive]
+    assert [(e["type"], e["leadership"]) for e in events] == [
+        ("status", {"role": "standby", "holder": "vm-2", "lease": "ns/lease"}),
+        ("status", {"role": "leader", "holder": "vm-1", "lease": "ns/lease"}),
     ]
     assert lines == ["fan-out standby (leader: vm-2)", "fan-out leader (lease ns/lease)"]
 

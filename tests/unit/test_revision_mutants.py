@@ -15,8 +15,9 @@ import pytest
 
 from supervisor import reasons
 from supervisor.revision.compile import compile_revision
-from supervisor.revision.document import decode_body, document_from_object, load_document_file
+from supervisor.revision.document import decode_body, document_from_object
 from supervisor.revision.errors import RevisionError
+from supervisor.revision.files import load_document_file
 from supervisor.revision.secrets import EnvFileResolver
 
 

@@ -18,14 +18,14 @@ import pytest
 from psycopg import errors as pgerrors
 
 from supervisor import reasons
-from supervisor.controlplane import postgres, sqlite
-from supervisor.controlplane.store import (
+from supervisor.controlplane import postgres_driver as postgres
+from supervisor.controlplane import sqlite_driver as sqlite
+from supervisor.controlplane.checks import HydrateRow, check_hydrated
+from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
-    HydrateRow,
     Incompatible,
     TooLarge,
-    check_hydrated,
 )
 from supervisor.dsn import redact, scrub
 from supervisor.errors import SupervisorError

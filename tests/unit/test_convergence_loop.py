@@ -16,14 +16,10 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.store import (
-    ControlPlaneError,
-    FailureCategory,
-    Incompatible,
-    LoadedRevision,
-    RevisionPointer,
-)
-from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, Incompatible
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import BootRefused
@@ -112,7 +108,7 @@ class FakeStore:
         pass
 
 
-def make(store: FakeStore, **kw: object) -> Reconciler:
+def make(store: FakeStore, **kw: object) -> ConvergenceLoop:
     params: dict[str, object] = {
         "state": ActiveState(), "status": RevisionStatus(), "metrics": Metrics(process=False),
         "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
@@ -120,7 +116,7 @@ def make(store: FakeStore, **kw: object) -> Reconciler:
         "rng": random.Random(1),
     }
     params.update(kw)
-    return Reconciler(store, **params)  # type: ignore[arg-type]
+    return ConvergenceLoop(store, **params)  # type: ignore[arg-type]
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:
@@ -321,7 +317,7 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
     rec = make(store, snapshot_file=SnapshotFile(str(target)))
     await rec.converge_once()
     assert json.loads(target.read_bytes())["revision"] == 1
-    rec.snapshot_file = SnapshotFile(str(tmp_path / "file-not-dir" / "snap.json"))
+    rec.sinks.snapshot_file = SnapshotFile(str(tmp_path / "file-not-dir" / "snap.json"))
     (tmp_path / "file-not-dir").write_text("x")
     with structlog.testing.capture_logs() as logs:
         for i in range(3):
@@ -335,3 +331,35 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
     # six failed writes.
     assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 6
     assert rec.state.snapshot is not None and rec.state.snapshot.revision == 4
+
+
+async def test_revision_gauges_read_the_status_between_attempts(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """One writer per fact: the gauges follow the status report at every scrape.
+
+    The lag grows while the control plane stays unreachable, also between two
+    attempts (a gauge set only at each attempt would stand still), and a
+    refusal that proves the control plane answered marks it up in both.
+    """
+    store = FakeStore()
+    store.put(doc("chat"))
+    rec = make(store)
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    store.put(doc("chat", "mail"))
+    store.outage = True
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    assert rec.status.report()["control_plane_up"] is False
+    await trio.sleep(100)
+    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") >= 100
+    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") == pytest.approx(
+        rec.status.lag_s)
+    store.outage = False
+    store.corrupt.add(2)
+    await rec.converge_once()  # refused as corrupt: the control plane answered
+    assert rec.status.report()["control_plane_up"] is True
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.metrics, "supervisor_desired_revision") == 2
+    assert sample(rec.metrics, "supervisor_active_revision") == 1

@@ -4,7 +4,7 @@ Every restore branch of ``bootstrap`` (skew, a refused cache, an uncompilable
 cache, no cache file, the republish as ``control_plane`` once the control plane
 answers again), and the visible effects of each attempt: the status report,
 the events on the bus, the metrics and the ``STATUS=`` text. Against the fake
-store of ``test_reconciler`` and the real signed cache on a temporary directory
+store of ``test_convergence_loop`` and the real signed cache on a temporary directory
 (or a fake one raising the cache's own errors); virtual time throughout.
 """
 
@@ -23,14 +23,15 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.store import ControlPlaneError, FailureCategory
-from supervisor.convergence.reconciler import OutcomeKind, Reconciler
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.errors import BootRefused
 from supervisor.events import EventBus
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg import CacheError, CacheSkew, LastKnownGood, generate_signing_key
 from supervisor.sinks.state import ActiveState
-from tests.unit.test_reconciler import FakeStore, doc, make, sample
+from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
 
 LKG = "supervisor_last_known_good_events_total"
 
@@ -57,7 +58,7 @@ class Seen:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def watched(store: FakeStore, **kw: Any) -> tuple[Reconciler, Seen]:
+def watched(store: FakeStore, **kw: Any) -> tuple[ConvergenceLoop, Seen]:
     seen = Seen()
     bus = EventBus()
     rec = make(store, events=bus, on_status=seen.status.append, **kw)
@@ -529,7 +530,7 @@ async def test_the_first_successful_sink_write_is_not_a_recovery(tmp_path: Path)
 
 
 async def test_incompatible_and_too_large_refusals_are_final_until_desired_moves() -> None:
-    from supervisor.controlplane.store import TooLarge
+    from supervisor.controlplane.errors import TooLarge
 
     store = FakeStore()
     store.put(doc("a"))

@@ -1,0 +1,129 @@
+"""Answers of the admin API as ASGI messages: JSON bodies, errors, headers, refusals.
+
+Every error body is JSON ``{"error": "<code>", "detail": "<text>"}``; dynamic
+answers carry ``Cache-Control: no-store`` unless the route says otherwise. A
+WebSocket handshake is refused before it is accepted through ASGI's
+``websocket.http.response`` extension (which hypercorn implements), so the
+client sees the real status (401, 403, 421); a server without it gets a 1008
+close.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.admin.auth import WWW_AUTHENTICATE
+from supervisor.admin.stream import Scope, Send, encode_json
+
+__all__ = ["JSON", "Response", "error_response", "etag_matches", "header_value",
+           "json_response", "misdirected", "reject_handshake", "scope_headers",
+           "send_response", "unauthorized"]
+
+JSON = b"application/json"
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: bytes | None = JSON
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    cache: bytes = b"no-store"
+
+
+def json_response(status: int, doc: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> Response:
+    return Response(status, encode_json(doc), JSON, list(headers))
+
+
+def error_response(
+    status: int, error: str, detail: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> Response:
+    return json_response(status, {"error": error, "detail": detail}, headers)
+
+
+_ETAG = re.compile(r'(?:W/)?"[^"]*"')
+
+
+def etag_matches(if_none_match: str, etag: str) -> bool:
+    """``If-None-Match`` against our ETag, with the weak comparison RFC 9110 asks for."""
+    if if_none_match.strip() == "*":
+        return True
+    want = etag.removeprefix("W/")
+    return any(tag.removeprefix("W/") == want for tag in _ETAG.findall(if_none_match))
+
+
+def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """All values of one header joined with ", " (RFC 9110 list syntax), or None."""
+    values = [v for k, v in headers if k.lower() == name]
+    if not values:
+        return None
+    return b", ".join(values).decode("latin-1")
+
+
+def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    raw = scope.get("headers") or []
+    out: list[tuple[bytes, bytes]] = []
+    for item in raw:
+        # Servers hand over well-formed pairs; anything else is dropped rather
+        # than trusted (the app must not crash on what a client sent).
+        if isinstance(item, list | tuple) and len(item) == 2:
+            name, value = item
+            if isinstance(name, bytes) and isinstance(value, bytes):
+                out.append((name, value))
+    return out
+
+
+def misdirected() -> Response:
+    return error_response(
+        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
+    )
+
+
+def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
+    presented = any(k.lower() == b"authorization" for k, _ in headers)
+    challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
+    return error_response(
+        401, "unauthorized", "missing or invalid bearer token", [(b"www-authenticate", challenge)]
+    )
+
+
+def response_headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:
+    headers = list(response.headers)
+    if response.content_type is not None:
+        headers.append((b"content-type", response.content_type))
+    if length is not None:
+        headers.append((b"content-length", str(length).encode("ascii")))
+    headers.append((b"cache-control", response.cache))
+    return headers
+
+
+async def send_response(send: Send, response: Response, *, head: bool) -> None:
+    length = None if response.status == 304 else len(response.body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": response_headers(response, length),
+        }
+    )
+    body = b"" if head or response.status == 304 else response.body
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def reject_handshake(scope: Scope, send: Send, response: Response) -> None:
+    """Refuse a WebSocket handshake before accepting it."""
+    extensions = scope.get("extensions") or {}
+    if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": response.status,
+                "headers": response_headers(response, len(response.body)),
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": response.body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})

@@ -1,0 +1,224 @@
+"""Reading a configuration: TOML text, environment overrides, errors that name the key.
+
+Contract (CONTRACT.md section 3): unknown keys are errors; every key can be
+overridden from the environment as ``SUPERVISOR_<SECTION>__<KEY>``; an invalid
+file is refused with the JSON-path of the bad key and the reason, which the
+CLI turns into exit 2. The schema itself is :mod:`supervisor.config`.
+
+Environment values are parsed as TOML values when they parse (so
+``["a", "b"]`` is a list and ``2.5`` a float) and taken as plain strings
+otherwise (so ``postgresql://...`` needs no quoting); msgspec's lax conversion
+then turns ``"true"`` or ``"5"`` into the declared type. An override whose name
+or value is not UTF-8 (``os.environ`` holds such bytes as lone surrogates) is
+refused.
+
+Anywhere in the file or the environment, ``inf``/``nan`` and strings holding a
+NUL character are refused with their path, and input that breaks the parser
+itself (nesting deeper than the interpreter's recursion limit, an integer of
+more digits than Python converts, text that is not UTF-8) is a
+:class:`~supervisor.errors.ConfigError` like any other: nothing here raises
+anything else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import msgspec.inspect
+
+from supervisor import config as schema
+from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config, cross_check
+from supervisor.errors import ConfigError
+
+__all__ = ["load", "load_text"]
+
+
+def _env_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except (ValueError, RecursionError):
+        # Not a TOML value (TOMLDecodeError is a ValueError; so is an integer
+        # of too many digits; RecursionError is nesting): a plain string.
+        return text
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    sections = set(Config.__struct_fields__)
+    for name, value in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name or name == CONFIG_ENV:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].partition("__")
+        section, key = section.lower(), key.lower()
+        if not _is_utf8(name):
+            where = f"$.{section}" if _is_utf8(section) else "$"
+            raise ConfigError(where, f"the environment variable {name!a} is not UTF-8")
+        if section not in sections:
+            raise ConfigError(f"$.{section}", f"unknown section (from environment {name})"
+                              + _did_you_mean("$", section))
+        if not _is_utf8(value):
+            raise ConfigError(
+                f"$.{section}.{key}", f"the environment variable {name} is not valid UTF-8"
+            )
+        table = raw.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"$.{section}", "expected a table")
+        table[key] = _env_value(value)
+    return raw
+
+
+def load_text(
+    text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> Config:
+    """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only."""
+    try:
+        raw = _parse_toml(text)
+        raw = _apply_env(raw, os.environ if environ is None else environ)
+        _refuse_unusable_values(raw)
+        try:
+            config = msgspec.convert(raw, Config, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(*_explain(str(exc), raw)) from exc
+        cross_check(config)
+    except ConfigError as exc:
+        exc.source = source
+        exc.args = (f"{source}: {exc.path}: {exc.reason}",)
+        raise
+    except (RecursionError, ValueError, UnicodeError) as exc:
+        # The safety net: anything above that a hostile input can still make
+        # the parser or converter raise is a bad configuration, not a crash.
+        raise ConfigError("$", f"cannot be parsed: {exc}", source=source) from None
+    return config
+
+
+def _parse_toml(text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("$", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            "$", "not valid TOML here: arrays or inline tables nested too deeply"
+        ) from None
+    except ValueError as exc:
+        # tomllib converts integers with int(): past sys.get_int_max_str_digits()
+        # (4300) digits that raises ValueError. Say where, in the file's terms.
+        long_number = re.search(f"[0-9_]{{{_MAX_INT_DIGITS},}}", text)
+        if long_number is None:
+            raise ConfigError("$", f"not valid TOML: {exc}") from None
+        line = text.count("\n", 0, long_number.start()) + 1
+        raise ConfigError(
+            "$", f"not valid TOML here: an integer at line {line} has more than "
+            f"{_MAX_INT_DIGITS} digits"
+        ) from None
+
+
+_MAX_INT_DIGITS: Final = 4300  # CPython's default int max str digits
+
+
+def _refuse_unusable_values(raw: dict[str, Any]) -> None:
+    """inf, nan and NUL characters are meaningless in every key: refuse them with their path."""
+    stack: list[tuple[str, Any]] = [("$", raw)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((_member(path, str(k)), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(path, f"must be a finite number, got {value}")
+        elif isinstance(value, str) and "\x00" in value:
+            raise ConfigError(path, "contains a NUL character")
+
+
+def _member(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f"{parent}[{name!r}]"
+
+
+def load(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the configuration file at ``path``. Raises ConfigError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("$", f"cannot read: {exc}", source=str(path)) from exc
+    return load_text(text, source=str(path), environ=environ)
+
+
+def _explain(message: str, raw: dict[str, Any]) -> tuple[str, str]:
+    """(path, reason) for a msgspec error; a bound error names the whole allowed range."""
+    path, reason = _split_msgspec_error(message)
+    bounds = _bounds_of(path)
+    if bounds and re.fullmatch(r"Expected `(float|int)` [<>]=? \S+", reason):
+        reason = f"must be {bounds}, got {_raw_value(raw, path)!r}"
+    return path, reason
+
+
+def _bounds_of(path: str) -> str | None:
+    """``">= 0.01 and <= 86400"`` for a numeric field with bounds, from its declared type."""
+    info: Any = msgspec.inspect.type_info(Config)
+    for name in path.split(".")[1:]:
+        if not isinstance(info, msgspec.inspect.StructType):
+            return None
+        field = next((f for f in info.fields if f.name == name), None)
+        if field is None:
+            return None
+        info = field.type
+    if not isinstance(info, msgspec.inspect.FloatType | msgspec.inspect.IntType):
+        return None
+    parts = [f"{op} {bound:g}" for op, bound in (
+        (">=", info.ge), (">", info.gt), ("<=", info.le), ("<", info.lt)) if bound is not None]
+    return " and ".join(parts) or None
+
+
+def _raw_value(raw: dict[str, Any], path: str) -> Any:
+    value: Any = raw
+    for name in path.split(".")[1:]:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
+
+
+def _split_msgspec_error(message: str) -> tuple[str, str]:
+    # msgspec says "Object contains unknown field `x` - at `$.log`"
+    # or "Expected `int`, got `str` - at `$.a.b`".
+    reason, sep, where = message.rpartition(" - at `")
+    if sep:
+        path = where.rstrip("`")
+    else:
+        reason, path = message, "$"
+    if reason.startswith("Object contains unknown field `"):
+        field = reason.split("`")[1]
+        return f"{path}.{field}", "unknown key" + _did_you_mean(path, field)
+    return path, reason
+
+
+def _did_you_mean(path: str, field: str) -> str:
+    """`` (did you mean `x`?)`` for the closest known key at ``path``, or ``""``."""
+    struct: Any = Config
+    for part in path.removeprefix("$").strip(".").split("."):
+        if not part:
+            continue
+        fields = getattr(struct, "__annotations__", {})
+        struct = fields.get(part)
+        if not isinstance(struct, type):
+            # Annotations are strings under `from __future__ import annotations`.
+            struct = vars(schema).get(str(struct))
+        if struct is None:
+            return ""
+    known = getattr(struct, "__struct_fields__", ())
+    close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""

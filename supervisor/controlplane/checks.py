@@ -1,0 +1,133 @@
+"""The checks both databases run on what they read and write, so they cannot drift.
+
+Hydration checks, in this order, all before the body is decoded: the pointer
+names a missing revision (NOT_FOUND); the body is larger than
+``max_revision_bytes`` (TooLarge); its ``schema_version`` is newer than the
+build reads (Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT).
+The query itself withholds the body in the first three cases, so an oversize
+or unreadable body never crosses the network. The body is returned as bytes,
+undecoded: decoding is the revision compiler's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from supervisor.controlplane.errors import (
+    ControlPlaneError,
+    FailureCategory,
+    Incompatible,
+    TooLarge,
+)
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+
+__all__ = ["OBSERVE_SQL", "HydrateRow", "check_hydrated", "check_publishable",
+           "pointer_from_row"]
+
+
+@dataclass(frozen=True)
+class HydrateRow:
+    """What a store's hydrate query returns, before any check.
+
+    ``body`` is None when the query withheld it (too large or too new): the
+    checks below refuse those rows before they look at the body.
+    """
+
+    desired: int | None
+    id: int | None
+    schema_version: int | None
+    size: int | None
+    body: bytes | None
+    body_sha256: bytes | None
+    created_at: datetime | None
+    message: str | None
+
+
+#: The observe read, identical on both stores: the pointer and its body's digest.
+OBSERVE_SQL = (
+    "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
+    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
+    " WHERE d.singleton"
+)
+
+
+def pointer_from_row(
+    row: tuple[object, object] | None, identity: str | None
+) -> RevisionPointer | None:
+    """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer."""
+    if row is None:
+        return None
+    revision, digest = row
+    if not isinstance(revision, int) or revision < 1:
+        raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
+                        "(ids are >= 1)")
+    if isinstance(digest, str):  # a plain-SQL publisher on SQLite may store TEXT
+        digest = digest.encode("utf-8")
+    if digest is not None and not isinstance(digest, bytes | bytearray | memoryview):
+        raise TypeError(f"body_sha256 holds {type(digest).__name__}, not bytes")
+    return RevisionPointer(revision, None if digest is None else bytes(digest), identity)
+
+
+def check_hydrated(
+    row: HydrateRow, *, max_revision_bytes: int, max_schema_version: int
+) -> LoadedRevision:
+    """Apply the hydration checks in the contract's order; blocking (hashes the body).
+
+    Shared by both stores so they cannot drift apart in what they refuse or in which order.
+    """
+    if not isinstance(row.desired, int) or row.desired < 1:
+        # The schema says NOT NULL, and identity columns start at 1; only a
+        # hand-edited table gets here.
+        raise ControlPlaneError(
+            f"the desired pointer holds {row.desired!r}, not a revision id (ids are >= 1)",
+            category=FailureCategory.CORRUPT,
+        )
+    if row.id is None:
+        raise ControlPlaneError(
+            f"desired points at revision {row.desired}, which does not exist",
+            category=FailureCategory.NOT_FOUND,
+            revision=row.desired,
+        )
+    size = row.size if row.size is not None else 0
+    if size > max_revision_bytes:
+        raise TooLarge(row.id, size, max_revision_bytes)
+    schema_version = row.schema_version if row.schema_version is not None else 0
+    if schema_version > max_schema_version:
+        raise Incompatible(row.id, schema_version, max_schema_version)
+    if row.body is None or row.created_at is None or schema_version < 1:
+        raise ControlPlaneError(
+            f"revision {row.id} is incomplete (missing body, created_at or schema_version)",
+            category=FailureCategory.CORRUPT,
+            revision=row.id,
+        )
+    if row.body_sha256 is None or hashlib.sha256(row.body).digest() != bytes(row.body_sha256):
+        raise ControlPlaneError(
+            f"revision {row.id}: body does not match body_sha256",
+            category=FailureCategory.CORRUPT,
+            revision=row.id,
+        )
+    return LoadedRevision(
+        id=row.id,
+        schema_version=schema_version,
+        body=bytes(row.body),
+        created_at=row.created_at,
+        message=row.message,
+        body_sha256=bytes(row.body_sha256),
+    )
+
+
+def check_publishable(
+    body: bytes, schema_version: int, *, max_revision_bytes: int, max_schema_version: int
+) -> None:
+    """Refuse, before anything is stored, what no replica of this build could hydrate."""
+    if len(body) > max_revision_bytes:
+        raise TooLarge(None, len(body), max_revision_bytes)
+    if schema_version > max_schema_version:
+        raise Incompatible(None, schema_version, max_schema_version)
+    if schema_version < 1:
+        raise ControlPlaneError(
+            f"schema_version must be >= 1, got {schema_version}",
+            category=FailureCategory.INVALID,
+        )

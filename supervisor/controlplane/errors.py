@@ -1,0 +1,168 @@
+"""How a control-plane store fails: one error type, a category, a reason label.
+
+Every failure leaves a store as a :class:`ControlPlaneError` carrying a
+:class:`FailureCategory`, chained (``raise ... from``) to the driver's error,
+so callers classify without knowing the driver::
+
+    SupervisorError                      (supervisor.errors)
+    └── ControlPlaneError                .category, .revision, .reason, .retryable
+        ├── Incompatible                 schema_version newer than this build reads
+        │                                (category DENIED, reason "incompatible")
+        └── TooLarge                     body over max_revision_bytes
+                                         (category DENIED, reason "denied")
+
+    category     reason        retryable  raised for
+    UNAVAILABLE  unavailable   yes        connection failure, timeout, cancelled statement
+    CONFLICT     conflict      yes        serialization failure, deadlock, lock contention
+    NOT_FOUND    not_found     no         desired points at a missing revision
+    INVALID      invalid       no         schema not migrated, malformed request or URL
+    DENIED       denied        no         privileges; body too large; (Incompatible)
+    CORRUPT      corrupt       no         body digest mismatch; damaged storage (PostgreSQL
+                                          SQLSTATE class XX, SQLite CORRUPT/NOTADB)
+
+A refusal about a specific revision (NOT_FOUND, CORRUPT, Incompatible,
+TooLarge) names it in ``.revision``; connection-level failures leave it None.
+Each driver maps its own errors (``postgres_driver.map_error``, ``sqlite_driver.map_error``);
+:func:`malformed` covers a row the code cannot read, :func:`unavailable_timeout`
+a call past its client-side deadline.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from supervisor import reasons
+from supervisor.errors import SupervisorError
+
+__all__ = [
+    "MIGRATE_HINT",
+    "ControlPlaneError",
+    "FailureCategory",
+    "Incompatible",
+    "TooLarge",
+    "malformed",
+    "unavailable_timeout",
+]
+
+MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-supervisor db migrate`"
+
+
+class FailureCategory(enum.Enum):
+    """What kind of failure a store reports; decides retry and reason label."""
+
+    UNAVAILABLE = "unavailable"
+    CONFLICT = "conflict"
+    NOT_FOUND = "not_found"
+    INVALID = "invalid"
+    DENIED = "denied"
+    CORRUPT = "corrupt"
+
+
+# Exhaustive on purpose: a new category without a catalogued label fails here,
+# at import, rather than emitting a label the metrics never pre-initialised.
+_REASONS: dict[FailureCategory, str] = {
+    FailureCategory.UNAVAILABLE: reasons.UNAVAILABLE,
+    FailureCategory.CONFLICT: reasons.CONFLICT,
+    FailureCategory.NOT_FOUND: reasons.NOT_FOUND,
+    FailureCategory.INVALID: reasons.INVALID,
+    FailureCategory.DENIED: reasons.DENIED,
+    FailureCategory.CORRUPT: reasons.CORRUPT,
+}
+assert set(_REASONS) == set(FailureCategory)
+
+_RETRYABLE = frozenset({FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT})
+
+
+class ControlPlaneError(SupervisorError):
+    """A store operation failed; see the module docstring for the hierarchy.
+
+    The message never contains the DSN's password (stores scrub driver
+    messages before wrapping them).
+    """
+
+    def __init__(
+        self, message: str, *, category: FailureCategory, revision: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.category = category
+        self.revision = revision
+
+    @property
+    def reason(self) -> str:
+        """The low-cardinality label (:mod:`supervisor.reasons`) for metrics and status."""
+        return _REASONS[self.category]
+
+    @property
+    def retryable(self) -> bool:
+        """True when trying again later may succeed without anyone repairing anything."""
+        return self.category in _RETRYABLE
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({str(self)!r}, category={self.category.name}, "
+            f"revision={self.revision})"
+        )
+
+
+class Incompatible(ControlPlaneError):
+    """The desired revision's ``schema_version`` is newer than this build reads.
+
+    Storage is intact; the fix is deploying a newer build, so the reason label
+    is ``incompatible`` rather than the category's ``denied``.
+    """
+
+    def __init__(
+        self, revision: int | None, schema_version: int, max_schema_version: int
+    ) -> None:
+        which = f"revision {revision}" if revision is not None else "the revision"
+        super().__init__(
+            f"{which} has schema_version {schema_version}; "
+            f"this build reads up to {max_schema_version}",
+            category=FailureCategory.DENIED,
+            revision=revision,
+        )
+        self.schema_version = schema_version
+        self.max_schema_version = max_schema_version
+
+    @property
+    def reason(self) -> str:
+        return reasons.INCOMPATIBLE
+
+
+class TooLarge(ControlPlaneError):
+    """A revision body is larger than ``max_revision_bytes`` (a bound, so DENIED)."""
+
+    def __init__(self, revision: int | None, size: int, limit: int) -> None:
+        which = f"revision {revision}" if revision is not None else "the revision"
+        super().__init__(
+            f"{which} is {size} bytes, over max_revision_bytes ({limit})",
+            category=FailureCategory.DENIED,
+            revision=revision,
+        )
+        self.size = size
+        self.limit = limit
+
+
+def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
+    """A driver call that failed with something no driver error explains.
+
+    A row the code cannot read (a NULL where the schema promises a value, a
+    type the column should not hold) surfaces as TypeError or ValueError from
+    our own decoding: storage holds something the contract does not allow, so
+    it is ``corrupt``, reported like any refusal instead of crashing the loop.
+    The traceback is dropped: its frames hold the rows (possibly a whole body).
+    """
+    detail = " ".join(str(exc).split()) or "no detail"
+    return ControlPlaneError(
+        f"control plane {what} returned data this build cannot read "
+        f"({type(exc).__name__}: {detail})",
+        category=FailureCategory.CORRUPT,
+    )
+
+
+def unavailable_timeout(what: str, timeout_s: float) -> ControlPlaneError:
+    """The error for an operation that ran out of its client-side deadline."""
+    return ControlPlaneError(
+        f"control plane {what} timed out after {timeout_s:g} s",
+        category=FailureCategory.UNAVAILABLE,
+    )

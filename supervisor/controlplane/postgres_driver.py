@@ -1,0 +1,254 @@
+"""The psycopg boundary: connecting, bounding one call, mapping the driver's errors.
+
+Used by the PostgreSQL store (:class:`PostgresConnections` is its
+:class:`~supervisor.controlplane.runner.Driver`) and by the LISTEN child
+(:func:`connect`). Everything here blocks: call it from a worker thread.
+Failures are mapped here, at the driver boundary, by :func:`classify`
+(categories in :mod:`supervisor.controlplane.errors`), with the DSN's
+password scrubbed from every message (:func:`map_error`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
+
+from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
+from supervisor.controlplane.runner import INTERRUPT_GRACE_S
+from supervisor.dsn import redact, scrub
+from supervisor.logs import get_logger
+
+__all__ = ["CONNECT_TIMEOUT_S", "Conn", "PostgresConnections", "bounded", "classify",
+           "connect", "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
+
+log = get_logger("controlplane")
+
+T = TypeVar("T")
+Conn = psycopg.Connection[TupleRow]
+
+APPLICATION_NAME = "trio-supervisor"
+CONNECT_TIMEOUT_S = 5.0
+# Keepalive probes start after 30 s idle, every 10 s, 3 misses: a dead peer is
+# noticed within about a minute even on an idle connection; tcp_user_timeout
+# bounds unacknowledged writes the same way.
+KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+             "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+# SQLSTATEs that mean "the schema is not there or not current".
+_SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a driver (or socket) error. Order matters: see the comments."""
+    # Before OperationalError: psycopg files transaction rollbacks and lock
+    # timeouts under it, but they are contention, and contention clears on retry.
+    if isinstance(
+        exc, pgerrors.SerializationFailure | pgerrors.DeadlockDetected | pgerrors.LockNotAvailable
+    ):
+        return FailureCategory.CONFLICT
+    if isinstance(
+        exc,
+        pgerrors.InsufficientPrivilege
+        | pgerrors.InvalidAuthorizationSpecification
+        | pgerrors.InvalidPassword,
+    ):
+        return FailureCategory.DENIED
+    if isinstance(exc, _SCHEMA_MISSING):
+        return FailureCategory.INVALID
+    # SQLSTATE class XX: the server itself reports damaged data or indexes.
+    if isinstance(exc, pgerrors.DataCorrupted | pgerrors.IndexCorrupted):
+        return FailureCategory.CORRUPT
+    # QueryCanceled (statement_timeout or our cancel), AdminShutdown, too many
+    # connections, failed connects (which carry no SQLSTATE at all) ...
+    if isinstance(exc, psycopg.OperationalError):
+        return FailureCategory.UNAVAILABLE
+    # A hot standby refuses writes; during a failover that clears by itself.
+    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
+        return FailureCategory.UNAVAILABLE
+    # "the connection is closed/lost" and friends; and raw socket errors.
+    if isinstance(exc, psycopg.InterfaceError | OSError | TimeoutError):
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
+    """Wrap a driver error for the caller; the message never holds the password."""
+    category = classify(exc)
+    # One line: libpq's messages carry newlines and tab-indented hints.
+    detail = " ".join(scrub(str(exc), url).split()) or type(exc).__name__
+    if isinstance(exc, _SCHEMA_MISSING):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=category)
+
+
+def connection_params(
+    url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> dict[str, str]:
+    """The DSN's parameters plus this daemon's defaults for whatever it leaves unset."""
+    params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    params.setdefault("connect_timeout", str(max(2, round(connect_timeout_s))))
+    params.setdefault("application_name", APPLICATION_NAME)
+    for key, value in KEEPALIVE.items():
+        params.setdefault(key, value)
+    return params
+
+
+def connect(
+    url: str,
+    *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    statement_timeout_s: float | None = 10.0,
+) -> Conn:
+    """Open an autocommit connection (blocking; call it from a worker thread).
+
+    ``statement_timeout_s`` set here is *session* state: only for a connection
+    known to be direct (the LISTEN child's). The store passes None and bounds
+    each call per transaction instead (:func:`bounded`), which also works
+    behind PgBouncer in transaction pooling mode. Statements are never
+    prepared server-side (``prepare_threshold=None``): a prepared statement is
+    session state too, and under transaction pooling the next transaction may
+    run on a server connection that never saw it.
+    """
+    conninfo = make_conninfo("", **connection_params(url, connect_timeout_s=connect_timeout_s))
+    conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+    try:
+        if statement_timeout_s is not None:
+            # set_config rather than "options=-c ..." at connect: a DSN's own
+            # options parameter must keep working.
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                [f"{timeout_ms(statement_timeout_s)}ms"],
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def timeout_ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def dsn_sets_statement_timeout(url: str) -> bool:
+    """True when the DSN's own ``options`` set ``statement_timeout`` (then it wins)."""
+    try:
+        options = conninfo_to_dict(url).get("options")
+    except psycopg.ProgrammingError:
+        return False
+    return isinstance(options, str) and "statement_timeout" in options
+
+
+def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | None) -> T:
+    """Run ``fn`` in one transaction whose statements are bounded by ``statement_timeout_ms``.
+
+    ``SET LOCAL`` lasts until the transaction ends, so nothing outlives the
+    call: no session state, which is what PgBouncer's transaction pooling
+    requires. ``BEGIN`` and the setting travel in one round trip (simple
+    query protocol, no parameters; the value is an int). ``fn`` may open
+    ``conn.transaction()`` itself: that becomes a savepoint inside this one.
+    None skips the setting (the DSN's own ``options`` set it) but keeps the
+    transaction. On any failure the transaction is rolled back when the
+    connection still can, so a connection is never returned mid-transaction.
+    """
+    if statement_timeout_ms is None:
+        conn.execute("BEGIN")
+    else:
+        conn.execute(f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    try:
+        result = fn(conn)
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error as exc:
+                log.debug("rolling back a failed call failed", error=str(exc))
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def _identity(conn: Conn) -> str | None:
+    """``<system identifier>/<database oid>``: which cluster and database this is.
+
+    A restore from a physical backup into a new cluster changes the first, a
+    dropped and re-created database the second. ``pg_control_system()`` is
+    executable by PUBLIC by default; where it was revoked only the oid is used.
+    """
+    try:
+        # A savepoint when called inside bounded()'s transaction: the fallback
+        # below must not run in an aborted transaction.
+        with conn.transaction():
+            row = conn.execute(
+                "SELECT (SELECT system_identifier::text FROM pg_control_system()),"
+                " (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+    except pgerrors.InsufficientPrivilege:
+        row = conn.execute(
+            "SELECT NULL, (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+    if row is None:
+        return None
+    return f"postgresql:{row[0] or '?'}/{row[1]}"
+
+
+def _healthy(conn: Conn) -> bool:
+    return (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
+
+
+def _close_quietly(conn: Conn) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail; it is gone anyway
+        log.debug("closing a control-plane connection failed", error=str(exc))
+
+
+class PostgresConnections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg."""
+
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+
+    def __init__(self, url: str, connect_timeout_s: float, timeout_ms: int | None) -> None:
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_ms = timeout_ms
+        # Read at every connect: a restore or another database behind the
+        # same DSN can only appear across a new connection.
+        self.identity: str | None = None
+
+    def open(self, stop: threading.Event) -> Conn:
+        # Nothing to interrupt while connecting (``stop`` unused): a cancelled
+        # connect is abandoned, and its connection closed if it ever completes.
+        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
+                       statement_timeout_s=None)
+        try:
+            self.identity = bounded(conn, _identity, self.timeout_ms)
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        log.debug("control-plane connection opened", url=redact(self.url))
+        return conn
+
+    def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
+        return bounded(conn, fn, self.timeout_ms)
+
+    def interrupt(self, conn: Conn, stop: threading.Event) -> None:
+        conn.cancel_safe(timeout=INTERRUPT_GRACE_S)
+
+    def close(self, conn: Conn) -> None:
+        _close_quietly(conn)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what, url=self.url)
+
+    def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
+        return _healthy(conn)

@@ -1,0 +1,265 @@
+"""Blocking driver calls from trio: worker threads that may be abandoned, and one connection.
+
+Both database drivers (psycopg, sqlite3) block. :func:`call_interruptibly` runs
+one blocking call in a worker thread that trio may abandon; a cancelled call is
+interrupted on the server side and its connection thrown away, so a hung query
+neither holds a shutdown nor keeps holding locks. A cancelled write has an
+unknown outcome (the commit may have won the race), like any write whose
+answer never arrived.
+
+:class:`ConnectionRunner` is the connection lifecycle both stores share: one
+connection opened lazily by the first call, one call at a time (a capacity
+limiter), a client-side deadline per call, the connection dropped on
+cancellation and on a driver error that leaves it unusable, and a bounded,
+shielded close. A store gives it a :class:`Driver`: how to open, call,
+interrupt and close its connections, and how its errors map. The LISTEN child
+holds its connection differently (one long-lived session waited on by file
+descriptor, never shared), so it uses :func:`call_interruptibly` directly for
+its connect and probes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Generic, Protocol, TypeVar
+
+import trio
+
+from supervisor.controlplane.errors import (
+    ControlPlaneError,
+    FailureCategory,
+    malformed,
+    unavailable_timeout,
+)
+from supervisor.logs import get_logger
+
+__all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "call_interruptibly"]
+
+log = get_logger("controlplane")
+
+T = TypeVar("T")
+C = TypeVar("C")
+
+#: How long a cancelled call may spend interrupting its statement. Cleanup runs
+#: shielded, and a shield without a deadline can hang a shutdown.
+INTERRUPT_GRACE_S = 2.0
+
+# Our own decoding of a row the schema should not allow raises one of these;
+# the connection itself is fine (see errors.malformed).
+DECODING_ERRORS = (TypeError, ValueError, LookupError, AttributeError, ArithmeticError)
+
+
+class _Call(Generic[T]):
+    """One blocking call in a worker thread, which the trio side may give up on.
+
+    When the trio side gives up while the call still runs, the resource the
+    call uses cannot be closed from trio (the driver is mid-call on it), so the
+    disposal is handed to the worker thread, which runs it when the call
+    finally returns. The lock makes "still running?" and "hand over" atomic.
+    """
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._done = False
+        self._dispose: Callable[[], object] | None = None
+
+    def run(self) -> T:
+        try:
+            return self._fn()
+        finally:
+            with self._lock:
+                self._done = True
+                dispose = self._dispose
+            if dispose is not None:
+                _dispose_quietly(dispose)
+
+    def give_up(self, dispose: Callable[[], object]) -> None:
+        """Dispose now (in a background thread) if finished, else when the call returns."""
+        with self._lock:
+            if not self._done:
+                self._dispose = dispose
+                return
+        # Closing a connection can block on the network: never in the trio thread.
+        trio.lowlevel.start_thread_soon(lambda: _dispose_quietly(dispose), lambda _: None)
+
+
+def _dispose_quietly(dispose: Callable[[], object]) -> None:
+    # Runs in a worker thread where nobody could handle an error: the resource
+    # is being thrown away, so a failure to close it cleanly only matters as a log line.
+    try:
+        dispose()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("closing an abandoned connection failed", error=str(exc))
+
+
+async def call_interruptibly(
+    fn: Callable[[], T],
+    *,
+    interrupt: Callable[[], object],
+    dispose: Callable[[], object],
+    grace_s: float = INTERRUPT_GRACE_S,
+) -> T:
+    """Run blocking ``fn`` in a worker thread; return its result or raise its error.
+
+    On cancellation, trio abandons the thread at once, and then, shielded and
+    for at most ``grace_s``, ``interrupt()`` runs in another thread (it asks the
+    server to stop the statement: ``cancel_safe`` / ``sqlite3.interrupt``), so
+    a hung query does not keep holding locks on the server. The connection is
+    then thrown away: ``dispose()`` runs as soon as ``fn`` has returned, in a
+    worker thread. The caller must forget the connection when this raises
+    Cancelled and make a new one for the next call.
+    """
+    call = _Call(fn)
+    try:
+        return await trio.to_thread.run_sync(call.run, abandon_on_cancel=True)
+    except trio.Cancelled:
+        with trio.move_on_after(grace_s, shield=True):
+            try:
+                await trio.to_thread.run_sync(interrupt, abandon_on_cancel=True)
+            except Exception as exc:  # noqa: BLE001 - best effort; the connection is discarded anyway
+                log.debug("interrupting a cancelled statement failed", error=str(exc))
+        call.give_up(dispose)
+        raise
+
+
+class Driver(Protocol[C]):
+    """How a store's connections are opened, used, interrupted and closed.
+
+    Every method but :meth:`map_error` and :meth:`keeps` blocks and runs in a
+    worker thread. ``stop`` is set when the trio side gives up on the call.
+    """
+
+    #: The driver's own exception types (OSError is always added).
+    errors: tuple[type[BaseException], ...]
+
+    def open(self, stop: threading.Event) -> C:
+        """A new, ready connection; closes it itself when its own setup fails."""
+        ...
+
+    def call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
+        """Run ``fn`` on ``conn`` within the driver's own bounds (a transaction, retries)."""
+        ...
+
+    def interrupt(self, conn: C, stop: threading.Event) -> None:
+        """Ask the server to stop what ``conn`` is running (best effort)."""
+        ...
+
+    def close(self, conn: C) -> None:
+        """Close ``conn``; never raises (the connection is being thrown away)."""
+        ...
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        """The driver's error as ours (the message scrubbed of secrets)."""
+        ...
+
+    def keeps(self, conn: C, error: ControlPlaneError) -> bool:
+        """True when ``conn`` is still usable after ``error`` (otherwise it is replaced)."""
+        ...
+
+
+class ConnectionRunner(Generic[C]):
+    """One lazily opened connection, one call at a time, each under a deadline.
+
+    ``before(what)`` (optional) runs inside the lock ahead of every call, before
+    the connection is opened: the SQLite store checks there that its path still
+    names the file its connection reads (and calls :meth:`discard` when not).
+    """
+
+    def __init__(self, driver: Driver[C], *, deadline_s: float,
+                 before: Callable[[str], Awaitable[None]] | None = None) -> None:
+        self._driver = driver
+        self._deadline_s = deadline_s
+        self._before = before
+        self._limiter = trio.CapacityLimiter(1)
+        self._conn: C | None = None
+        self._closed = False
+        self._errors: tuple[type[BaseException], ...] = (*driver.errors, OSError)
+
+    @property
+    def connection(self) -> C | None:
+        """The open connection, if any (for ``before``)."""
+        return self._conn
+
+    async def discard(self) -> None:
+        """Close the open connection (for ``before``); the next call opens a new one."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await trio.to_thread.run_sync(partial(self._driver.close, conn))
+
+    async def run(self, what: str, fn: Callable[[C], T], *,
+                  deadline_s: float | None = None) -> T:
+        """``fn(conn)`` in a worker thread; raises :class:`ControlPlaneError` naming ``what``."""
+        if self._closed:
+            raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
+        deadline_s = self._deadline_s if deadline_s is None else deadline_s
+        async with self._limiter:
+            with trio.move_on_after(deadline_s):
+                return await self._run_locked(what, fn)
+            raise unavailable_timeout(what, deadline_s)
+
+    async def aclose(self) -> None:
+        """Close the connection; later calls are refused. Shielded and bounded."""
+        self._closed = True
+        # Often called from a cancelled scope during shutdown.
+        with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
+            async with self._limiter:
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await trio.to_thread.run_sync(
+                        partial(self._driver.close, conn), abandon_on_cancel=True
+                    )
+
+    async def _run_locked(self, what: str, fn: Callable[[C], T]) -> T:
+        driver = self._driver
+        if self._before is not None:
+            await self._before(what)
+        conn = self._conn
+        stop = threading.Event()
+        try:
+            if conn is None:
+                conn = await self._open()
+                self._conn = conn
+            live = conn
+            return await call_interruptibly(
+                partial(driver.call, live, fn, stop),
+                interrupt=partial(driver.interrupt, live, stop),
+                dispose=partial(driver.close, live),
+            )
+        except trio.Cancelled:
+            # call_interruptibly has handed the connection over for closing.
+            self._conn = None
+            raise
+        except self._errors as exc:
+            error = driver.map_error(exc, what)
+            if conn is not None and not driver.keeps(conn, error):
+                self._conn = None
+                await trio.to_thread.run_sync(partial(driver.close, conn))
+            raise error from exc
+        except DECODING_ERRORS as exc:
+            # Traceback dropped: it holds the rows (see errors.malformed).
+            raise malformed(exc, what=what) from exc.with_traceback(None)
+        finally:
+            if self._closed and self._conn is not None:
+                # aclose() ran while this call held the connection.
+                stale, self._conn = self._conn, None
+                trio.lowlevel.start_thread_soon(partial(driver.close, stale), lambda _: None)
+
+    async def _open(self) -> C:
+        made: list[C] = []
+        stop = threading.Event()
+        driver = self._driver
+
+        def open_one() -> C:
+            conn = driver.open(stop)
+            made.append(conn)
+            return conn
+
+        def dispose() -> None:
+            for conn in made:
+                driver.close(conn)
+
+        # A cancelled open is abandoned, and its connection closed if it ever completes.
+        return await call_interruptibly(open_one, interrupt=stop.set, dispose=dispose)

@@ -1,0 +1,180 @@
+"""The sqlite3 boundary: opening the file, waiting out locks, mapping the driver's errors.
+
+:class:`SQLiteConnections` is the SQLite store's
+:class:`~supervisor.controlplane.runner.Driver`. Everything here blocks: call it
+from a worker thread.
+
+Error mapping (SQLite primary result codes, not exception classes: sqlite3
+raises OperationalError for a syntax error too): BUSY/LOCKED -> CONFLICT;
+CANTOPEN/IOERR/FULL/NOMEM/INTERRUPT -> UNAVAILABLE (an unreadable file or a
+missing directory included); PERM/READONLY/AUTH -> DENIED; CORRUPT/NOTADB ->
+CORRUPT; a missing table -> INVALID with the migrate hint; any other code ->
+INVALID.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+from urllib.parse import quote
+
+from supervisor.controlplane import migrations
+from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
+from supervisor.logs import get_logger
+
+__all__ = ["SQLiteConnections", "classify", "map_error"]
+
+log = get_logger("controlplane")
+
+T = TypeVar("T")
+
+# Primary result codes (https://www.sqlite.org/rescode.html); extended codes
+# carry the primary one in their low byte.
+_CONFLICT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
+_DENIED = {3, 8, 23}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
+_CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
+# NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL, NOLFS
+_UNAVAILABLE = {7, 9, 10, 13, 14, 15, 22}
+
+
+def _schema_missing(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and (
+        text.startswith("no such table") or text.startswith("no such column")
+    )
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a ``sqlite3`` (or OS) error."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+        if primary in _CONFLICT:
+            return FailureCategory.CONFLICT
+        if primary in _DENIED:
+            return FailureCategory.DENIED
+        if primary in _CORRUPT:
+            return FailureCategory.CORRUPT
+        if primary in _UNAVAILABLE:
+            return FailureCategory.UNAVAILABLE
+        # SQLITE_ERROR (a syntax error, a missing table) and the rest: the
+        # request itself is wrong. sqlite3 files many of these under
+        # OperationalError, so the code, not the class, decides.
+        return FailureCategory.INVALID
+    if isinstance(exc, sqlite3.OperationalError | OSError):
+        # No result code: raised by this module or the OS, not by SQLite.
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if _schema_missing(exc):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
+
+
+def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
+    """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
+
+    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
+    and writes that roll back on failure. ``stop`` (set when trio gives the
+    call up) ends the wait at once, so a cancelled write never goes on to
+    commit once the lock frees up.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.002
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code not in _CONFLICT or time.monotonic() + delay >= deadline:
+                raise
+        if stop.wait(delay):
+            raise sqlite3.OperationalError("interrupted: the call was cancelled")
+        delay = min(delay * 2, 0.05)
+
+
+def _prepare(conn: sqlite3.Connection) -> list[int]:
+    """Switch the file to WAL (best effort) and migrate it; return versions applied."""
+    try:
+        # WAL lets the CLI publish while the daemon reads. Persistent in the
+        # file; needs write access, so a read-only file stays as it is.
+        conn.execute("PRAGMA journal_mode = WAL")
+    except sqlite3.OperationalError as exc:
+        if classify(exc) is not FailureCategory.DENIED:
+            raise
+    return migrations.migrate_sqlite(conn)
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - it is being thrown away either way
+        log.debug("closing a control-plane connection failed", error=str(exc))
+
+
+class SQLiteConnections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for sqlite3."""
+
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
+        self.path = path
+        self.create = create
+        self.busy_timeout_s = busy_timeout_s
+        # (st_dev, st_ino) of the file the open connection reads: a restore by
+        # `mv new.db cp.db` or a deleted file leaves the connection on the old
+        # inode, so every call first checks the path still names it.
+        self.file_id: tuple[int, int] | None = None
+
+    def open(self, stop: threading.Event) -> sqlite3.Connection:
+        path = self.path
+        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
+        # makes the embedded control plane on first publish).
+        uri = f"file:{quote(path)}?mode={'rwc' if self.create else 'rw'}"
+        # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
+        # call would sleep it out and then, the lock gone, commit anyway);
+        # _retry_busy waits instead, and stops when told to.
+        conn = sqlite3.connect(
+            uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
+        )
+        try:
+            st = os.stat(path)
+            self.file_id = (st.st_dev, st.st_ino)
+            # Per connection in SQLite; without it the REFERENCES clause is decorative.
+            conn.execute("PRAGMA foreign_keys = ON")
+            # Both steps may meet a lock (another process migrating, or a
+            # closing connection checkpointing the WAL): waited out like any other.
+            applied = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
+            if applied:
+                log.info("control-plane schema migrated", applied=applied, path=path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
+             stop: threading.Event) -> T:
+        return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
+
+    def interrupt(self, conn: sqlite3.Connection, stop: threading.Event) -> None:
+        stop.set()
+        conn.interrupt()
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        _close_quietly(conn)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what)
+
+    def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
+        # Reopen next time: the file may have been replaced, repaired or made
+        # readable meanwhile. Contention keeps the connection.
+        return error.category is FailureCategory.CONFLICT

@@ -1,0 +1,433 @@
+"""The convergence loop: observe, hydrate, compile, publish, or say exactly why not.
+
+One task per replica keeps the active snapshot equal to the control plane's
+desired revision:
+
+1. **observe**: the cheap read of the desired revision's id, body digest and
+   the control plane's identity. It runs even when converged, because it is
+   both the change detector and the liveness check.
+2. **hydrate**: one consistent read of the complete desired revision. A
+   revision published between the two reads is simply the one we converge to.
+3. **compile**: decode, validate, project, resolve secrets, build an immutable
+   :class:`~supervisor.revision.snapshot.Snapshot`.
+4. **publish**: export to the last-known-good cache, then one atomic swap in
+   :class:`~supervisor.sinks.state.ActiveState`, then the snapshot file.
+
+Every failure happens before step 4 touches anything, so a refused candidate
+cannot half-apply: "the previous snapshot keeps serving" follows from the
+control flow, not from a cleanup path.
+
+A revision is its content. "Already converged" means the same id *and* the
+same body SHA-256 (and the status's lag compares both): after a restore from a
+backup an id may come back with another body, which is a new revision
+(published, with a log line saying the id was reused). The control plane's
+identity (PostgreSQL cluster and database, SQLite file) is compared on every
+observe; a change starts a new epoch: it is logged, and the sinks are
+re-written from a fresh hydrate.
+
+Why the cache is written *before* the swap (the cache must hold what was
+served): once the swap has happened, the snapshot file and every reader say
+the new revision is served; a shutdown arriving after the swap but before the
+export would leave the cache one revision behind, and a boot during an outage
+would then serve an older configuration than the one served before. So the
+export, the swap and the snapshot file write run as one step shielded from
+cancellation (each write is bounded by the disk, not the network): a SIGTERM
+arriving anywhere in it takes effect after it, and at every instant a process
+can be stopped the cache holds the revision served or, under SIGKILL, the one
+about to be (compiled, not yet swapped), never an older one. This holds for an
+operator's rollback too (desired moved to an older id: the cache is lowered to
+it before the swap) and a restore from the cache itself (nothing to export:
+the cache is the source). A failed export never blocks serving; the cache is
+marked due and retried on every poll (and on SIGHUP) until it succeeds, like
+the snapshot file, and a sink file that vanished after a successful write is
+written again; when the export that failed was a move to an older revision,
+the newer cache is removed (unlinking needs no disk space) so a boot cannot
+serve what the operator rolled back from.
+
+Polling is the correctness mechanism; the :class:`ChangeSignal` (LISTEN,
+SIGHUP, a LISTEN reconnect) only shortens the wait. Delays after an attempt:
+
+- success, converged, empty: ``poll_interval_s``;
+- the control plane could not be asked (``unavailable``, ``conflict``): the
+  backoff delay (``backoff_initial_s`` doubling to ``backoff_max_s``), reset on
+  the next answer, so an outage never becomes a hot loop;
+- the control plane answered and the candidate was refused: ``poll_interval_s``.
+  A revision refused for a reason that cannot change while its content does not
+  (``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
+  not hydrated again until desired moves or SIGHUP asks to look again (a body
+  repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
+  secrets' values) and the store's own refusals are retried every poll.
+
+Each refusal line carries ``retry_in_s``. A refusal repeated unchanged is
+logged at most once a minute (every poll while the cache serves instead of a
+refused desired revision), and an outage as a start, progress once a minute
+and an end (:class:`~supervisor.outage.OutageLog`).
+
+Bootstrap (:mod:`supervisor.convergence.bootstrap`) reaches a first servable
+snapshot or raises :class:`~supervisor.errors.BootRefused` (exit 3); the side
+sinks live in :mod:`~supervisor.convergence.side_sinks`, the failure log lines in
+:mod:`~supervisor.convergence.reporting`, the outcome classification in
+:mod:`~supervisor.convergence.outcome`.
+
+A ConvergenceLoop is built anew by every start of the convergence child (it owns
+nothing that outlives a run but what it is given); one built while a snapshot
+is already serving (a restart after a crash) re-writes the sinks from a fresh
+hydrate at its first attempt, since a crash may have come between them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import trio
+
+from supervisor import reasons
+from supervisor.backoff import Backoff
+from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.convergence.compiling import compile_body
+from supervisor.convergence.outcome import (
+    FAST_TRIGGERS,
+    UNREACHED,
+    Key,
+    Outcome,
+    OutcomeKind,
+    answer_for,
+    failure_fields,
+    is_final,
+)
+from supervisor.convergence.reporting import FailureLog
+from supervisor.convergence.side_sinks import Export, SideSinks
+from supervisor.convergence.signal import ChangeSignal, Wakeup
+from supervisor.convergence.status import RevisionStatus, Source
+from supervisor.events import EventBus, Published, Rejected, StatusChanged
+from supervisor.logs import get_logger
+from supervisor.revision.errors import RevisionError
+from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
+
+if TYPE_CHECKING:
+    from supervisor.controlplane.store import ControlPlaneStore
+    from supervisor.revision.secrets import SecretResolver
+    from supervisor.revision.snapshot import Snapshot
+    from supervisor.sinks.file import SnapshotFile
+    from supervisor.sinks.lkg import LastKnownGood
+
+__all__ = ["ConvergenceLoop"]
+
+log = get_logger("convergence")
+
+
+class ConvergenceLoop:
+    def __init__(
+        self,
+        store: ControlPlaneStore,
+        *,
+        state: ActiveState,
+        status: RevisionStatus,
+        metrics: Metrics,
+        events: EventBus,
+        signal: ChangeSignal,
+        poll_interval_s: float,
+        backoff_initial_s: float,
+        backoff_max_s: float,
+        resolver: SecretResolver | None = None,
+        cache: LastKnownGood | None = None,
+        snapshot_file: SnapshotFile | None = None,
+        on_status: Callable[[str], None] | None = None,
+        on_outage_change: Callable[[bool], None] | None = None,
+        serve_cache_on_refusal: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.status = status
+        self.metrics = metrics
+        # The revision gauges read the status: it is the one place they are written.
+        metrics.follow_revision(status)
+        self.events = events
+        self.signal = signal
+        self.poll_interval_s = poll_interval_s
+        self.backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
+        self.resolver = resolver
+        self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file)
+        self._on_status = on_status or (lambda _text: None)
+        # Told True when the control plane stops answering, False when it is
+        # back: the LISTEN child probes / reconnects at once instead of waiting.
+        self._on_outage_change = on_outage_change or (lambda _down: None)
+        self._failures = FailureLog(status, self._on_status)
+        # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
+        self.serve_cache_on_refusal = serve_cache_on_refusal
+        self.attempts = 0
+        # A restarted child cannot know whether its predecessor crashed between
+        # the swap and a sink: re-write the sinks at the first attempt.
+        self._sinks_unknown = state.snapshot is not None
+        # The revision refused for a reason only a new body can change.
+        self._refused: tuple[Key, Outcome] | None = None
+        # The revision the current attempt is about (for the refusal memo).
+        self._candidate: Key | None = None
+
+    # -- identity --------------------------------------------------------------
+
+    def _is_active(self, key: Key) -> bool:
+        snapshot = self.state.snapshot
+        return (
+            snapshot is not None
+            and self.status.source == "control_plane"
+            and snapshot.revision == key[0]
+            and self.state.body_sha256 == key[1]
+        )
+
+    def _still_refused(self, key: Key) -> Outcome | None:
+        if self._refused is None or self._refused[0] != key:
+            return None
+        return replace(self._refused[1], repeated=True)
+
+    def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
+        self.status.observed(desired, body_sha256)
+
+    def _check_epoch(self, identity: str | None) -> None:
+        if identity is None:
+            return
+        known = self.status.identity
+        self.status.identity = identity
+        if known is not None and known != identity:
+            log.warning(
+                "control plane identity changed (a restore, or another database): new "
+                "epoch; re-reading the desired revision and re-writing the sinks, and the "
+                "cache's rollback mark follows what this epoch serves",
+                previous=known, identity=identity,
+            )
+            self._sinks_unknown = True
+            self._refused = None
+
+    # -- one attempt -----------------------------------------------------------
+
+    async def _observe(self) -> RevisionPointer | None:
+        try:
+            pointer = await self.store.observe()
+        except ControlPlaneError:
+            self._set_reachable(False)
+            raise
+        self._set_reachable(True)
+        return pointer
+
+    async def _hydrate(self) -> LoadedRevision | None:
+        try:
+            loaded = await self.store.hydrate()
+        except ControlPlaneError as exc:
+            if exc.retryable:
+                self._set_reachable(False)
+            else:
+                self._set_reachable(True)
+                if exc.revision is not None:
+                    # Every hydrate refusal about a revision is about the desired one.
+                    self._learn_desired(exc.revision)
+            raise
+        self._set_reachable(True)
+        return loaded
+
+    async def attempt(self, *, observe: bool = True) -> Outcome:
+        """Observe, hydrate, compile, publish. Raises store and revision errors.
+
+        ``observe=False`` skips the cheap read and hydrates straight away: a
+        notification already says desired state changed, and hydrate reads the
+        desired pointer itself, so the separate round trip would only add latency.
+        """
+        start = trio.current_time()
+        self._candidate = None
+        await self.sinks.catch_up(self.state.snapshot)
+        if observe:
+            pointer = await self._observe()
+            if pointer is None:
+                return self._empty()
+            self._learn_desired(pointer.revision, pointer.body_sha256)
+            self._check_epoch(pointer.identity)
+            key: Key = (pointer.revision, pointer.body_sha256)
+            self._candidate = key
+            if self._is_active(key) and not self._sinks_unknown:
+                return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
+            repeated = self._still_refused(key)
+            if repeated is not None:
+                return repeated
+        loaded = await self._hydrate()
+        if loaded is None:
+            return self._empty()
+        self._learn_desired(loaded.id, loaded.body_sha256)
+        key = (loaded.id, loaded.body_sha256)
+        self._candidate = key
+        if self._is_active(key):
+            if self._sinks_unknown:
+                # A restart or a new epoch: the sinks may not hold what serves.
+                self._sinks_unknown = False
+                snapshot = self.state.snapshot
+                assert snapshot is not None  # _is_active
+                await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
+                                                          loaded.schema_version, loaded.body))
+            return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
+        repeated = self._still_refused(key)
+        if repeated is not None:
+            return repeated
+        active = self.state.snapshot
+        if active is not None and active.revision == loaded.id:
+            log.warning("revision id reused with different content (a restore followed by "
+                        "new publishes?): treating it as a new revision",
+                        revision=loaded.id)
+        generation = self.state.generation + 1
+        snapshot = await compile_body(loaded.body, loaded.id, generation, self.resolver)
+        self.status.loaded_revision(loaded.id)
+        took = trio.current_time() - start
+        # The cache first, then the swap and the snapshot file, as one step a
+        # shutdown cannot split: see the module docstring.
+        with trio.CancelScope(shield=True):
+            await self.sinks.export(Export(loaded.id, generation, loaded.schema_version,
+                                           loaded.body))
+            await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256)
+        self._sinks_unknown = False
+        return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
+                       took_s=took)
+
+    def _empty(self) -> Outcome:
+        """Nothing is desired. While a snapshot serves, that is news: said once."""
+        was = self.status.desired
+        self._learn_desired(None)
+        if was is not None and self.state.snapshot is not None:
+            log.warning("the control plane has no desired revision any more (the pointer was "
+                        "deleted, or the database restored empty); the previous snapshot "
+                        "keeps serving", previously_desired=was,
+                        active=self.status.active)
+        return Outcome(OutcomeKind.EMPTY)
+
+    def _set_reachable(self, up: bool) -> None:
+        was = self.status.control_plane_up
+        if up:
+            self.status.answered()
+        else:
+            self.status.unreachable()
+        if was != up:
+            self.events.emit(StatusChanged(control_plane_up=up, revision=self.status.report()))
+
+    async def swap_in(self, snapshot: Snapshot, source: Source, took_s: float, *,
+                      body_sha256: bytes | None) -> None:
+        """Serve ``snapshot`` (the one atomic swap), report it, write the snapshot file."""
+        self.state.swap(snapshot, body_sha256=body_sha256)
+        self.status.published(snapshot.revision, snapshot.generation, source, took_s,
+                              body_sha256)
+        log.info("published", revision=snapshot.revision, generation=snapshot.generation,
+                 source=source, took_s=round(took_s, 6))
+        self.events.emit(Published(revision=snapshot.revision, generation=snapshot.generation,
+                                   source=source, took_s=took_s))
+        self._on_status(
+            f"serving revision {snapshot.revision} (generation {snapshot.generation}, {source})"
+        )
+        await self.sinks.write_snapshot_file(snapshot)
+
+    # -- reporting -------------------------------------------------------------
+
+    def record_failure(self, exc: ControlPlaneError | RevisionError) -> Outcome:
+        reason, revision, detail = failure_fields(exc)
+        outage = reason in UNREACHED and revision is None
+        self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
+        self.metrics.revision_rejections.labels(reason).inc()
+        outcome = Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)
+        if revision is not None:
+            self.events.emit(Rejected(revision=revision, reason=reason, detail=detail,
+                                      active=self.status.active))
+            candidate = self._candidate
+            if is_final(exc) and candidate is not None and candidate[0] == revision:
+                self._refused = (candidate, outcome)
+        if outage and not self._failures.outage.ongoing:
+            self._on_outage_change(True)
+        return outcome
+
+    def _delay_after(self, outcome: Outcome) -> float:
+        if outcome.failed and outcome.reason in UNREACHED:
+            return self.backoff.next()
+        self.backoff.reset()
+        return self.poll_interval_s
+
+    async def converge_once(self, trigger: str = "poll") -> Outcome:
+        """One full attempt; never raises on data or store failures (Cancelled propagates).
+
+        The returned outcome carries ``retry_in_s``, the delay the loop waits
+        before the next attempt unless woken.
+        """
+        self.attempts += 1
+        if trigger == "sighup":
+            # The operator's "look again": a revision repaired in place (its
+            # body restored to match its digest) keeps its key, so only this
+            # forgets the refusal.
+            self._refused = None
+            self._failures.forget()
+        with self.metrics.convergence_duration.time():
+            try:
+                outcome = await self.attempt(observe=trigger not in FAST_TRIGGERS)
+            except (ControlPlaneError, RevisionError) as exc:
+                outcome = self.record_failure(exc)
+            else:
+                if outcome.repeated:
+                    self.status.failed(outcome.revision, outcome.reason or "", outcome.detail
+                                       or "", refusal=False)
+                else:
+                    self.status.succeeded()
+        self.status.attempt_finished()
+        outcome = replace(outcome, retry_in_s=self._delay_after(outcome))
+        if outcome.failed:
+            self._failures.report(outcome)
+        elif self._failures.outage.recovered(active=self.status.active):
+            self._on_outage_change(False)
+        self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
+        log.debug("convergence attempt", trigger=trigger, outcome=outcome.kind.value,
+                  revision=outcome.revision)
+        return outcome
+
+    # -- the loop --------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bootstrap when nothing is serving yet, report started, then converge forever.
+
+        Every wake-up taken off the change signal is answered (``POST
+        /v1/converge`` waits on it) once the attempt that consumed it has
+        finished, also when that attempt was interrupted.
+        """
+        if self.state.snapshot is None:
+            await self.bootstrap()
+        task_status.started()
+        wakeup = Wakeup("poll")
+        while True:
+            # A wake-up that arrived while the attempt ran may concern something
+            # the attempt did not see, so it is kept, not cleared.
+            outcome: Outcome | None = None
+            try:
+                outcome = await self.converge_once(wakeup.trigger)
+            finally:
+                wakeup.resolve(answer_for(outcome))
+            assert outcome.retry_in_s is not None
+            floor = self.backoff.initial_s if outcome.failed else 0.0
+            wakeup = await self._wait(outcome.retry_in_s, floor)
+
+    async def bootstrap(self) -> Outcome:
+        """Reach a first servable snapshot, or raise BootRefused (see :mod:`.bootstrap`)."""
+        from supervisor.convergence.bootstrap import bootstrap
+
+        return await bootstrap(self)
+
+    async def _wait(self, delay: float, floor: float) -> Wakeup:
+        """Sleep ``delay`` unless signalled; never wake before ``floor``."""
+        deadline = trio.current_time() + delay
+        if floor > 0:
+            await trio.sleep(floor)
+        # A wake-up that came during the floor is taken even when the deadline
+        # has passed too (a poll interval shorter than the floor): otherwise it
+        # would sit in the channel, never consumed, and its trigger (SIGHUP's
+        # "look again") would be lost.
+        woken = self.signal.pending()
+        if woken is not None:
+            return woken
+        with trio.move_on_at(deadline):
+            return await self.signal.next_wakeup()
+        return Wakeup("poll")
+

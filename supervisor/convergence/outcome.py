@@ -1,0 +1,112 @@
+"""What one convergence attempt came to, and how a failure is classified.
+
+An attempt ends in an :class:`Outcome`: published, converged, empty, or
+rejected (with the reason label, the revision when the refusal is about one,
+and the detail). The classification of failures lives here so the loop, the
+bootstrap and the reporting agree on it:
+
+- ``UNREACHED`` (the control plane could not be asked) backs off;
+- :func:`is_final` refusals cannot change while the revision's content does
+  not, so the loop does not hydrate that revision again until desired moves
+  (or SIGHUP asks to look again);
+- :func:`answer_for` maps an outcome to the ``POST /v1/converge`` answer.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from supervisor import reasons
+from supervisor.controlplane.errors import (
+    ControlPlaneError,
+    FailureCategory,
+    Incompatible,
+    TooLarge,
+)
+from supervisor.convergence.signal import ConvergeAnswer, OutcomeLabel
+from supervisor.revision.errors import RevisionError
+
+__all__ = [
+    "FAST_TRIGGERS", "UNREACHED", "Key", "Outcome", "OutcomeKind", "answer_for",
+    "failure_fields", "is_final",
+]
+
+# Wake-ups that already say desired state changed: hydrate without observing first.
+FAST_TRIGGERS = frozenset({"notify"})
+
+# The control plane could not be asked: back off.
+UNREACHED = frozenset({reasons.UNAVAILABLE, reasons.CONFLICT})
+
+# Compile refusals that only a new body can change (``secret`` is not here:
+# the secret may appear; ``unavailable`` is a transient OS error).
+# ``snapshot`` (two keys share one secret) depends on the secrets' values, not
+# only the body: a rotated secret file can clear it, so it is retried too.
+_FINAL_COMPILE = frozenset({
+    reasons.CORRUPT, reasons.INCOMPATIBLE, reasons.VALIDATION, reasons.PROJECTION,
+})
+
+# A revision's identity: its id and its body's SHA-256 (None: not known yet).
+Key = tuple[int, bytes | None]
+
+
+class OutcomeKind(enum.Enum):
+    PUBLISHED = "published"
+    CONVERGED = "converged"
+    EMPTY = "empty"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: OutcomeKind
+    revision: int | None = None
+    generation: int | None = None
+    reason: str | None = None
+    detail: str | None = None
+    took_s: float = 0.0
+    #: How long the loop waits before the next attempt (absent a wake-up).
+    retry_in_s: float | None = None
+    #: A refusal already reported for this very revision (not hydrated again).
+    repeated: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.kind is OutcomeKind.REJECTED
+
+
+def failure_fields(exc: ControlPlaneError | RevisionError) -> tuple[str, int | None, str]:
+    """(reason label, revision or None, detail) of a store or compile failure."""
+    if isinstance(exc, RevisionError):
+        return exc.reason, exc.revision, exc.detail
+    return exc.reason, exc.revision, str(exc)
+
+
+def is_final(exc: ControlPlaneError | RevisionError) -> bool:
+    """True when the refusal cannot change while the revision's content does not."""
+    if isinstance(exc, RevisionError):
+        return exc.reason in _FINAL_COMPILE
+    if isinstance(exc, TooLarge | Incompatible):
+        return True
+    return exc.category is FailureCategory.CORRUPT and exc.revision is not None
+
+
+_ANSWER_LABELS: dict[OutcomeKind, OutcomeLabel] = {
+    OutcomeKind.PUBLISHED: "published",
+    OutcomeKind.CONVERGED: "converged",
+    OutcomeKind.EMPTY: "empty",
+    OutcomeKind.REJECTED: "rejected",
+}
+
+
+def answer_for(outcome: Outcome | None) -> ConvergeAnswer:
+    """The ``POST /v1/converge`` answer for an attempt (None: it was interrupted).
+
+    A refusal about a revision is ``rejected``; a refusal with no revision
+    (the control plane unreachable, or refusing the read) is ``failed``.
+    """
+    if outcome is None:
+        return ConvergeAnswer("failed")
+    if outcome.kind is OutcomeKind.REJECTED and outcome.revision is None:
+        return ConvergeAnswer("failed", None, outcome.reason)
+    return ConvergeAnswer(_ANSWER_LABELS[outcome.kind], outcome.revision, outcome.reason)

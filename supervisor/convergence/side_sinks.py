@@ -1,0 +1,158 @@
+"""The two files that follow the active snapshot: the snapshot file and the signed cache.
+
+Neither may ever block serving. A write that fails leaves its sink *due*: it
+is retried at every attempt (every poll, and SIGHUP) until it succeeds, and a
+sink file that vanished after a successful write is written again (one
+``stat`` per attempt notices it). Failures are logged once per failure streak
+and their recovery once (:class:`_Streak`); every failed write counts in
+``supervisor_sink_write_failures_total``.
+
+When an export that failed was a move to an *older* revision (an operator's
+rollback), the newer cache is removed (unlinking needs no disk space) so a
+boot cannot serve what the operator rolled back from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from supervisor.logs import get_logger
+from supervisor.telemetry import Metrics
+
+if TYPE_CHECKING:
+    from supervisor.revision.snapshot import Snapshot
+    from supervisor.sinks.file import SnapshotFile
+    from supervisor.sinks.lkg import LastKnownGood
+
+__all__ = ["Export", "SideSinks"]
+
+log = get_logger("convergence")
+
+
+@dataclass(frozen=True)
+class Export:
+    """What the cache is due to hold (kept until a write succeeds)."""
+
+    revision: int
+    generation: int
+    schema_version: int
+    body: bytes
+
+
+class _Streak:
+    """Log a side-sink failure once per failure streak, and its recovery once."""
+
+    def __init__(self, sink: str, metrics: Metrics) -> None:
+        self.sink = sink
+        self.metrics = metrics
+        self.failing = False
+
+    def failed(self, exc: BaseException, **context: object) -> None:
+        self.metrics.sink_write_failures.labels(self.sink).inc()
+        if not self.failing:
+            log.warning("sink write failed; still serving, retrying every poll",
+                        sink=self.sink, error=str(exc), **context)
+        self.failing = True
+
+    def ok(self, **context: object) -> None:
+        if self.failing:
+            log.info("sink write recovered", sink=self.sink, **context)
+        self.failing = False
+
+
+class SideSinks:
+    """The snapshot file and the cache, each with what it is due to hold."""
+
+    def __init__(self, metrics: Metrics, *, cache: LastKnownGood | None,
+                 snapshot_file: SnapshotFile | None) -> None:
+        self.metrics = metrics
+        self.cache = cache
+        self.snapshot_file = snapshot_file
+        self._file_streak = _Streak("snapshot_file", metrics)
+        self._cache_streak = _Streak("cache", metrics)
+        # What each sink is due to hold until a write succeeds.
+        self._file_due: Snapshot | None = None
+        self._cache_due: Export | None = None
+        # The last export that succeeded: re-written if the cache file vanishes.
+        self._last_export: Export | None = None
+
+    async def rewrite(self, snapshot: Snapshot, export: Export) -> None:
+        """Write both sinks for what serves (a restart or a new epoch may have missed one)."""
+        self._file_due = snapshot
+        self._cache_due = export
+        await self.catch_up(snapshot)
+
+    async def catch_up(self, serving: Snapshot | None) -> None:
+        """Retry whatever write is still due, and re-write a sink file that vanished."""
+        if (serving is not None and self._file_due is None and self.snapshot_file is not None
+                and not await trio.to_thread.run_sync(os.path.exists, self.snapshot_file.path)):
+            self._file_due = serving
+        if (self.cache is not None and self._cache_due is None and self._last_export is not None
+                and not await trio.to_thread.run_sync(os.path.exists, self.cache.path)):
+            self._cache_due = self._last_export
+        if self._file_due is not None:
+            await self._write_snapshot_file()
+        if self._cache_due is not None:
+            await self.export(self._cache_due)
+
+    async def write_snapshot_file(self, snapshot: Snapshot) -> None:
+        """The snapshot file now holds ``snapshot``, or is due to."""
+        self._file_due = snapshot
+        await self._write_snapshot_file()
+
+    async def _write_snapshot_file(self) -> None:
+        snapshot = self._file_due
+        if self.snapshot_file is None or snapshot is None:
+            self._file_due = None
+            return
+        try:
+            await trio.to_thread.run_sync(self.snapshot_file.write, snapshot)
+        except OSError as exc:
+            self._file_streak.failed(exc, path=self.snapshot_file.path)
+        else:
+            if self._file_due is snapshot:
+                self._file_due = None
+            self._file_streak.ok(path=self.snapshot_file.path, revision=snapshot.revision)
+
+    async def export(self, export: Export) -> None:
+        """The cache now holds ``export``, or is due to (and holds nothing newer)."""
+        if self.cache is None:
+            return
+        from supervisor.sinks.lkg import CacheError
+
+        cache = self.cache
+
+        def run() -> None:
+            cache.export(revision=export.revision, generation=export.generation,
+                         schema_version=export.schema_version, body=export.body)
+
+        def discard() -> bool:
+            return cache.discard_if_newer(export.revision)
+
+        self._cache_due = export
+        try:
+            await trio.to_thread.run_sync(run)
+        except CacheError as exc:
+            self.metrics.last_known_good_events.labels("export_failed").inc()
+            self._cache_streak.failed(exc, revision=export.revision)
+            try:
+                removed = await trio.to_thread.run_sync(discard)
+            except CacheError as discard_exc:
+                log.error("the cache holds a newer revision than the one being served and "
+                          "could not be removed", error=str(discard_exc))
+            else:
+                if removed:
+                    log.warning("removed a cache newer than the revision being served (a "
+                                "rollback whose export failed): a boot now uses the control "
+                                "plane rather than the revision rolled back from",
+                                path=cache.path, revision=export.revision)
+        else:
+            self._last_export = export
+            if self._cache_due is export:
+                self._cache_due = None
+            self.metrics.last_known_good_events.labels("exported").inc()
+            self._cache_streak.ok(path=cache.path, revision=export.revision)

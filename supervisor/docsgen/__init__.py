@@ -1,0 +1,98 @@
+"""Generate the reference pages in ``docs/`` from the code they document.
+
+``python -m supervisor.docsgen`` rewrites them; ``python -m supervisor.docsgen
+--check`` exits 1 naming every page that differs from what the code says (the
+test suite runs the same comparison). One module per group of pages, each
+reading the code that implements what it documents, never a copied table:
+
+- :mod:`.settings`: ``configuration.md`` and ``revision-schema.md`` (msgspec Structs);
+- :mod:`.diagnostics`: ``reasons.md`` (:mod:`supervisor.reasons`) and
+  ``log-events.md`` (every log call, found in the syntax trees);
+- :mod:`.process`: ``commands.md`` (the real argparse parser of :mod:`supervisor.cli`)
+  and ``exit-codes.md`` (the ``EXIT_*`` constants, the exceptions :mod:`supervisor.cli`
+  maps to them, the signals of :mod:`supervisor.lifecycle.signals`);
+- :mod:`.metrics`: ``metrics.md`` (a real :class:`~supervisor.telemetry.Metrics` registry);
+- :mod:`.adminapi`: ``admin-api.md`` (the admin app's route table, the ``/status``
+  catalogue a test holds to a real document, the stream events found in the source);
+- :mod:`.controlplane`: ``control-plane.md`` (the SQL migrations);
+- :mod:`.kubernetes`: ``kubernetes.md`` (the fan-out kinds, labels, annotations, Events);
+- :mod:`.index`: ``README.md``, one line per page.
+
+The prose (what a key means, what to do about a label) is in
+:mod:`supervisor.docs_catalog`, keyed by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from supervisor.docsgen.adminapi import render_admin_api
+from supervisor.docsgen.common import DOCS
+from supervisor.docsgen.controlplane import render_control_plane
+from supervisor.docsgen.diagnostics import render_log_events, render_reasons
+from supervisor.docsgen.index import render_index
+from supervisor.docsgen.kubernetes import render_kubernetes
+from supervisor.docsgen.metrics import render_metrics
+from supervisor.docsgen.process import render_commands, render_exit_codes
+from supervisor.docsgen.settings import render_configuration, render_revision_schema
+
+__all__ = [
+    "DOCS", "PAGES", "check", "main", "render_admin_api", "render_all", "render_commands",
+    "render_configuration", "render_control_plane", "render_exit_codes", "render_index",
+    "render_kubernetes", "render_log_events", "render_metrics", "render_reasons",
+    "render_revision_schema", "write",
+]
+
+PAGES: dict[str, Callable[[], str]] = {
+    "configuration.md": render_configuration,
+    "commands.md": render_commands,
+    "exit-codes.md": render_exit_codes,
+    "revision-schema.md": render_revision_schema,
+    "control-plane.md": render_control_plane,
+    "admin-api.md": render_admin_api,
+    "metrics.md": render_metrics,
+    "kubernetes.md": render_kubernetes,
+    "reasons.md": render_reasons,
+    "log-events.md": render_log_events,
+}
+# The index lists the pages above (it reads PAGES, so it comes last).
+PAGES["README.md"] = lambda: render_index(PAGES)
+
+
+def render_all() -> dict[str, str]:
+    return {name: render() for name, render in PAGES.items()}
+
+
+def check(docs: Path = DOCS) -> list[str]:
+    """Names of the pages in ``docs`` that differ from what the code says."""
+    stale = []
+    for name, text in render_all().items():
+        path = docs / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(name)
+    return stale
+
+
+def write(docs: Path = DOCS) -> None:
+    docs.mkdir(exist_ok=True)
+    for name, text in render_all().items():
+        (docs / name).write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m supervisor.docsgen",
+                                     description="Regenerate (or --check) docs/.")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 naming the pages that differ from the code")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = check()
+        for name in stale:
+            print(f"docs/{name} is stale: run python -m supervisor.docsgen", file=sys.stderr)
+        return 1 if stale else 0
+    write()
+    return 0

@@ -1,0 +1,125 @@
+"""``docs/admin-api.md``: routes, the ``/status`` document, the stream's messages.
+
+- Routes: the route table of a real :class:`~supervisor.admin.app.AdminApp`, with
+  the method each answers (``POST`` for the converge path, WebSocket for the
+  stream path, ``GET``/``HEAD`` otherwise, as the app dispatches) and whether it
+  needs the token (:data:`~supervisor.admin.app.OPEN_PATHS`); what each answers
+  is prose in :data:`supervisor.docs_catalog.ADMIN_ROUTES`.
+- ``/status``: the keys of :data:`supervisor.docs_catalog.STATUS_KEYS`, which
+  ``tests/unit/test_docsgen_pages.py`` holds equal to a real document's keys.
+- Stream events: the Structs of :mod:`supervisor.events` (their keys, types
+  and docstrings), with the modules that emit each (found by
+  :func:`~supervisor.docsgen.sourcescan.emitted_events`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import msgspec.inspect
+
+from supervisor import docs_catalog
+from supervisor.admin import app as admin_app
+from supervisor.admin import stream
+from supervisor.admin.context import AdminContext
+from supervisor.convergence.status import RevisionStatus
+from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
+from supervisor.docsgen.sourcescan import emitted_events, modules
+from supervisor.events import EVENT_TYPES, EventBus
+from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
+
+__all__ = ["all_stream_events", "render_admin_api", "routes"]
+
+# What the event bus stamps on every event (supervisor/events.py, EventBus.emit).
+BUS_KEYS = ("type", "seq", "at")
+
+
+def context() -> AdminContext:
+    """A context with nothing running, enough to build the app and a /status document."""
+    return AdminContext(state=ActiveState(), revision=RevisionStatus(clock=lambda: 0.0),
+                        events=EventBus(), metrics=Metrics(process=False),
+                        children=lambda: {})
+
+
+def routes() -> list[tuple[str, str, bool]]:
+    """(method, path, needs the token) of every route of the admin app, in table order."""
+    app = admin_app.AdminApp(context())
+    found = []
+    for path in app._routes:
+        if path == admin_app.CONVERGE_PATH:
+            method = "POST"
+        elif path == admin_app.STREAM_PATH:
+            method = "WS"
+        else:
+            method = admin_app.ALLOW.decode()
+        found.append((method, path, path not in admin_app.OPEN_PATHS))
+    return found
+
+
+def all_stream_events() -> dict[str, tuple[dict[str, str], str, set[str]]]:
+    """Event type → (key → type, what it means, modules emitting it), from the Structs."""
+    emitters: dict[str, set[str]] = {}
+    for module, tree in modules():
+        for name in emitted_events(tree):
+            emitters.setdefault(name, set()).add(module)
+    found = {}
+    for type_, struct in EVENT_TYPES.items():
+        keys = {field.name: _type_name(field)
+                for field in msgspec.inspect.type_info(struct).fields  # type: ignore[attr-defined]
+                if field.name not in BUS_KEYS}
+        doc = " ".join((struct.__doc__ or UNDESCRIBED).split()).replace("``", "`")
+        found[type_] = (keys, doc, emitters.get(struct.__name__, set()))
+    return found
+
+
+def _type_name(field: msgspec.inspect.Field) -> str:
+    info = field.type
+    kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    names = {msgspec.inspect.IntType: "integer", msgspec.inspect.FloatType: "number",
+             msgspec.inspect.StrType: "string", msgspec.inspect.BoolType: "boolean",
+             msgspec.inspect.DictType: "object", msgspec.inspect.NoneType: "null"}
+    shown = " or ".join(names.get(type(kind), type(kind).__name__.removesuffix("Type").lower())
+                        for kind in kinds)
+    # Not required and no default: an UNSET field, sent only when it changed.
+    if not field.required and field.default is msgspec.NODEFAULT:
+        shown += " (only when it changed)"
+    return shown
+
+
+def render_admin_api() -> str:
+    settings = stream.StreamSettings()
+    out = [HEADER, "# Admin API\n\n",
+           "HTTP and WebSocket on `[admin].listen` (see [configuration.md]"
+           "(configuration.md#admin)). When `[admin].token_file` is set, every route that "
+           "says so needs `Authorization: Bearer <token>` (401 otherwise, before routing, so "
+           "nothing reveals which paths exist); a `Host` the server is not known by gets 421. "
+           "Every error body is JSON `{\"error\": \"<code>\", \"detail\": \"<text>\"}`; "
+           "an unknown path is 404, a wrong method 405 with `Allow`.\n\n",
+           "## Routes\n\n",
+           table(("method", "path", "token", "answers"),
+                 [(method, code(path), "when set" if token else "never",
+                   docs_catalog.ADMIN_ROUTES.get(path, UNDESCRIBED))
+                  for method, path, token in routes()]),
+           "\n## `GET /status`\n\n",
+           "One JSON object. `<name>` stands for each supervised child, `<kind>` for each "
+           "fan-out kind (`ServiceDefinition`, `Workflow`).\n\n",
+           table(("key", "meaning"),
+                 [(code(key), text) for key, text in docs_catalog.STATUS_KEYS.items()]),
+           "\n## `WS /v1/stream`\n\n",
+           "Text frames, each one compact JSON object with a `type`. The first message is "
+           "the current state: the `/status` document plus `\"type\": \"status\"` and "
+           f"`heartbeat_s` ({settings.heartbeat_s:g} by default). Then every event below, in "
+           "publish order. After `heartbeat_s` without any other message the server sends "
+           "`{\"type\": \"ping\", \"at\": ...}` (not an event: `watch` does not print it). "
+           f"Close code {stream.CLOSE_GOING_AWAY}: the server shuts down; "
+           f"{stream.CLOSE_TOO_SLOW}: the client fell more than {settings.max_buffer} events "
+           "behind and should reconnect (its first message is a fresh state).\n\n",
+           "Every event carries " + ", ".join(code(k) for k in BUS_KEYS)
+           + " (an increasing number and an ISO-8601 UTC time) besides the keys below.\n\n"]
+    rows = []
+    for type_, (keys, doc, mods) in sorted(all_stream_events().items()):
+        rows.append((code(type_),
+                     "; ".join(f"{code(k)}: {kind}" for k, kind in keys.items()) or "—",
+                     doc, ", ".join(code(m) for m in sorted(mods)) or "—"))
+    out.append(table(("type", "keys", "when", "emitted by"), rows))
+    return "".join(out)

@@ -1,0 +1,145 @@
+"""Facts read from the package's own syntax trees: log calls, stream events, Kubernetes Events.
+
+Each scanner walks every module of :mod:`supervisor` and yields what one kind
+of call says literally, so a new call shows up on its page without anyone
+copying it into a table.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+from supervisor.docsgen.common import PACKAGE
+
+__all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "notify_messages"]
+
+LEVELS = ("debug", "info", "warning", "error", "critical", "exception")
+
+
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def modules() -> Iterator[tuple[str, ast.Module]]:
+    """(dotted module name, syntax tree) of every module in the package, sorted by path."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        yield module, _tree(path)
+
+
+def _dict_literals(tree: ast.Module) -> dict[str, set[str]]:
+    """Names bound to a dict literal in ``tree``, with the literal's string keys."""
+    dicts: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            dicts.setdefault(node.targets[0].id, set()).update(_keys(node.value))
+    return dicts
+
+
+def _keys(node: ast.Dict) -> set[str]:
+    return {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
+    """(event, level, keys) of every ``<logger>.<level>("event", key=...)`` call in ``tree``."""
+    # ``log.error("...", **fields)`` where ``fields = {...}`` in the same file.
+    dicts = _dict_literals(tree)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LEVELS and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            continue
+        receiver = ast.unparse(node.func.value)
+        if "log" not in receiver.lower():
+            continue
+        keys = sorted(k.arg for k in node.keywords if k.arg and k.arg != "exc_info")
+        for splat in (k.value for k in node.keywords if k.arg is None):
+            keys += sorted(dicts.get(splat.id, set()) if isinstance(splat, ast.Name) else ())
+        level = "error" if node.func.attr == "exception" else node.func.attr
+        yield node.args[0].value, level, keys
+    # An outage is logged by OutageLog(logger, "<what>") as three events
+    # (supervisor/outage.py); the caller's fields come with the first two.
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "OutageLog" and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)):
+            what = node.args[1].value
+            yield f"{what} unreachable", "warning", ["detail", "error", "reason"]
+            yield f"{what} still unreachable", "warning", ["attempts", "for_s"]
+            yield f"{what} reachable again", "info", ["after_s", "attempts"]
+
+
+def emitted_events(tree: ast.Module) -> Iterator[str]:
+    """The Struct name of every ``<...events>.emit(Name(...))`` call in ``tree``.
+
+    These are the event bus's events (:mod:`supervisor.events`), which the
+    WebSocket stream forwards as they are.
+    """
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "emit" and len(node.args) == 1
+                and "events" in ast.unparse(node.func.value)
+                and isinstance(node.args[0], ast.Call)
+                and isinstance(node.args[0].func, ast.Name)):
+            yield node.args[0].func.id
+
+
+def kube_event_reasons(tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """(type, reason) of every Kubernetes Event recorded: ``.event(obj, "Normal", "Reason", ...)``.
+
+    The reason may also be a name bound in the same function to a constant or
+    to ``"A" if ... else "B"`` (both are yielded).
+    """
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        bound: dict[str, list[str]] = {}
+        for node in ast.walk(func):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)):
+                bound[node.targets[0].id] = _constants(node.value)
+        for node in ast.walk(func):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "event" and len(node.args) >= 3):
+                continue
+            kind = node.args[1]
+            if not (isinstance(kind, ast.Constant) and kind.value in ("Normal", "Warning")):
+                continue
+            reason = node.args[2]
+            found = (bound.get(reason.id, []) if isinstance(reason, ast.Name)
+                     else _constants(reason))
+            for value in found:
+                yield str(kind.value), value
+
+
+def _constants(node: ast.expr) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        return _constants(node.body) + _constants(node.orelse)
+    return []
+
+
+def notify_messages(tree: ast.Module) -> Iterator[tuple[str, str]]:
+    """(KEY, value) of every sd_notify line sent: ``<...>.send(READY="1", STATUS=text)``.
+
+    A call counts when every keyword is an upper-case name (the notify
+    protocol's keys); a value that is not a constant is shown as ``<text>``.
+    """
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "send" and node.keywords and not node.args
+                and all(k.arg and k.arg.isupper() for k in node.keywords)):
+            continue
+        for keyword in node.keywords:
+            value = keyword.value
+            shown = (value.value if isinstance(value, ast.Constant) and isinstance(value.value, str)
+                     else "<text>")
+            yield str(keyword.arg), shown
