@@ -44,9 +44,10 @@ descriptors the rest of the daemon needs, nor ``/healthz``):
 - a complete request head within ``IDLE_DEADLINE_S`` of accepting (and of the
   previous response on a keep-alive connection), or the connection is closed;
 - at most ``max_connections`` held (:mod:`supervisor.admin.limits`: the soft
-  ``RLIMIT_NOFILE`` minus a reserve), and at most ``max_stream_clients`` of
-  them stream clients; the configured stream ``max_clients`` is lowered to fit,
-  with a warning naming both numbers. At the limit the longest-idle connection
+  ``RLIMIT_NOFILE``, first raised to the hard limit, minus a reserve), and at
+  most ``max_stream_clients`` of them stream clients (derived from the same
+  limit; a configured stream ``max_clients`` that does not fit is lowered, with
+  a warning naming both numbers). At the limit the longest-idle connection
   makes room, or the new one is refused (:mod:`supervisor.admin.connections`).
 """
 
@@ -70,7 +71,7 @@ from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
 from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.http11 import Http11Connection, first_request_head
-from supervisor.admin.limits import ConnectionLimits, current_nofile, derive
+from supervisor.admin.limits import ConnectionLimits, current_nofile, derive, raise_nofile
 from supervisor.admin.stream import StreamHub, StreamSettings
 from supervisor.config import split_host_port
 from supervisor.errors import ConfigError
@@ -281,6 +282,10 @@ async def serve_admin(
         host, port = str(bound[0]), int(bound[1])
         settings = settings or StreamSettings()
         if limits is None:
+            raised = raise_nofile()
+            if raised is not None:
+                log.info("raised the soft RLIMIT_NOFILE to the hard limit",
+                         before=raised[0], after=raised[1])
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
         server = _Server(sock, limits, ctx.metrics)

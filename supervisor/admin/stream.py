@@ -88,7 +88,9 @@ class StreamSettings:
 
     max_buffer: int = 256  # events buffered per client before it counts as too slow
     heartbeat_s: float = 15.0  # a ping after this long without any other message
-    max_clients: int = 4096  # further handshakes are refused with 503
+    # Further handshakes are refused with 503. None: as many as the descriptor
+    # limit allows (supervisor.admin.limits derives it); a number only lowers that.
+    max_clients: int | None = None
     stall_timeout_s: float = 10.0  # a single write blocked this long: reset the connection
     close_timeout_s: float = 2.0  # an overflowed client's write blocked this long: reset
     monitor_interval_s: float = 0.5  # how often the monitor looks for blocked writes
@@ -149,7 +151,8 @@ class StreamHub:
         return self._closing.is_set()
 
     def full(self) -> bool:
-        return len(self._clients) >= self.settings.max_clients
+        limit = self.settings.max_clients
+        return limit is not None and len(self._clients) >= limit
 
     # -- one client ----------------------------------------------------------
 
