@@ -63,10 +63,40 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def event_payload(n: int) -> dict[str, Any]:
     # The shape of the daemon's "published" event.
     return {"revision": 1000 + n, "generation": 1, "etag": f'"{1000 + n}-1"', "n": n,
             "previous": 999 + n, "compile_ms": 3.2}
+
+
+class PublishProfile:
+    """With BENCH_STREAM_PROFILE=PREFIX, cProfile the server from its first publish
+    on, written to PREFIX.KIND when its stdin closes (an investigation aid)."""
+
+    def __init__(self, kind: str) -> None:
+        import cProfile
+
+        self.path = os.environ.get("BENCH_STREAM_PROFILE")
+        self.profiler = cProfile.Profile() if self.path else None
+        self.kind = kind
+        self.started = False
+
+    def publishing(self) -> None:
+        if self.profiler is not None and not self.started:
+            self.started = True
+            self.profiler.enable()
+
+    def done(self) -> None:
+        if self.profiler is not None and self.started:
+            self.profiler.disable()
+            self.profiler.dump_stats(f"{self.path}.{self.kind}")
 
 
 async def stdin_lines() -> Any:
@@ -113,7 +143,9 @@ async def floor_server() -> None:
         )
         port = listeners.port
         print(json.dumps({"port": port}), flush=True)
+        profile = PublishProfile("floor")
         async for line in stdin_lines():
+            profile.publishing()
             seq += 1
             event = {"type": "published", "seq": seq, "at": "2026-01-01T00:00:00Z",
                      **event_payload(int(line))}
@@ -124,6 +156,7 @@ async def floor_server() -> None:
                 except trio.WouldBlock:
                     queues.discard(queue)
                     queue.close()
+        profile.done()
         nursery.cancel_scope.cancel()
 
 
@@ -151,12 +184,15 @@ async def our_server() -> None:
         children=lambda: {"convergence": {"state": "running", "restarts": 0, "last_error": None}},
     )
     async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(
+        _host, port = await nursery.start(
             lambda task_status: serve_admin(ctx, "127.0.0.1:0", task_status=task_status)
         )
         print(json.dumps({"port": port}), flush=True)
+        profile = PublishProfile("ours")
         async for line in stdin_lines():
+            profile.publishing()
             ctx.events.publish("published", event_payload(int(line)))
+        profile.done()
         nursery.cancel_scope.cancel()
 
 
@@ -286,12 +322,13 @@ async def _lines(stream: trio.abc.ReceiveStream) -> Any:
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dict[str, Any]:
+    command = _child("--server", kind)
     server = await trio.lowlevel.open_process(
-        _child("--server", kind), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     assert server.stdin is not None and server.stdout is not None
     server_lines = _lines(server.stdout)
@@ -320,6 +357,7 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
     await trio.sleep(1.0)  # let the last handshakes' garbage settle
     rss_after = rss_kib(server.pid)
     latencies: list[float] = []
+    cpu_before = cpu_s(server.pid)
     for n in range(-3, publishes):
         t0 = time.monotonic()
         await server.stdin.send_all(f"{n}\n".encode())
@@ -331,6 +369,7 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
         if n >= 0:
             latencies.append(1000 * (last - t0))
         await trio.sleep(0.02)
+    cpu_per_publish_ms = 1000 * (cpu_s(server.pid) - cpu_before) / (publishes + 3)
     for proc in procs:
         assert proc.stdin is not None
         await proc.stdin.aclose()
@@ -350,6 +389,7 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
         "p99_ms": _percentile(latencies, 0.99),
         "rss_per_sub_kib": (rss_after - rss_before) / size,
         "rss_mib": rss_after / 1024,
+        "server_cpu_ms_per_publish": cpu_per_publish_ms,
     }
 
 
@@ -371,8 +411,12 @@ async def orchestrate(args: argparse.Namespace) -> None:
             f"p99 {ours['p99_ms']:.1f} ms vs floor {floor['p99_ms']:.1f} ms "
             f"(x{ours['p99_ms'] / floor['p99_ms']:.2f});  "
             f"RSS/subscriber {ours['rss_per_sub_kib']:.1f} KiB vs floor "
-            f"{floor['rss_per_sub_kib']:.1f} KiB (x{ours['rss_per_sub_kib'] / floor['rss_per_sub_kib']:.2f}); "
-            f"server RSS {ours['rss_mib']:.0f} MiB vs {floor['rss_mib']:.0f} MiB",
+            f"{floor['rss_per_sub_kib']:.1f} KiB "
+            f"(x{ours['rss_per_sub_kib'] / floor['rss_per_sub_kib']:.2f}); "
+            f"server RSS {ours['rss_mib']:.0f} MiB vs {floor['rss_mib']:.0f} MiB; "
+            f"server CPU per publish {ours['server_cpu_ms_per_publish']:.0f} ms vs "
+            f"{floor['server_cpu_ms_per_publish']:.0f} ms "
+            f"(x{ours['server_cpu_ms_per_publish'] / floor['server_cpu_ms_per_publish']:.2f})",
             flush=True,
         )
 
@@ -386,6 +430,10 @@ def main() -> None:
     parser.add_argument("--clients", nargs=2, metavar=("PORT", "COUNT"))
     args = parser.parse_args()
     raise_fd_limit()
+    if os.environ.get("BENCH_STREAM_GC") == "off":  # an experiment: no cyclic GC at all
+        import gc
+
+        gc.disable()
     if args.server == "floor":
         trio.run(floor_server)
     elif args.server == "ours":

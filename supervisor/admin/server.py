@@ -72,7 +72,7 @@ from supervisor.admin.errors import AdminBindError
 from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.http11 import Http11Connection, first_request_head
 from supervisor.admin.limits import ConnectionLimits, current_nofile, derive, raise_nofile
-from supervisor.admin.stream import StreamHub, StreamSettings
+from supervisor.admin.stream import RawSend, StreamHub, StreamSettings
 from supervisor.config import split_host_port
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
@@ -168,6 +168,8 @@ class _Server:
         # before they are closed in order (stream clients first, with 1001).
         self._scope = trio.CancelScope(shield=True)
         self._accepting = trio.CancelScope()
+        # Past their first request head: the stream hub writes frames through them.
+        self._connections: dict[Peer, Http11Connection] = {}
         self._done = trio.Event()
 
     def mount(self, app: Any) -> None:
@@ -208,6 +210,7 @@ class _Server:
             accept.close()
 
     async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
+        connection: Http11Connection | None = None
         try:
             # Until its first request head is complete a connection costs only
             # this task: an idle flood never reaches hypercorn.
@@ -216,16 +219,20 @@ class _Server:
             if not await first_request_head(stream, deadline, only=HEALTHZ if reserve else None):
                 reset(stream)
                 return
-            await Http11Connection(
+            connection = Http11Connection(
                 self._app,
                 self.config,
                 self._context,
                 stream,
                 lambda idle: self._table.set_idle(key, stream, idle),
             )
+            self._connections[key] = connection
+            await connection
         except Exception:  # one connection's failure must not stop the server
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
+            if connection is not None and self._connections.get(key) is connection:
+                del self._connections[key]
             self._table.remove(key, stream)
             stream.socket.close()
 
@@ -236,6 +243,11 @@ class _Server:
             return False
         reset(stream)
         return True
+
+    def raw_sender(self, peer: tuple[str, int]) -> RawSend | None:
+        """The raw frame writer of the connection from ``peer`` (None if none)."""
+        connection = self._connections.get(peer)
+        return None if connection is None else connection.send_raw
 
     async def stop(self, hub: StreamHub, timeout_s: float) -> None:
         """Graceful part of shutdown; the caller bounds it and then calls :meth:`kill`."""
@@ -289,7 +301,14 @@ async def serve_admin(
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
         server = _Server(sock, limits, ctx.metrics)
-        hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset)
+        hub = StreamHub(
+            ctx.events,
+            ctx.status,
+            ctx.metrics,
+            settings,
+            abort=server.reset,
+            raw_sender=server.raw_sender,
+        )
         hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:

@@ -24,6 +24,17 @@ Closing (close codes):
   overflowed, so it missed events; it should reconnect and start again from a
   fresh status message. :attr:`Metrics.stream_dropped` counts these.
 
+Sharing: each event is encoded once, into one complete WebSocket frame
+(:func:`text_frame`; server frames are unmasked, so every client gets the same
+bytes), and that one ``bytes`` object is written to every client's socket
+(``raw_sender``: the server's per-connection raw write, under the same lock as
+hypercorn's own writes, so frames never interleave). Nothing per client but the
+write itself: no ASGI message, no wsproto frame, no UTF-8 copy. That keeps 10,000
+subscribers on one replica within reach of a bare trio-websocket broadcast
+(``bench/bench_stream.py``). Without a raw sender (tests' fake transports) the
+same text goes through ASGI ``websocket.send``. A permessage-deflate session
+stays valid: uncompressed messages are allowed in one (RFC 7692, section 6).
+
 A client that stops reading altogether cannot even be sent a close frame:
 hypercorn's socket write is shielded from cancellation and blocks once the
 kernel's buffers are full. The hub's :meth:`StreamHub.monitor` finds writes that
@@ -50,12 +61,16 @@ from supervisor.telemetry import Metrics
 __all__ = [
     "CLOSE_GOING_AWAY",
     "CLOSE_TOO_SLOW",
+    "ConnectionGone",
+    "Encoded",
+    "RawSend",
     "Receive",
     "Scope",
     "Send",
     "StreamHub",
     "StreamSettings",
     "encode_json",
+    "text_frame",
 ]
 
 log = get_logger("admin.stream")
@@ -63,6 +78,9 @@ log = get_logger("admin.stream")
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+# Writes bytes that are already a complete WebSocket frame; ConnectionGone when
+# the connection is gone.
+RawSend = Callable[[bytes], Awaitable[None]]
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_SLOW = 1013
@@ -80,6 +98,33 @@ _encoder = msgspec.json.Encoder(enc_hook=_fallback)
 def encode_json(obj: Any) -> bytes:
     """Compact JSON; values msgspec cannot encode are rendered with ``str``."""
     return _encoder.encode(obj)
+
+
+class ConnectionGone(Exception):
+    """A raw write found the connection closed or reset (RawSend's only failure)."""
+
+
+def text_frame(payload: bytes) -> bytes:
+    """``payload`` (UTF-8) as one final, unmasked WebSocket text frame (RFC 6455,
+    section 5.2): what a server sends, identical for every client."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x81, n))
+    elif n < 1 << 16:
+        header = bytes((0x81, 126)) + n.to_bytes(2, "big")
+    else:
+        header = bytes((0x81, 127)) + n.to_bytes(8, "big")
+    return header + payload
+
+
+class Encoded:
+    """One message, encoded once: its text (for ASGI) and its frame (for raw writes)."""
+
+    __slots__ = ("frame", "text")
+
+    def __init__(self, payload: bytes) -> None:
+        self.text = payload.decode()
+        self.frame = text_frame(payload)
 
 
 @dataclass(frozen=True)
@@ -124,6 +169,8 @@ class StreamHub:
         settings: StreamSettings | None = None,
         *,
         abort: Callable[[tuple[str, int]], bool] | None = None,
+        raw_sender: Callable[[tuple[str, int]], RawSend | None] | None = None,
+        encode: Callable[[Any], bytes] = encode_json,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.settings = settings if settings is not None else StreamSettings()
@@ -131,14 +178,16 @@ class StreamHub:
         self._status = status
         self._metrics = metrics
         self._abort_peer = abort
+        self._raw_sender = raw_sender
+        self._encode_json = encode
         self._clock = clock
         self._clients: set[_Client] = set()
         self._closing = trio.Event()
         self._empty = trio.Event()
         self._empty.set()
-        # One encoding per event, not one per client: with 1,000 clients the
+        # One encoding per event, not one per client: with 10,000 clients the
         # encode would otherwise dominate the fan-out. Keyed by the bus's seq.
-        self._encoded: OrderedDict[int, str] = OrderedDict()
+        self._encoded: OrderedDict[int, Encoded] = OrderedDict()
 
     # -- reading -------------------------------------------------------------
 
@@ -166,18 +215,25 @@ class StreamHub:
         client = _Client(sub, peer)
         try:
             first = {"type": "status", **self._status(), "heartbeat_s": self.settings.heartbeat_s}
-            first_text = encode_json(first).decode()
+            first_message = Encoded(encode_json(first))
         except BaseException:
             sub.close()
             raise
         self._add(client)
+        raw = None
+        if self._raw_sender is not None and peer is not None:
+            raw = self._raw_sender(peer)
         try:
             await send({"type": "websocket.accept"})
-            await self._send_text(client, send, first_text)
+            # Through hypercorn: its handshake response must be out first.
+            await self._send(client, send, None, first_message)
             close: tuple[int, str] | None = None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_until_disconnect, receive, nursery.cancel_scope)
-                close = await self._write_events(client, send)
+                try:
+                    close = await self._write_events(client, send, raw)
+                except ConnectionGone:
+                    close = None
                 nursery.cancel_scope.cancel()
             if close is not None and not client.aborted:
                 code, reason = close
@@ -195,7 +251,9 @@ class StreamHub:
                 scope.cancel()
                 return
 
-    async def _write_events(self, client: _Client, send: Send) -> tuple[int, str] | None:
+    async def _write_events(
+        self, client: _Client, send: Send, raw: RawSend | None
+    ) -> tuple[int, str] | None:
         """Forward events until the client must be closed: returns the close code and
         reason, or None when the connection is already gone."""
         heartbeat = self.settings.heartbeat_s
@@ -234,30 +292,35 @@ class StreamHub:
                     continue
                 return (CLOSE_GOING_AWAY, "going away")
             # No event after a whole heartbeat period: a ping.
-            text = self._encode(event) if event is not None else _ping()
-            await self._send_text(client, send, text)
+            message = self._encode(event) if event is not None else _ping()
+            await self._send(client, send, raw, message)
 
-    async def _send_text(self, client: _Client, send: Send, text: str) -> None:
+    async def _send(
+        self, client: _Client, send: Send, raw: RawSend | None, message: Encoded
+    ) -> None:
         client.sending_since = self._clock()
         try:
-            await send({"type": "websocket.send", "text": text})
+            if raw is not None:
+                await raw(message.frame)
+            else:
+                await send({"type": "websocket.send", "text": message.text})
         finally:
             client.sending_since = None
 
-    def _encode(self, event: dict[str, Any]) -> str:
+    def _encode(self, event: dict[str, Any]) -> Encoded:
         seq = event.get("seq")
         if not isinstance(seq, int):
-            return encode_json(event).decode()
-        text = self._encoded.get(seq)
-        if text is None:
-            text = encode_json(event).decode()
-            self._encoded[seq] = text
+            return Encoded(self._encode_json(event))
+        message = self._encoded.get(seq)
+        if message is None:
+            message = Encoded(self._encode_json(event))
+            self._encoded[seq] = message
             # A client more than max_buffer events behind has overflowed, so
             # older encodings are (almost) never asked for again; a miss only
             # costs one more encode.
             while len(self._encoded) > max(self.settings.max_buffer, 16):
                 self._encoded.popitem(last=False)
-        return text
+        return message
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -329,8 +392,8 @@ class StreamHub:
             self._abort(client)
 
 
-def _ping() -> str:
-    return encode_json({"type": "ping", "at": utc_now_iso()}).decode()
+def _ping() -> Encoded:
+    return Encoded(encode_json({"type": "ping", "at": utc_now_iso()}))
 
 
 def _peer(scope: Scope) -> tuple[str, int] | None:
