@@ -46,7 +46,8 @@ import msgspec
 import trio
 
 MAX_BUFFER = 256  # the hub's default per-client buffer, for the floor too
-CONNECT_CONCURRENCY = 64  # per client process
+CONNECT_CONCURRENCY = 16  # handshakes in flight per client process
+HANDSHAKE_ATTEMPTS = 10
 
 
 def raise_fd_limit() -> None:
@@ -239,24 +240,42 @@ async def clients(port: int, count: int) -> None:
     ready = 0
     seen: dict[int, list[float]] = {}  # n -> [count, first arrival, last arrival]
     failed: list[str] = []
+    retries: list[int] = []
     all_ready = trio.Event()
+
+    async def handshake() -> tuple[trio.SocketStream, bytes]:
+        # A refused or reset handshake (the server sheds connections that have
+        # not sent their request head within its idle deadline when it is this
+        # busy) is retried, as the daemon's own stream clients do; counted.
+        for attempt in range(HANDSHAKE_ATTEMPTS):
+            if attempt:
+                retries.append(1)
+                await trio.sleep(0.2 * attempt)
+            try:
+                async with connect_limit:
+                    stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    await stream.send_all(_handshake(port))
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        chunk = await stream.receive_some(65536)
+                        if not chunk:
+                            raise trio.BrokenResourceError("closed during the handshake")
+                        head += chunk
+            except (OSError, trio.BrokenResourceError):
+                continue
+            status, rest = head.split(b"\r\n\r\n", 1)
+            if status.startswith(b"HTTP/1.1 101"):
+                return stream, rest
+            await stream.aclose()
+        raise RuntimeError("handshake failed")
 
     async def one() -> None:
         nonlocal ready
-        async with connect_limit:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(_handshake(port))
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    failed.append("closed during handshake")
-                    return
-                head += chunk
-            status, rest = head.split(b"\r\n\r\n", 1)
-            if not status.startswith(b"HTTP/1.1 101"):
-                failed.append(status.split(b"\r\n", 1)[0].decode())
-                return
+        try:
+            stream, rest = await handshake()
+        except RuntimeError as exc:
+            failed.append(str(exc))
+            return
         buffer = bytearray(rest)
         first = True
         while True:
@@ -293,8 +312,8 @@ async def clients(port: int, count: int) -> None:
         with trio.move_on_after(300):
             while not all_ready.is_set() and not failed:
                 await trio.sleep(0.05)
-        print(json.dumps({"ready": ready, "failed": failed[:3], "failures": len(failed)}),
-              flush=True)
+        print(json.dumps({"ready": ready, "failed": failed[:3], "failures": len(failed),
+                          "retries": len(retries)}), flush=True)
         # Until the orchestrator closes our stdin.
         async for _ in stdin_lines():
             pass
@@ -345,6 +364,7 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
         )
         procs.append(proc)
     readers = []
+    retries = 0
     start = time.monotonic()
     for proc in procs:
         assert proc.stdout is not None
@@ -352,6 +372,7 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
         report = await reader.__anext__()
         if report["failures"]:
             raise RuntimeError(f"{kind}: {report['failures']} clients failed: {report['failed']}")
+        retries += report["retries"]
         readers.append(reader)
     connected_s = time.monotonic() - start
     await trio.sleep(1.0)  # let the last handshakes' garbage settle
@@ -385,6 +406,7 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
         "kind": kind,
         "size": size,
         "connected_s": connected_s,
+        "handshake_retries": retries,
         "p50_ms": statistics.median(latencies),
         "p99_ms": _percentile(latencies, 0.99),
         "rss_per_sub_kib": (rss_after - rss_before) / size,
