@@ -26,6 +26,10 @@ so comparable across processes). p50 and p99 over ``--publishes`` publishes
 with the ratio ours/floor. Memory: the server process's RSS once all N are
 connected minus its RSS before the first, per subscriber.
 
+``--gc-threshold 50000,20,10`` sets ``gc.set_threshold`` in every process: with
+thousands of connections the cyclic collector's full collections, triggered by
+the temporaries of each fan-out, dominate both servers' CPU.
+
 Every process raises its soft RLIMIT_NOFILE to the hard one; 10,000
 subscribers need a hard limit of about 13,100 for ``ours`` (``ulimit -Hn``).
 """
@@ -418,7 +422,8 @@ async def run_one(kind: str, size: int, per_process: int, publishes: int) -> dic
 async def orchestrate(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"subscribers per client process: {args.per_process}; {args.publishes} publishes "
-          f"after 3 warm-up; soft RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}")
+          f"after 3 warm-up; soft RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}; "
+          f"gc thresholds {args.gc_threshold or 'default'}")
     for size in sizes:
         results = {}
         for kind in ("floor", "ours"):
@@ -448,14 +453,19 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--publishes", type=int, default=50)
     parser.add_argument("--per-process", type=int, default=500)
+    parser.add_argument("--gc-threshold", metavar="G0,G1,G2",
+                        help="gc.set_threshold in every process (default: Python's 700,10,10)")
     parser.add_argument("--server", choices=("floor", "ours"))
     parser.add_argument("--clients", nargs=2, metavar=("PORT", "COUNT"))
     args = parser.parse_args()
     raise_fd_limit()
-    if os.environ.get("BENCH_STREAM_GC") == "off":  # an experiment: no cyclic GC at all
+    if args.gc_threshold:
+        os.environ["BENCH_STREAM_GC_THRESHOLD"] = args.gc_threshold  # inherited by children
+    threshold = os.environ.get("BENCH_STREAM_GC_THRESHOLD")
+    if threshold:  # every process of the run, floor and ours alike
         import gc
 
-        gc.disable()
+        gc.set_threshold(*(int(x) for x in threshold.split(",")))
     if args.server == "floor":
         trio.run(floor_server)
     elif args.server == "ours":
