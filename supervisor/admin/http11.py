@@ -42,7 +42,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 
-from supervisor.admin.stream import ConnectionGone
+from supervisor.admin.frames import ConnectionGone
 
 __all__ = ["Http11Connection", "first_request_head"]
 

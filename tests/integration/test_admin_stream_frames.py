@@ -82,3 +82,44 @@ async def test_clients_with_and_without_permessage_deflate_read_the_shared_frame
             for client in clients:
                 await client.stream.aclose()
             srv.stop()
+
+
+async def test_events_reach_a_deflate_client_as_the_shared_uncompressed_frame() -> None:
+    """hypercorn compresses what it frames itself (the status message: RSV1 set);
+    events arrive as the hub's own frame, uncompressed: the shared frame is used."""
+    with trio.fail_after(20):
+        ctx = make_ctx()
+        async with running_admin(ctx) as srv:
+            stream = await trio.open_tcp_stream(srv.host, srv.port)
+            await stream.send_all(
+                (f"GET /v1/stream HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
+                 "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                 "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n").encode())
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive_some(65536)
+            head, rest = data.split(b"\r\n\r\n", 1)
+            assert b"permessage-deflate" in head.lower()
+            buffer = bytearray(rest)
+
+            async def frame() -> tuple[int, bytes]:
+                while True:
+                    if len(buffer) >= 4:
+                        first, length, offset = buffer[0], buffer[1], 2
+                        if length == 126:
+                            length, offset = int.from_bytes(buffer[2:4], "big"), 4
+                        if len(buffer) >= offset + length:
+                            payload = bytes(buffer[offset:offset + length])
+                            del buffer[:offset + length]
+                            return first, payload
+                    buffer.extend(await stream.receive_some(65536))
+
+            first, _ = await frame()
+            assert first == 0xC1  # FIN, RSV1 (compressed), text: the status, by hypercorn
+            ctx.events.publish("published", {"revision": 7})
+            first, payload = await frame()
+            assert first == 0x81  # FIN, text, not compressed: the hub's shared frame
+            assert msgspec.json.decode(payload)["revision"] == 7
+            await stream.aclose()
+            srv.stop()
