@@ -118,9 +118,13 @@ async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict
             seen: dict[int, dict[int, float]] = {}
             async with trio.open_nursery() as nursery:
 
+                connected: set[int] = set()
+
                 async def follow(port: int) -> None:
                     url = f"ws://127.0.0.1:{port}/v1/stream"
-                    async with open_websocket_url(url) as ws:
+                    async with open_websocket_url(url, connect_timeout=60) as ws:
+                        await ws.get_message()  # the status: subscribed from here on
+                        connected.add(port)
                         while True:
                             event = json.loads(await ws.get_message())
                             if event.get("type") == "published":
@@ -129,7 +133,11 @@ async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict
 
                 for port in [up_port, *ports]:
                     nursery.start_soon(follow, port)
-                await trio.sleep(1.0)  # every stream connected and past its first message
+                # Every stream connected and past its first message (51 processes
+                # starting on a small machine can take far longer than a second).
+                with trio.fail_after(120):
+                    while len(connected) < followers + 1:
+                        await trio.sleep(0.05)
                 for _ in range(publishes):
                     start_at = trio.current_time()
                     revision = await store.publish(BODY, 1, "bench")
