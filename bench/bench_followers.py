@@ -86,6 +86,19 @@ async def wait_ready(port: int) -> None:
             await trio.sleep(0.05)
 
 
+async def _statuses(ports: list[int]) -> list[Any]:
+    import httpx
+
+    out: list[Any] = []
+    async with httpx.AsyncClient() as http:
+        for port in ports[:3]:
+            try:
+                out.append((await http.get(f"http://127.0.0.1:{port}/status")).json()["revision"])
+            except (httpx.HTTPError, ValueError) as exc:
+                out.append(repr(exc))
+    return out
+
+
 async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-followers-") as tmp:
         root = Path(tmp)
@@ -118,9 +131,13 @@ async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict
             seen: dict[int, dict[int, float]] = {}
             async with trio.open_nursery() as nursery:
 
+                connected: set[int] = set()
+
                 async def follow(port: int) -> None:
                     url = f"ws://127.0.0.1:{port}/v1/stream"
-                    async with open_websocket_url(url) as ws:
+                    async with open_websocket_url(url, connect_timeout=60) as ws:
+                        await ws.get_message()  # the status: subscribed from here on
+                        connected.add(port)
                         while True:
                             event = json.loads(await ws.get_message())
                             if event.get("type") == "published":
@@ -129,13 +146,25 @@ async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict
 
                 for port in [up_port, *ports]:
                     nursery.start_soon(follow, port)
-                await trio.sleep(1.0)  # every stream connected and past its first message
+                # Every stream connected and past its first message (51 processes
+                # starting on a small machine can take far longer than a second).
+                with trio.move_on_after(120):
+                    while len(connected) < followers + 1:
+                        await trio.sleep(0.05)
+                missing = sorted(set([up_port, *ports]) - connected)
+                if missing:
+                    raise RuntimeError(f"no first stream message from ports {missing} "
+                                       f"(upstream {up_port})")
                 for _ in range(publishes):
                     start_at = trio.current_time()
                     revision = await store.publish(BODY, 1, "bench")
-                    with trio.fail_after(max(30.0, 3 * poll)):
+                    with trio.move_on_after(max(30.0, 3 * poll)):
                         while len(seen.get(revision, {})) < followers + 1:
                             await trio.sleep(0.005)
+                    late = sorted(set([up_port, *ports]) - set(seen.get(revision, {})))
+                    if late:
+                        raise RuntimeError(f"revision {revision} not published by ports {late} "
+                                           f"(upstream {up_port}): {await _statuses(late)}")
                     times = seen[revision]
                     floors.append(times[up_port] - start_at)
                     latencies.append(max(times[p] for p in ports) - start_at)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.admin.signed import SignedRevisionFile
+from supervisor.admin.status_doc import declared
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
@@ -44,7 +45,7 @@ class AdminContext:
     leadership: Callable[[], dict[str, Any]] | None = None
 
     def status(self) -> dict[str, Any]:
-        """The /status document of CONTRACT.md section 6.
+        """The /status document, as :class:`~.status_doc.StatusDocument` declares it.
 
         In follower mode ``revision.source`` names the upstream's address
         instead of ``control_plane`` (``last_known_good`` and null unchanged),
@@ -55,10 +56,10 @@ class AdminContext:
             revision["upstream"] = self.upstream
             if revision.get("source") == "control_plane":
                 revision["source"] = self.upstream
-        return {
+        return declared({
             "revision": revision,
             "children": self.children(),
             "fanout": {kind: st.report() for kind, st in self.fanout.items()},
             "leadership": self.leadership() if self.leadership is not None
             else {"role": "disabled", "holder": None, "lease": None},
-        }
+        })

@@ -42,6 +42,8 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 
+from supervisor.admin.frames import ConnectionGone
+
 __all__ = ["Http11Connection", "first_request_head"]
 
 _HTTP1 = frozenset({b"1.0", b"1.1"})
@@ -150,6 +152,18 @@ class Http11Connection(TCPServer):
             pass
         finally:
             await self._close()
+
+    async def send_raw(self, data: bytes) -> None:
+        """Write ``data``, already a complete WebSocket frame (the stream hub's one
+        frame per event, shared by every client), under the lock hypercorn's own
+        writes take, so frames never interleave; ConnectionGone when the
+        connection is closed or reset. Unlike hypercorn's writes it is not
+        shielded: the hub never cancels a write (the server resets a stuck one)."""
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ConnectionGone(str(exc)) from exc
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, Updated):

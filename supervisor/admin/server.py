@@ -44,9 +44,10 @@ descriptors the rest of the daemon needs, nor ``/healthz``):
 - a complete request head within ``IDLE_DEADLINE_S`` of accepting (and of the
   previous response on a keep-alive connection), or the connection is closed;
 - at most ``max_connections`` held (:mod:`supervisor.admin.limits`: the soft
-  ``RLIMIT_NOFILE`` minus a reserve), and at most ``max_stream_clients`` of
-  them stream clients; the configured stream ``max_clients`` is lowered to fit,
-  with a warning naming both numbers. At the limit the longest-idle connection
+  ``RLIMIT_NOFILE``, first raised to the hard limit, minus a reserve), and at
+  most ``max_stream_clients`` of them stream clients (derived from the same
+  limit; a configured stream ``max_clients`` that does not fit is lowered, with
+  a warning naming both numbers). At the limit the longest-idle connection
   makes room, or the new one is refused (:mod:`supervisor.admin.connections`).
 """
 
@@ -70,8 +71,8 @@ from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
 from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.http11 import Http11Connection, first_request_head
-from supervisor.admin.limits import ConnectionLimits, current_nofile, derive
-from supervisor.admin.stream import StreamHub, StreamSettings
+from supervisor.admin.limits import ConnectionLimits, current_nofile, derive, raise_nofile
+from supervisor.admin.stream import RawSend, StreamHub, StreamSettings
 from supervisor.config import split_host_port
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
@@ -167,6 +168,8 @@ class _Server:
         # before they are closed in order (stream clients first, with 1001).
         self._scope = trio.CancelScope(shield=True)
         self._accepting = trio.CancelScope()
+        # Past their first request head: the stream hub writes frames through them.
+        self._connections: dict[Peer, Http11Connection] = {}
         self._done = trio.Event()
 
     def mount(self, app: Any) -> None:
@@ -207,6 +210,7 @@ class _Server:
             accept.close()
 
     async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
+        connection: Http11Connection | None = None
         try:
             # Until its first request head is complete a connection costs only
             # this task: an idle flood never reaches hypercorn.
@@ -215,16 +219,20 @@ class _Server:
             if not await first_request_head(stream, deadline, only=HEALTHZ if reserve else None):
                 reset(stream)
                 return
-            await Http11Connection(
+            connection = Http11Connection(
                 self._app,
                 self.config,
                 self._context,
                 stream,
                 lambda idle: self._table.set_idle(key, stream, idle),
             )
+            self._connections[key] = connection
+            await connection
         except Exception:  # one connection's failure must not stop the server
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
+            if connection is not None and self._connections.get(key) is connection:
+                del self._connections[key]
             self._table.remove(key, stream)
             stream.socket.close()
 
@@ -235,6 +243,11 @@ class _Server:
             return False
         reset(stream)
         return True
+
+    def raw_sender(self, peer: tuple[str, int]) -> RawSend | None:
+        """The raw frame writer of the connection from ``peer`` (None if none)."""
+        connection = self._connections.get(peer)
+        return None if connection is None else connection.send_raw
 
     async def stop(self, hub: StreamHub, timeout_s: float) -> None:
         """Graceful part of shutdown; the caller bounds it and then calls :meth:`kill`."""
@@ -281,10 +294,21 @@ async def serve_admin(
         host, port = str(bound[0]), int(bound[1])
         settings = settings or StreamSettings()
         if limits is None:
+            raised = raise_nofile()
+            if raised is not None:
+                log.info("raised the soft RLIMIT_NOFILE to the hard limit",
+                         before=raised[0], after=raised[1])
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
         server = _Server(sock, limits, ctx.metrics)
-        hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset)
+        hub = StreamHub(
+            ctx.events,
+            ctx.status,
+            ctx.metrics,
+            settings,
+            abort=server.reset,
+            raw_sender=server.raw_sender,
+        )
         hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:

@@ -24,6 +24,17 @@ Closing (close codes):
   overflowed, so it missed events; it should reconnect and start again from a
   fresh status message. :attr:`Metrics.stream_dropped` counts these.
 
+Sharing: each event is encoded once, into one complete WebSocket frame
+(:func:`text_frame`; server frames are unmasked, so every client gets the same
+bytes), and that one ``bytes`` object is written to every client's socket
+(``raw_sender``: the server's per-connection raw write, under the same lock as
+hypercorn's own writes, so frames never interleave). Nothing per client but the
+write itself: no ASGI message, no wsproto frame, no UTF-8 copy. That keeps 10,000
+subscribers on one replica within reach of a bare trio-websocket broadcast
+(``bench/bench_stream.py``). Without a raw sender (tests' fake transports) the
+same text goes through ASGI ``websocket.send``. A permessage-deflate session
+stays valid: uncompressed messages are allowed in one (RFC 7692, section 6).
+
 A client that stops reading altogether cannot even be sent a close frame:
 hypercorn's socket write is shielded from cancellation and blocks once the
 kernel's buffers are full. The hub's :meth:`StreamHub.monitor` finds writes that
@@ -43,6 +54,7 @@ from typing import Any
 import msgspec
 import trio
 
+from supervisor.admin.frames import ConnectionGone, Encoded, RawSend, text_frame
 from supervisor.events import EventBus, Subscription, utc_now_iso
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
@@ -50,12 +62,16 @@ from supervisor.telemetry import Metrics
 __all__ = [
     "CLOSE_GOING_AWAY",
     "CLOSE_TOO_SLOW",
+    "ConnectionGone",
+    "Encoded",
+    "RawSend",
     "Receive",
     "Scope",
     "Send",
     "StreamHub",
     "StreamSettings",
     "encode_json",
+    "text_frame",
 ]
 
 log = get_logger("admin.stream")
@@ -88,7 +104,9 @@ class StreamSettings:
 
     max_buffer: int = 256  # events buffered per client before it counts as too slow
     heartbeat_s: float = 15.0  # a ping after this long without any other message
-    max_clients: int = 4096  # further handshakes are refused with 503
+    # Further handshakes are refused with 503. None: as many as the descriptor
+    # limit allows (supervisor.admin.limits derives it); a number only lowers that.
+    max_clients: int | None = None
     stall_timeout_s: float = 10.0  # a single write blocked this long: reset the connection
     close_timeout_s: float = 2.0  # an overflowed client's write blocked this long: reset
     monitor_interval_s: float = 0.5  # how often the monitor looks for blocked writes
@@ -122,6 +140,8 @@ class StreamHub:
         settings: StreamSettings | None = None,
         *,
         abort: Callable[[tuple[str, int]], bool] | None = None,
+        raw_sender: Callable[[tuple[str, int]], RawSend | None] | None = None,
+        encode: Callable[[Any], bytes] = encode_json,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.settings = settings if settings is not None else StreamSettings()
@@ -129,14 +149,16 @@ class StreamHub:
         self._status = status
         self._metrics = metrics
         self._abort_peer = abort
+        self._raw_sender = raw_sender
+        self._encode_json = encode
         self._clock = clock
         self._clients: set[_Client] = set()
         self._closing = trio.Event()
         self._empty = trio.Event()
         self._empty.set()
-        # One encoding per event, not one per client: with 1,000 clients the
+        # One encoding per event, not one per client: with 10,000 clients the
         # encode would otherwise dominate the fan-out. Keyed by the bus's seq.
-        self._encoded: OrderedDict[int, str] = OrderedDict()
+        self._encoded: OrderedDict[int, Encoded] = OrderedDict()
 
     # -- reading -------------------------------------------------------------
 
@@ -149,7 +171,8 @@ class StreamHub:
         return self._closing.is_set()
 
     def full(self) -> bool:
-        return len(self._clients) >= self.settings.max_clients
+        limit = self.settings.max_clients
+        return limit is not None and len(self._clients) >= limit
 
     # -- one client ----------------------------------------------------------
 
@@ -163,18 +186,25 @@ class StreamHub:
         client = _Client(sub, peer)
         try:
             first = {"type": "status", **self._status(), "heartbeat_s": self.settings.heartbeat_s}
-            first_text = encode_json(first).decode()
+            first_message = Encoded(encode_json(first))
         except BaseException:
             sub.close()
             raise
         self._add(client)
+        raw = None
+        if self._raw_sender is not None and peer is not None:
+            raw = self._raw_sender(peer)
         try:
             await send({"type": "websocket.accept"})
-            await self._send_text(client, send, first_text)
+            # Through hypercorn: its handshake response must be out first.
+            await self._send(client, send, None, first_message)
             close: tuple[int, str] | None = None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_until_disconnect, receive, nursery.cancel_scope)
-                close = await self._write_events(client, send)
+                try:
+                    close = await self._write_events(client, send, raw)
+                except ConnectionGone:
+                    close = None
                 nursery.cancel_scope.cancel()
             if close is not None and not client.aborted:
                 code, reason = close
@@ -192,7 +222,9 @@ class StreamHub:
                 scope.cancel()
                 return
 
-    async def _write_events(self, client: _Client, send: Send) -> tuple[int, str] | None:
+    async def _write_events(
+        self, client: _Client, send: Send, raw: RawSend | None
+    ) -> tuple[int, str] | None:
         """Forward events until the client must be closed: returns the close code and
         reason, or None when the connection is already gone."""
         heartbeat = self.settings.heartbeat_s
@@ -231,30 +263,35 @@ class StreamHub:
                     continue
                 return (CLOSE_GOING_AWAY, "going away")
             # No event after a whole heartbeat period: a ping.
-            text = self._encode(event) if event is not None else _ping()
-            await self._send_text(client, send, text)
+            message = self._encode(event) if event is not None else _ping()
+            await self._send(client, send, raw, message)
 
-    async def _send_text(self, client: _Client, send: Send, text: str) -> None:
+    async def _send(
+        self, client: _Client, send: Send, raw: RawSend | None, message: Encoded
+    ) -> None:
         client.sending_since = self._clock()
         try:
-            await send({"type": "websocket.send", "text": text})
+            if raw is not None:
+                await raw(message.frame)
+            else:
+                await send({"type": "websocket.send", "text": message.text})
         finally:
             client.sending_since = None
 
-    def _encode(self, event: dict[str, Any]) -> str:
+    def _encode(self, event: dict[str, Any]) -> Encoded:
         seq = event.get("seq")
         if not isinstance(seq, int):
-            return encode_json(event).decode()
-        text = self._encoded.get(seq)
-        if text is None:
-            text = encode_json(event).decode()
-            self._encoded[seq] = text
+            return Encoded(self._encode_json(event))
+        message = self._encoded.get(seq)
+        if message is None:
+            message = Encoded(self._encode_json(event))
+            self._encoded[seq] = message
             # A client more than max_buffer events behind has overflowed, so
             # older encodings are (almost) never asked for again; a miss only
             # costs one more encode.
             while len(self._encoded) > max(self.settings.max_buffer, 16):
                 self._encoded.popitem(last=False)
-        return text
+        return message
 
     # -- bookkeeping ---------------------------------------------------------
 
@@ -326,8 +363,8 @@ class StreamHub:
             self._abort(client)
 
 
-def _ping() -> str:
-    return encode_json({"type": "ping", "at": utc_now_iso()}).decode()
+def _ping() -> Encoded:
+    return Encoded(encode_json({"type": "ping", "at": utc_now_iso()}))
 
 
 def _peer(scope: Scope) -> tuple[str, int] | None:

@@ -5,8 +5,10 @@
   stream path, ``GET``/``HEAD`` otherwise, as the app dispatches) and whether it
   needs the token (:data:`~supervisor.admin.app.OPEN_PATHS`); what each answers
   is prose in :data:`supervisor.docs_catalog.ADMIN_ROUTES`.
-- ``/status``: the keys of :data:`supervisor.docs_catalog.STATUS_KEYS`, which
-  ``tests/unit/test_docsgen_pages.py`` holds equal to a real document's keys.
+- ``/status``: every field of :class:`~supervisor.admin.status_doc.StatusDocument`
+  (walked with :func:`status_fields`) with its type, and the prose of
+  :data:`supervisor.docs_catalog.STATUS_KEYS`, which the tests hold to the same
+  fields and to a real document's keys.
 - Stream events: the Structs of :mod:`supervisor.events` (their keys, types
   and docstrings), with the modules that emit each (found by
   :func:`~supervisor.docsgen.sourcescan.emitted_events`).
@@ -21,6 +23,7 @@ from supervisor import docs_catalog
 from supervisor.admin import app as admin_app
 from supervisor.admin import stream
 from supervisor.admin.context import AdminContext
+from supervisor.admin.status_doc import StatusDocument
 from supervisor.convergence.status import RevisionStatus
 from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
 from supervisor.docsgen.sourcescan import emitted_events, modules
@@ -28,7 +31,7 @@ from supervisor.events import EVENT_TYPES, EventBus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 
-__all__ = ["all_stream_events", "render_admin_api", "routes"]
+__all__ = ["all_stream_events", "render_admin_api", "routes", "status_fields"]
 
 # What the event bus stamps on every event (supervisor/events.py, EventBus.emit).
 BUS_KEYS = ("type", "seq", "at")
@@ -86,6 +89,55 @@ def _type_name(field: msgspec.inspect.Field) -> str:
     return shown
 
 
+# How the placeholder of each dict-of-Structs field is written in key paths.
+PLACEHOLDERS = {"children": "<name>", "fanout": "<kind>"}
+
+
+def status_fields(struct: type[msgspec.Struct] = StatusDocument,
+                  prefix: str = "") -> dict[str, str]:
+    """Key path → type of every field of the ``/status`` Structs, in declaration order."""
+    found: dict[str, str] = {}
+    for field in msgspec.inspect.type_info(struct).fields:  # type: ignore[attr-defined]
+        path = f"{prefix}{field.name}"
+        info = field.type
+        kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+        nested = [k for k in kinds if isinstance(k, msgspec.inspect.StructType)]
+        values = [k.value_type for k in kinds if isinstance(k, msgspec.inspect.DictType)
+                  and isinstance(k.value_type, msgspec.inspect.StructType)]
+        if nested and field.name != "last_rejection":
+            found[path] = "object"
+            found.update(status_fields(nested[0].cls, f"{path}."))
+        elif values:
+            found[path] = "object"
+            found.update(status_fields(values[0].cls,
+                                       f"{path}.{PLACEHOLDERS.get(field.name, '<key>')}."))
+        else:
+            found[path] = _status_type(field)
+    return found
+
+
+def _status_type(field: msgspec.inspect.Field) -> str:
+    info = field.type
+    kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    names = []
+    for kind in kinds:
+        if isinstance(kind, msgspec.inspect.LiteralType):
+            names.append("one of " + ", ".join(f"`{v}`" for v in kind.values))
+        elif isinstance(kind, msgspec.inspect.StructType):
+            names.append("object")
+        elif isinstance(kind, msgspec.inspect.ListType):
+            names.append("list")
+        else:
+            names.append({msgspec.inspect.IntType: "integer", msgspec.inspect.FloatType:
+                          "number", msgspec.inspect.StrType: "string",
+                          msgspec.inspect.BoolType: "boolean",
+                          msgspec.inspect.NoneType: "null"}.get(type(kind), "any"))
+    shown = " or ".join(names)
+    if not field.required and field.default is msgspec.NODEFAULT:
+        shown += " (only when it applies)"
+    return shown
+
+
 def render_admin_api() -> str:
     settings = stream.StreamSettings()
     out = [HEADER, "# Admin API\n\n",
@@ -103,8 +155,9 @@ def render_admin_api() -> str:
            "\n## `GET /status`\n\n",
            "One JSON object. `<name>` stands for each supervised child, `<kind>` for each "
            "fan-out kind (`ServiceDefinition`, `Workflow`).\n\n",
-           table(("key", "meaning"),
-                 [(code(key), text) for key, text in docs_catalog.STATUS_KEYS.items()]),
+           table(("key", "type", "meaning"),
+                 [(code(key), kind, docs_catalog.STATUS_KEYS.get(key, UNDESCRIBED))
+                  for key, kind in status_fields().items()]),
            "\n## `WS /v1/stream`\n\n",
            "Text frames, each one compact JSON object with a `type`. The first message is "
            "the current state: the `/status` document plus `\"type\": \"status\"` and "

@@ -14,10 +14,12 @@ import sqlite3
 from typing import Any
 
 import msgspec
+import structlog
 import trio
 
 from supervisor import cli, docs_catalog, docsgen
 from supervisor.admin.app import AdminApp
+from supervisor.admin.status_doc import StatusDocument, declared
 from supervisor.commands import common
 from supervisor.controlplane import migrations
 from supervisor.docsgen import adminapi, controlplane, kubernetes, process, sourcescan
@@ -322,3 +324,29 @@ def test_the_control_plane_page_has_its_sections() -> None:
         assert section(page, heading).strip()
     for rule in (*docs_catalog.POINTER_RULES, *docs_catalog.FOLLOWER):
         assert f"- {rule}\n" in page
+
+
+async def test_real_status_documents_decode_strictly_into_the_declared_struct() -> None:
+    """The Structs are the contract: a real document (plain, and with every optional
+    part present) decodes into them with unknown keys refused, and back unchanged."""
+    ctx = make_ctx()
+    plain = await status_document(ctx)
+    ctx.upstream = "http://upstream:9464"
+    ctx.fanout["Workflow"] = FanoutStatus("preflight", "schema_skew", 0, ["bad-one"])
+    ctx.revision.failed(7, "projection", "unknown alias")
+    full = await status_document(ctx)
+    for doc in (plain, full):
+        decoded = msgspec.convert(doc, StatusDocument)
+        assert msgspec.to_builtins(decoded) == doc
+    assert full["revision"]["upstream"] == "http://upstream:9464"
+
+
+def test_the_status_catalogue_describes_exactly_the_declared_fields() -> None:
+    assert list(adminapi.status_fields()) == list(docs_catalog.STATUS_KEYS)
+
+
+def test_an_undeclared_status_key_is_logged_and_still_served() -> None:
+    doc = {"revision": {}, "children": {}, "fanout": {}, "surprise": 1}
+    with structlog.testing.capture_logs() as logs:
+        assert declared(doc) is doc
+    assert [entry["log_level"] for entry in logs] == ["error"]

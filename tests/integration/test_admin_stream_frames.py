@@ -1,0 +1,125 @@
+"""The shared raw frames through the real admin server, read by WebSocket clients
+that did and did not negotiate permessage-deflate (wsproto as the client)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import trio
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    CloseConnection,
+    Request,
+    TextMessage,
+)
+from wsproto.extensions import PerMessageDeflate
+
+from tests.integration.test_admin_support import make_ctx, running_admin
+
+
+class WsprotoClient:
+    def __init__(self, stream: trio.SocketStream, deflate: bool) -> None:
+        self.stream = stream
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.deflate = deflate
+        self.pending: list[object] = []
+        self.accepted: AcceptConnection | None = None
+
+    async def open(self, host: str, port: int) -> None:
+        extensions = [PerMessageDeflate()] if self.deflate else []
+        await self.stream.send_all(self.ws.send(
+            Request(host=f"{host}:{port}", target="/v1/stream", extensions=extensions)))
+        while self.accepted is None:
+            await self._pump()
+            for event in list(self.pending):
+                if isinstance(event, AcceptConnection):
+                    self.accepted = event
+                    self.pending.remove(event)
+
+    async def _pump(self) -> None:
+        data = await self.stream.receive_some(65536)
+        assert data, "server closed"
+        self.ws.receive_data(data)
+        self.pending.extend(self.ws.events())
+
+    async def message(self) -> dict[str, object]:
+        text = ""
+        while True:
+            while not self.pending:
+                await self._pump()
+            event = self.pending.pop(0)
+            assert not isinstance(event, CloseConnection), event
+            if isinstance(event, TextMessage):
+                text += event.data
+                if event.message_finished:
+                    doc = msgspec.json.decode(text)
+                    assert isinstance(doc, dict)
+                    return doc
+
+
+@pytest.mark.parametrize("deflate", [False, True])
+async def test_clients_with_and_without_permessage_deflate_read_the_shared_frames(
+    deflate: bool,
+) -> None:
+    with trio.fail_after(20):
+        ctx = make_ctx()
+        async with running_admin(ctx) as srv:
+            clients = []
+            for _ in range(3):
+                client = WsprotoClient(await trio.open_tcp_stream(srv.host, srv.port), deflate)
+                await client.open(srv.host, srv.port)
+                negotiated = [e.name for e in client.accepted.extensions] if client.accepted else []
+                assert negotiated == (["permessage-deflate"] if deflate else [])
+                assert (await client.message())["type"] == "status"  # compressed when deflate
+                clients.append(client)
+            for i in range(3):
+                ctx.events.publish("published", {"revision": 10 + i, "note": "x" * 200 * i})
+            for client in clients:
+                docs = [await client.message() for _ in range(3)]
+                assert [d["revision"] for d in docs] == [10, 11, 12]
+                assert docs[2]["note"] == "x" * 400  # a 126+ byte frame too
+            for client in clients:
+                await client.stream.aclose()
+            srv.stop()
+
+
+async def test_events_reach_a_deflate_client_as_the_shared_uncompressed_frame() -> None:
+    """hypercorn compresses what it frames itself (the status message: RSV1 set);
+    events arrive as the hub's own frame, uncompressed: the shared frame is used."""
+    with trio.fail_after(20):
+        ctx = make_ctx()
+        async with running_admin(ctx) as srv:
+            stream = await trio.open_tcp_stream(srv.host, srv.port)
+            await stream.send_all(
+                (f"GET /v1/stream HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
+                 "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                 "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n").encode())
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive_some(65536)
+            head, rest = data.split(b"\r\n\r\n", 1)
+            assert b"permessage-deflate" in head.lower()
+            buffer = bytearray(rest)
+
+            async def frame() -> tuple[int, bytes]:
+                while True:
+                    if len(buffer) >= 4:
+                        first, length, offset = buffer[0], buffer[1], 2
+                        if length == 126:
+                            length, offset = int.from_bytes(buffer[2:4], "big"), 4
+                        if len(buffer) >= offset + length:
+                            payload = bytes(buffer[offset:offset + length])
+                            del buffer[:offset + length]
+                            return first, payload
+                    buffer.extend(await stream.receive_some(65536))
+
+            first, _ = await frame()
+            assert first == 0xC1  # FIN, RSV1 (compressed), text: the status, by hypercorn
+            ctx.events.publish("published", {"revision": 7})
+            first, payload = await frame()
+            assert first == 0x81  # FIN, text, not compressed: the hub's shared frame
+            assert msgspec.json.decode(payload)["revision"] == 7
+            await stream.aclose()
+            srv.stop()
