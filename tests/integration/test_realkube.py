@@ -322,7 +322,11 @@ async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
     kube = crds
     inst = await trio.to_thread.run_sync(kube.install)
     port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
+    # The restart may take longer than the default renew deadline on a loaded machine: then
+    # the leader (rightly) stops and its next term lists afresh, without the 410 this test
+    # is about. A roomy lease keeps the watchers running through the restart.
+    config = await daemon_config(tmp_path, inst, port, lease_duration_s=90,
+                                 renew_deadline_s=60)
     with trio.fail_after(90):
         await trio.to_thread.run_sync(kube.apply, sd(inst, "before"))
         async with run_daemon(config) as daemon:
