@@ -149,3 +149,40 @@ async def test_adversary_renewals_wipe_the_leases_labels_and_annotations() -> No
     assert lease is not None
     assert lease["metadata"].get("labels") == {"app.kubernetes.io/part-of": "trio-supervisor"}
     assert lease["metadata"].get("annotations") == {"owner": "platform-team"}
+
+
+async def test_adversary_a_lease_without_resource_version_is_overwritten_unconditionally() -> None:
+    """The API server (or a proxy in front of it) answers b's GET with 200 and a Lease
+    that has no ``metadata.resourceVersion`` (nor spec). lease.py decodes it with every
+    field defaulted (``_Meta.resource_version = ""``, ``_Spec`` all None): b sees a free
+    Lease and PUTs it with ``resourceVersion: ""``, which a kube-apiserver (and the fake)
+    treats as an *unconditional* update. b takes the Lease from a leader that renewed
+    moments ago, and both fan out: the optimistic concurrency the issue requires is gone.
+    Expected: a Lease without a resourceVersion (or of another kind) is a DecodeError,
+    and ``KubeLeases.update`` never sends a PUT without one."""
+    writers = Writers()
+    with trio.fail_after(30):
+        async with run_fake_apiserver() as server:
+            client = http_client(server, None)
+            a, b = Watched(), Watched()
+            try:
+                async with trio.open_nursery() as nursery:
+                    ea = elector(StoreLeases(server, NS, NAME, manager="a"), "a", a)
+                    nursery.start_soon(ea.run, writers.lead("a"))
+                    await a.leading.wait()
+                    server.inject("GET", rf"/leases/{NAME}$", status=200, times=None, body={
+                        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": NAME, "namespace": NS}})
+                    eb = elector(KubeLeases(client, NS, NAME, "b"), "b", b)
+                    nursery.start_soon(eb.run, writers.lead("b"))
+                    with trio.move_on_after(LEASE_S * 2):
+                        await b.leading.wait()
+                    nursery.cancel_scope.cancel()
+            finally:
+                await client.aclose()
+            puts = [r for r in server.requests if r.method == "PUT" and r.field_manager == "b"]
+    unconditional = [r for r in puts
+                     if not ((r.body or {}).get("metadata") or {}).get("resourceVersion")]
+    assert not writers.overlaps and not unconditional, (
+        f"two fan-outs at once ({len(writers.overlaps)} overlapping writes); "
+        f"{len(unconditional)} Lease PUTs without a resourceVersion")
