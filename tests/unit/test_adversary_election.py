@@ -182,3 +182,40 @@ async def test_adversary_two_replicas_configured_with_the_same_identity(
         f"two replicas with one identity both fanned out from {both[0]:.1f} to "
         f"{both[-1]:.1f} (virtual s), and nothing was logged about it")
     assert not both, "two fan-outs at once with a shared identity"
+
+
+async def test_adversary_a_lease_edited_to_name_the_standby_makes_two_leaders(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Unique identities, but the Lease is written by someone else to name b: an operator
+    "moving" leadership with ``kubectl edit lease``, or a restore of etcd or of a backup
+    (Velero) taken while b held it. b's next poll sees its own identity, takes the record
+    as its own (``ours = current.holder == self.identity``) and leads at once, although it
+    never wrote that record; a keeps leading until its next renewal notices. Same root
+    cause as a shared identity: a record naming us is trusted without having been
+    written by this elector."""
+    server, writers = FakeApiServer(), Writers()
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            a = Replica(server, "a", writers=writers)
+            nursery.start_soon(a.run)
+            await wait_for(lambda: a.elector.leading)
+            b = Replica(server, "b", writers=writers)
+            nursery.start_soon(b.run)
+            await wait_for(lambda: b.status.holder == "a")
+
+            async def hand_over(leader: Replica, other: Replica) -> None:
+                renewed = leader.leases.calls["update"]
+                await wait_for(lambda: leader.leases.calls["update"] > renewed)
+                obj = server.store.find(LEASE, NS, NAME)
+                assert obj is not None
+                edited = {**obj, "spec": {**obj["spec"], "holderIdentity": other.name}}
+                server.store.replace(LEASE, NS, NAME, edited, "kubectl-edit")
+                await wait_for(lambda: other.elector.leading and not leader.elector.leading)
+                await trio.sleep(20)
+
+            for _ in range(5):
+                await (hand_over(a, b) if a.elector.leading else hand_over(b, a))
+            nursery.cancel_scope.cancel()
+    assert not writers.overlaps, (
+        f"two fan-outs at once after the Lease was edited to name the standby: "
+        f"{len({round(t, 1) for t, _ in writers.overlaps})} tenths of a second in total")
