@@ -124,8 +124,10 @@ async def test_adversary_renewals_wipe_the_leases_labels_and_annotations() -> No
     """The Lease carries labels and annotations someone else put there (the manifests, a
     GitOps tool, ``kubectl annotate``). Every election write is a PUT of a body built
     from scratch (lease.py ``KubeLeases._body``: name, namespace, resourceVersion and the
-    spec only), so the first acquire wipes them, as the real API server does on a PUT.
-    client-go's LeaseLock updates the object it read, keeping its metadata."""
+    spec only), so the first acquire wipes them, as the real API server does on a PUT
+    (measured on kube-apiserver 1.20, /tmp/realkube: labels and annotations null after a
+    PUT without them). client-go's LeaseLock updates the object it read, keeping its
+    metadata (and spec fields it does not know, e.g. 1.31's ``strategy``)."""
     writers = Writers()
     with trio.fail_after(30):
         async with run_fake_apiserver() as server:
@@ -152,14 +154,18 @@ async def test_adversary_renewals_wipe_the_leases_labels_and_annotations() -> No
 
 
 async def test_adversary_a_lease_without_resource_version_is_overwritten_unconditionally() -> None:
-    """The API server (or a proxy in front of it) answers b's GET with 200 and a Lease
-    that has no ``metadata.resourceVersion`` (nor spec). lease.py decodes it with every
-    field defaulted (``_Meta.resource_version = ""``, ``_Spec`` all None): b sees a free
-    Lease and PUTs it with ``resourceVersion: ""``, which a kube-apiserver (and the fake)
-    treats as an *unconditional* update. b takes the Lease from a leader that renewed
-    moments ago, and both fan out: the optimistic concurrency the issue requires is gone.
-    Expected: a Lease without a resourceVersion (or of another kind) is a DecodeError,
-    and ``KubeLeases.update`` never sends a PUT without one."""
+    """A GET of the Lease answers 200 with a Lease that has no ``metadata.resourceVersion``
+    (nor spec): a proxy in front of the API server, an aggregated/mock server. lease.py
+    decodes it with every field defaulted (``_Meta.resource_version = ""``, ``_Spec`` all
+    None), so b sees a free Lease and PUTs it with ``resourceVersion: ""``: a write
+    without the optimistic-concurrency precondition the issue requires.
+
+    Measured on kube-apiserver 1.20 (/tmp/realkube): such a PUT on a Lease is a 422
+    ("metadata.resourceVersion: must be specified for an update"), so there b only
+    fails; the fake accepts it as an unconditional update (see the next test), so here
+    b steals the Lease from a leader that renewed moments ago and both fan out.
+    Expected: a Lease without a resourceVersion is a DecodeError, and
+    ``KubeLeases.update`` never sends a PUT without one."""
     writers = Writers()
     with trio.fail_after(30):
         async with run_fake_apiserver() as server:
@@ -186,3 +192,32 @@ async def test_adversary_a_lease_without_resource_version_is_overwritten_uncondi
     assert not writers.overlaps and not unconditional, (
         f"two fan-outs at once ({len(writers.overlaps)} overlapping writes); "
         f"{len(unconditional)} Lease PUTs without a resourceVersion")
+
+
+async def test_adversary_the_fake_refuses_an_unconditional_lease_put_as_kube_apiserver_does(
+) -> None:
+    """Issue 14 asks the fake for Lease objects "with real optimistic concurrency". A PUT
+    of a Lease whose ``metadata.resourceVersion`` is empty or absent is refused by
+    kube-apiserver 1.20 with 422 Invalid (leases do not allow unconditional updates;
+    measured on /tmp/realkube), but the fake's ``_precondition`` skips the check for an
+    empty resourceVersion and applies the write (apiserver_store.py ``_precondition``)."""
+    from tests.fakes.apiserver_store import ApiError
+    from tests.fakes.leases import LEASE
+
+    server = FakeApiServer()
+    server.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": NAME, "namespace": NS},
+                   "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}})
+    unconditional = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "metadata": {"name": NAME, "namespace": NS, "resourceVersion": ""},
+                     "spec": {"holderIdentity": "b", "leaseDurationSeconds": 15}}
+    code = None
+    try:
+        server.store.replace(LEASE, NS, NAME, unconditional, "b")
+    except ApiError as exc:
+        code = exc.code
+    lease = server.get("leases", NS, NAME)
+    assert lease is not None
+    assert code == 422 and lease["spec"]["holderIdentity"] == "a", (
+        f"the fake answered {code or 200} and the holder is now "
+        f"{lease['spec']['holderIdentity']!r}")
