@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from supervisor.fanout.leadership import LeaderElector, LeadershipMetrics, LeadershipStatus
+from supervisor.kube.lease import LeaseRecord
 from supervisor.telemetry import Metrics
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.leases import LEASE, StoreLeases, lease_holder
@@ -219,3 +220,47 @@ async def test_adversary_a_lease_edited_to_name_the_standby_makes_two_leaders(
     assert not writers.overlaps, (
         f"two fan-outs at once after the Lease was edited to name the standby: "
         f"{len({round(t, 1) for t, _ in writers.overlaps})} tenths of a second in total")
+
+
+class SlowAnswers(StoreLeases):
+    """The write lands on the server at once; its answer takes ``answer_s`` to come back."""
+
+    answer_s = 0.0
+
+    async def update(self, record: LeaseRecord) -> LeaseRecord:
+        result = await super().update(record)
+        await trio.sleep(self.answer_s)
+        return result
+
+
+async def test_adversary_sigterm_while_an_acquiring_write_is_in_flight_keeps_the_lease(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """SIGTERM arrives while a's acquiring PUT has landed but its answer has not come
+    back (a slow API server). ``run``'s ``finally`` releases only when ``_observed`` names
+    us, and ``_observed`` is still the free record read before the PUT, so nothing is
+    released: the Lease names a for a whole lease duration and b takes over after 15 s
+    instead of within its retry period (the handover the issue asks of a SIGTERM)."""
+    server, writers = FakeApiServer(), Writers()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            b = Replica(server, "b", writers=writers)
+            nursery.start_soon(b.run)
+            await wait_for(lambda: b.elector.leading)
+            b.scope.cancel()  # b stops cleanly: the Lease is free, a may take it
+            await wait_for(lambda: lease_holder(server, NS, NAME) is None)
+            a = Replica(server, "a", writers=writers)
+            slow = SlowAnswers(server, NS, NAME, manager="a")
+            slow.answer_s = 3.0
+            a.elector.leases = a.leases = slow
+            nursery.start_soon(a.run)
+            await wait_for(lambda: lease_holder(server, NS, NAME) == "a")
+            a.scope.cancel()  # SIGTERM: the PUT has landed, its answer is on its way
+            stopped = trio.current_time()
+            c = Replica(server, "c", writers=writers)
+            nursery.start_soon(c.run)
+            await wait_for(lambda: c.elector.leading)
+            took = trio.current_time() - stopped
+            nursery.cancel_scope.cancel()
+    assert took <= 2.0 + 0.1, (
+        f"the standby took over {took:.1f} s after the SIGTERM (retry period 2 s): the "
+        f"Lease was left naming the stopped replica")
