@@ -7,8 +7,15 @@ fan-out group) only while this replica holds the Lease. Its contract:
   (no holder) is taken at once; one whose record has not changed for
   ``leaseDurationSeconds`` *as observed by this replica's own monotonic clock*
   (since it first saw that resourceVersion) is taken over. A missing Lease is
-  created. Every write carries the resourceVersion read: if anyone wrote in
-  between, the write is a 409 and nothing is taken.
+  created, unless its last holder seen here was someone else whose lease has
+  not expired in our view (deleted by an operator or a restore: that holder
+  leads on until then). Every write carries the resourceVersion read: if
+  anyone wrote in between, the write is a 409 and nothing is taken.
+- **Ours means written by us.** A record naming this replica's identity is
+  ours only if it carries a ``renewTime`` this elector wrote. Another replica
+  configured with the same identity, or a Lease edited or restored to name us,
+  is someone else's lease (logged once as a warning): a restarted process with
+  a fixed identity waits out its predecessor's lease like any standby.
 - **Renew.** The leader writes a fresh ``renewTime`` every ``retry_period_s``.
   A renewal that has not succeeded ``renew_deadline_s`` after the *start* of
   the last successful one (an unreachable server, refusals, slowness), or a
@@ -27,6 +34,10 @@ fan-out group) only while this replica holds the Lease. Its contract:
   first (its drain included), then the Lease is written with no holder (a
   1-second duration, as client-go), so a standby takes over within its
   retry period instead of a lease duration. Bounded by ``release_timeout_s``.
+  Cancelled while a write of ours was unanswered (it may have landed), the
+  Lease is read again and released if ours.
+- **Leadership ends** (renewal lost, the fan-out crashed, shutdown): the role,
+  the gauge and the log say so at once, whatever ended it.
 - **Re-acquire** after a loss starts ``lead`` fresh: the fan-out re-reads all
   state (preflight, list, resync, sweep).
 - Every change of role or of the observed holder goes to ``on_change``
@@ -37,6 +48,7 @@ fan-out group) only while this replica holds the Lease. Its contract:
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import socket
@@ -169,6 +181,14 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0  # local monotonic time the observed record was first seen
         self._renewed_at = 0.0  # local time the last successful write *started*
+        # The renewTimes this elector wrote (the last few, answered or not): a record
+        # naming our identity is ours only if it carries one of them. Another replica
+        # configured with the same identity, or a Lease edited or restored to name
+        # us, is someone else's record.
+        self._written: list[datetime] = []
+        # A write was sent and its answer has not come (it may have landed).
+        self._writing = False
+        self._warned_identity = False
         self.lost_at: float | None = None  # local time leadership was last considered lost
         self.leading = False
 
@@ -184,9 +204,10 @@ class LeaderElector:
                 await self._acquire()
                 await self._lead(lead)
         finally:
-            if self._observed is not None and self._observed.holder == self.identity:
+            # A write still unanswered (acquire or renew) may have landed: re-read.
+            if self._writing or (self._observed is not None and self._ours(self._observed)):
                 with trio.move_on_after(self.release_timeout_s, shield=True):
-                    await self._release()
+                    await self._release(reread=self._writing)
 
     async def _acquire(self) -> None:
         while True:
@@ -200,7 +221,7 @@ class LeaderElector:
         log.info("fan-out leadership acquired", lease=self.leases.where,
                  identity=self.identity, holder=self.status.holder)
         self._changed(transition=True)
-        why = "renewal deadline passed"
+        why = "the fan-out failed, or the replica is stopping"
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._run_lead, lead)
@@ -211,10 +232,12 @@ class LeaderElector:
                 self.leading = False
                 nursery.cancel_scope.cancel()
         finally:
+            # Also when the fan-out crashed or shutdown cancelled us: /status, the
+            # gauge and the log must never say "leader" for a fan-out that stopped.
             self.leading = False
-        log.warning("fan-out leadership lost; fan-out stopped", lease=self.leases.where,
-                    identity=self.identity, holder=self.status.holder, why=why)
-        self._changed(transition=True)
+            log.warning("fan-out leadership lost; fan-out stopped", lease=self.leases.where,
+                        identity=self.identity, holder=self.status.holder, why=why)
+            self._changed(transition=True)
 
     async def _run_lead(self, lead: Callable[[], Awaitable[None]]) -> None:
         await lead()
@@ -257,8 +280,8 @@ class LeaderElector:
             except (KubeError, trio.TooSlowError):
                 return _Try.FAILED
             self._observe(current, trio.current_time())
-            if current is not None and current.holder not in (None, self.identity) \
-                    and self.leading:
+            if current is not None and current.holder is not None \
+                    and not self._ours(current) and self.leading:
                 return _Try.OTHER
             return _Try.FAILED
         except KubeError as exc:
@@ -284,14 +307,26 @@ class LeaderElector:
         now = self._wall()
         current = await self.leases.get()
         if current is None:
+            last = self._observed
+            if (last is not None and last.holder and not self._ours(last)
+                    and not self._expired(last)):
+                # Deleted (an operator, a restore) while someone else held it: their
+                # lease runs on in their view until it expires in ours.
+                return _Try.OTHER
             fresh = LeaseRecord(holder=self.identity, duration_s=self._duration(),
                                 acquire_time=now, renew_time=now, transitions=0)
-            self._won(await self.leases.create(fresh), started)
+            self._won(await self._write(self.leases.create, fresh), started)
             return _Try.HELD
         # Observed when the answer arrived (not when asked): the holder's write may
         # have happened any time before that, never after.
         self._observe(current, trio.current_time())
-        ours = current.holder == self.identity
+        ours = self._ours(current)
+        if current.holder == self.identity and not ours and not self._warned_identity:
+            self._warned_identity = True
+            log.warning("the fan-out Lease names this replica's identity but was not written "
+                        "by it: another replica uses the same [kubernetes].identity, or the "
+                        "Lease was edited or restored; treated as someone else's lease",
+                        lease=self.leases.where, identity=self.identity)
         if not ours and current.holder and not self._expired(current):
             return _Try.OTHER
         if not ours and self.leading:
@@ -302,16 +337,39 @@ class LeaderElector:
                              renew_time=now)
         if not ours:
             update = update.but(acquire_time=now, transitions=current.transitions + 1)
-        self._won(await self.leases.update(update), started)
+        self._won(await self._write(self.leases.update, update), started)
         return _Try.HELD
 
+    async def _write(self, call: Callable[[LeaseRecord], Awaitable[LeaseRecord]],
+                     record: LeaseRecord) -> LeaseRecord:
+        """One write naming us; remembered as ours before it is sent (it may land unanswered)."""
+        if record.renew_time is not None:
+            self._written = [*self._written[-7:], record.renew_time]
+        self._writing = True
+        try:
+            written = await call(record)
+        except trio.Cancelled:
+            raise  # unanswered: it may have landed (the release re-reads)
+        except BaseException:
+            self._writing = False  # answered (refused) or never sent
+            raise
+        self._writing = False
+        return written
+
+    def _ours(self, record: LeaseRecord) -> bool:
+        """The record names us *and* carries a renewTime this elector wrote."""
+        return (record.holder == self.identity and record.renew_time is not None
+                and record.renew_time in self._written)
+
     def _duration(self) -> int:
-        return max(1, round(self.lease_duration_s))
+        # Rounded up: the Lease's field is whole seconds, and a shorter lease than
+        # we act on (4.5 s written as 4) would let a standby in while we still lead.
+        return max(1, math.ceil(self.lease_duration_s))
 
     def _observe(self, record: LeaseRecord | None, now: float) -> None:
         old = self._observed
         if record is None:
-            self._observed = None
+            # Kept: a deleted Lease's last holder keeps leading until it expires here.
             return
         if old is None or old.resource_version != record.resource_version:
             self._observed = record
@@ -336,13 +394,20 @@ class LeaderElector:
     def _observed_holder(self) -> str:
         return (self._observed.holder if self._observed is not None else None) or "nobody"
 
-    async def _release(self) -> None:
-        """Write the Lease with no holder; once more on a 409 if it still names us."""
+    async def _release(self, *, reread: bool = False) -> None:
+        """Write the Lease with no holder; once more on a 409 if it still names us.
+
+        ``reread``: a write of ours may have landed unanswered, so what we last
+        observed says nothing: read the Lease first and release it only if ours.
+        """
         current = self._observed
         record: LeaseRecord | None = None
         try:
+            if reread:
+                current = await self.leases.get()
             for _ in range(2):
-                assert current is not None
+                if current is None or not self._ours(current):
+                    return  # not ours (any more): nothing to release
                 try:
                     record = await self.leases.update(
                         current.but(holder=None, duration_s=1, renew_time=self._wall()))
@@ -350,8 +415,6 @@ class LeaderElector:
                 except Conflict:
                     # A renewal cancelled in flight may have landed: read it again.
                     current = await self.leases.get()
-                    if current is None or current.holder != self.identity:
-                        return  # not ours any more: nothing to release
         except KubeError as exc:
             log.warning("could not release the fan-out lease; a standby takes over when it "
                         "expires", lease=self.leases.where, error=str(exc))
