@@ -49,20 +49,21 @@ fan-out group) only while this replica holds the Lease. Its contract:
 from __future__ import annotations
 
 import math
-import os
 import random
-import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Literal
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from supervisor.errors import SupervisorError
-from supervisor.events import EventBus, StatusChanged
+from supervisor.fanout.leadership_report import (
+    LeadershipMetrics,
+    LeadershipStatus,
+    Role,
+    announcer,
+    default_identity,
+)
 from supervisor.kube.errors import Conflict, KubeError
 from supervisor.kube.lease import LeaseApi, LeaseRecord
 from supervisor.logs import get_logger
@@ -77,63 +78,6 @@ __all__ = [
 ]
 
 log = get_logger("leadership")
-
-Role = Literal["leader", "standby", "disabled"]
-
-
-def default_identity() -> str:
-    """``<hostname>_<pid>_<random>``: unique per process, readable in ``kubectl get lease``."""
-    host = socket.gethostname().split(".")[0] or "replica"
-    return f"{host[:80]}_{os.getpid()}_{random.getrandbits(32):08x}"
-
-
-@dataclass
-class LeadershipStatus:
-    """What /status reports as ``leadership``."""
-
-    role: Role = "disabled"
-    holder: str | None = None
-    lease: str | None = None
-    identity: str | None = None
-
-    def report(self) -> dict[str, Any]:
-        return {"role": self.role, "holder": self.holder, "lease": self.lease}
-
-
-def announcer(events: EventBus, status_line: Callable[[str], None],
-              ) -> Callable[[LeadershipStatus], None]:
-    """An ``on_change`` that tells the stream (a ``status`` event) and systemd (``STATUS=``).
-
-    Only real changes of the report are announced; the elector logs them itself.
-    """
-    last: list[dict[str, Any]] = []
-
-    def changed(status: LeadershipStatus) -> None:
-        report = status.report()
-        if last and last[0] == report:
-            return
-        last[:] = [report]
-        events.emit(StatusChanged(leadership=report))
-        if status.role == "leader":
-            status_line(f"fan-out leader (lease {status.lease})")
-        else:
-            status_line(f"fan-out standby (leader: {status.holder or 'none'})")
-
-    return changed
-
-
-class LeadershipMetrics:
-    """``supervisor_leader`` (1 while this replica leads) and the transitions counter."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.leader = Gauge("leader", "1 while this replica holds the fan-out Lease, else 0.",
-                            namespace="supervisor", registry=registry)
-        self.transitions = Counter(
-            "leader_transitions", "Times this replica became or stopped being the fan-out "
-            "leader.", ["to"], namespace="supervisor", registry=registry)
-        for to in ("leader", "standby"):
-            self.transitions.labels(to)
-
 
 class LeadEnded(SupervisorError):
     """The fan-out returned while leading (it runs until cancelled): a bug, fail the child."""
