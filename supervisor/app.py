@@ -235,7 +235,7 @@ class Daemon:
     # -- health ----------------------------------------------------------------
 
     def stall_limit_s(self) -> float:
-        """How long the convergence loop may go without finishing an attempt (CONTRACT 8)."""
+        """How long the loop may go without finishing an attempt (docs/admin-api.md)."""
         cp = self.config.control_plane
         return 3 * cp.poll_interval_s + cp.backoff_max_s
 

@@ -1,4 +1,6 @@
-"""The command line (CONTRACT.md sections 1 and 2): subcommands and exit codes, nothing else.
+"""The command line: subcommands and exit codes, nothing else.
+
+The contract: docs/commands.md and docs/exit-codes.md.
 
 Exit codes: 0 clean shutdown; 1 anything else; 2 bad usage or invalid
 configuration (or an invalid input file); 3 refused to boot; 4 supervision

@@ -1,6 +1,6 @@
 """The configuration's schema: every section and key, their bounds, the rules between them.
 
-Contract (CONTRACT.md section 3): unknown keys are errors; every key can be
+Contract (docs/configuration.md): unknown keys are errors; every key can be
 overridden from the environment as ``SUPERVISOR_<SECTION>__<KEY>``; an invalid
 file is refused with the JSON-path of the bad key and the reason, which the
 CLI turns into exit 2.
@@ -140,7 +140,7 @@ class AdminConfig(_Section, frozen=True):
 
 
 class RevisionConfig(_Section, frozen=True):
-    # Where a revision's secret references may point (CONTRACT section 8): an
+    # Where a revision's secret references may point (docs/configuration.md): an
     # env: reference's name must start with one of the prefixes, a file:
     # reference must lie under one of the directories. Empty = anywhere.
     secret_env_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(

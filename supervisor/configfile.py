@@ -1,6 +1,6 @@
 """Reading a configuration: TOML text, environment overrides, errors that name the key.
 
-Contract (CONTRACT.md section 3): unknown keys are errors; every key can be
+Contract (docs/configuration.md): unknown keys are errors; every key can be
 overridden from the environment as ``SUPERVISOR_<SECTION>__<KEY>``; an invalid
 file is refused with the JSON-path of the bad key and the reason, which the
 CLI turns into exit 2. The schema itself is :mod:`supervisor.config`.

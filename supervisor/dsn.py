@@ -1,6 +1,6 @@
 """Keeping the control-plane passwords out of logs, stdout, status and exceptions.
 
-Contract (CONTRACT.md section 1): no secret value ever appears in a log line.
+Contract (docs/log-events.md): no secret value ever appears in a log line.
 The DSN carries the store's secrets, ``password`` and ``sslpassword``. One
 redaction, built on libpq's own parser (``psycopg.conninfo.conninfo_to_dict``,
 so the URL and key/value spellings are read exactly as the driver reads them):

@@ -1,6 +1,6 @@
 """Logging: structlog, one JSON object per line on stderr, or console lines.
 
-Contract (CONTRACT.md sections 1 and 8): keys ``timestamp`` (ISO-8601 UTC),
+Contract (docs/log-events.md): keys ``timestamp`` (ISO-8601 UTC),
 ``level``, ``event`` plus context; JSON when ``[log].format`` is ``json``, or
 ``auto`` and stderr is not a terminal. ``journal`` is the same JSON with a
 syslog priority prefix per line (``<2>`` critical, ``<3>`` error, ``<4>``

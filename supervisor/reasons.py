@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final, Literal, get_args
 
-# Why a candidate revision was refused (CONTRACT.md sections 4 and 5). The
+# Why a candidate revision was refused (docs/reasons.md). The
 # Literal is the one source: the tuple is derived from it, and each constant
 # below is checked against it (by mypy, and at import).
 RevisionReason = Literal[
@@ -57,7 +57,7 @@ BOOT_REFUSALS: Final = ("empty", "cache")
 # What one convergence attempt did.
 OUTCOMES: Final = ("published", "converged", "empty", "rejected")
 
-# Why a fan-out preflight failed (CONTRACT.md section 6, `last_error_class`).
+# Why a fan-out preflight failed (docs/reasons.md, `last_error_class`).
 SCHEMA_SKEW: Final = "schema_skew"
 NAMESPACE_OR_RBAC_UNREADY: Final = "namespace_or_rbac_unready"
 # Issue 13: the API server does not serve a child's group/version/resource at all

@@ -1,4 +1,4 @@
-"""The admin API as an ASGI application (CONTRACT.md section 6).
+"""The admin API as an ASGI application (docs/admin-api.md).
 
 The routes and what each answers: ``docs/admin-api.md`` (generated from this
 module's route table and :mod:`supervisor.docs_catalog`). The plumbing of

@@ -1,6 +1,6 @@
 """Bearer-token authentication of the admin API.
 
-Contract (CONTRACT.md section 6): when ``[admin].token_file`` is set, every
+Contract (docs/admin-api.md): when ``[admin].token_file`` is set, every
 route but ``/healthz`` requires ``Authorization: Bearer <token>``.
 
 - :func:`read_token` reads the file once at start: surrounding whitespace is

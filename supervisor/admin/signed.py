@@ -1,6 +1,6 @@
 """The bytes ``GET /v1/revision`` serves: the active revision as the cache signed it.
 
-Contract (CONTRACT.md section 8): the active revision in the signed
+Contract (docs/admin-api.md): the active revision in the signed
 last-known-good file format, the same bytes ``[cache]`` writes. They are read
 from the cache file itself: the convergence loop exports a revision to the
 cache *before* it swaps the snapshot in, so once revision N is active the file

@@ -1,4 +1,6 @@
-"""``publish FILE`` and its modes: ``--dry-run``, ``--resolve-secrets``, ``--wait`` (CONTRACT 8).
+"""``publish FILE`` and its modes: ``--dry-run``, ``--resolve-secrets``, ``--wait``.
+
+The contract: docs/commands.md.
 
 Every mode first validates and compiles FILE with the daemon's own code path
 (:func:`~supervisor.revision.compile.compile_revision` on the canonical body

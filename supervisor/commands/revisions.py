@@ -1,4 +1,4 @@
-"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune`` (CONTRACT.md section 8).
+"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune`` (docs/commands.md).
 
 Exit codes: 0 done; 1 a revision that does not exist, or the control plane
 unreachable or refusing; 2 bad usage, or (``diff``, ``rollback``) a revision

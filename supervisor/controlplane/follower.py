@@ -1,4 +1,4 @@
-"""Follower mode: a store whose control plane is another replica (CONTRACT.md section 8).
+"""Follower mode: a store whose control plane is another replica (docs/control-plane.md).
 
 ``[control_plane].url = "http(s)://HOST:PORT"`` names an upstream replica's
 admin address. The store polls its ``GET /v1/revision`` (the upstream's active

@@ -1,6 +1,6 @@
 """Versioned, idempotent schema migrations for both control-plane backends.
 
-Contract (CONTRACT.md section 2): ``db migrate`` creates or upgrades the schema
+Contract (docs/commands.md): ``db migrate`` creates or upgrades the schema
 and running it twice is harmless. Migrations are SQL files shipped as package
 data, ``migrations/NNNN_name.<backend>.sql`` (backend ``postgresql`` or
 ``sqlite``); the applied versions are recorded in

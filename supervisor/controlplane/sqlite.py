@@ -1,6 +1,6 @@
 """The embedded SQLite control-plane store: the PostgreSQL store's semantics, one file.
 
-Same tables (CONTRACT.md section 4, minus the NOTIFY trigger: replicas on
+Same tables (docs/control-plane.md, minus the NOTIFY trigger: replicas on
 SQLite converge by polling alone), same hydration checks
 (:func:`~supervisor.controlplane.store.check_hydrated`), same failure
 categories. The schema is migrated when the connection is first opened (an

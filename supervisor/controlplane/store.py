@@ -1,6 +1,6 @@
 """The control-plane store: what the convergence loop reads, and how it fails.
 
-Contract (CONTRACT.md section 4): the control plane holds immutable revisions
+Contract (docs/control-plane.md): the control plane holds immutable revisions
 (``supervisor_revisions``) and one pointer to the desired one
 (``supervisor_desired``). A store offers exactly the reads the convergence loop
 needs (:meth:`ControlPlaneStore.desired`, the cheap liveness-proving read, and

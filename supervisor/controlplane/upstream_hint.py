@@ -1,6 +1,6 @@
 """Follower mode's wake-up hint: the upstream's ``/v1/stream``, read with trio-websocket.
 
-Contract (CONTRACT.md section 8): polling ``GET /v1/revision`` every
+Contract (docs/control-plane.md): polling ``GET /v1/revision`` every
 ``poll_interval_s`` is the correctness path; this child only makes it faster.
 Each ``published`` event from the upstream calls ``wake("upstream")`` and the
 convergence loop polls at once; every (re)connect calls ``wake("reconnect")``,

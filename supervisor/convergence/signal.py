@@ -38,7 +38,7 @@ OutcomeLabel = Literal["published", "converged", "empty", "rejected", "failed"]
 
 @dataclass(frozen=True)
 class ConvergeAnswer:
-    """What ``POST /v1/converge`` answers (CONTRACT.md section 8)."""
+    """What ``POST /v1/converge`` answers (docs/admin-api.md)."""
 
     outcome: OutcomeLabel
     revision: int | None = None

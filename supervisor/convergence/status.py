@@ -1,6 +1,6 @@
 """What one replica reports about its convergence (the ``revision`` part of /status).
 
-Fields and meaning (CONTRACT.md section 6):
+Fields and meaning (docs/admin-api.md):
 
 - ``desired``: the revision the control plane last said is desired (None: never read).
 - ``loaded``: the last revision that compiled (from the store or the cache);

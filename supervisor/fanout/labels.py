@@ -1,4 +1,4 @@
-"""The labels every fanned-out object carries (CONTRACT.md section 7).
+"""The labels every fanned-out object carries (docs/kubernetes.md).
 
 One definition for every fan-out kind, so a new kind cannot drift the set:
 
@@ -6,8 +6,8 @@ One definition for every fan-out kind, so a new kind cannot drift the set:
 - ``app.kubernetes.io/managed-by=trio-supervisor``: "ours", for operators and selectors;
 - the lineage label ``platform.trio-supervisor.dev/<kind>=<parent name>``
   (``servicedefinition`` or ``workflow``): which parent owns the object;
-- ``platform.trio-supervisor.dev/installation=<installation>`` (CONTRACT.md
-  section 8, ``[kubernetes].installation``, default the control namespace):
+- ``platform.trio-supervisor.dev/installation=<installation>`` (docs/kubernetes.md,
+  ``[kubernetes].installation``, default the control namespace):
   which installation owns it. Every selector that can lead to a delete (the
   orphan sweep) and every child watch selects on it, so two installations
   sharing an apps namespace never see, let alone sweep, each other's children.

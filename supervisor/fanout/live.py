@@ -26,7 +26,7 @@ deleted child is drift.
 :func:`unavailable` reads availability from the live status: a Deployment is
 available when its ``availableReplicas`` reach the desired ``replicas`` and
 its controller has observed the current generation; any other child counts
-as available once it exists (CONTRACT.md section 8).
+as available once it exists (docs/kubernetes.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The status a reconciler writes on a parent: ``observedGeneration``, ``Ready``, ``Available``.
 
-Contract (CONTRACT.md section 8):
+Contract (docs/kubernetes.md):
 
 - ``Ready``: ``True`` (reason ``Applied``) when every child was applied for
   the observed generation; ``False`` with reason ``Conflict``, ``Invalid`` or

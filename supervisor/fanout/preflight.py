@@ -35,7 +35,7 @@ Two failures look alike and need different fixes, so
   (kube-apiserver 1.20 has no ``batch/v1`` CronJob). No manifest of ours fixes
   that: it is logged at **error** naming the API and what serves it.
 
-Every line carries ``kind`` and ``error_class`` (CONTRACT.md section 1). While
+Every line carries ``kind`` and ``error_class`` (docs/log-events.md). While
 waiting, the kind's :class:`~supervisor.fanout.status.FanoutStatus` says
 ``state="preflight"`` with ``last_error_class`` set, and
 ``fanout_preflight_failures{kind,error_class}`` counts each failed attempt.

@@ -1,6 +1,6 @@
 """ServiceDefinition -> Deployment (+ Service when ``port`` is set), in the apps namespace.
 
-CONTRACT.md section 7: ``platform.trio-supervisor.dev/v1`` ``ServiceDefinition``
+docs/kubernetes.md: ``platform.trio-supervisor.dev/v1`` ``ServiceDefinition``
 (plural ``servicedefinitions``), spec ``image``, ``replicas`` [1], ``port``
 (optional), ``env`` (map). The children are named after the parent and carry
 :func:`supervisor.fanout.labels.labels` with the lineage key

@@ -1,6 +1,6 @@
 """Per-kind fan-out status, written by a watcher and read by the status report.
 
-``state`` is ``disabled``, ``preflight`` or ``watching`` (CONTRACT.md section 6);
+``state`` is ``disabled``, ``preflight`` or ``watching`` (docs/admin-api.md);
 ``last_error_class`` is None, ``schema_skew`` or ``namespace_or_rbac_unready``;
 ``objects`` is the number of parent objects currently known; ``skewed`` names
 (up to 20) the parents that do not decode and are skipped (issue 13), reported
@@ -30,6 +30,7 @@ class FanoutStatus:
             "last_error_class": self.last_error_class,
             "objects": self.objects,
         }
-        if self.skewed:  # only when there are some: the CONTRACT's shape otherwise
+        # Only when there are some: the documented shape otherwise (docs/admin-api.md).
+        if self.skewed:
             report["skewed"] = list(self.skewed)
         return report

@@ -1,6 +1,6 @@
 """Workflow -> CronJob, in the apps namespace.
 
-CONTRACT.md section 7: ``platform.trio-supervisor.dev/v1`` ``Workflow``
+docs/kubernetes.md: ``platform.trio-supervisor.dev/v1`` ``Workflow``
 (plural ``workflows``), spec ``image``, ``schedule`` (cron), ``args``. The
 CronJob is named after the parent and carries
 :func:`supervisor.fanout.labels.labels` with the lineage key

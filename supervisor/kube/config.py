@@ -12,7 +12,7 @@ Contract:
   is disabled; nothing imported at module level here pulls it in.
 - :func:`load_settings` blocks (file reads, exec-plugin subprocesses): callers
   on trio run it with :func:`load_settings_async`, which uses a worker thread.
-- Source selection (CONTRACT section 3, ``kubeconfig``): a path given ->
+- Source selection (docs/configuration.md, ``kubeconfig``): a path given ->
   that kubeconfig; none, and ``KUBERNETES_SERVICE_HOST`` set -> in-cluster
   service account; none otherwise -> the loader's default (``$KUBECONFIG`` or
   ``~/.kube/config``).

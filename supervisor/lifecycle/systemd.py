@@ -6,7 +6,7 @@ Sending never blocks and never raises: the socket is non-blocking and a full
 or vanished receiver costs one warning per failure streak, because the daemon
 must keep serving whatever happens to its supervisor's socket.
 
-Messages we send (CONTRACT.md section 1): ``READY=1`` once the first snapshot
+Messages we send (docs/exit-codes.md): ``READY=1`` once the first snapshot
 is published and every child has started; ``STATUS=<text>`` on state changes;
 ``STOPPING=1`` when shutdown begins; ``WATCHDOG=1`` every half
 ``$WATCHDOG_USEC`` while healthy (honouring ``$WATCHDOG_PID``).

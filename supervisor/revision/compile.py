@@ -1,6 +1,6 @@
 """Compile a stored revision body into a servable :class:`Snapshot`.
 
-Contract (CONTRACT.md section 5): compilation runs these stages in order and
+Contract (docs/revision-schema.md): compilation runs these stages in order and
 the first refusal wins, so a body's reason label is stable whatever else is
 wrong with it:
 

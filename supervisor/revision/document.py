@@ -1,6 +1,6 @@
 """The revision document, schema_version 1: its types, decoding, and file loading.
 
-Contract (CONTRACT.md section 5)::
+Contract (docs/revision-schema.md)::
 
     schema_version = 1
     [aliases.NAME]  upstream (required; http or https URL with a host, no credentials)

@@ -1,6 +1,6 @@
 """Why a revision document was refused: one exception, labelled by reason.
 
-Contract (CONTRACT.md sections 4 and 5): every refusal of a revision document,
+Contract (docs/reasons.md): every refusal of a revision document,
 whether it happens while decoding a stored body, while compiling it, or while
 ``publish`` validates a file, is a :class:`RevisionError` whose ``reason`` is
 one of the labels catalogued in :mod:`supervisor.reasons`:

@@ -1,6 +1,6 @@
 """The compiled, immutable form of a revision: what the daemon serves.
 
-Contract (CONTRACT.md sections 5 and 6): a snapshot names its ``revision`` (the
+Contract (docs/revision-schema.md and docs/admin-api.md): a snapshot names its ``revision`` (the
 control-plane id) and ``generation`` (how many snapshots this replica has
 published), its aliases, and its keys, each key as the SHA-256 hex digest of its
 secret plus the aliases it may use. It never holds a secret.

@@ -1,4 +1,4 @@
--- Control-plane schema, version 1 (CONTRACT.md section 4).
+-- Control-plane schema, version 1 (docs/control-plane.md).
 --
 -- Revisions are immutable documents; supervisor_desired is a one-row pointer
 -- to the revision every replica should serve. Anyone may publish with plain

@@ -1,5 +1,5 @@
 -- Control-plane schema, version 1, for the embedded SQLite store. Mirrors the
--- PostgreSQL tables (CONTRACT.md section 4); SQLite has no NOTIFY, so there is
+-- PostgreSQL tables (docs/control-plane.md); SQLite has no NOTIFY, so there is
 -- no trigger: replicas on SQLite converge by polling alone.
 
 CREATE TABLE supervisor_revisions (

@@ -22,7 +22,7 @@ Refusals (``CacheError.reason``), checked in this order
     A body digest mismatch is ``corrupt`` and not ``denied`` on purpose: the
     signed statement itself is authentic, the bytes it vouches for are not those
     bytes (bit rot or tampering look the same), exactly the control plane's
-    ``corrupt`` (CONTRACT.md section 4).
+    ``corrupt`` (docs/reasons.md).
 ``denied``
     The header names a key id not in ``trusted_keys``, or the signature does
     not verify (any altered header byte ends here). When the header is not even
