@@ -5,9 +5,8 @@
   :class:`AdminUnreachable`, a 401/403 its subclass :class:`AdminRefused`. The
   environment's proxy settings are ignored: the admin API is a local, direct
   endpoint, and a proxy meant for the internet would only get in the way.
-- :func:`render_status` turns the document into a readable block: the revision
-  lines, then a children table and a fan-out table. Missing keys show as ``-``,
-  so it renders a document of an older or newer replica too.
+- :func:`~supervisor.admin.status_view.render_status` (in :mod:`.status_view`)
+  turns the document into a readable block.
 - :func:`watch_stream` follows ``/v1/stream`` (trio-websocket) and writes **one
   line per message: the message's compact JSON as the server sent it** (the first
   line is the ``status`` message, then one line per event; heartbeat ``ping``
@@ -38,7 +37,6 @@ from __future__ import annotations
 import json
 import random
 import ssl
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 from urllib.parse import urlsplit
@@ -55,9 +53,7 @@ from supervisor.logs import get_logger
 __all__ = [
     "base_url_for_listen",
     "fetch_status",
-    "render_status",
     "stream_url",
-    "unhealthy",
     "watch_stream",
 ]
 
@@ -162,111 +158,6 @@ async def fetch_status(
     if not isinstance(doc, dict):
         raise AdminUnreachable(url, "answered with JSON that is not an object")
     return doc
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    # One line per row: control characters (a newline in an error) would break the table.
-    return "".join(c if c.isprintable() else " " for c in str(value))
-
-
-def _table(header: Sequence[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = []
-    for row in [list(header), *rows]:
-        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
-        lines.append((indent + "  ".join(cells)).rstrip())
-    return lines
-
-
-def _seconds(value: Any) -> str:
-    return "-" if not isinstance(value, int | float) else f"{value:.3f} s"
-
-
-def _yes_no(value: Any) -> str:
-    return "-" if not isinstance(value, bool) else ("yes" if value else "NO")
-
-
-def unhealthy(doc: dict[str, Any]) -> list[str]:
-    """Why the replica behind a ``/status`` document is not healthy; empty when it is.
-
-    Not ready (no active snapshot) or a supervised child failed for good: what
-    ``trio-supervisor status`` turns into exit 1, so scripts can use it as a check.
-    """
-    problems: list[str] = []
-    rev = doc.get("revision")
-    if not isinstance(rev, dict) or rev.get("active") is None:
-        problems.append("not ready: no active snapshot")
-    children = doc.get("children")
-    if isinstance(children, dict):
-        problems += [f"child {name} has failed" for name, child in sorted(children.items())
-                     if isinstance(child, dict) and child.get("state") == "failed"]
-    return problems
-
-
-def render_status(doc: dict[str, Any]) -> str:
-    """A human rendering of the ``/status`` document (see the module docstring)."""
-    raw_rev = doc.get("revision")
-    rev: dict[str, Any] = raw_rev if isinstance(raw_rev, dict) else {}
-    lines = [
-        "revision",
-        "  desired {}  loaded {}  active {}  generation {}  source {}".format(
-            *(_cell(rev.get(k)) for k in ("desired", "loaded", "active", "generation", "source"))
-        ),
-        "  lag {}  last convergence {}  consecutive failures {}".format(
-            _seconds(rev.get("lag_s")),
-            _seconds(rev.get("last_convergence_s")),
-            _cell(rev.get("consecutive_failures")),
-        ),
-        "  control plane up {}  last error {}".format(
-            _yes_no(rev.get("control_plane_up")), _cell(rev.get("last_error"))
-        ),
-    ]
-    rejection = rev.get("last_rejection")
-    if isinstance(rejection, dict):
-        lines.append(
-            "  last rejection: revision {} ({}) at {}: {}".format(
-                *(_cell(rejection.get(k)) for k in ("revision", "reason", "at", "detail"))
-            )
-        )
-    else:
-        lines.append("  last rejection: none")
-
-    children = doc.get("children")
-    lines.append("children")
-    if isinstance(children, dict) and children:
-        rows = [
-            [_cell(name), *(_cell(c.get(k)) for k in ("state", "restarts", "last_error"))]
-            if isinstance(c, dict)
-            else [_cell(name), "-", "-", "-"]
-            for name, c in children.items()
-        ]
-        lines += _table(("NAME", "STATE", "RESTARTS", "LAST ERROR"), rows)
-    else:
-        lines.append("  (none)")
-
-    fanout = doc.get("fanout")
-    lines.append("fanout")
-    if isinstance(fanout, dict) and fanout:
-        rows = [
-            [_cell(kind), *(_cell(f.get(k)) for k in ("state", "objects", "last_error_class"))]
-            if isinstance(f, dict)
-            else [_cell(kind), "-", "-", "-"]
-            for kind, f in fanout.items()
-        ]
-        lines += _table(("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"), rows)
-    else:
-        lines.append("  (none)")
-    leadership = doc.get("leadership")
-    if isinstance(leadership, dict):  # issue 14; absent from older replicas
-        lines.append("leadership: {}  holder {}  lease {}".format(
-            *(_cell(leadership.get(k)) for k in ("role", "holder", "lease"))))
-    return "\n".join(lines) + "\n"
 
 
 # -- watch -------------------------------------------------------------------------

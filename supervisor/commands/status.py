@@ -32,8 +32,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import fetch_status, render_status, unhealthy
+    from supervisor.admin.client import fetch_status
     from supervisor.admin.errors import AdminUnreachable
+    from supervisor.admin.status_view import render_status, unhealthy
 
     address, token = admin_base(args)
     urls = args.url or [f"http://{address}"]

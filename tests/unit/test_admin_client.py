@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.admin.client import base_url_for_listen, render_status, stream_url, unhealthy
+from supervisor.admin.client import base_url_for_listen, stream_url
+from supervisor.admin.status_view import render_status, unhealthy
 
 CONTRACT_EXAMPLE = {
     "revision": {
