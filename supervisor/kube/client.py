@@ -13,7 +13,12 @@ Contract:
   refresh hook (in-cluster: the service-account token file), and after a
   ``401`` the whole loader runs again (re-reading a kubeconfig ``tokenFile``,
   re-running an exec plugin) and the request is retried once. Concurrent
-  ``401`` s reload once.
+  ``401`` s reload once. Both run in worker threads that a cancellation
+  abandons, so a hung exec plugin or token file cannot outlast the caller's
+  deadline (the leader's renew deadline). A refresh still running blocks
+  requests (cancellably) instead of starting a second one; when its thread
+  ends its token is adopted, unless a reload after 401 (or ``aclose``)
+  superseded it in the meantime: then it is dropped.
 - Every failure is one of :mod:`supervisor.kube.errors`, chained with
   ``from`` to the httpx or msgspec error.
 - Bodies decode with msgspec into the caller's Struct type
@@ -35,11 +40,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar, cast
 
 import httpx
 import msgspec
+import outcome
 import trio
 
 from supervisor.kube.config import KubeSettings, load_settings_async
@@ -204,6 +210,14 @@ class WatchStream:
                 self._buffer += chunk
 
 
+class _Refresh:
+    """One token refresh in a worker thread: ``done`` is set (in trio) when the thread ends."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: outcome.Outcome[str | None] | None = None
+
+
 class KubeClient:
     """One connection pool to one API server; share it between watchers.
 
@@ -233,6 +247,7 @@ class KubeClient:
         self._settings: KubeSettings | None = None
         self._authorization: str | None = None
         self._refreshed_at = 0.0
+        self._refresh_job: _Refresh | None = None  # the refresh thread running, if any
         self._closed = False
         self.token_reloads = 0
 
@@ -256,7 +271,9 @@ class KubeClient:
                 if self._closed:
                     raise KubeConfigError("the Kubernetes client is closed")
                 settings = await self._load()
-                verify = await trio.to_thread.run_sync(settings.ssl_context)
+                # Abandoned on cancel: the thread only reads files; its context is dropped.
+                verify = await trio.to_thread.run_sync(settings.ssl_context,
+                                                       abandon_on_cancel=True)
                 self._http = httpx.AsyncClient(
                     base_url=settings.host,
                     verify=verify,
@@ -277,6 +294,7 @@ class KubeClient:
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent; later requests fail with KubeConfigError."""
         self._closed = True
+        self._refresh_job = None
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()
@@ -292,15 +310,41 @@ class KubeClient:
         ):
             async with self._lock:
                 if trio.current_time() - self._refreshed_at >= self._token_refresh_s:
-                    try:
-                        value = await trio.to_thread.run_sync(settings.refresh)
-                    except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
-                        log.warning("token refresh failed; keeping the current token",
-                                    error=f"{type(exc).__name__}: {exc}")
-                    else:
-                        self._authorization = value
-                    self._refreshed_at = trio.current_time()
+                    job = self._refresh_job
+                    if job is None:
+                        job = self._refresh_job = self._start_refresh(settings.refresh)
+                    # Cancellable; the thread runs on and _refreshed adopts its answer.
+                    await job.done.wait()
         return self._authorization
+
+    def _start_refresh(self, refresh: Callable[[], str | None]) -> _Refresh:
+        job = _Refresh()
+        trio_token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[str | None]) -> None:  # in the worker thread
+            def finish() -> None:
+                job.result = result
+                job.done.set()
+                self._refreshed(job)
+
+            with suppress(trio.RunFinishedError):
+                trio_token.run_sync_soon(finish)
+
+        trio.lowlevel.start_thread_soon(refresh, deliver, name="kube token refresh")
+        return job
+
+    def _refreshed(self, job: _Refresh) -> None:
+        """A refresh thread ended (in trio's thread): adopt its token unless superseded."""
+        if self._refresh_job is not job:
+            return  # a reload after 401 or aclose came first: this answer is stale
+        self._refresh_job = None
+        self._refreshed_at = trio.current_time()
+        try:
+            assert job.result is not None
+            self._authorization = job.result.unwrap()
+        except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
+            log.warning("token refresh failed; keeping the current token",
+                        error=f"{type(exc).__name__}: {exc}")
 
     async def _reload_after_401(self, refused: str | None) -> None:
         async with self._lock:
@@ -309,6 +353,7 @@ class KubeClient:
             settings = await self._load()
             self._authorization = settings.authorization
             self._refreshed_at = trio.current_time()
+            self._refresh_job = None  # a refresh still running answers for the old settings
             if self._settings is not None:
                 # Keep the connection pool (TLS identity is fixed for its lifetime);
                 # adopt the new token and its refresh hook.

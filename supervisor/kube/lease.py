@@ -16,27 +16,43 @@ Contract:
   (409 AlreadyExists). ``get`` answers None for a missing Lease.
 - Writes carry ``fieldManager=<holder identity>`` so the server's
   managedFields (and audit) say which replica wrote.
+- ``update`` keeps the Lease as read (the record's ``obj``): its labels,
+  annotations and any spec field this build does not know (1.31's
+  ``strategy``/``preferredHolder``) go back unchanged, and only the fields
+  election owns (``holderIdentity``, ``leaseDurationSeconds``, ``acquireTime``,
+  ``renewTime``, ``leaseTransitions``) are replaced, as client-go's LeaseLock
+  does; a PUT built from scratch would wipe the rest. ``create`` builds a new
+  Lease (there is nothing to keep).
 - Failures are the client's :mod:`~supervisor.kube.errors`; a Lease whose
   times are not MicroTime is a :class:`~supervisor.kube.errors.DecodeError`.
+  An answer that is not a ``coordination.k8s.io/v1`` Lease, or has no
+  ``metadata.resourceVersion``, is a :class:`BadLease`: without a
+  resourceVersion no write can be conditional. ``update`` of a record without
+  one raises :class:`BadLease` and sends nothing (never an unconditional PUT).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import msgspec
 
-from supervisor.kube.client import KubeClient
+from supervisor.kube.client import KubeClient, decode
 from supervisor.kube.errors import DecodeError, NotFound
 from supervisor.kube.models import Resource
 
 __all__ = [
     "LEASES",
+    "BadLease",
     "KubeLeases",
     "LeaseApi",
     "LeaseRecord",
+    "lease_body",
+    "lease_record",
     "micro_time",
     "parse_micro_time",
 ]
@@ -60,6 +76,10 @@ def parse_micro_time(text: str | None) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+class BadLease(DecodeError):
+    """An answer election cannot write back safely (not a Lease, no resourceVersion)."""
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     holder: str | None = None
@@ -68,6 +88,9 @@ class LeaseRecord:
     renew_time: datetime | None = None
     transitions: int = 0
     resource_version: str = ""
+    # The Lease object as read (None for a record built here): what an update
+    # sends back, with only the fields above replaced. Never mutated.
+    obj: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def but(self, **changes: Any) -> LeaseRecord:
         return replace(self, **changes)
@@ -101,7 +124,9 @@ class _Spec(msgspec.Struct, rename="camel"):
     lease_transitions: int | None = None
 
 
-class _Lease(msgspec.Struct):
+class _Lease(msgspec.Struct, rename="camel"):
+    api_version: str = ""
+    kind: str = ""
     metadata: _Meta = msgspec.field(default_factory=_Meta)
     spec: _Spec = msgspec.field(default_factory=_Spec)
 
@@ -121,41 +146,60 @@ class KubeLeases:
 
     async def get(self) -> LeaseRecord | None:
         try:
-            lease = await self.client.get(LEASES, self.namespace, self.name, _Lease)
+            raw = await self.client.get(LEASES, self.namespace, self.name, msgspec.Raw)
         except NotFound:
             return None
-        return _record(lease)
+        return lease_record(bytes(raw), self.where)
 
     async def create(self, record: LeaseRecord) -> LeaseRecord:
-        lease = await self.client.request(
-            "POST", LEASES.collection_path(self.namespace), _Lease,
-            params={"fieldManager": self.manager}, body=self._body(record, with_rv=False))
-        return _record(lease)
+        raw = await self.client.request(
+            "POST", LEASES.collection_path(self.namespace), msgspec.Raw,
+            params={"fieldManager": self.manager},
+            body=lease_body(record, self.namespace, self.name, with_rv=False))
+        return lease_record(bytes(raw), self.where)
 
     async def update(self, record: LeaseRecord) -> LeaseRecord:
-        lease = await self.client.request(
-            "PUT", LEASES.object_path(self.namespace, self.name), _Lease,
-            params={"fieldManager": self.manager}, body=self._body(record, with_rv=True))
-        return _record(lease)
-
-    def _body(self, record: LeaseRecord, *, with_rv: bool) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if with_rv:
-            metadata["resourceVersion"] = record.resource_version
-        spec: dict[str, Any] = {
-            "holderIdentity": record.holder or None,
-            "leaseDurationSeconds": record.duration_s,
-            "leaseTransitions": record.transitions,
-        }
-        if record.acquire_time is not None:
-            spec["acquireTime"] = micro_time(record.acquire_time)
-        if record.renew_time is not None:
-            spec["renewTime"] = micro_time(record.renew_time)
-        return {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
-                "metadata": metadata, "spec": spec}
+        if not record.resource_version:
+            raise BadLease(f"Lease {self.where}: refusing an update without a "
+                           "resourceVersion (it would overwrite unconditionally)")
+        raw = await self.client.request(
+            "PUT", LEASES.object_path(self.namespace, self.name), msgspec.Raw,
+            params={"fieldManager": self.manager},
+            body=lease_body(record, self.namespace, self.name, with_rv=True))
+        return lease_record(bytes(raw), self.where)
 
 
-def _record(lease: _Lease) -> LeaseRecord:
+def lease_body(record: LeaseRecord, namespace: str, name: str, *, with_rv: bool) -> dict[str, Any]:
+    """The Lease to send: ``record.obj`` (or a new Lease) with the election's fields replaced."""
+    base = copy.deepcopy(dict(record.obj)) if record.obj is not None and with_rv else {}
+    metadata: dict[str, Any] = dict(base.get("metadata") or {})
+    # managedFields are the server's bookkeeping: omitted, the server keeps its own.
+    metadata.pop("managedFields", None)
+    metadata.update(name=name, namespace=namespace)
+    if with_rv:
+        metadata["resourceVersion"] = record.resource_version
+    else:
+        metadata.pop("resourceVersion", None)
+    spec: dict[str, Any] = dict(base.get("spec") or {})
+    spec.update(holderIdentity=record.holder or None, leaseDurationSeconds=record.duration_s,
+                leaseTransitions=record.transitions)
+    for key, moment in (("acquireTime", record.acquire_time), ("renewTime", record.renew_time)):
+        if moment is not None:
+            spec[key] = micro_time(moment)
+        else:
+            spec.pop(key, None)
+    return {**base, "apiVersion": LEASES.api_version, "kind": LEASES.kind,
+            "metadata": metadata, "spec": spec}
+
+
+def lease_record(body: bytes, where: str) -> LeaseRecord:
+    """The record of a Lease answer; :class:`BadLease` if it is not one a write can name."""
+    lease = decode(body, _Lease)
+    if lease.kind != LEASES.kind or lease.api_version != LEASES.api_version:
+        raise BadLease(f"Lease {where}: the answer is a {lease.api_version or '(no apiVersion)'} "
+                       f"{lease.kind or '(no kind)'}, not a {LEASES.api_version} {LEASES.kind}")
+    if not lease.metadata.resource_version:
+        raise BadLease(f"Lease {where}: the answer has no metadata.resourceVersion")
     spec = lease.spec
     return LeaseRecord(
         holder=spec.holder_identity or None,
@@ -164,4 +208,5 @@ def _record(lease: _Lease) -> LeaseRecord:
         renew_time=parse_micro_time(spec.renew_time),
         transitions=spec.lease_transitions or 0,
         resource_version=lease.metadata.resource_version,
+        obj=decode(body, dict[str, Any]),
     )

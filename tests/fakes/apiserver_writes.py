@@ -2,7 +2,9 @@
 
 Follows kube-apiserver: the body's apiVersion, kind, namespace and name must match the URL
 (400); create is 409 ``AlreadyExists`` for an existing name and 404 in a missing namespace;
-``metadata.resourceVersion`` and ``uid`` preconditions are 409 ``Conflict``; a write to
+``metadata.resourceVersion`` and ``uid`` preconditions are 409 ``Conflict``; a PUT without a
+``metadata.resourceVersion`` is an unconditional update, refused with 422 ``Invalid`` for the
+kinds whose strategy forbids it (Leases: :data:`NO_UNCONDITIONAL_UPDATE`); a write to
 ``/status`` changes only ``.status`` and a write to the main resource ignores it;
 ``generation`` moves only when something outside metadata and status changes; a write
 that changes nothing (content and field ownership) is not committed (no new RV, no watch
@@ -34,6 +36,10 @@ from tests.fakes.apiserver_errors import ApiError, bad_request
 from tests.fakes.apiserver_patches import json_patch, merge_patch
 from tests.fakes.apiserver_resources import Obj, ResourceType
 from tests.fakes.apiserver_validation import validate
+
+# Resources whose kube-apiserver strategy answers AllowUnconditionalUpdate() false:
+# a PUT must name the resourceVersion it replaces (coordination/lease strategy.go).
+NO_UNCONDITIONAL_UPDATE = frozenset({("coordination.k8s.io", "leases")})
 
 
 @dataclass
@@ -211,6 +217,17 @@ class ObjectWrites:
         body = self._check_body(res, body, ns, name)
         existing = self.get(res, ns, name)
         md = body.get("metadata") or {}
+        if md.get("resourceVersion") in (None, "") and (res.group, res.plural) in \
+                NO_UNCONDITIONAL_UPDATE:
+            # kube-apiserver 1.20's answer, verbatim (measured on /tmp/realkube).
+            raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{name}" is invalid: '
+                           "metadata.resourceVersion: Invalid value: 0x0: must be specified "
+                           "for an update",
+                           details={"name": name, "group": res.group, "kind": res.kind,
+                                    "causes": [{"reason": "FieldValueInvalid",
+                                                "message": "Invalid value: 0x0: must be "
+                                                           "specified for an update",
+                                                "field": "metadata.resourceVersion"}]})
         self._precondition(res, existing, md.get("resourceVersion"), name)
         if md.get("uid") not in (None, "", existing["metadata"]["uid"]):
             raise ApiError(409, "Conflict", f'Precondition failed: UID in precondition: '

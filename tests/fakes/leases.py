@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import msgspec
 import trio
 
 from supervisor.kube.errors import TransportError, api_error
-from supervisor.kube.lease import LeaseRecord, micro_time, parse_micro_time
+from supervisor.kube.lease import LeaseRecord, lease_body, lease_record
 from tests.fakes.apiserver import FakeApiServer, Injection
 from tests.fakes.apiserver_store import DEFAULT_RESOURCES, ApiError, ResourceType
 
@@ -86,47 +87,28 @@ class StoreLeases:
         await self._enter("get")
         obj = self.server.store.find(LEASE, self.namespace, self.name)
         self.answered["get"] += 1
-        return None if obj is None else _record(obj)
+        return None if obj is None else self._record(obj)
 
     async def create(self, record: LeaseRecord) -> LeaseRecord:
         await self._enter("create")
         result = self._call(self.server.store.create, LEASE, self.namespace,
                             self._body(record, with_rv=False), self.manager)
         self.server._notify()
-        return _record(result.obj)
+        return self._record(result.obj)
 
     async def update(self, record: LeaseRecord) -> LeaseRecord:
         await self._enter("update")
         result = self._call(self.server.store.replace, LEASE, self.namespace, self.name,
                             self._body(record, with_rv=True), self.manager)
         self.server._notify()
-        return _record(result.obj)
+        return self._record(result.obj)
 
     def _body(self, record: LeaseRecord, *, with_rv: bool) -> dict[str, Any]:
-        md: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if with_rv:
-            md["resourceVersion"] = record.resource_version
-        spec: dict[str, Any] = {"holderIdentity": record.holder,
-                                "leaseDurationSeconds": record.duration_s,
-                                "leaseTransitions": record.transitions}
-        if record.acquire_time is not None:
-            spec["acquireTime"] = micro_time(record.acquire_time)
-        if record.renew_time is not None:
-            spec["renewTime"] = micro_time(record.renew_time)
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": md,
-                "spec": spec}
+        # The production encoding, so the store sees the very bodies KubeLeases sends.
+        return lease_body(record, self.namespace, self.name, with_rv=with_rv)
 
-
-def _record(obj: dict[str, Any]) -> LeaseRecord:
-    spec = obj.get("spec") or {}
-    return LeaseRecord(
-        holder=spec.get("holderIdentity") or None,
-        duration_s=spec.get("leaseDurationSeconds"),
-        acquire_time=parse_micro_time(spec.get("acquireTime")),
-        renew_time=parse_micro_time(spec.get("renewTime")),
-        transitions=spec.get("leaseTransitions") or 0,
-        resource_version=obj["metadata"]["resourceVersion"],
-    )
+    def _record(self, obj: dict[str, Any]) -> LeaseRecord:
+        return lease_record(msgspec.json.encode(obj), self.where)
 
 
 def lease_holder(server: FakeApiServer, namespace: str, name: str) -> str | None:

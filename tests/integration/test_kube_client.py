@@ -399,3 +399,43 @@ async def test_the_refresh_hook_rotates_the_token_before_any_401(tmp_path: Path)
             assert fake.count(status=401) == 0
             assert client.token_reloads == 0
             await client.aclose()
+
+
+async def test_a_hung_token_refresh_is_abandoned_on_cancel_and_never_run_twice() -> None:
+    """A refresh hook that hangs (an exec plugin, an NFS token file) must not hold a
+    request past its caller's deadline: the request is cancellable, the worker thread is
+    abandoned, and while it still runs later requests wait for it rather than start a
+    second thread. Once it ends, its token is adopted: no 401."""
+    import threading
+
+    from supervisor.kube.config import KubeSettings
+
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def refresh() -> str | None:
+        calls.append(1)
+        gate.wait(30)  # only the first call hangs: the test opens the gate before any other
+        return "Bearer fresh"
+
+    with trio.fail_after(10):
+        async with run_fake_apiserver(token="one") as fake:
+
+            async def settings() -> KubeSettings:
+                return KubeSettings(host=fake.url, source="test", authorization="Bearer one",
+                                    refresh=refresh)
+
+            client = KubeClient(settings, token_refresh_s=0.0)
+            try:
+                for _ in range(2):
+                    with trio.move_on_after(0.3) as scope:
+                        await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+                    assert scope.cancelled_caught, "a hung refresh held the request"
+                assert len(calls) == 1, "a second refresh thread started beside the hung one"
+                fake.set_token("fresh")
+                gate.set()
+                await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+                assert fake.count(status=401) == 0 and client.token_reloads == 0
+            finally:
+                gate.set()
+                await client.aclose()

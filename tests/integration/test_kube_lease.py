@@ -11,7 +11,13 @@ import trio
 
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, DecodeError, Forbidden
-from supervisor.kube.lease import KubeLeases, LeaseRecord, micro_time, parse_micro_time
+from supervisor.kube.lease import (
+    BadLease,
+    KubeLeases,
+    LeaseRecord,
+    micro_time,
+    parse_micro_time,
+)
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 
 MICRO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
@@ -63,3 +69,70 @@ async def test_get_create_update_with_optimistic_concurrency(tmp_path: Path) -> 
                     await leases.update(released)
             finally:
                 await client.aclose()
+
+
+async def test_update_keeps_the_lease_as_read_and_replaces_only_election_fields(
+        tmp_path: Path) -> None:
+    """Labels, annotations and spec fields this build does not know (1.31's ``strategy``,
+    ``preferredHolder``) survive acquire, renew and release, as with client-go's
+    LeaseLock; the fields election owns are replaced, the times removed when unset."""
+    with trio.fail_after(30):
+        async with run_fake_apiserver() as server:
+            server.create({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "fanout", "namespace": "trio-supervisor",
+                             "labels": {"team": "platform"}, "annotations": {"note": "keep"}},
+                "spec": {"holderIdentity": "old", "acquireTime": "2026-01-01T00:00:00.000000Z",
+                         "strategy": "OldestEmulationVersion", "preferredHolder": "replica-b"}},
+                field_manager="kubectl")
+            kubeconfig = tmp_path / "kubeconfig"
+            write_kubeconfig(server, kubeconfig)
+            client = KubeClient.from_kubeconfig(str(kubeconfig))
+            try:
+                leases = KubeLeases(client, "trio-supervisor", "fanout", "replica-a")
+                current = await leases.get()
+                assert current is not None
+                now = datetime.now(UTC)
+                won = await leases.update(current.but(
+                    holder="replica-a", duration_s=15, acquire_time=None, renew_time=now,
+                    transitions=1))
+                await leases.update(won.but(holder=None, duration_s=1))
+            finally:
+                await client.aclose()
+            stored = server.get("leases", "trio-supervisor", "fanout")
+    assert stored is not None
+    assert stored["metadata"]["labels"] == {"team": "platform"}
+    assert stored["metadata"]["annotations"] == {"note": "keep"}
+    spec = stored["spec"]
+    assert spec["strategy"] == "OldestEmulationVersion" and spec["preferredHolder"] == "replica-b"
+    assert spec.get("holderIdentity") is None and spec["leaseDurationSeconds"] == 1
+    assert spec["leaseTransitions"] == 1 and "acquireTime" not in spec
+    assert MICRO.match(spec["renewTime"])
+
+
+@pytest.mark.parametrize(("answer", "what"), [
+    ({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+      "metadata": {"name": "fanout", "namespace": "trio-supervisor"}}, "resourceVersion"),
+    ({"apiVersion": "v1", "kind": "ConfigMap",
+      "metadata": {"name": "fanout", "resourceVersion": "7"}}, "ConfigMap"),
+])
+async def test_an_answer_that_is_not_a_writable_lease_is_a_bad_lease(
+        tmp_path: Path, answer: dict[str, object], what: str) -> None:
+    """Without a resourceVersion no write can be conditional, and another kind is not a
+    Lease: both are BadLease (a DecodeError naming what is wrong), never a free Lease;
+    and update sends no PUT for a record without a resourceVersion."""
+    with trio.fail_after(30):
+        async with run_fake_apiserver() as server:
+            kubeconfig = tmp_path / "kubeconfig"
+            write_kubeconfig(server, kubeconfig)
+            client = KubeClient.from_kubeconfig(str(kubeconfig))
+            try:
+                leases = KubeLeases(client, "trio-supervisor", "fanout", "replica-a")
+                server.inject("GET", r"/leases/fanout$", status=200, times=None, body=answer)
+                with pytest.raises(BadLease, match=what):
+                    await leases.get()
+                with pytest.raises(BadLease, match="resourceVersion"):
+                    await leases.update(LeaseRecord(holder="replica-a", duration_s=15))
+            finally:
+                await client.aclose()
+            assert not [r for r in server.requests if r.method == "PUT"]

@@ -14,7 +14,9 @@ Covered here: the preflight with the CRDs absent and then present (woken by
 SIGHUP), ``child_api_missing``, create/update/delete, drift repair of a deleted
 and an edited child, Events and the Ready/Available conditions, no writes when
 nothing drifted, the orphan sweep at restart, the sweep guard, a 410 relist
-after an API server restart, and SIGTERM (every daemon here exits 0 on it).
+after an API server restart, SIGTERM (every daemon here exits 0 on it), and the
+election's Lease writes keeping the object as read (labels) and the server's 422
+for a Lease PUT without a resourceVersion (which the fake reproduces).
 Faults a real server cannot be made to produce on demand (409, 429, hangs,
 compaction) are tested against the fake (test_fanout_controller.py).
 """
@@ -347,3 +349,51 @@ async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
             assert (await status(port))["fanout"]["ServiceDefinition"]["state"] == "watching"
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+async def test_lease_writes_keep_labels_and_refuse_unconditional_puts(kube: RealKube) -> None:
+    """The election's Lease calls on the real server, with the manifests' RBAC: acquire,
+    renew and release keep labels, annotations and the rest of the object as read; and
+    kube-apiserver refuses a Lease PUT without a resourceVersion with the 422 the fake
+    reproduces (tests/fakes/apiserver_writes.py)."""
+    from datetime import UTC, datetime
+
+    from supervisor.kube.client import KubeClient
+    from supervisor.kube.lease import KubeLeases
+
+    inst = await trio.to_thread.run_sync(kube.install)
+    path = (f"/apis/coordination.k8s.io/v1/namespaces/{inst.control}"
+            "/leases/trio-supervisor-fanout")
+    made = await trio.to_thread.run_sync(kube.request, "POST", path.rpartition("/")[0], {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "trio-supervisor-fanout", "namespace": inst.control,
+                     "labels": {"app.kubernetes.io/part-of": "trio-supervisor"},
+                     "annotations": {"owner": "platform-team"}},
+        "spec": {"leaseDurationSeconds": 15}})
+    made.raise_for_status()
+    with trio.fail_after(60):
+        client = KubeClient.from_kubeconfig(str(inst.kubeconfig))
+        try:
+            leases = KubeLeases(client, inst.control, "trio-supervisor-fanout", "replica-a")
+            current = await leases.get()
+            assert current is not None and current.holder is None
+            now = datetime.now(UTC)
+            held = await leases.update(current.but(
+                holder="replica-a", duration_s=15, acquire_time=now, renew_time=now,
+                transitions=current.transitions + 1))
+            renewed = await leases.update(held.but(renew_time=datetime.now(UTC)))
+            assert renewed.resource_version != held.resource_version
+            await leases.update(renewed.but(holder=None, duration_s=1))
+        finally:
+            await client.aclose()
+    stored = await trio.to_thread.run_sync(kube.get, path)
+    assert stored is not None
+    assert stored["metadata"].get("labels") == {"app.kubernetes.io/part-of": "trio-supervisor"}
+    assert stored["metadata"].get("annotations") == {"owner": "platform-team"}
+    assert not stored["spec"].get("holderIdentity") and stored["spec"]["leaseTransitions"] == 1
+    unconditional = {**stored, "metadata": {**stored["metadata"], "resourceVersion": ""}}
+    unconditional.pop("status", None)
+    refused = await trio.to_thread.run_sync(kube.request, "PUT", path, unconditional)
+    assert refused.status_code == 422, refused.text
+    assert "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update" \
+        in refused.json()["message"]
