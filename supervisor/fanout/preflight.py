@@ -101,8 +101,15 @@ class Wakeup:
         self._event.set()
         self._event = trio.Event()
 
-    async def sleep(self, delay_s: float) -> bool:
-        """Sleep ``delay_s``; True when woken before it ended."""
+    async def sleep(self, delay_s: float, *, since: int | None = None) -> bool:
+        """Sleep ``delay_s``; True when woken before it ended.
+
+        ``since`` (a :attr:`wakes` count read before the attempt this delay
+        follows): a wake-up that came meanwhile, while no one was asleep, ends
+        the delay at once instead of being lost.
+        """
+        if since is not None and self.wakes != since:
+            return True
         event = self._event
         with trio.move_on_after(delay_s):
             await event.wait()
@@ -243,6 +250,7 @@ async def await_watchable(
         status.state = "preflight"
     failures = 0
     while True:
+        seen = wakeup.wakes if wakeup is not None else 0
         exc = await _attempt(client, kind_spec, namespace)
         if exc is None:
             return
@@ -253,7 +261,7 @@ async def await_watchable(
         failures += 1
         if wakeup is None:
             await trio.sleep(delay)
-        elif await wakeup.sleep(delay):
+        elif await wakeup.sleep(delay, since=seen):
             failures = 0
 
 

@@ -224,6 +224,28 @@ async def test_a_wakeup_retries_at_once_and_starts_the_schedule_over(
         assert len(lister.calls) == 9
 
 
+async def test_a_wakeup_during_an_attempt_is_not_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """SIGHUP while the preflight's request is in flight (the CRD applied just then) must
+    still end the wait that follows: the wake-up counts, not only one that finds it asleep."""
+    boom = api_error(404, "NotFound", "the server could not find the requested resource")
+    wakeup = Wakeup()
+
+    class WokenMidRequest(FakeLister):
+        async def list(self, *args: Any, **kwargs: Any) -> Any:
+            if len(self.calls) == 2:
+                wakeup.wake()  # the operator's SIGHUP, while the third request runs
+            return await super().list(*args, **kwargs)
+
+    lister = WokenMidRequest(*([boom] * 4), b'{"items":[]}', repeat_last=False)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: await_watchable(lister, KIND, "ns", retry_s=RETRY_S,
+                                                   wakeup=wakeup))
+        await trio.sleep(3.5)  # attempts at 0, 1, 3, and at once again (not at 7)
+        assert [c["at"] for c in lister.calls] == [0.0, 1.0, 3.0, 3.0]
+
+
 async def test_a_bad_item_does_not_fail_the_preflight(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
