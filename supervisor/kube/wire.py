@@ -1,0 +1,164 @@
+"""The wire side of the Kubernetes client: decoding bodies, request bodies, watch lines.
+
+- :func:`decode`: a body into the caller's msgspec type; a body of another
+  shape is :class:`~supervisor.kube.errors.SchemaSkew`, malformed JSON
+  :class:`~supervisor.kube.errors.DecodeError`.
+- :class:`WatchStream`: one watch response's lines, each within a client-side
+  inactivity deadline.
+- :class:`RequestBody`: a request body httpx can abandon without a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar, cast
+
+import httpx
+import msgspec
+import trio
+
+from supervisor.kube.errors import DecodeError, SchemaSkew, StreamStalled, TransportError
+from supervisor.kube.models import ObjectList
+
+__all__ = ["RequestBody", "ResourceList", "WatchStream", "decode", "list_type", "retry_after"]
+
+T = TypeVar("T")
+
+
+@functools.lru_cache(maxsize=128)
+def _decoder(type_: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(type_)
+
+
+def decode(body: bytes, type_: type[T]) -> T:
+    """Decode ``body`` into ``type_``; SchemaSkew on a shape mismatch, DecodeError on bad JSON."""
+    try:
+        return cast(T, _decoder(cast(Any, type_)).decode(body))
+    except msgspec.ValidationError as exc:  # subclasses msgspec.DecodeError: first
+        message = str(exc)
+        _, sep, where = message.rpartition(" - at `")
+        raise SchemaSkew(message, path=where.rstrip("`") if sep else "") from exc
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"malformed JSON: {exc}") from exc
+
+
+def list_type(item_type: type[T]) -> type[ObjectList[T]]:
+    return cast("type[ObjectList[T]]", ObjectList[item_type])  # type: ignore[valid-type]
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP-date: rare from kube-apiserver; the caller's backoff applies
+
+
+class RequestBody(httpx.AsyncByteStream):
+    """A request body whose iterator is an object, not an async generator.
+
+    httpx wraps ``content=bytes`` in a stream whose ``__aiter__`` is an async
+    generator; a request cancelled mid-send abandons it, and trio's GC hook
+    then warns (encode/httpx#3686). A plain iterator has nothing to finalise.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _OneChunk(self._data)
+
+
+class _OneChunk:
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _OneChunk:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
+class _ResourceName(msgspec.Struct):
+    name: str
+
+
+class ResourceList(msgspec.Struct):
+    """Discovery's ``APIResourceList``: only the resource names are read."""
+
+    resources: list[_ResourceName] = []
+
+
+class WatchStream:
+    """The lines of one watch response, each within ``inactivity_s`` of the previous.
+
+    :meth:`next_line` returns one non-empty line (one JSON event), or None when
+    the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
+    ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
+    behind a load balancer never errors on its own, and bookmarks guarantee
+    a healthy stream is never silent that long.
+    """
+
+    def __init__(self, response: httpx.Response, inactivity_s: float, where: str) -> None:
+        self._response = response
+        self._chunks = response.aiter_bytes()
+        self._buffer = bytearray()
+        self._inactivity_s = inactivity_s
+        self._where = where
+        self._ended = False
+
+    async def aclose(self) -> None:
+        """Finish the byte iterator, then close the response.
+
+        httpx's body iterators are nested async generators; abandoning them
+        half-way leaves trio's GC hook to finalise them, with a ResourceWarning
+        (encode/httpx#3686). Pulling once more inside an already-cancelled
+        scope raises Cancelled at their innermost checkpoint instead, which
+        finishes every level properly.
+        """
+        if not self._ended:
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                for _ in range(10_000):  # bounded: already-buffered chunks drain first
+                    try:
+                        await self._chunks.__anext__()
+                    except (StopAsyncIteration, httpx.HTTPError):
+                        break
+            self._ended = True
+        await self._response.aclose()
+
+    async def next_line(self) -> bytes | None:
+        while True:
+            index = self._buffer.find(b"\n")
+            if index >= 0:
+                line = bytes(self._buffer[:index])
+                del self._buffer[: index + 1]
+                if line.strip():
+                    return line
+                continue
+            if self._ended:
+                rest, self._buffer = bytes(self._buffer), bytearray()
+                return rest if rest.strip() else None
+            chunk: bytes | None = None
+            with trio.move_on_after(self._inactivity_s) as scope:
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    self._ended = True
+                except httpx.HTTPError as exc:
+                    raise TransportError(
+                        f"watch {self._where}: {type(exc).__name__}: {exc}"
+                    ) from exc
+            if scope.cancelled_caught:
+                raise StreamStalled(
+                    f"watch {self._where}: nothing received for {self._inactivity_s:g} s"
+                )
+            if chunk:
+                self._buffer += chunk
