@@ -67,7 +67,7 @@ def all_stream_events() -> dict[str, tuple[dict[str, str], str, set[str]]]:
             emitters.setdefault(name, set()).add(module)
     found = {}
     for type_, struct in EVENT_TYPES.items():
-        keys = {field.name: _type_name(field)
+        keys = {field.name: _field_type(field, "only when it changed")
                 for field in msgspec.inspect.type_info(struct).fields  # type: ignore[attr-defined]
                 if field.name not in BUS_KEYS}
         doc = " ".join((struct.__doc__ or UNDESCRIBED).split()).replace("``", "`")
@@ -75,17 +75,28 @@ def all_stream_events() -> dict[str, tuple[dict[str, str], str, set[str]]]:
     return found
 
 
-def _type_name(field: msgspec.inspect.Field) -> str:
+_SCALARS = {msgspec.inspect.IntType: "integer", msgspec.inspect.FloatType: "number",
+            msgspec.inspect.StrType: "string", msgspec.inspect.BoolType: "boolean",
+            msgspec.inspect.NoneType: "null"}
+
+
+def _field_type(field: msgspec.inspect.Field, unset: str) -> str:
+    """A Struct field's type in words; ``unset`` follows it for a field sent only sometimes."""
     info = field.type
-    kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
-    names = {msgspec.inspect.IntType: "integer", msgspec.inspect.FloatType: "number",
-             msgspec.inspect.StrType: "string", msgspec.inspect.BoolType: "boolean",
-             msgspec.inspect.DictType: "object", msgspec.inspect.NoneType: "null"}
-    shown = " or ".join(names.get(type(kind), type(kind).__name__.removesuffix("Type").lower())
-                        for kind in kinds)
-    # Not required and no default: an UNSET field, sent only when it changed.
+    names = []
+    for kind in info.types if isinstance(info, msgspec.inspect.UnionType) else (info,):
+        if isinstance(kind, msgspec.inspect.LiteralType):
+            names.append("one of " + ", ".join(f"`{v}`" for v in kind.values))
+        elif isinstance(kind, msgspec.inspect.StructType | msgspec.inspect.DictType):
+            names.append("object")
+        elif isinstance(kind, msgspec.inspect.ListType):
+            names.append("list")
+        else:
+            names.append(_SCALARS.get(type(kind), "any"))
+    shown = " or ".join(names)
+    # Not required and no default: an UNSET field, present only sometimes.
     if not field.required and field.default is msgspec.NODEFAULT:
-        shown += " (only when it changed)"
+        shown += f" ({unset})"
     return shown
 
 
@@ -112,30 +123,8 @@ def status_fields(struct: type[msgspec.Struct] = StatusDocument,
             found.update(status_fields(values[0].cls,
                                        f"{path}.{PLACEHOLDERS.get(field.name, '<key>')}."))
         else:
-            found[path] = _status_type(field)
+            found[path] = _field_type(field, "only when it applies")
     return found
-
-
-def _status_type(field: msgspec.inspect.Field) -> str:
-    info = field.type
-    kinds = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
-    names = []
-    for kind in kinds:
-        if isinstance(kind, msgspec.inspect.LiteralType):
-            names.append("one of " + ", ".join(f"`{v}`" for v in kind.values))
-        elif isinstance(kind, msgspec.inspect.StructType):
-            names.append("object")
-        elif isinstance(kind, msgspec.inspect.ListType):
-            names.append("list")
-        else:
-            names.append({msgspec.inspect.IntType: "integer", msgspec.inspect.FloatType:
-                          "number", msgspec.inspect.StrType: "string",
-                          msgspec.inspect.BoolType: "boolean",
-                          msgspec.inspect.NoneType: "null"}.get(type(kind), "any"))
-    shown = " or ".join(names)
-    if not field.required and field.default is msgspec.NODEFAULT:
-        shown += " (only when it applies)"
-    return shown
 
 
 def render_admin_api() -> str:

@@ -27,6 +27,7 @@ import httpx
 import trio
 
 from supervisor.sinks.lkg import generate_signing_key
+from tests.httpproxy import answer, forward_get, read_head
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
 
@@ -195,27 +196,15 @@ class TamperingProxy:
         self.tampered = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                return
-            data += chunk
-        request_line, *header_lines = data.split(b"\r\n\r\n")[0].decode().split("\r\n")
-        path = request_line.split(" ")[1]
-        headers = dict(line.split(":", 1) for line in header_lines)
-        forwarded = {k: v.strip() for k, v in headers.items()
-                     if k.lower() in ("if-none-match", "authorization")}
-        async with httpx.AsyncClient() as http:
-            response = await http.get(self.upstream + path, headers=forwarded)
+        head = await read_head(stream)
+        if head is None:
+            return
+        response = await forward_get(self.upstream, *head)
         body = bytearray(response.content)
         if self.tamper and response.status_code == 200 and body:
             body[-1] ^= 0x01
             self.tampered += 1
-        head = (f"HTTP/1.1 {response.status_code} X\r\ncontent-length: {len(body)}\r\n"
-                f"etag: {response.headers.get('etag', '')}\r\nconnection: close\r\n\r\n")
-        await stream.send_all(head.encode() + bytes(body))
-        await stream.aclose()
+        await answer(stream, response, bytes(body))
 
 
 async def test_a_proxy_flipping_a_byte_is_refused_as_corrupt_and_the_follower_keeps_serving(

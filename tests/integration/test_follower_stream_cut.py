@@ -23,10 +23,10 @@ import struct
 from functools import partial
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 
+from tests.httpproxy import answer, forward_get, read_head
 from tests.integration.test_follower_process import make_node, wait_active
 from tests.proc import EXAMPLE, acli, free_port, run_daemon
 
@@ -43,28 +43,17 @@ class StreamCuttingProxy:
         self.forwarded = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                return
-            data += chunk
-        request_line, *header_lines = data.split(b"\r\n\r\n")[0].decode().split("\r\n")
-        headers = {k.strip().lower(): v.strip()
-                   for k, v in (line.split(":", 1) for line in header_lines)}
+        head = await read_head(stream)
+        if head is None:
+            return
+        request_line, headers = head
         if headers.get("upgrade", "").lower() == "websocket":
             self.upgrades += 1
             await self._cut(stream, headers.get("sec-websocket-key", ""))
             return
-        forwarded = {k: v for k, v in headers.items() if k in ("if-none-match", "authorization")}
-        async with httpx.AsyncClient() as http:
-            response = await http.get(self.upstream + request_line.split(" ")[1],
-                                      headers=forwarded)
+        response = await forward_get(self.upstream, request_line, headers)
         self.forwarded += 1
-        head = (f"HTTP/1.1 {response.status_code} X\r\ncontent-length: {len(response.content)}"
-                f"\r\netag: {response.headers.get('etag', '')}\r\nconnection: close\r\n\r\n")
-        await stream.send_all(head.encode() + response.content)
-        await stream.aclose()
+        await answer(stream, response, response.content)
 
     async def _cut(self, stream: trio.SocketStream, key: str) -> None:
         if self.cut == "reset":
