@@ -16,8 +16,10 @@ import socket
 import struct
 import termios
 
+import pytest
 import trio
 
+from supervisor.admin.context import AdminContext
 from supervisor.admin.stream import StreamSettings
 from tests.floods import websocket_request
 from tests.integration.test_admin_support import make_ctx, running_admin
@@ -98,3 +100,80 @@ async def test_a_half_closing_client_never_reads_a_frame_cut_in_half() -> None:
                 f"{16 << 20}-byte event frame, frames before it {frames}"
             )
             stream.socket.close()
+
+
+def masked_close_frame(code: int = 1000) -> bytes:
+    """A client's close frame (clients must mask; an all-zero mask keeps it readable)."""
+    payload = code.to_bytes(2, "big")
+    return bytes((0x88, 0x80 | len(payload))) + b"\0\0\0\0" + payload
+
+
+async def _close_round(host: str, port: int, ctx: AdminContext, rev: int) -> list[int]:
+    """One client that closes while its raw write is blocked; the opcodes it
+    reads after the server's close frame."""
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((host, port))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(websocket_request())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    _, _, data = data.partition(b"\r\n\r\n")
+    while not parse_frames(data)[0]:
+        data += await stream.receive_some(65536)
+    _, data = parse_frames(data)
+
+    # A big event blocks the raw write (it holds the send lock); more events
+    # wait in the client's buffer behind it.
+    ctx.events.publish("published", {"revision": rev, "note": "x" * (4 << 20)})
+    raw = sock._sock  # type: ignore[attr-defined]
+    await poll_until(lambda: readable_bytes(raw) > 0)
+    for i in range(20):
+        ctx.events.publish("published", {"revision": rev + 1 + i})
+    # The client closes (hypercorn's reply waits behind the blocked write for
+    # the send lock), then reads everything.
+    await stream.send_all(masked_close_frame())
+    while True:
+        chunk = await stream.receive_some(1 << 20)
+        if not chunk:
+            break
+        data += chunk
+    stream.socket.close()
+    frames, rest = parse_frames(data)
+    ops = [op for op, _ in frames]
+    assert 8 in ops, f"no close frame: {ops}, {len(rest)} bytes left"
+    return ops[ops.index(8) + 1:]
+
+
+async def test_no_data_frame_follows_the_close_frame_after_a_client_closes() -> None:
+    # RFC 6455 section 5.5.1: after sending a Close frame, the endpoint MUST NOT
+    # send any more data frames. hypercorn answers a client's close on its own
+    # (under the send lock), but the hub's raw writes know nothing of it: the
+    # next queued event's frame can take the lock right after the close reply.
+    # A race, so several rounds (about one in three shows it).
+    with trio.fail_after(60):
+        ctx = make_ctx()
+        settings = StreamSettings(stall_timeout_s=60.0, close_timeout_s=60.0)
+        async with running_admin(ctx, settings=settings) as srv:
+            after = [await _close_round(srv.host, srv.port, ctx, 100 * r) for r in range(12)]
+            assert all(a == [] for a in after), f"data frames after the close frame: {after}"
+
+
+async def test_a_client_closing_during_a_blocked_write_is_not_a_server_error(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # The same race seen from the log: the hub's raw send_all starts while
+    # hypercorn's connection close is in send_eof (not under the send lock), so
+    # trio raises BusyResourceError, which send_raw does not turn into
+    # ConnectionGone: an ordinary client close is logged as "stream client
+    # failed" at error level with a traceback.
+    with trio.fail_after(60):
+        ctx = make_ctx()
+        settings = StreamSettings(stall_timeout_s=60.0, close_timeout_s=60.0)
+        async with running_admin(ctx, settings=settings) as srv:
+            for r in range(12):
+                await _close_round(srv.host, srv.port, ctx, 100 * r)
+    out, err = capfd.readouterr()
+    assert "BusyResourceError" not in out + err
+    assert "stream client failed" not in out + err
