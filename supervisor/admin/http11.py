@@ -41,6 +41,7 @@ from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
+from wsproto.connection import ConnectionState as WsState
 
 from supervisor.admin.frames import ConnectionGone
 
@@ -157,13 +158,31 @@ class Http11Connection(TCPServer):
         """Write ``data``, already a complete WebSocket frame (the stream hub's one
         frame per event, shared by every client), under the lock hypercorn's own
         writes take, so frames never interleave; ConnectionGone when the
-        connection is closed or reset. Unlike hypercorn's writes it is not
-        shielded: the hub never cancels a write (the server resets a stuck one)."""
+        connection is closed or reset, or the WebSocket no longer open.
+
+        The state is checked inside the lock: once hypercorn has sent (or is
+        sending) its close frame, no data frame may follow it (RFC 6455, 5.5.1).
+        The write is shielded like hypercorn's own: a frame is never cut in half
+        by a client's disconnect (a half-closed client still reads); one that
+        stays blocked is reset by the hub's monitor (or at shutdown), which ends
+        it with ConnectionGone."""
         async with self.send_lock:
+            if not self._websocket_open():
+                raise ConnectionGone("the WebSocket is closing or closed")
             try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                with trio.CancelScope(shield=True):
+                    await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.BusyResourceError) as exc:
+                # Busy: hypercorn's own end of the connection (send_eof) raced us.
                 raise ConnectionGone(str(exc)) from exc
+
+    def _websocket_open(self) -> bool:
+        stream = getattr(self.protocol, "stream", None)
+        connection = getattr(stream, "connection", None)
+        if connection is None or getattr(stream, "closed", True):
+            return False
+        return bool(connection.state is WsState.OPEN)
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, Updated):
