@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import httpx
@@ -133,3 +134,48 @@ async def test_rollback_then_cold_boot_serves_the_rolled_back_revision_from_cach
                 assert status["revision"]["active"] == 1
                 assert not [x for x in daemon.lines if "rollback" in str(x.get("reason"))
                             or x.get("event") == "refused to boot"]
+
+
+async def _bash(script: str, cwd: Path) -> tuple[int, list[str]]:
+    """``script`` in a real ``bash -o pipefail`` (as a deploy pipeline runs it): its exit
+    status and the lines of ``pipeline.log`` it tees."""
+    import subprocess
+
+    result = await trio.to_thread.run_sync(lambda: subprocess.run(
+        ["bash", "-o", "pipefail", "-c", script], cwd=cwd, capture_output=True, text=True,
+        timeout=60, check=False))
+    return result.returncode, (cwd / "pipeline.log").read_text().splitlines()
+
+
+async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
+    tmp_path: Path,
+) -> None:
+    script = str(Path(sys.executable).parent / "trio-supervisor")
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port,
+                          poll_interval_s=3600)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    bad = _variant(tmp_path, "bad.toml", secret=f"env:{UNSET}")
+    reason = f"refused: secret: $.keys.k.secret: environment variable {UNSET} is not set or empty"
+    # Refused here, before anything is stored (stderr, so the pipeline merges it).
+    code, lines = await _bash(
+        f"{script} publish --config {config} {bad} --resolve-secrets 2>&1 | tee pipeline.log",
+        tmp_path)
+    assert code == 2, lines
+    assert lines[-1] == f"refused: secret: {bad}: {reason.removeprefix('refused: secret: ')}" \
+        "; nothing was stored"
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            # Refused by the replica: the pipeline fails with exit 5 and the reason last.
+            code, lines = await _bash(
+                f"{script} publish --config {config} {bad} --wait --timeout 30 "
+                f"| tee pipeline.log", tmp_path)
+            assert code == 5, lines
+            assert lines[-1] == reason
+            # The same command on a good revision: the pipeline succeeds, the id last.
+            good = _variant(tmp_path, "good.toml")
+            code, lines = await _bash(
+                f"{script} publish --config {config} {good} --wait --timeout 30 "
+                f"| tee pipeline.log", tmp_path)
+            assert code == 0 and lines[-1] == "3", lines
