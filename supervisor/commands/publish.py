@@ -17,6 +17,13 @@ revision. ``--wait`` publishes, then follows each ``--url`` replica's stream
 (:mod:`supervisor.commands.waiting`): exit 0 when all report the revision
 active, 5 when any refused it (the reason label and detail on the last line),
 1 when any timed out, was unreachable, or serves a newer revision already.
+
+``--json`` (every mode) prints one JSON document on stdout instead of the
+lines, with the same exit codes: ``{"ok", "revision"}``; ``--dry-run``
+``{"ok", "desired", "changes"}``; ``--wait`` adds ``"outcome"`` (``active``,
+``refused``, ``not_active``) and ``"replicas"`` (``url``, ``state``,
+``reason``, ``detail``); refused before storing ``{"ok": false, "reason",
+"detail"}`` (the refusal line still goes to stderr).
 """
 
 from __future__ import annotations
@@ -85,7 +92,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
     parser.add_argument("--json", action="store_true",
-                        help="with --dry-run: print one JSON document instead of the list")
+                        help="print one JSON document on stdout instead of the lines: "
+                             '{"ok", "revision"}; with --dry-run {"ok", "desired", "changes"}; '
+                             'with --wait also "outcome" and "replicas"; refused here '
+                             '{"ok": false, "reason", "detail"}')
 
 
 def _compile(args: argparse.Namespace, *, resolve: bool) -> tuple[int, bytes]:
@@ -121,7 +131,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     try:
         schema_version, body = _compile(args, resolve=args.dry_run or args.resolve_secrets)
     except RevisionError as exc:
-        if args.dry_run and args.json:
+        if args.json:
             print(json.dumps({"ok": False, "reason": exc.reason, "detail": exc.detail}))
         # The label and the $.path on the last line: what a replica would log.
         print(_refusal_line(args.file, exc) + "; nothing was stored", file=sys.stderr)
@@ -138,11 +148,23 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if args.wait:
         from supervisor.commands import waiting  # noqa: F401
     revision = with_store(config, publish, create=True)
-    print(f"published revision {revision}")
+    if args.json and not args.wait:
+        print(json.dumps({"ok": True, "revision": revision}))
+        return EXIT_OK
+    if not args.json:
+        print(f"published revision {revision}", flush=True)
     if not args.wait:
         print(revision)
         return EXIT_OK
-    return _wait(targets, revision, args.timeout)
+    results = _wait(targets, revision, args.timeout)
+    code = _verdict(results)
+    if args.json:
+        outcome = {EXIT_OK: "active", EXIT_REPLICA_REFUSED: "refused"}.get(code, "not_active")
+        print(json.dumps({"ok": code == EXIT_OK, "revision": revision, "outcome": outcome,
+                          "replicas": [{"url": r.url, "state": r.state, "reason": r.reason,
+                                        "detail": r.detail} for r in results]}, indent=2))
+        return code
+    return _render_wait(results, revision, code)
 
 
 # -- --dry-run ----------------------------------------------------------------------
@@ -181,7 +203,9 @@ def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return [(url.rstrip("/"), token) for url in urls]
 
 
-def _wait(targets: list[tuple[str, str | None]], revision: int, timeout_s: float) -> int:
+def _wait(targets: list[tuple[str, str | None]], revision: int,
+          timeout_s: float) -> list[ReplicaResult]:
+    """Every replica's verdict, active first (then superseded, timeout, refused; by URL)."""
     from supervisor.commands.waiting import wait_for_revision
 
     results: list[ReplicaResult] = []
@@ -197,6 +221,19 @@ def _wait(targets: list[tuple[str, str | None]], revision: int, timeout_s: float
     trio.run(wait_all)
     order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
     results.sort(key=lambda r: (order[r.state], r.url))
+    return results
+
+
+def _verdict(results: list[ReplicaResult]) -> int:
+    """5 when any replica refused the revision, 1 when any other is not active, else 0."""
+    if any(r.state == "refused" for r in results):
+        return EXIT_REPLICA_REFUSED
+    if any(r.state != "active" for r in results):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _render_wait(results: list[ReplicaResult], revision: int, code: int) -> int:
     for result in results:
         if result.state == "active":
             print(f"{result.url}: revision {revision} active")
@@ -205,12 +242,11 @@ def _wait(targets: list[tuple[str, str | None]], revision: int, timeout_s: float
         else:
             print(f"{result.url}: {result.state}: {result.detail}")
     refused = [r for r in results if r.state == "refused"]
-    if refused:
+    if code == EXIT_REPLICA_REFUSED:
         # The last line, for a pipeline's log: the label and what to fix.
         print(f"refused: {refused[-1].reason}: {refused[-1].detail}")
-        return EXIT_REPLICA_REFUSED
-    if any(r.state != "active" for r in results):
+    elif code == EXIT_ERROR:
         print(f"not active everywhere: revision {revision}")
-        return EXIT_ERROR
-    print(revision)
-    return EXIT_OK
+    else:
+        print(revision)
+    return code

@@ -3,7 +3,8 @@
 Exit codes: 0 done; 1 a revision that does not exist, or the control plane
 unreachable or refusing; 2 bad usage, or (``diff``, ``rollback``) a revision
 this build cannot read, with the reason label. ``--json`` prints one JSON
-document on stdout instead of the table.
+document on stdout instead of the table (keys and types held by
+``tests/integration/test_lifecycle_cli.py``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,11 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--message", metavar="TEXT", default=None,
                             help="why (printed with the result; revisions are immutable, "
                                  "so it is not stored)")
-    if name != "rollback":
+    if name == "rollback":
+        parser.add_argument("--json", action="store_true",
+                            help='print one JSON document instead of the lines: {"revision", '
+                                 '"previous", "message"}')
+    else:
         parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
@@ -231,6 +236,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         return previous
 
     previous = with_store(config, roll)
+    if args.json:
+        print(json.dumps({"revision": args.revision, "previous": previous,
+                          "message": args.message}))
+        return EXIT_OK
     why = f": {' '.join(args.message.split())}" if args.message else ""
     print(f"desired revision {previous} -> {args.revision}{why}")
     print(args.revision)
@@ -257,7 +266,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"deleted {len(deleted)} revision(s): {_ranges(deleted)}")
     else:
         print("nothing to delete")
-    print(f"kept the newest {args.keep} and the desired one ({desired})")
+    if desired is None:
+        print(f"kept the newest {args.keep}; nothing is desired")
+    else:
+        print(f"kept the newest {args.keep} and the desired one ({desired})")
     return EXIT_OK
 
 

@@ -255,3 +255,51 @@ async def test_resolve_secrets_refuses_what_no_replica_could_serve(
     stored = await run("publish", "--config", config, second, "--resolve-secrets",
                        env={UNSET: "here"})
     assert stored.returncode == 0 and out(stored).splitlines()[-1] == "2"
+
+
+def _shape(doc: object) -> object:
+    """The keys and JSON types of a document (lists by their first item): what scripts rely on."""
+    if isinstance(doc, dict):
+        return {k: _shape(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_shape(doc[0])] if doc else []
+    return type(doc).__name__
+
+
+async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: Path) -> None:
+    """Every lifecycle command answers --json, and scripts can rely on its keys and types."""
+    config = str(write_config(tmp_path, url))
+    await run("db", "migrate", "--config", config)
+    empty = json.loads(out(await run("history", "--config", config, "--json")))
+    assert empty == {"desired": None, "revisions": []}
+    published = await run("publish", "--config", config, str(EXAMPLE), "--message", "one",
+                          "--json")
+    assert published.returncode == 0, err(published)
+    assert json.loads(out(published)) == {"ok": True, "revision": 1}
+    await run("publish", "--config", config, str(_second(tmp_path)), "--message", "two")
+    refused = await run("publish", "--config", config, str(_second(tmp_path)),
+                        "--resolve-secrets", "--json")
+    assert refused.returncode == 2
+    assert _shape(json.loads(out(refused))) == {"ok": "bool", "reason": "str", "detail": "str"}
+    history, shown, diff, dry = await run_all(
+        ("history", "--config", config, "--json"),
+        ("show", "1", "--config", config, "--json"),
+        ("diff", "1", "2", "--config", config, "--json"),
+        ("publish", "--config", config, str(EXAMPLE), "--dry-run", "--json"),
+    )
+    revision = {"id": "int", "created_at": "str", "message": "str", "schema_version": "int",
+                "size": "int", "body_sha256": "str", "desired": "bool"}
+    assert _shape(json.loads(out(history))) == {"desired": "int", "revisions": [revision]}
+    shown_doc = json.loads(out(shown))
+    assert _shape({k: v for k, v in shown_doc.items() if k != "document"}) == revision
+    assert isinstance(shown_doc["document"], dict)
+    change = {"op": "str", "path": "str", "from": "float", "to": "float"}
+    assert _shape(json.loads(out(diff))) == {"from": "int", "to": "int", "changes": [change]}
+    assert _shape(json.loads(out(dry))) == {"ok": "bool", "desired": "int",
+                                            "changes": [change]}
+    rolled = await run("rollback", "1", "--config", config, "--message", "why", "--json")
+    assert rolled.returncode == 0, err(rolled)
+    assert json.loads(out(rolled)) == {"revision": 1, "previous": 2, "message": "why"}
+    pruned = json.loads(out(await run("db", "prune", "--keep", "0", "--config", config,
+                                      "--json")))
+    assert pruned == {"deleted": [2], "keep": 0, "desired": 1}

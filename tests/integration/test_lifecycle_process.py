@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -179,3 +180,18 @@ async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
                 f"{script} publish --config {config} {good} --wait --timeout 30 "
                 f"| tee pipeline.log", tmp_path)
             assert code == 0 and lines[-1] == "3", lines
+            # --json: one document for scripts, same exit codes.
+            base = f"http://127.0.0.1:{port}"
+            as_json = await acli("publish", "--config", str(config), str(bad), "--wait",
+                                 "--json", check=False)
+            assert as_json.returncode == 5, as_json.stdout + as_json.stderr
+            assert json.loads(as_json.stdout) == {
+                "ok": False, "revision": 4, "outcome": "refused",
+                "replicas": [{"url": base, "state": "refused", "reason": "secret",
+                              "detail": reason.removeprefix("refused: secret: ")}]}
+            as_json = await acli("publish", "--config", str(config), str(good), "--wait",
+                                 "--json", check=False)
+            assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+            assert json.loads(as_json.stdout) == {
+                "ok": True, "revision": 5, "outcome": "active",
+                "replicas": [{"url": base, "state": "active", "reason": None, "detail": None}]}
