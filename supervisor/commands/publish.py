@@ -47,9 +47,11 @@ from supervisor.commands.common import (
     with_store,
 )
 from supervisor.errors import UsageError
+from supervisor.reasons import DENIED
 
 if TYPE_CHECKING:
     from supervisor.commands.waiting import ReplicaResult
+    from supervisor.config import Config
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
     from supervisor.revision.errors import RevisionError
 
@@ -98,9 +100,16 @@ def register(parser: argparse.ArgumentParser) -> None:
                              '{"ok": false, "reason", "detail"}')
 
 
-def _compile(args: argparse.Namespace, *, resolve: bool) -> tuple[int, bytes]:
-    """(schema_version, canonical body) of FILE, compiled; RevisionError on refusal."""
+def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tuple[int, bytes]:
+    """(schema_version, canonical body) of FILE, compiled; RevisionError on refusal.
+
+    The daemon's bounds from ``config`` apply as a replica with it applies them:
+    a body over ``[control_plane].max_revision_bytes`` is ``denied`` (before
+    anything else, as hydration refuses it), and resolved secrets obey
+    ``[revision]``'s confinement.
+    """
     from supervisor.revision.compile import compile_revision
+    from supervisor.revision.errors import RevisionError
     from supervisor.revision.files import load_document_file
     from supervisor.revision.secrets import EnvFileResolver
 
@@ -110,8 +119,12 @@ def _compile(args: argparse.Namespace, *, resolve: bool) -> tuple[int, bytes]:
         # Not `corrupt`: nothing was read. Say what the shell would.
         raise UsageError(f"{args.file}: {exc.strerror or exc}; nothing was stored") from exc
     schema_version, body = load_document_file(args.file)
-    compile_revision(body, revision=0, generation=0,
-                     resolver=EnvFileResolver() if resolve else ReferenceResolver())
+    limit = config.control_plane.max_revision_bytes
+    if len(body) > limit:
+        raise RevisionError(DENIED, f"the revision is {len(body)} bytes, over "
+                                    f"max_revision_bytes ({limit})")
+    resolver = EnvFileResolver.from_config(config.revision) if resolve else ReferenceResolver()
+    compile_revision(body, revision=0, generation=0, resolver=resolver)
     return schema_version, body
 
 
@@ -129,7 +142,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise UsageError("--dry-run stores nothing: there is nothing to --wait for")
     config, _ = load_config(args)
     try:
-        schema_version, body = _compile(args, resolve=args.dry_run or args.resolve_secrets)
+        schema_version, body = _compile(args, config,
+                                        resolve=args.dry_run or args.resolve_secrets)
     except RevisionError as exc:
         if args.json:
             print(json.dumps({"ok": False, "reason": exc.reason, "detail": exc.detail}))
@@ -170,7 +184,16 @@ def cmd_publish(args: argparse.Namespace) -> int:
 # -- --dry-run ----------------------------------------------------------------------
 
 
-def _dry_run(args: argparse.Namespace, config: object, body: bytes) -> int:
+def _no_control_plane_yet(config: Config) -> bool:
+    """An SQLite control plane whose file the first ``publish`` has yet to create: a dry
+    run compares against nothing (and, storing nothing, does not create it)."""
+    from supervisor.config import sqlite_path
+
+    return (config.control_plane.backend == "sqlite"
+            and not Path(sqlite_path(config.control_plane.url)).exists())
+
+
+def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
     from supervisor.commands.documents import diff_documents, render_changes
     from supervisor.commands.revisions import readable
     from supervisor.revision.document import decode_body
@@ -179,7 +202,7 @@ def _dry_run(args: argparse.Namespace, config: object, body: bytes) -> int:
         current = await store.desired()
         return None if current is None else await store.revision(current)
 
-    current = with_store(config, desired)  # type: ignore[arg-type]
+    current = None if _no_control_plane_yet(config) else with_store(config, desired)
     changes = diff_documents(None if current is None else readable(current), decode_body(body))
     against = None if current is None else current.id
     if args.json:

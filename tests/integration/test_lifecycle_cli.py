@@ -303,3 +303,48 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
     pruned = json.loads(out(await run("db", "prune", "--keep", "0", "--config", config,
                                       "--json")))
     assert pruned == {"deleted": [2], "keep": 0, "desired": 1}
+
+
+async def test_dry_run_and_resolve_secrets_apply_the_daemons_bounds(tmp_path: Path) -> None:
+    """``[revision]`` confinement and ``max_revision_bytes`` are the daemon's refusals too: a
+    dry run that says "compiles" for them, or a publish that stores past them, would be a
+    revision every replica refuses (adversary finding)."""
+    from supervisor.config import RevisionConfig
+
+    config = tmp_path / "supervisor.toml"
+    config.write_text(f'[control_plane]\nurl = "sqlite:///{tmp_path}/cp.db"\n'
+                      'max_revision_bytes = 1024\n'
+                      '[revision]\nsecret_env_prefixes = ["TEAM_"]\n')
+    # A dry run before the first publish: against nothing, and still nothing is created.
+    first = await run("publish", "--config", str(config), str(EXAMPLE), "--dry-run")
+    assert first.returncode == 0, err(first)
+    assert out(first).splitlines()[1] == "changes against nothing (3):"
+    assert not (tmp_path / "cp.db").exists()
+    assert (await run("publish", "--config", str(config), str(EXAMPLE))).returncode == 0
+    home = tmp_path / "home.toml"
+    home.write_text('schema_version = 1\n[aliases.chat]\nupstream = "https://x/v1"\n'
+                    '[keys.k]\nsecret = "env:HOME"\naliases = ["chat"]\n')
+    _, body = load_document_file(home)
+    with pytest.raises(RevisionError) as daemon:  # what a replica with this config does
+        compile_revision(body, revision=2, generation=1, resolver=EnvFileResolver.from_config(
+            RevisionConfig(secret_env_prefixes=("TEAM_",))))
+    large = tmp_path / "large.toml"
+    large.write_text("schema_version = 1\n" + "".join(
+        f'[aliases.a{i}]\nupstream = "https://u{i}.internal/v1"\n' for i in range(40)))
+    dry_home, resolved_home, dry_large, stored_large = await run_all(
+        ("publish", "--config", str(config), str(home), "--dry-run"),
+        ("publish", "--config", str(config), str(home), "--resolve-secrets"),
+        ("publish", "--config", str(config), str(large), "--dry-run"),
+        ("publish", "--config", str(config), str(large)),
+    )
+    for result in (dry_home, resolved_home):
+        assert result.returncode == 2, out(result) + err(result)
+        assert err(result).strip().splitlines()[-1] == (
+            f"refused: secret: {home}: {daemon.value.detail}; nothing was stored")
+    for result in (dry_large, stored_large):
+        assert result.returncode == 2, out(result) + err(result)
+        last = err(result).strip().splitlines()[-1]
+        assert last.startswith(f"refused: denied: {large}: ") and "max_revision_bytes (1024)" \
+            in last and last.endswith("; nothing was stored"), last
+    history = json.loads(out(await run("history", "--config", str(config), "--json")))
+    assert [r["id"] for r in history["revisions"]] == [1]
