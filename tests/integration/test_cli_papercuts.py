@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.proc import EXAMPLE, acli, write_config
+import pytest
+
+from tests.proc import EXAMPLE, REPO, acli, write_config
 
 
 async def test_publish_of_a_missing_file_says_no_such_file_not_corrupt(tmp_path: Path) -> None:
@@ -36,3 +38,16 @@ async def test_check_suggests_the_key_that_was_meant(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "$.control_plane.poll_intervall_s: unknown key (did you mean `poll_interval_s`?)" \
         in result.stderr
+
+
+async def test_the_readme_check_example_is_what_check_prints() -> None:
+    """The README's ``check`` session on the shipped conf/prod.toml, line for line (on a host
+    without /etc/trio-supervisor and /run/trio-supervisor, as the README's session was)."""
+    if Path("/etc/trio-supervisor").exists() or Path("/run/trio-supervisor").exists():
+        pytest.skip("this host has the production directories the example lacks")
+    readme = (REPO / "README.rst").read_text()
+    session = readme.split("    $ trio-supervisor check --config conf/prod.toml\n", 1)[1]
+    quoted = [line.removeprefix("    ") for line in session.split("\n\n", 1)[0].splitlines()]
+    result = await acli("check", "--config", "conf/prod.toml", check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == quoted
