@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
-    "EXIT_USAGE", "ReferenceResolver", "admin_base", "config_path", "iso", "load_config",
+    "EXIT_USAGE", "ReferenceResolver", "admin_base", "cell", "config_path", "iso", "load_config",
     "table", "with_store",
 ]
 
@@ -139,6 +139,8 @@ def iso(value: datetime | None) -> str | None:
 
 
 def cell(value: object) -> str:
+    """One table cell: ``-`` for None, every non-printable character (newline, ANSI
+    escape) a space, so what others stored cannot break the table or drive the terminal."""
     if value is None:
         return "-"
     # One line per row: a newline in a message would break the table.

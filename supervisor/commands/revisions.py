@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.commands.common import (
     EXIT_OK,
     ReferenceResolver,
+    cell,
     iso,
     load_config,
     table,
@@ -145,7 +146,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"# created {header['created_at']}; schema_version {loaded.schema_version}; "
           f"{len(loaded.body)} bytes; sha256 {loaded.body_sha256.hex()[:12]}")
     if loaded.message:
-        print(f"# message: {' '.join(loaded.message.split())}")
+        # cell(): control characters (a stored ANSI escape) never reach the terminal.
+        print(f"# message: {' '.join(cell(loaded.message).split())}")
     print(_as_text(loaded))
     return EXIT_OK
 
@@ -240,7 +242,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         print(json.dumps({"revision": args.revision, "previous": previous,
                           "message": args.message}))
         return EXIT_OK
-    why = f": {' '.join(args.message.split())}" if args.message else ""
+    why = f": {' '.join(cell(args.message).split())}" if args.message else ""
     print(f"desired revision {previous} -> {args.revision}{why}")
     print(args.revision)
     return EXIT_OK

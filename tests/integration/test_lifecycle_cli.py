@@ -348,3 +348,21 @@ async def test_dry_run_and_resolve_secrets_apply_the_daemons_bounds(tmp_path: Pa
             in last and last.endswith("; nothing was stored"), last
     history = json.loads(out(await run("history", "--config", str(config), "--json")))
     assert [r["id"] for r in history["revisions"]] == [1]
+
+
+async def test_a_stored_message_cannot_drive_the_operators_terminal(tmp_path: Path) -> None:
+    """Whoever can publish (plain SQL included) writes the message; ``show`` and ``history``
+    print it to an operator's terminal, so control characters (ANSI escapes) never pass."""
+    config = str(write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db"))
+    hostile = "fine\x1b]0;pwned\x07\x1b[2J\rhidden"
+    assert (await run("publish", "--config", config, str(EXAMPLE), "--message",
+                      hostile)).returncode == 0
+    shown, history = await run_all(("show", "1", "--config", config),
+                                   ("history", "--config", config))
+    for result in (shown, history):
+        assert result.returncode == 0, err(result)
+        assert not [c for c in out(result) if not c.isprintable() and c != "\n"], out(result)
+        assert "fine" in out(result) and "hidden" in out(result)
+    # --json keeps the message exactly as stored (escaped by JSON).
+    doc = json.loads(out(await run("show", "1", "--config", config, "--json")))
+    assert doc["message"] == hostile
