@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from supervisor.config import CONFIG_ENV, Config, placeholders, sqlite_path
+from supervisor.config import CONFIG_ENV, Config, RevisionConfig, placeholders, sqlite_path
 from supervisor.configfile import load
 from supervisor.errors import ConfigError, UsageError
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories
@@ -124,10 +124,36 @@ def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
 
 class ReferenceResolver:
     """Each secret reference stands in for its value: compiles everything but the secrets
-    (which may exist only on the replicas' hosts)."""
+    (which may exist only on the replicas' hosts).
+
+    Where a reference may point does not depend on the secret: given ``[revision]``
+    (``confinement``), a reference outside ``secret_env_prefixes`` or ``secret_dirs``
+    is refused (``secret``) with the daemon's own words, as every replica with that
+    configuration would refuse it. Nothing is looked up, nothing is read.
+    """
+
+    def __init__(self, confinement: RevisionConfig | None = None) -> None:
+        self._prefixes = tuple(confinement.secret_env_prefixes) if confinement else ()
+        self._dirs = tuple(confinement.secret_dirs) if confinement else ()
 
     def resolve(self, reference: str) -> bytes:
+        from supervisor.revision.secrets import EnvFileResolver
+
+        scheme, _, target = reference.partition(":")
+        if scheme == "env" and target and self._prefixes:
+            # The variable stands in as set: only the confinement can refuse it.
+            EnvFileResolver(environ={target: "-"}, env_prefixes=self._prefixes).resolve(reference)
+        elif scheme == "file" and target and self._dirs and not _under(target, self._dirs):
+            # Outside: the daemon's resolver refuses it before touching the file.
+            EnvFileResolver(dirs=self._dirs).resolve(reference)
         return reference.encode()
+
+
+def _under(path: str, dirs: tuple[str, ...]) -> bool:
+    """``path`` as spelled (``..`` collapsed) is inside one of ``dirs``; the daemon's rule."""
+    spelled = os.path.abspath(path)
+    return any(spelled == d or spelled.startswith(d.rstrip(os.sep) + os.sep)
+               for d in map(os.path.abspath, dirs))
 
 
 def iso(value: datetime | None) -> str | None:

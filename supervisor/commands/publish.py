@@ -8,7 +8,8 @@ Every mode first validates and compiles FILE with the daemon's own code path
 ``$.path`` a replica would log. Secrets:
 
 - plain ``publish``: each secret reference stands in for its value (the
-  secrets may exist only on the replicas' hosts);
+  secrets may exist only on the replicas' hosts), yet one outside
+  ``[revision]``'s confinement is refused as the daemon refuses it;
 - ``--resolve-secrets`` and ``--dry-run``: resolved in this environment, as
   the daemon resolves them (``secret`` refusal, exit 2, when one cannot be).
 
@@ -123,7 +124,8 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
     if len(body) > limit:
         raise RevisionError(DENIED, f"the revision is {len(body)} bytes, over "
                                     f"max_revision_bytes ({limit})")
-    resolver = EnvFileResolver.from_config(config.revision) if resolve else ReferenceResolver()
+    resolver = (EnvFileResolver.from_config(config.revision) if resolve
+                else ReferenceResolver(config.revision))
     compile_revision(body, revision=0, generation=0, resolver=resolver)
     return schema_version, body
 

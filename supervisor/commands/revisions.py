@@ -229,7 +229,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             # As the daemon would compile it, with each secret reference standing in
             # for its value (the secrets live on the replicas' hosts).
             compile_revision(loaded.body, revision=loaded.id, generation=0,
-                             resolver=ReferenceResolver())
+                             resolver=ReferenceResolver(config.revision))
         except RevisionError as exc:
             raise UsageError(f"revision {loaded.id} would be refused: {exc.detail} "
                              f"({exc.reason}); desired was not changed") from exc

@@ -331,23 +331,29 @@ async def test_dry_run_and_resolve_secrets_apply_the_daemons_bounds(tmp_path: Pa
     large = tmp_path / "large.toml"
     large.write_text("schema_version = 1\n" + "".join(
         f'[aliases.a{i}]\nupstream = "https://u{i}.internal/v1"\n' for i in range(40)))
-    dry_home, resolved_home, dry_large, stored_large = await run_all(
+    _raw_insert(f"sqlite:///{tmp_path}/cp.db", 1, body)  # revision 2, by plain SQL
+    dry_home, resolved_home, stored_home, dry_large, stored_large = await run_all(
         ("publish", "--config", str(config), str(home), "--dry-run"),
         ("publish", "--config", str(config), str(home), "--resolve-secrets"),
+        # Where a reference may point does not depend on the secret: plain publish knows.
+        ("publish", "--config", str(config), str(home)),
         ("publish", "--config", str(config), str(large), "--dry-run"),
         ("publish", "--config", str(config), str(large)),
     )
-    for result in (dry_home, resolved_home):
+    for result in (dry_home, resolved_home, stored_home):
         assert result.returncode == 2, out(result) + err(result)
         assert err(result).strip().splitlines()[-1] == (
             f"refused: secret: {home}: {daemon.value.detail}; nothing was stored")
+    rolled = await run("rollback", "2", "--config", str(config))
+    assert rolled.returncode == 2 and "(secret)" in err(rolled), err(rolled)
+    assert daemon.value.detail in err(rolled) and "desired was not changed" in err(rolled)
     for result in (dry_large, stored_large):
         assert result.returncode == 2, out(result) + err(result)
         last = err(result).strip().splitlines()[-1]
         assert last.startswith(f"refused: denied: {large}: ") and "max_revision_bytes (1024)" \
             in last and last.endswith("; nothing was stored"), last
     history = json.loads(out(await run("history", "--config", str(config), "--json")))
-    assert [r["id"] for r in history["revisions"]] == [1]
+    assert [r["id"] for r in history["revisions"]] == [2, 1] and history["desired"] == 1
 
 
 async def test_a_stored_message_cannot_drive_the_operators_terminal(tmp_path: Path) -> None:
