@@ -86,3 +86,66 @@ async def test_outcomes_match_the_attempts_and_concurrent_requests_share_them(
             assert not [line for line in daemon.lines if line.get("level") in ("error", "critical")
                         and line.get("event") not in ("revision refused; previous snapshot "
                                                       "keeps serving",)]
+
+
+def _attempts(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("supervisor_convergence_attempts_total{"))
+
+
+async def test_a_flood_of_requests_coalesces_and_shutdown_leaves_none_hanging(
+    tmp_path: Path,
+) -> None:
+    """1,000 requests at once are all answered, by no more attempts than requests; SIGTERM
+    with requests in flight ends the daemon within its grace (exit 0), and every request
+    ends with it (an answer or a closed connection, never the 60 s deadline)."""
+    import signal
+
+    port = free_port()
+    config = _config(tmp_path, port)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    # A connection per request: reusing one the server just closed after its keep-alive
+    # timeout (5 s; the flood can take longer on a loaded machine) is the client's race.
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=0)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon, httpx.AsyncClient(
+                timeout=60, trust_env=False, limits=limits) as client:
+            await daemon.wait_log("ready")
+            before = _attempts((await client.get(f"{base}/metrics", headers=auth)).text)
+            answers: list[object] = []
+
+            async def ask() -> None:
+                response = await client.post(f"{base}/v1/converge", headers=auth)
+                answers.append((response.status_code, response.json()))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(1000):
+                    nursery.start_soon(ask)
+            assert answers == [(200, {"outcome": "converged", "revision": 1, "reason": None})] \
+                * 1000
+            used = _attempts((await client.get(f"{base}/metrics", headers=auth)).text) - before
+            # Never more attempts than requests (those arriving during an attempt share the
+            # next one; here attempts take milliseconds, so most requests find none running).
+            assert 1 <= used <= 1000, used
+
+            ended: list[str] = []
+
+            async def ask_during_shutdown() -> None:
+                try:
+                    response = await client.post(f"{base}/v1/converge", headers=auth)
+                    ended.append(str(response.status_code))
+                except httpx.HTTPError as exc:  # the server closed: an end, not a hang
+                    ended.append(type(exc).__name__)
+
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                for _ in range(100):
+                    nursery.start_soon(ask_during_shutdown)
+                await trio.sleep(0)
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+            # grace_s is 5: nobody waited for the 60 s request deadline.
+            assert trio.current_time() - started < 10
+            assert len(ended) == 100
