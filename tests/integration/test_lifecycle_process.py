@@ -195,3 +195,33 @@ async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
             assert json.loads(as_json.stdout) == {
                 "ok": True, "revision": 5, "outcome": "active",
                 "replicas": [{"url": base, "state": "active", "reason": None, "detail": None}]}
+
+
+async def test_publish_wait_follows_a_replica_that_comes_back_mid_wait(tmp_path: Path) -> None:
+    """The replica is down when --wait starts (a restart, a deploy): the waiter keeps trying
+    until its deadline, and the replica's first stream message after its boot decides."""
+    import subprocess
+
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port,
+                          poll_interval_s=3600)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    script = str(Path(sys.executable).parent / "trio-supervisor")
+    with trio.fail_after(90):
+        waiter = await trio.lowlevel.open_process(
+            [script, "publish", "--config", str(config), str(_variant(tmp_path, "two.toml")),
+             "--wait", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert waiter.stdout is not None
+        # Its commit is done once it says so; the replica is not running yet.
+        seen = b""
+        while b"published revision 2\n" not in seen:
+            chunk = await waiter.stdout.receive_some()
+            assert chunk, seen
+            seen += chunk
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            while chunk := await waiter.stdout.receive_some():
+                seen += chunk
+            assert await waiter.wait() == 0, seen
+            assert seen.decode().splitlines()[-2:] == [
+                f"http://127.0.0.1:{port}: revision 2 active", "2"]
