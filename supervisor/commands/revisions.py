@@ -168,6 +168,24 @@ def _as_text(loaded: LoadedRevision) -> str:
         return f"# this build cannot read it ({exc.reason}): {exc.detail}\n{text}"
 
 
+async def _readable_row(store: ControlPlaneStore, revision: int,
+                        consequence: str = "") -> LoadedRevision:
+    """``store.revision(revision)``; a body that fails its digest (``corrupt``) or is over
+    ``max_revision_bytes`` (``denied``) is UsageError (exit 2, the label named): this
+    build cannot read it, as for an incompatible one. Not found stays exit 1."""
+    from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, TooLarge
+
+    try:
+        return await store.revision(revision)
+    except ControlPlaneError as exc:
+        unreadable = isinstance(exc, TooLarge) or exc.category is FailureCategory.CORRUPT
+        if not unreadable or exc.revision != revision:
+            raise
+        detail = str(exc).removeprefix(f"revision {revision}: ")
+        raise UsageError(f"revision {revision} cannot be read by this build: {detail} "
+                         f"({exc.reason}){consequence}") from exc
+
+
 # -- diff ---------------------------------------------------------------------------
 
 
@@ -195,7 +213,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             target = await store.desired()
             if target is None:
                 raise UsageError("nothing is desired yet: name revision B")
-        return await store.revision(args.old), await store.revision(target)
+        return await _readable_row(store, args.old), await _readable_row(store, target)
 
     old, new = with_store(config, read)
     changes = diff_documents(readable(old), readable(new))
@@ -220,7 +238,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
 
     async def roll(store: ControlPlaneStore) -> int | None:
-        loaded = await store.revision(args.revision)
+        loaded = await _readable_row(store, args.revision, "; desired was not changed")
         if loaded.schema_version > SCHEMA_VERSION:
             raise UsageError(
                 f"revision {loaded.id} has schema_version {loaded.schema_version}; this build "

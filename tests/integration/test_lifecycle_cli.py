@@ -372,3 +372,33 @@ async def test_a_stored_message_cannot_drive_the_operators_terminal(tmp_path: Pa
     # --json keeps the message exactly as stored (escaped by JSON).
     doc = json.loads(out(await run("show", "1", "--config", config, "--json")))
     assert doc["message"] == hostile
+
+
+async def test_rollback_and_diff_refuse_a_damaged_or_oversized_revision_as_unreadable(
+    tmp_path: Path,
+) -> None:
+    """A body that no longer matches its digest (``corrupt``) or is over this replica's
+    ``max_revision_bytes`` (``denied``) cannot be read by this build: exit 2 with the label,
+    as for an incompatible one, not 1 (which says it does not exist, or try again)."""
+    db = tmp_path / "cp.db"
+    config = tmp_path / "supervisor.toml"
+    config.write_text(f'[control_plane]\nurl = "sqlite:///{db}"\nmax_revision_bytes = 1024\n')
+    assert (await run("publish", "--config", str(config), str(EXAMPLE))).returncode == 0
+    large = json.dumps({"schema_version": 1, "aliases": {
+        f"a{i}": {"upstream": f"https://u{i}.internal/v1"} for i in range(40)}}).encode()
+    damaged = b'{"schema_version": 1}'
+    with sqlite3.connect(db) as conn:
+        insert = ("INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                  " VALUES (1, ?, ?)")
+        conn.execute(insert, (large, hashlib.sha256(large).digest()))  # revision 2
+        conn.execute(insert, (damaged, hashlib.sha256(b"other").digest()))  # revision 3
+    results = await run_all(*((command, rev, *more, "--config", str(config))
+                              for rev in ("2", "3")
+                              for command, *more in (("rollback",), ("diff", "1"))))
+    labels = ["denied", "denied", "corrupt", "corrupt"]
+    for label, result in zip(labels, results, strict=True):
+        assert result.returncode == 2, err(result)
+        assert f"({label})" in err(result) and "cannot be read by this build" in err(result)
+    assert "desired was not changed" in err(results[0]) + err(results[2])
+    history = json.loads(out(await run("history", "--config", str(config), "--json")))
+    assert history["desired"] == 1
