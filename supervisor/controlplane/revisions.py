@@ -103,14 +103,20 @@ class pg:  # a namespace of PostgreSQL statements
 
     @staticmethod
     def rollback(conn: Conn, revision: int, body_sha256: bytes) -> None:
-        row = conn.execute(
-            "INSERT INTO supervisor_desired (singleton, revision_id)"
-            " SELECT true, id FROM supervisor_revisions WHERE id = %s AND body_sha256 = %b"
-            " ON CONFLICT (singleton) DO UPDATE"
-            " SET revision_id = EXCLUDED.revision_id, updated_at = now()"
-            " RETURNING revision_id",
-            [revision, body_sha256],
-        ).fetchone()
+        try:
+            row = conn.execute(
+                "INSERT INTO supervisor_desired (singleton, revision_id)"
+                " SELECT true, id FROM supervisor_revisions WHERE id = %s AND body_sha256 = %b"
+                " ON CONFLICT (singleton) DO UPDATE"
+                " SET revision_id = EXCLUDED.revision_id, updated_at = now()"
+                " RETURNING revision_id",
+                [revision, body_sha256],
+            ).fetchone()
+        except psycopg.errors.ForeignKeyViolation as exc:
+            # A prune committed between this statement's read of the revision and
+            # its write of the pointer (it waited on the desired row the prune
+            # held): the revision is gone, which is what the caller must hear.
+            raise _not_found(revision) from exc
         if row is None:
             raise _not_found(revision)
 

@@ -116,3 +116,49 @@ async def test_prune_keeps_the_newest_and_the_desired(store: ControlPlaneStore) 
         assert await store.prune(0) == [ids[4], ids[5]]
         assert (await store.history(None))[1][0].id == ids[0]
         assert (await store.hydrate()) is not None
+
+
+async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
+    """A prune that deletes the target while a rollback waits on the desired row: NOT_FOUND.
+
+    The prune's transaction holds the desired row and has deleted the target; the
+    rollback's statement read the target before that commit and waits on the row.
+    After the commit its foreign key check fails: that must read as "does not
+    exist", not as a raw foreign-key error (exit 1, "try again").
+    """
+    store = make_store(pg_url, max_revision_bytes=4096)
+    await store.migrate()
+    try:
+        with trio.fail_after(30):
+            old = await store.publish(doc(n=1), 1, None)
+            await store.publish(doc(n=2), 1, None)
+            with psycopg.connect(pg_url) as pruner:
+                pruner.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
+                               " FOR UPDATE")
+                pruner.execute("DELETE FROM supervisor_revisions WHERE id = %s", [old])
+                outcome: list[BaseException | None] = []
+
+                async def roll_back() -> None:
+                    try:
+                        await store.rollback(old, hashlib.sha256(doc(n=1)).digest())
+                        outcome.append(None)
+                    except ControlPlaneError as exc:
+                        outcome.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(roll_back)
+                    # Commit only once the rollback waits on the desired row's lock.
+                    with psycopg.connect(pg_url, autocommit=True) as watch:
+                        while not watch.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+                            " = 'Lock' AND query LIKE 'INSERT INTO supervisor_desired%%'"
+                        ).fetchone()[0]:  # type: ignore[index]
+                            await trio.sleep(0.01)  # outside state: another session's lock wait
+                    pruner.commit()
+            [refused] = outcome
+            assert isinstance(refused, ControlPlaneError), refused
+            assert refused.category is FailureCategory.NOT_FOUND, refused
+            assert str(refused) == f"revision {old} does not exist"
+            assert await store.desired() != old
+    finally:
+        await store.aclose()
