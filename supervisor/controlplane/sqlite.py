@@ -310,6 +310,8 @@ class SQLiteStore:
             self._wal_id = wal
         if current is None and not self._create:
             raise ControlPlaneError(
-                f"control plane read failed: the control-plane file {path} does not exist",
+                f"control plane read failed: the control-plane file {path} does not exist"
+                " (`trio-supervisor publish FILE` or `trio-supervisor db migrate` with"
+                " this configuration creates it)",
                 category=FailureCategory.UNAVAILABLE,
             )

@@ -402,3 +402,15 @@ async def test_rollback_and_diff_refuse_a_damaged_or_oversized_revision_as_unrea
     assert "desired was not changed" in err(results[0]) + err(results[2])
     history = json.loads(out(await run("history", "--config", str(config), "--json")))
     assert history["desired"] == 1
+
+
+async def test_a_missing_sqlite_file_says_what_creates_it(tmp_path: Path) -> None:
+    """history before any publish: exit 1, the path named, and the commands that create it."""
+    with trio.fail_after(60):
+        db = tmp_path / "nowhere.db"
+        config = str(write_config(tmp_path, f"sqlite:///{db}"))
+        result = await run("history", "--config", config)
+        assert result.returncode == 1, result
+        assert f"the control-plane file {db} does not exist" in err(result)
+        assert "db migrate" in err(result) and "publish FILE" in err(result)
+        assert not db.exists()  # a read never creates the file
