@@ -10,8 +10,8 @@ with ``Allow``; an unknown path gets 404. Every error body is JSON
 ``Cache-Control: no-store`` (the snapshot ``no-cache``: revalidate by ETag).
 
 Host and Origin (:mod:`.hosts`): every route but ``/healthz`` answers 421 to a
-``Host`` the server is not known by, and a WebSocket handshake with a foreign
-``Origin`` is refused with 403; both are checked before the token.
+``Host`` the server is not known by, and a WebSocket handshake or a ``POST`` with
+a foreign ``Origin`` is refused with 403; both are checked before the token.
 
 Authentication: when :attr:`AdminContext.token` is set, every route except
 ``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`); otherwise
@@ -48,6 +48,7 @@ from supervisor.admin.responses import (
     Response,
     error_response,
     etag_matches,
+    forbidden_origin,
     header_value,
     json_response,
     misdirected,
@@ -116,10 +117,15 @@ class AdminApp:
         headers = scope_headers(scope)
         response: Response | None
         try:
-            if method == "POST" and path == CONVERGE_PATH and self._authorized(headers):
-                response = await self._converge(scope, receive)
+            if method == "POST" and path == CONVERGE_PATH:
+                # The one route that acts: held to every check the others get,
+                # and to Origin, since a cross-site page can send a simple POST
+                # without any CORS preflight.
+                response = self._refuse_post(headers)
                 if response is None:
-                    return  # the client is gone: nobody to answer
+                    response = await self._converge(scope, receive)
+                    if response is None:
+                        return  # the client is gone: nobody to answer
             else:
                 response = self._respond(method, path, headers)
                 if response is _READ_SIGNED:
@@ -144,6 +150,16 @@ class AdminApp:
                 405, "method_not_allowed", f"{path} answers GET and HEAD", [(b"allow", ALLOW)]
             )
         return handler(headers)
+
+    def _refuse_post(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        """Why a POST may not run (421, 403, 401, in that order); None when it may."""
+        if not self._known_host(headers):
+            return misdirected()
+        if not self._allowed_origin(headers):
+            return forbidden_origin()
+        if not self._authorized(headers):
+            return unauthorized(headers)
+        return None
 
     def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
         return self.hosts is None or self.hosts.allows_host_header(header_value(headers, b"host"))
@@ -299,9 +315,7 @@ class AdminApp:
         if not self._known_host(headers):
             await reject_handshake(scope, send, misdirected())
         elif not self._allowed_origin(headers):
-            await reject_handshake(
-                scope, send, error_response(403, "forbidden_origin", "Origin not allowed")
-            )
+            await reject_handshake(scope, send, forbidden_origin())
         elif scope.get("path") != STREAM_PATH:
             # Same order as HTTP: without the token, nothing reveals which paths exist.
             if not self._authorized(headers):

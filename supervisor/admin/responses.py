@@ -18,8 +18,8 @@ from typing import Any
 from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
-__all__ = ["JSON", "Response", "error_response", "etag_matches", "header_value",
-           "json_response", "misdirected", "reject_handshake", "scope_headers",
+__all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
+           "header_value", "json_response", "misdirected", "reject_handshake", "scope_headers",
            "send_response", "unauthorized"]
 
 JSON = b"application/json"
@@ -80,6 +80,10 @@ def misdirected() -> Response:
     return error_response(
         421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
     )
+
+
+def forbidden_origin() -> Response:
+    return error_response(403, "forbidden_origin", "Origin not allowed")
 
 
 def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
