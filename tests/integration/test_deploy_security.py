@@ -91,3 +91,38 @@ def test_apps_namespace_pod_security_and_least_privilege_rbac() -> None:
                 assert "*" not in rule["verbs"], (path, rule)
                 # get only on objects named in the rule (the one election Lease).
                 assert "get" not in rule["verbs"] or rule.get("resourceNames"), (path, rule)
+
+
+def _grants(path: str) -> set[tuple[str, str, str, str]]:
+    return {(group, resource, verb, ",".join(rule.get("resourceNames", [])))
+            for doc in _docs(REPO / path) for rule in doc["rules"]  # type: ignore[attr-defined]
+            for group in rule["apiGroups"] for resource in rule["resources"]
+            for verb in rule["verbs"]}
+
+
+def test_roles_grant_exactly_the_verbs_the_client_uses() -> None:
+    """Least privilege: the Roles grant what the kube client sends and nothing more.
+
+    What it sends (supervisor/kube): children are listed, watched, applied (PATCH;
+    an apply that creates also needs create) and deleted; parents listed and
+    watched, their status applied (PATCH); Events only POSTed (events.py: one new
+    Event each time, never patched into a series); a Lease created, and the one
+    named Lease read (GET) and renewed (PUT)."""
+    from supervisor.config import KubernetesConfig
+    from supervisor.fanout.children import KINDS
+    from supervisor.kube.events import EVENTS
+
+    lease = KubernetesConfig().lease_name
+    apps = {(child.group, child.plural, verb, "")
+            for kind in KINDS for child in kind.child_resources
+            for verb in ("list", "watch", "create", "patch", "delete")}
+    control = {(kind.resource.group, kind.resource.plural, verb, "")
+               for kind in KINDS for verb in ("list", "watch")}
+    control |= {(kind.resource.group, f"{kind.resource.plural}/status", "patch", "")
+                for kind in KINDS}
+    control |= {(EVENTS.group, EVENTS.plural, "create", ""),
+                ("coordination.k8s.io", "leases", "create", ""),
+                ("coordination.k8s.io", "leases", "get", lease),
+                ("coordination.k8s.io", "leases", "update", lease)}
+    assert _grants("manifests/apps-namespace/role.yaml") == apps
+    assert _grants("manifests/supervisor/role.yaml") == control
