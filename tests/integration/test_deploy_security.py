@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from pathlib import Path
@@ -35,6 +36,36 @@ async def test_check_and_boot_warn_about_a_world_readable_token(tmp_path: Path) 
             assert await daemon.wait() == 0
         token.chmod(0o600)
         assert (await acli("check", "--strict", "--config", str(config))).returncode == 0
+
+
+async def test_check_strict_refuses_group_readable_token_and_signing_key(tmp_path: Path) -> None:
+    """Group-readable counts when the group is not the daemon's own (another group's
+    members could read it); the signing key is held to the same rule as the token."""
+    token = tmp_path / "admin.token"
+    token.write_text("tok-en\n")
+    key = tmp_path / "signing.key"
+    verify = cli("keygen", "--out", str(key)).stdout.split()[-1]
+    config = write_config(
+        tmp_path, f"sqlite:///{tmp_path}/cp.db",
+        f'token_file = "{token}"\n[cache]\npath = "{tmp_path / "lkg.bin"}"\n'
+        f'signing_key = "{key}"\ntrusted_keys = ["{verify}"]\n')
+    foreign_gid = os.getegid() + 4242
+    with trio.fail_after(60):
+        for path, other in ((token, key), (key, token)):
+            other.chmod(0o600)
+            os.chown(path, -1, foreign_gid)
+            path.chmod(0o640)
+            result = await acli("check", "--strict", "--config", str(config), check=False)
+            assert result.returncode == 2, result
+            assert f"readable by group {foreign_gid}" in result.stderr and str(path) in result.stderr
+            assert str(other) not in result.stderr
+            # The daemon's own group (a Kubernetes fsGroup) is not a leak.
+            os.chown(path, -1, os.getegid())
+            assert (await acli("check", "--strict", "--config", str(config))).returncode == 0
+            path.chmod(0o604)
+            result = await acli("check", "--strict", "--config", str(config), check=False)
+            assert result.returncode == 2 and "readable by others" in result.stderr, result
+            path.chmod(0o600)
 
 
 def _docs(path: Path) -> list[dict[str, object]]:

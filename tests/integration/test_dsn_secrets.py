@@ -29,7 +29,7 @@ import trio
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import tcp_proxy
 
-EVERY = string.punctuation + " "
+EVERY = string.punctuation + " \t\n"  # newline and tab: libpq takes them, encoded or quoted
 ENCODED = f"Zq7{EVERY}Kx9"
 RAW_IN_URL = "Zq7#?!$&'()*+,;=:~[]^{}|`\"<>-Kx9"  # all libpq takes unencoded in a URL
 SSL = "Zq7ssl'\\ @/Kx9"
@@ -70,7 +70,9 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
     port = free_port()
     config = write_config(tmp_path, "sqlite:///unused.db", port=port, poll_interval_s=0.2,
                           backoff_initial_s=0.1, backoff_max_s=0.3)
-    config.write_text(config.read_text().replace('"sqlite:///unused.db"', _toml(url)))
+    # At debug level: "control-plane connection opened" and the like are covered too.
+    config.write_text(config.read_text().replace('"sqlite:///unused.db"', _toml(url))
+                      .replace('level = "info"', 'level = "debug"'))
     direct_config = tmp_path / "direct.toml"
     direct_config.write_text(config.read_text().replace(_toml(url), _toml(direct)))
     outputs: list[str] = []
@@ -93,6 +95,8 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
         outputs += daemon.raw
+        assert any(line.get("event") == "control-plane connection opened"
+                   for line in daemon.lines)  # the debug lines were there to leak
         failed = [line for line in daemon.lines if line.get("event") ==
                   "LISTEN connection unreachable"]
         assert failed[0]["url"] == f"postgresql://postgres@127.0.0.1:{proxy_port}/{db}"
