@@ -52,6 +52,7 @@ from supervisor.admin.responses import (
     header_value,
     json_response,
     misdirected,
+    raw_response,
     reject_handshake,
     scope_headers,
     send_response,
@@ -160,6 +161,31 @@ class AdminApp:
         if not self._authorized(headers):
             return unauthorized(headers)
         return None
+
+    def answer_at_once(self, head: bytes) -> bytes | None:
+        """The whole answer to a request whose complete head is ``head``, when the
+        accept loop may send it without a connection slot: a ``GET`` or ``HEAD``
+        of ``/healthz`` asking to close the connection (as probes do) with no
+        body and nothing unusual; None for anything else (served as usual)."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[1] != b"/healthz" or parts[0] not in (b"GET", b"HEAD"):
+            return None
+        if parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+            return None
+        close = False
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(b":")
+            name = name.lower()
+            if not sep or not name or name != name.strip() or name in _NOT_AT_ONCE:
+                return None  # malformed, a body, or an upgrade: hypercorn decides
+            if name == b"connection":
+                close = close or b"close" in value.lower().replace(b" ", b"").split(b",")
+        if not close:
+            return None
+        return raw_response(self._healthz([]), head=parts[0] == b"HEAD")
 
     def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
         return self.hosts is None or self.hosts.allows_host_header(header_value(headers, b"host"))
@@ -353,6 +379,9 @@ def _timeout_param(query: Any) -> float | None:
         return None
     return value
 
+
+# Headers that keep a request from being answered by the accept loop.
+_NOT_AT_ONCE = frozenset({b"content-length", b"transfer-encoding", b"upgrade", b"expect"})
 
 # _revision's answer when the bytes must first be read from the disk (in _http).
 _READ_SIGNED = Response(0)

@@ -11,16 +11,18 @@ close.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+from wsgiref.handlers import format_date_time
 
 from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
 __all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
-           "header_value", "json_response", "misdirected", "reject_handshake", "scope_headers",
-           "send_response", "unauthorized"]
+           "header_value", "json_response", "misdirected", "raw_response", "reject_handshake",
+           "scope_headers", "send_response", "unauthorized"]
 
 JSON = b"application/json"
 
@@ -102,6 +104,17 @@ def response_headers(response: Response, length: int | None) -> list[tuple[bytes
         headers.append((b"content-length", str(length).encode("ascii")))
     headers.append((b"cache-control", response.cache))
     return headers
+
+
+def raw_response(response: Response, *, head: bool) -> bytes:
+    """``response`` as the bytes of an HTTP/1.1 answer that closes its connection
+    (as hypercorn would write it: same headers, ``date``, ``connection: close``)."""
+    lines = [f"HTTP/1.1 {response.status} ".encode("ascii")]
+    headers = response_headers(response, len(response.body))
+    headers += [(b"date", format_date_time(time.time()).encode("ascii")),
+                (b"connection", b"close")]
+    lines += [name + b": " + value for name, value in headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body)
 
 
 async def send_response(send: Send, response: Response, *, head: bool) -> None:
