@@ -30,7 +30,7 @@ from tests.proc import EXAMPLE, acli, cli, free_port, run_daemon, write_config
 
 IDLE_DEADLINE_S = 5.0  # supervisor.admin.server.IDLE_DEADLINE_S
 NOFILE = 256  # the daemon's RLIMIT_NOFILE in the flood test
-FLOOD = 600  # connections per flood: a few times what NOFILE lets the daemon hold
+FLOOD = 2000  # connections per flood (issue 12): about ten times what NOFILE lets the daemon hold
 
 
 async def _h2_preface(port: int, closed_after: list[float]) -> None:
@@ -121,7 +121,7 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
     cli("publish", "--config", str(config), str(EXAMPLE))
-    with trio.fail_after(90):
+    with trio.fail_after(150):
         async with run_daemon(config, nofile=NOFILE) as daemon:
             await daemon.wait_log("ready")
             # Stream clients: derived from the descriptor limit (hard = soft here,
@@ -176,19 +176,19 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
                     await stream.aclose()
                 await trio.to_thread.run_sync(prober.stop)
 
-            # /healthz answered throughout. The 100 ms bound is asserted on the
-            # median only, and at most 2 % of the probes may be reset: this
-            # machine (2 cores) is shared with other test runs, a daemon that
-            # gets no CPU for a moment cannot answer in time however it is
-            # written, and a probe whose process stalls between its connect and
-            # its request looks, for that moment, exactly like an idle flood
-            # connection. bench/bench_admin_flood.py reports p99 and max.
+            # /healthz answered throughout. A probe is answered by the accept loop
+            # itself (its head waits at accept), so it needs no slot and no handler
+            # turn. The 100 ms bound is asserted on 90 % of the probes, and at most
+            # two may fail: this machine (2 cores) is shared with other test runs,
+            # a daemon that gets no CPU for a moment cannot answer in time however
+            # it is written, and a probe whose process stalls between its connect
+            # and its request looks, for that moment, exactly like an idle flood
+            # connection (and may be evicted as one). bench/bench_admin_flood.py
+            # reports p99 and max.
             assert len(prober.latencies) > 20
-            assert prober.percentile(0.5) < 0.1, sorted(prober.latencies)[-10:]
-            # A probe that stalls between connecting and sending its request can
-            # still be evicted during the WebSocket flood (a known gap, issue 12's
-            # closing note): at most one probe in twenty, and never most of them.
-            assert len(prober.failures) <= max(3, len(prober.latencies) // 20), prober.failures
+            assert prober.percentile(0.5) < 0.01, sorted(prober.latencies)[-10:]
+            assert prober.percentile(0.9) < 0.1, sorted(prober.latencies)[-10:]
+            assert len(prober.failures) <= 2, prober.failures
             status_doc = json.loads((await acli("status", "--config", str(config),
                                                 "--json")).stdout)
             assert status_doc["revision"]["active"] == 2
