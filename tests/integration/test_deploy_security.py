@@ -157,3 +157,28 @@ def test_roles_grant_exactly_the_verbs_the_client_uses() -> None:
                 ("coordination.k8s.io", "leases", "update", lease)}
     assert _grants("manifests/apps-namespace/role.yaml") == apps
     assert _grants("manifests/supervisor/role.yaml") == control
+
+
+def test_shipped_secret_places_exclude_the_daemons_own_credentials() -> None:
+    """A publisher may point references only at the keys' place: never at the admin
+    token, the cache signing key or the database password file (their digests would
+    be served), nor at the daemon's own configuration variables."""
+    from supervisor.revision.errors import RevisionError
+    from supervisor.revision.secrets import EnvFileResolver
+
+    (statefulset,) = _docs(REPO / "deploy/kubernetes/statefulset.yaml")
+    spec = statefulset["spec"]["template"]["spec"]  # type: ignore[index]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    for path in ("deploy/kubernetes/prod.toml", "conf/prod.toml"):
+        config = load(REPO / path)
+        resolver = EnvFileResolver({}, env_prefixes=config.revision.secret_env_prefixes,
+                                   dirs=config.revision.secret_dirs)
+        own = [config.admin.token_file, config.cache.signing_key, env["PGPASSFILE"]]
+        for reference in [f"file:{p}" for p in own if p] + [
+                "env:SUPERVISOR_CONTROL_PLANE__URL", "env:PGPASSWORD", "env:PGPASSFILE"]:
+            try:
+                resolver.resolve(reference)
+            except RevisionError as exc:
+                assert "is outside [revision]" in exc.detail, (path, reference, exc.detail)
+            else:
+                raise AssertionError(f"{path}: {reference} is allowed")
