@@ -6,6 +6,11 @@ WebSocket handshake is refused before it is accepted through ASGI's
 ``websocket.http.response`` extension (which hypercorn implements), so the
 client sees the real status (401, 403, 421); a server without it gets a 1008
 close.
+
+A refusal (401, 403, 421) ends its connection (``Connection: close``): a client
+without the token, or a browser page, gets one small answer and no keep-alive,
+so it cannot pipeline thousands of requests, read the answers slowly, and keep
+a connection busy (its writes blocked) past every idle deadline.
 """
 
 from __future__ import annotations
@@ -78,21 +83,26 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     return out
 
 
+# A refusal's connection ends with it: see the module docstring.
+_CLOSE = (b"connection", b"close")
+
+
 def misdirected() -> Response:
     return error_response(
-        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
+        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts", [_CLOSE]
     )
 
 
 def forbidden_origin() -> Response:
-    return error_response(403, "forbidden_origin", "Origin not allowed")
+    return error_response(403, "forbidden_origin", "Origin not allowed", [_CLOSE])
 
 
 def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
     presented = any(k.lower() == b"authorization" for k, _ in headers)
     challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
     return error_response(
-        401, "unauthorized", "missing or invalid bearer token", [(b"www-authenticate", challenge)]
+        401, "unauthorized", "missing or invalid bearer token",
+        [(b"www-authenticate", challenge), _CLOSE],
     )
 
 

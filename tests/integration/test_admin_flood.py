@@ -199,3 +199,58 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
             assert not [line for line in daemon.lines if line.get("level") == "error"]
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+async def test_an_unauthenticated_client_cannot_hold_a_connection_by_pipelining(
+    tmp_path: Path,
+) -> None:
+    """Thousands of pipelined requests without the token (or with a foreign Host), read
+    slowly or not at all: the server's writes would block (its send buffer full) and
+    the connection, busy, would outlive every idle deadline. A refusal ends its
+    connection, so each such client gets one small answer and is closed at once."""
+    port = free_port()
+    token = tmp_path / "admin.token"
+    token.write_text("tok-en\n")
+    token.chmod(0o600)
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          f'token_file = "{token}"\n', port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+
+    async def pipelined(head: bytes) -> bytes:
+        sock = trio.socket.socket()
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 2048)
+        await sock.connect(("127.0.0.1", port))
+        stream = trio.SocketStream(sock)
+        try:
+            with trio.move_on_after(2):  # as much as the server takes in
+                await stream.send_all(head * 3000)
+            received = b""
+            with trio.move_on_after(IDLE_DEADLINE_S + 2.0):
+                while len(received) < 4096:  # a slow reader: at most a few answers
+                    try:
+                        chunk = await stream.receive_some(512)
+                    except trio.BrokenResourceError:
+                        return received + b"<reset>"
+                    if not chunk:
+                        return received + b"<closed>"
+                    received += chunk
+                await trio.sleep_forever()  # stop reading: let the server block
+            return received + b"<still open>"
+        finally:
+            await stream.aclose()
+
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            for head, status in (
+                (b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n", b"401"),
+                (b"GET /status HTTP/1.1\r\nHost: evil.example\r\n\r\n", b"421"),
+            ):
+                answer = await pipelined(head)
+                # One answer at most (the reset for the unread rest can overtake
+                # it), then the end of the connection, well within the deadline.
+                assert answer.count(b"HTTP/1.1 ") <= 1, answer[-200:]
+                assert answer.startswith((b"HTTP/1.1 " + status, b"<")), answer[:100]
+                assert answer.endswith((b"<closed>", b"<reset>")), answer[-200:]
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
