@@ -43,6 +43,10 @@ descriptors the rest of the daemon needs, nor ``/healthz``):
 - HTTP/1.1 only: the HTTP/2 preface closes the connection at once;
 - a complete request head within ``IDLE_DEADLINE_S`` of accepting (and of the
   previous response on a keep-alive connection), or the connection is closed;
+  an answer whose writes make no progress for as long is reset
+  (:mod:`supervisor.admin.http11`), and a refusal (401, 403, 421) ends its
+  connection: pipelining requests and leaving the answers unread keeps no
+  connection busy;
 - at most ``max_connections`` held (:mod:`supervisor.admin.limits`: the soft
   ``RLIMIT_NOFILE``, first raised to the hard limit, minus a reserve), and at
   most ``max_stream_clients`` of them stream clients (derived from the same
