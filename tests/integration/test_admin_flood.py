@@ -253,3 +253,47 @@ async def test_a_client_cannot_hold_a_connection_by_pipelining_and_not_reading(
 
 async def _zero(count: Awaitable[float]) -> bool:
     return await count == 0
+
+
+async def test_a_head_trickled_byte_by_byte_is_closed_at_the_idle_deadline(
+    tmp_path: Path,
+) -> None:
+    """Slowloris: every byte would reset a per-read timer. The deadline runs from the
+    accept (first request) and from the previous answer (keep-alive), whatever
+    arrives meanwhile."""
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    head = b"GET /status HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
+
+    async def trickle(stream: trio.SocketStream) -> float:
+        """Seconds until the server ends the connection, one byte sent every 0.25 s."""
+        started = time.monotonic()
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                for byte in head:
+                    try:
+                        await stream.send_all(bytes([byte]))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return
+                    await trio.sleep(0.25)  # the attacker's pace, not a wait for state
+
+            nursery.start_soon(send)
+            await until_closed(stream)
+            nursery.cancel_scope.cancel()
+        return time.monotonic() - started
+
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            first = await connect(port)
+            assert await trickle(first) < IDLE_DEADLINE_S + 1.5  # the head needs 50 s
+            await first.aclose()
+            kept = await connect(port)
+            await kept.send_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert (await read_head(kept)).startswith(b"HTTP/1.1 200")
+            assert await trickle(kept) < IDLE_DEADLINE_S + 1.5
+            await kept.aclose()
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
