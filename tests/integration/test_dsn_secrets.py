@@ -49,6 +49,9 @@ def _cases(host_port: str, db: str) -> dict[str, str]:
         "keyvalue": f"host={host_port.split(':')[0]} port={host_port.split(':')[1]} "
                     f"dbname={db} user=postgres password={_kv_quote(ENCODED)} "
                     f"sslpassword={_kv_quote(SSL)}",
+        # Unencoded in the query: libpq cannot parse it and echoes a piece.
+        "url-ssl-unparseable": f"postgresql://postgres@{host_port}/{db}"
+                               f"?sslpassword=Zq7&Kx9()*+,;&Zq7:~Kx9",
         # Unquoted spaces: libpq cannot parse it and echoes the word it choked on.
         "keyvalue-unparseable": f"host={host_port.split(':')[0]} password=Zq7 Kx9wd "
                                 f"sslpassword=Zq7 Kx9ssl dbname={db}",
@@ -125,7 +128,8 @@ async def test_a_url_password_libpq_would_misread_is_refused_without_echoing_it(
 
 
 @pytest.mark.parametrize(
-    "form", ["url-encoded", "url-raw", "url-misread", "keyvalue", "keyvalue-unparseable"])
+    "form", ["url-encoded", "url-raw", "url-misread", "url-ssl-unparseable", "keyvalue",
+             "keyvalue-unparseable"])
 async def test_libpq_connect_errors_are_scrubbed_in_every_form(form: str) -> None:
     from supervisor.controlplane import postgres_driver as postgres
 
