@@ -12,7 +12,11 @@ so the URL and key/value spellings are read exactly as the driver reads them):
   spelling of the secrets: the parsed values, their percent-encoded forms, the
   raw text of the URL's password, and the pieces of it that libpq may have read
   as another field when the password holds an unencoded ``@`` or ``/``
-  (libpq then reports, say, ``failed to resolve host "Wb14@127.0.0.1"``).
+  (libpq then reports, say, ``failed to resolve host "Wb14@127.0.0.1"``), and,
+  in key/value text libpq cannot parse, what follows ``password=`` up to the
+  next keyword, whole and word by word (libpq echoes the word it choked on:
+  ``missing "=" after "..."``), and in a URL query libpq cannot parse, what
+  follows ``password=`` or ``sslpassword=``.
 - :func:`problem` says why a DSN cannot be used as written (libpq refuses it,
   or reads its URL password differently than it is spelled: percent-encode
   ``@`` and ``/``); ``check`` and the configuration loader refuse it, naming
@@ -36,6 +40,10 @@ SECRET_KEYS = ("password", "sslpassword")
 MIN_PIECE = 4
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PIECE_SPLIT = re.compile(r"[@/?#:&=]")
+_KV_SECRET = re.compile(r"password\s*=\s*(.*?)(?=\s+[A-Za-z_]+\s*=|$)", re.S)
+_KV_WORDS = re.compile(r"\s+")
+_URL_SECRET = re.compile(r"[?&](?:ssl)?password=(.+)$", re.S)
+_QUERY_SPLIT = re.compile(r"[&=#]")
 
 
 def _is_url(dsn: str) -> bool:
@@ -125,9 +133,22 @@ def secrets(dsn: str) -> list[str]:
         found.update({spelled, unquote(spelled)})
         # Misread: libpq may have taken pieces of it for a host or a database.
         found.update(p for p in _PIECE_SPLIT.split(spelled) if len(p) >= MIN_PIECE)
-    if params.get("password") is None and not _is_url(dsn):
-        # Unparseable key/value text: mask what follows password= as best we can.
-        found.update(m[1] for m in re.finditer(r"password\s*=\s*'?([^'\s]+)", dsn))
+    if not params and _is_url(dsn):
+        # An unparseable URL query: libpq echoes the parameter it choked on, often
+        # a piece of an unencoded (ssl)password: everything after it is masked,
+        # whole and piece by piece (the query's own separators).
+        for match in _URL_SECRET.finditer(dsn):
+            found.add(match[1])
+            found.update(p for p in _QUERY_SPLIT.split(match[1]) if len(p) >= MIN_PIECE)
+    if not params and not _is_url(dsn):
+        # Unparseable key/value text: libpq's error echoes the word it choked on,
+        # often a piece of an unquoted password. Mask everything from password=
+        # (or sslpassword=) up to the next keyword=, whole and word by word.
+        for match in _KV_SECRET.finditer(dsn):
+            value = match[1].strip()
+            found.update({value, value.strip("'")})
+            words = (w.strip("'") for w in _KV_WORDS.split(value))
+            found.update(w for w in words if len(w) >= MIN_PIECE)  # see MIN_PIECE
     return sorted((s for s in found if s), key=len, reverse=True)
 
 

@@ -41,13 +41,17 @@ async def read_head(stream: trio.SocketStream) -> bytes:
 
 
 async def request(port: int, path: str, *, host: str = "127.0.0.1",
-                  headers: str = "") -> tuple[int, bytes, float]:
-    """One ``GET`` on a new connection: (status, whole response, seconds taken)."""
+                  headers: str = "", method: str = "GET") -> tuple[int, bytes, float]:
+    """One request (``GET`` unless told) on a new connection: (status, whole response,
+    seconds taken)."""
     started = time.monotonic()
     stream = await connect(port)
+    if method == "POST":
+        headers += "Content-Length: 0\r\n"
     try:
         await stream.send_all(
-            f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n".encode()
+            f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"
+            .encode()
         )
         data = b""
         while True:

@@ -10,8 +10,8 @@ with ``Allow``; an unknown path gets 404. Every error body is JSON
 ``Cache-Control: no-store`` (the snapshot ``no-cache``: revalidate by ETag).
 
 Host and Origin (:mod:`.hosts`): every route but ``/healthz`` answers 421 to a
-``Host`` the server is not known by, and a WebSocket handshake with a foreign
-``Origin`` is refused with 403; both are checked before the token.
+``Host`` the server is not known by, and a WebSocket handshake or a ``POST`` with
+a foreign ``Origin`` is refused with 403; both are checked before the token.
 
 Authentication: when :attr:`AdminContext.token` is set, every route except
 ``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`); otherwise
@@ -48,9 +48,11 @@ from supervisor.admin.responses import (
     Response,
     error_response,
     etag_matches,
+    forbidden_origin,
     header_value,
     json_response,
     misdirected,
+    raw_response,
     reject_handshake,
     scope_headers,
     send_response,
@@ -116,10 +118,15 @@ class AdminApp:
         headers = scope_headers(scope)
         response: Response | None
         try:
-            if method == "POST" and path == CONVERGE_PATH and self._authorized(headers):
-                response = await self._converge(scope, receive)
+            if method == "POST" and path == CONVERGE_PATH:
+                # The one route that acts: held to every check the others get,
+                # and to Origin, since a cross-site page can send a simple POST
+                # without any CORS preflight.
+                response = self._refuse_post(headers)
                 if response is None:
-                    return  # the client is gone: nobody to answer
+                    response = await self._converge(scope, receive)
+                    if response is None:
+                        return  # the client is gone: nobody to answer
             else:
                 response = self._respond(method, path, headers)
                 if response is _READ_SIGNED:
@@ -144,6 +151,41 @@ class AdminApp:
                 405, "method_not_allowed", f"{path} answers GET and HEAD", [(b"allow", ALLOW)]
             )
         return handler(headers)
+
+    def _refuse_post(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
+        """Why a POST may not run (421, 403, 401, in that order); None when it may."""
+        if not self._known_host(headers):
+            return misdirected()
+        if not self._allowed_origin(headers):
+            return forbidden_origin()
+        if not self._authorized(headers):
+            return unauthorized(headers)
+        return None
+
+    def answer_at_once(self, head: bytes) -> bytes | None:
+        """The whole answer to a request whose complete head is ``head``, when the
+        accept loop may send it without a connection slot: a ``GET`` or ``HEAD``
+        of ``/healthz`` asking to close the connection (as probes do) with no
+        body and nothing unusual; None for anything else (served as usual)."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[1] != b"/healthz" or parts[0] not in (b"GET", b"HEAD"):
+            return None
+        if parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+            return None
+        close = False
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(b":")
+            name = name.lower()
+            if not sep or not name or name != name.strip() or name in _NOT_AT_ONCE:
+                return None  # malformed, a body, or an upgrade: hypercorn decides
+            if name == b"connection":
+                close = close or b"close" in value.lower().replace(b" ", b"").split(b",")
+        if not close:
+            return None
+        return raw_response(self._healthz([]), head=parts[0] == b"HEAD")
 
     def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
         return self.hosts is None or self.hosts.allows_host_header(header_value(headers, b"host"))
@@ -299,9 +341,7 @@ class AdminApp:
         if not self._known_host(headers):
             await reject_handshake(scope, send, misdirected())
         elif not self._allowed_origin(headers):
-            await reject_handshake(
-                scope, send, error_response(403, "forbidden_origin", "Origin not allowed")
-            )
+            await reject_handshake(scope, send, forbidden_origin())
         elif scope.get("path") != STREAM_PATH:
             # Same order as HTTP: without the token, nothing reveals which paths exist.
             if not self._authorized(headers):
@@ -339,6 +379,9 @@ def _timeout_param(query: Any) -> float | None:
         return None
     return value
 
+
+# Headers that keep a request from being answered by the accept loop.
+_NOT_AT_ONCE = frozenset({b"content-length", b"transfer-encoding", b"upgrade", b"expect"})
 
 # _revision's answer when the bytes must first be read from the disk (in _http).
 _READ_SIGNED = Response(0)

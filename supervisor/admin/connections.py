@@ -14,6 +14,11 @@ Contract:
   pool that serves ``/healthz`` only (with the same longest-idle rule); when
   that is full of busy connections too, it is refused at once with a reset.
   Evictions and refusals are counted in ``supervisor_admin_connections_shed_total``.
+- A request that can be answered from its head alone, at once (``answer``: the
+  server's ``/healthz`` with ``Connection: close``, the way probes send it), is
+  answered by the accept loop itself when its complete head is already waiting
+  at accept: it takes no slot and waits for no scheduling round beyond the
+  loop's own, so a probe keeps its latency however busy the handlers are.
 - ``accept`` failing for lack of descriptors or memory (``EMFILE``, ``ENFILE``,
   ``ENOBUFS``, ``ENOMEM``) is logged once when a streak of failures begins and
   once when it ends, with the count, never once per retry; so are refusals at
@@ -52,6 +57,8 @@ ACCEPT_RETRY_S = 0.1
 ACCEPT_BATCH = 256
 # How many idle connections an eviction looks at to find one with nothing to read.
 EVICTION_SCAN = 16
+# How much of a waiting request head the accept loop looks at for ``answer``.
+ANSWER_PEEK = 2048
 # A reserve connection idle for less than this is not evicted (the newcomer is
 # refused instead): its client may not have sent its request yet, and a burst
 # accepted in one batch must not evict the probes among it.
@@ -278,10 +285,12 @@ class AcceptLoop:
         sock: socket.socket,
         table: ConnectionTable,
         spawn: Callable[[Peer, trio.SocketStream, str], None],
+        answer: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
         self._sock = sock
         self._table = table
         self._spawn = spawn
+        self._answer = answer
         self._spare = _Spare()
         self._accept_errors = _Streak("admin accept failing", "admin accept recovered")
         self._full = _Streak(
@@ -329,6 +338,8 @@ class AcceptLoop:
         return False
 
     def _admit(self, sock: socket.socket) -> None:
+        if self._answer is not None and self._answered(sock, self._answer):
+            return
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         pool = self._pool_for(sock)
         if pool is None:
@@ -347,6 +358,26 @@ class AcceptLoop:
         peer = (str(address[0]), int(address[1]))
         self._table.add(peer, stream, sock, pool)
         self._spawn(peer, stream, pool)
+
+    def _answered(self, sock: socket.socket, answer: Callable[[bytes], bytes | None]) -> bool:
+        """Answer and close ``sock`` now if its waiting head is one ``answer`` knows."""
+        try:
+            waiting = sock.recv(ANSWER_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            return False
+        end = waiting.find(b"\r\n\r\n")
+        reply = answer(waiting[: end + 4]) if end >= 0 else None
+        if reply is None:
+            return False
+        try:
+            # Read the head first: closing with unread bytes would reset the
+            # connection, and the client could lose the answer.
+            sock.recv(end + 4, socket.MSG_DONTWAIT)
+            sock.send(reply, socket.MSG_DONTWAIT)  # a few hundred bytes: fits at once
+        except OSError:
+            pass  # the client is gone: nothing to answer
+        sock.close()
+        return True
 
     def _pool_for(self, sock: socket.socket) -> str | None:
         table = self._table

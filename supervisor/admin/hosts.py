@@ -16,9 +16,10 @@ does not cover WebSockets). Browsers always send these headers truthfully, so:
   rebinding needs a name, so an address in ``Host`` is not one (Prometheus and
   probes address pods by IP). A request without
   ``Host`` (HTTP/1.0, never a browser) passes.
-- a WebSocket handshake whose ``Origin`` names a host not known the same way
-  (or is ``null``) is refused with 403. Without ``Origin`` (``watch``, any
-  non-browser client) it passes.
+- a WebSocket handshake, or a ``POST`` (``/v1/converge``: a cross-site page can
+  send a simple POST without a CORS preflight), whose ``Origin`` names a host
+  not known the same way (or is ``null``) is refused with 403. Without
+  ``Origin`` (``watch``, ``curl``, any non-browser client) it passes.
 
 ``/healthz`` is exempt from the Host check: it reveals nothing, and probes
 (Kubernetes' ``httpGet`` sends the pod IP as Host) must reach it.

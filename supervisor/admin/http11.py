@@ -35,7 +35,7 @@ from typing import Any
 
 import h11
 import trio
-from hypercorn.events import Closed, Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.tcp_server import TCPServer
@@ -43,6 +43,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 from wsproto.connection import ConnectionState as WsState
 
+from supervisor.admin.connections import reset
 from supervisor.admin.frames import ConnectionGone
 
 __all__ = ["Http11Connection", "first_request_head"]
@@ -51,6 +52,11 @@ _HTTP1 = frozenset({b"1.0", b"1.1"})
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # A head longer than this is handed to hypercorn as it is (h11 answers 431).
 MAX_HEAD_BYTES = 16 * 1024
+# hypercorn's writes go out in pieces of this size, each within WRITE_STALL_S, the
+# server's idle deadline (a client must take at least WRITE_PIECE / WRITE_STALL_S,
+# about 13 KB/s, or be reset).
+WRITE_PIECE = 64 * 1024
+WRITE_STALL_S = 5.0
 
 
 async def first_request_head(
@@ -124,6 +130,7 @@ class Http11Connection(TCPServer):
     ) -> None:
         super().__init__(app, config, context, ConnectionState({}), stream)
         self._on_idle = on_idle
+        self._socket_stream: trio.SocketStream = stream
 
     async def run(self) -> None:
         # TCPServer.run without its TLS branch, building our protocol instead of
@@ -187,4 +194,32 @@ class Http11Connection(TCPServer):
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, Updated):
             self._on_idle(event.idle)
+        if isinstance(event, RawData):
+            await self._send_bounded(event.data)
+            return
         await super().protocol_send(event)
+
+    async def _send_bounded(self, data: bytes) -> None:
+        """hypercorn's own write (shielded, under its lock), in pieces of WRITE_PIECE
+        bytes each of which must be taken within WRITE_STALL_S, else the connection
+        is reset: a client that reads slowly or not at all (thousands of pipelined
+        ``/healthz`` answers left unread) cannot keep it busy past the deadline,
+        while one that reads, however slowly its link, keeps it."""
+        async with self.send_lock:
+            stalled = False
+            try:
+                with trio.CancelScope(shield=True):
+                    view = memoryview(data)
+                    for start in range(0, len(view), WRITE_PIECE):
+                        with trio.move_on_after(WRITE_STALL_S) as piece:
+                            await self.stream.send_all(view[start : start + WRITE_PIECE])
+                        if piece.cancelled_caught:
+                            stalled = True
+                            break
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            else:
+                if not stalled:
+                    return
+                reset(self._socket_stream)
+        await self.protocol.handle(Closed())

@@ -6,21 +6,28 @@ WebSocket handshake is refused before it is accepted through ASGI's
 ``websocket.http.response`` extension (which hypercorn implements), so the
 client sees the real status (401, 403, 421); a server without it gets a 1008
 close.
+
+A refusal (401, 403, 421) ends its connection (``Connection: close``): a client
+without the token, or a browser page, gets one small answer and no keep-alive,
+so it cannot pipeline thousands of requests, read the answers slowly, and keep
+a connection busy (its writes blocked) past every idle deadline.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+from wsgiref.handlers import format_date_time
 
 from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
-__all__ = ["JSON", "Response", "error_response", "etag_matches", "header_value",
-           "json_response", "misdirected", "reject_handshake", "scope_headers",
-           "send_response", "unauthorized"]
+__all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
+           "header_value", "json_response", "misdirected", "raw_response", "reject_handshake",
+           "scope_headers", "send_response", "unauthorized"]
 
 JSON = b"application/json"
 
@@ -76,17 +83,26 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     return out
 
 
+# A refusal's connection ends with it: see the module docstring.
+_CLOSE = (b"connection", b"close")
+
+
 def misdirected() -> Response:
     return error_response(
-        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts"
+        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts", [_CLOSE]
     )
+
+
+def forbidden_origin() -> Response:
+    return error_response(403, "forbidden_origin", "Origin not allowed", [_CLOSE])
 
 
 def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
     presented = any(k.lower() == b"authorization" for k, _ in headers)
     challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
     return error_response(
-        401, "unauthorized", "missing or invalid bearer token", [(b"www-authenticate", challenge)]
+        401, "unauthorized", "missing or invalid bearer token",
+        [(b"www-authenticate", challenge), _CLOSE],
     )
 
 
@@ -98,6 +114,17 @@ def response_headers(response: Response, length: int | None) -> list[tuple[bytes
         headers.append((b"content-length", str(length).encode("ascii")))
     headers.append((b"cache-control", response.cache))
     return headers
+
+
+def raw_response(response: Response, *, head: bool) -> bytes:
+    """``response`` as the bytes of an HTTP/1.1 answer that closes its connection
+    (as hypercorn would write it: same headers, ``date``, ``connection: close``)."""
+    lines = [f"HTTP/1.1 {response.status} ".encode("ascii")]
+    headers = response_headers(response, len(response.body))
+    headers += [(b"date", format_date_time(time.time()).encode("ascii")),
+                (b"connection", b"close")]
+    lines += [name + b": " + value for name, value in headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body)
 
 
 async def send_response(send: Send, response: Response, *, head: bool) -> None:

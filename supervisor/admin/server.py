@@ -43,12 +43,20 @@ descriptors the rest of the daemon needs, nor ``/healthz``):
 - HTTP/1.1 only: the HTTP/2 preface closes the connection at once;
 - a complete request head within ``IDLE_DEADLINE_S`` of accepting (and of the
   previous response on a keep-alive connection), or the connection is closed;
+  an answer whose writes make no progress for as long is reset
+  (:mod:`supervisor.admin.http11`), and a refusal (401, 403, 421) ends its
+  connection: pipelining requests and leaving the answers unread keeps no
+  connection busy;
 - at most ``max_connections`` held (:mod:`supervisor.admin.limits`: the soft
   ``RLIMIT_NOFILE``, first raised to the hard limit, minus a reserve), and at
   most ``max_stream_clients`` of them stream clients (derived from the same
   limit; a configured stream ``max_clients`` that does not fit is lowered, with
   a warning naming both numbers). At the limit the longest-idle connection
-  makes room, or the new one is refused (:mod:`supervisor.admin.connections`).
+  makes room, or the new one is refused (:mod:`supervisor.admin.connections`);
+- a ``/healthz`` probe whose request (``Connection: close``) is already waiting
+  when it is accepted is answered by the accept loop itself, taking no slot and
+  no handler task (:meth:`AdminApp.answer_at_once`): its latency does not grow
+  with the number of connections being served.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -156,6 +165,7 @@ class _Server:
     def __init__(self, sock: socket.socket, limits: ConnectionLimits, metrics: Metrics) -> None:
         self.config = _hypercorn_config()
         self._app: Any = None
+        self._answer_at_once: Callable[[bytes], bytes | None] | None = None
         self._sock = sock
         self._context = WorkerContext(None)
         self._table = ConnectionTable(
@@ -172,8 +182,10 @@ class _Server:
         self._connections: dict[Peer, Http11Connection] = {}
         self._done = trio.Event()
 
-    def mount(self, app: Any) -> None:
-        self._app = wrap_app(app, self.config.wsgi_max_body_size, "asgi")
+    def mount(self, app: AdminApp) -> None:
+        asgi: Any = app  # hypercorn's ASGI type is narrower than our Scope mappings
+        self._app = wrap_app(asgi, self.config.wsgi_max_body_size, "asgi")
+        self._answer_at_once = app.answer_at_once
 
     @property
     def connection_count(self) -> int:
@@ -197,7 +209,7 @@ class _Server:
         def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
             handlers.start_soon(self._handle, peer, stream, pool)
 
-        accept = AcceptLoop(self._sock, self._table, spawn)
+        accept = AcceptLoop(self._sock, self._table, spawn, self._answer_at_once)
         try:
             with self._accepting:
                 await handlers.start(accept.run)

@@ -75,7 +75,9 @@ class EnvFileResolver:
     before anything is looked up. A file reference inside is refused with one
     message whatever the cause (missing, unreadable, not a regular file, empty,
     too large, or a symlink leading outside the directories), so a refusal
-    does not tell the publisher whether a file exists.
+    does not tell the publisher whether a file exists. Confinement is decided
+    again on the file actually opened, so a symlink swapped between the check
+    and the open (whoever can write in a secret directory) cannot lead outside.
     """
 
     def __init__(
@@ -126,6 +128,9 @@ class EnvFileResolver:
             # A symlink may lead outside: refused like any other unusable file.
             if not _under(os.path.realpath(path), self._real_dirs):
                 raise _unresolvable(path)
+            # Checked again on what was opened: a symlink swapped between the
+            # check above and the open must not lead outside (TOCTOU).
+            return _read_file(path, confined_to=self._real_dirs)
         return _read_file(path)
 
 
@@ -142,7 +147,26 @@ def _unresolvable(path: str) -> RevisionError:
     )
 
 
-def _read_file(path: str) -> bytes:
+def _opened_inside(fd: int, path: str, opened: os.stat_result, dirs: tuple[str, ...]) -> bool:
+    """Is the file opened (``fd``; ``opened``: its fstat) under ``dirs``? Decided after
+    the open, so a symlink swapped before it is caught. On Linux the kernel names
+    the opened file (``/proc/self/fd``), atomically; elsewhere the real path of
+    ``path`` must be under ``dirs`` and be the file opened (device and inode)."""
+    try:
+        return _under(os.readlink(f"/proc/self/fd/{fd}"), dirs)
+    except OSError:
+        pass  # no /proc: the portable check below
+    real = os.path.realpath(path)
+    if not _under(real, dirs):
+        return False
+    try:
+        there = os.stat(real)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _read_file(path: str, *, confined_to: tuple[str, ...] = ()) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO must not hang the compile; fstat then
         # refuses anything but a regular file (symlinks are followed, as
@@ -151,7 +175,10 @@ def _read_file(path: str) -> bytes:
     except OSError as exc:
         raise _os_refusal(path, exc) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise _unresolvable(path)
+        if confined_to and not _opened_inside(fd, path, opened, confined_to):
             raise _unresolvable(path)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(MAX_SECRET_BYTES + 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import trio
@@ -30,7 +31,7 @@ from tests.proc import EXAMPLE, acli, cli, free_port, run_daemon, write_config
 
 IDLE_DEADLINE_S = 5.0  # supervisor.admin.server.IDLE_DEADLINE_S
 NOFILE = 256  # the daemon's RLIMIT_NOFILE in the flood test
-FLOOD = 600  # connections per flood: a few times what NOFILE lets the daemon hold
+FLOOD = 2000  # connections per flood (issue 12): about ten times what NOFILE lets the daemon hold
 
 
 async def _h2_preface(port: int, closed_after: list[float]) -> None:
@@ -121,7 +122,7 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
     cli("publish", "--config", str(config), str(EXAMPLE))
-    with trio.fail_after(90):
+    with trio.fail_after(150):
         async with run_daemon(config, nofile=NOFILE) as daemon:
             await daemon.wait_log("ready")
             # Stream clients: derived from the descriptor limit (hard = soft here,
@@ -176,19 +177,19 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
                     await stream.aclose()
                 await trio.to_thread.run_sync(prober.stop)
 
-            # /healthz answered throughout. The 100 ms bound is asserted on the
-            # median only, and at most 2 % of the probes may be reset: this
-            # machine (2 cores) is shared with other test runs, a daemon that
-            # gets no CPU for a moment cannot answer in time however it is
-            # written, and a probe whose process stalls between its connect and
-            # its request looks, for that moment, exactly like an idle flood
-            # connection. bench/bench_admin_flood.py reports p99 and max.
+            # /healthz answered throughout. A probe is answered by the accept loop
+            # itself (its head waits at accept), so it needs no slot and no handler
+            # turn. The 100 ms bound is asserted on 90 % of the probes, and at most
+            # two may fail: this machine (2 cores) is shared with other test runs,
+            # a daemon that gets no CPU for a moment cannot answer in time however
+            # it is written, and a probe whose process stalls between its connect
+            # and its request looks, for that moment, exactly like an idle flood
+            # connection (and may be evicted as one). bench/bench_admin_flood.py
+            # reports p99 and max.
             assert len(prober.latencies) > 20
-            assert prober.percentile(0.5) < 0.1, sorted(prober.latencies)[-10:]
-            # A probe that stalls between connecting and sending its request can
-            # still be evicted during the WebSocket flood (a known gap, issue 12's
-            # closing note): at most one probe in twenty, and never most of them.
-            assert len(prober.failures) <= max(3, len(prober.latencies) // 20), prober.failures
+            assert prober.percentile(0.5) < 0.01, sorted(prober.latencies)[-10:]
+            assert prober.percentile(0.9) < 0.1, sorted(prober.latencies)[-10:]
+            assert len(prober.failures) <= 2, prober.failures
             status_doc = json.loads((await acli("status", "--config", str(config),
                                                 "--json")).stdout)
             assert status_doc["revision"]["active"] == 2
@@ -197,5 +198,102 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
             assert open_fds(pid) < 64
             assert rss_bytes(pid) < baseline_rss + 40 * 1024 * 1024
             assert not [line for line in daemon.lines if line.get("level") == "error"]
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_a_client_cannot_hold_a_connection_by_pipelining_and_not_reading(
+    tmp_path: Path,
+) -> None:
+    """Tens of thousands of pipelined requests, none of the answers read: the server's
+    writes block (its send buffer full), and the connection, busy, outlived every
+    idle deadline (until TCP_USER_TIMEOUT, 30 s; forever for a client reading a
+    byte now and then). A refusal (no token, a foreign Host) now ends its
+    connection at once; an open route (``/healthz``) is reset when its writes make
+    no progress within the idle deadline."""
+    port = free_port()
+    token = tmp_path / "admin.token"
+    token.write_text("tok-en\n")
+    token.chmod(0o600)
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          f'token_file = "{token}"\n', port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+
+    async def held_by_daemon() -> float:
+        _, body, _ = await request(port, "/metrics", headers="Authorization: Bearer tok-en\r\n")
+        for line in body.decode().splitlines():
+            if line.startswith("supervisor_admin_connections "):
+                return float(line.split()[1]) - 1  # the scrape itself
+        raise AssertionError("no supervisor_admin_connections")
+
+    with trio.fail_after(90):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            for head, deadline_s in (
+                (b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n", 1.0),
+                (b"GET /status HTTP/1.1\r\nHost: evil.example\r\n\r\n", 1.0),
+                (b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", IDLE_DEADLINE_S + 2.0),
+            ):
+                sock = trio.socket.socket()
+                sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 2048)
+                await sock.connect(("127.0.0.1", port))
+                stream = trio.SocketStream(sock)
+                with trio.move_on_after(2):  # as much as the server takes in
+                    try:
+                        await stream.send_all(head * 100_000)
+                    except trio.BrokenResourceError:
+                        pass  # refused and reset while we were still sending
+                with trio.move_on_after(deadline_s) as waited:
+                    await poll_until(lambda: _zero(held_by_daemon()))
+                assert not waited.cancelled_caught, (head, await held_by_daemon())
+                await stream.aclose()
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def _zero(count: Awaitable[float]) -> bool:
+    return await count == 0
+
+
+async def test_a_head_trickled_byte_by_byte_is_closed_at_the_idle_deadline(
+    tmp_path: Path,
+) -> None:
+    """Slowloris: every byte would reset a per-read timer. The deadline runs from the
+    accept (first request) and from the previous answer (keep-alive), whatever
+    arrives meanwhile."""
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    head = b"GET /status HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
+
+    async def trickle(stream: trio.SocketStream) -> float:
+        """Seconds until the server ends the connection, one byte sent every 0.25 s."""
+        started = time.monotonic()
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                for byte in head:
+                    try:
+                        await stream.send_all(bytes([byte]))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return
+                    await trio.sleep(0.25)  # the attacker's pace, not a wait for state
+
+            nursery.start_soon(send)
+            await until_closed(stream)
+            nursery.cancel_scope.cancel()
+        return time.monotonic() - started
+
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            first = await connect(port)
+            assert await trickle(first) < IDLE_DEADLINE_S + 1.5  # the head needs 50 s
+            await first.aclose()
+            kept = await connect(port)
+            await kept.send_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert (await read_head(kept)).startswith(b"HTTP/1.1 200")
+            assert await trickle(kept) < IDLE_DEADLINE_S + 1.5
+            await kept.aclose()
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

@@ -89,3 +89,29 @@ async def test_unknown_host_gets_421_and_a_foreign_origin_403(tmp_path: Path) ->
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
             assert await watcher.wait() == 0
+
+
+async def test_converge_post_is_held_to_the_host_and_origin_checks(tmp_path: Path) -> None:
+    """POST /v1/converge runs an attempt: a rebound name (foreign Host) or a cross-site
+    page (foreign Origin; a simple POST needs no CORS preflight) must not start one."""
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    path = "/v1/converge?timeout_s=10"
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            status, body, _ = await request(port, path, method="POST", host="evil.example")
+            assert status == 421 and b"misdirected_request" in body, body
+            status, body, _ = await request(port, path, method="POST",
+                                            headers="Origin: http://evil.example\r\n")
+            assert status == 403 and b"forbidden_origin" in body, body
+            status, body, _ = await request(port, path, method="POST", headers="Origin: null\r\n")
+            assert status == 403, body
+            # The operator's own calls: no Origin (curl, publish --wait), or a known one.
+            for headers in ("", f"Origin: http://localhost:{port}\r\n"):
+                status, body, _ = await request(port, path, method="POST", headers=headers)
+                assert status == 200, body
+                assert json.loads(body.split(b"\r\n\r\n", 1)[1])["outcome"] == "converged"
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from pathlib import Path
@@ -35,6 +36,36 @@ async def test_check_and_boot_warn_about_a_world_readable_token(tmp_path: Path) 
             assert await daemon.wait() == 0
         token.chmod(0o600)
         assert (await acli("check", "--strict", "--config", str(config))).returncode == 0
+
+
+async def test_check_strict_refuses_group_readable_token_and_signing_key(tmp_path: Path) -> None:
+    """Group-readable counts when the group is not the daemon's own (another group's
+    members could read it); the signing key is held to the same rule as the token."""
+    token = tmp_path / "admin.token"
+    token.write_text("tok-en\n")
+    key = tmp_path / "signing.key"
+    verify = cli("keygen", "--out", str(key)).stdout.split()[-1]
+    config = write_config(
+        tmp_path, f"sqlite:///{tmp_path}/cp.db",
+        f'token_file = "{token}"\n[cache]\npath = "{tmp_path / "lkg.bin"}"\n'
+        f'signing_key = "{key}"\ntrusted_keys = ["{verify}"]\n')
+    foreign_gid = os.getegid() + 4242
+    with trio.fail_after(60):
+        for path, other in ((token, key), (key, token)):
+            other.chmod(0o600)
+            os.chown(path, -1, foreign_gid)
+            path.chmod(0o640)
+            result = await acli("check", "--strict", "--config", str(config), check=False)
+            assert result.returncode == 2, result
+            assert f"readable by group {foreign_gid}" in result.stderr and str(path) in result.stderr
+            assert str(other) not in result.stderr
+            # The daemon's own group (a Kubernetes fsGroup) is not a leak.
+            os.chown(path, -1, os.getegid())
+            assert (await acli("check", "--strict", "--config", str(config))).returncode == 0
+            path.chmod(0o604)
+            result = await acli("check", "--strict", "--config", str(config), check=False)
+            assert result.returncode == 2 and "readable by others" in result.stderr, result
+            path.chmod(0o600)
 
 
 def _docs(path: Path) -> list[dict[str, object]]:
@@ -91,3 +122,63 @@ def test_apps_namespace_pod_security_and_least_privilege_rbac() -> None:
                 assert "*" not in rule["verbs"], (path, rule)
                 # get only on objects named in the rule (the one election Lease).
                 assert "get" not in rule["verbs"] or rule.get("resourceNames"), (path, rule)
+
+
+def _grants(path: str) -> set[tuple[str, str, str, str]]:
+    return {(group, resource, verb, ",".join(rule.get("resourceNames", [])))
+            for doc in _docs(REPO / path) for rule in doc["rules"]  # type: ignore[attr-defined]
+            for group in rule["apiGroups"] for resource in rule["resources"]
+            for verb in rule["verbs"]}
+
+
+def test_roles_grant_exactly_the_verbs_the_client_uses() -> None:
+    """Least privilege: the Roles grant what the kube client sends and nothing more.
+
+    What it sends (supervisor/kube): children are listed, watched, applied (PATCH;
+    an apply that creates also needs create) and deleted; parents listed and
+    watched, their status applied (PATCH); Events only POSTed (events.py: one new
+    Event each time, never patched into a series); a Lease created, and the one
+    named Lease read (GET) and renewed (PUT)."""
+    from supervisor.config import KubernetesConfig
+    from supervisor.fanout.children import KINDS
+    from supervisor.kube.events import EVENTS
+
+    lease = KubernetesConfig().lease_name
+    apps = {(child.group, child.plural, verb, "")
+            for kind in KINDS for child in kind.child_resources
+            for verb in ("list", "watch", "create", "patch", "delete")}
+    control = {(kind.resource.group, kind.resource.plural, verb, "")
+               for kind in KINDS for verb in ("list", "watch")}
+    control |= {(kind.resource.group, f"{kind.resource.plural}/status", "patch", "")
+                for kind in KINDS}
+    control |= {(EVENTS.group, EVENTS.plural, "create", ""),
+                ("coordination.k8s.io", "leases", "create", ""),
+                ("coordination.k8s.io", "leases", "get", lease),
+                ("coordination.k8s.io", "leases", "update", lease)}
+    assert _grants("manifests/apps-namespace/role.yaml") == apps
+    assert _grants("manifests/supervisor/role.yaml") == control
+
+
+def test_shipped_secret_places_exclude_the_daemons_own_credentials() -> None:
+    """A publisher may point references only at the keys' place: never at the admin
+    token, the cache signing key or the database password file (their digests would
+    be served), nor at the daemon's own configuration variables."""
+    from supervisor.revision.errors import RevisionError
+    from supervisor.revision.secrets import EnvFileResolver
+
+    (statefulset,) = _docs(REPO / "deploy/kubernetes/statefulset.yaml")
+    spec = statefulset["spec"]["template"]["spec"]  # type: ignore[index]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    for path in ("deploy/kubernetes/prod.toml", "conf/prod.toml"):
+        config = load(REPO / path)
+        resolver = EnvFileResolver({}, env_prefixes=config.revision.secret_env_prefixes,
+                                   dirs=config.revision.secret_dirs)
+        own = [config.admin.token_file, config.cache.signing_key, env["PGPASSFILE"]]
+        for reference in [f"file:{p}" for p in own if p] + [
+                "env:SUPERVISOR_CONTROL_PLANE__URL", "env:PGPASSWORD", "env:PGPASSFILE"]:
+            try:
+                resolver.resolve(reference)
+            except RevisionError as exc:
+                assert "is outside [revision]" in exc.detail, (path, reference, exc.detail)
+            else:
+                raise AssertionError(f"{path}: {reference} is allowed")

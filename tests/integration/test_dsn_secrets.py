@@ -29,7 +29,7 @@ import trio
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import tcp_proxy
 
-EVERY = string.punctuation + " "
+EVERY = string.punctuation + " \t\n"  # newline and tab: libpq takes them, encoded or quoted
 ENCODED = f"Zq7{EVERY}Kx9"
 RAW_IN_URL = "Zq7#?!$&'()*+,;=:~[]^{}|`\"<>-Kx9"  # all libpq takes unencoded in a URL
 SSL = "Zq7ssl'\\ @/Kx9"
@@ -49,6 +49,12 @@ def _cases(host_port: str, db: str) -> dict[str, str]:
         "keyvalue": f"host={host_port.split(':')[0]} port={host_port.split(':')[1]} "
                     f"dbname={db} user=postgres password={_kv_quote(ENCODED)} "
                     f"sslpassword={_kv_quote(SSL)}",
+        # Unencoded in the query: libpq cannot parse it and echoes a piece.
+        "url-ssl-unparseable": f"postgresql://postgres@{host_port}/{db}"
+                               f"?sslpassword=Zq7&Kx9()*+,;&Zq7:~Kx9",
+        # Unquoted spaces: libpq cannot parse it and echoes the word it choked on.
+        "keyvalue-unparseable": f"host={host_port.split(':')[0]} password=Zq7 Kx9wd "
+                                f"sslpassword=Zq7 Kx9ssl dbname={db}",
     }
 
 
@@ -70,7 +76,9 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
     port = free_port()
     config = write_config(tmp_path, "sqlite:///unused.db", port=port, poll_interval_s=0.2,
                           backoff_initial_s=0.1, backoff_max_s=0.3)
-    config.write_text(config.read_text().replace('"sqlite:///unused.db"', _toml(url)))
+    # At debug level: "control-plane connection opened" and the like are covered too.
+    config.write_text(config.read_text().replace('"sqlite:///unused.db"', _toml(url))
+                      .replace('level = "info"', 'level = "debug"'))
     direct_config = tmp_path / "direct.toml"
     direct_config.write_text(config.read_text().replace(_toml(url), _toml(direct)))
     outputs: list[str] = []
@@ -93,6 +101,8 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
         outputs += daemon.raw
+        assert any(line.get("event") == "control-plane connection opened"
+                   for line in daemon.lines)  # the debug lines were there to leak
         failed = [line for line in daemon.lines if line.get("event") ==
                   "LISTEN connection unreachable"]
         assert failed[0]["url"] == f"postgresql://postgres@127.0.0.1:{proxy_port}/{db}"
@@ -117,7 +127,9 @@ async def test_a_url_password_libpq_would_misread_is_refused_without_echoing_it(
             _assert_clean(result.stdout, result.stderr)
 
 
-@pytest.mark.parametrize("form", ["url-encoded", "url-raw", "url-misread", "keyvalue"])
+@pytest.mark.parametrize(
+    "form", ["url-encoded", "url-raw", "url-misread", "url-ssl-unparseable", "keyvalue",
+             "keyvalue-unparseable"])
 async def test_libpq_connect_errors_are_scrubbed_in_every_form(form: str) -> None:
     from supervisor.controlplane import postgres_driver as postgres
 

@@ -65,3 +65,48 @@ async def test_emfile_on_a_secret_file_is_unavailable_not_secret(tmp_path: Path)
             await daemon.wait_log("published", revision=rid)
             assert not [x for x in daemon.lines
                         if x.get("reason") == "secret" and x.get("revision") == rid]
+
+
+async def test_accept_out_of_descriptors_is_logged_once_per_streak(tmp_path: Path) -> None:
+    """The admin listener out of descriptors (issue 12, deliver 1): one warning when the
+    streak begins, one with the count when it ends, never a line per retry; clients
+    are refused meanwhile (reset, not left in the backlog), and served once it ends."""
+    from tests.floods import connect, request
+    from tests.polling import poll_until
+
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
+    port = int(config.read_text().split('listen = "127.0.0.1:')[1].split('"')[0])
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            pid = daemon.process.pid
+            original = subprocess.run(["prlimit", f"--pid={pid}", "--nofile", "--raw",
+                                       "--noheadings", "--output=SOFT,HARD"],
+                                      capture_output=True, text=True, check=True).stdout.split()
+            set_soft_nofile(pid, len(os.listdir(f"/proc/{pid}/fd")), original[1])
+            answered = 0
+            for _ in range(20):  # over about 2 s: many retries of the accept loop
+                try:
+                    stream = await connect(port)
+                    await stream.send_all(b"GET /status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                    with trio.move_on_after(0.1):
+                        answered += bool(await stream.receive_some(100))
+                    await stream.aclose()
+                except (OSError, trio.BrokenResourceError):
+                    pass  # refused: reset
+            set_soft_nofile(pid, original[0], original[1])
+
+            async def served_and_recovered() -> bool:
+                # The streak ends at the first success 1 s after the last failure.
+                served = (await request(port, "/status"))[0] == 200
+                return served and any(x.get("event") == "admin accept recovered"
+                                      for x in daemon.lines)
+
+            await poll_until(served_and_recovered)
+            recovered = await daemon.wait_log("admin accept recovered")
+            assert answered == 0
+    failing = [x for x in daemon.lines if x.get("event") == "admin accept failing"]
+    assert len(failing) == 1 and failing[0]["error"] == "EMFILE", failing
+    assert recovered["count"] >= 10  # each retry counted, none logged on its own
+    assert len([x for x in daemon.lines if x.get("event") == "admin accept recovered"]) == 1

@@ -70,3 +70,53 @@ async def test_references_outside_the_allowed_places_are_refused_alike(tmp_path:
     # Missing and unreadable read the same: the refusal does not say which.
     assert details["missing"].replace("missing", "X") == (
         details["unreadable"].replace("a-directory", "X"))
+
+
+def test_a_symlink_swapped_after_the_check_never_leads_outside(tmp_path: Path) -> None:
+    """TOCTOU: whoever can write in a secret directory swaps a symlink between an
+    allowed file and one outside (``/proc/self/environ``, the database password's
+    file) while the replica resolves it. Whatever the timing, the bytes read are
+    never those of the outside file: confinement is decided on what was opened."""
+    import os
+    import threading
+
+    from supervisor.revision.errors import RevisionError
+    from supervisor.revision.secrets import EnvFileResolver
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "inside").write_text("inside\n")
+    outside = tmp_path / "outside"
+    outside.write_text("OUTSIDE\n")
+    link = secrets / "link"
+    link.symlink_to(secrets / "inside")
+    resolver = EnvFileResolver({}, dirs=[str(secrets)])
+    stop = threading.Event()
+
+    def swap() -> None:
+        spare = secrets / ".swap"
+        targets = (outside, secrets / "inside")
+        n = 0
+        while not stop.is_set():
+            spare.unlink(missing_ok=True)
+            spare.symlink_to(targets[n % 2])
+            os.replace(spare, link)  # atomic: the link always exists
+            n += 1
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    seen: dict[bytes, int] = {}
+    try:
+        for _ in range(20_000):
+            try:
+                value = resolver.resolve(f"file:{link}")
+            except RevisionError:
+                value = b"<refused>"
+            seen[value] = seen.get(value, 0) + 1
+            if b"OUTSIDE" in seen:
+                break
+    finally:
+        stop.set()
+        swapper.join()
+    assert b"OUTSIDE" not in seen, seen
+    assert seen.get(b"inside", 0) > 0 and seen.get(b"<refused>", 0) > 0, seen  # both raced

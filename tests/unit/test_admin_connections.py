@@ -132,3 +132,58 @@ async def test_accept_errors_are_logged_once_per_streak_with_a_count(
     # spare descriptor let go (to refuse the waiting client), which fails too.
     assert len(recovered) == 1 and recovered[0]["count"] == 25
     assert len(admitted) == 1
+
+
+async def test_a_waiting_probe_is_answered_by_the_accept_loop_even_when_every_slot_is_busy(
+) -> None:
+    """A probe's complete head waiting at accept is answered at once (no slot, no
+    handler task); anything else takes the usual path: held, or refused when full."""
+    from supervisor.admin.app import AdminApp
+    from tests.integration.test_admin_support import make_ctx
+
+    app = AdminApp(make_ctx())
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    table = ConnectionTable(1)  # one slot, taken by a busy connection
+    busy = _conn(table, 1)
+    table.set_idle(("127.0.0.1", 1), busy[0], False)
+    spawned: list[object] = []
+    loop = AcceptLoop(listener, table, lambda peer, stream, pool: spawned.append(peer),
+                      app.answer_at_once)
+
+    def client(head: bytes) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(head)
+        return sock
+
+    probe = client(b"GET /healthz HTTP/1.1\r\nHost: 10.0.0.1:9464\r\nUser-Agent: kube-probe"
+                   b"\r\nConnection: close\r\n\r\n")
+    head_probe = client(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\nconnection: Close\r\n\r\n")
+    keep_alive = client(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    other = client(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    # Connected and sent: all four wait in the backlog, heads included.
+    assert loop._accept_batch() is False
+    answer = b""
+    probe.settimeout(5)
+    while chunk := probe.recv(4096):
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"connection: close" in head
+    assert b"content-type: application/json" in head and body == b'{"ok":true}', answer
+    head_probe.settimeout(5)
+    headed = head_probe.recv(4096)
+    assert headed.startswith(b"HTTP/1.1 200 ") and headed.endswith(b"\r\n\r\n")
+    assert b"content-length: 11" in headed
+    # The keep-alive probe and the other route found the only slot busy: refused,
+    # not answered from the accept loop.
+    assert spawned == []
+    for sock in (keep_alive, other):
+        sock.settimeout(5)
+        try:
+            assert sock.recv(4096) == b""
+        except ConnectionResetError:
+            pass
+        sock.close()
+    for sock in (probe, head_probe, listener, busy[1], busy[2]):
+        sock.close()

@@ -57,3 +57,20 @@ def test_raise_nofile_moves_the_soft_limit_to_the_hard_one_up_to_the_target() ->
     sandboxed = FakeLimits(1024, 16384, refuse=True)
     assert raise_nofile(getrlimit=sandboxed.get, setrlimit=sandboxed.set) is None
     assert sandboxed.soft == 1024
+
+
+def test_a_stream_client_limit_above_what_nofile_allows_is_lowered_with_a_warning() -> None:
+    from structlog.testing import capture_logs
+
+    from supervisor.admin.server import connection_limits
+    from supervisor.admin.stream import StreamSettings
+
+    with capture_logs() as logs:
+        limits = connection_limits(StreamSettings(max_clients=4096), 1024)
+        fits = connection_limits(StreamSettings(max_clients=100), 1024)
+    assert limits.max_stream_clients == derive(1024, None).max_stream_clients < 4096
+    assert fits.max_stream_clients == 100
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    # Both numbers named, and the descriptor limit they come from.
+    assert warning["max_clients"] == 4096 and warning["allowed"] == limits.max_stream_clients
+    assert warning["nofile"] == 1024
