@@ -298,6 +298,39 @@ def cross_check(config: Config) -> None:
     if election is not None:
         raise ConfigError(*election)
     _refuse_shared_files(config)
+    _refuse_secret_places_holding_credentials(config)
+
+
+# The daemon's own settings arrive as SUPERVISOR_<SECTION>__<KEY> (the DSN with its
+# password among them): no env: reference may reach them.
+_OWN_ENV_PREFIX = "SUPERVISOR_"
+
+
+def _refuse_secret_places_holding_credentials(config: Config) -> None:
+    """[revision]'s secret places never admit what the daemon itself keeps secret.
+
+    Whoever can publish chooses the references; a place that admits the admin
+    token, the cache signing key or the daemon's own settings would let them have
+    the daemon hash those and serve the digest (docs/configuration.md). A ``..``
+    component makes a directory admit more than it appears to name.
+    """
+    for i, prefix in enumerate(config.revision.secret_env_prefixes):
+        if prefix.startswith(_OWN_ENV_PREFIX) or _OWN_ENV_PREFIX.startswith(prefix):
+            raise ConfigError(f"$.revision.secret_env_prefixes[{i}]",
+                              f"{prefix!r} admits the daemon's own {_OWN_ENV_PREFIX}* "
+                              "settings (the control-plane DSN among them)")
+    credentials = [("$.admin.token_file", config.admin.token_file),
+                   ("$.cache.signing_key", config.cache.signing_key)]
+    for i, directory in enumerate(config.revision.secret_dirs):
+        where = f"$.revision.secret_dirs[{i}]"
+        if ".." in directory.split("/"):
+            raise ConfigError(where, f"{directory!r} contains '..': name the directory "
+                                     "itself")
+        base = os.path.realpath(directory)
+        for key, path in credentials:
+            if path is not None and os.path.realpath(path).startswith(base.rstrip("/") + "/"):
+                raise ConfigError(where, f"{directory} holds {key} ({path}): keep the "
+                                         "daemon's credentials outside the secret directories")
 
 
 def _refuse_shared_files(config: Config) -> None:

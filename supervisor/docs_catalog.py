@@ -48,10 +48,12 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "control_plane.backoff_max_s": "The longest wait between failed attempts.",
     "revision.secret_env_prefixes": "Prefixes an env: secret reference must start with (empty: "
     "any variable). Anything else is refused as secret, with the same text whether or not it "
-    "exists, so whoever publishes cannot make the replica hash its own environment.",
+    "exists, so whoever publishes cannot make the replica hash its own environment. A prefix "
+    "that admits SUPERVISOR_* (the daemon's own settings) is a configuration error.",
     "revision.secret_dirs": "Directories a file: secret reference must lie in, after resolving "
     "symlinks and .. (empty: anywhere). Anything else is refused as secret, with one message "
-    "for missing, unreadable and outside.",
+    "for missing, unreadable and outside. A directory with a .. component, or one holding "
+    "admin.token_file or cache.signing_key, is a configuration error.",
     "cache.path": "The signed last-known-good file, written after every publish and served "
     "at boot when the control plane is unreachable. Unset: no cache.",
     "cache.signing_key": "The Ed25519 key (trio-supervisor keygen) the cache is signed "

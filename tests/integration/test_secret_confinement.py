@@ -31,10 +31,16 @@ async def test_references_outside_the_allowed_places_are_refused_alike(tmp_path:
         extra=f'[revision]\nsecret_env_prefixes = ["TEAM_"]\nsecret_dirs = ["{secrets}"]\n',
     )
 
+    # The hostile revisions come from a publisher whose own configuration does not
+    # confine (the CLI refuses them under this one): the replica must refuse them itself.
+    (tmp_path / "publisher").mkdir()
+    unconfined = write_config(tmp_path / "publisher", f"sqlite:///{tmp_path}/cp.db")
+
     async def publish(reference: str) -> int:
         doc = tmp_path / "rev.toml"
         doc.write_text(REVISION.format(reference=reference))
-        return int((await acli("publish", "--config", str(config), str(doc))).stdout.split()[-1])
+        return int((await acli("publish", "--config", str(unconfined),
+                               str(doc))).stdout.split()[-1])
 
     doc = tmp_path / "first.toml"
     doc.write_text(REVISION.format(reference=f"file:{secrets / 'team-a'}"))

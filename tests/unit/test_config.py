@@ -159,3 +159,34 @@ def test_no_suggestion_when_nothing_is_close() -> None:
     with pytest.raises(ConfigError) as info:
         load_text("[log]\nzzz = 1\n", environ={})
     assert str(info.value).endswith("$.log.zzz: unknown key")
+
+
+@pytest.mark.parametrize(("text", "where", "words"), [
+    ('[revision]\nsecret_dirs = ["/run/keys/.."]', "$.revision.secret_dirs[0]", "'..'"),
+    ('[revision]\nsecret_dirs = ["/run/keys", "keys/../etc"]', "$.revision.secret_dirs[1]",
+     "'..'"),
+    ('[admin]\ntoken_file = "/etc/ts/admin.token"\n[revision]\nsecret_dirs = ["/etc/ts"]',
+     "$.revision.secret_dirs[0]", "$.admin.token_file"),
+    ('[cache]\npath = "var/c"\nsigning_key = "/etc/ts/k/sign.key"\ntrusted_keys = '
+     '["ed25519:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="]\n[revision]\n'
+     'secret_dirs = ["/etc/ts/"]', "$.revision.secret_dirs[0]", "$.cache.signing_key"),
+    ('[revision]\nsecret_env_prefixes = ["SUPERVISOR_"]', "$.revision.secret_env_prefixes[0]",
+     "SUPERVISOR_"),
+    ('[revision]\nsecret_env_prefixes = ["TEAM_", "SUP"]', "$.revision.secret_env_prefixes[1]",
+     "SUPERVISOR_"),
+])
+def test_secret_places_never_admit_the_daemons_own_credentials(
+    text: str, where: str, words: str,
+) -> None:
+    """A confinement that admits the admin token, the signing key or the daemon's own
+    SUPERVISOR_* settings (the DSN and its password) would let a publisher hash them."""
+    refused = refuse(text)
+    assert refused.path == where, refused
+    assert words in str(refused), refused
+
+
+def test_secret_places_that_stay_apart_are_accepted() -> None:
+    config = load_text('[admin]\ntoken_file = "/etc/ts/admin.token"\n[revision]\n'
+                       'secret_dirs = ["/etc/ts/keys", "/etc/tsx"]\n'
+                       'secret_env_prefixes = ["TRIO_SUPERVISOR_KEY_", "SUPERVISORS_"]')
+    assert config.revision.secret_dirs == ["/etc/ts/keys", "/etc/tsx"]
