@@ -322,3 +322,37 @@ async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
     assert 3 <= repairs <= 6, repairs
     fights = [e for e in logs if "keeps drifting" in str(e.get("event"))]
     assert len(fights) == 1 and fights[0]["log_level"] == "warning"
+
+
+async def test_a_watch_event_older_than_what_is_held_does_not_roll_a_parent_back(
+    tmp_path: Path,
+) -> None:
+    # Adversary: a watch (a caching proxy, a misbehaving server) delivers a parent's event
+    # whose resourceVersion is lower than the one already held. Applying it would roll the
+    # children back to a spec the parent no longer has, and nothing would ever fix them.
+    import json
+
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", image="nginx:1.27"))
+            await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
+            old = fake.get("servicedefinitions", CONTROL, "web")
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"image": "nginx:1.28"}})
+            await h.until(lambda: container(fake.get("deployments", APPS, "web"))["image"]
+                          == "nginx:1.28")
+            await h.idle()
+            before = len(child_writes(fake))
+            line = json.dumps({"type": "MODIFIED", "object": old}).encode()
+            with capture_logs() as logs:
+                assert fake.inject_watch_line(line, "servicedefinitions") == 1
+                fake.create(sd("after"))  # a later event: the stale one has been read by then
+                await h.until(lambda: fake.get("deployments", APPS, "after") is not None)
+                await h.idle()
+            assert container(fake.get("deployments", APPS, "web"))["image"] == "nginx:1.28"
+            assert h.reconciler.parents["web"].spec.image == "nginx:1.28"
+            assert [w.path for w in child_writes(fake)[before:]] == [
+                f"/apis/apps/v1/namespaces/{APPS}/deployments/after"]
+            ignored = [e for e in logs if e["event"].startswith("watch event not newer")]
+            assert len(ignored) == 1 and ignored[0]["log_level"] == "warning"
+            assert ignored[0]["event_resource_version"] == old["metadata"]["resourceVersion"]
