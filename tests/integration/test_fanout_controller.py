@@ -356,3 +356,19 @@ async def test_a_watch_event_older_than_what_is_held_does_not_roll_a_parent_back
             ignored = [e for e in logs if e["event"].startswith("watch event not newer")]
             assert len(ignored) == 1 and ignored[0]["log_level"] == "warning"
             assert ignored[0]["event_resource_version"] == old["metadata"]["resourceVersion"]
+
+
+async def test_the_queue_depth_gauge_shows_parents_waiting_for_a_worker(tmp_path: Path) -> None:
+    # Issue 13 item 5: fanout_queue_depth{kind} counts parents queued and not yet taken.
+    tuning = replace(FAST, workers=1, drain_s=0.1)
+    with trio.fail_after(10):
+        async with harness(tmp_path, tuning=tuning) as h:
+            fake = h.fake
+            assert h.metric("fanout_queue_depth", kind="ServiceDefinition") == 0
+            fake.inject("PATCH", r"/deployments/a$", status=200, hang=True, times=1)
+            for name in ("a", "b", "c"):
+                fake.create(sd(name))
+            await h.until(lambda: fake.count("PATCH", "/deployments/a") >= 1
+                          and len(h.reconciler.parents) == 3)
+            # The one worker hangs on a's apply: b and c wait.
+            assert h.metric("fanout_queue_depth", kind="ServiceDefinition") == 2
