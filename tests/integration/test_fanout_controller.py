@@ -372,3 +372,26 @@ async def test_the_queue_depth_gauge_shows_parents_waiting_for_a_worker(tmp_path
                           and len(h.reconciler.parents) == 3)
             # The one worker hangs on a's apply: b and c wait.
             assert h.metric("fanout_queue_depth", kind="ServiceDefinition") == 2
+
+
+async def test_a_parent_named_at_the_253_character_limit_still_gets_its_events(
+    tmp_path: Path,
+) -> None:
+    # Adversary: a parent's name may be 253 characters, but a label value only 63, so its
+    # child is refused (Invalid, reported). The Event saying so was named "<parent>.<hex>"
+    # (270 characters), refused too, and dropped with a hint at RBAC.
+    long = "a" * 253
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            with capture_logs() as logs:
+                fake.create(sd(long))
+                await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, long))
+                                       or {}).get("reason") == "Invalid")
+                await h.idle()
+            assert "63 characters" in ready(fake.get("servicedefinitions", CONTROL, long))[
+                "message"]
+            (event,) = events(fake, "Invalid", long)
+            assert event["type"] == "Warning" and len(event["metadata"]["name"]) <= 253
+            assert event["metadata"]["name"].startswith("a" * 200)
+            assert not [e for e in logs if "could not record" in e["event"]]
