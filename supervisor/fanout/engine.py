@@ -12,9 +12,11 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   :class:`~supervisor.kube.watching.Informer` lists and watches the parents,
   and one per child resource watches this installation's children (selected by
   the managed-by, installation and lineage labels) into
-  :class:`~supervisor.fanout.live.LiveChildren`. A 403/404 or an undecodable
-  list envelope from any of them sends the kind back to its preflight (with a
-  backoff, reset after a watch that delivered).
+  :class:`~supervisor.fanout.live.LiveChildren`; one more per child resource
+  watches other installations' children of this kind into
+  :class:`~supervisor.fanout.foreign.ForeignChildren` (never ours to write).
+  A 403/404 or an undecodable list envelope from any of them sends the kind
+  back to its preflight (with a backoff, reset after a watch that delivered).
 - **Drift repair.** A child's change or delete enqueues the parent named by its
   lineage label; the reconcile itself (compare, apply what differs, delete what
   is no longer desired, repair drift) is :class:`~supervisor.fanout.childwrites.ChildWriter`.
@@ -67,6 +69,7 @@ from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
+from supervisor.fanout.foreign import ForeignChildren, foreign_selector
 from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent
 from supervisor.fanout.labels import lineage_selector
 from supervisor.fanout.live import LiveChildren, Obj
@@ -126,6 +129,7 @@ class FanoutEngine(Generic[P]):
         self.parents: dict[str, P] = {}
         self.skewed: set[str] = set()
         self.live = LiveChildren(kind.child_resources, kind.lineage_key, self.queue.add)
+        self.foreign = ForeignChildren(kind.child_resources, kind.lineage_key, self.queue.add)
         self.drain = Drain(self.tuning.drain_s)
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
         self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
@@ -133,7 +137,7 @@ class FanoutEngine(Generic[P]):
         self._failures: dict[str, int] = {}
         self.writer: ChildWriter[P] = ChildWriter(
             client, kind, config, metrics, self.live, self.drain, self.reporter,
-            self._requeue_after, log.bind(kind=kind.kind))
+            self._requeue_after, log.bind(kind=kind.kind), self.foreign)
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._installation = config.installation_label
@@ -168,6 +172,7 @@ class FanoutEngine(Generic[P]):
                 # Nothing is compared against children nobody watches any more: the
                 # workers wait until the next watch has listed them again.
                 self.live.clear()
+                self.foreign.clear()
                 if productive:
                     back_off.reset()
                 delay = back_off.next()
@@ -200,6 +205,7 @@ class FanoutEngine(Generic[P]):
         Returns the failure (a preflight matter) and whether any stream delivered.
         """
         self.live.clear()
+        self.foreign.clear()
         failures: list[KubeError] = []
         tuning = self.tuning.watch
         parents: Informer[P] = Informer(
@@ -214,6 +220,15 @@ class FanoutEngine(Generic[P]):
                 self.client, res, dict[str, Any], self.config.apps_namespace,
                 self.live.handler(res), name_of=_child_name, tuning=tuning,
                 on_restart=self._on_restart, label_selector=self._selector, rng=self._rng,
+            )
+            for res in self.kind.child_resources
+        ]
+        foreign = foreign_selector(self.kind.lineage_key, self._installation)
+        children += [
+            Informer(
+                self.client, res, dict[str, Any], self.config.apps_namespace,
+                self.foreign.handler(res), name_of=_child_name, tuning=tuning,
+                on_restart=self._on_restart, label_selector=foreign, rng=self._rng,
             )
             for res in self.kind.child_resources
         ]
@@ -306,7 +321,7 @@ class FanoutEngine(Generic[P]):
         The children are the watched cache (always current), so a resync reads
         nothing and writes nothing for parents whose children are as desired.
         """
-        await self.live.wait_synced()
+        await self._children_synced()
         async with self._resync_lock:
             await self.sweeper.sweep(set(self.parents) | self.skewed)
             self.writer.forget_refusals()
@@ -321,10 +336,14 @@ class FanoutEngine(Generic[P]):
             name = await self.queue.get()
             try:
                 # Never compare against a cache that has not been listed yet.
-                await self.live.wait_synced()
+                await self._children_synced()
                 await self._reconcile_guarded(name)
             finally:
                 self.queue.done(name)
+
+    async def _children_synced(self) -> None:
+        await self.live.wait_synced()
+        await self.foreign.wait_synced()
 
     def _requeue(self, name: str, exc: KubeError, cause: str) -> float:
         failures = self._failures.get(name, 0)

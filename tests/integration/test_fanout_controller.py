@@ -395,3 +395,65 @@ async def test_a_parent_named_at_the_253_character_limit_still_gets_its_events(
             assert event["type"] == "Warning" and len(event["metadata"]["name"]) <= 253
             assert event["metadata"]["name"].startswith("a" * 200)
             assert not [e for e in logs if "could not record" in e["event"]]
+
+
+async def test_a_child_of_another_installation_with_the_same_name_is_not_taken_over(
+    tmp_path: Path,
+) -> None:
+    # Adversary: two installations share the apps namespace and each has a parent "web".
+    # The second one force-applied over the first one's Deployment (relabelling it as its
+    # own), the first one repaired it back, and so on: a fight over a child that was never
+    # the second one's. It must leave a child of another installation alone and say so.
+    from supervisor.config import KubernetesConfig
+    from supervisor.fanout.engine import FanoutEngine
+    from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
+    from supervisor.fanout.status import FanoutStatus
+    from supervisor.kube.client import KubeClient
+    from supervisor.telemetry import Metrics
+
+    with trio.fail_after(15):
+        async with harness(tmp_path, namespaces=(CONTROL, APPS, "team-b")) as h:
+            fake = h.fake
+            fake.create(sd("web", image="nginx:1.27"))
+            await h.until(lambda: ready(fake.get("servicedefinitions", CONTROL, "web")))
+            await h.idle()
+            other = KubeClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+            config = KubernetesConfig(enabled=True, kubeconfig=str(tmp_path / "kubeconfig"),
+                                      control_namespace="team-b", installation="team-b")
+            engine_b = FanoutEngine(other, SERVICE_DEFINITION, config, Metrics(process=False),
+                                    FanoutStatus(), FAST)
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(engine_b.run)
+                    await engine_b.synced.wait()
+                    before = len(fake.requests)
+                    theirs = sd("web", image="httpd:2.4")
+                    theirs["metadata"]["namespace"] = "team-b"
+                    fake.create(theirs)
+                    await h.until(lambda: ready(fake.get("servicedefinitions", "team-b", "web")))
+                    await engine_b.queue.wait_idle()
+                    await engine_b.resync()
+                    await engine_b.queue.wait_idle()
+                    await h.idle()
+                    deployment = fake.get("deployments", APPS, "web")
+                    assert deployment["metadata"]["labels"][INSTALLATION_KEY] == CONTROL
+                    assert container(deployment)["image"] == "nginx:1.27"
+                    assert not [r for r in fake.requests[before:]
+                                if r.method != "GET" and "/deployments/" in r.path]
+                    cond = ready(fake.get("servicedefinitions", "team-b", "web"))
+                    assert cond["status"] == "False" and cond["reason"] == "Conflict"
+                    assert "installation trio-supervisor" in cond["message"]
+                    assert [e for e in fake.objects("events", "team-b")
+                            if e["reason"] == "ApplyFailed"]
+                    assert not events(fake, "DriftRepaired")
+                    # The first installation's parent goes: the second one's child follows.
+                    fake.delete("servicedefinitions", CONTROL, "web")
+                    await h.until(lambda: (fake.get("deployments", APPS, "web") or {}).get(
+                        "metadata", {}).get("labels", {}).get(INSTALLATION_KEY) == "team-b")
+                    await h.until(lambda: ready(fake.get("servicedefinitions", "team-b", "web"))[
+                        "status"] == "True")
+                    assert container(fake.get("deployments", APPS, "web"))["image"] == "httpd:2.4"
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.move_on_after(2, shield=True):
+                    await other.aclose()
