@@ -38,7 +38,7 @@ from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
 from supervisor.fanout.foreign import ForeignChildren
 from supervisor.fanout.kind import FanoutKind, P
-from supervisor.fanout.live import LiveChildren, Obj, covers
+from supervisor.fanout.live import LiveChildren, Obj, covers, terminating
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.repairs import RepairLimiter
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
@@ -149,6 +149,8 @@ class ChildWriter(Generic[P]):
                                child=child.name)
         wanted = {child.key for child in desired}
         for key in sorted(self.live.of_parent(name) - wanted):
+            if terminating(self.live.get(key)):
+                continue  # deleted already, held by a finalizer
             resource = self._by_plural[key.plural]
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                    key.name)

@@ -23,10 +23,12 @@ status, managedFields) do not count, so an unchanged child is never
 rewritten; a changed ``replicas`` or image, a removed label of ours, or a
 deleted child is drift.
 
-:func:`unavailable` reads availability from the live status: a Deployment is
-available when its ``availableReplicas`` reach the desired ``replicas`` and
-its controller has observed the current generation; any other child counts
-as available once it exists (docs/kubernetes.md).
+:func:`terminating` tells a child being deleted already (held by a
+finalizer): it is never deleted again. :func:`unavailable` reads availability
+from the live status: a Deployment is available when its ``availableReplicas``
+reach the desired ``replicas`` and its controller has observed the current
+generation; any other child counts as available once it exists
+(docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
-__all__ = ["LiveChildren", "Obj", "covers", "unavailable"]
+__all__ = ["LiveChildren", "Obj", "covers", "terminating", "unavailable"]
 
 Obj = dict[str, Any]
 
@@ -68,7 +70,8 @@ def _rv(obj: Mapping[str, Any]) -> int | None:
         return None
 
 
-_META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations")
+_META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations",
+              "deletionTimestamp")
 _STATUS_KEPT = ("observedGeneration", "availableReplicas")
 
 
@@ -85,6 +88,11 @@ def _slim(obj: Obj) -> Obj:
     if isinstance(status, Mapping):
         slim["status"] = {key: status[key] for key in _STATUS_KEPT if key in status}
     return slim
+
+
+def terminating(obj: Mapping[str, Any] | None) -> bool:
+    """Is ``obj`` being deleted already (a finalizer holds it)? Then deleting it again is moot."""
+    return obj is not None and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:

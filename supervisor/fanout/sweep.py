@@ -16,7 +16,8 @@ and clears the memory.
 
 :class:`Sweeper` finds the orphans in the watched children
 (:class:`~supervisor.fanout.live.LiveChildren`, already selected by this
-installation's labels), asks the guard, and deletes them (each failure logged
+installation's labels; a child being deleted already, held by a finalizer,
+is not an orphan to delete again), asks the guard, and deletes them (each failure logged
 and left to the next resync).
 """
 
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
-from supervisor.fanout.live import LiveChildren
+from supervisor.fanout.live import LiveChildren, terminating
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import KubeError
@@ -87,7 +88,7 @@ class Sweeper:
     async def sweep(self, known: set[str]) -> None:
         """Delete every watched child whose parent is not in ``known`` (unless refused)."""
         orphans = [(key, self._live.parent_of(obj)) for key, obj in self._live.items()
-                   if self._live.parent_of(obj) not in known]
+                   if self._live.parent_of(obj) not in known and not terminating(obj)]
         seen = len(self._live)
         if orphans and not self.guard.allow(len(orphans), seen, known):
             self._metrics.fanout_sweeps_refused.labels(self._kind).inc()

@@ -457,3 +457,25 @@ async def test_a_child_of_another_installation_with_the_same_name_is_not_taken_o
             finally:
                 with trio.move_on_after(2, shield=True):
                     await other.aclose()
+
+
+async def test_a_child_already_terminating_is_not_deleted_again(tmp_path: Path) -> None:
+    # Adversary: a child held by another controller's finalizer stays Terminating after
+    # our delete. Deleting it again on every relist, resync or watch event is a write
+    # that changes nothing (and on a real server, whether the second one happened
+    # depended on whether the watch event came before or after the delete's answer).
+    def seed(fake: FakeApiServer) -> None:
+        going = _ours("going", "going")
+        going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        going["metadata"]["finalizers"] = ["example.com/hold"]
+        fake.put_raw(going)
+
+    with trio.fail_after(10):
+        async with harness(tmp_path, before_start=seed) as h:
+            fake = h.fake
+            await h.reconciler.synced.wait()
+            await h.idle()
+            await h.reconciler.resync()
+            await h.idle()
+            assert fake.find_requests("DELETE", "/deployments/going") == []
+            assert fake.get("deployments", APPS, "going") is not None

@@ -1,0 +1,107 @@
+"""Faults the issue did not list, on a real kube-apiserver (v1.20.2, ../shared/realkube).
+
+The daemon runs as in tests/integration/test_realkube.py (a TokenRequest token
+bound by the project's own manifests). Here: children held by a finalizer
+(another controller's), which a real server keeps, Terminating, after a delete.
+Skipped with the reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.integration.test_realkube import (
+    aget,
+    daemon_config,
+    deployment_path,
+    gone,
+    metric,
+    parent_path,
+    sd,
+)
+from tests.polling import poll_until
+from tests.proc import free_port, run_daemon
+from tests.realkube import RealKube, start_realkube
+
+HOLD = "example.com/hold"
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealKube]:
+    with start_realkube(tmp_path_factory.mktemp("kube")) as server:
+        server.install_crds()
+        yield server
+
+
+async def finalizers(kube: RealKube, path: str, names: list[str]) -> None:
+    response = await trio.to_thread.run_sync(
+        kube.request, "PATCH", path, {"metadata": {"finalizers": names}},
+        "application/merge-patch+json")
+    response.raise_for_status()
+
+
+async def counted(port: int, result: str) -> float:
+    return await metric(port, "supervisor_fanout_applies_total", kind="ServiceDefinition",
+                        result=result)
+
+
+async def test_children_held_by_a_finalizer(kube: RealKube, tmp_path: Path) -> None:
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port, resync_s=1)
+    with trio.fail_after(90):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            for name in ("steady", "held", "kept"):
+                await trio.to_thread.run_sync(kube.apply, sd(inst, name))
+            for name in ("held", "kept"):
+                await poll_until(lambda n=name: exists(kube, deployment_path(inst, n)))
+                await finalizers(kube, deployment_path(inst, name), [HOLD])
+
+            # The parent goes: its child is deleted once and stays Terminating (the other
+            # controller's finalizer); resyncs do not delete it again and again.
+            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "held"))
+            await poll_until(lambda: terminating(kube, deployment_path(inst, "held")))
+            # A child of a parent that still wants it is deleted by hand and held: while it
+            # is Terminating nothing can be done; once it is gone it is made again at once.
+            await trio.to_thread.run_sync(kube.request, "DELETE", deployment_path(inst, "kept"))
+            await poll_until(lambda: terminating(kube, deployment_path(inst, "kept")))
+            unchanged = await counted(port, "unchanged")
+            await poll_until(lambda: above(port, "unchanged", unchanged + 3))  # 3 resyncs
+            assert await counted(port, "deleted") == 1
+            await finalizers(kube, deployment_path(inst, "held"), [])
+            await poll_until(lambda: gone(kube, deployment_path(inst, "held")))
+            old = await aget(kube, deployment_path(inst, "kept"))
+            assert old is not None
+            await finalizers(kube, deployment_path(inst, "kept"), [])
+            await poll_until(lambda: recreated(kube, deployment_path(inst, "kept"),
+                                               old["metadata"]["uid"]))
+            unchanged = await counted(port, "unchanged")
+            await poll_until(lambda: above(port, "unchanged", unchanged + 3))
+            assert await counted(port, "deleted") == 1
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def exists(kube: RealKube, path: str) -> bool:
+    return await aget(kube, path) is not None
+
+
+async def terminating(kube: RealKube, path: str) -> bool:
+    found = await aget(kube, path)
+    return found is not None and bool(found["metadata"].get("deletionTimestamp"))
+
+
+async def recreated(kube: RealKube, path: str, old_uid: str) -> bool:
+    found = await aget(kube, path)
+    return found is not None and found["metadata"]["uid"] != old_uid and not found[
+        "metadata"].get("deletionTimestamp")
+
+
+async def above(port: int, result: str, value: float) -> bool:
+    return await counted(port, result) >= value
