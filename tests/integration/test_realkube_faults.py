@@ -23,6 +23,7 @@ from tests.integration.test_realkube import (
     metric,
     parent_path,
     sd,
+    status,
 )
 from tests.polling import poll_until
 from tests.proc import free_port, run_daemon
@@ -105,3 +106,41 @@ async def recreated(kube: RealKube, path: str, old_uid: str) -> bool:
 
 async def above(port: int, result: str, value: float) -> bool:
     return await counted(port, result) >= value
+
+
+CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" \
+    "servicedefinitions.platform.trio-supervisor.dev"
+
+
+async def test_the_parent_crd_deleted_while_watching_and_applied_again(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    """Last in this file: it deletes the CRD (the server deletes every parent with it)."""
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port, preflight_retry_s=300)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web"))
+            await poll_until(lambda: exists(kube, deployment_path(inst, "web")))
+            before = len(daemon.lines)
+            response = await trio.to_thread.run_sync(kube.request, "DELETE", CRD)
+            assert response.status_code == 200, response.text
+            await poll_until(lambda: gone(kube, CRD))
+            # Its parents went with it (their DELETED events): so do their children, as
+            # garbage collection would have done. The kind waits in its preflight.
+            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+            await poll_until(lambda: fanout_state(port, "preflight"))
+            assert not [line for line in daemon.lines[before:] if line["level"] == "critical"]
+            await trio.to_thread.run_sync(kube.install_crds)
+            daemon.signal(signal.SIGHUP)
+            await poll_until(lambda: fanout_state(port, "watching"))
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "again"))
+            await poll_until(lambda: exists(kube, deployment_path(inst, "again")))
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def fanout_state(port: int, state: str) -> bool:
+    return (await status(port))["fanout"]["ServiceDefinition"]["state"] == state
