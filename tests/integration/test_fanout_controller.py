@@ -479,3 +479,28 @@ async def test_a_child_already_terminating_is_not_deleted_again(tmp_path: Path) 
             await h.idle()
             assert fake.find_requests("DELETE", "/deployments/going") == []
             assert fake.get("deployments", APPS, "going") is not None
+
+
+async def test_status_writes_failing_with_500_only(tmp_path: Path) -> None:
+    # Adversary: the API server answers 500 to status writes only. The children are
+    # applied once, not again on every retry; the retries back off; one Applied Event;
+    # once status writes work again the parent shows Ready.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            rule = fake.inject("PATCH", r"/servicedefinitions/web/status$", status=500,
+                               times=None)
+            fake.create(sd("web"))
+            await h.until(lambda: h.metric("fanout_requeues", kind="ServiceDefinition",
+                                           cause="error") >= 4)
+            assert fake.count("PATCH", "/deployments/web") == 1
+            assert len(events(fake, "Applied", "web")) == 1
+            assert len(events(fake, "ApplyFailed", "web")) == 1  # the spam filter
+            tries = fake.find_requests("PATCH", "/servicedefinitions/web/status")
+            gaps = [b.time - a.time for a, b in zip(tries, tries[1:], strict=False)]
+            assert max(gaps) >= 0.05  # backed off, not hot
+            fake.injections.remove(rule)
+            await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web"))
+                                   or {}).get("status") == "True")
+            await h.idle()
+            assert fake.count("PATCH", "/deployments/web") == 1
