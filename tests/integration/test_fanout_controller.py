@@ -277,7 +277,8 @@ async def test_the_watch_backoff_starts_over_after_a_stream_that_delivered(
             fake = h.fake
             await h.until(lambda: h.status.state == "watching")
             for outage in range(3):
-                await fake.wait_for_watches(3)  # parents, deployments, services
+                # parents; deployments and services, ours and other installations'
+                await fake.wait_for_watches(5)
                 fake.create(sd(f"web-{outage}"))  # the stream delivers
                 name, seen = f"web-{outage}", outage
                 await h.until(lambda: fake.get("deployments", APPS, name) is not None)  # noqa: B023
