@@ -8,9 +8,11 @@ Skipped with the reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
 
 from __future__ import annotations
 
+import copy
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -110,6 +112,60 @@ async def above(port: int, result: str, value: float) -> bool:
 
 CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" \
     "servicedefinitions.platform.trio-supervisor.dev"
+
+
+async def test_a_stored_parent_that_does_not_decode_never_blocks_its_kind(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    """Issue 13 item 2 on the real server: a parent stored under an older schema (here:
+    ``replicas`` a string, then the CRD put back) sorts first; the preflight and the watch
+    name it, skip it, and fan out every good parent."""
+    inst = await trio.to_thread.run_sync(kube.install)
+    crd = await aget(kube, CRD)
+    assert crd is not None
+    loose = copy.deepcopy(crd)
+    replicas = loose["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"]["properties"]["replicas"]
+    replicas.clear()
+    replicas["type"] = "string"
+    await put(kube, CRD, loose)
+    bad = sd(inst, "aaa-old")
+    bad["spec"]["replicas"] = "three"
+    await poll_until(lambda: stored(kube, bad))
+    await put(kube, CRD, {**crd, "metadata": (await aget(kube, CRD))["metadata"]})  # type: ignore[index]
+    await trio.to_thread.run_sync(kube.apply, sd(inst, "web"))
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port, preflight_retry_s=300)
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            line = await daemon.wait_log(None, kind="ServiceDefinition", name="aaa-old",
+                                         error_class="schema_skew")
+            assert line["level"] == "error" and line["path"]
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await poll_until(lambda: exists(kube, deployment_path(inst, "web")))
+            report = (await status(port))["fanout"]["ServiceDefinition"]
+            assert report["skewed"] == ["aaa-old"] and report["state"] == "watching"
+            assert await aget(kube, deployment_path(inst, "aaa-old")) is None
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def put(kube: RealKube, path: str, obj: dict[str, Any]) -> None:
+    response = await trio.to_thread.run_sync(kube.request, "PUT", path, obj)
+    response.raise_for_status()
+
+
+async def stored(kube: RealKube, obj: dict[str, Any]) -> bool:
+    """Store ``obj`` once the (changed) CRD schema admits it."""
+    response = await trio.to_thread.run_sync(
+        kube.request, "POST", parent_path_of(obj).rpartition("/")[0], obj)
+    return response.status_code in (201, 409)
+
+
+def parent_path_of(obj: dict[str, Any]) -> str:
+    md = obj["metadata"]
+    return (f"/apis/platform.trio-supervisor.dev/v1/namespaces/{md['namespace']}"
+            f"/servicedefinitions/{md['name']}")
 
 
 async def test_the_parent_crd_deleted_while_watching_and_applied_again(
