@@ -18,7 +18,8 @@ foreign is ever held). It is an informer handler for each child resource:
 
 :func:`covers` is the drift test: the live object *covers* the desired one
 when every field we set has the same value live (maps: each key we set;
-lists: same length, element by element). Fields the server added (defaults,
+lists: same length, element by element; a zero value we set that the server
+omits, as its types do, counts as the same). Fields the server added (defaults,
 status, managedFields) do not count, so an unchanged child is never
 rewritten; a changed ``replicas`` or image, a removed label of ours, or a
 deleted child is drift.
@@ -47,12 +48,26 @@ __all__ = ["LiveChildren", "Obj", "covers", "terminating", "unavailable"]
 Obj = dict[str, Any]
 
 
+def _empty(value: Any) -> bool:
+    """A zero value, which the server omits from what it returns (Go's ``omitempty``)."""
+    if isinstance(value, bool):
+        return value is False
+    return value is None or (isinstance(value, (int, float)) and value == 0) or (
+        isinstance(value, (str, list, dict)) and not value)
+
+
 def covers(live: Any, want: Any) -> bool:
-    """True when every field set in ``want`` has the same value in ``live``."""
+    """True when every field set in ``want`` has the same value in ``live``.
+
+    A field we set to a zero value (``""``, 0, false, empty) and the server left out
+    counts as the same: its types omit such fields (an env var's ``value: ""``), so
+    the live object can never show it, and it must not be drift.
+    """
     if isinstance(want, Mapping):
         if not isinstance(live, Mapping):
             return False
-        return all(key in live and covers(live[key], value) for key, value in want.items())
+        return all(covers(live[key], value) if key in live else _empty(value)
+                   for key, value in want.items())
     if isinstance(want, list):
         if not isinstance(live, list) or len(live) != len(want):
             return False

@@ -110,6 +110,37 @@ async def above(port: int, result: str, value: float) -> bool:
     return await counted(port, result) >= value
 
 
+async def test_an_empty_env_value_is_not_drift(kube: RealKube, tmp_path: Path) -> None:
+    """The server drops what its types omit when empty (an env var's ``value: ""``): the
+    live child can never show it, and comparing it counted as drift on every reconcile
+    (a write and a ``DriftRepaired`` Event on every resync, nothing ever repaired)."""
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port, resync_s=1)
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            parent = sd(inst, "web")
+            parent["spec"]["env"] = {"EMPTY": "", "MODE": "on"}
+            await trio.to_thread.run_sync(kube.apply, parent)
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "steady"))  # counts resyncs
+            for name in ("web", "steady"):
+                await poll_until(lambda n=name: exists(kube, deployment_path(inst, n)))
+            first = await aget(kube, deployment_path(inst, "web"))
+            assert first is not None
+            env = first["spec"]["template"]["spec"]["containers"][0]["env"]
+            assert env == [{"name": "EMPTY"}, {"name": "MODE", "value": "on"}]
+            unchanged = await counted(port, "unchanged")
+            await poll_until(lambda: above(port, "unchanged", unchanged + 4))  # >= 2 resyncs
+            assert await counted(port, "repaired") == 0
+            assert await counted(port, "applied") == 2
+            web = await aget(kube, deployment_path(inst, "web"))
+            assert web is not None
+            assert web["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
 CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" \
     "servicedefinitions.platform.trio-supervisor.dev"
 

@@ -33,6 +33,17 @@ def test_covers_ignores_what_the_server_adds_and_sees_what_we_set() -> None:
     assert not covers({}, want)
 
 
+def test_covers_takes_a_zero_value_the_server_omits_as_the_same() -> None:
+    # The server's types omit empty fields (an env var's value ""): never drift.
+    want = {"env": [{"name": "EMPTY", "value": ""}, {"name": "MODE", "value": "on"}],
+            "replicas": 0, "paused": False, "args": [], "extra": {}}
+    assert covers({"env": [{"name": "EMPTY"}, {"name": "MODE", "value": "on"}]}, want)
+    assert not covers({"env": [{"name": "EMPTY"}, {"name": "MODE"}]}, want)  # "on" is not
+    assert not covers({"env": [{"name": "EMPTY", "value": "x"}, {"name": "MODE",
+                                                               "value": "on"}]}, want)
+    assert not covers({"env": want["env"], "replicas": 1}, want)  # present and different
+
+
 def test_availability_of_a_deployment_and_of_other_children() -> None:
     labels = {"a": "b"}
     deployment = make_desired(DEPLOYMENTS, "apps", "web", labels=labels, spec={"replicas": 2})
