@@ -505,3 +505,25 @@ async def test_status_writes_failing_with_500_only(tmp_path: Path) -> None:
                                    or {}).get("status") == "True")
             await h.idle()
             assert fake.count("PATCH", "/deployments/web") == 1
+
+
+async def test_the_apps_namespace_deleted_and_made_again(tmp_path: Path) -> None:
+    # Adversary: the apps namespace is deleted (its contents first, as the namespace
+    # controller does) and made again. Meanwhile writes there are refused (404); the
+    # children come back once it exists again, without a restart.
+    with trio.fail_after(15):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", port=80))
+            await h.until(lambda: fake.get("services", APPS, "web") is not None)
+            fake.delete("services", APPS, "web")
+            fake.delete("deployments", APPS, "web")
+            fake.delete("namespaces", None, APPS)
+            await h.until(lambda: h.metric("fanout_requeues", kind="ServiceDefinition",
+                                           cause="error") >= 1 or h.status.state == "preflight")
+            fake.create_namespace(APPS)
+            await h.until(lambda: fake.get("deployments", APPS, "web") is not None
+                          and fake.get("services", APPS, "web") is not None)
+            await h.until(lambda: h.status.state == "watching")
+            await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web"))
+                                   or {}).get("status") == "True")
