@@ -16,7 +16,9 @@
   :class:`~supervisor.fanout.foreign.ForeignChildren`) is never written; the
   parent is reported ``Ready=False`` (reason ``Conflict``, an ``ApplyFailed``
   Event naming that installation) and waits for that child to change or go.
-- Children no longer desired, and a deleted parent's children, are deleted.
+- Children no longer desired, and a deleted parent's children, are deleted;
+  but never a child another existing parent wants (``claimant``: its lineage
+  label was edited by hand to name this one; that parent repairs the label).
 - A child the server refused (422) is not resent until its digest changes or
   the engine calls :meth:`forget_refusals` (the next resync): the earlier
   :class:`~supervisor.kube.errors.Invalid` is raised again instead.
@@ -64,6 +66,7 @@ class ChildWriter(Generic[P]):
         requeue_after: Callable[[str, float], None],
         log: Any,
         foreign: ForeignChildren | None = None,
+        claimant: Callable[[ChildKey], str | None] | None = None,
     ) -> None:
         self.client = client
         self.kind = kind
@@ -75,6 +78,7 @@ class ChildWriter(Generic[P]):
         self._requeue_after = requeue_after
         self._log = log
         self._foreign = foreign
+        self._claimant = claimant or (lambda key: None)
         self._taken_said: dict[str, list[str]] = {}  # parent -> what was logged (once)
         self._installation = config.installation_label
         self._by_plural = {res.plural: res for res in kind.child_resources}
@@ -151,6 +155,12 @@ class ChildWriter(Generic[P]):
         for key in sorted(self.live.of_parent(name) - wanted):
             if terminating(self.live.get(key)):
                 continue  # deleted already, held by a finalizer
+            owner = self._claimant(key)
+            if owner is not None and owner != name:
+                # Its lineage label was edited to name this parent; the parent that
+                # wants it (by its name) puts the label back. Never delete it.
+                self._requeue_after(owner, 0.0)
+                continue
             resource = self._by_plural[key.plural]
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                    key.name)

@@ -70,9 +70,9 @@ from supervisor.config import KubernetesConfig
 from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
 from supervisor.fanout.foreign import ForeignChildren, foreign_selector
-from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent
+from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent, matters
 from supervisor.fanout.labels import lineage_selector
-from supervisor.fanout.live import LiveChildren, Obj
+from supervisor.fanout.live import LiveChildren, Obj, child_name
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
@@ -83,6 +83,7 @@ from supervisor.fanout.preflight import (
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
+from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import (
     Conflict,
@@ -133,11 +134,12 @@ class FanoutEngine(Generic[P]):
         self.drain = Drain(self.tuning.drain_s)
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
         self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
-                               {res.plural: res for res in kind.child_resources})
+                               {res.plural: res for res in kind.child_resources},
+                               self._claimant)
         self._failures: dict[str, int] = {}
         self.writer: ChildWriter[P] = ChildWriter(
             client, kind, config, metrics, self.live, self.drain, self.reporter,
-            self._requeue_after, log.bind(kind=kind.kind), self.foreign)
+            self._requeue_after, log.bind(kind=kind.kind), self.foreign, self._claimant)
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._installation = config.installation_label
@@ -215,22 +217,16 @@ class FanoutEngine(Generic[P]):
             tuning=tuning, on_restart=self._on_restart, rng=self._rng,
         )
         self.informer = parents
+        foreign = foreign_selector(self.kind.lineage_key, self._installation)
         children: list[Informer[Obj]] = [
             Informer(
-                self.client, res, dict[str, Any], self.config.apps_namespace,
-                self.live.handler(res), name_of=_child_name, tuning=tuning,
-                on_restart=self._on_restart, label_selector=self._selector, rng=self._rng,
+                self.client, res, dict[str, Any], self.config.apps_namespace, handler,
+                name_of=child_name, tuning=tuning, on_restart=self._on_restart,
+                label_selector=selector, rng=self._rng,
             )
             for res in self.kind.child_resources
-        ]
-        foreign = foreign_selector(self.kind.lineage_key, self._installation)
-        children += [
-            Informer(
-                self.client, res, dict[str, Any], self.config.apps_namespace,
-                self.foreign.handler(res), name_of=_child_name, tuning=tuning,
-                on_restart=self._on_restart, label_selector=foreign, rng=self._rng,
-            )
-            for res in self.kind.child_resources
+            for handler, selector in ((self.live.handler(res), self._selector),
+                                      (self.foreign.handler(res), foreign))
         ]
         async with trio.open_nursery() as nursery:
 
@@ -278,7 +274,7 @@ class FanoutEngine(Generic[P]):
         was_skewed = name in self.skewed
         self.skewed.discard(name)
         self._count()
-        if old is not None and not was_skewed and not _matters(old, obj):
+        if old is not None and not was_skewed and not matters(old, obj):
             return  # a status-only update (ours, usually): nothing to reconcile
         self.queue.add(name)
 
@@ -340,6 +336,15 @@ class FanoutEngine(Generic[P]):
                 await self._reconcile_guarded(name)
             finally:
                 self.queue.done(name)
+
+    def _claimant(self, key: ChildKey) -> str | None:
+        """The existing parent that wants child ``key`` (children are named after theirs)."""
+        if key.name in self.skewed:
+            return key.name  # unreadable: whatever it wants is left alone
+        parent = self.parents.get(key.name)
+        if parent is not None and any(c.key == key for c in self.writer.desired(parent)):
+            return key.name
+        return None
 
     async def _children_synced(self) -> None:
         await self.live.wait_synced()
@@ -404,14 +409,3 @@ class FanoutEngine(Generic[P]):
     def _requeue_after(self, name: str, delay: float) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self.queue.add_after, name, delay)
-
-
-def _child_name(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
-def _matters(old: Parent, new: Parent) -> bool:
-    """Does an update change anything a reconcile reads (not a status-only write)?"""
-    a, b = old.metadata, new.metadata
-    return (a.generation, a.labels, a.annotations, a.deletion_timestamp) != (
-        b.generation, b.labels, b.annotations, b.deletion_timestamp)

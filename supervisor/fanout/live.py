@@ -43,7 +43,7 @@ from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
-__all__ = ["LiveChildren", "Obj", "covers", "terminating", "unavailable"]
+__all__ = ["LiveChildren", "Obj", "child_name", "covers", "terminating", "unavailable"]
 
 Obj = dict[str, Any]
 
@@ -75,6 +75,10 @@ def covers(live: Any, want: Any) -> bool:
     if isinstance(want, bool) or isinstance(live, bool):
         return live is want
     return bool(live == want)
+
+
+def child_name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 def _rv(obj: Mapping[str, Any]) -> int | None:

@@ -9,6 +9,7 @@ make (faults, 409/429 on demand, hanging requests) or makes cheaper.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -498,7 +499,7 @@ async def test_status_writes_failing_with_500_only(tmp_path: Path) -> None:
             assert len(events(fake, "Applied", "web")) == 1
             assert len(events(fake, "ApplyFailed", "web")) == 1  # the spam filter
             tries = fake.find_requests("PATCH", "/servicedefinitions/web/status")
-            gaps = [b.time - a.time for a, b in zip(tries, tries[1:], strict=False)]
+            gaps = [b.time - a.time for a, b in itertools.pairwise(tries)]
             assert max(gaps) >= 0.05  # backed off, not hot
             fake.injections.remove(rule)
             await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web"))
@@ -527,3 +528,31 @@ async def test_the_apps_namespace_deleted_and_made_again(tmp_path: Path) -> None
             await h.until(lambda: h.status.state == "watching")
             await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web"))
                                    or {}).get("status") == "True")
+
+
+async def test_a_hand_edited_lineage_label_is_repaired_not_deleted(tmp_path: Path) -> None:
+    # Adversary: the lineage label of a child is edited by hand to name another parent
+    # (one that does not exist, or another one). The reconcile of the parent it now names
+    # deleted it as "not mine any more" while its real parent repaired it: the Deployment
+    # was deleted and made again (every pod restarted) instead of having a label put back.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            for name in ("web", "api"):
+                fake.create(sd(name))
+            await h.until(lambda: all(ready(fake.get("servicedefinitions", CONTROL, n))
+                                      for n in ("web", "api")))
+            await h.idle()
+            uid = fake.get("deployments", APPS, "web")["metadata"]["uid"]
+            for other in ("ghost", "api"):
+                fake.patch("deployments", APPS, "web",
+                           {"metadata": {"labels": {LINEAGE_SERVICEDEFINITION: other}}},
+                           field_manager="kubectl-label")
+                await h.until(lambda: (fake.get("deployments", APPS, "web") or {}).get(
+                    "metadata", {}).get("labels", {}).get(LINEAGE_SERVICEDEFINITION) == "web")
+                await h.idle()
+                await h.reconciler.resync()
+                await h.idle()
+            assert fake.find_requests("DELETE", "/deployments/") == []
+            assert fake.get("deployments", APPS, "web")["metadata"]["uid"] == uid
+            assert fake.get("deployments", APPS, "api") is not None
