@@ -2,7 +2,10 @@
 
 The daemon runs as in tests/integration/test_realkube.py (a TokenRequest token
 bound by the project's own manifests). Here: children held by a finalizer
-(another controller's), which a real server keeps, Terminating, after a delete.
+(another controller's), which a real server keeps, Terminating, after a delete;
+an env var with an empty value (which the server omits); a lineage label edited
+by hand; a parent stored under an older schema (issue 13 item 2); and, last, the
+parent CRD deleted while watching and applied again.
 Skipped with the reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
 """
 
@@ -139,6 +142,44 @@ async def test_an_empty_env_value_is_not_drift(kube: RealKube, tmp_path: Path) -
             assert web["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+LINEAGE = "platform.trio-supervisor.dev/servicedefinition"
+
+
+async def test_a_lineage_label_edited_by_hand_is_put_back(kube: RealKube, tmp_path: Path) -> None:
+    """The child's lineage label edited to name another parent (existing or not): the
+    label is put back, the Deployment itself is never deleted and made again."""
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port, resync_s=1)
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            for name in ("web", "api"):
+                await trio.to_thread.run_sync(kube.apply, sd(inst, name))
+                await poll_until(lambda n=name: exists(kube, deployment_path(inst, n)))
+            first = await aget(kube, deployment_path(inst, "web"))
+            assert first is not None
+            for other in ("ghost", "api"):
+                response = await trio.to_thread.run_sync(
+                    kube.request, "PATCH", deployment_path(inst, "web"),
+                    {"metadata": {"labels": {LINEAGE: other}}}, "application/merge-patch+json")
+                response.raise_for_status()
+                await poll_until(lambda: lineage_is(kube, deployment_path(inst, "web"), "web"))
+            unchanged = await counted(port, "unchanged")
+            await poll_until(lambda: above(port, "unchanged", unchanged + 4))  # 2 resyncs
+            now = await aget(kube, deployment_path(inst, "web"))
+            assert now is not None and now["metadata"]["uid"] == first["metadata"]["uid"]
+            assert await counted(port, "deleted") == 0
+            assert await exists(kube, deployment_path(inst, "api"))
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def lineage_is(kube: RealKube, path: str, value: str) -> bool:
+    found = await aget(kube, path)
+    return found is not None and found["metadata"]["labels"].get(LINEAGE) == value
 
 
 CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" \
