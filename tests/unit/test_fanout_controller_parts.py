@@ -125,3 +125,19 @@ def test_kubernetes_config_keys_of_issue_13() -> None:
             assert "$.kubernetes." in str(exc)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_retry_after_is_a_finite_number_of_seconds_or_nothing() -> None:
+    # Adversary: "inf" (or "nan") parsed as a float made a 429's requeue wait forever.
+    import httpx
+
+    from supervisor.kube.wire import retry_after
+
+    def answer(value: str) -> httpx.Response:
+        return httpx.Response(429, headers={"Retry-After": value})
+
+    assert retry_after(answer("3")) == 3.0
+    assert retry_after(answer("-2")) == 0.0
+    for bad in ("inf", "Infinity", "nan", "Wed, 21 Oct 2015 07:28:00 GMT"):
+        assert retry_after(answer(bad)) is None, bad
+    assert retry_after(httpx.Response(429)) is None
