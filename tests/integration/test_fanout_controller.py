@@ -556,3 +556,45 @@ async def test_a_hand_edited_lineage_label_is_repaired_not_deleted(tmp_path: Pat
             assert fake.find_requests("DELETE", "/deployments/") == []
             assert fake.get("deployments", APPS, "web")["metadata"]["uid"] == uid
             assert fake.get("deployments", APPS, "api") is not None
+
+
+async def test_two_kinds_with_a_parent_of_the_same_name_keep_apart(tmp_path: Path) -> None:
+    # Adversary: a ServiceDefinition and a Workflow both named "x" (children named after
+    # their parent). Their children are of different resources and carry different
+    # lineage labels: neither kind's reconcile or sweep touches the other's.
+    from supervisor.config import KubernetesConfig
+    from supervisor.fanout.engine import FanoutEngine
+    from supervisor.fanout.status import FanoutStatus
+    from supervisor.kube.client import KubeClient
+    from supervisor.telemetry import Metrics
+
+    with trio.fail_after(15):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            client = KubeClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
+            config = KubernetesConfig(enabled=True, kubeconfig=str(tmp_path / "kubeconfig"))
+            workflows = FanoutEngine(client, WORKFLOW, config, Metrics(process=False),
+                                     FanoutStatus(), FAST)
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(workflows.run)
+                    fake.create(sd("x", port=80))
+                    fake.create(wf("x"))
+                    await h.until(lambda: all(fake.get(p, APPS, "x") is not None
+                                              for p in ("deployments", "services", "cronjobs")))
+                    for engine in (h.reconciler, workflows):
+                        await engine.queue.wait_idle()
+                        await engine.resync()
+                        await engine.queue.wait_idle()
+                    fake.delete("workflows", CONTROL, "x")
+                    await h.until(lambda: fake.get("cronjobs", APPS, "x") is None)
+                    await h.reconciler.resync()
+                    await h.idle()
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.move_on_after(2, shield=True):
+                    await client.aclose()
+            assert fake.get("deployments", APPS, "x") is not None
+            assert fake.get("services", APPS, "x") is not None
+            assert [r.path for r in fake.find_requests("DELETE")] == [
+                f"/apis/batch/v1/namespaces/{APPS}/cronjobs/x"]
