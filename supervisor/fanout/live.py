@@ -15,6 +15,8 @@ foreign is ever held). It is an informer handler for each child resource:
   An event not newer than what is held (by resourceVersion, compared as
   integers when both are; kube-apiserver's are etcd revisions) neither replaces
   it nor enqueues: our own write's event is not a reason to reconcile again.
+  A write's answer not newer than a child whose DELETED event came first is
+  not held either (the child was deleted right after our write).
 
 :func:`covers` is the drift test: the live object *covers* the desired one
 when every field we set has the same value live (maps: each key we set;
@@ -163,6 +165,9 @@ class LiveChildren:
         self._by_parent: dict[str, set[ChildKey]] = {}
         self._synced: set[str] = set()
         self._synced_event = trio.Event()
+        # key -> resourceVersion of the child when its DELETED event came: a write's answer
+        # arriving after that event is not newer than what was deleted, and is not held.
+        self._gone: dict[ChildKey, int] = {}
 
     def handler(self, resource: Resource) -> _ResourceHandler:
         return _ResourceHandler(self, resource)
@@ -182,6 +187,7 @@ class LiveChildren:
         self._objects.clear()
         self._by_parent.clear()
         self._synced.clear()
+        self._gone.clear()
         if self._synced_event.is_set():
             self._synced_event = trio.Event()
 
@@ -213,6 +219,7 @@ class LiveChildren:
                 if not keys:
                     del self._by_parent[old_parent]
         obj = _slim(obj)
+        self._gone.pop(key, None)
         self._objects[key] = obj
         parent = self.parent_of(obj)
         self._by_parent.setdefault(parent, set()).add(key)
@@ -233,6 +240,7 @@ class LiveChildren:
     def replace(self, resource: Resource, objects: Iterable[Obj]) -> None:
         """A (re)list of ``resource``: its children are exactly ``objects``."""
         touched: set[str] = set()
+        self._gone = {k: rv for k, rv in self._gone.items() if k.plural != resource.plural}
         for key in [k for k in self._objects if k.plural == resource.plural]:
             parent = self._drop(key)
             if parent is not None:
@@ -271,15 +279,25 @@ class LiveChildren:
         name = str((obj.get("metadata") or {}).get("name", ""))
         key = ChildKey(resource.plural, name)
         held = self._objects.get(key)
+        new_rv = _rv(obj)
         if held is not None:
-            new_rv, held_rv = _rv(obj), _rv(held)
+            held_rv = _rv(held)
             if new_rv is not None and held_rv is not None and new_rv < held_rv:
                 return
+        gone = self._gone.get(key)
+        if gone is not None and new_rv is not None and new_rv <= gone:
+            return  # deleted after this write: its DELETED event came first
         self._store(key, obj)
 
     def forget(self, resource: Resource, name: str) -> None:
         """A child is gone (watch DELETED, or our own delete): enqueue its parent."""
-        parent = self._drop(ChildKey(resource.plural, name))
+        key = ChildKey(resource.plural, name)
+        rv = _rv(self._objects.get(key) or {})
+        if rv is not None:
+            if len(self._gone) > 10_000:  # bounded: an old answer this late is not expected
+                self._gone.clear()
+            self._gone[key] = rv
+        parent = self._drop(key)
         if parent:
             self._enqueue(parent)
 

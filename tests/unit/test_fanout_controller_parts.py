@@ -80,6 +80,27 @@ def test_live_children_enqueue_their_parent_and_keep_the_newer_object() -> None:
     assert queued == ["web", "web"]  # the newer event and the delete; not the stale one
 
 
+def test_a_write_s_answer_arriving_after_the_child_s_delete_event_is_not_held() -> None:
+    # Adversary (a flaky fake test found it): a child deleted right after our apply. Its
+    # ADDED and DELETED events were handled before the apply's answer, and put() then held
+    # the deleted object again: no event would ever remove it, nothing repaired the child.
+    queued: list[str] = []
+    live = LiveChildren((DEPLOYMENTS,), LINEAGE_SERVICEDEFINITION, queued.append)
+    key = ChildKey("deployments", "web")
+
+    def obj(rv: str) -> dict[str, object]:
+        return {"metadata": {"name": "web", "resourceVersion": rv,
+                             "labels": {LINEAGE_SERVICEDEFINITION: "web"}}}
+
+    live.replace(DEPLOYMENTS, [])
+    live.observe(DEPLOYMENTS, obj("6"))  # ADDED: our apply's own event
+    live.forget(DEPLOYMENTS, "web")  # DELETED by someone else
+    live.put(DEPLOYMENTS, obj("6"))  # the apply's answer, late
+    assert live.get(key) is None
+    live.put(DEPLOYMENTS, obj("9"))  # made again later: held
+    assert live.get(key) is not None
+
+
 def test_the_sweep_guard() -> None:
     guard = SweepGuard()
     assert guard.allow(5, 6, {"a"})  # a handful is always allowed
