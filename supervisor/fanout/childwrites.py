@@ -12,7 +12,13 @@
   ``fanout_drift_repairs``), but slowed down by a
   :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
   the repair (logged once per child).
-- Children no longer desired, and a deleted parent's children, are deleted.
+- A child another installation holds (same name, its installation label:
+  :class:`~supervisor.fanout.foreign.ForeignChildren`) is never written; the
+  parent is reported ``Ready=False`` (reason ``Conflict``, an ``ApplyFailed``
+  Event naming that installation) and waits for that child to change or go.
+- Children no longer desired, and a deleted parent's children, are deleted;
+  but never a child another existing parent wants (``claimant``: its lineage
+  label was edited by hand to name this one; that parent repairs the label).
 - A child the server refused (422) is not resent until its digest changes or
   the engine calls :meth:`forget_refusals` (the next resync): the earlier
   :class:`~supervisor.kube.errors.Invalid` is raised again instead.
@@ -32,8 +38,9 @@ import trio
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
+from supervisor.fanout.foreign import ForeignChildren
 from supervisor.fanout.kind import FanoutKind, P
-from supervisor.fanout.live import LiveChildren, Obj, covers
+from supervisor.fanout.live import LiveChildren, Obj, covers, terminating
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.repairs import RepairLimiter
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
@@ -58,6 +65,8 @@ class ChildWriter(Generic[P]):
         reporter: ParentReporter,
         requeue_after: Callable[[str, float], None],
         log: Any,
+        foreign: ForeignChildren | None = None,
+        claimant: Callable[[ChildKey], str | None] | None = None,
     ) -> None:
         self.client = client
         self.kind = kind
@@ -68,6 +77,9 @@ class ChildWriter(Generic[P]):
         self.reporter = reporter
         self._requeue_after = requeue_after
         self._log = log
+        self._foreign = foreign
+        self._claimant = claimant or (lambda key: None)
+        self._taken_said: dict[str, list[str]] = {}  # parent -> what was logged (once)
         self._installation = config.installation_label
         self._by_plural = {res.plural: res for res in kind.child_resources}
         # The digest each child was last applied with: a child gone or changed while
@@ -92,8 +104,14 @@ class ChildWriter(Generic[P]):
         desired = self.desired(parent)
         applied: list[str] = []
         repaired: list[str] = []
+        taken: list[str] = []
         for child in desired:
             live = self.live.get(child.key)
+            owner = self._foreign.owner(child.key) if self._foreign is not None else None
+            if live is None and owner is not None:
+                taken.append(f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
+                             f" belongs to installation {owner}")
+                continue
             if live is not None and covers(live, child.body):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
                 self._fights.discard(child.key)
@@ -135,6 +153,14 @@ class ChildWriter(Generic[P]):
                                child=child.name)
         wanted = {child.key for child in desired}
         for key in sorted(self.live.of_parent(name) - wanted):
+            if terminating(self.live.get(key)):
+                continue  # deleted already, held by a finalizer
+            owner = self._claimant(key)
+            if owner is not None and owner != name:
+                # Its lineage label was edited to name this parent; the parent that
+                # wants it (by its name) puts the label back. Never delete it.
+                self._requeue_after(owner, 0.0)
+                continue
             resource = self._by_plural[key.plural]
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                    key.name)
@@ -144,6 +170,7 @@ class ChildWriter(Generic[P]):
             self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
         if parent is None or parent.metadata.deletion_timestamp is not None:
             self.reporter.forget(name)
+            self._taken_said.pop(name, None)
             for key in [k for k in self._applied if k not in wanted and k.name == name]:
                 self._applied.pop(key, None)
             return  # gone, or going: its status no longer matters
@@ -153,9 +180,29 @@ class ChildWriter(Generic[P]):
         if applied:
             await self.reporter.event(parent, "Normal", "Applied",
                                       "applied " + ", ".join(applied))
+        if taken:
+            await self._taken(name, parent, desired, taken)
+            return
+        self._taken_said.pop(name, None)
         noun = "object" if len(desired) == 1 else "objects"
         await self.reporter.write(parent, desired, "True", "Applied",
                                   f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
+
+    async def _taken(self, name: str, parent: P, desired: list[Desired],
+                     taken: list[str]) -> None:
+        """Another installation holds a child we want: leave it, report ``Conflict``.
+
+        Not retried: that child's change or delete enqueues this parent again.
+        """
+        message = ("not written: " + "; ".join(taken) + " (two installations sharing"
+                   " the apps namespace need different parent names)")
+        self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
+        if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
+            self._taken_said[name] = taken
+            self._log.warning("a child of another installation has the name this parent's"
+                              " child needs; left alone", name=name, children=taken)
+        await self.reporter.event(parent, "Warning", "ApplyFailed", message)
+        await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
 
     def _fighting(self, name: str, child: Desired, wait: float) -> None:
         """Someone keeps undoing our repairs of ``child``: repair it later, say so once."""

@@ -12,9 +12,11 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   :class:`~supervisor.kube.watching.Informer` lists and watches the parents,
   and one per child resource watches this installation's children (selected by
   the managed-by, installation and lineage labels) into
-  :class:`~supervisor.fanout.live.LiveChildren`. A 403/404 or an undecodable
-  list envelope from any of them sends the kind back to its preflight (with a
-  backoff, reset after a watch that delivered).
+  :class:`~supervisor.fanout.live.LiveChildren`; one more per child resource
+  watches other installations' children of this kind into
+  :class:`~supervisor.fanout.foreign.ForeignChildren` (never ours to write).
+  A 403/404 or an undecodable list envelope from any of them sends the kind
+  back to its preflight (with a backoff, reset after a watch that delivered).
 - **Drift repair.** A child's change or delete enqueues the parent named by its
   lineage label; the reconcile itself (compare, apply what differs, delete what
   is no longer desired, repair drift) is :class:`~supervisor.fanout.childwrites.ChildWriter`.
@@ -67,9 +69,10 @@ from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
-from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent
+from supervisor.fanout.foreign import ForeignChildren, foreign_selector
+from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent, matters
 from supervisor.fanout.labels import lineage_selector
-from supervisor.fanout.live import LiveChildren, Obj
+from supervisor.fanout.live import LiveChildren, Obj, child_name
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
@@ -80,6 +83,7 @@ from supervisor.fanout.preflight import (
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
+from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import (
     Conflict,
@@ -126,14 +130,16 @@ class FanoutEngine(Generic[P]):
         self.parents: dict[str, P] = {}
         self.skewed: set[str] = set()
         self.live = LiveChildren(kind.child_resources, kind.lineage_key, self.queue.add)
+        self.foreign = ForeignChildren(kind.child_resources, kind.lineage_key, self.queue.add)
         self.drain = Drain(self.tuning.drain_s)
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
         self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
-                               {res.plural: res for res in kind.child_resources})
+                               {res.plural: res for res in kind.child_resources},
+                               self._claimant)
         self._failures: dict[str, int] = {}
         self.writer: ChildWriter[P] = ChildWriter(
             client, kind, config, metrics, self.live, self.drain, self.reporter,
-            self._requeue_after, log.bind(kind=kind.kind))
+            self._requeue_after, log.bind(kind=kind.kind), self.foreign, self._claimant)
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._installation = config.installation_label
@@ -168,6 +174,7 @@ class FanoutEngine(Generic[P]):
                 # Nothing is compared against children nobody watches any more: the
                 # workers wait until the next watch has listed them again.
                 self.live.clear()
+                self.foreign.clear()
                 if productive:
                     back_off.reset()
                 delay = back_off.next()
@@ -200,6 +207,7 @@ class FanoutEngine(Generic[P]):
         Returns the failure (a preflight matter) and whether any stream delivered.
         """
         self.live.clear()
+        self.foreign.clear()
         failures: list[KubeError] = []
         tuning = self.tuning.watch
         parents: Informer[P] = Informer(
@@ -209,13 +217,16 @@ class FanoutEngine(Generic[P]):
             tuning=tuning, on_restart=self._on_restart, rng=self._rng,
         )
         self.informer = parents
+        foreign = foreign_selector(self.kind.lineage_key, self._installation)
         children: list[Informer[Obj]] = [
             Informer(
-                self.client, res, dict[str, Any], self.config.apps_namespace,
-                self.live.handler(res), name_of=_child_name, tuning=tuning,
-                on_restart=self._on_restart, label_selector=self._selector, rng=self._rng,
+                self.client, res, dict[str, Any], self.config.apps_namespace, handler,
+                name_of=child_name, tuning=tuning, on_restart=self._on_restart,
+                label_selector=selector, rng=self._rng,
             )
             for res in self.kind.child_resources
+            for handler, selector in ((self.live.handler(res), self._selector),
+                                      (self.foreign.handler(res), foreign))
         ]
         async with trio.open_nursery() as nursery:
 
@@ -263,7 +274,7 @@ class FanoutEngine(Generic[P]):
         was_skewed = name in self.skewed
         self.skewed.discard(name)
         self._count()
-        if old is not None and not was_skewed and not _matters(old, obj):
+        if old is not None and not was_skewed and not matters(old, obj):
             return  # a status-only update (ours, usually): nothing to reconcile
         self.queue.add(name)
 
@@ -306,7 +317,7 @@ class FanoutEngine(Generic[P]):
         The children are the watched cache (always current), so a resync reads
         nothing and writes nothing for parents whose children are as desired.
         """
-        await self.live.wait_synced()
+        await self._children_synced()
         async with self._resync_lock:
             await self.sweeper.sweep(set(self.parents) | self.skewed)
             self.writer.forget_refusals()
@@ -321,10 +332,23 @@ class FanoutEngine(Generic[P]):
             name = await self.queue.get()
             try:
                 # Never compare against a cache that has not been listed yet.
-                await self.live.wait_synced()
+                await self._children_synced()
                 await self._reconcile_guarded(name)
             finally:
                 self.queue.done(name)
+
+    def _claimant(self, key: ChildKey) -> str | None:
+        """The existing parent that wants child ``key`` (children are named after theirs)."""
+        if key.name in self.skewed:
+            return key.name  # unreadable: whatever it wants is left alone
+        parent = self.parents.get(key.name)
+        if parent is not None and any(c.key == key for c in self.writer.desired(parent)):
+            return key.name
+        return None
+
+    async def _children_synced(self) -> None:
+        await self.live.wait_synced()
+        await self.foreign.wait_synced()
 
     def _requeue(self, name: str, exc: KubeError, cause: str) -> float:
         failures = self._failures.get(name, 0)
@@ -385,14 +409,3 @@ class FanoutEngine(Generic[P]):
     def _requeue_after(self, name: str, delay: float) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self.queue.add_after, name, delay)
-
-
-def _child_name(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
-def _matters(old: Parent, new: Parent) -> bool:
-    """Does an update change anything a reconcile reads (not a status-only write)?"""
-    a, b = old.metadata, new.metadata
-    return (a.generation, a.labels, a.annotations, a.deletion_timestamp) != (
-        b.generation, b.labels, b.annotations, b.deletion_timestamp)

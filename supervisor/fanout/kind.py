@@ -15,7 +15,7 @@ from supervisor.kube.applying import Desired
 from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
 from supervisor.kube.watching import WatchTuning
 
-__all__ = ["FanoutKind", "FanoutTuning", "P", "Parent"]
+__all__ = ["FanoutKind", "FanoutTuning", "P", "Parent", "matters"]
 
 
 class Parent(Protocol):
@@ -55,3 +55,10 @@ class FanoutTuning:
     requeue_max_s: float = 30.0
     page_size: int = 500
     drain_s: float = 2.0  # how long an in-flight write may finish after shutdown begins
+
+
+def matters(old: Parent, new: Parent) -> bool:
+    """Does an update change anything a reconcile reads (not a status-only write)?"""
+    a, b = old.metadata, new.metadata
+    return (a.generation, a.labels, a.annotations, a.deletion_timestamp) != (
+        b.generation, b.labels, b.annotations, b.deletion_timestamp)

@@ -15,18 +15,23 @@ foreign is ever held). It is an informer handler for each child resource:
   An event not newer than what is held (by resourceVersion, compared as
   integers when both are; kube-apiserver's are etcd revisions) neither replaces
   it nor enqueues: our own write's event is not a reason to reconcile again.
+  A write's answer not newer than a child whose DELETED event came first is
+  not held either (the child was deleted right after our write).
 
 :func:`covers` is the drift test: the live object *covers* the desired one
 when every field we set has the same value live (maps: each key we set;
-lists: same length, element by element). Fields the server added (defaults,
+lists: same length, element by element; a zero value we set that the server
+omits, as its types do, counts as the same). Fields the server added (defaults,
 status, managedFields) do not count, so an unchanged child is never
 rewritten; a changed ``replicas`` or image, a removed label of ours, or a
 deleted child is drift.
 
-:func:`unavailable` reads availability from the live status: a Deployment is
-available when its ``availableReplicas`` reach the desired ``replicas`` and
-its controller has observed the current generation; any other child counts
-as available once it exists (docs/kubernetes.md).
+:func:`terminating` tells a child being deleted already (held by a
+finalizer): it is never deleted again. :func:`unavailable` reads availability
+from the live status: a Deployment is available when its ``availableReplicas``
+reach the desired ``replicas`` and its controller has observed the current
+generation; any other child counts as available once it exists
+(docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -40,17 +45,31 @@ from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
-__all__ = ["LiveChildren", "Obj", "covers", "unavailable"]
+__all__ = ["LiveChildren", "Obj", "child_name", "covers", "terminating", "unavailable"]
 
 Obj = dict[str, Any]
 
 
+def _empty(value: Any) -> bool:
+    """A zero value, which the server omits from what it returns (Go's ``omitempty``)."""
+    if isinstance(value, bool):
+        return value is False
+    return value is None or (isinstance(value, (int, float)) and value == 0) or (
+        isinstance(value, (str, list, dict)) and not value)
+
+
 def covers(live: Any, want: Any) -> bool:
-    """True when every field set in ``want`` has the same value in ``live``."""
+    """True when every field set in ``want`` has the same value in ``live``.
+
+    A field we set to a zero value (``""``, 0, false, empty) and the server left out
+    counts as the same: its types omit such fields (an env var's ``value: ""``), so
+    the live object can never show it, and it must not be drift.
+    """
     if isinstance(want, Mapping):
         if not isinstance(live, Mapping):
             return False
-        return all(key in live and covers(live[key], value) for key, value in want.items())
+        return all(covers(live[key], value) if key in live else _empty(value)
+                   for key, value in want.items())
     if isinstance(want, list):
         if not isinstance(live, list) or len(live) != len(want):
             return False
@@ -58,6 +77,10 @@ def covers(live: Any, want: Any) -> bool:
     if isinstance(want, bool) or isinstance(live, bool):
         return live is want
     return bool(live == want)
+
+
+def child_name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 def _rv(obj: Mapping[str, Any]) -> int | None:
@@ -68,7 +91,8 @@ def _rv(obj: Mapping[str, Any]) -> int | None:
         return None
 
 
-_META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations")
+_META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations",
+              "deletionTimestamp")
 _STATUS_KEPT = ("observedGeneration", "availableReplicas")
 
 
@@ -85,6 +109,11 @@ def _slim(obj: Obj) -> Obj:
     if isinstance(status, Mapping):
         slim["status"] = {key: status[key] for key in _STATUS_KEPT if key in status}
     return slim
+
+
+def terminating(obj: Mapping[str, Any] | None) -> bool:
+    """Is ``obj`` being deleted already (a finalizer holds it)? Then deleting it again is moot."""
+    return obj is not None and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
@@ -136,6 +165,9 @@ class LiveChildren:
         self._by_parent: dict[str, set[ChildKey]] = {}
         self._synced: set[str] = set()
         self._synced_event = trio.Event()
+        # key -> resourceVersion of the child when its DELETED event came: a write's answer
+        # arriving after that event is not newer than what was deleted, and is not held.
+        self._gone: dict[ChildKey, int] = {}
 
     def handler(self, resource: Resource) -> _ResourceHandler:
         return _ResourceHandler(self, resource)
@@ -155,6 +187,7 @@ class LiveChildren:
         self._objects.clear()
         self._by_parent.clear()
         self._synced.clear()
+        self._gone.clear()
         if self._synced_event.is_set():
             self._synced_event = trio.Event()
 
@@ -186,6 +219,7 @@ class LiveChildren:
                 if not keys:
                     del self._by_parent[old_parent]
         obj = _slim(obj)
+        self._gone.pop(key, None)
         self._objects[key] = obj
         parent = self.parent_of(obj)
         self._by_parent.setdefault(parent, set()).add(key)
@@ -206,6 +240,7 @@ class LiveChildren:
     def replace(self, resource: Resource, objects: Iterable[Obj]) -> None:
         """A (re)list of ``resource``: its children are exactly ``objects``."""
         touched: set[str] = set()
+        self._gone = {k: rv for k, rv in self._gone.items() if k.plural != resource.plural}
         for key in [k for k in self._objects if k.plural == resource.plural]:
             parent = self._drop(key)
             if parent is not None:
@@ -244,15 +279,25 @@ class LiveChildren:
         name = str((obj.get("metadata") or {}).get("name", ""))
         key = ChildKey(resource.plural, name)
         held = self._objects.get(key)
+        new_rv = _rv(obj)
         if held is not None:
-            new_rv, held_rv = _rv(obj), _rv(held)
+            held_rv = _rv(held)
             if new_rv is not None and held_rv is not None and new_rv < held_rv:
                 return
+        gone = self._gone.get(key)
+        if gone is not None and new_rv is not None and new_rv <= gone:
+            return  # deleted after this write: its DELETED event came first
         self._store(key, obj)
 
     def forget(self, resource: Resource, name: str) -> None:
         """A child is gone (watch DELETED, or our own delete): enqueue its parent."""
-        parent = self._drop(ChildKey(resource.plural, name))
+        key = ChildKey(resource.plural, name)
+        rv = _rv(self._objects.get(key) or {})
+        if rv is not None:
+            if len(self._gone) > 10_000:  # bounded: an old answer this late is not expected
+                self._gone.clear()
+            self._gone[key] = rv
+        parent = self._drop(key)
         if parent:
             self._enqueue(parent)
 

@@ -16,17 +16,19 @@ and clears the memory.
 
 :class:`Sweeper` finds the orphans in the watched children
 (:class:`~supervisor.fanout.live.LiveChildren`, already selected by this
-installation's labels), asks the guard, and deletes them (each failure logged
+installation's labels; a child being deleted already, held by a finalizer,
+is not an orphan to delete again, nor one an existing parent wants whose
+lineage label was edited by hand), asks the guard, and deletes them (each failure logged
 and left to the next resync).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
-from supervisor.fanout.live import LiveChildren
+from supervisor.fanout.live import LiveChildren, terminating
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import KubeError
@@ -73,7 +75,8 @@ class Sweeper:
 
     def __init__(self, client: KubeClient, kind: str, config: KubernetesConfig,
                  live: LiveChildren, drain: Drain, metrics: Metrics,
-                 resources: Mapping[str, Resource]) -> None:
+                 resources: Mapping[str, Resource],
+                 claimant: Callable[[ChildKey], str | None] | None = None) -> None:
         self._client = client
         self._kind = kind
         self._config = config
@@ -81,13 +84,15 @@ class Sweeper:
         self._drain = drain
         self._metrics = metrics
         self._resources = resources
+        self._claimant = claimant or (lambda key: None)
         self.guard = SweepGuard()
         self._log = log.bind(kind=kind)
 
     async def sweep(self, known: set[str]) -> None:
         """Delete every watched child whose parent is not in ``known`` (unless refused)."""
         orphans = [(key, self._live.parent_of(obj)) for key, obj in self._live.items()
-                   if self._live.parent_of(obj) not in known]
+                   if self._live.parent_of(obj) not in known and not terminating(obj)
+                   and self._claimant(key) is None]
         seen = len(self._live)
         if orphans and not self.guard.allow(len(orphans), seen, known):
             self._metrics.fanout_sweeps_refused.labels(self._kind).inc()

@@ -7,6 +7,8 @@ Contract of :class:`EventRecorder`:
   resourceVersion), with ``reason`` (``Applied``, ``ApplyFailed``,
   ``Invalid``, ``DriftRepaired``), ``type`` ``Normal`` or ``Warning``, and the
   reporting component (the field manager).
+- The Event is named ``<parent name>.<16 hex digits>``, the parent's name cut
+  so the whole stays within the 253 characters an object name may have.
 - Never fails the caller: Events are best effort, as client-go's recorder.
   A refused or failed write is logged at warning (once per reason and
   error text, so a missing RBAC rule does not flood the log) and dropped.
@@ -34,6 +36,7 @@ __all__ = ["EVENTS", "EventRecorder", "EventSink", "Involved"]
 log = get_logger("kube.events")
 
 EVENTS = Resource("", "v1", "events", "Event")
+MAX_NAME = 253  # an object name (DNS subdomain), the Event's included
 
 T = TypeVar("T")
 
@@ -90,7 +93,9 @@ class EventRecorder:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{about.name}.{secrets.token_hex(8)}",
+                # Object names may be 253 characters, as may the Event's: the suffix
+                # must not push it over (a long-named parent's Events were refused).
+                "name": f"{about.name[:MAX_NAME - 17]}.{secrets.token_hex(8)}",
                 "namespace": about.namespace,
             },
             "involvedObject": {

@@ -12,7 +12,10 @@ Contract of :meth:`Informer.run` (never returns; cancel it to stop):
    line must arrive within ``inactivity_s`` (longer than the server's bookmark
    interval), else the stream is declared stalled. Each event is decoded on
    its own: a skewed object is reported and skipped, the stream goes on.
-   Bookmarks only advance the resourceVersion.
+   Bookmarks only advance the resourceVersion. An event whose resourceVersion
+   is not newer than the stream's position (both integers, as kube-apiserver's
+   are) is a replay: logged at warning and ignored, never handed on (it would
+   roll the handler back to an older object).
 3. A stream the server ends normally is re-opened from the last
    resourceVersion at once. ``410 Gone`` (as a status or as an ``ERROR``
    event) means **relist**. So does a *too large resource version* (a
@@ -317,6 +320,16 @@ class Informer(Generic[T]):
                             body=bytes(event.object), method="WATCH",
                             path=self._resource.collection_path(self._namespace))
         meta = _partial(event.object)
+        rv = meta.metadata.resource_version if meta is not None else ""
+        if event.type in ("ADDED", "MODIFIED", "DELETED") and not _after(
+                rv, self.resource_version):
+            # A watch from RV X only ever sends what happened after X: an older event is a
+            # replay (a proxy, a misbehaving server) and would roll the handler back.
+            log.warning("watch event not newer than the stream's resourceVersion; ignored",
+                        resource=str(self._resource), type=event.type,
+                        name=meta.metadata.name if meta is not None else None,
+                        event_resource_version=rv, resource_version=self.resource_version)
+            return
         if event.type == "BOOKMARK":
             if meta is not None and meta.metadata.resource_version:
                 self.resource_version = meta.metadata.resource_version
@@ -334,6 +347,17 @@ class Informer(Generic[T]):
                         resource=str(self._resource))
         if meta is not None and meta.metadata.resource_version:
             self.resource_version = meta.metadata.resource_version
+
+
+def _after(rv: str, position: str | None) -> bool:
+    """Is ``rv`` newer than the stream's ``position``? (True when either is not an integer.)
+
+    kube-apiserver's resourceVersions are etcd revisions; anything else is not compared.
+    """
+    try:
+        return int(rv) > int(position or "")
+    except ValueError:
+        return True
 
 
 def _partial(raw: msgspec.Raw) -> PartialObject | None:

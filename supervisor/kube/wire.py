@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar, cast
 
@@ -52,9 +53,12 @@ def retry_after(response: httpx.Response) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None  # an HTTP-date: rare from kube-apiserver; the caller's backoff applies
+    if not math.isfinite(seconds):
+        return None  # "inf" would put the retry off forever: the caller's backoff applies
+    return max(0.0, seconds)
 
 
 class RequestBody(httpx.AsyncByteStream):

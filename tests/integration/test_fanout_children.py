@@ -134,3 +134,35 @@ async def test_the_fan_out_runs_and_stops_as_one_group(tmp_path: Path) -> None:
                         group.cancel()
                 assert clients[-1]._closed
     assert len(clients) == 2
+
+
+async def test_the_daemon_s_client_paces_requests_at_the_configured_qps_and_burst(
+    tmp_path: Path,
+) -> None:
+    # Issue 13 item 4: [kubernetes] qps/burst reach the client the daemon builds, and every
+    # request takes a token: the burst goes at once, the next one waits for the rate.
+    from supervisor.fanout.children import _factory
+    from supervisor.kube.models import Resource
+
+    namespaces = Resource("", "v1", "namespaces", "Namespace")
+    with trio.fail_after(15):
+        async with run_fake_apiserver() as fake:
+            write_kubeconfig(fake, tmp_path / "kubeconfig")
+            config = KubernetesConfig(enabled=True, kubeconfig=str(tmp_path / "kubeconfig"),
+                                      qps=0.001, burst=3)
+            client = _factory(config)()
+            try:
+                assert client.limiter is not None
+                assert (client.limiter.qps, client.limiter.burst) == (0.001, 3)
+                for _ in range(3):
+                    assert await client.serves(namespaces)
+                assert client.limiter.waited_s == 0.0
+                before = len(fake.requests)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client.serves, namespaces)
+                    await fake.wait_until(lambda: client.limiter is not None
+                                          and client.limiter.waited_s > 900)
+                    nursery.cancel_scope.cancel()
+                assert len(fake.requests) == before  # the fourth never went out
+            finally:
+                await client.aclose()

@@ -277,7 +277,8 @@ async def test_the_watch_backoff_starts_over_after_a_stream_that_delivered(
             fake = h.fake
             await h.until(lambda: h.status.state == "watching")
             for outage in range(3):
-                await fake.wait_for_watches(3)  # parents, deployments, services
+                # parents; deployments and services, ours and other installations'
+                await fake.wait_for_watches(5)
                 fake.create(sd(f"web-{outage}"))  # the stream delivers
                 name, seen = f"web-{outage}", outage
                 await h.until(lambda: fake.get("deployments", APPS, name) is not None)  # noqa: B023
@@ -322,3 +323,19 @@ async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
     assert 3 <= repairs <= 6, repairs
     fights = [e for e in logs if "keeps drifting" in str(e.get("event"))]
     assert len(fights) == 1 and fights[0]["log_level"] == "warning"
+
+
+async def test_the_queue_depth_gauge_shows_parents_waiting_for_a_worker(tmp_path: Path) -> None:
+    # Issue 13 item 5: fanout_queue_depth{kind} counts parents queued and not yet taken.
+    tuning = replace(FAST, workers=1, drain_s=0.1)
+    with trio.fail_after(10):
+        async with harness(tmp_path, tuning=tuning) as h:
+            fake = h.fake
+            assert h.metric("fanout_queue_depth", kind="ServiceDefinition") == 0
+            fake.inject("PATCH", r"/deployments/a$", status=200, hang=True, times=1)
+            for name in ("a", "b", "c"):
+                fake.create(sd(name))
+            await h.until(lambda: fake.count("PATCH", "/deployments/a") >= 1
+                          and len(h.reconciler.parents) == 3)
+            # The one worker hangs on a's apply: b and c wait.
+            assert h.metric("fanout_queue_depth", kind="ServiceDefinition") == 2

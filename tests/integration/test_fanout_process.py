@@ -126,3 +126,27 @@ async def test_sighup_wakes_a_waiting_preflight(tmp_path: Path) -> None:
                                         is not None)
                 daemon.signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
+
+
+async def test_sigterm_gives_an_apply_in_flight_a_bounded_drain(tmp_path: Path) -> None:
+    # Issue 13 item 5, through the process: on SIGTERM a write in flight is neither cut at
+    # once nor waited for beyond the drain (2 s); the daemon exits 0 within its grace.
+    from supervisor.fanout.children import DRAIN_S
+
+    admin_port = free_port()
+    with trio.fail_after(60):
+        async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
+            kubeconfig = tmp_path / "kubeconfig"
+            write_kubeconfig(server, kubeconfig)
+            config = kube_config(tmp_path, kubeconfig, admin_port)
+            await acli("publish", "--config", str(config), str(EXAMPLE))
+            async with run_daemon(config) as daemon:
+                await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+                server.inject("PATCH", r"/deployments/web$", status=200, hang=True, times=1)
+                server.create(sd("web"))
+                await server.wait_until(lambda: server.count("PATCH", "/deployments/web") >= 1)
+                daemon.signal(signal.SIGTERM)
+                start = trio.current_time()
+                assert await daemon.wait() == 0
+                elapsed = trio.current_time() - start
+                assert DRAIN_S * 0.9 <= elapsed < DRAIN_S + 3.0, elapsed

@@ -285,11 +285,17 @@ async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: P
             await h.until(lambda: h.fake.get("deployments", APPS, "gone") is None)
             assert h.fake.get("deployments", APPS, "theirs") is not None
             assert h.fake.get("deployments", APPS, "other-install") is not None
-            # Every child list and watch selected on our installation.
-            child_reads = h.fake.find_requests("GET", "/deployments")
-            assert child_reads and all(
-                f"{INSTALLATION_KEY}={CONTROL}" in r.query.get("labelSelector", "")
-                for r in child_reads if "limit" not in r.query or r.query.get("limit") != "1")
+            # Every child list and watch selected on our installation, or (the watch of
+            # the names other installations hold, never written) on any other one.
+            child_reads = [r for r in h.fake.find_requests("GET", "/deployments")
+                           if r.query.get("limit") != "1"]
+            selectors = {r.query.get("labelSelector", "") for r in child_reads}
+            assert selectors == {
+                f"app.kubernetes.io/managed-by=trio-supervisor,{INSTALLATION_KEY}={CONTROL},"
+                f"{LINEAGE_SERVICEDEFINITION}",
+                f"app.kubernetes.io/managed-by=trio-supervisor,{LINEAGE_SERVICEDEFINITION},"
+                f"{INSTALLATION_KEY},{INSTALLATION_KEY}!={CONTROL}",
+            }
             # An orphan made while running is swept by the periodic resync.
             h.fake.create({
                 "apiVersion": "v1", "kind": "Service",

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import yaml
 
 from supervisor import reasons
 from tests.polling import poll_until
@@ -324,9 +325,8 @@ async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
     kube = crds
     inst = await trio.to_thread.run_sync(kube.install)
     port = free_port()
-    # The restart may take longer than the default renew deadline on a loaded machine: then
-    # the leader (rightly) stops and its next term lists afresh, without the 410 this test
-    # is about. A roomy lease keeps the watchers running through the restart.
+    # A roomy lease: the daemon is stopped (SIGSTOP) across the restart and its renewals
+    # wait; the leader must not step down meanwhile (its next term would list afresh).
     config = await daemon_config(tmp_path, inst, port, lease_duration_s=90,
                                  renew_deadline_s=60)
     with trio.fail_after(90):
@@ -340,12 +340,15 @@ async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
                                               f"/api/v1/namespaces/{inst.apps}/configmaps",
                                               {"metadata": {"name": f"cm-{i}"}})
             before = len(daemon.lines)
-            await trio.to_thread.run_sync(kube.restart_apiserver)
-            # Two right answers: the watch resumes from its old resourceVersion, gets
-            # 410 and relists (what this test is about); or a request races the
-            # restarted server's RBAC warm-up (403 for a moment), the fan-out kind
-            # starts over and lists afresh. Either way it must watch again and fan out
-            # what changes next; which one happened is in the log.
+            # Stopped until the restarted server's RBAC has warmed up (a moment of 403
+            # otherwise, which sends the kind back to its preflight and a fresh list:
+            # right too, but not the 410 this test is about).
+            daemon.signal(signal.SIGSTOP)
+            try:
+                await trio.to_thread.run_sync(kube.restart_apiserver)
+                await poll_until(lambda: sa_can_list(kube, inst))
+            finally:
+                daemon.signal(signal.SIGCONT)
             relist = {"event": "watch resourceVersion expired; relisting",
                       "resource": "servicedefinitions.platform.trio-supervisor.dev"}
             fresh = {"event": "fan-out watching", "kind": "ServiceDefinition"}
@@ -354,13 +357,29 @@ async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
                 return [line for line in daemon.lines[before:]
                         if all(line.get(k) == v for k, v in want.items())]
 
-            await poll_until(lambda: bool(seen(relist) or seen(fresh)))
+            await poll_until(lambda: bool(seen(relist)))
             assert all(line["level"] == "info" for line in seen(relist))
             await trio.to_thread.run_sync(kube.apply, sd(inst, "after"))
             await poll_until(lambda: has_deployments(kube, inst, ["after", "before"]))
+            assert not seen(fresh), "the 410 was answered by a relist, not a preflight"
             assert (await status(port))["fanout"]["ServiceDefinition"]["state"] == "watching"
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+async def sa_can_list(kube: RealKube, inst: Installation) -> bool:
+    """Can the daemon's ServiceAccount list its parents and children (RBAC warmed up)?"""
+    token = yaml.safe_load(inst.kubeconfig.read_text())["users"][0]["user"]["token"]
+    paths = [parent_path(inst, "x").rpartition("/")[0], deployment_path(inst, "x").rpartition("/")[0]]
+
+    def probe() -> bool:
+        return all(kube.admin.get(path, headers={"Authorization": f"Bearer {token}"})
+                   .status_code == 200 for path in paths)
+
+    try:
+        return await trio.to_thread.run_sync(probe)
+    except httpx.HTTPError:
+        return False
 
 
 async def test_lease_writes_keep_labels_and_refuse_unconditional_puts(kube: RealKube) -> None:

@@ -33,6 +33,17 @@ def test_covers_ignores_what_the_server_adds_and_sees_what_we_set() -> None:
     assert not covers({}, want)
 
 
+def test_covers_takes_a_zero_value_the_server_omits_as_the_same() -> None:
+    # The server's types omit empty fields (an env var's value ""): never drift.
+    want = {"env": [{"name": "EMPTY", "value": ""}, {"name": "MODE", "value": "on"}],
+            "replicas": 0, "paused": False, "args": [], "extra": {}}
+    assert covers({"env": [{"name": "EMPTY"}, {"name": "MODE", "value": "on"}]}, want)
+    assert not covers({"env": [{"name": "EMPTY"}, {"name": "MODE"}]}, want)  # "on" is not
+    assert not covers({"env": [{"name": "EMPTY", "value": "x"}, {"name": "MODE",
+                                                               "value": "on"}]}, want)
+    assert not covers({"env": want["env"], "replicas": 1}, want)  # present and different
+
+
 def test_availability_of_a_deployment_and_of_other_children() -> None:
     labels = {"a": "b"}
     deployment = make_desired(DEPLOYMENTS, "apps", "web", labels=labels, spec={"replicas": 2})
@@ -67,6 +78,27 @@ def test_live_children_enqueue_their_parent_and_keep_the_newer_object() -> None:
     live.forget(DEPLOYMENTS, "web")
     assert live.of_parent("web") == set()
     assert queued == ["web", "web"]  # the newer event and the delete; not the stale one
+
+
+def test_a_write_s_answer_arriving_after_the_child_s_delete_event_is_not_held() -> None:
+    # Adversary (a flaky fake test found it): a child deleted right after our apply. Its
+    # ADDED and DELETED events were handled before the apply's answer, and put() then held
+    # the deleted object again: no event would ever remove it, nothing repaired the child.
+    queued: list[str] = []
+    live = LiveChildren((DEPLOYMENTS,), LINEAGE_SERVICEDEFINITION, queued.append)
+    key = ChildKey("deployments", "web")
+
+    def obj(rv: str) -> dict[str, object]:
+        return {"metadata": {"name": "web", "resourceVersion": rv,
+                             "labels": {LINEAGE_SERVICEDEFINITION: "web"}}}
+
+    live.replace(DEPLOYMENTS, [])
+    live.observe(DEPLOYMENTS, obj("6"))  # ADDED: our apply's own event
+    live.forget(DEPLOYMENTS, "web")  # DELETED by someone else
+    live.put(DEPLOYMENTS, obj("6"))  # the apply's answer, late
+    assert live.get(key) is None
+    live.put(DEPLOYMENTS, obj("9"))  # made again later: held
+    assert live.get(key) is not None
 
 
 def test_the_sweep_guard() -> None:
@@ -114,3 +146,19 @@ def test_kubernetes_config_keys_of_issue_13() -> None:
             assert "$.kubernetes." in str(exc)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_retry_after_is_a_finite_number_of_seconds_or_nothing() -> None:
+    # Adversary: "inf" (or "nan") parsed as a float made a 429's requeue wait forever.
+    import httpx
+
+    from supervisor.kube.wire import retry_after
+
+    def answer(value: str) -> httpx.Response:
+        return httpx.Response(429, headers={"Retry-After": value})
+
+    assert retry_after(answer("3")) == 3.0
+    assert retry_after(answer("-2")) == 0.0
+    for bad in ("inf", "Infinity", "nan", "Wed, 21 Oct 2015 07:28:00 GMT"):
+        assert retry_after(answer(bad)) is None, bad
+    assert retry_after(httpx.Response(429)) is None
