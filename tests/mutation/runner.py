@@ -49,13 +49,17 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "tree": Target(("supervisor/tree.py",),
-                   ("tests/unit/test_tree_mutants.py", "tests/unit/test_tree.py"), 90.0),
+    # The supervision tree and the backoff its restarts wait (exponent, cap, jitter bounds).
+    "tree": Target(("supervisor/tree.py", "supervisor/backoff.py"),
+                   ("tests/unit/test_tree_mutants.py", "tests/unit/test_tree.py",
+                    "tests/unit/test_backoff_mutants.py"), 90.0),
+    # The cache: supervisor/sinks/lkg/ and the atomic write it stores every file with.
     "lkg": Target(
-        tuple(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "keys", "fileformat", "files",
-                                                        "errors")),
+        (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "keys", "fileformat", "files",
+                                                     "errors")),
+         "supervisor/sinks/atomic.py"),
         ("tests/unit/test_lkg_mutants.py", "tests/unit/test_lkg_safety.py",
-         "tests/unit/test_lkg.py"),
+         "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
         90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
@@ -65,9 +69,10 @@ TARGETS: dict[str, Target] = {
         90.0),
     "convergence": Target(
         tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "bootstrap", "side_sinks",
-                                                          "reporting", "outcome", "compiling")),
+                                                          "reporting", "outcome", "compiling",
+                                                          "signal", "status")),
         ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop.py",
-         "tests/unit/test_convergence_truth.py"),
+         "tests/unit/test_convergence_truth.py", "tests/unit/test_converge_requests.py"),
         85.0),
 }
 
@@ -198,7 +203,7 @@ def _baseline(target: Target, tests: list[str],
 
 def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...],
               sample: int | None, seed: int, equivalents: dict[str, str],
-              used_equivalents: set[str]) -> list[Result]:
+              used_equivalents: set[str], only: frozenset[str] = frozenset()) -> list[Result]:
     tests = [t for t in target.tests if (ROOT / t).exists()]
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as workdir:
         took, covered, durations = _baseline(target, tests, workdir)
@@ -209,6 +214,8 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
         for path in target.modules:
             source = (ROOT / path).read_text()
             sites, log_calls = find_sites(source, path, operators)
+            if only:
+                sites = [s for s in sites if s.mutant_id in only]
             if sample is not None and len(sites) > sample:
                 sites = sorted(random.Random(f"{seed}:{path}").sample(sites, sample),
                                key=lambda s: s.index)
@@ -280,6 +287,15 @@ def _report(result: Result, aim: float) -> bool:
     return met
 
 
+def _report_group(name: str, results: list[Result], aim: float) -> None:
+    counted = sum(r.counted for r in results)
+    killed = sum(len(r.killed) for r in results)
+    score = 100.0 * killed / counted if counted else 100.0
+    print(f"== {name} (all modules): {sum(len(r.sites) for r in results)} mutants, "
+          f"{killed} killed, {sum(len(r.equivalent) for r in results)} equivalent; "
+          f"score {score:.1f} % (aim {aim:.0f} % per module)", flush=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,6 +309,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sample", type=int, default=None,
                         help="run at most N mutants per module, a seeded random sample")
     parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--mutant", action="append", default=[], metavar="ID",
+                        help="only this mutant (the id the run prints); repeatable")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = parser.parse_args(argv)
     operators = tuple(op for op in args.operators.split(",") if op)
@@ -318,11 +336,14 @@ def main(argv: list[str]) -> int:
                           f"{site.op}: {site.description}")
             continue
         _preload()
-        for result in run_group(name, target, jobs=args.jobs, operators=operators,
-                                sample=args.sample, seed=args.seed, equivalents=equivalents,
-                                used_equivalents=used):
+        results = run_group(name, target, jobs=args.jobs, operators=operators,
+                            sample=args.sample, seed=args.seed, equivalents=equivalents,
+                            used_equivalents=used, only=frozenset(args.mutant))
+        for result in results:
             all_met = _report(result, target.aim) and all_met
-    if not args.list and not args.module and not args.groups and operators == DEFAULT_OPERATORS:
+        _report_group(name, results, target.aim)
+    if (not args.list and not args.module and not args.groups and not args.mutant
+            and args.sample is None and operators == DEFAULT_OPERATORS):
         for stale in sorted(set(equivalents) - used):
             print(f"stale equivalent entry (no such mutant any more): {stale}")
     return 0 if all_met or args.list else 1
