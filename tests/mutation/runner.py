@@ -6,8 +6,10 @@ imported once, before forking), with the mutated module served from memory
 run per group first checks that the tests pass unmutated, times each test (a
 mutant's timeout is 10 s plus three times the baseline duration of the tests it
 runs; a timeout counts as killed) and records which tests execute which lines: a mutant runs only the tests that
-execute its line (all of them for a line that runs at import), and a mutant on
-a line no test executes is reported as surviving without being run.
+execute its line (all of them for a line that runs at import), plus any test
+during which CPython dropped the tracer (a deep recursion makes the tracer
+raise), and a mutant on a line no test executes is reported as surviving
+without being run.
 
 The equivalents file (``tests/mutation/equivalent.txt``) lists mutants that
 cannot change behaviour, one a line: the mutant id, whitespace, a one-line
@@ -180,7 +182,7 @@ Coverage = dict[str, dict[int, list[str]]]  # file -> line -> ids of the tests e
 
 
 def _baseline(target: Target, tests: list[str],
-              workdir: str) -> tuple[float, Coverage, dict[str, float]]:
+              workdir: str) -> tuple[float, Coverage, dict[str, float], list[str]]:
     import json
 
     files = [str(ROOT / m) for m in target.modules]
@@ -198,7 +200,7 @@ def _baseline(target: Target, tests: list[str],
         traced = json.load(f)
     lines = {name: {int(line): ids for line, ids in found.items()}
              for name, found in traced["lines"].items()}
-    return took, lines, traced["durations"]
+    return took, lines, traced["durations"], traced["lost"]
 
 
 def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...],
@@ -206,7 +208,7 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
               used_equivalents: set[str], only: frozenset[str] = frozenset()) -> list[Result]:
     tests = [t for t in target.tests if (ROOT / t).exists()]
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as workdir:
-        took, covered, durations = _baseline(target, tests, workdir)
+        took, covered, durations, lost = _baseline(target, tests, workdir)
         print(f"== {name}: baseline {took:.1f} s (traced) over {len(tests)} test files",
               flush=True)
         results: list[Result] = []
@@ -226,13 +228,15 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                 if site.mutant_id in equivalents:
                     used_equivalents.add(site.mutant_id)
                     result.equivalent.append(site)
-                elif site.line not in lines:
+                elif site.line not in lines and not lost:
                     result.uncovered.append(site)
                 else:
                     # Only the tests that execute the mutated line, unless it
-                    # runs at import (a constant, a default): then all of them.
-                    ids = lines[site.line]
-                    queue.append((result, site, source, None if "" in ids else ids))
+                    # runs at import (a constant, a default): then all of them;
+                    # and the tests whose trace was cut short, which may run it.
+                    ids = lines.get(site.line, [])
+                    selected = None if "" in ids else list(dict.fromkeys([*ids, *lost]))
+                    queue.append((result, site, source, selected))
         running: list[tuple[_Job, Result]] = []
         done = 0
         started = time.monotonic()
