@@ -73,7 +73,8 @@ TARGETS: dict[str, Target] = {
         tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "bootstrap", "side_sinks",
                                                           "reporting", "outcome", "compiling",
                                                           "signal", "status")),
-        ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop.py",
+        ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop_mutants.py",
+         "tests/unit/test_revision_status_mutants.py", "tests/unit/test_convergence_loop.py",
          "tests/unit/test_convergence_truth.py", "tests/unit/test_converge_requests.py"),
         85.0),
 }
