@@ -119,22 +119,20 @@ class _Walker:
     def walk(self, node: ast.AST, in_function: bool = False) -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             self._names.append(node.name)
-            for stmt in node.body:  # decorators, defaults and annotations left alone
-                self.walk(stmt, in_function or not isinstance(node, ast.ClassDef))
+            inner = in_function or not isinstance(node, ast.ClassDef)
+            # Decorators, defaults and annotations left alone; the body's own
+            # statements are removable like those of any nested block.
+            self._statements(node, "body", node.body, inner)
             self._names.pop()
             return
         for name, value in ast.iter_fields(node):
             if name in ("annotation", "returns", "type_comment"):
                 continue
             if isinstance(value, list):
-                for i, item in enumerate(value):
-                    if isinstance(item, ast.stmt):
-                        if _skipped_statement(item):
-                            self.log_calls += isinstance(item, ast.Expr) and _is_log_call(
-                                item.value)
-                            continue
-                        if in_function and isinstance(item, _REMOVABLE) and "stmt" in self.ops:
-                            self._remove(node, name, i, item)
+                if value and isinstance(value[0], ast.stmt):
+                    self._statements(node, name, value, in_function)
+                    continue
+                for item in value:
                     if isinstance(item, ast.AST):
                         self.walk(item, in_function)
             elif isinstance(value, ast.AST):
@@ -143,6 +141,16 @@ class _Walker:
                     continue
                 self.walk(value, in_function)
         self._expression(node)
+
+    def _statements(self, parent: ast.AST, field: str, body: list[ast.stmt],
+                    in_function: bool) -> None:
+        for i, item in enumerate(body):
+            if _skipped_statement(item):
+                self.log_calls += isinstance(item, ast.Expr) and _is_log_call(item.value)
+                continue
+            if in_function and isinstance(item, _REMOVABLE) and "stmt" in self.ops:
+                self._remove(parent, field, i, item)
+            self.walk(item, in_function)
 
     # -- the operators ---------------------------------------------------------
 
