@@ -18,7 +18,7 @@ Operators (``DEFAULT_OPERATORS`` unless ``--operators`` says otherwise):
 ``bound``   (not default) a boundary moved: ``<`` / ``<=``, ``>`` / ``>=``
 ``arith``   (not default) ``+`` / ``-``, ``*`` / ``/``, ``**`` -> ``*``
 
-Never mutated, because a mutant there is either noise or cannot run: docstrings,
+Never mutated, because a mutant there is either noise or cannot run: docstrings, ``...``,
 annotations, ``assert`` statements (internal invariants), ``if TYPE_CHECKING:``
 blocks, ``__all__``, imports, and calls to the module logger ``log.<level>(...)``
 (removal or arguments: log text is asserted by the process tests, not the unit
@@ -88,10 +88,11 @@ def _is_log_call(node: ast.AST) -> bool:
 
 
 def _is_docstring(node: ast.stmt) -> bool:
+    """A docstring, or ``...`` (a Protocol's or an overload's body, never run)."""
     return (
         isinstance(node, ast.Expr)
         and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
+        and (isinstance(node.value.value, str) or node.value.value is Ellipsis)
     )
 
 

@@ -90,6 +90,7 @@ class Result:
     uncovered: list[Site] = field(default_factory=list)
     equivalent: list[Site] = field(default_factory=list)
     timeouts: int = 0
+    invalid: list[Site] = field(default_factory=list)  # do not compile: not mutants
 
     @property
     def counted(self) -> int:
@@ -245,7 +246,13 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
             while queue and len(running) < jobs:
                 result, site, source, selected = queue.pop(0)
                 path = str(ROOT / result.module)
-                code = apply_site(source, path, site.index, operators)
+                try:
+                    code = apply_site(source, path, site.index, operators)
+                except SyntaxError:
+                    # e.g. the one binding of a name a nested function declares
+                    # nonlocal removed: no program, so nothing to test.
+                    result.invalid.append(site)
+                    continue
                 assert isinstance(code, CodeType)
                 log_path = os.path.join(workdir, f"{site.mutant_id}.log")
                 # Only the files holding the selected tests: less to collect.
@@ -283,7 +290,8 @@ def _report(result: Result, aim: float) -> bool:
     print(f"{result.module}: {len(result.sites)} mutants, {len(result.killed)} killed "
           f"({result.timeouts} by timeout), {len(result.survived)} survived, "
           f"{len(result.uncovered)} not executed by the tests, {len(result.equivalent)} "
-          f"equivalent (excluded); {result.log_calls} log calls not mutated; "
+          f"equivalent and {len(result.invalid)} not compilable (excluded); "
+          f"{result.log_calls} log calls not mutated; "
           f"score {result.score:.1f} % (aim {aim:.0f} %: {'met' if met else 'MISSED'})")
     for kind, sites in (("survived", result.survived), ("not executed", result.uncovered)):
         for site in sorted(sites, key=lambda s: s.line):
