@@ -98,3 +98,34 @@ def test_a_restarted_replica_keeps_the_mark_and_refuses_the_older_cache(
         restarted.load()
     assert info.value.reason == "rollback" and info.value.revision == 5
     assert "older than revision 9" in info.value.detail
+
+
+def test_a_refused_cache_says_which_file_and_why_in_its_text(
+    cache_path: str, signer: tuple[str, str],
+) -> None:
+    # The text is what a refused boot prints after "the last-known-good cache was refused".
+    Path(cache_path).write_bytes(b"not a cache")
+    Path(cache_path + ".served").write_text("1\n")
+    with pytest.raises(CacheError) as info:
+        make(cache_path, signer).load()
+    assert str(info.value) == (
+        f"last-known-good cache {cache_path}: {info.value.reason}: {info.value.detail}")
+    assert info.value.reason == "corrupt"
+
+
+def test_what_stands_at_a_cache_path_is_named_by_the_refusal_itself(tmp_path: Path) -> None:
+    from supervisor.sinks.lkg.files import NotRegularFile, read_regular
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegularFile) as info:
+        read_regular(str(fifo))
+    assert str(info.value) == info.value.kind == "a FIFO (named pipe)"
+
+
+def test_an_atomic_write_leaks_no_descriptor(tmp_path: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for n in range(3):
+        write_atomic(str(tmp_path / "f"), b"x" * n, mode=0o600)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert (tmp_path / "f").read_bytes() == b"xx"
