@@ -263,3 +263,14 @@ def test_a_secret_file_that_fails_while_being_read_is_refused(tmp_path: Path) ->
         EnvFileResolver({}).resolve(f"file:{path}")
     assert info.value.reason == reasons.SECRET
     assert info.value.detail.startswith(f"secret file {path} cannot be resolved")
+
+
+@pytest.mark.parametrize("nested", [
+    b"[" * 5000 + b"]" * 5000,
+    b'{"schema_version": 1, "aliases": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001,
+])
+def test_json_nested_too_deeply_is_corrupt_not_a_crash(nested: bytes) -> None:
+    with pytest.raises(RevisionError) as info:
+        decode_body(nested, revision=4)
+    assert (info.value.reason, info.value.detail, info.value.revision) == (
+        reasons.CORRUPT, "JSON nested too deeply", 4)
