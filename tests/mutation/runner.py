@@ -353,6 +353,8 @@ def main(argv: list[str]) -> int:
                             sample=args.sample, seed=args.seed, equivalents=equivalents,
                             used_equivalents=used, only=frozenset(args.mutant))
         for result in results:
+            if args.mutant and not result.sites:
+                continue  # only named mutants: say nothing of the other modules
             all_met = _report(result, target.aim) and all_met
         _report_group(name, results, target.aim)
     if (not args.list and not args.module and not args.groups and not args.mutant

@@ -182,3 +182,137 @@ async def test_the_snapshot_file_is_not_rewritten_while_nothing_changes(tmp_path
     await rec.converge_once()
     assert os.stat(snapshot_file.path).st_ino != first
     assert json.loads(Path(snapshot_file.path).read_bytes())["revision"] == 2
+
+
+async def test_a_notified_hydrate_after_an_outage_says_the_control_plane_is_back() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec, seen = watched(store)
+    await rec.converge_once()
+    store.outage = True
+    await rec.converge_once()
+    store.outage = False
+    store.put(doc("a", "b"))
+    assert (await rec.converge_once("notify")).kind is OutcomeKind.PUBLISHED
+    ups = [e["control_plane_up"] for e in events_of(seen) if e["type"] == "status"]
+    assert ups == [True, False, True]
+
+
+async def test_a_final_refusal_met_by_a_notification_is_not_hydrated_again() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    assert (await rec.converge_once("notify")).reason == reasons.PROJECTION
+    store.calls.clear()
+    again = await rec.converge_once()
+    assert again.repeated and again.reason == reasons.PROJECTION
+    assert [what for what, _ in store.calls] == ["desired"]  # observed only, not hydrated
+
+
+async def test_a_refusal_of_a_notified_read_is_not_remembered_for_an_older_candidate() -> None:
+    class Refusing(FakeStore):
+        error: ControlPlaneError | None = None
+
+        async def hydrate(self) -> Any:
+            if self.error is not None:
+                self._check("hydrate")
+                raise self.error
+            return await super().hydrate()
+
+    store = Refusing()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    # A refusal that may clear by itself (retried every poll) about revision 2 ...
+    store.error = ControlPlaneError("permission denied", category=FailureCategory.DENIED,
+                                    revision=2)
+    await rec.converge_once()
+    # ... then, on a notification (no observe: nothing known of the candidate), a final one.
+    store.error = ControlPlaneError("digest mismatch", category=FailureCategory.CORRUPT,
+                                    revision=2)
+    assert (await rec.converge_once("notify")).reason == reasons.CORRUPT
+    store.calls.clear()
+    # The next poll reads revision 2 again: the refusal was never tied to a known body.
+    again = await rec.converge_once()
+    assert not again.repeated and again.reason == reasons.CORRUPT
+    assert [what for what, _ in store.calls] == ["desired", "hydrate"]
+
+
+async def test_a_restarted_loop_does_not_rewrite_its_sinks_after_it_published(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    snapshot_file = SnapshotFile(str(tmp_path / "snapshot.json"))
+    first = make(store, snapshot_file=snapshot_file)
+    await first.converge_once()
+    store.put(doc("a", "b"))
+    # The child restarted: a new loop over what outlives it (the state and the status).
+    restarted = make(store, state=first.state, status=first.status, snapshot_file=snapshot_file)
+    assert (await restarted.converge_once()).kind is OutcomeKind.PUBLISHED
+    written = os.stat(snapshot_file.path).st_ino
+    assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+    assert os.stat(snapshot_file.path).st_ino == written
+
+
+async def test_a_restarted_loop_rewrites_a_stale_snapshot_file(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    snapshot_file = SnapshotFile(str(tmp_path / "snapshot.json"))
+    first = make(store, snapshot_file=snapshot_file)
+    await first.converge_once()
+    Path(snapshot_file.path).write_text('{"revision": 0}')  # a crash between swap and file
+    restarted = make(store, state=first.state, status=first.status, snapshot_file=snapshot_file)
+    assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+    assert json.loads(Path(snapshot_file.path).read_bytes())["revision"] == 1
+
+
+async def test_a_boot_after_a_crashed_child_clears_its_failures() -> None:
+    from supervisor.convergence.status import RevisionStatus
+
+    status = RevisionStatus()
+    status.failed(None, reasons.UNAVAILABLE, "connection refused", refusal=False)
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, status=status)
+    assert (await rec.bootstrap()).kind is OutcomeKind.PUBLISHED
+    report = rec.status.report()
+    assert (report["consecutive_failures"], report["last_error"]) == (0, None)
+
+
+class FlakyFile:
+    """The snapshot file seam over a real file, failing while ``fail`` is set."""
+
+    def __init__(self, path: str) -> None:
+        self.real = SnapshotFile(path)
+        self.path = path
+        self.fail = False
+
+    def write(self, snapshot: Any) -> None:
+        if self.fail:
+            raise OSError(28, "No space left on device")
+        self.real.write(snapshot)
+
+
+async def test_every_failure_streak_of_a_sink_is_logged_once_and_its_recovery_once(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore()
+    sink = FlakyFile(str(tmp_path / "snapshot.json"))
+    rec = make(store, snapshot_file=sink)
+    with structlog.testing.capture_logs() as logs:
+        for revision in (doc("a"), doc("a", "b")):
+            store.put(revision)
+            for fail in (True, True, False, False):  # publish, retry, recover, nothing due
+                sink.fail = fail
+                await rec.converge_once()
+    lines = [e["event"] for e in logs if e.get("sink") == "snapshot_file"]
+    assert lines == ["sink write failed; still serving, retrying every poll",
+                     "sink write recovered",
+                     "sink write failed; still serving, retrying every poll",
+                     "sink write recovered"]
+    assert sample(rec.metrics, "supervisor_sink_write_failures_total",
+                  sink="snapshot_file") == 4

@@ -93,3 +93,33 @@ def test_the_lag_is_reported_to_the_microsecond() -> None:
     status.observed(2, b"two")
     clock.now += 1.0 / 3.0
     assert status.report()["lag_s"] == 0.333333
+
+
+def test_a_read_alone_says_the_control_plane_is_up() -> None:
+    status = RevisionStatus(clock=Clock())
+    status.observed(3)
+    assert status.report()["control_plane_up"] is True
+
+
+def converged(clock: Clock) -> RevisionStatus:
+    status = serving(b"served", clock)
+    status.observed(1, b"served")
+    assert status.report()["lag_s"] == 0.0
+    return status
+
+
+def test_the_lag_grows_from_the_moment_the_control_plane_stops_answering() -> None:
+    clock = Clock()
+    status = converged(clock)
+    status.unreachable()
+    clock.now += 10.0
+    assert status.report()["lag_s"] == 10.0
+
+
+def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
+    clock = Clock()
+    status = converged(clock)
+    status.unreachable()
+    clock.now += 10.0
+    status.answered()
+    assert status.report()["lag_s"] == 0.0
