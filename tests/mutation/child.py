@@ -79,6 +79,9 @@ class _Tests:
         self.current = ""
         self.selected = None if selected is None else set(selected)
         self.durations: dict[str, float] = {}
+        # Tests during which CPython dropped the tracer (it raised: a RecursionError
+        # of a deeply nesting test): the lines they ran after the drop are unknown.
+        self.lost: list[str] = []
         self._started = 0.0
         self.tracer: Any = None
 
@@ -97,6 +100,8 @@ class _Tests:
             sys.settrace(self.tracer)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: object) -> None:
+        if self.tracer is not None and sys.gettrace() is not self.tracer:
+            self.lost.append(nodeid)
         self.current = ""
         self.durations[nodeid] = time.monotonic() - self._started
 
@@ -108,7 +113,8 @@ def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | N
 
     With ``trace_files``, record which tests execute each of their lines into
     ``trace_out`` as ``{"lines": {file: {line: [test ids]}}, "durations": {test id:
-    seconds}}`` (the id ``""``: outside any test, at import or collection).
+    seconds}, "lost": [test ids]}`` (the id ``""``: outside any test, at import or
+    collection; ``lost``: tests that lost the tracer midway, so may run any line).
     With ``selected``, run only those test ids.
     """
     _purge()
@@ -141,5 +147,5 @@ def run_pytest(args: list[str], *, module: str | None = None, code: CodeType | N
         with open(trace_out, "w") as f:
             json.dump({"lines": {name: {str(line): list(ids) for line, ids in seen.items()}
                                  for name, seen in lines.items()},
-                       "durations": tests.durations}, f)
+                       "durations": tests.durations, "lost": tests.lost}, f)
     return status

@@ -18,7 +18,7 @@ Operators (``DEFAULT_OPERATORS`` unless ``--operators`` says otherwise):
 ``bound``   (not default) a boundary moved: ``<`` / ``<=``, ``>`` / ``>=``
 ``arith``   (not default) ``+`` / ``-``, ``*`` / ``/``, ``**`` -> ``*``
 
-Never mutated, because a mutant there is either noise or cannot run: docstrings,
+Never mutated, because a mutant there is either noise or cannot run: docstrings, ``...``,
 annotations, ``assert`` statements (internal invariants), ``if TYPE_CHECKING:``
 blocks, ``__all__``, imports, and calls to the module logger ``log.<level>(...)``
 (removal or arguments: log text is asserted by the process tests, not the unit
@@ -88,10 +88,11 @@ def _is_log_call(node: ast.AST) -> bool:
 
 
 def _is_docstring(node: ast.stmt) -> bool:
+    """A docstring, or ``...`` (a Protocol's or an overload's body, never run)."""
     return (
         isinstance(node, ast.Expr)
         and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
+        and (isinstance(node.value.value, str) or node.value.value is Ellipsis)
     )
 
 
@@ -119,22 +120,20 @@ class _Walker:
     def walk(self, node: ast.AST, in_function: bool = False) -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             self._names.append(node.name)
-            for stmt in node.body:  # decorators, defaults and annotations left alone
-                self.walk(stmt, in_function or not isinstance(node, ast.ClassDef))
+            inner = in_function or not isinstance(node, ast.ClassDef)
+            # Decorators, defaults and annotations left alone; the body's own
+            # statements are removable like those of any nested block.
+            self._statements(node, "body", node.body, inner)
             self._names.pop()
             return
         for name, value in ast.iter_fields(node):
             if name in ("annotation", "returns", "type_comment"):
                 continue
             if isinstance(value, list):
-                for i, item in enumerate(value):
-                    if isinstance(item, ast.stmt):
-                        if _skipped_statement(item):
-                            self.log_calls += isinstance(item, ast.Expr) and _is_log_call(
-                                item.value)
-                            continue
-                        if in_function and isinstance(item, _REMOVABLE) and "stmt" in self.ops:
-                            self._remove(node, name, i, item)
+                if value and isinstance(value[0], ast.stmt):
+                    self._statements(node, name, value, in_function)
+                    continue
+                for item in value:
                     if isinstance(item, ast.AST):
                         self.walk(item, in_function)
             elif isinstance(value, ast.AST):
@@ -143,6 +142,16 @@ class _Walker:
                     continue
                 self.walk(value, in_function)
         self._expression(node)
+
+    def _statements(self, parent: ast.AST, field: str, body: list[ast.stmt],
+                    in_function: bool) -> None:
+        for i, item in enumerate(body):
+            if _skipped_statement(item):
+                self.log_calls += isinstance(item, ast.Expr) and _is_log_call(item.value)
+                continue
+            if in_function and isinstance(item, _REMOVABLE) and "stmt" in self.ops:
+                self._remove(parent, field, i, item)
+            self.walk(item, in_function)
 
     # -- the operators ---------------------------------------------------------
 

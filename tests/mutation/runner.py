@@ -6,8 +6,10 @@ imported once, before forking), with the mutated module served from memory
 run per group first checks that the tests pass unmutated, times each test (a
 mutant's timeout is 10 s plus three times the baseline duration of the tests it
 runs; a timeout counts as killed) and records which tests execute which lines: a mutant runs only the tests that
-execute its line (all of them for a line that runs at import), and a mutant on
-a line no test executes is reported as surviving without being run.
+execute its line (all of them for a line that runs at import), plus any test
+during which CPython dropped the tracer (a deep recursion makes the tracer
+raise), and a mutant on a line no test executes is reported as surviving
+without being run.
 
 The equivalents file (``tests/mutation/equivalent.txt``) lists mutants that
 cannot change behaviour, one a line: the mutant id, whitespace, a one-line
@@ -49,13 +51,17 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "tree": Target(("supervisor/tree.py",),
-                   ("tests/unit/test_tree_mutants.py", "tests/unit/test_tree.py"), 90.0),
+    # The supervision tree and the backoff its restarts wait (exponent, cap, jitter bounds).
+    "tree": Target(("supervisor/tree.py", "supervisor/backoff.py"),
+                   ("tests/unit/test_tree_mutants.py", "tests/unit/test_tree.py",
+                    "tests/unit/test_backoff_mutants.py"), 90.0),
+    # The cache: supervisor/sinks/lkg/ and the atomic write it stores every file with.
     "lkg": Target(
-        tuple(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "keys", "fileformat", "files",
-                                                        "errors")),
-        ("tests/unit/test_lkg_mutants.py", "tests/unit/test_lkg_safety.py",
-         "tests/unit/test_lkg.py"),
+        (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "keys", "fileformat", "files",
+                                                     "errors")),
+         "supervisor/sinks/atomic.py"),
+        ("tests/unit/test_lkg_mutants.py", "tests/unit/test_cache_write_mutants.py",
+         "tests/unit/test_lkg_safety.py", "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
         90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
@@ -65,9 +71,11 @@ TARGETS: dict[str, Target] = {
         90.0),
     "convergence": Target(
         tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "bootstrap", "side_sinks",
-                                                          "reporting", "outcome", "compiling")),
-        ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop.py",
-         "tests/unit/test_convergence_truth.py"),
+                                                          "reporting", "outcome", "compiling",
+                                                          "signal", "status")),
+        ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop_mutants.py",
+         "tests/unit/test_revision_status_mutants.py", "tests/unit/test_convergence_loop.py",
+         "tests/unit/test_convergence_truth.py", "tests/unit/test_converge_requests.py"),
         85.0),
 }
 
@@ -82,6 +90,7 @@ class Result:
     uncovered: list[Site] = field(default_factory=list)
     equivalent: list[Site] = field(default_factory=list)
     timeouts: int = 0
+    invalid: list[Site] = field(default_factory=list)  # do not compile: not mutants
 
     @property
     def counted(self) -> int:
@@ -175,7 +184,7 @@ Coverage = dict[str, dict[int, list[str]]]  # file -> line -> ids of the tests e
 
 
 def _baseline(target: Target, tests: list[str],
-              workdir: str) -> tuple[float, Coverage, dict[str, float]]:
+              workdir: str) -> tuple[float, Coverage, dict[str, float], list[str]]:
     import json
 
     files = [str(ROOT / m) for m in target.modules]
@@ -193,15 +202,15 @@ def _baseline(target: Target, tests: list[str],
         traced = json.load(f)
     lines = {name: {int(line): ids for line, ids in found.items()}
              for name, found in traced["lines"].items()}
-    return took, lines, traced["durations"]
+    return took, lines, traced["durations"], traced["lost"]
 
 
 def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...],
               sample: int | None, seed: int, equivalents: dict[str, str],
-              used_equivalents: set[str]) -> list[Result]:
+              used_equivalents: set[str], only: frozenset[str] = frozenset()) -> list[Result]:
     tests = [t for t in target.tests if (ROOT / t).exists()]
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as workdir:
-        took, covered, durations = _baseline(target, tests, workdir)
+        took, covered, durations, lost = _baseline(target, tests, workdir)
         print(f"== {name}: baseline {took:.1f} s (traced) over {len(tests)} test files",
               flush=True)
         results: list[Result] = []
@@ -209,6 +218,8 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
         for path in target.modules:
             source = (ROOT / path).read_text()
             sites, log_calls = find_sites(source, path, operators)
+            if only:
+                sites = [s for s in sites if s.mutant_id in only]
             if sample is not None and len(sites) > sample:
                 sites = sorted(random.Random(f"{seed}:{path}").sample(sites, sample),
                                key=lambda s: s.index)
@@ -219,13 +230,15 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                 if site.mutant_id in equivalents:
                     used_equivalents.add(site.mutant_id)
                     result.equivalent.append(site)
-                elif site.line not in lines:
+                elif site.line not in lines and not lost:
                     result.uncovered.append(site)
                 else:
                     # Only the tests that execute the mutated line, unless it
-                    # runs at import (a constant, a default): then all of them.
-                    ids = lines[site.line]
-                    queue.append((result, site, source, None if "" in ids else ids))
+                    # runs at import (a constant, a default): then all of them;
+                    # and the tests whose trace was cut short, which may run it.
+                    ids = lines.get(site.line, [])
+                    selected = None if "" in ids else list(dict.fromkeys([*ids, *lost]))
+                    queue.append((result, site, source, selected))
         running: list[tuple[_Job, Result]] = []
         done = 0
         started = time.monotonic()
@@ -233,7 +246,13 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
             while queue and len(running) < jobs:
                 result, site, source, selected = queue.pop(0)
                 path = str(ROOT / result.module)
-                code = apply_site(source, path, site.index, operators)
+                try:
+                    code = apply_site(source, path, site.index, operators)
+                except SyntaxError:
+                    # e.g. the one binding of a name a nested function declares
+                    # nonlocal removed: no program, so nothing to test.
+                    result.invalid.append(site)
+                    continue
                 assert isinstance(code, CodeType)
                 log_path = os.path.join(workdir, f"{site.mutant_id}.log")
                 # Only the files holding the selected tests: less to collect.
@@ -271,13 +290,23 @@ def _report(result: Result, aim: float) -> bool:
     print(f"{result.module}: {len(result.sites)} mutants, {len(result.killed)} killed "
           f"({result.timeouts} by timeout), {len(result.survived)} survived, "
           f"{len(result.uncovered)} not executed by the tests, {len(result.equivalent)} "
-          f"equivalent (excluded); {result.log_calls} log calls not mutated; "
+          f"equivalent and {len(result.invalid)} not compilable (excluded); "
+          f"{result.log_calls} log calls not mutated; "
           f"score {result.score:.1f} % (aim {aim:.0f} %: {'met' if met else 'MISSED'})")
     for kind, sites in (("survived", result.survived), ("not executed", result.uncovered)):
         for site in sorted(sites, key=lambda s: s.line):
             print(f"  {kind:12} {result.module}:{site.line} {site.mutant_id} "
                   f"[{site.qualname}] {site.op}: {site.description}")
     return met
+
+
+def _report_group(name: str, results: list[Result], aim: float) -> None:
+    counted = sum(r.counted for r in results)
+    killed = sum(len(r.killed) for r in results)
+    score = 100.0 * killed / counted if counted else 100.0
+    print(f"== {name} (all modules): {sum(len(r.sites) for r in results)} mutants, "
+          f"{killed} killed, {sum(len(r.equivalent) for r in results)} equivalent; "
+          f"score {score:.1f} % (aim {aim:.0f} % per module)", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -293,6 +322,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sample", type=int, default=None,
                         help="run at most N mutants per module, a seeded random sample")
     parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--mutant", action="append", default=[], metavar="ID",
+                        help="only this mutant (the id the run prints); repeatable")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = parser.parse_args(argv)
     operators = tuple(op for op in args.operators.split(",") if op)
@@ -318,11 +349,16 @@ def main(argv: list[str]) -> int:
                           f"{site.op}: {site.description}")
             continue
         _preload()
-        for result in run_group(name, target, jobs=args.jobs, operators=operators,
-                                sample=args.sample, seed=args.seed, equivalents=equivalents,
-                                used_equivalents=used):
+        results = run_group(name, target, jobs=args.jobs, operators=operators,
+                            sample=args.sample, seed=args.seed, equivalents=equivalents,
+                            used_equivalents=used, only=frozenset(args.mutant))
+        for result in results:
+            if args.mutant and not result.sites:
+                continue  # only named mutants: say nothing of the other modules
             all_met = _report(result, target.aim) and all_met
-    if not args.list and not args.module and not args.groups and operators == DEFAULT_OPERATORS:
+        _report_group(name, results, target.aim)
+    if (not args.list and not args.module and not args.groups and not args.mutant
+            and args.sample is None and operators == DEFAULT_OPERATORS):
         for stale in sorted(set(equivalents) - used):
             print(f"stale equivalent entry (no such mutant any more): {stale}")
     return 0 if all_met or args.list else 1

@@ -251,3 +251,26 @@ def test_with_revision_attributes_a_refusal() -> None:
     moved = refusal.with_revision(5)
     assert (moved.reason, moved.detail, moved.revision) == (reasons.CORRUPT, "not JSON", 5)
     assert str(moved) == "revision 5 refused (corrupt): not JSON"
+
+
+def test_a_secret_file_that_fails_while_being_read_is_refused(tmp_path: Path) -> None:
+    # /proc/self/mem is a regular file whose read at offset 0 fails (EIO): the
+    # read error, not only the open error, is a refusal naming nothing but the path.
+    path = "/proc/self/mem"
+    if not Path(path).exists():
+        pytest.skip("no /proc")
+    with pytest.raises(RevisionError) as info:
+        EnvFileResolver({}).resolve(f"file:{path}")
+    assert info.value.reason == reasons.SECRET
+    assert info.value.detail.startswith(f"secret file {path} cannot be resolved")
+
+
+@pytest.mark.parametrize("nested", [
+    b"[" * 5000 + b"]" * 5000,
+    b'{"schema_version": 1, "aliases": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001,
+])
+def test_json_nested_too_deeply_is_corrupt_not_a_crash(nested: bytes) -> None:
+    with pytest.raises(RevisionError) as info:
+        decode_body(nested, revision=4)
+    assert (info.value.reason, info.value.detail, info.value.revision) == (
+        reasons.CORRUPT, "JSON nested too deeply", 4)

@@ -338,3 +338,21 @@ async def test_a_crashed_run_is_not_kept_alive_during_the_backoff(
         gc.collect()
         assert refs[0]() is None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_childs_log_lines_name_the_child(autojump_clock: trio.testing.MockClock) -> None:
+    import structlog
+
+    seen: dict[str, object] = {}
+
+    async def child(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # What every log line of this task is bound with (merged by the logging setup).
+        seen.update(structlog.contextvars.get_contextvars())
+        task_status.started()
+        await trio.sleep_forever()
+
+    tree = Supervisor([ChildSpec("listener", child)], intensity=3, period_s=60.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tree.run)
+        nursery.cancel_scope.cancel()
+    assert seen.get("child") == "listener"
