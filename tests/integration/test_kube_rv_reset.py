@@ -106,17 +106,21 @@ async def test_a_restored_store_is_relisted_and_the_new_parent_fanned_out(
             assert h.reconciler.informer is informer  # never went back to the preflight
             assert h.status.state == "watching" and h.status.last_error_class is None
             assert h.status.objects == 1
-            # One relist per informer of the kind (parents, deployments, services), no loop.
-            assert h.metric("fanout_watch_restarts", kind="ServiceDefinition") == restarts + 3
+            # One relist per informer of the kind (parents, deployments, services), no loop;
+            # the watches of other installations' children (deployments, services) relist
+            # too once their open stream ends, which may come after this point.
+            relists = h.metric("fanout_watch_restarts", kind="ServiceDefinition") - restarts
+            assert 3 <= relists <= 5, relists
             # The watch from the old RV was answered with the ERROR event, not a 410.
             stale = [r for r in fake.find_requests("GET", "/servicedefinitions", watch=True)
                      if r.query.get("resourceVersion") == str(held)]
             assert stale and all(r.status == 200 for r in stale)
             # One warning per informer of the kind (the children are watched too).
             warned = [e for e in logs if RESTORED in str(e.get("event"))]
-            assert sorted(e["resource"] for e in warned) == [
+            assert sorted(set(e["resource"] for e in warned)) == [
                 "deployments.apps", "servicedefinitions.platform.trio-supervisor.dev",
                 "services"]
+            assert len(warned) == relists  # one warning per relist
             warned = [e for e in warned if e["resource"].startswith("servicedefinitions")]
             assert warned[0]["log_level"] == "warning"
             assert warned[0]["kind"] == "ServiceDefinition"
