@@ -4,9 +4,9 @@ Issue 18 asks that every sink catches up; the fix re-writes a sink whose write
 failed, and one whose file *vanished*. A file still there but no longer what
 was written is not noticed: the snapshot file truncated by a consumer's bug or
 a disk error (local readers read a torn file indefinitely), or the cache file
-truncated (``GET /v1/revision`` hands followers the broken bytes, and a cold
-boot during an outage refuses the cache: exit 3, though the replica served a
-good revision all along). ``/status`` says converged throughout.
+truncated (``GET /v1/revision`` hands followers the broken bytes), or its served
+mark deleted: a cold boot during an outage then refuses the cache (exit 3),
+though the replica served a good revision all along. ``/status`` says converged throughout.
 """
 
 from __future__ import annotations
@@ -50,15 +50,18 @@ async def test_sink_files_truncated_while_serving_are_written_again(tmp_path: Pa
                 f.truncate(7)
             with cache.open("r+b") as f:
                 f.truncate(whole // 2)
+            mark = Path(f"{cache}.served")
+            mark.unlink()
             with trio.move_on_after(5):  # 25 polls
                 await poll_until(lambda: _snapshot_revision(snapshot) == 1
-                                 and cache.stat().st_size == whole)
+                                 and cache.stat().st_size == whole and mark.exists())
             assert _snapshot_revision(snapshot) == 1, (
                 "the snapshot file was truncated while revision 1 served; 25 polls later it "
                 f"still reads {snapshot.read_bytes()!r}")
             assert cache.stat().st_size == whole, (
                 f"the cache was truncated to {whole // 2} of {whole} bytes while revision 1 "
                 f"served; 25 polls later it has {cache.stat().st_size}")
+            assert mark.read_text().strip() == "1", "the deleted served mark was not restored"
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
         # A cold boot during an outage serves what was served.

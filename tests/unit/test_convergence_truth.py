@@ -41,6 +41,7 @@ class FakeCache:
     revision: int | None = None
     exported: list[tuple[int, int | None]] = field(default_factory=list)
     discarded: list[int] = field(default_factory=list)
+    forgotten: int = 0
 
     def export(self, *, revision: int, generation: int, schema_version: int,
                body: bytes) -> None:
@@ -49,6 +50,13 @@ class FakeCache:
         self.exported.append((revision, self.state_at_export()))
         self.revision = revision
         Path(self.path).write_bytes(body)
+
+    @property
+    def paths(self) -> tuple[str]:
+        return (self.path,)
+
+    def forget_files(self) -> None:
+        self.forgotten += 1
 
     def discard_if_newer(self, revision: int) -> bool:
         if self.revision is not None and self.revision > revision:
@@ -295,6 +303,26 @@ async def test_failed_sinks_are_retried_every_poll_until_they_succeed(tmp_path: 
         "cache", "snapshot_file"]
     await rec.converge_once()
     assert len(cache.exported) == 1  # nothing due any more
+
+
+async def test_sink_files_changed_in_place_are_written_again_once(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    target = tmp_path / "snap.json"
+    rec, cache = with_cache(store, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    whole = target.read_bytes()
+    with target.open("r+b") as f:  # same inode, fewer bytes
+        f.truncate(3)
+    with open(cache.path, "r+b") as f:
+        f.truncate(1)
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.CONVERGED
+    assert target.read_bytes() == whole
+    assert [r for r, _ in cache.exported] == [1, 1] and cache.forgotten == 1
+    await rec.converge_once()
+    await rec.converge_once()
+    assert len(cache.exported) == 2  # written again once, not at every poll
 
 
 async def test_failed_rollback_export_removes_the_newer_cache() -> None:
