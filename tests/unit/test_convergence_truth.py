@@ -471,3 +471,32 @@ async def test_sighup_forgets_a_refusal_even_when_the_poll_is_shorter_than_the_f
             while rec.status.active != bad:
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
+
+
+async def test_sighup_is_not_lost_when_a_notification_is_already_pending(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            bad = store.put(doc("a", "b"))
+            store.corrupt.add(bad)
+            rec.signal.request()  # an attempt that observes first: the refusal is memoized
+            while rec.status.last_rejection is None:
+                await trio.sleep(0.05)
+            store.corrupt.discard(bad)  # repaired in place: same id, same digest
+            rec.signal.request()
+            await trio.sleep(1)
+            assert rec.status.active == 1  # the memo answers for the key
+            # Both arrive while the loop waits out its poll: a notification
+            # (a LISTEN reconnect, a publish elsewhere), then the operator's SIGHUP.
+            rec.signal.notify("notify")
+            rec.signal.notify("sighup")
+            with trio.move_on_after(30):
+                while rec.status.active != bad:
+                    await trio.sleep(0.05)
+            assert rec.status.active == bad, "the SIGHUP's 'look again' was coalesced away"
+            nursery.cancel_scope.cancel()
