@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -500,3 +502,16 @@ async def test_sighup_is_not_lost_when_a_notification_is_already_pending(
                     await trio.sleep(0.05)
             assert rec.status.active == bad, "the SIGHUP's 'look again' was coalesced away"
             nursery.cancel_scope.cancel()
+
+
+async def test_sink_files_whose_mode_changed_are_written_again(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    target = tmp_path / "snap.json"
+    rec, cache = with_cache(store, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    os.chmod(target, 0o600)  # local consumers can no longer read it
+    os.chmod(cache.path, 0o666)  # a boot would refuse a world-writable cache
+    await rec.converge_once()
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
+    assert [r for r, _ in cache.exported] == [1, 1]
