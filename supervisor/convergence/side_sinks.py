@@ -3,10 +3,11 @@
 Neither may ever block serving. A write that fails leaves its sink *due*: it
 is retried at every attempt (every poll, and SIGHUP) until it succeeds, and a
 sink file that vanished or changed after a successful write (removed,
-truncated or rewritten in place, replaced) is written again: one ``stat`` per
-file per attempt compares device, inode, size and mtime with what the write
-left (the cache's served mark included). Failures are logged once per failure streak
-and their recovery once (:class:`_Streak`); every failed write counts in
+truncated or rewritten in place, replaced, chmod'ed or chown'ed) is written
+again: one ``stat`` per file per attempt compares device, inode, size, mtime,
+mode and owner with what the write left (the cache's served mark included).
+Failures are logged once per failure streak and their recovery once
+(:class:`_Streak`); every failed write counts in
 ``supervisor_sink_write_failures_total``.
 
 When an export that failed was a move to an *older* revision (an operator's
@@ -34,12 +35,14 @@ __all__ = ["Export", "SideSinks"]
 
 log = get_logger("convergence")
 
-# What a successful write left at a sink's paths: (device, inode, size, mtime) each.
-Fingerprint = tuple[tuple[int, int, int, int], ...]
+# What a successful write left at a sink's paths: (device, inode, size, mtime,
+# mode, owner) each. Mode and owner too: a chmod can make the snapshot file
+# unreadable to its consumers, or the cache world-writable (a boot refuses it).
+Fingerprint = tuple[tuple[int, int, int, int, int, int], ...]
 
 
-def _print_of(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+def _print_of(st: os.stat_result) -> tuple[int, int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
 
 
 def _fingerprint(paths: tuple[str, ...]) -> Fingerprint | None:
