@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ async def test_id_reused_on_sqlite_in_place_and_by_a_restored_file(tmp_path: Pat
     db = tmp_path / "cp.db"
     config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.2)
     await acli("db", "migrate", "--config", str(config))
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         for _ in range(3):
             publish_sqlite(conn, body("a0", "a1"))
     # The restored file: desired is revision 3 too, with another body.
@@ -98,13 +99,15 @@ async def test_id_reused_on_sqlite_in_place_and_by_a_restored_file(tmp_path: Pat
     other.mkdir()
     other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
     await acli("db", "migrate", "--config", str(other_config))
-    with sqlite3.connect(other / "new.db") as conn:
+    # Closed (not only committed): the last connection checkpoints the WAL into
+    # the file, so `mv new.db` moves every revision.
+    with closing(sqlite3.connect(other / "new.db")) as conn, conn:
         for n in range(3):
             publish_sqlite(conn, body(f"f{n}"))
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=3)
-            with sqlite3.connect(db) as conn:  # one transaction, as a restore script
+            with closing(sqlite3.connect(db)) as conn, conn:  # one transaction, as a restore
                 conn.execute("UPDATE supervisor_desired SET revision_id = 1")
                 conn.execute("DELETE FROM supervisor_revisions WHERE id > 1")
                 conn.execute("UPDATE sqlite_sequence SET seq = 1"
