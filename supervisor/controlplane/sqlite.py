@@ -286,19 +286,28 @@ class SQLiteStore:
         path = self._path
         current = await trio.to_thread.run_sync(_file_id, path)
         wal = await trio.to_thread.run_sync(_file_id, path + "-wal")
-        if conn is not None and current != self._connections.file_id:
-            log.warning(
-                "control-plane file replaced or removed; reopening"
-                if current is not None else "control-plane file removed",
-                path=path,
-            )
-            await self._runner.discard()
-            if current is not None and wal is not None and wal == self._wal_id:
-                await trio.to_thread.run_sync(_remove_stale_wal, path)
-                log.warning("removed the replaced control-plane file's WAL (another process "
-                            "still had the old file open); the new file is read as restored",
-                            path=path)
-            self._wal_id = None
+        # The file last opened, kept after its connection was dropped: a restore
+        # may come in two steps (the file moved away, an outage, then the new
+        # one moved in), and the new file must be checked against the old WAL
+        # then too, not only when a connection was open at the replacement.
+        known = self._connections.file_id
+        if known is not None and current != known:
+            if conn is not None:
+                log.warning(
+                    "control-plane file replaced or removed; reopening"
+                    if current is not None else "control-plane file removed",
+                    path=path,
+                )
+                await self._runner.discard()
+            if current is not None:
+                if wal is not None and wal == self._wal_id:
+                    await trio.to_thread.run_sync(_remove_stale_wal, path)
+                    log.warning("removed the replaced control-plane file's WAL (another "
+                                "process still had the old file open); the new file is read "
+                                "as restored", path=path)
+                # Kept while the file is missing: the old WAL's inode is what
+                # the file that comes back is checked against.
+                self._wal_id = None
         elif conn is not None:
             if self._wal_id is not None and wal != self._wal_id:
                 # Our connection still reads the WAL that had that name (now

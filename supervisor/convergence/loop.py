@@ -39,7 +39,7 @@ operator's rollback too (desired moved to an older id: the cache is lowered to
 it before the swap) and a restore from the cache itself (nothing to export:
 the cache is the source). A failed export never blocks serving; the cache is
 marked due and retried on every poll (and on SIGHUP) until it succeeds, like
-the snapshot file, and a sink file that vanished after a successful write is
+the snapshot file, and a sink file that vanished or changed after a successful write is
 written again; when the export that failed was a move to an older revision,
 the newer cache is removed (unlinking needs no disk space) so a boot cannot
 serve what the operator rolled back from.

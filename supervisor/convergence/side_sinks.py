@@ -2,9 +2,12 @@
 
 Neither may ever block serving. A write that fails leaves its sink *due*: it
 is retried at every attempt (every poll, and SIGHUP) until it succeeds, and a
-sink file that vanished after a successful write is written again (one
-``stat`` per attempt notices it). Failures are logged once per failure streak
-and their recovery once (:class:`_Streak`); every failed write counts in
+sink file that vanished or changed after a successful write (removed,
+truncated or rewritten in place, replaced, chmod'ed or chown'ed) is written
+again: one ``stat`` per file per attempt compares device, inode, size, mtime,
+mode and owner with what the write left (the cache's served mark included).
+Failures are logged once per failure streak and their recovery once
+(:class:`_Streak`); every failed write counts in
 ``supervisor_sink_write_failures_total``.
 
 When an export that failed was a move to an *older* revision (an operator's
@@ -31,6 +34,26 @@ if TYPE_CHECKING:
 __all__ = ["Export", "SideSinks"]
 
 log = get_logger("convergence")
+
+# What a successful write left at a sink's paths: (device, inode, size, mtime,
+# mode, owner) each. Mode and owner too: a chmod can make the snapshot file
+# unreadable to its consumers, or the cache world-writable (a boot refuses it).
+Fingerprint = tuple[tuple[int, int, int, int, int, int], ...]
+
+
+def _print_of(st: os.stat_result) -> tuple[int, int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
+
+
+def _fingerprint(paths: tuple[str, ...]) -> Fingerprint | None:
+    """The files at ``paths`` as they are; None when one is missing or unreadable."""
+    found = []
+    for path in paths:
+        try:
+            found.append(_print_of(os.stat(path)))
+        except OSError:
+            return None
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -77,8 +100,18 @@ class SideSinks:
         # What each sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
         self._cache_due: Export | None = None
-        # The last export that succeeded: re-written if the cache file vanishes.
+        # The last export that succeeded: re-written if the cache file vanishes or changes.
         self._last_export: Export | None = None
+        # What the last successful write of each left on disk (None: not written yet).
+        self._file_print: Fingerprint | None = None
+        self._cache_print: Fingerprint | None = None
+
+    async def _changed(self, paths: tuple[str, ...], written: Fingerprint | None) -> bool:
+        """True when the files differ from what the last write left (or, unwritten, are absent)."""
+        now = await trio.to_thread.run_sync(_fingerprint, paths)
+        if written is None:
+            return now is None
+        return now != written
 
     async def rewrite(self, snapshot: Snapshot, export: Export) -> None:
         """Write both sinks for what serves (a restart or a new epoch may have missed one)."""
@@ -87,12 +120,14 @@ class SideSinks:
         await self.catch_up(snapshot)
 
     async def catch_up(self, serving: Snapshot | None) -> None:
-        """Retry whatever write is still due, and re-write a sink file that vanished."""
+        """Retry whatever write is still due, and re-write a sink file that vanished or changed."""
         if (serving is not None and self._file_due is None and self.snapshot_file is not None
-                and not await trio.to_thread.run_sync(os.path.exists, self.snapshot_file.path)):
+                and await self._changed((self.snapshot_file.path,), self._file_print)):
             self._file_due = serving
         if (self.cache is not None and self._cache_due is None and self._last_export is not None
-                and not await trio.to_thread.run_sync(os.path.exists, self.cache.path)):
+                and await self._changed(self.cache.paths, self._cache_print)):
+            # A removed or garbled mark must be written again, not assumed.
+            self.cache.forget_files()
             self._cache_due = self._last_export
         if self._file_due is not None:
             await self._write_snapshot_file()
@@ -109,8 +144,15 @@ class SideSinks:
         if self.snapshot_file is None or snapshot is None:
             self._file_due = None
             return
+        snapshot_file = self.snapshot_file
+
+        def write() -> Fingerprint:
+            # The status of the file written, taken before its rename: a
+            # consumer changing it the moment it appears is still noticed.
+            return (_print_of(snapshot_file.write(snapshot)),)
+
         try:
-            await trio.to_thread.run_sync(self.snapshot_file.write, snapshot)
+            self._file_print = await trio.to_thread.run_sync(write)
         except OSError as exc:
             self._file_streak.failed(exc, path=self.snapshot_file.path)
         else:
@@ -125,17 +167,21 @@ class SideSinks:
         from supervisor.sinks.lkg import CacheError
 
         cache = self.cache
+        paths = self.cache.paths
 
-        def run() -> None:
+        def run() -> Fingerprint | None:
             cache.export(revision=export.revision, generation=export.generation,
                          schema_version=export.schema_version, body=export.body)
+            # Taken after both writes; nothing else writes these files (a
+            # change in this instant is missed, unlike the snapshot file's).
+            return _fingerprint(paths)
 
         def discard() -> bool:
             return cache.discard_if_newer(export.revision)
 
         self._cache_due = export
         try:
-            await trio.to_thread.run_sync(run)
+            written = await trio.to_thread.run_sync(run)
         except CacheError as exc:
             self.metrics.last_known_good_events.labels("export_failed").inc()
             self._cache_streak.failed(exc, revision=export.revision)
@@ -152,6 +198,7 @@ class SideSinks:
                                 path=cache.path, revision=export.revision)
         else:
             self._last_export = export
+            self._cache_print = written
             if self._cache_due is export:
                 self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()

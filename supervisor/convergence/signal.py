@@ -5,7 +5,9 @@ Two kinds of sender share one memory channel into the convergence loop:
 - **fire and forget** (the LISTEN child, SIGHUP, a LISTEN reconnect) call
   :meth:`ChangeSignal.notify`, which never blocks and never fails. At most one
   such wake-up is pending at a time, so a burst of notifications coalesces into
-  one convergence attempt. Nothing is carried but the trigger's name: the
+  one convergence attempt whose trigger is the first one's, except that a
+  SIGHUP among them always wins (the operator's "look again" forgets refusals,
+  which a notification does not). Nothing is carried but the trigger's name: the
   payload is only a hint, and a lost signal costs at most one poll interval,
   because polling is the correctness path.
 - **a caller that wants the outcome** (``POST /v1/converge``) calls
@@ -85,6 +87,8 @@ class ChangeSignal:
         # concurrent connections.
         self._send, self._receive = trio.open_memory_channel[_Item](math.inf)
         self._plain_pending = False
+        # A SIGHUP coalesced into another pending wake-up: its trigger must win.
+        self._sighup_coalesced = False
         self.sent = 0
         self.coalesced = 0
         self.requests = 0
@@ -93,6 +97,10 @@ class ChangeSignal:
         """Wake the loop now instead of at its next poll. Never blocks."""
         if self._plain_pending:
             self.coalesced += 1
+            if trigger == "sighup":
+                # SIGHUP means more than any other trigger (it forgets the
+                # refusals): folded into a pending notification, it would be lost.
+                self._sighup_coalesced = True
             return
         self._plain_pending = True
         self._send.send_nowait((trigger, None))
@@ -144,6 +152,9 @@ class ChangeSignal:
         # refusals, a notification skips the cheap read).
         plain = [trigger for trigger, request in items if request is None]
         trigger = plain[0] if plain else "request"
+        if self._sighup_coalesced:
+            trigger = "sighup"
+            self._sighup_coalesced = False
         return Wakeup(trigger, [request for _, request in items if request is not None])
 
     async def wait(self) -> str:

@@ -25,8 +25,15 @@ import tempfile
 __all__ = ["fsync_directory", "write_atomic"]
 
 
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (see the module docstring)."""
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> os.stat_result:
+    """Replace ``path`` with ``data`` atomically and durably (see the module docstring).
+
+    Returns the written file's status as it was before the rename (device,
+    inode, size and mtime survive the rename): what a caller compares later to
+    notice the file replaced or changed, without the race a ``stat`` after the
+    rename would have with a process that changes the file as soon as it
+    appears.
+    """
     directory = os.path.dirname(path) or "."
     base = os.path.basename(path)
     # mkstemp creates the file 0600 and O_EXCL, so nobody else can open it
@@ -45,6 +52,7 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
             # Without this fsync a crash after the rename can leave an empty
             # or partial file under the final name (ext4 delalloc, xfs).
             os.fsync(fd)
+            status = os.fstat(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -55,6 +63,7 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
             os.unlink(tmp)
         raise
     fsync_directory(directory)
+    return status
 
 
 def fsync_directory(directory: str) -> None:

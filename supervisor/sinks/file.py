@@ -7,6 +7,7 @@ the file holds digests, never secrets, and local consumers run as other users.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from supervisor.sinks.atomic import write_atomic
@@ -21,6 +22,9 @@ class SnapshotFile:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def write(self, snapshot: Snapshot) -> None:
-        """Write ``snapshot``; raises OSError on failure (the caller counts it)."""
-        write_atomic(self.path, snapshot.to_json(), mode=0o644)
+    def write(self, snapshot: Snapshot) -> os.stat_result:
+        """Write ``snapshot``; raises OSError on failure (the caller counts it).
+
+        Returns the written file's status (see :func:`write_atomic`).
+        """
+        return write_atomic(self.path, snapshot.to_json(), mode=0o644)

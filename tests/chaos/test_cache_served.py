@@ -1,7 +1,9 @@
 """The cache always holds the revision that was served (issue 17), through the real process.
 
 Thirty rounds of: publish, stop the daemon the moment the snapshot file shows
-the new revision (SIGTERM; separately SIGKILL), then boot with the control
+the new revision (SIGTERM; separately SIGKILL; a thread spinning on the file's
+inode sends the signal within microseconds of the rename, the window in which
+an export that followed the swap would not have started), then boot with the control
 plane unreachable (the SQLite file moved away) and read which revision the
 cache restored. SIGTERM: exactly the one the snapshot file showed. SIGKILL:
 that one or the one before, never older, and never a refusal.
@@ -11,14 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
-from tests.polling import poll_until
 from tests.proc import cli, run_daemon, write_config
 
 pytestmark = pytest.mark.chaos
@@ -50,6 +54,24 @@ def shown(snapshot: Path) -> int | None:
         return int(json.loads(snapshot.read_bytes())["revision"])
     except (OSError, ValueError):
         return None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def signal_when_replaced(path: Path, pid: int, signum: int, before: int | None,
+                         deadline_s: float) -> bool:
+    """Spin until ``path`` is another file, then signal ``pid`` at once; False on timeout."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if _inode(path) != before:
+            os.kill(pid, signum)
+            return True
+    return False
 
 
 def move_control_plane(src: Path, dst: Path) -> None:
@@ -98,12 +120,15 @@ async def rounds(tmp_path: Path, signum: int) -> list[tuple[int, int]]:
     for n in range(1, ROUNDS + 1):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
+            await daemon.wait_log("published")
+            stopper = threading.Thread(target=signal_when_replaced, args=(
+                snapshot, daemon.process.pid, signum, _inode(snapshot), 30.0))
+            stopper.start()
             rid = await trio.to_thread.run_sync(publish, db, n)
-            await poll_until(lambda rid=rid: shown(snapshot) == rid)
-            daemon.signal(signum)
+            await trio.to_thread.run_sync(stopper.join)
             await daemon.wait()
         showed = shown(snapshot)
-        assert showed is not None
+        assert showed == rid, f"round {n}: the snapshot file shows {showed}, not {rid}"
         await trio.to_thread.run_sync(move_control_plane, db, away)
         async with run_daemon(config) as booted:
             line = await booted.wait_log("serving the last-known-good cache")

@@ -39,7 +39,10 @@ async def test_sinks_rewritten_after_their_directory_is_removed_and_recreated(
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
             await poll_until(lambda: snapshot.exists() and cache.exists())
-            shutil.rmtree(out)
+            # Renamed away first: the daemon may write into it while rmtree walks it.
+            gone = tmp_path / "gone"
+            out.rename(gone)
+            shutil.rmtree(gone)
             (out / "cache").mkdir(parents=True, mode=0o700)
             daemon.signal(signal.SIGHUP)
             await daemon.wait_log("SIGHUP: log level set")

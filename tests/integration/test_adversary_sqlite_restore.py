@@ -108,3 +108,51 @@ async def test_wal_and_shm_removed_under_the_daemon(tmp_path: Path) -> None:
                 f"{sorted(snap['aliases'])} and reports desired={report['desired']} "
                 f"active={report['active']} lag_s={report['lag_s']} "
                 f"last_error={report['last_error']!r}")
+
+
+async def test_restore_after_the_file_was_moved_away_with_another_reader_open(
+        tmp_path: Path) -> None:
+    """The same restore in two steps: ``mv cp.db saved.db`` (an outage), then ``mv new.db cp.db``.
+
+    The stale-WAL removal ran only when the daemon noticed the replacement on
+    an open connection; once the file was gone its connection was dropped, so
+    the reopen of the restored file was never checked against the old WAL.
+    """
+    port = free_port()
+    cp = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+    await acli("publish", "--config", str(config), str(doc(tmp_path / "old1.json", "old1")))
+    other = tmp_path / "other"
+    other.mkdir()
+    other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
+    for i in range(3):
+        await acli("publish", "--config", str(other_config),
+                   str(doc(tmp_path / f"new{i}.json", f"new{i}")))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published", revision=1)
+            shell = sqlite3.connect(cp)  # an operator's sqlite3 shell, left open
+            try:
+                shell.execute("SELECT count(*) FROM supervisor_revisions").fetchall()
+                for i in range(2, 6):
+                    await acli("publish", "--config", str(config),
+                               str(doc(tmp_path / f"old{i}.json", f"old{i}")))
+                await daemon.wait_log("published", revision=5)
+                os.replace(cp, tmp_path / "saved.db")  # mv cp.db saved.db
+                await daemon.wait_log("control plane unreachable", reason="unavailable")
+                os.replace(other / "new.db", cp)  # mv new.db cp.db
+                await daemon.wait_log("control plane reachable again")
+                with trio.move_on_after(3):
+                    await daemon.wait_log("published", revision=3)
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    report = (await client.get(f"http://127.0.0.1:{port}/status")).json()
+                    snap = (await client.get(f"http://127.0.0.1:{port}/v1/snapshot")).json()
+            finally:
+                shell.close()
+            revision = report["revision"]
+            assert sorted(snap["aliases"]) == ["new2"], (
+                f"after `mv cp.db saved.db; mv new.db cp.db` (desired 3, alias new2) the "
+                f"replica serves {sorted(snap['aliases'])} and reports "
+                f"desired={revision['desired']} active={revision['active']} "
+                f"lag_s={revision['lag_s']}: the old database's WAL was replayed over the "
+                f"restored file")

@@ -1,16 +1,20 @@
 """Never report converged while serving the wrong revision (issue 18), through the real process.
 
-- An id reused after a restore (PostgreSQL): the new body under the old id is published.
+- An id reused after a restore (PostgreSQL; SQLite in place, and by a file whose
+  desired id is the one served with another body): the new body is published.
 - The SQLite control-plane file replaced (``mv new.db cp.db``) or deleted at runtime.
 - LISTEN reconnects within a second of the control plane's recovery.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +71,58 @@ async def test_id_reused_after_a_restore_is_published(tmp_path: Path, pg_url: st
             await daemon.wait_log("published", revision=3, generation=2)
             snap = await get(port, "/v1/snapshot")
             assert sorted(snap["aliases"]) == [f"a{i}" for i in range(7)]
+            report = (await get(port, "/status"))["revision"]
+            assert report["desired"] == report["active"] == 3 and report["lag_s"] == 0.0
+
+
+def publish_sqlite(conn: sqlite3.Connection, data: bytes) -> int:
+    rid = conn.execute(
+        "INSERT INTO supervisor_revisions (schema_version, body, body_sha256) VALUES (1, ?, ?)",
+        (data, hashlib.sha256(data).digest())).lastrowid
+    assert rid is not None
+    conn.execute("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (1, ?)"
+                 " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id",
+                 (rid,))
+    return rid
+
+
+async def test_id_reused_on_sqlite_in_place_and_by_a_restored_file(tmp_path: Path) -> None:
+    port = free_port()
+    db = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.2)
+    await acli("db", "migrate", "--config", str(config))
+    with closing(sqlite3.connect(db)) as conn, conn:
+        for _ in range(3):
+            publish_sqlite(conn, body("a0", "a1"))
+    # The restored file: desired is revision 3 too, with another body.
+    other = tmp_path / "other"
+    other.mkdir()
+    other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
+    await acli("db", "migrate", "--config", str(other_config))
+    # Closed (not only committed): the last connection checkpoints the WAL into
+    # the file, so `mv new.db` moves every revision.
+    with closing(sqlite3.connect(other / "new.db")) as conn, conn:
+        for n in range(3):
+            publish_sqlite(conn, body(f"f{n}"))
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("published", revision=3)
+            with closing(sqlite3.connect(db)) as conn, conn:  # one transaction, as a restore
+                conn.execute("UPDATE supervisor_desired SET revision_id = 1")
+                conn.execute("DELETE FROM supervisor_revisions WHERE id > 1")
+                conn.execute("UPDATE sqlite_sequence SET seq = 1"
+                             " WHERE name = 'supervisor_revisions'")
+                publish_sqlite(conn, body("b"))
+                assert publish_sqlite(conn, body(*[f"a{i}" for i in range(7)])) == 3
+            await daemon.wait_log("revision id reused with different content (a restore "
+                                  "followed by new publishes?): treating it as a new revision",
+                                  revision=3)
+            await daemon.wait_log("published", revision=3, generation=2)
+            assert sorted((await get(port, "/v1/snapshot"))["aliases"]) == [
+                f"a{i}" for i in range(7)]
+            os.replace(other / "new.db", db)  # mv new.db cp.db: desired 3 again, other body
+            await daemon.wait_log("published", revision=3, generation=3)
+            assert sorted((await get(port, "/v1/snapshot"))["aliases"]) == ["f2"]
             report = (await get(port, "/status"))["revision"]
             assert report["desired"] == report["active"] == 3 and report["lag_s"] == 0.0
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ class FakeCache:
     revision: int | None = None
     exported: list[tuple[int, int | None]] = field(default_factory=list)
     discarded: list[int] = field(default_factory=list)
+    forgotten: int = 0
 
     def export(self, *, revision: int, generation: int, schema_version: int,
                body: bytes) -> None:
@@ -49,6 +52,13 @@ class FakeCache:
         self.exported.append((revision, self.state_at_export()))
         self.revision = revision
         Path(self.path).write_bytes(body)
+
+    @property
+    def paths(self) -> tuple[str]:
+        return (self.path,)
+
+    def forget_files(self) -> None:
+        self.forgotten += 1
 
     def discard_if_newer(self, revision: int) -> bool:
         if self.revision is not None and self.revision > revision:
@@ -297,6 +307,26 @@ async def test_failed_sinks_are_retried_every_poll_until_they_succeed(tmp_path: 
     assert len(cache.exported) == 1  # nothing due any more
 
 
+async def test_sink_files_changed_in_place_are_written_again_once(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    target = tmp_path / "snap.json"
+    rec, cache = with_cache(store, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    whole = target.read_bytes()
+    with target.open("r+b") as f:  # same inode, fewer bytes
+        f.truncate(3)
+    with open(cache.path, "r+b") as f:
+        f.truncate(1)
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.CONVERGED
+    assert target.read_bytes() == whole
+    assert [r for r, _ in cache.exported] == [1, 1] and cache.forgotten == 1
+    await rec.converge_once()
+    await rec.converge_once()
+    assert len(cache.exported) == 2  # written again once, not at every poll
+
+
 async def test_failed_rollback_export_removes_the_newer_cache() -> None:
     store = FakeStore()
     store.put(doc("a"))
@@ -443,3 +473,45 @@ async def test_sighup_forgets_a_refusal_even_when_the_poll_is_shorter_than_the_f
             while rec.status.active != bad:
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
+
+
+async def test_sighup_is_not_lost_when_a_notification_is_already_pending(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, poll_interval_s=3600.0)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(rec.run)
+            bad = store.put(doc("a", "b"))
+            store.corrupt.add(bad)
+            rec.signal.request()  # an attempt that observes first: the refusal is memoized
+            while rec.status.last_rejection is None:
+                await trio.sleep(0.05)
+            store.corrupt.discard(bad)  # repaired in place: same id, same digest
+            rec.signal.request()
+            await trio.sleep(1)
+            assert rec.status.active == 1  # the memo answers for the key
+            # Both arrive while the loop waits out its poll: a notification
+            # (a LISTEN reconnect, a publish elsewhere), then the operator's SIGHUP.
+            rec.signal.notify("notify")
+            rec.signal.notify("sighup")
+            with trio.move_on_after(30):
+                while rec.status.active != bad:
+                    await trio.sleep(0.05)
+            assert rec.status.active == bad, "the SIGHUP's 'look again' was coalesced away"
+            nursery.cancel_scope.cancel()
+
+
+async def test_sink_files_whose_mode_changed_are_written_again(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    target = tmp_path / "snap.json"
+    rec, cache = with_cache(store, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    os.chmod(target, 0o600)  # local consumers can no longer read it
+    os.chmod(cache.path, 0o666)  # a boot would refuse a world-writable cache
+    await rec.converge_once()
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
+    assert [r for r, _ in cache.exported] == [1, 1]

@@ -186,6 +186,22 @@ class LastKnownGood:
         self._persisted_mark: int | None = None
 
     @property
+    def paths(self) -> tuple[str, str]:
+        """The cache file and its served mark: the two files an export writes."""
+        return (self._path, self._served_path)
+
+    def forget_files(self) -> None:
+        """The files were changed by someone else: re-read the mark before the next write.
+
+        The mark is otherwise read once and rewritten only when its value
+        changes, so a mark deleted or garbled under a running daemon would not
+        be written again by an export of the same revision. What this process
+        noted as served is kept (a deleted mark never lowers it).
+        """
+        with self._lock:
+            self._persisted_mark = None
+
+    @property
     def path(self) -> str:
         return self._path
 
