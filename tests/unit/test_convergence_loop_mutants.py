@@ -102,6 +102,7 @@ class HeldCache:
     def __init__(self, tmp_path: Path) -> None:
         self.real = real_cache(tmp_path)
         self.path = self.real.path
+        self.paths = self.real.paths
         self.entered = threading.Event()
         self.release = threading.Event()
 
@@ -112,6 +113,9 @@ class HeldCache:
 
     def discard_if_newer(self, revision: int) -> bool:
         return self.real.discard_if_newer(revision)
+
+    def forget_files(self) -> None:
+        self.real.forget_files()
 
 
 async def test_a_shutdown_during_the_export_still_swaps_and_writes_the_snapshot_file(
@@ -291,10 +295,10 @@ class FlakyFile:
         self.path = path
         self.fail = False
 
-    def write(self, snapshot: Any) -> None:
+    def write(self, snapshot: Any) -> os.stat_result:
         if self.fail:
             raise OSError(28, "No space left on device")
-        self.real.write(snapshot)
+        return self.real.write(snapshot)
 
 
 async def test_every_failure_streak_of_a_sink_is_logged_once_and_its_recovery_once(
