@@ -320,3 +320,41 @@ async def test_every_failure_streak_of_a_sink_is_logged_once_and_its_recovery_on
                      "sink write recovered"]
     assert sample(rec.metrics, "supervisor_sink_write_failures_total",
                   sink="snapshot_file") == 4
+
+
+class VanishingCache:
+    """The signed cache, whose first export's files are removed the instant it returns
+    (another process cleaning the directory): the write succeeded, nothing is left."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.real = real_cache(tmp_path)
+        self.path = self.real.path
+        self.paths = self.real.paths
+        self.exports = 0
+
+    def export(self, **kw: Any) -> None:
+        self.real.export(**kw)
+        self.exports += 1
+        if self.exports == 1:
+            for path in self.paths:
+                os.unlink(path)
+
+    def discard_if_newer(self, revision: int) -> bool:
+        return self.real.discard_if_newer(revision)
+
+    def forget_files(self) -> None:
+        self.real.forget_files()
+
+
+async def test_a_cache_gone_the_instant_it_was_written_is_written_again(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    cache = VanishingCache(tmp_path)
+    rec = make(store, cache=cache)
+    await rec.converge_once()
+    assert cache.exports == 1 and not os.path.exists(cache.path)
+    await rec.converge_once()  # nothing new to converge: the sinks catch up
+    assert cache.exports == 2
+    assert all(os.path.exists(path) for path in cache.paths)
