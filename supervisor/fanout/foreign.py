@@ -29,8 +29,8 @@ from typing import Any
 import trio
 
 from supervisor.fanout.labels import INSTALLATION_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
+from supervisor.fanout.live import ResourceHandler
 from supervisor.kube.applying import ChildKey
-from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
 __all__ = ["ForeignChildren", "foreign_selector"]
@@ -48,24 +48,6 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
-class _Handler:
-    def __init__(self, owner: ForeignChildren, resource: Resource) -> None:
-        self._owner = owner
-        self._resource = resource
-
-    async def on_list(self, items: Mapping[str, Obj], skewed: set[str]) -> None:
-        self._owner.replace(self._resource, items.values())
-
-    def on_upsert(self, obj: Obj, name: str) -> None:
-        self._owner.observe(self._resource, obj)
-
-    def on_delete(self, name: str) -> None:
-        self._owner.forget(self._resource, name)
-
-    def on_skewed(self, name: str, error: DecodeError) -> None:
-        pass  # read as plain maps: only malformed JSON lands here
-
-
 class ForeignChildren:
     """Which of this kind's child names another installation holds (see the module doc)."""
 
@@ -79,8 +61,8 @@ class ForeignChildren:
         self._synced: set[str] = set()
         self._synced_event = trio.Event()
 
-    def handler(self, resource: Resource) -> _Handler:
-        return _Handler(self, resource)
+    def handler(self, resource: Resource) -> ResourceHandler:
+        return ResourceHandler(self, resource)
 
     @property
     def synced(self) -> bool:

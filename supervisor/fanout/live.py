@@ -37,7 +37,7 @@ generation; any other child counts as available once it exists
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -45,7 +45,8 @@ from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
-__all__ = ["LiveChildren", "Obj", "child_name", "covers", "terminating", "unavailable"]
+__all__ = ["ChildIndex", "LiveChildren", "Obj", "ResourceHandler", "child_name", "covers",
+           "terminating", "unavailable"]
 
 Obj = dict[str, Any]
 
@@ -133,10 +134,21 @@ def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-class _ResourceHandler:
-    """The informer handler of one child resource (delegates to :class:`LiveChildren`)."""
+class ChildIndex(Protocol):
+    """What a child resource's informer feeds: a list, an upsert, a delete."""
 
-    def __init__(self, owner: LiveChildren, resource: Resource) -> None:
+    def replace(self, resource: Resource, items: Iterable[Obj]) -> None: ...
+
+    def observe(self, resource: Resource, obj: Obj) -> None: ...
+
+    def forget(self, resource: Resource, name: str) -> None: ...
+
+
+class ResourceHandler:
+    """The informer handler of one child resource, delegating to a :class:`ChildIndex`
+    (:class:`LiveChildren` here, ``ForeignChildren`` for other installations' children)."""
+
+    def __init__(self, owner: ChildIndex, resource: Resource) -> None:
         self._owner = owner
         self._resource = resource
 
@@ -169,8 +181,8 @@ class LiveChildren:
         # arriving after that event is not newer than what was deleted, and is not held.
         self._gone: dict[ChildKey, int] = {}
 
-    def handler(self, resource: Resource) -> _ResourceHandler:
-        return _ResourceHandler(self, resource)
+    def handler(self, resource: Resource) -> ResourceHandler:
+        return ResourceHandler(self, resource)
 
     @property
     def synced(self) -> bool:
