@@ -164,7 +164,7 @@ async def test_the_elected_fanout_child_reacquires_the_lease_and_fans_out_after_
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir()
     env = {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
-    with trio.fail_after(150):
+    with trio.fail_after(60):
         async with fake_kube(tmp_path) as (control, kubeconfig):
             config = kube_config(tmp_path, kubeconfig, port, leader_election=True)
             await acli("publish", "--config", str(config), str(EXAMPLE))
@@ -200,7 +200,7 @@ async def test_the_workflow_watcher_fans_out_cronjobs_after_two_crashes(tmp_path
     fault_dir.mkdir()
     env = {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
     child = "fanout-workflow"
-    with trio.fail_after(150):
+    with trio.fail_after(60):
         async with fake_kube(tmp_path) as (control, kubeconfig):
             config = kube_config(tmp_path, kubeconfig, port, leader_election=False)
             await acli("publish", "--config", str(config), str(EXAMPLE))
@@ -243,7 +243,7 @@ async def test_the_follower_hint_child_wakes_the_loop_after_two_crashes(tmp_path
     await acli("db", "migrate", "--config", str(upstream.config))
     await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
     following = "following the upstream's stream for wake-ups"
-    with trio.fail_after(120):
+    with trio.fail_after(60):
         async with run_daemon(upstream.config) as up:
             await up.wait_log("published", revision=1)
             async with run_daemon(follower.config, env=env) as daemon:
