@@ -95,29 +95,31 @@ async def test_every_child_heals_after_two_crashes(tmp_path: Path, pg_url: str) 
                     seen: list[tuple[int, dict[str, Any]] | None] = []
                     stop = threading.Event()
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(trio.to_thread.run_sync, sample_health_blocking,
-                                           port, seen, stop)
-                        # Sampling before the crash (a thread: the loop here is busy).
-                        await poll_until(lambda seen=seen: len(seen) >= 2)
-                        await crash(daemon, fault_dir, child)
-                        await daemon.wait_log("child crashed", child=child)
-                        await daemon.wait_log("restarting child", child=child,
-                                              restarts=round_)
-                        await poll_until(lambda: listener_pids(pg_url) != [])
-                        # The restarted child does its job again.
-                        if child == "admin":
-                            async def admin_back() -> bool:
-                                return await healthz(port) == (200, {"ok": True})
-                            await poll_until(admin_back)
-                        rid = await trio.to_thread.run_sync(sql_publish, pg_url)
-                        expected_revision = rid
-                        await daemon.wait_log("published", revision=rid)
-                        # A sample asked before the restart may be answered after
-                        # the publish: wait for one healthy answer from after it.
-                        after = len(seen)
-                        await poll_until(lambda seen=seen, after=after: any(
-                            s is not None and s[0] == 200 for s in seen[after:]))
-                        stop.set()
+                        try:
+                            nursery.start_soon(trio.to_thread.run_sync, sample_health_blocking,
+                                               port, seen, stop)
+                            # Sampling before the crash (a thread: the loop here is busy).
+                            await poll_until(lambda seen=seen: len(seen) >= 2)
+                            await crash(daemon, fault_dir, child)
+                            await daemon.wait_log("child crashed", child=child)
+                            await daemon.wait_log("restarting child", child=child,
+                                                  restarts=round_)
+                            await poll_until(lambda: listener_pids(pg_url) != [])
+                            # The restarted child does its job again.
+                            if child == "admin":
+                                async def admin_back() -> bool:
+                                    return await healthz(port) == (200, {"ok": True})
+                                await poll_until(admin_back)
+                            rid = await trio.to_thread.run_sync(sql_publish, pg_url)
+                            expected_revision = rid
+                            await daemon.wait_log("published", revision=rid)
+                            # A sample asked before the restart may be answered after
+                            # the publish: wait for one healthy answer from after it.
+                            after = len(seen)
+                            await poll_until(lambda seen=seen, after=after: any(
+                                s is not None and s[0] == 200 for s in seen[after:]))
+                        finally:  # a failed round must not leave the sampler running
+                            stop.set()
                     report = await status(port)
                     assert report["children"][child]["state"] == "running"
                     assert report["children"][child]["restarts"] == round_
@@ -169,21 +171,23 @@ async def test_fanout_watchers_heal_after_two_crashes(tmp_path: Path) -> None:
                     seen: list[tuple[int, dict[str, Any]] | None] = []
                     stop = threading.Event()
                     async with trio.open_nursery() as nursery:
-                        # In a thread: this test's event loop also runs the fake API
-                        # server, and must not slow the sampling down.
-                        nursery.start_soon(trio.to_thread.run_sync, sample_health_blocking,
-                                           port, seen, stop)
-                        await poll_until(lambda seen=seen: len(seen) >= 2)
-                        await crash(daemon, fault_dir, "fanout-servicedefinition")
-                        await daemon.wait_log("child crashed", child="fanout-servicedefinition")
-                        await daemon.wait_log("restarting child",
-                                              child="fanout-servicedefinition", restarts=round_)
-                        # The restarted watcher fans out a parent created after the crash.
-                        name = f"after-crash-{round_}"
-                        server.create(sd(name))
-                        await server.wait_until(
-                            lambda name=name: server.get("deployments", "apps", name) is not None)
-                        stop.set()
+                        try:
+                            # In a thread: this test's event loop also runs the fake API
+                            # server, and must not slow the sampling down.
+                            nursery.start_soon(trio.to_thread.run_sync, sample_health_blocking,
+                                               port, seen, stop)
+                            await poll_until(lambda seen=seen: len(seen) >= 2)
+                            await crash(daemon, fault_dir, "fanout-servicedefinition")
+                            await daemon.wait_log("child crashed", child="fanout-servicedefinition")
+                            await daemon.wait_log("restarting child",
+                                                  child="fanout-servicedefinition", restarts=round_)
+                            # The restarted watcher fans out a parent created after the crash.
+                            name = f"after-crash-{round_}"
+                            server.create(sd(name))
+                            await server.wait_until(
+                                lambda name=name: server.get("deployments", "apps", name) is not None)
+                        finally:  # a failed round must not leave the sampler running
+                            stop.set()
                     report = await status(port)
                     child = report["children"]["fanout-servicedefinition"]
                     assert child["state"] == "running" and child["restarts"] == round_
