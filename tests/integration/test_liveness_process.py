@@ -96,22 +96,26 @@ async def scenario(daemon: Any, port: int, db: Path, big: bytes,
     await trio.to_thread.run_sync(publish, db, big)
     await daemon.wait_log("revision refused; previous snapshot keeps serving",
                           reason="secret")
-    # Three more refusals, each a long attempt (the secret is retried every poll).
+    # Ten more refusals, each a long attempt (the secret is retried every poll).
     stalled_from = time.monotonic()
     first = await failures(port)
 
-    async def three_more() -> bool:
-        return await failures(port) >= first + 3
+    async def ten_more() -> bool:
+        return await failures(port) >= first + 10
 
-    await poll_until(three_more)
+    await poll_until(ten_more)
     stalled_until = time.monotonic()
     unhealthy = [b for t, code, b in seen if code == 503 and t >= stalled_from]
     assert unhealthy, "/healthz never answered 503 while the loop stalled"
     assert all(any(reason.startswith(STALL) for reason in b["unhealthy"])
                for b in unhealthy), unhealthy
+    # Each attempt that finishes leaves the loop healthy for the 0.04 s of the limit, and
+    # a ping may fall in that gap (about 0.4 of the attempts on an idle machine, where an
+    # attempt takes ~0.2 s): so not none, but far fewer than a healthy daemon's one each
+    # 0.1 s (which the same window gets with the stall rule removed).
     during = [t for t in pings if stalled_from <= t <= stalled_until]
     expected = (stalled_until - stalled_from) / 0.1
-    assert len(during) <= 0.1 * expected, (
+    assert len(during) <= 0.5 * expected, (
         f"{len(during)} WATCHDOG=1 pings in {stalled_until - stalled_from:.2f} s of stalled "
         f"attempts (a healthy daemon pings every 0.1 s)")
     small = json.dumps({"schema_version": 1,
