@@ -12,6 +12,7 @@ import trio
 
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.store import ControlPlaneStore
+from tests.polling import poll_until
 from tests.stores import doc, make_store
 
 
@@ -147,13 +148,13 @@ async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(roll_back)
-                    # Commit only once the rollback waits on the desired row's lock.
+                    # Commit only once the rollback waits on the desired row's lock
+                    # (outside state: another session's lock wait, polled).
                     with psycopg.connect(pg_url, autocommit=True) as watch:
-                        while not watch.execute(
+                        await poll_until(lambda: bool(watch.execute(
                             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
                             " = 'Lock' AND query LIKE 'INSERT INTO supervisor_desired%%'"
-                        ).fetchone()[0]:  # type: ignore[index]
-                            await trio.sleep(0.01)  # outside state: another session's lock wait
+                        ).fetchone()[0]))  # type: ignore[index]
                     pruner.commit()
             [refused] = outcome
             assert isinstance(refused, ControlPlaneError), refused
