@@ -26,10 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import trio
-
 from supervisor.fanout.labels import INSTALLATION_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
-from supervisor.fanout.live import ResourceHandler
+from supervisor.fanout.live import ListedOnce, ResourceHandler
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.models import Resource
 
@@ -53,30 +51,25 @@ class ForeignChildren:
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
-        self._resources = tuple(resources)
         self._lineage_key = lineage_key
         self._enqueue = enqueue
         # key -> (installation, parent named by the lineage label)
         self._held: dict[ChildKey, tuple[str, str]] = {}
-        self._synced: set[str] = set()
-        self._synced_event = trio.Event()
+        self._listed = ListedOnce(resources)
 
     def handler(self, resource: Resource) -> ResourceHandler:
         return ResourceHandler(self, resource)
 
     @property
     def synced(self) -> bool:
-        return all(res.plural in self._synced for res in self._resources)
+        return self._listed.all
 
     async def wait_synced(self) -> None:
-        while not self.synced:
-            await self._synced_event.wait()
+        await self._listed.wait()
 
     def clear(self) -> None:
         self._held.clear()
-        self._synced.clear()
-        if self._synced_event.is_set():
-            self._synced_event = trio.Event()
+        self._listed.clear()
 
     def owner(self, key: ChildKey) -> str | None:
         """The other installation holding ``key``, if any."""
@@ -90,9 +83,7 @@ class ForeignChildren:
                       if key.plural != resource.plural}
         for obj in objects:
             touched.add(self._store(resource, obj))
-        self._synced.add(resource.plural)
-        if self.synced:
-            self._synced_event.set()
+        self._listed.add(resource)
         for parent in sorted(touched):
             if parent:
                 self._enqueue(parent)

@@ -45,8 +45,8 @@ from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
-__all__ = ["ChildIndex", "LiveChildren", "Obj", "ResourceHandler", "child_name", "covers",
-           "terminating", "unavailable"]
+__all__ = ["ChildIndex", "ListedOnce", "LiveChildren", "Obj", "ResourceHandler", "child_name",
+           "covers", "terminating", "unavailable"]
 
 Obj = dict[str, Any]
 
@@ -134,6 +134,40 @@ def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+class ListedOnce:
+    """Which of a kind's child resources have been listed since the informers (re)started.
+
+    Workers compare against a child cache only once every resource of it has been
+    listed; :meth:`clear` starts over when the informers restart.
+    """
+
+    def __init__(self, resources: Iterable[Resource]) -> None:
+        self._resources = tuple(resources)
+        self._listed: set[str] = set()
+        self._event = trio.Event()
+
+    @property
+    def all(self) -> bool:
+        return all(res.plural in self._listed for res in self._resources)
+
+    def __contains__(self, resource: Resource) -> bool:
+        return resource.plural in self._listed
+
+    def add(self, resource: Resource) -> None:
+        self._listed.add(resource.plural)
+        if self.all:
+            self._event.set()
+
+    async def wait(self) -> None:
+        while not self.all:
+            await self._event.wait()
+
+    def clear(self) -> None:
+        self._listed.clear()
+        if self._event.is_set():
+            self._event = trio.Event()
+
+
 class ChildIndex(Protocol):
     """What a child resource's informer feeds: a list, an upsert, a delete."""
 
@@ -170,13 +204,11 @@ class LiveChildren:
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
-        self._resources = tuple(resources)
         self._lineage_key = lineage_key
         self._enqueue = enqueue
         self._objects: dict[ChildKey, Obj] = {}
         self._by_parent: dict[str, set[ChildKey]] = {}
-        self._synced: set[str] = set()
-        self._synced_event = trio.Event()
+        self._listed = ListedOnce(resources)
         # key -> resourceVersion of the child when its DELETED event came: a write's answer
         # arriving after that event is not newer than what was deleted, and is not held.
         self._gone: dict[ChildKey, int] = {}
@@ -187,21 +219,18 @@ class LiveChildren:
     @property
     def synced(self) -> bool:
         """Every child resource has been listed at least once."""
-        return all(res.plural in self._synced for res in self._resources)
+        return self._listed.all
 
     async def wait_synced(self) -> None:
         """Return once every child resource has been listed."""
-        while not self.synced:
-            await self._synced_event.wait()
+        await self._listed.wait()
 
     def clear(self) -> None:
         """Forget everything (the informers are restarting)."""
         self._objects.clear()
         self._by_parent.clear()
-        self._synced.clear()
+        self._listed.clear()
         self._gone.clear()
-        if self._synced_event.is_set():
-            self._synced_event = trio.Event()
 
     def parent_of(self, obj: Mapping[str, Any]) -> str:
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -260,10 +289,8 @@ class LiveChildren:
         for obj in objects:
             name = str((obj.get("metadata") or {}).get("name", ""))
             touched.add(self._store(ChildKey(resource.plural, name), obj))
-        first = resource.plural not in self._synced
-        self._synced.add(resource.plural)
-        if self.synced:
-            self._synced_event.set()
+        first = resource not in self._listed
+        self._listed.add(resource)
         if not first:  # a relist: whatever changed meanwhile gets a look
             for parent in sorted(touched):
                 if parent:
