@@ -133,27 +133,14 @@ class ReferenceResolver:
     """
 
     def __init__(self, confinement: RevisionConfig | None = None) -> None:
-        self._prefixes = tuple(confinement.secret_env_prefixes) if confinement else ()
-        self._dirs = tuple(confinement.secret_dirs) if confinement else ()
+        self._confinement = confinement
 
     def resolve(self, reference: str) -> bytes:
-        from supervisor.revision.secrets import EnvFileResolver
+        if self._confinement is not None:
+            from supervisor.revision.secrets import EnvFileResolver
 
-        scheme, _, target = reference.partition(":")
-        if scheme == "env" and target and self._prefixes:
-            # The variable stands in as set: only the confinement can refuse it.
-            EnvFileResolver(environ={target: "-"}, env_prefixes=self._prefixes).resolve(reference)
-        elif scheme == "file" and target and self._dirs and not _under(target, self._dirs):
-            # Outside: the daemon's resolver refuses it before touching the file.
-            EnvFileResolver(dirs=self._dirs).resolve(reference)
+            EnvFileResolver.from_config(self._confinement).check_place(reference)
         return reference.encode()
-
-
-def _under(path: str, dirs: tuple[str, ...]) -> bool:
-    """``path`` as spelled (``..`` collapsed) is inside one of ``dirs``; the daemon's rule."""
-    spelled = os.path.abspath(path)
-    return any(spelled == d or spelled.startswith(d.rstrip(os.sep) + os.sep)
-               for d in map(os.path.abspath, dirs))
 
 
 def iso(value: datetime | None) -> str | None:

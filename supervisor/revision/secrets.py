@@ -106,11 +106,28 @@ class EnvFileResolver:
         # Echo nothing of it: a malformed reference is often a pasted secret.
         raise _refuse('unsupported secret reference: expected "env:NAME" or "file:PATH"')
 
-    def _from_env(self, name: str) -> bytes:
+    def check_place(self, reference: str) -> None:
+        """Refuse (``secret``) a reference whose place alone is outside the confinement,
+        in the words :meth:`resolve` uses; nothing is looked up, nothing is read."""
+        scheme, sep, target = reference.partition(":")
+        if sep and scheme == "env" and target:
+            self._check_env_place(target)
+        elif sep and scheme == "file" and target:
+            self._check_file_place(target)
+
+    def _check_env_place(self, name: str) -> None:
         if self._prefixes and not name.startswith(self._prefixes):
             raise _refuse(
                 f"environment variable {name} is outside [revision].secret_env_prefixes"
             )
+
+    def _check_file_place(self, path: str) -> None:
+        # Decided on the spelled path alone (.. collapsed): nothing is touched.
+        if self._dirs and not _under(os.path.abspath(path), self._dirs):
+            raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
+
+    def _from_env(self, name: str) -> bytes:
+        self._check_env_place(name)
         value = self._environ.get(name)
         if not value:
             raise _refuse(f"environment variable {name} is not set or empty")
@@ -122,9 +139,7 @@ class EnvFileResolver:
 
     def _from_file(self, path: str) -> bytes:
         if self._dirs:
-            # Decided on the spelled path alone (.. collapsed): nothing is touched.
-            if not _under(os.path.abspath(path), self._dirs):
-                raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
+            self._check_file_place(path)
             # A symlink may lead outside: refused like any other unusable file.
             if not _under(os.path.realpath(path), self._real_dirs):
                 raise _unresolvable(path)
