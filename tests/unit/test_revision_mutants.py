@@ -274,3 +274,69 @@ def test_json_nested_too_deeply_is_corrupt_not_a_crash(nested: bytes) -> None:
         decode_body(nested, revision=4)
     assert (info.value.reason, info.value.detail, info.value.revision) == (
         reasons.CORRUPT, "JSON nested too deeply", 4)
+
+
+@pytest.mark.parametrize(("reference", "refused"), [
+    ("env:TEAM_A", None), ("env:HOME", "outside [revision].secret_env_prefixes"),
+    ("file:/run/keys/a", None), ("file:/run/keys/x/../b", None),
+    ("file:/run/keys/../x", "outside [revision].secret_dirs"),
+    ("file:/run/keysx/a", "outside [revision].secret_dirs"),
+    # Malformed or empty: nothing to say about a place (resolve refuses them itself).
+    ("env:", None), ("file:", None), ("HOME", None), ("envHOME", None), ("vault:x", None),
+])
+def test_check_place_refuses_by_place_alone(reference: str, refused: str | None) -> None:
+    resolver = EnvFileResolver(environ={}, env_prefixes=("TEAM_",), dirs=("/run/keys",))
+    if refused is None:
+        resolver.check_place(reference)  # nothing here exists: nothing was looked up
+        return
+    with pytest.raises(RevisionError) as info:
+        resolver.check_place(reference)
+    assert info.value.reason == "secret" and refused in info.value.detail
+    with pytest.raises(RevisionError) as resolved:
+        resolver.resolve(reference)
+    assert resolved.value.detail == info.value.detail  # the same words as resolve's
+
+
+def test_check_place_without_confinement_refuses_nothing() -> None:
+    for reference in ("env:HOME", "file:/etc/shadow"):
+        EnvFileResolver(environ={}).check_place(reference)
+
+
+def test_a_file_opened_through_a_link_leading_outside_is_refused(tmp_path: Path) -> None:
+    """The check on the opened file itself (what a swapped symlink meets)."""
+    from supervisor.revision.secrets import _read_file
+
+    inside, outside = tmp_path / "in", tmp_path / "out"
+    inside.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("s3cret")
+    (inside / "ok").write_text("fine")
+    (inside / "link").symlink_to(outside / "secret")
+    assert _read_file(str(inside / "ok"), confined_to=(str(inside),)) == b"fine"
+    assert _read_file(str(inside / "link")) == b"s3cret"  # unconfined: links are followed
+    with pytest.raises(RevisionError) as info:
+        _read_file(str(inside / "link"), confined_to=(str(inside),))
+    assert info.value.reason == "secret" and "cannot be resolved" in info.value.detail
+
+
+def test_the_portable_opened_file_check(tmp_path: Path) -> None:
+    """Without /proc (an fd it cannot name), the real path must be inside and be the
+    very file opened (device and inode)."""
+    import os
+
+    from supervisor.revision.secrets import _opened_inside
+
+    inside = tmp_path / "in"
+    inside.mkdir()
+    (inside / "a").write_text("a")
+    (inside / "b").write_text("b")
+    (tmp_path / "outside").write_text("o")
+    (inside / "out").symlink_to(tmp_path / "outside")
+    no_fd = 1 << 20  # /proc/self/fd has no such entry
+    dirs = (str(inside),)
+    st_a = os.stat(inside / "a")
+    assert _opened_inside(no_fd, str(inside / "a"), st_a, dirs) is True
+    assert _opened_inside(no_fd, str(inside / "b"), st_a, dirs) is False  # another file
+    assert _opened_inside(no_fd, str(inside / "out"), os.stat(tmp_path / "outside"),
+                          dirs) is False  # its real path is outside
+    assert _opened_inside(no_fd, str(inside / "gone"), st_a, dirs) is False  # vanished
