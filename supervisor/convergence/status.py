@@ -121,6 +121,12 @@ class RevisionStatus:
         self.generation = generation
         self.source = source
         self.last_convergence_s = took_s
+        if source == "control_plane":
+            # The attempt has succeeded from the swap on: a reader of /status
+            # between the swap and the end of the attempt (the snapshot file
+            # is still being written) must not see the outage's count next to
+            # the new revision. A restore from the cache is no success.
+            self.succeeded()
         self._track_lag()
 
     def attempt_finished(self) -> None:

@@ -515,3 +515,32 @@ async def test_sink_files_whose_mode_changed_are_written_again(tmp_path: Path) -
     await rec.converge_once()
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
     assert [r for r, _ in cache.exported] == [1, 1]
+
+
+async def test_status_is_consistent_the_moment_a_recovery_is_served() -> None:
+    """From the swap on, /status never pairs the new active revision with the outage's count.
+
+    Found by CI (tests/chaos/test_postgres_outage.py): after an outage, a /status
+    read while the snapshot file was being written said ``active`` = the new
+    revision, ``lag_s`` 0 and ``consecutive_failures`` 4: the count was reset only
+    when the whole attempt returned. The ``on_status`` hook runs at the swap, so it
+    sees what any reader of /status sees from that moment.
+    """
+    store = FakeStore()
+    store.put(doc("a"))
+    seen: list[dict[str, Any]] = []
+    holder: list[ConvergenceLoop] = []
+    rec = make(store, on_status=lambda _text: seen.append(holder[0].status.report()))
+    holder.append(rec)
+    await rec.converge_once()
+    store.outage = True
+    for _ in range(4):
+        await rec.converge_once()
+    assert rec.status.report()["consecutive_failures"] == 4
+    store.outage = False
+    second = store.put(doc("a", "b"))
+    seen.clear()
+    assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
+    at_swap = seen[-1]
+    assert at_swap["active"] == second and at_swap["lag_s"] == 0.0
+    assert at_swap["consecutive_failures"] == 0 and at_swap["last_error"] is None
