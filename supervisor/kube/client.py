@@ -9,16 +9,10 @@ Contract:
   again, so a kubeconfig fixed on disk heals without a restart.
 - TLS is verified against the configured CA; client certificates are used
   when configured.
-- The bearer token is refreshed every ``token_refresh_s`` through the loader's
-  refresh hook (in-cluster: the service-account token file), and after a
-  ``401`` the whole loader runs again (re-reading a kubeconfig ``tokenFile``,
-  re-running an exec plugin) and the request is retried once. Concurrent
-  ``401`` s reload once. Both run in worker threads that a cancellation
-  abandons, so a hung exec plugin or token file cannot outlast the caller's
-  deadline (the leader's renew deadline). A refresh still running blocks
-  requests (cancellably) instead of starting a second one; when its thread
-  ends its token is adopted, unless a reload after 401 (or ``aclose``)
-  superseded it in the meantime: then it is dropped.
+- The bearer token is refreshed every ``token_refresh_s`` and, after a
+  ``401``, re-read by running the whole loader again, and the request is
+  retried once (:mod:`supervisor.kube.credentials`: one reload for concurrent
+  ``401`` s; worker threads that a cancellation abandons).
 - Every failure is one of :mod:`supervisor.kube.errors`, chained with
   ``from`` to the httpx or msgspec error.
 - Bodies decode with msgspec into the caller's Struct type
@@ -37,18 +31,17 @@ watchers relist or back off, the reconcilers requeue).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
 import msgspec
-import outcome
 import trio
 
 from supervisor.kube.config import KubeSettings, load_settings_async
+from supervisor.kube.credentials import Credentials
 from supervisor.kube.errors import (
     KubeConfigError,
     NotFound,
@@ -77,14 +70,6 @@ APPLY_PATCH = "application/apply-patch+yaml"
 _JSON = "application/json"
 
 
-class _Refresh:
-    """One token refresh in a worker thread: ``done`` is set (in trio) when the thread ends."""
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.result: outcome.Outcome[str | None] | None = None
-
-
 class KubeClient:
     """One connection pool to one API server; share it between watchers.
 
@@ -107,16 +92,12 @@ class KubeClient:
         self.limiter = TokenBucket(qps, max(1, burst)) if qps else None
         self._timeout = httpx.Timeout(timeout_s)
         self._timeout_s = timeout_s
-        self._token_refresh_s = token_refresh_s
         self._max_connections = max_connections
         self._lock = trio.Lock()
         self._http: httpx.AsyncClient | None = None
         self._settings: KubeSettings | None = None
-        self._authorization: str | None = None
-        self._refreshed_at = 0.0
-        self._refresh_job: _Refresh | None = None  # the refresh thread running, if any
+        self._credentials = Credentials(settings, refresh_s=token_refresh_s, lock=self._lock)
         self._closed = False
-        self.token_reloads = 0
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> KubeClient:
@@ -127,6 +108,11 @@ class KubeClient:
     def source(self) -> str | None:
         """Where the settings came from (for logs), once loaded."""
         return self._settings.source if self._settings is not None else None
+
+    @property
+    def token_reloads(self) -> int:
+        """How many times the credentials were re-read after a 401."""
+        return self._credentials.reloads
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -153,83 +139,17 @@ class KubeClient:
                     trust_env=False,
                 )
                 self._settings = settings
-                self._authorization = settings.authorization
-                self._refreshed_at = trio.current_time()
+                self._credentials.adopt(settings)
                 log.info("kubernetes client configured", host=settings.host, source=settings.source)
             return self._http
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent; later requests fail with KubeConfigError."""
         self._closed = True
-        self._refresh_job = None
+        self._credentials.drop_refresh()
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()
-
-    # -- credentials ------------------------------------------------------------
-
-    async def _current_authorization(self) -> str | None:
-        settings = self._settings
-        if (
-            settings is not None
-            and settings.refresh is not None
-            and trio.current_time() - self._refreshed_at >= self._token_refresh_s
-        ):
-            async with self._lock:
-                if trio.current_time() - self._refreshed_at >= self._token_refresh_s:
-                    job = self._refresh_job
-                    if job is None:
-                        job = self._refresh_job = self._start_refresh(settings.refresh)
-                    # Cancellable; the thread runs on and _refreshed adopts its answer.
-                    await job.done.wait()
-        return self._authorization
-
-    def _start_refresh(self, refresh: Callable[[], str | None]) -> _Refresh:
-        job = _Refresh()
-        trio_token = trio.lowlevel.current_trio_token()
-
-        def deliver(result: outcome.Outcome[str | None]) -> None:  # in the worker thread
-            def finish() -> None:
-                job.result = result
-                job.done.set()
-                self._refreshed(job)
-
-            with suppress(trio.RunFinishedError):
-                trio_token.run_sync_soon(finish)
-
-        trio.lowlevel.start_thread_soon(refresh, deliver, name="kube token refresh")
-        return job
-
-    def _refreshed(self, job: _Refresh) -> None:
-        """A refresh thread ended (in trio's thread): adopt its token unless superseded."""
-        if self._refresh_job is not job:
-            return  # a reload after 401 or aclose came first: this answer is stale
-        self._refresh_job = None
-        self._refreshed_at = trio.current_time()
-        try:
-            assert job.result is not None
-            self._authorization = job.result.unwrap()
-        except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
-            log.warning("token refresh failed; keeping the current token",
-                        error=f"{type(exc).__name__}: {exc}")
-
-    async def _reload_after_401(self, refused: str | None) -> None:
-        async with self._lock:
-            if self._authorization != refused:
-                return  # another task already reloaded while we waited for the lock
-            settings = await self._load()
-            self._authorization = settings.authorization
-            self._refreshed_at = trio.current_time()
-            self._refresh_job = None  # a refresh still running answers for the old settings
-            if self._settings is not None:
-                # Keep the connection pool (TLS identity is fixed for its lifetime);
-                # adopt the new token and its refresh hook.
-                self._settings = dataclasses.replace(
-                    self._settings, authorization=settings.authorization, refresh=settings.refresh
-                )
-            self.token_reloads += 1
-            log.info("credentials re-read after 401", source=settings.source,
-                     changed=settings.authorization != refused)
 
     # -- requests ---------------------------------------------------------------
 
@@ -252,7 +172,7 @@ class KubeClient:
         if settings is not None and settings.tls_server_name:
             extensions["sni_hostname"] = settings.tls_server_name
         for attempt in (0, 1):
-            authorization = await self._current_authorization()
+            authorization = await self._credentials.current()
             headers = {"Accept": _JSON}
             if authorization:
                 headers["Authorization"] = authorization
@@ -270,7 +190,7 @@ class KubeClient:
                 raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
             if response.status_code == 401 and attempt == 0:
                 await response.aclose()
-                await self._reload_after_401(authorization)
+                await self._credentials.reload_after_401(authorization)
                 continue
             if response.status_code >= 400:
                 await self._raise_for(response, method, path)

@@ -1,0 +1,142 @@
+"""The bearer token of one Kubernetes client: refreshed on a period, re-read after a 401.
+
+Contract:
+
+- :meth:`Credentials.adopt` takes the token and the refresh hook of settings
+  just loaded (the client's first connection); until then there is no token.
+- :meth:`Credentials.current` is the ``Authorization`` value to send. Every
+  ``refresh_s`` it first runs the settings' refresh hook (in-cluster: the
+  service-account token file). A refresh still running blocks callers
+  (cancellably) instead of starting a second one; when its thread ends its
+  token is adopted, unless :meth:`Credentials.reload_after_401` (or
+  :meth:`Credentials.drop_refresh`, at the client's ``aclose``) superseded it
+  in the meantime: then it is dropped. A refresh that fails keeps the current
+  token (logged).
+- :meth:`Credentials.reload_after_401` runs the whole loader again
+  (re-reading a kubeconfig ``tokenFile``, re-running an exec plugin) and adopts
+  its token and refresh hook. Concurrent ``401`` s for the same token reload
+  once; :attr:`Credentials.reloads` counts the reloads.
+- Both run in worker threads that a cancellation abandons, so a hung exec
+  plugin or token file cannot outlast the caller's deadline (the leader's
+  renew deadline).
+- ``lock`` is the client's: loading settings, for the connection or for the
+  token, is one thing at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+import outcome
+import trio
+
+from supervisor.kube.config import KubeSettings
+from supervisor.logs import get_logger
+
+__all__ = ["Credentials"]
+
+log = get_logger("kube")
+
+
+class _Refresh:
+    """One token refresh in a worker thread: ``done`` is set (in trio) when the thread ends."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: outcome.Outcome[str | None] | None = None
+
+
+class Credentials:
+    """The ``Authorization`` header value of one client, kept current.
+
+    ``load`` is the client's settings loader (a coroutine function), called
+    again after a 401; ``refresh_s`` the period of the refresh hook.
+    """
+
+    def __init__(
+        self,
+        load: Callable[[], Awaitable[KubeSettings]],
+        *,
+        refresh_s: float,
+        lock: trio.Lock,
+    ) -> None:
+        self._load = load
+        self._refresh_s = refresh_s
+        self._lock = lock
+        self.authorization: str | None = None
+        self._refresh: Callable[[], str | None] | None = None
+        self._refreshed_at = 0.0
+        self._refresh_job: _Refresh | None = None  # the refresh thread running, if any
+        self.reloads = 0
+
+    def adopt(self, settings: KubeSettings) -> None:
+        """Take the token and refresh hook of ``settings``, just loaded; refreshed now."""
+        self.authorization = settings.authorization
+        self._refresh = settings.refresh
+        self._refreshed_at = trio.current_time()
+
+    def drop_refresh(self) -> None:
+        """Forget a refresh still running: its answer will be dropped."""
+        self._refresh_job = None
+
+    async def current(self) -> str | None:
+        """The header value to send, refreshed first when the period has passed."""
+        refresh = self._refresh
+        if (
+            refresh is not None
+            and trio.current_time() - self._refreshed_at >= self._refresh_s
+        ):
+            async with self._lock:
+                if trio.current_time() - self._refreshed_at >= self._refresh_s:
+                    job = self._refresh_job
+                    if job is None:
+                        job = self._refresh_job = self._start_refresh(refresh)
+                    # Cancellable; the thread runs on and _refreshed adopts its answer.
+                    await job.done.wait()
+        return self.authorization
+
+    def _start_refresh(self, refresh: Callable[[], str | None]) -> _Refresh:
+        job = _Refresh()
+        trio_token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[str | None]) -> None:  # in the worker thread
+            def finish() -> None:
+                job.result = result
+                job.done.set()
+                self._refreshed(job)
+
+            with suppress(trio.RunFinishedError):
+                trio_token.run_sync_soon(finish)
+
+        trio.lowlevel.start_thread_soon(refresh, deliver, name="kube token refresh")
+        return job
+
+    def _refreshed(self, job: _Refresh) -> None:
+        """A refresh thread ended (in trio's thread): adopt its token unless superseded."""
+        if self._refresh_job is not job:
+            return  # a reload after 401 or aclose came first: this answer is stale
+        self._refresh_job = None
+        self._refreshed_at = trio.current_time()
+        try:
+            assert job.result is not None
+            self.authorization = job.result.unwrap()
+        except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
+            log.warning("token refresh failed; keeping the current token",
+                        error=f"{type(exc).__name__}: {exc}")
+
+    async def reload_after_401(self, refused: str | None) -> None:
+        """Run the loader again after ``refused`` drew a 401; once for concurrent callers."""
+        async with self._lock:
+            if self.authorization != refused:
+                return  # another task already reloaded while we waited for the lock
+            settings = await self._load()
+            self.authorization = settings.authorization
+            self._refreshed_at = trio.current_time()
+            self._refresh_job = None  # a refresh still running answers for the old settings
+            # The connection pool stays (TLS identity is fixed for its lifetime);
+            # the new token and its refresh hook are adopted.
+            self._refresh = settings.refresh
+            self.reloads += 1
+            log.info("credentials re-read after 401", source=settings.source,
+                     changed=settings.authorization != refused)
