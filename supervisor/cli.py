@@ -29,7 +29,8 @@ from supervisor.commands.common import (
     config_path,
     load_config,
 )
-from supervisor.config import CONFIG_ENV, Config, check_files, placeholders
+from supervisor.config import CONFIG_ENV, Config
+from supervisor.configchecks import check_files, placeholders
 from supervisor.configfile import load
 from supervisor.errors import (
     BootRefused,

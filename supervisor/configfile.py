@@ -3,7 +3,8 @@
 Contract (docs/configuration.md): unknown keys are errors; every key can be
 overridden from the environment as ``SUPERVISOR_<SECTION>__<KEY>``; an invalid
 file is refused with the JSON-path of the bad key and the reason, which the
-CLI turns into exit 2. The schema itself is :mod:`supervisor.config`.
+CLI turns into exit 2. The schema itself is :mod:`supervisor.config`, the
+rules between keys :mod:`supervisor.configchecks`.
 
 Environment values are parsed as TOML values when they parse (so
 ``["a", "b"]`` is a list and ``2.5`` a float) and taken as plain strings
@@ -35,7 +36,8 @@ import msgspec
 import msgspec.inspect
 
 from supervisor import config as schema
-from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config, cross_check
+from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config
+from supervisor.configchecks import cross_check
 from supervisor.errors import ConfigError
 
 __all__ = ["load", "load_text"]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from supervisor.config import CONFIG_ENV, Config, RevisionConfig, placeholders, sqlite_path
+from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
+from supervisor.configchecks import placeholders
 from supervisor.configfile import load
 from supervisor.errors import ConfigError, UsageError
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories

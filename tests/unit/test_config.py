@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import check_files, split_host_port
+from supervisor.config import split_host_port
+from supervisor.configchecks import check_files
 from supervisor.configfile import load, load_text
 from supervisor.errors import ConfigError
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.cli import EXIT_OK, EXIT_USAGE, _report
-from supervisor.config import check_files
+from supervisor.configchecks import check_files
 from supervisor.configfile import load_text
 from supervisor.errors import ConfigError
 from supervisor.revision.errors import RevisionError
