@@ -22,7 +22,7 @@ unbounded cancellation shield, so one peer that stops reading (a paused
 ``watch``, a frozen scraper) would block that connection's task forever and with
 it the server's shutdown, and nothing outside can reach the socket to undo it.
 This module therefore runs the accept loop itself
-(:mod:`supervisor.admin.connections`), hands each connection to hypercorn's own
+(:mod:`supervisor.admin.accept`), hands each connection to hypercorn's own
 per-connection ``TCPServer`` restricted to HTTP/1.1
 (:mod:`supervisor.admin.http11`), and keeps each connection's stream so it can
 reset one: the stream hub resets a stream client stuck in a write (see
@@ -73,9 +73,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import wrap_app
 
+from supervisor.admin.accept import AcceptLoop
 from supervisor.admin.app import AdminApp
 from supervisor.admin.auth import read_token
-from supervisor.admin.connections import AcceptLoop, ConnectionTable, Peer, reset
+from supervisor.admin.connections import ConnectionTable, Peer, reset
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
 from supervisor.admin.hosts import AllowedHosts

@@ -9,7 +9,8 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from supervisor.admin.connections import AcceptLoop, ConnectionTable
+from supervisor.admin.accept import AcceptLoop
+from supervisor.admin.connections import ConnectionTable
 from supervisor.admin.limits import derive
 
 

@@ -1,0 +1,229 @@
+"""The admin server's accept loop: each new connection held, refused, or answered at once.
+
+Contract:
+
+- Each connection accepted goes to the :class:`~supervisor.admin.connections.ConnectionTable`
+  (whose pools, eviction and reserve rules decide whether it fits: main pool,
+  reserve pool for ``/healthz``, or refused at once with a reset) and is handed to
+  ``spawn``. Up to ``ACCEPT_BATCH`` waiting connections are drained per wake-up.
+- A request that can be answered from its head alone, at once (``answer``: the
+  server's ``/healthz`` with ``Connection: close``, the way probes send it), is
+  answered by the accept loop itself when its complete head is already waiting
+  at accept: it takes no slot and waits for no scheduling round beyond the
+  loop's own, so a probe keeps its latency however busy the handlers are.
+- ``accept`` failing for lack of descriptors or memory (``EMFILE``, ``ENFILE``,
+  ``ENOBUFS``, ``ENOMEM``) is logged once when a streak of failures begins and
+  once when it ends, with the count, never once per retry; so are refusals at
+  the limit. During a streak a
+  spare descriptor, kept open for this, is let go to accept and reset the
+  waiting connection, so its client is refused rather than left in the backlog.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from collections.abc import Callable
+
+import trio
+
+from supervisor.admin.connections import ConnectionTable, Peer, peek, reset
+from supervisor.logs import get_logger
+
+__all__ = ["AcceptLoop"]
+
+log = get_logger("admin")
+
+CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# The peer gave up between its SYN and our accept, or a firewall rule refused it:
+# nothing to do but accept the next one (the errnos trio's SocketListener ignores).
+IGNORABLE_ACCEPT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPERM, errno.EPROTO})
+ACCEPT_RETRY_S = 0.1
+ACCEPT_BATCH = 256
+# How much of a waiting request head the accept loop looks at for ``answer``.
+ANSWER_PEEK = 2048
+
+
+class _Streak:
+    """Logs the first failure of a streak and, once it has ended, how many there
+    were. A streak ends at the first success at least ``quiet_s`` after the last
+    failure: failures interleaved with successes (a flood at the limit, where
+    some connections still get in) are one streak, not one line each."""
+
+    def __init__(self, begins: str, ends: str, quiet_s: float = 1.0) -> None:
+        self._begins, self._ends, self._quiet_s = begins, ends, quiet_s
+        self.count = 0
+        self._last = 0.0
+
+    def failed(self, **fields: object) -> None:
+        self.count += 1
+        self._last = trio.current_time()
+        if self.count == 1:
+            log.warning(self._begins, **fields)
+
+    def ended(self, **fields: object) -> None:
+        if self.count and trio.current_time() - self._last >= self._quiet_s:
+            log.warning(self._ends, count=self.count, **fields)
+            self.count = 0
+
+
+class _Spare:
+    """One descriptor kept open so that, out of descriptors, accept can still refuse."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self.take()
+
+    def take(self) -> None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._fd = None  # still out of descriptors; retried after the next refusal
+
+    def give(self) -> bool:
+        if self._fd is None:
+            return False
+        os.close(self._fd)
+        self._fd = None
+        return True
+
+
+class AcceptLoop:
+    """Accepts on the listening socket ``sock``; each connection that fits is added
+    to ``table`` and handed to ``spawn``, which must remove it from the table when
+    it ends.
+
+    Why not trio's ``SocketListener``: it accepts one connection per pass of the
+    scheduler, so under a flood the backlog (and a ``/healthz`` probe in it) waits
+    behind every other task's turn many times over. This loop drains up to
+    ``ACCEPT_BATCH`` waiting connections per wake-up, deciding each one's fate
+    (held, evicting an idle one, or refused) at once.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        table: ConnectionTable,
+        spawn: Callable[[Peer, trio.SocketStream, str], None],
+        answer: Callable[[bytes], bytes | None] | None = None,
+    ) -> None:
+        self._sock = sock
+        self._table = table
+        self._spawn = spawn
+        self._answer = answer
+        self._spare = _Spare()
+        self._accept_errors = _Streak("admin accept failing", "admin accept recovered")
+        self._full = _Streak(
+            "admin connection limit reached; refusing new connections",
+            "admin connections accepted again",
+        )
+
+    def close(self) -> None:
+        """Stop listening: a client connecting from now on is refused by the kernel."""
+        if self._sock.fileno() != -1:
+            trio.lowlevel.notify_closing(self._sock)
+            self._sock.close()
+        self._spare.give()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Until the socket is closed (returns) or cancelled."""
+        task_status.started()
+        while True:
+            try:
+                await trio.lowlevel.wait_readable(self._sock)
+            except (trio.ClosedResourceError, OSError):
+                return
+            backoff = self._accept_batch()
+            if backoff:
+                await trio.sleep(ACCEPT_RETRY_S)
+            else:
+                await trio.lowlevel.checkpoint()
+
+    def _accept_batch(self) -> bool:
+        """Accept what is waiting (up to ACCEPT_BATCH); True when out of descriptors."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self._sock.accept()
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                if exc.errno in CAPACITY_ERRNOS:
+                    self._out_of_descriptors(exc)
+                    return True
+                if exc.errno in IGNORABLE_ACCEPT_ERRNOS:
+                    continue
+                raise
+            self._accept_errors.ended()
+            self._admit(sock)
+        return False
+
+    def _admit(self, sock: socket.socket) -> None:
+        if self._answer is not None and self._answered(sock, self._answer):
+            return
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        pool = self._pool_for(sock)
+        if pool is None:
+            self._table.shed("refused")
+            self._full.failed(limit=self._table.limit)
+            reset(stream)
+            return
+        self._full.ended(limit=self._table.limit)
+        try:
+            address = sock.getpeername()
+        except OSError:
+            sock.close()  # gone before we looked
+            return
+        # Held from this moment, not from when its task starts: a burst of
+        # accepts must not overshoot the limit.
+        peer = (str(address[0]), int(address[1]))
+        self._table.add(peer, stream, sock, pool)
+        self._spawn(peer, stream, pool)
+
+    def _answered(self, sock: socket.socket, answer: Callable[[bytes], bytes | None]) -> bool:
+        """Answer and close ``sock`` now if its waiting head is one ``answer`` knows."""
+        try:
+            waiting = sock.recv(ANSWER_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            return False
+        end = waiting.find(b"\r\n\r\n")
+        reply = answer(waiting[: end + 4]) if end >= 0 else None
+        if reply is None:
+            return False
+        try:
+            # Read the head first: closing with unread bytes would reset the
+            # connection, and the client could lose the answer.
+            sock.recv(end + 4, socket.MSG_DONTWAIT)
+            sock.send(reply, socket.MSG_DONTWAIT)  # a few hundred bytes: fits at once
+        except OSError:
+            pass  # the client is gone: nothing to answer
+        sock.close()
+        return True
+
+    def _pool_for(self, sock: socket.socket) -> str | None:
+        table = self._table
+        if table.make_room(table.MAIN):
+            return table.MAIN
+        # Full of busy connections: only /healthz may use the reserve. A request
+        # already here that is anything else is refused now; one not here yet
+        # gets a reserve slot until its head shows what it is.
+        head = peek(sock)
+        if head and not table.reserve_admits(head):
+            return None
+        return table.RESERVE if table.make_room(table.RESERVE) else None
+
+    def _out_of_descriptors(self, exc: OSError) -> None:
+        self._accept_errors.failed(error=errno.errorcode.get(exc.errno or 0, "?"))
+        # With the spare descriptor let go, the connection waiting in the backlog
+        # can be accepted, only to be reset: refused, not left waiting.
+        if self._spare.give():
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                pass
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()
+            self._spare.take()
