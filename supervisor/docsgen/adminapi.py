@@ -21,6 +21,7 @@ import msgspec.inspect
 
 from supervisor import docs_catalog
 from supervisor.admin import app as admin_app
+from supervisor.admin import routes as admin_routes
 from supervisor.admin import stream
 from supervisor.admin.context import AdminContext
 from supervisor.admin.status_doc import StatusDocument
@@ -49,9 +50,9 @@ def routes() -> list[tuple[str, str, bool]]:
     app = admin_app.AdminApp(context())
     found = []
     for path in app._routes:
-        if path == admin_app.CONVERGE_PATH:
+        if path == admin_routes.CONVERGE_PATH:
             method = "POST"
-        elif path == admin_app.STREAM_PATH:
+        elif path == admin_routes.STREAM_PATH:
             method = "WS"
         else:
             method = admin_app.ALLOW.decode()
