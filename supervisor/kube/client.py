@@ -46,9 +46,8 @@ from supervisor.kube.errors import (
     KubeConfigError,
     NotFound,
     TransportError,
-    api_error,
 )
-from supervisor.kube.models import ObjectList, PartialObject, Resource, Status
+from supervisor.kube.models import ObjectList, PartialObject, Resource
 from supervisor.kube.ratelimit import TokenBucket
 from supervisor.kube.wire import (
     RequestBody,
@@ -56,7 +55,7 @@ from supervisor.kube.wire import (
     WatchStream,
     decode,
     list_type,
-    retry_after,
+    raise_api_error,
 )
 from supervisor.logs import get_logger
 
@@ -193,27 +192,9 @@ class KubeClient:
                 await self._credentials.reload_after_401(authorization)
                 continue
             if response.status_code >= 400:
-                await self._raise_for(response, method, path)
+                await raise_api_error(response, method, path)
             return response
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _raise_for(self, response: httpx.Response, method: str, path: str) -> None:
-        try:
-            body = await response.aread()
-        except httpx.HTTPError:
-            body = b""
-        finally:
-            await response.aclose()
-        reason = message = ""
-        try:
-            status = msgspec.json.decode(body, type=Status)
-            reason, message = status.reason, status.message
-        except msgspec.DecodeError:
-            message = body[:200].decode("utf-8", "replace").strip()
-        raise api_error(
-            response.status_code, reason, message, body=body, method=method, path=path,
-            retry_after=retry_after(response),
-        )
 
     async def request(
         self,

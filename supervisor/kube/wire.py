@@ -6,6 +6,10 @@
 - :class:`WatchStream`: one watch response's lines, each within a client-side
   inactivity deadline.
 - :class:`RequestBody`: a request body httpx can abandon without a warning.
+- :func:`raise_api_error`: a refused request (status >= 400) as
+  :func:`~supervisor.kube.errors.api_error`, with the reason and message of its
+  ``Status`` body (or the start of a body that is not one) and ``Retry-After``;
+  the response is closed.
 """
 
 from __future__ import annotations
@@ -13,16 +17,30 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import httpx
 import msgspec
 import trio
 
-from supervisor.kube.errors import DecodeError, SchemaSkew, StreamStalled, TransportError
-from supervisor.kube.models import ObjectList
+from supervisor.kube.errors import (
+    DecodeError,
+    SchemaSkew,
+    StreamStalled,
+    TransportError,
+    api_error,
+)
+from supervisor.kube.models import ObjectList, Status
 
-__all__ = ["RequestBody", "ResourceList", "WatchStream", "decode", "list_type", "retry_after"]
+__all__ = [
+    "RequestBody",
+    "ResourceList",
+    "WatchStream",
+    "decode",
+    "list_type",
+    "raise_api_error",
+    "retry_after",
+]
 
 T = TypeVar("T")
 
@@ -59,6 +77,26 @@ def retry_after(response: httpx.Response) -> float | None:
     if not math.isfinite(seconds):
         return None  # "inf" would put the retry off forever: the caller's backoff applies
     return max(0.0, seconds)
+
+
+async def raise_api_error(response: httpx.Response, method: str, path: str) -> NoReturn:
+    """Raise the refusal ``response`` carries as our API error (module docstring)."""
+    try:
+        body = await response.aread()
+    except httpx.HTTPError:
+        body = b""
+    finally:
+        await response.aclose()
+    reason = message = ""
+    try:
+        status = msgspec.json.decode(body, type=Status)
+        reason, message = status.reason, status.message
+    except msgspec.DecodeError:
+        message = body[:200].decode("utf-8", "replace").strip()
+    raise api_error(
+        response.status_code, reason, message, body=body, method=method, path=path,
+        retry_after=retry_after(response),
+    )
 
 
 class RequestBody(httpx.AsyncByteStream):
