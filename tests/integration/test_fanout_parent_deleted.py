@@ -149,7 +149,8 @@ async def test_a_parent_deleted_while_its_child_apply_is_in_flight_and_its_event
                 fake.unstall_watches()
                 await h.until(lambda: fake.get("deployments", APPS, "web") is None)
                 await h.idle()
-            assert [e for e in loud(logs) if "watch" not in e["event"]] == []
+            assert loud(logs) == []
+            assert [e["name"] for e in logs if e["event"] == "orphan swept"] == ["web"]
             assert fake.count("PATCH", "/servicedefinitions/web/status", status=200) == 0
             assert h.metric("fanout_requeues", cause="error", **KIND) == 0
             assert h.metric("fanout_objects", **KIND) == 1
