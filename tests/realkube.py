@@ -51,6 +51,19 @@ CRD_PATHS = {
 
 Obj = dict[str, Any]
 
+# What a test namespace can hold here (no controllers make anything else): the
+# children, the daemon's RBAC from manifests/apps-namespace, Events.
+NAMESPACED: tuple[tuple[str, str], ...] = (
+    ("/apis/apps/v1", "deployments"),
+    ("/api/v1", "services"),
+    ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    ("/api/v1", "events"),
+    ("/api/v1", "configmaps"),
+    ("/api/v1", "serviceaccounts"),
+    ("/api/v1", "secrets"),
+)
+
 
 def assets_or_skip() -> Path:
     value = os.environ.get(ASSETS_ENV, "")
@@ -211,6 +224,35 @@ class RealKube:
             "current-context": "sa",
         }))
         return Installation(control, names["apps"], kubeconfig)
+
+    def install_apps_namespace(self, inst: Installation) -> None:
+        """Apply ``manifests/apps-namespace`` (the namespace, the daemon's Role and
+        RoleBinding in it) for ``inst`` again, as an operator re-creating it would."""
+        names = {"trio-supervisor": inst.control, "apps": inst.apps}
+        for obj in manifest_objects("apps-namespace"):
+            self.apply(_rename(obj, names))
+
+    def delete_namespace_content(self, namespace: str,
+                                 kinds: tuple[tuple[str, str], ...] = NAMESPACED) -> None:
+        """Delete every object of ``kinds`` (API path, plural) in ``namespace``: the first
+        half of what the namespace controller (not run here) does for a Terminating one."""
+        for api, plural in kinds:
+            found = self.get(f"{api}/namespaces/{namespace}/{plural}")
+            for item in (found or {}).get("items", []):
+                path = f"{api}/namespaces/{namespace}/{plural}/{item['metadata']['name']}"
+                response = self.admin.delete(path)
+                if response.status_code != 404:
+                    response.raise_for_status()
+
+    def finalize_namespace(self, namespace: str) -> None:
+        """The second half: drop the ``kubernetes`` finalizer through ``/finalize``; a
+        Terminating namespace is then removed."""
+        ns = self.get(f"/api/v1/namespaces/{namespace}")
+        if ns is None:
+            return
+        ns["spec"]["finalizers"] = []
+        response = self.request("PUT", f"/api/v1/namespaces/{namespace}/finalize", ns)
+        response.raise_for_status()
 
     def restart_apiserver(self) -> None:
         """Kill kube-apiserver and start it again with the same arguments and etcd.

@@ -28,7 +28,8 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   (``[kubernetes].resync_s``), behind :class:`~supervisor.fanout.sweep.SweepGuard`:
   a sweep of more than half of the children (and more than a handful) is
   refused, logged at error with the count, until a resync sees the same parent
-  list again.
+  list again. A reconcile whose parent left the list meanwhile with nothing
+  queued for it (a relist dropped it) sweeps again once its writes are done.
 - **A work queue per kind** (:class:`~supervisor.fanout.workqueue.WorkQueue`):
   deduplicated keys, one worker per key, ``workers`` bound the concurrency. A
   failed reconcile is requeued after a per-key backoff from the first retry on
@@ -325,6 +326,12 @@ class FanoutEngine(Generic[P]):
             for name in sorted(self.parents):
                 self.queue.add(name)
 
+    async def _sweep_late(self) -> None:
+        """A relist dropped the parent while its children were written: sweep them."""
+        await self._children_synced()
+        async with self._resync_lock:
+            await self.sweeper.sweep_late(set(self.parents) | self.skewed)
+
     # -- workers ------------------------------------------------------------------
 
     async def _worker(self) -> None:
@@ -333,7 +340,10 @@ class FanoutEngine(Generic[P]):
             try:
                 # Never compare against a cache that has not been listed yet.
                 await self._children_synced()
+                listed = name in self.parents
                 await self._reconcile_guarded(name)
+                if listed and name not in self.parents and not self.queue.pending(name):
+                    await self._sweep_late()
             finally:
                 self.queue.done(name)
 

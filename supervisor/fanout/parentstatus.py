@@ -16,6 +16,9 @@ Contract (docs/kubernetes.md):
   differs from what the parent already shows (or what we wrote for the same
   resourceVersion, while our own event is on its way): an idle resync writes
   nothing. ``lastTransitionTime`` moves only when a condition's status does.
+- A status write answered 404 (the parent deleted meanwhile, its DELETED event
+  not yet here) is quiet, and no status is written again to that version of
+  the parent (same name and resourceVersion): each would be another 404.
 """
 
 from __future__ import annotations
@@ -116,13 +119,17 @@ class ParentReporter:
         self.events = EventRecorder(client, config.field_manager)
         # The status we last wrote, with the parent's resourceVersion at that time.
         self._written: dict[str, tuple[str, StatusWant]] = {}
+        # The resourceVersion of a parent whose status write found it deleted.
+        self._gone: dict[str, str] = {}
 
     def forget(self, name: str | None = None) -> None:
         """Forget what was written (for one parent, or all: after a relist)."""
         if name is None:
             self._written.clear()
+            self._gone.clear()
         else:
             self._written.pop(name, None)
+            self._gone.pop(name, None)
 
     def want(self, parent: ParentLike, desired: list[Desired], status: str, reason: str,
              message: str) -> StatusWant:
@@ -148,6 +155,8 @@ class ParentReporter:
         """Write ``Ready``/``Available`` unless the parent already shows them."""
         want = self.want(parent, desired, status, reason, message)
         meta = parent.metadata
+        if self._gone.get(meta.name) == meta.resource_version:
+            return  # this version of the parent is deleted; its DELETED event follows
         written = self._written.get(meta.name)
         if written is not None and written == (meta.resource_version, want):
             return  # written already; our own MODIFIED event has not arrived yet
@@ -161,5 +170,7 @@ class ParentReporter:
                 body, field_manager=self._config.field_manager, subresource="status",
             )
         except NotFound:
-            return  # the parent was deleted meanwhile; its DELETED event follows
+            # The parent was deleted meanwhile; its DELETED event follows (or a relist).
+            self._gone[meta.name] = meta.resource_version
+            return
         self._written[meta.name] = (meta.resource_version, want)

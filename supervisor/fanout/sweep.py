@@ -19,7 +19,8 @@ and clears the memory.
 installation's labels; a child being deleted already, held by a finalizer,
 is not an orphan to delete again, nor one an existing parent wants whose
 lineage label was edited by hand), asks the guard, and deletes them (each failure logged
-and left to the next resync).
+and left to the next resync). :meth:`Sweeper.sweep_late` sweeps again for a child
+that landed after a sweep (see there); it never confirms a refused sweep.
 """
 
 from __future__ import annotations
@@ -108,6 +109,18 @@ class Sweeper:
             return
         for key, parent in orphans:
             await self._delete(key, parent)
+
+    async def sweep_late(self, known: set[str]) -> None:
+        """Sweep again for a child written after the last sweep (unless a refusal holds).
+
+        A relist that drops a parent (its DELETED event lost with the watch history)
+        sweeps at once, but a child whose apply was still on the wire then lands after
+        that sweep, and its watch event, no newer than the apply's answer, queues
+        nothing. A refused sweep waits for the next resync to confirm the parent list:
+        this sweep never does.
+        """
+        if not self.guard.holding:
+            await self.sweep(known)
 
     async def _delete(self, key: ChildKey, parent: str) -> None:
         resource = self._resources[key.plural]

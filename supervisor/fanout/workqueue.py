@@ -3,7 +3,8 @@
 Contract: keys are deduplicated; one key is never handed to two workers at
 once (a key added while it is processed is processed once more after
 :meth:`WorkQueue.done`); :meth:`WorkQueue.add_after` delays a requeue (one
-pending delay per key); :meth:`WorkQueue.wait_idle` returns once nothing is
+pending delay per key); :meth:`WorkQueue.pending` tells whether a key will be
+taken (again); :meth:`WorkQueue.wait_idle` returns once nothing is
 queued, processing or waiting to be requeued. ``depth`` (queued, not yet
 taken) is what the ``fanout_queue_depth`` gauge shows.
 """
@@ -74,6 +75,10 @@ class WorkQueue:
         """Return once nothing is queued, processing, or waiting to be requeued."""
         while not self.idle():
             await self._idle_lot.park()
+
+    def pending(self, key: str) -> bool:
+        """Will ``key`` be taken (again): queued, added while processed, or delayed?"""
+        return key in self._queued or key in self._dirty or key in self._delayed
 
     def idle(self) -> bool:
         """Nothing queued, processing, or waiting to be requeued."""

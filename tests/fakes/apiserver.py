@@ -64,6 +64,8 @@ Real (behaves as a kube-apiserver does):
   Service ports, CronJob schedule and a job restartPolicy of OnFailure/Never, the CRD specs'
   types (ServiceDefinition image:str required, replicas:int, port:int, env:map[str]str; Workflow
   image and schedule required, args:[]str).
+* Held requests (``hold()``): received, then served as usual once released, against the
+  state of that moment, as a write slow on the wire is.
 * Auth: bearer token (401 Status), ``set_token`` rotates it; ``deny()`` gives 403 Forbidden with
   the real message shape. Errors are ``Status`` objects throughout.
 
@@ -118,7 +120,7 @@ import trio
 
 from tests.fakes.apiserver_app import FakeApiServer, log
 from tests.fakes.apiserver_control import FakeControl
-from tests.fakes.apiserver_faults import DEFAULT_USER, DenyRule, Injection
+from tests.fakes.apiserver_faults import DEFAULT_USER, DenyRule, Hold, Injection
 from tests.fakes.apiserver_http import Receive, Scope, Send
 from tests.fakes.apiserver_requests import RecordedRequest
 from tests.fakes.apiserver_store import (
@@ -275,6 +277,7 @@ __all__ = [
     "DenyRule",
     "FakeApiServer",
     "FakeControl",
+    "Hold",
     "Injection",
     "Obj",
     "Receive",

@@ -20,7 +20,13 @@ import trio
 from tests.fakes.apiserver_control import ControlEndpoints
 from tests.fakes.apiserver_discovery import Discovery
 from tests.fakes.apiserver_errors import ApiError, status_body
-from tests.fakes.apiserver_faults import DEFAULT_USER, DenyRule, FaultControl, Injection
+from tests.fakes.apiserver_faults import (
+    DEFAULT_USER,
+    DenyRule,
+    FaultControl,
+    Hold,
+    Injection,
+)
 from tests.fakes.apiserver_http import (
     Receive,
     Scope,
@@ -66,6 +72,7 @@ class FakeApiServer(DirectState, FaultControl, WatchStreams, Routing, Discovery,
         self.store.listeners.append(self._on_event)
         self.requests: list[RecordedRequest] = []
         self.injections: list[Injection] = []
+        self.holds: list[Hold] = []
         self.deny_rules: list[DenyRule] = []
         self.user = DEFAULT_USER
         self._watchers: set[Watcher] = set()
@@ -123,6 +130,10 @@ class FakeApiServer(DirectState, FaultControl, WatchStreams, Routing, Discovery,
         rec.watch = truthy(query.get("watch")) or "/watch/" in path
         self.requests.append(rec)
         try:
+            for held in self.holds:
+                if held.matches(method, path):
+                    await self._wait_hold(held)
+                    break
             for rule in self.injections:
                 if rule.matches(method, path, qs):
                     rule.hits += 1

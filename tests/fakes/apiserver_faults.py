@@ -7,14 +7,16 @@ answers (``hang``); a wrong bearer token is a 401 ``Unauthorized`` Status; ``den
 is a 403 ``Forbidden`` with RBAC's message (``User "..." cannot <verb> resource ...``);
 ``stall_watches()`` is a stream hung behind a load balancer; ``close_watches()`` ends
 streams as a server restart does; ``inject_watch_line()`` sends a raw (e.g. malformed)
-line on open watches.
+line on open watches; ``hold()`` keeps matching requests in flight (a slow write on
+the wire) until the test releases them, then serves them as usual: the server's state
+changes meanwhile (a parent deleted while its child's apply is held).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -57,6 +59,31 @@ class Injection:
 
 
 @dataclass
+class Hold:
+    """A hold rule: the next ``times`` matching requests wait until :meth:`release`.
+
+    A held request has been received but not served: it is served as usual (auth,
+    routing, the state of that moment) once released. ``arrived`` counts the requests
+    held so far (wait for it with ``wait_until``).
+    """
+
+    method: str
+    path_regex: str
+    times: int | None = 1  # None: every matching request until released
+    arrived: int = 0
+    released: trio.Event = field(default_factory=trio.Event)
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.released.is_set() or (self.times is not None and self.arrived >= self.times):
+            return False
+        return self.method in ("*", method.upper()) and re.search(self.path_regex,
+                                                                   path) is not None
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@dataclass
 class DenyRule:
     verb: str
     resource: str  # plural, or plural/subresource, or "*"
@@ -76,6 +103,7 @@ class FaultControl:
     token: str | None
     user: str
     injections: list[Injection]
+    holds: list[Hold]
     deny_rules: list[DenyRule]
     _watchers: set[Watcher]
     _stalled: bool
@@ -124,6 +152,27 @@ class FaultControl:
 
     def clear_injections(self) -> None:
         self.injections.clear()
+
+    def hold(self, method: str, path_regex: str, *, times: int | None = 1) -> Hold:
+        """Hold the next ``times`` (None: all, until released) requests whose method
+        matches (``*`` for any) and whose path matches ``re.search(path_regex)``: each waits,
+        received but unanswered, until ``hold.release()`` (or the server stops), then is
+        served as usual against the state of that moment. Holds come before injections."""
+        rule = Hold(method.upper(), path_regex, times)
+        self.holds.append(rule)
+        return rule
+
+    async def _wait_hold(self, rule: Hold) -> None:
+        rule.arrived += 1
+        self._notify()
+        async with trio.open_nursery() as nursery:
+
+            async def until(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until, rule.released)
+            nursery.start_soon(until, self._closing)
 
     def stall_watches(self) -> None:
         """Open watch streams send nothing from now on, new ones hang after the headers
@@ -215,4 +264,4 @@ class FaultControl:
                     details=details)
 
 
-__all__ = ["DEFAULT_USER", "DenyRule", "FaultControl", "Injection"]
+__all__ = ["DEFAULT_USER", "DenyRule", "FaultControl", "Hold", "Injection"]

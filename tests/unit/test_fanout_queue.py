@@ -30,6 +30,26 @@ async def test_a_key_added_while_processing_runs_once_more_after() -> None:
     assert queue.idle()
 
 
+async def test_pending_tells_whether_a_key_will_be_taken_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    queue = WorkQueue()
+    assert not queue.pending("a")
+    queue.add("a")
+    assert queue.pending("a")  # queued
+    key = await queue.get()
+    assert not queue.pending("a")  # taken, nothing more to do
+    queue.add("a")
+    assert queue.pending("a")  # added while processed
+    queue.done(key)
+    queue.done(await queue.get())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(queue.add_after, "a", 1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert queue.pending("a") and len(queue) == 0  # delayed
+    assert queue.pending("a") and len(queue) == 1
+
+
 async def test_add_after_delays_and_deduplicates(autojump_clock: trio.testing.MockClock) -> None:
     queue = WorkQueue()
     async with trio.open_nursery() as nursery:
