@@ -239,13 +239,28 @@ class Daemon:
         cp = self.config.control_plane
         return 3 * cp.poll_interval_s + cp.backoff_max_s
 
+    def start_limit_s(self) -> float:
+        """How long a *restarted* child may stay ``starting`` before it counts as down.
+
+        Every restart reports started within moments (convergence skips the boot
+        while a snapshot serves; the others report before connecting), so this
+        is a hang: the stall limit, one number for the operator. First starts
+        are exempt: convergence's is the boot, which may wait on the control
+        plane and the cache, and readiness covers it, not liveness.
+        """
+        return self.stall_limit_s()
+
     def unhealthy(self) -> list[str]:
-        """Why /healthz answers 503: children down or failed, convergence stalled."""
+        """Why /healthz answers 503: children down, failed or stuck starting, a stall."""
         found: list[str] = []
         if self.tree is not None:
             for name, child in self.tree.children.items():
                 if child.state in ("backoff", "failed"):
                     found.append(f"child {name} is {child.state}: {child.last_error}")
+            limit = self.start_limit_s()
+            for name, for_s in self.tree.stuck_starting(limit).items():
+                found.append(f"child {name} has been starting for {for_s:.1f} s "
+                             f"(limit {limit:g} s)")
         stalled = self.status.stalled_for()
         if self._ready and stalled > self.stall_limit_s():
             found.append(f"convergence has not finished an attempt for {stalled:.0f} s "
@@ -253,10 +268,10 @@ class Daemon:
         return found
 
     def _watchdog_healthy(self) -> bool:
-        """Pings stop when restarting cannot help: a crash loop, a failed child, a stall."""
+        """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall."""
         if self.tree is None:
             return False
-        if self.tree.crash_looping:
+        if self.tree.crash_looping or self.tree.stuck_starting(self.start_limit_s()):
             return False
         if any(child.state == "failed" for child in self.tree.children.values()):
             return False
@@ -355,8 +370,9 @@ class Daemon:
             tree_scope.cancel()
         nursery.start_soon(self._hard_exit, HARD_EXIT_AFTER_S)
 
-    def _inject_fault(self, child: str) -> bool:
-        return self.tree.inject_fault(child) if self.tree is not None else False
+    def _inject_fault(self, child: str, hang_next_start: bool) -> bool:
+        return self.tree is not None and self.tree.inject_fault(
+            child, hang_next_start=hang_next_start)
 
     async def _hard_exit(self, after_s: float) -> None:
         await trio.sleep(after_s)

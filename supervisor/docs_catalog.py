@@ -217,14 +217,16 @@ SYSTEMD: Final[dict[str, str]] = {
     "STATUS": "On state changes: what is served, what is failing, `stopping`.",
     "STOPPING": "When shutdown begins (the first SIGTERM/SIGINT).",
     "WATCHDOG": "Every half `WATCHDOG_USEC` (when `WATCHDOG_PID` is unset or this process) "
-    "while healthy; a crash-looping tree stops it, so `WatchdogSec` restarts the process.",
+    "while healthy; a crash-looping tree, a restarted child stuck `starting` or a stalled "
+    "loop stops it, so `WatchdogSec` restarts the process.",
 }
 
 ADMIN_ROUTES: Final[dict[str, str]] = {
     "/healthz": "200 `{\"ok\": true}` while the event loop responds and every child is "
-    "alive; 503 `{\"ok\": false, \"unhealthy\": [reasons]}` when a child has failed for good "
-    "or the convergence loop has not finished an attempt for longer than "
-    "`3 * poll_interval_s + backoff_max_s`.",
+    "alive; 503 `{\"ok\": false, \"unhealthy\": [reasons]}` when a child has failed for good, "
+    "waits to restart, or was restarted and has not reported started for longer than "
+    "`3 * poll_interval_s + backoff_max_s` (a first start is the boot, covered by "
+    "`/readyz`), or the convergence loop has not finished an attempt for that long.",
     "/readyz": "200 `{\"ready\": true, \"revision\", \"generation\"}` once a snapshot is "
     "active; 503 `{\"ready\": false, \"reason\", \"consecutive_failures\"}` otherwise.",
     "/status": "200, the status document (below).",

@@ -29,6 +29,11 @@ to ``BACKOFF_MAX_S``). More than ``intensity`` restarts of one child within
 ``period_s`` raise :class:`~supervisor.errors.SupervisionGaveUp`, which ends
 the process with exit 4 so systemd or Kubernetes restart it whole.
 
+A restarted child that has not reported started within a limit is stuck:
+:meth:`Supervisor.stuck_starting` names it (the daemon's ``/healthz`` and
+watchdog count it as down). A first start is not counted: it is the caller's
+own start-up, which :meth:`Supervisor.run`'s started report (readiness) covers.
+
 A crash is logged once, with its traceback. ``trio.Cancelled`` is a
 ``BaseException`` and is never caught here, so shutdown always unwinds.
 
@@ -101,6 +106,9 @@ class ChildState:
     """What the status report shows of one child."""
 
     state: ChildStateName = "starting"
+    # trio.current_time() when ``state`` was entered (set when supervision
+    # begins: the tree may be built outside trio).
+    since: float = 0.0
     restarts: int = 0
     last_error: str | None = None
     recent: deque[float] = field(default_factory=deque)
@@ -110,6 +118,8 @@ class ChildState:
     done: trio.Event = field(default_factory=trio.Event)
     # The nursery the current run lives in (None between runs).
     nursery: trio.Nursery | None = None
+    # Tests only (Supervisor.inject_fault): the next start hangs before started.
+    hang_next_start: bool = False
 
     def report(self) -> dict[str, Any]:
         return {"state": self.state, "restarts": self.restarts, "last_error": self.last_error}
@@ -120,6 +130,13 @@ def _describe(exc: BaseException) -> str:
         return _describe(exc.exceptions[0])
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def _hang_before_started(
+    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """An injected start (tests only) that never reports started."""
+    await trio.sleep_forever()
 
 
 # No restart fixes these: a bad configuration, a refused boot, an address in use.
@@ -153,6 +170,17 @@ class Supervisor:
     def report(self) -> dict[str, dict[str, Any]]:
         return {name: child.report() for name, child in self.children.items()}
 
+    def stuck_starting(self, limit_s: float) -> dict[str, float]:
+        """Children restarted and still ``starting`` after ``limit_s``: name -> seconds so far.
+
+        Only a restart counts (a child that has reported started before): a
+        first start is the caller's start-up, which readiness covers.
+        """
+        now = trio.current_time()
+        return {name: now - child.since for name, child in self.children.items()
+                if child.state == "starting" and child.started
+                and now - child.since > limit_s}
+
     @property
     def crash_looping(self) -> bool:
         """True while some child waits to restart after two or more recent crashes."""
@@ -180,16 +208,19 @@ class Supervisor:
                 log.warning("child did not stop in time", child=spec.name,
                             timeout_s=spec.shutdown_timeout_s)
 
-    def inject_fault(self, name: str) -> bool:
+    def inject_fault(self, name: str, *, hang_next_start: bool = False) -> bool:
         """Crash child ``name`` as a real fault would (tests only; see app.FAULT_DIR_ENV).
 
         An exception raised inside the child's own nursery: its tasks are
         cancelled, its ``finally`` blocks run, and the tree sees a crash.
-        False when the child is not running.
+        With ``hang_next_start``, the restart then hangs before reporting
+        started, as a start function stuck on something would (a later
+        injected crash ends the hang). False when the child is not running.
         """
         child = self.children.get(name)
         if child is None or child.nursery is None:
             return False
+        child.hang_next_start = hang_next_start
 
         async def fault() -> None:
             raise InjectedFault(f"fault injected into child {name!r} by a test")
@@ -200,6 +231,7 @@ class Supervisor:
     def _set(self, child: ChildState, state: ChildStateName) -> None:
         if child.state != state:
             child.state = state
+            child.since = trio.current_time()
             if self._on_change is not None:
                 self._on_change()
 
@@ -209,6 +241,7 @@ class Supervisor:
         structlog.contextvars.bind_contextvars(child=spec.name)
         child = self.children[spec.name]
         child.entered = True
+        child.since = trio.current_time()
         reported = False
 
         def report_started() -> None:
@@ -224,7 +257,11 @@ class Supervisor:
                     try:
                         async with trio.open_nursery() as inner:
                             child.nursery = inner
-                            await inner.start(spec.start)
+                            start = spec.start
+                            if child.hang_next_start:
+                                child.hang_next_start = False
+                                start = _hang_before_started
+                            await inner.start(start)
                             child.started = True
                             self._set(child, "running")
                             report_started()

@@ -3,8 +3,10 @@
 :func:`run_fault_injection` runs only when the daemon is given a fault
 directory (``SUPERVISOR_TEST_FAULT_DIR``); otherwise SIGUSR2 keeps its default
 disposition and nothing here runs. Each SIGUSR2 reads the directory, removes
-every ``crash-<child>`` file and calls ``inject(child)`` (the supervision
-tree's injected fault); an unreadable directory is logged, never fatal.
+every ``crash-<child>`` and ``hang-<child>`` file and calls
+``inject(child, hang_next_start)`` (the supervision tree's injected fault):
+``hang-<child>`` crashes the child too, and its restart then hangs before
+reporting started. An unreadable directory is logged, never fatal.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ log = get_logger("daemon")
 FAULT_DIR_ENV = "SUPERVISOR_TEST_FAULT_DIR"
 
 
-async def run_fault_injection(fault_dir: str, inject: Callable[[str], bool]) -> None:
+async def run_fault_injection(fault_dir: str, inject: Callable[[str, bool], bool]) -> None:
     with trio.open_signal_receiver(signal.SIGUSR2) as receiver:
         async for _ in receiver:
             try:
@@ -35,10 +37,10 @@ async def run_fault_injection(fault_dir: str, inject: Callable[[str], bool]) -> 
                           path=fault_dir, error=str(exc))
                 continue
             for entry in names:
-                if not entry.startswith("crash-"):
+                fault, _, child = entry.partition("-")
+                if fault not in ("crash", "hang") or not child:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(fault_dir, entry))
-                child = entry.removeprefix("crash-")
-                injected = inject(child)
-                log.warning("fault injection", child=child, injected=injected)
+                injected = inject(child, fault == "hang")
+                log.warning("fault injection", child=child, fault=fault, injected=injected)

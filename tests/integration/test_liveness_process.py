@@ -7,12 +7,19 @@ attempt outlasts it many times over: a ~12 MB revision whose one key names a sec
 never set takes well over a second to hydrate and compile before it is
 refused, and it is retried at every poll. Once a good revision is published,
 attempts are quick again: 200, and the pings resume.
+
+The start rule: a restarted child that has not reported started for longer than
+the same limit is down. The test-only fault ``hang-<child>`` crashes the LISTEN
+child and makes its restart hang before reporting started; /healthz names it,
+the pings stop (the convergence loop keeps finishing attempts, so no stall is
+involved), and an injected crash that ends the hang brings both back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sqlite3
 import threading
 import time
@@ -22,11 +29,13 @@ from typing import Any
 import httpx
 import trio
 
+from tests.integration.test_listen_process import listener_pids
 from tests.integration.test_memory_process import big_body, failures
 from tests.polling import POLL_INTERVAL_S, poll_until
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
 
 STALL = "convergence has not finished an attempt for"
+STUCK = "child listen has been starting for"
 
 
 def publish(db: Path, data: bytes) -> int:
@@ -126,3 +135,96 @@ async def scenario(daemon: Any, port: int, db: Path, big: bytes,
     await poll_until(lambda: any(t > healed_from + 0.5 and code == 200
                                  for t, code, _ in seen))
     await poll_until(lambda: sum(1 for t in pings if t > healed_from) >= 5)
+
+
+async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
+        tmp_path: Path, pg_url: str) -> None:
+    port = free_port()
+    fault_dir = tmp_path / "faults"
+    fault_dir.mkdir()
+    # The limit: 3 * 0.3 + 0.3 = 1.2 s; a PostgreSQL attempt takes milliseconds.
+    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.3, listen=True,
+                          backoff_max_s=0.3)
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000",  # a ping each 0.1 s
+           "SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
+    seen: list[tuple[float, int, Any]] = []
+    pings: list[float] = []
+    stop = threading.Event()
+    with trio.fail_after(60):
+        async with run_daemon(config, env=env) as daemon, trio.open_nursery() as nursery:
+            await notify.wait_for("READY=1")
+
+            async def pump() -> None:
+                while True:
+                    if "WATCHDOG=1" in await notify.receive():
+                        pings.append(time.monotonic())
+
+            async def sample() -> None:
+                try:
+                    await trio.to_thread.run_sync(sample_health, port, seen, stop)
+                finally:
+                    stop.set()
+
+            nursery.start_soon(pump)
+            nursery.start_soon(sample)
+            try:
+                await stuck_scenario(daemon, port, pg_url, fault_dir, seen, pings)
+            finally:
+                stop.set()
+                nursery.cancel_scope.cancel()
+    notify.close()
+
+
+async def stuck_scenario(daemon: Any, port: int, pg_url: str, fault_dir: Path,
+                         seen: list[tuple[float, int, Any]], pings: list[float]) -> None:
+    """Healthy; listen's restart hangs (503 naming it, no pings); a crash ends the hang."""
+    await poll_until(lambda: any(code == 200 for _, code, _ in seen) and len(pings) >= 3)
+    (fault_dir / "hang-listen").touch()
+    daemon.signal(signal.SIGUSR2)
+    await daemon.wait_log("fault injection", child="listen", fault="hang", injected=True)
+    await daemon.wait_log("restarting child", child="listen", restarts=1)
+    await poll_until(lambda: any(code == 503 and any(r.startswith(STUCK) for r in b["unhealthy"])
+                                 for _, code, b in seen))
+    stuck_from = time.monotonic()
+    # The window: four more convergence attempts (about 1.2 s at a 0.3 s poll). The loop
+    # keeps finishing attempts, so only the start rule can stop the pings in it.
+    first = await convergence_attempts(port)
+
+    async def four_more() -> bool:
+        return await convergence_attempts(port) >= first + 4
+
+    await poll_until(four_more)
+    window = (stuck_from + 0.2, time.monotonic())  # a ping sent just before may land late
+    assert window[1] - window[0] >= 0.8
+    during = [t for t in pings if window[0] <= t <= window[1]]
+    assert during == [], (f"{len(during)} WATCHDOG=1 pings in {window[1] - window[0]:.2f} s "
+                          "with listen stuck starting (a healthy daemon pings every 0.1 s)")
+    reasons = next(b["unhealthy"] for t, code, b in reversed(seen) if code == 503)
+    assert any(r.startswith(STUCK) and r.endswith("(limit 1.2 s)") for r in reasons), reasons
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        report = (await client.get(f"http://127.0.0.1:{port}/status")).json()
+    assert report["children"]["listen"] == {
+        "state": "starting", "restarts": 1,
+        "last_error": "InjectedFault: fault injected into child 'listen' by a test"}
+    assert listener_pids(pg_url) == []  # the hung restart never connected
+    # A crash ends the hang; the next start is a real one: healthy, pinging, listening.
+    (fault_dir / "crash-listen").touch()
+    daemon.signal(signal.SIGUSR2)
+    await daemon.wait_log("restarting child", child="listen", restarts=2)
+    healed_from = time.monotonic()
+    await poll_until(lambda: listener_pids(pg_url) != [])
+    await poll_until(lambda: any(t > healed_from + 0.5 and code == 200
+                                 for t, code, _ in seen))
+    await poll_until(lambda: sum(1 for t in pings if t > healed_from) >= 5)
+
+
+async def convergence_attempts(port: int) -> float:
+    """All convergence attempts so far, by outcome (supervisor_convergence_attempts_total)."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("supervisor_convergence_attempts_total{"))

@@ -1,0 +1,111 @@
+"""A restarted child that hangs before reporting started is stuck, not healthy (issue 10).
+
+The tree records when each child entered its state (``ChildState.since``) and
+names the restarted children still ``starting`` past a limit
+(``Supervisor.stuck_starting``). A first start is never counted: it is the
+caller's start-up, which readiness covers. Virtual time throughout.
+"""
+
+from __future__ import annotations
+
+import random
+
+import trio
+import trio.testing
+
+from supervisor.tree import ChildSpec, Supervisor
+
+LIMIT_S = 10.0
+
+
+class HangsOnSecondStart:
+    """Starts, crashes after ``crash_after_s``; its second start never reports started."""
+
+    def __init__(self, crash_after_s: float = 1.0) -> None:
+        self.crash_after_s = crash_after_s
+        self.starts: list[float] = []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.starts.append(trio.current_time())
+        if len(self.starts) == 2:
+            await trio.sleep_forever()  # stuck on something, before started
+        task_status.started()
+        await trio.sleep(self.crash_after_s)
+        raise RuntimeError("crash")
+
+
+async def forever(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    await trio.sleep_forever()
+
+
+def make(specs: list[ChildSpec]) -> Supervisor:
+    return Supervisor(specs, intensity=5, period_s=60, rng=random.Random(3))
+
+
+async def test_a_restart_hanging_before_started_is_stuck_once_past_the_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hanger = HangsOnSecondStart()
+    tree = make([ChildSpec("steady", forever), ChildSpec("hanger", hanger.run)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tree.run)
+        await trio.sleep(1.1)  # past the crash (at 1.0)
+        child = tree.children["hanger"]
+        assert child.state == "backoff"
+        assert child.since == hanger.starts[0] + 1.0  # entered at the crash
+        while len(hanger.starts) < 2:
+            await trio.sleep(0.01)
+        restarted_at = hanger.starts[1]
+        assert child.state == "starting"
+        assert child.since == restarted_at
+        await trio.sleep_until(restarted_at + LIMIT_S)
+        assert tree.stuck_starting(LIMIT_S) == {}  # not past the limit yet
+        await trio.sleep_until(restarted_at + LIMIT_S + 2.5)
+        assert tree.stuck_starting(LIMIT_S) == {"hanger": LIMIT_S + 2.5}
+        assert tree.report()["hanger"]["state"] == "starting"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_first_start_that_hangs_is_the_boot_and_never_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def boot(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await trio.sleep_forever()
+
+    tree = make([ChildSpec("steady", forever), ChildSpec("boot", boot)])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tree.run)
+        await trio.sleep(1000 * LIMIT_S)
+        assert tree.children["boot"].state == "starting"
+        assert tree.stuck_starting(LIMIT_S) == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_injected_hang_holds_the_restart_until_a_crash_ends_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    starts: list[float] = []
+
+    async def child(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        starts.append(trio.current_time())
+        task_status.started()
+        await trio.sleep_forever()
+
+    tree = make([ChildSpec("c", child)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tree.run)
+        await trio.sleep(1)
+        assert tree.inject_fault("c", hang_next_start=True) is True
+        await trio.sleep(LIMIT_S + 5)
+        # Crashed and restarted, but the restart never reached the child's start.
+        assert len(starts) == 1
+        assert tree.report()["c"]["restarts"] == 1
+        assert "c" in tree.stuck_starting(LIMIT_S)
+        # A plain injected crash ends the hang; the next start is a real one.
+        assert tree.inject_fault("c") is True
+        await trio.sleep(5)
+        assert len(starts) == 2
+        assert tree.report()["c"]["state"] == "running"
+        assert tree.stuck_starting(LIMIT_S) == {}
+        nursery.cancel_scope.cancel()
