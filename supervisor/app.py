@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from supervisor import logs, reasons
+from supervisor import health, logs, reasons
 from supervisor.config import Config
 from supervisor.configfile import load
 from supervisor.controlplane.poke import Poke
@@ -234,48 +234,21 @@ class Daemon:
 
     # -- health ----------------------------------------------------------------
 
+    # The rules live in supervisor/health.py; these read them for this daemon.
+
     def stall_limit_s(self) -> float:
-        """How long the loop may go without finishing an attempt (docs/admin-api.md)."""
-        cp = self.config.control_plane
-        return 3 * cp.poll_interval_s + cp.backoff_max_s
+        return health.stall_limit_s(self.config.control_plane)
 
     def start_limit_s(self) -> float:
-        """How long a *restarted* child may stay ``starting`` before it counts as down.
-
-        Every restart reports started within moments (convergence skips the boot
-        while a snapshot serves; the others report before connecting), so this
-        is a hang: the stall limit, one number for the operator. First starts
-        are exempt: convergence's is the boot, which may wait on the control
-        plane and the cache, and readiness covers it, not liveness.
-        """
-        return self.stall_limit_s()
+        return health.start_limit_s(self.config.control_plane)
 
     def unhealthy(self) -> list[str]:
-        """Why /healthz answers 503: children down, failed or stuck starting, a stall."""
-        found: list[str] = []
-        if self.tree is not None:
-            for name, child in self.tree.children.items():
-                if child.state in ("backoff", "failed"):
-                    found.append(f"child {name} is {child.state}: {child.last_error}")
-            limit = self.start_limit_s()
-            for name, for_s in self.tree.stuck_starting(limit).items():
-                found.append(f"child {name} has been starting for {for_s:.1f} s "
-                             f"(limit {limit:g} s)")
-        stalled = self.status.stalled_for()
-        if self._ready and stalled > self.stall_limit_s():
-            found.append(f"convergence has not finished an attempt for {stalled:.0f} s "
-                         f"(limit {self.stall_limit_s():g} s)")
-        return found
+        """Why /healthz answers 503 (:func:`supervisor.health.unhealthy`)."""
+        return health.unhealthy(self.tree, self.status, self.config.control_plane,
+                                ready=self._ready)
 
     def _watchdog_healthy(self) -> bool:
-        """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall."""
-        if self.tree is None:
-            return False
-        if self.tree.crash_looping or self.tree.stuck_starting(self.start_limit_s()):
-            return False
-        if any(child.state == "failed" for child in self.tree.children.values()):
-            return False
-        return self.status.stalled_for() <= self.stall_limit_s()
+        return health.watchdog_healthy(self.tree, self.status, self.config.control_plane)
 
     def _fanout_children(self) -> list[ChildSpec]:
         if not self.config.kubernetes.enabled:

@@ -1,0 +1,74 @@
+"""Liveness: when the process is unhealthy, and why (``/healthz``, ``WATCHDOG=1``).
+
+Two readers, one rule set, so they never disagree about the same moment:
+
+- :func:`unhealthy` lists the reasons ``/healthz`` answers 503 with (empty: 200);
+- :func:`watchdog_healthy` decides whether the systemd watchdog keeps being fed.
+
+The process is unhealthy when the supervision tree cannot help any more, and a
+restart of the whole process might: a child in ``backoff`` or ``failed``, a
+restarted child stuck ``starting`` past :func:`start_limit_s`, or a convergence
+loop that has not finished an attempt for :func:`stall_limit_s`. The watchdog
+also stops on a crash loop; it keeps being fed while a child merely waits for
+its next restart, since the tree is handling that.
+"""
+
+from __future__ import annotations
+
+from supervisor.config import ControlPlaneConfig
+from supervisor.convergence.status import RevisionStatus
+from supervisor.tree import Supervisor
+
+__all__ = ["stall_limit_s", "start_limit_s", "unhealthy", "watchdog_healthy"]
+
+
+def stall_limit_s(cp: ControlPlaneConfig) -> float:
+    """How long the loop may go without finishing an attempt (docs/admin-api.md)."""
+    return 3 * cp.poll_interval_s + cp.backoff_max_s
+
+
+def start_limit_s(cp: ControlPlaneConfig) -> float:
+    """How long a *restarted* child may stay ``starting`` before it counts as down.
+
+    Every restart reports started within moments (convergence skips the boot
+    while a snapshot serves; the others report before connecting), so this
+    is a hang: the stall limit, one number for the operator. First starts
+    are exempt: convergence's is the boot, which may wait on the control
+    plane and the cache, and readiness covers it, not liveness.
+    """
+    return stall_limit_s(cp)
+
+
+def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneConfig, *,
+              ready: bool) -> list[str]:
+    """Why /healthz answers 503: children down, failed or stuck starting, a stall.
+
+    The stall counts only once the daemon is ready: before, the boot is
+    readiness's business.
+    """
+    found: list[str] = []
+    if tree is not None:
+        for name, child in tree.children.items():
+            if child.state in ("backoff", "failed"):
+                found.append(f"child {name} is {child.state}: {child.last_error}")
+        limit = start_limit_s(cp)
+        for name, for_s in tree.stuck_starting(limit).items():
+            found.append(f"child {name} has been starting for {for_s:.1f} s "
+                         f"(limit {limit:g} s)")
+    stalled = status.stalled_for()
+    if ready and stalled > stall_limit_s(cp):
+        found.append(f"convergence has not finished an attempt for {stalled:.0f} s "
+                     f"(limit {stall_limit_s(cp):g} s)")
+    return found
+
+
+def watchdog_healthy(tree: Supervisor | None, status: RevisionStatus,
+                     cp: ControlPlaneConfig) -> bool:
+    """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall."""
+    if tree is None:
+        return False
+    if tree.crash_looping or tree.stuck_starting(start_limit_s(cp)):
+        return False
+    if any(child.state == "failed" for child in tree.children.values()):
+        return False
+    return status.stalled_for() <= stall_limit_s(cp)
