@@ -11,7 +11,8 @@
   the digest we applied is **drift**: repaired at once (``DriftRepaired`` Event,
   ``fanout_drift_repairs``), but slowed down by a
   :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
-  the repair (logged once per child).
+  the repair (logged once per child). Only a repair the server accepted counts:
+  a refused one is a failed write like any other (requeued, ``ApplyFailed``).
 - A child another installation holds (same name, its installation label:
   :class:`~supervisor.fanout.foreign.ForeignChildren`) is never written; the
   parent is reported ``Ready=False`` (reason ``Conflict``, an ``ApplyFailed``
@@ -85,7 +86,7 @@ class ChildWriter(Generic[P]):
         # The digest each child was last applied with: a child gone or changed while
         # we still want that digest was changed by someone else (drift).
         self._applied: dict[ChildKey, str] = {}
-        self._repairs = RepairLimiter()
+        self.repairs = RepairLimiter()
         self._fights: set[ChildKey] = set()  # children whose fight was logged
         # Children the server refused (422), by digest: not resent until they change
         # or the next resync, so a bad spec does not loop.
@@ -123,12 +124,10 @@ class ChildWriter(Generic[P]):
                               method=earlier.method, path=earlier.path)
             drift = _drift(live, child, self._applied.get(child.key))
             if drift is not None:
-                now = trio.current_time()
-                wait = self._repairs.delay(child.key, now)
+                wait = self.repairs.delay(child.key, trio.current_time())
                 if wait > 0:
                     self._fighting(name, child, wait)
                     continue
-                self._repairs.record(child.key, now)
             try:
                 obj = await self.drain.write(
                     self.client.apply_object, child.resource, self.config.apps_namespace,
@@ -141,6 +140,9 @@ class ChildWriter(Generic[P]):
             self._applied[child.key] = child.digest
             what = f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
             if drift is not None:
+                # Recorded only once made: a refused write (the namespace terminating,
+                # a 5xx) is a failed write with its own backoff, not a fight.
+                self.repairs.record(child.key, trio.current_time())
                 repaired.append(f"{what} ({drift})")
                 self.metrics.fanout_applies.labels(self.kind.kind, "repaired").inc()
                 self.metrics.fanout_drift_repairs.labels(self.kind.kind).inc()

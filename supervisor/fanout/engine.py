@@ -31,8 +31,9 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   list again. A reconcile whose parent left the list meanwhile with nothing
   queued for it (a relist dropped it) sweeps again once its writes are done.
 - **A work queue per kind** (:class:`~supervisor.fanout.workqueue.WorkQueue`):
-  deduplicated keys, one worker per key, ``workers`` bound the concurrency. A
-  failed reconcile is requeued after a per-key backoff from the first retry on
+  deduplicated keys, one worker per key, ``workers`` bound the concurrency.
+  Each worker's attempt is :class:`~supervisor.fanout.retries.ReconcileRetries`:
+  a failed reconcile is requeued after a per-key backoff from the first retry on
   (0.8 s doubling to 30 s, jittered; at least ``Retry-After`` on 429); a 409 is
   always requeued, never dropped. A 422 is not retried until the parent
   changes or the next resync.
@@ -81,18 +82,13 @@ from supervisor.fanout.preflight import (
     await_watchable,
     classify_watch_error,
 )
+from supervisor.fanout.retries import ReconcileRetries
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
-from supervisor.kube.errors import (
-    Conflict,
-    DecodeError,
-    Invalid,
-    KubeError,
-    TooManyRequests,
-)
+from supervisor.kube.errors import DecodeError, KubeError
 from supervisor.kube.models import KindSpec, PartialObject
 from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
@@ -137,10 +133,13 @@ class FanoutEngine(Generic[P]):
         self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
                                {res.plural: res for res in kind.child_resources},
                                self._claimant)
-        self._failures: dict[str, int] = {}
+        self._log = log.bind(kind=kind.kind)
         self.writer: ChildWriter[P] = ChildWriter(
             client, kind, config, metrics, self.live, self.drain, self.reporter,
-            self._requeue_after, log.bind(kind=kind.kind), self.foreign, self._claimant)
+            self._requeue_after, self._log, self.foreign, self._claimant)
+        self.retries = ReconcileRetries(kind.kind, self.tuning, metrics, self._rng,
+                                        self.reconcile, self._failed, self._requeue_after,
+                                        self._log)
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._installation = config.installation_label
@@ -149,7 +148,6 @@ class FanoutEngine(Generic[P]):
         self.reconciles = 0
         self.synced = trio.Event()  # set after the first list and resync
         self.informer: Informer[P] | None = None
-        self._log = log.bind(kind=kind.kind)
 
     # -- the child --------------------------------------------------------------
 
@@ -341,7 +339,7 @@ class FanoutEngine(Generic[P]):
                 # Never compare against a cache that has not been listed yet.
                 await self._children_synced()
                 listed = name in self.parents
-                await self._reconcile_guarded(name)
+                await self.retries.attempt(name)
                 if listed and name not in self.parents and not self.queue.pending(name):
                     await self._sweep_late()
             finally:
@@ -359,49 +357,6 @@ class FanoutEngine(Generic[P]):
     async def _children_synced(self) -> None:
         await self.live.wait_synced()
         await self.foreign.wait_synced()
-
-    def _requeue(self, name: str, exc: KubeError, cause: str) -> float:
-        failures = self._failures.get(name, 0)
-        self._failures[name] = failures + 1
-        nominal = min(self.tuning.requeue_max_s, self.tuning.requeue_initial_s * 2.0 ** failures)
-        delay = nominal * self._rng.uniform(0.5, 1.0)
-        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
-            delay = max(delay, exc.retry_after)
-        self.metrics.fanout_requeues.labels(self.kind.kind, cause).inc()
-        self._requeue_after(name, delay)
-        return delay
-
-    async def _reconcile_guarded(self, name: str) -> None:
-        started = trio.current_time()
-        result = "success"
-        try:
-            await self.reconcile(name)
-        except Conflict as exc:
-            result = "conflict"
-            self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
-            delay = self._requeue(name, exc, "conflict")
-            self._log.info("conflict writing a child; requeued", name=name, error=str(exc),
-                           delay_s=round(delay, 3))
-            await self._failed(name, "Conflict", str(exc))
-        except Invalid as exc:
-            result = "invalid"
-            self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
-            self._log.warning("child refused by the API server; not retried until the parent"
-                              " changes", name=name, error=str(exc))
-            await self._failed(name, "Invalid", str(exc))
-        except KubeError as exc:
-            result = "error"
-            self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
-            cause = "throttled" if isinstance(exc, TooManyRequests) else "error"
-            delay = self._requeue(name, exc, cause)
-            self._log.warning("reconcile failed; requeued", name=name, error=str(exc),
-                              delay_s=round(delay, 3))
-            await self._failed(name, "ApplyFailed", str(exc))
-        else:
-            self._failures.pop(name, None)
-        finally:
-            self.metrics.fanout_reconcile_duration.labels(self.kind.kind, result).observe(
-                trio.current_time() - started)
 
     async def reconcile(self, name: str) -> None:
         """Make ``name``'s children what its current parent wants (none when deleted)."""

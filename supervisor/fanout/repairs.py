@@ -7,6 +7,12 @@ forever. Contract of :meth:`RepairLimiter.delay`: the first ``burst`` repairs
 of one child within ``window_s`` go at once; beyond that each further repair
 waits 1 s, 2 s, 4 s ... after the previous one, up to ``max_s``. The caller
 requeues the parent after that delay and logs the fight once.
+
+Only a repair that was *made* (its write succeeded) is recorded: a write the
+server refused or never answered (the apps namespace terminating, a 5xx, a
+timeout) changed nothing, so the next attempt is not a fight; it has its own
+backoff (the engine's requeue). :meth:`RepairLimiter.recent` tells how many
+repairs of one child fall in the window (for the status and tests).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class RepairLimiter:
             return 0.0
         wait = min(self.max_s, 2.0 ** (excess - 1))
         return max(0.0, times[-1] + wait - now)
+
+    def recent(self, key: Hashable, now: float) -> int:
+        """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""
+        return sum(1 for t in self._times.get(key, ()) if now - t < self.window_s)
 
     def record(self, key: Hashable, now: float) -> None:
         """A repair of ``key`` was made at ``now``."""
