@@ -366,7 +366,9 @@ KUBE_KEYS: Final[dict[str, str]] = {
 
 KUBE_CONDITIONS: Final[dict[str, str]] = {
     "Ready": "`True` (reason `Applied`) when every child was applied for the observed "
-    "generation; `False` with reason `Conflict`, `Invalid` or `ApplyFailed` otherwise.",
+    "generation; `False` otherwise, with reason `Conflict`, `Invalid`, `ApplyFailed`, or "
+    "`RepairDeferred` while the repair of a child that keeps drifting right after each repair "
+    "waits (the message names the child and the UTC time its repair is retried).",
     "Available": "`True` (reason `ChildrenAvailable`) when every Deployment child has its "
     "desired replicas available and every other child exists; `False` "
     "(`ChildrenUnavailable`, the message naming the first child that is not) otherwise.",

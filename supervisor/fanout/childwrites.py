@@ -13,6 +13,11 @@
   :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
   the repair (logged once per child). Only a repair the server accepted counts:
   a refused one is a failed write like any other (requeued, ``ApplyFailed``).
+- While a child's repair is deferred by that limiter the parent is requeued for
+  the time the repair may be made, and reported ``Ready=False`` (reason
+  ``RepairDeferred``, the message naming the child and that time in UTC), never
+  ``Applied``: the child is missing or wrong meanwhile. The message stays the
+  same while the repair waits, so a reconcile meanwhile writes no status.
 - A child another installation holds (same name, its installation label:
   :class:`~supervisor.fanout.foreign.ForeignChildren`) is never written; the
   parent is reported ``Ready=False`` (reason ``Conflict``, an ``ApplyFailed``
@@ -32,6 +37,9 @@
 
 from __future__ import annotations
 
+import datetime as _dt
+import math
+import time
 from collections.abc import Callable
 from typing import Any, Generic
 
@@ -88,6 +96,9 @@ class ChildWriter(Generic[P]):
         self._applied: dict[ChildKey, str] = {}
         self.repairs = RepairLimiter()
         self._fights: set[ChildKey] = set()  # children whose fight was logged
+        # A deferred repair's time, and that time on the wall clock as the status says
+        # it: computed once, so every reconcile during the deferral says the same.
+        self._deferred: dict[ChildKey, tuple[float, str]] = {}
         # Children the server refused (422), by digest: not resent until they change
         # or the next resync, so a bad spec does not loop.
         self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
@@ -106,6 +117,7 @@ class ChildWriter(Generic[P]):
         applied: list[str] = []
         repaired: list[str] = []
         taken: list[str] = []
+        deferred: list[str] = []
         for child in desired:
             live = self.live.get(child.key)
             owner = self._foreign.owner(child.key) if self._foreign is not None else None
@@ -116,6 +128,7 @@ class ChildWriter(Generic[P]):
             if live is not None and covers(live, child.body):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
                 self._fights.discard(child.key)
+                self._deferred.pop(child.key, None)
                 continue
             refused = self._refused.get(child.key)
             if refused is not None and refused[0] == child.digest:
@@ -124,9 +137,10 @@ class ChildWriter(Generic[P]):
                               method=earlier.method, path=earlier.path)
             drift = _drift(live, child, self._applied.get(child.key))
             if drift is not None:
-                wait = self.repairs.delay(child.key, trio.current_time())
-                if wait > 0:
-                    self._fighting(name, child, wait)
+                now = trio.current_time()
+                not_before = self.repairs.not_before(child.key, now)
+                if not_before > now:
+                    deferred.append(self._fighting(name, child, drift, not_before, now))
                     continue
             try:
                 obj = await self.drain.write(
@@ -136,6 +150,7 @@ class ChildWriter(Generic[P]):
                 self._refused[child.key] = (child.digest, exc)
                 raise
             self._refused.pop(child.key, None)
+            self._deferred.pop(child.key, None)
             self.live.put(child.resource, obj)
             self._applied[child.key] = child.digest
             what = f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
@@ -175,6 +190,8 @@ class ChildWriter(Generic[P]):
             self._taken_said.pop(name, None)
             for key in [k for k in self._applied if k not in wanted and k.name == name]:
                 self._applied.pop(key, None)
+            for key in [k for k in self._deferred if k not in wanted and k.name == name]:
+                self._deferred.pop(key, None)
             return  # gone, or going: its status no longer matters
         if repaired:
             await self.reporter.event(parent, "Normal", "DriftRepaired",
@@ -186,6 +203,11 @@ class ChildWriter(Generic[P]):
             await self._taken(name, parent, desired, taken)
             return
         self._taken_said.pop(name, None)
+        if deferred:
+            # Not Applied: those children are missing or wrong until their repair.
+            await self.reporter.write(parent, desired, "False", "RepairDeferred",
+                                      "; ".join(deferred)[:1024])
+            return
         noun = "object" if len(desired) == 1 else "objects"
         await self.reporter.write(parent, desired, "True", "Applied",
                                   f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
@@ -206,8 +228,17 @@ class ChildWriter(Generic[P]):
         await self.reporter.event(parent, "Warning", "ApplyFailed", message)
         await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
 
-    def _fighting(self, name: str, child: Desired, wait: float) -> None:
-        """Someone keeps undoing our repairs of ``child``: repair it later, say so once."""
+    def _fighting(self, name: str, child: Desired, drift: str, not_before: float,
+                  now: float) -> str:
+        """Someone keeps undoing our repairs of ``child``: repair it later, say so once.
+
+        Returns what the parent's ``RepairDeferred`` status says about ``child``.
+        """
+        wait = not_before - now
+        known = self._deferred.get(child.key)
+        if known is None or known[0] != not_before:  # a new deferral
+            known = (not_before, _wall_clock(wait))
+            self._deferred[child.key] = known
         if child.key not in self._fights:
             self._fights.add(child.key)
             self._log.warning(
@@ -216,6 +247,10 @@ class ChildWriter(Generic[P]):
                 name=name, resource=str(child.resource), child=child.name,
                 delay_s=round(wait, 3))
         self._requeue_after(name, wait)
+        return (f"{child.resource.kind} {self.config.apps_namespace}/{child.name} was"
+                f" {drift} again right after each of its last repairs (another controller,"
+                f" or another installation with a parent of the same name?); its repair is"
+                f" deferred, retried at {known[1]}")
 
     async def failed(self, name: str, parent: P, reason: str, message: str) -> None:
         """Report a failed reconcile on the parent: an Event and the ``Ready=False`` status."""
@@ -226,6 +261,12 @@ class ChildWriter(Generic[P]):
                                       message[:1024])
         except KubeError as exc:
             self._log.warning("could not write the parent's status", name=name, error=str(exc))
+
+
+def _wall_clock(seconds_from_now: float) -> str:
+    """The wall-clock time ``seconds_from_now`` (RFC 3339 UTC, rounded up to the second)."""
+    at = math.ceil(time.time() + seconds_from_now)
+    return _dt.datetime.fromtimestamp(at, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _drift(live: Obj | None, child: Desired, applied_digest: str | None) -> str | None:

@@ -38,8 +38,9 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   always requeued, never dropped. A 422 is not retried until the parent
   changes or the next resync.
 - **Parent status** (:mod:`supervisor.fanout.parentstatus`): ``observedGeneration``,
-  ``Ready`` (``Applied``, ``Conflict``, ``Invalid``, ``ApplyFailed``) and
-  ``Available`` (from the children's status), written only when they change.
+  ``Ready`` (``Applied``, ``Conflict``, ``Invalid``, ``ApplyFailed``,
+  ``RepairDeferred``) and ``Available`` (from the children's status), written
+  only when they change.
   **Events** on the parent: ``Applied``, ``DriftRepaired``, ``ApplyFailed``,
   ``Invalid`` (:mod:`supervisor.kube.events`, best effort).
 - **Bounded drain.** Writes run shielded; when the child is cancelled

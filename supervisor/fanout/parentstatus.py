@@ -3,8 +3,9 @@
 Contract (docs/kubernetes.md):
 
 - ``Ready``: ``True`` (reason ``Applied``) when every child was applied for
-  the observed generation; ``False`` with reason ``Conflict``, ``Invalid`` or
-  ``ApplyFailed`` otherwise.
+  the observed generation; ``False`` with reason ``Conflict``, ``Invalid``,
+  ``ApplyFailed`` or ``RepairDeferred`` (a drifting child's repair waits for
+  the repair limiter) otherwise.
 - ``Available``: ``True`` (reason ``ChildrenAvailable``) when every Deployment
   child reports its desired replicas available (and its controller has seen
   its current generation) and every other child exists; ``False`` (reason

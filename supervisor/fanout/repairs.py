@@ -6,7 +6,11 @@ field we set) would otherwise meet a repair within milliseconds, every time,
 forever. Contract of :meth:`RepairLimiter.delay`: the first ``burst`` repairs
 of one child within ``window_s`` go at once; beyond that each further repair
 waits 1 s, 2 s, 4 s ... after the previous one, up to ``max_s``. The caller
-requeues the parent after that delay and logs the fight once.
+requeues the parent after that delay, logs the fight once and reports the
+parent not ready (``RepairDeferred``) until the repair is made.
+:meth:`RepairLimiter.not_before` is the same answer as a point in time
+(``trio.current_time()``'s clock): it stays the same while the repair waits,
+so a status naming it is not rewritten by every reconcile meanwhile.
 
 Only a repair that was *made* (its write succeeded) is recorded: a write the
 server refused or never answered (the apps namespace terminating, a 5xx, a
@@ -31,6 +35,10 @@ class RepairLimiter:
 
     def delay(self, key: Hashable, now: float) -> float:
         """Seconds until ``key`` may be repaired again (0: now)."""
+        return max(0.0, self.not_before(key, now) - now)
+
+    def not_before(self, key: Hashable, now: float) -> float:
+        """When ``key`` may be repaired again (``now`` or earlier: at once)."""
         times = [t for t in self._times.get(key, ()) if now - t < self.window_s]
         if times:
             self._times[key] = times
@@ -38,9 +46,8 @@ class RepairLimiter:
             self._times.pop(key, None)
         excess = len(times) - self.burst + 1
         if excess <= 0:
-            return 0.0
-        wait = min(self.max_s, 2.0 ** (excess - 1))
-        return max(0.0, times[-1] + wait - now)
+            return now
+        return times[-1] + min(self.max_s, 2.0 ** (excess - 1))
 
     def recent(self, key: Hashable, now: float) -> int:
         """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""

@@ -1,4 +1,5 @@
-"""Issue 13's small parts on their own: the drift test, the sweep guard, the token bucket."""
+"""Issue 13's small parts on their own: the drift test, the sweep guard, the token bucket,
+the repair limiter."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from supervisor.configfile import load_text
 from supervisor.errors import ConfigError
 from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.live import LiveChildren, covers, unavailable
+from supervisor.fanout.repairs import RepairLimiter
 from supervisor.fanout.servicedefinition import DEPLOYMENTS, SERVICES
 from supervisor.fanout.sweep import SweepGuard
 from supervisor.kube.applying import ChildKey, make_desired
@@ -110,6 +112,21 @@ def test_the_sweep_guard() -> None:
     assert not guard.allow(11, 20, {"a", "b"})  # another parent list: still refused
     assert guard.allow(11, 20, {"a", "b"})  # the same list seen again: allowed
     assert not guard.holding and guard.refusals == 2
+
+
+def test_a_deferred_repair_keeps_its_time_while_it_waits() -> None:
+    # The parent's RepairDeferred status names that time: it must not move with "now",
+    # or every reconcile during the deferral would write the status again.
+    limiter = RepairLimiter(burst=3, window_s=60.0, max_s=60.0)
+    for t in (0.0, 0.1, 0.2):
+        assert limiter.not_before("web", t) == t  # the burst: at once
+        limiter.record("web", t)
+    assert limiter.not_before("web", 0.3) == 1.2  # 1 s after the last repair
+    assert limiter.not_before("web", 0.9) == 1.2
+    assert limiter.delay("web", 0.9) == 1.2 - 0.9
+    assert limiter.delay("web", 1.2) == 0.0
+    limiter.record("web", 1.2)
+    assert limiter.not_before("web", 1.3) == 3.2  # then 2 s
 
 
 async def test_the_token_bucket_paces_after_the_burst(
