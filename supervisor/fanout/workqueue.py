@@ -3,10 +3,12 @@
 Contract: keys are deduplicated; one key is never handed to two workers at
 once (a key added while it is processed is processed once more after
 :meth:`WorkQueue.done`); :meth:`WorkQueue.add_after` delays a requeue (one
-pending delay per key); :meth:`WorkQueue.pending` tells whether a key will be
-taken (again); :meth:`WorkQueue.wait_idle` returns once nothing is
-queued, processing or waiting to be requeued. ``depth`` (queued, not yet
-taken) is what the ``fanout_queue_depth`` gauge shows.
+pending delay per key, the sooner one, as client-go's delaying queue: a long
+retry-after-failure wait must not hold back a deferred repair due sooner);
+:meth:`WorkQueue.pending` tells whether a key will be taken (again);
+:meth:`WorkQueue.wait_idle` returns once nothing is queued, processing or
+waiting to be requeued. ``depth`` (queued, not yet taken) is what the
+``fanout_queue_depth`` gauge shows.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class WorkQueue:
         self._queued: set[str] = set()
         self._active: set[str] = set()
         self._dirty: set[str] = set()
-        self._delayed: set[str] = set()
+        self._delayed: dict[str, float] = {}  # key -> when it is added
         self._lot = trio.lowlevel.ParkingLot()
         self._idle_lot = trio.lowlevel.ParkingLot()
 
@@ -45,15 +47,24 @@ class WorkQueue:
         self._lot.unpark()
 
     async def add_after(self, key: str, delay_s: float) -> None:
-        """Add ``key`` after ``delay_s`` (run it in a nursery); one pending delay per key."""
-        if key in self._delayed:
+        """Add ``key`` after ``delay_s`` (run it in a nursery); the sooner pending delay wins.
+
+        A delay ending later than the one pending is dropped; a pending one
+        ending later is superseded: its wait ends without adding anything.
+        """
+        due = trio.current_time() + delay_s
+        pending = self._delayed.get(key)
+        if pending is not None and pending <= due:
             return
-        self._delayed.add(key)
+        self._delayed[key] = due
         try:
-            await trio.sleep(delay_s)
+            await trio.sleep_until(due)
         finally:
-            self._delayed.discard(key)
-        self.add(key)
+            mine = self._delayed.get(key) == due
+            if mine:
+                del self._delayed[key]
+        if mine:
+            self.add(key)
 
     async def get(self) -> str:
         while not self._queue:

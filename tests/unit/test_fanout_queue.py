@@ -50,17 +50,30 @@ async def test_pending_tells_whether_a_key_will_be_taken_again(
     assert queue.pending("a") and len(queue) == 1
 
 
-async def test_add_after_delays_and_deduplicates(autojump_clock: trio.testing.MockClock) -> None:
+async def test_add_after_delays_and_the_sooner_delay_wins(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """As client-go's delaying queue: one pending delay per key, the sooner one.
+
+    A long retry-after-failure wait already pending must not hold back a sooner
+    requeue (a deferred drift repair due in 1 s); a later delay asked while a
+    sooner one is pending is dropped; the superseded wait adds nothing when it ends.
+    """
     queue = WorkQueue()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(queue.add_after, "a", 5.0)
         await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(queue.add_after, "a", 1.0)  # one pending delay per key
-        await trio.sleep(4.0)
+        nursery.start_soon(queue.add_after, "a", 1.0)  # sooner: wins
+        await trio.sleep(0.5)
+        nursery.start_soon(queue.add_after, "a", 3.0)  # later than the pending 1 s: dropped
+        await trio.sleep(0.4)
         assert len(queue) == 0 and not queue.idle()
-        await trio.sleep(2.0)
+        await trio.sleep(0.2)
         assert len(queue) == 1
-    assert await queue.get() == "a"
+        queue.done(await queue.get())
+        assert queue.idle() and not queue.pending("a")
+        await trio.sleep(10.0)  # the superseded 5 s and the dropped 3 s add nothing
+        assert len(queue) == 0 and queue.idle()
 
 
 async def test_workers_bound_the_concurrency(autojump_clock: trio.testing.MockClock) -> None:
