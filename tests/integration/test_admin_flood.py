@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.floods import (
@@ -255,6 +256,7 @@ async def _zero(count: Awaitable[float]) -> bool:
     return await count == 0
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_a_head_trickled_byte_by_byte_is_closed_at_the_idle_deadline(
     tmp_path: Path,
 ) -> None:

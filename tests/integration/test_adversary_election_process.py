@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
@@ -14,6 +15,7 @@ from tests.ha import acquired, all_ready, child_writes, lease_writes, replica, s
 from tests.proc import EXAMPLE, acli, run_daemon
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_adversary_two_daemons_with_one_identity_both_fan_out(tmp_path: Path) -> None:
     """b's configuration names a's identity. b finds the Lease holding "its own" name,
     renews it at once and leads while a leads too: both write children and parent status

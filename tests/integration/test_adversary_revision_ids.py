@@ -44,6 +44,7 @@ def _insert(cp: Path, revision: int, tag: str) -> None:
         conn.execute("UPDATE supervisor_desired SET revision_id = ?", (revision,))
 
 
+@pytest.mark.chaos  # 2 x 12 s through the real process: run by CI's `pytest -m chaos`
 @pytest.mark.parametrize("revision", [0, -3])
 async def test_a_revision_id_below_one_never_crashes_convergence(
         tmp_path: Path, revision: int) -> None:

@@ -88,6 +88,7 @@ async def test_two_replicas_one_fans_out_and_sigterm_hands_over(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.chaos  # 18 s: a drill, run by CI's `pytest -m chaos`
 async def test_kill_9_of_the_leader_mid_bulk(tmp_path: Path) -> None:
     with trio.fail_after(180):
         async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
