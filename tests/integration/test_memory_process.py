@@ -1,7 +1,7 @@
 """Memory after refusals (issue 10.2), through the real daemon process.
 
 A refused candidate of any size must leave nothing behind: ten refusals of a
-~15 MB body (a missing ``env:`` secret, retried every poll) keep the daemon's
+16 MB body (as in the finding: a missing ``env:`` secret, retried every poll) keep the daemon's
 peak RSS within 1.5x of what it was after the first.
 """
 
@@ -60,7 +60,8 @@ async def test_ten_refusals_of_a_large_body_leave_no_memory_behind(
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.2, listen=False)
     await acli("db", "migrate", "--config", str(config))
     await acli("publish", "--config", str(config), str(EXAMPLE))
-    body = big_body(15 * 1024 * 1024)
+    body = big_body(16_100_000)  # 16.1 MB: the finding's 16 MB, under the 16 MiB limit
+    assert 16_000_000 <= len(body) < 16 * 1024 * 1024
     with trio.fail_after(240):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
