@@ -52,6 +52,7 @@ from supervisor.logs import get_logger
 
 __all__ = [
     "base_url_for_listen",
+    "converge_url",
     "fetch_status",
     "stream_url",
     "watch_stream",
@@ -104,6 +105,23 @@ def stream_url(base_url: str) -> str:
     elif base.startswith("http://"):
         base = "ws://" + base[len("http://") :]
     return base if base.endswith("/v1/stream") else f"{base}/v1/stream"
+
+
+def converge_url(base_url: str) -> str:
+    """Any form of a replica's address -> ``http(s)://h:p/v1/converge``.
+
+    ``publish --wait`` takes replicas as stream URLs too (``ws://h:p/v1/stream``);
+    its converge request must reach the same replica over HTTP.
+    """
+    base = base_url.strip().rstrip("/")
+    if base.startswith("wss://"):
+        base = "https://" + base[len("wss://"):]
+    elif base.startswith("ws://"):
+        base = "http://" + base[len("ws://"):]
+    base = _http_base(base)
+    for path in ("/v1/stream", "/v1/converge"):
+        base = base.removesuffix(path)
+    return f"{base}/v1/converge"
 
 
 def _auth_headers(token: str | None) -> dict[str, str]:

@@ -35,7 +35,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from supervisor.admin.client import stream_url
+from supervisor.admin.client import converge_url, stream_url
 
 __all__ = ["ReplicaResult", "judge", "wait_for_revision"]
 
@@ -88,7 +88,7 @@ async def _nudge(base: str, token: str | None) -> None:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
-            await client.post(f"{base.rstrip('/')}/v1/converge", headers=headers)
+            await client.post(converge_url(base), headers=headers)
     except httpx.HTTPError:
         pass  # best effort: the stream decides
 

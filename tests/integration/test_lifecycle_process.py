@@ -46,9 +46,13 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
                                     poll_interval_s=3600))
     await acli("publish", "--config", str(configs[0]), str(EXAMPLE))
 
+    # The second replica is named by its stream URL: the converge request must
+    # still reach it (it polls once an hour), on its http:// address.
+    streamed = f"ws://127.0.0.1:{ports[1]}/v1/stream"
+
     def wait(timeout_s: int = 20) -> tuple[str, ...]:
         return ("--wait", "--token-file", str(token), "--timeout", str(timeout_s),
-                "--url", f"http://127.0.0.1:{ports[0]}", "--url", f"http://127.0.0.1:{ports[1]}")
+                "--url", f"http://127.0.0.1:{ports[0]}", "--url", streamed)
 
     with trio.fail_after(120):
         async with run_daemon(configs[0]) as first, run_daemon(configs[1]) as second:
@@ -61,7 +65,7 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             lines = good.stdout.splitlines()
             assert lines[-1] == "2"
             assert f"http://127.0.0.1:{ports[0]}: revision 2 active" in lines
-            assert f"http://127.0.0.1:{ports[1]}: revision 2 active" in lines
+            assert f"{streamed}: revision 2 active" in lines
             await first.wait_log("published", revision=2)
             await second.wait_log("published", revision=2)
             urls = ("--url", f"http://127.0.0.1:{ports[0]}", "--url", f"http://127.0.0.1:{ports[1]}")
@@ -90,7 +94,7 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             assert late.returncode == 1, late.stdout + late.stderr
             assert trio.current_time() - started >= 3.0
             assert f"http://127.0.0.1:{ports[0]}: revision 4 active" in late.stdout
-            assert f"http://127.0.0.1:{ports[1]}: timeout: revision 4 not active after 3 s" \
+            assert f"{streamed}: timeout: revision 4 not active after 3 s" \
                 in late.stdout
             assert "unreachable" in late.stdout
             fleet = await acli("status", *urls, "--token-file", str(token), check=False)

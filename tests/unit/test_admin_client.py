@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.admin.client import base_url_for_listen, stream_url
+from supervisor.admin.client import base_url_for_listen, converge_url, stream_url
 from supervisor.admin.status_view import render_status, unhealthy
 
 CONTRACT_EXAMPLE = {
@@ -93,6 +93,24 @@ def test_base_url_for_listen(listen: str, url: str) -> None:
 )
 def test_stream_url(base: str, url: str) -> None:
     assert stream_url(base) == url
+
+
+@pytest.mark.parametrize(
+    ("base", "url"),
+    [
+        ("http://h:1", "http://h:1/v1/converge"),
+        ("h:1/", "http://h:1/v1/converge"),
+        ("https://h:1", "https://h:1/v1/converge"),
+        ("ws://h:1/v1/stream", "http://h:1/v1/converge"),
+        ("wss://h:1/v1/stream/", "https://h:1/v1/converge"),
+        ("ws://h:1", "http://h:1/v1/converge"),
+        ("http://h:1/v1/stream", "http://h:1/v1/converge"),
+        ("http://h:1/v1/converge", "http://h:1/v1/converge"),
+    ],
+)
+def test_converge_url_from_any_form_of_a_replica_address(base: str, url: str) -> None:
+    """``publish --wait`` nudges a replica named by its stream URL on its HTTP address."""
+    assert converge_url(base) == url
 
 
 def test_render_status_shows_control_plane_up() -> None:
