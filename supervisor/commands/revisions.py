@@ -251,9 +251,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         except RevisionError as exc:
             raise UsageError(f"revision {loaded.id} would be refused: {exc.detail} "
                              f"({exc.reason}); desired was not changed") from exc
-        previous = await store.desired()
-        await store.rollback(loaded.id, loaded.body_sha256)
-        return previous
+        return await store.rollback(loaded.id, loaded.body_sha256)
 
     previous = with_store(config, roll)
     if args.json:

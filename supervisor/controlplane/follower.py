@@ -206,7 +206,7 @@ class FollowerStore:
     async def revision(self, revision: int) -> LoadedRevision:
         raise self._no_lifecycle("show")
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> None:
+    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
         raise self._no_lifecycle("rollback")
 
     async def prune(self, keep: int) -> list[int]:

@@ -199,10 +199,11 @@ class PostgresStore:
         return await self._run("read", partial(revisions.pg.read_revision, revision=revision,
                                                max_bytes=self._max_bytes))
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> None:
-        await self._run("rollback", partial(revisions.pg.rollback, revision=revision,
-                                            body_sha256=body_sha256))
-        log.info("desired revision rolled back", revision=revision)
+    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+        previous: int | None = await self._run("rollback", partial(
+            revisions.pg.rollback, revision=revision, body_sha256=body_sha256))
+        log.info("desired revision rolled back", revision=revision, previous=previous)
+        return previous
 
     async def prune(self, keep: int) -> list[int]:
         return await self._run("prune", partial(revisions.pg.prune, keep=keep))

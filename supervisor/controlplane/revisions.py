@@ -102,23 +102,32 @@ class pg:  # a namespace of PostgreSQL statements
         return _checked(row, revision, max_bytes)
 
     @staticmethod
-    def rollback(conn: Conn, revision: int, body_sha256: bytes) -> None:
+    def rollback(conn: Conn, revision: int, body_sha256: bytes) -> int | None:
+        """Re-point desired; the id it replaced, read under the same row lock."""
         try:
-            row = conn.execute(
-                "INSERT INTO supervisor_desired (singleton, revision_id)"
-                " SELECT true, id FROM supervisor_revisions WHERE id = %s AND body_sha256 = %b"
-                " ON CONFLICT (singleton) DO UPDATE"
-                " SET revision_id = EXCLUDED.revision_id, updated_at = now()"
-                " RETURNING revision_id",
-                [revision, body_sha256],
-            ).fetchone()
+            with conn.transaction():
+                # Locked first, so "previous" is what this write replaces: a
+                # publish committing meanwhile is waited for, and then read.
+                old = conn.execute(
+                    "SELECT revision_id FROM supervisor_desired WHERE singleton FOR UPDATE"
+                ).fetchone()
+                row = conn.execute(
+                    "INSERT INTO supervisor_desired (singleton, revision_id)"
+                    " SELECT true, id FROM supervisor_revisions"
+                    " WHERE id = %s AND body_sha256 = %b"
+                    " ON CONFLICT (singleton) DO UPDATE"
+                    " SET revision_id = EXCLUDED.revision_id, updated_at = now()"
+                    " RETURNING revision_id",
+                    [revision, body_sha256],
+                ).fetchone()
         except psycopg.errors.ForeignKeyViolation as exc:
             # A prune committed between this statement's read of the revision and
             # its write of the pointer (it waited on the desired row the prune
             # held): the revision is gone, which is what the caller must hear.
             raise _not_found(revision) from exc
-        if row is None:
+        if row is None:  # nothing was written
             raise _not_found(revision)
+        return None if old is None else int(old[0])
 
     @staticmethod
     def prune(conn: Conn, keep: int) -> list[int]:
@@ -171,17 +180,29 @@ class sqlite:  # a namespace of SQLite statements
         return _checked(row, revision, max_bytes, parse_time=parse_time, as_bytes=as_bytes)
 
     @staticmethod
-    def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes, now: str) -> None:
-        row = conn.execute(
-            "INSERT INTO supervisor_desired (singleton, revision_id)"
-            " SELECT TRUE, id FROM supervisor_revisions WHERE id = ? AND body_sha256 = ?"
-            " ON CONFLICT (singleton) DO UPDATE"
-            f" SET revision_id = excluded.revision_id, updated_at = {now}"
-            " RETURNING revision_id",
-            (revision, body_sha256),
-        ).fetchone()
+    def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes,
+                 now: str) -> int | None:
+        """Re-point desired; the id it replaced, read in the same write transaction."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            old = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
+                               ).fetchone()
+            row = conn.execute(
+                "INSERT INTO supervisor_desired (singleton, revision_id)"
+                " SELECT TRUE, id FROM supervisor_revisions WHERE id = ? AND body_sha256 = ?"
+                " ON CONFLICT (singleton) DO UPDATE"
+                f" SET revision_id = excluded.revision_id, updated_at = {now}"
+                " RETURNING revision_id",
+                (revision, body_sha256),
+            ).fetchone()
+            conn.execute("COMMIT" if row is not None else "ROLLBACK")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         if row is None:
             raise _not_found(revision)
+        return None if old is None else int(old[0])
 
     @staticmethod
     def prune(conn: sqlite3.Connection, keep: int) -> list[int]:

@@ -249,10 +249,11 @@ class SQLiteStore:
             revisions.sqlite.read_revision, revision=revision, max_bytes=self._max_bytes,
             as_bytes=_as_bytes, parse_time=_parse_time))
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> None:
-        await self._run("rollback", partial(revisions.sqlite.rollback, revision=revision,
-                                            body_sha256=body_sha256, now=_NOW))
-        log.info("desired revision rolled back", revision=revision)
+    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+        previous: int | None = await self._run("rollback", partial(
+            revisions.sqlite.rollback, revision=revision, body_sha256=body_sha256, now=_NOW))
+        log.info("desired revision rolled back", revision=revision, previous=previous)
+        return previous
 
     async def prune(self, keep: int) -> list[int]:
         return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))

@@ -117,8 +117,12 @@ class ControlPlaneStore(Protocol):
         """
         ...
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> None:
-        """Point desired at ``revision`` if it still exists with this digest (else NOT_FOUND)."""
+    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+        """Point desired at ``revision`` if it still exists with this digest (else NOT_FOUND).
+
+        Returns the desired id this replaced (None: none was desired), read in the
+        same transaction as the write, so a publish racing the rollback is named.
+        """
         ...
 
     async def prune(self, keep: int) -> list[int]:

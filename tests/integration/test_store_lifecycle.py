@@ -105,6 +105,53 @@ async def test_rollback_repoints_desired_only_at_the_same_revision(
         assert await store.desired() == one  # a refused rollback changes nothing
 
 
+async def test_rollback_says_which_revision_it_replaced(store: ControlPlaneStore) -> None:
+    with trio.fail_after(30):
+        one = await store.publish(doc(n=1), 1, None)
+        two = await store.publish(doc(n=2), 1, None)
+        assert await store.rollback(one, hashlib.sha256(doc(n=1)).digest()) == two
+        assert await store.rollback(one, hashlib.sha256(doc(n=1)).digest()) == one
+
+
+async def test_rollback_racing_a_publish_reports_the_revision_it_replaced(pg_url: str) -> None:
+    """``rollback`` prints "desired revision A -> B": A must be what B replaced.
+
+    A publish holds the desired row (its transaction moved desired to a new
+    revision, not yet committed) while the rollback starts. Read apart from the
+    write, "previous" was the revision before that publish: the operator was told
+    the rollback replaced a revision that had not been desired for a moment.
+    """
+    store = make_store(pg_url, max_revision_bytes=4096)
+    await store.migrate()
+    try:
+        with trio.fail_after(30):
+            one = await store.publish(doc(n=1), 1, None)
+            await store.publish(doc(n=2), 1, None)
+            with psycopg.connect(pg_url) as publisher:
+                racing = publisher.execute(
+                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
+                    " VALUES (1, %s, sha256(%s)) RETURNING id", (doc(n=3), doc(n=3))
+                ).fetchone()[0]  # type: ignore[index]
+                publisher.execute("UPDATE supervisor_desired SET revision_id = %s", [racing])
+                replaced: list[int | None] = []
+
+                async def roll_back() -> None:
+                    replaced.append(await store.rollback(one, hashlib.sha256(doc(n=1)).digest()))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(roll_back)
+                    with psycopg.connect(pg_url, autocommit=True) as watch:
+                        await poll_until(lambda: bool(watch.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+                            " = 'Lock' AND query LIKE '%%supervisor_desired%%'"
+                        ).fetchone()[0]))  # type: ignore[index]
+                    publisher.commit()
+            assert replaced == [racing]
+            assert await store.desired() == one
+    finally:
+        await store.aclose()
+
+
 async def test_prune_keeps_the_newest_and_the_desired(store: ControlPlaneStore) -> None:
     with trio.fail_after(30):
         assert await store.prune(3) == []
@@ -153,7 +200,7 @@ async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
                     with psycopg.connect(pg_url, autocommit=True) as watch:
                         await poll_until(lambda: bool(watch.execute(
                             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
-                            " = 'Lock' AND query LIKE 'INSERT INTO supervisor_desired%%'"
+                            " = 'Lock' AND query LIKE '%%FROM supervisor_desired%%'"
                         ).fetchone()[0]))  # type: ignore[index]
                     pruner.commit()
             [refused] = outcome
