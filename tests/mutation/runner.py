@@ -70,7 +70,8 @@ TARGETS: dict[str, Target] = {
          "tests/unit/test_revision_compile.py", "tests/unit/test_revision_properties.py"),
         90.0),
     "convergence": Target(
-        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "bootstrap", "side_sinks",
+        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "schedule", "memory",
+                                                          "bootstrap", "side_sinks",
                                                           "reporting", "outcome", "compiling",
                                                           "signal", "status")),
         ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop_mutants.py",
