@@ -57,8 +57,8 @@ TARGETS: dict[str, Target] = {
                     "tests/unit/test_backoff_mutants.py"), 90.0),
     # The cache: supervisor/sinks/lkg/ and the atomic write it stores every file with.
     "lkg": Target(
-        (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "keys", "fileformat", "files",
-                                                     "errors")),
+        (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "mark", "keys", "fileformat",
+                                                     "files", "errors")),
          "supervisor/sinks/atomic.py"),
         ("tests/unit/test_lkg_mutants.py", "tests/unit/test_cache_write_mutants.py",
          "tests/unit/test_lkg_safety.py", "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
