@@ -17,13 +17,13 @@ Every failure happens before step 4 touches anything, so a refused candidate
 cannot half-apply: "the previous snapshot keeps serving" follows from the
 control flow, not from a cleanup path.
 
-A revision is its content. "Already converged" means the same id *and* the
-same body SHA-256 (and the status's lag compares both): after a restore from a
-backup an id may come back with another body, which is a new revision
-(published, with a log line saying the id was reused). The control plane's
-identity (PostgreSQL cluster and database, SQLite file) is compared on every
-observe; a change starts a new epoch: it is logged, and the sinks are
-re-written from a fresh hydrate.
+A revision is its content: "already converged" means the same id *and* the
+same body SHA-256, and an id that comes back with another body (a restore from
+a backup) is a new revision, published with a log line saying the id was
+reused. The control plane's identity is compared on every observe; a change
+starts a new epoch (the sinks are re-written from a fresh hydrate). What the
+loop remembers between attempts (keys, the epoch, the refusal memo below) is
+:mod:`~supervisor.convergence.memory`.
 
 Why the cache is written *before* the swap (the cache must hold what was
 served): once the swap has happened, the snapshot file and every reader say
@@ -44,19 +44,16 @@ written again; when the export that failed was a move to an older revision,
 the newer cache is removed (unlinking needs no disk space) so a boot cannot
 serve what the operator rolled back from.
 
-Polling is the correctness mechanism; the :class:`ChangeSignal` (LISTEN,
-SIGHUP, a LISTEN reconnect) only shortens the wait. Delays after an attempt:
-
-- success, converged, empty: ``poll_interval_s``;
-- the control plane could not be asked (``unavailable``, ``conflict``): the
-  backoff delay (``backoff_initial_s`` doubling to ``backoff_max_s``), reset on
-  the next answer, so an outage never becomes a hot loop;
-- the control plane answered and the candidate was refused: ``poll_interval_s``.
-  A revision refused for a reason that cannot change while its content does not
-  (``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
-  not hydrated again until desired moves or SIGHUP asks to look again (a body
-  repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
-  secrets' values) and the store's own refusals are retried every poll.
+When the next attempt runs (the poll interval, the backoff while the control
+plane cannot be asked, the wake-ups of the change signal that cut the
+wait short, each answered once its attempt has finished) is
+:mod:`~supervisor.convergence.schedule`'s part: :meth:`ConvergenceLoop.run`
+bootstraps, then hands :meth:`ConvergenceLoop.converge_once` to it. A revision
+refused for a reason that cannot change while its content does not
+(``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
+not hydrated again until desired moves or SIGHUP asks to look again (a body
+repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
+secrets' values) and the store's own refusals are retried every poll.
 
 Each refusal line carries ``retry_in_s``. A refusal repeated unchanged is
 logged at most once a minute (every poll while the cache serves instead of a
@@ -85,23 +82,21 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
-from supervisor.backoff import Backoff
 from supervisor.controlplane.errors import ControlPlaneError
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.compiling import compile_body
+from supervisor.convergence.memory import RevisionMemory
 from supervisor.convergence.outcome import (
     FAST_TRIGGERS,
     UNREACHED,
     Key,
     Outcome,
     OutcomeKind,
-    answer_for,
     failure_fields,
-    is_final,
 )
 from supervisor.convergence.reporting import FailureLog
+from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import Export, SideSinks
-from supervisor.convergence.signal import ChangeSignal, Wakeup
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
@@ -110,7 +105,9 @@ from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
+    from supervisor.backoff import Backoff
     from supervisor.controlplane.store import ControlPlaneStore
+    from supervisor.convergence.signal import ChangeSignal
     from supervisor.revision.secrets import SecretResolver
     from supervisor.revision.snapshot import Snapshot
     from supervisor.sinks.file import SnapshotFile
@@ -149,9 +146,9 @@ class ConvergenceLoop:
         # The revision gauges read the status: it is the one place they are written.
         metrics.follow_revision(status)
         self.events = events
-        self.signal = signal
-        self.poll_interval_s = poll_interval_s
-        self.backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
+        self.schedule = Schedule(signal, poll_interval_s=poll_interval_s,
+                                 backoff_initial_s=backoff_initial_s,
+                                 backoff_max_s=backoff_max_s, rng=rng)
         self.resolver = resolver
         self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file)
         self._on_status = on_status or (lambda _text: None)
@@ -162,47 +159,20 @@ class ConvergenceLoop:
         # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
         self.serve_cache_on_refusal = serve_cache_on_refusal
         self.attempts = 0
-        # A restarted child cannot know whether its predecessor crashed between
-        # the swap and a sink: re-write the sinks at the first attempt.
-        self._sinks_unknown = state.snapshot is not None
-        # The revision refused for a reason only a new body can change.
-        self._refused: tuple[Key, Outcome] | None = None
-        # The revision the current attempt is about (for the refusal memo).
-        self._candidate: Key | None = None
+        self.memory = RevisionMemory(state, status)
 
-    # -- identity --------------------------------------------------------------
+    @property
+    def signal(self) -> ChangeSignal:
+        """The change signal the schedule's waits take wake-ups from."""
+        return self.schedule.signal
 
-    def _is_active(self, key: Key) -> bool:
-        snapshot = self.state.snapshot
-        return (
-            snapshot is not None
-            and self.status.source == "control_plane"
-            and snapshot.revision == key[0]
-            and self.state.body_sha256 == key[1]
-        )
-
-    def _still_refused(self, key: Key) -> Outcome | None:
-        if self._refused is None or self._refused[0] != key:
-            return None
-        return replace(self._refused[1], repeated=True)
+    @property
+    def backoff(self) -> Backoff:
+        """The schedule's backoff while the control plane cannot be asked."""
+        return self.schedule.backoff
 
     def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         self.status.observed(desired, body_sha256)
-
-    def _check_epoch(self, identity: str | None) -> None:
-        if identity is None:
-            return
-        known = self.status.identity
-        self.status.identity = identity
-        if known is not None and known != identity:
-            log.warning(
-                "control plane identity changed (a restore, or another database): new "
-                "epoch; re-reading the desired revision and re-writing the sinks, and the "
-                "cache's rollback mark follows what this epoch serves",
-                previous=known, identity=identity,
-            )
-            self._sinks_unknown = True
-            self._refused = None
 
     # -- one attempt -----------------------------------------------------------
 
@@ -238,19 +208,20 @@ class ConvergenceLoop:
         desired pointer itself, so the separate round trip would only add latency.
         """
         start = trio.current_time()
-        self._candidate = None
+        memory = self.memory
+        memory.candidate = None
         await self.sinks.catch_up(self.state.snapshot)
         if observe:
             pointer = await self._observe()
             if pointer is None:
                 return self._empty()
             self._learn_desired(pointer.revision, pointer.body_sha256)
-            self._check_epoch(pointer.identity)
+            memory.check_epoch(pointer.identity)
             key: Key = (pointer.revision, pointer.body_sha256)
-            self._candidate = key
-            if self._is_active(key) and not self._sinks_unknown:
+            memory.candidate = key
+            if memory.is_active(key) and not memory.sinks_unknown:
                 return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
-            repeated = self._still_refused(key)
+            repeated = memory.still_refused(key)
             if repeated is not None:
                 return repeated
         loaded = await self._hydrate()
@@ -258,17 +229,17 @@ class ConvergenceLoop:
             return self._empty()
         self._learn_desired(loaded.id, loaded.body_sha256)
         key = (loaded.id, loaded.body_sha256)
-        self._candidate = key
-        if self._is_active(key):
-            if self._sinks_unknown:
+        memory.candidate = key
+        if memory.is_active(key):
+            if memory.sinks_unknown:
                 # A restart or a new epoch: the sinks may not hold what serves.
-                self._sinks_unknown = False
+                memory.sinks_unknown = False
                 snapshot = self.state.snapshot
-                assert snapshot is not None  # _is_active
+                assert snapshot is not None  # is_active
                 await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
                                                           loaded.schema_version, loaded.body))
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
-        repeated = self._still_refused(key)
+        repeated = memory.still_refused(key)
         if repeated is not None:
             return repeated
         active = self.state.snapshot
@@ -286,7 +257,7 @@ class ConvergenceLoop:
             await self.sinks.export(Export(loaded.id, generation, loaded.schema_version,
                                            loaded.body))
             await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256)
-        self._sinks_unknown = False
+        memory.sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
 
@@ -336,18 +307,10 @@ class ConvergenceLoop:
         if revision is not None:
             self.events.emit(Rejected(revision=revision, reason=reason, detail=detail,
                                       active=self.status.active))
-            candidate = self._candidate
-            if is_final(exc) and candidate is not None and candidate[0] == revision:
-                self._refused = (candidate, outcome)
+            self.memory.remember_refusal(exc, outcome)
         if outage and not self._failures.outage.ongoing:
             self._on_outage_change(True)
         return outcome
-
-    def _delay_after(self, outcome: Outcome) -> float:
-        if outcome.failed and outcome.reason in UNREACHED:
-            return self.backoff.next()
-        self.backoff.reset()
-        return self.poll_interval_s
 
     async def converge_once(self, trigger: str = "poll") -> Outcome:
         """One full attempt; never raises on data or store failures (Cancelled propagates).
@@ -360,7 +323,7 @@ class ConvergenceLoop:
             # The operator's "look again": a revision repaired in place (its
             # body restored to match its digest) keeps its key, so only this
             # forgets the refusal.
-            self._refused = None
+            self.memory.forget_refusal()
             self._failures.forget()
         with self.metrics.convergence_duration.time():
             try:
@@ -374,7 +337,7 @@ class ConvergenceLoop:
                 else:
                     self.status.succeeded()
         self.status.attempt_finished()
-        outcome = replace(outcome, retry_in_s=self._delay_after(outcome))
+        outcome = replace(outcome, retry_in_s=self.schedule.delay_after(outcome))
         if outcome.failed:
             self._failures.report(outcome)
         elif self._failures.outage.recovered(active=self.status.active):
@@ -389,45 +352,18 @@ class ConvergenceLoop:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Bootstrap when nothing is serving yet, report started, then converge forever.
 
-        Every wake-up taken off the change signal is answered (``POST
+        The attempts follow the :class:`~supervisor.convergence.schedule.Schedule`:
+        every wake-up taken off the change signal is answered (``POST
         /v1/converge`` waits on it) once the attempt that consumed it has
         finished, also when that attempt was interrupted.
         """
         if self.state.snapshot is None:
             await self.bootstrap()
         task_status.started()
-        wakeup = Wakeup("poll")
-        while True:
-            # A wake-up that arrived while the attempt ran may concern something
-            # the attempt did not see, so it is kept, not cleared.
-            outcome: Outcome | None = None
-            try:
-                outcome = await self.converge_once(wakeup.trigger)
-            finally:
-                wakeup.resolve(answer_for(outcome))
-            assert outcome.retry_in_s is not None
-            floor = self.backoff.initial_s if outcome.failed else 0.0
-            wakeup = await self._wait(outcome.retry_in_s, floor)
+        await self.schedule.run(self.converge_once)
 
     async def bootstrap(self) -> Outcome:
         """Reach a first servable snapshot, or raise BootRefused (see :mod:`.bootstrap`)."""
         from supervisor.convergence.bootstrap import bootstrap
 
         return await bootstrap(self)
-
-    async def _wait(self, delay: float, floor: float) -> Wakeup:
-        """Sleep ``delay`` unless signalled; never wake before ``floor``."""
-        deadline = trio.current_time() + delay
-        if floor > 0:
-            await trio.sleep(floor)
-        # A wake-up that came during the floor is taken even when the deadline
-        # has passed too (a poll interval shorter than the floor): otherwise it
-        # would sit in the channel, never consumed, and its trigger (SIGHUP's
-        # "look again") would be lost.
-        woken = self.signal.pending()
-        if woken is not None:
-            return woken
-        with trio.move_on_at(deadline):
-            return await self.signal.next_wakeup()
-        return Wakeup("poll")
-

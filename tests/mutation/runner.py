@@ -57,8 +57,8 @@ TARGETS: dict[str, Target] = {
                     "tests/unit/test_backoff_mutants.py"), 90.0),
     # The cache: supervisor/sinks/lkg/ and the atomic write it stores every file with.
     "lkg": Target(
-        (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "keys", "fileformat", "files",
-                                                     "errors")),
+        (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "mark", "keys", "fileformat",
+                                                     "files", "errors")),
          "supervisor/sinks/atomic.py"),
         ("tests/unit/test_lkg_mutants.py", "tests/unit/test_cache_write_mutants.py",
          "tests/unit/test_lkg_safety.py", "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
@@ -70,7 +70,8 @@ TARGETS: dict[str, Target] = {
          "tests/unit/test_revision_compile.py", "tests/unit/test_revision_properties.py"),
         90.0),
     "convergence": Target(
-        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "bootstrap", "side_sinks",
+        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "schedule", "memory",
+                                                          "bootstrap", "side_sinks",
                                                           "reporting", "outcome", "compiling",
                                                           "signal", "status")),
         ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop_mutants.py",

@@ -6,8 +6,10 @@ Split by concern:
   the key file's errors;
 - :mod:`~supervisor.sinks.lkg.keys`: key texts, key ids, the signing key file, ``keygen``;
 - :mod:`~supervisor.sinks.lkg.fileformat`: the signed file format and its verification;
-- :mod:`~supervisor.sinks.lkg.cache`: :class:`LastKnownGood` (export, load, the
-  served-revision mark and rollback protection).
+- :mod:`~supervisor.sinks.lkg.mark`: the served-revision mark file and the rollback
+  refusal it makes possible;
+- :mod:`~supervisor.sinks.lkg.cache`: :class:`LastKnownGood` (export, load, and the
+  order of the cache's and the mark's writes that keeps rollback protection).
 
 Every public name is importable from here, as before the split.
 """

@@ -43,24 +43,17 @@ Refusals (``CacheError.reason``), checked in this order
 
 Rollback protection
 -------------------
-``<path>.served`` holds one decimal revision id, written atomically (0600): the
-served-revision mark. :meth:`~LastKnownGood.note_served` raises it;
-:meth:`~LastKnownGood.export` sets it to the exported revision, which is what
-this replica serves from then on. ``export`` *sets* rather than only raises
-because an operator may point desired state back at an older revision id; a
-mark that only rose would then make the replica refuse its own, current cache
-at the next boot, during an outage, when it is needed.
-
-The mark cannot be defeated by deleting it: a cache file with no mark next to
-it, or a mark of 0, is refused as ``rollback`` (revision ids start at 1, so 0
-is never a served revision). To trust such a cache deliberately, write its
-revision into the mark file (the refusal says which number). A garbled mark,
-or something other than a regular file there, is ``corrupt``, for the same
-reason: the protection is never silently dropped.
+``<path>.served`` holds one decimal revision id: the served-revision mark
+(:mod:`~supervisor.sinks.lkg.mark`: its file, why an export *sets* it rather
+than only raising it, why a missing or garbled mark refuses the cache).
+:meth:`~LastKnownGood.note_served` raises it; :meth:`~LastKnownGood.export`
+sets it to the exported revision, which is what this replica serves from then
+on; :meth:`~LastKnownGood.load` refuses a cache below it.
 
 The invariant: **at every instant a process can be stopped, a cache file never
 exists without a mark, and the mark is <= the cached revision** (given that it
-held before; a replica whose mark was deleted is refused until reset, above).
+held before; a replica whose mark was deleted is refused until reset, as the
+mark's module says).
 :meth:`~LastKnownGood.export` keeps it by ordering its two atomic writes:
 
 - the mark is missing (or 0, or garbled): mark first, then the cache, so a
@@ -94,7 +87,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from supervisor import reasons
-from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, CacheUnwritable
+from supervisor.sinks.lkg.errors import CacheError, CacheUnwritable
 from supervisor.sinks.lkg.fileformat import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -111,11 +104,10 @@ from supervisor.sinks.lkg.files import (
     read_regular,
 )
 from supervisor.sinks.lkg.keys import key_id_of, load_signing_key, parse_trusted
+from supervisor.sinks.lkg.mark import SERVED_SUFFIX, ServedMark, check_revision
 
 __all__ = ["SERVED_SUFFIX", "CacheFiles", "CachedRevision", "LastKnownGood"]
 
-SERVED_SUFFIX: Final = ".served"
-_MARK_BYTES: Final = 64  # a revision id is at most 20 digits
 _PEEK_BYTES: Final = len(MAGIC) + 4 + MAX_HEADER_BYTES
 
 
@@ -158,7 +150,9 @@ class LastKnownGood:
         files: CacheFiles | None = None,
     ) -> None:
         self._path = path
-        self._served_path = path + SERVED_SUFFIX
+        self._files: CacheFiles = files if files is not None else DurableFiles()
+        # Locked by this object's lock, as the cache file is.
+        self._mark = ServedMark(path, self._files)
         self._trusted = parse_trusted(trusted_keys)
         # Loaded now, not at the first export: a bad key is a configuration
         # error that `check` and boot should report, not a silent export failure.
@@ -174,21 +168,15 @@ class LastKnownGood:
             # Exports signed by an untrusted key would be refused ("denied") at
             # the next boot: the caller warns when this is False.
             self.signing_key_trusted = known is not None and bytes(known) == bytes(verify)
-        prepare_directory(os.path.dirname(path), (path, self._served_path))
+        prepare_directory(os.path.dirname(path), (path, self._mark.path))
         self._max_schema_version = max_schema_version
         self._clock = clock
-        self._files: CacheFiles = files if files is not None else DurableFiles()
         self._lock = threading.Lock()
-        # The mark as this process knows it (max of what it noted and read),
-        # and what the .served file is known to hold (None: not read yet;
-        # 0: missing or 0; -1: unusable, rewritten by the next write).
-        self._mark = 0
-        self._persisted_mark: int | None = None
 
     @property
     def paths(self) -> tuple[str, str]:
         """The cache file and its served mark: the two files an export writes."""
-        return (self._path, self._served_path)
+        return (self._path, self._mark.path)
 
     def forget_files(self) -> None:
         """The files were changed by someone else: re-read the mark before the next write.
@@ -199,7 +187,7 @@ class LastKnownGood:
         noted as served is kept (a deleted mark never lowers it).
         """
         with self._lock:
-            self._persisted_mark = None
+            self._mark.forget_file()
 
     @property
     def path(self) -> str:
@@ -207,65 +195,13 @@ class LastKnownGood:
 
     @property
     def served_path(self) -> str:
-        return self._served_path
+        return self._mark.path
 
     @property
     def trusted_key_ids(self) -> tuple[str, ...]:
         return tuple(self._trusted)
 
     # ----------------------------------------------------------------- the mark
-
-    def _read_mark_file(self) -> int:
-        """The .served file's value; 0 when missing; CacheError(corrupt) when unusable."""
-        reset = f"write the cache's revision into {self._served_path} to reset it deliberately"
-        try:
-            raw = read_regular(self._served_path, limit=_MARK_BYTES)
-        except NotRegularFile as exc:
-            raise CacheError(
-                reasons.CORRUPT,
-                self._served_path,
-                f"the served-revision mark is {exc.kind}, not a regular file; remove it and "
-                f"{reset}",
-            ) from None
-        except OSError as exc:
-            raise CacheError(
-                reasons.CORRUPT,
-                self._served_path,
-                f"the served-revision mark cannot be read: {exc.strerror or exc}",
-            ) from exc
-        if raw is None:
-            return 0
-        text = raw.strip()
-        if not text.isdigit() or len(text) > 20:
-            raise CacheError(
-                reasons.CORRUPT,
-                self._served_path,
-                f"the served-revision mark is not a revision id; {reset}",
-            )
-        return int(text)
-
-    def _known_mark(self) -> int:
-        """The mark for a write path: a garbled or unreadable file counts as 0 and is rewritten."""
-        if self._persisted_mark is None:
-            try:
-                self._persisted_mark = self._read_mark_file()
-            except CacheError:
-                self._persisted_mark = -1  # never equal to a target: forces a rewrite
-            # A fresh instance (a restart) must not lower what an earlier one served.
-            self._mark = max(self._mark, self._persisted_mark)
-        return self._mark
-
-    def _write_mark(self, value: int) -> None:
-        if self._persisted_mark == value:
-            return  # no fsync per publish when nothing changed
-        try:
-            self._files.write(self._served_path, f"{value}\n".encode("ascii"), mode=0o600)
-        except OSError as exc:
-            raise CacheUnwritable(
-                self._served_path,
-                f"the served-revision mark could not be written: {exc.strerror or exc}",
-            ) from exc
-        self._persisted_mark = value
 
     def note_served(self, revision: int) -> None:
         """Record that this replica served ``revision`` (>= 1): raise the mark to it if below.
@@ -274,11 +210,9 @@ class LastKnownGood:
         the mark is raised in memory regardless, and the write is retried by
         the next call.
         """
-        _check_revision(revision)
+        check_revision(revision)
         with self._lock:
-            target = max(self._known_mark(), revision)
-            self._mark = target
-            self._write_mark(target)
+            self._mark.raise_to(revision)
 
     # ----------------------------------------------------------------- export
 
@@ -291,7 +225,7 @@ class LastKnownGood:
         cannot be written, or when no signing key is configured; the two
         writes are ordered as the module docstring says. Blocking.
         """
-        _check_revision(revision)
+        check_revision(revision)
         for name, value in (("generation", generation), ("schema_version", schema_version)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -307,19 +241,19 @@ class LastKnownGood:
         )
         data = encode_file(header, body, self._signing_key)
         with self._lock:
-            known = self._known_mark()
-            mark_absent = self._persisted_mark is None or self._persisted_mark <= 0
-            if mark_absent or revision < known:
+            mark = self._mark
+            known = mark.known()
+            if mark.absent or revision < known:
                 # Mark first: a cache never exists without a mark, and a
                 # lowered mark is never above the cache a stop leaves behind.
-                self._write_mark(revision)
-                self._mark = revision
+                mark.write(revision)
+                mark.value = revision
                 self._write_cache(data)
             else:
                 # Cache first: a raised mark is never above the cached revision.
                 self._write_cache(data)
-                self._mark = revision
-                self._write_mark(revision)
+                mark.value = revision
+                mark.write(revision)
 
     def _write_cache(self, data: bytes) -> None:
         try:
@@ -404,28 +338,7 @@ class LastKnownGood:
         with self._lock:
             # Strict here, unlike the write paths: a garbled or missing mark
             # refuses the cache instead of quietly disabling rollback protection.
-            persisted = self._read_mark_file()
-            mark = max(self._mark, persisted)
-        if persisted <= 0:
-            state = "0" if os.path.exists(self._served_path) else "missing"
-            raise CacheError(
-                ROLLBACK,
-                self._served_path,
-                f"the served-revision mark is {state} next to a cache of revision "
-                f"{header.revision}, so whether that revision is "
-                f"older than one this replica already served cannot be told (the mark may have "
-                f"been deleted); to trust this cache deliberately, write its revision into the "
-                f"mark: echo {header.revision} > {self._served_path}",
-                revision=header.revision,
-            )
-        if header.revision < mark:
-            raise CacheError(
-                ROLLBACK,
-                self._path,
-                f"revision {header.revision} is older than revision {mark}, which this "
-                f"replica already served",
-                revision=header.revision,
-            )
+            self._mark.refuse_rollback(header.revision)
         return CachedRevision(
             revision=header.revision,
             generation=header.generation,
@@ -436,8 +349,3 @@ class LastKnownGood:
             _clock=self._clock,
         )
 
-
-def _check_revision(revision: int) -> None:
-    # Control-plane ids start at 1; a mark of 0 means "no mark" on disk.
-    if revision < 1:
-        raise ValueError(f"revision must be >= 1, got {revision}")

@@ -1,0 +1,104 @@
+"""What the convergence loop remembers between attempts: revisions by content, the epoch, refusals.
+
+A revision is its content. "Already converged" (:meth:`RevisionMemory.is_active`)
+means the same id *and* the same body SHA-256, served from the control plane
+(the status's lag compares both too): after a restore from a backup an id may
+come back with another body, which is a new revision. A :data:`Key` is that
+pair, ``(id, body SHA-256)``.
+
+The control plane's identity (PostgreSQL cluster and database, SQLite file) is
+compared on every observe (:meth:`RevisionMemory.check_epoch`); a change starts
+a new epoch: it is logged, the sinks are re-written from a fresh hydrate
+(:attr:`RevisionMemory.sinks_unknown`), and the refusal memo is forgotten.
+
+The refusal memo: a revision refused for a reason that cannot change while its
+content does not (:func:`~supervisor.convergence.outcome.is_final`) is
+remembered by its key (:meth:`RevisionMemory.remember_refusal`); while desired
+keeps that key, :meth:`RevisionMemory.still_refused` answers the same refusal,
+marked ``repeated``, and the loop does not hydrate it again. Desired moving to
+another key, a new epoch, or SIGHUP (:meth:`RevisionMemory.forget_refusal`:
+a body repaired in place keeps its key) ends it.
+
+:attr:`RevisionMemory.sinks_unknown` starts True when a snapshot is already
+serving as the memory is made (a restarted child cannot know whether its
+predecessor crashed between the swap and a sink); the loop re-writes the sinks
+at its first attempt and clears it.
+
+The memory belongs to one :class:`~supervisor.convergence.loop.ConvergenceLoop`
+(one task): it is not locked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from supervisor.convergence.outcome import Key, Outcome, is_final
+from supervisor.logs import get_logger
+
+if TYPE_CHECKING:
+    from supervisor.controlplane.errors import ControlPlaneError
+    from supervisor.convergence.status import RevisionStatus
+    from supervisor.revision.errors import RevisionError
+    from supervisor.sinks.state import ActiveState
+
+__all__ = ["RevisionMemory"]
+
+log = get_logger("convergence")
+
+
+class RevisionMemory:
+    """Which revision serves, which was refused for good, the epoch (module docstring)."""
+
+    def __init__(self, state: ActiveState, status: RevisionStatus) -> None:
+        self.state = state
+        self.status = status
+        # A restarted child cannot know whether its predecessor crashed between
+        # the swap and a sink: re-write the sinks at the first attempt.
+        self.sinks_unknown = state.snapshot is not None
+        # The revision refused for a reason only a new body can change.
+        self._refused: tuple[Key, Outcome] | None = None
+        # The revision the current attempt is about (for the refusal memo).
+        self.candidate: Key | None = None
+
+    def is_active(self, key: Key) -> bool:
+        """``key`` is what serves, and it came from the control plane."""
+        snapshot = self.state.snapshot
+        return (
+            snapshot is not None
+            and self.status.source == "control_plane"
+            and snapshot.revision == key[0]
+            and self.state.body_sha256 == key[1]
+        )
+
+    def still_refused(self, key: Key) -> Outcome | None:
+        """The remembered refusal of ``key``, marked repeated; None when ``key`` was not refused."""
+        if self._refused is None or self._refused[0] != key:
+            return None
+        return replace(self._refused[1], repeated=True)
+
+    def check_epoch(self, identity: str | None) -> None:
+        """Note the control plane's identity (None: not told); a change starts a new epoch."""
+        if identity is None:
+            return
+        known = self.status.identity
+        self.status.identity = identity
+        if known is not None and known != identity:
+            log.warning(
+                "control plane identity changed (a restore, or another database): new "
+                "epoch; re-reading the desired revision and re-writing the sinks, and the "
+                "cache's rollback mark follows what this epoch serves",
+                previous=known, identity=identity,
+            )
+            self.sinks_unknown = True
+            self._refused = None
+
+    def remember_refusal(self, exc: ControlPlaneError | RevisionError, outcome: Outcome) -> None:
+        """Remember ``outcome`` when ``exc`` is final and about the current candidate."""
+        candidate = self.candidate
+        if is_final(exc) and candidate is not None and candidate[0] == outcome.revision:
+            self._refused = (candidate, outcome)
+
+    def forget_refusal(self) -> None:
+        """The operator's "look again": the next attempt hydrates whatever is desired."""
+        self._refused = None
