@@ -66,7 +66,6 @@ async def bootstrap(loop: ConvergenceLoop) -> Outcome:
             "refusing to boot: the control plane is reachable but has no desired "
             "revision; publish one with `trio-supervisor publish`",
         )
-    loop.status.succeeded()
     loop.status.attempt_finished()
     loop.metrics.convergence_attempts.labels(outcome.kind.value).inc()
     return outcome

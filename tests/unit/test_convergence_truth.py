@@ -544,3 +544,24 @@ async def test_status_is_consistent_the_moment_a_recovery_is_served() -> None:
     at_swap = seen[-1]
     assert at_swap["active"] == second and at_swap["lag_s"] == 0.0
     assert at_swap["consecutive_failures"] == 0 and at_swap["last_error"] is None
+
+
+async def test_recovery_without_a_new_revision_clears_the_failure_count() -> None:
+    """An outage ends and the active revision is still the desired one: converged, no failures.
+
+    No swap happens here, so only the end of the attempt can say it succeeded
+    (the mutation run found no test holding this once a publish reset the count
+    at its swap).
+    """
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.outage = True
+    for _ in range(3):
+        await rec.converge_once()
+    assert rec.status.report()["consecutive_failures"] == 3
+    store.outage = False
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    report = rec.status.report()
+    assert report["consecutive_failures"] == 0 and report["last_error"] is None

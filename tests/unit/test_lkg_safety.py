@@ -454,3 +454,29 @@ def test_revision_zero_is_not_a_revision(cache_path: str, signer: tuple[str, str
     with pytest.raises(ValueError, match="revision"):
         cache.discard_if_newer(-1)
     assert mark_of(cache_path) is None
+
+
+@pytest.mark.parametrize("damage", ["deleted", "zero"])
+def test_forget_files_makes_the_next_export_rewrite_a_damaged_mark(
+    cache_path: str, signer: tuple[str, str], damage: str
+) -> None:
+    """The running daemon's cache, its mark damaged under it, heals at the next export.
+
+    The mark is rewritten only when its value changes; the sinks' catch-up calls
+    ``forget_files`` when it sees the files changed, so the same revision's
+    export writes the mark again and the next boot loads the cache.
+    """
+    cache = make(cache_path, signer)
+    export(cache, 9)
+    served = cache_path + ".served"
+    if damage == "deleted":
+        os.unlink(served)
+    else:
+        Path(served).write_text("0\n")
+    export(cache, 9)  # not told: the mark is believed intact
+    assert mark_of(cache_path) != "9\n"
+    cache.forget_files()
+    export(cache, 9)
+    assert mark_of(cache_path) == "9\n"
+    loaded = make(cache_path, signer).load()
+    assert loaded is not None and loaded.revision == 9
