@@ -28,7 +28,10 @@ def stall_limit_s(cp: ControlPlaneConfig) -> float:
 
 
 def start_limit_s(cp: ControlPlaneConfig) -> float:
-    """How long a *restarted* child may stay ``starting`` before it counts as down.
+    """How long a *restarted* child may spend ``starting`` before it counts as down.
+
+    Its attempts add up until it runs again (:meth:`Supervisor.stuck_starting`):
+    a start that hangs, times out and is restarted is down all along.
 
     Every restart reports started within moments (convergence skips the boot
     while a snapshot serves; the others report before connecting), so this

@@ -29,7 +29,9 @@ to ``BACKOFF_MAX_S``). More than ``intensity`` restarts of one child within
 ``period_s`` raise :class:`~supervisor.errors.SupervisionGaveUp`, which ends
 the process with exit 4 so systemd or Kubernetes restart it whole.
 
-A restarted child that has not reported started within a limit is stuck:
+A restarted child that has spent longer than a limit ``starting`` since it
+last ran (the attempts added up: a start that hangs, times out and restarts
+never runs either; backoff waits are not counted) is stuck:
 :meth:`Supervisor.stuck_starting` names it (the daemon's ``/healthz`` and
 watchdog count it as down). A first start is not counted: it is the caller's
 own start-up, which :meth:`Supervisor.run`'s started report (readiness) covers.
@@ -109,6 +111,10 @@ class ChildState:
     # trio.current_time() when ``state`` was entered (set when supervision
     # begins: the tree may be built outside trio).
     since: float = 0.0
+    # Seconds spent ``starting`` in earlier attempts since the child last ran:
+    # a start that hangs and then fails (a timeout) restarts into another, and
+    # the child is down for all of them, not for the current attempt alone.
+    starting_before: float = 0.0
     restarts: int = 0
     last_error: str | None = None
     recent: deque[float] = field(default_factory=deque)
@@ -174,12 +180,19 @@ class Supervisor:
         """Children restarted and still ``starting`` after ``limit_s``: name -> seconds so far.
 
         Only a restart counts (a child that has reported started before): a
-        first start is the caller's start-up, which readiness covers.
+        first start is the caller's start-up, which readiness covers. The
+        seconds are every attempt's time ``starting`` since the child last ran
+        (backoff waits excluded): restarts that each hang a while and then
+        fail never run either.
         """
         now = trio.current_time()
-        return {name: now - child.since for name, child in self.children.items()
-                if child.state == "starting" and child.started
-                and now - child.since > limit_s}
+        stuck: dict[str, float] = {}
+        for name, child in self.children.items():
+            if child.state == "starting" and child.started:
+                for_s = child.starting_before + now - child.since
+                if for_s > limit_s:
+                    stuck[name] = for_s
+        return stuck
 
     @property
     def crash_looping(self) -> bool:
@@ -230,8 +243,13 @@ class Supervisor:
 
     def _set(self, child: ChildState, state: ChildStateName) -> None:
         if child.state != state:
+            now = trio.current_time()
+            if state == "running":
+                child.starting_before = 0.0
+            elif child.state == "starting":
+                child.starting_before += now - child.since
             child.state = state
-            child.since = trio.current_time()
+            child.since = now
             if self._on_change is not None:
                 self._on_change()
 

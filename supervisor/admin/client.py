@@ -82,8 +82,15 @@ def base_url_for_listen(listen: str) -> str:
     return f"http://{host}:{port}"
 
 
-def _http_base(base_url: str) -> str:
+def _lower_scheme(base_url: str) -> str:
+    """``base_url`` stripped, its scheme (if any) in lower case (RFC 3986: case-insensitive)."""
     base = base_url.strip()
+    scheme, sep, rest = base.partition("://")
+    return f"{scheme.lower()}://{rest}" if sep else base
+
+
+def _http_base(base_url: str) -> str:
+    base = _lower_scheme(base_url)
     if "://" not in base:
         base = f"http://{base}"
     return base.rstrip("/")
@@ -95,10 +102,16 @@ def _status_url(base_url: str) -> str:
 
 
 def stream_url(base_url: str) -> str:
-    """``http://h:p`` (or ``h:p``) -> ``ws://h:p/v1/stream``; ws URLs pass through."""
-    base = base_url.strip()
+    """``http://h:p`` (or ``h:p``) -> ``ws://h:p/v1/stream``.
+
+    A ws URL with a path passes through; one naming only the replica
+    (``ws://h:p``) gets ``/v1/stream``, as :func:`converge_url` reads it.
+    """
+    base = _lower_scheme(base_url)
     if base.startswith(("ws://", "wss://")):
-        return base
+        if "/" in base.partition("://")[2].rstrip("/"):
+            return base
+        return f"{base.rstrip('/')}/v1/stream"
     base = _http_base(base)
     if base.startswith("https://"):
         base = "wss://" + base[len("https://") :]
@@ -113,7 +126,7 @@ def converge_url(base_url: str) -> str:
     ``publish --wait`` takes replicas as stream URLs too (``ws://h:p/v1/stream``);
     its converge request must reach the same replica over HTTP.
     """
-    base = base_url.strip().rstrip("/")
+    base = _lower_scheme(base_url).rstrip("/")
     if base.startswith("wss://"):
         base = "https://" + base[len("wss://"):]
     elif base.startswith("ws://"):

@@ -32,7 +32,8 @@ class WorkQueue:
         self._queued: set[str] = set()
         self._active: set[str] = set()
         self._dirty: set[str] = set()
-        self._delayed: dict[str, float] = {}  # key -> when it is added
+        # key -> when it is added, and the scope its wait runs in
+        self._delayed: dict[str, tuple[float, trio.CancelScope]] = {}
         self._lot = trio.lowlevel.ParkingLot()
         self._idle_lot = trio.lowlevel.ParkingLot()
 
@@ -50,20 +51,30 @@ class WorkQueue:
         """Add ``key`` after ``delay_s`` (run it in a nursery); the sooner pending delay wins.
 
         A delay ending later than the one pending is dropped; a pending one
-        ending later is superseded: its wait ends without adding anything.
+        ending later is superseded: its wait ends at once, adding nothing. A
+        cancelled delay adds nothing either (and may leave the queue idle).
         """
         due = trio.current_time() + delay_s
         pending = self._delayed.get(key)
-        if pending is not None and pending <= due:
+        if pending is not None and pending[0] <= due:
             return
-        self._delayed[key] = due
+        if pending is not None:
+            # Its wait ends now: one sleeping task per key, not one per
+            # superseded delay (an hour's Retry-After superseded by every event).
+            pending[1].cancel()
+        scope = trio.CancelScope(deadline=due)
+        self._delayed[key] = (due, scope)
         try:
-            await trio.sleep_until(due)
+            with scope:
+                await trio.sleep_forever()
         finally:
-            mine = self._delayed.get(key) == due
+            entry = self._delayed.get(key)
+            mine = entry is not None and entry[1] is scope
             if mine:
                 del self._delayed[key]
-        if mine:
+                if not scope.cancelled_caught and self.idle():
+                    self._idle_lot.unpark_all()  # cancelled: nothing was added
+        if mine and scope.cancelled_caught:
             self.add(key)
 
     async def get(self) -> str:

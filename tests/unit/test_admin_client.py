@@ -113,6 +113,27 @@ def test_converge_url_from_any_form_of_a_replica_address(base: str, url: str) ->
     assert converge_url(base) == url
 
 
+@pytest.mark.parametrize(
+    ("base", "stream", "converge"),
+    [
+        # A ws URL naming only the replica: converge_url maps it, and the
+        # stream must not go to "/" (a 404 handshake until --timeout).
+        ("ws://h:1", "ws://h:1/v1/stream", "http://h:1/v1/converge"),
+        ("wss://h:1/", "wss://h:1/v1/stream", "https://h:1/v1/converge"),
+        ("ws://[::1]:1", "ws://[::1]:1/v1/stream", "http://[::1]:1/v1/converge"),
+        # Schemes are case-insensitive (RFC 3986 3.1).
+        ("WS://h:1/v1/stream", "ws://h:1/v1/stream", "http://h:1/v1/converge"),
+        ("WSS://h:1", "wss://h:1/v1/stream", "https://h:1/v1/converge"),
+        ("HTTP://h:1", "ws://h:1/v1/stream", "http://h:1/v1/converge"),
+        ("Https://h:1/", "wss://h:1/v1/stream", "https://h:1/v1/converge"),
+    ],
+)
+def test_stream_and_converge_urls_reach_the_same_replica(base: str, stream: str,
+                                                         converge: str) -> None:
+    """``publish --wait --url`` follows the stream and nudges the same replica."""
+    assert (stream_url(base), converge_url(base)) == (stream, converge)
+
+
 def test_render_status_shows_control_plane_up() -> None:
     up = {**CONTRACT_EXAMPLE, "revision": {**CONTRACT_EXAMPLE["revision"],
                                            "control_plane_up": False,

@@ -102,3 +102,55 @@ async def test_workers_bound_the_concurrency(autojump_clock: trio.testing.MockCl
         nursery.cancel_scope.cancel()
     assert peak == 3
     assert sorted(done) == sorted(f"k{i}" for i in range(10))
+
+
+async def test_a_superseded_delay_ends_its_wait_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No task sleeps on for a delay that no longer counts.
+
+    A 429's Retry-After of an hour, superseded by each sooner requeue (every
+    event that queues the parent, fails it again and requeues it), kept one
+    task asleep per superseded delay for the rest of its hour.
+    """
+    queue = WorkQueue()
+    ended: list[float] = []
+
+    async def requeue(delay_s: float) -> None:
+        await queue.add_after("a", delay_s)
+        ended.append(trio.current_time())
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for delay_s in (3600.0, 3000.0, 2000.0):
+                nursery.start_soon(requeue, delay_s)
+                await trio.sleep(1.0)
+            # The first two were superseded at 1 s and 2 s; the last one still waits.
+            assert ended == [1.0, 2.0]
+            assert queue.pending("a") and len(queue) == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_wait_idle_returns_when_the_only_pending_delay_is_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A cancelled delay adds nothing; the queue is idle then, and its waiter told."""
+    queue = WorkQueue()
+    returned: list[float] = []
+
+    async def waiter() -> None:
+        await queue.wait_idle()
+        returned.append(trio.current_time())
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outer:
+            async with trio.open_nursery() as delays:
+                delays.start_soon(queue.add_after, "a", 3600.0)
+                await trio.testing.wait_all_tasks_blocked()
+                outer.start_soon(waiter)
+                await trio.sleep(1.0)
+                assert returned == []  # waiting for the delayed key
+                delays.cancel_scope.cancel()  # the engine's nursery going away, say
+            await trio.sleep(1.0)
+            assert queue.idle() and not queue.pending("a")
+            assert returned == [1.0]

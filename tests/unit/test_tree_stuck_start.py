@@ -109,3 +109,50 @@ async def test_an_injected_hang_holds_the_restart_until_a_crash_ends_it(
         assert tree.report()["c"]["state"] == "running"
         assert tree.stuck_starting(LIMIT_S) == {}
         nursery.cancel_scope.cancel()
+
+
+class TimesOutWhileStarting:
+    """Starts once, crashes; every later start hangs ``hang_s`` and then fails (a timeout).
+
+    A start stuck on something usually has a timeout: it hangs, crashes, waits
+    its backoff and hangs again. Each attempt alone stays under the limit.
+    """
+
+    def __init__(self, hang_s: float) -> None:
+        self.hang_s = hang_s
+        self.starts = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.starts += 1
+        if self.starts > 1:
+            await trio.sleep(self.hang_s)
+            raise TimeoutError("start timed out")
+        task_status.started()
+        await trio.sleep(1.0)
+        raise RuntimeError("crash")
+
+
+async def test_restarts_that_each_hang_under_the_limit_and_time_out_are_stuck(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Time spent starting adds up across failed restarts until the child runs again.
+
+    Each start hangs 0.8 of the limit and fails; restarts are spaced wider than
+    the restart period, so the intensity never gives up and the child is never
+    crash looping. Counting only the current attempt, it was never stuck,
+    though it has not run since its first crash.
+    """
+    timeout = TimesOutWhileStarting(hang_s=0.8 * LIMIT_S)
+    tree = Supervisor([ChildSpec("steady", forever), ChildSpec("c", timeout.run)],
+                      intensity=5, period_s=5.0, rng=random.Random(3))
+    seen: dict[str, float] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tree.run)
+        for _ in range(int(3 * LIMIT_S / 0.1)):
+            await trio.sleep(0.1)
+            assert not tree.crash_looping
+            seen.update(tree.stuck_starting(LIMIT_S))
+        assert timeout.starts >= 3
+        assert tree.children["c"].state in ("starting", "backoff")
+        nursery.cancel_scope.cancel()
+    assert "c" in seen
