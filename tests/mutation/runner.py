@@ -54,6 +54,7 @@ TARGETS: dict[str, Target] = {
     # The supervision tree and the backoff its restarts wait (exponent, cap, jitter bounds).
     "tree": Target(("supervisor/tree.py", "supervisor/backoff.py"),
                    ("tests/unit/test_tree_mutants.py", "tests/unit/test_tree.py",
+                    "tests/unit/test_tree_stuck_start.py",
                     "tests/unit/test_backoff_mutants.py"), 90.0),
     # The cache: supervisor/sinks/lkg/ and the atomic write it stores every file with.
     "lkg": Target(

@@ -156,3 +156,37 @@ async def test_restarts_that_each_hang_under_the_limit_and_time_out_are_stuck(
         assert tree.children["c"].state in ("starting", "backoff")
         nursery.cancel_scope.cancel()
     assert "c" in seen
+
+
+async def test_time_starting_is_forgotten_once_the_child_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Time starting adds up only until the child runs again.
+
+    Every other restart hangs 0.7 of the limit and fails; the ones between come
+    up and run a moment. Counted since the child last ran, no attempt is past
+    the limit; added up across runs, the second hang would be.
+    """
+    starts: list[float] = []
+
+    async def alternating(
+        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        starts.append(trio.current_time())
+        if len(starts) % 2 == 0:
+            await trio.sleep(0.7 * LIMIT_S)
+            raise RuntimeError("timed out while starting")
+        task_status.started()
+        await trio.sleep(1.0)
+        raise RuntimeError("crash")
+
+    tree = Supervisor([ChildSpec("c", alternating)], intensity=50, period_s=1.0,
+                      rng=random.Random(3))
+    seen: dict[str, float] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tree.run)
+        while len(starts) < 6:
+            await trio.sleep(0.1)
+            seen.update(tree.stuck_starting(LIMIT_S))
+        nursery.cancel_scope.cancel()
+    assert seen == {}
