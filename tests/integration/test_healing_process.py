@@ -186,6 +186,12 @@ async def test_fanout_watchers_heal_after_two_crashes(tmp_path: Path) -> None:
                             server.create(sd(name))
                             await server.wait_until(
                                 lambda name=name: server.get("deployments", "apps", name) is not None)
+                            # The watcher runs again; a probe sent while it was down may
+                            # still be answered after this point (CI saw it as the last
+                            # sample), so wait for one sent since.
+                            after = len(seen)
+                            await poll_until(lambda seen=seen, after=after: any(
+                                s is not None and s[0] == 200 for s in seen[after:]))
                         finally:  # a failed round must not leave the sampler running
                             stop.set()
                     report = await status(port)
