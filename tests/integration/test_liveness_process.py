@@ -23,6 +23,8 @@ import signal
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,21 +61,22 @@ def sample_health(port: int, seen: list[tuple[float, int, Any]], stop: threading
             stop.wait(POLL_INTERVAL_S)
 
 
-async def test_a_stalled_convergence_loop_is_unhealthy_and_stops_the_watchdog(
-        tmp_path: Path) -> None:
-    port = free_port()
-    db = tmp_path / "cp.db"
-    config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.01,
-                          backoff_initial_s=0.01, backoff_max_s=0.01)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+@asynccontextmanager
+async def observed(config: Path, port: int, tmp_path: Path, env: dict[str, str],
+                   ) -> AsyncIterator[tuple[Any, list[tuple[float, int, Any]], list[float]]]:
+    """The daemon, ready, with its WATCHDOG=1 pings and /healthz answers recorded as they come.
+
+    ``env`` is added to ``NOTIFY_SOCKET`` and a 0.2 s ``WATCHDOG_USEC`` (a ping
+    each 0.1 s while healthy). /healthz is sampled from a thread, so this test's
+    own event loop never slows the sampling down.
+    """
     notify = NotifySocket(tmp_path / "notify")
     await notify.bind()
-    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000"}  # a ping each 0.1 s
-    big = big_body(12 * 1024 * 1024)
+    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000", **env}
     seen: list[tuple[float, int, Any]] = []
     pings: list[float] = []
     stop = threading.Event()
-    with trio.fail_after(120):
+    try:
         async with run_daemon(config, env=env) as daemon, trio.open_nursery() as nursery:
             await notify.wait_for("READY=1")
 
@@ -91,11 +94,25 @@ async def test_a_stalled_convergence_loop_is_unhealthy_and_stops_the_watchdog(
             nursery.start_soon(pump)
             nursery.start_soon(sample)
             try:
-                await scenario(daemon, port, db, big, seen, pings)
+                yield daemon, seen, pings
             finally:
                 stop.set()
                 nursery.cancel_scope.cancel()
-    notify.close()
+    finally:
+        notify.close()
+
+
+async def test_a_stalled_convergence_loop_is_unhealthy_and_stops_the_watchdog(
+        tmp_path: Path) -> None:
+    port = free_port()
+    db = tmp_path / "cp.db"
+    config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.01,
+                          backoff_initial_s=0.01, backoff_max_s=0.01)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    big = big_body(12 * 1024 * 1024)
+    with trio.fail_after(120):
+        async with observed(config, port, tmp_path, {}) as (daemon, seen, pings):
+            await scenario(daemon, port, db, big, seen, pings)
 
 
 async def scenario(daemon: Any, port: int, db: Path, big: bytes,
@@ -147,36 +164,10 @@ async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
                           backoff_max_s=0.3)
     await acli("db", "migrate", "--config", str(config))
     await acli("publish", "--config", str(config), str(EXAMPLE))
-    notify = NotifySocket(tmp_path / "notify")
-    await notify.bind()
-    env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "200000",  # a ping each 0.1 s
-           "SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
-    seen: list[tuple[float, int, Any]] = []
-    pings: list[float] = []
-    stop = threading.Event()
     with trio.fail_after(60):
-        async with run_daemon(config, env=env) as daemon, trio.open_nursery() as nursery:
-            await notify.wait_for("READY=1")
-
-            async def pump() -> None:
-                while True:
-                    if "WATCHDOG=1" in await notify.receive():
-                        pings.append(time.monotonic())
-
-            async def sample() -> None:
-                try:
-                    await trio.to_thread.run_sync(sample_health, port, seen, stop)
-                finally:
-                    stop.set()
-
-            nursery.start_soon(pump)
-            nursery.start_soon(sample)
-            try:
-                await stuck_scenario(daemon, port, pg_url, fault_dir, seen, pings)
-            finally:
-                stop.set()
-                nursery.cancel_scope.cancel()
-    notify.close()
+        async with observed(config, port, tmp_path, {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
+                            ) as (daemon, seen, pings):
+            await stuck_scenario(daemon, port, pg_url, fault_dir, seen, pings)
 
 
 async def stuck_scenario(daemon: Any, port: int, pg_url: str, fault_dir: Path,
