@@ -79,6 +79,7 @@ class Daemon:
     _stopping: bool = False
     _convergence_started: bool = False
     _ready: bool = False
+    _watchdog_was_healthy: bool = True
 
     # -- children --------------------------------------------------------------
 
@@ -248,7 +249,17 @@ class Daemon:
                                 ready=self._ready)
 
     def _watchdog_healthy(self) -> bool:
-        return health.watchdog_healthy(self.tree, self.status, self.config.control_plane)
+        """The watchdog's question; its answer changing is said on the STATUS= line too.
+
+        A stuck child or a stall changes nothing in the tree, so without this
+        ``systemctl status`` would keep showing the last line from before.
+        """
+        healthy = health.watchdog_healthy(self.tree, self.status, self.config.control_plane)
+        if healthy != self._watchdog_was_healthy:
+            self._watchdog_was_healthy = healthy
+            self.notifier.status(health.status_line(healthy, self.unhealthy(),
+                                                    self.status.active))
+        return healthy
 
     def _fanout_children(self) -> list[ChildSpec]:
         if not self.config.kubernetes.enabled:

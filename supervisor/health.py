@@ -19,7 +19,7 @@ from supervisor.config import ControlPlaneConfig
 from supervisor.convergence.status import RevisionStatus
 from supervisor.tree import Supervisor
 
-__all__ = ["stall_limit_s", "start_limit_s", "unhealthy", "watchdog_healthy"]
+__all__ = ["stall_limit_s", "start_limit_s", "status_line", "unhealthy", "watchdog_healthy"]
 
 
 def stall_limit_s(cp: ControlPlaneConfig) -> float:
@@ -75,3 +75,10 @@ def watchdog_healthy(tree: Supervisor | None, status: RevisionStatus,
     if any(child.state == "failed" for child in tree.children.values()):
         return False
     return status.stalled_for() <= stall_limit_s(cp)
+
+
+def status_line(healthy: bool, reasons: list[str], active: int | None) -> str:
+    """The systemd STATUS= text when the watchdog's answer changes."""
+    if not healthy:
+        return "unhealthy: " + ("; ".join(reasons) or "children crash looping")
+    return "healthy again" + (f"; serving revision {active}" if active is not None else "")

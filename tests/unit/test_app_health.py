@@ -18,6 +18,7 @@ import trio.testing
 
 from supervisor.app import Daemon
 from supervisor.config import Config, ControlPlaneConfig
+from supervisor.health import status_line
 from supervisor.lifecycle.systemd import Notifier, run_watchdog
 from supervisor.tree import ChildSpec, Supervisor
 
@@ -32,10 +33,13 @@ class Pings(Notifier):
     def __init__(self) -> None:
         super().__init__({})
         self.at: list[float] = []
+        self.statuses: list[str] = []
 
     def send(self, **fields: str) -> bool:
         if fields.get("WATCHDOG") == "1":
             self.at.append(trio.current_time())
+        if "STATUS" in fields:
+            self.statuses.append(fields["STATUS"])
         return True
 
     def between(self, start: float, end: float) -> int:
@@ -80,6 +84,7 @@ async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
     daemon = daemon_with(hanger)
     assert daemon.tree is not None
     pings = Pings()
+    daemon.notifier = pings
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.tree.run)
         daemon._ready = True
@@ -100,6 +105,10 @@ async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
         await trio.sleep_until(restarted_at + 100)
         assert pings.between(restarted_at + LIMIT_S + 0.01, restarted_at + 100) == 0
         assert daemon.tree.report()["hanger"]["state"] == "starting"
+        # systemctl status says so, once (not at every watchdog interval).
+        unhealthy = [line for line in pings.statuses if line.startswith("unhealthy: ")]
+        assert len(unhealthy) == 1
+        assert unhealthy[0].startswith("unhealthy: child hanger has been starting for ")
         nursery.cancel_scope.cancel()
 
 
@@ -120,3 +129,11 @@ async def test_a_boot_that_takes_long_is_for_readiness_not_liveness(
         assert daemon.tree.children["convergence"].state == "starting"
         assert daemon.unhealthy() == []
         nursery.cancel_scope.cancel()
+
+
+def test_the_status_line_when_the_watchdog_answer_changes() -> None:
+    assert status_line(False, ["child c is backoff: boom", "a stall"], 3) == (
+        "unhealthy: child c is backoff: boom; a stall")
+    assert status_line(False, [], 3) == "unhealthy: children crash looping"
+    assert status_line(True, [], 3) == "healthy again; serving revision 3"
+    assert status_line(True, [], None) == "healthy again"
