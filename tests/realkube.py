@@ -27,7 +27,7 @@ import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +131,15 @@ def _rename(obj: Obj, names: dict[str, str]) -> Obj:
     return obj
 
 
+
+def wait_blocking(check: Callable[[], bool], tries: int, failure: str) -> None:
+    """Poll ``check`` (outside state: a real server or process, which sends no event)."""
+    for _ in range(tries):
+        if check():
+            return
+        time.sleep(POLL_INTERVAL_S)
+    raise AssertionError(failure)
+
 @dataclass
 class Installation:
     """One test's namespaces and the daemon's kubeconfig (a ServiceAccount token)."""
@@ -190,13 +199,12 @@ class RealKube:
         for crd in manifest_objects("crds"):
             self.apply(_strip_cel(crd))
         for plural, group_version in CRD_PATHS.items():
-            for _ in range(300):
-                found = self.get(group_version)
-                if found and any(r["name"] == plural for r in found.get("resources", [])):
-                    break
-                time.sleep(POLL_INTERVAL_S)  # outside state: the server's own latency
-            else:
-                raise AssertionError(f"CRD {plural} never served")
+
+            def served(plural: str = plural, group_version: str = group_version) -> bool:
+                found = self.get(group_version) or {}
+                return any(r["name"] == plural for r in found.get("resources", []))
+
+            wait_blocking(served, 300, f"CRD {plural} never served")
         self.crds_installed = True
 
     def install(self) -> Installation:
@@ -264,24 +272,23 @@ class RealKube:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
         # SIGKILL: a crash. (SIGTERM makes 1.20 wait out its in-flight requests first.)
         os.kill(pid, signal.SIGKILL)
-        for _ in range(600):  # outside state: the old process releasing its port
-            if self._apiserver is not None:
-                if self._apiserver.poll() is not None:
-                    break
-            elif not Path(f"/proc/{pid}").exists():
-                break
-            time.sleep(POLL_INTERVAL_S)
+        old = self._apiserver
+
+        def gone() -> bool:  # the old process releasing its port
+            return old.poll() is not None if old is not None else not Path(f"/proc/{pid}").exists()
+
+        wait_blocking(gone, 600, "the killed kube-apiserver did not exit")
         log = (self.run_dir / "apiserver.log").open("ab")
         self._apiserver = subprocess.Popen(argv, cwd=self.run_dir, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.pids[0] = self._apiserver.pid
-        for _ in range(1500):  # outside state: the new process becoming ready
+        def ready() -> bool:
             with suppress(httpx.HTTPError):
-                if self.admin.get("/readyz").status_code == 200:
-                    return
-            time.sleep(POLL_INTERVAL_S)
-        raise AssertionError("kube-apiserver did not come back")
+                return self.admin.get("/readyz").status_code == 200
+            return False
+
+        wait_blocking(ready, 1500, "kube-apiserver did not come back")
 
     def stop(self) -> None:
         self.admin.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import trio
+import trio.testing
 
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
@@ -143,7 +144,9 @@ async def test_a_flood_of_requests_coalesces_and_shutdown_leaves_none_hanging(
             async with trio.open_nursery() as nursery:
                 for _ in range(100):
                     nursery.start_soon(ask_during_shutdown)
-                await trio.sleep(0)
+                # Every request sent and waiting for its answer (or still connecting):
+                # nothing left to run here, then SIGTERM.
+                await trio.testing.wait_all_tasks_blocked(cushion=0.01)
                 daemon.signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
             # grace_s is 5: nobody waited for the 60 s request deadline.
