@@ -25,6 +25,7 @@ from tests.integration.test_fanout_watchers import (
     APPS,
     CONTROL,
     FAST,
+    Harness,
     container,
     harness,
     ready,
@@ -296,6 +297,18 @@ def retries(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and str(e.get("resource", "")).startswith("servicedefinitions")]
 
 
+def web_replicas(fake: FakeApiServer) -> int:
+    return int((fake.get("deployments", APPS, "web") or {})["spec"]["replicas"])
+
+
+async def replicas_fighter(h: Harness) -> None:
+    """Another controller: wants 5 replicas of web, and says so at once after each repair."""
+    while True:
+        await h.until(lambda: web_replicas(h.fake) == 1)
+        h.fake.patch("deployments", APPS, "web", {"spec": {"replicas": 5}},
+                     field_manager="other-controller")
+
+
 async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
     tmp_path: Path,
 ) -> None:
@@ -305,17 +318,8 @@ async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
             fake.create(sd("web"))
             await h.until(lambda: ready(fake.get("servicedefinitions", CONTROL, "web")))
 
-            def replicas() -> int:
-                return int((fake.get("deployments", APPS, "web") or {})["spec"]["replicas"])
-
-            async def other_controller() -> None:  # wants 5 replicas, and says so at once
-                while True:
-                    await h.until(lambda: replicas() == 1)
-                    fake.patch("deployments", APPS, "web", {"spec": {"replicas": 5}},
-                               field_manager="other-controller")
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(other_controller)
+                nursery.start_soon(replicas_fighter, h)
                 await trio.sleep(3.0)  # the observation window: repairs in 3 s are counted
                 nursery.cancel_scope.cancel()
     repairs = h.metric("fanout_drift_repairs", kind="ServiceDefinition")

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
+from tests.integration.test_fanout_controller import replicas_fighter, web_replicas
 from tests.integration.test_fanout_outage import fights, recent_repairs, web_ready
 from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready
 
@@ -109,25 +110,16 @@ async def test_an_edited_child_whose_repair_is_deferred_makes_the_parent_not_rea
             fake = h.fake
             await web_ready(h)
 
-            def replicas() -> int:
-                return int((fake.get("deployments", APPS, "web") or {})["spec"]["replicas"])
-
-            async def other_controller() -> None:  # wants 5 replicas, and says so at once
-                while True:
-                    await h.until(lambda: replicas() == 1)
-                    fake.patch("deployments", APPS, "web", {"spec": {"replicas": 5}},
-                               field_manager="other-controller")
-
             with capture_logs() as logs:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(other_controller)
+                    nursery.start_soon(replicas_fighter, h)
                     await h.until(lambda: bool(fights(logs)))
                     await h.until(lambda: ready_condition(h)["status"] == "False")
                     nursery.cancel_scope.cancel()  # the other controller gives up
                 cond = ready_condition(h)
                 assert cond["reason"] == "RepairDeferred"
                 assert "Deployment apps/web" in cond["message"]
-                assert replicas() == 5
-                await h.until(lambda: replicas() == 1)
+                assert web_replicas(fake) == 5
+                await h.until(lambda: web_replicas(fake) == 1)
                 await h.until(lambda: ready_condition(h)["status"] == "True")
                 assert ready_condition(h)["reason"] == "Applied"
