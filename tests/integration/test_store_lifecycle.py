@@ -89,6 +89,15 @@ async def test_read_a_revision_and_its_refusals(store: ControlPlaneStore, url: s
             await small.aclose()
 
 
+async def rollback_waits_on_the_desired_row(pg_url: str) -> None:
+    """Until another session waits on a lock of supervisor_desired (outside state, polled)."""
+    with psycopg.connect(pg_url, autocommit=True) as watch:
+        await poll_until(lambda: bool(watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+            " = 'Lock' AND query LIKE '%%FROM supervisor_desired%%'"
+        ).fetchone()[0]))  # type: ignore[index]
+
+
 async def test_rollback_repoints_desired_only_at_the_same_revision(
     store: ControlPlaneStore,
 ) -> None:
@@ -140,11 +149,7 @@ async def test_rollback_racing_a_publish_reports_the_revision_it_replaced(pg_url
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(roll_back)
-                    with psycopg.connect(pg_url, autocommit=True) as watch:
-                        await poll_until(lambda: bool(watch.execute(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
-                            " = 'Lock' AND query LIKE '%%supervisor_desired%%'"
-                        ).fetchone()[0]))  # type: ignore[index]
+                    await rollback_waits_on_the_desired_row(pg_url)
                     publisher.commit()
             assert replaced == [racing]
             assert await store.desired() == one
@@ -197,11 +202,7 @@ async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
                     nursery.start_soon(roll_back)
                     # Commit only once the rollback waits on the desired row's lock
                     # (outside state: another session's lock wait, polled).
-                    with psycopg.connect(pg_url, autocommit=True) as watch:
-                        await poll_until(lambda: bool(watch.execute(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
-                            " = 'Lock' AND query LIKE '%%FROM supervisor_desired%%'"
-                        ).fetchone()[0]))  # type: ignore[index]
+                    await rollback_waits_on_the_desired_row(pg_url)
                     pruner.commit()
             [refused] = outcome
             assert isinstance(refused, ControlPlaneError), refused
