@@ -517,6 +517,17 @@ async def test_sink_files_whose_mode_changed_are_written_again(tmp_path: Path) -
     assert [r for r, _ in cache.exported] == [1, 1]
 
 
+async def serve_through_an_outage(rec: ConvergenceLoop, store: FakeStore, *,
+                                  failed_attempts: int) -> None:
+    """Publish what the store holds, fail ``failed_attempts`` times in an outage, end it."""
+    await rec.converge_once()
+    store.outage = True
+    for _ in range(failed_attempts):
+        await rec.converge_once()
+    assert rec.status.report()["consecutive_failures"] == failed_attempts
+    store.outage = False
+
+
 async def test_status_is_consistent_the_moment_a_recovery_is_served() -> None:
     """From the swap on, /status never pairs the new active revision with the outage's count.
 
@@ -532,12 +543,7 @@ async def test_status_is_consistent_the_moment_a_recovery_is_served() -> None:
     holder: list[ConvergenceLoop] = []
     rec = make(store, on_status=lambda _text: seen.append(holder[0].status.report()))
     holder.append(rec)
-    await rec.converge_once()
-    store.outage = True
-    for _ in range(4):
-        await rec.converge_once()
-    assert rec.status.report()["consecutive_failures"] == 4
-    store.outage = False
+    await serve_through_an_outage(rec, store, failed_attempts=4)
     second = store.put(doc("a", "b"))
     seen.clear()
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
@@ -556,12 +562,7 @@ async def test_recovery_without_a_new_revision_clears_the_failure_count() -> Non
     store = FakeStore()
     store.put(doc("a"))
     rec = make(store)
-    await rec.converge_once()
-    store.outage = True
-    for _ in range(3):
-        await rec.converge_once()
-    assert rec.status.report()["consecutive_failures"] == 3
-    store.outage = False
+    await serve_through_an_outage(rec, store, failed_attempts=3)
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     report = rec.status.report()
     assert report["consecutive_failures"] == 0 and report["last_error"] is None
