@@ -82,6 +82,9 @@ def base_url_for_listen(listen: str) -> str:
     return f"http://{host}:{port}"
 
 
+_TO_HTTP = {"ws": "http", "wss": "https"}
+
+
 def _lower_scheme(base_url: str) -> str:
     """``base_url`` stripped, its scheme (if any) in lower case (RFC 3986: case-insensitive)."""
     base = base_url.strip()
@@ -101,6 +104,19 @@ def _status_url(base_url: str) -> str:
     return base if base.endswith("/status") else f"{base}/status"
 
 
+def _replica_http_base(base_url: str) -> str:
+    """Any form of a replica's address -> ``http(s)://h:p`` (ws -> http, wss -> https).
+
+    A ``/v1/stream`` or ``/v1/converge`` ending is dropped: both name the replica.
+    """
+    scheme, sep, rest = _lower_scheme(base_url).partition("://")
+    base = f"{_TO_HTTP.get(scheme, scheme)}://{rest}" if sep else scheme
+    base = _http_base(base)
+    for path in ("/v1/stream", "/v1/converge"):
+        base = base.removesuffix(path)
+    return base
+
+
 def stream_url(base_url: str) -> str:
     """``http://h:p`` (or ``h:p``) -> ``ws://h:p/v1/stream``.
 
@@ -108,16 +124,10 @@ def stream_url(base_url: str) -> str:
     (``ws://h:p``) gets ``/v1/stream``, as :func:`converge_url` reads it.
     """
     base = _lower_scheme(base_url)
-    if base.startswith(("ws://", "wss://")):
-        if "/" in base.partition("://")[2].rstrip("/"):
-            return base
-        return f"{base.rstrip('/')}/v1/stream"
-    base = _http_base(base)
-    if base.startswith("https://"):
-        base = "wss://" + base[len("https://") :]
-    elif base.startswith("http://"):
-        base = "ws://" + base[len("http://") :]
-    return base if base.endswith("/v1/stream") else f"{base}/v1/stream"
+    if base.startswith(("ws://", "wss://")) and "/" in base.partition("://")[2].rstrip("/"):
+        return base
+    scheme, _, rest = _replica_http_base(base).partition("://")
+    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/v1/stream"
 
 
 def converge_url(base_url: str) -> str:
@@ -126,15 +136,7 @@ def converge_url(base_url: str) -> str:
     ``publish --wait`` takes replicas as stream URLs too (``ws://h:p/v1/stream``);
     its converge request must reach the same replica over HTTP.
     """
-    base = _lower_scheme(base_url).rstrip("/")
-    if base.startswith("wss://"):
-        base = "https://" + base[len("wss://"):]
-    elif base.startswith("ws://"):
-        base = "http://" + base[len("ws://"):]
-    base = _http_base(base)
-    for path in ("/v1/stream", "/v1/converge"):
-        base = base.removesuffix(path)
-    return f"{base}/v1/converge"
+    return f"{_replica_http_base(base_url)}/v1/converge"
 
 
 def _auth_headers(token: str | None) -> dict[str, str]:
