@@ -295,6 +295,8 @@ CONTROL_PLANE_TABLES: Final[dict[str, str]] = {
     "supervisor_revisions": "Immutable revision documents; a revision is never updated, "
     "only pointed at (or pruned).",
     "supervisor_desired": "The one-row pointer to the revision every replica should serve.",
+    "supervisor_desired_log": "One row per change of the pointer: when, by whom and why "
+    "(`history` shows them). No foreign key: pruning a revision keeps the record.",
 }
 
 CONTROL_PLANE_COLUMNS: Final[dict[str, str]] = {
@@ -311,6 +313,16 @@ CONTROL_PLANE_COLUMNS: Final[dict[str, str]] = {
     "`ON CONFLICT (singleton)`.",
     "supervisor_desired.revision_id": "The desired revision.",
     "supervisor_desired.updated_at": "When the pointer last moved.",
+    "supervisor_desired.sequence": "Counts the changes of the pointer (publish, rollback, "
+    "plain SQL), set by a trigger, never lowered: the root's intent that followers compare "
+    "(a rollback is an older id under a higher sequence).",
+    "supervisor_desired_log.sequence": "The pointer's `sequence` after this change.",
+    "supervisor_desired_log.revision_id": "The revision the change pointed desired at.",
+    "supervisor_desired_log.changed_at": "When (UTC).",
+    "supervisor_desired_log.changed_by": "PostgreSQL: the database role, `@` the client "
+    "address when over TCP. SQLite: the OS user of the CLI, or `sql` for a plain-SQL writer.",
+    "supervisor_desired_log.message": "Why: the `publish --message` or `rollback --message` "
+    "text (PostgreSQL: the transaction-local setting `supervisor.change_message`).",
 }
 
 POINTER_RULES: Final[tuple[str, ...]] = (

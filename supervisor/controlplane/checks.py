@@ -43,23 +43,24 @@ class HydrateRow:
     body_sha256: bytes | None
     created_at: datetime | None
     message: str | None
+    sequence: object = None
 
 
-#: The observe read, identical on both stores: the pointer and its body's digest.
+#: The observe read, identical on both stores: the pointer, its body's digest, the sequence.
 OBSERVE_SQL = (
-    "SELECT d.revision_id, r.body_sha256 FROM supervisor_desired d"
+    "SELECT d.revision_id, r.body_sha256, d.sequence FROM supervisor_desired d"
     " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
     " WHERE d.singleton"
 )
 
 
 def pointer_from_row(
-    row: tuple[object, object] | None, identity: str | None
+    row: tuple[object, object, object] | None, identity: str | None
 ) -> RevisionPointer | None:
     """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer."""
     if row is None:
         return None
-    revision, digest = row
+    revision, digest, sequence = row
     if not isinstance(revision, int) or revision < 1:
         raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
                         "(ids are >= 1)")
@@ -67,7 +68,14 @@ def pointer_from_row(
         digest = digest.encode("utf-8")
     if digest is not None and not isinstance(digest, bytes | bytearray | memoryview):
         raise TypeError(f"body_sha256 holds {type(digest).__name__}, not bytes")
-    return RevisionPointer(revision, None if digest is None else bytes(digest), identity)
+    return RevisionPointer(revision, None if digest is None else bytes(digest), identity,
+                           _sequence(sequence))
+
+
+def _sequence(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"supervisor_desired.sequence holds {value!r}, not a change count")
+    return value
 
 
 def check_hydrated(
@@ -115,6 +123,7 @@ def check_hydrated(
         created_at=row.created_at,
         message=row.message,
         body_sha256=bytes(row.body_sha256),
+        sequence=None if row.sequence is None else _sequence(row.sequence),
     )
 
 

@@ -59,7 +59,7 @@ from supervisor.controlplane.errors import (
     Incompatible,
     TooLarge,
 )
-from supervisor.controlplane.revisions import RevisionSummary
+from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
@@ -206,11 +206,15 @@ class FollowerStore:
     async def revision(self, revision: int) -> LoadedRevision:
         raise self._no_lifecycle("show")
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+    async def rollback(self, revision: int, body_sha256: bytes,
+                       message: str | None = None) -> int | None:
         raise self._no_lifecycle("rollback")
 
     async def prune(self, keep: int) -> list[int]:
         raise self._no_lifecycle("db prune")
+
+    async def changes(self, limit: int | None) -> list[DesiredChange]:
+        raise self._no_lifecycle("history")
 
     async def aclose(self) -> None:
         await self._client.aclose()

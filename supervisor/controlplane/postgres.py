@@ -60,7 +60,7 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import RevisionSummary
+    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["PostgresStore"]
 
@@ -133,7 +133,7 @@ class PostgresStore:
                     "SELECT d.revision_id, r.id, r.schema_version, octet_length(r.body),"
                     " CASE WHEN octet_length(r.body) <= %(max_bytes)s"
                     "       AND r.schema_version <= %(max_schema)s THEN r.body END,"
-                    " r.body_sha256, r.created_at, r.message"
+                    " r.body_sha256, r.created_at, r.message, d.sequence"
                     " FROM supervisor_desired d"
                     " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
                     " WHERE d.singleton",
@@ -156,6 +156,7 @@ class PostgresStore:
         def write(conn: Conn) -> int:
             digest = hashlib.sha256(body).digest()
             with conn.transaction():
+                revisions.pg.say_why(conn, message)
                 row = conn.execute(
                     "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
                     " VALUES (%s, %b, %b, %s) RETURNING id",
@@ -199,14 +200,18 @@ class PostgresStore:
         return await self._run("read", partial(revisions.pg.read_revision, revision=revision,
                                                max_bytes=self._max_bytes))
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+    async def rollback(self, revision: int, body_sha256: bytes,
+                       message: str | None = None) -> int | None:
         previous: int | None = await self._run("rollback", partial(
-            revisions.pg.rollback, revision=revision, body_sha256=body_sha256))
+            revisions.pg.rollback, revision=revision, body_sha256=body_sha256, message=message))
         log.info("desired revision rolled back", revision=revision, previous=previous)
         return previous
 
     async def prune(self, keep: int) -> list[int]:
         return await self._run("prune", partial(revisions.pg.prune, keep=keep))
+
+    async def changes(self, limit: int | None) -> list[DesiredChange]:
+        return await self._run("history", partial(revisions.pg.changes, limit=limit))
 
     async def aclose(self) -> None:
         await self._runner.aclose()

@@ -1,4 +1,4 @@
-"""The revision lifecycle's statements: history, one revision, rollback, prune (issue 15).
+"""The revision lifecycle's statements: history, one revision, rollback, prune, changes.
 
 Blocking functions that take a driver connection, one set per dialect; the
 stores run them through their usual ``_run`` (worker thread, deadline,
@@ -14,6 +14,8 @@ Contracts, the same for both dialects:
   exists with ``body_sha256`` (so a revision pruned or replaced meanwhile is
   NOT_FOUND, never a dangling or different pointer). On PostgreSQL the trigger
   sends the NOTIFY at commit, as for any publish.
+- :func:`changes`: the record of the desired pointer's changes
+  (``supervisor_desired_log``), newest first: sequence, revision, when, who, why.
 - :func:`prune`: one transaction deletes every revision older than the newest
   ``keep``, never the desired one (the desired row is locked first, so a
   concurrent rollback or publish waits rather than losing its revision).
@@ -21,6 +23,8 @@ Contracts, the same for both dialects:
 
 from __future__ import annotations
 
+import getpass
+import os
 import sqlite3
 import sys
 from dataclasses import dataclass
@@ -33,7 +37,7 @@ from supervisor.controlplane.checks import HydrateRow, check_hydrated
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.store import LoadedRevision
 
-__all__ = ["RevisionSummary", "pg", "sqlite"]
+__all__ = ["DesiredChange", "RevisionSummary", "pg", "sqlite"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,22 @@ class RevisionSummary:
     body_sha256: bytes
     created_at: datetime | None
     message: str | None
+
+
+@dataclass(frozen=True)
+class DesiredChange:
+    """One row of ``supervisor_desired_log``: a change of the desired pointer."""
+
+    sequence: int
+    revision_id: int
+    changed_at: datetime | None
+    changed_by: str
+    message: str | None
+
+
+#: The change record's columns, newest first (both stores).
+CHANGES_SQL = ("SELECT sequence, revision_id, changed_at, changed_by, message"
+               " FROM supervisor_desired_log ORDER BY sequence DESC")
 
 
 def _not_found(revision: int) -> ControlPlaneError:
@@ -102,10 +122,12 @@ class pg:  # a namespace of PostgreSQL statements
         return _checked(row, revision, max_bytes)
 
     @staticmethod
-    def rollback(conn: Conn, revision: int, body_sha256: bytes) -> int | None:
+    def rollback(conn: Conn, revision: int, body_sha256: bytes,
+                 message: str | None = None) -> int | None:
         """Re-point desired; the id it replaced, read under the same row lock."""
         try:
             with conn.transaction():
+                pg.say_why(conn, message)
                 # Locked first, so "previous" is what this write replaces: a
                 # publish committing meanwhile is waited for, and then read.
                 old = conn.execute(
@@ -128,6 +150,17 @@ class pg:  # a namespace of PostgreSQL statements
         if row is None:  # nothing was written
             raise _not_found(revision)
         return None if old is None else int(old[0])
+
+    @staticmethod
+    def say_why(conn: Conn, message: str | None) -> None:
+        """Hand the change's message to the recording trigger (this transaction only)."""
+        conn.execute("SELECT set_config('supervisor.change_message', %s, true)",
+                     [message or ""])
+
+    @staticmethod
+    def changes(conn: Conn, limit: int | None) -> list[DesiredChange]:
+        rows = conn.execute(CHANGES_SQL + " LIMIT %s", [limit]).fetchall()
+        return [DesiredChange(int(q), int(r), at, str(by), msg) for q, r, at, by, msg in rows]
 
     @staticmethod
     def prune(conn: Conn, keep: int) -> list[int]:
@@ -181,7 +214,7 @@ class sqlite:  # a namespace of SQLite statements
 
     @staticmethod
     def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes,
-                 now: str) -> int | None:
+                 now: str, message: str | None = None) -> int | None:
         """Re-point desired; the id it replaced, read in the same write transaction."""
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -195,6 +228,8 @@ class sqlite:  # a namespace of SQLite statements
                 " RETURNING revision_id",
                 (revision, body_sha256),
             ).fetchone()
+            if row is not None:
+                sqlite.say_who_and_why(conn, message)
             conn.execute("COMMIT" if row is not None else "ROLLBACK")
         except BaseException:
             if conn.in_transaction:
@@ -203,6 +238,26 @@ class sqlite:  # a namespace of SQLite statements
         if row is None:
             raise _not_found(revision)
         return None if old is None else int(old[0])
+
+    @staticmethod
+    def say_who_and_why(conn: sqlite3.Connection, message: str | None) -> None:
+        """Put who made the change just written, and why, on its record (same transaction).
+
+        SQLite has no database role: the change is the OS user's.
+        """
+        conn.execute(
+            "UPDATE supervisor_desired_log SET changed_by = ?, message = ? WHERE sequence ="
+            " (SELECT sequence FROM supervisor_desired WHERE singleton)",
+            (_os_user(), message),
+        )
+
+    @staticmethod
+    def changes(conn: sqlite3.Connection, limit: int | None,
+                parse_time: Any) -> list[DesiredChange]:
+        rows = conn.execute(CHANGES_SQL + " LIMIT ?", (-1 if limit is None else limit,)
+                            ).fetchall()
+        return [DesiredChange(int(q), int(r), parse_time(at), str(by), msg)
+                for q, r, at, by, msg in rows]
 
     @staticmethod
     def prune(conn: sqlite3.Connection, keep: int) -> list[int]:
@@ -222,3 +277,10 @@ class sqlite:  # a namespace of SQLite statements
                 conn.execute("ROLLBACK")
             raise
         return sorted(int(r[0]) for r in rows)
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (a bare container)
+        return f"uid {os.getuid()}"

@@ -49,7 +49,7 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import RevisionSummary
+    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["SQLiteStore"]
 
@@ -167,7 +167,7 @@ class SQLiteStore:
                 "SELECT d.revision_id, r.id, r.schema_version, "
                 f"{_SIZE}, CASE WHEN {_SIZE} <= :max_bytes"
                 " AND r.schema_version <= :max_schema THEN r.body END,"
-                " r.body_sha256, r.created_at, r.message"
+                " r.body_sha256, r.created_at, r.message, d.sequence"
                 " FROM supervisor_desired d"
                 " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
                 " WHERE d.singleton",
@@ -175,7 +175,7 @@ class SQLiteStore:
             ).fetchone()
             if row is None:
                 return None
-            desired, rid, schema_version, size, body, digest, created_at, message = row
+            desired, rid, schema_version, size, body, digest, created_at, message, seq = row
             return check_hydrated(
                 HydrateRow(
                     desired=desired if isinstance(desired, int) else None,
@@ -186,6 +186,7 @@ class SQLiteStore:
                     body_sha256=_as_bytes(digest),
                     created_at=_parse_time(created_at),
                     message=message,
+                    sequence=seq,
                 ),
                 max_revision_bytes=max_bytes,
                 max_schema_version=max_schema,
@@ -216,6 +217,7 @@ class SQLiteStore:
                     f" SET revision_id = excluded.revision_id, updated_at = {_NOW}",
                     (revision,),
                 )
+                revisions.sqlite.say_who_and_why(conn, message)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -249,14 +251,20 @@ class SQLiteStore:
             revisions.sqlite.read_revision, revision=revision, max_bytes=self._max_bytes,
             as_bytes=_as_bytes, parse_time=_parse_time))
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+    async def rollback(self, revision: int, body_sha256: bytes,
+                       message: str | None = None) -> int | None:
         previous: int | None = await self._run("rollback", partial(
-            revisions.sqlite.rollback, revision=revision, body_sha256=body_sha256, now=_NOW))
+            revisions.sqlite.rollback, revision=revision, body_sha256=body_sha256, now=_NOW,
+            message=message))
         log.info("desired revision rolled back", revision=revision, previous=previous)
         return previous
 
     async def prune(self, keep: int) -> list[int]:
         return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))
+
+    async def changes(self, limit: int | None) -> list[DesiredChange]:
+        return await self._run("history", partial(revisions.sqlite.changes, limit=limit,
+                                                  parse_time=_parse_time))
 
     async def aclose(self) -> None:
         await self._runner.aclose()

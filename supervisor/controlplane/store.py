@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from supervisor.controlplane.revisions import RevisionSummary
+    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["ControlPlaneStore", "LoadedRevision", "RevisionPointer"]
 
@@ -46,6 +46,10 @@ class LoadedRevision:
     created_at: datetime
     message: str | None
     body_sha256: bytes = b""
+    #: ``supervisor_desired.sequence`` read with the pointer (None: not read
+    #: with it, as by ``revision``): the root's intent, which grows at every
+    #: change of the pointer, rollbacks included.
+    sequence: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class RevisionPointer:
     """What the cheap observe read learns: the desired revision and who said so.
 
     ``body_sha256`` is None when the pointer names a missing revision.
+    ``sequence`` counts the changes of the pointer (publishes, rollbacks,
+    plain SQL): a rollback is an older id under a higher sequence.
     ``identity`` names the control plane itself (PostgreSQL: system identifier
     and database oid; SQLite: the file's device and inode); a change means a
     restore or another database, and starts a new epoch in the loop.
@@ -61,6 +67,8 @@ class RevisionPointer:
     revision: int
     body_sha256: bytes | None
     identity: str | None = None
+    #: ``supervisor_desired.sequence``: grows at every change of the pointer.
+    sequence: int | None = None
 
 
 class ControlPlaneStore(Protocol):
@@ -117,8 +125,11 @@ class ControlPlaneStore(Protocol):
         """
         ...
 
-    async def rollback(self, revision: int, body_sha256: bytes) -> int | None:
+    async def rollback(self, revision: int, body_sha256: bytes,
+                       message: str | None = None) -> int | None:
         """Point desired at ``revision`` if it still exists with this digest (else NOT_FOUND).
+
+        ``message`` is recorded with the change (``supervisor_desired_log``).
 
         Returns the desired id this replaced (None: none was desired), read in the
         same transaction as the write, so a publish racing the rollback is named.
@@ -127,6 +138,10 @@ class ControlPlaneStore(Protocol):
 
     async def prune(self, keep: int) -> list[int]:
         """Delete revisions older than the newest ``keep``, never the desired one; their ids."""
+        ...
+
+    async def changes(self, limit: int | None) -> list[DesiredChange]:
+        """The newest ``limit`` changes of the desired pointer (all when None), newest first."""
         ...
 
     async def aclose(self) -> None:

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from supervisor import reasons
+from supervisor.controlplane import migrations
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
@@ -82,14 +83,16 @@ async def test_migrate_twice_is_harmless(pg_url: str) -> None:
         rid = await s.publish(doc(), 1, "before")
         await s.migrate()
         assert await s.desired() == rid
-        versions = await sql(pg_url, "SELECT version FROM supervisor_schema_migrations")
-        assert versions == [(1,)]
+        versions = await sql(pg_url, "SELECT version FROM supervisor_schema_migrations"
+                                     " ORDER BY version")
+        assert versions == [(1,), (2,)]
         triggers = await sql(
             pg_url,
             "SELECT tgname FROM pg_trigger WHERE tgrelid = 'supervisor_desired'::regclass"
-            " AND NOT tgisinternal",
+            " AND NOT tgisinternal ORDER BY tgname",
         )
-        assert triggers == [("supervisor_desired_notify",)]
+        assert triggers == [("supervisor_desired_notify",), ("supervisor_desired_record",),
+                            ("supervisor_desired_sequence",)]
         await s.aclose()
 
 
@@ -114,7 +117,8 @@ async def test_concurrent_migrations_queue_on_the_advisory_lock(pg_url: str) -> 
         async with trio.open_nursery() as nursery:
             for s in stores:
                 nursery.start_soon(s.migrate)
-        assert await sql(pg_url, "SELECT count(*) FROM supervisor_schema_migrations") == [(1,)]
+        assert await sql(pg_url, "SELECT count(*) FROM supervisor_schema_migrations") == [
+            (migrations.latest_version("postgresql"),)]
         for s in stores:
             await s.aclose()
 

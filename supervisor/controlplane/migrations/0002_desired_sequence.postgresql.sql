@@ -1,0 +1,60 @@
+-- Control-plane schema, version 2 (docs/control-plane.md): every change of
+-- the desired pointer gets a sequence number and a record.
+--
+-- supervisor_desired.sequence is the root's intent: it grows by one at every
+-- change of supervisor_desired, whoever makes it (publish, rollback, plain
+-- SQL), and never goes down, also when the row is deleted and inserted again.
+-- Followers compare sequences, not revision ids, so a rollback (an older id,
+-- a higher sequence) reaches them, and a replayed older statement does not.
+--
+-- supervisor_desired_log keeps one row per change: who made it (the database
+-- role, and the client's address where known) and why (the message the
+-- publisher or the rollback gave, passed as the transaction-local setting
+-- supervisor.change_message). It has no foreign key on purpose: pruning old
+-- revisions keeps the record of when they were desired.
+
+ALTER TABLE supervisor_desired ADD COLUMN sequence bigint NOT NULL DEFAULT 0;
+
+CREATE TABLE supervisor_desired_log (
+    sequence    bigint      PRIMARY KEY,
+    revision_id bigint      NOT NULL,
+    changed_at  timestamptz NOT NULL DEFAULT now(),
+    changed_by  text        NOT NULL,
+    message     text
+);
+
+-- The pointer as it stands when the schema is upgraded is change 1.
+UPDATE supervisor_desired SET sequence = 1;
+INSERT INTO supervisor_desired_log (sequence, revision_id, changed_at, changed_by, message)
+SELECT 1, revision_id, updated_at, 'db migrate', NULL FROM supervisor_desired;
+
+-- BEFORE: the sequence is set on the row itself, so a plain-SQL writer cannot
+-- choose it. INSERT ... ON CONFLICT DO UPDATE fires BEFORE INSERT for the
+-- proposed row and then BEFORE UPDATE for the real change: only the AFTER
+-- trigger below, which fires once for what was written, records it.
+CREATE FUNCTION supervisor_desired_sequence() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.sequence := greatest(
+        CASE WHEN TG_OP = 'UPDATE' THEN OLD.sequence ELSE 0 END,
+        (SELECT coalesce(max(l.sequence), 0) FROM supervisor_desired_log l)) + 1;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION supervisor_desired_record() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO supervisor_desired_log (sequence, revision_id, changed_by, message)
+    VALUES (
+        NEW.sequence, NEW.revision_id,
+        current_user::text || coalesce('@' || host(inet_client_addr()), ''),
+        nullif(current_setting('supervisor.change_message', true), ''));
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER supervisor_desired_sequence BEFORE INSERT OR UPDATE ON supervisor_desired
+    FOR EACH ROW EXECUTE FUNCTION supervisor_desired_sequence();
+CREATE TRIGGER supervisor_desired_record AFTER INSERT OR UPDATE ON supervisor_desired
+    FOR EACH ROW EXECUTE FUNCTION supervisor_desired_record();
