@@ -32,6 +32,7 @@ from supervisor.commands.common import (
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders
 from supervisor.configfile import load
+from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
     BootRefused,
     ConfigError,
@@ -136,7 +137,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = load(path)  # check_files reports a missing SQLite directory with the rest
     problems = placeholders(config) + check_files(config) + creation_problems(config)
     if not problems:
-        problems = _check_contents(config)
+        problems = _check_contents(config) + _schema_problems(config)
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
@@ -150,6 +151,45 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
+
+
+def _schema_problems(config: Config) -> list[tuple[str, str]]:
+    """A control plane a newer build migrated (a read-only look; nothing is created).
+
+    An unreachable or not yet migrated control plane is not a configuration
+    problem (the daemon boots from its cache, ``db migrate`` creates the
+    schema): only a schema this build cannot read is reported.
+    """
+    from supervisor.controlplane import migrations
+
+    cp = config.control_plane
+    try:
+        if cp.backend == "sqlite":
+            import sqlite3
+            from pathlib import Path
+            from urllib.parse import quote
+
+            from supervisor.config import sqlite_path
+
+            path = sqlite_path(cp.url)
+            if not Path(path).is_file():
+                return []
+            lite = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=1)
+            try:
+                migrations.check_not_newer(migrations.sqlite_version(lite), "sqlite")
+            finally:
+                lite.close()
+        elif cp.backend == "postgresql":
+            from supervisor.controlplane.postgres_driver import connect
+
+            with connect(cp.url, connect_timeout_s=3.0,
+                         statement_timeout_s=3.0) as pg:
+                migrations.check_not_newer(migrations.postgres_version(pg), "postgresql")
+    except SchemaTooNew as exc:
+        return [("$.control_plane.url", str(exc))]
+    except Exception as exc:  # noqa: BLE001 - sync code, no Cancelled here; see the docstring
+        logs.get_logger("daemon").debug("schema check skipped", error=str(exc))
+    return []
 
 
 def _check_contents(config: Config) -> list[tuple[str, str]]:
@@ -190,18 +230,19 @@ def cmd_db(args: argparse.Namespace) -> int:
         raise UsageError("--keep and --json go with db prune")
     config, _ = load_config(args)
     from supervisor.controlplane.factory import open_store
+    from supervisor.controlplane.migrations import Migrated
     from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
 
-    async def migrate() -> None:
+    async def migrate() -> Migrated:
         store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION)
         try:
-            await store.migrate()
+            return await store.migrate()
         finally:
             await store.aclose()
 
-    trio.run(migrate)
-    print(f"schema up to date: {redact(config.control_plane.url)}")
+    done = trio.run(migrate)
+    print(f"{done.describe()}: {redact(config.control_plane.url)}")
     return EXIT_OK
 
 
@@ -266,6 +307,11 @@ def _report(exc: BaseException) -> int:
     if found is not None:
         label = "configuration error" if isinstance(found, ConfigError) else "error"
         print(f"trio-supervisor: {label}: {found}", file=sys.stderr)
+        return EXIT_USAGE
+    found = find_leaf(exc, (SchemaTooNew,))
+    if found is not None:
+        # Not this build's to read or migrate: a deployment problem, like a bad config.
+        print(f"trio-supervisor: error: {found}", file=sys.stderr)
         return EXIT_USAGE
     found = find_leaf(exc, (BootRefused,))
     if found is not None:

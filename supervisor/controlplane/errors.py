@@ -8,6 +8,8 @@ so callers classify without knowing the driver::
     └── ControlPlaneError                .category, .revision, .reason, .retryable
         ├── Incompatible                 schema_version newer than this build reads
         │                                (category DENIED, reason "incompatible")
+        ├── SchemaTooNew                 the database was migrated by a newer build
+        │                                (category INVALID; the CLI and boot exit 2)
         └── TooLarge                     body over max_revision_bytes
                                          (category DENIED, reason "denied")
 
@@ -39,6 +41,7 @@ __all__ = [
     "ControlPlaneError",
     "FailureCategory",
     "Incompatible",
+    "SchemaTooNew",
     "TooLarge",
     "malformed",
     "unavailable_timeout",
@@ -127,6 +130,25 @@ class Incompatible(ControlPlaneError):
     @property
     def reason(self) -> str:
         return reasons.INCOMPATIBLE
+
+
+class SchemaTooNew(ControlPlaneError):
+    """The control-plane schema is newer than the migrations this build ships.
+
+    A newer build ran ``db migrate``; this one cannot know what the new schema
+    means, so it neither reads nor migrates it. Not retryable: the fix is
+    deploying the newer build (or restoring the database).
+    """
+
+    def __init__(self, found: int, supported: int) -> None:
+        super().__init__(
+            f"the control-plane schema is version {found}, newer than this build's "
+            f"version {supported} (a newer trio-supervisor migrated it): upgrade this "
+            "replica, or point it at a database it can read",
+            category=FailureCategory.INVALID,
+        )
+        self.found = found
+        self.supported = supported
 
 
 class TooLarge(ControlPlaneError):

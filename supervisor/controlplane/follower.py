@@ -59,6 +59,7 @@ from supervisor.controlplane.errors import (
     Incompatible,
     TooLarge,
 )
+from supervisor.controlplane.migrations import Migrated
 from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import ConfigError
@@ -187,7 +188,7 @@ class FollowerStore:
             category=FailureCategory.INVALID,
         )
 
-    async def migrate(self) -> None:
+    async def migrate(self) -> Migrated:
         raise ControlPlaneError(
             f"this replica follows {self._url}: there is no schema to migrate here",
             category=FailureCategory.INVALID,

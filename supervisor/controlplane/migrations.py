@@ -6,7 +6,11 @@ data, ``migrations/NNNN_name.<backend>.sql`` (backend ``postgresql`` or
 ``sqlite``); the applied versions are recorded in
 ``supervisor_schema_migrations`` and each pending one runs once, in order, in
 the same transaction as its record, so a failed migration leaves nothing
-behind.
+behind. Each run reports what it did (:class:`Migrated`), and a database
+whose recorded versions go beyond this build's newest migration is refused
+(:class:`~supervisor.controlplane.errors.SchemaTooNew`) before anything is
+read or written: a newer build migrated it, and this one cannot know what the
+new schema means.
 
 PostgreSQL specifics: the whole run holds a transaction-scoped advisory lock,
 so replicas migrating at the same time queue rather than collide; and the
@@ -28,16 +32,22 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
+from supervisor.controlplane.errors import SchemaTooNew
+
 if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
     "MIGRATIONS_TABLE",
+    "Migrated",
     "Migration",
+    "check_not_newer",
     "latest_version",
     "load_migrations",
     "migrate_postgres",
     "migrate_sqlite",
+    "postgres_version",
+    "sqlite_version",
 ]
 
 Backend = Literal["postgresql", "sqlite"]
@@ -84,11 +94,49 @@ def latest_version(backend: Backend) -> int:
     return load_migrations(backend)[-1].version
 
 
+@dataclass(frozen=True)
+class Migrated:
+    """What one migration run did: the schema version before it (0: none) and after."""
+
+    before: int
+    after: int
+
+    def describe(self) -> str:
+        """The line ``db migrate`` prints."""
+        if self.before == 0:
+            return f"created schema version {self.after}"
+        if self.before < self.after:
+            return f"upgraded schema from {self.before} to {self.after}"
+        return f"schema up to date (version {self.after})"
+
+
+def check_not_newer(found: int | None, backend: Backend) -> None:
+    """Raise SchemaTooNew when ``found`` (the database's version) is beyond this build."""
+    supported = latest_version(backend)
+    if found is not None and found > supported:
+        raise SchemaTooNew(found, supported)
+
+
+def postgres_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The newest migration recorded in the database (None: no schema yet)."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [MIGRATIONS_TABLE]).fetchone()
+    if row is None or not row[0]:
+        return None
+    found = conn.execute(f"SELECT max(version) FROM {MIGRATIONS_TABLE}").fetchone()
+    return None if found is None or found[0] is None else int(found[0])
+
+
+def sqlite_version(conn: sqlite3.Connection) -> int | None:
+    """The newest migration recorded in the file (None: no schema yet)."""
+    done = _sqlite_applied_readonly(conn)
+    return max(done) if done else None
+
+
 # -- PostgreSQL -----------------------------------------------------------------
 
 
-def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> list[int]:
-    """Apply pending migrations and reconcile the NOTIFY trigger; return versions applied.
+def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> Migrated:
+    """Apply pending migrations and reconcile the NOTIFY trigger; say what was done.
 
     ``conn`` must be in autocommit mode (the run is its own explicit transaction).
     """
@@ -96,7 +144,6 @@ def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> list[int
 
     if not _CHANNEL.match(channel):
         raise ValueError(f"invalid NOTIFY channel {channel!r}")
-    applied_now: list[int] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
         conn.execute(
@@ -106,6 +153,7 @@ def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> list[int
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
+        check_not_newer(max(done, default=None), "postgresql")
         for migration in load_migrations("postgresql"):
             if migration.version in done:
                 continue
@@ -116,7 +164,6 @@ def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> list[int
                 f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
                 [migration.version, migration.name],
             )
-            applied_now.append(migration.version)
 
         current = conn.execute(
             "SELECT t.tgargs FROM pg_trigger t"
@@ -136,7 +183,7 @@ def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> list[int
                     " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})"
                 ).format(sql.Identifier(TRIGGER_NAME), sql.Literal(channel))
             )
-    return applied_now
+    return Migrated(max(done, default=0), latest_version("postgresql"))
 
 
 # -- SQLite ---------------------------------------------------------------------
@@ -169,21 +216,23 @@ def _sqlite_statements(script: str) -> list[str]:
     return statements
 
 
-def migrate_sqlite(conn: sqlite3.Connection) -> list[int]:
-    """Apply pending migrations; return versions applied.
+def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
+    """Apply pending migrations; say what was done.
 
     ``conn`` must have ``isolation_level=None`` (transactions are explicit).
     An up-to-date database is only read, so a read-only file still opens.
     """
     done = _sqlite_applied_readonly(conn)
+    check_not_newer(max(done, default=None), "sqlite")
+    latest = latest_version("sqlite")
     if all(m.version in done for m in load_migrations("sqlite")):
-        return []
-    applied_now: list[int] = []
+        return Migrated(latest, latest)
     # IMMEDIATE takes the write lock up front, so two processes migrating at
     # once serialise here instead of failing halfway with SQLITE_BUSY.
     conn.execute("BEGIN IMMEDIATE")
     try:
         done = _sqlite_applied(conn)
+        check_not_newer(max(done, default=None), "sqlite")
         for migration in load_migrations("sqlite"):
             if migration.version in done:
                 continue
@@ -193,13 +242,12 @@ def migrate_sqlite(conn: sqlite3.Connection) -> list[int]:
                 f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
                 (migration.version, migration.name),
             )
-            applied_now.append(migration.version)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    return applied_now
+    return Migrated(max(done, default=0), latest)
 
 
 def _sqlite_applied_readonly(conn: sqlite3.Connection) -> set[int]:

@@ -177,19 +177,17 @@ class PostgresStore:
         log.info("revision published", revision=revision, bytes=len(body))
         return revision
 
-    async def migrate(self) -> None:
+    async def migrate(self) -> migrations.Migrated:
         channel = self._channel
 
-        def run(conn: Conn) -> list[int]:
+        def run(conn: Conn) -> migrations.Migrated:
             return migrations.migrate_postgres(conn, channel=channel)
 
-        applied = await self._run("migrate", run, deadline_s=MIGRATE_TIMEOUT_S)
-        log.info(
-            "control-plane schema migrated" if applied else "control-plane schema up to date",
-            applied=applied,
-            version=migrations.latest_version("postgresql"),
-            url=redact(self._url),
-        )
+        done = await self._run("migrate", run, deadline_s=MIGRATE_TIMEOUT_S)
+        log.info("control-plane schema migrated" if done.before < done.after
+                 else "control-plane schema up to date",
+                 before=done.before, version=done.after, url=redact(self._url))
+        return done
 
     # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
 

@@ -19,6 +19,7 @@ from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
+from supervisor.controlplane import migrations
 from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
 from supervisor.controlplane.runner import INTERRUPT_GRACE_S
 from supervisor.dsn import redact, scrub
@@ -197,6 +198,12 @@ def _identity(conn: Conn) -> str | None:
     return f"postgresql:{row[0] or '?'}/{row[1]}"
 
 
+def _identity_checking_schema(conn: Conn) -> str | None:
+    """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew)."""
+    migrations.check_not_newer(migrations.postgres_version(conn), "postgresql")
+    return _identity(conn)
+
+
 def _healthy(conn: Conn) -> bool:
     return (
         not conn.closed
@@ -231,7 +238,7 @@ class PostgresConnections:
         conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
                        statement_timeout_s=None)
         try:
-            self.identity = bounded(conn, _identity, self.timeout_ms)
+            self.identity = bounded(conn, _identity_checking_schema, self.timeout_ms)
         except BaseException:
             _close_quietly(conn)
             raise

@@ -229,16 +229,18 @@ class SQLiteStore:
         log.info("revision published", revision=revision, bytes=len(body))
         return revision
 
-    async def migrate(self) -> None:
+    async def migrate(self) -> migrations.Migrated:
         # Opening the connection migrates; this makes sure one is open (and
         # migrates again, harmlessly, in case the file was replaced meanwhile).
-        applied = await self._run("migrate", migrations.migrate_sqlite)
-        log.info(
-            "control-plane schema migrated" if applied else "control-plane schema up to date",
-            applied=applied,
-            version=migrations.latest_version("sqlite"),
-            path=self._path,
-        )
+        # What the open did counts: a new file is created there, not here.
+        done = await self._run("migrate", migrations.migrate_sqlite)
+        opened = self._connections.take_migrated()
+        if opened is not None:
+            done = migrations.Migrated(opened.before, done.after)
+        log.info("control-plane schema migrated" if done.before < done.after
+                 else "control-plane schema up to date",
+                 before=done.before, version=done.after, path=self._path)
+        return done
 
     # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
 

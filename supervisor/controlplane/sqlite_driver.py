@@ -101,8 +101,8 @@ def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: floa
         delay = min(delay * 2, 0.05)
 
 
-def _prepare(conn: sqlite3.Connection) -> list[int]:
-    """Switch the file to WAL (best effort) and migrate it; return versions applied."""
+def _prepare(conn: sqlite3.Connection) -> migrations.Migrated:
+    """Switch the file to WAL (best effort) and migrate it; say what the migration did."""
     try:
         # WAL lets the CLI publish while the daemon reads. Persistent in the
         # file; needs write access, so a read-only file stays as it is.
@@ -133,6 +133,13 @@ class SQLiteConnections:
         # `mv new.db cp.db` or a deleted file leaves the connection on the old
         # inode, so every call first checks the path still names it.
         self.file_id: tuple[int, int] | None = None
+        # What the last open's migration did, until the store's migrate() asks.
+        self._migrated: migrations.Migrated | None = None
+
+    def take_migrated(self) -> migrations.Migrated | None:
+        """What the latest open migrated (None: nothing since the last call)."""
+        migrated, self._migrated = self._migrated, None
+        return migrated
 
     def open(self, stop: threading.Event) -> sqlite3.Connection:
         path = self.path
@@ -152,9 +159,11 @@ class SQLiteConnections:
             conn.execute("PRAGMA foreign_keys = ON")
             # Both steps may meet a lock (another process migrating, or a
             # closing connection checkpointing the WAL): waited out like any other.
-            applied = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
-            if applied:
-                log.info("control-plane schema migrated", applied=applied, path=path)
+            migrated = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
+            if migrated.before < migrated.after:
+                self._migrated = migrated
+                log.info("control-plane schema migrated", before=migrated.before,
+                         version=migrated.after, path=path)
         except BaseException:
             conn.close()
             raise

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from supervisor.controlplane.migrations import Migrated
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["ControlPlaneStore", "LoadedRevision", "RevisionPointer"]
@@ -108,8 +109,11 @@ class ControlPlaneStore(Protocol):
         """
         ...
 
-    async def migrate(self) -> None:
-        """Create or upgrade the schema; versioned and idempotent."""
+    async def migrate(self) -> Migrated:
+        """Create or upgrade the schema; versioned and idempotent; say what was done.
+
+        Raises SchemaTooNew (nothing changed) when a newer build migrated it.
+        """
         ...
 
     # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --

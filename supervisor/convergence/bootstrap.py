@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew
 from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.outcome import Outcome, OutcomeKind, failure_fields
-from supervisor.errors import BootRefused
+from supervisor.errors import BootRefused, ConfigError
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
 
@@ -38,6 +38,10 @@ async def bootstrap(loop: ConvergenceLoop) -> Outcome:
     """Reach a first servable snapshot, or raise BootRefused naming the refusal."""
     try:
         outcome = await loop.attempt()
+    except SchemaTooNew as exc:
+        # A newer build migrated the database: serving a cache meanwhile would
+        # hide that this replica must be upgraded; exit 2 as for a bad config.
+        raise ConfigError("$.control_plane.url", str(exc)) from exc
     except ControlPlaneError as exc:
         loop.record_failure(exc)
         if exc.retryable or exc.reason == reasons.INCOMPATIBLE:

@@ -1,0 +1,86 @@
+"""``db migrate`` says what it did, and a schema migrated by a newer build is refused.
+
+Through the real CLI on both control planes: ``created schema version N``,
+``upgraded schema from N to M``, ``schema up to date (version N)``; a
+database whose recorded migrations go beyond this build's is refused by
+``db migrate``, ``check``, ``publish`` and ``run`` with exit 2 and a message
+naming both versions, and nothing in it is changed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from supervisor.controlplane import migrations
+from tests.proc import cli, write_config
+
+LATEST = migrations.latest_version("sqlite")
+FUTURE = LATEST + 7
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("pg_url" if request.param == "postgresql"
+                                       else "sqlite_url"))
+
+
+def _sql(url: str, statement: str) -> list[tuple[object, ...]]:
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            return conn.execute(statement).fetchall()
+    with psycopg.connect(url, autocommit=True) as pg:
+        cur = pg.execute(statement.encode())
+        return cur.fetchall() if cur.description else []
+
+
+def _create_version_1(url: str) -> None:
+    backend = "postgresql" if url.startswith("postgresql") else "sqlite"
+    v1 = migrations.load_migrations(backend)[0]
+    if backend == "sqlite":
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            for statement in migrations._sqlite_statements(v1.sql):
+                conn.execute(statement)
+    else:
+        _sql(url, v1.sql)
+    _sql(url, f"CREATE TABLE {migrations.MIGRATIONS_TABLE} (version integer PRIMARY KEY,"
+              " name text NOT NULL, applied_at text)")
+    _sql(url, f"INSERT INTO {migrations.MIGRATIONS_TABLE} VALUES (1, 'initial', 'then')")
+
+
+def test_migrate_says_created_then_up_to_date(tmp_path: Path, url: str) -> None:
+    config = write_config(tmp_path, url)
+    first = cli("db", "migrate", "--config", str(config))
+    assert first.stdout.startswith(f"created schema version {LATEST}: ")
+    again = cli("db", "migrate", "--config", str(config))
+    assert again.stdout.startswith(f"schema up to date (version {LATEST}): ")
+
+
+def test_migrate_says_it_upgraded_an_older_schema(tmp_path: Path, url: str) -> None:
+    _create_version_1(url)
+    config = write_config(tmp_path, url)
+    done = cli("db", "migrate", "--config", str(config))
+    assert done.stdout.startswith(f"upgraded schema from 1 to {LATEST}: ")
+    assert _sql(url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(LATEST,)]
+
+
+def test_a_schema_from_a_newer_build_is_refused_by_every_command(
+        tmp_path: Path, url: str) -> None:
+    config = write_config(tmp_path, url)
+    cli("db", "migrate", "--config", str(config))
+    revision = tmp_path / "rev.toml"
+    revision.write_text('schema_version = 1\n[aliases]\n')
+    cli("publish", "--config", str(config), str(revision))
+    _sql(url, f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at)"
+              f" VALUES ({FUTURE}, 'from_the_future', 'now')")
+    before = _sql(url, "SELECT count(*) FROM supervisor_revisions")
+    for args in (("db", "migrate"), ("check",), ("publish", str(revision)), ("run",)):
+        result = cli(*args, "--config", str(config), check=False, timeout=60)
+        said = result.stdout + result.stderr
+        assert result.returncode == 2, (args, said)
+        assert f"version {FUTURE}" in said and f"version {LATEST}" in said, (args, said)
+    assert _sql(url, "SELECT count(*) FROM supervisor_revisions") == before
+    assert _sql(url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(FUTURE,)]
