@@ -1,7 +1,7 @@
 """The admin API as an ASGI application (docs/admin-api.md).
 
 The routes and what each answers: ``docs/admin-api.md`` (generated from this
-app's route table and :mod:`supervisor.docs_catalog`); the handlers are
+app's route table and :mod:`tools.docs_catalog`); the handlers are
 :mod:`.routes`, and this module decides which request reaches which. The
 plumbing of answers (status, headers, refusing a WebSocket handshake) is
 :mod:`.responses`.

@@ -1,4 +1,4 @@
-"""The reference pages in docs/ match the code they document (python -m supervisor.docsgen)."""
+"""The reference pages in docs/ match the code they document (python -m tools.docsgen)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from supervisor import docs_catalog, docsgen, reasons
+from supervisor import reasons
 from supervisor.config import Config
+from tools import docs_catalog, docsgen
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_docs_are_up_to_date() -> None:
     stale = docsgen.check(REPO / "docs")
-    assert not stale, f"stale: {stale}; run `python -m supervisor.docsgen` and commit docs/"
+    assert not stale, f"stale: {stale}; run `python -m tools.docsgen` and commit docs/"
 
 
 def test_check_command_fails_on_a_stale_page(tmp_path: Path) -> None:
@@ -28,7 +29,7 @@ def test_check_command_fails_on_a_stale_page(tmp_path: Path) -> None:
     index = tmp_path / "README.md"
     index.write_text(index.read_text() + "- [old.md](old.md): gone\n")
     assert sorted(docsgen.check(tmp_path)) == ["README.md", "configuration.md", "metrics.md"]
-    result = subprocess.run([sys.executable, "-m", "supervisor.docsgen", "--check"],
+    result = subprocess.run([sys.executable, "-m", "tools.docsgen", "--check"],
                             cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
 
@@ -49,7 +50,7 @@ def test_every_key_and_label_has_prose() -> None:
     for section in Config.__struct_fields__:
         sub = type(getattr(Config(), section))
         missing = {f"{section}.{k}" for k in sub.__struct_fields__} - described
-        assert not missing, f"describe in supervisor/docs_catalog.py: {missing}"
+        assert not missing, f"describe in tools/docs_catalog.py: {missing}"
     labels = {*reasons.REVISION_REASONS, *reasons.BOOT_REFUSALS, *reasons.FANOUT_ERROR_CLASSES}
     assert labels <= set(docs_catalog.REASONS), labels - set(docs_catalog.REASONS)
 

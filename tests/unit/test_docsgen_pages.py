@@ -17,14 +17,11 @@ import msgspec
 import structlog
 import trio
 
-from supervisor import cli, docs_catalog, docsgen
+from supervisor import cli
 from supervisor.admin.app import AdminApp
 from supervisor.admin.status_doc import StatusDocument, declared
 from supervisor.commands import common
 from supervisor.controlplane import migrations
-from supervisor.docsgen import adminapi, controlplane, kubernetes, process, sourcescan
-from supervisor.docsgen.common import DOCS
-from supervisor.docsgen.sourcescan import modules
 from supervisor.events import EVENT_TYPES
 from supervisor.fanout import labels
 from supervisor.fanout.children import KINDS
@@ -32,6 +29,10 @@ from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle import signals
 from supervisor.telemetry import Metrics
 from tests.integration.test_admin_support import make_ctx
+from tools import docs_catalog, docsgen
+from tools.docsgen import adminapi, controlplane, kubernetes, process, sourcescan
+from tools.docsgen.common import DOCS
+from tools.docsgen.sourcescan import modules
 
 
 def section(text: str, heading: str) -> str:

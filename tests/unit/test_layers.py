@@ -3,7 +3,7 @@
 Layers, bottom to top (``TYPE_CHECKING`` imports count too: they are design
 dependencies even when they cost nothing at run time)::
 
-    4  app, health, cli, commands, __main__, cli_help, docsgen, docs_catalog   (assembly)
+    4  app, health, cli, commands, __main__, cli_help   (assembly)
     3  admin                                                 (reads what the loops report)
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
@@ -28,7 +28,7 @@ LAYERS = {
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},
     3: {"admin"},
-    4: {"app", "health", "cli", "commands", "__main__", "cli_help", "docsgen", "docs_catalog"},
+    4: {"app", "health", "cli", "commands", "__main__", "cli_help"},
 }
 RANK = {part: rank for rank, parts in LAYERS.items() for part in parts}
 # controlplane -> sinks: the follower store (controlplane/follower.py) verifies
@@ -86,3 +86,14 @@ def test_the_check_would_catch_a_violation() -> None:
     assert RANK["convergence"] == RANK["fanout"]
     assert ("convergence", "fanout") not in SAME_LAYER_ALLOWED
     assert RANK["controlplane"] < RANK["convergence"]
+
+
+def test_the_daemon_never_parses_its_own_source() -> None:
+    # Harvesting log events or docstrings from the syntax tree is the docs
+    # generator's job (tools/docsgen), which is not installed with the daemon.
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not {"ast", "inspect", "tokenize"} & set(names), path

@@ -6,7 +6,7 @@
 - Exit codes: the ``EXIT_*`` constants of :mod:`supervisor.commands.common`; the
   exceptions :func:`supervisor.cli._report` maps to them, read from its syntax
   tree; the signals of :mod:`supervisor.lifecycle.signals`; the ``sd_notify``
-  lines found in the source (:func:`~supervisor.docsgen.sourcescan.notify_messages`).
+  lines found in the source (:func:`~tools.docsgen.sourcescan.notify_messages`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import inspect
 import textwrap
 from collections.abc import Iterator
 
-from supervisor import cli, cli_help, docs_catalog, errors
+from supervisor import cli, cli_help, errors
 from supervisor.commands import common
-from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
-from supervisor.docsgen.sourcescan import modules, notify_messages
 from supervisor.lifecycle import signals
+from tools import docs_catalog
+from tools.docsgen.common import HEADER, UNDESCRIBED, code, table
+from tools.docsgen.sourcescan import modules, notify_messages
 
 __all__ = ["exception_exits", "exit_constants", "render_commands", "render_exit_codes",
            "subcommands"]

@@ -4,14 +4,14 @@
   the method each answers (``POST`` for the converge path, WebSocket for the
   stream path, ``GET``/``HEAD`` otherwise, as the app dispatches) and whether it
   needs the token (:data:`~supervisor.admin.app.OPEN_PATHS`); what each answers
-  is prose in :data:`supervisor.docs_catalog.ADMIN_ROUTES`.
+  is prose in :data:`tools.docs_catalog.ADMIN_ROUTES`.
 - ``/status``: every field of :class:`~supervisor.admin.status_doc.StatusDocument`
   (walked with :func:`status_fields`) with its type, and the prose of
-  :data:`supervisor.docs_catalog.STATUS_KEYS`, which the tests hold to the same
+  :data:`tools.docs_catalog.STATUS_KEYS`, which the tests hold to the same
   fields and to a real document's keys.
 - Stream events: the Structs of :mod:`supervisor.events` (their keys, types
   and docstrings), with the modules that emit each (found by
-  :func:`~supervisor.docsgen.sourcescan.emitted_events`).
+  :func:`~tools.docsgen.sourcescan.emitted_events`).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from __future__ import annotations
 import msgspec
 import msgspec.inspect
 
-from supervisor import docs_catalog
 from supervisor.admin import app as admin_app
 from supervisor.admin import routes as admin_routes
 from supervisor.admin import stream
 from supervisor.admin.context import AdminContext
 from supervisor.admin.status_doc import StatusDocument
 from supervisor.convergence.status import RevisionStatus
-from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
-from supervisor.docsgen.sourcescan import emitted_events, modules
 from supervisor.events import EVENT_TYPES, EventBus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
+from tools import docs_catalog
+from tools.docsgen.common import HEADER, UNDESCRIBED, code, table
+from tools.docsgen.sourcescan import emitted_events, modules
 
 __all__ = ["all_stream_events", "render_admin_api", "routes", "status_fields"]
 

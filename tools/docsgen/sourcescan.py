@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
-from supervisor.docsgen.common import PACKAGE
+from tools.docsgen.common import PACKAGE
 
 __all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "notify_messages"]
 

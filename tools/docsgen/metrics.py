@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from supervisor import __version__
-from supervisor.docsgen.common import HEADER, code, table
 from supervisor.fanout.leadership import LeadershipMetrics
 from supervisor.telemetry import Metrics
+from tools.docsgen.common import HEADER, code, table
 
 __all__ = ["MetricDoc", "metric_docs", "render_metrics"]
 

@@ -3,7 +3,7 @@
 Types, defaults and bounds come from the JSON schema msgspec derives from the
 Structs of :mod:`supervisor.config` and :mod:`supervisor.revision.document`; the
 environment name from the section and key; what a key means from
-:mod:`supervisor.docs_catalog`.
+:mod:`tools.docs_catalog`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from supervisor import docs_catalog
 from supervisor.config import ENV_PREFIX, Config
-from supervisor.docsgen.common import HEADER, UNDESCRIBED, cell, number
+from tools import docs_catalog
+from tools.docsgen.common import HEADER, UNDESCRIBED, cell, number
 
 __all__ = ["render_configuration", "render_revision_schema", "schema_default", "schema_type"]
 

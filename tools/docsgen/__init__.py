@@ -1,6 +1,6 @@
 """Generate the reference pages in ``docs/`` from the code they document.
 
-``python -m supervisor.docsgen`` rewrites them; ``python -m supervisor.docsgen
+``python -m tools.docsgen`` rewrites them; ``python -m tools.docsgen
 --check`` exits 1 naming every page that differs from what the code says (the
 test suite runs the same comparison). One module per group of pages, each
 reading the code that implements what it documents, never a copied table:
@@ -19,7 +19,7 @@ reading the code that implements what it documents, never a copied table:
 - :mod:`.index`: ``README.md``, one line per page.
 
 The prose (what a key means, what to do about a label) is in
-:mod:`supervisor.docs_catalog`, keyed by name.
+:mod:`tools.docs_catalog`, keyed by name.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.docsgen.adminapi import render_admin_api
-from supervisor.docsgen.common import DOCS
-from supervisor.docsgen.controlplane import render_control_plane
-from supervisor.docsgen.diagnostics import render_log_events, render_reasons
-from supervisor.docsgen.index import render_index
-from supervisor.docsgen.kubernetes import render_kubernetes
-from supervisor.docsgen.metrics import render_metrics
-from supervisor.docsgen.process import render_commands, render_exit_codes
-from supervisor.docsgen.settings import render_configuration, render_revision_schema
+from tools.docsgen.adminapi import render_admin_api
+from tools.docsgen.common import DOCS
+from tools.docsgen.controlplane import render_control_plane
+from tools.docsgen.diagnostics import render_log_events, render_reasons
+from tools.docsgen.index import render_index
+from tools.docsgen.kubernetes import render_kubernetes
+from tools.docsgen.metrics import render_metrics
+from tools.docsgen.process import render_commands, render_exit_codes
+from tools.docsgen.settings import render_configuration, render_revision_schema
 
 __all__ = [
     "DOCS", "PAGES", "check", "main", "render_admin_api", "render_all", "render_commands",
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m supervisor.docsgen",
+    parser = argparse.ArgumentParser(prog="python -m tools.docsgen",
                                      description="Regenerate (or --check) docs/.")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 naming the pages that differ from the code")
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = check()
         for name in stale:
-            print(f"docs/{name} is stale: run python -m supervisor.docsgen", file=sys.stderr)
+            print(f"docs/{name} is stale: run python -m tools.docsgen", file=sys.stderr)
         return 1 if stale else 0
     write()
     return 0

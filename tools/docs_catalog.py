@@ -1,4 +1,4 @@
-"""The prose of the generated reference pages in ``docs/`` (see :mod:`supervisor.docsgen`).
+"""The prose of the generated reference pages in ``docs/`` (see :mod:`tools.docsgen`).
 
 Types, defaults, bounds, environment names, reason labels and log events come
 from the code; what a key *means* and what to do about a label is written here,

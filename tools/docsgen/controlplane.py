@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from supervisor import docs_catalog
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane import migrations
 from supervisor.controlplane.checks import OBSERVE_SQL
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
+from tools import docs_catalog
+from tools.docsgen.common import HEADER, UNDESCRIBED, code, table
 
 __all__ = ["Column", "render_control_plane", "schema"]
 

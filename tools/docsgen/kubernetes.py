@@ -20,15 +20,15 @@ from types import ModuleType
 import msgspec
 
 import supervisor
-from supervisor import docs_catalog
 from supervisor.config import KubernetesConfig
-from supervisor.docsgen.common import HEADER, UNDESCRIBED, code, table
-from supervisor.docsgen.settings import schema_default, schema_type
-from supervisor.docsgen.sourcescan import kube_event_reasons, modules
 from supervisor.fanout import labels as fanout_labels
 from supervisor.fanout.children import KINDS
 from supervisor.fanout.parentstatus import StatusWant
 from supervisor.kube.models import Resource
+from tools import docs_catalog
+from tools.docsgen.common import HEADER, UNDESCRIBED, code, table
+from tools.docsgen.settings import schema_default, schema_type
+from tools.docsgen.sourcescan import kube_event_reasons, modules
 
 __all__ = ["group_keys", "render_kubernetes", "resources"]
 
@@ -38,7 +38,7 @@ def _modules() -> Iterator[ModuleType]:
     """Every module of the package (not ``__main__``, which runs, nor this generator)."""
     yield supervisor
     for info in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
-        if info.name.endswith("__main__") or info.name.startswith("supervisor.docsgen"):
+        if info.name.endswith("__main__") or info.name.startswith("tools.docsgen"):
             continue
         yield importlib.import_module(info.name)
 

@@ -1,15 +1,16 @@
 """``docs/reasons.md`` and ``docs/log-events.md``: what the daemon says when something happens.
 
 Reason labels come from :mod:`supervisor.reasons` (with what to do from
-:mod:`supervisor.docs_catalog`); log events from every log call in the package
-(:func:`supervisor.docsgen.sourcescan.log_calls`).
+:mod:`tools.docs_catalog`); log events from every log call in the package
+(:func:`tools.docsgen.sourcescan.log_calls`).
 """
 
 from __future__ import annotations
 
-from supervisor import docs_catalog, reasons
-from supervisor.docsgen.common import HEADER, UNDESCRIBED, cell
-from supervisor.docsgen.sourcescan import log_calls, modules
+from supervisor import reasons
+from tools import docs_catalog
+from tools.docsgen.common import HEADER, UNDESCRIBED, cell
+from tools.docsgen.sourcescan import log_calls, modules
 
 __all__ = ["render_log_events", "render_reasons"]
 
