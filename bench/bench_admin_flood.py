@@ -6,8 +6,8 @@ Run from the repository root::
 
 The daemon runs as its own process with ``RLIMIT_NOFILE`` lowered to
 ``--nofile``; a separate prober process sends ``GET /healthz`` on a fresh
-connection every 50 ms throughout. Three floods of ``--count`` connections each
-(issue 12): HTTP/2 prefaces, idle connections (all opened at once and held), and
+connection every 50 ms throughout. Three floods of ``--count`` connections each:
+HTTP/2 prefaces, idle connections (all opened at once and held), and
 WebSocket handshakes (accepted ones held until the phase ends). The probe
 latencies cover each flood plus 1.5 s before and after it. Per phase: the
 connections the daemon held at the end (its ``supervisor_admin_connections``),

@@ -9,7 +9,7 @@ It starts etcd + kube-apiserver with an audit policy (every request at
 ``Metadata`` level), applies the CRDs and the project's manifests, and runs
 the ServiceDefinition reconciler in this process on a ServiceAccount token
 from the TokenRequest API (so the audit log tells its requests apart from the
-setup's). Prints, side by side with the aims of issue 13:
+setup's). Prints, side by side with the fan-out's aims:
 
 - time from start to every Deployment applied, and to every parent Ready;
 - requests per parent to converge (the ServiceAccount's audit events), by verb;

@@ -1,4 +1,4 @@
-"""Memory of the daemon after refusals and after many publishes (issue 10.2).
+"""Memory of the daemon after refusals and after many publishes.
 
 One daemon on the embedded SQLite control plane (poll 0.1 s, Kubernetes off):
 

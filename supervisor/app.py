@@ -103,9 +103,9 @@ class Daemon:
                 token=token,
                 unhealthy=self.unhealthy,
                 allowed_hosts=tuple(cfg.allowed_hosts),
-                # POST /v1/converge (issue 15): a request on the change signal.
+                # POST /v1/converge: a request on the change signal.
                 converge=self.signal.converge,
-                # Fleets (issue 16): GET /v1/revision, and the follower's upstream in /status.
+                # Fleets: GET /v1/revision, and the follower's upstream in /status.
                 signed=self._signed_revision_file(),
                 upstream=cp.url if cp.backend == "follower" else None,
                 # Issue 14: None (reported "disabled") without leader election.
@@ -221,7 +221,7 @@ class Daemon:
                                   max_bytes=cp.max_revision_bytes)
 
     def _upstream_hint_child(self) -> ChildSpec:
-        """Follower mode (issue 16): the upstream's /v1/stream wakes the loop early."""
+        """Follower mode: the upstream's /v1/stream wakes the loop early."""
         cp = self.config.control_plane
         from supervisor.controlplane.upstream_hint import run_upstream_hint
 

@@ -114,7 +114,7 @@ class CacheConfig(_Section, frozen=True):
     path: str | None = None
     signing_key: str | None = None
     trusted_keys: list[str] = msgspec.field(default_factory=list)
-    # False (the seed's rule): a boot whose desired revision does not compile
+    # False: a boot whose desired revision does not compile
     # refuses (exit 3). True: it serves a valid signed cache instead.
     serve_when_desired_refused: bool = False
 

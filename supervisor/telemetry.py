@@ -176,7 +176,7 @@ class Metrics:
             namespace=NS, registry=r,
         )
 
-        # Fan-out controller (issue 13): reconcile durations, queue depth, requeues,
+        # Fan-out controller: reconcile durations, queue depth, requeues,
         # drift repairs, refused sweeps, Events that could not be recorded.
         self.fanout_reconcile_duration = Histogram(
             "fanout_reconcile_duration_seconds", "Duration of one parent reconcile.",

@@ -282,7 +282,7 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "fanout.<kind>.objects": "Parent objects currently known.",
     "fanout.<kind>.skewed": "Only when there are some: parents (up to 20) that do not decode "
     "and are skipped.",
-    "leadership": "The fan-out leader election (issue 14; README \"High availability\").",
+    "leadership": "The fan-out leader election (README \"High availability\").",
     "leadership.role": "`leader` (this replica fans out), `standby` (another replica, or "
     "nobody yet, holds the Lease; a standby's kinds report `preflight`), or `disabled` "
     "(no Kubernetes, or `[kubernetes].leader_election = false`).",

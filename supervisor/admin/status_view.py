@@ -113,7 +113,7 @@ def render_status(doc: dict[str, Any]) -> str:
     else:
         lines.append("  (none)")
     leadership = doc.get("leadership")
-    if isinstance(leadership, dict):  # issue 14; absent from older replicas
+    if isinstance(leadership, dict):  # absent from replicas without an election
         lines.append("leadership: {}  holder {}  lease {}".format(
             *(_cell(leadership.get(k)) for k in ("role", "holder", "lease"))))
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ replayed, so polling stays the correctness path, and this child
     bounded exponential backoff and jitter); Cancelled always propagates, and
     shutdown is prompt whether it is waiting, probing or reconnecting.
 
-Mechanics (KNOW-HOW, checked recipe): a dedicated autocommit connection runs
+Mechanics (measured under trio and psycopg 3): a dedicated autocommit connection runs
 ``LISTEN``; the wait is native, ``trio.lowlevel.wait_readable`` on the
 connection's socket (no thread parked), draining ``conn.notifies(timeout=0)``
 before every wait, which is also after the previous one (any statement moves

@@ -1,6 +1,6 @@
 """The PostgreSQL control-plane store, driven from trio through worker threads.
 
-psycopg's async API is asyncio-only, so (KNOW-HOW, "psycopg 3 under trio")
+psycopg's async API is asyncio-only, so
 each call runs the synchronous ``psycopg.Connection`` in a worker thread that
 trio may abandon (``abandon_on_cancel=True``), one call at a time per
 connection (a ``CapacityLimiter(1)``). A cancelled call asks the server to
@@ -189,7 +189,7 @@ class PostgresStore:
                  before=done.before, version=done.after, url=redact(self._url))
         return done
 
-    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+    # -- the revision lifecycle (statements in controlplane.revisions) --
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         return await self._run("history", partial(revisions.pg.history, limit=limit))

@@ -242,7 +242,7 @@ class SQLiteStore:
                  before=done.before, version=done.after, path=self._path)
         return done
 
-    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+    # -- the revision lifecycle (statements in controlplane.revisions) --
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         return await self._run("history", partial(revisions.sqlite.history, limit=limit,

@@ -116,7 +116,7 @@ class ControlPlaneStore(Protocol):
         """
         ...
 
-    # -- the revision lifecycle (issue 15; statements in controlplane.revisions) --
+    # -- the revision lifecycle (statements in controlplane.revisions) --
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         """(desired id, the newest ``limit`` revisions newest first, without bodies)."""

@@ -24,7 +24,7 @@ up at once instead of at the next retry).
 
 :func:`run_fanout_group` runs every kind in one nursery under one call;
 cancelling it drains and stops every kind together. With
-``[kubernetes].leader_election`` (issue 14) the app uses
+``[kubernetes].leader_election`` the app uses
 :func:`elected_fanout_child` instead of :func:`fanout_children`: one child
 named ``fanout`` that runs the Lease election
 (:mod:`supervisor.fanout.leadership`) and the group only while leading, on a

@@ -3,7 +3,7 @@
 ``state`` is ``disabled``, ``preflight`` or ``watching`` (docs/admin-api.md);
 ``last_error_class`` is None, ``schema_skew`` or ``namespace_or_rbac_unready``;
 ``objects`` is the number of parent objects currently known; ``skewed`` names
-(up to 20) the parents that do not decode and are skipped (issue 13), reported
+(up to 20) the parents that do not decode and are skipped, reported
 only when there are any.
 """
 
