@@ -3,7 +3,7 @@
 hypercorn switches a connection to HTTP/2 when a request line is the HTTP/2
 preface (``PRI * HTTP/2.0``) or carries ``Upgrade: h2c``; its HTTP/2 side then
 restarts the idle timer only when a stream closes, so a client that sends the
-preface and nothing else is never timed out (hypercorn restarts its idle timer only when a stream closes). The admin
+preface and nothing else is never timed out. The admin
 API serves HTTP/1.1 only:
 
 - a request that is not HTTP/1.0 or 1.1 (the preface is ``PRI * HTTP/2.0``)
