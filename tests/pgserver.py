@@ -18,7 +18,7 @@ blocks reading a pipe only this process holds, so the pipe's end is this process
 
 :class:`Server` knows where the binaries of its own major version are (``pg_basebackup``,
 ``pg_ctl``) and how to restart the server (the private one with ``pg_ctl``, a Debian
-cluster with ``pg_ctlcluster``). Bench scripts use :func:`postgres` outside pytest.
+cluster with ``pg_ctlcluster``). Bench scripts use :func:`for_script` outside pytest.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,6 +321,16 @@ def _start_private(why: str) -> Server:
                   started_in_s=time.monotonic() - began)
 
 
+def existing(dsn: str, origin: str) -> Server:
+    """A server someone else runs, named by ``dsn`` (unreachable: an AssertionError)."""
+    try:
+        version = _version_num(dsn)
+    except psycopg.OperationalError as exc:
+        raise AssertionError(f"{origin} ({dsn}) is not reachable: {exc}") from None
+    return Server(dsn=dsn, version_num=version, bin_dir=_system_bin_dir(version // 10000),
+                  origin=origin)
+
+
 _current: Server | None = None
 _last: Server | None = None  # kept after release, for the end-of-run summary
 
@@ -333,13 +342,7 @@ def provide() -> Server:
         return _current
     configured = os.environ.get(DSN_ENV, "")
     if configured:
-        try:
-            version = _version_num(configured)
-        except psycopg.OperationalError as exc:
-            raise AssertionError(f"{DSN_ENV}={configured} is not reachable: {exc}") from None
-        _current = Server(dsn=configured, version_num=version, bin_dir=None,
-                          origin=f"the server {DSN_ENV} names")
-        _current.bin_dir = _system_bin_dir(_current.major)
+        _current = existing(configured, f"the server {DSN_ENV} names")
         return _current
     try:
         version = _version_num(DEFAULT_DSN)
@@ -367,10 +370,9 @@ def release() -> None:
     _current = None
 
 
-@contextmanager
-def postgres() -> Iterator[Server]:
-    """:func:`provide` and :func:`release` around a block: for scripts outside pytest."""
-    try:
-        yield provide()
-    finally:
-        release()
+def for_script(dsn: str | None) -> Server:
+    """For a script outside pytest: the server ``dsn`` names, else :func:`provide`'s.
+
+    A private server is stopped when the script exits (atexit, or the guardian).
+    """
+    return existing(dsn, "--dsn") if dsn else provide()
