@@ -17,7 +17,8 @@ listener-to-floor ratios.
     /work/venv/bin/python bench/bench_notify.py [--dsn DSN] [--iterations 300] [--json]
 
 ``--dsn`` names the maintenance database to create the scratch database from
-(default ``$SUPERVISOR_TEST_PG`` or ``postgresql://postgres@127.0.0.1:5432/postgres``).
+(default: the tests' server, tests/pgserver.py: ``$SUPERVISOR_TEST_PG``, the server on
+127.0.0.1:5432, else one of its own).
 """
 
 from __future__ import annotations
