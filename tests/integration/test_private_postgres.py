@@ -7,6 +7,7 @@ the run's ``pg_server``, which may be the machine's), whatever runs on 127.0.0.1
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,3 +87,19 @@ async def test_a_test_process_killed_with_sigkill_leaves_no_server() -> None:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def test_a_copy_of_the_binaries_runs_where_the_virtualenv_is_out_of_the_users_reach() -> None:
+    """As root with the virtualenv under /root (0700), the server's user cannot run the
+    wheel's binaries in place: the copy in the server's own folder must run, libpq included."""
+    root = pgserver.own_dir("tsup-pg-copy-")
+    try:
+        bin_dir = pgserver._copy_install(pgserver._package_bin_dir(), root / "site")
+        assert root in bin_dir.parents
+        pgserver.run_as_server_user(bin_dir / "initdb", "-D", root / "data", "-U", "postgres",
+                                    "--no-sync", "--no-instructions", cwd=root)
+        assert (root / "data" / "PG_VERSION").read_text().strip() == "18"
+        version = pgserver.run_as_server_user(bin_dir / "pg_basebackup", "--version", cwd=root)
+        assert "PostgreSQL) 18" in version.stdout
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
