@@ -57,8 +57,11 @@ from trio_websocket import open_websocket_url
 from supervisor.revision.compile import compile_revision
 from supervisor.revision.secrets import EnvFileResolver
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
+
+from tests import pgserver
+
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DSN = os.environ.get("SUPERVISOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 @dataclass(frozen=True)
@@ -305,11 +308,13 @@ async def _drive(config: Path, workdir: Path, port: int, url: str, scenario: Sce
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="maintenance database DSN")
+    parser.add_argument("--dsn", help="maintenance database DSN (default: the tests' server, "
+                        "tests/pgserver.py: SUPERVISOR_TEST_PG, 127.0.0.1:5432, else its own)")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply every scenario's iteration count")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    args.dsn = pgserver.for_script(args.dsn).dsn
 
     floor_db = f"bench_conv_floor_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:

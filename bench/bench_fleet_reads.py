@@ -35,8 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -46,7 +48,10 @@ from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.factory import open_store
 from supervisor.revision.document import SCHEMA_VERSION
 
-DEFAULT_DSN = os.environ.get("SUPERVISOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
+
+from tests import pgserver
+
 BODY = b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://a.example/"}}}'
 TICKS = os.sysconf("SC_CLK_TCK")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,10 +178,7 @@ async def fleet(url: str, replicas: int, poll_s: float, duration_s: float,
 async def fleet_with_and_without_pgbouncer(args: argparse.Namespace, url: str,
                                            admin: psycopg.Connection[Any],
                                            dbname: str) -> dict[str, Any]:
-    import sys
-
-    sys.path.insert(0, REPO)  # tests.pgfleet: the same PgBouncer the tests start
-    from tests.pgfleet import pgbouncer
+    from tests.pgfleet import pgbouncer  # the same PgBouncer the tests start
 
     # PostgreSQL's default max_connections (100) cannot hold a session per replica
     # for a fleet of 200, and this server is shared: the direct run is capped at
@@ -191,7 +193,7 @@ async def fleet_with_and_without_pgbouncer(args: argparse.Namespace, url: str,
                   "reads_per_s": measured["reads_per_s"] * scale,
                   "primary_cpu_share_of_one_core":
                       measured["primary_cpu_share_of_one_core"] * scale}}
-    with pgbouncer() as port:
+    with pgbouncer(pgserver.for_script(args.dsn)) as port:
         pid = _pgbouncer_pid(port)
         result["fleet_pgbouncer"] = await fleet(dsn_for(args.dsn, dbname, port), args.replicas,
                                                 args.poll, args.duration, admin, dbname, pid)
@@ -210,7 +212,8 @@ async def main() -> None:
 
     configure("warning", "console")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dsn", default=DEFAULT_DSN)
+    parser.add_argument("--dsn", help="maintenance database DSN (default: the tests' server, "
+                        "tests/pgserver.py: SUPERVISOR_TEST_PG, 127.0.0.1:5432, else its own)")
     parser.add_argument("--reads", type=int, default=5000)
     parser.add_argument("--pgbouncer-port", type=int)
     parser.add_argument("--json", action="store_true")
@@ -220,6 +223,7 @@ async def main() -> None:
     parser.add_argument("--direct-max", type=int, default=40,
                         help="direct sessions at most (the server's max_connections is shared)")
     args = parser.parse_args()
+    args.dsn = pgserver.for_script(args.dsn).dsn
     dbname = f"bench_fleet_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{dbname}"')

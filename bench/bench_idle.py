@@ -37,9 +37,12 @@ from typing import Any
 
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
+
+from tests import pgserver
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "conf" / "example-revision.toml"
-DEFAULT_DSN = os.environ.get("SUPERVISOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 TICKS = os.sysconf("SC_CLK_TCK")
 AIM_CPU_PCT, AIM_RSS_MB = 1.0, 80.0
 FLOOR_IMPORTS = ("import time, trio, hypercorn, psycopg, msgspec, structlog, httpx, nacl.signing,"
@@ -170,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="sampling window per run")
     parser.add_argument("--settle", type=float, default=3.0, help="wait after READY=1")
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="maintenance database DSN")
+    parser.add_argument("--dsn", help="maintenance database DSN (default: the tests' server, "
+                        "tests/pgserver.py: SUPERVISOR_TEST_PG, 127.0.0.1:5432, else its own)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    args.dsn = pgserver.for_script(args.dsn).dsn
 
     results: dict[str, Any] = {
         "seconds": args.seconds,

@@ -17,7 +17,8 @@ listener-to-floor ratios.
     /work/venv/bin/python bench/bench_notify.py [--dsn DSN] [--iterations 300] [--json]
 
 ``--dsn`` names the maintenance database to create the scratch database from
-(default ``$SUPERVISOR_TEST_PG`` or ``postgresql://postgres@127.0.0.1:5432/postgres``).
+(default: the tests' server, tests/pgserver.py: ``$SUPERVISOR_TEST_PG``, the server on
+127.0.0.1:5432, else one of its own).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -43,8 +45,11 @@ from supervisor.dsn import redact
 from supervisor.logs import configure
 from supervisor.telemetry import Metrics
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
+
+from tests import pgserver
+
 CHANNEL = "bench_notify"
-DEFAULT_DSN = os.environ.get("SUPERVISOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def dsn_for(admin_dsn: str, dbname: str) -> str:
@@ -141,11 +146,13 @@ def bench_listener(url: str, iterations: int, warmup: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="maintenance database DSN")
+    parser.add_argument("--dsn", help="maintenance database DSN (default: the tests' server, "
+                        "tests/pgserver.py: SUPERVISOR_TEST_PG, 127.0.0.1:5432, else its own)")
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    args.dsn = pgserver.for_script(args.dsn).dsn
     if args.iterations < 200:
         parser.error("--iterations must be at least 200 for a meaningful p99")
 

@@ -41,7 +41,10 @@ from typing import Any
 
 import psycopg
 
-DEFAULT_DSN = os.environ.get("SUPERVISOR_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
+
+from tests import pgserver
+
 SCRIPT = str(Path(sys.executable).parent / "trio-supervisor")
 
 
@@ -114,10 +117,12 @@ def one_run(config: Path, document: Path,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="maintenance database DSN")
+    parser.add_argument("--dsn", help="maintenance database DSN (default: the tests' server, "
+                        "tests/pgserver.py: SUPERVISOR_TEST_PG, 127.0.0.1:5432, else its own)")
     parser.add_argument("--iterations", type=int, default=50, help="runs measured")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    args.dsn = pgserver.for_script(args.dsn).dsn
     dbname = f"bench_wait_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{dbname}"')

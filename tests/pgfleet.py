@@ -1,29 +1,29 @@
 """A real PostgreSQL hot standby and a real PgBouncer for the fleet tests.
 
-Both are started as the ``postgres`` OS user (neither runs as root) and are
+Both run as the unprivileged user of tests/pgserver.py (neither runs as root) and are
 always stopped when the context manager exits, whatever the test did.
 
-The hot standby (:func:`hot_standby`) is a second cluster made from the primary
-on 127.0.0.1:5432 with ``pg_basebackup -R`` and started with ``pg_ctl`` on a
-free port. The primary must accept replication connections from loopback with
-trust auth: :func:`ensure_replication_hba` appends the line
-``host replication all 127.0.0.1/32 trust`` to the primary's ``pg_hba.conf``
-when no such line is there yet (idempotent) and reloads the primary's
-configuration. This edits the machine's PostgreSQL configuration, once, on
-purpose (.ci/run says so too).
+The hot standby (:func:`hot_standby`) is a second cluster made from the run's server
+(the ``pg_server`` fixture) with ``pg_basebackup -R`` and started with ``pg_ctl`` on a
+free port, both of the server's own major version: the suite's own binaries when it
+started its own server, Debian's /usr/lib/postgresql/N/bin for a system server. The
+primary must accept replication connections from loopback with trust auth: the suite's
+own server does from the start; for a system server :func:`ensure_replication_hba`
+appends the line ``host replication all 127.0.0.1/32 trust`` to its ``pg_hba.conf``
+when no such line is there yet (idempotent) and reloads its configuration. This edits
+the machine's PostgreSQL configuration, once, on purpose (.ci/run says so too).
 
 PgBouncer (:func:`pgbouncer`) is Debian's package, in transaction pooling mode,
 with one server connection per pool (``default_pool_size = 1``): every client
 of a database shares one server session, so any session state a client relies
 on would leak to (or be lost for) the next client, which the tests observe.
+Without it the tests skip, naming it (tests/needs.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,38 +31,17 @@ from pathlib import Path
 
 import psycopg
 
-from tests.conftest import ADMIN_DSN
+from tests import needs
+from tests.pgserver import START_TIMEOUT_S, Server, give, own_dir, run_as_server_user, unprivileged
 from tests.proc import free_port
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 REPLICATION_HBA = "host replication all 127.0.0.1/32 trust"
-START_TIMEOUT_S = 60
+PGBOUNCER_HOW = "apt-get install pgbouncer; .ci/run installs it"
 
 
-def _as_postgres(*argv: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                            check=False, **_postgres_user())
-    if result.returncode != 0:
-        raise AssertionError(f"{argv[0]} exited {result.returncode}: {result.stderr}")
-    return result
-
-
-def _postgres_user() -> dict[str, str]:
-    # Neither PostgreSQL nor PgBouncer runs as root.
-    return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
-
-
-def _postgres_dir(prefix: str) -> Path:
-    directory = Path(tempfile.mkdtemp(prefix=prefix))
-    if os.geteuid() == 0:
-        shutil.chown(directory, "postgres", "postgres")
-    directory.chmod(0o700)
-    return directory
-
-
-def ensure_replication_hba() -> None:
+def ensure_replication_hba(server: Server) -> None:
     """Allow trust replication from loopback on the primary (idempotent; reloads)."""
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+    with server.admin() as conn:
         row = conn.execute("SHOW hba_file").fetchone()
         assert row is not None
         hba = Path(str(row[0]))
@@ -74,17 +53,19 @@ def ensure_replication_hba() -> None:
 
 
 @contextmanager
-def hot_standby() -> Iterator[str]:
-    """A running hot standby of the primary; yields its maintenance DSN. Stopped on exit."""
-    ensure_replication_hba()
-    root = _postgres_dir("tsup-standby-")
+def hot_standby(server: Server) -> Iterator[str]:
+    """A running hot standby of ``server``; yields its maintenance DSN. Stopped on exit."""
+    pg_basebackup, pg_ctl = server.program("pg_basebackup"), server.program("pg_ctl")
+    ensure_replication_hba(server)
+    root = own_dir("tsup-standby-")
     data = root / "data"
     port = free_port()
     started = False
     try:
-        _as_postgres(str(PG_BIN / "pg_basebackup"), "-R", "-X", "stream", "-c", "fast",
-                     "-D", str(data), "-h", "127.0.0.1", "-p", "5432", "-U", "postgres")
-        # Debian keeps the configuration in /etc: the copy has none of its own.
+        run_as_server_user(pg_basebackup, "-R", "-X", "stream", "-c", "fast", "-D", data,
+                           "-h", server.host, "-p", str(server.port), "-U", "postgres")
+        # The copy holds no configuration (Debian keeps it in /etc) or the primary's (with
+        # the primary's port): the standby gets one of its own.
         (data / "postgresql.conf").write_text(
             f"port = {port}\nlisten_addresses = '127.0.0.1'\n"
             f"unix_socket_directories = '{root}'\nhot_standby = on\n"
@@ -94,19 +75,17 @@ def hot_standby() -> Iterator[str]:
         (data / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
         (data / "pg_ident.conf").write_text("")
         for name in ("postgresql.conf", "pg_hba.conf", "pg_ident.conf"):
-            if os.geteuid() == 0:
-                shutil.chown(data / name, "postgres", "postgres")
+            give(data / name)
         try:
-            _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
-                         "-w", "-t", str(START_TIMEOUT_S), "start")
+            run_as_server_user(pg_ctl, "-D", data, "-l", root / "log", "-w",
+                               "-t", str(START_TIMEOUT_S), "start")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{(root / 'log').read_text()}") from None
         started = True
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
         if started:
-            _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
-                         "stop")
+            run_as_server_user(pg_ctl, "-D", data, "-m", "immediate", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -129,15 +108,16 @@ def wait_replayed(primary_dsn: str, standby_dsn: str, timeout_s: float = 30) -> 
 
 
 @contextmanager
-def pgbouncer() -> Iterator[int]:
-    """PgBouncer in transaction pooling mode in front of the primary; yields its port."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    root = _postgres_dir("tsup-pgbouncer-")
+def pgbouncer(server: Server) -> Iterator[int]:
+    """PgBouncer in transaction pooling mode in front of ``server``; yields its port."""
+    # Debian installs it in /usr/sbin, which a user's PATH may lack.
+    binary = needs.program("pgbouncer", PGBOUNCER_HOW, also=("/usr/sbin",))
+    root = own_dir("tsup-pgbouncer-")
     port = free_port()
     (root / "userlist.txt").write_text('"postgres" ""\n')
     ini = root / "pgbouncer.ini"
     ini.write_text(
-        "[databases]\n* = host=127.0.0.1 port=5432\n"
+        f"[databases]\n* = host={server.host} port={server.port}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {root}/userlist.txt\n"
@@ -146,10 +126,9 @@ def pgbouncer() -> Iterator[int]:
         f"logfile = {root}/pgbouncer.log\n"
     )
     for name in ("userlist.txt", "pgbouncer.ini"):
-        if os.geteuid() == 0:
-            shutil.chown(root / name, "postgres", "postgres")
+        give(root / name)
     process = subprocess.Popen([binary, str(ini)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, cwd=root, **_postgres_user())
+                               stderr=subprocess.DEVNULL, cwd=root, **unprivileged())
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:

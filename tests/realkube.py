@@ -2,7 +2,8 @@
 
 The binaries come from ``SUPERVISOR_TEST_KUBE_ASSETS`` (a folder holding
 ``kube-apiserver`` and ``etcd``; ``.ci/run`` builds them with
-``../shared/realkube/build.sh``); tests skip with that reason when it is unset.
+``../shared/realkube/build.sh``); tests skip with that reason when it is unset, and
+fail under ``SUPERVISOR_TEST_REQUIRE_ALL=1`` (tests/needs.py).
 :func:`start_realkube` runs ``start.sh`` on free ports in a temporary folder
 and stops both processes afterwards.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import signal
 import ssl
 import subprocess
@@ -37,6 +37,7 @@ import httpx
 import pytest
 import yaml
 
+from tests import needs
 from tests.polling import POLL_INTERVAL_S
 from tests.proc import REPO, free_port
 
@@ -68,8 +69,9 @@ NAMESPACED: tuple[tuple[str, str], ...] = (
 def assets_or_skip() -> Path:
     value = os.environ.get(ASSETS_ENV, "")
     if not value:
-        pytest.skip(f"{ASSETS_ENV} is not set (a folder with kube-apiserver and etcd; "
-                    "build them with ../shared/realkube/build.sh, as .ci/run does)")
+        needs.missing("kube-apiserver and etcd",
+                      f"set {ASSETS_ENV} to a folder holding them; "
+                      "../shared/realkube/build.sh builds them, as .ci/run does")
     path = Path(value)
     for binary in ("kube-apiserver", "etcd"):
         if not (path / binary).is_file():
@@ -305,8 +307,7 @@ def start_realkube(tmp: Path, audit_policy: Path | None = None) -> Iterator[Real
     """Start etcd + kube-apiserver on free ports under ``tmp``; stop both afterwards."""
     assets = assets_or_skip()
     for tool in ("openssl", "curl"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is needed by {START}")
+        needs.program(tool, f"apt-get install {tool}; {START.name} uses it")
     run_dir = tmp / "realkube"
     env = {**os.environ, "BIN": str(assets), "ETCD_PORT": str(free_port()),
            "ETCD_PEER_PORT": str(free_port()), "APISERVER_PORT": str(free_port())}

@@ -3,20 +3,25 @@
 ``async with tcp_proxy(port, target_port) as proxy``: while ``proxy.up`` is
 False the port refuses connections and every open connection is cut, exactly
 what a daemon sees when its database host goes away and comes back.
+``pg_proxy(port, pg_url)`` is one in front of the server ``pg_url`` names, and
+``proxied_url(pg_url, port)`` the same URL through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
+from psycopg.conninfo import conninfo_to_dict
 
 
 class TcpProxy:
-    def __init__(self, port: int, target_port: int, nursery: trio.Nursery) -> None:
+    def __init__(self, port: int, target_port: int, nursery: trio.Nursery,
+                 target_host: str = "127.0.0.1") -> None:
         self.port = port
         self.target_port = target_port
+        self.target_host = target_host
         self._nursery = nursery
         self._scope: trio.CancelScope | None = None
         self.connections = 0
@@ -44,7 +49,7 @@ class TcpProxy:
     async def _handle(self, client: trio.SocketStream) -> None:
         self.connections += 1
         try:
-            upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+            upstream = await trio.open_tcp_stream(self.target_host, self.target_port)
         except OSError:
             await client.aclose()
             return
@@ -62,16 +67,31 @@ class TcpProxy:
             nursery.start_soon(pump, upstream, client)
 
 
+def _server_of(pg_url: str) -> tuple[str, int]:
+    parts = conninfo_to_dict(pg_url)
+    return str(parts.get("host") or "127.0.0.1"), int(parts.get("port") or 5432)
+
+
 def proxied_url(pg_url: str, port: int) -> str:
-    """``pg_url`` pointed at a proxy on ``port`` instead of the server on 5432."""
-    return pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+    """``pg_url`` pointed at a proxy on 127.0.0.1:``port`` instead of its server."""
+    host, server_port = _server_of(pg_url)
+    through = pg_url.replace(f"@{host}:{server_port}/", f"@127.0.0.1:{port}/", 1)
+    assert through != pg_url, f"no @{host}:{server_port}/ in {pg_url}"
+    return through
 
 
 @asynccontextmanager
-async def tcp_proxy(port: int, target_port: int = 5432, *, up: bool = True) -> AsyncIterator[TcpProxy]:
+async def tcp_proxy(port: int, target_port: int, *, up: bool = True,
+                    target_host: str = "127.0.0.1") -> AsyncIterator[TcpProxy]:
     async with trio.open_nursery() as nursery:
-        proxy = TcpProxy(port, target_port, nursery)
+        proxy = TcpProxy(port, target_port, nursery, target_host)
         if up:
             await proxy.start()
         yield proxy
         nursery.cancel_scope.cancel()
+
+
+def pg_proxy(port: int, pg_url: str, *, up: bool = True) -> AbstractAsyncContextManager[TcpProxy]:
+    """A :func:`tcp_proxy` on ``port`` in front of the server ``pg_url`` names."""
+    host, server_port = _server_of(pg_url)
+    return tcp_proxy(port, server_port, up=up, target_host=host)

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 import trio
 
@@ -24,10 +21,10 @@ from tests.chaos.support import (
     stream_clients,
     tag_of,
 )
-from tests.conftest import ADMIN_DSN
+from tests.pgserver import Server
 from tests.polling import poll_until
 from tests.proc import Daemon, NotifySocket, acli, free_port, run_daemon
-from tests.tcpproxy import TcpProxy, tcp_proxy
+from tests.tcpproxy import TcpProxy, pg_proxy
 from tests.tcpproxy import proxied_url as proxied
 
 # The readers below sample the daemon's output continuously during the fault;
@@ -54,7 +51,7 @@ async def test_outage_through_the_proxy_keeps_serving_and_converges_after(
     config, port = chaos_config(tmp_path, proxied(pg_url, proxy_port), poll_interval_s=0.2,
                                 extra=f'[snapshot]\npath = "{snapshot}"\n')
     base = f"http://127.0.0.1:{port}"
-    async with tcp_proxy(proxy_port) as proxy:
+    async with pg_proxy(proxy_port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         first = await trio.to_thread.run_sync(publish_once, pg_url, revision_body(50, "r1"))
         notify = NotifySocket(tmp_path / "notify")
@@ -131,7 +128,7 @@ async def test_outage_is_visible_as_unavailable_in_status(tmp_path: Path, pg_url
     """
     proxy_port = free_port()
     config, port = chaos_config(tmp_path, proxied(pg_url, proxy_port), poll_interval_s=0.2)
-    async with tcp_proxy(proxy_port) as proxy:
+    async with pg_proxy(proxy_port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await trio.to_thread.run_sync(publish_once, pg_url, revision_body(5, "r1"))
         with trio.fail_after(60):
@@ -145,45 +142,17 @@ async def test_outage_is_visible_as_unavailable_in_status(tmp_path: Path, pg_url
     assert status["revision"]["last_error"].startswith("unavailable"), status
 
 
-def _pg_cluster() -> tuple[str, str]:
-    versions = sorted(Path("/etc/postgresql").iterdir()) if Path("/etc/postgresql").is_dir() else []
-    if not versions or shutil.which("pg_ctlcluster") is None:
-        pytest.skip("pg_ctlcluster is not installed (a real restart needs a local cluster)")
-    return versions[-1].name, "main"
-
-
-def _pg_ready() -> bool:
-    try:
-        with psycopg.connect(ADMIN_DSN, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.OperationalError:
-        return False
-
-
-def _ensure_pg_up(version: str, cluster: str) -> None:
-    """After the drill, whatever happened: PostgreSQL must be up for everything else."""
-    if _pg_ready():
-        return
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "start"],
-                   check=False, capture_output=True, timeout=60)
-    # pg_isready waits for the server itself (up to 30 s): no sleep loop here.
-    subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432", "-t", "30"],
-                   check=False, timeout=40)
-    if _pg_ready():
-        return
-    raise AssertionError("PostgreSQL did not come back after the restart drill")
-
-
-async def test_real_postgresql_restart(tmp_path: Path, pg_url: str) -> None:
-    """``pg_ctlcluster restart``: every backend is terminated, the server is gone, then back.
+async def test_real_postgresql_restart(tmp_path: Path, pg_url: str, pg_server: Server) -> None:
+    """A real restart of the run's server (``pg_ctl restart`` of the suite's own, or
+    ``pg_ctlcluster restart`` of a Debian cluster): every backend is terminated, the server
+    is gone, then back.
 
     Must not be lost: the active snapshot keeps serving (same ETag) throughout,
     the LISTEN child reconnects, and a revision published right after the
     restart is converged with the poll interval at an hour, so only the
     reconnect wake-up, a notification or the failure backoff can have done it.
     """
-    version, cluster = _pg_cluster()
+    pg_server.require_restart()
     config, port = chaos_config(tmp_path, pg_url, poll_interval_s=3600)
     base = f"http://127.0.0.1:{port}"
     await acli("db", "migrate", "--config", str(config))
@@ -207,11 +176,8 @@ async def test_real_postgresql_restart(tmp_path: Path, pg_url: str) -> None:
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(keep_reading)
-                    result = await trio.to_thread.run_sync(lambda: subprocess.run(
-                        ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster,
-                         "restart"], capture_output=True, text=True, timeout=60))
+                    await trio.to_thread.run_sync(pg_server.restart)
                     restarted.set()
-                assert result.returncode == 0, result.stderr
                 assert served > 0
                 second = await trio.to_thread.run_sync(publish_once, pg_url,
                                                        revision_body(20, "r2"))
@@ -222,4 +188,4 @@ async def test_real_postgresql_restart(tmp_path: Path, pg_url: str) -> None:
         assert any(line.get("event") == "LISTEN connection unreachable"
                    for line in daemon.lines)
     finally:
-        await trio.to_thread.run_sync(_ensure_pg_up, version, cluster)
+        await trio.to_thread.run_sync(pg_server.ensure_up)

@@ -17,10 +17,10 @@ import httpx
 import psycopg
 import trio
 
-from tests.conftest import _admin
 from tests.integration.test_truth_process import body, publish_sql
+from tests.pgserver import Server
 from tests.proc import acli, cli, free_port, run_daemon, write_config
-from tests.tcpproxy import proxied_url, tcp_proxy
+from tests.tcpproxy import pg_proxy, proxied_url
 
 
 async def get(port: int, path: str) -> dict[str, Any]:
@@ -28,8 +28,8 @@ async def get(port: int, path: str) -> dict[str, Any]:
         return dict((await client.get(f"http://127.0.0.1:{port}{path}")).json())
 
 
-async def test_database_dropped_and_recreated_is_a_new_epoch(tmp_path: Path,
-                                                            pg_url: str) -> None:
+async def test_database_dropped_and_recreated_is_a_new_epoch(tmp_path: Path, pg_url: str,
+                                                            pg_server: Server) -> None:
     name = psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"]
     key = tmp_path / "signing.key"
     verify = cli("keygen", "--out", str(key)).stdout.split()[-1]
@@ -47,7 +47,7 @@ async def test_database_dropped_and_recreated_is_a_new_epoch(tmp_path: Path,
     with trio.fail_after(90):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=3)
-            with _admin() as conn:
+            with pg_server.admin() as conn:
                 conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
                 conn.execute(f'CREATE DATABASE "{name}"')
             await acli("db", "migrate", "--config", str(config))
@@ -69,7 +69,7 @@ async def test_database_dropped_and_recreated_is_a_new_epoch(tmp_path: Path,
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
     # A cold boot with the database unreachable serves what was served last.
-    async with tcp_proxy(free_port(), up=False) as proxy:
+    async with pg_proxy(free_port(), pg_url, up=False) as proxy:
         down = write_config(
             tmp_path, proxied_url(pg_url, proxy.port), port=free_port(), listen=False,
             extra=f'[cache]\npath = "{cache}"\nsigning_key = "{key}"\n'

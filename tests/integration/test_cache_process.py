@@ -17,8 +17,8 @@ import trio
 
 from supervisor.sinks import lkg
 from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
+from tests.tcpproxy import pg_proxy
 from tests.tcpproxy import proxied_url as proxied
-from tests.tcpproxy import tcp_proxy
 
 
 def keys(tmp_path: Path, name: str = "signing.key") -> tuple[Path, str]:
@@ -57,7 +57,7 @@ async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg
     port = free_port()
     admin_port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
-    async with tcp_proxy(port) as proxy:
+    async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
@@ -111,7 +111,7 @@ async def test_damaged_cache_refuses_to_boot(tmp_path: Path, pg_url: str, damage
     key, verify = keys(tmp_path)
     port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with tcp_proxy(port) as proxy:
+    async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
@@ -130,7 +130,7 @@ async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: s
     _, other = keys(tmp_path, "other.key")
     port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with tcp_proxy(port) as proxy:
+    async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
@@ -214,7 +214,7 @@ async def test_deleted_served_mark_refuses_to_boot_from_the_cache(
     key, verify = keys(tmp_path)
     port = free_port()
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with tcp_proxy(port) as proxy:
+    async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)

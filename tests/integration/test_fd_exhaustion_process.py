@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -20,9 +19,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests import needs
 from tests.proc import EXAMPLE, acli, run_daemon, write_config
 
-pytestmark = pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+
+@pytest.fixture(autouse=True)
+def _prlimit() -> None:
+    needs.program("prlimit", "apt-get install util-linux")
 
 
 def set_soft_nofile(pid: int, soft: int | str, hard: str) -> None:

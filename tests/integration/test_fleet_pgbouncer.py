@@ -1,7 +1,7 @@
 """Everything works through a real PgBouncer in transaction pooling mode.
 
 PgBouncer is Debian's package (``apt-get install pgbouncer``; .ci/run installs
-it), started by a session-scoped fixture (:mod:`tests.pgfleet`) with one server
+it; without it these tests skip, naming it), in front of the run's server, started by a session-scoped fixture (:mod:`tests.pgfleet`) with one server
 connection per pool, and terminated in its teardown. With a single server
 session shared by every client, session state set by one client is visible to
 the next and a statement prepared by one collides with another's: the store
@@ -24,14 +24,15 @@ from supervisor.controlplane.store import ControlPlaneStore
 from supervisor.revision.document import SCHEMA_VERSION
 from tests.integration.test_listen_process import sql_publish
 from tests.pgfleet import pgbouncer
+from tests.pgserver import Server
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
 BODY = b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://a.example/"}}}'
 
 
 @pytest.fixture(scope="session")
-def bouncer_port() -> Iterator[int]:
-    with pgbouncer() as port:
+def bouncer_port(pg_server: Server) -> Iterator[int]:
+    with pgbouncer(pg_server) as port:
         yield port
 
 

@@ -1,9 +1,10 @@
 """A replica on a real PostgreSQL hot standby converges by polling, with no restarts.
 
-The standby is a second cluster made with ``pg_basebackup -R`` from the primary
-on 127.0.0.1:5432 and started with ``pg_ctl`` on a free port by a
-session-scoped fixture (:mod:`tests.pgfleet`), stopped in its teardown. The
-primary needs a loopback replication entry in pg_hba.conf: the fixture adds
+The standby is a second cluster made with ``pg_basebackup -R`` from the run's
+server (``pg_server``) and started with ``pg_ctl`` on a free port, both of that
+server's major version, by a session-scoped fixture (:mod:`tests.pgfleet`),
+stopped in its teardown. The primary needs a loopback replication entry in
+pg_hba.conf: the suite's own server has it; for a system server the fixture adds
 ``host replication all 127.0.0.1/32 trust`` when it is missing (idempotent)
 and reloads the primary; .ci/run says so too.
 
@@ -23,6 +24,7 @@ import trio
 
 from tests.integration.test_listen_process import sql_publish
 from tests.pgfleet import hot_standby, wait_replayed
+from tests.pgserver import Server
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
 POLL_S = 1.0
@@ -33,8 +35,8 @@ STANDBY_LINE = ("the control plane is a hot standby: LISTEN cannot run during re
 
 
 @pytest.fixture(scope="session")
-def standby_dsn() -> Iterator[str]:
-    with hot_standby() as dsn:
+def standby_dsn(pg_server: Server) -> Iterator[str]:
+    with hot_standby(pg_server) as dsn:
         yield dsn
 
 

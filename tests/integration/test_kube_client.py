@@ -8,7 +8,6 @@ fake (``inject``, ``deny``, ``set_token``, ``stall_watches``).
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import ssl
 import subprocess
@@ -43,6 +42,7 @@ from supervisor.kube.errors import (
     Unauthorized,
 )
 from supervisor.kube.models import PartialObject, RawWatchEvent
+from tests import needs
 from tests.fakes.apiserver import (
     FakeApiServer,
     run_fake_apiserver,
@@ -287,8 +287,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+    needs.program("openssl", "apt-get install openssl")
     d = tmp_path_factory.mktemp("pki")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for ca in ("ca", "other-ca"):

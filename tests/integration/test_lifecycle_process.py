@@ -13,8 +13,8 @@ import trio
 
 from tests.integration.test_cache_process import cache_config, keys
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
+from tests.tcpproxy import pg_proxy
 from tests.tcpproxy import proxied_url as proxied
-from tests.tcpproxy import tcp_proxy
 
 TOKEN = "lifecycle-token-0123456789"
 UNSET = "TRIO_SUP_WAIT_UNSET_SECRET"
@@ -113,7 +113,7 @@ async def test_rollback_then_cold_boot_serves_the_rolled_back_revision_from_cach
     # An hour between polls: the rollback reaches the daemon by its NOTIFY, as a publish does.
     config.write_text(config.read_text().replace("poll_interval_s = 1.0",
                                                  "poll_interval_s = 3600"))
-    async with tcp_proxy(port) as proxy:
+    async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         await acli("publish", "--config", str(config), str(_variant(tmp_path, "two.toml")))

@@ -13,7 +13,7 @@ import psycopg
 import trio
 
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
-from tests.tcpproxy import proxied_url, tcp_proxy
+from tests.tcpproxy import pg_proxy, proxied_url
 
 
 def hour_poll(tmp_path: Path, url: str) -> Path:
@@ -96,7 +96,7 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
     port = free_port()
     url = proxied_url(pg_url, port)
     config = hour_poll(tmp_path, url)
-    async with tcp_proxy(port) as proxy:
+    async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         notify = NotifySocket(tmp_path / "notify")

@@ -1,14 +1,14 @@
 """deploy/prometheus/: the alerting rules, their unit tests, the scrape job, the ServiceMonitor.
 
-promtool (Debian's ``prometheus`` package) checks and unit-tests the rules; CI
-installs it (``.ci/run``), so there a missing promtool fails instead of skipping.
+promtool (Debian's ``prometheus`` package) checks and unit-tests the rules; without it
+those tests skip, naming it, and under ``SUPERVISOR_TEST_REQUIRE_ALL=1`` (``.ci/run``,
+which installs it) they fail instead (tests/needs.py).
 Run as a module, this file prints ``prometheusrule.yaml`` regenerated from
 ``rules.yml``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from prometheus_client import generate_latest
 
 from supervisor.fanout.leadership import LeadershipMetrics
 from supervisor.telemetry import Metrics
+from tests import needs
 
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "deploy" / "prometheus"
@@ -45,12 +45,7 @@ def prometheus_rule() -> str:
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing: .ci/run installs Debian's prometheus package")
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
-    return found
+    return needs.program("promtool", "apt-get install prometheus; .ci/run installs it")
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

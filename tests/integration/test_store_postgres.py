@@ -24,7 +24,7 @@ from supervisor.controlplane.errors import (
 )
 from supervisor.controlplane.postgres import PostgresStore
 from supervisor.controlplane.store import ControlPlaneStore
-from tests.conftest import ADMIN_DSN
+from tests.pgserver import Server
 from tests.stores import doc, make_store
 
 
@@ -241,9 +241,10 @@ async def test_lost_connection_is_unavailable_then_the_next_call_reconnects(
         assert await store.desired() == rid
 
 
-async def test_missing_privilege_is_denied(store: ControlPlaneStore, pg_url: str) -> None:
+async def test_missing_privilege_is_denied(store: ControlPlaneStore, pg_url: str,
+                                           pg_server: Server) -> None:
     role = f"tsup_noread_{uuid.uuid4().hex[:8]}"
-    await sql(ADMIN_DSN, f'CREATE ROLE "{role}" LOGIN')
+    await sql(pg_server.dsn, f'CREATE ROLE "{role}" LOGIN')
     try:
         with trio.fail_after(15):
             await store.publish(doc(), 1, None)
@@ -260,7 +261,7 @@ async def test_missing_privilege_is_denied(store: ControlPlaneStore, pg_url: str
             await weak.aclose()
     finally:
         await sql(pg_url, f'DROP OWNED BY "{role}"')
-        await sql(ADMIN_DSN, f'DROP ROLE "{role}"')
+        await sql(pg_server.dsn, f'DROP ROLE "{role}"')
 
 
 async def test_digest_mismatch_is_corrupt(store: ControlPlaneStore, pg_url: str) -> None:

@@ -24,7 +24,7 @@ import trio
 
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
-from tests.tcpproxy import proxied_url, tcp_proxy
+from tests.tcpproxy import pg_proxy, proxied_url
 
 
 def body(*aliases: str) -> bytes:
@@ -182,7 +182,7 @@ async def test_listen_reconnects_within_a_second_of_recovery(tmp_path: Path,
     await acli("publish", "--config", str(config), str(EXAMPLE))
     port = free_port()
     with trio.fail_after(120):
-        async with tcp_proxy(free_port()) as proxy:
+        async with pg_proxy(free_port(), pg_url) as proxy:
             proxied = write_config(tmp_path, proxied_url(pg_url, proxy.port), port=port,
                                    poll_interval_s=1.0, listen=True,
                                    backoff_initial_s=1.0, backoff_max_s=30.0)
