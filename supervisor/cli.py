@@ -121,6 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, path = load_config(args)
     logs.configure(config.log.level, config.log.format)
     make_state_directories(config)  # relative paths only: the embedded default's var/
+    from supervisor.filemodes import unsafe_state_places
+
+    for key, problem in unsafe_state_places(config):
+        raise ConfigError(key, problem)  # the first: `check` lists them all
     from supervisor.filemodes import loose_secret_files
 
     for key, file, why in loose_secret_files(config):
@@ -135,7 +139,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     path = config_path(args)
     assert path is not None
     config = load(path)  # check_files reports a missing SQLite directory with the rest
-    problems = placeholders(config) + check_files(config) + creation_problems(config)
+    from supervisor.filemodes import unsafe_state_places
+
+    problems = (placeholders(config) + check_files(config) + creation_problems(config)
+                + unsafe_state_places(config))
     if not problems:
         problems = _check_contents(config)
     for key, problem in problems:
