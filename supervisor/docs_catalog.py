@@ -239,7 +239,10 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "waits to restart, or was restarted and has spent longer than "
     "`3 * poll_interval_s + backoff_max_s` starting since it last ran (its restart "
     "attempts added up, backoff waits not; a first start is the boot, covered by "
-    "`/readyz`), or the convergence loop has not finished an attempt for that long.",
+    "`/readyz`), or the convergence loop has not finished an attempt for that long, or "
+    "the last write of the snapshot file failed (`the snapshot file cannot be written: "
+    "...`: its consumers read a file the daemon could not replace; 200 again once a write "
+    "succeeds).",
     "/readyz": "200 `{\"ready\": true, \"revision\", \"generation\"}` once a snapshot is "
     "active; 503 `{\"ready\": false, \"reason\", \"consecutive_failures\"}` otherwise.",
     "/status": "200, the status document (below).",

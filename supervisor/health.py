@@ -11,9 +11,9 @@ restarted child stuck ``starting`` past :func:`start_limit_s`, or a convergence
 loop that has not finished an attempt for :func:`stall_limit_s`; and while the
 last write of the snapshot file failed (its local consumers read a file the
 daemon could not replace: ``/healthz`` only, the watchdog is not stopped for it,
-a restart would not help). The watchdog
-also stops on a crash loop; it keeps being fed while a child merely waits for
-its next restart, since the tree is handling that.
+a restart would not help). The watchdog also stops on a crash loop; it keeps
+being fed while a child merely waits for its next restart, since the tree is
+handling that.
 """
 
 from __future__ import annotations
