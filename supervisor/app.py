@@ -180,7 +180,7 @@ class Daemon:
                     poll_interval_s=cp.poll_interval_s,
                     backoff_initial_s=cp.backoff_initial_s,
                     backoff_max_s=cp.backoff_max_s,
-                    resolver=EnvFileResolver.from_config(self.config.revision),
+                    resolver=EnvFileResolver.for_daemon(self.config, self.config_path),
                     cache=cache,
                     snapshot_file=snapshot_file,
                     on_status=self.notifier.status,

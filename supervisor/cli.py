@@ -30,7 +30,7 @@ from supervisor.commands.common import (
     load_config,
 )
 from supervisor.config import CONFIG_ENV, Config
-from supervisor.configchecks import check_files, placeholders
+from supervisor.configchecks import check_files, placeholders, unconfined_secrets
 from supervisor.configfile import load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     command("run")
     check = command("check")
     check.add_argument("--strict", action="store_true",
-                       help="exit 2 on warnings too (secret files readable by others)")
+                       help="exit 2 on warnings too (secret files readable by others, "
+                            "secret references confined nowhere)")
     db = command("db")
     db.add_argument("action", choices=["migrate", "prune"],
                     help="migrate: create or upgrade the schema (idempotent); prune: delete "
@@ -121,6 +122,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, path = load_config(args)
     logs.configure(config.log.level, config.log.format)
     make_state_directories(config)  # relative paths only: the embedded default's var/
+    from supervisor.filemodes import unsafe_state_places
+
+    for key, problem in unsafe_state_places(config):
+        raise ConfigError(key, problem)  # the first: `check` lists them all
     from supervisor.filemodes import loose_secret_files
 
     for key, file, why in loose_secret_files(config):
@@ -135,7 +140,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     path = config_path(args)
     assert path is not None
     config = load(path)  # check_files reports a missing SQLite directory with the rest
-    problems = placeholders(config) + check_files(config) + creation_problems(config)
+    from supervisor.filemodes import unsafe_state_places
+
+    problems = (placeholders(config) + check_files(config) + creation_problems(config)
+                + unsafe_state_places(config))
     if not problems:
         problems = _check_contents(config) + _schema_problems(config)
     for key, problem in problems:
@@ -144,10 +152,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from supervisor.filemodes import loose_secret_files
 
-    loose = loose_secret_files(config)
-    for key, file, why in loose:
-        print(f"warning: {path}: {key}: {file} is {why}", file=sys.stderr)
-    if loose and getattr(args, "strict", False):
+    warnings = [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
+    if unconfined_secrets(config):
+        warnings.append(("$.revision", "neither secret_env_prefixes nor secret_dirs is set: "
+                         "a published revision may reference any environment variable or "
+                         "readable file of the replica (its digest is then served)"))
+    for key, warning in warnings:
+        print(f"warning: {path}: {key}: {warning}", file=sys.stderr)
+    if warnings and getattr(args, "strict", False):
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK

@@ -14,6 +14,7 @@ error names both)::
     control_plane.poll_interval_s     0.01 .. 86400 (a day)
     control_plane.backoff_initial_s   0.01 .. 3600
     control_plane.backoff_max_s       0.01 .. 3600  (also >= backoff_initial_s)
+    control_plane.notify_min_interval_s  0 .. 60    (0: every notification wakes)
     kubernetes.preflight_retry_s      0.1 .. 86400
     kubernetes.lease_duration_s       1 .. 3600    (renew_deadline_s < lease_duration_s)
     kubernetes.renew_deadline_s       0.5 .. 3600  (retry_period_s < renew_deadline_s)
@@ -95,6 +96,9 @@ class ControlPlaneConfig(_Section, frozen=True):
     # PostgreSQL only: a direct connection for LISTEN when url goes through a
     # transaction-pooling PgBouncer (which cannot carry LISTEN).
     listen_url: str | None = None
+    # At most one notification wake-up per this many seconds, however many NOTIFYs
+    # arrive (anyone who may connect may NOTIFY the channel); 0 = no floor.
+    notify_min_interval_s: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 0.05
 
     @property
     def backend(self) -> Literal["postgresql", "sqlite", "follower"]:

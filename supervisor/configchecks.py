@@ -20,13 +20,83 @@ Contract:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from supervisor.config import Config, is_loopback, sqlite_path
 from supervisor.errors import ConfigError
 
-__all__ = ["check_files", "cross_check", "placeholders"]
+__all__ = [
+    "OWN_ENV_NAMES",
+    "SYSTEM_DIRS",
+    "check_files",
+    "credential_files",
+    "cross_check",
+    "own_env_name",
+    "placeholders",
+    "unconfined_secrets",
+]
+
+#: What the daemon itself reads from its environment: its settings
+#: (SUPERVISOR_<SECTION>__<KEY>, the DSN among them), libpq's PG* variables, the
+#: Kubernetes client's, systemd's, and the follower's HTTP client's (proxies,
+#: which may carry a password, CA places, the netrc file). A name equal to one,
+#: or starting with one ending in ``_`` or being ``PG``, is the daemon's own.
+OWN_ENV_NAMES: tuple[str, ...] = (
+    "SUPERVISOR_", "PG", "KUBECONFIG", "KUBERNETES_", "NOTIFY_SOCKET", "WATCHDOG_",
+    "JOURNAL_STREAM", "SSL_CERT_", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "all_proxy", "no_proxy", "NETRC",
+)
+
+#: Never a secret's place: the kernel's and the devices' file systems, and the
+#: service account Kubernetes mounts for the daemon itself.
+SYSTEM_DIRS: tuple[str, ...] = (
+    "/proc", "/sys", "/dev", "/run/secrets/kubernetes.io", "/var/run/secrets/kubernetes.io",
+)
+
+
+def own_env_name(name: str) -> bool:
+    """Is ``name`` a variable the daemon itself reads (:data:`OWN_ENV_NAMES`)?"""
+    return any(name == own or ((own.endswith("_") or own == "PG") and name.startswith(own))
+               for own in OWN_ENV_NAMES)
+
+
+def credential_files(config: Config, environ: Mapping[str, str] | None = None,
+                     config_path: str | None = None) -> list[tuple[str, str]]:
+    """``(key, path)`` of every file the daemon reads a credential from.
+
+    The files the configuration names (the tokens, the signing key, the
+    kubeconfig), the configuration file itself (it may hold the DSN's
+    password), and the files its clients read by default: libpq's password file
+    and client key for each DSN, the kubeconfig of ``KUBECONFIG`` or
+    ``~/.kube/config``, the netrc file of the follower's HTTP client.
+    """
+    env = os.environ if environ is None else environ
+    home = env.get("HOME") or os.path.expanduser("~")
+    cp = config.control_plane
+    found = [("$.admin.token_file", config.admin.token_file),
+             ("$.cache.signing_key", config.cache.signing_key),
+             ("$.control_plane.token_file", cp.token_file),
+             ("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig),
+             ("the configuration file", config_path)]
+    found += [("KUBECONFIG", p) for p in env.get("KUBECONFIG", "").split(os.pathsep)]
+    found.append(("the default kubeconfig", os.path.join(home, ".kube", "config")))
+    found.append(("NETRC", env.get("NETRC") or os.path.join(home, ".netrc")))
+    if cp.backend == "postgresql":
+        from supervisor.dsn import credential_files as dsn_files
+
+        for key, dsn in (("$.control_plane.url", cp.url),
+                         ("$.control_plane.listen_url", cp.listen_url)):
+            if dsn is not None:
+                found += [(key, p) for p in dsn_files(dsn, env)]
+    return [(key, os.path.expanduser(path)) for key, path in found if path]
+
+
+def unconfined_secrets(config: Config) -> bool:
+    """True when neither ``[revision].secret_env_prefixes`` nor ``secret_dirs`` is set:
+    a publisher may then reference any variable or readable file (``check`` warns)."""
+    return not config.revision.secret_env_prefixes and not config.revision.secret_dirs
 
 
 def _check_upstream_url(url: str) -> None:
@@ -100,26 +170,23 @@ def cross_check(config: Config) -> None:
     _refuse_secret_places_holding_credentials(config)
 
 
-# The daemon's own settings arrive as SUPERVISOR_<SECTION>__<KEY> (the DSN with its
-# password among them): no env: reference may reach them.
-_OWN_ENV_PREFIX = "SUPERVISOR_"
-
-
 def _refuse_secret_places_holding_credentials(config: Config) -> None:
     """[revision]'s secret places never admit what the daemon itself keeps secret.
 
     Whoever can publish chooses the references; a place that admits the admin
     token, the cache signing key or the daemon's own settings would let them have
     the daemon hash those and serve the digest (docs/configuration.md). A ``..``
-    component makes a directory admit more than it appears to name.
+    component makes a directory admit more than it appears to name. (The
+    resolver refuses these places whatever the lists say; this says so at load.)
     """
     for i, prefix in enumerate(config.revision.secret_env_prefixes):
-        if prefix.startswith(_OWN_ENV_PREFIX) or _OWN_ENV_PREFIX.startswith(prefix):
+        own = next((o for o in OWN_ENV_NAMES if o.startswith(prefix)), None)
+        if own is not None or own_env_name(prefix):
             raise ConfigError(f"$.revision.secret_env_prefixes[{i}]",
-                              f"{prefix!r} admits the daemon's own {_OWN_ENV_PREFIX}* "
-                              "settings (the control-plane DSN among them)")
-    credentials = [("$.admin.token_file", config.admin.token_file),
-                   ("$.cache.signing_key", config.cache.signing_key)]
+                              f"{prefix!r} admits variables the daemon itself reads "
+                              f"({own or prefix}..., the control-plane DSN's among them)")
+    credentials = [(key, path) for key, path in credential_files(config, {})
+                   if key.startswith("$.")]
     for i, directory in enumerate(config.revision.secret_dirs):
         where = f"$.revision.secret_dirs[{i}]"
         if ".." in directory.split("/"):
@@ -127,7 +194,7 @@ def _refuse_secret_places_holding_credentials(config: Config) -> None:
                                      "itself")
         base = os.path.realpath(directory)
         for key, path in credentials:
-            if path is not None and os.path.realpath(path).startswith(base.rstrip("/") + "/"):
+            if os.path.realpath(path).startswith(base.rstrip("/") + "/"):
                 raise ConfigError(where, f"{directory} holds {key} ({path}): keep the "
                                          "daemon's credentials outside the secret directories")
 

@@ -25,13 +25,15 @@ so the URL and key/value spellings are read exactly as the driver reads them):
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from urllib.parse import quote, unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["MASK", "describe", "problem", "redact", "scrub", "secrets"]
+__all__ = ["MASK", "credential_files", "describe", "problem", "redact", "scrub", "secrets"]
 
 MASK = "***"
 SECRET_KEYS = ("password", "sslpassword")
@@ -150,6 +152,20 @@ def secrets(dsn: str) -> list[str]:
             words = (w.strip("'") for w in _KV_WORDS.split(value))
             found.update(w for w in words if len(w) >= MIN_PIECE)  # see MIN_PIECE
     return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def credential_files(dsn: str, environ: Mapping[str, str]) -> list[str]:
+    """The files libpq reads credentials from for ``dsn``: its password file and its
+    client key, each from the DSN, else from ``PGPASSFILE`` / ``PGSSLKEY``, else
+    libpq's default place under ``$HOME``."""
+    params = _parse(dsn) or {}
+    home = environ.get("HOME") or os.path.expanduser("~")
+    found = []
+    for key, env, default in (("passfile", "PGPASSFILE", ".pgpass"),
+                              ("sslkey", "PGSSLKEY", ".postgresql/postgresql.key")):
+        value = params.get(key) or environ.get(env) or os.path.join(home, default)
+        found.append(value)
+    return found
 
 
 def scrub(text: str, dsn: str) -> str:

@@ -1,20 +1,121 @@
-"""Secret files that others may read: the admin token and the cache signing key.
+"""Files others may read, and places others may write.
 
-``check`` prints a warning for each (and exits 2 under ``--strict``); the daemon
-logs one at boot. A file is too open when others may read or write it, or when
-its group may read it and that group is not the daemon's own (a Kubernetes
-Secret volume is group-readable by design, through ``fsGroup`` = the pod's own
-group, and that is fine).
+Secret files that others may read (:func:`loose_secret_files`): the admin token
+and the cache signing key. ``check`` prints a warning for each (and exits 2
+under ``--strict``); the daemon logs one at boot. A file is too open when
+others may read or write it, or when its group may read it and that group is
+not the daemon's own (a Kubernetes Secret volume is group-readable by design,
+through ``fsGroup`` = the pod's own group, and that is fine).
+
+Places others may write (:func:`refuse_unsafe_place`, :func:`unsafe_state_places`):
+a directory the daemon writes in, and the files it keeps there, must belong to
+the effective uid and must not be group- or world-writable (a sticky
+world-writable directory included: there another user may create the file
+first, and the daemon can then never replace it). Checked for the cache
+directory and its files, the snapshot file's own directory and the file, and
+an SQLite control plane's directory and its files; only the directory itself,
+not its ancestors. A directory is checked with symlinks followed (a state
+directory may be a link), a file without (a symlink is checked for its owner
+only).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 
-from supervisor.config import Config
+from supervisor.config import Config, sqlite_path
+from supervisor.errors import ConfigError
 
-__all__ = ["loose_secret_files"]
+__all__ = ["describe_mode", "loose_secret_files", "refuse_unsafe_place", "unsafe_state_places"]
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def describe_mode(mode: int) -> str:
+    """``"a FIFO (named pipe)"``, ``"a directory"`` ...; ``"a regular file"`` for one."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _unsafe(path: str, st: os.stat_result, what: str, *, owner_only: bool = False) -> str | None:
+    """Why another local user could replace ``path`` (``st``: its status); None: nobody can."""
+    euid = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != euid:
+        return (f"{what} {path} (mode {mode:04o}) is owned by uid {st.st_uid}, not by this "
+                f"process's user (uid {euid}); another user could replace what the daemon "
+                "keeps there: chown it to the daemon's user (and run `check` as that user)")
+    if not owner_only and mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{what} {path} has mode {mode:04o}: group- or world-writable, so another "
+                "user could replace or delete what the daemon keeps there (or create it "
+                "first); chmod go-w it (0700 or 0755 for the directory, 0600 or 0644 for "
+                "the files)")
+    return None
+
+
+def refuse_unsafe_place(key: str, directory: str, what: str, files: Sequence[str]) -> None:
+    """Raise :class:`~supervisor.errors.ConfigError` at ``key`` when ``directory`` or
+    any of ``files`` that exists could be replaced by another user (module docstring).
+
+    A missing directory, or a non-directory where it should be, is not checked:
+    the writes then fail and ``check`` reports it.
+    """
+    place = directory or "."
+    try:
+        st = os.stat(place)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(key, f"cannot inspect {place}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    problem = _unsafe(place, st, what)
+    if problem is not None:
+        raise ConfigError(key, problem)
+    for path in files:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(key, f"cannot inspect {path}: {exc.strerror or exc}") from exc
+        problem = _unsafe(path, st, describe_mode(st.st_mode),
+                          owner_only=stat.S_ISLNK(st.st_mode))
+        if problem is not None:
+            raise ConfigError(key, problem)
+
+
+def unsafe_state_places(config: Config) -> list[tuple[str, str]]:
+    """``(key, problem)`` for the snapshot file's place and an SQLite control plane's
+    (their directory, or a file in it, that another user could write)."""
+    places: list[tuple[str, str, str, list[str]]] = []
+    if config.snapshot.path is not None:
+        path = config.snapshot.path
+        places.append(("$.snapshot.path", os.path.dirname(path), "the snapshot directory",
+                       [path]))
+    if config.control_plane.backend == "sqlite":
+        path = sqlite_path(config.control_plane.url)
+        places.append(("$.control_plane.url", os.path.dirname(path),
+                       "the control plane's directory",
+                       [path + suffix for suffix in ("", "-wal", "-shm", "-journal")]))
+    problems = []
+    for key, directory, what, files in places:
+        try:
+            refuse_unsafe_place(key, directory, what, files)
+        except ConfigError as exc:
+            problems.append((exc.path, exc.reason))
+    return problems
 
 
 def loose_secret_files(config: Config) -> list[tuple[str, str, str]]:

@@ -8,9 +8,12 @@ Two readers, one rule set, so they never disagree about the same moment:
 The process is unhealthy when the supervision tree cannot help any more, and a
 restart of the whole process might: a child in ``backoff`` or ``failed``, a
 restarted child stuck ``starting`` past :func:`start_limit_s`, or a convergence
-loop that has not finished an attempt for :func:`stall_limit_s`. The watchdog
-also stops on a crash loop; it keeps being fed while a child merely waits for
-its next restart, since the tree is handling that.
+loop that has not finished an attempt for :func:`stall_limit_s`; and while the
+last write of the snapshot file failed (its local consumers read a file the
+daemon could not replace: ``/healthz`` only, the watchdog is not stopped for it,
+a restart would not help). The watchdog also stops on a crash loop; it keeps
+being fed while a child merely waits for its next restart, since the tree is
+handling that.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneC
         for name, for_s in tree.stuck_starting(limit).items():
             found.append(f"child {name} has been starting for {for_s:.1f} s "
                          f"(limit {limit:g} s)")
+    snapshot_error = status.failing_sinks.get("snapshot_file")
+    if snapshot_error is not None:
+        # Its consumers read a file the daemon cannot replace: a stale or forged one.
+        found.append(f"the snapshot file cannot be written: {snapshot_error}")
     stalled = status.stalled_for()
     if ready and stalled > stall_limit_s(cp):
         found.append(f"convergence has not finished an attempt for {stalled:.0f} s "

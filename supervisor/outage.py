@@ -11,6 +11,10 @@ tell from them when it ended). :class:`OutageLog` logs instead:
 - its end, once (info): ``<what> reachable again`` with ``after_s`` and
   ``attempts``.
 
+The words after ``<what>`` are ``began``, ``ongoing`` and ``ended`` (defaults
+``unreachable``, ``still unreachable``, ``reachable again``): a streak of
+anything that is not an outage (a notification storm) is said the same way.
+
 Time comes from trio's clock, so tests drive it with a ``MockClock``.
 """
 
@@ -37,9 +41,13 @@ class OutageLog:
         *,
         every_s: float = PROGRESS_EVERY_S,
         clock: Callable[[], float] = trio.current_time,
+        began: str = "unreachable",
+        ongoing: str = "still unreachable",
+        ended: str = "reachable again",
     ) -> None:
         self._log = logger
         self.what = what
+        self._words = (began, ongoing, ended)
         self.every_s = every_s
         self._clock = clock
         self.since: float | None = None
@@ -57,12 +65,12 @@ class OutageLog:
         if self.since is None:
             self.since = now
             self._last_line = now
-            self._log.warning(f"{self.what} unreachable", **fields)
+            self._log.warning(f"{self.what} {self._words[0]}", **fields)
             return True
         if now - self._last_line >= self.every_s:
             self._last_line = now
             self._log.warning(
-                f"{self.what} still unreachable",
+                f"{self.what} {self._words[1]}",
                 attempts=self.attempts,
                 for_s=round(now - self.since, 1),
                 **fields,
@@ -76,7 +84,7 @@ class OutageLog:
             return False
         after = self._clock() - self.since
         self._log.info(
-            f"{self.what} reachable again",
+            f"{self.what} {self._words[2]}",
             after_s=round(after, 1),
             attempts=self.attempts,
             **fields,

@@ -157,6 +157,12 @@ class Metrics:
             "listen_reconnects", "LISTEN connection (re)connect attempts that failed.",
             namespace=NS, registry=r,
         )
+        self.listen_wakeups_held = Counter(
+            "listen_wakeups_held",
+            "Notification wake-ups held back by [control_plane].notify_min_interval_s "
+            "(notifications arriving faster: a storm).",
+            namespace=NS, registry=r,
+        )
 
         # Fan-out.
         self.fanout_preflight_failures = Counter(

@@ -46,14 +46,26 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "control_plane.backoff_initial_s": "The first wait after a failed attempt; it doubles "
     "(with jitter) up to backoff_max_s.",
     "control_plane.backoff_max_s": "The longest wait between failed attempts.",
+    "control_plane.notify_min_interval_s": "At most one notification wake-up per this many "
+    "seconds, however many NOTIFYs arrive (any role that may connect may NOTIFY): sooner ones "
+    "are held and covered by the next wake-up, counted in supervisor_listen_wakeups_held_total. "
+    "0: every notification wakes the loop.",
     "revision.secret_env_prefixes": "Prefixes an env: secret reference must start with (empty: "
     "any variable). Anything else is refused as secret, with the same text whether or not it "
-    "exists, so whoever publishes cannot make the replica hash its own environment. A prefix "
-    "that admits SUPERVISOR_* (the daemon's own settings) is a configuration error.",
+    "exists, so whoever publishes cannot make the replica hash its own environment. The "
+    "variables the daemon itself reads (SUPERVISOR_*, PG*, KUBECONFIG, KUBERNETES_*, "
+    "NOTIFY_SOCKET, WATCHDOG_*, JOURNAL_STREAM, SSL_CERT_*, the proxy variables, NETRC) are "
+    "refused whatever this says, and a prefix that admits one is a configuration error. "
+    "With neither this nor secret_dirs set, check warns (check --strict exits 2).",
     "revision.secret_dirs": "Directories a file: secret reference must lie in, after resolving "
     "symlinks and .. (empty: anywhere). Anything else is refused as secret, with one message "
-    "for missing, unreadable and outside. A directory with a .. component, or one holding "
-    "admin.token_file or cache.signing_key, is a configuration error.",
+    "for missing, unreadable, not a regular file, more than one hard link and outside. Never "
+    "a secret, whatever this says: /proc, /sys, /dev, the daemon's service-account directory, "
+    "and every file it reads a credential from (the token files, the signing key, the "
+    "kubeconfig, libpq's password file and client key, netrc, its configuration file), "
+    "under any name. A file is looked at (O_PATH, fstat) before it is opened for reading: "
+    "a device or a FIFO is never opened. A directory with a .. component, or one holding a "
+    "credential file the configuration names, is a configuration error.",
     "cache.path": "The signed last-known-good file, written after every publish and served "
     "at boot when the control plane is unreachable. Unset: no cache.",
     "cache.signing_key": "The Ed25519 key (trio-supervisor keygen) the cache is signed "
@@ -227,7 +239,10 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "waits to restart, or was restarted and has spent longer than "
     "`3 * poll_interval_s + backoff_max_s` starting since it last ran (its restart "
     "attempts added up, backoff waits not; a first start is the boot, covered by "
-    "`/readyz`), or the convergence loop has not finished an attempt for that long.",
+    "`/readyz`), or the convergence loop has not finished an attempt for that long, or "
+    "the last write of the snapshot file failed (`the snapshot file cannot be written: "
+    "...`: its consumers read a file the daemon could not replace; 200 again once a write "
+    "succeeds).",
     "/readyz": "200 `{\"ready\": true, \"revision\", \"generation\"}` once a snapshot is "
     "active; 503 `{\"ready\": false, \"reason\", \"consecutive_failures\"}` otherwise.",
     "/status": "200, the status document (below).",

@@ -124,7 +124,7 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
     if len(body) > limit:
         raise RevisionError(DENIED, f"the revision is {len(body)} bytes, over "
                                     f"max_revision_bytes ({limit})")
-    resolver = (EnvFileResolver.from_config(config.revision) if resolve
+    resolver = (EnvFileResolver.for_daemon(config) if resolve
                 else ReferenceResolver(config.revision))
     compile_revision(body, revision=0, generation=0, resolver=resolver)
     return schema_version, body

@@ -37,8 +37,19 @@ frozen primary is noticed within the probe deadline, not at the next probe).
 Failures are logged as an outage (:class:`~supervisor.outage.OutageLog`): the
 first at once, then at most one line a minute, and one line when it ends.
 
+Storms: anyone who may connect may ``NOTIFY`` the channel, no table privilege
+needed. Notifications wake the loop at most once per
+``[control_plane].notify_min_interval_s`` (:class:`WakeFloor`): whatever
+arrives sooner is held, and the wake-up goes out when the interval has passed,
+covering everything that came meanwhile (the loop reads the control plane,
+not the payload). Each held wake-up counts in ``listen_wakeups_held``; a storm
+is logged as a streak (:class:`~supervisor.outage.OutageLog`): ``notification
+storm began`` at once, then at most one line a minute, and ``notification
+storm ended`` once a notification comes a full interval after the last wake-up.
+
 Metrics: ``listen_connected`` (1 while listening), ``listen_notifications``
-(notifications received), ``listen_reconnects`` (failed connect attempts).
+(notifications received), ``listen_reconnects`` (failed connect attempts),
+``listen_wakeups_held`` (wake-ups held back by the floor).
 SQLite, or ``listen = false``, has nothing to listen to: the child then
 reports started and idles until cancelled, so a supervisor never sees it exit.
 
@@ -54,6 +65,7 @@ is promoted, when it starts listening like on any primary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -74,7 +86,7 @@ if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
     from supervisor.telemetry import Metrics
 
-__all__ = ["run_listener"]
+__all__ = ["WakeFloor", "run_listener"]
 
 log = get_logger("listen")
 
@@ -109,6 +121,48 @@ async def run_listener(
     await _Listener(config, wake, metrics, probe_interval_s, poke or Poke()).run()
 
 
+class WakeFloor:
+    """Notification wake-ups, at most one per ``min_interval_s`` (module docstring).
+
+    :meth:`notified` wakes the loop at once when the interval since the last
+    wake-up has passed, and holds the wake-up otherwise; :meth:`release` waits
+    out the interval of a held one and then sends it. Time is trio's clock.
+    """
+
+    def __init__(self, wake: Callable[[str], None], min_interval_s: float, metrics: Metrics,
+                 *, clock: Callable[[], float] = trio.current_time) -> None:
+        self._wake = wake
+        self.min_interval_s = min_interval_s
+        self._metrics = metrics
+        self._clock = clock
+        self._next_at = -math.inf
+        self.held = False
+        self.storm = OutageLog(log, "notification storm", clock=clock, began="began",
+                               ongoing="goes on", ended="ended")
+
+    def notified(self) -> None:
+        """Notifications arrived: wake the loop now, or hold the wake-up until the floor."""
+        now = self._clock()
+        if now >= self._next_at:
+            self.storm.recovered()
+            self._send(now)
+        elif not self.held:
+            self.held = True
+            self._metrics.listen_wakeups_held.inc()
+            self.storm.failed()
+
+    async def release(self) -> None:
+        """Send the held wake-up, if any, once the interval since the last one has passed."""
+        if self.held:
+            await trio.sleep_until(self._next_at)
+            self.held = False
+            self._send(self._clock())
+
+    def _send(self, now: float) -> None:
+        self._next_at = now + self.min_interval_s
+        self._wake("notify")
+
+
 class _ConnectionLost(Exception):
     """The LISTEN connection stopped answering (probe deadline)."""
 
@@ -134,6 +188,7 @@ class _Listener:
         # The convergence loop's wake-up (ChangeSignal.notify): this module
         # knows nothing of the loop above it.
         self.wake = wake
+        self.floor = WakeFloor(wake, config.notify_min_interval_s, metrics)
         self.metrics = metrics
         self.probe_interval_s = probe_interval_s
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
@@ -227,6 +282,7 @@ class _Listener:
             if self._drain(conn):
                 empty_wakes = 0
                 self.backoff.reset()
+            await self.floor.release()  # a held wake-up, once the floor allows it
             woken = await self._wait(fd)
             if woken != "readable":  # the probe deadline, or poked by the loop
                 await self._probe(conn)
@@ -268,7 +324,7 @@ class _Listener:
             log.debug("notification", channel=note.channel, payload=note.payload[:32])
         if count:
             self.metrics.listen_notifications.inc(count)
-            self.wake("notify")
+            self.floor.notified()
         return count
 
     async def _probe(self, conn: Conn) -> None:

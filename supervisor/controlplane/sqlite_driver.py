@@ -120,6 +120,21 @@ def _close_quietly(conn: sqlite3.Connection) -> None:
         log.debug("closing a control-plane connection failed", error=str(exc))
 
 
+def _create_private(path: str) -> None:
+    """Make ``path`` an empty file of mode 0600 unless something is there already.
+
+    SQLite would create it 0644 (and its -wal and -shm files take the database
+    file's mode): the control plane is the daemon's alone. An empty file is an
+    empty database to SQLite. Any failure is left for ``sqlite3.connect`` to report.
+    """
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError:
+        return
+
+
 class SQLiteConnections:
     """The runner's :class:`~supervisor.controlplane.runner.Driver` for sqlite3."""
 
@@ -146,6 +161,8 @@ class SQLiteConnections:
         # mode=rw never creates the file (the daemon); rwc does (the CLI, which
         # makes the embedded control plane on first publish).
         uri = f"file:{quote(path)}?mode={'rwc' if self.create else 'rw'}"
+        if self.create:
+            _create_private(path)
         # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
         # call would sleep it out and then, the lock gone, commit anyway);
         # _retry_busy waits instead, and stops when told to.

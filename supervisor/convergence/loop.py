@@ -150,7 +150,8 @@ class ConvergenceLoop:
                                  backoff_initial_s=backoff_initial_s,
                                  backoff_max_s=backoff_max_s, rng=rng)
         self.resolver = resolver
-        self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file)
+        self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
+                               failing=status.failing_sinks)
         self._on_status = on_status or (lambda _text: None)
         # Told True when the control plane stops answering, False when it is
         # back: the LISTEN child probes / reconnects at once instead of waiting.

@@ -69,10 +69,12 @@ class Export:
 class _Streak:
     """Log a side-sink failure once per failure streak, and its recovery once."""
 
-    def __init__(self, sink: str, metrics: Metrics) -> None:
+    def __init__(self, sink: str, metrics: Metrics, failing: dict[str, str]) -> None:
         self.sink = sink
         self.metrics = metrics
         self.failing = False
+        # Shared with the status: sink -> the error, while a failure streak lasts.
+        self._errors = failing
 
     def failed(self, exc: BaseException, **context: object) -> None:
         self.metrics.sink_write_failures.labels(self.sink).inc()
@@ -80,23 +82,28 @@ class _Streak:
             log.warning("sink write failed; still serving, retrying every poll",
                         sink=self.sink, error=str(exc), **context)
         self.failing = True
+        self._errors[self.sink] = str(exc)
 
     def ok(self, **context: object) -> None:
         if self.failing:
             log.info("sink write recovered", sink=self.sink, **context)
         self.failing = False
+        self._errors.pop(self.sink, None)
 
 
 class SideSinks:
     """The snapshot file and the cache, each with what it is due to hold."""
 
     def __init__(self, metrics: Metrics, *, cache: LastKnownGood | None,
-                 snapshot_file: SnapshotFile | None) -> None:
+                 snapshot_file: SnapshotFile | None,
+                 failing: dict[str, str] | None = None) -> None:
         self.metrics = metrics
         self.cache = cache
         self.snapshot_file = snapshot_file
-        self._file_streak = _Streak("snapshot_file", metrics)
-        self._cache_streak = _Streak("cache", metrics)
+        # sink -> its last error while it fails (RevisionStatus.failing_sinks: /healthz).
+        failing = {} if failing is None else failing
+        self._file_streak = _Streak("snapshot_file", metrics, failing)
+        self._cache_streak = _Streak("cache", metrics, failing)
         # What each sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
         self._cache_due: Export | None = None

@@ -67,6 +67,9 @@ class RevisionStatus:
         self.active_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
+        # Side sinks (snapshot_file, cache) whose last write failed -> the error:
+        # /healthz names a snapshot file the daemon cannot replace.
+        self.failing_sinks: dict[str, str] = {}
 
     def _track_lag(self) -> None:
         converged = (

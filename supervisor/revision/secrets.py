@@ -26,10 +26,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final, Protocol
 
 from supervisor import reasons
+from supervisor.configchecks import SYSTEM_DIRS, credential_files, own_env_name
 from supervisor.revision.errors import RevisionError
 
 if TYPE_CHECKING:
-    from supervisor.config import RevisionConfig
+    from supervisor.config import Config, RevisionConfig
 
 __all__ = ["MAX_SECRET_BYTES", "EnvFileResolver", "SecretResolver"]
 
@@ -67,17 +68,34 @@ class EnvFileResolver:
     ``environ`` defaults to the live ``os.environ`` (read at each resolution,
     not copied at construction); tests and benchmarks inject a mapping.
 
+    Never resolved, whatever the lists below say: a variable the daemon itself
+    reads (:data:`~supervisor.configchecks.OWN_ENV_NAMES`: its settings, the DSN
+    among them, libpq's ``PG*``, ``KUBECONFIG`` ...), a file under ``/proc``,
+    ``/sys``, ``/dev`` or the daemon's own service-account directory
+    (:data:`~supervisor.configchecks.SYSTEM_DIRS`; ``/proc/sys/kernel/ostype``
+    would give a key whose value anyone knows), and any of ``credentials`` (the
+    files the daemon reads credentials from,
+    :func:`~supervisor.configchecks.credential_files`), under any name: the
+    file opened is compared by device and inode, so a symlink or a hard link
+    to one is refused too.
+
     ``env_prefixes`` and ``dirs`` (``[revision].secret_env_prefixes`` and
-    ``secret_dirs``; empty = anywhere) confine where references may point:
+    ``secret_dirs``; empty = anywhere else) confine where references may point:
     whoever can publish must not make the replica hash, and serve the digest of,
-    its own database password (``env:SUPERVISOR_CONTROL_PLANE__URL``) or any file
-    it can read (``file:/proc/self/environ``). A reference outside is refused
-    before anything is looked up. A file reference inside is refused with one
-    message whatever the cause (missing, unreadable, not a regular file, empty,
-    too large, or a symlink leading outside the directories), so a refusal
-    does not tell the publisher whether a file exists. Confinement is decided
-    again on the file actually opened, so a symlink swapped between the check
-    and the open (whoever can write in a secret directory) cannot lead outside.
+    whatever it can read. A reference outside is refused before anything is
+    looked up. A file reference inside is refused with one message whatever
+    the cause (missing, unreadable, not a regular file, more than one hard
+    link, empty, too large, or a symlink leading outside the directories), so a
+    refusal does not tell the publisher whether a file exists. Confinement is
+    decided again on the file actually opened, so a symlink swapped between the
+    check and the open (whoever can write in a secret directory) cannot lead
+    outside.
+
+    Nothing that is not a regular file is ever opened for reading: the path is
+    first opened with ``O_PATH`` (which runs no device driver and cannot block
+    on a FIFO), checked with ``fstat``, and only the checked file is then opened
+    for reading, through ``/proc/self/fd`` (the same inode, whatever the path
+    names meanwhile).
     """
 
     def __init__(
@@ -86,16 +104,31 @@ class EnvFileResolver:
         *,
         env_prefixes: Sequence[str] = (),
         dirs: Sequence[str] = (),
+        credentials: Sequence[str] = (),
     ) -> None:
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
         self._prefixes = tuple(env_prefixes)
         self._dirs = tuple(os.path.abspath(d) for d in dirs)
         self._real_dirs = tuple(os.path.realpath(d) for d in dirs)
+        self._credentials = tuple(credentials)
 
     @classmethod
-    def from_config(cls, config: RevisionConfig) -> EnvFileResolver:
-        """The resolver ``[revision]`` asks for, on the live environment."""
-        return cls(env_prefixes=config.secret_env_prefixes, dirs=config.secret_dirs)
+    def from_config(cls, config: RevisionConfig, *,
+                    credentials: Sequence[str] = ()) -> EnvFileResolver:
+        """The resolver ``[revision]`` asks for, on the live environment; ``credentials``:
+        the daemon's own credential files (:func:`for_daemon` names them)."""
+        return cls(env_prefixes=config.secret_env_prefixes, dirs=config.secret_dirs,
+                   credentials=credentials)
+
+    @classmethod
+    def for_daemon(cls, config: Config, config_path: str | None = None, *,
+                   environ: Mapping[str, str] | None = None) -> EnvFileResolver:
+        """The resolver of a replica (and ``publish``) with ``config``: ``[revision]``'s
+        confinement, and every credential file of ``config`` refused."""
+        revision = config.revision
+        return cls(environ, env_prefixes=revision.secret_env_prefixes,
+                   dirs=revision.secret_dirs, credentials=[
+                       path for _, path in credential_files(config, environ, config_path)])
 
     def resolve(self, reference: str) -> bytes:
         scheme, sep, target = reference.partition(":")
@@ -120,11 +153,18 @@ class EnvFileResolver:
             raise _refuse(
                 f"environment variable {name} is outside [revision].secret_env_prefixes"
             )
+        if own_env_name(name):
+            raise _refuse(f"environment variable {name} is one the daemon itself reads "
+                          "(its settings, PG*, KUBECONFIG ...): never a secret reference")
 
     def _check_file_place(self, path: str) -> None:
         # Decided on the spelled path alone (.. collapsed): nothing is touched.
-        if self._dirs and not _under(os.path.abspath(path), self._dirs):
+        spelled = os.path.abspath(path)
+        if self._dirs and not _under(spelled, self._dirs):
             raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
+        if _under(spelled, SYSTEM_DIRS):
+            raise _refuse(f"secret file {path} is under /proc, /sys or /dev (or the "
+                          "daemon's own service account): never a secret")
 
     def _from_env(self, name: str) -> bytes:
         self._check_env_place(name)
@@ -138,15 +178,20 @@ class EnvFileResolver:
             raise _refuse(f"environment variable {name} cannot be encoded as bytes") from None
 
     def _from_file(self, path: str) -> bytes:
-        if self._dirs:
-            self._check_file_place(path)
-            # A symlink may lead outside: refused like any other unusable file.
-            if not _under(os.path.realpath(path), self._real_dirs):
-                raise _unresolvable(path)
-            # Checked again on what was opened: a symlink swapped between the
-            # check above and the open must not lead outside (TOCTOU).
-            return _read_file(path, confined_to=self._real_dirs)
-        return _read_file(path)
+        self._check_file_place(path)
+        # A symlink may lead outside, or into /proc: refused like any other unusable file.
+        real = os.path.realpath(path)
+        if _under(real, _real_system_dirs(SYSTEM_DIRS)) or (
+                self._dirs and not _under(real, self._real_dirs)):
+            raise _unresolvable(path)
+        # Checked again on what was opened: a symlink swapped between the
+        # check above and the open must not lead outside (TOCTOU).
+        return _read_file(path, confined_to=self._real_dirs, credentials=self._credentials)
+
+
+def _real_system_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
+    # /var/run is usually a symlink to /run: both spellings, and where they lead.
+    return tuple({*dirs, *(os.path.realpath(d) for d in dirs)})
 
 
 def _under(path: str, dirs: tuple[str, ...]) -> bool:
@@ -158,8 +203,16 @@ def _unresolvable(path: str) -> RevisionError:
     # publishes whether the file exists on this host.
     return _refuse(
         f"secret file {path} cannot be resolved (it must be a readable, non-empty "
-        f"regular file of at most {MAX_SECRET_BYTES} bytes)"
+        f"regular file of at most {MAX_SECRET_BYTES} bytes, with one name)"
     )
+
+
+def _opened_at(fd: int) -> str | None:
+    """The path the kernel gives the file opened as ``fd`` (Linux), None without /proc."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def _opened_inside(fd: int, path: str, opened: os.stat_result, dirs: tuple[str, ...]) -> bool:
@@ -167,10 +220,9 @@ def _opened_inside(fd: int, path: str, opened: os.stat_result, dirs: tuple[str, 
     the open, so a symlink swapped before it is caught. On Linux the kernel names
     the opened file (``/proc/self/fd``), atomically; elsewhere the real path of
     ``path`` must be under ``dirs`` and be the file opened (device and inode)."""
-    try:
-        return _under(os.readlink(f"/proc/self/fd/{fd}"), dirs)
-    except OSError:
-        pass  # no /proc: the portable check below
+    at = _opened_at(fd)
+    if at is not None:
+        return _under(at, dirs)
     real = os.path.realpath(path)
     if not _under(real, dirs):
         return False
@@ -178,29 +230,81 @@ def _opened_inside(fd: int, path: str, opened: os.stat_result, dirs: tuple[str, 
         there = os.stat(real)
     except OSError:
         return False
-    return (there.st_dev, there.st_ino) == (opened.st_dev, opened.st_ino)
+    return _same_file(there, opened)
 
 
-def _read_file(path: str, *, confined_to: tuple[str, ...] = ()) -> bytes:
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _is_credential(opened: os.stat_result, credentials: tuple[str, ...]) -> bool:
+    for credential in credentials:
+        try:
+            if _same_file(os.stat(credential), opened):
+                return True
+        except OSError:
+            continue  # absent or unreadable: nothing there to protect
+    return False
+
+
+# O_PATH (Linux): a handle on the file that reads nothing and opens nothing, so
+# a device's driver never runs and a FIFO never blocks. Elsewhere a
+# non-blocking, no-controlling-terminal open stands in for it.
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_LOOK_FLAGS: Final = (getattr(os, "O_PATH", 0) or (os.O_RDONLY | os.O_NONBLOCK
+                                                   | getattr(os, "O_NOCTTY", 0))) | _CLOEXEC
+
+
+def _look(path: str) -> int:
+    """A descriptor on the file at ``path`` (symlinks followed, as Kubernetes secret
+    volumes need) that has opened nothing (:data:`_LOOK_FLAGS`)."""
+    return os.open(path, _LOOK_FLAGS)
+
+
+def _open_checked(handle: int, path: str, looked: os.stat_result) -> int:
+    """Open for reading the file ``handle`` holds, and only that file."""
+    if not getattr(os, "O_PATH", 0):
+        return os.dup(handle)  # already a read descriptor
     try:
-        # O_NONBLOCK: opening a FIFO must not hang the compile; fstat then
-        # refuses anything but a regular file (symlinks are followed, as
-        # Kubernetes secret volumes need).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | _CLOEXEC)
+    except FileNotFoundError:
+        # No /proc: the path again, compared with what was checked below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | _CLOEXEC)
+    if not _same_file(os.fstat(fd), looked):
+        os.close(fd)
+        raise _unresolvable(path)
+    return fd
+
+
+def _read_file(path: str, *, confined_to: tuple[str, ...] = (),
+               credentials: tuple[str, ...] = ()) -> bytes:
+    try:
+        handle = _look(path)
     except OSError as exc:
         raise _os_refusal(path, exc) from None
     try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):
+        looked = os.fstat(handle)
+        # One name only: a hard link placed in a secret directory may be another
+        # name of any file its maker could read.
+        if not stat.S_ISREG(looked.st_mode) or looked.st_nlink != 1:
             raise _unresolvable(path)
-        if confined_to and not _opened_inside(fd, path, opened, confined_to):
+        at = _opened_at(handle)
+        if at is not None and _under(at, _real_system_dirs(SYSTEM_DIRS)):
             raise _unresolvable(path)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(MAX_SECRET_BYTES + 1)
+        if confined_to and not _opened_inside(handle, path, looked, confined_to):
+            raise _unresolvable(path)
+        if _is_credential(looked, credentials):
+            raise _unresolvable(path)
+        fd = _open_checked(handle, path, looked)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as reader:
+                data = reader.read(MAX_SECRET_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise _os_refusal(path, exc) from None
     finally:
-        os.close(fd)
+        os.close(handle)
     if len(data) > MAX_SECRET_BYTES:
         raise _unresolvable(path)
     if data.endswith(b"\r\n"):

@@ -13,6 +13,35 @@ import yaml
 from supervisor.configfile import load
 from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
 
+# Secret references confined: otherwise `check --strict` refuses for that alone.
+CONFINED = f'[revision]\nsecret_env_prefixes = ["TEAM_"]\nsecret_dirs = ["{REPO}/conf"]\n'
+
+
+async def test_check_warns_when_secret_references_are_confined_nowhere(tmp_path: Path) -> None:
+    """Neither allow-list set: `check` warns (a publisher may have any variable or
+    readable file hashed and served), `check --strict` exits 2; either list set, silence."""
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    with trio.fail_after(60):
+        lenient = await acli("check", "--config", str(config))
+        assert "$.revision: neither secret_env_prefixes nor secret_dirs is set" in lenient.stderr
+        strict = await acli("check", "--strict", "--config", str(config), check=False)
+        assert strict.returncode == 2 and "$.revision" in strict.stderr, strict
+        for confinement in ('secret_env_prefixes = ["TEAM_"]', 'secret_dirs = ["/run/keys"]'):
+            config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                                  f"[revision]\n{confinement}\n")
+            quiet = await acli("check", "--strict", "--config", str(config))
+            assert "$.revision" not in quiet.stderr, (confinement, quiet.stderr)
+
+
+def test_shipped_production_configs_confine_secret_references() -> None:
+    from supervisor.configchecks import unconfined_secrets
+
+    for path in ("conf/prod.toml", "deploy/kubernetes/prod.toml"):
+        config = load(REPO / path)
+        assert config.revision.secret_env_prefixes and config.revision.secret_dirs, path
+    assert unconfined_secrets(load(REPO / "conf/dev.toml"))  # dev: the warning says so
+
 
 async def test_check_and_boot_warn_about_a_world_readable_token(tmp_path: Path) -> None:
     token = tmp_path / "admin.token"
@@ -20,7 +49,7 @@ async def test_check_and_boot_warn_about_a_world_readable_token(tmp_path: Path) 
     token.chmod(0o644)
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
-                          f'token_file = "{token}"\n', port=port)
+                          f'token_file = "{token}"\n{CONFINED}', port=port)
     cli("publish", "--config", str(config), str(EXAMPLE))
     with trio.fail_after(60):
         lenient = await acli("check", "--config", str(config))
@@ -48,7 +77,7 @@ async def test_check_strict_refuses_group_readable_token_and_signing_key(tmp_pat
     config = write_config(
         tmp_path, f"sqlite:///{tmp_path}/cp.db",
         f'token_file = "{token}"\n[cache]\npath = "{tmp_path / "lkg.bin"}"\n'
-        f'signing_key = "{key}"\ntrusted_keys = ["{verify}"]\n')
+        f'signing_key = "{key}"\ntrusted_keys = ["{verify}"]\n{CONFINED}')
     foreign_gid = os.getegid() + 4242
     with trio.fail_after(60):
         for path, other in ((token, key), (key, token)):

@@ -113,3 +113,68 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
                 assert await daemon.wait() == 0
                 assert trio.current_time() - start < 3.0
         notify.close()
+
+
+def _attempts(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("supervisor_convergence_attempts_total{"))
+
+
+def _held(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("supervisor_listen_wakeups_held_total"))
+
+
+async def test_a_notify_storm_by_a_role_without_privileges_is_floored(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A role that may only connect runs ``pg_notify`` in a loop: the replica makes
+    at most one convergence attempt per ``notify_min_interval_s`` (here 0.25 s),
+    counts the held wake-ups, and says so in its log."""
+    import secrets
+    import time
+
+    import httpx
+
+    role = f"stormer_{secrets.token_hex(4)}"
+    port = free_port()
+    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=3600)
+    config.write_text(config.read_text().replace(
+        "[control_plane]\n", "[control_plane]\nnotify_min_interval_s = 0.25\n"))
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")  # no grant on any table
+
+    def notify_storm(for_s: float) -> int:
+        sent = 0
+        with psycopg.connect(pg_url, user=role, autocommit=True) as conn:
+            end = time.monotonic() + for_s
+            while time.monotonic() < end:
+                conn.execute("SELECT pg_notify('supervisor_desired', '1')")
+                sent += 1
+        return sent
+
+    async def metrics() -> str:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            return (await http.get("/metrics")).text
+
+    try:
+        with trio.fail_after(90):
+            async with run_daemon(config) as daemon:
+                await daemon.wait_log("listening for desired-state notifications")
+                await daemon.wait_log("published")
+                before = _attempts(await metrics())
+                storm_s = 3.0
+                sent = await trio.to_thread.run_sync(notify_storm, storm_s)
+                await daemon.wait_log("notification storm began")
+                after = await metrics()
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+    attempts = _attempts(after) - before
+    assert sent > 200, sent  # a storm: hundreds of notifications
+    assert attempts <= storm_s / 0.25 + 3, (attempts, sent)
+    assert _held(after) >= 1

@@ -29,7 +29,7 @@ def big_body(target_bytes: int) -> bytes:
         "schema_version": 1,
         "aliases": {f"a{i:06d}": {"upstream": f"https://a{i:06d}.internal.example/v1",
                                   "timeout_s": 30, "retries": 2} for i in range(count)},
-        "keys": {"team": {"secret": "env:SUPERVISOR_TEST_NEVER_SET", "aliases": ["a000000"]}},
+        "keys": {"team": {"secret": "env:TSUP_TEST_NEVER_SET", "aliases": ["a000000"]}},
     }
     return json.dumps(doc).encode()
 

@@ -41,7 +41,7 @@ async def prepare(tmp_path: Path, port: int, *, switch: bool) -> Path:
                str(document(tmp_path / "good.json", "env:HOME")))
     await serve_once_and_stop(config)  # exports revision 1 to the cache
     await acli("publish", "--config", str(config),
-               str(document(tmp_path / "bad.json", "env:SUPERVISOR_TEST_NEVER_SET")))
+               str(document(tmp_path / "bad.json", "env:TSUP_TEST_NEVER_SET")))
     return config
 
 
@@ -49,7 +49,7 @@ async def test_default_refuses_to_boot(tmp_path: Path) -> None:
     config = await prepare(tmp_path, free_port(), switch=False)
     result = await acli("run", "--config", str(config), check=False, timeout=30)
     assert result.returncode == 3, result.stderr
-    assert "SUPERVISOR_TEST_NEVER_SET" in result.stderr
+    assert "TSUP_TEST_NEVER_SET" in result.stderr
 
 
 async def test_switch_serves_the_cache_and_says_so_every_poll(tmp_path: Path) -> None:

@@ -310,7 +310,8 @@ def test_file_secret_refusals_say_the_same_whatever_the_cause(tmp_path: Path) ->
         assert error.reason == reasons.SECRET, path
         assert error.detail == (
             f"$.keys.ops.secret: secret file {path} cannot be resolved (it must be a "
-            f"readable, non-empty regular file of at most {MAX_SECRET_BYTES} bytes)"
+            f"readable, non-empty regular file of at most {MAX_SECRET_BYTES} bytes, with one "
+            "name)"
         )
 
 

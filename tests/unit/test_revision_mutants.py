@@ -253,12 +253,23 @@ def test_with_revision_attributes_a_refusal() -> None:
     assert str(moved) == "revision 5 refused (corrupt): not JSON"
 
 
-def test_a_secret_file_that_fails_while_being_read_is_refused(tmp_path: Path) -> None:
-    # /proc/self/mem is a regular file whose read at offset 0 fails (EIO): the
+def test_a_secret_file_that_fails_while_being_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A regular file whose read fails (EIO) after it was opened and checked: the
     # read error, not only the open error, is a refusal naming nothing but the path.
-    path = "/proc/self/mem"
-    if not Path(path).exists():
-        pytest.skip("no /proc")
+    import errno
+    import io
+    import os
+
+    path = tmp_path / "key"
+    path.write_bytes(b"s3cret")
+
+    class FailingReader(io.RawIOBase):
+        def read(self, size: int = -1) -> bytes:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdopen", lambda *_a, **_k: FailingReader())
     with pytest.raises(RevisionError) as info:
         EnvFileResolver({}).resolve(f"file:{path}")
     assert info.value.reason == reasons.SECRET

@@ -71,9 +71,15 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
                 and isinstance(node.args[1], ast.Constant)
                 and isinstance(node.args[1].value, str)):
             what = node.args[1].value
-            yield f"{what} unreachable", "warning", ["detail", "error", "reason"]
-            yield f"{what} still unreachable", "warning", ["attempts", "for_s"]
-            yield f"{what} reachable again", "info", ["after_s", "attempts"]
+            words = {k.arg: k.value.value for k in node.keywords
+                     if k.arg in ("began", "ongoing", "ended")
+                     and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}
+            # A streak that is not an outage has its own words and first fields (none).
+            first = [] if words else ["detail", "error", "reason"]
+            yield f"{what} {words.get('began', 'unreachable')}", "warning", first
+            yield (f"{what} {words.get('ongoing', 'still unreachable')}", "warning",
+                   ["attempts", "for_s"])
+            yield f"{what} {words.get('ended', 'reachable again')}", "info", ["after_s", "attempts"]
 
 
 def emitted_events(tree: ast.Module) -> Iterator[str]:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from supervisor.errors import ConfigError
+from supervisor.filemodes import describe_mode, refuse_unsafe_place
 from supervisor.sinks.atomic import fsync_directory, write_atomic
 
 __all__ = [
@@ -43,30 +44,12 @@ _WHERE: Final = "$.cache.path"
 _READ_FLAGS: Final = (
     os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 )
-_KINDS: Final = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISLNK, "a symbolic link"),
-)
-
-
 class NotRegularFile(Exception):
     """Something other than a regular file is at the path; ``kind`` says what."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         super().__init__(kind)
-
-
-def describe_mode(mode: int) -> str:
-    """``"a FIFO (named pipe)"``, ``"a directory"`` ...; ``"a regular file"`` for one."""
-    for test, kind in _KINDS:
-        if test(mode):
-            return kind
-    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 def read_regular(path: str, *, limit: int = -1) -> bytes | None:
@@ -131,24 +114,11 @@ def prepare_directory(directory: str, files: Sequence[str]) -> None:
     its owner only, and refused as not a regular file when the cache reads it).
     When a non-directory stands where the directory should be, nothing is
     checked: every write then fails as ``unwritable`` and ``check`` reports it.
-    Raises :class:`~supervisor.errors.ConfigError` at ``$.cache.path``.
+    Raises :class:`~supervisor.errors.ConfigError` at ``$.cache.path``
+    (:func:`~supervisor.filemodes.refuse_unsafe_place`).
     """
     _create_missing(directory or ".")
-    try:
-        st = os.stat(directory or ".")
-    except OSError as exc:
-        raise ConfigError(_WHERE, f"cannot inspect {directory}: {exc.strerror or exc}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    _refuse_unsafe(directory or ".", st, "the cache directory")
-    for path in files:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise ConfigError(_WHERE, f"cannot inspect {path}: {exc.strerror or exc}") from exc
-        _refuse_unsafe(path, st, describe_mode(st.st_mode), owner_only=stat.S_ISLNK(st.st_mode))
+    refuse_unsafe_place(_WHERE, directory or ".", "the cache directory", files)
 
 
 def _create_missing(directory: str) -> None:
@@ -171,22 +141,3 @@ def _create_missing(directory: str) -> None:
             raise ConfigError(
                 _WHERE, f"cannot create the cache directory {path}: {exc.strerror or exc}"
             ) from exc
-
-
-def _refuse_unsafe(path: str, st: os.stat_result, what: str, *, owner_only: bool = False) -> None:
-    euid = os.geteuid()
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid != euid:
-        raise ConfigError(
-            _WHERE,
-            f"{what} {path} (mode {mode:04o}) is owned by uid {st.st_uid}, not by this "
-            f"process's user (uid {euid}); another user could replace the cache: chown it "
-            f"to the daemon's user (and run `check` as that user)",
-        )
-    if not owner_only and mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(
-            _WHERE,
-            f"{what} {path} has mode {mode:04o}: group- or world-writable, so another user "
-            f"could replace or delete the cache or its served mark; chmod go-w it "
-            f"(0700 for the directory, 0600 for the files)",
-        )
