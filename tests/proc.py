@@ -126,6 +126,10 @@ class Daemon:
                     self.lines.append({"event": text, "unparsed": True})
             self._new_line.set()
             self._new_line = trio.Event()
+        # End of output: a waiter for a line that never came learns of the exit
+        # now instead of at its own deadline.
+        await self.process.wait()
+        self._new_line.set()
 
     async def wait_log(self, event: str | None, **fields: Any) -> dict[str, Any]:
         """The first log line with this ``event`` (any, when None) and these fields."""

@@ -24,8 +24,9 @@ from supervisor.controlplane.runner import INTERRUPT_GRACE_S
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
-__all__ = ["CONNECT_TIMEOUT_S", "Conn", "PostgresConnections", "bounded", "classify",
-           "connect", "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
+__all__ = ["CONNECT_TIMEOUT_S", "SQLSTATE_CLASSES", "SQLSTATE_CODES", "Conn",
+           "PostgresConnections", "bounded", "classify", "connect",
+           "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
 
 log = get_logger("controlplane")
 
@@ -44,35 +45,63 @@ KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": 
 _SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
 
 
+_U, _C, _I, _D, _X = (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT,
+                      FailureCategory.INVALID, FailureCategory.DENIED, FailureCategory.CORRUPT)
+
+#: SQLSTATE classes (the code's first two characters, PostgreSQL manual
+#: appendix A), reviewed one class at a time: the label and why. Every
+#: timeout, cancellation, shutdown and resource class is ``unavailable`` (the
+#: control plane could not answer; the cache serves, the loop backs off). A
+#: class not listed here is the request itself being wrong: ``invalid``.
+SQLSTATE_CLASSES: dict[str, tuple[FailureCategory, str]] = {
+    "08": (_U, "connection exception: the connection failed or was lost"),
+    "25": (_I, "invalid transaction state: a statement sent in the wrong transaction "
+               "state is this build's mistake (timeouts and read-only below)"),
+    "28": (_D, "invalid authorization: the role or its password was refused"),
+    "40": (_C, "transaction rollback (serialization failure, deadlock): contention, "
+               "which clears on retry"),
+    "42": (_I, "syntax error or access rule violation: the statement or the schema "
+               "is wrong (privileges below)"),
+    "53": (_U, "insufficient resources (disk full, out of memory, too many "
+               "connections): clears when the server recovers"),
+    "54": (_U, "program limit exceeded: the daemon's statements are fixed and its "
+               "bodies bounded, so this is a server limit (the NOTIFY queue full, "
+               "max_stack_depth) that clears as the server catches up"),
+    "55": (_C, "object not in prerequisite state: another session holds the object "
+               "(lock not available, object in use); clears on retry"),
+    "57": (_U, "operator intervention: statement or session timeout, cancel, "
+               "shutdown, crash, a server not accepting connections yet"),
+    "58": (_U, "system error: the server's own files or I/O failed"),
+    "F0": (_U, "configuration file error: the server's own configuration"),
+    "XX": (_U, "internal error: the server failed, not the request (damage below)"),
+}
+
+#: Single codes whose meaning differs from their class's.
+SQLSTATE_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "25006": (_U, "read-only transaction: a hot standby refuses writes; clears with "
+                  "a failover"),
+    "25P03": (_U, "idle_in_transaction_session_timeout: a timeout ended the session"),
+    "25P04": (_U, "transaction_timeout: a timeout ended the transaction"),
+    "40003": (_U, "statement completion unknown: the connection was lost mid-commit"),
+    "42501": (_D, "insufficient privilege: a grant is missing"),
+    "55P02": (_I, "cannot change a runtime parameter: a setting the DSN asks for"),
+    "55P04": (_I, "unsafe use of a new enum value: a statement this build sent"),
+    "XX001": (_X, "data corrupted: the server reports damaged storage"),
+    "XX002": (_X, "index corrupted: the server reports a damaged index"),
+}
+
+
 def classify(exc: BaseException) -> FailureCategory:
-    """The failure category of a driver (or socket) error. Order matters: see the comments."""
-    # Before OperationalError: psycopg files transaction rollbacks and lock
-    # timeouts under it, but they are contention, and contention clears on retry.
-    if isinstance(
-        exc, pgerrors.SerializationFailure | pgerrors.DeadlockDetected | pgerrors.LockNotAvailable
-    ):
-        return FailureCategory.CONFLICT
-    if isinstance(
-        exc,
-        pgerrors.InsufficientPrivilege
-        | pgerrors.InvalidAuthorizationSpecification
-        | pgerrors.InvalidPassword,
-    ):
-        return FailureCategory.DENIED
-    if isinstance(exc, _SCHEMA_MISSING):
-        return FailureCategory.INVALID
-    # SQLSTATE class XX: the server itself reports damaged data or indexes.
-    if isinstance(exc, pgerrors.DataCorrupted | pgerrors.IndexCorrupted):
-        return FailureCategory.CORRUPT
-    # QueryCanceled (statement_timeout or our cancel), AdminShutdown, too many
-    # connections, failed connects (which carry no SQLSTATE at all) ...
-    if isinstance(exc, psycopg.OperationalError):
-        return FailureCategory.UNAVAILABLE
-    # A hot standby refuses writes; during a failover that clears by itself.
-    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
-        return FailureCategory.UNAVAILABLE
-    # "the connection is closed/lost" and friends; and raw socket errors.
-    if isinstance(exc, psycopg.InterfaceError | OSError | TimeoutError):
+    """The failure category of a driver (or socket) error (see :data:`SQLSTATE_CLASSES`)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(exc, psycopg.Error) and isinstance(sqlstate, str) and len(sqlstate) == 5:
+        entry = SQLSTATE_CODES.get(sqlstate) or SQLSTATE_CLASSES.get(sqlstate[:2])
+        return FailureCategory.INVALID if entry is None else entry[0]
+    # No SQLSTATE: raised by libpq or psycopg, not the server. A failed connect
+    # (FATAL messages at startup carry none), "the connection is lost/closed",
+    # a socket error: the control plane could not be asked.
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError
+                  | TimeoutError):
         return FailureCategory.UNAVAILABLE
     return FailureCategory.INVALID
 
