@@ -265,8 +265,9 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "revision.last_rejection": "The last refusal `{\"revision\", \"reason\", \"detail\", "
     "\"at\"}`, null until one happens (an unreachable control plane is an outage, not a "
     "refusal).",
-    "revision.control_plane_up": "The last control-plane read succeeded (null before the "
-    "first).",
+    "revision.control_plane_up": "The control plane answered the last read, a refusal "
+    "included (a revoked grant, a lock); false only when it could not be asked (null before "
+    "the first).",
     "revision.last_error": "The last failed attempt as `<reason>: <detail>`, null once one "
     "succeeds.",
     "revision.upstream": "Follower mode only: the upstream replica's address.",

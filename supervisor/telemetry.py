@@ -126,7 +126,9 @@ class Metrics:
             namespace=NS, registry=r,
         )
         self.control_plane_up = Gauge(
-            "control_plane_up", "1 when the last control-plane read succeeded.",
+            "control_plane_up",
+            "1 when the control plane answered the last read (refusals included); 0 when "
+            "it could not be asked.",
             namespace=NS, registry=r,
         )
         self.serving_last_known_good = Gauge(

@@ -179,8 +179,8 @@ class ConvergenceLoop:
     async def _observe(self) -> RevisionPointer | None:
         try:
             pointer = await self.store.observe()
-        except ControlPlaneError:
-            self._set_reachable(False)
+        except ControlPlaneError as exc:
+            self._set_reachable(exc.answered)
             raise
         self._set_reachable(True)
         return pointer
@@ -189,13 +189,10 @@ class ConvergenceLoop:
         try:
             loaded = await self.store.hydrate()
         except ControlPlaneError as exc:
-            if exc.retryable:
-                self._set_reachable(False)
-            else:
-                self._set_reachable(True)
-                if exc.revision is not None:
-                    # Every hydrate refusal about a revision is about the desired one.
-                    self._learn_desired(exc.revision)
+            self._set_reachable(exc.answered)
+            if not exc.retryable and exc.revision is not None:
+                # Every hydrate refusal about a revision is about the desired one.
+                self._learn_desired(exc.revision)
             raise
         self._set_reachable(True)
         return loaded

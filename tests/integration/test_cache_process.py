@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from supervisor.sinks import lkg
+from tests.pgfaults import alter_database
 from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
 from tests.tcpproxy import proxied_url as proxied
 from tests.tcpproxy import tcp_proxy
@@ -270,15 +271,6 @@ async def test_check_creates_a_missing_cache_directory_private(
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
-def _alter_database(pg_url: str, setting: str, value: str) -> None:
-    """A setting on the test's own database: every new session gets it."""
-    import psycopg
-
-    dbname = pg_url.rpartition("/")[2]
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'ALTER DATABASE "{dbname}" SET {setting} = \'{value}\'')
-
-
 async def test_idle_in_transaction_timeout_at_boot_serves_the_cache(
     tmp_path: Path, pg_url: str
 ) -> None:
@@ -292,7 +284,7 @@ async def test_idle_in_transaction_timeout_at_boot_serves_the_cache(
         await acli("db", "migrate", "--config", str(config))
         await acli("publish", "--config", str(config), str(EXAMPLE))
         await serve_once_and_stop(config)
-        _alter_database(pg_url, "idle_in_transaction_session_timeout", "1ms")
+        await alter_database(pg_url, "idle_in_transaction_session_timeout", "1ms")
         # A database 20 ms away: every transaction idles between its statements
         # for longer than the timeout, on any machine.
         proxy.latency_s = 0.02
