@@ -31,7 +31,6 @@ import trio
 
 from supervisor import health, logs, reasons
 from supervisor.config import Config
-from supervisor.configfile import load
 from supervisor.controlplane.poke import Poke
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
@@ -39,6 +38,7 @@ from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle.faults import FAULT_DIR_ENV, run_fault_injection
+from supervisor.lifecycle.reload import ConfigReload
 from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
@@ -80,6 +80,7 @@ class Daemon:
     _convergence_started: bool = False
     _ready: bool = False
     _watchdog_was_healthy: bool = True
+    _reload: ConfigReload | None = None
 
     # -- children --------------------------------------------------------------
 
@@ -313,24 +314,26 @@ class Daemon:
 
     # -- signals ---------------------------------------------------------------
 
-    def _reload_log_level(self) -> None:
-        if self.config_path is None:
-            return
-        try:
-            fresh = load(self.config_path)
-        except ConfigError as exc:
-            log.error("SIGHUP: configuration not reloaded", error=str(exc))
-            return
-        logs.set_level(fresh.log.level)
-        log.info("SIGHUP: log level set", new_level=fresh.log.level)
+    async def _on_sighup(self) -> None:
+        """Re-read the file off the loop (:mod:`~supervisor.lifecycle.reload`), then the hooks."""
+        if self.config_path is not None:
+            if self._reload is None:
+                self._reload = ConfigReload(self.config_path, self.config)
+            fresh = await self._reload.read()
+            if fresh is not None:
+                logs.set_level(fresh.log.level)
+                log.info("SIGHUP: log level set", new_level=fresh.log.level)
+                self._reload.restart_needed(fresh)
+        for name, exc in self.hup.run():
+            log.error("SIGHUP hook failed", hook=name, error=str(exc))
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:
         async for signum in receiver:
             if signum == signal.SIGHUP:
-                self._reload_log_level()
-                for name, exc in self.hup.run():
-                    log.error("SIGHUP hook failed", hook=name, error=str(exc))
+                # A task of its own: a SIGTERM during a slow re-read is still
+                # taken at once.
+                nursery.start_soon(self._on_sighup)
                 continue
             if self._stopping:
                 log.warning("second signal: cancelling now", signal=signal.Signals(signum).name)

@@ -208,7 +208,9 @@ SIGNALS: Final[dict[str, str]] = {
     "SIGINT cancels everything at once.",
     "SIGINT": "As SIGTERM (Ctrl-C).",
     "SIGHUP": "Re-read `[log].level` from the configuration file and run a convergence "
-    "attempt now (and wake the fan-out watchers waiting in their preflight).",
+    "attempt now (and wake the fan-out watchers waiting in their preflight). The file is read "
+    "off the event loop within 5 s (anything but a regular file is refused); every other "
+    "changed key is named in one warning, `SIGHUP: restart needed for <keys>`.",
 }
 
 SYSTEMD: Final[dict[str, str]] = {
