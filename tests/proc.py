@@ -146,6 +146,18 @@ class Daemon:
                                      + "\n".join(self.raw))
             await self._new_line.wait()
 
+    async def wait_logs(self, event: str, count: int, **fields: Any) -> list[dict[str, Any]]:
+        """The first ``count`` log lines with this ``event`` and these fields."""
+        while True:
+            found = [line for line in self.lines if line.get("event") == event
+                     and all(line.get(k) == v for k, v in fields.items())]
+            if len(found) >= count:
+                return found[:count]
+            if self.process.returncode is not None:
+                raise AssertionError(f"process exited before logging {event!r} {count} times:\n"
+                                     + "\n".join(self.raw))
+            await self._new_line.wait()
+
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.process.send_signal(signum)
 

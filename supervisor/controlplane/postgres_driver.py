@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
-from supervisor.controlplane.runner import INTERRUPT_GRACE_S
+from supervisor.controlplane.runner import INTERRUPT_GRACE_S, StaleConnection
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
@@ -40,6 +40,9 @@ CONNECT_TIMEOUT_S = 5.0
 # bounds unacknowledged writes the same way.
 KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
              "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+#: The server version that has ``idle_session_timeout``.
+IDLE_SESSION_TIMEOUT_SINCE = 140000
 
 # SQLSTATEs that mean "the schema is not there or not current".
 _SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
@@ -133,8 +136,14 @@ def connect(
     *,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     statement_timeout_s: float | None = 10.0,
+    waits_idle: bool = False,
 ) -> Conn:
     """Open an autocommit connection (blocking; call it from a worker thread).
+
+    ``waits_idle`` (the LISTEN session, whose job is to idle) turns the
+    server's ``idle_session_timeout`` off for this session (PostgreSQL 14 and
+    later), so a database that ends idle sessions does not end it between two
+    notifications; liveness is the listener's own probe.
 
     ``statement_timeout_s`` set here is *session* state: only for a connection
     known to be direct (the LISTEN child's). The store passes None and bounds
@@ -154,6 +163,8 @@ def connect(
                 "SELECT set_config('statement_timeout', %s, false)",
                 [f"{timeout_ms(statement_timeout_s)}ms"],
             )
+        if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
+            conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
     except BaseException:
         conn.close()
         raise
@@ -184,11 +195,19 @@ def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | Non
     None skips the setting (the DSN's own ``options`` set it) but keeps the
     transaction. On any failure the transaction is rolled back when the
     connection still can, so a connection is never returned mid-transaction.
+    A connection found closed by that first round trip (the server's
+    ``idle_session_timeout``, a pooler's idle limit) raises
+    :class:`~supervisor.controlplane.runner.StaleConnection`: nothing of the
+    call reached the server.
     """
-    if statement_timeout_ms is None:
-        conn.execute("BEGIN")
-    else:
-        conn.execute(f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    begin = ("BEGIN" if statement_timeout_ms is None
+             else f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    try:
+        conn.execute(begin)
+    except psycopg.Error as exc:
+        if conn.closed or conn.broken:
+            raise StaleConnection(what_closed(exc)) from exc
+        raise
     try:
         result = fn(conn)
     except BaseException:
@@ -200,6 +219,11 @@ def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | Non
         raise
     conn.execute("COMMIT")
     return result
+
+
+def what_closed(exc: BaseException) -> str:
+    """One line saying why a connection was found closed."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _identity(conn: Conn) -> str | None:
