@@ -32,6 +32,7 @@ import trio
 from supervisor import health, logs, reasons
 from supervisor.config import Config
 from supervisor.controlplane.poke import Poke
+from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
@@ -72,6 +73,7 @@ class Daemon:
     signal: ChangeSignal = field(default_factory=ChangeSignal)
     hup: HupHooks = field(default_factory=HupHooks)
     listener_poke: Poke = field(default_factory=Poke)
+    sinks: SinkStatus = field(default_factory=SinkStatus)
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     tree: Supervisor | None = None
     leadership: LeadershipStatus | None = None
@@ -111,6 +113,7 @@ class Daemon:
                 upstream=cp.url if cp.backend == "follower" else None,
                 # Issue 14: None (reported "disabled") without leader election.
                 leadership=self.leadership.report if self.leadership is not None else None,
+                sinks=self.sinks,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -187,6 +190,7 @@ class Daemon:
                     on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.poke(),
                     serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
+                    sink_status=self.sinks,
                 )
                 await reconciler.run(task_status=task_status)
             finally:
@@ -284,6 +288,10 @@ class Daemon:
 
 
     def build_tree(self) -> Supervisor:
+        # Before the loop's first start, so /status is right from the first request.
+        self.sinks.configure("cache", self.config.cache.path is not None)
+        self.sinks.configure("snapshot_file", self.config.snapshot.path is not None)
+        self.metrics.follow_sinks(self.sinks)
         specs = [self._admin_child()]
         listen = self._listen_child()
         if listen is not None:

@@ -292,6 +292,16 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "leadership.holder": "The Lease's holder identity as last observed (null: free, or "
     "disabled).",
     "leadership.lease": "`<namespace>/<name>` of the election Lease (null when disabled).",
+    "sinks": "The side sinks that follow the active snapshot. Serving never waits on them; a "
+    "refused write is retried every poll.",
+    "sinks.cache": "The last-known-good cache: `ok`, `failing` (from a refused write until a "
+    "write succeeds; `GET /v1/revision` answers 503 meanwhile), or `disabled` (no "
+    "`[cache].path`).",
+    "sinks.snapshot_file": "The snapshot file (`[snapshot].path`): `ok`, `failing` or "
+    "`disabled`, as for the cache.",
+    "sinks.cache_error": "Why the cache's last write was refused (null unless failing).",
+    "sinks.snapshot_file_error": "Why the snapshot file's last write was refused (null "
+    "unless failing).",
 }
 
 CONTROL_PLANE_TABLES: Final[dict[str, str]] = {

@@ -96,7 +96,7 @@ from supervisor.convergence.outcome import (
 )
 from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
-from supervisor.convergence.side_sinks import Export, SideSinks
+from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
@@ -138,6 +138,7 @@ class ConvergenceLoop:
         on_outage_change: Callable[[bool], None] | None = None,
         serve_cache_on_refusal: bool = False,
         rng: random.Random | None = None,
+        sink_status: SinkStatus | None = None,
     ) -> None:
         self.store = store
         self.state = state
@@ -150,7 +151,8 @@ class ConvergenceLoop:
                                  backoff_initial_s=backoff_initial_s,
                                  backoff_max_s=backoff_max_s, rng=rng)
         self.resolver = resolver
-        self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file)
+        self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
+                               status=sink_status)
         self._on_status = on_status or (lambda _text: None)
         # Told True when the control plane stops answering, False when it is
         # back: the LISTEN child probes / reconnects at once instead of waiting.
