@@ -88,7 +88,6 @@ from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.memory import RevisionMemory
 from supervisor.convergence.outcome import (
     FAST_TRIGGERS,
-    UNREACHED,
     Key,
     Outcome,
     OutcomeKind,
@@ -299,7 +298,7 @@ class ConvergenceLoop:
 
     def record_failure(self, exc: ControlPlaneError | RevisionError) -> Outcome:
         reason, revision, detail = failure_fields(exc)
-        outage = reason in UNREACHED and revision is None
+        outage = reason == reasons.UNAVAILABLE and revision is None
         self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
         self.metrics.revision_rejections.labels(reason).inc()
         outcome = Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)
