@@ -239,8 +239,9 @@ class ConnectionRunner(Generic[C]):
                 except StaleConnection as exc:
                     # Closed by the server while idle: replaced within this
                     # call (and its deadline), no outage to report.
+                    # Through map_error: its message is scrubbed of the DSN's password.
                     log.debug("control-plane connection closed while idle; reconnecting",
-                              error=" ".join(str(exc.__cause__).split()))
+                              error=str(driver.map_error(exc.__cause__ or exc, what)))
                     self._conn = None
                     await trio.to_thread.run_sync(partial(driver.close, conn))
                     conn = await self._open()

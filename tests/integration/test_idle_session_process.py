@@ -39,5 +39,7 @@ async def test_idle_session_timeout_below_the_poll_interval_logs_no_outage(
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
     events = [str(line.get("event", "")) for line in daemon.lines]
+    # The fault happened: the server did close the store's idle connection.
+    assert "control-plane connection closed while idle; reconnecting" in events
     assert not [e for e in events if "unreachable" in e], "\n".join(events)
     assert events.count("listening for desired-state notifications") == 1, events
