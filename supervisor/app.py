@@ -31,14 +31,15 @@ import trio
 
 from supervisor import health, logs, reasons
 from supervisor.config import Config
-from supervisor.configfile import load
 from supervisor.controlplane.poke import Poke
+from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle.faults import FAULT_DIR_ENV, run_fault_injection
+from supervisor.lifecycle.reload import ConfigReload
 from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
@@ -72,6 +73,7 @@ class Daemon:
     signal: ChangeSignal = field(default_factory=ChangeSignal)
     hup: HupHooks = field(default_factory=HupHooks)
     listener_poke: Poke = field(default_factory=Poke)
+    sinks: SinkStatus = field(default_factory=SinkStatus)
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     tree: Supervisor | None = None
     leadership: LeadershipStatus | None = None
@@ -80,6 +82,7 @@ class Daemon:
     _convergence_started: bool = False
     _ready: bool = False
     _watchdog_was_healthy: bool = True
+    _reload: ConfigReload | None = None
 
     # -- children --------------------------------------------------------------
 
@@ -110,6 +113,7 @@ class Daemon:
                 upstream=cp.url if cp.backend == "follower" else None,
                 # Issue 14: None (reported "disabled") without leader election.
                 leadership=self.leadership.report if self.leadership is not None else None,
+                sinks=self.sinks,
             )
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(serve_admin, ctx, cfg.listen)
@@ -186,6 +190,7 @@ class Daemon:
                     on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.poke(),
                     serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
+                    sink_status=self.sinks,
                 )
                 await reconciler.run(task_status=task_status)
             finally:
@@ -246,7 +251,7 @@ class Daemon:
     def unhealthy(self) -> list[str]:
         """Why /healthz answers 503 (:func:`supervisor.health.unhealthy`)."""
         return health.unhealthy(self.tree, self.status, self.config.control_plane,
-                                ready=self._ready)
+                                ready=self._ready, sinks=self.sinks)
 
     def _watchdog_healthy(self) -> bool:
         """The watchdog's question; its answer changing is said on the STATUS= line too.
@@ -283,6 +288,10 @@ class Daemon:
 
 
     def build_tree(self) -> Supervisor:
+        # Before the loop's first start, so /status is right from the first request.
+        self.sinks.configure("cache", self.config.cache.path is not None)
+        self.sinks.configure("snapshot_file", self.config.snapshot.path is not None)
+        self.metrics.follow_sinks(self.sinks)
         specs = [self._admin_child()]
         listen = self._listen_child()
         if listen is not None:
@@ -313,24 +322,26 @@ class Daemon:
 
     # -- signals ---------------------------------------------------------------
 
-    def _reload_log_level(self) -> None:
-        if self.config_path is None:
-            return
-        try:
-            fresh = load(self.config_path)
-        except ConfigError as exc:
-            log.error("SIGHUP: configuration not reloaded", error=str(exc))
-            return
-        logs.set_level(fresh.log.level)
-        log.info("SIGHUP: log level set", new_level=fresh.log.level)
+    async def _on_sighup(self) -> None:
+        """Re-read the file off the loop (:mod:`~supervisor.lifecycle.reload`), then the hooks."""
+        if self.config_path is not None:
+            if self._reload is None:
+                self._reload = ConfigReload(self.config_path, self.config)
+            fresh = await self._reload.read()
+            if fresh is not None:
+                logs.set_level(fresh.log.level)
+                log.info("SIGHUP: log level set", new_level=fresh.log.level)
+                self._reload.restart_needed(fresh)
+        for name, exc in self.hup.run():
+            log.error("SIGHUP hook failed", hook=name, error=str(exc))
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:
         async for signum in receiver:
             if signum == signal.SIGHUP:
-                self._reload_log_level()
-                for name, exc in self.hup.run():
-                    log.error("SIGHUP hook failed", hook=name, error=str(exc))
+                # A task of its own: a SIGTERM during a slow re-read is still
+                # taken at once.
+                nursery.start_soon(self._on_sighup)
                 continue
             if self._stopping:
                 log.warning("second signal: cancelling now", signal=signal.Signals(signum).name)

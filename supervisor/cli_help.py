@@ -47,7 +47,8 @@ COMMANDS: dict[str, CommandHelp] = {
         "(PostgreSQL), the Kubernetes fan-out when [kubernetes].enabled, and the admin API "
         "on [admin].listen. Logs go to stderr (console lines on a terminal, JSON lines "
         "otherwise, JSON with syslog priorities under journald). SIGTERM/SIGINT stop it "
-        "gracefully, SIGHUP re-reads [log].level and converges now. Under systemd it "
+        "gracefully, SIGHUP re-reads [log].level (naming any changed key that needs a "
+        "restart) and converges now. Under systemd it "
         "sends READY=1, STATUS= and WATCHDOG=1.",
         ("trio-supervisor run --config /etc/trio-supervisor/prod.toml",
          "SUPERVISOR_LOG__LEVEL=debug trio-supervisor --config conf/dev.toml"),

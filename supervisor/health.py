@@ -19,6 +19,7 @@ handling that.
 from __future__ import annotations
 
 from supervisor.config import ControlPlaneConfig
+from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.status import RevisionStatus
 from supervisor.tree import Supervisor
 
@@ -46,7 +47,7 @@ def start_limit_s(cp: ControlPlaneConfig) -> float:
 
 
 def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneConfig, *,
-              ready: bool) -> list[str]:
+              ready: bool, sinks: SinkStatus | None = None) -> list[str]:
     """Why /healthz answers 503: children down, failed or stuck starting, a stall.
 
     The stall counts only once the daemon is ready: before, the boot is
@@ -61,7 +62,7 @@ def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneC
         for name, for_s in tree.stuck_starting(limit).items():
             found.append(f"child {name} has been starting for {for_s:.1f} s "
                          f"(limit {limit:g} s)")
-    snapshot_error = status.failing_sinks.get("snapshot_file")
+    snapshot_error = None if sinks is None else sinks.error("snapshot_file")
     if snapshot_error is not None:
         # Its consumers read a file the daemon cannot replace: a stale or forged one.
         found.append(f"the snapshot file cannot be written: {snapshot_error}")

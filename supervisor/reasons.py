@@ -74,3 +74,5 @@ FANOUT_REQUEUE_CAUSES: Final = ("conflict", "throttled", "error")
 # Last-known-good cache events.
 LKG_EVENTS: Final = ("exported", "export_failed", "restored", "refused")
 SINKS: Final = ("snapshot_file", "cache")
+#: A side sink's state (``supervisor_sink_state{state}``, ``/status`` ``sinks``).
+SINK_STATES: Final = ("ok", "failing", "disabled")

@@ -17,7 +17,7 @@ fan-out's status objects at scrape time (:meth:`Metrics.track_fanout`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -52,6 +52,16 @@ class RevisionFacts(Protocol):
     def control_plane_up(self) -> bool: ...
     @property
     def lag_s(self) -> float: ...
+
+class SinkFacts(Protocol):
+    """What the sink gauge reads (the side sinks' status)."""
+
+    def state(self, sink: str) -> str: ...
+
+
+def _is_state(status: SinkFacts, sink: str, state: str) -> Callable[[], float]:
+    return lambda: 1.0 if status.state(sink) == state else 0.0
+
 
 NS = "supervisor"
 
@@ -126,7 +136,9 @@ class Metrics:
             namespace=NS, registry=r,
         )
         self.control_plane_up = Gauge(
-            "control_plane_up", "1 when the last control-plane read succeeded.",
+            "control_plane_up",
+            "1 when the control plane answered the last read (refusals included); 0 when "
+            "it could not be asked.",
             namespace=NS, registry=r,
         )
         self.serving_last_known_good = Gauge(
@@ -138,6 +150,12 @@ class Metrics:
         self.sink_write_failures = Counter(
             "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"],
             namespace=NS, registry=r,
+        )
+        self.sink_state = Gauge(
+            "sink_state",
+            "1 for each side sink's current state (ok, failing: from a refused write until a "
+            "write succeeds, disabled: not configured).",
+            ["sink", "state"], namespace=NS, registry=r,
         )
         self.last_known_good_events = Counter(
             "last_known_good_events", "Last-known-good cache exports, restores, refusals.",
@@ -241,6 +259,8 @@ class Metrics:
             self.revision_rejections.labels(reason)
         for sink in reasons.SINKS:
             self.sink_write_failures.labels(sink)
+            for state in reasons.SINK_STATES:
+                self.sink_state.labels(sink, state)
         for event in reasons.LKG_EVENTS:
             self.last_known_good_events.labels(event)
         for how in ("evicted", "refused"):
@@ -277,6 +297,13 @@ class Metrics:
         self.control_plane_up.set_function(lambda: 1 if status.control_plane_up else 0)
         self.serving_last_known_good.set_function(
             lambda: 1 if status.source == "last_known_good" else 0)
+
+    def follow_sinks(self, status: SinkFacts) -> None:
+        """Read ``supervisor_sink_state`` from ``status`` at every scrape."""
+        for sink in reasons.SINKS:
+            for state in reasons.SINK_STATES:
+                self.sink_state.labels(sink, state).set_function(
+                    _is_state(status, sink, state))
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
         """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""

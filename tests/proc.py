@@ -126,6 +126,10 @@ class Daemon:
                     self.lines.append({"event": text, "unparsed": True})
             self._new_line.set()
             self._new_line = trio.Event()
+        # End of output: a waiter for a line that never came learns of the exit
+        # now instead of at its own deadline.
+        await self.process.wait()
+        self._new_line.set()
 
     async def wait_log(self, event: str | None, **fields: Any) -> dict[str, Any]:
         """The first log line with this ``event`` (any, when None) and these fields."""
@@ -139,6 +143,18 @@ class Daemon:
             seen = len(self.lines)
             if self.process.returncode is not None:
                 raise AssertionError(f"process exited before logging {event!r}:\n"
+                                     + "\n".join(self.raw))
+            await self._new_line.wait()
+
+    async def wait_logs(self, event: str, count: int, **fields: Any) -> list[dict[str, Any]]:
+        """The first ``count`` log lines with this ``event`` and these fields."""
+        while True:
+            found = [line for line in self.lines if line.get("event") == event
+                     and all(line.get(k) == v for k, v in fields.items())]
+            if len(found) >= count:
+                return found[:count]
+            if self.process.returncode is not None:
+                raise AssertionError(f"process exited before logging {event!r} {count} times:\n"
                                      + "\n".join(self.raw))
             await self._new_line.wait()
 

@@ -5,6 +5,8 @@ False the port refuses connections and every open connection is cut, exactly
 what a daemon sees when its database host goes away and comes back.
 ``pg_proxy(port, pg_url)`` is one in front of the server ``pg_url`` names, and
 ``proxied_url(pg_url, port)`` the same URL through it.
+``proxy.latency_s`` delays every chunk the server sends: a distant database
+(each round trip takes at least that long), the fault itself rather than a wait.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class TcpProxy:
         self._nursery = nursery
         self._scope: trio.CancelScope | None = None
         self.connections = 0
+        self.latency_s = 0.0
 
     @property
     def up(self) -> bool:
@@ -58,6 +61,8 @@ class TcpProxy:
             async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
                 try:
                     async for chunk in src:
+                        if src is upstream and self.latency_s:
+                            await trio.sleep(self.latency_s)
                         await dst.send_all(chunk)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass

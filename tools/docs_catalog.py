@@ -220,7 +220,9 @@ SIGNALS: Final[dict[str, str]] = {
     "SIGINT cancels everything at once.",
     "SIGINT": "As SIGTERM (Ctrl-C).",
     "SIGHUP": "Re-read `[log].level` from the configuration file and run a convergence "
-    "attempt now (and wake the fan-out watchers waiting in their preflight).",
+    "attempt now (and wake the fan-out watchers waiting in their preflight). The file is read "
+    "off the event loop within 5 s (anything but a regular file is refused); every other "
+    "changed key is named in one warning, `SIGHUP: restart needed for <keys>`.",
 }
 
 SYSTEMD: Final[dict[str, str]] = {
@@ -280,8 +282,9 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "revision.last_rejection": "The last refusal `{\"revision\", \"reason\", \"detail\", "
     "\"at\"}`, null until one happens (an unreachable control plane is an outage, not a "
     "refusal).",
-    "revision.control_plane_up": "The last control-plane read succeeded (null before the "
-    "first).",
+    "revision.control_plane_up": "The control plane answered the last read, a refusal "
+    "included (a revoked grant, a lock); false only when it could not be asked (null before "
+    "the first).",
     "revision.last_error": "The last failed attempt as `<reason>: <detail>`, null once one "
     "succeeds.",
     "revision.upstream": "Follower mode only: the upstream replica's address.",
@@ -304,6 +307,16 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "leadership.holder": "The Lease's holder identity as last observed (null: free, or "
     "disabled).",
     "leadership.lease": "`<namespace>/<name>` of the election Lease (null when disabled).",
+    "sinks": "The side sinks that follow the active snapshot. Serving never waits on them; a "
+    "refused write is retried every poll.",
+    "sinks.cache": "The last-known-good cache: `ok`, `failing` (from a refused write until a "
+    "write succeeds; `GET /v1/revision` answers 503 meanwhile), or `disabled` (no "
+    "`[cache].path`).",
+    "sinks.snapshot_file": "The snapshot file (`[snapshot].path`): `ok`, `failing` or "
+    "`disabled`, as for the cache.",
+    "sinks.cache_error": "Why the cache's last write was refused (null unless failing).",
+    "sinks.snapshot_file_error": "Why the snapshot file's last write was refused (null "
+    "unless failing).",
 }
 
 CONTROL_PLANE_TABLES: Final[dict[str, str]] = {

@@ -9,6 +9,7 @@ from typing import Any
 
 from supervisor.admin.signed import SignedRevisionFile
 from supervisor.admin.status_doc import declared
+from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
@@ -43,6 +44,8 @@ class AdminContext:
     upstream: str | None = None
     # Issue 14: the fan-out leadership report {"role", "holder", "lease"}; None: disabled.
     leadership: Callable[[], dict[str, Any]] | None = None
+    # The side sinks' state (cache, snapshot file); both "disabled" unless given.
+    sinks: SinkStatus = field(default_factory=SinkStatus)
 
     def status(self) -> dict[str, Any]:
         """The /status document, as :class:`~.status_doc.StatusDocument` declares it.
@@ -62,4 +65,5 @@ class AdminContext:
             "fanout": {kind: st.report() for kind, st in self.fanout.items()},
             "leadership": self.leadership() if self.leadership is not None
             else {"role": "disabled", "holder": None, "lease": None},
+            "sinks": self.sinks.report(),
         })

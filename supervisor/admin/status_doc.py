@@ -22,7 +22,7 @@ from supervisor.logs import get_logger
 from supervisor.tree import ChildStateName
 
 __all__ = ["ChildReport", "FanoutReport", "LeadershipReport", "Rejection", "RevisionReport",
-           "StatusDocument", "declared"]
+           "SinksReport", "StatusDocument", "declared"]
 
 log = get_logger("admin")
 
@@ -74,11 +74,27 @@ class LeadershipReport(_Part):
     lease: str | None
 
 
+SinkStateName = Literal["ok", "failing", "disabled"]
+
+
+class SinksReport(_Part):
+    """The side sinks: ``failing`` from a refused write until a write succeeds.
+
+    ``<sink>_error``: why its last write was refused, while it is failing.
+    """
+
+    cache: SinkStateName
+    snapshot_file: SinkStateName
+    cache_error: str | None
+    snapshot_file_error: str | None
+
+
 class StatusDocument(_Part):
     revision: RevisionReport
     children: dict[str, ChildReport]
     fanout: dict[str, FanoutReport]
     leadership: LeadershipReport
+    sinks: SinksReport
 
 
 def declared(document: dict[str, Any]) -> dict[str, Any]:

@@ -96,6 +96,15 @@ class ControlPlaneError(SupervisorError):
         return _REASONS[self.category]
 
     @property
+    def answered(self) -> bool:
+        """True when the control plane answered (a refusal, contention): only an outage is not.
+
+        ``control_plane_up`` follows this: a revoked grant is the database
+        answering, and must not read as the network being down.
+        """
+        return self.category is not FailureCategory.UNAVAILABLE
+
+    @property
     def retryable(self) -> bool:
         """True when trying again later may succeed without anyone repairing anything."""
         return self.category in _RETRYABLE

@@ -257,7 +257,7 @@ class _Listener:
         url, channel = self.url, self.channel
 
         def open_and_listen() -> Conn:
-            conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S)
+            conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S, waits_idle=True)
             made.append(conn)
             try:
                 _refuse_standby(conn)

@@ -21,12 +21,13 @@ from psycopg.rows import TupleRow
 
 from supervisor.controlplane import migrations
 from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
-from supervisor.controlplane.runner import INTERRUPT_GRACE_S
+from supervisor.controlplane.runner import INTERRUPT_GRACE_S, StaleConnection
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
-__all__ = ["CONNECT_TIMEOUT_S", "Conn", "PostgresConnections", "bounded", "classify",
-           "connect", "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
+__all__ = ["CONNECT_TIMEOUT_S", "SQLSTATE_CLASSES", "SQLSTATE_CODES", "Conn",
+           "PostgresConnections", "bounded", "classify", "connect",
+           "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
 
 log = get_logger("controlplane")
 
@@ -41,39 +42,70 @@ CONNECT_TIMEOUT_S = 5.0
 KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
              "keepalives_count": "3", "tcp_user_timeout": "30000"}
 
+#: The server version that has ``idle_session_timeout``.
+IDLE_SESSION_TIMEOUT_SINCE = 140000
+
 # SQLSTATEs that mean "the schema is not there or not current".
 _SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
 
 
+_U, _C, _I, _D, _X = (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT,
+                      FailureCategory.INVALID, FailureCategory.DENIED, FailureCategory.CORRUPT)
+
+#: SQLSTATE classes (the code's first two characters, PostgreSQL manual
+#: appendix A), reviewed one class at a time: the label and why. Every
+#: timeout, cancellation, shutdown and resource class is ``unavailable`` (the
+#: control plane could not answer; the cache serves, the loop backs off). A
+#: class not listed here is the request itself being wrong: ``invalid``.
+SQLSTATE_CLASSES: dict[str, tuple[FailureCategory, str]] = {
+    "08": (_U, "connection exception: the connection failed or was lost"),
+    "25": (_I, "invalid transaction state: a statement sent in the wrong transaction "
+               "state is this build's mistake (timeouts and read-only below)"),
+    "28": (_D, "invalid authorization: the role or its password was refused"),
+    "40": (_C, "transaction rollback (serialization failure, deadlock): contention, "
+               "which clears on retry"),
+    "42": (_I, "syntax error or access rule violation: the statement or the schema "
+               "is wrong (privileges below)"),
+    "53": (_U, "insufficient resources (disk full, out of memory, too many "
+               "connections): clears when the server recovers"),
+    "54": (_U, "program limit exceeded: the daemon's statements are fixed and its "
+               "bodies bounded, so this is a server limit (the NOTIFY queue full, "
+               "max_stack_depth) that clears as the server catches up"),
+    "55": (_C, "object not in prerequisite state: another session holds the object "
+               "(lock not available, object in use); clears on retry"),
+    "57": (_U, "operator intervention: statement or session timeout, cancel, "
+               "shutdown, crash, a server not accepting connections yet"),
+    "58": (_U, "system error: the server's own files or I/O failed"),
+    "F0": (_U, "configuration file error: the server's own configuration"),
+    "XX": (_U, "internal error: the server failed, not the request (damage below)"),
+}
+
+#: Single codes whose meaning differs from their class's.
+SQLSTATE_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "25006": (_U, "read-only transaction: a hot standby refuses writes; clears with "
+                  "a failover"),
+    "25P03": (_U, "idle_in_transaction_session_timeout: a timeout ended the session"),
+    "25P04": (_U, "transaction_timeout: a timeout ended the transaction"),
+    "40003": (_U, "statement completion unknown: the connection was lost mid-commit"),
+    "42501": (_D, "insufficient privilege: a grant is missing"),
+    "55P02": (_I, "cannot change a runtime parameter: a setting the DSN asks for"),
+    "55P04": (_I, "unsafe use of a new enum value: a statement this build sent"),
+    "XX001": (_X, "data corrupted: the server reports damaged storage"),
+    "XX002": (_X, "index corrupted: the server reports a damaged index"),
+}
+
+
 def classify(exc: BaseException) -> FailureCategory:
-    """The failure category of a driver (or socket) error. Order matters: see the comments."""
-    # Before OperationalError: psycopg files transaction rollbacks and lock
-    # timeouts under it, but they are contention, and contention clears on retry.
-    if isinstance(
-        exc, pgerrors.SerializationFailure | pgerrors.DeadlockDetected | pgerrors.LockNotAvailable
-    ):
-        return FailureCategory.CONFLICT
-    if isinstance(
-        exc,
-        pgerrors.InsufficientPrivilege
-        | pgerrors.InvalidAuthorizationSpecification
-        | pgerrors.InvalidPassword,
-    ):
-        return FailureCategory.DENIED
-    if isinstance(exc, _SCHEMA_MISSING):
-        return FailureCategory.INVALID
-    # SQLSTATE class XX: the server itself reports damaged data or indexes.
-    if isinstance(exc, pgerrors.DataCorrupted | pgerrors.IndexCorrupted):
-        return FailureCategory.CORRUPT
-    # QueryCanceled (statement_timeout or our cancel), AdminShutdown, too many
-    # connections, failed connects (which carry no SQLSTATE at all) ...
-    if isinstance(exc, psycopg.OperationalError):
-        return FailureCategory.UNAVAILABLE
-    # A hot standby refuses writes; during a failover that clears by itself.
-    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
-        return FailureCategory.UNAVAILABLE
-    # "the connection is closed/lost" and friends; and raw socket errors.
-    if isinstance(exc, psycopg.InterfaceError | OSError | TimeoutError):
+    """The failure category of a driver (or socket) error (see :data:`SQLSTATE_CLASSES`)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(exc, psycopg.Error) and isinstance(sqlstate, str) and len(sqlstate) == 5:
+        entry = SQLSTATE_CODES.get(sqlstate) or SQLSTATE_CLASSES.get(sqlstate[:2])
+        return FailureCategory.INVALID if entry is None else entry[0]
+    # No SQLSTATE: raised by libpq or psycopg, not the server. A failed connect
+    # (FATAL messages at startup carry none), "the connection is lost/closed",
+    # a socket error: the control plane could not be asked.
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError
+                  | TimeoutError):
         return FailureCategory.UNAVAILABLE
     return FailureCategory.INVALID
 
@@ -105,8 +137,14 @@ def connect(
     *,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     statement_timeout_s: float | None = 10.0,
+    waits_idle: bool = False,
 ) -> Conn:
     """Open an autocommit connection (blocking; call it from a worker thread).
+
+    ``waits_idle`` (the LISTEN session, whose job is to idle) turns the
+    server's ``idle_session_timeout`` off for this session (PostgreSQL 14 and
+    later), so a database that ends idle sessions does not end it between two
+    notifications; liveness is the listener's own probe.
 
     ``statement_timeout_s`` set here is *session* state: only for a connection
     known to be direct (the LISTEN child's). The store passes None and bounds
@@ -126,6 +164,8 @@ def connect(
                 "SELECT set_config('statement_timeout', %s, false)",
                 [f"{timeout_ms(statement_timeout_s)}ms"],
             )
+        if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
+            conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
     except BaseException:
         conn.close()
         raise
@@ -156,11 +196,19 @@ def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | Non
     None skips the setting (the DSN's own ``options`` set it) but keeps the
     transaction. On any failure the transaction is rolled back when the
     connection still can, so a connection is never returned mid-transaction.
+    A connection found closed by that first round trip (the server's
+    ``idle_session_timeout``, a pooler's idle limit) raises
+    :class:`~supervisor.controlplane.runner.StaleConnection`: nothing of the
+    call reached the server.
     """
-    if statement_timeout_ms is None:
-        conn.execute("BEGIN")
-    else:
-        conn.execute(f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    begin = ("BEGIN" if statement_timeout_ms is None
+             else f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    try:
+        conn.execute(begin)
+    except psycopg.Error as exc:
+        if conn.closed or conn.broken:
+            raise StaleConnection(what_closed(exc)) from exc
+        raise
     try:
         result = fn(conn)
     except BaseException:
@@ -172,6 +220,11 @@ def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | Non
         raise
     conn.execute("COMMIT")
     return result
+
+
+def what_closed(exc: BaseException) -> str:
+    """One line saying why a connection was found closed."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _identity(conn: Conn) -> str | None:

@@ -35,7 +35,8 @@ from supervisor.controlplane.errors import (
 )
 from supervisor.logs import get_logger
 
-__all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "call_interruptibly"]
+__all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
+           "call_interruptibly"]
 
 log = get_logger("controlplane")
 
@@ -49,6 +50,16 @@ INTERRUPT_GRACE_S = 2.0
 # Our own decoding of a row the schema should not allow raises one of these;
 # the connection itself is fine (see errors.malformed).
 DECODING_ERRORS = (TypeError, ValueError, LookupError, AttributeError, ArithmeticError)
+
+
+class StaleConnection(Exception):
+    """A kept connection was found closed before the call sent anything (``__cause__``: why).
+
+    A server's ``idle_session_timeout`` or a pooler's idle limit closes a
+    connection while it waits between calls. Nothing of the call reached the
+    server, so it is safe to run again on a new connection, writes included.
+    A driver raises this only for a failure of its very first round trip.
+    """
 
 
 class _Call(Generic[T]):
@@ -222,12 +233,28 @@ class ConnectionRunner(Generic[C]):
             if conn is None:
                 conn = await self._open()
                 self._conn = conn
-            live = conn
-            return await call_interruptibly(
-                partial(driver.call, live, fn, stop),
-                interrupt=partial(driver.interrupt, live, stop),
-                dispose=partial(driver.close, live),
-            )
+            else:
+                try:
+                    return await self._call(conn, fn, stop)
+                except StaleConnection as exc:
+                    # Closed by the server while idle: replaced within this
+                    # call (and its deadline), no outage to report.
+                    # Through map_error: its message is scrubbed of the DSN's password.
+                    log.debug("control-plane connection closed while idle; reconnecting",
+                              error=str(driver.map_error(exc.__cause__ or exc, what)))
+                    self._conn = None
+                    await trio.to_thread.run_sync(partial(driver.close, conn))
+                    conn = await self._open()
+                    self._conn = conn
+            return await self._call(conn, fn, stop)
+        except StaleConnection as exc:
+            # Even a new connection failed at once: report why.
+            cause = exc.__cause__ or exc
+            error = driver.map_error(cause, what)
+            if self._conn is not None:
+                stale, self._conn = self._conn, None
+                await trio.to_thread.run_sync(partial(driver.close, stale))
+            raise error from cause
         except trio.Cancelled:
             # call_interruptibly has handed the connection over for closing.
             self._conn = None
@@ -246,6 +273,14 @@ class ConnectionRunner(Generic[C]):
                 # aclose() ran while this call held the connection.
                 stale, self._conn = self._conn, None
                 trio.lowlevel.start_thread_soon(partial(driver.close, stale), lambda _: None)
+
+    async def _call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
+        driver = self._driver
+        return await call_interruptibly(
+            partial(driver.call, conn, fn, stop),
+            interrupt=partial(driver.interrupt, conn, stop),
+            dispose=partial(driver.close, conn),
+        )
 
     async def _open(self) -> C:
         made: list[C] = []

@@ -4,12 +4,10 @@
 :class:`~supervisor.controlplane.runner.Driver`. Everything here blocks: call it
 from a worker thread.
 
-Error mapping (SQLite primary result codes, not exception classes: sqlite3
-raises OperationalError for a syntax error too): BUSY/LOCKED -> CONFLICT;
-CANTOPEN/IOERR/FULL/NOMEM/INTERRUPT -> UNAVAILABLE (an unreadable file or a
-missing directory included); PERM/READONLY/AUTH -> DENIED; CORRUPT/NOTADB ->
-CORRUPT; a missing table -> INVALID with the migrate hint; any other code ->
-INVALID.
+Error mapping: by SQLite's result code, not the exception class (sqlite3
+raises OperationalError for a syntax error too); the table
+:data:`RESULT_CODES` gives each primary code its label and why. A missing
+table is INVALID with the migrate hint.
 """
 
 from __future__ import annotations
@@ -27,19 +25,65 @@ from supervisor.controlplane import migrations
 from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
 from supervisor.logs import get_logger
 
-__all__ = ["SQLiteConnections", "classify", "map_error"]
+__all__ = ["EXTENDED_CODES", "RESULT_CODES", "SQLiteConnections", "classify", "map_error"]
 
 log = get_logger("controlplane")
 
 T = TypeVar("T")
 
-# Primary result codes (https://www.sqlite.org/rescode.html); extended codes
-# carry the primary one in their low byte.
-_CONFLICT = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED
-_DENIED = {3, 8, 23}  # SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
-_CORRUPT = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
-# NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL, NOLFS
-_UNAVAILABLE = {7, 9, 10, 13, 14, 15, 22}
+_U, _C, _I, _D, _X = (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT,
+                      FailureCategory.INVALID, FailureCategory.DENIED, FailureCategory.CORRUPT)
+
+#: SQLite's primary result codes (https://www.sqlite.org/rescode.html), by the
+#: sqlite3 module's constant names, reviewed one by one: the label and why.
+#: Extended codes carry their primary code in the low byte and take its label
+#: unless :data:`EXTENDED_CODES` says otherwise.
+RESULT_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "SQLITE_ERROR": (_I, "a generic error: a syntax error, a missing table"),
+    "SQLITE_INTERNAL": (_U, "SQLite's own malfunction, not the request's"),
+    "SQLITE_PERM": (_D, "the access mode asked for is not allowed"),
+    "SQLITE_ABORT": (_C, "aborted by another statement's rollback: retry"),
+    "SQLITE_BUSY": (_C, "another connection holds the database lock"),
+    "SQLITE_LOCKED": (_C, "a table lock held within this process"),
+    "SQLITE_NOMEM": (_U, "out of memory: a resource"),
+    "SQLITE_READONLY": (_D, "the file or its directory is not writable"),
+    "SQLITE_INTERRUPT": (_U, "interrupted: the call was cancelled (a timeout)"),
+    "SQLITE_IOERR": (_U, "the OS failed a read, write or sync"),
+    "SQLITE_CORRUPT": (_X, "the database file is damaged"),
+    "SQLITE_NOTFOUND": (_I, "an unknown file-control opcode: this build's mistake"),
+    "SQLITE_FULL": (_U, "the disk is full: a resource"),
+    "SQLITE_CANTOPEN": (_U, "the file cannot be opened (missing, a directory, no fds)"),
+    "SQLITE_PROTOCOL": (_U, "a file-locking race with another process: transient"),
+    "SQLITE_EMPTY": (_I, "unused by SQLite"),
+    "SQLITE_SCHEMA": (_C, "the schema changed under a prepared statement (a migration "
+                          "in another process): retry"),
+    "SQLITE_TOOBIG": (_D, "a value over SQLite's size limit: a bound, like "
+                          "max_revision_bytes"),
+    "SQLITE_CONSTRAINT": (_I, "a constraint refused the write"),
+    "SQLITE_MISMATCH": (_I, "a datatype mismatch"),
+    "SQLITE_MISUSE": (_I, "the library was misused: this build's mistake"),
+    "SQLITE_NOLFS": (_U, "the host lacks large-file support for the file"),
+    "SQLITE_AUTH": (_D, "the authorizer refused the statement"),
+    "SQLITE_FORMAT": (_I, "unused by SQLite"),
+    "SQLITE_RANGE": (_I, "a parameter index out of range: this build's mistake"),
+    "SQLITE_NOTADB": (_X, "the file is not a database"),
+    "SQLITE_NOTICE": (_I, "never an error"),
+    "SQLITE_WARNING": (_I, "never an error"),
+}
+
+#: Extended codes whose meaning differs from their primary code's.
+EXTENDED_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "SQLITE_READONLY_RECOVERY": (_C, "another connection must recover the WAL first"),
+    "SQLITE_READONLY_DBMOVED": (_U, "the file was moved or deleted under the connection"),
+}
+
+_BY_CODE: dict[int, FailureCategory] = {
+    getattr(sqlite3, name): category for name, (category, _why) in RESULT_CODES.items()
+}
+_BY_EXTENDED: dict[int, FailureCategory] = {
+    getattr(sqlite3, name): category for name, (category, _why) in EXTENDED_CODES.items()
+}
+_CONFLICT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
 def _schema_missing(exc: BaseException) -> bool:
@@ -53,19 +97,9 @@ def classify(exc: BaseException) -> FailureCategory:
     """The failure category of a ``sqlite3`` (or OS) error."""
     code = getattr(exc, "sqlite_errorcode", None)
     if isinstance(code, int):
-        primary = code & 0xFF
-        if primary in _CONFLICT:
-            return FailureCategory.CONFLICT
-        if primary in _DENIED:
-            return FailureCategory.DENIED
-        if primary in _CORRUPT:
-            return FailureCategory.CORRUPT
-        if primary in _UNAVAILABLE:
-            return FailureCategory.UNAVAILABLE
-        # SQLITE_ERROR (a syntax error, a missing table) and the rest: the
-        # request itself is wrong. sqlite3 files many of these under
-        # OperationalError, so the code, not the class, decides.
-        return FailureCategory.INVALID
+        # Any code not in the tables (a primary code a later SQLite adds): the
+        # request itself is wrong until someone reviews it.
+        return _BY_EXTENDED.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
     if isinstance(exc, sqlite3.OperationalError | OSError):
         # No result code: raised by this module or the OS, not by SQLite.
         return FailureCategory.UNAVAILABLE

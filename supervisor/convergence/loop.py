@@ -88,7 +88,6 @@ from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.memory import RevisionMemory
 from supervisor.convergence.outcome import (
     FAST_TRIGGERS,
-    UNREACHED,
     Key,
     Outcome,
     OutcomeKind,
@@ -96,7 +95,7 @@ from supervisor.convergence.outcome import (
 )
 from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
-from supervisor.convergence.side_sinks import Export, SideSinks
+from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
 from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
@@ -138,6 +137,7 @@ class ConvergenceLoop:
         on_outage_change: Callable[[bool], None] | None = None,
         serve_cache_on_refusal: bool = False,
         rng: random.Random | None = None,
+        sink_status: SinkStatus | None = None,
     ) -> None:
         self.store = store
         self.state = state
@@ -151,7 +151,7 @@ class ConvergenceLoop:
                                  backoff_max_s=backoff_max_s, rng=rng)
         self.resolver = resolver
         self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
-                               failing=status.failing_sinks)
+                               status=sink_status)
         self._on_status = on_status or (lambda _text: None)
         # Told True when the control plane stops answering, False when it is
         # back: the LISTEN child probes / reconnects at once instead of waiting.
@@ -180,8 +180,8 @@ class ConvergenceLoop:
     async def _observe(self) -> RevisionPointer | None:
         try:
             pointer = await self.store.observe()
-        except ControlPlaneError:
-            self._set_reachable(False)
+        except ControlPlaneError as exc:
+            self._set_reachable(exc.answered)
             raise
         self._set_reachable(True)
         return pointer
@@ -190,13 +190,10 @@ class ConvergenceLoop:
         try:
             loaded = await self.store.hydrate()
         except ControlPlaneError as exc:
-            if exc.retryable:
-                self._set_reachable(False)
-            else:
-                self._set_reachable(True)
-                if exc.revision is not None:
-                    # Every hydrate refusal about a revision is about the desired one.
-                    self._learn_desired(exc.revision)
+            self._set_reachable(exc.answered)
+            if not exc.retryable and exc.revision is not None:
+                # Every hydrate refusal about a revision is about the desired one.
+                self._learn_desired(exc.revision)
             raise
         self._set_reachable(True)
         return loaded
@@ -301,7 +298,7 @@ class ConvergenceLoop:
 
     def record_failure(self, exc: ControlPlaneError | RevisionError) -> Outcome:
         reason, revision, detail = failure_fields(exc)
-        outage = reason in UNREACHED and revision is None
+        outage = reason == reasons.UNAVAILABLE and revision is None
         self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
         self.metrics.revision_rejections.labels(reason).inc()
         outcome = Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)

@@ -1,7 +1,7 @@
 """How a failed attempt is told: log lines an operator can read, and the STATUS= line.
 
-- An outage (the control plane could not be asked, no revision involved) is a
-  start, progress once a minute and an end (:class:`~supervisor.outage.OutageLog`).
+- An outage (the control plane could not be asked: ``unavailable``, no revision
+  involved) is a start, progress once a minute and an end (:class:`~supervisor.outage.OutageLog`).
 - A refusal repeated unchanged is logged at most once a minute, except while
   the cache serves instead of a refused desired revision: then at every poll,
   because the replica is serving something other than what is desired.
@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import trio
 
-from supervisor.convergence.outcome import UNREACHED, Outcome
+from supervisor import reasons
+from supervisor.convergence.outcome import Outcome
 from supervisor.convergence.status import RevisionStatus
 from supervisor.logs import get_logger
 from supervisor.outage import PROGRESS_EVERY_S, OutageLog
@@ -47,7 +48,9 @@ class FailureLog:
                   "consecutive_failures": status.consecutive_failures,
                   "retry_in_s": None if outcome.retry_in_s is None
                   else round(outcome.retry_in_s, 3)}
-        if outcome.reason in UNREACHED and outcome.revision is None:
+        if outcome.reason == reasons.UNAVAILABLE and outcome.revision is None:
+            # Only "could not be asked" is an outage; contention (conflict) is
+            # the control plane answering, logged as a refusal like a denial.
             self.outage.failed(**fields)
         else:
             now = trio.current_time()

@@ -8,7 +8,11 @@ again: one ``stat`` per file per attempt compares device, inode, size, mtime,
 mode and owner with what the write left (the cache's served mark included).
 Failures are logged once per failure streak and their recovery once
 (:class:`_Streak`); every failed write counts in
-``supervisor_sink_write_failures_total``.
+``supervisor_sink_write_failures_total``. How each sink is now (``ok``,
+``failing`` from a refused write until a write succeeds, ``disabled`` when not
+configured) and its last error are :class:`SinkStatus`: ``/status`` ``sinks``
+and ``supervisor_sink_state``. A sink directory removed while running is made
+again by the next write, with its mode at start (:mod:`supervisor.sinks.atomic`).
 
 When an export that failed was a move to an *older* revision (an operator's
 rollback), the newer cache is removed (unlinking needs no disk space) so a
@@ -19,10 +23,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from supervisor import reasons
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
@@ -31,7 +36,7 @@ if TYPE_CHECKING:
     from supervisor.sinks.file import SnapshotFile
     from supervisor.sinks.lkg import LastKnownGood
 
-__all__ = ["Export", "SideSinks"]
+__all__ = ["Export", "SideSinks", "SinkState", "SinkStatus"]
 
 log = get_logger("convergence")
 
@@ -66,44 +71,83 @@ class Export:
     body: bytes
 
 
+# reasons.SINK_STATES, typed.
+SinkState = Literal["ok", "failing", "disabled"]
+
+
+class SinkStatus:
+    """How each side sink is, for ``/status`` and the metric; outlives the loop's restarts.
+
+    Made once per process (the convergence child makes a new loop at every
+    start, and a restart must not forget that a sink is failing).
+    """
+
+    def __init__(self) -> None:
+        self._state: dict[str, SinkState] = dict.fromkeys(reasons.SINKS, "disabled")
+        self._error: dict[str, str | None] = dict.fromkeys(reasons.SINKS)
+
+    def configure(self, sink: str, enabled: bool) -> None:
+        """``disabled`` unless configured; a configured sink keeps a failing state it had."""
+        if not enabled:
+            self._state[sink], self._error[sink] = "disabled", None
+        elif self._state[sink] == "disabled":
+            self._state[sink] = "ok"
+
+    def failed(self, sink: str, error: str) -> None:
+        self._state[sink], self._error[sink] = "failing", error
+
+    def ok(self, sink: str) -> None:
+        self._state[sink], self._error[sink] = "ok", None
+
+    def state(self, sink: str) -> SinkState:
+        return self._state[sink]
+
+    def error(self, sink: str) -> str | None:
+        """The last write's error while the sink is failing (None otherwise)."""
+        return self._error[sink]
+
+    def report(self) -> dict[str, Any]:
+        return {**self._state, **{f"{sink}_error": error for sink, error in self._error.items()}}
+
+
 class _Streak:
     """Log a side-sink failure once per failure streak, and its recovery once."""
 
-    def __init__(self, sink: str, metrics: Metrics, failing: dict[str, str]) -> None:
+    def __init__(self, sink: str, metrics: Metrics, status: SinkStatus) -> None:
         self.sink = sink
         self.metrics = metrics
-        self.failing = False
-        # Shared with the status: sink -> the error, while a failure streak lasts.
-        self._errors = failing
+        self.status = status
+
+    @property
+    def failing(self) -> bool:
+        return self.status.state(self.sink) == "failing"
 
     def failed(self, exc: BaseException, **context: object) -> None:
         self.metrics.sink_write_failures.labels(self.sink).inc()
         if not self.failing:
             log.warning("sink write failed; still serving, retrying every poll",
                         sink=self.sink, error=str(exc), **context)
-        self.failing = True
-        self._errors[self.sink] = str(exc)
+        self.status.failed(self.sink, " ".join(str(exc).split()) or type(exc).__name__)
 
     def ok(self, **context: object) -> None:
         if self.failing:
             log.info("sink write recovered", sink=self.sink, **context)
-        self.failing = False
-        self._errors.pop(self.sink, None)
+        self.status.ok(self.sink)
 
 
 class SideSinks:
     """The snapshot file and the cache, each with what it is due to hold."""
 
     def __init__(self, metrics: Metrics, *, cache: LastKnownGood | None,
-                 snapshot_file: SnapshotFile | None,
-                 failing: dict[str, str] | None = None) -> None:
+                 snapshot_file: SnapshotFile | None, status: SinkStatus | None = None) -> None:
         self.metrics = metrics
         self.cache = cache
         self.snapshot_file = snapshot_file
-        # sink -> its last error while it fails (RevisionStatus.failing_sinks: /healthz).
-        failing = {} if failing is None else failing
-        self._file_streak = _Streak("snapshot_file", metrics, failing)
-        self._cache_streak = _Streak("cache", metrics, failing)
+        self.status = status if status is not None else SinkStatus()
+        self.status.configure("cache", cache is not None)
+        self.status.configure("snapshot_file", snapshot_file is not None)
+        self._file_streak = _Streak("snapshot_file", metrics, self.status)
+        self._cache_streak = _Streak("cache", metrics, self.status)
         # What each sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
         self._cache_due: Export | None = None

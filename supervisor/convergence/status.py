@@ -23,8 +23,9 @@ is how long ago that was, which ``/healthz`` and the watchdog compare with
 ``3 * poll_interval_s + backoff_max_s``.
 
 Two keys beyond the contract's example, so that an outage is visible in the
-report itself and not only as a growing lag: ``control_plane_up`` (the last
-read succeeded; None before the first read) and ``last_error`` (the last
+report itself and not only as a growing lag: ``control_plane_up`` (the control
+plane answered the last read, a refusal included: only an outage makes it
+false; None before the first read) and ``last_error`` (the last
 failed attempt as ``"<reason>: <detail>"``, None once an attempt succeeds).
 """
 
@@ -67,9 +68,6 @@ class RevisionStatus:
         self.active_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
-        # Side sinks (snapshot_file, cache) whose last write failed -> the error:
-        # /healthz names a snapshot file the daemon cannot replace.
-        self.failing_sinks: dict[str, str] = {}
 
     def _track_lag(self) -> None:
         converged = (

@@ -13,6 +13,13 @@ atomic within one file system) and renamed over the target.
 
 Errors are the ``OSError`` the system raised, unchanged: each caller maps it
 to its own refusal (the cache raises ``CacheUnwritable``).
+
+A sink's directory removed while the daemon runs (a tmpfiles cleaner, an
+operator clearing it) is made again by the next write when the caller passes
+``directory_mode``, the mode the directory had at start
+(:func:`directory_mode`): exactly that mode, only that directory (a missing
+parent is left missing: more likely a volume not mounted than a directory to
+make), logged as ``made a missing sink directory again``.
 """
 
 from __future__ import annotations
@@ -20,20 +27,61 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 
-__all__ = ["fsync_directory", "write_atomic"]
+from supervisor.logs import get_logger
+
+__all__ = ["directory_mode", "fsync_directory", "write_atomic"]
+
+log = get_logger("sinks")
 
 
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> os.stat_result:
+def directory_mode(path: str) -> int | None:
+    """The permission bits of the directory ``path`` is in; None when that is no directory now."""
+    try:
+        st = os.stat(os.path.dirname(path) or ".")
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) if stat.S_ISDIR(st.st_mode) else None
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600,
+                 directory_mode: int | None = None) -> os.stat_result:
     """Replace ``path`` with ``data`` atomically and durably (see the module docstring).
 
     Returns the written file's status as it was before the rename (device,
     inode, size and mtime survive the rename): what a caller compares later to
     notice the file replaced or changed, without the race a ``stat`` after the
     rename would have with a process that changes the file as soon as it
-    appears.
+    appears. ``directory_mode``: make the file's directory again, with that
+    mode, when it is missing.
     """
+    try:
+        return _replace(path, data, mode)
+    except FileNotFoundError:
+        if directory_mode is None or not _remake_directory(path, directory_mode):
+            raise
+    return _replace(path, data, mode)
+
+
+def _remake_directory(path: str, mode: int) -> bool:
+    """Make ``path``'s missing directory with ``mode``; False when it cannot be (no parent)."""
+    directory = os.path.dirname(path) or "."
+    try:
+        os.mkdir(directory, mode)
+    except FileExistsError:
+        return True  # made meanwhile (by whoever removed it?): write into it
+    except OSError:
+        return False
+    # mkdir's mode is narrowed by the umask: the recorded mode is the contract.
+    os.chmod(directory, mode)
+    fsync_directory(os.path.dirname(os.path.abspath(directory)))
+    log.info("made a missing sink directory again", path=directory, mode=f"{mode:04o}")
+    return True
+
+
+def _replace(path: str, data: bytes, mode: int) -> os.stat_result:
     directory = os.path.dirname(path) or "."
     base = os.path.basename(path)
     # mkstemp creates the file 0600 and O_EXCL, so nobody else can open it

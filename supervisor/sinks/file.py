@@ -3,6 +3,8 @@
 Written atomically (temp file, fsync, rename, fsync the directory) so a reader
 sees either the previous snapshot or the new one, never a torn file. Mode 0644:
 the file holds digests, never secrets, and local consumers run as other users.
+Its directory, when removed while running, is made again by the next write
+with the mode it had when this object was made (:func:`~.atomic.write_atomic`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from supervisor.sinks.atomic import write_atomic
+from supervisor.sinks.atomic import directory_mode, write_atomic
 
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot
@@ -21,10 +23,13 @@ __all__ = ["SnapshotFile"]
 class SnapshotFile:
     def __init__(self, path: str) -> None:
         self.path = path
+        # None (no directory at start: a volume not mounted?): never made here.
+        self.directory_mode = directory_mode(path)
 
     def write(self, snapshot: Snapshot) -> os.stat_result:
         """Write ``snapshot``; raises OSError on failure (the caller counts it).
 
         Returns the written file's status (see :func:`write_atomic`).
         """
-        return write_atomic(self.path, snapshot.to_json(), mode=0o644)
+        return write_atomic(self.path, snapshot.to_json(), mode=0o644,
+                            directory_mode=self.directory_mode)

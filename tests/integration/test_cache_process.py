@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from supervisor.sinks import lkg
+from tests.pgfaults import alter_database
 from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
 from tests.tcpproxy import pg_proxy
 from tests.tcpproxy import proxied_url as proxied
@@ -268,3 +269,28 @@ async def test_check_creates_a_missing_cache_directory_private(
     assert result.returncode == 0, result.stderr
     for directory in (tmp_path / "state", tmp_path / "state" / "cache"):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+async def test_idle_in_transaction_timeout_at_boot_serves_the_cache(
+    tmp_path: Path, pg_url: str
+) -> None:
+    # A session the server ends for idling inside a transaction (25P03) is a
+    # timeout, like statement_timeout: the control plane cannot answer, so a
+    # valid signed cache serves, never exit 3.
+    key, verify = keys(tmp_path)
+    port = free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
+    async with pg_proxy(port, pg_url) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await serve_once_and_stop(config)
+        await alter_database(pg_url, "idle_in_transaction_session_timeout", "1ms")
+        # A database 20 ms away: every transaction idles between its statements
+        # for longer than the timeout, on any machine.
+        proxy.latency_s = 0.02
+        with trio.fail_after(60):
+            async with run_daemon(config) as daemon:
+                line = await daemon.wait_log("serving the last-known-good cache")
+                assert line["revision"] == 1 and line["cause"] == "unavailable"
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
+from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.fanout.leadership import LeadershipMetrics
 from supervisor.telemetry import Metrics
 from tests import needs
@@ -130,3 +131,17 @@ def test_servicemonitor_selects_the_admin_service_with_the_token() -> None:
 
 if __name__ == "__main__":
     sys.stdout.write(prometheus_rule())
+
+
+def test_promtool_lints_the_exported_metrics() -> None:
+    metrics = Metrics(process=False)
+    sinks = SinkStatus()
+    sinks.configure("cache", True)
+    sinks.failed("cache", "the cache could not be written: No space left on device")
+    metrics.follow_sinks(sinks)
+    exported = generate_latest(metrics.registry)
+    assert b'supervisor_sink_state{sink="cache",state="failing"} 1.0' in exported
+    assert b'supervisor_sink_state{sink="snapshot_file",state="disabled"} 1.0' in exported
+    result = subprocess.run([promtool(), "check", "metrics"], input=exported,
+                            capture_output=True, timeout=60, check=False)
+    assert result.returncode == 0 and not result.stdout.strip(), result

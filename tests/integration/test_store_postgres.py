@@ -224,20 +224,36 @@ async def test_nothing_listening_is_unavailable_and_the_password_stays_secret() 
     assert "s3cr3t" not in repr(s)
 
 
-async def test_lost_connection_is_unavailable_then_the_next_call_reconnects(
+TERMINATE_STORE = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND application_name = 'trio-supervisor'"
+)
+
+
+async def test_connection_terminated_while_idle_is_replaced_within_the_call(
     store: ControlPlaneStore, pg_url: str
 ) -> None:
     with trio.fail_after(20):
         rid = await store.publish(doc(), 1, None)
-        await sql(
-            pg_url,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND application_name = 'trio-supervisor'",
-        )
-        with pytest.raises(ControlPlaneError) as info:
-            await store.desired()
-        assert info.value.category is FailureCategory.UNAVAILABLE
+        await sql(pg_url, TERMINATE_STORE)
+        assert await store.desired() == rid
+
+
+async def test_lost_connection_that_cannot_be_replaced_is_unavailable_then_reconnects(
+    store: ControlPlaneStore, pg_url: str, pg_server: Server
+) -> None:
+    dbname = pg_url.rpartition("/")[2]
+    with trio.fail_after(20):
+        rid = await store.publish(doc(), 1, None)
+        await sql(pg_server.dsn, f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+        try:
+            await sql(pg_server.dsn, TERMINATE_STORE.replace("current_database()", f"'{dbname}'"))
+            with pytest.raises(ControlPlaneError) as info:
+                await store.desired()
+            assert info.value.category is FailureCategory.UNAVAILABLE
+        finally:
+            await sql(pg_server.dsn, f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
         assert await store.desired() == rid
 
 

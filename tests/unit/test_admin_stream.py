@@ -60,7 +60,8 @@ async def test_status_first_then_events_in_order() -> None:
             assert (await sock.next())["type"] == "websocket.accept"
             first = await sock.next_json()
             assert first["type"] == "status"
-            assert set(first) == {"type", "revision", "children", "fanout", "leadership", "heartbeat_s"}
+            assert set(first) == {"type", "revision", "children", "fanout", "leadership", "sinks",
+                                  "heartbeat_s"}
             assert first["children"]["convergence"]["state"] == "running"
             assert hub.client_count == 1
             assert ctx.metrics.stream_clients._value.get() == 1

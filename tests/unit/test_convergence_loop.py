@@ -363,3 +363,28 @@ async def test_revision_gauges_read_the_status_between_attempts(
     assert sample(rec.metrics, "supervisor_control_plane_up") == 1
     assert sample(rec.metrics, "supervisor_desired_revision") == 2
     assert sample(rec.metrics, "supervisor_active_revision") == 1
+
+
+@pytest.mark.parametrize("category", [FailureCategory.DENIED, FailureCategory.CONFLICT])
+async def test_a_control_plane_that_answers_with_a_refusal_is_up_and_no_outage(
+    category: FailureCategory,
+) -> None:
+    class Refusing(FakeStore):
+        async def observe(self) -> RevisionPointer | None:
+            raise ControlPlaneError("permission denied for table supervisor_desired",
+                                    category=category)
+
+    store = Refusing()
+    store.put(doc("a"))
+    rec = make(store)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    assert outcome.reason == category.value
+    report = rec.status.report()
+    assert report["control_plane_up"] is True
+    assert report["last_rejection"]["reason"] == category.value
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1.0
+    events = [entry["event"] for entry in logs]
+    assert "control plane unreachable" not in events
+    assert "convergence attempt refused by the control plane; previous snapshot keeps " \
+        "serving" in events

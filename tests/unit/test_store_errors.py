@@ -63,6 +63,103 @@ def test_postgres_classification(exc: BaseException, category: FailureCategory) 
     assert postgres.classify(exc) is category
 
 
+def _every_sqlstate() -> list[type[psycopg.Error]]:
+    """Every SQLSTATE class psycopg knows: its public module, checked against lookup()."""
+    known = [cls for cls in vars(pgerrors).values()
+             if isinstance(cls, type) and issubclass(cls, psycopg.Error)
+             and isinstance(getattr(cls, "sqlstate", None), str)]
+    for cls in known:
+        assert pgerrors.lookup(cls.sqlstate) is cls
+    return known
+
+
+# What an operator needs from each SQLSTATE class: a timeout, a cancel, a
+# shutdown, a resource the server lacks mean "could not answer" (unavailable:
+# the cache serves, the loop backs off); contention clears on retry
+# (conflict); refused credentials or grants are denied; damage is corrupt;
+# the rest is the request itself being wrong.
+_EXPECTED_CLASSES = {
+    "08": C.UNAVAILABLE, "53": C.UNAVAILABLE, "54": C.UNAVAILABLE, "57": C.UNAVAILABLE,
+    "58": C.UNAVAILABLE, "F0": C.UNAVAILABLE, "XX": C.UNAVAILABLE,
+    "40": C.CONFLICT, "55": C.CONFLICT, "28": C.DENIED,
+}
+_EXPECTED_CODES = {
+    "25P03": C.UNAVAILABLE,  # idle_in_transaction_session_timeout
+    "25P04": C.UNAVAILABLE,  # transaction_timeout (PostgreSQL 17)
+    "25006": C.UNAVAILABLE,  # read-only transaction: a standby during failover
+    "40003": C.UNAVAILABLE,  # statement completion unknown: the connection was lost
+    "57014": C.UNAVAILABLE,  # statement_timeout, our own cancel
+    "57P05": C.UNAVAILABLE,  # idle_session_timeout
+    "42501": C.DENIED,
+    "55P02": C.INVALID, "55P04": C.INVALID,
+    "XX001": C.CORRUPT, "XX002": C.CORRUPT,
+}
+
+
+def test_every_sqlstate_psycopg_knows_has_its_class_label() -> None:
+    known = _every_sqlstate()
+    classes = {cls.sqlstate[:2] for cls in known}
+    # The classes reviewed one by one are all there to be tested.
+    assert {"08", "25", "40", "53", "54", "55", "57", "58", "XX"} <= classes
+    assert {"25P03", "25P04", "57P05"} <= {cls.sqlstate for cls in known}
+    wrong = {}
+    for cls in known:
+        code = cls.sqlstate
+        expected = _EXPECTED_CODES.get(code) or _EXPECTED_CLASSES.get(code[:2], C.INVALID)
+        got = postgres.classify(cls(f"a server error {code}"))
+        if got is not expected:
+            wrong[code] = (cls.__name__, got.name, expected.name)
+    assert wrong == {}
+
+
+def test_every_sqlstate_class_table_entry_says_why() -> None:
+    for table in (postgres.SQLSTATE_CLASSES, postgres.SQLSTATE_CODES):
+        for code, (category, why) in table.items():
+            assert isinstance(category, FailureCategory) and len(why) > 20, code
+
+
+_SQLITE_EXPECTED = {
+    "SQLITE_BUSY": C.CONFLICT, "SQLITE_LOCKED": C.CONFLICT, "SQLITE_ABORT": C.CONFLICT,
+    "SQLITE_SCHEMA": C.CONFLICT,
+    "SQLITE_NOMEM": C.UNAVAILABLE, "SQLITE_INTERRUPT": C.UNAVAILABLE,
+    "SQLITE_IOERR": C.UNAVAILABLE, "SQLITE_FULL": C.UNAVAILABLE,
+    "SQLITE_CANTOPEN": C.UNAVAILABLE, "SQLITE_PROTOCOL": C.UNAVAILABLE,
+    "SQLITE_NOLFS": C.UNAVAILABLE, "SQLITE_INTERNAL": C.UNAVAILABLE,
+    "SQLITE_PERM": C.DENIED, "SQLITE_READONLY": C.DENIED, "SQLITE_AUTH": C.DENIED,
+    "SQLITE_TOOBIG": C.DENIED,
+    "SQLITE_CORRUPT": C.CORRUPT, "SQLITE_NOTADB": C.CORRUPT,
+}
+_SQLITE_EXPECTED_EXTENDED = {
+    "SQLITE_READONLY_RECOVERY": C.CONFLICT, "SQLITE_READONLY_DBMOVED": C.UNAVAILABLE,
+}
+
+
+def _sqlite_error(code: int) -> sqlite3.Error:
+    exc = sqlite3.OperationalError(f"sqlite error {code}")
+    exc.sqlite_errorcode = code
+    return exc
+
+
+def test_every_sqlite_result_code_has_its_label() -> None:
+    # Every primary result code (1..28) is in the reviewed table, by the
+    # sqlite3 module's own constant names.
+    primaries = {name: getattr(sqlite3, name) for name in sqlite.RESULT_CODES}
+    assert sorted(primaries.values()) == list(range(1, 29))
+    for name, code in primaries.items():
+        expected = _SQLITE_EXPECTED.get(name, C.INVALID)
+        assert sqlite.classify(_sqlite_error(code)) is expected, name
+    # Every extended code the module exposes: its primary's label, or its own.
+    extended = {name: getattr(sqlite3, name) for name in dir(sqlite3)
+                if any(name.startswith(f"{primary}_") for primary in primaries)}
+    assert len(extended) > 50
+    for name, code in extended.items():
+        primary = next(p for p in primaries if name.startswith(f"{p}_"))
+        assert code & 0xFF == primaries[primary], name
+        expected = _SQLITE_EXPECTED_EXTENDED.get(
+            name, _SQLITE_EXPECTED.get(primary, C.INVALID))
+        assert sqlite.classify(_sqlite_error(code)) is expected, name
+
+
 def test_postgres_mapping_names_the_fix_and_hides_the_password() -> None:
     url = "postgresql://app:hunter2@db.internal:5432/cp"
     err = postgres.map_error(

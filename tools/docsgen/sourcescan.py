@@ -51,9 +51,10 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
     dicts = _dict_literals(tree)
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in LEVELS and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)):
+                and node.func.attr in LEVELS and node.args):
+            continue
+        event = _event_text(node.args[0])
+        if event is None:
             continue
         receiver = ast.unparse(node.func.value)
         if "log" not in receiver.lower():
@@ -62,7 +63,7 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
         for splat in (k.value for k in node.keywords if k.arg is None):
             keys += sorted(dicts.get(splat.id, set()) if isinstance(splat, ast.Name) else ())
         level = "error" if node.func.attr == "exception" else node.func.attr
-        yield node.args[0].value, level, keys
+        yield event, level, keys
     # An outage is logged by OutageLog(logger, "<what>") as three events
     # (supervisor/outage.py); the caller's fields come with the first two.
     for node in ast.walk(tree):
@@ -80,6 +81,21 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
             yield (f"{what} {words.get('ongoing', 'still unreachable')}", "warning",
                    ["attempts", "for_s"])
             yield f"{what} {words.get('ended', 'reachable again')}", "info", ["after_s", "attempts"]
+
+
+def _event_text(node: ast.expr) -> str | None:
+    """A literal event, or ``f"literal text {value}"`` (a fixed start, then one value: ``…``).
+
+    An f-string with text after its values is prose, not an event name.
+    """
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if (isinstance(node, ast.JoinedStr) and len(node.values) == 2
+            and isinstance(node.values[0], ast.Constant)
+            and isinstance(node.values[0].value, str)
+            and isinstance(node.values[1], ast.FormattedValue)):
+        return f"{node.values[0].value}…"
+    return None
 
 
 def emitted_events(tree: ast.Module) -> Iterator[str]:

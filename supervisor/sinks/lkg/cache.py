@@ -67,7 +67,9 @@ mark's module says).
 
 Files and their owners
 ----------------------
-The constructor creates a missing cache directory (0700, parents too) and
+The constructor creates a missing cache directory (0700, parents too), and
+records its mode: a directory removed while running is made again, with that
+mode, by the next write (:class:`~supervisor.sinks.lkg.files.DurableFiles`). It
 refuses, as :class:`~supervisor.errors.ConfigError` at ``$.cache.path``, a
 directory or an existing cache or mark file that is not owned by the effective
 uid or is group- or world-writable (:mod:`supervisor.sinks.lkg.files`).
@@ -150,9 +152,6 @@ class LastKnownGood:
         files: CacheFiles | None = None,
     ) -> None:
         self._path = path
-        self._files: CacheFiles = files if files is not None else DurableFiles()
-        # Locked by this object's lock, as the cache file is.
-        self._mark = ServedMark(path, self._files)
         self._trusted = parse_trusted(trusted_keys)
         # Loaded now, not at the first export: a bad key is a configuration
         # error that `check` and boot should report, not a silent export failure.
@@ -168,7 +167,12 @@ class LastKnownGood:
             # Exports signed by an untrusted key would be refused ("denied") at
             # the next boot: the caller warns when this is False.
             self.signing_key_trusted = known is not None and bytes(known) == bytes(verify)
-        prepare_directory(os.path.dirname(path), (path, self._mark.path))
+        prepare_directory(os.path.dirname(path), (path, path + SERVED_SUFFIX))
+        # After prepare_directory: the mode recorded is the one it checked.
+        self._files: CacheFiles = (files if files is not None
+                                   else DurableFiles.for_directory_of(path))
+        # Locked by this object's lock, as the cache file is.
+        self._mark = ServedMark(path, self._files)
         self._max_schema_version = max_schema_version
         self._clock = clock
         self._lock = threading.Lock()

@@ -29,7 +29,7 @@ from typing import Final, Protocol
 
 from supervisor.errors import ConfigError
 from supervisor.filemodes import describe_mode, refuse_unsafe_place
-from supervisor.sinks.atomic import fsync_directory, write_atomic
+from supervisor.sinks.atomic import directory_mode, fsync_directory, write_atomic
 
 __all__ = [
     "CacheFiles",
@@ -95,10 +95,22 @@ class CacheFiles(Protocol):
 
 
 class DurableFiles:
-    """The real :class:`CacheFiles`: :func:`~supervisor.sinks.atomic.write_atomic`, unlink."""
+    """The real :class:`CacheFiles`: :func:`~supervisor.sinks.atomic.write_atomic`, unlink.
+
+    ``directory_mode`` (the cache directory's mode at start): a directory
+    removed while running is made again, with it, by the next write.
+    """
+
+    def __init__(self, directory_mode: int | None = None) -> None:
+        self.directory_mode = directory_mode
+
+    @classmethod
+    def for_directory_of(cls, path: str) -> DurableFiles:
+        """Files that make ``path``'s directory again with the mode it has now."""
+        return cls(directory_mode(path))
 
     def write(self, path: str, data: bytes, *, mode: int) -> None:
-        write_atomic(path, data, mode=mode)
+        write_atomic(path, data, mode=mode, directory_mode=self.directory_mode)
 
     def remove(self, path: str) -> None:
         os.unlink(path)

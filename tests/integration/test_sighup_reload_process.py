@@ -1,0 +1,69 @@
+"""SIGHUP re-reads the configuration off the event loop (real process, SQLite control plane).
+
+A FIFO at the configuration path is refused without freezing the loop
+(``/healthz`` keeps answering within moments, probed every 100 ms); a changed
+key that needs a restart is named in one warning line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.proc import EXAMPLE, cli, free_port, run_daemon, write_config
+
+# The probe cadence the finding was measured with; each answer must come well within it.
+PROBE_EVERY_S = 0.1
+PROBE_FOR_S = 3.0
+ANSWER_WITHIN_S = 0.5
+
+
+def _published(tmp_path: Path, port: int, **kwargs: float) -> Path:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port, **kwargs)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    return config
+
+
+async def test_fifo_at_the_config_path_does_not_freeze_healthz(tmp_path: Path) -> None:
+    port = free_port()
+    config = _published(tmp_path, port)
+    text = config.read_text()
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            config.unlink()
+            os.mkfifo(config, 0o600)
+            daemon.signal(signal.SIGHUP)
+            slowest = 0.0
+            async with httpx.AsyncClient(timeout=ANSWER_WITHIN_S * 4) as client:
+                deadline = trio.current_time() + PROBE_FOR_S
+                while trio.current_time() < deadline:
+                    started = trio.current_time()
+                    answer = await client.get(f"http://127.0.0.1:{port}/healthz")
+                    took = trio.current_time() - started
+                    assert answer.status_code == 200, answer.text
+                    slowest = max(slowest, took)
+                    await trio.sleep_until(started + PROBE_EVERY_S)
+            print(f"slowest /healthz answer with a FIFO at the config path: {slowest * 1000:.1f} ms")
+            assert slowest < ANSWER_WITHIN_S, f"slowest /healthz took {slowest:.2f} s"
+            line = await daemon.wait_log("SIGHUP: configuration not reloaded")
+            assert "FIFO" in line["error"] and str(config) in line["error"]
+            # The file back, with a key that only a restart applies and a log level.
+            config.unlink()
+            config.write_text(text.replace("poll_interval_s = 1.0", "poll_interval_s = 2.0")
+                              .replace('level = "info"', 'level = "debug"'))
+            daemon.signal(signal.SIGHUP)
+            await daemon.wait_log("SIGHUP: log level set", new_level="debug")
+            line = await daemon.wait_log(
+                "SIGHUP: restart needed for control_plane.poll_interval_s")
+            assert line["level"] == "warning"
+            assert line["keys"] == ["control_plane.poll_interval_s"]
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    restart_lines = [entry for entry in daemon.lines
+                     if str(entry.get("event", "")).startswith("SIGHUP: restart needed for")]
+    assert len(restart_lines) == 1
