@@ -8,7 +8,7 @@ content, then ``/finalize``), and the operator's (apply ``manifests/apps-namespa
 again: the namespace, and the daemon's Role and RoleBinding in it, deleted with
 it). The daemon runs throughout on its ServiceAccount token, as in
 tests/integration/test_realkube.py. The fake-server version with faults is
-tests/integration/test_fanout_adversary.py. Skipped with the reason when
+tests/integration/test_fanout_ownership.py. Skipped with the reason when
 ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
 """
 

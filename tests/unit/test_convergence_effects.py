@@ -27,7 +27,7 @@ from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.file import SnapshotFile
 from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
-from tests.unit.test_convergence_mutants import events_of, exported, real_cache, watched
+from tests.unit.test_convergence_resilience import events_of, exported, real_cache, watched
 
 REFUSED_LINE = "revision refused; previous snapshot keeps serving"
 

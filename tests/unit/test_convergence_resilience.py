@@ -640,7 +640,7 @@ async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
 
 
 async def test_a_failed_export_is_counted_and_a_removal_only_logged_when_done() -> None:
-    from tests.unit.test_convergence_truth import with_cache
+    from tests.unit.test_convergence_healing import with_cache
 
     store = FakeStore()
     store.put(doc("a"))
