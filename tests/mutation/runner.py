@@ -61,7 +61,7 @@ TARGETS: dict[str, Target] = {
         (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "mark", "keys", "fileformat",
                                                      "files", "errors")),
          "supervisor/sinks/atomic.py"),
-        ("tests/unit/test_lkg_files.py", "tests/unit/test_cache_write_mutants.py",
+        ("tests/unit/test_lkg_files.py",
          "tests/unit/test_lkg_safety.py", "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
         90.0),
     "revision": Target(
