@@ -77,7 +77,7 @@ def http_client(server: FakeApiServer, refresh: Callable[[], str | None] | None)
     return KubeClient(settings, token_refresh_s=0.2)
 
 
-async def test_adversary_a_hung_token_refresh_keeps_the_leader_writing_past_expiry() -> None:
+async def test_a_hung_token_refresh_keeps_the_leader_writing_past_expiry() -> None:
     """The leader's credential refresh hangs (an exec plugin waiting on its cloud's
     identity service, an NFS-backed token file): KubeClient runs it in a worker thread
     that trio cannot abandon (client.py ``trio.to_thread.run_sync(settings.refresh)``,
@@ -120,7 +120,7 @@ async def test_adversary_a_hung_token_refresh_keeps_the_leader_writing_past_expi
         f"led: {len(writers.overlaps)} overlapping writes")
 
 
-async def test_adversary_renewals_wipe_the_leases_labels_and_annotations() -> None:
+async def test_renewals_wipe_the_leases_labels_and_annotations() -> None:
     """The Lease carries labels and annotations someone else put there (the manifests, a
     GitOps tool, ``kubectl annotate``). Every election write is a PUT of a body built
     from scratch (lease.py ``KubeLeases._body``: name, namespace, resourceVersion and the
@@ -153,7 +153,7 @@ async def test_adversary_renewals_wipe_the_leases_labels_and_annotations() -> No
     assert lease["metadata"].get("annotations") == {"owner": "platform-team"}
 
 
-async def test_adversary_a_lease_without_resource_version_is_overwritten_unconditionally() -> None:
+async def test_a_lease_without_resource_version_is_overwritten_unconditionally() -> None:
     """A GET of the Lease answers 200 with a Lease that has no ``metadata.resourceVersion``
     (nor spec): a proxy in front of the API server, an aggregated/mock server. lease.py
     decodes it with every field defaulted (``_Meta.resource_version = ""``, ``_Spec`` all
@@ -194,7 +194,7 @@ async def test_adversary_a_lease_without_resource_version_is_overwritten_uncondi
         f"{len(unconditional)} Lease PUTs without a resourceVersion")
 
 
-async def test_adversary_the_fake_refuses_an_unconditional_lease_put_as_kube_apiserver_does(
+async def test_the_fake_refuses_an_unconditional_lease_put_as_kube_apiserver_does(
 ) -> None:
     """Issue 14 asks the fake for Lease objects "with real optimistic concurrency". A PUT
     of a Lease whose ``metadata.resourceVersion`` is empty or absent is refused by

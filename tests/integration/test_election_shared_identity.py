@@ -16,7 +16,7 @@ from tests.proc import EXAMPLE, acli, run_daemon
 
 
 @pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
-async def test_adversary_two_daemons_with_one_identity_both_fan_out(tmp_path: Path) -> None:
+async def test_two_daemons_with_one_identity_both_fan_out(tmp_path: Path) -> None:
     """b's configuration names a's identity. b finds the Lease holding "its own" name,
     renews it at once and leads while a leads too: both write children and parent status
     (counted by their distinct field managers). Expected: one fan-out, and the collision

@@ -80,7 +80,7 @@ async def wait_for(predicate: Callable[[], bool], step: float = 0.01) -> None:
         await trio.sleep(step)
 
 
-async def test_adversary_a_crashed_fanout_is_not_reported_as_leading(
+async def test_a_crashed_fanout_is_not_reported_as_leading(
         autojump_clock: trio.testing.MockClock) -> None:
     """The fan-out group crashes while leading: the elector releases the Lease and raises
     (the tree restarts the child after a backoff of up to 30 s). Until then this replica
@@ -107,7 +107,7 @@ async def test_adversary_a_crashed_fanout_is_not_reported_as_leading(
     assert a.metrics.transitions.labels("standby")._value.get() == 1.0
 
 
-async def test_adversary_fractional_lease_duration_is_rounded_below_the_renew_deadline(
+async def test_fractional_lease_duration_is_rounded_below_the_renew_deadline(
         autojump_clock: trio.testing.MockClock) -> None:
     """A configuration the loader accepts (``lease_duration_s = 4.5``, ``renew_deadline_s =
     4.4``, ``retry_period_s = 0.1``): the elector writes ``leaseDurationSeconds =
@@ -136,7 +136,7 @@ async def test_adversary_fractional_lease_duration_is_rounded_below_the_renew_de
     assert written >= 4.5, f"leaseDurationSeconds written: {written} < lease_duration_s 4.5"
 
 
-async def test_adversary_lease_deleted_while_leading_makes_two_leaders(
+async def test_lease_deleted_while_leading_makes_two_leaders(
         autojump_clock: trio.testing.MockClock) -> None:
     """An operator deletes the Lease (``kubectl delete lease``) while a leads. b's next
     poll finds no Lease and creates it at once, although it saw a renew it moments ago:
@@ -159,7 +159,7 @@ async def test_adversary_lease_deleted_while_leading_makes_two_leaders(
         f"{writers.overlaps[0][0]:.2f} to {writers.overlaps[-1][0]:.2f} (virtual s)")
 
 
-async def test_adversary_two_replicas_configured_with_the_same_identity(
+async def test_two_replicas_configured_with_the_same_identity(
         autojump_clock: trio.testing.MockClock) -> None:
     """``[kubernetes].identity`` copied to two VMs (the same config file): the second
     replica reads a Lease naming "its" identity, takes it as its own and leads at once,
@@ -185,7 +185,7 @@ async def test_adversary_two_replicas_configured_with_the_same_identity(
     assert not both, "two fan-outs at once with a shared identity"
 
 
-async def test_adversary_a_lease_edited_to_name_the_standby_makes_two_leaders(
+async def test_a_lease_edited_to_name_the_standby_makes_two_leaders(
         autojump_clock: trio.testing.MockClock) -> None:
     """Unique identities, but the Lease is written by someone else to name b: an operator
     "moving" leadership with ``kubectl edit lease``, or a restore of etcd or of a backup
@@ -233,7 +233,7 @@ class SlowAnswers(StoreLeases):
         return result
 
 
-async def test_adversary_sigterm_while_an_acquiring_write_is_in_flight_keeps_the_lease(
+async def test_sigterm_while_an_acquiring_write_is_in_flight_keeps_the_lease(
         autojump_clock: trio.testing.MockClock) -> None:
     """SIGTERM arrives while a's acquiring PUT has landed but its answer has not come
     back (a slow API server). ``run``'s ``finally`` releases only when ``_observed`` names
