@@ -26,8 +26,8 @@ from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.file import SnapshotFile
-from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
-from tests.unit.test_convergence_resilience import events_of, exported, real_cache, watched
+from tests.convergence import doc, events_of, exported, make, real_cache, sample, watched
+from tests.fakes.store import FakeStore
 
 REFUSED_LINE = "revision refused; previous snapshot keeps serving"
 

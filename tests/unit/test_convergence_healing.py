@@ -11,9 +11,6 @@ import errno
 import itertools
 import os
 import stat
-import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,58 +26,8 @@ from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver
 from supervisor.sinks.file import SnapshotFile
-from supervisor.sinks.lkg import CacheUnwritable
-from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
-
-
-@dataclass
-class FakeCache:
-    """The cache's surface as the loop uses it; records what was served at each export."""
-
-    state_at_export: Callable[[], int | None]
-    path: str
-    fail: bool = False
-    revision: int | None = None
-    exported: list[tuple[int, int | None]] = field(default_factory=list)
-    discarded: list[int] = field(default_factory=list)
-    forgotten: int = 0
-
-    def export(self, *, revision: int, generation: int, schema_version: int,
-               body: bytes) -> None:
-        if self.fail:
-            raise CacheUnwritable(self.path, "No space left on device")
-        self.exported.append((revision, self.state_at_export()))
-        self.revision = revision
-        Path(self.path).write_bytes(body)
-
-    @property
-    def paths(self) -> tuple[str]:
-        return (self.path,)
-
-    def forget_files(self) -> None:
-        self.forgotten += 1
-
-    def discard_if_newer(self, revision: int) -> bool:
-        if self.revision is not None and self.revision > revision:
-            self.discarded.append(self.revision)
-            self.revision = None
-            Path(self.path).unlink()
-            return True
-        return False
-
-
-def with_cache(store: FakeStore, **kw: Any) -> tuple[ConvergenceLoop, FakeCache]:
-    holder: list[ConvergenceLoop] = []
-
-    def serving() -> int | None:
-        snap = holder[0].state.snapshot
-        return None if snap is None else snap.revision
-
-    cache = FakeCache(serving, tempfile.mktemp(prefix="fake-lkg-"))
-    rec = make(store, cache=cache, **kw)
-    holder.append(rec)
-    return rec, cache
-
+from tests.convergence import doc, make, sample, with_cache
+from tests.fakes.store import FakeStore
 
 # -- a revision is its content (issue 18.1) -------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,66 +24,25 @@ import trio.testing
 
 from supervisor import reasons
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.errors import BootRefused
-from supervisor.events import EventBus
 from supervisor.revision.errors import RevisionError
-from supervisor.sinks.lkg import CacheError, CacheSkew, LastKnownGood, generate_signing_key
+from supervisor.sinks.lkg import CacheError, CacheSkew
 from supervisor.sinks.state import ActiveState
-from tests.unit.test_convergence_loop import FakeStore, doc, make, sample
+from tests.convergence import doc, events_of, exported, make, real_cache, sample, watched
+from tests.fakes.store import FakeStore
 
 LKG = "supervisor_last_known_good_events_total"
 
 
-def real_cache(tmp_path: Path) -> LastKnownGood:
-    keys = tmp_path / "keys"
-    keys.mkdir(exist_ok=True)
-    key_path = str(keys / "signing.key")
-    if not Path(key_path).exists():
-        verify = generate_signing_key(key_path)
-        (keys / "verify").write_text(verify)
-    verify = (keys / "verify").read_text()
-    directory = tmp_path / "cache"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    return LastKnownGood(str(directory / "lkg.bin"), signing_key_path=key_path,
-                         trusted_keys=[verify], max_schema_version=1)
 
 
-@dataclass
-class Seen:
-    """What the outside sees of a reconciler: STATUS= lines and bus events."""
-
-    status: list[str] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def watched(store: FakeStore, **kw: Any) -> tuple[ConvergenceLoop, Seen]:
-    seen = Seen()
-    bus = EventBus()
-    rec = make(store, events=bus, on_status=seen.status.append, **kw)
-    sub = bus.subscribe(max_buffer=1000)
-
-    def drain() -> None:
-        while True:
-            try:
-                seen.events.append(sub.receive.receive_nowait())
-            except trio.WouldBlock:
-                return
-
-    seen.drain = drain  # type: ignore[attr-defined]
-    return rec, seen
 
 
-def events_of(seen: Seen) -> list[dict[str, Any]]:
-    seen.drain()  # type: ignore[attr-defined]
-    return seen.events
 
 
-def exported(tmp_path: Path, body: bytes, revision: int = 1) -> LastKnownGood:
-    cache = real_cache(tmp_path)
-    cache.export(revision=revision, generation=1, schema_version=1, body=body)
-    return cache
 
 
 # -- restore: the successful path and the republish --------------------------------------
@@ -640,7 +599,7 @@ async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
 
 
 async def test_a_failed_export_is_counted_and_a_removal_only_logged_when_done() -> None:
-    from tests.unit.test_convergence_healing import with_cache
+    from tests.convergence import with_cache
 
     store = FakeStore()
     store.put(doc("a"))
