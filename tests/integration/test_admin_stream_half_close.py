@@ -21,8 +21,8 @@ import trio
 
 from supervisor.admin.context import AdminContext
 from supervisor.admin.stream import StreamSettings
+from tests.adminserver import make_ctx, running_admin
 from tests.floods import websocket_request
-from tests.integration.test_admin_support import make_ctx, running_admin
 from tests.polling import poll_until
 
 

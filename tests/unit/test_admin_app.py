@@ -10,7 +10,7 @@ import trio
 
 from supervisor.admin.app import AdminApp, etag_matches
 from supervisor.admin.stream import StreamHub
-from tests.integration.test_admin_support import FakeSnapshot, make_ctx
+from tests.adminserver import FakeSnapshot, make_ctx
 
 TOKEN = "s3cr3t-token"
 

@@ -9,7 +9,7 @@ import msgspec
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.signed import SignedRevisionFile
-from tests.integration.test_admin_support import FakeSnapshot, make_ctx
+from tests.adminserver import FakeSnapshot, make_ctx
 from tests.unit.test_admin_app import call
 from tests.unit.test_follower_store import BODY, signed
 

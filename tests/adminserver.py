@@ -1,4 +1,4 @@
-"""Helpers shared by the admin API's tests (no tests here).
+"""Helpers shared by the admin API's tests.
 
 A tiny stand-in for the active snapshot (``revision``, ``generation``,
 ``to_json()``, ``etag()``), a fresh :class:`AdminContext`, and a real server
