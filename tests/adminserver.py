@@ -1,8 +1,8 @@
 """Helpers shared by the admin API's tests.
 
-A tiny stand-in for the active snapshot (``revision``, ``generation``,
-``to_json()``, ``etag()``), a fresh :class:`AdminContext`, and a real server
-on a free loopback port.
+A fresh :class:`AdminContext`, a real server on a free loopback port, and
+WebSocket clients that read or never read. The stand-in snapshot is
+:class:`tests.fakes.snapshot.FakeSnapshot`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import trio
 from trio_websocket import WebSocketConnection, wrap_client_stream
 
@@ -27,24 +26,6 @@ from supervisor.events import EventBus
 from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
-
-
-@dataclass(frozen=True)
-class FakeSnapshot:
-    revision: int
-    generation: int
-    aliases: dict[str, Any] = field(default_factory=dict)
-    keys: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> bytes:
-        return msgspec.json.encode(
-            {"revision": self.revision, "generation": self.generation,
-             "aliases": self.aliases, "keys": self.keys}
-        )
-
-    def etag(self) -> str:
-        return f'"{self.revision}-{self.generation}"'
-
 
 CHILDREN = {"convergence": {"state": "running", "restarts": 0, "last_error": None}}
 
@@ -124,8 +105,6 @@ async def raw_stream_client(host: str, port: int, *, rcvbuf: int = 4096) -> trio
         head += chunk
     assert head.startswith(b"HTTP/1.1 101"), head
     return sock
-
-
 
 
 @asynccontextmanager

@@ -10,7 +10,8 @@ import trio
 
 from supervisor.admin.app import AdminApp, etag_matches
 from supervisor.admin.stream import StreamHub
-from tests.adminserver import FakeSnapshot, make_ctx
+from tests.adminserver import make_ctx
+from tests.fakes.snapshot import FakeSnapshot
 
 TOKEN = "s3cr3t-token"
 

@@ -9,7 +9,8 @@ import msgspec
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.signed import SignedRevisionFile
-from tests.adminserver import FakeSnapshot, make_ctx
+from tests.adminserver import make_ctx
+from tests.fakes.snapshot import FakeSnapshot
 from tests.unit.test_admin_app import call
 from tests.unit.test_follower_store import BODY, signed
 

@@ -35,16 +35,6 @@ from tests.fakes.store import FakeStore
 LKG = "supervisor_last_known_good_events_total"
 
 
-
-
-
-
-
-
-
-
-
-
 # -- restore: the successful path and the republish --------------------------------------
 
 

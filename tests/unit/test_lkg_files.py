@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.sinks.lkg import CacheError, CacheUnwritable, LastKnownGood, generate_signing_key
-from tests.unit.test_lkg_safety import Recording, Stopped, export, make, mark_of
+from tests.fakes.cachefiles import Recording, Stopped
+from tests.lkgcache import export, make, mark_of
 
 BODY = b'{"schema_version": 1, "aliases": {}}'
 

@@ -25,12 +25,12 @@ from supervisor.sinks.lkg import (
     CacheError,
     CacheUnwritable,
     KeyFileError,
-    LastKnownGood,
     generate_signing_key,
     parse_verify_key,
 )
+from tests.fakes.cachefiles import Recording, Stopped
+from tests.lkgcache import BODY, export, make, mark_of
 
-BODY = b'{"schema_version": 1, "aliases": {}}'
 T = TypeVar("T")
 
 
@@ -49,16 +49,6 @@ def cache_path(tmp_path: Path) -> str:
     return str(directory / "lkg.bin")
 
 
-def make(cache_path: str, signer: tuple[str, str], files: Any = None) -> LastKnownGood:
-    """A fresh instance on the same files: what the next boot (or a restarted child) builds."""
-    return LastKnownGood(cache_path, signing_key_path=signer[0], trusted_keys=[signer[1]],
-                         max_schema_version=1, files=files)
-
-
-def export(cache: LastKnownGood, revision: int) -> None:
-    cache.export(revision=revision, generation=1, schema_version=1, body=BODY)
-
-
 E = TypeVar("E", bound=BaseException)
 
 
@@ -67,13 +57,6 @@ def raised(kind: type[E], fn: Callable[..., object], *args: Any) -> E:
     with pytest.raises(kind) as info:
         fn(*args)
     return info.value
-
-
-def mark_of(cache_path: str) -> str | None:
-    try:
-        return Path(cache_path + ".served").read_text()
-    except FileNotFoundError:
-        return None
 
 
 def within(seconds: float, fn: Callable[[], T], unblock: Callable[[], None]) -> T:
@@ -194,34 +177,6 @@ def test_first_export_writes_the_mark_first(cache_path: str, signer: tuple[str, 
     files = Recording()
     export(make(cache_path, signer, files), 3)
     assert files.written == [cache_path + ".served", cache_path]
-
-
-class Stopped(BaseException):
-    """The process was stopped here (SIGKILL, power loss): nothing after it runs."""
-
-
-class Recording:
-    """The cache's file seam over the real durable writes, recording and optionally failing."""
-
-    def __init__(self, stop_after: int | None = None, fail: OSError | None = None) -> None:
-        self.written: list[str] = []
-        self.removed: list[str] = []
-        self.stop_after = stop_after
-        self.fail = fail
-
-    def write(self, path: str, data: bytes, *, mode: int) -> None:
-        if self.stop_after is not None and len(self.written) >= self.stop_after:
-            if self.fail is not None:
-                raise self.fail
-            raise Stopped
-        write_atomic(path, data, mode=mode)
-        self.written.append(path)
-
-    def remove(self, path: str) -> None:
-        if self.fail is not None and self.stop_after is None:
-            raise self.fail
-        os.unlink(path)
-        self.removed.append(path)
 
 
 def _states() -> Iterator[tuple[str, int | None, int]]:
