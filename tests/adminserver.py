@@ -18,6 +18,7 @@ from typing import Any
 import trio
 from trio_websocket import WebSocketConnection, wrap_client_stream
 
+from supervisor.admin.app import AdminApp
 from supervisor.admin.client import _first
 from supervisor.admin.context import AdminContext
 from supervisor.admin.server import serve_admin
@@ -136,3 +137,26 @@ async def owned_ws(
             raise leaf from None
     finally:
         await trio.aclose_forcefully(stream)
+
+
+async def call(
+    app: AdminApp,
+    method: str,
+    path: Any,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **scope_extra: Any,
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    scope: dict[str, Any] = {"type": "http", "method": method, "path": path,
+                             "headers": headers or [], **scope_extra}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with trio.fail_after(5):
+        await app(scope, receive, send)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from supervisor.controlplane.store import ControlPlaneStore
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
@@ -41,15 +42,15 @@ class Resolver:
         return b"value-of-" + reference.encode()
 
 
-def make(store: FakeStore, **kw: object) -> ConvergenceLoop:
-    params: dict[str, object] = {
+def make(store: ControlPlaneStore, **kw: Any) -> ConvergenceLoop:
+    params: dict[str, Any] = {
         "state": ActiveState(), "status": RevisionStatus(), "metrics": Metrics(process=False),
         "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
         "backoff_initial_s": 0.25, "backoff_max_s": 30.0, "resolver": Resolver(),
         "rng": random.Random(1),
     }
     params.update(kw)
-    return ConvergenceLoop(store, **params)  # type: ignore[arg-type]
+    return ConvergenceLoop(store, **params)
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

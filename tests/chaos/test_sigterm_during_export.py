@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.chaos.test_cache_served import body, move_control_plane, publish, shown
+from tests.chaos.support import body, move_control_plane, publish, shown
 from tests.proc import cli, run_daemon, write_config
 
 pytestmark = pytest.mark.chaos

@@ -41,8 +41,8 @@ from supervisor.configfile import load
 from supervisor.tree import Restart
 from tests.chaos.support import fake_apiserver_process
 from tests.fakes.apiserver import FakeControl, write_kubeconfig
-from tests.integration.test_follower_process import make_node, wait_active
-from tests.integration.test_healing_process import sample_health_blocking, status
+from tests.followers import make_node, wait_active
+from tests.health import sample_health_blocking, status
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, Daemon, NotifySocket, acli, free_port, run_daemon, write_config
 

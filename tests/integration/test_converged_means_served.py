@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -26,30 +25,14 @@ import psycopg
 import trio
 
 from tests.polling import poll_until
+from tests.postgres import body, publish_sql
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import proxied_url, tcp_proxy
-
-
-def body(*aliases: str, **extra: Any) -> bytes:
-    return json.dumps({"schema_version": 1, "aliases": {
-        a: {"upstream": f"https://{a}.example/v1", **extra} for a in aliases}}).encode()
 
 
 async def get(port: int, path: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=5.0) as client:
         return dict((await client.get(f"http://127.0.0.1:{port}{path}")).json())
-
-
-def publish_sql(conn: psycopg.Connection[Any], data: bytes) -> int:
-    rid = conn.execute(
-        "INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
-        " VALUES (1, %s, sha256(%s)) RETURNING id", (data, data)).fetchone()
-    assert rid is not None
-    conn.execute(
-        "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
-        " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id",
-        (rid[0],))
-    return int(rid[0])
 
 
 async def test_id_reused_after_a_restore_is_published(tmp_path: Path, pg_url: str) -> None:

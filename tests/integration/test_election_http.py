@@ -19,7 +19,7 @@ import trio
 from supervisor.fanout.leadership import LeaderElector, LeadershipStatus
 from supervisor.kube.client import KubeClient
 from supervisor.kube.config import KubeSettings
-from supervisor.kube.lease import KubeLeases
+from supervisor.kube.lease import KubeLeases, LeaseApi
 from tests.fakes.apiserver import FakeApiServer, run_fake_apiserver
 from tests.fakes.leases import StoreLeases
 
@@ -63,9 +63,9 @@ class Watched:
         await self.saw.setdefault(holder, trio.Event()).wait()
 
 
-def elector(leases: object, identity: str, watched: Watched) -> LeaderElector:
+def elector(leases: LeaseApi, identity: str, watched: Watched) -> LeaderElector:
     return LeaderElector(
-        leases, identity=identity, lease_duration_s=LEASE_S,  # type: ignore[arg-type]
+        leases, identity=identity, lease_duration_s=LEASE_S,
         renew_deadline_s=RENEW_S, retry_period_s=RETRY_S, status=watched.status,
         on_change=watched.changed, rng=random.Random(identity))
 

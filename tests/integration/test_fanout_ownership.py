@@ -20,12 +20,14 @@ from structlog.testing import capture_logs
 from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.workflow import WORKFLOW
 from tests.fakes.apiserver import FakeApiServer
-from tests.integration.test_fanout_controller import _ours, child_writes, events
-from tests.integration.test_fanout_watchers import (
+from tests.fanoutharness import (
     APPS,
     CONTROL,
     FAST,
+    _ours,
+    child_writes,
     container,
+    events,
     harness,
     ready,
     sd,

@@ -19,8 +19,7 @@ from structlog.testing import capture_logs
 
 from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.applying import ChildKey
-from tests.integration.test_fanout_controller import events
-from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready, sd, wf
+from tests.fanoutharness import APPS, CONTROL, Harness, events, harness, ready, sd, wf
 
 KIND = {"kind": "ServiceDefinition"}
 

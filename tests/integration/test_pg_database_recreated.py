@@ -18,7 +18,7 @@ import psycopg
 import trio
 
 from tests.conftest import _admin
-from tests.integration.test_converged_means_served import body, publish_sql
+from tests.postgres import body, publish_sql
 from tests.proc import acli, cli, free_port, run_daemon, write_config
 from tests.tcpproxy import proxied_url, tcp_proxy
 

@@ -21,7 +21,10 @@ import httpx
 import pytest
 import trio
 
-from tests.integration.test_realkube import (
+from tests.polling import poll_until
+from tests.proc import free_port, run_daemon
+from tests.realkube import (
+    RealKube,
     aget,
     daemon_config,
     deployment_path,
@@ -29,11 +32,9 @@ from tests.integration.test_realkube import (
     metric,
     parent_path,
     sd,
+    start_realkube,
     status,
 )
-from tests.polling import poll_until
-from tests.proc import free_port, run_daemon
-from tests.realkube import RealKube, start_realkube
 
 HOLD = "example.com/hold"
 

@@ -21,7 +21,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.integration.test_realkube import (
+from tests.polling import poll_until
+from tests.proc import free_port, run_daemon
+from tests.realkube import (
+    NAMESPACED,
+    Installation,
+    RealKube,
     aget,
     aget_ready,
     condition,
@@ -30,11 +35,9 @@ from tests.integration.test_realkube import (
     gone,
     parent_path,
     sd,
+    start_realkube,
     status,
 )
-from tests.polling import poll_until
-from tests.proc import free_port, run_daemon
-from tests.realkube import NAMESPACED, Installation, RealKube, start_realkube
 
 CHILDREN = (("/apis/apps/v1", "deployments"), ("/api/v1", "services"))
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import trio
 
-from tests.integration.test_cache_process import cache_config, keys, serve_once_and_stop
+from tests.cacheprocess import cache_config, keys, serve_once_and_stop
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, free_port, run_daemon
 

@@ -9,10 +9,9 @@ import msgspec
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.signed import SignedRevisionFile
-from tests.adminserver import make_ctx
+from tests.adminserver import call, make_ctx
 from tests.fakes.snapshot import FakeSnapshot
-from tests.unit.test_admin_app import call
-from tests.unit.test_follower_store import BODY, signed
+from tests.signedrevision import BODY, signed
 
 DIGEST = hashlib.sha256(BODY).digest()
 
