@@ -79,7 +79,7 @@ def tag_of(snapshot: dict[str, Any]) -> set[str]:
 
 
 def sql_publish(conn: psycopg.Connection[Any], body: bytes) -> int:
-    """Publish with plain SQL (CONTRACT.md section 4) in one transaction; returns the id."""
+    """Publish with plain SQL (anyone may: docs/control-plane.md) in one transaction; returns the id."""
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"

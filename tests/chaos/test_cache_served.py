@@ -1,4 +1,4 @@
-"""The cache always holds the revision that was served (issue 17), through the real process.
+"""The cache always holds the revision that was served, through the real process.
 
 Thirty rounds of: publish, stop the daemon the moment the snapshot file shows
 the new revision (SIGTERM; separately SIGKILL; a thread spinning on the file's

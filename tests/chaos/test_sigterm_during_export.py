@@ -1,15 +1,13 @@
-"""Adversary drill: SIGTERM between the cache export and the swap (issue 17).
+"""SIGTERM between the cache export and the swap restores what was served, through the real process.
 
-The export now runs before the swap. A stop that lands after the cache file was
+The export runs before the swap. A stop that lands after the cache file was
 replaced but before the swap (the export thread is not abandoned, so the
-cancellation surfaces right after it returns, and the swap never runs) leaves
-the cache one revision AHEAD of everything served: the snapshot file, /status
-and every consumer saw revision N, the cache holds N+1 (with its mark). A boot
-during an outage then serves N+1, a revision this replica never served, and the
-issue's own guarantee ("for SIGTERM: the restored revision is the one the
-snapshot file showed") does not hold. The stop is sent the moment the cache file
-changes (a thread spinning on its inode), which is the window the team's drill
-(stop when the snapshot file changes) cannot reach.
+cancellation surfaces right after it returns, and the swap never runs) must not
+leave the cache one revision ahead of everything served: a boot during an
+outage restores the revision the snapshot file showed, never one this replica
+did not serve. The stop is sent the moment the cache file changes (a thread
+spinning on its inode), a window that stopping when the snapshot file changes
+cannot reach.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Adversary (issue 16 item 3): the shared raw frames must never be cut in half.
+"""The stream's shared raw frames are never cut in half, whatever the client does.
 
 The hub's contract (supervisor/admin/stream.py docstring of ``_write_events``):
 "a write in progress is never interrupted, so no frame is ever cut in half".
 A client that half-closes (``shutdown(SHUT_WR)``, or a browser tab sending its
-FIN while it still reads) makes hypercorn deliver ``websocket.disconnect``; the
-hub's reader task then cancels the nursery whose body is the raw write, and
-``send_all`` stops in the middle of a frame. The bytes the client reads then end
-inside a frame: a corrupt stream, never a close frame.
+FIN while it still reads) makes the server deliver ``websocket.disconnect``
+while a raw write may be in progress; the bytes the client reads still end on
+a frame boundary, no data frame follows the close frame, and a client closing
+during a blocked write is no server error.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""More crash drills (issue 10), through the real daemon process.
+"""Every child restarts and does its job again after crashes, through the real daemon process.
 
 The drills of tests/integration/test_healing_process.py cover convergence,
 the PostgreSQL ``listen`` child, ``admin`` and one fan-out watcher. These cover

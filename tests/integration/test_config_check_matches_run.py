@@ -1,13 +1,10 @@
-"""Adversary drill: configuration values `check` accepts that the daemon cannot run with.
+"""``check`` refuses what the daemon cannot run with, naming the place, through the real process.
 
-``[control_plane].max_revision_bytes`` has a minimum (1024) but no maximum.
-``check`` accepts 10**20; on SQLite every hydrate then binds it as a parameter
-and sqlite3 raises OverflowError ("Python int too large to convert to SQLite
-INTEGER"), which no store maps (it is neither sqlite3.Error nor one of the
-decoding errors ``malformed`` catches): the convergence child crashes in its
-bootstrap six times and the process exits 4, never ready. Expected: exit 2 at
-``check`` (and at boot) naming ``$.control_plane.max_revision_bytes``, or a
-daemon that runs.
+``[control_plane].max_revision_bytes`` has a minimum (1024); a value SQLite
+cannot bind as a parameter (10**20) must not pass ``check`` only to crash the
+convergence child at every hydrate: ``check`` and the boot agree (exit 2 naming
+``$.control_plane.max_revision_bytes``, or a daemon that runs). A snapshot path
+on the control-plane file is refused.
 """
 
 from __future__ import annotations
@@ -46,11 +43,10 @@ async def test_max_revision_bytes_check_and_run_agree(tmp_path: Path) -> None:
 async def test_snapshot_path_on_the_control_plane_file_is_refused(tmp_path: Path) -> None:
     """``[snapshot].path`` naming the SQLite control-plane file (a typo; `check` says OK).
 
-    Seen: the first publish replaces cp.db with the snapshot JSON (an atomic
-    rename, so it is complete), the daemon notices "control-plane file replaced",
-    then "file is not a database": every revision is gone. The same happens with
-    ``[cache].path`` on cp.db, and ``[snapshot].path`` on the cache file destroys
-    the cache. Expected: exit 2 naming the two keys, before anything is written.
+    Accepted, the first publish would replace cp.db with the snapshot JSON and
+    every revision would be gone; the same for ``[cache].path`` on cp.db, and
+    ``[snapshot].path`` on the cache file would destroy the cache. Refused: exit 2
+    naming the two keys, before anything is written.
     """
     import sqlite3
 

@@ -220,11 +220,10 @@ async def test_reused_id_with_a_refused_body_is_not_reported_converged(
         tmp_path: Path, pg_url: str) -> None:
     """A restore reuses the served id 3 for a body that is refused (validation).
 
-    Expected: the replica keeps serving the old body (right) and says it is not
-    converged: lag grows, desired != served content. Seen: desired == active == 3,
-    lag_s 0 and supervisor_convergence_lag_seconds 0 for ever, so the paging alert
-    (lag > 300 s) never fires; the rejection counter stops rising after the first
-    refusal (memo), so the ticket alert stops after 15 minutes too.
+    The replica keeps serving the old body and says it is not converged: lag
+    grows, desired != served content, and supervisor_convergence_lag_seconds grows
+    too, so the paging alert (lag > 300 s) fires; the rejection counter keeps
+    rising past the first refusal (memo), so the ticket alert holds.
     """
     port = free_port()
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.2)

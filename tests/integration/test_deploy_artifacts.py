@@ -489,7 +489,7 @@ async def test_kubernetes_deployment_cross_references() -> None:
     deployment = one(objects, "StatefulSet", "trio-supervisor")
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
-    # Two replicas (issue 14: only the Lease holder fans out), replaced one at a time.
+    # Two replicas, replaced one at a time.
     assert spec["replicas"] == 2 and spec["updateStrategy"]["type"] == "RollingUpdate"
     assert one(objects, "Service", spec["serviceName"])
     template_labels = spec["template"]["metadata"]["labels"]

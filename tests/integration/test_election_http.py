@@ -1,7 +1,12 @@
-"""Adversary tests for leader election over real HTTP (issue 14): the election's Lease
-client (:class:`~supervisor.kube.lease.KubeLeases` on a
+"""Leader election over real HTTP: the election's Lease client
+(:class:`~supervisor.kube.lease.KubeLeases` on a
 :class:`~supervisor.kube.client.KubeClient`) against the in-process fake API
 server, next to a standby driven straight on the fake's store.
+
+A hung token refresh does not keep a leader writing past its lease, renewals
+keep the Lease's labels and annotations, a Lease without a resourceVersion is
+never overwritten unconditionally, and the fake refuses an unconditional PUT as
+kube-apiserver does.
 
 Real time with short durations (lease 3 s, renew deadline 2 s, retry 0.5 s):
 the HTTP fake cannot run under a virtual clock. The tests wait on events
@@ -72,12 +77,12 @@ def elector(leases: LeaseApi, identity: str, watched: Watched) -> LeaderElector:
 
 def http_client(server: FakeApiServer, refresh: Callable[[], str | None] | None) -> KubeClient:
     async def settings() -> KubeSettings:
-        return KubeSettings(host=server.url, source="adversary test", refresh=refresh)
+        return KubeSettings(host=server.url, source="election test", refresh=refresh)
 
     return KubeClient(settings, token_refresh_s=0.2)
 
 
-async def test_a_hung_token_refresh_keeps_the_leader_writing_past_expiry() -> None:
+async def test_a_hung_token_refresh_never_keeps_the_leader_writing_past_expiry() -> None:
     """The leader's credential refresh hangs (an exec plugin waiting on its cloud's
     identity service, an NFS-backed token file): KubeClient runs it in a worker thread
     that trio cannot abandon (client.py ``trio.to_thread.run_sync(settings.refresh)``,
@@ -120,7 +125,7 @@ async def test_a_hung_token_refresh_keeps_the_leader_writing_past_expiry() -> No
         f"led: {len(writers.overlaps)} overlapping writes")
 
 
-async def test_renewals_wipe_the_leases_labels_and_annotations() -> None:
+async def test_renewals_keep_the_leases_labels_and_annotations() -> None:
     """The Lease carries labels and annotations someone else put there (the manifests, a
     GitOps tool, ``kubectl annotate``). Every election write is a PUT of a body built
     from scratch (lease.py ``KubeLeases._body``: name, namespace, resourceVersion and the
@@ -153,7 +158,7 @@ async def test_renewals_wipe_the_leases_labels_and_annotations() -> None:
     assert lease["metadata"].get("annotations") == {"owner": "platform-team"}
 
 
-async def test_a_lease_without_resource_version_is_overwritten_unconditionally() -> None:
+async def test_a_lease_without_resource_version_is_never_overwritten_unconditionally() -> None:
     """A GET of the Lease answers 200 with a Lease that has no ``metadata.resourceVersion``
     (nor spec): a proxy in front of the API server, an aggregated/mock server. lease.py
     decodes it with every field defaulted (``_Meta.resource_version = ""``, ``_Spec`` all
@@ -196,11 +201,10 @@ async def test_a_lease_without_resource_version_is_overwritten_unconditionally()
 
 async def test_the_fake_refuses_an_unconditional_lease_put_as_kube_apiserver_does(
 ) -> None:
-    """Issue 14 asks the fake for Lease objects "with real optimistic concurrency". A PUT
-    of a Lease whose ``metadata.resourceVersion`` is empty or absent is refused by
-    kube-apiserver 1.20 with 422 Invalid (leases do not allow unconditional updates;
-    measured on /tmp/realkube), but the fake's ``_precondition`` skips the check for an
-    empty resourceVersion and applies the write (apiserver_store.py ``_precondition``)."""
+    """The fake's Lease objects have real optimistic concurrency. A PUT of a Lease whose
+    ``metadata.resourceVersion`` is empty or absent is refused by kube-apiserver 1.20 with
+    422 Invalid (leases do not allow unconditional updates; measured on a real server),
+    and the fake's ``_precondition`` (apiserver_store.py) refuses it the same way."""
     from tests.fakes.apiserver_store import ApiError
     from tests.fakes.leases import LEASE
 

@@ -1,6 +1,6 @@
-"""Adversary process test for leader election (issue 14): two real daemons that were
-configured with the same ``[kubernetes].identity`` (one config file copied to two VMs),
-on the fake API server. Helpers from tests/ha.py (lease 4 s, renew 3 s, retry 0.5 s).
+"""Two real daemons configured with the same ``[kubernetes].identity`` (one config file
+copied to two VMs), on the fake API server, never fan out both at once.
+Helpers from tests/ha.py (lease 4 s, renew 3 s, retry 0.5 s).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.proc import EXAMPLE, acli, run_daemon
 
 
 @pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
-async def test_two_daemons_with_one_identity_both_fan_out(tmp_path: Path) -> None:
+async def test_two_daemons_with_one_identity_never_both_fan_out(tmp_path: Path) -> None:
     """b's configuration names a's identity. b finds the Lease holding "its own" name,
     renews it at once and leads while a leads too: both write children and parent status
     (counted by their distinct field managers). Expected: one fan-out, and the collision

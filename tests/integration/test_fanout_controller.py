@@ -1,4 +1,4 @@
-"""Issue 13: the fan-out as a controller, against the fake API server over HTTP.
+"""The fan-out as a controller, against the fake API server over HTTP.
 
 Drift repair by watching the children, the sweep guard, quiet reconciles and
 requeue backoff, Events and the Available condition, a missing child API, and
@@ -298,7 +298,7 @@ async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
 
 
 async def test_the_queue_depth_gauge_shows_parents_waiting_for_a_worker(tmp_path: Path) -> None:
-    # Issue 13 item 5: fanout_queue_depth{kind} counts parents queued and not yet taken.
+    # fanout_queue_depth{kind} counts parents queued and not yet taken.
     tuning = replace(FAST, workers=1, drain_s=0.1)
     with trio.fail_after(10):
         async with harness(tmp_path, tuning=tuning) as h:

@@ -1,11 +1,12 @@
-"""Faults issue 13 did not list, against the fake API server (an adversary's findings).
+"""The fan-out keeps what it owns apart and in order, against the fake API server.
 
-Each test here first failed against the fan-out as it was (or confirms a fault is
-handled): a replayed watch event older than the stream, a parent name at the
-253-character limit, two installations with a parent of the same name, a child
-held by a finalizer, status writes failing with 500, the apps namespace deleted
-and made again, a lineage label edited by hand, two kinds with a parent of the
-same name. What a real server can show is in tests/integration/test_realkube_faults.py.
+A replayed watch event older than the stream never rolls a parent back; a
+parent name at the 253-character limit still gets its events; a child of
+another installation with the same name, and two kinds with a parent of the
+same name, keep apart; a child held by a finalizer is not deleted again;
+status writes failing with 500, the apps namespace deleted and made again,
+and a lineage label edited by hand (repaired, not deleted) are survived. What a
+real server can show is in tests/integration/test_realkube_faults.py.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tests.fanoutharness import (
 async def test_a_watch_event_older_than_what_is_held_does_not_roll_a_parent_back(
     tmp_path: Path,
 ) -> None:
-    # Adversary: a watch (a caching proxy, a misbehaving server) delivers a parent's event
+    # A watch (a caching proxy, a misbehaving server) delivers a parent's event
     # whose resourceVersion is lower than the one already held. Applying it would roll the
     # children back to a spec the parent no longer has, and nothing would ever fix them.
     with trio.fail_after(10):
@@ -70,7 +71,7 @@ async def test_a_watch_event_older_than_what_is_held_does_not_roll_a_parent_back
 async def test_a_parent_named_at_the_253_character_limit_still_gets_its_events(
     tmp_path: Path,
 ) -> None:
-    # Adversary: a parent's name may be 253 characters, but a label value only 63, so its
+    # A parent's name may be 253 characters, but a label value only 63, so its
     # child is refused (Invalid, reported). The Event saying so was named "<parent>.<hex>"
     # (270 characters), refused too, and dropped with a hint at RBAC.
     long = "a" * 253
@@ -93,7 +94,7 @@ async def test_a_parent_named_at_the_253_character_limit_still_gets_its_events(
 async def test_a_child_of_another_installation_with_the_same_name_is_not_taken_over(
     tmp_path: Path,
 ) -> None:
-    # Adversary: two installations share the apps namespace and each has a parent "web".
+    # Two installations share the apps namespace and each has a parent "web".
     # The second one force-applied over the first one's Deployment (relabelling it as its
     # own), the first one repaired it back, and so on: a fight over a child that was never
     # the second one's. It must leave a child of another installation alone and say so.
@@ -153,7 +154,7 @@ async def test_a_child_of_another_installation_with_the_same_name_is_not_taken_o
 
 
 async def test_a_child_already_terminating_is_not_deleted_again(tmp_path: Path) -> None:
-    # Adversary: a child held by another controller's finalizer stays Terminating after
+    # A child held by another controller's finalizer stays Terminating after
     # our delete. Deleting it again on every relist, resync or watch event is a write
     # that changes nothing (and on a real server, whether the second one happened
     # depended on whether the watch event came before or after the delete's answer).
@@ -175,7 +176,7 @@ async def test_a_child_already_terminating_is_not_deleted_again(tmp_path: Path) 
 
 
 async def test_status_writes_failing_with_500_only(tmp_path: Path) -> None:
-    # Adversary: the API server answers 500 to status writes only. The children are
+    # The API server answers 500 to status writes only. The children are
     # applied once, not again on every retry; the retries back off; one Applied Event;
     # once status writes work again the parent shows Ready.
     with trio.fail_after(10):
@@ -200,7 +201,7 @@ async def test_status_writes_failing_with_500_only(tmp_path: Path) -> None:
 
 
 async def test_the_apps_namespace_deleted_and_made_again(tmp_path: Path) -> None:
-    # Adversary: the apps namespace is deleted (its contents first, as the namespace
+    # The apps namespace is deleted (its contents first, as the namespace
     # controller does) and made again. Meanwhile writes there are refused (404); the
     # children come back once it exists again, without a restart.
     with trio.fail_after(15):
@@ -222,7 +223,7 @@ async def test_the_apps_namespace_deleted_and_made_again(tmp_path: Path) -> None
 
 
 async def test_a_hand_edited_lineage_label_is_repaired_not_deleted(tmp_path: Path) -> None:
-    # Adversary: the lineage label of a child is edited by hand to name another parent
+    # The lineage label of a child is edited by hand to name another parent
     # (one that does not exist, or another one). The reconcile of the parent it now names
     # deleted it as "not mine any more" while its real parent repaired it: the Deployment
     # was deleted and made again (every pod restarted) instead of having a label put back.
@@ -250,7 +251,7 @@ async def test_a_hand_edited_lineage_label_is_repaired_not_deleted(tmp_path: Pat
 
 
 async def test_two_kinds_with_a_parent_of_the_same_name_keep_apart(tmp_path: Path) -> None:
-    # Adversary: a ServiceDefinition and a Workflow both named "x" (children named after
+    # A ServiceDefinition and a Workflow both named "x" (children named after
     # their parent). Their children are of different resources and carry different
     # lineage labels: neither kind's reconcile or sweep touches the other's.
     from supervisor.config import KubernetesConfig

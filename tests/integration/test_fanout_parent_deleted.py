@@ -1,4 +1,4 @@
-"""A parent deleted while its children are being written (issue 13, a gap left open).
+"""A parent deleted while its children are being written.
 
 Against the fake API server, whose ``hold()`` keeps a request in flight while the
 test changes the server's state: the parent is deleted while its child's apply is

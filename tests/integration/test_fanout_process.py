@@ -111,7 +111,7 @@ async def test_sighup_wakes_a_waiting_preflight(tmp_path: Path) -> None:
 
 
 async def test_sigterm_gives_an_apply_in_flight_a_bounded_drain(tmp_path: Path) -> None:
-    # Issue 13 item 5, through the process: on SIGTERM a write in flight is neither cut at
+    # Through the process: on SIGTERM a write in flight is neither cut at
     # once nor waited for beyond the drain (2 s); the daemon exits 0 within its grace.
     from supervisor.fanout.children import DRAIN_S
 

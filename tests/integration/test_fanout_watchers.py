@@ -378,8 +378,8 @@ async def test_a_missing_namespace_retries_quietly_while_a_skewed_crd_logs_an_er
 async def test_one_undecodable_parent_that_sorts_first_never_blocks_its_kind(
     tmp_path: Path,
 ) -> None:
-    # Issue 13, finding 2: the seed's preflight decoded a one-item list with the typed
-    # decoder, so one bad object that sorts first held the whole kind in the preflight.
+    # A preflight that decoded a one-item list with the typed decoder would let one bad
+    # object that sorts first hold the whole kind in the preflight.
     def skewed_object(fake: FakeApiServer) -> None:
         bad = sd("aaa-old")
         bad["spec"] = {"image": ["an", "array"], "replicas": "two"}  # an older schema

@@ -1,4 +1,4 @@
-"""A supervisor that heals (issue 10), through the real daemon process and real PostgreSQL.
+"""A supervisor that heals, through the real daemon process and real PostgreSQL.
 
 - A malformed control-plane row is a refusal (``corrupt``), never a crash; once
   repaired, the next publish converges.

@@ -1,4 +1,4 @@
-"""Liveness that means something (issue 10, Deliver 2), through the real daemon process.
+"""Liveness that means something, through the real daemon process.
 
 The stall rule: ``/healthz`` answers 503 naming the stall, and ``WATCHDOG=1``
 stops, while the convergence loop has not finished an attempt for longer than

@@ -1,4 +1,4 @@
-"""Memory after refusals (issue 10.2), through the real daemon process.
+"""Memory after refusals, through the real daemon process.
 
 A refused candidate of any size must leave nothing behind: ten refusals of a
 16 MB body (as in the finding: a missing ``env:`` secret, retried every poll) keep the daemon's

@@ -1,10 +1,10 @@
-"""Adversary drill: the PostgreSQL database dropped and re-created under the same name.
+"""The PostgreSQL database dropped and re-created under the same name is a new epoch.
 
 What a restore by ``dropdb && createdb && pg_restore`` (or a re-provisioned
 database) looks like to a running replica: same DSN, another database (a new
-oid), revision ids starting again from 1 with other bodies. The replica must
-notice the new epoch, publish the new desired revision (lower id, other
-content), report it truthfully, and leave a cache a cold boot serves.
+oid), revision ids starting again from 1 with other bodies. The replica
+notices the new epoch, publishes the new desired revision (lower id, other
+content), reports it truthfully, and leaves a cache a cold boot serves.
 """
 
 from __future__ import annotations

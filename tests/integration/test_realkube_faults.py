@@ -4,7 +4,7 @@ The daemon runs as in tests/integration/test_realkube.py (a TokenRequest token
 bound by the project's own manifests). Here: children held by a finalizer
 (another controller's), which a real server keeps, Terminating, after a delete;
 an env var with an empty value (which the server omits); a lineage label edited
-by hand; a parent stored under an older schema (issue 13 item 2); and, last, the
+by hand; a parent stored under an older schema; and, last, the
 parent CRD deleted while watching and applied again.
 Skipped with the reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
 """
@@ -191,7 +191,7 @@ CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" \
 async def test_a_stored_parent_that_does_not_decode_never_blocks_its_kind(
     kube: RealKube, tmp_path: Path,
 ) -> None:
-    """Issue 13 item 2 on the real server: a parent stored under an older schema (here:
+    """On the real server: a parent stored under an older schema (here:
     ``replicas`` a string, then the CRD put back) sorts first; the preflight and the watch
     name it, skip it, and fan out every good parent."""
     inst = await trio.to_thread.run_sync(kube.install)

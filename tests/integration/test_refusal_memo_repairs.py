@@ -1,10 +1,11 @@
-"""Adversary drill: the refusal memo (issue 10.4) against a repaired row.
+"""The refusal memo lets a revision repaired in place converge, through the real process.
 
 The memo keys a final refusal by (id, body_sha256 column). For ``corrupt``
 (the body does not match its stored digest) and ``incompatible`` (the
 schema_version column), the repair an operator makes in place (restore the
-body's bytes, fix the column) leaves that key unchanged: the replica never
-hydrates the repaired revision again, not on any poll, not on SIGHUP, until desired moves elsewhere or the process restarts.
+body's bytes, fix the column) leaves that key unchanged; the replica still
+hydrates the repaired revision again and serves it, without a new publish or a
+restart. Keys sharing a secret are retried once the secret changes.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Adversary drill: a child restart re-runs boot-time configuration checks as fatal ones.
+"""A child restart does not turn boot-time configuration checks into fatal ones, through the real process.
 
-The convergence child builds its cache on every start (issue 10.1), and the
-cache's constructor refuses an unsafe directory with ConfigError (issue 10.6).
-ConfigError is fatal in the tree. So a cache directory that became group-
-writable while the replica served (a deploy tool's chmod, a shared volume's
-fsGroup) plus any later crash of the convergence child ends the whole process
-with exit 2, "configuration error", and the systemd unit's
-RestartPreventExitStatus=2 keeps it down for good: a serving replica is lost
-to a crash the tree exists to absorb.
+The convergence child builds its cache on every start, and the cache's
+constructor refuses an unsafe directory with ConfigError, which is fatal in the
+tree. A cache directory that became group-writable while the replica served (a
+deploy tool's chmod, a shared volume's fsGroup) plus a later crash of the
+convergence child must not end the process with exit 2 (which the systemd
+unit's RestartPreventExitStatus=2 would keep down for good): the child restarts
+and the replica keeps serving.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Adversary drill: revision ids the schema allows but the cache does not (id 0, negative).
+"""Revision ids the schema allows but the cache does not (id 0, negative) never crash convergence.
 
-CONTRACT section 4 lets anyone publish with plain SQL; nothing in either schema
-keeps an id >= 1 (SQLite's INTEGER PRIMARY KEY takes 0 or -5; PostgreSQL's
-identity column takes an explicit id with OVERRIDING SYSTEM VALUE, and a
-restore script can restart the sequence at 0 with MINVALUE 0). Such a revision
-compiles, then the cache export raises ValueError("revision must be >= 1"),
-which nothing catches: the convergence child crashes, restarts, crashes again,
-and the process gives up with exit 4; every restart of the process then crashes
-in the bootstrap the same way. One row takes down every replica with a cache.
+Anyone may publish with plain SQL (docs/control-plane.md); nothing in either
+schema keeps an id >= 1 (SQLite's INTEGER PRIMARY KEY takes 0 or -5;
+PostgreSQL's identity column takes an explicit id with OVERRIDING SYSTEM VALUE,
+and a restore script can restart the sequence at 0 with MINVALUE 0). Such a
+revision compiles, but the cache cannot hold it: the convergence child must not
+crash on the export (a crash loop would end the process with exit 4, and every
+restart would crash in the bootstrap the same way), through the real process.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""Adversary drill: ``mv new.db cp.db`` (issue 18.2) while another connection has cp.db open.
+"""A restore by ``mv new.db cp.db`` while another connection has cp.db open is served, through the real process.
 
 The daemon puts the control-plane file in WAL mode. A restore by rename leaves
 the old database's ``cp.db-wal`` and ``cp.db-shm`` next to the new ``cp.db``.
 With the daemon alone, closing its (last) connection checkpoints that WAL into
-the old inode and deletes it, so the reopen reads the new file (the team's test).
-With any other connection open on the old file (an operator's ``sqlite3 cp.db``
-shell, ``trio-supervisor history`` running at that moment, a second replica on
-the same host), the WAL survives; the daemon's reopen then replays the OLD
-database's WAL frames over the NEW file. Seen: the restore is silently undone
-(the replica, and every later reader of cp.db, see the old desired revision 5;
-the restored file's revisions are gone), and /status says converged, lag 0.
+the old inode and deletes it, so the reopen reads the new file. With any other
+connection open on the old file (an operator's ``sqlite3 cp.db`` shell,
+``trio-supervisor history`` running at that moment, a second replica on the
+same host), the WAL survives; the daemon must never replay the old database's
+WAL frames over the new file: the restored revision is served and /status says
+so. Also: the WAL and SHM files removed under the daemon, and the file moved
+away with another reader open.
 """
 
 from __future__ import annotations
@@ -73,10 +73,11 @@ async def test_wal_and_shm_removed_under_the_daemon(tmp_path: Path) -> None:
     """``rm cp.db-wal cp.db-shm`` while the daemon runs (a clean-up script, a careless restore).
 
     The daemon keeps its connection and its mapping of the deleted -shm; the CLI
-    makes new -wal/-shm files and commits there. Seen: the daemon never sees
-    another publish: the file says desired 4, /status says desired=2 active=2
-    lag_s=0, no error, indefinitely. (Deleting the WAL also lost the commit of
-    revision 2 from the file, so the CLI's next publish reused id 2.)
+    makes new -wal/-shm files and commits there. The daemon must still see the
+    later publishes (the file's desired revision is served and /status says so),
+    not report an older desired revision as converged indefinitely. (Deleting the
+    WAL also loses the commit of revision 2 from the file, so the CLI's next
+    publish reuses id 2.)
     """
     port = free_port()
     cp = tmp_path / "cp.db"

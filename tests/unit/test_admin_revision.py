@@ -1,4 +1,4 @@
-"""GET /v1/revision: the active revision as the signed cache file (CONTRACT.md section 8)."""
+"""GET /v1/revision: the active revision as the signed cache file."""
 
 from __future__ import annotations
 

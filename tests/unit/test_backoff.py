@@ -1,8 +1,8 @@
 """The shared backoff's contract, as the supervision tree's restarts and every retry loop see it.
 
 Bounds refused at construction, the exponent (exactly doubling from ``initial``),
-the cap, the jitter range and its random source, ``reset()``; found unasserted by
-the mutation run (``python -m tests.mutation tree``). Values only: no clock, no loop.
+the cap, the jitter range and its random source, ``reset()``. Values only: no
+clock, no loop.
 """
 
 from __future__ import annotations

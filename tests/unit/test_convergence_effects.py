@@ -1,11 +1,12 @@
-"""The convergence loop after the split: visible effects the mutation run found unasserted.
+"""The convergence loop's visible effects: outages ended, refusals retold, restarts, sink streaks.
 
 A refused read after an outage says the control plane is back (status and
 event); desired moving back to what serves is reported converged; SIGHUP makes
 an unchanged refusal be logged again; a cancellation during the export still
 leaves the snapshot file written (the publish step is shielded); a boot
 refusal of the desired revision that the cache answers is still counted and
-reported; the snapshot file is not rewritten while nothing changes. Fake store,
+reported; the snapshot file is not rewritten while nothing changes; a restarted
+loop rewrites only stale sinks; a sink's failure streak is logged once. Fake store,
 real snapshot file and signed cache on a temporary directory; virtual time.
 """
 

@@ -1,4 +1,4 @@
-"""The convergence loop tells the truth and heals (issues 10, 17, 18), on virtual time.
+"""The convergence loop tells the truth and heals, on virtual time.
 
 Against the fake store of ``test_convergence_loop`` (our own seam) and a fake cache
 that implements the cache's surface; every test asserts a visible effect
@@ -29,7 +29,7 @@ from supervisor.sinks.file import SnapshotFile
 from tests.convergence import doc, make, sample, with_cache
 from tests.fakes.store import FakeStore
 
-# -- a revision is its content (issue 18.1) -------------------------------------------
+# -- a revision is its content -------------------------------------------
 
 
 async def test_reused_id_with_new_content_is_a_new_revision() -> None:
@@ -75,7 +75,7 @@ async def test_identity_change_starts_an_epoch_and_rewrites_the_sinks() -> None:
     assert len(cache.exported) == 2  # once per epoch, not per poll
 
 
-# -- status tells the truth (issue 10.3) --------------------------------------------
+# -- status tells the truth --------------------------------------------
 
 
 async def test_notification_refusal_updates_desired_and_last_rejection() -> None:
@@ -138,7 +138,7 @@ async def test_refusal_line_carries_retry_in_s() -> None:
     assert line["reason"] == reasons.PROJECTION
 
 
-# -- refusals do not wedge (issue 10.4) -----------------------------------------------
+# -- refusals do not wedge -----------------------------------------------
 
 
 async def test_refused_candidate_waits_the_poll_interval_not_the_backoff(
@@ -216,7 +216,7 @@ async def test_transient_os_error_on_a_secret_file_is_unavailable(
     assert EnvFileResolver({}).resolve(f"file:{secret}") == b"v"
 
 
-# -- sinks catch up (issues 17, 18.3) -------------------------------------------------
+# -- sinks catch up -------------------------------------------------
 
 
 async def test_cache_is_exported_before_the_swap() -> None:
@@ -303,7 +303,7 @@ async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) 
     assert first.state.generation == 1  # no new generation for the same revision
 
 
-# -- outages are told once (issue 18.4) -------------------------------------------------
+# -- outages are told once -------------------------------------------------
 
 
 async def test_two_minute_outage_logs_start_progress_and_end(
@@ -333,7 +333,7 @@ async def test_two_minute_outage_logs_start_progress_and_end(
     assert changes == [True, False]  # the LISTEN child is poked at start and end
 
 
-# -- the loop's own mechanics (issue 20.2, 20.4) -----------------------------------------
+# -- the loop's own mechanics -----------------------------------------
 
 
 async def test_backoff_floor_holds_against_wakeups_and_resets_on_success(
@@ -503,8 +503,7 @@ async def test_recovery_without_a_new_revision_clears_the_failure_count() -> Non
     """An outage ends and the active revision is still the desired one: converged, no failures.
 
     No swap happens here, so only the end of the attempt can say it succeeded
-    (the mutation run found no test holding this once a publish reset the count
-    at its swap).
+    (a publish resets the count at its swap; this holds it without one).
     """
     store = FakeStore()
     store.put(doc("a"))

@@ -1,10 +1,10 @@
-"""The convergence loop's resilience paths the mutation run found unasserted.
+"""The convergence loop's resilience paths: booting from the cache, and what each attempt reports.
 
 Every restore branch of ``bootstrap`` (skew, a refused cache, an uncompilable
 cache, no cache file, the republish as ``control_plane`` once the control plane
 answers again), and the visible effects of each attempt: the status report,
 the events on the bus, the metrics and the ``STATUS=`` text. Against the fake
-store of ``test_convergence_loop`` and the real signed cache on a temporary directory
+store of ``tests/fakes/store.py`` and the real signed cache on a temporary directory
 (or a fake one raising the cache's own errors); virtual time throughout.
 """
 
@@ -390,7 +390,7 @@ async def test_the_active_state_is_swapped_with_the_body_digest() -> None:
     assert rec.status.report()["last_convergence_s"] is not None
 
 
-# -- survivors of the mutation run: each asserts a visible effect ---------------------------
+# -- retries, refusals and sinks: each asserts a visible effect ----------------------------
 
 
 class ThreadRecordingResolver:

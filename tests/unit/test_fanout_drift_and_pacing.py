@@ -1,5 +1,5 @@
-"""Issue 13's small parts on their own: the drift test, the sweep guard, the token bucket,
-the repair limiter."""
+"""The fan-out's rules on their own: the drift test, child availability, the queue,
+the sweep guard, the repair limiter, the token bucket, the [kubernetes] keys and Retry-After."""
 
 from __future__ import annotations
 
@@ -83,9 +83,9 @@ def test_live_children_enqueue_their_parent_and_keep_the_newer_object() -> None:
 
 
 def test_a_write_s_answer_arriving_after_the_child_s_delete_event_is_not_held() -> None:
-    # Adversary (a flaky fake test found it): a child deleted right after our apply. Its
-    # ADDED and DELETED events were handled before the apply's answer, and put() then held
-    # the deleted object again: no event would ever remove it, nothing repaired the child.
+    # A child deleted right after our apply: its ADDED and DELETED events are handled
+    # before the apply's answer, and a put() that held the deleted object again would
+    # never see an event remove it, so nothing would repair the child.
     queued: list[str] = []
     live = LiveChildren((DEPLOYMENTS,), LINEAGE_SERVICEDEFINITION, queued.append)
     key = ChildKey("deployments", "web")
@@ -147,10 +147,10 @@ async def test_the_token_bucket_paces_after_the_burst(
     assert abs(trio.current_time() - again - 0.1) < 1e-6
 
 
-def test_kubernetes_config_keys_of_issue_13() -> None:
+def test_kubernetes_config_keys_have_their_defaults_and_bounds() -> None:
     defaults = load_text("").kubernetes
     assert defaults.installation is None
-    assert defaults.installation_label == defaults.control_namespace  # CONTRACT section 8
+    assert defaults.installation_label == defaults.control_namespace  # unset: docs/kubernetes.md
     assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 200.0, 400)
     mine = load_text('[kubernetes]\ncontrol_namespace = "ctl"\n').kubernetes
     assert mine.installation_label == "ctl"
@@ -166,7 +166,7 @@ def test_kubernetes_config_keys_of_issue_13() -> None:
 
 
 def test_retry_after_is_a_finite_number_of_seconds_or_nothing() -> None:
-    # Adversary: "inf" (or "nan") parsed as a float made a 429's requeue wait forever.
+    # "inf" (or "nan") parsed as a float would make a 429's requeue wait forever.
     import httpx
 
     from supervisor.kube.wire import retry_after

@@ -1,11 +1,15 @@
-"""Adversary tests for the fan-out's leader election (issue 14): faults the issue did not list.
+"""The fan-out's leader election never lets two replicas fan out at once, on virtual time.
+
+A crashed fan-out is not reported as leading; a fractional lease duration is
+rounded below the renew deadline; a Lease deleted or edited to name the standby
+while leading, two replicas configured with the same identity, and a SIGTERM
+while an acquiring write is in flight each keep one writer.
 
 Virtual time (``autojump_clock``) against the fake API server's Lease store
 (:class:`~tests.fakes.leases.StoreLeases`), as tests/unit/test_leadership.py
 does. Each elector runs a stand-in for the fan-out that "writes" every 50 ms
 while it runs; ``Writers.overlaps`` records every moment two replicas wrote
-at once, which is the safety property the issue asks for ("never two
-fan-outs").
+at once, which is the safety property ("never two fan-outs").
 """
 
 from __future__ import annotations
@@ -136,7 +140,7 @@ async def test_fractional_lease_duration_is_rounded_below_the_renew_deadline(
     assert written >= 4.5, f"leaseDurationSeconds written: {written} < lease_duration_s 4.5"
 
 
-async def test_lease_deleted_while_leading_makes_two_leaders(
+async def test_a_lease_deleted_while_leading_never_makes_two_leaders(
         autojump_clock: trio.testing.MockClock) -> None:
     """An operator deletes the Lease (``kubectl delete lease``) while a leads. b's next
     poll finds no Lease and creates it at once, although it saw a renew it moments ago:
@@ -159,7 +163,7 @@ async def test_lease_deleted_while_leading_makes_two_leaders(
         f"{writers.overlaps[0][0]:.2f} to {writers.overlaps[-1][0]:.2f} (virtual s)")
 
 
-async def test_two_replicas_configured_with_the_same_identity(
+async def test_two_replicas_configured_with_the_same_identity_never_both_fan_out(
         autojump_clock: trio.testing.MockClock) -> None:
     """``[kubernetes].identity`` copied to two VMs (the same config file): the second
     replica reads a Lease naming "its" identity, takes it as its own and leads at once,
@@ -185,7 +189,7 @@ async def test_two_replicas_configured_with_the_same_identity(
     assert not both, "two fan-outs at once with a shared identity"
 
 
-async def test_a_lease_edited_to_name_the_standby_makes_two_leaders(
+async def test_a_lease_edited_to_name_the_standby_never_makes_two_leaders(
         autojump_clock: trio.testing.MockClock) -> None:
     """Unique identities, but the Lease is written by someone else to name b: an operator
     "moving" leadership with ``kubectl edit lease``, or a restore of etcd or of a backup

@@ -1,7 +1,8 @@
-"""The signed cache: what the mutation run found unasserted.
+"""The signed cache's files: the served mark, keys and keygen, framing, modes and descriptors.
 
 The served mark's text and its bounds, a mark that is only rewritten when it
-changes, the age, discarding, and the key texts. Against real files in a
+changes, the age, discarding, the key texts, framing refusals and descriptor
+use. Against real files in a
 temporary directory and the cache's own file seam.
 """
 

@@ -1,8 +1,8 @@
-"""Revision documents and compilation: what the mutation run found unasserted.
+"""Revision documents and compilation: what is refused, with which label and place.
 
 Bracketed hosts that are not IPv6, the TOML path's own checks, the version
 checks' boundaries, and the compile stages' labels (a transient shortage while
-reading a secret stays ``unavailable``).
+reading a secret stays ``unavailable``), secret files' limits and confinement.
 """
 
 from __future__ import annotations

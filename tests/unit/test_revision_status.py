@@ -1,4 +1,4 @@
-"""The ``revision`` part of /status: what the mutation run found unasserted.
+"""The ``revision`` part of /status: reachability, the desired digest and the lag.
 
 The report before any attempt, reachability told by an answer alone, the lag
 when the desired body's digest is unknown, replaced or forgotten, and the lag's

@@ -1,4 +1,4 @@
-"""The supervision tree's resilience properties the mutation run found unasserted.
+"""The supervision tree's restarts and shutdown, as a caller sees them.
 
 Shutdown duration (not only order), the restart backoff's exact bounds and cap,
 ``crash_looping``, the callbacks, ``inject_fault``, and the report of each
