@@ -1,4 +1,8 @@
-"""The fan-out against the in-process fake API server: a harness running the controller, and the objects and waits its tests share."""
+"""The fan-out against the in-process fake API server, shared by its integration tests.
+
+A harness running the controller, the objects it fans out (``sd``, ``wf``) and
+the waits and counts its tests share (``ready``, ``events``, ``child_writes``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Follower replicas as real processes: one node of a leader-and-followers set, and the wait until it serves."""
+"""Follower replicas as real processes.
+
+One node of a leader-and-followers set, and the wait until it serves.
+"""
 
 from __future__ import annotations
 

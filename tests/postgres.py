@@ -1,4 +1,8 @@
-"""Plain SQL against the test database: publishing as an operator's script would, and the daemon's LISTEN backends."""
+"""Plain SQL against the test database, shared by the process tests.
+
+Publishing as an operator's script would (``publish_sql``, ``sql_publish``),
+and the daemon's LISTEN backends (``listener_pids``).
+"""
 
 from __future__ import annotations
 
