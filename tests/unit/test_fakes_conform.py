@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,8 @@ def test_the_fakes_match_their_protocols_and_a_drifted_fake_is_caught(tmp_path: 
     # the check above is known to bite.
     source = (ROOT / "tests" / "fakes" / "store.py").read_text(encoding="utf-8")
     assert "    async def changes(self, limit" in source
-    drifted = tmp_path / "drifted_store.py"
+    # A module name of its own each run: mypy's cache keys results by module name.
+    drifted = tmp_path / f"drifted_store_{uuid.uuid4().hex}.py"
     drifted.write_text(source.replace("    async def changes(self, limit",
                                       "    async def changed(self, limit"), encoding="utf-8")
     result = _mypy(*(ROOT / "tests" / "fakes" / name for name in PROTOCOL_FAKES), drifted)
