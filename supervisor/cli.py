@@ -192,11 +192,12 @@ def _schema_problems(config: Config) -> list[tuple[str, str]]:
             finally:
                 lite.close()
         elif cp.backend == "postgresql":
-            from supervisor.controlplane.postgres_driver import connect
+            from supervisor.controlplane.postgres_driver import bounded, connect
 
-            with connect(cp.url, connect_timeout_s=3.0,
-                         statement_timeout_s=3.0) as pg:
-                migrations.check_not_newer(migrations.postgres_version(pg), "postgresql")
+            # No session setting: behind PgBouncer it would outlive this look.
+            with connect(cp.url, connect_timeout_s=3.0, statement_timeout_s=None) as pg:
+                found = bounded(pg, migrations.postgres_version, 3000)
+            migrations.check_not_newer(found, "postgresql")
     except SchemaTooNew as exc:
         return [("$.control_plane.url", str(exc))]
     except Exception as exc:  # noqa: BLE001 - sync code, no Cancelled here; see the docstring

@@ -35,11 +35,12 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 import yaml
 
 from tests import needs
 from tests.polling import POLL_INTERVAL_S
-from tests.proc import REPO, free_port
+from tests.proc import EXAMPLE, REPO, acli, free_port, write_config
 
 ASSETS_ENV = "SUPERVISOR_TEST_KUBE_ASSETS"
 START = Path(os.environ.get("SUPERVISOR_REALKUBE_DIR", REPO.parent / "shared" / "realkube")) \
@@ -331,3 +332,64 @@ def start_realkube(tmp: Path, audit_policy: Path | None = None) -> Iterator[Real
         yield kube
     finally:
         kube.stop()
+
+
+GROUP = "platform.trio-supervisor.dev/v1"
+
+
+def sd(inst: Installation, name: str, *, image: str = "nginx:1.27", port: int | None = None,
+       replicas: int = 1) -> dict[str, Any]:
+    spec: dict[str, Any] = {"image": image, "replicas": replicas}
+    if port is not None:
+        spec["port"] = port
+    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
+            "metadata": {"name": name, "namespace": inst.control}, "spec": spec}
+
+
+async def aget(kube: RealKube, path: str) -> dict[str, Any] | None:
+    return await trio.to_thread.run_sync(kube.get, path)
+
+
+def deployment_path(inst: Installation, name: str) -> str:
+    return f"/apis/apps/v1/namespaces/{inst.apps}/deployments/{name}"
+
+
+def parent_path(inst: Installation, name: str) -> str:
+    return f"/apis/platform.trio-supervisor.dev/v1/namespaces/{inst.control}/servicedefinitions/{name}"
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == type_:
+            return cond  # type: ignore[no-any-return]
+    return {}
+
+
+async def status(port: int) -> dict[str, Any]:
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"http://127.0.0.1:{port}/status")).json()  # type: ignore[no-any-return]
+
+
+async def metric(port: int, name: str, **labels: str) -> float:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and line.split("}")[0].split("{")[1] == want:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def daemon_config(tmp_path: Path, inst: Installation, port: int, **extra: Any) -> Path:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", inst.toml(**extra),
+                          port=port)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    return config
+
+
+async def aget_ready(kube: RealKube, inst: Installation, name: str) -> bool:
+    return condition(await aget(kube, parent_path(inst, name)), "Ready").get("status") == "True"
+
+
+async def gone(kube: RealKube, path: str) -> bool:
+    return await aget(kube, path) is None

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -78,7 +79,7 @@ def tag_of(snapshot: dict[str, Any]) -> set[str]:
 
 
 def sql_publish(conn: psycopg.Connection[Any], body: bytes) -> int:
-    """Publish with plain SQL (CONTRACT.md section 4) in one transaction; returns the id."""
+    """Publish with plain SQL (anyone may: docs/control-plane.md) in one transaction; returns the id."""
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
@@ -324,3 +325,36 @@ async def poll_until(predicate: Callable[[], Awaitable[Any]], what: str,
         await _poll_until(holds)
         return found[0]
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def body(n: int) -> bytes:
+    return json.dumps({"schema_version": 1, "aliases": {
+        f"r{n}": {"upstream": f"https://r{n}.example/v1"}}}).encode()
+
+
+def publish(db: Path, n: int) -> int:
+    data = body(n)
+    with sqlite3.connect(db) as conn:
+        cur = conn.execute(
+            "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
+            " VALUES (1, ?, ?, 'round')", (data, hashlib.sha256(data).digest()))
+        rid = cur.lastrowid
+        conn.execute("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (1, ?)"
+                     " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id",
+                     (rid,))
+    assert rid is not None
+    return rid
+
+
+def shown(snapshot: Path) -> int | None:
+    try:
+        return int(json.loads(snapshot.read_bytes())["revision"])
+    except (OSError, ValueError):
+        return None
+
+
+def move_control_plane(src: Path, dst: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        path = src.with_name(src.name + suffix)
+        if path.exists():
+            path.rename(dst.with_name(dst.name + suffix))

@@ -1,4 +1,4 @@
-"""The cache always holds the revision that was served (issue 17), through the real process.
+"""The cache always holds the revision that was served, through the real process.
 
 Thirty rounds of: publish, stop the daemon the moment the snapshot file shows
 the new revision (SIGTERM; separately SIGKILL; a thread spinning on the file's
@@ -11,11 +11,8 @@ that one or the one before, never older, and never a refusal.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import signal
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -23,37 +20,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.chaos.support import body, move_control_plane, publish, shown
 from tests.proc import cli, run_daemon, write_config
 
 pytestmark = pytest.mark.chaos
 
 ROUNDS = 30
-
-
-def body(n: int) -> bytes:
-    return json.dumps({"schema_version": 1, "aliases": {
-        f"r{n}": {"upstream": f"https://r{n}.example/v1"}}}).encode()
-
-
-def publish(db: Path, n: int) -> int:
-    data = body(n)
-    with sqlite3.connect(db) as conn:
-        cur = conn.execute(
-            "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-            " VALUES (1, ?, ?, 'round')", (data, hashlib.sha256(data).digest()))
-        rid = cur.lastrowid
-        conn.execute("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (1, ?)"
-                     " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id",
-                     (rid,))
-    assert rid is not None
-    return rid
-
-
-def shown(snapshot: Path) -> int | None:
-    try:
-        return int(json.loads(snapshot.read_bytes())["revision"])
-    except (OSError, ValueError):
-        return None
 
 
 def _inode(path: Path) -> int | None:
@@ -72,13 +44,6 @@ def signal_when_replaced(path: Path, pid: int, signum: int, before: int | None,
             os.kill(pid, signum)
             return True
     return False
-
-
-def move_control_plane(src: Path, dst: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        path = src.with_name(src.name + suffix)
-        if path.exists():
-            path.rename(dst.with_name(dst.name + suffix))
 
 
 async def test_sigterm_right_after_publish_never_leaves_the_cache_behind(

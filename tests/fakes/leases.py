@@ -23,13 +23,13 @@ makes the HTTP fake refuse one replica's Lease writes (matched by the
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 
 from supervisor.kube.errors import TransportError, api_error
-from supervisor.kube.lease import LeaseRecord, lease_body, lease_record
+from supervisor.kube.lease import LeaseApi, LeaseRecord, lease_body, lease_record
 from tests.fakes.apiserver import FakeApiServer, Injection
 from tests.fakes.apiserver_store import DEFAULT_RESOURCES, ApiError, ResourceType
 
@@ -120,3 +120,8 @@ def refuse_lease_writes(server: FakeApiServer, identity: str) -> Injection:
     """The HTTP fake answers 500 to every Lease write carrying ``fieldManager=identity``."""
     return server.inject("*", r"/leases", status=500, times=None,
                          query_contains=f"fieldManager={identity}")
+
+
+if TYPE_CHECKING:
+    # mypy holds the fake to the Protocol (tests/unit/test_fakes_conform.py runs it).
+    _conforms: type[LeaseApi] = StoreLeases

@@ -12,7 +12,7 @@ import trio
 from supervisor.admin.client import fetch_status, watch_stream
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.admin.status_view import render_status
-from tests.integration.test_admin_support import free_port, make_ctx, running_admin
+from tests.adminserver import free_port, make_ctx, running_admin
 
 
 class Lines(io.StringIO):

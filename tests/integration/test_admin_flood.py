@@ -1,4 +1,4 @@
-"""Connection discipline of the real daemon's admin server (issue 12, finding 1).
+"""Connection discipline of the real daemon's admin server.
 
 The daemon runs with a lowered RLIMIT_NOFILE, so a few hundred connections are
 already more than it may hold; the floods are sized at a few times that limit.
@@ -32,7 +32,7 @@ from tests.proc import EXAMPLE, acli, cli, free_port, run_daemon, write_config
 
 IDLE_DEADLINE_S = 5.0  # supervisor.admin.server.IDLE_DEADLINE_S
 NOFILE = 256  # the daemon's RLIMIT_NOFILE in the flood test
-FLOOD = 2000  # connections per flood (issue 12): about ten times what NOFILE lets the daemon hold
+FLOOD = 2000  # connections per flood: about ten times what NOFILE lets the daemon hold
 
 
 async def _h2_preface(port: int, closed_after: list[float]) -> None:

@@ -1,4 +1,4 @@
-"""Host and Origin checks of the real daemon (issue 12, finding 3): DNS rebinding and
+"""Host and Origin checks of the real daemon: DNS rebinding and
 cross-site WebSockets get nothing, while curl, `status` and `watch` keep working."""
 
 from __future__ import annotations

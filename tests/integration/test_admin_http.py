@@ -13,7 +13,8 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 from supervisor.admin.errors import AdminBindError, AdminError
 from supervisor.admin.server import serve_admin
 from supervisor.errors import ConfigError, StartError
-from tests.integration.test_admin_support import FakeSnapshot, make_ctx, owned_ws, running_admin
+from tests.adminserver import make_ctx, owned_ws, running_admin
+from tests.fakes.snapshot import FakeSnapshot
 
 TOKEN = "tok-123"
 

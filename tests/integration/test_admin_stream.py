@@ -7,7 +7,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
 from supervisor.admin.stream import StreamSettings
-from tests.integration.test_admin_support import (
+from tests.adminserver import (
     counter_value,
     make_ctx,
     owned_ws,

@@ -15,7 +15,7 @@ from wsproto.events import (
 )
 from wsproto.extensions import PerMessageDeflate
 
-from tests.integration.test_admin_support import make_ctx, running_admin
+from tests.adminserver import make_ctx, running_admin
 
 
 class WsprotoClient:

@@ -16,33 +16,11 @@ import pytest
 import trio
 
 from supervisor.sinks import lkg
+from tests.cacheprocess import cache_config, keys, serve_once_and_stop
 from tests.pgfaults import alter_database
 from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
 from tests.tcpproxy import pg_proxy
 from tests.tcpproxy import proxied_url as proxied
-
-
-def keys(tmp_path: Path, name: str = "signing.key") -> tuple[Path, str]:
-    key = tmp_path / name
-    out = cli("keygen", "--out", str(key))
-    return key, out.stdout.strip().splitlines()[-1].split()[-1]
-
-
-def cache_config(tmp_path: Path, url: str, key: Path, trusted: list[str], *,
-                 admin_port: int | None = None) -> Path:
-    extra = (f'[cache]\npath = "{tmp_path}/cache/lkg.bin"\nsigning_key = "{key}"\n'
-             f"trusted_keys = {json.dumps(trusted)}\n")
-    (tmp_path / "cache").mkdir(exist_ok=True)
-    return write_config(tmp_path, url, extra, port=admin_port)
-
-
-async def serve_once_and_stop(config: Path) -> None:
-    """Boot against a reachable control plane, publish once (exporting the cache), stop."""
-    with trio.fail_after(30):
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("published")
-            daemon.signal(signal.SIGTERM)
-            assert await daemon.wait() == 0
 
 
 async def test_keygen(tmp_path: Path) -> None:

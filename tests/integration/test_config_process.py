@@ -1,5 +1,5 @@
 """Hostile configuration and revision input through the installed console script:
-exit 2 with the place named, never a traceback (issue 10, seen case 7)."""
+exit 2 with the place named, never a traceback."""
 
 from __future__ import annotations
 

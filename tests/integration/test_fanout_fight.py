@@ -20,9 +20,18 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from tests.integration.test_fanout_controller import replicas_fighter, web_replicas
-from tests.integration.test_fanout_outage import fights, recent_repairs, web_ready
-from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready
+from tests.fanoutharness import (
+    APPS,
+    CONTROL,
+    Harness,
+    fights,
+    harness,
+    ready,
+    recent_repairs,
+    replicas_fighter,
+    web_ready,
+    web_replicas,
+)
 
 STATUS_PATH = f"/namespaces/{CONTROL}/servicedefinitions/web/status"
 

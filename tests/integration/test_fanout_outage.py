@@ -20,12 +20,18 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from supervisor.kube.applying import ChildKey
-from tests.integration.test_fanout_controller import events
-from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready, sd
+from tests.fanoutharness import (
+    APPS,
+    CONTROL,
+    events,
+    fights,
+    harness,
+    ready,
+    recent_repairs,
+    web_ready,
+)
 
 KIND = {"kind": "ServiceDefinition"}
-DEPLOYMENT = ChildKey("deployments", "web")
 TERMINATING = {
     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
     "message": 'deployments.apps "web" is forbidden: unable to create new content in'
@@ -38,21 +44,6 @@ OUTAGES = [
     pytest.param(503, None, id="503-unavailable"),
     pytest.param(504, None, id="504-timeout"),
 ]
-
-
-def fights(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in logs if "keeps drifting" in str(e.get("event"))]
-
-
-def recent_repairs(h: Harness) -> int:
-    """Repairs of the Deployment the limiter holds within its window."""
-    return h.reconciler.writer.repairs.recent(DEPLOYMENT, trio.current_time())
-
-
-async def web_ready(h: Harness) -> None:
-    h.fake.create(sd("web"))
-    await h.until(lambda: ready(h.fake.get("servicedefinitions", CONTROL, "web")))
-    await h.idle()
 
 
 @pytest.mark.parametrize(("code", "body"), OUTAGES)

@@ -1,4 +1,4 @@
-"""A parent deleted while its children are being written (issue 13, a gap left open).
+"""A parent deleted while its children are being written.
 
 Against the fake API server, whose ``hold()`` keeps a request in flight while the
 test changes the server's state: the parent is deleted while its child's apply is
@@ -19,8 +19,7 @@ from structlog.testing import capture_logs
 
 from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.applying import ChildKey
-from tests.integration.test_fanout_controller import events
-from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready, sd, wf
+from tests.fanoutharness import APPS, CONTROL, Harness, events, harness, ready, sd, wf
 
 KIND = {"kind": "ServiceDefinition"}
 

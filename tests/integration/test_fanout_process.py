@@ -10,26 +10,8 @@ import httpx
 import trio
 
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
-from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
-
-GROUP = "platform.trio-supervisor.dev/v1"
-
-
-def sd(name: str, port: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"image": "nginx:1.27", "replicas": 2}
-    if port is not None:
-        spec["port"] = port
-    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
-            "metadata": {"name": name, "namespace": "trio-supervisor"}, "spec": spec}
-
-
-def kube_config(tmp_path: Path, kubeconfig: Path, admin_port: int, *,
-                leader_election: bool = True) -> Path:
-    extra = (f'\n[kubernetes]\nenabled = true\nkubeconfig = "{kubeconfig}"\n'
-             'control_namespace = "trio-supervisor"\napps_namespace = "apps"\n'
-             "preflight_retry_s = 1\n"
-             f"leader_election = {'true' if leader_election else 'false'}\n")
-    return write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", extra, port=admin_port)
+from tests.fanoutprocess import kube_config, sd
+from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon
 
 
 async def status(admin_port: int) -> dict[str, Any]:
@@ -129,7 +111,7 @@ async def test_sighup_wakes_a_waiting_preflight(tmp_path: Path) -> None:
 
 
 async def test_sigterm_gives_an_apply_in_flight_a_bounded_drain(tmp_path: Path) -> None:
-    # Issue 13 item 5, through the process: on SIGTERM a write in flight is neither cut at
+    # Through the process: on SIGTERM a write in flight is neither cut at
     # once nor waited for beyond the drain (2 s); the daemon exits 0 within its grace.
     from supervisor.fanout.children import DRAIN_S
 

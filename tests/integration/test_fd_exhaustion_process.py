@@ -1,4 +1,4 @@
-"""Exhausted descriptors while resolving a secret are transient (issue 10.5), real process.
+"""Exhausted descriptors while resolving a secret are transient, real process.
 
 The running daemon's descriptor limit is lowered with ``prlimit`` to exactly
 what it holds, so the next ``open()`` fails with EMFILE, the way a connection
@@ -71,7 +71,7 @@ async def test_emfile_on_a_secret_file_is_unavailable_not_secret(tmp_path: Path)
 
 
 async def test_accept_out_of_descriptors_is_logged_once_per_streak(tmp_path: Path) -> None:
-    """The admin listener out of descriptors (issue 12, deliver 1): one warning when the
+    """The admin listener out of descriptors: one warning when the
     streak begins, one with the count when it ends, never a line per retry; clients
     are refused meanwhile (reset, not left in the backlog), and served once it ends."""
     from tests.floods import connect, request

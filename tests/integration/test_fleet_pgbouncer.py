@@ -22,9 +22,9 @@ from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.factory import open_store
 from supervisor.controlplane.store import ControlPlaneStore
 from supervisor.revision.document import SCHEMA_VERSION
-from tests.integration.test_listen_process import sql_publish
 from tests.pgfleet import pgbouncer
 from tests.pgserver import Server
+from tests.postgres import sql_publish
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
 BODY = b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://a.example/"}}}'

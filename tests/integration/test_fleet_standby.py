@@ -22,9 +22,9 @@ import httpx
 import pytest
 import trio
 
-from tests.integration.test_listen_process import sql_publish
 from tests.pgfleet import hot_standby, wait_replayed
 from tests.pgserver import Server
+from tests.postgres import sql_publish
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
 POLL_S = 1.0

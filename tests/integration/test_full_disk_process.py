@@ -1,4 +1,4 @@
-"""Sinks on a full disk catch up (issue 18.3), through the real process.
+"""Sinks on a full disk catch up, through the real process.
 
 The snapshot file and the cache live on a small tmpfs mounted by the test (root
 only: skipped with the reason otherwise; CI runs as root). A filler file takes

@@ -1,4 +1,4 @@
-"""A supervisor that heals (issue 10), through the real daemon process and real PostgreSQL.
+"""A supervisor that heals, through the real daemon process and real PostgreSQL.
 
 - A malformed control-plane row is a refusal (``corrupt``), never a crash; once
   repaired, the next publish converges.
@@ -19,8 +19,9 @@ import httpx
 import psycopg
 import trio
 
-from tests.integration.test_listen_process import listener_pids, sql_publish
-from tests.polling import POLL_INTERVAL_S, poll_until
+from tests.health import sample_health_blocking, status
+from tests.polling import poll_until
+from tests.postgres import listener_pids, sql_publish
 from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
 
 
@@ -32,12 +33,6 @@ async def healthz(port: int) -> tuple[int, dict[str, Any]] | None:
     except httpx.TransportError:
         return None
     return response.status_code, response.json()
-
-
-async def status(port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        response = await client.get(f"http://127.0.0.1:{port}/status")
-    return dict(response.json())
 
 
 async def test_null_desired_pointer_is_a_refusal_not_a_crash(tmp_path: Path,
@@ -138,21 +133,9 @@ async def test_every_child_heals_after_two_crashes(tmp_path: Path, pg_url: str) 
             assert await daemon.wait() == 0
 
 
-def sample_health_blocking(port: int, seen: list[tuple[int, dict[str, Any]] | None],
-                           stop: threading.Event) -> None:
-    with httpx.Client(timeout=2.0) as client:
-        while not stop.is_set():
-            try:
-                response = client.get(f"http://127.0.0.1:{port}/healthz")
-                seen.append((response.status_code, response.json()))
-            except httpx.TransportError:
-                seen.append(None)
-            stop.wait(POLL_INTERVAL_S)
-
-
 async def test_fanout_watchers_heal_after_two_crashes(tmp_path: Path) -> None:
     from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
-    from tests.integration.test_fanout_process import kube_config, sd
+    from tests.fanoutprocess import kube_config, sd
 
     port = free_port()
     fault_dir = tmp_path / "faults"

@@ -66,7 +66,7 @@ def url(request: pytest.FixtureRequest) -> str:
 
 
 def _raw_insert(url: str, schema_version: int, body: bytes) -> None:
-    """A revision stored by plain SQL (CONTRACT 4), as another tool might."""
+    """A revision stored by plain SQL (docs/control-plane.md), as another tool might."""
     params = (schema_version, body, hashlib.sha256(body).digest())
     statement = ("INSERT INTO supervisor_revisions (schema_version, body, body_sha256)"
                  " VALUES (%s, %s, %s)")
@@ -308,7 +308,7 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
 async def test_dry_run_and_resolve_secrets_apply_the_daemons_bounds(tmp_path: Path) -> None:
     """``[revision]`` confinement and ``max_revision_bytes`` are the daemon's refusals too: a
     dry run that says "compiles" for them, or a publish that stores past them, would be a
-    revision every replica refuses (adversary finding)."""
+    revision every replica refuses."""
     from supervisor.config import RevisionConfig
 
     config = tmp_path / "supervisor.toml"

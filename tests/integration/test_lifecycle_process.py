@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.integration.test_cache_process import cache_config, keys
+from tests.cacheprocess import cache_config, keys
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import pg_proxy
 from tests.tcpproxy import proxied_url as proxied

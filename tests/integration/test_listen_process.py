@@ -12,34 +12,13 @@ from pathlib import Path
 import psycopg
 import trio
 
+from tests.postgres import listener_pids, sql_publish
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import pg_proxy, proxied_url
 
 
 def hour_poll(tmp_path: Path, url: str) -> Path:
     return write_config(tmp_path, url, poll_interval_s=3600)
-
-
-def sql_publish(pg_url: str) -> int:
-    body = b'{"schema_version": 1, "aliases": {"sql": {"upstream": "https://sql.example/"}}}'
-    with psycopg.connect(pg_url) as conn:
-        rid = conn.execute(
-            "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-            " VALUES (1, %s, sha256(%s), 'plain sql') RETURNING id", (body, body),
-        ).fetchone()[0]
-        conn.execute(
-            "INSERT INTO supervisor_desired (singleton, revision_id, updated_at)"
-            " VALUES (true, %s, now()) ON CONFLICT (singleton) DO UPDATE"
-            " SET revision_id = excluded.revision_id, updated_at = now()", (rid,))
-    return int(rid)
-
-
-def listener_pids(pg_url: str) -> list[int]:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND query ILIKE 'LISTEN%%' AND pid <> pg_backend_pid()").fetchall()
-    return [int(row[0]) for row in rows]
 
 
 async def test_cli_and_plain_sql_publishes_converge_through_notifications(

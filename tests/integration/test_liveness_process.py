@@ -1,4 +1,4 @@
-"""Liveness that means something (issue 10, Deliver 2), through the real daemon process.
+"""Liveness that means something, through the real daemon process.
 
 The stall rule: ``/healthz`` answers 503 naming the stall, and ``WATCHDOG=1``
 stops, while the convergence loop has not finished an attempt for longer than
@@ -31,9 +31,9 @@ from typing import Any
 import httpx
 import trio
 
-from tests.integration.test_listen_process import listener_pids
-from tests.integration.test_memory_process import big_body, failures
+from tests.memorydrills import big_body, failures
 from tests.polling import POLL_INTERVAL_S, poll_until
+from tests.postgres import listener_pids
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
 
 STALL = "convergence has not finished an attempt for"

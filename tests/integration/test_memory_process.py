@@ -1,4 +1,4 @@
-"""Memory after refusals (issue 10.2), through the real daemon process.
+"""Memory after refusals, through the real daemon process.
 
 A refused candidate of any size must leave nothing behind: ten refusals of a
 16 MB body (as in the finding: a missing ``env:`` secret, retried every poll) keep the daemon's
@@ -7,7 +7,6 @@ peak RSS within 1.5x of what it was after the first.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
@@ -15,23 +14,11 @@ import psycopg
 import pytest
 import trio
 
+from tests.memorydrills import big_body, failures
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
 pytestmark = pytest.mark.slow
-
-
-def big_body(target_bytes: int) -> bytes:
-    per_alias = len(json.dumps({"a000000": {"upstream": "https://a000000.internal.example/v1",
-                                            "timeout_s": 30, "retries": 2}}))
-    count = target_bytes // per_alias
-    doc = {
-        "schema_version": 1,
-        "aliases": {f"a{i:06d}": {"upstream": f"https://a{i:06d}.internal.example/v1",
-                                  "timeout_s": 30, "retries": 2} for i in range(count)},
-        "keys": {"team": {"secret": "env:TSUP_TEST_NEVER_SET", "aliases": ["a000000"]}},
-    }
-    return json.dumps(doc).encode()
 
 
 def rss_bytes(pid: int, field: str = "VmHWM") -> int:
@@ -45,12 +32,6 @@ def rss_bytes(pid: int, field: str = "VmHWM") -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no {field}")
-
-
-async def failures(port: int) -> int:
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        report = (await client.get(f"http://127.0.0.1:{port}/status")).json()
-    return int(report["revision"]["consecutive_failures"])
 
 
 async def test_ten_refusals_of_a_large_body_leave_no_memory_behind(

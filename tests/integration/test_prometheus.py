@@ -89,7 +89,7 @@ def test_every_alert_has_a_test_and_every_test_a_firing_case() -> None:
 
 def test_rules_use_only_metrics_the_daemon_exports() -> None:
     registry = Metrics(process=False).registry
-    LeadershipMetrics(registry)  # with [kubernetes].leader_election (issue 14)
+    LeadershipMetrics(registry)  # with [kubernetes].leader_election
     exported = set(re.findall(r"^(\w+)", generate_latest(registry).decode(), re.M))
     # A labelled counter with no child yet (child restarts are pre-initialised by
     # the app, per child) has no sample line: take its name from the family.

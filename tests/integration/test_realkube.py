@@ -35,10 +35,22 @@ import yaml
 
 from supervisor import reasons
 from tests.polling import poll_until
-from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
-from tests.realkube import Installation, RealKube, start_realkube
-
-GROUP = "platform.trio-supervisor.dev/v1"
+from tests.proc import free_port, run_daemon
+from tests.realkube import (
+    Installation,
+    RealKube,
+    aget,
+    aget_ready,
+    condition,
+    daemon_config,
+    deployment_path,
+    gone,
+    metric,
+    parent_path,
+    sd,
+    start_realkube,
+    status,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,59 +66,9 @@ def crds(kube: RealKube) -> RealKube:
     return kube
 
 
-def sd(inst: Installation, name: str, *, image: str = "nginx:1.27", port: int | None = None,
-       replicas: int = 1) -> dict[str, Any]:
-    spec: dict[str, Any] = {"image": image, "replicas": replicas}
-    if port is not None:
-        spec["port"] = port
-    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
-            "metadata": {"name": name, "namespace": inst.control}, "spec": spec}
-
-
-async def aget(kube: RealKube, path: str) -> dict[str, Any] | None:
-    return await trio.to_thread.run_sync(kube.get, path)
-
-
-def deployment_path(inst: Installation, name: str) -> str:
-    return f"/apis/apps/v1/namespaces/{inst.apps}/deployments/{name}"
-
-
-def parent_path(inst: Installation, name: str) -> str:
-    return f"/apis/platform.trio-supervisor.dev/v1/namespaces/{inst.control}/servicedefinitions/{name}"
-
-
-def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == type_:
-            return cond  # type: ignore[no-any-return]
-    return {}
-
-
 async def events(kube: RealKube, inst: Installation, reason: str) -> list[dict[str, Any]]:
     found = await aget(kube, f"/api/v1/namespaces/{inst.control}/events") or {}
     return [e for e in found.get("items", []) if e["reason"] == reason]
-
-
-async def status(port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient() as client:
-        return (await client.get(f"http://127.0.0.1:{port}/status")).json()  # type: ignore[no-any-return]
-
-
-async def metric(port: int, name: str, **labels: str) -> float:
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and line.split("}")[0].split("{")[1] == want:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-async def daemon_config(tmp_path: Path, inst: Installation, port: int, **extra: Any) -> Path:
-    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", inst.toml(**extra),
-                          port=port)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
-    return config
 
 
 async def test_preflight_without_crds_then_sighup_once_they_are_applied(
@@ -222,10 +184,6 @@ async def test_fan_out_drift_repair_events_and_conditions(crds: RealKube, tmp_pa
             assert not [e for e in daemon.lines if "403" in str(e.get("error", ""))]
 
 
-async def aget_ready(kube: RealKube, inst: Installation, name: str) -> bool:
-    return condition(await aget(kube, parent_path(inst, name)), "Ready").get("status") == "True"
-
-
 async def metric_above(port: int, value: float) -> bool:
     return await metric(port, "supervisor_fanout_applies_total", kind="ServiceDefinition",
                         result="unchanged") >= value
@@ -252,10 +210,6 @@ async def available_is(kube: RealKube, inst: Installation, name: str, value: str
 
 async def service_gone(kube: RealKube, inst: Installation, name: str) -> bool:
     return await aget(kube, f"/api/v1/namespaces/{inst.apps}/services/{name}") is None
-
-
-async def gone(kube: RealKube, path: str) -> bool:
-    return await aget(kube, path) is None
 
 
 def lost_child(inst: Installation, name: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ The daemon runs as in tests/integration/test_realkube.py (a TokenRequest token
 bound by the project's own manifests). Here: children held by a finalizer
 (another controller's), which a real server keeps, Terminating, after a delete;
 an env var with an empty value (which the server omits); a lineage label edited
-by hand; a parent stored under an older schema (issue 13 item 2); and, last, the
+by hand; a parent stored under an older schema; and, last, the
 parent CRD deleted while watching and applied again.
 Skipped with the reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
 """
@@ -21,7 +21,10 @@ import httpx
 import pytest
 import trio
 
-from tests.integration.test_realkube import (
+from tests.polling import poll_until
+from tests.proc import free_port, run_daemon
+from tests.realkube import (
+    RealKube,
     aget,
     daemon_config,
     deployment_path,
@@ -29,11 +32,9 @@ from tests.integration.test_realkube import (
     metric,
     parent_path,
     sd,
+    start_realkube,
     status,
 )
-from tests.polling import poll_until
-from tests.proc import free_port, run_daemon
-from tests.realkube import RealKube, start_realkube
 
 HOLD = "example.com/hold"
 
@@ -190,7 +191,7 @@ CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" \
 async def test_a_stored_parent_that_does_not_decode_never_blocks_its_kind(
     kube: RealKube, tmp_path: Path,
 ) -> None:
-    """Issue 13 item 2 on the real server: a parent stored under an older schema (here:
+    """On the real server: a parent stored under an older schema (here:
     ``replicas`` a string, then the CRD put back) sorts first; the preflight and the watch
     name it, skip it, and fan out every good parent."""
     inst = await trio.to_thread.run_sync(kube.install)

@@ -8,7 +8,7 @@ content, then ``/finalize``), and the operator's (apply ``manifests/apps-namespa
 again: the namespace, and the daemon's Role and RoleBinding in it, deleted with
 it). The daemon runs throughout on its ServiceAccount token, as in
 tests/integration/test_realkube.py. The fake-server version with faults is
-tests/integration/test_fanout_adversary.py. Skipped with the reason when
+tests/integration/test_fanout_ownership.py. Skipped with the reason when
 ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset.
 """
 
@@ -21,7 +21,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.integration.test_realkube import (
+from tests.polling import poll_until
+from tests.proc import free_port, run_daemon
+from tests.realkube import (
+    NAMESPACED,
+    Installation,
+    RealKube,
     aget,
     aget_ready,
     condition,
@@ -30,11 +35,9 @@ from tests.integration.test_realkube import (
     gone,
     parent_path,
     sd,
+    start_realkube,
     status,
 )
-from tests.polling import poll_until
-from tests.proc import free_port, run_daemon
-from tests.realkube import NAMESPACED, Installation, RealKube, start_realkube
 
 CHILDREN = (("/apis/apps/v1", "deployments"), ("/api/v1", "services"))
 

@@ -1,4 +1,4 @@
-"""Where a published revision's secrets may come from, in the real daemon (issue 12, finding 4)."""
+"""Where a published revision's secrets may come from, in the real daemon."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ async def sql(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]
 
 
 def plain_sql_publish(conn: psycopg.Connection[Any], body: bytes, schema_version: int = 1) -> int:
-    """Publish the way CONTRACT.md section 4 lets anyone: insert, point desired, commit."""
+    """Publish the way docs/control-plane.md lets anyone: insert, point desired, commit."""
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"

@@ -53,21 +53,21 @@ class Target:
 TARGETS: dict[str, Target] = {
     # The supervision tree and the backoff its restarts wait (exponent, cap, jitter bounds).
     "tree": Target(("supervisor/tree.py", "supervisor/backoff.py"),
-                   ("tests/unit/test_tree_mutants.py", "tests/unit/test_tree.py",
+                   ("tests/unit/test_tree_restarts_and_shutdown.py", "tests/unit/test_tree.py",
                     "tests/unit/test_tree_stuck_start.py",
-                    "tests/unit/test_backoff_mutants.py"), 90.0),
+                    "tests/unit/test_backoff.py"), 90.0),
     # The cache: supervisor/sinks/lkg/ and the atomic write it stores every file with.
     "lkg": Target(
         (*(f"supervisor/sinks/lkg/{m}.py" for m in ("cache", "mark", "keys", "fileformat",
                                                      "files", "errors")),
          "supervisor/sinks/atomic.py"),
-        ("tests/unit/test_lkg_mutants.py", "tests/unit/test_cache_write_mutants.py",
+        ("tests/unit/test_lkg_files.py",
          "tests/unit/test_lkg_safety.py", "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
         90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
                                                        "secrets", "errors", "files", "upstream")),
-        ("tests/unit/test_revision_mutants.py", "tests/unit/test_revision_document.py",
+        ("tests/unit/test_revision_refusals.py", "tests/unit/test_revision_document.py",
          "tests/unit/test_revision_compile.py", "tests/unit/test_revision_properties.py"),
         90.0),
     "convergence": Target(
@@ -75,9 +75,9 @@ TARGETS: dict[str, Target] = {
                                                           "bootstrap", "side_sinks",
                                                           "reporting", "outcome", "compiling",
                                                           "signal", "status")),
-        ("tests/unit/test_convergence_mutants.py", "tests/unit/test_convergence_loop_mutants.py",
-         "tests/unit/test_revision_status_mutants.py", "tests/unit/test_convergence_loop.py",
-         "tests/unit/test_convergence_truth.py", "tests/unit/test_converge_requests.py"),
+        ("tests/unit/test_convergence_resilience.py", "tests/unit/test_convergence_effects.py",
+         "tests/unit/test_revision_status.py", "tests/unit/test_convergence_loop.py",
+         "tests/unit/test_convergence_healing.py", "tests/unit/test_converge_requests.py"),
         85.0),
 }
 

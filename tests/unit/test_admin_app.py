@@ -10,32 +10,10 @@ import trio
 
 from supervisor.admin.app import AdminApp, etag_matches
 from supervisor.admin.stream import StreamHub
-from tests.integration.test_admin_support import FakeSnapshot, make_ctx
+from tests.adminserver import call, make_ctx
+from tests.fakes.snapshot import FakeSnapshot
 
 TOKEN = "s3cr3t-token"
-
-
-async def call(
-    app: AdminApp,
-    method: str,
-    path: Any,
-    headers: list[tuple[bytes, bytes]] | None = None,
-    **scope_extra: Any,
-) -> tuple[int, dict[bytes, bytes], bytes]:
-    scope: dict[str, Any] = {"type": "http", "method": method, "path": path,
-                             "headers": headers or [], **scope_extra}
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    with trio.fail_after(5):
-        await app(scope, receive, send)
-    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
-    return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
 
 
 def bearer(token: str = TOKEN) -> list[tuple[bytes, bytes]]:

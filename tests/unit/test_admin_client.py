@@ -7,7 +7,7 @@ import pytest
 from supervisor.admin.client import base_url_for_listen, converge_url, stream_url
 from supervisor.admin.status_view import render_status, unhealthy
 
-CONTRACT_EXAMPLE = {
+STATUS_EXAMPLE = {
     "revision": {
         "desired": 7, "loaded": 7, "active": 7, "generation": 3,
         "source": "control_plane", "lag_s": 0.0, "last_convergence_s": 0.004,
@@ -30,7 +30,7 @@ CONTRACT_EXAMPLE = {
 
 
 def test_render_status_contract_example() -> None:
-    text = render_status(CONTRACT_EXAMPLE)
+    text = render_status(STATUS_EXAMPLE)
     lines = text.splitlines()
     assert lines[0] == "revision"
     assert "desired 7  loaded 7  active 7  generation 3  source control_plane" in text
@@ -135,7 +135,7 @@ def test_stream_and_converge_urls_reach_the_same_replica(base: str, stream: str,
 
 
 def test_render_status_shows_control_plane_up() -> None:
-    up = {**CONTRACT_EXAMPLE, "revision": {**CONTRACT_EXAMPLE["revision"],
+    up = {**STATUS_EXAMPLE, "revision": {**STATUS_EXAMPLE["revision"],
                                            "control_plane_up": False,
                                            "last_error": "unavailable: connection refused"}}
     text = render_status(up)
@@ -144,9 +144,9 @@ def test_render_status_shows_control_plane_up() -> None:
 
 
 def test_unhealthy_names_not_ready_and_failed_children() -> None:
-    assert unhealthy(CONTRACT_EXAMPLE) == []  # backoff is not failed: it is being restarted
+    assert unhealthy(STATUS_EXAMPLE) == []  # backoff is not failed: it is being restarted
     not_ready = {"revision": {"active": None}, "children": {}}
     assert unhealthy(not_ready) == ["not ready: no active snapshot"]
-    failed = {**CONTRACT_EXAMPLE, "children": {"listen": {"state": "failed"}}}
+    failed = {**STATUS_EXAMPLE, "children": {"listen": {"state": "failed"}}}
     assert unhealthy(failed) == ["child listen has failed"]
     assert unhealthy({}) == ["not ready: no active snapshot"]

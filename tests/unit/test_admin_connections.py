@@ -140,7 +140,7 @@ async def test_a_waiting_probe_is_answered_by_the_accept_loop_even_when_every_sl
     """A probe's complete head waiting at accept is answered at once (no slot, no
     handler task); anything else takes the usual path: held, or refused when full."""
     from supervisor.admin.app import AdminApp
-    from tests.integration.test_admin_support import make_ctx
+    from tests.adminserver import make_ctx
 
     app = AdminApp(make_ctx())
     listener = socket.create_server(("127.0.0.1", 0))

@@ -14,7 +14,7 @@ import trio.testing
 
 from supervisor.admin.app import AdminApp
 from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer
-from tests.integration.test_admin_support import make_ctx
+from tests.adminserver import make_ctx
 
 TOKEN = "s3cr3t-token"
 AUTH = [(b"authorization", f"Bearer {TOKEN}".encode())]

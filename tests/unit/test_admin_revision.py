@@ -1,4 +1,4 @@
-"""GET /v1/revision: the active revision as the signed cache file (CONTRACT.md section 8)."""
+"""GET /v1/revision: the active revision as the signed cache file."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import msgspec
 
 from supervisor.admin.app import AdminApp
 from supervisor.admin.signed import SignedRevisionFile
-from tests.integration.test_admin_support import FakeSnapshot, make_ctx
-from tests.unit.test_admin_app import call
-from tests.unit.test_follower_store import BODY, signed
+from tests.adminserver import call, make_ctx
+from tests.fakes.snapshot import FakeSnapshot
+from tests.signedrevision import BODY, signed
 
 DIGEST = hashlib.sha256(BODY).digest()
 

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from supervisor.admin.stream import StreamHub, StreamSettings
-from tests.integration.test_admin_support import counter_value, make_ctx
+from tests.adminserver import counter_value, make_ctx
 
 PEER = ("127.0.0.1", 1234)
 

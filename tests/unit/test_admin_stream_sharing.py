@@ -16,7 +16,7 @@ from supervisor.admin.stream import (
     encode_json,
     text_frame,
 )
-from tests.integration.test_admin_support import counter_value, make_ctx
+from tests.adminserver import counter_value, make_ctx
 
 CLIENTS = 300
 

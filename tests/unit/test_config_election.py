@@ -1,4 +1,4 @@
-"""[kubernetes] leader-election keys (issue 14): defaults, bounds, and how they must relate."""
+"""[kubernetes] leader-election keys: defaults, bounds, and how they must relate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration of fleets: follower mode's url and token_file, listen_url (CONTRACT.md section 8)."""
+"""Configuration of fleets: follower mode's url and token_file, listen_url."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import trio.testing
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer
-from tests.unit.test_convergence_loop import FakeStore, doc, make
+from tests.convergence import doc, make
+from tests.fakes.store import FakeStore
 
 
 @dataclass

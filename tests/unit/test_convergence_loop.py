@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import random
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,112 +12,13 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, Incompatible
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
-from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence.outcome import OutcomeKind
-from supervisor.convergence.signal import ChangeSignal
-from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import BootRefused
-from supervisor.events import EventBus
 from supervisor.sinks.file import SnapshotFile
-from supervisor.sinks.state import ActiveState
-from supervisor.telemetry import Metrics
-
-
-def doc(*aliases: str, keys: dict[str, list[str]] | None = None) -> bytes:
-    body = {
-        "schema_version": 1,
-        "aliases": {a: {"upstream": f"https://{a}.internal/v1"} for a in aliases},
-        "keys": {k: {"secret": f"env:SECRET_{k.upper().replace('-', '_')}", "aliases": v}
-                 for k, v in (keys or {}).items()},
-    }
-    return json.dumps(body).encode()
-
-
-class Resolver:
-    def resolve(self, reference: str) -> bytes:
-        return b"value-of-" + reference.encode()
-
-
-@dataclass
-class FakeStore:
-    """In-memory ControlPlaneStore; ``outage`` makes every call fail as unavailable."""
-
-    revisions: dict[int, bytes] = field(default_factory=dict)
-    desired_id: int | None = None
-    outage: bool = False
-    corrupt: set[int] = field(default_factory=set)
-    identity: str | None = "fake:1"
-    calls: list[tuple[str, float]] = field(default_factory=list)
-
-    def put(self, body: bytes) -> int:
-        rid = max(self.revisions, default=0) + 1
-        self.revisions[rid] = body
-        self.desired_id = rid
-        return rid
-
-    def _check(self, what: str) -> None:
-        self.calls.append((what, trio.current_time()))
-        if self.outage:
-            raise ControlPlaneError("connection refused", category=FailureCategory.UNAVAILABLE)
-
-    async def desired(self) -> int | None:
-        self._check("desired")
-        return self.desired_id
-
-    async def observe(self) -> RevisionPointer | None:
-        self._check("desired")
-        if self.desired_id is None:
-            return None
-        body = self.revisions.get(self.desired_id)
-        return RevisionPointer(self.desired_id,
-                               None if body is None else hashlib.sha256(body).digest(),
-                               self.identity)
-
-    async def hydrate(self) -> LoadedRevision | None:
-        self._check("hydrate")
-        if self.desired_id is None:
-            return None
-        rid = self.desired_id
-        if rid in self.corrupt:
-            raise ControlPlaneError("digest mismatch", category=FailureCategory.CORRUPT,
-                                    revision=rid)
-        body = self.revisions[rid]
-        try:
-            version = json.loads(body.decode()).get("schema_version", 1)
-        except ValueError:
-            version = 1  # the decoder, not the store, refuses an undecodable body
-        if version > 1:
-            raise Incompatible(rid, version, 1)
-        return LoadedRevision(id=rid, schema_version=version, body=body,
-                              created_at=datetime.now(UTC), message=None,
-                              body_sha256=hashlib.sha256(body).digest())
-
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        return self.put(body)
-
-    async def migrate(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
-def make(store: FakeStore, **kw: object) -> ConvergenceLoop:
-    params: dict[str, object] = {
-        "state": ActiveState(), "status": RevisionStatus(), "metrics": Metrics(process=False),
-        "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
-        "backoff_initial_s": 0.25, "backoff_max_s": 30.0, "resolver": Resolver(),
-        "rng": random.Random(1),
-    }
-    params.update(kw)
-    return ConvergenceLoop(store, **params)  # type: ignore[arg-type]
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    value = metrics.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+from tests.convergence import doc, make, sample
+from tests.fakes.store import FakeStore
 
 
 async def test_converge_once_publishes_then_reports_converged() -> None:

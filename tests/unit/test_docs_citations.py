@@ -1,4 +1,4 @@
-"""Docstrings and comments cite pages that exist in the repository (issue 11)."""
+"""Docstrings and comments cite pages that exist in the repository."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from supervisor.fanout.children import KINDS
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle import signals
 from supervisor.telemetry import Metrics
-from tests.integration.test_admin_support import make_ctx
+from tests.adminserver import make_ctx
 from tools import docs_catalog, docsgen
 from tools.docsgen import adminapi, controlplane, kubernetes, process, sourcescan
 from tools.docsgen.common import DOCS

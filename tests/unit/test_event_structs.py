@@ -21,7 +21,7 @@ def test_emit_stamps_seq_and_at_and_keeps_the_order_clients_see() -> None:
     assert first["at"].endswith("Z")
 
 
-def test_a_status_event_carries_only_the_parts_that_changed() -> None:
+def test_a_status_event_carries_only_the_sections_that_changed() -> None:
     event = EventBus().emit(StatusChanged(children={"listen": {"state": "backoff"}}))
     assert set(event) == {"type", "seq", "at", "children"}
 

@@ -1,4 +1,4 @@
-"""The labels of CONTRACT.md section 7 and the desired children built from a parent."""
+"""The fan-out's labels (docs/kubernetes.md) and the desired children built from a parent."""
 
 from __future__ import annotations
 

@@ -191,8 +191,8 @@ def test_api_error_subclasses_by_status() -> None:
 async def test_retries_start_near_one_second_and_grow_to_retry_s(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # Issue 13, finding 5: the seed retried every retry_s (300 s) from the first failure,
-    # so a CRD applied just after start was noticed minutes later.
+    # Retrying every retry_s (300 s) from the first failure would notice a CRD applied
+    # just after start only minutes later.
     boom = api_error(403, "Forbidden", "no role")
     ok = b'{"items":[]}'
     lister = FakeLister(*([boom] * 12), ok, repeat_last=False)
@@ -260,8 +260,8 @@ async def test_a_bad_item_does_not_fail_the_preflight(
 async def test_a_child_api_the_server_does_not_serve_is_its_own_class(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # Issue 13, finding 6: kube-apiserver 1.20 has no batch/v1 CronJob; the seed told the
-    # operator to apply manifests/apps-namespace, which cannot help.
+    # kube-apiserver 1.20 has no batch/v1 CronJob: telling the operator to apply
+    # manifests/apps-namespace cannot help, so the refusal is a class of its own.
     cronjobs = Resource("batch", "v1", "cronjobs", "CronJob")
     lister = FakeLister(api_error(404, "NotFound", "404 page not found"))
     asked: list[Resource] = []

@@ -16,7 +16,7 @@ async def test_a_queued_key_is_not_queued_twice() -> None:
     assert [await queue.get(), await queue.get()] == ["a", "b"]
 
 
-async def test_a_key_added_while_processing_runs_once_more_after() -> None:
+async def test_a_key_added_while_processing_runs_again_after() -> None:
     queue = WorkQueue()
     queue.add("a")
     key = await queue.get()

@@ -7,8 +7,6 @@ against real signed files, altered the way a proxy or a hub would alter them.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import httpx
 import nacl.signing
 import pytest
@@ -17,19 +15,10 @@ from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.errors import ControlPlaneError
 from supervisor.controlplane.factory import open_store
 from supervisor.controlplane.follower import FollowerStore
-from supervisor.sinks.lkg import encode_file, encode_header, format_verify_key, key_id_of
+from supervisor.sinks.lkg import format_verify_key
+from tests.signedrevision import BODY, KEY, signed
 
-BODY = b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://a.example/"}}}'
-KEY = nacl.signing.SigningKey.generate()
 OTHER = nacl.signing.SigningKey.generate()
-
-
-def signed(revision: int, body: bytes = BODY, key: nacl.signing.SigningKey = KEY,
-           schema_version: int = 1) -> bytes:
-    header = encode_header(revision=revision, generation=1, schema_version=schema_version,
-                           created_at=datetime.now(UTC), body=body,
-                           key_id=key_id_of(key.verify_key))
-    return encode_file(header, body, key)
 
 
 class FakeUpstream:

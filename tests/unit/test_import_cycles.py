@@ -1,4 +1,4 @@
-"""No import cycle among the package's modules (issue 11).
+"""No import cycle among the package's modules.
 
 Module-level imports only: an import inside a function or under
 ``TYPE_CHECKING`` runs later or never, so it cannot make a cycle at import time.

@@ -1,4 +1,4 @@
-"""The package's layering holds: no part imports a sibling above it (issue 11).
+"""The package's layering holds: no part imports a sibling above it.
 
 Layers, bottom to top (``TYPE_CHECKING`` imports count too: they are design
 dependencies even when they cost nothing at run time)::

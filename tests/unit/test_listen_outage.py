@@ -1,4 +1,4 @@
-"""The LISTEN child's outage lines over a two-minute outage, on virtual time (issue 18.4).
+"""The LISTEN child's outage lines over a two-minute outage, on virtual time.
 
 The listener's own connect and serve are replaced by fakes of that seam (no
 server, no threads), so trio's MockClock drives its backoff: the outage is

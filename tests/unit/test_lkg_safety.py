@@ -1,14 +1,19 @@
 """The cache's defences: non-regular files, the served mark across stops and restarts,
-discarding a newer cache, ownership and permissions, key text, negative revisions."""
+discarding a newer cache, ownership and permissions, key text, negative revisions, and
+the write paths under failure (a key the file size limit cuts short leaves no file, a
+cache removed by someone else meanwhile is no error, a refusal names its file)."""
 
 from __future__ import annotations
 
 import base64
 import os
+import resource
+import signal
 import socket
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,12 +24,13 @@ from supervisor.sinks.atomic import write_atomic
 from supervisor.sinks.lkg import (
     CacheError,
     CacheUnwritable,
-    LastKnownGood,
+    KeyFileError,
     generate_signing_key,
     parse_verify_key,
 )
+from tests.fakes.cachefiles import Recording, Stopped
+from tests.lkgcache import BODY, export, make, mark_of
 
-BODY = b'{"schema_version": 1, "aliases": {}}'
 T = TypeVar("T")
 
 
@@ -43,16 +49,6 @@ def cache_path(tmp_path: Path) -> str:
     return str(directory / "lkg.bin")
 
 
-def make(cache_path: str, signer: tuple[str, str], files: Any = None) -> LastKnownGood:
-    """A fresh instance on the same files: what the next boot (or a restarted child) builds."""
-    return LastKnownGood(cache_path, signing_key_path=signer[0], trusted_keys=[signer[1]],
-                         max_schema_version=1, files=files)
-
-
-def export(cache: LastKnownGood, revision: int) -> None:
-    cache.export(revision=revision, generation=1, schema_version=1, body=BODY)
-
-
 E = TypeVar("E", bound=BaseException)
 
 
@@ -61,13 +57,6 @@ def raised(kind: type[E], fn: Callable[..., object], *args: Any) -> E:
     with pytest.raises(kind) as info:
         fn(*args)
     return info.value
-
-
-def mark_of(cache_path: str) -> str | None:
-    try:
-        return Path(cache_path + ".served").read_text()
-    except FileNotFoundError:
-        return None
 
 
 def within(seconds: float, fn: Callable[[], T], unblock: Callable[[], None]) -> T:
@@ -188,34 +177,6 @@ def test_first_export_writes_the_mark_first(cache_path: str, signer: tuple[str, 
     files = Recording()
     export(make(cache_path, signer, files), 3)
     assert files.written == [cache_path + ".served", cache_path]
-
-
-class Stopped(BaseException):
-    """The process was stopped here (SIGKILL, power loss): nothing after it runs."""
-
-
-class Recording:
-    """The cache's file seam over the real durable writes, recording and optionally failing."""
-
-    def __init__(self, stop_after: int | None = None, fail: OSError | None = None) -> None:
-        self.written: list[str] = []
-        self.removed: list[str] = []
-        self.stop_after = stop_after
-        self.fail = fail
-
-    def write(self, path: str, data: bytes, *, mode: int) -> None:
-        if self.stop_after is not None and len(self.written) >= self.stop_after:
-            if self.fail is not None:
-                raise self.fail
-            raise Stopped
-        write_atomic(path, data, mode=mode)
-        self.written.append(path)
-
-    def remove(self, path: str) -> None:
-        if self.fail is not None and self.stop_after is None:
-            raise self.fail
-        os.unlink(path)
-        self.removed.append(path)
 
 
 def _states() -> Iterator[tuple[str, int | None, int]]:
@@ -480,3 +441,97 @@ def test_forget_files_makes_the_next_export_rewrite_a_damaged_mark(
     assert mark_of(cache_path) == "9\n"
     loaded = make(cache_path, signer).load()
     assert loaded is not None and loaded.revision == 9
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG (SIGXFSZ ignored, as a daemon would)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_key_that_cannot_be_written_whole_is_refused_and_leaves_no_file(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "signing.key"
+    with file_size_limit(0), pytest.raises(KeyFileError) as info:
+        generate_signing_key(str(out))
+    assert info.value.path == str(out)
+    assert info.value.detail == "cannot write: File too large"
+    assert not out.exists()  # a half-written key must never be trusted later
+
+
+class RemovedMeanwhile:
+    """The cache's file seam when another process removes the file first (real unlinks)."""
+
+    def write(self, path: str, data: bytes, *, mode: int) -> None:
+        write_atomic(path, data, mode=mode)
+
+    def remove(self, path: str) -> None:
+        os.unlink(path)  # the other process
+        os.unlink(path)  # ours, which finds nothing there any more
+
+
+def test_a_cache_removed_meanwhile_by_someone_else_is_not_reported_removed(
+    cache_path: str, signer: tuple[str, str],
+) -> None:
+    cache = make(cache_path, signer, files=RemovedMeanwhile())
+    export(cache, 9)
+    assert cache.discard_if_newer(5) is False
+    assert not Path(cache_path).exists()
+
+
+def test_a_restarted_replica_keeps_the_mark_and_refuses_the_older_cache(
+    cache_path: str, signer: tuple[str, str],
+) -> None:
+    # Served 9, then a stop between the mark write and the cache write of a
+    # later move left the cache of 5 under the mark of 9 (written directly here).
+    first = make(cache_path, signer)
+    export(first, 5)
+    first.note_served(9)
+    assert mark_of(cache_path) == "9\n"
+    restarted = make(cache_path, signer)
+    # A note of a lower revision by the fresh instance never lowers the mark.
+    restarted.note_served(5)
+    assert mark_of(cache_path) == "9\n"
+    with pytest.raises(CacheError) as info:
+        restarted.load()
+    assert info.value.reason == "rollback" and info.value.revision == 5
+    assert "older than revision 9" in info.value.detail
+
+
+def test_a_refused_cache_says_which_file_and_why_in_its_text(
+    cache_path: str, signer: tuple[str, str],
+) -> None:
+    # The text is what a refused boot prints after "the last-known-good cache was refused".
+    Path(cache_path).write_bytes(b"not a cache")
+    Path(cache_path + ".served").write_text("1\n")
+    with pytest.raises(CacheError) as info:
+        make(cache_path, signer).load()
+    assert str(info.value) == (
+        f"last-known-good cache {cache_path}: {info.value.reason}: {info.value.detail}")
+    assert info.value.reason == "corrupt"
+
+
+def test_what_stands_at_a_cache_path_is_named_by_the_refusal_itself(tmp_path: Path) -> None:
+    from supervisor.sinks.lkg.files import NotRegularFile, read_regular
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegularFile) as info:
+        read_regular(str(fifo))
+    assert str(info.value) == info.value.kind == "a FIFO (named pipe)"
+
+
+def test_an_atomic_write_leaks_no_descriptor(tmp_path: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for n in range(3):
+        write_atomic(str(tmp_path / "f"), b"x" * n, mode=0o600)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert (tmp_path / "f").read_bytes() == b"xx"

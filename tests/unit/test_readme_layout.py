@@ -1,4 +1,4 @@
-"""README.rst's layout names every module of the package (issue 11)."""
+"""README.rst's layout names every module of the package."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A restarted child that hangs before reporting started is stuck, not healthy (issue 10).
+"""A restarted child that hangs before reporting started is stuck, not healthy.
 
 The tree records when each child entered its state (``ChildState.since``) and
 names the restarted children still ``starting`` past a limit

@@ -1,0 +1,125 @@
+"""The ``revision`` part of /status: reachability, the desired digest and the lag.
+
+The report before any attempt, reachability told by an answer alone, the lag
+when the desired body's digest is unknown, replaced or forgotten, and the lag's
+rounding. Against :class:`RevisionStatus` on a hand-driven clock.
+"""
+
+from __future__ import annotations
+
+from supervisor.convergence.status import RevisionStatus
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_report_before_any_attempt() -> None:
+    assert RevisionStatus(clock=Clock()).report() == {
+        "desired": None, "loaded": None, "active": None, "generation": 0, "source": None,
+        "lag_s": 0.0, "last_convergence_s": None, "consecutive_failures": 0,
+        "last_rejection": None, "control_plane_up": None, "last_error": None,
+    }
+
+
+def test_an_answer_alone_says_the_control_plane_is_up() -> None:
+    status = RevisionStatus(clock=Clock())
+    status.answered()
+    assert status.report()["control_plane_up"] is True
+    status.unreachable()
+    assert status.report()["control_plane_up"] is False
+    status.answered()
+    assert status.report()["control_plane_up"] is True
+
+
+def serving(body: bytes | None, clock: Clock) -> RevisionStatus:
+    """Revision 1 served from the control plane, with the given body digest."""
+    status = RevisionStatus(clock=clock)
+    status.published(1, 1, "control_plane", 0.5, body)
+    return status
+
+
+def test_an_unknown_desired_digest_is_converged_and_another_digest_is_not() -> None:
+    clock = Clock()
+    status = serving(b"served", clock)
+    status.observed(1)  # the digest is not known (a read that did not learn it)
+    clock.now += 5.0
+    assert status.report()["lag_s"] == 0.0
+    status.observed(1, b"restored")  # the same id names another body now
+    clock.now += 5.0
+    assert status.report()["lag_s"] == 5.0
+
+
+def test_a_read_without_a_digest_keeps_the_known_digest_of_the_same_id() -> None:
+    clock = Clock()
+    status = serving(b"served", clock)
+    status.observed(1, b"other")
+    status.observed(1)
+    assert status.desired_sha256 == b"other"
+    clock.now += 3.0
+    assert status.report()["lag_s"] == 3.0
+
+
+def test_a_new_digest_of_the_same_id_replaces_the_known_one() -> None:
+    clock = Clock()
+    status = serving(b"served", clock)
+    status.observed(1, b"other")
+    clock.now += 2.0
+    status.observed(1, b"served")  # repaired in place: converged again
+    assert status.desired_sha256 == b"served"
+    clock.now += 2.0
+    assert status.report()["lag_s"] == 0.0
+
+
+def test_another_id_without_a_digest_forgets_the_known_digest() -> None:
+    clock = Clock()
+    status = RevisionStatus(clock=clock)
+    status.published(2, 1, "control_plane", 0.5, b"two")
+    status.observed(1, b"one")
+    clock.now += 2.0
+    status.observed(2)  # desired moved back to what serves; its digest not learned
+    assert status.desired_sha256 is None
+    clock.now += 2.0
+    assert status.report()["lag_s"] == 0.0
+
+
+def test_the_lag_is_reported_to_the_microsecond() -> None:
+    clock = Clock()
+    status = serving(b"served", clock)
+    status.observed(2, b"two")
+    clock.now += 1.0 / 3.0
+    assert status.report()["lag_s"] == 0.333333
+
+
+def test_a_read_alone_says_the_control_plane_is_up() -> None:
+    status = RevisionStatus(clock=Clock())
+    status.observed(3)
+    assert status.report()["control_plane_up"] is True
+
+
+def converged(clock: Clock) -> RevisionStatus:
+    status = serving(b"served", clock)
+    status.observed(1, b"served")
+    assert status.report()["lag_s"] == 0.0
+    return status
+
+
+def test_the_lag_grows_from_the_moment_the_control_plane_stops_answering() -> None:
+    clock = Clock()
+    status = converged(clock)
+    status.unreachable()
+    clock.now += 10.0
+    assert status.report()["lag_s"] == 10.0
+
+
+def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
+    clock = Clock()
+    status = converged(clock)
+    status.unreachable()
+    clock.now += 10.0
+    status.answered()
+    assert status.report()["lag_s"] == 0.0
