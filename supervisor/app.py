@@ -103,6 +103,7 @@ class Daemon:
                 token=token,
                 unhealthy=self.unhealthy,
                 allowed_hosts=tuple(cfg.allowed_hosts),
+                allowed_origins=tuple(cfg.allowed_origins),
                 # POST /v1/converge (issue 15): a request on the change signal.
                 converge=self.signal.converge,
                 # Fleets (issue 16): GET /v1/revision, and the follower's upstream in /status.

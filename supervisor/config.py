@@ -124,6 +124,9 @@ class SnapshotConfig(_Section, frozen=True):
 
 
 HostName = Annotated[str, msgspec.Meta(pattern=r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)$")]
+OriginName = Annotated[
+    str, msgspec.Meta(pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
+]
 
 
 class AdminConfig(_Section, frozen=True):
@@ -132,6 +135,9 @@ class AdminConfig(_Section, frozen=True):
     # Host names (or addresses, ".domain" for a domain and its subdomains, "*"
     # for any) the admin API answers to besides the listen address and loopback.
     allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
+    # Origins (scheme://host[:port]) a browser page may drive the API from besides
+    # the listener's own (a WebSocket handshake, POST /v1/converge).
+    allowed_origins: list[OriginName] = msgspec.field(default_factory=list)
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -69,6 +69,9 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
     "besides its listen address and the loopback names; any other Host header gets 421, and "
     "a WebSocket from another Origin 403 (DNS rebinding, cross-site WebSockets).",
+    "admin.allowed_origins": "Origins (scheme://host[:port]) whose pages may open the stream "
+    "or POST /v1/converge besides the listener's own (its scheme and port with a host it "
+    "answers to); any other Origin gets 403, another port of localhost included.",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "

@@ -34,6 +34,8 @@ class AdminContext:
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
     # [admin].allowed_hosts: names besides the listen address and loopback.
     allowed_hosts: tuple[str, ...] = ()
+    # [admin].allowed_origins: origins besides the listener's own.
+    allowed_origins: tuple[str, ...] = ()
     # POST /v1/converge: request an attempt and wait (with the deadline given)
     # for its answer; None when the deadline passed. None: the route answers 503.
     converge: Callable[[float], Awaitable[ConvergeAnswer | None]] | None = None

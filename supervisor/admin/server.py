@@ -322,7 +322,8 @@ async def serve_admin(
             abort=server.reset,
             raw_sender=server.raw_sender,
         )
-        hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts)
+        hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts, port=port,
+                             origins=ctx.allowed_origins)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
