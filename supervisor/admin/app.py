@@ -19,7 +19,7 @@ Authentication: when :attr:`AdminContext.token` is set, every route except
 ``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`); otherwise
 HTTP answers 401 with ``WWW-Authenticate: Bearer realm="trio-supervisor"``, and a
 WebSocket handshake is refused before it is accepted, also with 401 (through
-ASGI's ``websocket.http.response`` extension, which hypercorn implements; a
+ASGI's ``websocket.http.response`` extension, which the admin server implements; a
 server without it sends 403). Authentication is checked before routing, so
 without the token nothing reveals which paths exist.
 
@@ -156,7 +156,7 @@ class AdminApp:
             name, sep, value = line.partition(b":")
             name = name.lower()
             if not sep or not name or name != name.strip() or name in _NOT_AT_ONCE:
-                return None  # malformed, a body, or an upgrade: hypercorn decides
+                return None  # malformed, a body, or an upgrade: the connection decides
             if name == b"connection":
                 close = close or b"close" in value.lower().replace(b" ", b"").split(b",")
         if not close:

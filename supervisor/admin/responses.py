@@ -3,7 +3,7 @@
 Every error body is JSON ``{"error": "<code>", "detail": "<text>"}``; dynamic
 answers carry ``Cache-Control: no-store`` unless the route says otherwise. A
 WebSocket handshake is refused before it is accepted through ASGI's
-``websocket.http.response`` extension (which hypercorn implements), so the
+``websocket.http.response`` extension (which the admin server implements), so the
 client sees the real status (401, 403, 421); a server without it gets a 1008
 close.
 
@@ -118,7 +118,7 @@ def response_headers(response: Response, length: int | None) -> list[tuple[bytes
 
 def raw_response(response: Response, *, head: bool) -> bytes:
     """``response`` as the bytes of an HTTP/1.1 answer that closes its connection
-    (as hypercorn would write it: same headers, ``date``, ``connection: close``)."""
+    (as the connection would write it: same headers, ``date``, ``connection: close``)."""
     lines = [f"HTTP/1.1 {response.status} ".encode("ascii")]
     headers = response_headers(response, len(response.body))
     headers += [(b"date", format_date_time(time.time()).encode("ascii")),
