@@ -95,6 +95,12 @@ class ControlPlaneConfig(_Section, frozen=True):
     # PostgreSQL only: a direct connection for LISTEN when url goes through a
     # transaction-pooling PgBouncer (which cannot carry LISTEN).
     listen_url: str | None = None
+    # Follower mode over https://: the CA the upstream's certificate is verified
+    # against (None: the system's trust store), and the certificate and key this
+    # follower presents when the upstream requires client certificates.
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
 
     @property
     def backend(self) -> Literal["postgresql", "sqlite", "follower"]:
@@ -138,6 +144,14 @@ class AdminConfig(_Section, frozen=True):
     # Origins (scheme://host[:port]) a browser page may drive the API from besides
     # the listener's own (a WebSocket handshake, POST /v1/converge).
     allowed_origins: list[OriginName] = msgspec.field(default_factory=list)
+    # HTTPS and WSS (both or neither), and mutual TLS with client_ca_file.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    client_ca_file: str | None = None
+    # A non-loopback listener without TLS must say so.
+    allow_plaintext: bool = False
+    # A second token, accepted for the GET routes (and the stream) only.
+    read_token_file: str | None = None
 
     @property
     def host_port(self) -> tuple[str, int]:

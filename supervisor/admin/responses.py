@@ -26,7 +26,8 @@ from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
 __all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
-           "header_value", "json_response", "misdirected", "raw_response", "reject_handshake",
+           "header_value", "json_response", "misdirected", "raw_response", "read_only",
+           "reject_handshake",
            "scope_headers", "send_response", "unauthorized"]
 
 JSON = b"application/json"
@@ -95,6 +96,13 @@ def misdirected() -> Response:
 
 def forbidden_origin() -> Response:
     return error_response(403, "forbidden_origin", "Origin not allowed", [_CLOSE])
+
+
+def read_only() -> Response:
+    return error_response(
+        403, "read_only", "this token may read but not act; POST needs [admin].token_file's",
+        [_CLOSE],
+    )
 
 
 def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:

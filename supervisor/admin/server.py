@@ -354,9 +354,11 @@ async def serve_admin(
     settings: StreamSettings | None = None,
     shutdown_timeout_s: float = 2.0,
     limits: ConnectionLimits | None = None,
+    tls: Callable[[], ssl.SSLContext] | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on ``listen`` until cancelled; see the module docstring."""
+    """Serve the admin API on ``listen`` until cancelled; see the module docstring.
+    ``tls``: the server context in force at each handshake (None: plain HTTP)."""
     sock = bind_listener(listen)
     try:
         bound = sock.getsockname()
@@ -369,7 +371,7 @@ async def serve_admin(
                          before=raised[0], after=raised[1])
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
-        server = _Server(sock, limits, ctx.metrics)
+        server = _Server(sock, limits, ctx.metrics, tls)
         hub = StreamHub(
             ctx.events,
             ctx.status,
@@ -379,6 +381,7 @@ async def serve_admin(
             raw_sender=server.raw_sender,
         )
         hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts, port=port,
+                             scheme="http" if tls is None else "https",
                              origins=ctx.allowed_origins)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
@@ -388,6 +391,7 @@ async def serve_admin(
                 "admin API listening",
                 address=f"{host}:{port}",
                 auth=ctx.token is not None,
+                tls=tls is not None,
                 max_connections=limits.max_connections,
                 max_stream_clients=limits.max_stream_clients,
                 nofile=limits.nofile,
