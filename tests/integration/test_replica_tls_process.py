@@ -9,8 +9,11 @@ with the root's read-only token. Certificates are made per test with trustme.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import ssl
+import subprocess
+import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ import trio
 
 from supervisor.sinks.lkg import generate_signing_key
 from tests.polling import poll_until
-from tests.proc import EXAMPLE, Daemon, acli, cli, free_port, run_daemon
+from tests.proc import EXAMPLE, REPO, Daemon, acli, cli, free_port, run_daemon
 
 trustme = pytest.importorskip("trustme")
 
@@ -64,7 +67,7 @@ def _secret(path: Path, text: str) -> Path:
     return path
 
 
-def root_config(tmp: Path, pki: Pki, port: int) -> tuple[Path, str]:
+def root_config(tmp: Path, pki: Pki, port: int, *, mtls: bool = True) -> tuple[Path, str]:
     directory = tmp / "root"
     directory.mkdir()
     key = tmp / "root.key"
@@ -89,7 +92,7 @@ token_file = "{full}"
 read_token_file = "{read}"
 tls_cert_file = "{pki.server_cert}"
 tls_key_file = "{pki.server_key}"
-client_ca_file = "{pki.ca_file}"
+{f'client_ca_file = "{pki.ca_file}"' if mtls else ""}
 """)
     return config, verify
 
@@ -267,3 +270,45 @@ async def test_sighup_serves_a_renewed_certificate_to_new_handshakes(tmp_path: P
             assert await trio.to_thread.run_sync(peer_certificate, port, pki) == after
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+async def test_status_watch_and_publish_wait_verify_the_replica_with_ca_file(
+    tmp_path: Path,
+) -> None:
+    pki = Pki(tmp_path / "pki")
+    port = free_port()
+    root, _ = root_config(tmp_path, pki, port, mtls=False)
+    cli("publish", "--config", str(root), str(EXAMPLE))
+    token = ["--token-file", str(tmp_path / "root-read.token")]
+    base = f"https://127.0.0.1:{port}"
+    with trio.fail_after(90):
+        async with run_daemon(root) as daemon:
+            await daemon.wait_log("ready")
+            result = await acli("status", "--url", base, "--ca-file", str(pki.ca_file),
+                                *token, "--json")
+            assert json.loads(result.stdout)["revision"]["active"] == 1
+            # Without the CA the certificate is not trusted: unreachable, exit 1.
+            unverified = await acli("status", "--url", base, *token, check=False)
+            assert unverified.returncode == 1
+            assert "CERTIFICATE_VERIFY_FAILED" in unverified.stderr, unverified.stderr
+            assert "--ca-file" in unverified.stderr
+            bad = await acli("status", "--url", base, "--ca-file", str(tmp_path / "nope.pem"),
+                             check=False)
+            assert bad.returncode == 2 and "--ca-file" in bad.stderr, bad.stderr
+            # publish --wait follows the replica over wss (and nudges it over https)
+            # with the full token the config names.
+            waited = await acli("publish", "--config", str(root), str(EXAMPLE), "--wait",
+                                "--url", base, "--ca-file", str(pki.ca_file))
+            assert "active" in waited.stdout, waited.stdout
+            watcher = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor", "watch", "--no-reconnect",
+                 "--url", f"wss://127.0.0.1:{port}/v1/stream", "--ca-file", str(pki.ca_file),
+                 "--config", str(root)],
+                stdout=subprocess.PIPE, cwd=str(REPO),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            assert watcher.stdout is not None
+            first = await watcher.stdout.receive_some()
+            assert b'"type":"status"' in first.replace(b" ", b""), first
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+            assert await watcher.wait() == 0
