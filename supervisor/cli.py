@@ -26,6 +26,7 @@ from supervisor.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     admin_base,
+    admin_secure,
     config_path,
     load_config,
 )
@@ -212,7 +213,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from supervisor.admin.client import ca_file_context, watch_stream
 
     address, token = admin_base(args)
-    url = args.url or f"ws://{address}/v1/stream"
+    url = args.url or f"{'wss' if admin_secure(args) else 'ws'}://{address}/v1/stream"
     ssl_context = ca_file_context(args.ca_file)
 
     from supervisor.admin.errors import AdminUnreachable

@@ -45,6 +45,7 @@ from supervisor.commands.common import (
     EXIT_USAGE,
     ReferenceResolver,
     admin_base,
+    admin_secure,
     load_config,
     with_store,
 )
@@ -232,7 +233,7 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
 
 def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     address, token = admin_base(args)
-    urls = args.url or [f"http://{address}"]
+    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
     return [(url.rstrip("/"), token) for url in urls]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from supervisor.commands.common import EXIT_ERROR, EXIT_OK, admin_base, table
+from supervisor.commands.common import EXIT_ERROR, EXIT_OK, admin_base, admin_secure, table
 
 __all__ = ["cmd_status", "register"]
 
@@ -40,7 +40,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.status_view import render_status, unhealthy
 
     address, token = admin_base(args)
-    urls = args.url or [f"http://{address}"]
+    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
     ssl_context = ca_file_context(args.ca_file)
     docs: dict[str, dict[str, Any] | AdminUnreachable] = {}
 

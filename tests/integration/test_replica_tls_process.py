@@ -287,6 +287,9 @@ async def test_status_watch_and_publish_wait_verify_the_replica_with_ca_file(
             result = await acli("status", "--url", base, "--ca-file", str(pki.ca_file),
                                 *token, "--json")
             assert json.loads(result.stdout)["revision"]["active"] == 1
+            # From --config alone: the replica serves TLS, so its URL is https.
+            result = await acli("status", "--config", str(root), "--ca-file", str(pki.ca_file))
+            assert "revision" in result.stdout.lower(), result.stdout
             # Without the CA the certificate is not trusted: unreachable, exit 1.
             unverified = await acli("status", "--url", base, *token, check=False)
             assert unverified.returncode == 1
