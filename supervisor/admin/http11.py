@@ -84,6 +84,7 @@ CLOSE_HANDSHAKE_S = 1.0
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_TOO_BIG = 1009
 WEBSOCKET_VERSION = b"13"
+_REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 
 async def first_request_head(
@@ -278,6 +279,11 @@ class Http11Connection:
         if scope.cancelled_caught or event is None:
             return None
         if isinstance(event, h11.Request):
+            # h11 bounds a head that arrives in pieces; one that arrives whole
+            # in a single read is measured here.
+            size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+            if size > MAX_HEAD_BYTES:
+                await self._refuse(431, "request head too large")
             return event
         return None  # ConnectionClosed
 
@@ -290,7 +296,7 @@ class Http11Connection:
                 await self._refuse(exc.error_status_hint, "malformed request")
                 return None
             if event is h11.NEED_DATA:
-                data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                data = bytes(await self._stream.receive_some(MAX_HEAD_BYTES))
                 self._h11.receive_data(data)
                 continue
             return event
@@ -317,7 +323,8 @@ class Http11Connection:
 
     async def _refuse(self, status: int, detail: str) -> None:
         """Answer a request the parser refused (400, 413, 431), and end."""
-        body = b'{"error": "bad_request", "detail": "' + detail.encode() + b'"}'
+        error = _REFUSALS.get(status, "bad_request")
+        body = f'{{"error":"{error}","detail":"{detail}"}}'.encode()
         head = (f"HTTP/1.1 {status} \r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):

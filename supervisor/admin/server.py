@@ -74,7 +74,7 @@ import trio
 from supervisor.admin.accept import AcceptLoop
 from supervisor.admin.app import AdminApp
 from supervisor.admin.auth import read_token
-from supervisor.admin.connections import ConnectionTable, Peer, reset
+from supervisor.admin.connections import ConnectionTable, Peer, has_pending, reset
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
 from supervisor.admin.hosts import AllowedHosts
@@ -107,6 +107,9 @@ RESERVED_SLOTS = 16
 RESERVE_DEADLINE_S = 1.0
 HEALTHZ = (b"GET /healthz ", b"HEAD /healthz ")
 HEALTHZ_PATHS = frozenset({b"/healthz"})
+# How long, and how much, a closing connection's unread input is drained (see _close).
+LINGER_S = 0.2
+LINGER_BYTES = 256 * 1024
 TLS_HANDSHAKE = b"\x16"  # the record type a TLS ClientHello arrives in
 
 
@@ -290,13 +293,25 @@ class _Server:
 
     @staticmethod
     async def _close(stream: trio.SocketStream) -> None:
-        """End the connection with a FIN (the last answer is not lost to a reset)
-        when nothing unread is waiting; a closed socket stays closed."""
+        """End the connection with a FIN. Closing a socket with unread bytes sends a
+        reset, which can make the client lose our last answer (a 413 before the
+        whole body was read): those bytes are first drained, briefly and boundedly.
+        A closed (reset) socket stays closed."""
         sock = stream.socket
         if sock.fileno() == -1:
             return
         try:
             sock.shutdown(socket.SHUT_WR)
+            if not has_pending(sock):
+                sock.close()
+                return
+            with trio.move_on_after(LINGER_S):
+                drained = 0
+                while drained < LINGER_BYTES:
+                    data = await sock.recv(65536)
+                    if not data:
+                        break
+                    drained += len(data)
         except OSError:
             pass
         sock.close()
