@@ -286,12 +286,10 @@ def main() -> None:
         url, clients, publishes = args.stream_client
         trio.run(stream_client, url, int(clients), int(publishes))
     else:
-        import logging
 
         from supervisor.logs import configure
 
         configure("warning", "console")
-        logging.getLogger("hypercorn.error").setLevel(logging.ERROR)
         trio.run(orchestrate, args)
 
 

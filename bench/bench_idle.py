@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "conf" / "example-revision.toml"
 TICKS = os.sysconf("SC_CLK_TCK")
 AIM_CPU_PCT, AIM_RSS_MB = 1.0, 80.0
-FLOOR_IMPORTS = ("import time, trio, hypercorn, psycopg, msgspec, structlog, httpx, nacl.signing,"
-                 " prometheus_client, trio_websocket; time.sleep(10**6)")
+FLOOR_IMPORTS = ("import time, trio, h11, wsproto, psycopg, msgspec, structlog, httpx,"
+                 " nacl.signing, prometheus_client, trio_websocket; time.sleep(10**6)")
 
 
 def free_port() -> int:

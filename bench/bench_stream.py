@@ -13,8 +13,8 @@ written here so that the clients cost both servers the same):
   queue per connection, the event encoded once and the same text handed to
   every queue, ``send_message`` per connection. Nothing else: no HTTP server,
   no ASGI, no event bus.
-- ``ours``: the daemon's admin API (``serve_admin``: the accept loop, hypercorn's
-  HTTP/1.1 and WebSocket protocol, the stream hub) fed by the event bus, with
+- ``ours``: the daemon's admin API (``serve_admin``: the accept loop, its own
+  HTTP/1.1 and WebSocket protocol over h11 and wsproto, the stream hub) fed by the event bus, with
   the stream client limit derived from the descriptor limit (the server raises
   its soft RLIMIT_NOFILE to the hard one, as the daemon does).
 
@@ -169,7 +169,6 @@ async def floor_server() -> None:
 
 
 async def our_server() -> None:
-    import logging
 
     from supervisor.admin.context import AdminContext
     from supervisor.admin.server import serve_admin
@@ -180,7 +179,6 @@ async def our_server() -> None:
     from supervisor.telemetry import Metrics
 
     configure("warning", "console")
-    logging.getLogger("hypercorn.error").setLevel(logging.ERROR)
     ctx = AdminContext(
         state=ActiveState(),
         revision=RevisionStatus(),

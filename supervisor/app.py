@@ -25,12 +25,13 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from supervisor import health, logs, reasons
-from supervisor.config import Config
+from supervisor.config import AdminConfig, Config
 from supervisor.controlplane.poke import Poke
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from supervisor.admin.signed import SignedRevisionFile
     from supervisor.fanout.leadership import LeadershipStatus
     from supervisor.sinks.lkg import LastKnownGood
+    from supervisor.tlsconfig import ServerContexts
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -92,10 +94,15 @@ class Daemon:
 
         cfg = self.config.admin
         cp = self.config.control_plane
+        tls = _admin_tls(cfg)
+        if tls is not None:
+            self.hup.register("admin-tls-reload", lambda: _reload_admin_tls(tls))
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            # Built by every start: a restart re-reads the token file.
+            # Built by every start: a restart re-reads the token files.
             token = read_token(cfg.token_file) if cfg.token_file else None
+            read = (read_token(cfg.read_token_file, "$.admin.read_token_file")
+                    if cfg.read_token_file else None)
             ctx = AdminContext(
                 state=self.state,
                 revision=self.status,
@@ -104,8 +111,10 @@ class Daemon:
                 children=lambda: self.tree.report() if self.tree is not None else {},
                 fanout=self.fanout,
                 token=token,
+                read_token=read,
                 unhealthy=self.unhealthy,
                 allowed_hosts=tuple(cfg.allowed_hosts),
+                allowed_origins=tuple(cfg.allowed_origins),
                 # POST /v1/converge: a request on the change signal.
                 converge=self.signal.converge,
                 # Fleets: GET /v1/revision, and the follower's upstream in /status.
@@ -116,7 +125,9 @@ class Daemon:
                 sinks=self.sinks,
             )
             async with trio.open_nursery() as nursery:
-                address = await nursery.start(serve_admin, ctx, cfg.listen)
+                address = await nursery.start(
+                    partial(serve_admin, tls=tls.current if tls is not None else None),
+                    ctx, cfg.listen)
                 self.admin_address = address
                 task_status.started()
 
@@ -409,3 +420,24 @@ class Daemon:
 
 async def run_daemon(config: Config, config_path: str | None = None) -> None:
     await Daemon(config, config_path).run()
+
+
+def _admin_tls(cfg: AdminConfig) -> ServerContexts | None:
+    """The admin API's TLS contexts, loaded once at start (a bad file exits 2)."""
+    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+        return None
+    from supervisor.tlsconfig import ServerContexts
+
+    return ServerContexts(cfg.tls_cert_file, cfg.tls_key_file, cfg.client_ca_file)
+
+
+def _reload_admin_tls(tls: ServerContexts) -> None:
+    """SIGHUP: new handshakes use the certificate now in the files; a failed load
+    keeps the one in force."""
+    try:
+        tls.reload()
+    except ConfigError as exc:
+        log.error("SIGHUP: admin TLS certificate not reloaded; the previous one stays",
+                  key=exc.path, error=exc.reason)
+        return
+    log.info("SIGHUP: admin TLS certificate reloaded", reloads=tls.reloads)

@@ -26,6 +26,7 @@ from supervisor.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     admin_base,
+    admin_secure,
     config_path,
     load_config,
 )
@@ -105,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     watch = command("watch")
     watch.add_argument("--url", default=None,
                        help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
+    watch.add_argument("--ca-file", metavar="PATH", default=None,
+                       help="the CA that a wss replica's certificate is verified against "
+                            "(default: the system's trust store)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
     keygen = command("keygen")
@@ -260,15 +264,17 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import watch_stream
+    from supervisor.admin.client import ca_file_context, watch_stream
 
     address, token = admin_base(args)
-    url = args.url or f"ws://{address}/v1/stream"
+    url = args.url or f"{'wss' if admin_secure(args) else 'ws'}://{address}/v1/stream"
+    ssl_context = ca_file_context(args.ca_file)
 
     from supervisor.admin.errors import AdminUnreachable
 
     async def follow() -> None:
-        await watch_stream(url, sys.stdout, token=token, reconnect=not args.no_reconnect)
+        await watch_stream(url, sys.stdout, token=token, reconnect=not args.no_reconnect,
+                           ssl_context=ssl_context)
 
     try:
         trio.run(follow)

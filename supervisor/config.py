@@ -99,6 +99,12 @@ class ControlPlaneConfig(_Section, frozen=True):
     # At most one notification wake-up per this many seconds, however many NOTIFYs
     # arrive (anyone who may connect may NOTIFY the channel); 0 = no floor.
     notify_min_interval_s: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 0.05
+    # Follower mode over https://: the CA the upstream's certificate is verified
+    # against (None: the system's trust store), and the certificate and key this
+    # follower presents when the upstream requires client certificates.
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
 
     @property
     def backend(self) -> Literal["postgresql", "sqlite", "follower"]:
@@ -128,6 +134,9 @@ class SnapshotConfig(_Section, frozen=True):
 
 
 HostName = Annotated[str, msgspec.Meta(pattern=r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)$")]
+OriginName = Annotated[
+    str, msgspec.Meta(pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
+]
 
 
 class AdminConfig(_Section, frozen=True):
@@ -136,6 +145,17 @@ class AdminConfig(_Section, frozen=True):
     # Host names (or addresses, ".domain" for a domain and its subdomains, "*"
     # for any) the admin API answers to besides the listen address and loopback.
     allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
+    # Origins (scheme://host[:port]) a browser page may drive the API from besides
+    # the listener's own (a WebSocket handshake, POST /v1/converge).
+    allowed_origins: list[OriginName] = msgspec.field(default_factory=list)
+    # HTTPS and WSS (both or neither), and mutual TLS with client_ca_file.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    client_ca_file: str | None = None
+    # A non-loopback listener without TLS must say so.
+    allow_plaintext: bool = False
+    # A second token, accepted for the GET routes (and the stream) only.
+    read_token_file: str | None = None
 
     @property
     def host_port(self) -> tuple[str, int]:

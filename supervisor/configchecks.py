@@ -66,8 +66,8 @@ def credential_files(config: Config, environ: Mapping[str, str] | None = None,
                      config_path: str | None = None) -> list[tuple[str, str]]:
     """``(key, path)`` of every file the daemon reads a credential from.
 
-    The files the configuration names (the tokens, the signing key, the
-    kubeconfig), the configuration file itself (it may hold the DSN's
+    The files the configuration names (the tokens, the signing key, the TLS
+    private keys, the kubeconfig), the configuration file itself (it may hold the DSN's
     password), and the files its clients read by default: libpq's password file
     and client key for each DSN, the kubeconfig of ``KUBECONFIG`` or
     ``~/.kube/config``, the netrc file of the follower's HTTP client.
@@ -78,6 +78,9 @@ def credential_files(config: Config, environ: Mapping[str, str] | None = None,
     found = [("$.admin.token_file", config.admin.token_file),
              ("$.cache.signing_key", config.cache.signing_key),
              ("$.control_plane.token_file", cp.token_file),
+             ("$.admin.read_token_file", config.admin.read_token_file),
+             ("$.admin.tls_key_file", config.admin.tls_key_file),
+             ("$.control_plane.client_key_file", cp.client_key_file),
              ("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig),
              ("the configuration file", config_path)]
     found += [("KUBECONFIG", p) for p in env.get("KUBECONFIG", "").split(os.pathsep)]
@@ -111,6 +114,38 @@ def _check_upstream_url(url: str) -> None:
                           "(the upstream replica's admin address, nothing after it)")
 
 
+def _check_admin_tls(config: Config, host: str) -> None:
+    admin = config.admin
+    if (admin.tls_cert_file is None) != (admin.tls_key_file is None):
+        missing = "tls_key_file" if admin.tls_key_file is None else "tls_cert_file"
+        raise ConfigError(f"$.admin.{missing}", "admin.tls_cert_file and admin.tls_key_file "
+                          "go together (both or neither)")
+    tls = admin.tls_cert_file is not None
+    if admin.client_ca_file is not None and not tls:
+        raise ConfigError("$.admin.client_ca_file", "client certificates need TLS: set "
+                          "admin.tls_cert_file and admin.tls_key_file")
+    if not is_loopback(host) and not tls and not admin.allow_plaintext:
+        raise ConfigError(
+            "$.admin.allow_plaintext",
+            f"admin.listen ({admin.listen}) is not a loopback address: serve TLS "
+            "(admin.tls_cert_file, admin.tls_key_file) or set allow_plaintext = true "
+            "(anyone on the path then reads the tokens and the revisions)")
+    if admin.read_token_file is not None and admin.token_file is None:
+        raise ConfigError("$.admin.read_token_file", "needs admin.token_file: without it "
+                          "every route is open anyway")
+    cp = config.control_plane
+    if (cp.client_cert_file is None) != (cp.client_key_file is None):
+        missing = "client_key_file" if cp.client_key_file is None else "client_cert_file"
+        raise ConfigError(f"$.control_plane.{missing}", "control_plane.client_cert_file and "
+                          "control_plane.client_key_file go together (both or neither)")
+    tls_client = (cp.ca_file, cp.client_cert_file)
+    if any(v is not None for v in tls_client) and not cp.url.startswith("https://"):
+        raise ConfigError("$.control_plane.ca_file" if cp.ca_file is not None
+                          else "$.control_plane.client_cert_file",
+                          "only used in follower mode over TLS (control_plane.url = "
+                          "https://HOST:PORT)")
+
+
 def cross_check(config: Config) -> None:
     """The rules between keys (and files) that the types alone cannot say."""
     try:
@@ -122,6 +157,7 @@ def cross_check(config: Config) -> None:
             "$.admin.token_file",
             f"required when admin.listen ({config.admin.listen}) is not a loopback address",
         )
+    _check_admin_tls(config, host)
     cp = config.control_plane
     if not cp.url.startswith(("postgresql://", "postgres://", "sqlite:///", "http://", "https://")):
         raise ConfigError(
@@ -252,12 +288,40 @@ def check_files(config: Config) -> list[tuple[str, str]]:
             problems.append((key, f"directory {parent} is not writable"))
 
     readable("$.admin.token_file", config.admin.token_file)
+    readable("$.admin.read_token_file", config.admin.read_token_file)
+    readable("$.admin.tls_cert_file", config.admin.tls_cert_file)
+    readable("$.admin.tls_key_file", config.admin.tls_key_file)
+    readable("$.admin.client_ca_file", config.admin.client_ca_file)
+    readable("$.control_plane.ca_file", config.control_plane.ca_file)
+    readable("$.control_plane.client_cert_file", config.control_plane.client_cert_file)
+    readable("$.control_plane.client_key_file", config.control_plane.client_key_file)
     readable("$.cache.signing_key", config.cache.signing_key)
     readable("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig)
+    problems += _tls_problems(config)
     parent_writable("$.cache.path", config.cache.path, created=True)
     parent_writable("$.snapshot.path", config.snapshot.path)
     if config.control_plane.backend == "sqlite":
         parent_writable("$.control_plane.url", sqlite_path(config.control_plane.url))
+    return problems
+
+
+def _tls_problems(config: Config) -> list[tuple[str, str]]:
+    """The TLS files loaded as the daemon will load them (a key that does not match its
+    certificate, a CA file holding no certificate)."""
+    from supervisor.tlsconfig import client_context, server_context
+
+    admin, cp = config.admin, config.control_plane
+    problems: list[tuple[str, str]] = []
+    try:
+        if admin.tls_cert_file is not None and admin.tls_key_file is not None:
+            server_context(admin.tls_cert_file, admin.tls_key_file, admin.client_ca_file)
+    except ConfigError as exc:
+        problems.append((exc.path, exc.reason))
+    try:
+        if cp.url.startswith("https://"):
+            client_context(cp.ca_file, cp.client_cert_file, cp.client_key_file)
+    except ConfigError as exc:
+        problems.append((exc.path, exc.reason))
     return problems
 
 

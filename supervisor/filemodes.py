@@ -124,6 +124,9 @@ def loose_secret_files(config: Config) -> list[tuple[str, str, str]]:
     for key, path in (
         ("$.admin.token_file", config.admin.token_file),
         ("$.cache.signing_key", config.cache.signing_key),
+        ("$.admin.read_token_file", config.admin.read_token_file),
+        ("$.admin.tls_key_file", config.admin.tls_key_file),
+        ("$.control_plane.client_key_file", config.control_plane.client_key_file),
     ):
         if path is None:
             continue

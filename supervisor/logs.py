@@ -13,8 +13,8 @@ supervised child carry ``child=<name>`` (bound in the child's task through
 
 The level is a module-level setting read by a filtering processor rather than
 baked into a cached logger class, so SIGHUP can change it in place
-(:func:`set_level`). The stdlib loggers of httpx, httpcore, psycopg and
-hypercorn go through the same renderer at WARNING, so third-party lines never
+(:func:`set_level`). The stdlib loggers of httpx, httpcore and psycopg
+go through the same renderer at WARNING, so third-party lines never
 break the one-object-per-line format.
 """
 
@@ -39,7 +39,7 @@ _LEVELS = {
 }
 # syslog(3) priorities, as journald reads them from a "<N>" line prefix.
 PRIORITIES = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
-_FOREIGN = ("httpx", "httpcore", "psycopg", "hypercorn", "hypercorn.error", "hypercorn.access")
+_FOREIGN = ("httpx", "httpcore", "psycopg")
 _threshold = logging.INFO
 
 

@@ -33,6 +33,13 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "against cache.trusted_keys).",
     "control_plane.token_file": "Follower mode: a file holding the upstream replica's "
     "admin token.",
+    "control_plane.ca_file": "Follower mode over https://: the CA file the upstream's "
+    "certificate is verified against (hint stream included). Unset: the system's trust store.",
+    "control_plane.client_cert_file": "Follower mode over https://: the certificate (PEM "
+    "chain) this follower presents when the upstream sets admin.client_ca_file. With "
+    "client_key_file.",
+    "control_plane.client_key_file": "The private key of control_plane.client_cert_file "
+    "(mode 0600).",
     "control_plane.listen_url": "PostgreSQL: a direct connection for LISTEN when url goes "
     "through a transaction-pooling PgBouncer (which cannot carry LISTEN). Unset: url.",
     "control_plane.poll_interval_s": "How often the desired revision is read. Polling is "
@@ -81,6 +88,19 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
     "besides its listen address and the loopback names; any other Host header gets 421, and "
     "a WebSocket from another Origin 403 (DNS rebinding, cross-site WebSockets).",
+    "admin.allowed_origins": "Origins (scheme://host[:port]) whose pages may open the stream "
+    "or POST /v1/converge besides the listener's own (its scheme and port with a host it "
+    "answers to); any other Origin gets 403, another port of localhost included.",
+    "admin.tls_cert_file": "Serve HTTPS and WSS with this certificate (PEM chain; with "
+    "tls_key_file). SIGHUP reloads both files: new handshakes get the new certificate.",
+    "admin.tls_key_file": "The private key of admin.tls_cert_file (mode 0600).",
+    "admin.client_ca_file": "With TLS: require a client certificate signed by this CA "
+    "(mutual TLS between replicas); a client without one fails the handshake.",
+    "admin.allow_plaintext": "Must be true for a non-loopback admin.listen without TLS "
+    "(check exits 2 otherwise): tokens and revisions then cross the network in the clear.",
+    "admin.read_token_file": "A second bearer token, accepted on the GET routes and the "
+    "stream only; POST /v1/converge answers it 403 read_only. Give followers this one. "
+    "Needs token_file.",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "

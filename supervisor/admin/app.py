@@ -16,10 +16,12 @@ Host and Origin (:mod:`.hosts`): every route but ``/healthz`` answers 421 to a
 a foreign ``Origin`` is refused with 403; both are checked before the token.
 
 Authentication: when :attr:`AdminContext.token` is set, every route except
-``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`); otherwise
+``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`; the read
+token of :attr:`AdminContext.read_token` passes on every route but ``POST
+/v1/converge``, which answers it 403 ``read_only``); otherwise
 HTTP answers 401 with ``WWW-Authenticate: Bearer realm="trio-supervisor"``, and a
 WebSocket handshake is refused before it is accepted, also with 401 (through
-ASGI's ``websocket.http.response`` extension, which hypercorn implements; a
+ASGI's ``websocket.http.response`` extension, which the admin server implements; a
 server without it sends 403). Authentication is checked before routing, so
 without the token nothing reveals which paths exist.
 
@@ -47,6 +49,7 @@ from supervisor.admin.responses import (
     header_value,
     misdirected,
     raw_response,
+    read_only,
     reject_handshake,
     scope_headers,
     send_response,
@@ -134,7 +137,9 @@ class AdminApp:
             return misdirected()
         if not self._allowed_origin(headers):
             return forbidden_origin()
-        if not self._authorized(headers):
+        if not self._authorized(headers, write=True):
+            if self._authorized(headers):
+                return read_only()
             return unauthorized(headers)
         return None
 
@@ -156,7 +161,7 @@ class AdminApp:
             name, sep, value = line.partition(b":")
             name = name.lower()
             if not sep or not name or name != name.strip() or name in _NOT_AT_ONCE:
-                return None  # malformed, a body, or an upgrade: hypercorn decides
+                return None  # malformed, a body, or an upgrade: the connection decides
             if name == b"connection":
                 close = close or b"close" in value.lower().replace(b" ", b"").split(b",")
         if not close:
@@ -169,9 +174,13 @@ class AdminApp:
     def _allowed_origin(self, headers: list[tuple[bytes, bytes]]) -> bool:
         return self.hosts is None or self.hosts.allows_origin(header_value(headers, b"origin"))
 
-    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    def _authorized(self, headers: list[tuple[bytes, bytes]], *, write: bool = False) -> bool:
+        """The full token, or (``write`` False: the routes that only read) the read token."""
         token = self.ctx.token
-        return token is None or authorized(headers, token)
+        if token is None or authorized(headers, token):
+            return True
+        read = self.ctx.read_token
+        return not write and read is not None and authorized(headers, read)
 
     # -- WebSocket -----------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Bearer-token authentication of the admin API.
 
 Contract (docs/admin-api.md): when ``[admin].token_file`` is set, every
-route but ``/healthz`` requires ``Authorization: Bearer <token>``.
+route but ``/healthz`` requires ``Authorization: Bearer <token>``. The token of
+``[admin].read_token_file`` (a follower's, a dashboard's) is accepted on the
+``GET``/``HEAD`` routes and the stream only: ``POST /v1/converge`` answers it 403.
 
 - :func:`read_token` reads the file once at start: surrounding whitespace is
   stripped (files end with a newline); an unreadable or empty file, or a token
@@ -27,23 +29,22 @@ TOKEN_PATH = "$.admin.token_file"
 WWW_AUTHENTICATE = b'Bearer realm="trio-supervisor"'
 
 
-def read_token(path: str) -> str:
-    """The bearer token stored in ``path``, stripped of surrounding whitespace."""
+def read_token(path: str, where: str = TOKEN_PATH) -> str:
+    """The bearer token stored in ``path``, stripped of surrounding whitespace;
+    errors name ``where`` (the configuration key)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(TOKEN_PATH, f"{path} is not UTF-8 text") from exc
+        raise ConfigError(where, f"{path} is not UTF-8 text") from exc
     except OSError as exc:
-        raise ConfigError(TOKEN_PATH, f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise ConfigError(where, f"cannot read {path}: {exc.strerror or exc}") from exc
     token = text.strip()
     if not token:
-        raise ConfigError(TOKEN_PATH, f"{path} is empty")
+        raise ConfigError(where, f"{path} is empty")
     # RFC 6750 tokens are printable ASCII without spaces; anything else would be
     # mangled by some HTTP client or proxy on the way, and fail in confusing ways.
     if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
-        raise ConfigError(
-            TOKEN_PATH, f"{path} must hold one token of printable ASCII without spaces"
-        )
+        raise ConfigError(where, f"{path} must hold one token of printable ASCII without spaces")
     return token
 
 

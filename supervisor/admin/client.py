@@ -52,6 +52,7 @@ from supervisor.logs import get_logger
 
 __all__ = [
     "base_url_for_listen",
+    "ca_file_context",
     "converge_url",
     "fetch_status",
     "stream_url",
@@ -153,25 +154,53 @@ def _detail(response: httpx.Response) -> str:
     return ""
 
 
+def _http_failure(exc: httpx.HTTPError) -> str:
+    """What went wrong, naming a refused certificate (httpx's ConnectError often
+    carries no text of its own: the TLS error is its cause)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            hint = " (the replica's CA: --ca-file)" if isinstance(
+                cause, ssl.SSLCertVerificationError) else ""
+            return f"TLS: {cause.reason or cause}{hint}"
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 # -- status ------------------------------------------------------------------------
 
 
+def ca_file_context(ca_file: str | None) -> ssl.SSLContext | None:
+    """``--ca-file``: the context an https/wss replica is verified with (None: the
+    system's trust store); UsageError naming the option when the file is unusable."""
+    if ca_file is None:
+        return None
+    from supervisor.errors import ConfigError, UsageError
+    from supervisor.tlsconfig import client_context
+
+    try:
+        return client_context(ca_file, where="--ca-file")
+    except ConfigError as exc:
+        raise UsageError(f"--ca-file: {exc.reason}") from exc
+
+
 async def fetch_status(
-    base_url: str, token: str | None = None, *, timeout_s: float = 5.0
+    base_url: str, token: str | None = None, *, timeout_s: float = 5.0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> dict[str, Any]:
-    """GET ``<base_url>/status``; see the module docstring for the errors."""
+    """GET ``<base_url>/status``; see the module docstring for the errors.
+    ``ssl_context``: what an https replica is verified with (None: the system's)."""
     url = _status_url(base_url)
     try:
         # httpx's timeout is per phase (connect, read, ...); the scope bounds the whole.
         with trio.fail_after(timeout_s):
-            async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+            async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
+                                         verify=ssl_context or True) as client:
                 response = await client.get(url, headers=_auth_headers(token))
     except trio.TooSlowError:
         raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
-        raise AdminUnreachable(
-            url, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        ) from exc
+        raise AdminUnreachable(url, _http_failure(exc)) from exc
     if response.status_code in (401, 403):
         raise AdminRefused(
             url,
@@ -226,6 +255,7 @@ class _Watch:
     max_events: int | None
     connect_timeout_s: float
     printed: int = 0
+    ssl_context: ssl.SSLContext | None = None
 
 
 _E = TypeVar("_E", bound=BaseException)
@@ -267,7 +297,7 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
         with trio.fail_after(watch.connect_timeout_s):
             if secure:
                 stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=ssl.create_default_context()
+                    host, port, ssl_context=watch.ssl_context or ssl.create_default_context()
                 )
             else:
                 stream = await trio.open_tcp_stream(host, port)
@@ -360,12 +390,14 @@ async def watch_stream(
     backoff_max_s: float = 30.0,
     connect_timeout_s: float = 10.0,
     rng: random.Random | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
-    """Follow the live stream at ``url`` (``ws://``, or an ``http://`` base); see above."""
+    """Follow the live stream at ``url`` (``ws://``, or an ``http://`` base); see above.
+    ``ssl_context``: what a wss replica is verified with (None: the system's)."""
     url = stream_url(url)
     backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
-    watch = _Watch(out, headers, max_events, connect_timeout_s)
+    watch = _Watch(out, headers, max_events, connect_timeout_s, ssl_context=ssl_context)
     while True:
         ended = await _connect_once(url, watch)
         if ended.kind == "done":

@@ -33,7 +33,7 @@ import trio
 
 from supervisor.telemetry import Metrics
 
-__all__ = ["ConnectionTable", "Peer", "peek", "reset"]
+__all__ = ["ConnectionTable", "Peer", "has_pending", "peek", "reset"]
 
 Peer = tuple[str, int]
 
@@ -56,7 +56,8 @@ def reset(stream: trio.SocketStream) -> None:
     sock.close()
 
 
-def _has_pending(sock: socket.socket) -> bool:
+def has_pending(sock: socket.socket | trio.socket.SocketType) -> bool:
+    """Whether the peer's bytes wait unread in the socket's receive buffer."""
     try:
         raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
     except OSError:
@@ -132,7 +133,7 @@ class ConnectionTable:
         self.reserve_admits = reserve_admits
         self._metrics = metrics
         self._pools = {
-            self.MAIN: _Pool(limit, _has_pending),
+            self.MAIN: _Pool(limit, has_pending),
             self.RESERVE: _Pool(reserved, lambda raw: reserve_admits(peek(raw)), MIN_IDLE_S),
         }
         self._pool_of: dict[Peer, _Pool] = {}

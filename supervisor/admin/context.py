@@ -31,10 +31,14 @@ class AdminContext:
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     # The bearer token, already read from [admin].token_file; None = no auth.
     token: str | None = None
+    # [admin].read_token_file's token: the GET routes and the stream only.
+    read_token: str | None = None
     # Why the process is not healthy (empty: healthy); the daemon's health().
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
     # [admin].allowed_hosts: names besides the listen address and loopback.
     allowed_hosts: tuple[str, ...] = ()
+    # [admin].allowed_origins: origins besides the listener's own.
+    allowed_origins: tuple[str, ...] = ()
     # POST /v1/converge: request an attempt and wait (with the deadline given)
     # for its answer; None when the deadline passed. None: the route answers 503.
     converge: Callable[[float], Awaitable[ConvergeAnswer | None]] | None = None

@@ -17,8 +17,14 @@ does not cover WebSockets). Browsers always send these headers truthfully, so:
   probes address pods by IP). A request without
   ``Host`` (HTTP/1.0, never a browser) passes.
 - a WebSocket handshake, or a ``POST`` (``/v1/converge``: a cross-site page can
-  send a simple POST without a CORS preflight), whose ``Origin`` names a host
-  not known the same way (or is ``null``) is refused with 403. Without
+  send a simple POST without a CORS preflight), whose ``Origin`` is not the
+  listener's own origin is refused with 403. Own: the listener's scheme
+  (``http``, or ``https`` when it serves TLS) and its bound port, with a host
+  the ``Host`` check knows (so on a loopback listener ``localhost``,
+  ``127.0.0.1`` and ``[::1]`` all count). A page on another port of the same
+  host is another origin: any program serving localhost could drive the API
+  otherwise. Entries of ``[admin].allowed_origins`` (``scheme://host[:port]``)
+  are admitted besides. ``null`` and anything malformed are refused; without
   ``Origin`` (``watch``, ``curl``, any non-browser client) it passes.
 
 ``/healthz`` is exempt from the Host check: it reveals nothing, and probes
@@ -31,10 +37,13 @@ import ipaddress
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-__all__ = ["AllowedHosts", "host_of"]
+__all__ = ["AllowedHosts", "host_of", "origin_of"]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+Origin = tuple[str, str, int]  # scheme, host (lower-case, no brackets), port
 
 
 def host_of(header: str) -> str:
@@ -49,6 +58,24 @@ def host_of(header: str) -> str:
     return value.rstrip(".")
 
 
+def origin_of(value: str) -> Origin | None:
+    """``scheme://host[:port]`` as (scheme, host, port), the port defaulted from the
+    scheme (RFC 6454 compares all three); None when it is not such an origin
+    (``null``, a path, another scheme, a malformed port)."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    host = parts.hostname
+    if scheme not in DEFAULT_PORTS or not host or parts.path or parts.query or parts.fragment:
+        return None
+    if parts.username is not None or parts.password is not None:
+        return None
+    return (scheme, host.rstrip("."), DEFAULT_PORTS[scheme] if port is None else port)
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -60,8 +87,21 @@ def _is_ip(host: str) -> bool:
 class AllowedHosts:
     """The names the server answers to; see the module docstring."""
 
-    def __init__(self, listen_host: str, extra: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        listen_host: str,
+        extra: Iterable[str] = (),
+        *,
+        port: int | None = None,
+        scheme: str = "http",
+        origins: Iterable[str] = (),
+    ) -> None:
         from supervisor.config import is_loopback
+
+        # None (no listener: tests of the app alone): any port of the own scheme.
+        self.port = port
+        self.scheme = scheme
+        self.origins = frozenset(o for o in map(origin_of, origins) if o is not None)
 
         names = {e.strip().lower().rstrip(".") for e in extra if e.strip()}
         self.any = "*" in names
@@ -87,8 +127,12 @@ class AllowedHosts:
     def allows_origin(self, origin: str | None) -> bool:
         if origin is None:
             return True
-        try:
-            host = urlsplit(origin.strip()).hostname
-        except ValueError:
+        parsed = origin_of(origin)
+        if parsed is None:
             return False
-        return host is not None and self.allows(host.rstrip("."))
+        if parsed in self.origins:
+            return True
+        scheme, host, port = parsed
+        if scheme != self.scheme or (self.port is not None and port != self.port):
+            return False
+        return self.allows(host)

@@ -1,62 +1,90 @@
-"""One admin connection: hypercorn's HTTP/1.1 protocol, never its HTTP/2.
+"""One admin connection: HTTP/1.1 over h11, the stream's WebSocket over wsproto.
 
-hypercorn switches a connection to HTTP/2 when a request line is the HTTP/2
-preface (``PRI * HTTP/2.0``) or carries ``Upgrade: h2c``; its HTTP/2 side then
-restarts the idle timer only when a stream closes, so a client that sends the
-preface and nothing else is never timed out. The admin
-API serves HTTP/1.1 only:
+This module is the admin API's protocol, written against the public APIs of
+``h11`` (an HTTP/1.1 state machine that does no I/O) and ``wsproto`` (the same
+for RFC 6455); trio does the I/O. The ASGI app (:class:`~supervisor.admin.app.AdminApp`)
+sees ordinary ASGI ``http`` and ``websocket`` scopes.
 
-- a request that is not HTTP/1.0 or 1.1 (the preface is ``PRI * HTTP/2.0``)
-  closes the connection at once, without an answer;
-- ``Upgrade: h2c`` is ignored and the request served over HTTP/1.1 (RFC 9110
-  section 7.8 lets a server ignore an upgrade it does not want).
+What each connection is held to (the reasons are in :mod:`supervisor.admin.server`):
 
-Before hypercorn sees a connection at all, :func:`first_request_head` waits
-(cheaply: one task, no protocol state) until its first request head is complete,
-refusing the HTTP/2 preface at once and a connection that has not sent a
-complete head within the idle deadline. After that hypercorn's idle timer runs
-between keep-alive requests (``keep_alive_timeout``), and a ``PRI`` request
-arriving on a keep-alive connection also closes it.
+- HTTP/1.1 (and 1.0) only: a request line of any other version (the HTTP/2
+  preface is ``PRI * HTTP/2.0``) closes the connection at once, without an
+  answer; ``Upgrade: h2c`` is ignored and the request served over HTTP/1.1
+  (RFC 9110 section 7.8 lets a server ignore an upgrade it does not want).
+- A complete request head within ``idle_s`` of the accept, or of the previous
+  answer on a keep-alive connection, whatever trickles in meanwhile (a per-read
+  timer would let one byte every few seconds hold it forever); its body within
+  as long again. A head over ``MAX_HEAD_BYTES`` is answered 431, a body over
+  ``MAX_BODY_BYTES`` 413, a malformed request 400; each ends its connection.
+- Writes go out in pieces of ``WRITE_PIECE`` bytes, each of which the client
+  must take within ``WRITE_STALL_S``, else the connection is reset: a client
+  that pipelines requests and leaves the answers unread cannot keep it busy.
+- The WebSocket handshake is answered without any extension: the client's
+  ``permessage-deflate`` offer is refused (RFC 6455 lets a server accept none),
+  so a frame is never inflated and a frame with a reserved bit set closes the
+  connection (1002). A client message over ``MAX_MESSAGE_BYTES`` (counted as its
+  frames arrive, never buffered whole) closes it with 1009.
 
-:class:`Http11Connection` also reports each change between idle (no request in
-progress) and busy to ``on_idle``; the connection table uses that to choose
-which connection to give up when it is full.
-
-The hypercorn names used here (``TCPServer``, ``H11Protocol`` and its
-``_check_protocol`` hook, the ``Closed``/``Updated`` events) are pinned by the
-``hypercorn<0.19`` requirement and exercised by the integration tests.
+Before a plain connection holds any protocol state, :func:`first_request_head`
+waits (one task, nothing else) until its first request head is complete,
+refusing the HTTP/2 preface at once. :class:`Http11Connection` reports each
+change between idle (no request in progress) and busy to ``on_idle``: the
+connection table uses that to choose which connection to give up when full.
 """
 
 from __future__ import annotations
 
+import base64
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
+from wsgiref.handlers import format_date_time
 
 import h11
 import trio
-from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.task_group import TaskGroup
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.typing import ConnectionState
-from hypercorn.utils import parse_socket_addr
+from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState as WsState
+from wsproto.connection import ConnectionType
+from wsproto.events import (
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError, generate_accept_token
 
 from supervisor.admin.connections import reset
 from supervisor.admin.frames import ConnectionGone
+from supervisor.admin.stream import Receive, Scope, Send
+from supervisor.logs import get_logger
 
-__all__ = ["Http11Connection", "first_request_head"]
+__all__ = ["App", "Http11Connection", "first_request_head"]
+
+log = get_logger("admin")
+
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _HTTP1 = frozenset({b"1.0", b"1.1"})
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-# A head longer than this is handed to hypercorn as it is (h11 answers 431).
 MAX_HEAD_BYTES = 16 * 1024
-# hypercorn's writes go out in pieces of this size, each within WRITE_STALL_S, the
-# server's idle deadline (a client must take at least WRITE_PIECE / WRITE_STALL_S,
-# about 13 KB/s, or be reset).
+# No route takes a body (POST /v1/converge reads none): a small bound.
+MAX_BODY_BYTES = 64 * 1024
+# Clients have nothing to say on the stream: a small limit bounds what one can
+# make us buffer.
+MAX_MESSAGE_BYTES = 64 * 1024
+RECEIVE_BYTES = 64 * 1024
 WRITE_PIECE = 64 * 1024
 WRITE_STALL_S = 5.0
+# After our close frame, how long the client has to answer with its own before
+# the TCP connection is closed anyway.
+CLOSE_HANDSHAKE_S = 1.0
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_TOO_BIG = 1009
+WEBSOCKET_VERSION = b"13"
+_REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 
 async def first_request_head(
@@ -67,10 +95,10 @@ async def first_request_head(
     it starts with the HTTP/2 preface (``PRI ``: refused at once), or when ``only``
     is given and the head starts with none of its prefixes.
 
-    Looks with ``MSG_PEEK``, so hypercorn then reads the same bytes itself. Between
-    looks, ``SO_RCVLOWAT`` makes the socket readable only once *more* bytes have
-    arrived, so a client trickling its head costs one wake-up per segment, not a
-    polling loop.
+    Looks with ``MSG_PEEK``, so the connection then reads the same bytes itself.
+    Between looks, ``SO_RCVLOWAT`` makes the socket readable only once *more*
+    bytes have arrived, so a client trickling its head costs one wake-up per
+    segment, not a polling loop.
     """
     sock = stream.socket
     want = 1
@@ -85,7 +113,7 @@ async def first_request_head(
                 if data[:4] == H2_PREFACE[:4]:
                     return False
                 # Readable without more bytes than last time: the peer shut its
-                # side down mid-head; hypercorn answers what there is (400).
+                # side down mid-head; the parser answers what there is (400).
                 ended = len(data) < want
                 if b"\r\n\r\n" in data or len(data) >= MAX_HEAD_BYTES or ended:
                     return only is None or data.startswith(only)
@@ -100,126 +128,453 @@ async def first_request_head(
             pass  # closed: nothing will read it any more
 
 
-class _NotHttp11(Exception):
-    """The peer spoke something other than HTTP/1.x (the HTTP/2 preface)."""
+class _Gone(Exception):
+    """The connection is closed, reset, or must end now (nothing more to send)."""
 
 
-class _Http11Protocol(H11Protocol):
-    async def handle(self, event: Event) -> None:
-        try:
-            await super().handle(event)
-        except _NotHttp11:
-            await self.send(Closed())
-
-    async def _check_protocol(self, event: h11.Request) -> None:
-        if event.http_version not in _HTTP1 or event.method == b"PRI":
-            raise _NotHttp11
-        # Upgrade: h2c falls through: the request is served as HTTP/1.1.
+_TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError,
+                     trio.BusyResourceError, OSError)
 
 
-class Http11Connection(TCPServer):
-    """hypercorn's ``TCPServer`` for a plain (not TLS) socket stream, HTTP/1.1 only."""
+def _date() -> bytes:
+    return format_date_time(time.time()).encode("ascii")
+
+
+def _tokens(headers: list[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
+    return {t.strip().lower() for n, v in headers if n == name for t in v.split(b",")}
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    values = [v for n, v in headers if n == name]
+    return values[0].strip() if len(values) == 1 else None
+
+
+def _valid_key(key: bytes | None) -> bool:
+    if key is None:
+        return False
+    try:
+        return len(base64.b64decode(key, validate=True)) == 16
+    except ValueError:
+        return False
+
+
+class Http11Connection:
+    """One accepted connection, until it ends; see the module docstring.
+
+    ``stream`` is what is read and written (the socket stream, or a TLS stream
+    over it); ``socket_stream`` is the TCP connection under it, which a stall
+    resets. ``deadline`` is when the first request head is due (from the accept).
+    """
 
     def __init__(
         self,
-        app: Any,
-        config: Any,
-        context: Any,
-        stream: Any,
+        app: App,
+        stream: trio.abc.Stream,
+        socket_stream: trio.SocketStream,
+        *,
+        client: tuple[str, int],
+        server: tuple[str, int],
+        scheme: str,
         on_idle: Callable[[bool], None],
+        idle_s: float,
+        only_paths: frozenset[bytes] | None = None,
     ) -> None:
-        super().__init__(app, config, context, ConnectionState({}), stream)
+        self._app = app
+        self._stream = stream
+        self._socket_stream = socket_stream
+        self._client = client
+        self._server = server
+        self._scheme = scheme
         self._on_idle = on_idle
-        self._socket_stream: trio.SocketStream = stream
+        self._idle_s = idle_s
+        self._only = only_paths
+        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._send_lock = trio.Lock()
+        self._ws: WsConnection | None = None
+        self._idle_scope: trio.CancelScope | None = None
+        self._closing = False
+        self._gone = False
 
-    async def run(self) -> None:
-        # TCPServer.run without its TLS branch, building our protocol instead of
-        # hypercorn's ProtocolWrapper (which would switch to HTTP/2).
-        sock = self.stream.socket
-        try:
-            client = parse_socket_addr(sock.family, sock.getpeername())
-            server = parse_socket_addr(sock.family, sock.getsockname())
-            async with TaskGroup() as task_group:
-                self._task_group = task_group
-                # Same interface (initiate, handle) as the wrapper it replaces.
-                self.protocol = _Http11Protocol(  # type: ignore[assignment]
-                    self.app,
-                    self.config,
-                    self.context,
-                    task_group,
-                    ConnectionState(self.state),
-                    False,
-                    client,
-                    server,
-                    self.protocol_send,
-                )
-                await self.protocol.initiate()
-                await self.idle_task.restart(self._task_group, self._idle_timeout)
-                await self._read_data()
-        except OSError:
-            pass
-        finally:
-            await self._close()
+    # -- what the server asks of a connection ---------------------------------
+
+    def close_if_idle(self) -> None:
+        """Shutdown: end now if waiting for a request; otherwise after the answer."""
+        self._closing = True
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
 
     async def send_raw(self, data: bytes) -> None:
         """Write ``data``, already a complete WebSocket frame (the stream hub's one
-        frame per event, shared by every client), under the lock hypercorn's own
-        writes take, so frames never interleave; ConnectionGone when the
+        frame per event, shared by every client), under the lock every write of
+        this connection takes, so frames never interleave; ConnectionGone when the
         connection is closed or reset, or the WebSocket no longer open.
 
-        The state is checked inside the lock: once hypercorn has sent (or is
-        sending) its close frame, no data frame may follow it (RFC 6455, 5.5.1).
-        The write is shielded like hypercorn's own: a frame is never cut in half
-        by a client's disconnect (a half-closed client still reads); one that
-        stays blocked is reset by the hub's monitor (or at shutdown), which ends
-        it with ConnectionGone."""
-        async with self.send_lock:
-            if not self._websocket_open():
+        The state is checked inside the lock: once a close frame has been sent or
+        received, no data frame may follow it (RFC 6455, 5.5.1). The write is
+        shielded: a frame is never cut in half by a client's disconnect (a
+        half-closed client still reads); one that stays blocked is reset by the
+        hub's monitor (or at shutdown), which ends it with ConnectionGone."""
+        async with self._send_lock:
+            ws = self._ws
+            if ws is None or ws.state is not WsState.OPEN or self._gone:
                 raise ConnectionGone("the WebSocket is closing or closed")
             try:
                 with trio.CancelScope(shield=True):
-                    await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError,
-                    trio.BusyResourceError) as exc:
-                # Busy: hypercorn's own end of the connection (send_eof) raced us.
+                    await self._stream.send_all(data)
+            except _TRANSPORT_ERRORS as exc:
+                self._gone = True
                 raise ConnectionGone(str(exc)) from exc
 
-    def _websocket_open(self) -> bool:
-        stream = getattr(self.protocol, "stream", None)
-        connection = getattr(stream, "connection", None)
-        if connection is None or getattr(stream, "closed", True):
-            return False
-        return bool(connection.state is WsState.OPEN)
+    async def run(self, deadline: float) -> None:
+        """Serve requests until the connection ends (closed by either side, or a
+        deadline missed); returns having closed nothing (the caller closes)."""
+        try:
+            await self._serve(deadline)
+        except _Gone:
+            pass
+        except _TRANSPORT_ERRORS:
+            pass  # the peer went away
 
-    async def protocol_send(self, event: Event) -> None:
-        if isinstance(event, Updated):
-            self._on_idle(event.idle)
-        if isinstance(event, RawData):
-            await self._send_bounded(event.data)
-            return
-        await super().protocol_send(event)
+    # -- HTTP ------------------------------------------------------------------
 
-    async def _send_bounded(self, data: bytes) -> None:
-        """hypercorn's own write (shielded, under its lock), in pieces of WRITE_PIECE
-        bytes each of which must be taken within WRITE_STALL_S, else the connection
-        is reset: a client that reads slowly or not at all (thousands of pipelined
-        ``/healthz`` answers left unread) cannot keep it busy past the deadline,
-        while one that reads, however slowly its link, keeps it."""
-        async with self.send_lock:
-            stalled = False
+    async def _serve(self, deadline: float) -> None:
+        while True:
+            request = await self._next_request(deadline)
+            if request is None:
+                return
+            self._on_idle(False)
+            if request.http_version not in _HTTP1 or request.method == b"PRI":
+                return  # the HTTP/2 preface, or HTTP/2 spoken: not answered
+            path = request.target.split(b"?", 1)[0]
+            if self._only is not None and path not in self._only:
+                return  # the reserve pool serves /healthz alone
+            headers = [(n, v) for n, v in request.headers]
+            if (b"websocket" in _tokens(headers, b"upgrade")
+                    and b"upgrade" in _tokens(headers, b"connection")):
+                await self._websocket(request, headers)
+                return
+            body = await self._body(deadline=trio.current_time() + self._idle_s)
+            if body is None:
+                return
+            await self._http(request, headers, body)
+            if self._h11.our_state is not h11.DONE or self._closing:
+                return
+            if self._h11.their_state is not h11.DONE:
+                return
+            self._h11.start_next_cycle()
+            self._on_idle(True)
+            deadline = trio.current_time() + self._idle_s
+
+    async def _next_request(self, deadline: float) -> h11.Request | None:
+        """The next request head by ``deadline``; None: close (deadline, EOF,
+        shutdown, or a malformed request, answered)."""
+        with trio.CancelScope(deadline=deadline) as scope:
+            self._idle_scope = scope
+            if self._closing:
+                scope.cancel()
             try:
-                with trio.CancelScope(shield=True):
-                    view = memoryview(data)
-                    for start in range(0, len(view), WRITE_PIECE):
-                        with trio.move_on_after(WRITE_STALL_S) as piece:
-                            await self.stream.send_all(view[start : start + WRITE_PIECE])
-                        if piece.cancelled_caught:
-                            stalled = True
-                            break
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            else:
-                if not stalled:
+                event = await self._next_event()
+            finally:
+                self._idle_scope = None
+        if scope.cancelled_caught or event is None:
+            return None
+        if isinstance(event, h11.Request):
+            # h11 bounds a head that arrives in pieces; one that arrives whole
+            # in a single read is measured here.
+            size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+            if size > MAX_HEAD_BYTES:
+                await self._refuse(431, "request head too large")
+            return event
+        return None  # ConnectionClosed
+
+    async def _next_event(self) -> Any:
+        """h11's next event, reading as needed; None after answering a protocol error."""
+        while True:
+            try:
+                event = self._h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._refuse(exc.error_status_hint, "malformed request")
+                return None
+            if event is h11.NEED_DATA:
+                data = bytes(await self._stream.receive_some(MAX_HEAD_BYTES))
+                self._h11.receive_data(data)
+                continue
+            return event
+
+    async def _body(self, deadline: float) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        with trio.move_on_after(max(0.0, deadline - trio.current_time())):
+            while True:
+                event = await self._next_event()
+                if event is None:
+                    return None
+                if isinstance(event, h11.Data):
+                    size += len(event.data)
+                    if size > MAX_BODY_BYTES:
+                        await self._refuse(413, "request body too large")
+                        return None
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    return b"".join(chunks)
+                elif event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                    return None
+        return None  # the body did not arrive in time
+
+    async def _refuse(self, status: int, detail: str) -> None:
+        """Answer a request the parser refused (400, 413, 431), and end."""
+        error = _REFUSALS.get(status, "bad_request")
+        body = f'{{"error":"{error}","detail":"{detail}"}}'.encode()
+        head = (f"HTTP/1.1 {status} \r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+        if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self._write(head + body)
+        raise _Gone
+
+    def _scope(self, kind: str, request: h11.Request,
+               headers: list[tuple[bytes, bytes]]) -> Scope:
+        raw_path, _, query = request.target.partition(b"?")
+        try:
+            path = unquote(raw_path.decode("ascii"))
+        except UnicodeDecodeError:
+            path = ""
+        scope: Scope = {
+            "type": kind,
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode("ascii"),
+            "scheme": self._scheme if kind == "http" else
+            ("wss" if self._scheme == "https" else "ws"),
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": headers,
+            "client": self._client,
+            "server": self._server,
+        }
+        if kind == "http":
+            scope["method"] = request.method.decode("ascii")
+        else:
+            scope["subprotocols"] = []
+            scope["extensions"] = {"websocket.http.response": {}}
+        return scope
+
+    async def _http(self, request: h11.Request, headers: list[tuple[bytes, bytes]],
+                    body: bytes) -> None:
+        delivered = False
+        started: dict[str, Any] | None = None
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await self._until_disconnect()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Any) -> None:
+            nonlocal started
+            kind = message.get("type")
+            if kind == "http.response.start":
+                started = message
+            elif kind == "http.response.body" and started is not None:
+                if message.get("more_body"):
+                    raise RuntimeError("the admin app sends whole bodies")
+                status = int(started["status"])
+                out = [(n, v) for n, v in started.get("headers", [])]
+                out.append((b"date", _date()))
+                data = self._h11.send(h11.Response(status_code=status, headers=out))
+                payload = bytes(message.get("body", b""))
+                if payload:
+                    data += self._h11.send(h11.Data(data=payload))
+                data += self._h11.send(h11.EndOfMessage())
+                started = None
+                await self._write(data)
+
+        await self._app(self._scope("http", request, headers), receive, send)
+        if self._gone or self._h11.our_state is h11.SEND_RESPONSE:
+            raise _Gone  # the client went away (the app may have answered nothing)
+
+    async def _until_disconnect(self) -> None:
+        """Return when the client closes its side; bytes it sends meanwhile (a
+        pipelined request) are kept for h11, up to a head's worth."""
+        buffered = 0
+        while True:
+            data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+            if not data:
+                return
+            buffered += len(data)
+            self._h11.receive_data(data)
+            if buffered > MAX_HEAD_BYTES:
+                await trio.sleep_forever()  # no more reading until the answer is out
+
+    async def _write(self, data: bytes) -> None:
+        """Write under the connection's lock, in pieces of WRITE_PIECE bytes each of
+        which must be taken within WRITE_STALL_S, else the connection is reset."""
+        async with self._send_lock:
+            await self._write_locked(data)
+
+    async def _write_locked(self, data: bytes) -> None:
+        """Once the connection is gone (closed, reset, stalled) writes are dropped,
+        as ASGI servers do for an app writing to a client that left; the serving
+        loop ends the connection when the app returns."""
+        if self._gone:
+            return
+        view = memoryview(data)
+        try:
+            with trio.CancelScope(shield=True):
+                for start in range(0, len(view), WRITE_PIECE):
+                    with trio.move_on_after(WRITE_STALL_S) as piece:
+                        await self._stream.send_all(view[start : start + WRITE_PIECE])
+                    if piece.cancelled_caught:
+                        reset(self._socket_stream)
+                        self._gone = True
+                        return
+        except _TRANSPORT_ERRORS:
+            self._gone = True
+
+    # -- WebSocket -------------------------------------------------------------
+
+    async def _websocket(self, request: h11.Request,
+                         headers: list[tuple[bytes, bytes]]) -> None:
+        key = _header(headers, b"sec-websocket-key")
+        if (request.method != b"GET" or not _valid_key(key)
+                or _header(headers, b"sec-websocket-version") != WEBSOCKET_VERSION):
+            await self._refuse(400, "bad WebSocket handshake")
+        event = await self._next_event()  # a GET's end of message
+        if not isinstance(event, h11.EndOfMessage):
+            await self._refuse(400, "bad WebSocket handshake")
+        assert key is not None  # _valid_key
+        connected = False
+        messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
+        async with trio.open_nursery() as nursery:
+
+            async def receive() -> dict[str, Any]:
+                nonlocal connected
+                if not connected:
+                    connected = True
+                    return {"type": "websocket.connect"}
+                try:
+                    return await messages_out.receive()
+                except trio.EndOfChannel:
+                    return {"type": "websocket.disconnect", "code": 1006}
+
+            async def send(message: Any) -> None:
+                kind = message.get("type")
+                if kind == "websocket.accept":
+                    await self._accept(key)
+                    nursery.start_soon(self._read_frames, messages_in)
+                elif kind == "websocket.http.response.start":
+                    await self._answer_refusal(message)
+                elif kind == "websocket.http.response.body":
+                    await self._answer_refusal_body(message)
+                elif kind == "websocket.send":
+                    text, data = message.get("text"), message.get("bytes")
+                    event = TextMessage(text) if text is not None else BytesMessage(data or b"")
+                    await self._ws_send(event)
+                elif kind == "websocket.close":
+                    if self._ws is None:
+                        await self._answer_refusal({"status": 403, "headers": []})
+                        await self._answer_refusal_body({"body": b""})
+                    else:
+                        await self._ws_send(CloseConnection(
+                            int(message.get("code", 1000)), message.get("reason") or ""))
+
+            try:
+                await self._app(self._scope("websocket", request, headers), receive, send)
+            finally:
+                nursery.cancel_scope.cancel()
+        await self._finish_websocket()
+
+    async def _accept(self, key: bytes) -> None:
+        # No Sec-WebSocket-Extensions in the answer: no permessage-deflate, whatever
+        # the client offered.
+        data = self._h11.send(h11.InformationalResponse(status_code=101, headers=[
+            (b"upgrade", b"websocket"),
+            (b"connection", b"Upgrade"),
+            (b"sec-websocket-accept", generate_accept_token(key)),
+        ]))
+        trailing, _ = self._h11.trailing_data
+        self._ws = WsConnection(ConnectionType.SERVER, extensions=[], trailing_data=trailing)
+        await self._write(data)
+
+    async def _answer_refusal(self, message: Any) -> None:
+        status = int(message["status"])
+        out = [(n, v) for n, v in message.get("headers", [])]
+        out += [(b"date", _date()), (b"connection", b"close")]
+        await self._write(self._h11.send(h11.Response(status_code=status, headers=out)))
+
+    async def _answer_refusal_body(self, message: Any) -> None:
+        payload = bytes(message.get("body", b""))
+        data = self._h11.send(h11.Data(data=payload)) if payload else b""
+        await self._write(data + self._h11.send(h11.EndOfMessage()))
+
+    async def _ws_send(self, event: Any) -> None:
+        async with self._send_lock:
+            ws = self._ws
+            if ws is None:
+                return
+            try:
+                data = ws.send(event)
+            except LocalProtocolError:
+                return  # closing or closed: RFC 6455 allows nothing more
+            await self._write_locked(data)
+
+    async def _read_frames(self, messages: trio.MemorySendChannel[dict[str, Any]]) -> None:
+        """Client frames to ASGI messages; answers pings and the close handshake."""
+        ws = self._ws
+        assert ws is not None
+        async with messages:
+            size = 0
+            parts: list[Any] = []
+            while True:
+                try:
+                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                except _TRANSPORT_ERRORS:
+                    data = b""
+                if ws.state is WsState.CLOSED:
                     return
-                reset(self._socket_stream)
-        await self.protocol.handle(Closed())
+                ws.receive_data(data or None)
+                for event in ws.events():
+                    if isinstance(event, Message):
+                        size += len(event.data)
+                        if size > MAX_MESSAGE_BYTES:
+                            await self._ws_send(CloseConnection(CLOSE_TOO_BIG, "message too big"))
+                            return
+                        parts.append(event.data)
+                        if event.message_finished:
+                            text = isinstance(event, TextMessage)
+                            joined = ("" if text else b"").join(parts)
+                            size, parts = 0, []
+                            await messages.send({"type": "websocket.receive",
+                                                 "text" if text else "bytes": joined})
+                    elif isinstance(event, Ping):
+                        await self._ws_send(event.response())
+                    elif isinstance(event, CloseConnection):
+                        # Our answer to the client's close (or to a protocol
+                        # error wsproto found: 1002), then the app hears of it.
+                        await self._ws_send(event.response() if ws.state is
+                                            WsState.REMOTE_CLOSING else
+                                            CloseConnection(event.code or CLOSE_PROTOCOL_ERROR))
+                        return
+                if not data:
+                    return
+
+    async def _finish_websocket(self) -> None:
+        """After the app: a close frame if none was sent, then a little time for the
+        client's own close frame, so that closing the socket does not reset a
+        connection whose last frames the client has not read yet."""
+        ws = self._ws
+        if ws is None or self._gone:
+            return
+        if ws.state is WsState.OPEN:
+            await self._ws_send(CloseConnection(1000))
+        if ws.state is WsState.LOCAL_CLOSING:
+            with trio.move_on_after(CLOSE_HANDSHAKE_S):
+                while ws.state is WsState.LOCAL_CLOSING:
+                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                    if not data:
+                        break
+                    ws.receive_data(data)
+                    for _ in ws.events():
+                        pass

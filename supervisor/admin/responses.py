@@ -3,7 +3,7 @@
 Every error body is JSON ``{"error": "<code>", "detail": "<text>"}``; dynamic
 answers carry ``Cache-Control: no-store`` unless the route says otherwise. A
 WebSocket handshake is refused before it is accepted through ASGI's
-``websocket.http.response`` extension (which hypercorn implements), so the
+``websocket.http.response`` extension (which the admin server implements), so the
 client sees the real status (401, 403, 421); a server without it gets a 1008
 close.
 
@@ -26,7 +26,8 @@ from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
 __all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
-           "header_value", "json_response", "misdirected", "raw_response", "reject_handshake",
+           "header_value", "json_response", "misdirected", "raw_response", "read_only",
+           "reject_handshake",
            "scope_headers", "send_response", "unauthorized"]
 
 JSON = b"application/json"
@@ -97,6 +98,13 @@ def forbidden_origin() -> Response:
     return error_response(403, "forbidden_origin", "Origin not allowed", [_CLOSE])
 
 
+def read_only() -> Response:
+    return error_response(
+        403, "read_only", "this token may read but not act; POST needs [admin].token_file's",
+        [_CLOSE],
+    )
+
+
 def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
     presented = any(k.lower() == b"authorization" for k, _ in headers)
     challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
@@ -118,7 +126,7 @@ def response_headers(response: Response, length: int | None) -> list[tuple[bytes
 
 def raw_response(response: Response, *, head: bool) -> bytes:
     """``response`` as the bytes of an HTTP/1.1 answer that closes its connection
-    (as hypercorn would write it: same headers, ``date``, ``connection: close``)."""
+    (as the connection would write it: same headers, ``date``, ``connection: close``)."""
     lines = [f"HTTP/1.1 {response.status} ".encode("ascii")]
     headers = response_headers(response, len(response.body))
     headers += [(b"date", format_date_time(time.time()).encode("ascii")),

@@ -1,4 +1,4 @@
-"""Serving the admin API: hypercorn's HTTP/1.1 and WebSocket protocol under trio.
+"""Serving the admin API: HTTP/1.1 and WebSocket, with or without TLS, under trio.
 
 :func:`serve_admin` has ``nursery.start`` shape. It binds ``listen`` itself,
 *before* reporting started, so:
@@ -17,25 +17,26 @@ keep-alive connections close and busy ones finish their response; then reset
 whatever is left (a peer that stopped reading) and stop. The deadline holds even
 against such a peer.
 
-Why not ``hypercorn.trio.serve``: hypercorn writes to a socket inside an
-unbounded cancellation shield, so one peer that stops reading (a paused
-``watch``, a frozen scraper) would block that connection's task forever and with
-it the server's shutdown, and nothing outside can reach the socket to undo it.
-This module therefore runs the accept loop itself
-(:mod:`supervisor.admin.accept`), hands each connection to hypercorn's own
-per-connection ``TCPServer`` restricted to HTTP/1.1
-(:mod:`supervisor.admin.http11`), and keeps each connection's stream so it can
-reset one: the stream hub resets a stream client stuck in a write (see
-:mod:`supervisor.admin.stream`), and shutdown resets the rest. The hypercorn
-names used (``TCPServer``, ``WorkerContext``, ``wrap_app``, ``Config``) are pinned by the
-``hypercorn<0.19`` requirement and exercised by the integration tests (written
-against 0.18). As a kernel-level backstop the listening socket carries
-``TCP_USER_TIMEOUT`` (30 s, Linux), which accepted sockets inherit: a peer that
-leaves our data unacknowledged that long is dropped by the kernel.
+The protocol is our own, over ``h11`` and ``wsproto`` (:mod:`supervisor.admin.http11`),
+behind our own accept loop (:mod:`supervisor.admin.accept`); both libraries are
+state machines that do no I/O, so every socket operation, deadline and reset is
+here. A full ASGI server (hypercorn's public ``serve``) was not enough: it
+writes to a socket inside an unbounded cancellation shield (one peer that stops
+reading would block its task and the server's shutdown forever), negotiates
+HTTP/2 and ``permessage-deflate`` whenever a client asks (the first restarts no
+idle timer, the second inflates a frame before any size limit applies), accepts
+connections one per scheduler pass, and gives no way to reset one connection
+or to write a shared frame to it. The stream hub resets a stream client stuck
+in a write (see :mod:`supervisor.admin.stream`), and shutdown resets the rest.
+As a kernel-level backstop the listening socket carries ``TCP_USER_TIMEOUT``
+(30 s, Linux), which accepted sockets inherit: a peer that leaves our data
+unacknowledged that long is dropped by the kernel.
 
-hypercorn's own loggers: the access log is off (a scrape every few seconds is
-noise); the error log is the stdlib ``hypercorn.error`` logger, which
-:func:`supervisor.logs.configure` routes through the daemon's renderer at WARNING.
+TLS (``tls`` given, :mod:`supervisor.tlsconfig`): each connection's handshake
+must complete within the head deadline, with the context current at that
+moment (a reload applies to new handshakes); the accept loop then cannot read a
+request head, so a ``/healthz`` probe is served by its connection (from the
+reserve pool when the main one is full), not answered at accept.
 
 Connection discipline (why: a flood of connections must not take the
 descriptors the rest of the daemon needs, nor ``/healthz``):
@@ -62,25 +63,22 @@ descriptors the rest of the daemon needs, nor ``/healthz``):
 from __future__ import annotations
 
 import errno
-import logging
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.utils import wrap_app
 
 from supervisor.admin.accept import AcceptLoop
 from supervisor.admin.app import AdminApp
 from supervisor.admin.auth import read_token
-from supervisor.admin.connections import ConnectionTable, Peer, reset
+from supervisor.admin.connections import ConnectionTable, Peer, has_pending, reset
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
 from supervisor.admin.hosts import AllowedHosts
-from supervisor.admin.http11 import Http11Connection, first_request_head
+from supervisor.admin.http11 import App, Http11Connection, first_request_head
 from supervisor.admin.limits import ConnectionLimits, current_nofile, derive, raise_nofile
 from supervisor.admin.stream import RawSend, StreamHub, StreamSettings
 from supervisor.config import split_host_port
@@ -101,13 +99,18 @@ BACKLOG = 4096
 # accepted sockets inherit it from the listening socket.
 TCP_USER_TIMEOUT_MS = 30_000
 # A connection must send a complete request head within this long of being
-# accepted, or of its previous response (hypercorn's keep_alive_timeout).
+# accepted, or of its previous response.
 IDLE_DEADLINE_S = 5.0
 # Slots for /healthz alone when every other one is busy, and how long a
 # connection there has to send its request (a probe sends it at once).
 RESERVED_SLOTS = 16
 RESERVE_DEADLINE_S = 1.0
 HEALTHZ = (b"GET /healthz ", b"HEAD /healthz ")
+HEALTHZ_PATHS = frozenset({b"/healthz"})
+# How long, and how much, a closing connection's unread input is drained (see _close).
+LINGER_S = 0.2
+LINGER_BYTES = 256 * 1024
+TLS_HANDSHAKE = b"\x16"  # the record type a TLS ClientHello arrives in
 
 
 def bind_listener(listen: str) -> socket.socket:
@@ -146,47 +149,44 @@ def _bind_failure(exc: OSError) -> str:
     return f"cannot be bound: {exc.strerror or exc}"
 
 
-def _hypercorn_config() -> HypercornConfig:
-    config = HypercornConfig()
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    config.include_server_header = False
-    # A connection must deliver a complete request head within this long of
-    # being accepted (and of its previous response): hypercorn's idle timer.
-    config.keep_alive_timeout = IDLE_DEADLINE_S
-    # Clients have nothing to say on the stream: a small limit bounds what one
-    # can make us buffer.
-    config.websocket_max_message_size = 64 * 1024
-    return config
-
-
 class _Server:
-    """hypercorn's per-connection protocol on our accept loop; see the module docstring."""
+    """Our accept loop and HTTP/1.1 connections; see the module docstring."""
 
-    def __init__(self, sock: socket.socket, limits: ConnectionLimits, metrics: Metrics) -> None:
-        self.config = _hypercorn_config()
-        self._app: Any = None
+    def __init__(
+        self,
+        sock: socket.socket,
+        limits: ConnectionLimits,
+        metrics: Metrics,
+        tls: Callable[[], ssl.SSLContext] | None = None,
+    ) -> None:
+        self._app: App | None = None
         self._answer_at_once: Callable[[bytes], bytes | None] | None = None
         self._sock = sock
-        self._context = WorkerContext(None)
+        self._tls = tls
+        self._scheme = "http" if tls is None else "https"
         self._table = ConnectionTable(
             limits.max_connections,
             RESERVED_SLOTS,
             metrics,
-            reserve_admits=lambda head: head.startswith(HEALTHZ),
+            # Under TLS the head is encrypted: a handshake may take a reserve slot,
+            # and the connection then serves /healthz alone (as a plain one does).
+            reserve_admits=(lambda head: head.startswith(HEALTHZ)) if tls is None
+            else (lambda head: head[:1] == TLS_HANDSHAKE),
         )
         # Shielded: cancelling serve_admin must not cancel the connections
         # before they are closed in order (stream clients first, with 1001).
         self._scope = trio.CancelScope(shield=True)
         self._accepting = trio.CancelScope()
-        # Past their first request head: the stream hub writes frames through them.
         self._connections: dict[Peer, Http11Connection] = {}
+        # Connections still waiting for their first request head (or handshake).
+        self._waiting: dict[Peer, trio.CancelScope] = {}
+        self._closing = False
         self._done = trio.Event()
 
     def mount(self, app: AdminApp) -> None:
-        asgi: Any = app  # hypercorn's ASGI type is narrower than our Scope mappings
-        self._app = wrap_app(asgi, self.config.wsgi_max_body_size, "asgi")
-        self._answer_at_once = app.answer_at_once
+        self._app = app
+        # Under TLS the accept loop cannot read a request head: no answer at once.
+        self._answer_at_once = app.answer_at_once if self._tls is None else None
 
     @property
     def connection_count(self) -> int:
@@ -225,29 +225,96 @@ class _Server:
     async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
         connection: Http11Connection | None = None
         try:
-            # Until its first request head is complete a connection costs only
-            # this task: an idle flood never reaches hypercorn.
             reserve = pool == ConnectionTable.RESERVE
-            deadline = RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S
-            if not await first_request_head(stream, deadline, only=HEALTHZ if reserve else None):
+            deadline_s = RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S
+            deadline = trio.current_time() + deadline_s
+            served: trio.abc.Stream = stream
+            ok = False
+            with trio.CancelScope(deadline=deadline) as waiting:
+                self._waiting[key] = waiting
+                if self._closing:
+                    waiting.cancel()
+                if self._tls is None:
+                    # Until its first request head is complete a plain connection
+                    # costs only this task: an idle flood never reaches a parser.
+                    ok = await first_request_head(stream, deadline_s,
+                                                  only=HEALTHZ if reserve else None)
+                else:
+                    handshaken = await self._handshake(key, stream)
+                    ok = handshaken is not None
+                    served = handshaken or stream
+            self._waiting.pop(key, None)
+            if not ok or waiting.cancelled_caught:
                 reset(stream)
                 return
+            assert self._app is not None
             connection = Http11Connection(
                 self._app,
-                self.config,
-                self._context,
+                served,
                 stream,
-                lambda idle: self._table.set_idle(key, stream, idle),
+                client=key,
+                server=self._server_address(stream),
+                scheme=self._scheme,
+                on_idle=lambda idle: self._table.set_idle(key, stream, idle),
+                idle_s=IDLE_DEADLINE_S,
+                only_paths=HEALTHZ_PATHS if reserve else None,
             )
             self._connections[key] = connection
-            await connection
+            await connection.run(deadline)
         except Exception:  # one connection's failure must not stop the server
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
+            self._waiting.pop(key, None)
             if connection is not None and self._connections.get(key) is connection:
                 del self._connections[key]
             self._table.remove(key, stream)
-            stream.socket.close()
+            await self._close(stream)
+
+    async def _handshake(self, key: Peer, stream: trio.SocketStream) -> trio.SSLStream[Any] | None:
+        """The TLS handshake (the context of this moment: a reload applies to new
+        handshakes); None when it fails (logged at debug: scanners are common)."""
+        assert self._tls is not None
+        tls = trio.SSLStream(stream, self._tls(), server_side=True, https_compatible=True)
+        try:
+            await tls.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            cause = exc.__cause__ or exc
+            log.debug("admin TLS handshake failed", peer=f"{key[0]}:{key[1]}", error=str(cause))
+            return None
+        return tls
+
+    @staticmethod
+    def _server_address(stream: trio.SocketStream) -> tuple[str, int]:
+        try:
+            name = stream.socket.getsockname()
+        except OSError:
+            return ("", 0)
+        return (str(name[0]), int(name[1]))
+
+    @staticmethod
+    async def _close(stream: trio.SocketStream) -> None:
+        """End the connection with a FIN. Closing a socket with unread bytes sends a
+        reset, which can make the client lose our last answer (a 413 before the
+        whole body was read): those bytes are first drained, briefly and boundedly.
+        A closed (reset) socket stays closed."""
+        sock = stream.socket
+        if sock.fileno() == -1:
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            if not has_pending(sock):
+                sock.close()
+                return
+            with trio.move_on_after(LINGER_S):
+                drained = 0
+                while drained < LINGER_BYTES:
+                    data = await sock.recv(65536)
+                    if not data:
+                        break
+                    drained += len(data)
+        except OSError:
+            pass
+        sock.close()
 
     def reset(self, peer: tuple[str, int]) -> bool:
         """Reset the connection from ``peer`` (ASGI ``scope["client"]``); False if none."""
@@ -266,8 +333,12 @@ class _Server:
         """Graceful part of shutdown; the caller bounds it and then calls :meth:`kill`."""
         self._accepting.cancel()
         await hub.close_all(timeout_s / 2)
-        # Idle keep-alive connections close now; busy ones after their response.
-        await self._context.terminated.set()
+        # Idle connections close now; busy ones after their answer.
+        self._closing = True
+        for scope in self._waiting.values():
+            scope.cancel()
+        for connection in self._connections.values():
+            connection.close_if_idle()
         await self._done.wait()
 
     def kill(self) -> None:
@@ -298,9 +369,11 @@ async def serve_admin(
     settings: StreamSettings | None = None,
     shutdown_timeout_s: float = 2.0,
     limits: ConnectionLimits | None = None,
+    tls: Callable[[], ssl.SSLContext] | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on ``listen`` until cancelled; see the module docstring."""
+    """Serve the admin API on ``listen`` until cancelled; see the module docstring.
+    ``tls``: the server context in force at each handshake (None: plain HTTP)."""
     sock = bind_listener(listen)
     try:
         bound = sock.getsockname()
@@ -313,7 +386,7 @@ async def serve_admin(
                          before=raised[0], after=raised[1])
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
-        server = _Server(sock, limits, ctx.metrics)
+        server = _Server(sock, limits, ctx.metrics, tls)
         hub = StreamHub(
             ctx.events,
             ctx.status,
@@ -322,7 +395,9 @@ async def serve_admin(
             abort=server.reset,
             raw_sender=server.raw_sender,
         )
-        hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts)
+        hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts, port=port,
+                             scheme="http" if tls is None else "https",
+                             origins=ctx.allowed_origins)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
@@ -331,6 +406,7 @@ async def serve_admin(
                 "admin API listening",
                 address=f"{host}:{port}",
                 auth=ctx.token is not None,
+                tls=tls is not None,
                 max_connections=limits.max_connections,
                 max_stream_clients=limits.max_stream_clients,
                 nofile=limits.nofile,

@@ -11,8 +11,7 @@ Messages (text frames, each one compact JSON object):
    message, so no event falls between the two and none is counted twice.
 3. ``{"type": "ping", "at": "..."}`` after ``heartbeat_s`` without any other
    message: an application-level heartbeat. ASGI gives the application no way
-   to send protocol ping frames (hypercorn can send them server-wide, but never
-   checks the pongs, and client libraries rarely surface them); a message every
+   to send protocol ping frames (and client libraries rarely surface them); a message every
    client sees also proves the whole path (event loop, hub, connection) alive,
    so a client that hears nothing for a few periods knows to reconnect. Pings
    are not events: ``watch`` does not print them.
@@ -28,15 +27,16 @@ Sharing: each event is encoded once, into one complete WebSocket frame
 (:func:`text_frame`; server frames are unmasked, so every client gets the same
 bytes), and that one ``bytes`` object is written to every client's socket
 (``raw_sender``: the server's per-connection raw write, under the same lock as
-hypercorn's own writes, so frames never interleave). Nothing per client but the
+the connection's own writes, so frames never interleave). Nothing per client but the
 write itself: no ASGI message, no wsproto frame, no UTF-8 copy. That keeps 10,000
 subscribers on one replica within reach of a bare trio-websocket broadcast
 (``bench/bench_stream.py``). Without a raw sender (tests' fake transports) the
 same text goes through ASGI ``websocket.send``. A permessage-deflate session
-stays valid: uncompressed messages are allowed in one (RFC 7692, section 6).
+is never negotiated (the server refuses the extension), so the shared
+uncompressed frame is what every client expects.
 
 A client that stops reading altogether cannot even be sent a close frame:
-hypercorn's socket write is shielded from cancellation and blocks once the
+the connection's socket write is shielded from cancellation and blocks once the
 kernel's buffers are full. The hub's :meth:`StreamHub.monitor` finds writes that
 have been blocked too long (``stall_timeout_s``, or ``close_timeout_s`` once the
 client has overflowed) and asks the server to reset that TCP connection
@@ -196,7 +196,7 @@ class StreamHub:
             raw = self._raw_sender(peer)
         try:
             await send({"type": "websocket.accept"})
-            # Through hypercorn: its handshake response must be out first.
+            # Through the connection: its handshake response must be out first.
             await self._send(client, send, None, first_message)
             close: tuple[int, str] | None = None
             async with trio.open_nursery() as nursery:
@@ -214,7 +214,7 @@ class StreamHub:
             self._remove(client)
 
     async def _read_until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
-        # The stream is one-way; client messages are read (so hypercorn's bounded
+        # The stream is one-way; client messages are read (so the connection's bounded
         # per-connection queue never fills) and ignored.
         while True:
             message = await receive()

@@ -123,6 +123,13 @@ def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
     return f"{host}:{port}", token
 
 
+def admin_secure(args: argparse.Namespace) -> bool:
+    """Whether the replica named by --config serves TLS (its default URL is then
+    https/wss; verified against --ca-file)."""
+    path = config_path(args, required=False)
+    return path is not None and load(path).admin.tls_cert_file is not None
+
+
 class ReferenceResolver:
     """Each secret reference stands in for its value: compiles everything but the secrets
     (which may exist only on the replicas' hosts).

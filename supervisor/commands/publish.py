@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ from supervisor.commands.common import (
     EXIT_USAGE,
     ReferenceResolver,
     admin_base,
+    admin_secure,
     load_config,
     with_store,
 )
@@ -91,6 +93,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", metavar="PATH", default=None,
                         help="with --wait: the replicas' admin token (default: "
                              "[admin].token_file of --config)")
+    parser.add_argument("--ca-file", metavar="PATH", default=None,
+                        help="with --wait: the CA that https/wss replicas' certificates are "
+                             "verified against (default: the system's trust store)")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
@@ -161,6 +166,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     # Before publishing: a bad token file or URL must not leave a revision nobody waits for,
     # and the follower's imports (a few hundred ms) are not paid between commit and verdict.
     targets = _wait_targets(args) if args.wait else []
+    # Read before publishing: an unusable --ca-file must not leave a publish unwaited.
+    from supervisor.admin.client import ca_file_context
+
+    ssl_context = ca_file_context(args.ca_file) if args.wait else None
     if args.wait:
         from supervisor.commands import waiting  # noqa: F401
     revision = with_store(config, publish, create=True)
@@ -172,7 +181,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.wait:
         print(revision)
         return EXIT_OK
-    results = _wait(targets, revision, args.timeout)
+    results = _wait(targets, revision, args.timeout, ssl_context)
     code = _verdict(results)
     if args.json:
         outcome = {EXIT_OK: "active", EXIT_REPLICA_REFUSED: "refused"}.get(code, "not_active")
@@ -224,12 +233,12 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
 
 def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     address, token = admin_base(args)
-    urls = args.url or [f"http://{address}"]
+    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
     return [(url.rstrip("/"), token) for url in urls]
 
 
 def _wait(targets: list[tuple[str, str | None]], revision: int,
-          timeout_s: float) -> list[ReplicaResult]:
+          timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> list[ReplicaResult]:
     """Every replica's verdict, active first (then superseded, timeout, refused; by URL)."""
     from supervisor.commands.waiting import wait_for_revision
 
@@ -237,7 +246,8 @@ def _wait(targets: list[tuple[str, str | None]], revision: int,
 
     async def wait_all() -> None:
         async def one(url: str, token: str | None) -> None:
-            results.append(await wait_for_revision(url, revision, token, timeout_s))
+            results.append(await wait_for_revision(url, revision, token, timeout_s,
+                                                   ssl_context))
 
         async with trio.open_nursery() as nursery:
             for url, token in targets:

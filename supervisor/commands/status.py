@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from supervisor.commands.common import EXIT_ERROR, EXIT_OK, admin_base, table
+from supervisor.commands.common import EXIT_ERROR, EXIT_OK, admin_base, admin_secure, table
 
 __all__ = ["cmd_status", "register"]
 
@@ -26,24 +26,28 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", metavar="PATH", default=None,
                         help="file holding the admin bearer token (default: "
                              "[admin].token_file of --config)")
+    parser.add_argument("--ca-file", metavar="PATH", default=None,
+                        help="the CA that an https replica's certificate is verified against "
+                             "(default: the system's trust store)")
     parser.add_argument("--json", action="store_true",
                         help="print the raw /status JSON document instead of the table "
                              "(several --url: an object keyed by URL)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import fetch_status
+    from supervisor.admin.client import ca_file_context, fetch_status
     from supervisor.admin.errors import AdminUnreachable
     from supervisor.admin.status_view import render_status, unhealthy
 
     address, token = admin_base(args)
-    urls = args.url or [f"http://{address}"]
+    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
+    ssl_context = ca_file_context(args.ca_file)
     docs: dict[str, dict[str, Any] | AdminUnreachable] = {}
 
     async def fetch_all() -> None:
         async def one(url: str) -> None:
             try:
-                docs[url] = await fetch_status(url, token)
+                docs[url] = await fetch_status(url, token, ssl_context=ssl_context)
             except AdminUnreachable as exc:
                 docs[url] = exc
 

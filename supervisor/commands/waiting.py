@@ -23,6 +23,7 @@ awaited, and failure is ignored: the stream is what is judged.
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,19 +85,22 @@ def _text(value: Any) -> str | None:
     return None if value is None else " ".join(str(value).split())
 
 
-async def _nudge(base: str, token: str | None) -> None:
+async def _nudge(base: str, token: str | None, ssl_context: ssl.SSLContext | None) -> None:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=5, trust_env=False,
+                                     verify=ssl_context or True) as client:
             await client.post(converge_url(base), headers=headers)
     except httpx.HTTPError:
         pass  # best effort: the stream decides
 
 
-async def _follow(base: str, revision: int, token: str | None) -> ReplicaResult:
+async def _follow(base: str, revision: int, token: str | None,
+                  ssl_context: ssl.SSLContext | None) -> ReplicaResult:
     """One connection: the verdict, or ConnectionClosed / HandshakeError / OSError."""
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
     async with open_websocket_url(stream_url(base), extra_headers=headers,
+                                  ssl_context=ssl_context,
                                   max_message_size=16 * 1024 * 1024,
                                   connect_timeout=10, disconnect_timeout=2) as ws, \
             trio.open_nursery() as nursery:
@@ -113,7 +117,7 @@ async def _follow(base: str, revision: int, token: str | None) -> ReplicaResult:
                 return verdict
             if not nudged:
                 nudged = True
-                nursery.start_soon(_nudge, base, token)
+                nursery.start_soon(_nudge, base, token, ssl_context)
 
 
 def _handshake(exc: BaseException) -> str:
@@ -126,14 +130,15 @@ def _handshake(exc: BaseException) -> str:
 
 
 async def wait_for_revision(base: str, revision: int, token: str | None,
-                            timeout_s: float) -> ReplicaResult:
+                            timeout_s: float,
+                            ssl_context: ssl.SSLContext | None = None) -> ReplicaResult:
     """Follow ``base``'s stream until ``revision`` is active, refused or superseded there."""
     last = "no answer yet"
     with trio.move_on_after(timeout_s):
         while True:
             failure: str | None = None
             try:
-                return await _follow(base, revision, token)
+                return await _follow(base, revision, token, ssl_context)
             except* HandshakeError as group:
                 failure = _handshake(group.exceptions[0])
             except* ConnectionClosed as group:

@@ -68,6 +68,7 @@ from supervisor.sinks.atomic import write_atomic
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, decode_file
 from supervisor.sinks.lkg.keys import parse_trusted
+from supervisor.tlsconfig import upstream_context
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
@@ -150,6 +151,7 @@ class FollowerStore:
             base_url=self._url, headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
             transport=transport,  # tests: an upstream served in-process
+            verify=upstream_context(config) or True,
         )
         self._accepted: _Accepted | None = None
         self._highest = 0

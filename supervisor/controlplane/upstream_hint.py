@@ -25,6 +25,7 @@ from trio_websocket import open_websocket_url
 from supervisor.backoff import Backoff
 from supervisor.logs import get_logger
 from supervisor.outage import OutageLog
+from supervisor.tlsconfig import upstream_context
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
@@ -59,7 +60,8 @@ async def run_upstream_hint(
     while True:
         try:
             async with open_websocket_url(url, extra_headers=headers,
-                                          connect_timeout=CONNECT_TIMEOUT_S) as ws:
+                                          connect_timeout=CONNECT_TIMEOUT_S,
+                                          ssl_context=upstream_context(config)) as ws:
                 outage.recovered()
                 log.info("following the upstream's stream for wake-ups", url=url)
                 wake("reconnect")

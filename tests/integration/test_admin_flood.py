@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import zlib
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -297,5 +298,86 @@ async def test_a_head_trickled_byte_by_byte_is_closed_at_the_idle_deadline(
             assert (await read_head(kept)).startswith(b"HTTP/1.1 200")
             assert await trickle(kept) < IDLE_DEADLINE_S + 1.5
             await kept.aclose()
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def _compressed_frame(inflated_bytes: int) -> bytes:
+    """One masked client text frame with RSV1 set (permessage-deflate's "compressed")
+    whose payload inflates to ``inflated_bytes`` zero bytes. An all-zero mask keeps
+    the payload as it is."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    payload = b"".join(deflate.compress(bytes(1 << 20)) for _ in range(inflated_bytes >> 20))
+    payload += deflate.flush(zlib.Z_SYNC_FLUSH)
+    return bytes((0xC1, 0x80 | 127)) + len(payload).to_bytes(8, "big") + b"\0\0\0\0" + payload
+
+
+async def _deflate_bomb(port: int, frame: bytes, closes: list[int]) -> None:
+    stream = await connect(port)
+    try:
+        await stream.send_all(
+            websocket_request().replace(
+                b"\r\n\r\n", b"\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n"))
+        head = await read_head(stream)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        try:
+            await stream.send_all(frame)
+        except trio.BrokenResourceError:
+            pass  # closed by the server before the whole frame was in
+        closes.append(len(head))
+        await until_closed(stream)
+    finally:
+        await stream.aclose()
+
+
+async def test_compressed_frames_inflating_to_256_mib_do_not_move_rss_or_stall_healthz(
+    tmp_path: Path,
+) -> None:
+    """Six clients offer permessage-deflate and send a compressed frame inflating to
+    256 MiB each, on a token-less loopback replica (any local user can): the
+    extension is refused, so nothing is inflated; RSS stays within 150 MiB of
+    where it was and /healthz answers within 1 s throughout."""
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    frame = _compressed_frame(256 << 20)
+    mib = 1 << 20
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            pid = daemon.process.pid
+            baseline = rss_bytes(pid)
+            peak_before = _peak_rss(pid)
+            samples: list[int] = []
+            closes: list[int] = []
+            with ProbeProcess(port) as prober:
+                async with trio.open_nursery() as nursery:
+
+                    async def sample() -> None:
+                        while True:
+                            samples.append(rss_bytes(pid))
+                            await trio.sleep(0.02)  # the sampling pace, not a wait for state
+
+                    nursery.start_soon(sample)
+                    for _round in range(3):
+                        async with trio.open_nursery() as bombs:
+                            for _ in range(6):
+                                bombs.start_soon(_deflate_bomb, port, frame, closes)
+                    nursery.cancel_scope.cancel()
+                await trio.to_thread.run_sync(prober.stop)
+            assert len(closes) == 18
+            grown = max(max(samples), _peak_rss(pid)) - max(baseline, peak_before)
+            assert grown < 150 * mib, f"RSS grew {grown / mib:.0f} MiB"
+            assert prober.latencies and max(prober.latencies) < 1.0, max(prober.latencies)
+            assert not prober.failures, prober.failures
+            status, _, _ = await request(port, "/healthz")
+            assert status == 200
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

@@ -39,6 +39,21 @@ def test_allowed_hosts() -> None:
     assert AllowedHosts("0.0.0.0", ["*"]).allows("anything.example")
 
 
+def test_an_origin_is_allowed_only_with_the_listeners_scheme_and_port() -> None:
+    hosts = AllowedHosts("127.0.0.1", port=9464, origins=["https://console.example:8443"])
+    for origin in ("http://localhost:9464", "http://127.0.0.1:9464", "http://[::1]:9464",
+                   "HTTP://LocalHost.:9464", "https://console.example:8443"):
+        assert hosts.allows_origin(origin), origin
+    for origin in ("http://localhost:8080", "https://127.0.0.1:1", "http://[::1]:3000",
+                   "https://localhost:9464", "http://localhost", "http://evil.example:9464",
+                   "https://console.example", "http://console.example:8443",
+                   "http://localhost:9464/path", "ws://localhost:9464", "null",
+                   "http://localhost:99999"):
+        assert not hosts.allows_origin(origin), origin
+    tls = AllowedHosts("127.0.0.1", port=443, scheme="https")
+    assert tls.allows_origin("https://localhost") and not tls.allows_origin("http://localhost:443")
+
+
 async def test_unknown_host_gets_421_and_a_foreign_origin_403(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
@@ -113,5 +128,44 @@ async def test_converge_post_is_held_to_the_host_and_origin_checks(tmp_path: Pat
                 status, body, _ = await request(port, path, method="POST", headers=headers)
                 assert status == 200, body
                 assert json.loads(body.split(b"\r\n\r\n", 1)[1])["outcome"] == "converged"
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+CROSS_ORIGINS = ("http://localhost:8080", "https://127.0.0.1:1", "http://[::1]:3000")
+
+
+async def test_a_page_on_another_port_of_localhost_is_another_origin(tmp_path: Path) -> None:
+    """Any program serving a page on localhost (another port, another scheme) must
+    neither start a convergence attempt nor read the stream of a token-less replica."""
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          'allowed_origins = ["https://console.example:8443"]\n', port=port)
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    path = "/v1/converge?timeout_s=10"
+
+    async def handshake(origin: str) -> bytes:
+        stream = await connect(port)
+        try:
+            await stream.send_all(websocket_request(origin=origin))
+            return await read_head(stream)
+        finally:
+            await stream.aclose()
+
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            for origin in CROSS_ORIGINS:
+                status, body, _ = await request(port, path, method="POST",
+                                                headers=f"Origin: {origin}\r\n")
+                assert status == 403 and b"forbidden_origin" in body, (origin, body)
+                assert (await handshake(origin)).startswith(b"HTTP/1.1 403"), origin
+            own = (f"http://localhost:{port}", f"http://127.0.0.1:{port}",
+                   f"http://[::1]:{port}", "https://console.example:8443")
+            for origin in own:
+                status, body, _ = await request(port, path, method="POST",
+                                                headers=f"Origin: {origin}\r\n")
+                assert status == 200, (origin, body)
+                assert (await handshake(origin)).startswith(b"HTTP/1.1 101"), origin
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

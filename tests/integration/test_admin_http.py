@@ -8,7 +8,7 @@ import httpx
 import msgspec
 import pytest
 import trio
-from trio_websocket import ConnectionRejected, open_websocket_url
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from supervisor.admin.errors import AdminBindError, AdminError
 from supervisor.admin.server import serve_admin
@@ -225,3 +225,46 @@ async def test_real_snapshot_is_served() -> None:
             assert r.status_code == 304
             assert (await http.get("/readyz")).json() == {
                 "ready": True, "revision": 7, "generation": 3}
+
+
+async def _exchange(host: str, port: int, data: bytes) -> bytes:
+    stream = await trio.open_tcp_stream(host, port)
+    try:
+        try:
+            await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass  # answered and closed before all of it was in
+        reply = b""
+        try:
+            while chunk := await stream.receive_some(65536):
+                reply += chunk
+        except trio.BrokenResourceError:
+            pass
+        return reply
+    finally:
+        await stream.aclose()
+
+
+async def test_oversized_heads_and_bodies_are_refused_and_end_their_connection() -> None:
+    with trio.fail_after(10):
+        async with running_admin(make_ctx()) as srv:
+            head = (b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (20 * 1024)
+                    + b"\r\n\r\n")
+            assert (await _exchange(srv.host, srv.port, head)).startswith(b"HTTP/1.1 431")
+            body = b"x" * (65 * 1024)
+            post = (b"POST /v1/converge HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                    + str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert (await _exchange(srv.host, srv.port, post)).startswith(b"HTTP/1.1 413")
+            async with httpx.AsyncClient(base_url=srv.base) as http:
+                assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_a_client_message_over_64_kib_closes_the_stream_with_1009() -> None:
+    with trio.fail_after(10):
+        async with running_admin(make_ctx()) as srv, owned_ws(srv.host, srv.port) as ws:
+            await ws.get_message()  # the status
+            await ws.send_message("x" * (64 * 1024 + 1))
+            with pytest.raises(ConnectionClosed) as info:
+                while True:
+                    await ws.get_message()
+            assert info.value.reason is not None and info.value.reason.code == 1009

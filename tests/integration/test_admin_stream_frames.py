@@ -1,7 +1,10 @@
 """The shared raw frames through the real admin server, read by WebSocket clients
-that did and did not negotiate permessage-deflate (wsproto as the client)."""
+that did and did not offer permessage-deflate (wsproto as the client): the server
+negotiates no extension, so every client reads the same uncompressed frames."""
 
 from __future__ import annotations
+
+import zlib
 
 import msgspec
 import pytest
@@ -70,8 +73,8 @@ async def test_clients_with_and_without_permessage_deflate_read_the_shared_frame
                 client = WsprotoClient(await trio.open_tcp_stream(srv.host, srv.port), deflate)
                 await client.open(srv.host, srv.port)
                 negotiated = [e.name for e in client.accepted.extensions] if client.accepted else []
-                assert negotiated == (["permessage-deflate"] if deflate else [])
-                assert (await client.message())["type"] == "status"  # compressed when deflate
+                assert negotiated == []  # the offer is refused: nothing is ever inflated
+                assert (await client.message())["type"] == "status"
                 clients.append(client)
             for i in range(3):
                 ctx.events.publish("published", {"revision": 10 + i, "note": "x" * 200 * i})
@@ -84,9 +87,10 @@ async def test_clients_with_and_without_permessage_deflate_read_the_shared_frame
             srv.stop()
 
 
-async def test_events_reach_a_deflate_client_as_the_shared_uncompressed_frame() -> None:
-    """hypercorn compresses what it frames itself (the status message: RSV1 set);
-    events arrive as the hub's own frame, uncompressed: the shared frame is used."""
+async def test_a_deflate_offer_gets_no_extension_and_a_compressed_frame_closes_1002() -> None:
+    """The answer to an offer of permessage-deflate names no extension, the server's
+    frames are uncompressed (RSV1 clear), and a client frame with RSV1 set (what a
+    compressed frame is) ends the connection with 1002 instead of being inflated."""
     with trio.fail_after(20):
         ctx = make_ctx()
         async with running_admin(ctx) as srv:
@@ -95,17 +99,19 @@ async def test_events_reach_a_deflate_client_as_the_shared_uncompressed_frame() 
                 (f"GET /v1/stream HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
                  "Upgrade: websocket\r\nConnection: Upgrade\r\n"
                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-                 "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n").encode())
+                 "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n"
+                 ).encode())
             data = b""
             while b"\r\n\r\n" not in data:
                 data += await stream.receive_some(65536)
             head, rest = data.split(b"\r\n\r\n", 1)
-            assert b"permessage-deflate" in head.lower()
+            assert head.startswith(b"HTTP/1.1 101"), head
+            assert b"sec-websocket-extensions" not in head.lower()
             buffer = bytearray(rest)
 
             async def frame() -> tuple[int, bytes]:
                 while True:
-                    if len(buffer) >= 4:
+                    if len(buffer) >= 2:
                         first, length, offset = buffer[0], buffer[1], 2
                         if length == 126:
                             length, offset = int.from_bytes(buffer[2:4], "big"), 4
@@ -113,13 +119,24 @@ async def test_events_reach_a_deflate_client_as_the_shared_uncompressed_frame() 
                             payload = bytes(buffer[offset:offset + length])
                             del buffer[:offset + length]
                             return first, payload
-                    buffer.extend(await stream.receive_some(65536))
+                    chunk = await stream.receive_some(65536)
+                    assert chunk, "closed before a whole frame"
+                    buffer.extend(chunk)
 
             first, _ = await frame()
-            assert first == 0xC1  # FIN, RSV1 (compressed), text: the status, by hypercorn
+            assert first == 0x81  # FIN, text, not compressed
             ctx.events.publish("published", {"revision": 7})
             first, payload = await frame()
-            assert first == 0x81  # FIN, text, not compressed: the hub's shared frame
+            assert first == 0x81
             assert msgspec.json.decode(payload)["revision"] == 7
+            # FIN + RSV1 + text, masked, a deflate stream's bytes as payload.
+            compressed = zlib.compressobj(wbits=-15)
+            body = compressed.compress(b"x" * 100_000) + compressed.flush(zlib.Z_SYNC_FLUSH)
+            mask = b"\0\0\0\0"
+            assert len(body) < 126
+            await stream.send_all(bytes((0xC1, 0x80 | len(body))) + mask + body)
+            first, payload = await frame()
+            assert first == 0x88  # close
+            assert int.from_bytes(payload[:2], "big") == 1002
             await stream.aclose()
             srv.stop()

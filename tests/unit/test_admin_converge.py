@@ -152,3 +152,22 @@ async def test_deadline_method_token_and_no_loop(autojump_clock: trio.testing.Mo
     assert signal.requests == 1  # only the authorised, well-formed request reached the loop
     answered = await Client().call(app_with(None))
     assert answered is not None and answered[0] == 503
+
+
+async def test_the_read_token_reads_but_its_post_is_refused_403(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    signal = ChangeSignal()
+    app = app_with(signal)
+    app.ctx.read_token = "read-only-token"
+    read = [(b"authorization", b"Bearer read-only-token")]
+    answered = await Client().call(app, headers=read)
+    assert answered is not None and answered[0] == 403
+    assert answered[2]["error"] == "read_only"
+    assert answered[1][b"connection"] == b"close"
+    assert signal.requests == 0  # nothing reached the loop
+    answered = await Client().call(app, method="GET", path="/status", headers=read)
+    assert answered is not None and answered[0] == 200
+    answered = await Client().call(app, method="GET", path="/status",
+                                   headers=[(b"authorization", b"Bearer read-only-tokeN")])
+    assert answered is not None and answered[0] == 401

@@ -138,7 +138,7 @@ async def test_writer_stalled_too_long_is_reset(autojump_clock: trio.testing.Moc
         sock = FakeSocket()
 
         def abort(peer: tuple[str, int]) -> bool:
-            # What a TCP reset does to hypercorn's blocked write: it returns.
+            # What a TCP reset does to the connection's blocked write: it returns.
             aborted.append(peer)
             assert sock.gate is not None
             sock.gate.set()

@@ -101,8 +101,46 @@ def test_environment_list_override() -> None:
 def test_non_loopback_admin_requires_a_token_file() -> None:
     exc = refuse('[admin]\nlisten = "0.0.0.0:9464"\n')
     assert exc.path == "$.admin.token_file"
-    load_text('[admin]\nlisten = "0.0.0.0:9464"\ntoken_file = "/t"\n', environ={})
+    load_text('[admin]\nlisten = "0.0.0.0:9464"\ntoken_file = "/t"\nallow_plaintext = true\n',
+              environ={})
     load_text('[admin]\nlisten = "[::1]:9464"\n', environ={})
+
+
+def test_a_non_loopback_listener_serves_tls_or_says_it_allows_plaintext() -> None:
+    public = '[admin]\nlisten = "0.0.0.0:9464"\ntoken_file = "/t"\n'
+    exc = refuse(public)
+    assert exc.path == "$.admin.allow_plaintext" and "TLS" in exc.reason
+    load_text(public + 'tls_cert_file = "/c"\ntls_key_file = "/k"\n', environ={})
+    load_text(public + "allow_plaintext = true\n", environ={})
+    assert refuse(public + 'tls_cert_file = "/c"\n').path == "$.admin.tls_key_file"
+    assert refuse('[admin]\ntls_key_file = "/k"\n').path == "$.admin.tls_cert_file"
+    assert refuse('[admin]\nclient_ca_file = "/ca"\n').path == "$.admin.client_ca_file"
+    assert refuse('[admin]\nread_token_file = "/r"\n').path == "$.admin.read_token_file"
+    load_text('[admin]\ntoken_file = "/t"\nread_token_file = "/r"\n', environ={})
+    follower = '[control_plane]\nurl = "https://hub:9464"\n'
+    assert refuse(follower + 'client_cert_file = "/c"\n').path == \
+        "$.control_plane.client_key_file"
+    assert refuse('[control_plane]\nurl = "http://hub:9464"\nca_file = "/ca"\n').path == \
+        "$.control_plane.ca_file"
+    assert refuse('[admin]\nallowed_origins = ["http://x/path"]\n').path == \
+        "$.admin.allowed_origins[0]"
+
+
+def test_check_loads_the_tls_files_as_the_daemon_will(tmp_path: Path) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key, other = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "other.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    ca.issue_cert("x").private_key_pem.write_to_path(str(other))
+    leaf.private_key_pem.write_to_path(str(key))
+    good = load_text(f'[admin]\ntls_cert_file = "{cert}"\ntls_key_file = "{key}"\n',
+                     environ={})
+    assert not [p for p in check_files(good) if "tls" in p[0]]
+    mismatched = load_text(f'[admin]\ntls_cert_file = "{cert}"\ntls_key_file = "{other}"\n',
+                           environ={})
+    problems = dict(check_files(mismatched))
+    assert "$.admin.tls_cert_file" in problems, problems
 
 
 def test_bad_listen_and_url() -> None:

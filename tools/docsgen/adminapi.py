@@ -134,7 +134,16 @@ def render_admin_api() -> str:
            "HTTP and WebSocket on `[admin].listen` (see [configuration.md]"
            "(configuration.md#admin)). When `[admin].token_file` is set, every route that "
            "says so needs `Authorization: Bearer <token>` (401 otherwise, before routing, so "
-           "nothing reveals which paths exist); a `Host` the server is not known by gets 421. "
+           "nothing reveals which paths exist); the token of `[admin].read_token_file` passes "
+           "on every route but `POST /v1/converge`, which answers it 403 `read_only`. A `Host` "
+           "the server is not known by gets 421; a WebSocket handshake or a `POST` whose "
+           "`Origin` is not the listener's own (scheme, host, port) nor in "
+           "`[admin].allowed_origins` gets 403 `forbidden_origin`. HTTP/1.1 only (a request "
+           "head over 16 KiB is answered 431 `head_too_large`, a body over 64 KiB 413 "
+           "`body_too_large`, each ending its connection); with "
+           "`[admin].tls_cert_file` HTTPS and WSS (mutual TLS with `client_ca_file`). "
+           "The WebSocket handshake negotiates no extension (`permessage-deflate` is "
+           "refused); a client message over 64 KiB closes the stream with 1009. "
            "Every error body is JSON `{\"error\": \"<code>\", \"detail\": \"<text>\"}`; "
            "an unknown path is 404, a wrong method 405 with `Allow`.\n\n",
            "## Routes\n\n",

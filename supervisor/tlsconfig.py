@@ -1,0 +1,122 @@
+"""TLS contexts between replicas: the admin API's server side and the follower's client side.
+
+Contract:
+
+- :func:`server_context` loads ``[admin].tls_cert_file`` and ``tls_key_file`` (a
+  PEM chain and its key) into a server context of TLS 1.2 or later that offers
+  ``http/1.1`` alone over ALPN; with ``[admin].client_ca_file`` every client must
+  present a certificate that CA signed (mutual TLS).
+- :func:`client_context` is what a client of a replica verifies against: the CA
+  file given (``[control_plane].ca_file``, ``--ca-file``), else the system's
+  trust store; with a certificate and key it presents them (mutual TLS).
+- A file that cannot be read or does not hold what it should is a
+  :class:`~supervisor.errors.ConfigError` naming its key: ``check`` and a start
+  exit 2, never a traceback.
+- :class:`ServerContexts` holds the server context in force and builds a new
+  one on :meth:`ServerContexts.reload` (SIGHUP): each new handshake takes the
+  context of its moment, so a renewed short-lived certificate is served without
+  a restart, and connections already open keep theirs. A reload that fails
+  keeps the context in force and says why.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from supervisor.config import ControlPlaneConfig
+from supervisor.errors import ConfigError
+
+__all__ = ["ServerContexts", "client_context", "server_context", "upstream_context"]
+
+ALPN = ["http/1.1"]
+
+
+def _load_chain(context: ssl.SSLContext, cert_file: str, key_file: str,
+                cert_where: str, key_where: str) -> None:
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except FileNotFoundError as exc:
+        missing = exc.filename or cert_file
+        where = key_where if missing == key_file else cert_where
+        raise ConfigError(where, f"cannot read {missing}: no such file") from exc
+    except PermissionError as exc:
+        missing = exc.filename or cert_file
+        where = key_where if missing == key_file else cert_where
+        raise ConfigError(where, f"cannot read {missing}: permission denied") from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            cert_where, f"{cert_file} and {key_file} are not a PEM certificate chain and its "
+            f"private key ({exc.strerror or exc})") from exc
+
+
+def _load_ca(context: ssl.SSLContext, ca_file: str, where: str) -> None:
+    try:
+        context.load_verify_locations(cafile=ca_file)
+    except FileNotFoundError as exc:
+        raise ConfigError(where, f"cannot read {ca_file}: no such file") from exc
+    except PermissionError as exc:
+        raise ConfigError(where, f"cannot read {ca_file}: permission denied") from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            where, f"{ca_file} holds no PEM CA certificate ({exc.strerror or exc})") from exc
+
+
+def server_context(cert_file: str, key_file: str, client_ca_file: str | None = None,
+                   ) -> ssl.SSLContext:
+    """The admin API's server context; see the module docstring."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(ALPN)
+    _load_chain(context, cert_file, key_file, "$.admin.tls_cert_file", "$.admin.tls_key_file")
+    if client_ca_file is not None:
+        _load_ca(context, client_ca_file, "$.admin.client_ca_file")
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_context(
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    *,
+    where: str = "$.control_plane",
+) -> ssl.SSLContext:
+    """A client context verifying the server against ``ca_file`` (None: the system's
+    trust store), presenting ``cert_file``/``key_file`` when given. ``where`` is the
+    configuration section errors name (``$.control_plane``, or ``--ca-file``)."""
+    context = ssl.create_default_context()
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(ALPN)
+    if ca_file is not None:
+        _load_ca(context, ca_file, f"{where}.ca_file" if where.startswith("$") else where)
+    if cert_file is not None and key_file is not None:
+        _load_chain(context, cert_file, key_file, f"{where}.client_cert_file",
+                    f"{where}.client_key_file")
+    return context
+
+
+def upstream_context(config: ControlPlaneConfig) -> ssl.SSLContext | None:
+    """What a follower verifies its upstream with, over https: ``[control_plane].ca_file``
+    (else the system's trust store) and the client certificate it presents; None
+    over plain http."""
+    if not config.url.startswith("https://"):
+        return None
+    return client_context(config.ca_file, config.client_cert_file, config.client_key_file)
+
+
+class ServerContexts:
+    """The admin server's TLS context in force; :meth:`reload` swaps it (SIGHUP)."""
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None) -> None:
+        self._files = (cert_file, key_file, client_ca_file)
+        self._current = server_context(*self._files)
+        self.reloads = 0
+
+    def current(self) -> ssl.SSLContext:
+        return self._current
+
+    def reload(self) -> None:
+        """Build the context again from the same files; ConfigError (the old one
+        stays in force) when they no longer load."""
+        self._current = server_context(*self._files)
+        self.reloads += 1
