@@ -10,6 +10,7 @@ gave up. ``python -m supervisor --config PATH`` is ``run``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -25,7 +26,9 @@ from supervisor.commands.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    REPLICA_SCHEMES,
     admin_base,
+    admin_url,
     config_path,
     load_config,
 )
@@ -41,6 +44,7 @@ from supervisor.errors import (
     UsageError,
     find_leaf,
 )
+from supervisor.reasons import DENIED, INVALID, REVISION_REASONS, UNAVAILABLE
 from supervisor.statedirs import creation_problems, make_state_directories
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
@@ -49,10 +53,32 @@ __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE"
 _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
 
 
+class _BadArguments(Exception):
+    """The command line does not parse: reported by :func:`main` (exit 2), with the
+    ``--json`` failure document when one was asked for."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        self.parser = parser
+        self.message = message
+        super().__init__(message)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        raise _BadArguments(self, message + _did_you_mean(message))
+
+
+def _did_you_mean(message: str) -> str:
+    """`` (did you mean `status`?)`` for argparse's "invalid choice: 'statu'"."""
+    import difflib
+    import re
+
+    match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if match is None:
+        return ""
+    choices = re.findall(r"'([^']*)'", match.group(2))
+    close = difflib.get_close_matches(match.group(1), choices, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def _wrap(text: str) -> str:
@@ -101,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         revisions.register(name, command(name))
     status.register(command("status"))
     watch = command("watch")
-    watch.add_argument("--url", default=None,
+    watch.add_argument("--url", default=None, type=admin_url(REPLICA_SCHEMES),
                        help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
@@ -249,7 +275,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(words)
+    except _BadArguments as bad:
+        bad.parser.print_usage(sys.stderr)
+        print(f"{bad.parser.prog}: error: {bad.message}", file=sys.stderr)
+        if "--json" in words:
+            _print_failure(INVALID, bad.message)
+        return EXIT_USAGE
     command = COMMANDS[args.command or "run"]
     if command is not cmd_run:
         logs.configure("warning", "console")
@@ -258,7 +292,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
-        return _report(exc)
+        code = _report(exc)
+        if getattr(args, "json", False) and code != EXIT_OK:
+            # The lines went to stderr; a `| jq` pipeline still gets its one document.
+            _print_failure(*failure(exc))
+        return code
+
+
+def _print_failure(reason: str, detail: str) -> None:
+    print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+
+
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(reason label of docs/reasons.md, detail) of a command's failure.
+
+    A store's or a revision's own label wins (``not_found``, ``corrupt``...), also
+    behind the usage error that names it; a bad argument or configuration is
+    ``invalid``, a replica that refuses the token ``denied``, one that does not
+    answer ``unavailable``, as is anything else that kept the command from its answer.
+    """
+    from supervisor.admin.errors import AdminRefused
+
+    found = find_leaf(exc, (SupervisorError,)) or exc
+    detail = str(found) or type(found).__name__
+    cause: BaseException | None = found
+    while cause is not None:
+        label = getattr(cause, "reason", None)
+        if label in REVISION_REASONS and not isinstance(cause, ConfigError):
+            return str(label), detail
+        cause = cause.__cause__
+    if isinstance(found, ConfigError | UsageError):
+        return INVALID, detail
+    if isinstance(found, AdminRefused):
+        return DENIED, detail
+    return UNAVAILABLE, detail
 
 
 def _report(exc: BaseException) -> int:

@@ -42,8 +42,10 @@ from supervisor.commands.common import (
     EXIT_OK,
     EXIT_REPLICA_REFUSED,
     EXIT_USAGE,
+    REPLICA_SCHEMES,
     ReferenceResolver,
     admin_base,
+    admin_url,
     load_config,
     with_store,
 )
@@ -86,6 +88,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="after publishing, wait until every --url replica reports the "
                              "revision active (exit 0) or refused (exit 5)")
     parser.add_argument("--url", action="append", default=None, metavar="URL",
+                        type=admin_url(REPLICA_SCHEMES),
                         help="with --wait: a replica's admin URL, http://HOST:PORT; repeat "
                              "for several (default: [admin].listen of --config)")
     parser.add_argument("--token-file", metavar="PATH", default=None,

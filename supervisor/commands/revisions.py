@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count", "register"]
 
 JSON_HELP = "print one JSON document instead of the table"
+#: The largest id a store holds (PostgreSQL bigint; SQLite's integer is as wide).
+MAX_REVISION_ID = 2**63 - 1
 
 
 def _revision_id(text: str) -> int:
@@ -41,6 +43,9 @@ def _revision_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a revision id: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"revision ids start at 1, got {value}")
+    if value > MAX_REVISION_ID:
+        raise argparse.ArgumentTypeError(
+            f"revision ids end at {MAX_REVISION_ID} (a bigint), got {text}")
     return value
 
 

@@ -13,13 +13,21 @@ from typing import Any
 
 import trio
 
-from supervisor.commands.common import EXIT_ERROR, EXIT_OK, admin_base, table
+from supervisor.commands.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    HTTP_SCHEMES,
+    admin_base,
+    admin_url,
+    table,
+)
+from supervisor.reasons import DENIED, UNAVAILABLE
 
 __all__ = ["cmd_status", "register"]
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", action="append", default=None,
+    parser.add_argument("--url", action="append", default=None, type=admin_url(HTTP_SCHEMES),
                         help="admin API base URL, http://HOST:PORT (default: [admin].listen "
                              "of --config, else http://127.0.0.1:9464); repeat for several "
                              "replicas: one line each")
@@ -33,7 +41,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.client import fetch_status
-    from supervisor.admin.errors import AdminUnreachable
+    from supervisor.admin.errors import AdminRefused, AdminUnreachable
     from supervisor.admin.status_view import render_status, unhealthy
 
     address, token = admin_base(args)
@@ -57,6 +65,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc = docs[urls[0]]
         if isinstance(doc, AdminUnreachable):
             print(f"status: {doc}", file=sys.stderr)
+            if args.json:
+                reason = DENIED if isinstance(doc, AdminRefused) else UNAVAILABLE
+                print(json.dumps({"ok": False, "reason": reason, "detail": str(doc)}))
             return EXIT_ERROR
         print(json.dumps(doc, indent=2) if args.json else render_status(doc))
         for problem in unhealthy(doc):
