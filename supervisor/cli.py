@@ -34,7 +34,7 @@ from supervisor.commands.common import (
 )
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders
-from supervisor.configfile import load
+from supervisor.configfile import all_problems, load
 from supervisor.errors import (
     BootRefused,
     ConfigError,
@@ -159,27 +159,36 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     path = config_path(args)
     assert path is not None
-    config = load(path)  # check_files reports a missing SQLite directory with the rest
+    try:
+        config = load(path)  # check_files reports a missing SQLite directory with the rest
+    except ConfigError:
+        for found in all_problems(path):  # every one, not only the first
+            print(f"trio-supervisor: configuration error: {found}", file=sys.stderr)
+        return EXIT_USAGE
     problems = placeholders(config) + check_files(config) + creation_problems(config)
+    warnings: list[tuple[str, str]] = []
     if not problems:
-        problems = _check_contents(config)
+        problems = _check_contents(config, warnings)
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
     from supervisor.filemodes import loose_secret_files
 
-    loose = loose_secret_files(config)
-    for key, file, why in loose:
-        print(f"warning: {path}: {key}: {file} is {why}", file=sys.stderr)
-    if loose and getattr(args, "strict", False):
+    warnings += [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
+    for key, warning in warnings:
+        print(f"warning: {path}: {key}: {warning}", file=sys.stderr)
+    if warnings and getattr(args, "strict", False):
+        print(f"{path}: {len(warnings)} warning(s); --strict makes each an error",
+              file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
 
 
-def _check_contents(config: Config) -> list[tuple[str, str]]:
-    """What the daemon would refuse at start in the files themselves (keys, token)."""
+def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What the daemon would refuse at start in the files themselves (keys, token); what it
+    would accept but regret goes to ``warnings``."""
     problems: list[tuple[str, str]] = []
     if config.admin.token_file:
         from supervisor.admin.server import read_token
@@ -203,9 +212,8 @@ def _check_contents(config: Config) -> list[tuple[str, str]]:
             problems.append((exc.path, exc.reason))
         else:
             if not cache.signing_key_trusted:
-                print("warning: $.cache.signing_key: its verify key is not in "
-                      "cache.trusted_keys; this replica would refuse its own cache",
-                      file=sys.stderr)
+                warnings.append(("$.cache.signing_key", "its verify key is not in "
+                                 "cache.trusted_keys; this replica would refuse its own cache"))
     return problems
 
 

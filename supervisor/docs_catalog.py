@@ -289,6 +289,9 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "leadership.holder": "The Lease's holder identity as last observed (null: free, or "
     "disabled).",
     "leadership.lease": "`<namespace>/<name>` of the election Lease (null when disabled).",
+    "version": "The build of trio-supervisor serving (as `trio-supervisor --version`): an "
+    "upgrade's progress across the fleet (`status --url A --url B`, column VERSION).",
+    "started_at": "When this process started (UTC, ISO 8601): a restart shows here.",
 }
 
 CONTROL_PLANE_TABLES: Final[dict[str, str]] = {

@@ -7,11 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor import __version__
 from supervisor.admin.signed import SignedRevisionFile
 from supervisor.admin.status_doc import declared
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
-from supervisor.events import EventBus
+from supervisor.events import EventBus, utc_now_iso
 from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -43,6 +44,8 @@ class AdminContext:
     upstream: str | None = None
     # Issue 14: the fan-out leadership report {"role", "holder", "lease"}; None: disabled.
     leadership: Callable[[], dict[str, Any]] | None = None
+    # When this process started serving its admin API (UTC, ISO 8601): /status `started_at`.
+    started_at: str = field(default_factory=utc_now_iso)
 
     def status(self) -> dict[str, Any]:
         """The /status document, as :class:`~.status_doc.StatusDocument` declares it.
@@ -62,4 +65,6 @@ class AdminContext:
             "fanout": {kind: st.report() for kind, st in self.fanout.items()},
             "leadership": self.leadership() if self.leadership is not None
             else {"role": "disabled", "holder": None, "lease": None},
+            "version": __version__,
+            "started_at": self.started_at,
         })

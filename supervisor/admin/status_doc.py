@@ -79,6 +79,8 @@ class StatusDocument(_Part):
     children: dict[str, ChildReport]
     fanout: dict[str, FanoutReport]
     leadership: LeadershipReport
+    version: str
+    started_at: str
 
 
 def declared(document: dict[str, Any]) -> dict[str, Any]:

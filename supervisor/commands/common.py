@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "ReferenceResolver", "admin_base",
-    "admin_url", "cell", "config_path", "iso", "load_config", "table", "with_store",
+    "admin_url", "cell", "config_path", "describe_store", "iso", "load_config", "table",
+    "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -104,6 +105,16 @@ def require_sqlite_directory(config: Config) -> None:
             f"directory {parent} (of {config.control_plane.url}, relative to "
             f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
         )
+
+
+def describe_store(config: Config) -> str:
+    """The control plane as an operator can find it again: an SQLite file's absolute path
+    (a relative one is relative to this working directory), a PostgreSQL URL redacted."""
+    from supervisor.dsn import redact
+
+    if config.control_plane.backend == "sqlite":
+        return os.path.abspath(sqlite_path(config.control_plane.url))
+    return redact(config.control_plane.url)
 
 
 def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], *,

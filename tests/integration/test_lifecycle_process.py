@@ -72,7 +72,7 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             fleet = await acli("status", *urls, "--token-file", str(token))
             rows = fleet.stdout.splitlines()
             assert rows[0].split() == ["REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP", "UP",
-                                       "FAILURES", "STATE"]
+                                       "FAILURES", "VERSION", "STATE"]
             assert [r.split()[:4] for r in rows[1:]] == [
                 [f"http://127.0.0.1:{p}", "2", "2", "control_plane"] for p in ports]
 
@@ -190,14 +190,16 @@ async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
                                  "--json", check=False)
             assert as_json.returncode == 5, as_json.stdout + as_json.stderr
             assert json.loads(as_json.stdout) == {
-                "ok": False, "revision": 4, "outcome": "refused",
+                "ok": False, "revision": 4, "sequence": 4, "unchanged": False,
+                "store": f"{tmp_path}/cp.db", "outcome": "refused",
                 "replicas": [{"url": base, "state": "refused", "reason": "secret",
                               "detail": reason.removeprefix("refused: secret: ")}]}
             as_json = await acli("publish", "--config", str(config), str(good), "--wait",
                                  "--json", check=False)
             assert as_json.returncode == 0, as_json.stdout + as_json.stderr
             assert json.loads(as_json.stdout) == {
-                "ok": True, "revision": 5, "outcome": "active",
+                "ok": True, "revision": 5, "sequence": 5, "unchanged": False,
+                "store": f"{tmp_path}/cp.db", "outcome": "active",
                 "replicas": [{"url": base, "state": "active", "reason": None, "detail": None}]}
 
 
@@ -218,7 +220,7 @@ async def test_publish_wait_follows_a_replica_that_comes_back_mid_wait(tmp_path:
         assert waiter.stdout is not None
         # Its commit is done once it says so; the replica is not running yet.
         seen = b""
-        while b"published revision 2\n" not in seen:
+        while b"published revision 2 " not in seen:
             chunk = await waiter.stdout.receive_some()
             assert chunk, seen
             seen += chunk
