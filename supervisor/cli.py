@@ -129,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     watch = command("watch")
     watch.add_argument("--url", default=None, type=admin_url(REPLICA_SCHEMES),
                        help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
+    watch.add_argument("--token-file", metavar="PATH", default=None,
+                       help="file holding the admin bearer token (default: "
+                            "[admin].token_file of --config)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
     keygen = command("keygen")
@@ -300,11 +303,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
+        if command is cmd_run and _logged_config_error(args, exc):
+            return EXIT_USAGE
         code = _report(exc)
         if getattr(args, "json", False) and code != EXIT_OK:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
         return code
+
+
+def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
+    """``run``'s configuration error as a log line of ``[log].format`` (journal, JSON), as
+    every other line of the unit, whenever that format itself could be read: a JSON
+    pipeline or ``journalctl -p err`` then sees why the unit exited 2."""
+    found = find_leaf(exc, (ConfigError, UsageError))
+    if found is None:
+        return False
+    fmt = _readable_log_format(config_path(args, required=False))
+    if fmt is None:
+        return False
+    logs.configure("info", fmt)
+    if isinstance(found, ConfigError):
+        logs.get_logger("daemon").critical("invalid configuration", key=found.path,
+                                           reason=found.reason, source=found.source,
+                                           detail=str(found))
+    else:
+        logs.get_logger("daemon").critical("invalid configuration", detail=str(found))
+    return True
+
+
+def _readable_log_format(path: str | None) -> str | None:
+    """``[log].format`` (or its environment override) when it can be read and is one the
+    daemon knows, whatever else is wrong with the configuration; else None."""
+    import os
+    import tomllib
+
+    import msgspec
+
+    from supervisor.config import ENV_PREFIX, LogConfig
+
+    value: object = None
+    if path is not None:
+        try:
+            with open(path, "rb") as file:
+                table = tomllib.load(file).get("log")
+        except (OSError, ValueError, RecursionError):
+            table = None
+        value = table.get("format") if isinstance(table, dict) else None
+    value = os.environ.get(f"{ENV_PREFIX}LOG__FORMAT", value)
+    try:
+        return msgspec.convert({"format": value}, LogConfig).format
+    except msgspec.ValidationError:
+        return None
 
 
 def _print_failure(reason: str, detail: str) -> None:

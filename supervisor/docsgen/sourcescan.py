@@ -14,7 +14,8 @@ from pathlib import Path
 
 from supervisor.docsgen.common import PACKAGE
 
-__all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "notify_messages"]
+__all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "non_constant_events",
+           "notify_messages"]
 
 LEVELS = ("debug", "info", "warning", "error", "critical", "exception")
 
@@ -45,24 +46,43 @@ def _keys(node: ast.Dict) -> set[str]:
     return {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
 
 
+def _log_call_nodes(tree: ast.Module) -> Iterator[ast.Call]:
+    """Every ``<logger>.<level>(event, ...)`` call in ``tree``."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LEVELS and node.args
+                and "log" in ast.unparse(node.func.value).lower()):
+            yield node
+
+
+#: Where an event name is a parameter on purpose: each call site passes constants, which
+#: :func:`log_calls` reads there (``OutageLog(log, "what")``, ``_Streak("a", "b")``).
+EVENT_FORWARDERS = ("supervisor.outage", "supervisor.admin.accept")
+
+
+def non_constant_events(module: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, call) of every log call whose event is not a constant (or a choice of
+    constants): an alert cannot match such an event, and this page cannot list it."""
+    if module in EVENT_FORWARDERS:
+        return
+    for node in _log_call_nodes(tree):
+        if not _constants(node.args[0]):
+            yield node.lineno, ast.unparse(node)[:120]
+
+
 def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
-    """(event, level, keys) of every ``<logger>.<level>("event", key=...)`` call in ``tree``."""
+    """(event, level, keys) of every ``<logger>.<level>("event", key=...)`` call in ``tree``
+    (``"a" if ... else "b"`` is both events)."""
     # ``log.error("...", **fields)`` where ``fields = {...}`` in the same file.
     dicts = _dict_literals(tree)
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in LEVELS and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)):
-            continue
-        receiver = ast.unparse(node.func.value)
-        if "log" not in receiver.lower():
-            continue
-        keys = sorted(k.arg for k in node.keywords if k.arg and k.arg != "exc_info")
-        for splat in (k.value for k in node.keywords if k.arg is None):
+    for call in _log_call_nodes(tree):
+        keys = sorted(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
+        for splat in (k.value for k in call.keywords if k.arg is None):
             keys += sorted(dicts.get(splat.id, set()) if isinstance(splat, ast.Name) else ())
-        level = "error" if node.func.attr == "exception" else node.func.attr
-        yield node.args[0].value, level, keys
+        method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+        level = "error" if method == "exception" else method
+        for event in _constants(call.args[0]):
+            yield event, level, keys
     # An outage is logged by OutageLog(logger, "<what>") as three events
     # (supervisor/outage.py); the caller's fields come with the first two.
     for node in ast.walk(tree):
@@ -74,6 +94,16 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
             yield f"{what} unreachable", "warning", ["detail", "error", "reason"]
             yield f"{what} still unreachable", "warning", ["attempts", "for_s"]
             yield f"{what} reachable again", "info", ["after_s", "attempts"]
+    # A streak of failures (supervisor/admin/accept.py): _Streak("begins", "ends"), two
+    # events (side_sinks.py's _Streak takes a sink's name, and logs constants itself).
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "_Streak" and len(node.args) == 2
+                and all(_constants(arg) for arg in node.args)):
+            for event in _constants(node.args[0]):
+                yield event, "warning", ["error", "limit"]
+            for event in _constants(node.args[1]):
+                yield event, "warning", ["count", "limit"]
 
 
 def emitted_events(tree: ast.Module) -> Iterator[str]:

@@ -113,3 +113,21 @@ def test_check_strict_exits_2_when_the_signing_key_is_not_trusted(tmp_path: Path
     assert lenient.returncode == 0 and "would refuse its own cache" in lenient.stderr
     refused(run("check", "--strict", "--config", str(path), env=env),
             "$.cache.signing_key", "would refuse its own cache", "--strict")
+
+
+def test_a_startup_configuration_error_follows_the_log_format(tmp_path: Path) -> None:
+    import json
+
+    path = config(tmp_path, '[log]\nformat = "json"\n[admin]\nlisten = 5\n')
+    result = run("run", "--config", str(path))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    doc = json.loads(line)
+    assert doc["event"] == "invalid configuration" and doc["level"] == "critical"
+    assert doc["key"] == "$.admin.listen" and doc["source"] == str(path)
+    journal = run("run", "--config", str(path), env={"SUPERVISOR_LOG__FORMAT": "journal"})
+    assert journal.returncode == 2
+    assert journal.stderr.startswith("<2>{") and '"invalid configuration"' in journal.stderr
+    # The format itself unreadable: the plain line, as before.
+    plain = run("run", "--config", str(config(tmp_path, '[log]\nformat = "xml"\n')))
+    refused(plain, "trio-supervisor: configuration error:", "$.log.format")
