@@ -545,8 +545,17 @@ async def test_kubernetes_deployment_cross_references() -> None:
     pod = spec["template"]["spec"]
     # Two replicas (issue 14: only the Lease holder fans out), replaced one at a time.
     assert spec["replicas"] == 2 and spec["updateStrategy"]["type"] == "RollingUpdate"
-    assert one(objects, "Service", spec["serviceName"])
     template_labels = spec["template"]["metadata"]["labels"]
+    # The governing Service is headless: each replica has its own DNS name
+    # (trio-supervisor-0.trio-supervisor-peers...), which the admin API answers to.
+    peers = one(objects, "Service", spec["serviceName"])
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["selector"].items() <= template_labels.items()
+    # The replicas never share a node.
+    [by_node] = [c for c in spec["template"]["spec"]["topologySpreadConstraints"]
+                 if c["topologyKey"] == "kubernetes.io/hostname"]
+    assert by_node["whenUnsatisfiable"] == "DoNotSchedule" and by_node["maxSkew"] == 1
+    assert by_node["labelSelector"]["matchLabels"].items() <= template_labels.items()
     selector = spec["selector"]["matchLabels"]
     assert selector.items() <= template_labels.items(), "the selector selects the template"
     namespace = deployment["metadata"]["namespace"]
@@ -573,6 +582,15 @@ async def test_kubernetes_deployment_cross_references() -> None:
     config = load_text(configmap["data"][config_path.name], environ={})
     host, port = config.admin.host_port
     assert host == "0.0.0.0", "reachable by the kubelet's probes"
+    # Each replica answers to its own DNS name, however a client in the cluster spells it.
+    from supervisor.admin.hosts import AllowedHosts
+
+    allowed = AllowedHosts(host, config.admin.allowed_hosts)
+    for i in range(spec["replicas"]):
+        member = f"{deployment['metadata']['name']}-{i}.{spec['serviceName']}"
+        for name in (member, f"{member}.{namespace}", f"{member}.{namespace}.svc",
+                     f"{member}.{namespace}.svc.cluster.local"):
+            assert allowed.allows(name), name
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["admin"] == port
     assert config.kubernetes.enabled and config.kubernetes.kubeconfig is None  # in-cluster
@@ -618,7 +636,7 @@ async def test_kubernetes_deployment_cross_references() -> None:
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
     # The Service selects the pods and targets the admin port.
-    service = one(objects, "Service")
+    service = one(objects, "Service", "trio-supervisor-admin")
     assert service["spec"]["selector"].items() <= template_labels.items()
     assert all(p["targetPort"] in ports or p["targetPort"] in ports.values()
                for p in service["spec"]["ports"])
