@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND",
                                 title="commands")
 
-    def command(name: str) -> argparse.ArgumentParser:
+    def command(name: str, *, config: bool = True) -> argparse.ArgumentParser:
         text = cli_help.COMMANDS[name]
         p = sub.add_parser(
             name,
@@ -107,7 +107,9 @@ def _parser() -> argparse.ArgumentParser:
             epilog=cli_help.epilog(text),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=_CONFIG_HELP)
+        if config:
+            p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                           help=_CONFIG_HELP)
         return p
 
     command("run")
@@ -134,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
                             "[admin].token_file of --config)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
-    keygen = command("keygen")
+    keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
     return parser
