@@ -32,6 +32,7 @@ from supervisor.commands.common import (
     config_path,
     load_config,
 )
+from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders
 from supervisor.configfile import all_problems, load
@@ -136,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
                             "[admin].token_file of --config)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
+    completion = command("completion", config=False)
+    completion.add_argument("shell", choices=SHELLS,
+                            help="the shell whose completion script to print")
     keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
@@ -263,6 +267,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from supervisor.completion import script
+
+    print(script(_parser(), args.shell), end="")
+    return EXIT_OK
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     from supervisor.sinks.lkg import generate_signing_key
 
@@ -284,6 +295,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": status.cmd_status,
     "watch": cmd_watch,
     "keygen": cmd_keygen,
+    "completion": cmd_completion,
 }
 
 

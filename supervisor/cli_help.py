@@ -193,6 +193,17 @@ COMMANDS: dict[str, CommandHelp] = {
          (1, "unreachable, token refused, or the stream was lost (with --no-reconnect)"),
          (2, "bad usage or invalid configuration")),
     ),
+    "completion": CommandHelp(
+        "print a shell completion script (bash or zsh)",
+        "Prints a completion script for SHELL, generated from this build's own parser, so "
+        "every subcommand, option and choice of this version completes, and options that "
+        "take a path complete file names. Load it in the shell's start-up file; regenerate "
+        "it after an upgrade. Nothing is read or written.",
+        ("source <(trio-supervisor completion bash)",
+         "trio-supervisor completion zsh > ~/.zsh/trio-supervisor.zsh"),
+        ((0, "printed"),
+         (2, "an unknown shell")),
+    ),
     "keygen": CommandHelp(
         "write a new Ed25519 signing key for the last-known-good cache",
         "Writes a new Ed25519 signing key to --out (mode 0600; an existing file is never "
