@@ -27,8 +27,9 @@ PROGRAM = (
     "Keeps a config snapshot equal to the control plane's desired revision (PostgreSQL or "
     "SQLite), fans out Kubernetes resources, and serves an admin API. Without a subcommand "
     "it runs the daemon. The configuration file is named by --config or $SUPERVISOR_CONFIG; "
-    "every key can be overridden as SUPERVISOR_<SECTION>__<KEY>. Reference: README.rst and "
-    "docs/ in the source tree."
+    "every key can be overridden as SUPERVISOR_<SECTION>__<KEY>. Each command's --help lists "
+    "its options, examples and exit codes; the full reference is the project's README.rst "
+    "and docs/ (the systemd install steps put README.rst in /usr/share/doc/trio-supervisor)."
 )
 
 EXIT_CODES = (

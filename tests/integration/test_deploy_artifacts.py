@@ -88,6 +88,28 @@ def seconds(value: str) -> float:
     return float(match.group(1)) * factor
 
 
+def test_the_units_documentation_is_installed_by_its_own_steps() -> None:
+    """``Documentation=file://...`` names a file the install steps (the unit's comment and
+    the README's) put there: an installed host has no source tree to point into."""
+    text = UNIT.read_text()
+    readme = (REPO / "README.rst").read_text()
+    documented = parse_unit(text)["Unit"]["Documentation"]
+    files = [d.removeprefix("file://") for line in documented for d in line.split()
+             if d.startswith("file://")]
+    assert files
+    for path in files:
+        step = f"install -D -m 0644 README.rst {path}"
+        assert path.endswith("/README.rst") and f"#   {step}" in text and f"    {step}" in readme
+
+
+def test_the_containerfile_run_example_is_the_readmes() -> None:
+    readme = (REPO / "README.rst").read_text()
+    example = re.search(r"#   (docker run .*\\\n#     .*)", CONTAINERFILE.read_text())
+    assert example is not None
+    command = example.group(1).replace("\\\n#     ", "\\\n      ")
+    assert f"    {command}\n" in readme
+
+
 def test_systemd_unit_properties() -> None:
     unit = parse_unit(UNIT.read_text())
     service = unit["Service"]
@@ -207,7 +229,7 @@ async def test_daemon_runs_under_memory_deny_write_execute(tmp_path: Path, pg_ur
                                  "metadata": {"name": "web", "namespace": "trio-supervisor"},
                                  "spec": {"image": "nginx", "port": 80}})
                     await fake.wait_until(lambda: fake.get("services", "apps", "web") is not None)
-                    await acli("publish", "--config", str(config), str(EXAMPLE))
+                    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
                     await daemon.wait_log("published", revision=2)
                     daemon.signal(signal.SIGTERM)
                     assert await daemon.wait() == 0, "\n".join(daemon.raw)
