@@ -32,7 +32,8 @@ async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -
             raw = json.loads((await acli("status", "--config", str(config), "--json")).stdout)
             assert raw["revision"]["active"] == 1
             assert raw["children"]["convergence"]["state"] == "running"
-            assert set(raw) == {"revision", "children", "fanout", "leadership"}
+            assert set(raw) == {"revision", "children", "fanout", "leadership", "version",
+                                  "started_at"}
             assert raw["leadership"] == {"role": "disabled", "holder": None, "lease": None}
             assert raw["fanout"]["ServiceDefinition"] == {
                 "state": "disabled", "last_error_class": None, "objects": 0}
