@@ -293,6 +293,44 @@ def test_containerfile_properties() -> None:
     assert any(i == "RUN" and "tini" in a for i, a in runtime), "tini is installed"
 
 
+LOCK = DEPLOY / "container" / "requirements.lock"
+
+
+def test_the_image_installs_exactly_the_locked_dependencies() -> None:
+    """requirements.lock pins every dependency of pyproject.toml (and theirs) with hashes,
+    at versions pyproject accepts, and the build installs from it with --require-hashes."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    text = LOCK.read_text()
+    assert "pip-compile --generate-hashes" in text
+    assert " pyproject.toml\n" in text, "compiled from pyproject.toml"
+    pinned: dict[str, str] = {}
+    for block in re.split(r"\n(?=[a-z0-9])", text.split("\n#\n", 1)[1].strip()):
+        head = block.split(" ", 1)[0]
+        name, sep, version = head.partition("==")
+        assert sep, f"not pinned: {head}"
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", block), f"no hash: {head}"
+        pinned[canonicalize_name(name)] = version
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for dependency in project["dependencies"]:
+        requirement = Requirement(dependency)
+        name = canonicalize_name(requirement.name)
+        assert name in pinned, f"{requirement.name} of pyproject.toml is not in the lock"
+        assert requirement.specifier.contains(pinned[name]), (
+            f"the lock's {name}=={pinned[name]} is outside pyproject's {requirement.specifier}:"
+            " regenerate it (README, \"Containers\")")
+        for extra in requirement.extras:  # psycopg[binary] -> psycopg-binary
+            assert canonicalize_name(f"{requirement.name}-{extra}") in pinned
+    build = containerfile_stages(CONTAINERFILE.read_text())[0]
+    locked = [a for i, a in build if i == "RUN" and "requirements.lock" in a]
+    assert locked and "--require-hashes" in locked[0]
+    assert [a for i, a in build if i == "RUN" and "pip wheel" in a and " ." in a
+            and "--no-deps" in a], "the project's wheel resolves nothing again"
+
+
 def test_containerfile_ignore_file_keeps_what_the_build_copies() -> None:
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
