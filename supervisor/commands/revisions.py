@@ -356,8 +356,8 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
             rejection = revision.get("last_rejection") if isinstance(revision, dict) else None
             if isinstance(rejection, dict) and rejection.get("revision") == args.revision:
                 found.append(f"{url} refused revision {args.revision} at "
-                             f"{cell(rejection.get('at'))} ({cell(rejection.get('reason'))}: "
-                             f"{cell(rejection.get('detail'))})")
+                             f"{cell(rejection.get('at'))}: {cell(rejection.get('reason'))}: "
+                             f"{cell(rejection.get('detail'))}")
 
         async with trio.open_nursery() as nursery:
             for url in urls:

@@ -68,7 +68,7 @@ async def test_status_check_and_rollback_follow_what_the_replica_refused(tmp_pat
             answer = json.loads(asked.stdout)
             assert answer["ok"] is False and answer["reason"] == "invalid"
             assert f"{base} refused revision 2" in answer["detail"]
-            assert "(secret: $.keys.k.secret" in answer["detail"]
+            assert ": secret: $.keys.k.secret" in answer["detail"]
             assert "--force" in answer["detail"] and "desired was not changed" in answer["detail"]
             history = json.loads((await acli("history", "--config", config, "--json")).stdout)
             assert history["desired"] == 3
