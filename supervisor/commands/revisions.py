@@ -340,7 +340,17 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
     from supervisor.admin.client import fetch_status
     from supervisor.admin.errors import AdminUnreachable
 
-    address, token = admin_base(args)
+    from supervisor.errors import ConfigError
+
+    try:
+        address, token = admin_base(args)
+    except (ConfigError, UsageError) as exc:
+        if args.url or args.token_file:
+            raise
+        # The replica's token file is often its own user's alone: an operator who cannot
+        # read it can still roll back, told that no replica was asked.
+        print(f"warning: cannot check the replica's last refusal: {exc}", file=sys.stderr)
+        return
     urls = args.url or [f"http://{address}"]
     found: list[str] = []
     unread: list[str] = []

@@ -91,3 +91,18 @@ async def test_publish_names_the_store_it_wrote_and_a_new_one_it_made(tmp_path: 
     again = await acli("publish", "--config", str(config), str(_other(tmp_path)), cwd=elsewhere)
     assert "created a new control plane" not in again.stderr
     assert f"published revision 2 to {store}" in again.stdout
+
+
+async def test_rollback_without_the_replicas_token_says_it_did_not_ask(tmp_path: Path) -> None:
+    """The replica's token file is often readable by its own user only: the operator can
+    still roll back, and is told that no replica's refusal was checked."""
+    config = str(write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                              f'token_file = "{tmp_path}/no-such.token"'))
+    await acli("publish", "--config", config, str(EXAMPLE))
+    await acli("publish", "--config", config, str(_other(tmp_path)))
+    rolled = await acli("rollback", "1", "--config", config, "--message", "back", check=False)
+    assert rolled.returncode == 0, rolled.stderr
+    assert "warning: cannot check the replica's last refusal" in rolled.stderr
+    named = await acli("rollback", "2", "--config", config, "--token-file",
+                       str(tmp_path / "no-such.token"), check=False)
+    assert named.returncode == 2 and "--token-file" in named.stderr
