@@ -339,7 +339,6 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
 
     from supervisor.admin.client import fetch_status
     from supervisor.admin.errors import AdminUnreachable
-
     from supervisor.errors import ConfigError
 
     try:
