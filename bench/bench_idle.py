@@ -134,7 +134,7 @@ def run_sqlite(seconds: float, settle: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
         workdir = Path(tmp)
         config = write_config(workdir, f"sqlite:///{workdir}/controlplane.db")
-        cli("publish", "--config", str(config), str(EXAMPLE))
+        cli("publish", "--config", str(config), str(EXAMPLE), "--force")
         with daemon(config, workdir) as pid:
             time.sleep(settle)
             return measure(pid, seconds)
@@ -150,7 +150,7 @@ def run_postgresql(dsn: str, seconds: float, settle: float) -> dict[str, float]:
             workdir = Path(tmp)
             config = write_config(workdir, f"{base}/{dbname}", "listen = true\n")
             cli("db", "migrate", "--config", str(config))
-            cli("publish", "--config", str(config), str(EXAMPLE))
+            cli("publish", "--config", str(config), str(EXAMPLE), "--force")
             with daemon(config, workdir) as pid:
                 time.sleep(settle)
                 return measure(pid, seconds)

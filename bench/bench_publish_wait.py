@@ -105,7 +105,7 @@ def one_run(config: Path, document: Path,
     for line in proc.stdout:
         if line.startswith("published revision ") and commit is None:
             commit = time.monotonic()
-            revision = int(line.split()[-1])
+            revision = int(line.split()[2].rstrip(","))  # published revision N to ...
         elif line.rstrip().endswith(" active") and verdict is None:
             verdict = time.monotonic()
     code = proc.wait()

@@ -10,6 +10,7 @@ gave up. ``python -m supervisor --config PATH`` is ``run``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -25,14 +26,17 @@ from supervisor.commands.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    REPLICA_SCHEMES,
     admin_base,
     admin_secure,
+    admin_url,
     config_path,
     load_config,
 )
+from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders, unconfined_secrets
-from supervisor.configfile import load
+from supervisor.configfile import all_problems, load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
     BootRefused,
@@ -43,6 +47,7 @@ from supervisor.errors import (
     UsageError,
     find_leaf,
 )
+from supervisor.reasons import DENIED, INVALID, REVISION_REASONS, UNAVAILABLE
 from supervisor.statedirs import creation_problems, make_state_directories
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
@@ -51,10 +56,32 @@ __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE"
 _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
 
 
+class _BadArguments(Exception):
+    """The command line does not parse: reported by :func:`main` (exit 2), with the
+    ``--json`` failure document when one was asked for."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        self.parser = parser
+        self.message = message
+        super().__init__(message)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        raise _BadArguments(self, message + _did_you_mean(message))
+
+
+def _did_you_mean(message: str) -> str:
+    """`` (did you mean `status`?)`` for argparse's "invalid choice: 'statu'"."""
+    import difflib
+    import re
+
+    match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if match is None:
+        return ""
+    choices = re.findall(r"'([^']*)'", match.group(2))
+    close = difflib.get_close_matches(match.group(1), choices, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def _wrap(text: str) -> str:
@@ -74,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND",
                                 title="commands")
 
-    def command(name: str) -> argparse.ArgumentParser:
+    def command(name: str, *, config: bool = True) -> argparse.ArgumentParser:
         text = cli_help.COMMANDS[name]
         p = sub.add_parser(
             name,
@@ -83,7 +110,9 @@ def _parser() -> argparse.ArgumentParser:
             epilog=cli_help.epilog(text),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=_CONFIG_HELP)
+        if config:
+            p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                           help=_CONFIG_HELP)
         return p
 
     command("run")
@@ -104,14 +133,20 @@ def _parser() -> argparse.ArgumentParser:
         revisions.register(name, command(name))
     status.register(command("status"))
     watch = command("watch")
-    watch.add_argument("--url", default=None,
+    watch.add_argument("--url", default=None, type=admin_url(REPLICA_SCHEMES),
                        help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
     watch.add_argument("--ca-file", metavar="PATH", default=None,
                        help="the CA that a wss replica's certificate is verified against "
                             "(default: the system's trust store)")
+    watch.add_argument("--token-file", metavar="PATH", default=None,
+                       help="file holding the admin bearer token (default: "
+                            "[admin].token_file of --config)")
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
-    keygen = command("keygen")
+    completion = command("completion", config=False)
+    completion.add_argument("shell", choices=SHELLS,
+                            help="the shell whose completion script to print")
+    keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
     return parser
@@ -143,20 +178,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     path = config_path(args)
     assert path is not None
-    config = load(path)  # check_files reports a missing SQLite directory with the rest
+    try:
+        config = load(path)  # check_files reports a missing SQLite directory with the rest
+    except ConfigError:
+        for found in all_problems(path):  # every one, not only the first
+            print(f"trio-supervisor: configuration error: {found}", file=sys.stderr)
+        return EXIT_USAGE
     from supervisor.filemodes import unsafe_state_places
 
     problems = (placeholders(config) + check_files(config) + creation_problems(config)
                 + unsafe_state_places(config))
+    warnings: list[tuple[str, str]] = []
     if not problems:
-        problems = _check_contents(config) + _schema_problems(config)
+        problems = _check_contents(config, warnings) + _schema_problems(config)
     for key, problem in problems:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
     from supervisor.filemodes import loose_secret_files
 
-    warnings = [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
+    warnings += [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
     if unconfined_secrets(config):
         warnings.append(("$.revision", "neither secret_env_prefixes nor secret_dirs is set: "
                          "a published revision may reference any environment variable or "
@@ -164,6 +205,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     for key, warning in warnings:
         print(f"warning: {path}: {key}: {warning}", file=sys.stderr)
     if warnings and getattr(args, "strict", False):
+        print(f"{path}: {len(warnings)} warning(s); --strict makes each an error",
+              file=sys.stderr)
         return EXIT_USAGE
     print(f"{path}: configuration OK")
     return EXIT_OK
@@ -209,8 +252,9 @@ def _schema_problems(config: Config) -> list[tuple[str, str]]:
     return []
 
 
-def _check_contents(config: Config) -> list[tuple[str, str]]:
-    """What the daemon would refuse at start in the files themselves (keys, token)."""
+def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What the daemon would refuse at start in the files themselves (keys, token); what it
+    would accept but regret goes to ``warnings``."""
     problems: list[tuple[str, str]] = []
     if config.admin.token_file:
         from supervisor.admin.server import read_token
@@ -234,9 +278,8 @@ def _check_contents(config: Config) -> list[tuple[str, str]]:
             problems.append((exc.path, exc.reason))
         else:
             if not cache.signing_key_trusted:
-                print("warning: $.cache.signing_key: its verify key is not in "
-                      "cache.trusted_keys; this replica would refuse its own cache",
-                      file=sys.stderr)
+                warnings.append(("$.cache.signing_key", "its verify key is not in "
+                                 "cache.trusted_keys; this replica would refuse its own cache"))
     return problems
 
 
@@ -284,6 +327,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from supervisor.completion import script
+
+    print(script(_parser(), args.shell), end="")
+    return EXIT_OK
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     from supervisor.sinks.lkg import generate_signing_key
 
@@ -305,11 +355,20 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": status.cmd_status,
     "watch": cmd_watch,
     "keygen": cmd_keygen,
+    "completion": cmd_completion,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(words)
+    except _BadArguments as bad:
+        bad.parser.print_usage(sys.stderr)
+        print(f"{bad.parser.prog}: error: {bad.message}", file=sys.stderr)
+        if "--json" in words:
+            _print_failure(INVALID, bad.message)
+        return EXIT_USAGE
     command = COMMANDS[args.command or "run"]
     if command is not cmd_run:
         logs.configure("warning", "console")
@@ -318,7 +377,87 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
-        return _report(exc)
+        if command is cmd_run and _logged_config_error(args, exc):
+            return EXIT_USAGE
+        code = _report(exc)
+        if getattr(args, "json", False) and code != EXIT_OK:
+            # The lines went to stderr; a `| jq` pipeline still gets its one document.
+            _print_failure(*failure(exc))
+        return code
+
+
+def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
+    """``run``'s configuration error as a log line of ``[log].format`` (journal, JSON), as
+    every other line of the unit, whenever that format itself could be read: a JSON
+    pipeline or ``journalctl -p err`` then sees why the unit exited 2."""
+    found = find_leaf(exc, (ConfigError, UsageError))
+    if found is None:
+        return False
+    fmt = _readable_log_format(config_path(args, required=False))
+    if fmt is None:
+        return False
+    logs.configure("info", fmt)
+    if isinstance(found, ConfigError):
+        logs.get_logger("daemon").critical("invalid configuration", key=found.path,
+                                           reason=found.reason, source=found.source,
+                                           detail=str(found))
+    else:
+        logs.get_logger("daemon").critical("invalid configuration", detail=str(found))
+    return True
+
+
+def _readable_log_format(path: str | None) -> str | None:
+    """``[log].format`` (or its environment override) when it can be read and is one the
+    daemon knows, whatever else is wrong with the configuration; else None."""
+    import os
+    import tomllib
+
+    import msgspec
+
+    from supervisor.config import ENV_PREFIX, LogConfig
+
+    value: object = None
+    if path is not None:
+        try:
+            with open(path, "rb") as file:
+                table = tomllib.load(file).get("log")
+        except (OSError, ValueError, RecursionError):
+            table = None
+        value = table.get("format") if isinstance(table, dict) else None
+    value = os.environ.get(f"{ENV_PREFIX}LOG__FORMAT", value)
+    try:
+        return msgspec.convert({"format": value}, LogConfig).format
+    except msgspec.ValidationError:
+        return None
+
+
+def _print_failure(reason: str, detail: str) -> None:
+    print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+
+
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(reason label of docs/reasons.md, detail) of a command's failure.
+
+    A store's or a revision's own label wins (``not_found``, ``corrupt``...), also
+    behind the usage error that names it; a bad argument or configuration is
+    ``invalid``, a replica that refuses the token ``denied``, one that does not
+    answer ``unavailable``, as is anything else that kept the command from its answer.
+    """
+    from supervisor.admin.errors import AdminRefused
+
+    found = find_leaf(exc, (SupervisorError,)) or exc
+    detail = str(found) or type(found).__name__
+    cause: BaseException | None = found
+    while cause is not None:
+        label = getattr(cause, "reason", None)
+        if label in REVISION_REASONS and not isinstance(cause, ConfigError):
+            return str(label), detail
+        cause = cause.__cause__
+    if isinstance(found, ConfigError | UsageError):
+        return INVALID, detail
+    if isinstance(found, AdminRefused):
+        return DENIED, detail
+    return UNAVAILABLE, detail
 
 
 def _report(exc: BaseException) -> int:

@@ -27,8 +27,9 @@ PROGRAM = (
     "Keeps a config snapshot equal to the control plane's desired revision (PostgreSQL or "
     "SQLite), fans out Kubernetes resources, and serves an admin API. Without a subcommand "
     "it runs the daemon. The configuration file is named by --config or $SUPERVISOR_CONFIG; "
-    "every key can be overridden as SUPERVISOR_<SECTION>__<KEY>. Reference: README.rst and "
-    "docs/ in the source tree."
+    "every key can be overridden as SUPERVISOR_<SECTION>__<KEY>. Each command's --help lists "
+    "its options, examples and exit codes; the full reference is the project's README.rst "
+    "and docs/ (the systemd install steps put README.rst in /usr/share/doc/trio-supervisor)."
 )
 
 EXIT_CODES = (
@@ -89,8 +90,10 @@ COMMANDS: dict[str, CommandHelp] = {
         "resolves them in this environment, as on a replica's host. --dry-run stores "
         "nothing and prints the changes against the desired revision. --wait follows each "
         "--url replica's stream until it reports the revision active (0) or refused (5, "
-        "the reason label and detail on the last line). The new revision id is the last "
-        "line of stdout on success.",
+        "the reason label and detail on the last line). The first line names the store "
+        "written (an SQLite file by its absolute path) and the change's sequence; a body "
+        "identical to the desired one's is not stored again unless --force. The new "
+        "revision id is the last line of stdout on success.",
         ("trio-supervisor publish --config prod.toml revision.toml --message 'add team-b'",
          "trio-supervisor publish --config prod.toml revision.toml --wait "
          "--url http://replica-1:9464 --url http://replica-2:9464 --timeout 60"),
@@ -107,8 +110,11 @@ COMMANDS: dict[str, CommandHelp] = {
         "list the stored revisions, newest first, marking the desired one",
         "Lists the revisions in the control plane, newest first: id, creation time (UTC), "
         "schema_version, body size, the first 12 hex digits of the body's SHA-256 and the "
-        "message; a * marks the desired revision. With `status --url A --url B` it answers "
-        "what is live where. Nothing is changed.",
+        "message; a * marks the desired revision. Then the changes of desired, newest "
+        "first: sequence, from -> to (a rollback marked), when, who (the database role and "
+        "client host, or the OS user for SQLite) and why (the message of publish or "
+        "rollback). With `status --url A --url B` it answers what is live where. Nothing is "
+        "changed.",
         ("trio-supervisor history --config prod.toml --limit 10",
          "trio-supervisor history --config prod.toml --json | jq '.desired'"),
         ((0, "listed"),
@@ -145,14 +151,17 @@ COMMANDS: dict[str, CommandHelp] = {
         "still exists with the body that was checked; replicas converge to it as to any "
         "publish (LISTEN fires at commit). REV is first compiled as the daemon would "
         "(secret references standing in for values): a revision this build cannot read, or "
-        "would refuse, is not made desired. Replicas with a cache move their rollback mark "
-        "with it. Prints REV as the last line.",
+        "would refuse, is not made desired, nor (unless --force) one that a replica's "
+        "last refusal names (its /status is read first, when it answers). --message is "
+        "stored with the change (see history). Replicas with a cache move their rollback "
+        "mark with it. Prints REV as the last line.",
         ("trio-supervisor rollback 5 --config prod.toml --message 'team-b broke chat'",
          "trio-supervisor rollback \"$(trio-supervisor history --config prod.toml --json "
          "| jq '.revisions[1].id')\" --config prod.toml"),
         ((0, "desired now points at REV; REV printed last"),
          (1, "REV does not exist, or the control plane could not be reached"),
-         (2, "this build cannot read REV, or would refuse it (the reason label printed)")),
+         (2, "this build cannot read REV, would refuse it (the reason label printed), or "
+             "a replica refused it (--force)")),
     ),
     "status": CommandHelp(
         "print the running replica's status report (one line each for several --url)",
@@ -161,13 +170,17 @@ COMMANDS: dict[str, CommandHelp] = {
         "last rejection, the supervised children and the fan-out watchers. The address and "
         "the token come from --config ([admin].listen and [admin].token_file), or from --url "
         "and --token-file. With several --url, one line per replica (desired, active, "
-        "source, control plane up, failures). Exits 1 when a replica is unreachable, not "
-        "ready (no active snapshot) or a child has failed, so it works as a health check.",
+        "source, control plane up, failures, version). Exits 1 when a replica is "
+        "unreachable, not ready (no active snapshot) or a child has failed, so it works as "
+        "a health check; with --check also unless the active revision is the desired one "
+        "and nothing was refused, so it works as a rollout check.",
         ("trio-supervisor status --config /etc/trio-supervisor/prod.toml",
-         "trio-supervisor status --url http://replica-2.internal:9464 "
-         "--token-file admin.token --json"),
-        ((0, "the replica is ready and every child is alive"),
-         (1, "unreachable, token refused, not ready, or a child has failed"),
+         "trio-supervisor status --check --token-file admin.token "
+         "--url http://trio-supervisor-0.trio-supervisor-peers:9464 "
+         "--url http://trio-supervisor-1.trio-supervisor-peers:9464"),
+        ((0, "the replica is ready and every child is alive (--check: and serves desired)"),
+         (1, "unreachable, token refused, not ready, a child has failed, or (--check) the "
+             "rollout is not done"),
          (2, "bad usage or invalid configuration")),
     ),
     "watch": CommandHelp(
@@ -181,6 +194,17 @@ COMMANDS: dict[str, CommandHelp] = {
         ((0, "the stream was closed cleanly (with --no-reconnect), or interrupted"),
          (1, "unreachable, token refused, or the stream was lost (with --no-reconnect)"),
          (2, "bad usage or invalid configuration")),
+    ),
+    "completion": CommandHelp(
+        "print a shell completion script (bash or zsh)",
+        "Prints a completion script for SHELL, generated from this build's own parser, so "
+        "every subcommand, option and choice of this version completes, and options that "
+        "take a path complete file names. Load it in the shell's start-up file; regenerate "
+        "it after an upgrade. Nothing is read or written.",
+        ("source <(trio-supervisor completion bash)",
+         "trio-supervisor completion zsh > ~/.zsh/trio-supervisor.zsh"),
+        ((0, "printed"),
+         (2, "an unknown shell")),
     ),
     "keygen": CommandHelp(
         "write a new Ed25519 signing key for the last-known-good cache",

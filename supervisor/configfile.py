@@ -40,7 +40,7 @@ from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config
 from supervisor.configchecks import cross_check
 from supervisor.errors import ConfigError
 
-__all__ = ["load", "load_text"]
+__all__ = ["all_problems", "load", "load_text"]
 
 
 def _env_value(text: str) -> Any:
@@ -60,7 +60,10 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
+               origins: dict[str, str] | None = None) -> dict[str, Any]:
+    """``raw`` with the environment's overrides; ``origins`` gets ``$.section.key`` -> the
+    variable that set it, so an error about that key blames the variable, not the file."""
     sections = set(Config.__struct_fields__)
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name or name == CONFIG_ENV:
@@ -81,6 +84,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
         if not isinstance(table, dict):
             raise ConfigError(f"$.{section}", "expected a table")
         table[key] = _env_value(value)
+        if origins is not None:
+            origins[f"$.{section}.{key}"] = name
     return raw
 
 
@@ -88,9 +93,10 @@ def load_text(
     text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None
 ) -> Config:
     """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only."""
+    origins: dict[str, str] = {}
     try:
         raw = _parse_toml(text)
-        raw = _apply_env(raw, os.environ if environ is None else environ)
+        raw = _apply_env(raw, os.environ if environ is None else environ, origins)
         _refuse_unusable_values(raw)
         try:
             config = msgspec.convert(raw, Config, strict=False)
@@ -98,14 +104,61 @@ def load_text(
             raise ConfigError(*_explain(str(exc), raw)) from exc
         cross_check(config)
     except ConfigError as exc:
-        exc.source = source
-        exc.args = (f"{source}: {exc.path}: {exc.reason}",)
+        _blame(exc, source, origins)
         raise
     except (RecursionError, ValueError, UnicodeError) as exc:
         # The safety net: anything above that a hostile input can still make
         # the parser or converter raise is a bad configuration, not a crash.
         raise ConfigError("$", f"cannot be parsed: {exc}", source=source) from None
     return config
+
+
+def _blame(exc: ConfigError, source: str, origins: Mapping[str, str]) -> ConfigError:
+    """Name where the bad value came from: the environment variable that set the key,
+    else the file."""
+    variable = next((name for key, name in origins.items()
+                     if exc.path == key or exc.path.startswith((f"{key}.", f"{key}["))), None)
+    exc.source = source if variable is None else f"environment variable {variable}"
+    exc.args = (f"{exc.source}: {exc.path}: {exc.reason}",)
+    return exc
+
+
+def all_problems(path: str | os.PathLike[str], *,
+                 environ: Mapping[str, str] | None = None) -> list[ConfigError]:
+    """Every problem :func:`load` would refuse, not only the first (``check``).
+
+    msgspec stops at the first error of a document, so each key of each section is
+    converted on its own (every key has a default); the rules between keys
+    (:func:`~supervisor.configchecks.cross_check`) are judged only on a document whose
+    keys are each valid, and report their first problem.
+    """
+    try:
+        load(path, environ=environ)
+    except ConfigError as exc:
+        first = exc
+    else:
+        return []
+    source, origins = str(path), dict[str, str]()
+    try:
+        raw = _parse_toml(Path(path).read_text(encoding="utf-8"))
+        raw = _apply_env(raw, os.environ if environ is None else environ, origins)
+    except (ConfigError, OSError, ValueError, RecursionError):
+        return [first]  # nothing to split into keys: the one problem there is
+    problems: list[ConfigError] = []
+    for section, table in raw.items():
+        pieces = table.items() if isinstance(table, dict) and table else [(None, table)]
+        for key, value in pieces:
+            piece = {section: value if key is None else {key: value}}
+            try:
+                _refuse_unusable_values(piece)
+                msgspec.convert(piece, Config, strict=False)
+            except msgspec.ValidationError as exc:
+                problems.append(_blame(ConfigError(*_explain(str(exc), raw)), source, origins))
+            except ConfigError as exc:
+                problems.append(_blame(exc, source, origins))
+            except (RecursionError, ValueError, UnicodeError):
+                problems.append(first)
+    return problems or [first]
 
 
 def _parse_toml(text: str) -> dict[str, Any]:
@@ -167,11 +220,14 @@ def _explain(message: str, raw: dict[str, Any]) -> tuple[str, str]:
     bounds = _bounds_of(path)
     if bounds and re.fullmatch(r"Expected `(float|int)` [<>]=? \S+", reason):
         reason = f"must be {bounds}, got {_raw_value(raw, path)!r}"
+    choices = _choices_of(path)
+    if choices and reason.startswith("Invalid enum value"):
+        reason = f"must be one of {', '.join(choices)}, got {_raw_value(raw, path)!r}"
     return path, reason
 
 
-def _bounds_of(path: str) -> str | None:
-    """``">= 0.01 and <= 86400"`` for a numeric field with bounds, from its declared type."""
+def _type_at(path: str) -> Any:
+    """The declared msgspec type of the key at ``$.section.key`` (None: not a plain key)."""
     info: Any = msgspec.inspect.type_info(Config)
     for name in path.split(".")[1:]:
         if not isinstance(info, msgspec.inspect.StructType):
@@ -180,6 +236,23 @@ def _bounds_of(path: str) -> str | None:
         if field is None:
             return None
         info = field.type
+    return info
+
+
+def _choices_of(path: str) -> list[str]:
+    """The values a Literal (enum) key accepts, in declaration order."""
+    info = _type_at(path)
+    if isinstance(info, msgspec.inspect.UnionType):  # `Literal[...] | None`
+        info = next((t for t in info.types if isinstance(t, msgspec.inspect.LiteralType)),
+                    None)
+    if not isinstance(info, msgspec.inspect.LiteralType):
+        return []
+    return [str(v) for v in info.values]
+
+
+def _bounds_of(path: str) -> str | None:
+    """``">= 0.01 and <= 86400"`` for a numeric field with bounds, from its declared type."""
+    info = _type_at(path)
     if not isinstance(info, msgspec.inspect.FloatType | msgspec.inspect.IntType):
         return None
     parts = [f"{op} {bound:g}" for op, bound in (

@@ -60,6 +60,31 @@ def _parse(dsn: str) -> dict[str, str] | None:
     return {k: str(v) for k, v in params.items() if v is not None}
 
 
+def _unknown_parameter(dsn: str) -> str | None:
+    """``unknown connection parameter `sslmod` (did you mean `sslmode`?)`` for a URL query
+    or a ``key=value`` word that libpq does not know; None when every name is known."""
+    import difflib
+    from urllib.parse import parse_qsl, urlsplit
+
+    from psycopg import pq
+
+    known = [o.keyword.decode() for o in pq.Conninfo.get_defaults()]
+    if _is_url(dsn):
+        try:
+            names = [k for k, _ in parse_qsl(urlsplit(dsn).query, keep_blank_values=True)]
+        except ValueError:
+            return None
+    else:
+        names = [word.partition("=")[0].strip() for word in dsn.split() if "=" in word]
+    for name in names:
+        if name and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            # The parameter's name only: its value may be a secret.
+            return f"unknown connection parameter `{name}`{hint}"
+    return None
+
+
 def _spelled_password(dsn: str) -> str | None:
     """The URL's password as written: after the user's ``:``, up to the last ``@``."""
     match = _SCHEME.match(dsn)
@@ -105,6 +130,9 @@ def problem(dsn: str) -> str | None:
         return None
     params = _parse(dsn)
     if params is None:
+        unknown = _unknown_parameter(dsn)
+        if unknown is not None:
+            return unknown
         return ("libpq cannot parse this DSN (in a URL, percent-encode the password's "
                 "special characters)")
     spelled = _spelled_password(dsn) if _is_url(dsn) else None

@@ -64,11 +64,11 @@ listen = "127.0.0.1:{port}"
 
 
 def cli(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        timeout: float = 60, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "supervisor", *args],
-        capture_output=True, text=True, env=full_env, cwd=REPO, timeout=timeout, check=False,
+        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout, check=False,
     )
     if check and result.returncode != 0:
         raise AssertionError(
@@ -198,8 +198,8 @@ async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
 
 
 async def acli(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
-               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+               timeout: float = 60, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     """:func:`cli` in a worker thread, so the test's own servers (a proxy) keep running."""
     return await trio.to_thread.run_sync(
-        lambda: cli(*args, env=env, check=check, timeout=timeout)
+        lambda: cli(*args, env=env, check=check, timeout=timeout, cwd=cwd)
     )

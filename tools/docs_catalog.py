@@ -337,6 +337,9 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "sinks.cache_error": "Why the cache's last write was refused (null unless failing).",
     "sinks.snapshot_file_error": "Why the snapshot file's last write was refused (null "
     "unless failing).",
+    "version": "The build of trio-supervisor serving (as `trio-supervisor --version`): an "
+    "upgrade's progress across the fleet (`status --url A --url B`, column VERSION).",
+    "started_at": "When this process started (UTC, ISO 8601): a restart shows here.",
 }
 
 CONTROL_PLANE_TABLES: Final[dict[str, str]] = {

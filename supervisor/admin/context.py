@@ -7,12 +7,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor import __version__
 from supervisor.admin.signed import SignedRevisionFile
 from supervisor.admin.status_doc import declared
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
-from supervisor.events import EventBus
+from supervisor.events import EventBus, utc_now_iso
 from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -50,6 +51,8 @@ class AdminContext:
     leadership: Callable[[], dict[str, Any]] | None = None
     # The side sinks' state (cache, snapshot file); both "disabled" unless given.
     sinks: SinkStatus = field(default_factory=SinkStatus)
+    # When this process started serving its admin API (UTC, ISO 8601): /status `started_at`.
+    started_at: str = field(default_factory=utc_now_iso)
 
     def status(self) -> dict[str, Any]:
         """The /status document, as :class:`~.status_doc.StatusDocument` declares it.
@@ -70,4 +73,6 @@ class AdminContext:
             "leadership": self.leadership() if self.leadership is not None
             else {"role": "disabled", "holder": None, "lease": None},
             "sinks": self.sinks.report(),
+            "version": __version__,
+            "started_at": self.started_at,
         })

@@ -95,6 +95,8 @@ class StatusDocument(_Part):
     fanout: dict[str, FanoutReport]
     leadership: LeadershipReport
     sinks: SinksReport
+    version: str
+    started_at: str
 
 
 def declared(document: dict[str, Any]) -> dict[str, Any]:

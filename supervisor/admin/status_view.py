@@ -116,4 +116,6 @@ def render_status(doc: dict[str, Any]) -> str:
     if isinstance(leadership, dict):  # absent from replicas without an election
         lines.append("leadership: {}  holder {}  lease {}".format(
             *(_cell(leadership.get(k)) for k in ("role", "holder", "lease"))))
+    if "version" in doc:  # absent from older replicas
+        lines.append(f"version {_cell(doc.get('version'))}  started {_cell(doc.get('started_at'))}")
     return "\n".join(lines) + "\n"

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
-    "EXIT_USAGE", "ReferenceResolver", "admin_base", "cell", "config_path", "iso", "load_config",
-    "table", "with_store",
+    "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "ReferenceResolver", "admin_base",
+    "admin_url", "cell", "config_path", "describe_store", "iso", "load_config", "table",
+    "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -32,6 +33,41 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
 EXIT_REPLICA_REFUSED = 5
 
 T = TypeVar("T")
+
+#: What ``status --url`` reads (``/status`` is plain HTTP).
+HTTP_SCHEMES = ("http", "https")
+#: What ``watch --url`` and ``publish --wait --url`` read: a replica's HTTP base or its stream.
+REPLICA_SCHEMES = ("http", "https", "ws", "wss")
+
+
+def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
+    """The argparse type of every ``--url`` naming a replica: a URL with one of ``schemes``,
+    a host and a valid port, else a usage error naming the option (exit 2) before
+    anything is stored or sent."""
+    import httpx
+
+    def check(text: str) -> str:
+        example = f"{schemes[0]}://HOST:PORT"
+        try:
+            url = httpx.URL(text.strip())
+        except httpx.InvalidURL as exc:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a URL ({exc}); expected {example}") from exc
+        if url.scheme not in schemes:
+            hint = ""
+            if not url.host and url.scheme and ":" in text and "//" not in text:
+                hint = f" (did you mean {schemes[0]}://{text.strip()}?)"
+            scheme = f"scheme {url.scheme!r}" if url.scheme else "no scheme"
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has {scheme}; expected {' or '.join(schemes)} ({example}){hint}")
+        if not url.host:
+            raise argparse.ArgumentTypeError(f"{text!r} names no host; expected {example}")
+        if url.port is not None and not 0 < url.port < 65536:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: port {url.port} is not between 1 and 65535")
+        return text.strip()
+
+    return check
 
 
 def config_path(args: argparse.Namespace, required: bool = True) -> str | None:
@@ -69,6 +105,16 @@ def require_sqlite_directory(config: Config) -> None:
             f"directory {parent} (of {config.control_plane.url}, relative to "
             f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
         )
+
+
+def describe_store(config: Config) -> str:
+    """The control plane as an operator can find it again: an SQLite file's absolute path
+    (a relative one is relative to this working directory), a PostgreSQL URL redacted."""
+    from supervisor.dsn import redact
+
+    if config.control_plane.backend == "sqlite":
+        return os.path.abspath(sqlite_path(config.control_plane.url))
+    return redact(config.control_plane.url)
 
 
 def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], *,

@@ -30,6 +30,7 @@ lines, with the same exit codes: ``{"ok", "revision"}``; ``--dry-run``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import ssl
 import sys
@@ -43,9 +44,12 @@ from supervisor.commands.common import (
     EXIT_OK,
     EXIT_REPLICA_REFUSED,
     EXIT_USAGE,
+    REPLICA_SCHEMES,
     ReferenceResolver,
     admin_base,
     admin_secure,
+    admin_url,
+    describe_store,
     load_config,
     with_store,
 )
@@ -88,6 +92,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="after publishing, wait until every --url replica reports the "
                              "revision active (exit 0) or refused (exit 5)")
     parser.add_argument("--url", action="append", default=None, metavar="URL",
+                        type=admin_url(REPLICA_SCHEMES),
                         help="with --wait: a replica's admin URL, http://HOST:PORT; repeat "
                              "for several (default: [admin].listen of --config)")
     parser.add_argument("--token-file", metavar="PATH", default=None,
@@ -99,10 +104,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
+    parser.add_argument("--force", action="store_true",
+                        help="store a new revision even when FILE's body is the desired one's")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON document on stdout instead of the lines: "
-                             '{"ok", "revision"}; with --dry-run {"ok", "desired", "changes"}; '
-                             'with --wait also "outcome" and "replicas"; refused here '
+                             '{"ok", "revision", "sequence", "unchanged", "store"}; with '
+                             '--dry-run {"ok", "desired", "changes"}; with --wait also '
+                             '"outcome" and "replicas"; refused or failed '
                              '{"ok": false, "reason", "detail"}')
 
 
@@ -160,8 +168,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, config, body)
 
-    async def publish(store: ControlPlaneStore) -> int:
-        return await store.publish(body, schema_version, args.message)
+    digest = hashlib.sha256(body).digest()
+
+    async def publish(store: ControlPlaneStore) -> tuple[int, int | None, bool]:
+        """(revision, its change's sequence, unchanged: the desired body already)."""
+        from supervisor.commands.revisions import sequence_of
+
+        before = await store.observe()
+        if before is not None and before.body_sha256 == digest and not args.force:
+            return before.revision, before.sequence, True
+        revision = await store.publish(body, schema_version, args.message)
+        return revision, await sequence_of(store, revision,
+                                           None if before is None else before.sequence), False
 
     # Before publishing: a bad token file or URL must not leave a revision nobody waits for,
     # and the follower's imports (a few hundred ms) are not paid between commit and verdict.
@@ -172,12 +190,23 @@ def cmd_publish(args: argparse.Namespace) -> int:
     ssl_context = ca_file_context(args.ca_file) if args.wait else None
     if args.wait:
         from supervisor.commands import waiting  # noqa: F401
-    revision = with_store(config, publish, create=True)
+    store_name = describe_store(config)
+    new_file = _no_control_plane_yet(config)
+    revision, sequence, unchanged = with_store(config, publish, create=True)
+    if new_file:
+        _say_a_control_plane_was_created(config, store_name)
     if args.json and not args.wait:
-        print(json.dumps({"ok": True, "revision": revision}))
+        print(json.dumps({"ok": True, "revision": revision, "sequence": sequence,
+                          "unchanged": unchanged, "store": store_name}))
         return EXIT_OK
     if not args.json:
-        print(f"published revision {revision}", flush=True)
+        at = "" if sequence is None else f", sequence {sequence}"
+        if unchanged:
+            print(f"revision {revision} in {store_name} is desired already with this body "
+                  f"(sha256 {digest.hex()[:12]}{at}); nothing was stored (--force stores "
+                  f"it again)", flush=True)
+        else:
+            print(f"published revision {revision} to {store_name}{at}", flush=True)
     if not args.wait:
         print(revision)
         return EXIT_OK
@@ -185,7 +214,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     code = _verdict(results)
     if args.json:
         outcome = {EXIT_OK: "active", EXIT_REPLICA_REFUSED: "refused"}.get(code, "not_active")
-        print(json.dumps({"ok": code == EXIT_OK, "revision": revision, "outcome": outcome,
+        print(json.dumps({"ok": code == EXIT_OK, "revision": revision, "sequence": sequence,
+                          "unchanged": unchanged, "store": store_name, "outcome": outcome,
                           "replicas": [{"url": r.url, "state": r.state, "reason": r.reason,
                                         "detail": r.detail} for r in results]}, indent=2))
         return code
@@ -202,6 +232,18 @@ def _no_control_plane_yet(config: Config) -> bool:
 
     return (config.control_plane.backend == "sqlite"
             and not Path(sqlite_path(config.control_plane.url)).exists())
+
+
+def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
+    """A new SQLite control plane is never silent: a relative path made it under this
+    working directory, where a daemon started elsewhere never looks."""
+    from supervisor.config import sqlite_path
+
+    relative = not Path(sqlite_path(config.control_plane.url)).is_absolute()
+    where = (f" ($.control_plane.url {config.control_plane.url} is relative to the working "
+             f"directory {Path.cwd()}: a daemon started elsewhere does not read it)"
+             if relative else "")
+    print(f"created a new control plane {store_name}{where}", file=sys.stderr)
 
 
 def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:

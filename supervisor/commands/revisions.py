@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.commands.common import (
     EXIT_OK,
+    HTTP_SCHEMES,
     ReferenceResolver,
+    admin_base,
+    admin_url,
     cell,
     iso,
     load_config,
@@ -25,13 +28,16 @@ from supervisor.commands.common import (
 from supervisor.errors import UsageError
 
 if TYPE_CHECKING:
-    from supervisor.controlplane.revisions import RevisionSummary
+    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
     from supervisor.revision.document import RevisionDocument
 
-__all__ = ["cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count", "register"]
+__all__ = ["cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count", "register",
+           "sequence_of"]
 
 JSON_HELP = "print one JSON document instead of the table"
+#: The largest id a store holds (PostgreSQL bigint; SQLite's integer is as wide).
+MAX_REVISION_ID = 2**63 - 1
 
 
 def _revision_id(text: str) -> int:
@@ -41,6 +47,9 @@ def _revision_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a revision id: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"revision ids start at 1, got {value}")
+    if value > MAX_REVISION_ID:
+        raise argparse.ArgumentTypeError(
+            f"revision ids end at {MAX_REVISION_ID} (a bigint), got {text}")
     return value
 
 
@@ -71,12 +80,21 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("revision", type=_revision_id, metavar="REV",
                             help="the existing revision desired should point at")
         parser.add_argument("--message", metavar="TEXT", default=None,
-                            help="why (printed with the result; revisions are immutable, "
-                                 "so it is not stored)")
+                            help="why; stored with the change (see `history`)")
+        parser.add_argument("--force", action="store_true",
+                            help="roll back even to a revision a replica's last refusal names")
+        parser.add_argument("--url", action="append", default=None, metavar="URL",
+                            type=admin_url(HTTP_SCHEMES),
+                            help="a replica whose last refusal is checked first, "
+                                 "http://HOST:PORT; repeat for several (default: "
+                                 "[admin].listen of --config)")
+        parser.add_argument("--token-file", metavar="PATH", default=None,
+                            help="the replicas' admin token (default: [admin].token_file "
+                                 "of --config)")
     if name == "rollback":
         parser.add_argument("--json", action="store_true",
                             help='print one JSON document instead of the lines: {"revision", '
-                                 '"previous", "message"}')
+                                 '"previous", "sequence", "message"}')
     else:
         parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
@@ -94,13 +112,18 @@ def cmd_history(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
     limit = args.limit or None
 
-    async def read(store: ControlPlaneStore) -> tuple[int | None, list[RevisionSummary]]:
-        return await store.history(limit)
+    async def read(store: ControlPlaneStore) -> tuple[int | None, list[RevisionSummary],
+                                                      list[DesiredChange]]:
+        desired, rows = await store.history(limit)
+        # One more change than shown: the oldest shown change's "from".
+        return desired, rows, await store.changes(None if limit is None else limit + 1)
 
-    desired, rows = with_store(config, read)
+    desired, rows, changes = with_store(config, read)
+    shown_changes = changes if limit is None else changes[:limit]
     if args.json:
         print(json.dumps({"desired": desired,
-                          "revisions": [_summary_json(r, desired) for r in rows]}, indent=2))
+                          "revisions": [_summary_json(r, desired) for r in rows],
+                          "changes": [_change_json(c) for c in shown_changes]}, indent=2))
         return EXIT_OK
     if not rows:
         print("no revisions yet; publish one with `trio-supervisor publish`")
@@ -115,7 +138,40 @@ def cmd_history(args: argparse.Namespace) -> int:
     if desired is not None and desired not in shown:
         note += " (older than the revisions shown)"
     print(note)
+    if shown_changes:
+        print()
+        print("changes of desired, newest first:")
+        for line in table(("SEQ", "CHANGE", "AT", "BY", "MESSAGE"),
+                          _change_rows(changes, len(shown_changes)), right=(0,)):
+            print(line)
     return EXIT_OK
+
+
+def _change_json(change: DesiredChange) -> dict[str, Any]:
+    return {"sequence": change.sequence, "revision_id": change.revision_id,
+            "changed_at": iso(change.changed_at), "changed_by": change.changed_by,
+            "message": change.message}
+
+
+def _change_rows(changes: list[DesiredChange], shown: int) -> list[list[object]]:
+    """One row per change: ``2 -> 1 (rollback)`` when desired moved to an older id."""
+    rows: list[list[object]] = []
+    for i, change in enumerate(changes[:shown]):
+        before = changes[i + 1].revision_id if i + 1 < len(changes) else None
+        what = f"{'-' if before is None else before} -> {change.revision_id}"
+        if before is not None and change.revision_id < before:
+            what += " (rollback)"
+        rows.append([change.sequence, what, iso(change.changed_at), change.changed_by,
+                     change.message])
+    return rows
+
+
+async def sequence_of(store: ControlPlaneStore, revision: int, after: int | None) -> int | None:
+    """The sequence of the change that just made ``revision`` desired: the first change
+    naming it after sequence ``after`` (None: unknown, the record went on past it)."""
+    found = [c.sequence for c in await store.changes(20)
+             if c.revision_id == revision and (after is None or c.sequence > after)]
+    return min(found) if found else None
 
 
 # -- show ---------------------------------------------------------------------------
@@ -236,8 +292,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from supervisor.revision.errors import RevisionError
 
     config, _ = load_config(args)
+    if not args.force:
+        _refuse_what_a_replica_refused(args)
 
-    async def roll(store: ControlPlaneStore) -> int | None:
+    async def roll(store: ControlPlaneStore) -> tuple[int | None, int | None]:
         loaded = await _readable_row(store, args.revision, "; desired was not changed")
         if loaded.schema_version > SCHEMA_VERSION:
             raise UsageError(
@@ -251,17 +309,76 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         except RevisionError as exc:
             raise UsageError(f"revision {loaded.id} would be refused: {exc.detail} "
                              f"({exc.reason}); desired was not changed") from exc
-        return await store.rollback(loaded.id, loaded.body_sha256)
+        before = await store.observe()
+        previous = await store.rollback(loaded.id, loaded.body_sha256, args.message)
+        after = None if before is None else before.sequence
+        return previous, await sequence_of(store, loaded.id, after)
 
-    previous = with_store(config, roll)
+    previous, sequence = with_store(config, roll)
     if args.json:
         print(json.dumps({"revision": args.revision, "previous": previous,
-                          "message": args.message}))
+                          "sequence": sequence, "message": args.message}))
         return EXIT_OK
     why = f": {' '.join(cell(args.message).split())}" if args.message else ""
-    print(f"desired revision {previous} -> {args.revision}{why}")
+    at = "" if sequence is None else f" (sequence {sequence})"
+    print(f"desired revision {previous} -> {args.revision}{at}{why}")
     print(args.revision)
     return EXIT_OK
+
+
+def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
+    """UsageError when a replica's last refusal names the revision to roll back to.
+
+    A replica that cannot be read does not stop the rollback (the control plane
+    is the authority; the replicas may be down, which is often why one rolls
+    back): a warning says that its refusal could not be checked.
+    """
+    import sys
+
+    import trio
+
+    from supervisor.admin.client import fetch_status
+    from supervisor.admin.errors import AdminUnreachable
+    from supervisor.errors import ConfigError
+
+    try:
+        address, token = admin_base(args)
+    except (ConfigError, UsageError) as exc:
+        if args.url or args.token_file:
+            raise
+        # The replica's token file is often its own user's alone: an operator who cannot
+        # read it can still roll back, told that no replica was asked.
+        print(f"warning: cannot check the replica's last refusal: {exc}", file=sys.stderr)
+        return
+    urls = args.url or [f"http://{address}"]
+    found: list[str] = []
+    unread: list[str] = []
+
+    async def read_all() -> None:
+        async def one(url: str) -> None:
+            try:
+                doc = await fetch_status(url, token, timeout_s=3.0)
+            except AdminUnreachable as exc:
+                unread.append(f"{exc}")
+                return
+            revision = doc.get("revision")
+            rejection = revision.get("last_rejection") if isinstance(revision, dict) else None
+            if isinstance(rejection, dict) and rejection.get("revision") == args.revision:
+                found.append(f"{url} refused revision {args.revision} at "
+                             f"{cell(rejection.get('at'))}: {cell(rejection.get('reason'))}: "
+                             f"{cell(rejection.get('detail'))}")
+
+        async with trio.open_nursery() as nursery:
+            for url in urls:
+                nursery.start_soon(one, url)
+
+    trio.run(read_all)
+    if found:
+        raise UsageError("; ".join(sorted(found)) + "; desired was not changed (--force rolls "
+                         "back to it anyway)")
+    if args.url:
+        for why in unread:
+            print(f"warning: cannot check the replica's last refusal: {why}", file=sys.stderr)
 
 
 # -- db prune -----------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """``status``: one replica's report as a table, or one line per replica for several ``--url``.
 
 Exit 1 when any replica is unreachable, not ready (no active snapshot) or has a
-failed child, so it works as a health check over a fleet.
+failed child, so it works as a health check over a fleet. With ``--check`` also
+when a rollout is not done (:func:`rollout_problems`): a replica whose active
+revision is not the desired one, or that refused the desired revision, or whose
+last attempt was refused.
 """
 
 from __future__ import annotations
@@ -13,13 +16,50 @@ from typing import Any
 
 import trio
 
-from supervisor.commands.common import EXIT_ERROR, EXIT_OK, admin_base, admin_secure, table
+from supervisor.commands.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    HTTP_SCHEMES,
+    admin_base,
+    admin_secure,
+    admin_url,
+    table,
+)
+from supervisor.reasons import DENIED, UNAVAILABLE
 
-__all__ = ["cmd_status", "register"]
+__all__ = ["cmd_status", "register", "rollout_problems"]
+
+
+def rollout_problems(doc: dict[str, Any]) -> list[str]:
+    """Why a replica has not finished the rollout of the desired revision; empty when done.
+
+    A refusal counts when it names the desired revision (a replica may have refused
+    it, kept the one before, and show active == desired only after a rollback to
+    it), or when the last attempt failed. A refusal of a revision that is no longer
+    desired (it was rolled back from) does not.
+    """
+    rev = doc.get("revision")
+    if not isinstance(rev, dict):
+        return ["no revision report"]
+    desired, active = rev.get("desired"), rev.get("active")
+    problems = []
+    if desired is None:
+        problems.append("desired revision unknown")
+    elif active != desired:
+        problems.append(f"active revision {active if active is not None else '-'}, "
+                        f"desired {desired}")
+    rejection = rev.get("last_rejection")
+    if isinstance(rejection, dict):
+        named = rejection.get("revision")
+        failing = bool(rev.get("consecutive_failures"))
+        if named == desired or failing:
+            problems.append(f"refused revision {named if named is not None else '-'} "
+                            f"({rejection.get('reason')})")
+    return problems
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", action="append", default=None,
+    parser.add_argument("--url", action="append", default=None, type=admin_url(HTTP_SCHEMES),
                         help="admin API base URL, http://HOST:PORT (default: [admin].listen "
                              "of --config, else http://127.0.0.1:9464); repeat for several "
                              "replicas: one line each")
@@ -29,6 +69,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-file", metavar="PATH", default=None,
                         help="the CA that an https replica's certificate is verified against "
                              "(default: the system's trust store)")
+    parser.add_argument("--check", action="store_true",
+                        help="a rollout check: exit 1 also unless every replica's active "
+                             "revision is the desired one and nothing was refused")
     parser.add_argument("--json", action="store_true",
                         help="print the raw /status JSON document instead of the table "
                              "(several --url: an object keyed by URL)")
@@ -36,8 +79,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.client import ca_file_context, fetch_status
-    from supervisor.admin.errors import AdminUnreachable
-    from supervisor.admin.status_view import render_status, unhealthy
+    from supervisor.admin.errors import AdminRefused, AdminUnreachable
+    from supervisor.admin.status_view import render_status
 
     address, token = admin_base(args)
     urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
@@ -61,9 +104,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc = docs[urls[0]]
         if isinstance(doc, AdminUnreachable):
             print(f"status: {doc}", file=sys.stderr)
+            if args.json:
+                reason = DENIED if isinstance(doc, AdminRefused) else UNAVAILABLE
+                print(json.dumps({"ok": False, "reason": reason, "detail": str(doc)}))
             return EXIT_ERROR
         print(json.dumps(doc, indent=2) if args.json else render_status(doc))
-        for problem in unhealthy(doc):
+        for problem in _problems(doc, args.check):
             print(f"status: {problem}", file=sys.stderr)
             failed = True
         return EXIT_ERROR if failed else EXIT_OK
@@ -75,9 +121,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc = docs[url]
         if isinstance(doc, AdminUnreachable):
             failed = True
-            rows.append([url, "-", "-", "-", "-", "-", f"unreachable: {doc}"])
+            rows.append([url, "-", "-", "-", "-", "-", "-", f"unreachable: {doc}"])
             continue
-        problems = unhealthy(doc)
+        problems = _problems(doc, args.check)
         failed = failed or bool(problems)
         rev = doc.get("revision") if isinstance(doc.get("revision"), dict) else {}
         assert isinstance(rev, dict)
@@ -88,9 +134,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         up = rev.get("control_plane_up")
         rows.append([url, rev.get("desired"), rev.get("active"), rev.get("source"),
                      "-" if up is None else ("yes" if up else "NO"),
-                     rev.get("consecutive_failures"), note])
+                     rev.get("consecutive_failures"), doc.get("version"), note])
     if not args.json:
         for line in table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES",
-                           "STATE"), rows, right=(1, 2, 5)):
+                           "VERSION", "STATE"), rows, right=(1, 2, 5)):
             print(line)
     return EXIT_ERROR if failed else EXIT_OK
+
+
+def _problems(doc: dict[str, Any], check: bool) -> list[str]:
+    from supervisor.admin.status_view import unhealthy
+
+    return unhealthy(doc) + (rollout_problems(doc) if check else [])

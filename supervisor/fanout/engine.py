@@ -291,6 +291,7 @@ class FanoutEngine(Generic[P]):
         self.status.last_error_class = reasons.SCHEMA_SKEW  # after _count, which may clear it
         path = getattr(error, "path", "") or None
         self._log.error(
+            "fan-out object failed to decode and is skipped", detail=
             f"fan-out object {name or '(unnamed)'} failed to decode and is skipped (schema"
             f" skew: the installed CRD schema differs from this build's, or the object was"
             f" stored under an older one); fix the object or apply `{CRDS_FIX}`",

@@ -176,7 +176,8 @@ def _report(
     if error_class == reasons.CHILD_API_MISSING:
         fix = missing_api_fix(resource)
         log.error(
-            f"fan-out child API not served: the API server does not serve"
+            "fan-out child API not served; retrying", detail=
+            f"the API server does not serve"
             f" {resource.api_version} {resource.plural} (a child resource of {kind}); no"
             f" manifest fixes this: {fix}; retrying",
             fix=fix,
@@ -187,7 +188,8 @@ def _report(
         if path:
             context["path"] = path
         log.error(
-            "fan-out watch response failed to decode: the installed CRD schema differs from"
+            "fan-out watch response failed to decode; retrying", detail=
+            "the installed CRD schema differs from"
             " the one this build reads (schema skew, not a namespace or RBAC problem);"
             f" apply the current CRDs with `{CRDS_FIX}`; retrying",
             fix=CRDS_FIX,
@@ -195,7 +197,8 @@ def _report(
         )
     else:
         log.warning(
-            "fan-out watch not available yet (apps namespace or its RBAC not provisioned,"
+            "fan-out watch not available yet; retrying", detail=
+            "(apps namespace or its RBAC not provisioned,"
             f" CRDs missing, or the API server unreachable?); apply {NAMESPACE_FIX};"
             " retrying",
             fix=NAMESPACE_FIX,

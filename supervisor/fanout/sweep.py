@@ -98,7 +98,8 @@ class Sweeper:
         if orphans and not self.guard.allow(len(orphans), seen, known):
             self._metrics.fanout_sweeps_refused.labels(self._kind).inc()
             self._log.error(
-                f"orphan sweep refused: it would delete {len(orphans)} of the {seen}"
+                "orphan sweep refused", detail=
+                f"it would delete {len(orphans)} of the {seen}"
                 " children of this installation (more than half); the parent list looks"
                 " wrong (control_namespace, installation, a restored or emptied API"
                 " server?). If it is right, the next resync that sees the same parent"

@@ -10,7 +10,7 @@ later SIGHUPs report it instead of piling up threads.
 
 Only ``[log].level`` applies without a restart (:data:`RELOADABLE`). Every
 other key whose value differs from the running configuration is named in one
-warning line, ``SIGHUP: restart needed for <keys>``, so an operator who edited
+warning line, ``SIGHUP: restart needed for`` with the keys in ``keys``, so an operator who edited
 ``[control_plane].url`` and sent SIGHUP learns the edit is not in force.
 """
 
@@ -107,5 +107,5 @@ class ConfigReload:
         """The changed keys SIGHUP cannot apply; logged as one warning line when any."""
         keys = [key for key in changed_keys(self.running, fresh) if key not in RELOADABLE]
         if keys:
-            log.warning(f"SIGHUP: restart needed for {', '.join(keys)}", keys=keys)
+            log.warning("SIGHUP: restart needed for", keys=keys)
         return keys

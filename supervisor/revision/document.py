@@ -157,7 +157,8 @@ def document_from_object(obj: object, *, revision: int | None = None) -> Revisio
         doc = msgspec.convert(obj, RevisionDocument)
     except msgspec.ValidationError as exc:
         raise RevisionError(
-            reasons.VALIDATION, _locate(obj) or _rebase(str(exc), "$"), revision=revision
+            reasons.VALIDATION, _locate(obj) or _rebase(_suggest(str(exc), RevisionDocument), "$"),
+            revision=revision
         ) from None
     _check_document(doc, revision)
     return doc
@@ -350,8 +351,25 @@ def _convert_error(value: object, spec: type[msgspec.Struct], path: str) -> str 
     try:
         msgspec.convert(value, spec)
     except msgspec.ValidationError as exc:
-        return _rebase(str(exc), path)
+        return _rebase(_suggest(str(exc), spec), path)
     return None
+
+
+_UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`(?P<at> - at `\$`)?")
+
+
+def _suggest(message: str, spec: type[msgspec.Struct]) -> str:
+    """msgspec's unknown field at the top of ``spec``, with the field that was meant."""
+    import difflib
+
+    found = _UNKNOWN.fullmatch(message)
+    if found is None:
+        return message
+    close = difflib.get_close_matches(found["name"], spec.__struct_fields__, n=1, cutoff=0.6)
+    if not close:
+        return message
+    return (f"Object contains unknown field `{found['name']}` (did you mean `{close[0]}`?)"
+            f"{found['at'] or ''}")
 
 
 _AT: Final = re.compile(r"(?P<what>.*) - at `\$(?P<rest>[^`]*)`", re.DOTALL)

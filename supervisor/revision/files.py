@@ -73,11 +73,12 @@ def _load_toml(raw: bytes) -> RevisionDocument:
         raise RevisionError(
             reasons.CORRUPT, f"not UTF-8: {exc.reason} at byte {exc.start}"
         ) from None
+    # A syntax error is the author's to fix (validation, at $), not damage (corrupt).
     except tomllib.TOMLDecodeError as exc:
-        raise RevisionError(reasons.CORRUPT, f"not TOML: {exc}") from None
+        raise RevisionError(reasons.VALIDATION, f"$: not TOML: {exc}") from None
     except RecursionError:
         raise RevisionError(
-            reasons.CORRUPT, "not TOML here: arrays or inline tables nested too deeply"
+            reasons.VALIDATION, "$: not TOML here: arrays or inline tables nested too deeply"
         ) from None
     except ValueError:
         # tomllib's int() of an integer past sys.get_int_max_str_digits() digits.
@@ -85,8 +86,8 @@ def _load_toml(raw: bytes) -> RevisionDocument:
         found = re.search(f"[0-9_]{{{_MAX_INT_DIGITS},}}", text)
         line = text.count("\n", 0, found.start()) + 1 if found else None
         raise RevisionError(
-            reasons.CORRUPT,
-            f"not TOML here: an integer{f' at line {line}' if line else ''} has more than "
+            reasons.VALIDATION,
+            f"$: not TOML here: an integer{f' at line {line}' if line else ''} has more than "
             f"{_MAX_INT_DIGITS} digits",
         ) from None
     return document_from_object(tables)

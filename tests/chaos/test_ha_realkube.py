@@ -68,7 +68,7 @@ async def test_kill_9_of_the_leader_mid_bulk_on_a_real_api_server(
         kube: RealKube, tmp_path: Path) -> None:
     inst = await trio.to_thread.run_sync(kube.install)
     a, b = config_for(tmp_path, inst, "a"), config_for(tmp_path, inst, "b")
-    await acli("publish", "--config", str(a), str(EXAMPLE))
+    await acli("publish", "--config", str(a), str(EXAMPLE), "--force")
     with trio.fail_after(600):
         async with run_daemon(a) as da:
             await da.wait_log("fan-out leadership acquired")
@@ -121,7 +121,7 @@ async def test_api_server_unreachable_past_the_renew_deadline_on_a_real_api_serv
     proxied.write_text(text)
     inst = Installation(inst.control, inst.apps, proxied)
     a, b = config_for(tmp_path, inst, "a"), config_for(tmp_path, inst, "b")
-    await acli("publish", "--config", str(a), str(EXAMPLE))
+    await acli("publish", "--config", str(a), str(EXAMPLE), "--force")
     with trio.fail_after(300):
         async with tcp_proxy(port, target) as proxy, run_daemon(a) as da:
             await da.wait_log("fan-out leadership acquired")

@@ -101,7 +101,7 @@ async def test_http2_preface_is_closed_at_once_and_h2c_upgrade_is_served_as_http
     token.chmod(0o600)
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
                           f'token_file = "{token}"\n', port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
@@ -123,7 +123,7 @@ async def test_http2_preface_is_closed_at_once_and_h2c_upgrade_is_served_as_http
 async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(150):
         async with run_daemon(config, nofile=NOFILE) as daemon:
             await daemon.wait_log("ready")
@@ -153,7 +153,7 @@ async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path:
                         idle.start_soon(_idle, port, idle_closed, connected)
                     for _ in range(FLOOD):
                         await connected.acquire()  # every connection is open
-                    await acli("publish", "--config", str(config), str(EXAMPLE))
+                    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
 
                     async def converged() -> bool:
                         status, body, _ = await request(port, "/readyz")
@@ -219,7 +219,7 @@ async def test_a_client_cannot_hold_a_connection_by_pipelining_and_not_reading(
     token.chmod(0o600)
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
                           f'token_file = "{token}"\n', port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
 
     async def held_by_daemon() -> float:
         _, body, _ = await request(port, "/metrics", headers="Authorization: Bearer tok-en\r\n")
@@ -266,7 +266,7 @@ async def test_a_head_trickled_byte_by_byte_is_closed_at_the_idle_deadline(
     arrives meanwhile."""
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     head = b"GET /status HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200 + b"\r\n\r\n"
 
     async def trickle(stream: trio.SocketStream) -> float:

@@ -58,7 +58,7 @@ async def test_unknown_host_gets_421_and_a_foreign_origin_403(tmp_path: Path) ->
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
                           'allowed_hosts = ["supervisor.internal"]\n', port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
@@ -111,7 +111,7 @@ async def test_converge_post_is_held_to_the_host_and_origin_checks(tmp_path: Pat
     page (foreign Origin; a simple POST needs no CORS preflight) must not start one."""
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     path = "/v1/converge?timeout_s=10"
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:

@@ -32,7 +32,8 @@ async def test_every_route() -> None:
             r = await http.get("/status")
             assert r.status_code == 200
             assert r.headers["content-type"] == "application/json"
-            assert set(r.json()) == {"revision", "children", "fanout", "leadership", "sinks"}
+            assert set(r.json()) == {"revision", "children", "fanout", "leadership", "sinks", "version",
+                                  "started_at"}
             assert r.json()["fanout"]["ServiceDefinition"]["objects"] == 12
             r = await http.get("/metrics")
             assert r.status_code == 200

@@ -23,7 +23,7 @@ from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_co
 async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
@@ -32,7 +32,8 @@ async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -
             raw = json.loads((await acli("status", "--config", str(config), "--json")).stdout)
             assert raw["revision"]["active"] == 1
             assert raw["children"]["convergence"]["state"] == "running"
-            assert set(raw) == {"revision", "children", "fanout", "leadership", "sinks"}
+            assert set(raw) == {"revision", "children", "fanout", "leadership", "sinks", "version",
+                                  "started_at"}
             assert raw["leadership"] == {"role": "disabled", "holder": None, "lease": None}
             assert raw["fanout"]["ServiceDefinition"] == {
                 "state": "disabled", "last_error_class": None, "objects": 0}
@@ -68,7 +69,7 @@ async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -
 
                 first = await next_event()
                 assert first["type"] == "status"  # the current state comes first
-                await acli("publish", "--config", str(config), str(EXAMPLE))
+                await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
                 while True:
                     event = await next_event()
                     if event["type"] == "published":
@@ -94,7 +95,7 @@ async def test_port_in_use_exits_1_naming_the_address(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
-        cli("publish", "--config", str(config), str(EXAMPLE))
+        cli("publish", "--config", str(config), str(EXAMPLE), "--force")
         result = await acli("run", "--config", str(config), check=False)
     assert result.returncode == 1, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr
@@ -113,7 +114,7 @@ async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
                           f'token_file = "{token}"\n', port=port)
     # write_config appends extra after [admin]'s listen line: token_file lands in [admin].
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
@@ -141,7 +142,7 @@ async def test_token_protects_every_route_but_healthz(tmp_path: Path) -> None:
 async def test_watch_without_reconnect_exits_0_when_the_daemon_stops(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)
-    cli("publish", "--config", str(config), str(EXAMPLE))
+    cli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")

@@ -38,7 +38,7 @@ async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
     async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
         await serve_once_and_stop(config)
         assert (tmp_path / "cache" / "lkg.bin").exists()
         proxy.stop()
@@ -55,7 +55,7 @@ async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg
                     assert status["revision"]["active"] == 1
                     # The control plane comes back with a newer revision.
                     await proxy.start()
-                    await acli("publish", "--config", str(config), str(EXAMPLE))
+                    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
                     await daemon.wait_log("published", revision=2, source="control_plane")
                     status = (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()
                     assert status["revision"]["source"] == "control_plane"
@@ -92,7 +92,7 @@ async def test_damaged_cache_refuses_to_boot(tmp_path: Path, pg_url: str, damage
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
     async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
         await serve_once_and_stop(config)
         proxy.stop()
         cache = tmp_path / "cache" / "lkg.bin"
@@ -111,7 +111,7 @@ async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: s
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
     async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
         await serve_once_and_stop(config)
         proxy.stop()
         # Unknown key: the file was signed by a key this configuration does not trust.
@@ -156,11 +156,11 @@ async def test_unwritable_cache_directory_keeps_serving_with_one_warning(
         f"trusted_keys = {json.dumps([verify])}\n",
     )
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             await daemon.wait_log("published", revision=2)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
@@ -195,7 +195,7 @@ async def test_deleted_served_mark_refuses_to_boot_from_the_cache(
     config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
     async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
         await serve_once_and_stop(config)
         proxy.stop()
         mark = tmp_path / "cache" / "lkg.bin.served"

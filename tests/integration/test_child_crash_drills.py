@@ -167,7 +167,7 @@ async def test_the_elected_fanout_child_reacquires_the_lease_and_fans_out_after_
     with trio.fail_after(60):
         async with fake_kube(tmp_path) as (control, kubeconfig):
             config = kube_config(tmp_path, kubeconfig, port, leader_election=True)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config, env=env) as daemon:
                 await daemon.wait_log("ready", children=["admin", "convergence", "fanout"])
                 await daemon.wait_log("fan-out leadership acquired", identity=IDENTITY)
@@ -203,7 +203,7 @@ async def test_the_workflow_watcher_fans_out_cronjobs_after_two_crashes(tmp_path
     with trio.fail_after(60):
         async with fake_kube(tmp_path) as (control, kubeconfig):
             config = kube_config(tmp_path, kubeconfig, port, leader_election=False)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config, env=env) as daemon:
                 await daemon.wait_log("ready")
                 await control.create(workflow("before"))
@@ -241,7 +241,7 @@ async def test_the_follower_hint_child_wakes_the_loop_after_two_crashes(tmp_path
     fault_dir.mkdir()
     env = {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
     await acli("db", "migrate", "--config", str(upstream.config))
-    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
     following = "following the upstream's stream for wake-ups"
     with trio.fail_after(60):
         async with run_daemon(upstream.config) as up:
@@ -261,7 +261,7 @@ async def test_the_follower_hint_child_wakes_the_loop_after_two_crashes(tmp_path
                         await wait_after(daemon, start, "convergence attempt",
                                          trigger="reconnect")
                         mark = len(daemon.lines)
-                        await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                        await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
                         revision += 1
                         await up.wait_log("published", revision=revision)
                         await wait_after(daemon, mark, "published", revision=revision)
@@ -291,7 +291,7 @@ async def test_a_crash_loop_stops_the_watchdog_and_exits_4_past_the_intensity(
         "[supervisor]\n", "[supervisor]\nrestart_intensity = 2\nrestart_period_s = 3600\n"))
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir()
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     notify = NotifySocket(tmp_path / "notify")
     await notify.bind()
     env = {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir), "NOTIFY_SOCKET": str(notify.path),

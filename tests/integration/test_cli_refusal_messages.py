@@ -51,3 +51,48 @@ async def test_the_readme_check_example_is_what_check_prints() -> None:
     result = await acli("check", "--config", "conf/prod.toml", check=False)
     assert result.returncode == 2
     assert result.stderr.splitlines() == quoted
+
+
+async def test_a_mistyped_subcommand_gets_the_one_that_was_meant() -> None:
+    result = await acli("statu", check=False)
+    assert result.returncode == 2
+    assert "invalid choice: 'statu'" in result.stderr and "(did you mean `status`?)" \
+        in result.stderr
+
+
+async def test_keygen_takes_no_configuration(tmp_path: Path) -> None:
+    result = await acli("keygen", "--config", "conf/dev.toml", "--out", str(tmp_path / "k"),
+                        check=False)
+    assert result.returncode == 2 and "unrecognized arguments: --config" in result.stderr
+    assert not (tmp_path / "k").exists()
+
+
+async def test_a_toml_syntax_error_is_validation_not_corrupt(tmp_path: Path) -> None:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema_version = 1\n[aliases.chat\nupstream = "https://x/v1"\n')
+    result = await acli("publish", "--config", str(config), str(bad), check=False)
+    assert result.returncode == 2
+    assert f"refused: validation: {bad}: $: not TOML:" in result.stderr, result.stderr
+
+
+async def test_a_mistyped_revision_field_gets_the_one_that_was_meant(tmp_path: Path) -> None:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
+    typo = tmp_path / "typo.toml"
+    typo.write_text('schema_version = 1\n[aliases.chat]\nupstream = "https://x/v1"\n'
+                    'timeout = 5\n')
+    result = await acli("publish", "--config", str(config), str(typo), check=False)
+    assert result.returncode == 2
+    assert "$.aliases.chat: Object contains unknown field `timeout` (did you mean " \
+        "`timeout_s`?)" in result.stderr, result.stderr
+
+
+async def test_a_mistyped_dsn_parameter_is_named_not_blamed_on_the_password(
+        tmp_path: Path) -> None:
+    config = tmp_path / "dsn.toml"
+    config.write_text('[control_plane]\nurl = "postgresql://u:secret@127.0.0.1/db'
+                      '?sslmod=require"\n')
+    result = await acli("check", "--config", str(config), check=False)
+    assert result.returncode == 2
+    assert "unknown connection parameter `sslmod` (did you mean `sslmode`?)" in result.stderr
+    assert "percent-encode" not in result.stderr and "secret" not in result.stderr

@@ -74,3 +74,60 @@ def test_publish_refuses_a_revision_file_that_breaks_the_parser(
     result = run("publish", "--config", str(config(tmp_path)), str(document))
     refused(result, str(document), words, "nothing was stored")
     assert not (tmp_path / "cp.db").exists()
+
+
+def test_check_prints_every_schema_error_not_only_the_first(tmp_path: Path) -> None:
+    path = config(tmp_path, '[log]\nlevel = "loud"\nformat = "xml"\n'
+                            '[admin]\nlisten = 5\n[supervisor]\nshutdown_grace_s = -1\n')
+    result = run("check", "--config", str(path))
+    refused(result, "$.log.level", "$.log.format", "$.admin.listen",
+            "$.supervisor.shutdown_grace_s")
+    assert len(result.stderr.strip().splitlines()) == 4, result.stderr
+
+
+def test_an_enum_error_lists_the_choices(tmp_path: Path) -> None:
+    result = run("check", "--config", str(config(tmp_path, '[log]\nformat = "xml"\n')))
+    refused(result, "$.log.format: must be one of auto, console, journal, json, got 'xml'")
+
+
+def test_an_environment_override_error_blames_the_variable(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    result = run("check", "--config", str(path), env={"SUPERVISOR_ADMIN__LISTEN": "nonsense"})
+    refused(result, "environment variable SUPERVISOR_ADMIN__LISTEN: $.admin.listen")
+    assert f"{path}: $.admin.listen" not in result.stderr
+
+
+def test_check_strict_exits_2_when_the_signing_key_is_not_trusted(tmp_path: Path) -> None:
+    keys = []
+    for name in ("signing.key", "other.key"):
+        made = run("keygen", "--out", str(tmp_path / name))
+        assert made.returncode == 0, made.stderr
+        keys.append(made.stdout.strip().split()[-1])
+    (tmp_path / "cache").mkdir()
+    path = config(tmp_path, f'[cache]\npath = "{tmp_path}/cache/lkg.bin"\n'
+                            f'signing_key = "{tmp_path}/signing.key"\n'
+                            f'trusted_keys = ["{keys[0]}"]\n')
+    assert run("check", "--strict", "--config", str(path)).returncode == 0
+    env = {"SUPERVISOR_CACHE__SIGNING_KEY": str(tmp_path / "other.key")}
+    lenient = run("check", "--config", str(path), env=env)
+    assert lenient.returncode == 0 and "would refuse its own cache" in lenient.stderr
+    refused(run("check", "--strict", "--config", str(path), env=env),
+            "$.cache.signing_key", "would refuse its own cache", "--strict")
+
+
+def test_a_startup_configuration_error_follows_the_log_format(tmp_path: Path) -> None:
+    import json
+
+    path = config(tmp_path, '[log]\nformat = "json"\n[admin]\nlisten = 5\n')
+    result = run("run", "--config", str(path))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    doc = json.loads(line)
+    assert doc["event"] == "invalid configuration" and doc["level"] == "critical"
+    assert doc["key"] == "$.admin.listen" and doc["source"] == str(path)
+    journal = run("run", "--config", str(path), env={"SUPERVISOR_LOG__FORMAT": "journal"})
+    assert journal.returncode == 2
+    assert journal.stderr.startswith("<2>{") and '"invalid configuration"' in journal.stderr
+    # The format itself unreadable: the plain line, as before.
+    plain = run("run", "--config", str(config(tmp_path, '[log]\nformat = "xml"\n')))
+    refused(plain, "trio-supervisor: configuration error:", "$.log.format")

@@ -36,7 +36,7 @@ async def test_outcomes_match_the_attempts_and_concurrent_requests_share_them(
 ) -> None:
     port = free_port()
     config = _config(tmp_path, port)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     url = f"http://127.0.0.1:{port}/v1/converge"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with trio.fail_after(60):
@@ -48,7 +48,7 @@ async def test_outcomes_match_the_attempts_and_concurrent_requests_share_them(
                 assert answer.status_code == 200
                 assert answer.json() == {"outcome": "converged", "revision": 1, "reason": None}
 
-                await acli("publish", "--config", str(config), str(EXAMPLE))
+                await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
                 answers: list[dict[str, object]] = []
 
                 async def ask() -> None:
@@ -104,7 +104,7 @@ async def test_a_flood_of_requests_coalesces_and_shutdown_leaves_none_hanging(
 
     port = free_port()
     config = _config(tmp_path, port)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     # A connection per request: reusing one the server just closed after its keep-alive

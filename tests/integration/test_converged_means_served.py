@@ -117,13 +117,13 @@ async def test_sqlite_file_replaced_or_deleted_at_runtime(tmp_path: Path) -> Non
     port = free_port()
     cp = tmp_path / "cp.db"
     config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     # The "restore": another file with more revisions, made beside it.
     other = tmp_path / "other"
     other.mkdir()
     other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
     for _ in range(3):
-        await acli("publish", "--config", str(other_config), str(EXAMPLE))
+        await acli("publish", "--config", str(other_config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
@@ -145,7 +145,7 @@ async def test_sqlite_file_replaced_or_deleted_at_runtime(tmp_path: Path) -> Non
             await poll_until(down)
             # Re-created with a newer desired revision: noticed without a restart.
             shutil.copy(saved, cp)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             await daemon.wait_log("control plane reachable again")
             await daemon.wait_log("published", revision=4)
             report = (await get(port, "/status"))["revision"]
@@ -165,7 +165,7 @@ async def test_listen_reconnects_within_a_second_of_recovery(tmp_path: Path,
                                                              pg_url: str) -> None:
     config = write_config(tmp_path, pg_url)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     port = free_port()
     with trio.fail_after(120):
         async with pg_proxy(free_port(), pg_url) as proxy:
@@ -197,7 +197,7 @@ async def test_listen_reconnects_within_a_second_of_recovery(tmp_path: Path,
                 assert took < 1.0, f"LISTEN reconnected {took:.2f} s after recovery"
                 # And it works: a publish converges through it (poll is 1 s; the
                 # wake-up makes it far sooner, but correctness is what is checked).
-                await acli("publish", "--config", str(config), str(EXAMPLE))
+                await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
                 await daemon.wait_log("published", revision=2)
 
 

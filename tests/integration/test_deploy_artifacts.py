@@ -88,6 +88,28 @@ def seconds(value: str) -> float:
     return float(match.group(1)) * factor
 
 
+def test_the_units_documentation_is_installed_by_its_own_steps() -> None:
+    """``Documentation=file://...`` names a file the install steps (the unit's comment and
+    the README's) put there: an installed host has no source tree to point into."""
+    text = UNIT.read_text()
+    readme = (REPO / "README.rst").read_text()
+    documented = parse_unit(text)["Unit"]["Documentation"]
+    files = [d.removeprefix("file://") for line in documented for d in line.split()
+             if d.startswith("file://")]
+    assert files
+    for path in files:
+        step = f"install -D -m 0644 README.rst {path}"
+        assert path.endswith("/README.rst") and f"#   {step}" in text and f"    {step}" in readme
+
+
+def test_the_containerfile_run_example_is_the_readmes() -> None:
+    readme = (REPO / "README.rst").read_text()
+    example = re.search(r"#   (docker run .*\\\n#     .*)", CONTAINERFILE.read_text())
+    assert example is not None
+    command = example.group(1).replace("\\\n#     ", "\\\n      ")
+    assert f"    {command}\n" in readme
+
+
 def test_systemd_unit_properties() -> None:
     unit = parse_unit(UNIT.read_text())
     service = unit["Service"]
@@ -205,7 +227,7 @@ async def test_daemon_runs_under_memory_deny_write_execute(tmp_path: Path, pg_ur
                                  "metadata": {"name": "web", "namespace": "trio-supervisor"},
                                  "spec": {"image": "nginx", "port": 80}})
                     await fake.wait_until(lambda: fake.get("services", "apps", "web") is not None)
-                    await acli("publish", "--config", str(config), str(EXAMPLE))
+                    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
                     await daemon.wait_log("published", revision=2)
                     daemon.signal(signal.SIGTERM)
                     assert await daemon.wait() == 0, "\n".join(daemon.raw)
@@ -241,6 +263,44 @@ def test_containerfile_properties() -> None:
     assert final["EXPOSE"] == str(prod.admin.host_port[1])
     assert "/healthz" in final["HEALTHCHECK"] and str(prod.admin.host_port[1]) in final["HEALTHCHECK"]
     assert any(i == "RUN" and "tini" in a for i, a in runtime), "tini is installed"
+
+
+LOCK = DEPLOY / "container" / "requirements.lock"
+
+
+def test_the_image_installs_exactly_the_locked_dependencies() -> None:
+    """requirements.lock pins every dependency of pyproject.toml (and theirs) with hashes,
+    at versions pyproject accepts, and the build installs from it with --require-hashes."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    text = LOCK.read_text()
+    assert "pip-compile --generate-hashes" in text
+    assert " pyproject.toml\n" in text, "compiled from pyproject.toml"
+    pinned: dict[str, str] = {}
+    for block in re.split(r"\n(?=[a-z0-9])", text.split("\n#\n", 1)[1].strip()):
+        head = block.split(" ", 1)[0]
+        name, sep, version = head.partition("==")
+        assert sep, f"not pinned: {head}"
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", block), f"no hash: {head}"
+        pinned[canonicalize_name(name)] = version
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for dependency in project["dependencies"]:
+        requirement = Requirement(dependency)
+        name = canonicalize_name(requirement.name)
+        assert name in pinned, f"{requirement.name} of pyproject.toml is not in the lock"
+        assert requirement.specifier.contains(pinned[name]), (
+            f"the lock's {name}=={pinned[name]} is outside pyproject's {requirement.specifier}:"
+            " regenerate it (README, \"Containers\")")
+        for extra in requirement.extras:  # psycopg[binary] -> psycopg-binary
+            assert canonicalize_name(f"{requirement.name}-{extra}") in pinned
+    build = containerfile_stages(CONTAINERFILE.read_text())[0]
+    locked = [a for i, a in build if i == "RUN" and "requirements.lock" in a]
+    assert locked and "--require-hashes" in locked[0]
+    assert [a for i, a in build if i == "RUN" and "pip wheel" in a and " ." in a
+            and "--no-deps" in a], "the project's wheel resolves nothing again"
 
 
 def test_containerfile_ignore_file_keeps_what_the_build_copies() -> None:
@@ -489,8 +549,17 @@ async def test_kubernetes_deployment_cross_references() -> None:
     pod = spec["template"]["spec"]
     # Two replicas, replaced one at a time.
     assert spec["replicas"] == 2 and spec["updateStrategy"]["type"] == "RollingUpdate"
-    assert one(objects, "Service", spec["serviceName"])
     template_labels = spec["template"]["metadata"]["labels"]
+    # The governing Service is headless: each replica has its own DNS name
+    # (trio-supervisor-0.trio-supervisor-peers...), which the admin API answers to.
+    peers = one(objects, "Service", spec["serviceName"])
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["selector"].items() <= template_labels.items()
+    # The replicas never share a node.
+    [by_node] = [c for c in spec["template"]["spec"]["topologySpreadConstraints"]
+                 if c["topologyKey"] == "kubernetes.io/hostname"]
+    assert by_node["whenUnsatisfiable"] == "DoNotSchedule" and by_node["maxSkew"] == 1
+    assert by_node["labelSelector"]["matchLabels"].items() <= template_labels.items()
     selector = spec["selector"]["matchLabels"]
     assert selector.items() <= template_labels.items(), "the selector selects the template"
     namespace = deployment["metadata"]["namespace"]
@@ -517,6 +586,15 @@ async def test_kubernetes_deployment_cross_references() -> None:
     config = load_text(configmap["data"][config_path.name], environ={})
     host, port = config.admin.host_port
     assert host == "0.0.0.0", "reachable by the kubelet's probes"
+    # Each replica answers to its own DNS name, however a client in the cluster spells it.
+    from supervisor.admin.hosts import AllowedHosts
+
+    allowed = AllowedHosts(host, config.admin.allowed_hosts)
+    for i in range(spec["replicas"]):
+        member = f"{deployment['metadata']['name']}-{i}.{spec['serviceName']}"
+        for name in (member, f"{member}.{namespace}", f"{member}.{namespace}.svc",
+                     f"{member}.{namespace}.svc.cluster.local"):
+            assert allowed.allows(name), name
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["admin"] == port
     assert config.kubernetes.enabled and config.kubernetes.kubeconfig is None  # in-cluster
@@ -562,7 +640,7 @@ async def test_kubernetes_deployment_cross_references() -> None:
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
     # The Service selects the pods and targets the admin port.
-    service = one(objects, "Service")
+    service = one(objects, "Service", "trio-supervisor-admin")
     assert service["spec"]["selector"].items() <= template_labels.items()
     assert all(p["targetPort"] in ports or p["targetPort"] in ports.values()
                for p in service["spec"]["ports"])

@@ -27,7 +27,7 @@ async def test_children_appear_with_lineage_labels(tmp_path: Path) -> None:
             kubeconfig = tmp_path / "kubeconfig"
             write_kubeconfig(server, kubeconfig)
             config = kube_config(tmp_path, kubeconfig, admin_port)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config) as daemon:
                 await daemon.wait_log("ready")
                 await server.wait_until(
@@ -61,7 +61,7 @@ async def test_sigterm_while_the_preflight_waits_exits_0_promptly(tmp_path: Path
             kubeconfig = tmp_path / "kubeconfig"
             write_kubeconfig(server, kubeconfig)
             config = kube_config(tmp_path, kubeconfig, admin_port)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
                 # READY=1 never waits for Kubernetes: the watchers are dormant, not failing.
                 await notify.wait_for("READY=1")
@@ -90,7 +90,7 @@ async def test_sighup_wakes_a_waiting_preflight(tmp_path: Path) -> None:
             config = kube_config(tmp_path, kubeconfig, admin_port)
             config.write_text(config.read_text().replace("preflight_retry_s = 1",
                                                          "preflight_retry_s = 300"))
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config) as daemon:
                 await daemon.wait_log("ready")
                 # Retries start near 1 s and double: after the fourth the next is ~8 s away.
@@ -121,7 +121,7 @@ async def test_sigterm_gives_an_apply_in_flight_a_bounded_drain(tmp_path: Path) 
             kubeconfig = tmp_path / "kubeconfig"
             write_kubeconfig(server, kubeconfig)
             config = kube_config(tmp_path, kubeconfig, admin_port)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config) as daemon:
                 await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
                 server.inject("PATCH", r"/deployments/web$", status=200, hang=True, times=1)

@@ -243,7 +243,7 @@ async def test_a_skewed_object_mid_stream_is_skipped(tmp_path: Path) -> None:
             skew = [e for e in logs if e.get("error_class") == reasons.SCHEMA_SKEW]
             assert skew and skew[0]["log_level"] == "error"
             assert skew[0]["kind"] == "ServiceDefinition" and skew[0]["name"] == "good"
-            assert "kubectl apply -k manifests/crds" in skew[0]["event"]
+            assert "kubectl apply -k manifests/crds" in skew[0]["detail"]
             assert h.status.last_error_class == reasons.SCHEMA_SKEW
             assert h.status.state == "watching"
             # The unreadable parent's children are left alone, also by a resync.
@@ -371,7 +371,7 @@ async def test_a_missing_namespace_retries_quietly_while_a_skewed_crd_logs_an_er
     assert len(unready) >= 2
     assert {e["log_level"] for e in unready} == {"warning"}
     assert all(e["kind"] == "ServiceDefinition" for e in unready)
-    assert "manifests/apps-namespace" in unready[0]["event"]
+    assert "manifests/apps-namespace" in unready[0]["detail"]
     assert not [e for e in logs if e["log_level"] == "error"]
 
 
@@ -409,7 +409,7 @@ async def test_one_undecodable_parent_that_sorts_first_never_blocks_its_kind(
     assert line["log_level"] == "error"
     assert (line["kind"], line["name"]) == ("ServiceDefinition", "aaa-old")
     assert line["path"].startswith("$.spec.")
-    assert "kubectl apply -k manifests/crds" in line["event"]
+    assert "kubectl apply -k manifests/crds" in line["detail"]
 
 
 async def test_a_crd_removed_while_watching_sends_the_watcher_back_to_preflight(

@@ -37,7 +37,7 @@ async def test_emfile_on_a_secret_file_is_unavailable_not_secret(tmp_path: Path)
     db = tmp_path / "cp.db"
     config = write_config(tmp_path, f"sqlite:///{db}", poll_interval_s=0.2,
                           backoff_initial_s=0.2, backoff_max_s=1.0)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     secret = tmp_path / "team.key"
     secret.write_text("s3cret\n")
     body = json.dumps({
@@ -79,7 +79,7 @@ async def test_accept_out_of_descriptors_is_logged_once_per_streak(tmp_path: Pat
 
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
     port = int(config.read_text().split('listen = "127.0.0.1:')[1].split('"')[0])
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")

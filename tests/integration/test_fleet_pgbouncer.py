@@ -88,13 +88,13 @@ async def test_cli_and_a_replica_through_pgbouncer_converge_with_listen_on_a_dir
     await acli("check", "--config", str(config))
     await acli("db", "migrate", "--config", str(config))
     await acli("db", "migrate", "--config", str(config))  # twice: harmless
-    first = await acli("publish", "--config", str(config), str(EXAMPLE))
+    first = await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     assert first.stdout.strip().splitlines()[-1] == "1"
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
             await daemon.wait_log("listening for desired-state notifications")
-            second = await acli("publish", "--config", str(config), str(EXAMPLE))
+            second = await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             assert second.stdout.strip().splitlines()[-1] == "2"
             await daemon.wait_log("published", revision=2)
             status = await acli("status", "--url", f"http://127.0.0.1:{port}", "--json")
@@ -109,7 +109,7 @@ async def test_replica_through_pgbouncer_polls_with_listen_off(
     port = free_port()
     config = write_config(tmp_path, url, port=port, poll_interval_s=0.5, listen=False)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)

@@ -45,7 +45,7 @@ async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_
     followers = [f1, f2, f3, ff]
 
     await acli("db", "migrate", "--config", str(upstream.config))
-    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
     with trio.fail_after(120):
         async with AsyncExitStack() as stack:
             up: Daemon = await stack.enter_async_context(run_daemon(upstream.config))
@@ -64,14 +64,14 @@ async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_
                 assert report["revision"]["upstream"] == want
 
             # A publish reaches all, the follower of a follower included.
-            await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+            await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
             for node in followers:
                 await wait_active(node, 2)
 
             # The upstream killed: every follower keeps serving, and says why it cannot converge.
             up.signal(signal.SIGKILL)
             await up.wait()
-            await acli("publish", "--config", str(upstream.config), str(EXAMPLE))  # 3, to PG
+            await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")  # 3, to PG
 
             async def failing(node: Node) -> bool:
                 report = await status_of(node)
@@ -115,7 +115,7 @@ async def test_the_upstream_stream_wakes_a_follower_and_polling_alone_converges(
                                               "[control_plane]\nlisten = false\n")
     polling.config.write_text(text)
     await acli("db", "migrate", "--config", str(upstream.config))
-    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(upstream.config) as up:
             await up.wait_log("published", revision=1)
@@ -124,7 +124,7 @@ async def test_the_upstream_stream_wakes_a_follower_and_polling_alone_converges(
                 await wait_active(polling, 1)
                 await wait_active(hinted, 1)
                 for revision in (2, 3):
-                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
                     await hint.wait_log("published", revision=revision)
                     await poll.wait_log("published", revision=revision)
                 assert not [line for line in poll.lines
@@ -163,7 +163,7 @@ async def test_a_proxy_flipping_a_byte_is_refused_as_corrupt_and_the_follower_ke
                                                "[control_plane]\nlisten = false\n")
     follower.config.write_text(text)
     await acli("db", "migrate", "--config", str(upstream.config))
-    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(trio.serve_tcp, proxy.handle, proxy_port,
@@ -173,7 +173,7 @@ async def test_a_proxy_flipping_a_byte_is_refused_as_corrupt_and_the_follower_ke
                 async with run_daemon(follower.config) as daemon:
                     await wait_active(follower, 1)
                     proxy.tamper = True
-                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
                     line = await daemon.wait_log("revision refused; previous snapshot keeps "
                                                  "serving", reason="corrupt")
                     assert line["revision"] == 2

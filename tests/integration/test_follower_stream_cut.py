@@ -79,7 +79,7 @@ async def test_a_follower_whose_stream_is_cut_converges_by_polling(
     follower = make_node(tmp_path, "follower", f"http://127.0.0.1:{proxy_port}",
                          [upstream.verify_key])
     await acli("db", "migrate", "--config", str(upstream.config))
-    await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(trio.serve_tcp, proxy.handle, proxy_port,
@@ -93,7 +93,7 @@ async def test_a_follower_whose_stream_is_cut_converges_by_polling(
                     else:
                         await daemon.wait_log("following the upstream's stream for wake-ups")
                     for revision in (2, 3):
-                        await acli("publish", "--config", str(upstream.config), str(EXAMPLE))
+                        await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
                         await daemon.wait_log("published", revision=revision)
                     await wait_active(follower, 3)
                     assert proxy.upgrades >= 1 and proxy.forwarded >= 3

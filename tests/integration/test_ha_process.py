@@ -42,7 +42,7 @@ async def test_two_replicas_one_fans_out_and_sigterm_hands_over(tmp_path: Path) 
             write_kubeconfig(server, kubeconfig)
             cp = f"sqlite:///{tmp_path}/cp.db"
             a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
-            await acli("publish", "--config", str(a.config), str(EXAMPLE))
+            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
             names = [f"web-{i}" for i in range(20)]
             for name in names:
                 server.create(sd(name))
@@ -96,7 +96,7 @@ async def test_kill_9_of_the_leader_mid_bulk(tmp_path: Path) -> None:
             write_kubeconfig(server, kubeconfig)
             cp = f"sqlite:///{tmp_path}/cp.db"
             a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
-            await acli("publish", "--config", str(a.config), str(EXAMPLE))
+            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
             async with run_daemon(a.config) as da:
                 await da.wait_log("fan-out leadership acquired")
                 async with run_daemon(b.config) as db:
@@ -130,7 +130,7 @@ async def test_refused_renewals_stop_the_leader_before_the_lease_expires(
             write_kubeconfig(server, kubeconfig)
             cp = f"sqlite:///{tmp_path}/cp.db"
             a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
-            await acli("publish", "--config", str(a.config), str(EXAMPLE))
+            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
             async with run_daemon(a.config) as da:
                 await da.wait_log("fan-out leadership acquired")
                 async with run_daemon(b.config) as db, trio.open_nursery() as nursery:
@@ -169,7 +169,7 @@ async def test_leader_election_off_fans_out_alone(tmp_path: Path) -> None:
             write_kubeconfig(server, kubeconfig)
             a = replica(tmp_path, "a", kubeconfig, f"sqlite:///{tmp_path}/cp.db")
             a.config.write_text(a.config.read_text() + "leader_election = false\n")
-            await acli("publish", "--config", str(a.config), str(EXAMPLE))
+            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
             server.create(sd("solo"))
             async with run_daemon(a.config) as da:
                 await da.wait_log("ready")

@@ -40,7 +40,7 @@ async def test_null_desired_pointer_is_a_refusal_not_a_crash(tmp_path: Path,
     port = free_port()
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.2, listen=False)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
@@ -61,7 +61,7 @@ async def test_null_desired_pointer_is_a_refusal_not_a_crash(tmp_path: Path,
             with psycopg.connect(pg_url, autocommit=True) as conn:
                 conn.execute("UPDATE supervisor_desired SET revision_id = 1")
                 conn.execute("ALTER TABLE supervisor_desired ALTER revision_id SET NOT NULL")
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             await daemon.wait_log("published", revision=2)
             assert not [line for line in daemon.lines if line.get("event") == "child crashed"]
 
@@ -78,7 +78,7 @@ async def test_every_child_heals_after_two_crashes(tmp_path: Path, pg_url: str) 
     # An hour's poll: only the LISTEN child can make a publish converge quickly.
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=3600, listen=True)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     env = {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
     with trio.fail_after(120):
         async with run_daemon(config, env=env) as daemon:
@@ -147,7 +147,7 @@ async def test_fanout_watchers_heal_after_two_crashes(tmp_path: Path) -> None:
             write_kubeconfig(server, kubeconfig)
             # One child per kind without leader election (with it, one "fanout" child).
             config = kube_config(tmp_path, kubeconfig, port, leader_election=False)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config, env=env) as daemon:
                 await daemon.wait_log("ready")
                 for round_ in (1, 2):

@@ -111,7 +111,7 @@ async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> Non
     assert lines[0].split() == ["ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"]
     assert lines[1].startswith("*") and lines[1].split()[1] == "2"
     assert lines[1].endswith("add search") and lines[2].split()[0] == "1"
-    assert lines[-1] == "* desired: revision 2"
+    assert lines[3] == "* desired: revision 2" and lines[5] == "changes of desired, newest first:"
     doc = json.loads(out(limited))
     assert doc["desired"] == 2 and [r["id"] for r in doc["revisions"]] == [2]
     row = doc["revisions"][0]
@@ -146,11 +146,13 @@ async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> Non
 
     rolled = await run("rollback", "1", "--config", config, "--message", "search broke")
     assert rolled.returncode == 0, err(rolled)
-    assert out(rolled).splitlines() == ["desired revision 2 -> 1: search broke", "1"]
+    assert out(rolled).splitlines() == ["desired revision 2 -> 1 (sequence 3): search broke",
+                                         "1"]
     assert json.loads(out(await run("history", "--config", config, "--json")))["desired"] == 1
 
     for i in range(3):
-        await run("publish", "--config", config, str(EXAMPLE), "--message", f"again {i}")
+        await run("publish", "--config", config, str(EXAMPLE), "--message", f"again {i}",
+                  "--force")
     await run("rollback", "2", "--config", config)
     pruned = await run("db", "prune", "--keep", "2", "--config", config)
     assert pruned.returncode == 0
@@ -252,7 +254,7 @@ async def test_resolve_secrets_refuses_what_no_replica_could_serve(
            "is not set or empty; nothing was stored" == err(refused).strip().splitlines()[-1]
     # Without the switch, the same file is stored: secrets may live only on the replicas.
     assert (await run("publish", "--config", config, second)).returncode == 0
-    stored = await run("publish", "--config", config, second, "--resolve-secrets",
+    stored = await run("publish", "--config", config, second, "--resolve-secrets", "--force",
                        env={UNSET: "here"})
     assert stored.returncode == 0 and out(stored).splitlines()[-1] == "2"
 
@@ -271,11 +273,13 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
     config = str(write_config(tmp_path, url))
     await run("db", "migrate", "--config", config)
     empty = json.loads(out(await run("history", "--config", config, "--json")))
-    assert empty == {"desired": None, "revisions": []}
+    assert empty == {"desired": None, "revisions": [], "changes": []}
     published = await run("publish", "--config", config, str(EXAMPLE), "--message", "one",
                           "--json")
     assert published.returncode == 0, err(published)
-    assert json.loads(out(published)) == {"ok": True, "revision": 1}
+    assert _shape(json.loads(out(published))) == {"ok": "bool", "revision": "int",
+                                                  "sequence": "int", "unchanged": "bool",
+                                                  "store": "str"}
     await run("publish", "--config", config, str(_second(tmp_path)), "--message", "two")
     refused = await run("publish", "--config", config, str(_second(tmp_path)),
                         "--resolve-secrets", "--json")
@@ -289,7 +293,10 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
     )
     revision = {"id": "int", "created_at": "str", "message": "str", "schema_version": "int",
                 "size": "int", "body_sha256": "str", "desired": "bool"}
-    assert _shape(json.loads(out(history))) == {"desired": "int", "revisions": [revision]}
+    change_record = {"sequence": "int", "revision_id": "int", "changed_at": "str",
+                     "changed_by": "str", "message": "str"}
+    assert _shape(json.loads(out(history))) == {"desired": "int", "revisions": [revision],
+                                                "changes": [change_record]}
     shown_doc = json.loads(out(shown))
     assert _shape({k: v for k, v in shown_doc.items() if k != "document"}) == revision
     assert isinstance(shown_doc["document"], dict)
@@ -299,7 +306,8 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
                                             "changes": [change]}
     rolled = await run("rollback", "1", "--config", config, "--message", "why", "--json")
     assert rolled.returncode == 0, err(rolled)
-    assert json.loads(out(rolled)) == {"revision": 1, "previous": 2, "message": "why"}
+    assert json.loads(out(rolled)) == {"revision": 1, "previous": 2, "sequence": 3,
+                                       "message": "why"}
     pruned = json.loads(out(await run("db", "prune", "--keep", "0", "--config", config,
                                       "--json")))
     assert pruned == {"deleted": [2], "keep": 0, "desired": 1}

@@ -44,7 +44,7 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
         # Polling once an hour: only the stream plus the converge request can be this fast.
         configs.append(write_config(home, url, f'token_file = "{token}"', port=port,
                                     poll_interval_s=3600))
-    await acli("publish", "--config", str(configs[0]), str(EXAMPLE))
+    await acli("publish", "--config", str(configs[0]), str(EXAMPLE), "--force")
 
     # The second replica is named by its stream URL: the converge request must
     # still reach it (it polls once an hour), on its http:// address.
@@ -72,7 +72,7 @@ async def test_publish_wait_on_two_replicas_active_refused_and_stopped(tmp_path:
             fleet = await acli("status", *urls, "--token-file", str(token))
             rows = fleet.stdout.splitlines()
             assert rows[0].split() == ["REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP", "UP",
-                                       "FAILURES", "STATE"]
+                                       "FAILURES", "VERSION", "STATE"]
             assert [r.split()[:4] for r in rows[1:]] == [
                 [f"http://127.0.0.1:{p}", "2", "2", "control_plane"] for p in ports]
 
@@ -115,7 +115,7 @@ async def test_rollback_then_cold_boot_serves_the_rolled_back_revision_from_cach
                                                  "poll_interval_s = 3600"))
     async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
         await acli("publish", "--config", str(config), str(_variant(tmp_path, "two.toml")))
         with trio.fail_after(60):
             async with run_daemon(config) as daemon:
@@ -159,7 +159,7 @@ async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port,
                           poll_interval_s=3600)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     bad = _variant(tmp_path, "bad.toml", secret=f"env:{UNSET}")
     reason = f"refused: secret: $.keys.k.secret: environment variable {UNSET} is not set or empty"
     # Refused here, before anything is stored (stderr, so the pipeline merges it).
@@ -190,14 +190,16 @@ async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
                                  "--json", check=False)
             assert as_json.returncode == 5, as_json.stdout + as_json.stderr
             assert json.loads(as_json.stdout) == {
-                "ok": False, "revision": 4, "outcome": "refused",
+                "ok": False, "revision": 4, "sequence": 4, "unchanged": False,
+                "store": f"{tmp_path}/cp.db", "outcome": "refused",
                 "replicas": [{"url": base, "state": "refused", "reason": "secret",
                               "detail": reason.removeprefix("refused: secret: ")}]}
             as_json = await acli("publish", "--config", str(config), str(good), "--wait",
                                  "--json", check=False)
             assert as_json.returncode == 0, as_json.stdout + as_json.stderr
             assert json.loads(as_json.stdout) == {
-                "ok": True, "revision": 5, "outcome": "active",
+                "ok": True, "revision": 5, "sequence": 5, "unchanged": False,
+                "store": f"{tmp_path}/cp.db", "outcome": "active",
                 "replicas": [{"url": base, "state": "active", "reason": None, "detail": None}]}
 
 
@@ -209,7 +211,7 @@ async def test_publish_wait_follows_a_replica_that_comes_back_mid_wait(tmp_path:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port,
                           poll_interval_s=3600)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     script = str(Path(sys.executable).parent / "trio-supervisor")
     with trio.fail_after(90):
         waiter = await trio.lowlevel.open_process(
@@ -218,7 +220,7 @@ async def test_publish_wait_follows_a_replica_that_comes_back_mid_wait(tmp_path:
         assert waiter.stdout is not None
         # Its commit is done once it says so; the replica is not running yet.
         seen = b""
-        while b"published revision 2\n" not in seen:
+        while b"published revision 2 " not in seen:
             chunk = await waiter.stdout.receive_some()
             assert chunk, seen
             seen += chunk

@@ -26,13 +26,13 @@ async def test_cli_and_plain_sql_publishes_converge_through_notifications(
 ) -> None:
     config = hour_poll(tmp_path, pg_url)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     notify = NotifySocket(tmp_path / "notify")
     await notify.bind()
     with trio.fail_after(60):
         async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
             await notify.wait_for("READY=1")
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             await daemon.wait_log("published", revision=2)
             rid = await trio.to_thread.run_sync(sql_publish, pg_url)
             await daemon.wait_log("published", revision=rid)
@@ -49,7 +49,7 @@ async def test_listener_killed_reconnects_and_converges_without_the_poll(
 ) -> None:
     config = hour_poll(tmp_path, pg_url)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     notify = NotifySocket(tmp_path / "notify")
     await notify.bind()
     with trio.fail_after(60):
@@ -77,7 +77,7 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
     config = hour_poll(tmp_path, url)
     async with pg_proxy(port, pg_url) as proxy:
         await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
         notify = NotifySocket(tmp_path / "notify")
         await notify.bind()
         with trio.fail_after(60):

@@ -108,7 +108,7 @@ async def test_a_stalled_convergence_loop_is_unhealthy_and_stops_the_watchdog(
     db = tmp_path / "cp.db"
     config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.01,
                           backoff_initial_s=0.01, backoff_max_s=0.01)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     big = big_body(12 * 1024 * 1024)
     with trio.fail_after(120):
         async with observed(config, port, tmp_path, {}) as (daemon, seen, pings):
@@ -163,7 +163,7 @@ async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.3, listen=True,
                           backoff_max_s=0.3)
     await acli("db", "migrate", "--config", str(config))
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with observed(config, port, tmp_path, {"SUPERVISOR_TEST_FAULT_DIR": str(fault_dir)}
                             ) as (daemon, seen, pings):

@@ -19,7 +19,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 def published(tmp_path: Path, extra: str = "") -> Path:
     config = write_config(tmp_path, sqlite_url(tmp_path), extra)
-    out = cli("publish", "--config", str(config), str(EXAMPLE), "--message", "test")
+    out = cli("publish", "--config", str(config), str(EXAMPLE), "--force", "--message", "test")
     assert out.stdout.strip().splitlines()[-1] == "1"
     return config
 
@@ -96,7 +96,7 @@ async def test_sighup_converges_now_and_rereads_log_level(tmp_path: Path) -> Non
     with trio.fail_after(30):
         async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
             await notify.wait_for("READY=1")
-            cli("publish", "--config", str(config), str(EXAMPLE))
+            cli("publish", "--config", str(config), str(EXAMPLE), "--force")
             config.write_text(text.replace('level = "info"', 'level = "debug"'))
             daemon.signal(signal.SIGHUP)
             await daemon.wait_log("SIGHUP: log level set", new_level="debug")

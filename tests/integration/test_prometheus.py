@@ -20,9 +20,9 @@ import yaml
 from prometheus_client import generate_latest
 
 from supervisor.convergence.side_sinks import SinkStatus
-from supervisor.fanout.leadership import LeadershipMetrics
 from supervisor.telemetry import Metrics
 from tests import needs
+from tests.metricnames import exported_metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "deploy" / "prometheus"
@@ -88,12 +88,7 @@ def test_every_alert_has_a_test_and_every_test_a_firing_case() -> None:
 
 
 def test_rules_use_only_metrics_the_daemon_exports() -> None:
-    registry = Metrics(process=False).registry
-    LeadershipMetrics(registry)  # with [kubernetes].leader_election
-    exported = set(re.findall(r"^(\w+)", generate_latest(registry).decode(), re.M))
-    # A labelled counter with no child yet (child restarts are pre-initialised by
-    # the app, per child) has no sample line: take its name from the family.
-    exported |= {f.name + ("_total" if f.type == "counter" else "") for f in registry.collect()}
+    exported = exported_metric_names()
     used = set(re.findall(r"\b(supervisor_\w+)", RULES.read_text()))
     assert used, "the rules name supervisor metrics"
     assert used <= exported, used - exported
@@ -109,7 +104,11 @@ def _objects(path: Path) -> list[dict[str, Any]]:
 
 def test_servicemonitor_selects_the_admin_service_with_the_token() -> None:
     [monitor] = _objects(PROM / "servicemonitor.yaml")
-    [service] = _objects(REPO / "deploy" / "kubernetes" / "service.yaml")
+    services = _objects(REPO / "deploy" / "kubernetes" / "service.yaml")
+    # Exactly one Service is scraped: the headless one beside it would scrape each pod twice.
+    [service] = [s for s in services if monitor["spec"]["selector"]["matchLabels"].items()
+                 <= s["metadata"]["labels"].items()]
+    assert service["metadata"]["name"] == "trio-supervisor-admin" and len(services) == 2
     assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= \
         service["metadata"]["labels"].items()

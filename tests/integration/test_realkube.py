@@ -99,8 +99,8 @@ async def test_preflight_without_crds_then_sighup_once_they_are_applied(
             missing = await daemon.wait_log(None, kind="Workflow",
                                             error_class=reasons.CHILD_API_MISSING)
             assert missing["level"] == "error"
-            assert "batch/v1 cronjobs" in missing["event"] and "1.21" in missing["fix"]
-            assert "apps-namespace" not in missing["event"]
+            assert "batch/v1 cronjobs" in missing["detail"] and "1.21" in missing["fix"]
+            assert "apps-namespace" not in missing["detail"]
             report = await status(port)
             assert report["fanout"]["Workflow"]["last_error_class"] == reasons.CHILD_API_MISSING
             assert report["fanout"]["ServiceDefinition"]["state"] == "watching"

@@ -30,7 +30,7 @@ async def test_convergence_restart_survives_a_cache_directory_chmod(tmp_path: Pa
         tmp_path, f"sqlite:///{tmp_path / 'cp.db'}", port=free_port(), poll_interval_s=0.2,
         extra=f'[cache]\npath = "{cache_dir / "lkg.bin"}"\nsigning_key = "{key}"\n'
               f'trusted_keys = ["{verify}"]\n')
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config, env={"SUPERVISOR_TEST_FAULT_DIR": str(faults)}) as daemon:
             await daemon.wait_log("ready")
@@ -43,5 +43,5 @@ async def test_convergence_restart_survives_a_cache_directory_chmod(tmp_path: Pa
                 raise AssertionError(
                     f"a convergence restart after the cache directory became 0770 ended the "
                     f"serving process with exit {code}: {daemon.raw[-1][:300]}")
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             await daemon.wait_log("published", revision=2)

@@ -48,7 +48,7 @@ def _insert(cp: Path, revision: int, tag: str) -> None:
 async def test_a_revision_id_below_one_never_crashes_convergence(
         tmp_path: Path, revision: int) -> None:
     config, cp = _config(tmp_path)
-    await acli("publish", "--config", str(config), str(EXAMPLE))
+    await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
@@ -69,5 +69,5 @@ async def test_a_revision_id_below_one_never_crashes_convergence(
                         break
                     await daemon._new_line.wait()
             # And the loop still works: a good publish converges.
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             await daemon.wait_log("published", revision=2)

@@ -58,8 +58,7 @@ async def test_fifo_at_the_config_path_does_not_freeze_healthz(tmp_path: Path) -
                               .replace('level = "info"', 'level = "debug"'))
             daemon.signal(signal.SIGHUP)
             await daemon.wait_log("SIGHUP: log level set", new_level="debug")
-            line = await daemon.wait_log(
-                "SIGHUP: restart needed for control_plane.poll_interval_s")
+            line = await daemon.wait_log("SIGHUP: restart needed for")
             assert line["level"] == "warning"
             assert line["keys"] == ["control_plane.poll_interval_s"]
             daemon.signal(signal.SIGTERM)

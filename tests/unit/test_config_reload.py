@@ -74,8 +74,9 @@ async def test_restart_needed_names_every_changed_key_but_the_log_level() -> Non
     with capture_logs() as logs:
         assert reload.restart_needed(fresh) == ["admin.listen", "control_plane.poll_interval_s"]
         assert reload.restart_needed(_config('[log]\nlevel = "debug"\n')) == []
-    assert [(entry["event"], entry["log_level"]) for entry in logs] == [
-        ("SIGHUP: restart needed for admin.listen, control_plane.poll_interval_s", "warning")]
+    assert [(entry["event"], entry["keys"], entry["log_level"]) for entry in logs] == [
+        ("SIGHUP: restart needed for", ["admin.listen", "control_plane.poll_interval_s"],
+         "warning")]
     assert msgspec.to_builtins(running) == msgspec.to_builtins(_config())
 
 

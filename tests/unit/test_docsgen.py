@@ -66,3 +66,30 @@ def test_log_events_page_lists_the_calls_it_finds() -> None:
     # An OutageLog's three events, found through its constructor.
     assert "| control plane unreachable | warning |" in text
     assert "| LISTEN connection reachable again | info | `after_s`, `attempts` |" in text
+
+
+def test_every_log_event_name_is_a_constant() -> None:
+    """An event built with an f-string embeds variable text: no alert can match it by
+    `event`, and the log-events page cannot list it. Variable parts go in fields."""
+    import ast
+
+    from tools.docsgen.sourcescan import modules, non_constant_events
+
+    found = [f"{module}:{line}: {call}" for module, tree in modules()
+             for line, call in non_constant_events(module, tree)]
+    assert not found, "\n".join(found)
+    probe = ast.parse('log.error(f"sweep refused: {n} objects", n=n)\nlog.info("a" if x else "b")')
+    assert [line for line, _ in non_constant_events("supervisor.probe", probe)] == [1]
+
+
+def test_log_events_page_lists_conditional_and_streak_events() -> None:
+    text = docsgen.render_log_events()
+    for event in ("control-plane file replaced or removed; reopening",
+                  "control-plane file removed", "orphan sweep refused",
+                  "fan-out object failed to decode and is skipped",
+                  "fan-out child API not served; retrying",
+                  "fan-out watch response failed to decode; retrying",
+                  "fan-out watch not available yet; retrying",
+                  "admin accept failing", "admin connections accepted again",
+                  "invalid configuration"):
+        assert f"| {event} |" in text, event

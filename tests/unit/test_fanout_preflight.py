@@ -279,7 +279,7 @@ async def test_a_child_api_the_server_does_not_serve_is_its_own_class(
     lines = [e for e in logs if e.get("error_class")]
     assert lines and {e["error_class"] for e in lines} == {reasons.CHILD_API_MISSING}
     assert lines[0]["log_level"] == "error"
-    assert "batch/v1 cronjobs" in lines[0]["event"]
+    assert "batch/v1 cronjobs" in str(lines[0])
     assert "manifests/apps-namespace" not in str(lines[0])
     assert "1.21" in lines[0]["fix"]
     assert asked == [cronjobs] * len(lines)
@@ -314,7 +314,7 @@ async def test_skew_logs_an_error_naming_the_crd_fix_on_every_retry(
         assert line["log_level"] == "error"
         assert line["kind"] == "ServiceDefinition"
         assert line["error_class"] == reasons.SCHEMA_SKEW
-        assert "kubectl apply -k manifests/crds" in line["event"]
+        assert "kubectl apply -k manifests/crds" in str(line)
         assert "$.items" in line["error"]
         assert line["path"] == "$.items"
     assert status.state == "preflight"
@@ -338,7 +338,7 @@ async def test_unready_logs_a_warning_naming_the_apps_namespace(
     assert line["log_level"] == "warning"
     assert line["kind"] == "Workflow"
     assert line["error_class"] == reasons.NAMESPACE_OR_RBAC_UNREADY
-    assert "manifests/apps-namespace" in line["event"]
+    assert "manifests/apps-namespace" in str(line)
     assert not [e for e in logs if e["log_level"] == "error"]
     assert status.last_error_class == reasons.NAMESPACE_OR_RBAC_UNREADY
     assert metrics.registry.get_sample_value(

@@ -3,7 +3,7 @@
 Layers, bottom to top (``TYPE_CHECKING`` imports count too: they are design
 dependencies even when they cost nothing at run time)::
 
-    4  app, health, cli, commands, __main__, cli_help   (assembly)
+    4  app, health, cli, commands, __main__, cli_help, completion   (assembly)
     3  admin                                                 (reads what the loops report)
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
@@ -28,7 +28,7 @@ LAYERS = {
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},
     3: {"admin"},
-    4: {"app", "health", "cli", "commands", "__main__", "cli_help"},
+    4: {"app", "health", "cli", "commands", "__main__", "cli_help", "completion"},
 }
 RANK = {part: rank for rank, parts in LAYERS.items() for part in parts}
 # controlplane -> sinks: the follower store (controlplane/follower.py) verifies

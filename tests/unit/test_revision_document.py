@@ -381,7 +381,7 @@ def test_file_without_known_suffix_is_sniffed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "reason", "words"),
     [
-        ("bad.toml", "schema_version = = 1", reasons.CORRUPT, "not TOML"),
+        ("bad.toml", "schema_version = = 1", reasons.VALIDATION, "$: not TOML"),
         ("bad.toml", b"schema_version = 1\n# \xff\n", reasons.CORRUPT, "not UTF-8"),
         ("bad.json", "{", reasons.CORRUPT, "not JSON"),
         ("new.toml", "schema_version = 2\n[routes]\n", reasons.INCOMPATIBLE, "schema_version 2"),

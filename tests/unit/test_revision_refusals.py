@@ -145,18 +145,18 @@ def test_a_toml_integer_past_the_digit_limit_is_named_with_its_line(tmp_path: Pa
     path.write_text("\nschema_version = 1\nx = " + "1" * 5000 + "\n")  # a blank first line
     with pytest.raises(RevisionError) as info:
         load_document_file(path)
-    assert info.value.reason == reasons.CORRUPT
+    assert info.value.reason == reasons.VALIDATION
     assert info.value.detail == (
-        f"{path}: not TOML here: an integer at line 3 has more than 4300 digits")
+        f"{path}: $: not TOML here: an integer at line 3 has more than 4300 digits")
 
 
-def test_toml_nested_too_deeply_is_corrupt(tmp_path: Path) -> None:
+def test_toml_nested_too_deeply_is_a_validation_error_at_the_root(tmp_path: Path) -> None:
     path = tmp_path / "rev.toml"
     path.write_text("schema_version = 1\nx = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(RevisionError) as info:
         load_document_file(path)
-    assert info.value.reason == reasons.CORRUPT
-    assert "nested too deeply" in info.value.detail
+    assert info.value.reason == reasons.VALIDATION
+    assert "$: not TOML here: arrays or inline tables nested too deeply" in info.value.detail
 
 
 # -- compile ---------------------------------------------------------------------------------

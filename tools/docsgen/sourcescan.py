@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tools.docsgen.common import PACKAGE
 
-__all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "notify_messages"]
+__all__ = ["emitted_events", "kube_event_reasons", "log_calls", "modules", "non_constant_events",
+           "notify_messages"]
 
 LEVELS = ("debug", "info", "warning", "error", "critical", "exception")
 
@@ -45,25 +46,43 @@ def _keys(node: ast.Dict) -> set[str]:
     return {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
 
 
+def _log_call_nodes(tree: ast.Module) -> Iterator[ast.Call]:
+    """Every ``<logger>.<level>(event, ...)`` call in ``tree``."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LEVELS and node.args
+                and "log" in ast.unparse(node.func.value).lower()):
+            yield node
+
+
+#: Where an event name is a parameter on purpose: each call site passes constants, which
+#: :func:`log_calls` reads there (``OutageLog(log, "what")``, ``_Streak("a", "b")``).
+EVENT_FORWARDERS = ("supervisor.outage", "supervisor.admin.accept")
+
+
+def non_constant_events(module: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, call) of every log call whose event is not a constant (or a choice of
+    constants): an alert cannot match such an event, and this page cannot list it."""
+    if module in EVENT_FORWARDERS:
+        return
+    for node in _log_call_nodes(tree):
+        if not _constants(node.args[0]):
+            yield node.lineno, ast.unparse(node)[:120]
+
+
 def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
-    """(event, level, keys) of every ``<logger>.<level>("event", key=...)`` call in ``tree``."""
+    """(event, level, keys) of every ``<logger>.<level>("event", key=...)`` call in ``tree``
+    (``"a" if ... else "b"`` is both events)."""
     # ``log.error("...", **fields)`` where ``fields = {...}`` in the same file.
     dicts = _dict_literals(tree)
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in LEVELS and node.args):
-            continue
-        event = _event_text(node.args[0])
-        if event is None:
-            continue
-        receiver = ast.unparse(node.func.value)
-        if "log" not in receiver.lower():
-            continue
-        keys = sorted(k.arg for k in node.keywords if k.arg and k.arg != "exc_info")
-        for splat in (k.value for k in node.keywords if k.arg is None):
+    for call in _log_call_nodes(tree):
+        keys = sorted(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
+        for splat in (k.value for k in call.keywords if k.arg is None):
             keys += sorted(dicts.get(splat.id, set()) if isinstance(splat, ast.Name) else ())
-        level = "error" if node.func.attr == "exception" else node.func.attr
-        yield event, level, keys
+        method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+        level = "error" if method == "exception" else method
+        for event in _constants(call.args[0]):
+            yield event, level, keys
     # An outage is logged by OutageLog(logger, "<what>") as three events
     # (supervisor/outage.py); the caller's fields come with the first two.
     for node in ast.walk(tree):
@@ -81,21 +100,16 @@ def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
             yield (f"{what} {words.get('ongoing', 'still unreachable')}", "warning",
                    ["attempts", "for_s"])
             yield f"{what} {words.get('ended', 'reachable again')}", "info", ["after_s", "attempts"]
-
-
-def _event_text(node: ast.expr) -> str | None:
-    """A literal event, or ``f"literal text {value}"`` (a fixed start, then one value: ``…``).
-
-    An f-string with text after its values is prose, not an event name.
-    """
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if (isinstance(node, ast.JoinedStr) and len(node.values) == 2
-            and isinstance(node.values[0], ast.Constant)
-            and isinstance(node.values[0].value, str)
-            and isinstance(node.values[1], ast.FormattedValue)):
-        return f"{node.values[0].value}…"
-    return None
+    # A streak of failures (supervisor/admin/accept.py): _Streak("begins", "ends"), two
+    # events (side_sinks.py's _Streak takes a sink's name, and logs constants itself).
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "_Streak" and len(node.args) == 2
+                and all(_constants(arg) for arg in node.args)):
+            for event in _constants(node.args[0]):
+                yield event, "warning", ["error", "limit"]
+            for event in _constants(node.args[1]):
+                yield event, "warning", ["count", "limit"]
 
 
 def emitted_events(tree: ast.Module) -> Iterator[str]:
