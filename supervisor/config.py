@@ -164,6 +164,8 @@ class KubernetesConfig(_Section, frozen=True):
         str, msgspec.Meta(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
     ] | None = None
     resync_s: RetrySeconds = 600.0
+    # An ``Applied`` Event per child write: off by default (a bulk create wrote one per parent).
+    applied_events: bool = False
     qps: PositiveFloat = 200.0
     burst: Annotated[int, msgspec.Meta(ge=1)] = 400
     # Issue 14: leader election for the fan-out on a coordination.k8s.io/v1 Lease

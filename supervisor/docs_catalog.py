@@ -89,6 +89,9 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "apps namespace never sweep each other's children. Unset: the control namespace.",
     "kubernetes.resync_s": "How often every parent is reconciled again even without a change "
     "(a periodic safety net; drift repair does not wait for it).",
+    "kubernetes.applied_events": "Record an `Applied` Event on the parent for every child "
+    "write. Off by default: the other Events (`ApplyFailed`, `Invalid`, `DriftRepaired`, "
+    "`Conflict`) say what needs a look; the parent's `Ready` condition says it was applied.",
     "kubernetes.qps": "Client-side rate limit on API requests per second (a token bucket, as "
     "client-go's QPS).",
     "kubernetes.burst": "Requests allowed at once above qps (the bucket's size, as client-go's "

@@ -273,13 +273,38 @@ class KubeClient:
         body: Mapping[str, Any],
         *,
         field_manager: str,
+        force: bool = False,
     ) -> dict[str, Any]:
-        """Server-side apply with force; the whole object the server returned, as a map."""
-        params = {"fieldManager": field_manager, "force": "true"}
+        """Server-side apply (``force`` only when asked); the object returned, as a map."""
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
         return await self.request(
             "PATCH", resource.object_path(namespace, name), dict[str, Any],
             params=params, body=body, content_type=APPLY_PATCH,
         )
+
+    async def create_object(
+        self,
+        resource: Resource,
+        namespace: str,
+        body: Mapping[str, Any],
+        *,
+        field_manager: str,
+    ) -> dict[str, Any]:
+        """Create (POST): an existing object of that name is a 409 ``AlreadyExists``, untouched."""
+        return await self.request(
+            "POST", resource.collection_path(namespace), dict[str, Any],
+            params={"fieldManager": field_manager}, body=body,
+        )
+
+    async def find(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object ``name`` as a map, or None: a list by name (needs list, not get)."""
+        found = await self.request(
+            "GET", resource.collection_path(namespace), list_type(dict[str, Any]),
+            params={"fieldSelector": f"metadata.name={name}"},
+        )
+        return found.items[0] if found.items else None
 
     async def serves(self, resource: Resource) -> bool:
         """Does the server serve ``resource`` (its group/version's discovery lists it)?"""

@@ -20,9 +20,9 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
+from tests.fanout import APPS, CONTROL, Harness, harness, ready
 from tests.integration.test_fanout_controller import replicas_fighter, web_replicas
 from tests.integration.test_fanout_outage import fights, recent_repairs, web_ready
-from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready
 
 STATUS_PATH = f"/namespaces/{CONTROL}/servicedefinitions/web/status"
 

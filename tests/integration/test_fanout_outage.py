@@ -21,8 +21,8 @@ import trio
 from structlog.testing import capture_logs
 
 from supervisor.kube.applying import ChildKey
+from tests.fanout import APPS, CONTROL, Harness, harness, ready, sd
 from tests.integration.test_fanout_controller import events
-from tests.integration.test_fanout_watchers import APPS, CONTROL, Harness, harness, ready, sd
 
 KIND = {"kind": "ServiceDefinition"}
 DEPLOYMENT = ChildKey("deployments", "web")
@@ -63,7 +63,7 @@ async def test_failed_repair_writes_during_an_outage_are_not_drift(
         async with harness(tmp_path) as h:
             fake = h.fake
             await web_ready(h)
-            outage = fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$",
+            outage = fake.inject("POST", rf"/namespaces/{APPS}/deployments/web$",
                                  status=code, body=body, times=None)
             with capture_logs() as logs:
                 fake.delete("deployments", APPS, "web")
@@ -101,7 +101,7 @@ async def test_repairs_undone_after_an_outage_still_slow_down_and_say_so(tmp_pat
         async with harness(tmp_path) as h:
             fake = h.fake
             await web_ready(h)
-            outage = fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$",
+            outage = fake.inject("POST", rf"/namespaces/{APPS}/deployments/web$",
                                  status=403, body=TERMINATING, times=4)
             with capture_logs() as logs:
                 for repairs in range(1, 4):

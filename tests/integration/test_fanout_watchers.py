@@ -9,9 +9,6 @@ deadline 1 s) and every test runs under ``trio.fail_after``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,121 +16,24 @@ import trio
 from structlog.testing import capture_logs
 
 from supervisor import reasons
-from supervisor.config import KubernetesConfig
-from supervisor.fanout.engine import FanoutEngine, FanoutKind, FanoutTuning
+from supervisor.fanout.engine import FanoutEngine
 from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION, LINEAGE_WORKFLOW
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.applying import ChildKey
-from supervisor.kube.client import KubeClient
-from supervisor.kube.watching import WatchTuning
 from supervisor.telemetry import Metrics
-from tests.fakes.apiserver import FakeApiServer, run_fake_apiserver, write_kubeconfig
-
-GROUP = "platform.trio-supervisor.dev/v1"
-CONTROL = "trio-supervisor"
-APPS = "apps"
-
-FAST = FanoutTuning(
-    watch=WatchTuning(timeout_s=30, inactivity_s=1.0, backoff_initial_s=0.05,
-                      backoff_max_s=0.2, page_size=50),
-    workers=4,
-    resync_s=3600.0,  # tests call resync() themselves
-    requeue_initial_s=0.05,
-    requeue_max_s=0.2,
+from tests.fakes.apiserver import FakeApiServer
+from tests.fanout import (
+    APPS,
+    CONTROL,
+    FAST,
+    container,
+    harness,
+    ready,
+    sd,
+    wf,
 )
-
-
-@dataclass
-class Harness:
-    fake: FakeApiServer
-    reconciler: FanoutEngine[Any]
-    status: FanoutStatus
-    metrics: Metrics
-    client: KubeClient
-
-    def metric(self, name: str, **labels: str) -> float:
-        registry = self.metrics.registry
-        value = registry.get_sample_value(f"supervisor_{name}_total", labels)
-        if value is None:
-            value = registry.get_sample_value(f"supervisor_{name}", labels)
-        return 0.0 if value is None else value
-
-    async def until(self, predicate: Any) -> None:
-        await self.fake.wait_until(predicate)
-
-    async def idle(self) -> None:
-        """Wait until the work queue is drained (nothing queued, running or requeued)."""
-        await self.reconciler.queue.wait_idle()
-
-
-@asynccontextmanager
-async def harness(
-    tmp_path: Path,
-    *,
-    kind: FanoutKind[Any] = SERVICE_DEFINITION,
-    tuning: FanoutTuning = FAST,
-    preflight_retry_s: float = 0.2,
-    before_start: Any = None,
-    token_file: Path | None = None,
-    **fake_kwargs: Any,
-) -> AsyncIterator[Harness]:
-    fake_kwargs.setdefault("bookmark_interval_s", 0.2)
-    async with run_fake_apiserver(**fake_kwargs) as fake:
-        kubeconfig = tmp_path / "kubeconfig"
-        write_kubeconfig(fake, kubeconfig, token_file=str(token_file) if token_file else None)
-        if before_start is not None:
-            before_start(fake)
-        client = KubeClient.from_kubeconfig(str(kubeconfig))
-        status = FanoutStatus()
-        metrics = Metrics(process=False)
-        config = KubernetesConfig(enabled=True, kubeconfig=str(kubeconfig),
-                                  preflight_retry_s=preflight_retry_s)
-        reconciler = FanoutEngine(client, kind, config, metrics, status, tuning)
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(reconciler.run)
-                yield Harness(fake, reconciler, status, metrics, client)
-                nursery.cancel_scope.cancel()
-        finally:
-            with trio.move_on_after(2, shield=True):
-                await client.aclose()
-
-
-def sd(name: str, *, image: str = "nginx:1.27", port: int | None = None,
-       env: dict[str, str] | None = None, replicas: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"image": image}
-    if port is not None:
-        spec["port"] = port
-    if env is not None:
-        spec["env"] = env
-    if replicas is not None:
-        spec["replicas"] = replicas
-    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
-            "metadata": {"name": name, "namespace": CONTROL}, "spec": spec}
-
-
-def wf(name: str, *, image: str = "busybox", schedule: str = "*/5 * * * *",
-       args: list[str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"image": image, "schedule": schedule}
-    if args is not None:
-        spec["args"] = args
-    return {"apiVersion": GROUP, "kind": "Workflow",
-            "metadata": {"name": name, "namespace": CONTROL}, "spec": spec}
-
-
-def container(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
-
-
-def ready(obj: dict[str, Any] | None) -> dict[str, Any] | None:
-    if obj is None:
-        return None
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond["type"] == "Ready":
-            return cond  # type: ignore[no-any-return]
-    return None
 
 
 async def test_servicedefinition_create_update_delete_reflected_in_children(tmp_path: Path) -> None:
@@ -167,11 +67,14 @@ async def test_servicedefinition_create_update_delete_reflected_in_children(tmp_
             assert parent["status"]["observedGeneration"] == 1
             assert ready(parent) is not None and ready(parent)["status"] == "True"  # type: ignore[index]
             assert ready(parent)["reason"] == "Applied"  # type: ignore[index]
-            # Every write was a server-side apply by our field manager.
+            # Each child was created (never applied over whatever held its name), the
+            # status server-side applied, all by our field manager.
+            creates = fake.find_requests("POST", f"/namespaces/{APPS}/")
+            assert len(creates) == 2 and all(r.field_manager == "trio-supervisor"
+                                             for r in creates)
             patches = fake.find_requests("PATCH")
             assert patches and all(r.content_type == "application/apply-patch+yaml"
-                                   and r.field_manager == "trio-supervisor"
-                                   and r.query.get("force") == "true" for r in patches)
+                                   and r.field_manager == "trio-supervisor" for r in patches)
             assert h.status.objects == 1
             assert h.metric("fanout_objects", kind="ServiceDefinition") == 1
 
@@ -269,7 +172,7 @@ def _orphan_deployment(name: str, installation: str | None = CONTROL) -> dict[st
 
 async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: Path) -> None:
     def seed(fake: FakeApiServer) -> None:
-        fake.create(_orphan_deployment("gone"))
+        fake.create(_orphan_deployment("gone"), field_manager="trio-supervisor")
         # Another installation sharing the apps namespace: its children are not ours.
         fake.create(_orphan_deployment("other-install", installation="staging"))
         fake.create({
@@ -304,7 +207,7 @@ async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: P
                     INSTALLATION_KEY: CONTROL,
                     LINEAGE_SERVICEDEFINITION: "late"}},
                 "spec": {"ports": [{"port": 80}]},
-            })
+            }, field_manager="trio-supervisor")
             await h.until(lambda: h.reconciler.live.get(ChildKey("services", "late")) is not None)
             await h.reconciler.resync()
             assert h.fake.get("services", APPS, "late") is None
@@ -389,12 +292,12 @@ async def test_a_409_is_requeued_and_retried(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.inject("PATCH", r"/deployments/web$", status=409, times=2)
+            fake.inject("POST", r"/deployments/web$", status=409, times=2)
             fake.create(sd("web"))
             await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
             await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web")) or {})
                           .get("reason") == "Applied")
-            assert fake.count("PATCH", "/deployments/web", status=409) == 2
+            assert fake.count("POST", "/deployments/web", status=409) == 2
             assert h.metric("fanout_applies", kind="ServiceDefinition", result="conflict") == 2
             reasons_written = [
                 r.body["status"]["conditions"][0]["reason"]
@@ -416,7 +319,7 @@ async def test_an_invalid_child_sets_ready_false_without_a_retry_loop(tmp_path: 
             # Settled: nothing queued and no requeue pending, after exactly one attempt
             # (our own status write's MODIFIED event did not resend the refused child).
             await h.idle()
-            assert fake.count("PATCH", "/cronjobs/bad") == 1
+            assert fake.count("POST", "/cronjobs/bad") == 1
 
 
 async def test_a_429_honours_retry_after(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
 from supervisor.kube.errors import ApiError, Gone, TransportError, api_error
 from supervisor.kube.watching import WatchTuning, is_too_large_resource_version
 from tests.fakes.apiserver_store import status_body, too_large_resource_version
-from tests.integration.test_fanout_watchers import APPS, CONTROL, FAST, harness, ready, sd
+from tests.fanout import APPS, CONTROL, FAST, harness, ready, sd
 
 RESTORED = "newer than the server's"
 

@@ -167,7 +167,7 @@ async def test_fan_out_drift_repair_events_and_conditions(crds: RealKube, tmp_pa
             assert condition(parent, "Ready")["status"] == "True"
             # No controllers run on this server: nothing is available yet.
             assert condition(parent, "Available")["status"] == "False"
-            assert await events(kube, inst, "Applied")
+            assert not await events(kube, inst, "Applied")  # off by default
 
             # Nothing drifted: two resyncs pass and nothing is written.
             rv = deployment["metadata"]["resourceVersion"]
@@ -302,9 +302,11 @@ async def test_orphan_sweep_at_restart_and_the_sweep_guard(
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
         # While it is down: eight children whose parents are not in the list appear (as
-        # after a wrong parent list): the sweep is refused, then confirmed by a resync.
+        # after a wrong parent list; written by us, so sweepable): the sweep is refused,
+        # then confirmed by a resync.
         for i in range(8):
-            await trio.to_thread.run_sync(kube.apply, lost_child(inst, f"lost-{i}"))
+            await trio.to_thread.run_sync(
+                lambda i=i: kube.apply(lost_child(inst, f"lost-{i}"), manager="trio-supervisor"))
         async with run_daemon(config) as daemon:
             refused = await daemon.wait_log(None, kind="ServiceDefinition", count=8)
             assert refused["level"] == "error" and "sweep refused" in refused["event"]
