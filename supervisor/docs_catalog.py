@@ -93,7 +93,8 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "write. Off by default: the other Events (`ApplyFailed`, `Invalid`, `DriftRepaired`, "
     "`Conflict`) say what needs a look; the parent's `Ready` condition says it was applied.",
     "kubernetes.qps": "Client-side rate limit on API requests per second (a token bucket, as "
-    "client-go's QPS).",
+    "client-go's QPS): a safety net sized not to set the pace; the API server's own "
+    "protection does (a 429's Retry-After holds every request of the client).",
     "kubernetes.burst": "Requests allowed at once above qps (the bucket's size, as client-go's "
     "Burst).",
     "kubernetes.leader_election": "Only the replica holding the Lease kubernetes.lease_name in "

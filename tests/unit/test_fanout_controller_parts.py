@@ -151,7 +151,8 @@ def test_kubernetes_config_keys_of_issue_13() -> None:
     defaults = load_text("").kubernetes
     assert defaults.installation is None
     assert defaults.installation_label == defaults.control_namespace  # CONTRACT section 8
-    assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 200.0, 400)
+    # The limiter is a safety net: at 200/400 it set the pace of a 1,000-parent bulk.
+    assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 1000.0, 2000)
     mine = load_text('[kubernetes]\ncontrol_namespace = "ctl"\n').kubernetes
     assert mine.installation_label == "ctl"
     named = load_text('[kubernetes]\ninstallation = "prod-eu"\n').kubernetes
