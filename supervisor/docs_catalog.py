@@ -371,7 +371,9 @@ KUBE_KEYS: Final[dict[str, str]] = {
 
 KUBE_CONDITIONS: Final[dict[str, str]] = {
     "Ready": "`True` (reason `Applied`) when every child was applied for the observed "
-    "generation; `False` otherwise, with reason `Conflict`, `Invalid`, `ApplyFailed`, or "
+    "generation; `False` otherwise, with reason `Conflict` (an object of a child's name that "
+    "is not ours, named with its owner labels, or a field another manager applied: left as it "
+    "is, looked at again on every resync), `Invalid`, `ApplyFailed`, or "
     "`RepairDeferred` while the repair of a child that keeps drifting right after each repair "
     "waits (the message names the child and the UTC time its repair is retried).",
     "Available": "`True` (reason `ChildrenAvailable`) when every Deployment child has its "
