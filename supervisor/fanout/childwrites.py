@@ -254,6 +254,11 @@ class ChildWriter(Generic[P]):
         await self.reporter.event(parent, "Warning", "Conflict", message)
         await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
 
+    def _foreign_appliers(self, obj: Obj) -> list[str]:
+        """Managers not ours that applied to ``obj`` (declared owners of fields)."""
+        return sorted(m for m, ops in managers_of(obj).items()
+                      if m not in self._managers and "Apply" in ops)
+
     def _ours(self, live: Obj, parent: str) -> bool:
         return ours_to_write(live, lineage_key=self.kind.lineage_key, parent=parent,
                              installation=self._installation, managers=self._managers)
@@ -293,10 +298,14 @@ class ChildWriter(Generic[P]):
             if not self._ours(found, parent):
                 raise _NotOurs(describe(found, child.resource.kind, namespace,
                                         self.kind.lineage_key))
+            live = found
+        # Forced at once when no manager but ours ever applied to it (an edit by an update
+        # is drift): one write, not a refused apply, a read and the forced one.
+        force = not self._foreign_appliers(live)
         try:
             applied: Obj = await self.drain.write(
                 self.client.apply_object, child.resource, namespace, child.name, child.body,
-                field_manager=manager)
+                field_manager=manager, force=force)
             return applied
         except Conflict as exc:
             managers = conflict_managers(exc)

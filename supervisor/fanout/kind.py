@@ -49,7 +49,9 @@ class FanoutTuning:
     """Timings and bounds; the defaults suit production, tests shrink them."""
 
     watch: WatchTuning = field(default_factory=WatchTuning)
-    workers: int = 4
+    # Parents reconciled at once: each waits on the server twice (create, status), so 4
+    # kept a bulk behind the rate parents arrived at on a loaded server.
+    workers: int = 16
     resync_s: float | None = None  # None: [kubernetes].resync_s
     requeue_initial_s: float = 0.8
     requeue_max_s: float = 30.0

@@ -12,13 +12,16 @@ needs may exist already, made by someone else. Contract:
   of that name is **foreign**: left exactly as it is, the parent reported
   ``Conflict`` (:func:`describe` names the object and its owner labels).
   Handing an existing object over to a parent is adding those three labels.
-- **Apply** to what is ours goes without ``force``. A 409 field conflict
-  names the managers holding the fields (:func:`conflict_managers`). It is
-  forced only when each of them is one of ours (:data:`OUR_MANAGERS`, every
-  field manager name this project has used, and the configured one) or
-  changed the field by an update (``kubectl edit``/``scale``/``patch``: drift
-  on a child of ours, repaired); a manager that *applied* the field declares
-  ownership of it, and that is reported as ``Conflict``, never forced.
+- **Apply** to what is ours is forced only over managers whose claims are
+  not declarations: our own (:data:`OUR_MANAGERS`, every field manager name
+  this project has used, and the configured one) and managers that changed a
+  field by an update (``kubectl edit``/``scale``/``patch``: drift on a child of
+  ours, repaired). A manager that *applied* to the object declares fields its
+  own: the apply goes without ``force``, and a 409 field conflict naming such
+  a manager (:func:`conflict_managers`) is reported as ``Conflict``, never
+  forced. Who applied what is read from the watched object's managedFields, so
+  a repair is one write; a conflict from a manager not seen yet is checked
+  against a fresh read before anything is forced.
 - **Delete** (:func:`written_by_us`): only an object one of our field managers
   has written (its ``metadata.managedFields`` has an entry of ours), never on
   labels alone: labels are anyone's to patch, so a label-only match deleted
