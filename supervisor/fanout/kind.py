@@ -49,9 +49,9 @@ class FanoutTuning:
     """Timings and bounds; the defaults suit production, tests shrink them."""
 
     watch: WatchTuning = field(default_factory=WatchTuning)
-    # Parents reconciled at once: each waits on the server twice (create, status), so 4
-    # kept a bulk behind the rate parents arrived at on a loaded server.
-    workers: int = 16
+    # Parents reconciled at once. 16 cost a quarter more CPU in a 1,000-parent bulk on the
+    # real server and were not faster (bench/bench_fanout_kopf.py, a shared machine).
+    workers: int = 4
     resync_s: float | None = None  # None: [kubernetes].resync_s
     requeue_initial_s: float = 0.8
     requeue_max_s: float = 30.0
