@@ -188,8 +188,12 @@ class KubernetesConfig(_Section, frozen=True):
         str, msgspec.Meta(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
     ] | None = None
     resync_s: RetrySeconds = 600.0
-    qps: PositiveFloat = 200.0
-    burst: Annotated[int, msgspec.Meta(ge=1)] = 400
+    # An ``Applied`` Event per child write: off by default (a bulk create wrote one per parent).
+    applied_events: bool = False
+    # A safety net, not the pace: a bulk of 1,000 parents (2,000 writes) fits the burst; the
+    # server's own protection (429 + Retry-After, honoured by the client) paces beyond it.
+    qps: PositiveFloat = 1000.0
+    burst: Annotated[int, msgspec.Meta(ge=1)] = 2000
     # Issue 14: leader election for the fan-out on a coordination.k8s.io/v1 Lease
     # (controller-runtime's defaults). identity None = hostname, pid and a random suffix.
     leader_election: bool = True

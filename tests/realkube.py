@@ -96,6 +96,7 @@ def _object_path(obj: Obj) -> str:
         "ServiceDefinition":
             f"/apis/platform.trio-supervisor.dev/v1/namespaces/{ns}/servicedefinitions/{name}",
         "Deployment": f"/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+        "Service": f"/api/v1/namespaces/{ns}/services/{name}",
         "CustomResourceDefinition":
             f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
     }

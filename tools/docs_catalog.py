@@ -121,8 +121,12 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "apps namespace never sweep each other's children. Unset: the control namespace.",
     "kubernetes.resync_s": "How often every parent is reconciled again even without a change "
     "(a periodic safety net; drift repair does not wait for it).",
+    "kubernetes.applied_events": "Record an `Applied` Event on the parent for every child "
+    "write. Off by default: the other Events (`ApplyFailed`, `Invalid`, `DriftRepaired`, "
+    "`Conflict`) say what needs a look; the parent's `Ready` condition says it was applied.",
     "kubernetes.qps": "Client-side rate limit on API requests per second (a token bucket, as "
-    "client-go's QPS).",
+    "client-go's QPS): a safety net sized not to set the pace; the API server's own "
+    "protection does (a 429's Retry-After holds every request of the client).",
     "kubernetes.burst": "Requests allowed at once above qps (the bucket's size, as client-go's "
     "Burst).",
     "kubernetes.leader_election": "Only the replica holding the Lease kubernetes.lease_name in "
@@ -430,7 +434,9 @@ KUBE_KEYS: Final[dict[str, str]] = {
 
 KUBE_CONDITIONS: Final[dict[str, str]] = {
     "Ready": "`True` (reason `Applied`) when every child was applied for the observed "
-    "generation; `False` otherwise, with reason `Conflict`, `Invalid`, `ApplyFailed`, or "
+    "generation; `False` otherwise, with reason `Conflict` (an object of a child's name that "
+    "is not ours, named with its owner labels, or a field another manager applied: left as it "
+    "is, looked at again on every resync), `Invalid`, `ApplyFailed`, or "
     "`RepairDeferred` while the repair of a child that keeps drifting right after each repair "
     "waits (the message names the child and the UTC time its repair is retried).",
     "Available": "`True` (reason `ChildrenAvailable`) when every Deployment child has its "

@@ -6,9 +6,15 @@
 
 - Each desired child is compared with the live one
   (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
-  server-side applied only when it differs, so a reconcile with nothing drifted
-  writes nothing. A child changed or deleted by someone else while we still want
-  the digest we applied is **drift**: repaired at once (``DriftRepaired`` Event,
+  written only when it differs, so a reconcile with nothing drifted writes
+  nothing: created (POST) when absent, server-side applied (no ``force``) when
+  ours. What is ours, what is refused and when a field conflict is forced is
+  :mod:`supervisor.fanout.ownership`; anything refused is left exactly as it
+  is, the parent reported ``Ready=False`` (reason ``Conflict``, a ``Conflict``
+  Event naming the object and its owner labels) and looked at again when that
+  object changes (another installation's child) or on the next resync.
+  A child changed or deleted by someone else while we still want the digest
+  we applied is **drift**: repaired at once (``DriftRepaired`` Event,
   ``fanout_drift_repairs``), but slowed down by a
   :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
   the repair (logged once per child). Only a repair the server accepted counts:
@@ -19,12 +25,13 @@
   ``Applied``: the child is missing or wrong meanwhile. The message stays the
   same while the repair waits, so a reconcile meanwhile writes no status.
 - A child another installation holds (same name, its installation label:
-  :class:`~supervisor.fanout.foreign.ForeignChildren`) is never written; the
-  parent is reported ``Ready=False`` (reason ``Conflict``, an ``ApplyFailed``
-  Event naming that installation) and waits for that child to change or go.
+  :class:`~supervisor.fanout.foreign.ForeignChildren`) is refused the same way,
+  the message naming that installation.
 - Children no longer desired, and a deleted parent's children, are deleted;
   but never a child another existing parent wants (``claimant``: its lineage
-  label was edited by hand to name this one; that parent repairs the label).
+  label was edited by hand to name this one; that parent repairs the label),
+  nor one no field manager of ours ever wrote (labels alone prove nothing).
+- An ``Applied`` Event only with ``[kubernetes].applied_events``.
 - A child the server refused (422) is not resent until its digest changes or
   the engine calls :meth:`forget_refusals` (the next resync): the earlier
   :class:`~supervisor.kube.errors.Invalid` is raised again instead.
@@ -50,11 +57,20 @@ from supervisor.fanout.drain import Drain
 from supervisor.fanout.foreign import ForeignChildren
 from supervisor.fanout.kind import FanoutKind, P
 from supervisor.fanout.live import LiveChildren, Obj, covers, terminating
+from supervisor.fanout.ownership import (
+    conflict_managers,
+    describe,
+    managers_of,
+    our_managers,
+    ours_to_write,
+    written_by_us,
+)
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.repairs import RepairLimiter
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
-from supervisor.kube.errors import Invalid, KubeError
+from supervisor.kube.errors import Conflict, Invalid, KubeError
+from supervisor.kube.models import Resource
 from supervisor.telemetry import Metrics
 
 __all__ = ["ChildWriter"]
@@ -89,6 +105,8 @@ class ChildWriter(Generic[P]):
         self._foreign = foreign
         self._claimant = claimant or (lambda key: None)
         self._taken_said: dict[str, list[str]] = {}  # parent -> what was logged (once)
+        self._unwritten_said: set[ChildKey] = set()
+        self._managers = our_managers(config.field_manager)
         self._installation = config.installation_label
         self._by_plural = {res.plural: res for res in kind.child_resources}
         # The digest each child was last applied with: a child gone or changed while
@@ -123,7 +141,12 @@ class ChildWriter(Generic[P]):
             owner = self._foreign.owner(child.key) if self._foreign is not None else None
             if live is None and owner is not None:
                 taken.append(f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
-                             f" belongs to installation {owner}")
+                             f" belongs to installation {owner} (two installations sharing"
+                             " the apps namespace need different parent names)")
+                continue
+            if live is not None and not self._ours(live, name):
+                taken.append(describe(live, child.resource.kind, self.config.apps_namespace,
+                                      self.kind.lineage_key))
                 continue
             if live is not None and covers(live, child.body):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
@@ -143,12 +166,13 @@ class ChildWriter(Generic[P]):
                     deferred.append(self._fighting(name, child, drift, not_before, now))
                     continue
             try:
-                obj = await self.drain.write(
-                    self.client.apply_object, child.resource, self.config.apps_namespace,
-                    child.name, child.body, field_manager=self.config.field_manager)
+                obj = await self._write(name, child, live)
             except Invalid as exc:
                 self._refused[child.key] = (child.digest, exc)
                 raise
+            except _NotOurs as exc:
+                taken.append(str(exc))
+                continue
             self._refused.pop(child.key, None)
             self._deferred.pop(child.key, None)
             self.live.put(child.resource, obj)
@@ -179,6 +203,8 @@ class ChildWriter(Generic[P]):
                 self._requeue_after(owner, 0.0)
                 continue
             resource = self._by_plural[key.plural]
+            if not self._written_by_us(resource, key, name):
+                continue
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                    key.name)
             self.live.discard(key)
@@ -196,7 +222,7 @@ class ChildWriter(Generic[P]):
         if repaired:
             await self.reporter.event(parent, "Normal", "DriftRepaired",
                                       "repaired " + ", ".join(repaired))
-        if applied:
+        if applied and self.config.applied_events:
             await self.reporter.event(parent, "Normal", "Applied",
                                       "applied " + ", ".join(applied))
         if taken:
@@ -214,19 +240,93 @@ class ChildWriter(Generic[P]):
 
     async def _taken(self, name: str, parent: P, desired: list[Desired],
                      taken: list[str]) -> None:
-        """Another installation holds a child we want: leave it, report ``Conflict``.
+        """Objects not ours hold names (or fields) we want: leave them, report ``Conflict``.
 
-        Not retried: that child's change or delete enqueues this parent again.
+        Not requeued: another installation's child enqueues this parent when it
+        changes or goes; any other object is looked at again on the next resync.
         """
-        message = ("not written: " + "; ".join(taken) + " (two installations sharing"
-                   " the apps namespace need different parent names)")
+        message = "not written: " + "; ".join(taken)
         self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
         if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
             self._taken_said[name] = taken
-            self._log.warning("a child of another installation has the name this parent's"
-                              " child needs; left alone", name=name, children=taken)
-        await self.reporter.event(parent, "Warning", "ApplyFailed", message)
+            self._log.warning("an object that is not ours has the name (or holds fields) this"
+                              " parent's child needs; left alone", name=name, children=taken)
+        await self.reporter.event(parent, "Warning", "Conflict", message)
         await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
+
+    def _foreign_appliers(self, obj: Obj) -> list[str]:
+        """Managers not ours that applied to ``obj`` (declared owners of fields)."""
+        return sorted(m for m, ops in managers_of(obj).items()
+                      if m not in self._managers and "Apply" in ops)
+
+    def _ours(self, live: Obj, parent: str) -> bool:
+        return ours_to_write(live, lineage_key=self.kind.lineage_key, parent=parent,
+                             installation=self._installation, managers=self._managers)
+
+    def _written_by_us(self, resource: Resource, key: ChildKey, parent: str) -> bool:
+        """Delete only what we wrote; a child with our labels alone is left (logged once)."""
+        live = self.live.get(key)
+        if live is not None and written_by_us(live, self._managers):
+            return True
+        if key not in self._unwritten_said:
+            self._unwritten_said.add(key)
+            self._log.warning("an object carries our labels but was never written by us;"
+                              " not deleted", name=parent, resource=str(resource),
+                              child=key.name)
+        return False
+
+    async def _write(self, parent: str, child: Desired, live: Obj | None) -> Obj:
+        """Create ``child`` when absent, else apply it to what is ours (see ownership).
+
+        Raises :class:`_NotOurs` when the object or one of its fields belongs to
+        someone else: nothing is written then.
+        """
+        namespace = self.config.apps_namespace
+        manager = self.config.field_manager
+        if live is None:
+            try:
+                created: Obj = await self.drain.write(
+                    self.client.create_object, child.resource, namespace, child.body,
+                    field_manager=manager)
+                return created
+            except Conflict as exc:
+                if exc.reason != "AlreadyExists":
+                    raise
+            found = await self.client.find(child.resource, namespace, child.name)
+            if found is None:  # deleted since: created on the retry
+                raise Conflict(409, "AlreadyExists", f"{child.name} went away meanwhile")
+            if not self._ours(found, parent):
+                raise _NotOurs(describe(found, child.resource.kind, namespace,
+                                        self.kind.lineage_key))
+            live = found
+        # Forced at once when no manager but ours ever applied to it (an edit by an update
+        # is drift): one write, not a refused apply, a read and the forced one.
+        force = not self._foreign_appliers(live)
+        try:
+            applied: Obj = await self.drain.write(
+                self.client.apply_object, child.resource, namespace, child.name, child.body,
+                field_manager=manager, force=force)
+            return applied
+        except Conflict as exc:
+            managers = conflict_managers(exc)
+            if not managers:
+                raise
+            foreign = managers - self._managers
+        if foreign:
+            # A manager that applied the field declared it its own: refused. One that
+            # updated it (kubectl edit, scale, patch) edited a child of ours: drift.
+            current = await self.client.find(child.resource, namespace, child.name)
+            operations = managers_of(current or {})
+            declared = sorted(m for m in foreign if "Apply" in operations.get(m, ()))
+            if declared:
+                raise _NotOurs(
+                    f"{child.resource.kind} {namespace}/{child.name}: fields we set are"
+                    f" applied by {', '.join(declared)} (a field manager that is not ours);"
+                    " not forced")
+        forced: Obj = await self.drain.write(
+            self.client.apply_object, child.resource, namespace, child.name, child.body,
+            field_manager=manager, force=True)
+        return forced
 
     def _fighting(self, name: str, child: Desired, drift: str, not_before: float,
                   now: float) -> str:
@@ -261,6 +361,10 @@ class ChildWriter(Generic[P]):
                                       message[:1024])
         except KubeError as exc:
             self._log.warning("could not write the parent's status", name=name, error=str(exc))
+
+
+class _NotOurs(Exception):
+    """The object of a child's name, or one of its fields, is someone else's."""
 
 
 def _wall_clock(seconds_from_now: float) -> str:

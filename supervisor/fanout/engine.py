@@ -41,8 +41,9 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   ``Ready`` (``Applied``, ``Conflict``, ``Invalid``, ``ApplyFailed``,
   ``RepairDeferred``) and ``Available`` (from the children's status), written
   only when they change.
-  **Events** on the parent: ``Applied``, ``DriftRepaired``, ``ApplyFailed``,
-  ``Invalid`` (:mod:`supervisor.kube.events`, best effort).
+  **Events** on the parent: ``DriftRepaired``, ``ApplyFailed``, ``Invalid``,
+  ``Conflict``, and ``Applied`` with ``[kubernetes].applied_events``
+  (:mod:`supervisor.kube.events`, best effort, repeats counted into one).
 - **Bounded drain.** Writes run shielded; when the child is cancelled
   (shutdown) no new write starts and one in flight gets ``drain_s`` to finish.
 - A parent that does not decode (schema skew) is logged at error with

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 import trio
 
+from supervisor.fanout.ownership import MANAGERS_FIELD, managers_of
 from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
@@ -100,12 +101,16 @@ _STATUS_KEPT = ("observedGeneration", "availableReplicas")
 def _slim(obj: Obj) -> Obj:
     """What is compared and read of a child: metadata we set, the spec, two status fields.
 
-    managedFields, status conditions and the like are large and never read: not held.
+    managedFields (but who wrote it: :func:`~supervisor.fanout.ownership.managers_of`),
+    status conditions and the like are large and never read: not held.
     """
     metadata = obj.get("metadata") or {}
     slim: Obj = {key: value for key, value in obj.items()
                  if key not in ("metadata", "status")}
     slim["metadata"] = {key: metadata[key] for key in _META_KEPT if key in metadata}
+    # Who wrote it (manager -> operations), for the delete rule: not the fields they own.
+    slim["metadata"][MANAGERS_FIELD] = {
+        manager: sorted(ops) for manager, ops in managers_of(obj).items()}
     status = obj.get("status")
     if isinstance(status, Mapping):
         slim["status"] = {key: status[key] for key in _STATUS_KEPT if key in status}

@@ -11,8 +11,9 @@ Contract (docs/kubernetes.md):
   its current generation) and every other child exists; ``False`` (reason
   ``ChildrenUnavailable``, the message naming the first child that is not)
   otherwise.
-- Events (:class:`ParentReporter.event`): ``Applied``, ``DriftRepaired``,
-  ``ApplyFailed``, ``Invalid``, best effort (:mod:`supervisor.kube.events`).
+- Events (:class:`ParentReporter.event`): ``Applied`` (when enabled),
+  ``DriftRepaired``, ``ApplyFailed``, ``Invalid``, ``Conflict``, best effort
+  (:mod:`supervisor.kube.events`).
 - Written by server-side apply on the status subresource, only when it
   differs from what the parent already shows (or what we wrote for the same
   resourceVersion, while our own event is on its way): an idle resync writes

@@ -18,18 +18,22 @@ and clears the memory.
 (:class:`~supervisor.fanout.live.LiveChildren`, already selected by this
 installation's labels; a child being deleted already, held by a finalizer,
 is not an orphan to delete again, nor one an existing parent wants whose
-lineage label was edited by hand), asks the guard, and deletes them (each failure logged
-and left to the next resync). :meth:`Sweeper.sweep_late` sweeps again for a child
-that landed after a sweep (see there); it never confirms a refused sweep.
+lineage label was edited by hand, nor one no field manager of ours ever wrote:
+labels are anyone's to patch, :mod:`supervisor.fanout.ownership`), asks the
+guard, and deletes them (each failure logged and left to the next resync).
+:meth:`Sweeper.sweep_late` sweeps again for a child that landed after a sweep
+(see there); it never confirms a refused sweep.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
 from supervisor.fanout.live import LiveChildren, terminating
+from supervisor.fanout.ownership import our_managers, written_by_us
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import KubeError
@@ -87,13 +91,15 @@ class Sweeper:
         self._resources = resources
         self._claimant = claimant or (lambda key: None)
         self.guard = SweepGuard()
+        self._managers = our_managers(config.field_manager)
+        self._unwritten_said: set[ChildKey] = set()
         self._log = log.bind(kind=kind)
 
     async def sweep(self, known: set[str]) -> None:
         """Delete every watched child whose parent is not in ``known`` (unless refused)."""
         orphans = [(key, self._live.parent_of(obj)) for key, obj in self._live.items()
                    if self._live.parent_of(obj) not in known and not terminating(obj)
-                   and self._claimant(key) is None]
+                   and self._claimant(key) is None and self._written_by_us(key, obj)]
         seen = len(self._live)
         if orphans and not self.guard.allow(len(orphans), seen, known):
             self._metrics.fanout_sweeps_refused.labels(self._kind).inc()
@@ -110,6 +116,17 @@ class Sweeper:
             return
         for key, parent in orphans:
             await self._delete(key, parent)
+
+    def _written_by_us(self, key: ChildKey, obj: Mapping[str, Any]) -> bool:
+        """Labels are anyone's to patch: only what we wrote is ever swept (logged once)."""
+        if written_by_us(obj, self._managers):
+            return True
+        if key not in self._unwritten_said:
+            self._unwritten_said.add(key)
+            self._log.warning("an object carries our labels but was never written by us;"
+                              " not swept", resource=key.plural, name=key.name,
+                              parent=self._live.parent_of(obj))
+        return False
 
     async def sweep_late(self, known: set[str]) -> None:
         """Sweep again for a child written after the last sweep (unless a refusal holds).

@@ -6,9 +6,9 @@ Contract:
   (apiVersion, kind, metadata with labels, spec). Its :attr:`Desired.digest`
   is a SHA-256 over that configuration in canonical (sorted-key) JSON, and is
   stamped on the object as the annotation :data:`DIGEST_ANNOTATION`.
-- Writes go as server-side apply (``PATCH``, ``application/apply-patch+yaml``
-  with a JSON body, ``fieldManager``, ``force=true``): we own our fields and
-  take them back from anyone who edited them, without read-modify-write races.
+- Children are written by :mod:`supervisor.fanout.childwrites` (created when
+  absent, server-side applied without ``force`` to what is ours:
+  :mod:`supervisor.fanout.ownership`).
 - Skipping unchanged writes is the reconciler's: it compares each desired
   body with the live child it watches (:func:`supervisor.fanout.live.covers`,
   every field we set must have our value; server defaults do not count), so
@@ -26,10 +26,9 @@ from typing import Any
 
 import msgspec
 
-from supervisor.kube.client import KubeClient
 from supervisor.kube.models import PartialObject, Resource
 
-__all__ = ["DIGEST_ANNOTATION", "ChildKey", "Desired", "apply_desired", "digest_of", "make_desired"]
+__all__ = ["DIGEST_ANNOTATION", "ChildKey", "Desired", "digest_of", "make_desired"]
 
 DIGEST_ANNOTATION = "platform.trio-supervisor.dev/applied-digest"
 
@@ -84,12 +83,3 @@ def digest_of(obj: PartialObject) -> str | None:
     """The digest we stamped on an observed object, if any."""
     return obj.metadata.annotations.get(DIGEST_ANNOTATION)
 
-
-async def apply_desired(
-    client: KubeClient, namespace: str, desired: Desired, *, field_manager: str
-) -> PartialObject:
-    """One server-side apply of ``desired`` (force: we own these fields)."""
-    return await client.apply(
-        desired.resource, namespace, desired.name, desired.body,
-        field_manager=field_manager, force=True,
-    )

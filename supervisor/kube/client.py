@@ -23,7 +23,11 @@ Contract:
   (:class:`~supervisor.kube.wire.WatchStream`); the caller decodes each event on its own.
 
 - A client-side rate limit (a token bucket, client-go's QPS and Burst) paces
-  every request when ``qps`` is given; a watch counts once, when it opens.
+  every request when ``qps`` is given; a watch counts once, when it opens. Its
+  defaults are a safety net, not the pace: the API server protects itself
+  (API Priority and Fairness answers 429 with ``Retry-After``), and the first
+  429 holds every request of this client until its ``Retry-After`` has passed
+  (:attr:`KubeClient.paused_s` adds those waits up).
 
 Not retried here: 409, 410, 429 and 5xx are the caller's decision (the
 watchers relist or back off, the reconcilers requeue).
@@ -32,6 +36,7 @@ watchers relist or back off, the reconcilers requeue).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -56,6 +61,7 @@ from supervisor.kube.wire import (
     decode,
     list_type,
     raise_api_error,
+    retry_after,
 )
 from supervisor.logs import get_logger
 
@@ -66,6 +72,7 @@ T = TypeVar("T")
 log = get_logger("kube")
 
 APPLY_PATCH = "application/apply-patch+yaml"
+MAX_HOLD_S = 30.0  # the longest one 429's Retry-After holds the whole client
 _JSON = "application/json"
 
 
@@ -97,6 +104,8 @@ class KubeClient:
         self._settings: KubeSettings | None = None
         self._credentials = Credentials(settings, refresh_s=token_refresh_s, lock=self._lock)
         self._closed = False
+        self._resume_at = -math.inf  # trio time before which no request is sent (a 429)
+        self.paused_s = 0.0
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> KubeClient:
@@ -166,6 +175,10 @@ class KubeClient:
         http = await self._ensure()
         if self.limiter is not None:
             await self.limiter.acquire()
+        now = trio.current_time()
+        if now < self._resume_at:
+            self.paused_s += self._resume_at - now
+            await trio.sleep_until(self._resume_at)
         settings = self._settings
         extensions: dict[str, Any] = {}
         if settings is not None and settings.tls_server_name:
@@ -191,10 +204,19 @@ class KubeClient:
                 await response.aclose()
                 await self._credentials.reload_after_401(authorization)
                 continue
+            if response.status_code == 429:
+                self._hold(response)
             if response.status_code >= 400:
                 await raise_api_error(response, method, path)
             return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _hold(self, response: httpx.Response) -> None:
+        """The server said 429: nothing more is sent until its Retry-After has passed."""
+        wait = retry_after(response)
+        if wait is not None and wait > 0:
+            wait = min(wait, MAX_HOLD_S)  # a server asking for hours is not believed
+            self._resume_at = max(self._resume_at, trio.current_time() + wait)
 
     async def request(
         self,
@@ -273,13 +295,38 @@ class KubeClient:
         body: Mapping[str, Any],
         *,
         field_manager: str,
+        force: bool = False,
     ) -> dict[str, Any]:
-        """Server-side apply with force; the whole object the server returned, as a map."""
-        params = {"fieldManager": field_manager, "force": "true"}
+        """Server-side apply (``force`` only when asked); the object returned, as a map."""
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
         return await self.request(
             "PATCH", resource.object_path(namespace, name), dict[str, Any],
             params=params, body=body, content_type=APPLY_PATCH,
         )
+
+    async def create_object(
+        self,
+        resource: Resource,
+        namespace: str,
+        body: Mapping[str, Any],
+        *,
+        field_manager: str,
+    ) -> dict[str, Any]:
+        """Create (POST): an existing object of that name is a 409 ``AlreadyExists``, untouched."""
+        return await self.request(
+            "POST", resource.collection_path(namespace), dict[str, Any],
+            params={"fieldManager": field_manager}, body=body,
+        )
+
+    async def find(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object ``name`` as a map, or None: a list by name (needs list, not get)."""
+        found = await self.request(
+            "GET", resource.collection_path(namespace), list_type(dict[str, Any]),
+            params={"fieldSelector": f"metadata.name={name}"},
+        )
+        return found.items[0] if found.items else None
 
     async def serves(self, resource: Resource) -> bool:
         """Does the server serve ``resource`` (its group/version's discovery lists it)?"""

@@ -5,16 +5,19 @@ Contract of :class:`EventRecorder`:
 - :meth:`EventRecorder.emit` creates one Event in the parent's namespace whose
   ``involvedObject`` is the parent (kind, apiVersion, namespace, name, uid,
   resourceVersion), with ``reason`` (``Applied``, ``ApplyFailed``,
-  ``Invalid``, ``DriftRepaired``), ``type`` ``Normal`` or ``Warning``, and the
-  reporting component (the field manager).
+  ``Invalid``, ``DriftRepaired``, ``Conflict``), ``type`` ``Normal`` or
+  ``Warning``, and the reporting component (the field manager).
 - The Event is named ``<parent name>.<16 hex digits>``, the parent's name cut
   so the whole stays within the 253 characters an object name may have.
 - Never fails the caller: Events are best effort, as client-go's recorder.
   A refused or failed write is logged at warning (once per reason and
   error text, so a missing RBAC rule does not flood the log) and dropped.
-- Spam filter: the same (object, reason, message) within ``dedupe_s`` is
-  emitted once, so a parent failing every retry records one ApplyFailed, not
-  one per attempt.
+- Aggregation, as client-go's event correlator: another Event on the same
+  object (same uid) with the same reason within ``window_s`` of the last one
+  is counted into that Event (a merge patch: ``count`` + 1, ``lastTimestamp``
+  and ``message`` the latest), so a parent failing every retry records one
+  ApplyFailed whose count says how often, not one Event per attempt. A patch
+  that finds the Event gone (expired) creates a new one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import trio
 
-from supervisor.kube.errors import KubeError
+from supervisor.kube.errors import KubeError, NotFound
 from supervisor.kube.models import PartialObject, Resource
 from supervisor.logs import get_logger
 
@@ -37,6 +40,7 @@ log = get_logger("kube.events")
 
 EVENTS = Resource("", "v1", "events", "Event")
 MAX_NAME = 253  # an object name (DNS subdomain), the Event's included
+MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
 
@@ -69,33 +73,72 @@ def _now() -> str:
 class EventRecorder:
     """Records Events for one component (see the module doc)."""
 
-    def __init__(self, client: EventSink, component: str, *, dedupe_s: float = 60.0) -> None:
+    def __init__(self, client: EventSink, component: str, *, window_s: float = 60.0) -> None:
         self._client = client
         self._component = component
-        self._dedupe_s = dedupe_s
-        self._recent: dict[tuple[str, str, str, str], float] = {}
+        self._window_s = window_s
+        # (namespace, name, uid, reason) -> the Event recorded last for it
+        self._recent: dict[tuple[str, str, str, str], _Recorded] = {}
         self._warned: set[tuple[str, str]] = set()
         self.emitted = 0
+        self.aggregated = 0
         self.failed = 0
 
     async def emit(self, about: Involved, type_: EventType, reason: str, message: str) -> None:
-        """Create the Event now (best effort; see the module doc)."""
-        key = (about.namespace, about.name, reason, message)
+        """Record the Event now, or count it into the last like it (best effort; module doc)."""
+        key = (about.namespace, about.name, about.uid, reason)
         now = trio.current_time()
         last = self._recent.get(key)
-        if last is not None and now - last < self._dedupe_s:
-            return
+        if last is not None and now - last.at < self._window_s:
+            if await self._count_into(about, last, message, now):
+                return
         if len(self._recent) > 4096:  # bounded: forget what is past the window
-            self._recent = {k: t for k, t in self._recent.items() if now - t < self._dedupe_s}
-        self._recent[key] = now
+            self._recent = {k: r for k, r in self._recent.items()
+                            if now - r.at < self._window_s}
+        recorded = await self._create(about, type_, reason, message)
+        if recorded is not None:
+            recorded.at = now
+            self._recent[key] = recorded
+
+    async def _count_into(self, about: Involved, last: _Recorded, message: str,
+                          now: float) -> bool:
+        """Count a repeat into ``last``; False when it must be a new Event (it is gone)."""
+        stamp = _now()[:19] + "Z"
+        patch = {"count": last.count + 1, "lastTimestamp": stamp, "message": message[:1024]}
+        try:
+            await self._client.request(
+                "PATCH", EVENTS.object_path(about.namespace, last.name), PartialObject,
+                body=patch, content_type=MERGE_PATCH)
+        except NotFound:
+            return False
+        except KubeError as exc:
+            self._failed(last.reason, about, exc)
+            return True  # dropped, like any Event that cannot be written
+        last.count += 1
+        last.at = now
+        self.aggregated += 1
+        return True
+
+    def _failed(self, reason: str, about: Involved, exc: KubeError) -> None:
+        self.failed += 1
+        warn_key = (reason, type(exc).__name__)
+        if warn_key not in self._warned:
+            self._warned.add(warn_key)
+            log.warning("could not record a Kubernetes Event (RBAC for events in the"
+                        " control namespace?); dropped", reason=reason, name=about.name,
+                        namespace=about.namespace, error=str(exc))
+
+    async def _create(self, about: Involved, type_: EventType, reason: str,
+                      message: str) -> _Recorded | None:
         stamp = _now()
+        name = f"{about.name[:MAX_NAME - 17]}.{secrets.token_hex(8)}"
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
                 # Object names may be 253 characters, as may the Event's: the suffix
                 # must not push it over (a long-named parent's Events were refused).
-                "name": f"{about.name[:MAX_NAME - 17]}.{secrets.token_hex(8)}",
+                "name": name,
                 "namespace": about.namespace,
             },
             "involvedObject": {
@@ -122,12 +165,17 @@ class EventRecorder:
             await self._client.request("POST", EVENTS.collection_path(about.namespace),
                                        PartialObject, body=body)
         except KubeError as exc:
-            self.failed += 1
-            warn_key = (reason, type(exc).__name__)
-            if warn_key not in self._warned:
-                self._warned.add(warn_key)
-                log.warning("could not record a Kubernetes Event (RBAC for events in the"
-                            " control namespace?); dropped", reason=reason, name=about.name,
-                            namespace=about.namespace, error=str(exc))
-            return
+            self._failed(reason, about, exc)
+            return None
         self.emitted += 1
+        return _Recorded(name, reason)
+
+
+@dataclass
+class _Recorded:
+    """An Event we created, and how many times it has been counted."""
+
+    name: str
+    reason: str
+    count: int = 1
+    at: float = 0.0  # trio time of its last count

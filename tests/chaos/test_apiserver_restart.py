@@ -113,8 +113,7 @@ async def test_apiserver_restart_relists_and_converges(tmp_path: Path, pg_url: s
                 for plural in PLURALS:
                     for obj in saved[plural]:
                         obj = copy.deepcopy(obj)
-                        obj["metadata"].pop("resourceVersion", None)
-                        obj["metadata"].pop("managedFields", None)
+                        obj["metadata"].pop("resourceVersion", None)  # etcd keeps managedFields
                         await control.put_raw(obj)
                 # Changed while the daemon could not watch.
                 await control.delete("servicedefinitions", CONTROL, "gone")

@@ -10,6 +10,7 @@ See :mod:`tests.fakes.apiserver` for what is real and what is simplified.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -130,18 +131,19 @@ class FakeApiServer(DirectState, FaultControl, WatchStreams, Routing, Discovery,
         rec.watch = truthy(query.get("watch")) or "/watch/" in path
         self.requests.append(rec)
         try:
+            body = await read_body(receive) if method in ("POST", "PUT", "PATCH",
+                                                          "DELETE") else b""
+            rec.target = create_target(method, path, body)
             for held in self.holds:
-                if held.matches(method, path):
+                if held.matches(method, rec.target):
                     await self._wait_hold(held)
                     break
             for rule in self.injections:
-                if rule.matches(method, path, qs):
+                if rule.matches(method, rec.target, qs):
                     rule.hits += 1
                     rec.injected = True
                     await self._answer_injection(rule, rec, receive, send)
                     return
-            body = await read_body(receive) if method in ("POST", "PUT", "PATCH",
-                                                          "DELETE") else b""
             self._authenticate(headers)
             await self._dispatch(method, path, query, headers, body, rec, receive, send)
         except ApiError as err:
@@ -155,4 +157,20 @@ class FakeApiServer(DirectState, FaultControl, WatchStreams, Routing, Discovery,
             self._notify()
 
 
-__all__ = ["FakeApiServer"]
+def create_target(method: str, path: str, body: bytes) -> str:
+    """The path a request is about: a POST's is its collection and the name it creates.
+
+    Holds, injections and the request log match on it, so a test can aim at the
+    create of one object (``POST .../deployments/web``) as at its patch.
+    """
+    if method != "POST" or not body:
+        return path
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return path
+    name = ((parsed.get("metadata") or {}).get("name") if isinstance(parsed, dict) else None)
+    return f"{path}/{name}" if isinstance(name, str) and name else path
+
+
+__all__ = ["FakeApiServer", "create_target"]

@@ -141,6 +141,30 @@ def render_managed_fields(owners: Owners) -> list[Obj]:
     return out
 
 
+def parse_managed_fields(items: Iterable[Any]) -> Owners:
+    """What :func:`render_managed_fields` rendered, read back (an object restored as stored)."""
+    owners: Owners = {}
+    for item in items:
+        if not isinstance(item, dict) or not item.get("manager"):
+            continue
+        fields: set[Path] = set()
+
+        def walk(node: Any, prefix: Path, fields: set[Path] = fields) -> None:
+            children = {k: v for k, v in (node or {}).items() if k.startswith("f:")}
+            if not children:
+                fields.add(prefix)
+            for key, sub in children.items():
+                walk(sub, (*prefix, key[2:]))
+
+        walk(item.get("fieldsV1") or {}, ())
+        fields.discard(())
+        key = (str(item["manager"]), str(item.get("operation", "Update")),
+               str(item.get("subresource", "")))
+        owners[key] = ManagerEntry(key[0], key[1], key[2], str(item.get("apiVersion", "")),
+                                   fields, str(item.get("time", "")))
+    return owners
+
+
 def _copy_owners(owners: Owners) -> Owners:
     return {
         k: ManagerEntry(e.manager, e.operation, e.subresource, e.api_version, set(e.fields),
@@ -279,6 +303,7 @@ __all__ = [
     "Path",
     "apply_config",
     "fields_v1",
+    "parse_managed_fields",
     "render_managed_fields",
     "scoped_leaves",
     "update_ownership",

@@ -29,6 +29,8 @@ class RecordedRequest:
     injected: bool = False  # answered by an ``inject()`` rule
     field_manager: str | None = None
     body: Any = None  # the parsed request body (JSON/YAML), when there was one
+    # What the request is about: its path, and for a POST the name it creates appended.
+    target: str = ""
     time: float = field(default_factory=time.monotonic)
 
     def to_json(self) -> Obj:
@@ -51,7 +53,7 @@ class RequestLog:
         return [
             r for r in self.requests
             if (method is None or r.method == method.upper())
-            and (path_contains is None or path_contains in r.path)
+            and (path_contains is None or path_contains in (r.target or r.path))
             and (watch is None or r.watch == watch)
             and (status is None or r.status == status)
         ]
@@ -59,7 +61,7 @@ class RequestLog:
     def writes(self, path_contains: str | None = None) -> list[RecordedRequest]:
         """Non-GET requests that changed state (a no-op apply is not one)."""
         return [r for r in self.requests if r.method != "GET" and r.changed
-                and (path_contains is None or path_contains in r.path)]
+                and (path_contains is None or path_contains in (r.target or r.path))]
 
     def clear_requests(self) -> None:
         self.requests.clear()

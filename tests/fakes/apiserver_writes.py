@@ -29,6 +29,7 @@ from tests.fakes.apiserver_apply import (
     Owners,
     apply_config,
     owner_sets,
+    parse_managed_fields,
     update_ownership,
 )
 from tests.fakes.apiserver_defaults import apply_defaults
@@ -319,7 +320,8 @@ class ObjectWrites:
         return WriteResult(self._commit(res, ns, name, None, {}, "DELETED", existing), True)
 
     def put_raw(self, obj: Obj) -> Obj:
-        """Store ``obj`` as given (no validation, defaulting or namespace check)."""
+        """Store ``obj`` as given (no validation, defaulting or namespace check); its
+        ``managedFields``, when it has them, are its field owners (as etcd keeps them)."""
         res = self.resource_of(obj)
         md = obj.setdefault("metadata", {})
         name = md["name"]
@@ -336,7 +338,10 @@ class ObjectWrites:
         if res.has_generation:
             nmd.setdefault("generation", (existing or {}).get("metadata", {}).get(
                 "generation", 0) + 1)
-        return self._commit(res, ns, name, new, self._owners_of(res, ns, name),
+        stored = md.get("managedFields")
+        owners = (parse_managed_fields(stored) if isinstance(stored, list)
+                  else self._owners_of(res, ns, name))
+        return self._commit(res, ns, name, new, owners,
                             "MODIFIED" if existing is not None else "ADDED", existing)
 
 

@@ -163,11 +163,12 @@ def _grants(path: str) -> set[tuple[str, str, str, str]]:
 def test_roles_grant_exactly_the_verbs_the_client_uses() -> None:
     """Least privilege: the Roles grant what the kube client sends and nothing more.
 
-    What it sends (supervisor/kube): children are listed, watched, applied (PATCH;
-    an apply that creates also needs create) and deleted; parents listed and
-    watched, their status applied (PATCH); Events only POSTed (events.py: one new
-    Event each time, never patched into a series); a Lease created, and the one
-    named Lease read (GET) and renewed (PUT)."""
+    What it sends (supervisor/kube): children are listed (also one by name, when a
+    create found the name taken or an apply conflicted), watched, created (POST),
+    applied (PATCH) and deleted; parents listed and watched, their status applied
+    (PATCH); Events POSTed, and a repeat within its window PATCHed into the same
+    Event (its count); a Lease created, and the one named Lease read (GET) and
+    renewed (PUT)."""
     from supervisor.config import KubernetesConfig
     from supervisor.fanout.children import KINDS
     from supervisor.kube.events import EVENTS
@@ -181,6 +182,7 @@ def test_roles_grant_exactly_the_verbs_the_client_uses() -> None:
     control |= {(kind.resource.group, f"{kind.resource.plural}/status", "patch", "")
                 for kind in KINDS}
     control |= {(EVENTS.group, EVENTS.plural, "create", ""),
+                (EVENTS.group, EVENTS.plural, "patch", ""),
                 ("coordination.k8s.io", "leases", "create", ""),
                 ("coordination.k8s.io", "leases", "get", lease),
                 ("coordination.k8s.io", "leases", "update", lease)}

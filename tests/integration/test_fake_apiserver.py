@@ -950,3 +950,18 @@ async def test_process_mode(tmp_path: Path) -> None:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_put_raw_keeps_the_field_owners_an_object_was_stored_with() -> None:
+    # A store restored from what another one returned (as etcd keeps managedFields):
+    # who wrote what survives, so an apply conflicts with the same managers as before.
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as old, run_fake_apiserver() as new:
+            old.create(deployment("web", replicas=2), field_manager="team")
+            old.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "web", "namespace": "apps"},
+                       "spec": {"replicas": 3}}, field_manager="scaler", force=True)
+            stored = old.get("deployments", "apps", "web")
+            assert stored is not None
+            restored = new.put_raw({k: v for k, v in stored.items()})
+            assert restored["metadata"]["managedFields"] == stored["metadata"]["managedFields"]

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from tests.fanoutharness import (
+from tests.fanout import (
     APPS,
     CONTROL,
     Harness,

@@ -20,16 +20,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from tests.fanoutharness import (
-    APPS,
-    CONTROL,
-    events,
-    fights,
-    harness,
-    ready,
-    recent_repairs,
-    web_ready,
-)
+from tests.fanout import APPS, CONTROL, events, fights, harness, ready, recent_repairs, web_ready
 
 KIND = {"kind": "ServiceDefinition"}
 TERMINATING = {
@@ -54,7 +45,7 @@ async def test_failed_repair_writes_during_an_outage_are_not_drift(
         async with harness(tmp_path) as h:
             fake = h.fake
             await web_ready(h)
-            outage = fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$",
+            outage = fake.inject("POST", rf"/namespaces/{APPS}/deployments/web$",
                                  status=code, body=body, times=None)
             with capture_logs() as logs:
                 fake.delete("deployments", APPS, "web")
@@ -92,7 +83,7 @@ async def test_repairs_undone_after_an_outage_still_slow_down_and_say_so(tmp_pat
         async with harness(tmp_path) as h:
             fake = h.fake
             await web_ready(h)
-            outage = fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$",
+            outage = fake.inject("POST", rf"/namespaces/{APPS}/deployments/web$",
                                  status=403, body=TERMINATING, times=4)
             with capture_logs() as logs:
                 for repairs in range(1, 4):

@@ -1,292 +1,214 @@
-"""The fan-out keeps what it owns apart and in order, against the fake API server.
+"""The fan-out writes only what is its own, and deletes only what it wrote (fake API server).
 
-A replayed watch event older than the stream never rolls a parent back; a
-parent name at the 253-character limit still gets its events; a child of
-another installation with the same name, and two kinds with a parent of the
-same name, keep apart; a child held by a finalizer is not deleted again;
-status writes failing with 500, the apps namespace deleted and made again,
-and a lineage label edited by hand (repaired, not deleted) are survived. What a
-real server can show is in tests/integration/test_realkube_faults.py.
+An object of a child's name that is not ours (no labels, another installation's,
+``managed-by`` alone) is left exactly as it was: the parent is ``Conflict``, a
+``Conflict`` Event says so, deleting the parent leaves it, and once it is gone
+the next resync converges. A field another manager applied is reported, not
+forced. Labels alone never make an object ours to delete. The same on the real
+kube-apiserver: tests/integration/test_realkube_ownership.py.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
-from structlog.testing import capture_logs
 
-from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
-from supervisor.fanout.workflow import WORKFLOW
-from tests.fakes.apiserver import FakeApiServer
-from tests.fanoutharness import (
-    APPS,
-    CONTROL,
-    FAST,
-    _ours,
-    child_writes,
-    container,
-    events,
-    harness,
-    ready,
-    sd,
-    wf,
+from supervisor.fanout.labels import (
+    INSTALLATION_KEY,
+    LINEAGE_SERVICEDEFINITION,
+    MANAGED_BY_KEY,
+    MANAGED_BY_VALUE,
+    NAME_KEY,
 )
+from supervisor.kube.applying import ChildKey
+from tests.fakes.apiserver import FakeApiServer
+from tests.fanout import APPS, CONTROL, Harness, harness, ready, sd
+
+# owner -> (its labels, what the parent's message says of them)
+TEAM_LABELS: dict[str, tuple[dict[str, str], str]] = {
+    "unlabelled": ({"app": "payments"}, "no managed-by, no installation, no lineage"),
+    "another installation": ({MANAGED_BY_KEY: MANAGED_BY_VALUE, INSTALLATION_KEY: "staging",
+                              LINEAGE_SERVICEDEFINITION: "payments", "app": "payments"},
+                             "belongs to installation staging"),
+    "managed-by only": ({MANAGED_BY_KEY: MANAGED_BY_VALUE, "app": "payments"},
+                        "managed-by=trio-supervisor, no installation, no lineage"),
+}
 
 
-async def test_a_watch_event_older_than_what_is_held_does_not_roll_a_parent_back(
-    tmp_path: Path,
+def team_service(labels: dict[str, str], name: str = "payments") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": APPS, "labels": dict(labels)},
+            "spec": {"selector": {"app": name},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}
+
+
+def team_deployment(labels: dict[str, str], name: str = "payments") -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": APPS, "labels": dict(labels)},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "app",
+                                                           "image": "team/payments:7"}]}}}}
+
+
+def handed_over(name: str, replicas: int) -> dict[str, Any]:
+    """A Deployment carrying the three labels, its (immutable) selector the one we set."""
+    labels = {MANAGED_BY_KEY: MANAGED_BY_VALUE, INSTALLATION_KEY: CONTROL,
+              LINEAGE_SERVICEDEFINITION: name, NAME_KEY: name}
+    selector = {NAME_KEY: name, LINEAGE_SERVICEDEFINITION: name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": APPS, "labels": labels},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": selector},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "main",
+                                                           "image": "team/app:1"}]}}}}
+
+
+def conflict_events(fake: FakeApiServer, name: str) -> list[dict[str, Any]]:
+    return [e for e in fake.objects("events", CONTROL)
+            if e["reason"] == "Conflict" and e["involvedObject"]["name"] == name]
+
+
+def parent_reason(fake: FakeApiServer, name: str) -> str | None:
+    return (ready(fake.get("servicedefinitions", CONTROL, name)) or {}).get("reason")
+
+
+async def refused_then_healed(h: Harness, labels: dict[str, str], says: str) -> None:
+    """The team's Service and Deployment ``payments`` against a parent of that name."""
+    fake = h.fake
+    service = fake.create(team_service(labels), field_manager="team")
+    deployment = fake.create(team_deployment(labels), field_manager="team")
+    fake.create(sd("payments", port=8080))
+    await h.until(lambda: parent_reason(fake, "payments") == "Conflict")
+    await h.idle()
+    # Exactly as they were: labels, selector, ports, replicas, resourceVersion.
+    assert fake.get("services", APPS, "payments") == service
+    assert fake.get("deployments", APPS, "payments") == deployment
+    assert not [r for r in fake.requests
+                if r.method in ("PATCH", "PUT", "DELETE") and "/payments" in r.path
+                and f"/namespaces/{APPS}/" in r.path]
+    message = ready(fake.get("servicedefinitions", CONTROL, "payments"))["message"]  # type: ignore[index]
+    assert f"Service {APPS}/payments" in message and f"Deployment {APPS}/payments" in message
+    assert says in message
+    (event,) = conflict_events(fake, "payments")
+    assert event["type"] == "Warning" and f"Service {APPS}/payments" in event["message"]
+    assert h.metric("fanout_applies", kind="ServiceDefinition", result="conflict") >= 1
+
+    # Retried on the resync: still refused, still untouched, still one Event.
+    await h.reconciler.resync()
+    await h.idle()
+    assert fake.get("services", APPS, "payments") == service
+    assert len(conflict_events(fake, "payments")) == 1
+
+    # Deleting the parent leaves them.
+    fake.delete("servicedefinitions", CONTROL, "payments")
+    await h.until(lambda: fake.get("servicedefinitions", CONTROL, "payments") is None)
+    await h.idle()
+    await h.reconciler.resync()
+    await h.idle()
+    assert fake.get("services", APPS, "payments") == service
+    assert fake.get("deployments", APPS, "payments") == deployment
+
+    # Handed over by removing them: the parent converges at the next resync.
+    fake.create(sd("payments", port=8080))
+    await h.until(lambda: parent_reason(fake, "payments") == "Conflict")
+    fake.delete("services", APPS, "payments")
+    fake.delete("deployments", APPS, "payments")
+    await h.reconciler.resync()
+    await h.until(lambda: parent_reason(fake, "payments") == "Applied")
+    ours = fake.get("services", APPS, "payments")
+    assert ours is not None and ours["metadata"]["labels"][INSTALLATION_KEY] == CONTROL
+
+
+@pytest.mark.parametrize("owner", list(TEAM_LABELS))
+async def test_an_object_that_is_not_ours_is_left_as_it_was_and_reported(
+    tmp_path: Path, owner: str,
 ) -> None:
-    # A watch (a caching proxy, a misbehaving server) delivers a parent's event
-    # whose resourceVersion is lower than the one already held. Applying it would roll the
-    # children back to a spec the parent no longer has, and nothing would ever fix them.
+    with trio.fail_after(20):
+        async with harness(tmp_path) as h:
+            await refused_then_healed(h, *TEAM_LABELS[owner])
+
+
+async def test_an_object_handed_over_by_its_labels_is_adopted(tmp_path: Path) -> None:
+    # The three labels are how a team hands an existing object to a parent.
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", image="nginx:1.27"))
-            await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
-            old = fake.get("servicedefinitions", CONTROL, "web")
-            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"image": "nginx:1.28"}})
-            await h.until(lambda: container(fake.get("deployments", APPS, "web"))["image"]
-                          == "nginx:1.28")
-            await h.idle()
-            before = len(child_writes(fake))
-            line = json.dumps({"type": "MODIFIED", "object": old}).encode()
-            with capture_logs() as logs:
-                assert fake.inject_watch_line(line, "servicedefinitions") == 1
-                fake.create(sd("after"))  # a later event: the stale one has been read by then
-                await h.until(lambda: fake.get("deployments", APPS, "after") is not None)
-                await h.idle()
-            assert container(fake.get("deployments", APPS, "web"))["image"] == "nginx:1.28"
-            assert h.reconciler.parents["web"].spec.image == "nginx:1.28"
-            assert [w.path for w in child_writes(fake)[before:]] == [
-                f"/apis/apps/v1/namespaces/{APPS}/deployments/after"]
-            ignored = [e for e in logs if e["event"].startswith("watch event not newer")]
-            assert len(ignored) == 1 and ignored[0]["log_level"] == "warning"
-            assert ignored[0]["event_resource_version"] == old["metadata"]["resourceVersion"]
+            fake.create(handed_over("payments", 3), field_manager="team")
+            fake.create(sd("payments", replicas=2))
+            await h.until(lambda: parent_reason(fake, "payments") == "Applied")
+            deployment = fake.get("deployments", APPS, "payments")
+            assert deployment["spec"]["replicas"] == 2  # type: ignore[index]
+            # Its fields were the team's by a create (an update), not applied: one write.
+            assert len(fake.find_requests("PATCH", "/deployments/payments")) == 1
 
 
-async def test_a_parent_named_at_the_253_character_limit_still_gets_its_events(
-    tmp_path: Path,
-) -> None:
-    # A parent's name may be 253 characters, but a label value only 63, so its
-    # child is refused (Invalid, reported). The Event saying so was named "<parent>.<hex>"
-    # (270 characters), refused too, and dropped with a hint at RBAC.
-    long = "a" * 253
+async def test_a_field_another_manager_applied_is_reported_not_forced(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            with capture_logs() as logs:
-                fake.create(sd(long))
-                await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, long))
-                                       or {}).get("reason") == "Invalid")
-                await h.idle()
-            assert "63 characters" in ready(fake.get("servicedefinitions", CONTROL, long))[
-                "message"]
-            (event,) = events(fake, "Invalid", long)
-            assert event["type"] == "Warning" and len(event["metadata"]["name"]) <= 253
-            assert event["metadata"]["name"].startswith("a" * 200)
-            assert not [e for e in logs if "could not record" in e["event"]]
-
-
-async def test_a_child_of_another_installation_with_the_same_name_is_not_taken_over(
-    tmp_path: Path,
-) -> None:
-    # Two installations share the apps namespace and each has a parent "web".
-    # The second one force-applied over the first one's Deployment (relabelling it as its
-    # own), the first one repaired it back, and so on: a fight over a child that was never
-    # the second one's. It must leave a child of another installation alone and say so.
-    from supervisor.config import KubernetesConfig
-    from supervisor.fanout.engine import FanoutEngine
-    from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
-    from supervisor.fanout.status import FanoutStatus
-    from supervisor.kube.client import KubeClient
-    from supervisor.telemetry import Metrics
-
-    with trio.fail_after(15):
-        async with harness(tmp_path, namespaces=(CONTROL, APPS, "team-b")) as h:
-            fake = h.fake
-            fake.create(sd("web", image="nginx:1.27"))
-            await h.until(lambda: ready(fake.get("servicedefinitions", CONTROL, "web")))
+            fake.create(sd("web", replicas=2))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
             await h.idle()
-            other = KubeClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
-            config = KubernetesConfig(enabled=True, kubeconfig=str(tmp_path / "kubeconfig"),
-                                      control_namespace="team-b", installation="team-b")
-            engine_b = FanoutEngine(other, SERVICE_DEFINITION, config, Metrics(process=False),
-                                    FanoutStatus(), FAST)
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(engine_b.run)
-                    await engine_b.synced.wait()
-                    before = len(fake.requests)
-                    theirs = sd("web", image="httpd:2.4")
-                    theirs["metadata"]["namespace"] = "team-b"
-                    fake.create(theirs)
-                    await h.until(lambda: ready(fake.get("servicedefinitions", "team-b", "web")))
-                    await engine_b.queue.wait_idle()
-                    await engine_b.resync()
-                    await engine_b.queue.wait_idle()
-                    await h.idle()
-                    deployment = fake.get("deployments", APPS, "web")
-                    assert deployment["metadata"]["labels"][INSTALLATION_KEY] == CONTROL
-                    assert container(deployment)["image"] == "nginx:1.27"
-                    assert not [r for r in fake.requests[before:]
-                                if r.method != "GET" and "/deployments/" in r.path]
-                    cond = ready(fake.get("servicedefinitions", "team-b", "web"))
-                    assert cond["status"] == "False" and cond["reason"] == "Conflict"
-                    assert "installation trio-supervisor" in cond["message"]
-                    assert [e for e in fake.objects("events", "team-b")
-                            if e["reason"] == "ApplyFailed"]
-                    assert not events(fake, "DriftRepaired")
-                    # The first installation's parent goes: the second one's child follows.
-                    fake.delete("servicedefinitions", CONTROL, "web")
-                    await h.until(lambda: (fake.get("deployments", APPS, "web") or {}).get(
-                        "metadata", {}).get("labels", {}).get(INSTALLATION_KEY) == "team-b")
-                    await h.until(lambda: ready(fake.get("servicedefinitions", "team-b", "web"))[
-                        "status"] == "True")
-                    assert container(fake.get("deployments", APPS, "web"))["image"] == "httpd:2.4"
-                    nursery.cancel_scope.cancel()
-            finally:
-                with trio.move_on_after(2, shield=True):
-                    await other.aclose()
+            # Another controller declares spec.replicas its own, with an apply.
+            fake.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": "web", "namespace": APPS},
+                        "spec": {"replicas": 7}}, field_manager="autoscaler", force=True)
+            fake.clear_requests()
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"replicas": 3}})
+            await h.until(lambda: parent_reason(fake, "web") == "Conflict")
+            await h.idle()
+            assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 7  # type: ignore[index]
+            tries = fake.find_requests("PATCH", "/deployments/web")
+            assert tries and all(r.query.get("force") is None for r in tries)
+            message = ready(fake.get("servicedefinitions", CONTROL, "web"))["message"]  # type: ignore[index]
+            assert "autoscaler" in message and "not forced" in message
+            assert conflict_events(fake, "web")
 
 
-async def test_a_child_already_terminating_is_not_deleted_again(tmp_path: Path) -> None:
-    # A child held by another controller's finalizer stays Terminating after
-    # our delete. Deleting it again on every relist, resync or watch event is a write
-    # that changes nothing (and on a real server, whether the second one happened
-    # depended on whether the watch event came before or after the delete's answer).
-    def seed(fake: FakeApiServer) -> None:
-        going = _ours("going", "going")
-        going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        going["metadata"]["finalizers"] = ["example.com/hold"]
-        fake.put_raw(going)
-
+async def test_a_conflict_with_an_earlier_manager_of_ours_is_forced(tmp_path: Path) -> None:
+    # The project's own field manager name, from before the manager was configured
+    # otherwise: still ours, so its fields are taken over.
     with trio.fail_after(10):
-        async with harness(tmp_path, before_start=seed) as h:
+        async with harness(tmp_path, settings={"field_manager": "platform-fanout"}) as h:
             fake = h.fake
-            await h.reconciler.synced.wait()
+            fake.apply(handed_over("web", 9), field_manager="trio-supervisor", force=True)
+            fake.create(sd("web", replicas=2))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 2  # type: ignore[index]
+            forced = [r for r in fake.find_requests("PATCH", "/deployments/web")
+                      if r.query.get("force") == "true"]
+            assert len(forced) == 1
+
+
+@pytest.mark.parametrize("lineage", ["ghost", "web"])
+async def test_our_labels_patched_onto_an_unrelated_object_never_get_it_deleted(
+    tmp_path: Path, lineage: str,
+) -> None:
+    # Merge-patching our three labels onto a team's Service "ledger" got it deleted by
+    # the orphan sweep (lineage naming a parent that does not exist) or by the reconcile
+    # of the parent it names: labels are anyone's to patch.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web"))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            fake.create(team_service({"app": "ledger"}, "ledger"), field_manager="team")
+            fake.patch("services", APPS, "ledger", {"metadata": {"labels": {
+                MANAGED_BY_KEY: MANAGED_BY_VALUE, INSTALLATION_KEY: CONTROL,
+                LINEAGE_SERVICEDEFINITION: lineage}}}, field_manager="kubectl-patch")
+            ledger = fake.get("services", APPS, "ledger")
+            await h.until(lambda: h.reconciler.live.get(ChildKey("services", "ledger")) is not None)
             await h.idle()
             await h.reconciler.resync()
             await h.idle()
-            assert fake.find_requests("DELETE", "/deployments/going") == []
-            assert fake.get("deployments", APPS, "going") is not None
+            assert fake.get("services", APPS, "ledger") == ledger
+            assert fake.find_requests("DELETE", "/services/ledger") == []
+            # What we did write is still swept when its parent goes.
+            fake.delete("servicedefinitions", CONTROL, "web")
+            await h.until(lambda: fake.get("deployments", APPS, "web") is None)
+            assert fake.get("services", APPS, "ledger") == ledger
 
-
-async def test_status_writes_failing_with_500_only(tmp_path: Path) -> None:
-    # The API server answers 500 to status writes only. The children are
-    # applied once, not again on every retry; the retries back off; one Applied Event;
-    # once status writes work again the parent shows Ready.
-    with trio.fail_after(10):
-        async with harness(tmp_path) as h:
-            fake = h.fake
-            rule = fake.inject("PATCH", r"/servicedefinitions/web/status$", status=500,
-                               times=None)
-            fake.create(sd("web"))
-            await h.until(lambda: h.metric("fanout_requeues", kind="ServiceDefinition",
-                                           cause="error") >= 4)
-            assert fake.count("PATCH", "/deployments/web") == 1
-            assert len(events(fake, "Applied", "web")) == 1
-            assert len(events(fake, "ApplyFailed", "web")) == 1  # the spam filter
-            tries = fake.find_requests("PATCH", "/servicedefinitions/web/status")
-            gaps = [b.time - a.time for a, b in itertools.pairwise(tries)]
-            assert max(gaps) >= 0.05  # backed off, not hot
-            fake.injections.remove(rule)
-            await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web"))
-                                   or {}).get("status") == "True")
-            await h.idle()
-            assert fake.count("PATCH", "/deployments/web") == 1
-
-
-async def test_the_apps_namespace_deleted_and_made_again(tmp_path: Path) -> None:
-    # The apps namespace is deleted (its contents first, as the namespace
-    # controller does) and made again. Meanwhile writes there are refused (404); the
-    # children come back once it exists again, without a restart.
-    with trio.fail_after(15):
-        async with harness(tmp_path) as h:
-            fake = h.fake
-            fake.create(sd("web", port=80))
-            await h.until(lambda: fake.get("services", APPS, "web") is not None)
-            fake.delete("services", APPS, "web")
-            fake.delete("deployments", APPS, "web")
-            fake.delete("namespaces", None, APPS)
-            await h.until(lambda: h.metric("fanout_requeues", kind="ServiceDefinition",
-                                           cause="error") >= 1 or h.status.state == "preflight")
-            fake.create_namespace(APPS)
-            await h.until(lambda: fake.get("deployments", APPS, "web") is not None
-                          and fake.get("services", APPS, "web") is not None)
-            await h.until(lambda: h.status.state == "watching")
-            await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web"))
-                                   or {}).get("status") == "True")
-
-
-async def test_a_hand_edited_lineage_label_is_repaired_not_deleted(tmp_path: Path) -> None:
-    # The lineage label of a child is edited by hand to name another parent
-    # (one that does not exist, or another one). The reconcile of the parent it now names
-    # deleted it as "not mine any more" while its real parent repaired it: the Deployment
-    # was deleted and made again (every pod restarted) instead of having a label put back.
-    with trio.fail_after(10):
-        async with harness(tmp_path) as h:
-            fake = h.fake
-            for name in ("web", "api"):
-                fake.create(sd(name))
-            await h.until(lambda: all(ready(fake.get("servicedefinitions", CONTROL, n))
-                                      for n in ("web", "api")))
-            await h.idle()
-            uid = fake.get("deployments", APPS, "web")["metadata"]["uid"]
-            for other in ("ghost", "api"):
-                fake.patch("deployments", APPS, "web",
-                           {"metadata": {"labels": {LINEAGE_SERVICEDEFINITION: other}}},
-                           field_manager="kubectl-label")
-                await h.until(lambda: (fake.get("deployments", APPS, "web") or {}).get(
-                    "metadata", {}).get("labels", {}).get(LINEAGE_SERVICEDEFINITION) == "web")
-                await h.idle()
-                await h.reconciler.resync()
-                await h.idle()
-            assert fake.find_requests("DELETE", "/deployments/") == []
-            assert fake.get("deployments", APPS, "web")["metadata"]["uid"] == uid
-            assert fake.get("deployments", APPS, "api") is not None
-
-
-async def test_two_kinds_with_a_parent_of_the_same_name_keep_apart(tmp_path: Path) -> None:
-    # A ServiceDefinition and a Workflow both named "x" (children named after
-    # their parent). Their children are of different resources and carry different
-    # lineage labels: neither kind's reconcile or sweep touches the other's.
-    from supervisor.config import KubernetesConfig
-    from supervisor.fanout.engine import FanoutEngine
-    from supervisor.fanout.status import FanoutStatus
-    from supervisor.kube.client import KubeClient
-    from supervisor.telemetry import Metrics
-
-    with trio.fail_after(15):
-        async with harness(tmp_path) as h:
-            fake = h.fake
-            client = KubeClient.from_kubeconfig(str(tmp_path / "kubeconfig"))
-            config = KubernetesConfig(enabled=True, kubeconfig=str(tmp_path / "kubeconfig"))
-            workflows = FanoutEngine(client, WORKFLOW, config, Metrics(process=False),
-                                     FanoutStatus(), FAST)
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(workflows.run)
-                    fake.create(sd("x", port=80))
-                    fake.create(wf("x"))
-                    await h.until(lambda: all(fake.get(p, APPS, "x") is not None
-                                              for p in ("deployments", "services", "cronjobs")))
-                    for engine in (h.reconciler, workflows):
-                        await engine.queue.wait_idle()
-                        await engine.resync()
-                        await engine.queue.wait_idle()
-                    fake.delete("workflows", CONTROL, "x")
-                    await h.until(lambda: fake.get("cronjobs", APPS, "x") is None)
-                    await h.reconciler.resync()
-                    await h.idle()
-                    nursery.cancel_scope.cancel()
-            finally:
-                with trio.move_on_after(2, shield=True):
-                    await client.aclose()
-            assert fake.get("deployments", APPS, "x") is not None
-            assert fake.get("services", APPS, "x") is not None
-            assert [r.path for r in fake.find_requests("DELETE")] == [
-                f"/apis/batch/v1/namespaces/{APPS}/cronjobs/x"]

@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.applying import ChildKey
-from tests.fanoutharness import APPS, CONTROL, Harness, events, harness, ready, sd, wf
+from tests.fanout import APPS, CONTROL, Harness, events, harness, ready, sd, wf
 
 KIND = {"kind": "ServiceDefinition"}
 
@@ -43,7 +43,7 @@ async def test_a_parent_deleted_while_its_child_apply_is_in_flight(tmp_path: Pat
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            held = fake.hold("PATCH", rf"/namespaces/{APPS}/deployments/web$")
+            held = fake.hold("POST", rf"/namespaces/{APPS}/deployments/web$")
             with capture_logs() as logs:
                 fake.create(sd("web", port=8080))
                 await h.until(lambda: held.arrived == 1)
@@ -129,7 +129,7 @@ async def test_a_parent_deleted_while_its_child_apply_is_in_flight_and_its_event
             fake.create(sd("keep"))
             await h.until(lambda: ready(fake.get("servicedefinitions", CONTROL, "keep")))
             await h.idle()
-            held = fake.hold("PATCH", rf"/namespaces/{APPS}/deployments/web$")
+            held = fake.hold("POST", rf"/namespaces/{APPS}/deployments/web$")
             with capture_logs() as logs:
                 fake.create(sd("web"))
                 await h.until(lambda: held.arrived == 1)
@@ -170,7 +170,7 @@ async def test_a_late_sweep_never_confirms_a_refused_one(tmp_path: Path) -> None
             await h.until(lambda: all(ready(fake.get("servicedefinitions", CONTROL, n))
                                       for n in names))
             await h.idle()
-            held = fake.hold("PATCH", rf"/namespaces/{APPS}/deployments/web$")
+            held = fake.hold("POST", rf"/namespaces/{APPS}/deployments/web$")
             fake.create(sd("web"))
             await h.until(lambda: held.arrived == 1)
             resyncs = h.reconciler.resyncs

@@ -124,9 +124,9 @@ async def test_sigterm_gives_an_apply_in_flight_a_bounded_drain(tmp_path: Path) 
             await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
             async with run_daemon(config) as daemon:
                 await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
-                server.inject("PATCH", r"/deployments/web$", status=200, hang=True, times=1)
+                server.inject("POST", r"/deployments/web$", status=200, hang=True, times=1)
                 server.create(sd("web"))
-                await server.wait_until(lambda: server.count("PATCH", "/deployments/web") >= 1)
+                await server.wait_until(lambda: server.count("POST", "/deployments/web") >= 1)
                 daemon.signal(signal.SIGTERM)
                 start = trio.current_time()
                 assert await daemon.wait() == 0

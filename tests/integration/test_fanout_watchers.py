@@ -24,7 +24,7 @@ from supervisor.fanout.workflow import WORKFLOW
 from supervisor.kube.applying import ChildKey
 from supervisor.telemetry import Metrics
 from tests.fakes.apiserver import FakeApiServer
-from tests.fanoutharness import (
+from tests.fanout import (
     APPS,
     CONTROL,
     FAST,
@@ -67,11 +67,14 @@ async def test_servicedefinition_create_update_delete_reflected_in_children(tmp_
             assert parent["status"]["observedGeneration"] == 1
             assert ready(parent) is not None and ready(parent)["status"] == "True"  # type: ignore[index]
             assert ready(parent)["reason"] == "Applied"  # type: ignore[index]
-            # Every write was a server-side apply by our field manager.
+            # Each child was created (never applied over whatever held its name), the
+            # status server-side applied, all by our field manager.
+            creates = fake.find_requests("POST", f"/namespaces/{APPS}/")
+            assert len(creates) == 2 and all(r.field_manager == "trio-supervisor"
+                                             for r in creates)
             patches = fake.find_requests("PATCH")
             assert patches and all(r.content_type == "application/apply-patch+yaml"
-                                   and r.field_manager == "trio-supervisor"
-                                   and r.query.get("force") == "true" for r in patches)
+                                   and r.field_manager == "trio-supervisor" for r in patches)
             assert h.status.objects == 1
             assert h.metric("fanout_objects", kind="ServiceDefinition") == 1
 
@@ -169,7 +172,7 @@ def _orphan_deployment(name: str, installation: str | None = CONTROL) -> dict[st
 
 async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: Path) -> None:
     def seed(fake: FakeApiServer) -> None:
-        fake.create(_orphan_deployment("gone"))
+        fake.create(_orphan_deployment("gone"), field_manager="trio-supervisor")
         # Another installation sharing the apps namespace: its children are not ours.
         fake.create(_orphan_deployment("other-install", installation="staging"))
         fake.create({
@@ -204,7 +207,7 @@ async def test_an_orphan_is_swept_and_foreign_objects_are_left_alone(tmp_path: P
                     INSTALLATION_KEY: CONTROL,
                     LINEAGE_SERVICEDEFINITION: "late"}},
                 "spec": {"ports": [{"port": 80}]},
-            })
+            }, field_manager="trio-supervisor")
             await h.until(lambda: h.reconciler.live.get(ChildKey("services", "late")) is not None)
             await h.reconciler.resync()
             assert h.fake.get("services", APPS, "late") is None
@@ -289,12 +292,12 @@ async def test_a_409_is_requeued_and_retried(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.inject("PATCH", r"/deployments/web$", status=409, times=2)
+            fake.inject("POST", r"/deployments/web$", status=409, times=2)
             fake.create(sd("web"))
             await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
             await h.until(lambda: (ready(fake.get("servicedefinitions", CONTROL, "web")) or {})
                           .get("reason") == "Applied")
-            assert fake.count("PATCH", "/deployments/web", status=409) == 2
+            assert fake.count("POST", "/deployments/web", status=409) == 2
             assert h.metric("fanout_applies", kind="ServiceDefinition", result="conflict") == 2
             reasons_written = [
                 r.body["status"]["conditions"][0]["reason"]
@@ -316,7 +319,7 @@ async def test_an_invalid_child_sets_ready_false_without_a_retry_loop(tmp_path: 
             # Settled: nothing queued and no requeue pending, after exactly one attempt
             # (our own status write's MODIFIED event did not resend the refused child).
             await h.idle()
-            assert fake.count("PATCH", "/cronjobs/bad") == 1
+            assert fake.count("POST", "/cronjobs/bad") == 1
 
 
 async def test_a_429_honours_retry_after(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from supervisor.fanout.preflight import classify_watch_error
 from supervisor.fanout.servicedefinition import (
     DEPLOYMENTS,
     SERVICEDEFINITIONS,
+    SERVICES,
     ServiceDefinition,
 )
 from supervisor.kube.client import KubeClient
@@ -127,10 +128,10 @@ async def test_error_statuses_map_to_our_errors(tmp_path: Path) -> None:
             with pytest.raises(ApiError) as boom:
                 await client.list(DEPLOYMENTS, APPS, PartialObject)
             assert (boom.value.status, boom.value.reason) == (500, "InternalError")
-            fake.inject("GET", "/deployments$", status=429, headers={"Retry-After": "3"})
+            fake.inject("GET", "/deployments$", status=429, headers={"Retry-After": "0.5"})
             with pytest.raises(TooManyRequests) as slow:
                 await client.list(DEPLOYMENTS, APPS, PartialObject)
-            assert slow.value.retry_after == 3.0
+            assert slow.value.retry_after == 0.5
             fake.inject("PATCH", "/deployments/web$", status=409)
             with pytest.raises(Conflict):
                 await client.apply(DEPLOYMENTS, APPS, "web", deployment("web"),
@@ -139,6 +140,26 @@ async def test_error_statuses_map_to_our_errors(tmp_path: Path) -> None:
             with pytest.raises(NotFound) as chained:
                 await client.get(DEPLOYMENTS, APPS, "absent", PartialObject)
             assert chained.value.path.endswith("/deployments/absent")
+
+
+async def test_a_429_holds_every_request_until_its_retry_after(tmp_path: Path) -> None:
+    # The server's own protection (API Priority and Fairness) sets the pace: after its
+    # first 429 nothing more is sent, on any path, until Retry-After has passed.
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            fake.inject("GET", "/deployments$", status=429, headers={"Retry-After": "1"})
+            with pytest.raises(TooManyRequests):
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            refused = fake.requests[-1].time
+            await client.list(SERVICES, APPS, PartialObject)  # another resource: held too
+            assert fake.requests[-1].time - refused >= 0.9
+            assert 0.9 <= client.paused_s <= 1.0
+            fake.inject("GET", "/deployments$", status=429, headers={"Retry-After": "86400"})
+            with pytest.raises(TooManyRequests):
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            with trio.move_on_after(0.1):
+                await client.list(SERVICES, APPS, PartialObject)
+            assert 30.0 <= client.paused_s <= 1.0 + 30.0  # a day is not believed: 30 s
 
 
 async def test_bodies_of_the_wrong_shape_are_schema_skew(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from supervisor.fanout.labels import INSTALLATION_KEY, LINEAGE_SERVICEDEFINITION
 from supervisor.kube.errors import ApiError, Gone, TransportError, api_error
 from supervisor.kube.watching import WatchTuning, is_too_large_resource_version
 from tests.fakes.apiserver_store import status_body, too_large_resource_version
-from tests.fanoutharness import APPS, CONTROL, FAST, harness, ready, sd
+from tests.fanout import APPS, CONTROL, FAST, harness, ready, sd
 
 RESTORED = "newer than the server's"
 
@@ -93,7 +93,7 @@ async def test_a_restored_store_is_relisted_and_the_new_parent_fanned_out(
                 # open watch ends (the API server restarted), and the backup still holds a
                 # child of "a" but not "a" itself.
                 assert fake.reset_state() < held
-                fake.create(orphan_deployment("a"))
+                fake.create(orphan_deployment("a"), field_manager="trio-supervisor")  # ours, restored
                 fake.create(sd("c", port=9090))
                 assert fake.resource_version < held  # the re-watch from `held` is too large
                 await h.until(lambda: fake.get("services", APPS, "c") is not None

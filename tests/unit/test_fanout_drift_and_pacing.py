@@ -151,7 +151,8 @@ def test_kubernetes_config_keys_have_their_defaults_and_bounds() -> None:
     defaults = load_text("").kubernetes
     assert defaults.installation is None
     assert defaults.installation_label == defaults.control_namespace  # unset: docs/kubernetes.md
-    assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 200.0, 400)
+    # The limiter is a safety net: at 200/400 it set the pace of a 1,000-parent bulk.
+    assert (defaults.resync_s, defaults.qps, defaults.burst) == (600.0, 1000.0, 2000)
     mine = load_text('[kubernetes]\ncontrol_namespace = "ctl"\n').kubernetes
     assert mine.installation_label == "ctl"
     named = load_text('[kubernetes]\ninstallation = "prod-eu"\n').kubernetes

@@ -93,6 +93,7 @@ def test_rbac_grants_what_the_reconcilers_do() -> None:
             assert (kind.resource.group, kind.resource.plural, verb) in control
         assert (kind.resource.group, f"{kind.resource.plural}/status", "patch") in control
     assert ("", "events", "create") in control  # Events on the parents
+    assert ("", "events", "patch") in control  # a repeat counted into its Event
     # Leader election: create any Lease, get and update only the one named by default.
     assert ("coordination.k8s.io", "leases", "create") in control
     (named,) = [rule for rule in control_role["rules"] if rule.get("resourceNames")]

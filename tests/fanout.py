@@ -1,7 +1,11 @@
-"""The fan-out against the in-process fake API server, shared by its integration tests.
+"""The fan-out engine against the fake API server, over real HTTP on loopback: the harness.
 
-A harness running the controller, the objects it fans out (``sd``, ``wf``) and
-the waits and counts its tests share (``ready``, ``events``, ``child_writes``).
+:func:`harness` runs a :class:`~supervisor.fanout.engine.FanoutEngine` with a
+:class:`~supervisor.kube.client.KubeClient` configured from a kubeconfig that
+points at the fake (never a patched client); tests observe the fake's state
+and its request log. Timings are shrunk (bookmarks every 0.2 s, inactivity
+deadline 1 s, requeues 0.05 to 0.2 s); the periodic resync is an hour, tests
+call ``resync()`` themselves.
 """
 
 from __future__ import annotations
@@ -26,13 +30,8 @@ from supervisor.telemetry import Metrics
 from tests.fakes.apiserver import FakeApiServer, run_fake_apiserver, write_kubeconfig
 
 GROUP = "platform.trio-supervisor.dev/v1"
-
-
 CONTROL = "trio-supervisor"
-
-
 APPS = "apps"
-
 
 FAST = FanoutTuning(
     watch=WatchTuning(timeout_s=30, inactivity_s=1.0, backoff_initial_s=0.05,
@@ -76,8 +75,10 @@ async def harness(
     preflight_retry_s: float = 0.2,
     before_start: Any = None,
     token_file: Path | None = None,
+    settings: dict[str, Any] | None = None,
     **fake_kwargs: Any,
 ) -> AsyncIterator[Harness]:
+    """The engine of ``kind`` on a fresh fake; ``settings``: more ``[kubernetes]`` keys."""
     fake_kwargs.setdefault("bookmark_interval_s", 0.2)
     async with run_fake_apiserver(**fake_kwargs) as fake:
         kubeconfig = tmp_path / "kubeconfig"
@@ -88,7 +89,7 @@ async def harness(
         status = FanoutStatus()
         metrics = Metrics(process=False)
         config = KubernetesConfig(enabled=True, kubeconfig=str(kubeconfig),
-                                  preflight_retry_s=preflight_retry_s)
+                                  preflight_retry_s=preflight_retry_s, **(settings or {}))
         reconciler = FanoutEngine(client, kind, config, metrics, status, tuning)
         try:
             async with trio.open_nursery() as nursery:
@@ -184,3 +185,4 @@ async def web_ready(h: Harness) -> None:
     h.fake.create(sd("web"))
     await h.until(lambda: ready(h.fake.get("servicedefinitions", CONTROL, "web")))
     await h.idle()
+

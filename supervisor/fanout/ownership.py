@@ -1,0 +1,113 @@
+"""Which objects in the apps namespace are ours to write, and which ours to delete.
+
+The apps namespace is shared with its teams: an object of the name a child
+needs may exist already, made by someone else. Contract:
+
+- **Write** (:func:`ours_to_write`): a child is written only when it does not
+  exist (created with a POST, never an apply, so an existing object is a 409
+  ``AlreadyExists`` and never overwritten), or when it already carries
+  ``managed-by=trio-supervisor``, this installation's label and this parent's
+  lineage label, or the managed-by and installation labels and a write of
+  ours (a lineage label edited by hand on a child we made). Any other object
+  of that name is **foreign**: left exactly as it is, the parent reported
+  ``Conflict`` (:func:`describe` names the object and its owner labels).
+  Handing an existing object over to a parent is adding those three labels.
+- **Apply** to what is ours is forced only over managers whose claims are
+  not declarations: our own (:data:`OUR_MANAGERS`, every field manager name
+  this project has used, and the configured one) and managers that changed a
+  field by an update (``kubectl edit``/``scale``/``patch``: drift on a child of
+  ours, repaired). A manager that *applied* to the object declares fields its
+  own: the apply goes without ``force``, and a 409 field conflict naming such
+  a manager (:func:`conflict_managers`) is reported as ``Conflict``, never
+  forced. Who applied what is read from the watched object's managedFields, so
+  a repair is one write; a conflict from a manager not seen yet is checked
+  against a fresh read before anything is forced.
+- **Delete** (:func:`written_by_us`): only an object one of our field managers
+  has written (its ``metadata.managedFields`` has an entry of ours), never on
+  labels alone: labels are anyone's to patch, so a label-only match deleted
+  an unrelated Service whose labels someone had copied from ours.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from supervisor.fanout.labels import INSTALLATION_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
+from supervisor.kube.errors import Conflict
+
+__all__ = [
+    "MANAGERS_FIELD",
+    "OUR_MANAGERS",
+    "conflict_managers",
+    "describe",
+    "managers_of",
+    "our_managers",
+    "ours_to_write",
+    "written_by_us",
+]
+
+#: Every field manager name this project has written with (git history: one so far).
+OUR_MANAGERS: Final = frozenset({"trio-supervisor"})
+
+#: Where the watched cache keeps who wrote an object (managedFields itself is not kept).
+MANAGERS_FIELD: Final = "managers"
+
+_CONFLICT_WITH = re.compile(r'conflict with "([^"]+)"')
+
+
+def our_managers(configured: str) -> frozenset[str]:
+    return OUR_MANAGERS | {configured}
+
+
+def managers_of(obj: Mapping[str, Any]) -> dict[str, set[str]]:
+    """manager -> its operations (``Apply``, ``Update``): managedFields, or the cache's summary."""
+    metadata = obj.get("metadata") or {}
+    summary = metadata.get(MANAGERS_FIELD)
+    if isinstance(summary, Mapping):
+        return {str(k): set(v) for k, v in summary.items()}
+    found: dict[str, set[str]] = {}
+    for entry in metadata.get("managedFields") or ():
+        if isinstance(entry, Mapping) and entry.get("manager"):
+            found.setdefault(str(entry["manager"]), set()).add(str(entry.get("operation", "")))
+    return found
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def written_by_us(obj: Mapping[str, Any], managers: Iterable[str]) -> bool:
+    """Has one of ``managers`` written ``obj`` (a managedFields entry of its own)?"""
+    return not set(managers_of(obj)).isdisjoint(managers)
+
+
+def ours_to_write(obj: Mapping[str, Any], *, lineage_key: str, parent: str,
+                  installation: str, managers: Iterable[str]) -> bool:
+    """May the parent ``parent`` write the existing ``obj`` (see the module doc)?"""
+    labels = _labels(obj)
+    if labels.get(MANAGED_BY_KEY) != MANAGED_BY_VALUE:
+        return False
+    if labels.get(INSTALLATION_KEY) != installation:
+        return False
+    return labels.get(lineage_key) == parent or written_by_us(obj, managers)
+
+
+def describe(obj: Mapping[str, Any], kind: str, namespace: str, lineage_key: str) -> str:
+    """``Service apps/web (owner labels: managed-by=helm, no installation, no lineage)``."""
+    labels = _labels(obj)
+    name = (obj.get("metadata") or {}).get("name", "")
+
+    def say(key: str, short: str) -> str:
+        value = labels.get(key)
+        return f"{short}={value}" if value is not None else f"no {short}"
+
+    owners = ", ".join((say(MANAGED_BY_KEY, "managed-by"), say(INSTALLATION_KEY, "installation"),
+                        say(lineage_key, "lineage")))
+    return f"{kind} {namespace}/{name} exists and is not ours (owner labels: {owners})"
+
+
+def conflict_managers(exc: Conflict) -> set[str]:
+    """The field managers a 409 apply conflict names (empty: not a field conflict)."""
+    return set(_CONFLICT_WITH.findall(exc.message))

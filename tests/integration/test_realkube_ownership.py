@@ -1,0 +1,226 @@
+"""The real daemon against a real kube-apiserver: it writes only what is its own.
+
+A team's Service and Deployment of a parent's name (unlabelled, another
+installation's, or carrying ``managed-by`` alone) are left exactly as they
+were (labels, selector, ports, replicas: the same resourceVersion), the parent
+reports ``Conflict``, a ``Conflict`` Event says so, deleting the parent leaves
+them, and once they are removed the parent converges. Our three labels
+merge-patched onto an unrelated Service never get it deleted. Skipped with the
+reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset (tests/realkube.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.polling import poll_until
+from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
+from tests.realkube import Installation, RealKube, start_realkube
+
+GROUP = "platform.trio-supervisor.dev/v1"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+INSTALLATION = "platform.trio-supervisor.dev/installation"
+LINEAGE = "platform.trio-supervisor.dev/servicedefinition"
+
+# owner -> (its labels; None: this installation's own namespace goes in) and what the
+# parent's message says of it
+OWNERS: dict[str, tuple[dict[str, str], str]] = {
+    "unlabelled": ({"app": "payments"}, "no managed-by, no installation, no lineage"),
+    "another installation": ({MANAGED_BY: "trio-supervisor", INSTALLATION: "staging",
+                              LINEAGE: "payments", "app": "payments"},
+                             "belongs to installation staging"),
+    "managed-by only": ({MANAGED_BY: "trio-supervisor", "app": "payments"},
+                        "managed-by=trio-supervisor, no installation, no lineage"),
+}
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealKube]:
+    with start_realkube(tmp_path_factory.mktemp("kube")) as server:
+        if not server.crds_installed:
+            server.install_crds()
+        yield server
+
+
+def sd(inst: Installation, name: str, *, port: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"image": "nginx:1.27"}
+    if port is not None:
+        spec["port"] = port
+    return {"apiVersion": GROUP, "kind": "ServiceDefinition",
+            "metadata": {"name": name, "namespace": inst.control}, "spec": spec}
+
+
+def team_service(inst: Installation, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": inst.apps, "labels": labels},
+            "spec": {"selector": {"app": name},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080,
+                                "protocol": "TCP"}]}}
+
+
+def team_deployment(inst: Installation, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": inst.apps, "labels": labels},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "app",
+                                                           "image": "team/payments:7"}]}}}}
+
+
+def service_path(inst: Installation, name: str) -> str:
+    return f"/api/v1/namespaces/{inst.apps}/services/{name}"
+
+
+def deployment_path(inst: Installation, name: str) -> str:
+    return f"/apis/apps/v1/namespaces/{inst.apps}/deployments/{name}"
+
+
+def parent_path(inst: Installation, name: str) -> str:
+    return f"/apis/{GROUP}/namespaces/{inst.control}/servicedefinitions/{name}"
+
+
+async def aget(kube: RealKube, path: str) -> dict[str, Any] | None:
+    return await trio.to_thread.run_sync(kube.get, path)
+
+
+async def ready(kube: RealKube, inst: Installation, name: str) -> dict[str, Any]:
+    parent = await aget(kube, parent_path(inst, name)) or {}
+    for cond in (parent.get("status") or {}).get("conditions") or []:
+        if cond["type"] == "Ready":
+            return cond  # type: ignore[no-any-return]
+    return {}
+
+
+async def reason_is(kube: RealKube, inst: Installation, name: str, reason: str) -> bool:
+    return (await ready(kube, inst, name)).get("reason") == reason
+
+
+async def conflict_events(kube: RealKube, inst: Installation) -> list[dict[str, Any]]:
+    found = await aget(kube, f"/api/v1/namespaces/{inst.control}/events") or {}
+    return [e for e in found.get("items", []) if e["reason"] == "Conflict"]
+
+
+async def applies(port: int, result: str) -> float:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    want = f'supervisor_fanout_applies_total{{kind="ServiceDefinition",result="{result}"}}'
+    for line in text.splitlines():
+        if line.startswith(want):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def above(port: int, result: str, value: float) -> bool:
+    return await applies(port, result) >= value
+
+
+async def daemon_config(tmp_path: Path, inst: Installation, port: int) -> Path:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", inst.toml(resync_s=1),
+                          port=port)
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    return config
+
+
+def seen(obj: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What must not change of a team's object: labels, spec, resourceVersion."""
+    assert obj is not None
+    metadata = obj["metadata"]
+    return (metadata.get("labels"), obj["spec"], metadata["resourceVersion"])
+
+
+@pytest.mark.parametrize("owner", list(OWNERS))
+async def test_a_team_object_of_a_parents_name_is_left_as_it_was(
+    kube: RealKube, tmp_path: Path, owner: str,
+) -> None:
+    labels, says = OWNERS[owner]
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        service = await trio.to_thread.run_sync(
+            lambda: kube.apply(team_service(inst, "payments", labels), manager="team"))
+        deployment = await trio.to_thread.run_sync(
+            lambda: kube.apply(team_deployment(inst, "payments", labels), manager="team"))
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "payments", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "payments", "Conflict"))
+            message = (await ready(kube, inst, "payments"))["message"]
+            assert f"Service {inst.apps}/payments" in message
+            assert f"Deployment {inst.apps}/payments" in message
+            assert says in message
+            (event,) = await conflict_events(kube, inst)
+            assert event["type"] == "Warning" and "payments" in event["message"]
+            # Retried on each resync (1 s here), and left alone every time.
+            tries = await applies(port, "conflict")
+            await poll_until(lambda: above(port, "conflict", tries + 2))
+            assert seen(await aget(kube, service_path(inst, "payments"))) == seen(service)
+            assert seen(await aget(kube, deployment_path(inst, "payments"))) == seen(deployment)
+            assert service["spec"]["selector"] == {"app": "payments"}
+            assert deployment["spec"]["replicas"] == 3
+
+            # Deleting the parent leaves them.
+            response = await trio.to_thread.run_sync(
+                kube.request, "DELETE", parent_path(inst, "payments"))
+            assert response.status_code == 200
+            await poll_until(lambda: gone(kube, parent_path(inst, "payments")))
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "other"))
+            await poll_until(lambda: reason_is(kube, inst, "other", "Applied"))
+            unchanged = await applies(port, "unchanged")
+            await poll_until(lambda: above(port, "unchanged", unchanged + 2))  # 2 resyncs
+            assert seen(await aget(kube, service_path(inst, "payments"))) == seen(service)
+            assert seen(await aget(kube, deployment_path(inst, "payments"))) == seen(deployment)
+
+            # Removing the team's objects lets a parent of that name converge.
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "payments", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "payments", "Conflict"))
+            for path in (service_path(inst, "payments"), deployment_path(inst, "payments")):
+                await trio.to_thread.run_sync(kube.request, "DELETE", path)
+            await poll_until(lambda: reason_is(kube, inst, "payments", "Applied"))
+            ours = await aget(kube, service_path(inst, "payments"))
+            assert ours is not None and ours["metadata"]["labels"][INSTALLATION] == inst.control
+
+
+async def test_our_labels_merge_patched_onto_a_team_service_never_get_it_deleted(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            await trio.to_thread.run_sync(
+                lambda: kube.apply(team_service(inst, "ledger", {"app": "ledger"}),
+                                   manager="team"))
+            for lineage in ("ghost", "web"):  # no such parent; then an existing one
+                response = await trio.to_thread.run_sync(
+                    kube.request, "PATCH", service_path(inst, "ledger"),
+                    {"metadata": {"labels": {MANAGED_BY: "trio-supervisor",
+                                             INSTALLATION: inst.control, LINEAGE: lineage}}},
+                    "application/merge-patch+json")
+                assert response.status_code == 200
+                ledger = response.json()
+                await daemon.wait_log("an object carries our labels but was never written by"
+                                      " us; " + ("not swept" if lineage == "ghost"
+                                                 else "not deleted"))
+                # Two resyncs more (1 s each, web's two children unchanged in each).
+                unchanged = await applies(port, "unchanged")
+                await poll_until(lambda u=unchanged: above(port, "unchanged", u + 4))
+                assert seen(await aget(kube, service_path(inst, "ledger"))) == seen(ledger)
+            # What we did write still goes with its parent.
+            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+            assert await aget(kube, service_path(inst, "ledger")) is not None
+
+
+async def gone(kube: RealKube, path: str) -> bool:
+    return await aget(kube, path) is None
