@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import random
 import sqlite3
 from collections.abc import AsyncIterator
+from functools import partial
 
 import psycopg
 import pytest
@@ -19,7 +21,7 @@ import trio
 
 from supervisor.controlplane import migrations
 from supervisor.controlplane.store import ControlPlaneStore
-from tests.stores import doc, make_store
+from tests.stores import doc, make_store, waits_on_the_desired_row
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -100,6 +102,83 @@ async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
         changes = await store.changes(None)
         assert [c.sequence for c in changes] == [5, 4, 3, 2, 1]
         assert changes[0].changed_by.split("@")[0] in {"postgres", "sql"}
+
+
+async def test_a_publish_that_waited_for_the_row_to_be_deleted_takes_the_next_sequence(
+        pg_url: str) -> None:
+    """INSERT ... ON CONFLICT numbers its row before it waits on a conflicting writer: when
+    that writer changed the pointer and then deleted the row, the number is already taken."""
+    with trio.fail_after(30):
+        s = make_store(pg_url)
+        try:
+            await s.migrate()
+            first = await s.publish(doc(n=1), 1, None)
+            published: list[int] = []
+
+            async def publish() -> None:
+                published.append(await s.publish(doc(n=2), 1, "after the delete"))
+
+            with psycopg.connect(pg_url) as writer:
+                writer.execute(f"UPDATE supervisor_desired SET revision_id = {first}")
+                writer.execute("DELETE FROM supervisor_desired")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(publish)
+                    await waits_on_the_desired_row(pg_url)
+                    writer.commit()
+            assert await _sequence(s) == 3
+            assert [(c.sequence, c.revision_id, c.message) for c in await s.changes(None)] == [
+                (3, published[0], "after the delete"), (2, first, None), (1, first, None)]
+        finally:
+            await s.aclose()
+
+
+def _write_concurrently(pg_url: str, seed: int, ids: list[int]) -> None:
+    """One connection's share of publishes, rollbacks, plain updates and delete+insert."""
+    rng = random.Random(seed)
+    upsert = ("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
+              " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for _ in range(25):
+            revision = rng.choice(ids)
+            kind = rng.randrange(4)
+            with conn.transaction():
+                if kind == 0:  # publish's write
+                    conn.execute("SELECT set_config('supervisor.change_message', %s, true)",
+                                 [f"writer {seed}"])
+                    conn.execute(upsert, [revision])
+                elif kind == 1:  # rollback's write
+                    conn.execute("SELECT 1 FROM supervisor_desired WHERE singleton FOR UPDATE")
+                    conn.execute("UPDATE supervisor_desired SET revision_id = %s", [revision])
+                elif kind == 2:  # a plain writer choosing the sequence
+                    conn.execute("UPDATE supervisor_desired SET revision_id = %s, sequence = 0",
+                                 [revision])
+                else:
+                    conn.execute("DELETE FROM supervisor_desired")
+            if kind == 3:
+                conn.execute(upsert, [revision])
+
+
+async def test_writers_on_many_connections_never_repeat_or_skip_a_sequence(
+        pg_url: str) -> None:
+    with trio.fail_after(120):
+        s = make_store(pg_url)
+        try:
+            await s.migrate()
+            ids = [await s.publish(doc(n=n), 1, None) for n in range(4)]
+            async with trio.open_nursery() as nursery:
+                for seed in range(8):
+                    nursery.start_soon(partial(trio.to_thread.run_sync, _write_concurrently,
+                                               pg_url, seed, ids))
+            changes = await s.changes(None)
+            pointer = await s.observe()
+        finally:
+            await s.aclose()
+        sequences = sorted(c.sequence for c in changes)
+        assert sequences == list(range(1, len(changes) + 1))
+        assert len(changes) > len(ids) + 8 * 25 // 2  # every write but the deletes counted
+        assert pointer is not None
+        assert (pointer.sequence, pointer.revision) == (changes[0].sequence,
+                                                        changes[0].revision_id)
 
 
 async def test_a_version_1_database_is_upgraded_in_place(url: str) -> None:

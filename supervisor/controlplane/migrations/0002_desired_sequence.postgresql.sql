@@ -32,6 +32,13 @@ SELECT 1, revision_id, updated_at, 'db migrate', NULL FROM supervisor_desired;
 -- choose it. INSERT ... ON CONFLICT DO UPDATE fires BEFORE INSERT for the
 -- proposed row and then BEFORE UPDATE for the real change: only the AFTER
 -- trigger below, which fires once for what was written, records it.
+--
+-- BEFORE UPDATE runs under the row's lock, so its numbers are in order. BEFORE
+-- INSERT is not: it numbers the proposed row before the conflict check, which
+-- may wait for a writer that changes the pointer and then deletes the row (so
+-- the insert goes ahead with a number that writer took). The AFTER trigger
+-- sees that writer's record then, and numbers the inserted row again by
+-- updating it, which records the change in turn.
 CREATE FUNCTION supervisor_desired_sequence() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -45,6 +52,11 @@ $$;
 CREATE FUNCTION supervisor_desired_record() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF TG_OP = 'INSERT' AND NEW.sequence <=
+            (SELECT coalesce(max(l.sequence), 0) FROM supervisor_desired_log l) THEN
+        UPDATE supervisor_desired SET sequence = NEW.sequence WHERE singleton;
+        RETURN NULL;
+    END IF;
     INSERT INTO supervisor_desired_log (sequence, revision_id, changed_by, message)
     VALUES (
         NEW.sequence, NEW.revision_id,
