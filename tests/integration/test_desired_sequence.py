@@ -104,6 +104,24 @@ async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
         assert changes[0].changed_by.split("@")[0] in {"postgres", "sql"}
 
 
+async def test_a_plain_sql_writer_choosing_the_sequence_is_overruled_and_recorded(
+        store: ControlPlaneStore, url: str) -> None:
+    with trio.fail_after(30):
+        first = await store.publish(doc(n=1), 1, None)
+        second = await store.publish(doc(n=2), 1, None)
+        _sql(url, f"UPDATE supervisor_desired SET revision_id = {first}, sequence = 1000")
+        assert await _sequence(store) == 3
+        _sql(url, f"UPDATE supervisor_desired SET revision_id = {second},"
+                  " sequence = sequence + 1")
+        assert await _sequence(store) == 4
+        _sql(url, "DELETE FROM supervisor_desired")
+        _sql(url, "INSERT INTO supervisor_desired (singleton, revision_id, sequence)"
+                  f" VALUES (true, {first}, 5)")
+        assert await _sequence(store) == 5
+        assert [(c.sequence, c.revision_id) for c in await store.changes(None)] == [
+            (5, first), (4, second), (3, first), (2, second), (1, first)]
+
+
 async def test_a_publish_that_waited_for_the_row_to_be_deleted_takes_the_next_sequence(
         pg_url: str) -> None:
     """INSERT ... ON CONFLICT numbers its row before it waits on a conflicting writer: when
