@@ -9,7 +9,9 @@ naming both versions, and nothing in it is changed.
 
 from __future__ import annotations
 
+import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import psycopg
@@ -84,3 +86,20 @@ def test_a_schema_from_a_newer_build_is_refused_by_every_command(
         assert f"version {FUTURE}" in said and f"version {LATEST}" in said, (args, said)
     assert _sql(url, "SELECT count(*) FROM supervisor_revisions") == before
     assert _sql(url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(FUTURE,)]
+
+
+def test_check_looks_at_a_silent_postgresql_for_two_seconds_at_most(tmp_path: Path) -> None:
+    """A server that takes the connection and never answers, named twice, with a DSN of
+    its own connect_timeout: check's look at the schema gives up, whatever libpq would do
+    (10 s per host here), and the configuration itself is fine."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        config = write_config(tmp_path, f"postgresql://postgres@127.0.0.1:{port},"
+                                        f"127.0.0.1:{port}/cp?connect_timeout=10")
+        began = time.monotonic()
+        result = cli("check", "--config", str(config), check=False, timeout=120)
+        took = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    assert took < 8, f"check took {took:.1f} s"  # Python's start is about 1.5 s of it
