@@ -71,9 +71,35 @@ def unprivileged() -> dict[str, Any]:
     raise AssertionError("neither a postgres nor a nobody user exists to run PostgreSQL as")
 
 
+def _enterable(folder: Path, uid: int, gid: int) -> bool:
+    """Whether ``uid``/``gid`` may pass through ``folder`` and every folder above it."""
+    for path in (folder, *folder.parents):
+        st = path.stat()
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def temp_base() -> str:
+    """TMPDIR, unless the :func:`unprivileged` user cannot enter it (root's 0700 home, say):
+    then /tmp or /var/tmp, the first it can enter."""
+    base = tempfile.gettempdir()
+    user = unprivileged()
+    if not user:
+        return base
+    for candidate in (base, "/tmp", "/var/tmp"):
+        if Path(candidate).is_dir() and _enterable(Path(candidate).resolve(), user["user"],
+                                                   user["group"]):
+            return candidate
+    raise AssertionError(f"the user PostgreSQL runs as (uid {user['user']}) can enter none "
+                         f"of {base}, /tmp, /var/tmp: set TMPDIR to a folder it can enter")
+
+
 def own_dir(prefix: str) -> Path:
-    """A new temporary folder (mode 0700) that the :func:`unprivileged` user owns."""
-    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    """A new temporary folder (mode 0700) that the :func:`unprivileged` user owns, in a
+    folder that user can enter (:func:`temp_base`)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=temp_base()))
     user = unprivileged()
     if user:
         os.chown(directory, user["user"], user["group"])
@@ -91,7 +117,7 @@ def give(path: Path) -> None:
 def run_as_server_user(*argv: str | Path, timeout: float = START_TIMEOUT_S,
                        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
-                            timeout=timeout, check=False, cwd=cwd or tempfile.gettempdir(),
+                            timeout=timeout, check=False, cwd=cwd or temp_base(),
                             **unprivileged())
     if result.returncode != 0:
         raise AssertionError(f"{argv[0]} exited {result.returncode}: {result.stderr}")

@@ -136,3 +136,18 @@ def test_a_temporary_folder_with_a_long_path_still_starts(
         server.private.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_as_root_a_temporary_folder_the_servers_user_cannot_enter_is_not_used(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """TMPDIR under root's 0700 home, say: the server's own folder goes where its user
+    can reach it."""
+    if os.geteuid() != 0:
+        pytest.skip("only root hands the server to another user")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(closed))
+    server = _start_and_query("a TMPDIR out of the server user's reach")
+    assert server.private is not None
+    server.private.stop()
+    assert closed not in server.private.root.parents
