@@ -54,6 +54,9 @@ PRIVATE_SETTINGS = (
     "listen_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
     "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
 )
+# A free port may be taken by another program (another test session's server) between the
+# pick and PostgreSQL's bind: so many picks before giving up.
+PORT_TRIES = 5
 
 
 def unprivileged() -> dict[str, Any]:
@@ -252,10 +255,23 @@ class PrivateServer:
                            "--locale-provider=builtin", "--builtin-locale=C.UTF-8",
                            "--no-sync", "--no-instructions", cwd=self.root)
         with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write(f"\n# the test suite's private server\nport = {self.port}\n"
-                       f"{PRIVATE_SETTINGS}")
+            conf.write(f"\n# the test suite's private server\n{PRIVATE_SETTINGS}")
         self.guardian = _start_guardian(self)
-        self.pg_ctl("start")
+        for attempt in range(PORT_TRIES):
+            # The last setting of a name in postgresql.conf wins: each pick appends its port.
+            with (self.data / "postgresql.conf").open("a") as conf:
+                conf.write(f"port = {self.port}\n")
+            log = self.root / "log"
+            seen = log.stat().st_size if log.exists() else 0
+            try:
+                self.pg_ctl("start")
+                return
+            except AssertionError:
+                # Only this attempt's lines: an earlier pick's refusal is in the log too.
+                taken = log.exists() and b"Address already in use" in log.read_bytes()[seen:]
+                if not taken or attempt == PORT_TRIES - 1:
+                    raise
+                self.port = free_port()
 
     def stop(self) -> None:
         if self.stopped:

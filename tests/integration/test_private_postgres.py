@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests import pgserver
+from tests import pgserver, proc
 from tests.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,6 +118,20 @@ def _start_and_query(why: str) -> pgserver.Server:
         server.private.stop()
         raise
     return server
+
+
+def test_a_port_taken_between_the_pick_and_the_start_is_picked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another session (or any program) may bind the free port before PostgreSQL does."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        picks = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(pgserver, "free_port", lambda: next(picks, 0) or proc.free_port())
+        server = _start_and_query("a port taken meanwhile")
+        assert server.private is not None
+        server.private.stop()
+        assert server.port != taken.getsockname()[1]
 
 
 def test_a_temporary_folder_with_a_long_path_still_starts(
