@@ -32,7 +32,11 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor.controlplane.errors import SchemaTooNew
+from supervisor.controlplane.errors import (
+    ControlPlaneError,
+    FailureCategory,
+    SchemaTooNew,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -243,9 +247,18 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
                 (migration.version, migration.name),
             )
         conn.execute("COMMIT")
-    except BaseException:
+    except BaseException as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
+            # A reader without write access cannot upgrade the file; SQLite's
+            # own "attempt to write a readonly database" would not say why it tried.
+            before = max(done, default=0)
+            found = f"is version {before}, older than" if before else "is missing, version"
+            raise ControlPlaneError(
+                f"the control-plane schema {found} this build's {latest}, and the file is "
+                "read-only here: run `trio-supervisor db migrate` where it can be written",
+                category=FailureCategory.INVALID) from exc
         raise
     return Migrated(max(done, default=0), latest)
 
