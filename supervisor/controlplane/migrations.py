@@ -139,17 +139,57 @@ def sqlite_version(conn: sqlite3.Connection) -> int | None:
 # -- PostgreSQL -----------------------------------------------------------------
 
 
+#: How long one try of a migration waits for a table's lock. ALTER TABLE queues every
+#: later reader of the table behind its own request: behind a session idle in a
+#: transaction, a longer wait would stall every replica's reads until their statement
+#: timeout. Readers get through between tries; after LOCK_TRIES the run gives up.
+LOCK_TIMEOUT_MS = 1000
+LOCK_TRIES = 3
+
+# Who holds a lock on the control-plane tables (asked when a try gave up on one).
+_LOCK_HOLDERS = (
+    "SELECT DISTINCT a.pid, coalesce(a.state, '?'), coalesce(a.application_name, '')"
+    " FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+    " JOIN pg_stat_activity a ON a.pid = l.pid"
+    " WHERE l.granted AND l.pid <> pg_backend_pid() AND c.relname LIKE 'supervisor%%'"
+    " ORDER BY a.pid"
+)
+
+
 def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> Migrated:
     """Apply pending migrations and reconcile the NOTIFY trigger; say what was done.
 
-    ``conn`` must be in autocommit mode (the run is its own explicit transaction).
+    ``conn`` must be in autocommit mode (the run is its own explicit transaction,
+    or a savepoint of the caller's). A lock it cannot have within LOCK_TIMEOUT_MS is
+    tried again, LOCK_TRIES times, then refused (CONFLICT) naming who holds one.
     """
-    from psycopg import sql
+    from psycopg import errors
 
     if not _CHANNEL.match(channel):
         raise ValueError(f"invalid NOTIFY channel {channel!r}")
+    for attempt in range(LOCK_TRIES):
+        try:
+            return _migrate_postgres_once(conn, channel)
+        except errors.LockNotAvailable as exc:
+            if attempt < LOCK_TRIES - 1:
+                continue
+            holders = ", ".join(f"pid {pid} ({state}{', ' + app if app else ''})"
+                                for pid, state, app in conn.execute(_LOCK_HOLDERS))
+            raise ControlPlaneError(
+                f"the migration waited {LOCK_TRIES} times {LOCK_TIMEOUT_MS} ms for a lock on "
+                f"the control-plane tables, held by {holders or 'another session'}; readers "
+                "went ahead meanwhile: run it again once that transaction ends",
+                category=FailureCategory.CONFLICT) from exc
+    raise AssertionError("unreachable")
+
+
+def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migrated:
+    from psycopg import sql
+
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
+        # After the advisory lock: replicas migrating at once queue on it unbounded.
+        conn.execute(f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)}")
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
             " version integer PRIMARY KEY,"
