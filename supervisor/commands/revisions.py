@@ -71,8 +71,8 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("revision", type=_revision_id, metavar="REV",
                             help="the existing revision desired should point at")
         parser.add_argument("--message", metavar="TEXT", default=None,
-                            help="why (printed with the result; revisions are immutable, "
-                                 "so it is not stored)")
+                            help="why (printed with the result and recorded with the "
+                                 "change of the desired pointer)")
     if name == "rollback":
         parser.add_argument("--json", action="store_true",
                             help='print one JSON document instead of the lines: {"revision", '
@@ -251,7 +251,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         except RevisionError as exc:
             raise UsageError(f"revision {loaded.id} would be refused: {exc.detail} "
                              f"({exc.reason}); desired was not changed") from exc
-        return await store.rollback(loaded.id, loaded.body_sha256)
+        return await store.rollback(loaded.id, loaded.body_sha256, args.message)
 
     previous = with_store(config, roll)
     if args.json:

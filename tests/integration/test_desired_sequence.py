@@ -14,6 +14,7 @@ import random
 import sqlite3
 from collections.abc import AsyncIterator
 from functools import partial
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -21,6 +22,7 @@ import trio
 
 from supervisor.controlplane import migrations
 from supervisor.controlplane.store import ControlPlaneStore
+from tests.proc import EXAMPLE, cli, write_config
 from tests.stores import doc, make_store, waits_on_the_desired_row
 
 
@@ -83,6 +85,18 @@ async def test_the_change_record_says_who_and_why_newest_first(
         assert all(c.changed_by.split("@")[0] == who for c in changes)
         assert all(c.changed_at is not None for c in changes)
         assert [c.sequence for c in await store.changes(1)] == [3]
+
+
+async def test_the_rollback_commands_message_is_recorded_with_the_change(
+        store: ControlPlaneStore, url: str, tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, url))
+    for _ in range(2):
+        cli("publish", "--config", config, "--message", "a deploy", str(EXAMPLE))
+    cli("rollback", "--config", config, "1", "--message", "bad deploy")
+    with trio.fail_after(30):
+        changes = await store.changes(None)
+    assert [(c.sequence, c.revision_id, c.message) for c in changes] == [
+        (3, 1, "bad deploy"), (2, 2, "a deploy"), (1, 1, "a deploy")]
 
 
 async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
