@@ -12,6 +12,7 @@ import getpass
 import hashlib
 import random
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -162,6 +163,44 @@ async def test_a_publish_that_waited_for_the_row_to_be_deleted_takes_the_next_se
                 (3, published[0], "after the delete"), (2, first, None), (1, first, None)]
         finally:
             await s.aclose()
+
+
+async def test_a_publisher_role_granted_what_version_1_needed_still_publishes(
+        pg_url: str) -> None:
+    """The change record is the schema's own bookkeeping: a role that may write the
+    revisions and the pointer (all a publisher needed before version 2) publishes and
+    rolls back, and its change is recorded under its own name."""
+    role = f"tsup_publisher_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN'.encode())
+    try:
+        with trio.fail_after(30):
+            owner = make_store(pg_url)
+            try:
+                await owner.migrate()
+                first = await owner.publish(doc(n=1), 1, None)
+                _sql(pg_url, "GRANT SELECT, INSERT, UPDATE ON supervisor_revisions,"
+                             f' supervisor_desired TO "{role}"')
+                _sql(pg_url, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public"
+                             f' TO "{role}"')
+                base, _, dbname = pg_url.rpartition("/")
+                host = base.rpartition("@")[2]
+                publisher = make_store(f"postgresql://{role}@{host}/{dbname}")
+                try:
+                    second = await publisher.publish(doc(n=2), 1, "by the publisher")
+                    await publisher.rollback(first, hashlib.sha256(doc(n=1)).digest(), "back")
+                finally:
+                    await publisher.aclose()
+                changes = await owner.changes(None)
+            finally:
+                await owner.aclose()
+        assert [(c.revision_id, c.changed_by.split("@")[0], c.message)
+                for c in changes] == [(first, role, "back"), (second, role, "by the publisher"),
+                                      (first, "postgres", None)]
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f'DROP OWNED BY "{role}"'.encode())
+            admin.execute(f'DROP ROLE "{role}"'.encode())
 
 
 def _write_concurrently(pg_url: str, seed: int, ids: list[int]) -> None:
