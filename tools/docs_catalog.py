@@ -351,7 +351,8 @@ CONTROL_PLANE_TABLES: Final[dict[str, str]] = {
     "only pointed at (or pruned).",
     "supervisor_desired": "The one-row pointer to the revision every replica should serve.",
     "supervisor_desired_log": "One row per change of the pointer: when, by whom and why "
-    "(`history` shows them). No foreign key: pruning a revision keeps the record.",
+    "(no command prints them yet: read the table). No foreign key: pruning a revision "
+    "keeps the record.",
 }
 
 CONTROL_PLANE_COLUMNS: Final[dict[str, str]] = {
@@ -374,7 +375,8 @@ CONTROL_PLANE_COLUMNS: Final[dict[str, str]] = {
     "supervisor_desired_log.sequence": "The pointer's `sequence` after this change.",
     "supervisor_desired_log.revision_id": "The revision the change pointed desired at.",
     "supervisor_desired_log.changed_at": "When (UTC).",
-    "supervisor_desired_log.changed_by": "PostgreSQL: the database role, `@` the client "
+    "supervisor_desired_log.changed_by": "PostgreSQL: the role that logged in "
+    "(session_user), `@` the client "
     "address when over TCP. SQLite: the OS user of the CLI, or `sql` for a plain-SQL writer.",
     "supervisor_desired_log.message": "Why: the `publish --message` or `rollback --message` "
     "text (PostgreSQL: the transaction-local setting `supervisor.change_message`).",

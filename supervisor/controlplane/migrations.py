@@ -32,7 +32,11 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor.controlplane.errors import SchemaTooNew
+from supervisor.controlplane.errors import (
+    ControlPlaneError,
+    FailureCategory,
+    SchemaTooNew,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -135,17 +139,57 @@ def sqlite_version(conn: sqlite3.Connection) -> int | None:
 # -- PostgreSQL -----------------------------------------------------------------
 
 
+#: How long one try of a migration waits for a table's lock. ALTER TABLE queues every
+#: later reader of the table behind its own request: behind a session idle in a
+#: transaction, a longer wait would stall every replica's reads until their statement
+#: timeout. Readers get through between tries; after LOCK_TRIES the run gives up.
+LOCK_TIMEOUT_MS = 1000
+LOCK_TRIES = 3
+
+# Who holds a lock on the control-plane tables (asked when a try gave up on one).
+_LOCK_HOLDERS = (
+    "SELECT DISTINCT a.pid, coalesce(a.state, '?'), coalesce(a.application_name, '')"
+    " FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+    " JOIN pg_stat_activity a ON a.pid = l.pid"
+    " WHERE l.granted AND l.pid <> pg_backend_pid() AND c.relname LIKE 'supervisor%%'"
+    " ORDER BY a.pid"
+)
+
+
 def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> Migrated:
     """Apply pending migrations and reconcile the NOTIFY trigger; say what was done.
 
-    ``conn`` must be in autocommit mode (the run is its own explicit transaction).
+    ``conn`` must be in autocommit mode (the run is its own explicit transaction,
+    or a savepoint of the caller's). A lock it cannot have within LOCK_TIMEOUT_MS is
+    tried again, LOCK_TRIES times, then refused (CONFLICT) naming who holds one.
     """
-    from psycopg import sql
+    from psycopg import errors
 
     if not _CHANNEL.match(channel):
         raise ValueError(f"invalid NOTIFY channel {channel!r}")
+    for attempt in range(LOCK_TRIES):
+        try:
+            return _migrate_postgres_once(conn, channel)
+        except errors.LockNotAvailable as exc:
+            if attempt < LOCK_TRIES - 1:
+                continue
+            holders = ", ".join(f"pid {pid} ({state}{', ' + app if app else ''})"
+                                for pid, state, app in conn.execute(_LOCK_HOLDERS))
+            raise ControlPlaneError(
+                f"the migration waited {LOCK_TRIES} times {LOCK_TIMEOUT_MS} ms for a lock on "
+                f"the control-plane tables, held by {holders or 'another session'}; readers "
+                "went ahead meanwhile: run it again once that transaction ends",
+                category=FailureCategory.CONFLICT) from exc
+    raise AssertionError("unreachable")
+
+
+def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migrated:
+    from psycopg import sql
+
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
+        # After the advisory lock: replicas migrating at once queue on it unbounded.
+        conn.execute(f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)}")
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
             " version integer PRIMARY KEY,"
@@ -243,9 +287,18 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
                 (migration.version, migration.name),
             )
         conn.execute("COMMIT")
-    except BaseException:
+    except BaseException as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
+            # A reader without write access cannot upgrade the file; SQLite's
+            # own "attempt to write a readonly database" would not say why it tried.
+            before = max(done, default=0)
+            found = f"is version {before}, older than" if before else "is missing, version"
+            raise ControlPlaneError(
+                f"the control-plane schema {found} this build's {latest}, and the file is "
+                "read-only here: run `trio-supervisor db migrate` where it can be written",
+                category=FailureCategory.INVALID) from exc
         raise
     return Migrated(max(done, default=0), latest)
 

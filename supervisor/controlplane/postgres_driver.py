@@ -252,8 +252,19 @@ def _identity(conn: Conn) -> str | None:
 
 
 def _identity_checking_schema(conn: Conn) -> str | None:
-    """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew)."""
-    migrations.check_not_newer(migrations.postgres_version(conn), "postgresql")
+    """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew).
+
+    A replica's role may be granted only what it reads (the pointer and the
+    revisions): where it may not read the migrations table the look is skipped,
+    as it was before there was one, rather than refusing every read.
+    """
+    try:
+        # A savepoint inside bounded()'s transaction: a refusal must not abort it.
+        with conn.transaction():
+            found = migrations.postgres_version(conn)
+    except pgerrors.InsufficientPrivilege:
+        found = None
+    migrations.check_not_newer(found, "postgresql")
     return _identity(conn)
 
 

@@ -9,14 +9,19 @@ naming both versions, and nothing in it is changed.
 
 from __future__ import annotations
 
+import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
+import trio
 
 from supervisor.controlplane import migrations
+from supervisor.controlplane.errors import ControlPlaneError
 from tests.proc import cli, write_config
+from tests.stores import make_store, waits_on_the_desired_row
 
 LATEST = migrations.latest_version("sqlite")
 FUTURE = LATEST + 7
@@ -84,3 +89,56 @@ def test_a_schema_from_a_newer_build_is_refused_by_every_command(
         assert f"version {FUTURE}" in said and f"version {LATEST}" in said, (args, said)
     assert _sql(url, "SELECT count(*) FROM supervisor_revisions") == before
     assert _sql(url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(FUTURE,)]
+
+
+def test_check_looks_at_a_silent_postgresql_for_two_seconds_at_most(tmp_path: Path) -> None:
+    """A server that takes the connection and never answers, named twice, with a DSN of
+    its own connect_timeout: check's look at the schema gives up, whatever libpq would do
+    (10 s per host here), and the configuration itself is fine."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        config = write_config(tmp_path, f"postgresql://postgres@127.0.0.1:{port},"
+                                        f"127.0.0.1:{port}/cp?connect_timeout=10")
+        began = time.monotonic()
+        result = cli("check", "--config", str(config), check=False, timeout=120)
+        took = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    assert took < 8, f"check took {took:.1f} s"  # Python's start is about 1.5 s of it
+
+
+async def test_a_migration_behind_an_open_transaction_gives_way_to_the_readers(
+        pg_url: str) -> None:
+    """ALTER TABLE queues every later reader of the table behind its lock: behind a
+    session idle in a transaction, it would stall every replica's reads until their
+    statement timeout and then fail for a reason that names nothing."""
+    _create_version_1(pg_url)
+    with trio.fail_after(60):
+        migrator = make_store(pg_url, statement_timeout_s=20.0)
+        with psycopg.connect(pg_url) as idle:
+            idle.execute("SELECT revision_id FROM supervisor_desired").fetchall()
+            try:
+                async with trio.open_nursery() as nursery:
+                    refusal: list[ControlPlaneError] = []
+
+                    async def migrate() -> None:
+                        with pytest.raises(ControlPlaneError) as refused:
+                            await migrator.migrate()
+                        refusal.append(refused.value)
+
+                    nursery.start_soon(migrate)
+                    await waits_on_the_desired_row(pg_url)
+
+                    def read() -> object:
+                        # A replica's read, bounded as the stores bound theirs.
+                        with psycopg.connect(pg_url) as replica:
+                            replica.execute("SET LOCAL statement_timeout = '5s'")
+                            return replica.execute(
+                                "SELECT revision_id FROM supervisor_desired").fetchall()
+
+                    assert await trio.to_thread.run_sync(read) == []
+            finally:
+                await migrator.aclose()
+        assert "lock" in str(refusal[0]) and "idle in transaction" in str(refusal[0])
+    assert _sql(pg_url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(1,)]

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import random
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,7 +23,8 @@ import trio
 
 from supervisor.controlplane import migrations
 from supervisor.controlplane.store import ControlPlaneStore
-from tests.stores import doc, make_store
+from tests.proc import EXAMPLE, cli, write_config
+from tests.stores import doc, make_store, waits_on_the_desired_row
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -83,6 +88,18 @@ async def test_the_change_record_says_who_and_why_newest_first(
         assert [c.sequence for c in await store.changes(1)] == [3]
 
 
+async def test_the_rollback_commands_message_is_recorded_with_the_change(
+        store: ControlPlaneStore, url: str, tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, url))
+    for _ in range(2):
+        cli("publish", "--config", config, "--force", "--message", "a deploy", str(EXAMPLE))
+    cli("rollback", "--config", config, "1", "--message", "bad deploy")
+    with trio.fail_after(30):
+        changes = await store.changes(None)
+    assert [(c.sequence, c.revision_id, c.message) for c in changes] == [
+        (3, 1, "bad deploy"), (2, 2, "a deploy"), (1, 1, "a deploy")]
+
+
 async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
         store: ControlPlaneStore, url: str) -> None:
     with trio.fail_after(30):
@@ -100,6 +117,139 @@ async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
         changes = await store.changes(None)
         assert [c.sequence for c in changes] == [5, 4, 3, 2, 1]
         assert changes[0].changed_by.split("@")[0] in {"postgres", "sql"}
+
+
+async def test_a_plain_sql_writer_choosing_the_sequence_is_overruled_and_recorded(
+        store: ControlPlaneStore, url: str) -> None:
+    with trio.fail_after(30):
+        first = await store.publish(doc(n=1), 1, None)
+        second = await store.publish(doc(n=2), 1, None)
+        _sql(url, f"UPDATE supervisor_desired SET revision_id = {first}, sequence = 1000")
+        assert await _sequence(store) == 3
+        _sql(url, f"UPDATE supervisor_desired SET revision_id = {second},"
+                  " sequence = sequence + 1")
+        assert await _sequence(store) == 4
+        _sql(url, "DELETE FROM supervisor_desired")
+        _sql(url, "INSERT INTO supervisor_desired (singleton, revision_id, sequence)"
+                  f" VALUES (true, {first}, 5)")
+        assert await _sequence(store) == 5
+        assert [(c.sequence, c.revision_id) for c in await store.changes(None)] == [
+            (5, first), (4, second), (3, first), (2, second), (1, first)]
+
+
+async def test_a_publish_that_waited_for_the_row_to_be_deleted_takes_the_next_sequence(
+        pg_url: str) -> None:
+    """INSERT ... ON CONFLICT numbers its row before it waits on a conflicting writer: when
+    that writer changed the pointer and then deleted the row, the number is already taken."""
+    with trio.fail_after(30):
+        s = make_store(pg_url)
+        try:
+            await s.migrate()
+            first = await s.publish(doc(n=1), 1, None)
+            published: list[int] = []
+
+            async def publish() -> None:
+                published.append(await s.publish(doc(n=2), 1, "after the delete"))
+
+            with psycopg.connect(pg_url) as writer:
+                writer.execute(f"UPDATE supervisor_desired SET revision_id = {first}")
+                writer.execute("DELETE FROM supervisor_desired")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(publish)
+                    await waits_on_the_desired_row(pg_url)
+                    writer.commit()
+            assert await _sequence(s) == 3
+            assert [(c.sequence, c.revision_id, c.message) for c in await s.changes(None)] == [
+                (3, published[0], "after the delete"), (2, first, None), (1, first, None)]
+        finally:
+            await s.aclose()
+
+
+async def test_a_publisher_role_granted_what_version_1_needed_still_publishes(
+        pg_url: str) -> None:
+    """The change record is the schema's own bookkeeping: a role that may write the
+    revisions and the pointer (all a publisher needed before version 2) publishes and
+    rolls back, and its change is recorded under its own name."""
+    role = f"tsup_publisher_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN'.encode())
+    try:
+        with trio.fail_after(30):
+            owner = make_store(pg_url)
+            try:
+                await owner.migrate()
+                first = await owner.publish(doc(n=1), 1, None)
+                _sql(pg_url, "GRANT SELECT, INSERT, UPDATE ON supervisor_revisions,"
+                             f' supervisor_desired TO "{role}"')
+                _sql(pg_url, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public"
+                             f' TO "{role}"')
+                base, _, dbname = pg_url.rpartition("/")
+                host = base.rpartition("@")[2]
+                publisher = make_store(f"postgresql://{role}@{host}/{dbname}")
+                try:
+                    second = await publisher.publish(doc(n=2), 1, "by the publisher")
+                    await publisher.rollback(first, hashlib.sha256(doc(n=1)).digest(), "back")
+                finally:
+                    await publisher.aclose()
+                changes = await owner.changes(None)
+            finally:
+                await owner.aclose()
+        assert [(c.revision_id, c.changed_by.split("@")[0], c.message)
+                for c in changes] == [(first, role, "back"), (second, role, "by the publisher"),
+                                      (first, "postgres", None)]
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f'DROP OWNED BY "{role}"'.encode())
+            admin.execute(f'DROP ROLE "{role}"'.encode())
+
+
+def _write_concurrently(pg_url: str, seed: int, ids: list[int]) -> None:
+    """One connection's share of publishes, rollbacks, plain updates and delete+insert."""
+    rng = random.Random(seed)
+    upsert = ("INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
+              " ON CONFLICT (singleton) DO UPDATE SET revision_id = excluded.revision_id")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for _ in range(25):
+            revision = rng.choice(ids)
+            kind = rng.randrange(4)
+            with conn.transaction():
+                if kind == 0:  # publish's write
+                    conn.execute("SELECT set_config('supervisor.change_message', %s, true)",
+                                 [f"writer {seed}"])
+                    conn.execute(upsert, [revision])
+                elif kind == 1:  # rollback's write
+                    conn.execute("SELECT 1 FROM supervisor_desired WHERE singleton FOR UPDATE")
+                    conn.execute("UPDATE supervisor_desired SET revision_id = %s", [revision])
+                elif kind == 2:  # a plain writer choosing the sequence
+                    conn.execute("UPDATE supervisor_desired SET revision_id = %s, sequence = 0",
+                                 [revision])
+                else:
+                    conn.execute("DELETE FROM supervisor_desired")
+            if kind == 3:
+                conn.execute(upsert, [revision])
+
+
+async def test_writers_on_many_connections_never_repeat_or_skip_a_sequence(
+        pg_url: str) -> None:
+    with trio.fail_after(120):
+        s = make_store(pg_url)
+        try:
+            await s.migrate()
+            ids = [await s.publish(doc(n=n), 1, None) for n in range(4)]
+            async with trio.open_nursery() as nursery:
+                for seed in range(8):
+                    nursery.start_soon(partial(trio.to_thread.run_sync, _write_concurrently,
+                                               pg_url, seed, ids))
+            changes = await s.changes(None)
+            pointer = await s.observe()
+        finally:
+            await s.aclose()
+        sequences = sorted(c.sequence for c in changes)
+        assert sequences == list(range(1, len(changes) + 1))
+        assert len(changes) > len(ids) + 8 * 25 // 2  # every write but the deletes counted
+        assert pointer is not None
+        assert (pointer.sequence, pointer.revision) == (changes[0].sequence,
+                                                        changes[0].revision_id)
 
 
 async def test_a_version_1_database_is_upgraded_in_place(url: str) -> None:

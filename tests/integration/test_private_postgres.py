@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
 import trio
 
-from tests import pgserver
+from tests import pgserver, proc
 from tests.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,3 +106,63 @@ def test_a_copy_of_the_binaries_runs_where_the_virtualenv_is_out_of_the_users_re
         assert "PostgreSQL) 18" in version.stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_and_query(why: str) -> pgserver.Server:
+    server = pgserver._start_private(why)
+    assert server.private is not None
+    try:
+        with server.admin() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    except BaseException:
+        server.private.stop()
+        raise
+    return server
+
+
+def test_a_port_taken_between_the_pick_and_the_start_is_picked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another session (or any program) may bind the free port before PostgreSQL does."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        picks = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(pgserver, "free_port", lambda: next(picks, 0) or proc.free_port())
+        server = _start_and_query("a port taken meanwhile")
+        assert server.private is not None
+        server.private.stop()
+        assert server.port != taken.getsockname()[1]
+
+
+def test_a_temporary_folder_with_a_long_path_still_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Unix socket's path is at most 107 bytes: the server must not need one."""
+    base = Path(tempfile.mkdtemp(prefix="tsup-long-"))
+    try:
+        base.chmod(0o755)
+        deep = base / ("d" * 60) / ("e" * 60)
+        deep.mkdir(parents=True)
+        for folder in (deep, deep.parent):
+            folder.chmod(0o755)
+        monkeypatch.setattr(tempfile, "tempdir", str(deep))
+        server = _start_and_query("a long TMPDIR")
+        assert server.private is not None
+        assert deep in server.private.root.parents
+        server.private.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_as_root_a_temporary_folder_the_servers_user_cannot_enter_is_not_used(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """TMPDIR under root's 0700 home, say: the server's own folder goes where its user
+    can reach it."""
+    if os.geteuid() != 0:
+        pytest.skip("only root hands the server to another user")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(closed))
+    server = _start_and_query("a TMPDIR out of the server user's reach")
+    assert server.private is not None
+    server.private.stop()
+    assert closed not in server.private.root.parents

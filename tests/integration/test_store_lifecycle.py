@@ -12,8 +12,7 @@ import trio
 
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.store import ControlPlaneStore
-from tests.polling import poll_until
-from tests.stores import doc, make_store
+from tests.stores import doc, make_store, waits_on_the_desired_row
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -89,15 +88,6 @@ async def test_read_a_revision_and_its_refusals(store: ControlPlaneStore, url: s
             await small.aclose()
 
 
-async def rollback_waits_on_the_desired_row(pg_url: str) -> None:
-    """Until another session waits on a lock of supervisor_desired (outside state, polled)."""
-    with psycopg.connect(pg_url, autocommit=True) as watch:
-        await poll_until(lambda: bool(watch.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
-            " = 'Lock' AND query LIKE '%%FROM supervisor_desired%%'"
-        ).fetchone()[0]))  # type: ignore[index]
-
-
 async def test_rollback_repoints_desired_only_at_the_same_revision(
     store: ControlPlaneStore,
 ) -> None:
@@ -149,7 +139,7 @@ async def test_rollback_racing_a_publish_reports_the_revision_it_replaced(pg_url
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(roll_back)
-                    await rollback_waits_on_the_desired_row(pg_url)
+                    await waits_on_the_desired_row(pg_url)
                     publisher.commit()
             assert replaced == [racing]
             assert await store.desired() == one
@@ -202,7 +192,7 @@ async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
                     nursery.start_soon(roll_back)
                     # Commit only once the rollback waits on the desired row's lock
                     # (outside state: another session's lock wait, polled).
-                    await rollback_waits_on_the_desired_row(pg_url)
+                    await waits_on_the_desired_row(pg_url)
                     pruner.commit()
             [refused] = outcome
             assert isinstance(refused, ControlPlaneError), refused

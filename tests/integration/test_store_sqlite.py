@@ -14,6 +14,7 @@ import trio
 
 from supervisor import reasons
 from supervisor.config import sqlite_path
+from supervisor.controlplane import migrations
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
@@ -250,3 +251,30 @@ async def test_closed_store_refuses_calls(sqlite_url: str) -> None:
         await s.aclose()
         with pytest.raises(ControlPlaneError):
             await s.desired()
+
+
+def test_an_older_schema_in_a_read_only_file_is_refused_naming_db_migrate(
+        sqlite_url: str) -> None:
+    """A replica may read the file without write access; then it cannot upgrade it either,
+    and 'attempt to write a readonly database' would not say why it tried."""
+    path = sqlite_path(sqlite_url)
+    with sqlite3.connect(path) as conn:
+        for statement in migrations._sqlite_statements(
+                migrations.load_migrations("sqlite")[0].sql):
+            conn.execute(statement)
+        conn.execute(f"CREATE TABLE {migrations.MIGRATIONS_TABLE} (version INTEGER"
+                     " PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT)")
+        conn.execute(f"INSERT INTO {migrations.MIGRATIONS_TABLE} VALUES (1, 'initial', '')")
+    read_only = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    try:
+        with pytest.raises(ControlPlaneError) as refused:
+            migrations.migrate_sqlite(read_only)
+    finally:
+        read_only.close()
+    assert refused.value.category is FailureCategory.INVALID
+    latest = migrations.latest_version("sqlite")
+    assert f"is version 1, older than this build's {latest}" in str(refused.value)
+    assert "db migrate" in str(refused.value) and "read-only" in str(refused.value)
+    with raw(sqlite_url) as conn:
+        assert conn.execute(f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}"
+                            ).fetchall() == [(1,)]

@@ -32,8 +32,21 @@ SELECT 1, revision_id, updated_at, 'db migrate', NULL FROM supervisor_desired;
 -- choose it. INSERT ... ON CONFLICT DO UPDATE fires BEFORE INSERT for the
 -- proposed row and then BEFORE UPDATE for the real change: only the AFTER
 -- trigger below, which fires once for what was written, records it.
+--
+-- BEFORE UPDATE runs under the row's lock, so its numbers are in order. BEFORE
+-- INSERT is not: it numbers the proposed row before the conflict check, which
+-- may wait for a writer that changes the pointer and then deletes the row (so
+-- the insert goes ahead with a number that writer took). The AFTER trigger
+-- sees that writer's record then, and numbers the inserted row again by
+-- updating it, which records the change in turn.
+-- Both functions run with their owner's rights (the role that migrated), with
+-- the search path of the migration: the record is the schema's own bookkeeping,
+-- so a role that may write the pointer needs no grant on supervisor_desired_log
+-- (nor did a publisher's role before this version), and it cannot point them
+-- at another table by its own search_path. Who made the change is therefore
+-- session_user, the role that logged in, not current_user (the owner here).
 CREATE FUNCTION supervisor_desired_sequence() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     NEW.sequence := greatest(
         CASE WHEN TG_OP = 'UPDATE' THEN OLD.sequence ELSE 0 END,
@@ -43,12 +56,17 @@ END
 $$;
 
 CREATE FUNCTION supervisor_desired_record() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
+    IF TG_OP = 'INSERT' AND NEW.sequence <=
+            (SELECT coalesce(max(l.sequence), 0) FROM supervisor_desired_log l) THEN
+        UPDATE supervisor_desired SET sequence = NEW.sequence WHERE singleton;
+        RETURN NULL;
+    END IF;
     INSERT INTO supervisor_desired_log (sequence, revision_id, changed_by, message)
     VALUES (
         NEW.sequence, NEW.revision_id,
-        current_user::text || coalesce('@' || host(inet_client_addr()), ''),
+        session_user::text || coalesce('@' || host(inet_client_addr()), ''),
         nullif(current_setting('supervisor.change_message', true), ''));
     RETURN NULL;
 END

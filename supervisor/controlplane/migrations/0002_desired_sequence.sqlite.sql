@@ -2,8 +2,12 @@
 -- PostgreSQL version's sequence and change record (docs/control-plane.md).
 --
 -- SQLite triggers cannot rewrite NEW, so the AFTER triggers record the change
--- and then set the row's sequence with a nested UPDATE; its WHEN clause keeps
--- that UPDATE (which raises the sequence) from firing the trigger again.
+-- and then set the row's sequence with a nested UPDATE, only where the row does
+-- not hold that number already. The number comes from the record and the old
+-- row, never from what the writer put in the row: as on PostgreSQL, a
+-- plain-SQL writer cannot choose it. The update trigger's WHEN clause ignores
+-- the nested UPDATEs (they set the sequence to the newest record's, which no
+-- other write does while leaving it changed), also with recursive_triggers on.
 -- changed_by is 'sql' for a plain-SQL writer; the daemon's own writes replace
 -- it with the OS user in the same transaction.
 
@@ -24,16 +28,16 @@ SELECT 1, revision_id, updated_at, 'db migrate', NULL FROM supervisor_desired;
 CREATE TRIGGER supervisor_desired_sequence_insert AFTER INSERT ON supervisor_desired
 BEGIN
     INSERT INTO supervisor_desired_log (sequence, revision_id, changed_by)
-    VALUES (max(NEW.sequence,
-                (SELECT coalesce(max(sequence), 0) FROM supervisor_desired_log)) + 1,
+    VALUES ((SELECT coalesce(max(sequence), 0) FROM supervisor_desired_log) + 1,
             NEW.revision_id, 'sql');
     UPDATE supervisor_desired
        SET sequence = (SELECT max(sequence) FROM supervisor_desired_log)
-     WHERE singleton;
+     WHERE singleton AND sequence IS NOT (SELECT max(sequence) FROM supervisor_desired_log);
 END;
 
 CREATE TRIGGER supervisor_desired_sequence_update AFTER UPDATE ON supervisor_desired
-WHEN NEW.sequence <= OLD.sequence
+WHEN NEW.sequence = OLD.sequence
+  OR NEW.sequence IS NOT (SELECT max(sequence) FROM supervisor_desired_log)
 BEGIN
     INSERT INTO supervisor_desired_log (sequence, revision_id, changed_by)
     VALUES (max(OLD.sequence,
@@ -41,5 +45,5 @@ BEGIN
             NEW.revision_id, 'sql');
     UPDATE supervisor_desired
        SET sequence = (SELECT max(sequence) FROM supervisor_desired_log)
-     WHERE singleton;
+     WHERE singleton AND sequence IS NOT (SELECT max(sequence) FROM supervisor_desired_log);
 END;
