@@ -15,7 +15,8 @@ What each connection is held to (the reasons are in :mod:`supervisor.admin.serve
   answer on a keep-alive connection, whatever trickles in meanwhile (a per-read
   timer would let one byte every few seconds hold it forever); its body within
   as long again. A head over ``MAX_HEAD_BYTES`` is answered 431, a body over
-  ``MAX_BODY_BYTES`` 413, a malformed request 400; each ends its connection.
+  ``MAX_BODY_BYTES`` 413, a malformed request 400 (among them one framed by both
+  ``Content-Length`` and ``Transfer-Encoding``); each ends its connection.
 - Writes go out in pieces of ``WRITE_PIECE`` bytes, each of which the client
   must take within ``WRITE_STALL_S``, else the connection is reset: a client
   that pipelines requests and leaves the answers unread cannot keep it busy.
@@ -249,6 +250,11 @@ class Http11Connection:
             if self._only is not None and path not in self._only:
                 return  # the reserve pool serves /healthz alone
             headers = [(n, v) for n, v in request.headers]
+            if any(n == b"content-length" for n, _ in headers) and any(
+                    n == b"transfer-encoding" for n, _ in headers):
+                # The framing a proxy in front might read differently (request
+                # smuggling): RFC 9112 section 6.3 lets a server refuse it.
+                await self._refuse(400, "both Content-Length and Transfer-Encoding")
             if (b"websocket" in _tokens(headers, b"upgrade")
                     and b"upgrade" in _tokens(headers, b"connection")):
                 await self._websocket(request, headers)
