@@ -213,10 +213,10 @@ def _check_contents(config: Config) -> list[tuple[str, str]]:
     """What the daemon would refuse at start in the files themselves (keys, token)."""
     problems: list[tuple[str, str]] = []
     if config.admin.token_file:
-        from supervisor.admin.server import read_token
+        from supervisor.admin.auth import admin_tokens
 
         try:
-            read_token(config.admin.token_file)
+            admin_tokens(config.admin.token_file, config.admin.read_token_file)
         except ConfigError as exc:
             problems.append((exc.path, exc.reason))
     if config.cache.path is not None:

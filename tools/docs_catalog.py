@@ -100,7 +100,7 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "(check exits 2 otherwise): tokens and revisions then cross the network in the clear.",
     "admin.read_token_file": "A second bearer token, accepted on the GET routes and the "
     "stream only; POST /v1/converge answers it 403 read_only. Give followers this one. "
-    "Needs token_file.",
+    "Needs token_file, and must hold another token.",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "
