@@ -533,14 +533,19 @@ class Http11Connection:
         async with messages:
             size = 0
             parts: list[Any] = []
+            # The first round reads nothing: bytes that came behind the upgrade
+            # request (wsproto holds them as trailing data) are frames already.
+            first = True
             while True:
-                try:
-                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-                except _TRANSPORT_ERRORS:
-                    data = b""
-                if ws.state is WsState.CLOSED:
-                    return
-                ws.receive_data(data or None)
+                data = b""
+                if not first:
+                    try:
+                        data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                    except _TRANSPORT_ERRORS:
+                        pass
+                    if ws.state is WsState.CLOSED:
+                        return
+                    ws.receive_data(data or None)
                 for event in ws.events():
                     if isinstance(event, Message):
                         size += len(event.data)
@@ -563,8 +568,9 @@ class Http11Connection:
                                             WsState.REMOTE_CLOSING else
                                             CloseConnection(event.code or CLOSE_PROTOCOL_ERROR))
                         return
-                if not data:
+                if not data and not first:
                     return
+                first = False
 
     async def _finish_websocket(self) -> None:
         """After the app: a close frame if none was sent, then a little time for the
