@@ -245,6 +245,19 @@ def test_an_unencodable_environment_value_is_refused() -> None:
     assert info.value.detail == "environment variable K cannot be encoded as bytes"
 
 
+@pytest.mark.parametrize("reference", ["file:/run/secrets/a\x00b", "env:TEAM\x00X"])
+@pytest.mark.parametrize("dirs", [(), ("/run/secrets",)])
+def test_a_reference_with_a_nul_byte_is_a_secret_refusal(
+        reference: str, dirs: tuple[str, ...]) -> None:
+    # No path or variable name holds a NUL: os.open would raise ValueError.
+    resolver = EnvFileResolver({"TEAM": "x"}, dirs=dirs)
+    for attempt in (resolver.resolve, resolver.check_place):
+        with pytest.raises(RevisionError) as info:
+            attempt(reference)
+        assert info.value.reason == reasons.SECRET
+        assert "\x00" not in info.value.detail
+
+
 def test_with_revision_attributes_a_refusal() -> None:
     refusal = RevisionError(reasons.CORRUPT, "not JSON")
     assert refusal.with_revision(None) is refusal
