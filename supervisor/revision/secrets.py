@@ -135,18 +135,18 @@ class EnvFileResolver:
                        path for _, path in credential_files(config, environ, config_path)])
 
     def resolve(self, reference: str) -> bytes:
-        scheme, sep, target = reference.partition(":")
+        scheme, sep, target = _parts(reference)
         if sep and scheme == "env" and target:
             return self._from_env(target)
         if sep and scheme == "file" and target:
             return self._from_file(target)
         # Echo nothing of it: a malformed reference is often a pasted secret.
-        raise _refuse('unsupported secret reference: expected "env:NAME" or "file:PATH"')
+        raise _refuse(_UNSUPPORTED)
 
     def check_place(self, reference: str) -> None:
         """Refuse (``secret``) a reference whose place alone is outside the confinement,
         in the words :meth:`resolve` uses; nothing is looked up, nothing is read."""
-        scheme, sep, target = reference.partition(":")
+        scheme, sep, target = _parts(reference)
         if sep and scheme == "env" and target:
             self._check_env_place(target)
         elif sep and scheme == "file" and target:
@@ -191,6 +191,17 @@ class EnvFileResolver:
         # Checked again on what was opened: a symlink swapped between the
         # check above and the open must not lead outside (TOCTOU).
         return _read_file(path, confined_to=self._real_dirs, credentials=self._credentials)
+
+
+_UNSUPPORTED: Final = 'unsupported secret reference: expected "env:NAME" or "file:PATH"'
+
+
+def _parts(reference: str) -> tuple[str, str, str]:
+    """Scheme, separator and target of ``reference``; a NUL byte (which no path or
+    variable name can hold: the OS calls would raise ValueError) is refused."""
+    if "\x00" in reference:
+        raise _refuse(_UNSUPPORTED)
+    return reference.partition(":")
 
 
 def _real_system_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
