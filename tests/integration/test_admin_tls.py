@@ -14,8 +14,8 @@ from trio_websocket import open_websocket_url
 
 from supervisor.admin.limits import derive
 from supervisor.tlsconfig import server_context
-from tests.floods import until_closed
 from tests.adminserver import make_ctx, running_admin
+from tests.floods import until_closed
 
 trustme = pytest.importorskip("trustme")
 
