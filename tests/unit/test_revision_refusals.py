@@ -326,6 +326,16 @@ def test_check_place_without_confinement_refuses_nothing() -> None:
         EnvFileResolver(environ={}).check_place(reference)
 
 
+@pytest.mark.parametrize("reference", ["file://proc/version", "file:///sys/power/state",
+                                       "file://dev/stdin"])
+def test_a_system_directory_spelled_with_leading_slashes_is_refused_by_place(
+        reference: str) -> None:
+    # POSIX keeps a leading "//" through abspath; Linux reads it as "/".
+    with pytest.raises(RevisionError) as info:
+        EnvFileResolver(environ={}).check_place(reference)
+    assert info.value.reason == "secret" and "under /proc, /sys or /dev" in info.value.detail
+
+
 def test_a_file_opened_through_a_link_leading_outside_is_refused(tmp_path: Path) -> None:
     """The check on the opened file itself (what a swapped symlink meets)."""
     from supervisor.revision.secrets import _read_file
