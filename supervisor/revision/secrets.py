@@ -163,7 +163,10 @@ class EnvFileResolver:
 
     def _check_file_place(self, path: str) -> None:
         # Decided on the spelled path alone (.. collapsed): nothing is touched.
+        # POSIX lets abspath keep a leading "//", which Linux reads as "/".
         spelled = os.path.abspath(path)
+        if spelled.startswith("//"):
+            spelled = "/" + spelled.lstrip("/")
         if self._dirs and not _under(spelled, self._dirs):
             raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
         if _under(spelled, SYSTEM_DIRS):
