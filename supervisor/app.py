@@ -89,8 +89,9 @@ class Daemon:
     # -- children --------------------------------------------------------------
 
     def _admin_child(self) -> ChildSpec:
+        from supervisor.admin.auth import admin_tokens
         from supervisor.admin.context import AdminContext
-        from supervisor.admin.server import read_token, serve_admin
+        from supervisor.admin.server import serve_admin
 
         cfg = self.config.admin
         cp = self.config.control_plane
@@ -100,9 +101,7 @@ class Daemon:
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token files.
-            token = read_token(cfg.token_file) if cfg.token_file else None
-            read = (read_token(cfg.read_token_file, "$.admin.read_token_file")
-                    if cfg.read_token_file else None)
+            token, read = admin_tokens(cfg.token_file, cfg.read_token_file)
             ctx = AdminContext(
                 state=self.state,
                 revision=self.status,

@@ -280,10 +280,10 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
     would accept but regret goes to ``warnings``."""
     problems: list[tuple[str, str]] = []
     if config.admin.token_file:
-        from supervisor.admin.server import read_token
+        from supervisor.admin.auth import admin_tokens
 
         try:
-            read_token(config.admin.token_file)
+            admin_tokens(config.admin.token_file, config.admin.read_token_file)
         except ConfigError as exc:
             problems.append((exc.path, exc.reason))
     if config.cache.path is not None:

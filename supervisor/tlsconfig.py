@@ -4,8 +4,9 @@ Contract:
 
 - :func:`server_context` loads ``[admin].tls_cert_file`` and ``tls_key_file`` (a
   PEM chain and its key) into a server context of TLS 1.2 or later that offers
-  ``http/1.1`` alone over ALPN; with ``[admin].client_ca_file`` every client must
-  present a certificate that CA signed (mutual TLS).
+  ``http/1.1`` alone over ALPN and refuses renegotiation; with
+  ``[admin].client_ca_file`` every client must present a certificate that CA
+  signed (mutual TLS).
 - :func:`client_context` is what a client of a replica verifies against: the CA
   file given (``[control_plane].ca_file``, ``--ca-file``), else the system's
   trust store; with a certificate and key it presents them (mutual TLS).
@@ -66,6 +67,9 @@ def server_context(cert_file: str, key_file: str, client_ca_file: str | None = N
     """The admin API's server context; see the module docstring."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A client renegotiating TLS 1.2 over and over costs a handshake each time:
+    # refused, whatever the OpenSSL underneath defaults to (before 3.0: accepted).
+    context.options |= ssl.OP_NO_RENEGOTIATION
     context.set_alpn_protocols(ALPN)
     _load_chain(context, cert_file, key_file, "$.admin.tls_cert_file", "$.admin.tls_key_file")
     if client_ca_file is not None:

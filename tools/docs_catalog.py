@@ -67,7 +67,8 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "revision.secret_dirs": "Directories a file: secret reference must lie in, after resolving "
     "symlinks and .. (empty: anywhere). Anything else is refused as secret, with one message "
     "for missing, unreadable, not a regular file, more than one hard link and outside. Never "
-    "a secret, whatever this says: /proc, /sys, /dev, the daemon's service-account directory, "
+    "a secret, whatever this says: /proc, /sys, /dev (and a kernel filesystem mounted anywhere), "
+    "the daemon's service-account directory, "
     "and every file it reads a credential from (the token files, the signing key, the "
     "kubeconfig, libpq's password file and client key, netrc, its configuration file), "
     "under any name. A file is looked at (O_PATH, fstat) before it is opened for reading: "
@@ -100,7 +101,7 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "(check exits 2 otherwise): tokens and revisions then cross the network in the clear.",
     "admin.read_token_file": "A second bearer token, accepted on the GET routes and the "
     "stream only; POST /v1/converge answers it 403 read_only. Give followers this one. "
-    "Needs token_file.",
+    "Needs token_file, and must hold another token.",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "

@@ -9,6 +9,8 @@ route but ``/healthz`` requires ``Authorization: Bearer <token>``. The token of
   stripped (files end with a newline); an unreadable or empty file, or a token
   that could not travel in one header value, is a :class:`ConfigError` on
   ``$.admin.token_file``. The token itself never appears in a message.
+- :func:`admin_tokens` reads both files, and refuses a read token equal to the
+  full one (``$.admin.read_token_file``).
 - :func:`authorized` compares with :func:`hmac.compare_digest`, so the time it
   takes does not depend on how many leading bytes matched. Exactly one
   ``Authorization`` header is accepted: two are ambiguous (a proxy and a
@@ -23,9 +25,10 @@ from pathlib import Path
 
 from supervisor.errors import ConfigError
 
-__all__ = ["WWW_AUTHENTICATE", "authorized", "read_token"]
+__all__ = ["WWW_AUTHENTICATE", "admin_tokens", "authorized", "read_token"]
 
 TOKEN_PATH = "$.admin.token_file"
+READ_TOKEN_PATH = "$.admin.read_token_file"
 WWW_AUTHENTICATE = b'Bearer realm="trio-supervisor"'
 
 
@@ -46,6 +49,19 @@ def read_token(path: str, where: str = TOKEN_PATH) -> str:
     if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
         raise ConfigError(where, f"{path} must hold one token of printable ASCII without spaces")
     return token
+
+
+def admin_tokens(token_file: str | None,
+                 read_token_file: str | None) -> tuple[str | None, str | None]:
+    """The full token and the read token of ``[admin]`` (None where no file is set).
+    A read token equal to the full one is a :class:`ConfigError`: its holder could
+    ``POST /v1/converge``, which the read token exists to refuse."""
+    token = read_token(token_file) if token_file else None
+    read = read_token(read_token_file, READ_TOKEN_PATH) if read_token_file else None
+    if read is not None and read == token:
+        raise ConfigError(READ_TOKEN_PATH, f"{read_token_file} holds the same token as "
+                          "admin.token_file (it would pass POST /v1/converge): use another")
+    return token, read
 
 
 def authorized(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:

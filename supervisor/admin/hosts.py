@@ -47,10 +47,16 @@ Origin = tuple[str, str, int]  # scheme, host (lower-case, no brackets), port
 
 
 def host_of(header: str) -> str:
-    """The host part of a ``Host`` header value, lower-case, without port or final dot."""
+    """The host part of a ``Host`` header value, lower-case, without port or final dot;
+    a malformed value comes back whole (and so matches no known name)."""
     value = header.strip().lower()
     if value.startswith("["):
-        value = value[1 : value.find("]")] if "]" in value else value[1:]
+        # "[address]" or "[address]:port"; anything else (an unclosed bracket, a
+        # name after it) is kept whole, which names nothing the server is known by.
+        inside, sep, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+        if sep and (not rest or (port is not None and port.isdigit())):
+            value = inside
     else:
         name, sep, port = value.rpartition(":")
         if sep and port.isdigit() and ":" not in name:

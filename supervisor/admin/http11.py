@@ -15,7 +15,8 @@ What each connection is held to (the reasons are in :mod:`supervisor.admin.serve
   answer on a keep-alive connection, whatever trickles in meanwhile (a per-read
   timer would let one byte every few seconds hold it forever); its body within
   as long again. A head over ``MAX_HEAD_BYTES`` is answered 431, a body over
-  ``MAX_BODY_BYTES`` 413, a malformed request 400; each ends its connection.
+  ``MAX_BODY_BYTES`` 413, a malformed request 400 (among them one framed by both
+  ``Content-Length`` and ``Transfer-Encoding``); each ends its connection.
 - Writes go out in pieces of ``WRITE_PIECE`` bytes, each of which the client
   must take within ``WRITE_STALL_S``, else the connection is reset: a client
   that pipelines requests and leaves the answers unread cannot keep it busy.
@@ -249,6 +250,11 @@ class Http11Connection:
             if self._only is not None and path not in self._only:
                 return  # the reserve pool serves /healthz alone
             headers = [(n, v) for n, v in request.headers]
+            if any(n == b"content-length" for n, _ in headers) and any(
+                    n == b"transfer-encoding" for n, _ in headers):
+                # The framing a proxy in front might read differently (request
+                # smuggling): RFC 9112 section 6.3 lets a server refuse it.
+                await self._refuse(400, "both Content-Length and Transfer-Encoding")
             if (b"websocket" in _tokens(headers, b"upgrade")
                     and b"upgrade" in _tokens(headers, b"connection")):
                 await self._websocket(request, headers)
@@ -527,14 +533,19 @@ class Http11Connection:
         async with messages:
             size = 0
             parts: list[Any] = []
+            # The first round reads nothing: bytes that came behind the upgrade
+            # request (wsproto holds them as trailing data) are frames already.
+            first = True
             while True:
-                try:
-                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-                except _TRANSPORT_ERRORS:
-                    data = b""
-                if ws.state is WsState.CLOSED:
-                    return
-                ws.receive_data(data or None)
+                data = b""
+                if not first:
+                    try:
+                        data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                    except _TRANSPORT_ERRORS:
+                        pass
+                    if ws.state is WsState.CLOSED:
+                        return
+                    ws.receive_data(data or None)
                 for event in ws.events():
                     if isinstance(event, Message):
                         size += len(event.data)
@@ -557,8 +568,9 @@ class Http11Connection:
                                             WsState.REMOTE_CLOSING else
                                             CloseConnection(event.code or CLOSE_PROTOCOL_ERROR))
                         return
-                if not data:
+                if not data and not first:
                     return
+                first = False
 
     async def _finish_websocket(self) -> None:
         """After the app: a close frame if none was sent, then a little time for the

@@ -282,8 +282,9 @@ class _Listener:
             if self._drain(conn):
                 empty_wakes = 0
                 self.backoff.reset()
-            await self.floor.release()  # a held wake-up, once the floor allows it
             woken = await self._wait(fd)
+            if woken == "released":  # a held wake-up went out: read on
+                continue
             if woken != "readable":  # the probe deadline, or poked by the loop
                 await self._probe(conn)
                 continue
@@ -295,9 +296,21 @@ class _Listener:
                 await self._probe(conn)
 
     async def _wait(self, fd: int) -> str:
-        """Wait until ``fd`` is readable, a poke, or the probe interval: which one came."""
+        """Wait until ``fd`` is readable, a poke, the probe interval, or the floor lets
+        a held wake-up go ("released"): which one came. The socket is read meanwhile,
+        whatever is held: a session that fell behind would keep the server's
+        notification queue from being truncated, and a full queue fails every
+        NOTIFY of the cluster."""
         woken = "timeout"
         async with trio.open_nursery() as nursery:
+
+            async def released() -> None:
+                nonlocal woken
+                if not self.floor.held:
+                    return
+                await self.floor.release()
+                woken = "released"
+                nursery.cancel_scope.cancel()
 
             async def readable() -> None:
                 nonlocal woken
@@ -313,6 +326,7 @@ class _Listener:
 
             nursery.start_soon(readable)
             nursery.start_soon(poked)
+            nursery.start_soon(released)
         return woken
 
     def _drain(self, conn: Conn) -> int:

@@ -19,11 +19,14 @@ SHA-256 digest only (see :mod:`supervisor.revision.compile`).
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import os
 import stat
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Protocol
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from supervisor import reasons
 from supervisor.configchecks import SYSTEM_DIRS, credential_files, own_env_name
@@ -89,7 +92,8 @@ class EnvFileResolver:
     refusal does not tell the publisher whether a file exists. Confinement is
     decided again on the file actually opened, so a symlink swapped between the
     check and the open (whoever can write in a secret directory) cannot lead
-    outside.
+    outside. Nor can a mount: a file on a kernel filesystem (proc, sysfs, cgroup
+    ...: ``statfs``'s type of the file opened) is refused wherever it is mounted.
 
     Nothing that is not a regular file is ever opened for reading: the path is
     first opened with ``O_PATH`` (which runs no device driver and cannot block
@@ -131,18 +135,18 @@ class EnvFileResolver:
                        path for _, path in credential_files(config, environ, config_path)])
 
     def resolve(self, reference: str) -> bytes:
-        scheme, sep, target = reference.partition(":")
+        scheme, sep, target = _parts(reference)
         if sep and scheme == "env" and target:
             return self._from_env(target)
         if sep and scheme == "file" and target:
             return self._from_file(target)
         # Echo nothing of it: a malformed reference is often a pasted secret.
-        raise _refuse('unsupported secret reference: expected "env:NAME" or "file:PATH"')
+        raise _refuse(_UNSUPPORTED)
 
     def check_place(self, reference: str) -> None:
         """Refuse (``secret``) a reference whose place alone is outside the confinement,
         in the words :meth:`resolve` uses; nothing is looked up, nothing is read."""
-        scheme, sep, target = reference.partition(":")
+        scheme, sep, target = _parts(reference)
         if sep and scheme == "env" and target:
             self._check_env_place(target)
         elif sep and scheme == "file" and target:
@@ -159,7 +163,10 @@ class EnvFileResolver:
 
     def _check_file_place(self, path: str) -> None:
         # Decided on the spelled path alone (.. collapsed): nothing is touched.
+        # POSIX lets abspath keep a leading "//", which Linux reads as "/".
         spelled = os.path.abspath(path)
+        if spelled.startswith("//"):
+            spelled = "/" + spelled.lstrip("/")
         if self._dirs and not _under(spelled, self._dirs):
             raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
         if _under(spelled, SYSTEM_DIRS):
@@ -187,6 +194,17 @@ class EnvFileResolver:
         # Checked again on what was opened: a symlink swapped between the
         # check above and the open must not lead outside (TOCTOU).
         return _read_file(path, confined_to=self._real_dirs, credentials=self._credentials)
+
+
+_UNSUPPORTED: Final = 'unsupported secret reference: expected "env:NAME" or "file:PATH"'
+
+
+def _parts(reference: str) -> tuple[str, str, str]:
+    """Scheme, separator and target of ``reference``; a NUL byte (which no path or
+    variable name can hold: the OS calls would raise ValueError) is refused."""
+    if "\x00" in reference:
+        raise _refuse(_UNSUPPORTED)
+    return reference.partition(":")
 
 
 def _real_system_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
@@ -247,6 +265,49 @@ def _is_credential(opened: os.stat_result, credentials: tuple[str, ...]) -> bool
     return False
 
 
+# Kernel filesystems (statfs(2) f_type): their files are the kernel's state, never
+# a secret, wherever they are mounted (a bind mount or a hostPath volume of /proc
+# inside a secret directory keeps every path check inside it). devtmpfs reports
+# tmpfs's number, but holds devices, which are refused as not regular files.
+_KERNEL_FILESYSTEMS: Final = frozenset({
+    0x9FA0,  # proc
+    0x62656572,  # sysfs
+    0x0027E0EB, 0x63677270,  # cgroup, cgroup2
+    0x73636673, 0x64626720, 0x74726163,  # securityfs, debugfs, tracefs
+    0xCAFE4A11, 0x62656570, 0x6165676C,  # bpf, configfs, pstore
+    0xDE5E81E4, 0x42494E4D, 0xF97CFF8C,  # efivarfs, binfmt_misc, selinuxfs
+    0x1CD1, 0x19800202, 0x65735543, 0x6E736673,  # devpts, mqueue, fusectl, nsfs
+})
+
+
+def _filesystem_type(fd: int) -> int | None:
+    """statfs(2)'s f_type of the file ``fd`` holds (Linux; an O_PATH descriptor is
+    enough), None where it cannot be asked."""
+    fstatfs = _libc_fstatfs()
+    if fstatfs is None:
+        return None
+    buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit
+    if fstatfs(fd, buffer) != 0:
+        return None
+    # f_type is the struct's first field, a C long on x86 and ARM (negative on
+    # 32-bit for the numbers above 2**31: masked to 32 bits).
+    return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+
+
+@functools.cache
+def _libc_fstatfs() -> Callable[[int, Any], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.fstatfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    function.restype = ctypes.c_int
+    return cast("Callable[[int, Any], int]", function)
+
+
 # O_PATH (Linux): a handle on the file that reads nothing and opens nothing, so
 # a device's driver never runs and a FIFO never blocks. Elsewhere a
 # non-blocking, no-controlling-terminal open stands in for it.
@@ -290,6 +351,8 @@ def _read_file(path: str, *, confined_to: tuple[str, ...] = (),
             raise _unresolvable(path)
         at = _opened_at(handle)
         if at is not None and _under(at, _real_system_dirs(SYSTEM_DIRS)):
+            raise _unresolvable(path)
+        if _filesystem_type(handle) in _KERNEL_FILESYSTEMS:
             raise _unresolvable(path)
         if confined_to and not _opened_inside(handle, path, looked, confined_to):
             raise _unresolvable(path)

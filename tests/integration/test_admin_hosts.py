@@ -26,6 +26,10 @@ def test_allowed_hosts() -> None:
     for host in ("evil.example", "127.0.0.2", "supervisor.internal.evil.example", ""):
         assert not loopback.allows(host), host
     assert host_of("LocalHost.:9464") == "localhost" and host_of("[::1]:80") == "::1"
+    # Anything after the bracket but a port is not that address.
+    assert not loopback.allows_host_header("[::1]evil.example")
+    assert not loopback.allows_host_header("[::1]:80x")
+    assert not loopback.allows_host_header("[::1")
     assert loopback.allows_host_header(None)  # HTTP/1.0: no browser
     assert loopback.allows_origin(None) and loopback.allows_origin("http://localhost:9464")
     assert not loopback.allows_origin("null")

@@ -269,3 +269,40 @@ async def test_a_client_message_over_64_kib_closes_the_stream_with_1009() -> Non
                 while True:
                     await ws.get_message()
             assert info.value.reason is not None and info.value.reason.code == 1009
+
+
+async def _answers_until_closed(host: str, port: int, data: bytes) -> tuple[bytes, bool]:
+    """What the server sends for ``data`` (our side left open), and whether it closed
+    the connection within two seconds."""
+    stream = await trio.open_tcp_stream(host, port)
+    reply = b""
+    closed = False
+    try:
+        await stream.send_all(data)
+        with trio.move_on_after(2):
+            try:
+                while chunk := await stream.receive_some(65536):
+                    reply += chunk
+            except trio.BrokenResourceError:
+                pass
+            closed = True
+    finally:
+        await stream.aclose()
+    return reply, closed
+
+
+async def test_content_length_beside_transfer_encoding_is_refused_and_ends_the_connection(
+) -> None:
+    # Both framings in one request is the shape of request smuggling: a proxy in
+    # front that honours Content-Length sees the pipelined GET as body bytes.
+    smuggle = (b"POST /v1/converge HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+               b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    with trio.fail_after(10):
+        async with running_admin(make_ctx()) as srv:
+            reply, closed = await _answers_until_closed(srv.host, srv.port, smuggle)
+            assert reply.startswith(b"HTTP/1.1 400"), reply
+            assert reply.count(b"HTTP/1.1 ") == 1, reply  # the GET was never served
+            assert closed
+            async with httpx.AsyncClient(base_url=srv.base) as http:
+                assert (await http.get("/healthz")).status_code == 200

@@ -203,3 +203,26 @@ async def test_status_exits_1_when_the_replica_is_not_healthy(
     else:
         assert result.returncode == 1 and problem in result.stderr
         assert "revision" in result.stdout  # the report is still printed
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ("\n", "is empty"),
+    ("s3cret-token\n", "same token as admin.token_file"),
+])
+async def test_check_refuses_a_read_token_file_start_would_refuse(
+        tmp_path: Path, content: str, fragment: str) -> None:
+    # The read token equal to the full one would let its holder POST /v1/converge.
+    token = tmp_path / "admin.token"
+    token.write_text("s3cret-token\n")
+    read = tmp_path / "read.token"
+    read.write_text(content)
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          f'token_file = "{token}"\nread_token_file = "{read}"\n')
+    checked = cli("check", "--config", str(config), check=False)
+    assert checked.returncode == 2, checked.stdout
+    assert "$.admin.read_token_file" in checked.stderr and fragment in checked.stderr
+    cli("publish", "--config", str(config), str(EXAMPLE))
+    ran = cli("run", "--config", str(config), check=False, timeout=30)
+    assert ran.returncode == 2
+    assert "$.admin.read_token_file" in ran.stderr and fragment in ran.stderr
+    assert "s3cret-token" not in ran.stderr + checked.stderr

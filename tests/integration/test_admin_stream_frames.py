@@ -140,3 +140,27 @@ async def test_a_deflate_offer_gets_no_extension_and_a_compressed_frame_closes_1
             assert int.from_bytes(payload[:2], "big") == 1002
             await stream.aclose()
             srv.stop()
+
+
+async def test_a_close_frame_in_the_same_packet_as_the_handshake_is_answered_at_once() -> None:
+    """Bytes that arrive behind the upgrade request are the WebSocket's first frames:
+    they are acted on at once, not when the client next sends something."""
+    with trio.fail_after(20):
+        async with running_admin(make_ctx()) as srv:
+            stream = await trio.open_tcp_stream(srv.host, srv.port)
+            close = bytes((0x88, 0x82)) + b"\0\0\0\0" + (1000).to_bytes(2, "big")
+            await stream.send_all(
+                (f"GET /v1/stream HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
+                 "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                 "\r\n").encode() + close)
+            received = b""
+            with trio.move_on_after(3):
+                while chunk := await stream.receive_some(65536):
+                    received += chunk
+            head, _, frames = received.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101"), head
+            assert b"\x88\x02\x03\xe8" in frames  # our close frame, 1000, answering theirs
+            assert chunk == b""  # and the server closed the connection
+            await stream.aclose()
+            srv.stop()

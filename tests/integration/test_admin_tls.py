@@ -94,3 +94,13 @@ async def test_healthz_over_tls_is_answered_when_idle_connections_fill_the_limit
             for stream in idle:
                 await stream.aclose()
             srv.stop()
+
+
+def test_the_server_context_refuses_renegotiation_whatever_openssl_defaults_to(
+    pki: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    # A client renegotiating over and over costs the server a handshake each time;
+    # OpenSSL before 3.0 accepts a client's renegotiation unless told not to.
+    server, _ = pki
+    assert server.options & ssl.OP_NO_RENEGOTIATION
+    assert server.minimum_version >= ssl.TLSVersion.TLSv1_2

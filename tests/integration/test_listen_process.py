@@ -157,3 +157,49 @@ async def test_a_notify_storm_by_a_role_without_privileges_is_floored(
     assert sent > 200, sent  # a storm: hundreds of notifications
     assert attempts <= storm_s / 0.25 + 3, (attempts, sent)
     assert _held(after) >= 1
+
+
+def _received(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("supervisor_listen_notifications_total"))
+
+
+async def test_the_listener_keeps_reading_while_wake_ups_are_held(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Held wake-ups must not slow the reading: a LISTEN session that falls behind
+    keeps the server's notification queue from being truncated, and once that queue
+    is full every NOTIFY of the cluster fails (publish's among them). 8,000 large
+    notifications sent as fast as the server takes them are all read soon after."""
+    import time
+
+    import httpx
+
+    port = free_port()
+    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=3600)
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    total = 8000
+
+    def flood() -> None:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for start in range(0, total, 100):
+                conn.execute("SELECT pg_notify('supervisor_desired', repeat('x', 7990) || g) "
+                             "FROM generate_series(%s::int, %s::int) g", (start, start + 99))
+
+    async def metrics() -> str:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            return (await http.get("/metrics")).text
+
+    with trio.fail_after(90):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("listening for desired-state notifications")
+            await daemon.wait_log("published")
+            await trio.to_thread.run_sync(flood)
+            sent_at = time.monotonic()
+            while _received(await metrics()) < total and time.monotonic() - sent_at < 20:
+                await trio.sleep(0.2)
+            received = _received(await metrics())
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    assert received >= total, received

@@ -302,3 +302,39 @@ def test_the_daemons_own_variables_and_files_are_refused_whatever_the_lists_say(
             resolver.resolve(reference)
         assert refusal.value.reason == "secret", reference
     assert resolver.resolve("env:HOME") == b"/root"
+
+
+def test_proc_or_sys_mounted_inside_the_allowed_directory_is_refused(tmp_path: Path) -> None:
+    """A bind mount (or a hostPath volume) of /proc or /sys inside a secret directory
+    gives paths that no path check sees leave it: the file opened is refused by the
+    kind of filesystem it lives on."""
+    import subprocess
+
+    from supervisor.revision.errors import RevisionError
+    from supervisor.revision.secrets import EnvFileResolver
+
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "own").write_text("own\n")
+    mounted = []
+    for name, source in (("kernel", "/proc/sys/kernel"), ("power", "/sys/power")):
+        (secrets / name).mkdir()
+        done = subprocess.run(["mount", "--bind", source, str(secrets / name)],
+                              capture_output=True, check=False)
+        if done.returncode == 0:
+            mounted.append(name)
+    if not mounted:
+        pytest.skip("needs the right to bind-mount (root with CAP_SYS_ADMIN)")
+    try:
+        resolver = EnvFileResolver({}, dirs=[str(secrets)])
+        for reference in (f"file:{secrets}/kernel/ostype", f"file:{secrets}/power/state"):
+            if reference.split("/")[-2] not in mounted:
+                continue
+            with pytest.raises(RevisionError) as refusal:
+                resolver.resolve(reference)
+            assert refusal.value.reason == "secret"
+            assert "cannot be resolved" in refusal.value.detail
+        assert resolver.resolve(f"file:{secrets / 'own'}") == b"own"
+    finally:
+        for name in mounted:
+            subprocess.run(["umount", str(secrets / name)], check=False)

@@ -245,6 +245,19 @@ def test_an_unencodable_environment_value_is_refused() -> None:
     assert info.value.detail == "environment variable K cannot be encoded as bytes"
 
 
+@pytest.mark.parametrize("reference", ["file:/run/secrets/a\x00b", "env:TEAM\x00X"])
+@pytest.mark.parametrize("dirs", [(), ("/run/secrets",)])
+def test_a_reference_with_a_nul_byte_is_a_secret_refusal(
+        reference: str, dirs: tuple[str, ...]) -> None:
+    # No path or variable name holds a NUL: os.open would raise ValueError.
+    resolver = EnvFileResolver({"TEAM": "x"}, dirs=dirs)
+    for attempt in (resolver.resolve, resolver.check_place):
+        with pytest.raises(RevisionError) as info:
+            attempt(reference)
+        assert info.value.reason == reasons.SECRET
+        assert "\x00" not in info.value.detail
+
+
 def test_with_revision_attributes_a_refusal() -> None:
     refusal = RevisionError(reasons.CORRUPT, "not JSON")
     assert refusal.with_revision(None) is refusal
@@ -311,6 +324,16 @@ def test_check_place_refuses_by_place_alone(reference: str, refused: str | None)
 def test_check_place_without_confinement_refuses_nothing() -> None:
     for reference in ("env:HOME", "file:/etc/shadow"):
         EnvFileResolver(environ={}).check_place(reference)
+
+
+@pytest.mark.parametrize("reference", ["file://proc/version", "file:///sys/power/state",
+                                       "file://dev/stdin"])
+def test_a_system_directory_spelled_with_leading_slashes_is_refused_by_place(
+        reference: str) -> None:
+    # POSIX keeps a leading "//" through abspath; Linux reads it as "/".
+    with pytest.raises(RevisionError) as info:
+        EnvFileResolver(environ={}).check_place(reference)
+    assert info.value.reason == "secret" and "under /proc, /sys or /dev" in info.value.detail
 
 
 def test_a_file_opened_through_a_link_leading_outside_is_refused(tmp_path: Path) -> None:
