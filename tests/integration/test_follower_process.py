@@ -2,7 +2,7 @@
 
 The upstream reads PostgreSQL and serves its active revision, signed with its
 cache key, on ``GET /v1/revision``. Followers poll it (every 0.3 s here),
-verify against their own ``[cache].trusted_keys``, compile, and serve it
+verify against their ``[control_plane].trusted_keys``, compile, and serve it
 themselves; they forward the upstream's signed bytes, unchanged, to whoever
 follows them.
 
@@ -48,7 +48,7 @@ class Node:
 
 def make_node(root: Path, name: str, url: str, trusted: list[str], *, port: int | None = None,
               key_name: str | None = None) -> Node:
-    """A replica's directory, key and configuration; ``trusted`` gets its own key added."""
+    """A replica's directory, key and configuration; ``trusted``: the root keys it follows."""
     directory = root / name
     directory.mkdir(exist_ok=True)
     key = root / f"{key_name or name}.key"
@@ -59,9 +59,12 @@ def make_node(root: Path, name: str, url: str, trusted: list[str], *, port: int 
         (root / f"{key_name or name}.pub").write_text(json.dumps(verify))
     port = port or free_port()
     extra = (f'[cache]\npath = "{directory}/cache/lkg.bin"\nsigning_key = "{key}"\n'
-             f"trusted_keys = {json.dumps([*trusted, verify])}\n")
+             f"trusted_keys = {json.dumps([verify])}\n")
+    # Followers trust the root's keys for what they receive, their own for their cache.
+    upstream = f"trusted_keys = {json.dumps(trusted)}" if url.startswith("http") else ""
     config = write_config(directory, url, extra, port=port, poll_interval_s=POLL_S,
-                          backoff_initial_s=0.1, backoff_max_s=0.5)
+                          backoff_initial_s=0.1, backoff_max_s=0.5,
+                          control_plane_extra=upstream)
     return Node(name, config, port, verify)
 
 
