@@ -244,7 +244,8 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "/healthz": "200 `{\"ok\": true}` while the event loop responds and every child is "
     "alive; 503 `{\"ok\": false, \"unhealthy\": [reasons]}` when a child has failed for good, "
     "waits to restart, or was restarted and has spent longer than "
-    "`3 * poll_interval_s + backoff_max_s` starting since it last ran (its restart "
+    "`3 * poll_interval_s + backoff_max_s` (in follower mode plus `fetch_timeout_s`) "
+    "starting since it last ran (its restart "
     "attempts added up, backoff waits not; a first start is the boot, covered by "
     "`/readyz`), or the convergence loop has not finished an attempt for that long.",
     "/readyz": "200 `{\"ready\": true, \"revision\", \"generation\"}` once a snapshot is "

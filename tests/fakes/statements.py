@@ -13,7 +13,6 @@ or made by a :class:`Root`) and answers 304 to a matching ``If-None-Match``.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import hashlib
 import json
@@ -22,6 +21,8 @@ from datetime import UTC, datetime, timedelta
 
 import nacl.signing
 import trio
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
 
 from supervisor.sinks.lkg import Statement, encode_file, encode_header, key_id_of
 from supervisor.sinks.lkg.fileformat import Header, decode_file
@@ -29,7 +30,6 @@ from supervisor.sinks.lkg.fileformat import Header, decode_file
 __all__ = ["BODY", "HostileUpstream", "Root", "gzip_bomb", "statement_of", "verify"]
 
 BODY = b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://a.example/"}}}'
-_WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B85"
 
 
 @dataclass
@@ -77,7 +77,7 @@ class HostileUpstream:
     ``"gzip_bomb"`` (``Content-Encoding: gzip, gzip`` over a nested bomb);
     ``"endless_500"`` (a chunked 500 that never ends); ``"drip"`` (a 200 whose
     body comes one byte every ``drip_s``); ``"silent"`` (accepts, says nothing);
-    ``"unavailable"`` (503). ``hint_flood`` hints are sent to each stream client.
+    ``"unavailable"`` (503). :meth:`flood` sends hints to each stream client.
     """
 
     def __init__(self, data: bytes = b"") -> None:
@@ -85,10 +85,18 @@ class HostileUpstream:
         self.mode = "genuine"
         self.drip_s = 8.0
         self.hint_flood = 0
+        self._flood_requested = trio.Event()
+        #: Set once a flood was written to a client (its socket took every byte).
+        self.flood_sent = trio.Event()
         self.requests = 0
         self.full = 0
         self.not_modified = 0
         self.port = 0
+
+    def flood(self, hints: int) -> None:
+        """Send ``hints`` published events to every stream client, connected or not yet."""
+        self.hint_flood = hints
+        self._flood_requested.set()
 
     @property
     def url(self) -> str:
@@ -121,7 +129,7 @@ class HostileUpstream:
                    (line.split(":", 1) for line in lines if ":" in line)}
         path = request_line.split(" ")[1]
         if path.startswith("/v1/stream"):
-            await self._stream(stream, headers)
+            await self._stream(stream, data)
             return
         self.requests += 1
         mode = self.mode
@@ -157,20 +165,24 @@ class HostileUpstream:
         else:
             await _send(stream, 200, self.data, [("etag", etag.encode())])
 
-    async def _stream(self, stream: trio.SocketStream, headers: dict[str, str]) -> None:
-        """A WebSocket handshake by hand, then ``hint_flood`` published events (unmasked)."""
-        key = headers.get("sec-websocket-key", "").encode()
-        accept = base64.b64encode(hashlib.sha1(key + _WS_GUID).digest())  # noqa: S324
-        await stream.send_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
-                              b"connection: Upgrade\r\nsec-websocket-accept: " + accept
-                              + b"\r\n\r\n")
-        payload = json.dumps({"type": "published", "revision": 1}).encode()
-        frame = bytes([0x81, len(payload)]) + payload
-        batch = frame * 1000
+    async def _stream(self, stream: trio.SocketStream, head: bytes) -> None:
+        """The WebSocket handshake (wsproto), then ``hint_flood`` published events."""
+        connection = WSConnection(ConnectionType.SERVER)
+        connection.receive_data(head)
+        for event in connection.events():
+            if isinstance(event, Request):
+                await stream.send_all(connection.send(AcceptConnection()))
+                break
+        else:
+            return
+        await self._flood_requested.wait()
+        payload = json.dumps({"type": "published", "revision": 1})
+        batch = b"".join(connection.send(TextMessage(payload)) for _ in range(1000))
         sent = 0
         while sent < self.hint_flood:
             await stream.send_all(batch)
             sent += 1000
+        self.flood_sent.set()
         await trio.sleep_forever()
 
 

@@ -15,77 +15,18 @@ converge, the third refuses it as ``denied`` and keeps serving the old one.
 
 from __future__ import annotations
 
-import json
 import signal
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 import trio
 
-from supervisor.sinks.lkg import generate_signing_key
+from tests.followers import POLL_S, Node, make_node, status_of, wait_active
 from tests.httpproxy import answer, forward_get, read_head
 from tests.polling import poll_until
-from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
-
-POLL_S = 0.3
-
-
-@dataclass
-class Node:
-    name: str
-    config: Path
-    port: int
-    verify_key: str
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-def make_node(root: Path, name: str, url: str, trusted: list[str], *, port: int | None = None,
-              key_name: str | None = None) -> Node:
-    """A replica's directory, key and configuration; ``trusted``: the root keys it follows."""
-    directory = root / name
-    directory.mkdir(exist_ok=True)
-    key = root / f"{key_name or name}.key"
-    if key.exists():
-        verify = json.loads((root / f"{key_name or name}.pub").read_text())
-    else:
-        verify = generate_signing_key(str(key))
-        (root / f"{key_name or name}.pub").write_text(json.dumps(verify))
-    port = port or free_port()
-    extra = (f'[cache]\npath = "{directory}/cache/lkg.bin"\nsigning_key = "{key}"\n'
-             f"trusted_keys = {json.dumps([verify])}\n")
-    # Followers trust the root's keys for what they receive, their own for their cache.
-    upstream = f"trusted_keys = {json.dumps(trusted)}" if url.startswith("http") else ""
-    config = write_config(directory, url, extra, port=port, poll_interval_s=POLL_S,
-                          backoff_initial_s=0.1, backoff_max_s=0.5,
-                          control_plane_extra=upstream)
-    return Node(name, config, port, verify)
-
-
-async def status_of(node: Node) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=node.url) as http:
-        return dict((await http.get("/status")).json())
-
-
-async def wait_active(node: Node, revision: int) -> dict[str, Any]:
-    report: dict[str, Any] = {}
-
-    async def active() -> bool:
-        nonlocal report
-        try:
-            report = await status_of(node)
-        except httpx.HTTPError:
-            return False
-        return bool(report["revision"]["active"] == revision)
-
-    await poll_until(active)
-    return report
+from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon
 
 
 async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_a_foreign_key(
