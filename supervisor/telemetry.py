@@ -52,6 +52,8 @@ class RevisionFacts(Protocol):
     def control_plane_up(self) -> bool: ...
     @property
     def lag_s(self) -> float: ...
+    @property
+    def statement_expires_at(self) -> float: ...
 
 NS = "supervisor"
 
@@ -127,6 +129,11 @@ class Metrics:
         )
         self.control_plane_up = Gauge(
             "control_plane_up", "1 when the last control-plane read succeeded.",
+            namespace=NS, registry=r,
+        )
+        self.statement_expires_at = Gauge(
+            "statement_expires_at_seconds",
+            "Unix time the root's signed statement being served expires (0 = none).",
             namespace=NS, registry=r,
         )
         self.serving_last_known_good = Gauge(
@@ -271,6 +278,7 @@ class Metrics:
         self.control_plane_up.set_function(lambda: 1 if status.control_plane_up else 0)
         self.serving_last_known_good.set_function(
             lambda: 1 if status.source == "last_known_good" else 0)
+        self.statement_expires_at.set_function(lambda: status.statement_expires_at)
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
         """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""

@@ -113,6 +113,11 @@ class RevisionStatus:
         return lag
 
     @property
+    def statement_expires_at(self) -> float:
+        """Unix time the statement serving expires (0.0 without one)."""
+        return self.statement.expires_at.timestamp() if self.statement is not None else 0.0
+
+    @property
     def stale(self) -> bool:
         """The statement serving has expired (False without one)."""
         return self.statement is not None and self.statement.expired(self._wall_clock())
