@@ -257,10 +257,12 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "\"aliases\", \"keys\"}` (each key's SHA-256, never the secret) with "
     "`ETag: \"<revision>-<generation>\"`; 304 when `If-None-Match` names it; 503 when none "
     "is active.",
-    "/v1/revision": "200, the active revision in the signed last-known-good file format "
-    "(the bytes `[cache]` writes), `ETag: \"<revision>\"`; 304 on `If-None-Match`; 503 when "
-    "none is active, no signing key is configured, or the cache does not hold it yet. What "
-    "followers poll.",
+    "/v1/revision": "200, the active revision's signed statement in the last-known-good file "
+    "format, version 2 (a root: the bytes `[cache]` writes; a follower: the root's bytes, "
+    "unchanged), `ETag: \"<sequence>.<sha256 prefix>.<issued_at in us>\"` (it changes with "
+    "the sequence, the body and every re-signing); 304 on `If-None-Match`; 503 when none is "
+    "active, no signing key is configured, or the cache does not hold it yet. What followers "
+    "poll.",
     "/v1/stream": "The live stream (WebSocket, below); a plain GET answers 426.",
     "/v1/converge": "Runs a convergence attempt now and answers when it has finished: "
     "200 `{\"outcome\", \"revision\", \"reason\"}` (outcome `published`, `converged`, "
