@@ -41,7 +41,7 @@ from supervisor.configfile import load
 from supervisor.tree import Restart
 from tests.chaos.support import fake_apiserver_process
 from tests.fakes.apiserver import FakeControl, write_kubeconfig
-from tests.integration.test_follower_process import make_node, wait_active
+from tests.followers import make_node, wait_active
 from tests.integration.test_healing_process import sample_health_blocking, status
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, Daemon, NotifySocket, acli, free_port, run_daemon, write_config
@@ -366,8 +366,9 @@ def shapes(tmp_path: Path) -> dict[str, Path]:
         directory.mkdir()
         configs[name] = write_config(directory, url, extra, listen=listen)
     # A follower verifies what it receives: it needs a key (make_node makes one).
+    unreachable_root = make_node(tmp_path, "follower-hint-root", "sqlite:///unused.db", [])
     configs["follower-hint"] = make_node(tmp_path, "follower-hint", "http://127.0.0.1:1",
-                                         []).config
+                                         [unreachable_root.verify_key]).config
     return configs
 
 

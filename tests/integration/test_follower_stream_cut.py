@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.followers import make_node, wait_active
 from tests.httpproxy import answer, forward_get, read_head
-from tests.integration.test_follower_process import make_node, wait_active
 from tests.proc import EXAMPLE, acli, free_port, run_daemon
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
