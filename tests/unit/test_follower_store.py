@@ -335,3 +335,92 @@ def test_a_bad_trusted_key_names_the_control_plane_key() -> None:
         FollowerStore(ControlPlaneConfig(url="http://u.test:1", trusted_keys=["nope"]),
                       max_schema_version=1)
     assert info.value.path == "$.control_plane.trusted_keys[0]"
+
+
+def test_the_accepted_file_is_0600_and_a_non_regular_one_refuses_to_start(tmp_path: Path
+                                                                          ) -> None:
+    path = tmp_path / "lkg.bin.accepted"
+    accepted = AcceptedStatements(str(path))
+    statement = statement_of(ROOT.sign(2, 2))
+    accepted.accept(statement)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert AcceptedStatements(str(path)).highest == statement.without_bytes()
+    directory = tmp_path / "dir.accepted"
+    directory.mkdir()
+    with pytest.raises(ConfigError) as info:
+        AcceptedStatements(str(directory))
+    assert "not a regular file" in str(info.value)
+
+
+def test_an_unwritable_accepted_file_keeps_the_highest_in_memory(tmp_path: Path) -> None:
+    from supervisor.sinks.lkg import CacheUnwritable
+
+    accepted = AcceptedStatements(str(tmp_path / "gone" / "lkg.bin.accepted"))
+    statement = statement_of(ROOT.sign(4, 4))
+    with pytest.raises(CacheUnwritable):
+        accepted.accept(statement)
+    assert accepted.highest == statement
+
+
+async def test_an_error_body_read_stops_at_exactly_4_kib() -> None:
+    async def endless() -> AsyncIterator[bytes]:
+        while True:
+            yield b"e" * 1000
+
+    store = store_for(FakeUpstream(b""))
+    response = httpx.Response(500, content=endless())
+    assert len(await store._read_some(response)) == ERROR_BODY_BYTES
+    short = httpx.Response(500, content=b"tiny")
+    assert await store._read_some(short) == "tiny"
+    await store.aclose()
+
+
+async def test_the_size_bound_is_inclusive_for_the_body_and_its_framing() -> None:
+    exact = b'{"schema_version": 1, "pad": "' + b"x" * (1024 - 32) + b'"}'
+    assert len(exact) == 1024
+    store = store_for(FakeUpstream(ROOT.sign(2, 2, body=exact)), max_revision_bytes=1024)
+    assert (await store.observe()) is not None  # exactly the bound: accepted
+    over = exact[:-2] + b'x"}'
+    error = await refusal(store_for(FakeUpstream(ROOT.sign(3, 3, body=over)),
+                                    max_revision_bytes=1024))
+    assert error.reason == "denied"
+    # A Content-Length over the bound is refused before a byte of the body is read.
+    upstream = FakeUpstream(b"")
+    upstream.respond = lambda request: httpx.Response(
+        200, content=b"", headers={"content-length": str(1024 + 70_000 + 1)})
+    error = await refusal(store_for(upstream, max_revision_bytes=1024))
+    assert error.reason == "denied" and str(1024 + 70_000 + 1) in str(error)
+
+
+@pytest.mark.parametrize("text", ["", "two words", "tab\there", "bell\x07"])
+def test_a_token_file_must_hold_one_printable_token(tmp_path: Path, text: str) -> None:
+    token = tmp_path / "token"
+    token.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        store_for(FakeUpstream(b""), token_file=str(token))
+    assert info.value.path == "$.control_plane.token_file"
+
+
+async def test_an_etag_at_the_length_bound_is_accepted_and_one_over_it_invalid() -> None:
+    from supervisor.controlplane.follower import FollowerStore as Store
+
+    data = ROOT.sign(3, 3)
+    for length, ok in ((256, True), (257, False)):
+        upstream = FakeUpstream(data)
+        upstream.respond = lambda request, n=length: httpx.Response(
+            200, content=data, headers={"etag": '"' + "a" * (n - 2) + '"'})
+        store: Store = store_for(upstream)
+        if ok:
+            assert (await store.observe()) is not None
+        else:
+            assert (await refusal(store)).reason == "invalid"
+
+
+async def test_revision_0_is_corrupt_and_a_5xx_boundary_is_unavailable() -> None:
+    error = await refusal(store_for(FakeUpstream(ROOT.sign(0, 1))))
+    assert error.reason == "corrupt"
+    upstream = FakeUpstream(b"")
+    upstream.status = 500
+    assert (await refusal(store_for(upstream))).reason == "unavailable"
+    upstream.status = 499
+    assert (await refusal(store_for(upstream))).reason == "invalid"

@@ -61,3 +61,11 @@ def test_refusal_against_the_highest_accepted(changes: dict[str, object],
     refused = refusal_of(candidate, HIGHEST)
     assert (refused[0] if refused else None) == reason
     assert refusal_of(candidate, None) is None
+
+
+def test_the_signed_bytes_are_neither_compared_nor_shown() -> None:
+    signed = replace(HIGHEST, signed=b"\x00secret-looking bytes")
+    assert signed == HIGHEST
+    assert "secret-looking" not in repr(signed)
+    report = replace(HIGHEST, issued_at=T0).report(T0 + timedelta(seconds=12.34567))
+    assert report["age_s"] == 12.346
