@@ -424,3 +424,15 @@ async def test_revision_0_is_corrupt_and_a_5xx_boundary_is_unavailable() -> None
     assert (await refusal(store_for(upstream))).reason == "unavailable"
     upstream.status = 499
     assert (await refusal(store_for(upstream))).reason == "invalid"
+
+
+@pytest.mark.parametrize(("extra", "reason"), [(0, "corrupt"), (1, "denied")])
+async def test_the_raw_bound_is_the_body_bound_plus_the_largest_framing(
+    extra: int, reason: str
+) -> None:
+    # magic 20, header length 4, header at most 64 KiB, signature 64.
+    limit = 1024 + 20 + 4 + 65536 + 64
+    upstream = FakeUpstream(b"")
+    upstream.respond = lambda request: httpx.Response(200, content=b"\0" * (limit + extra))
+    error = await refusal(store_for(upstream, max_revision_bytes=1024))
+    assert error.reason == reason  # at the bound it is read (and is no cache file)
