@@ -48,19 +48,21 @@ def free_port() -> int:
 
 
 def write_node(root: Path, name: str, url: str, trusted: list[str], *, poll: float,
-               listen: bool) -> tuple[Path, int]:
+               listen: bool, ttl_s: float = 300.0) -> tuple[Path, int]:
     directory = root / name
     directory.mkdir()
     key = directory / "key"
     verify = generate_signing_key(str(key))
     port = free_port()
     config = directory / "supervisor.toml"
+    # A follower trusts the root's keys for what it receives, its own for its cache.
+    upstream = f"trusted_keys = {json.dumps(trusted)}\n" if trusted else ""
     config.write_text(
         f'[log]\nlevel = "warning"\nformat = "json"\n'
         f'[control_plane]\nurl = "{url}"\npoll_interval_s = {poll}\n'
-        f"listen = {'true' if listen else 'false'}\n"
+        f"listen = {'true' if listen else 'false'}\n{upstream}"
         f'[cache]\npath = "{directory}/cache/lkg.bin"\nsigning_key = "{key}"\n'
-        f"trusted_keys = {json.dumps([*trusted, verify])}\n"
+        f"trusted_keys = {json.dumps([verify])}\nstatement_ttl_s = {ttl_s}\n"
         f'[admin]\nlisten = "127.0.0.1:{port}"\n')
     (directory / "verify").write_text(verify)
     return config, port
@@ -189,16 +191,93 @@ async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict
     }
 
 
+def cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def refresh_cost(followers: int, ttl_s: float, window_s: float) -> tuple[float, int]:
+    """(the root's CPU seconds over ``window_s``, statements it signed) with N polling followers.
+
+    Followers poll every second without the stream; the root re-signs every
+    ``ttl_s / 2`` and every follower then fetches the new statement once.
+    """
+    import httpx
+
+    with tempfile.TemporaryDirectory(prefix="bench-refresh-") as tmp:
+        root = Path(tmp)
+        db = f"sqlite:///{root}/cp.db"
+        up_config, up_port = write_node(root, "upstream", db, [], poll=0.2, listen=True,
+                                        ttl_s=ttl_s)
+        store = open_store(ControlPlaneConfig(url=db), max_schema_version=SCHEMA_VERSION)
+        await store.migrate()
+        await store.publish(BODY, 1, "bench")
+        await store.aclose()
+        trusted = [(root / "upstream" / "verify").read_text()]
+        procs: list[subprocess.Popen[bytes]] = []
+
+        def start(config: Path) -> None:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "supervisor", "--config", str(config)],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+        try:
+            start(up_config)
+            await wait_ready(up_port)
+            ports = []
+            for i in range(followers):
+                config, port = write_node(root, f"f{i}", f"http://127.0.0.1:{up_port}", trusted,
+                                          poll=1.0, listen=False)
+                start(config)
+                ports.append(port)
+            with trio.fail_after(300):
+                for port in ports:
+                    await wait_ready(port)
+            await trio.sleep(5)  # past the start-up work
+            seen: set[str] = set()
+            before = cpu_s(procs[0].pid)
+            async with httpx.AsyncClient() as http:
+                with trio.move_on_after(window_s):
+                    while True:
+                        report = (await http.get(f"http://127.0.0.1:{up_port}/status")).json()
+                        seen.add(report["revision"]["statement"]["issued_at"])
+                        await trio.sleep(0.1)
+            used = cpu_s(procs[0].pid) - before
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait()
+    return used, len(seen) - 1
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--followers", type=int, default=50)
     parser.add_argument("--publishes", type=int, default=20)
     parser.add_argument("--poll", type=float, default=5.0)
+    parser.add_argument("--refresh-window", type=float, default=60.0)
+    parser.add_argument("--refresh-only", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     for listen in (True, False):
+        if args.refresh_only:
+            break
         result = await run(args.followers, args.publishes, args.poll, listen)
         print(json.dumps(result))
+    # Statement refresh: the root's CPU with a 10 s TTL (a new statement every ~5 s) minus
+    # with a TTL of a day (none), per statement and follower, scaled to the default TTL.
+    # (Shorter TTLs leave a cold follower on a loaded machine an expired statement at boot.)
+    base, _ = await refresh_cost(args.followers, 86400.0, args.refresh_window)
+    busy, signed = await refresh_cost(args.followers, 10.0, args.refresh_window)
+    per_refresh_ms = max(0.0, busy - base) / max(1, signed) / args.followers * 1000
+    print(json.dumps({
+        "mode": "statement refresh", "root_cpu_s_no_refresh": round(base, 3),
+        "root_cpu_s_refreshing": round(busy, 3), "statements_signed": signed,
+        "root_cpu_ms_per_follower_per_refresh": round(per_refresh_ms, 3),
+        "root_cpu_ms_per_follower_per_hour_at_300s_ttl": round(per_refresh_ms * 3600 / 150, 2),
+    }))
 
 
 if __name__ == "__main__":

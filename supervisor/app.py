@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from supervisor.admin.signed import SignedRevisionFile
     from supervisor.fanout.leadership import LeadershipStatus
     from supervisor.sinks.lkg import LastKnownGood
+    from supervisor.sinks.lkg.accepted import AcceptedStatements
     from supervisor.tlsconfig import ServerContexts
 
 __all__ = ["Daemon", "run_daemon"]
@@ -85,6 +86,8 @@ class Daemon:
     _ready: bool = False
     _watchdog_was_healthy: bool = True
     _reload: ConfigReload | None = None
+    # Follower mode: the highest statement accepted, kept across child restarts.
+    _accepted: AcceptedStatements | None = None
 
     # -- children --------------------------------------------------------------
 
@@ -144,6 +147,9 @@ class Daemon:
             trusted_keys=self.config.cache.trusted_keys,
             max_schema_version=SCHEMA_VERSION,
         )
+        if self.config.control_plane.backend == "follower":
+            cache.refuse_own_key_among(self.config.control_plane.trusted_keys,
+                                       "$.control_plane.trusted_keys")
         if not cache.signing_key_trusted:
             log.warning("the cache signing key is not among cache.trusted_keys: this "
                         "replica would refuse its own cache at boot",
@@ -179,10 +185,17 @@ class Daemon:
             self._convergence_started = True
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
+            follower = cp.backend == "follower"
+            if follower and self._accepted is None:
+                # Made once per process, read at its first start: a restarted
+                # child keeps the highest statement accepted.
+                from supervisor.sinks.lkg.accepted import ACCEPTED_SUFFIX, AcceptedStatements
+
+                path = self.config.cache.path
+                self._accepted = await trio.to_thread.run_sync(
+                    AcceptedStatements, None if path is None else path + ACCEPTED_SUFFIX)
             store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
-                               trusted_keys=self.config.cache.trusted_keys,
-                               forward_to=forward_path(self.config.cache.path)
-                               if cp.backend == "follower" else None)
+                               accepted=self._accepted)
             try:
                 reconciler = ConvergenceLoop(
                     store,
@@ -201,6 +214,8 @@ class Daemon:
                     on_outage_change=lambda _down: self.listener_poke.poke(),
                     serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
                     sink_status=self.sinks,
+                    statement_ttl_s=self.config.cache.statement_ttl_s,
+                    forward_to=forward_path(self.config.cache.path) if follower else None,
                 )
                 await reconciler.run(task_status=task_status)
             finally:
@@ -388,6 +403,19 @@ class Daemon:
 
     async def run(self) -> None:
         """Run until shutdown. Raises BootRefused, SupervisionGaveUp, ConfigError."""
+        lock = None
+        if self.config.cache.path is not None:
+            from supervisor.sinks.lkg.lock import hold_cache_lock
+
+            lock = hold_cache_lock(self.config.cache.path)  # one daemon per cache
+        self.status.follower = self.config.control_plane.backend == "follower"
+        try:
+            await self._run()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    async def _run(self) -> None:
         with trio.open_signal_receiver(*HANDLED) as receiver:
             tree = self.build_tree()
             tree_scope = trio.CancelScope()

@@ -300,6 +300,12 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
         except ConfigError as exc:
             problems.append((exc.path, exc.reason))
         else:
+            if config.control_plane.backend == "follower":
+                try:
+                    cache.refuse_own_key_among(config.control_plane.trusted_keys,
+                                               "$.control_plane.trusted_keys")
+                except ConfigError as exc:
+                    problems.append((exc.path, exc.reason))
             if not cache.signing_key_trusted:
                 warnings.append(("$.cache.signing_key", "its verify key is not in "
                                  "cache.trusted_keys; this replica would refuse its own cache"))

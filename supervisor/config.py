@@ -93,6 +93,12 @@ class ControlPlaneConfig(_Section, frozen=True):
     backoff_max_s: BackoffSeconds = 30.0
     # Follower mode only: the upstream replica's admin token.
     token_file: str | None = None
+    # Follower mode only: the root's verify keys (ed25519:...) its statements must carry.
+    trusted_keys: list[str] = msgspec.field(default_factory=list)
+    # Follower mode only: one fetch of the upstream's statement, as a whole.
+    fetch_timeout_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)] = 10.0
+    # Follower mode only: stream hints within this interval cause at most one fetch.
+    hint_min_interval_s: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 0.1
     # PostgreSQL only: a direct connection for LISTEN when url goes through a
     # transaction-pooling PgBouncer (which cannot carry LISTEN).
     listen_url: str | None = None
@@ -127,6 +133,8 @@ class CacheConfig(_Section, frozen=True):
     # False: a boot whose desired revision does not compile
     # refuses (exit 3). True: it serves a valid signed cache instead.
     serve_when_desired_refused: bool = False
+    # A root's signed statement is valid this long; it is re-signed at half of it.
+    statement_ttl_s: Annotated[float, msgspec.Meta(ge=1.0, le=30 * 86400.0)] = 300.0
 
 
 class SnapshotConfig(_Section, frozen=True):

@@ -173,12 +173,15 @@ def cross_check(config: Config) -> None:
             raise ConfigError("$.control_plane.url", why)
     if cp.backend == "follower":
         _check_upstream_url(cp.url)
-        if not config.cache.trusted_keys:
+        if not cp.trusted_keys:
             raise ConfigError(
-                "$.cache.trusted_keys",
-                "follower mode verifies every revision it receives: name the upstream's "
-                "verify key(s) here",
+                "$.control_plane.trusted_keys",
+                "follower mode verifies every statement it receives: name the root's "
+                "verify key(s) here (not this replica's own cache key)",
             )
+    elif cp.trusted_keys:
+        raise ConfigError("$.control_plane.trusted_keys", "only used in follower mode "
+                          "(control_plane.url = http(s)://HOST:PORT)")
     elif cp.token_file is not None:
         raise ConfigError("$.control_plane.token_file", "only used in follower mode "
                           "(control_plane.url = http(s)://HOST:PORT)")

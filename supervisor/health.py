@@ -27,8 +27,13 @@ __all__ = ["stall_limit_s", "start_limit_s", "status_line", "unhealthy", "watchd
 
 
 def stall_limit_s(cp: ControlPlaneConfig) -> float:
-    """How long the loop may go without finishing an attempt (docs/admin-api.md)."""
-    return 3 * cp.poll_interval_s + cp.backoff_max_s
+    """How long the loop may go without finishing an attempt (docs/admin-api.md).
+
+    A follower's attempt may itself take up to ``fetch_timeout_s`` (a slow
+    upstream), which is no stall: it is added in follower mode.
+    """
+    fetch = cp.fetch_timeout_s if cp.backend == "follower" else 0.0
+    return 3 * cp.poll_interval_s + cp.backoff_max_s + fetch
 
 
 def start_limit_s(cp: ControlPlaneConfig) -> float:

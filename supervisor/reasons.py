@@ -24,7 +24,8 @@ RevisionReason = Literal[
     "projection",  # a key names an unknown alias
     "secret",  # a secret reference cannot be resolved
     "snapshot",  # the snapshot cannot be built
-    "rollback",  # follower: the upstream served an older revision than accepted
+    "rollback",  # follower: the upstream served an older statement than accepted
+    "stale",  # follower: the root's signed statement has expired
 ]
 
 REVISION_REASONS: Final[tuple[RevisionReason, ...]] = get_args(RevisionReason)
@@ -41,12 +42,13 @@ PROJECTION: Final = "projection"
 SECRET: Final = "secret"
 SNAPSHOT: Final = "snapshot"
 ROLLBACK: Final = "rollback"
+STALE: Final = "stale"
 
 # mypy checks every constant is one of the Literal's labels; the import fails
 # when a label of the Literal has no constant.
 _CONSTANTS: Final[tuple[RevisionReason, ...]] = (
     UNAVAILABLE, CONFLICT, NOT_FOUND, INVALID, DENIED, CORRUPT, INCOMPATIBLE, VALIDATION,
-    PROJECTION, SECRET, SNAPSHOT, ROLLBACK,
+    PROJECTION, SECRET, SNAPSHOT, ROLLBACK, STALE,
 )
 assert set(_CONSTANTS) == set(REVISION_REASONS), "a reason label without its constant"
 

@@ -52,6 +52,8 @@ class RevisionFacts(Protocol):
     def control_plane_up(self) -> bool: ...
     @property
     def lag_s(self) -> float: ...
+    @property
+    def statement_expires_at(self) -> float: ...
 
 class SinkFacts(Protocol):
     """What the sink gauge reads (the side sinks' status)."""
@@ -139,6 +141,11 @@ class Metrics:
             "control_plane_up",
             "1 when the control plane answered the last read (refusals included); 0 when "
             "it could not be asked.",
+            namespace=NS, registry=r,
+        )
+        self.statement_expires_at = Gauge(
+            "statement_expires_at_seconds",
+            "Unix time the root's signed statement being served expires (0 = none).",
             namespace=NS, registry=r,
         )
         self.serving_last_known_good = Gauge(
@@ -297,6 +304,7 @@ class Metrics:
         self.control_plane_up.set_function(lambda: 1 if status.control_plane_up else 0)
         self.serving_last_known_good.set_function(
             lambda: 1 if status.source == "last_known_good" else 0)
+        self.statement_expires_at.set_function(lambda: status.statement_expires_at)
 
     def follow_sinks(self, status: SinkFacts) -> None:
         """Read ``supervisor_sink_state`` from ``status`` at every scrape."""

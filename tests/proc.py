@@ -34,10 +34,17 @@ def free_port() -> int:
 def write_config(directory: Path, url: str, extra: str = "", *, port: int | None = None,
                  grace_s: float = 5.0, poll_interval_s: float = 1.0,
                  listen: bool | None = None, backoff_initial_s: float | None = None,
-                 backoff_max_s: float | None = None) -> Path:
-    """The daemon's configuration for a test; ``extra`` lands in ``[admin]`` or after it."""
+                 backoff_max_s: float | None = None,
+                 control_plane_extra: str = "") -> Path:
+    """The daemon's configuration for a test; ``extra`` lands in ``[admin]`` or after it.
+
+    ``control_plane_extra`` lands in ``[control_plane]`` (follower mode's
+    trusted_keys, fetch bounds).
+    """
     port = port or free_port()
     control_plane = [f'url = "{url}"', f"poll_interval_s = {poll_interval_s}"]
+    if control_plane_extra:
+        control_plane.append(control_plane_extra)
     if listen is not None:
         control_plane.append(f"listen = {'true' if listen else 'false'}")
     if backoff_initial_s is not None:

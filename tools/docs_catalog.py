@@ -30,7 +30,7 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "(the password in a pgpass file, never here), or sqlite:///PATH (relative to the "
     "working directory; four slashes for an absolute path), or http(s)://HOST:PORT: "
     "follower mode, another replica's admin address (its GET /v1/revision, verified "
-    "against cache.trusted_keys).",
+    "against control_plane.trusted_keys).",
     "control_plane.token_file": "Follower mode: a file holding the upstream replica's "
     "admin token.",
     "control_plane.ca_file": "Follower mode over https://: the CA file the upstream's "
@@ -40,6 +40,14 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "client_key_file.",
     "control_plane.client_key_file": "The private key of control_plane.client_cert_file "
     "(mode 0600).",
+    "control_plane.trusted_keys": "Follower mode, required: the root's verify keys "
+    "(ed25519:...) a signed statement must carry, whichever hop passed it on. Never this "
+    "replica's own cache key (check exits 2): a key that signs caches must not vouch for "
+    "what the upstream sends.",
+    "control_plane.fetch_timeout_s": "Follower mode: one fetch of the upstream's statement "
+    "(connect, headers and body) ends within this, as a whole: a slow drip is unavailable.",
+    "control_plane.hint_min_interval_s": "Follower mode: any number of the upstream's stream "
+    "hints within this interval cause at most one fetch.",
     "control_plane.listen_url": "PostgreSQL: a direct connection for LISTEN when url goes "
     "through a transaction-pooling PgBouncer (which cannot carry LISTEN). Unset: url.",
     "control_plane.poll_interval_s": "How often the desired revision is read. Polling is "
@@ -84,6 +92,10 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "the rule that an operator's broken intent is never hidden behind an older revision.",
     "cache.trusted_keys": "Verify keys (ed25519:...) whose signatures are accepted on the "
     "cache. Required with cache.path; must include the signing key's own verify key.",
+    "cache.statement_ttl_s": "A root: how long the statement it signs about its desired "
+    "revision stays valid (at least 1 s); it signs a fresh one after a successful read of "
+    "its control plane once the one it serves is older than half of this. Followers "
+    "report stale once it expires.",
     "snapshot.path": "Where the active snapshot is written atomically as JSON for local "
     "consumers (digests only, never secrets). Unset: not written.",
     "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
@@ -168,9 +180,16 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                 "Publish again; inspect the storage that damaged it."),
     "incompatible": ("The revision's schema_version is newer than this build reads.",
                      "Upgrade the daemon before publishing documents of a new schema."),
-    "rollback": ("Follower mode: the upstream served a validly signed revision older than "
-                 "one this replica already accepted from it (a replayed response).",
-                 "Check the upstream; publish a newer revision there."),
+    "rollback": ("Follower mode: the upstream served a validly signed statement whose "
+                 "sequence is below the highest this replica ever accepted (kept across "
+                 "restarts beside the cache), or issued before it (a replayed response).",
+                 "Check the upstream; an operator's rollback at the root is a higher "
+                 "sequence and is accepted."),
+    "stale": ("Follower mode: the root's signed statement has expired ([cache].statement_ttl_s "
+              "at the root): the root stopped reading its control plane, or a hub in between "
+              "froze it. The active revision keeps serving.",
+              "Check the root's control plane and every hop between; the root's next "
+              "statement clears it."),
     "validation": ("The document's shape or a constraint is wrong (the detail names the "
                    "$.path).",
                    "Fix the document; trio-supervisor publish checks it before storing."),
@@ -264,7 +283,8 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "/healthz": "200 `{\"ok\": true}` while the event loop responds and every child is "
     "alive; 503 `{\"ok\": false, \"unhealthy\": [reasons]}` when a child has failed for good, "
     "waits to restart, or was restarted and has spent longer than "
-    "`3 * poll_interval_s + backoff_max_s` starting since it last ran (its restart "
+    "`3 * poll_interval_s + backoff_max_s` (in follower mode plus `fetch_timeout_s`) "
+    "starting since it last ran (its restart "
     "attempts added up, backoff waits not; a first start is the boot, covered by "
     "`/readyz`), or the convergence loop has not finished an attempt for that long, or "
     "the last write of the snapshot file failed (`the snapshot file cannot be written: "
@@ -279,10 +299,12 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "\"aliases\", \"keys\"}` (each key's SHA-256, never the secret) with "
     "`ETag: \"<revision>-<generation>\"`; 304 when `If-None-Match` names it; 503 when none "
     "is active.",
-    "/v1/revision": "200, the active revision in the signed last-known-good file format "
-    "(the bytes `[cache]` writes), `ETag: \"<revision>\"`; 304 on `If-None-Match`; 503 when "
-    "none is active, no signing key is configured, or the cache does not hold it yet. What "
-    "followers poll.",
+    "/v1/revision": "200, the active revision's signed statement in the last-known-good file "
+    "format, version 2 (a root: the bytes `[cache]` writes; a follower: the root's bytes, "
+    "unchanged), `ETag: \"<sequence>.<sha256 prefix>.<issued_at in us>\"` (it changes with "
+    "the sequence, the body and every re-signing); 304 on `If-None-Match`; 503 when none is "
+    "active, no signing key is configured, or the cache does not hold it yet. What followers "
+    "poll.",
     "/v1/stream": "The live stream (WebSocket, below); a plain GET answers 426.",
     "/v1/converge": "Runs a convergence attempt now and answers when it has finished: "
     "200 `{\"outcome\", \"revision\", \"reason\"}` (outcome `published`, `converged`, "
@@ -312,6 +334,12 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "the first).",
     "revision.last_error": "The last failed attempt as `<reason>: <detail>`, null once one "
     "succeeds.",
+    "revision.sequence": "The root's desired-state sequence of what serves (grows at every "
+    "change of desired state, rollbacks included; null: unknown).",
+    "revision.statement": "The signed statement serving: `{\"sequence\", \"root\", "
+    "\"issued_at\", \"expires_at\", \"age_s\", \"stale\"}` (`root`: the root's "
+    "control-plane identity; `stale`: expired), null without one. In follower mode "
+    "`lag_s` is at least its `age_s`.",
     "revision.upstream": "Follower mode only: the upstream replica's address.",
     "children": "The supervised children, by name.",
     "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`.",
@@ -407,10 +435,21 @@ FOLLOWER: Final[tuple[str, ...]] = (
     "database; `[control_plane].token_file` holds the upstream's admin token.",
     "Polling the upstream's `GET /v1/revision` every `poll_interval_s` is the correctness "
     "path; its `/v1/stream` only wakes the follower early ([admin-api.md](admin-api.md)).",
-    "Every revision received is verified against `[cache].trusted_keys` before it is "
-    "compiled (unauthentic `denied`, damaged `corrupt`, older than one already served "
-    "`rollback`), then compiled with this replica's own secrets, as one read from the "
-    "database.",
+    "Every statement received is judged before its revision is compiled, in this order: "
+    "its signature against `[control_plane].trusted_keys` (else `denied`); its sequence "
+    "not below the highest ever accepted, kept in `<[cache].path>.accepted` across "
+    "restarts and crashes (else `rollback`); the same sequence with another body "
+    "`corrupt`; not expired (else `stale`, checked at every poll, a 304 included). A root "
+    "identity change (the root's control plane restored) is accepted only for a statement "
+    "issued after the highest accepted one. Then it is compiled with this replica's own "
+    "secrets, as one read from the database, and once it serves, the root's signed bytes "
+    "are passed on unchanged.",
+    "At boot, a refused statement (`rollback`, `denied`, `stale`, `corrupt`) boots from "
+    "this replica's own valid signed cache, as an unreachable upstream does.",
+    "Fetch bounds: `[control_plane].fetch_timeout_s` for one attempt as a whole; "
+    "`Accept-Encoding: identity` (any other `Content-Encoding` is `corrupt`); the body "
+    "bound checked while it arrives (`denied`); at most 4 KiB of a non-200 body read; a "
+    "malformed header `invalid`; proxies from the environment ignored.",
     "Failures: connection errors, timeouts and 5xx (503: the upstream has nothing active "
     "yet, or no signing key) are `unavailable`, retried while the last good snapshot keeps "
     "serving; 401/403 are `denied`; any other status `invalid`.",

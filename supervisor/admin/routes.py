@@ -37,7 +37,7 @@ from supervisor.admin.responses import (
     header_value,
     json_response,
 )
-from supervisor.admin.signed import Unservable
+from supervisor.admin.signed import Unservable, etag_for
 from supervisor.admin.stream import Receive, Scope
 from supervisor.logs import get_logger
 
@@ -198,12 +198,14 @@ class Routes:
             return error_response(503, "no_signing_key", detail or "no signed revisions here")
         if snapshot is None:
             return error_response(503, "no_snapshot", "no revision is active yet")
-        etag = f'"{snapshot.revision}"'
+        state = self.ctx.state
+        # Sequence, digest and issued_at: a reused id or a fresh statement is never a 304.
+        etag = etag_for(snapshot.revision, state.body_sha256, state.statement)
         tag_header = [(b"etag", etag.encode("latin-1"))]
         if_none_match = header_value(headers, b"if-none-match")
         if if_none_match is not None and etag_matches(if_none_match, etag):
             return Response(304, b"", None, tag_header, cache=b"no-cache")
-        data = signed.held(snapshot.revision, self.ctx.state.body_sha256)
+        data = signed.held(etag)
         if data is None:
             return READ_SIGNED
         return Response(200, data, SIGNED, tag_header, cache=b"no-cache")
@@ -212,12 +214,14 @@ class Routes:
         signed = self.ctx.signed
         snapshot = self.ctx.state.snapshot
         assert signed is not None and snapshot is not None  # revision checked both
-        revision, digest = snapshot.revision, self.ctx.state.body_sha256
+        state = self.ctx.state
+        revision, digest, statement = snapshot.revision, state.body_sha256, state.statement
         try:
-            data = await trio.to_thread.run_sync(signed.read, revision, digest)
+            data = await trio.to_thread.run_sync(signed.read, revision, digest, statement)
         except Unservable as exc:
             return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
-        return Response(200, data, SIGNED, [(b"etag", f'"{revision}"'.encode("latin-1"))],
+        etag = etag_for(revision, digest, statement)
+        return Response(200, data, SIGNED, [(b"etag", etag.encode("latin-1"))],
                         cache=b"no-cache")
 
     def stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:

@@ -8,12 +8,17 @@ normally holds N, signed with ``[cache].signing_key``. A follower serves the
 upstream's signed bytes it forwards instead (``<[cache].path>.upstream``,
 :mod:`supervisor.controlplane.follower`), under the same rule. The file is served only
 when its header names the active revision and the active body's SHA-256;
-otherwise (the export failed, or the next revision is being exported right
-now) the route answers 503 and the follower retries.
+and, when one serves (:attr:`~supervisor.sinks.state.ActiveState.statement`),
+the signed statement's sequence and ``issued_at``; otherwise (the export
+failed, or the next revision or statement is being exported right now) the
+route answers 503 and the follower retries.
 
-The last bytes served are kept in memory, keyed by revision and digest, so a
-fleet polling an unchanged upstream costs no file read; a conditional request
-naming the active revision costs nothing at all (304 before this module runs).
+The ETag (:func:`etag_for`) is the statement's: sequence, body digest and
+``issued_at``, so a revision id reused for another body, or a fresh statement
+about the same revision, is never answered 304. The last bytes served are
+kept in memory under that ETag, so a fleet polling an unchanged upstream costs
+no file read; a conditional request naming it costs nothing at all (304
+before this module runs).
 :meth:`SignedRevisionFile.read` blocks (file I/O): call it from a worker thread.
 """
 
@@ -25,8 +30,17 @@ import msgspec
 
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, Header
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
+from supervisor.sinks.lkg.statement import Statement
 
-__all__ = ["SignedRevisionFile", "Unservable"]
+__all__ = ["SignedRevisionFile", "Unservable", "etag_for"]
+
+
+def etag_for(revision: int, body_sha256: bytes | None, statement: Statement | None) -> str:
+    """The ETag of ``GET /v1/revision``: the statement's; without one, id and digest."""
+    if statement is not None:
+        return statement.etag()
+    digest = body_sha256.hex()[:32] if body_sha256 is not None else "-"
+    return f'"{revision}.{digest}"'
 
 _FRAMING = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
 
@@ -42,7 +56,7 @@ class SignedRevisionFile:
     path: str | None
     signing: bool
     max_bytes: int = 16 * 1024 * 1024
-    _held: tuple[int, bytes | None, bytes] | None = None
+    _held: tuple[str, bytes] | None = None
 
     def unservable_reason(self) -> str | None:
         if self.path is None or not self.signing:
@@ -50,15 +64,19 @@ class SignedRevisionFile:
                     "[cache].signing_key (a follower: [cache].path)")
         return None
 
-    def held(self, revision: int, body_sha256: bytes | None) -> bytes | None:
-        """The bytes already read for this revision and digest, or None (no I/O)."""
+    def held(self, etag: str) -> bytes | None:
+        """The bytes already read under this ETag, or None (no I/O)."""
         held = self._held
-        if held is not None and held[0] == revision and held[1] == body_sha256:
-            return held[2]
+        if held is not None and held[0] == etag:
+            return held[1]
         return None
 
-    def read(self, revision: int, body_sha256: bytes | None) -> bytes:
-        """The cache file's bytes when they are this revision's; raises Unservable. Blocking."""
+    def read(self, revision: int, body_sha256: bytes | None,
+             statement: Statement | None = None) -> bytes:
+        """The file's bytes when they are this revision's (and statement's); Unservable else.
+
+        Blocking.
+        """
         reason = self.unservable_reason()
         if reason is not None:
             raise Unservable(reason)
@@ -74,9 +92,13 @@ class SignedRevisionFile:
             body_sha256 is not None and header.body_sha256 != body_sha256.hex()
         ):
             raise Unservable(f"the cache does not hold the active revision {revision} (yet)")
+        if statement is not None and (header.sequence, header.issued_at) != (
+                statement.sequence, statement.issued_at):
+            raise Unservable(f"the cache does not hold the active statement (sequence "
+                             f"{statement.sequence}) of revision {revision} (yet)")
         if len(data) > self.max_bytes + _FRAMING:
             raise Unservable("the cache file is larger than any revision can be")
-        self._held = (revision, body_sha256, data)
+        self._held = (etag_for(revision, body_sha256, statement), data)
         return data
 
 

@@ -38,6 +38,15 @@ class Rejection(_Part):
     at: str
 
 
+class StatementReport(_Part):
+    sequence: int
+    root: str
+    issued_at: str
+    expires_at: str
+    age_s: float
+    stale: bool
+
+
 class RevisionReport(_Part):
     desired: int | None
     loaded: int | None
@@ -50,6 +59,8 @@ class RevisionReport(_Part):
     last_rejection: Rejection | None
     control_plane_up: bool | None
     last_error: str | None
+    sequence: int | None
+    statement: StatementReport | None
     upstream: str | msgspec.UnsetType = msgspec.UNSET
 
 

@@ -10,8 +10,10 @@ so callers classify without knowing the driver::
         │                                (category DENIED, reason "incompatible")
         ├── SchemaTooNew                 the database was migrated by a newer build
         │                                (category INVALID; the CLI and boot exit 2)
-        └── TooLarge                     body over max_revision_bytes
-                                         (category DENIED, reason "denied")
+        ├── TooLarge                     body over max_revision_bytes
+        │                                (category DENIED, reason "denied")
+        └── StatementRefused             follower: the upstream's signed statement refused
+                                         (reason denied, rollback, corrupt or stale)
 
     category     reason        retryable  raised for
     UNAVAILABLE  unavailable   yes        connection failure, timeout, cancelled statement
@@ -42,6 +44,7 @@ __all__ = [
     "FailureCategory",
     "Incompatible",
     "SchemaTooNew",
+    "StatementRefused",
     "TooLarge",
     "malformed",
     "unavailable_timeout",
@@ -172,6 +175,32 @@ class TooLarge(ControlPlaneError):
         )
         self.size = size
         self.limit = limit
+
+
+class StatementRefused(ControlPlaneError):
+    """Follower mode: the upstream answered, and its statement is refused.
+
+    ``denied`` (signature), ``rollback`` (below the highest accepted),
+    ``corrupt`` (the same sequence with another body, damaged framing) or
+    ``stale`` (expired). The upstream answered, so it is no outage; at boot a
+    follower serves its own valid signed cache instead, as for an unreachable
+    upstream. ``revision`` is None but for a body that does not match its
+    authentic header (``corrupt``): a replayed or forged statement's revision
+    is never reported as the desired one.
+    """
+
+    _CATEGORIES = {reasons.DENIED: FailureCategory.DENIED,
+                   reasons.ROLLBACK: FailureCategory.DENIED,
+                   reasons.CORRUPT: FailureCategory.CORRUPT,
+                   reasons.STALE: FailureCategory.DENIED}
+
+    def __init__(self, reason: str, message: str, *, revision: int | None = None) -> None:
+        super().__init__(message, category=self._CATEGORIES[reason], revision=revision)
+        self._reason = reason
+
+    @property
+    def reason(self) -> str:
+        return self._reason
 
 
 def malformed(exc: Exception, *, what: str) -> ControlPlaneError:

@@ -6,12 +6,12 @@ interface imports no driver and no driver imports the factory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
     from supervisor.controlplane.store import ControlPlaneStore
+    from supervisor.sinks.lkg.accepted import AcceptedStatements
 
 __all__ = ["open_store"]
 
@@ -22,15 +22,13 @@ def open_store(
     max_schema_version: int,
     statement_timeout_s: float = 10.0,
     create: bool = True,
-    trusted_keys: Sequence[str] = (),
-    forward_to: str | None = None,
+    accepted: AcceptedStatements | None = None,
 ) -> ControlPlaneStore:
     """The store for ``config.url`` (PostgreSQL, SQLite, an upstream replica); not connected yet.
 
-    ``trusted_keys`` (``[cache].trusted_keys``) is what a follower verifies the
-    upstream's revisions against (:mod:`supervisor.controlplane.follower`);
-    ``forward_to`` is where it keeps the upstream's signed bytes for its own
-    followers. Both are unused by the databases.
+    ``accepted`` is a follower's highest accepted statement
+    (:mod:`supervisor.controlplane.follower`), held by the daemon so that a
+    restarted child keeps it; unused by the databases.
 
     ``create=False`` (the daemon) never creates an SQLite file: a control-plane
     file that vanished is an outage to report, not an empty control plane.
@@ -38,10 +36,7 @@ def open_store(
     if config.backend == "follower":
         from supervisor.controlplane.follower import FollowerStore
 
-        return FollowerStore(
-            config, list(trusted_keys), max_schema_version=max_schema_version,
-            timeout_s=statement_timeout_s, forward_to=forward_to,
-        )
+        return FollowerStore(config, max_schema_version=max_schema_version, accepted=accepted)
     if config.backend == "sqlite":
         from supervisor.controlplane.sqlite import SQLiteStore
 

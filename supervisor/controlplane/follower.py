@@ -1,52 +1,65 @@
 """Follower mode: a store whose control plane is another replica (docs/control-plane.md).
 
 ``[control_plane].url = "http(s)://HOST:PORT"`` names an upstream replica's
-admin address. The store polls its ``GET /v1/revision`` (the upstream's active
-revision in the signed last-known-good file format,
-:mod:`supervisor.sinks.lkg.fileformat`), conditionally: ``If-None-Match`` with
-the ETag (``"<revision>"``) of the last revision it accepted, so an unchanged
+admin address. The store polls its ``GET /v1/revision`` (the root's signed
+statement and the revision it names, in the signed last-known-good file
+format, :mod:`supervisor.sinks.lkg.fileformat`), conditionally:
+``If-None-Match`` with the ETag of the statement it holds
+(:meth:`~supervisor.sinks.lkg.statement.Statement.etag`, computed from the
+verified statement, never the upstream's header echoed back), so an unchanged
 upstream answers 304 and costs no body.
 
-Every response is verified against this replica's own ``[cache].trusted_keys``
-before anything else is believed, in this order:
+A statement is accepted only when all hold, in this order:
 
-* framing and signature (:func:`~supervisor.sinks.lkg.fileformat.decode_file`):
-  a signature that does not verify or an untrusted key is ``denied`` (nothing in
-  an unauthenticated response is believed, so no revision is named); damaged
-  framing, or a body that does not match its signed header, is ``corrupt``;
-* a signed ``revision`` lower than the highest this process has accepted from
-  the upstream is ``rollback`` (:class:`RolledBack`): a replayed old response;
-* the body larger than ``max_revision_bytes`` is ``denied`` (:class:`TooLarge`;
-  the download stops at that size), a ``schema_version`` newer than this build
-  reads is ``incompatible``.
+* framing and signature (:func:`~supervisor.sinks.lkg.fileformat.decode_file`)
+  against ``[control_plane].trusted_keys`` (the root's keys, never this
+  replica's own cache key): a signature that does not verify or an untrusted
+  key is ``denied``; damaged framing, or a body that does not match its
+  signed header, ``corrupt``; a version 1 file carries no statement (an older
+  root) and cannot be shown fresh: ``stale``;
+* against the highest statement ever accepted
+  (:class:`~supervisor.sinks.lkg.accepted.AcceptedStatements`, persisted
+  beside the cache and held by the daemon across child restarts): a lower
+  sequence is ``rollback``, the same sequence with another body ``corrupt``,
+  and a root identity change is accepted only when issued later
+  (:func:`~supervisor.sinks.lkg.accepted.refusal_of`);
+* ``expires_at`` not passed, else ``stale``; checked at every poll, a 304
+  included (the statement held is judged again);
+* the body within ``max_revision_bytes`` (``denied``), a ``schema_version``
+  this build reads (``incompatible``).
 
-Only then is the revision handed to the loop, as a :class:`LoadedRevision`
-exactly like one read from PostgreSQL: the loop compiles it with this replica's
-own secrets, and publishes, caches and reports it the same way. The loop's
-``observe`` is this store's conditional GET; ``hydrate`` returns the revision
-that GET verified (fetching first when it holds none), so the two always agree.
+Only then is the highest raised (durably, before anything serves it) and the
+revision handed to the loop, as a :class:`LoadedRevision` carrying the
+statement and its signed bytes: the loop compiles it with this replica's own
+secrets and, once it serves it, passes those bytes on unchanged to its own
+followers (``<[cache].path>.upstream``): a follower of a follower verifies the
+*root's* signature, so a hub can withhold or delay a statement (until it
+expires: ``stale``), but cannot forge one, nor replay an older one.
 
-Signatures pass through the tree: every response accepted is also written,
-byte for byte, to ``forward_path`` (``<[cache].path>.upstream``), and this
-replica's own ``GET /v1/revision`` serves that file (once its revision is the
-active one) instead of re-signing. A follower of a follower therefore verifies
-the *root's* signature, and trusts the root's key, not the hub's: a
-compromised hub can withhold or delay revisions, but cannot forge one.
+Fetch bounds: one attempt (connect, headers, body) ends within
+``[control_plane].fetch_timeout_s`` as a whole (a slow drip is
+``unavailable``); ``Accept-Encoding: identity`` is sent and any other
+``Content-Encoding`` is ``corrupt``; the body is counted as its raw bytes
+arrive and refused past the bound (``denied``); a non-200 body is read at most
+:data:`ERROR_BODY_BYTES`; a malformed header (a non-ASCII ``ETag``) is
+``invalid``; the environment's proxy settings are ignored. Whatever the
+upstream sends ends as a :class:`ControlPlaneError`: nothing from the fetch
+path can end the convergence child.
 
-Failures map to the store's categories: connection errors, timeouts, 5xx and
-503 (the upstream has nothing active yet, or no signing key) are
-``unavailable`` (retried with the loop's backoff while the last good snapshot
-keeps serving); 401/403 are ``denied``; any other status is ``invalid``.
-``publish`` and ``migrate`` are refused (``invalid``): a follower has no
-control plane of its own. The identity reported to the loop is the upstream's
-address, which is what ``/status`` shows as the source.
+Other failures: connection errors, timeouts, 5xx and 503 (the upstream has
+nothing active yet) are ``unavailable``; 401/403 are ``denied``; any other
+status is ``invalid``. ``publish`` and ``migrate`` are refused (``invalid``):
+a follower has no control plane of its own. The identity reported to the
+loop is the upstream's address, which is what ``/status`` shows as the source.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
 
 import httpx
 import nacl.signing
@@ -57,6 +70,7 @@ from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     Incompatible,
+    StatementRefused,
     TooLarge,
 )
 from supervisor.controlplane.migrations import Migrated
@@ -64,29 +78,49 @@ from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
-from supervisor.sinks.atomic import write_atomic
+from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, decode_file
 from supervisor.sinks.lkg.keys import parse_trusted
+from supervisor.sinks.lkg.statement import Statement
 from supervisor.tlsconfig import upstream_context
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["FORWARD_SUFFIX", "REVISION_PATH", "FollowerStore", "RolledBack", "forward_path"]
+__all__ = ["ERROR_BODY_BYTES", "FORWARD_SUFFIX", "REVISION_PATH", "FollowerStore",
+           "forward_path"]
 
 log = get_logger("controlplane")
 
 REVISION_PATH = "/v1/revision"
-#: Beside the cache file: the upstream's signed bytes of the revision last accepted.
+#: Beside the cache file: the root's signed bytes of the statement this replica serves.
 FORWARD_SUFFIX = ".upstream"
 CONNECT_TIMEOUT_S = 5.0
+#: At most this much of a non-200 answer's body is read (for the log line).
+ERROR_BODY_BYTES: Final = 4096
 # Framing around the body: magic, length prefix, header, signature.
 _FRAMING_BYTES = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
+_MAX_ETAG_CHARS = 256
+# What an upstream can make httpx or our parsing raise besides httpx.HTTPError:
+# a header that cannot be encoded or decoded (UnicodeError is a ValueError), a
+# malformed URL or value, a missing part. Mapped to ``invalid`` at this boundary.
+_MALFORMED = (ValueError, TypeError, LookupError, httpx.InvalidURL, httpx.StreamError)
+
+
+async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's raw bytes as they arrive (a body some transport already read: at once)."""
+    try:
+        content = response.content
+    except httpx.ResponseNotRead:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    else:
+        yield content
 
 
 def forward_path(cache_path: str | None) -> str | None:
-    """Where a follower keeps the upstream's signed bytes (None without a cache)."""
+    """Where a follower keeps the root's signed bytes it serves (None without a cache)."""
     return None if cache_path is None else cache_path + FORWARD_SUFFIX
 
 
@@ -103,25 +137,13 @@ def _read_token(path: str) -> str:
     return token
 
 
-class RolledBack(ControlPlaneError):
-    """The upstream served a validly signed revision older than one already accepted."""
-
-    def __init__(self, revision: int, accepted: int, where: str) -> None:
-        super().__init__(
-            f"{where} served revision {revision}, older than revision {accepted} already "
-            "accepted from it (a replayed or rolled-back response)",
-            category=FailureCategory.DENIED,
-            revision=revision,
-        )
-
-    @property
-    def reason(self) -> str:
-        return reasons.ROLLBACK
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
 class _Accepted:
-    etag: str
+    statement: Statement
     loaded: LoadedRevision
 
 
@@ -131,31 +153,36 @@ class FollowerStore:
     def __init__(
         self,
         config: ControlPlaneConfig,
-        trusted_keys: list[str],
         *,
         max_schema_version: int,
-        timeout_s: float = 10.0,
+        accepted: AcceptedStatements | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        forward_to: str | None = None,
+        clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self._url = config.url.rstrip("/")
         self._where = f"{self._url}{REVISION_PATH}"
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
-        self._trusted: dict[str, nacl.signing.VerifyKey] = parse_trusted(trusted_keys)
-        headers = {"accept": "application/octet-stream"}
+        self._trusted: dict[str, nacl.signing.VerifyKey] = parse_trusted(
+            config.trusted_keys, where_key="$.control_plane.trusted_keys")
+        self._fetch_timeout_s = config.fetch_timeout_s
+        # Held by the daemon, so a restarted child keeps the highest accepted.
+        self._highest = accepted if accepted is not None else AcceptedStatements(None)
+        self._clock = clock
+        headers = {"accept": "application/octet-stream", "accept-encoding": "identity"}
         if config.token_file is not None:
             # Read at every start of the convergence child (the store is made there).
             headers["authorization"] = f"Bearer {_read_token(config.token_file)}"
         self._client = httpx.AsyncClient(
             base_url=self._url, headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
+            timeout=httpx.Timeout(config.fetch_timeout_s,
+                                  connect=min(CONNECT_TIMEOUT_S, config.fetch_timeout_s)),
+            # HTTP_PROXY and friends must not see the upstream's token nor its statements.
+            trust_env=False,
             transport=transport,  # tests: an upstream served in-process
             verify=upstream_context(config) or True,
         )
         self._accepted: _Accepted | None = None
-        self._highest = 0
-        self._forward_to = forward_to
 
     def __repr__(self) -> str:
         return f"FollowerStore({self._url!r})"
@@ -163,6 +190,11 @@ class FollowerStore:
     @property
     def identity(self) -> str:
         return f"upstream:{self._url}"
+
+    @property
+    def highest(self) -> Statement | None:
+        """The highest statement ever accepted (persisted beside the cache)."""
+        return self._highest.highest
 
     # -- the protocol -------------------------------------------------------------
 
@@ -175,7 +207,8 @@ class FollowerStore:
         if accepted is None:
             return None
         loaded = accepted.loaded
-        return RevisionPointer(loaded.id, loaded.body_sha256, self.identity)
+        return RevisionPointer(loaded.id, loaded.body_sha256, self.identity,
+                               sequence=loaded.sequence, statement=loaded.statement)
 
     async def hydrate(self) -> LoadedRevision | None:
         accepted = self._accepted
@@ -225,45 +258,104 @@ class FollowerStore:
     # -- one fetch -----------------------------------------------------------------
 
     async def _fetch(self) -> _Accepted | None:
-        """GET the upstream's revision (conditionally); verify; remember it. None: nothing there."""
+        """GET the upstream's statement (conditionally), judge it, remember it."""
         held = self._accepted
-        headers = {"if-none-match": held.etag} if held is not None else {}
         try:
-            async with self._client.stream("GET", REVISION_PATH, headers=headers) as response:
-                if response.status_code == 304 and held is not None:
-                    return held
-                if response.status_code != 200:
-                    detail = (await response.aread())[:300].decode("utf-8", "replace")
-                    raise self._status_error(response.status_code, detail)
-                data = await self._read_bounded(response)
-                etag = response.headers.get("etag", "")
-        except httpx.HTTPError as exc:
+            with trio.fail_after(self._fetch_timeout_s):
+                data = await self._get(held)
+        except trio.TooSlowError as exc:
             raise ControlPlaneError(
-                f"upstream {self._where} unreachable: {type(exc).__name__}: {exc}",
+                f"upstream {self._where} sent no complete answer within "
+                f"{self._fetch_timeout_s:g} s ([control_plane].fetch_timeout_s)",
                 category=FailureCategory.UNAVAILABLE,
             ) from exc
-        accepted = self._verify(data, etag)
-        if self._forward_to is not None:
-            await trio.to_thread.run_sync(self._forward, data)
+        if data is None:
+            assert held is not None  # _get answers None only to a conditional request
+            self._refuse_expired(held.statement)
+            return held
+        accepted = self._verify(data)
+        try:
+            await trio.to_thread.run_sync(self._highest.accept, accepted.statement)
+        except CacheError as exc:
+            # Held in memory regardless: this process still refuses what it should.
+            log.warning("cannot persist the highest accepted statement; a restart would "
+                        "forget it", error=str(exc))
         self._accepted = accepted
-        self._highest = max(self._highest, accepted.loaded.id)
         return accepted
 
-    def _forward(self, data: bytes) -> None:
-        """Keep the verified bytes for this replica's own followers (blocking; atomic)."""
-        assert self._forward_to is not None
+    async def _get(self, held: _Accepted | None) -> bytes | None:
+        """The statement's bytes; None for a 304 to a conditional request."""
+        headers = {"if-none-match": held.statement.etag()} if held is not None else {}
         try:
-            write_atomic(self._forward_to, data, mode=0o600)
+            async with self._client.stream("GET", REVISION_PATH, headers=headers) as response:
+                self._check_etag(response)
+                if response.status_code == 304 and held is not None:
+                    return None
+                if response.status_code != 200:
+                    detail = await self._read_some(response)
+                    raise self._status_error(response.status_code, detail)
+                self._check_encoding(response)
+                return await self._read_bounded(response)
+        except httpx.HTTPError as exc:
+            raise ControlPlaneError(
+                f"upstream {self._where} unreachable: {type(exc).__name__}: {exc}"[:500],
+                category=FailureCategory.UNAVAILABLE,
+            ) from exc
+        except _MALFORMED as exc:
+            raise ControlPlaneError(
+                f"upstream {self._where} sent a malformed answer: {type(exc).__name__}: "
+                f"{exc}"[:500],
+                category=FailureCategory.INVALID,
+            ) from exc
         except OSError as exc:
-            # Only this replica's followers lose: they keep polling and retry.
-            log.warning("cannot keep the upstream's signed revision for this replica's "
-                        "followers", path=self._forward_to, error=str(exc))
+            raise ControlPlaneError(
+                f"upstream {self._where} unreachable: {exc.strerror or exc}",
+                category=FailureCategory.UNAVAILABLE,
+            ) from exc
 
-    async def _read_bounded(self, response: httpx.Response) -> bytes:
-        limit = self._max_bytes + _FRAMING_BYTES
+    def _check_etag(self, response: httpx.Response) -> None:
+        raw = response.headers.get_list("etag")
+        for value in raw:
+            if (len(value) > _MAX_ETAG_CHARS or not value.isascii()
+                    or not value.isprintable()):
+                raise ControlPlaneError(
+                    f"upstream {self._where} sent a malformed ETag header "
+                    f"({value[:40]!a}): a broken or hostile upstream",
+                    category=FailureCategory.INVALID,
+                )
+
+    def _check_encoding(self, response: httpx.Response) -> None:
+        encodings = [part.strip().lower()
+                     for value in response.headers.get_list("content-encoding")
+                     for part in value.split(",") if part.strip()]
+        if any(encoding != "identity" for encoding in encodings):
+            raise StatementRefused(
+                reasons.CORRUPT,
+                f"upstream {self._where} sent Content-Encoding {ascii(', '.join(encodings))[:80]}"
+                " after Accept-Encoding: identity (only identity is read: a compressed "
+                "body could expand past every bound)",
+            )
+
+    async def _read_some(self, response: httpx.Response) -> str:
+        """At most ERROR_BODY_BYTES of the body (an endless body is never read whole)."""
         chunks: list[bytes] = []
         size = 0
-        async for chunk in response.aiter_bytes():
+        async for chunk in _raw_chunks(response):
+            chunks.append(chunk[:ERROR_BODY_BYTES - size])
+            size += len(chunks[-1])
+            if size >= ERROR_BODY_BYTES:
+                break
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    async def _read_bounded(self, response: httpx.Response) -> bytes:
+        """The raw body, refused (``denied``) as soon as it passes the bound."""
+        limit = self._max_bytes + _FRAMING_BYTES
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise TooLarge(None, int(declared), self._max_bytes)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in _raw_chunks(response):
             size += len(chunk)
             if size > limit:
                 raise TooLarge(None, size, self._max_bytes)
@@ -271,7 +363,7 @@ class FollowerStore:
         return b"".join(chunks)
 
     def _status_error(self, status: int, detail: str) -> ControlPlaneError:
-        text = " ".join(detail.split())
+        text = " ".join(detail.split())[:300]
         message = f"upstream {self._where} answered {status}: {text}"
         if status in (401, 403):
             return ControlPlaneError(message + " (check [control_plane].token_file)",
@@ -280,23 +372,44 @@ class FollowerStore:
             return ControlPlaneError(message, category=FailureCategory.UNAVAILABLE)
         return ControlPlaneError(message, category=FailureCategory.INVALID)
 
-    def _verify(self, data: bytes, etag: str) -> _Accepted:
+    def _refuse_expired(self, statement: Statement) -> None:
+        now = self._clock()
+        if statement.expired(now):
+            raise StatementRefused(
+                reasons.STALE,
+                f"{self._where}: the root's statement (sequence {statement.sequence}, revision "
+                f"{statement.revision}) expired at {statement.expires_at.isoformat()}, "
+                f"{(now - statement.expires_at).total_seconds():.0f} s ago: the root has not "
+                "signed a fresh one (its control plane unreadable?) or a hop froze it",
+            )
+
+    def _verify(self, data: bytes) -> _Accepted:
         """The checks of the module docstring, in its order; ControlPlaneError when refused."""
         try:
             header, body = decode_file(data, self._where, self._trusted)
         except CacheSkew as exc:
             raise ControlPlaneError(str(exc), category=FailureCategory.INVALID) from exc
         except CacheError as exc:
-            category = (FailureCategory.DENIED if exc.reason == reasons.DENIED
-                        else FailureCategory.CORRUPT)
-            # Drop the revision of a denied response: nothing unauthenticated is believed.
-            revision = exc.revision if category is FailureCategory.CORRUPT else None
-            raise ControlPlaneError(str(exc), category=category, revision=revision) from exc
+            reason = reasons.DENIED if exc.reason == reasons.DENIED else reasons.CORRUPT
+            raise StatementRefused(
+                reason, str(exc).replace("cache.trusted_keys", "control_plane.trusted_keys"),
+                revision=exc.revision if reason == reasons.CORRUPT else None,
+            ) from exc
+        statement = header.statement(data)
+        if statement is None:
+            raise StatementRefused(
+                reasons.STALE,
+                f"{self._where} served a format_version {header.format_version} file, which "
+                "carries no signed statement (sequence, expiry): its freshness cannot be "
+                "told; upgrade the root",
+            )
         if header.revision < 1:
-            raise ControlPlaneError(f"{self._where}: signed revision {header.revision} is not "
-                                    "a revision id", category=FailureCategory.CORRUPT)
-        if header.revision < self._highest:
-            raise RolledBack(header.revision, self._highest, self._where)
+            raise StatementRefused(reasons.CORRUPT, f"{self._where}: signed revision "
+                                   f"{header.revision} is not a revision id")
+        refused = refusal_of(statement, self._highest.highest)
+        if refused is not None:
+            raise StatementRefused(refused[0], f"{self._where}: {refused[1]}")
+        self._refuse_expired(statement)
         if len(body) > self._max_bytes:
             raise TooLarge(header.revision, len(body), self._max_bytes)
         if header.schema_version > self._max_schema:
@@ -308,5 +421,7 @@ class FollowerStore:
             created_at=header.created_at,
             message=None,
             body_sha256=hashlib.sha256(body).digest(),
+            sequence=statement.sequence,
+            statement=statement,
         )
-        return _Accepted(etag or f'"{header.revision}"', loaded)
+        return _Accepted(statement, loaded)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from supervisor.controlplane.migrations import Migrated
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
+    from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["ControlPlaneStore", "LoadedRevision", "RevisionPointer"]
 
@@ -51,6 +52,9 @@ class LoadedRevision:
     #: with it, as by ``revision``): the root's intent, which grows at every
     #: change of the pointer, rollbacks included.
     sequence: int | None = None
+    #: Follower mode: the root's signed statement it came with (its bytes kept,
+    #: to be passed on unchanged); None from a database.
+    statement: Statement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class RevisionPointer:
     identity: str | None = None
     #: ``supervisor_desired.sequence``: grows at every change of the pointer.
     sequence: int | None = None
+    #: Follower mode: the root's signed statement (see LoadedRevision.statement).
+    statement: Statement | None = field(default=None, compare=False)
 
 
 class ControlPlaneStore(Protocol):

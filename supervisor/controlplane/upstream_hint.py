@@ -6,6 +6,9 @@ Each ``published`` event from the upstream calls ``wake("upstream")`` and the
 convergence loop polls at once; every (re)connect calls ``wake("reconnect")``,
 since whatever was published while disconnected was not heard. Nothing the
 stream says is believed: the loop still fetches and verifies the signed revision.
+Hints coalesce: any number within ``[control_plane].hint_min_interval_s``
+wake the loop at most once (:func:`_follow`), so a flood of them costs the
+upstream at most one fetch per interval.
 
 Like the LISTEN child it reports started at once (an unreachable upstream must
 not hold up readiness), never lets a failure escape (logged as an outage, then
@@ -16,7 +19,8 @@ through. ``[control_plane].listen = false`` turns it off.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -65,15 +69,44 @@ async def run_upstream_hint(
                 outage.recovered()
                 log.info("following the upstream's stream for wake-ups", url=url)
                 wake("reconnect")
-                while True:
-                    with trio.fail_after(IDLE_TIMEOUT_S):
-                        message = await ws.get_message()
-                    backoff.reset()
-                    if _is_published(message):
-                        wake("upstream")
+                await _follow(ws.get_message, wake, config.hint_min_interval_s)
+                backoff.reset()
         except Exception as exc:  # noqa: BLE001 - a hint only: logged; polling covers the gap
             outage.failed(error=f"{type(exc).__name__}: {exc}"[:300], url=url)
         await trio.sleep(backoff.next())
+
+
+async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
+                  wake: Callable[[str], None], min_interval_s: float) -> None:
+    """Wake the loop on ``published`` events, at most once per ``min_interval_s``.
+
+    A flood of hints (any number within the interval) becomes one wake-up at
+    its start and, when more came after it, one at its end: the loop fetches
+    at most once per interval, and never misses the last hint. Returns never;
+    raises what ``get_message`` raises, or TooSlowError after IDLE_TIMEOUT_S
+    of silence.
+    """
+    last_wake = -math.inf
+    pending = False
+    while True:
+        idle_deadline = trio.current_time() + IDLE_TIMEOUT_S
+        deadline = last_wake + min_interval_s if pending else math.inf
+        with trio.move_on_at(min(deadline, idle_deadline)) as waiting:
+            message = await get_message()
+        if waiting.cancelled_caught:
+            if trio.current_time() >= idle_deadline:
+                raise trio.TooSlowError
+            pending = False
+            last_wake = trio.current_time()
+            wake("upstream")
+            continue
+        if not _is_published(message):
+            continue
+        if trio.current_time() - last_wake >= min_interval_s:
+            last_wake = trio.current_time()
+            wake("upstream")
+        else:
+            pending = True
 
 
 def _is_published(message: str | bytes) -> bool:

@@ -1,11 +1,13 @@
 """Boot: reach a first servable snapshot, or refuse to boot naming why.
 
 :func:`bootstrap` runs one attempt of the loop. The signed last-known-good
-cache answers exactly two failures: an unreachable control plane, and a
+cache answers exactly three failures: an unreachable control plane, a
 desired revision this build cannot read (``incompatible``, a mixed-version
-rollout); and, with ``[cache].serve_when_desired_refused``, any refusal of the
-desired revision. Otherwise corruption, oversize, refused reads and
-uncompilable revisions never fall back: cached state would hide damage an
+rollout), and, in follower mode, an upstream statement refused
+(``denied``, ``rollback``, ``corrupt``, ``stale``); and, with
+``[cache].serve_when_desired_refused``, any refusal of the desired revision.
+Otherwise corruption, oversize, refused reads and uncompilable revisions never
+fall back: cached state would hide damage an
 operator must fix. Every refusal is :class:`~supervisor.errors.BootRefused`
 (exit 3), its message naming the cause and, when the cache was tried, why it
 could not serve either.
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew
+from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.outcome import Outcome, OutcomeKind, failure_fields
 from supervisor.errors import BootRefused, ConfigError
@@ -44,7 +46,11 @@ async def bootstrap(loop: ConvergenceLoop) -> Outcome:
         raise ConfigError("$.control_plane.url", str(exc)) from exc
     except ControlPlaneError as exc:
         loop.record_failure(exc)
-        if exc.retryable or exc.reason == reasons.INCOMPATIBLE:
+        # A follower's refused statement (denied, rollback, corrupt, stale) is
+        # no reason to serve nothing: its own signed cache serves, as for an
+        # unreachable upstream, and the refusal stays in last_rejection.
+        if (exc.retryable or exc.reason == reasons.INCOMPATIBLE
+                or isinstance(exc, StatementRefused)):
             return await _restore(loop, exc)
         if exc.revision is not None and _serving_cache_instead(loop, exc):
             # The desired revision itself is refused (corrupt, too large, missing).
@@ -135,7 +141,8 @@ async def _restore(loop: ConvergenceLoop, cause: ControlPlaneError | RevisionErr
         ) from exc
     loop.status.loaded_revision(cached.revision)
     await loop.swap_in(snapshot, "last_known_good", 0.0,
-                       body_sha256=hashlib.sha256(cached.body).digest())
+                       body_sha256=hashlib.sha256(cached.body).digest(),
+                       statement=cached.statement)
     events.labels("restored").inc()
     loop.status.attempt_finished()
     log.warning("serving the last-known-good cache", revision=cached.revision,

@@ -74,9 +74,11 @@ hydrate at its first attempt, since a crash may have come between them.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import trio
@@ -100,6 +102,7 @@ from supervisor.convergence.status import RevisionStatus, Source
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
+from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 
@@ -115,6 +118,10 @@ if TYPE_CHECKING:
 __all__ = ["ConvergenceLoop"]
 
 log = get_logger("convergence")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 class ConvergenceLoop:
@@ -138,6 +145,9 @@ class ConvergenceLoop:
         serve_cache_on_refusal: bool = False,
         rng: random.Random | None = None,
         sink_status: SinkStatus | None = None,
+        statement_ttl_s: float = 300.0,
+        forward_to: str | None = None,
+        wall_clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.store = store
         self.state = state
@@ -151,7 +161,10 @@ class ConvergenceLoop:
                                  backoff_max_s=backoff_max_s, rng=rng)
         self.resolver = resolver
         self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
-                               status=sink_status)
+                               status=sink_status, forward_to=forward_to)
+        # [cache].statement_ttl_s: how long a statement this root signs is valid.
+        self.statement_ttl_s = statement_ttl_s
+        self.wall_clock = wall_clock
         self._on_status = on_status or (lambda _text: None)
         # Told True when the control plane stops answering, False when it is
         # back: the LISTEN child probes / reconnects at once instead of waiting.
@@ -218,6 +231,7 @@ class ConvergenceLoop:
             key: Key = (pointer.revision, pointer.body_sha256)
             memory.candidate = key
             if memory.is_active(key) and not memory.sinks_unknown:
+                await self._restate(pointer)
                 return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
             repeated = memory.still_refused(key)
             if repeated is not None:
@@ -234,8 +248,11 @@ class ConvergenceLoop:
                 memory.sinks_unknown = False
                 snapshot = self.state.snapshot
                 assert snapshot is not None  # is_active
+                statement = self._statement_for(loaded)
                 await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
-                                                          loaded.schema_version, loaded.body))
+                                                          loaded.schema_version, loaded.body,
+                                                          statement))
+                self._serve_statement(statement)
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
         repeated = memory.still_refused(key)
         if repeated is not None:
@@ -251,13 +268,71 @@ class ConvergenceLoop:
         took = trio.current_time() - start
         # The cache first, then the swap and the snapshot file, as one step a
         # shutdown cannot split: see the module docstring.
+        statement = self._statement_for(loaded)
         with trio.CancelScope(shield=True):
             await self.sinks.export(Export(loaded.id, generation, loaded.schema_version,
-                                           loaded.body))
-            await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256)
+                                           loaded.body, statement))
+            await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256,
+                               statement=statement, sequence=loaded.sequence)
         memory.sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
                        took_s=took)
+
+    # -- the signed statement ---------------------------------------------------
+
+    def _statement_for(self, loaded: LoadedRevision) -> Statement | None:
+        """What ``loaded`` serves under: the root's (a follower), or one this root signs now.
+
+        None when there is nothing to sign with (no cache, or a store that
+        does not read the sequence): the cache is then written as version 1.
+        """
+        if loaded.statement is not None:
+            return loaded.statement
+        cache = self.sinks.cache
+        if cache is None or cache.signing_key_id is None or loaded.sequence is None:
+            return None
+        now = self.wall_clock()
+        return Statement(loaded.id, loaded.body_sha256.hex(), loaded.sequence,
+                         self.status.identity or "unknown", now,
+                         now + timedelta(seconds=self.statement_ttl_s))
+
+    def _serve_statement(self, statement: Statement | None) -> None:
+        self.state.statement = statement
+        self.status.statement = statement
+        if statement is not None:
+            self.status.sequence = statement.sequence
+
+    async def _restate(self, pointer: RevisionPointer) -> None:
+        """Converged: re-sign (a root, past half the TTL) or pass on (a follower) a fresher one.
+
+        Only after a successful observe, so a root that cannot read its
+        control plane lets its statement age and expire.
+        """
+        if pointer.sequence is not None:
+            self.status.sequence = pointer.sequence
+        served = self.state.statement
+        fresh = pointer.statement
+        if fresh is None:
+            due = (served is None or served.sequence != pointer.sequence
+                   or served.root != (self.status.identity or "unknown")
+                   or served.age_s(self.wall_clock()) >= self.statement_ttl_s / 2)
+            last = self.sinks.last_export
+            if not due or last is None or pointer.sequence is None:
+                return
+            fresh = self._statement_for(LoadedRevision(
+                id=pointer.revision, schema_version=last.schema_version, body=b"",
+                created_at=self.wall_clock(), message=None,
+                body_sha256=pointer.body_sha256 or b"", sequence=pointer.sequence))
+            if fresh is None:
+                return
+        elif served is not None and fresh.etag() == served.etag():
+            return
+        last = self.sinks.last_export
+        if (last is not None and last.revision == fresh.revision
+                and hashlib.sha256(last.body).hexdigest() == fresh.body_sha256):
+            with trio.CancelScope(shield=True):
+                await self.sinks.export(replace(last, statement=fresh))
+        self._serve_statement(fresh)
 
     def _empty(self) -> Outcome:
         """Nothing is desired. While a snapshot serves, that is news: said once."""
@@ -280,9 +355,12 @@ class ConvergenceLoop:
             self.events.emit(StatusChanged(control_plane_up=up, revision=self.status.report()))
 
     async def swap_in(self, snapshot: Snapshot, source: Source, took_s: float, *,
-                      body_sha256: bytes | None) -> None:
+                      body_sha256: bytes | None, statement: Statement | None = None,
+                      sequence: int | None = None) -> None:
         """Serve ``snapshot`` (the one atomic swap), report it, write the snapshot file."""
-        self.state.swap(snapshot, body_sha256=body_sha256)
+        self.state.swap(snapshot, body_sha256=body_sha256, statement=statement)
+        self.status.statement = statement
+        self.status.sequence = statement.sequence if statement is not None else sequence
         self.status.published(snapshot.revision, snapshot.generation, source, took_s,
                               body_sha256)
         log.info("published", revision=snapshot.revision, generation=snapshot.generation,

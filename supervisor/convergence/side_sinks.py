@@ -17,6 +17,14 @@ again by the next write, with its mode at start (:mod:`supervisor.sinks.atomic`)
 When an export that failed was a move to an *older* revision (an operator's
 rollback), the newer cache is removed (unlinking needs no disk space) so a
 boot cannot serve what the operator rolled back from.
+
+An export carries the signed statement it serves under
+(:mod:`supervisor.sinks.lkg.statement`): a root's own, signed into the cache
+file; a follower's, the root's, whose signed bytes are written unchanged to
+the forward file (``<[cache].path>.upstream``, what its ``GET /v1/revision``
+serves) before its own cache. Both are written only for what is about to
+serve, so the bytes a follower passes on are always those of its active
+revision, never of one it received and refused.
 """
 
 from __future__ import annotations
@@ -29,12 +37,14 @@ import trio
 
 from supervisor import reasons
 from supervisor.logs import get_logger
+from supervisor.sinks.atomic import write_atomic
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot
     from supervisor.sinks.file import SnapshotFile
     from supervisor.sinks.lkg import LastKnownGood
+    from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["Export", "SideSinks", "SinkState", "SinkStatus"]
 
@@ -69,6 +79,7 @@ class Export:
     generation: int
     schema_version: int
     body: bytes
+    statement: Statement | None = None
 
 
 # reasons.SINK_STATES, typed.
@@ -139,8 +150,10 @@ class SideSinks:
     """The snapshot file and the cache, each with what it is due to hold."""
 
     def __init__(self, metrics: Metrics, *, cache: LastKnownGood | None,
-                 snapshot_file: SnapshotFile | None, status: SinkStatus | None = None) -> None:
+                 snapshot_file: SnapshotFile | None, status: SinkStatus | None = None,
+                 forward_to: str | None = None) -> None:
         self.metrics = metrics
+        self.forward_to = forward_to
         self.cache = cache
         self.snapshot_file = snapshot_file
         self.status = status if status is not None else SinkStatus()
@@ -211,8 +224,27 @@ class SideSinks:
                 self._file_due = None
             self._file_streak.ok(path=self.snapshot_file.path, revision=snapshot.revision)
 
+    @property
+    def last_export(self) -> Export | None:
+        """What the cache holds or is due to hold (None: nothing exported yet)."""
+        return self._cache_due or self._last_export
+
+    async def _forward(self, statement: Statement | None) -> None:
+        """Follower: the root's signed bytes of what is about to serve, for its followers."""
+        if self.forward_to is None or statement is None or statement.signed is None:
+            return
+        path, data = self.forward_to, statement.signed
+        try:
+            await trio.to_thread.run_sync(lambda: write_atomic(path, data, mode=0o600))
+        except OSError as exc:
+            # Only this replica's followers lose: they keep polling and retry.
+            self.metrics.sink_write_failures.labels("cache").inc()
+            log.warning("cannot keep the root's signed statement for this replica's "
+                        "followers", path=path, error=str(exc))
+
     async def export(self, export: Export) -> None:
         """The cache now holds ``export``, or is due to (and holds nothing newer)."""
+        await self._forward(export.statement)
         if self.cache is None:
             return
         from supervisor.sinks.lkg import CacheError
@@ -222,7 +254,8 @@ class SideSinks:
 
         def run() -> Fingerprint | None:
             cache.export(revision=export.revision, generation=export.generation,
-                         schema_version=export.schema_version, body=export.body)
+                         schema_version=export.schema_version, body=export.body,
+                         statement=export.statement)
             # Taken after both writes; nothing else writes these files (a
             # change in this instant is missed, unlike the snapshot file's).
             return _fingerprint(paths)

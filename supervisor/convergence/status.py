@@ -22,6 +22,14 @@ last attempt (successful or not) finished; :meth:`RevisionStatus.stalled_for`
 is how long ago that was, which ``/healthz`` and the watchdog compare with
 ``3 * poll_interval_s + backoff_max_s``.
 
+The signed statement the active revision serves under: ``sequence`` (the
+root's desired-state sequence, None without a statement) and ``statement``
+(``sequence``, ``root``, ``issued_at``, ``expires_at``, its ``age_s`` and
+whether it is ``stale``; None without one). In follower mode ``lag_s`` is at
+least the statement's age: it counts from the root's ``issued_at``, so a root
+that stopped signing (its control plane unreadable, or a hop freezing it)
+shows as a growing lag on every follower below it.
+
 Two keys beyond the contract's example, so that an outage is visible in the
 report itself and not only as a growing lag: ``control_plane_up`` (the control
 plane answered the last read, a refusal included: only an outage makes it
@@ -32,20 +40,36 @@ failed attempt as ``"<reason>: <detail>"``, None once an attempt succeeds).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
 from supervisor.events import utc_now_iso
+
+if TYPE_CHECKING:
+    from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["RevisionStatus", "Source"]
 
 Source = Literal["control_plane", "last_known_good"]
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 class RevisionStatus:
-    def __init__(self, clock: Callable[[], float] = trio.current_time) -> None:
+    def __init__(self, clock: Callable[[], float] = trio.current_time,
+                 wall_clock: Callable[[], datetime] = _utcnow) -> None:
         self._clock = clock
+        self._wall_clock = wall_clock
+        #: The signed statement the active revision serves under (None: none).
+        self.statement: Statement | None = None
+        #: The root's desired-state sequence of what serves (None: unknown).
+        self.sequence: int | None = None
+        #: Follower mode: lag counts from the root's issued_at too.
+        self.follower = False
         self.desired: int | None = None
         self.loaded: int | None = None
         self.active: int | None = None
@@ -84,9 +108,20 @@ class RevisionStatus:
 
     @property
     def lag_s(self) -> float:
-        if self._diverged_at is None:
-            return 0.0
-        return max(0.0, self._clock() - self._diverged_at)
+        lag = 0.0 if self._diverged_at is None else max(0.0, self._clock() - self._diverged_at)
+        if self.follower and self.statement is not None:
+            lag = max(lag, self.statement.age_s(self._wall_clock()))
+        return lag
+
+    @property
+    def statement_expires_at(self) -> float:
+        """Unix time the statement serving expires (0.0 without one)."""
+        return self.statement.expires_at.timestamp() if self.statement is not None else 0.0
+
+    @property
+    def stale(self) -> bool:
+        """The statement serving has expired (False without one)."""
+        return self.statement is not None and self.statement.expired(self._wall_clock())
 
     def observed(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         """A successful read: the control plane is up and desires ``desired``.
@@ -168,4 +203,7 @@ class RevisionStatus:
             "last_rejection": self.last_rejection,
             "control_plane_up": self.control_plane_up if self._ever_read else None,
             "last_error": self.last_error,
+            "sequence": self.sequence,
+            "statement": (self.statement.report(self._wall_clock())
+                          if self.statement is not None else None),
         }

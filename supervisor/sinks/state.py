@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot
+    from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["ActiveState"]
 
@@ -26,6 +27,10 @@ class ActiveState:
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
         self.body_sha256: bytes | None = None
+        #: The signed statement serving with it (None: none signed, a version 1
+        #: cache): what ``GET /v1/revision`` serves and derives its ETag from.
+        #: Replaced without a swap when the root re-signs the same revision.
+        self.statement: Statement | None = None
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -35,7 +40,9 @@ class ActiveState:
     def generation(self) -> int:
         return 0 if self._snapshot is None else self._snapshot.generation
 
-    def swap(self, snapshot: Snapshot, *, body_sha256: bytes | None = None) -> None:
+    def swap(self, snapshot: Snapshot, *, body_sha256: bytes | None = None,
+             statement: Statement | None = None) -> None:
         """Serve ``snapshot`` from now on (the one atomic swap)."""
         self._snapshot = snapshot
         self.body_sha256 = body_sha256
+        self.statement = statement

@@ -26,9 +26,11 @@ class FakeCache:
     exported: list[tuple[int, int | None]] = field(default_factory=list)
     discarded: list[int] = field(default_factory=list)
     forgotten: int = 0
+    # No signing key: the loop signs no statement (a version 1 export).
+    signing_key_id: str | None = None
 
     def export(self, *, revision: int, generation: int, schema_version: int,
-               body: bytes) -> None:
+               body: bytes, statement: object = None) -> None:
         if self.fail:
             raise CacheUnwritable(self.path, "No space left on device")
         self.exported.append((revision, self.state_at_export()))

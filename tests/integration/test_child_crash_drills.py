@@ -366,8 +366,9 @@ def shapes(tmp_path: Path) -> dict[str, Path]:
         directory.mkdir()
         configs[name] = write_config(directory, url, extra, listen=listen)
     # A follower verifies what it receives: it needs a key (make_node makes one).
+    unreachable_root = make_node(tmp_path, "follower-hint-root", "sqlite:///unused.db", [])
     configs["follower-hint"] = make_node(tmp_path, "follower-hint", "http://127.0.0.1:1",
-                                         []).config
+                                         [unreachable_root.verify_key]).config
     return configs
 
 

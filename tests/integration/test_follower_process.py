@@ -2,7 +2,7 @@
 
 The upstream reads PostgreSQL and serves its active revision, signed with its
 cache key, on ``GET /v1/revision``. Followers poll it (every 0.3 s here),
-verify against their own ``[cache].trusted_keys``, compile, and serve it
+verify against their ``[control_plane].trusted_keys``, compile, and serve it
 themselves; they forward the upstream's signed bytes, unchanged, to whoever
 follows them.
 

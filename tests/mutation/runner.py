@@ -64,6 +64,14 @@ TARGETS: dict[str, Target] = {
         ("tests/unit/test_lkg_files.py",
          "tests/unit/test_lkg_safety.py", "tests/unit/test_lkg.py", "tests/unit/test_atomic.py"),
         90.0),
+    # Follower mode: the store that judges an upstream's statements, and the statement
+    # and highest-accepted code it judges them with.
+    "follower": Target(
+        ("supervisor/controlplane/follower.py", "supervisor/sinks/lkg/statement.py",
+         "supervisor/sinks/lkg/accepted.py"),
+        ("tests/unit/test_statement.py", "tests/unit/test_follower_store.py",
+         "tests/unit/test_follower_never_goes_back.py"),
+        90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
                                                        "secrets", "errors", "files", "upstream")),

@@ -16,15 +16,25 @@ def refuse(text: str) -> ConfigError:
     return info.value
 
 
-def test_follower_url_needs_trusted_keys_and_a_bare_address() -> None:
-    config = load_text(f'[control_plane]\nurl = "https://hub:9464"\n[cache]\n{KEY}\n',
-                       environ={})
+def test_follower_url_needs_the_roots_trusted_keys_and_a_bare_address() -> None:
+    config = load_text(f'[control_plane]\nurl = "https://hub:9464"\n{KEY}\n', environ={})
     assert config.control_plane.backend == "follower"
-    error = refuse('[control_plane]\nurl = "http://hub:9464"\n')
-    assert error.path == "$.cache.trusted_keys"
+    assert (config.control_plane.fetch_timeout_s, config.control_plane.hint_min_interval_s,
+            config.cache.statement_ttl_s) == (10.0, 0.1, 300.0)
+    # The cache's keys are this replica's own: they never vouch for what the upstream sends.
+    error = refuse(f'[control_plane]\nurl = "http://hub:9464"\n[cache]\n{KEY}\n')
+    assert error.path == "$.control_plane.trusted_keys"
     for url in ("http://hub", "http://hub:9464/v1/revision", "http://u:p@hub:9464"):
-        error = refuse(f'[control_plane]\nurl = "{url}"\n[cache]\n{KEY}\n')
+        error = refuse(f'[control_plane]\nurl = "{url}"\n{KEY}\n')
         assert error.path == "$.control_plane.url", url
+    error = refuse(f'[control_plane]\nurl = "postgresql://db/cp"\n{KEY}\n')
+    assert error.path == "$.control_plane.trusted_keys"
+
+
+def test_statement_ttl_goes_down_to_one_second_and_no_lower() -> None:
+    config = load_text('[cache]\nstatement_ttl_s = 1\n', environ={})
+    assert config.cache.statement_ttl_s == 1.0
+    assert refuse('[cache]\nstatement_ttl_s = 0.5\n').path == "$.cache.statement_ttl_s"
 
 
 def test_token_file_only_in_follower_mode_and_listen_url_only_on_postgresql() -> None:

@@ -104,6 +104,7 @@ class HeldCache:
         self.real = real_cache(tmp_path)
         self.path = self.real.path
         self.paths = self.real.paths
+        self.signing_key_id = self.real.signing_key_id
         self.entered = threading.Event()
         self.release = threading.Event()
 
@@ -331,6 +332,7 @@ class VanishingCache:
         self.real = real_cache(tmp_path)
         self.path = self.real.path
         self.paths = self.real.paths
+        self.signing_key_id = self.real.signing_key_id
         self.exports = 0
 
     def export(self, **kw: Any) -> None:

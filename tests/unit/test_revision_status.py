@@ -23,6 +23,7 @@ def test_the_report_before_any_attempt() -> None:
         "desired": None, "loaded": None, "active": None, "generation": 0, "source": None,
         "lag_s": 0.0, "last_convergence_s": None, "consecutive_failures": 0,
         "last_rejection": None, "control_plane_up": None, "last_error": None,
+        "sequence": None, "statement": None,
     }
 
 

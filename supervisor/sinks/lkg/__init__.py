@@ -9,7 +9,10 @@ Split by concern:
 - :mod:`~supervisor.sinks.lkg.mark`: the served-revision mark file and the rollback
   refusal it makes possible;
 - :mod:`~supervisor.sinks.lkg.cache`: :class:`LastKnownGood` (export, load, and the
-  order of the cache's and the mark's writes that keeps rollback protection).
+  order of the cache's and the mark's writes that keeps rollback protection);
+- :mod:`~supervisor.sinks.lkg.statement`: the signed statement (format_version 2);
+- :mod:`~supervisor.sinks.lkg.accepted`: a follower's highest accepted statement;
+- :mod:`~supervisor.sinks.lkg.lock`: one daemon per cache.
 
 Every public name is importable from here, as before the split.
 """
@@ -28,6 +31,7 @@ from supervisor.sinks.lkg.errors import (
     KeyFileExists,
 )
 from supervisor.sinks.lkg.fileformat import (
+    FIRST_FORMAT_VERSION,
     FORMAT_VERSION,
     MAGIC,
     MAX_HEADER_BYTES,
@@ -46,8 +50,10 @@ from supervisor.sinks.lkg.keys import (
     load_signing_key,
     parse_verify_key,
 )
+from supervisor.sinks.lkg.statement import Statement
 
 __all__ = [
+    "FIRST_FORMAT_VERSION",
     "FORMAT_VERSION",
     "KEY_BYTES",
     "KEY_ID_HEX_DIGITS",
@@ -67,6 +73,7 @@ __all__ = [
     "KeyFileError",
     "KeyFileExists",
     "LastKnownGood",
+    "Statement",
     "encode_file",
     "encode_header",
     "format_verify_key",

@@ -81,6 +81,7 @@ trio. They are safe to call from several threads.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -89,6 +90,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from supervisor import reasons
+from supervisor.errors import ConfigError
 from supervisor.sinks.lkg.errors import CacheError, CacheUnwritable
 from supervisor.sinks.lkg.fileformat import (
     MAGIC,
@@ -107,6 +109,7 @@ from supervisor.sinks.lkg.files import (
 )
 from supervisor.sinks.lkg.keys import key_id_of, load_signing_key, parse_trusted
 from supervisor.sinks.lkg.mark import SERVED_SUFFIX, ServedMark, check_revision
+from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["SERVED_SUFFIX", "CacheFiles", "CachedRevision", "LastKnownGood"]
 
@@ -131,6 +134,8 @@ class CachedRevision:
     body: bytes = field(repr=False)
     key_id: str
     _clock: Callable[[], datetime] = field(default=_utcnow, repr=False, compare=False)
+    #: The signed statement it carries (format_version 2; None for a version 1 file).
+    statement: Statement | None = None
 
     @property
     def age_s(self) -> float:
@@ -205,6 +210,19 @@ class LastKnownGood:
     def trusted_key_ids(self) -> tuple[str, ...]:
         return tuple(self._trusted)
 
+    def refuse_own_key_among(self, trusted_keys: Sequence[str], where: str) -> None:
+        """ConfigError at ``where`` when this cache's signing key is in ``trusted_keys``.
+
+        A follower's upstream keys must be the root's: trusting its own cache
+        key there would let anyone holding that key (this replica, or every
+        replica of a fleet sharing one key list) forge statements for it.
+        """
+        upstream = parse_trusted(trusted_keys, where_key=where)
+        if self.signing_key_id is not None and self.signing_key_id in upstream:
+            raise ConfigError(where, f"holds this replica's own cache verify key (key id "
+                              f"{self.signing_key_id}, [cache].signing_key): name the root's "
+                              "verify keys only")
+
     # ----------------------------------------------------------------- the mark
 
     def note_served(self, revision: int) -> None:
@@ -220,8 +238,13 @@ class LastKnownGood:
 
     # ----------------------------------------------------------------- export
 
-    def export(self, *, revision: int, generation: int, schema_version: int, body: bytes) -> None:
+    def export(self, *, revision: int, generation: int, schema_version: int, body: bytes,
+               statement: Statement | None = None) -> None:
         """Sign and durably write ``body`` as the cache; set the served mark to ``revision``.
+
+        With ``statement`` the file is format_version 2 and signs it (its
+        revision and digest must be ``revision``'s and ``body``'s: ValueError
+        otherwise); without, version 1.
 
         ``revision`` is a control-plane id (>= 1); ``generation`` and
         ``schema_version`` are >= 0 (ValueError otherwise, nothing written).
@@ -233,9 +256,14 @@ class LastKnownGood:
         for name, value in (("generation", generation), ("schema_version", schema_version)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if statement is not None and (
+                statement.revision != revision
+                or statement.body_sha256 != hashlib.sha256(body).hexdigest()):
+            raise ValueError("the statement is about another revision or body")
         if self._signing_key is None or self.signing_key_id is None:
             raise CacheUnwritable(self._path, "no signing key is configured ($.cache.signing_key)")
         header = encode_header(
+            statement=statement,
             revision=revision,
             generation=generation,
             schema_version=schema_version,
@@ -351,5 +379,6 @@ class LastKnownGood:
             body=body,
             key_id=header.key_id,
             _clock=self._clock,
+            statement=header.statement(),
         )
 

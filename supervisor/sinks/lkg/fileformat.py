@@ -1,7 +1,7 @@
 """The cache file's format: framing, the signed header, and verification.
 
-File format (format_version 1)
-------------------------------
+File format (format_version 2; version 1 files still load)
+----------------------------------------------------------
 All integers big-endian; offsets from the start of the file::
 
     magic       20 bytes   b"TRIO-SUPERVISOR-LKG\\n"
@@ -15,8 +15,16 @@ All integers big-endian; offsets from the start of the file::
                   body_length     int     length of the body in bytes
                   body_sha256     string  lowercase hex SHA-256 of the body
                   key_id          string  id of the signing key (below)
+                  sequence        int     version 2: the root's desired-state sequence
+                  root            string  version 2: the root's control-plane identity
+                  issued_at       string  version 2: RFC 3339, UTC, when the root signed it
+                  expires_at      string  version 2: RFC 3339, UTC, after which it is stale
     signature   64 bytes   Ed25519 detached signature over magic + header_len + header
     body        body_length bytes: the revision document as the control plane stored it
+
+Version 1 headers have the first eight fields only; a version 2 header has
+all twelve (:mod:`supervisor.sinks.lkg.statement`: the signed statement they
+make). A writer given no statement still writes version 1.
 
 The signature covers every byte before it, so the header, its length prefix
 and the magic cannot be altered without detection; the body is covered through
@@ -47,8 +55,10 @@ import nacl.signing
 from supervisor import reasons
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.keys import KEY_ID_HEX_DIGITS
+from supervisor.sinks.lkg.statement import Statement
 
 __all__ = [
+    "FIRST_FORMAT_VERSION",
     "FORMAT_VERSION",
     "MAGIC",
     "MAX_HEADER_BYTES",
@@ -61,7 +71,9 @@ __all__ = [
 ]
 
 MAGIC: Final = b"TRIO-SUPERVISOR-LKG\n"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+#: The oldest version this build reads (no statement fields).
+FIRST_FORMAT_VERSION: Final = 1
 MAX_HEADER_BYTES: Final = 64 * 1024
 SIGNATURE_BYTES: Final = 64
 _LENGTH: Final = struct.Struct(">I")
@@ -71,8 +83,11 @@ _Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 _KeyId = Annotated[str, msgspec.Meta(pattern=f"^[0-9a-f]{{{KEY_ID_HEX_DIGITS}}}$")]
 
 
-class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """The signed header of format_version 1 (field order is the on-disk order)."""
+_Root = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+
+
+class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """The signed header (field order is the on-disk order); the last four are version 2's."""
 
     format_version: int
     revision: _NonNegative
@@ -82,6 +97,18 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     body_length: _NonNegative
     body_sha256: _Sha256Hex
     key_id: _KeyId
+    sequence: _NonNegative | None = None
+    root: _Root | None = None
+    issued_at: datetime | None = None
+    expires_at: datetime | None = None
+
+    def statement(self, signed: bytes | None = None) -> Statement | None:
+        """The signed statement of a version 2 header (None for version 1)."""
+        if (self.sequence is None or self.root is None or self.issued_at is None
+                or self.expires_at is None):
+            return None
+        return Statement(self.revision, self.body_sha256, self.sequence, self.root,
+                         self.issued_at, self.expires_at, signed)
 
 
 class _Envelope(msgspec.Struct):
@@ -104,11 +131,19 @@ def encode_header(
     created_at: datetime,
     body: bytes,
     key_id: str,
-    format_version: int = FORMAT_VERSION,
+    statement: Statement | None = None,
+    format_version: int | None = None,
 ) -> bytes:
-    """The header bytes for ``body`` (format_version 1 fields)."""
+    """The header bytes for ``body``: version 2 with ``statement``, else version 1."""
     if created_at.tzinfo is None:
         created_at = created_at.replace(tzinfo=UTC)  # a naive clock is taken to be UTC
+    if format_version is None:
+        format_version = FIRST_FORMAT_VERSION if statement is None else FORMAT_VERSION
+    extra: dict[str, Any] = {}
+    if statement is not None:
+        extra = {"sequence": statement.sequence, "root": statement.root,
+                 "issued_at": _utc(statement.issued_at),
+                 "expires_at": _utc(statement.expires_at)}
     header = Header(
         format_version=format_version,
         revision=revision,
@@ -118,8 +153,15 @@ def encode_header(
         body_length=len(body),
         body_sha256=hashlib.sha256(body).hexdigest(),
         key_id=key_id,
+        **extra,
     )
     return msgspec.json.encode(header)
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
 
 
 def encode_file(header: bytes, body: bytes, signing_key: nacl.signing.SigningKey) -> bytes:
@@ -207,7 +249,7 @@ def decode_file(
             f"({FORMAT_VERSION}); written by a newer build",
             format_version=envelope.format_version,
         )
-    if envelope.format_version < FORMAT_VERSION:
+    if envelope.format_version < FIRST_FORMAT_VERSION:
         corrupt(f"format_version {envelope.format_version} was never written by any build")
 
     # 4. The fields, and the body they vouch for.
@@ -217,6 +259,16 @@ def decode_file(
         corrupt(f"the header is authentic but malformed: {exc}")
     if header.key_id != signer or header.created_at.tzinfo is None:
         corrupt("the header is authentic but inconsistent", header.revision)
+    v2_fields = (header.sequence, header.root, header.issued_at, header.expires_at)
+    if header.format_version >= 2 and any(value is None for value in v2_fields):
+        corrupt("the version 2 header is authentic but lacks its statement fields",
+                header.revision)
+    if header.format_version < 2 and any(value is not None for value in v2_fields):
+        corrupt("the version 1 header is authentic but carries statement fields",
+                header.revision)
+    if any(moment is not None and moment.tzinfo is None
+           for moment in (header.issued_at, header.expires_at)):
+        corrupt("the header is authentic but its times have no time zone", header.revision)
     if len(body) != header.body_length:
         corrupt(
             f"the body is {len(body)} bytes but the signed header says {header.body_length} "

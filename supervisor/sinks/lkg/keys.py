@@ -83,12 +83,13 @@ def parse_verify_key(text: str) -> tuple[str, nacl.signing.VerifyKey]:
     return key_id_of(key), key
 
 
-def parse_trusted(texts: Sequence[str]) -> dict[str, nacl.signing.VerifyKey]:
-    """``[cache].trusted_keys`` as {key id: key}; ConfigError naming the entry when one is bad."""
+def parse_trusted(texts: Sequence[str], *, where_key: str = "$.cache.trusted_keys"
+                  ) -> dict[str, nacl.signing.VerifyKey]:
+    """A trusted_keys list as {key id: key}; ConfigError naming the entry when one is bad."""
     trusted: dict[str, nacl.signing.VerifyKey] = {}
     first_index: dict[str, int] = {}
     for index, text in enumerate(texts):
-        where = f"$.cache.trusted_keys[{index}]"
+        where = f"{where_key}[{index}]"
         if not isinstance(text, str):
             raise ConfigError(where, "expected a string")
         try:

@@ -1,0 +1,81 @@
+"""The signed statement: what a root says about its desired revision, and for how long.
+
+A statement is the signed header of a cache file in ``format_version`` 2
+(:mod:`supervisor.sinks.lkg.fileformat`): the revision id and its body's
+SHA-256, the root's ``sequence`` (``supervisor_desired.sequence``: it grows at
+every change of desired state, an operator's rollback included), the root's
+control-plane ``root`` identity, ``issued_at`` and ``expires_at`` (UTC).
+
+Only a root signs one (after a successful read of its control plane, so a
+root that cannot read it lets its statement age); a follower passes the
+root's bytes on unchanged (:attr:`Statement.signed`), so every hop verifies
+the root's signature. Its freshness is the follower's proof that the root was
+alive and reading its control plane at ``issued_at``.
+
+:meth:`Statement.etag` is what ``GET /v1/revision`` answers as ``ETag``: it
+changes whenever the sequence, the body or ``issued_at`` does, so a revision
+id reused for another body (a restore from a backup) is never a 304.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+__all__ = ["Statement", "etag_of"]
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
+
+
+def etag_of(sequence: int, body_sha256_hex: str, issued_at: datetime) -> str:
+    """The quoted ETag of a statement: sequence, digest prefix and issued_at in microseconds."""
+    micros = (issued_at - _EPOCH) // _MICROSECOND
+    return f'"{sequence}.{body_sha256_hex[:32]}.{micros}"'
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One signed statement (module docstring); ``signed``: the root's file bytes, if kept."""
+
+    revision: int
+    body_sha256: str  # lowercase hex
+    sequence: int
+    root: str
+    issued_at: datetime
+    expires_at: datetime
+    signed: bytes | None = field(default=None, repr=False, compare=False)
+
+    def etag(self) -> str:
+        return etag_of(self.sequence, self.body_sha256, self.issued_at)
+
+    def expired(self, now: datetime) -> bool:
+        return now >= self.expires_at
+
+    def age_s(self, now: datetime) -> float:
+        """Seconds since the root issued it (0 when this clock is behind the root's)."""
+        return max(0.0, (now - self.issued_at).total_seconds())
+
+    def same_content(self, other: Statement) -> bool:
+        """The same root intent about the same body (``issued_at`` may differ: a refresh)."""
+        return (self.sequence, self.root, self.revision, self.body_sha256) == (
+            other.sequence, other.root, other.revision, other.body_sha256)
+
+    def without_bytes(self) -> Statement:
+        return replace(self, signed=None)
+
+    def report(self, now: datetime) -> dict[str, Any]:
+        """The ``revision.statement`` part of /status."""
+        return {
+            "sequence": self.sequence,
+            "root": self.root,
+            "issued_at": _iso(self.issued_at),
+            "expires_at": _iso(self.expires_at),
+            "age_s": round(self.age_s(now), 3),
+            "stale": self.expired(now),
+        }
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

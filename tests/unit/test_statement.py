@@ -1,0 +1,71 @@
+"""The signed statement: its ETag, expiry and age, and the acceptance rule against the highest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from supervisor.sinks.lkg import Statement
+from supervisor.sinks.lkg.accepted import refusal_of
+
+T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+SHA = "ab" * 32
+HIGHEST = Statement(3, SHA, 7, "pg:1:2", T0, T0 + timedelta(seconds=300))
+
+
+def test_the_etag_changes_with_sequence_digest_and_issued_at_only() -> None:
+    etag = HIGHEST.etag()
+    assert etag == f'"7.{SHA[:32]}.{int(T0.timestamp()) * 1_000_000}"'
+    assert replace(HIGHEST, sequence=8).etag() != etag
+    assert replace(HIGHEST, body_sha256="cd" * 32).etag() != etag
+    assert replace(HIGHEST, issued_at=T0 + timedelta(microseconds=1)).etag() != etag
+    assert replace(HIGHEST, revision=4, expires_at=T0, signed=b"x").etag() == etag
+
+
+def test_expiry_is_at_expires_at_and_age_never_negative() -> None:
+    assert not HIGHEST.expired(T0 + timedelta(seconds=299.999))
+    assert HIGHEST.expired(T0 + timedelta(seconds=300))
+    assert HIGHEST.age_s(T0 - timedelta(seconds=5)) == 0.0
+    assert HIGHEST.age_s(T0 + timedelta(seconds=12.5)) == 12.5
+    report = HIGHEST.report(T0 + timedelta(seconds=301))
+    assert report == {"sequence": 7, "root": "pg:1:2", "issued_at": "2026-12-01T10:00:00Z",
+                      "expires_at": "2026-12-01T10:05:00Z", "age_s": 301.0, "stale": True}
+
+
+def test_same_content_ignores_issued_at_and_bytes() -> None:
+    assert HIGHEST.same_content(replace(HIGHEST, issued_at=T0 + timedelta(seconds=9),
+                                        signed=b"x"))
+    for changed in ({"sequence": 8}, {"root": "pg:9:9"}, {"revision": 4},
+                    {"body_sha256": "cd" * 32}):
+        assert not HIGHEST.same_content(replace(HIGHEST, **changed))  # type: ignore[arg-type]
+    assert HIGHEST.without_bytes().signed is None
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({}, None),  # the same statement again
+    ({"issued_at": T0 + timedelta(seconds=1)}, None),  # a refresh
+    ({"issued_at": T0 - timedelta(seconds=1)}, "rollback"),  # an earlier refresh replayed
+    ({"sequence": 8, "revision": 1}, None),  # an operator's rollback: higher sequence
+    ({"sequence": 6, "issued_at": T0 + timedelta(days=1)}, "rollback"),  # older intent
+    ({"revision": 4}, "corrupt"),  # one sequence, two revisions
+    ({"body_sha256": "cd" * 32}, "corrupt"),  # one sequence, two bodies
+    ({"root": "pg:9:9", "sequence": 1, "issued_at": T0 + timedelta(seconds=1)}, None),
+    ({"root": "pg:9:9", "sequence": 99, "issued_at": T0}, "rollback"),  # not after
+    ({"root": "pg:9:9", "sequence": 99, "issued_at": T0 - timedelta(seconds=1)}, "rollback"),
+])
+def test_refusal_against_the_highest_accepted(changes: dict[str, object],
+                                              reason: str | None) -> None:
+    candidate = replace(HIGHEST, **changes)  # type: ignore[arg-type]
+    refused = refusal_of(candidate, HIGHEST)
+    assert (refused[0] if refused else None) == reason
+    assert refusal_of(candidate, None) is None
+
+
+def test_the_signed_bytes_are_neither_compared_nor_shown() -> None:
+    signed = replace(HIGHEST, signed=b"\x00secret-looking bytes")
+    assert signed == HIGHEST
+    assert "secret-looking" not in repr(signed)
+    report = replace(HIGHEST, issued_at=T0).report(T0 + timedelta(seconds=12.34567))
+    assert report["age_s"] == 12.346
