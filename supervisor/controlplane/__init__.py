@@ -13,22 +13,3 @@
 * :mod:`~supervisor.controlplane.listen`: the LISTEN child (PostgreSQL only),
   which only pokes the convergence loop's change signal (:mod:`.poke`).
 """
-
-from supervisor.controlplane.errors import (
-    ControlPlaneError,
-    FailureCategory,
-    Incompatible,
-    TooLarge,
-)
-from supervisor.controlplane.factory import open_store
-from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
-
-__all__ = [
-    "ControlPlaneError",
-    "ControlPlaneStore",
-    "FailureCategory",
-    "Incompatible",
-    "LoadedRevision",
-    "TooLarge",
-    "open_store",
-]

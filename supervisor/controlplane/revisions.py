@@ -27,40 +27,15 @@ import getpass
 import os
 import sqlite3
 import sys
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from supervisor.controlplane.checks import HydrateRow, check_hydrated
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.store import LoadedRevision
+from supervisor.controlplane.store import DesiredChange, LoadedRevision, RevisionSummary
 
 __all__ = ["DesiredChange", "RevisionSummary", "pg", "sqlite"]
-
-
-@dataclass(frozen=True)
-class RevisionSummary:
-    """One row of ``history``: everything but the body."""
-
-    id: int
-    schema_version: int
-    size: int
-    body_sha256: bytes
-    created_at: datetime | None
-    message: str | None
-
-
-@dataclass(frozen=True)
-class DesiredChange:
-    """One row of ``supervisor_desired_log``: a change of the desired pointer."""
-
-    sequence: int
-    revision_id: int
-    changed_at: datetime | None
-    changed_by: str
-    message: str | None
 
 
 #: The change record's columns, newest first (both stores).

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from supervisor.controlplane.migrations import Migrated
-    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
     from supervisor.sinks.lkg.statement import Statement
 
-__all__ = ["ControlPlaneStore", "LoadedRevision", "RevisionPointer"]
+__all__ = ["ControlPlaneStore", "DesiredChange", "LoadedRevision", "RevisionPointer",
+           "RevisionSummary"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,29 @@ class RevisionPointer:
     sequence: int | None = None
     #: Follower mode: the root's signed statement (see LoadedRevision.statement).
     statement: Statement | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RevisionSummary:
+    """One row of ``history``: everything but the body."""
+
+    id: int
+    schema_version: int
+    size: int
+    body_sha256: bytes
+    created_at: datetime | None
+    message: str | None
+
+
+@dataclass(frozen=True)
+class DesiredChange:
+    """One row of ``supervisor_desired_log``: a change of the desired pointer."""
+
+    sequence: int
+    revision_id: int
+    changed_at: datetime | None
+    changed_by: str
+    message: str | None
 
 
 class ControlPlaneStore(Protocol):

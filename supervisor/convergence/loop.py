@@ -60,8 +60,9 @@ logged at most once a minute (every poll while the cache serves instead of a
 refused desired revision), and an outage as a start, progress once a minute
 and an end (:class:`~supervisor.outage.OutageLog`).
 
-Bootstrap (:mod:`supervisor.convergence.bootstrap`) reaches a first servable
-snapshot or raises :class:`~supervisor.errors.BootRefused` (exit 3); the side
+:meth:`ConvergenceLoop.bootstrap` reaches a first servable snapshot (the signed
+cache answering an outage) or raises :class:`~supervisor.errors.BootRefused`
+(exit 3); :func:`compile_body` compiles a large body off the event loop; the side
 sinks live in :mod:`~supervisor.convergence.side_sinks`, the failure log lines in
 :mod:`~supervisor.convergence.reporting`, the outcome classification in
 :mod:`~supervisor.convergence.outcome`.
@@ -84,9 +85,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
-from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
-from supervisor.convergence.compiling import compile_body
 from supervisor.convergence.memory import RevisionMemory
 from supervisor.convergence.outcome import (
     FAST_TRIGGERS,
@@ -99,6 +99,7 @@ from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
 from supervisor.convergence.status import RevisionStatus, Source
+from supervisor.errors import BootRefused, ConfigError
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
@@ -115,9 +116,45 @@ if TYPE_CHECKING:
     from supervisor.sinks.file import SnapshotFile
     from supervisor.sinks.lkg import LastKnownGood
 
-__all__ = ["ConvergenceLoop"]
+__all__ = ["THREAD_COMPILE_BYTES", "ConvergenceLoop", "compile_body"]
 
 log = get_logger("convergence")
+
+# Bodies above this (about 10,000 aliases, ~6 ms of compile) are compiled in a
+# worker thread, so the event loop (admin API, signals, watchdog) keeps answering
+# during a large compile.
+THREAD_COMPILE_BYTES = 1024 * 1024
+
+
+def _fresh(exc: RevisionError) -> RevisionError:
+    """The same refusal without traceback or context.
+
+    Raised from a worker thread, a refusal's traceback keeps every frame's
+    locals alive (the decoded document of a 16 MB body among them), often in
+    cycles the collector rarely frees. The label, the revision and the detail
+    are all the loop needs.
+    """
+    return RevisionError(exc.reason, exc.detail, revision=exc.revision)
+
+
+async def compile_body(body: bytes, revision: int, generation: int,
+                       resolver: SecretResolver | None) -> Snapshot:
+    """The immutable snapshot of ``body``; raises :class:`RevisionError` (no context)."""
+    from supervisor.revision.compile import compile_revision
+
+    def run() -> Snapshot:
+        try:
+            return compile_revision(
+                body, revision=revision, generation=generation, resolver=resolver
+            )
+        except RevisionError as exc:
+            refusal = _fresh(exc)
+        # Raised outside the except block: no __context__ chain either.
+        raise refusal
+
+    if len(body) > THREAD_COMPILE_BYTES:
+        return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+    return run()
 
 
 def _utcnow() -> datetime:
@@ -439,7 +476,127 @@ class ConvergenceLoop:
         await self.schedule.run(self.converge_once)
 
     async def bootstrap(self) -> Outcome:
-        """Reach a first servable snapshot, or raise BootRefused (see :mod:`.bootstrap`)."""
-        from supervisor.convergence.bootstrap import bootstrap
+        """Reach a first servable snapshot, or raise BootRefused naming the refusal.
 
-        return await bootstrap(self)
+        Boot: reach a first servable snapshot, or refuse to boot naming why.
+
+        One attempt of the loop. The signed last-known-good
+        cache answers exactly three failures: an unreachable control plane, a
+        desired revision this build cannot read (``incompatible``, a mixed-version
+        rollout), and, in follower mode, an upstream statement refused
+        (``denied``, ``rollback``, ``corrupt``, ``stale``); and, with
+        ``[cache].serve_when_desired_refused``, any refusal of the desired revision.
+        Otherwise corruption, oversize, refused reads and uncompilable revisions never
+        fall back: cached state would hide damage an
+        operator must fix. Every refusal is :class:`~supervisor.errors.BootRefused`
+        (exit 3), its message naming the cause and, when the cache was tried, why it
+        could not serve either.
+        """
+        try:
+            outcome = await self.attempt()
+        except SchemaTooNew as exc:
+            # A newer build migrated the database: serving a cache meanwhile would
+            # hide that this replica must be upgraded; exit 2 as for a bad config.
+            raise ConfigError("$.control_plane.url", str(exc)) from exc
+        except ControlPlaneError as exc:
+            self.record_failure(exc)
+            # A follower's refused statement (denied, rollback, corrupt, stale) is
+            # no reason to serve nothing: its own signed cache serves, as for an
+            # unreachable upstream, and the refusal stays in last_rejection.
+            if (exc.retryable or exc.reason == reasons.INCOMPATIBLE
+                    or isinstance(exc, StatementRefused)):
+                return await self._restore(exc)
+            if exc.revision is not None and self._serving_cache_instead(exc):
+                # The desired revision itself is refused (corrupt, too large, missing).
+                return await self._restore(exc)
+            raise BootRefused(
+                exc.reason, f"refusing to boot: the control plane refused: {exc}"
+            ) from exc
+        except RevisionError as exc:
+            self.record_failure(exc)
+            # unavailable: a transient OS error while resolving a secret (EMFILE ...).
+            if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
+                return await self._restore(exc)
+            if self._serving_cache_instead(exc):
+                return await self._restore(exc)
+            raise BootRefused(
+                exc.reason,
+                f"refusing to boot: desired revision {exc.revision} cannot be served "
+                f"({exc.reason}): {exc.detail}",
+            ) from exc
+        if outcome.kind is OutcomeKind.EMPTY:
+            raise BootRefused(
+                "empty",
+                "refusing to boot: the control plane is reachable but has no desired "
+                "revision; publish one with `trio-supervisor publish`",
+            )
+        self.status.attempt_finished()
+        self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
+        return outcome
+
+    def _serving_cache_instead(self,
+                                   exc: ControlPlaneError | RevisionError) -> bool:
+        """``[cache].serve_when_desired_refused``: a refused desired revision boots the cache."""
+        if not self.serve_cache_on_refusal or self.sinks.cache is None:
+            return False
+        reason, revision, detail = failure_fields(exc)
+        log.error("desired revision refused at boot; serving the last-known-good cache "
+                  "([cache].serve_when_desired_refused)", reason=reason, revision=revision,
+                  detail=detail)
+        return True
+
+    async def _restore(self, cause: ControlPlaneError | RevisionError) -> Outcome:
+        from supervisor.sinks.lkg import CacheError, CacheSkew
+
+        reason, _, detail = failure_fields(cause)
+        cache = self.sinks.cache
+        if cache is None:
+            raise BootRefused(
+                reason,
+                f"refusing to boot: {detail} ({reason}), and no last-known-good cache is "
+                "configured ([cache].path)",
+            ) from cause
+        events = self.metrics.last_known_good_events
+        try:
+            cached = await trio.to_thread.run_sync(cache.load)
+        except CacheSkew as exc:
+            log.error("last-known-good cache written by a newer build (version skew); "
+                      "treating it as no cache", path=cache.path, error=str(exc))
+            events.labels("refused").inc()
+            raise BootRefused(
+                "cache",
+                f"refusing to boot: {detail} ({reason}); the last-known-good cache is from "
+                f"a newer format (version skew), treated as no cache: {exc}",
+            ) from exc
+        except CacheError as exc:
+            events.labels("refused").inc()
+            raise BootRefused(
+                "cache",
+                f"refusing to boot: {detail} ({reason}); the last-known-good cache was "
+                f"refused ({exc.reason}): {exc}",
+            ) from exc
+        if cached is None:
+            raise BootRefused(
+                reason,
+                f"refusing to boot: {detail} ({reason}), and the last-known-good cache "
+                "file does not exist yet",
+            ) from cause
+        generation = self.state.generation + 1
+        try:
+            snapshot = await compile_body(cached.body, cached.revision, generation, self.resolver)
+        except RevisionError as exc:
+            events.labels("refused").inc()
+            raise BootRefused(
+                "cache",
+                f"refusing to boot: the last-known-good cache (revision {cached.revision}) "
+                f"does not compile ({exc.reason}): {exc.detail}",
+            ) from exc
+        self.status.loaded_revision(cached.revision)
+        await self.swap_in(snapshot, "last_known_good", 0.0,
+                           body_sha256=hashlib.sha256(cached.body).digest(),
+                           statement=cached.statement)
+        events.labels("restored").inc()
+        self.status.attempt_finished()
+        log.warning("serving the last-known-good cache", revision=cached.revision,
+                    age_s=round(cached.age_s, 1), cause=reason)
+        return Outcome(OutcomeKind.PUBLISHED, revision=cached.revision, generation=generation)

@@ -80,8 +80,7 @@ TARGETS: dict[str, Target] = {
         90.0),
     "convergence": Target(
         tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "schedule", "memory",
-                                                          "bootstrap", "side_sinks",
-                                                          "reporting", "outcome", "compiling",
+                                                          "side_sinks", "reporting", "outcome",
                                                           "signal", "status")),
         ("tests/unit/test_convergence_resilience.py", "tests/unit/test_convergence_effects.py",
          "tests/unit/test_revision_status.py", "tests/unit/test_convergence_loop.py",

@@ -1,7 +1,8 @@
-"""No import cycle among the package's modules.
+"""No import cycle among the package's modules, counting every import.
 
-Module-level imports only: an import inside a function or under
-``TYPE_CHECKING`` runs later or never, so it cannot make a cycle at import time.
+An import inside a function or under ``TYPE_CHECKING`` cannot fail at import
+time, but it is a dependency all the same: two modules that need each other
+are one idea cut in two, or a type in the wrong module. So every import counts.
 """
 
 from __future__ import annotations
@@ -24,17 +25,12 @@ def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps: set[str] = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                continue
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
-                    deps.add(inner.module)
-                    deps |= {f"{inner.module}.{a.name}" for a in inner.names}
-                elif isinstance(inner, ast.Import):
-                    deps |= {a.name for a in inner.names}
+        for inner in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
+                deps.add(inner.module)
+                deps |= {f"{inner.module}.{a.name}" for a in inner.names}
+            elif isinstance(inner, ast.Import):
+                deps |= {a.name for a in inner.names}
         graph[name] = {d for d in deps if d in modules and d != name}
     return graph
 
