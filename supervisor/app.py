@@ -408,6 +408,9 @@ class Daemon:
             from supervisor.sinks.lkg.lock import hold_cache_lock
 
             lock = hold_cache_lock(self.config.cache.path)  # one daemon per cache
+            if lock is None:
+                log.warning("cache lock not taken: its directory cannot be written; serving "
+                            "without it", path=self.config.cache.path)
         self.status.follower = self.config.control_plane.backend == "follower"
         try:
             await self._run()

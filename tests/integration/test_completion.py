@@ -31,7 +31,7 @@ def _completions(*words: str) -> list[str]:
 def test_bash_completes_subcommands_options_and_choices() -> None:
     assert _completions("trio-supervisor", "sta") == ["status"]
     assert _completions("trio-supervisor", "publish", "--f") == ["--force"]
-    assert sorted(_completions("trio-supervisor", "status", "--c")) == ["--check", "--config"]
+    assert sorted(_completions("trio-supervisor", "status", "--c")) == ["--ca-file", "--check", "--config"]
     assert _completions("trio-supervisor", "db", "m") == ["migrate"]
     assert sorted(_completions("trio-supervisor", "completion", "")) == ["--help", "bash", "zsh"]
 

@@ -104,9 +104,11 @@ def test_check_strict_exits_2_when_the_signing_key_is_not_trusted(tmp_path: Path
         assert made.returncode == 0, made.stderr
         keys.append(made.stdout.strip().split()[-1])
     (tmp_path / "cache").mkdir()
+    # Secret references confined, so that the key is the only warning there can be.
     path = config(tmp_path, f'[cache]\npath = "{tmp_path}/cache/lkg.bin"\n'
                             f'signing_key = "{tmp_path}/signing.key"\n'
-                            f'trusted_keys = ["{keys[0]}"]\n')
+                            f'trusted_keys = ["{keys[0]}"]\n'
+                            '[revision]\nsecret_env_prefixes = ["APP_SECRET_"]\n')
     assert run("check", "--strict", "--config", str(path)).returncode == 0
     env = {"SUPERVISOR_CACHE__SIGNING_KEY": str(tmp_path / "other.key")}
     lenient = run("check", "--config", str(path), env=env)

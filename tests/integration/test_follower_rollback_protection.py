@@ -55,7 +55,7 @@ async def test_a_replay_is_refused_after_a_child_crash_and_a_restart_and_never_p
             await up.wait_log("published", revision=1)
             first = await capture(root, 1)
             for _ in (2, 3):
-                await acli("publish", "--config", str(root.config), str(EXAMPLE))
+                await acli("publish", "--config", str(root.config), "--force", str(EXAMPLE))
             third = await capture(root, 3)
         assert (statement_of(first).sequence, statement_of(third).sequence) == (1, 3)
 

@@ -34,7 +34,7 @@ async def test_idle_session_timeout_below_the_poll_interval_logs_no_outage(
             attempts = await daemon.wait_logs("convergence attempt", POLLS, trigger="poll")
             assert [line["outcome"] for line in attempts] == ["converged"] * POLLS
             # Still converging: a publish arrives (by NOTIFY or the next poll).
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), "--force", str(EXAMPLE))
             await daemon.wait_log("published", revision=2)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

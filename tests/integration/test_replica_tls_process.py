@@ -215,7 +215,7 @@ async def test_followers_converge_over_mutual_tls_with_the_read_token(tmp_path: 
                 await blind.wait_log("ready")
                 report = await wait_active(f2_port, 1)
                 assert report["revision"]["source"] == "last_known_good"
-                await acli("publish", "--config", str(root), str(EXAMPLE))
+                await acli("publish", "--config", str(root), "--force", str(EXAMPLE))
                 await up.wait_log("published", revision=2)
                 await wait_active(f1_port, 2)
 
@@ -300,7 +300,7 @@ async def test_status_watch_and_publish_wait_verify_the_replica_with_ca_file(
             assert bad.returncode == 2 and "--ca-file" in bad.stderr, bad.stderr
             # publish --wait follows the replica over wss (and nudges it over https)
             # with the full token the config names.
-            waited = await acli("publish", "--config", str(root), str(EXAMPLE), "--wait",
+            waited = await acli("publish", "--config", str(root), "--force", str(EXAMPLE), "--wait",
                                 "--url", base, "--ca-file", str(pki.ca_file))
             assert "active" in waited.stdout, waited.stdout
             watcher = await trio.lowlevel.open_process(

@@ -81,7 +81,7 @@ async def test_removed_sink_directories_are_made_again_and_status_reports_sinks(
             # Both directories removed while serving: the next publish makes them again.
             _remove(cache_dir)
             _remove(snap_dir)
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), "--force", str(EXAMPLE))
             await daemon.wait_log("published", revision=2)
             await poll_until(lambda: snapshot.exists() and cache.exists())
             assert (_mode(cache_dir), _mode(snap_dir)) == (0o750, 0o755)
@@ -91,7 +91,7 @@ async def test_removed_sink_directories_are_made_again_and_status_reports_sinks(
             # A regular file where the cache directory was: it cannot be made.
             _remove(cache_dir)
             cache_dir.write_text("not a directory")
-            await acli("publish", "--config", str(config), str(EXAMPLE))
+            await acli("publish", "--config", str(config), "--force", str(EXAMPLE))
             await daemon.wait_log("published", revision=3)
             sinks = await _sinks(port)
             assert sinks["cache"] == "failing" and sinks["snapshot_file"] == "ok"

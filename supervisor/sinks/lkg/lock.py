@@ -9,6 +9,11 @@ releases the lock when the process ends however it ends, so a crashed daemon
 never leaves a stale lock behind. A second daemon is refused at start with a
 :class:`~supervisor.errors.ConfigError` at ``$.cache.path`` naming the path
 (exit 2).
+
+A lock file that cannot be made at all (the cache's directory is a file,
+read-only, or full) is not a reason to stop serving: the cache cannot be
+written either, which the sinks report (``/status`` ``sinks.cache``), so
+:func:`hold_cache_lock` returns None and the caller says it runs unlocked.
 """
 
 from __future__ import annotations
@@ -37,17 +42,19 @@ class CacheLock:
             self._fd = None
 
 
-def hold_cache_lock(cache_path: str) -> CacheLock:
-    """Lock ``cache_path`` for this process; ConfigError when another daemon holds it."""
+def hold_cache_lock(cache_path: str) -> CacheLock | None:
+    """Lock ``cache_path`` for this process; ConfigError when another daemon holds it.
+
+    None when the lock file cannot be made (see the module docstring).
+    """
     path = cache_path + LOCK_SUFFIX
     where = "$.cache.path"
     try:
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
                      0o600)
-    except OSError as exc:
-        raise ConfigError(where, f"cannot open the cache lock {path}: {exc.strerror or exc}"
-                          ) from exc
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
