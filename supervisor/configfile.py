@@ -29,7 +29,6 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -140,7 +139,7 @@ def all_problems(path: str | os.PathLike[str], *,
         return []
     source, origins = str(path), dict[str, str]()
     try:
-        raw = _parse_toml(Path(path).read_text(encoding="utf-8"))
+        raw = _parse_toml(read_config_text(path))
         raw = _apply_env(raw, os.environ if environ is None else environ, origins)
     except (ConfigError, OSError, ValueError, RecursionError):
         return [first]  # nothing to split into keys: the one problem there is
@@ -205,13 +204,30 @@ def _member(parent: str, name: str) -> str:
     return f"{parent}.{name}" if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f"{parent}[{name!r}]"
 
 
-def load(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
-    """Read and validate the configuration file at ``path``. Raises ConfigError."""
+#: The largest configuration file read. A real one is a few KiB; anything
+#: near this is not a configuration (a runaway template, a log written to the
+#: path), and parsing it whole would hold the interpreter for seconds (a
+#: SIGHUP re-read abandoned at its deadline would go on parsing in its thread).
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+
+
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """The file's text, at most :data:`MAX_CONFIG_BYTES` of it read. Raises ConfigError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError("$", f"larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: "
+                                   "not a configuration file", source=str(path))
+        # Newlines as text mode reads them (what the parser was always given).
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("$", f"cannot read: {exc}", source=str(path)) from exc
-    return load_text(text, source=str(path), environ=environ)
+
+
+def load(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the configuration file at ``path``. Raises ConfigError."""
+    return load_text(read_config_text(path), source=str(path), environ=environ)
 
 
 def _explain(message: str, raw: dict[str, Any]) -> tuple[str, str]:

@@ -59,26 +59,29 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600,
     """
     try:
         return _replace(path, data, mode)
-    except FileNotFoundError:
-        if directory_mode is None or not _remake_directory(path, directory_mode):
+    except FileNotFoundError as missing:
+        if directory_mode is None:
             raise
+        try:
+            _remake_directory(path, directory_mode)
+        except OSError as exc:
+            # mkdir's own error says why the directory is missing still (a
+            # full disk, a missing parent), where the write's named only a file.
+            raise exc from missing
     return _replace(path, data, mode)
 
 
-def _remake_directory(path: str, mode: int) -> bool:
-    """Make ``path``'s missing directory with ``mode``; False when it cannot be (no parent)."""
+def _remake_directory(path: str, mode: int) -> None:
+    """Make ``path``'s missing directory with ``mode``; raises mkdir's error when it cannot be."""
     directory = os.path.dirname(path) or "."
     try:
         os.mkdir(directory, mode)
     except FileExistsError:
-        return True  # made meanwhile (by whoever removed it?): write into it
-    except OSError:
-        return False
+        return  # made meanwhile (by whoever removed it?): write into it
     # mkdir's mode is narrowed by the umask: the recorded mode is the contract.
     os.chmod(directory, mode)
     fsync_directory(os.path.dirname(os.path.abspath(directory)))
     log.info("made a missing sink directory again", path=directory, mode=f"{mode:04o}")
-    return True
 
 
 def _replace(path: str, data: bytes, mode: int) -> os.stat_result:

@@ -11,15 +11,17 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 from tests import needs
-from tests.proc import acli, cli, run_daemon, write_config
+from tests.proc import acli, cli, free_port, run_daemon, write_config
 
 
 @pytest.fixture
@@ -55,6 +57,17 @@ def fill(disk: Path) -> Path:
 def body(tag: str) -> bytes:
     return json.dumps({"schema_version": 1, "aliases": {
         tag: {"upstream": f"https://{tag}.example/v1"}}}).encode()
+
+
+def limit_inodes(disk: Path, spare: int | None) -> None:
+    """Allow ``spare`` more files and directories on ``disk`` (None: lift the limit).
+
+    Making a directory takes an inode, not a block, on tmpfs: a full inode
+    table is the full disk a missing directory is made again on.
+    """
+    st = os.statvfs(disk)
+    total = 100_000 if spare is None else st.f_files - st.f_ffree + spare
+    subprocess.run(["mount", "-o", f"remount,nr_inodes={total}", str(disk)], check=True)
 
 
 def shown(path: Path) -> int | None:
@@ -151,5 +164,41 @@ async def test_rollback_with_a_failed_export_never_boots_the_rolled_back_revisio
         async with run_daemon(config) as daemon:
             line = await daemon.wait_log("serving the last-known-good cache")
             assert line["revision"] == 1
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_a_sink_directory_made_again_on_a_full_disk_reports_the_full_disk(
+    tmp_path: Path, small_disk: Path,
+) -> None:
+    snap_dir = small_disk / "snap"
+    snap_dir.mkdir()
+    snap_dir.chmod(0o755)
+    snapshot = snap_dir / "snapshot.json"
+    port = free_port()
+    config = write_config(tmp_path, f"sqlite:///{tmp_path / 'cp.db'}", port=port,
+                          poll_interval_s=0.2, extra=f'[snapshot]\npath = "{snapshot}"\n')
+    await publish(config, tmp_path, "r1")
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            assert shown(snapshot) == 1
+            snapshot.unlink()
+            snap_dir.rmdir()
+            limit_inodes(small_disk, 0)
+            try:
+                await daemon.wait_log("sink write failed; still serving, retrying every poll",
+                                      sink="snapshot_file")
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    sinks = (await client.get(f"http://127.0.0.1:{port}/status")).json()["sinks"]
+                # The directory is missing because it cannot be made: the disk is
+                # full, and that is what the operator must be told.
+                assert sinks["snapshot_file"] == "failing"
+                assert "No space left on device" in sinks["snapshot_file_error"], sinks
+                assert str(snap_dir) in sinks["snapshot_file_error"], sinks
+            finally:
+                limit_inodes(small_disk, None)
+            await daemon.wait_log("sink write recovered", sink="snapshot_file")
+            assert shown(snapshot) == 1 and stat.S_IMODE(snap_dir.stat().st_mode) == 0o755
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

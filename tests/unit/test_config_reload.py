@@ -12,7 +12,7 @@ import trio.testing
 from structlog.testing import capture_logs
 
 from supervisor.config import Config
-from supervisor.configfile import load_text
+from supervisor.configfile import MAX_CONFIG_BYTES, load_text
 from supervisor.errors import ConfigError
 from supervisor.lifecycle.reload import ConfigReload, changed_keys, read_regular_config
 
@@ -94,3 +94,22 @@ def test_only_a_regular_file_is_read(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
     good.write_text(TEXT)
     assert read_regular_config(str(good)).control_plane.url == "sqlite:///cp.db"
+
+
+def test_a_file_over_the_size_bound_is_refused_without_being_read_whole(tmp_path: Path) -> None:
+    # A runaway template or a log written to the config's path: parsing it
+    # would go on in the abandoned thread, holding the GIL, long after the deadline.
+    huge = tmp_path / "huge.toml"
+    filler = "# " + "." * 77 + "\n"
+    huge.write_text(TEXT + filler * (MAX_CONFIG_BYTES // len(filler) + 1))
+    with open(huge, "ab") as file:
+        file.truncate(100 * 1024 * 1024)  # sparse: 100 MB without writing them
+    try:
+        read_regular_config(str(huge))
+    except ConfigError as exc:
+        assert "larger than 1 MiB" in str(exc) and str(huge) in str(exc)
+    else:
+        raise AssertionError("a 100 MB configuration file was loaded")
+    just_under = tmp_path / "big.toml"
+    just_under.write_text(TEXT + filler * ((MAX_CONFIG_BYTES - len(TEXT)) // len(filler)))
+    assert read_regular_config(str(just_under)).control_plane.url == "sqlite:///cp.db"
