@@ -397,9 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure("warning", "console")
     try:
         return command(args)
-    except KeyboardInterrupt:
-        return EXIT_OK
     except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
+        if command not in _STOPPED_BY_CTRL_C and find_leaf(exc, (KeyboardInterrupt,)):
+            # Not its answer: a health check or a `publish --wait` cut short did not succeed.
+            print("trio-supervisor: interrupted", file=sys.stderr)
+            if getattr(args, "json", False):
+                _print_failure(UNAVAILABLE, "interrupted")
+            return EXIT_ERROR
         if command is cmd_run and _logged_config_error(args, exc):
             return EXIT_USAGE
         code = _report(exc)
@@ -407,6 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
         return code
+
+
+#: What Ctrl-C ends as its normal stop (exit 0); any other command interrupted exits 1.
+_STOPPED_BY_CTRL_C = (cmd_run, cmd_watch)
 
 
 def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
