@@ -396,8 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is not cmd_run:
         logs.configure("warning", "console")
     try:
-        return command(args)
+        code = command(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then answered below
+        return code
     except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
+        if find_leaf(exc, (BrokenPipeError,)) is not None:
+            return _reader_gone()
         if command not in _STOPPED_BY_CTRL_C and find_leaf(exc, (KeyboardInterrupt,)):
             # Not its answer: a health check or a `publish --wait` cut short did not succeed.
             print("trio-supervisor: interrupted", file=sys.stderr)
@@ -411,6 +415,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
         return code
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (``| head -1``): exit 1 with nothing more said, as
+    whatever is left to write, and Python's own flush at exit, would fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_ERROR
 
 
 #: What Ctrl-C ends as its normal stop (exit 0); any other command interrupted exits 1.
