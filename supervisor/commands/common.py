@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "ReferenceResolver", "admin_base",
-    "admin_url", "cell", "config_path", "describe_store", "iso", "load_config", "table",
+    "admin_url", "block", "cell", "config_path", "describe_store", "iso", "load_config", "table",
     "with_store",
 ]
 
@@ -228,6 +228,12 @@ def cell(value: object) -> str:
         return "-"
     # One line per row: a newline in a message would break the table.
     return "".join(c if c.isprintable() else " " for c in str(value))
+
+
+def block(text: str) -> str:
+    """Several lines of what others stored, each as a :func:`cell`: the newlines kept,
+    every other non-printable character (ANSI escape, BEL) a space."""
+    return "\n".join(cell(line) for line in text.split("\n"))
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]],

@@ -19,6 +19,7 @@ from supervisor.commands.common import (
     ReferenceResolver,
     admin_base,
     admin_url,
+    block,
     cell,
     iso,
     load_config,
@@ -221,7 +222,8 @@ def _as_text(loaded: LoadedRevision) -> str:
             text = json.dumps(json.loads(loaded.body), indent=2, ensure_ascii=False)
         except ValueError:
             text = loaded.body.decode("utf-8", "replace")
-        return f"# this build cannot read it ({exc.reason}): {exc.detail}\n{text}"
+        # As stored, by whoever could write the table: nothing in it drives the terminal.
+        return block(f"# this build cannot read it ({exc.reason}): {exc.detail}\n{text}")
 
 
 async def _readable_row(store: ControlPlaneStore, revision: int,
