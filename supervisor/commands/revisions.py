@@ -61,6 +61,9 @@ def count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if value > MAX_REVISION_ID:
+        # Past what SQLite's and PostgreSQL's LIMIT take: the store would fail on it.
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REVISION_ID}, got {text}")
     return value
 
 
