@@ -35,3 +35,11 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path: Path,
     result = _into_closed_pipe(*words)
     assert result.returncode == 1, result.stderr
     assert result.stderr == ""
+
+
+def test_a_failure_document_into_a_closed_stdout_is_dropped_quietly(tmp_path: Path) -> None:
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/missing.db")
+    result = _into_closed_pipe("history", "--json", "--config", str(config))
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr  # the failure itself is still said
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
