@@ -478,7 +478,10 @@ def _readable_log_format(path: str | None) -> str | None:
 
 
 def _print_failure(reason: str, detail: str) -> None:
-    print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+    try:
+        print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+    except BrokenPipeError:
+        _reader_gone()  # the failure was said on stderr already
 
 
 def failure(exc: BaseException) -> tuple[str, str]:
