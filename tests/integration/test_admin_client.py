@@ -187,3 +187,26 @@ async def test_fetch_status_stops_reading_an_endless_body() -> None:
             nursery.cancel_scope.cancel()
     assert f"more than {MAX_STATUS_BYTES // 2**20} MiB" in str(info.value)
     assert sent < 4 * MAX_STATUS_BYTES
+
+
+async def test_watch_prints_no_control_character_a_server_sends() -> None:
+    """Whatever answers on the port may send a text message that is not JSON: its ANSI
+    escapes and BEL never reach the terminal (the JSON of a real server has none raw)."""
+    from trio_websocket import WebSocketRequest, serve_websocket
+
+    async def hostile(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.send_message("\x1b]0;pwned\x07\x1b[2Jnot json")
+        await ws.send_message('{"type": "status", "note": "fine"}')
+        await ws.aclose()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_websocket, hostile, "127.0.0.1", 0, None)
+            out = Lines()
+            await watch_stream(f"ws://127.0.0.1:{server.port}/v1/stream", out,
+                               reconnect=False)
+            nursery.cancel_scope.cancel()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "not json" in lines[0]
+    assert not [c for c in out.getvalue() if not c.isprintable() and c != "\n"], lines
