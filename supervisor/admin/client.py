@@ -47,6 +47,7 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
+from supervisor.admin.status_view import printable
 from supervisor.backoff import Backoff
 from supervisor.config import split_host_port
 from supervisor.logs import get_logger
@@ -252,8 +253,9 @@ def _line(message: str | bytes) -> tuple[str, dict[str, Any] | None]:
         doc = None
     if not isinstance(doc, dict):
         doc = None
-    # Compact JSON never holds a raw newline; anything else is flattened to stay one line.
-    return text.replace("\r", " ").replace("\n", " "), doc
+    # Compact JSON never holds a raw control character; anything else is flattened to
+    # one line, and its escapes never reach the terminal.
+    return printable(text), doc
 
 
 @dataclass

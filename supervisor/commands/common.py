@@ -224,10 +224,12 @@ def iso(value: datetime | None) -> str | None:
 def cell(value: object) -> str:
     """One table cell: ``-`` for None, every non-printable character (newline, ANSI
     escape) a space, so what others stored cannot break the table or drive the terminal."""
+    from supervisor.admin.status_view import printable
+
     if value is None:
         return "-"
     # One line per row: a newline in a message would break the table.
-    return "".join(c if c.isprintable() else " " for c in str(value))
+    return printable(str(value))
 
 
 def block(text: str) -> str:
