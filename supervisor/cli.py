@@ -402,10 +402,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is not cmd_run:
         logs.configure("warning", "console")
     try:
-        return command(args)
-    except KeyboardInterrupt:
-        return EXIT_OK
+        code = command(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then answered below
+        return code
     except BaseException as exc:  # noqa: BLE001 - mapped to an exit code, never swallowed
+        if find_leaf(exc, (BrokenPipeError,)) is not None:
+            return _reader_gone()
+        if command not in _STOPPED_BY_CTRL_C and find_leaf(exc, (KeyboardInterrupt,)):
+            # Not its answer: a health check or a `publish --wait` cut short did not succeed.
+            print("trio-supervisor: interrupted", file=sys.stderr)
+            if getattr(args, "json", False):
+                _print_failure(UNAVAILABLE, "interrupted")
+            return EXIT_ERROR
         if command is cmd_run and _logged_config_error(args, exc):
             return EXIT_USAGE
         code = _report(exc)
@@ -413,6 +421,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
         return code
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (``| head -1``): exit 1 with nothing more said, as
+    whatever is left to write, and Python's own flush at exit, would fail again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_ERROR
+
+
+#: What Ctrl-C ends as its normal stop (exit 0); any other command interrupted exits 1.
+_STOPPED_BY_CTRL_C = (cmd_run, cmd_watch)
 
 
 def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
@@ -461,7 +484,10 @@ def _readable_log_format(path: str | None) -> str | None:
 
 
 def _print_failure(reason: str, detail: str) -> None:
-    print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+    try:
+        print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+    except BrokenPipeError:
+        _reader_gone()  # the failure was said on stderr already
 
 
 def failure(exc: BaseException) -> tuple[str, str]:

@@ -33,9 +33,10 @@ PROGRAM = (
 )
 
 EXIT_CODES = (
-    (0, "clean shutdown after SIGTERM/SIGINT, or the command succeeded"),
+    (0, "clean shutdown after SIGTERM/SIGINT (run, watch), or the command succeeded"),
     (1, "anything else (a retry or restart may succeed: admin address in use, "
-        "control plane unreachable)"),
+        "control plane unreachable; another command interrupted by Ctrl-C, or its "
+        "stdout closed)"),
     (2, "bad usage or invalid configuration: no restart fixes it"),
     (3, "refused to boot: nothing servable (the log line's reason names why)"),
     (4, "supervision gave up: a child exceeded [supervisor].restart_intensity"),

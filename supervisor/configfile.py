@@ -144,6 +144,7 @@ def all_problems(path: str | os.PathLike[str], *,
     except (ConfigError, OSError, ValueError, RecursionError):
         return [first]  # nothing to split into keys: the one problem there is
     problems: list[ConfigError] = []
+    valid: dict[str, Any] = {}
     for section, table in raw.items():
         pieces = table.items() if isinstance(table, dict) and table else [(None, table)]
         for key, value in pieces:
@@ -157,6 +158,23 @@ def all_problems(path: str | os.PathLike[str], *,
                 problems.append(_blame(exc, source, origins))
             except (RecursionError, ValueError, UnicodeError):
                 problems.append(first)
+            else:
+                if key is None:
+                    valid[section] = value
+                else:
+                    valid.setdefault(section, {})[key] = value
+    if problems:
+        # The rules judged after conversion ([admin].listen's HOST:PORT ...) over the keys
+        # that are valid: the first one, unless it names a key already reported (its
+        # default then stands in for the bad value, which may be what the rule missed).
+        try:
+            cross_check(msgspec.convert(valid, Config, strict=False))
+        except ConfigError as exc:
+            if not any(exc.path == p.path or exc.path.startswith(f"{p.path}.")
+                       for p in problems):
+                problems.append(_blame(exc, source, origins))
+        except (msgspec.ValidationError, RecursionError, ValueError, UnicodeError):
+            pass  # each key converted on its own: not expected together either
     return problems or [first]
 
 

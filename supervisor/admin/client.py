@@ -1,7 +1,8 @@
 """The client side of the admin API: what ``trio-supervisor status`` and ``watch`` call.
 
 - :func:`fetch_status` GETs ``/status`` (httpx) and returns the document; any
-  failure (connect, timeout, non-200, undecodable body) raises
+  failure (connect, timeout, non-200, undecodable body, a body over
+  ``MAX_STATUS_BYTES``) raises
   :class:`AdminUnreachable`, a 401/403 its subclass :class:`AdminRefused`. The
   environment's proxy settings are ignored: the admin API is a local, direct
   endpoint, and a proxy meant for the internet would only get in the way.
@@ -46,6 +47,7 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
+from supervisor.admin.status_view import printable
 from supervisor.backoff import Backoff
 from supervisor.config import split_host_port
 from supervisor.logs import get_logger
@@ -66,6 +68,9 @@ CLEAN_CLOSE = (1000, 1001)
 # connection lost after this long without any message.
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: The largest ``/status`` body read (a replica's is a few KiB, a large fan-out's well
+#: under a MiB).
+MAX_STATUS_BYTES = 16 * 1024 * 1024
 
 
 # -- URLs -------------------------------------------------------------------------
@@ -144,9 +149,9 @@ def _auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: httpx.Response, body: bytes) -> str:
     try:
-        doc = response.json()
+        doc = json.loads(body)
     except ValueError:
         return response.reason_phrase or ""
     if isinstance(doc, dict):
@@ -184,6 +189,20 @@ def ca_file_context(ca_file: str | None) -> ssl.SSLContext | None:
         raise UsageError(f"--ca-file: {exc.reason}") from exc
 
 
+async def _bounded_body(response: httpx.Response, url: str) -> bytes:
+    """The body, read no further than :data:`MAX_STATUS_BYTES`: whatever answers on the
+    port (not necessarily a replica) cannot make this process hold more."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_STATUS_BYTES:
+            raise AdminUnreachable(
+                url, f"answered with a body of more than {MAX_STATUS_BYTES // 2**20} MiB")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def fetch_status(
     base_url: str, token: str | None = None, *, timeout_s: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
@@ -195,8 +214,9 @@ async def fetch_status(
         # httpx's timeout is per phase (connect, read, ...); the scope bounds the whole.
         with trio.fail_after(timeout_s):
             async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
-                                         verify=ssl_context or True) as client:
-                response = await client.get(url, headers=_auth_headers(token))
+                                         verify=ssl_context or True) as client, \
+                    client.stream("GET", url, headers=_auth_headers(token)) as response:
+                body = await _bounded_body(response, url)
     except trio.TooSlowError:
         raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
@@ -204,17 +224,17 @@ async def fetch_status(
     if response.status_code in (401, 403):
         raise AdminRefused(
             url,
-            f"refused ({response.status_code}): {_detail(response)}",
+            f"refused ({response.status_code}): {_detail(response, body)}",
             status_code=response.status_code,
         )
     if response.status_code != 200:
         raise AdminUnreachable(
             url,
-            f"answered {response.status_code}: {_detail(response)}",
+            f"answered {response.status_code}: {_detail(response, body)}",
             status_code=response.status_code,
         )
     try:
-        doc = response.json()
+        doc = json.loads(body)
     except ValueError as exc:
         raise AdminUnreachable(url, "answered with a body that is not JSON") from exc
     if not isinstance(doc, dict):
@@ -233,8 +253,9 @@ def _line(message: str | bytes) -> tuple[str, dict[str, Any] | None]:
         doc = None
     if not isinstance(doc, dict):
         doc = None
-    # Compact JSON never holds a raw newline; anything else is flattened to stay one line.
-    return text.replace("\r", " ").replace("\n", " "), doc
+    # Compact JSON never holds a raw control character; anything else is flattened to
+    # one line, and its escapes never reach the terminal.
+    return printable(text), doc
 
 
 @dataclass

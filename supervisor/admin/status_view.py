@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["render_status", "unhealthy"]
+__all__ = ["printable", "render_status", "unhealthy"]
 
 
 def _cell(value: Any) -> str:
@@ -20,7 +20,13 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     # One line per row: control characters (a newline in an error) would break the table.
-    return "".join(c if c.isprintable() else " " for c in str(value))
+    return printable(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (newline, ANSI escape, BEL) a space:
+    what a replica, or whatever answers on its port, sends cannot drive the terminal."""
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 def _table(header: Sequence[str], rows: list[list[str]], indent: str = "  ") -> list[str]:

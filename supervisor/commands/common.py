@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "ReferenceResolver", "admin_base",
-    "admin_url", "cell", "config_path", "describe_store", "iso", "load_config", "table",
+    "admin_url", "block", "cell", "config_path", "describe_store", "iso", "load_config", "table",
     "with_store",
 ]
 
@@ -40,6 +41,10 @@ HTTP_SCHEMES = ("http", "https")
 REPLICA_SCHEMES = ("http", "https", "ws", "wss")
 
 
+#: ``//user:password@`` (or ``//user@``) of a URL, before its host.
+_CREDENTIALS = re.compile(r"//[^/?#@]*@")
+
+
 def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
     """The argparse type of every ``--url`` naming a replica: a URL with one of ``schemes``,
     a host and a valid port, else a usage error naming the option (exit 2) before
@@ -48,6 +53,13 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
 
     def check(text: str) -> str:
         example = f"{schemes[0]}://HOST:PORT"
+        shown = _CREDENTIALS.sub("//***@", text.strip())
+        if shown != text.strip():
+            # httpx would send them as Basic auth in place of the bearer token, and the
+            # URL is repeated in every error line and --json document.
+            raise argparse.ArgumentTypeError(
+                f"{shown!r} carries credentials (user:password@), which are never sent; "
+                f"drop them and pass the admin token with --token-file")
         try:
             url = httpx.URL(text.strip())
         except httpx.InvalidURL as exc:
@@ -65,6 +77,10 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
         if url.port is not None and not 0 < url.port < 65536:
             raise argparse.ArgumentTypeError(
                 f"{text!r}: port {url.port} is not between 1 and 65535")
+        if url.query or url.fragment:
+            # The command appends /status (or /v1/stream): it would ask for something else.
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has a query or fragment; expected {example} (a path prefix is kept)")
         return text.strip()
 
     return check
@@ -208,10 +224,18 @@ def iso(value: datetime | None) -> str | None:
 def cell(value: object) -> str:
     """One table cell: ``-`` for None, every non-printable character (newline, ANSI
     escape) a space, so what others stored cannot break the table or drive the terminal."""
+    from supervisor.admin.status_view import printable
+
     if value is None:
         return "-"
     # One line per row: a newline in a message would break the table.
-    return "".join(c if c.isprintable() else " " for c in str(value))
+    return printable(str(value))
+
+
+def block(text: str) -> str:
+    """Several lines of what others stored, each as a :func:`cell`: the newlines kept,
+    every other non-printable character (ANSI escape, BEL) a space."""
+    return "\n".join(cell(line) for line in text.split("\n"))
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]],

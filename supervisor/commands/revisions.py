@@ -19,6 +19,7 @@ from supervisor.commands.common import (
     ReferenceResolver,
     admin_base,
     admin_url,
+    block,
     cell,
     iso,
     load_config,
@@ -60,6 +61,9 @@ def count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if value > MAX_REVISION_ID:
+        # Past what SQLite's and PostgreSQL's LIMIT take: the store would fail on it.
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_REVISION_ID}, got {text}")
     return value
 
 
@@ -221,7 +225,8 @@ def _as_text(loaded: LoadedRevision) -> str:
             text = json.dumps(json.loads(loaded.body), indent=2, ensure_ascii=False)
         except ValueError:
             text = loaded.body.decode("utf-8", "replace")
-        return f"# this build cannot read it ({exc.reason}): {exc.detail}\n{text}"
+        # As stored, by whoever could write the table: nothing in it drives the terminal.
+        return block(f"# this build cannot read it ({exc.reason}): {exc.detail}\n{text}")
 
 
 async def _readable_row(store: ControlPlaneStore, revision: int,

@@ -157,3 +157,56 @@ async def test_watch_reconnects_after_a_server_restart() -> None:
         assert [(d["type"], d.get("revision")) for d in docs][1::2] == [
             ("published", 1), ("published", 2)]
         assert docs[2]["type"] == "status"
+
+
+async def test_fetch_status_stops_reading_an_endless_body() -> None:
+    """A port that answers 200 and never stops sending is refused once the body passes
+    the bound, not read into memory for as long as the timeout allows (GBs)."""
+    from supervisor.admin.client import MAX_STATUS_BYTES
+
+    sent = 0
+
+    async def endless(stream: trio.SocketStream) -> None:
+        nonlocal sent
+        await stream.receive_some(65536)
+        chunk = b"1," * 32768
+        try:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+            while True:
+                await stream.send_all(chunk)
+                sent += len(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, endless, 0)
+            port = listeners[0].socket.getsockname()[1]
+            with pytest.raises(AdminUnreachable) as info:
+                await fetch_status(f"http://127.0.0.1:{port}", timeout_s=25.0)
+            nursery.cancel_scope.cancel()
+    assert f"more than {MAX_STATUS_BYTES // 2**20} MiB" in str(info.value)
+    assert sent < 4 * MAX_STATUS_BYTES
+
+
+async def test_watch_prints_no_control_character_a_server_sends() -> None:
+    """Whatever answers on the port may send a text message that is not JSON: its ANSI
+    escapes and BEL never reach the terminal (the JSON of a real server has none raw)."""
+    from trio_websocket import WebSocketRequest, serve_websocket
+
+    async def hostile(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.send_message("\x1b]0;pwned\x07\x1b[2Jnot json")
+        await ws.send_message('{"type": "status", "note": "fine"}')
+        await ws.aclose()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_websocket, hostile, "127.0.0.1", 0, None)
+            out = Lines()
+            await watch_stream(f"ws://127.0.0.1:{server.port}/v1/stream", out,
+                               reconnect=False)
+            nursery.cancel_scope.cancel()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "not json" in lines[0]
+    assert not [c for c in out.getvalue() if not c.isprintable() and c != "\n"], lines

@@ -41,7 +41,10 @@ async def test_a_missing_revision_is_not_found(tmp_path: Path) -> None:
 async def test_a_bad_argument_is_invalid_with_exit_2(tmp_path: Path) -> None:
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
     for command in (("show", "99999999999999999999"), ("history", "--limit", "x"),
-                    ("db", "prune")):
+                    ("db", "prune"),
+                    # Past a bigint: the argument is wrong, not the control plane corrupt.
+                    ("history", "--limit", "99999999999999999999"),
+                    ("db", "prune", "--keep", "99999999999999999999")):
         result = await acli(*command, "--json", "--config", str(config), check=False)
         assert result.returncode == 2, (command, result.stderr)
         assert failure(result)["reason"] == "invalid", command

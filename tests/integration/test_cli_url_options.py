@@ -53,3 +53,27 @@ async def test_status_json_says_why_a_bad_url_was_refused() -> None:
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and doc["reason"] == "invalid"
     assert "--url" in doc["detail"]
+
+
+@pytest.mark.parametrize("command", [("status", "--json"), ("watch", "--no-reconnect"),
+                                     ("rollback", "1", "--json")])
+async def test_a_url_with_credentials_is_refused_without_echoing_them(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    """user:password@ would be sent as Basic auth in place of the bearer token (httpx
+    replaces the header) and echoed in every error line: refused before anything is sent."""
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db")
+    result = await acli(*command, "--config", str(config),
+                        "--url", "http://op:hunter2@127.0.0.1:9", check=False)
+    assert result.returncode == 2, result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+    assert "argument --url:" in result.stderr and "--token-file" in result.stderr
+    if "--json" in command:
+        assert json.loads(result.stdout)["reason"] == "invalid"
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/?debug=1", "http://127.0.0.1:9#top"])
+async def test_a_url_with_a_query_or_fragment_is_refused(url: str) -> None:
+    # Appending /status to either asked for something else than the replica's report.
+    result = await acli("status", "--url", url, check=False)
+    assert result.returncode == 2, result.stderr
+    assert "argument --url:" in result.stderr and "query or fragment" in result.stderr

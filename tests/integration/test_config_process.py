@@ -85,6 +85,15 @@ def test_check_prints_every_schema_error_not_only_the_first(tmp_path: Path) -> N
     assert len(result.stderr.strip().splitlines()) == 4, result.stderr
 
 
+def test_check_prints_a_bad_listen_address_beside_a_schema_error(tmp_path: Path) -> None:
+    """A value of the right type that a rule of its own refuses ([admin].listen without a
+    port) is listed with the type errors of other keys, not only once they are fixed."""
+    path = config(tmp_path, '[log]\nlevel = "loud"\n[admin]\nlisten = "nope"\n')
+    result = run("check", "--config", str(path))
+    refused(result, "$.log.level", "$.admin.listen: expected HOST:PORT, got 'nope'")
+    assert len(result.stderr.strip().splitlines()) == 2, result.stderr
+
+
 def test_an_enum_error_lists_the_choices(tmp_path: Path) -> None:
     result = run("check", "--config", str(config(tmp_path, '[log]\nformat = "xml"\n')))
     refused(result, "$.log.format: must be one of auto, console, journal, json, got 'xml'")

@@ -382,6 +382,23 @@ async def test_a_stored_message_cannot_drive_the_operators_terminal(tmp_path: Pa
     assert doc["message"] == hostile
 
 
+async def test_show_of_an_unreadable_body_cannot_drive_the_operators_terminal(
+        tmp_path: Path) -> None:
+    """A body this build cannot read is shown as stored, so plain SQL can put anything
+    there: its control characters (ANSI escapes, BEL) never reach the terminal."""
+    url = f"sqlite:///{tmp_path}/cp.db"
+    config = str(write_config(tmp_path, url))
+    assert (await run("publish", "--config", config, str(EXAMPLE))).returncode == 0
+    _raw_insert(url, 1, b"not json \x1b[2J\x1b]0;pwned\x07 tail\nline two")  # revision 2
+    _raw_insert(url, 9, b'{"schema_version": 9, "x": "\x1b[31mred"}')  # 3: raw ESC in JSON
+    for revision in ("2", "3"):
+        shown = await run("show", revision, "--config", config)
+        assert shown.returncode == 0, err(shown)
+        assert "this build cannot read it" in out(shown)
+        assert not [c for c in out(shown) if not c.isprintable() and c != "\n"], out(shown)
+    assert "tail" in out(await run("show", "2", "--config", config))
+
+
 async def test_rollback_and_diff_refuse_a_damaged_or_oversized_revision_as_unreadable(
     tmp_path: Path,
 ) -> None:
