@@ -10,6 +10,9 @@
   :func:`~supervisor.kube.errors.api_error`, with the reason and message of its
   ``Status`` body (or the start of a body that is not one) and ``Retry-After``;
   the response is closed.
+- :func:`retry_after`: ``Retry-After`` in seconds, at most :data:`MAX_RETRY_AFTER_S`
+  (a server asking for hours is not believed: the client's hold, the requeue
+  and the watcher's backoff all wait for this one figure).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from supervisor.kube.errors import (
 from supervisor.kube.models import ObjectList, Status
 
 __all__ = [
+    "MAX_RETRY_AFTER_S",
     "RequestBody",
     "ResourceList",
     "WatchStream",
@@ -43,6 +47,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+MAX_RETRY_AFTER_S = 30.0  # the longest wait one 429's Retry-After asks of us
 
 
 @functools.lru_cache(maxsize=128)
@@ -76,7 +82,7 @@ def retry_after(response: httpx.Response) -> float | None:
         return None  # an HTTP-date: rare from kube-apiserver; the caller's backoff applies
     if not math.isfinite(seconds):
         return None  # "inf" would put the retry off forever: the caller's backoff applies
-    return max(0.0, seconds)
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
 async def raise_api_error(response: httpx.Response, method: str, path: str) -> NoReturn:
