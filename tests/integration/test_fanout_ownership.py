@@ -212,3 +212,29 @@ async def test_our_labels_patched_onto_an_unrelated_object_never_get_it_deleted(
             await h.until(lambda: fake.get("deployments", APPS, "web") is None)
             assert fake.get("services", APPS, "ledger") == ledger
 
+
+
+async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_still_deleted(
+    tmp_path: Path,
+) -> None:
+    # `kubectl patch --type=merge -p '{"metadata":{"managedFields":[{}]}}'` on a child
+    # of ours leaves it with our labels and our fields but no entry of ours: nothing
+    # differed, so nothing was written, and deleting its parent left it behind forever
+    # (never written by us, as far as managedFields said).
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", port=8080))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            service = fake.get("services", APPS, "web")
+            assert service is not None
+            reset = {**service, "metadata": {**service["metadata"], "managedFields": []}}
+            fake.put_raw(reset)
+            assert "managedFields" not in fake.get("services", APPS, "web")["metadata"]  # type: ignore[index]
+            await h.until(lambda: "managedFields" in fake.get(  # type: ignore[index]
+                "services", APPS, "web")["metadata"])
+            await h.idle()
+            fake.delete("servicedefinitions", CONTROL, "web")
+            await h.until(lambda: fake.get("services", APPS, "web") is None)
+            assert fake.get("deployments", APPS, "web") is None
