@@ -19,6 +19,10 @@
   :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
   the repair (logged once per child). Only a repair the server accepted counts:
   a refused one is a failed write like any other (requeued, ``ApplyFailed``).
+  A child of ours whose fields are all as we want but whose managedFields no
+  longer has an entry of ours (reset, or every field taken over) is
+  **disowned**: repaired the same way (one apply records our entry again), as
+  only what we wrote is ever deleted.
 - While a child's repair is deferred by that limiter the parent is requeued for
   the time the repair may be made, and reported ``Ready=False`` (reason
   ``RepairDeferred``, the message naming the child and that time in UTC), never
@@ -148,7 +152,8 @@ class ChildWriter(Generic[P]):
                 taken.append(describe(live, child.resource.kind, self.config.apps_namespace,
                                       self.kind.lineage_key))
                 continue
-            if live is not None and covers(live, child.body):
+            covered = live is not None and covers(live, child.body)
+            if covered and written_by_us(live or {}, self._managers):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
                 self._fights.discard(child.key)
                 self._deferred.pop(child.key, None)
@@ -158,7 +163,7 @@ class ChildWriter(Generic[P]):
                 earlier = refused[1]
                 raise Invalid(earlier.status, earlier.reason, earlier.message,
                               method=earlier.method, path=earlier.path)
-            drift = _drift(live, child, self._applied.get(child.key))
+            drift = _drift(live, child, self._applied.get(child.key), covered)
             if drift is not None:
                 now = trio.current_time()
                 not_before = self.repairs.not_before(child.key, now)
@@ -373,9 +378,17 @@ def _wall_clock(seconds_from_now: float) -> str:
     return _dt.datetime.fromtimestamp(at, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _drift(live: Obj | None, child: Desired, applied_digest: str | None) -> str | None:
-    """Why ``child`` is being rewritten although its desired state did not change, if so."""
+def _drift(live: Obj | None, child: Desired, applied_digest: str | None,
+           covered: bool) -> str | None:
+    """Why ``child`` is being rewritten although its desired state did not change, if so.
+
+    ``covered``: its fields are ours already, but no managedFields entry of ours says
+    so (reset by hand, or every field taken over by another manager's apply); written
+    again, or deleting its parent would leave it behind.
+    """
     if live is None:
         return "deleted" if applied_digest == child.digest else None
     annotations = (live.get("metadata") or {}).get("annotations") or {}
-    return "edited" if annotations.get(DIGEST_ANNOTATION) == child.digest else None
+    if annotations.get(DIGEST_ANNOTATION) != child.digest:
+        return None
+    return "disowned" if covered else "edited"
