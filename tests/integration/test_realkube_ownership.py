@@ -224,3 +224,33 @@ async def test_our_labels_merge_patched_onto_a_team_service_never_get_it_deleted
 
 async def gone(kube: RealKube, path: str) -> bool:
     return await aget(kube, path) is None
+
+
+async def test_a_child_whose_managed_fields_were_reset_still_goes_with_its_parent(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # `metadata.managedFields: [{}]` strips every entry (the reset's own request records
+    # none): our child then looked never written by us, and its parent's deletion left it.
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            response = await trio.to_thread.run_sync(
+                kube.request, "PATCH", service_path(inst, "web"),
+                {"metadata": {"managedFields": [{}]}}, "application/merge-patch+json")
+            assert response.status_code == 200
+            assert not response.json()["metadata"].get("managedFields")
+
+            async def ours_again() -> bool:
+                service = await aget(kube, service_path(inst, "web")) or {}
+                entries = service.get("metadata", {}).get("managedFields") or []
+                return any(e.get("manager") == "trio-supervisor" for e in entries)
+
+            await poll_until(ours_again)
+            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+            await poll_until(lambda: gone(kube, service_path(inst, "web")))
+            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
