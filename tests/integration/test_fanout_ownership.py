@@ -238,3 +238,31 @@ async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_stil
             fake.delete("servicedefinitions", CONTROL, "web")
             await h.until(lambda: fake.get("services", APPS, "web") is None)
             assert fake.get("deployments", APPS, "web") is None
+
+
+async def test_a_child_whose_labels_a_user_removed_is_left_to_them_and_reported(
+    tmp_path: Path,
+) -> None:
+    # Removing our labels is taking the object: never fought over, never deleted, the
+    # parent says Conflict naming it.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", port=8080))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.patch("services", APPS, "web", {"metadata": {"labels": {
+                MANAGED_BY_KEY: None, INSTALLATION_KEY: None,
+                LINEAGE_SERVICEDEFINITION: None}}}, field_manager="kubectl-label")
+            taken = fake.get("services", APPS, "web")
+            await h.until(lambda: parent_reason(fake, "web") == "Conflict")
+            await h.reconciler.resync()
+            await h.idle()
+            assert fake.get("services", APPS, "web") == taken
+            assert f"Service {APPS}/web exists and is not ours" in ready(  # type: ignore[index]
+                fake.get("servicedefinitions", CONTROL, "web"))["message"]
+            fake.delete("servicedefinitions", CONTROL, "web")
+            await h.until(lambda: fake.get("deployments", APPS, "web") is None)
+            await h.reconciler.resync()
+            await h.idle()
+            assert fake.get("services", APPS, "web") == taken
