@@ -266,3 +266,30 @@ async def test_a_child_whose_labels_a_user_removed_is_left_to_them_and_reported(
             await h.reconciler.resync()
             await h.idle()
             assert fake.get("services", APPS, "web") == taken
+
+
+async def test_an_object_gone_between_our_409_and_our_look_at_it_is_created_on_the_retry(
+    tmp_path: Path,
+) -> None:
+    # The POST is refused (a team's Service of that name), which is gone when we look:
+    # that was reported as a failed write (ApplyFailed, "went away meanwhile", Ready
+    # Conflict) and retried after the backoff, though nothing was in the way any more.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(team_service({"app": "web"}, "web"), field_manager="team")
+            await fake.wait_for_watches(2, "services")  # ours and other installations'
+            held = fake.hold("GET", rf"/namespaces/{APPS}/services$")
+            fake.create(sd("web", port=8080))
+            await h.until(lambda: held.arrived == 1)
+            fake.delete("services", APPS, "web")
+            held.release()
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            ours = fake.get("services", APPS, "web")
+            assert ours is not None and ours["metadata"]["labels"][INSTALLATION_KEY] == CONTROL
+            assert not conflict_events(fake, "web")
+            posts = fake.find_requests("POST", f"/namespaces/{APPS}/services")
+            assert [r.status for r in posts] == [409, 201]
+            # Created again at once: no failed write said, no backoff waited.
+            assert [e["reason"] for e in fake.objects("events", CONTROL)] == []
+            assert h.metric("fanout_requeues", kind="ServiceDefinition", cause="conflict") == 0
