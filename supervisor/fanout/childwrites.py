@@ -289,17 +289,25 @@ class ChildWriter(Generic[P]):
         namespace = self.config.apps_namespace
         manager = self.config.field_manager
         if live is None:
-            try:
-                created: Obj = await self.drain.write(
-                    self.client.create_object, child.resource, namespace, child.body,
-                    field_manager=manager)
-                return created
-            except Conflict as exc:
-                if exc.reason != "AlreadyExists":
-                    raise
-            found = await self.client.find(child.resource, namespace, child.name)
-            if found is None:  # deleted since: created on the retry
-                raise Conflict(409, "AlreadyExists", f"{child.name} went away meanwhile")
+            found: Obj | None = None
+            # Twice: an object that refused our create may be gone when we look (deleted
+            # meanwhile), and nothing is in the way of creating it again at once.
+            for _ in range(2):
+                try:
+                    created: Obj = await self.drain.write(
+                        self.client.create_object, child.resource, namespace, child.body,
+                        field_manager=manager)
+                    return created
+                except Conflict as exc:
+                    if exc.reason != "AlreadyExists":
+                        raise
+                found = await self.client.find(child.resource, namespace, child.name)
+                if found is not None:
+                    break
+            if found is None:  # created and deleted by someone else, twice: the backoff's
+                raise Conflict(409, "AlreadyExists",
+                               f"{child.resource.kind} {namespace}/{child.name} refused our"
+                               " create twice and was gone each time we looked")
             if not self._ours(found, parent):
                 raise _NotOurs(describe(found, child.resource.kind, namespace,
                                         self.kind.lineage_key))
