@@ -177,7 +177,8 @@ def test_retry_after_is_a_finite_number_of_seconds_or_nothing() -> None:
 
     assert retry_after(answer("3")) == 3.0
     assert retry_after(answer("-2")) == 0.0
-    for bad in ("inf", "Infinity", "nan", "soon", "Wed, 99 Foo 2015 07:28:00 GMT"):
+    for bad in ("inf", "Infinity", "nan", "soon", "Wed, 99 Foo 2015 07:28:00 GMT",
+                "Wed, 21 Oct 99999999999 07:28:00 GMT"):
         assert retry_after(answer(bad)) is None, bad
     assert retry_after(httpx.Response(429)) is None
 
