@@ -230,11 +230,16 @@ async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_stil
             service = fake.get("services", APPS, "web")
             assert service is not None
             reset = {**service, "metadata": {**service["metadata"], "managedFields": []}}
+            fake.clear_requests()
             fake.put_raw(reset)
             assert "managedFields" not in fake.get("services", APPS, "web")["metadata"]  # type: ignore[index]
             await h.until(lambda: "managedFields" in fake.get(  # type: ignore[index]
                 "services", APPS, "web")["metadata"])
             await h.idle()
+            await h.reconciler.resync()
+            await h.idle()
+            # One apply recorded our entry again; nothing written since.
+            assert len(fake.find_requests("PATCH", f"/namespaces/{APPS}/services/web")) == 1
             fake.delete("servicedefinitions", CONTROL, "web")
             await h.until(lambda: fake.get("services", APPS, "web") is None)
             assert fake.get("deployments", APPS, "web") is None
