@@ -254,3 +254,34 @@ async def test_a_child_whose_managed_fields_were_reset_still_goes_with_its_paren
             await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
             await poll_until(lambda: gone(kube, service_path(inst, "web")))
             await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+
+
+async def test_a_child_whose_labels_a_user_removed_is_left_to_them(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # The watch's selector no longer matches it (a DELETED event to us): never recreated
+    # over it nor deleted, the parent says Conflict; deleting the parent leaves it.
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            response = await trio.to_thread.run_sync(
+                kube.request, "PATCH", service_path(inst, "web"),
+                {"metadata": {"labels": {MANAGED_BY: None, INSTALLATION: None,
+                                         LINEAGE: None}}},
+                "application/merge-patch+json")
+            assert response.status_code == 200
+            taken = response.json()
+            await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
+            assert f"Service {inst.apps}/web exists and is not ours" in (
+                await ready(kube, inst, "web"))["message"]
+            tries = await applies(port, "conflict")
+            await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
+            assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
+            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+            assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
