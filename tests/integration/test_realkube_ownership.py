@@ -285,3 +285,34 @@ async def test_a_child_whose_labels_a_user_removed_is_left_to_them(
             await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
             await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
             assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
+
+
+async def test_a_field_another_manager_force_applied_on_our_child_is_reported_not_forced(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # `kubectl apply --server-side --force-conflicts` by a team on our Deployment takes
+    # spec.replicas from us: a declared owner, so a Conflict naming it, never forced
+    # back (the real server's conflict message is what names the manager).
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web"))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            taken = await trio.to_thread.run_sync(lambda: kube.apply(
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "web", "namespace": inst.apps},
+                 "spec": {"replicas": 7}}, manager="team-hpa"))
+            spec = sd(inst, "web")
+            spec["spec"]["replicas"] = 3
+            await trio.to_thread.run_sync(kube.apply, spec)
+            await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
+            message = (await ready(kube, inst, "web"))["message"]
+            assert "team-hpa" in message and "not forced" in message
+            tries = await applies(port, "conflict")
+            await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
+            live = await aget(kube, deployment_path(inst, "web"))
+            assert live is not None and live["spec"]["replicas"] == 7
+            assert live["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"]
