@@ -54,7 +54,9 @@ OUR_MANAGERS: Final = frozenset({"trio-supervisor"})
 #: Where the watched cache keeps who wrote an object (managedFields itself is not kept).
 MANAGERS_FIELD: Final = "managers"
 
-_CONFLICT_WITH = re.compile(r'conflict with "([^"]+)"')
+# kube-apiserver says `conflict with "m" using v1: .f` of one conflict, and of more a
+# line `conflicts with "m" using v1:` a manager, its fields listed below it.
+_CONFLICT_WITH = re.compile(r'conflicts? with "([^"]+)"')
 
 
 def our_managers(configured: str) -> frozenset[str]:
