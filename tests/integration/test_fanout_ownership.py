@@ -169,6 +169,30 @@ async def test_a_field_another_manager_applied_is_reported_not_forced(tmp_path: 
             assert conflict_events(fake, "web")
 
 
+async def test_two_fields_another_manager_applied_are_reported_not_forced(
+    tmp_path: Path,
+) -> None:
+    # Of two conflicts or more, kube-apiserver writes `conflicts with "m"`, grouped by
+    # manager: missed, the refusal was an ApplyFailed retried for ever.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", replicas=2))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": "web", "namespace": APPS,
+                                     "labels": {NAME_KEY: "other"}},
+                        "spec": {"replicas": 7}}, field_manager="autoscaler", force=True)
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"replicas": 3}})
+            await h.until(lambda: parent_reason(fake, "web") == "Conflict")
+            await h.idle()
+            message = ready(fake.get("servicedefinitions", CONTROL, "web"))["message"]  # type: ignore[index]
+            assert "autoscaler" in message and "not forced" in message
+            assert h.metric("fanout_requeues", kind="ServiceDefinition", cause="conflict") == 0
+            assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 7  # type: ignore[index]
+
+
 async def test_a_conflict_with_an_earlier_manager_of_ours_is_forced(tmp_path: Path) -> None:
     # The project's own field manager name, from before the manager was configured
     # otherwise: still ours, so its fields are taken over.
