@@ -316,3 +316,39 @@ async def test_a_field_another_manager_force_applied_on_our_child_is_reported_no
             live = await aget(kube, deployment_path(inst, "web"))
             assert live is not None and live["spec"]["replicas"] == 7
             assert live["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"]
+
+
+@pytest.mark.xfail(strict=True, reason="a child created with a POST keeps our manager's Update"
+                   " entry co-owning every field it was created with, so an apply that"
+                   " stops setting one does not remove it; to fix: fold that entry into our"
+                   " Apply entry before such an apply (as client-go's csaupgrade does)")
+async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # A child is created with a POST: its fields are then also held by our manager's
+    # Update entry (kube-apiserver keys managers by name and operation), and an apply
+    # that no longer sets one removes it only if no other entry holds it.
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            parent = sd(inst, "web")
+            parent["spec"]["env"] = {"KEEP": "1", "DROP": "2"}
+            await trio.to_thread.run_sync(kube.apply, parent)
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            created = await aget(kube, deployment_path(inst, "web"))
+            assert created is not None
+            parent["spec"]["env"] = {"KEEP": "1"}
+            await trio.to_thread.run_sync(kube.apply, parent)
+
+            async def reapplied() -> bool:
+                live = await aget(kube, deployment_path(inst, "web")) or {}
+                return bool(live["metadata"]["generation"] > created["metadata"]["generation"])
+
+            await poll_until(reapplied)
+            live = await aget(kube, deployment_path(inst, "web"))
+            assert live is not None
+            env = live["spec"]["template"]["spec"]["containers"][0].get("env") or []
+            assert [e["name"] for e in env] == ["KEEP"]
