@@ -322,3 +322,27 @@ async def test_an_object_gone_between_our_409_and_our_look_at_it_is_created_on_t
             # Created again at once: no failed write said, no backoff waited.
             assert [e["reason"] for e in fake.objects("events", CONTROL)] == []
             assert h.metric("fanout_requeues", kind="ServiceDefinition", cause="conflict") == 0
+
+
+async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
+    tmp_path: Path,
+) -> None:
+    # The create's POST left our manager's Update entry co-owning every field it set:
+    # an apply that stops setting one removed nothing.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", env={"KEEP": "1", "DROP": "2"}))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"env": {"DROP": None}}})
+
+            def env() -> list[str]:
+                live = fake.get("deployments", APPS, "web") or {}
+                container = live["spec"]["template"]["spec"]["containers"][0]
+                return [e["name"] for e in container.get("env") or []]
+
+            await h.until(lambda: env() == ["KEEP"])
+            entries = fake.get("deployments", APPS, "web")["metadata"]["managedFields"]  # type: ignore[index]
+            assert [(e["manager"], e["operation"]) for e in entries] == [
+                ("trio-supervisor", "Apply")]

@@ -318,10 +318,6 @@ async def test_a_field_another_manager_force_applied_on_our_child_is_reported_no
             assert live["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"]
 
 
-@pytest.mark.xfail(strict=True, reason="a child created with a POST keeps our manager's Update"
-                   " entry co-owning every field it was created with, so an apply that"
-                   " stops setting one does not remove it; to fix: fold that entry into our"
-                   " Apply entry before such an apply (as client-go's csaupgrade does)")
 async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
     kube: RealKube, tmp_path: Path,
 ) -> None:
