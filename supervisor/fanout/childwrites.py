@@ -8,7 +8,10 @@
   (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
   written only when it differs, so a reconcile with nothing drifted writes
   nothing: created (POST) when absent, server-side applied (no ``force``) when
-  ours. What is ours, what is refused and when a field conflict is forced is
+  ours. Before the first apply to a child we created, the Update entry the POST
+  left in its managedFields is folded into our apply entry (one JSON patch,
+  guarded by the resourceVersion): else it co-owns every field the child was
+  created with, and a field the parent stops setting is never removed. What is ours, what is refused and when a field conflict is forced is
   :mod:`supervisor.fanout.ownership`; anything refused is left exactly as it
   is, the parent reported ``Ready=False`` (reason ``Conflict``, a ``Conflict``
   Event naming the object and its owner labels) and looked at again when that
@@ -63,7 +66,9 @@ from supervisor.fanout.kind import FanoutKind, P
 from supervisor.fanout.live import LiveChildren, Obj, covers, terminating
 from supervisor.fanout.ownership import (
     conflict_managers,
+    created_by_update,
     describe,
+    folded_managed_fields,
     managers_of,
     our_managers,
     ours_to_write,
@@ -312,6 +317,8 @@ class ChildWriter(Generic[P]):
                 raise _NotOurs(describe(found, child.resource.kind, namespace,
                                         self.kind.lineage_key))
             live = found
+        if created_by_update(live, self._managers):
+            await self._fold_created(child, namespace)
         # Forced at once when no manager but ours ever applied to it (an edit by an update
         # is drift): one write, not a refused apply, a read and the forced one.
         force = not self._foreign_appliers(live)
@@ -340,6 +347,24 @@ class ChildWriter(Generic[P]):
             self.client.apply_object, child.resource, namespace, child.name, child.body,
             field_manager=manager, force=True)
         return forced
+
+    async def _fold_created(self, child: Desired, namespace: str) -> None:
+        """Hand the fields our create holds by an update to our apply entry (ownership)."""
+        current = await self.client.find(child.resource, namespace, child.name)
+        now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        folded = folded_managed_fields(current or {}, self._managers,
+                                       self.config.field_manager,
+                                       child.resource.api_version, now)
+        if current is None or folded is None:
+            return
+        version = (current.get("metadata") or {}).get("resourceVersion")
+        await self.drain.write(
+            self.client.request, "PATCH", child.resource.object_path(namespace, child.name),
+            dict[str, Any], body=[{"op": "test", "path": "/metadata/resourceVersion",
+                                   "value": version},
+                                  {"op": "replace", "path": "/metadata/managedFields",
+                                   "value": folded}],
+            content_type="application/json-patch+json")
 
     def _fighting(self, name: str, child: Desired, drift: str, not_before: float,
                   now: float) -> str:
