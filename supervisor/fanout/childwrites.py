@@ -11,7 +11,8 @@
   ours. Before the first apply to a child we created, the Update entry the POST
   left in its managedFields is folded into our apply entry (one JSON patch,
   guarded by the resourceVersion): else it co-owns every field the child was
-  created with, and a field the parent stops setting is never removed. What is ours, what is refused and when a field conflict is forced is
+  created with, and a field the parent stops setting is never removed. What
+  is ours, what is refused and when a field conflict is forced is
   :mod:`supervisor.fanout.ownership`; anything refused is left exactly as it
   is, the parent reported ``Ready=False`` (reason ``Conflict``, a ``Conflict``
   Event naming the object and its owner labels) and looked at again when that
