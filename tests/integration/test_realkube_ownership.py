@@ -301,7 +301,7 @@ async def test_a_field_another_manager_force_applied_on_our_child_is_reported_no
             await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
             await trio.to_thread.run_sync(kube.apply, sd(inst, "web"))
             await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
-            taken = await trio.to_thread.run_sync(lambda: kube.apply(
+            await trio.to_thread.run_sync(lambda: kube.apply(
                 {"apiVersion": "apps/v1", "kind": "Deployment",
                  "metadata": {"name": "web", "namespace": inst.apps},
                  "spec": {"replicas": 7}}, manager="team-hpa"))
@@ -311,11 +311,16 @@ async def test_a_field_another_manager_force_applied_on_our_child_is_reported_no
             await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
             message = (await ready(kube, inst, "web"))["message"]
             assert "team-hpa" in message and "not forced" in message
+            # Never forced, and nothing written again on the resyncs (our create's
+            # entry folded into our apply entry once, the team's replicas untouched).
+            before = await aget(kube, deployment_path(inst, "web"))
             tries = await applies(port, "conflict")
             await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
             live = await aget(kube, deployment_path(inst, "web"))
-            assert live is not None and live["spec"]["replicas"] == 7
-            assert live["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"]
+            assert live is not None and before is not None and live["spec"]["replicas"] == 7
+            assert live["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+            assert ("team-hpa", "Apply") in [(m["manager"], m["operation"])
+                                             for m in live["metadata"]["managedFields"]]
 
 
 async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
