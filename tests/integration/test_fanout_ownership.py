@@ -346,3 +346,22 @@ async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_creat
             entries = fake.get("deployments", APPS, "web")["metadata"]["managedFields"]  # type: ignore[index]
             assert [(e["manager"], e["operation"]) for e in entries] == [
                 ("trio-supervisor", "Apply")]
+
+
+async def test_a_fold_refused_by_its_resource_version_test_is_retried_not_invalid(
+    tmp_path: Path,
+) -> None:
+    # The fold's JSON patch tests the resourceVersion; a write between our look and it
+    # fails that test (422), a race to retry, never a child refused as Invalid.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", env={"KEEP": "1", "DROP": "2"}))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$", status=422, times=1)
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"env": {"DROP": None}}})
+            await h.until(lambda: [e["name"] for e in (fake.get("deployments", APPS, "web") or {})[
+                "spec"]["template"]["spec"]["containers"][0].get("env") or []] == ["KEEP"])
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            assert not [e for e in fake.objects("events", CONTROL) if e["reason"] == "Invalid"]
