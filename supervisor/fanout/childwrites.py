@@ -359,13 +359,19 @@ class ChildWriter(Generic[P]):
         if current is None or folded is None:
             return
         version = (current.get("metadata") or {}).get("resourceVersion")
-        await self.drain.write(
+        try:
+            await self.drain.write(
             self.client.request, "PATCH", child.resource.object_path(namespace, child.name),
-            dict[str, Any], body=[{"op": "test", "path": "/metadata/resourceVersion",
-                                   "value": version},
-                                  {"op": "replace", "path": "/metadata/managedFields",
-                                   "value": folded}],
-            content_type="application/json-patch+json")
+                dict[str, Any], body=[{"op": "test", "path": "/metadata/resourceVersion",
+                                       "value": version},
+                                      {"op": "replace", "path": "/metadata/managedFields",
+                                       "value": folded}],
+                content_type="application/json-patch+json")
+        except (Invalid, Conflict) as exc:
+            # The test failed (a 422): written meanwhile. A race to retry, not a bad child.
+            raise Conflict(409, "Conflict",
+                           f"{child.resource.kind} {namespace}/{child.name} changed while"
+                           " our create's managedFields entry was folded; retried") from exc
 
     def _fighting(self, name: str, child: Desired, drift: str, not_before: float,
                   now: float) -> str:
