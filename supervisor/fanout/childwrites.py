@@ -8,7 +8,11 @@
   (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
   written only when it differs, so a reconcile with nothing drifted writes
   nothing: created (POST) when absent, server-side applied (no ``force``) when
-  ours. What is ours, what is refused and when a field conflict is forced is
+  ours. Before the first apply to a child we created, the Update entry the POST
+  left in its managedFields is folded into our apply entry (one JSON patch,
+  guarded by the resourceVersion): else it co-owns every field the child was
+  created with, and a field the parent stops setting is never removed. What
+  is ours, what is refused and when a field conflict is forced is
   :mod:`supervisor.fanout.ownership`; anything refused is left exactly as it
   is, the parent reported ``Ready=False`` (reason ``Conflict``, a ``Conflict``
   Event naming the object and its owner labels) and looked at again when that
@@ -19,6 +23,10 @@
   :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
   the repair (logged once per child). Only a repair the server accepted counts:
   a refused one is a failed write like any other (requeued, ``ApplyFailed``).
+  A child of ours whose fields are all as we want but whose managedFields no
+  longer has an entry of ours (reset, or every field taken over) is
+  **disowned**: repaired the same way (one apply records our entry again), as
+  only what we wrote is ever deleted.
 - While a child's repair is deferred by that limiter the parent is requeued for
   the time the repair may be made, and reported ``Ready=False`` (reason
   ``RepairDeferred``, the message naming the child and that time in UTC), never
@@ -59,7 +67,9 @@ from supervisor.fanout.kind import FanoutKind, P
 from supervisor.fanout.live import LiveChildren, Obj, covers, terminating
 from supervisor.fanout.ownership import (
     conflict_managers,
+    created_by_update,
     describe,
+    folded_managed_fields,
     managers_of,
     our_managers,
     ours_to_write,
@@ -148,7 +158,8 @@ class ChildWriter(Generic[P]):
                 taken.append(describe(live, child.resource.kind, self.config.apps_namespace,
                                       self.kind.lineage_key))
                 continue
-            if live is not None and covers(live, child.body):
+            covered = live is not None and covers(live, child.body)
+            if covered and written_by_us(live or {}, self._managers):
                 self.metrics.fanout_applies.labels(self.kind.kind, "unchanged").inc()
                 self._fights.discard(child.key)
                 self._deferred.pop(child.key, None)
@@ -158,7 +169,7 @@ class ChildWriter(Generic[P]):
                 earlier = refused[1]
                 raise Invalid(earlier.status, earlier.reason, earlier.message,
                               method=earlier.method, path=earlier.path)
-            drift = _drift(live, child, self._applied.get(child.key))
+            drift = _drift(live, child, self._applied.get(child.key), covered)
             if drift is not None:
                 now = trio.current_time()
                 not_before = self.repairs.not_before(child.key, now)
@@ -284,21 +295,31 @@ class ChildWriter(Generic[P]):
         namespace = self.config.apps_namespace
         manager = self.config.field_manager
         if live is None:
-            try:
-                created: Obj = await self.drain.write(
-                    self.client.create_object, child.resource, namespace, child.body,
-                    field_manager=manager)
-                return created
-            except Conflict as exc:
-                if exc.reason != "AlreadyExists":
-                    raise
-            found = await self.client.find(child.resource, namespace, child.name)
-            if found is None:  # deleted since: created on the retry
-                raise Conflict(409, "AlreadyExists", f"{child.name} went away meanwhile")
+            found: Obj | None = None
+            # Twice: an object that refused our create may be gone when we look (deleted
+            # meanwhile), and nothing is in the way of creating it again at once.
+            for _ in range(2):
+                try:
+                    created: Obj = await self.drain.write(
+                        self.client.create_object, child.resource, namespace, child.body,
+                        field_manager=manager)
+                    return created
+                except Conflict as exc:
+                    if exc.reason != "AlreadyExists":
+                        raise
+                found = await self.client.find(child.resource, namespace, child.name)
+                if found is not None:
+                    break
+            if found is None:  # created and deleted by someone else, twice: the backoff's
+                raise Conflict(409, "AlreadyExists",
+                               f"{child.resource.kind} {namespace}/{child.name} refused our"
+                               " create twice and was gone each time we looked")
             if not self._ours(found, parent):
                 raise _NotOurs(describe(found, child.resource.kind, namespace,
                                         self.kind.lineage_key))
             live = found
+        if created_by_update(live, self._managers):
+            await self._fold_created(child, namespace)
         # Forced at once when no manager but ours ever applied to it (an edit by an update
         # is drift): one write, not a refused apply, a read and the forced one.
         force = not self._foreign_appliers(live)
@@ -327,6 +348,30 @@ class ChildWriter(Generic[P]):
             self.client.apply_object, child.resource, namespace, child.name, child.body,
             field_manager=manager, force=True)
         return forced
+
+    async def _fold_created(self, child: Desired, namespace: str) -> None:
+        """Hand the fields our create holds by an update to our apply entry (ownership)."""
+        current = await self.client.find(child.resource, namespace, child.name)
+        now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        folded = folded_managed_fields(current or {}, self._managers,
+                                       self.config.field_manager,
+                                       child.resource.api_version, now)
+        if current is None or folded is None:
+            return
+        version = (current.get("metadata") or {}).get("resourceVersion")
+        try:
+            await self.drain.write(
+            self.client.request, "PATCH", child.resource.object_path(namespace, child.name),
+                dict[str, Any], body=[{"op": "test", "path": "/metadata/resourceVersion",
+                                       "value": version},
+                                      {"op": "replace", "path": "/metadata/managedFields",
+                                       "value": folded}],
+                content_type="application/json-patch+json")
+        except (Invalid, Conflict) as exc:
+            # The test failed (a 422): written meanwhile. A race to retry, not a bad child.
+            raise Conflict(409, "Conflict",
+                           f"{child.resource.kind} {namespace}/{child.name} changed while"
+                           " our create's managedFields entry was folded; retried") from exc
 
     def _fighting(self, name: str, child: Desired, drift: str, not_before: float,
                   now: float) -> str:
@@ -373,9 +418,17 @@ def _wall_clock(seconds_from_now: float) -> str:
     return _dt.datetime.fromtimestamp(at, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _drift(live: Obj | None, child: Desired, applied_digest: str | None) -> str | None:
-    """Why ``child`` is being rewritten although its desired state did not change, if so."""
+def _drift(live: Obj | None, child: Desired, applied_digest: str | None,
+           covered: bool) -> str | None:
+    """Why ``child`` is being rewritten although its desired state did not change, if so.
+
+    ``covered``: its fields are ours already, but no managedFields entry of ours says
+    so (reset by hand, or every field taken over by another manager's apply); written
+    again, or deleting its parent would leave it behind.
+    """
     if live is None:
         return "deleted" if applied_digest == child.digest else None
     annotations = (live.get("metadata") or {}).get("annotations") or {}
-    return "edited" if annotations.get(DIGEST_ANNOTATION) == child.digest else None
+    if annotations.get(DIGEST_ANNOTATION) != child.digest:
+        return None
+    return "disowned" if covered else "edited"

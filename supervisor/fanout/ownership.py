@@ -41,7 +41,9 @@ __all__ = [
     "MANAGERS_FIELD",
     "OUR_MANAGERS",
     "conflict_managers",
+    "created_by_update",
     "describe",
+    "folded_managed_fields",
     "managers_of",
     "our_managers",
     "ours_to_write",
@@ -54,7 +56,9 @@ OUR_MANAGERS: Final = frozenset({"trio-supervisor"})
 #: Where the watched cache keeps who wrote an object (managedFields itself is not kept).
 MANAGERS_FIELD: Final = "managers"
 
-_CONFLICT_WITH = re.compile(r'conflict with "([^"]+)"')
+# kube-apiserver says `conflict with "m" using v1: .f` of one conflict, and of more a
+# line `conflicts with "m" using v1:` a manager, its fields listed below it.
+_CONFLICT_WITH = re.compile(r'conflicts? with "([^"]+)"')
 
 
 def our_managers(configured: str) -> frozenset[str]:
@@ -111,3 +115,54 @@ def describe(obj: Mapping[str, Any], kind: str, namespace: str, lineage_key: str
 def conflict_managers(exc: Conflict) -> set[str]:
     """The field managers a 409 apply conflict names (empty: not a field conflict)."""
     return set(_CONFLICT_WITH.findall(exc.message))
+
+
+def created_by_update(obj: Mapping[str, Any], managers: Iterable[str]) -> bool:
+    """Does a manager of ours hold fields of ``obj`` by an update (our create's POST)?"""
+    ours = set(managers)
+    return any(m in ours and "Update" in ops for m, ops in managers_of(obj).items())
+
+
+def folded_managed_fields(obj: Mapping[str, Any], managers: Iterable[str], manager: str,
+                          api_version: str, now: str) -> list[dict[str, Any]] | None:
+    """``obj``'s managedFields with our managers' update entries folded into ``manager``'s
+    apply entry (None: nothing to fold).
+
+    kube-apiserver keys managers by name *and* operation: the POST that created a child
+    left an Update entry co-owning every field it was created with, so an apply that
+    stops setting one of them removed nothing. client-go's csaupgrade does the same fold.
+    """
+    ours = set(managers)
+    metadata = obj.get("metadata") or {}
+    kept: list[dict[str, Any]] = []
+    folded: dict[str, Any] | None = None
+    for entry in metadata.get("managedFields") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        if (entry.get("manager") in ours and entry.get("operation") == "Update"
+                and not entry.get("subresource")):
+            folded = _merge_fields(folded or {}, entry.get("fieldsV1") or {})
+        else:
+            kept.append(dict(entry))
+    if folded is None:
+        return None
+    for entry in kept:
+        if (entry.get("manager") == manager and entry.get("operation") == "Apply"
+                and not entry.get("subresource")):
+            entry["fieldsV1"] = _merge_fields(entry.get("fieldsV1") or {}, folded)
+            return kept
+    # An entry without its apiVersion is invalid, and kube-apiserver drops the lot then.
+    kept.append({"manager": manager, "operation": "Apply", "apiVersion": api_version,
+                 "time": now, "fieldsType": "FieldsV1", "fieldsV1": folded})
+    return kept
+
+
+def _merge_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The union of two FieldsV1 trees."""
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge_fields(out[key], value)
+        else:
+            out[key] = value
+    return out

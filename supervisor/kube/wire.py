@@ -10,10 +10,16 @@
   :func:`~supervisor.kube.errors.api_error`, with the reason and message of its
   ``Status`` body (or the start of a body that is not one) and ``Retry-After``;
   the response is closed.
+- :func:`retry_after`: ``Retry-After`` (seconds, or an HTTP date) in seconds from
+  now, at most :data:`MAX_RETRY_AFTER_S`
+  (a server asking for hours is not believed: the client's hold, the requeue
+  and the watcher's backoff all wait for this one figure).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import email.utils
 import functools
 import math
 from collections.abc import AsyncIterator
@@ -33,6 +39,7 @@ from supervisor.kube.errors import (
 from supervisor.kube.models import ObjectList, Status
 
 __all__ = [
+    "MAX_RETRY_AFTER_S",
     "RequestBody",
     "ResourceList",
     "WatchStream",
@@ -43,6 +50,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+MAX_RETRY_AFTER_S = 30.0  # the longest wait one 429's Retry-After asks of us
 
 
 @functools.lru_cache(maxsize=128)
@@ -66,17 +75,30 @@ def list_type(item_type: type[T]) -> type[ObjectList[T]]:
     return cast("type[ObjectList[T]]", ObjectList[item_type])  # type: ignore[valid-type]
 
 
+def _seconds_until(http_date: str) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError, OverflowError):  # not a date, or a year past datetime's
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+        when = when.replace(tzinfo=_dt.UTC)
+    return (when - _dt.datetime.now(_dt.UTC)).total_seconds()
+
+
 def retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
+    seconds: float | None
     try:
         seconds = float(value)
     except ValueError:
-        return None  # an HTTP-date: rare from kube-apiserver; the caller's backoff applies
+        seconds = _seconds_until(value)  # an HTTP-date (RFC 9110): a proxy may send one
+    if seconds is None:
+        return None  # neither: the caller's backoff applies
     if not math.isfinite(seconds):
         return None  # "inf" would put the retry off forever: the caller's backoff applies
-    return max(0.0, seconds)
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
 async def raise_api_error(response: httpx.Response, method: str, path: str) -> NoReturn:

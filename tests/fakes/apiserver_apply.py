@@ -236,18 +236,29 @@ def apply_config(
         causes = [
             {
                 "type": "FieldManagerConflict",
-                "message": f'conflict with "{m}"',
+                "message": f'conflict with "{m}" using {api_version}',
                 "field": "." + ".".join(p),
             }
             for p, managers in sorted(conflicts.items())
             for m in sorted(managers)
         ]
-        lines = "\n".join(f"- {c['message']}: {c['field']}" for c in causes)
+        # kube-apiserver's wording (structured-merge-diff's): one conflict on one line,
+        # more grouped by manager, each "conflicts with", its fields listed under it.
+        if len(causes) == 1:
+            said = f"{causes[0]['message']}: {causes[0]['field']}"
+        else:
+            by_manager: dict[str, list[str]] = {}
+            for p, managers in sorted(conflicts.items()):
+                for m in managers:
+                    by_manager.setdefault(m, []).append("." + ".".join(p))
+            said = "\n".join(f'conflicts with "{m}" using {api_version}:\n'
+                             + "\n".join(f"- {f}" for f in fields)
+                             for m, fields in sorted(by_manager.items()))
         raise ApiError(
             409,
             "Conflict",
-            f"Apply failed with {len(causes)} conflict{'s' if len(causes) != 1 else ''}:\n"
-            f"{lines}",
+            f"Apply failed with {len(causes)} conflict{'s' if len(causes) != 1 else ''}:"
+            f" {said}",
             details={"name": name, "group": qualified.partition(".")[2],
                      "kind": qualified.partition(".")[0], "causes": causes},
         )

@@ -261,8 +261,13 @@ class ObjectWrites:
         else:
             raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {patch_type}")
         new = self._rebuild(res, existing, patched, subresource)
-        owners = update_ownership(self._owners_of(res, ns, name), manager or "unknown",
-                                  subresource, res.api_version, existing, new, now)
+        owners = self._owners_of(res, ns, name)
+        given = (patched.get("metadata") or {}).get("managedFields")
+        if isinstance(given, list) and given != (existing.get("metadata") or {}).get(
+                "managedFields"):
+            owners = parse_managed_fields(given)  # written by the request: taken as given
+        owners = update_ownership(owners, manager or "unknown", subresource, res.api_version,
+                                  existing, new, now)
         return self._write(res, ns, name, existing, new, owners, dry_run)
 
     def _apply(self, res: ResourceType, ns: str, name: str, body: Any, manager: str | None,

@@ -71,3 +71,33 @@ async def test_twenty_failures_of_one_parent_in_a_minute_make_one_event_with_a_c
             # One create, then each repeat patched into it.
             events = fake.find_requests(None, f"/namespaces/{CONTROL}/events")
             assert [r.method for r in events] == ["POST"] + ["PATCH"] * 19
+
+
+async def test_a_counted_event_deleted_meanwhile_is_recorded_again_and_counted_on(
+    tmp_path: Path,
+) -> None:
+    # The Event we count into is gone (expired, or deleted by hand): its patch is a 404.
+    tuning = replace(FAST, requeue_initial_s=0.01, requeue_max_s=0.02)
+    with trio.fail_after(20):
+        async with harness(tmp_path, tuning=tuning) as h:
+            fake = h.fake
+            failing = fake.inject("POST", rf"/namespaces/{APPS}/deployments/web$", status=500,
+                                  times=None)
+            fake.create(sd("web"))
+
+            def counted(at_least: int) -> list[dict[str, Any]]:
+                return [e for e in parent_events(fake.objects("events", CONTROL),
+                                                 "ApplyFailed", "web")
+                        if e["count"] >= at_least]
+
+            await h.until(lambda: counted(2))
+            (first,) = counted(2)
+            fake.delete("events", CONTROL, first["metadata"]["name"])
+            await h.until(lambda: counted(2))
+            fake.injections.remove(failing)
+            await h.until(lambda: applied(fake.get("servicedefinitions", CONTROL, "web")))
+            (again,) = parent_events(fake.objects("events", CONTROL), "ApplyFailed", "web")
+            assert again["metadata"]["name"] != first["metadata"]["name"]
+            assert again["count"] >= 2
+            patches = fake.find_requests("PATCH", f"/namespaces/{CONTROL}/events/")
+            assert [r.status for r in patches].count(404) == 1

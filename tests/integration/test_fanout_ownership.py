@@ -169,6 +169,30 @@ async def test_a_field_another_manager_applied_is_reported_not_forced(tmp_path: 
             assert conflict_events(fake, "web")
 
 
+async def test_two_fields_another_manager_applied_are_reported_not_forced(
+    tmp_path: Path,
+) -> None:
+    # Of two conflicts or more, kube-apiserver writes `conflicts with "m"`, grouped by
+    # manager: missed, the refusal was an ApplyFailed retried for ever.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", replicas=2))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": "web", "namespace": APPS,
+                                     "labels": {NAME_KEY: "other"}},
+                        "spec": {"replicas": 7}}, field_manager="autoscaler", force=True)
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"replicas": 3}})
+            await h.until(lambda: parent_reason(fake, "web") == "Conflict")
+            await h.idle()
+            message = ready(fake.get("servicedefinitions", CONTROL, "web"))["message"]  # type: ignore[index]
+            assert "autoscaler" in message and "not forced" in message
+            assert h.metric("fanout_requeues", kind="ServiceDefinition", cause="conflict") == 0
+            assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 7  # type: ignore[index]
+
+
 async def test_a_conflict_with_an_earlier_manager_of_ours_is_forced(tmp_path: Path) -> None:
     # The project's own field manager name, from before the manager was configured
     # otherwise: still ours, so its fields are taken over.
@@ -212,3 +236,132 @@ async def test_our_labels_patched_onto_an_unrelated_object_never_get_it_deleted(
             await h.until(lambda: fake.get("deployments", APPS, "web") is None)
             assert fake.get("services", APPS, "ledger") == ledger
 
+
+
+async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_still_deleted(
+    tmp_path: Path,
+) -> None:
+    # `kubectl patch --type=merge -p '{"metadata":{"managedFields":[{}]}}'` on a child
+    # of ours leaves it with our labels and our fields but no entry of ours: nothing
+    # differed, so nothing was written, and deleting its parent left it behind forever
+    # (never written by us, as far as managedFields said).
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", port=8080))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            service = fake.get("services", APPS, "web")
+            assert service is not None
+            reset = {**service, "metadata": {**service["metadata"], "managedFields": []}}
+            fake.clear_requests()
+            fake.put_raw(reset)
+            assert "managedFields" not in fake.get("services", APPS, "web")["metadata"]  # type: ignore[index]
+            await h.until(lambda: "managedFields" in fake.get(  # type: ignore[index]
+                "services", APPS, "web")["metadata"])
+            await h.idle()
+            await h.reconciler.resync()
+            await h.idle()
+            # One apply recorded our entry again; nothing written since.
+            assert len(fake.find_requests("PATCH", f"/namespaces/{APPS}/services/web")) == 1
+            fake.delete("servicedefinitions", CONTROL, "web")
+            await h.until(lambda: fake.get("services", APPS, "web") is None)
+            assert fake.get("deployments", APPS, "web") is None
+
+
+async def test_a_child_whose_labels_a_user_removed_is_left_to_them_and_reported(
+    tmp_path: Path,
+) -> None:
+    # Removing our labels is taking the object: never fought over, never deleted, the
+    # parent says Conflict naming it.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", port=8080))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.patch("services", APPS, "web", {"metadata": {"labels": {
+                MANAGED_BY_KEY: None, INSTALLATION_KEY: None,
+                LINEAGE_SERVICEDEFINITION: None}}}, field_manager="kubectl-label")
+            taken = fake.get("services", APPS, "web")
+            await h.until(lambda: parent_reason(fake, "web") == "Conflict")
+            await h.reconciler.resync()
+            await h.idle()
+            assert fake.get("services", APPS, "web") == taken
+            assert f"Service {APPS}/web exists and is not ours" in ready(  # type: ignore[index]
+                fake.get("servicedefinitions", CONTROL, "web"))["message"]
+            fake.delete("servicedefinitions", CONTROL, "web")
+            await h.until(lambda: fake.get("deployments", APPS, "web") is None)
+            await h.reconciler.resync()
+            await h.idle()
+            assert fake.get("services", APPS, "web") == taken
+
+
+async def test_an_object_gone_between_our_409_and_our_look_at_it_is_created_on_the_retry(
+    tmp_path: Path,
+) -> None:
+    # The POST is refused (a team's Service of that name), which is gone when we look:
+    # that was reported as a failed write (ApplyFailed, "went away meanwhile", Ready
+    # Conflict) and retried after the backoff, though nothing was in the way any more.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(team_service({"app": "web"}, "web"), field_manager="team")
+            await fake.wait_for_watches(2, "services")  # ours and other installations'
+            held = fake.hold("GET", rf"/namespaces/{APPS}/services$")
+            fake.create(sd("web", port=8080))
+            await h.until(lambda: held.arrived == 1)
+            fake.delete("services", APPS, "web")
+            held.release()
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            ours = fake.get("services", APPS, "web")
+            assert ours is not None and ours["metadata"]["labels"][INSTALLATION_KEY] == CONTROL
+            assert not conflict_events(fake, "web")
+            posts = fake.find_requests("POST", f"/namespaces/{APPS}/services")
+            assert [r.status for r in posts] == [409, 201]
+            # Created again at once: no failed write said, no backoff waited.
+            assert [e["reason"] for e in fake.objects("events", CONTROL)] == []
+            assert h.metric("fanout_requeues", kind="ServiceDefinition", cause="conflict") == 0
+
+
+async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
+    tmp_path: Path,
+) -> None:
+    # The create's POST left our manager's Update entry co-owning every field it set:
+    # an apply that stops setting one removed nothing.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", env={"KEEP": "1", "DROP": "2"}))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"env": {"DROP": None}}})
+
+            def env() -> list[str]:
+                live = fake.get("deployments", APPS, "web") or {}
+                container = live["spec"]["template"]["spec"]["containers"][0]
+                return [e["name"] for e in container.get("env") or []]
+
+            await h.until(lambda: env() == ["KEEP"])
+            entries = fake.get("deployments", APPS, "web")["metadata"]["managedFields"]  # type: ignore[index]
+            assert [(e["manager"], e["operation"]) for e in entries] == [
+                ("trio-supervisor", "Apply")]
+
+
+async def test_a_fold_refused_by_its_resource_version_test_is_retried_not_invalid(
+    tmp_path: Path,
+) -> None:
+    # The fold's JSON patch tests the resourceVersion; a write between our look and it
+    # fails that test (422), a race to retry, never a child refused as Invalid.
+    with trio.fail_after(10):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            fake.create(sd("web", env={"KEEP": "1", "DROP": "2"}))
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await h.idle()
+            fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$", status=422, times=1)
+            fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"env": {"DROP": None}}})
+            await h.until(lambda: [e["name"] for e in (fake.get("deployments", APPS, "web") or {})[
+                "spec"]["template"]["spec"]["containers"][0].get("env") or []] == ["KEEP"])
+            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            assert not [e for e in fake.objects("events", CONTROL) if e["reason"] == "Invalid"]

@@ -162,6 +162,18 @@ async def test_a_429_holds_every_request_until_its_retry_after(tmp_path: Path) -
             assert 30.0 <= client.paused_s <= 1.0 + 30.0  # a day is not believed: 30 s
 
 
+async def test_a_huge_retry_after_is_capped_in_the_error_too(tmp_path: Path) -> None:
+    # The error's retry_after is what the reconcile requeue and the watcher's backoff
+    # wait for: a Retry-After of a day held the client 30 s, but requeued the parent
+    # (or put its watch to sleep) for the whole day.
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            fake.inject("GET", "/deployments$", status=429, headers={"Retry-After": "86400"})
+            with pytest.raises(TooManyRequests) as slow:
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            assert slow.value.retry_after == 30.0
+
+
 async def test_bodies_of_the_wrong_shape_are_schema_skew(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:

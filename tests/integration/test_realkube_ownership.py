@@ -224,3 +224,132 @@ async def test_our_labels_merge_patched_onto_a_team_service_never_get_it_deleted
 
 async def gone(kube: RealKube, path: str) -> bool:
     return await aget(kube, path) is None
+
+
+async def test_a_child_whose_managed_fields_were_reset_still_goes_with_its_parent(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # `metadata.managedFields: [{}]` strips every entry (the reset's own request records
+    # none): our child then looked never written by us, and its parent's deletion left it.
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            response = await trio.to_thread.run_sync(
+                kube.request, "PATCH", service_path(inst, "web"),
+                {"metadata": {"managedFields": [{}]}}, "application/merge-patch+json")
+            assert response.status_code == 200
+            assert not response.json()["metadata"].get("managedFields")
+
+            async def ours_again() -> bool:
+                service = await aget(kube, service_path(inst, "web")) or {}
+                entries = service.get("metadata", {}).get("managedFields") or []
+                return any(e.get("manager") == "trio-supervisor" for e in entries)
+
+            await poll_until(ours_again)
+            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+            await poll_until(lambda: gone(kube, service_path(inst, "web")))
+            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+
+
+async def test_a_child_whose_labels_a_user_removed_is_left_to_them(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # The watch's selector no longer matches it (a DELETED event to us): never recreated
+    # over it nor deleted, the parent says Conflict; deleting the parent leaves it.
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            response = await trio.to_thread.run_sync(
+                kube.request, "PATCH", service_path(inst, "web"),
+                {"metadata": {"labels": {MANAGED_BY: None, INSTALLATION: None,
+                                         LINEAGE: None}}},
+                "application/merge-patch+json")
+            assert response.status_code == 200
+            taken = response.json()
+            await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
+            assert f"Service {inst.apps}/web exists and is not ours" in (
+                await ready(kube, inst, "web"))["message"]
+            tries = await applies(port, "conflict")
+            await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
+            assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
+            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+            assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
+
+
+async def test_a_field_another_manager_force_applied_on_our_child_is_reported_not_forced(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # `kubectl apply --server-side --force-conflicts` by a team on our Deployment takes
+    # spec.replicas from us: a declared owner, so a Conflict naming it, never forced
+    # back (the real server's conflict message is what names the manager).
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            await trio.to_thread.run_sync(kube.apply, sd(inst, "web"))
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            await trio.to_thread.run_sync(lambda: kube.apply(
+                {"apiVersion": "apps/v1", "kind": "Deployment",
+                 "metadata": {"name": "web", "namespace": inst.apps},
+                 "spec": {"replicas": 7}}, manager="team-hpa"))
+            spec = sd(inst, "web")
+            spec["spec"]["replicas"] = 3
+            await trio.to_thread.run_sync(kube.apply, spec)
+            await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
+            message = (await ready(kube, inst, "web"))["message"]
+            assert "team-hpa" in message and "not forced" in message
+            # Never forced, and nothing written again on the resyncs (our create's
+            # entry folded into our apply entry once, the team's replicas untouched).
+            before = await aget(kube, deployment_path(inst, "web"))
+            tries = await applies(port, "conflict")
+            await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
+            live = await aget(kube, deployment_path(inst, "web"))
+            assert live is not None and before is not None and live["spec"]["replicas"] == 7
+            assert live["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+            assert ("team-hpa", "Apply") in [(m["manager"], m["operation"])
+                                             for m in live["metadata"]["managedFields"]]
+
+
+async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
+    kube: RealKube, tmp_path: Path,
+) -> None:
+    # A child is created with a POST: its fields are then also held by our manager's
+    # Update entry (kube-apiserver keys managers by name and operation), and an apply
+    # that no longer sets one removes it only if no other entry holds it.
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    config = await daemon_config(tmp_path, inst, port)
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+            parent = sd(inst, "web")
+            parent["spec"]["env"] = {"KEEP": "1", "DROP": "2"}
+            await trio.to_thread.run_sync(kube.apply, parent)
+            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
+            created = await aget(kube, deployment_path(inst, "web"))
+            assert created is not None
+            parent["spec"]["env"] = {"KEEP": "1"}
+            await trio.to_thread.run_sync(kube.apply, parent)
+
+            async def reapplied() -> bool:
+                live = await aget(kube, deployment_path(inst, "web")) or {}
+                return bool(live["metadata"]["generation"] > created["metadata"]["generation"])
+
+            await poll_until(reapplied)
+            live = await aget(kube, deployment_path(inst, "web"))
+            assert live is not None
+            env = live["spec"]["template"]["spec"]["containers"][0].get("env") or []
+            assert [e["name"] for e in env] == ["KEEP"]

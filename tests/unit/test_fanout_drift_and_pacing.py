@@ -177,6 +177,31 @@ def test_retry_after_is_a_finite_number_of_seconds_or_nothing() -> None:
 
     assert retry_after(answer("3")) == 3.0
     assert retry_after(answer("-2")) == 0.0
-    for bad in ("inf", "Infinity", "nan", "Wed, 21 Oct 2015 07:28:00 GMT"):
+    for bad in ("inf", "Infinity", "nan", "soon", "Wed, 99 Foo 2015 07:28:00 GMT",
+                "Wed, 21 Oct 99999999999 07:28:00 GMT"):
         assert retry_after(answer(bad)) is None, bad
     assert retry_after(httpx.Response(429)) is None
+
+
+def test_retry_after_as_an_http_date_is_the_seconds_until_then_capped() -> None:
+    # RFC 9110 allows an HTTP-date (a proxy in front of the API server may send one);
+    # ignored, every parent retried on its own short backoff against a server that
+    # asked for a pause.
+    import datetime as dt
+    import email.utils
+
+    import httpx
+
+    from supervisor.kube.wire import MAX_RETRY_AFTER_S, retry_after
+
+    def at(seconds_from_now: float) -> httpx.Response:
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds_from_now)
+        return httpx.Response(429, headers={
+            "Retry-After": email.utils.format_datetime(when, usegmt=True)})
+
+    ten = retry_after(at(10.5))
+    assert ten is not None and 9.0 <= ten <= 10.5
+    assert retry_after(at(-3600)) == 0.0
+    assert retry_after(at(86400)) == MAX_RETRY_AFTER_S
+    assert retry_after(httpx.Response(429, headers={
+        "Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
