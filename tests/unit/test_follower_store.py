@@ -460,3 +460,26 @@ async def test_a_statement_issued_ahead_of_this_clock_is_refused_and_poisons_not
     # A clock a few seconds ahead (ordinary skew) is no refusal.
     upstream.data = ROOT.sign(3, sequence=3, issued_at=now + timedelta(seconds=5))
     assert (await store.observe()) is not None
+
+
+def test_a_missing_accepted_file_is_restored_only_from_a_verified_statement_passed_on(
+    tmp_path: Path
+) -> None:
+    forward = tmp_path / "lkg.bin.upstream"
+    trusted = [format_verify_key(ROOT.key.verify_key)]
+    limit = 1 << 20
+    # Signed by a key that is not trusted (or altered): nothing is restored.
+    forward.write_bytes(OTHER.sign(3, sequence=3))
+    accepted = AcceptedStatements(str(tmp_path / "lkg.bin.accepted"))
+    assert accepted.restore_from(str(forward), trusted, limit=limit) is None
+    assert accepted.highest is None
+    # The root's genuine bytes: they become the highest, written at once.
+    forward.write_bytes(ROOT.sign(3, sequence=3))
+    restored = accepted.restore_from(str(forward), trusted, limit=limit)
+    assert restored is not None and accepted.highest == restored
+    assert json.loads((tmp_path / "lkg.bin.accepted").read_text())["sequence"] == 3
+    # An accepted file that exists is never overridden by the forward file.
+    forward.write_bytes(ROOT.sign(2, sequence=2))
+    again = AcceptedStatements(str(tmp_path / "lkg.bin.accepted"))
+    assert again.restore_from(str(forward), trusted, limit=limit) is None
+    assert again.highest is not None and again.highest.sequence == 3
