@@ -194,6 +194,7 @@ class Daemon:
                 path = self.config.cache.path
                 self._accepted = await trio.to_thread.run_sync(
                     AcceptedStatements, None if path is None else path + ACCEPTED_SUFFIX)
+                await self._restore_accepted(self._accepted)
             store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
                                accepted=self._accepted)
             try:
@@ -223,6 +224,29 @@ class Daemon:
                     await store.aclose()
 
         return ChildSpec("convergence", run, Restart.PERMANENT, shutdown_timeout_s=3.0)
+
+    async def _restore_accepted(self, accepted: AcceptedStatements) -> None:
+        """No accepted file: the statement this follower passes on is the highest (floor)."""
+        from supervisor.controlplane.follower import forward_path
+        from supervisor.sinks.lkg.errors import CacheError
+        from supervisor.sinks.lkg.fileformat import MAX_HEADER_BYTES, SIGNATURE_BYTES
+
+        forward = forward_path(self.config.cache.path)
+        if accepted.highest is not None or forward is None or accepted.path is None:
+            return
+        cp = self.config.control_plane
+        limit = cp.max_revision_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 64
+        try:
+            restored = await trio.to_thread.run_sync(
+                partial(accepted.restore_from, forward, list(cp.trusted_keys), limit=limit))
+        except CacheError as exc:
+            log.warning("cannot persist the highest accepted statement; a restart would "
+                        "forget it", error=str(exc))
+            restored = accepted.highest
+        if restored is not None:
+            log.warning("the accepted statements file was missing: the highest accepted is "
+                        "the statement this follower passes on", path=accepted.path,
+                        sequence=restored.sequence, revision=restored.revision)
 
     def _listen_child(self) -> ChildSpec | None:
         cp = self.config.control_plane

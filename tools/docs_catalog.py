@@ -187,7 +187,8 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                  "sequence and is accepted."),
     "stale": ("Follower mode: the root's signed statement has expired ([cache].statement_ttl_s "
               "at the root): the root stopped reading its control plane, or a hub in between "
-              "froze it. The active revision keeps serving.",
+              "froze it; or it was issued more than 60 s ahead of this replica's clock (one of "
+              "the two clocks is wrong). The active revision keeps serving.",
               "Check the root's control plane and every hop between; the root's next "
               "statement clears it."),
     "validation": ("The document's shape or a constraint is wrong (the detail names the "
@@ -436,9 +437,13 @@ FOLLOWER: Final[tuple[str, ...]] = (
     "Polling the upstream's `GET /v1/revision` every `poll_interval_s` is the correctness "
     "path; its `/v1/stream` only wakes the follower early ([admin-api.md](admin-api.md)).",
     "Every statement received is judged before its revision is compiled, in this order: "
-    "its signature against `[control_plane].trusted_keys` (else `denied`); its sequence "
+    "its signature against `[control_plane].trusted_keys` (else `denied`); issued at "
+    "most 60 s ahead of this replica's clock (else `stale`: a root whose clock "
+    "ran ahead would otherwise set a highest that refuses its corrected refreshes, "
+    "and look fresh, until that moment); its sequence "
     "not below the highest ever accepted, kept in `<[cache].path>.accepted` across "
-    "restarts and crashes (else `rollback`); the same sequence with another body "
+    "restarts and crashes (deleted, it is restored from the statement passed on, "
+    "`<[cache].path>.upstream`) (else `rollback`); the same sequence with another body "
     "`corrupt`; not expired (else `stale`, checked at every poll, a 304 included). A root "
     "identity change (the root's control plane restored) is accepted only for a statement "
     "issued after the highest accepted one. Then it is compiled with this replica's own "

@@ -17,6 +17,9 @@ A statement is accepted only when all hold, in this order:
   key is ``denied``; damaged framing, or a body that does not match its
   signed header, ``corrupt``; a version 1 file carries no statement (an older
   root) and cannot be shown fresh: ``stale``;
+* ``issued_at`` at most :data:`MAX_CLOCK_AHEAD_S` ahead of this replica's
+  clock, else ``stale`` (a root whose clock ran ahead must not set the
+  highest: see the constant);
 * against the highest statement ever accepted
   (:class:`~supervisor.sinks.lkg.accepted.AcceptedStatements`, persisted
   beside the cache and held by the daemon across child restarts): a lower
@@ -102,6 +105,12 @@ ERROR_BODY_BYTES: Final = 4096
 # Framing around the body: magic, length prefix, header, signature.
 _FRAMING_BYTES = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
 _MAX_ETAG_CHARS = 256
+#: How far ahead of this replica's clock a statement may have been issued (ordinary skew).
+#: Beyond it the root's clock is wrong: accepted, such a statement would become the
+#: highest, so the root's corrected refreshes (issued "earlier") would be refused as
+#: rollback, and a new root identity refused, until that moment; and its expiry, as far
+#: ahead, would show the tree fresh long after the root stopped.
+MAX_CLOCK_AHEAD_S: Final = 60.0
 # What an upstream can make httpx or our parsing raise besides httpx.HTTPError:
 # a header that cannot be encoded or decoded (UnicodeError is a ValueError), a
 # malformed URL or value, a missing part. Mapped to ``invalid`` at this boundary.
@@ -372,6 +381,19 @@ class FollowerStore:
             return ControlPlaneError(message, category=FailureCategory.UNAVAILABLE)
         return ControlPlaneError(message, category=FailureCategory.INVALID)
 
+    def _refuse_ahead(self, statement: Statement) -> None:
+        now = self._clock()
+        ahead = (statement.issued_at - now).total_seconds()
+        if ahead > MAX_CLOCK_AHEAD_S:
+            raise StatementRefused(
+                reasons.STALE,
+                f"{self._where}: the root's statement (sequence {statement.sequence}, revision "
+                f"{statement.revision}) was issued at {statement.issued_at.isoformat()}, "
+                f"{ahead:.0f} s ahead of this replica's clock (more than "
+                f"{MAX_CLOCK_AHEAD_S:g} s): the root's clock or this one is wrong; its "
+                "freshness cannot be told",
+            )
+
     def _refuse_expired(self, statement: Statement) -> None:
         now = self._clock()
         if statement.expired(now):
@@ -406,6 +428,7 @@ class FollowerStore:
         if header.revision < 1:
             raise StatementRefused(reasons.CORRUPT, f"{self._where}: signed revision "
                                    f"{header.revision} is not a revision id")
+        self._refuse_ahead(statement)
         refused = refusal_of(statement, self._highest.highest)
         if refused is not None:
             raise StatementRefused(refused[0], f"{self._where}: {refused[1]}")

@@ -178,3 +178,36 @@ async def test_a_restored_root_reusing_an_id_for_another_body_reaches_its_follow
             assert report["revision"]["sequence"] == after.sequence
             code, data = await revision_bytes(follower)
             assert code == 200 and statement_of(data).body_sha256 == after.body_sha256
+
+
+async def test_a_deleted_accepted_file_is_restored_from_the_statement_passed_on(
+    tmp_path: Path
+) -> None:
+    """Without ``lkg.bin.accepted`` a restart must still refuse a replay of an older statement."""
+    from datetime import UTC, datetime, timedelta
+
+    from supervisor.sinks.lkg import format_verify_key
+    from tests.fakes.statements import Root
+
+    signer = Root()
+    now = datetime.now(UTC)
+    older = signer.sign(1, sequence=1, issued_at=now - timedelta(seconds=30))
+    hostile = HostileUpstream(signer.sign(3, sequence=3, issued_at=now))
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hostile.serve)
+            follower = make_node(tmp_path, "f", hostile.url,
+                                 [format_verify_key(signer.key.verify_key)],
+                                 control_plane="listen = false")
+            accepted = Path(str(follower.cache) + ".accepted")
+            async with run_daemon(follower.config) as f:
+                await wait_active(follower, 3)
+                f.signal(signal.SIGTERM)
+                assert await f.wait() == 0
+            accepted.unlink()
+            hostile.data = older  # a genuine statement, still unexpired, replayed
+            async with run_daemon(follower.config):
+                report = await wait_status(follower, rejected("rollback"))
+                assert report["revision"]["active"] == 3
+                assert json.loads(accepted.read_text())["sequence"] == 3
+            nursery.cancel_scope.cancel()

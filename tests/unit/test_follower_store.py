@@ -436,3 +436,50 @@ async def test_the_raw_bound_is_the_body_bound_plus_the_largest_framing(
     upstream.respond = lambda request: httpx.Response(200, content=b"\0" * (limit + extra))
     error = await refusal(store_for(upstream, max_revision_bytes=1024))
     assert error.reason == reason  # at the bound it is read (and is no cache file)
+
+
+async def test_a_statement_issued_ahead_of_this_clock_is_refused_and_poisons_nothing(
+    tmp_path: Path
+) -> None:
+    # The root's clock ran a year ahead for a moment: what it signed then must not become
+    # the highest, or every later refresh (issued "earlier") and every new root identity
+    # would be refused until that date, and the statement would look fresh for a year.
+    now = datetime.now(UTC)
+    path = str(tmp_path / "lkg.bin.accepted")
+    upstream = FakeUpstream(ROOT.sign(3, sequence=3, issued_at=now + timedelta(days=365)))
+    store = FollowerStore(config_for(), max_schema_version=1,
+                          accepted=AcceptedStatements(path),
+                          transport=httpx.MockTransport(upstream.handle), clock=lambda: now)
+    error = await refusal(store)
+    assert error.reason == "stale" and "ahead" in str(error)
+    assert store.highest is None and not Path(path).exists()
+    # The root's clock put right: its statement of the same intent is accepted.
+    upstream.data = ROOT.sign(3, sequence=3, issued_at=now)
+    pointer = await store.observe()
+    assert pointer is not None and pointer.sequence == 3
+    # A clock a few seconds ahead (ordinary skew) is no refusal.
+    upstream.data = ROOT.sign(3, sequence=3, issued_at=now + timedelta(seconds=5))
+    assert (await store.observe()) is not None
+
+
+def test_a_missing_accepted_file_is_restored_only_from_a_verified_statement_passed_on(
+    tmp_path: Path
+) -> None:
+    forward = tmp_path / "lkg.bin.upstream"
+    trusted = [format_verify_key(ROOT.key.verify_key)]
+    limit = 1 << 20
+    # Signed by a key that is not trusted (or altered): nothing is restored.
+    forward.write_bytes(OTHER.sign(3, sequence=3))
+    accepted = AcceptedStatements(str(tmp_path / "lkg.bin.accepted"))
+    assert accepted.restore_from(str(forward), trusted, limit=limit) is None
+    assert accepted.highest is None
+    # The root's genuine bytes: they become the highest, written at once.
+    forward.write_bytes(ROOT.sign(3, sequence=3))
+    restored = accepted.restore_from(str(forward), trusted, limit=limit)
+    assert restored is not None and accepted.highest == restored
+    assert json.loads((tmp_path / "lkg.bin.accepted").read_text())["sequence"] == 3
+    # An accepted file that exists is never overridden by the forward file.
+    forward.write_bytes(ROOT.sign(2, sequence=2))
+    again = AcceptedStatements(str(tmp_path / "lkg.bin.accepted"))
+    assert again.restore_from(str(forward), trusted, limit=limit) is None
+    assert again.highest is not None and again.highest.sequence == 3

@@ -21,7 +21,11 @@ child nor a restart of the process forgets it.
   intent issued before the one held is ``rollback`` (a replay of an earlier
   refresh, which would make the tree look fresher than it is).
 
-Missing file: nothing accepted yet (a first start). A file that cannot be
+Missing file: nothing accepted yet (a first start), unless this follower has
+passed a statement on: :meth:`AcceptedStatements.restore_from` then takes the
+root's signed bytes it forwards (verified again) as the highest, so a deleted
+file does not silently drop the protection (to reset it deliberately, remove
+both files). A file that cannot be
 read or decoded refuses to start (:class:`~supervisor.errors.ConfigError`
 naming it): silently dropping rollback protection is never the answer; remove
 the file to reset it deliberately. Blocking file I/O: call from a worker thread.
@@ -38,8 +42,10 @@ import msgspec
 from supervisor import reasons
 from supervisor.errors import ConfigError
 from supervisor.sinks.atomic import write_atomic
-from supervisor.sinks.lkg.errors import ROLLBACK, CacheUnwritable
+from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, CacheUnwritable
+from supervisor.sinks.lkg.fileformat import decode_file
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
+from supervisor.sinks.lkg.keys import parse_trusted
 from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["ACCEPTED_SUFFIX", "AcceptedStatements", "refusal_of"]
@@ -102,7 +108,8 @@ class AcceptedStatements:
     @staticmethod
     def _read(path: str) -> Statement | None:
         where = "$.cache.path"
-        reset = f"remove {path} to reset the follower's rollback protection deliberately"
+        reset = (f"remove {path} (and the statement passed on, beside it) to reset the "
+                 "follower's rollback protection deliberately")
         try:
             raw = read_regular(path, limit=_MAX_BYTES)
         except NotRegularFile as exc:
@@ -118,6 +125,30 @@ class AcceptedStatements:
                               ) from exc
         return Statement(record.revision, record.body_sha256, record.sequence, record.root,
                          record.issued_at, record.expires_at)
+
+    def restore_from(self, signed_path: str, trusted_keys: list[str], *,
+                     limit: int) -> Statement | None:
+        """With nothing accepted: the statement of the root's signed file at ``signed_path``.
+
+        The file a follower passes on holds a statement it accepted, so it is a
+        floor for the highest (the accepted file deleted, or lost to a disk
+        restored without it). Verified against ``trusted_keys``; a missing,
+        unreadable or refused file restores nothing (None). Made the highest
+        (and written) when restored; raises CacheUnwritable as :meth:`accept`.
+        """
+        if self._highest is not None:
+            return None
+        try:
+            data = read_regular(signed_path, limit=limit)
+            if data is None:
+                return None
+            header, _ = decode_file(data, signed_path, parse_trusted(trusted_keys))
+        except (NotRegularFile, OSError, CacheError, ConfigError):
+            return None
+        statement = header.statement()
+        if statement is not None:
+            self.accept(statement)
+        return statement
 
     def accept(self, statement: Statement) -> None:
         """Make ``statement`` the highest: durably first, then in memory.
