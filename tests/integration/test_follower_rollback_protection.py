@@ -49,9 +49,10 @@ async def test_a_replay_is_refused_after_a_child_crash_and_a_restart_and_never_p
 ) -> None:
     root = make_node(tmp_path, "root", f"sqlite:///{tmp_path}/cp.db", [])
     await acli("db", "migrate", "--config", str(root.config))
+    # Published before the root starts: a root with nothing desired refuses to boot.
+    await acli("publish", "--config", str(root.config), str(EXAMPLE))
     with trio.fail_after(120):
         async with run_daemon(root.config) as up:
-            await acli("publish", "--config", str(root.config), str(EXAMPLE))
             await up.wait_log("published", revision=1)
             first = await capture(root, 1)
             for _ in (2, 3):
@@ -117,7 +118,7 @@ async def test_an_operator_rollback_reaches_both_hops_within_a_poll_each_without
     f2 = make_node(tmp_path, "f2", f1.url, [root.verify_key], control_plane="listen = false")
     await acli("db", "migrate", "--config", str(root.config))
     for _ in (1, 2, 3):
-        await acli("publish", "--config", str(root.config), str(EXAMPLE))
+        await acli("publish", "--config", str(root.config), "--force", str(EXAMPLE))
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(run_daemon(root.config))
