@@ -173,8 +173,16 @@ def cmd_publish(args: argparse.Namespace) -> int:
     async def publish(store: ControlPlaneStore) -> tuple[int, int | None, bool]:
         """(revision, its change's sequence, unchanged: the desired body already)."""
         from supervisor.commands.revisions import sequence_of
+        from supervisor.controlplane.errors import ControlPlaneError
 
-        before = await store.observe()
+        try:
+            before = await store.observe()
+        except ControlPlaneError as exc:
+            if exc.retryable:
+                raise
+            # A pointer this build cannot read (a hand-written id below one, a missing
+            # revision): nothing to compare with, and a publish is what repairs it.
+            before = None
         if before is not None and before.body_sha256 == digest and not args.force:
             return before.revision, before.sequence, True
         revision = await store.publish(body, schema_version, args.message)

@@ -76,7 +76,7 @@ async def test_api_server_gone_past_the_renew_deadline(tmp_path: Path) -> None:
                     roles = [(await r.status())["leadership"]["role"] for r in (a, b)]
                     assert sorted(roles) == ["leader", "standby"]
                     writers = [r.name for r in (a, b) if any(
-                        w.path.endswith("/after-outage") for w in child_writes(server, r.manager))]
+                        w.target.endswith("/after-outage") for w in child_writes(server, r.manager))]
                     assert len(writers) == 1
                     for daemon in (da, db):
                         daemon.signal(signal.SIGTERM)

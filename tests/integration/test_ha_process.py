@@ -106,7 +106,7 @@ async def test_kill_9_of_the_leader_mid_bulk(tmp_path: Path) -> None:
                         server.create(sd(name))
                     await server.wait_until(
                         lambda: len([r for r in child_writes(server, a.manager)
-                                     if "/deployments/" in r.path]) >= 20)
+                                     if "/deployments/" in r.target]) >= 20)
                     da.signal(signal.SIGKILL)
                     killed = time.time()
                     await da.wait()

@@ -122,10 +122,11 @@ backoff_max_s = 0.5
 token_file = "{tmp / 'root-read.token'}"
 {ca_line}client_cert_file = "{pki.client_cert}"
 client_key_file = "{pki.client_key}"
+trusted_keys = {json.dumps([root_verify])}
 [cache]
 path = "{directory}/cache/lkg.bin"
 signing_key = "{key}"
-trusted_keys = {json.dumps([root_verify, verify])}
+trusted_keys = {json.dumps([verify])}
 [admin]
 listen = "127.0.0.1:{port}"
 """)
