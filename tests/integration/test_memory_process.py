@@ -68,7 +68,10 @@ async def test_ten_refusals_of_a_large_body_leave_no_memory_behind(
             after_ten = rss_bytes(daemon.process.pid)
             current = rss_bytes(daemon.process.pid, "VmRSS")
             mib = 1024 * 1024
-            assert after_ten <= 1.5 * after_first, (
+            # A body kept per refusal (the defect this pins) adds 16 MB a refusal: nine
+            # more put the peak far past twice the first; two attempts' bodies alive at
+            # once on a loaded machine (an abandoned compile beside the next read) do not.
+            assert after_ten <= 2.0 * after_first, (
                 f"peak RSS grew from {after_first / mib:.0f} MiB after one refusal to "
                 f"{after_ten / mib:.0f} MiB after ten (current {current / mib:.0f} MiB, "
                 f"baseline {baseline / mib:.0f} MiB, body {len(body) / mib:.1f} MiB)")
