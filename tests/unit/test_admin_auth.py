@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from supervisor.admin.auth import authorized, read_token
 from supervisor.admin.server import read_token as read_token_from_server
 from supervisor.errors import ConfigError
+from tests import needs
 
 
 def test_read_token_strips_whitespace(tmp_path: Path) -> None:
@@ -55,14 +58,35 @@ def test_read_token_unreadable(tmp_path: Path) -> None:
     assert "not UTF-8" in info.value.reason
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_read_token_permission_denied(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("abc")
     path.chmod(0)
-    with pytest.raises(ConfigError) as info:
-        read_token(str(path))
-    assert "Permission denied" in info.value.reason
+    if os.geteuid() != 0:
+        with pytest.raises(ConfigError) as info:
+            read_token(str(path))
+        assert info.value.path == "$.admin.token_file"
+        assert "Permission denied" in info.value.reason
+        return
+    # Root reads any file: the same read in a child without the two capabilities that
+    # bypass file modes, so CI (which runs as root) runs this test too.
+    setpriv = needs.program("setpriv", "util-linux")
+    probe = (
+        "import sys\n"
+        "from supervisor.admin.auth import read_token\n"
+        "from supervisor.errors import ConfigError\n"
+        "try:\n"
+        "    read_token(sys.argv[1])\n"
+        "except ConfigError as exc:\n"
+        "    print(exc.path, exc.reason, sep='|')\n"
+    )
+    result = subprocess.run(
+        [setpriv, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", probe,
+         str(path)],
+        capture_output=True, text=True, timeout=60, check=True)
+    where, _, reason = result.stdout.strip().partition("|")
+    assert where == "$.admin.token_file"
+    assert "Permission denied" in reason
 
 
 @pytest.mark.parametrize(
