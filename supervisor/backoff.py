@@ -3,11 +3,14 @@
 ``next()`` returns ``initial * 2**n`` (n = failures so far) capped at ``maximum``,
 scaled by a uniform jitter in ``jitter`` (default [0.5, 1.0], "equal jitter":
 never below half the nominal delay, so an outage never becomes a hot loop, and
-replicas failing together spread out). ``reset()`` after a success.
+replicas failing together spread out; ``(1.0, 1.0)``: no jitter). ``reset()``
+after a success. ``after(n)`` is the same delay for a count kept elsewhere (per
+key, or the events inside a window). Either takes ``at_least``, a floor the
+delay never goes under (a 429's ``Retry-After``).
 
-Used by the convergence loop, the LISTEN child, the Kubernetes watch and
-fan-out requeues, the supervision tree's restarts and the ``watch`` command.
-It sits at the bottom of the package: it imports nothing of ours.
+Used by the convergence loop, the LISTEN child, the Kubernetes watch, fan-out
+requeues, preflights and repairs, the supervision tree's restarts and the
+``watch`` command. It sits at the bottom of the package: it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -40,13 +43,16 @@ class Backoff:
         """The next delay before jitter."""
         return min(self.maximum_s, self.initial_s * 2.0 ** min(self.failures, 64))
 
-    def after(self, failures: int) -> float:
-        """The jittered delay after ``failures`` failures (state untouched)."""
+    def after(self, failures: int, *, at_least: float | None = None) -> float:
+        """The jittered delay after ``failures`` failures, never under ``at_least``
+        (state untouched)."""
         nominal = min(self.maximum_s, self.initial_s * 2.0 ** min(max(failures, 0), 64))
-        return nominal * self._rng.uniform(*self.jitter)
+        delay = nominal * self._rng.uniform(*self.jitter)
+        return delay if at_least is None else max(delay, at_least)
 
-    def next(self) -> float:
-        delay = self.after(self.failures)
+    def next(self, *, at_least: float | None = None) -> float:
+        """The delay after one more failure (counted), never under ``at_least``."""
+        delay = self.after(self.failures, at_least=at_least)
         self.failures += 1
         return delay
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from supervisor.backoff import Backoff
+
 __all__ = ["RepairLimiter"]
 
 
@@ -30,7 +32,10 @@ class RepairLimiter:
     def __init__(self, burst: int = 3, window_s: float = 60.0, max_s: float = 60.0) -> None:
         self.burst = burst
         self.window_s = window_s
-        self.max_s = max_s
+        # The wait grows with the repairs inside the window, as the supervision
+        # tree's restarts grow with the crashes inside its period; no jitter: the
+        # status names the time (see not_before).
+        self._wait = Backoff(1.0, max_s, jitter=(1.0, 1.0))
         self._times: dict[Hashable, list[float]] = {}
 
     def delay(self, key: Hashable, now: float) -> float:
@@ -47,7 +52,7 @@ class RepairLimiter:
         excess = len(times) - self.burst + 1
         if excess <= 0:
             return now
-        return times[-1] + min(self.max_s, 2.0 ** (excess - 1))
+        return times[-1] + self._wait.after(excess - 1)
 
     def recent(self, key: Hashable, now: float) -> int:
         """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""

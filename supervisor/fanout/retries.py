@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from supervisor.backoff import Backoff
 from supervisor.fanout.kind import FanoutTuning
 from supervisor.kube.errors import Conflict, Invalid, KubeError, TooManyRequests
 from supervisor.telemetry import Metrics
@@ -64,7 +65,7 @@ class ReconcileRetries:
         self.kind = kind
         self.tuning = tuning
         self.metrics = metrics
-        self._rng = rng
+        self._backoff = Backoff(tuning.requeue_initial_s, tuning.requeue_max_s, rng)
         self._reconcile = reconcile
         self._failed = failed
         self._requeue_after = requeue_after
@@ -75,10 +76,7 @@ class ReconcileRetries:
         """Requeue ``name`` after its next backoff delay (returned, in seconds)."""
         failures = self._failures.get(name, 0)
         self._failures[name] = failures + 1
-        nominal = min(self.tuning.requeue_max_s, self.tuning.requeue_initial_s * 2.0 ** failures)
-        delay = nominal * self._rng.uniform(0.5, 1.0)
-        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
-            delay = max(delay, exc.retry_after)
+        delay = self._backoff.after(failures, at_least=exc.retry_after)
         self.metrics.fanout_requeues.labels(self.kind, cause).inc()
         self._requeue_after(name, delay)
         return delay

@@ -50,7 +50,14 @@ __all__ = [
 
 
 class KubeError(SupervisorError):
-    """Base of every Kubernetes client failure."""
+    """Base of every Kubernetes client failure.
+
+    ``retry_after``: the seconds the server asked us to wait before retrying
+    (a 429's ``Retry-After``); None for every other failure, so a retry loop
+    floors its backoff with it without asking which failure it met.
+    """
+
+    retry_after: float | None = None
 
 
 class KubeConfigError(KubeError):

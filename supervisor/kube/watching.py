@@ -58,7 +58,6 @@ from supervisor.kube.errors import (
     KubeError,
     NotFound,
     StreamStalled,
-    TooManyRequests,
     api_error,
 )
 from supervisor.kube.models import PartialObject, RawWatchEvent, Resource, Status
@@ -189,9 +188,7 @@ class Informer(Generic[T]):
             self._on_restart(why)
 
     async def _sleep_backoff(self, exc: KubeError) -> None:
-        delay = self._backoff.next()
-        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
-            delay = max(delay, exc.retry_after)
+        delay = self._backoff.next(at_least=exc.retry_after)
         log.warning("watch failed; retrying", resource=str(self._resource),
                     namespace=self._namespace, error=str(exc), delay_s=round(delay, 3))
         await trio.sleep(delay)

@@ -1,8 +1,8 @@
 """The shared backoff's contract, as the supervision tree's restarts and every retry loop see it.
 
 Bounds refused at construction, the exponent (exactly doubling from ``initial``),
-the cap, the jitter range and its random source, ``reset()``. Values only: no
-clock, no loop.
+the cap, the jitter range and its random source, ``reset()``, the ``at_least``
+floor (a 429's Retry-After). Values only: no clock, no loop.
 """
 
 from __future__ import annotations
@@ -69,3 +69,23 @@ def test_the_exponent_stops_at_64_so_any_failure_count_is_a_number() -> None:
     backoff.failures = 5_000
     assert backoff.nominal() == pytest.approx(1e-30 * 2.0 ** 64)
     assert Backoff(1.0, 30.0, jitter=(1.0, 1.0)).after(10 ** 9) == 30.0
+
+
+def test_at_least_floors_the_delay_and_never_lowers_it() -> None:
+    backoff = Backoff(1.0, 64.0, jitter=(1.0, 1.0))
+    assert backoff.next(at_least=5.0) == 5.0  # the server asked for more than the backoff
+    assert backoff.failures == 1  # and the failure still counts
+    assert backoff.next(at_least=0.5) == 2.0  # less than the backoff: the backoff
+    assert backoff.next(at_least=None) == 4.0
+    assert backoff.after(0, at_least=3.0) == 3.0
+    assert backoff.after(5, at_least=3.0) == 32.0
+    assert backoff.after(7, at_least=100.0) == 100.0  # above the cap too: the server's word
+    assert backoff.failures == 3
+
+
+def test_at_least_applies_after_the_jitter() -> None:
+    rng, mirror = random.Random(7), random.Random(7)
+    backoff = Backoff(10.0, 10.0, rng)
+    jittered = 10.0 * mirror.uniform(0.5, 1.0)
+    assert backoff.next(at_least=jittered + 0.001) == jittered + 0.001
+    assert backoff.next(at_least=1.0) == 10.0 * mirror.uniform(0.5, 1.0)
