@@ -32,7 +32,6 @@ import trio
 
 from supervisor import health, logs, reasons
 from supervisor.config import AdminConfig, Config
-from supervisor.controlplane.poke import Poke
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
@@ -46,6 +45,7 @@ from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interv
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 from supervisor.tree import ChildSpec, Restart, Supervisor
+from supervisor.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from supervisor.admin.signed import SignedRevisionFile
@@ -75,7 +75,7 @@ class Daemon:
     status: RevisionStatus = field(default_factory=RevisionStatus)
     signal: ChangeSignal = field(default_factory=ChangeSignal)
     hup: HupHooks = field(default_factory=HupHooks)
-    listener_poke: Poke = field(default_factory=Poke)
+    listener_poke: Wakeup = field(default_factory=Wakeup)
     sinks: SinkStatus = field(default_factory=SinkStatus)
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     tree: Supervisor | None = None
@@ -212,7 +212,7 @@ class Daemon:
                     cache=cache,
                     snapshot_file=snapshot_file,
                     on_status=self.notifier.status,
-                    on_outage_change=lambda _down: self.listener_poke.poke(),
+                    on_outage_change=lambda _down: self.listener_poke.wake(),
                     serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
                     sink_status=self.sinks,
                     statement_ttl_s=self.config.cache.statement_ttl_s,

@@ -11,5 +11,5 @@
 * :mod:`~supervisor.controlplane.revisions`: history, rollback and prune statements.
 * :mod:`~supervisor.controlplane.migrations`: the versioned schema.
 * :mod:`~supervisor.controlplane.listen`: the LISTEN child (PostgreSQL only),
-  which only pokes the convergence loop's change signal (:mod:`.poke`).
+  which only pokes the convergence loop's change signal.
 """

@@ -28,12 +28,14 @@ The backoff resets once a connection has proven healthy (a probe succeeded or
 a notification arrived), so a server that accepts and immediately drops
 connections is retried ever more slowly rather than in a tight loop.
 
-Recovery is prompt: the convergence loop pokes this child
-(:class:`~supervisor.controlplane.poke.Poke`) when the control plane stops or
-starts answering. Poked while waiting to reconnect, it reconnects at once with
-its backoff reset (a two-minute outage no longer leaves LISTEN down for a
-further 30 s); poked while connected, it probes the connection at once (a
-frozen primary is noticed within the probe deadline, not at the next probe).
+Recovery is prompt: the convergence loop pokes this child (a
+:class:`~supervisor.wakeup.Wakeup` the daemon owns, so it survives restarts of
+either child) when the control plane stops or starts answering; a poke that
+comes while the child is not waiting (connecting, probing) counts at its next
+wait. Poked while waiting to reconnect, it reconnects at once with its backoff
+reset (a two-minute outage no longer leaves LISTEN down for a further 30 s);
+poked while connected, it probes the connection at once (a frozen primary is
+noticed within the probe deadline, not at the next probe).
 Failures are logged as an outage (:class:`~supervisor.outage.OutageLog`): the
 first at once, then at most one line a minute, and one line when it ends.
 
@@ -75,12 +77,12 @@ import trio
 from psycopg import sql
 
 from supervisor.backoff import Backoff
-from supervisor.controlplane.poke import Poke
 from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.runner import INTERRUPT_GRACE_S, call_interruptibly
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 from supervisor.outage import OutageLog
+from supervisor.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
@@ -106,7 +108,7 @@ async def run_listener(
     metrics: Metrics,
     *,
     probe_interval_s: float = 30.0,
-    poke: Poke | None = None,
+    poke: Wakeup | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen for desired-state notifications until cancelled; never raises otherwise."""
@@ -118,7 +120,7 @@ async def run_listener(
             listen=config.listen,
         )
         await trio.sleep_forever()
-    await _Listener(config, wake, metrics, probe_interval_s, poke or Poke()).run()
+    await _Listener(config, wake, metrics, probe_interval_s, poke or Wakeup()).run()
 
 
 class WakeFloor:
@@ -178,10 +180,11 @@ class _Listener:
         wake: Callable[[str], None],
         metrics: Metrics,
         probe_interval_s: float,
-        poke: Poke,
+        poke: Wakeup,
     ) -> None:
         self.url = config.listen_dsn
         self.poke = poke
+        self.pokes_seen = poke.count  # the pokes a wait of ours has already answered
         self.standby_reported = False
         self.outage = OutageLog(log, "LISTEN connection")
         self.channel = config.channel
@@ -246,8 +249,15 @@ class _Listener:
 
     async def _sleep_unless_poked(self, delay: float) -> None:
         """The reconnect backoff, cut short (and reset) when the loop says the server is back."""
-        if await self.poke.wait(delay):
+        if await self._poked_within(delay):
             self.backoff.reset()
+
+    async def _poked_within(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a poke not answered yet; True when one came."""
+        if await self.poke.wait(timeout_s, since=self.pokes_seen):
+            self.pokes_seen = self.poke.count
+            return True
+        return False
 
     def _describe(self, exc: BaseException) -> str:
         return " ".join(scrub(str(exc), self.url).split()) or type(exc).__name__
@@ -320,7 +330,7 @@ class _Listener:
 
             async def poked() -> None:
                 nonlocal woken
-                if await self.poke.wait(self.probe_interval_s):
+                if await self._poked_within(self.probe_interval_s):
                     woken = "poke"
                 nursery.cancel_scope.cancel()
 

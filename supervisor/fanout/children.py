@@ -43,7 +43,6 @@ import trio
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.engine import FanoutEngine, FanoutKind, FanoutTuning
 from supervisor.fanout.leadership import LeaderElector, LeadershipMetrics, LeadershipStatus
-from supervisor.fanout.preflight import Wakeup
 from supervisor.fanout.servicedefinition import SERVICE_DEFINITION
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.workflow import WORKFLOW
@@ -53,6 +52,7 @@ from supervisor.lifecycle.signals import HupHooks
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 from supervisor.tree import ChildSpec, Restart
+from supervisor.wakeup import Wakeup
 
 __all__ = [
     "CLOSE_TIMEOUT_S",

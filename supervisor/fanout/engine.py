@@ -80,7 +80,6 @@ from supervisor.fanout.live import LiveChildren, Obj, child_name
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
-    Wakeup,
     await_watchable,
     classify_watch_error,
 )
@@ -95,6 +94,7 @@ from supervisor.kube.models import KindSpec, PartialObject
 from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
+from supervisor.wakeup import Wakeup
 
 __all__ = ["FanoutEngine", "FanoutKind", "FanoutTuning", "Parent", "WorkQueue"]
 

@@ -5,8 +5,8 @@ about to watch succeeds. Each attempt is one ``list`` with ``limit=1``; a
 failed attempt is classified, logged, counted, and retried after a delay that
 starts near 1 s and doubles up to ``retry_s`` (``[kubernetes].preflight_retry_s``,
 the ceiling), so a CRD or Role applied just after the daemon started is
-noticed at once. A :class:`Wakeup` (the daemon wakes it on SIGHUP) ends a
-waiting delay early and starts the schedule over.
+noticed at once. A :class:`~supervisor.wakeup.Wakeup` (the daemon wakes it on
+SIGHUP) ends a waiting delay early and starts the schedule over.
 
 The list's items are *not* decoded here: objects are decoded one at a time by
 the informer, which names each undecodable one (``kind``, ``name``,
@@ -56,15 +56,16 @@ import msgspec
 import trio
 
 from supervisor import reasons
+from supervisor.backoff import Backoff
 from supervisor.fanout.status import FanoutStatus
 from supervisor.kube.errors import DecodeError, KubeError, NotFound
 from supervisor.kube.models import KindSpec, ObjectList, Resource
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
+from supervisor.wakeup import Wakeup
 
 __all__ = [
     "ListClient",
-    "Wakeup",
     "await_watchable",
     "await_watchable_cancellable",
     "classify_watch_error",
@@ -87,34 +88,6 @@ def missing_api_fix(resource: Resource) -> str:
         resource.group, resource.version, resource.plural) == ("batch", "v1", "cronjobs") else ""
     return (f"run against an API server that serves {resource.api_version} {resource.plural}"
             f"{hint}")
-
-
-class Wakeup:
-    """Ends a waiting preflight delay early (the daemon calls :meth:`wake` on SIGHUP)."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self.wakes = 0
-
-    def wake(self) -> None:
-        self.wakes += 1
-        self._event.set()
-        self._event = trio.Event()
-
-    async def sleep(self, delay_s: float, *, since: int | None = None) -> bool:
-        """Sleep ``delay_s``; True when woken before it ended.
-
-        ``since`` (a :attr:`wakes` count read before the attempt this delay
-        follows): a wake-up that came meanwhile, while no one was asleep, ends
-        the delay at once instead of being lost.
-        """
-        if since is not None and self.wakes != since:
-            return True
-        event = self._event
-        with trio.move_on_after(delay_s):
-            await event.wait()
-            return True
-        return False
 
 
 class ListClient(Protocol):
@@ -251,21 +224,21 @@ async def await_watchable(
     label = kind or kind_spec.kind
     if status is not None:
         status.state = "preflight"
-    failures = 0
+    backoff = Backoff(min(FIRST_RETRY_S, retry_s), retry_s, jitter=(1.0, 1.0))
     while True:
-        seen = wakeup.wakes if wakeup is not None else 0
+        # Read before the attempt: a wake-up during it ends the delay after it.
+        seen = wakeup.count if wakeup is not None else 0
         exc = await _attempt(client, kind_spec, namespace)
         if exc is None:
             return
-        delay = min(retry_s, min(FIRST_RETRY_S, retry_s) * 2.0 ** min(failures, 32))
+        delay = backoff.next()
         missing = await _not_served(exc, kind_spec.resource, is_served)
         _report(exc, missing_api=missing, kind=label, resource=kind_spec.resource,
                 namespace=namespace, retry_s=round(delay, 3), status=status, metrics=metrics)
-        failures += 1
         if wakeup is None:
             await trio.sleep(delay)
-        elif await wakeup.sleep(delay, since=seen):
-            failures = 0
+        elif await wakeup.wait(delay, since=seen):
+            backoff.reset()
 
 
 async def await_watchable_cancellable(

@@ -20,7 +20,6 @@ from structlog.testing import capture_logs
 
 from supervisor import reasons
 from supervisor.fanout.preflight import (
-    Wakeup,
     await_watchable,
     await_watchable_cancellable,
     classify_watch_error,
@@ -41,6 +40,7 @@ from supervisor.kube.errors import (
 )
 from supervisor.kube.models import KindSpec, ObjectList, Resource
 from supervisor.telemetry import Metrics
+from supervisor.wakeup import Wakeup
 
 T = TypeVar("T")
 

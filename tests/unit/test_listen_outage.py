@@ -4,7 +4,7 @@ The listener's own connect and serve are replaced by fakes of that seam (no
 server, no threads), so trio's MockClock drives its backoff: the outage is
 told as its first failure, then at most one line a minute with the count, and
 one info line when it ends; a poke from the convergence loop ends the backoff
-sleep at once.
+sleep at once, also when it came during the connect attempt before that sleep.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import trio.testing
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane import listen
-from supervisor.controlplane.poke import Poke
 from supervisor.telemetry import Metrics
+from supervisor.wakeup import Wakeup
 
 
 class FakeConn:
@@ -28,15 +28,21 @@ class FakeConn:
         self.closed = True
 
 
+CONFIG = ControlPlaneConfig(url="postgresql://postgres@127.0.0.1:1/x",
+                            backoff_initial_s=0.25, backoff_max_s=30.0)
+
+
 class ScriptedListener(listen._Listener):
     """Connect fails while ``down``; a connection, once made, stays up."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, poke: Wakeup) -> None:
+        super().__init__(CONFIG, lambda _trigger: None, Metrics(process=False), 30.0, poke)
         self.down = True
         self.connects: list[float] = []
+        self.attempts: list[float] = []
 
     async def _connect(self) -> Any:
+        self.attempts.append(trio.current_time())
         await trio.sleep(0.01)  # a refused connect still takes a moment
         if self.down:
             raise OSError("connection refused")
@@ -53,18 +59,15 @@ class ScriptedListener(listen._Listener):
 async def test_two_minute_listen_outage_logs_start_progress_and_end(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = ControlPlaneConfig(url="postgresql://postgres@127.0.0.1:1/x",
-                                backoff_initial_s=0.25, backoff_max_s=30.0)
-    poke = Poke()
-    listener = ScriptedListener(config, lambda _trigger: None, Metrics(process=False), 30.0,
-                                poke)
+    poke = Wakeup()
+    listener = ScriptedListener(poke)
     with trio.fail_after(600), structlog.testing.capture_logs() as logs:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(listener.run)
             await trio.sleep(120)
             listener.down = False
             back = trio.current_time()
-            poke.poke()  # the convergence loop's attempt succeeded
+            poke.wake()  # the convergence loop's attempt succeeded
             while not listener.connects:
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
@@ -81,3 +84,22 @@ async def test_two_minute_listen_outage_logs_start_progress_and_end(
     assert end["after_s"] >= 120 and end["attempts"] >= 5
     progress = [e for e in lines if e["event"] == "LISTEN connection still unreachable"]
     assert all(e["attempts"] >= 2 and e["for_s"] >= 60 for e in progress)
+
+
+async def test_a_poke_during_a_connect_attempt_ends_the_backoff_after_it_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    poke = Wakeup()
+    poke.wake()  # before this listener existed: a fresh listener connects at once anyway
+    listener = ScriptedListener(poke)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listener.run)
+            await trio.sleep(0.005)  # the first connect attempt is under way
+            poke.wake()
+            await trio.sleep(1.0)
+            nursery.cancel_scope.cancel()
+    first, second, third = listener.attempts[:3]
+    assert (first, second) == (0.0, 0.01)  # the poke ended the backoff at once
+    # Answered once: the next backoff (reset by the poke, 0.125 s to 0.25 s) runs out.
+    assert 0.02 + 0.125 <= third <= 0.02 + 0.25

@@ -20,8 +20,8 @@ import trio.testing
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane import listen
-from supervisor.controlplane.poke import Poke
 from supervisor.telemetry import Metrics
+from supervisor.wakeup import Wakeup
 
 
 class NotifyingConn:
@@ -55,7 +55,7 @@ def listener(wakes: list[float], min_interval_s: float, metrics: Metrics) -> Any
     config = ControlPlaneConfig(url="postgresql://postgres@127.0.0.1:1/x",
                                 notify_min_interval_s=min_interval_s)
     return listen._Listener(config, lambda _why: wakes.append(trio.current_time()), metrics,
-                            30.0, Poke())
+                            30.0, Wakeup())
 
 
 async def storm(conn: NotifyingConn, for_s: float, every_s: float) -> None:
