@@ -38,7 +38,7 @@ import trio
 
 from supervisor.backoff import Backoff
 from supervisor.convergence.outcome import UNREACHED, Outcome, answer_for
-from supervisor.convergence.signal import ChangeSignal, Wakeup
+from supervisor.convergence.signal import ChangeSignal, WakeupBatch
 
 __all__ = ["Schedule"]
 
@@ -73,7 +73,7 @@ class Schedule:
         wake-up's that ended the wait (``poll`` when none came). ``attempt``
         returns an outcome with ``retry_in_s`` set (from :meth:`delay_after`).
         """
-        wakeup = Wakeup("poll")
+        wakeup = WakeupBatch("poll")
         while True:
             # A wake-up that arrived while the attempt ran may concern something
             # the attempt did not see, so it is kept, not cleared.
@@ -86,7 +86,7 @@ class Schedule:
             floor = self.backoff.initial_s if outcome.failed else 0.0
             wakeup = await self.wait(outcome.retry_in_s, floor)
 
-    async def wait(self, delay: float, floor: float) -> Wakeup:
+    async def wait(self, delay: float, floor: float) -> WakeupBatch:
         """Sleep ``delay`` unless signalled; never wake before ``floor``."""
         deadline = trio.current_time() + delay
         if floor > 0:
@@ -100,4 +100,4 @@ class Schedule:
             return woken
         with trio.move_on_at(deadline):
             return await self.signal.next_wakeup()
-        return Wakeup("poll")
+        return WakeupBatch("poll")

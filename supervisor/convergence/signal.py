@@ -17,10 +17,10 @@ Two kinds of sender share one memory channel into the convergence loop:
   touches the loop, which sets the event anyway when it gets there.
 
 The loop takes wake-ups with :meth:`ChangeSignal.next_wakeup`, which returns
-every wake-up pending at that moment as one :class:`Wakeup` (so bursts of
+every wake-up pending at that moment as one :class:`WakeupBatch` (so bursts of
 requests coalesce too: ten requests that arrive during one attempt are all
 served by the next attempt). After the attempt that consumed them has
-finished, the loop calls :meth:`Wakeup.resolve` with that attempt's answer,
+finished, the loop calls :meth:`WakeupBatch.resolve` with that attempt's answer,
 which fills every request's slot and sets every event. A wake-up that arrives
 while an attempt runs is kept for the next one: the running attempt may
 already have read the control plane before the change the caller cares about.
@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import trio
 
-__all__ = ["ChangeSignal", "ConvergeAnswer", "ConvergeRequest", "OutcomeLabel", "Wakeup"]
+__all__ = ["ChangeSignal", "ConvergeAnswer", "ConvergeRequest", "OutcomeLabel", "WakeupBatch"]
 
 OutcomeLabel = Literal["published", "converged", "empty", "rejected", "failed"]
 
@@ -65,7 +65,7 @@ class ConvergeRequest:
 
 
 @dataclass
-class Wakeup:
+class WakeupBatch:
     """The wake-ups one attempt consumes: the trigger to run it with, and its waiters."""
 
     trigger: str
@@ -124,15 +124,15 @@ class ChangeSignal:
             await request.done.wait()
         return request.answer
 
-    async def next_wakeup(self) -> Wakeup:
-        """Wait for a wake-up, then take every one pending as one :class:`Wakeup`.
+    async def next_wakeup(self) -> WakeupBatch:
+        """Wait for a wake-up, then take every one pending as one :class:`WakeupBatch`.
 
         The trigger is the fire-and-forget one's when one is among them (SIGHUP's
         and a notification's mean something to the loop), else ``request``.
         """
         return self._take([await self._receive.receive()])
 
-    def pending(self) -> Wakeup | None:
+    def pending(self) -> WakeupBatch | None:
         """Take every pending wake-up without waiting (as :meth:`next_wakeup`); None if none."""
         try:
             first = self._receive.receive_nowait()
@@ -140,7 +140,7 @@ class ChangeSignal:
             return None
         return self._take([first])
 
-    def _take(self, items: list[_Item]) -> Wakeup:
+    def _take(self, items: list[_Item]) -> WakeupBatch:
         while True:
             try:
                 items.append(self._receive.receive_nowait())
@@ -155,7 +155,7 @@ class ChangeSignal:
         if self._sighup_coalesced:
             trigger = "sighup"
             self._sighup_coalesced = False
-        return Wakeup(trigger, [request for _, request in items if request is not None])
+        return WakeupBatch(trigger, [request for _, request in items if request is not None])
 
     async def wait(self) -> str:
         """Wait for the next wake-up and return its trigger (for fire-and-forget observers).
