@@ -347,14 +347,12 @@ class FollowerStore:
 
     async def _read_some(self, response: httpx.Response) -> str:
         """At most ERROR_BODY_BYTES of the body (an endless body is never read whole)."""
-        chunks: list[bytes] = []
-        size = 0
+        data = b""
         async for chunk in _raw_chunks(response):
-            chunks.append(chunk[:ERROR_BODY_BYTES - size])
-            size += len(chunks[-1])
-            if size >= ERROR_BODY_BYTES:
+            data += chunk[:ERROR_BODY_BYTES - len(data)]
+            if len(data) >= ERROR_BODY_BYTES:
                 break
-        return b"".join(chunks).decode("utf-8", "replace")
+        return data.decode("utf-8", "replace")
 
     async def _read_bounded(self, response: httpx.Response) -> bytes:
         """The raw body, refused (``denied``) as soon as it passes the bound."""

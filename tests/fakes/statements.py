@@ -4,7 +4,7 @@
 (:func:`~supervisor.sinks.lkg.encode_header` with a
 :class:`~supervisor.sinks.lkg.Statement`), so what the tests replay is
 byte-for-byte the genuine format. :class:`HostileUpstream` is a plain HTTP/1.1
-server on loopback, written by hand so that it can send what no well-behaved
+server on loopback (HTTPS given a server context), written by hand so that it can send what no well-behaved
 server would: a non-ASCII ``ETag``, a nested gzip bomb, an endless chunked 500,
 a body dripped one byte at a time, a flood of WebSocket hints. It serves
 ``GET /v1/revision`` from :attr:`HostileUpstream.data` (captured genuine bytes,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import ssl
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -80,8 +81,9 @@ class HostileUpstream:
     ``"unavailable"`` (503). :meth:`flood` sends hints to each stream client.
     """
 
-    def __init__(self, data: bytes = b"") -> None:
+    def __init__(self, data: bytes = b"", *, ssl_context: ssl.SSLContext | None = None) -> None:
         self.data = data
+        self.ssl_context = ssl_context  # set: HTTPS with it
         self.mode = "genuine"
         self.drip_s = 8.0
         self.hint_flood = 0
@@ -100,16 +102,20 @@ class HostileUpstream:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "http" if self.ssl_context is None else "https"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
+        served: list[trio.abc.Listener[trio.abc.Stream]] = list(listeners)
+        if self.ssl_context is not None:
+            served = [trio.SSLListener(listener, self.ssl_context) for listener in listeners]
         task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
+        await trio.serve_listeners(self._handle, served)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: trio.abc.Stream) -> None:
         try:
             await self._answer(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -117,7 +123,7 @@ class HostileUpstream:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _answer(self, stream: trio.SocketStream) -> None:
+    async def _answer(self, stream: trio.abc.Stream) -> None:
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = await stream.receive_some(65536)
@@ -165,7 +171,7 @@ class HostileUpstream:
         else:
             await _send(stream, 200, self.data, [("etag", etag.encode())])
 
-    async def _stream(self, stream: trio.SocketStream, head: bytes) -> None:
+    async def _stream(self, stream: trio.abc.Stream, head: bytes) -> None:
         """The WebSocket handshake (wsproto), then ``hint_flood`` published events."""
         connection = WSConnection(ConnectionType.SERVER)
         connection.receive_data(head)
@@ -198,7 +204,7 @@ def gzip_bomb() -> bytes:
     return _BOMB[0]
 
 
-async def _send(stream: trio.SocketStream, status: int, body: bytes,
+async def _send(stream: trio.abc.Stream, status: int, body: bytes,
                 headers: list[tuple[str, bytes]] | None = None) -> None:
     head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
     raw = head.encode() + b"".join(k.encode() + b": " + v + b"\r\n"

@@ -9,7 +9,8 @@ against real signed files, altered or replayed the way a proxy or a hub would.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,11 +22,11 @@ import trio.testing
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.errors import ControlPlaneError
 from supervisor.controlplane.factory import open_store
-from supervisor.controlplane.follower import ERROR_BODY_BYTES, FollowerStore
+from supervisor.controlplane.follower import ERROR_BODY_BYTES, FollowerStore, forward_path
 from supervisor.errors import ConfigError
 from supervisor.sinks.lkg import encode_file, encode_header, format_verify_key, key_id_of
 from supervisor.sinks.lkg.accepted import AcceptedStatements
-from tests.fakes.statements import BODY, Root, gzip_bomb, statement_of
+from tests.fakes.statements import BODY, HostileUpstream, Root, gzip_bomb, statement_of
 
 ROOT = Root()
 OTHER = Root()
@@ -275,6 +276,8 @@ async def test_an_endless_error_body_is_read_at_most_4_kib() -> None:
     sent = [0]
 
     async def endless() -> AsyncIterator[bytes]:
+        sent[0] += 1
+        yield b"e"  # a short first chunk: the count is of bytes, not of chunks
         while True:
             sent[0] += 1024
             yield b"e" * 1024
@@ -283,7 +286,7 @@ async def test_an_endless_error_body_is_read_at_most_4_kib() -> None:
     upstream.respond = lambda request: httpx.Response(500, content=endless())
     error = await refusal(store_for(upstream))
     assert error.reason == "unavailable"
-    assert sent[0] <= ERROR_BODY_BYTES + 1024
+    assert sent[0] <= ERROR_BODY_BYTES + 1 + 1024
     assert len(str(error)) < 1000
 
 
@@ -357,9 +360,10 @@ def test_an_unwritable_accepted_file_keeps_the_highest_in_memory(tmp_path: Path)
 
     accepted = AcceptedStatements(str(tmp_path / "gone" / "lkg.bin.accepted"))
     statement = statement_of(ROOT.sign(4, 4))
-    with pytest.raises(CacheUnwritable):
+    with pytest.raises(CacheUnwritable) as info:
         accepted.accept(statement)
     assert accepted.highest == statement
+    assert str(info.value).endswith("could not be written: No such file or directory")
 
 
 async def test_an_error_body_read_stops_at_exactly_4_kib() -> None:
@@ -369,7 +373,7 @@ async def test_an_error_body_read_stops_at_exactly_4_kib() -> None:
 
     store = store_for(FakeUpstream(b""))
     response = httpx.Response(500, content=endless())
-    assert len(await store._read_some(response)) == ERROR_BODY_BYTES
+    assert len(await store._read_some(response)) == ERROR_BODY_BYTES == 4096
     short = httpx.Response(500, content=b"tiny")
     assert await store._read_some(short) == "tiny"
     await store.aclose()
@@ -483,3 +487,203 @@ def test_a_missing_accepted_file_is_restored_only_from_a_verified_statement_pass
     again = AcceptedStatements(str(tmp_path / "lkg.bin.accepted"))
     assert again.restore_from(str(forward), trusted, limit=limit) is None
     assert again.highest is not None and again.highest.sequence == 3
+
+
+async def test_hydrate_fetches_when_nothing_was_observed_yet() -> None:
+    upstream = FakeUpstream(ROOT.sign(3, sequence=3))
+    loaded = await store_for(upstream).hydrate()
+    assert loaded is not None and (loaded.id, loaded.body) == (3, BODY)
+    assert upstream.full == 1
+
+
+@pytest.mark.parametrize(("command", "named"), [
+    ("migrate", "no schema to migrate"), ("history", "history runs against the upstream"),
+    ("revision", "show runs against"), ("rollback", "rollback runs against"),
+    ("prune", "db prune runs against"), ("changes", "history runs against"),
+])
+async def test_every_lifecycle_command_is_refused_naming_the_upstream(command: str,
+                                                                      named: str) -> None:
+    store = store_for(FakeUpstream(b""))
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "migrate": store.migrate, "history": lambda: store.history(None),
+             "revision": lambda: store.revision(1),
+             "rollback": lambda: store.rollback(1, b"\0" * 32),
+             "prune": lambda: store.prune(1), "changes": lambda: store.changes(None)}
+    with pytest.raises(ControlPlaneError) as info:
+        await calls[command]()
+    assert info.value.reason == "invalid"
+    assert named in str(info.value) and "follows http://upstream.test:9464" in str(info.value)
+
+
+def test_the_forwarded_statement_is_kept_beside_the_cache() -> None:
+    assert forward_path("/var/lib/s/lkg.bin") == "/var/lib/s/lkg.bin.upstream"
+    assert forward_path(None) is None
+
+
+@pytest.mark.parametrize("content", [None, b"\xff\xfe token"])
+def test_an_unreadable_token_file_names_the_key(tmp_path: Path, content: bytes | None) -> None:
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        store_for(FakeUpstream(b""), token_file=str(token))
+    assert info.value.path == "$.control_plane.token_file"
+    assert f"cannot read {token}" in str(info.value)
+
+
+async def test_a_token_file_is_read_at_most_4_kib(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("a" * 4096 + "b" * 100)
+    upstream = FakeUpstream(ROOT.sign(1, 1))
+    await store_for(upstream, token_file=str(token)).observe()
+    assert upstream.requests[0].headers["authorization"] == "Bearer " + "a" * 4096
+
+
+@pytest.mark.parametrize(("fetch_timeout_s", "connect_s"), [(30.0, 5.0), (2.0, 2.0)])
+async def test_the_connect_timeout_is_5_s_or_the_fetch_timeout_when_shorter(
+    fetch_timeout_s: float, connect_s: float
+) -> None:
+    upstream = FakeUpstream(ROOT.sign(1, 1))
+    await store_for(upstream, fetch_timeout_s=fetch_timeout_s).observe()
+    timeouts = upstream.requests[0].extensions["timeout"]
+    assert timeouts == {"connect": connect_s, "read": fetch_timeout_s,
+                        "write": fetch_timeout_s, "pool": fetch_timeout_s}
+
+
+async def test_aclose_closes_the_transport_to_the_upstream() -> None:
+    class ClosingTransport(httpx.MockTransport):
+        closed = False
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    transport = ClosingTransport(FakeUpstream(ROOT.sign(1, 1)).handle)
+    store = FollowerStore(config_for(), max_schema_version=1, transport=transport)
+    await store.observe()
+    assert not transport.closed
+    await store.aclose()
+    assert transport.closed
+
+
+@pytest.mark.parametrize(("raised", "reason", "said"), [
+    (httpx.ConnectError("refused " + "x" * 2000), "unavailable",
+     "unreachable: ConnectError: refused " + "x" * 2000),
+    (ValueError("bad header value " + "y" * 2000), "invalid",
+     "sent a malformed answer: ValueError: bad header value " + "y" * 2000),
+    (ConnectionResetError(104, "Connection reset by peer"), "unavailable",
+     "unreachable: Connection reset by peer"),  # its strerror, not its repr
+])
+async def test_a_transport_error_maps_to_its_reason_in_at_most_500_characters(
+    raised: Exception, reason: str, said: str
+) -> None:
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise raised
+
+    upstream = FakeUpstream(b"")
+    upstream.respond = fail
+    error = await refusal(store_for(upstream))
+    assert error.reason == reason
+    assert str(error) == f"upstream http://upstream.test:9464/v1/revision {said}"[:500]
+
+
+async def test_a_malformed_etag_is_quoted_to_its_first_40_characters() -> None:
+    value = '"' + "".join(chr(ord("a") + i % 26) for i in range(300)) + '"'
+    upstream = FakeUpstream(ROOT.sign(3, 3))
+    upstream.respond = lambda request: httpx.Response(
+        200, content=upstream.data, headers={"etag": value})
+    error = await refusal(store_for(upstream))
+    assert error.reason == "invalid" and f"({value[:40]!a})" in str(error)
+
+
+async def test_a_refused_content_encoding_is_quoted_to_80_characters() -> None:
+    encodings = ", ".join(f"x-enc{i}" for i in range(40))
+    upstream = FakeUpstream(ROOT.sign(3, 3))
+    upstream.respond = lambda request: httpx.Response(
+        200, content=upstream.data, headers={"content-encoding": encodings})
+    error = await refusal(store_for(upstream))
+    assert error.reason == "corrupt"
+    assert f"Content-Encoding {ascii(encodings)[:80]} after" in str(error)
+
+
+async def test_an_error_body_is_shown_on_one_line_cut_at_300_characters() -> None:
+    body = "first line\n\n   " + "".join(chr(ord("a") + i % 26) for i in range(1000))
+    upstream = FakeUpstream(b"")
+    upstream.respond = lambda request: httpx.Response(502, content=body.encode())
+    error = await refusal(store_for(upstream))
+    assert error.reason == "unavailable"
+    assert str(error).endswith("answered 502: " + " ".join(body.split())[:300])
+
+
+async def test_a_statement_issued_60_s_ahead_is_accepted_and_61_s_ahead_refused() -> None:
+    now = datetime.now(UTC)
+    for ahead_s, accepted in ((60, True), (61, False)):
+        upstream = FakeUpstream(ROOT.sign(3, 3, issued_at=now + timedelta(seconds=ahead_s)))
+        store = FollowerStore(config_for(), max_schema_version=1, clock=lambda: now,
+                              transport=httpx.MockTransport(upstream.handle))
+        if accepted:
+            assert (await store.observe()) is not None
+        else:
+            assert (await refusal(store)).reason == "stale"
+
+
+async def test_a_newer_file_format_is_invalid_not_a_refused_statement() -> None:
+    now = datetime.now(UTC)
+    statement = statement_of(ROOT.sign(3, 3, issued_at=now))
+    header = encode_header(revision=3, generation=1, schema_version=1, created_at=now,
+                           body=BODY, key_id=key_id_of(ROOT.key.verify_key),
+                           statement=statement, format_version=3)
+    error = await refusal(store_for(FakeUpstream(encode_file(header, BODY, ROOT.key))))
+    assert error.reason == "invalid" and "format_version 3 is newer" in str(error)
+
+
+async def test_an_https_upstream_is_verified_with_the_configured_ca_file(
+    tmp_path: Path
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    upstream = HostileUpstream(ROOT.sign(3, 3), ssl_context=server)
+    trusted = [format_verify_key(ROOT.key.verify_key)]
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(upstream.serve)
+            trusting = FollowerStore(ControlPlaneConfig(url=upstream.url, trusted_keys=trusted,
+                                                        ca_file=str(ca_file)),
+                                     max_schema_version=1)
+            pointer = await trusting.observe()
+            assert pointer is not None and pointer.revision == 3
+            await trusting.aclose()
+            # Without it the system's trust store is used, which knows nothing of this CA.
+            untrusting = FollowerStore(ControlPlaneConfig(url=upstream.url, trusted_keys=trusted),
+                                       max_schema_version=1)
+            error: BaseException | None = await refusal(untrusting)
+            assert isinstance(error, ControlPlaneError) and error.reason == "unavailable"
+            while error is not None and not isinstance(error, ssl.SSLCertVerificationError):
+                error = error.__cause__ or error.__context__
+            assert error is not None
+            await untrusting.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def test_an_accepted_file_is_read_at_most_4_kib(tmp_path: Path) -> None:
+    path = tmp_path / "lkg.bin.accepted"
+    AcceptedStatements(str(path)).accept(statement_of(ROOT.sign(2, 2)))
+    record = path.read_bytes().strip()
+    path.write_bytes(b" " * (4096 - len(record)) + record)  # padded: JSON allows blanks
+    assert AcceptedStatements(str(path)).highest is not None
+    path.write_bytes(b" " * (4097 - len(record)) + record)  # its last byte past the bound
+    with pytest.raises(ConfigError) as info:
+        AcceptedStatements(str(path))
+    assert "is not an accepted statement" in str(info.value)
+
+
+def test_an_unreadable_accepted_file_refuses_to_start_naming_why(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "lkg.bin.accepted"  # under a regular file: ENOTDIR
+    with pytest.raises(ConfigError) as info:
+        AcceptedStatements(str(path))
+    assert info.value.path == "$.cache.path"
+    assert str(info.value).endswith(f"{path} cannot be read: Not a directory")

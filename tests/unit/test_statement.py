@@ -69,3 +69,9 @@ def test_the_signed_bytes_are_neither_compared_nor_shown() -> None:
     assert "secret-looking" not in repr(signed)
     report = replace(HIGHEST, issued_at=T0).report(T0 + timedelta(seconds=12.34567))
     assert report["age_s"] == 12.346
+
+
+def test_a_corrupt_refusal_names_both_digests_by_their_first_12_hex_characters() -> None:
+    refused = refusal_of(replace(HIGHEST, body_sha256="cd" * 32), HIGHEST)
+    assert refused is not None and refused[0] == "corrupt"
+    assert "(sha256 cdcdcdcdcdcd)" in refused[1] and "(sha256 abababababab)" in refused[1]
