@@ -37,9 +37,8 @@ from supervisor.convergence.outcome import Key, Outcome, is_final
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
-    from supervisor.controlplane.errors import ControlPlaneError
     from supervisor.convergence.status import RevisionStatus
-    from supervisor.revision.errors import RevisionError
+    from supervisor.errors import LabelledError
     from supervisor.sinks.state import ActiveState
 
 __all__ = ["RevisionMemory"]
@@ -93,7 +92,7 @@ class RevisionMemory:
             self.sinks_unknown = True
             self._refused = None
 
-    def remember_refusal(self, exc: ControlPlaneError | RevisionError, outcome: Outcome) -> None:
+    def remember_refusal(self, exc: LabelledError, outcome: Outcome) -> None:
         """Remember ``outcome`` when ``exc`` is final and about the current candidate."""
         candidate = self.candidate
         if is_final(exc) and candidate is not None and candidate[0] == outcome.revision:
