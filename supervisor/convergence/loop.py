@@ -94,13 +94,13 @@ from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
 from supervisor.convergence.signal import ChangeSignal, Wakeup
-from supervisor.convergence.status import RevisionStatus, Source
+from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import BootRefused, ConfigError, LabelledError
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg.statement import Statement
-from supervisor.sinks.state import ActiveState
+from supervisor.sinks.state import Source
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
@@ -160,7 +160,6 @@ class ConvergenceLoop:
         self,
         store: ControlPlaneStore,
         *,
-        state: ActiveState,
         status: RevisionStatus,
         metrics: Metrics,
         events: EventBus,
@@ -181,7 +180,8 @@ class ConvergenceLoop:
         wall_clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.store = store
-        self.state = state
+        # What serves (the status reads it too): the one place it is written.
+        self.state = status.state
         self.status = status
         self.metrics = metrics
         # The revision gauges read the status: it is the one place they are written.
@@ -209,7 +209,7 @@ class ConvergenceLoop:
         # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
         self.serve_cache_on_refusal = serve_cache_on_refusal
         self.attempts = 0
-        self.memory = RevisionMemory(state, status)
+        self.memory = RevisionMemory(status)
 
     def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         self.status.observed(desired, body_sha256)
@@ -278,7 +278,7 @@ class ConvergenceLoop:
                 await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
                                                           loaded.schema_version, loaded.body,
                                                           statement))
-                self._serve_statement(statement)
+                self.state.restate(statement)
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
         repeated = memory.still_refused(key)
         if repeated is not None:
@@ -290,7 +290,6 @@ class ConvergenceLoop:
                         revision=loaded.id)
         generation = self.state.generation + 1
         snapshot = await compile_body(loaded.body, loaded.id, generation, self.resolver)
-        self.status.loaded_revision(loaded.id)
         took = trio.current_time() - start
         # The cache first, then the swap and the snapshot file, as one step a
         # shutdown cannot split: see the module docstring.
@@ -322,12 +321,6 @@ class ConvergenceLoop:
                          self.status.identity or "unknown", now,
                          now + timedelta(seconds=self.statement_ttl_s))
 
-    def _serve_statement(self, statement: Statement | None) -> None:
-        self.state.statement = statement
-        self.status.statement = statement
-        if statement is not None:
-            self.status.sequence = statement.sequence
-
     async def _restate(self, pointer: RevisionPointer) -> None:
         """Converged: re-sign (a root, past half the TTL) or pass on (a follower) a fresher one.
 
@@ -335,7 +328,7 @@ class ConvergenceLoop:
         control plane lets its statement age and expire.
         """
         if pointer.sequence is not None:
-            self.status.sequence = pointer.sequence
+            self.state.sequence = pointer.sequence
         served = self.state.statement
         fresh = pointer.statement
         if fresh is None:
@@ -358,7 +351,7 @@ class ConvergenceLoop:
                 and hashlib.sha256(last.body).hexdigest() == fresh.body_sha256):
             with trio.CancelScope(shield=True):
                 await self.sinks.export(replace(last, statement=fresh))
-        self._serve_statement(fresh)
+        self.state.restate(fresh)
 
     def _empty(self) -> Outcome:
         """Nothing is desired. While a snapshot serves, that is news: said once."""
@@ -384,11 +377,9 @@ class ConvergenceLoop:
                       body_sha256: bytes | None, statement: Statement | None = None,
                       sequence: int | None = None) -> None:
         """Serve ``snapshot`` (the one atomic swap), report it, write the snapshot file."""
-        self.state.swap(snapshot, body_sha256=body_sha256, statement=statement)
-        self.status.statement = statement
-        self.status.sequence = statement.sequence if statement is not None else sequence
-        self.status.published(snapshot.revision, snapshot.generation, source, took_s,
-                              body_sha256)
+        self.state.swap(snapshot, source=source, body_sha256=body_sha256, statement=statement,
+                        sequence=sequence)
+        self.status.published(took_s)
         log.info("published", revision=snapshot.revision, generation=snapshot.generation,
                  source=source, took_s=round(took_s, 6))
         self.events.emit(Published(revision=snapshot.revision, generation=snapshot.generation,
@@ -604,7 +595,6 @@ class ConvergenceLoop:
                 f"refusing to boot: the last-known-good cache (revision {cached.revision}) "
                 f"does not compile ({exc.reason}): {exc.detail}",
             ) from exc
-        self.status.loaded_revision(cached.revision)
         await self.swap_in(snapshot, "last_known_good", 0.0,
                            body_sha256=hashlib.sha256(cached.body).digest(),
                            statement=cached.statement)

@@ -295,7 +295,7 @@ async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) 
     await first.converge_once()
     target = tmp_path / "snap.json"
     # A new child run (after a crash) shares the serving state, nothing else.
-    second = make(store, state=first.state, status=first.status, cache=cache,
+    second = make(store, status=first.status, cache=cache,
                   snapshot_file=SnapshotFile(str(target)))
     outcome = await second.converge_once()
     assert outcome.kind is OutcomeKind.CONVERGED

@@ -260,7 +260,7 @@ async def test_run_on_a_restarted_child_does_not_bootstrap_again(
     first = make(store)
     await first.bootstrap()
     store.outage = True  # a second bootstrap would refuse to boot
-    second = make(store, state=first.state, status=first.status)
+    second = make(store, status=first.status)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(second.run)
