@@ -202,9 +202,10 @@ async def orchestrate(args: argparse.Namespace) -> None:
     from supervisor.sinks.state import ActiveState
     from supervisor.telemetry import Metrics
 
+    state = ActiveState()
     ctx = AdminContext(
-        state=ActiveState(),
-        revision=RevisionStatus(),
+        state=state,
+        revision=RevisionStatus(state),
         events=EventBus(),
         metrics=Metrics(),
         children=lambda: {"convergence": {"state": "running", "restarts": 0, "last_error": None}},

@@ -179,9 +179,10 @@ async def our_server() -> None:
     from supervisor.telemetry import Metrics
 
     configure("warning", "console")
+    state = ActiveState()
     ctx = AdminContext(
-        state=ActiveState(),
-        revision=RevisionStatus(),
+        state=state,
+        revision=RevisionStatus(state),
         events=EventBus(),
         metrics=Metrics(),
         children=lambda: {"convergence": {"state": "running", "restarts": 0, "last_error": None}},

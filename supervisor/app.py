@@ -72,7 +72,8 @@ class Daemon:
     metrics: Metrics = field(default_factory=Metrics)
     events: EventBus = field(default_factory=EventBus)
     state: ActiveState = field(default_factory=ActiveState)
-    status: RevisionStatus = field(default_factory=RevisionStatus)
+    # Reads the state: the serving revision is kept there only.
+    status: RevisionStatus = field(init=False)
     signal: ChangeSignal = field(default_factory=ChangeSignal)
     hup: HupHooks = field(default_factory=HupHooks)
     listener_poke: Wakeup = field(default_factory=Wakeup)
@@ -88,6 +89,9 @@ class Daemon:
     _reload: ConfigReload | None = None
     # Follower mode: the highest statement accepted, kept across child restarts.
     _accepted: AcceptedStatements | None = None
+
+    def __post_init__(self) -> None:
+        self.status = RevisionStatus(self.state)
 
     # -- children --------------------------------------------------------------
 
@@ -200,7 +204,6 @@ class Daemon:
             try:
                 reconciler = ConvergenceLoop(
                     store,
-                    state=self.state,
                     status=self.status,
                     metrics=self.metrics,
                     events=self.events,

@@ -10,8 +10,9 @@ so a caller never needs to know which driver sits underneath::
     ├── BootRefused              nothing servable at boot (exit 3); names the refusal
     ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
     ├── StartError               a resource needed at start cannot be had now (exit 1)
-    ├── controlplane.errors.ControlPlaneError  store failures, by category
-    ├── revision.errors.RevisionError          decode and compile refusals, by reason
+    ├── LabelledError            a failure told by .reason, .revision, .detail
+    │   ├── controlplane.errors.ControlPlaneError  store failures, by category
+    │   └── revision.errors.RevisionError          decode and compile refusals, by reason
     ├── sinks.lkg.CacheError                   last-known-good refusals
     ├── kube.errors.KubeError                  Kubernetes API failures
     └── admin.errors.AdminError                admin server start failures
@@ -24,6 +25,23 @@ from __future__ import annotations
 
 class SupervisorError(Exception):
     """Base class of every error raised on purpose by this package."""
+
+
+class LabelledError(SupervisorError):
+    """A failure the convergence loop reports as it is: a reason label, a revision, a detail.
+
+    ``reason`` is a low-cardinality label (:mod:`supervisor.reasons`) for
+    metrics and status, ``revision`` the revision the failure is about (None:
+    none, an outage for one), ``detail`` the human text for logs and
+    ``/status``. The message (``str``) is each subclass's own.
+    """
+
+    def __init__(self, message: str, *, reason: str, detail: str,
+                 revision: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail
+        self.revision = revision
 
 
 class ConfigError(SupervisorError):

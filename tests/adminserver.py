@@ -34,9 +34,10 @@ CHILDREN = {"convergence": {"state": "running", "restarts": 0, "last_error": Non
 def make_ctx(
     token: str | None = None, children: Callable[[], dict[str, dict[str, Any]]] | None = None
 ) -> AdminContext:
+    state = ActiveState()
     return AdminContext(
-        state=ActiveState(),
-        revision=RevisionStatus(),
+        state=state,
+        revision=RevisionStatus(state),
         events=EventBus(),
         metrics=Metrics(process=False),
         children=children or (lambda: dict(CHILDREN)),

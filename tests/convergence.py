@@ -42,9 +42,12 @@ class Resolver:
         return b"value-of-" + reference.encode()
 
 
-def make(store: ControlPlaneStore, **kw: Any) -> ConvergenceLoop:
+def make(store: ControlPlaneStore, *, state: ActiveState | None = None,
+         status: RevisionStatus | None = None, **kw: Any) -> ConvergenceLoop:
+    """A loop on ``store``; its status reads ``state`` (a fresh one when neither is given)."""
     params: dict[str, Any] = {
-        "state": ActiveState(), "status": RevisionStatus(), "metrics": Metrics(process=False),
+        "status": status or RevisionStatus(state or ActiveState()),
+        "metrics": Metrics(process=False),
         "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
         "backoff_initial_s": 0.25, "backoff_max_s": 30.0, "resolver": Resolver(),
         "rng": random.Random(1),

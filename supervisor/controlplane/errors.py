@@ -4,8 +4,8 @@ Every failure leaves a store as a :class:`ControlPlaneError` carrying a
 :class:`FailureCategory`, chained (``raise ... from``) to the driver's error,
 so callers classify without knowing the driver::
 
-    SupervisorError                      (supervisor.errors)
-    └── ControlPlaneError                .category, .revision, .reason, .retryable
+    LabelledError                        (supervisor.errors): .reason, .revision, .detail
+    └── ControlPlaneError                .category, .retryable; .detail is the message
         ├── Incompatible                 schema_version newer than this build reads
         │                                (category DENIED, reason "incompatible")
         ├── SchemaTooNew                 the database was migrated by a newer build
@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 
 from supervisor import reasons
-from supervisor.errors import SupervisorError
+from supervisor.errors import LabelledError
 
 __all__ = [
     "MIGRATE_HINT",
@@ -79,24 +79,19 @@ assert set(_REASONS) == set(FailureCategory)
 _RETRYABLE = frozenset({FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT})
 
 
-class ControlPlaneError(SupervisorError):
+class ControlPlaneError(LabelledError):
     """A store operation failed; see the module docstring for the hierarchy.
 
-    The message never contains the DSN's password (stores scrub driver
-    messages before wrapping them).
+    The message, also the ``detail``, never contains the DSN's password
+    (stores scrub driver messages before wrapping them). ``reason`` is the
+    category's label unless a subclass names its own.
     """
 
-    def __init__(
-        self, message: str, *, category: FailureCategory, revision: int | None = None
-    ) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, category: FailureCategory,
+                 revision: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message, reason=reason or _REASONS[category], detail=message,
+                         revision=revision)
         self.category = category
-        self.revision = revision
-
-    @property
-    def reason(self) -> str:
-        """The low-cardinality label (:mod:`supervisor.reasons`) for metrics and status."""
-        return _REASONS[self.category]
 
     @property
     def answered(self) -> bool:
@@ -135,13 +130,10 @@ class Incompatible(ControlPlaneError):
             f"this build reads up to {max_schema_version}",
             category=FailureCategory.DENIED,
             revision=revision,
+            reason=reasons.INCOMPATIBLE,
         )
         self.schema_version = schema_version
         self.max_schema_version = max_schema_version
-
-    @property
-    def reason(self) -> str:
-        return reasons.INCOMPATIBLE
 
 
 class SchemaTooNew(ControlPlaneError):
@@ -195,12 +187,8 @@ class StatementRefused(ControlPlaneError):
                    reasons.STALE: FailureCategory.DENIED}
 
     def __init__(self, reason: str, message: str, *, revision: int | None = None) -> None:
-        super().__init__(message, category=self._CATEGORIES[reason], revision=revision)
-        self._reason = reason
-
-    @property
-    def reason(self) -> str:
-        return self._reason
+        super().__init__(message, category=self._CATEGORIES[reason], revision=revision,
+                         reason=reason)
 
 
 def malformed(exc: Exception, *, what: str) -> ControlPlaneError:

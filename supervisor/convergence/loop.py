@@ -44,11 +44,12 @@ written again; when the export that failed was a move to an older revision,
 the newer cache is removed (unlinking needs no disk space) so a boot cannot
 serve what the operator rolled back from.
 
-When the next attempt runs (the poll interval, the backoff while the control
-plane cannot be asked, the wake-ups of the change signal that cut the
-wait short, each answered once its attempt has finished) is
-:mod:`~supervisor.convergence.schedule`'s part: :meth:`ConvergenceLoop.run`
-bootstraps, then hands :meth:`ConvergenceLoop.converge_once` to it. A revision
+:meth:`ConvergenceLoop.run` bootstraps, then converges forever: it waits for
+a wake-up of the change signal or the delay, runs
+:meth:`ConvergenceLoop.converge_once`, which asks the
+:class:`~supervisor.convergence.schedule.Schedule` (the poll interval, the
+backoff while the control plane cannot be asked) for the next delay and logs
+it, and answers the wake-ups that attempt consumed. A revision
 refused for a reason that cannot change while its content does not
 (``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
 not hydrated again until desired moves or SIGHUP asks to look again (a body
@@ -88,29 +89,22 @@ from supervisor import reasons
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
-from supervisor.convergence.outcome import (
-    FAST_TRIGGERS,
-    Key,
-    Outcome,
-    OutcomeKind,
-    failure_fields,
-)
+from supervisor.convergence.outcome import FAST_TRIGGERS, Key, Outcome, OutcomeKind, answer_for
 from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
-from supervisor.convergence.status import RevisionStatus, Source
-from supervisor.errors import BootRefused, ConfigError
+from supervisor.convergence.signal import ChangeSignal, WakeupBatch
+from supervisor.convergence.status import RevisionStatus
+from supervisor.errors import BootRefused, ConfigError, LabelledError
 from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg.statement import Statement
-from supervisor.sinks.state import ActiveState
+from supervisor.sinks.state import Source
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
-    from supervisor.backoff import Backoff
     from supervisor.controlplane.store import ControlPlaneStore
-    from supervisor.convergence.signal import ChangeSignal
     from supervisor.revision.secrets import SecretResolver
     from supervisor.revision.snapshot import Snapshot
     from supervisor.sinks.file import SnapshotFile
@@ -166,7 +160,6 @@ class ConvergenceLoop:
         self,
         store: ControlPlaneStore,
         *,
-        state: ActiveState,
         status: RevisionStatus,
         metrics: Metrics,
         events: EventBus,
@@ -187,15 +180,21 @@ class ConvergenceLoop:
         wall_clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.store = store
-        self.state = state
+        # What serves (the status reads it too): the one place it is written.
+        self.state = status.state
         self.status = status
         self.metrics = metrics
         # The revision gauges read the status: it is the one place they are written.
         metrics.follow_revision(status)
         self.events = events
-        self.schedule = Schedule(signal, poll_interval_s=poll_interval_s,
+        # Wake-ups that cut the wait between attempts short.
+        self.signal = signal
+        self.schedule = Schedule(poll_interval_s=poll_interval_s,
                                  backoff_initial_s=backoff_initial_s,
                                  backoff_max_s=backoff_max_s, rng=rng)
+        #: The delay the schedule gave after the last attempt (None: none yet):
+        #: the wait before the next one unless woken.
+        self.retry_in_s: float | None = None
         self.resolver = resolver
         self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
                                status=sink_status, forward_to=forward_to)
@@ -210,17 +209,7 @@ class ConvergenceLoop:
         # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
         self.serve_cache_on_refusal = serve_cache_on_refusal
         self.attempts = 0
-        self.memory = RevisionMemory(state, status)
-
-    @property
-    def signal(self) -> ChangeSignal:
-        """The change signal the schedule's waits take wake-ups from."""
-        return self.schedule.signal
-
-    @property
-    def backoff(self) -> Backoff:
-        """The schedule's backoff while the control plane cannot be asked."""
-        return self.schedule.backoff
+        self.memory = RevisionMemory(status)
 
     def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         self.status.observed(desired, body_sha256)
@@ -289,7 +278,7 @@ class ConvergenceLoop:
                 await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
                                                           loaded.schema_version, loaded.body,
                                                           statement))
-                self._serve_statement(statement)
+                self.state.restate(statement)
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
         repeated = memory.still_refused(key)
         if repeated is not None:
@@ -301,7 +290,6 @@ class ConvergenceLoop:
                         revision=loaded.id)
         generation = self.state.generation + 1
         snapshot = await compile_body(loaded.body, loaded.id, generation, self.resolver)
-        self.status.loaded_revision(loaded.id)
         took = trio.current_time() - start
         # The cache first, then the swap and the snapshot file, as one step a
         # shutdown cannot split: see the module docstring.
@@ -333,12 +321,6 @@ class ConvergenceLoop:
                          self.status.identity or "unknown", now,
                          now + timedelta(seconds=self.statement_ttl_s))
 
-    def _serve_statement(self, statement: Statement | None) -> None:
-        self.state.statement = statement
-        self.status.statement = statement
-        if statement is not None:
-            self.status.sequence = statement.sequence
-
     async def _restate(self, pointer: RevisionPointer) -> None:
         """Converged: re-sign (a root, past half the TTL) or pass on (a follower) a fresher one.
 
@@ -346,7 +328,7 @@ class ConvergenceLoop:
         control plane lets its statement age and expire.
         """
         if pointer.sequence is not None:
-            self.status.sequence = pointer.sequence
+            self.state.sequence = pointer.sequence
         served = self.state.statement
         fresh = pointer.statement
         if fresh is None:
@@ -369,7 +351,7 @@ class ConvergenceLoop:
                 and hashlib.sha256(last.body).hexdigest() == fresh.body_sha256):
             with trio.CancelScope(shield=True):
                 await self.sinks.export(replace(last, statement=fresh))
-        self._serve_statement(fresh)
+        self.state.restate(fresh)
 
     def _empty(self) -> Outcome:
         """Nothing is desired. While a snapshot serves, that is news: said once."""
@@ -395,11 +377,9 @@ class ConvergenceLoop:
                       body_sha256: bytes | None, statement: Statement | None = None,
                       sequence: int | None = None) -> None:
         """Serve ``snapshot`` (the one atomic swap), report it, write the snapshot file."""
-        self.state.swap(snapshot, body_sha256=body_sha256, statement=statement)
-        self.status.statement = statement
-        self.status.sequence = statement.sequence if statement is not None else sequence
-        self.status.published(snapshot.revision, snapshot.generation, source, took_s,
-                              body_sha256)
+        self.state.swap(snapshot, source=source, body_sha256=body_sha256, statement=statement,
+                        sequence=sequence)
+        self.status.published(took_s)
         log.info("published", revision=snapshot.revision, generation=snapshot.generation,
                  source=source, took_s=round(took_s, 6))
         self.events.emit(Published(revision=snapshot.revision, generation=snapshot.generation,
@@ -411,8 +391,8 @@ class ConvergenceLoop:
 
     # -- reporting -------------------------------------------------------------
 
-    def record_failure(self, exc: ControlPlaneError | RevisionError) -> Outcome:
-        reason, revision, detail = failure_fields(exc)
+    def record_failure(self, exc: LabelledError) -> Outcome:
+        reason, revision, detail = exc.reason, exc.revision, exc.detail
         outage = reason == reasons.UNAVAILABLE and revision is None
         self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
         self.metrics.revision_rejections.labels(reason).inc()
@@ -428,8 +408,8 @@ class ConvergenceLoop:
     async def converge_once(self, trigger: str = "poll") -> Outcome:
         """One full attempt; never raises on data or store failures (Cancelled propagates).
 
-        The returned outcome carries ``retry_in_s``, the delay the loop waits
-        before the next attempt unless woken.
+        Asks the schedule for the delay before the next attempt
+        (:attr:`retry_in_s`), which a failure's log line carries.
         """
         self.attempts += 1
         if trigger == "sighup":
@@ -441,7 +421,7 @@ class ConvergenceLoop:
         with self.metrics.convergence_duration.time():
             try:
                 outcome = await self.attempt(observe=trigger not in FAST_TRIGGERS)
-            except (ControlPlaneError, RevisionError) as exc:
+            except LabelledError as exc:
                 outcome = self.record_failure(exc)
             else:
                 if outcome.repeated:
@@ -450,9 +430,9 @@ class ConvergenceLoop:
                 else:
                     self.status.succeeded()
         self.status.attempt_finished()
-        outcome = replace(outcome, retry_in_s=self.schedule.delay_after(outcome))
+        self.retry_in_s = self.schedule.delay_after(outcome)
         if outcome.failed:
-            self._failures.report(outcome)
+            self._failures.report(outcome, self.retry_in_s)
         elif self._failures.outage.recovered(active=self.status.active):
             self._on_outage_change(False)
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
@@ -465,15 +445,41 @@ class ConvergenceLoop:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Bootstrap when nothing is serving yet, report started, then converge forever.
 
-        The attempts follow the :class:`~supervisor.convergence.schedule.Schedule`:
-        every wake-up taken off the change signal is answered (``POST
-        /v1/converge`` waits on it) once the attempt that consumed it has
-        finished, also when that attempt was interrupted.
+        The first attempt's trigger is ``poll``; every later one's is the
+        wake-up's that ended the wait (``poll`` when none came). Every wake-up
+        taken off the change signal is answered (``POST /v1/converge`` waits on
+        it) once the attempt that consumed it has finished, also when that
+        attempt was interrupted. One that arrives while an attempt runs is kept
+        for the next: it may concern something the running attempt did not see.
         """
         if self.state.snapshot is None:
             await self.bootstrap()
         task_status.started()
-        await self.schedule.run(self.converge_once)
+        wakeup = WakeupBatch("poll")
+        while True:
+            outcome: Outcome | None = None
+            try:
+                outcome = await self.converge_once(wakeup.trigger)
+            finally:
+                wakeup.resolve(answer_for(outcome))
+            assert self.retry_in_s is not None
+            wakeup = await self._next_wakeup(self.retry_in_s, self.schedule.floor_after(outcome))
+
+    async def _next_wakeup(self, delay: float, floor: float) -> WakeupBatch:
+        """Sleep ``delay`` unless signalled; never wake before ``floor``."""
+        deadline = trio.current_time() + delay
+        if floor > 0:
+            await trio.sleep(floor)
+        # A wake-up that came during the floor is taken even when the deadline
+        # has passed too (a poll interval shorter than the floor): otherwise it
+        # would sit in the channel, never consumed, and its trigger (SIGHUP's
+        # "look again") would be lost.
+        woken = self.signal.pending()
+        if woken is not None:
+            return woken
+        with trio.move_on_at(deadline):
+            return await self.signal.next_wakeup()
+        return WakeupBatch("poll")
 
     async def bootstrap(self) -> Outcome:
         """Reach a first servable snapshot, or raise BootRefused naming the refusal.
@@ -534,21 +540,19 @@ class ConvergenceLoop:
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         return outcome
 
-    def _serving_cache_instead(self,
-                                   exc: ControlPlaneError | RevisionError) -> bool:
+    def _serving_cache_instead(self, exc: LabelledError) -> bool:
         """``[cache].serve_when_desired_refused``: a refused desired revision boots the cache."""
         if not self.serve_cache_on_refusal or self.sinks.cache is None:
             return False
-        reason, revision, detail = failure_fields(exc)
         log.error("desired revision refused at boot; serving the last-known-good cache "
-                  "([cache].serve_when_desired_refused)", reason=reason, revision=revision,
-                  detail=detail)
+                  "([cache].serve_when_desired_refused)", reason=exc.reason,
+                  revision=exc.revision, detail=exc.detail)
         return True
 
-    async def _restore(self, cause: ControlPlaneError | RevisionError) -> Outcome:
+    async def _restore(self, cause: LabelledError) -> Outcome:
         from supervisor.sinks.lkg import CacheError, CacheSkew
 
-        reason, _, detail = failure_fields(cause)
+        reason, detail = cause.reason, cause.detail
         cache = self.sinks.cache
         if cache is None:
             raise BootRefused(
@@ -591,7 +595,6 @@ class ConvergenceLoop:
                 f"refusing to boot: the last-known-good cache (revision {cached.revision}) "
                 f"does not compile ({exc.reason}): {exc.detail}",
             ) from exc
-        self.status.loaded_revision(cached.revision)
         await self.swap_in(snapshot, "last_known_good", 0.0,
                            body_sha256=hashlib.sha256(cached.body).digest(),
                            statement=cached.statement)

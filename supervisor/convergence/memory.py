@@ -37,10 +37,8 @@ from supervisor.convergence.outcome import Key, Outcome, is_final
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
-    from supervisor.controlplane.errors import ControlPlaneError
     from supervisor.convergence.status import RevisionStatus
-    from supervisor.revision.errors import RevisionError
-    from supervisor.sinks.state import ActiveState
+    from supervisor.errors import LabelledError
 
 __all__ = ["RevisionMemory"]
 
@@ -48,14 +46,17 @@ log = get_logger("convergence")
 
 
 class RevisionMemory:
-    """Which revision serves, which was refused for good, the epoch (module docstring)."""
+    """Which revision was refused for good, the epoch (module docstring).
 
-    def __init__(self, state: ActiveState, status: RevisionStatus) -> None:
-        self.state = state
+    What serves is read from the status's :class:`~supervisor.sinks.state.ActiveState`.
+    """
+
+    def __init__(self, status: RevisionStatus) -> None:
+        self.state = status.state
         self.status = status
         # A restarted child cannot know whether its predecessor crashed between
         # the swap and a sink: re-write the sinks at the first attempt.
-        self.sinks_unknown = state.snapshot is not None
+        self.sinks_unknown = self.state.snapshot is not None
         # The revision refused for a reason only a new body can change.
         self._refused: tuple[Key, Outcome] | None = None
         # The revision the current attempt is about (for the refusal memo).
@@ -66,7 +67,7 @@ class RevisionMemory:
         snapshot = self.state.snapshot
         return (
             snapshot is not None
-            and self.status.source == "control_plane"
+            and self.state.source == "control_plane"
             and snapshot.revision == key[0]
             and self.state.body_sha256 == key[1]
         )
@@ -93,7 +94,7 @@ class RevisionMemory:
             self.sinks_unknown = True
             self._refused = None
 
-    def remember_refusal(self, exc: ControlPlaneError | RevisionError, outcome: Outcome) -> None:
+    def remember_refusal(self, exc: LabelledError, outcome: Outcome) -> None:
         """Remember ``outcome`` when ``exc`` is final and about the current candidate."""
         candidate = self.candidate
         if is_final(exc) and candidate is not None and candidate[0] == outcome.revision:

@@ -25,11 +25,12 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.convergence.signal import ConvergeAnswer, OutcomeLabel
+from supervisor.errors import LabelledError
 from supervisor.revision.errors import RevisionError
 
 __all__ = [
     "FAST_TRIGGERS", "UNREACHED", "Key", "Outcome", "OutcomeKind", "answer_for",
-    "failure_fields", "is_final",
+    "is_final",
 ]
 
 # Wake-ups that already say desired state changed: hydrate without observing first.
@@ -65,8 +66,6 @@ class Outcome:
     reason: str | None = None
     detail: str | None = None
     took_s: float = 0.0
-    #: How long the loop waits before the next attempt (absent a wake-up).
-    retry_in_s: float | None = None
     #: A refusal already reported for this very revision (not hydrated again).
     repeated: bool = False
 
@@ -75,20 +74,14 @@ class Outcome:
         return self.kind is OutcomeKind.REJECTED
 
 
-def failure_fields(exc: ControlPlaneError | RevisionError) -> tuple[str, int | None, str]:
-    """(reason label, revision or None, detail) of a store or compile failure."""
-    if isinstance(exc, RevisionError):
-        return exc.reason, exc.revision, exc.detail
-    return exc.reason, exc.revision, str(exc)
-
-
-def is_final(exc: ControlPlaneError | RevisionError) -> bool:
+def is_final(exc: LabelledError) -> bool:
     """True when the refusal cannot change while the revision's content does not."""
     if isinstance(exc, RevisionError):
         return exc.reason in _FINAL_COMPILE
     if isinstance(exc, TooLarge | Incompatible):
         return True
-    return exc.category is FailureCategory.CORRUPT and exc.revision is not None
+    return (isinstance(exc, ControlPlaneError) and exc.category is FailureCategory.CORRUPT
+            and exc.revision is not None)
 
 
 _ANSWER_LABELS: dict[OutcomeKind, OutcomeLabel] = {

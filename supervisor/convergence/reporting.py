@@ -39,15 +39,14 @@ class FailureLog:
         """The next refusal is logged even when unchanged (SIGHUP: "look again")."""
         self._last_refusal_line = None
 
-    def report(self, outcome: Outcome) -> None:
+    def report(self, outcome: Outcome, retry_in_s: float) -> None:
         """Log a failed attempt (rate-limited when repeated) and update STATUS=."""
         assert outcome.reason is not None
         status = self.status
         fields = {"reason": outcome.reason, "revision": outcome.revision,
                   "detail": outcome.detail, "active": status.active,
                   "consecutive_failures": status.consecutive_failures,
-                  "retry_in_s": None if outcome.retry_in_s is None
-                  else round(outcome.retry_in_s, 3)}
+                  "retry_in_s": round(retry_in_s, 3)}
         if outcome.reason == reasons.UNAVAILABLE and outcome.revision is None:
             # Only "could not be asked" is an outage; contention (conflict) is
             # the control plane answering, logged as a refusal like a denial.

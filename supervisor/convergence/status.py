@@ -4,9 +4,14 @@ Fields and meaning (docs/admin-api.md):
 
 - ``desired``: the revision the control plane last said is desired (None: never read).
 - ``loaded``: the last revision that compiled (from the store or the cache);
-  a refused candidate never shows here.
+  a refused candidate never shows here. Every compiled revision is swapped in
+  at once, so it is the active one.
 - ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
 - ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving).
+
+The serving revision (active, generation, source, body digest, statement,
+sequence) is read from the :class:`~supervisor.sinks.state.ActiveState`, never
+copied here.
 - ``lag_s``: seconds since desired first differed from active (0.0 when equal).
   While the control plane is unreachable, "desired" is unknown, so lag keeps
   growing from the moment the replica last knew it was converged.
@@ -41,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -49,10 +54,9 @@ from supervisor.events import utc_now_iso
 
 if TYPE_CHECKING:
     from supervisor.sinks.lkg.statement import Statement
+    from supervisor.sinks.state import ActiveState, Source
 
-__all__ = ["RevisionStatus", "Source"]
-
-Source = Literal["control_plane", "last_known_good"]
+__all__ = ["RevisionStatus"]
 
 
 def _utcnow() -> datetime:
@@ -60,21 +64,15 @@ def _utcnow() -> datetime:
 
 
 class RevisionStatus:
-    def __init__(self, clock: Callable[[], float] = trio.current_time,
+    def __init__(self, state: ActiveState, clock: Callable[[], float] = trio.current_time,
                  wall_clock: Callable[[], datetime] = _utcnow) -> None:
+        #: What serves: the one owner of the serving revision.
+        self.state = state
         self._clock = clock
         self._wall_clock = wall_clock
-        #: The signed statement the active revision serves under (None: none).
-        self.statement: Statement | None = None
-        #: The root's desired-state sequence of what serves (None: unknown).
-        self.sequence: int | None = None
         #: Follower mode: lag counts from the root's issued_at too.
         self.follower = False
         self.desired: int | None = None
-        self.loaded: int | None = None
-        self.active: int | None = None
-        self.generation = 0
-        self.source: Source | None = None
         self.last_convergence_s: float | None = None
         self.consecutive_failures = 0
         self.last_rejection: dict[str, Any] | None = None
@@ -85,11 +83,9 @@ class RevisionStatus:
         self.identity: str | None = None
         # Start of the clock for liveness: no attempt finished yet counts from here.
         self.last_attempt_at = clock()
-        # Body digests of the desired and the active revision (None: unknown):
-        # after a restore an id can name another body, so equal ids alone are
-        # not "converged".
+        # Body digest of the desired revision (None: unknown): after a restore
+        # an id can name another body, so equal ids alone are not "converged".
         self.desired_sha256: bytes | None = None
-        self.active_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
 
@@ -99,12 +95,37 @@ class RevisionStatus:
             and self.source == "control_plane"
             and self.desired is not None
             and self.desired == self.active
-            and (self.desired_sha256 is None or self.desired_sha256 == self.active_sha256)
+            and (self.desired_sha256 is None or self.desired_sha256 == self.state.body_sha256)
         )
         if converged:
             self._diverged_at = None
         elif self._diverged_at is None:
             self._diverged_at = self._clock()
+
+    @property
+    def active(self) -> int | None:
+        snapshot = self.state.snapshot
+        return None if snapshot is None else snapshot.revision
+
+    @property
+    def loaded(self) -> int | None:
+        return self.active
+
+    @property
+    def generation(self) -> int:
+        return self.state.generation
+
+    @property
+    def source(self) -> Source | None:
+        return self.state.source
+
+    @property
+    def statement(self) -> Statement | None:
+        return self.state.statement
+
+    @property
+    def sequence(self) -> int | None:
+        return self.state.sequence
 
     @property
     def lag_s(self) -> float:
@@ -147,17 +168,10 @@ class RevisionStatus:
         self._ever_read = True
         self._track_lag()
 
-    def loaded_revision(self, revision: int) -> None:
-        self.loaded = revision
-
-    def published(self, revision: int, generation: int, source: Source, took_s: float,
-                  body_sha256: bytes | None = None) -> None:
-        self.active = revision
-        self.active_sha256 = body_sha256
-        self.generation = generation
-        self.source = source
+    def published(self, took_s: float) -> None:
+        """The state has just swapped in a snapshot, ``took_s`` after its attempt began."""
         self.last_convergence_s = took_s
-        if source == "control_plane":
+        if self.source == "control_plane":
             # The attempt has succeeded from the swap on: a reader of /status
             # between the swap and the end of the attempt (the snapshot file
             # is still being written) must not see the outage's count next to

@@ -19,13 +19,14 @@ secret value: secret refusals name the key's ``$.path`` and the reference
 ::
 
     SupervisorError
-    └── RevisionError(reason, detail, revision=None)
+    └── LabelledError            (supervisor.errors): .reason, .revision, .detail
+        └── RevisionError(reason, detail, revision=None)
 """
 
 from __future__ import annotations
 
 from supervisor import reasons
-from supervisor.errors import SupervisorError
+from supervisor.errors import LabelledError
 
 __all__ = ["RevisionError"]
 
@@ -35,21 +36,15 @@ __all__ = ["RevisionError"]
 _KNOWN_REASONS: frozenset[str] = frozenset(reasons.REVISION_REASONS)
 
 
-class RevisionError(SupervisorError):
+class RevisionError(LabelledError):
     """A revision document was refused; ``reason`` says at which stage, ``detail`` why."""
-
-    reason: str
-    revision: int | None
-    detail: str
 
     def __init__(self, reason: str, detail: str, *, revision: int | None = None) -> None:
         if reason not in _KNOWN_REASONS:
             raise ValueError(f"uncatalogued revision reason {reason!r}")
-        self.reason = reason
-        self.detail = detail
-        self.revision = revision
         which = "revision" if revision is None else f"revision {revision}"
-        super().__init__(f"{which} refused ({reason}): {detail}")
+        super().__init__(f"{which} refused ({reason}): {detail}", reason=reason, detail=detail,
+                         revision=revision)
 
     def with_revision(self, revision: int | None) -> RevisionError:
         """The same refusal attributed to ``revision`` (self when it already is)."""

@@ -34,7 +34,7 @@ def reconciler(url: str, **cp: Any) -> ConvergenceLoop:
     config = ControlPlaneConfig(url=url, **cp)
     return ConvergenceLoop(
         open_store(config, max_schema_version=SCHEMA_VERSION, statement_timeout_s=30),
-        state=ActiveState(), status=RevisionStatus(), metrics=Metrics(process=False),
+        status=RevisionStatus(ActiveState()), metrics=Metrics(process=False),
         events=EventBus(), signal=ChangeSignal(),
         poll_interval_s=config.poll_interval_s, backoff_initial_s=config.backoff_initial_s,
         backoff_max_s=config.backoff_max_s,

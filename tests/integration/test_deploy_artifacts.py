@@ -524,7 +524,8 @@ def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> di
 
 
 def admin_app() -> AdminApp:
-    ctx = AdminContext(state=ActiveState(), revision=RevisionStatus(), events=EventBus(),
+    state = ActiveState()
+    ctx = AdminContext(state=state, revision=RevisionStatus(state), events=EventBus(),
                        metrics=Metrics(process=False), children=dict)
     return AdminApp(ctx)
 

@@ -84,14 +84,14 @@ async def test_a_reused_id_or_a_fresh_statement_is_never_a_304(tmp_path: Path) -
     # A refresh of the same revision (same sequence, later issued_at): new bytes, not held ones.
     refreshed = Root(ROOT.key, identity="sqlite:9:9").sign(3, sequence=1, body=OTHER_BODY)
     (tmp_path / "lkg.bin").write_bytes(refreshed)
-    ctx.state.statement = statement_of(refreshed)
+    ctx.state.restate(statement_of(refreshed))
     status, _, body = await call(app, "GET", "/v1/revision")
     assert status == 200 and body == refreshed
 
 
 async def test_status_names_the_upstream_as_source(tmp_path: Path) -> None:
     ctx = ctx_with_cache(tmp_path, upstream="http://hub:9464")
-    ctx.revision.published(3, 1, "control_plane", 0.01)
+    ctx.state.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
     report = msgspec.json.decode((await call(AdminApp(ctx), "GET", "/status"))[2])
     assert report["revision"]["source"] == "http://hub:9464"
     assert report["revision"]["upstream"] == "http://hub:9464"

@@ -257,7 +257,7 @@ async def test_a_restarted_loop_does_not_rewrite_its_sinks_after_it_published(
     await first.converge_once()
     store.put(doc("a", "b"))
     # The child restarted: a new loop over what outlives it (the state and the status).
-    restarted = make(store, state=first.state, status=first.status, snapshot_file=snapshot_file)
+    restarted = make(store, status=first.status, snapshot_file=snapshot_file)
     assert (await restarted.converge_once()).kind is OutcomeKind.PUBLISHED
     written = os.stat(snapshot_file.path).st_ino
     assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
@@ -271,15 +271,16 @@ async def test_a_restarted_loop_rewrites_a_stale_snapshot_file(tmp_path: Path) -
     first = make(store, snapshot_file=snapshot_file)
     await first.converge_once()
     Path(snapshot_file.path).write_text('{"revision": 0}')  # a crash between swap and file
-    restarted = make(store, state=first.state, status=first.status, snapshot_file=snapshot_file)
+    restarted = make(store, status=first.status, snapshot_file=snapshot_file)
     assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
     assert json.loads(Path(snapshot_file.path).read_bytes())["revision"] == 1
 
 
 async def test_a_boot_after_a_crashed_child_clears_its_failures() -> None:
     from supervisor.convergence.status import RevisionStatus
+    from supervisor.sinks.state import ActiveState
 
-    status = RevisionStatus()
+    status = RevisionStatus(ActiveState())
     status.failed(None, reasons.UNAVAILABLE, "connection refused", refusal=False)
     store = FakeStore()
     store.put(doc("a"))

@@ -132,9 +132,9 @@ async def test_refusal_line_carries_retry_in_s() -> None:
     await rec.converge_once()
     store.put(doc("a", keys={"k": ["nope"]}))
     with structlog.testing.capture_logs() as logs:
-        outcome = await rec.converge_once()
+        await rec.converge_once()
     [line] = [e for e in logs if e["event"].startswith("revision refused")]
-    assert line["retry_in_s"] == outcome.retry_in_s == 5.0
+    assert line["retry_in_s"] == rec.retry_in_s == 5.0
     assert line["reason"] == reasons.PROJECTION
 
 
@@ -295,7 +295,7 @@ async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) 
     await first.converge_once()
     target = tmp_path / "snap.json"
     # A new child run (after a crash) shares the serving state, nothing else.
-    second = make(store, state=first.state, status=first.status, cache=cache,
+    second = make(store, status=first.status, cache=cache,
                   snapshot_file=SnapshotFile(str(target)))
     outcome = await second.converge_once()
     assert outcome.kind is OutcomeKind.CONVERGED
@@ -357,7 +357,7 @@ async def test_backoff_floor_holds_against_wakeups_and_resets_on_success(
             store.outage = False
             while rec.status.control_plane_up is not True:
                 await trio.sleep(0.1)
-            assert rec.backoff.failures == 0
+            assert rec.schedule.backoff.failures == 0
             nursery.cancel_scope.cancel()
 
 

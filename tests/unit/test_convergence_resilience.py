@@ -260,7 +260,7 @@ async def test_run_on_a_restarted_child_does_not_bootstrap_again(
     first = make(store)
     await first.bootstrap()
     store.outage = True  # a second bootstrap would refuse to boot
-    second = make(store, state=first.state, status=first.status)
+    second = make(store, status=first.status)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(second.run)
@@ -279,7 +279,7 @@ async def test_publish_refusal_and_recovery_are_visible_everywhere() -> None:
     await rec.converge_once()
     store.put(doc("a", keys={"k": ["nope"]}))
     outcome = await rec.converge_once()
-    assert outcome.kind is OutcomeKind.REJECTED and outcome.retry_in_s == 5.0
+    assert outcome.kind is OutcomeKind.REJECTED and rec.retry_in_s == 5.0
     assert seen.status[-1] == "serving revision 1; last attempt failed: projection"
     rejected = [e for e in events_of(seen) if e["type"] == "rejected"]
     assert [(e["revision"], e["reason"], e["active"]) for e in rejected] == [
@@ -305,7 +305,7 @@ async def test_not_serving_status_text_names_the_failure() -> None:
     with structlog.testing.capture_logs() as logs:
         outcome = await rec.converge_once()
     [line] = [e for e in logs if e["event"] == "control plane unreachable"]
-    assert line["retry_in_s"] == round(outcome.retry_in_s or 0, 3) != outcome.retry_in_s
+    assert line["retry_in_s"] == round(rec.retry_in_s or 0, 3) != rec.retry_in_s
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.UNAVAILABLE
     assert seen.status == ["not serving; last attempt failed: unavailable"]
     assert rec.status.report()["control_plane_up"] is False
@@ -335,16 +335,21 @@ async def test_retry_delays_back_off_on_outage_and_reset_after_success() -> None
     store = FakeStore()
     store.put(doc("a"))
     rec = make(store, poll_interval_s=5.0, backoff_initial_s=1.0, backoff_max_s=30.0)
-    assert (await rec.converge_once()).retry_in_s == 5.0
+
+    async def delay_after_an_attempt() -> float | None:
+        await rec.converge_once()
+        return rec.retry_in_s
+
+    assert await delay_after_an_attempt() == 5.0
     store.outage = True
-    delays = [(await rec.converge_once()).retry_in_s for _ in range(4)]
+    delays = [await delay_after_an_attempt() for _ in range(4)]
     assert all(d is not None for d in delays)
     nominal = [1.0, 2.0, 4.0, 8.0]
     assert all(n * 0.5 <= d <= n for d, n in zip(delays, nominal, strict=True))  # type: ignore[operator]
     store.outage = False
-    assert (await rec.converge_once()).retry_in_s == 5.0
+    assert await delay_after_an_attempt() == 5.0
     store.outage = True
-    first_again = (await rec.converge_once()).retry_in_s
+    first_again = await delay_after_an_attempt()
     assert first_again is not None and first_again <= 1.0
 
 
@@ -356,7 +361,7 @@ async def test_a_store_refusal_of_the_desired_revision_is_a_rejection_not_an_out
     store.put(doc("a", "b"))
     store.corrupt.add(2)
     outcome = await rec.converge_once()
-    assert outcome.reason == reasons.CORRUPT and outcome.retry_in_s == 5.0
+    assert outcome.reason == reasons.CORRUPT and rec.retry_in_s == 5.0
     assert rec.status.report()["control_plane_up"] is True
     assert rec.status.report()["desired"] == 2
     assert [e["revision"] for e in events_of(seen) if e["type"] == "rejected"] == [2]
@@ -376,7 +381,7 @@ async def test_a_transient_store_refusal_is_retried_with_backoff() -> None:
     rec = make(store, poll_interval_s=5.0, backoff_initial_s=1.0, backoff_max_s=30.0)
     outcome = await rec.converge_once()
     assert outcome.reason == reasons.CONFLICT
-    assert outcome.retry_in_s is not None and outcome.retry_in_s <= 1.0
+    assert rec.retry_in_s is not None and rec.retry_in_s <= 1.0
 
 
 async def test_the_active_state_is_swapped_with_the_body_digest() -> None:
@@ -517,7 +522,7 @@ async def test_a_denied_read_of_the_desired_revision_is_retried_every_poll() -> 
     changes: list[bool] = []
     rec = make(store, on_outage_change=changes.append)
     first = await rec.converge_once()
-    assert first.reason == reasons.DENIED and first.retry_in_s == 5.0
+    assert first.reason == reasons.DENIED and rec.retry_in_s == 5.0
     store.calls.clear()
     again = await rec.converge_once()
     assert not again.repeated and "hydrate" in [what for what, _ in store.calls]

@@ -8,6 +8,8 @@ rounding. Against :class:`RevisionStatus` on a hand-driven clock.
 from __future__ import annotations
 
 from supervisor.convergence.status import RevisionStatus
+from supervisor.sinks.state import ActiveState
+from tests.fakes.snapshot import FakeSnapshot
 
 
 class Clock:
@@ -19,7 +21,7 @@ class Clock:
 
 
 def test_the_report_before_any_attempt() -> None:
-    assert RevisionStatus(clock=Clock()).report() == {
+    assert RevisionStatus(ActiveState(), clock=Clock()).report() == {
         "desired": None, "loaded": None, "active": None, "generation": 0, "source": None,
         "lag_s": 0.0, "last_convergence_s": None, "consecutive_failures": 0,
         "last_rejection": None, "control_plane_up": None, "last_error": None,
@@ -28,7 +30,7 @@ def test_the_report_before_any_attempt() -> None:
 
 
 def test_an_answer_alone_says_the_control_plane_is_up() -> None:
-    status = RevisionStatus(clock=Clock())
+    status = RevisionStatus(ActiveState(), clock=Clock())
     status.answered()
     assert status.report()["control_plane_up"] is True
     status.unreachable()
@@ -37,10 +39,13 @@ def test_an_answer_alone_says_the_control_plane_is_up() -> None:
     assert status.report()["control_plane_up"] is True
 
 
-def serving(body: bytes | None, clock: Clock) -> RevisionStatus:
-    """Revision 1 served from the control plane, with the given body digest."""
-    status = RevisionStatus(clock=clock)
-    status.published(1, 1, "control_plane", 0.5, body)
+def serving(body: bytes | None, clock: Clock, revision: int = 1) -> RevisionStatus:
+    """``revision`` just swapped in from the control plane, with the given body digest."""
+    state = ActiveState()
+    state.swap(FakeSnapshot(revision, 1), source="control_plane",  # type: ignore[arg-type]
+               body_sha256=body)
+    status = RevisionStatus(state, clock=clock)
+    status.published(0.5)
     return status
 
 
@@ -78,8 +83,7 @@ def test_a_new_digest_of_the_same_id_replaces_the_known_one() -> None:
 
 def test_another_id_without_a_digest_forgets_the_known_digest() -> None:
     clock = Clock()
-    status = RevisionStatus(clock=clock)
-    status.published(2, 1, "control_plane", 0.5, b"two")
+    status = serving(b"two", clock, revision=2)
     status.observed(1, b"one")
     clock.now += 2.0
     status.observed(2)  # desired moved back to what serves; its digest not learned
@@ -97,7 +101,7 @@ def test_the_lag_is_reported_to_the_microsecond() -> None:
 
 
 def test_a_read_alone_says_the_control_plane_is_up() -> None:
-    status = RevisionStatus(clock=Clock())
+    status = RevisionStatus(ActiveState(), clock=Clock())
     status.observed(3)
     assert status.report()["control_plane_up"] is True
 

@@ -40,7 +40,8 @@ BUS_KEYS = ("type", "seq", "at")
 
 def context() -> AdminContext:
     """A context with nothing running, enough to build the app and a /status document."""
-    return AdminContext(state=ActiveState(), revision=RevisionStatus(clock=lambda: 0.0),
+    state = ActiveState()
+    return AdminContext(state=state, revision=RevisionStatus(state, clock=lambda: 0.0),
                         events=EventBus(), metrics=Metrics(process=False),
                         children=lambda: {})
 
