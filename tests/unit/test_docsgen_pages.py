@@ -14,12 +14,10 @@ import sqlite3
 from typing import Any
 
 import msgspec
-import structlog
 import trio
 
 from supervisor import cli
 from supervisor.admin.app import AdminApp
-from supervisor.admin.status_doc import StatusDocument, declared
 from supervisor.commands import common
 from supervisor.controlplane import migrations
 from supervisor.events import EVENT_TYPES
@@ -27,6 +25,7 @@ from supervisor.fanout import labels
 from supervisor.fanout.children import KINDS
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle import signals
+from supervisor.status_doc import StatusDocument
 from supervisor.telemetry import Metrics
 from tests.adminserver import make_ctx
 from tools import docs_catalog, docsgen
@@ -344,10 +343,3 @@ async def test_real_status_documents_decode_strictly_into_the_declared_struct() 
 
 def test_the_status_catalogue_describes_exactly_the_declared_fields() -> None:
     assert list(adminapi.status_fields()) == list(docs_catalog.STATUS_KEYS)
-
-
-def test_an_undeclared_status_key_is_logged_and_still_served() -> None:
-    doc = {"revision": {}, "children": {}, "fanout": {}, "surprise": 1}
-    with structlog.testing.capture_logs() as logs:
-        assert declared(doc) is doc
-    assert [entry["log_level"] for entry in logs] == ["error"]
