@@ -76,9 +76,9 @@ def cpu_s(pid: int) -> float:
 
 
 def event_payload(n: int) -> dict[str, Any]:
-    # The shape of the daemon's "published" event.
-    return {"revision": 1000 + n, "generation": 1, "etag": f'"{1000 + n}-1"', "n": n,
-            "previous": 999 + n, "compile_ms": 3.2}
+    # The keys of the daemon's "published" event (supervisor.events.Published): the
+    # revision is 1000 + n, so a client knows n.
+    return {"revision": 1000 + n, "generation": 1, "source": "control_plane", "took_s": 0.0032}
 
 
 class PublishProfile:
@@ -173,9 +173,10 @@ async def our_server() -> None:
     from supervisor.admin.context import AdminContext
     from supervisor.admin.server import serve_admin
     from supervisor.convergence.status import RevisionStatus
-    from supervisor.events import EventBus
+    from supervisor.events import EventBus, Published
     from supervisor.logs import configure
     from supervisor.sinks.state import ActiveState
+    from supervisor.status_doc import ChildReport
     from supervisor.telemetry import Metrics
 
     configure("warning", "console")
@@ -185,7 +186,8 @@ async def our_server() -> None:
         revision=RevisionStatus(state),
         events=EventBus(),
         metrics=Metrics(),
-        children=lambda: {"convergence": {"state": "running", "restarts": 0, "last_error": None}},
+        children=lambda: {"convergence": ChildReport(state="running", restarts=0,
+                                                     last_error=None)},
     )
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(
@@ -195,7 +197,7 @@ async def our_server() -> None:
         profile = PublishProfile("ours")
         async for line in stdin_lines():
             profile.publishing()
-            ctx.events.publish("published", event_payload(int(line)))
+            ctx.events.emit(Published(**event_payload(int(line))))
         profile.done()
         nursery.cancel_scope.cancel()
 
@@ -298,11 +300,12 @@ async def clients(port: int, count: int) -> None:
                 doc = msgspec.json.decode(payload)
                 if doc.get("type") != "published":
                     continue
-                entry = seen.setdefault(doc["n"], [0, now, now])
+                n = doc["revision"] - 1000
+                entry = seen.setdefault(n, [0, now, now])
                 entry[0] += 1
                 entry[2] = max(entry[2], now)
                 if entry[0] == count:
-                    print(json.dumps({"n": doc["n"], "first": entry[1], "last": entry[2]}),
+                    print(json.dumps({"n": n, "first": entry[1], "last": entry[2]}),
                           flush=True)
             chunk = await stream.receive_some(65536)
             if not chunk:

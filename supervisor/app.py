@@ -368,7 +368,7 @@ class Daemon:
         report = self.tree.report()
         self.events.emit(StatusChanged(children=report))
         troubled = [name for name, child in report.items()
-                    if child["state"] in ("backoff", "failed")]
+                    if child.state in ("backoff", "failed")]
         if troubled and self._ready:
             self.notifier.status("restarting: " + ", ".join(troubled))
 

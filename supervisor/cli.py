@@ -10,7 +10,6 @@ gave up. ``python -m supervisor --config PATH`` is ``run``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from supervisor.commands.common import (
     config_path,
     load_config,
 )
+from supervisor.commands.jsonout import Failure, print_json
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders, unconfined_secrets
@@ -485,7 +485,7 @@ def _readable_log_format(path: str | None) -> str | None:
 
 def _print_failure(reason: str, detail: str) -> None:
     try:
-        print(json.dumps({"ok": False, "reason": reason, "detail": detail}), flush=True)
+        print_json(Failure(reason=reason, detail=detail), flush=True)
     except BrokenPipeError:
         _reader_gone()  # the failure was said on stderr already
 

@@ -1,32 +1,33 @@
 """The in-process event bus: what was published, rejected, or changed state.
 
-Producers (the convergence loop, the supervision tree) call :meth:`EventBus.publish`,
-which never blocks and never fails: each subscriber has its own bounded buffer,
-and a subscriber whose buffer is full is *dropped* (its receive channel is
-closed and :attr:`Subscription.overflowed` is set) rather than slowing the
-producer or the other subscribers. The admin API's WebSocket stream is the
-consumer; it closes a dropped client with a reason.
+Producers (the convergence loop, the supervision tree, the fan-out's elector)
+call :meth:`EventBus.emit`, which never blocks and never fails: each subscriber
+has its own bounded buffer, and a subscriber whose buffer is full is *dropped*
+(its receive channel is closed and :attr:`Subscription.overflowed` is set)
+rather than slowing the producer or the other subscribers. The admin API's
+WebSocket stream is the consumer; it closes a dropped client with a reason.
 
 What the daemon emits is declared here, once, as msgspec Structs tagged by
 ``type`` (:class:`Published`, :class:`Rejected`, :class:`StatusChanged`):
 producers call :meth:`EventBus.emit` with one, the bus stamps ``seq`` (a
-monotonically increasing number) and ``at`` (UTC, ISO 8601), and subscribers
-receive the JSON-ready dict of the Struct (``type`` first, then ``seq``,
-``at`` and the event's own keys; a ``status`` event carries only the parts
-that changed). ``docs/admin-api.md`` is generated from these Structs.
-:meth:`EventBus.publish` delivers an untyped payload as it is (tests use it
-to push arbitrary messages through the stream).
+monotonically increasing number) and ``at`` (UTC, ISO 8601) on a copy, and
+subscribers receive that stamped Struct; its JSON (``msgspec.json.encode``)
+is ``type`` first, then ``seq``, ``at`` and the event's own keys. A ``status``
+event carries only the parts of the ``/status`` document that changed, as the
+Structs of :mod:`supervisor.status_doc` declare them. ``docs/admin-api.md`` is
+generated from these Structs.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 import trio
+
+from supervisor.status_doc import ChildReport, LeadershipReport, RevisionReport
 
 __all__ = ["EVENT_TYPES", "Event", "EventBus", "Published", "Rejected", "StatusChanged",
            "Subscription", "utc_now_iso"]
@@ -39,7 +40,7 @@ class Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
     at: str = ""  # UTC, ISO 8601
 
 
-class Published(Event, tag="published"):
+class Published(Event, tag="published", kw_only=True):
     """A snapshot was swapped in: now serving ``revision`` (from ``source``)."""
 
     revision: int
@@ -48,7 +49,7 @@ class Published(Event, tag="published"):
     took_s: float
 
 
-class Rejected(Event, tag="rejected"):
+class Rejected(Event, tag="rejected", kw_only=True):
     """A candidate revision was refused; ``active`` keeps serving."""
 
     revision: int
@@ -57,14 +58,16 @@ class Rejected(Event, tag="rejected"):
     active: int | None
 
 
-class StatusChanged(Event, tag="status"):
+class StatusChanged(Event, tag="status", kw_only=True):
     """Part of the ``/status`` document changed; only the parts that did are present."""
 
     control_plane_up: bool | msgspec.UnsetType = msgspec.UNSET
-    revision: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    children: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    leadership: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    revision: RevisionReport | msgspec.UnsetType = msgspec.UNSET
+    children: dict[str, ChildReport] | msgspec.UnsetType = msgspec.UNSET
+    leadership: LeadershipReport | msgspec.UnsetType = msgspec.UNSET
 
+
+_E = TypeVar("_E", bound=Event)
 
 #: Every event type the daemon emits, by its ``type``.
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -82,10 +85,10 @@ class Subscription:
 
     def __init__(self, bus: EventBus, max_buffer: int) -> None:
         self._bus = bus
-        self._send, self.receive = trio.open_memory_channel[dict[str, Any]](max_buffer)
+        self._send, self.receive = trio.open_memory_channel[Event](max_buffer)
         self.overflowed = False
 
-    def _offer(self, event: dict[str, Any]) -> None:
+    def _offer(self, event: Event) -> None:
         if self.overflowed:
             return
         try:
@@ -121,21 +124,12 @@ class EventBus:
     def subscriber_count(self) -> int:
         return len(self._subscribers)
 
-    def emit(self, event: Event) -> dict[str, Any]:
-        """Stamp ``event`` and deliver it to every subscriber now; never blocks."""
-        fields: dict[str, Any] = msgspec.to_builtins(event)
-        fields.pop("seq", None)
-        fields.pop("at", None)
-        # The order every stream client has seen: type, seq, at, then the keys.
-        delivered = {"type": fields.pop("type"), "seq": next(self._seq),
-                     "at": utc_now_iso(), **fields}
+    def emit(self, event: _E) -> _E:
+        """Deliver ``event``, stamped, to every subscriber now; never blocks.
+
+        Returns the stamped copy every subscriber received (``event`` is left as it was).
+        """
+        delivered = msgspec.structs.replace(event, seq=next(self._seq), at=utc_now_iso())
         for sub in list(self._subscribers):
             sub._offer(delivered)
         return delivered
-
-    def publish(self, type_: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Deliver one event to every subscriber now; never blocks. Returns the event."""
-        event = {"type": type_, "seq": next(self._seq), "at": utc_now_iso(), **payload}
-        for sub in list(self._subscribers):
-            sub._offer(event)
-        return event

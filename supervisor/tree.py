@@ -52,7 +52,7 @@ import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
 import structlog
 import trio
@@ -66,8 +66,9 @@ from supervisor.errors import (
     find_leaf,
 )
 from supervisor.logs import get_logger
+from supervisor.status_doc import ChildReport, ChildStateName
 
-__all__ = ["ChildSpec", "ChildState", "ChildStateName", "Restart", "StartFn", "Supervisor"]
+__all__ = ["ChildSpec", "ChildState", "Restart", "StartFn", "Supervisor"]
 
 log = get_logger("tree")
 
@@ -83,10 +84,6 @@ class StartFn(Protocol):
     """A child: started with ``nursery.start``, reports ``task_status.started()`` when up."""
 
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
-
-
-#: A child's state as ``/status`` and the stream report it.
-ChildStateName = Literal["starting", "running", "backoff", "stopped", "failed"]
 
 
 class Restart(enum.Enum):
@@ -127,8 +124,8 @@ class ChildState:
     # Tests only (Supervisor.inject_fault): the next start hangs before started.
     hang_next_start: bool = False
 
-    def report(self) -> dict[str, Any]:
-        return {"state": self.state, "restarts": self.restarts, "last_error": self.last_error}
+    def report(self) -> ChildReport:
+        return ChildReport(state=self.state, restarts=self.restarts, last_error=self.last_error)
 
 
 def _describe(exc: BaseException) -> str:
@@ -173,7 +170,7 @@ class Supervisor:
 
     # -- reading -------------------------------------------------------------
 
-    def report(self) -> dict[str, dict[str, Any]]:
+    def report(self) -> dict[str, ChildReport]:
         return {name: child.report() for name, child in self.children.items()}
 
     def stuck_starting(self, limit_s: float) -> dict[str, float]:

@@ -23,16 +23,17 @@ from supervisor.admin.client import _first
 from supervisor.admin.context import AdminContext
 from supervisor.admin.server import serve_admin
 from supervisor.convergence.status import RevisionStatus
-from supervisor.events import EventBus
+from supervisor.events import EventBus, Published, Rejected
 from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
+from supervisor.status_doc import ChildReport
 from supervisor.telemetry import Metrics
 
-CHILDREN = {"convergence": {"state": "running", "restarts": 0, "last_error": None}}
+CHILDREN = {"convergence": ChildReport(state="running", restarts=0, last_error=None)}
 
 
 def make_ctx(
-    token: str | None = None, children: Callable[[], dict[str, dict[str, Any]]] | None = None
+    token: str | None = None, children: Callable[[], dict[str, ChildReport]] | None = None
 ) -> AdminContext:
     state = ActiveState()
     return AdminContext(
@@ -44,6 +45,17 @@ def make_ctx(
         fanout={"ServiceDefinition": FanoutStatus("watching", None, 12)},
         token=token,
     )
+
+
+def published(revision: int, generation: int = 1) -> Published:
+    """A ``published`` event of ``revision``, for a test to push through the stream."""
+    return Published(revision=revision, generation=generation, source="control_plane",
+                     took_s=0.0)
+
+
+def rejected(revision: int, reason: str = "projection", detail: str = "") -> Rejected:
+    """A ``rejected`` event of ``revision``; a long ``detail`` makes it as large as a test needs."""
+    return Rejected(revision=revision, reason=reason, detail=detail, active=None)
 
 
 @dataclass

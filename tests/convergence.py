@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
 
@@ -77,7 +78,7 @@ def real_cache(tmp_path: Path) -> LastKnownGood:
 
 @dataclass
 class Seen:
-    """What the outside sees of a reconciler: STATUS= lines and bus events."""
+    """What the outside sees of a reconciler: STATUS= lines and bus events (their JSON form)."""
 
     status: list[str] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -92,7 +93,7 @@ def watched(store: FakeStore, **kw: Any) -> tuple[ConvergenceLoop, Seen]:
     def drain() -> None:
         while True:
             try:
-                seen.events.append(sub.receive.receive_nowait())
+                seen.events.append(msgspec.to_builtins(sub.receive.receive_nowait()))
             except trio.WouldBlock:
                 return
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+import msgspec
 
 from supervisor import __version__
 from supervisor.admin.signed import SignedRevisionFile
-from supervisor.admin.status_doc import declared
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus, utc_now_iso
 from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
+from supervisor.status_doc import ChildReport, LeadershipReport, StatusDocument
 from supervisor.telemetry import Metrics
 
 __all__ = ["AdminContext"]
@@ -27,8 +28,8 @@ class AdminContext:
     revision: RevisionStatus
     events: EventBus
     metrics: Metrics
-    # Children's report: {name: {"state", "restarts", "last_error"}}; the tree's report().
-    children: Callable[[], dict[str, dict[str, Any]]]
+    # Children's report by name; the tree's report().
+    children: Callable[[], dict[str, ChildReport]]
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     # The bearer token, already read from [admin].token_file; None = no auth.
     token: str | None = None
@@ -47,15 +48,15 @@ class AdminContext:
     signed: SignedRevisionFile | None = None
     # Follower mode: the upstream replica's address ([control_plane].url).
     upstream: str | None = None
-    # Issue 14: the fan-out leadership report {"role", "holder", "lease"}; None: disabled.
-    leadership: Callable[[], dict[str, Any]] | None = None
+    # The fan-out leadership report; None: no election (role disabled).
+    leadership: Callable[[], LeadershipReport] | None = None
     # The side sinks' state (cache, snapshot file); both "disabled" unless given.
     sinks: SinkStatus = field(default_factory=SinkStatus)
     # When this process started serving its admin API (UTC, ISO 8601): /status `started_at`.
     started_at: str = field(default_factory=utc_now_iso)
 
-    def status(self) -> dict[str, Any]:
-        """The /status document, as :class:`~.status_doc.StatusDocument` declares it.
+    def status(self) -> StatusDocument:
+        """The /status document (:class:`~supervisor.status_doc.StatusDocument`).
 
         In follower mode ``revision.source`` names the upstream's address
         instead of ``control_plane`` (``last_known_good`` and null unchanged),
@@ -63,16 +64,15 @@ class AdminContext:
         """
         revision = self.revision.report()
         if self.upstream is not None:
-            revision["upstream"] = self.upstream
-            if revision.get("source") == "control_plane":
-                revision["source"] = self.upstream
-        return declared({
-            "revision": revision,
-            "children": self.children(),
-            "fanout": {kind: st.report() for kind, st in self.fanout.items()},
-            "leadership": self.leadership() if self.leadership is not None
-            else {"role": "disabled", "holder": None, "lease": None},
-            "sinks": self.sinks.report(),
-            "version": __version__,
-            "started_at": self.started_at,
-        })
+            source = self.upstream if revision.source == "control_plane" else revision.source
+            revision = msgspec.structs.replace(revision, upstream=self.upstream, source=source)
+        return StatusDocument(
+            revision=revision,
+            children=self.children(),
+            fanout={kind: st.report() for kind, st in self.fanout.items()},
+            leadership=self.leadership() if self.leadership is not None
+            else LeadershipReport(role="disabled", holder=None, lease=None),
+            sinks=self.sinks.report(),
+            version=__version__,
+            started_at=self.started_at,
+        )

@@ -188,7 +188,7 @@ class Routes:
             return error_response(
                 504, "timeout", f"no convergence attempt finished within {timeout_s:g} s"
             )
-        return json_response(200, answer.to_json())
+        return json_response(200, answer)
 
     def revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
         signed = self.ctx.signed

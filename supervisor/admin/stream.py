@@ -2,11 +2,12 @@
 
 Messages (text frames, each one compact JSON object):
 
-1. First, the current state: ``{"type": "status", "revision": {...}, "children": {...},
-   "fanout": {...}, "heartbeat_s": 15.0}``, i.e. the ``/status`` document plus
-   ``type`` and the heartbeat period the client can use to detect a dead server.
+1. First, the current state (:class:`FirstMessage`): ``{"type": "status", "revision":
+   {...}, "children": {...}, "fanout": {...}, ..., "heartbeat_s": 15.0}``, i.e. the
+   ``/status`` document plus ``type`` and the heartbeat period the client can use to
+   detect a dead server.
 2. Then every :class:`~supervisor.events.EventBus` event, in publish order, as
-   published: ``{"type": "published" | "rejected" | "status", "seq": N, "at": "...", ...}``.
+   emitted: ``{"type": "published" | "rejected" | "status", "seq": N, "at": "...", ...}``.
    The client subscribes in the same synchronous step that builds the first
    message, so no event falls between the two and none is counted twice.
 3. ``{"type": "ping", "at": "..."}`` after ``heartbeat_s`` without any other
@@ -40,8 +41,8 @@ the connection's socket write is shielded from cancellation and blocks once the
 kernel's buffers are full. The hub's :meth:`StreamHub.monitor` finds writes that
 have been blocked too long (``stall_timeout_s``, or ``close_timeout_s`` once the
 client has overflowed) and asks the server to reset that TCP connection
-(the ``abort`` callback), which unblocks the write. A publish never waits for a
-client either way: :meth:`EventBus.publish` only offers to bounded buffers.
+(the ``abort`` callback), which unblocks the write. An event never waits for a
+client either way: :meth:`EventBus.emit` only offers to bounded buffers.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ import msgspec
 import trio
 
 from supervisor.admin.frames import ConnectionGone, Encoded, RawSend, text_frame
-from supervisor.events import EventBus, Subscription, utc_now_iso
+from supervisor.events import Event, EventBus, Subscription, utc_now_iso
 from supervisor.logs import get_logger
+from supervisor.status_doc import StatusDocument
 from supervisor.telemetry import Metrics
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "CLOSE_TOO_SLOW",
     "ConnectionGone",
     "Encoded",
+    "FirstMessage",
     "RawSend",
     "Receive",
     "Scope",
@@ -96,6 +99,12 @@ _encoder = msgspec.json.Encoder(enc_hook=_fallback)
 def encode_json(obj: Any) -> bytes:
     """Compact JSON; values msgspec cannot encode are rendered with ``str``."""
     return _encoder.encode(obj)
+
+
+class FirstMessage(StatusDocument, tag_field="type", tag="status", kw_only=True):
+    """A stream's first message: the ``/status`` document, tagged, and the heartbeat period."""
+
+    heartbeat_s: float
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ class StreamHub:
     def __init__(
         self,
         events: EventBus,
-        status: Callable[[], dict[str, Any]],
+        status: Callable[[], StatusDocument],
         metrics: Metrics,
         settings: StreamSettings | None = None,
         *,
@@ -185,7 +194,8 @@ class StreamHub:
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer)
         try:
-            first = {"type": "status", **self._status(), "heartbeat_s": self.settings.heartbeat_s}
+            first = FirstMessage(**msgspec.structs.asdict(self._status()),
+                                 heartbeat_s=self.settings.heartbeat_s)
             first_message = Encoded(encode_json(first))
         except BaseException:
             sub.close()
@@ -237,7 +247,7 @@ class StreamHub:
                 return (CLOSE_TOO_SLOW, "client too slow")
             if self._closing.is_set():
                 return (CLOSE_GOING_AWAY, "going away")
-            event: dict[str, Any] | None = None
+            event: Event | None = None
             ended = False
             try:
                 # Fast path, no cancel scope: an event is already waiting.
@@ -278,10 +288,8 @@ class StreamHub:
         finally:
             client.sending_since = None
 
-    def _encode(self, event: dict[str, Any]) -> Encoded:
-        seq = event.get("seq")
-        if not isinstance(seq, int):
-            return Encoded(self._encode_json(event))
+    def _encode(self, event: Event) -> Encoded:
+        seq = event.seq
         message = self._encoded.get(seq)
         if message is None:
             message = Encoded(self._encode_json(event))

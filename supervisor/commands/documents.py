@@ -8,7 +8,6 @@ resolves a secret, so nothing here can print one.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -21,17 +20,16 @@ Op = Literal["added", "removed", "changed"]
 _SYMBOL = {"added": "+", "removed": "-", "changed": "~"}
 
 
-@dataclass(frozen=True)
-class Change:
-    """One difference: an alias or key added or removed (its whole entry), or one field changed."""
+class Change(msgspec.Struct, frozen=True, rename={"old": "from", "new": "to"}):
+    """One difference: an alias or key added or removed (its whole entry), or one field changed.
+
+    In JSON (``--json``'s ``changes``): ``op``, ``path``, ``from``, ``to``.
+    """
 
     op: Op
     path: str
     old: Any = None
     new: Any = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "path": self.path, "from": self.old, "to": self.new}
 
 
 def _entries(doc: RevisionDocument | None, section: str) -> dict[str, dict[str, Any]]:

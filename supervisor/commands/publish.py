@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import ssl
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+import msgspec
 import trio
 
 from supervisor.commands.common import (
@@ -53,18 +53,47 @@ from supervisor.commands.common import (
     load_config,
     with_store,
 )
+from supervisor.commands.jsonout import Failure, print_json
 from supervisor.errors import UsageError
 from supervisor.reasons import DENIED
 
 if TYPE_CHECKING:
+    # Annotations of the --json Structs too: encoding one never resolves them, so
+    # a plain publish does not import the stream client.
+    from supervisor.commands.documents import Change
     from supervisor.commands.waiting import ReplicaResult
     from supervisor.config import Config
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
     from supervisor.revision.errors import RevisionError
 
-__all__ = ["cmd_publish", "register"]
+__all__ = ["DryRun", "Published", "PublishedAndWaited", "cmd_publish", "register"]
 
 DEFAULT_WAIT_S = 60.0
+
+
+class Published(msgspec.Struct, kw_only=True):
+    """``publish --json``: what is desired now, and whether this publish stored it."""
+
+    ok: bool
+    revision: int
+    sequence: int | None
+    unchanged: bool
+    store: str
+
+
+class PublishedAndWaited(Published, kw_only=True):
+    """``publish --wait --json``: also the replicas' verdicts."""
+
+    outcome: Literal["active", "refused", "not_active"]
+    replicas: list[ReplicaResult]
+
+
+class DryRun(msgspec.Struct, kw_only=True):
+    """``publish --dry-run --json``: the changes against the desired revision (None: nothing)."""
+
+    ok: bool
+    desired: int | None
+    changes: list[Change]
 
 
 def _seconds(text: str) -> float:
@@ -161,7 +190,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                                         resolve=args.dry_run or args.resolve_secrets)
     except RevisionError as exc:
         if args.json:
-            print(json.dumps({"ok": False, "reason": exc.reason, "detail": exc.detail}))
+            print_json(Failure(reason=exc.reason, detail=exc.detail))
         # The label and the $.path on the last line: what a replica would log.
         print(_refusal_line(args.file, exc) + "; nothing was stored", file=sys.stderr)
         return EXIT_USAGE
@@ -204,8 +233,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if new_file:
         _say_a_control_plane_was_created(config, store_name)
     if args.json and not args.wait:
-        print(json.dumps({"ok": True, "revision": revision, "sequence": sequence,
-                          "unchanged": unchanged, "store": store_name}))
+        print_json(Published(ok=True, revision=revision, sequence=sequence,
+                             unchanged=unchanged, store=store_name))
         return EXIT_OK
     if not args.json:
         at = "" if sequence is None else f", sequence {sequence}"
@@ -221,11 +250,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
     results = _wait(targets, revision, args.timeout, ssl_context)
     code = _verdict(results)
     if args.json:
-        outcome = {EXIT_OK: "active", EXIT_REPLICA_REFUSED: "refused"}.get(code, "not_active")
-        print(json.dumps({"ok": code == EXIT_OK, "revision": revision, "sequence": sequence,
-                          "unchanged": unchanged, "store": store_name, "outcome": outcome,
-                          "replicas": [{"url": r.url, "state": r.state, "reason": r.reason,
-                                        "detail": r.detail} for r in results]}, indent=2))
+        outcome: Literal["active", "refused", "not_active"] = (
+            "active" if code == EXIT_OK else "refused" if code == EXIT_REPLICA_REFUSED
+            else "not_active")
+        print_json(PublishedAndWaited(ok=code == EXIT_OK, revision=revision, sequence=sequence,
+                                      unchanged=unchanged, store=store_name, outcome=outcome,
+                                      replicas=results), indent=2)
         return code
     return _render_wait(results, revision, code)
 
@@ -267,8 +297,7 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
     changes = diff_documents(None if current is None else readable(current), decode_body(body))
     against = None if current is None else current.id
     if args.json:
-        print(json.dumps({"ok": True, "desired": against,
-                          "changes": [c.to_json() for c in changes]}, indent=2))
+        print_json(DryRun(ok=True, desired=against, changes=changes), indent=2)
         return EXIT_OK
     print(f"{args.file}: compiles; nothing was stored")
     print(f"changes against {'desired revision ' + str(against) if against else 'nothing'}"

@@ -13,6 +13,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
@@ -26,15 +28,19 @@ from supervisor.commands.common import (
     table,
     with_store,
 )
+from supervisor.commands.jsonout import print_json
 from supervisor.errors import UsageError
 
 if TYPE_CHECKING:
+    # Also annotations of the --json Structs (encoding never resolves them).
+    from supervisor.commands.documents import Change
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
     from supervisor.revision.document import RevisionDocument
 
-__all__ = ["cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count", "register",
-           "sequence_of"]
+__all__ = ["ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "RolledBack", "Shown",
+           "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
+           "register", "sequence_of"]
 
 JSON_HELP = "print one JSON document instead of the table"
 #: The largest id a store holds (PostgreSQL bigint; SQLite's integer is as wide).
@@ -103,10 +109,68 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
-def _summary_json(row: RevisionSummary, desired: int | None) -> dict[str, Any]:
-    return {"id": row.id, "created_at": iso(row.created_at), "message": row.message,
-            "schema_version": row.schema_version, "size": row.size,
-            "body_sha256": row.body_sha256.hex()[:12], "desired": row.id == desired}
+# -- what --json prints -------------------------------------------------------------
+
+
+class RevisionRow(msgspec.Struct, kw_only=True):
+    """One stored revision (``history``'s ``revisions``; ``show`` adds ``document``)."""
+
+    id: int
+    created_at: str | None
+    message: str | None
+    schema_version: int
+    size: int
+    body_sha256: str  # its first 12 hex digits
+    desired: bool
+
+
+class Shown(RevisionRow, kw_only=True):
+    """``show --json``: the row and the stored document (null when it is not JSON)."""
+
+    document: Any
+
+
+class ChangeRow(msgspec.Struct, kw_only=True):
+    """One change of desired (``history``'s ``changes``, newest first)."""
+
+    sequence: int
+    revision_id: int
+    changed_at: str | None
+    changed_by: str
+    message: str | None
+
+
+class History(msgspec.Struct, kw_only=True):
+    desired: int | None
+    revisions: list[RevisionRow]
+    changes: list[ChangeRow]
+
+
+class Diff(msgspec.Struct, kw_only=True, rename={"old": "from", "new": "to"}):
+    """``diff --json``: ``from``, ``to`` (revision ids) and the changes between them."""
+
+    old: int
+    new: int
+    changes: list[Change]
+
+
+class RolledBack(msgspec.Struct, kw_only=True):
+    revision: int
+    previous: int | None
+    sequence: int | None
+    message: str | None
+
+
+class Pruned(msgspec.Struct, kw_only=True):
+    deleted: list[int]
+    keep: int
+    desired: int | None
+
+
+def _summary_row(row: RevisionSummary, desired: int | None) -> RevisionRow:
+    return RevisionRow(id=row.id, created_at=iso(row.created_at), message=row.message,
+                       schema_version=row.schema_version, size=row.size,
+                       body_sha256=row.body_sha256.hex()[:12], desired=row.id == desired)
 
 
 # -- history ------------------------------------------------------------------------
@@ -125,9 +189,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     desired, rows, changes = with_store(config, read)
     shown_changes = changes if limit is None else changes[:limit]
     if args.json:
-        print(json.dumps({"desired": desired,
-                          "revisions": [_summary_json(r, desired) for r in rows],
-                          "changes": [_change_json(c) for c in shown_changes]}, indent=2))
+        print_json(History(desired=desired, revisions=[_summary_row(r, desired) for r in rows],
+                           changes=[_change_row(c) for c in shown_changes]), indent=2)
         return EXIT_OK
     if not rows:
         print("no revisions yet; publish one with `trio-supervisor publish`")
@@ -151,10 +214,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _change_json(change: DesiredChange) -> dict[str, Any]:
-    return {"sequence": change.sequence, "revision_id": change.revision_id,
-            "changed_at": iso(change.changed_at), "changed_by": change.changed_by,
-            "message": change.message}
+def _change_row(change: DesiredChange) -> ChangeRow:
+    return ChangeRow(sequence=change.sequence, revision_id=change.revision_id,
+                     changed_at=iso(change.changed_at), changed_by=change.changed_by,
+                     message=change.message)
 
 
 def _change_rows(changes: list[DesiredChange], shown: int) -> list[list[object]]:
@@ -196,14 +259,15 @@ def cmd_show(args: argparse.Namespace) -> int:
         document: Any = json.loads(loaded.body)
     except ValueError:
         document = None
-    header = {"id": loaded.id, "created_at": iso(loaded.created_at), "message": loaded.message,
-              "schema_version": loaded.schema_version, "size": len(loaded.body),
-              "body_sha256": loaded.body_sha256.hex()[:12], "desired": loaded.id == desired}
+    shown = Shown(id=loaded.id, created_at=iso(loaded.created_at), message=loaded.message,
+                  schema_version=loaded.schema_version, size=len(loaded.body),
+                  body_sha256=loaded.body_sha256.hex()[:12], desired=loaded.id == desired,
+                  document=document)
     if args.json:
-        print(json.dumps({**header, "document": document}, indent=2))
+        print_json(shown, indent=2)
         return EXIT_OK
-    print(f"# revision {loaded.id}{' (desired)' if header['desired'] else ''}")
-    print(f"# created {header['created_at']}; schema_version {loaded.schema_version}; "
+    print(f"# revision {loaded.id}{' (desired)' if shown.desired else ''}")
+    print(f"# created {shown.created_at}; schema_version {loaded.schema_version}; "
           f"{len(loaded.body)} bytes; sha256 {loaded.body_sha256.hex()[:12]}")
     if loaded.message:
         # cell(): control characters (a stored ANSI escape) never reach the terminal.
@@ -279,8 +343,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     old, new = with_store(config, read)
     changes = diff_documents(readable(old), readable(new))
     if args.json:
-        print(json.dumps({"from": old.id, "to": new.id,
-                          "changes": [c.to_json() for c in changes]}, indent=2))
+        print_json(Diff(old=old.id, new=new.id, changes=changes), indent=2)
         return EXIT_OK
     print(f"revision {old.id} -> revision {new.id}: {len(changes)} change(s)")
     for line in render_changes(changes):
@@ -321,8 +384,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     previous, sequence = with_store(config, roll)
     if args.json:
-        print(json.dumps({"revision": args.revision, "previous": previous,
-                          "sequence": sequence, "message": args.message}))
+        print_json(RolledBack(revision=args.revision, previous=previous, sequence=sequence,
+                              message=args.message))
         return EXIT_OK
     why = f": {' '.join(cell(args.message).split())}" if args.message else ""
     at = "" if sequence is None else f" (sequence {sequence})"
@@ -400,7 +463,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     deleted, desired = with_store(config, prune)
     if args.json:
-        print(json.dumps({"deleted": deleted, "keep": args.keep, "desired": desired}))
+        print_json(Pruned(deleted=deleted, keep=args.keep, desired=desired))
         return EXIT_OK
     if deleted:
         print(f"deleted {len(deleted)} revision(s): {_ranges(deleted)}")

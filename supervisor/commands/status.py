@@ -5,15 +5,21 @@ failed child, so it works as a health check over a fleet. With ``--check`` also
 when a rollout is not done (:func:`rollout_problems`): a replica whose active
 revision is not the desired one, or that refused the desired revision, or whose
 last attempt was refused.
+
+A replica's document is read as the JSON it is, not decoded into this build's
+:class:`~supervisor.status_doc.StatusDocument`: during a rollout the replicas
+run other builds, whose documents have keys this one lacks or lacks keys it
+has, and ``status`` (``--check`` above all) must still read them; ``--json``
+prints each as the replica sent it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+import msgspec
 import trio
 
 from supervisor.commands.common import (
@@ -25,9 +31,16 @@ from supervisor.commands.common import (
     admin_url,
     table,
 )
+from supervisor.commands.jsonout import Failure, print_json
 from supervisor.reasons import DENIED, UNAVAILABLE
 
-__all__ = ["cmd_status", "register", "rollout_problems"]
+__all__ = ["Unreachable", "cmd_status", "register", "rollout_problems"]
+
+
+class Unreachable(msgspec.Struct):
+    """``status --json`` with several ``--url``: a replica that did not answer."""
+
+    error: str
 
 
 def rollout_problems(doc: dict[str, Any]) -> list[str]:
@@ -106,16 +119,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"status: {doc}", file=sys.stderr)
             if args.json:
                 reason = DENIED if isinstance(doc, AdminRefused) else UNAVAILABLE
-                print(json.dumps({"ok": False, "reason": reason, "detail": str(doc)}))
+                print_json(Failure(reason=reason, detail=str(doc)))
             return EXIT_ERROR
-        print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+        if args.json:
+            print_json(doc, indent=2)
+        else:
+            print(render_status(doc))
         for problem in _problems(doc, args.check):
             print(f"status: {problem}", file=sys.stderr)
             failed = True
         return EXIT_ERROR if failed else EXIT_OK
     if args.json:
-        print(json.dumps({url: ({"error": str(doc)} if isinstance(doc, AdminUnreachable)
-                                else doc) for url, doc in docs.items()}, indent=2))
+        print_json({url: Unreachable(str(doc)) if isinstance(doc, AdminUnreachable) else doc
+                    for url, doc in docs.items()}, indent=2)
     rows = []
     for url in urls:
         doc = docs[url]

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import json
 import ssl
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+import msgspec
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -44,8 +44,9 @@ State = Literal["active", "refused", "superseded", "timeout"]
 RETRY_S = 0.25
 
 
-@dataclass
-class ReplicaResult:
+class ReplicaResult(msgspec.Struct):
+    """One replica's verdict (an item of ``publish --wait --json``'s ``replicas``)."""
+
     url: str
     state: State
     reason: str | None = None

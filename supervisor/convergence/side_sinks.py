@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 import trio
 
 from supervisor import reasons
 from supervisor.logs import get_logger
 from supervisor.sinks.atomic import write_atomic
+from supervisor.status_doc import SinksReport, SinkState
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.statement import Statement
 
-__all__ = ["Export", "SideSinks", "SinkState", "SinkStatus"]
+__all__ = ["Export", "SideSinks", "SinkStatus"]
 
 log = get_logger("convergence")
 
@@ -82,10 +83,6 @@ class Export:
     statement: Statement | None = None
 
 
-# reasons.SINK_STATES, typed.
-SinkState = Literal["ok", "failing", "disabled"]
-
-
 class SinkStatus:
     """How each side sink is, for ``/status`` and the metric; outlives the loop's restarts.
 
@@ -117,8 +114,11 @@ class SinkStatus:
         """The last write's error while the sink is failing (None otherwise)."""
         return self._error[sink]
 
-    def report(self) -> dict[str, Any]:
-        return {**self._state, **{f"{sink}_error": error for sink, error in self._error.items()}}
+    def report(self) -> SinksReport:
+        return SinksReport(cache=self._state["cache"],
+                           snapshot_file=self._state["snapshot_file"],
+                           cache_error=self._error["cache"],
+                           snapshot_file_error=self._error["snapshot_file"])
 
 
 class _Streak:

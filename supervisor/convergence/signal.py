@@ -30,24 +30,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+import msgspec
 import trio
 
 __all__ = ["ChangeSignal", "ConvergeAnswer", "ConvergeRequest", "OutcomeLabel", "WakeupBatch"]
 
 OutcomeLabel = Literal["published", "converged", "empty", "rejected", "failed"]
 
-@dataclass(frozen=True)
-class ConvergeAnswer:
-    """What ``POST /v1/converge`` answers (docs/admin-api.md)."""
+
+class ConvergeAnswer(msgspec.Struct, frozen=True):
+    """What ``POST /v1/converge`` answers (docs/admin-api.md), encoded as it is."""
 
     outcome: OutcomeLabel
     revision: int | None = None
     reason: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "revision": self.revision, "reason": self.reason}
 
 
 class ConvergeRequest:

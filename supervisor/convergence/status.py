@@ -46,11 +46,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from supervisor.events import utc_now_iso
+from supervisor.status_doc import Rejection, RevisionReport
 
 if TYPE_CHECKING:
     from supervisor.sinks.lkg.statement import Statement
@@ -75,7 +76,7 @@ class RevisionStatus:
         self.desired: int | None = None
         self.last_convergence_s: float | None = None
         self.consecutive_failures = 0
-        self.last_rejection: dict[str, Any] | None = None
+        self.last_rejection: Rejection | None = None
         self.last_error: str | None = None
         self.control_plane_up = False
         self._ever_read = False
@@ -196,28 +197,24 @@ class RevisionStatus:
         self.consecutive_failures += 1
         self.last_error = f"{reason}: {detail}"
         if refusal:
-            self.last_rejection = {
-                "revision": revision,
-                "reason": reason,
-                "detail": detail,
-                "at": utc_now_iso(),
-            }
+            self.last_rejection = Rejection(revision=revision, reason=reason, detail=detail,
+                                            at=utc_now_iso())
         self._track_lag()
 
-    def report(self) -> dict[str, Any]:
-        return {
-            "desired": self.desired,
-            "loaded": self.loaded,
-            "active": self.active,
-            "generation": self.generation,
-            "source": self.source,
-            "lag_s": round(self.lag_s, 6),
-            "last_convergence_s": self.last_convergence_s,
-            "consecutive_failures": self.consecutive_failures,
-            "last_rejection": self.last_rejection,
-            "control_plane_up": self.control_plane_up if self._ever_read else None,
-            "last_error": self.last_error,
-            "sequence": self.sequence,
-            "statement": (self.statement.report(self._wall_clock())
-                          if self.statement is not None else None),
-        }
+    def report(self) -> RevisionReport:
+        return RevisionReport(
+            desired=self.desired,
+            loaded=self.loaded,
+            active=self.active,
+            generation=self.generation,
+            source=self.source,
+            lag_s=round(self.lag_s, 6),
+            last_convergence_s=self.last_convergence_s,
+            consecutive_failures=self.consecutive_failures,
+            last_rejection=self.last_rejection,
+            control_plane_up=self.control_plane_up if self._ever_read else None,
+            last_error=self.last_error,
+            sequence=self.sequence,
+            statement=(self.statement.report(self._wall_clock())
+                       if self.statement is not None else None),
+        )

@@ -60,13 +60,13 @@ from supervisor.errors import SupervisorError
 from supervisor.fanout.leadership_report import (
     LeadershipMetrics,
     LeadershipStatus,
-    Role,
     announcer,
     default_identity,
 )
 from supervisor.kube.errors import Conflict, KubeError
 from supervisor.kube.lease import LeaseApi, LeaseRecord
 from supervisor.logs import get_logger
+from supervisor.status_doc import Role
 
 __all__ = [
     "LeadEnded",

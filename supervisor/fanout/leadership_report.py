@@ -14,15 +14,13 @@ import random
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from supervisor.events import EventBus, StatusChanged
+from supervisor.status_doc import LeadershipReport, Role
 
-__all__ = ["LeadershipMetrics", "LeadershipStatus", "Role", "announcer", "default_identity"]
-
-Role = Literal["leader", "standby", "disabled"]
+__all__ = ["LeadershipMetrics", "LeadershipStatus", "announcer", "default_identity"]
 
 
 def default_identity() -> str:
@@ -40,8 +38,8 @@ class LeadershipStatus:
     lease: str | None = None
     identity: str | None = None
 
-    def report(self) -> dict[str, Any]:
-        return {"role": self.role, "holder": self.holder, "lease": self.lease}
+    def report(self) -> LeadershipReport:
+        return LeadershipReport(role=self.role, holder=self.holder, lease=self.lease)
 
 
 def announcer(events: EventBus, status_line: Callable[[str], None],
@@ -50,7 +48,7 @@ def announcer(events: EventBus, status_line: Callable[[str], None],
 
     Only real changes of the report are announced; the elector logs them itself.
     """
-    last: list[dict[str, Any]] = []
+    last: list[LeadershipReport] = []
 
     def changed(status: LeadershipStatus) -> None:
         report = status.report()

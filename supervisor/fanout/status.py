@@ -10,11 +10,12 @@ only when there are any.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+
+import msgspec
+
+from supervisor.status_doc import FanoutReport, FanoutState
 
 __all__ = ["FanoutStatus"]
-
-FanoutState = Literal["disabled", "preflight", "watching"]
 
 
 @dataclass
@@ -24,13 +25,8 @@ class FanoutStatus:
     objects: int = 0
     skewed: list[str] = field(default_factory=list)
 
-    def report(self) -> dict[str, Any]:
-        report: dict[str, Any] = {
-            "state": self.state,
-            "last_error_class": self.last_error_class,
-            "objects": self.objects,
-        }
-        # Only when there are some: the documented shape otherwise (docs/admin-api.md).
-        if self.skewed:
-            report["skewed"] = list(self.skewed)
-        return report
+    def report(self) -> FanoutReport:
+        # ``skewed`` only when there are some: the documented shape otherwise.
+        return FanoutReport(state=self.state, last_error_class=self.last_error_class,
+                            objects=self.objects,
+                            skewed=list(self.skewed) if self.skewed else msgspec.UNSET)

@@ -12,7 +12,8 @@ import trio
 from supervisor.admin.client import fetch_status, watch_stream
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.admin.status_view import render_status
-from tests.adminserver import free_port, make_ctx, running_admin
+from supervisor.status_doc import ChildReport
+from tests.adminserver import free_port, make_ctx, published, rejected, running_admin
 
 
 class Lines(io.StringIO):
@@ -80,7 +81,7 @@ async def test_fetch_status_times_out() -> None:
 
 async def test_fetch_status_non_200() -> None:
     with trio.fail_after(10):
-        def broken() -> dict[str, dict[str, object]]:
+        def broken() -> dict[str, ChildReport]:
             raise RuntimeError("boom")
 
         async with running_admin(make_ctx(children=broken)) as srv:
@@ -103,8 +104,8 @@ async def test_watch_prints_events_and_returns_on_close() -> None:
 
             nursery.start_soon(watch)
             await out.wait_for(1)
-            ctx.events.publish("published", {"revision": 7, "generation": 1})
-            ctx.events.publish("rejected", {"revision": 8, "reason": "secret"})
+            ctx.events.emit(published(7))
+            ctx.events.emit(rejected(8, "secret"))
             docs = await out.wait_for(3)
             assert [d["type"] for d in docs] == ["status", "published", "rejected"]
             assert out.getvalue().count("\n") == 3
@@ -122,7 +123,7 @@ async def test_watch_max_events_and_token() -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lambda: watch_stream(srv.base, out, token="tok", max_events=2))
                 await out.wait_for(1)
-                ctx.events.publish("published", {"revision": 1})
+                ctx.events.emit(published(1))
             assert [d["type"] for d in out.docs()] == ["status", "published"]
 
 
@@ -146,13 +147,13 @@ async def test_watch_reconnects_after_a_server_restart() -> None:
             ))
             async with running_admin(ctx, listen) as srv:
                 await out.wait_for(1)
-                ctx.events.publish("published", {"revision": 1})
+                ctx.events.emit(published(1))
                 await out.wait_for(2)
                 srv.stop()
             # Down for a moment; the watcher retries with backoff until it is back.
             async with running_admin(ctx, listen):
                 await out.wait_for(3)  # a fresh status line first
-                ctx.events.publish("published", {"revision": 2})
+                ctx.events.emit(published(2))
                 docs = await out.wait_for(4)
         assert [(d["type"], d.get("revision")) for d in docs][1::2] == [
             ("published", 1), ("published", 2)]

@@ -11,7 +11,9 @@ from tests.adminserver import (
     counter_value,
     make_ctx,
     owned_ws,
+    published,
     raw_stream_client,
+    rejected,
     running_admin,
 )
 
@@ -34,10 +36,9 @@ async def test_status_first_then_published_and_rejected_in_order() -> None:
                 "convergence": {"state": "running", "restarts": 0, "last_error": None}
             }
             assert first["heartbeat_s"] == 15.0
-            ctx.events.publish("published", {"revision": 7, "generation": 1})
-            ctx.events.publish("rejected", {"revision": 8, "reason": "projection",
-                                            "detail": "unknown alias"})
-            ctx.events.publish("published", {"revision": 9, "generation": 2})
+            ctx.events.emit(published(7))
+            ctx.events.emit(rejected(8, "projection", "unknown alias"))
+            ctx.events.emit(published(9, generation=2))
             docs = [await next_doc(ws) for _ in range(3)]
             assert [(d["type"], d["revision"]) for d in docs] == [
                 ("published", 7), ("rejected", 8), ("published", 9)]
@@ -53,7 +54,7 @@ async def test_burst_beyond_buffer_closes_client_with_1013() -> None:
         async with running_admin(ctx, settings=settings) as srv, owned_ws(srv.host, srv.port) as ws:
             await ws.get_message()
             for i in range(20):
-                ctx.events.publish("published", {"i": i})
+                ctx.events.emit(published(i))
             received = 0
             try:
                 while True:
@@ -80,10 +81,10 @@ async def test_client_that_never_reads_is_dropped_and_others_keep_receiving() ->
                 # dropped: its socket fills, its buffer overflows, the hub resets it.
                 while counter_value(ctx.metrics.stream_dropped) == 0:
                     before = trio.current_time()
-                    ctx.events.publish("published", {"i": i, "pad": pad})
+                    ctx.events.emit(rejected(i, detail=pad))
                     assert trio.current_time() - before < 1.0  # publish never waits (it is sync)
                     doc = await next_doc(fast)
-                    assert doc["i"] == i
+                    assert doc["revision"] == i
                     i += 1
                 # The stuck client's connection is reset: reading now ends in EOF
                 # or a reset after whatever was already buffered.
@@ -95,8 +96,8 @@ async def test_client_that_never_reads_is_dropped_and_others_keep_receiving() ->
                 stuck.close()
                 # The reading client is unaffected.
                 for j in range(i, i + 5):
-                    ctx.events.publish("published", {"i": j})
-                    assert (await next_doc(fast))["i"] == j
+                    ctx.events.emit(published(j))
+                    assert (await next_doc(fast))["revision"] == j
                 assert counter_value(ctx.metrics.stream_dropped) == 1
 
 
@@ -124,7 +125,7 @@ async def test_hundred_clients_all_receive_a_publish() -> None:
                 for _ in range(clients):
                     await ready.acquire()
                 assert ctx.metrics.stream_clients._value.get() == clients
-                ctx.events.publish("published", {"revision": 42, "generation": 1})
+                ctx.events.emit(published(42))
                 go.set()
             assert got == [42] * clients
 
@@ -143,8 +144,8 @@ async def test_shutdown_closes_clients_with_1001_even_with_a_stuck_peer() -> Non
                 # most here, a few KiB on the receiving side): the stuck writer blocks.
                 pad = "y" * 262144
                 for i in range(64):
-                    ctx.events.publish("published", {"i": i, "pad": pad})
-                    assert (await next_doc(ws))["i"] == i
+                    ctx.events.emit(rejected(i, detail=pad))
+                    assert (await next_doc(ws))["revision"] == i
                 start = trio.current_time()
                 srv.stop()
                 try:

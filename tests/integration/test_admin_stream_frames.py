@@ -18,7 +18,7 @@ from wsproto.events import (
 )
 from wsproto.extensions import PerMessageDeflate
 
-from tests.adminserver import make_ctx, running_admin
+from tests.adminserver import make_ctx, published, rejected, running_admin
 
 
 class WsprotoClient:
@@ -77,11 +77,11 @@ async def test_clients_with_and_without_permessage_deflate_read_the_shared_frame
                 assert (await client.message())["type"] == "status"
                 clients.append(client)
             for i in range(3):
-                ctx.events.publish("published", {"revision": 10 + i, "note": "x" * 200 * i})
+                ctx.events.emit(rejected(10 + i, detail="x" * 200 * i))
             for client in clients:
                 docs = [await client.message() for _ in range(3)]
                 assert [d["revision"] for d in docs] == [10, 11, 12]
-                assert docs[2]["note"] == "x" * 400  # a 126+ byte frame too
+                assert docs[2]["detail"] == "x" * 400  # a 126+ byte frame too
             for client in clients:
                 await client.stream.aclose()
             srv.stop()
@@ -125,7 +125,7 @@ async def test_a_deflate_offer_gets_no_extension_and_a_compressed_frame_closes_1
 
             first, _ = await frame()
             assert first == 0x81  # FIN, text, not compressed
-            ctx.events.publish("published", {"revision": 7})
+            ctx.events.emit(published(7))
             first, payload = await frame()
             assert first == 0x81
             assert msgspec.json.decode(payload)["revision"] == 7

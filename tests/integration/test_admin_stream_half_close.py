@@ -21,7 +21,7 @@ import trio
 
 from supervisor.admin.context import AdminContext
 from supervisor.admin.stream import StreamSettings
-from tests.adminserver import make_ctx, running_admin
+from tests.adminserver import make_ctx, published, rejected, running_admin
 from tests.floods import websocket_request
 from tests.polling import poll_until
 
@@ -81,7 +81,7 @@ async def test_a_half_closing_client_never_reads_a_frame_cut_in_half() -> None:
             assert [op for op, _ in frames] == [1]  # the status message
 
             # One big event: its raw write blocks on the client's full window.
-            ctx.events.publish("published", {"revision": 7, "note": "x" * (16 << 20)})
+            ctx.events.emit(rejected(7, detail="x" * (16 << 20)))
             raw = sock._sock  # type: ignore[attr-defined]
             await poll_until(lambda: readable_bytes(raw) > 0)  # the write has begun
 
@@ -126,11 +126,11 @@ async def _close_round(host: str, port: int, ctx: AdminContext, rev: int) -> lis
 
     # A big event blocks the raw write (it holds the send lock); more events
     # wait in the client's buffer behind it.
-    ctx.events.publish("published", {"revision": rev, "note": "x" * (4 << 20)})
+    ctx.events.emit(rejected(rev, detail="x" * (4 << 20)))
     raw = sock._sock  # type: ignore[attr-defined]
     await poll_until(lambda: readable_bytes(raw) > 0)
     for i in range(20):
-        ctx.events.publish("published", {"revision": rev + 1 + i})
+        ctx.events.emit(published(rev + 1 + i))
     # The client closes (hypercorn's reply waits behind the blocked write for
     # the send lock), then reads everything.
     await stream.send_all(masked_close_frame())

@@ -14,7 +14,7 @@ from trio_websocket import open_websocket_url
 
 from supervisor.admin.limits import derive
 from supervisor.tlsconfig import server_context
-from tests.adminserver import make_ctx, running_admin
+from tests.adminserver import make_ctx, published, running_admin
 from tests.floods import until_closed
 
 trustme = pytest.importorskip("trustme")
@@ -60,7 +60,7 @@ async def test_https_and_wss_serve_the_routes_over_http11_only(
                                           ssl_context=client) as ws:
                 first = msgspec.json.decode(await ws.get_message())
                 assert first["type"] == "status"
-                ctx.events.publish("published", {"revision": 3})
+                ctx.events.emit(published(3))
                 assert msgspec.json.decode(await ws.get_message())["revision"] == 3
             srv.stop()
 

@@ -16,7 +16,7 @@ from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
-from supervisor.events import EventBus
+from supervisor.events import EventBus, Published
 from supervisor.revision.document import SCHEMA_VERSION
 from supervisor.revision.secrets import EnvFileResolver
 from supervisor.sinks.state import ActiveState
@@ -65,7 +65,7 @@ async def test_missed_notification_polling_publishes_within_one_interval(pg_url:
                     )
                 committed = trio.current_time()
                 async for event in sub.receive:
-                    if event["type"] == "published" and event["revision"] == rid:
+                    if isinstance(event, Published) and event.revision == rid:
                         break
                 assert trio.current_time() - committed <= 0.5 + 0.5  # one interval + slack
             nursery.cancel_scope.cancel()
@@ -89,7 +89,7 @@ async def test_store_faults_reach_status_and_keep_nothing(pg_url: str, sql: str,
         outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reason
     assert rec.state.snapshot is None
-    assert rec.status.report()["last_rejection"]["reason"] == reason
+    assert rec.status.report().last_rejection.reason == reason
     await rec.store.aclose()
 
 
@@ -117,7 +117,7 @@ async def test_rejected_revision_keeps_previous_then_good_one_publishes(pg_url: 
     snap = rec.state.snapshot
     assert snap is not None
     assert b"s3cret" not in snap.to_json()
-    assert rec.status.report()["consecutive_failures"] == 0
+    assert rec.status.report().consecutive_failures == 0
     await rec.store.aclose()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import trio
 
 from supervisor import reasons
@@ -28,7 +29,8 @@ def test_one_child_per_kind_and_a_status_each() -> None:
     specs = fanout_children(KubernetesConfig(enabled=True), Metrics(process=False), statuses)
     assert [spec.name for spec in specs] == ["fanout-servicedefinition", "fanout-workflow"]
     assert list(statuses) == list(reasons.FANOUT_KINDS)
-    assert all(st.report() == {"state": "preflight", "last_error_class": None, "objects": 0}
+    assert all(msgspec.to_builtins(st.report()) == {"state": "preflight",
+                                                    "last_error_class": None, "objects": 0}
                for st in statuses.values())
 
 

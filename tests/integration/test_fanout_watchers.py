@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 from structlog.testing import capture_logs
 
@@ -368,7 +369,7 @@ async def test_a_missing_namespace_retries_quietly_while_a_skewed_crd_logs_an_er
             # "kubectl apply -k manifests/apps-namespace"
             fake.create_namespace(APPS)
             fake.allow()
-            await h.until(lambda: h.status.report()["state"] == "watching")
+            await h.until(lambda: h.status.report().state == "watching")
             assert h.status.last_error_class is None
     unready = [e for e in logs if e.get("error_class") == reasons.NAMESPACE_OR_RBAC_UNREADY]
     assert len(unready) >= 2
@@ -395,7 +396,7 @@ async def test_one_undecodable_parent_that_sorts_first_never_blocks_its_kind(
             await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
             assert h.status.state == "watching"
             assert h.status.last_error_class == reasons.SCHEMA_SKEW
-            assert h.status.report()["skewed"] == ["aaa-old"]
+            assert h.status.report().skewed == ["aaa-old"]
             assert h.metric("fanout_preflight_failures", kind="ServiceDefinition",
                             error_class=reasons.SCHEMA_SKEW) == 0
             # A parent created later is fanned out too: the kind is watching.
@@ -405,7 +406,7 @@ async def test_one_undecodable_parent_that_sorts_first_never_blocks_its_kind(
             fake.put_raw(sd("aaa-old"))  # the object was fixed
             await h.until(lambda: fake.get("deployments", APPS, "aaa-old") is not None)
             assert h.status.last_error_class is None
-            assert "skewed" not in h.status.report()
+            assert h.status.report().skewed is msgspec.UNSET
     skew = [e for e in logs if e.get("error_class") == reasons.SCHEMA_SKEW]
     assert len(skew) == 1  # named once, not on every retry
     line = skew[0]

@@ -10,6 +10,7 @@ import trio
 
 from supervisor.admin.app import AdminApp, etag_matches
 from supervisor.admin.stream import StreamHub
+from supervisor.status_doc import ChildReport
 from tests.adminserver import call, make_ctx
 from tests.fakes.snapshot import FakeSnapshot
 
@@ -204,7 +205,7 @@ async def test_malformed_scope_is_400() -> None:
 
 
 async def test_failing_handler_answers_500_json() -> None:
-    def broken() -> dict[str, dict[str, Any]]:
+    def broken() -> dict[str, ChildReport]:
         raise RuntimeError("boom")
 
     status, _, body = await call(AdminApp(make_ctx(children=broken)), "GET", "/status")

@@ -12,7 +12,9 @@ import trio
 import trio.testing
 
 from supervisor.admin.stream import StreamHub, StreamSettings
-from tests.adminserver import counter_value, make_ctx
+from supervisor.events import Published, StatusChanged
+from supervisor.status_doc import ChildReport, StatusDocument
+from tests.adminserver import counter_value, make_ctx, published, rejected
 
 PEER = ("127.0.0.1", 1234)
 
@@ -66,9 +68,10 @@ async def test_status_first_then_events_in_order() -> None:
             assert first["children"]["convergence"]["state"] == "running"
             assert hub.client_count == 1
             assert ctx.metrics.stream_clients._value.get() == 1
-            ctx.events.publish("published", {"revision": 7, "generation": 1})
-            ctx.events.publish("rejected", {"revision": 8, "reason": "projection"})
-            ctx.events.publish("status", {"child": "convergence", "state": "backoff"})
+            ctx.events.emit(published(7))
+            ctx.events.emit(rejected(8, "projection"))
+            ctx.events.emit(StatusChanged(children={"convergence": ChildReport(
+                state="backoff", restarts=1, last_error="boom")}))
             docs = [await sock.next_json() for _ in range(3)]
             assert [d["type"] for d in docs] == ["published", "rejected", "status"]
             assert [d["seq"] for d in docs] == [1, 2, 3]
@@ -107,8 +110,8 @@ async def test_burst_beyond_buffer_closes_with_1013() -> None:
             # No checkpoint in between: the first goes straight to the waiting
             # writer, four fill the buffer, the sixth overflows it.
             for i in range(6):
-                ctx.events.publish("published", {"i": i})
-            assert (await sock.next_json())["i"] == 0
+                ctx.events.emit(published(i))
+            assert (await sock.next_json())["revision"] == 0
             close = await sock.next()
             assert close == {"type": "websocket.close", "code": 1013, "reason": "client too slow"}
         assert counter_value(ctx.metrics.stream_dropped) == 1
@@ -154,7 +157,7 @@ async def test_writer_stalled_too_long_is_reset(autojump_clock: trio.testing.Moc
             await sock.next()
             sock.gate = trio.Event()
             start = trio.current_time()
-            ctx.events.publish("published", {"i": 1})
+            ctx.events.emit(published(1))
             while hub.client_count:
                 await trio.sleep(0.1)
             assert aborted == [PEER]
@@ -189,10 +192,10 @@ async def test_overflowed_while_blocked_is_reset_sooner(
             await sock.next()
             sock.gate = trio.Event()
             start = trio.current_time()
-            ctx.events.publish("published", {"i": 0})
+            ctx.events.emit(published(0))
             await trio.sleep(0.1)  # the writer takes event 0 and blocks on it
             for i in range(1, 5):
-                ctx.events.publish("published", {"i": i})
+                ctx.events.emit(published(i))
             while hub.client_count:
                 await trio.sleep(0.1)
             assert 2.0 < trio.current_time() - start <= 3.0
@@ -217,7 +220,7 @@ async def test_close_all_resets_clients_that_cannot_take_the_close() -> None:
             await sock.next()
             await sock.next()
             sock.gate = trio.Event()
-            ctx.events.publish("published", {"i": 1})
+            ctx.events.emit(published(1))
             await trio.testing.wait_all_tasks_blocked()
             await hub.close_all(timeout_s=0.05)
             assert aborted == [PEER]
@@ -235,10 +238,13 @@ async def test_one_encoding_per_event_and_odd_values() -> None:
                 nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
                 await sock.next()
                 await sock.next()
-            ctx.events.publish("published", {"path": Path("/x/y"), "n": 1})
+            # A value of the wrong type (a bug) degrades to its text.
+            odd = Path("/x/y")
+            ctx.events.emit(Published(revision=1, generation=1, source=odd,  # type: ignore[arg-type]
+                                      took_s=0.0))
             texts = [(await sock.next())["text"] for sock in socks]
             assert texts[0] is texts[1]  # encoded once, shared
-            assert msgspec.json.decode(texts[0])["path"] == "/x/y"
+            assert msgspec.json.decode(texts[0])["source"] == "/x/y"
             nursery.cancel_scope.cancel()
 
 
@@ -246,7 +252,7 @@ async def test_status_failure_releases_the_subscription() -> None:
     with trio.fail_after(5):
         ctx = make_ctx()
 
-        def broken() -> dict[str, Any]:
+        def broken() -> StatusDocument:
             raise RuntimeError("boom")
 
         hub = StreamHub(ctx.events, broken, ctx.metrics)

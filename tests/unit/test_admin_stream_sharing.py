@@ -16,7 +16,7 @@ from supervisor.admin.stream import (
     encode_json,
     text_frame,
 )
-from tests.adminserver import counter_value, make_ctx
+from tests.adminserver import counter_value, make_ctx, published
 
 CLIENTS = 300
 
@@ -84,7 +84,7 @@ async def test_each_event_is_encoded_once_and_the_same_frame_goes_to_every_clien
                 nursery.start_soon(hub.serve, client.scope, client.receive, client.send)
             await trio.testing.wait_all_tasks_blocked()
             assert hub.client_count == CLIENTS
-            events = [ctx.events.publish("published", {"revision": 7 + i}) for i in range(5)]
+            events = [ctx.events.emit(published(7 + i)) for i in range(5)]
             await trio.testing.wait_all_tasks_blocked()
             # Five events, five encodes, whatever the number of clients.
             assert encodes == events
@@ -92,7 +92,7 @@ async def test_each_event_is_encoded_once_and_the_same_frame_goes_to_every_clien
             for k, event in enumerate(events):
                 shared = firsts[0][k]
                 assert all(frames[k] is shared for frames in firsts)  # the same object
-                assert decode_frame(shared)["seq"] == event["seq"]
+                assert decode_frame(shared)["seq"] == event.seq
             # The handshake's accept and the status message went through ASGI.
             for client in clients.values():
                 assert [m["type"] for m in client.asgi] == ["websocket.accept", "websocket.send"]
@@ -124,7 +124,7 @@ async def test_a_blocked_client_is_dropped_and_holds_nobody_back(
             # Far more than the stuck client's buffer, each reaching everyone else
             # at once: nobody waits for the stuck one.
             for i in range(3 * settings.max_buffer):
-                ctx.events.publish("published", {"n": i})
+                ctx.events.emit(published(i))
                 await trio.testing.wait_all_tasks_blocked()
                 assert all(len(c.frames) == i + 1 for c in clients.values() if c is not stuck)
             assert stuck.frames == []

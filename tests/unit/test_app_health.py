@@ -104,7 +104,7 @@ async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
         assert not daemon._watchdog_healthy()
         await trio.sleep_until(restarted_at + 100)
         assert pings.between(restarted_at + LIMIT_S + 0.01, restarted_at + 100) == 0
-        assert daemon.tree.report()["hanger"]["state"] == "starting"
+        assert daemon.tree.report()["hanger"].state == "starting"
         # systemctl status says so, once (not at every watchdog interval).
         unhealthy = [line for line in pings.statuses if line.startswith("unhealthy: ")]
         assert len(unhealthy) == 1

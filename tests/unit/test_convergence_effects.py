@@ -50,13 +50,13 @@ async def test_a_refused_read_after_an_outage_says_the_control_plane_is_back() -
     await rec.converge_once()
     store.outage = True
     await rec.converge_once()
-    assert rec.status.report()["control_plane_up"] is False
+    assert rec.status.report().control_plane_up is False
     store.outage = False
     store.deny = True
     # A notification hydrates without observing: only the refusal says who answered.
     outcome = await rec.converge_once("notify")
     assert outcome.failed and outcome.reason == reasons.DENIED and outcome.revision is None
-    assert rec.status.report()["control_plane_up"] is True
+    assert rec.status.report().control_plane_up is True
     assert sample(rec.metrics, "supervisor_control_plane_up") == 1
     ups = [e["control_plane_up"] for e in events_of(seen) if e["type"] == "status"]
     assert ups == [True, False, True]
@@ -72,12 +72,12 @@ async def test_desired_moving_back_to_what_serves_is_reported_converged(
     store.put(doc("a", keys={"k": ["nope"]}))  # projection: final
     assert (await rec.converge_once()).reason == reasons.PROJECTION
     await trio.sleep(30)
-    assert rec.status.report()["lag_s"] == 30.0
+    assert rec.status.report().lag_s == 30.0
     store.desired_id = 1  # the operator moves desired back to what serves
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     await trio.sleep(30)
     report = rec.status.report()
-    assert (report["desired"], report["active"], report["lag_s"]) == (1, 1, 0.0)
+    assert (report.desired, report.active, report.lag_s) == (1, 1, 0.0)
     assert sample(rec.metrics, "supervisor_desired_revision") == 1
 
 
@@ -143,7 +143,7 @@ async def test_a_shutdown_during_the_export_still_swaps_and_writes_the_snapshot_
             cache.release.set()
     assert cache.release.is_set()
     assert rec.state.snapshot is not None and rec.state.snapshot.revision == 1
-    assert rec.status.report()["active"] == 1
+    assert rec.status.report().active == 1
     written = json.loads(Path(snapshot_file.path).read_bytes())
     assert written["revision"] == 1
     loaded = cache.real.load()
@@ -164,9 +164,9 @@ async def test_a_boot_refusal_the_cache_answers_is_still_counted_and_reported(
     outcome = await rec.bootstrap()
     assert outcome.kind is OutcomeKind.PUBLISHED
     report = rec.status.report()
-    assert report["source"] == "last_known_good"
-    assert report["consecutive_failures"] == 1
-    assert report["last_error"] == "unavailable: $.keys.k.secret: EMFILE: too many open files"
+    assert report.source == "last_known_good"
+    assert report.consecutive_failures == 1
+    assert report.last_error == "unavailable: $.keys.k.secret: EMFILE: too many open files"
     assert sample(rec.metrics, "supervisor_revision_rejections_total",
                   reason="unavailable") == 1
     rejected = [e for e in events_of(seen) if e["type"] == "rejected"]
@@ -287,7 +287,7 @@ async def test_a_boot_after_a_crashed_child_clears_its_failures() -> None:
     rec = make(store, status=status)
     assert (await rec.bootstrap()).kind is OutcomeKind.PUBLISHED
     report = rec.status.report()
-    assert (report["consecutive_failures"], report["last_error"]) == (0, None)
+    assert (report.consecutive_failures, report.last_error) == (0, None)
 
 
 class FlakyFile:

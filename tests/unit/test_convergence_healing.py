@@ -26,6 +26,7 @@ from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver
 from supervisor.sinks.file import SnapshotFile
+from supervisor.status_doc import RevisionReport
 from tests.convergence import doc, make, sample, with_cache
 from tests.fakes.store import FakeStore
 
@@ -87,9 +88,9 @@ async def test_notification_refusal_updates_desired_and_last_rejection() -> None
     outcome = await rec.converge_once("notify")  # no observe read before the hydrate
     assert outcome.failed and outcome.reason == reasons.PROJECTION
     report = rec.status.report()
-    assert report["desired"] == bad and report["active"] == 1
-    assert report["loaded"] == 1  # the refused candidate never shows as loaded
-    assert report["last_rejection"]["revision"] == bad
+    assert report.desired == bad and report.active == 1
+    assert report.loaded == 1  # the refused candidate never shows as loaded
+    assert report.last_rejection.revision == bad
     assert sample(rec.metrics, "supervisor_desired_revision") == bad
 
 
@@ -100,7 +101,7 @@ async def test_store_level_refusal_replaces_an_older_rejection() -> None:
     await rec.converge_once()
     store.put(doc("a", keys={"k": ["nope"]}))
     await rec.converge_once()
-    assert rec.status.report()["last_rejection"]["reason"] == reasons.PROJECTION
+    assert rec.status.report().last_rejection.reason == reasons.PROJECTION
 
     async def denied() -> None:
         raise ControlPlaneError("permission denied for table supervisor_desired",
@@ -108,9 +109,9 @@ async def test_store_level_refusal_replaces_an_older_rejection() -> None:
 
     store.observe = denied  # type: ignore[method-assign]
     outcome = await rec.converge_once()
-    rejection = rec.status.report()["last_rejection"]
-    assert outcome.failed and rejection["reason"] == reasons.DENIED
-    assert rejection["revision"] is None
+    rejection = rec.status.report().last_rejection
+    assert outcome.failed and rejection.reason == reasons.DENIED
+    assert rejection.revision is None
 
 
 async def test_an_outage_is_not_a_rejection() -> None:
@@ -121,8 +122,8 @@ async def test_an_outage_is_not_a_rejection() -> None:
     store.outage = True
     await rec.converge_once()
     report = rec.status.report()
-    assert report["last_rejection"] is None and report["control_plane_up"] is False
-    assert report["last_error"].startswith("unavailable")
+    assert report.last_rejection is None and report.control_plane_up is False
+    assert report.last_error.startswith("unavailable")
 
 
 async def test_refusal_line_carries_retry_in_s() -> None:
@@ -471,7 +472,7 @@ async def serve_through_an_outage(rec: ConvergenceLoop, store: FakeStore, *,
     store.outage = True
     for _ in range(failed_attempts):
         await rec.converge_once()
-    assert rec.status.report()["consecutive_failures"] == failed_attempts
+    assert rec.status.report().consecutive_failures == failed_attempts
     store.outage = False
 
 
@@ -486,7 +487,7 @@ async def test_status_is_consistent_the_moment_a_recovery_is_served() -> None:
     """
     store = FakeStore()
     store.put(doc("a"))
-    seen: list[dict[str, Any]] = []
+    seen: list[RevisionReport] = []
     holder: list[ConvergenceLoop] = []
     rec = make(store, on_status=lambda _text: seen.append(holder[0].status.report()))
     holder.append(rec)
@@ -495,8 +496,8 @@ async def test_status_is_consistent_the_moment_a_recovery_is_served() -> None:
     seen.clear()
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
     at_swap = seen[-1]
-    assert at_swap["active"] == second and at_swap["lag_s"] == 0.0
-    assert at_swap["consecutive_failures"] == 0 and at_swap["last_error"] is None
+    assert at_swap.active == second and at_swap.lag_s == 0.0
+    assert at_swap.consecutive_failures == 0 and at_swap.last_error is None
 
 
 async def test_recovery_without_a_new_revision_clears_the_failure_count() -> None:
@@ -511,4 +512,4 @@ async def test_recovery_without_a_new_revision_clears_the_failure_count() -> Non
     await serve_through_an_outage(rec, store, failed_attempts=3)
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     report = rec.status.report()
-    assert report["consecutive_failures"] == 0 and report["last_error"] is None
+    assert report.consecutive_failures == 0 and report.last_error is None

@@ -31,8 +31,8 @@ async def test_converge_once_publishes_then_reports_converged() -> None:
     assert snap is not None and snap.revision == 1 and snap.generation == 1
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     report = rec.status.report()
-    assert report["desired"] == report["active"] == report["loaded"] == 1
-    assert report["source"] == "control_plane" and report["lag_s"] == 0.0
+    assert report.desired == report.active == report.loaded == 1
+    assert report.source == "control_plane" and report.lag_s == 0.0
     assert sample(rec.metrics, "supervisor_active_revision") == 1
     assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="converged") == 1
 
@@ -81,7 +81,7 @@ async def test_change_signal_wakes_the_loop_early(autojump_clock: trio.testing.M
         nursery.cancel_scope.cancel()
     # One wake-up goes straight to the waiting loop, one stays pending; the rest coalesce.
     assert rec.signal.coalesced >= 48
-    assert rec.status.report()["desired"] == 2
+    assert rec.status.report().desired == 2
 
 
 async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> None:
@@ -96,18 +96,18 @@ async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> Non
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.PROJECTION
     assert rec.state.snapshot is good
     report = rec.status.report()
-    assert report["active"] == 1 and report["desired"] == 2
-    assert report["consecutive_failures"] == 1
-    assert report["last_rejection"]["revision"] == 2
-    assert report["last_rejection"]["reason"] == "projection"
-    assert report["lag_s"] >= 0
+    assert report.active == 1 and report.desired == 2
+    assert report.consecutive_failures == 1
+    assert report.last_rejection.revision == 2
+    assert report.last_rejection.reason == "projection"
+    assert report.lag_s >= 0
     line = next(entry for entry in logs if entry["log_level"] == "error")
     assert line["reason"] == "projection" and line["revision"] == 2
     assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="projection") == 1
     store.put(doc("chat", "x", keys={"k": ["x"]}))
     outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 3
-    assert rec.status.report()["consecutive_failures"] == 0
+    assert rec.status.report().consecutive_failures == 0
     assert rec.state.snapshot is not None and rec.state.snapshot.generation == 2
 
 
@@ -126,7 +126,7 @@ async def test_each_compile_reason_reaches_status(body: bytes, reason: str) -> N
     rec = make(store)
     outcome = await rec.converge_once()
     assert outcome.reason == reason
-    assert rec.status.report()["last_rejection"]["reason"] == reason
+    assert rec.status.report().last_rejection.reason == reason
 
 
 async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
@@ -152,22 +152,22 @@ async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
         assert len(attempts) < 30
         assert rec.state.snapshot is serving
         # Lag counts from the first failed observation (the next poll after the outage began).
-        assert rec.status.report()["lag_s"] >= 300 - 5.0 - (outage_start - 1)
-        assert rec.status.report()["consecutive_failures"] == len(attempts)
+        assert rec.status.report().lag_s >= 300 - 5.0 - (outage_start - 1)
+        assert rec.status.report().consecutive_failures == len(attempts)
         assert sample(rec.metrics, "supervisor_control_plane_up") == 0
-        assert rec.status.report()["control_plane_up"] is False
-        assert rec.status.report()["last_error"].startswith("unavailable")
+        assert rec.status.report().control_plane_up is False
+        assert rec.status.report().last_error.startswith("unavailable")
         store.outage = False
         store.put(doc("a", "b"))
         recovery = trio.current_time()
         while rec.state.generation < 2:
             await trio.sleep(0.5)
         assert trio.current_time() - recovery <= 30.0
-        assert rec.status.report()["consecutive_failures"] == 0
-        assert rec.status.report()["lag_s"] == 0.0
+        assert rec.status.report().consecutive_failures == 0
+        assert rec.status.report().lag_s == 0.0
         assert sample(rec.metrics, "supervisor_control_plane_up") == 1
-        assert rec.status.report()["control_plane_up"] is True
-        assert rec.status.report()["last_error"] is None
+        assert rec.status.report().control_plane_up is True
+        assert rec.status.report().last_error is None
         nursery.cancel_scope.cancel()
 
 
@@ -248,7 +248,7 @@ async def test_revision_gauges_read_the_status_between_attempts(
     store.outage = True
     await rec.converge_once()
     assert sample(rec.metrics, "supervisor_control_plane_up") == 0
-    assert rec.status.report()["control_plane_up"] is False
+    assert rec.status.report().control_plane_up is False
     await trio.sleep(100)
     assert sample(rec.metrics, "supervisor_convergence_lag_seconds") >= 100
     assert sample(rec.metrics, "supervisor_convergence_lag_seconds") == pytest.approx(
@@ -256,7 +256,7 @@ async def test_revision_gauges_read_the_status_between_attempts(
     store.outage = False
     store.corrupt.add(2)
     await rec.converge_once()  # refused as corrupt: the control plane answered
-    assert rec.status.report()["control_plane_up"] is True
+    assert rec.status.report().control_plane_up is True
     assert sample(rec.metrics, "supervisor_control_plane_up") == 1
     assert sample(rec.metrics, "supervisor_desired_revision") == 2
     assert sample(rec.metrics, "supervisor_active_revision") == 1
@@ -278,8 +278,8 @@ async def test_a_control_plane_that_answers_with_a_refusal_is_up_and_no_outage(
         outcome = await rec.converge_once()
     assert outcome.reason == category.value
     report = rec.status.report()
-    assert report["control_plane_up"] is True
-    assert report["last_rejection"]["reason"] == category.value
+    assert report.control_plane_up is True
+    assert report.last_rejection.reason == category.value
     assert sample(rec.metrics, "supervisor_control_plane_up") == 1.0
     events = [entry["event"] for entry in logs]
     assert "control plane unreachable" not in events

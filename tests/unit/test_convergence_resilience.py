@@ -55,8 +55,8 @@ async def test_boot_from_the_cache_then_republish_the_same_revision_from_the_con
     assert snapshot is not None and snapshot.revision == 3
     assert rec.state.body_sha256 == hashlib.sha256(body).digest()
     report = rec.status.report()
-    assert (report["active"], report["loaded"], report["source"]) == (3, 3, "last_known_good")
-    assert report["control_plane_up"] is False
+    assert (report.active, report.loaded, report.source) == (3, 3, "last_known_good")
+    assert report.control_plane_up is False
     assert sample(rec.metrics, LKG, event="restored") == 1
     assert sample(rec.metrics, LKG, event="refused") == 0
     assert sample(rec.metrics, "supervisor_active_revision") == 3
@@ -75,8 +75,8 @@ async def test_boot_from_the_cache_then_republish_the_same_revision_from_the_con
     store.outage = False
     outcome = await rec.converge_once()
     assert (outcome.kind, outcome.revision, outcome.generation) == (OutcomeKind.PUBLISHED, 3, 2)
-    assert rec.status.report()["source"] == "control_plane"
-    assert rec.status.report()["lag_s"] == 0.0
+    assert rec.status.report().source == "control_plane"
+    assert rec.status.report().lag_s == 0.0
     assert seen.status[-1] == "serving revision 3 (generation 2, control_plane)"
     assert sample(rec.metrics, LKG, event="exported") == 1
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
@@ -92,8 +92,8 @@ async def test_an_incompatible_desired_revision_boots_from_the_cache(tmp_path: P
     rec, seen = watched(store, cache=real_cache(tmp_path))
     outcome = await rec.bootstrap()
     assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 1
-    assert rec.status.report()["source"] == "last_known_good"
-    assert rec.status.report()["last_rejection"]["reason"] == reasons.INCOMPATIBLE
+    assert rec.status.report().source == "last_known_good"
+    assert rec.status.report().last_rejection.reason == reasons.INCOMPATIBLE
     rejected = [e for e in events_of(seen) if e["type"] == "rejected"]
     assert [(e["revision"], e["reason"]) for e in rejected] == [(2, reasons.INCOMPATIBLE)]
 
@@ -126,7 +126,7 @@ async def test_an_unavailable_secret_at_boot_serves_a_cache_without_keys(tmp_pat
     rec = make(store, cache=real_cache(tmp_path), resolver=FlakyResolver())
     outcome = await rec.bootstrap()
     assert outcome.kind is OutcomeKind.PUBLISHED
-    assert rec.status.report()["source"] == "last_known_good"
+    assert rec.status.report().source == "last_known_good"
 
 
 # -- restore: every refusal ---------------------------------------------------------------
@@ -151,7 +151,7 @@ async def test_boot_with_an_uncompilable_cache_is_refused_as_cache(tmp_path: Pat
     assert info.value.refusal == "cache"
     assert "(revision 4) does not compile (projection)" in str(info.value)
     assert rec.state.snapshot is None
-    assert rec.status.report()["active"] is None
+    assert rec.status.report().active is None
     assert seen.status == []
     assert sample(rec.metrics, LKG, event="refused") == 1
     assert sample(rec.metrics, LKG, event="restored") == 0
@@ -235,7 +235,7 @@ async def test_a_successful_boot_is_counted_and_clears_failures(
     assert outcome.kind is OutcomeKind.PUBLISHED
     assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="published") == 1
     report = rec.status.report()
-    assert report["consecutive_failures"] == 0 and report["source"] == "control_plane"
+    assert report.consecutive_failures == 0 and report.source == "control_plane"
     assert seen.status == ["serving revision 1 (generation 1, control_plane)"]
     assert rec.status.stalled_for() == 0
 
@@ -248,7 +248,7 @@ async def test_run_boots_from_the_cache_before_reporting_started(tmp_path: Path)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(rec.run)
-            assert rec.status.report()["source"] == "last_known_good"
+            assert rec.status.report().source == "last_known_good"
             nursery.cancel_scope.cancel()
 
 
@@ -286,18 +286,18 @@ async def test_publish_refusal_and_recovery_are_visible_everywhere() -> None:
         (2, "projection", 1)]
     assert sample(rec.metrics, "supervisor_desired_revision") == 2
     assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="rejected") == 1
-    assert rec.status.report()["last_error"].startswith("projection")
+    assert rec.status.report().last_error.startswith("projection")
     # The same refusal again: not hydrated, still reported, not a new event.
     again = await rec.converge_once()
     assert again.kind is OutcomeKind.REJECTED and again.repeated
-    assert rec.status.report()["consecutive_failures"] == 2
+    assert rec.status.report().consecutive_failures == 2
     assert len([e for e in events_of(seen) if e["type"] == "rejected"]) == 1
     store.put(doc("a", "b"))
     outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.PUBLISHED
     assert seen.status[-1] == "serving revision 3 (generation 2, control_plane)"
-    assert rec.status.report()["consecutive_failures"] == 0
-    assert rec.status.report()["last_error"] is None
+    assert rec.status.report().consecutive_failures == 0
+    assert rec.status.report().last_error is None
 
 
 async def test_not_serving_status_text_names_the_failure() -> None:
@@ -308,10 +308,10 @@ async def test_not_serving_status_text_names_the_failure() -> None:
     assert line["retry_in_s"] == round(rec.retry_in_s or 0, 3) != rec.retry_in_s
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.UNAVAILABLE
     assert seen.status == ["not serving; last attempt failed: unavailable"]
-    assert rec.status.report()["control_plane_up"] is False
+    assert rec.status.report().control_plane_up is False
     assert sample(rec.metrics, "supervisor_control_plane_up") == 0
     # An outage is not a rejection: no event, no last_rejection.
-    assert rec.status.report()["last_rejection"] is None
+    assert rec.status.report().last_rejection is None
     assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
 
 
@@ -362,8 +362,8 @@ async def test_a_store_refusal_of_the_desired_revision_is_a_rejection_not_an_out
     store.corrupt.add(2)
     outcome = await rec.converge_once()
     assert outcome.reason == reasons.CORRUPT and rec.retry_in_s == 5.0
-    assert rec.status.report()["control_plane_up"] is True
-    assert rec.status.report()["desired"] == 2
+    assert rec.status.report().control_plane_up is True
+    assert rec.status.report().desired == 2
     assert [e["revision"] for e in events_of(seen) if e["type"] == "rejected"] == [2]
     # Final: not hydrated again while desired stays.
     store.calls.clear()
@@ -392,7 +392,7 @@ async def test_the_active_state_is_swapped_with_the_body_digest() -> None:
     rec = make(store, state=state)
     await rec.converge_once()
     assert state.body_sha256 == hashlib.sha256(body).digest()
-    assert rec.status.report()["last_convergence_s"] is not None
+    assert rec.status.report().last_convergence_s is not None
 
 
 # -- retries, refusals and sinks: each asserts a visible effect ----------------------------
@@ -562,7 +562,7 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     store.put(doc("a", "b"))
     store.down = True
     await rec.converge_once()  # observe answers, hydrate does not
-    assert rec.status.report()["control_plane_up"] is False
+    assert rec.status.report().control_plane_up is False
     assert sample(rec.metrics, "supervisor_control_plane_up") == 0
     # A notification goes straight to hydrate; a refusal about a revision proves
     # the control plane answers, and says what is desired.
@@ -571,8 +571,8 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     store.corrupt.add(3)
     outcome = await rec.converge_once("notify")
     assert outcome.reason == reasons.CORRUPT
-    assert rec.status.report()["control_plane_up"] is True
-    assert rec.status.report()["desired"] == 3
+    assert rec.status.report().control_plane_up is True
+    assert rec.status.report().desired == 3
     assert sample(rec.metrics, "supervisor_desired_revision") == 3
 
 
@@ -584,13 +584,13 @@ async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
     assert sample(rec.metrics, "supervisor_desired_revision") == 1
     store.desired_id = None
     assert (await rec.converge_once()).kind is OutcomeKind.EMPTY
-    assert rec.status.report()["desired"] is None
+    assert rec.status.report().desired is None
     assert sample(rec.metrics, "supervisor_desired_revision") == 0
     store.desired_id = 1
     await rec.converge_once()
     store.desired_id = None
     assert (await rec.converge_once("notify")).kind is OutcomeKind.EMPTY  # hydrate's view
-    assert rec.status.report()["desired"] is None
+    assert rec.status.report().desired is None
 
 
 async def test_a_failed_export_is_counted_and_a_removal_only_logged_when_done() -> None:
@@ -612,12 +612,12 @@ async def test_repeated_refusals_keep_their_reason_and_first_report() -> None:
     rec = make(store)
     with structlog.testing.capture_logs() as logs:
         await rec.converge_once()
-    first = dict(rec.status.report()["last_rejection"])
+    first = rec.status.report().last_rejection
     again = await rec.converge_once()
     assert again.repeated
     report = rec.status.report()
-    assert report["last_rejection"] == first  # the same refusal, not a new one
-    assert report["last_error"].startswith("projection: $.keys.k.aliases[0]")
+    assert report.last_rejection == first  # the same refusal, not a new one
+    assert report.last_error.startswith("projection: $.keys.k.aliases[0]")
     retry = [e["retry_in_s"] for e in logs if "retry_in_s" in e]
     assert retry and all(r == round(r, 3) for r in retry)
 
@@ -670,13 +670,13 @@ async def test_refusals_at_boot_reach_the_status_and_metrics(tmp_path: Path) -> 
     rec = make(store)
     with pytest.raises(BootRefused):
         await rec.bootstrap()
-    assert rec.status.report()["last_rejection"]["reason"] == reasons.CORRUPT
+    assert rec.status.report().last_rejection.reason == reasons.CORRUPT
     assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="corrupt") == 1
     exported(tmp_path, doc("a"))
     rec = make(FakeStore(outage=True), cache=real_cache(tmp_path))
     await rec.bootstrap()
     assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
-    assert rec.status.report()["last_convergence_s"] == 0.0
+    assert rec.status.report().last_convergence_s == 0.0
 
 
 # -- the current loop's additions: cache gauge, lost pointer, vanished sinks, refused desired ---
@@ -740,7 +740,7 @@ async def test_a_refused_desired_revision_boots_the_cache_only_when_asked(tmp_pa
     exported(tmp_path, doc("a"), revision=1)
     rec = make(store, cache=real_cache(tmp_path), serve_cache_on_refusal=True)
     outcome = await rec.bootstrap()
-    assert outcome.revision == 1 and rec.status.report()["source"] == "last_known_good"
+    assert outcome.revision == 1 and rec.status.report().source == "last_known_good"
     with pytest.raises(BootRefused) as info:
         await make(store, serve_cache_on_refusal=True).bootstrap()  # no cache configured
     assert info.value.refusal == reasons.CORRUPT

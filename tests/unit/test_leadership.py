@@ -12,12 +12,14 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import pytest
 import trio
 import trio.testing
 
 from supervisor.fanout.leadership import LeaderElector, LeadershipMetrics, LeadershipStatus
 from supervisor.kube.lease import LeaseRecord
+from supervisor.status_doc import LeadershipReport
 from supervisor.telemetry import Metrics
 from tests.fakes.apiserver import FakeApiServer
 from tests.fakes.leases import LEASE, StoreLeases, lease_holder
@@ -98,7 +100,8 @@ async def test_acquire_renew_and_standby(autojump_clock: trio.testing.MockClock)
             a, = start(nursery, server, writers, "a")
             await wait_for(lambda: a.elector.leading)
             assert lease_holder(server, NS, NAME) == "a"
-            assert a.status.report() == {"role": "leader", "holder": "a", "lease": f"{NS}/{NAME}"}
+            assert a.status.report() == LeadershipReport(role="leader", holder="a",
+                                                         lease=f"{NS}/{NAME}")
             assert a.metrics.leader._value.get() == 1.0
             obj = server.store.find(LEASE, NS, NAME)
             assert obj is not None and obj["spec"]["leaseDurationSeconds"] == 15
@@ -109,8 +112,8 @@ async def test_acquire_renew_and_standby(autojump_clock: trio.testing.MockClock)
             assert a.leases.calls["update"] >= 25
             assert server.store.find(LEASE, NS, NAME)["metadata"]["resourceVersion"] != first_rv
             assert a.elector.leading and not b.elector.leading
-            assert b.status.report() == {"role": "standby", "holder": "a",
-                                         "lease": f"{NS}/{NAME}"}
+            assert b.status.report() == LeadershipReport(role="standby", holder="a",
+                                                         lease=f"{NS}/{NAME}")
             assert writers.starts == Counter({"a": 1})
             assert b.leases.calls["update"] == 0 and b.leases.calls["create"] == 0
             nursery.cancel_scope.cancel()
@@ -357,7 +360,7 @@ async def test_release_reads_again_after_a_conflict(autojump_clock: trio.testing
 
 
 async def test_announcer_tells_the_stream_and_systemd_once_per_change() -> None:
-    from supervisor.events import EventBus
+    from supervisor.events import EventBus, StatusChanged
     from supervisor.fanout.leadership import announcer
 
     bus = EventBus()
@@ -371,10 +374,11 @@ async def test_announcer_tells_the_stream_and_systemd_once_per_change() -> None:
         announce(status)
         sub.close()
         events = [event async for event in sub.receive]
-    assert [(e["type"], e["leadership"]) for e in events] == [
-        ("status", {"role": "standby", "holder": "vm-2", "lease": "ns/lease"}),
-        ("status", {"role": "leader", "holder": "vm-1", "lease": "ns/lease"}),
+    assert [msgspec.to_builtins(e)["leadership"] for e in events] == [
+        {"role": "standby", "holder": "vm-2", "lease": "ns/lease"},
+        {"role": "leader", "holder": "vm-1", "lease": "ns/lease"},
     ]
+    assert all(isinstance(e, StatusChanged) for e in events)
     assert lines == ["fan-out standby (leader: vm-2)", "fan-out leader (lease ns/lease)"]
 
 

@@ -7,6 +7,8 @@ rounding. Against :class:`RevisionStatus` on a hand-driven clock.
 
 from __future__ import annotations
 
+import msgspec
+
 from supervisor.convergence.status import RevisionStatus
 from supervisor.sinks.state import ActiveState
 from tests.fakes.snapshot import FakeSnapshot
@@ -21,7 +23,7 @@ class Clock:
 
 
 def test_the_report_before_any_attempt() -> None:
-    assert RevisionStatus(ActiveState(), clock=Clock()).report() == {
+    assert msgspec.to_builtins(RevisionStatus(ActiveState(), clock=Clock()).report()) == {
         "desired": None, "loaded": None, "active": None, "generation": 0, "source": None,
         "lag_s": 0.0, "last_convergence_s": None, "consecutive_failures": 0,
         "last_rejection": None, "control_plane_up": None, "last_error": None,
@@ -32,11 +34,11 @@ def test_the_report_before_any_attempt() -> None:
 def test_an_answer_alone_says_the_control_plane_is_up() -> None:
     status = RevisionStatus(ActiveState(), clock=Clock())
     status.answered()
-    assert status.report()["control_plane_up"] is True
+    assert status.report().control_plane_up is True
     status.unreachable()
-    assert status.report()["control_plane_up"] is False
+    assert status.report().control_plane_up is False
     status.answered()
-    assert status.report()["control_plane_up"] is True
+    assert status.report().control_plane_up is True
 
 
 def serving(body: bytes | None, clock: Clock, revision: int = 1) -> RevisionStatus:
@@ -54,10 +56,10 @@ def test_an_unknown_desired_digest_is_converged_and_another_digest_is_not() -> N
     status = serving(b"served", clock)
     status.observed(1)  # the digest is not known (a read that did not learn it)
     clock.now += 5.0
-    assert status.report()["lag_s"] == 0.0
+    assert status.report().lag_s == 0.0
     status.observed(1, b"restored")  # the same id names another body now
     clock.now += 5.0
-    assert status.report()["lag_s"] == 5.0
+    assert status.report().lag_s == 5.0
 
 
 def test_a_read_without_a_digest_keeps_the_known_digest_of_the_same_id() -> None:
@@ -67,7 +69,7 @@ def test_a_read_without_a_digest_keeps_the_known_digest_of_the_same_id() -> None
     status.observed(1)
     assert status.desired_sha256 == b"other"
     clock.now += 3.0
-    assert status.report()["lag_s"] == 3.0
+    assert status.report().lag_s == 3.0
 
 
 def test_a_new_digest_of_the_same_id_replaces_the_known_one() -> None:
@@ -78,7 +80,7 @@ def test_a_new_digest_of_the_same_id_replaces_the_known_one() -> None:
     status.observed(1, b"served")  # repaired in place: converged again
     assert status.desired_sha256 == b"served"
     clock.now += 2.0
-    assert status.report()["lag_s"] == 0.0
+    assert status.report().lag_s == 0.0
 
 
 def test_another_id_without_a_digest_forgets_the_known_digest() -> None:
@@ -89,7 +91,7 @@ def test_another_id_without_a_digest_forgets_the_known_digest() -> None:
     status.observed(2)  # desired moved back to what serves; its digest not learned
     assert status.desired_sha256 is None
     clock.now += 2.0
-    assert status.report()["lag_s"] == 0.0
+    assert status.report().lag_s == 0.0
 
 
 def test_the_lag_is_reported_to_the_microsecond() -> None:
@@ -97,19 +99,19 @@ def test_the_lag_is_reported_to_the_microsecond() -> None:
     status = serving(b"served", clock)
     status.observed(2, b"two")
     clock.now += 1.0 / 3.0
-    assert status.report()["lag_s"] == 0.333333
+    assert status.report().lag_s == 0.333333
 
 
 def test_a_read_alone_says_the_control_plane_is_up() -> None:
     status = RevisionStatus(ActiveState(), clock=Clock())
     status.observed(3)
-    assert status.report()["control_plane_up"] is True
+    assert status.report().control_plane_up is True
 
 
 def converged(clock: Clock) -> RevisionStatus:
     status = serving(b"served", clock)
     status.observed(1, b"served")
-    assert status.report()["lag_s"] == 0.0
+    assert status.report().lag_s == 0.0
     return status
 
 
@@ -118,7 +120,7 @@ def test_the_lag_grows_from_the_moment_the_control_plane_stops_answering() -> No
     status = converged(clock)
     status.unreachable()
     clock.now += 10.0
-    assert status.report()["lag_s"] == 10.0
+    assert status.report().lag_s == 10.0
 
 
 def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
@@ -127,4 +129,4 @@ def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
     status.unreachable()
     clock.now += 10.0
     status.answered()
-    assert status.report()["lag_s"] == 0.0
+    assert status.report().lag_s == 0.0

@@ -9,6 +9,7 @@ import pytest
 
 from supervisor.sinks.lkg import Statement
 from supervisor.sinks.lkg.accepted import refusal_of
+from supervisor.status_doc import StatementReport
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 SHA = "ab" * 32
@@ -30,8 +31,8 @@ def test_expiry_is_at_expires_at_and_age_never_negative() -> None:
     assert HIGHEST.age_s(T0 - timedelta(seconds=5)) == 0.0
     assert HIGHEST.age_s(T0 + timedelta(seconds=12.5)) == 12.5
     report = HIGHEST.report(T0 + timedelta(seconds=301))
-    assert report == {"sequence": 7, "root": "pg:1:2", "issued_at": "2026-12-01T10:00:00Z",
-                      "expires_at": "2026-12-01T10:05:00Z", "age_s": 301.0, "stale": True}
+    assert report == StatementReport(sequence=7, root="pg:1:2", issued_at="2026-12-01T10:00:00Z",
+                                     expires_at="2026-12-01T10:05:00Z", age_s=301.0, stale=True)
 
 
 def test_same_content_ignores_issued_at_and_bytes() -> None:
@@ -68,7 +69,7 @@ def test_the_signed_bytes_are_neither_compared_nor_shown() -> None:
     assert signed == HIGHEST
     assert "secret-looking" not in repr(signed)
     report = replace(HIGHEST, issued_at=T0).report(T0 + timedelta(seconds=12.34567))
-    assert report["age_s"] == 12.346
+    assert report.age_s == 12.346
 
 
 def test_a_corrupt_refusal_names_both_digests_by_their_first_12_hex_characters() -> None:

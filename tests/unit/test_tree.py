@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -66,10 +67,10 @@ async def test_crashing_child_restarts_with_growing_delays_while_sibling_runs(
     assert steady.starts == 1
     assert steady.ticks >= 199
     report = tree.report()
-    assert report["crasher"]["restarts"] == 4
-    assert report["crasher"]["state"] == "running"
-    assert "crash #4" in report["crasher"]["last_error"]
-    assert report["steady"] == {"state": "running", "restarts": 0, "last_error": None}
+    assert report["crasher"].restarts == 4
+    assert report["crasher"].state == "running"
+    assert "crash #4" in report["crasher"].last_error
+    assert msgspec.to_builtins(report["steady"]) == {"state": "running", "restarts": 0, "last_error": None}
 
 
 async def test_intensity_exceeded_gives_up(autojump_clock: trio.testing.MockClock) -> None:
@@ -84,7 +85,7 @@ async def test_intensity_exceeded_gives_up(autojump_clock: trio.testing.MockCloc
     assert isinstance(exc, SupervisionGaveUp)
     assert exc.child == "crasher"
     assert len(crasher.starts) == 4  # the first run + 3 restarts; the 4th crash gives up
-    assert tree.report()["crasher"]["state"] == "failed"
+    assert tree.report()["crasher"].state == "failed"
 
 
 async def test_restarts_outside_the_period_do_not_count(autojump_clock: trio.testing.MockClock) -> None:
@@ -95,7 +96,7 @@ async def test_restarts_outside_the_period_do_not_count(autojump_clock: trio.tes
         await trio.sleep(1000)
         nursery.cancel_scope.cancel()
     assert len(crasher.starts) >= 9
-    assert tree.report()["slow-crasher"]["restarts"] >= 8
+    assert tree.report()["slow-crasher"].restarts >= 8
 
 
 async def test_transient_child_that_returns_is_not_restarted(
@@ -114,7 +115,7 @@ async def test_transient_child_that_returns_is_not_restarted(
         await trio.sleep(100)
         nursery.cancel_scope.cancel()
     assert len(runs) == 1
-    assert tree.report()["once"]["state"] == "stopped"
+    assert tree.report()["once"].state == "stopped"
 
 
 async def test_transient_child_that_crashes_is_restarted(autojump_clock: trio.testing.MockClock) -> None:
@@ -151,7 +152,7 @@ async def test_temporary_child_is_never_restarted(autojump_clock: trio.testing.M
         await trio.sleep(100)
         nursery.cancel_scope.cancel()
     assert len(crasher.starts) == 1
-    assert tree.report()["tmp"]["state"] == "failed"
+    assert tree.report()["tmp"].state == "failed"
 
 
 async def test_fatal_errors_are_not_restarted(autojump_clock: trio.testing.MockClock) -> None:

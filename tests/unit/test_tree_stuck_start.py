@@ -63,7 +63,7 @@ async def test_a_restart_hanging_before_started_is_stuck_once_past_the_limit(
         assert tree.stuck_starting(LIMIT_S) == {}  # not past the limit yet
         await trio.sleep_until(restarted_at + LIMIT_S + 2.5)
         assert tree.stuck_starting(LIMIT_S) == {"hanger": LIMIT_S + 2.5}
-        assert tree.report()["hanger"]["state"] == "starting"
+        assert tree.report()["hanger"].state == "starting"
         nursery.cancel_scope.cancel()
 
 
@@ -100,13 +100,13 @@ async def test_an_injected_hang_holds_the_restart_until_a_crash_ends_it(
         await trio.sleep(LIMIT_S + 5)
         # Crashed and restarted, but the restart never reached the child's start.
         assert len(starts) == 1
-        assert tree.report()["c"]["restarts"] == 1
+        assert tree.report()["c"].restarts == 1
         assert "c" in tree.stuck_starting(LIMIT_S)
         # A plain injected crash ends the hang; the next start is a real one.
         assert tree.inject_fault("c") is True
         await trio.sleep(5)
         assert len(starts) == 2
-        assert tree.report()["c"]["state"] == "running"
+        assert tree.report()["c"].state == "running"
         assert tree.stuck_starting(LIMIT_S) == {}
         nursery.cancel_scope.cancel()
 

@@ -5,7 +5,7 @@
   stream path, ``GET``/``HEAD`` otherwise, as the app dispatches) and whether it
   needs the token (:data:`~supervisor.admin.app.OPEN_PATHS`); what each answers
   is prose in :data:`tools.docs_catalog.ADMIN_ROUTES`.
-- ``/status``: every field of :class:`~supervisor.admin.status_doc.StatusDocument`
+- ``/status``: every field of :class:`~supervisor.status_doc.StatusDocument`
   (walked with :func:`status_fields`) with its type, and the prose of
   :data:`tools.docs_catalog.STATUS_KEYS`, which the tests hold to the same
   fields and to a real document's keys.
@@ -23,10 +23,10 @@ from supervisor.admin import app as admin_app
 from supervisor.admin import routes as admin_routes
 from supervisor.admin import stream
 from supervisor.admin.context import AdminContext
-from supervisor.admin.status_doc import StatusDocument
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EVENT_TYPES, EventBus
 from supervisor.sinks.state import ActiveState
+from supervisor.status_doc import StatusDocument
 from supervisor.telemetry import Metrics
 from tools import docs_catalog
 from tools.docsgen.common import HEADER, UNDESCRIBED, code, table

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Final
+
+from supervisor.status_doc import StatementReport
 
 __all__ = ["Statement", "etag_of"]
 
@@ -65,16 +67,11 @@ class Statement:
     def without_bytes(self) -> Statement:
         return replace(self, signed=None)
 
-    def report(self, now: datetime) -> dict[str, Any]:
+    def report(self, now: datetime) -> StatementReport:
         """The ``revision.statement`` part of /status."""
-        return {
-            "sequence": self.sequence,
-            "root": self.root,
-            "issued_at": _iso(self.issued_at),
-            "expires_at": _iso(self.expires_at),
-            "age_s": round(self.age_s(now), 3),
-            "stale": self.expired(now),
-        }
+        return StatementReport(sequence=self.sequence, root=self.root,
+                               issued_at=_iso(self.issued_at), expires_at=_iso(self.expires_at),
+                               age_s=round(self.age_s(now), 3), stale=self.expired(now))
 
 
 def _iso(moment: datetime) -> str:

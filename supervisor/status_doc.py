@@ -1,30 +1,36 @@
 """The ``/status`` document, declared once as msgspec Structs.
 
 :class:`StatusDocument` is the outward contract of ``GET /status`` (and of the
-stream's first message): :meth:`AdminContext.status` assembles it from the
-reports of the convergence loop, the supervision tree and the fan-out, and
-serves its JSON form. ``docs/admin-api.md`` documents exactly these fields
-(``tests/unit/test_docsgen_pages.py`` holds the catalogue's prose to them), and
-a client may decode the document with these very Structs.
+stream's first message); each part is what its owner reports: the convergence
+loop's :class:`RevisionReport` (with the signed :class:`StatementReport` and the
+last :class:`Rejection`), the supervision tree's :class:`ChildReport`, the
+fan-out's :class:`FanoutReport` and :class:`LeadershipReport`, the side sinks'
+:class:`SinksReport`. :meth:`AdminContext.status` assembles the document from
+those Structs and it is encoded once, as it is; a ``status`` stream event
+(:class:`supervisor.events.StatusChanged`) carries the same parts.
 
-A report that does not fit its Struct is a bug of this build, not of the data:
-it is logged and the undeclared document served as it is, so ``/status`` never
-fails over its own shape.
+A bottom module (it imports nothing of ours), so that every owner returns its
+part as declared here and the event bus can carry them. ``docs/admin-api.md``
+documents exactly these fields (``tests/unit/test_docsgen_pages.py`` holds the
+catalogue's prose to them), and a client may decode the document with these
+very Structs.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
-from supervisor.logs import get_logger
-from supervisor.tree import ChildStateName
+__all__ = ["ChildReport", "ChildStateName", "FanoutReport", "FanoutState", "LeadershipReport",
+           "Rejection", "RevisionReport", "Role", "SinkState", "SinksReport", "StatementReport",
+           "StatusDocument"]
 
-__all__ = ["ChildReport", "FanoutReport", "LeadershipReport", "Rejection", "RevisionReport",
-           "SinksReport", "StatusDocument", "declared"]
-
-log = get_logger("admin")
+ChildStateName = Literal["starting", "running", "backoff", "stopped", "failed"]
+FanoutState = Literal["disabled", "preflight", "watching"]
+Role = Literal["leader", "standby", "disabled"]
+#: reasons.SINK_STATES, typed.
+SinkState = Literal["ok", "failing", "disabled"]
 
 
 class _Part(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -71,21 +77,18 @@ class ChildReport(_Part):
 
 
 class FanoutReport(_Part):
-    state: Literal["disabled", "preflight", "watching"]
+    state: FanoutState
     last_error_class: str | None
     objects: int
     skewed: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class LeadershipReport(_Part):
-    """Issue 14: the fan-out leader election (``disabled``: holder and lease null)."""
+    """The fan-out leader election (``disabled``: holder and lease null)."""
 
-    role: Literal["leader", "standby", "disabled"]
+    role: Role
     holder: str | None
     lease: str | None
-
-
-SinkStateName = Literal["ok", "failing", "disabled"]
 
 
 class SinksReport(_Part):
@@ -94,8 +97,8 @@ class SinksReport(_Part):
     ``<sink>_error``: why its last write was refused, while it is failing.
     """
 
-    cache: SinkStateName
-    snapshot_file: SinkStateName
+    cache: SinkState
+    snapshot_file: SinkState
     cache_error: str | None
     snapshot_file_error: str | None
 
@@ -108,13 +111,3 @@ class StatusDocument(_Part):
     sinks: SinksReport
     version: str
     started_at: str
-
-
-def declared(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` checked against :class:`StatusDocument` (logged, never raised, if not)."""
-    try:
-        msgspec.convert(document, StatusDocument)
-    except msgspec.ValidationError as exc:
-        log.error("the /status document does not match its declaration (a bug of this "
-                  "build); serving it as it is", error=str(exc))
-    return document
