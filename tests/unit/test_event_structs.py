@@ -7,6 +7,7 @@ import pytest
 
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EVENT_TYPES, Event, EventBus, Published, Rejected, StatusChanged
+from supervisor.sinks.state import ActiveState
 from supervisor.status_doc import ChildReport
 
 
@@ -43,7 +44,7 @@ def test_the_wire_form_decodes_back_into_the_declared_struct() -> None:
     sent = [bus.emit(Published(revision=1, generation=1, source="last_known_good",
                                took_s=0.0)),
             bus.emit(StatusChanged(control_plane_up=False,
-                                   revision=RevisionStatus(clock=lambda: 0.0).report()))]
+                                   revision=RevisionStatus(ActiveState(), clock=lambda: 0.0).report()))]
     decoded = [msgspec.json.decode(msgspec.json.encode(e), type=Published | Rejected
                                    | StatusChanged) for e in sent]
     assert decoded == sent
