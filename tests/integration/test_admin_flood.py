@@ -120,6 +120,7 @@ async def test_http2_preface_is_closed_at_once_and_h2c_upgrade_is_served_as_http
             assert await daemon.wait() == 0
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_floods_at_a_lowered_nofile_keep_healthz_and_convergence(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port)

@@ -59,6 +59,7 @@ def readable_bytes(sock: socket.socket) -> int:
     return int(struct.unpack("i", buf)[0])
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_a_half_closing_client_never_reads_a_frame_cut_in_half() -> None:
     with trio.fail_after(30):
         ctx = make_ctx()
@@ -146,6 +147,7 @@ async def _close_round(host: str, port: int, ctx: AdminContext, rev: int) -> lis
     return ops[ops.index(8) + 1:]
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_no_data_frame_follows_the_close_frame_after_a_client_closes() -> None:
     # RFC 6455 section 5.5.1: after sending a Close frame, the endpoint MUST NOT
     # send any more data frames. hypercorn answers a client's close on its own
@@ -160,6 +162,7 @@ async def test_no_data_frame_follows_the_close_frame_after_a_client_closes() -> 
             assert all(a == [] for a in after), f"data frames after the close frame: {after}"
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_a_client_closing_during_a_blocked_write_is_not_a_server_error(
     capfd: pytest.CaptureFixture[str],
 ) -> None:

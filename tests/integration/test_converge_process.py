@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 import trio.testing
 
@@ -94,6 +95,7 @@ def _attempts(metrics: str) -> float:
                if line.startswith("supervisor_convergence_attempts_total{"))
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_a_flood_of_requests_coalesces_and_shutdown_leaves_none_hanging(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.fanout import APPS, CONTROL, FAST, harness, ready, sd
@@ -25,6 +26,7 @@ def applied(obj: dict[str, Any] | None) -> bool:
     return (ready(obj) or {}).get("reason") == "Applied"
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_a_bulk_of_200_parents_writes_no_applied_event_by_default(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with harness(tmp_path) as h:

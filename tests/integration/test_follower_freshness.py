@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from tests.followers import POLL_S, capture, make_node, wait_active, wait_status
@@ -38,6 +39,7 @@ def fresh(report: dict[str, Any]) -> bool:
     return bool(not revision["statement"]["stale"] and revision["last_error"] is None)
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_followers_report_stale_within_the_ttl_and_recover_with_the_root(
     tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ def rss_bytes(pid: int, field: str = "VmHWM") -> int:
     raise AssertionError(f"no {field}")
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_ten_refusals_of_a_large_body_leave_no_memory_behind(
     tmp_path: Path, pg_url: str
 ) -> None:

@@ -20,6 +20,7 @@ import sqlite3
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from tests.proc import acli, free_port, run_daemon, write_config
@@ -111,6 +112,7 @@ async def test_wal_and_shm_removed_under_the_daemon(tmp_path: Path) -> None:
                 f"last_error={report['last_error']!r}")
 
 
+@pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`
 async def test_restore_after_the_file_was_moved_away_with_another_reader_open(
         tmp_path: Path) -> None:
     """The same restore in two steps: ``mv cp.db saved.db`` (an outage), then ``mv new.db cp.db``.

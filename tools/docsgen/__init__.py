@@ -25,6 +25,7 @@ The prose (what a key means, what to do about a label) is in
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from tools.docsgen.adminapi import render_admin_api
@@ -61,6 +62,13 @@ PAGES["README.md"] = lambda: render_index(PAGES)
 
 
 def render_all() -> dict[str, str]:
+    """Every page, rendered once per process (a render walks the package's syntax trees
+    for seconds; the source does not change under a running check)."""
+    return dict(_rendered())
+
+
+@cache
+def _rendered() -> dict[str, str]:
     return {name: render() for name, render in PAGES.items()}
 
 
