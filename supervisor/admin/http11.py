@@ -406,7 +406,13 @@ class Http11Connection:
         pipelined request) are kept for h11, up to a head's worth."""
         buffered = 0
         while True:
-            data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+            try:
+                data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+            except _TRANSPORT_ERRORS:
+                # Reset by the client, or closed under us by the server's stop or an
+                # eviction: either way the request has no one to answer any more.
+                self._gone = True
+                return
             if not data:
                 return
             buffered += len(data)

@@ -261,7 +261,9 @@ class _Server:
             )
             self._connections[key] = connection
             await connection.run(deadline)
-        except Exception:  # one connection's failure must not stop the server
+        except* Exception:
+            # One connection's failure must not stop the server, also when it comes
+            # grouped with the Cancelled of a stop (which goes on unswallowed).
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
             self._waiting.pop(key, None)

@@ -7,7 +7,9 @@ import socket
 import httpx
 import msgspec
 import pytest
+import structlog
 import trio
+import trio.testing
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from supervisor.admin.errors import AdminBindError, AdminError
@@ -189,6 +191,33 @@ async def test_shutdown_is_prompt_with_idle_keepalive_connections() -> None:
                 srv.stop()
             # Leaving running_admin waited for serve_admin to return.
             assert trio.current_time() - start < 1.0
+
+
+async def test_shutdown_with_converge_requests_waiting_ends_without_an_error() -> None:
+    """Requests waiting in POST /v1/converge when the server stops: their connections are
+    closed under the task that waits for the client's disconnect, which is an end of the
+    request, not an error of the server."""
+    ctx = make_ctx()
+
+    async def converge(timeout_s: float) -> None:
+        await trio.sleep_forever()  # a loop that never answers before the stop
+
+    ctx.converge = converge  # type: ignore[assignment]
+    with trio.fail_after(20), structlog.testing.capture_logs() as logs:
+        async with running_admin(ctx, shutdown_timeout_s=0.2) as srv:
+            socks = []
+            for _ in range(20):
+                sock = trio.socket.socket()
+                await sock.connect((srv.host, srv.port))
+                await sock.send(b"POST /v1/converge HTTP/1.1\r\nHost: " + srv.host.encode()
+                                + b"\r\nContent-Length: 0\r\n\r\n")
+                socks.append(sock)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            srv.stop()
+        # Leaving running_admin re-raised whatever serve_admin raised: nothing.
+        for sock in socks:
+            sock.close()
+    assert [e for e in logs if e["event"] == "admin connection failed"] == []
 
 
 async def test_ipv6_loopback() -> None:

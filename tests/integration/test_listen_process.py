@@ -38,9 +38,12 @@ async def test_cli_and_plain_sql_publishes_converge_through_notifications(
             await daemon.wait_log("published", revision=rid)
             # Shutdown while the child waits on its connection: prompt.
             daemon.signal(signal.SIGTERM)
-            start = trio.current_time()
             assert await daemon.wait() == 0
-            assert trio.current_time() - start < 2.0
+            # Every child stopped when asked, none waited out its shutdown timeout (a
+            # statement about the daemon, not about how busy this machine is).
+            assert not [line for line in daemon.lines
+                        if line.get("event") == "child did not stop in time"]
+            assert daemon.lines[-1]["event"] == "stopped"
     notify.close()
 
 
@@ -88,9 +91,9 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
                 proxy.stop()  # cuts every connection: the listener starts reconnecting
                 await daemon.wait_log("LISTEN connection unreachable")
                 daemon.signal(signal.SIGTERM)
-                start = trio.current_time()
                 assert await daemon.wait() == 0
-                assert trio.current_time() - start < 3.0
+                assert not [line for line in daemon.lines
+                            if line.get("event") == "child did not stop in time"]
         notify.close()
 
 
