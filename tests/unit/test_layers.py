@@ -7,7 +7,7 @@ dependencies even when they cost nothing at run time)::
     3  admin                                                 (reads what the loops report)
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
-    0  errors, reasons, logs, backoff, outage, events, telemetry, config, configchecks,
+    0  errors, reasons, logs, backoff, streak, events, telemetry, config, configchecks,
        configfile, filemodes, dsn, statedirs, tlsconfig
 
 A part may import parts of lower layers, and only the listed pairs within one
@@ -23,7 +23,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "supervisor"
 
 LAYERS = {
-    0: {"errors", "reasons", "logs", "backoff", "outage", "events", "telemetry", "config",
+    0: {"errors", "reasons", "logs", "backoff", "streak", "events", "telemetry", "config",
         "configchecks", "configfile", "filemodes", "dsn", "statedirs", "tlsconfig", "__init__"},
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},
