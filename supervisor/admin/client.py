@@ -47,10 +47,10 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
-from supervisor.admin.status_view import printable
 from supervisor.backoff import Backoff
 from supervisor.config import split_host_port
 from supervisor.logs import get_logger
+from supervisor.texttable import printable
 
 __all__ = [
     "base_url_for_listen",

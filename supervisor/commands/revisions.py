@@ -19,14 +19,12 @@ from supervisor.commands.common import (
     ReferenceResolver,
     admin_base,
     admin_url,
-    block,
-    cell,
     iso,
     load_config,
-    table,
     with_store,
 )
 from supervisor.errors import UsageError
+from supervisor.texttable import block, cell, table
 
 if TYPE_CHECKING:
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary

@@ -23,9 +23,9 @@ from supervisor.commands.common import (
     admin_base,
     admin_secure,
     admin_url,
-    table,
 )
 from supervisor.reasons import DENIED, UNAVAILABLE
+from supervisor.texttable import table
 
 __all__ = ["cmd_status", "register", "rollout_problems"]
 
