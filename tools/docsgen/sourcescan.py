@@ -63,7 +63,7 @@ def _streaks(node: ast.AST) -> Iterator[ast.Call]:
             yield call
 
 
-def non_constant_events(module: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
+def non_constant_events(tree: ast.Module) -> Iterator[tuple[int, str]]:
     """(line, call) of every log call (or :class:`~supervisor.streak.Streak`) whose event
     is not a constant (or a choice of constants): an alert cannot match such an event,
     and this page cannot list it."""
