@@ -14,7 +14,9 @@ Contract:
 - ``accept`` failing for lack of descriptors or memory (``EMFILE``, ``ENFILE``,
   ``ENOBUFS``, ``ENOMEM``) is logged once when a streak of failures begins and
   once when it ends, with the count, never once per retry; so are refusals at
-  the limit. During a streak a
+  the limit (:class:`~supervisor.streak.Streak`: a streak ends at the first
+  success a second after its last failure, so failures interleaved with
+  successes, a flood at the limit, are one streak). During a streak a
   spare descriptor, kept open for this, is let go to accept and reset the
   waiting connection, so its client is refused rather than left in the backlog.
 """
@@ -31,6 +33,7 @@ import trio
 
 from supervisor.admin.connections import ConnectionTable, Peer, peek, reset
 from supervisor.logs import get_logger
+from supervisor.streak import Streak
 
 __all__ = ["AcceptLoop"]
 
@@ -44,29 +47,8 @@ ACCEPT_RETRY_S = 0.1
 ACCEPT_BATCH = 256
 # How much of a waiting request head the accept loop looks at for ``answer``.
 ANSWER_PEEK = 2048
-
-
-class _Streak:
-    """Logs the first failure of a streak and, once it has ended, how many there
-    were. A streak ends at the first success at least ``quiet_s`` after the last
-    failure: failures interleaved with successes (a flood at the limit, where
-    some connections still get in) are one streak, not one line each."""
-
-    def __init__(self, begins: str, ends: str, quiet_s: float = 1.0) -> None:
-        self._begins, self._ends, self._quiet_s = begins, ends, quiet_s
-        self.count = 0
-        self._last = 0.0
-
-    def failed(self, **fields: object) -> None:
-        self.count += 1
-        self._last = trio.current_time()
-        if self.count == 1:
-            log.warning(self._begins, **fields)
-
-    def ended(self, **fields: object) -> None:
-        if self.count and trio.current_time() - self._last >= self._quiet_s:
-            log.warning(self._ends, count=self.count, **fields)
-            self.count = 0
+# A streak of failed accepts or refusals ends at a success this long after its last one.
+STREAK_QUIET_S = 1.0
 
 
 class _Spare:
@@ -115,10 +97,14 @@ class AcceptLoop:
         self._spawn = spawn
         self._answer = answer
         self._spare = _Spare()
-        self._accept_errors = _Streak("admin accept failing", "admin accept recovered")
-        self._full = _Streak(
-            "admin connection limit reached; refusing new connections",
-            "admin connections accepted again",
+        self._accept_errors = Streak(
+            log, began="admin accept failing", ended="admin accept recovered",
+            quiet_s=STREAK_QUIET_S, ended_level="warning", count_as="count",
+        )
+        self._full = Streak(
+            log, began="admin connection limit reached; refusing new connections",
+            ended="admin connections accepted again",
+            quiet_s=STREAK_QUIET_S, ended_level="warning", count_as="count",
         )
 
     def close(self) -> None:
@@ -156,7 +142,7 @@ class AcceptLoop:
                 if exc.errno in IGNORABLE_ACCEPT_ERRNOS:
                     continue
                 raise
-            self._accept_errors.ended()
+            self._accept_errors.recovered()
             self._admit(sock)
         return False
 
@@ -170,7 +156,7 @@ class AcceptLoop:
             self._full.failed(limit=self._table.limit)
             reset(stream)
             return
-        self._full.ended(limit=self._table.limit)
+        self._full.recovered(limit=self._table.limit)
         try:
             address = sock.getpeername()
         except OSError:

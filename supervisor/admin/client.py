@@ -40,20 +40,17 @@ import random
 import ssl
 from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
-from supervisor.admin.status_view import printable
 from supervisor.backoff import Backoff
-from supervisor.config import split_host_port
 from supervisor.logs import get_logger
+from supervisor.texttable import printable
 
 __all__ = [
-    "base_url_for_listen",
     "ca_file_context",
     "converge_url",
     "fetch_status",
@@ -75,52 +72,37 @@ MAX_STATUS_BYTES = 16 * 1024 * 1024
 
 # -- URLs -------------------------------------------------------------------------
 
-
-def base_url_for_listen(listen: str) -> str:
-    """The URL a local client uses for ``[admin].listen`` (a wildcard means loopback)."""
-    host, port = split_host_port(listen)
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
+#: Path endings that name a replica's endpoint, not the replica: dropped from its base.
+_ENDPOINTS = ("/v1/stream", "/v1/converge")
 
 
-_TO_HTTP = {"ws": "http", "wss": "https"}
-
-
-def _lower_scheme(base_url: str) -> str:
-    """``base_url`` stripped, its scheme (if any) in lower case (RFC 3986: case-insensitive)."""
-    base = base_url.strip()
-    scheme, sep, rest = base.partition("://")
-    return f"{scheme.lower()}://{rest}" if sep else base
-
-
-def _http_base(base_url: str) -> str:
-    base = _lower_scheme(base_url)
-    if "://" not in base:
-        base = f"http://{base}"
-    return base.rstrip("/")
+def _url(base_url: str) -> httpx.URL:
+    """``base_url`` parsed (``h:p`` is ``http://h:p``; schemes in lower case, RFC 3986
+    3.1); AdminUnreachable naming it when it is not a URL with a valid port."""
+    text = base_url.strip()
+    try:
+        url = httpx.URL(text if "://" in text else f"http://{text}")
+    except httpx.InvalidURL as exc:
+        raise AdminUnreachable(base_url, f"not a URL ({exc})") from exc
+    if url.port is not None and not 0 < url.port < 65536:
+        raise AdminUnreachable(base_url, f"port {url.port} is not between 1 and 65535")
+    return url
 
 
 def _status_url(base_url: str) -> str:
-    base = _http_base(base_url)
-    return base if base.endswith("/status") else f"{base}/status"
+    url = _url(base_url)
+    path = url.path.rstrip("/")
+    return str(url.copy_with(path=path if path.endswith("/status") else f"{path}/status"))
 
 
-def _replica_http_base(base_url: str) -> str:
-    """Any form of a replica's address -> ``http(s)://h:p`` (ws -> http, wss -> https).
-
-    A ``/v1/stream`` or ``/v1/converge`` ending is dropped: both name the replica.
-    """
-    scheme, sep, rest = _lower_scheme(base_url).partition("://")
-    base = f"{_TO_HTTP.get(scheme, scheme)}://{rest}" if sep else scheme
-    base = _http_base(base)
-    for path in ("/v1/stream", "/v1/converge"):
-        base = base.removesuffix(path)
-    return base
+def _replica(url: httpx.URL, scheme: dict[str, str], endpoint: str) -> str:
+    """A replica's address, its scheme mapped by ``scheme`` (else kept), at ``endpoint``
+    (a path prefix kept, a ``/v1/stream`` or ``/v1/converge`` dropped: both name the
+    replica)."""
+    path = url.path.rstrip("/")
+    for ending in _ENDPOINTS:
+        path = path.removesuffix(ending)
+    return str(url.copy_with(scheme=scheme.get(url.scheme, url.scheme), path=path + endpoint))
 
 
 def stream_url(base_url: str) -> str:
@@ -129,11 +111,10 @@ def stream_url(base_url: str) -> str:
     A ws URL with a path passes through; one naming only the replica
     (``ws://h:p``) gets ``/v1/stream``, as :func:`converge_url` reads it.
     """
-    base = _lower_scheme(base_url)
-    if base.startswith(("ws://", "wss://")) and "/" in base.partition("://")[2].rstrip("/"):
-        return base
-    scheme, _, rest = _replica_http_base(base).partition("://")
-    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/v1/stream"
+    url = _url(base_url)
+    if url.scheme in ("ws", "wss") and url.path != "/":
+        return str(url)
+    return _replica(url, {"http": "ws", "https": "wss"}, "/v1/stream")
 
 
 def converge_url(base_url: str) -> str:
@@ -142,7 +123,7 @@ def converge_url(base_url: str) -> str:
     ``publish --wait`` takes replicas as stream URLs too (``ws://h:p/v1/stream``);
     its converge request must reach the same replica over HTTP.
     """
-    return f"{_replica_http_base(base_url)}/v1/converge"
+    return _replica(_url(base_url), {"ws": "http", "wss": "https"}, "/v1/converge")
 
 
 def _auth_headers(token: str | None) -> dict[str, str]:
@@ -302,17 +283,12 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
     """One connection, start to end. The TCP stream is opened and closed here,
     not by trio-websocket: its client leaves the socket open when the server
     closes first or refuses the handshake (trio-websocket 0.12)."""
-    parts = urlsplit(url)
+    parts = _url(url)
     secure = parts.scheme == "wss"
-    host = parts.hostname or ""
-    try:
-        port = parts.port or (443 if secure else 80)
-    except ValueError:
-        return _Ended("lost", f"bad URL {url!r}")
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host_header = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        host_header += f":{port}"
+    host = parts.raw_host.decode("ascii")
+    port = parts.port or (443 if secure else 80)
+    resource = parts.raw_path.decode("ascii")  # the query with it
+    host_header = parts.netloc.decode("ascii")  # brackets kept, no credentials
     stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
     try:
         with trio.fail_after(watch.connect_timeout_s):

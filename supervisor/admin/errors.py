@@ -8,7 +8,8 @@
         │                            the tree does not restart it and the CLI exits 1,
         │                            so systemd retries; ``path`` is ``$.admin.listen``)
         └── AdminUnreachable         client side: connect failure, timeout, non-200 answer,
-            │                        undecodable body, or a stream that ended abnormally
+            │                        undecodable body, a stream that ended abnormally,
+            │                        or an address that is not a URL
             └── AdminRefused         the server refused our credentials (401/403); retrying
                                      cannot help, so ``watch`` does not reconnect
 

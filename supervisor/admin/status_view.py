@@ -8,36 +8,15 @@ keys show as ``-``, so it renders a document of an older or newer replica too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["printable", "render_status", "unhealthy"]
+from supervisor.texttable import cell, table
+
+__all__ = ["render_status", "unhealthy"]
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    # One line per row: control characters (a newline in an error) would break the table.
-    return printable(str(value))
-
-
-def printable(text: str) -> str:
-    """``text`` with every non-printable character (newline, ANSI escape, BEL) a space:
-    what a replica, or whatever answers on its port, sends cannot drive the terminal."""
-    return "".join(c if c.isprintable() else " " for c in text)
-
-
-def _table(header: Sequence[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = []
-    for row in [list(header), *rows]:
-        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
-        lines.append((indent + "  ".join(cells)).rstrip())
-    return lines
+    return f"{value:.3f}" if isinstance(value, float) else cell(value)
 
 
 def _seconds(value: Any) -> str:
@@ -102,7 +81,7 @@ def render_status(doc: dict[str, Any]) -> str:
             else [_cell(name), "-", "-", "-"]
             for name, c in children.items()
         ]
-        lines += _table(("NAME", "STATE", "RESTARTS", "LAST ERROR"), rows)
+        lines += table(("NAME", "STATE", "RESTARTS", "LAST ERROR"), rows, indent="  ")
     else:
         lines.append("  (none)")
 
@@ -115,7 +94,7 @@ def render_status(doc: dict[str, Any]) -> str:
             else [_cell(kind), "-", "-", "-"]
             for kind, f in fanout.items()
         ]
-        lines += _table(("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"), rows)
+        lines += table(("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"), rows, indent="  ")
     else:
         lines.append("  (none)")
     leadership = doc.get("leadership")

@@ -1,5 +1,5 @@
 """What the subcommands share: exit codes, loading the configuration, a store for one call,
-the admin address and token, and the printing helpers of the tables."""
+and the admin address and token (the tables' text: :mod:`supervisor.texttable`)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "ReferenceResolver", "admin_base",
-    "admin_url", "block", "cell", "config_path", "describe_store", "iso", "load_config", "table",
-    "with_store",
+    "admin_url", "config_path", "describe_store", "iso", "load_config", "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -219,33 +218,3 @@ def iso(value: datetime | None) -> str | None:
         return None
     text = value.astimezone(UTC).isoformat(timespec="milliseconds")
     return text.replace("+00:00", "Z")
-
-
-def cell(value: object) -> str:
-    """One table cell: ``-`` for None, every non-printable character (newline, ANSI
-    escape) a space, so what others stored cannot break the table or drive the terminal."""
-    from supervisor.admin.status_view import printable
-
-    if value is None:
-        return "-"
-    # One line per row: a newline in a message would break the table.
-    return printable(str(value))
-
-
-def block(text: str) -> str:
-    """Several lines of what others stored, each as a :func:`cell`: the newlines kept,
-    every other non-printable character (ANSI escape, BEL) a space."""
-    return "\n".join(cell(line) for line in text.split("\n"))
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[object]],
-          right: Sequence[int] = ()) -> list[str]:
-    """Aligned columns; the columns named in ``right`` are right-aligned (numbers)."""
-    cells = [[cell(c) for c in row] for row in [list(header), *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = []
-    for row in cells:
-        parts = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(parts).rstrip())
-    return lines

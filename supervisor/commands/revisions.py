@@ -21,15 +21,13 @@ from supervisor.commands.common import (
     ReferenceResolver,
     admin_base,
     admin_url,
-    block,
-    cell,
     iso,
     load_config,
-    table,
     with_store,
 )
 from supervisor.commands.jsonout import print_json
 from supervisor.errors import UsageError
+from supervisor.texttable import block, cell, table
 
 if TYPE_CHECKING:
     # Also annotations of the --json Structs (encoding never resolves them).

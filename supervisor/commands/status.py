@@ -29,10 +29,10 @@ from supervisor.commands.common import (
     admin_base,
     admin_secure,
     admin_url,
-    table,
 )
 from supervisor.commands.jsonout import Failure, print_json
 from supervisor.reasons import DENIED, UNAVAILABLE
+from supervisor.texttable import table
 
 __all__ = ["Unreachable", "cmd_status", "register", "rollout_problems"]
 

@@ -36,7 +36,7 @@ wait. Poked while waiting to reconnect, it reconnects at once with its backoff
 reset (a two-minute outage no longer leaves LISTEN down for a further 30 s);
 poked while connected, it probes the connection at once (a frozen primary is
 noticed within the probe deadline, not at the next probe).
-Failures are logged as an outage (:class:`~supervisor.outage.OutageLog`): the
+Failures are logged as a streak (:class:`~supervisor.streak.Streak`): the
 first at once, then at most one line a minute, and one line when it ends.
 
 Storms: anyone who may connect may ``NOTIFY`` the channel, no table privilege
@@ -45,7 +45,7 @@ needed. Notifications wake the loop at most once per
 arrives sooner is held, and the wake-up goes out when the interval has passed,
 covering everything that came meanwhile (the loop reads the control plane,
 not the payload). Each held wake-up counts in ``listen_wakeups_held``; a storm
-is logged as a streak (:class:`~supervisor.outage.OutageLog`): ``notification
+is logged as a streak (:class:`~supervisor.streak.Streak`): ``notification
 storm began`` at once, then at most one line a minute, and ``notification
 storm ended`` once a notification comes a full interval after the last wake-up.
 
@@ -81,7 +81,7 @@ from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, con
 from supervisor.controlplane.runner import INTERRUPT_GRACE_S, call_interruptibly
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
-from supervisor.outage import OutageLog
+from supervisor.streak import Streak
 from supervisor.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -139,8 +139,9 @@ class WakeFloor:
         self._clock = clock
         self._next_at = -math.inf
         self.held = False
-        self.storm = OutageLog(log, "notification storm", clock=clock, began="began",
-                               ongoing="goes on", ended="ended")
+        self.storm = Streak(log, began="notification storm began",
+                            ongoing="notification storm goes on",
+                            ended="notification storm ended", clock=clock)
 
     def notified(self) -> None:
         """Notifications arrived: wake the loop now, or hold the wake-up until the floor."""
@@ -186,7 +187,9 @@ class _Listener:
         self.poke = poke
         self.pokes_seen = poke.count  # the pokes a wait of ours has already answered
         self.standby_reported = False
-        self.outage = OutageLog(log, "LISTEN connection")
+        self.outage = Streak(log, began="LISTEN connection unreachable",
+                             ongoing="LISTEN connection still unreachable",
+                             ended="LISTEN connection reachable again")
         self.channel = config.channel
         # The convergence loop's wake-up (ChangeSignal.notify): this module
         # knows nothing of the loop above it.

@@ -28,7 +28,7 @@ from trio_websocket import open_websocket_url
 
 from supervisor.backoff import Backoff
 from supervisor.logs import get_logger
-from supervisor.outage import OutageLog
+from supervisor.streak import Streak
 from supervisor.tlsconfig import upstream_context
 
 if TYPE_CHECKING:
@@ -60,7 +60,9 @@ async def run_upstream_hint(
     url = stream_url(config.url)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
     backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
-    outage = OutageLog(log, "upstream stream")
+    outage = Streak(log, began="upstream stream unreachable",
+                    ongoing="upstream stream still unreachable",
+                    ended="upstream stream reachable again")
     while True:
         try:
             async with open_websocket_url(url, extra_headers=headers,

@@ -59,7 +59,7 @@ secrets' values) and the store's own refusals are retried every poll.
 Each refusal line carries ``retry_in_s``. A refusal repeated unchanged is
 logged at most once a minute (every poll while the cache serves instead of a
 refused desired revision), and an outage as a start, progress once a minute
-and an end (:class:`~supervisor.outage.OutageLog`).
+and an end (:class:`~supervisor.streak.Streak`).
 
 :meth:`ConvergenceLoop.bootstrap` reaches a first servable snapshot (the signed
 cache answering an outage) or raises :class:`~supervisor.errors.BootRefused`

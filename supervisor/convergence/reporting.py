@@ -1,10 +1,14 @@
 """How a failed attempt is told: log lines an operator can read, and the STATUS= line.
 
+Failures are told as streaks (:class:`~supervisor.streak.Streak`):
+
 - An outage (the control plane could not be asked: ``unavailable``, no revision
-  involved) is a start, progress once a minute and an end (:class:`~supervisor.outage.OutageLog`).
-- A refusal repeated unchanged is logged at most once a minute, except while
-  the cache serves instead of a refused desired revision: then at every poll,
-  because the replica is serving something other than what is desired.
+  involved) is a start, progress once a minute and an end.
+- A refusal repeated unchanged is logged at most once a minute (a different
+  one begins a new streak), except while the cache serves instead of a refused
+  desired revision: then at every poll, because the replica is serving
+  something other than what is desired. A refusal has no end line (the
+  publish that follows says itself).
 - Every line carries ``retry_in_s``, the delay before the next attempt.
 """
 
@@ -12,13 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import trio
-
 from supervisor import reasons
 from supervisor.convergence.outcome import Outcome
 from supervisor.convergence.status import RevisionStatus
 from supervisor.logs import get_logger
-from supervisor.outage import PROGRESS_EVERY_S, OutageLog
+from supervisor.streak import Streak
 
 __all__ = ["FailureLog"]
 
@@ -31,13 +33,24 @@ class FailureLog:
     def __init__(self, status: RevisionStatus, on_status: Callable[[str], None]) -> None:
         self.status = status
         self.on_status = on_status
-        self.outage = OutageLog(log, "control plane")
-        # (revision, reason, detail) last logged as refused, and when.
-        self._last_refusal_line: tuple[tuple[object, ...], float] | None = None
+        self.outage = Streak(log, began="control plane unreachable",
+                             ongoing="control plane still unreachable",
+                             ended="control plane reachable again")
+        self.refused = Streak(log, level="error",
+                              began="revision refused; previous snapshot keeps serving",
+                              ongoing="revision refused; previous snapshot keeps serving")
+        self.refused_unasked = Streak(
+            log, level="error",
+            began="convergence attempt refused by the control plane; previous snapshot keeps "
+                  "serving",
+            ongoing="convergence attempt refused by the control plane; previous snapshot keeps "
+                    "serving")
+        # (revision, reason, detail) of the refusal the streaks are about.
+        self._refusal: tuple[object, ...] | None = None
 
     def forget(self) -> None:
         """The next refusal is logged even when unchanged (SIGHUP: "look again")."""
-        self._last_refusal_line = None
+        self._refusal = None
 
     def report(self, outcome: Outcome, retry_in_s: float) -> None:
         """Log a failed attempt (rate-limited when repeated) and update STATUS=."""
@@ -52,19 +65,15 @@ class FailureLog:
             # the control plane answering, logged as a refusal like a denial.
             self.outage.failed(**fields)
         else:
-            now = trio.current_time()
-            line = (outcome.revision, outcome.reason, outcome.detail)
-            last = self._last_refusal_line
-            every_poll = status.source == "last_known_good"
-            if (every_poll or last is None or last[0] != line
-                    or now - last[1] >= PROGRESS_EVERY_S):
-                self._last_refusal_line = (line, now)
-                if outcome.revision is not None:
-                    log.error("revision refused; previous snapshot keeps serving",
-                              repeated=outcome.repeated, **fields)
-                else:
-                    log.error("convergence attempt refused by the control plane; previous "
-                              "snapshot keeps serving", **fields)
+            refusal = (outcome.revision, outcome.reason, outcome.detail)
+            if refusal != self._refusal or status.source == "last_known_good":
+                self.refused.reset()
+                self.refused_unasked.reset()
+            self._refusal = refusal
+            if outcome.revision is not None:
+                self.refused.failed(repeated=outcome.repeated, **fields)
+            else:
+                self.refused_unasked.failed(**fields)
         active = status.active
         self.on_status(
             f"serving revision {active}; last attempt failed: {outcome.reason}"

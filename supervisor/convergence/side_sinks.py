@@ -7,7 +7,8 @@ truncated or rewritten in place, replaced, chmod'ed or chown'ed) is written
 again: one ``stat`` per file per attempt compares device, inode, size, mtime,
 mode and owner with what the write left (the cache's served mark included).
 Failures are logged once per failure streak and their recovery once
-(:class:`_Streak`); every failed write counts in
+(:class:`~supervisor.streak.Streak`, kept by :class:`SinkStatus`: a loop's
+restart does not forget a streak); every failed write counts in
 ``supervisor_sink_write_failures_total``. How each sink is now (``ok``,
 ``failing`` from a refused write until a write succeeds, ``disabled`` when not
 configured) and its last error are :class:`SinkStatus`: ``/status`` ``sinks``
@@ -39,6 +40,7 @@ from supervisor import reasons
 from supervisor.logs import get_logger
 from supervisor.sinks.atomic import write_atomic
 from supervisor.status_doc import SinksReport, SinkState
+from supervisor.streak import Streak
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
@@ -87,63 +89,48 @@ class SinkStatus:
     """How each side sink is, for ``/status`` and the metric; outlives the loop's restarts.
 
     Made once per process (the convergence child makes a new loop at every
-    start, and a restart must not forget that a sink is failing).
+    start, and a restart must not forget that a sink is failing). A sink is
+    ``failing`` while its failure streak lasts.
     """
 
     def __init__(self) -> None:
-        self._state: dict[str, SinkState] = dict.fromkeys(reasons.SINKS, "disabled")
+        self._enabled = dict.fromkeys(reasons.SINKS, False)
         self._error: dict[str, str | None] = dict.fromkeys(reasons.SINKS)
+        self._streaks = {sink: Streak(log, began="sink write failed; still serving, retrying "
+                                      "every poll", ended="sink write recovered")
+                         for sink in reasons.SINKS}
 
     def configure(self, sink: str, enabled: bool) -> None:
         """``disabled`` unless configured; a configured sink keeps a failing state it had."""
+        self._enabled[sink] = enabled
         if not enabled:
-            self._state[sink], self._error[sink] = "disabled", None
-        elif self._state[sink] == "disabled":
-            self._state[sink] = "ok"
+            self._error[sink] = None
+            self._streaks[sink].reset()
 
-    def failed(self, sink: str, error: str) -> None:
-        self._state[sink], self._error[sink] = "failing", error
+    def failed(self, sink: str, error: str, **context: object) -> None:
+        """A write failed with ``error`` (one line): logged when a streak begins."""
+        self._streaks[sink].failed(sink=sink, error=error, **context)
+        self._error[sink] = error
 
-    def ok(self, sink: str) -> None:
-        self._state[sink], self._error[sink] = "ok", None
+    def ok(self, sink: str, **context: object) -> None:
+        """A write succeeded: a streak's end is logged, with ``context``."""
+        self._streaks[sink].recovered(sink=sink, **context)
+        self._error[sink] = None
 
     def state(self, sink: str) -> SinkState:
-        return self._state[sink]
+        if not self._enabled[sink]:
+            return "disabled"
+        return "failing" if self._streaks[sink].ongoing else "ok"
 
     def error(self, sink: str) -> str | None:
         """The last write's error while the sink is failing (None otherwise)."""
         return self._error[sink]
 
     def report(self) -> SinksReport:
-        return SinksReport(cache=self._state["cache"],
-                           snapshot_file=self._state["snapshot_file"],
+        return SinksReport(cache=self.state("cache"),
+                           snapshot_file=self.state("snapshot_file"),
                            cache_error=self._error["cache"],
                            snapshot_file_error=self._error["snapshot_file"])
-
-
-class _Streak:
-    """Log a side-sink failure once per failure streak, and its recovery once."""
-
-    def __init__(self, sink: str, metrics: Metrics, status: SinkStatus) -> None:
-        self.sink = sink
-        self.metrics = metrics
-        self.status = status
-
-    @property
-    def failing(self) -> bool:
-        return self.status.state(self.sink) == "failing"
-
-    def failed(self, exc: BaseException, **context: object) -> None:
-        self.metrics.sink_write_failures.labels(self.sink).inc()
-        if not self.failing:
-            log.warning("sink write failed; still serving, retrying every poll",
-                        sink=self.sink, error=str(exc), **context)
-        self.status.failed(self.sink, " ".join(str(exc).split()) or type(exc).__name__)
-
-    def ok(self, **context: object) -> None:
-        if self.failing:
-            log.info("sink write recovered", sink=self.sink, **context)
-        self.status.ok(self.sink)
 
 
 class SideSinks:
@@ -159,8 +146,6 @@ class SideSinks:
         self.status = status if status is not None else SinkStatus()
         self.status.configure("cache", cache is not None)
         self.status.configure("snapshot_file", snapshot_file is not None)
-        self._file_streak = _Streak("snapshot_file", metrics, self.status)
-        self._cache_streak = _Streak("cache", metrics, self.status)
         # What each sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
         self._cache_due: Export | None = None
@@ -169,6 +154,10 @@ class SideSinks:
         # What the last successful write of each left on disk (None: not written yet).
         self._file_print: Fingerprint | None = None
         self._cache_print: Fingerprint | None = None
+
+    def _failed(self, sink: str, exc: BaseException, **context: object) -> None:
+        self.metrics.sink_write_failures.labels(sink).inc()
+        self.status.failed(sink, " ".join(str(exc).split()) or type(exc).__name__, **context)
 
     async def _changed(self, paths: tuple[str, ...], written: Fingerprint | None) -> bool:
         """True when the files differ from what the last write left (or, unwritten, are absent)."""
@@ -218,11 +207,12 @@ class SideSinks:
         try:
             self._file_print = await trio.to_thread.run_sync(write)
         except OSError as exc:
-            self._file_streak.failed(exc, path=self.snapshot_file.path)
+            self._failed("snapshot_file", exc, path=self.snapshot_file.path)
         else:
             if self._file_due is snapshot:
                 self._file_due = None
-            self._file_streak.ok(path=self.snapshot_file.path, revision=snapshot.revision)
+            self.status.ok("snapshot_file", path=self.snapshot_file.path,
+                           revision=snapshot.revision)
 
     @property
     def last_export(self) -> Export | None:
@@ -268,7 +258,7 @@ class SideSinks:
             written = await trio.to_thread.run_sync(run)
         except CacheError as exc:
             self.metrics.last_known_good_events.labels("export_failed").inc()
-            self._cache_streak.failed(exc, revision=export.revision)
+            self._failed("cache", exc, revision=export.revision)
             try:
                 removed = await trio.to_thread.run_sync(discard)
             except CacheError as discard_exc:
@@ -286,4 +276,4 @@ class SideSinks:
             if self._cache_due is export:
                 self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()
-            self._cache_streak.ok(path=cache.path, revision=export.revision)
+            self.status.ok("cache", path=cache.path, revision=export.revision)

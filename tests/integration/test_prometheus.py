@@ -132,7 +132,7 @@ if __name__ == "__main__":
     sys.stdout.write(prometheus_rule())
 
 
-def test_promtool_lints_the_exported_metrics() -> None:
+async def test_promtool_lints_the_exported_metrics() -> None:
     metrics = Metrics(process=False)
     sinks = SinkStatus()
     sinks.configure("cache", True)

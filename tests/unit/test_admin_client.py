@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
+import trio
 
-from supervisor.admin.client import base_url_for_listen, converge_url, stream_url
+from supervisor.admin.client import converge_url, fetch_status, stream_url
+from supervisor.admin.errors import AdminUnreachable
 from supervisor.admin.status_view import render_status, unhealthy
 
 STATUS_EXAMPLE = {
@@ -67,20 +70,6 @@ def test_render_status_tolerates_odd_documents(doc: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("listen", "url"),
-    [
-        ("127.0.0.1:9464", "http://127.0.0.1:9464"),
-        ("0.0.0.0:9464", "http://127.0.0.1:9464"),
-        ("[::]:9464", "http://[::1]:9464"),
-        ("[::1]:80", "http://[::1]:80"),
-        ("localhost:1", "http://localhost:1"),
-    ],
-)
-def test_base_url_for_listen(listen: str, url: str) -> None:
-    assert base_url_for_listen(listen) == url
-
-
-@pytest.mark.parametrize(
     ("base", "url"),
     [
         ("http://h:1", "ws://h:1/v1/stream"),
@@ -132,6 +121,38 @@ def test_stream_and_converge_urls_reach_the_same_replica(base: str, stream: str,
                                                          converge: str) -> None:
     """``publish --wait --url`` follows the stream and nudges the same replica."""
     assert (stream_url(base), converge_url(base)) == (stream, converge)
+
+
+@pytest.mark.parametrize(
+    ("base", "stream", "converge"),
+    [
+        # A path prefix (a replica behind a reverse proxy) is kept; a query with it.
+        ("http://h:1/replica-a/", "ws://h:1/replica-a/v1/stream",
+         "http://h:1/replica-a/v1/converge"),
+        ("wss://h:1/replica-a/v1/stream?x=1", "wss://h:1/replica-a/v1/stream?x=1",
+         "https://h:1/replica-a/v1/converge?x=1"),
+    ],
+)
+def test_a_path_prefix_names_the_replica_too(base: str, stream: str, converge: str) -> None:
+    assert (stream_url(base), converge_url(base)) == (stream, converge)
+
+
+@pytest.mark.parametrize(("base", "reason"), [
+    ("http://[::1", "not a URL (Invalid port: ':1')"),
+    ("ws://h:99999", "port 99999 is not between 1 and 65535"),
+])
+async def test_an_address_that_is_not_a_url_is_refused_as_unreachable(base: str,
+                                                                      reason: str) -> None:
+    """httpx's InvalidURL (not an httpx.HTTPError) becomes ours, chained, never a traceback."""
+    for call in (stream_url, converge_url):
+        with pytest.raises(AdminUnreachable) as raised:
+            call(base)
+        assert (raised.value.url, raised.value.reason) == (base, reason)
+    with pytest.raises(AdminUnreachable) as raised, trio.fail_after(5):
+        await fetch_status(base)
+    assert raised.value.reason == reason
+    if base.startswith("http://["):
+        assert isinstance(raised.value.__cause__, httpx.InvalidURL)
 
 
 def test_render_status_shows_control_plane_up() -> None:

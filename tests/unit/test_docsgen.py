@@ -63,9 +63,14 @@ def test_log_events_page_lists_the_calls_it_finds() -> None:
     row = next(line for line in text.splitlines()
                if line.startswith("| convergence attempt refused by the control plane"))
     assert "`reason`" in row and "`revision`" in row and "`retry_in_s`" in row
-    # An OutageLog's three events, found through its constructor.
+    # An outage Streak's events, found through its constructor.
     assert "| control plane unreachable | warning |" in text
     assert "| LISTEN connection reachable again | info | `after_s`, `attempts` |" in text
+    # Its fields are those of the .failed() calls on it in the same module, and its own.
+    assert ("| LISTEN connection still unreachable | warning | `attempts`, `error`, `for_s`, "
+            "`retry_in_s`, `url` |") in text
+    # A streak's own levels and count name (admin/accept.py).
+    assert "| admin accept recovered | warning | `after_s`, `count` |" in text
 
 
 def test_every_log_event_name_is_a_constant() -> None:
@@ -76,10 +81,11 @@ def test_every_log_event_name_is_a_constant() -> None:
     from tools.docsgen.sourcescan import modules, non_constant_events
 
     found = [f"{module}:{line}: {call}" for module, tree in modules()
-             for line, call in non_constant_events(module, tree)]
+             for line, call in non_constant_events(tree)]
     assert not found, "\n".join(found)
-    probe = ast.parse('log.error(f"sweep refused: {n} objects", n=n)\nlog.info("a" if x else "b")')
-    assert [line for line, _ in non_constant_events("supervisor.probe", probe)] == [1]
+    probe = ast.parse('log.error(f"sweep refused: {n} objects", n=n)\nlog.info("a" if x else "b")\n'
+                      'Streak(log, began="a", ended=f"{what} ended")\nStreak(log, began="b")')
+    assert [line for line, _ in non_constant_events(probe)] == [1, 3]
 
 
 def test_log_events_page_lists_conditional_and_streak_events() -> None:

@@ -7,8 +7,9 @@ dependencies even when they cost nothing at run time)::
     3  admin                                                 (reads what the loops report)
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
-    0  errors, reasons, logs, backoff, wakeup, outage, events, telemetry, config,
-       configchecks, configfile, filemodes, dsn, statedirs, tlsconfig, status_doc
+    0  errors, reasons, logs, backoff, wakeup, streak, events, telemetry, config,
+       configchecks, configfile, filemodes, dsn, statedirs, texttable, tlsconfig,
+       status_doc
 
 A part may import parts of lower layers, and only the listed pairs within one
 layer (the shared parts use each other, so do the commands; sinks store
@@ -23,9 +24,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "supervisor"
 
 LAYERS = {
-    0: {"errors", "reasons", "logs", "backoff", "wakeup", "outage", "events", "telemetry",
-        "config", "configchecks", "configfile", "filemodes", "dsn", "statedirs", "tlsconfig",
-        "status_doc",
+    0: {"errors", "reasons", "logs", "backoff", "wakeup", "streak", "events", "telemetry",
+        "config", "configchecks", "configfile", "filemodes", "dsn", "statedirs", "texttable",
+        "tlsconfig", "status_doc",
         "__init__"},
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},

@@ -55,61 +55,85 @@ def _log_call_nodes(tree: ast.Module) -> Iterator[ast.Call]:
             yield node
 
 
-#: Where an event name is a parameter on purpose: each call site passes constants, which
-#: :func:`log_calls` reads there (``OutageLog(log, "what")``, ``_Streak("a", "b")``).
-EVENT_FORWARDERS = ("supervisor.outage", "supervisor.admin.accept")
+def _streaks(node: ast.AST) -> Iterator[ast.Call]:
+    """Every ``Streak(...)`` call in ``node`` (:class:`supervisor.streak.Streak`)."""
+    for call in ast.walk(node):
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == "Streak"):
+            yield call
 
 
-def non_constant_events(module: str, tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """(line, call) of every log call whose event is not a constant (or a choice of
-    constants): an alert cannot match such an event, and this page cannot list it."""
-    if module in EVENT_FORWARDERS:
-        return
+def non_constant_events(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, call) of every log call (or :class:`~supervisor.streak.Streak`) whose event
+    is not a constant (or a choice of constants): an alert cannot match such an event,
+    and this page cannot list it."""
     for node in _log_call_nodes(tree):
         if not _constants(node.args[0]):
             yield node.lineno, ast.unparse(node)[:120]
+    for node in _streaks(tree):
+        events = [k.value for k in node.keywords if k.arg in ("began", "ongoing", "ended")]
+        if not all(_constants(event) for event in events):
+            yield node.lineno, ast.unparse(node)[:120]
+
+
+def _call_keys(call: ast.Call, dicts: dict[str, set[str]]) -> list[str]:
+    """The keyword names ``call`` passes, ``**name`` resolved from ``dicts``."""
+    keys = sorted(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
+    for splat in (k.value for k in call.keywords if k.arg is None):
+        keys += sorted(dicts.get(splat.id, set()) if isinstance(splat, ast.Name) else ())
+    return keys
+
+
+def _bound_name(node: ast.expr) -> str | None:
+    """``name``, ``<...>.name`` or ``<...>.name[...]``: the name (None otherwise)."""
+    if isinstance(node, ast.Subscript):
+        return _bound_name(node.value)
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _streak_calls(tree: ast.Module,
+                  dicts: dict[str, set[str]]) -> Iterator[tuple[str, str, list[str]]]:
+    """(event, level, keys) of each :class:`~supervisor.streak.Streak` made in ``tree``.
+
+    The caller's keys are those of the ``.failed()`` and ``.recovered()`` calls in
+    the same module on the name the streak is bound to (``self.outage = Streak(...)``,
+    then ``self.outage.failed(error=...)``).
+    """
+    made = [(_bound_name(node.targets[0]), call) for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) for call in _streaks(node.value)]
+    passed: dict[tuple[str | None, str], set[str]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("failed", "recovered")):
+            passed.setdefault((_bound_name(node.func.value), node.func.attr), set()).update(
+                _call_keys(node, dicts))
+    for name, call in made:
+        # Its events, levels and own fields (supervisor/streak.py), with their defaults.
+        said = {k.arg: _constants(k.value) for k in call.keywords if k.arg}
+        level, ended_level, count = ((said.get(k) or [default])[0] for k, default in (
+            ("level", "warning"), ("ended_level", "info"), ("count_as", "attempts")))
+        failed = passed.get((name, "failed"), set())
+        recovered = passed.get((name, "recovered"), set())
+        for keyword, at, keys in (("began", level, failed),
+                                  ("ongoing", level, {*failed, "attempts", "for_s"}),
+                                  ("ended", ended_level, {*recovered, "after_s", count})):
+            for event in said.get(keyword, []):
+                yield event, at, sorted(keys)
 
 
 def log_calls(tree: ast.Module) -> Iterator[tuple[str, str, list[str]]]:
     """(event, level, keys) of every ``<logger>.<level>("event", key=...)`` call in ``tree``
-    (``"a" if ... else "b"`` is both events)."""
+    (``"a" if ... else "b"`` is both events), and of every streak's events."""
     # ``log.error("...", **fields)`` where ``fields = {...}`` in the same file.
     dicts = _dict_literals(tree)
     for call in _log_call_nodes(tree):
-        keys = sorted(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
-        for splat in (k.value for k in call.keywords if k.arg is None):
-            keys += sorted(dicts.get(splat.id, set()) if isinstance(splat, ast.Name) else ())
         method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
         level = "error" if method == "exception" else method
         for event in _constants(call.args[0]):
-            yield event, level, keys
-    # An outage is logged by OutageLog(logger, "<what>") as three events
-    # (supervisor/outage.py); the caller's fields come with the first two.
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == "OutageLog" and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant)
-                and isinstance(node.args[1].value, str)):
-            what = node.args[1].value
-            words = {k.arg: k.value.value for k in node.keywords
-                     if k.arg in ("began", "ongoing", "ended")
-                     and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}
-            # A streak that is not an outage has its own words and first fields (none).
-            first = [] if words else ["detail", "error", "reason"]
-            yield f"{what} {words.get('began', 'unreachable')}", "warning", first
-            yield (f"{what} {words.get('ongoing', 'still unreachable')}", "warning",
-                   ["attempts", "for_s"])
-            yield f"{what} {words.get('ended', 'reachable again')}", "info", ["after_s", "attempts"]
-    # A streak of failures (supervisor/admin/accept.py): _Streak("begins", "ends"), two
-    # events (side_sinks.py's _Streak takes a sink's name, and logs constants itself).
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == "_Streak" and len(node.args) == 2
-                and all(_constants(arg) for arg in node.args)):
-            for event in _constants(node.args[0]):
-                yield event, "warning", ["error", "limit"]
-            for event in _constants(node.args[1]):
-                yield event, "warning", ["count", "limit"]
+            yield event, level, _call_keys(call, dicts)
+    yield from _streak_calls(tree, dicts)
 
 
 def emitted_events(tree: ast.Module) -> Iterator[str]:
