@@ -101,7 +101,6 @@ class Daemon:
         from supervisor.admin.server import serve_admin
 
         cfg = self.config.admin
-        cp = self.config.control_plane
         tls = _admin_tls(cfg)
         if tls is not None:
             self.hup.register("admin-tls-reload", lambda: _reload_admin_tls(tls))
@@ -123,9 +122,8 @@ class Daemon:
                 allowed_origins=tuple(cfg.allowed_origins),
                 # POST /v1/converge: a request on the change signal.
                 converge=self.signal.converge,
-                # Fleets: GET /v1/revision, and the follower's upstream in /status.
+                # Fleets: GET /v1/revision.
                 signed=self._signed_revision_file(),
-                upstream=cp.url if cp.backend == "follower" else None,
                 # Issue 14: None (reported "disabled") without leader election.
                 leadership=self.leadership.report if self.leadership is not None else None,
                 sinks=self.sinks,
@@ -438,7 +436,8 @@ class Daemon:
             if lock is None:
                 log.warning("cache lock not taken: its directory cannot be written; serving "
                             "without it", path=self.config.cache.path)
-        self.status.follower = self.config.control_plane.backend == "follower"
+        cp = self.config.control_plane
+        self.status.upstream = cp.url if cp.backend == "follower" else None
         try:
             await self._run()
         finally:

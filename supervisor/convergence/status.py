@@ -7,7 +7,10 @@ Fields and meaning (docs/admin-api.md):
   a refused candidate never shows here. Every compiled revision is swapped in
   at once, so it is the active one.
 - ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
-- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving).
+- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving);
+  in follower mode the upstream's address (:attr:`RevisionStatus.upstream`)
+  instead of ``control_plane``, and ``upstream`` holds it always: ``/status``
+  and the stream's ``status`` events report the one revision part.
 
 The serving revision (active, generation, source, body digest, statement,
 sequence) is read from the :class:`~supervisor.sinks.state.ActiveState`, never
@@ -48,6 +51,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from supervisor.events import utc_now_iso
@@ -71,8 +75,9 @@ class RevisionStatus:
         self.state = state
         self._clock = clock
         self._wall_clock = wall_clock
-        #: Follower mode: lag counts from the root's issued_at too.
-        self.follower = False
+        #: Follower mode: the upstream replica's address (None: not a follower);
+        #: lag counts from the root's issued_at too.
+        self.upstream: str | None = None
         self.desired: int | None = None
         self.last_convergence_s: float | None = None
         self.consecutive_failures = 0
@@ -131,7 +136,7 @@ class RevisionStatus:
     @property
     def lag_s(self) -> float:
         lag = 0.0 if self._diverged_at is None else max(0.0, self._clock() - self._diverged_at)
-        if self.follower and self.statement is not None:
+        if self.upstream is not None and self.statement is not None:
             lag = max(lag, self.statement.age_s(self._wall_clock()))
         return lag
 
@@ -207,7 +212,8 @@ class RevisionStatus:
             loaded=self.loaded,
             active=self.active,
             generation=self.generation,
-            source=self.source,
+            source=(self.upstream if self.upstream is not None and self.source == "control_plane"
+                    else self.source),
             lag_s=round(self.lag_s, 6),
             last_convergence_s=self.last_convergence_s,
             consecutive_failures=self.consecutive_failures,
@@ -217,4 +223,5 @@ class RevisionStatus:
             sequence=self.sequence,
             statement=(self.statement.report(self._wall_clock())
                        if self.statement is not None else None),
+            upstream=msgspec.UNSET if self.upstream is None else self.upstream,
         )

@@ -18,15 +18,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import trio
 import trio.testing
 
 from supervisor import reasons
+from supervisor.admin.context import AdminContext
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.convergence.outcome import OutcomeKind
+from supervisor.convergence.status import RevisionStatus
+from supervisor.events import EventBus
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.file import SnapshotFile
+from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
 from tests.convergence import doc, events_of, exported, make, real_cache, sample, watched
 from tests.fakes.store import FakeStore
 
@@ -362,3 +368,21 @@ async def test_a_cache_gone_the_instant_it_was_written_is_written_again(
     await rec.converge_once()  # nothing new to converge: the sinks catch up
     assert cache.exports == 2
     assert all(os.path.exists(path) for path in cache.paths)
+
+
+async def test_a_followers_status_event_names_the_upstream_as_its_status_document_does() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    status = RevisionStatus(ActiveState())
+    status.upstream = "http://hub:9464"  # the daemon's wiring in follower mode
+    rec, seen = watched(store, status=status)
+    await rec.converge_once()
+    store.outage = True
+    await rec.converge_once()
+    ctx = AdminContext(state=status.state, revision=status, events=EventBus(),
+                       metrics=Metrics(process=False), children=dict)
+    served = msgspec.to_builtins(ctx.status())["revision"]
+    event = [e for e in events_of(seen) if e["type"] == "status"][-1]["revision"]
+    serving = ("active", "generation", "source", "upstream", "sequence", "statement")
+    assert (event["source"], event["upstream"]) == ("http://hub:9464", "http://hub:9464")
+    assert {k: event[k] for k in serving} == {k: served[k] for k in serving}
