@@ -1,15 +1,19 @@
 """The ``revision`` part of /status: reachability, the desired digest and the lag.
 
 The report before any attempt, reachability told by an answer alone, the lag
-when the desired body's digest is unknown, replaced or forgotten, and the lag's
-rounding. Against :class:`RevisionStatus` on a hand-driven clock.
+when the desired body's digest is unknown, replaced or forgotten, the lag's
+rounding, and a follower's lag and source (the upstream's). Against
+:class:`RevisionStatus` on a hand-driven clock.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import msgspec
 
 from supervisor.convergence.status import RevisionStatus
+from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import ActiveState
 from tests.fakes.snapshot import FakeSnapshot
 
@@ -130,3 +134,20 @@ def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
     clock.now += 10.0
     status.answered()
     assert status.report().lag_s == 0.0
+
+
+def test_a_followers_lag_counts_from_the_roots_issued_at_and_a_roots_does_not() -> None:
+    issued = datetime(2026, 1, 1, tzinfo=UTC)
+    statement = Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, issued + timedelta(seconds=300))
+    for upstream, lag in ((None, 0.0), ("http://hub:9464", 40.0)):
+        state = ActiveState()
+        state.swap(FakeSnapshot(1, 1), source="control_plane",  # type: ignore[arg-type]
+                   statement=statement)
+        status = RevisionStatus(state, clock=Clock(),
+                                wall_clock=lambda: issued + timedelta(seconds=40))
+        status.upstream = upstream
+        status.observed(1)
+        report = status.report()
+        assert report.lag_s == lag
+        assert report.source == (upstream or "control_plane")
+        assert report.upstream == (msgspec.UNSET if upstream is None else upstream)
