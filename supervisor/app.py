@@ -283,10 +283,10 @@ class Daemon:
         from supervisor.controlplane.upstream_hint import run_upstream_hint
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            from supervisor.admin.auth import read_token
+            from supervisor.controlplane.follower import upstream_token
 
-            token = read_token(cp.token_file) if cp.token_file else None
-            await run_upstream_hint(cp, self.signal.notify, token=token, task_status=task_status)
+            await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
+                                    task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 

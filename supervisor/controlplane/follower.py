@@ -79,7 +79,6 @@ from supervisor.controlplane.errors import (
 from supervisor.controlplane.migrations import Migrated
 from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
-from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
 from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
@@ -87,12 +86,13 @@ from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_B
 from supervisor.sinks.lkg.keys import parse_trusted
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.tlsconfig import upstream_context
+from supervisor.tokenfile import read_token
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
 __all__ = ["ERROR_BODY_BYTES", "FORWARD_SUFFIX", "REVISION_PATH", "FollowerStore",
-           "forward_path"]
+           "forward_path", "upstream_token"]
 
 log = get_logger("controlplane")
 
@@ -133,17 +133,12 @@ def forward_path(cache_path: str | None) -> str | None:
     return None if cache_path is None else cache_path + FORWARD_SUFFIX
 
 
-def _read_token(path: str) -> str:
-    """The upstream's admin token; ConfigError naming the key when unusable."""
-    where = "$.control_plane.token_file"
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read(4096).strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, f"cannot read {path}: {exc}") from exc
-    if not token or any(c.isspace() or not c.isprintable() for c in token):
-        raise ConfigError(where, f"{path}: expected one token of printable ASCII")
-    return token
+def upstream_token(config: ControlPlaneConfig) -> str | None:
+    """The upstream's admin token (``[control_plane].token_file``; None: unset);
+    :class:`~supervisor.errors.ConfigError` on that key when the file is unusable."""
+    if config.token_file is None:
+        return None
+    return read_token(config.token_file, "$.control_plane.token_file")
 
 
 def _utcnow() -> datetime:
@@ -179,9 +174,10 @@ class FollowerStore:
         self._highest = accepted if accepted is not None else AcceptedStatements(None)
         self._clock = clock
         headers = {"accept": "application/octet-stream", "accept-encoding": "identity"}
-        if config.token_file is not None:
-            # Read at every start of the convergence child (the store is made there).
-            headers["authorization"] = f"Bearer {_read_token(config.token_file)}"
+        # Read at every start of the convergence child (the store is made there).
+        token = upstream_token(config)
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
         self._client = httpx.AsyncClient(
             base_url=self._url, headers=headers,
             timeout=httpx.Timeout(config.fetch_timeout_s,

@@ -8,7 +8,7 @@ dependencies even when they cost nothing at run time)::
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
     0  errors, reasons, logs, backoff, wakeup, outage, events, telemetry, config,
-       configchecks, configfile, filemodes, dsn, statedirs, tlsconfig, status_doc
+       configchecks, configfile, filemodes, tokenfile, dsn, statedirs, tlsconfig, status_doc
 
 A part may import parts of lower layers, and only the listed pairs within one
 layer (the shared parts use each other, so do the commands; sinks store
@@ -24,8 +24,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "supervisor"
 
 LAYERS = {
     0: {"errors", "reasons", "logs", "backoff", "wakeup", "outage", "events", "telemetry",
-        "config", "configchecks", "configfile", "filemodes", "dsn", "statedirs", "tlsconfig",
-        "status_doc",
+        "config", "configchecks", "configfile", "filemodes", "tokenfile", "dsn", "statedirs",
+        "tlsconfig", "status_doc",
         "__init__"},
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},
