@@ -49,7 +49,9 @@ arrive and refused past the bound (``denied``); a non-200 body is read at most
 upstream sends ends as a :class:`ControlPlaneError`: nothing from the fetch
 path can end the convergence child.
 
-Other failures: connection errors, timeouts, 5xx and 503 (the upstream has
+Other failures: connection errors (told with their innermost cause, a refused
+certificate's reason included: :func:`~supervisor.errors.describe_failure`, the
+message at most :data:`MAX_ERROR_CHARS`), timeouts, 5xx and 503 (the upstream has
 nothing active yet) are ``unavailable``; 401/403 are ``denied``; any other
 status is ``invalid``. ``publish`` and ``migrate`` are refused (``invalid``):
 a follower has no control plane of its own. The identity reported to the
@@ -79,6 +81,7 @@ from supervisor.controlplane.errors import (
 from supervisor.controlplane.migrations import Migrated
 from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
 from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
@@ -105,6 +108,8 @@ ERROR_BODY_BYTES: Final = 4096
 # Framing around the body: magic, length prefix, header, signature.
 _FRAMING_BYTES = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
 _MAX_ETAG_CHARS = 256
+#: The longest message of a failed fetch (an upstream's error text can be anything).
+MAX_ERROR_CHARS: Final = 500
 #: How far ahead of this replica's clock a statement may have been issued (ordinary skew).
 #: Beyond it the root's clock is wrong: accepted, such a statement would become the
 #: highest, so the root's corrected refreshes (issued "earlier") would be refused as
@@ -303,20 +308,25 @@ class FollowerStore:
                 return await self._read_bounded(response)
         except httpx.HTTPError as exc:
             raise ControlPlaneError(
-                f"upstream {self._where} unreachable: {type(exc).__name__}: {exc}"[:500],
-                category=FailureCategory.UNAVAILABLE,
+                self._failure("unreachable", exc), category=FailureCategory.UNAVAILABLE,
             ) from exc
         except _MALFORMED as exc:
             raise ControlPlaneError(
-                f"upstream {self._where} sent a malformed answer: {type(exc).__name__}: "
-                f"{exc}"[:500],
-                category=FailureCategory.INVALID,
+                self._failure("sent a malformed answer", exc), category=FailureCategory.INVALID,
             ) from exc
         except OSError as exc:
             raise ControlPlaneError(
                 f"upstream {self._where} unreachable: {exc.strerror or exc}",
                 category=FailureCategory.UNAVAILABLE,
             ) from exc
+
+    def _failure(self, what: str, exc: Exception) -> str:
+        """``upstream <where> <what>: <the error and its innermost cause>``, in at most
+        :data:`MAX_ERROR_CHARS` characters."""
+        prefix = f"upstream {self._where} {what}: "
+        return (prefix + describe_failure(exc, limit=max(0, MAX_ERROR_CHARS - len(prefix)),
+                                          certificate_hint="[control_plane].ca_file")
+                )[:MAX_ERROR_CHARS]
 
     def _check_etag(self, response: httpx.Response) -> None:
         raw = response.headers.get_list("etag")

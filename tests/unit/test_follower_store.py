@@ -688,6 +688,33 @@ async def test_an_https_upstream_is_verified_with_the_configured_ca_file(
             nursery.cancel_scope.cancel()
 
 
+async def test_a_certificate_from_an_untrusted_ca_is_named_in_the_error(
+    tmp_path: Path
+) -> None:
+    # httpx's ConnectError says nothing (its text is empty): the refusal is its innermost
+    # cause, the ssl.SSLCertVerificationError, which the error must name.
+    trustme = pytest.importorskip("trustme")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    trustme.CA().issue_cert("127.0.0.1").configure_cert(server)
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))  # not the CA that signed it
+    upstream = HostileUpstream(ROOT.sign(3, 3), ssl_context=server)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(upstream.serve)
+            store = FollowerStore(ControlPlaneConfig(
+                url=upstream.url, trusted_keys=[format_verify_key(ROOT.key.verify_key)],
+                ca_file=str(other_ca)), max_schema_version=1)
+            error = await refusal(store)
+            await store.aclose()
+            nursery.cancel_scope.cancel()
+    assert error.reason == "unavailable" and len(str(error)) <= 500
+    assert str(error).startswith(f"upstream {upstream.url}/v1/revision unreachable: ")
+    assert "CERTIFICATE_VERIFY_FAILED" in str(error), str(error)
+    assert "unable to get local issuer certificate" in str(error)
+    assert "[control_plane].ca_file" in str(error)
+
+
 def test_an_accepted_file_is_read_at_most_4_kib(tmp_path: Path) -> None:
     path = tmp_path / "lkg.bin.accepted"
     AcceptedStatements(str(path)).accept(statement_of(ROOT.sign(2, 2)))
