@@ -71,7 +71,8 @@ class Daemon:
     notifier: Notifier = field(default_factory=Notifier)
     metrics: Metrics = field(default_factory=Metrics)
     events: EventBus = field(default_factory=EventBus)
-    state: ActiveState = field(default_factory=ActiveState)
+    # The serving revision; a follower's names its upstream ([control_plane].url).
+    state: ActiveState = field(init=False)
     # Reads the state: the serving revision is kept there only.
     status: RevisionStatus = field(init=False)
     signal: ChangeSignal = field(default_factory=ChangeSignal)
@@ -91,6 +92,8 @@ class Daemon:
     _accepted: AcceptedStatements | None = None
 
     def __post_init__(self) -> None:
+        cp = self.config.control_plane
+        self.state = ActiveState(upstream=cp.url if cp.backend == "follower" else None)
         self.status = RevisionStatus(self.state)
 
     # -- children --------------------------------------------------------------
@@ -101,7 +104,6 @@ class Daemon:
         from supervisor.admin.server import serve_admin
 
         cfg = self.config.admin
-        cp = self.config.control_plane
         tls = _admin_tls(cfg)
         if tls is not None:
             self.hup.register("admin-tls-reload", lambda: _reload_admin_tls(tls))
@@ -123,9 +125,8 @@ class Daemon:
                 allowed_origins=tuple(cfg.allowed_origins),
                 # POST /v1/converge: a request on the change signal.
                 converge=self.signal.converge,
-                # Fleets: GET /v1/revision, and the follower's upstream in /status.
+                # Fleets: GET /v1/revision.
                 signed=self._signed_revision_file(),
-                upstream=cp.url if cp.backend == "follower" else None,
                 # Issue 14: None (reported "disabled") without leader election.
                 leadership=self.leadership.report if self.leadership is not None else None,
                 sinks=self.sinks,
@@ -438,7 +439,6 @@ class Daemon:
             if lock is None:
                 log.warning("cache lock not taken: its directory cannot be written; serving "
                             "without it", path=self.config.cache.path)
-        self.status.follower = self.config.control_plane.backend == "follower"
         try:
             await self._run()
         finally:

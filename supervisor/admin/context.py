@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import msgspec
-
 from supervisor import __version__
 from supervisor.admin.signed import SignedRevisionFile
 from supervisor.convergence.side_sinks import SinkStatus
@@ -46,8 +44,6 @@ class AdminContext:
     converge: Callable[[float], Awaitable[ConvergeAnswer | None]] | None = None
     # What GET /v1/revision serves (the signed cache file); None: 503 there.
     signed: SignedRevisionFile | None = None
-    # Follower mode: the upstream replica's address ([control_plane].url).
-    upstream: str | None = None
     # The fan-out leadership report; None: no election (role disabled).
     leadership: Callable[[], LeadershipReport] | None = None
     # The side sinks' state (cache, snapshot file); both "disabled" unless given.
@@ -56,18 +52,9 @@ class AdminContext:
     started_at: str = field(default_factory=utc_now_iso)
 
     def status(self) -> StatusDocument:
-        """The /status document (:class:`~supervisor.status_doc.StatusDocument`).
-
-        In follower mode ``revision.source`` names the upstream's address
-        instead of ``control_plane`` (``last_known_good`` and null unchanged),
-        and ``revision.upstream`` always holds it.
-        """
-        revision = self.revision.report()
-        if self.upstream is not None:
-            source = self.upstream if revision.source == "control_plane" else revision.source
-            revision = msgspec.structs.replace(revision, upstream=self.upstream, source=source)
+        """The /status document (:class:`~supervisor.status_doc.StatusDocument`)."""
         return StatusDocument(
-            revision=revision,
+            revision=self.revision.report(),
             children=self.children(),
             fanout={kind: st.report() for kind, st in self.fanout.items()},
             leadership=self.leadership() if self.leadership is not None

@@ -7,7 +7,9 @@ Fields and meaning (docs/admin-api.md):
   a refused candidate never shows here. Every compiled revision is swapped in
   at once, so it is the active one.
 - ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
-- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving).
+- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving); in
+  follower mode the upstream's address in place of ``control_plane``, and ``upstream``
+  holds it (:attr:`~supervisor.sinks.state.ActiveState.origin`).
 
 The serving revision (active, generation, source, body digest, statement,
 sequence) is read from the :class:`~supervisor.sinks.state.ActiveState`, never
@@ -48,6 +50,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from supervisor.events import utc_now_iso
@@ -71,8 +74,6 @@ class RevisionStatus:
         self.state = state
         self._clock = clock
         self._wall_clock = wall_clock
-        #: Follower mode: lag counts from the root's issued_at too.
-        self.follower = False
         self.desired: int | None = None
         self.last_convergence_s: float | None = None
         self.consecutive_failures = 0
@@ -102,6 +103,11 @@ class RevisionStatus:
             self._diverged_at = None
         elif self._diverged_at is None:
             self._diverged_at = self._clock()
+
+    @property
+    def follower(self) -> bool:
+        """Follower mode: lag counts from the root's issued_at too."""
+        return self.state.upstream is not None
 
     @property
     def active(self) -> int | None:
@@ -207,7 +213,7 @@ class RevisionStatus:
             loaded=self.loaded,
             active=self.active,
             generation=self.generation,
-            source=self.source,
+            source=self.state.origin,
             lag_s=round(self.lag_s, 6),
             last_convergence_s=self.last_convergence_s,
             consecutive_failures=self.consecutive_failures,
@@ -217,4 +223,5 @@ class RevisionStatus:
             sequence=self.sequence,
             statement=(self.statement.report(self._wall_clock())
                        if self.statement is not None else None),
+            upstream=self.state.upstream if self.state.upstream is not None else msgspec.UNSET,
         )

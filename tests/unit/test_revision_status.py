@@ -130,3 +130,23 @@ def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
     clock.now += 10.0
     status.answered()
     assert status.report().lag_s == 0.0
+
+
+def test_a_follower_s_report_names_its_upstream_as_source_where_it_is_made() -> None:
+    # /status, the stream's status events and the STATUS= line all read this report
+    # (or the state's origin): none patches it afterwards.
+    state = ActiveState(upstream="http://hub:9464")
+    status = RevisionStatus(state, clock=Clock())
+    report = status.report()
+    assert (report.source, report.upstream) == (None, "http://hub:9464")  # nothing serving
+    state.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
+    assert state.origin == "http://hub:9464" and state.source == "control_plane"
+    report = status.report()
+    assert (report.source, report.upstream) == ("http://hub:9464", "http://hub:9464")
+    state.swap(FakeSnapshot(3, 2), source="last_known_good")  # type: ignore[arg-type]
+    assert status.report().source == "last_known_good" == state.origin
+    # A replica reading a database: its source as it is, and no upstream key at all.
+    plain = ActiveState()
+    plain.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
+    assert "upstream" not in msgspec.to_builtins(RevisionStatus(plain, clock=Clock()).report())
+    assert plain.origin == "control_plane"
