@@ -71,7 +71,8 @@ class Daemon:
     notifier: Notifier = field(default_factory=Notifier)
     metrics: Metrics = field(default_factory=Metrics)
     events: EventBus = field(default_factory=EventBus)
-    state: ActiveState = field(default_factory=ActiveState)
+    # The serving revision; a follower's names its upstream ([control_plane].url).
+    state: ActiveState = field(init=False)
     # Reads the state: the serving revision is kept there only.
     status: RevisionStatus = field(init=False)
     signal: ChangeSignal = field(default_factory=ChangeSignal)
@@ -91,6 +92,8 @@ class Daemon:
     _accepted: AcceptedStatements | None = None
 
     def __post_init__(self) -> None:
+        cp = self.config.control_plane
+        self.state = ActiveState(upstream=cp.url if cp.backend == "follower" else None)
         self.status = RevisionStatus(self.state)
 
     # -- children --------------------------------------------------------------
@@ -281,10 +284,10 @@ class Daemon:
         from supervisor.controlplane.upstream_hint import run_upstream_hint
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            from supervisor.admin.auth import read_token
+            from supervisor.controlplane.follower import upstream_token
 
-            token = read_token(cp.token_file) if cp.token_file else None
-            await run_upstream_hint(cp, self.signal.notify, token=token, task_status=task_status)
+            await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
+                                    task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
@@ -436,8 +439,6 @@ class Daemon:
             if lock is None:
                 log.warning("cache lock not taken: its directory cannot be written; serving "
                             "without it", path=self.config.cache.path)
-        cp = self.config.control_plane
-        self.status.upstream = cp.url if cp.backend == "follower" else None
         try:
             await self._run()
         finally:

@@ -286,6 +286,13 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
             admin_tokens(config.admin.token_file, config.admin.read_token_file)
         except ConfigError as exc:
             problems.append((exc.path, exc.reason))
+    if config.control_plane.backend == "follower":
+        from supervisor.controlplane.follower import upstream_token
+
+        try:
+            upstream_token(config.control_plane)
+        except ConfigError as exc:
+            problems.append((exc.path, exc.reason))
     if config.cache.path is not None:
         from supervisor.revision.document import SCHEMA_VERSION
         from supervisor.sinks.lkg import LastKnownGood

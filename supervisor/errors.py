@@ -17,10 +17,13 @@ so a caller never needs to know which driver sits underneath::
     ├── kube.errors.KubeError                  Kubernetes API failures
     └── admin.errors.AdminError                admin server start failures
 
-Each feature's module docstring draws its own sub-tree.
+Each feature's module docstring draws its own sub-tree. :func:`describe_failure`
+is how a foreign error is told in such a message.
 """
 
 from __future__ import annotations
+
+import ssl
 
 
 class SupervisorError(Exception):
@@ -110,3 +113,60 @@ def find_leaf(
             if found is not None:
                 return found
     return None
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The last exception of ``exc``'s chain: its cause, else its context, and so on
+    (a group's first exception: trio's "all attempts to connect failed" holds each).
+
+    The context counts even when suppressed: httpcore re-raises its ConnectError
+    ``from None``, which hides the TLS error it was raised from.
+    """
+    seen = {id(exc)}
+    while True:
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            below: BaseException | None = exc.exceptions[0]
+        else:
+            below = exc.__cause__ or exc.__context__
+        if below is None or id(below) in seen:
+            return exc
+        seen.add(id(below))
+        exc = below
+
+
+def _own_text(exc: BaseException) -> str:
+    # ssl sets reason and verify_message on what it raises; one made by hand has neither.
+    reason = getattr(exc, "reason", None) if isinstance(exc, ssl.SSLError) else None
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        verify = getattr(exc, "verify_message", None) or exc
+        return f"TLS: {reason or 'CERTIFICATE_VERIFY_FAILED'}: {verify}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {reason or exc}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split())
+
+
+def describe_failure(exc: BaseException, *, limit: int = 500,
+                     certificate_hint: str | None = None) -> str:
+    """``<type>: <text>`` of a foreign error ``exc``, then its innermost cause's text.
+
+    httpx's ConnectError, trio's BrokenResourceError and the like often carry no
+    text of their own: what failed (a certificate refused, a connection
+    refused) is at the end of their chain, so that is named too. A TLS error is
+    told as ``TLS: <reason>``, a refused certificate as ``TLS:
+    CERTIFICATE_VERIFY_FAILED: <why it was refused>`` followed by
+    ``(<certificate_hint>)`` (where the CA to verify against is configured).
+    At most ``limit`` characters: ``exc``'s own text is cut first, so the cause
+    survives a long message.
+    """
+    inner = _innermost(exc)
+    why = "" if inner is exc else (_own_text(inner) or type(inner).__name__)
+    own = _own_text(exc)
+    if why and why in own:
+        why = ""
+    tail = f": {why}" if why else ""
+    if certificate_hint and isinstance(inner, ssl.SSLCertVerificationError):
+        tail += f" ({certificate_hint})"
+    head = f"{type(exc).__name__}: {own}" if own else type(exc).__name__
+    return (head[:max(0, limit - len(tail))] + tail)[:limit]

@@ -41,7 +41,8 @@ class Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
 
 
 class Published(Event, tag="published", kw_only=True):
-    """A snapshot was swapped in: now serving ``revision`` (from ``source``)."""
+    """A snapshot was swapped in: now serving ``revision`` (from ``source``, named as
+    ``revision.source`` of ``/status`` names it: a follower's upstream by its address)."""
 
     revision: int
     generation: int

@@ -32,7 +32,8 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "follower mode, another replica's admin address (its GET /v1/revision, verified "
     "against control_plane.trusted_keys).",
     "control_plane.token_file": "Follower mode: a file holding the upstream replica's "
-    "admin token.",
+    "admin token (as every token file: one token of printable ASCII, the file at most "
+    "4096 bytes; check and a start refuse any other).",
     "control_plane.ca_file": "Follower mode over https://: the CA file the upstream's "
     "certificate is verified against (hint stream included). Unset: the system's trust store.",
     "control_plane.client_cert_file": "Follower mode over https://: the certificate (PEM "
@@ -117,7 +118,8 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "
-    "requires. Required when admin.listen is not a loopback address.",
+    "requires (one token of printable ASCII, the file at most 4096 bytes). Required when "
+    "admin.listen is not a loopback address.",
     "kubernetes.enabled": "Run the ServiceDefinition and Workflow fan-out watchers.",
     "kubernetes.kubeconfig": "Kubeconfig path. Unset: in-cluster service-account "
     "credentials.",

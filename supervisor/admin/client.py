@@ -28,9 +28,16 @@
   ``out``.
 
   The WebSocket runs over a TCP stream this module opens and closes itself
-  (``trio_websocket.wrap_client_stream``): ``open_websocket_url`` leaves the
+  (:func:`open_replica_stream`, then ``trio_websocket.wrap_client_stream``;
+  ``publish --wait`` connects the same way): ``open_websocket_url`` leaves the
   socket open when the server closes first or refuses the handshake, which a
-  reconnecting watcher would repeat on every server restart.
+  reconnecting watcher would repeat on every server restart, and it reports a
+  refused certificate only as a handshake timeout. The TLS handshake is done
+  while connecting, so its refusal is told as what it is.
+
+Every failure names its innermost cause (:func:`~supervisor.errors.describe_failure`):
+a refused certificate as ``TLS: CERTIFICATE_VERIFY_FAILED: <why>`` and where its CA
+is given (``--ca-file``).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_str
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.backoff import Backoff
+from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
 from supervisor.texttable import printable
 
@@ -54,6 +62,7 @@ __all__ = [
     "ca_file_context",
     "converge_url",
     "fetch_status",
+    "open_replica_stream",
     "stream_url",
     "watch_stream",
 ]
@@ -140,17 +149,8 @@ def _detail(response: httpx.Response, body: bytes) -> str:
     return ""
 
 
-def _http_failure(exc: httpx.HTTPError) -> str:
-    """What went wrong, naming a refused certificate (httpx's ConnectError often
-    carries no text of its own: the TLS error is its cause)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, ssl.SSLError):
-            hint = " (the replica's CA: --ca-file)" if isinstance(
-                cause, ssl.SSLCertVerificationError) else ""
-            return f"TLS: {cause.reason or cause}{hint}"
-        cause = cause.__cause__ or cause.__context__
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+#: After a refused certificate: where the CLI is told the replica's CA.
+CA_HINT = "the replica's CA: --ca-file"
 
 
 # -- status ------------------------------------------------------------------------
@@ -201,7 +201,7 @@ async def fetch_status(
     except trio.TooSlowError:
         raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
-        raise AdminUnreachable(url, _http_failure(exc)) from exc
+        raise AdminUnreachable(url, describe_failure(exc, certificate_hint=CA_HINT)) from exc
     if response.status_code in (401, 403):
         raise AdminRefused(
             url,
@@ -275,31 +275,61 @@ def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
     return None
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+ReplicaByteStream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
 
-async def _connect_once(url: str, watch: _Watch) -> _Ended:
-    """One connection, start to end. The TCP stream is opened and closed here,
-    not by trio-websocket: its client leaves the socket open when the server
-    closes first or refuses the handshake (trio-websocket 0.12)."""
+@dataclass(frozen=True)
+class ReplicaStream:
+    """A connection to a replica's stream URL, not yet a WebSocket: the caller wraps
+    it (``trio_websocket.wrap_client_stream``) and closes it."""
+
+    stream: ReplicaByteStream
+    host_header: str
+    resource: str
+
+
+async def open_replica_stream(url: str, ssl_context: ssl.SSLContext | None,
+                              timeout_s: float) -> ReplicaStream:
+    """TCP to a ``ws://`` or ``wss://`` URL, within ``timeout_s``; for wss with the TLS
+    handshake done (verified against ``ssl_context``, None: the system's trust store), so
+    a refused certificate is told here rather than lost inside the WebSocket client,
+    which only times out. :class:`AdminUnreachable` (``cannot connect (...)``) otherwise.
+
+    The stream is opened here and closed by the caller, not by trio-websocket: its
+    client leaves the socket open when the server closes first or refuses the
+    handshake (trio-websocket 0.12).
+    """
     parts = _url(url)
     secure = parts.scheme == "wss"
     host = parts.raw_host.decode("ascii")
     port = parts.port or (443 if secure else 80)
     resource = parts.raw_path.decode("ascii")  # the query with it
     host_header = parts.netloc.decode("ascii")  # brackets kept, no credentials
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    stream: ReplicaByteStream | None = None
     try:
-        with trio.fail_after(watch.connect_timeout_s):
+        with trio.fail_after(timeout_s):
             if secure:
                 stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=watch.ssl_context or ssl.create_default_context()
-                )
+                    host, port, ssl_context=ssl_context or ssl.create_default_context())
+                await stream.do_handshake()
             else:
                 stream = await trio.open_tcp_stream(host, port)
-    except (OSError, trio.TooSlowError) as exc:
-        return _Ended("lost", f"cannot connect ({_describe(exc)})")
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+        why = (f"no connection within {timeout_s:g} s" if isinstance(exc, trio.TooSlowError)
+               else describe_failure(exc, certificate_hint=CA_HINT))
+        raise AdminUnreachable(url, f"cannot connect ({why})") from exc
+    return ReplicaStream(stream, host_header, resource)
+
+
+async def _connect_once(url: str, watch: _Watch) -> _Ended:
+    """One connection, start to end (:func:`open_replica_stream`)."""
+    try:
+        target = await open_replica_stream(url, watch.ssl_context, watch.connect_timeout_s)
+    except AdminUnreachable as exc:
+        return _Ended("lost", exc.reason)
+    stream, host_header, resource = target.stream, target.host_header, target.resource
     rejected: ConnectionRejected | None = None
     broken: BaseException | None = None
     ended = _Ended("lost", "connection ended")
@@ -319,13 +349,13 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
             "refused", f"handshake refused ({rejected.status_code})", rejected.status_code
         )
     if broken is not None:
-        return _Ended("lost", f"connection failed ({_describe(broken)})")
+        return _Ended("lost", f"connection failed ({describe_failure(broken)})")
     return ended
 
 
 async def _follow(
     nursery: trio.Nursery,
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+    stream: ReplicaByteStream,
     host_header: str,
     resource: str,
     watch: _Watch,

@@ -73,7 +73,6 @@ import trio
 
 from supervisor.admin.accept import AcceptLoop
 from supervisor.admin.app import AdminApp
-from supervisor.admin.auth import read_token
 from supervisor.admin.connections import ConnectionTable, Peer, has_pending, reset
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError
@@ -86,7 +85,7 @@ from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
-__all__ = ["bind_listener", "read_token", "serve_admin"]
+__all__ = ["bind_listener", "serve_admin"]
 
 log = get_logger("admin")
 

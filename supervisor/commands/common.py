@@ -160,7 +160,7 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
 
 def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
     """``HOST:PORT`` of the replica named by --config (or the default), and its token."""
-    from supervisor.admin.server import read_token
+    from supervisor.tokenfile import read_token
 
     path = config_path(args, required=False)
     token = None
@@ -168,13 +168,13 @@ def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
     if path is not None:
         config = load(path)
         if config.admin.token_file and token_file is None:
-            token = read_token(config.admin.token_file)
+            token = read_token(config.admin.token_file, "$.admin.token_file")
         host, port = config.admin.host_port
     else:
         host, port = "127.0.0.1", 9464
     if token_file is not None:
         try:
-            token = read_token(token_file)
+            token = read_token(token_file, "--token-file")
         except ConfigError as exc:
             raise UsageError(f"--token-file: {exc.reason}") from exc
     if ":" in host:

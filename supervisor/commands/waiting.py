@@ -33,15 +33,18 @@ from trio_websocket import (
     ConnectionClosed,
     ConnectionRejected,
     HandshakeError,
-    open_websocket_url,
+    wrap_client_stream,
 )
 
-from supervisor.admin.client import converge_url, stream_url
+from supervisor.admin.client import converge_url, open_replica_stream, stream_url
+from supervisor.admin.errors import AdminUnreachable
+from supervisor.errors import describe_failure
 
 __all__ = ["ReplicaResult", "judge", "wait_for_revision"]
 
 State = Literal["active", "refused", "superseded", "timeout"]
 RETRY_S = 0.25
+CONNECT_TIMEOUT_S = 10.0
 
 
 class ReplicaResult(msgspec.Struct):
@@ -98,36 +101,50 @@ async def _nudge(base: str, token: str | None, ssl_context: ssl.SSLContext | Non
 
 async def _follow(base: str, revision: int, token: str | None,
                   ssl_context: ssl.SSLContext | None) -> ReplicaResult:
-    """One connection: the verdict, or ConnectionClosed / HandshakeError / OSError."""
+    """One connection: the verdict, or AdminUnreachable (no connection, no handshake),
+    ConnectionRejected, ConnectionClosed or a broken stream."""
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
-    async with open_websocket_url(stream_url(base), extra_headers=headers,
-                                  ssl_context=ssl_context,
-                                  max_message_size=16 * 1024 * 1024,
-                                  connect_timeout=10, disconnect_timeout=2) as ws, \
-            trio.open_nursery() as nursery:
-        nudged = False
-        while True:
-            message = await ws.get_message()
-            try:
-                doc = json.loads(message)
-            except ValueError:
-                continue
-            verdict = judge(doc, revision, base)
-            if verdict is not None:
-                nursery.cancel_scope.cancel()
-                return verdict
-            if not nudged:
-                nudged = True
-                nursery.start_soon(_nudge, base, token, ssl_context)
+    url = stream_url(base)
+    target = await open_replica_stream(url, ssl_context, CONNECT_TIMEOUT_S)
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(CONNECT_TIMEOUT_S) as handshake:
+                ws = await wrap_client_stream(nursery, target.stream, target.host_header,
+                                              target.resource, extra_headers=headers,
+                                              max_message_size=16 * 1024 * 1024)
+            if handshake.cancelled_caught:
+                raise AdminUnreachable(url, f"no handshake within {CONNECT_TIMEOUT_S:g} s")
+            nudged = False
+            while True:
+                message = await ws.get_message()
+                try:
+                    doc = json.loads(message)
+                except ValueError:
+                    continue
+                verdict = judge(doc, revision, base)
+                if verdict is not None:
+                    with trio.move_on_after(2.0):  # a polite close (1000)
+                        await ws.aclose()
+                    nursery.cancel_scope.cancel()
+                    return verdict
+                if not nudged:
+                    nudged = True
+                    nursery.start_soon(_nudge, base, token, ssl_context)
+    finally:
+        await trio.aclose_forcefully(target.stream)
 
 
-def _handshake(exc: BaseException) -> str:
+def _failure(exc: BaseException) -> str:
+    """How one connection that gave no verdict ended, for the report."""
+    if isinstance(exc, AdminUnreachable):
+        return f"unreachable: {exc.reason}"
     if isinstance(exc, ConnectionRejected):
         return f"handshake refused ({exc.status_code})"
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, OSError):  # trio-websocket wraps a failed connect
-        return f"unreachable: {cause.strerror or cause}"
-    return f"no handshake: {exc or type(exc).__name__}"
+    if isinstance(exc, HandshakeError):
+        return f"no handshake: {describe_failure(exc)}"
+    if isinstance(exc, ConnectionClosed):
+        return f"stream closed: {exc}"
+    return f"unreachable: {describe_failure(exc)}"
 
 
 async def wait_for_revision(base: str, revision: int, token: str | None,
@@ -140,13 +157,9 @@ async def wait_for_revision(base: str, revision: int, token: str | None,
             failure: str | None = None
             try:
                 return await _follow(base, revision, token, ssl_context)
-            except* HandshakeError as group:
-                failure = _handshake(group.exceptions[0])
-            except* ConnectionClosed as group:
-                failure = f"stream closed: {group.exceptions[0]}"
-            except* (OSError, trio.BrokenResourceError) as group:
-                exc = group.exceptions[0]
-                failure = f"unreachable: {exc}" if str(exc) else type(exc).__name__
+            except* (AdminUnreachable, HandshakeError, ConnectionClosed, OSError,
+                     trio.BrokenResourceError) as group:
+                failure = _failure(group.exceptions[0])
             last = failure or last
             await trio.sleep(RETRY_S)
     return ReplicaResult(base, "timeout", None,

@@ -49,7 +49,9 @@ arrive and refused past the bound (``denied``); a non-200 body is read at most
 upstream sends ends as a :class:`ControlPlaneError`: nothing from the fetch
 path can end the convergence child.
 
-Other failures: connection errors, timeouts, 5xx and 503 (the upstream has
+Other failures: connection errors (told with their innermost cause, a refused
+certificate's reason included: :func:`~supervisor.errors.describe_failure`, the
+message at most :data:`MAX_ERROR_CHARS`), timeouts, 5xx and 503 (the upstream has
 nothing active yet) are ``unavailable``; 401/403 are ``denied``; any other
 status is ``invalid``. ``publish`` and ``migrate`` are refused (``invalid``):
 a follower has no control plane of its own. The identity reported to the
@@ -79,7 +81,7 @@ from supervisor.controlplane.errors import (
 from supervisor.controlplane.migrations import Migrated
 from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
-from supervisor.errors import ConfigError
+from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
 from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
@@ -87,12 +89,13 @@ from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_B
 from supervisor.sinks.lkg.keys import parse_trusted
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.tlsconfig import upstream_context
+from supervisor.tokenfile import read_token
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
 __all__ = ["ERROR_BODY_BYTES", "FORWARD_SUFFIX", "REVISION_PATH", "FollowerStore",
-           "forward_path"]
+           "forward_path", "upstream_token"]
 
 log = get_logger("controlplane")
 
@@ -105,6 +108,8 @@ ERROR_BODY_BYTES: Final = 4096
 # Framing around the body: magic, length prefix, header, signature.
 _FRAMING_BYTES = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
 _MAX_ETAG_CHARS = 256
+#: The longest message of a failed fetch (an upstream's error text can be anything).
+MAX_ERROR_CHARS: Final = 500
 #: How far ahead of this replica's clock a statement may have been issued (ordinary skew).
 #: Beyond it the root's clock is wrong: accepted, such a statement would become the
 #: highest, so the root's corrected refreshes (issued "earlier") would be refused as
@@ -133,17 +138,12 @@ def forward_path(cache_path: str | None) -> str | None:
     return None if cache_path is None else cache_path + FORWARD_SUFFIX
 
 
-def _read_token(path: str) -> str:
-    """The upstream's admin token; ConfigError naming the key when unusable."""
-    where = "$.control_plane.token_file"
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read(4096).strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, f"cannot read {path}: {exc}") from exc
-    if not token or any(c.isspace() or not c.isprintable() for c in token):
-        raise ConfigError(where, f"{path}: expected one token of printable ASCII")
-    return token
+def upstream_token(config: ControlPlaneConfig) -> str | None:
+    """The upstream's admin token (``[control_plane].token_file``; None: unset);
+    :class:`~supervisor.errors.ConfigError` on that key when the file is unusable."""
+    if config.token_file is None:
+        return None
+    return read_token(config.token_file, "$.control_plane.token_file")
 
 
 def _utcnow() -> datetime:
@@ -179,9 +179,10 @@ class FollowerStore:
         self._highest = accepted if accepted is not None else AcceptedStatements(None)
         self._clock = clock
         headers = {"accept": "application/octet-stream", "accept-encoding": "identity"}
-        if config.token_file is not None:
-            # Read at every start of the convergence child (the store is made there).
-            headers["authorization"] = f"Bearer {_read_token(config.token_file)}"
+        # Read at every start of the convergence child (the store is made there).
+        token = upstream_token(config)
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
         self._client = httpx.AsyncClient(
             base_url=self._url, headers=headers,
             timeout=httpx.Timeout(config.fetch_timeout_s,
@@ -307,20 +308,25 @@ class FollowerStore:
                 return await self._read_bounded(response)
         except httpx.HTTPError as exc:
             raise ControlPlaneError(
-                f"upstream {self._where} unreachable: {type(exc).__name__}: {exc}"[:500],
-                category=FailureCategory.UNAVAILABLE,
+                self._failure("unreachable", exc), category=FailureCategory.UNAVAILABLE,
             ) from exc
         except _MALFORMED as exc:
             raise ControlPlaneError(
-                f"upstream {self._where} sent a malformed answer: {type(exc).__name__}: "
-                f"{exc}"[:500],
-                category=FailureCategory.INVALID,
+                self._failure("sent a malformed answer", exc), category=FailureCategory.INVALID,
             ) from exc
         except OSError as exc:
             raise ControlPlaneError(
                 f"upstream {self._where} unreachable: {exc.strerror or exc}",
                 category=FailureCategory.UNAVAILABLE,
             ) from exc
+
+    def _failure(self, what: str, exc: Exception) -> str:
+        """``upstream <where> <what>: <the error and its innermost cause>``, in at most
+        :data:`MAX_ERROR_CHARS` characters."""
+        prefix = f"upstream {self._where} {what}: "
+        return (prefix + describe_failure(exc, limit=max(0, MAX_ERROR_CHARS - len(prefix)),
+                                          certificate_hint="[control_plane].ca_file")
+                )[:MAX_ERROR_CHARS]
 
     def _check_etag(self, response: httpx.Response) -> None:
         raw = response.headers.get_list("etag")

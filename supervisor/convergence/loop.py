@@ -380,12 +380,14 @@ class ConvergenceLoop:
         self.state.swap(snapshot, source=source, body_sha256=body_sha256, statement=statement,
                         sequence=sequence)
         self.status.published(took_s)
+        # As /status tells it: a follower names its upstream in place of control_plane.
+        origin = self.state.origin or source
         log.info("published", revision=snapshot.revision, generation=snapshot.generation,
-                 source=source, took_s=round(took_s, 6))
+                 source=origin, took_s=round(took_s, 6))
         self.events.emit(Published(revision=snapshot.revision, generation=snapshot.generation,
-                                   source=source, took_s=took_s))
+                                   source=origin, took_s=took_s))
         self._on_status(
-            f"serving revision {snapshot.revision} (generation {snapshot.generation}, {source})"
+            f"serving revision {snapshot.revision} (generation {snapshot.generation}, {origin})"
         )
         await self.sinks.write_snapshot_file(snapshot)
 

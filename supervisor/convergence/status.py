@@ -7,10 +7,9 @@ Fields and meaning (docs/admin-api.md):
   a refused candidate never shows here. Every compiled revision is swapped in
   at once, so it is the active one.
 - ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
-- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving);
-  in follower mode the upstream's address (:attr:`RevisionStatus.upstream`)
-  instead of ``control_plane``, and ``upstream`` holds it always: ``/status``
-  and the stream's ``status`` events report the one revision part.
+- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving); in
+  follower mode the upstream's address in place of ``control_plane``, and ``upstream``
+  holds it (:attr:`~supervisor.sinks.state.ActiveState.origin`).
 
 The serving revision (active, generation, source, body digest, statement,
 sequence) is read from the :class:`~supervisor.sinks.state.ActiveState`, never
@@ -75,9 +74,6 @@ class RevisionStatus:
         self.state = state
         self._clock = clock
         self._wall_clock = wall_clock
-        #: Follower mode: the upstream replica's address (None: not a follower);
-        #: lag counts from the root's issued_at too.
-        self.upstream: str | None = None
         self.desired: int | None = None
         self.last_convergence_s: float | None = None
         self.consecutive_failures = 0
@@ -109,6 +105,11 @@ class RevisionStatus:
             self._diverged_at = self._clock()
 
     @property
+    def follower(self) -> bool:
+        """Follower mode: lag counts from the root's issued_at too."""
+        return self.state.upstream is not None
+
+    @property
     def active(self) -> int | None:
         snapshot = self.state.snapshot
         return None if snapshot is None else snapshot.revision
@@ -136,7 +137,7 @@ class RevisionStatus:
     @property
     def lag_s(self) -> float:
         lag = 0.0 if self._diverged_at is None else max(0.0, self._clock() - self._diverged_at)
-        if self.upstream is not None and self.statement is not None:
+        if self.follower and self.statement is not None:
             lag = max(lag, self.statement.age_s(self._wall_clock()))
         return lag
 
@@ -212,8 +213,7 @@ class RevisionStatus:
             loaded=self.loaded,
             active=self.active,
             generation=self.generation,
-            source=(self.upstream if self.upstream is not None and self.source == "control_plane"
-                    else self.source),
+            source=self.state.origin,
             lag_s=round(self.lag_s, 6),
             last_convergence_s=self.last_convergence_s,
             consecutive_failures=self.consecutive_failures,
@@ -223,5 +223,5 @@ class RevisionStatus:
             sequence=self.sequence,
             statement=(self.statement.report(self._wall_clock())
                        if self.statement is not None else None),
-            upstream=msgspec.UNSET if self.upstream is None else self.upstream,
+            upstream=self.state.upstream if self.state.upstream is not None else msgspec.UNSET,
         )

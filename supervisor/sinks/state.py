@@ -6,7 +6,10 @@ swap sees the new one. Nothing here can half-apply.
 
 This is the one place the serving revision is kept: its snapshot, where it came
 from, its body digest, and the signed statement and sequence it serves under.
-The convergence status and memory read it; they keep no copy.
+The convergence status and memory read it; they keep no copy. Where it came
+from is told as :attr:`ActiveState.origin` everywhere (``/status``, the
+stream's events, the STATUS= line, the log): in follower mode the upstream's
+address in place of ``control_plane``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ class ActiveState:
     must mean same id *and* same content.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, upstream: str | None = None) -> None:
+        #: Follower mode: the upstream replica's address (``[control_plane].url``); None
+        #: on a replica that reads a database.
+        self.upstream = upstream
         self._snapshot: Snapshot | None = None
         #: Where the serving snapshot came from (None: nothing serving).
         self.source: Source | None = None
@@ -45,6 +51,15 @@ class ActiveState:
     @property
     def snapshot(self) -> Snapshot | None:
         return self._snapshot
+
+    @property
+    def origin(self) -> str | None:
+        """Where what serves came from, as reported: :attr:`source`, but a follower names
+        its upstream's address for what the upstream sent (``last_known_good`` and None
+        as they are)."""
+        if self.upstream is not None and self.source == "control_plane":
+            return self.upstream
+        return self.source
 
     @property
     def generation(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import ssl
 import time
 from pathlib import Path
@@ -12,9 +13,13 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
+from supervisor.admin.client import fetch_status, watch_stream
+from supervisor.admin.errors import AdminUnreachable
 from supervisor.admin.limits import derive
+from supervisor.commands.waiting import wait_for_revision
 from supervisor.tlsconfig import server_context
 from tests.adminserver import make_ctx, published, running_admin
+from tests.fakes.snapshot import FakeSnapshot
 from tests.floods import until_closed
 
 trustme = pytest.importorskip("trustme")
@@ -62,6 +67,39 @@ async def test_https_and_wss_serve_the_routes_over_http11_only(
                 assert first["type"] == "status"
                 ctx.events.emit(published(3))
                 assert msgspec.json.decode(await ws.get_message())["revision"] == 3
+            srv.stop()
+
+
+async def test_status_watch_and_publish_wait_name_a_certificate_from_an_untrusted_ca(
+    pki: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    # The TLS refusal is at the end of httpx's and trio's exception chains (their own
+    # text is empty) and never reaches trio-websocket's caller (it only times out):
+    # each client names it, with where the CA is given.
+    server, trusting = pki
+    untrusting = ssl.create_default_context()
+    trustme.CA().configure_trust(untrusting)  # another CA than the one that signed it
+    refused = "TLS: CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate"
+    with trio.fail_after(30):
+        ctx = make_ctx()
+        ctx.state.swap(FakeSnapshot(1, 1))  # type: ignore[arg-type]
+        async with running_admin(ctx, tls=lambda: server) as srv:
+            base = f"https://127.0.0.1:{srv.port}"
+            with pytest.raises(AdminUnreachable) as status:
+                await fetch_status(base, ssl_context=untrusting)
+            with pytest.raises(AdminUnreachable) as watched:
+                await watch_stream(base, io.StringIO(), reconnect=False, ssl_context=untrusting)
+            waited = await wait_for_revision(base, 1, None, 2.0, ssl_context=untrusting)
+            assert waited.state == "timeout" and waited.detail is not None
+            for text in (str(status.value), str(watched.value), waited.detail):
+                assert refused in text and "(the replica's CA: --ca-file)" in text, text
+            assert "cannot connect" in str(watched.value)
+            # With the CA, the same connection serves both stream clients.
+            assert (await wait_for_revision(base, 1, None, 10.0, ssl_context=trusting)
+                    ).state == "active"
+            out = io.StringIO()
+            await watch_stream(base, out, max_events=1, ssl_context=trusting)
+            assert '"type":"status"' in out.getvalue()
             srv.stop()
 
 

@@ -21,12 +21,14 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import msgspec
 import trio
+from trio_websocket import open_websocket_url
 
 from tests.followers import POLL_S, Node, make_node, status_of, wait_active
 from tests.httpproxy import answer, forward_get, read_head
 from tests.polling import poll_until
-from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon
+from tests.proc import EXAMPLE, Daemon, NotifySocket, acli, free_port, run_daemon
 
 
 async def test_a_fleet_of_followers_converges_survives_the_upstream_and_refuses_a_foreign_key(
@@ -129,6 +131,50 @@ async def test_the_upstream_stream_wakes_a_follower_and_polling_alone_converges(
                     await poll.wait_log("published", revision=revision)
                 assert not [line for line in poll.lines
                             if "stream" in str(line.get("event"))]
+
+
+async def test_status_the_stream_and_the_status_line_name_the_upstream_as_source_alike(
+    tmp_path: Path
+) -> None:
+    upstream = make_node(tmp_path, "upstream", f"sqlite:///{tmp_path}/cp.db", [])
+    follower = make_node(tmp_path, "follower", upstream.url, [upstream.verify_key])
+    await acli("db", "migrate", "--config", str(upstream.config))
+    await acli("publish", "--config", str(upstream.config), str(EXAMPLE), "--force")
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    where = {"source": upstream.url, "upstream": upstream.url}
+    with trio.fail_after(60):
+        async with run_daemon(upstream.config) as up:
+            await up.wait_log("published", revision=1)
+            async with run_daemon(follower.config, env={"NOTIFY_SOCKET": str(notify.path)}):
+                await wait_active(follower, 1)
+                async with open_websocket_url(f"ws://127.0.0.1:{follower.port}/v1/stream"
+                                              ) as ws:
+
+                    async def next_of(kind: str, **fields: object) -> dict[str, object]:
+                        while True:
+                            doc = msgspec.json.decode(await ws.get_message())
+                            if doc["type"] == kind and all(doc.get(k) == v
+                                                           for k, v in fields.items()):
+                                return dict(doc)
+
+                    first = await next_of("status")
+                    assert {k: first["revision"][k] for k in where} == where  # type: ignore[index]
+                    await acli("publish", "--config", str(upstream.config), str(EXAMPLE),
+                               "--force")
+                    published = await next_of("published", revision=2)
+                    assert published["source"] == upstream.url
+                    await notify.wait_for(f"serving revision 2 (generation 2, {upstream.url})")
+                    # The upstream stops: the follower's outage is a status event.
+                    up.signal(signal.SIGTERM)
+                    assert await up.wait() == 0
+                    event = await next_of("status", control_plane_up=False)
+                    revision = event["revision"]
+                    assert isinstance(revision, dict)
+                    assert {k: revision[k] for k in where} == where
+                    report = (await status_of(follower))["revision"]
+                    assert {k: report[k] for k in where} == where
+    notify.close()
 
 
 class TamperingProxy:

@@ -21,7 +21,7 @@ OTHER_BODY = BODY.replace(b"a.example", b"b.example")
 def ctx_with_cache(tmp_path: Path, *, signing: bool = True, upstream: str | None = None):  # type: ignore[no-untyped-def]
     ctx = make_ctx()
     ctx.signed = SignedRevisionFile(str(tmp_path / "lkg.bin"), signing)
-    ctx.revision.upstream = upstream
+    ctx.state.upstream = upstream
     return ctx
 
 

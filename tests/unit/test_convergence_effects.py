@@ -373,8 +373,7 @@ async def test_a_cache_gone_the_instant_it_was_written_is_written_again(
 async def test_a_followers_status_event_names_the_upstream_as_its_status_document_does() -> None:
     store = FakeStore()
     store.put(doc("a"))
-    status = RevisionStatus(ActiveState())
-    status.upstream = "http://hub:9464"  # the daemon's wiring in follower mode
+    status = RevisionStatus(ActiveState(upstream="http://hub:9464"))  # follower wiring
     rec, seen = watched(store, status=status)
     await rec.converge_once()
     store.outage = True

@@ -115,7 +115,7 @@ async def test_status_keys_at_every_level_are_documented() -> None:
     ctx = make_ctx()
     plain = key_paths(await status_document(ctx))
     # Every optional key present: follower mode, skewed parents, a refusal.
-    ctx.revision.upstream = "http://upstream:9464"
+    ctx.state.upstream = "http://upstream:9464"
     ctx.fanout["Workflow"] = FanoutStatus("preflight", "schema_skew", 0, ["bad-one"])
     ctx.revision.failed(7, "projection", "unknown alias")
     full = key_paths(await status_document(ctx))
@@ -320,7 +320,7 @@ async def test_real_status_documents_decode_strictly_into_the_declared_struct() 
     part present) decodes into them with unknown keys refused, and back unchanged."""
     ctx = make_ctx()
     plain = await status_document(ctx)
-    ctx.revision.upstream = "http://upstream:9464"
+    ctx.state.upstream = "http://upstream:9464"
     ctx.fanout["Workflow"] = FanoutStatus("preflight", "schema_skew", 0, ["bad-one"])
     ctx.revision.failed(7, "projection", "unknown alias")
     full = await status_document(ctx)

@@ -531,12 +531,32 @@ def test_an_unreadable_token_file_names_the_key(tmp_path: Path, content: bytes |
     assert f"cannot read {token}" in str(info.value)
 
 
-async def test_a_token_file_is_read_at_most_4_kib(tmp_path: Path) -> None:
+async def test_a_token_file_of_4_kib_is_read_whole_and_a_longer_one_refused(
+    tmp_path: Path
+) -> None:
     token = tmp_path / "token"
-    token.write_text("a" * 4096 + "b" * 100)
+    token.write_text("a" * 4095 + "\n")
     upstream = FakeUpstream(ROOT.sign(1, 1))
     await store_for(upstream, token_file=str(token)).observe()
-    assert upstream.requests[0].headers["authorization"] == "Bearer " + "a" * 4096
+    assert upstream.requests[0].headers["authorization"] == "Bearer " + "a" * 4095
+    # One byte more is refused, never cut to a token the upstream would answer 401.
+    token.write_text("a" * 4096 + "b" * 100)
+    with pytest.raises(ConfigError) as info:
+        store_for(FakeUpstream(b""), token_file=str(token))
+    assert info.value.path == "$.control_plane.token_file"
+    assert "4096 bytes" in info.value.reason and str(token) in info.value.reason
+
+
+@pytest.mark.parametrize("text", ["tökén", "token\u00a0here", "\u2028token"])
+def test_a_non_ascii_token_file_is_a_config_error_naming_the_key(tmp_path: Path,
+                                                                 text: str) -> None:
+    # httpx cannot send it in a header: refused at start, not a UnicodeEncodeError.
+    token = tmp_path / "token"
+    token.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        store_for(FakeUpstream(b""), token_file=str(token))
+    assert info.value.path == "$.control_plane.token_file"
+    assert "printable ASCII" in info.value.reason and text not in str(info.value)
 
 
 @pytest.mark.parametrize(("fetch_timeout_s", "connect_s"), [(30.0, 5.0), (2.0, 2.0)])
@@ -666,6 +686,33 @@ async def test_an_https_upstream_is_verified_with_the_configured_ca_file(
             assert error is not None
             await untrusting.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_certificate_from_an_untrusted_ca_is_named_in_the_error(
+    tmp_path: Path
+) -> None:
+    # httpx's ConnectError says nothing (its text is empty): the refusal is its innermost
+    # cause, the ssl.SSLCertVerificationError, which the error must name.
+    trustme = pytest.importorskip("trustme")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    trustme.CA().issue_cert("127.0.0.1").configure_cert(server)
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))  # not the CA that signed it
+    upstream = HostileUpstream(ROOT.sign(3, 3), ssl_context=server)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(upstream.serve)
+            store = FollowerStore(ControlPlaneConfig(
+                url=upstream.url, trusted_keys=[format_verify_key(ROOT.key.verify_key)],
+                ca_file=str(other_ca)), max_schema_version=1)
+            error = await refusal(store)
+            await store.aclose()
+            nursery.cancel_scope.cancel()
+    assert error.reason == "unavailable" and len(str(error)) <= 500
+    assert str(error).startswith(f"upstream {upstream.url}/v1/revision unreachable: ")
+    assert "CERTIFICATE_VERIFY_FAILED" in str(error), str(error)
+    assert "unable to get local issuer certificate" in str(error)
+    assert "[control_plane].ca_file" in str(error)
 
 
 def test_an_accepted_file_is_read_at_most_4_kib(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ dependencies even when they cost nothing at run time)::
     2  convergence | fanout                                  (side by side, never each other)
     1  controlplane | kube | revision | sinks | lifecycle | tree
     0  errors, reasons, logs, backoff, wakeup, streak, events, telemetry, config,
-       configchecks, configfile, filemodes, dsn, statedirs, texttable, tlsconfig,
+       configchecks, configfile, filemodes, tokenfile, dsn, statedirs, texttable, tlsconfig,
        status_doc
 
 A part may import parts of lower layers, and only the listed pairs within one
@@ -25,7 +25,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "supervisor"
 
 LAYERS = {
     0: {"errors", "reasons", "logs", "backoff", "wakeup", "streak", "events", "telemetry",
-        "config", "configchecks", "configfile", "filemodes", "dsn", "statedirs", "texttable",
+        "config", "configchecks", "configfile", "filemodes", "tokenfile", "dsn", "statedirs",
+        "texttable",
         "tlsconfig", "status_doc",
         "__init__"},
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},

@@ -140,14 +140,33 @@ def test_a_followers_lag_counts_from_the_roots_issued_at_and_a_roots_does_not() 
     issued = datetime(2026, 1, 1, tzinfo=UTC)
     statement = Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, issued + timedelta(seconds=300))
     for upstream, lag in ((None, 0.0), ("http://hub:9464", 40.0)):
-        state = ActiveState()
+        state = ActiveState(upstream=upstream)
         state.swap(FakeSnapshot(1, 1), source="control_plane",  # type: ignore[arg-type]
                    statement=statement)
         status = RevisionStatus(state, clock=Clock(),
                                 wall_clock=lambda: issued + timedelta(seconds=40))
-        status.upstream = upstream
         status.observed(1)
         report = status.report()
         assert report.lag_s == lag
         assert report.source == (upstream or "control_plane")
         assert report.upstream == (msgspec.UNSET if upstream is None else upstream)
+
+
+def test_a_follower_s_report_names_its_upstream_as_source_where_it_is_made() -> None:
+    # /status, the stream's status events and the STATUS= line all read this report
+    # (or the state's origin): none patches it afterwards.
+    state = ActiveState(upstream="http://hub:9464")
+    status = RevisionStatus(state, clock=Clock())
+    report = status.report()
+    assert (report.source, report.upstream) == (None, "http://hub:9464")  # nothing serving
+    state.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
+    assert state.origin == "http://hub:9464" and state.source == "control_plane"
+    report = status.report()
+    assert (report.source, report.upstream) == ("http://hub:9464", "http://hub:9464")
+    state.swap(FakeSnapshot(3, 2), source="last_known_good")  # type: ignore[arg-type]
+    assert status.report().source == "last_known_good" == state.origin
+    # A replica reading a database: its source as it is, and no upstream key at all.
+    plain = ActiveState()
+    plain.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
+    assert "upstream" not in msgspec.to_builtins(RevisionStatus(plain, clock=Clock()).report())
+    assert plain.origin == "control_plane"
