@@ -85,6 +85,19 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
     return check
 
 
+def add_token_file(parser: argparse.ArgumentParser,
+                   what: str = "file holding the admin bearer token") -> None:
+    """``--token-file``, the admin token :func:`admin_base` reads (else the config's)."""
+    parser.add_argument("--token-file", metavar="PATH", default=None,
+                        help=f"{what} (default: [admin].token_file of --config)")
+
+
+def add_ca_file(parser: argparse.ArgumentParser, verified: str) -> None:
+    """``--ca-file``, the CA that ``verified`` (the replicas' certificates) is checked with."""
+    parser.add_argument("--ca-file", metavar="PATH", default=None,
+                        help=f"{verified} verified against (default: the system's trust store)")
+
+
 def config_path(args: argparse.Namespace, required: bool = True) -> str | None:
     path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
     if path is None and required:

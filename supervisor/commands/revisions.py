@@ -19,6 +19,7 @@ from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
     ReferenceResolver,
+    add_token_file,
     admin_base,
     admin_url,
     iso,
@@ -96,9 +97,7 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                             help="a replica whose last refusal is checked first, "
                                  "http://HOST:PORT; repeat for several (default: "
                                  "[admin].listen of --config)")
-        parser.add_argument("--token-file", metavar="PATH", default=None,
-                            help="the replicas' admin token (default: [admin].token_file "
-                                 "of --config)")
+        add_token_file(parser, "the replicas' admin token")
     if name == "rollback":
         parser.add_argument("--json", action="store_true",
                             help='print one JSON document instead of the lines: {"revision", '
