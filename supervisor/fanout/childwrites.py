@@ -325,7 +325,7 @@ class ChildWriter(Generic[P]):
         force = not self._foreign_appliers(live)
         try:
             applied: Obj = await self.drain.write(
-                self.client.apply_object, child.resource, namespace, child.name, child.body,
+                self.client.apply, child.resource, namespace, child.name, child.body,
                 field_manager=manager, force=force)
             return applied
         except Conflict as exc:
@@ -345,7 +345,7 @@ class ChildWriter(Generic[P]):
                     f" applied by {', '.join(declared)} (a field manager that is not ours);"
                     " not forced")
         forced: Obj = await self.drain.write(
-            self.client.apply_object, child.resource, namespace, child.name, child.body,
+            self.client.apply, child.resource, namespace, child.name, child.body,
             field_manager=manager, force=True)
         return forced
 

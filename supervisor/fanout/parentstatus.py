@@ -169,7 +169,8 @@ class ParentReporter:
         try:
             await self._drain.write(
                 self._client.apply, self._resource, self._config.control_namespace, meta.name,
-                body, field_manager=self._config.field_manager, subresource="status",
+                body, field_manager=self._config.field_manager, force=True,
+                subresource="status",
             )
         except NotFound:
             # The parent was deleted meanwhile; its DELETED event follows (or a relist).
