@@ -29,7 +29,6 @@ from supervisor.commands.common import (
     add_ca_file,
     add_token_file,
     admin_base,
-    admin_secure,
     admin_url,
     config_path,
     load_config,
@@ -336,8 +335,8 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     from supervisor.admin.client import ca_file_context, watch_stream
 
-    address, token = admin_base(args)
-    url = args.url or f"{'wss' if admin_secure(args) else 'ws'}://{address}/v1/stream"
+    default, token = admin_base(args, "ws", path="/v1/stream")
+    url = args.url or default
     ssl_context = ca_file_context(args.ca_file)
 
     from supervisor.admin.errors import AdminUnreachable

@@ -49,7 +49,6 @@ from supervisor.commands.common import (
     add_ca_file,
     add_token_file,
     admin_base,
-    admin_secure,
     admin_url,
     describe_store,
     load_config,
@@ -309,8 +308,8 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
 
 
 def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    address, token = admin_base(args)
-    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
+    default, token = admin_base(args)
+    urls = args.url or [default]
     return [(url.rstrip("/"), token) for url in urls]
 
 

@@ -407,7 +407,8 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
     from supervisor.errors import ConfigError
 
     try:
-        address, token = admin_base(args)
+        # Plain http: rollback has no --ca-file to verify a TLS replica with.
+        default, token = admin_base(args, follow_tls=False)
     except (ConfigError, UsageError) as exc:
         if args.url or args.token_file:
             raise
@@ -415,7 +416,7 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
         # read it can still roll back, told that no replica was asked.
         print(f"warning: cannot check the replica's last refusal: {exc}", file=sys.stderr)
         return
-    urls = args.url or [f"http://{address}"]
+    urls = args.url or [default]
     found: list[str] = []
     unread: list[str] = []
 

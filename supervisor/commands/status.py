@@ -29,7 +29,6 @@ from supervisor.commands.common import (
     add_ca_file,
     add_token_file,
     admin_base,
-    admin_secure,
     admin_url,
 )
 from supervisor.commands.jsonout import Failure, print_json
@@ -93,8 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.errors import AdminRefused, AdminUnreachable
     from supervisor.admin.status_view import render_status
 
-    address, token = admin_base(args)
-    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
+    default, token = admin_base(args)
+    urls = args.url or [default]
     ssl_context = ca_file_context(args.ca_file)
     docs: dict[str, dict[str, Any] | AdminUnreachable] = {}
 
