@@ -200,10 +200,6 @@ class LastKnownGood:
         return self._path
 
     @property
-    def served_path(self) -> str:
-        return self._mark.path
-
-    @property
     def trusted_key_ids(self) -> tuple[str, ...]:
         return tuple(self._trusted)
 
