@@ -82,7 +82,6 @@ class Daemon:
     fanout: dict[str, FanoutStatus] = field(default_factory=dict)
     tree: Supervisor | None = None
     leadership: LeadershipStatus | None = None
-    admin_address: tuple[str, int] | None = None
     _stopping: bool = False
     _convergence_started: bool = False
     _ready: bool = False
@@ -132,10 +131,9 @@ class Daemon:
                 sinks=self.sinks,
             )
             async with trio.open_nursery() as nursery:
-                address = await nursery.start(
+                await nursery.start(
                     partial(serve_admin, tls=tls.current if tls is not None else None),
                     ctx, cfg.listen)
-                self.admin_address = address
                 task_status.started()
 
         return ChildSpec("admin", run, Restart.PERMANENT, shutdown_timeout_s=2.0)

@@ -26,8 +26,9 @@ from supervisor.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
+    add_ca_file,
+    add_token_file,
     admin_base,
-    admin_secure,
     admin_url,
     config_path,
     load_config,
@@ -135,12 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     watch = command("watch")
     watch.add_argument("--url", default=None, type=admin_url(REPLICA_SCHEMES),
                        help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
-    watch.add_argument("--ca-file", metavar="PATH", default=None,
-                       help="the CA that a wss replica's certificate is verified against "
-                            "(default: the system's trust store)")
-    watch.add_argument("--token-file", metavar="PATH", default=None,
-                       help="file holding the admin bearer token (default: "
-                            "[admin].token_file of --config)")
+    add_ca_file(watch, "the CA that a wss replica's certificate is")
+    add_token_file(watch)
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
     completion = command("completion", config=False)
@@ -345,8 +342,8 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     from supervisor.admin.client import ca_file_context, watch_stream
 
-    address, token = admin_base(args)
-    url = args.url or f"{'wss' if admin_secure(args) else 'ws'}://{address}/v1/stream"
+    default, token = admin_base(args, "ws", path="/v1/stream")
+    url = args.url or default
     ssl_context = ca_file_context(args.ca_file)
 
     from supervisor.admin.errors import AdminUnreachable

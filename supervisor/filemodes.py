@@ -71,29 +71,27 @@ def refuse_unsafe_place(key: str, directory: str, what: str, files: Sequence[str
     A missing directory, or a non-directory where it should be, is not checked:
     the writes then fail and ``check`` reports it.
     """
-    place = directory or "."
-    try:
-        st = os.stat(place)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ConfigError(key, f"cannot inspect {place}: {exc.strerror or exc}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    problem = _unsafe(place, st, what)
-    if problem is not None:
-        raise ConfigError(key, problem)
-    for path in files:
+    def inspect(path: str, *, follow: bool) -> os.stat_result | None:
         try:
-            st = os.lstat(path)
+            return os.stat(path, follow_symlinks=follow)
         except FileNotFoundError:
-            continue
+            return None
         except OSError as exc:
             raise ConfigError(key, f"cannot inspect {path}: {exc.strerror or exc}") from exc
-        problem = _unsafe(path, st, describe_mode(st.st_mode),
-                          owner_only=stat.S_ISLNK(st.st_mode))
+
+    place = directory or "."
+    st = inspect(place, follow=True)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return
+    problem = _unsafe(place, st, what)
+    for path in files:
         if problem is not None:
-            raise ConfigError(key, problem)
+            break
+        if (st := inspect(path, follow=False)) is not None:
+            problem = _unsafe(path, st, describe_mode(st.st_mode),
+                              owner_only=stat.S_ISLNK(st.st_mode))
+    if problem is not None:
+        raise ConfigError(key, problem)
 
 
 def unsafe_state_places(config: Config) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -96,10 +97,11 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.build_info = Gauge(
-            "build_info", "Always 1; the version of this build in the label.", ["version"],
-            namespace=NS, registry=r,
-        )
+        counter = partial(Counter, namespace=NS, registry=r)
+        gauge = partial(Gauge, namespace=NS, registry=r)
+        histogram = partial(Histogram, namespace=NS, registry=r)
+        self.build_info = gauge(
+            "build_info", "Always 1; the version of this build in the label.", ["version"])
         self.build_info.labels(__version__).set(1)
         self._fanout_state = _FanoutStateCollector()
         r.register(self._fanout_state)
@@ -108,157 +110,100 @@ class Metrics:
             PlatformCollector(registry=r)
 
         # Convergence.
-        self.convergence_attempts = Counter(
-            "convergence_attempts", "Convergence attempts by outcome.", ["outcome"],
-            namespace=NS, registry=r,
-        )
-        self.convergence_duration = Histogram(
+        self.convergence_attempts = counter(
+            "convergence_attempts", "Convergence attempts by outcome.", ["outcome"])
+        self.convergence_duration = histogram(
             "convergence_duration_seconds", "Duration of one convergence attempt.",
-            namespace=NS, registry=r,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
-        self.revision_rejections = Counter(
-            "revision_rejections", "Refused candidate revisions by reason.", ["reason"],
-            namespace=NS, registry=r,
-        )
-        self.desired_revision = Gauge(
-            "desired_revision", "The control plane's desired revision id (0 = none).",
-            namespace=NS, registry=r,
-        )
-        self.active_revision = Gauge(
-            "active_revision", "The revision id of the active snapshot (0 = none).",
-            namespace=NS, registry=r,
-        )
-        self.active_generation = Gauge(
-            "active_generation", "The generation of the active snapshot.",
-            namespace=NS, registry=r,
-        )
-        self.convergence_lag = Gauge(
-            "convergence_lag_seconds", "Time since desired first differed from active.",
-            namespace=NS, registry=r,
-        )
-        self.control_plane_up = Gauge(
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.revision_rejections = counter(
+            "revision_rejections", "Refused candidate revisions by reason.", ["reason"])
+        self.desired_revision = gauge(
+            "desired_revision", "The control plane's desired revision id (0 = none).")
+        self.active_revision = gauge(
+            "active_revision", "The revision id of the active snapshot (0 = none).")
+        self.active_generation = gauge(
+            "active_generation", "The generation of the active snapshot.")
+        self.convergence_lag = gauge(
+            "convergence_lag_seconds", "Time since desired first differed from active.")
+        self.control_plane_up = gauge(
             "control_plane_up",
             "1 when the control plane answered the last read (refusals included); 0 when "
-            "it could not be asked.",
-            namespace=NS, registry=r,
-        )
-        self.statement_expires_at = Gauge(
+            "it could not be asked.")
+        self.statement_expires_at = gauge(
             "statement_expires_at_seconds",
-            "Unix time the root's signed statement being served expires (0 = none).",
-            namespace=NS, registry=r,
-        )
-        self.serving_last_known_good = Gauge(
+            "Unix time the root's signed statement being served expires (0 = none).")
+        self.serving_last_known_good = gauge(
             "serving_last_known_good",
             "1 while the active snapshot came from the last-known-good cache, not the "
-            "control plane.",
-            namespace=NS, registry=r,
-        )
-        self.sink_write_failures = Counter(
-            "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"],
-            namespace=NS, registry=r,
-        )
-        self.sink_state = Gauge(
+            "control plane.")
+        self.sink_write_failures = counter(
+            "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"])
+        self.sink_state = gauge(
             "sink_state",
             "1 for each side sink's current state (ok, failing: from a refused write until a "
             "write succeeds, disabled: not configured).",
-            ["sink", "state"], namespace=NS, registry=r,
-        )
-        self.last_known_good_events = Counter(
+            ["sink", "state"])
+        self.last_known_good_events = counter(
             "last_known_good_events", "Last-known-good cache exports, restores, refusals.",
-            ["event"], namespace=NS, registry=r,
-        )
+            ["event"])
 
         # LISTEN.
-        self.listen_connected = Gauge(
-            "listen_connected", "1 while the LISTEN connection is established.",
-            namespace=NS, registry=r,
-        )
-        self.listen_notifications = Counter(
-            "listen_notifications", "Notifications received on the LISTEN channel.",
-            namespace=NS, registry=r,
-        )
-        self.listen_reconnects = Counter(
-            "listen_reconnects", "LISTEN connection (re)connect attempts that failed.",
-            namespace=NS, registry=r,
-        )
-        self.listen_wakeups_held = Counter(
+        self.listen_connected = gauge(
+            "listen_connected", "1 while the LISTEN connection is established.")
+        self.listen_notifications = counter(
+            "listen_notifications", "Notifications received on the LISTEN channel.")
+        self.listen_reconnects = counter(
+            "listen_reconnects", "LISTEN connection (re)connect attempts that failed.")
+        self.listen_wakeups_held = counter(
             "listen_wakeups_held",
             "Notification wake-ups held back by [control_plane].notify_min_interval_s "
-            "(notifications arriving faster: a storm).",
-            namespace=NS, registry=r,
-        )
+            "(notifications arriving faster: a storm).")
 
         # Fan-out.
-        self.fanout_preflight_failures = Counter(
+        self.fanout_preflight_failures = counter(
             "fanout_preflight_failures", "Failed fan-out preflights by kind and error class.",
-            ["kind", "error_class"], namespace=NS, registry=r,
-        )
-        self.fanout_applies = Counter(
-            "fanout_applies", "Fan-out child writes by kind and result.", ["kind", "result"],
-            namespace=NS, registry=r,
-        )
-        self.fanout_watch_restarts = Counter(
-            "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.", ["kind"],
-            namespace=NS, registry=r,
-        )
-        self.fanout_objects = Gauge(
-            "fanout_objects", "Parent objects currently watched, by kind.", ["kind"],
-            namespace=NS, registry=r,
-        )
+            ["kind", "error_class"])
+        self.fanout_applies = counter(
+            "fanout_applies", "Fan-out child writes by kind and result.", ["kind", "result"])
+        self.fanout_watch_restarts = counter(
+            "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.", ["kind"])
+        self.fanout_objects = gauge(
+            "fanout_objects", "Parent objects currently watched, by kind.", ["kind"])
 
         # Fan-out controller: reconcile durations, queue depth, requeues,
         # drift repairs, refused sweeps, Events that could not be recorded.
-        self.fanout_reconcile_duration = Histogram(
+        self.fanout_reconcile_duration = histogram(
             "fanout_reconcile_duration_seconds", "Duration of one parent reconcile.",
-            ["kind", "result"], namespace=NS, registry=r,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        )
-        self.fanout_queue_depth = Gauge(
-            "fanout_queue_depth", "Parents waiting in the work queue, by kind.", ["kind"],
-            namespace=NS, registry=r,
-        )
-        self.fanout_requeues = Counter(
+            ["kind", "result"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.fanout_queue_depth = gauge(
+            "fanout_queue_depth", "Parents waiting in the work queue, by kind.", ["kind"])
+        self.fanout_requeues = counter(
             "fanout_requeues", "Parents requeued after a failed reconcile, by kind and cause.",
-            ["kind", "cause"], namespace=NS, registry=r,
-        )
-        self.fanout_drift_repairs = Counter(
+            ["kind", "cause"])
+        self.fanout_drift_repairs = counter(
             "fanout_drift_repairs", "Children repaired after an out-of-band change, by kind.",
-            ["kind"], namespace=NS, registry=r,
-        )
-        self.fanout_sweeps_refused = Counter(
+            ["kind"])
+        self.fanout_sweeps_refused = counter(
             "fanout_sweeps_refused", "Orphan sweeps refused by the sweep guard, by kind.",
-            ["kind"], namespace=NS, registry=r,
-        )
+            ["kind"])
 
         # Supervision and admin.
-        self.child_restarts = Counter(
-            "child_restarts", "Restarts of supervised children.", ["child"],
-            namespace=NS, registry=r,
-        )
-        self.stream_clients = Gauge(
-            "stream_clients", "Connected live-stream WebSocket clients.",
-            namespace=NS, registry=r,
-        )
-        self.stream_dropped = Counter(
-            "stream_dropped_clients", "Stream clients closed for falling behind.",
-            namespace=NS, registry=r,
-        )
-        self.admin_connections = Gauge(
-            "admin_connections", "Admin API connections held (stream clients included).",
-            namespace=NS, registry=r,
-        )
-        self.admin_connection_limit = Gauge(
+        self.child_restarts = counter(
+            "child_restarts", "Restarts of supervised children.", ["child"])
+        self.stream_clients = gauge("stream_clients", "Connected live-stream WebSocket clients.")
+        self.stream_dropped = counter(
+            "stream_dropped_clients", "Stream clients closed for falling behind.")
+        self.admin_connections = gauge(
+            "admin_connections", "Admin API connections held (stream clients included).")
+        self.admin_connection_limit = gauge(
             "admin_connection_limit",
-            "Admin API connections held at most (from RLIMIT_NOFILE minus a reserve).",
-            namespace=NS, registry=r,
-        )
-        self.admin_connections_shed = Counter(
+            "Admin API connections held at most (from RLIMIT_NOFILE minus a reserve).")
+        self.admin_connections_shed = counter(
             "admin_connections_shed",
             "Admin connections given up at the limit: an idle one closed (evicted) or a new "
             "one refused (refused).",
-            ["how"], namespace=NS, registry=r,
-        )
+            ["how"])
 
         for outcome in reasons.OUTCOMES:
             self.convergence_attempts.labels(outcome)
@@ -279,7 +224,6 @@ class Metrics:
                 self.fanout_preflight_failures.labels(kind, error_class)
             for result in reasons.FANOUT_APPLY_RESULTS:
                 self.fanout_applies.labels(kind, result)
-            # Issue 13 block.
             self.fanout_queue_depth.labels(kind)
             self.fanout_drift_repairs.labels(kind)
             self.fanout_sweeps_refused.labels(kind)

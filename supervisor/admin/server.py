@@ -187,10 +187,6 @@ class _Server:
         # Under TLS the accept loop cannot read a request head: no answer at once.
         self._answer_at_once = app.answer_at_once if self._tls is None else None
 
-    @property
-    def connection_count(self) -> int:
-        return len(self._table)
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with self._scope:

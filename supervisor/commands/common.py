@@ -85,6 +85,19 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
     return check
 
 
+def add_token_file(parser: argparse.ArgumentParser,
+                   what: str = "file holding the admin bearer token") -> None:
+    """``--token-file``, the admin token :func:`admin_base` reads (else the config's)."""
+    parser.add_argument("--token-file", metavar="PATH", default=None,
+                        help=f"{what} (default: [admin].token_file of --config)")
+
+
+def add_ca_file(parser: argparse.ArgumentParser, verified: str) -> None:
+    """``--ca-file``, the CA that ``verified`` (the replicas' certificates) is checked with."""
+    parser.add_argument("--ca-file", metavar="PATH", default=None,
+                        help=f"{verified} verified against (default: the system's trust store)")
+
+
 def config_path(args: argparse.Namespace, required: bool = True) -> str | None:
     path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
     if path is None and required:
@@ -158,18 +171,28 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
     return trio.run(run)
 
 
-def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
-    """``HOST:PORT`` of the replica named by --config (or the default), and its token."""
+def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = "",
+               follow_tls: bool = True) -> tuple[str, str | None]:
+    """The admin URL of the replica named by --config (or the default), and its token.
+
+    ``scheme`` (http, ws) becomes https or wss when that replica serves TLS (verified
+    against --ca-file), unless not ``follow_tls``; a wildcard listen address is asked
+    on loopback.
+    """
+    import httpx
+
     from supervisor.tokenfile import read_token
 
-    path = config_path(args, required=False)
+    config_file = config_path(args, required=False)
     token = None
     token_file = getattr(args, "token_file", None)
-    if path is not None:
-        config = load(path)
+    if config_file is not None:
+        config = load(config_file)
         if config.admin.token_file and token_file is None:
             token = read_token(config.admin.token_file, "$.admin.token_file")
         host, port = config.admin.host_port
+        if follow_tls and config.admin.tls_cert_file is not None:
+            scheme += "s"
     else:
         host, port = "127.0.0.1", 9464
     if token_file is not None:
@@ -177,18 +200,9 @@ def admin_base(args: argparse.Namespace) -> tuple[str, str | None]:
             token = read_token(token_file, "--token-file")
         except ConfigError as exc:
             raise UsageError(f"--token-file: {exc.reason}") from exc
-    if ":" in host:
-        host = f"[{host}]"
-    if host in ("0.0.0.0", "[::]"):
+    if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"{host}:{port}", token
-
-
-def admin_secure(args: argparse.Namespace) -> bool:
-    """Whether the replica named by --config serves TLS (its default URL is then
-    https/wss; verified against --ca-file)."""
-    path = config_path(args, required=False)
-    return path is not None and load(path).admin.tls_cert_file is not None
+    return str(httpx.URL(scheme=scheme, host=host, port=port, path=path)), token
 
 
 class ReferenceResolver:

@@ -46,8 +46,9 @@ from supervisor.commands.common import (
     EXIT_USAGE,
     REPLICA_SCHEMES,
     ReferenceResolver,
+    add_ca_file,
+    add_token_file,
     admin_base,
-    admin_secure,
     admin_url,
     describe_store,
     load_config,
@@ -124,12 +125,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         type=admin_url(REPLICA_SCHEMES),
                         help="with --wait: a replica's admin URL, http://HOST:PORT; repeat "
                              "for several (default: [admin].listen of --config)")
-    parser.add_argument("--token-file", metavar="PATH", default=None,
-                        help="with --wait: the replicas' admin token (default: "
-                             "[admin].token_file of --config)")
-    parser.add_argument("--ca-file", metavar="PATH", default=None,
-                        help="with --wait: the CA that https/wss replicas' certificates are "
-                             "verified against (default: the system's trust store)")
+    add_token_file(parser, "with --wait: the replicas' admin token")
+    add_ca_file(parser, "with --wait: the CA that https/wss replicas' certificates are")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
@@ -311,8 +308,8 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
 
 
 def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    address, token = admin_base(args)
-    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
+    default, token = admin_base(args)
+    urls = args.url or [default]
     return [(url.rstrip("/"), token) for url in urls]
 
 

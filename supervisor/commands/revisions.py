@@ -19,6 +19,7 @@ from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
     ReferenceResolver,
+    add_token_file,
     admin_base,
     admin_url,
     iso,
@@ -96,9 +97,7 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                             help="a replica whose last refusal is checked first, "
                                  "http://HOST:PORT; repeat for several (default: "
                                  "[admin].listen of --config)")
-        parser.add_argument("--token-file", metavar="PATH", default=None,
-                            help="the replicas' admin token (default: [admin].token_file "
-                                 "of --config)")
+        add_token_file(parser, "the replicas' admin token")
     if name == "rollback":
         parser.add_argument("--json", action="store_true",
                             help='print one JSON document instead of the lines: {"revision", '
@@ -408,7 +407,8 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
     from supervisor.errors import ConfigError
 
     try:
-        address, token = admin_base(args)
+        # Plain http: rollback has no --ca-file to verify a TLS replica with.
+        default, token = admin_base(args, follow_tls=False)
     except (ConfigError, UsageError) as exc:
         if args.url or args.token_file:
             raise
@@ -416,7 +416,7 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
         # read it can still roll back, told that no replica was asked.
         print(f"warning: cannot check the replica's last refusal: {exc}", file=sys.stderr)
         return
-    urls = args.url or [f"http://{address}"]
+    urls = args.url or [default]
     found: list[str] = []
     unread: list[str] = []
 

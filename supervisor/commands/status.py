@@ -26,8 +26,9 @@ from supervisor.commands.common import (
     EXIT_ERROR,
     EXIT_OK,
     HTTP_SCHEMES,
+    add_ca_file,
+    add_token_file,
     admin_base,
-    admin_secure,
     admin_url,
 )
 from supervisor.commands.jsonout import Failure, print_json
@@ -76,12 +77,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="admin API base URL, http://HOST:PORT (default: [admin].listen "
                              "of --config, else http://127.0.0.1:9464); repeat for several "
                              "replicas: one line each")
-    parser.add_argument("--token-file", metavar="PATH", default=None,
-                        help="file holding the admin bearer token (default: "
-                             "[admin].token_file of --config)")
-    parser.add_argument("--ca-file", metavar="PATH", default=None,
-                        help="the CA that an https replica's certificate is verified against "
-                             "(default: the system's trust store)")
+    add_token_file(parser)
+    add_ca_file(parser, "the CA that an https replica's certificate is")
     parser.add_argument("--check", action="store_true",
                         help="a rollout check: exit 1 also unless every replica's active "
                              "revision is the desired one and nothing was refused")
@@ -95,8 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.errors import AdminRefused, AdminUnreachable
     from supervisor.admin.status_view import render_status
 
-    address, token = admin_base(args)
-    urls = args.url or [f"{'https' if admin_secure(args) else 'http'}://{address}"]
+    default, token = admin_base(args)
+    urls = args.url or [default]
     ssl_context = ca_file_context(args.ca_file)
     docs: dict[str, dict[str, Any] | AdminUnreachable] = {}
 

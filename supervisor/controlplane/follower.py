@@ -146,10 +146,6 @@ def upstream_token(config: ControlPlaneConfig) -> str | None:
     return read_token(config.token_file, "$.control_plane.token_file")
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 @dataclass(frozen=True)
 class _Accepted:
     statement: Statement
@@ -166,7 +162,7 @@ class FollowerStore:
         max_schema_version: int,
         accepted: AcceptedStatements | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._url = config.url.rstrip("/")
         self._where = f"{self._url}{REVISION_PATH}"

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -52,6 +54,7 @@ __all__ = [
     "migrate_sqlite",
     "postgres_version",
     "sqlite_version",
+    "write_transaction",
 ]
 
 Backend = Literal["postgresql", "sqlite"]
@@ -260,6 +263,21 @@ def _sqlite_statements(script: str) -> list[str]:
     return statements
 
 
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One SQLite write transaction: committed when the block returns, rolled back when it
+    raises. IMMEDIATE takes the write lock up front, so two writers serialise at BEGIN
+    instead of failing halfway with SQLITE_BUSY."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
     """Apply pending migrations; say what was done.
 
@@ -271,25 +289,20 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
     latest = latest_version("sqlite")
     if all(m.version in done for m in load_migrations("sqlite")):
         return Migrated(latest, latest)
-    # IMMEDIATE takes the write lock up front, so two processes migrating at
-    # once serialise here instead of failing halfway with SQLITE_BUSY.
-    conn.execute("BEGIN IMMEDIATE")
     try:
-        done = _sqlite_applied(conn)
-        check_not_newer(max(done, default=None), "sqlite")
-        for migration in load_migrations("sqlite"):
-            if migration.version in done:
-                continue
-            for statement in _sqlite_statements(migration.sql):
-                conn.execute(statement)
-            conn.execute(
-                f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
-                (migration.version, migration.name),
-            )
-        conn.execute("COMMIT")
+        with write_transaction(conn):  # two processes migrating at once serialise here
+            done = _sqlite_applied(conn)
+            check_not_newer(max(done, default=None), "sqlite")
+            for migration in load_migrations("sqlite"):
+                if migration.version in done:
+                    continue
+                for statement in _sqlite_statements(migration.sql):
+                    conn.execute(statement)
+                conn.execute(
+                    f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
+                    (migration.version, migration.name),
+                )
     except BaseException as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
             # A reader without write access cannot upgrade the file; SQLite's
             # own "attempt to write a readonly database" would not say why it tried.

@@ -33,6 +33,7 @@ import psycopg
 
 from supervisor.controlplane.checks import HydrateRow, check_hydrated
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.migrations import write_transaction
 from supervisor.controlplane.store import DesiredChange, LoadedRevision, RevisionSummary
 
 __all__ = ["DesiredChange", "RevisionSummary", "pg", "sqlite"]
@@ -191,8 +192,7 @@ class sqlite:  # a namespace of SQLite statements
     def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes,
                  now: str, message: str | None = None) -> int | None:
         """Re-point desired; the id it replaced, read in the same write transaction."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(conn):
             old = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
                                ).fetchone()
             row = conn.execute(
@@ -203,15 +203,9 @@ class sqlite:  # a namespace of SQLite statements
                 " RETURNING revision_id",
                 (revision, body_sha256),
             ).fetchone()
-            if row is not None:
-                sqlite.say_who_and_why(conn, message)
-            conn.execute("COMMIT" if row is not None else "ROLLBACK")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        if row is None:
-            raise _not_found(revision)
+            if row is None:
+                raise _not_found(revision)  # rolled back: nothing to change
+            sqlite.say_who_and_why(conn, message)
         return None if old is None else int(old[0])
 
     @staticmethod
@@ -236,8 +230,7 @@ class sqlite:  # a namespace of SQLite statements
 
     @staticmethod
     def prune(conn: sqlite3.Connection, keep: int) -> list[int]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(conn):
             row = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
                                ).fetchone()
             rows = conn.execute(
@@ -246,11 +239,6 @@ class sqlite:  # a namespace of SQLite statements
                 " AND id IS NOT ? RETURNING id",
                 (keep, None if row is None else row[0]),
             ).fetchall()
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
         return sorted(int(r[0]) for r in rows)
 
 

@@ -202,8 +202,7 @@ class SQLiteStore:
 
         def write(conn: sqlite3.Connection) -> int:
             digest = hashlib.sha256(body).digest()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with migrations.write_transaction(conn):
                 cur = conn.execute(
                     "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
                     " VALUES (?, ?, ?, ?)",
@@ -218,11 +217,6 @@ class SQLiteStore:
                     (revision,),
                 )
                 revisions.sqlite.say_who_and_why(conn, message)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
             return revision
 
         revision = await self._run("publish", write)

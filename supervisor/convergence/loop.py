@@ -151,10 +151,6 @@ async def compile_body(body: bytes, revision: int, generation: int,
     return run()
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class ConvergenceLoop:
     def __init__(
         self,
@@ -177,7 +173,7 @@ class ConvergenceLoop:
         sink_status: SinkStatus | None = None,
         statement_ttl_s: float = 300.0,
         forward_to: str | None = None,
-        wall_clock: Callable[[], datetime] = _utcnow,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
         # What serves (the status reads it too): the one place it is written.

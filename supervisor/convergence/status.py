@@ -63,13 +63,9 @@ if TYPE_CHECKING:
 __all__ = ["RevisionStatus"]
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class RevisionStatus:
     def __init__(self, state: ActiveState, clock: Callable[[], float] = trio.current_time,
-                 wall_clock: Callable[[], datetime] = _utcnow) -> None:
+                 wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         #: What serves: the one owner of the serving revision.
         self.state = state
         self._clock = clock

@@ -79,10 +79,6 @@ class SharedClient:
         self._client: KubeClient | None = None
         self._users = 0
 
-    @property
-    def users(self) -> int:
-        return self._users
-
     @asynccontextmanager
     async def use(self) -> AsyncIterator[KubeClient]:
         if self._client is None:

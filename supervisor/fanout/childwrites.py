@@ -80,7 +80,7 @@ from supervisor.fanout.repairs import RepairLimiter
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, Invalid, KubeError
-from supervisor.kube.models import Resource
+from supervisor.kube.models import Resource, kube_time
 from supervisor.telemetry import Metrics
 
 __all__ = ["ChildWriter"]
@@ -325,7 +325,7 @@ class ChildWriter(Generic[P]):
         force = not self._foreign_appliers(live)
         try:
             applied: Obj = await self.drain.write(
-                self.client.apply_object, child.resource, namespace, child.name, child.body,
+                self.client.apply, child.resource, namespace, child.name, child.body,
                 field_manager=manager, force=force)
             return applied
         except Conflict as exc:
@@ -345,14 +345,14 @@ class ChildWriter(Generic[P]):
                     f" applied by {', '.join(declared)} (a field manager that is not ours);"
                     " not forced")
         forced: Obj = await self.drain.write(
-            self.client.apply_object, child.resource, namespace, child.name, child.body,
+            self.client.apply, child.resource, namespace, child.name, child.body,
             field_manager=manager, force=True)
         return forced
 
     async def _fold_created(self, child: Desired, namespace: str) -> None:
         """Hand the fields our create holds by an update to our apply entry (ownership)."""
         current = await self.client.find(child.resource, namespace, child.name)
-        now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = kube_time()
         folded = folded_managed_fields(current or {}, self._managers,
                                        self.config.field_manager,
                                        child.resource.api_version, now)

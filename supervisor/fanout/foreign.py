@@ -23,18 +23,15 @@ this kind's lineage label, an installation label that is not ours). Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from supervisor.fanout.labels import INSTALLATION_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
-from supervisor.fanout.live import ListedOnce, ResourceHandler
+from supervisor.fanout.live import ChildIndex, Obj
+from supervisor.fanout.ownership import labels_of
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.models import Resource
 
 __all__ = ["ForeignChildren", "foreign_selector"]
-
-Obj = dict[str, Any]
-
 
 def foreign_selector(lineage_key: str, installation: str) -> str:
     """Children of this kind that another installation of trio-supervisor made."""
@@ -42,30 +39,14 @@ def foreign_selector(lineage_key: str, installation: str) -> str:
             f"{INSTALLATION_KEY}!={installation}")
 
 
-def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (obj.get("metadata") or {}).get("labels") or {}
-
-
-class ForeignChildren:
+class ForeignChildren(ChildIndex):
     """Which of this kind's child names another installation holds (see the module doc)."""
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
-        self._lineage_key = lineage_key
-        self._enqueue = enqueue
+        super().__init__(resources, lineage_key, enqueue)
         # key -> (installation, parent named by the lineage label)
         self._held: dict[ChildKey, tuple[str, str]] = {}
-        self._listed = ListedOnce(resources)
-
-    def handler(self, resource: Resource) -> ResourceHandler:
-        return ResourceHandler(self, resource)
-
-    @property
-    def synced(self) -> bool:
-        return self._listed.all
-
-    async def wait_synced(self) -> None:
-        await self._listed.wait()
 
     def clear(self) -> None:
         self._held.clear()
@@ -99,9 +80,8 @@ class ForeignChildren:
             self._enqueue(held[1])
 
     def _store(self, resource: Resource, obj: Obj) -> str:
-        labels = _labels(obj)
         name = str((obj.get("metadata") or {}).get("name", ""))
-        parent = str(labels.get(self._lineage_key, ""))
+        parent = self.parent_of(obj)
         self._held[ChildKey(resource.plural, name)] = (
-            str(labels.get(INSTALLATION_KEY, "")), parent)
+            str(labels_of(obj).get(INSTALLATION_KEY, "")), parent)
         return parent

@@ -67,6 +67,7 @@ from supervisor.kube.errors import Conflict, KubeError
 from supervisor.kube.lease import LeaseApi, LeaseRecord
 from supervisor.logs import get_logger
 from supervisor.status_doc import Role
+from supervisor.streak import Streak
 
 __all__ = [
     "LeadEnded",
@@ -121,7 +122,9 @@ class LeaderElector:
         self.release_timeout_s = release_timeout_s
         self._wall = wall_clock
         self._rng = rng or random.Random()
-        self._failures = 0  # lease requests failed in a row
+        # Lease requests failing in a row: the first at warning (an outage is long).
+        self._failures = Streak(log, began="lease request failed",
+                                ended="lease requests succeed again", count_as="failures")
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0  # local monotonic time the observed record was first seen
         self._renewed_at = 0.0  # local time the last successful write *started*
@@ -214,7 +217,8 @@ class LeaderElector:
             with trio.fail_after(self.renew_deadline_s):
                 outcome = await self._try(started)
         except trio.TooSlowError:
-            self._failed(f"no answer within {self.renew_deadline_s:g} s")
+            self._failures.failed(lease=self.leases.where, leading=self.leading,
+                                  error=f"no answer within {self.renew_deadline_s:g} s")
             return _Try.FAILED
         except Conflict:
             # Someone wrote in between: read it again at once; it may show a new holder.
@@ -229,23 +233,10 @@ class LeaderElector:
                 return _Try.OTHER
             return _Try.FAILED
         except KubeError as exc:
-            self._failed(str(exc))
+            self._failures.failed(lease=self.leases.where, leading=self.leading, error=str(exc))
             return _Try.FAILED
-        if self._failures:
-            log.info("lease requests succeed again", lease=self.leases.where,
-                     failures=self._failures)
-            self._failures = 0
+        self._failures.recovered(lease=self.leases.where)
         return outcome
-
-    def _failed(self, error: str) -> None:
-        """The first failure in a row at warning, the rest at debug (an outage is long)."""
-        self._failures += 1
-        if self._failures == 1:
-            log.warning("lease request failed", lease=self.leases.where, error=error,
-                        leading=self.leading)
-        else:
-            log.debug("lease request failed", lease=self.leases.where, error=error,
-                      leading=self.leading, failures=self._failures)
 
     async def _try(self, started: float) -> _Try:
         now = self._wall()

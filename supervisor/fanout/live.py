@@ -36,12 +36,13 @@ generation; any other child counts as available once it exists
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from supervisor.fanout.ownership import MANAGERS_FIELD, managers_of
+from supervisor.fanout.ownership import MANAGERS_FIELD, labels_of, managers_of
 from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
@@ -173,13 +174,39 @@ class ListedOnce:
             self._event = trio.Event()
 
 
-class ChildIndex(Protocol):
-    """What a child resource's informer feeds: a list, an upsert, a delete."""
+class ChildIndex(ABC):
+    """What a child resource's informer feeds (a list, an upsert, a delete), for the
+    children of one kind: each change enqueues the parent named by the lineage label,
+    and :attr:`synced` tells when every child resource has been listed."""
 
+    def __init__(self, resources: Iterable[Resource], lineage_key: str,
+                 enqueue: Callable[[str], None]) -> None:
+        self._lineage_key = lineage_key
+        self._enqueue = enqueue
+        self._listed = ListedOnce(resources)
+
+    def handler(self, resource: Resource) -> ResourceHandler:
+        return ResourceHandler(self, resource)
+
+    @property
+    def synced(self) -> bool:
+        """Every child resource has been listed at least once."""
+        return self._listed.all
+
+    async def wait_synced(self) -> None:
+        """Return once every child resource has been listed."""
+        await self._listed.wait()
+
+    def parent_of(self, obj: Mapping[str, Any]) -> str:
+        return str(labels_of(obj).get(self._lineage_key, ""))
+
+    @abstractmethod
     def replace(self, resource: Resource, items: Iterable[Obj]) -> None: ...
 
+    @abstractmethod
     def observe(self, resource: Resource, obj: Obj) -> None: ...
 
+    @abstractmethod
     def forget(self, resource: Resource, name: str) -> None: ...
 
 
@@ -204,31 +231,17 @@ class ResourceHandler:
         pass  # a child is read as a plain map: only malformed JSON lands here, and is skipped
 
 
-class LiveChildren:
+class LiveChildren(ChildIndex):
     """The watched children of one kind (see the module doc)."""
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
-        self._lineage_key = lineage_key
-        self._enqueue = enqueue
+        super().__init__(resources, lineage_key, enqueue)
         self._objects: dict[ChildKey, Obj] = {}
         self._by_parent: dict[str, set[ChildKey]] = {}
-        self._listed = ListedOnce(resources)
         # key -> resourceVersion of the child when its DELETED event came: a write's answer
         # arriving after that event is not newer than what was deleted, and is not held.
         self._gone: dict[ChildKey, int] = {}
-
-    def handler(self, resource: Resource) -> ResourceHandler:
-        return ResourceHandler(self, resource)
-
-    @property
-    def synced(self) -> bool:
-        """Every child resource has been listed at least once."""
-        return self._listed.all
-
-    async def wait_synced(self) -> None:
-        """Return once every child resource has been listed."""
-        await self._listed.wait()
 
     def clear(self) -> None:
         """Forget everything (the informers are restarting)."""
@@ -236,10 +249,6 @@ class LiveChildren:
         self._by_parent.clear()
         self._listed.clear()
         self._gone.clear()
-
-    def parent_of(self, obj: Mapping[str, Any]) -> str:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        return str(labels.get(self._lineage_key, ""))
 
     def get(self, key: ChildKey) -> Obj | None:
         return self._objects.get(key)

@@ -44,6 +44,7 @@ __all__ = [
     "created_by_update",
     "describe",
     "folded_managed_fields",
+    "labels_of",
     "managers_of",
     "our_managers",
     "ours_to_write",
@@ -78,7 +79,7 @@ def managers_of(obj: Mapping[str, Any]) -> dict[str, set[str]]:
     return found
 
 
-def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def labels_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
@@ -90,7 +91,7 @@ def written_by_us(obj: Mapping[str, Any], managers: Iterable[str]) -> bool:
 def ours_to_write(obj: Mapping[str, Any], *, lineage_key: str, parent: str,
                   installation: str, managers: Iterable[str]) -> bool:
     """May the parent ``parent`` write the existing ``obj`` (see the module doc)?"""
-    labels = _labels(obj)
+    labels = labels_of(obj)
     if labels.get(MANAGED_BY_KEY) != MANAGED_BY_VALUE:
         return False
     if labels.get(INSTALLATION_KEY) != installation:
@@ -100,7 +101,7 @@ def ours_to_write(obj: Mapping[str, Any], *, lineage_key: str, parent: str,
 
 def describe(obj: Mapping[str, Any], kind: str, namespace: str, lineage_key: str) -> str:
     """``Service apps/web (owner labels: managed-by=helm, no installation, no lineage)``."""
-    labels = _labels(obj)
+    labels = labels_of(obj)
     name = (obj.get("metadata") or {}).get("name", "")
 
     def say(key: str, short: str) -> str:

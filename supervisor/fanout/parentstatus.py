@@ -25,7 +25,6 @@ Contract (docs/kubernetes.md):
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,7 +35,7 @@ from supervisor.kube.applying import Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NotFound
 from supervisor.kube.events import EventRecorder, EventType, Involved
-from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+from supervisor.kube.models import ObjectMeta, ParentStatus, Resource, kube_time
 
 __all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
 
@@ -47,10 +46,6 @@ class ParentLike(Protocol):
 
     @property
     def status(self) -> ParentStatus: ...
-
-
-def _now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def status_body(api_version: str, kind: str, name: str, namespace: str,
         transition = (
             cond.last_transition_time
             if cond is not None and cond.status == status and cond.last_transition_time
-            else _now_rfc3339()
+            else kube_time()
         )
         conditions.append({
             "type": type_,
@@ -169,7 +164,8 @@ class ParentReporter:
         try:
             await self._drain.write(
                 self._client.apply, self._resource, self._config.control_namespace, meta.name,
-                body, field_manager=self._config.field_manager, subresource="status",
+                body, field_manager=self._config.field_manager, force=True,
+                subresource="status",
             )
         except NotFound:
             # The parent was deleted meanwhile; its DELETED event follows (or a relist).

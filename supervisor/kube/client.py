@@ -273,34 +273,16 @@ class KubeClient:
         body: Mapping[str, Any],
         *,
         field_manager: str,
-        force: bool = True,
-        subresource: str | None = None,
-    ) -> PartialObject:
-        """Server-side apply: JSON is valid YAML, so the body goes as apply-patch+yaml."""
-        params = {"fieldManager": field_manager}
-        if force:
-            params["force"] = "true"
-        return await self.request(
-            "PATCH", resource.object_path(namespace, name, subresource), PartialObject,
-            params=params, body=body, content_type=APPLY_PATCH,
-        )
-
-    async def apply_object(
-        self,
-        resource: Resource,
-        namespace: str,
-        name: str,
-        body: Mapping[str, Any],
-        *,
-        field_manager: str,
         force: bool = False,
+        subresource: str | None = None,
     ) -> dict[str, Any]:
-        """Server-side apply (``force`` only when asked); the object returned, as a map."""
+        """Server-side apply (``force`` only when asked); the object returned, as a map.
+        JSON is valid YAML, so the body goes as apply-patch+yaml."""
         params = {"fieldManager": field_manager}
         if force:
             params["force"] = "true"
         return await self.request(
-            "PATCH", resource.object_path(namespace, name), dict[str, Any],
+            "PATCH", resource.object_path(namespace, name, subresource), dict[str, Any],
             params=params, body=body, content_type=APPLY_PATCH,
         )
 

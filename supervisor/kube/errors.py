@@ -121,20 +121,6 @@ class Invalid(ApiError):
 class TooManyRequests(ApiError):
     """429: the server asks us to slow down; ``retry_after`` seconds when it said."""
 
-    def __init__(
-        self,
-        status: int = 429,
-        reason: str = "",
-        message: str = "",
-        *,
-        body: bytes = b"",
-        method: str = "",
-        path: str = "",
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(status, reason, message, body=body, method=method, path=path)
-        self.retry_after = retry_after
-
 
 _BY_STATUS: dict[int, type[ApiError]] = {
     401: Unauthorized,
@@ -158,12 +144,11 @@ def api_error(
     retry_after: float | None = None,
 ) -> ApiError:
     """The most specific :class:`ApiError` subclass for ``status``."""
-    cls = _BY_STATUS.get(status, ApiError)
-    if cls is TooManyRequests:
-        return TooManyRequests(
-            status, reason, message, body=body, method=method, path=path, retry_after=retry_after
-        )
-    return cls(status, reason, message, body=body, method=method, path=path)
+    error = _BY_STATUS.get(status, ApiError)(status, reason, message, body=body, method=method,
+                                             path=path)
+    if isinstance(error, TooManyRequests):
+        error.retry_after = retry_after  # only a 429's Retry-After is a floor (KubeError)
+    return error
 
 
 class TransportError(KubeError):

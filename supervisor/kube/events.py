@@ -22,7 +22,6 @@ Contract of :class:`EventRecorder`:
 
 from __future__ import annotations
 
-import datetime as _dt
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import trio
 
 from supervisor.kube.errors import KubeError, NotFound
-from supervisor.kube.models import PartialObject, Resource
+from supervisor.kube.models import PartialObject, Resource, kube_time
 from supervisor.logs import get_logger
 
 __all__ = ["EVENTS", "EventRecorder", "EventSink", "Involved"]
@@ -64,10 +63,6 @@ class EventSink(Protocol):
     async def request(self, method: str, path: str, type_: type[T], *,
                       params: Mapping[str, str] | None = None, body: Any = None,
                       content_type: str = ...) -> T: ...
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class EventRecorder:
@@ -103,7 +98,7 @@ class EventRecorder:
     async def _count_into(self, about: Involved, last: _Recorded, message: str,
                           now: float) -> bool:
         """Count a repeat into ``last``; False when it must be a new Event (it is gone)."""
-        stamp = _now()[:19] + "Z"
+        stamp = kube_time()
         patch = {"count": last.count + 1, "lastTimestamp": stamp, "message": message[:1024]}
         try:
             await self._client.request(
@@ -130,7 +125,7 @@ class EventRecorder:
 
     async def _create(self, about: Involved, type_: EventType, reason: str,
                       message: str) -> _Recorded | None:
-        stamp = _now()
+        stamp = kube_time(micro=True)
         name = f"{about.name[:MAX_NAME - 17]}.{secrets.token_hex(8)}"
         body = {
             "apiVersion": "v1",

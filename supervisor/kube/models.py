@@ -15,6 +15,7 @@ builds its URL paths; it is plain data, not a Struct.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
 import msgspec
@@ -33,9 +34,15 @@ __all__ = [
     "Status",
     "StatusCause",
     "StatusDetails",
+    "kube_time",
 ]
 
 T = TypeVar("T")
+
+
+def kube_time(*, micro: bool = False) -> str:
+    """Now as a Kubernetes ``Time`` (RFC 3339 UTC, whole seconds), or a ``MicroTime``."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,6 @@ class Informer(Generic[T]):
         self.resource_version: str | None = None
         self._listed_version: str | None = None  # the RV the last list returned
         self.lists = 0
-        self.watches = 0
         self.watches_with_events = 0
         self._productive = False  # the current (or last) watch stream delivered a line
 
@@ -285,7 +284,6 @@ class Informer(Generic[T]):
         assert self.resource_version is not None
         received = False
         self._productive = False
-        self.watches += 1
         async with self._client.watch(
             self._resource, self._namespace,
             resource_version=self.resource_version,

@@ -82,11 +82,12 @@ async def test_apply_get_list_delete_round_trip(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
             body = deployment("web")
-            created = await client.apply(DEPLOYMENTS, APPS, "web", body, field_manager="me")
-            assert created.metadata.name == "web"
+            created = await client.apply(DEPLOYMENTS, APPS, "web", body, field_manager="me",
+                                         force=True)
+            assert created["metadata"]["name"] == "web"
             assert len(fake.writes()) == 1
             again = await client.apply(DEPLOYMENTS, APPS, "web", body, field_manager="me")
-            assert again.metadata.resource_version == created.metadata.resource_version
+            assert again["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
             assert len(fake.writes()) == 1  # a no-op apply changes nothing
             got = await client.get(DEPLOYMENTS, APPS, "web", PartialObject)
             assert got.metadata.labels["tier"] == "web"

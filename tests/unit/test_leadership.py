@@ -397,7 +397,6 @@ async def test_an_outage_warns_once_then_says_when_it_is_over(
             await wait_for(lambda: a.elector.leading)
             nursery.cancel_scope.cancel()
     failed = [e for e in logs if e["event"] == "lease request failed"]
-    assert [e["log_level"] for e in failed].count("warning") == 1
-    assert len(failed) > 20
-    assert [e["failures"] for e in logs if e["event"] == "lease requests succeed again"] == [
-        len(failed)]
+    assert [e["log_level"] for e in failed] == ["warning"]
+    ended = [e for e in logs if e["event"] == "lease requests succeed again"]
+    assert len(ended) == 1 and ended[0]["failures"] > 20  # every failure counted

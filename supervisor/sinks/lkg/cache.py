@@ -116,10 +116,6 @@ __all__ = ["SERVED_SUFFIX", "CacheFiles", "CachedRevision", "LastKnownGood"]
 _PEEK_BYTES: Final = len(MAGIC) + 4 + MAX_HEADER_BYTES
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 # --------------------------------------------------------------------------- the cache
 
 
@@ -133,7 +129,8 @@ class CachedRevision:
     created_at: datetime
     body: bytes = field(repr=False)
     key_id: str
-    _clock: Callable[[], datetime] = field(default=_utcnow, repr=False, compare=False)
+    _clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC), repr=False,
+                                           compare=False)
     #: The signed statement it carries (format_version 2; None for a version 1 file).
     statement: Statement | None = None
 
@@ -153,7 +150,7 @@ class LastKnownGood:
         signing_key_path: str | None,
         trusted_keys: Sequence[str],
         max_schema_version: int,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         files: CacheFiles | None = None,
     ) -> None:
         self._path = path
@@ -201,10 +198,6 @@ class LastKnownGood:
     @property
     def path(self) -> str:
         return self._path
-
-    @property
-    def served_path(self) -> str:
-        return self._mark.path
 
     @property
     def trusted_key_ids(self) -> tuple[str, ...]:

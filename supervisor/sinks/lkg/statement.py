@@ -59,11 +59,6 @@ class Statement:
         """Seconds since the root issued it (0 when this clock is behind the root's)."""
         return max(0.0, (now - self.issued_at).total_seconds())
 
-    def same_content(self, other: Statement) -> bool:
-        """The same root intent about the same body (``issued_at`` may differ: a refresh)."""
-        return (self.sequence, self.root, self.revision, self.body_sha256) == (
-            other.sequence, other.root, other.revision, other.body_sha256)
-
     def without_bytes(self) -> Statement:
         return replace(self, signed=None)
 
