@@ -54,6 +54,12 @@ def _skip_reason(report: pytest.TestReport) -> str | None:
     return None
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker a core, at most four (every test starts daemons of its own,
+    which need the cores too)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     server = pgserver.current()
     lines = [server.describe()] if server is not None else []
