@@ -150,7 +150,7 @@ async def test_a_flood_of_requests_coalesces_and_shutdown_leaves_none_hanging(
                 # nothing left to run here, then SIGTERM.
                 await trio.testing.wait_all_tasks_blocked(cushion=0.01)
                 daemon.signal(signal.SIGTERM)
-                assert await daemon.wait() == 0
+                assert await daemon.wait() == 0, "\n".join(daemon.raw[-30:])
             # grace_s is 5: nobody waited for the 60 s request deadline.
             assert trio.current_time() - started < 10
             assert len(ended) == 100
