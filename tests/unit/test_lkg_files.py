@@ -605,9 +605,9 @@ def test_a_naive_statement_time_is_written_as_utc() -> None:
 
 
 def test_a_header_missing_any_statement_field_has_no_statement() -> None:
-    from supervisor.sinks.lkg.fileformat import Header
-
     import msgspec.structs
+
+    from supervisor.sinks.lkg.fileformat import Header
 
     whole = Header(
         format_version=2, revision=7, generation=1, schema_version=1, created_at=_ISSUED,
