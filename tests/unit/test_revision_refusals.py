@@ -518,3 +518,25 @@ def test_without_proc_fd_the_path_is_opened_again_and_must_be_the_file_checked(
     for fd in opened:  # the swapped file's descriptor is closed too
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+def test_the_daemons_resolver_confines_to_its_config_and_refuses_its_credentials(
+        tmp_path: Path) -> None:
+    from supervisor.config import Config, ControlPlaneConfig, RevisionConfig
+
+    allowed = tmp_path / "secrets"
+    allowed.mkdir()
+    token = allowed / "upstream.token"
+    token.write_text("upstream-token\n")
+    (allowed / "key").write_text("team-secret\n")
+    (tmp_path / "outside").write_text("o\n")
+    config = Config(control_plane=ControlPlaneConfig(url="https://upstream:9464",
+                                                     token_file=str(token)),
+                    revision=RevisionConfig(secret_dirs=[str(allowed)]))
+    resolver = EnvFileResolver.for_daemon(config, environ={"HOME": str(tmp_path)})
+    assert resolver.resolve(f"file:{allowed / 'key'}") == b"team-secret"
+    for reference, refusal in ((f"file:{token}", "cannot be resolved"),
+                               (f"file:{tmp_path / 'outside'}", "outside [revision].secret_dirs")):
+        with pytest.raises(RevisionError) as info:
+            resolver.resolve(reference)
+        assert refusal in info.value.detail
