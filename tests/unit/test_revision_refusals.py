@@ -433,8 +433,9 @@ def test_a_file_the_kernel_names_under_dev_is_refused(tmp_path: Path) -> None:
 def test_a_file_on_a_kernel_filesystem_is_refused_by_its_filesystem_type(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Wherever proc is mounted: the kernel's name of the file is not consulted here."""
-    from supervisor.revision.secrets import _read_file
+    from supervisor.revision.secrets import _libc_fstatfs, _read_file
 
+    _libc_fstatfs.cache_clear()  # libc asked afresh, by this test
     monkeypatch.setattr("supervisor.revision.secrets._opened_at", lambda fd: None)
     with pytest.raises(RevisionError) as info:
         _read_file("/proc/self/status")
@@ -444,8 +445,9 @@ def test_a_file_on_a_kernel_filesystem_is_refused_by_its_filesystem_type(
 def test_the_filesystem_type_of_a_proc_file_is_procs_magic_number() -> None:
     import os
 
-    from supervisor.revision.secrets import _filesystem_type
+    from supervisor.revision.secrets import _filesystem_type, _libc_fstatfs
 
+    _libc_fstatfs.cache_clear()  # libc asked afresh, by this test
     fd = os.open("/proc/self/status", os.O_RDONLY)
     try:
         assert _filesystem_type(fd) == 0x9FA0
