@@ -593,14 +593,23 @@ def test_a_version_2_header_round_trips_its_statement() -> None:
     assert header.statement() == statement
 
 
-def test_a_naive_statement_time_is_written_as_utc() -> None:
+def test_a_naive_statement_time_is_written_as_utc_whatever_the_local_zone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
     from supervisor.sinks.lkg import Statement
 
     aware = _statement()
     assert isinstance(aware, Statement)
     naive = Statement(aware.revision, aware.body_sha256, aware.sequence, aware.root,
                       aware.issued_at.replace(tzinfo=None), aware.expires_at)
-    header, _ = _decode_with(statement=naive)  # type: ignore[misc]
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        header, _ = _decode_with(statement=naive)  # type: ignore[misc]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
     assert header.issued_at == _ISSUED and header.issued_at.utcoffset() == timedelta(0)
 
 
