@@ -9,12 +9,21 @@ temporary directory and the cache's own file seam.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from supervisor.sinks.lkg import CacheError, CacheUnwritable, LastKnownGood, generate_signing_key
+from supervisor.sinks.lkg import (
+    CacheError,
+    CacheUnwritable,
+    LastKnownGood,
+    Statement,
+    generate_signing_key,
+)
+from supervisor.sinks.lkg.fileformat import Header
 from tests.fakes.cachefiles import Recording, Stopped
 from tests.lkgcache import export, make, mark_of
 
@@ -548,10 +557,8 @@ def test_a_key_id_repr_of_41_characters_is_cut() -> None:
 _ISSUED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-def _statement(body: bytes = BODY, root: str = "ops") -> object:
+def _statement(body: bytes = BODY, root: str = "ops") -> Statement:
     import hashlib
-
-    from supervisor.sinks.lkg import Statement
 
     return Statement(7, hashlib.sha256(body).hexdigest(), 3, root, _ISSUED,
                      _ISSUED + timedelta(hours=1))
@@ -565,7 +572,8 @@ def _header(key_id: str = "", **kwargs: object) -> bytes:
     return encode_header(**{**fields, **kwargs})  # type: ignore[arg-type]
 
 
-def _decode_with(mutate: object = None, **kwargs: object) -> object:
+def _decode_with(mutate: Callable[[dict[str, Any]], None] | None = None,
+                 **kwargs: Any) -> tuple[Header, bytes]:
     """Decode a file whose header is ``_header(**kwargs)``, signed by a fresh key,
     after ``mutate`` (a function of the header's JSON object) if given."""
     import json as jsonlib
@@ -579,7 +587,7 @@ def _decode_with(mutate: object = None, **kwargs: object) -> object:
     key = nacl.signing.SigningKey.generate()
     key_id = key_id_of(key.verify_key)
     header = _header(key_id, **kwargs)
-    if callable(mutate):
+    if mutate is not None:
         fields = jsonlib.loads(header)
         mutate(fields)
         header = jsonlib.dumps(fields).encode()
@@ -588,7 +596,7 @@ def _decode_with(mutate: object = None, **kwargs: object) -> object:
 
 def test_a_version_2_header_round_trips_its_statement() -> None:
     statement = _statement()
-    header, body = _decode_with(statement=statement)  # type: ignore[misc]
+    header, body = _decode_with(statement=statement)
     assert header.format_version == 2 and body == BODY
     assert header.statement() == statement
 
@@ -597,16 +605,13 @@ def test_a_naive_statement_time_is_written_as_utc_whatever_the_local_zone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from supervisor.sinks.lkg import Statement
-
     aware = _statement()
-    assert isinstance(aware, Statement)
     naive = Statement(aware.revision, aware.body_sha256, aware.sequence, aware.root,
                       aware.issued_at.replace(tzinfo=None), aware.expires_at)
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
     try:
-        header, _ = _decode_with(statement=naive)  # type: ignore[misc]
+        header, _ = _decode_with(statement=naive)
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
@@ -615,8 +620,6 @@ def test_a_naive_statement_time_is_written_as_utc_whatever_the_local_zone(
 
 def test_a_header_missing_any_statement_field_has_no_statement() -> None:
     import msgspec.structs
-
-    from supervisor.sinks.lkg.fileformat import Header
 
     whole = Header(
         format_version=2, revision=7, generation=1, schema_version=1, created_at=_ISSUED,
@@ -662,7 +665,7 @@ def test_a_statement_root_is_one_to_512_characters(length: int, accepted: bool) 
         fields["root"] = "r" * length
 
     if accepted:
-        header, _ = _decode_with(root, statement=_statement())  # type: ignore[misc]
+        header, _ = _decode_with(root, statement=_statement())
         assert header.root == "r" * length
     else:
         with pytest.raises(CacheError, match="malformed"):
@@ -672,11 +675,8 @@ def test_a_statement_root_is_one_to_512_characters(length: int, accepted: bool) 
 def test_an_export_signs_only_a_statement_about_its_own_revision_and_body(
     cache_path: str, signer: tuple[str, str],
 ) -> None:
-    from supervisor.sinks.lkg import Statement
-
     cache = make(cache_path, signer)
     statement = _statement()
-    assert isinstance(statement, Statement)
     for wrong in (Statement(8, statement.body_sha256, 3, "ops", _ISSUED, _ISSUED),
                   Statement(7, "0" * 64, 3, "ops", _ISSUED, _ISSUED)):
         with pytest.raises(ValueError, match="another revision or body"):
