@@ -239,14 +239,17 @@ def run_group(name: str, target: Target, *, jobs: int, operators: tuple[str, ...
                 if site.mutant_id in equivalents:
                     used_equivalents.add(site.mutant_id)
                     result.equivalent.append(site)
-                elif site.line not in lines and not lost:
+                elif site.line not in lines and not lost and site.qualname != "<module>":
                     result.uncovered.append(site)
                 else:
                     # Only the tests that execute the mutated line, unless it
-                    # runs at import (a constant, a default): then all of them;
+                    # runs at import (a constant, a default; module-level code
+                    # even where the compiler folded the line away, as the
+                    # members of a constant frozenset): then all of them;
                     # and the tests whose trace was cut short, which may run it.
                     ids = lines.get(site.line, [])
-                    selected = None if "" in ids else list(dict.fromkeys([*ids, *lost]))
+                    at_import = "" in ids or site.qualname == "<module>"
+                    selected = None if at_import else list(dict.fromkeys([*ids, *lost]))
                     queue.append((result, site, source, selected))
         running: list[tuple[_Job, Result]] = []
         done = 0

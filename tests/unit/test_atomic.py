@@ -149,3 +149,47 @@ def test_directory_fsync_io_error_is_raised(
     assert info.value.errno == errno.EIO
     # The rename happened; only its durability is unknown, which the caller hears about.
     assert _entries(tmp_path) == ["f"]
+
+
+def test_directory_mode_is_the_mode_of_the_directory_the_path_is_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.sinks.atomic import directory_mode
+
+    (tmp_path / "d").mkdir()
+    os.chmod(tmp_path / "d", 0o750)
+    assert directory_mode(str(tmp_path / "d" / "f")) == 0o750
+    monkeypatch.chdir(tmp_path / "d")
+    assert directory_mode("f") == 0o750  # a bare name is in the working directory
+    (tmp_path / "file").write_bytes(b"")
+    assert directory_mode(str(tmp_path / "file" / "f")) is None  # not a directory
+    assert directory_mode(str(tmp_path / "absent" / "f")) is None
+
+
+def test_a_missing_directory_is_made_again_with_the_exact_mode_and_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import supervisor.sinks.atomic as atomic
+
+    synced: list[str] = []
+    real_fsync_directory = atomic.fsync_directory
+
+    def recording(directory: str) -> None:
+        synced.append(directory)
+        real_fsync_directory(directory)
+
+    monkeypatch.setattr(atomic, "fsync_directory", recording)
+    old_umask = os.umask(0o077)
+    try:
+        write_atomic(str(tmp_path / "sink" / "f"), b"x", directory_mode=0o755)
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "sink" / "f").read_bytes() == b"x"
+    assert _mode(tmp_path / "sink") == 0o755
+    assert str(tmp_path) in synced  # the new directory's entry made durable
+
+
+def test_a_directory_that_cannot_be_made_again_raises_mkdirs_error(tmp_path: Path) -> None:
+    missing_parent = tmp_path / "absent" / "sink"
+    with pytest.raises(FileNotFoundError) as info:
+        write_atomic(str(missing_parent / "f"), b"x", directory_mode=0o755)
+    assert info.value.filename == str(missing_parent)
+    assert isinstance(info.value.__cause__, FileNotFoundError)

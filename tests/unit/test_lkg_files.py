@@ -9,12 +9,21 @@ temporary directory and the cache's own file seam.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from supervisor.sinks.lkg import CacheError, CacheUnwritable, LastKnownGood, generate_signing_key
+from supervisor.sinks.lkg import (
+    CacheError,
+    CacheUnwritable,
+    LastKnownGood,
+    Statement,
+    generate_signing_key,
+)
+from supervisor.sinks.lkg.fileformat import Header
 from tests.fakes.cachefiles import Recording, Stopped
 from tests.lkgcache import export, make, mark_of
 
@@ -540,3 +549,155 @@ def test_a_key_id_repr_of_41_characters_is_cut() -> None:
     data = _framed(jsonlib.dumps({"format_version": 1, "key_id": key_id}).encode(), b"\x00" * 64)
     assert _decode_detail(data) == (
         f"signed by key id {repr(key_id)[:37]}..., which is not in cache.trusted_keys")
+
+
+# -- the header's version 2 statement fields ---------------------------------------------------
+
+
+_ISSUED = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def _statement(body: bytes = BODY, root: str = "ops") -> Statement:
+    import hashlib
+
+    return Statement(7, hashlib.sha256(body).hexdigest(), 3, root, _ISSUED,
+                     _ISSUED + timedelta(hours=1))
+
+
+def _header(key_id: str = "", **kwargs: object) -> bytes:
+    from supervisor.sinks.lkg import encode_header
+
+    fields: dict[str, object] = {"revision": 7, "generation": 1, "schema_version": 1,
+                                 "created_at": _ISSUED, "body": BODY, "key_id": key_id}
+    return encode_header(**{**fields, **kwargs})  # type: ignore[arg-type]
+
+
+def _decode_with(mutate: Callable[[dict[str, Any]], None] | None = None,
+                 **kwargs: Any) -> tuple[Header, bytes]:
+    """Decode a file whose header is ``_header(**kwargs)``, signed by a fresh key,
+    after ``mutate`` (a function of the header's JSON object) if given."""
+    import json as jsonlib
+
+    import nacl.signing
+
+    from supervisor.sinks.lkg import encode_file
+    from supervisor.sinks.lkg.fileformat import decode_file
+    from supervisor.sinks.lkg.keys import key_id_of
+
+    key = nacl.signing.SigningKey.generate()
+    key_id = key_id_of(key.verify_key)
+    header = _header(key_id, **kwargs)
+    if mutate is not None:
+        fields = jsonlib.loads(header)
+        mutate(fields)
+        header = jsonlib.dumps(fields).encode()
+    return decode_file(encode_file(header, BODY, key), "/c", {key_id: key.verify_key})
+
+
+def test_a_version_2_header_round_trips_its_statement() -> None:
+    statement = _statement()
+    header, body = _decode_with(statement=statement)
+    assert header.format_version == 2 and body == BODY
+    assert header.statement() == statement
+
+
+def test_a_naive_statement_time_is_written_as_utc_whatever_the_local_zone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    aware = _statement()
+    naive = Statement(aware.revision, aware.body_sha256, aware.sequence, aware.root,
+                      aware.issued_at.replace(tzinfo=None), aware.expires_at)
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        header, _ = _decode_with(statement=naive)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert header.issued_at == _ISSUED and header.issued_at.utcoffset() == timedelta(0)
+
+
+def test_a_header_missing_any_statement_field_has_no_statement() -> None:
+    import msgspec.structs
+
+    whole = Header(
+        format_version=2, revision=7, generation=1, schema_version=1, created_at=_ISSUED,
+        body_length=1, body_sha256="0" * 64, key_id="0" * 16, sequence=3, root="ops",
+        issued_at=_ISSUED, expires_at=_ISSUED)
+    assert whole.statement() is not None
+    for name in ("sequence", "root", "issued_at", "expires_at"):
+        assert msgspec.structs.replace(whole, **{name: None}).statement() is None
+
+
+def test_a_version_2_header_without_statement_fields_is_corrupt() -> None:
+    with pytest.raises(CacheError) as info:
+        _decode_with(format_version=2)
+    assert info.value.detail == "the version 2 header is authentic but lacks its statement fields"
+
+
+def test_a_version_1_header_with_statement_fields_is_corrupt() -> None:
+    with pytest.raises(CacheError) as info:
+        _decode_with(format_version=1, statement=_statement())
+    assert info.value.detail == "the version 1 header is authentic but carries statement fields"
+
+
+def test_a_statement_time_without_a_zone_is_corrupt() -> None:
+    def naive(fields: dict[str, str]) -> None:
+        fields["expires_at"] = fields["expires_at"].removesuffix("Z")
+
+    with pytest.raises(CacheError) as info:
+        _decode_with(naive, statement=_statement())
+    assert info.value.detail == "the header is authentic but its times have no time zone"
+
+
+def test_a_version_3_header_is_skew_not_corruption() -> None:
+    from supervisor.sinks.lkg import CacheSkew
+
+    with pytest.raises(CacheSkew):
+        _decode_with(format_version=3, statement=_statement())
+
+
+@pytest.mark.parametrize(("length", "accepted"), [(0, False), (1, True), (512, True),
+                                                  (513, False)])
+def test_a_statement_root_is_one_to_512_characters(length: int, accepted: bool) -> None:
+    def root(fields: dict[str, object]) -> None:
+        fields["root"] = "r" * length
+
+    if accepted:
+        header, _ = _decode_with(root, statement=_statement())
+        assert header.root == "r" * length
+    else:
+        with pytest.raises(CacheError, match="malformed"):
+            _decode_with(root, statement=_statement())
+
+
+def test_an_export_signs_only_a_statement_about_its_own_revision_and_body(
+    cache_path: str, signer: tuple[str, str],
+) -> None:
+    cache = make(cache_path, signer)
+    statement = _statement()
+    for wrong in (Statement(8, statement.body_sha256, 3, "ops", _ISSUED, _ISSUED),
+                  Statement(7, "0" * 64, 3, "ops", _ISSUED, _ISSUED)):
+        with pytest.raises(ValueError, match="another revision or body"):
+            cache.export(revision=7, generation=1, schema_version=1, body=BODY, statement=wrong)
+    assert not os.path.exists(cache_path)
+    cache.export(revision=7, generation=1, schema_version=1, body=BODY, statement=statement)
+    loaded = make(cache_path, signer).load()
+    assert loaded is not None and loaded.statement == statement
+
+
+def test_a_cache_refuses_its_own_verify_key_among_upstream_keys(
+    cache_path: str, signer: tuple[str, str], tmp_path: Path,
+) -> None:
+    from supervisor.errors import ConfigError
+
+    other = generate_signing_key(str(tmp_path / "keys" / "other.key"))
+    cache = make(cache_path, signer)
+    cache.refuse_own_key_among([other], "$.follow.trusted_keys")  # the root's keys only
+    with pytest.raises(ConfigError) as info:
+        cache.refuse_own_key_among([other, signer[1]], "$.follow.trusted_keys")
+    assert "own cache verify key" in str(info.value) and "$.follow.trusted_keys" in str(info.value)
+    unsigned = LastKnownGood(cache_path, signing_key_path=None, trusted_keys=[signer[1]],
+                             max_schema_version=1)
+    unsigned.refuse_own_key_among([signer[1]], "$.follow.trusted_keys")  # no key of its own

@@ -374,3 +374,171 @@ def test_the_portable_opened_file_check(tmp_path: Path) -> None:
     assert _opened_inside(no_fd, str(inside / "out"), os.stat(tmp_path / "outside"),
                           dirs) is False  # its real path is outside
     assert _opened_inside(no_fd, str(inside / "gone"), st_a, dirs) is False  # vanished
+
+
+def test_a_variable_the_daemon_reads_is_refused_even_when_set() -> None:
+    with pytest.raises(RevisionError) as info:
+        EnvFileResolver({"PGPASSWORD": "hunter2"}).resolve("env:PGPASSWORD")
+    assert info.value.reason == "secret" and "the daemon itself reads" in info.value.detail
+
+
+def test_a_symlink_leading_outside_the_dirs_is_refused_before_anything_is_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inside = tmp_path / "in"
+    inside.mkdir()
+    (tmp_path / "outside").write_text("o")
+    (inside / "out").symlink_to(tmp_path / "outside")
+
+    def no_open(path: str, *_: object) -> int:
+        raise AssertionError(f"{path} opened")
+
+    monkeypatch.setattr("supervisor.revision.secrets._read_file", no_open)
+    with pytest.raises(RevisionError) as info:
+        EnvFileResolver({}, dirs=(str(inside),)).resolve(f"file:{inside / 'out'}")
+    assert "cannot be resolved" in info.value.detail
+
+
+def test_a_credential_file_is_refused_under_another_name_and_others_are_read(
+        tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("daemon-credential")
+    (tmp_path / "other").write_text("team-secret")
+    (tmp_path / "alias").symlink_to(tmp_path / "token")
+    resolver = EnvFileResolver({}, credentials=(str(tmp_path / "gone"), str(tmp_path / "token")))
+    assert resolver.resolve(f"file:{tmp_path / 'other'}") == b"team-secret"
+    with pytest.raises(RevisionError) as info:
+        resolver.resolve(f"file:{tmp_path / 'alias'}")
+    assert "cannot be resolved" in info.value.detail
+
+
+def test_a_file_the_kernel_names_under_dev_is_refused(tmp_path: Path) -> None:
+    """/dev/shm is a tmpfs: only the opened file's name tells it is under /dev."""
+    import os
+
+    from supervisor.revision.secrets import _read_file
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    secret = shm / f"revision-secret-{os.getpid()}"
+    secret.write_text("s")
+    (tmp_path / "link").symlink_to(secret)
+    try:
+        with pytest.raises(RevisionError) as info:
+            _read_file(str(tmp_path / "link"))
+    finally:
+        secret.unlink()
+    assert "cannot be resolved" in info.value.detail
+
+
+def test_a_file_on_a_kernel_filesystem_is_refused_by_its_filesystem_type(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wherever proc is mounted: the kernel's name of the file is not consulted here."""
+    from supervisor.revision.secrets import _libc_fstatfs, _read_file
+
+    _libc_fstatfs.cache_clear()  # libc asked afresh, by this test
+    monkeypatch.setattr("supervisor.revision.secrets._opened_at", lambda fd: None)
+    with pytest.raises(RevisionError) as info:
+        _read_file("/proc/self/status")
+    assert "cannot be resolved" in info.value.detail
+
+
+def test_the_filesystem_type_of_a_proc_file_is_procs_magic_number() -> None:
+    import os
+
+    from supervisor.revision.secrets import _filesystem_type, _libc_fstatfs
+
+    _libc_fstatfs.cache_clear()  # libc asked afresh, by this test
+    fd = os.open("/proc/self/status", os.O_RDONLY)
+    try:
+        assert _filesystem_type(fd) == 0x9FA0
+    finally:
+        os.close(fd)
+    assert _filesystem_type(1 << 20) is None  # fstatfs fails on a closed descriptor
+
+
+def test_the_kernel_filesystems_are_linux_magic_numbers() -> None:
+    """The numbers of include/uapi/linux/magic.h, transcribed independently."""
+    from supervisor.revision.secrets import _KERNEL_FILESYSTEMS
+
+    magic = {
+        "PROC_SUPER_MAGIC": 0x9fa0, "SYSFS_MAGIC": 0x62656572,
+        "CGROUP_SUPER_MAGIC": 0x27e0eb, "CGROUP2_SUPER_MAGIC": 0x63677270,
+        "SECURITYFS_MAGIC": 0x73636673, "DEBUGFS_MAGIC": 0x64626720,
+        "TRACEFS_MAGIC": 0x74726163, "BPF_FS_MAGIC": 0xcafe4a11,
+        "CONFIGFS_MAGIC": 0x62656570, "PSTOREFS_MAGIC": 0x6165676c,
+        "EFIVARFS_MAGIC": 0xde5e81e4, "BINFMTFS_MAGIC": 0x42494e4d,
+        "SELINUX_MAGIC": 0xf97cff8c, "DEVPTS_SUPER_MAGIC": 0x1cd1,
+        "MQUEUE_MAGIC": 0x19800202, "FUSE_CTL_SUPER_MAGIC": 0x65735543,
+        "NSFS_MAGIC": 0x6e736673,
+    }
+    assert _KERNEL_FILESYSTEMS == frozenset(magic.values())
+
+
+def test_a_path_is_first_opened_with_o_path(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """O_PATH runs no device driver and never blocks on a FIFO."""
+    import os
+
+    flags: list[int] = []
+    real_open = os.open
+
+    def recording(path: str, flag: int, *args: int) -> int:
+        flags.append(flag)
+        return real_open(path, flag, *args)
+
+    (tmp_path / "k").write_text("v")
+    monkeypatch.setattr("supervisor.revision.secrets.os.open", recording)
+    assert EnvFileResolver({}).resolve(f"file:{tmp_path / 'k'}") == b"v"
+    assert flags[0] & os.O_PATH
+
+
+def test_without_proc_fd_the_path_is_opened_again_and_must_be_the_file_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from supervisor.revision.secrets import _read_file
+
+    (tmp_path / "k").write_text("v")
+    (tmp_path / "swapped").write_text("other")
+    real_open = os.open
+    opened: list[int] = []
+    swap = {"to": str(tmp_path / "k")}
+
+    def no_proc_fd(path: str, flag: int, *args: int) -> int:
+        if path.startswith("/proc/self/fd/"):
+            raise FileNotFoundError(path)
+        fd = real_open(path if flag & os.O_PATH else swap["to"], flag, *args)
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr("supervisor.revision.secrets.os.open", no_proc_fd)
+    assert _read_file(str(tmp_path / "k")) == b"v"
+    swap["to"] = str(tmp_path / "swapped")
+    with pytest.raises(RevisionError) as info:
+        _read_file(str(tmp_path / "k"))
+    assert "cannot be resolved" in info.value.detail
+    for fd in opened:  # the swapped file's descriptor is closed too
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_the_daemons_resolver_confines_to_its_config_and_refuses_its_credentials(
+        tmp_path: Path) -> None:
+    from supervisor.config import Config, ControlPlaneConfig, RevisionConfig
+
+    allowed = tmp_path / "secrets"
+    allowed.mkdir()
+    token = allowed / "upstream.token"
+    token.write_text("upstream-token\n")
+    (allowed / "key").write_text("team-secret\n")
+    (tmp_path / "outside").write_text("o\n")
+    config = Config(control_plane=ControlPlaneConfig(url="https://upstream:9464",
+                                                     token_file=str(token)),
+                    revision=RevisionConfig(secret_dirs=[str(allowed)]))
+    resolver = EnvFileResolver.for_daemon(config, environ={"HOME": str(tmp_path)})
+    assert resolver.resolve(f"file:{allowed / 'key'}") == b"team-secret"
+    for reference, refusal in ((f"file:{token}", "cannot be resolved"),
+                               (f"file:{tmp_path / 'outside'}", "outside [revision].secret_dirs")):
+        with pytest.raises(RevisionError) as info:
+            resolver.resolve(reference)
+        assert refusal in info.value.detail
