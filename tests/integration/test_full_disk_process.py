@@ -65,9 +65,17 @@ def limit_inodes(disk: Path, spare: int | None) -> None:
     Making a directory takes an inode, not a block, on tmpfs: a full inode
     table is the full disk a missing directory is made again on.
     """
-    st = os.statvfs(disk)
-    total = 100_000 if spare is None else st.f_files - st.f_ffree + spare
-    subprocess.run(["mount", "-o", f"remount,nr_inodes={total}", str(disk)], check=True)
+    # The daemon may make or remove a file between the count and the remount (a temporary
+    # file of an atomic write): a limit below the inodes then in use is refused (EINVAL),
+    # so count again and retry.
+    for _ in range(50):
+        st = os.statvfs(disk)
+        total = 100_000 if spare is None else st.f_files - st.f_ffree + spare
+        result = subprocess.run(["mount", "-o", f"remount,nr_inodes={total}", str(disk)],
+                                capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            return
+    raise AssertionError(f"cannot limit the inodes of {disk}: {result.stderr}")
 
 
 def shown(path: Path) -> int | None:
