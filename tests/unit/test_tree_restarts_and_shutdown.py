@@ -20,23 +20,7 @@ from structlog.testing import capture_logs
 
 from supervisor.errors import BootRefused
 from supervisor.tree import BACKOFF_INITIAL_S, BACKOFF_MAX_S, ChildSpec, Restart, Supervisor
-
-
-class Crasher:
-    """Starts, then crashes after ``after_s``, every run; records start times."""
-
-    def __init__(self, after_s: float = 1.0, crashes: int = 10**9) -> None:
-        self.after_s = after_s
-        self.crashes = crashes
-        self.starts: list[float] = []
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.starts.append(trio.current_time())
-        task_status.started()
-        await trio.sleep(self.after_s)
-        if len(self.starts) <= self.crashes:
-            raise RuntimeError(f"crash #{len(self.starts)}")
-        await trio.sleep_forever()
+from tests.fakes.children import Crasher
 
 
 async def forever(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
