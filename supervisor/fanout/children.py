@@ -99,30 +99,6 @@ class SharedClient:
                                 timeout_s=CLOSE_TIMEOUT_S)
 
 
-def _child(
-    kind: FanoutKind[Any],
-    shared: SharedClient,
-    config: KubernetesConfig,
-    metrics: Metrics,
-    status: FanoutStatus,
-    tuning: FanoutTuning | None,
-    wakeup: Wakeup,
-) -> ChildSpec:
-    async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with shared.use() as client:
-            reconciler = FanoutEngine(client, kind, config, metrics, status, tuning,
-                                    wakeup=wakeup)
-            await reconciler.run(task_status=task_status)
-
-    drain = tuning.drain_s if tuning is not None else DRAIN_S
-    return ChildSpec(
-        name=f"fanout-{kind.kind.lower()}",
-        start=start,
-        restart=Restart.PERMANENT,
-        shutdown_timeout_s=drain + CLOSE_TIMEOUT_S + 1.0,
-    )
-
-
 def _factory(config: KubernetesConfig) -> Callable[[], KubeClient]:
     return lambda: KubeClient.from_kubeconfig(config.kubeconfig, qps=config.qps,
                                               burst=config.burst)
@@ -170,16 +146,33 @@ def fanout_children(
     wakes every waiting preflight.
     """
     shared = SharedClient(client_factory or _factory(config))
+    wakeup = _prepare(metrics, statuses, hup)
+    drain = tuning.drain_s if tuning is not None else DRAIN_S
+
+    def child(kind: FanoutKind[Any]) -> ChildSpec:
+        async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            async with shared.use() as client:
+                engine = FanoutEngine(client, kind, config, metrics, statuses[kind.kind], tuning,
+                                      wakeup=wakeup)
+                await engine.run(task_status=task_status)
+
+        return ChildSpec(name=f"fanout-{kind.kind.lower()}", start=start,
+                         restart=Restart.PERMANENT,
+                         shutdown_timeout_s=drain + CLOSE_TIMEOUT_S + 1.0)
+
+    return [child(kind) for kind in KINDS]
+
+
+def _prepare(metrics: Metrics, statuses: dict[str, FanoutStatus],
+             hup: HupHooks | None) -> Wakeup:
+    """Every kind's status tracked and ``preflight``; the preflights' wake-up, on SIGHUP."""
     metrics.track_fanout(statuses)
+    for kind in KINDS:
+        statuses.setdefault(kind.kind, FanoutStatus()).state = "preflight"
     wakeup = Wakeup()
     if hup is not None:
         hup.register("fanout-preflight-wake", wakeup.wake)
-    specs = []
-    for kind in KINDS:
-        status = statuses.setdefault(kind.kind, FanoutStatus())
-        status.state = "preflight"
-        specs.append(_child(kind, shared, config, metrics, status, tuning, wakeup))
-    return specs
+    return wakeup
 
 
 def elected_fanout_child(
@@ -204,18 +197,13 @@ def elected_fanout_child(
     lease can expire for the others. While standing by, every kind reports
     ``preflight`` (dormant: waiting for leadership).
     """
-    metrics.track_fanout(statuses)
+    wakeup = _prepare(metrics, statuses, hup)
     leader_metrics = LeadershipMetrics(metrics.registry)
-    wakeup = Wakeup()
-    if hup is not None:
-        hup.register("fanout-preflight-wake", wakeup.wake)
-    for kind in KINDS:
-        statuses.setdefault(kind.kind, FanoutStatus()).state = "preflight"
     gap = config.lease_duration_s - config.renew_deadline_s
     base = tuning or FanoutTuning(drain_s=DRAIN_S)
     group_tuning = dataclasses.replace(base, drain_s=min(base.drain_s, gap / 2))
-    lease_factory = lease_client_factory or (
-        lambda: KubeClient.from_kubeconfig(config.kubeconfig))
+    lease_client = SharedClient(lease_client_factory or (
+        lambda: KubeClient.from_kubeconfig(config.kubeconfig)))
 
     async def lead() -> None:
         try:
@@ -226,8 +214,7 @@ def elected_fanout_child(
                 status.state = "preflight"
 
     async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        client = lease_factory()
-        try:
+        async with lease_client.use() as client:
             leases = KubeLeases(client, config.control_namespace, config.lease_name, identity)
             elector = LeaderElector(
                 leases, identity=identity, lease_duration_s=config.lease_duration_s,
@@ -235,9 +222,6 @@ def elected_fanout_child(
                 retry_period_s=config.retry_period_s, status=leadership,
                 metrics=leader_metrics, on_change=on_change)
             await elector.run(lead, task_status=task_status)
-        finally:
-            with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
-                await client.aclose()
 
     return ChildSpec(
         name="fanout",

@@ -90,7 +90,6 @@ from supervisor.fanout.workqueue import WorkQueue
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import DecodeError, KubeError
-from supervisor.kube.models import KindSpec, PartialObject
 from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
@@ -187,17 +186,11 @@ class FanoutEngine(Generic[P]):
                 await trio.sleep(delay)
 
     async def _preflight(self) -> None:
-        targets: list[tuple[KindSpec[Any], str, bool]] = [
-            (KindSpec(self.kind.resource, self.kind.parent_type),
-             self.config.control_namespace, False)
-        ]
-        targets += [
-            (KindSpec(res, PartialObject), self.config.apps_namespace, True)
-            for res in self.kind.child_resources
-        ]
-        for spec, namespace, child in targets:
+        targets = [(self.kind.resource, self.config.control_namespace, False)]
+        targets += [(res, self.config.apps_namespace, True) for res in self.kind.child_resources]
+        for resource, namespace, child in targets:
             await await_watchable(
-                self.client, spec, namespace, retry_s=self.config.preflight_retry_s,
+                self.client, resource, namespace, retry_s=self.config.preflight_retry_s,
                 kind=self.kind.kind, status=self.status, metrics=self.metrics,
                 wakeup=self.wakeup, is_served=self.client.serves if child else None,
             )

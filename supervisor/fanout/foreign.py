@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from supervisor.fanout.labels import INSTALLATION_KEY, MANAGED_BY_KEY, MANAGED_BY_VALUE
-from supervisor.fanout.live import ChildIndex, Obj
+from supervisor.fanout.live import ChildIndex, Obj, child_name
 from supervisor.fanout.ownership import labels_of
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.models import Resource
@@ -49,8 +49,8 @@ class ForeignChildren(ChildIndex):
         self._held: dict[ChildKey, tuple[str, str]] = {}
 
     def clear(self) -> None:
+        super().clear()
         self._held.clear()
-        self._listed.clear()
 
     def owner(self, key: ChildKey) -> str | None:
         """The other installation holding ``key``, if any."""
@@ -64,7 +64,7 @@ class ForeignChildren(ChildIndex):
                       if key.plural != resource.plural}
         for obj in objects:
             touched.add(self._store(resource, obj))
-        self._listed.add(resource)
+        self._mark_listed(resource)
         for parent in sorted(touched):
             if parent:
                 self._enqueue(parent)
@@ -80,8 +80,7 @@ class ForeignChildren(ChildIndex):
             self._enqueue(held[1])
 
     def _store(self, resource: Resource, obj: Obj) -> str:
-        name = str((obj.get("metadata") or {}).get("name", ""))
         parent = self.parent_of(obj)
-        self._held[ChildKey(resource.plural, name)] = (
+        self._held[ChildKey(resource.plural, child_name(obj))] = (
             str(labels_of(obj).get(INSTALLATION_KEY, "")), parent)
         return parent

@@ -44,29 +44,35 @@ fan-out group) only while this replica holds the Lease. Its contract:
   (:class:`LeadershipStatus` is updated first), and the
   ``supervisor_leader`` gauge and ``supervisor_leader_transitions_total``
   counter follow.
+
+How leadership is reported: :class:`LeadershipStatus` is what the elector
+writes (``/status``'s ``leadership``); :func:`announcer` turns its changes into
+a ``status`` event and a ``STATUS=`` line, once per change;
+:class:`LeadershipMetrics` are ``supervisor_leader`` and
+``supervisor_leader_transitions_total`` (defined here, not in
+:mod:`supervisor.telemetry`: they exist only with election on).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
+import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 
 import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from supervisor.errors import SupervisorError
-from supervisor.fanout.leadership_report import (
-    LeadershipMetrics,
-    LeadershipStatus,
-    announcer,
-    default_identity,
-)
+from supervisor.events import EventBus, StatusChanged
 from supervisor.kube.errors import Conflict, KubeError
 from supervisor.kube.lease import LeaseApi, LeaseRecord
 from supervisor.logs import get_logger
-from supervisor.status_doc import Role
+from supervisor.status_doc import LeadershipReport, Role
 from supervisor.streak import Streak
 
 __all__ = [
@@ -79,6 +85,61 @@ __all__ = [
 ]
 
 log = get_logger("leadership")
+
+
+def default_identity() -> str:
+    """``<hostname>_<pid>_<random>``: unique per process, readable in ``kubectl get lease``."""
+    host = socket.gethostname().split(".")[0] or "replica"
+    return f"{host[:80]}_{os.getpid()}_{random.getrandbits(32):08x}"
+
+
+@dataclass
+class LeadershipStatus:
+    """What /status reports as ``leadership``."""
+
+    role: Role = "disabled"
+    holder: str | None = None
+    lease: str | None = None
+    identity: str | None = None
+
+    def report(self) -> LeadershipReport:
+        return LeadershipReport(role=self.role, holder=self.holder, lease=self.lease)
+
+
+def announcer(events: EventBus, status_line: Callable[[str], None],
+              ) -> Callable[[LeadershipStatus], None]:
+    """An ``on_change`` that tells the stream (a ``status`` event) and systemd (``STATUS=``).
+
+    Only real changes of the report are announced; the elector logs them itself.
+    """
+    last: list[LeadershipReport] = []
+
+    def changed(status: LeadershipStatus) -> None:
+        report = status.report()
+        if last and last[0] == report:
+            return
+        last[:] = [report]
+        events.emit(StatusChanged(leadership=report))
+        if status.role == "leader":
+            status_line(f"fan-out leader (lease {status.lease})")
+        else:
+            status_line(f"fan-out standby (leader: {status.holder or 'none'})")
+
+    return changed
+
+
+class LeadershipMetrics:
+    """``supervisor_leader`` (1 while this replica leads) and the transitions counter."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leader = Gauge("leader", "1 while this replica holds the fan-out Lease, else 0.",
+                            namespace="supervisor", registry=registry)
+        self.transitions = Counter(
+            "leader_transitions", "Times this replica became or stopped being the fan-out "
+            "leader.", ["to"], namespace="supervisor", registry=registry)
+        for to in ("leader", "standby"):
+            self.transitions.labels(to)
+
 
 class LeadEnded(SupervisorError):
     """The fan-out returned while leading (it runs until cancelled): a bug, fail the child."""
@@ -336,7 +397,7 @@ class LeaderElector:
         observed says nothing: read the Lease first and release it only if ours.
         """
         current = self._observed
-        record: LeaseRecord | None = None
+        error = "conflicting writes"
         try:
             if reread:
                 current = await self.leases.get()
@@ -344,23 +405,20 @@ class LeaderElector:
                 if current is None or not self._ours(current):
                     return  # not ours (any more): nothing to release
                 try:
-                    record = await self.leases.update(
+                    self._observed = await self.leases.update(
                         current.but(holder=None, duration_s=1, renew_time=self._wall()))
-                    break
                 except Conflict:
                     # A renewal cancelled in flight may have landed: read it again.
                     current = await self.leases.get()
+                    continue
+                self.status.holder = None
+                log.info("fan-out lease released", lease=self.leases.where,
+                         identity=self.identity)
+                return
         except KubeError as exc:
-            log.warning("could not release the fan-out lease; a standby takes over when it "
-                        "expires", lease=self.leases.where, error=str(exc))
-            return
-        if record is None:
-            log.warning("could not release the fan-out lease; a standby takes over when it "
-                        "expires", lease=self.leases.where, error="conflicting writes")
-            return
-        self._observed = record
-        self.status.holder = None
-        log.info("fan-out lease released", lease=self.leases.where, identity=self.identity)
+            error = str(exc)
+        log.warning("could not release the fan-out lease; a standby takes over when it "
+                    "expires", lease=self.leases.where, error=error)
 
     # -- reporting --------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from supervisor.kube.applying import ChildKey, Desired
 from supervisor.kube.errors import DecodeError
 from supervisor.kube.models import Resource
 
-__all__ = ["ChildIndex", "ListedOnce", "LiveChildren", "Obj", "ResourceHandler", "child_name",
+__all__ = ["ChildIndex", "LiveChildren", "Obj", "ResourceHandler", "child_name",
            "covers", "terminating", "unavailable"]
 
 Obj = dict[str, Any]
@@ -92,6 +92,12 @@ def _rv(obj: Mapping[str, Any]) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return None
+
+
+def _older(obj: Obj, than: Obj | int | None, *, or_same: bool) -> bool:
+    """Is ``obj``'s resourceVersion below ``than``'s (an object's, or one), both integers?"""
+    rv, other = _rv(obj), _rv(than) if isinstance(than, Mapping) else than
+    return rv is not None and other is not None and (rv <= other if or_same else rv < other)
 
 
 _META_KEPT = ("name", "namespace", "resourceVersion", "generation", "labels", "annotations",
@@ -140,50 +146,19 @@ def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-class ListedOnce:
-    """Which of a kind's child resources have been listed since the informers (re)started.
-
-    Workers compare against a child cache only once every resource of it has been
-    listed; :meth:`clear` starts over when the informers restart.
-    """
-
-    def __init__(self, resources: Iterable[Resource]) -> None:
-        self._resources = tuple(resources)
-        self._listed: set[str] = set()
-        self._event = trio.Event()
-
-    @property
-    def all(self) -> bool:
-        return all(res.plural in self._listed for res in self._resources)
-
-    def __contains__(self, resource: Resource) -> bool:
-        return resource.plural in self._listed
-
-    def add(self, resource: Resource) -> None:
-        self._listed.add(resource.plural)
-        if self.all:
-            self._event.set()
-
-    async def wait(self) -> None:
-        while not self.all:
-            await self._event.wait()
-
-    def clear(self) -> None:
-        self._listed.clear()
-        if self._event.is_set():
-            self._event = trio.Event()
-
-
 class ChildIndex(ABC):
     """What a child resource's informer feeds (a list, an upsert, a delete), for the
     children of one kind: each change enqueues the parent named by the lineage label,
-    and :attr:`synced` tells when every child resource has been listed."""
+    and :attr:`synced` tells when every child resource has been listed since the
+    informers (re)started (:meth:`clear` starts over)."""
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
         self._lineage_key = lineage_key
         self._enqueue = enqueue
-        self._listed = ListedOnce(resources)
+        self._resources = tuple(resources)
+        self._listed: set[str] = set()
+        self._all_listed = trio.Event()
 
     def handler(self, resource: Resource) -> ResourceHandler:
         return ResourceHandler(self, resource)
@@ -191,11 +166,26 @@ class ChildIndex(ABC):
     @property
     def synced(self) -> bool:
         """Every child resource has been listed at least once."""
-        return self._listed.all
+        return all(res.plural in self._listed for res in self._resources)
 
     async def wait_synced(self) -> None:
         """Return once every child resource has been listed."""
-        await self._listed.wait()
+        while not self.synced:
+            await self._all_listed.wait()
+
+    def _mark_listed(self, resource: Resource) -> bool:
+        """``resource`` was (re)listed: True the first time since :meth:`clear`."""
+        first = resource.plural not in self._listed
+        self._listed.add(resource.plural)
+        if self.synced:
+            self._all_listed.set()
+        return first
+
+    def clear(self) -> None:
+        """Forget everything (the informers are restarting)."""
+        self._listed.clear()
+        if self._all_listed.is_set():
+            self._all_listed = trio.Event()
 
     def parent_of(self, obj: Mapping[str, Any]) -> str:
         return str(labels_of(obj).get(self._lineage_key, ""))
@@ -244,10 +234,9 @@ class LiveChildren(ChildIndex):
         self._gone: dict[ChildKey, int] = {}
 
     def clear(self) -> None:
-        """Forget everything (the informers are restarting)."""
+        super().clear()
         self._objects.clear()
         self._by_parent.clear()
-        self._listed.clear()
         self._gone.clear()
 
     def get(self, key: ChildKey) -> Obj | None:
@@ -264,15 +253,19 @@ class LiveChildren(ChildIndex):
 
     # -- updates -------------------------------------------------------------------
 
+    def _unindex(self, key: ChildKey, old: Obj) -> str:
+        parent = self.parent_of(old)
+        keys = self._by_parent.get(parent)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_parent[parent]
+        return parent
+
     def _store(self, key: ChildKey, obj: Obj) -> str:
         old = self._objects.get(key)
         if old is not None:
-            old_parent = self.parent_of(old)
-            keys = self._by_parent.get(old_parent)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._by_parent[old_parent]
+            self._unindex(key, old)
         obj = _slim(obj)
         self._gone.pop(key, None)
         self._objects[key] = obj
@@ -282,15 +275,7 @@ class LiveChildren(ChildIndex):
 
     def _drop(self, key: ChildKey) -> str | None:
         old = self._objects.pop(key, None)
-        if old is None:
-            return None
-        parent = self.parent_of(old)
-        keys = self._by_parent.get(parent)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._by_parent[parent]
-        return parent
+        return self._unindex(key, old) if old is not None else None
 
     def replace(self, resource: Resource, objects: Iterable[Obj]) -> None:
         """A (re)list of ``resource``: its children are exactly ``objects``."""
@@ -301,44 +286,31 @@ class LiveChildren(ChildIndex):
             if parent is not None:
                 touched.add(parent)
         for obj in objects:
-            name = str((obj.get("metadata") or {}).get("name", ""))
-            touched.add(self._store(ChildKey(resource.plural, name), obj))
-        first = resource not in self._listed
-        self._listed.add(resource)
-        if not first:  # a relist: whatever changed meanwhile gets a look
+            touched.add(self._store(ChildKey(resource.plural, child_name(obj)), obj))
+        if not self._mark_listed(resource):  # a relist: whatever changed meanwhile gets a look
             for parent in sorted(touched):
                 if parent:
                     self._enqueue(parent)
 
     def observe(self, resource: Resource, obj: Obj) -> None:
         """A watch event: hold ``obj`` unless what is held is newer; enqueue its parent."""
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        key = ChildKey(resource.plural, name)
+        key = ChildKey(resource.plural, child_name(obj))
         held = self._objects.get(key)
-        if held is not None:
-            new_rv, held_rv = _rv(obj), _rv(held)
-            if new_rv is not None and held_rv is not None and new_rv <= held_rv:
-                # Older than what our own write returned, or the event of that very write:
-                # nothing we do not hold already, so nothing to reconcile.
-                return
+        if _older(obj, held, or_same=True):
+            # Older than what our own write returned, or the event of that very write:
+            # nothing we do not hold already, so nothing to reconcile.
+            return
         old_parent = self.parent_of(held) if held is not None else ""
-        parent = self._store(key, obj)
-        for name_ in {old_parent, parent}:
-            if name_:
-                self._enqueue(name_)
+        for parent in {old_parent, self._store(key, obj)}:
+            if parent:
+                self._enqueue(parent)
 
     def put(self, resource: Resource, obj: Obj) -> None:
         """Hold what a write of ours just returned (no enqueue: we just reconciled it)."""
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        key = ChildKey(resource.plural, name)
-        held = self._objects.get(key)
-        new_rv = _rv(obj)
-        if held is not None:
-            held_rv = _rv(held)
-            if new_rv is not None and held_rv is not None and new_rv < held_rv:
-                return
-        gone = self._gone.get(key)
-        if gone is not None and new_rv is not None and new_rv <= gone:
+        key = ChildKey(resource.plural, child_name(obj))
+        if _older(obj, self._objects.get(key), or_same=False):
+            return
+        if _older(obj, self._gone.get(key), or_same=True):
             return  # deleted after this write: its DELETED event came first
         self._store(key, obj)
 

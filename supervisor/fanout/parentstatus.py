@@ -26,26 +26,19 @@ Contract (docs/kubernetes.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
+from supervisor.fanout.kind import Parent
 from supervisor.fanout.live import LiveChildren, unavailable
 from supervisor.kube.applying import Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NotFound
 from supervisor.kube.events import EventRecorder, EventType, Involved
-from supervisor.kube.models import ObjectMeta, ParentStatus, Resource, kube_time
+from supervisor.kube.models import ParentStatus, Resource, kube_time
 
 __all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
-
-
-class ParentLike(Protocol):
-    @property
-    def metadata(self) -> ObjectMeta: ...
-
-    @property
-    def status(self) -> ParentStatus: ...
 
 
 @dataclass(frozen=True)
@@ -128,7 +121,7 @@ class ParentReporter:
             self._written.pop(name, None)
             self._gone.pop(name, None)
 
-    def want(self, parent: ParentLike, desired: list[Desired], status: str, reason: str,
+    def want(self, parent: Parent, desired: list[Desired], status: str, reason: str,
              message: str) -> StatusWant:
         """The status for ``Ready`` as given, and ``Available`` from the live children."""
         generation = parent.metadata.generation
@@ -140,14 +133,14 @@ class ParentReporter:
         return StatusWant(generation, status, reason, message, "True", "ChildrenAvailable",
                           f"{len(desired)} of {len(desired)} available")
 
-    async def event(self, parent: ParentLike, type_: EventType, reason: str,
+    async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
         meta = parent.metadata
         about = Involved(self._resource, self._config.control_namespace, meta.name, meta.uid,
                          meta.resource_version)
         await self.events.emit(about, type_, reason, message)
 
-    async def write(self, parent: ParentLike, desired: list[Desired], status: str,
+    async def write(self, parent: Parent, desired: list[Desired], status: str,
                     reason: str, message: str) -> None:
         """Write ``Ready``/``Available`` unless the parent already shows them."""
         want = self.want(parent, desired, status, reason, message)

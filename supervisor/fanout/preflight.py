@@ -59,7 +59,7 @@ from supervisor import reasons
 from supervisor.backoff import Backoff
 from supervisor.fanout.status import FanoutStatus
 from supervisor.kube.errors import DecodeError, KubeError, NotFound
-from supervisor.kube.models import KindSpec, ObjectList, Resource
+from supervisor.kube.models import ObjectList, Resource
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 from supervisor.wakeup import Wakeup
@@ -93,16 +93,8 @@ def missing_api_fix(resource: Resource) -> str:
 class ListClient(Protocol):
     """The one client call a preflight makes (``KubeClient`` satisfies it)."""
 
-    async def list(
-        self,
-        resource: Resource,
-        namespace: str,
-        item_type: type[T],
-        *,
-        limit: int | None = None,
-        continue_token: str | None = None,
-        label_selector: str | None = None,
-    ) -> ObjectList[T]: ...
+    async def list(self, resource: Resource, namespace: str, item_type: type[T], *,
+                   limit: int) -> ObjectList[T]: ...
 
 
 def classify_watch_error(exc: BaseException) -> ErrorClass:
@@ -180,10 +172,10 @@ def _report(
     return error_class
 
 
-async def _attempt(client: ListClient, kind_spec: KindSpec[T], namespace: str) -> KubeError | None:
+async def _attempt(client: ListClient, resource: Resource, namespace: str) -> KubeError | None:
     try:
         # Items stay raw: the informer decodes (and names) them one at a time.
-        await client.list(kind_spec.resource, namespace, msgspec.Raw, limit=1)
+        await client.list(resource, namespace, msgspec.Raw, limit=1)
     except KubeError as exc:
         return exc
     return None
@@ -202,7 +194,7 @@ async def _not_served(exc: KubeError, resource: Resource,
 
 async def await_watchable(
     client: ListClient,
-    kind_spec: KindSpec[T],
+    resource: Resource,
     namespace: str,
     *,
     retry_s: float,
@@ -212,7 +204,7 @@ async def await_watchable(
     wakeup: Wakeup | None = None,
     is_served: Callable[[Resource], Awaitable[bool]] | None = None,
 ) -> None:
-    """Return once a one-item list of ``kind_spec`` in ``namespace`` succeeds.
+    """Return once a one-item list of ``resource`` in ``namespace`` succeeds.
 
     ``kind`` is the fan-out kind named in logs and metrics (default: the
     resource's own kind). Retries start after :data:`FIRST_RETRY_S` (or
@@ -221,19 +213,19 @@ async def await_watchable(
     tells a child API the server does not serve from an ordinary 404. Cancel
     with an enclosing cancel scope.
     """
-    label = kind or kind_spec.kind
+    label = kind or resource.kind
     if status is not None:
         status.state = "preflight"
     backoff = Backoff(min(FIRST_RETRY_S, retry_s), retry_s, jitter=(1.0, 1.0))
     while True:
         # Read before the attempt: a wake-up during it ends the delay after it.
         seen = wakeup.count if wakeup is not None else 0
-        exc = await _attempt(client, kind_spec, namespace)
+        exc = await _attempt(client, resource, namespace)
         if exc is None:
             return
         delay = backoff.next()
-        missing = await _not_served(exc, kind_spec.resource, is_served)
-        _report(exc, missing_api=missing, kind=label, resource=kind_spec.resource,
+        missing = await _not_served(exc, resource, is_served)
+        _report(exc, missing_api=missing, kind=label, resource=resource,
                 namespace=namespace, retry_s=round(delay, 3), status=status, metrics=metrics)
         if wakeup is None:
             await trio.sleep(delay)
@@ -243,7 +235,7 @@ async def await_watchable(
 
 async def await_watchable_cancellable(
     client: ListClient,
-    kind_spec: KindSpec[T],
+    resource: Resource,
     namespace: str,
     *,
     retry_s: float,
@@ -261,7 +253,7 @@ async def await_watchable_cancellable(
     """
 
     async def wait() -> None:
-        await await_watchable(client, kind_spec, namespace, retry_s=retry_s, kind=kind,
+        await await_watchable(client, resource, namespace, retry_s=retry_s, kind=kind,
                               status=status, metrics=metrics)
 
     if isinstance(cancel, trio.CancelScope):

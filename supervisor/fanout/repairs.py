@@ -15,8 +15,7 @@ so a status naming it is not rewritten by every reconcile meanwhile.
 Only a repair that was *made* (its write succeeded) is recorded: a write the
 server refused or never answered (the apps namespace terminating, a 5xx, a
 timeout) changed nothing, so the next attempt is not a fight; it has its own
-backoff (the engine's requeue). :meth:`RepairLimiter.recent` tells how many
-repairs of one child fall in the window (for the status and tests).
+backoff (the engine's requeue).
 """
 
 from __future__ import annotations
@@ -53,10 +52,6 @@ class RepairLimiter:
         if excess <= 0:
             return now
         return times[-1] + self._wait.after(excess - 1)
-
-    def recent(self, key: Hashable, now: float) -> int:
-        """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""
-        return sum(1 for t in self._times.get(key, ()) if now - t < self.window_s)
 
     def record(self, key: Hashable, now: float) -> None:
         """A repair of ``key`` was made at ``now``."""

@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from supervisor.kube.models import PartialObject, Resource
+from supervisor.kube.models import Resource
 
-__all__ = ["DIGEST_ANNOTATION", "ChildKey", "Desired", "digest_of", "make_desired"]
+__all__ = ["DIGEST_ANNOTATION", "ChildKey", "Desired", "make_desired"]
 
 DIGEST_ANNOTATION = "platform.trio-supervisor.dev/applied-digest"
 
@@ -77,9 +77,3 @@ def make_desired(
     digest = _digest(body)
     body["metadata"]["annotations"] = {DIGEST_ANNOTATION: digest}
     return Desired(resource, name, body, digest)
-
-
-def digest_of(obj: PartialObject) -> str | None:
-    """The digest we stamped on an observed object, if any."""
-    return obj.metadata.annotations.get(DIGEST_ANNOTATION)
-

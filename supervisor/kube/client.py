@@ -22,7 +22,7 @@ Contract:
 - Watches are streamed line by line with a client-side inactivity deadline
   (:class:`~supervisor.kube.wire.WatchStream`); the caller decodes each event on its own.
 
-- A client-side rate limit (a token bucket, client-go's QPS and Burst) paces
+- A client-side rate limit (:class:`TokenBucket`, client-go's QPS and Burst) paces
   every request when ``qps`` is given; a watch counts once, when it opens. Its
   defaults are a safety net, not the pace: the API server protects itself
   (API Priority and Fairness answers 429 with ``Retry-After``), and the first
@@ -47,13 +47,8 @@ import trio
 
 from supervisor.kube.config import KubeSettings, load_settings_async
 from supervisor.kube.credentials import Credentials
-from supervisor.kube.errors import (
-    KubeConfigError,
-    NotFound,
-    TransportError,
-)
+from supervisor.kube.errors import KubeConfigError, NotFound, TransportError, transport_error
 from supervisor.kube.models import ObjectList, PartialObject, Resource
-from supervisor.kube.ratelimit import TokenBucket
 from supervisor.kube.wire import (
     RequestBody,
     ResourceList,
@@ -65,7 +60,7 @@ from supervisor.kube.wire import (
 )
 from supervisor.logs import get_logger
 
-__all__ = ["APPLY_PATCH", "KubeClient", "WatchStream", "decode"]
+__all__ = ["APPLY_PATCH", "KubeClient", "TokenBucket", "WatchStream", "decode"]
 
 T = TypeVar("T")
 
@@ -73,6 +68,42 @@ log = get_logger("kube")
 
 APPLY_PATCH = "application/apply-patch+yaml"
 _JSON = "application/json"
+
+
+class TokenBucket:
+    """``qps`` tokens a second, at most ``burst`` stored; starts full (client-go's QPS, Burst).
+
+    :meth:`acquire` returns at once while tokens are left, then paces callers at
+    ``qps`` a second in the order they asked (a trio.Lock is FIFO). It never
+    fails: a caller cancelled while waiting gives its turn up.
+    """
+
+    def __init__(self, qps: float, burst: int) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError("qps must be > 0 and burst >= 1")
+        self.qps = qps
+        self.burst = burst
+        self._tokens = float(burst)
+        self._stamp: float | None = None
+        self._lock = trio.Lock()
+        self.waited_s = 0.0  # total time callers spent waiting (for tests and metrics)
+
+    def _refill(self) -> None:
+        now = trio.current_time()
+        if self._stamp is not None:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
+        self._stamp = now
+
+    async def acquire(self) -> None:
+        """Take one token, waiting for it when the bucket is empty."""
+        async with self._lock:
+            self._refill()
+            if self._tokens < 1.0:
+                wait = (1.0 - self._tokens) / self.qps
+                self.waited_s += wait
+                await trio.sleep(wait)
+                self._refill()
+            self._tokens -= 1.0
 
 
 class KubeClient:
@@ -198,7 +229,7 @@ class KubeClient:
             try:
                 response = await http.send(request, stream=stream)
             except httpx.HTTPError as exc:
-                raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+                raise self._transport_error(f"{method} {path}", exc) from exc
             if response.status_code == 401 and attempt == 0:
                 await response.aclose()
                 await self._credentials.reload_after_401(authorization)
@@ -209,6 +240,10 @@ class KubeClient:
                 await raise_api_error(response, method, path)
             return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _transport_error(self, where: str, exc: httpx.HTTPError) -> TransportError:
+        source = self._settings.source if self._settings is not None else "the kubeconfig"
+        return transport_error(where, exc, certificate_hint=f"the CA of {source}")
 
     def _hold(self, response: httpx.Response) -> None:
         """The server said 429: nothing more is sent until its Retry-After has passed."""
@@ -235,7 +270,7 @@ class KubeClient:
         try:
             raw = await response.aread()
         except httpx.HTTPError as exc:
-            raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            raise self._transport_error(f"{method} {path}", exc) from exc
         finally:
             await response.aclose()
         return decode(raw, type_)

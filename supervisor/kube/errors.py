@@ -28,7 +28,9 @@ turns these into the ``schema_skew`` / ``namespace_or_rbac_unready`` labels.
 
 from __future__ import annotations
 
-from supervisor.errors import SupervisorError
+from typing import Any
+
+from supervisor.errors import SupervisorError, describe_failure
 
 __all__ = [
     "ApiError",
@@ -46,6 +48,7 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "api_error",
+    "transport_error",
 ]
 
 
@@ -69,7 +72,7 @@ class ApiError(KubeError):
 
     ``reason`` and ``message`` come from the ``Status`` body when there is one
     (``reason`` is Kubernetes' CamelCase word, e.g. ``Forbidden``); ``body`` is
-    the raw body, truncated, for diagnostics.
+    the raw body, truncated, for diagnostics; ``retry_after`` is kept on a 429 only.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class ApiError(KubeError):
         body: bytes = b"",
         method: str = "",
         path: str = "",
+        retry_after: float | None = None,
     ) -> None:
         self.status = status
         self.reason = reason
@@ -88,6 +92,8 @@ class ApiError(KubeError):
         self.body = body[:2048]
         self.method = method
         self.path = path
+        if isinstance(self, TooManyRequests):
+            self.retry_after = retry_after  # only a 429's Retry-After is a floor (KubeError)
         where = f"{method} {path}: " if method else ""
         detail = f" {reason}" if reason else ""
         text = f": {message}" if message else ""
@@ -133,26 +139,25 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
-def api_error(
-    status: int,
-    reason: str = "",
-    message: str = "",
-    *,
-    body: bytes = b"",
-    method: str = "",
-    path: str = "",
-    retry_after: float | None = None,
-) -> ApiError:
-    """The most specific :class:`ApiError` subclass for ``status``."""
-    error = _BY_STATUS.get(status, ApiError)(status, reason, message, body=body, method=method,
-                                             path=path)
-    if isinstance(error, TooManyRequests):
-        error.retry_after = retry_after  # only a 429's Retry-After is a floor (KubeError)
-    return error
+def api_error(status: int, *args: Any, **kwargs: Any) -> ApiError:
+    """The most specific :class:`ApiError` subclass for ``status``; the rest as ApiError's."""
+    return _BY_STATUS.get(status, ApiError)(status, *args, **kwargs)
 
 
 class TransportError(KubeError):
     """No usable HTTP answer: connection refused or reset, timeout, TLS failure."""
+
+
+def transport_error(where: str, exc: BaseException,
+                    certificate_hint: str | None = None) -> TransportError:
+    """``where`` failed with the foreign ``exc``, told down to its TLS or OS error.
+
+    As :func:`supervisor.errors.describe_failure` tells it (``certificate_hint``
+    names where the CA comes from): httpx's ``ConnectError`` often has no text of
+    its own, the refused connection or certificate is in its chain. Raise it
+    ``from exc``.
+    """
+    return TransportError(f"{where}: {describe_failure(exc, certificate_hint=certificate_hint)}")
 
 
 class StreamStalled(TransportError):

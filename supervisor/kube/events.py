@@ -23,25 +23,23 @@ Contract of :class:`EventRecorder`:
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal
 
 import trio
 
+from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import KubeError, NotFound
 from supervisor.kube.models import PartialObject, Resource, kube_time
 from supervisor.logs import get_logger
 
-__all__ = ["EVENTS", "EventRecorder", "EventSink", "Involved"]
+__all__ = ["EVENTS", "EventRecorder", "Involved"]
 
 log = get_logger("kube.events")
 
 EVENTS = Resource("", "v1", "events", "Event")
 MAX_NAME = 253  # an object name (DNS subdomain), the Event's included
 MERGE_PATCH = "application/merge-patch+json"
-
-T = TypeVar("T")
 
 EventType = Literal["Normal", "Warning"]
 
@@ -57,27 +55,16 @@ class Involved:
     resource_version: str = ""
 
 
-class EventSink(Protocol):
-    """The one client call an :class:`EventRecorder` makes (``KubeClient`` satisfies it)."""
-
-    async def request(self, method: str, path: str, type_: type[T], *,
-                      params: Mapping[str, str] | None = None, body: Any = None,
-                      content_type: str = ...) -> T: ...
-
-
 class EventRecorder:
     """Records Events for one component (see the module doc)."""
 
-    def __init__(self, client: EventSink, component: str, *, window_s: float = 60.0) -> None:
+    def __init__(self, client: KubeClient, component: str, *, window_s: float = 60.0) -> None:
         self._client = client
         self._component = component
         self._window_s = window_s
         # (namespace, name, uid, reason) -> the Event recorded last for it
         self._recent: dict[tuple[str, str, str, str], _Recorded] = {}
         self._warned: set[tuple[str, str]] = set()
-        self.emitted = 0
-        self.aggregated = 0
-        self.failed = 0
 
     async def emit(self, about: Involved, type_: EventType, reason: str, message: str) -> None:
         """Record the Event now, or count it into the last like it (best effort; module doc)."""
@@ -111,11 +98,9 @@ class EventRecorder:
             return True  # dropped, like any Event that cannot be written
         last.count += 1
         last.at = now
-        self.aggregated += 1
         return True
 
     def _failed(self, reason: str, about: Involved, exc: KubeError) -> None:
-        self.failed += 1
         warn_key = (reason, type(exc).__name__)
         if warn_key not in self._warned:
             self._warned.add(warn_key)
@@ -162,7 +147,6 @@ class EventRecorder:
         except KubeError as exc:
             self._failed(reason, about, exc)
             return None
-        self.emitted += 1
         return _Recorded(name, reason)
 
 

@@ -152,20 +152,18 @@ class KubeLeases:
         return lease_record(bytes(raw), self.where)
 
     async def create(self, record: LeaseRecord) -> LeaseRecord:
-        raw = await self.client.request(
-            "POST", LEASES.collection_path(self.namespace), msgspec.Raw,
-            params={"fieldManager": self.manager},
-            body=lease_body(record, self.namespace, self.name, with_rv=False))
-        return lease_record(bytes(raw), self.where)
+        return await self._write("POST", LEASES.collection_path(self.namespace), record)
 
     async def update(self, record: LeaseRecord) -> LeaseRecord:
         if not record.resource_version:
             raise BadLease(f"Lease {self.where}: refusing an update without a "
                            "resourceVersion (it would overwrite unconditionally)")
-        raw = await self.client.request(
-            "PUT", LEASES.object_path(self.namespace, self.name), msgspec.Raw,
-            params={"fieldManager": self.manager},
-            body=lease_body(record, self.namespace, self.name, with_rv=True))
+        return await self._write("PUT", LEASES.object_path(self.namespace, self.name), record)
+
+    async def _write(self, method: str, path: str, record: LeaseRecord) -> LeaseRecord:
+        body = lease_body(record, self.namespace, self.name, with_rv=method == "PUT")
+        raw = await self.client.request(method, path, msgspec.Raw,
+                                        params={"fieldManager": self.manager}, body=body)
         return lease_record(bytes(raw), self.where)
 
 

@@ -22,7 +22,6 @@ import msgspec
 
 __all__ = [
     "Condition",
-    "KindSpec",
     "ListMeta",
     "ObjectList",
     "ObjectMeta",
@@ -180,15 +179,3 @@ class ParentStatus(_Wire):
             if cond.type == type_:
                 return cond
         return None
-
-
-@dataclass(frozen=True)
-class KindSpec(Generic[T]):
-    """A resource and the Struct its items decode into (what a preflight lists)."""
-
-    resource: Resource
-    item_type: type[T]
-
-    @property
-    def kind(self) -> str:
-        return self.resource.kind

@@ -33,8 +33,8 @@ from supervisor.kube.errors import (
     DecodeError,
     SchemaSkew,
     StreamStalled,
-    TransportError,
     api_error,
+    transport_error,
 )
 from supervisor.kube.models import ObjectList, Status
 
@@ -217,9 +217,7 @@ class WatchStream:
                 except StopAsyncIteration:
                     self._ended = True
                 except httpx.HTTPError as exc:
-                    raise TransportError(
-                        f"watch {self._where}: {type(exc).__name__}: {exc}"
-                    ) from exc
+                    raise transport_error(f"watch {self._where}", exc) from exc
             if scope.cancelled_caught:
                 raise StreamStalled(
                     f"watch {self._where}: nothing received for {self._inactivity_s:g} s"

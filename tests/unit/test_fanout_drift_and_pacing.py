@@ -14,7 +14,7 @@ from supervisor.fanout.repairs import RepairLimiter
 from supervisor.fanout.servicedefinition import DEPLOYMENTS, SERVICES
 from supervisor.fanout.sweep import SweepGuard
 from supervisor.kube.applying import ChildKey, make_desired
-from supervisor.kube.ratelimit import TokenBucket
+from supervisor.kube.client import TokenBucket
 
 
 def test_covers_ignores_what_the_server_adds_and_sees_what_we_set() -> None:

@@ -38,14 +38,14 @@ from supervisor.kube.errors import (
     TransportError,
     api_error,
 )
-from supervisor.kube.models import KindSpec, ObjectList, Resource
+from supervisor.kube.models import ObjectList, Resource
 from supervisor.telemetry import Metrics
 from supervisor.wakeup import Wakeup
 
 T = TypeVar("T")
 
 RETRY_S = 300.0
-KIND = KindSpec(SERVICEDEFINITIONS, ServiceDefinition)
+KIND = SERVICEDEFINITIONS
 
 
 class FakeLister:
@@ -273,7 +273,7 @@ async def test_a_child_api_the_server_does_not_serve_is_its_own_class(
     status = FanoutStatus()
     metrics = Metrics(process=False)
     with capture_logs() as logs, trio.move_on_after(2.5):
-        await await_watchable(lister, KindSpec(cronjobs, ServiceDefinition), "apps",
+        await await_watchable(lister, cronjobs, "apps",
                               retry_s=RETRY_S, kind="Workflow", status=status,
                               metrics=metrics, is_served=is_served)
     lines = [e for e in logs if e.get("error_class")]
@@ -293,7 +293,7 @@ async def test_a_child_api_the_server_does_not_serve_is_its_own_class(
         return True
 
     with capture_logs() as logs, trio.move_on_after(0.5):
-        await await_watchable(lister, KindSpec(cronjobs, ServiceDefinition), "apps",
+        await await_watchable(lister, cronjobs, "apps",
                               retry_s=RETRY_S, kind="Workflow", is_served=served)
     assert [e["error_class"] for e in logs if e.get("error_class")] == [
         reasons.NAMESPACE_OR_RBAC_UNREADY]
