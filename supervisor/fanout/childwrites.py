@@ -56,6 +56,7 @@ import datetime as _dt
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic
 
 import trio
@@ -86,39 +87,30 @@ from supervisor.telemetry import Metrics
 __all__ = ["ChildWriter"]
 
 
+@dataclass(eq=False)
 class ChildWriter(Generic[P]):
-    """Compares and writes one kind's children; owns what it remembers about past writes."""
+    """Compares and writes one kind's children; owns what it remembers about past writes.
 
-    def __init__(
-        self,
-        client: KubeClient,
-        kind: FanoutKind[P],
-        config: KubernetesConfig,
-        metrics: Metrics,
-        live: LiveChildren,
-        drain: Drain,
-        reporter: ParentReporter,
-        requeue_after: Callable[[str, float], None],
-        log: Any,
-        foreign: ForeignChildren | None = None,
-        claimant: Callable[[ChildKey], str | None] | None = None,
-    ) -> None:
-        self.client = client
-        self.kind = kind
-        self.config = config
-        self.metrics = metrics
-        self.live = live
-        self.drain = drain
-        self.reporter = reporter
-        self._requeue_after = requeue_after
-        self._log = log
-        self._foreign = foreign
-        self._claimant = claimant or (lambda key: None)
+    ``requeue_after(name, delay)`` adds a parent back to the queue; ``claimant(key)``
+    names the existing parent that wants a child.
+    """
+
+    client: KubeClient
+    kind: FanoutKind[P]
+    config: KubernetesConfig
+    metrics: Metrics
+    live: LiveChildren
+    drain: Drain
+    reporter: ParentReporter
+    requeue_after: Callable[[str, float], None]
+    log: Any
+    foreign: ForeignChildren
+    claimant: Callable[[ChildKey], str | None]
+
+    def __post_init__(self) -> None:
         self._taken_said: dict[str, list[str]] = {}  # parent -> what was logged (once)
         self._unwritten_said: set[ChildKey] = set()
-        self._managers = our_managers(config.field_manager)
-        self._installation = config.installation_label
-        self._by_plural = {res.plural: res for res in kind.child_resources}
+        self._managers = our_managers(self.config.field_manager)
         # The digest each child was last applied with: a child gone or changed while
         # we still want that digest was changed by someone else (drift).
         self._applied: dict[ChildKey, str] = {}
@@ -137,7 +129,8 @@ class ChildWriter(Generic[P]):
     def desired(self, parent: P | None) -> list[Desired]:
         if parent is None or parent.metadata.deletion_timestamp is not None:
             return []
-        return self.kind.desired(parent, self.config.apps_namespace, self._installation)
+        config = self.config
+        return self.kind.desired(parent, config.apps_namespace, config.installation_label)
 
     async def reconcile(self, name: str, parent: P | None) -> None:
         """Make ``name``'s children what ``parent`` wants (none when deleted or None)."""
@@ -148,7 +141,7 @@ class ChildWriter(Generic[P]):
         deferred: list[str] = []
         for child in desired:
             live = self.live.get(child.key)
-            owner = self._foreign.owner(child.key) if self._foreign is not None else None
+            owner = self.foreign.owner(child.key)
             if live is None and owner is not None:
                 taken.append(f"{child.resource.kind} {self.config.apps_namespace}/{child.name}"
                              f" belongs to installation {owner} (two installations sharing"
@@ -166,9 +159,7 @@ class ChildWriter(Generic[P]):
                 continue
             refused = self._refused.get(child.key)
             if refused is not None and refused[0] == child.digest:
-                earlier = refused[1]
-                raise Invalid(earlier.status, earlier.reason, earlier.message,
-                              method=earlier.method, path=earlier.path)
+                raise refused[1].with_traceback(None)
             drift = _drift(live, child, self._applied.get(child.key), covered)
             if drift is not None:
                 now = trio.current_time()
@@ -196,24 +187,24 @@ class ChildWriter(Generic[P]):
                 repaired.append(f"{what} ({drift})")
                 self.metrics.fanout_applies.labels(self.kind.kind, "repaired").inc()
                 self.metrics.fanout_drift_repairs.labels(self.kind.kind).inc()
-                self._log.info("drift repaired", name=name, resource=str(child.resource),
+                self.log.info("drift repaired", name=name, resource=str(child.resource),
                                child=child.name, drift=drift)
             else:
                 applied.append(what)
                 self.metrics.fanout_applies.labels(self.kind.kind, "applied").inc()
-                self._log.info("child applied", name=name, resource=str(child.resource),
+                self.log.info("child applied", name=name, resource=str(child.resource),
                                child=child.name)
         wanted = {child.key for child in desired}
         for key in sorted(self.live.of_parent(name) - wanted):
             if terminating(self.live.get(key)):
                 continue  # deleted already, held by a finalizer
-            owner = self._claimant(key)
+            owner = self.claimant(key)
             if owner is not None and owner != name:
                 # Its lineage label was edited to name this parent; the parent that
                 # wants it (by its name) puts the label back. Never delete it.
-                self._requeue_after(owner, 0.0)
+                self.requeue_after(owner, 0.0)
                 continue
-            resource = self._by_plural[key.plural]
+            resource = self.kind.child_resource(key.plural)
             if not self._written_by_us(resource, key, name):
                 continue
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
@@ -221,14 +212,13 @@ class ChildWriter(Generic[P]):
             self.live.discard(key)
             self._applied.pop(key, None)
             self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
-            self._log.info("child deleted", name=name, resource=str(resource), child=key.name)
+            self.log.info("child deleted", name=name, resource=str(resource), child=key.name)
         if parent is None or parent.metadata.deletion_timestamp is not None:
             self.reporter.forget(name)
             self._taken_said.pop(name, None)
-            for key in [k for k in self._applied if k not in wanted and k.name == name]:
-                self._applied.pop(key, None)
-            for key in [k for k in self._deferred if k not in wanted and k.name == name]:
-                self._deferred.pop(key, None)
+            for memo in (self._applied, self._deferred):
+                for key in [k for k in memo if k not in wanted and k.name == name]:
+                    del memo[key]
             return  # gone, or going: its status no longer matters
         if repaired:
             await self.reporter.event(parent, "Normal", "DriftRepaired",
@@ -260,7 +250,7 @@ class ChildWriter(Generic[P]):
         self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
         if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
             self._taken_said[name] = taken
-            self._log.warning("an object that is not ours has the name (or holds fields) this"
+            self.log.warning("an object that is not ours has the name (or holds fields) this"
                               " parent's child needs; left alone", name=name, children=taken)
         await self.reporter.event(parent, "Warning", "Conflict", message)
         await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
@@ -272,7 +262,7 @@ class ChildWriter(Generic[P]):
 
     def _ours(self, live: Obj, parent: str) -> bool:
         return ours_to_write(live, lineage_key=self.kind.lineage_key, parent=parent,
-                             installation=self._installation, managers=self._managers)
+                             installation=self.config.installation_label, managers=self._managers)
 
     def _written_by_us(self, resource: Resource, key: ChildKey, parent: str) -> bool:
         """Delete only what we wrote; a child with our labels alone is left (logged once)."""
@@ -281,7 +271,7 @@ class ChildWriter(Generic[P]):
             return True
         if key not in self._unwritten_said:
             self._unwritten_said.add(key)
-            self._log.warning("an object carries our labels but was never written by us;"
+            self.log.warning("an object carries our labels but was never written by us;"
                               " not deleted", name=parent, resource=str(resource),
                               child=key.name)
         return False
@@ -386,12 +376,12 @@ class ChildWriter(Generic[P]):
             self._deferred[child.key] = known
         if child.key not in self._fights:
             self._fights.add(child.key)
-            self._log.warning(
+            self.log.warning(
                 "a child keeps drifting right after each repair (another controller, or"
                 " another installation with a parent of the same name?); repairs slow down",
                 name=name, resource=str(child.resource), child=child.name,
                 delay_s=round(wait, 3))
-        self._requeue_after(name, wait)
+        self.requeue_after(name, wait)
         return (f"{child.resource.kind} {self.config.apps_namespace}/{child.name} was"
                 f" {drift} again right after each of its last repairs (another controller,"
                 f" or another installation with a parent of the same name?); its repair is"
@@ -405,7 +395,7 @@ class ChildWriter(Generic[P]):
             await self.reporter.write(parent, self.desired(parent), "False", reason,
                                       message[:1024])
         except KubeError as exc:
-            self._log.warning("could not write the parent's status", name=name, error=str(exc))
+            self.log.warning("could not write the parent's status", name=name, error=str(exc))
 
 
 class _NotOurs(Exception):

@@ -131,8 +131,7 @@ class FanoutEngine(Generic[P]):
         self.foreign = ForeignChildren(kind.child_resources, kind.lineage_key, self.queue.add)
         self.drain = Drain(self.tuning.drain_s)
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
-        self.sweeper = Sweeper(client, kind.kind, config, self.live, self.drain, metrics,
-                               {res.plural: res for res in kind.child_resources},
+        self.sweeper = Sweeper(client, kind, config, self.live, self.drain, metrics,
                                self._claimant)
         self._log = log.bind(kind=kind.kind)
         self.writer: ChildWriter[P] = ChildWriter(

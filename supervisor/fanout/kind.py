@@ -43,6 +43,9 @@ class FanoutKind(Generic[P]):
     # (parent, apps namespace, installation) -> children
     desired: Callable[[P, str, str], list[Desired]]
 
+    def child_resource(self, plural: str) -> Resource:
+        return next(res for res in self.child_resources if res.plural == plural)
+
 
 @dataclass(frozen=True)
 class FanoutTuning:

@@ -96,17 +96,18 @@ def status_body(api_version: str, kind: str, name: str, namespace: str,
     }
 
 
+@dataclass(eq=False)
 class ParentReporter:
     """Writes a parent's status (only when it changes) and records Events on it."""
 
-    def __init__(self, client: KubeClient, resource: Resource, config: KubernetesConfig,
-                 live: LiveChildren, drain: Drain) -> None:
-        self._client = client
-        self._resource = resource
-        self._config = config
-        self._live = live
-        self._drain = drain
-        self.events = EventRecorder(client, config.field_manager)
+    client: KubeClient
+    resource: Resource
+    config: KubernetesConfig
+    live: LiveChildren
+    drain: Drain
+
+    def __post_init__(self) -> None:
+        self.events = EventRecorder(self.client, self.config.field_manager)
         # The status we last wrote, with the parent's resourceVersion at that time.
         self._written: dict[str, tuple[str, StatusWant]] = {}
         # The resourceVersion of a parent whose status write found it deleted.
@@ -126,7 +127,7 @@ class ParentReporter:
         """The status for ``Ready`` as given, and ``Available`` from the live children."""
         generation = parent.metadata.generation
         missing = [why for child in desired
-                   if (why := unavailable(child, self._live.get(child.key))) is not None]
+                   if (why := unavailable(child, self.live.get(child.key))) is not None]
         if missing:
             return StatusWant(generation, status, reason, message, "False",
                               "ChildrenUnavailable", missing[0][:1024])
@@ -136,7 +137,7 @@ class ParentReporter:
     async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
         meta = parent.metadata
-        about = Involved(self._resource, self._config.control_namespace, meta.name, meta.uid,
+        about = Involved(self.resource, self.config.control_namespace, meta.name, meta.uid,
                          meta.resource_version)
         await self.events.emit(about, type_, reason, message)
 
@@ -152,12 +153,12 @@ class ParentReporter:
             return  # written already; our own MODIFIED event has not arrived yet
         if not needs_write(parent.status, want):
             return
-        body = status_body(self._resource.api_version, self._resource.kind, meta.name,
-                           self._config.control_namespace, parent.status, want)
+        body = status_body(self.resource.api_version, self.resource.kind, meta.name,
+                           self.config.control_namespace, parent.status, want)
         try:
-            await self._drain.write(
-                self._client.apply, self._resource, self._config.control_namespace, meta.name,
-                body, field_manager=self._config.field_manager, force=True,
+            await self.drain.write(
+                self.client.apply, self.resource, self.config.control_namespace, meta.name,
+                body, field_manager=self.config.field_manager, force=True,
                 subresource="status",
             )
         except NotFound:

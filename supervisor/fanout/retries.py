@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -42,6 +43,7 @@ from supervisor.telemetry import Metrics
 __all__ = ["ReconcileRetries"]
 
 
+@dataclass(eq=False)
 class ReconcileRetries:
     """Runs one key's reconcile and requeues or reports its failure (see the module doc).
 
@@ -51,25 +53,17 @@ class ReconcileRetries:
     adds the key back to the queue after ``delay`` seconds.
     """
 
-    def __init__(
-        self,
-        kind: str,
-        tuning: FanoutTuning,
-        metrics: Metrics,
-        rng: random.Random,
-        reconcile: Callable[[str], Awaitable[None]],
-        failed: Callable[[str, str, str], Awaitable[None]],
-        requeue_after: Callable[[str, float], None],
-        log: Any,
-    ) -> None:
-        self.kind = kind
-        self.tuning = tuning
-        self.metrics = metrics
-        self._backoff = Backoff(tuning.requeue_initial_s, tuning.requeue_max_s, rng)
-        self._reconcile = reconcile
-        self._failed = failed
-        self._requeue_after = requeue_after
-        self._log = log
+    kind: str
+    tuning: FanoutTuning
+    metrics: Metrics
+    rng: random.Random
+    reconcile: Callable[[str], Awaitable[None]]
+    failed: Callable[[str, str, str], Awaitable[None]]
+    requeue_after: Callable[[str, float], None]
+    log: Any
+
+    def __post_init__(self) -> None:
+        self._backoff = Backoff(self.tuning.requeue_initial_s, self.tuning.requeue_max_s, self.rng)
         self._failures: dict[str, int] = {}  # key -> failed attempts since its last success
 
     def requeue(self, name: str, exc: KubeError, cause: str) -> float:
@@ -78,7 +72,7 @@ class ReconcileRetries:
         self._failures[name] = failures + 1
         delay = self._backoff.after(failures, at_least=exc.retry_after)
         self.metrics.fanout_requeues.labels(self.kind, cause).inc()
-        self._requeue_after(name, delay)
+        self.requeue_after(name, delay)
         return delay
 
     async def attempt(self, name: str) -> None:
@@ -86,28 +80,28 @@ class ReconcileRetries:
         started = trio.current_time()
         result = "success"
         try:
-            await self._reconcile(name)
+            await self.reconcile(name)
         except Conflict as exc:
             result = "conflict"
             self.metrics.fanout_applies.labels(self.kind, "conflict").inc()
             delay = self.requeue(name, exc, "conflict")
-            self._log.info("conflict writing a child; requeued", name=name, error=str(exc),
+            self.log.info("conflict writing a child; requeued", name=name, error=str(exc),
                            delay_s=round(delay, 3))
-            await self._failed(name, "Conflict", str(exc))
+            await self.failed(name, "Conflict", str(exc))
         except Invalid as exc:
             result = "invalid"
             self.metrics.fanout_applies.labels(self.kind, "error").inc()
-            self._log.warning("child refused by the API server; not retried until the parent"
+            self.log.warning("child refused by the API server; not retried until the parent"
                               " changes", name=name, error=str(exc))
-            await self._failed(name, "Invalid", str(exc))
+            await self.failed(name, "Invalid", str(exc))
         except KubeError as exc:
             result = "error"
             self.metrics.fanout_applies.labels(self.kind, "error").inc()
             cause = "throttled" if isinstance(exc, TooManyRequests) else "error"
             delay = self.requeue(name, exc, cause)
-            self._log.warning("reconcile failed; requeued", name=name, error=str(exc),
+            self.log.warning("reconcile failed; requeued", name=name, error=str(exc),
                               delay_s=round(delay, 3))
-            await self._failed(name, "ApplyFailed", str(exc))
+            await self.failed(name, "ApplyFailed", str(exc))
         else:
             self._failures.pop(name, None)
         finally:

@@ -28,16 +28,17 @@ guard, and deletes them (each failure logged and left to the next resync).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
+from supervisor.fanout.kind import FanoutKind
 from supervisor.fanout.live import LiveChildren, terminating
 from supervisor.fanout.ownership import our_managers, written_by_us
 from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import KubeError
-from supervisor.kube.models import Resource
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
 
@@ -75,34 +76,35 @@ class SweepGuard:
         return False
 
 
+@dataclass(eq=False)
 class Sweeper:
-    """Deletes this installation's orphans, behind a :class:`SweepGuard`."""
+    """Deletes this installation's orphans, behind a :class:`SweepGuard`.
 
-    def __init__(self, client: KubeClient, kind: str, config: KubernetesConfig,
-                 live: LiveChildren, drain: Drain, metrics: Metrics,
-                 resources: Mapping[str, Resource],
-                 claimant: Callable[[ChildKey], str | None] | None = None) -> None:
-        self._client = client
-        self._kind = kind
-        self._config = config
-        self._live = live
-        self._drain = drain
-        self._metrics = metrics
-        self._resources = resources
-        self._claimant = claimant or (lambda key: None)
-        self.guard = SweepGuard()
-        self._managers = our_managers(config.field_manager)
+    ``claimant(key)`` names the existing parent that wants a child (never swept).
+    """
+
+    client: KubeClient
+    kind: FanoutKind[Any]
+    config: KubernetesConfig
+    live: LiveChildren
+    drain: Drain
+    metrics: Metrics
+    claimant: Callable[[ChildKey], str | None]
+    guard: SweepGuard = field(default_factory=SweepGuard)
+
+    def __post_init__(self) -> None:
+        self._managers = our_managers(self.config.field_manager)
         self._unwritten_said: set[ChildKey] = set()
-        self._log = log.bind(kind=kind)
+        self._log = log.bind(kind=self.kind.kind)
 
     async def sweep(self, known: set[str]) -> None:
         """Delete every watched child whose parent is not in ``known`` (unless refused)."""
-        orphans = [(key, self._live.parent_of(obj)) for key, obj in self._live.items()
-                   if self._live.parent_of(obj) not in known and not terminating(obj)
-                   and self._claimant(key) is None and self._written_by_us(key, obj)]
-        seen = len(self._live)
+        orphans = [(key, self.live.parent_of(obj)) for key, obj in self.live.items()
+                   if self.live.parent_of(obj) not in known and not terminating(obj)
+                   and self.claimant(key) is None and self._written_by_us(key, obj)]
+        seen = len(self.live)
         if orphans and not self.guard.allow(len(orphans), seen, known):
-            self._metrics.fanout_sweeps_refused.labels(self._kind).inc()
+            self.metrics.fanout_sweeps_refused.labels(self.kind.kind).inc()
             self._log.error(
                 "orphan sweep refused", detail=
                 f"it would delete {len(orphans)} of the {seen}"
@@ -111,7 +113,7 @@ class Sweeper:
                 " server?). If it is right, the next resync that sees the same parent"
                 " list sweeps them",
                 count=len(orphans), seen=seen, parents=len(known),
-                installation=self._config.installation_label,
+                installation=self.config.installation_label,
             )
             return
         for key, parent in orphans:
@@ -125,7 +127,7 @@ class Sweeper:
             self._unwritten_said.add(key)
             self._log.warning("an object carries our labels but was never written by us;"
                               " not swept", resource=key.plural, name=key.name,
-                              parent=self._live.parent_of(obj))
+                              parent=self.live.parent_of(obj))
         return False
 
     async def sweep_late(self, known: set[str]) -> None:
@@ -141,15 +143,15 @@ class Sweeper:
             await self.sweep(known)
 
     async def _delete(self, key: ChildKey, parent: str) -> None:
-        resource = self._resources[key.plural]
+        resource = self.kind.child_resource(key.plural)
         try:
-            await self._drain.write(self._client.delete, resource, self._config.apps_namespace,
+            await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                     key.name)
         except KubeError as exc:
-            self._metrics.fanout_applies.labels(self._kind, "error").inc()
+            self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
             self._log.warning("orphan sweep failed; the next resync retries",
                               resource=str(resource), name=key.name, error=str(exc))
             return
-        self._live.discard(key)
-        self._metrics.fanout_applies.labels(self._kind, "deleted").inc()
+        self.live.discard(key)
+        self.metrics.fanout_applies.labels(self.kind.kind, "deleted").inc()
         self._log.info("orphan swept", resource=str(resource), name=key.name, parent=parent)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Generic, Protocol, TypeVar
 
 import msgspec
@@ -149,47 +149,34 @@ class _LineError(DecodeError):
     """A watch line that is not a JSON event at all: a broken stream, not a skewed object."""
 
 
+@dataclass(eq=False)
 class Informer(Generic[T]):
     """Keeps ``handler`` in step with one resource in one namespace (see the module doc)."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        resource: Resource,
-        item_type: type[T],
-        namespace: str,
-        handler: InformerHandler[T],
-        *,
-        name_of: Callable[[T], str],
-        tuning: WatchTuning = WatchTuning(),
-        on_restart: Callable[[str], None] | None = None,
-        label_selector: str | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._client = client
-        self._resource = resource
-        self._item_type = item_type
-        self._namespace = namespace
-        self._handler = handler
-        self._name_of = name_of
-        self._tuning = tuning
-        self._on_restart = on_restart
-        self._selector = label_selector
-        self._backoff = Backoff(tuning.backoff_initial_s, tuning.backoff_max_s, rng)
+    client: KubeClient
+    resource: Resource
+    item_type: type[T]
+    namespace: str
+    handler: InformerHandler[T]
+    _: KW_ONLY
+    name_of: Callable[[T], str]
+    tuning: WatchTuning = WatchTuning()
+    on_restart: Callable[[str], None] = lambda why: None
+    label_selector: str | None = None
+    rng: random.Random | None = None
+
+    def __post_init__(self) -> None:
+        self._backoff = Backoff(self.tuning.backoff_initial_s, self.tuning.backoff_max_s, self.rng)
         self.resource_version: str | None = None
         self._listed_version: str | None = None  # the RV the last list returned
         self.lists = 0
         self.watches_with_events = 0
         self._productive = False  # the current (or last) watch stream delivered a line
 
-    def _restart(self, why: str) -> None:
-        if self._on_restart is not None:
-            self._on_restart(why)
-
     async def _sleep_backoff(self, exc: KubeError) -> None:
         delay = self._backoff.next(at_least=exc.retry_after)
-        log.warning("watch failed; retrying", resource=str(self._resource),
-                    namespace=self._namespace, error=str(exc), delay_s=round(delay, 3))
+        log.warning("watch failed; retrying", resource=str(self.resource),
+                    namespace=self.namespace, error=str(exc), delay_s=round(delay, 3))
         await trio.sleep(delay)
 
     async def run(self) -> None:
@@ -201,16 +188,16 @@ class Informer(Generic[T]):
                 except KubeError as exc:
                     if is_preflight_matter(exc):
                         raise
-                    self._restart("list_failed")
+                    self.on_restart("list_failed")
                     await self._sleep_backoff(exc)
                     continue
             try:
                 received = await self._watch_once()
             except Gone:
                 log.info("watch resourceVersion expired; relisting",
-                         resource=str(self._resource), namespace=self._namespace)
+                         resource=str(self.resource), namespace=self.namespace)
                 self.resource_version = None
-                self._restart("gone")
+                self.on_restart("gone")
                 continue
             except KubeError as exc:
                 if is_too_large_resource_version(exc):
@@ -222,7 +209,7 @@ class Informer(Generic[T]):
                     # The stream delivered before it was cut: this is a new outage, not
                     # the next failure of the last one (kube-rs resets after a good event).
                     self._backoff.reset()
-                self._restart("stalled" if isinstance(exc, StreamStalled) else "error")
+                self.on_restart("stalled" if isinstance(exc, StreamStalled) else "error")
                 await self._sleep_backoff(exc)
                 continue
             if received:
@@ -237,12 +224,12 @@ class Informer(Generic[T]):
         from_list = self.resource_version == self._listed_version
         delay = self._backoff.next() if from_list else 0.0
         log.warning("watch resourceVersion is newer than the server's (its store was "
-                    "restored?); relisting", kind=self._resource.kind,
-                    resource=str(self._resource), namespace=self._namespace,
+                    "restored?); relisting", kind=self.resource.kind,
+                    resource=str(self.resource), namespace=self.namespace,
                     resource_version=self.resource_version, error=str(exc),
                     delay_s=round(delay, 3))
         self.resource_version = None
-        self._restart("too_large_resource_version")
+        self.on_restart("too_large_resource_version")
         if delay:
             await trio.sleep(delay)
 
@@ -251,32 +238,32 @@ class Informer(Generic[T]):
         skewed: set[str] = set()
         continue_token: str | None = None
         while True:
-            page = await self._client.list(
-                self._resource, self._namespace, msgspec.Raw,
-                limit=self._tuning.page_size, continue_token=continue_token,
-                label_selector=self._selector,
+            page = await self.client.list(
+                self.resource, self.namespace, msgspec.Raw,
+                limit=self.tuning.page_size, continue_token=continue_token,
+                label_selector=self.label_selector,
             )
             for raw in page.items:
                 obj = self._decode_object(raw, skewed)
                 if obj is not None:
-                    items[self._name_of(obj)] = obj
+                    items[self.name_of(obj)] = obj
             continue_token = page.metadata.continue_
             if not continue_token:
                 resource_version = page.metadata.resource_version
                 break
         self.lists += 1
         self._backoff.reset()
-        await self._handler.on_list(items, skewed)
+        await self.handler.on_list(items, skewed)
         self.resource_version = self._listed_version = resource_version
 
     def _decode_object(self, raw: msgspec.Raw, skewed: set[str]) -> T | None:
         try:
-            return decode(bytes(raw), self._item_type)
+            return decode(bytes(raw), self.item_type)
         except DecodeError as exc:
             name = _name_of_raw(raw)
             if name:
                 skewed.add(name)
-            self._handler.on_skewed(name, exc)
+            self.handler.on_skewed(name, exc)
             return None
 
     async def _watch_once(self) -> bool:
@@ -284,12 +271,12 @@ class Informer(Generic[T]):
         assert self.resource_version is not None
         received = False
         self._productive = False
-        async with self._client.watch(
-            self._resource, self._namespace,
+        async with self.client.watch(
+            self.resource, self.namespace,
             resource_version=self.resource_version,
-            timeout_s=self._tuning.timeout_s,
-            inactivity_s=self._tuning.inactivity_s,
-            label_selector=self._selector,
+            timeout_s=self.tuning.timeout_s,
+            inactivity_s=self.tuning.inactivity_s,
+            label_selector=self.label_selector,
         ) as stream:
             while (line := await stream.next_line()) is not None:
                 if not received:
@@ -313,7 +300,7 @@ class Informer(Generic[T]):
             # Status goes along as the body (its causes tell "too large resource version").
             raise api_error(status.code or 500, status.reason, status.message,
                             body=bytes(event.object), method="WATCH",
-                            path=self._resource.collection_path(self._namespace))
+                            path=self.resource.collection_path(self.namespace))
         meta = _partial(event.object)
         rv = meta.metadata.resource_version if meta is not None else ""
         if event.type in ("ADDED", "MODIFIED", "DELETED") and not _after(
@@ -321,7 +308,7 @@ class Informer(Generic[T]):
             # A watch from RV X only ever sends what happened after X: an older event is a
             # replay (a proxy, a misbehaving server) and would roll the handler back.
             log.warning("watch event not newer than the stream's resourceVersion; ignored",
-                        resource=str(self._resource), type=event.type,
+                        resource=str(self.resource), type=event.type,
                         name=meta.metadata.name if meta is not None else None,
                         event_resource_version=rv, resource_version=self.resource_version)
             return
@@ -331,15 +318,15 @@ class Informer(Generic[T]):
             return
         if event.type == "DELETED":
             if meta is not None and meta.metadata.name:
-                self._handler.on_delete(meta.metadata.name)
+                self.handler.on_delete(meta.metadata.name)
         elif event.type in ("ADDED", "MODIFIED"):
             skewed: set[str] = set()
             obj = self._decode_object(event.object, skewed)
             if obj is not None:
-                self._handler.on_upsert(obj, self._name_of(obj))
+                self.handler.on_upsert(obj, self.name_of(obj))
         else:
             log.warning("unknown watch event type; ignored", type=event.type,
-                        resource=str(self._resource))
+                        resource=str(self.resource))
         if meta is not None and meta.metadata.resource_version:
             self.resource_version = meta.metadata.resource_version
 
