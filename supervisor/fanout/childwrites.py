@@ -20,7 +20,7 @@
   A child changed or deleted by someone else while we still want the digest
   we applied is **drift**: repaired at once (``DriftRepaired`` Event,
   ``fanout_drift_repairs``), but slowed down by a
-  :class:`~supervisor.fanout.repairs.RepairLimiter` when something keeps undoing
+  :class:`RepairLimiter` when something keeps undoing
   the repair (logged once per child). Only a repair the server accepted counts:
   a refused one is a failed write like any other (requeued, ``ApplyFailed``).
   A child of ours whose fields are all as we want but whose managedFields no
@@ -33,7 +33,7 @@
   ``Applied``: the child is missing or wrong meanwhile. The message stays the
   same while the repair waits, so a reconcile meanwhile writes no status.
 - A child another installation holds (same name, its installation label:
-  :class:`~supervisor.fanout.foreign.ForeignChildren`) is refused the same way,
+  :class:`~supervisor.fanout.live.ForeignChildren`) is refused the same way,
   the message naming that installation.
 - Children no longer desired, and a deleted parent's children, are deleted;
   but never a child another existing parent wants (``claimant``: its lineage
@@ -55,17 +55,17 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic
 
 import trio
 
+from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.drain import Drain
-from supervisor.fanout.foreign import ForeignChildren
 from supervisor.fanout.kind import FanoutKind, P
-from supervisor.fanout.live import LiveChildren, Obj, covers, terminating
+from supervisor.fanout.live import ForeignChildren, LiveChildren, Obj, covers, terminating
 from supervisor.fanout.ownership import (
     conflict_managers,
     created_by_update,
@@ -77,14 +77,13 @@ from supervisor.fanout.ownership import (
     written_by_us,
 )
 from supervisor.fanout.parentstatus import ParentReporter
-from supervisor.fanout.repairs import RepairLimiter
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, Invalid, KubeError
 from supervisor.kube.models import Resource, kube_time
 from supervisor.telemetry import Metrics
 
-__all__ = ["ChildWriter"]
+__all__ = ["ChildWriter", "RepairLimiter"]
 
 
 @dataclass(eq=False)
@@ -396,6 +395,60 @@ class ChildWriter(Generic[P]):
                                       message[:1024])
         except KubeError as exc:
             self.log.warning("could not write the parent's status", name=name, error=str(exc))
+
+
+class RepairLimiter:
+    """How often one child may be repaired: a fight with another writer must not be a hot loop.
+
+    Something else that keeps changing a child (another controller, a second
+    installation whose parent has the same name, an admission webhook rewriting a
+    field we set) would otherwise meet a repair within milliseconds, every time,
+    forever. Contract of :meth:`RepairLimiter.delay`: the first ``burst`` repairs
+    of one child within ``window_s`` go at once; beyond that each further repair
+    waits 1 s, 2 s, 4 s ... after the previous one, up to ``max_s``. The caller
+    requeues the parent after that delay, logs the fight once and reports the
+    parent not ready (``RepairDeferred``) until the repair is made.
+    :meth:`RepairLimiter.not_before` is the same answer as a point in time
+    (``trio.current_time()``'s clock): it stays the same while the repair waits,
+    so a status naming it is not rewritten by every reconcile meanwhile.
+
+    Only a repair that was *made* (its write succeeded) is recorded: a write the
+    server refused or never answered (the apps namespace terminating, a 5xx, a
+    timeout) changed nothing, so the next attempt is not a fight; it has its own
+    backoff (the engine's requeue).
+    """
+
+    def __init__(self, burst: int = 3, window_s: float = 60.0, max_s: float = 60.0) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        # The wait grows with the repairs inside the window, as the supervision
+        # tree's restarts grow with the crashes inside its period; no jitter: the
+        # status names the time (see not_before).
+        self._wait = Backoff(1.0, max_s, jitter=(1.0, 1.0))
+        self._times: dict[Hashable, list[float]] = {}
+
+    def delay(self, key: Hashable, now: float) -> float:
+        """Seconds until ``key`` may be repaired again (0: now)."""
+        return max(0.0, self.not_before(key, now) - now)
+
+    def not_before(self, key: Hashable, now: float) -> float:
+        """When ``key`` may be repaired again (``now`` or earlier: at once)."""
+        times = [t for t in self._times.get(key, ()) if now - t < self.window_s]
+        if times:
+            self._times[key] = times
+        else:
+            self._times.pop(key, None)
+        excess = len(times) - self.burst + 1
+        if excess <= 0:
+            return now
+        return times[-1] + self._wait.after(excess - 1)
+
+    def record(self, key: Hashable, now: float) -> None:
+        """A repair of ``key`` was made at ``now``."""
+        self._times.setdefault(key, []).append(now)
+        if len(self._times) > 10_000:  # bounded: forget children past the window
+            self._times = {k: v for k, v in self._times.items()
+                           if v and now - v[-1] < self.window_s}
 
 
 class _NotOurs(Exception):

@@ -14,7 +14,7 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   the managed-by, installation and lineage labels) into
   :class:`~supervisor.fanout.live.LiveChildren`; one more per child resource
   watches other installations' children of this kind into
-  :class:`~supervisor.fanout.foreign.ForeignChildren` (never ours to write).
+  :class:`~supervisor.fanout.live.ForeignChildren` (never ours to write).
   A 403/404 or an undecodable list envelope from any of them sends the kind
   back to its preflight (with a backoff, reset after a watch that delivered).
 - **Drift repair.** A child's change or delete enqueues the parent named by its
@@ -73,10 +73,9 @@ from supervisor.backoff import Backoff
 from supervisor.config import KubernetesConfig
 from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
-from supervisor.fanout.foreign import ForeignChildren, foreign_selector
 from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent, matters
-from supervisor.fanout.labels import lineage_selector
-from supervisor.fanout.live import LiveChildren, Obj, child_name
+from supervisor.fanout.labels import foreign_selector, lineage_selector
+from supervisor.fanout.live import ForeignChildren, LiveChildren, Obj, child_name
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
@@ -124,7 +123,7 @@ class FanoutEngine(Generic[P]):
         self.wakeup = wakeup
         self._rng = rng or random.Random()
         self.queue = WorkQueue()
-        metrics.fanout_queue_depth.labels(kind.kind).set_function(lambda: self.queue.depth)
+        metrics.fanout_queue_depth.labels(kind.kind).set_function(lambda: len(self.queue))
         self.parents: dict[str, P] = {}
         self.skewed: set[str] = set()
         self.live = LiveChildren(kind.child_resources, kind.lineage_key, self.queue.add)

@@ -58,7 +58,6 @@ class FanoutTuning:
     resync_s: float | None = None  # None: [kubernetes].resync_s
     requeue_initial_s: float = 0.8
     requeue_max_s: float = 30.0
-    page_size: int = 500
     drain_s: float = 2.0  # how long an in-flight write may finish after shutdown begins
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "MANAGED_BY_KEY",
     "MANAGED_BY_VALUE",
     "NAME_KEY",
+    "foreign_selector",
     "labels",
     "lineage_selector",
 ]
@@ -57,3 +58,10 @@ def lineage_selector(lineage_key: str, installation: str,
     """A label selector for this installation's children: of one parent, or (None) of all."""
     lineage = lineage_key if parent_name is None else f"{lineage_key}={parent_name}"
     return f"{MANAGED_BY_KEY}={MANAGED_BY_VALUE},{INSTALLATION_KEY}={installation},{lineage}"
+
+
+def foreign_selector(lineage_key: str, installation: str) -> str:
+    """Children of this kind that another installation of trio-supervisor made (their
+    installation label is not ours: :class:`~supervisor.fanout.live.ForeignChildren`)."""
+    return (f"{MANAGED_BY_KEY}={MANAGED_BY_VALUE},{lineage_key},{INSTALLATION_KEY},"
+            f"{INSTALLATION_KEY}!={installation}")

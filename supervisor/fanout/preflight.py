@@ -172,15 +172,6 @@ def _report(
     return error_class
 
 
-async def _attempt(client: ListClient, resource: Resource, namespace: str) -> KubeError | None:
-    try:
-        # Items stay raw: the informer decodes (and names) them one at a time.
-        await client.list(resource, namespace, msgspec.Raw, limit=1)
-    except KubeError as exc:
-        return exc
-    return None
-
-
 async def _not_served(exc: KubeError, resource: Resource,
                       is_served: Callable[[Resource], Awaitable[bool]] | None) -> bool:
     """A 404 that discovery confirms: the server does not serve ``resource`` at all."""
@@ -220,9 +211,12 @@ async def await_watchable(
     while True:
         # Read before the attempt: a wake-up during it ends the delay after it.
         seen = wakeup.count if wakeup is not None else 0
-        exc = await _attempt(client, resource, namespace)
-        if exc is None:
+        try:
+            # Items stay raw: the informer decodes (and names) them one at a time.
+            await client.list(resource, namespace, msgspec.Raw, limit=1)
             return
+        except KubeError as error:
+            exc = error
         delay = backoff.next()
         missing = await _not_served(exc, resource, is_served)
         _report(exc, missing_api=missing, kind=label, resource=resource,

@@ -7,7 +7,7 @@ pending delay per key, the sooner one, as client-go's delaying queue: a long
 retry-after-failure wait must not hold back a deferred repair due sooner);
 :meth:`WorkQueue.pending` tells whether a key will be taken (again);
 :meth:`WorkQueue.wait_idle` returns once nothing is queued, processing or
-waiting to be requeued. ``depth`` (queued, not yet taken) is what the
+waiting to be requeued. Its ``len`` (queued, not yet taken) is what the
 ``fanout_queue_depth`` gauge shows.
 """
 
@@ -107,9 +107,5 @@ class WorkQueue:
         return not (self._queue or self._active or self._delayed)
 
     def __len__(self) -> int:
-        return len(self._queue)
-
-    @property
-    def depth(self) -> int:
         """Keys queued and not yet taken by a worker."""
         return len(self._queue)

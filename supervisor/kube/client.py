@@ -286,13 +286,8 @@ class KubeClient:
         label_selector: str | None = None,
     ) -> ObjectList[T]:
         """One page of a list; ``item_type`` ``msgspec.Raw`` defers item decoding."""
-        params: dict[str, str] = {}
-        if limit is not None:
-            params["limit"] = str(limit)
-        if continue_token:
-            params["continue"] = continue_token
-        if label_selector:
-            params["labelSelector"] = label_selector
+        params = _given(limit=None if limit is None else str(limit), labelSelector=label_selector,
+                        **{"continue": continue_token})
         return await self.request(
             "GET", resource.collection_path(namespace), list_type(item_type), params=params
         )
@@ -313,9 +308,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         """Server-side apply (``force`` only when asked); the object returned, as a map.
         JSON is valid YAML, so the body goes as apply-patch+yaml."""
-        params = {"fieldManager": field_manager}
-        if force:
-            params["force"] = "true"
+        params = _given(fieldManager=field_manager, force="true" if force else None)
         return await self.request(
             "PATCH", resource.object_path(namespace, name, subresource), dict[str, Any],
             params=params, body=body, content_type=APPLY_PATCH,
@@ -375,14 +368,9 @@ class KubeClient:
         label_selector: str | None = None,
     ) -> AsyncIterator[WatchStream]:
         """Watch from ``resource_version`` with bookmarks; yields its :class:`WatchStream`."""
-        params = {
-            "watch": "true",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_s),
-            "resourceVersion": resource_version,
-        }
-        if label_selector:
-            params["labelSelector"] = label_selector
+        params = _given(watch="true", allowWatchBookmarks="true", timeoutSeconds=str(timeout_s),
+                        labelSelector=label_selector)
+        params["resourceVersion"] = resource_version  # sent even when empty
         path = resource.collection_path(namespace)
         # No httpx read timeout: the stream's own inactivity deadline decides.
         response = await self._send(
@@ -396,3 +384,8 @@ class KubeClient:
             # Shielded and bounded: this also runs while we are being cancelled.
             with trio.move_on_after(1.0, shield=True):
                 await stream.aclose()
+
+
+def _given(**params: str | None) -> dict[str, str]:
+    """The query parameters that have a value (None or empty: not sent)."""
+    return {key: value for key, value in params.items() if value}

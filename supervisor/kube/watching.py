@@ -260,7 +260,8 @@ class Informer(Generic[T]):
         try:
             return decode(bytes(raw), self.item_type)
         except DecodeError as exc:
-            name = _name_of_raw(raw)
+            meta = _partial(raw)
+            name = meta.metadata.name if meta is not None else ""
             if name:
                 skewed.add(name)
             self.handler.on_skewed(name, exc)
@@ -347,8 +348,3 @@ def _partial(raw: msgspec.Raw) -> PartialObject | None:
         return decode(bytes(raw), PartialObject)
     except DecodeError:
         return None
-
-
-def _name_of_raw(raw: msgspec.Raw) -> str:
-    meta = _partial(raw)
-    return meta.metadata.name if meta is not None else ""

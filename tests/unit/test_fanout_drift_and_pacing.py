@@ -8,9 +8,9 @@ import trio.testing
 
 from supervisor.configfile import load_text
 from supervisor.errors import ConfigError
+from supervisor.fanout.childwrites import RepairLimiter
 from supervisor.fanout.labels import LINEAGE_SERVICEDEFINITION
 from supervisor.fanout.live import LiveChildren, covers, unavailable
-from supervisor.fanout.repairs import RepairLimiter
 from supervisor.fanout.servicedefinition import DEPLOYMENTS, SERVICES
 from supervisor.fanout.sweep import SweepGuard
 from supervisor.kube.applying import ChildKey, make_desired
