@@ -67,7 +67,7 @@ __all__ = [
 log = get_logger("fanout")
 
 CLOSE_TIMEOUT_S = 2.0
-DRAIN_S = 2.0
+DRAIN_S = FanoutTuning.drain_s
 KINDS: tuple[FanoutKind[Any], ...] = (SERVICE_DEFINITION, WORKFLOW)
 
 
@@ -147,7 +147,7 @@ def fanout_children(
     """
     shared = SharedClient(client_factory or _factory(config))
     wakeup = _prepare(metrics, statuses, hup)
-    drain = tuning.drain_s if tuning is not None else DRAIN_S
+    drain = (tuning or FanoutTuning()).drain_s
 
     def child(kind: FanoutKind[Any]) -> ChildSpec:
         async def start(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -200,7 +200,7 @@ def elected_fanout_child(
     wakeup = _prepare(metrics, statuses, hup)
     leader_metrics = LeadershipMetrics(metrics.registry)
     gap = config.lease_duration_s - config.renew_deadline_s
-    base = tuning or FanoutTuning(drain_s=DRAIN_S)
+    base = tuning or FanoutTuning()
     group_tuning = dataclasses.replace(base, drain_s=min(base.drain_s, gap / 2))
     lease_client = SharedClient(lease_client_factory or (
         lambda: KubeClient.from_kubeconfig(config.kubeconfig)))

@@ -60,7 +60,7 @@ import os
 import random
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 
@@ -151,38 +151,33 @@ class _Try(Enum):
     FAILED = "failed"  # the attempt failed (error or conflict); try again
 
 
+@dataclass(eq=False)
 class LeaderElector:
-    def __init__(
-        self,
-        leases: LeaseApi,
-        *,
-        identity: str,
-        lease_duration_s: float,
-        renew_deadline_s: float,
-        retry_period_s: float,
-        status: LeadershipStatus | None = None,
-        metrics: LeadershipMetrics | None = None,
-        on_change: Callable[[LeadershipStatus], None] | None = None,
-        release_timeout_s: float = 2.0,
-        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        rng: random.Random | None = None,
-    ) -> None:
-        if not retry_period_s < renew_deadline_s < lease_duration_s:
+    """Runs ``lead`` only while holding the Lease ``leases`` names (see the module doc).
+
+    Needs ``retry_period_s < renew_deadline_s < lease_duration_s``; ``status`` is
+    updated in place and handed to ``on_change`` on every change.
+    """
+
+    leases: LeaseApi
+    _: KW_ONLY
+    identity: str
+    lease_duration_s: float
+    renew_deadline_s: float
+    retry_period_s: float
+    status: LeadershipStatus = field(default_factory=LeadershipStatus)
+    metrics: LeadershipMetrics | None = None
+    on_change: Callable[[LeadershipStatus], None] | None = None
+    release_timeout_s: float = 2.0
+    wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
             raise ValueError("need retry_period_s < renew_deadline_s < lease_duration_s")
-        self.leases = leases
-        self.identity = identity
-        self.lease_duration_s = lease_duration_s
-        self.renew_deadline_s = renew_deadline_s
-        self.retry_period_s = retry_period_s
-        self.status = status or LeadershipStatus()
         self.status.role = "standby"
-        self.status.lease = leases.where
-        self.status.identity = identity
-        self.metrics = metrics
-        self.on_change = on_change
-        self.release_timeout_s = release_timeout_s
-        self._wall = wall_clock
-        self._rng = rng or random.Random()
+        self.status.lease = self.leases.where
+        self.status.identity = self.identity
         # Lease requests failing in a row: the first at warning (an outage is long).
         self._failures = Streak(log, began="lease request failed",
                                 ended="lease requests succeed again", count_as="failures")
@@ -222,7 +217,7 @@ class LeaderElector:
             outcome = await self._attempt()
             if outcome is _Try.HELD:
                 return
-            await trio.sleep(self.retry_period_s * self._rng.uniform(0.9, 1.0))
+            await trio.sleep(self.retry_period_s * self.rng.uniform(0.9, 1.0))
 
     async def _lead(self, lead: Callable[[], Awaitable[None]]) -> None:
         self.leading = True
@@ -300,7 +295,7 @@ class LeaderElector:
         return outcome
 
     async def _try(self, started: float) -> _Try:
-        now = self._wall()
+        now = self.wall_clock()
         current = await self.leases.get()
         if current is None:
             last = self._observed
@@ -406,7 +401,7 @@ class LeaderElector:
                     return  # not ours (any more): nothing to release
                 try:
                     self._observed = await self.leases.update(
-                        current.but(holder=None, duration_s=1, renew_time=self._wall()))
+                        current.but(holder=None, duration_s=1, renew_time=self.wall_clock()))
                 except Conflict:
                     # A renewal cancelled in flight may have landed: read it again.
                     current = await self.leases.get()

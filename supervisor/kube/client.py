@@ -143,11 +143,6 @@ class KubeClient:
         return cls(functools.partial(load_settings_async, kubeconfig), **kwargs)
 
     @property
-    def source(self) -> str | None:
-        """Where the settings came from (for logs), once loaded."""
-        return self._settings.source if self._settings is not None else None
-
-    @property
     def token_reloads(self) -> int:
         """How many times the credentials were re-read after a 401."""
         return self._credentials.reloads
@@ -291,9 +286,6 @@ class KubeClient:
         return await self.request(
             "GET", resource.collection_path(namespace), list_type(item_type), params=params
         )
-
-    async def get(self, resource: Resource, namespace: str, name: str, type_: type[T]) -> T:
-        return await self.request("GET", resource.object_path(namespace, name), type_)
 
     async def apply(
         self,
