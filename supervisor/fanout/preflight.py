@@ -240,27 +240,20 @@ async def await_watchable_cancellable(
     retry sleep, and returns False.
     """
 
-    async def wait() -> None:
-        await await_watchable(client, resource, namespace, retry_s=retry_s, kind=kind,
-                              status=status, metrics=metrics)
-
-    if isinstance(cancel, trio.CancelScope):
-        with cancel:
-            await wait()
-            return True
+    if isinstance(cancel, trio.Event) and cancel.is_set():
         return False
-
-    if cancel.is_set():
-        return False
-    served = False
-    async with trio.open_nursery() as nursery:
-
-        async def give_up_when_set() -> None:
-            await cancel.wait()
+    scope = cancel if isinstance(cancel, trio.CancelScope) else trio.CancelScope()
+    with scope:
+        async with trio.open_nursery() as nursery:
+            if isinstance(cancel, trio.Event):
+                nursery.start_soon(_cancel_when_set, cancel, scope)
+            await await_watchable(client, resource, namespace, retry_s=retry_s, kind=kind,
+                                  status=status, metrics=metrics)
             nursery.cancel_scope.cancel()
+        return True
+    return False
 
-        nursery.start_soon(give_up_when_set)
-        await wait()
-        served = True
-        nursery.cancel_scope.cancel()
-    return served
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()

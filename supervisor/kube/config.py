@@ -23,6 +23,7 @@ chained to the loader's own exception.
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 from collections.abc import Callable, Mapping
@@ -117,11 +118,6 @@ def load_settings(
     ) as exc:
         raise KubeConfigError(f"cannot load Kubernetes configuration: {exc}") from exc
 
-    hook = cfg.refresh_api_key_hook
-
-    def refresh() -> str | None:
-        return _header(cfg)
-
     return KubeSettings(
         host=str(cfg.host).rstrip("/"),
         source=source,
@@ -132,7 +128,7 @@ def load_settings(
         tls_server_name=getattr(cfg, "tls_server_name", None) or None,
         proxy=cfg.proxy or None,
         authorization=_header(cfg),
-        refresh=refresh if hook is not None else None,
+        refresh=functools.partial(_header, cfg) if cfg.refresh_api_key_hook is not None else None,
     )
 
 

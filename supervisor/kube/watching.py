@@ -60,7 +60,7 @@ from supervisor.kube.errors import (
     StreamStalled,
     api_error,
 )
-from supervisor.kube.models import PartialObject, RawWatchEvent, Resource, Status
+from supervisor.kube.models import PartialMeta, PartialObject, RawWatchEvent, Resource, Status
 from supervisor.logs import get_logger
 
 __all__ = [
@@ -260,8 +260,7 @@ class Informer(Generic[T]):
         try:
             return decode(bytes(raw), self.item_type)
         except DecodeError as exc:
-            meta = _partial(raw)
-            name = meta.metadata.name if meta is not None else ""
+            name = _meta(raw).name
             if name:
                 skewed.add(name)
             self.handler.on_skewed(name, exc)
@@ -302,24 +301,22 @@ class Informer(Generic[T]):
             raise api_error(status.code or 500, status.reason, status.message,
                             body=bytes(event.object), method="WATCH",
                             path=self.resource.collection_path(self.namespace))
-        meta = _partial(event.object)
-        rv = meta.metadata.resource_version if meta is not None else ""
+        meta = _meta(event.object)
+        rv = meta.resource_version
         if event.type in ("ADDED", "MODIFIED", "DELETED") and not _after(
                 rv, self.resource_version):
             # A watch from RV X only ever sends what happened after X: an older event is a
             # replay (a proxy, a misbehaving server) and would roll the handler back.
             log.warning("watch event not newer than the stream's resourceVersion; ignored",
-                        resource=str(self.resource), type=event.type,
-                        name=meta.metadata.name if meta is not None else None,
+                        resource=str(self.resource), type=event.type, name=meta.name or None,
                         event_resource_version=rv, resource_version=self.resource_version)
             return
         if event.type == "BOOKMARK":
-            if meta is not None and meta.metadata.resource_version:
-                self.resource_version = meta.metadata.resource_version
+            self.resource_version = rv or self.resource_version
             return
         if event.type == "DELETED":
-            if meta is not None and meta.metadata.name:
-                self.handler.on_delete(meta.metadata.name)
+            if meta.name:
+                self.handler.on_delete(meta.name)
         elif event.type in ("ADDED", "MODIFIED"):
             skewed: set[str] = set()
             obj = self._decode_object(event.object, skewed)
@@ -328,8 +325,7 @@ class Informer(Generic[T]):
         else:
             log.warning("unknown watch event type; ignored", type=event.type,
                         resource=str(self.resource))
-        if meta is not None and meta.metadata.resource_version:
-            self.resource_version = meta.metadata.resource_version
+        self.resource_version = rv or self.resource_version
 
 
 def _after(rv: str, position: str | None) -> bool:
@@ -343,8 +339,9 @@ def _after(rv: str, position: str | None) -> bool:
         return True
 
 
-def _partial(raw: msgspec.Raw) -> PartialObject | None:
+def _meta(raw: msgspec.Raw) -> PartialMeta:
+    """The object's metadata as far as it decodes (empty when it does not)."""
     try:
-        return decode(bytes(raw), PartialObject)
+        return decode(bytes(raw), PartialObject).metadata
     except DecodeError:
-        return None
+        return PartialMeta()
