@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
+
+import msgspec
 
 from supervisor.kube.applying import Desired
 from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
@@ -18,14 +20,11 @@ from supervisor.kube.watching import WatchTuning
 __all__ = ["FanoutKind", "FanoutTuning", "P", "Parent", "matters"]
 
 
-class Parent(Protocol):
-    """What the engine reads of any parent Struct."""
+class Parent(msgspec.Struct, kw_only=True):
+    """What the engine reads of any parent: its metadata and the status we write."""
 
-    @property
-    def metadata(self) -> ObjectMeta: ...
-
-    @property
-    def status(self) -> ParentStatus: ...
+    metadata: ObjectMeta
+    status: ParentStatus = msgspec.field(default_factory=ParentStatus)
 
 
 P = TypeVar("P", bound=Parent)

@@ -130,8 +130,14 @@ def _report(
         status.last_error_class = error_class
     if metrics is not None:
         metrics.fanout_preflight_failures.labels(kind, error_class).inc()
-    context: dict[str, object] = dict(kind=kind, error_class=error_class, resource=str(resource),
-                                      namespace=namespace, error=str(exc), retry_s=retry_s)
+    context = {
+        "kind": kind,
+        "error_class": error_class,
+        "resource": str(resource),
+        "namespace": namespace,
+        "error": str(exc),
+        "retry_s": retry_s,
+    }
     if error_class == reasons.CHILD_API_MISSING:
         fix = missing_api_fix(resource)
         log.error(

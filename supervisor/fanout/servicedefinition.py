@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from supervisor.fanout.kind import FanoutKind
+from supervisor.fanout.kind import FanoutKind, Parent
 from supervisor.fanout.labels import GROUP, LINEAGE_SERVICEDEFINITION, NAME_KEY, labels
 from supervisor.kube.applying import Desired, make_desired
-from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+from supervisor.kube.models import Resource
 
 __all__ = [
     "DEPLOYMENTS",
@@ -48,10 +48,8 @@ class ServiceDefinitionSpec(msgspec.Struct, rename="camel", kw_only=True):
     env: dict[str, str] = {}
 
 
-class ServiceDefinition(msgspec.Struct, kw_only=True):
-    metadata: ObjectMeta
+class ServiceDefinition(Parent, kw_only=True):
     spec: ServiceDefinitionSpec
-    status: ParentStatus = msgspec.field(default_factory=ParentStatus)
 
 
 def desired_children(

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from supervisor.fanout.kind import FanoutKind
+from supervisor.fanout.kind import FanoutKind, Parent
 from supervisor.fanout.labels import GROUP, LINEAGE_WORKFLOW, labels
 from supervisor.kube.applying import Desired, make_desired
-from supervisor.kube.models import ObjectMeta, ParentStatus, Resource
+from supervisor.kube.models import Resource
 
 __all__ = ["CRONJOBS", "WORKFLOW", "WORKFLOWS", "Workflow", "WorkflowSpec", "desired_children"]
 
@@ -35,10 +35,8 @@ class WorkflowSpec(msgspec.Struct, rename="camel", kw_only=True):
     args: list[str] = []
 
 
-class Workflow(msgspec.Struct, kw_only=True):
-    metadata: ObjectMeta
+class Workflow(Parent, kw_only=True):
     spec: WorkflowSpec
-    status: ParentStatus = msgspec.field(default_factory=ParentStatus)
 
 
 def desired_children(parent: Workflow, namespace: str, installation: str) -> list[Desired]:

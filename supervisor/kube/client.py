@@ -204,17 +204,12 @@ class KubeClient:
         if now < self._resume_at:
             self.paused_s += self._resume_at - now
             await trio.sleep_until(self._resume_at)
-        settings = self._settings
-        extensions: dict[str, Any] = {}
-        if settings is not None and settings.tls_server_name:
-            extensions["sni_hostname"] = settings.tls_server_name
+        server_name = self._settings.tls_server_name if self._settings is not None else None
+        extensions = _given(sni_hostname=server_name)
         for attempt in (0, 1):
             authorization = await self._credentials.current()
-            headers = {"Accept": _JSON}
-            if authorization:
-                headers["Authorization"] = authorization
-            if content_type:
-                headers["Content-Type"] = content_type
+            headers = _given(Accept=_JSON, Authorization=authorization,
+                             **{"Content-Type": content_type})
             request = http.build_request(
                 method, path, params=params, content=content, headers=headers,
                 timeout=timeout or self._timeout, extensions=extensions,
@@ -286,6 +281,9 @@ class KubeClient:
         return await self.request(
             "GET", resource.collection_path(namespace), list_type(item_type), params=params
         )
+
+    async def get(self, resource: Resource, namespace: str, name: str, type_: type[T]) -> T:
+        return await self.request("GET", resource.object_path(namespace, name), type_)
 
     async def apply(
         self,
@@ -379,5 +377,5 @@ class KubeClient:
 
 
 def _given(**params: str | None) -> dict[str, str]:
-    """The query parameters that have a value (None or empty: not sent)."""
+    """The parameters (query, headers) that have a value: None or empty is not sent."""
     return {key: value for key, value in params.items() if value}

@@ -146,8 +146,7 @@ class KubeLeases:
 
     async def get(self) -> LeaseRecord | None:
         try:
-            raw = await self.client.request(
-                "GET", LEASES.object_path(self.namespace, self.name), msgspec.Raw)
+            raw = await self.client.get(LEASES, self.namespace, self.name, msgspec.Raw)
         except NotFound:
             return None
         return lease_record(bytes(raw), self.where)

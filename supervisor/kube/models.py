@@ -57,15 +57,12 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def _prefix(self) -> str:
-        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-
     def group_version_path(self) -> str:
         """Discovery of this resource's group/version (``/apis/batch/v1``)."""
-        return self._prefix()
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
 
     def collection_path(self, namespace: str) -> str:
-        return f"{self._prefix()}/namespaces/{namespace}/{self.plural}"
+        return f"{self.group_version_path()}/namespaces/{namespace}/{self.plural}"
 
     def object_path(self, namespace: str, name: str, subresource: str | None = None) -> str:
         path = f"{self.collection_path(namespace)}/{name}"
