@@ -309,14 +309,16 @@ class ChildWriter(Generic[P]):
             live = found
         if created_by_update(live, self._managers):
             await self._fold_created(child, namespace)
-        # Forced at once when no manager but ours ever applied to it (an edit by an update
-        # is drift): one write, not a refused apply, a read and the forced one.
-        force = not self._foreign_appliers(live)
+
+        async def apply(force: bool) -> Obj:
+            return await self.drain.write(self.client.apply, child.resource, namespace,
+                                          child.name, child.body, field_manager=manager,
+                                          force=force)
+
         try:
-            applied: Obj = await self.drain.write(
-                self.client.apply, child.resource, namespace, child.name, child.body,
-                field_manager=manager, force=force)
-            return applied
+            # Forced at once when no manager but ours ever applied to it (an edit by an
+            # update is drift): one write, not a refused apply, a read and the forced one.
+            return await apply(not self._foreign_appliers(live))
         except Conflict as exc:
             managers = conflict_managers(exc)
             if not managers:
@@ -326,17 +328,13 @@ class ChildWriter(Generic[P]):
             # A manager that applied the field declared it its own: refused. One that
             # updated it (kubectl edit, scale, patch) edited a child of ours: drift.
             current = await self.client.find(child.resource, namespace, child.name)
-            operations = managers_of(current or {})
-            declared = sorted(m for m in foreign if "Apply" in operations.get(m, ()))
+            declared = sorted(set(self._foreign_appliers(current or {})) & foreign)
             if declared:
                 raise _NotOurs(
                     f"{child.resource.kind} {namespace}/{child.name}: fields we set are"
                     f" applied by {', '.join(declared)} (a field manager that is not ours);"
                     " not forced")
-        forced: Obj = await self.drain.write(
-            self.client.apply, child.resource, namespace, child.name, child.body,
-            field_manager=manager, force=True)
-        return forced
+        return await apply(True)
 
     async def _fold_created(self, child: Desired, namespace: str) -> None:
         """Hand the fields our create holds by an update to our apply entry (ownership)."""
@@ -415,7 +413,8 @@ class RepairLimiter:
     Only a repair that was *made* (its write succeeded) is recorded: a write the
     server refused or never answered (the apps namespace terminating, a 5xx, a
     timeout) changed nothing, so the next attempt is not a fight; it has its own
-    backoff (the engine's requeue).
+    backoff (the engine's requeue). :meth:`recent` tells how many repairs of one
+    child fall in the window (for tests).
     """
 
     def __init__(self, burst: int = 3, window_s: float = 60.0, max_s: float = 60.0) -> None:
@@ -442,6 +441,10 @@ class RepairLimiter:
         if excess <= 0:
             return now
         return times[-1] + self._wait.after(excess - 1)
+
+    def recent(self, key: Hashable, now: float) -> int:
+        """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""
+        return sum(1 for t in self._times.get(key, ()) if now - t < self.window_s)
 
     def record(self, key: Hashable, now: float) -> None:
         """A repair of ``key`` was made at ``now``."""

@@ -63,7 +63,7 @@ preflight|watching, ``last_error_class``, ``objects``, ``skewed``), and
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic
 
 import trio
@@ -310,19 +310,16 @@ class FanoutEngine(Generic[P]):
         The children are the watched cache (always current), so a resync reads
         nothing and writes nothing for parents whose children are as desired.
         """
-        await self._children_synced()
-        async with self._resync_lock:
-            await self.sweeper.sweep(set(self.parents) | self.skewed)
-            self.writer.forget_refusals()
-            self.resyncs += 1
-            for name in sorted(self.parents):
-                self.queue.add(name)
+        await self._sweep(self.sweeper.sweep)
+        self.writer.forget_refusals()
+        self.resyncs += 1
+        for name in sorted(self.parents):
+            self.queue.add(name)
 
-    async def _sweep_late(self) -> None:
-        """A relist dropped the parent while its children were written: sweep them."""
+    async def _sweep(self, sweep: Callable[[set[str]], Awaitable[None]]) -> None:
         await self._children_synced()
         async with self._resync_lock:
-            await self.sweeper.sweep_late(set(self.parents) | self.skewed)
+            await sweep(set(self.parents) | self.skewed)
 
     # -- workers ------------------------------------------------------------------
 
@@ -335,7 +332,8 @@ class FanoutEngine(Generic[P]):
                 listed = name in self.parents
                 await self.retries.attempt(name)
                 if listed and name not in self.parents and not self.queue.pending(name):
-                    await self._sweep_late()
+                    # A relist dropped the parent while its children were written.
+                    await self._sweep(self.sweeper.sweep_late)
             finally:
                 self.queue.done(name)
 
