@@ -272,10 +272,6 @@ class LeaderElector:
         try:
             with trio.fail_after(self.renew_deadline_s):
                 outcome = await self._try(started)
-        except trio.TooSlowError:
-            self._failures.failed(lease=self.leases.where, leading=self.leading,
-                                  error=f"no answer within {self.renew_deadline_s:g} s")
-            return _Try.FAILED
         except Conflict:
             # Someone wrote in between: read it again at once; it may show a new holder.
             try:
@@ -288,8 +284,10 @@ class LeaderElector:
                     and not self._ours(current) and self.leading:
                 return _Try.OTHER
             return _Try.FAILED
-        except KubeError as exc:
-            self._failures.failed(lease=self.leases.where, leading=self.leading, error=str(exc))
+        except (KubeError, trio.TooSlowError) as exc:
+            error = str(exc) if isinstance(exc, KubeError) else (
+                f"no answer within {self.renew_deadline_s:g} s")
+            self._failures.failed(lease=self.leases.where, leading=self.leading, error=error)
             return _Try.FAILED
         self._failures.recovered(lease=self.leases.where)
         return outcome

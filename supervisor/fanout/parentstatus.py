@@ -115,12 +115,11 @@ class ParentReporter:
 
     def forget(self, name: str | None = None) -> None:
         """Forget what was written (for one parent, or all: after a relist)."""
-        if name is None:
-            self._written.clear()
-            self._gone.clear()
-        else:
-            self._written.pop(name, None)
-            self._gone.pop(name, None)
+        for memo in (self._written, self._gone):
+            if name is None:
+                memo.clear()
+            else:
+                memo.pop(name, None)
 
     def want(self, parent: Parent, desired: list[Desired], status: str, reason: str,
              message: str) -> StatusWant:

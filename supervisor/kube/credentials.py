@@ -131,12 +131,10 @@ class Credentials:
             if self.authorization != refused:
                 return  # another task already reloaded while we waited for the lock
             settings = await self._load()
-            self.authorization = settings.authorization
-            self._refreshed_at = trio.current_time()
-            self._refresh_job = None  # a refresh still running answers for the old settings
             # The connection pool stays (TLS identity is fixed for its lifetime);
             # the new token and its refresh hook are adopted.
-            self._refresh = settings.refresh
+            self.adopt(settings)
+            self._refresh_job = None  # a refresh still running answers for the old settings
             self.reloads += 1
             log.info("credentials re-read after 401", source=settings.source,
                      changed=settings.authorization != refused)
