@@ -22,7 +22,6 @@ import datetime as _dt
 import email.utils
 import functools
 import math
-from collections.abc import AsyncIterator
 from typing import Any, NoReturn, TypeVar, cast
 
 import httpx
@@ -131,23 +130,17 @@ class RequestBody(httpx.AsyncByteStream):
 
     def __init__(self, data: bytes) -> None:
         self._data = data
+        self._sent = False
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return _OneChunk(self._data)
-
-
-class _OneChunk:
-    def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
-
-    def __aiter__(self) -> _OneChunk:
+    def __aiter__(self) -> RequestBody:
+        self._sent = False
         return self
 
     async def __anext__(self) -> bytes:
-        if self._data is None:
+        if self._sent:
             raise StopAsyncIteration
-        data, self._data = self._data, None
-        return data
+        self._sent = True
+        return self._data
 
 
 class _ResourceName(msgspec.Struct):
