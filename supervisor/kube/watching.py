@@ -130,19 +130,15 @@ def is_too_large_resource_version(exc: KubeError) -> bool:
     """
     if not isinstance(exc, ApiError):
         return False
-    status: Status | None = None
-    if exc.body:
-        try:
-            status = decode(exc.body, Status)
-        except DecodeError:
-            status = None
-    if status is not None and status.has_cause(RV_TOO_LARGE_CAUSE):
+    try:
+        status = decode(exc.body, Status) if exc.body else Status()
+    except DecodeError:
+        status = Status()  # no causes to read
+    if status.has_cause(RV_TOO_LARGE_CAUSE):
         return True
-    if exc.reason != "Timeout":
-        return False
-    if status is not None and any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes):
-        return True
-    return _RV_TOO_LARGE_TEXT in exc.message
+    return exc.reason == "Timeout" and (
+        any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes)
+        or _RV_TOO_LARGE_TEXT in exc.message)
 
 
 class _LineError(DecodeError):
