@@ -47,6 +47,7 @@ __all__ = [
     "StatementRefused",
     "TooLarge",
     "malformed",
+    "one_line",
     "unavailable_timeout",
 ]
 
@@ -206,6 +207,14 @@ def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
         f"({type(exc).__name__}: {detail})",
         category=FailureCategory.CORRUPT,
     )
+
+
+def one_line(exc: BaseException, text: str | None = None) -> str:
+    """``text`` (default: ``exc``'s message) on one line, else ``exc``'s type name.
+
+    Driver messages carry newlines and tab-indented hints.
+    """
+    return " ".join((str(exc) if text is None else text).split()) or type(exc).__name__
 
 
 def unavailable_timeout(what: str, timeout_s: float) -> ControlPlaneError:

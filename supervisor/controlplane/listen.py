@@ -77,6 +77,7 @@ import trio
 from psycopg import sql
 
 from supervisor.backoff import Backoff
+from supervisor.controlplane.errors import one_line
 from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.runner import INTERRUPT_GRACE_S, call_interruptibly
 from supervisor.dsn import redact, scrub
@@ -263,7 +264,7 @@ class _Listener:
         return False
 
     def _describe(self, exc: BaseException) -> str:
-        return " ".join(scrub(str(exc), self.url).split()) or type(exc).__name__
+        return one_line(exc, scrub(str(exc), self.url))
 
     async def _connect(self) -> Conn:
         made: list[Conn] = []

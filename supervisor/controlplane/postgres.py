@@ -34,18 +34,11 @@ with the DSN's password scrubbed from every message.
 
 from __future__ import annotations
 
-import hashlib
 from functools import partial
 from typing import TYPE_CHECKING
 
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.checks import (
-    OBSERVE_SQL,
-    HydrateRow,
-    check_hydrated,
-    check_publishable,
-    pointer_from_row,
-)
+from supervisor.controlplane.checks import OBSERVE_SQL, HydrateRow, check_hydrated, pointer_from_row
 from supervisor.controlplane.postgres_driver import (
     CONNECT_TIMEOUT_S,
     Conn,
@@ -56,22 +49,20 @@ from supervisor.controlplane.postgres_driver import (
 from supervisor.controlplane.runner import ConnectionRunner
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.dsn import redact
-from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["PostgresStore"]
-
-log = get_logger("controlplane")
 
 # Schema changes can queue behind the advisory lock of another replica's run.
 MIGRATE_TIMEOUT_S = 120.0
 
 
-class PostgresStore:
+class PostgresStore(revisions.DatabaseStore):
     """ControlPlaneStore on PostgreSQL (see the module docstring)."""
+
+    _sql = revisions.pg
 
     def __init__(
         self,
@@ -95,21 +86,9 @@ class PostgresStore:
         )
         self._runner = ConnectionRunner(
             self._connections, deadline_s=connect_timeout_s + statement_timeout_s + 2.0)
-        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
-
-    # -- the protocol -------------------------------------------------------------
-
-    async def desired(self) -> int | None:
-        def read(conn: Conn) -> int | None:
-            row = conn.execute(
-                "SELECT revision_id FROM supervisor_desired WHERE singleton"
-            ).fetchone()
-            return None if row is None else int(row[0])
-
-        return await self._run("read", read)
 
     async def observe(self) -> RevisionPointer | None:
         def read(conn: Conn) -> RevisionPointer | None:
@@ -117,7 +96,7 @@ class PostgresStore:
                 row = cur.execute(OBSERVE_SQL).fetchone()
             return pointer_from_row(row, self._connections.identity)
 
-        return await self._run("read", read)
+        return await self._runner.run("read", read)
 
     async def hydrate(self) -> LoadedRevision | None:
         max_bytes, max_schema = self._max_bytes, self._max_schema
@@ -145,71 +124,10 @@ class PostgresStore:
                 HydrateRow(*row), max_revision_bytes=max_bytes, max_schema_version=max_schema
             )
 
-        return await self._run("hydrate", read)
-
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        check_publishable(
-            body, schema_version,
-            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
-        )
-
-        def write(conn: Conn) -> int:
-            digest = hashlib.sha256(body).digest()
-            with conn.transaction():
-                revisions.pg.say_why(conn, message)
-                row = conn.execute(
-                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-                    " VALUES (%s, %b, %b, %s) RETURNING id",
-                    [schema_version, body, digest, message],
-                ).fetchone()
-                assert row is not None  # INSERT ... RETURNING always returns the row
-                revision = int(row[0])
-                # The trigger on supervisor_desired sends the NOTIFY, at commit.
-                conn.execute(
-                    "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
-                    " ON CONFLICT (singleton) DO UPDATE"
-                    " SET revision_id = EXCLUDED.revision_id, updated_at = now()",
-                    [revision],
-                )
-            return revision
-
-        revision = await self._run("publish", write)
-        log.info("revision published", revision=revision, bytes=len(body))
-        return revision
+        return await self._runner.run("hydrate", read)
 
     async def migrate(self) -> migrations.Migrated:
-        channel = self._channel
-
-        def run(conn: Conn) -> migrations.Migrated:
-            return migrations.migrate_postgres(conn, channel=channel)
-
-        done = await self._run("migrate", run, deadline_s=MIGRATE_TIMEOUT_S)
-        log.info("control-plane schema migrated" if done.before < done.after
-                 else "control-plane schema up to date",
-                 before=done.before, version=done.after, url=redact(self._url))
+        done = await self._runner.run("migrate", partial(
+            migrations.migrate_postgres, channel=self._channel), deadline_s=MIGRATE_TIMEOUT_S)
+        self._log_migrated(done, url=redact(self._url))
         return done
-
-    # -- the revision lifecycle (statements in controlplane.revisions) --
-
-    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        return await self._run("history", partial(revisions.pg.history, limit=limit))
-
-    async def revision(self, revision: int) -> LoadedRevision:
-        return await self._run("read", partial(revisions.pg.read_revision, revision=revision,
-                                               max_bytes=self._max_bytes))
-
-    async def rollback(self, revision: int, body_sha256: bytes,
-                       message: str | None = None) -> int | None:
-        previous: int | None = await self._run("rollback", partial(
-            revisions.pg.rollback, revision=revision, body_sha256=body_sha256, message=message))
-        log.info("desired revision rolled back", revision=revision, previous=previous)
-        return previous
-
-    async def prune(self, keep: int) -> list[int]:
-        return await self._run("prune", partial(revisions.pg.prune, keep=keep))
-
-    async def changes(self, limit: int | None) -> list[DesiredChange]:
-        return await self._run("history", partial(revisions.pg.changes, limit=limit))
-
-    async def aclose(self) -> None:
-        await self._runner.aclose()

@@ -20,8 +20,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 from supervisor.controlplane import migrations
-from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
-from supervisor.controlplane.runner import INTERRUPT_GRACE_S, StaleConnection
+from supervisor.controlplane.errors import (
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    one_line,
+)
+from supervisor.controlplane.runner import INTERRUPT_GRACE_S, StaleConnection, dispose_quietly
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
@@ -112,12 +117,10 @@ def classify(exc: BaseException) -> FailureCategory:
 
 def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
     """Wrap a driver error for the caller; the message never holds the password."""
-    category = classify(exc)
-    # One line: libpq's messages carry newlines and tab-indented hints.
-    detail = " ".join(scrub(str(exc), url).split()) or type(exc).__name__
+    detail = one_line(exc, scrub(str(exc), url))
     if isinstance(exc, _SCHEMA_MISSING):
         detail = f"{detail} ({MIGRATE_HINT})"
-    return ControlPlaneError(f"control plane {what} failed: {detail}", category=category)
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
 
 
 def connection_params(
@@ -207,7 +210,7 @@ def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | Non
         conn.execute(begin)
     except psycopg.Error as exc:
         if conn.closed or conn.broken:
-            raise StaleConnection(what_closed(exc)) from exc
+            raise StaleConnection(one_line(exc)) from exc
         raise
     try:
         result = fn(conn)
@@ -220,11 +223,6 @@ def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | Non
         raise
     conn.execute("COMMIT")
     return result
-
-
-def what_closed(exc: BaseException) -> str:
-    """One line saying why a connection was found closed."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _identity(conn: Conn) -> str | None:
@@ -276,13 +274,6 @@ def _healthy(conn: Conn) -> bool:
     )
 
 
-def _close_quietly(conn: Conn) -> None:
-    try:
-        conn.close()
-    except Exception as exc:  # noqa: BLE001 - closing a broken connection may fail; it is gone anyway
-        log.debug("closing a control-plane connection failed", error=str(exc))
-
-
 class PostgresConnections:
     """The runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg."""
 
@@ -304,7 +295,7 @@ class PostgresConnections:
         try:
             self.identity = bounded(conn, _identity_checking_schema, self.timeout_ms)
         except BaseException:
-            _close_quietly(conn)
+            dispose_quietly(conn.close)
             raise
         log.debug("control-plane connection opened", url=redact(self.url))
         return conn
@@ -316,7 +307,7 @@ class PostgresConnections:
         conn.cancel_safe(timeout=INTERRUPT_GRACE_S)
 
     def close(self, conn: Conn) -> None:
-        _close_quietly(conn)
+        dispose_quietly(conn.close)
 
     def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
         return map_error(exc, what=what, url=self.url)

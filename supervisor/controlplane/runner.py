@@ -36,7 +36,7 @@ from supervisor.controlplane.errors import (
 from supervisor.logs import get_logger
 
 __all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
-           "call_interruptibly"]
+           "call_interruptibly", "dispose_quietly"]
 
 log = get_logger("controlplane")
 
@@ -85,7 +85,7 @@ class _Call(Generic[T]):
                 self._done = True
                 dispose = self._dispose
             if dispose is not None:
-                _dispose_quietly(dispose)
+                dispose_quietly(dispose)
 
     def give_up(self, dispose: Callable[[], object]) -> None:
         """Dispose now (in a background thread) if finished, else when the call returns."""
@@ -94,16 +94,17 @@ class _Call(Generic[T]):
                 self._dispose = dispose
                 return
         # Closing a connection can block on the network: never in the trio thread.
-        trio.lowlevel.start_thread_soon(lambda: _dispose_quietly(dispose), lambda _: None)
+        trio.lowlevel.start_thread_soon(lambda: dispose_quietly(dispose), lambda _: None)
 
 
-def _dispose_quietly(dispose: Callable[[], object]) -> None:
-    # Runs in a worker thread where nobody could handle an error: the resource
-    # is being thrown away, so a failure to close it cleanly only matters as a log line.
+def dispose_quietly(dispose: Callable[[], object]) -> None:
+    """Run ``dispose`` (a connection's close); a failure is only logged, never raised."""
+    # Runs where nobody could handle an error: the connection is being thrown
+    # away, so a failure to close it cleanly only matters as a log line.
     try:
         dispose()
     except Exception as exc:  # noqa: BLE001
-        log.debug("closing an abandoned connection failed", error=str(exc))
+        log.debug("closing a control-plane connection failed", error=str(exc))
 
 
 async def call_interruptibly(

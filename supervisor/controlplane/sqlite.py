@@ -2,7 +2,7 @@
 
 Same tables (docs/control-plane.md, minus the NOTIFY trigger: replicas on
 SQLite converge by polling alone), same hydration checks
-(:func:`~supervisor.controlplane.store.check_hydrated`), same failure
+(:func:`~supervisor.controlplane.checks.check_hydrated`), same failure
 categories. The schema is migrated when the connection is first opened (an
 embedded store has no separate operator step; an up-to-date file is only read).
 
@@ -23,25 +23,17 @@ Error mapping: :mod:`supervisor.controlplane.sqlite_driver`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
-from datetime import UTC, datetime
-from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import trio
 
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.checks import (
-    OBSERVE_SQL,
-    HydrateRow,
-    check_hydrated,
-    check_publishable,
-    pointer_from_row,
-)
+from supervisor.controlplane.checks import OBSERVE_SQL, HydrateRow, check_hydrated, pointer_from_row
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.revisions import as_bytes, parse_time
 from supervisor.controlplane.runner import ConnectionRunner
 from supervisor.controlplane.sqlite_driver import SQLiteConnections, map_error
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
@@ -49,40 +41,12 @@ from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["SQLiteStore"]
 
 log = get_logger("controlplane")
 
-T = TypeVar("T")
-
-_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-# The body's size in bytes. length() of a BLOB column is answered from the
-# record header without loading the value; TEXT (a plain-SQL publisher's
-# string) counts characters, so it is measured as bytes instead.
-_SIZE = (
-    "CASE typeof(r.body) WHEN 'blob' THEN length(r.body)"
-    " ELSE length(CAST(r.body AS BLOB)) END"
-)
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-
-
-def _as_bytes(value: object) -> bytes | None:
-    # A plain-SQL publisher may have stored TEXT rather than a BLOB.
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    return None
+_SIZE = revisions.sqlite.size("r.body")
 
 
 def _file_id(path: str) -> tuple[int, int] | None:
@@ -102,8 +66,10 @@ def _remove_stale_wal(path: str) -> None:
             pass
 
 
-class SQLiteStore:
+class SQLiteStore(revisions.DatabaseStore):
     """ControlPlaneStore on an SQLite file (see the module docstring)."""
+
+    _sql = revisions.sqlite
 
     def __init__(
         self,
@@ -123,31 +89,15 @@ class SQLiteStore:
         self._connections = SQLiteConnections(self._path, create, statement_timeout_s / 2)
         self._runner = ConnectionRunner(self._connections, deadline_s=statement_timeout_s + 1.0,
                                         before=self._check_file)
-        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
-
-    # -- the protocol -------------------------------------------------------------
-
-    async def desired(self) -> int | None:
-        def read(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT revision_id FROM supervisor_desired WHERE singleton"
-            ).fetchone()
-            if row is None:
-                return None
-            if not isinstance(row[0], int):
-                raise TypeError(f"the desired pointer holds {row[0]!r}, not a revision id")
-            return int(row[0])
-
-        return await self._run("read", read)
 
     async def observe(self) -> RevisionPointer | None:
         def read(conn: sqlite3.Connection) -> RevisionPointer | None:
             return pointer_from_row(conn.execute(OBSERVE_SQL).fetchone(), self.identity)
 
-        return await self._run("read", read)
+        return await self._runner.run("read", read)
 
     @property
     def identity(self) -> str | None:
@@ -177,93 +127,25 @@ class SQLiteStore:
                 return None
             desired, rid, schema_version, size, body, digest, created_at, message, seq = row
             return check_hydrated(
-                HydrateRow(
-                    desired=desired if isinstance(desired, int) else None,
-                    id=rid,
-                    schema_version=schema_version,
-                    size=size,
-                    body=_as_bytes(body),
-                    body_sha256=_as_bytes(digest),
-                    created_at=_parse_time(created_at),
-                    message=message,
-                    sequence=seq,
-                ),
+                HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
+                           size, as_bytes(body), as_bytes(digest), parse_time(created_at),
+                           message, seq),
                 max_revision_bytes=max_bytes,
                 max_schema_version=max_schema,
             )
 
-        return await self._run("hydrate", read)
-
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        check_publishable(
-            body, schema_version,
-            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
-        )
-
-        def write(conn: sqlite3.Connection) -> int:
-            digest = hashlib.sha256(body).digest()
-            with migrations.write_transaction(conn):
-                cur = conn.execute(
-                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-                    " VALUES (?, ?, ?, ?)",
-                    (schema_version, body, digest, message),
-                )
-                revision = cur.lastrowid
-                assert revision is not None  # set by every successful INSERT
-                conn.execute(
-                    "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (TRUE, ?)"
-                    " ON CONFLICT (singleton) DO UPDATE"
-                    f" SET revision_id = excluded.revision_id, updated_at = {_NOW}",
-                    (revision,),
-                )
-                revisions.sqlite.say_who_and_why(conn, message)
-            return revision
-
-        revision = await self._run("publish", write)
-        log.info("revision published", revision=revision, bytes=len(body))
-        return revision
+        return await self._runner.run("hydrate", read)
 
     async def migrate(self) -> migrations.Migrated:
         # Opening the connection migrates; this makes sure one is open (and
         # migrates again, harmlessly, in case the file was replaced meanwhile).
         # What the open did counts: a new file is created there, not here.
-        done = await self._run("migrate", migrations.migrate_sqlite)
+        done = await self._runner.run("migrate", migrations.migrate_sqlite)
         opened = self._connections.take_migrated()
         if opened is not None:
             done = migrations.Migrated(opened.before, done.after)
-        log.info("control-plane schema migrated" if done.before < done.after
-                 else "control-plane schema up to date",
-                 before=done.before, version=done.after, path=self._path)
+        self._log_migrated(done, path=self._path)
         return done
-
-    # -- the revision lifecycle (statements in controlplane.revisions) --
-
-    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        return await self._run("history", partial(revisions.sqlite.history, limit=limit,
-                                                  as_bytes=_as_bytes, parse_time=_parse_time))
-
-    async def revision(self, revision: int) -> LoadedRevision:
-        return await self._run("read", partial(
-            revisions.sqlite.read_revision, revision=revision, max_bytes=self._max_bytes,
-            as_bytes=_as_bytes, parse_time=_parse_time))
-
-    async def rollback(self, revision: int, body_sha256: bytes,
-                       message: str | None = None) -> int | None:
-        previous: int | None = await self._run("rollback", partial(
-            revisions.sqlite.rollback, revision=revision, body_sha256=body_sha256, now=_NOW,
-            message=message))
-        log.info("desired revision rolled back", revision=revision, previous=previous)
-        return previous
-
-    async def prune(self, keep: int) -> list[int]:
-        return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))
-
-    async def changes(self, limit: int | None) -> list[DesiredChange]:
-        return await self._run("history", partial(revisions.sqlite.changes, limit=limit,
-                                                  parse_time=_parse_time))
-
-    async def aclose(self) -> None:
-        await self._runner.aclose()
 
     # -- before every call ---------------------------------------------------------
 

@@ -22,7 +22,13 @@ from typing import TypeVar
 from urllib.parse import quote
 
 from supervisor.controlplane import migrations
-from supervisor.controlplane.errors import MIGRATE_HINT, ControlPlaneError, FailureCategory
+from supervisor.controlplane.errors import (
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    one_line,
+)
+from supervisor.controlplane.runner import dispose_quietly
 from supervisor.logs import get_logger
 
 __all__ = ["EXTENDED_CODES", "RESULT_CODES", "SQLiteConnections", "classify", "map_error"]
@@ -107,7 +113,7 @@ def classify(exc: BaseException) -> FailureCategory:
 
 
 def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
-    detail = " ".join(str(exc).split()) or type(exc).__name__
+    detail = one_line(exc)
     if _schema_missing(exc):
         detail = f"{detail} ({MIGRATE_HINT})"
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
@@ -145,13 +151,6 @@ def _prepare(conn: sqlite3.Connection) -> migrations.Migrated:
         if classify(exc) is not FailureCategory.DENIED:
             raise
     return migrations.migrate_sqlite(conn)
-
-
-def _close_quietly(conn: sqlite3.Connection) -> None:
-    try:
-        conn.close()
-    except Exception as exc:  # noqa: BLE001 - it is being thrown away either way
-        log.debug("closing a control-plane connection failed", error=str(exc))
 
 
 def _create_private(path: str) -> None:
@@ -229,7 +228,7 @@ class SQLiteConnections:
         conn.interrupt()
 
     def close(self, conn: sqlite3.Connection) -> None:
-        _close_quietly(conn)
+        dispose_quietly(conn.close)
 
     def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
         return map_error(exc, what=what)
