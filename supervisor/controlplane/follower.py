@@ -209,18 +209,12 @@ class FollowerStore:
         return None if pointer is None else pointer.revision
 
     async def observe(self) -> RevisionPointer | None:
-        accepted = await self._fetch()
-        if accepted is None:
-            return None
-        loaded = accepted.loaded
+        loaded = (await self._fetch()).loaded
         return RevisionPointer(loaded.id, loaded.body_sha256, self.identity,
                                sequence=loaded.sequence, statement=loaded.statement)
 
     async def hydrate(self) -> LoadedRevision | None:
-        accepted = self._accepted
-        if accepted is None:
-            accepted = await self._fetch()
-        return None if accepted is None else accepted.loaded
+        return (self._accepted or await self._fetch()).loaded
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
         raise ControlPlaneError(
@@ -263,7 +257,7 @@ class FollowerStore:
 
     # -- one fetch -----------------------------------------------------------------
 
-    async def _fetch(self) -> _Accepted | None:
+    async def _fetch(self) -> _Accepted:
         """GET the upstream's statement (conditionally), judge it, remember it."""
         held = self._accepted
         try:
@@ -302,18 +296,13 @@ class FollowerStore:
                     raise self._status_error(response.status_code, detail)
                 self._check_encoding(response)
                 return await self._read_bounded(response)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError) as exc:
             raise ControlPlaneError(
                 self._failure("unreachable", exc), category=FailureCategory.UNAVAILABLE,
             ) from exc
         except _MALFORMED as exc:
             raise ControlPlaneError(
                 self._failure("sent a malformed answer", exc), category=FailureCategory.INVALID,
-            ) from exc
-        except OSError as exc:
-            raise ControlPlaneError(
-                f"upstream {self._where} unreachable: {exc.strerror or exc}",
-                category=FailureCategory.UNAVAILABLE,
             ) from exc
 
     def _failure(self, what: str, exc: Exception) -> str:

@@ -79,7 +79,11 @@ from psycopg import sql
 from supervisor.backoff import Backoff
 from supervisor.controlplane.errors import one_line
 from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, connect
-from supervisor.controlplane.runner import INTERRUPT_GRACE_S, call_interruptibly
+from supervisor.controlplane.runner import (
+    INTERRUPT_GRACE_S,
+    call_interruptibly,
+    open_interruptibly,
+)
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 from supervisor.streak import Streak
@@ -267,12 +271,10 @@ class _Listener:
         return one_line(exc, scrub(str(exc), self.url))
 
     async def _connect(self) -> Conn:
-        made: list[Conn] = []
         url, channel = self.url, self.channel
 
         def open_and_listen() -> Conn:
             conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S, waits_idle=True)
-            made.append(conn)
             try:
                 _refuse_standby(conn)
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
@@ -281,13 +283,9 @@ class _Listener:
                 raise
             return conn
 
-        def dispose() -> None:
-            for conn in made:
-                conn.close()
-
         # Cancelled mid-connect (shutdown): the thread is abandoned and closes
         # the connection itself if the connect ever completes.
-        return await call_interruptibly(open_and_listen, interrupt=lambda: None, dispose=dispose)
+        return await open_interruptibly(open_and_listen, lambda conn: conn.close())
 
     async def _serve(self, conn: Conn) -> None:
         fd = conn.fileno()

@@ -14,8 +14,8 @@ cancellation and on a driver error that leaves it unusable, and a bounded,
 shielded close. A store gives it a :class:`Driver`: how to open, call,
 interrupt and close its connections, and how its errors map. The LISTEN child
 holds its connection differently (one long-lived session waited on by file
-descriptor, never shared), so it uses :func:`call_interruptibly` directly for
-its connect and probes.
+descriptor, never shared), so it uses :func:`open_interruptibly` and
+:func:`call_interruptibly` directly for its connect and probes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from supervisor.controlplane.errors import (
 from supervisor.logs import get_logger
 
 __all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
-           "call_interruptibly", "dispose_quietly"]
+           "call_interruptibly", "dispose_quietly", "open_interruptibly"]
 
 log = get_logger("controlplane")
 
@@ -284,18 +284,26 @@ class ConnectionRunner(Generic[C]):
         )
 
     async def _open(self) -> C:
-        made: list[C] = []
         stop = threading.Event()
-        driver = self._driver
+        return await open_interruptibly(partial(self._driver.open, stop), self._driver.close,
+                                        interrupt=stop.set)
 
-        def open_one() -> C:
-            conn = driver.open(stop)
-            made.append(conn)
-            return conn
 
-        def dispose() -> None:
-            for conn in made:
-                driver.close(conn)
+async def open_interruptibly(open_one: Callable[[], C], close: Callable[[C], object], *,
+                             interrupt: Callable[[], object] = lambda: None) -> C:
+    """A new connection from blocking ``open_one``, through :func:`call_interruptibly`.
 
-        # A cancelled open is abandoned, and its connection closed if it ever completes.
-        return await call_interruptibly(open_one, interrupt=stop.set, dispose=dispose)
+    A cancelled open is abandoned, and its connection closed (``close``) if it
+    ever completes.
+    """
+    made: list[C] = []
+
+    def opened() -> C:
+        made.append(open_one())
+        return made[-1]
+
+    def dispose() -> None:
+        for conn in made:
+            close(conn)
+
+    return await call_interruptibly(opened, interrupt=interrupt, dispose=dispose)
