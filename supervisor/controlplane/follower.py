@@ -216,25 +216,19 @@ class FollowerStore:
     async def hydrate(self) -> LoadedRevision | None:
         return (self._accepted or await self._fetch()).loaded
 
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        raise ControlPlaneError(
-            f"this replica follows {self._url} and has no control plane of its own: "
-            "publish to the upstream's control plane",
-            category=FailureCategory.INVALID,
-        )
-
-    async def migrate(self) -> Migrated:
-        raise ControlPlaneError(
-            f"this replica follows {self._url}: there is no schema to migrate here",
-            category=FailureCategory.INVALID,
-        )
+    def _refused(self, why: str) -> ControlPlaneError:
+        return ControlPlaneError(f"this replica follows {self._url}{why}",
+                                 category=FailureCategory.INVALID)
 
     def _no_lifecycle(self, what: str) -> ControlPlaneError:
-        return ControlPlaneError(
-            f"this replica follows {self._url}: {what} runs against the upstream's control "
-            "plane, not here",
-            category=FailureCategory.INVALID,
-        )
+        return self._refused(f": {what} runs against the upstream's control plane, not here")
+
+    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
+        raise self._refused(" and has no control plane of its own: publish to the upstream's "
+                            "control plane")
+
+    async def migrate(self) -> Migrated:
+        raise self._refused(": there is no schema to migrate here")
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         raise self._no_lifecycle("history")

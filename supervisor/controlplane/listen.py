@@ -129,46 +129,43 @@ async def run_listener(
 
 
 class WakeFloor:
-    """Notification wake-ups, at most one per ``min_interval_s`` (module docstring).
+    """Wake-ups, at most one per ``min_interval_s`` (module docstring); also the upstream hint's.
 
-    :meth:`notified` wakes the loop at once when the interval since the last
-    wake-up has passed, and holds the wake-up otherwise; :meth:`release` waits
-    out the interval of a held one and then sends it. Time is trio's clock.
+    :meth:`notified` wakes at once when the interval since the last wake-up
+    has passed, and holds the wake-up otherwise; :meth:`release` waits out the
+    interval of a held one and then sends it. Time is trio's clock.
     """
 
-    def __init__(self, wake: Callable[[str], None], min_interval_s: float, metrics: Metrics,
-                 *, clock: Callable[[], float] = trio.current_time) -> None:
+    def __init__(self, wake: Callable[[], None], min_interval_s: float) -> None:
         self._wake = wake
         self.min_interval_s = min_interval_s
-        self._metrics = metrics
-        self._clock = clock
         self._next_at = -math.inf
         self.held = False
-        self.storm = Streak(log, began="notification storm began",
-                            ongoing="notification storm goes on",
-                            ended="notification storm ended", clock=clock)
 
-    def notified(self) -> None:
-        """Notifications arrived: wake the loop now, or hold the wake-up until the floor."""
-        now = self._clock()
+    @property
+    def due(self) -> float:
+        """When the held wake-up may go out (infinity: none is held)."""
+        return self._next_at if self.held else math.inf
+
+    def notified(self) -> bool:
+        """Wake now (True), or hold the wake-up until the floor (False)."""
+        now = trio.current_time()
         if now >= self._next_at:
-            self.storm.recovered()
             self._send(now)
-        elif not self.held:
-            self.held = True
-            self._metrics.listen_wakeups_held.inc()
-            self.storm.failed()
+            return True
+        self.held = True
+        return False
 
     async def release(self) -> None:
         """Send the held wake-up, if any, once the interval since the last one has passed."""
         if self.held:
             await trio.sleep_until(self._next_at)
             self.held = False
-            self._send(self._clock())
+            self._send(trio.current_time())
 
     def _send(self, now: float) -> None:
         self._next_at = now + self.min_interval_s
-        self._wake("notify")
+        self._wake()
 
 
 class _ConnectionLost(Exception):
@@ -199,7 +196,10 @@ class _Listener:
         # The convergence loop's wake-up (ChangeSignal.notify): this module
         # knows nothing of the loop above it.
         self.wake = wake
-        self.floor = WakeFloor(wake, config.notify_min_interval_s, metrics)
+        self.floor = WakeFloor(partial(wake, "notify"), config.notify_min_interval_s)
+        self.storm = Streak(log, began="notification storm began",
+                            ongoing="notification storm goes on",
+                            ended="notification storm ended")
         self.metrics = metrics
         self.probe_interval_s = probe_interval_s
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
@@ -350,7 +350,12 @@ class _Listener:
             log.debug("notification", channel=note.channel, payload=note.payload[:32])
         if count:
             self.metrics.listen_notifications.inc(count)
-            self.floor.notified()
+            was_held = self.floor.held
+            if self.floor.notified():
+                self.storm.recovered()
+            elif not was_held:
+                self.metrics.listen_wakeups_held.inc()
+                self.storm.failed()
         return count
 
     async def _probe(self, conn: Conn) -> None:

@@ -196,7 +196,7 @@ class ConnectionRunner(Generic[C]):
         return self._conn
 
     async def discard(self) -> None:
-        """Close the open connection (for ``before``); the next call opens a new one."""
+        """Close the open connection, if any; the next call opens a new one."""
         conn, self._conn = self._conn, None
         if conn is not None:
             await trio.to_thread.run_sync(partial(self._driver.close, conn))
@@ -243,8 +243,7 @@ class ConnectionRunner(Generic[C]):
                     # Through map_error: its message is scrubbed of the DSN's password.
                     log.debug("control-plane connection closed while idle; reconnecting",
                               error=str(driver.map_error(exc.__cause__ or exc, what)))
-                    self._conn = None
-                    await trio.to_thread.run_sync(partial(driver.close, conn))
+                    await self.discard()
                     conn = await self._open()
                     self._conn = conn
             return await self._call(conn, fn, stop)
@@ -252,9 +251,7 @@ class ConnectionRunner(Generic[C]):
             # Even a new connection failed at once: report why.
             cause = exc.__cause__ or exc
             error = driver.map_error(cause, what)
-            if self._conn is not None:
-                stale, self._conn = self._conn, None
-                await trio.to_thread.run_sync(partial(driver.close, stale))
+            await self.discard()
             raise error from cause
         except trio.Cancelled:
             # call_interruptibly has handed the connection over for closing.
@@ -263,8 +260,7 @@ class ConnectionRunner(Generic[C]):
         except self._errors as exc:
             error = driver.map_error(exc, what)
             if conn is not None and not driver.keeps(conn, error):
-                self._conn = None
-                await trio.to_thread.run_sync(partial(driver.close, conn))
+                await self.discard()
             raise error from exc
         except DECODING_ERRORS as exc:
             # Traceback dropped: it holds the rows (see errors.malformed).

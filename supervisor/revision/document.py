@@ -431,17 +431,10 @@ def _rebase(message: str, path: str) -> str:
     return f"{where}: {what}"
 
 
+_KINDS: Final = ((type(None), "null"), (bool, "a boolean"), (int | float, "a number"),
+                 (str, "a string"), (list | tuple, "an array"), (dict, "an object"))
+
+
 def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((kind for types, kind in _KINDS if isinstance(value, types)),
+                type(value).__name__)
