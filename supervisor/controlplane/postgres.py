@@ -38,16 +38,13 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.checks import OBSERVE_SQL, HydrateRow, check_hydrated, pointer_from_row
 from supervisor.controlplane.postgres_driver import (
     CONNECT_TIMEOUT_S,
-    Conn,
     PostgresConnections,
     dsn_sets_statement_timeout,
     timeout_ms,
 )
 from supervisor.controlplane.runner import ConnectionRunner
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.dsn import redact
 
 if TYPE_CHECKING:
@@ -90,41 +87,10 @@ class PostgresStore(revisions.DatabaseStore):
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
 
-    async def observe(self) -> RevisionPointer | None:
-        def read(conn: Conn) -> RevisionPointer | None:
-            with conn.cursor(binary=True) as cur:
-                row = cur.execute(OBSERVE_SQL).fetchone()
-            return pointer_from_row(row, self._connections.identity)
-
-        return await self._runner.run("read", read)
-
-    async def hydrate(self) -> LoadedRevision | None:
-        max_bytes, max_schema = self._max_bytes, self._max_schema
-
-        def read(conn: Conn) -> LoadedRevision | None:
-            # One statement is one snapshot, even under READ COMMITTED: the
-            # pointer and the revision it names are read consistently. The
-            # body is withheld in SQL when it is too large or too new, so an
-            # oversize body never crosses the network. Binary format: bytea
-            # travels as raw bytes rather than hex text twice the size.
-            with conn.cursor(binary=True) as cur:
-                row = cur.execute(
-                    "SELECT d.revision_id, r.id, r.schema_version, octet_length(r.body),"
-                    " CASE WHEN octet_length(r.body) <= %(max_bytes)s"
-                    "       AND r.schema_version <= %(max_schema)s THEN r.body END,"
-                    " r.body_sha256, r.created_at, r.message, d.sequence"
-                    " FROM supervisor_desired d"
-                    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                    " WHERE d.singleton",
-                    {"max_bytes": max_bytes, "max_schema": max_schema},
-                ).fetchone()
-            if row is None:
-                return None
-            return check_hydrated(
-                HydrateRow(*row), max_revision_bytes=max_bytes, max_schema_version=max_schema
-            )
-
-        return await self._runner.run("hydrate", read)
+    @property
+    def identity(self) -> str | None:
+        """The cluster and database (``postgresql:<system id>/<oid>``) of the last connect."""
+        return self._connections.identity
 
     async def migrate(self) -> migrations.Migrated:
         done = await self._runner.run("migrate", partial(

@@ -30,23 +30,35 @@ import hashlib
 import os
 import sqlite3
 import sys
-from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from supervisor.controlplane.checks import HydrateRow, check_hydrated, check_publishable
+from supervisor.controlplane.checks import (
+    OBSERVE_SQL,
+    HydrateRow,
+    as_bytes,
+    check_hydrated,
+    check_publishable,
+    hydrate_sql,
+    parse_time,
+    pointer_from_row,
+)
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.migrations import Migrated, write_transaction
-from supervisor.controlplane.store import DesiredChange, LoadedRevision, RevisionSummary
+from supervisor.controlplane.store import (
+    DesiredChange,
+    LoadedRevision,
+    RevisionPointer,
+    RevisionSummary,
+)
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.controlplane.runner import ConnectionRunner
 
-__all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "as_bytes", "parse_time", "pg",
-           "sqlite"]
+__all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "pg", "sqlite"]
 
 log = get_logger("controlplane")
 
@@ -54,27 +66,6 @@ log = get_logger("controlplane")
 CHANGES_SQL = ("SELECT sequence, revision_id, changed_at, changed_by, message"
                " FROM supervisor_desired_log ORDER BY sequence DESC")
 DESIRED_SQL = "SELECT revision_id FROM supervisor_desired WHERE singleton"
-
-
-def parse_time(value: object) -> datetime | None:
-    """A stored time (SQLite: ISO text) as an aware datetime; None when it is not one."""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if not isinstance(value, datetime):
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def as_bytes(value: object) -> bytes | None:
-    """A stored BLOB as bytes (a plain-SQL publisher on SQLite may have stored TEXT)."""
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    return None
 
 
 def _not_found(revision: int) -> ControlPlaneError:
@@ -117,6 +108,17 @@ def _desired(conn: Any) -> int | None:
 
 class pg:  # a namespace of PostgreSQL statements
     Conn = psycopg.Connection[Any]
+    NAMED = "%({})s"
+
+    @staticmethod
+    def one(conn: Conn, query: str, params: Any = None) -> Any:
+        """One row, in binary format: bytea travels as raw bytes, not hex text twice the size."""
+        with conn.cursor(binary=True) as cur:
+            return cur.execute(query, params).fetchone()
+
+    @staticmethod
+    def size(column: str) -> str:
+        return f"octet_length({column})"
 
     @staticmethod
     def publish(conn: Conn, body: bytes, schema_version: int, message: str | None) -> int:
@@ -154,13 +156,10 @@ class pg:  # a namespace of PostgreSQL statements
 
     @staticmethod
     def read_revision(conn: Conn, revision: int, max_bytes: int) -> LoadedRevision:
-        with conn.cursor(binary=True) as cur:
-            row = cur.execute(
-                "SELECT id, schema_version, octet_length(body),"
-                " CASE WHEN octet_length(body) <= %s THEN body END,"
-                " body_sha256, created_at, message FROM supervisor_revisions WHERE id = %s",
-                [max_bytes, revision],
-            ).fetchone()
+        row = pg.one(conn, "SELECT id, schema_version, octet_length(body),"
+                     " CASE WHEN octet_length(body) <= %s THEN body END,"
+                     " body_sha256, created_at, message FROM supervisor_revisions WHERE id = %s",
+                     [max_bytes, revision])
         return _checked(row, revision, max_bytes)
 
     @staticmethod
@@ -217,6 +216,11 @@ class pg:  # a namespace of PostgreSQL statements
 
 class sqlite:  # a namespace of SQLite statements
     NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    NAMED = ":{}"
+
+    @staticmethod
+    def one(conn: sqlite3.Connection, query: str, params: Any = ()) -> Any:
+        return conn.execute(query, params).fetchone()
 
     @staticmethod
     def size(column: str) -> str:
@@ -330,8 +334,8 @@ class DatabaseStore:
     """The ControlPlaneStore methods both databases implement alike.
 
     A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`), ``_runner``,
-    ``_max_bytes`` and ``_max_schema``, and implements ``observe``, ``hydrate``
-    and ``migrate`` itself.
+    ``_max_bytes`` and ``_max_schema``, and implements ``identity`` and
+    ``migrate`` itself.
     """
 
     _sql: Any  # the dialect's namespace of statements
@@ -339,8 +343,36 @@ class DatabaseStore:
     _max_bytes: int
     _max_schema: int
 
+    @property
+    def identity(self) -> str | None:
+        raise NotImplementedError
+
     async def desired(self) -> int | None:
         return await self._runner.run("read", _desired)
+
+    async def observe(self) -> RevisionPointer | None:
+        def read(conn: Any) -> RevisionPointer | None:
+            return pointer_from_row(self._sql.one(conn, OBSERVE_SQL), self.identity)
+
+        return await self._runner.run("read", read)
+
+    async def hydrate(self) -> LoadedRevision | None:
+        sql, max_bytes, max_schema = self._sql, self._max_bytes, self._max_schema
+        query = hydrate_sql(sql.size("r.body"), sql.NAMED)
+
+        def read(conn: Any) -> LoadedRevision | None:
+            row = sql.one(conn, query, {"max_bytes": max_bytes, "max_schema": max_schema})
+            if row is None:
+                return None
+            desired, rid, schema_version, size, body, digest, created_at, message, seq = row
+            return check_hydrated(
+                HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
+                           size, as_bytes(body), as_bytes(digest), parse_time(created_at),
+                           message, seq),
+                max_revision_bytes=max_bytes, max_schema_version=max_schema,
+            )
+
+        return await self._runner.run("hydrate", read)
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
         check_publishable(

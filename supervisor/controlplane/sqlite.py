@@ -24,19 +24,15 @@ Error mapping: :mod:`supervisor.controlplane.sqlite_driver`.
 from __future__ import annotations
 
 import os
-import sqlite3
 from typing import TYPE_CHECKING
 
 import trio
 
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.checks import OBSERVE_SQL, HydrateRow, check_hydrated, pointer_from_row
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.revisions import as_bytes, parse_time
 from supervisor.controlplane.runner import ConnectionRunner
 from supervisor.controlplane.sqlite_driver import SQLiteConnections, map_error
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
@@ -45,9 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["SQLiteStore"]
 
 log = get_logger("controlplane")
-
-_SIZE = revisions.sqlite.size("r.body")
-
 
 def _file_id(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of ``path``; None when it does not exist. Raises other OSError."""
@@ -93,12 +86,6 @@ class SQLiteStore(revisions.DatabaseStore):
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
 
-    async def observe(self) -> RevisionPointer | None:
-        def read(conn: sqlite3.Connection) -> RevisionPointer | None:
-            return pointer_from_row(conn.execute(OBSERVE_SQL).fetchone(), self.identity)
-
-        return await self._runner.run("read", read)
-
     @property
     def identity(self) -> str | None:
         """``sqlite:<device>:<inode>`` of the open file (None before the first call)."""
@@ -106,35 +93,6 @@ class SQLiteStore(revisions.DatabaseStore):
         if file_id is None:
             return None
         return f"sqlite:{file_id[0]}:{file_id[1]}"
-
-    async def hydrate(self) -> LoadedRevision | None:
-        max_bytes, max_schema = self._max_bytes, self._max_schema
-
-        def read(conn: sqlite3.Connection) -> LoadedRevision | None:
-            # One SELECT runs in one read transaction: a consistent pair. The
-            # body is withheld in SQL when too large or too new.
-            row = conn.execute(
-                "SELECT d.revision_id, r.id, r.schema_version, "
-                f"{_SIZE}, CASE WHEN {_SIZE} <= :max_bytes"
-                " AND r.schema_version <= :max_schema THEN r.body END,"
-                " r.body_sha256, r.created_at, r.message, d.sequence"
-                " FROM supervisor_desired d"
-                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                " WHERE d.singleton",
-                {"max_bytes": max_bytes, "max_schema": max_schema},
-            ).fetchone()
-            if row is None:
-                return None
-            desired, rid, schema_version, size, body, digest, created_at, message, seq = row
-            return check_hydrated(
-                HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
-                           size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                           message, seq),
-                max_revision_bytes=max_bytes,
-                max_schema_version=max_schema,
-            )
-
-        return await self._runner.run("hydrate", read)
 
     async def migrate(self) -> migrations.Migrated:
         # Opening the connection migrates; this makes sure one is open (and
