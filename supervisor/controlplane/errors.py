@@ -115,6 +115,10 @@ class ControlPlaneError(LabelledError):
         )
 
 
+def _which(revision: int | None) -> str:
+    return "the revision" if revision is None else f"revision {revision}"
+
+
 class Incompatible(ControlPlaneError):
     """The desired revision's ``schema_version`` is newer than this build reads.
 
@@ -125,9 +129,8 @@ class Incompatible(ControlPlaneError):
     def __init__(
         self, revision: int | None, schema_version: int, max_schema_version: int
     ) -> None:
-        which = f"revision {revision}" if revision is not None else "the revision"
         super().__init__(
-            f"{which} has schema_version {schema_version}; "
+            f"{_which(revision)} has schema_version {schema_version}; "
             f"this build reads up to {max_schema_version}",
             category=FailureCategory.DENIED,
             revision=revision,
@@ -160,9 +163,8 @@ class TooLarge(ControlPlaneError):
     """A revision body is larger than ``max_revision_bytes`` (a bound, so DENIED)."""
 
     def __init__(self, revision: int | None, size: int, limit: int) -> None:
-        which = f"revision {revision}" if revision is not None else "the revision"
         super().__init__(
-            f"{which} is {size} bytes, over max_revision_bytes ({limit})",
+            f"{_which(revision)} is {size} bytes, over max_revision_bytes ({limit})",
             category=FailureCategory.DENIED,
             revision=revision,
         )

@@ -364,29 +364,25 @@ class FollowerStore:
             return ControlPlaneError(message, category=FailureCategory.UNAVAILABLE)
         return ControlPlaneError(message, category=FailureCategory.INVALID)
 
+    def _stale(self, statement: Statement, why: str) -> StatementRefused:
+        return StatementRefused(reasons.STALE, f"{self._where}: the root's statement (sequence "
+                                f"{statement.sequence}, revision {statement.revision}) {why}")
+
     def _refuse_ahead(self, statement: Statement) -> None:
-        now = self._clock()
-        ahead = (statement.issued_at - now).total_seconds()
+        ahead = (statement.issued_at - self._clock()).total_seconds()
         if ahead > MAX_CLOCK_AHEAD_S:
-            raise StatementRefused(
-                reasons.STALE,
-                f"{self._where}: the root's statement (sequence {statement.sequence}, revision "
-                f"{statement.revision}) was issued at {statement.issued_at.isoformat()}, "
-                f"{ahead:.0f} s ahead of this replica's clock (more than "
-                f"{MAX_CLOCK_AHEAD_S:g} s): the root's clock or this one is wrong; its "
-                "freshness cannot be told",
-            )
+            raise self._stale(statement, f"was issued at {statement.issued_at.isoformat()}, "
+                              f"{ahead:.0f} s ahead of this replica's clock (more than "
+                              f"{MAX_CLOCK_AHEAD_S:g} s): the root's clock or this one is "
+                              "wrong; its freshness cannot be told")
 
     def _refuse_expired(self, statement: Statement) -> None:
         now = self._clock()
         if statement.expired(now):
-            raise StatementRefused(
-                reasons.STALE,
-                f"{self._where}: the root's statement (sequence {statement.sequence}, revision "
-                f"{statement.revision}) expired at {statement.expires_at.isoformat()}, "
-                f"{(now - statement.expires_at).total_seconds():.0f} s ago: the root has not "
-                "signed a fresh one (its control plane unreadable?) or a hop froze it",
-            )
+            raise self._stale(statement, f"expired at {statement.expires_at.isoformat()}, "
+                              f"{(now - statement.expires_at).total_seconds():.0f} s ago: the "
+                              "root has not signed a fresh one (its control plane unreadable?) "
+                              "or a hop froze it")
 
     def _verify(self, data: bytes) -> _Accepted:
         """The checks of the module docstring, in its order; ControlPlaneError when refused."""
