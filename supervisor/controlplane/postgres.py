@@ -46,11 +46,14 @@ from supervisor.controlplane.postgres_driver import (
 )
 from supervisor.controlplane.runner import ConnectionRunner
 from supervisor.dsn import redact
+from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
 __all__ = ["PostgresStore"]
+
+log = get_logger("controlplane")
 
 # Schema changes can queue behind the advisory lock of another replica's run.
 MIGRATE_TIMEOUT_S = 120.0
@@ -95,5 +98,7 @@ class PostgresStore(revisions.DatabaseStore):
     async def migrate(self) -> migrations.Migrated:
         done = await self._runner.run("migrate", partial(
             migrations.migrate_postgres, channel=self._channel), deadline_s=MIGRATE_TIMEOUT_S)
-        self._log_migrated(done, url=redact(self._url))
+        log.info("control-plane schema migrated" if done.before < done.after
+                 else "control-plane schema up to date",
+                 before=done.before, version=done.after, url=redact(self._url))
         return done

@@ -46,7 +46,7 @@ from supervisor.controlplane.checks import (
     pointer_from_row,
 )
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.migrations import Migrated, write_transaction
+from supervisor.controlplane.migrations import write_transaction
 from supervisor.controlplane.store import (
     DesiredChange,
     LoadedRevision,
@@ -412,9 +412,3 @@ class DatabaseStore:
 
     async def aclose(self) -> None:
         await self._runner.aclose()
-
-    @staticmethod
-    def _log_migrated(done: Migrated, **where: str) -> None:
-        log.info("control-plane schema migrated" if done.before < done.after
-                 else "control-plane schema up to date",
-                 before=done.before, version=done.after, **where)
