@@ -18,29 +18,247 @@ and stops waiting as soon as the call is cancelled.
 one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
 writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
 
-Error mapping: :mod:`supervisor.controlplane.sqlite_driver`.
+Error mapping: by SQLite's result code, not the exception class (sqlite3
+raises OperationalError for a syntax error too); the table
+:data:`RESULT_CODES` gives each primary code its label and why. A missing
+table is INVALID with the migrate hint.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import quote
 
 import trio
 
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.runner import ConnectionRunner
-from supervisor.controlplane.sqlite_driver import SQLiteConnections, map_error
+from supervisor.controlplane.errors import (
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    one_line,
+)
+from supervisor.controlplane.runner import ConnectionRunner, dispose_quietly
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["SQLiteStore"]
+__all__ = ["EXTENDED_CODES", "RESULT_CODES", "SQLiteConnections", "SQLiteStore", "classify",
+           "map_error"]
 
 log = get_logger("controlplane")
+
+T = TypeVar("T")
+
+_U, _C, _I, _D, _X = (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT,
+                      FailureCategory.INVALID, FailureCategory.DENIED, FailureCategory.CORRUPT)
+
+#: SQLite's primary result codes (https://www.sqlite.org/rescode.html), by the
+#: sqlite3 module's constant names, reviewed one by one: the label and why.
+#: Extended codes carry their primary code in the low byte and take its label
+#: unless :data:`EXTENDED_CODES` says otherwise.
+RESULT_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "SQLITE_ERROR": (_I, "a generic error: a syntax error, a missing table"),
+    "SQLITE_INTERNAL": (_U, "SQLite's own malfunction, not the request's"),
+    "SQLITE_PERM": (_D, "the access mode asked for is not allowed"),
+    "SQLITE_ABORT": (_C, "aborted by another statement's rollback: retry"),
+    "SQLITE_BUSY": (_C, "another connection holds the database lock"),
+    "SQLITE_LOCKED": (_C, "a table lock held within this process"),
+    "SQLITE_NOMEM": (_U, "out of memory: a resource"),
+    "SQLITE_READONLY": (_D, "the file or its directory is not writable"),
+    "SQLITE_INTERRUPT": (_U, "interrupted: the call was cancelled (a timeout)"),
+    "SQLITE_IOERR": (_U, "the OS failed a read, write or sync"),
+    "SQLITE_CORRUPT": (_X, "the database file is damaged"),
+    "SQLITE_NOTFOUND": (_I, "an unknown file-control opcode: this build's mistake"),
+    "SQLITE_FULL": (_U, "the disk is full: a resource"),
+    "SQLITE_CANTOPEN": (_U, "the file cannot be opened (missing, a directory, no fds)"),
+    "SQLITE_PROTOCOL": (_U, "a file-locking race with another process: transient"),
+    "SQLITE_EMPTY": (_I, "unused by SQLite"),
+    "SQLITE_SCHEMA": (_C, "the schema changed under a prepared statement (a migration "
+                          "in another process): retry"),
+    "SQLITE_TOOBIG": (_D, "a value over SQLite's size limit: a bound, like "
+                          "max_revision_bytes"),
+    "SQLITE_CONSTRAINT": (_I, "a constraint refused the write"),
+    "SQLITE_MISMATCH": (_I, "a datatype mismatch"),
+    "SQLITE_MISUSE": (_I, "the library was misused: this build's mistake"),
+    "SQLITE_NOLFS": (_U, "the host lacks large-file support for the file"),
+    "SQLITE_AUTH": (_D, "the authorizer refused the statement"),
+    "SQLITE_FORMAT": (_I, "unused by SQLite"),
+    "SQLITE_RANGE": (_I, "a parameter index out of range: this build's mistake"),
+    "SQLITE_NOTADB": (_X, "the file is not a database"),
+    "SQLITE_NOTICE": (_I, "never an error"),
+    "SQLITE_WARNING": (_I, "never an error"),
+}
+
+#: Extended codes whose meaning differs from their primary code's.
+EXTENDED_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "SQLITE_READONLY_RECOVERY": (_C, "another connection must recover the WAL first"),
+    "SQLITE_READONLY_DBMOVED": (_U, "the file was moved or deleted under the connection"),
+}
+
+_BY_CODE: dict[int, FailureCategory] = {
+    getattr(sqlite3, name): category for name, (category, _why) in RESULT_CODES.items()
+}
+_BY_EXTENDED: dict[int, FailureCategory] = {
+    getattr(sqlite3, name): category for name, (category, _why) in EXTENDED_CODES.items()
+}
+_CONFLICT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def _schema_missing(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and (
+        text.startswith("no such table") or text.startswith("no such column")
+    )
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a ``sqlite3`` (or OS) error."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        # Any code not in the tables (a primary code a later SQLite adds): the
+        # request itself is wrong until someone reviews it.
+        return _BY_EXTENDED.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
+    if isinstance(exc, sqlite3.OperationalError | OSError):
+        # No result code: raised by this module or the OS, not by SQLite.
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
+    detail = one_line(exc)
+    if _schema_missing(exc):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
+
+
+def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
+    """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
+
+    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
+    and writes that roll back on failure. ``stop`` (set when trio gives the
+    call up) ends the wait at once, so a cancelled write never goes on to
+    commit once the lock frees up.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.002
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code not in _CONFLICT or time.monotonic() + delay >= deadline:
+                raise
+        if stop.wait(delay):
+            raise sqlite3.OperationalError("interrupted: the call was cancelled")
+        delay = min(delay * 2, 0.05)
+
+
+def _prepare(conn: sqlite3.Connection) -> migrations.Migrated:
+    """Switch the file to WAL (best effort) and migrate it; say what the migration did."""
+    try:
+        # WAL lets the CLI publish while the daemon reads. Persistent in the
+        # file; needs write access, so a read-only file stays as it is.
+        conn.execute("PRAGMA journal_mode = WAL")
+    except sqlite3.OperationalError as exc:
+        if classify(exc) is not FailureCategory.DENIED:
+            raise
+    return migrations.migrate_sqlite(conn)
+
+
+def _create_private(path: str) -> None:
+    """Make ``path`` an empty file of mode 0600 unless something is there already.
+
+    SQLite would create it 0644 (and its -wal and -shm files take the database
+    file's mode): the control plane is the daemon's alone. An empty file is an
+    empty database to SQLite. Any failure is left for ``sqlite3.connect`` to report.
+    """
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError:
+        return
+
+
+class SQLiteConnections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for sqlite3."""
+
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
+        self.path = path
+        self.create = create
+        self.busy_timeout_s = busy_timeout_s
+        # (st_dev, st_ino) of the file the open connection reads: a restore by
+        # `mv new.db cp.db` or a deleted file leaves the connection on the old
+        # inode, so every call first checks the path still names it.
+        self.file_id: tuple[int, int] | None = None
+        # What the last open's migration did, until the store's migrate() asks.
+        self._migrated: migrations.Migrated | None = None
+
+    def take_migrated(self) -> migrations.Migrated | None:
+        """What the latest open migrated (None: nothing since the last call)."""
+        migrated, self._migrated = self._migrated, None
+        return migrated
+
+    def open(self, stop: threading.Event) -> sqlite3.Connection:
+        path = self.path
+        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
+        # makes the embedded control plane on first publish).
+        uri = f"file:{quote(path)}?mode={'rwc' if self.create else 'rw'}"
+        if self.create:
+            _create_private(path)
+        # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
+        # call would sleep it out and then, the lock gone, commit anyway);
+        # _retry_busy waits instead, and stops when told to.
+        conn = sqlite3.connect(
+            uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
+        )
+        try:
+            st = os.stat(path)
+            self.file_id = (st.st_dev, st.st_ino)
+            # Per connection in SQLite; without it the REFERENCES clause is decorative.
+            conn.execute("PRAGMA foreign_keys = ON")
+            # Both steps may meet a lock (another process migrating, or a
+            # closing connection checkpointing the WAL): waited out like any other.
+            migrated = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
+            if migrated.before < migrated.after:
+                self._migrated = migrated
+                log.info("control-plane schema migrated", before=migrated.before,
+                         version=migrated.after, path=path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
+             stop: threading.Event) -> T:
+        return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
+
+    def interrupt(self, conn: sqlite3.Connection, stop: threading.Event) -> None:
+        stop.set()
+        conn.interrupt()
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        dispose_quietly(conn.close)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what)
+
+    def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
+        # Reopen next time: the file may have been replaced, repaired or made
+        # readable meanwhile. Contention keeps the connection.
+        return error.category is FailureCategory.CONFLICT
+
 
 def _file_id(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of ``path``; None when it does not exist. Raises other OSError."""
