@@ -45,7 +45,7 @@ import psycopg
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import open_store
+from supervisor.controlplane.factory import open_store
 from supervisor.revision.document import SCHEMA_VERSION
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver

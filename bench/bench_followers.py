@@ -31,7 +31,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import open_store
+from supervisor.controlplane.factory import open_store
 from supervisor.revision.document import SCHEMA_VERSION
 from supervisor.sinks.lkg import generate_signing_key
 

@@ -167,8 +167,8 @@ class Daemon:
             # Everything this child owns is made here, by every start, and
             # closed on the way out: a restart after a crash starts fresh (a
             # store closed by the previous run's ``finally`` is never reused).
+            from supervisor.controlplane.factory import open_store
             from supervisor.controlplane.follower import forward_path
-            from supervisor.controlplane.store import open_store
             from supervisor.convergence.loop import ConvergenceLoop
             from supervisor.revision.document import SCHEMA_VERSION
             from supervisor.revision.secrets import EnvFileResolver

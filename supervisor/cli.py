@@ -322,8 +322,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     if args.keep is not None or args.json:
         raise UsageError("--keep and --json go with db prune")
     config, _ = load_config(args)
+    from supervisor.controlplane.factory import open_store
     from supervisor.controlplane.migrations import Migrated
-    from supervisor.controlplane.store import open_store
     from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
 

@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import ControlPlaneStore, open_store
+from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.store import ControlPlaneStore
 from tests.polling import poll_until
 
 

@@ -152,7 +152,7 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
     ``create=False`` (every command but ``publish``): a missing SQLite file is
     an error naming it, not a new empty control plane.
     """
-    from supervisor.controlplane.store import open_store
+    from supervisor.controlplane.factory import open_store
     from supervisor.revision.document import SCHEMA_VERSION
 
     if create:

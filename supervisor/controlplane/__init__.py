@@ -1,8 +1,8 @@
 """The control plane: where desired state lives, and how a replica hears about changes.
 
-* :mod:`~supervisor.controlplane.store`: the store interface, what it returns, and
-  :func:`~supervisor.controlplane.store.open_store`, the store for a URL.
+* :mod:`~supervisor.controlplane.store`: the store interface and what it returns.
 * :mod:`~supervisor.controlplane.errors`: how stores fail (the hierarchy is drawn there).
+* :mod:`~supervisor.controlplane.factory`: :func:`open_store`, the store for a URL.
 * :mod:`~supervisor.controlplane.postgres` / :mod:`~supervisor.controlplane.sqlite`:
   the two databases (imported lazily by :func:`open_store`), sharing
   :mod:`~supervisor.controlplane.checks` (what both refuse) and

@@ -10,8 +10,8 @@ revision), :meth:`~ControlPlaneStore.publish` for the CLI, and
 :mod:`supervisor.controlplane.postgres`, :mod:`supervisor.controlplane.sqlite`
 and, in follower mode, :mod:`supervisor.controlplane.follower` (another
 replica's signed ``/v1/revision``; it refuses ``publish`` and ``migrate``);
-:func:`open_store` picks one from the URL (importing only that one's driver)
-and never connects by itself (the first call does, and a failed connection is
+:func:`~supervisor.controlplane.factory.open_store` picks one from the URL and
+never connects by itself (the first call does, and a failed connection is
 re-made on the next call).
 
 How stores fail is drawn in :mod:`supervisor.controlplane.errors`; the
@@ -26,13 +26,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from supervisor.config import ControlPlaneConfig
     from supervisor.controlplane.migrations import Migrated
-    from supervisor.sinks.lkg.accepted import AcceptedStatements
     from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["ControlPlaneStore", "DesiredChange", "LoadedRevision", "RevisionPointer",
-           "RevisionSummary", "open_store"]
+           "RevisionSummary"]
 
 
 @dataclass(frozen=True)
@@ -182,38 +180,3 @@ class ControlPlaneStore(Protocol):
     async def aclose(self) -> None:
         """Close the connection; the store may not be used afterwards."""
         ...
-
-
-def open_store(
-    config: ControlPlaneConfig,
-    *,
-    max_schema_version: int,
-    statement_timeout_s: float = 10.0,
-    create: bool = True,
-    accepted: AcceptedStatements | None = None,
-) -> ControlPlaneStore:
-    """The store for ``config.url`` (PostgreSQL, SQLite, an upstream replica); not connected yet.
-
-    ``accepted`` is a follower's highest accepted statement
-    (:mod:`supervisor.controlplane.follower`), held by the daemon so that a
-    restarted child keeps it; unused by the databases.
-
-    ``create=False`` (the daemon) never creates an SQLite file: a control-plane
-    file that vanished is an outage to report, not an empty control plane.
-    """
-    if config.backend == "follower":
-        from supervisor.controlplane.follower import FollowerStore
-
-        return FollowerStore(config, max_schema_version=max_schema_version, accepted=accepted)
-    if config.backend == "sqlite":
-        from supervisor.controlplane.sqlite import SQLiteStore
-
-        return SQLiteStore(
-            config, max_schema_version=max_schema_version,
-            statement_timeout_s=statement_timeout_s, create=create,
-        )
-    from supervisor.controlplane.postgres import PostgresStore
-
-    return PostgresStore(
-        config, max_schema_version=max_schema_version, statement_timeout_s=statement_timeout_s
-    )

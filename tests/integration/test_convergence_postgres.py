@@ -11,7 +11,7 @@ import trio
 
 from supervisor import reasons
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import open_store
+from supervisor.controlplane.factory import open_store
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.signal import ChangeSignal

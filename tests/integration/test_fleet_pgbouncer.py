@@ -19,7 +19,8 @@ import pytest
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.store import ControlPlaneStore, open_store
+from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.store import ControlPlaneStore
 from supervisor.revision.document import SCHEMA_VERSION
 from tests.pgfleet import pgbouncer
 from tests.pgserver import Server

@@ -16,8 +16,8 @@ import trio.testing
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane import listen
+from supervisor.controlplane.factory import open_store
 from supervisor.controlplane.listen import run_listener
-from supervisor.controlplane.store import open_store
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.telemetry import Metrics
 from tests.polling import poll_until

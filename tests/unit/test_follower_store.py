@@ -21,8 +21,8 @@ import trio.testing
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.factory import open_store
 from supervisor.controlplane.follower import ERROR_BODY_BYTES, FollowerStore, forward_path
-from supervisor.controlplane.store import open_store
 from supervisor.errors import ConfigError
 from supervisor.sinks.lkg import encode_file, encode_header, format_verify_key, key_id_of
 from supervisor.sinks.lkg.accepted import AcceptedStatements
