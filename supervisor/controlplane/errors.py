@@ -26,7 +26,7 @@ so callers classify without knowing the driver::
 
 A refusal about a specific revision (NOT_FOUND, CORRUPT, Incompatible,
 TooLarge) names it in ``.revision``; connection-level failures leave it None.
-Each driver maps its own errors (``postgres_driver.map_error``, ``sqlite.map_error``);
+Each driver maps its own errors (``postgres.map_error``, ``sqlite.map_error``);
 :func:`malformed` covers a row the code cannot read, :func:`unavailable_timeout`
 a call past its client-side deadline.
 """

@@ -78,7 +78,7 @@ from psycopg import sql
 
 from supervisor.backoff import Backoff
 from supervisor.controlplane.errors import one_line
-from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, connect
+from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.runner import (
     INTERRUPT_GRACE_S,
     call_interruptibly,
