@@ -24,7 +24,7 @@ from supervisor.controlplane.errors import (
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 
 __all__ = ["OBSERVE_SQL", "HydrateRow", "as_bytes", "check_hydrated", "check_publishable",
-           "hydrate_sql", "parse_time", "pointer_from_row"]
+           "hydrate_sql", "parse_time", "pointer_from_row", "refuse_unreadable"]
 
 
 @dataclass(frozen=True)
@@ -132,12 +132,9 @@ def check_hydrated(
             category=FailureCategory.NOT_FOUND,
             revision=row.desired,
         )
-    size = row.size if row.size is not None else 0
-    if size > max_revision_bytes:
-        raise TooLarge(row.id, size, max_revision_bytes)
     schema_version = row.schema_version if row.schema_version is not None else 0
-    if schema_version > max_schema_version:
-        raise Incompatible(row.id, schema_version, max_schema_version)
+    refuse_unreadable(row.id, row.size or 0, schema_version,
+                      max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
     if row.body is None or row.created_at is None or schema_version < 1:
         raise ControlPlaneError(
             f"revision {row.id} is incomplete (missing body, created_at or schema_version)",
@@ -165,12 +162,19 @@ def check_publishable(
     body: bytes, schema_version: int, *, max_revision_bytes: int, max_schema_version: int
 ) -> None:
     """Refuse, before anything is stored, what no replica of this build could hydrate."""
-    if len(body) > max_revision_bytes:
-        raise TooLarge(None, len(body), max_revision_bytes)
-    if schema_version > max_schema_version:
-        raise Incompatible(None, schema_version, max_schema_version)
+    refuse_unreadable(None, len(body), schema_version,
+                      max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
     if schema_version < 1:
         raise ControlPlaneError(
             f"schema_version must be >= 1, got {schema_version}",
             category=FailureCategory.INVALID,
         )
+
+
+def refuse_unreadable(revision: int | None, size: int, schema_version: int, *,
+                      max_revision_bytes: int, max_schema_version: int) -> None:
+    """TooLarge for a body over the bound, else Incompatible for a schema this build cannot read."""
+    if size > max_revision_bytes:
+        raise TooLarge(revision, size, max_revision_bytes)
+    if schema_version > max_schema_version:
+        raise Incompatible(revision, schema_version, max_schema_version)

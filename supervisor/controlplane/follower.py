@@ -71,10 +71,10 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
+from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
-    Incompatible,
     StatementRefused,
     TooLarge,
 )
@@ -412,10 +412,8 @@ class FollowerStore:
         if refused is not None:
             raise StatementRefused(refused[0], f"{self._where}: {refused[1]}")
         self._refuse_expired(statement)
-        if len(body) > self._max_bytes:
-            raise TooLarge(header.revision, len(body), self._max_bytes)
-        if header.schema_version > self._max_schema:
-            raise Incompatible(header.revision, header.schema_version, self._max_schema)
+        refuse_unreadable(header.revision, len(body), header.schema_version,
+                          max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema)
         loaded = LoadedRevision(
             id=header.revision,
             schema_version=header.schema_version,
