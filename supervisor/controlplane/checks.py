@@ -7,6 +7,11 @@ build reads (Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT).
 The query itself withholds the body in the first three cases, so an oversize
 or unreadable body never crosses the network. The body is returned as bytes,
 undecoded: decoding is the revision compiler's job.
+
+Also shared: the observe and hydrate statements, the decoding of a stored
+BLOB or time (:func:`as_bytes`, :func:`parse_time`: SQLite may hold TEXT), and
+the two bounds (:func:`refuse_unreadable`), which a follower applies to an
+upstream's statement too.
 """
 
 from __future__ import annotations
