@@ -160,18 +160,6 @@ def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
 
 
-def connection_params(
-    url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
-) -> dict[str, str]:
-    """The DSN's parameters plus this daemon's defaults for whatever it leaves unset."""
-    params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
-    params.setdefault("connect_timeout", str(max(2, round(connect_timeout_s))))
-    params.setdefault("application_name", APPLICATION_NAME)
-    for key, value in KEEPALIVE.items():
-        params.setdefault(key, value)
-    return params
-
-
 def connect(
     url: str,
     *,
@@ -194,7 +182,11 @@ def connect(
     session state too, and under transaction pooling the next transaction may
     run on a server connection that never saw it.
     """
-    conninfo = make_conninfo("", **connection_params(url, connect_timeout_s=connect_timeout_s))
+    # The DSN's parameters win; this daemon's defaults fill in whatever it leaves unset.
+    params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    params = {"connect_timeout": str(max(2, round(connect_timeout_s))),
+              "application_name": APPLICATION_NAME, **KEEPALIVE, **params}
+    conninfo = make_conninfo("", **params)
     conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
     try:
         if statement_timeout_s is not None:
@@ -303,14 +295,6 @@ def _identity_checking_schema(conn: Conn) -> str | None:
     return _identity(conn)
 
 
-def _healthy(conn: Conn) -> bool:
-    return (
-        not conn.closed
-        and not conn.broken
-        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    )
-
-
 class PostgresConnections:
     """The runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg."""
 
@@ -350,7 +334,8 @@ class PostgresConnections:
         return map_error(exc, what=what, url=self.url)
 
     def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
-        return _healthy(conn)
+        return (not conn.closed and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
 
 # Schema changes can queue behind the advisory lock of another replica's run.

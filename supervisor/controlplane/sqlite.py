@@ -113,13 +113,6 @@ _BY_EXTENDED: dict[int, FailureCategory] = {
 _CONFLICT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
-def _schema_missing(exc: BaseException) -> bool:
-    text = str(exc)
-    return isinstance(exc, sqlite3.OperationalError) and (
-        text.startswith("no such table") or text.startswith("no such column")
-    )
-
-
 def classify(exc: BaseException) -> FailureCategory:
     """The failure category of a ``sqlite3`` (or OS) error."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -135,7 +128,8 @@ def classify(exc: BaseException) -> FailureCategory:
 
 def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
     detail = one_line(exc)
-    if _schema_missing(exc):
+    if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
+            ("no such table", "no such column")):
         detail = f"{detail} ({MIGRATE_HINT})"
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
 
