@@ -282,8 +282,8 @@ def _identity_checking_schema(conn: Conn) -> str | None:
     """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew).
 
     A replica's role may be granted only what it reads (the pointer and the
-    revisions): where it may not read the migrations table the look is skipped,
-    as it was before there was one, rather than refusing every read.
+    revisions): where it may not read the migrations table the look is skipped
+    rather than refusing every read.
     """
     try:
         # A savepoint inside bounded()'s transaction: a refusal must not abort it.
