@@ -431,7 +431,7 @@ class Daemon:
         """Run until shutdown. Raises BootRefused, SupervisionGaveUp, ConfigError."""
         lock = None
         if self.config.cache.path is not None:
-            from supervisor.sinks.lkg.lock import hold_cache_lock
+            from supervisor.sinks.lkg.files import hold_cache_lock
 
             lock = hold_cache_lock(self.config.cache.path)  # one daemon per cache
             if lock is None:

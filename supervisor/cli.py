@@ -266,7 +266,7 @@ def _schema_version(config: Config) -> int | None:
             return migrations.sqlite_version(lite)
         finally:
             lite.close()
-    from supervisor.controlplane.postgres_driver import bounded, connect, timeout_ms
+    from supervisor.controlplane.postgres import bounded, connect, timeout_ms
 
     with connect(cp.url, connect_timeout_s=SCHEMA_PROBE_S, statement_timeout_s=None) as pg:
         return bounded(pg, migrations.postgres_version, timeout_ms(SCHEMA_PROBE_S))

@@ -135,7 +135,7 @@ def problem(dsn: str) -> str | None:
             return unknown
         return ("libpq cannot parse this DSN (in a URL, percent-encode the password's "
                 "special characters)")
-    spelled = _spelled_password(dsn) if _is_url(dsn) else None
+    spelled = _spelled_password(dsn)
     if spelled is not None:
         try:
             decoded = unquote(spelled, errors="strict")
@@ -158,7 +158,7 @@ def secrets(dsn: str) -> list[str]:
         # left alone (see MIN_PIECE), the spelled password below covers them.
         if value and (not misread or len(value) >= MIN_PIECE):
             found.update({value, quote(value, safe=""), quote(value)})
-    spelled = _spelled_password(dsn) if _is_url(dsn) else None
+    spelled = _spelled_password(dsn)
     if spelled:
         found.update({spelled, unquote(spelled)})
         # Misread: libpq may have taken pieces of it for a host or a database.

@@ -8,7 +8,8 @@
   :mod:`~supervisor.controlplane.checks` (what both refuse) and
   :mod:`~supervisor.controlplane.runner` (the blocking-connection lifecycle).
 * :mod:`~supervisor.controlplane.follower`: another replica as the control plane.
-* :mod:`~supervisor.controlplane.revisions`: history, rollback and prune statements.
+* :mod:`~supervisor.controlplane.revisions`: both databases' statements, and the store
+  methods that run them alike.
 * :mod:`~supervisor.controlplane.migrations`: the versioned schema.
 * :mod:`~supervisor.controlplane.listen`: the LISTEN child (PostgreSQL only),
   which only pokes the convergence loop's change signal.

@@ -7,13 +7,18 @@ build reads (Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT).
 The query itself withholds the body in the first three cases, so an oversize
 or unreadable body never crosses the network. The body is returned as bytes,
 undecoded: decoding is the revision compiler's job.
+
+Also shared: the observe and hydrate statements, the decoding of a stored
+BLOB or time (:func:`as_bytes`, :func:`parse_time`: SQLite may hold TEXT), and
+the two bounds (:func:`refuse_unreadable`), which a follower applies to an
+upstream's statement too.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from supervisor.controlplane.errors import (
     ControlPlaneError,
@@ -23,8 +28,8 @@ from supervisor.controlplane.errors import (
 )
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 
-__all__ = ["OBSERVE_SQL", "HydrateRow", "check_hydrated", "check_publishable",
-           "pointer_from_row"]
+__all__ = ["OBSERVE_SQL", "HydrateRow", "as_bytes", "check_hydrated", "check_publishable",
+           "hydrate_sql", "parse_time", "pointer_from_row", "refuse_unreadable"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,42 @@ class HydrateRow:
     sequence: object = None
 
 
+def parse_time(value: object) -> datetime | None:
+    """A stored time (SQLite: ISO text) as an aware datetime; None when it is not one."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def as_bytes(value: object) -> bytes | None:
+    """A stored BLOB as bytes (a plain-SQL publisher on SQLite may have stored TEXT)."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    return None
+
+
+def hydrate_sql(size: str, named: str) -> str:
+    """The hydrate read: ``size`` measures ``r.body`` in bytes, ``named`` spells a named parameter.
+
+    One statement is one snapshot (PostgreSQL even under READ COMMITTED;
+    SQLite one read transaction): the pointer and the revision it names are
+    read consistently. The body is withheld in SQL when it is too large or too
+    new, so an oversize body never crosses the network.
+    """
+    return (f"SELECT d.revision_id, r.id, r.schema_version, {size},"
+            f" CASE WHEN {size} <= {named.format('max_bytes')}"
+            f" AND r.schema_version <= {named.format('max_schema')} THEN r.body END,"
+            " r.body_sha256, r.created_at, r.message, d.sequence FROM supervisor_desired d"
+            " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id WHERE d.singleton")
+
+
 #: The observe read, identical on both stores: the pointer, its body's digest, the sequence.
 OBSERVE_SQL = (
     "SELECT d.revision_id, r.body_sha256, d.sequence FROM supervisor_desired d"
@@ -64,12 +105,10 @@ def pointer_from_row(
     if not isinstance(revision, int) or revision < 1:
         raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
                         "(ids are >= 1)")
-    if isinstance(digest, str):  # a plain-SQL publisher on SQLite may store TEXT
-        digest = digest.encode("utf-8")
-    if digest is not None and not isinstance(digest, bytes | bytearray | memoryview):
+    body_sha256 = as_bytes(digest)
+    if digest is not None and body_sha256 is None:
         raise TypeError(f"body_sha256 holds {type(digest).__name__}, not bytes")
-    return RevisionPointer(revision, None if digest is None else bytes(digest), identity,
-                           _sequence(sequence))
+    return RevisionPointer(revision, body_sha256, identity, _sequence(sequence))
 
 
 def _sequence(value: object) -> int:
@@ -98,12 +137,9 @@ def check_hydrated(
             category=FailureCategory.NOT_FOUND,
             revision=row.desired,
         )
-    size = row.size if row.size is not None else 0
-    if size > max_revision_bytes:
-        raise TooLarge(row.id, size, max_revision_bytes)
     schema_version = row.schema_version if row.schema_version is not None else 0
-    if schema_version > max_schema_version:
-        raise Incompatible(row.id, schema_version, max_schema_version)
+    refuse_unreadable(row.id, row.size or 0, schema_version,
+                      max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
     if row.body is None or row.created_at is None or schema_version < 1:
         raise ControlPlaneError(
             f"revision {row.id} is incomplete (missing body, created_at or schema_version)",
@@ -131,12 +167,19 @@ def check_publishable(
     body: bytes, schema_version: int, *, max_revision_bytes: int, max_schema_version: int
 ) -> None:
     """Refuse, before anything is stored, what no replica of this build could hydrate."""
-    if len(body) > max_revision_bytes:
-        raise TooLarge(None, len(body), max_revision_bytes)
-    if schema_version > max_schema_version:
-        raise Incompatible(None, schema_version, max_schema_version)
+    refuse_unreadable(None, len(body), schema_version,
+                      max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
     if schema_version < 1:
         raise ControlPlaneError(
             f"schema_version must be >= 1, got {schema_version}",
             category=FailureCategory.INVALID,
         )
+
+
+def refuse_unreadable(revision: int | None, size: int, schema_version: int, *,
+                      max_revision_bytes: int, max_schema_version: int) -> None:
+    """TooLarge for a body over the bound, else Incompatible for a schema this build cannot read."""
+    if size > max_revision_bytes:
+        raise TooLarge(revision, size, max_revision_bytes)
+    if schema_version > max_schema_version:
+        raise Incompatible(revision, schema_version, max_schema_version)

@@ -26,7 +26,7 @@ so callers classify without knowing the driver::
 
 A refusal about a specific revision (NOT_FOUND, CORRUPT, Incompatible,
 TooLarge) names it in ``.revision``; connection-level failures leave it None.
-Each driver maps its own errors (``postgres_driver.map_error``, ``sqlite_driver.map_error``);
+Each driver maps its own errors (``postgres.map_error``, ``sqlite.map_error``);
 :func:`malformed` covers a row the code cannot read, :func:`unavailable_timeout`
 a call past its client-side deadline.
 """
@@ -47,6 +47,7 @@ __all__ = [
     "StatementRefused",
     "TooLarge",
     "malformed",
+    "one_line",
     "unavailable_timeout",
 ]
 
@@ -114,6 +115,10 @@ class ControlPlaneError(LabelledError):
         )
 
 
+def _which(revision: int | None) -> str:
+    return "the revision" if revision is None else f"revision {revision}"
+
+
 class Incompatible(ControlPlaneError):
     """The desired revision's ``schema_version`` is newer than this build reads.
 
@@ -124,9 +129,8 @@ class Incompatible(ControlPlaneError):
     def __init__(
         self, revision: int | None, schema_version: int, max_schema_version: int
     ) -> None:
-        which = f"revision {revision}" if revision is not None else "the revision"
         super().__init__(
-            f"{which} has schema_version {schema_version}; "
+            f"{_which(revision)} has schema_version {schema_version}; "
             f"this build reads up to {max_schema_version}",
             category=FailureCategory.DENIED,
             revision=revision,
@@ -159,9 +163,8 @@ class TooLarge(ControlPlaneError):
     """A revision body is larger than ``max_revision_bytes`` (a bound, so DENIED)."""
 
     def __init__(self, revision: int | None, size: int, limit: int) -> None:
-        which = f"revision {revision}" if revision is not None else "the revision"
         super().__init__(
-            f"{which} is {size} bytes, over max_revision_bytes ({limit})",
+            f"{_which(revision)} is {size} bytes, over max_revision_bytes ({limit})",
             category=FailureCategory.DENIED,
             revision=revision,
         )
@@ -206,6 +209,14 @@ def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
         f"({type(exc).__name__}: {detail})",
         category=FailureCategory.CORRUPT,
     )
+
+
+def one_line(exc: BaseException, text: str | None = None) -> str:
+    """``text`` (default: ``exc``'s message) on one line, else ``exc``'s type name.
+
+    Driver messages carry newlines and tab-indented hints.
+    """
+    return " ".join((str(exc) if text is None else text).split()) or type(exc).__name__
 
 
 def unavailable_timeout(what: str, timeout_s: float) -> ControlPlaneError:

@@ -71,10 +71,10 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
+from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
-    Incompatible,
     StatementRefused,
     TooLarge,
 )
@@ -209,38 +209,26 @@ class FollowerStore:
         return None if pointer is None else pointer.revision
 
     async def observe(self) -> RevisionPointer | None:
-        accepted = await self._fetch()
-        if accepted is None:
-            return None
-        loaded = accepted.loaded
+        loaded = (await self._fetch()).loaded
         return RevisionPointer(loaded.id, loaded.body_sha256, self.identity,
                                sequence=loaded.sequence, statement=loaded.statement)
 
     async def hydrate(self) -> LoadedRevision | None:
-        accepted = self._accepted
-        if accepted is None:
-            accepted = await self._fetch()
-        return None if accepted is None else accepted.loaded
+        return (self._accepted or await self._fetch()).loaded
 
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        raise ControlPlaneError(
-            f"this replica follows {self._url} and has no control plane of its own: "
-            "publish to the upstream's control plane",
-            category=FailureCategory.INVALID,
-        )
-
-    async def migrate(self) -> Migrated:
-        raise ControlPlaneError(
-            f"this replica follows {self._url}: there is no schema to migrate here",
-            category=FailureCategory.INVALID,
-        )
+    def _refused(self, why: str) -> ControlPlaneError:
+        return ControlPlaneError(f"this replica follows {self._url}{why}",
+                                 category=FailureCategory.INVALID)
 
     def _no_lifecycle(self, what: str) -> ControlPlaneError:
-        return ControlPlaneError(
-            f"this replica follows {self._url}: {what} runs against the upstream's control "
-            "plane, not here",
-            category=FailureCategory.INVALID,
-        )
+        return self._refused(f": {what} runs against the upstream's control plane, not here")
+
+    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
+        raise self._refused(" and has no control plane of its own: publish to the upstream's "
+                            "control plane")
+
+    async def migrate(self) -> Migrated:
+        raise self._refused(": there is no schema to migrate here")
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         raise self._no_lifecycle("history")
@@ -263,7 +251,7 @@ class FollowerStore:
 
     # -- one fetch -----------------------------------------------------------------
 
-    async def _fetch(self) -> _Accepted | None:
+    async def _fetch(self) -> _Accepted:
         """GET the upstream's statement (conditionally), judge it, remember it."""
         held = self._accepted
         try:
@@ -302,18 +290,13 @@ class FollowerStore:
                     raise self._status_error(response.status_code, detail)
                 self._check_encoding(response)
                 return await self._read_bounded(response)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError) as exc:
             raise ControlPlaneError(
                 self._failure("unreachable", exc), category=FailureCategory.UNAVAILABLE,
             ) from exc
         except _MALFORMED as exc:
             raise ControlPlaneError(
                 self._failure("sent a malformed answer", exc), category=FailureCategory.INVALID,
-            ) from exc
-        except OSError as exc:
-            raise ControlPlaneError(
-                f"upstream {self._where} unreachable: {exc.strerror or exc}",
-                category=FailureCategory.UNAVAILABLE,
             ) from exc
 
     def _failure(self, what: str, exc: Exception) -> str:
@@ -381,29 +364,25 @@ class FollowerStore:
             return ControlPlaneError(message, category=FailureCategory.UNAVAILABLE)
         return ControlPlaneError(message, category=FailureCategory.INVALID)
 
+    def _stale(self, statement: Statement, why: str) -> StatementRefused:
+        return StatementRefused(reasons.STALE, f"{self._where}: the root's statement (sequence "
+                                f"{statement.sequence}, revision {statement.revision}) {why}")
+
     def _refuse_ahead(self, statement: Statement) -> None:
-        now = self._clock()
-        ahead = (statement.issued_at - now).total_seconds()
+        ahead = (statement.issued_at - self._clock()).total_seconds()
         if ahead > MAX_CLOCK_AHEAD_S:
-            raise StatementRefused(
-                reasons.STALE,
-                f"{self._where}: the root's statement (sequence {statement.sequence}, revision "
-                f"{statement.revision}) was issued at {statement.issued_at.isoformat()}, "
-                f"{ahead:.0f} s ahead of this replica's clock (more than "
-                f"{MAX_CLOCK_AHEAD_S:g} s): the root's clock or this one is wrong; its "
-                "freshness cannot be told",
-            )
+            raise self._stale(statement, f"was issued at {statement.issued_at.isoformat()}, "
+                              f"{ahead:.0f} s ahead of this replica's clock (more than "
+                              f"{MAX_CLOCK_AHEAD_S:g} s): the root's clock or this one is "
+                              "wrong; its freshness cannot be told")
 
     def _refuse_expired(self, statement: Statement) -> None:
         now = self._clock()
         if statement.expired(now):
-            raise StatementRefused(
-                reasons.STALE,
-                f"{self._where}: the root's statement (sequence {statement.sequence}, revision "
-                f"{statement.revision}) expired at {statement.expires_at.isoformat()}, "
-                f"{(now - statement.expires_at).total_seconds():.0f} s ago: the root has not "
-                "signed a fresh one (its control plane unreadable?) or a hop froze it",
-            )
+            raise self._stale(statement, f"expired at {statement.expires_at.isoformat()}, "
+                              f"{(now - statement.expires_at).total_seconds():.0f} s ago: the "
+                              "root has not signed a fresh one (its control plane unreadable?) "
+                              "or a hop froze it")
 
     def _verify(self, data: bytes) -> _Accepted:
         """The checks of the module docstring, in its order; ControlPlaneError when refused."""
@@ -433,10 +412,8 @@ class FollowerStore:
         if refused is not None:
             raise StatementRefused(refused[0], f"{self._where}: {refused[1]}")
         self._refuse_expired(statement)
-        if len(body) > self._max_bytes:
-            raise TooLarge(header.revision, len(body), self._max_bytes)
-        if header.schema_version > self._max_schema:
-            raise Incompatible(header.revision, header.schema_version, self._max_schema)
+        refuse_unreadable(header.revision, len(body), header.schema_version,
+                          max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema)
         loaded = LoadedRevision(
             id=header.revision,
             schema_version=header.schema_version,

@@ -77,8 +77,13 @@ import trio
 from psycopg import sql
 
 from supervisor.backoff import Backoff
-from supervisor.controlplane.postgres_driver import CONNECT_TIMEOUT_S, Conn, connect
-from supervisor.controlplane.runner import INTERRUPT_GRACE_S, call_interruptibly
+from supervisor.controlplane.errors import one_line
+from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
+from supervisor.controlplane.runner import (
+    INTERRUPT_GRACE_S,
+    call_interruptibly,
+    open_interruptibly,
+)
 from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 from supervisor.streak import Streak
@@ -124,46 +129,43 @@ async def run_listener(
 
 
 class WakeFloor:
-    """Notification wake-ups, at most one per ``min_interval_s`` (module docstring).
+    """Wake-ups, at most one per ``min_interval_s`` (module docstring); also the upstream hint's.
 
-    :meth:`notified` wakes the loop at once when the interval since the last
-    wake-up has passed, and holds the wake-up otherwise; :meth:`release` waits
-    out the interval of a held one and then sends it. Time is trio's clock.
+    :meth:`notified` wakes at once when the interval since the last wake-up
+    has passed, and holds the wake-up otherwise; :meth:`release` waits out the
+    interval of a held one and then sends it. Time is trio's clock.
     """
 
-    def __init__(self, wake: Callable[[str], None], min_interval_s: float, metrics: Metrics,
-                 *, clock: Callable[[], float] = trio.current_time) -> None:
+    def __init__(self, wake: Callable[[], None], min_interval_s: float) -> None:
         self._wake = wake
         self.min_interval_s = min_interval_s
-        self._metrics = metrics
-        self._clock = clock
         self._next_at = -math.inf
         self.held = False
-        self.storm = Streak(log, began="notification storm began",
-                            ongoing="notification storm goes on",
-                            ended="notification storm ended", clock=clock)
 
-    def notified(self) -> None:
-        """Notifications arrived: wake the loop now, or hold the wake-up until the floor."""
-        now = self._clock()
+    @property
+    def due(self) -> float:
+        """When the held wake-up may go out (infinity: none is held)."""
+        return self._next_at if self.held else math.inf
+
+    def notified(self) -> bool:
+        """Wake now (True), or hold the wake-up until the floor (False)."""
+        now = trio.current_time()
         if now >= self._next_at:
-            self.storm.recovered()
             self._send(now)
-        elif not self.held:
-            self.held = True
-            self._metrics.listen_wakeups_held.inc()
-            self.storm.failed()
+            return True
+        self.held = True
+        return False
 
     async def release(self) -> None:
         """Send the held wake-up, if any, once the interval since the last one has passed."""
         if self.held:
             await trio.sleep_until(self._next_at)
             self.held = False
-            self._send(self._clock())
+            self._send(trio.current_time())
 
     def _send(self, now: float) -> None:
         self._next_at = now + self.min_interval_s
-        self._wake("notify")
+        self._wake()
 
 
 class _ConnectionLost(Exception):
@@ -194,7 +196,10 @@ class _Listener:
         # The convergence loop's wake-up (ChangeSignal.notify): this module
         # knows nothing of the loop above it.
         self.wake = wake
-        self.floor = WakeFloor(wake, config.notify_min_interval_s, metrics)
+        self.floor = WakeFloor(partial(wake, "notify"), config.notify_min_interval_s)
+        self.storm = Streak(log, began="notification storm began",
+                            ongoing="notification storm goes on",
+                            ended="notification storm ended")
         self.metrics = metrics
         self.probe_interval_s = probe_interval_s
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
@@ -263,15 +268,13 @@ class _Listener:
         return False
 
     def _describe(self, exc: BaseException) -> str:
-        return " ".join(scrub(str(exc), self.url).split()) or type(exc).__name__
+        return one_line(exc, scrub(str(exc), self.url))
 
     async def _connect(self) -> Conn:
-        made: list[Conn] = []
         url, channel = self.url, self.channel
 
         def open_and_listen() -> Conn:
             conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S, waits_idle=True)
-            made.append(conn)
             try:
                 _refuse_standby(conn)
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
@@ -280,13 +283,9 @@ class _Listener:
                 raise
             return conn
 
-        def dispose() -> None:
-            for conn in made:
-                conn.close()
-
         # Cancelled mid-connect (shutdown): the thread is abandoned and closes
         # the connection itself if the connect ever completes.
-        return await call_interruptibly(open_and_listen, interrupt=lambda: None, dispose=dispose)
+        return await open_interruptibly(open_and_listen, lambda conn: conn.close())
 
     async def _serve(self, conn: Conn) -> None:
         fd = conn.fileno()
@@ -351,7 +350,12 @@ class _Listener:
             log.debug("notification", channel=note.channel, payload=note.payload[:32])
         if count:
             self.metrics.listen_notifications.inc(count)
-            self.floor.notified()
+            was_held = self.floor.held
+            if self.floor.notified():
+                self.storm.recovered()
+            elif not was_held:
+                self.metrics.listen_wakeups_held.inc()
+                self.storm.failed()
         return count
 
     async def _probe(self, conn: Conn) -> None:

@@ -135,7 +135,7 @@ def postgres_version(conn: psycopg.Connection[Any]) -> int | None:
 
 def sqlite_version(conn: sqlite3.Connection) -> int | None:
     """The newest migration recorded in the file (None: no schema yet)."""
-    done = _sqlite_applied_readonly(conn)
+    done = _sqlite_applied(conn)
     return max(done) if done else None
 
 
@@ -236,13 +236,18 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
 # -- SQLite ---------------------------------------------------------------------
 
 
-def _sqlite_applied(conn: sqlite3.Connection) -> set[int]:
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
-        " version INTEGER PRIMARY KEY,"
-        " name TEXT NOT NULL,"
-        " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
-    )
+def _sqlite_applied(conn: sqlite3.Connection, *, create: bool = False) -> set[int]:
+    """The versions recorded in the file; ``create`` makes the table when missing."""
+    if create:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
+            " version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL,"
+            " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+        )
+    elif conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                      (MIGRATIONS_TABLE,)).fetchone() is None:
+        return set()
     return {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
 
 
@@ -284,14 +289,14 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
     ``conn`` must have ``isolation_level=None`` (transactions are explicit).
     An up-to-date database is only read, so a read-only file still opens.
     """
-    done = _sqlite_applied_readonly(conn)
+    done = _sqlite_applied(conn)
     check_not_newer(max(done, default=None), "sqlite")
     latest = latest_version("sqlite")
     if all(m.version in done for m in load_migrations("sqlite")):
         return Migrated(latest, latest)
     try:
         with write_transaction(conn):  # two processes migrating at once serialise here
-            done = _sqlite_applied(conn)
+            done = _sqlite_applied(conn, create=True)
             check_not_newer(max(done, default=None), "sqlite")
             for migration in load_migrations("sqlite"):
                 if migration.version in done:
@@ -314,12 +319,3 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
                 category=FailureCategory.INVALID) from exc
         raise
     return Migrated(max(done, default=0), latest)
-
-
-def _sqlite_applied_readonly(conn: sqlite3.Connection) -> set[int]:
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (MIGRATIONS_TABLE,)
-    ).fetchone()
-    if exists is None:
-        return set()
-    return {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}

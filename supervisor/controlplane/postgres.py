@@ -29,49 +29,323 @@ and ``migrate`` are refused there as ``unavailable``, a read-only transaction).
 
 Failures are mapped here, at the driver boundary, by :func:`classify`
 (categories in :mod:`supervisor.controlplane.errors`), chained with ``from``,
-with the DSN's password scrubbed from every message.
+with the DSN's password scrubbed from every message (:func:`map_error`).
+
+The psycopg boundary here (:func:`connect`, :func:`bounded`, :func:`classify`)
+also serves the LISTEN child and the CLI's schema probe. Everything but the
+store's own methods blocks: call it from a worker thread.
 """
 
 from __future__ import annotations
 
-import hashlib
+import threading
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
 
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.checks import (
-    OBSERVE_SQL,
-    HydrateRow,
-    check_hydrated,
-    check_publishable,
-    pointer_from_row,
+from supervisor.controlplane.errors import (
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    one_line,
 )
-from supervisor.controlplane.postgres_driver import (
-    CONNECT_TIMEOUT_S,
-    Conn,
-    PostgresConnections,
-    dsn_sets_statement_timeout,
-    timeout_ms,
+from supervisor.controlplane.runner import (
+    INTERRUPT_GRACE_S,
+    ConnectionRunner,
+    StaleConnection,
+    dispose_quietly,
 )
-from supervisor.controlplane.runner import ConnectionRunner
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
-from supervisor.dsn import redact
+from supervisor.dsn import redact, scrub
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
-__all__ = ["PostgresStore"]
+__all__ = ["CONNECT_TIMEOUT_S", "SQLSTATE_CLASSES", "SQLSTATE_CODES", "Conn",
+           "PostgresConnections", "PostgresStore", "bounded", "classify", "connect",
+           "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
 
 log = get_logger("controlplane")
+
+T = TypeVar("T")
+Conn = psycopg.Connection[TupleRow]
+
+APPLICATION_NAME = "trio-supervisor"
+CONNECT_TIMEOUT_S = 5.0
+# Keepalive probes start after 30 s idle, every 10 s, 3 misses: a dead peer is
+# noticed within about a minute even on an idle connection; tcp_user_timeout
+# bounds unacknowledged writes the same way.
+KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
+             "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+#: The server version that has ``idle_session_timeout``.
+IDLE_SESSION_TIMEOUT_SINCE = 140000
+
+# SQLSTATEs that mean "the schema is not there or not current".
+_SCHEMA_MISSING = (pgerrors.UndefinedTable, pgerrors.UndefinedColumn, pgerrors.UndefinedFunction)
+
+
+_U, _C, _I, _D, _X = (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT,
+                      FailureCategory.INVALID, FailureCategory.DENIED, FailureCategory.CORRUPT)
+
+#: SQLSTATE classes (the code's first two characters, PostgreSQL manual
+#: appendix A), reviewed one class at a time: the label and why. Every
+#: timeout, cancellation, shutdown and resource class is ``unavailable`` (the
+#: control plane could not answer; the cache serves, the loop backs off). A
+#: class not listed here is the request itself being wrong: ``invalid``.
+SQLSTATE_CLASSES: dict[str, tuple[FailureCategory, str]] = {
+    "08": (_U, "connection exception: the connection failed or was lost"),
+    "25": (_I, "invalid transaction state: a statement sent in the wrong transaction "
+               "state is this build's mistake (timeouts and read-only below)"),
+    "28": (_D, "invalid authorization: the role or its password was refused"),
+    "40": (_C, "transaction rollback (serialization failure, deadlock): contention, "
+               "which clears on retry"),
+    "42": (_I, "syntax error or access rule violation: the statement or the schema "
+               "is wrong (privileges below)"),
+    "53": (_U, "insufficient resources (disk full, out of memory, too many "
+               "connections): clears when the server recovers"),
+    "54": (_U, "program limit exceeded: the daemon's statements are fixed and its "
+               "bodies bounded, so this is a server limit (the NOTIFY queue full, "
+               "max_stack_depth) that clears as the server catches up"),
+    "55": (_C, "object not in prerequisite state: another session holds the object "
+               "(lock not available, object in use); clears on retry"),
+    "57": (_U, "operator intervention: statement or session timeout, cancel, "
+               "shutdown, crash, a server not accepting connections yet"),
+    "58": (_U, "system error: the server's own files or I/O failed"),
+    "F0": (_U, "configuration file error: the server's own configuration"),
+    "XX": (_U, "internal error: the server failed, not the request (damage below)"),
+}
+
+#: Single codes whose meaning differs from their class's.
+SQLSTATE_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "25006": (_U, "read-only transaction: a hot standby refuses writes; clears with "
+                  "a failover"),
+    "25P03": (_U, "idle_in_transaction_session_timeout: a timeout ended the session"),
+    "25P04": (_U, "transaction_timeout: a timeout ended the transaction"),
+    "40003": (_U, "statement completion unknown: the connection was lost mid-commit"),
+    "42501": (_D, "insufficient privilege: a grant is missing"),
+    "55P02": (_I, "cannot change a runtime parameter: a setting the DSN asks for"),
+    "55P04": (_I, "unsafe use of a new enum value: a statement this build sent"),
+    "XX001": (_X, "data corrupted: the server reports damaged storage"),
+    "XX002": (_X, "index corrupted: the server reports a damaged index"),
+}
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a driver (or socket) error (see :data:`SQLSTATE_CLASSES`)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(exc, psycopg.Error) and isinstance(sqlstate, str) and len(sqlstate) == 5:
+        entry = SQLSTATE_CODES.get(sqlstate) or SQLSTATE_CLASSES.get(sqlstate[:2])
+        return FailureCategory.INVALID if entry is None else entry[0]
+    # No SQLSTATE: raised by libpq or psycopg, not the server. A failed connect
+    # (FATAL messages at startup carry none), "the connection is lost/closed",
+    # a socket error: the control plane could not be asked.
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError
+                  | TimeoutError):
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
+    """Wrap a driver error for the caller; the message never holds the password."""
+    detail = one_line(exc, scrub(str(exc), url))
+    if isinstance(exc, _SCHEMA_MISSING):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
+
+
+def connect(
+    url: str,
+    *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    statement_timeout_s: float | None = 10.0,
+    waits_idle: bool = False,
+) -> Conn:
+    """Open an autocommit connection (blocking; call it from a worker thread).
+
+    ``waits_idle`` (the LISTEN session, whose job is to idle) turns the
+    server's ``idle_session_timeout`` off for this session (PostgreSQL 14 and
+    later), so a database that ends idle sessions does not end it between two
+    notifications; liveness is the listener's own probe.
+
+    ``statement_timeout_s`` set here is *session* state: only for a connection
+    known to be direct (the LISTEN child's). The store passes None and bounds
+    each call per transaction instead (:func:`bounded`), which also works
+    behind PgBouncer in transaction pooling mode. Statements are never
+    prepared server-side (``prepare_threshold=None``): a prepared statement is
+    session state too, and under transaction pooling the next transaction may
+    run on a server connection that never saw it.
+    """
+    # The DSN's parameters win; this daemon's defaults fill in whatever it leaves unset.
+    params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    params = {"connect_timeout": str(max(2, round(connect_timeout_s))),
+              "application_name": APPLICATION_NAME, **KEEPALIVE, **params}
+    conninfo = make_conninfo("", **params)
+    conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+    try:
+        if statement_timeout_s is not None:
+            # set_config rather than "options=-c ..." at connect: a DSN's own
+            # options parameter must keep working.
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                [f"{timeout_ms(statement_timeout_s)}ms"],
+            )
+        if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
+            conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def timeout_ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def dsn_sets_statement_timeout(url: str) -> bool:
+    """True when the DSN's own ``options`` set ``statement_timeout`` (then it wins)."""
+    try:
+        options = conninfo_to_dict(url).get("options")
+    except psycopg.ProgrammingError:
+        return False
+    return isinstance(options, str) and "statement_timeout" in options
+
+
+def bounded(conn: Conn, fn: Callable[[Conn], T], statement_timeout_ms: int | None) -> T:
+    """Run ``fn`` in one transaction whose statements are bounded by ``statement_timeout_ms``.
+
+    ``SET LOCAL`` lasts until the transaction ends, so nothing outlives the
+    call: no session state, which is what PgBouncer's transaction pooling
+    requires. ``BEGIN`` and the setting travel in one round trip (simple
+    query protocol, no parameters; the value is an int). ``fn`` may open
+    ``conn.transaction()`` itself: that becomes a savepoint inside this one.
+    None skips the setting (the DSN's own ``options`` set it) but keeps the
+    transaction. On any failure the transaction is rolled back when the
+    connection still can, so a connection is never returned mid-transaction.
+    A connection found closed by that first round trip (the server's
+    ``idle_session_timeout``, a pooler's idle limit) raises
+    :class:`~supervisor.controlplane.runner.StaleConnection`: nothing of the
+    call reached the server.
+    """
+    begin = ("BEGIN" if statement_timeout_ms is None
+             else f"BEGIN; SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+    try:
+        conn.execute(begin)
+    except psycopg.Error as exc:
+        if conn.closed or conn.broken:
+            raise StaleConnection(one_line(exc)) from exc
+        raise
+    try:
+        result = fn(conn)
+    except BaseException:
+        if not conn.closed and not conn.broken:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error as exc:
+                log.debug("rolling back a failed call failed", error=str(exc))
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def _identity(conn: Conn) -> str | None:
+    """``<system identifier>/<database oid>``: which cluster and database this is.
+
+    A restore from a physical backup into a new cluster changes the first, a
+    dropped and re-created database the second. ``pg_control_system()`` is
+    executable by PUBLIC by default; where it was revoked only the oid is used.
+    """
+    try:
+        # A savepoint when called inside bounded()'s transaction: the fallback
+        # below must not run in an aborted transaction.
+        with conn.transaction():
+            row = conn.execute(
+                "SELECT (SELECT system_identifier::text FROM pg_control_system()),"
+                " (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+    except pgerrors.InsufficientPrivilege:
+        row = conn.execute(
+            "SELECT NULL, (SELECT oid::text FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+    if row is None:
+        return None
+    return f"postgresql:{row[0] or '?'}/{row[1]}"
+
+
+def _identity_checking_schema(conn: Conn) -> str | None:
+    """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew).
+
+    A replica's role may be granted only what it reads (the pointer and the
+    revisions): where it may not read the migrations table the look is skipped
+    rather than refusing every read.
+    """
+    try:
+        # A savepoint inside bounded()'s transaction: a refusal must not abort it.
+        with conn.transaction():
+            found = migrations.postgres_version(conn)
+    except pgerrors.InsufficientPrivilege:
+        found = None
+    migrations.check_not_newer(found, "postgresql")
+    return _identity(conn)
+
+
+class PostgresConnections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg."""
+
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+
+    def __init__(self, url: str, connect_timeout_s: float, timeout_ms: int | None) -> None:
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_ms = timeout_ms
+        # Read at every connect: a restore or another database behind the
+        # same DSN can only appear across a new connection.
+        self.identity: str | None = None
+
+    def open(self, stop: threading.Event) -> Conn:
+        # Nothing to interrupt while connecting (``stop`` unused): a cancelled
+        # connect is abandoned, and its connection closed if it ever completes.
+        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
+                       statement_timeout_s=None)
+        try:
+            self.identity = bounded(conn, _identity_checking_schema, self.timeout_ms)
+        except BaseException:
+            dispose_quietly(conn.close)
+            raise
+        log.debug("control-plane connection opened", url=redact(self.url))
+        return conn
+
+    def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
+        return bounded(conn, fn, self.timeout_ms)
+
+    def interrupt(self, conn: Conn, stop: threading.Event) -> None:
+        conn.cancel_safe(timeout=INTERRUPT_GRACE_S)
+
+    def close(self, conn: Conn) -> None:
+        dispose_quietly(conn.close)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what, url=self.url)
+
+    def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
+        return (not conn.closed and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+
 
 # Schema changes can queue behind the advisory lock of another replica's run.
 MIGRATE_TIMEOUT_S = 120.0
 
 
-class PostgresStore:
+class PostgresStore(revisions.DatabaseStore):
     """ControlPlaneStore on PostgreSQL (see the module docstring)."""
+
+    _sql = revisions.pg
 
     def __init__(
         self,
@@ -95,121 +369,19 @@ class PostgresStore:
         )
         self._runner = ConnectionRunner(
             self._connections, deadline_s=connect_timeout_s + statement_timeout_s + 2.0)
-        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
 
-    # -- the protocol -------------------------------------------------------------
-
-    async def desired(self) -> int | None:
-        def read(conn: Conn) -> int | None:
-            row = conn.execute(
-                "SELECT revision_id FROM supervisor_desired WHERE singleton"
-            ).fetchone()
-            return None if row is None else int(row[0])
-
-        return await self._run("read", read)
-
-    async def observe(self) -> RevisionPointer | None:
-        def read(conn: Conn) -> RevisionPointer | None:
-            with conn.cursor(binary=True) as cur:
-                row = cur.execute(OBSERVE_SQL).fetchone()
-            return pointer_from_row(row, self._connections.identity)
-
-        return await self._run("read", read)
-
-    async def hydrate(self) -> LoadedRevision | None:
-        max_bytes, max_schema = self._max_bytes, self._max_schema
-
-        def read(conn: Conn) -> LoadedRevision | None:
-            # One statement is one snapshot, even under READ COMMITTED: the
-            # pointer and the revision it names are read consistently. The
-            # body is withheld in SQL when it is too large or too new, so an
-            # oversize body never crosses the network. Binary format: bytea
-            # travels as raw bytes rather than hex text twice the size.
-            with conn.cursor(binary=True) as cur:
-                row = cur.execute(
-                    "SELECT d.revision_id, r.id, r.schema_version, octet_length(r.body),"
-                    " CASE WHEN octet_length(r.body) <= %(max_bytes)s"
-                    "       AND r.schema_version <= %(max_schema)s THEN r.body END,"
-                    " r.body_sha256, r.created_at, r.message, d.sequence"
-                    " FROM supervisor_desired d"
-                    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                    " WHERE d.singleton",
-                    {"max_bytes": max_bytes, "max_schema": max_schema},
-                ).fetchone()
-            if row is None:
-                return None
-            return check_hydrated(
-                HydrateRow(*row), max_revision_bytes=max_bytes, max_schema_version=max_schema
-            )
-
-        return await self._run("hydrate", read)
-
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        check_publishable(
-            body, schema_version,
-            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
-        )
-
-        def write(conn: Conn) -> int:
-            digest = hashlib.sha256(body).digest()
-            with conn.transaction():
-                revisions.pg.say_why(conn, message)
-                row = conn.execute(
-                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-                    " VALUES (%s, %b, %b, %s) RETURNING id",
-                    [schema_version, body, digest, message],
-                ).fetchone()
-                assert row is not None  # INSERT ... RETURNING always returns the row
-                revision = int(row[0])
-                # The trigger on supervisor_desired sends the NOTIFY, at commit.
-                conn.execute(
-                    "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
-                    " ON CONFLICT (singleton) DO UPDATE"
-                    " SET revision_id = EXCLUDED.revision_id, updated_at = now()",
-                    [revision],
-                )
-            return revision
-
-        revision = await self._run("publish", write)
-        log.info("revision published", revision=revision, bytes=len(body))
-        return revision
+    @property
+    def identity(self) -> str | None:
+        """The cluster and database (``postgresql:<system id>/<oid>``) of the last connect."""
+        return self._connections.identity
 
     async def migrate(self) -> migrations.Migrated:
-        channel = self._channel
-
-        def run(conn: Conn) -> migrations.Migrated:
-            return migrations.migrate_postgres(conn, channel=channel)
-
-        done = await self._run("migrate", run, deadline_s=MIGRATE_TIMEOUT_S)
+        done = await self._runner.run("migrate", partial(
+            migrations.migrate_postgres, channel=self._channel), deadline_s=MIGRATE_TIMEOUT_S)
         log.info("control-plane schema migrated" if done.before < done.after
                  else "control-plane schema up to date",
                  before=done.before, version=done.after, url=redact(self._url))
         return done
-
-    # -- the revision lifecycle (statements in controlplane.revisions) --
-
-    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        return await self._run("history", partial(revisions.pg.history, limit=limit))
-
-    async def revision(self, revision: int) -> LoadedRevision:
-        return await self._run("read", partial(revisions.pg.read_revision, revision=revision,
-                                               max_bytes=self._max_bytes))
-
-    async def rollback(self, revision: int, body_sha256: bytes,
-                       message: str | None = None) -> int | None:
-        previous: int | None = await self._run("rollback", partial(
-            revisions.pg.rollback, revision=revision, body_sha256=body_sha256, message=message))
-        log.info("desired revision rolled back", revision=revision, previous=previous)
-        return previous
-
-    async def prune(self, keep: int) -> list[int]:
-        return await self._run("prune", partial(revisions.pg.prune, keep=keep))
-
-    async def changes(self, limit: int | None) -> list[DesiredChange]:
-        return await self._run("history", partial(revisions.pg.changes, limit=limit))
-
-    async def aclose(self) -> None:
-        await self._runner.aclose()

@@ -1,22 +1,24 @@
-"""The revision lifecycle's statements: history, one revision, rollback, prune, changes.
+"""The database stores' statements, one set per dialect, and the store methods that run them.
 
-Blocking functions that take a driver connection, one set per dialect; the
-stores run them through their usual ``_run`` (worker thread, deadline,
+Blocking functions that take a driver connection, one set per dialect
+(:class:`pg`, :class:`sqlite`); :class:`DatabaseStore`, the base of both
+stores, runs them through its ``_run`` (worker thread, deadline,
 interruption, error mapping), so they fail exactly like every other store call.
 Contracts, the same for both dialects:
 
-- :func:`history`: the newest ``limit`` revisions (all when None), newest first,
+- ``publish``: the revision stored and made desired in one transaction, its id.
+- ``history``: the newest ``limit`` revisions (all when None), newest first,
   without bodies, and the desired revision id read in the same statement.
-- :func:`read_revision`: one revision by id, its body checked against its digest
+- ``read_revision``: one revision by id, its body checked against its digest
   (NOT_FOUND, TooLarge over ``max_revision_bytes``, CORRUPT); the schema version
   is returned as stored, whatever this build reads: the caller decides.
-- :func:`rollback`: one statement points desired at ``revision`` if it still
+- ``rollback``: one statement points desired at ``revision`` if it still
   exists with ``body_sha256`` (so a revision pruned or replaced meanwhile is
   NOT_FOUND, never a dangling or different pointer). On PostgreSQL the trigger
   sends the NOTIFY at commit, as for any publish.
-- :func:`changes`: the record of the desired pointer's changes
+- ``changes``: the record of the desired pointer's changes
   (``supervisor_desired_log``), newest first: sequence, revision, when, who, why.
-- :func:`prune`: one transaction deletes every revision older than the newest
+- ``prune``: one transaction deletes every revision older than the newest
   ``keep``, never the desired one (the desired row is locked first, so a
   concurrent rollback or publish waits rather than losing its revision).
 """
@@ -24,24 +26,46 @@ Contracts, the same for both dialects:
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
 import sqlite3
 import sys
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from supervisor.controlplane.checks import HydrateRow, check_hydrated
+from supervisor.controlplane.checks import (
+    OBSERVE_SQL,
+    HydrateRow,
+    as_bytes,
+    check_hydrated,
+    check_publishable,
+    hydrate_sql,
+    parse_time,
+    pointer_from_row,
+)
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.migrations import write_transaction
-from supervisor.controlplane.store import DesiredChange, LoadedRevision, RevisionSummary
+from supervisor.controlplane.store import (
+    DesiredChange,
+    LoadedRevision,
+    RevisionPointer,
+    RevisionSummary,
+)
+from supervisor.logs import get_logger
 
-__all__ = ["DesiredChange", "RevisionSummary", "pg", "sqlite"]
+if TYPE_CHECKING:
+    from supervisor.controlplane.runner import ConnectionRunner
 
+__all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "pg", "sqlite"]
+
+log = get_logger("controlplane")
 
 #: The change record's columns, newest first (both stores).
 CHANGES_SQL = ("SELECT sequence, revision_id, changed_at, changed_by, message"
                " FROM supervisor_desired_log ORDER BY sequence DESC")
+DESIRED_SQL = "SELECT revision_id FROM supervisor_desired WHERE singleton"
 
 
 def _not_found(revision: int) -> ControlPlaneError:
@@ -51,23 +75,70 @@ def _not_found(revision: int) -> ControlPlaneError:
     )
 
 
-def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int,
-             parse_time: Any = None, as_bytes: Any = None) -> LoadedRevision:
+def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int) -> LoadedRevision:
     if row is None:
         raise _not_found(revision)
     rid, schema_version, size, body, digest, created_at, message = row
-    if as_bytes is not None:
-        body, digest = as_bytes(body), as_bytes(digest)
-    if parse_time is not None:
-        created_at = parse_time(created_at)
     return check_hydrated(
-        HydrateRow(revision, rid, schema_version, size, body, digest, created_at, message),
+        HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
+                   parse_time(created_at), message),
         max_revision_bytes=max_bytes, max_schema_version=sys.maxsize,
     )
 
 
+def _summaries(rows: list[Any]) -> list[RevisionSummary]:
+    return [RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
+                            parse_time(created), message)
+            for rid, sv, size, digest, created, message in rows]
+
+
+def _changes(rows: list[Any]) -> list[DesiredChange]:
+    return [DesiredChange(int(q), int(r), parse_time(at), str(by), msg)
+            for q, r, at, by, msg in rows]
+
+
+def _desired(conn: Any) -> int | None:
+    row = conn.execute(DESIRED_SQL).fetchone()
+    if row is None:
+        return None
+    if not isinstance(row[0], int):
+        raise TypeError(f"the desired pointer holds {row[0]!r}, not a revision id")
+    return int(row[0])
+
+
 class pg:  # a namespace of PostgreSQL statements
     Conn = psycopg.Connection[Any]
+    NAMED = "%({})s"
+
+    @staticmethod
+    def one(conn: Conn, query: str, params: Any = None) -> Any:
+        """One row, in binary format: bytea travels as raw bytes, not hex text twice the size."""
+        with conn.cursor(binary=True) as cur:
+            return cur.execute(query, params).fetchone()
+
+    @staticmethod
+    def size(column: str) -> str:
+        return f"octet_length({column})"
+
+    @staticmethod
+    def publish(conn: Conn, body: bytes, schema_version: int, message: str | None) -> int:
+        with conn.transaction():
+            pg.say_why(conn, message)
+            row = conn.execute(
+                "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
+                " VALUES (%s, %b, %b, %s) RETURNING id",
+                [schema_version, body, hashlib.sha256(body).digest(), message],
+            ).fetchone()
+            assert row is not None  # INSERT ... RETURNING always returns the row
+            revision = int(row[0])
+            # The trigger on supervisor_desired sends the NOTIFY, at commit.
+            conn.execute(
+                "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
+                " ON CONFLICT (singleton) DO UPDATE"
+                " SET revision_id = EXCLUDED.revision_id, updated_at = now()",
+                [revision],
+            )
+        return revision
 
     @staticmethod
     def history(conn: Conn, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
@@ -81,20 +152,14 @@ class pg:  # a namespace of PostgreSQL statements
                 [limit],
             ).fetchall()
         desired = rows[0][0] if rows else None
-        return desired, [
-            RevisionSummary(int(rid), int(sv), int(size), bytes(digest), created, message)
-            for _, rid, sv, size, digest, created, message in rows if rid is not None
-        ]
+        return desired, _summaries([row[1:] for row in rows if row[1] is not None])
 
     @staticmethod
     def read_revision(conn: Conn, revision: int, max_bytes: int) -> LoadedRevision:
-        with conn.cursor(binary=True) as cur:
-            row = cur.execute(
-                "SELECT id, schema_version, octet_length(body),"
-                " CASE WHEN octet_length(body) <= %s THEN body END,"
-                " body_sha256, created_at, message FROM supervisor_revisions WHERE id = %s",
-                [max_bytes, revision],
-            ).fetchone()
+        row = pg.one(conn, "SELECT id, schema_version, octet_length(body),"
+                     " CASE WHEN octet_length(body) <= %s THEN body END,"
+                     " body_sha256, created_at, message FROM supervisor_revisions WHERE id = %s",
+                     [max_bytes, revision])
         return _checked(row, revision, max_bytes)
 
     @staticmethod
@@ -106,9 +171,7 @@ class pg:  # a namespace of PostgreSQL statements
                 pg.say_why(conn, message)
                 # Locked first, so "previous" is what this write replaces: a
                 # publish committing meanwhile is waited for, and then read.
-                old = conn.execute(
-                    "SELECT revision_id FROM supervisor_desired WHERE singleton FOR UPDATE"
-                ).fetchone()
+                old = conn.execute(DESIRED_SQL + " FOR UPDATE").fetchone()
                 row = conn.execute(
                     "INSERT INTO supervisor_desired (singleton, revision_id)"
                     " SELECT true, id FROM supervisor_revisions"
@@ -135,15 +198,12 @@ class pg:  # a namespace of PostgreSQL statements
 
     @staticmethod
     def changes(conn: Conn, limit: int | None) -> list[DesiredChange]:
-        rows = conn.execute(CHANGES_SQL + " LIMIT %s", [limit]).fetchall()
-        return [DesiredChange(int(q), int(r), at, str(by), msg) for q, r, at, by, msg in rows]
+        return _changes(conn.execute(CHANGES_SQL + " LIMIT %s", [limit]).fetchall())
 
     @staticmethod
     def prune(conn: Conn, keep: int) -> list[int]:
         with conn.transaction():
-            row = conn.execute(
-                "SELECT revision_id FROM supervisor_desired WHERE singleton FOR UPDATE"
-            ).fetchone()
+            row = conn.execute(DESIRED_SQL + " FOR UPDATE").fetchone()
             desired = None if row is None else int(row[0])
             rows = conn.execute(
                 "DELETE FROM supervisor_revisions WHERE id NOT IN"
@@ -155,51 +215,76 @@ class pg:  # a namespace of PostgreSQL statements
 
 
 class sqlite:  # a namespace of SQLite statements
-    SIZE = "CASE typeof(body) WHEN 'blob' THEN length(body) ELSE length(CAST(body AS BLOB)) END"
+    NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    NAMED = ":{}"
 
     @staticmethod
-    def history(conn: sqlite3.Connection, limit: int | None,
-                as_bytes: Any, parse_time: Any) -> tuple[int | None, list[RevisionSummary]]:
+    def one(conn: sqlite3.Connection, query: str, params: Any = ()) -> Any:
+        return conn.execute(query, params).fetchone()
+
+    @staticmethod
+    def size(column: str) -> str:
+        """A BLOB's size in bytes. length() of a BLOB is answered from the record header
+        without loading the value; TEXT (a plain-SQL publisher's string) counts
+        characters, so it is measured as bytes instead."""
+        return (f"CASE typeof({column}) WHEN 'blob' THEN length({column})"
+                f" ELSE length(CAST({column} AS BLOB)) END")
+
+    @staticmethod
+    def publish(conn: sqlite3.Connection, body: bytes, schema_version: int,
+                message: str | None) -> int:
+        with write_transaction(conn):
+            revision = conn.execute(
+                "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
+                " VALUES (?, ?, ?, ?)",
+                (schema_version, body, hashlib.sha256(body).digest(), message),
+            ).lastrowid
+            assert revision is not None  # set by every successful INSERT
+            conn.execute(
+                "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (TRUE, ?)"
+                " ON CONFLICT (singleton) DO UPDATE"
+                f" SET revision_id = excluded.revision_id, updated_at = {sqlite.NOW}",
+                (revision,),
+            )
+            sqlite.say_who_and_why(conn, message)
+        return revision
+
+    @staticmethod
+    def history(conn: sqlite3.Connection,
+                limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         conn.execute("BEGIN")  # one read transaction: the pointer and the list agree
         try:
-            row = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
-                               ).fetchone()
+            row = conn.execute(DESIRED_SQL).fetchone()
             rows = conn.execute(
-                f"SELECT id, schema_version, {sqlite.SIZE}, body_sha256, created_at, message"
-                " FROM supervisor_revisions ORDER BY id DESC LIMIT ?",
+                f"SELECT id, schema_version, {sqlite.size('body')}, body_sha256, created_at,"
+                " message FROM supervisor_revisions ORDER BY id DESC LIMIT ?",
                 (-1 if limit is None else limit,),
             ).fetchall()
         finally:
             conn.execute("COMMIT")
-        return (None if row is None else int(row[0])), [
-            RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
-                            parse_time(created), message)
-            for rid, sv, size, digest, created, message in rows
-        ]
+        return (None if row is None else int(row[0])), _summaries(rows)
 
     @staticmethod
-    def read_revision(conn: sqlite3.Connection, revision: int, max_bytes: int,
-                      as_bytes: Any, parse_time: Any) -> LoadedRevision:
+    def read_revision(conn: sqlite3.Connection, revision: int, max_bytes: int) -> LoadedRevision:
         row = conn.execute(
-            f"SELECT id, schema_version, {sqlite.SIZE},"
-            f" CASE WHEN {sqlite.SIZE} <= ? THEN body END,"
+            f"SELECT id, schema_version, {sqlite.size('body')},"
+            f" CASE WHEN {sqlite.size('body')} <= ? THEN body END,"
             " body_sha256, created_at, message FROM supervisor_revisions WHERE id = ?",
             (max_bytes, revision),
         ).fetchone()
-        return _checked(row, revision, max_bytes, parse_time=parse_time, as_bytes=as_bytes)
+        return _checked(row, revision, max_bytes)
 
     @staticmethod
     def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes,
-                 now: str, message: str | None = None) -> int | None:
+                 message: str | None = None) -> int | None:
         """Re-point desired; the id it replaced, read in the same write transaction."""
         with write_transaction(conn):
-            old = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
-                               ).fetchone()
+            old = conn.execute(DESIRED_SQL).fetchone()
             row = conn.execute(
                 "INSERT INTO supervisor_desired (singleton, revision_id)"
                 " SELECT TRUE, id FROM supervisor_revisions WHERE id = ? AND body_sha256 = ?"
                 " ON CONFLICT (singleton) DO UPDATE"
-                f" SET revision_id = excluded.revision_id, updated_at = {now}"
+                f" SET revision_id = excluded.revision_id, updated_at = {sqlite.NOW}"
                 " RETURNING revision_id",
                 (revision, body_sha256),
             ).fetchone()
@@ -221,18 +306,14 @@ class sqlite:  # a namespace of SQLite statements
         )
 
     @staticmethod
-    def changes(conn: sqlite3.Connection, limit: int | None,
-                parse_time: Any) -> list[DesiredChange]:
-        rows = conn.execute(CHANGES_SQL + " LIMIT ?", (-1 if limit is None else limit,)
-                            ).fetchall()
-        return [DesiredChange(int(q), int(r), parse_time(at), str(by), msg)
-                for q, r, at, by, msg in rows]
+    def changes(conn: sqlite3.Connection, limit: int | None) -> list[DesiredChange]:
+        return _changes(conn.execute(CHANGES_SQL + " LIMIT ?",
+                                     (-1 if limit is None else limit,)).fetchall())
 
     @staticmethod
     def prune(conn: sqlite3.Connection, keep: int) -> list[int]:
         with write_transaction(conn):
-            row = conn.execute("SELECT revision_id FROM supervisor_desired WHERE singleton"
-                               ).fetchone()
+            row = conn.execute(DESIRED_SQL).fetchone()
             rows = conn.execute(
                 "DELETE FROM supervisor_revisions WHERE id NOT IN"
                 " (SELECT id FROM supervisor_revisions ORDER BY id DESC LIMIT ?)"
@@ -247,3 +328,87 @@ def _os_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (a bare container)
         return f"uid {os.getuid()}"
+
+
+class DatabaseStore:
+    """The ControlPlaneStore methods both databases implement alike.
+
+    A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`), ``_runner``,
+    ``_max_bytes`` and ``_max_schema``, and implements ``identity`` and
+    ``migrate`` itself.
+    """
+
+    _sql: Any  # the dialect's namespace of statements
+    _runner: ConnectionRunner[Any]
+    _max_bytes: int
+    _max_schema: int
+
+    @property
+    def identity(self) -> str | None:
+        raise NotImplementedError
+
+    async def desired(self) -> int | None:
+        return await self._runner.run("read", _desired)
+
+    async def observe(self) -> RevisionPointer | None:
+        def read(conn: Any) -> RevisionPointer | None:
+            return pointer_from_row(self._sql.one(conn, OBSERVE_SQL), self.identity)
+
+        return await self._runner.run("read", read)
+
+    async def hydrate(self) -> LoadedRevision | None:
+        sql, max_bytes, max_schema = self._sql, self._max_bytes, self._max_schema
+        query = hydrate_sql(sql.size("r.body"), sql.NAMED)
+
+        def read(conn: Any) -> LoadedRevision | None:
+            row = sql.one(conn, query, {"max_bytes": max_bytes, "max_schema": max_schema})
+            if row is None:
+                return None
+            desired, rid, schema_version, size, body, digest, created_at, message, seq = row
+            return check_hydrated(
+                HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
+                           size, as_bytes(body), as_bytes(digest), parse_time(created_at),
+                           message, seq),
+                max_revision_bytes=max_bytes, max_schema_version=max_schema,
+            )
+
+        return await self._runner.run("hydrate", read)
+
+    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
+        check_publishable(
+            body, schema_version,
+            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
+        )
+        revision: int = await self._runner.run("publish", partial(
+            self._sql.publish, body=body, schema_version=schema_version, message=message))
+        log.info("revision published", revision=revision, bytes=len(body))
+        return revision
+
+    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        found: tuple[int | None, list[RevisionSummary]] = await self._runner.run(
+            "history", partial(self._sql.history, limit=limit))
+        return found
+
+    async def revision(self, revision: int) -> LoadedRevision:
+        loaded: LoadedRevision = await self._runner.run("read", partial(
+            self._sql.read_revision, revision=revision, max_bytes=self._max_bytes))
+        return loaded
+
+    async def rollback(self, revision: int, body_sha256: bytes,
+                       message: str | None = None) -> int | None:
+        previous: int | None = await self._runner.run("rollback", partial(
+            self._sql.rollback, revision=revision, body_sha256=body_sha256, message=message))
+        log.info("desired revision rolled back", revision=revision, previous=previous)
+        return previous
+
+    async def prune(self, keep: int) -> list[int]:
+        pruned: list[int] = await self._runner.run("prune", partial(self._sql.prune, keep=keep))
+        return pruned
+
+    async def changes(self, limit: int | None) -> list[DesiredChange]:
+        found: list[DesiredChange] = await self._runner.run(
+            "history", partial(self._sql.changes, limit=limit))
+        return found
+
+    async def aclose(self) -> None:
+        await self._runner.aclose()

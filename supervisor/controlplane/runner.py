@@ -14,8 +14,8 @@ cancellation and on a driver error that leaves it unusable, and a bounded,
 shielded close. A store gives it a :class:`Driver`: how to open, call,
 interrupt and close its connections, and how its errors map. The LISTEN child
 holds its connection differently (one long-lived session waited on by file
-descriptor, never shared), so it uses :func:`call_interruptibly` directly for
-its connect and probes.
+descriptor, never shared), so it uses :func:`open_interruptibly` and
+:func:`call_interruptibly` directly for its connect and probes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from supervisor.controlplane.errors import (
 from supervisor.logs import get_logger
 
 __all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
-           "call_interruptibly"]
+           "call_interruptibly", "dispose_quietly", "open_interruptibly"]
 
 log = get_logger("controlplane")
 
@@ -85,7 +85,7 @@ class _Call(Generic[T]):
                 self._done = True
                 dispose = self._dispose
             if dispose is not None:
-                _dispose_quietly(dispose)
+                dispose_quietly(dispose)
 
     def give_up(self, dispose: Callable[[], object]) -> None:
         """Dispose now (in a background thread) if finished, else when the call returns."""
@@ -94,16 +94,17 @@ class _Call(Generic[T]):
                 self._dispose = dispose
                 return
         # Closing a connection can block on the network: never in the trio thread.
-        trio.lowlevel.start_thread_soon(lambda: _dispose_quietly(dispose), lambda _: None)
+        trio.lowlevel.start_thread_soon(lambda: dispose_quietly(dispose), lambda _: None)
 
 
-def _dispose_quietly(dispose: Callable[[], object]) -> None:
-    # Runs in a worker thread where nobody could handle an error: the resource
-    # is being thrown away, so a failure to close it cleanly only matters as a log line.
+def dispose_quietly(dispose: Callable[[], object]) -> None:
+    """Run ``dispose`` (a connection's close); a failure is only logged, never raised."""
+    # Runs where nobody could handle an error: the connection is being thrown
+    # away, so a failure to close it cleanly only matters as a log line.
     try:
         dispose()
     except Exception as exc:  # noqa: BLE001
-        log.debug("closing an abandoned connection failed", error=str(exc))
+        log.debug("closing a control-plane connection failed", error=str(exc))
 
 
 async def call_interruptibly(
@@ -195,7 +196,7 @@ class ConnectionRunner(Generic[C]):
         return self._conn
 
     async def discard(self) -> None:
-        """Close the open connection (for ``before``); the next call opens a new one."""
+        """Close the open connection, if any; the next call opens a new one."""
         conn, self._conn = self._conn, None
         if conn is not None:
             await trio.to_thread.run_sync(partial(self._driver.close, conn))
@@ -242,8 +243,7 @@ class ConnectionRunner(Generic[C]):
                     # Through map_error: its message is scrubbed of the DSN's password.
                     log.debug("control-plane connection closed while idle; reconnecting",
                               error=str(driver.map_error(exc.__cause__ or exc, what)))
-                    self._conn = None
-                    await trio.to_thread.run_sync(partial(driver.close, conn))
+                    await self.discard()
                     conn = await self._open()
                     self._conn = conn
             return await self._call(conn, fn, stop)
@@ -251,9 +251,7 @@ class ConnectionRunner(Generic[C]):
             # Even a new connection failed at once: report why.
             cause = exc.__cause__ or exc
             error = driver.map_error(cause, what)
-            if self._conn is not None:
-                stale, self._conn = self._conn, None
-                await trio.to_thread.run_sync(partial(driver.close, stale))
+            await self.discard()
             raise error from cause
         except trio.Cancelled:
             # call_interruptibly has handed the connection over for closing.
@@ -262,8 +260,7 @@ class ConnectionRunner(Generic[C]):
         except self._errors as exc:
             error = driver.map_error(exc, what)
             if conn is not None and not driver.keeps(conn, error):
-                self._conn = None
-                await trio.to_thread.run_sync(partial(driver.close, conn))
+                await self.discard()
             raise error from exc
         except DECODING_ERRORS as exc:
             # Traceback dropped: it holds the rows (see errors.malformed).
@@ -283,18 +280,26 @@ class ConnectionRunner(Generic[C]):
         )
 
     async def _open(self) -> C:
-        made: list[C] = []
         stop = threading.Event()
-        driver = self._driver
+        return await open_interruptibly(partial(self._driver.open, stop), self._driver.close,
+                                        interrupt=stop.set)
 
-        def open_one() -> C:
-            conn = driver.open(stop)
-            made.append(conn)
-            return conn
 
-        def dispose() -> None:
-            for conn in made:
-                driver.close(conn)
+async def open_interruptibly(open_one: Callable[[], C], close: Callable[[C], object], *,
+                             interrupt: Callable[[], object] = lambda: None) -> C:
+    """A new connection from blocking ``open_one``, through :func:`call_interruptibly`.
 
-        # A cancelled open is abandoned, and its connection closed if it ever completes.
-        return await call_interruptibly(open_one, interrupt=stop.set, dispose=dispose)
+    A cancelled open is abandoned, and its connection closed (``close``) if it
+    ever completes.
+    """
+    made: list[C] = []
+
+    def opened() -> C:
+        made.append(open_one())
+        return made[-1]
+
+    def dispose() -> None:
+        for conn in made:
+            close(conn)
+
+    return await call_interruptibly(opened, interrupt=interrupt, dispose=dispose)

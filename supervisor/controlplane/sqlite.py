@@ -2,7 +2,7 @@
 
 Same tables (docs/control-plane.md, minus the NOTIFY trigger: replicas on
 SQLite converge by polling alone), same hydration checks
-(:func:`~supervisor.controlplane.store.check_hydrated`), same failure
+(:func:`~supervisor.controlplane.checks.check_hydrated`), same failure
 categories. The schema is migrated when the connection is first opened (an
 embedded store has no separate operator step; an up-to-date file is only read).
 
@@ -18,71 +18,240 @@ and stops waiting as soon as the call is cancelled.
 one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
 writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
 
-Error mapping: :mod:`supervisor.controlplane.sqlite_driver`.
+Error mapping: by SQLite's result code, not the exception class (sqlite3
+raises OperationalError for a syntax error too); the table
+:data:`RESULT_CODES` gives each primary code its label and why. A missing
+table is INVALID with the migrate hint.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
-from datetime import UTC, datetime
+import threading
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import quote
 
 import trio
 
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
-from supervisor.controlplane.checks import (
-    OBSERVE_SQL,
-    HydrateRow,
-    check_hydrated,
-    check_publishable,
-    pointer_from_row,
+from supervisor.controlplane.errors import (
+    MIGRATE_HINT,
+    ControlPlaneError,
+    FailureCategory,
+    one_line,
 )
-from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.runner import ConnectionRunner
-from supervisor.controlplane.sqlite_driver import SQLiteConnections, map_error
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.controlplane.runner import ConnectionRunner, dispose_quietly
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
-__all__ = ["SQLiteStore"]
+__all__ = ["EXTENDED_CODES", "RESULT_CODES", "SQLiteConnections", "SQLiteStore", "classify",
+           "map_error"]
 
 log = get_logger("controlplane")
 
 T = TypeVar("T")
 
-_NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-# The body's size in bytes. length() of a BLOB column is answered from the
-# record header without loading the value; TEXT (a plain-SQL publisher's
-# string) counts characters, so it is measured as bytes instead.
-_SIZE = (
-    "CASE typeof(r.body) WHEN 'blob' THEN length(r.body)"
-    " ELSE length(CAST(r.body AS BLOB)) END"
-)
+_U, _C, _I, _D, _X = (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT,
+                      FailureCategory.INVALID, FailureCategory.DENIED, FailureCategory.CORRUPT)
 
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
+#: SQLite's primary result codes (https://www.sqlite.org/rescode.html), by the
+#: sqlite3 module's constant names, reviewed one by one: the label and why.
+#: Extended codes carry their primary code in the low byte and take its label
+#: unless :data:`EXTENDED_CODES` says otherwise.
+RESULT_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "SQLITE_ERROR": (_I, "a generic error: a syntax error, a missing table"),
+    "SQLITE_INTERNAL": (_U, "SQLite's own malfunction, not the request's"),
+    "SQLITE_PERM": (_D, "the access mode asked for is not allowed"),
+    "SQLITE_ABORT": (_C, "aborted by another statement's rollback: retry"),
+    "SQLITE_BUSY": (_C, "another connection holds the database lock"),
+    "SQLITE_LOCKED": (_C, "a table lock held within this process"),
+    "SQLITE_NOMEM": (_U, "out of memory: a resource"),
+    "SQLITE_READONLY": (_D, "the file or its directory is not writable"),
+    "SQLITE_INTERRUPT": (_U, "interrupted: the call was cancelled (a timeout)"),
+    "SQLITE_IOERR": (_U, "the OS failed a read, write or sync"),
+    "SQLITE_CORRUPT": (_X, "the database file is damaged"),
+    "SQLITE_NOTFOUND": (_I, "an unknown file-control opcode: this build's mistake"),
+    "SQLITE_FULL": (_U, "the disk is full: a resource"),
+    "SQLITE_CANTOPEN": (_U, "the file cannot be opened (missing, a directory, no fds)"),
+    "SQLITE_PROTOCOL": (_U, "a file-locking race with another process: transient"),
+    "SQLITE_EMPTY": (_I, "unused by SQLite"),
+    "SQLITE_SCHEMA": (_C, "the schema changed under a prepared statement (a migration "
+                          "in another process): retry"),
+    "SQLITE_TOOBIG": (_D, "a value over SQLite's size limit: a bound, like "
+                          "max_revision_bytes"),
+    "SQLITE_CONSTRAINT": (_I, "a constraint refused the write"),
+    "SQLITE_MISMATCH": (_I, "a datatype mismatch"),
+    "SQLITE_MISUSE": (_I, "the library was misused: this build's mistake"),
+    "SQLITE_NOLFS": (_U, "the host lacks large-file support for the file"),
+    "SQLITE_AUTH": (_D, "the authorizer refused the statement"),
+    "SQLITE_FORMAT": (_I, "unused by SQLite"),
+    "SQLITE_RANGE": (_I, "a parameter index out of range: this build's mistake"),
+    "SQLITE_NOTADB": (_X, "the file is not a database"),
+    "SQLITE_NOTICE": (_I, "never an error"),
+    "SQLITE_WARNING": (_I, "never an error"),
+}
+
+#: Extended codes whose meaning differs from their primary code's.
+EXTENDED_CODES: dict[str, tuple[FailureCategory, str]] = {
+    "SQLITE_READONLY_RECOVERY": (_C, "another connection must recover the WAL first"),
+    "SQLITE_READONLY_DBMOVED": (_U, "the file was moved or deleted under the connection"),
+}
+
+_BY_CODE: dict[int, FailureCategory] = {
+    getattr(sqlite3, name): category for name, (category, _why) in RESULT_CODES.items()
+}
+_BY_EXTENDED: dict[int, FailureCategory] = {
+    getattr(sqlite3, name): category for name, (category, _why) in EXTENDED_CODES.items()
+}
+_CONFLICT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def classify(exc: BaseException) -> FailureCategory:
+    """The failure category of a ``sqlite3`` (or OS) error."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        # Any code not in the tables (a primary code a later SQLite adds): the
+        # request itself is wrong until someone reviews it.
+        return _BY_EXTENDED.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
+    if isinstance(exc, sqlite3.OperationalError | OSError):
+        # No result code: raised by this module or the OS, not by SQLite.
+        return FailureCategory.UNAVAILABLE
+    return FailureCategory.INVALID
+
+
+def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
+    detail = one_line(exc)
+    if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
+            ("no such table", "no such column")):
+        detail = f"{detail} ({MIGRATE_HINT})"
+    return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
+
+
+def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
+    """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
+
+    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
+    and writes that roll back on failure. ``stop`` (set when trio gives the
+    call up) ends the wait at once, so a cancelled write never goes on to
+    commit once the lock frees up.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.002
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code not in _CONFLICT or time.monotonic() + delay >= deadline:
+                raise
+        if stop.wait(delay):
+            raise sqlite3.OperationalError("interrupted: the call was cancelled")
+        delay = min(delay * 2, 0.05)
+
+
+def _prepare(conn: sqlite3.Connection) -> migrations.Migrated:
+    """Switch the file to WAL (best effort) and migrate it; say what the migration did."""
     try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        # WAL lets the CLI publish while the daemon reads. Persistent in the
+        # file; needs write access, so a read-only file stays as it is.
+        conn.execute("PRAGMA journal_mode = WAL")
+    except sqlite3.OperationalError as exc:
+        if classify(exc) is not FailureCategory.DENIED:
+            raise
+    return migrations.migrate_sqlite(conn)
 
 
-def _as_bytes(value: object) -> bytes | None:
-    # A plain-SQL publisher may have stored TEXT rather than a BLOB.
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    return None
+def _create_private(path: str) -> None:
+    """Make ``path`` an empty file of mode 0600 unless something is there already.
+
+    SQLite would create it 0644 (and its -wal and -shm files take the database
+    file's mode): the control plane is the daemon's alone. An empty file is an
+    empty database to SQLite. Any failure is left for ``sqlite3.connect`` to report.
+    """
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError:
+        return
+
+
+class SQLiteConnections:
+    """The runner's :class:`~supervisor.controlplane.runner.Driver` for sqlite3."""
+
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
+        self.path = path
+        self.create = create
+        self.busy_timeout_s = busy_timeout_s
+        # (st_dev, st_ino) of the file the open connection reads: a restore by
+        # `mv new.db cp.db` or a deleted file leaves the connection on the old
+        # inode, so every call first checks the path still names it.
+        self.file_id: tuple[int, int] | None = None
+        # What the last open's migration did, until the store's migrate() asks.
+        self._migrated: migrations.Migrated | None = None
+
+    def take_migrated(self) -> migrations.Migrated | None:
+        """What the latest open migrated (None: nothing since the last call)."""
+        migrated, self._migrated = self._migrated, None
+        return migrated
+
+    def open(self, stop: threading.Event) -> sqlite3.Connection:
+        path = self.path
+        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
+        # makes the embedded control plane on first publish).
+        uri = f"file:{quote(path)}?mode={'rwc' if self.create else 'rw'}"
+        if self.create:
+            _create_private(path)
+        # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
+        # call would sleep it out and then, the lock gone, commit anyway);
+        # _retry_busy waits instead, and stops when told to.
+        conn = sqlite3.connect(
+            uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
+        )
+        try:
+            st = os.stat(path)
+            self.file_id = (st.st_dev, st.st_ino)
+            # Per connection in SQLite; without it the REFERENCES clause is decorative.
+            conn.execute("PRAGMA foreign_keys = ON")
+            # Both steps may meet a lock (another process migrating, or a
+            # closing connection checkpointing the WAL): waited out like any other.
+            migrated = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
+            if migrated.before < migrated.after:
+                self._migrated = migrated
+                log.info("control-plane schema migrated", before=migrated.before,
+                         version=migrated.after, path=path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
+             stop: threading.Event) -> T:
+        return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
+
+    def interrupt(self, conn: sqlite3.Connection, stop: threading.Event) -> None:
+        stop.set()
+        conn.interrupt()
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        dispose_quietly(conn.close)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what)
+
+    def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
+        # Reopen next time: the file may have been replaced, repaired or made
+        # readable meanwhile. Contention keeps the connection.
+        return error.category is FailureCategory.CONFLICT
 
 
 def _file_id(path: str) -> tuple[int, int] | None:
@@ -102,8 +271,10 @@ def _remove_stale_wal(path: str) -> None:
             pass
 
 
-class SQLiteStore:
+class SQLiteStore(revisions.DatabaseStore):
     """ControlPlaneStore on an SQLite file (see the module docstring)."""
+
+    _sql = revisions.sqlite
 
     def __init__(
         self,
@@ -123,31 +294,9 @@ class SQLiteStore:
         self._connections = SQLiteConnections(self._path, create, statement_timeout_s / 2)
         self._runner = ConnectionRunner(self._connections, deadline_s=statement_timeout_s + 1.0,
                                         before=self._check_file)
-        self._run = self._runner.run
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
-
-    # -- the protocol -------------------------------------------------------------
-
-    async def desired(self) -> int | None:
-        def read(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT revision_id FROM supervisor_desired WHERE singleton"
-            ).fetchone()
-            if row is None:
-                return None
-            if not isinstance(row[0], int):
-                raise TypeError(f"the desired pointer holds {row[0]!r}, not a revision id")
-            return int(row[0])
-
-        return await self._run("read", read)
-
-    async def observe(self) -> RevisionPointer | None:
-        def read(conn: sqlite3.Connection) -> RevisionPointer | None:
-            return pointer_from_row(conn.execute(OBSERVE_SQL).fetchone(), self.identity)
-
-        return await self._run("read", read)
 
     @property
     def identity(self) -> str | None:
@@ -157,77 +306,11 @@ class SQLiteStore:
             return None
         return f"sqlite:{file_id[0]}:{file_id[1]}"
 
-    async def hydrate(self) -> LoadedRevision | None:
-        max_bytes, max_schema = self._max_bytes, self._max_schema
-
-        def read(conn: sqlite3.Connection) -> LoadedRevision | None:
-            # One SELECT runs in one read transaction: a consistent pair. The
-            # body is withheld in SQL when too large or too new.
-            row = conn.execute(
-                "SELECT d.revision_id, r.id, r.schema_version, "
-                f"{_SIZE}, CASE WHEN {_SIZE} <= :max_bytes"
-                " AND r.schema_version <= :max_schema THEN r.body END,"
-                " r.body_sha256, r.created_at, r.message, d.sequence"
-                " FROM supervisor_desired d"
-                " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-                " WHERE d.singleton",
-                {"max_bytes": max_bytes, "max_schema": max_schema},
-            ).fetchone()
-            if row is None:
-                return None
-            desired, rid, schema_version, size, body, digest, created_at, message, seq = row
-            return check_hydrated(
-                HydrateRow(
-                    desired=desired if isinstance(desired, int) else None,
-                    id=rid,
-                    schema_version=schema_version,
-                    size=size,
-                    body=_as_bytes(body),
-                    body_sha256=_as_bytes(digest),
-                    created_at=_parse_time(created_at),
-                    message=message,
-                    sequence=seq,
-                ),
-                max_revision_bytes=max_bytes,
-                max_schema_version=max_schema,
-            )
-
-        return await self._run("hydrate", read)
-
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        check_publishable(
-            body, schema_version,
-            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
-        )
-
-        def write(conn: sqlite3.Connection) -> int:
-            digest = hashlib.sha256(body).digest()
-            with migrations.write_transaction(conn):
-                cur = conn.execute(
-                    "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-                    " VALUES (?, ?, ?, ?)",
-                    (schema_version, body, digest, message),
-                )
-                revision = cur.lastrowid
-                assert revision is not None  # set by every successful INSERT
-                conn.execute(
-                    "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (TRUE, ?)"
-                    " ON CONFLICT (singleton) DO UPDATE"
-                    f" SET revision_id = excluded.revision_id, updated_at = {_NOW}",
-                    (revision,),
-                )
-                revisions.sqlite.say_who_and_why(conn, message)
-            return revision
-
-        revision = await self._run("publish", write)
-        log.info("revision published", revision=revision, bytes=len(body))
-        return revision
-
     async def migrate(self) -> migrations.Migrated:
         # Opening the connection migrates; this makes sure one is open (and
         # migrates again, harmlessly, in case the file was replaced meanwhile).
         # What the open did counts: a new file is created there, not here.
-        done = await self._run("migrate", migrations.migrate_sqlite)
+        done = await self._runner.run("migrate", migrations.migrate_sqlite)
         opened = self._connections.take_migrated()
         if opened is not None:
             done = migrations.Migrated(opened.before, done.after)
@@ -235,35 +318,6 @@ class SQLiteStore:
                  else "control-plane schema up to date",
                  before=done.before, version=done.after, path=self._path)
         return done
-
-    # -- the revision lifecycle (statements in controlplane.revisions) --
-
-    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        return await self._run("history", partial(revisions.sqlite.history, limit=limit,
-                                                  as_bytes=_as_bytes, parse_time=_parse_time))
-
-    async def revision(self, revision: int) -> LoadedRevision:
-        return await self._run("read", partial(
-            revisions.sqlite.read_revision, revision=revision, max_bytes=self._max_bytes,
-            as_bytes=_as_bytes, parse_time=_parse_time))
-
-    async def rollback(self, revision: int, body_sha256: bytes,
-                       message: str | None = None) -> int | None:
-        previous: int | None = await self._run("rollback", partial(
-            revisions.sqlite.rollback, revision=revision, body_sha256=body_sha256, now=_NOW,
-            message=message))
-        log.info("desired revision rolled back", revision=revision, previous=previous)
-        return previous
-
-    async def prune(self, keep: int) -> list[int]:
-        return await self._run("prune", partial(revisions.sqlite.prune, keep=keep))
-
-    async def changes(self, limit: int | None) -> list[DesiredChange]:
-        return await self._run("history", partial(revisions.sqlite.changes, limit=limit,
-                                                  parse_time=_parse_time))
-
-    async def aclose(self) -> None:
-        await self._runner.aclose()
 
     # -- before every call ---------------------------------------------------------
 

@@ -7,7 +7,8 @@ convergence loop polls at once; every (re)connect calls ``wake("reconnect")``,
 since whatever was published while disconnected was not heard. Nothing the
 stream says is believed: the loop still fetches and verifies the signed revision.
 Hints coalesce: any number within ``[control_plane].hint_min_interval_s``
-wake the loop at most once (:func:`_follow`), so a flood of them costs the
+wake the loop at most once (:func:`_follow`, with the LISTEN child's
+:class:`~supervisor.controlplane.listen.WakeFloor`), so a flood of them costs the
 upstream at most one fetch per interval.
 
 Like the LISTEN child it reports started at once (an unreachable upstream must
@@ -19,14 +20,15 @@ through. ``[control_plane].listen = false`` turns it off.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 from trio_websocket import open_websocket_url
 
 from supervisor.backoff import Backoff
+from supervisor.controlplane.listen import WakeFloor
 from supervisor.logs import get_logger
 from supervisor.streak import Streak
 from supervisor.tlsconfig import upstream_context
@@ -88,27 +90,18 @@ async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
     raises what ``get_message`` raises, or TooSlowError after IDLE_TIMEOUT_S
     of silence.
     """
-    last_wake = -math.inf
-    pending = False
+    floor = WakeFloor(partial(wake, "upstream"), min_interval_s)
     while True:
         idle_deadline = trio.current_time() + IDLE_TIMEOUT_S
-        deadline = last_wake + min_interval_s if pending else math.inf
-        with trio.move_on_at(min(deadline, idle_deadline)) as waiting:
+        with trio.move_on_at(min(floor.due, idle_deadline)) as waiting:
             message = await get_message()
-        if waiting.cancelled_caught:
-            if trio.current_time() >= idle_deadline:
-                raise trio.TooSlowError
-            pending = False
-            last_wake = trio.current_time()
-            wake("upstream")
-            continue
-        if not _is_published(message):
-            continue
-        if trio.current_time() - last_wake >= min_interval_s:
-            last_wake = trio.current_time()
-            wake("upstream")
+        if not waiting.cancelled_caught:
+            if _is_published(message):
+                floor.notified()
+        elif trio.current_time() >= idle_deadline:
+            raise trio.TooSlowError
         else:
-            pending = True
+            await floor.release()
 
 
 def _is_published(message: str | bytes) -> bool:

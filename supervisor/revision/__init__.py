@@ -1,7 +1,7 @@
 """Revision documents, their compilation, and the snapshots they compile to.
 
-- :mod:`.document`: the schema_version 1 document, :func:`decode_body` for a
-  stored body; :mod:`.upstream`: the rule for an alias's upstream URL;
+- :mod:`.document`: the schema_version 1 document (the rule for an alias's
+  upstream URL included), :func:`decode_body` for a stored body;
 - :mod:`.files`: :func:`load_document_file` for ``publish`` (TOML or JSON);
 - :mod:`.secrets`: secret references (``env:NAME``, ``file:PATH``);
 - :mod:`.compile`: :func:`compile_revision`, body -> :class:`Snapshot`, staged

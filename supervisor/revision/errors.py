@@ -25,6 +25,8 @@ secret value: secret refusals name the key's ``$.path`` and the reference
 
 from __future__ import annotations
 
+from functools import partial
+
 from supervisor import reasons
 from supervisor.errors import LabelledError
 
@@ -55,8 +57,4 @@ class RevisionError(LabelledError):
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only ``revision`` would otherwise be lost by pickling (the
         # default reduce replays ``args``, which holds the formatted message).
-        return (_rebuild, (self.reason, self.detail, self.revision))
-
-
-def _rebuild(reason: str, detail: str, revision: int | None) -> RevisionError:
-    return RevisionError(reason, detail, revision=revision)
+        return (partial(RevisionError, revision=self.revision), (self.reason, self.detail))

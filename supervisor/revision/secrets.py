@@ -117,11 +117,11 @@ class EnvFileResolver:
         self._credentials = tuple(credentials)
 
     @classmethod
-    def from_config(cls, config: RevisionConfig, *,
-                    credentials: Sequence[str] = ()) -> EnvFileResolver:
-        """The resolver ``[revision]`` asks for, on the live environment; ``credentials``:
-        the daemon's own credential files (:func:`for_daemon` names them)."""
-        return cls(env_prefixes=config.secret_env_prefixes, dirs=config.secret_dirs,
+    def from_config(cls, config: RevisionConfig, *, credentials: Sequence[str] = (),
+                    environ: Mapping[str, str] | None = None) -> EnvFileResolver:
+        """The resolver ``[revision]`` asks for (on the live environment by default);
+        ``credentials``: the daemon's own credential files (:func:`for_daemon` names them)."""
+        return cls(environ, env_prefixes=config.secret_env_prefixes, dirs=config.secret_dirs,
                    credentials=credentials)
 
     @classmethod
@@ -129,10 +129,8 @@ class EnvFileResolver:
                    environ: Mapping[str, str] | None = None) -> EnvFileResolver:
         """The resolver of a replica (and ``publish``) with ``config``: ``[revision]``'s
         confinement, and every credential file of ``config`` refused."""
-        revision = config.revision
-        return cls(environ, env_prefixes=revision.secret_env_prefixes,
-                   dirs=revision.secret_dirs, credentials=[
-                       path for _, path in credential_files(config, environ, config_path)])
+        return cls.from_config(config.revision, environ=environ, credentials=[
+            path for _, path in credential_files(config, environ, config_path)])
 
     def resolve(self, reference: str) -> bytes:
         scheme, sep, target = _parts(reference)

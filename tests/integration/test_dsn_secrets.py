@@ -134,7 +134,7 @@ async def test_a_url_password_libpq_would_misread_is_refused_without_echoing_it(
     "form", ["url-encoded", "url-raw", "url-misread", "url-ssl-unparseable", "keyvalue",
              "keyvalue-unparseable"])
 async def test_libpq_connect_errors_are_scrubbed_in_every_form(form: str) -> None:
-    from supervisor.controlplane import postgres_driver as postgres
+    from supervisor.controlplane import postgres
 
     url = _cases(f"127.0.0.1:{free_port()}", "cp")[form]
     try:

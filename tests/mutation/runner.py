@@ -74,7 +74,7 @@ TARGETS: dict[str, Target] = {
         90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
-                                                       "secrets", "errors", "files", "upstream")),
+                                                       "secrets", "errors", "files")),
         ("tests/unit/test_revision_refusals.py", "tests/unit/test_revision_document.py",
          "tests/unit/test_revision_compile.py", "tests/unit/test_revision_properties.py"),
         90.0),

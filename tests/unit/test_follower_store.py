@@ -591,7 +591,7 @@ async def test_aclose_closes_the_transport_to_the_upstream() -> None:
     (ValueError("bad header value " + "y" * 2000), "invalid",
      "sent a malformed answer: ValueError: bad header value " + "y" * 2000),
     (ConnectionResetError(104, "Connection reset by peer"), "unavailable",
-     "unreachable: Connection reset by peer"),  # its strerror, not its repr
+     "unreachable: ConnectionResetError: Connection reset by peer"),  # strerror, not repr
 ])
 async def test_a_transport_error_maps_to_its_reason_in_at_most_500_characters(
     raised: Exception, reason: str, said: str

@@ -701,3 +701,64 @@ def test_a_cache_refuses_its_own_verify_key_among_upstream_keys(
     unsigned = LastKnownGood(cache_path, signing_key_path=None, trusted_keys=[signer[1]],
                              max_schema_version=1)
     unsigned.refuse_own_key_among([signer[1]], "$.follow.trusted_keys")  # no key of its own
+
+
+# -- one daemon per cache ------------------------------------------------------
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_cache_lock_refuses_a_second_holder_until_it_is_released(tmp_path: Path) -> None:
+    from supervisor.errors import ConfigError
+    from supervisor.sinks.lkg.files import hold_cache_lock
+
+    cache = str(tmp_path / "state" / "cache.lkg")
+    first = hold_cache_lock(cache)  # its missing directory is made
+    assert first is not None and first.path == cache + ".lock"
+    assert os.stat(first.path).st_mode & 0o777 == 0o600
+    assert os.stat(tmp_path / "state").st_mode & 0o777 == 0o700
+    fds = _open_fds()
+    with pytest.raises(ConfigError) as refused:
+        hold_cache_lock(cache)
+    assert refused.value.path == "$.cache.path"
+    assert refused.value.reason == (f"{cache} is in use by another daemon (it holds the lock "
+                                    f"{first.path}): one daemon per cache")
+    assert _open_fds() == fds  # the refused attempt closed its descriptor
+    first.release()
+    first.release()  # a second release is harmless
+    assert _open_fds() == fds - 1
+    second = hold_cache_lock(cache)
+    assert second is not None
+    second.release()
+
+
+def test_a_lock_that_fails_otherwise_is_a_config_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor.errors import ConfigError
+    from supervisor.sinks.lkg import files
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(files.fcntl, "flock", no_locks)
+    cache = str(tmp_path / "cache.lkg")
+    fds = _open_fds()
+    with pytest.raises(ConfigError) as refused:
+        files.hold_cache_lock(cache)
+    assert refused.value.path == "$.cache.path"
+    assert refused.value.reason == f"cannot lock {cache}.lock: No locks available"
+    assert _open_fds() == fds
+
+
+def test_a_lock_file_that_cannot_be_made_leaves_the_cache_unlocked(tmp_path: Path) -> None:
+    from supervisor.sinks.lkg.files import hold_cache_lock
+
+    (tmp_path / "a-file").write_text("")
+    assert hold_cache_lock(str(tmp_path / "a-file" / "cache.lkg")) is None
+    # A symlink at the lock's path is not followed.
+    os.symlink(tmp_path / "elsewhere", tmp_path / "cache.lkg.lock")
+    assert hold_cache_lock(str(tmp_path / "cache.lkg")) is None
+    assert not (tmp_path / "elsewhere").exists()

@@ -18,8 +18,7 @@ import pytest
 from psycopg import errors as pgerrors
 
 from supervisor import reasons
-from supervisor.controlplane import postgres_driver as postgres
-from supervisor.controlplane import sqlite_driver as sqlite
+from supervisor.controlplane import postgres, sqlite
 from supervisor.controlplane.checks import HydrateRow, check_hydrated
 from supervisor.controlplane.errors import (
     ControlPlaneError,

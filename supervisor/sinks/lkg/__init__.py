@@ -12,9 +12,9 @@ Split by concern:
   order of the cache's and the mark's writes that keeps rollback protection);
 - :mod:`~supervisor.sinks.lkg.statement`: the signed statement (format_version 2);
 - :mod:`~supervisor.sinks.lkg.accepted`: a follower's highest accepted statement;
-- :mod:`~supervisor.sinks.lkg.lock`: one daemon per cache.
+- :mod:`~supervisor.sinks.lkg.files`: the cache's files on disk, and one daemon per cache.
 
-Every public name is importable from here, as before the split.
+Every public name is importable from here.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 ::
 
     SupervisorError
-    ├── CacheError         reason: corrupt | denied | incompatible | rollback | unwritable
-    │   ├── CacheSkew      format newer than this build (reason incompatible): treat as no cache
-    │   └── CacheUnwritable  export, discard or mark write failed (reason unwritable)
+    ├── LabelledError      (supervisor.errors): .reason, .revision, .detail
+    │   └── CacheError     .path; reason: corrupt | denied | incompatible | rollback | unwritable
+    │       ├── CacheSkew  format newer than this build (reason incompatible): treat as no cache
+    │       └── CacheUnwritable  export, discard or mark write failed (reason unwritable)
     └── KeyFileError       keygen could not write the key file
         └── KeyFileExists  the key file already exists (keygen never overwrites)
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Final, Literal
 
 from supervisor import reasons
-from supervisor.errors import SupervisorError
+from supervisor.errors import LabelledError, SupervisorError
 
 __all__ = [
     "ROLLBACK",
@@ -39,7 +40,7 @@ UNWRITABLE: Final = "unwritable"
 CacheReason = Literal["corrupt", "denied", "incompatible", "rollback", "unwritable"]
 
 
-class CacheError(SupervisorError):
+class CacheError(LabelledError):
     """The cache was refused (or could not be written); see :mod:`supervisor.sinks.lkg.cache`.
 
     ``reason`` is the label, ``path`` the file at fault (the cache, or its
@@ -48,14 +49,14 @@ class CacheError(SupervisorError):
     know it authentically (else None).
     """
 
+    reason: CacheReason
+
     def __init__(
         self, reason: CacheReason, path: str, detail: str, *, revision: int | None = None
     ) -> None:
-        self.reason: CacheReason = reason
+        super().__init__(f"last-known-good cache {path}: {reason}: {detail}", reason=reason,
+                         detail=detail, revision=revision)
         self.path = path
-        self.detail = detail
-        self.revision = revision
-        super().__init__(f"last-known-good cache {path}: {reason}: {detail}")
 
 
 class CacheSkew(CacheError):

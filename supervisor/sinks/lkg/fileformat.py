@@ -135,8 +135,6 @@ def encode_header(
     format_version: int | None = None,
 ) -> bytes:
     """The header bytes for ``body``: version 2 with ``statement``, else version 1."""
-    if created_at.tzinfo is None:
-        created_at = created_at.replace(tzinfo=UTC)  # a naive clock is taken to be UTC
     if format_version is None:
         format_version = FIRST_FORMAT_VERSION if statement is None else FORMAT_VERSION
     extra: dict[str, Any] = {}
@@ -149,7 +147,7 @@ def encode_header(
         revision=revision,
         generation=generation,
         schema_version=schema_version,
-        created_at=created_at.astimezone(UTC),
+        created_at=_utc(created_at),
         body_length=len(body),
         body_sha256=hashlib.sha256(body).hexdigest(),
         key_id=key_id,
@@ -159,7 +157,7 @@ def encode_header(
 
 
 def _utc(moment: datetime) -> datetime:
-    if moment.tzinfo is None:
+    if moment.tzinfo is None:  # a naive clock is taken to be UTC
         moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
 
