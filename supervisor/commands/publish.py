@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
-import trio
 
 from supervisor.commands.common import (
     EXIT_ERROR,
@@ -45,23 +44,23 @@ from supervisor.commands.common import (
     EXIT_REPLICA_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
+    Failure,
     ReferenceResolver,
-    add_ca_file,
-    add_token_file,
-    admin_base,
-    admin_url,
+    add_replicas,
     describe_store,
+    gather,
     load_config,
+    print_json,
+    replica_access,
     with_store,
 )
-from supervisor.commands.jsonout import Failure, print_json
 from supervisor.errors import UsageError
 from supervisor.reasons import DENIED
 
 if TYPE_CHECKING:
     # Annotations of the --json Structs too: encoding one never resolves them, so
     # a plain publish does not import the stream client.
-    from supervisor.commands.documents import Change
+    from supervisor.commands.revisions import Change
     from supervisor.commands.waiting import ReplicaResult
     from supervisor.config import Config
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
@@ -121,12 +120,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="after publishing, wait until every --url replica reports the "
                              "revision active (exit 0) or refused (exit 5)")
-    parser.add_argument("--url", action="append", default=None, metavar="URL",
-                        type=admin_url(REPLICA_SCHEMES),
-                        help="with --wait: a replica's admin URL, http://HOST:PORT; repeat "
-                             "for several (default: [admin].listen of --config)")
-    add_token_file(parser, "with --wait: the replicas' admin token")
-    add_ca_file(parser, "with --wait: the CA that https/wss replicas' certificates are")
+    add_replicas(parser, REPLICA_SCHEMES,
+                 "with --wait: a replica's admin URL, http://HOST:PORT; repeat for several "
+                 "(default: [admin].listen of --config)",
+                 "with --wait: the CA that https/wss replicas' certificates are",
+                 "with --wait: the replicas' admin token")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
@@ -215,13 +213,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         return revision, await sequence_of(store, revision,
                                            None if before is None else before.sequence), False
 
-    # Before publishing: a bad token file or URL must not leave a revision nobody waits for,
-    # and the follower's imports (a few hundred ms) are not paid between commit and verdict.
-    targets = _wait_targets(args) if args.wait else []
-    # Read before publishing: an unusable --ca-file must not leave a publish unwaited.
-    from supervisor.admin.client import ca_file_context
-
-    ssl_context = ca_file_context(args.ca_file) if args.wait else None
+    # Before publishing: a bad token file, URL or --ca-file must not leave a revision nobody
+    # waits for, and the follower's imports (a few hundred ms) are not paid between commit
+    # and verdict.
+    urls, token, ssl_context = replica_access(args) if args.wait else ([], None, None)
     if args.wait:
         from supervisor.commands import waiting  # noqa: F401
     store_name = describe_store(config)
@@ -244,7 +239,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.wait:
         print(revision)
         return EXIT_OK
-    results = _wait(targets, revision, args.timeout, ssl_context)
+    results = _wait(urls, token, revision, args.timeout, ssl_context)
     code = _verdict(results)
     if args.json:
         outcome: Literal["active", "refused", "not_active"] = (
@@ -282,8 +277,7 @@ def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
 
 
 def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
-    from supervisor.commands.documents import diff_documents, render_changes
-    from supervisor.commands.revisions import readable
+    from supervisor.commands.revisions import diff_documents, readable, render_changes
     from supervisor.revision.document import decode_body
 
     async def desired(store: ControlPlaneStore) -> LoadedRevision | None:
@@ -307,32 +301,16 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
 # -- --wait -------------------------------------------------------------------------
 
 
-def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    default, token = admin_base(args)
-    urls = args.url or [default]
-    return [(url.rstrip("/"), token) for url in urls]
-
-
-def _wait(targets: list[tuple[str, str | None]], revision: int,
-          timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> list[ReplicaResult]:
+def _wait(urls: list[str], token: str | None, revision: int, timeout_s: float,
+          ssl_context: ssl.SSLContext | None) -> list[ReplicaResult]:
     """Every replica's verdict, active first (then superseded, timeout, refused; by URL)."""
     from supervisor.commands.waiting import wait_for_revision
 
-    results: list[ReplicaResult] = []
+    async def one(url: str) -> ReplicaResult:
+        return await wait_for_revision(url.rstrip("/"), revision, token, timeout_s, ssl_context)
 
-    async def wait_all() -> None:
-        async def one(url: str, token: str | None) -> None:
-            results.append(await wait_for_revision(url, revision, token, timeout_s,
-                                                   ssl_context))
-
-        async with trio.open_nursery() as nursery:
-            for url, token in targets:
-                nursery.start_soon(one, url, token)
-
-    trio.run(wait_all)
     order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
-    results.sort(key=lambda r: (order[r.state], r.url))
-    return results
+    return sorted(gather(one, urls), key=lambda r: (order[r.state], r.url))
 
 
 def _verdict(results: list[ReplicaResult]) -> int:
