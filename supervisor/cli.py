@@ -50,6 +50,7 @@ from supervisor.errors import (
     UsageError,
     find_leaf,
 )
+from supervisor.filemodes import loose_secret_files, unsafe_state_places
 from supervisor.reasons import DENIED, INVALID, REVISION_REASONS, UNAVAILABLE
 from supervisor.statedirs import creation_problems, make_state_directories
 
@@ -62,18 +63,16 @@ _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
 
 
 class _BadArguments(Exception):
-    """The command line does not parse: reported by :func:`main` (exit 2), with the
+    """The command line does not parse (said on stderr): :func:`main` exits 2, with the
     ``--json`` failure document when one was asked for."""
-
-    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
-        self.parser = parser
-        self.message = message
-        super().__init__(message)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _BadArguments(self, message + _did_you_mean(message))
+        message += _did_you_mean(message)
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise _BadArguments(message)
 
 
 def _did_you_mean(message: str) -> str:
@@ -162,12 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, path = load_config(args)
     logs.configure(config.log.level, config.log.format)
     make_state_directories(config)  # relative paths only: the embedded default's var/
-    from supervisor.filemodes import unsafe_state_places
-
     for key, problem in unsafe_state_places(config):
         raise ConfigError(key, problem)  # the first: `check` lists them all
-    from supervisor.filemodes import loose_secret_files
-
     for key, file, why in loose_secret_files(config):
         logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
     from supervisor.app import run_daemon
@@ -185,8 +180,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         for found in all_problems(path):  # every one, not only the first
             print(f"trio-supervisor: configuration error: {found}", file=sys.stderr)
         return EXIT_USAGE
-    from supervisor.filemodes import unsafe_state_places
-
     problems = (placeholders(config) + check_files(config) + creation_problems(config)
                 + unsafe_state_places(config))
     warnings: list[tuple[str, str]] = []
@@ -196,8 +189,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
-    from supervisor.filemodes import loose_secret_files
-
     warnings += [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
     if unconfined_secrets(config):
         warnings.append(("$.revision", "neither secret_env_prefixes nor secret_dirs is set: "
@@ -381,10 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(words)
     except _BadArguments as bad:
-        bad.parser.print_usage(sys.stderr)
-        print(f"{bad.parser.prog}: error: {bad.message}", file=sys.stderr)
         if "--json" in words:
-            _print_failure(INVALID, bad.message)
+            _print_failure(INVALID, str(bad))
         return EXIT_USAGE
     command = COMMANDS[args.command or "run"]
     if command is not cmd_run:
@@ -449,12 +438,9 @@ def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
     if fmt is None:
         return False
     logs.configure("info", fmt)
-    if isinstance(found, ConfigError):
-        logs.get_logger("daemon").critical("invalid configuration", key=found.path,
-                                           reason=found.reason, source=found.source,
-                                           detail=str(found))
-    else:
-        logs.get_logger("daemon").critical("invalid configuration", detail=str(found))
+    fields = ({"key": found.path, "reason": found.reason, "source": found.source}
+              if isinstance(found, ConfigError) else {})
+    logs.get_logger("daemon").critical("invalid configuration", **fields, detail=str(found))
     return True
 
 

@@ -344,17 +344,40 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
     unreachable: AdminUnreachable | None = None
     rejected: ConnectionRejected | None = None
     broken: BaseException | None = None
-    ended = _Ended("lost", "connection ended")
+    closed: ConnectionClosed | None = None
+    idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
     try:
         async with replica_websocket(url, watch.token, watch.ssl_context,
                                      watch.connect_timeout_s) as ws:
-            ended = await _follow(ws, watch)
+            while True:
+                with trio.move_on_after(idle_s) as idle:
+                    message = await ws.get_message()
+                if idle.cancelled_caught:
+                    return _Ended("lost", f"no message (not even a heartbeat) for {idle_s:g} s",
+                                  worked=worked)
+                worked = True
+                text, doc = _line(message)
+                kind = doc.get("type") if doc is not None else None
+                if kind == "ping":
+                    continue
+                if kind == "status" and doc is not None:
+                    heartbeat = doc.get("heartbeat_s")
+                    if isinstance(heartbeat, int | float) and heartbeat > 0:
+                        idle_s = 3 * float(heartbeat)
+                watch.out.write(text + "\n")
+                watch.out.flush()
+                watch.printed += 1
+                if watch.max_events is not None and watch.printed >= watch.max_events:
+                    await close_politely(ws)
+                    return _Ended("done", worked=True)
     except* AdminUnreachable as group:
         unreachable = first_leaf(group, AdminUnreachable)
     except* ConnectionRejected as group:
         rejected = first_leaf(group, ConnectionRejected)
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
         broken = first_leaf(group, BaseException)
+    except* ConnectionClosed as group:
+        closed = first_leaf(group, ConnectionClosed)
     if unreachable is not None:
         return _Ended("lost", unreachable.reason)
     if rejected is not None:
@@ -363,40 +386,11 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
         )
     if broken is not None:
         return _Ended("lost", f"connection failed ({describe_failure(broken)})")
-    return ended
-
-
-async def _follow(ws: WebSocketConnection, watch: _Watch) -> _Ended:
-    idle_s = DEFAULT_IDLE_TIMEOUT_S
-    worked = False
-    try:
-        while True:
-            with trio.move_on_after(idle_s) as idle:
-                message = await ws.get_message()
-            if idle.cancelled_caught:
-                return _Ended(
-                    "lost", f"no message (not even a heartbeat) for {idle_s:g} s", worked=worked
-                )
-            worked = True
-            text, doc = _line(message)
-            kind = doc.get("type") if doc is not None else None
-            if kind == "ping":
-                continue
-            if kind == "status" and doc is not None:
-                heartbeat = doc.get("heartbeat_s")
-                if isinstance(heartbeat, int | float) and heartbeat > 0:
-                    idle_s = 3 * float(heartbeat)
-            watch.out.write(text + "\n")
-            watch.out.flush()
-            watch.printed += 1
-            if watch.max_events is not None and watch.printed >= watch.max_events:
-                await close_politely(ws)
-                return _Ended("done", worked=True)
-    except ConnectionClosed as exc:
-        code = exc.reason.code if exc.reason is not None else None
-        reason = (exc.reason.reason if exc.reason is not None else None) or ""
-        why = f"closed by the server ({code}{' ' + reason if reason else ''})"
-        return _Ended("closed", why, code, worked=worked)
+    assert closed is not None  # the block returns unless one of the above ended it
+    code = closed.reason.code if closed.reason is not None else None
+    reason = (closed.reason.reason if closed.reason is not None else None) or ""
+    why = f"closed by the server ({code}{' ' + reason if reason else ''})"
+    return _Ended("closed", why, code, worked=worked)
 
 
 async def watch_stream(

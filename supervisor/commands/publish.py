@@ -54,21 +54,33 @@ from supervisor.commands.common import (
     replica_access,
     with_store,
 )
+from supervisor.commands.revisions import (
+    Change,
+    diff_documents,
+    readable,
+    render_changes,
+    sequence_of,
+)
+from supervisor.config import Config, sqlite_path
 from supervisor.errors import UsageError
 from supervisor.reasons import DENIED
+from supervisor.revision.document import decode_body
+from supervisor.revision.errors import RevisionError
 
 if TYPE_CHECKING:
     # Annotations of the --json Structs too: encoding one never resolves them, so
     # a plain publish does not import the stream client.
-    from supervisor.commands.revisions import Change
     from supervisor.commands.waiting import ReplicaResult
-    from supervisor.config import Config
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
-    from supervisor.revision.errors import RevisionError
 
 __all__ = ["DryRun", "Published", "PublishedAndWaited", "cmd_publish", "register"]
 
 DEFAULT_WAIT_S = 60.0
+Outcome = Literal["active", "refused", "not_active"]
+#: ``--wait``'s outcome and exit code by the verdict that decides it.
+_OUTCOMES: dict[str, tuple[Outcome, int]] = {
+    "active": ("active", EXIT_OK), "refused": ("refused", EXIT_REPLICA_REFUSED),
+    "superseded": ("not_active", EXIT_ERROR), "timeout": ("not_active", EXIT_ERROR)}
 
 
 class Published(msgspec.Struct, kw_only=True):
@@ -84,7 +96,7 @@ class Published(msgspec.Struct, kw_only=True):
 class PublishedAndWaited(Published, kw_only=True):
     """``publish --wait --json``: also the replicas' verdicts."""
 
-    outcome: Literal["active", "refused", "not_active"]
+    outcome: Outcome
     replicas: list[ReplicaResult]
 
 
@@ -147,7 +159,6 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
     ``[revision]``'s confinement.
     """
     from supervisor.revision.compile import compile_revision
-    from supervisor.revision.errors import RevisionError
     from supervisor.revision.files import load_document_file
     from supervisor.revision.secrets import EnvFileResolver
 
@@ -173,7 +184,6 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from supervisor.revision.errors import RevisionError
 
     if (args.url or args.token_file) and not args.wait:
         raise UsageError("--url and --token-file go with --wait")
@@ -196,7 +206,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     async def publish(store: ControlPlaneStore) -> tuple[int, int | None, bool]:
         """(revision, its change's sequence, unchanged: the desired body already)."""
-        from supervisor.commands.revisions import sequence_of
         from supervisor.controlplane.errors import ControlPlaneError
 
         try:
@@ -240,16 +249,26 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print(revision)
         return EXIT_OK
     results = _wait(urls, token, revision, args.timeout, ssl_context)
-    code = _verdict(results)
+    last = results[-1]  # the verdict: sorted, a refusal comes last, then anything not active
+    outcome, code = _OUTCOMES[last.state]
     if args.json:
-        outcome: Literal["active", "refused", "not_active"] = (
-            "active" if code == EXIT_OK else "refused" if code == EXIT_REPLICA_REFUSED
-            else "not_active")
         print_json(PublishedAndWaited(ok=code == EXIT_OK, revision=revision, sequence=sequence,
                                       unchanged=unchanged, store=store_name, outcome=outcome,
                                       replicas=results), indent=2)
         return code
-    return _render_wait(results, revision, code)
+    for result in results:
+        if result.state == "active":
+            print(f"{result.url}: revision {revision} active")
+        elif result.state == "refused":
+            print(f"{result.url}: revision {revision} refused ({result.reason})")
+        else:
+            print(f"{result.url}: {result.state}: {result.detail}")
+    if outcome == "refused":
+        # The last line, for a pipeline's log: the label and what to fix.
+        print(f"refused: {last.reason}: {last.detail}")
+    else:
+        print(revision if outcome == "active" else f"not active everywhere: revision {revision}")
+    return code
 
 
 # -- --dry-run ----------------------------------------------------------------------
@@ -258,8 +277,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def _no_control_plane_yet(config: Config) -> bool:
     """An SQLite control plane whose file the first ``publish`` has yet to create: a dry
     run compares against nothing (and, storing nothing, does not create it)."""
-    from supervisor.config import sqlite_path
-
     return (config.control_plane.backend == "sqlite"
             and not Path(sqlite_path(config.control_plane.url)).exists())
 
@@ -267,8 +284,6 @@ def _no_control_plane_yet(config: Config) -> bool:
 def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
     """A new SQLite control plane is never silent: a relative path made it under this
     working directory, where a daemon started elsewhere never looks."""
-    from supervisor.config import sqlite_path
-
     relative = not Path(sqlite_path(config.control_plane.url)).is_absolute()
     where = (f" ($.control_plane.url {config.control_plane.url} is relative to the working "
              f"directory {Path.cwd()}: a daemon started elsewhere does not read it)"
@@ -277,9 +292,6 @@ def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
 
 
 def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
-    from supervisor.commands.revisions import diff_documents, readable, render_changes
-    from supervisor.revision.document import decode_body
-
     async def desired(store: ControlPlaneStore) -> LoadedRevision | None:
         current = await store.desired()
         return None if current is None else await store.revision(current)
@@ -290,11 +302,9 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
     if args.json:
         print_json(DryRun(ok=True, desired=against, changes=changes), indent=2)
         return EXIT_OK
-    print(f"{args.file}: compiles; nothing was stored")
-    print(f"changes against {'desired revision ' + str(against) if against else 'nothing'}"
-          f" ({len(changes)}):")
-    for line in render_changes(changes):
-        print(line)
+    print(f"{args.file}: compiles; nothing was stored",
+          f"changes against {'desired revision ' + str(against) if against else 'nothing'}"
+          f" ({len(changes)}):", *render_changes(changes), sep="\n")
     return EXIT_OK
 
 
@@ -311,31 +321,3 @@ def _wait(urls: list[str], token: str | None, revision: int, timeout_s: float,
 
     order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
     return sorted(gather(one, urls), key=lambda r: (order[r.state], r.url))
-
-
-def _verdict(results: list[ReplicaResult]) -> int:
-    """5 when any replica refused the revision, 1 when any other is not active, else 0."""
-    if any(r.state == "refused" for r in results):
-        return EXIT_REPLICA_REFUSED
-    if any(r.state != "active" for r in results):
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _render_wait(results: list[ReplicaResult], revision: int, code: int) -> int:
-    for result in results:
-        if result.state == "active":
-            print(f"{result.url}: revision {revision} active")
-        elif result.state == "refused":
-            print(f"{result.url}: revision {revision} refused ({result.reason})")
-        else:
-            print(f"{result.url}: {result.state}: {result.detail}")
-    refused = [r for r in results if r.state == "refused"]
-    if code == EXIT_REPLICA_REFUSED:
-        # The last line, for a pipeline's log: the label and what to fix.
-        print(f"refused: {refused[-1].reason}: {refused[-1].detail}")
-    elif code == EXIT_ERROR:
-        print(f"not active everywhere: revision {revision}")
-    else:
-        print(revision)
-    return code

@@ -208,19 +208,16 @@ def cmd_history(args: argparse.Namespace) -> int:
         return EXIT_OK
     body = [["*" if r.desired else "", r.id, r.created_at, r.schema_version, r.size,
              r.body_sha256, r.message] for r in rows]
-    for line in table(("", "ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"), body,
-                      right=(1, 3, 4)):
-        print(line)
+    print(*table(("", "ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"), body,
+                 right=(1, 3, 4)), sep="\n")
     note = f"* desired: revision {desired}" if desired is not None else "nothing is desired"
     if desired is not None and desired not in {r.id for r in rows}:
         note += " (older than the revisions shown)"
     print(note)
     if shown_changes:
-        print()
-        print("changes of desired, newest first:")
-        for line in table(("SEQ", "CHANGE", "AT", "BY", "MESSAGE"),
-                          _change_rows(changes, len(shown_changes)), right=(0,)):
-            print(line)
+        print("", "changes of desired, newest first:", *table(
+            ("SEQ", "CHANGE", "AT", "BY", "MESSAGE"), _change_rows(changes, len(shown_changes)),
+            right=(0,)), sep="\n")
     return EXIT_OK
 
 
@@ -335,9 +332,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         print_json(Diff(old=old.id, new=new.id, changes=changes), indent=2)
         return EXIT_OK
-    print(f"revision {old.id} -> revision {new.id}: {len(changes)} change(s)")
-    for line in render_changes(changes):
-        print(line)
+    print(f"revision {old.id} -> revision {new.id}: {len(changes)} change(s)",
+          *render_changes(changes), sep="\n")
     return EXIT_OK
 
 

@@ -125,9 +125,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "-" if up is None else ("yes" if up else "NO"),
                      rev.get("consecutive_failures"), doc.get("version"), note])
     if not args.json:
-        for line in table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES",
-                           "VERSION", "STATE"), rows, right=(1, 2, 5)):
-            print(line)
+        print(*table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES", "VERSION",
+                      "STATE"), rows, right=(1, 2, 5)), sep="\n")
     return EXIT_ERROR if failed else EXIT_OK
 
 
