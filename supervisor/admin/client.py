@@ -212,18 +212,12 @@ async def fetch_status(
         raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise AdminUnreachable(url, describe_failure(exc, certificate_hint=CA_HINT)) from exc
-    if response.status_code in (401, 403):
-        raise AdminRefused(
-            url,
-            f"refused ({response.status_code}): {_detail(response, body)}",
-            status_code=response.status_code,
-        )
-    if response.status_code != 200:
-        raise AdminUnreachable(
-            url,
-            f"answered {response.status_code}: {_detail(response, body)}",
-            status_code=response.status_code,
-        )
+    code = response.status_code
+    if code in (401, 403):
+        raise AdminRefused(url, f"refused ({code}): {_detail(response, body)}", status_code=code)
+    if code != 200:
+        raise AdminUnreachable(url, f"answered {code}: {_detail(response, body)}",
+                               status_code=code)
     try:
         doc = json.loads(body)
     except ValueError as exc:
@@ -381,9 +375,8 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
     if unreachable is not None:
         return _Ended("lost", unreachable.reason)
     if rejected is not None:
-        return _Ended(
-            "refused", f"handshake refused ({rejected.status_code})", rejected.status_code
-        )
+        return _Ended("refused", f"handshake refused ({rejected.status_code})",
+                      rejected.status_code)
     if broken is not None:
         return _Ended("lost", f"connection failed ({describe_failure(broken)})")
     assert closed is not None  # the block returns unless one of the above ended it
@@ -416,11 +409,8 @@ async def watch_stream(
         if ended.kind == "done":
             return
         if ended.kind == "refused" and ended.code in (401, 403):
-            raise AdminRefused(
-                url,
-                f"handshake refused ({ended.code}): missing or invalid token",
-                status_code=ended.code,
-            )
+            raise AdminRefused(url, f"handshake refused ({ended.code}): missing or invalid token",
+                               status_code=ended.code)
         if ended.kind == "closed" and ended.code == 1000:
             return  # the server ended the stream on purpose: not a loss to recover from
         if not reconnect:

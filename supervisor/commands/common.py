@@ -32,7 +32,7 @@ __all__ = [
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "Failure", "ReferenceResolver",
     "add_ca_file", "add_replicas", "add_token_file", "add_url", "admin_base", "admin_url",
     "config_path", "describe_store", "gather", "iso", "load_config", "print_json",
-    "replica_access", "replica_statuses", "with_store",
+    "replica_access", "replica_statuses", "sqlite_file", "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -189,17 +189,18 @@ def require_sqlite_directory(config: Config) -> None:
     A relative path's directory is left alone: ``run`` and ``publish`` make it
     (supervisor/statedirs.py), the other commands report the missing file.
     """
-    if config.control_plane.backend != "sqlite":
-        return
-    parent = Path(sqlite_path(config.control_plane.url)).parent
-    if not parent.is_absolute():
-        return
-    if not parent.is_dir():
+    parent = sqlite_file(config).parent
+    if config.control_plane.backend == "sqlite" and parent.is_absolute() and not parent.is_dir():
         raise ConfigError(
             "$.control_plane.url",
             f"directory {parent} (of {config.control_plane.url}, relative to "
             f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
         )
+
+
+def sqlite_file(config: Config) -> Path:
+    """The file of an SQLite control plane (meaningless for another backend)."""
+    return Path(sqlite_path(config.control_plane.url))
 
 
 def describe_store(config: Config) -> str:
@@ -208,7 +209,7 @@ def describe_store(config: Config) -> str:
     from supervisor.dsn import redact
 
     if config.control_plane.backend == "sqlite":
-        return os.path.abspath(sqlite_path(config.control_plane.url))
+        return os.path.abspath(sqlite_file(config))
     return redact(config.control_plane.url)
 
 

@@ -52,6 +52,7 @@ from supervisor.commands.common import (
     load_config,
     print_json,
     replica_access,
+    sqlite_file,
     with_store,
 )
 from supervisor.commands.revisions import (
@@ -61,7 +62,7 @@ from supervisor.commands.revisions import (
     render_changes,
     sequence_of,
 )
-from supervisor.config import Config, sqlite_path
+from supervisor.config import Config
 from supervisor.errors import UsageError
 from supervisor.reasons import DENIED
 from supervisor.revision.document import decode_body
@@ -219,8 +220,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if before is not None and before.body_sha256 == digest and not args.force:
             return before.revision, before.sequence, True
         revision = await store.publish(body, schema_version, args.message)
-        return revision, await sequence_of(store, revision,
-                                           None if before is None else before.sequence), False
+        return revision, await sequence_of(store, revision, before), False
 
     # Before publishing: a bad token file, URL or --ca-file must not leave a revision nobody
     # waits for, and the follower's imports (a few hundred ms) are not paid between commit
@@ -277,17 +277,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def _no_control_plane_yet(config: Config) -> bool:
     """An SQLite control plane whose file the first ``publish`` has yet to create: a dry
     run compares against nothing (and, storing nothing, does not create it)."""
-    return (config.control_plane.backend == "sqlite"
-            and not Path(sqlite_path(config.control_plane.url)).exists())
+    return config.control_plane.backend == "sqlite" and not sqlite_file(config).exists()
 
 
 def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
     """A new SQLite control plane is never silent: a relative path made it under this
     working directory, where a daemon started elsewhere never looks."""
-    relative = not Path(sqlite_path(config.control_plane.url)).is_absolute()
     where = (f" ($.control_plane.url {config.control_plane.url} is relative to the working "
              f"directory {Path.cwd()}: a daemon started elsewhere does not read it)"
-             if relative else "")
+             if not sqlite_file(config).is_absolute() else "")
     print(f"created a new control plane {store_name}{where}", file=sys.stderr)
 
 

@@ -46,7 +46,7 @@ from supervisor.texttable import block, cell, table
 if TYPE_CHECKING:
     # Also annotations of the --json Structs (encoding never resolves them).
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
-    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
+    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision, RevisionPointer
 
 __all__ = ["Change", "ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "RolledBack",
            "Shown", "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
@@ -234,9 +234,12 @@ def _change_rows(changes: list[ChangeRow], shown: int) -> list[list[object]]:
     return rows
 
 
-async def sequence_of(store: ControlPlaneStore, revision: int, after: int | None) -> int | None:
+async def sequence_of(store: ControlPlaneStore, revision: int,
+                      before: RevisionPointer | None) -> int | None:
     """The sequence of the change that just made ``revision`` desired: the first change
-    naming it after sequence ``after`` (None: unknown, the record went on past it)."""
+    naming it after ``before`` (what was desired before it; None: unknown, the record went
+    on past it)."""
+    after = None if before is None else before.sequence
     found = [c.sequence for c in await store.changes(20)
              if c.revision_id == revision and (after is None or c.sequence > after)]
     return min(found) if found else None
@@ -363,8 +366,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                              f"({exc.reason}); desired was not changed") from exc
         before = await store.observe()
         previous = await store.rollback(loaded.id, loaded.body_sha256, args.message)
-        after = None if before is None else before.sequence
-        return previous, await sequence_of(store, loaded.id, after)
+        return previous, await sequence_of(store, loaded.id, before)
 
     previous, sequence = with_store(config, roll)
     if args.json:

@@ -63,17 +63,12 @@ def judge(doc: Any, revision: int, url: str) -> ReplicaResult | None:
     if not isinstance(doc, dict):
         return None
     kind = doc.get("type")
-    if kind == "published" and _is(doc.get("revision"), revision):
-        return ReplicaResult(url, "active")
-    if kind == "rejected" and _is(doc.get("revision"), revision):
-        return ReplicaResult(url, "refused", _text(doc.get("reason")), _text(doc.get("detail")))
     rev = doc.get("revision") if kind == "status" else None
-    if not isinstance(rev, dict):
-        return None
-    active = rev.get("active")
-    if _is(active, revision):
+    status = rev if isinstance(rev, dict) else {}
+    active = status.get("active")
+    if _is(doc.get("revision") if kind == "published" else active, revision):
         return ReplicaResult(url, "active")
-    rejection = rev.get("last_rejection")
+    rejection = doc if kind == "rejected" else status.get("last_rejection")
     if isinstance(rejection, dict) and _is(rejection.get("revision"), revision):
         return ReplicaResult(url, "refused", _text(rejection.get("reason")),
                              _text(rejection.get("detail")))
