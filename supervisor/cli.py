@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _unreachable(command: str, exc: BaseException) -> int:
     """``status`` or ``watch`` could not reach (or was refused by) its replica: exit 1,
-    said as ``COMMAND: URL: why`` (0: it was something else)."""
+    said as ``COMMAND: URL: why`` (0: the error is another)."""
     from supervisor.admin.errors import AdminUnreachable
 
     found = find_leaf(exc, (AdminUnreachable,))
@@ -438,9 +438,12 @@ def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
     if fmt is None:
         return False
     logs.configure("info", fmt)
-    fields = ({"key": found.path, "reason": found.reason, "source": found.source}
-              if isinstance(found, ConfigError) else {})
-    logs.get_logger("daemon").critical("invalid configuration", **fields, detail=str(found))
+    log = logs.get_logger("daemon")
+    if isinstance(found, ConfigError):
+        log.critical("invalid configuration", key=found.path, reason=found.reason,
+                     source=found.source, detail=str(found))
+    else:
+        log.critical("invalid configuration", detail=str(found))
     return True
 
 

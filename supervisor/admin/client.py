@@ -230,17 +230,16 @@ async def fetch_status(
 # -- watch -------------------------------------------------------------------------
 
 
-def _line(message: str | bytes) -> tuple[str, dict[str, Any] | None]:
+def _line(message: str | bytes) -> tuple[str, dict[str, Any]]:
+    """The line to print and the message's JSON object (empty when it is not one)."""
     text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
     try:
         doc = json.loads(text)
     except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        doc = None
+        doc = {}
     # Compact JSON never holds a raw control character; anything else is flattened to
     # one line, and its escapes never reach the terminal.
-    return printable(text), doc
+    return printable(text), doc if isinstance(doc, dict) else {}
 
 
 @dataclass
@@ -351,10 +350,9 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
                                   worked=worked)
                 worked = True
                 text, doc = _line(message)
-                kind = doc.get("type") if doc is not None else None
-                if kind == "ping":
+                if doc.get("type") == "ping":
                     continue
-                if kind == "status" and doc is not None:
+                if doc.get("type") == "status":
                     heartbeat = doc.get("heartbeat_s")
                     if isinstance(heartbeat, int | float) and heartbeat > 0:
                         idle_s = 3 * float(heartbeat)

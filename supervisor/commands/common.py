@@ -72,22 +72,22 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
         except httpx.InvalidURL as exc:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a URL ({exc}); expected {example}") from exc
+        problem = None
         if url.scheme not in schemes:
             hint = ""
             if not url.host and url.scheme and ":" in text and "//" not in text:
                 hint = f" (did you mean {schemes[0]}://{text.strip()}?)"
             scheme = f"scheme {url.scheme!r}" if url.scheme else "no scheme"
-            raise argparse.ArgumentTypeError(
-                f"{text!r} has {scheme}; expected {' or '.join(schemes)} ({example}){hint}")
-        if not url.host:
-            raise argparse.ArgumentTypeError(f"{text!r} names no host; expected {example}")
-        if url.port is not None and not 0 < url.port < 65536:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: port {url.port} is not between 1 and 65535")
-        if url.query or url.fragment:
+            problem = f" has {scheme}; expected {' or '.join(schemes)} ({example}){hint}"
+        elif not url.host:
+            problem = f" names no host; expected {example}"
+        elif url.port is not None and not 0 < url.port < 65536:
+            problem = f": port {url.port} is not between 1 and 65535"
+        elif url.query or url.fragment:
             # The command appends /status (or /v1/stream): it would ask for something else.
-            raise argparse.ArgumentTypeError(
-                f"{text!r} has a query or fragment; expected {example} (a path prefix is kept)")
+            problem = f" has a query or fragment; expected {example} (a path prefix is kept)"
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{text!r}{problem}")
         return text.strip()
 
     return check
