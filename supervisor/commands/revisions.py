@@ -52,7 +52,6 @@ __all__ = ["Change", "ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "R
            "Shown", "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
            "diff_documents", "register", "render_changes", "render_toml", "sequence_of"]
 
-JSON_HELP = "print one JSON document instead of the table"
 #: The largest id a store holds (PostgreSQL bigint; SQLite's integer is as wide).
 MAX_REVISION_ID = 2**63 - 1
 
@@ -107,12 +106,9 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                      "a replica whose last refusal is checked first, http://HOST:PORT; repeat "
                      "for several (default: [admin].listen of --config)",
                      "the CA that https replicas' certificates are", "the replicas' admin token")
-    if name == "rollback":
-        parser.add_argument("--json", action="store_true",
-                            help='print one JSON document instead of the lines: {"revision", '
-                                 '"previous", "sequence", "message"}')
-    else:
-        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+    parser.add_argument("--json", action="store_true", help=(
+        'print one JSON document instead of the lines: {"revision", "previous", "sequence", '
+        '"message"}' if name == "rollback" else "print one JSON document instead of the table"))
 
 
 # -- what --json prints -------------------------------------------------------------
