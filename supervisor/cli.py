@@ -13,7 +13,8 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from functools import partial
+from typing import Any, NoReturn, TypeVar
 
 import trio
 
@@ -26,14 +27,15 @@ from supervisor.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
+    Failure,
     add_ca_file,
     add_token_file,
-    admin_base,
-    admin_url,
+    add_url,
     config_path,
     load_config,
+    print_json,
+    replica_access,
 )
-from supervisor.commands.jsonout import Failure, print_json
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders, unconfined_secrets
@@ -48,28 +50,29 @@ from supervisor.errors import (
     UsageError,
     find_leaf,
 )
+from supervisor.filemodes import loose_secret_files, unsafe_state_places
 from supervisor.reasons import DENIED, INVALID, REVISION_REASONS, UNAVAILABLE
 from supervisor.statedirs import creation_problems, make_state_directories
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
 
+T = TypeVar("T")
+
 _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
 
 
 class _BadArguments(Exception):
-    """The command line does not parse: reported by :func:`main` (exit 2), with the
+    """The command line does not parse (said on stderr): :func:`main` exits 2, with the
     ``--json`` failure document when one was asked for."""
-
-    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
-        self.parser = parser
-        self.message = message
-        super().__init__(message)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _BadArguments(self, message + _did_you_mean(message))
+        message += _did_you_mean(message)
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise _BadArguments(message)
 
 
 def _did_you_mean(message: str) -> str:
@@ -134,8 +137,8 @@ def _parser() -> argparse.ArgumentParser:
         revisions.register(name, command(name))
     status.register(command("status"))
     watch = command("watch")
-    watch.add_argument("--url", default=None, type=admin_url(REPLICA_SCHEMES),
-                       help="ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)")
+    add_url(watch, REPLICA_SCHEMES,
+            "ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)", many=False)
     add_ca_file(watch, "the CA that a wss replica's certificate is")
     add_token_file(watch)
     watch.add_argument("--no-reconnect", action="store_true",
@@ -158,12 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, path = load_config(args)
     logs.configure(config.log.level, config.log.format)
     make_state_directories(config)  # relative paths only: the embedded default's var/
-    from supervisor.filemodes import unsafe_state_places
-
     for key, problem in unsafe_state_places(config):
         raise ConfigError(key, problem)  # the first: `check` lists them all
-    from supervisor.filemodes import loose_secret_files
-
     for key, file, why in loose_secret_files(config):
         logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
     from supervisor.app import run_daemon
@@ -181,8 +180,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         for found in all_problems(path):  # every one, not only the first
             print(f"trio-supervisor: configuration error: {found}", file=sys.stderr)
         return EXIT_USAGE
-    from supervisor.filemodes import unsafe_state_places
-
     problems = (placeholders(config) + check_files(config) + creation_problems(config)
                 + unsafe_state_places(config))
     warnings: list[tuple[str, str]] = []
@@ -192,8 +189,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{path}: {key}: {problem}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
-    from supervisor.filemodes import loose_secret_files
-
     warnings += [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
     if unconfined_secrets(config):
         warnings.append(("$.revision", "neither secret_env_prefixes nor secret_dirs is set: "
@@ -224,8 +219,6 @@ def _schema_problems(config: Config) -> list[tuple[str, str]]:
     session either (the statement bound is per transaction, as PgBouncer's transaction
     pooling requires).
     """
-    from functools import partial
-
     from supervisor.controlplane import migrations
 
     async def look() -> int | None:
@@ -276,43 +269,37 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
     """What the daemon would refuse at start in the files themselves (keys, token); what it
     would accept but regret goes to ``warnings``."""
     problems: list[tuple[str, str]] = []
+
+    def accepted(read: Callable[[], T]) -> T | None:
+        try:
+            return read()
+        except ConfigError as exc:
+            problems.append((exc.path, exc.reason))
+            return None
+
     if config.admin.token_file:
         from supervisor.admin.auth import admin_tokens
 
-        try:
-            admin_tokens(config.admin.token_file, config.admin.read_token_file)
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
-    if config.control_plane.backend == "follower":
+        accepted(partial(admin_tokens, config.admin.token_file, config.admin.read_token_file))
+    follower = config.control_plane.backend == "follower"
+    if follower:
         from supervisor.controlplane.follower import upstream_token
 
-        try:
-            upstream_token(config.control_plane)
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
+        accepted(partial(upstream_token, config.control_plane))
     if config.cache.path is not None:
         from supervisor.revision.document import SCHEMA_VERSION
         from supervisor.sinks.lkg import LastKnownGood
 
-        try:
-            cache = LastKnownGood(
-                config.cache.path,
-                signing_key_path=config.cache.signing_key,
-                trusted_keys=config.cache.trusted_keys,
-                max_schema_version=SCHEMA_VERSION,
-            )
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
-        else:
-            if config.control_plane.backend == "follower":
-                try:
-                    cache.refuse_own_key_among(config.control_plane.trusted_keys,
-                                               "$.control_plane.trusted_keys")
-                except ConfigError as exc:
-                    problems.append((exc.path, exc.reason))
-            if not cache.signing_key_trusted:
-                warnings.append(("$.cache.signing_key", "its verify key is not in "
-                                 "cache.trusted_keys; this replica would refuse its own cache"))
+        cache = accepted(partial(LastKnownGood, config.cache.path,
+                                 signing_key_path=config.cache.signing_key,
+                                 trusted_keys=config.cache.trusted_keys,
+                                 max_schema_version=SCHEMA_VERSION))
+        if cache is not None and follower:
+            accepted(partial(cache.refuse_own_key_among, config.control_plane.trusted_keys,
+                             "$.control_plane.trusted_keys"))
+        if cache is not None and not cache.signing_key_trusted:
+            warnings.append(("$.cache.signing_key", "its verify key is not in "
+                             "cache.trusted_keys; this replica would refuse its own cache"))
     return problems
 
 
@@ -340,23 +327,11 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import ca_file_context, watch_stream
+    from supervisor.admin.client import watch_stream
 
-    default, token = admin_base(args, "ws", path="/v1/stream")
-    url = args.url or default
-    ssl_context = ca_file_context(args.ca_file)
-
-    from supervisor.admin.errors import AdminUnreachable
-
-    async def follow() -> None:
-        await watch_stream(url, sys.stdout, token=token, reconnect=not args.no_reconnect,
-                           ssl_context=ssl_context)
-
-    try:
-        trio.run(follow)
-    except AdminUnreachable as exc:
-        print(f"watch: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    [url], token, ssl_context = replica_access(args, "ws", path="/v1/stream")
+    trio.run(partial(watch_stream, url, sys.stdout, token=token,
+                     reconnect=not args.no_reconnect, ssl_context=ssl_context))
     return EXIT_OK
 
 
@@ -397,10 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(words)
     except _BadArguments as bad:
-        bad.parser.print_usage(sys.stderr)
-        print(f"{bad.parser.prog}: error: {bad.message}", file=sys.stderr)
         if "--json" in words:
-            _print_failure(INVALID, bad.message)
+            _print_failure(INVALID, str(bad))
         return EXIT_USAGE
     command = COMMANDS[args.command or "run"]
     if command is not cmd_run:
@@ -420,11 +393,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_ERROR
         if command is cmd_run and _logged_config_error(args, exc):
             return EXIT_USAGE
-        code = _report(exc)
+        code = _unreachable(args.command, exc) or _report(exc)
         if getattr(args, "json", False) and code != EXIT_OK:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
         return code
+
+
+def _unreachable(command: str, exc: BaseException) -> int:
+    """``status`` or ``watch`` could not reach (or was refused by) its replica: exit 1,
+    said as ``COMMAND: URL: why`` (0: the error is another)."""
+    from supervisor.admin.errors import AdminUnreachable
+
+    found = find_leaf(exc, (AdminUnreachable,))
+    if found is None:
+        return EXIT_OK
+    print(f"{command}: {found}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def _reader_gone() -> int:
@@ -453,12 +438,12 @@ def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
     if fmt is None:
         return False
     logs.configure("info", fmt)
+    log = logs.get_logger("daemon")
     if isinstance(found, ConfigError):
-        logs.get_logger("daemon").critical("invalid configuration", key=found.path,
-                                           reason=found.reason, source=found.source,
-                                           detail=str(found))
+        log.critical("invalid configuration", key=found.path, reason=found.reason,
+                     source=found.source, detail=str(found))
     else:
-        logs.get_logger("daemon").critical("invalid configuration", detail=str(found))
+        log.critical("invalid configuration", detail=str(found))
     return True
 
 
@@ -520,33 +505,30 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 
 def _report(exc: BaseException) -> int:
-    found: Any = find_leaf(exc, (ConfigError, UsageError))
+    log = logs.get_logger("daemon")
+    # A schema too new is not this build's to read or migrate: a deployment problem, as
+    # a bad configuration is.
+    found: Any = find_leaf(exc, (ConfigError, UsageError, SchemaTooNew))
     if found is not None:
         label = "configuration error" if isinstance(found, ConfigError) else "error"
         print(f"trio-supervisor: {label}: {found}", file=sys.stderr)
-        return EXIT_USAGE
-    found = find_leaf(exc, (SchemaTooNew,))
-    if found is not None:
-        # Not this build's to read or migrate: a deployment problem, like a bad config.
-        print(f"trio-supervisor: error: {found}", file=sys.stderr)
         return EXIT_USAGE
     found = find_leaf(exc, (BootRefused,))
     if found is not None:
         # One log line (JSON in production), not a second plain line beside it.
         # `reason` is the label (as on "revision refused" lines); `refusal` is kept
         # for queries written before it was; the prose is `detail`.
-        logs.get_logger("daemon").critical("refused to boot", reason=found.refusal,
-                                           refusal=found.refusal, detail=str(found))
+        log.critical("refused to boot", reason=found.refusal, refusal=found.refusal,
+                     detail=str(found))
         return EXIT_REFUSED
     found = find_leaf(exc, (StartError,))
     if found is not None:
-        logs.get_logger("daemon").critical(
-            "cannot start", error=str(found), address=getattr(found, "address", None))
+        log.critical("cannot start", error=str(found), address=getattr(found, "address", None))
         return EXIT_ERROR
     found = find_leaf(exc, (SupervisionGaveUp,))
     if found is not None:
-        logs.get_logger("daemon").critical("supervision gave up", child=found.child,
-                                           restarts=found.restarts, detail=str(found))
+        log.critical("supervision gave up", child=found.child, restarts=found.restarts,
+                     detail=str(found))
         return EXIT_GAVE_UP
     found = find_leaf(exc, (SupervisorError,))
     if found is not None:
@@ -556,5 +538,5 @@ def _report(exc: BaseException) -> int:
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_ERROR
     if find_leaf(exc, (KeyboardInterrupt,)) is not None:
         return EXIT_OK
-    logs.get_logger("daemon").critical("unexpected error", error=repr(exc), exc_info=exc)
+    log.critical("unexpected error", error=repr(exc), exc_info=exc)
     return EXIT_ERROR

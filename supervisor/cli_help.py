@@ -225,19 +225,14 @@ COMMANDS: dict[str, CommandHelp] = {
 }
 
 
-def epilog(help_: CommandHelp) -> str:
+def epilog(help_: CommandHelp, exits_title: str = "exit codes:") -> str:
     """Examples and exit codes, laid out for ``RawDescriptionHelpFormatter``."""
-    lines = ["examples:"]
-    lines += [f"  {example}" for example in help_.examples]
-    lines += ["", "exit codes:"]
-    lines += [f"  {code}  {meaning}" for code, meaning in help_.exits]
-    return "\n".join(lines)
+    return "\n".join(["examples:", *(f"  {example}" for example in help_.examples), "",
+                      exits_title, *(f"  {code}  {meaning}" for code, meaning in help_.exits)])
 
 
 def program_epilog() -> str:
-    lines = ["examples:",
-             "  trio-supervisor check --config conf/dev.toml",
-             "  trio-supervisor --config conf/dev.toml          # run the daemon",
-             "", "exit codes (of run; each subcommand's --help lists its own):"]
-    lines += [f"  {code}  {meaning}" for code, meaning in EXIT_CODES]
-    return "\n".join(lines)
+    examples = ("trio-supervisor check --config conf/dev.toml",
+                "trio-supervisor --config conf/dev.toml          # run the daemon")
+    return epilog(CommandHelp("", "", examples, EXIT_CODES),
+                  "exit codes (of run; each subcommand's --help lists its own):")

@@ -28,12 +28,11 @@
   ``out``.
 
   The WebSocket runs over a TCP stream this module opens and closes itself
-  (:func:`open_replica_stream`, then ``trio_websocket.wrap_client_stream``;
-  ``publish --wait`` connects the same way): ``open_websocket_url`` leaves the
-  socket open when the server closes first or refuses the handshake, which a
-  reconnecting watcher would repeat on every server restart, and it reports a
-  refused certificate only as a handshake timeout. The TLS handshake is done
-  while connecting, so its refusal is told as what it is.
+  (:func:`replica_websocket`; ``publish --wait`` connects the same way):
+  ``open_websocket_url`` leaves the socket open when the server closes first or
+  refuses the handshake, which a reconnecting watcher would repeat on every server
+  restart, and it reports a refused certificate only as a handshake timeout. The TLS
+  handshake is done while connecting, so its refusal is told as what it is.
 
 Every failure names its innermost cause (:func:`~supervisor.errors.describe_failure`):
 a refused certificate as ``TLS: CERTIFICATE_VERIFY_FAILED: <why>`` and where its CA
@@ -45,12 +44,19 @@ from __future__ import annotations
 import json
 import random
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, ConnectionRejected, wrap_client_stream
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    WebSocketConnection,
+    wrap_client_stream,
+)
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.backoff import Backoff
@@ -59,10 +65,13 @@ from supervisor.logs import get_logger
 from supervisor.texttable import printable
 
 __all__ = [
+    "auth_headers",
     "ca_file_context",
+    "close_politely",
     "converge_url",
     "fetch_status",
-    "open_replica_stream",
+    "first_leaf",
+    "replica_websocket",
     "stream_url",
     "watch_stream",
 ]
@@ -135,7 +144,8 @@ def converge_url(base_url: str) -> str:
     return _replica(_url(base_url), {"ws": "http", "wss": "https"}, "/v1/converge")
 
 
-def _auth_headers(token: str | None) -> dict[str, str]:
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The admin token as an HTTP request's header (none without a token)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -196,24 +206,18 @@ async def fetch_status(
         with trio.fail_after(timeout_s):
             async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
                                          verify=ssl_context or True) as client, \
-                    client.stream("GET", url, headers=_auth_headers(token)) as response:
+                    client.stream("GET", url, headers=auth_headers(token)) as response:
                 body = await _bounded_body(response, url)
     except trio.TooSlowError:
         raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise AdminUnreachable(url, describe_failure(exc, certificate_hint=CA_HINT)) from exc
-    if response.status_code in (401, 403):
-        raise AdminRefused(
-            url,
-            f"refused ({response.status_code}): {_detail(response, body)}",
-            status_code=response.status_code,
-        )
-    if response.status_code != 200:
-        raise AdminUnreachable(
-            url,
-            f"answered {response.status_code}: {_detail(response, body)}",
-            status_code=response.status_code,
-        )
+    code = response.status_code
+    if code in (401, 403):
+        raise AdminRefused(url, f"refused ({code}): {_detail(response, body)}", status_code=code)
+    if code != 200:
+        raise AdminUnreachable(url, f"answered {code}: {_detail(response, body)}",
+                               status_code=code)
     try:
         doc = json.loads(body)
     except ValueError as exc:
@@ -226,17 +230,16 @@ async def fetch_status(
 # -- watch -------------------------------------------------------------------------
 
 
-def _line(message: str | bytes) -> tuple[str, dict[str, Any] | None]:
+def _line(message: str | bytes) -> tuple[str, dict[str, Any]]:
+    """The line to print and the message's JSON object (empty when it is not one)."""
     text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
     try:
         doc = json.loads(text)
     except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        doc = None
+        doc = {}
     # Compact JSON never holds a raw control character; anything else is flattened to
     # one line, and its escapes never reach the terminal.
-    return printable(text), doc
+    return printable(text), doc if isinstance(doc, dict) else {}
 
 
 @dataclass
@@ -253,7 +256,7 @@ class _Ended:
 @dataclass
 class _Watch:
     out: TextIO
-    headers: list[tuple[bytes, bytes]] | None
+    token: str | None
     max_events: int | None
     connect_timeout_s: float
     printed: int = 0
@@ -263,11 +266,11 @@ class _Watch:
 _E = TypeVar("_E", bound=BaseException)
 
 
-def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
+def first_leaf(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
     """The first leaf of ``group`` (nested groups included) that is a ``kind``."""
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            found = _first(exc, kind)
+            found = first_leaf(exc, kind)
             if found is not None:
                 return found
         elif isinstance(exc, kind):
@@ -275,135 +278,110 @@ def _first(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
     return None
 
 
-ReplicaByteStream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
+@asynccontextmanager
+async def replica_websocket(url: str, token: str | None, ssl_context: ssl.SSLContext | None,
+                            timeout_s: float) -> AsyncIterator[WebSocketConnection]:
+    """The WebSocket at a ``ws://`` or ``wss://`` URL: TCP, for wss with the TLS handshake
+    done (verified against ``ssl_context``, None: the system's trust store) so that a
+    refused certificate is told as what it is, then the WebSocket handshake, each within
+    ``timeout_s``: :class:`AdminUnreachable` (``cannot connect (...)``, ``no handshake
+    ...``) otherwise. A refused handshake raises ConnectionRejected; what the block
+    raises comes out in an exception group.
 
-
-@dataclass(frozen=True)
-class ReplicaStream:
-    """A connection to a replica's stream URL, not yet a WebSocket: the caller wraps
-    it (``trio_websocket.wrap_client_stream``) and closes it."""
-
-    stream: ReplicaByteStream
-    host_header: str
-    resource: str
-
-
-async def open_replica_stream(url: str, ssl_context: ssl.SSLContext | None,
-                              timeout_s: float) -> ReplicaStream:
-    """TCP to a ``ws://`` or ``wss://`` URL, within ``timeout_s``; for wss with the TLS
-    handshake done (verified against ``ssl_context``, None: the system's trust store), so
-    a refused certificate is told here rather than lost inside the WebSocket client,
-    which only times out. :class:`AdminUnreachable` (``cannot connect (...)``) otherwise.
-
-    The stream is opened here and closed by the caller, not by trio-websocket: its
-    client leaves the socket open when the server closes first or refuses the
-    handshake (trio-websocket 0.12).
+    The TCP stream is opened and closed here, not by trio-websocket: its client leaves
+    the socket open when the server closes first or refuses the handshake
+    (trio-websocket 0.12).
     """
     parts = _url(url)
-    secure = parts.scheme == "wss"
-    host = parts.raw_host.decode("ascii")
+    host, secure = parts.raw_host.decode("ascii"), parts.scheme == "wss"
     port = parts.port or (443 if secure else 80)
-    resource = parts.raw_path.decode("ascii")  # the query with it
-    host_header = parts.netloc.decode("ascii")  # brackets kept, no credentials
-    stream: ReplicaByteStream | None = None
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] | None = None
     try:
-        with trio.fail_after(timeout_s):
-            if secure:
-                stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=ssl_context or ssl.create_default_context())
-                await stream.do_handshake()
-            else:
-                stream = await trio.open_tcp_stream(host, port)
-    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        try:
+            with trio.fail_after(timeout_s):
+                if secure:
+                    stream = await trio.open_ssl_over_tcp_stream(
+                        host, port, ssl_context=ssl_context or ssl.create_default_context())
+                    await stream.do_handshake()
+                else:
+                    stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            why = (f"no connection within {timeout_s:g} s" if isinstance(exc, trio.TooSlowError)
+                   else describe_failure(exc, certificate_hint=CA_HINT))
+            raise AdminUnreachable(url, f"cannot connect ({why})") from exc
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(timeout_s) as handshake:
+                # Host: brackets kept, no credentials; the resource with its query.
+                ws = await wrap_client_stream(nursery, stream, parts.netloc.decode("ascii"),
+                                              parts.raw_path.decode("ascii"),
+                                              extra_headers=headers,
+                                              max_message_size=MAX_MESSAGE_BYTES)
+            if handshake.cancelled_caught:
+                raise AdminUnreachable(url, f"no handshake within {timeout_s:g} s")
+            yield ws
+            nursery.cancel_scope.cancel()  # the connection's reader task
+    finally:
         if stream is not None:
             await trio.aclose_forcefully(stream)
-        why = (f"no connection within {timeout_s:g} s" if isinstance(exc, trio.TooSlowError)
-               else describe_failure(exc, certificate_hint=CA_HINT))
-        raise AdminUnreachable(url, f"cannot connect ({why})") from exc
-    return ReplicaStream(stream, host_header, resource)
+
+
+async def close_politely(ws: WebSocketConnection) -> None:
+    """Close with 1000; a server that does not answer in time does not hold the caller up."""
+    with trio.move_on_after(2.0):
+        await ws.aclose()
 
 
 async def _connect_once(url: str, watch: _Watch) -> _Ended:
-    """One connection, start to end (:func:`open_replica_stream`)."""
-    try:
-        target = await open_replica_stream(url, watch.ssl_context, watch.connect_timeout_s)
-    except AdminUnreachable as exc:
-        return _Ended("lost", exc.reason)
-    stream, host_header, resource = target.stream, target.host_header, target.resource
+    """One connection, start to end (:func:`replica_websocket`)."""
+    unreachable: AdminUnreachable | None = None
     rejected: ConnectionRejected | None = None
     broken: BaseException | None = None
-    ended = _Ended("lost", "connection ended")
+    closed: ConnectionClosed | None = None
+    idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
     try:
-        try:
-            async with trio.open_nursery() as nursery:
-                ended = await _follow(nursery, stream, host_header, resource, watch)
-                nursery.cancel_scope.cancel()  # the connection's reader task
-        except* ConnectionRejected as group:
-            rejected = _first(group, ConnectionRejected)
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
-            broken = _first(group, BaseException)
-    finally:
-        await trio.aclose_forcefully(stream)
+        async with replica_websocket(url, watch.token, watch.ssl_context,
+                                     watch.connect_timeout_s) as ws:
+            while True:
+                with trio.move_on_after(idle_s) as idle:
+                    message = await ws.get_message()
+                if idle.cancelled_caught:
+                    return _Ended("lost", f"no message (not even a heartbeat) for {idle_s:g} s",
+                                  worked=worked)
+                worked = True
+                text, doc = _line(message)
+                if doc.get("type") == "ping":
+                    continue
+                if doc.get("type") == "status":
+                    heartbeat = doc.get("heartbeat_s")
+                    if isinstance(heartbeat, int | float) and heartbeat > 0:
+                        idle_s = 3 * float(heartbeat)
+                watch.out.write(text + "\n")
+                watch.out.flush()
+                watch.printed += 1
+                if watch.max_events is not None and watch.printed >= watch.max_events:
+                    await close_politely(ws)
+                    return _Ended("done", worked=True)
+    except* AdminUnreachable as group:
+        unreachable = first_leaf(group, AdminUnreachable)
+    except* ConnectionRejected as group:
+        rejected = first_leaf(group, ConnectionRejected)
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+        broken = first_leaf(group, BaseException)
+    except* ConnectionClosed as group:
+        closed = first_leaf(group, ConnectionClosed)
+    if unreachable is not None:
+        return _Ended("lost", unreachable.reason)
     if rejected is not None:
-        return _Ended(
-            "refused", f"handshake refused ({rejected.status_code})", rejected.status_code
-        )
+        return _Ended("refused", f"handshake refused ({rejected.status_code})",
+                      rejected.status_code)
     if broken is not None:
         return _Ended("lost", f"connection failed ({describe_failure(broken)})")
-    return ended
-
-
-async def _follow(
-    nursery: trio.Nursery,
-    stream: ReplicaByteStream,
-    host_header: str,
-    resource: str,
-    watch: _Watch,
-) -> _Ended:
-    with trio.move_on_after(watch.connect_timeout_s) as handshake:
-        ws = await wrap_client_stream(
-            nursery,
-            stream,
-            host_header,
-            resource,
-            extra_headers=watch.headers,
-            max_message_size=MAX_MESSAGE_BYTES,
-        )
-    if handshake.cancelled_caught:
-        return _Ended("lost", f"no handshake within {watch.connect_timeout_s:g} s")
-    idle_s = DEFAULT_IDLE_TIMEOUT_S
-    worked = False
-    try:
-        while True:
-            with trio.move_on_after(idle_s) as idle:
-                message = await ws.get_message()
-            if idle.cancelled_caught:
-                return _Ended(
-                    "lost", f"no message (not even a heartbeat) for {idle_s:g} s", worked=worked
-                )
-            worked = True
-            text, doc = _line(message)
-            kind = doc.get("type") if doc is not None else None
-            if kind == "ping":
-                continue
-            if kind == "status" and doc is not None:
-                heartbeat = doc.get("heartbeat_s")
-                if isinstance(heartbeat, int | float) and heartbeat > 0:
-                    idle_s = 3 * float(heartbeat)
-            watch.out.write(text + "\n")
-            watch.out.flush()
-            watch.printed += 1
-            if watch.max_events is not None and watch.printed >= watch.max_events:
-                # A polite close (1000); a server that does not answer in time
-                # does not hold the caller up.
-                with trio.move_on_after(2.0):
-                    await ws.aclose()
-                return _Ended("done", worked=True)
-    except ConnectionClosed as exc:
-        code = exc.reason.code if exc.reason is not None else None
-        reason = (exc.reason.reason if exc.reason is not None else None) or ""
-        why = f"closed by the server ({code}{' ' + reason if reason else ''})"
-        return _Ended("closed", why, code, worked=worked)
+    assert closed is not None  # the block returns unless one of the above ended it
+    code = closed.reason.code if closed.reason is not None else None
+    reason = (closed.reason.reason if closed.reason is not None else None) or ""
+    why = f"closed by the server ({code}{' ' + reason if reason else ''})"
+    return _Ended("closed", why, code, worked=worked)
 
 
 async def watch_stream(
@@ -423,18 +401,14 @@ async def watch_stream(
     ``ssl_context``: what a wss replica is verified with (None: the system's)."""
     url = stream_url(url)
     backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
-    watch = _Watch(out, headers, max_events, connect_timeout_s, ssl_context=ssl_context)
+    watch = _Watch(out, token, max_events, connect_timeout_s, ssl_context=ssl_context)
     while True:
         ended = await _connect_once(url, watch)
         if ended.kind == "done":
             return
         if ended.kind == "refused" and ended.code in (401, 403):
-            raise AdminRefused(
-                url,
-                f"handshake refused ({ended.code}): missing or invalid token",
-                status_code=ended.code,
-            )
+            raise AdminRefused(url, f"handshake refused ({ended.code}): missing or invalid token",
+                               status_code=ended.code)
         if ended.kind == "closed" and ended.code == 1000:
             return  # the server ended the stream on purpose: not a loss to recover from
         if not reconnect:

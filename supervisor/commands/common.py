@@ -1,16 +1,20 @@
 """What the subcommands share: exit codes, loading the configuration, a store for one call,
-and the admin address and token (the tables' text: :mod:`supervisor.texttable`)."""
+the admin address and token, and the ``--json`` documents' text (the tables' text:
+:mod:`supervisor.texttable`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import msgspec
 import trio
 
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
@@ -20,12 +24,15 @@ from supervisor.errors import ConfigError, UsageError
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories
 
 if TYPE_CHECKING:
+    from supervisor.admin.errors import AdminUnreachable
     from supervisor.controlplane.store import ControlPlaneStore
 
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
-    "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "ReferenceResolver", "admin_base",
-    "admin_url", "config_path", "describe_store", "iso", "load_config", "with_store",
+    "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "Failure", "ReferenceResolver",
+    "add_ca_file", "add_replicas", "add_token_file", "add_url", "admin_base", "admin_url",
+    "config_path", "describe_store", "gather", "iso", "load_config", "print_json",
+    "replica_access", "replica_statuses", "sqlite_file", "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -33,6 +40,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
 EXIT_REPLICA_REFUSED = 5
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 #: What ``status --url`` reads (``/status`` is plain HTTP).
 HTTP_SCHEMES = ("http", "https")
@@ -64,22 +72,22 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
         except httpx.InvalidURL as exc:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a URL ({exc}); expected {example}") from exc
+        problem = None
         if url.scheme not in schemes:
             hint = ""
             if not url.host and url.scheme and ":" in text and "//" not in text:
                 hint = f" (did you mean {schemes[0]}://{text.strip()}?)"
             scheme = f"scheme {url.scheme!r}" if url.scheme else "no scheme"
-            raise argparse.ArgumentTypeError(
-                f"{text!r} has {scheme}; expected {' or '.join(schemes)} ({example}){hint}")
-        if not url.host:
-            raise argparse.ArgumentTypeError(f"{text!r} names no host; expected {example}")
-        if url.port is not None and not 0 < url.port < 65536:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: port {url.port} is not between 1 and 65535")
-        if url.query or url.fragment:
+            problem = f" has {scheme}; expected {' or '.join(schemes)} ({example}){hint}"
+        elif not url.host:
+            problem = f" names no host; expected {example}"
+        elif url.port is not None and not 0 < url.port < 65536:
+            problem = f": port {url.port} is not between 1 and 65535"
+        elif url.query or url.fragment:
             # The command appends /status (or /v1/stream): it would ask for something else.
-            raise argparse.ArgumentTypeError(
-                f"{text!r} has a query or fragment; expected {example} (a path prefix is kept)")
+            problem = f" has a query or fragment; expected {example} (a path prefix is kept)"
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{text!r}{problem}")
         return text.strip()
 
     return check
@@ -96,6 +104,65 @@ def add_ca_file(parser: argparse.ArgumentParser, verified: str) -> None:
     """``--ca-file``, the CA that ``verified`` (the replicas' certificates) is checked with."""
     parser.add_argument("--ca-file", metavar="PATH", default=None,
                         help=f"{verified} verified against (default: the system's trust store)")
+
+
+def add_url(parser: argparse.ArgumentParser, schemes: Sequence[str], what: str, *,
+            many: bool = True) -> None:
+    """``--url`` naming a replica (``many``: repeatable), checked by :func:`admin_url`."""
+    parser.add_argument("--url", action="append" if many else "store", default=None,
+                        metavar="URL", type=admin_url(schemes), help=what)
+
+
+def add_replicas(parser: argparse.ArgumentParser, schemes: Sequence[str], urls: str,
+                 ca: str, token: str = "file holding the admin bearer token") -> None:
+    """``--url`` (repeatable), ``--token-file`` and ``--ca-file``: what
+    :func:`replica_access` reads."""
+    add_url(parser, schemes, urls)
+    add_token_file(parser, token)
+    add_ca_file(parser, ca)
+
+
+def replica_access(args: argparse.Namespace, scheme: str = "http", *, path: str = "",
+                   ) -> tuple[list[str], str | None, ssl.SSLContext | None]:
+    """The replicas a command asks (each ``--url``, else the one :func:`admin_base` names),
+    their token, and what a TLS one is verified with (``--ca-file``; None: the system's)."""
+    from supervisor.admin.client import ca_file_context
+
+    default, token = admin_base(args, scheme, path=path)
+    urls = args.url or [default]
+    return [urls] if isinstance(urls, str) else urls, token, ca_file_context(args.ca_file)
+
+
+def gather(fn: Callable[[U], Awaitable[T]], items: Sequence[U]) -> list[T]:
+    """``fn`` of every item at once under ``trio.run``; the results in the items' order."""
+    results: dict[int, T] = {}
+
+    async def each() -> None:
+        async def one(i: int, item: U) -> None:
+            results[i] = await fn(item)
+
+        async with trio.open_nursery() as nursery:
+            for i, item in enumerate(items):
+                nursery.start_soon(one, i, item)
+
+    trio.run(each)
+    return [results[i] for i in range(len(items))]
+
+
+def replica_statuses(urls: Sequence[str], token: str | None, ssl_context: ssl.SSLContext | None,
+                     timeout_s: float = 5.0) -> list[dict[str, Any] | AdminUnreachable]:
+    """Each replica's ``/status`` document (:func:`~supervisor.admin.client.fetch_status`),
+    or why it could not be read."""
+    from supervisor.admin.client import fetch_status
+    from supervisor.admin.errors import AdminUnreachable
+
+    async def one(url: str) -> dict[str, Any] | AdminUnreachable:
+        try:
+            return await fetch_status(url, token, timeout_s=timeout_s, ssl_context=ssl_context)
+        except AdminUnreachable as exc:
+            return exc
+
+    return gather(one, urls)
 
 
 def config_path(args: argparse.Namespace, required: bool = True) -> str | None:
@@ -122,17 +189,18 @@ def require_sqlite_directory(config: Config) -> None:
     A relative path's directory is left alone: ``run`` and ``publish`` make it
     (supervisor/statedirs.py), the other commands report the missing file.
     """
-    if config.control_plane.backend != "sqlite":
-        return
-    parent = Path(sqlite_path(config.control_plane.url)).parent
-    if not parent.is_absolute():
-        return
-    if not parent.is_dir():
+    parent = sqlite_file(config).parent
+    if config.control_plane.backend == "sqlite" and parent.is_absolute() and not parent.is_dir():
         raise ConfigError(
             "$.control_plane.url",
             f"directory {parent} (of {config.control_plane.url}, relative to "
             f"{Path.cwd()}) does not exist; create it (mkdir -p {parent}) or fix the URL",
         )
+
+
+def sqlite_file(config: Config) -> Path:
+    """The file of an SQLite control plane (meaningless for another backend)."""
+    return Path(sqlite_path(config.control_plane.url))
 
 
 def describe_store(config: Config) -> str:
@@ -141,7 +209,7 @@ def describe_store(config: Config) -> str:
     from supervisor.dsn import redact
 
     if config.control_plane.backend == "sqlite":
-        return os.path.abspath(sqlite_path(config.control_plane.url))
+        return os.path.abspath(sqlite_file(config))
     return redact(config.control_plane.url)
 
 
@@ -232,3 +300,18 @@ def iso(value: datetime | None) -> str | None:
         return None
     text = value.astimezone(UTC).isoformat(timespec="milliseconds")
     return text.replace("+00:00", "Z")
+
+
+class Failure(msgspec.Struct, kw_only=True):
+    """``{"ok": false, "reason", "detail"}``: a command refused or failed before its answer."""
+
+    ok: Literal[False] = False
+    reason: str
+    detail: str
+
+
+def print_json(value: object, *, indent: int | None = None, flush: bool = False) -> None:
+    """``value`` (a Struct, or builtins holding Structs: each command declares what its
+    ``--json`` prints beside it) as the standard library's JSON of its builtins (``", "``
+    and ``": "`` between items, non-ASCII escaped): the same on every terminal."""
+    print(json.dumps(msgspec.to_builtins(value), indent=indent), flush=flush)

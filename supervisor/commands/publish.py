@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
-import trio
 
 from supervisor.commands.common import (
     EXIT_ERROR,
@@ -45,31 +44,44 @@ from supervisor.commands.common import (
     EXIT_REPLICA_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
+    Failure,
     ReferenceResolver,
-    add_ca_file,
-    add_token_file,
-    admin_base,
-    admin_url,
+    add_replicas,
     describe_store,
+    gather,
     load_config,
+    print_json,
+    replica_access,
+    sqlite_file,
     with_store,
 )
-from supervisor.commands.jsonout import Failure, print_json
+from supervisor.commands.revisions import (
+    Change,
+    diff_documents,
+    readable,
+    render_changes,
+    sequence_of,
+)
+from supervisor.config import Config
 from supervisor.errors import UsageError
 from supervisor.reasons import DENIED
+from supervisor.revision.document import decode_body
+from supervisor.revision.errors import RevisionError
 
 if TYPE_CHECKING:
     # Annotations of the --json Structs too: encoding one never resolves them, so
     # a plain publish does not import the stream client.
-    from supervisor.commands.documents import Change
     from supervisor.commands.waiting import ReplicaResult
-    from supervisor.config import Config
     from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
-    from supervisor.revision.errors import RevisionError
 
 __all__ = ["DryRun", "Published", "PublishedAndWaited", "cmd_publish", "register"]
 
 DEFAULT_WAIT_S = 60.0
+Outcome = Literal["active", "refused", "not_active"]
+#: ``--wait``'s outcome and exit code by the verdict that decides it.
+_OUTCOMES: dict[str, tuple[Outcome, int]] = {
+    "active": ("active", EXIT_OK), "refused": ("refused", EXIT_REPLICA_REFUSED),
+    "superseded": ("not_active", EXIT_ERROR), "timeout": ("not_active", EXIT_ERROR)}
 
 
 class Published(msgspec.Struct, kw_only=True):
@@ -85,7 +97,7 @@ class Published(msgspec.Struct, kw_only=True):
 class PublishedAndWaited(Published, kw_only=True):
     """``publish --wait --json``: also the replicas' verdicts."""
 
-    outcome: Literal["active", "refused", "not_active"]
+    outcome: Outcome
     replicas: list[ReplicaResult]
 
 
@@ -121,12 +133,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="after publishing, wait until every --url replica reports the "
                              "revision active (exit 0) or refused (exit 5)")
-    parser.add_argument("--url", action="append", default=None, metavar="URL",
-                        type=admin_url(REPLICA_SCHEMES),
-                        help="with --wait: a replica's admin URL, http://HOST:PORT; repeat "
-                             "for several (default: [admin].listen of --config)")
-    add_token_file(parser, "with --wait: the replicas' admin token")
-    add_ca_file(parser, "with --wait: the CA that https/wss replicas' certificates are")
+    add_replicas(parser, REPLICA_SCHEMES,
+                 "with --wait: a replica's admin URL, http://HOST:PORT; repeat for several "
+                 "(default: [admin].listen of --config)",
+                 "with --wait: the CA that https/wss replicas' certificates are",
+                 "with --wait: the replicas' admin token")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
@@ -149,7 +160,6 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
     ``[revision]``'s confinement.
     """
     from supervisor.revision.compile import compile_revision
-    from supervisor.revision.errors import RevisionError
     from supervisor.revision.files import load_document_file
     from supervisor.revision.secrets import EnvFileResolver
 
@@ -175,7 +185,6 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from supervisor.revision.errors import RevisionError
 
     if (args.url or args.token_file) and not args.wait:
         raise UsageError("--url and --token-file go with --wait")
@@ -198,7 +207,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     async def publish(store: ControlPlaneStore) -> tuple[int, int | None, bool]:
         """(revision, its change's sequence, unchanged: the desired body already)."""
-        from supervisor.commands.revisions import sequence_of
         from supervisor.controlplane.errors import ControlPlaneError
 
         try:
@@ -212,16 +220,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if before is not None and before.body_sha256 == digest and not args.force:
             return before.revision, before.sequence, True
         revision = await store.publish(body, schema_version, args.message)
-        return revision, await sequence_of(store, revision,
-                                           None if before is None else before.sequence), False
+        return revision, await sequence_of(store, revision, before), False
 
-    # Before publishing: a bad token file or URL must not leave a revision nobody waits for,
-    # and the follower's imports (a few hundred ms) are not paid between commit and verdict.
-    targets = _wait_targets(args) if args.wait else []
-    # Read before publishing: an unusable --ca-file must not leave a publish unwaited.
-    from supervisor.admin.client import ca_file_context
-
-    ssl_context = ca_file_context(args.ca_file) if args.wait else None
+    # Before publishing: a bad token file, URL or --ca-file must not leave a revision nobody
+    # waits for, and the follower's imports (a few hundred ms) are not paid between commit
+    # and verdict.
+    urls, token, ssl_context = replica_access(args) if args.wait else ([], None, None)
     if args.wait:
         from supervisor.commands import waiting  # noqa: F401
     store_name = describe_store(config)
@@ -244,17 +248,27 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.wait:
         print(revision)
         return EXIT_OK
-    results = _wait(targets, revision, args.timeout, ssl_context)
-    code = _verdict(results)
+    results = _wait(urls, token, revision, args.timeout, ssl_context)
+    last = results[-1]  # the verdict: sorted, a refusal comes last, then anything not active
+    outcome, code = _OUTCOMES[last.state]
     if args.json:
-        outcome: Literal["active", "refused", "not_active"] = (
-            "active" if code == EXIT_OK else "refused" if code == EXIT_REPLICA_REFUSED
-            else "not_active")
         print_json(PublishedAndWaited(ok=code == EXIT_OK, revision=revision, sequence=sequence,
                                       unchanged=unchanged, store=store_name, outcome=outcome,
                                       replicas=results), indent=2)
         return code
-    return _render_wait(results, revision, code)
+    for result in results:
+        if result.state == "active":
+            print(f"{result.url}: revision {revision} active")
+        elif result.state == "refused":
+            print(f"{result.url}: revision {revision} refused ({result.reason})")
+        else:
+            print(f"{result.url}: {result.state}: {result.detail}")
+    if outcome == "refused":
+        # The last line, for a pipeline's log: the label and what to fix.
+        print(f"refused: {last.reason}: {last.detail}")
+    else:
+        print(revision if outcome == "active" else f"not active everywhere: revision {revision}")
+    return code
 
 
 # -- --dry-run ----------------------------------------------------------------------
@@ -263,29 +277,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def _no_control_plane_yet(config: Config) -> bool:
     """An SQLite control plane whose file the first ``publish`` has yet to create: a dry
     run compares against nothing (and, storing nothing, does not create it)."""
-    from supervisor.config import sqlite_path
-
-    return (config.control_plane.backend == "sqlite"
-            and not Path(sqlite_path(config.control_plane.url)).exists())
+    return config.control_plane.backend == "sqlite" and not sqlite_file(config).exists()
 
 
 def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
     """A new SQLite control plane is never silent: a relative path made it under this
     working directory, where a daemon started elsewhere never looks."""
-    from supervisor.config import sqlite_path
-
-    relative = not Path(sqlite_path(config.control_plane.url)).is_absolute()
     where = (f" ($.control_plane.url {config.control_plane.url} is relative to the working "
              f"directory {Path.cwd()}: a daemon started elsewhere does not read it)"
-             if relative else "")
+             if not sqlite_file(config).is_absolute() else "")
     print(f"created a new control plane {store_name}{where}", file=sys.stderr)
 
 
 def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
-    from supervisor.commands.documents import diff_documents, render_changes
-    from supervisor.commands.revisions import readable
-    from supervisor.revision.document import decode_body
-
     async def desired(store: ControlPlaneStore) -> LoadedRevision | None:
         current = await store.desired()
         return None if current is None else await store.revision(current)
@@ -296,68 +300,22 @@ def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
     if args.json:
         print_json(DryRun(ok=True, desired=against, changes=changes), indent=2)
         return EXIT_OK
-    print(f"{args.file}: compiles; nothing was stored")
-    print(f"changes against {'desired revision ' + str(against) if against else 'nothing'}"
-          f" ({len(changes)}):")
-    for line in render_changes(changes):
-        print(line)
+    print(f"{args.file}: compiles; nothing was stored",
+          f"changes against {'desired revision ' + str(against) if against else 'nothing'}"
+          f" ({len(changes)}):", *render_changes(changes), sep="\n")
     return EXIT_OK
 
 
 # -- --wait -------------------------------------------------------------------------
 
 
-def _wait_targets(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    default, token = admin_base(args)
-    urls = args.url or [default]
-    return [(url.rstrip("/"), token) for url in urls]
-
-
-def _wait(targets: list[tuple[str, str | None]], revision: int,
-          timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> list[ReplicaResult]:
+def _wait(urls: list[str], token: str | None, revision: int, timeout_s: float,
+          ssl_context: ssl.SSLContext | None) -> list[ReplicaResult]:
     """Every replica's verdict, active first (then superseded, timeout, refused; by URL)."""
     from supervisor.commands.waiting import wait_for_revision
 
-    results: list[ReplicaResult] = []
+    async def one(url: str) -> ReplicaResult:
+        return await wait_for_revision(url.rstrip("/"), revision, token, timeout_s, ssl_context)
 
-    async def wait_all() -> None:
-        async def one(url: str, token: str | None) -> None:
-            results.append(await wait_for_revision(url, revision, token, timeout_s,
-                                                   ssl_context))
-
-        async with trio.open_nursery() as nursery:
-            for url, token in targets:
-                nursery.start_soon(one, url, token)
-
-    trio.run(wait_all)
     order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
-    results.sort(key=lambda r: (order[r.state], r.url))
-    return results
-
-
-def _verdict(results: list[ReplicaResult]) -> int:
-    """5 when any replica refused the revision, 1 when any other is not active, else 0."""
-    if any(r.state == "refused" for r in results):
-        return EXIT_REPLICA_REFUSED
-    if any(r.state != "active" for r in results):
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _render_wait(results: list[ReplicaResult], revision: int, code: int) -> int:
-    for result in results:
-        if result.state == "active":
-            print(f"{result.url}: revision {revision} active")
-        elif result.state == "refused":
-            print(f"{result.url}: revision {revision} refused ({result.reason})")
-        else:
-            print(f"{result.url}: {result.state}: {result.detail}")
-    refused = [r for r in results if r.state == "refused"]
-    if code == EXIT_REPLICA_REFUSED:
-        # The last line, for a pipeline's log: the label and what to fix.
-        print(f"refused: {refused[-1].reason}: {refused[-1].detail}")
-    elif code == EXIT_ERROR:
-        print(f"not active everywhere: revision {revision}")
-    else:
-        print(revision)
-    return code
+    return sorted(gather(one, urls), key=lambda r: (order[r.state], r.url))

@@ -1,17 +1,23 @@
-"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune`` (docs/commands.md).
+"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune`` (docs/commands.md), and
+revision documents for people: ``show``'s TOML rendering, ``diff``'s field-by-field changes.
 
 Exit codes: 0 done; 1 a revision that does not exist, or the control plane
 unreachable or refusing; 2 bad usage, or (``diff``, ``rollback``) a revision
 this build cannot read, with the reason label. ``--json`` prints one JSON
 document on stdout instead of the table (keys and types held by
 ``tests/integration/test_lifecycle_cli.py``).
+
+The renderings work on decoded documents only: a key's ``secret`` is its reference
+(``env:NAME``, ``file:PATH``), compared and printed as such. Nothing here
+resolves a secret, so nothing here can print one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -19,57 +25,61 @@ from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
     ReferenceResolver,
-    add_token_file,
-    admin_base,
-    admin_url,
+    add_replicas,
     iso,
     load_config,
+    print_json,
+    replica_access,
+    replica_statuses,
     with_store,
 )
-from supervisor.commands.jsonout import print_json
 from supervisor.errors import UsageError
+from supervisor.revision.document import (
+    SCHEMA_VERSION,
+    RevisionDocument,
+    decode_body,
+    member_path,
+)
+from supervisor.revision.errors import RevisionError
 from supervisor.texttable import block, cell, table
 
 if TYPE_CHECKING:
     # Also annotations of the --json Structs (encoding never resolves them).
-    from supervisor.commands.documents import Change
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
-    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
-    from supervisor.revision.document import RevisionDocument
+    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision, RevisionPointer
 
-__all__ = ["ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "RolledBack", "Shown",
-           "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
-           "register", "sequence_of"]
+__all__ = ["Change", "ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "RolledBack",
+           "Shown", "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
+           "diff_documents", "register", "render_changes", "render_toml", "sequence_of"]
 
-JSON_HELP = "print one JSON document instead of the table"
 #: The largest id a store holds (PostgreSQL bigint; SQLite's integer is as wide).
 MAX_REVISION_ID = 2**63 - 1
 
 
-def _revision_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a revision id: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"revision ids start at 1, got {value}")
-    if value > MAX_REVISION_ID:
-        raise argparse.ArgumentTypeError(
-            f"revision ids end at {MAX_REVISION_ID} (a bigint), got {text}")
-    return value
+def _integer(low: int, not_one: str, below: str, above: str) -> Callable[[str], int]:
+    """The argparse type of an integer from ``low`` to :data:`MAX_REVISION_ID`; each
+    refusal's words formatted with ``text``, ``value`` and ``top``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(not_one.format(text=text)) from None
+        if not low <= value <= MAX_REVISION_ID:
+            words = below if value < low else above
+            raise argparse.ArgumentTypeError(words.format(text=text, value=value,
+                                                          top=MAX_REVISION_ID))
+        return value
+
+    return parse
 
 
-def count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    if value > MAX_REVISION_ID:
-        # Past what SQLite's and PostgreSQL's LIMIT take: the store would fail on it.
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_REVISION_ID}, got {text}")
-    return value
+_revision_id = _integer(1, "not a revision id: {text!r}", "revision ids start at 1, got {value}",
+                        "revision ids end at {top} (a bigint), got {text}")
+#: A count of revisions: past MAX_REVISION_ID is past what SQLite's and PostgreSQL's
+#: LIMIT take, where the store would fail on it.
+count = _integer(0, "not a number: {text!r}", "must be 0 or more, got {value}",
+                 "must be at most {top}, got {text}")
 
 
 def register(name: str, parser: argparse.ArgumentParser) -> None:
@@ -92,18 +102,13 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                             help="why; stored with the change (see `history`)")
         parser.add_argument("--force", action="store_true",
                             help="roll back even to a revision a replica's last refusal names")
-        parser.add_argument("--url", action="append", default=None, metavar="URL",
-                            type=admin_url(HTTP_SCHEMES),
-                            help="a replica whose last refusal is checked first, "
-                                 "http://HOST:PORT; repeat for several (default: "
-                                 "[admin].listen of --config)")
-        add_token_file(parser, "the replicas' admin token")
-    if name == "rollback":
-        parser.add_argument("--json", action="store_true",
-                            help='print one JSON document instead of the lines: {"revision", '
-                                 '"previous", "sequence", "message"}')
-    else:
-        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+        add_replicas(parser, HTTP_SCHEMES,
+                     "a replica whose last refusal is checked first, http://HOST:PORT; repeat "
+                     "for several (default: [admin].listen of --config)",
+                     "the CA that https replicas' certificates are", "the replicas' admin token")
+    parser.add_argument("--json", action="store_true", help=(
+        'print one JSON document instead of the lines: {"revision", "previous", "sequence", '
+        '"message"}' if name == "rollback" else "print one JSON document instead of the table"))
 
 
 # -- what --json prints -------------------------------------------------------------
@@ -164,10 +169,12 @@ class Pruned(msgspec.Struct, kw_only=True):
     desired: int | None
 
 
-def _summary_row(row: RevisionSummary, desired: int | None) -> RevisionRow:
-    return RevisionRow(id=row.id, created_at=iso(row.created_at), message=row.message,
-                       schema_version=row.schema_version, size=row.size,
-                       body_sha256=row.body_sha256.hex()[:12], desired=row.id == desired)
+def _row_fields(row: RevisionSummary | LoadedRevision, size: int,
+                desired: int | None) -> dict[str, Any]:
+    """A stored revision's :class:`RevisionRow` fields."""
+    return {"id": row.id, "created_at": iso(row.created_at), "message": row.message,
+            "schema_version": row.schema_version, "size": size,
+            "body_sha256": row.body_sha256.hex()[:12], "desired": row.id == desired}
 
 
 # -- history ------------------------------------------------------------------------
@@ -183,41 +190,34 @@ def cmd_history(args: argparse.Namespace) -> int:
         # One more change than shown: the oldest shown change's "from".
         return desired, rows, await store.changes(None if limit is None else limit + 1)
 
-    desired, rows, changes = with_store(config, read)
+    desired, summaries, desired_changes = with_store(config, read)
+    rows = [RevisionRow(**_row_fields(r, r.size, desired)) for r in summaries]
+    changes = [ChangeRow(sequence=c.sequence, revision_id=c.revision_id,
+                         changed_at=iso(c.changed_at), changed_by=c.changed_by,
+                         message=c.message) for c in desired_changes]
     shown_changes = changes if limit is None else changes[:limit]
     if args.json:
-        print_json(History(desired=desired, revisions=[_summary_row(r, desired) for r in rows],
-                           changes=[_change_row(c) for c in shown_changes]), indent=2)
+        print_json(History(desired=desired, revisions=rows, changes=shown_changes), indent=2)
         return EXIT_OK
     if not rows:
         print("no revisions yet; publish one with `trio-supervisor publish`")
         return EXIT_OK
-    body = [["*" if r.id == desired else "", r.id, iso(r.created_at), r.schema_version,
-             r.size, r.body_sha256.hex()[:12], r.message] for r in rows]
-    for line in table(("", "ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"), body,
-                      right=(1, 3, 4)):
-        print(line)
-    shown = {r.id for r in rows}
+    body = [["*" if r.desired else "", r.id, r.created_at, r.schema_version, r.size,
+             r.body_sha256, r.message] for r in rows]
+    print(*table(("", "ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"), body,
+                 right=(1, 3, 4)), sep="\n")
     note = f"* desired: revision {desired}" if desired is not None else "nothing is desired"
-    if desired is not None and desired not in shown:
+    if desired is not None and desired not in {r.id for r in rows}:
         note += " (older than the revisions shown)"
     print(note)
     if shown_changes:
-        print()
-        print("changes of desired, newest first:")
-        for line in table(("SEQ", "CHANGE", "AT", "BY", "MESSAGE"),
-                          _change_rows(changes, len(shown_changes)), right=(0,)):
-            print(line)
+        print("", "changes of desired, newest first:", *table(
+            ("SEQ", "CHANGE", "AT", "BY", "MESSAGE"), _change_rows(changes, len(shown_changes)),
+            right=(0,)), sep="\n")
     return EXIT_OK
 
 
-def _change_row(change: DesiredChange) -> ChangeRow:
-    return ChangeRow(sequence=change.sequence, revision_id=change.revision_id,
-                     changed_at=iso(change.changed_at), changed_by=change.changed_by,
-                     message=change.message)
-
-
-def _change_rows(changes: list[DesiredChange], shown: int) -> list[list[object]]:
+def _change_rows(changes: list[ChangeRow], shown: int) -> list[list[object]]:
     """One row per change: ``2 -> 1 (rollback)`` when desired moved to an older id."""
     rows: list[list[object]] = []
     for i, change in enumerate(changes[:shown]):
@@ -225,14 +225,17 @@ def _change_rows(changes: list[DesiredChange], shown: int) -> list[list[object]]
         what = f"{'-' if before is None else before} -> {change.revision_id}"
         if before is not None and change.revision_id < before:
             what += " (rollback)"
-        rows.append([change.sequence, what, iso(change.changed_at), change.changed_by,
+        rows.append([change.sequence, what, change.changed_at, change.changed_by,
                      change.message])
     return rows
 
 
-async def sequence_of(store: ControlPlaneStore, revision: int, after: int | None) -> int | None:
+async def sequence_of(store: ControlPlaneStore, revision: int,
+                      before: RevisionPointer | None) -> int | None:
     """The sequence of the change that just made ``revision`` desired: the first change
-    naming it after sequence ``after`` (None: unknown, the record went on past it)."""
+    naming it after ``before`` (what was desired before it; None: unknown, the record went
+    on past it)."""
+    after = None if before is None else before.sequence
     found = [c.sequence for c in await store.changes(20)
              if c.revision_id == revision and (after is None or c.sequence > after)]
     return min(found) if found else None
@@ -241,31 +244,24 @@ async def sequence_of(store: ControlPlaneStore, revision: int, after: int | None
 # -- show ---------------------------------------------------------------------------
 
 
-def _read(config: Any, revision: int) -> tuple[LoadedRevision, int | None]:
-    async def read(store: ControlPlaneStore) -> tuple[LoadedRevision, int | None]:
-        return await store.revision(revision), await store.desired()
-
-    result: tuple[LoadedRevision, int | None] = with_store(config, read)
-    return result
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
-    loaded, desired = _read(config, args.revision)
+
+    async def read(store: ControlPlaneStore) -> tuple[LoadedRevision, int | None]:
+        return await store.revision(args.revision), await store.desired()
+
+    loaded, desired = with_store(config, read)
     try:
         document: Any = json.loads(loaded.body)
     except ValueError:
         document = None
-    shown = Shown(id=loaded.id, created_at=iso(loaded.created_at), message=loaded.message,
-                  schema_version=loaded.schema_version, size=len(loaded.body),
-                  body_sha256=loaded.body_sha256.hex()[:12], desired=loaded.id == desired,
-                  document=document)
+    shown = Shown(**_row_fields(loaded, len(loaded.body), desired), document=document)
     if args.json:
         print_json(shown, indent=2)
         return EXIT_OK
     print(f"# revision {loaded.id}{' (desired)' if shown.desired else ''}")
     print(f"# created {shown.created_at}; schema_version {loaded.schema_version}; "
-          f"{len(loaded.body)} bytes; sha256 {loaded.body_sha256.hex()[:12]}")
+          f"{shown.size} bytes; sha256 {shown.body_sha256}")
     if loaded.message:
         # cell(): control characters (a stored ANSI escape) never reach the terminal.
         print(f"# message: {' '.join(cell(loaded.message).split())}")
@@ -275,10 +271,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _as_text(loaded: LoadedRevision) -> str:
     """TOML when this build reads the body; otherwise the stored JSON, indented."""
-    from supervisor.commands.documents import render_toml
-    from supervisor.revision.document import decode_body
-    from supervisor.revision.errors import RevisionError
-
     try:
         return render_toml(decode_body(loaded.body, revision=loaded.id)).rstrip("\n")
     except RevisionError as exc:
@@ -304,8 +296,12 @@ async def _readable_row(store: ControlPlaneStore, revision: int,
         if not unreadable or exc.revision != revision:
             raise
         detail = str(exc).removeprefix(f"revision {revision}: ")
-        raise UsageError(f"revision {revision} cannot be read by this build: {detail} "
-                         f"({exc.reason}){consequence}") from exc
+        raise _unreadable(revision, detail, exc.reason, consequence) from exc
+
+
+def _unreadable(revision: int, detail: str, reason: str, consequence: str = "") -> UsageError:
+    return UsageError(f"revision {revision} cannot be read by this build: {detail} ({reason})"
+                      f"{consequence}")
 
 
 # -- diff ---------------------------------------------------------------------------
@@ -313,20 +309,13 @@ async def _readable_row(store: ControlPlaneStore, revision: int,
 
 def readable(loaded: LoadedRevision) -> RevisionDocument:
     """The decoded document, or UsageError (exit 2) naming why this build cannot read it."""
-    from supervisor.revision.document import decode_body
-    from supervisor.revision.errors import RevisionError
-
     try:
         return decode_body(loaded.body, revision=loaded.id)
     except RevisionError as exc:
-        raise UsageError(
-            f"revision {loaded.id} cannot be read by this build: {exc.detail} ({exc.reason})"
-        ) from exc
+        raise _unreadable(loaded.id, exc.detail, exc.reason) from exc
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from supervisor.commands.documents import diff_documents, render_changes
-
     config, _ = load_config(args)
 
     async def read(store: ControlPlaneStore) -> tuple[LoadedRevision, LoadedRevision]:
@@ -342,9 +331,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         print_json(Diff(old=old.id, new=new.id, changes=changes), indent=2)
         return EXIT_OK
-    print(f"revision {old.id} -> revision {new.id}: {len(changes)} change(s)")
-    for line in render_changes(changes):
-        print(line)
+    print(f"revision {old.id} -> revision {new.id}: {len(changes)} change(s)",
+          *render_changes(changes), sep="\n")
     return EXIT_OK
 
 
@@ -353,8 +341,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from supervisor.revision.compile import compile_revision
-    from supervisor.revision.document import SCHEMA_VERSION
-    from supervisor.revision.errors import RevisionError
 
     config, _ = load_config(args)
     if not args.force:
@@ -376,8 +362,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                              f"({exc.reason}); desired was not changed") from exc
         before = await store.observe()
         previous = await store.rollback(loaded.id, loaded.body_sha256, args.message)
-        after = None if before is None else before.sequence
-        return previous, await sequence_of(store, loaded.id, after)
+        return previous, await sequence_of(store, loaded.id, before)
 
     previous, sequence = with_store(config, roll)
     if args.json:
@@ -400,45 +385,31 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
     """
     import sys
 
-    import trio
-
-    from supervisor.admin.client import fetch_status
     from supervisor.admin.errors import AdminUnreachable
     from supervisor.errors import ConfigError
 
     try:
-        # Plain http: rollback has no --ca-file to verify a TLS replica with.
-        default, token = admin_base(args, follow_tls=False)
+        urls, token, ssl_context = replica_access(args)
     except (ConfigError, UsageError) as exc:
-        if args.url or args.token_file:
+        if args.url or args.token_file or args.ca_file:
             raise
         # The replica's token file is often its own user's alone: an operator who cannot
         # read it can still roll back, told that no replica was asked.
         print(f"warning: cannot check the replica's last refusal: {exc}", file=sys.stderr)
         return
-    urls = args.url or [default]
     found: list[str] = []
     unread: list[str] = []
-
-    async def read_all() -> None:
-        async def one(url: str) -> None:
-            try:
-                doc = await fetch_status(url, token, timeout_s=3.0)
-            except AdminUnreachable as exc:
-                unread.append(f"{exc}")
-                return
-            revision = doc.get("revision")
-            rejection = revision.get("last_rejection") if isinstance(revision, dict) else None
-            if isinstance(rejection, dict) and rejection.get("revision") == args.revision:
-                found.append(f"{url} refused revision {args.revision} at "
-                             f"{cell(rejection.get('at'))}: {cell(rejection.get('reason'))}: "
-                             f"{cell(rejection.get('detail'))}")
-
-        async with trio.open_nursery() as nursery:
-            for url in urls:
-                nursery.start_soon(one, url)
-
-    trio.run(read_all)
+    for url, doc in zip(urls, replica_statuses(urls, token, ssl_context, timeout_s=3.0),
+                        strict=True):
+        if isinstance(doc, AdminUnreachable):
+            unread.append(str(doc))
+            continue
+        revision = doc.get("revision")
+        rejection = revision.get("last_rejection") if isinstance(revision, dict) else None
+        if isinstance(rejection, dict) and rejection.get("revision") == args.revision:
+            found.append(f"{url} refused revision {args.revision} at "
+                         f"{cell(rejection.get('at'))}: {cell(rejection.get('reason'))}: "
+                         f"{cell(rejection.get('detail'))}")
     if found:
         raise UsageError("; ".join(sorted(found)) + "; desired was not changed (--force rolls "
                          "back to it anyway)")
@@ -486,3 +457,94 @@ def _ranges(ids: list[int]) -> str:
         if rid is not None:
             start = prev = rid
     return ", ".join(parts)
+
+
+# -- documents for people ----------------------------------------------------------------
+
+
+Op = Literal["added", "removed", "changed"]
+_SYMBOL = {"added": "+", "removed": "-", "changed": "~"}
+
+
+class Change(msgspec.Struct, frozen=True, rename={"old": "from", "new": "to"}):
+    """One difference: an alias or key added or removed (its whole entry), or one field changed.
+
+    In JSON (``--json``'s ``changes``): ``op``, ``path``, ``from``, ``to``.
+    """
+
+    op: Op
+    path: str
+    old: Any = None
+    new: Any = None
+
+
+def _entries(doc: RevisionDocument | None, section: str) -> dict[str, dict[str, Any]]:
+    if doc is None:
+        return {}
+    table = msgspec.to_builtins(getattr(doc, section))
+    assert isinstance(table, dict)
+    return table
+
+
+def diff_documents(old: RevisionDocument | None, new: RevisionDocument) -> list[Change]:
+    """What changes from ``old`` (None: nothing) to ``new``, sorted by section and name."""
+    changes: list[Change] = []
+    if old is not None and old.schema_version != new.schema_version:
+        changes.append(Change("changed", "$.schema_version", old.schema_version,
+                              new.schema_version))
+    for section in ("aliases", "keys"):
+        before, after = _entries(old, section), _entries(new, section)
+        for name in sorted(before.keys() | after.keys()):
+            path = member_path(f"$.{section}", name)
+            if name not in before:
+                changes.append(Change("added", path, None, after[name]))
+            elif name not in after:
+                changes.append(Change("removed", path, before[name], None))
+            else:
+                for field in sorted(before[name].keys() | after[name].keys()):
+                    was, now = before[name].get(field), after[name].get(field)
+                    if was != now:
+                        changes.append(Change("changed", f"{path}.{field}", was, now))
+    return changes
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_changes(changes: list[Change]) -> list[str]:
+    """One line per change: ``+``/``-`` a whole entry, ``~`` one field ``old -> new``."""
+    if not changes:
+        return ["  no changes"]
+    lines = []
+    for change in changes:
+        symbol = _SYMBOL[change.op]
+        if change.op == "changed":
+            lines.append(f"  {symbol} {change.path}: {_value(change.old)} -> "
+                         f"{_value(change.new)}")
+        else:
+            entry = change.new if change.op == "added" else change.old
+            lines.append(f"  {symbol} {change.path}: {_value(entry)}")
+    return lines
+
+
+def _toml_key(name: str) -> str:
+    path = member_path("", name)
+    # member_path quotes exactly the names TOML would need quoted too (as a JSON
+    # string, which is a valid TOML basic string for the characters names may hold).
+    return path[1:] if path.startswith(".") else path[1:-1]
+
+
+def render_toml(doc: RevisionDocument) -> str:
+    """The document as the TOML ``publish`` accepts, defaults written out."""
+    lines = [f"schema_version = {doc.schema_version}"]
+    for name, alias in sorted(doc.aliases.items()):
+        lines += ["", f"[aliases.{_toml_key(name)}]",
+                  f"upstream = {_value(alias.upstream)}",
+                  f"timeout_s = {alias.timeout_s!r}",
+                  f"retries = {alias.retries}"]
+    for name, key in sorted(doc.keys.items()):
+        lines += ["", f"[keys.{_toml_key(name)}]",
+                  f"secret = {_value(key.secret)}",
+                  f"aliases = {_value(list(key.aliases))}"]
+    return "\n".join(lines) + "\n"

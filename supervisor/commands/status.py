@@ -20,19 +20,16 @@ import sys
 from typing import Any
 
 import msgspec
-import trio
 
 from supervisor.commands.common import (
     EXIT_ERROR,
     EXIT_OK,
     HTTP_SCHEMES,
-    add_ca_file,
-    add_token_file,
-    admin_base,
-    admin_url,
+    add_replicas,
+    print_json,
+    replica_access,
+    replica_statuses,
 )
-from supervisor.commands.jsonout import Failure, print_json
-from supervisor.reasons import DENIED, UNAVAILABLE
 from supervisor.texttable import table
 
 __all__ = ["Unreachable", "cmd_status", "register", "rollout_problems"]
@@ -73,12 +70,10 @@ def rollout_problems(doc: dict[str, Any]) -> list[str]:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", action="append", default=None, type=admin_url(HTTP_SCHEMES),
-                        help="admin API base URL, http://HOST:PORT (default: [admin].listen "
-                             "of --config, else http://127.0.0.1:9464); repeat for several "
-                             "replicas: one line each")
-    add_token_file(parser)
-    add_ca_file(parser, "the CA that an https replica's certificate is")
+    add_replicas(parser, HTTP_SCHEMES,
+                 "admin API base URL, http://HOST:PORT (default: [admin].listen of --config, "
+                 "else http://127.0.0.1:9464); repeat for several replicas: one line each",
+                 "the CA that an https replica's certificate is")
     parser.add_argument("--check", action="store_true",
                         help="a rollout check: exit 1 also unless every replica's active "
                              "revision is the desired one and nothing was refused")
@@ -88,48 +83,29 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.admin.client import ca_file_context, fetch_status
-    from supervisor.admin.errors import AdminRefused, AdminUnreachable
+    """One replica's report (unreachable: AdminUnreachable, exit 1), or one row each."""
+    from supervisor.admin.errors import AdminUnreachable
     from supervisor.admin.status_view import render_status
 
-    default, token = admin_base(args)
-    urls = args.url or [default]
-    ssl_context = ca_file_context(args.ca_file)
-    docs: dict[str, dict[str, Any] | AdminUnreachable] = {}
-
-    async def fetch_all() -> None:
-        async def one(url: str) -> None:
-            try:
-                docs[url] = await fetch_status(url, token, ssl_context=ssl_context)
-            except AdminUnreachable as exc:
-                docs[url] = exc
-
-        async with trio.open_nursery() as nursery:
-            for url in urls:
-                nursery.start_soon(one, url)
-
-    trio.run(fetch_all)
-    failed = False
+    urls, token, ssl_context = replica_access(args)
+    docs = dict(zip(urls, replica_statuses(urls, token, ssl_context), strict=True))
     if len(urls) == 1:
         doc = docs[urls[0]]
         if isinstance(doc, AdminUnreachable):
-            print(f"status: {doc}", file=sys.stderr)
-            if args.json:
-                reason = DENIED if isinstance(doc, AdminRefused) else UNAVAILABLE
-                print_json(Failure(reason=reason, detail=str(doc)))
-            return EXIT_ERROR
+            raise doc
         if args.json:
             print_json(doc, indent=2)
         else:
             print(render_status(doc))
-        for problem in _problems(doc, args.check):
+        problems = _problems(doc, args.check)
+        for problem in problems:
             print(f"status: {problem}", file=sys.stderr)
-            failed = True
-        return EXIT_ERROR if failed else EXIT_OK
+        return EXIT_ERROR if problems else EXIT_OK
     if args.json:
         print_json({url: Unreachable(str(doc)) if isinstance(doc, AdminUnreachable) else doc
                     for url, doc in docs.items()}, indent=2)
-    rows = []
+    failed = False
+    rows: list[list[object]] = []
     for url in urls:
         doc = docs[url]
         if isinstance(doc, AdminUnreachable):
@@ -149,9 +125,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "-" if up is None else ("yes" if up else "NO"),
                      rev.get("consecutive_failures"), doc.get("version"), note])
     if not args.json:
-        for line in table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES",
-                           "VERSION", "STATE"), rows, right=(1, 2, 5)):
-            print(line)
+        print(*table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES", "VERSION",
+                      "STATE"), rows, right=(1, 2, 5)), sep="\n")
     return EXIT_ERROR if failed else EXIT_OK
 
 

@@ -29,14 +29,16 @@ from typing import Any, Literal
 import httpx
 import msgspec
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    ConnectionRejected,
-    HandshakeError,
-    wrap_client_stream,
-)
+from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
 
-from supervisor.admin.client import converge_url, open_replica_stream, stream_url
+from supervisor.admin.client import (
+    auth_headers,
+    close_politely,
+    converge_url,
+    first_leaf,
+    replica_websocket,
+    stream_url,
+)
 from supervisor.admin.errors import AdminUnreachable
 from supervisor.errors import describe_failure
 
@@ -61,17 +63,12 @@ def judge(doc: Any, revision: int, url: str) -> ReplicaResult | None:
     if not isinstance(doc, dict):
         return None
     kind = doc.get("type")
-    if kind == "published" and _is(doc.get("revision"), revision):
-        return ReplicaResult(url, "active")
-    if kind == "rejected" and _is(doc.get("revision"), revision):
-        return ReplicaResult(url, "refused", _text(doc.get("reason")), _text(doc.get("detail")))
     rev = doc.get("revision") if kind == "status" else None
-    if not isinstance(rev, dict):
-        return None
-    active = rev.get("active")
-    if _is(active, revision):
+    status = rev if isinstance(rev, dict) else {}
+    active = status.get("active")
+    if _is(doc.get("revision") if kind == "published" else active, revision):
         return ReplicaResult(url, "active")
-    rejection = rev.get("last_rejection")
+    rejection = doc if kind == "rejected" else status.get("last_rejection")
     if isinstance(rejection, dict) and _is(rejection.get("revision"), revision):
         return ReplicaResult(url, "refused", _text(rejection.get("reason")),
                              _text(rejection.get("detail")))
@@ -90,11 +87,10 @@ def _text(value: Any) -> str | None:
 
 
 async def _nudge(base: str, token: str | None, ssl_context: ssl.SSLContext | None) -> None:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with httpx.AsyncClient(timeout=5, trust_env=False,
                                      verify=ssl_context or True) as client:
-            await client.post(converge_url(base), headers=headers)
+            await client.post(converge_url(base), headers=auth_headers(token))
     except httpx.HTTPError:
         pass  # best effort: the stream decides
 
@@ -103,35 +99,23 @@ async def _follow(base: str, revision: int, token: str | None,
                   ssl_context: ssl.SSLContext | None) -> ReplicaResult:
     """One connection: the verdict, or AdminUnreachable (no connection, no handshake),
     ConnectionRejected, ConnectionClosed or a broken stream."""
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
-    url = stream_url(base)
-    target = await open_replica_stream(url, ssl_context, CONNECT_TIMEOUT_S)
-    try:
-        async with trio.open_nursery() as nursery:
-            with trio.move_on_after(CONNECT_TIMEOUT_S) as handshake:
-                ws = await wrap_client_stream(nursery, target.stream, target.host_header,
-                                              target.resource, extra_headers=headers,
-                                              max_message_size=16 * 1024 * 1024)
-            if handshake.cancelled_caught:
-                raise AdminUnreachable(url, f"no handshake within {CONNECT_TIMEOUT_S:g} s")
-            nudged = False
-            while True:
-                message = await ws.get_message()
-                try:
-                    doc = json.loads(message)
-                except ValueError:
-                    continue
-                verdict = judge(doc, revision, base)
-                if verdict is not None:
-                    with trio.move_on_after(2.0):  # a polite close (1000)
-                        await ws.aclose()
-                    nursery.cancel_scope.cancel()
-                    return verdict
-                if not nudged:
-                    nudged = True
-                    nursery.start_soon(_nudge, base, token, ssl_context)
-    finally:
-        await trio.aclose_forcefully(target.stream)
+    async with replica_websocket(stream_url(base), token, ssl_context,
+                                 CONNECT_TIMEOUT_S) as ws, trio.open_nursery() as nursery:
+        nudged = False
+        while True:
+            message = await ws.get_message()
+            try:
+                doc = json.loads(message)
+            except ValueError:
+                continue
+            verdict = judge(doc, revision, base)
+            if verdict is not None:
+                await close_politely(ws)
+                nursery.cancel_scope.cancel()
+                return verdict
+            if not nudged:
+                nudged = True
+                nursery.start_soon(_nudge, base, token, ssl_context)
 
 
 def _failure(exc: BaseException) -> str:
@@ -154,13 +138,11 @@ async def wait_for_revision(base: str, revision: int, token: str | None,
     last = "no answer yet"
     with trio.move_on_after(timeout_s):
         while True:
-            failure: str | None = None
             try:
                 return await _follow(base, revision, token, ssl_context)
             except* (AdminUnreachable, HandshakeError, ConnectionClosed, OSError,
                      trio.BrokenResourceError) as group:
-                failure = _failure(group.exceptions[0])
-            last = failure or last
+                last = _failure(first_leaf(group, BaseException) or group)
             await trio.sleep(RETRY_S)
     return ReplicaResult(base, "timeout", None,
                          f"revision {revision} not active after {timeout_s:g} s ({last})")

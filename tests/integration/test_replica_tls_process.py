@@ -320,3 +320,33 @@ async def test_status_watch_and_publish_wait_verify_the_replica_with_ca_file(
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
             assert await watcher.wait() == 0
+
+
+async def test_rollback_reads_a_tls_replicas_refusal_with_ca_file(tmp_path: Path) -> None:
+    """``rollback`` asks the replica its --config names over https, verified with
+    --ca-file, and refuses a revision that replica refused (exit 2)."""
+    pki = Pki(tmp_path / "pki")
+    port = free_port()
+    root, _ = root_config(tmp_path, pki, port, mtls=False)
+    cli("publish", "--config", str(root), str(EXAMPLE))
+    unresolvable = tmp_path / "unresolvable.toml"
+    unresolvable.write_text(
+        'schema_version = 1\n[aliases.chat]\nupstream = "https://llm.internal/v1"\n'
+        '[keys.k]\nsecret = "env:TRIO_SUP_TLS_ROLLBACK_UNSET"\naliases = ["chat"]\n')
+    ca = ["--ca-file", str(pki.ca_file)]
+    with trio.fail_after(90):
+        async with run_daemon(root) as daemon:
+            await daemon.wait_log("ready")
+            refused = await acli("publish", "--config", str(root), str(unresolvable), "--wait",
+                                 "--timeout", "30", *ca, check=False)
+            assert refused.returncode == 5, refused.stdout + refused.stderr
+            await acli("publish", "--config", str(root), "--force", str(EXAMPLE), "--wait",
+                       "--timeout", "30", *ca)
+            asked = await acli("rollback", "2", "--config", str(root), *ca, check=False)
+            assert asked.returncode == 2, asked.stdout + asked.stderr
+            assert f"https://127.0.0.1:{port} refused revision 2" in asked.stderr, asked.stderr
+            assert "desired was not changed" in asked.stderr
+            history = json.loads((await acli("history", "--config", str(root), "--json")).stdout)
+            assert history["desired"] == 3
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0

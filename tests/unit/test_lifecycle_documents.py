@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from supervisor.commands.documents import diff_documents, render_changes, render_toml
+from supervisor.commands.revisions import diff_documents, render_changes, render_toml
 from supervisor.commands.waiting import judge
 from supervisor.revision.document import decode_body, document_from_object
 
