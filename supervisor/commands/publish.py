@@ -185,9 +185,8 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-
-    if (args.url or args.token_file) and not args.wait:
-        raise UsageError("--url and --token-file go with --wait")
+    if (args.url or args.token_file or args.ca_file) and not args.wait:
+        raise UsageError("--url, --token-file and --ca-file go with --wait")
     if args.dry_run and args.wait:
         raise UsageError("--dry-run stores nothing: there is nothing to --wait for")
     config, _ = load_config(args)
