@@ -38,9 +38,8 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
-from supervisor.lifecycle.faults import FAULT_DIR_ENV, run_fault_injection
 from supervisor.lifecycle.reload import ConfigReload
-from supervisor.lifecycle.signals import HANDLED, HupHooks
+from supervisor.lifecycle.signals import FAULT_DIR_ENV, HANDLED, HupHooks, run_fault_injection
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -126,7 +125,7 @@ class Daemon:
                 converge=self.signal.converge,
                 # Fleets: GET /v1/revision.
                 signed=self._signed_revision_file(),
-                # Issue 14: None (reported "disabled") without leader election.
+                # None (reported "disabled") without leader election.
                 leadership=self.leadership.report if self.leadership is not None else None,
                 sinks=self.sinks,
             )
@@ -251,16 +250,24 @@ class Daemon:
                         sequence=restored.sequence, revision=restored.revision)
 
     def _listen_child(self) -> ChildSpec | None:
+        """The wake-ups ahead of the poll: PostgreSQL's LISTEN, or (a follower) the
+        upstream's /v1/stream."""
         cp = self.config.control_plane
-        if cp.backend == "follower" and cp.listen:
-            return self._upstream_hint_child()
-        if cp.backend != "postgresql" or not cp.listen:
+        if not cp.listen or cp.backend == "sqlite":
             return None
-        from supervisor.controlplane.listen import run_listener
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
-                               task_status=task_status)
+            if cp.backend == "follower":
+                from supervisor.controlplane.follower import upstream_token
+                from supervisor.controlplane.upstream_hint import run_upstream_hint
+
+                await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
+                                        task_status=task_status)
+            else:
+                from supervisor.controlplane.listen import run_listener
+
+                await run_listener(cp, self.signal.notify, self.metrics,
+                                   poke=self.listener_poke, task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
@@ -270,34 +277,14 @@ class Daemon:
         from supervisor.controlplane.follower import forward_path
 
         cp, cache = self.config.control_plane, self.config.cache
-        if cp.backend == "follower":
-            return SignedRevisionFile(forward_path(cache.path), True,
-                                      max_bytes=cp.max_revision_bytes)
-        return SignedRevisionFile(cache.path, cache.signing_key is not None,
+        follower = cp.backend == "follower"
+        return SignedRevisionFile(forward_path(cache.path) if follower else cache.path,
+                                  follower or cache.signing_key is not None,
                                   max_bytes=cp.max_revision_bytes)
-
-    def _upstream_hint_child(self) -> ChildSpec:
-        """Follower mode: the upstream's /v1/stream wakes the loop early."""
-        cp = self.config.control_plane
-        from supervisor.controlplane.upstream_hint import run_upstream_hint
-
-        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            from supervisor.controlplane.follower import upstream_token
-
-            await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
-                                    task_status=task_status)
-
-        return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
     # -- health ----------------------------------------------------------------
 
     # The rules live in supervisor/health.py; these read them for this daemon.
-
-    def stall_limit_s(self) -> float:
-        return health.stall_limit_s(self.config.control_plane)
-
-    def start_limit_s(self) -> float:
-        return health.start_limit_s(self.config.control_plane)
 
     def unhealthy(self) -> list[str]:
         """Why /healthz answers 503 (:func:`supervisor.health.unhealthy`)."""
@@ -406,19 +393,11 @@ class Daemon:
             nursery.start_soon(self._graceful, tree_scope, nursery)
 
     async def _graceful(self, tree_scope: trio.CancelScope, nursery: trio.Nursery) -> None:
-        grace = self.config.supervisor.shutdown_grace_s
-        if self.tree is None or not self._ready:
-            # Still starting: there is nothing to stop gracefully.
-            tree_scope.cancel()
-        else:
-            with trio.move_on_after(grace):
+        if self.tree is not None and self._ready:  # still starting: nothing to stop gracefully
+            with trio.move_on_after(self.config.supervisor.shutdown_grace_s):
                 await self.tree.shutdown()
-            tree_scope.cancel()
+        tree_scope.cancel()
         nursery.start_soon(self._hard_exit, HARD_EXIT_AFTER_S)
-
-    def _inject_fault(self, child: str, hang_next_start: bool) -> bool:
-        return self.tree is not None and self.tree.inject_fault(
-            child, hang_next_start=hang_next_start)
 
     async def _hard_exit(self, after_s: float) -> None:
         await trio.sleep(after_s)
@@ -451,7 +430,8 @@ class Daemon:
                 root.start_soon(self._signals, receiver, tree_scope, root)
                 fault_dir = os.environ.get(FAULT_DIR_ENV)
                 if fault_dir:
-                    root.start_soon(run_fault_injection, fault_dir, self._inject_fault)
+                    root.start_soon(run_fault_injection, fault_dir, lambda child, hang: (
+                        tree.inject_fault(child, hang_next_start=hang)))
                 try:
                     with tree_scope:
                         async with trio.open_nursery() as tree_nursery:
