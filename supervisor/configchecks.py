@@ -22,12 +22,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from supervisor.config import Config, is_loopback, sqlite_path
 from supervisor.errors import ConfigError
 
 __all__ = [
+    "CREDENTIAL_KEYS",
     "OWN_ENV_NAMES",
     "SYSTEM_DIRS",
     "check_files",
@@ -36,6 +38,7 @@ __all__ = [
     "own_env_name",
     "placeholders",
     "unconfined_secrets",
+    "value_at",
 ]
 
 #: What the daemon itself reads from its environment: its settings
@@ -54,6 +57,23 @@ OWN_ENV_NAMES: tuple[str, ...] = (
 SYSTEM_DIRS: tuple[str, ...] = (
     "/proc", "/sys", "/dev", "/run/secrets/kubernetes.io", "/var/run/secrets/kubernetes.io",
 )
+
+
+#: The keys naming a file the daemon reads a credential from.
+CREDENTIAL_KEYS = ("$.admin.token_file", "$.cache.signing_key", "$.control_plane.token_file",
+                   "$.admin.read_token_file", "$.admin.tls_key_file",
+                   "$.control_plane.client_key_file", "$.kubernetes.kubeconfig")
+#: The keys naming a file the daemon reads (``check`` tries each).
+_READ_KEYS = ("$.admin.token_file", "$.admin.read_token_file", "$.admin.tls_cert_file",
+              "$.admin.tls_key_file", "$.admin.client_ca_file", "$.control_plane.ca_file",
+              "$.control_plane.client_cert_file", "$.control_plane.client_key_file",
+              "$.cache.signing_key", "$.kubernetes.kubeconfig")
+
+
+def value_at(config: Config, key: str) -> Any:
+    """The value of the key at ``$.section.key``."""
+    section, _, name = key.removeprefix("$.").partition(".")
+    return getattr(getattr(config, section), name)
 
 
 def own_env_name(name: str) -> bool:
@@ -75,14 +95,8 @@ def credential_files(config: Config, environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     home = env.get("HOME") or os.path.expanduser("~")
     cp = config.control_plane
-    found = [("$.admin.token_file", config.admin.token_file),
-             ("$.cache.signing_key", config.cache.signing_key),
-             ("$.control_plane.token_file", cp.token_file),
-             ("$.admin.read_token_file", config.admin.read_token_file),
-             ("$.admin.tls_key_file", config.admin.tls_key_file),
-             ("$.control_plane.client_key_file", cp.client_key_file),
-             ("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig),
-             ("the configuration file", config_path)]
+    found = [(key, value_at(config, key)) for key in CREDENTIAL_KEYS]
+    found.append(("the configuration file", config_path))
     found += [("KUBECONFIG", p) for p in env.get("KUBECONFIG", "").split(os.pathsep)]
     found.append(("the default kubeconfig", os.path.join(home, ".kube", "config")))
     found.append(("NETRC", env.get("NETRC") or os.path.join(home, ".netrc")))
@@ -114,12 +128,17 @@ def _check_upstream_url(url: str) -> None:
                           "(the upstream replica's admin address, nothing after it)")
 
 
+def _together(config: Config, section: str, first: str, second: str) -> None:
+    """Refuse ``[section]`` with one of the two keys set and not the other."""
+    missing = [key for key in (first, second) if value_at(config, f"$.{section}.{key}") is None]
+    if len(missing) == 1:
+        raise ConfigError(f"$.{section}.{missing[0]}", f"{section}.{first} and "
+                          f"{section}.{second} go together (both or neither)")
+
+
 def _check_admin_tls(config: Config, host: str) -> None:
     admin = config.admin
-    if (admin.tls_cert_file is None) != (admin.tls_key_file is None):
-        missing = "tls_key_file" if admin.tls_key_file is None else "tls_cert_file"
-        raise ConfigError(f"$.admin.{missing}", "admin.tls_cert_file and admin.tls_key_file "
-                          "go together (both or neither)")
+    _together(config, "admin", "tls_cert_file", "tls_key_file")
     tls = admin.tls_cert_file is not None
     if admin.client_ca_file is not None and not tls:
         raise ConfigError("$.admin.client_ca_file", "client certificates need TLS: set "
@@ -134,10 +153,7 @@ def _check_admin_tls(config: Config, host: str) -> None:
         raise ConfigError("$.admin.read_token_file", "needs admin.token_file: without it "
                           "every route is open anyway")
     cp = config.control_plane
-    if (cp.client_cert_file is None) != (cp.client_key_file is None):
-        missing = "client_key_file" if cp.client_key_file is None else "client_cert_file"
-        raise ConfigError(f"$.control_plane.{missing}", "control_plane.client_cert_file and "
-                          "control_plane.client_key_file go together (both or neither)")
+    _together(config, "control_plane", "client_cert_file", "client_key_file")
     tls_client = (cp.ca_file, cp.client_cert_file)
     if any(v is not None for v in tls_client) and not cp.url.startswith("https://"):
         raise ConfigError("$.control_plane.ca_file" if cp.ca_file is not None
@@ -179,11 +195,9 @@ def cross_check(config: Config) -> None:
                 "follower mode verifies every statement it receives: name the root's "
                 "verify key(s) here (not this replica's own cache key)",
             )
-    elif cp.trusted_keys:
-        raise ConfigError("$.control_plane.trusted_keys", "only used in follower mode "
-                          "(control_plane.url = http(s)://HOST:PORT)")
-    elif cp.token_file is not None:
-        raise ConfigError("$.control_plane.token_file", "only used in follower mode "
+    elif cp.trusted_keys or cp.token_file is not None:
+        key = "trusted_keys" if cp.trusted_keys else "token_file"
+        raise ConfigError(f"$.control_plane.{key}", "only used in follower mode "
                           "(control_plane.url = http(s)://HOST:PORT)")
     if cp.listen_url is not None and (
         cp.backend != "postgresql"
@@ -250,10 +264,9 @@ def _refuse_shared_files(config: Config) -> None:
         base = sqlite_path(cp.url)
         for suffix in ("", "-wal", "-shm", "-journal"):
             owners.setdefault(os.path.realpath(base + suffix), "$.control_plane.url")
-    if config.cache.signing_key is not None:
-        owners.setdefault(os.path.realpath(config.cache.signing_key), "$.cache.signing_key")
-    if config.admin.token_file is not None:
-        owners.setdefault(os.path.realpath(config.admin.token_file), "$.admin.token_file")
+    for key in ("$.cache.signing_key", "$.admin.token_file"):
+        if value_at(config, key) is not None:
+            owners.setdefault(os.path.realpath(value_at(config, key)), key)
     written = []
     if config.cache.path is not None:
         written += [("$.cache.path", config.cache.path),
@@ -273,10 +286,6 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     """Check the files the configuration names; return (path, problem) pairs."""
     problems: list[tuple[str, str]] = []
 
-    def readable(key: str, value: str | None) -> None:
-        if value is not None and not os.access(value, os.R_OK):
-            problems.append((key, f"cannot read {value}"))
-
     def parent_writable(key: str, value: str | None, *, created: bool = False) -> None:
         if value is None:
             return
@@ -290,16 +299,10 @@ def check_files(config: Config) -> list[tuple[str, str]]:
         elif not os.access(parent, os.W_OK):
             problems.append((key, f"directory {parent} is not writable"))
 
-    readable("$.admin.token_file", config.admin.token_file)
-    readable("$.admin.read_token_file", config.admin.read_token_file)
-    readable("$.admin.tls_cert_file", config.admin.tls_cert_file)
-    readable("$.admin.tls_key_file", config.admin.tls_key_file)
-    readable("$.admin.client_ca_file", config.admin.client_ca_file)
-    readable("$.control_plane.ca_file", config.control_plane.ca_file)
-    readable("$.control_plane.client_cert_file", config.control_plane.client_cert_file)
-    readable("$.control_plane.client_key_file", config.control_plane.client_key_file)
-    readable("$.cache.signing_key", config.cache.signing_key)
-    readable("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig)
+    for key in _READ_KEYS:
+        value = value_at(config, key)
+        if value is not None and not os.access(value, os.R_OK):
+            problems.append((key, f"cannot read {value}"))
     problems += _tls_problems(config)
     parent_writable("$.cache.path", config.cache.path, created=True)
     parent_writable("$.snapshot.path", config.snapshot.path)

@@ -34,7 +34,6 @@ from typing import Any, Final
 import msgspec
 import msgspec.inspect
 
-from supervisor import config as schema
 from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config
 from supervisor.configchecks import cross_check
 from supervisor.errors import ConfigError
@@ -317,17 +316,7 @@ def _split_msgspec_error(message: str) -> tuple[str, str]:
 
 def _did_you_mean(path: str, field: str) -> str:
     """`` (did you mean `x`?)`` for the closest known key at ``path``, or ``""``."""
-    struct: Any = Config
-    for part in path.removeprefix("$").strip(".").split("."):
-        if not part:
-            continue
-        fields = getattr(struct, "__annotations__", {})
-        struct = fields.get(part)
-        if not isinstance(struct, type):
-            # Annotations are strings under `from __future__ import annotations`.
-            struct = vars(schema).get(str(struct))
-        if struct is None:
-            return ""
-    known = getattr(struct, "__struct_fields__", ())
+    info = _type_at(path)
+    known = [f.name for f in info.fields] if isinstance(info, msgspec.inspect.StructType) else []
     close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
     return f" (did you mean `{close[0]}`?)" if close else ""

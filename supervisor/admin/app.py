@@ -101,7 +101,7 @@ class AdminApp:
                 # The one route that acts: held to every check the others get,
                 # and to Origin, since a cross-site page can send a simple POST
                 # without any CORS preflight.
-                response = self._refuse_post(headers)
+                response = self._refusal(headers, origin=True, write=True)
                 if response is None:
                     response = await self._handlers.converge(scope, receive)
                     if response is None:
@@ -118,10 +118,9 @@ class AdminApp:
     def _respond(self, method: Any, path: Any, headers: list[tuple[bytes, bytes]]) -> Response:
         if not isinstance(path, str) or not isinstance(method, str):
             return error_response(400, "bad_request", "malformed request")
-        if path not in OPEN_PATHS and not self._known_host(headers):
-            return misdirected()
-        if path not in OPEN_PATHS and not self._authorized(headers):
-            return unauthorized(headers)
+        refusal = None if path in OPEN_PATHS else self._refusal(headers, origin=False)
+        if refusal is not None:
+            return refusal
         handler = self._routes.get(path)
         if handler is None:
             return error_response(404, "not_found", "no such route")
@@ -131,17 +130,20 @@ class AdminApp:
             )
         return handler(headers)
 
-    def _refuse_post(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
-        """Why a POST may not run (421, 403, 401, in that order); None when it may."""
-        if not self._known_host(headers):
+    def _refusal(self, headers: list[tuple[bytes, bytes]], *, origin: bool,
+                 write: bool = False) -> Response | None:
+        """Why a request may not proceed, in this order: an unknown Host (421), a foreign
+        Origin (403, checked when ``origin``), no token (401), a read token where
+        ``write`` asks for the full one (403); None when it may."""
+        hosts = self.hosts
+        if hosts is not None and not hosts.allows_host_header(header_value(headers, b"host")):
             return misdirected()
-        if not self._allowed_origin(headers):
+        if origin and hosts is not None and not hosts.allows_origin(
+                header_value(headers, b"origin")):
             return forbidden_origin()
-        if not self._authorized(headers, write=True):
-            if self._authorized(headers):
-                return read_only()
-            return unauthorized(headers)
-        return None
+        if self._authorized(headers, write=write):
+            return None
+        return read_only() if write and self._authorized(headers) else unauthorized(headers)
 
     def answer_at_once(self, head: bytes) -> bytes | None:
         """The whole answer to a request whose complete head is ``head``, when the
@@ -168,12 +170,6 @@ class AdminApp:
             return None
         return raw_response(self._handlers.healthz([]), head=parts[0] == b"HEAD")
 
-    def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        return self.hosts is None or self.hosts.allows_host_header(header_value(headers, b"host"))
-
-    def _allowed_origin(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        return self.hosts is None or self.hosts.allows_origin(header_value(headers, b"origin"))
-
     def _authorized(self, headers: list[tuple[bytes, bytes]], *, write: bool = False) -> bool:
         """The full token, or (``write`` False: the routes that only read) the read token."""
         token = self.ctx.token
@@ -188,32 +184,23 @@ class AdminApp:
         message = await receive()
         if message.get("type") != "websocket.connect":
             return
-        headers = scope_headers(scope)
         hub = self.hub
-        if not self._known_host(headers):
-            await reject_handshake(scope, send, misdirected())
-        elif not self._allowed_origin(headers):
-            await reject_handshake(scope, send, forbidden_origin())
-        elif scope.get("path") != STREAM_PATH:
-            # Same order as HTTP: without the token, nothing reveals which paths exist.
-            if not self._authorized(headers):
-                await reject_handshake(scope, send, unauthorized(headers))
-            else:
-                await reject_handshake(
-                    scope, send, error_response(404, "not_found", "no such route"))
-        elif not self._authorized(headers):
-            await reject_handshake(scope, send, unauthorized(headers))
-        elif hub is None or hub.closing:
-            await reject_handshake(scope, send, error_response(503, "unavailable", "shutting down"))
-        elif hub.full():
-            await reject_handshake(
-                scope, send, error_response(503, "too_many_clients", "too many stream clients")
-            )
-        else:
-            try:
-                await hub.serve(scope, receive, send)
-            except Exception:  # one client's failure must not reach the server
-                log.exception("stream client failed", peer=str(scope.get("client")))
+        # Same order as HTTP: without the token, nothing reveals which paths exist.
+        refusal = self._refusal(scope_headers(scope), origin=True)
+        if refusal is None and scope.get("path") != STREAM_PATH:
+            refusal = error_response(404, "not_found", "no such route")
+        if refusal is None and (hub is None or hub.closing):
+            refusal = error_response(503, "unavailable", "shutting down")
+        if refusal is None and hub is not None and hub.full():
+            refusal = error_response(503, "too_many_clients", "too many stream clients")
+        if refusal is not None:
+            await reject_handshake(scope, send, refusal)
+            return
+        assert hub is not None  # refused above when there is none
+        try:
+            await hub.serve(scope, receive, send)
+        except Exception:  # one client's failure must not reach the server
+            log.exception("stream client failed", peer=str(scope.get("client")))
 
 
 # Headers that keep a request from being answered by the accept loop.

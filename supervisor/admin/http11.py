@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import base64
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
-from wsgiref.handlers import format_date_time
 
 import h11
 import trio
@@ -58,8 +56,8 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, generate_accept_token
 
 from supervisor.admin.connections import reset
-from supervisor.admin.frames import ConnectionGone
-from supervisor.admin.stream import Receive, Scope, Send
+from supervisor.admin.responses import error_response, http_date, raw_response
+from supervisor.admin.stream import ConnectionGone, Receive, Scope, Send
 from supervisor.logs import get_logger
 
 __all__ = ["App", "Http11Connection", "first_request_head"]
@@ -135,10 +133,6 @@ class _Gone(Exception):
 
 _TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError,
                      trio.BusyResourceError, OSError)
-
-
-def _date() -> bytes:
-    return format_date_time(time.time()).encode("ascii")
 
 
 def _tokens(headers: list[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
@@ -231,10 +225,8 @@ class Http11Connection:
         deadline missed); returns having closed nothing (the caller closes)."""
         try:
             await self._serve(deadline)
-        except _Gone:
-            pass
-        except _TRANSPORT_ERRORS:
-            pass  # the peer went away
+        except (_Gone, *_TRANSPORT_ERRORS):
+            pass  # ended on purpose, or the peer went away
 
     # -- HTTP ------------------------------------------------------------------
 
@@ -329,12 +321,9 @@ class Http11Connection:
 
     async def _refuse(self, status: int, detail: str) -> None:
         """Answer a request the parser refused (400, 413, 431), and end."""
-        error = _REFUSALS.get(status, "bad_request")
-        body = f'{{"error":"{error}","detail":"{detail}"}}'.encode()
-        head = (f"HTTP/1.1 {status} \r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._write(head + body)
+            refusal = error_response(status, _REFUSALS.get(status, "bad_request"), detail)
+            await self._write(raw_response(refusal, head=False))
         raise _Gone
 
     def _scope(self, kind: str, request: h11.Request,
@@ -386,16 +375,8 @@ class Http11Connection:
             elif kind == "http.response.body" and started is not None:
                 if message.get("more_body"):
                     raise RuntimeError("the admin app sends whole bodies")
-                status = int(started["status"])
-                out = [(n, v) for n, v in started.get("headers", [])]
-                out.append((b"date", _date()))
-                data = self._h11.send(h11.Response(status_code=status, headers=out))
-                payload = bytes(message.get("body", b""))
-                if payload:
-                    data += self._h11.send(h11.Data(data=payload))
-                data += self._h11.send(h11.EndOfMessage())
+                await self._respond(started, message)
                 started = None
-                await self._write(data)
 
         await self._app(self._scope("http", request, headers), receive, send)
         if self._gone or self._h11.our_state is h11.SEND_RESPONSE:
@@ -458,6 +439,7 @@ class Http11Connection:
             await self._refuse(400, "bad WebSocket handshake")
         assert key is not None  # _valid_key
         connected = False
+        refusal: Any = None
         messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
         async with trio.open_nursery() as nursery:
 
@@ -472,22 +454,22 @@ class Http11Connection:
                     return {"type": "websocket.disconnect", "code": 1006}
 
             async def send(message: Any) -> None:
+                nonlocal refusal
                 kind = message.get("type")
                 if kind == "websocket.accept":
                     await self._accept(key)
                     nursery.start_soon(self._read_frames, messages_in)
                 elif kind == "websocket.http.response.start":
-                    await self._answer_refusal(message)
-                elif kind == "websocket.http.response.body":
-                    await self._answer_refusal_body(message)
+                    refusal = message
+                elif kind == "websocket.http.response.body" and refusal is not None:
+                    await self._respond(refusal, message, close=True)
                 elif kind == "websocket.send":
                     text, data = message.get("text"), message.get("bytes")
                     event = TextMessage(text) if text is not None else BytesMessage(data or b"")
                     await self._ws_send(event)
                 elif kind == "websocket.close":
                     if self._ws is None:
-                        await self._answer_refusal({"status": 403, "headers": []})
-                        await self._answer_refusal_body({"body": b""})
+                        await self._respond({"status": 403}, {}, close=True)
                     else:
                         await self._ws_send(CloseConnection(
                             int(message.get("code", 1000)), message.get("reason") or ""))
@@ -510,15 +492,15 @@ class Http11Connection:
         self._ws = WsConnection(ConnectionType.SERVER, extensions=[], trailing_data=trailing)
         await self._write(data)
 
-    async def _answer_refusal(self, message: Any) -> None:
-        status = int(message["status"])
-        out = [(n, v) for n, v in message.get("headers", [])]
-        out += [(b"date", _date()), (b"connection", b"close")]
-        await self._write(self._h11.send(h11.Response(status_code=status, headers=out)))
-
-    async def _answer_refusal_body(self, message: Any) -> None:
-        payload = bytes(message.get("body", b""))
-        data = self._h11.send(h11.Data(data=payload)) if payload else b""
+    async def _respond(self, start: Any, body: Any, *, close: bool = False) -> None:
+        """Write one whole answer: ASGI's response ``start`` and ``body`` messages (the
+        ``http.`` or ``websocket.http.`` ones), with ``date`` (and ``connection: close``)."""
+        out = [(n, v) for n, v in start.get("headers", [])]
+        out += [(b"date", http_date())] + ([(b"connection", b"close")] if close else [])
+        data = self._h11.send(h11.Response(status_code=int(start["status"]), headers=out))
+        payload = bytes(body.get("body", b""))
+        if payload:
+            data += self._h11.send(h11.Data(data=payload))
         await self._write(data + self._h11.send(h11.EndOfMessage()))
 
     async def _ws_send(self, event: Any) -> None:

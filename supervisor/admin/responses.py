@@ -26,9 +26,8 @@ from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
 __all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
-           "header_value", "json_response", "misdirected", "raw_response", "read_only",
-           "reject_handshake",
-           "scope_headers", "send_response", "unauthorized"]
+           "header_value", "http_date", "json_response", "misdirected", "raw_response",
+           "read_only", "reject_handshake", "scope_headers", "send_response", "unauthorized"]
 
 JSON = b"application/json"
 
@@ -124,13 +123,17 @@ def response_headers(response: Response, length: int | None) -> list[tuple[bytes
     return headers
 
 
+def http_date() -> bytes:
+    """Now, as an HTTP ``Date`` header value."""
+    return format_date_time(time.time()).encode("ascii")
+
+
 def raw_response(response: Response, *, head: bool) -> bytes:
     """``response`` as the bytes of an HTTP/1.1 answer that closes its connection
     (as the connection would write it: same headers, ``date``, ``connection: close``)."""
     lines = [f"HTTP/1.1 {response.status} ".encode("ascii")]
     headers = response_headers(response, len(response.body))
-    headers += [(b"date", format_date_time(time.time()).encode("ascii")),
-                (b"connection", b"close")]
+    headers += [(b"date", http_date()), (b"connection", b"close")]
     lines += [name + b": " + value for name, value in headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body)
 

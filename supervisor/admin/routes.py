@@ -41,17 +41,8 @@ from supervisor.admin.signed import Unservable, etag_for
 from supervisor.admin.stream import Receive, Scope
 from supervisor.logs import get_logger
 
-__all__ = [
-    "CONVERGE_PATH",
-    "CONVERGE_TIMEOUT_MAX_S",
-    "CONVERGE_TIMEOUT_S",
-    "READ_SIGNED",
-    "REVISION_PATH",
-    "SIGNED",
-    "STREAM_PATH",
-    "Handler",
-    "Routes",
-]
+__all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "READ_SIGNED",
+           "REVISION_PATH", "SIGNED", "STREAM_PATH", "Handler", "Routes"]
 
 log = get_logger("admin")
 
@@ -134,17 +125,15 @@ class Routes:
         if snapshot is None:
             return error_response(503, "no_snapshot", "no snapshot published yet")
         etag = snapshot.etag()
-        tag_header = [(b"etag", etag.encode("latin-1"))]
-        if_none_match = header_value(headers, b"if-none-match")
-        if if_none_match is not None and etag_matches(if_none_match, etag):
-            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        if _not_modified(headers, etag):
+            return _tagged(304, b"", None, etag)
         cached = self._body_of
         if cached is not None and cached[0] is snapshot:
             body = cached[1]
         else:
             body = snapshot.to_json()
             self._body_of = (snapshot, body)
-        return Response(200, body, JSON, tag_header, cache=b"no-cache")
+        return _tagged(200, body, JSON, etag)
 
     def converge_not_posted(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(
@@ -201,14 +190,10 @@ class Routes:
         state = self.ctx.state
         # Sequence, digest and issued_at: a reused id or a fresh statement is never a 304.
         etag = etag_for(snapshot.revision, state.body_sha256, state.statement)
-        tag_header = [(b"etag", etag.encode("latin-1"))]
-        if_none_match = header_value(headers, b"if-none-match")
-        if if_none_match is not None and etag_matches(if_none_match, etag):
-            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        if _not_modified(headers, etag):
+            return _tagged(304, b"", None, etag)
         data = signed.held(etag)
-        if data is None:
-            return READ_SIGNED
-        return Response(200, data, SIGNED, tag_header, cache=b"no-cache")
+        return READ_SIGNED if data is None else _tagged(200, data, SIGNED, etag)
 
     async def revision_from_file(self) -> Response:
         signed = self.ctx.signed
@@ -220,14 +205,23 @@ class Routes:
             data = await trio.to_thread.run_sync(signed.read, revision, digest, statement)
         except Unservable as exc:
             return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
-        etag = etag_for(revision, digest, statement)
-        return Response(200, data, SIGNED, [(b"etag", etag.encode("latin-1"))],
-                        cache=b"no-cache")
+        return _tagged(200, data, SIGNED, etag_for(revision, digest, statement))
 
     def stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(
             426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
         )
+
+
+def _not_modified(headers: list[tuple[bytes, bytes]], etag: str) -> bool:
+    if_none_match = header_value(headers, b"if-none-match")
+    return if_none_match is not None and etag_matches(if_none_match, etag)
+
+
+def _tagged(status: int, body: bytes, content_type: bytes | None, etag: str) -> Response:
+    """An answer carrying its ETag, to revalidate (``no-cache``)."""
+    return Response(status, body, content_type, [(b"etag", etag.encode("latin-1"))],
+                    cache=b"no-cache")
 
 
 def _timeout_param(query: Any) -> float | None:

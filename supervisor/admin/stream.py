@@ -55,27 +55,14 @@ from typing import Any
 import msgspec
 import trio
 
-from supervisor.admin.frames import ConnectionGone, Encoded, RawSend, text_frame
 from supervisor.events import Event, EventBus, Subscription, utc_now_iso
 from supervisor.logs import get_logger
 from supervisor.status_doc import StatusDocument
 from supervisor.telemetry import Metrics
 
-__all__ = [
-    "CLOSE_GOING_AWAY",
-    "CLOSE_TOO_SLOW",
-    "ConnectionGone",
-    "Encoded",
-    "FirstMessage",
-    "RawSend",
-    "Receive",
-    "Scope",
-    "Send",
-    "StreamHub",
-    "StreamSettings",
-    "encode_json",
-    "text_frame",
-]
+__all__ = ["CLOSE_GOING_AWAY", "CLOSE_TOO_SLOW", "ConnectionGone", "Encoded", "FirstMessage",
+           "RawSend", "Receive", "Scope", "Send", "StreamHub", "StreamSettings", "encode_json",
+           "text_frame"]
 
 log = get_logger("admin.stream")
 
@@ -85,6 +72,37 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_SLOW = 1013
+
+# Writes bytes that are already a complete WebSocket frame; ConnectionGone when
+# the connection is gone.
+RawSend = Callable[[bytes], Awaitable[None]]
+
+
+class ConnectionGone(Exception):
+    """A raw write found the connection closed or reset (RawSend's only failure)."""
+
+
+def text_frame(payload: bytes) -> bytes:
+    """``payload`` (UTF-8) as one final, unmasked WebSocket text frame (RFC 6455,
+    section 5.2): what a server sends, identical for every client."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x81, n))
+    elif n < 1 << 16:
+        header = bytes((0x81, 126)) + n.to_bytes(2, "big")
+    else:
+        header = bytes((0x81, 127)) + n.to_bytes(8, "big")
+    return header + payload
+
+
+class Encoded:
+    """One message, encoded once: its text (for ASGI) and its frame (for raw writes)."""
+
+    __slots__ = ("frame", "text")
+
+    def __init__(self, payload: bytes) -> None:
+        self.text = payload.decode()
+        self.frame = text_frame(payload)
 
 
 def _fallback(obj: Any) -> Any:
