@@ -30,15 +30,9 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 __all__ = ["PRIORITIES", "configure", "get_logger", "resolve_format", "set_level"]
 
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
 # syslog(3) priorities, as journald reads them from a "<N>" line prefix.
 PRIORITIES = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+_LEVELS = {name: logging.getLevelNamesMapping()[name.upper()] for name in PRIORITIES}
 _FOREIGN = ("httpx", "httpcore", "psycopg")
 _threshold = logging.INFO
 

@@ -28,7 +28,6 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from functools import partial
 
 import trio
 
@@ -98,12 +97,15 @@ class AcceptLoop:
         self._spawn = spawn
         self._answer = answer
         self._spare = _Spare()
-        streak = partial(Streak, log, quiet_s=STREAK_QUIET_S, ended_level="warning",
-                         count_as="count")
-        self._accept_errors = streak(began="admin accept failing",
-                                     ended="admin accept recovered")
-        self._full = streak(began="admin connection limit reached; refusing new connections",
-                            ended="admin connections accepted again")
+        self._accept_errors = Streak(
+            log, began="admin accept failing", ended="admin accept recovered",
+            quiet_s=STREAK_QUIET_S, ended_level="warning", count_as="count",
+        )
+        self._full = Streak(
+            log, began="admin connection limit reached; refusing new connections",
+            ended="admin connections accepted again",
+            quiet_s=STREAK_QUIET_S, ended_level="warning", count_as="count",
+        )
 
     def close(self) -> None:
         """Stop listening: a client connecting from now on is refused by the kernel."""

@@ -74,11 +74,6 @@ class Notifier:
     def stopping(self) -> None:
         self.send(STOPPING="1", STATUS="stopping")
 
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
 
 def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
     """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off for us."""
