@@ -109,26 +109,17 @@ class Daemon:
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token files.
             token, read = admin_tokens(cfg.token_file, cfg.read_token_file)
+            # converge: POST /v1/converge, a request on the change signal; signed: what
+            # GET /v1/revision serves; leadership None (reported "disabled"): no election.
             ctx = AdminContext(
-                state=self.state,
-                revision=self.status,
-                events=self.events,
-                metrics=self.metrics,
+                state=self.state, revision=self.status, events=self.events, metrics=self.metrics,
                 children=lambda: self.tree.report() if self.tree is not None else {},
-                fanout=self.fanout,
-                token=token,
-                read_token=read,
-                unhealthy=self.unhealthy,
+                fanout=self.fanout, token=token, read_token=read, unhealthy=self.unhealthy,
                 allowed_hosts=tuple(cfg.allowed_hosts),
-                allowed_origins=tuple(cfg.allowed_origins),
-                # POST /v1/converge: a request on the change signal.
-                converge=self.signal.converge,
-                # Fleets: GET /v1/revision.
+                allowed_origins=tuple(cfg.allowed_origins), converge=self.signal.converge,
                 signed=self._signed_revision_file(),
-                # None (reported "disabled") without leader election.
                 leadership=self.leadership.report if self.leadership is not None else None,
-                sinks=self.sinks,
-            )
+                sinks=self.sinks)
             async with trio.open_nursery() as nursery:
                 await nursery.start(
                     partial(serve_admin, tls=tls.current if tls is not None else None),
@@ -143,12 +134,10 @@ class Daemon:
         from supervisor.revision.document import SCHEMA_VERSION
         from supervisor.sinks.lkg import LastKnownGood
 
-        cache = LastKnownGood(
-            self.config.cache.path,
-            signing_key_path=self.config.cache.signing_key,
-            trusted_keys=self.config.cache.trusted_keys,
-            max_schema_version=SCHEMA_VERSION,
-        )
+        cache = LastKnownGood(self.config.cache.path,
+                              signing_key_path=self.config.cache.signing_key,
+                              trusted_keys=self.config.cache.trusted_keys,
+                              max_schema_version=SCHEMA_VERSION)
         if self.config.control_plane.backend == "follower":
             cache.refuse_own_key_among(self.config.control_plane.trusted_keys,
                                        "$.control_plane.trusted_keys")
@@ -201,24 +190,15 @@ class Daemon:
                                accepted=self._accepted)
             try:
                 reconciler = ConvergenceLoop(
-                    store,
-                    status=self.status,
-                    metrics=self.metrics,
-                    events=self.events,
-                    signal=self.signal,
-                    poll_interval_s=cp.poll_interval_s,
-                    backoff_initial_s=cp.backoff_initial_s,
-                    backoff_max_s=cp.backoff_max_s,
+                    store, status=self.status, metrics=self.metrics, events=self.events,
+                    signal=self.signal, poll_interval_s=cp.poll_interval_s,
+                    backoff_initial_s=cp.backoff_initial_s, backoff_max_s=cp.backoff_max_s,
                     resolver=EnvFileResolver.for_daemon(self.config, self.config_path),
-                    cache=cache,
-                    snapshot_file=snapshot_file,
-                    on_status=self.notifier.status,
+                    cache=cache, snapshot_file=snapshot_file, on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.wake(),
                     serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
-                    sink_status=self.sinks,
-                    statement_ttl_s=self.config.cache.statement_ttl_s,
-                    forward_to=forward_path(self.config.cache.path) if follower else None,
-                )
+                    sink_status=self.sinks, statement_ttl_s=self.config.cache.statement_ttl_s,
+                    forward_to=forward_path(self.config.cache.path) if follower else None)
                 await reconciler.run(task_status=task_status)
             finally:
                 with trio.move_on_after(2.0, shield=True):
@@ -319,10 +299,9 @@ class Daemon:
         from supervisor.fanout.leadership import LeadershipStatus, announcer, default_identity
 
         self.leadership = LeadershipStatus(lease=f"{kube.control_namespace}/{kube.lease_name}")
-        return [elected_fanout_child(
-            kube, self.metrics, self.fanout, self.leadership,
-            kube.identity or default_identity(), hup=self.hup,
-            on_change=announcer(self.events, self.notifier.status))]
+        return [elected_fanout_child(kube, self.metrics, self.fanout, self.leadership,
+                                     kube.identity or default_identity(), hup=self.hup,
+                                     on_change=announcer(self.events, self.notifier.status))]
 
 
     def build_tree(self) -> Supervisor:
@@ -340,12 +319,9 @@ class Daemon:
             self.metrics.child_restarts.labels(spec.name)
         sup = self.config.supervisor
         self.tree = Supervisor(
-            specs,
-            intensity=sup.restart_intensity,
-            period_s=sup.restart_period_s,
+            specs, intensity=sup.restart_intensity, period_s=sup.restart_period_s,
             on_restart=lambda name: self.metrics.child_restarts.labels(name).inc(),
-            on_change=self._tree_changed,
-        )
+            on_change=self._tree_changed)
         return self.tree
 
     def _tree_changed(self) -> None:
@@ -444,10 +420,8 @@ class Daemon:
                                      children=sorted(tree.children))
                             interval = watchdog_interval()
                             if interval is not None:
-                                tree_nursery.start_soon(
-                                    run_watchdog, self.notifier, interval,
-                                    self._watchdog_healthy,
-                                )
+                                tree_nursery.start_soon(run_watchdog, self.notifier, interval,
+                                                        self._watchdog_healthy)
                 finally:
                     root.cancel_scope.cancel()
         log.info("stopped")

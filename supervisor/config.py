@@ -31,24 +31,10 @@ import ipaddress
 from typing import Annotated, Literal
 
 import msgspec
-import msgspec.inspect
 
-__all__ = [
-    "CONFIG_ENV",
-    "ENV_PREFIX",
-    "AdminConfig",
-    "CacheConfig",
-    "Config",
-    "ControlPlaneConfig",
-    "KubernetesConfig",
-    "LogConfig",
-    "RevisionConfig",
-    "SnapshotConfig",
-    "SupervisorConfig",
-    "is_loopback",
-    "split_host_port",
-    "sqlite_path",
-]
+__all__ = ["CONFIG_ENV", "ENV_PREFIX", "AdminConfig", "CacheConfig", "Config", "ControlPlaneConfig",
+           "KubernetesConfig", "LogConfig", "RevisionConfig", "SnapshotConfig", "SupervisorConfig",
+           "is_loopback", "split_host_port", "sqlite_path"]
 
 ENV_PREFIX = "SUPERVISOR_"
 CONFIG_ENV = "SUPERVISOR_CONFIG"
@@ -189,7 +175,7 @@ class KubernetesConfig(_Section, frozen=True):
     apps_namespace: str = "apps"
     field_manager: str = "trio-supervisor"
     preflight_retry_s: RetrySeconds = 300.0
-    # Issue 13: which installation owns a child (the label on every child and part of every
+    # Which installation owns a child (the label on every child and part of every
     # sweep selector; None = the control namespace), the periodic resync, and the client-side
     # rate limit (a token bucket, as client-go's QPS and Burst).
     installation: Annotated[
@@ -202,7 +188,7 @@ class KubernetesConfig(_Section, frozen=True):
     # server's own protection (429 + Retry-After, honoured by the client) paces beyond it.
     qps: PositiveFloat = 1000.0
     burst: Annotated[int, msgspec.Meta(ge=1)] = 2000
-    # Issue 14: leader election for the fan-out on a coordination.k8s.io/v1 Lease
+    # Leader election for the fan-out on a coordination.k8s.io/v1 Lease
     # (controller-runtime's defaults). identity None = hostname, pid and a random suffix.
     leader_election: bool = True
     lease_name: Annotated[

@@ -196,14 +196,12 @@ def cross_check(config: Config) -> None:
         raise ConfigError("$.control_plane.listen_url", "a postgresql://... DSN, and only "
                           "when control_plane.url is PostgreSQL")
     if cp.backoff_initial_s > cp.backoff_max_s:
-        raise ConfigError(
-            "$.control_plane.backoff_initial_s", "must not exceed control_plane.backoff_max_s"
-        )
+        raise ConfigError("$.control_plane.backoff_initial_s",
+                          "must not exceed control_plane.backoff_max_s")
     cache = config.cache
     if cache.path is not None and not cache.trusted_keys:
-        raise ConfigError(
-            "$.cache.trusted_keys", "required when cache.path is set (the verify keys to trust)"
-        )
+        raise ConfigError("$.cache.trusted_keys",
+                          "required when cache.path is set (the verify keys to trust)")
     if cache.path is not None and cache.signing_key is None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
     election = config.kubernetes.election_problem()

@@ -75,9 +75,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
             raise ConfigError(f"$.{section}", f"unknown section (from environment {name})"
                               + _did_you_mean("$", section))
         if not _is_utf8(value):
-            raise ConfigError(
-                f"$.{section}.{key}", f"the environment variable {name} is not valid UTF-8"
-            )
+            raise ConfigError(f"$.{section}.{key}",
+                              f"the environment variable {name} is not valid UTF-8")
         table = raw.setdefault(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"$.{section}", "expected a table")
@@ -93,13 +92,8 @@ def load_text(
     """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only."""
     origins: dict[str, str] = {}
     try:
-        raw = _parse_toml(text)
-        raw = _apply_env(raw, os.environ if environ is None else environ, origins)
-        _refuse_unusable_values(raw)
-        try:
-            config = msgspec.convert(raw, Config, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(*_explain(str(exc), raw)) from exc
+        raw = _apply_env(_parse_toml(text), os.environ if environ is None else environ, origins)
+        config = _convert(raw)
         cross_check(config)
     except ConfigError as exc:
         _blame(exc, source, origins)
@@ -109,6 +103,15 @@ def load_text(
         # the parser or converter raise is a bad configuration, not a crash.
         raise ConfigError("$", f"cannot be parsed: {exc}", source=source) from None
     return config
+
+
+def _convert(raw: dict[str, Any]) -> Config:
+    """``raw`` as a Config (values unusable anywhere refused first); ConfigError else."""
+    _refuse_unusable_values(raw)
+    try:
+        return msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(*_explain(str(exc), raw)) from exc
 
 
 def _blame(exc: ConfigError, source: str, origins: Mapping[str, str]) -> ConfigError:
@@ -149,10 +152,7 @@ def all_problems(path: str | os.PathLike[str], *,
         for key, value in pieces:
             piece = {section: value if key is None else {key: value}}
             try:
-                _refuse_unusable_values(piece)
-                msgspec.convert(piece, Config, strict=False)
-            except msgspec.ValidationError as exc:
-                problems.append(_blame(ConfigError(*_explain(str(exc), raw)), source, origins))
+                _convert(piece)
             except ConfigError as exc:
                 problems.append(_blame(exc, source, origins))
             except (RecursionError, ValueError, UnicodeError):

@@ -102,12 +102,10 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
         shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
-    structlog.configure(
-        processors=[_filter_level, *shared, renderer],
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-        cache_logger_on_first_use=True,
-    )
+    structlog.configure(processors=[_filter_level, *shared, renderer],
+                        logger_factory=structlog.PrintLoggerFactory(file=stream),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+                        cache_logger_on_first_use=True)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

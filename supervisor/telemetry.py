@@ -178,9 +178,8 @@ class Metrics:
         self.fanout_preflight_failures = counter(
             "fanout_preflight_failures", "Failed fan-out preflights by kind and error class.",
             {"kind": KINDS, "error_class": reasons.FANOUT_ERROR_CLASSES})
-        self.fanout_applies = counter(
-            "fanout_applies", "Fan-out child writes by kind and result.",
-            {"kind": KINDS, "result": reasons.FANOUT_APPLY_RESULTS})
+        self.fanout_applies = counter("fanout_applies", "Fan-out child writes by kind and result.",
+                                      {"kind": KINDS, "result": reasons.FANOUT_APPLY_RESULTS})
         self.fanout_watch_restarts = counter(
             "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.",
             {"kind": KINDS})

@@ -70,9 +70,8 @@ OPEN_PATHS = frozenset({"/healthz"})
 class AdminApp:
     """The ASGI callable. ``hub`` serves ``/v1/stream`` (None: the stream answers 503)."""
 
-    def __init__(
-        self, ctx: AdminContext, hub: StreamHub | None = None, hosts: AllowedHosts | None = None
-    ) -> None:
+    def __init__(self, ctx: AdminContext, hub: StreamHub | None = None,
+                 hosts: AllowedHosts | None = None) -> None:
         self.ctx = ctx
         self.hub = hub
         # None: no Host/Origin check (an app mounted without a listener, in tests).
@@ -125,9 +124,8 @@ class AdminApp:
         if handler is None:
             return error_response(404, "not_found", "no such route")
         if method not in ("GET", "HEAD"):
-            return error_response(
-                405, "method_not_allowed", f"{path} answers GET and HEAD", [(b"allow", ALLOW)]
-            )
+            return error_response(405, "method_not_allowed", f"{path} answers GET and HEAD",
+                                  [(b"allow", ALLOW)])
         return handler(headers)
 
     def _refusal(self, headers: list[tuple[bytes, bytes]], *, origin: bool,

@@ -38,7 +38,7 @@ from __future__ import annotations
 import base64
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import unquote
 
 import h11
@@ -86,9 +86,8 @@ WEBSOCKET_VERSION = b"13"
 _REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 
-async def first_request_head(
-    stream: trio.SocketStream, deadline_s: float, *, only: tuple[bytes, ...] | None = None
-) -> bool:
+async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
+                             only: tuple[bytes, ...] | None = None) -> bool:
     """Wait, without consuming anything, until ``stream`` holds a complete request
     head; False when it does not within ``deadline_s``, when the peer closed, when
     it starts with the HTTP/2 preface (``PRI ``: refused at once), or when ``only``
@@ -161,19 +160,10 @@ class Http11Connection:
     resets. ``deadline`` is when the first request head is due (from the accept).
     """
 
-    def __init__(
-        self,
-        app: App,
-        stream: trio.abc.Stream,
-        socket_stream: trio.SocketStream,
-        *,
-        client: tuple[str, int],
-        server: tuple[str, int],
-        scheme: str,
-        on_idle: Callable[[bool], None],
-        idle_s: float,
-        only_paths: frozenset[bytes] | None = None,
-    ) -> None:
+    def __init__(self, app: App, stream: trio.abc.Stream, socket_stream: trio.SocketStream, *,
+                 client: tuple[str, int], server: tuple[str, int], scheme: str,
+                 on_idle: Callable[[bool], None], idle_s: float,
+                 only_paths: frozenset[bytes] | None = None) -> None:
         self._app = app
         self._stream = stream
         self._socket_stream = socket_stream
@@ -251,21 +241,19 @@ class Http11Connection:
                     and b"upgrade" in _tokens(headers, b"connection")):
                 await self._websocket(request, headers)
                 return
-            body = await self._body(deadline=trio.current_time() + self._idle_s)
+            body = await self._body(self._idle_s)
             if body is None:
                 return
             await self._http(request, headers, body)
-            if self._h11.our_state is not h11.DONE or self._closing:
-                return
-            if self._h11.their_state is not h11.DONE:
+            both = (self._h11.our_state, self._h11.their_state)
+            if self._closing or both != (h11.DONE, h11.DONE):
                 return
             self._h11.start_next_cycle()
             self._on_idle(True)
             deadline = trio.current_time() + self._idle_s
 
     async def _next_request(self, deadline: float) -> h11.Request | None:
-        """The next request head by ``deadline``; None: close (deadline, EOF,
-        shutdown, or a malformed request, answered)."""
+        """The next request head by ``deadline``; None: close (deadline, EOF, shutdown)."""
         with trio.CancelScope(deadline=deadline) as scope:
             self._idle_scope = scope
             if self._closing:
@@ -274,7 +262,7 @@ class Http11Connection:
                 event = await self._next_event()
             finally:
                 self._idle_scope = None
-        if scope.cancelled_caught or event is None:
+        if scope.cancelled_caught:
             return None
         if isinstance(event, h11.Request):
             # h11 bounds a head that arrives in pieces; one that arrives whole
@@ -286,32 +274,29 @@ class Http11Connection:
         return None  # ConnectionClosed
 
     async def _next_event(self) -> Any:
-        """h11's next event, reading as needed; None after answering a protocol error."""
+        """h11's next event, reading as needed (a protocol error is answered, and ends)."""
         while True:
             try:
                 event = self._h11.next_event()
             except h11.RemoteProtocolError as exc:
                 await self._refuse(exc.error_status_hint, "malformed request")
-                return None
             if event is h11.NEED_DATA:
                 data = bytes(await self._stream.receive_some(MAX_HEAD_BYTES))
                 self._h11.receive_data(data)
                 continue
             return event
 
-    async def _body(self, deadline: float) -> bytes | None:
+    async def _body(self, timeout_s: float) -> bytes | None:
+        """The request's body, if it is all here within ``timeout_s``; None: close."""
         chunks: list[bytes] = []
         size = 0
-        with trio.move_on_after(max(0.0, deadline - trio.current_time())):
+        with trio.move_on_after(timeout_s):
             while True:
                 event = await self._next_event()
-                if event is None:
-                    return None
                 if isinstance(event, h11.Data):
                     size += len(event.data)
                     if size > MAX_BODY_BYTES:
                         await self._refuse(413, "request body too large")
-                        return None
                     chunks.append(bytes(event.data))
                 elif isinstance(event, h11.EndOfMessage):
                     return b"".join(chunks)
@@ -319,15 +304,14 @@ class Http11Connection:
                     return None
         return None  # the body did not arrive in time
 
-    async def _refuse(self, status: int, detail: str) -> None:
+    async def _refuse(self, status: int, detail: str) -> NoReturn:
         """Answer a request the parser refused (400, 413, 431), and end."""
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             refusal = error_response(status, _REFUSALS.get(status, "bad_request"), detail)
             await self._write(raw_response(refusal, head=False))
         raise _Gone
 
-    def _scope(self, kind: str, request: h11.Request,
-               headers: list[tuple[bytes, bytes]]) -> Scope:
+    def _scope(self, kind: str, request: h11.Request, headers: list[tuple[bytes, bytes]]) -> Scope:
         raw_path, _, query = request.target.partition(b"?")
         try:
             path = unquote(raw_path.decode("ascii"))
@@ -428,8 +412,7 @@ class Http11Connection:
 
     # -- WebSocket -------------------------------------------------------------
 
-    async def _websocket(self, request: h11.Request,
-                         headers: list[tuple[bytes, bytes]]) -> None:
+    async def _websocket(self, request: h11.Request, headers: list[tuple[bytes, bytes]]) -> None:
         key = _header(headers, b"sec-websocket-key")
         if (request.method != b"GET" or not _valid_key(key)
                 or _header(headers, b"sec-websocket-version") != WEBSOCKET_VERSION):
@@ -521,19 +504,10 @@ class Http11Connection:
         async with messages:
             size = 0
             parts: list[Any] = []
-            # The first round reads nothing: bytes that came behind the upgrade
-            # request (wsproto holds them as trailing data) are frames already.
-            first = True
+            ended = False
             while True:
-                data = b""
-                if not first:
-                    try:
-                        data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-                    except _TRANSPORT_ERRORS:
-                        pass
-                    if ws.state is WsState.CLOSED:
-                        return
-                    ws.receive_data(data or None)
+                # First the bytes that came behind the upgrade request (wsproto
+                # holds them as trailing data): frames already.
                 for event in ws.events():
                     if isinstance(event, Message):
                         size += len(event.data)
@@ -556,9 +530,16 @@ class Http11Connection:
                                             WsState.REMOTE_CLOSING else
                                             CloseConnection(event.code or CLOSE_PROTOCOL_ERROR))
                         return
-                if not data and not first:
+                if ended:
                     return
-                first = False
+                try:
+                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                except _TRANSPORT_ERRORS:
+                    data = b""
+                if ws.state is WsState.CLOSED:
+                    return
+                ws.receive_data(data or None)
+                ended = not data
 
     async def _finish_websocket(self) -> None:
         """After the app: a close frame if none was sent, then a little time for the

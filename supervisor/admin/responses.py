@@ -88,9 +88,8 @@ _CLOSE = (b"connection", b"close")
 
 
 def misdirected() -> Response:
-    return error_response(
-        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts", [_CLOSE]
-    )
+    return error_response(421, "misdirected_request", "unknown Host; see [admin].allowed_hosts",
+                          [_CLOSE])
 
 
 def forbidden_origin() -> Response:
@@ -98,19 +97,16 @@ def forbidden_origin() -> Response:
 
 
 def read_only() -> Response:
-    return error_response(
-        403, "read_only", "this token may read but not act; POST needs [admin].token_file's",
-        [_CLOSE],
-    )
+    return error_response(403, "read_only",
+                          "this token may read but not act; POST needs [admin].token_file's",
+                          [_CLOSE])
 
 
 def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
     presented = any(k.lower() == b"authorization" for k, _ in headers)
     challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
-    return error_response(
-        401, "unauthorized", "missing or invalid bearer token",
-        [(b"www-authenticate", challenge), _CLOSE],
-    )
+    return error_response(401, "unauthorized", "missing or invalid bearer token",
+                          [(b"www-authenticate", challenge), _CLOSE])
 
 
 def response_headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:
@@ -138,30 +134,22 @@ def raw_response(response: Response, *, head: bool) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body)
 
 
-async def send_response(send: Send, response: Response, *, head: bool) -> None:
-    length = None if response.status == 304 else len(response.body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": response_headers(response, length),
-        }
-    )
-    body = b"" if head or response.status == 304 else response.body
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+async def send_response(send: Send, response: Response, *, head: bool = False,
+                        kind: str = "http") -> None:
+    """Send ``response`` as ASGI ``<kind>.response.start`` and ``.body`` messages
+    (``kind`` ``websocket.http``: a handshake refused, see :func:`reject_handshake`)."""
+    not_modified = response.status == 304
+    length = None if not_modified else len(response.body)
+    await send({"type": f"{kind}.response.start", "status": response.status,
+                "headers": response_headers(response, length)})
+    body = b"" if head or not_modified else response.body
+    await send({"type": f"{kind}.response.body", "body": body, "more_body": False})
 
 
 async def reject_handshake(scope: Scope, send: Send, response: Response) -> None:
     """Refuse a WebSocket handshake before accepting it."""
     extensions = scope.get("extensions") or {}
     if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": response.status,
-                "headers": response_headers(response, len(response.body)),
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": response.body})
+        await send_response(send, response, kind="websocket.http")
     else:
         await send({"type": "websocket.close", "code": 1008})

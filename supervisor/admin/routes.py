@@ -136,9 +136,8 @@ class Routes:
         return _tagged(200, body, JSON, etag)
 
     def converge_not_posted(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        return error_response(
-            405, "method_not_allowed", f"{CONVERGE_PATH} answers POST", [(b"allow", b"POST")]
-        )
+        return error_response(405, "method_not_allowed", f"{CONVERGE_PATH} answers POST",
+                              [(b"allow", b"POST")])
 
     async def converge(self, scope: Scope, receive: Receive) -> Response | None:
         """Run an attempt now and answer its outcome; None when the client went away."""
@@ -174,9 +173,8 @@ class Routes:
             log.debug("converge request abandoned by its client", peer=str(scope.get("client")))
             return None
         if answer is None:
-            return error_response(
-                504, "timeout", f"no convergence attempt finished within {timeout_s:g} s"
-            )
+            return error_response(504, "timeout",
+                                  f"no convergence attempt finished within {timeout_s:g} s")
         return json_response(200, answer)
 
     def revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
@@ -208,9 +206,8 @@ class Routes:
         return _tagged(200, data, SIGNED, etag_for(revision, digest, statement))
 
     def stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        return error_response(
-            426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
-        )
+        return error_response(426, "upgrade_required", "this route is a WebSocket",
+                              [(b"upgrade", b"websocket")])
 
 
 def _not_modified(headers: list[tuple[bytes, bytes]], etag: str) -> bool:

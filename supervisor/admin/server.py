@@ -151,13 +151,8 @@ def _bind_failure(exc: OSError) -> str:
 class _Server:
     """Our accept loop and HTTP/1.1 connections; see the module docstring."""
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        limits: ConnectionLimits,
-        metrics: Metrics,
-        tls: Callable[[], ssl.SSLContext] | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, limits: ConnectionLimits, metrics: Metrics,
+                 tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         self._app: App | None = None
         self._answer_at_once: Callable[[bytes], bytes | None] | None = None
         self._sock = sock
@@ -196,12 +191,8 @@ class _Server:
         finally:
             self._done.set()
 
-    async def _accept(
-        self,
-        handlers: trio.Nursery,
-        *,
-        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
+    async def _accept(self, handlers: trio.Nursery, *,
+                      task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
             handlers.start_soon(self._handle, peer, stream, pool)
 
@@ -223,8 +214,7 @@ class _Server:
             reserve = pool == ConnectionTable.RESERVE
             deadline_s = RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S
             deadline = trio.current_time() + deadline_s
-            served: trio.abc.Stream = stream
-            ok = False
+            served: trio.abc.Stream | None = None
             with trio.CancelScope(deadline=deadline) as waiting:
                 self._waiting[key] = waiting
                 if self._closing:
@@ -232,28 +222,19 @@ class _Server:
                 if self._tls is None:
                     # Until its first request head is complete a plain connection
                     # costs only this task: an idle flood never reaches a parser.
-                    ok = await first_request_head(stream, deadline_s,
-                                                  only=HEALTHZ if reserve else None)
+                    only = HEALTHZ if reserve else None
+                    served = stream if await first_request_head(stream, deadline_s,
+                                                                only=only) else None
                 else:
-                    handshaken = await self._handshake(key, stream)
-                    ok = handshaken is not None
-                    served = handshaken or stream
-            self._waiting.pop(key, None)
-            if not ok or waiting.cancelled_caught:
+                    served = await self._handshake(key, stream)
+            if served is None or waiting.cancelled_caught:
                 reset(stream)
                 return
             assert self._app is not None
             connection = Http11Connection(
-                self._app,
-                served,
-                stream,
-                client=key,
-                server=self._server_address(stream),
-                scheme=self._scheme,
-                on_idle=lambda idle: self._table.set_idle(key, stream, idle),
-                idle_s=IDLE_DEADLINE_S,
-                only_paths=HEALTHZ_PATHS if reserve else None,
-            )
+                self._app, served, stream, client=key, server=self._server_address(stream),
+                scheme=self._scheme, on_idle=lambda idle: self._table.set_idle(key, stream, idle),
+                idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
             self._connections[key] = connection
             await connection.run(deadline)
         except* Exception:
@@ -348,14 +329,10 @@ def connection_limits(settings: StreamSettings, nofile: int | None) -> Connectio
     """The limits for this process, logged; a warning when they lower the configured ones."""
     limits = derive(nofile, settings.max_clients)
     if limits.stream_clients_lowered:
-        log.warning(
-            "admin stream max_clients exceeds what RLIMIT_NOFILE allows; lowered",
-            max_clients=limits.configured_stream_clients,
-            allowed=limits.max_stream_clients,
-            nofile=limits.nofile,
-            reserve=limits.reserve,
-            max_connections=limits.max_connections,
-        )
+        log.warning("admin stream max_clients exceeds what RLIMIT_NOFILE allows; lowered",
+                    max_clients=limits.configured_stream_clients, allowed=limits.max_stream_clients,
+                    nofile=limits.nofile, reserve=limits.reserve,
+                    max_connections=limits.max_connections)
     return limits
 
 
@@ -384,30 +361,17 @@ async def serve_admin(
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
         server = _Server(sock, limits, ctx.metrics, tls)
-        hub = StreamHub(
-            ctx.events,
-            ctx.status,
-            ctx.metrics,
-            settings,
-            abort=server.reset,
-            raw_sender=server.raw_sender,
-        )
+        hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset,
+                        raw_sender=server.raw_sender)
         hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts, port=port,
-                             scheme="http" if tls is None else "https",
-                             origins=ctx.allowed_origins)
+                             scheme="http" if tls is None else "https", origins=ctx.allowed_origins)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             nursery.start_soon(hub.monitor)
-            log.info(
-                "admin API listening",
-                address=f"{host}:{port}",
-                auth=ctx.token is not None,
-                tls=tls is not None,
-                max_connections=limits.max_connections,
-                max_stream_clients=limits.max_stream_clients,
-                nofile=limits.nofile,
-            )
+            log.info("admin API listening", address=f"{host}:{port}", auth=ctx.token is not None,
+                     tls=tls is not None, max_connections=limits.max_connections,
+                     max_stream_clients=limits.max_stream_clients, nofile=limits.nofile)
             task_status.started((host, port))
             try:
                 await trio.sleep_forever()

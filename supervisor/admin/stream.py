@@ -159,18 +159,12 @@ class StreamHub:
     ``scope["client"]``) and returns whether it found one; the server provides it.
     """
 
-    def __init__(
-        self,
-        events: EventBus,
-        status: Callable[[], StatusDocument],
-        metrics: Metrics,
-        settings: StreamSettings | None = None,
-        *,
-        abort: Callable[[tuple[str, int]], bool] | None = None,
-        raw_sender: Callable[[tuple[str, int]], RawSend | None] | None = None,
-        encode: Callable[[Any], bytes] = encode_json,
-        clock: Callable[[], float] = trio.current_time,
-    ) -> None:
+    def __init__(self, events: EventBus, status: Callable[[], StatusDocument], metrics: Metrics,
+                 settings: StreamSettings | None = None, *,
+                 abort: Callable[[tuple[str, int]], bool] | None = None,
+                 raw_sender: Callable[[tuple[str, int]], RawSend | None] | None = None,
+                 encode: Callable[[Any], bytes] = encode_json,
+                 clock: Callable[[], float] = trio.current_time) -> None:
         self.settings = settings if settings is not None else StreamSettings()
         self._events = events
         self._status = status
@@ -207,21 +201,16 @@ class StreamHub:
         """Run one accepted-to-be client: the app has read ``websocket.connect``
         and checked the token; this accepts, streams, and closes."""
         peer = _peer(scope)
-        # Subscribe and snapshot the state in one synchronous step: an event is
-        # either reflected in the first message or delivered after it, never both.
+        # Snapshot the state and subscribe in one synchronous step (no checkpoint
+        # between): an event is either reflected in the first message or
+        # delivered after it, never both.
+        first = FirstMessage(**msgspec.structs.asdict(self._status()),
+                             heartbeat_s=self.settings.heartbeat_s)
+        first_message = Encoded(encode_json(first))
+        raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer)
-        try:
-            first = FirstMessage(**msgspec.structs.asdict(self._status()),
-                                 heartbeat_s=self.settings.heartbeat_s)
-            first_message = Encoded(encode_json(first))
-        except BaseException:
-            sub.close()
-            raise
         self._add(client)
-        raw = None
-        if self._raw_sender is not None and peer is not None:
-            raw = self._raw_sender(peer)
         try:
             await send({"type": "websocket.accept"})
             # Through the connection: its handshake response must be out first.

@@ -87,9 +87,7 @@ def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
     return int(usec) / 2 / 1_000_000
 
 
-async def run_watchdog(
-    notifier: Notifier, interval_s: float, healthy: Callable[[], bool]
-) -> None:
+async def run_watchdog(notifier: Notifier, interval_s: float, healthy: Callable[[], bool]) -> None:
     """Ping ``WATCHDOG=1`` every ``interval_s`` while ``healthy()``; runs until cancelled.
 
     A crash-looping tree stops the pings, so systemd's ``WatchdogSec`` restarts
