@@ -115,9 +115,8 @@ class Daemon:
                 state=self.state, revision=self.status, events=self.events, metrics=self.metrics,
                 children=lambda: self.tree.report() if self.tree is not None else {},
                 fanout=self.fanout, token=token, read_token=read, unhealthy=self.unhealthy,
-                allowed_hosts=tuple(cfg.allowed_hosts),
-                allowed_origins=tuple(cfg.allowed_origins), converge=self.signal.converge,
-                signed=self._signed_revision_file(),
+                allowed_hosts=tuple(cfg.allowed_hosts), allowed_origins=tuple(cfg.allowed_origins),
+                converge=self.signal.converge, signed=self._signed_revision_file(),
                 leadership=self.leadership.report if self.leadership is not None else None,
                 sinks=self.sinks)
             async with trio.open_nursery() as nursery:
@@ -134,10 +133,9 @@ class Daemon:
         from supervisor.revision.document import SCHEMA_VERSION
         from supervisor.sinks.lkg import LastKnownGood
 
-        cache = LastKnownGood(self.config.cache.path,
-                              signing_key_path=self.config.cache.signing_key,
-                              trusted_keys=self.config.cache.trusted_keys,
-                              max_schema_version=SCHEMA_VERSION)
+        cache = LastKnownGood(
+            self.config.cache.path, signing_key_path=self.config.cache.signing_key,
+            trusted_keys=self.config.cache.trusted_keys, max_schema_version=SCHEMA_VERSION)
         if self.config.control_plane.backend == "follower":
             cache.refuse_own_key_among(self.config.control_plane.trusted_keys,
                                        "$.control_plane.trusted_keys")

@@ -161,11 +161,9 @@ class RevisionConfig(_Section, frozen=True):
     # env: reference's name must start with one of the prefixes, a file:
     # reference must lie under one of the directories. Empty = anywhere.
     secret_env_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
-        default_factory=list
-    )
+        default_factory=list)
     secret_dirs: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
-        default_factory=list
-    )
+        default_factory=list)
 
 
 class KubernetesConfig(_Section, frozen=True):

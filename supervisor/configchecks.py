@@ -161,15 +161,13 @@ def cross_check(config: Config) -> None:
     if not is_loopback(host) and config.admin.token_file is None:
         raise ConfigError(
             "$.admin.token_file",
-            f"required when admin.listen ({config.admin.listen}) is not a loopback address",
-        )
+            f"required when admin.listen ({config.admin.listen}) is not a loopback address")
     _check_admin_tls(config, host)
     cp = config.control_plane
     if not cp.url.startswith(("postgresql://", "postgres://", "sqlite:///", "http://", "https://")):
         raise ConfigError(
             "$.control_plane.url",
-            "expected postgresql://..., sqlite:///PATH, or http(s)://HOST:PORT (follower mode)",
-        )
+            "expected postgresql://..., sqlite:///PATH, or http(s)://HOST:PORT (follower mode)")
     if cp.backend == "postgresql":
         from supervisor.dsn import problem
 

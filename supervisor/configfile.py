@@ -184,8 +184,7 @@ def _parse_toml(text: str) -> dict[str, Any]:
         raise ConfigError("$", f"not valid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(
-            "$", "not valid TOML here: arrays or inline tables nested too deeply"
-        ) from None
+            "$", "not valid TOML here: arrays or inline tables nested too deeply") from None
     except ValueError as exc:
         # tomllib converts integers with int(): past sys.get_int_max_str_digits()
         # (4300) digits that raises ValueError. Say where, in the file's terms.

@@ -110,8 +110,7 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
-        )
+            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()])
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -95,8 +95,7 @@ class _FanoutStateCollector(Collector):
         family = GaugeMetricFamily(
             f"{NS}_fanout_state",
             "1 for each fan-out kind's current state (disabled, preflight, watching).",
-            labels=["kind", "state"],
-        )
+            labels=["kind", "state"])
         for kind in KINDS:
             status = self.statuses.get(kind)
             current = getattr(status, "state", "disabled")

@@ -95,16 +95,14 @@ class Routes:
         if snapshot is not None:
             return json_response(
                 200,
-                {"ready": True, "revision": snapshot.revision, "generation": snapshot.generation},
-            )
+                {"ready": True, "revision": snapshot.revision, "generation": snapshot.generation})
         rev = self.ctx.revision
         reason = "no snapshot published yet"
         if rev.last_error:
             reason = f"{reason}; last attempt failed: {rev.last_error}"
         return json_response(
             503,
-            {"ready": False, "reason": reason, "consecutive_failures": rev.consecutive_failures},
-        )
+            {"ready": False, "reason": reason, "consecutive_failures": rev.consecutive_failures})
 
     def status(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return json_response(200, self.ctx.status())
@@ -148,8 +146,7 @@ class Routes:
         if timeout_s is None:
             return error_response(
                 400, "bad_request",
-                f"timeout_s must be a number above 0 and at most {CONVERGE_TIMEOUT_MAX_S:g}",
-            )
+                f"timeout_s must be a number above 0 and at most {CONVERGE_TIMEOUT_MAX_S:g}")
         gone = False
         answer = None
         async with trio.open_nursery() as nursery:

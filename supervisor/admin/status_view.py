@@ -63,8 +63,7 @@ def render_status(doc: dict[str, Any]) -> str:
     lines = [
         "revision",
         "  desired {}  loaded {}  active {}  generation {}  source {}".format(
-            *(_cell(rev.get(k)) for k in ("desired", "loaded", "active", "generation", "source"))
-        ),
+            *(_cell(rev.get(k)) for k in ("desired", "loaded", "active", "generation", "source"))),
         "  lag {}  last convergence {}  consecutive failures {}".format(
             _seconds(rev.get("lag_s")), _seconds(rev.get("last_convergence_s")),
             _cell(rev.get("consecutive_failures"))),
@@ -75,8 +74,7 @@ def render_status(doc: dict[str, Any]) -> str:
     if isinstance(rejection, dict):
         lines.append(
             "  last rejection: revision {} ({}) at {}: {}".format(
-                *(_cell(rejection.get(k)) for k in ("revision", "reason", "at", "detail"))
-            )
+                *(_cell(rejection.get(k)) for k in ("revision", "reason", "at", "detail")))
         )
     else:
         lines.append("  last rejection: none")
