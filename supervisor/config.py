@@ -198,18 +198,6 @@ class KubernetesConfig(_Section, frozen=True):
     identity: Annotated[str, msgspec.Meta(min_length=1, max_length=128,
                                           pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
 
-    def election_problem(self) -> tuple[str, str] | None:
-        """(key path, reason) when the election's durations cannot work together, else None."""
-        if self.renew_deadline_s >= self.lease_duration_s:
-            return ("$.kubernetes.renew_deadline_s",
-                    f"must be less than kubernetes.lease_duration_s ({self.lease_duration_s:g}):"
-                    " a leader must stop before its lease can expire for the others")
-        if self.retry_period_s >= self.renew_deadline_s:
-            return ("$.kubernetes.retry_period_s",
-                    f"must be less than kubernetes.renew_deadline_s ({self.renew_deadline_s:g}):"
-                    " a renewal needs more than one try before the deadline")
-        return None
-
     @property
     def installation_label(self) -> str:
         """The value of ``platform.trio-supervisor.dev/installation`` on our children."""

@@ -202,9 +202,15 @@ def cross_check(config: Config) -> None:
                           "required when cache.path is set (the verify keys to trust)")
     if cache.path is not None and cache.signing_key is None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
-    election = config.kubernetes.election_problem()
-    if election is not None:
-        raise ConfigError(*election)
+    kube = config.kubernetes
+    if kube.renew_deadline_s >= kube.lease_duration_s:
+        raise ConfigError("$.kubernetes.renew_deadline_s", "must be less than "
+                          f"kubernetes.lease_duration_s ({kube.lease_duration_s:g}): a leader "
+                          "must stop before its lease can expire for the others")
+    if kube.retry_period_s >= kube.renew_deadline_s:
+        raise ConfigError("$.kubernetes.retry_period_s", "must be less than "
+                          f"kubernetes.renew_deadline_s ({kube.renew_deadline_s:g}): a renewal "
+                          "needs more than one try before the deadline")
     _refuse_shared_files(config)
     _refuse_secret_places_holding_credentials(config)
 
@@ -300,9 +306,9 @@ def check_files(config: Config) -> list[tuple[str, str]]:
 def _tls_problems(config: Config) -> list[tuple[str, str]]:
     """The TLS files loaded as the daemon will load them (a key that does not match its
     certificate, a CA file holding no certificate)."""
-    from supervisor.tlsconfig import client_context, server_context
+    from supervisor.tlsconfig import server_context, upstream_context
 
-    admin, cp = config.admin, config.control_plane
+    admin = config.admin
     problems: list[tuple[str, str]] = []
     try:
         if admin.tls_cert_file is not None and admin.tls_key_file is not None:
@@ -310,8 +316,7 @@ def _tls_problems(config: Config) -> list[tuple[str, str]]:
     except ConfigError as exc:
         problems.append((exc.path, exc.reason))
     try:
-        if cp.url.startswith("https://"):
-            client_context(cp.ca_file, cp.client_cert_file, cp.client_key_file)
+        upstream_context(config.control_plane)  # over https only
     except ConfigError as exc:
         problems.append((exc.path, exc.reason))
     return problems

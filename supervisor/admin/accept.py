@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 from collections.abc import Callable
 
 import trio
@@ -203,6 +202,5 @@ class AcceptLoop:
             except OSError:
                 pass
             else:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                sock.close()
+                reset(sock)
             self._spare.take()

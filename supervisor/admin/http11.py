@@ -318,36 +318,25 @@ class Http11Connection:
         except UnicodeDecodeError:
             path = ""
         scope: Scope = {
-            "type": kind,
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "type": kind, "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": request.http_version.decode("ascii"),
-            "scheme": self._scheme if kind == "http" else
-            ("wss" if self._scheme == "https" else "ws"),
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": query,
-            "root_path": "",
-            "headers": headers,
-            "client": self._client,
-            "server": self._server,
-        }
+            "scheme": self._scheme if kind == "http" else self._scheme.replace("http", "ws"),
+            "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
+            "headers": headers, "client": self._client, "server": self._server}
         if kind == "http":
             scope["method"] = request.method.decode("ascii")
         else:
-            scope["subprotocols"] = []
-            scope["extensions"] = {"websocket.http.response": {}}
+            scope.update(subprotocols=[], extensions={"websocket.http.response": {}})
         return scope
 
     async def _http(self, request: h11.Request, headers: list[tuple[bytes, bytes]],
                     body: bytes) -> None:
-        delivered = False
+        first = [{"type": "http.request", "body": body, "more_body": False}]
         started: dict[str, Any] | None = None
 
         async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if first:
+                return first.pop()
             await self._until_disconnect()
             return {"type": "http.disconnect"}
 
@@ -421,16 +410,14 @@ class Http11Connection:
         if not isinstance(event, h11.EndOfMessage):
             await self._refuse(400, "bad WebSocket handshake")
         assert key is not None  # _valid_key
-        connected = False
+        first = [{"type": "websocket.connect"}]
         refusal: Any = None
         messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
         async with trio.open_nursery() as nursery:
 
             async def receive() -> dict[str, Any]:
-                nonlocal connected
-                if not connected:
-                    connected = True
-                    return {"type": "websocket.connect"}
+                if first:
+                    return first.pop()
                 try:
                     return await messages_out.receive()
                 except trio.EndOfChannel:

@@ -158,15 +158,12 @@ class _Server:
         self._sock = sock
         self._tls = tls
         self._scheme = "http" if tls is None else "https"
+        # Under TLS the head is encrypted: a handshake may take a reserve slot,
+        # and the connection then serves /healthz alone (as a plain one does).
         self._table = ConnectionTable(
-            limits.max_connections,
-            RESERVED_SLOTS,
-            metrics,
-            # Under TLS the head is encrypted: a handshake may take a reserve slot,
-            # and the connection then serves /healthz alone (as a plain one does).
+            limits.max_connections, RESERVED_SLOTS, metrics,
             reserve_admits=(lambda head: head.startswith(HEALTHZ)) if tls is None
-            else (lambda head: head[:1] == TLS_HANDSHAKE),
-        )
+            else (lambda head: head[:1] == TLS_HANDSHAKE))
         # Shielded: cancelling serve_admin must not cancel the connections
         # before they are closed in order (stream clients first, with 1001).
         self._scope = trio.CancelScope(shield=True)

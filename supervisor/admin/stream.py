@@ -139,16 +139,14 @@ class StreamSettings:
     monitor_interval_s: float = 0.5  # how often the monitor looks for blocked writes
 
 
+@dataclass(eq=False, slots=True)
 class _Client:
-    __slots__ = ("aborted", "dropped", "peer", "sending_since", "sub", "wait_scope")
-
-    def __init__(self, sub: Subscription, peer: tuple[str, int] | None) -> None:
-        self.sub = sub
-        self.peer = peer
-        self.sending_since: float | None = None
-        self.wait_scope: trio.CancelScope | None = None
-        self.aborted = False
-        self.dropped = False
+    sub: Subscription
+    peer: tuple[str, int] | None
+    sending_since: float | None = None
+    wait_scope: trio.CancelScope | None = None
+    aborted: bool = False
+    dropped: bool = False
 
 
 class StreamHub:
@@ -239,9 +237,8 @@ class StreamHub:
                 scope.cancel()
                 return
 
-    async def _write_events(
-        self, client: _Client, send: Send, raw: RawSend | None
-    ) -> tuple[int, str] | None:
+    async def _write_events(self, client: _Client, send: Send,
+                            raw: RawSend | None) -> tuple[int, str] | None:
         """Forward events until the client must be closed: returns the close code and
         reason, or None when the connection is already gone."""
         heartbeat = self.settings.heartbeat_s
@@ -255,27 +252,22 @@ class StreamHub:
             if self._closing.is_set():
                 return (CLOSE_GOING_AWAY, "going away")
             event: Event | None = None
-            ended = False
             try:
-                # Fast path, no cancel scope: an event is already waiting.
-                event = receive.receive_nowait()
-            except trio.EndOfChannel:
-                ended = True
-            except trio.WouldBlock:
-                # Only the wait is cancellable from outside (close_all, abort); a
-                # write in progress is never interrupted, so no frame is ever cut
-                # in half. The scope's deadline is the heartbeat.
-                with trio.CancelScope(deadline=trio.current_time() + heartbeat) as wait_scope:
-                    client.wait_scope = wait_scope
-                    try:
+                try:
+                    # Fast path, no cancel scope: an event is already waiting.
+                    event = receive.receive_nowait()
+                except trio.WouldBlock:
+                    # Only the wait is cancellable from outside (close_all, abort); a
+                    # write in progress is never interrupted, so no frame is ever cut
+                    # in half. The scope's deadline is the heartbeat.
+                    with trio.CancelScope(deadline=trio.current_time() + heartbeat) as wait_scope:
+                        client.wait_scope = wait_scope
                         event = await receive.receive()
-                    except trio.EndOfChannel:
-                        ended = True
-                client.wait_scope = None
-                if wait_scope.cancelled_caught and (client.aborted or self._closing.is_set()):
-                    continue
-            if ended:
-                # The bus closes a channel only when it overflows.
+                    client.wait_scope = None
+                    if wait_scope.cancelled_caught and (client.aborted or self._closing.is_set()):
+                        continue
+            except trio.EndOfChannel:
+                # The bus closes a channel only when it overflows (said at the loop's top).
                 if client.sub.overflowed:
                     continue
                 return (CLOSE_GOING_AWAY, "going away")
