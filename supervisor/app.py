@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from supervisor import health, logs, reasons
-from supervisor.config import AdminConfig, Config
+from supervisor.config import Config
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from supervisor.fanout.leadership import LeadershipStatus
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.accepted import AcceptedStatements
-    from supervisor.tlsconfig import ServerContexts
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -102,9 +101,13 @@ class Daemon:
         from supervisor.admin.server import serve_admin
 
         cfg = self.config.admin
-        tls = _admin_tls(cfg)
-        if tls is not None:
-            self.hup.register("admin-tls-reload", lambda: _reload_admin_tls(tls))
+        tls = None
+        if cfg.tls_cert_file is not None and cfg.tls_key_file is not None:
+            from supervisor.tlsconfig import ServerContexts
+
+            # Loaded once, here (a bad file exits 2); SIGHUP loads the files again.
+            tls = ServerContexts(cfg.tls_cert_file, cfg.tls_key_file, cfg.client_ca_file)
+            self.hup.register("admin-tls-reload", tls.reload)
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token files.
@@ -428,23 +431,3 @@ class Daemon:
 async def run_daemon(config: Config, config_path: str | None = None) -> None:
     await Daemon(config, config_path).run()
 
-
-def _admin_tls(cfg: AdminConfig) -> ServerContexts | None:
-    """The admin API's TLS contexts, loaded once at start (a bad file exits 2)."""
-    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
-        return None
-    from supervisor.tlsconfig import ServerContexts
-
-    return ServerContexts(cfg.tls_cert_file, cfg.tls_key_file, cfg.client_ca_file)
-
-
-def _reload_admin_tls(tls: ServerContexts) -> None:
-    """SIGHUP: new handshakes use the certificate now in the files; a failed load
-    keeps the one in force."""
-    try:
-        tls.reload()
-    except ConfigError as exc:
-        log.error("SIGHUP: admin TLS certificate not reloaded; the previous one stays",
-                  key=exc.path, error=exc.reason)
-        return
-    log.info("SIGHUP: admin TLS certificate reloaded", reloads=tls.reloads)

@@ -28,8 +28,11 @@ from functools import partial
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.errors import ConfigError
+from supervisor.logs import get_logger
 
 __all__ = ["ServerContexts", "client_context", "server_context", "upstream_context"]
+
+log = get_logger("daemon")
 
 ALPN = ["http/1.1"]
 
@@ -119,7 +122,13 @@ class ServerContexts:
         return self._current
 
     def reload(self) -> None:
-        """Build the context again from the same files; ConfigError (the old one
-        stays in force) when they no longer load."""
-        self._current = server_context(*self._files)
+        """SIGHUP: build the context again from the same files; when they no longer
+        load, the one in force stays (logged, with why)."""
+        try:
+            self._current = server_context(*self._files)
+        except ConfigError as exc:
+            log.error("SIGHUP: admin TLS certificate not reloaded; the previous one stays",
+                      key=exc.path, error=exc.reason)
+            return
         self.reloads += 1
+        log.info("SIGHUP: admin TLS certificate reloaded", reloads=self.reloads)

@@ -38,28 +38,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.admin.auth import authorized
+from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
 from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.responses import (
     Response,
     error_response,
-    etag_matches,
-    forbidden_origin,
     header_value,
-    misdirected,
     raw_response,
-    read_only,
+    refusal,
     reject_handshake,
     scope_headers,
     send_response,
-    unauthorized,
 )
 from supervisor.admin.routes import CONVERGE_PATH, READ_SIGNED, STREAM_PATH, Routes
 from supervisor.admin.stream import Receive, Scope, Send, StreamHub
 from supervisor.logs import get_logger
 
-__all__ = ["AdminApp", "Response", "etag_matches"]
+__all__ = ["AdminApp"]
 
 log = get_logger("admin")
 
@@ -135,13 +131,19 @@ class AdminApp:
         ``write`` asks for the full one (403); None when it may."""
         hosts = self.hosts
         if hosts is not None and not hosts.allows_host_header(header_value(headers, b"host")):
-            return misdirected()
+            return refusal(421, "misdirected_request", "unknown Host; see [admin].allowed_hosts")
         if origin and hosts is not None and not hosts.allows_origin(
                 header_value(headers, b"origin")):
-            return forbidden_origin()
+            return refusal(403, "forbidden_origin", "Origin not allowed")
         if self._authorized(headers, write=write):
             return None
-        return read_only() if write and self._authorized(headers) else unauthorized(headers)
+        if write and self._authorized(headers):
+            return refusal(403, "read_only",
+                           "this token may read but not act; POST needs [admin].token_file's")
+        presented = any(k.lower() == b"authorization" for k, _ in headers)
+        challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
+        return refusal(401, "unauthorized", "missing or invalid bearer token",
+                       (b"www-authenticate", challenge))
 
     def answer_at_once(self, head: bytes) -> bytes | None:
         """The whole answer to a request whose complete head is ``head``, when the

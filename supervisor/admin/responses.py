@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.handlers import format_date_time
 
-from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
-__all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
-           "header_value", "http_date", "json_response", "misdirected", "raw_response",
-           "read_only", "reject_handshake", "scope_headers", "send_response", "unauthorized"]
+__all__ = ["JSON", "Response", "error_response", "etag_matches", "header_value", "http_date",
+           "json_response", "raw_response", "refusal", "reject_handshake", "scope_headers",
+           "send_response"]
 
 JSON = b"application/json"
 
@@ -83,30 +82,9 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     return out
 
 
-# A refusal's connection ends with it: see the module docstring.
-_CLOSE = (b"connection", b"close")
-
-
-def misdirected() -> Response:
-    return error_response(421, "misdirected_request", "unknown Host; see [admin].allowed_hosts",
-                          [_CLOSE])
-
-
-def forbidden_origin() -> Response:
-    return error_response(403, "forbidden_origin", "Origin not allowed", [_CLOSE])
-
-
-def read_only() -> Response:
-    return error_response(403, "read_only",
-                          "this token may read but not act; POST needs [admin].token_file's",
-                          [_CLOSE])
-
-
-def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
-    presented = any(k.lower() == b"authorization" for k, _ in headers)
-    challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
-    return error_response(401, "unauthorized", "missing or invalid bearer token",
-                          [(b"www-authenticate", challenge), _CLOSE])
+def refusal(status: int, error: str, detail: str, *headers: tuple[bytes, bytes]) -> Response:
+    """An error answer that ends its connection (see the module docstring)."""
+    return error_response(status, error, detail, [*headers, (b"connection", b"close")])
 
 
 def response_headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:

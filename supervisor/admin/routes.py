@@ -175,8 +175,7 @@ class Routes:
         return json_response(200, answer)
 
     def revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        signed = self.ctx.signed
-        snapshot = self.ctx.state.snapshot
+        signed, snapshot = self.ctx.signed, self.ctx.state.snapshot
         if signed is None or signed.unservable_reason() is not None:
             detail = signed.unservable_reason() if signed is not None else None
             return error_response(503, "no_signing_key", detail or "no signed revisions here")
@@ -191,8 +190,7 @@ class Routes:
         return READ_SIGNED if data is None else _tagged(200, data, SIGNED, etag)
 
     async def revision_from_file(self) -> Response:
-        signed = self.ctx.signed
-        snapshot = self.ctx.state.snapshot
+        signed, snapshot = self.ctx.signed, self.ctx.state.snapshot
         assert signed is not None and snapshot is not None  # revision checked both
         state = self.ctx.state
         revision, digest, statement = snapshot.revision, state.body_sha256, state.statement

@@ -136,16 +136,15 @@ def bind_listener(listen: str) -> socket.socket:
     return sock
 
 
+_BIND_FAILURES = {errno.EADDRINUSE: "already in use",
+                  errno.EADDRNOTAVAIL: "is not an address of this host",
+                  errno.EACCES: "cannot be bound: permission denied"}
+
+
 def _bind_failure(exc: OSError) -> str:
     if isinstance(exc, socket.gaierror):
         return f"cannot be resolved ({exc.strerror or exc})"
-    if exc.errno == errno.EADDRINUSE:
-        return "already in use"
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return "is not an address of this host"
-    if exc.errno == errno.EACCES:
-        return "cannot be bound: permission denied"
-    return f"cannot be bound: {exc.strerror or exc}"
+    return _BIND_FAILURES.get(exc.errno or 0, f"cannot be bound: {exc.strerror or exc}")
 
 
 class _Server:
