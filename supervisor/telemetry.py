@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Protocol, TypeVar, get_args
 
@@ -31,8 +31,6 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from supervisor import __version__, reasons
 from supervisor.status_doc import FanoutState
@@ -64,8 +62,9 @@ class SinkFacts(Protocol):
     def state(self, sink: str) -> str: ...
 
 
-def _is_state(status: SinkFacts, sink: str, state: str) -> Callable[[], float]:
-    return lambda: 1.0 if status.state(sink) == state else 0.0
+def _is(read: Callable[[], str], state: str) -> Callable[[], float]:
+    """1 while ``read()`` answers ``state``, else 0: a state gauge, read at every scrape."""
+    return lambda: 1.0 if read() == state else 0.0
 
 
 NS = "supervisor"
@@ -85,25 +84,6 @@ def _metric(cls: type[_M], registry: CollectorRegistry, name: str, doc: str,
     return made
 
 
-class _FanoutStateCollector(Collector):
-    """``supervisor_fanout_state{kind,state}`` from the live status objects."""
-
-    def __init__(self) -> None:
-        self.statuses: Mapping[str, Any] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            f"{NS}_fanout_state",
-            "1 for each fan-out kind's current state (disabled, preflight, watching).",
-            labels=["kind", "state"])
-        for kind in KINDS:
-            status = self.statuses.get(kind)
-            current = getattr(status, "state", "disabled")
-            for state in get_args(FanoutState):
-                family.add_metric([kind, state], 1.0 if state == current else 0.0)
-        yield family
-
-
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -115,8 +95,11 @@ class Metrics:
         self.build_info = gauge(
             "build_info", "Always 1; the version of this build in the label.", {"version": ()})
         self.build_info.labels(__version__).set(1)
-        self._fanout_state = _FanoutStateCollector()
-        r.register(self._fanout_state)
+        self.fanout_state = gauge(
+            "fanout_state",
+            "1 for each fan-out kind's current state (disabled, preflight, watching).",
+            {"kind": KINDS, "state": get_args(FanoutState)})
+        self.track_fanout({})
         if process:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
@@ -240,11 +223,15 @@ class Metrics:
 
     def follow_sinks(self, status: SinkFacts) -> None:
         """Read ``supervisor_sink_state`` from ``status`` at every scrape."""
-        for sink in reasons.SINKS:
-            for state in reasons.SINK_STATES:
-                self.sink_state.labels(sink, state).set_function(
-                    _is_state(status, sink, state))
+        for sink, state in itertools.product(reasons.SINKS, reasons.SINK_STATES):
+            read = partial(status.state, sink)
+            self.sink_state.labels(sink, state).set_function(_is(read, state))
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
         """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""
-        self._fanout_state.statuses = statuses
+
+        def current(kind: str) -> str:
+            return str(getattr(statuses.get(kind), "state", "disabled"))
+
+        for kind, state in itertools.product(KINDS, get_args(FanoutState)):
+            self.fanout_state.labels(kind, state).set_function(_is(partial(current, kind), state))
