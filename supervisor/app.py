@@ -330,8 +330,7 @@ class Daemon:
             return
         report = self.tree.report()
         self.events.emit(StatusChanged(children=report))
-        troubled = [name for name, child in report.items()
-                    if child.state in ("backoff", "failed")]
+        troubled = [name for name, child in report.items() if child.state in ("backoff", "failed")]
         if troubled and self._ready:
             self.notifier.status("restarting: " + ", ".join(troubled))
 

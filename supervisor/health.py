@@ -75,9 +75,7 @@ def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneC
 def watchdog_healthy(tree: Supervisor | None, status: RevisionStatus,
                      cp: ControlPlaneConfig) -> bool:
     """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall."""
-    if tree is None:
-        return False
-    if tree.crash_looping or tree.stuck_starting(stall_limit_s(cp)):
+    if tree is None or tree.crash_looping or tree.stuck_starting(stall_limit_s(cp)):
         return False
     if any(child.state == "failed" for child in tree.children.values()):
         return False

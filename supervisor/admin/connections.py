@@ -121,8 +121,14 @@ class ConnectionTable:
     MAIN = "main"
     RESERVE = "reserve"
 
-    def __init__(self, limit: int, reserved: int = 0, metrics: Metrics | None = None, *,
-                 reserve_admits: Callable[[bytes], bool] = lambda head: False) -> None:
+    def __init__(
+        self,
+        limit: int,
+        reserved: int = 0,
+        metrics: Metrics | None = None,
+        *,
+        reserve_admits: Callable[[bytes], bool] = lambda head: False,
+    ) -> None:
         self.limit = limit
         self.reserve_admits = reserve_admits
         self._metrics = metrics

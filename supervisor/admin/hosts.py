@@ -93,8 +93,15 @@ def _is_ip(host: str) -> bool:
 class AllowedHosts:
     """The names the server answers to; see the module docstring."""
 
-    def __init__(self, listen_host: str, extra: Iterable[str] = (), *, port: int | None = None,
-                 scheme: str = "http", origins: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        listen_host: str,
+        extra: Iterable[str] = (),
+        *,
+        port: int | None = None,
+        scheme: str = "http",
+        origins: Iterable[str] = (),
+    ) -> None:
         from supervisor.config import is_loopback
 
         # None (no listener: tests of the app alone): any port of the own scheme.

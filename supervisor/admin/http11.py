@@ -144,10 +144,8 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 
 def _valid_key(key: bytes | None) -> bool:
-    if key is None:
-        return False
     try:
-        return len(base64.b64decode(key, validate=True)) == 16
+        return key is not None and len(base64.b64decode(key, validate=True)) == 16
     except ValueError:
         return False
 
@@ -544,5 +542,4 @@ class Http11Connection:
                     if not data:
                         break
                     ws.receive_data(data)
-                    for _ in ws.events():
-                        pass
+                    list(ws.events())  # read for the state they move, then dropped

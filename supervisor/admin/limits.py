@@ -97,5 +97,10 @@ def derive(nofile: int | None, stream_clients: int | None) -> ConnectionLimits:
     headroom = max(HTTP_HEADROOM_MIN, max_connections // HTTP_HEADROOM_DIVISOR)
     derived = max(1, max_connections - headroom)
     max_stream = derived if stream_clients is None else max(1, min(stream_clients, derived))
-    return ConnectionLimits(nofile=nofile, reserve=reserve, max_connections=max_connections,
-                            max_stream_clients=max_stream, configured_stream_clients=stream_clients)
+    return ConnectionLimits(
+        nofile=nofile,
+        reserve=reserve,
+        max_connections=max_connections,
+        max_stream_clients=max_stream,
+        configured_stream_clients=stream_clients,
+    )

@@ -218,9 +218,8 @@ def _tagged(status: int, body: bytes, content_type: bytes | None, etag: str) -> 
 
 def _timeout_param(query: Any) -> float | None:
     """``timeout_s`` of a query string (the default when absent); None when invalid."""
-    if not isinstance(query, bytes) or not query:
-        return CONVERGE_TIMEOUT_S
-    values = parse_qs(query.decode("latin-1")).get("timeout_s")
+    text = query.decode("latin-1") if isinstance(query, bytes) else ""
+    values = parse_qs(text).get("timeout_s")
     if not values:
         return CONVERGE_TIMEOUT_S
     try:

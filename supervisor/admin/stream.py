@@ -318,7 +318,8 @@ class StreamHub:
         if not client.dropped:
             client.dropped = True
             self._metrics.stream_dropped.inc()
-            log.warning("stream client too slow; closing", peer=_peer_text(client.peer))
+            peer = None if client.peer is None else "{}:{}".format(*client.peer)
+            log.warning("stream client too slow; closing", peer=peer)
 
     def _abort(self, client: _Client) -> None:
         client.aborted = True
@@ -380,6 +381,3 @@ def _peer(scope: Scope) -> tuple[str, int] | None:
         return (str(client[0]), client[1])
     return None
 
-
-def _peer_text(peer: tuple[str, int] | None) -> str | None:
-    return None if peer is None else f"{peer[0]}:{peer[1]}"

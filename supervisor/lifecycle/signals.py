@@ -62,8 +62,11 @@ async def run_fault_injection(fault_dir: str, inject: Callable[[str, bool], bool
             try:
                 names = sorted(os.listdir(fault_dir))
             except OSError as exc:
-                log.error("fault injection: cannot read the fault directory",
-                          path=fault_dir, error=str(exc))
+                log.error(
+                    "fault injection: cannot read the fault directory",
+                    path=fault_dir,
+                    error=str(exc),
+                )
                 continue
             for entry in names:
                 fault, _, child = entry.partition("-")
