@@ -31,16 +31,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from supervisor import health, logs, reasons
-from supervisor.config import AdminConfig, Config
+from supervisor.config import Config
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
-from supervisor.lifecycle.faults import FAULT_DIR_ENV, run_fault_injection
 from supervisor.lifecycle.reload import ConfigReload
-from supervisor.lifecycle.signals import HANDLED, HupHooks
+from supervisor.lifecycle.signals import FAULT_DIR_ENV, HANDLED, HupHooks, run_fault_injection
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
     from supervisor.fanout.leadership import LeadershipStatus
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.accepted import AcceptedStatements
-    from supervisor.tlsconfig import ServerContexts
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -103,33 +101,27 @@ class Daemon:
         from supervisor.admin.server import serve_admin
 
         cfg = self.config.admin
-        tls = _admin_tls(cfg)
-        if tls is not None:
-            self.hup.register("admin-tls-reload", lambda: _reload_admin_tls(tls))
+        tls = None
+        if cfg.tls_cert_file is not None and cfg.tls_key_file is not None:
+            from supervisor.tlsconfig import ServerContexts
+
+            # Loaded once, here (a bad file exits 2); SIGHUP loads the files again.
+            tls = ServerContexts(cfg.tls_cert_file, cfg.tls_key_file, cfg.client_ca_file)
+            self.hup.register("admin-tls-reload", tls.reload)
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             # Built by every start: a restart re-reads the token files.
             token, read = admin_tokens(cfg.token_file, cfg.read_token_file)
+            # converge: POST /v1/converge, a request on the change signal; signed: what
+            # GET /v1/revision serves; leadership None (reported "disabled"): no election.
             ctx = AdminContext(
-                state=self.state,
-                revision=self.status,
-                events=self.events,
-                metrics=self.metrics,
+                state=self.state, revision=self.status, events=self.events, metrics=self.metrics,
                 children=lambda: self.tree.report() if self.tree is not None else {},
-                fanout=self.fanout,
-                token=token,
-                read_token=read,
-                unhealthy=self.unhealthy,
-                allowed_hosts=tuple(cfg.allowed_hosts),
-                allowed_origins=tuple(cfg.allowed_origins),
-                # POST /v1/converge: a request on the change signal.
-                converge=self.signal.converge,
-                # Fleets: GET /v1/revision.
-                signed=self._signed_revision_file(),
-                # Issue 14: None (reported "disabled") without leader election.
+                fanout=self.fanout, token=token, read_token=read, unhealthy=self.unhealthy,
+                allowed_hosts=tuple(cfg.allowed_hosts), allowed_origins=tuple(cfg.allowed_origins),
+                converge=self.signal.converge, signed=self._signed_revision_file(),
                 leadership=self.leadership.report if self.leadership is not None else None,
-                sinks=self.sinks,
-            )
+                sinks=self.sinks)
             async with trio.open_nursery() as nursery:
                 await nursery.start(
                     partial(serve_admin, tls=tls.current if tls is not None else None),
@@ -145,11 +137,8 @@ class Daemon:
         from supervisor.sinks.lkg import LastKnownGood
 
         cache = LastKnownGood(
-            self.config.cache.path,
-            signing_key_path=self.config.cache.signing_key,
-            trusted_keys=self.config.cache.trusted_keys,
-            max_schema_version=SCHEMA_VERSION,
-        )
+            self.config.cache.path, signing_key_path=self.config.cache.signing_key,
+            trusted_keys=self.config.cache.trusted_keys, max_schema_version=SCHEMA_VERSION)
         if self.config.control_plane.backend == "follower":
             cache.refuse_own_key_among(self.config.control_plane.trusted_keys,
                                        "$.control_plane.trusted_keys")
@@ -202,24 +191,15 @@ class Daemon:
                                accepted=self._accepted)
             try:
                 reconciler = ConvergenceLoop(
-                    store,
-                    status=self.status,
-                    metrics=self.metrics,
-                    events=self.events,
-                    signal=self.signal,
-                    poll_interval_s=cp.poll_interval_s,
-                    backoff_initial_s=cp.backoff_initial_s,
-                    backoff_max_s=cp.backoff_max_s,
+                    store, status=self.status, metrics=self.metrics, events=self.events,
+                    signal=self.signal, poll_interval_s=cp.poll_interval_s,
+                    backoff_initial_s=cp.backoff_initial_s, backoff_max_s=cp.backoff_max_s,
                     resolver=EnvFileResolver.for_daemon(self.config, self.config_path),
-                    cache=cache,
-                    snapshot_file=snapshot_file,
-                    on_status=self.notifier.status,
+                    cache=cache, snapshot_file=snapshot_file, on_status=self.notifier.status,
                     on_outage_change=lambda _down: self.listener_poke.wake(),
                     serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
-                    sink_status=self.sinks,
-                    statement_ttl_s=self.config.cache.statement_ttl_s,
-                    forward_to=forward_path(self.config.cache.path) if follower else None,
-                )
+                    sink_status=self.sinks, statement_ttl_s=self.config.cache.statement_ttl_s,
+                    forward_to=forward_path(self.config.cache.path) if follower else None)
                 await reconciler.run(task_status=task_status)
             finally:
                 with trio.move_on_after(2.0, shield=True):
@@ -251,16 +231,24 @@ class Daemon:
                         sequence=restored.sequence, revision=restored.revision)
 
     def _listen_child(self) -> ChildSpec | None:
+        """The wake-ups ahead of the poll: PostgreSQL's LISTEN, or (a follower) the
+        upstream's /v1/stream."""
         cp = self.config.control_plane
-        if cp.backend == "follower" and cp.listen:
-            return self._upstream_hint_child()
-        if cp.backend != "postgresql" or not cp.listen:
+        if not cp.listen or cp.backend == "sqlite":
             return None
-        from supervisor.controlplane.listen import run_listener
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            await run_listener(cp, self.signal.notify, self.metrics, poke=self.listener_poke,
-                               task_status=task_status)
+            if cp.backend == "follower":
+                from supervisor.controlplane.follower import upstream_token
+                from supervisor.controlplane.upstream_hint import run_upstream_hint
+
+                await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
+                                        task_status=task_status)
+            else:
+                from supervisor.controlplane.listen import run_listener
+
+                await run_listener(cp, self.signal.notify, self.metrics,
+                                   poke=self.listener_poke, task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
@@ -270,34 +258,14 @@ class Daemon:
         from supervisor.controlplane.follower import forward_path
 
         cp, cache = self.config.control_plane, self.config.cache
-        if cp.backend == "follower":
-            return SignedRevisionFile(forward_path(cache.path), True,
-                                      max_bytes=cp.max_revision_bytes)
-        return SignedRevisionFile(cache.path, cache.signing_key is not None,
+        follower = cp.backend == "follower"
+        return SignedRevisionFile(forward_path(cache.path) if follower else cache.path,
+                                  follower or cache.signing_key is not None,
                                   max_bytes=cp.max_revision_bytes)
-
-    def _upstream_hint_child(self) -> ChildSpec:
-        """Follower mode: the upstream's /v1/stream wakes the loop early."""
-        cp = self.config.control_plane
-        from supervisor.controlplane.upstream_hint import run_upstream_hint
-
-        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            from supervisor.controlplane.follower import upstream_token
-
-            await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
-                                    task_status=task_status)
-
-        return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
     # -- health ----------------------------------------------------------------
 
     # The rules live in supervisor/health.py; these read them for this daemon.
-
-    def stall_limit_s(self) -> float:
-        return health.stall_limit_s(self.config.control_plane)
-
-    def start_limit_s(self) -> float:
-        return health.start_limit_s(self.config.control_plane)
 
     def unhealthy(self) -> list[str]:
         """Why /healthz answers 503 (:func:`supervisor.health.unhealthy`)."""
@@ -332,10 +300,9 @@ class Daemon:
         from supervisor.fanout.leadership import LeadershipStatus, announcer, default_identity
 
         self.leadership = LeadershipStatus(lease=f"{kube.control_namespace}/{kube.lease_name}")
-        return [elected_fanout_child(
-            kube, self.metrics, self.fanout, self.leadership,
-            kube.identity or default_identity(), hup=self.hup,
-            on_change=announcer(self.events, self.notifier.status))]
+        return [elected_fanout_child(kube, self.metrics, self.fanout, self.leadership,
+                                     kube.identity or default_identity(), hup=self.hup,
+                                     on_change=announcer(self.events, self.notifier.status))]
 
 
     def build_tree(self) -> Supervisor:
@@ -353,12 +320,9 @@ class Daemon:
             self.metrics.child_restarts.labels(spec.name)
         sup = self.config.supervisor
         self.tree = Supervisor(
-            specs,
-            intensity=sup.restart_intensity,
-            period_s=sup.restart_period_s,
+            specs, intensity=sup.restart_intensity, period_s=sup.restart_period_s,
             on_restart=lambda name: self.metrics.child_restarts.labels(name).inc(),
-            on_change=self._tree_changed,
-        )
+            on_change=self._tree_changed)
         return self.tree
 
     def _tree_changed(self) -> None:
@@ -366,8 +330,7 @@ class Daemon:
             return
         report = self.tree.report()
         self.events.emit(StatusChanged(children=report))
-        troubled = [name for name, child in report.items()
-                    if child.state in ("backoff", "failed")]
+        troubled = [name for name, child in report.items() if child.state in ("backoff", "failed")]
         if troubled and self._ready:
             self.notifier.status("restarting: " + ", ".join(troubled))
 
@@ -406,19 +369,11 @@ class Daemon:
             nursery.start_soon(self._graceful, tree_scope, nursery)
 
     async def _graceful(self, tree_scope: trio.CancelScope, nursery: trio.Nursery) -> None:
-        grace = self.config.supervisor.shutdown_grace_s
-        if self.tree is None or not self._ready:
-            # Still starting: there is nothing to stop gracefully.
-            tree_scope.cancel()
-        else:
-            with trio.move_on_after(grace):
+        if self.tree is not None and self._ready:  # still starting: nothing to stop gracefully
+            with trio.move_on_after(self.config.supervisor.shutdown_grace_s):
                 await self.tree.shutdown()
-            tree_scope.cancel()
+        tree_scope.cancel()
         nursery.start_soon(self._hard_exit, HARD_EXIT_AFTER_S)
-
-    def _inject_fault(self, child: str, hang_next_start: bool) -> bool:
-        return self.tree is not None and self.tree.inject_fault(
-            child, hang_next_start=hang_next_start)
 
     async def _hard_exit(self, after_s: float) -> None:
         await trio.sleep(after_s)
@@ -451,7 +406,8 @@ class Daemon:
                 root.start_soon(self._signals, receiver, tree_scope, root)
                 fault_dir = os.environ.get(FAULT_DIR_ENV)
                 if fault_dir:
-                    root.start_soon(run_fault_injection, fault_dir, self._inject_fault)
+                    root.start_soon(run_fault_injection, fault_dir, lambda child, hang: (
+                        tree.inject_fault(child, hang_next_start=hang)))
                 try:
                     with tree_scope:
                         async with trio.open_nursery() as tree_nursery:
@@ -464,10 +420,8 @@ class Daemon:
                                      children=sorted(tree.children))
                             interval = watchdog_interval()
                             if interval is not None:
-                                tree_nursery.start_soon(
-                                    run_watchdog, self.notifier, interval,
-                                    self._watchdog_healthy,
-                                )
+                                tree_nursery.start_soon(run_watchdog, self.notifier, interval,
+                                                        self._watchdog_healthy)
                 finally:
                     root.cancel_scope.cancel()
         log.info("stopped")
@@ -476,23 +430,3 @@ class Daemon:
 async def run_daemon(config: Config, config_path: str | None = None) -> None:
     await Daemon(config, config_path).run()
 
-
-def _admin_tls(cfg: AdminConfig) -> ServerContexts | None:
-    """The admin API's TLS contexts, loaded once at start (a bad file exits 2)."""
-    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
-        return None
-    from supervisor.tlsconfig import ServerContexts
-
-    return ServerContexts(cfg.tls_cert_file, cfg.tls_key_file, cfg.client_ca_file)
-
-
-def _reload_admin_tls(tls: ServerContexts) -> None:
-    """SIGHUP: new handshakes use the certificate now in the files; a failed load
-    keeps the one in force."""
-    try:
-        tls.reload()
-    except ConfigError as exc:
-        log.error("SIGHUP: admin TLS certificate not reloaded; the previous one stays",
-                  key=exc.path, error=exc.reason)
-        return
-    log.info("SIGHUP: admin TLS certificate reloaded", reloads=tls.reloads)

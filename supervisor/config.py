@@ -31,24 +31,10 @@ import ipaddress
 from typing import Annotated, Literal
 
 import msgspec
-import msgspec.inspect
 
-__all__ = [
-    "CONFIG_ENV",
-    "ENV_PREFIX",
-    "AdminConfig",
-    "CacheConfig",
-    "Config",
-    "ControlPlaneConfig",
-    "KubernetesConfig",
-    "LogConfig",
-    "RevisionConfig",
-    "SnapshotConfig",
-    "SupervisorConfig",
-    "is_loopback",
-    "split_host_port",
-    "sqlite_path",
-]
+__all__ = ["CONFIG_ENV", "ENV_PREFIX", "AdminConfig", "CacheConfig", "Config", "ControlPlaneConfig",
+           "KubernetesConfig", "LogConfig", "RevisionConfig", "SnapshotConfig", "SupervisorConfig",
+           "is_loopback", "split_host_port", "sqlite_path"]
 
 ENV_PREFIX = "SUPERVISOR_"
 CONFIG_ENV = "SUPERVISOR_CONFIG"
@@ -175,11 +161,9 @@ class RevisionConfig(_Section, frozen=True):
     # env: reference's name must start with one of the prefixes, a file:
     # reference must lie under one of the directories. Empty = anywhere.
     secret_env_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
-        default_factory=list
-    )
+        default_factory=list)
     secret_dirs: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
-        default_factory=list
-    )
+        default_factory=list)
 
 
 class KubernetesConfig(_Section, frozen=True):
@@ -189,7 +173,7 @@ class KubernetesConfig(_Section, frozen=True):
     apps_namespace: str = "apps"
     field_manager: str = "trio-supervisor"
     preflight_retry_s: RetrySeconds = 300.0
-    # Issue 13: which installation owns a child (the label on every child and part of every
+    # Which installation owns a child (the label on every child and part of every
     # sweep selector; None = the control namespace), the periodic resync, and the client-side
     # rate limit (a token bucket, as client-go's QPS and Burst).
     installation: Annotated[
@@ -202,7 +186,7 @@ class KubernetesConfig(_Section, frozen=True):
     # server's own protection (429 + Retry-After, honoured by the client) paces beyond it.
     qps: PositiveFloat = 1000.0
     burst: Annotated[int, msgspec.Meta(ge=1)] = 2000
-    # Issue 14: leader election for the fan-out on a coordination.k8s.io/v1 Lease
+    # Leader election for the fan-out on a coordination.k8s.io/v1 Lease
     # (controller-runtime's defaults). identity None = hostname, pid and a random suffix.
     leader_election: bool = True
     lease_name: Annotated[
@@ -213,18 +197,6 @@ class KubernetesConfig(_Section, frozen=True):
     retry_period_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)] = 2.0
     identity: Annotated[str, msgspec.Meta(min_length=1, max_length=128,
                                           pattern=r"^[A-Za-z0-9._:@-]+$")] | None = None
-
-    def election_problem(self) -> tuple[str, str] | None:
-        """(key path, reason) when the election's durations cannot work together, else None."""
-        if self.renew_deadline_s >= self.lease_duration_s:
-            return ("$.kubernetes.renew_deadline_s",
-                    f"must be less than kubernetes.lease_duration_s ({self.lease_duration_s:g}):"
-                    " a leader must stop before its lease can expire for the others")
-        if self.retry_period_s >= self.renew_deadline_s:
-            return ("$.kubernetes.retry_period_s",
-                    f"must be less than kubernetes.renew_deadline_s ({self.renew_deadline_s:g}):"
-                    " a renewal needs more than one try before the deadline")
-        return None
 
     @property
     def installation_label(self) -> str:

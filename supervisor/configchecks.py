@@ -22,21 +22,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from supervisor.config import Config, is_loopback, sqlite_path
 from supervisor.errors import ConfigError
 
-__all__ = [
-    "OWN_ENV_NAMES",
-    "SYSTEM_DIRS",
-    "check_files",
-    "credential_files",
-    "cross_check",
-    "own_env_name",
-    "placeholders",
-    "unconfined_secrets",
-]
+__all__ = ["OWN_ENV_NAMES", "SYSTEM_DIRS", "check_files", "credential_files", "cross_check",
+           "own_env_name", "placeholders", "unconfined_secrets"]
 
 #: What the daemon itself reads from its environment: its settings
 #: (SUPERVISOR_<SECTION>__<KEY>, the DSN among them), libpq's PG* variables, the
@@ -54,6 +47,23 @@ OWN_ENV_NAMES: tuple[str, ...] = (
 SYSTEM_DIRS: tuple[str, ...] = (
     "/proc", "/sys", "/dev", "/run/secrets/kubernetes.io", "/var/run/secrets/kubernetes.io",
 )
+
+
+#: The keys naming a file the daemon reads a credential from.
+_CREDENTIAL_KEYS = ("$.admin.token_file", "$.cache.signing_key", "$.control_plane.token_file",
+                   "$.admin.read_token_file", "$.admin.tls_key_file",
+                   "$.control_plane.client_key_file", "$.kubernetes.kubeconfig")
+#: The keys naming a file the daemon reads (``check`` tries each).
+_READ_KEYS = ("$.admin.token_file", "$.admin.read_token_file", "$.admin.tls_cert_file",
+              "$.admin.tls_key_file", "$.admin.client_ca_file", "$.control_plane.ca_file",
+              "$.control_plane.client_cert_file", "$.control_plane.client_key_file",
+              "$.cache.signing_key", "$.kubernetes.kubeconfig")
+
+
+def _value_at(config: Config, key: str) -> Any:
+    """The value of the key at ``$.section.key``."""
+    section, _, name = key.removeprefix("$.").partition(".")
+    return getattr(getattr(config, section), name)
 
 
 def own_env_name(name: str) -> bool:
@@ -75,14 +85,8 @@ def credential_files(config: Config, environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     home = env.get("HOME") or os.path.expanduser("~")
     cp = config.control_plane
-    found = [("$.admin.token_file", config.admin.token_file),
-             ("$.cache.signing_key", config.cache.signing_key),
-             ("$.control_plane.token_file", cp.token_file),
-             ("$.admin.read_token_file", config.admin.read_token_file),
-             ("$.admin.tls_key_file", config.admin.tls_key_file),
-             ("$.control_plane.client_key_file", cp.client_key_file),
-             ("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig),
-             ("the configuration file", config_path)]
+    found = [(key, _value_at(config, key)) for key in _CREDENTIAL_KEYS]
+    found.append(("the configuration file", config_path))
     found += [("KUBECONFIG", p) for p in env.get("KUBECONFIG", "").split(os.pathsep)]
     found.append(("the default kubeconfig", os.path.join(home, ".kube", "config")))
     found.append(("NETRC", env.get("NETRC") or os.path.join(home, ".netrc")))
@@ -114,12 +118,17 @@ def _check_upstream_url(url: str) -> None:
                           "(the upstream replica's admin address, nothing after it)")
 
 
+def _together(config: Config, section: str, first: str, second: str) -> None:
+    """Refuse ``[section]`` with one of the two keys set and not the other."""
+    missing = [key for key in (first, second) if _value_at(config, f"$.{section}.{key}") is None]
+    if len(missing) == 1:
+        raise ConfigError(f"$.{section}.{missing[0]}", f"{section}.{first} and "
+                          f"{section}.{second} go together (both or neither)")
+
+
 def _check_admin_tls(config: Config, host: str) -> None:
     admin = config.admin
-    if (admin.tls_cert_file is None) != (admin.tls_key_file is None):
-        missing = "tls_key_file" if admin.tls_key_file is None else "tls_cert_file"
-        raise ConfigError(f"$.admin.{missing}", "admin.tls_cert_file and admin.tls_key_file "
-                          "go together (both or neither)")
+    _together(config, "admin", "tls_cert_file", "tls_key_file")
     tls = admin.tls_cert_file is not None
     if admin.client_ca_file is not None and not tls:
         raise ConfigError("$.admin.client_ca_file", "client certificates need TLS: set "
@@ -134,10 +143,7 @@ def _check_admin_tls(config: Config, host: str) -> None:
         raise ConfigError("$.admin.read_token_file", "needs admin.token_file: without it "
                           "every route is open anyway")
     cp = config.control_plane
-    if (cp.client_cert_file is None) != (cp.client_key_file is None):
-        missing = "client_key_file" if cp.client_key_file is None else "client_cert_file"
-        raise ConfigError(f"$.control_plane.{missing}", "control_plane.client_cert_file and "
-                          "control_plane.client_key_file go together (both or neither)")
+    _together(config, "control_plane", "client_cert_file", "client_key_file")
     tls_client = (cp.ca_file, cp.client_cert_file)
     if any(v is not None for v in tls_client) and not cp.url.startswith("https://"):
         raise ConfigError("$.control_plane.ca_file" if cp.ca_file is not None
@@ -155,15 +161,13 @@ def cross_check(config: Config) -> None:
     if not is_loopback(host) and config.admin.token_file is None:
         raise ConfigError(
             "$.admin.token_file",
-            f"required when admin.listen ({config.admin.listen}) is not a loopback address",
-        )
+            f"required when admin.listen ({config.admin.listen}) is not a loopback address")
     _check_admin_tls(config, host)
     cp = config.control_plane
     if not cp.url.startswith(("postgresql://", "postgres://", "sqlite:///", "http://", "https://")):
         raise ConfigError(
             "$.control_plane.url",
-            "expected postgresql://..., sqlite:///PATH, or http(s)://HOST:PORT (follower mode)",
-        )
+            "expected postgresql://..., sqlite:///PATH, or http(s)://HOST:PORT (follower mode)")
     if cp.backend == "postgresql":
         from supervisor.dsn import problem
 
@@ -179,11 +183,9 @@ def cross_check(config: Config) -> None:
                 "follower mode verifies every statement it receives: name the root's "
                 "verify key(s) here (not this replica's own cache key)",
             )
-    elif cp.trusted_keys:
-        raise ConfigError("$.control_plane.trusted_keys", "only used in follower mode "
-                          "(control_plane.url = http(s)://HOST:PORT)")
-    elif cp.token_file is not None:
-        raise ConfigError("$.control_plane.token_file", "only used in follower mode "
+    elif cp.trusted_keys or cp.token_file is not None:
+        key = "trusted_keys" if cp.trusted_keys else "token_file"
+        raise ConfigError(f"$.control_plane.{key}", "only used in follower mode "
                           "(control_plane.url = http(s)://HOST:PORT)")
     if cp.listen_url is not None and (
         cp.backend != "postgresql"
@@ -192,19 +194,23 @@ def cross_check(config: Config) -> None:
         raise ConfigError("$.control_plane.listen_url", "a postgresql://... DSN, and only "
                           "when control_plane.url is PostgreSQL")
     if cp.backoff_initial_s > cp.backoff_max_s:
-        raise ConfigError(
-            "$.control_plane.backoff_initial_s", "must not exceed control_plane.backoff_max_s"
-        )
+        raise ConfigError("$.control_plane.backoff_initial_s",
+                          "must not exceed control_plane.backoff_max_s")
     cache = config.cache
     if cache.path is not None and not cache.trusted_keys:
-        raise ConfigError(
-            "$.cache.trusted_keys", "required when cache.path is set (the verify keys to trust)"
-        )
+        raise ConfigError("$.cache.trusted_keys",
+                          "required when cache.path is set (the verify keys to trust)")
     if cache.path is not None and cache.signing_key is None:
         raise ConfigError("$.cache.signing_key", "required when cache.path is set")
-    election = config.kubernetes.election_problem()
-    if election is not None:
-        raise ConfigError(*election)
+    kube = config.kubernetes
+    if kube.renew_deadline_s >= kube.lease_duration_s:
+        raise ConfigError("$.kubernetes.renew_deadline_s", "must be less than "
+                          f"kubernetes.lease_duration_s ({kube.lease_duration_s:g}): a leader "
+                          "must stop before its lease can expire for the others")
+    if kube.retry_period_s >= kube.renew_deadline_s:
+        raise ConfigError("$.kubernetes.retry_period_s", "must be less than "
+                          f"kubernetes.renew_deadline_s ({kube.renew_deadline_s:g}): a renewal "
+                          "needs more than one try before the deadline")
     _refuse_shared_files(config)
     _refuse_secret_places_holding_credentials(config)
 
@@ -250,10 +256,9 @@ def _refuse_shared_files(config: Config) -> None:
         base = sqlite_path(cp.url)
         for suffix in ("", "-wal", "-shm", "-journal"):
             owners.setdefault(os.path.realpath(base + suffix), "$.control_plane.url")
-    if config.cache.signing_key is not None:
-        owners.setdefault(os.path.realpath(config.cache.signing_key), "$.cache.signing_key")
-    if config.admin.token_file is not None:
-        owners.setdefault(os.path.realpath(config.admin.token_file), "$.admin.token_file")
+    for key in ("$.cache.signing_key", "$.admin.token_file"):
+        if _value_at(config, key) is not None:
+            owners.setdefault(os.path.realpath(_value_at(config, key)), key)
     written = []
     if config.cache.path is not None:
         written += [("$.cache.path", config.cache.path),
@@ -273,10 +278,6 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     """Check the files the configuration names; return (path, problem) pairs."""
     problems: list[tuple[str, str]] = []
 
-    def readable(key: str, value: str | None) -> None:
-        if value is not None and not os.access(value, os.R_OK):
-            problems.append((key, f"cannot read {value}"))
-
     def parent_writable(key: str, value: str | None, *, created: bool = False) -> None:
         if value is None:
             return
@@ -290,16 +291,10 @@ def check_files(config: Config) -> list[tuple[str, str]]:
         elif not os.access(parent, os.W_OK):
             problems.append((key, f"directory {parent} is not writable"))
 
-    readable("$.admin.token_file", config.admin.token_file)
-    readable("$.admin.read_token_file", config.admin.read_token_file)
-    readable("$.admin.tls_cert_file", config.admin.tls_cert_file)
-    readable("$.admin.tls_key_file", config.admin.tls_key_file)
-    readable("$.admin.client_ca_file", config.admin.client_ca_file)
-    readable("$.control_plane.ca_file", config.control_plane.ca_file)
-    readable("$.control_plane.client_cert_file", config.control_plane.client_cert_file)
-    readable("$.control_plane.client_key_file", config.control_plane.client_key_file)
-    readable("$.cache.signing_key", config.cache.signing_key)
-    readable("$.kubernetes.kubeconfig", config.kubernetes.kubeconfig)
+    for key in _READ_KEYS:
+        value = _value_at(config, key)
+        if value is not None and not os.access(value, os.R_OK):
+            problems.append((key, f"cannot read {value}"))
     problems += _tls_problems(config)
     parent_writable("$.cache.path", config.cache.path, created=True)
     parent_writable("$.snapshot.path", config.snapshot.path)
@@ -311,9 +306,9 @@ def check_files(config: Config) -> list[tuple[str, str]]:
 def _tls_problems(config: Config) -> list[tuple[str, str]]:
     """The TLS files loaded as the daemon will load them (a key that does not match its
     certificate, a CA file holding no certificate)."""
-    from supervisor.tlsconfig import client_context, server_context
+    from supervisor.tlsconfig import server_context, upstream_context
 
-    admin, cp = config.admin, config.control_plane
+    admin = config.admin
     problems: list[tuple[str, str]] = []
     try:
         if admin.tls_cert_file is not None and admin.tls_key_file is not None:
@@ -321,8 +316,7 @@ def _tls_problems(config: Config) -> list[tuple[str, str]]:
     except ConfigError as exc:
         problems.append((exc.path, exc.reason))
     try:
-        if cp.url.startswith("https://"):
-            client_context(cp.ca_file, cp.client_cert_file, cp.client_key_file)
+        upstream_context(config.control_plane)  # over https only
     except ConfigError as exc:
         problems.append((exc.path, exc.reason))
     return problems

@@ -34,7 +34,6 @@ from typing import Any, Final
 import msgspec
 import msgspec.inspect
 
-from supervisor import config as schema
 from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config
 from supervisor.configchecks import cross_check
 from supervisor.errors import ConfigError
@@ -76,9 +75,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
             raise ConfigError(f"$.{section}", f"unknown section (from environment {name})"
                               + _did_you_mean("$", section))
         if not _is_utf8(value):
-            raise ConfigError(
-                f"$.{section}.{key}", f"the environment variable {name} is not valid UTF-8"
-            )
+            raise ConfigError(f"$.{section}.{key}",
+                              f"the environment variable {name} is not valid UTF-8")
         table = raw.setdefault(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"$.{section}", "expected a table")
@@ -94,13 +92,8 @@ def load_text(
     """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only."""
     origins: dict[str, str] = {}
     try:
-        raw = _parse_toml(text)
-        raw = _apply_env(raw, os.environ if environ is None else environ, origins)
-        _refuse_unusable_values(raw)
-        try:
-            config = msgspec.convert(raw, Config, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(*_explain(str(exc), raw)) from exc
+        raw = _apply_env(_parse_toml(text), os.environ if environ is None else environ, origins)
+        config = _convert(raw)
         cross_check(config)
     except ConfigError as exc:
         _blame(exc, source, origins)
@@ -110,6 +103,15 @@ def load_text(
         # the parser or converter raise is a bad configuration, not a crash.
         raise ConfigError("$", f"cannot be parsed: {exc}", source=source) from None
     return config
+
+
+def _convert(raw: dict[str, Any]) -> Config:
+    """``raw`` as a Config (values unusable anywhere refused first); ConfigError else."""
+    _refuse_unusable_values(raw)
+    try:
+        return msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(*_explain(str(exc), raw)) from exc
 
 
 def _blame(exc: ConfigError, source: str, origins: Mapping[str, str]) -> ConfigError:
@@ -150,10 +152,7 @@ def all_problems(path: str | os.PathLike[str], *,
         for key, value in pieces:
             piece = {section: value if key is None else {key: value}}
             try:
-                _refuse_unusable_values(piece)
-                msgspec.convert(piece, Config, strict=False)
-            except msgspec.ValidationError as exc:
-                problems.append(_blame(ConfigError(*_explain(str(exc), raw)), source, origins))
+                _convert(piece)
             except ConfigError as exc:
                 problems.append(_blame(exc, source, origins))
             except (RecursionError, ValueError, UnicodeError):
@@ -185,8 +184,7 @@ def _parse_toml(text: str) -> dict[str, Any]:
         raise ConfigError("$", f"not valid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(
-            "$", "not valid TOML here: arrays or inline tables nested too deeply"
-        ) from None
+            "$", "not valid TOML here: arrays or inline tables nested too deeply") from None
     except ValueError as exc:
         # tomllib converts integers with int(): past sys.get_int_max_str_digits()
         # (4300) digits that raises ValueError. Say where, in the file's terms.
@@ -317,17 +315,7 @@ def _split_msgspec_error(message: str) -> tuple[str, str]:
 
 def _did_you_mean(path: str, field: str) -> str:
     """`` (did you mean `x`?)`` for the closest known key at ``path``, or ``""``."""
-    struct: Any = Config
-    for part in path.removeprefix("$").strip(".").split("."):
-        if not part:
-            continue
-        fields = getattr(struct, "__annotations__", {})
-        struct = fields.get(part)
-        if not isinstance(struct, type):
-            # Annotations are strings under `from __future__ import annotations`.
-            struct = vars(schema).get(str(struct))
-        if struct is None:
-            return ""
-    known = getattr(struct, "__struct_fields__", ())
+    info = _type_at(path)
+    known = [f.name for f in info.fields] if isinstance(info, msgspec.inspect.StructType) else []
     close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
     return f" (did you mean `{close[0]}`?)" if close else ""

@@ -93,8 +93,7 @@ class SupervisionGaveUp(SupervisorError):
         self.restarts = restarts
         self.period_s = period_s
         super().__init__(
-            f"child {child!r} restarted {restarts} times within {period_s:g} s; giving up"
-        )
+            f"child {child!r} restarted {restarts} times within {period_s:g} s; giving up")
 
 
 def find_leaf(

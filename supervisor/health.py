@@ -7,8 +7,8 @@ Two readers, one rule set, so they never disagree about the same moment:
 
 The process is unhealthy when the supervision tree cannot help any more, and a
 restart of the whole process might: a child in ``backoff`` or ``failed``, a
-restarted child stuck ``starting`` past :func:`start_limit_s`, or a convergence
-loop that has not finished an attempt for :func:`stall_limit_s`; and while the
+restarted child stuck ``starting``, or a convergence loop that has not finished
+an attempt, for :func:`stall_limit_s`; and while the
 last write of the snapshot file failed (its local consumers read a file the
 daemon could not replace: ``/healthz`` only, the watchdog is not stopped for it,
 a restart would not help). The watchdog also stops on a crash loop; it keeps
@@ -23,32 +23,26 @@ from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.status import RevisionStatus
 from supervisor.tree import Supervisor
 
-__all__ = ["stall_limit_s", "start_limit_s", "status_line", "unhealthy", "watchdog_healthy"]
+__all__ = ["stall_limit_s", "status_line", "unhealthy", "watchdog_healthy"]
 
 
 def stall_limit_s(cp: ControlPlaneConfig) -> float:
-    """How long the loop may go without finishing an attempt (docs/admin-api.md).
+    """How long the loop may go without finishing an attempt (docs/admin-api.md), and
+    how long a *restarted* child may spend ``starting`` before it counts as down.
 
     A follower's attempt may itself take up to ``fetch_timeout_s`` (a slow
     upstream), which is no stall: it is added in follower mode.
+
+    A restarted child's attempts add up until it runs again
+    (:meth:`Supervisor.stuck_starting`): a start that hangs, times out and is
+    restarted is down all along. Every restart reports started within moments
+    (convergence skips the boot while a snapshot serves; the others report before
+    connecting), so past this limit it is a hang: one number for the operator.
+    First starts are exempt: convergence's is the boot, which may wait on the
+    control plane and the cache, and readiness covers it, not liveness.
     """
     fetch = cp.fetch_timeout_s if cp.backend == "follower" else 0.0
     return 3 * cp.poll_interval_s + cp.backoff_max_s + fetch
-
-
-def start_limit_s(cp: ControlPlaneConfig) -> float:
-    """How long a *restarted* child may spend ``starting`` before it counts as down.
-
-    Its attempts add up until it runs again (:meth:`Supervisor.stuck_starting`):
-    a start that hangs, times out and is restarted is down all along.
-
-    Every restart reports started within moments (convergence skips the boot
-    while a snapshot serves; the others report before connecting), so this
-    is a hang: the stall limit, one number for the operator. First starts
-    are exempt: convergence's is the boot, which may wait on the control
-    plane and the cache, and readiness covers it, not liveness.
-    """
-    return stall_limit_s(cp)
 
 
 def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneConfig, *,
@@ -63,7 +57,7 @@ def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneC
         for name, child in tree.children.items():
             if child.state in ("backoff", "failed"):
                 found.append(f"child {name} is {child.state}: {child.last_error}")
-        limit = start_limit_s(cp)
+        limit = stall_limit_s(cp)
         for name, for_s in tree.stuck_starting(limit).items():
             found.append(f"child {name} has been starting for {for_s:.1f} s "
                          f"(limit {limit:g} s)")
@@ -81,9 +75,7 @@ def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneC
 def watchdog_healthy(tree: Supervisor | None, status: RevisionStatus,
                      cp: ControlPlaneConfig) -> bool:
     """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall."""
-    if tree is None:
-        return False
-    if tree.crash_looping or tree.stuck_starting(start_limit_s(cp)):
+    if tree is None or tree.crash_looping or tree.stuck_starting(stall_limit_s(cp)):
         return False
     if any(child.state == "failed" for child in tree.children.values()):
         return False

@@ -30,15 +30,9 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 __all__ = ["PRIORITIES", "configure", "get_logger", "resolve_format", "set_level"]
 
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
 # syslog(3) priorities, as journald reads them from a "<N>" line prefix.
 PRIORITIES = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+_LEVELS = {name: logging.getLevelNamesMapping()[name.upper()] for name in PRIORITIES}
 _FOREIGN = ("httpx", "httpcore", "psycopg")
 _threshold = logging.INFO
 
@@ -108,18 +102,15 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
         shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
-    structlog.configure(
-        processors=[_filter_level, *shared, renderer],
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-        cache_logger_on_first_use=True,
-    )
+    structlog.configure(processors=[_filter_level, *shared, renderer],
+                        logger_factory=structlog.PrintLoggerFactory(file=stream),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+                        cache_logger_on_first_use=True)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
-        )
+            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()])
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

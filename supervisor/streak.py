@@ -39,20 +39,10 @@ PROGRESS_EVERY_S = 60.0
 class Streak:
     """One streak of failures, as log lines (see the module docstring)."""
 
-    def __init__(
-        self,
-        logger: Any,
-        *,
-        began: str,
-        ongoing: str | None = None,
-        ended: str | None = None,
-        every_s: float = PROGRESS_EVERY_S,
-        quiet_s: float = 0.0,
-        level: str = "warning",
-        ended_level: str = "info",
-        count_as: str = "attempts",
-        clock: Callable[[], float] = trio.current_time,
-    ) -> None:
+    def __init__(self, logger: Any, *, began: str, ongoing: str | None = None,
+                 ended: str | None = None, every_s: float = PROGRESS_EVERY_S, quiet_s: float = 0.0,
+                 level: str = "warning", ended_level: str = "info", count_as: str = "attempts",
+                 clock: Callable[[], float] = trio.current_time) -> None:
         self._log = logger
         self._began, self._ongoing, self._ended = began, ongoing, ended
         self._level, self._ended_level, self._count_as = level, ended_level, count_as
@@ -78,9 +68,8 @@ class Streak:
             return True
         if self._ongoing is not None and now - self._last_line >= self.every_s:
             self._last_line = now
-            getattr(self._log, self._level)(
-                self._ongoing, attempts=self.attempts, for_s=round(now - self.since, 1), **fields
-            )
+            getattr(self._log, self._level)(self._ongoing, attempts=self.attempts,
+                                            for_s=round(now - self.since, 1), **fields)
             return True
         return False
 
@@ -93,10 +82,8 @@ class Streak:
         if self.since is None or now - self._last_failure < self.quiet_s:
             return False
         if self._ended is not None:
-            getattr(self._log, self._ended_level)(
-                self._ended, after_s=round(now - self.since, 1),
-                **{self._count_as: self.attempts}, **fields,
-            )
+            getattr(self._log, self._ended_level)(self._ended, after_s=round(now - self.since, 1),
+                                                  **{self._count_as: self.attempts}, **fields)
         self.reset()
         return True
 

@@ -16,10 +16,11 @@ fan-out's status objects at scrape time (:meth:`Metrics.track_fanout`).
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -30,10 +31,9 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from supervisor import __version__, reasons
+from supervisor.status_doc import FanoutState
 
 __all__ = ["Metrics", "RevisionFacts"]
 
@@ -62,34 +62,26 @@ class SinkFacts(Protocol):
     def state(self, sink: str) -> str: ...
 
 
-def _is_state(status: SinkFacts, sink: str, state: str) -> Callable[[], float]:
-    return lambda: 1.0 if status.state(sink) == state else 0.0
+def _is(read: Callable[[], str], state: str) -> Callable[[], float]:
+    """1 while ``read()`` answers ``state``, else 0: a state gauge, read at every scrape."""
+    return lambda: 1.0 if read() == state else 0.0
 
 
 NS = "supervisor"
+KINDS = reasons.FANOUT_KINDS
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
-FANOUT_STATES = ("disabled", "preflight", "watching")
-
-
-class _FanoutStateCollector(Collector):
-    """``supervisor_fanout_state{kind,state}`` from the live status objects."""
-
-    def __init__(self) -> None:
-        self.statuses: Mapping[str, Any] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            f"{NS}_fanout_state",
-            "1 for each fan-out kind's current state (disabled, preflight, watching).",
-            labels=["kind", "state"],
-        )
-        for kind in reasons.FANOUT_KINDS:
-            status = self.statuses.get(kind)
-            current = getattr(status, "state", "disabled")
-            for state in FANOUT_STATES:
-                family.add_metric([kind, state], 1.0 if state == current else 0.0)
-        yield family
+def _metric(cls: type[_M], registry: CollectorRegistry, name: str, doc: str,
+            labels: Mapping[str, tuple[str, ...]] | None = None, **options: Any) -> _M:
+    """A metric of ``registry``; ``labels`` maps each label to the values pre-initialised
+    (every combination: a rate() over one never seen is 0, not absent)."""
+    labels = labels or {}
+    made = cls(name, doc, list(labels), namespace=NS, registry=registry, **options)
+    if labels:
+        for values in itertools.product(*labels.values()):
+            made.labels(*values)
+    return made
 
 
 class Metrics:
@@ -97,26 +89,31 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        counter = partial(Counter, namespace=NS, registry=r)
-        gauge = partial(Gauge, namespace=NS, registry=r)
-        histogram = partial(Histogram, namespace=NS, registry=r)
+        counter = partial(_metric, Counter, r)
+        gauge = partial(_metric, Gauge, r)
+        histogram = partial(_metric, Histogram, r)
         self.build_info = gauge(
-            "build_info", "Always 1; the version of this build in the label.", ["version"])
+            "build_info", "Always 1; the version of this build in the label.", {"version": ()})
         self.build_info.labels(__version__).set(1)
-        self._fanout_state = _FanoutStateCollector()
-        r.register(self._fanout_state)
+        self.fanout_state = gauge(
+            "fanout_state",
+            "1 for each fan-out kind's current state (disabled, preflight, watching).",
+            {"kind": KINDS, "state": get_args(FanoutState)})
+        self.track_fanout({})
         if process:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
 
         # Convergence.
         self.convergence_attempts = counter(
-            "convergence_attempts", "Convergence attempts by outcome.", ["outcome"])
+            "convergence_attempts", "Convergence attempts by outcome.",
+            {"outcome": reasons.OUTCOMES})
         self.convergence_duration = histogram(
             "convergence_duration_seconds", "Duration of one convergence attempt.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.revision_rejections = counter(
-            "revision_rejections", "Refused candidate revisions by reason.", ["reason"])
+            "revision_rejections", "Refused candidate revisions by reason.",
+            {"reason": reasons.REVISION_REASONS})
         self.desired_revision = gauge(
             "desired_revision", "The control plane's desired revision id (0 = none).")
         self.active_revision = gauge(
@@ -137,15 +134,15 @@ class Metrics:
             "1 while the active snapshot came from the last-known-good cache, not the "
             "control plane.")
         self.sink_write_failures = counter(
-            "sink_write_failures", "Failed snapshot-file or cache writes.", ["sink"])
+            "sink_write_failures", "Failed snapshot-file or cache writes.", {"sink": reasons.SINKS})
         self.sink_state = gauge(
             "sink_state",
             "1 for each side sink's current state (ok, failing: from a refused write until a "
             "write succeeds, disabled: not configured).",
-            ["sink", "state"])
+            {"sink": reasons.SINKS, "state": reasons.SINK_STATES})
         self.last_known_good_events = counter(
             "last_known_good_events", "Last-known-good cache exports, restores, refusals.",
-            ["event"])
+            {"event": reasons.LKG_EVENTS})
 
         # LISTEN.
         self.listen_connected = gauge(
@@ -162,35 +159,36 @@ class Metrics:
         # Fan-out.
         self.fanout_preflight_failures = counter(
             "fanout_preflight_failures", "Failed fan-out preflights by kind and error class.",
-            ["kind", "error_class"])
-        self.fanout_applies = counter(
-            "fanout_applies", "Fan-out child writes by kind and result.", ["kind", "result"])
+            {"kind": KINDS, "error_class": reasons.FANOUT_ERROR_CLASSES})
+        self.fanout_applies = counter("fanout_applies", "Fan-out child writes by kind and result.",
+                                      {"kind": KINDS, "result": reasons.FANOUT_APPLY_RESULTS})
         self.fanout_watch_restarts = counter(
-            "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.", ["kind"])
+            "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.",
+            {"kind": KINDS})
         self.fanout_objects = gauge(
-            "fanout_objects", "Parent objects currently watched, by kind.", ["kind"])
+            "fanout_objects", "Parent objects currently watched, by kind.", {"kind": KINDS})
 
         # Fan-out controller: reconcile durations, queue depth, requeues,
         # drift repairs, refused sweeps, Events that could not be recorded.
         self.fanout_reconcile_duration = histogram(
             "fanout_reconcile_duration_seconds", "Duration of one parent reconcile.",
-            ["kind", "result"],
+            {"kind": KINDS, "result": reasons.FANOUT_RECONCILE_RESULTS},
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.fanout_queue_depth = gauge(
-            "fanout_queue_depth", "Parents waiting in the work queue, by kind.", ["kind"])
+            "fanout_queue_depth", "Parents waiting in the work queue, by kind.", {"kind": KINDS})
         self.fanout_requeues = counter(
             "fanout_requeues", "Parents requeued after a failed reconcile, by kind and cause.",
-            ["kind", "cause"])
+            {"kind": KINDS, "cause": reasons.FANOUT_REQUEUE_CAUSES})
         self.fanout_drift_repairs = counter(
             "fanout_drift_repairs", "Children repaired after an out-of-band change, by kind.",
-            ["kind"])
+            {"kind": KINDS})
         self.fanout_sweeps_refused = counter(
             "fanout_sweeps_refused", "Orphan sweeps refused by the sweep guard, by kind.",
-            ["kind"])
+            {"kind": KINDS})
 
         # Supervision and admin.
         self.child_restarts = counter(
-            "child_restarts", "Restarts of supervised children.", ["child"])
+            "child_restarts", "Restarts of supervised children.", {"child": ()})
         self.stream_clients = gauge("stream_clients", "Connected live-stream WebSocket clients.")
         self.stream_dropped = counter(
             "stream_dropped_clients", "Stream clients closed for falling behind.")
@@ -203,34 +201,7 @@ class Metrics:
             "admin_connections_shed",
             "Admin connections given up at the limit: an idle one closed (evicted) or a new "
             "one refused (refused).",
-            ["how"])
-
-        for outcome in reasons.OUTCOMES:
-            self.convergence_attempts.labels(outcome)
-        for reason in reasons.REVISION_REASONS:
-            self.revision_rejections.labels(reason)
-        for sink in reasons.SINKS:
-            self.sink_write_failures.labels(sink)
-            for state in reasons.SINK_STATES:
-                self.sink_state.labels(sink, state)
-        for event in reasons.LKG_EVENTS:
-            self.last_known_good_events.labels(event)
-        for how in ("evicted", "refused"):
-            self.admin_connections_shed.labels(how)
-        for kind in reasons.FANOUT_KINDS:
-            self.fanout_objects.labels(kind)
-            self.fanout_watch_restarts.labels(kind)
-            for error_class in reasons.FANOUT_ERROR_CLASSES:
-                self.fanout_preflight_failures.labels(kind, error_class)
-            for result in reasons.FANOUT_APPLY_RESULTS:
-                self.fanout_applies.labels(kind, result)
-            self.fanout_queue_depth.labels(kind)
-            self.fanout_drift_repairs.labels(kind)
-            self.fanout_sweeps_refused.labels(kind)
-            for result in reasons.FANOUT_RECONCILE_RESULTS:
-                self.fanout_reconcile_duration.labels(kind, result)
-            for cause in reasons.FANOUT_REQUEUE_CAUSES:
-                self.fanout_requeues.labels(kind, cause)
+            {"how": ("evicted", "refused")})
 
     def follow_revision(self, status: RevisionFacts) -> None:
         """Read the revision gauges from ``status`` at every scrape (its writer is the loop)."""
@@ -252,11 +223,15 @@ class Metrics:
 
     def follow_sinks(self, status: SinkFacts) -> None:
         """Read ``supervisor_sink_state`` from ``status`` at every scrape."""
-        for sink in reasons.SINKS:
-            for state in reasons.SINK_STATES:
-                self.sink_state.labels(sink, state).set_function(
-                    _is_state(status, sink, state))
+        for sink, state in itertools.product(reasons.SINKS, reasons.SINK_STATES):
+            read = partial(status.state, sink)
+            self.sink_state.labels(sink, state).set_function(_is(read, state))
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
         """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""
-        self._fanout_state.statuses = statuses
+
+        def current(kind: str) -> str:
+            return str(getattr(statuses.get(kind), "state", "disabled"))
+
+        for kind, state in itertools.product(KINDS, get_args(FanoutState)):
+            self.fanout_state.labels(kind, state).set_function(_is(partial(current, kind), state))

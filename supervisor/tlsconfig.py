@@ -23,43 +23,45 @@ Contract:
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
+from functools import partial
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.errors import ConfigError
+from supervisor.logs import get_logger
 
 __all__ = ["ServerContexts", "client_context", "server_context", "upstream_context"]
+
+log = get_logger("daemon")
 
 ALPN = ["http/1.1"]
 
 
+def _load(load: Callable[[], None], files: dict[str, str], where: str, what: str) -> None:
+    """Run ``load``; a file it cannot read is a ConfigError on that file's key
+    (``files``: path -> key), anything else one on ``where``: ``what`` it should be."""
+    try:
+        load()
+    except (FileNotFoundError, PermissionError) as exc:
+        first = next(iter(files))
+        missing = exc.filename or first
+        why = "no such file" if isinstance(exc, FileNotFoundError) else "permission denied"
+        key = files.get(missing, files[first])
+        raise ConfigError(key, f"cannot read {missing}: {why}") from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(where, f"{what} ({exc.strerror or exc})") from exc
+
+
 def _load_chain(context: ssl.SSLContext, cert_file: str, key_file: str,
                 cert_where: str, key_where: str) -> None:
-    try:
-        context.load_cert_chain(cert_file, key_file)
-    except FileNotFoundError as exc:
-        missing = exc.filename or cert_file
-        where = key_where if missing == key_file else cert_where
-        raise ConfigError(where, f"cannot read {missing}: no such file") from exc
-    except PermissionError as exc:
-        missing = exc.filename or cert_file
-        where = key_where if missing == key_file else cert_where
-        raise ConfigError(where, f"cannot read {missing}: permission denied") from exc
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(
-            cert_where, f"{cert_file} and {key_file} are not a PEM certificate chain and its "
-            f"private key ({exc.strerror or exc})") from exc
+    _load(partial(context.load_cert_chain, cert_file, key_file),
+          {cert_file: cert_where, key_file: key_where}, cert_where,
+          f"{cert_file} and {key_file} are not a PEM certificate chain and its private key")
 
 
 def _load_ca(context: ssl.SSLContext, ca_file: str, where: str) -> None:
-    try:
-        context.load_verify_locations(cafile=ca_file)
-    except FileNotFoundError as exc:
-        raise ConfigError(where, f"cannot read {ca_file}: no such file") from exc
-    except PermissionError as exc:
-        raise ConfigError(where, f"cannot read {ca_file}: permission denied") from exc
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(
-            where, f"{ca_file} holds no PEM CA certificate ({exc.strerror or exc})") from exc
+    _load(partial(context.load_verify_locations, cafile=ca_file), {ca_file: where}, where,
+          f"{ca_file} holds no PEM CA certificate")
 
 
 def server_context(cert_file: str, key_file: str, client_ca_file: str | None = None,
@@ -120,7 +122,13 @@ class ServerContexts:
         return self._current
 
     def reload(self) -> None:
-        """Build the context again from the same files; ConfigError (the old one
-        stays in force) when they no longer load."""
-        self._current = server_context(*self._files)
+        """SIGHUP: build the context again from the same files; when they no longer
+        load, the one in force stays (logged, with why)."""
+        try:
+            self._current = server_context(*self._files)
+        except ConfigError as exc:
+            log.error("SIGHUP: admin TLS certificate not reloaded; the previous one stays",
+                      key=exc.path, error=exc.reason)
+            return
         self.reloads += 1
+        log.info("SIGHUP: admin TLS certificate reloaded", reloads=self.reloads)

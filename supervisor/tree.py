@@ -58,13 +58,7 @@ import structlog
 import trio
 
 from supervisor.backoff import Backoff
-from supervisor.errors import (
-    BootRefused,
-    ConfigError,
-    StartError,
-    SupervisionGaveUp,
-    find_leaf,
-)
+from supervisor.errors import BootRefused, ConfigError, StartError, SupervisionGaveUp, find_leaf
 from supervisor.logs import get_logger
 from supervisor.status_doc import ChildReport, ChildStateName
 
@@ -147,16 +141,10 @@ _FATAL = (ConfigError, BootRefused, StartError)
 
 
 class Supervisor:
-    def __init__(
-        self,
-        specs: list[ChildSpec],
-        *,
-        intensity: int,
-        period_s: float,
-        on_restart: Callable[[str], None] | None = None,
-        on_change: Callable[[], None] | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
+    def __init__(self, specs: list[ChildSpec], *, intensity: int, period_s: float,
+                 on_restart: Callable[[str], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
+                 rng: random.Random | None = None) -> None:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate child names in {names}")
@@ -250,9 +238,8 @@ class Supervisor:
             if self._on_change is not None:
                 self._on_change()
 
-    async def _supervise(
-        self, spec: ChildSpec, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def _supervise(self, spec: ChildSpec, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         structlog.contextvars.bind_contextvars(child=spec.name)
         child = self.children[spec.name]
         child.entered = True
@@ -299,12 +286,8 @@ class Supervisor:
                         log.warning("permanent child returned; restarting", child=spec.name)
                     else:
                         child.last_error = _describe(crashed)
-                        log.error(
-                            "child crashed",
-                            child=spec.name,
-                            error=child.last_error,
-                            traceback="".join(traceback.format_exception(crashed)),
-                        )
+                        log.error("child crashed", child=spec.name, error=child.last_error,
+                                  traceback="".join(traceback.format_exception(crashed)))
                         # Not kept across the backoff: its frames hold what the
                         # crashed run owned.
                         crashed = None
@@ -323,12 +306,8 @@ class Supervisor:
             child.recent.popleft()
         if len(child.recent) > self.intensity:
             self._set(child, "failed")
-            log.critical(
-                "restart intensity exceeded; giving up",
-                child=spec.name,
-                restarts=len(child.recent),
-                period_s=self.period_s,
-            )
+            log.critical("restart intensity exceeded; giving up", child=spec.name,
+                         restarts=len(child.recent), period_s=self.period_s)
             raise SupervisionGaveUp(spec.name, len(child.recent), self.period_s)
         child.restarts += 1
         if self._on_restart is not None:

@@ -6,10 +6,4 @@ shutdown, :mod:`.client` for the CLI's functions."""
 from supervisor.admin.context import AdminContext
 from supervisor.admin.errors import AdminBindError, AdminError, AdminRefused, AdminUnreachable
 
-__all__ = [
-    "AdminBindError",
-    "AdminContext",
-    "AdminError",
-    "AdminRefused",
-    "AdminUnreachable",
-]
+__all__ = ["AdminBindError", "AdminContext", "AdminError", "AdminRefused", "AdminUnreachable"]

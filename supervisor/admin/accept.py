@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import struct
 from collections.abc import Callable
 
 import trio
@@ -85,27 +84,20 @@ class AcceptLoop:
     (held, evicting an idle one, or refused) at once.
     """
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        table: ConnectionTable,
-        spawn: Callable[[Peer, trio.SocketStream, str], None],
-        answer: Callable[[bytes], bytes | None] | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, table: ConnectionTable,
+                 spawn: Callable[[Peer, trio.SocketStream, str], None],
+                 answer: Callable[[bytes], bytes | None] | None = None) -> None:
         self._sock = sock
         self._table = table
         self._spawn = spawn
         self._answer = answer
         self._spare = _Spare()
-        self._accept_errors = Streak(
-            log, began="admin accept failing", ended="admin accept recovered",
-            quiet_s=STREAK_QUIET_S, ended_level="warning", count_as="count",
-        )
-        self._full = Streak(
-            log, began="admin connection limit reached; refusing new connections",
-            ended="admin connections accepted again",
-            quiet_s=STREAK_QUIET_S, ended_level="warning", count_as="count",
-        )
+        self._accept_errors = Streak(log, began="admin accept failing",
+                                     ended="admin accept recovered", quiet_s=STREAK_QUIET_S,
+                                     ended_level="warning", count_as="count")
+        self._full = Streak(log, began="admin connection limit reached; refusing new connections",
+                            ended="admin connections accepted again", quiet_s=STREAK_QUIET_S,
+                            ended_level="warning", count_as="count")
 
     def close(self) -> None:
         """Stop listening: a client connecting from now on is refused by the kernel."""
@@ -210,6 +202,5 @@ class AcceptLoop:
             except OSError:
                 pass
             else:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                sock.close()
+                reset(sock)
             self._spare.take()

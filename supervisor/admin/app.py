@@ -38,28 +38,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.admin.auth import authorized
+from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
 from supervisor.admin.context import AdminContext
 from supervisor.admin.hosts import AllowedHosts
 from supervisor.admin.responses import (
     Response,
     error_response,
-    etag_matches,
-    forbidden_origin,
     header_value,
-    misdirected,
     raw_response,
-    read_only,
+    refusal,
     reject_handshake,
     scope_headers,
     send_response,
-    unauthorized,
 )
 from supervisor.admin.routes import CONVERGE_PATH, READ_SIGNED, STREAM_PATH, Routes
 from supervisor.admin.stream import Receive, Scope, Send, StreamHub
 from supervisor.logs import get_logger
 
-__all__ = ["AdminApp", "Response", "etag_matches"]
+__all__ = ["AdminApp"]
 
 log = get_logger("admin")
 
@@ -70,9 +66,8 @@ OPEN_PATHS = frozenset({"/healthz"})
 class AdminApp:
     """The ASGI callable. ``hub`` serves ``/v1/stream`` (None: the stream answers 503)."""
 
-    def __init__(
-        self, ctx: AdminContext, hub: StreamHub | None = None, hosts: AllowedHosts | None = None
-    ) -> None:
+    def __init__(self, ctx: AdminContext, hub: StreamHub | None = None,
+                 hosts: AllowedHosts | None = None) -> None:
         self.ctx = ctx
         self.hub = hub
         # None: no Host/Origin check (an app mounted without a listener, in tests).
@@ -101,7 +96,7 @@ class AdminApp:
                 # The one route that acts: held to every check the others get,
                 # and to Origin, since a cross-site page can send a simple POST
                 # without any CORS preflight.
-                response = self._refuse_post(headers)
+                response = self._refusal(headers, origin=True, write=True)
                 if response is None:
                     response = await self._handlers.converge(scope, receive)
                     if response is None:
@@ -118,30 +113,37 @@ class AdminApp:
     def _respond(self, method: Any, path: Any, headers: list[tuple[bytes, bytes]]) -> Response:
         if not isinstance(path, str) or not isinstance(method, str):
             return error_response(400, "bad_request", "malformed request")
-        if path not in OPEN_PATHS and not self._known_host(headers):
-            return misdirected()
-        if path not in OPEN_PATHS and not self._authorized(headers):
-            return unauthorized(headers)
+        refusal = None if path in OPEN_PATHS else self._refusal(headers, origin=False)
+        if refusal is not None:
+            return refusal
         handler = self._routes.get(path)
         if handler is None:
             return error_response(404, "not_found", "no such route")
         if method not in ("GET", "HEAD"):
-            return error_response(
-                405, "method_not_allowed", f"{path} answers GET and HEAD", [(b"allow", ALLOW)]
-            )
+            return error_response(405, "method_not_allowed", f"{path} answers GET and HEAD",
+                                  [(b"allow", ALLOW)])
         return handler(headers)
 
-    def _refuse_post(self, headers: list[tuple[bytes, bytes]]) -> Response | None:
-        """Why a POST may not run (421, 403, 401, in that order); None when it may."""
-        if not self._known_host(headers):
-            return misdirected()
-        if not self._allowed_origin(headers):
-            return forbidden_origin()
-        if not self._authorized(headers, write=True):
-            if self._authorized(headers):
-                return read_only()
-            return unauthorized(headers)
-        return None
+    def _refusal(self, headers: list[tuple[bytes, bytes]], *, origin: bool,
+                 write: bool = False) -> Response | None:
+        """Why a request may not proceed, in this order: an unknown Host (421), a foreign
+        Origin (403, checked when ``origin``), no token (401), a read token where
+        ``write`` asks for the full one (403); None when it may."""
+        hosts = self.hosts
+        if hosts is not None and not hosts.allows_host_header(header_value(headers, b"host")):
+            return refusal(421, "misdirected_request", "unknown Host; see [admin].allowed_hosts")
+        if origin and hosts is not None and not hosts.allows_origin(
+                header_value(headers, b"origin")):
+            return refusal(403, "forbidden_origin", "Origin not allowed")
+        if self._authorized(headers, write=write):
+            return None
+        if write and self._authorized(headers):
+            return refusal(403, "read_only",
+                           "this token may read but not act; POST needs [admin].token_file's")
+        presented = any(k.lower() == b"authorization" for k, _ in headers)
+        challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
+        return refusal(401, "unauthorized", "missing or invalid bearer token",
+                       (b"www-authenticate", challenge))
 
     def answer_at_once(self, head: bytes) -> bytes | None:
         """The whole answer to a request whose complete head is ``head``, when the
@@ -168,12 +170,6 @@ class AdminApp:
             return None
         return raw_response(self._handlers.healthz([]), head=parts[0] == b"HEAD")
 
-    def _known_host(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        return self.hosts is None or self.hosts.allows_host_header(header_value(headers, b"host"))
-
-    def _allowed_origin(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        return self.hosts is None or self.hosts.allows_origin(header_value(headers, b"origin"))
-
     def _authorized(self, headers: list[tuple[bytes, bytes]], *, write: bool = False) -> bool:
         """The full token, or (``write`` False: the routes that only read) the read token."""
         token = self.ctx.token
@@ -188,32 +184,23 @@ class AdminApp:
         message = await receive()
         if message.get("type") != "websocket.connect":
             return
-        headers = scope_headers(scope)
         hub = self.hub
-        if not self._known_host(headers):
-            await reject_handshake(scope, send, misdirected())
-        elif not self._allowed_origin(headers):
-            await reject_handshake(scope, send, forbidden_origin())
-        elif scope.get("path") != STREAM_PATH:
-            # Same order as HTTP: without the token, nothing reveals which paths exist.
-            if not self._authorized(headers):
-                await reject_handshake(scope, send, unauthorized(headers))
-            else:
-                await reject_handshake(
-                    scope, send, error_response(404, "not_found", "no such route"))
-        elif not self._authorized(headers):
-            await reject_handshake(scope, send, unauthorized(headers))
-        elif hub is None or hub.closing:
-            await reject_handshake(scope, send, error_response(503, "unavailable", "shutting down"))
-        elif hub.full():
-            await reject_handshake(
-                scope, send, error_response(503, "too_many_clients", "too many stream clients")
-            )
-        else:
-            try:
-                await hub.serve(scope, receive, send)
-            except Exception:  # one client's failure must not reach the server
-                log.exception("stream client failed", peer=str(scope.get("client")))
+        # Same order as HTTP: without the token, nothing reveals which paths exist.
+        refusal = self._refusal(scope_headers(scope), origin=True)
+        if refusal is None and scope.get("path") != STREAM_PATH:
+            refusal = error_response(404, "not_found", "no such route")
+        if refusal is None and (hub is None or hub.closing):
+            refusal = error_response(503, "unavailable", "shutting down")
+        if refusal is None and hub is not None and hub.full():
+            refusal = error_response(503, "too_many_clients", "too many stream clients")
+        if refusal is not None:
+            await reject_handshake(scope, send, refusal)
+            return
+        assert hub is not None  # refused above when there is none
+        try:
+            await hub.serve(scope, receive, send)
+        except Exception:  # one client's failure must not reach the server
+            log.exception("stream client failed", peer=str(scope.get("client")))
 
 
 # Headers that keep a request from being answered by the accept loop.

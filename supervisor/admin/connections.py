@@ -45,10 +45,10 @@ EVICTION_SCAN = 16
 MIN_IDLE_S = 0.02
 
 
-def reset(stream: trio.SocketStream) -> None:
+def reset(connection: trio.SocketStream | socket.socket) -> None:
     """Abort a connection with a RST: buffered unsent data is dropped, and a task
     blocked on it wakes (trio's close notifies waiters)."""
-    sock = stream.socket
+    sock = connection.socket if isinstance(connection, trio.SocketStream) else connection
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:

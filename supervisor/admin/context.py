@@ -54,12 +54,8 @@ class AdminContext:
     def status(self) -> StatusDocument:
         """The /status document (:class:`~supervisor.status_doc.StatusDocument`)."""
         return StatusDocument(
-            revision=self.revision.report(),
-            children=self.children(),
+            revision=self.revision.report(), children=self.children(),
             fanout={kind: st.report() for kind, st in self.fanout.items()},
             leadership=self.leadership() if self.leadership is not None
             else LeadershipReport(role="disabled", holder=None, lease=None),
-            sinks=self.sinks.report(),
-            version=__version__,
-            started_at=self.started_at,
-        )
+            sinks=self.sinks.report(), version=__version__, started_at=self.started_at)

@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import base64
 import socket
-import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import unquote
-from wsgiref.handlers import format_date_time
 
 import h11
 import trio
@@ -58,8 +56,8 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, generate_accept_token
 
 from supervisor.admin.connections import reset
-from supervisor.admin.frames import ConnectionGone
-from supervisor.admin.stream import Receive, Scope, Send
+from supervisor.admin.responses import error_response, http_date, raw_response
+from supervisor.admin.stream import ConnectionGone, Receive, Scope, Send
 from supervisor.logs import get_logger
 
 __all__ = ["App", "Http11Connection", "first_request_head"]
@@ -88,9 +86,8 @@ WEBSOCKET_VERSION = b"13"
 _REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 
-async def first_request_head(
-    stream: trio.SocketStream, deadline_s: float, *, only: tuple[bytes, ...] | None = None
-) -> bool:
+async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
+                             only: tuple[bytes, ...] | None = None) -> bool:
     """Wait, without consuming anything, until ``stream`` holds a complete request
     head; False when it does not within ``deadline_s``, when the peer closed, when
     it starts with the HTTP/2 preface (``PRI ``: refused at once), or when ``only``
@@ -137,10 +134,6 @@ _TRANSPORT_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError,
                      trio.BusyResourceError, OSError)
 
 
-def _date() -> bytes:
-    return format_date_time(time.time()).encode("ascii")
-
-
 def _tokens(headers: list[tuple[bytes, bytes]], name: bytes) -> set[bytes]:
     return {t.strip().lower() for n, v in headers if n == name for t in v.split(b",")}
 
@@ -151,10 +144,8 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 
 def _valid_key(key: bytes | None) -> bool:
-    if key is None:
-        return False
     try:
-        return len(base64.b64decode(key, validate=True)) == 16
+        return key is not None and len(base64.b64decode(key, validate=True)) == 16
     except ValueError:
         return False
 
@@ -167,19 +158,10 @@ class Http11Connection:
     resets. ``deadline`` is when the first request head is due (from the accept).
     """
 
-    def __init__(
-        self,
-        app: App,
-        stream: trio.abc.Stream,
-        socket_stream: trio.SocketStream,
-        *,
-        client: tuple[str, int],
-        server: tuple[str, int],
-        scheme: str,
-        on_idle: Callable[[bool], None],
-        idle_s: float,
-        only_paths: frozenset[bytes] | None = None,
-    ) -> None:
+    def __init__(self, app: App, stream: trio.abc.Stream, socket_stream: trio.SocketStream, *,
+                 client: tuple[str, int], server: tuple[str, int], scheme: str,
+                 on_idle: Callable[[bool], None], idle_s: float,
+                 only_paths: frozenset[bytes] | None = None) -> None:
         self._app = app
         self._stream = stream
         self._socket_stream = socket_stream
@@ -231,10 +213,8 @@ class Http11Connection:
         deadline missed); returns having closed nothing (the caller closes)."""
         try:
             await self._serve(deadline)
-        except _Gone:
-            pass
-        except _TRANSPORT_ERRORS:
-            pass  # the peer went away
+        except (_Gone, *_TRANSPORT_ERRORS):
+            pass  # ended on purpose, or the peer went away
 
     # -- HTTP ------------------------------------------------------------------
 
@@ -259,21 +239,19 @@ class Http11Connection:
                     and b"upgrade" in _tokens(headers, b"connection")):
                 await self._websocket(request, headers)
                 return
-            body = await self._body(deadline=trio.current_time() + self._idle_s)
+            body = await self._body(self._idle_s)
             if body is None:
                 return
             await self._http(request, headers, body)
-            if self._h11.our_state is not h11.DONE or self._closing:
-                return
-            if self._h11.their_state is not h11.DONE:
+            both = (self._h11.our_state, self._h11.their_state)
+            if self._closing or both != (h11.DONE, h11.DONE):
                 return
             self._h11.start_next_cycle()
             self._on_idle(True)
             deadline = trio.current_time() + self._idle_s
 
     async def _next_request(self, deadline: float) -> h11.Request | None:
-        """The next request head by ``deadline``; None: close (deadline, EOF,
-        shutdown, or a malformed request, answered)."""
+        """The next request head by ``deadline``; None: close (deadline, EOF, shutdown)."""
         with trio.CancelScope(deadline=deadline) as scope:
             self._idle_scope = scope
             if self._closing:
@@ -282,7 +260,7 @@ class Http11Connection:
                 event = await self._next_event()
             finally:
                 self._idle_scope = None
-        if scope.cancelled_caught or event is None:
+        if scope.cancelled_caught:
             return None
         if isinstance(event, h11.Request):
             # h11 bounds a head that arrives in pieces; one that arrives whole
@@ -294,32 +272,29 @@ class Http11Connection:
         return None  # ConnectionClosed
 
     async def _next_event(self) -> Any:
-        """h11's next event, reading as needed; None after answering a protocol error."""
+        """h11's next event, reading as needed (a protocol error is answered, and ends)."""
         while True:
             try:
                 event = self._h11.next_event()
             except h11.RemoteProtocolError as exc:
                 await self._refuse(exc.error_status_hint, "malformed request")
-                return None
             if event is h11.NEED_DATA:
                 data = bytes(await self._stream.receive_some(MAX_HEAD_BYTES))
                 self._h11.receive_data(data)
                 continue
             return event
 
-    async def _body(self, deadline: float) -> bytes | None:
+    async def _body(self, timeout_s: float) -> bytes | None:
+        """The request's body, if it is all here within ``timeout_s``; None: close."""
         chunks: list[bytes] = []
         size = 0
-        with trio.move_on_after(max(0.0, deadline - trio.current_time())):
+        with trio.move_on_after(timeout_s):
             while True:
                 event = await self._next_event()
-                if event is None:
-                    return None
                 if isinstance(event, h11.Data):
                     size += len(event.data)
                     if size > MAX_BODY_BYTES:
                         await self._refuse(413, "request body too large")
-                        return None
                     chunks.append(bytes(event.data))
                 elif isinstance(event, h11.EndOfMessage):
                     return b"".join(chunks)
@@ -327,54 +302,39 @@ class Http11Connection:
                     return None
         return None  # the body did not arrive in time
 
-    async def _refuse(self, status: int, detail: str) -> None:
+    async def _refuse(self, status: int, detail: str) -> NoReturn:
         """Answer a request the parser refused (400, 413, 431), and end."""
-        error = _REFUSALS.get(status, "bad_request")
-        body = f'{{"error":"{error}","detail":"{detail}"}}'.encode()
-        head = (f"HTTP/1.1 {status} \r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._write(head + body)
+            refusal = error_response(status, _REFUSALS.get(status, "bad_request"), detail)
+            await self._write(raw_response(refusal, head=False))
         raise _Gone
 
-    def _scope(self, kind: str, request: h11.Request,
-               headers: list[tuple[bytes, bytes]]) -> Scope:
+    def _scope(self, kind: str, request: h11.Request, headers: list[tuple[bytes, bytes]]) -> Scope:
         raw_path, _, query = request.target.partition(b"?")
         try:
             path = unquote(raw_path.decode("ascii"))
         except UnicodeDecodeError:
             path = ""
         scope: Scope = {
-            "type": kind,
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "type": kind, "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": request.http_version.decode("ascii"),
-            "scheme": self._scheme if kind == "http" else
-            ("wss" if self._scheme == "https" else "ws"),
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": query,
-            "root_path": "",
-            "headers": headers,
-            "client": self._client,
-            "server": self._server,
-        }
+            "scheme": self._scheme if kind == "http" else self._scheme.replace("http", "ws"),
+            "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
+            "headers": headers, "client": self._client, "server": self._server}
         if kind == "http":
             scope["method"] = request.method.decode("ascii")
         else:
-            scope["subprotocols"] = []
-            scope["extensions"] = {"websocket.http.response": {}}
+            scope.update(subprotocols=[], extensions={"websocket.http.response": {}})
         return scope
 
     async def _http(self, request: h11.Request, headers: list[tuple[bytes, bytes]],
                     body: bytes) -> None:
-        delivered = False
+        first = [{"type": "http.request", "body": body, "more_body": False}]
         started: dict[str, Any] | None = None
 
         async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if first:
+                return first.pop()
             await self._until_disconnect()
             return {"type": "http.disconnect"}
 
@@ -386,16 +346,8 @@ class Http11Connection:
             elif kind == "http.response.body" and started is not None:
                 if message.get("more_body"):
                     raise RuntimeError("the admin app sends whole bodies")
-                status = int(started["status"])
-                out = [(n, v) for n, v in started.get("headers", [])]
-                out.append((b"date", _date()))
-                data = self._h11.send(h11.Response(status_code=status, headers=out))
-                payload = bytes(message.get("body", b""))
-                if payload:
-                    data += self._h11.send(h11.Data(data=payload))
-                data += self._h11.send(h11.EndOfMessage())
+                await self._respond(started, message)
                 started = None
-                await self._write(data)
 
         await self._app(self._scope("http", request, headers), receive, send)
         if self._gone or self._h11.our_state is h11.SEND_RESPONSE:
@@ -447,8 +399,7 @@ class Http11Connection:
 
     # -- WebSocket -------------------------------------------------------------
 
-    async def _websocket(self, request: h11.Request,
-                         headers: list[tuple[bytes, bytes]]) -> None:
+    async def _websocket(self, request: h11.Request, headers: list[tuple[bytes, bytes]]) -> None:
         key = _header(headers, b"sec-websocket-key")
         if (request.method != b"GET" or not _valid_key(key)
                 or _header(headers, b"sec-websocket-version") != WEBSOCKET_VERSION):
@@ -457,37 +408,36 @@ class Http11Connection:
         if not isinstance(event, h11.EndOfMessage):
             await self._refuse(400, "bad WebSocket handshake")
         assert key is not None  # _valid_key
-        connected = False
+        first = [{"type": "websocket.connect"}]
+        refusal: Any = None
         messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
         async with trio.open_nursery() as nursery:
 
             async def receive() -> dict[str, Any]:
-                nonlocal connected
-                if not connected:
-                    connected = True
-                    return {"type": "websocket.connect"}
+                if first:
+                    return first.pop()
                 try:
                     return await messages_out.receive()
                 except trio.EndOfChannel:
                     return {"type": "websocket.disconnect", "code": 1006}
 
             async def send(message: Any) -> None:
+                nonlocal refusal
                 kind = message.get("type")
                 if kind == "websocket.accept":
                     await self._accept(key)
                     nursery.start_soon(self._read_frames, messages_in)
                 elif kind == "websocket.http.response.start":
-                    await self._answer_refusal(message)
-                elif kind == "websocket.http.response.body":
-                    await self._answer_refusal_body(message)
+                    refusal = message
+                elif kind == "websocket.http.response.body" and refusal is not None:
+                    await self._respond(refusal, message, close=True)
                 elif kind == "websocket.send":
                     text, data = message.get("text"), message.get("bytes")
                     event = TextMessage(text) if text is not None else BytesMessage(data or b"")
                     await self._ws_send(event)
                 elif kind == "websocket.close":
                     if self._ws is None:
-                        await self._answer_refusal({"status": 403, "headers": []})
-                        await self._answer_refusal_body({"body": b""})
+                        await self._respond({"status": 403}, {}, close=True)
                     else:
                         await self._ws_send(CloseConnection(
                             int(message.get("code", 1000)), message.get("reason") or ""))
@@ -510,15 +460,15 @@ class Http11Connection:
         self._ws = WsConnection(ConnectionType.SERVER, extensions=[], trailing_data=trailing)
         await self._write(data)
 
-    async def _answer_refusal(self, message: Any) -> None:
-        status = int(message["status"])
-        out = [(n, v) for n, v in message.get("headers", [])]
-        out += [(b"date", _date()), (b"connection", b"close")]
-        await self._write(self._h11.send(h11.Response(status_code=status, headers=out)))
-
-    async def _answer_refusal_body(self, message: Any) -> None:
-        payload = bytes(message.get("body", b""))
-        data = self._h11.send(h11.Data(data=payload)) if payload else b""
+    async def _respond(self, start: Any, body: Any, *, close: bool = False) -> None:
+        """Write one whole answer: ASGI's response ``start`` and ``body`` messages (the
+        ``http.`` or ``websocket.http.`` ones), with ``date`` (and ``connection: close``)."""
+        out = [(n, v) for n, v in start.get("headers", [])]
+        out += [(b"date", http_date())] + ([(b"connection", b"close")] if close else [])
+        data = self._h11.send(h11.Response(status_code=int(start["status"]), headers=out))
+        payload = bytes(body.get("body", b""))
+        if payload:
+            data += self._h11.send(h11.Data(data=payload))
         await self._write(data + self._h11.send(h11.EndOfMessage()))
 
     async def _ws_send(self, event: Any) -> None:
@@ -539,19 +489,10 @@ class Http11Connection:
         async with messages:
             size = 0
             parts: list[Any] = []
-            # The first round reads nothing: bytes that came behind the upgrade
-            # request (wsproto holds them as trailing data) are frames already.
-            first = True
+            ended = False
             while True:
-                data = b""
-                if not first:
-                    try:
-                        data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
-                    except _TRANSPORT_ERRORS:
-                        pass
-                    if ws.state is WsState.CLOSED:
-                        return
-                    ws.receive_data(data or None)
+                # First the bytes that came behind the upgrade request (wsproto
+                # holds them as trailing data): frames already.
                 for event in ws.events():
                     if isinstance(event, Message):
                         size += len(event.data)
@@ -574,9 +515,16 @@ class Http11Connection:
                                             WsState.REMOTE_CLOSING else
                                             CloseConnection(event.code or CLOSE_PROTOCOL_ERROR))
                         return
-                if not data and not first:
+                if ended:
                     return
-                first = False
+                try:
+                    data = bytes(await self._stream.receive_some(RECEIVE_BYTES))
+                except _TRANSPORT_ERRORS:
+                    data = b""
+                if ws.state is WsState.CLOSED:
+                    return
+                ws.receive_data(data or None)
+                ended = not data
 
     async def _finish_websocket(self) -> None:
         """After the app: a close frame if none was sent, then a little time for the
@@ -594,5 +542,4 @@ class Http11Connection:
                     if not data:
                         break
                     ws.receive_data(data)
-                    for _ in ws.events():
-                        pass
+                    list(ws.events())  # read for the state they move, then dropped

@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.handlers import format_date_time
 
-from supervisor.admin.auth import WWW_AUTHENTICATE
 from supervisor.admin.stream import Scope, Send, encode_json
 
-__all__ = ["JSON", "Response", "error_response", "etag_matches", "forbidden_origin",
-           "header_value", "json_response", "misdirected", "raw_response", "read_only",
-           "reject_handshake",
-           "scope_headers", "send_response", "unauthorized"]
+__all__ = ["JSON", "Response", "error_response", "etag_matches", "header_value", "http_date",
+           "json_response", "raw_response", "refusal", "reject_handshake", "scope_headers",
+           "send_response"]
 
 JSON = b"application/json"
 
@@ -84,34 +82,9 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     return out
 
 
-# A refusal's connection ends with it: see the module docstring.
-_CLOSE = (b"connection", b"close")
-
-
-def misdirected() -> Response:
-    return error_response(
-        421, "misdirected_request", "unknown Host; see [admin].allowed_hosts", [_CLOSE]
-    )
-
-
-def forbidden_origin() -> Response:
-    return error_response(403, "forbidden_origin", "Origin not allowed", [_CLOSE])
-
-
-def read_only() -> Response:
-    return error_response(
-        403, "read_only", "this token may read but not act; POST needs [admin].token_file's",
-        [_CLOSE],
-    )
-
-
-def unauthorized(headers: list[tuple[bytes, bytes]]) -> Response:
-    presented = any(k.lower() == b"authorization" for k, _ in headers)
-    challenge = WWW_AUTHENTICATE + (b', error="invalid_token"' if presented else b"")
-    return error_response(
-        401, "unauthorized", "missing or invalid bearer token",
-        [(b"www-authenticate", challenge), _CLOSE],
-    )
+def refusal(status: int, error: str, detail: str, *headers: tuple[bytes, bytes]) -> Response:
+    """An error answer that ends its connection (see the module docstring)."""
+    return error_response(status, error, detail, [*headers, (b"connection", b"close")])
 
 
 def response_headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:
@@ -124,41 +97,37 @@ def response_headers(response: Response, length: int | None) -> list[tuple[bytes
     return headers
 
 
+def http_date() -> bytes:
+    """Now, as an HTTP ``Date`` header value."""
+    return format_date_time(time.time()).encode("ascii")
+
+
 def raw_response(response: Response, *, head: bool) -> bytes:
     """``response`` as the bytes of an HTTP/1.1 answer that closes its connection
     (as the connection would write it: same headers, ``date``, ``connection: close``)."""
     lines = [f"HTTP/1.1 {response.status} ".encode("ascii")]
     headers = response_headers(response, len(response.body))
-    headers += [(b"date", format_date_time(time.time()).encode("ascii")),
-                (b"connection", b"close")]
+    headers += [(b"date", http_date()), (b"connection", b"close")]
     lines += [name + b": " + value for name, value in headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body)
 
 
-async def send_response(send: Send, response: Response, *, head: bool) -> None:
-    length = None if response.status == 304 else len(response.body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": response_headers(response, length),
-        }
-    )
-    body = b"" if head or response.status == 304 else response.body
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+async def send_response(send: Send, response: Response, *, head: bool = False,
+                        kind: str = "http") -> None:
+    """Send ``response`` as ASGI ``<kind>.response.start`` and ``.body`` messages
+    (``kind`` ``websocket.http``: a handshake refused, see :func:`reject_handshake`)."""
+    not_modified = response.status == 304
+    length = None if not_modified else len(response.body)
+    await send({"type": f"{kind}.response.start", "status": response.status,
+                "headers": response_headers(response, length)})
+    body = b"" if head or not_modified else response.body
+    await send({"type": f"{kind}.response.body", "body": body, "more_body": False})
 
 
 async def reject_handshake(scope: Scope, send: Send, response: Response) -> None:
     """Refuse a WebSocket handshake before accepting it."""
     extensions = scope.get("extensions") or {}
     if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": response.status,
-                "headers": response_headers(response, len(response.body)),
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": response.body})
+        await send_response(send, response, kind="websocket.http")
     else:
         await send({"type": "websocket.close", "code": 1008})

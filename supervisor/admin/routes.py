@@ -41,17 +41,8 @@ from supervisor.admin.signed import Unservable, etag_for
 from supervisor.admin.stream import Receive, Scope
 from supervisor.logs import get_logger
 
-__all__ = [
-    "CONVERGE_PATH",
-    "CONVERGE_TIMEOUT_MAX_S",
-    "CONVERGE_TIMEOUT_S",
-    "READ_SIGNED",
-    "REVISION_PATH",
-    "SIGNED",
-    "STREAM_PATH",
-    "Handler",
-    "Routes",
-]
+__all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "READ_SIGNED",
+           "REVISION_PATH", "SIGNED", "STREAM_PATH", "Handler", "Routes"]
 
 log = get_logger("admin")
 
@@ -104,16 +95,14 @@ class Routes:
         if snapshot is not None:
             return json_response(
                 200,
-                {"ready": True, "revision": snapshot.revision, "generation": snapshot.generation},
-            )
+                {"ready": True, "revision": snapshot.revision, "generation": snapshot.generation})
         rev = self.ctx.revision
         reason = "no snapshot published yet"
         if rev.last_error:
             reason = f"{reason}; last attempt failed: {rev.last_error}"
         return json_response(
             503,
-            {"ready": False, "reason": reason, "consecutive_failures": rev.consecutive_failures},
-        )
+            {"ready": False, "reason": reason, "consecutive_failures": rev.consecutive_failures})
 
     def status(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return json_response(200, self.ctx.status())
@@ -134,22 +123,19 @@ class Routes:
         if snapshot is None:
             return error_response(503, "no_snapshot", "no snapshot published yet")
         etag = snapshot.etag()
-        tag_header = [(b"etag", etag.encode("latin-1"))]
-        if_none_match = header_value(headers, b"if-none-match")
-        if if_none_match is not None and etag_matches(if_none_match, etag):
-            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        if _not_modified(headers, etag):
+            return _tagged(304, b"", None, etag)
         cached = self._body_of
         if cached is not None and cached[0] is snapshot:
             body = cached[1]
         else:
             body = snapshot.to_json()
             self._body_of = (snapshot, body)
-        return Response(200, body, JSON, tag_header, cache=b"no-cache")
+        return _tagged(200, body, JSON, etag)
 
     def converge_not_posted(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        return error_response(
-            405, "method_not_allowed", f"{CONVERGE_PATH} answers POST", [(b"allow", b"POST")]
-        )
+        return error_response(405, "method_not_allowed", f"{CONVERGE_PATH} answers POST",
+                              [(b"allow", b"POST")])
 
     async def converge(self, scope: Scope, receive: Receive) -> Response | None:
         """Run an attempt now and answer its outcome; None when the client went away."""
@@ -160,8 +146,7 @@ class Routes:
         if timeout_s is None:
             return error_response(
                 400, "bad_request",
-                f"timeout_s must be a number above 0 and at most {CONVERGE_TIMEOUT_MAX_S:g}",
-            )
+                f"timeout_s must be a number above 0 and at most {CONVERGE_TIMEOUT_MAX_S:g}")
         gone = False
         answer = None
         async with trio.open_nursery() as nursery:
@@ -185,14 +170,12 @@ class Routes:
             log.debug("converge request abandoned by its client", peer=str(scope.get("client")))
             return None
         if answer is None:
-            return error_response(
-                504, "timeout", f"no convergence attempt finished within {timeout_s:g} s"
-            )
+            return error_response(504, "timeout",
+                                  f"no convergence attempt finished within {timeout_s:g} s")
         return json_response(200, answer)
 
     def revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        signed = self.ctx.signed
-        snapshot = self.ctx.state.snapshot
+        signed, snapshot = self.ctx.signed, self.ctx.state.snapshot
         if signed is None or signed.unservable_reason() is not None:
             detail = signed.unservable_reason() if signed is not None else None
             return error_response(503, "no_signing_key", detail or "no signed revisions here")
@@ -201,18 +184,13 @@ class Routes:
         state = self.ctx.state
         # Sequence, digest and issued_at: a reused id or a fresh statement is never a 304.
         etag = etag_for(snapshot.revision, state.body_sha256, state.statement)
-        tag_header = [(b"etag", etag.encode("latin-1"))]
-        if_none_match = header_value(headers, b"if-none-match")
-        if if_none_match is not None and etag_matches(if_none_match, etag):
-            return Response(304, b"", None, tag_header, cache=b"no-cache")
+        if _not_modified(headers, etag):
+            return _tagged(304, b"", None, etag)
         data = signed.held(etag)
-        if data is None:
-            return READ_SIGNED
-        return Response(200, data, SIGNED, tag_header, cache=b"no-cache")
+        return READ_SIGNED if data is None else _tagged(200, data, SIGNED, etag)
 
     async def revision_from_file(self) -> Response:
-        signed = self.ctx.signed
-        snapshot = self.ctx.state.snapshot
+        signed, snapshot = self.ctx.signed, self.ctx.state.snapshot
         assert signed is not None and snapshot is not None  # revision checked both
         state = self.ctx.state
         revision, digest, statement = snapshot.revision, state.body_sha256, state.statement
@@ -220,21 +198,28 @@ class Routes:
             data = await trio.to_thread.run_sync(signed.read, revision, digest, statement)
         except Unservable as exc:
             return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
-        etag = etag_for(revision, digest, statement)
-        return Response(200, data, SIGNED, [(b"etag", etag.encode("latin-1"))],
-                        cache=b"no-cache")
+        return _tagged(200, data, SIGNED, etag_for(revision, digest, statement))
 
     def stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
-        return error_response(
-            426, "upgrade_required", "this route is a WebSocket", [(b"upgrade", b"websocket")]
-        )
+        return error_response(426, "upgrade_required", "this route is a WebSocket",
+                              [(b"upgrade", b"websocket")])
+
+
+def _not_modified(headers: list[tuple[bytes, bytes]], etag: str) -> bool:
+    if_none_match = header_value(headers, b"if-none-match")
+    return if_none_match is not None and etag_matches(if_none_match, etag)
+
+
+def _tagged(status: int, body: bytes, content_type: bytes | None, etag: str) -> Response:
+    """An answer carrying its ETag, to revalidate (``no-cache``)."""
+    return Response(status, body, content_type, [(b"etag", etag.encode("latin-1"))],
+                    cache=b"no-cache")
 
 
 def _timeout_param(query: Any) -> float | None:
     """``timeout_s`` of a query string (the default when absent); None when invalid."""
-    if not isinstance(query, bytes) or not query:
-        return CONVERGE_TIMEOUT_S
-    values = parse_qs(query.decode("latin-1")).get("timeout_s")
+    text = query.decode("latin-1") if isinstance(query, bytes) else ""
+    values = parse_qs(text).get("timeout_s")
     if not values:
         return CONVERGE_TIMEOUT_S
     try:

@@ -136,42 +136,33 @@ def bind_listener(listen: str) -> socket.socket:
     return sock
 
 
+_BIND_FAILURES = {errno.EADDRINUSE: "already in use",
+                  errno.EADDRNOTAVAIL: "is not an address of this host",
+                  errno.EACCES: "cannot be bound: permission denied"}
+
+
 def _bind_failure(exc: OSError) -> str:
     if isinstance(exc, socket.gaierror):
         return f"cannot be resolved ({exc.strerror or exc})"
-    if exc.errno == errno.EADDRINUSE:
-        return "already in use"
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return "is not an address of this host"
-    if exc.errno == errno.EACCES:
-        return "cannot be bound: permission denied"
-    return f"cannot be bound: {exc.strerror or exc}"
+    return _BIND_FAILURES.get(exc.errno or 0, f"cannot be bound: {exc.strerror or exc}")
 
 
 class _Server:
     """Our accept loop and HTTP/1.1 connections; see the module docstring."""
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        limits: ConnectionLimits,
-        metrics: Metrics,
-        tls: Callable[[], ssl.SSLContext] | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, limits: ConnectionLimits, metrics: Metrics,
+                 tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         self._app: App | None = None
         self._answer_at_once: Callable[[bytes], bytes | None] | None = None
         self._sock = sock
         self._tls = tls
         self._scheme = "http" if tls is None else "https"
+        # Under TLS the head is encrypted: a handshake may take a reserve slot,
+        # and the connection then serves /healthz alone (as a plain one does).
         self._table = ConnectionTable(
-            limits.max_connections,
-            RESERVED_SLOTS,
-            metrics,
-            # Under TLS the head is encrypted: a handshake may take a reserve slot,
-            # and the connection then serves /healthz alone (as a plain one does).
+            limits.max_connections, RESERVED_SLOTS, metrics,
             reserve_admits=(lambda head: head.startswith(HEALTHZ)) if tls is None
-            else (lambda head: head[:1] == TLS_HANDSHAKE),
-        )
+            else (lambda head: head[:1] == TLS_HANDSHAKE))
         # Shielded: cancelling serve_admin must not cancel the connections
         # before they are closed in order (stream clients first, with 1001).
         self._scope = trio.CancelScope(shield=True)
@@ -196,12 +187,8 @@ class _Server:
         finally:
             self._done.set()
 
-    async def _accept(
-        self,
-        handlers: trio.Nursery,
-        *,
-        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
+    async def _accept(self, handlers: trio.Nursery, *,
+                      task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
             handlers.start_soon(self._handle, peer, stream, pool)
 
@@ -223,8 +210,7 @@ class _Server:
             reserve = pool == ConnectionTable.RESERVE
             deadline_s = RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S
             deadline = trio.current_time() + deadline_s
-            served: trio.abc.Stream = stream
-            ok = False
+            served: trio.abc.Stream | None = None
             with trio.CancelScope(deadline=deadline) as waiting:
                 self._waiting[key] = waiting
                 if self._closing:
@@ -232,28 +218,19 @@ class _Server:
                 if self._tls is None:
                     # Until its first request head is complete a plain connection
                     # costs only this task: an idle flood never reaches a parser.
-                    ok = await first_request_head(stream, deadline_s,
-                                                  only=HEALTHZ if reserve else None)
+                    only = HEALTHZ if reserve else None
+                    served = stream if await first_request_head(stream, deadline_s,
+                                                                only=only) else None
                 else:
-                    handshaken = await self._handshake(key, stream)
-                    ok = handshaken is not None
-                    served = handshaken or stream
-            self._waiting.pop(key, None)
-            if not ok or waiting.cancelled_caught:
+                    served = await self._handshake(key, stream)
+            if served is None or waiting.cancelled_caught:
                 reset(stream)
                 return
             assert self._app is not None
             connection = Http11Connection(
-                self._app,
-                served,
-                stream,
-                client=key,
-                server=self._server_address(stream),
-                scheme=self._scheme,
-                on_idle=lambda idle: self._table.set_idle(key, stream, idle),
-                idle_s=IDLE_DEADLINE_S,
-                only_paths=HEALTHZ_PATHS if reserve else None,
-            )
+                self._app, served, stream, client=key, server=self._server_address(stream),
+                scheme=self._scheme, on_idle=lambda idle: self._table.set_idle(key, stream, idle),
+                idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
             self._connections[key] = connection
             await connection.run(deadline)
         except* Exception:
@@ -348,14 +325,10 @@ def connection_limits(settings: StreamSettings, nofile: int | None) -> Connectio
     """The limits for this process, logged; a warning when they lower the configured ones."""
     limits = derive(nofile, settings.max_clients)
     if limits.stream_clients_lowered:
-        log.warning(
-            "admin stream max_clients exceeds what RLIMIT_NOFILE allows; lowered",
-            max_clients=limits.configured_stream_clients,
-            allowed=limits.max_stream_clients,
-            nofile=limits.nofile,
-            reserve=limits.reserve,
-            max_connections=limits.max_connections,
-        )
+        log.warning("admin stream max_clients exceeds what RLIMIT_NOFILE allows; lowered",
+                    max_clients=limits.configured_stream_clients, allowed=limits.max_stream_clients,
+                    nofile=limits.nofile, reserve=limits.reserve,
+                    max_connections=limits.max_connections)
     return limits
 
 
@@ -384,30 +357,17 @@ async def serve_admin(
             limits = connection_limits(settings, current_nofile())
         settings = replace(settings, max_clients=limits.max_stream_clients)
         server = _Server(sock, limits, ctx.metrics, tls)
-        hub = StreamHub(
-            ctx.events,
-            ctx.status,
-            ctx.metrics,
-            settings,
-            abort=server.reset,
-            raw_sender=server.raw_sender,
-        )
+        hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset,
+                        raw_sender=server.raw_sender)
         hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts, port=port,
-                             scheme="http" if tls is None else "https",
-                             origins=ctx.allowed_origins)
+                             scheme="http" if tls is None else "https", origins=ctx.allowed_origins)
         server.mount(AdminApp(ctx, hub, hosts))
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             nursery.start_soon(hub.monitor)
-            log.info(
-                "admin API listening",
-                address=f"{host}:{port}",
-                auth=ctx.token is not None,
-                tls=tls is not None,
-                max_connections=limits.max_connections,
-                max_stream_clients=limits.max_stream_clients,
-                nofile=limits.nofile,
-            )
+            log.info("admin API listening", address=f"{host}:{port}", auth=ctx.token is not None,
+                     tls=tls is not None, max_connections=limits.max_connections,
+                     max_stream_clients=limits.max_stream_clients, nofile=limits.nofile)
             task_status.started((host, port))
             try:
                 await trio.sleep_forever()

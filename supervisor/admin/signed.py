@@ -67,9 +67,7 @@ class SignedRevisionFile:
     def held(self, etag: str) -> bytes | None:
         """The bytes already read under this ETag, or None (no I/O)."""
         held = self._held
-        if held is not None and held[0] == etag:
-            return held[1]
-        return None
+        return held[1] if held is not None and held[0] == etag else None
 
     def read(self, revision: int, body_sha256: bytes | None,
              statement: Statement | None = None) -> bytes:

@@ -27,6 +27,18 @@ def _yes_no(value: Any) -> str:
     return "-" if not isinstance(value, bool) else ("yes" if value else "NO")
 
 
+def _table(doc: dict[str, Any], section: str, headings: tuple[str, ...],
+           keys: tuple[str, ...]) -> list[str]:
+    """``section``'s title line, then its table (one row per name) or ``(none)``."""
+    parts = doc.get(section)
+    if not isinstance(parts, dict) or not parts:
+        return [section, "  (none)"]
+    rows = [[_cell(name), *((_cell(part.get(k)) for k in keys) if isinstance(part, dict)
+                            else ["-"] * len(keys))]
+            for name, part in parts.items()]
+    return [section, *table(headings, rows, indent="  ")]
+
+
 def unhealthy(doc: dict[str, Any]) -> list[str]:
     """Why the replica behind a ``/status`` document is not healthy; empty when it is.
 
@@ -51,52 +63,26 @@ def render_status(doc: dict[str, Any]) -> str:
     lines = [
         "revision",
         "  desired {}  loaded {}  active {}  generation {}  source {}".format(
-            *(_cell(rev.get(k)) for k in ("desired", "loaded", "active", "generation", "source"))
-        ),
+            *(_cell(rev.get(k)) for k in ("desired", "loaded", "active", "generation", "source"))),
         "  lag {}  last convergence {}  consecutive failures {}".format(
-            _seconds(rev.get("lag_s")),
-            _seconds(rev.get("last_convergence_s")),
-            _cell(rev.get("consecutive_failures")),
-        ),
-        "  control plane up {}  last error {}".format(
-            _yes_no(rev.get("control_plane_up")), _cell(rev.get("last_error"))
-        ),
+            _seconds(rev.get("lag_s")), _seconds(rev.get("last_convergence_s")),
+            _cell(rev.get("consecutive_failures"))),
+        "  control plane up {}  last error {}".format(_yes_no(rev.get("control_plane_up")),
+                                                      _cell(rev.get("last_error"))),
     ]
     rejection = rev.get("last_rejection")
     if isinstance(rejection, dict):
         lines.append(
             "  last rejection: revision {} ({}) at {}: {}".format(
-                *(_cell(rejection.get(k)) for k in ("revision", "reason", "at", "detail"))
-            )
+                *(_cell(rejection.get(k)) for k in ("revision", "reason", "at", "detail")))
         )
     else:
         lines.append("  last rejection: none")
 
-    children = doc.get("children")
-    lines.append("children")
-    if isinstance(children, dict) and children:
-        rows = [
-            [_cell(name), *(_cell(c.get(k)) for k in ("state", "restarts", "last_error"))]
-            if isinstance(c, dict)
-            else [_cell(name), "-", "-", "-"]
-            for name, c in children.items()
-        ]
-        lines += table(("NAME", "STATE", "RESTARTS", "LAST ERROR"), rows, indent="  ")
-    else:
-        lines.append("  (none)")
-
-    fanout = doc.get("fanout")
-    lines.append("fanout")
-    if isinstance(fanout, dict) and fanout:
-        rows = [
-            [_cell(kind), *(_cell(f.get(k)) for k in ("state", "objects", "last_error_class"))]
-            if isinstance(f, dict)
-            else [_cell(kind), "-", "-", "-"]
-            for kind, f in fanout.items()
-        ]
-        lines += table(("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"), rows, indent="  ")
-    else:
-        lines.append("  (none)")
+    lines += _table(doc, "children", ("NAME", "STATE", "RESTARTS", "LAST ERROR"),
+                    ("state", "restarts", "last_error"))
+    lines += _table(doc, "fanout", ("KIND", "STATE", "OBJECTS", "LAST ERROR CLASS"),
+                    ("state", "objects", "last_error_class"))
     leadership = doc.get("leadership")
     if isinstance(leadership, dict):  # absent from replicas without an election
         lines.append("leadership: {}  holder {}  lease {}".format(

@@ -55,27 +55,14 @@ from typing import Any
 import msgspec
 import trio
 
-from supervisor.admin.frames import ConnectionGone, Encoded, RawSend, text_frame
 from supervisor.events import Event, EventBus, Subscription, utc_now_iso
 from supervisor.logs import get_logger
 from supervisor.status_doc import StatusDocument
 from supervisor.telemetry import Metrics
 
-__all__ = [
-    "CLOSE_GOING_AWAY",
-    "CLOSE_TOO_SLOW",
-    "ConnectionGone",
-    "Encoded",
-    "FirstMessage",
-    "RawSend",
-    "Receive",
-    "Scope",
-    "Send",
-    "StreamHub",
-    "StreamSettings",
-    "encode_json",
-    "text_frame",
-]
+__all__ = ["CLOSE_GOING_AWAY", "CLOSE_TOO_SLOW", "ConnectionGone", "Encoded", "FirstMessage",
+           "RawSend", "Receive", "Scope", "Send", "StreamHub", "StreamSettings", "encode_json",
+           "text_frame"]
 
 log = get_logger("admin.stream")
 
@@ -85,6 +72,37 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_SLOW = 1013
+
+# Writes bytes that are already a complete WebSocket frame; ConnectionGone when
+# the connection is gone.
+RawSend = Callable[[bytes], Awaitable[None]]
+
+
+class ConnectionGone(Exception):
+    """A raw write found the connection closed or reset (RawSend's only failure)."""
+
+
+def text_frame(payload: bytes) -> bytes:
+    """``payload`` (UTF-8) as one final, unmasked WebSocket text frame (RFC 6455,
+    section 5.2): what a server sends, identical for every client."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x81, n))
+    elif n < 1 << 16:
+        header = bytes((0x81, 126)) + n.to_bytes(2, "big")
+    else:
+        header = bytes((0x81, 127)) + n.to_bytes(8, "big")
+    return header + payload
+
+
+class Encoded:
+    """One message, encoded once: its text (for ASGI) and its frame (for raw writes)."""
+
+    __slots__ = ("frame", "text")
+
+    def __init__(self, payload: bytes) -> None:
+        self.text = payload.decode()
+        self.frame = text_frame(payload)
 
 
 def _fallback(obj: Any) -> Any:
@@ -121,16 +139,14 @@ class StreamSettings:
     monitor_interval_s: float = 0.5  # how often the monitor looks for blocked writes
 
 
+@dataclass(eq=False, slots=True)
 class _Client:
-    __slots__ = ("aborted", "dropped", "peer", "sending_since", "sub", "wait_scope")
-
-    def __init__(self, sub: Subscription, peer: tuple[str, int] | None) -> None:
-        self.sub = sub
-        self.peer = peer
-        self.sending_since: float | None = None
-        self.wait_scope: trio.CancelScope | None = None
-        self.aborted = False
-        self.dropped = False
+    sub: Subscription
+    peer: tuple[str, int] | None
+    sending_since: float | None = None
+    wait_scope: trio.CancelScope | None = None
+    aborted: bool = False
+    dropped: bool = False
 
 
 class StreamHub:
@@ -141,18 +157,12 @@ class StreamHub:
     ``scope["client"]``) and returns whether it found one; the server provides it.
     """
 
-    def __init__(
-        self,
-        events: EventBus,
-        status: Callable[[], StatusDocument],
-        metrics: Metrics,
-        settings: StreamSettings | None = None,
-        *,
-        abort: Callable[[tuple[str, int]], bool] | None = None,
-        raw_sender: Callable[[tuple[str, int]], RawSend | None] | None = None,
-        encode: Callable[[Any], bytes] = encode_json,
-        clock: Callable[[], float] = trio.current_time,
-    ) -> None:
+    def __init__(self, events: EventBus, status: Callable[[], StatusDocument], metrics: Metrics,
+                 settings: StreamSettings | None = None, *,
+                 abort: Callable[[tuple[str, int]], bool] | None = None,
+                 raw_sender: Callable[[tuple[str, int]], RawSend | None] | None = None,
+                 encode: Callable[[Any], bytes] = encode_json,
+                 clock: Callable[[], float] = trio.current_time) -> None:
         self.settings = settings if settings is not None else StreamSettings()
         self._events = events
         self._status = status
@@ -189,21 +199,16 @@ class StreamHub:
         """Run one accepted-to-be client: the app has read ``websocket.connect``
         and checked the token; this accepts, streams, and closes."""
         peer = _peer(scope)
-        # Subscribe and snapshot the state in one synchronous step: an event is
-        # either reflected in the first message or delivered after it, never both.
+        # Snapshot the state and subscribe in one synchronous step (no checkpoint
+        # between): an event is either reflected in the first message or
+        # delivered after it, never both.
+        first = FirstMessage(**msgspec.structs.asdict(self._status()),
+                             heartbeat_s=self.settings.heartbeat_s)
+        first_message = Encoded(encode_json(first))
+        raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer)
-        try:
-            first = FirstMessage(**msgspec.structs.asdict(self._status()),
-                                 heartbeat_s=self.settings.heartbeat_s)
-            first_message = Encoded(encode_json(first))
-        except BaseException:
-            sub.close()
-            raise
         self._add(client)
-        raw = None
-        if self._raw_sender is not None and peer is not None:
-            raw = self._raw_sender(peer)
         try:
             await send({"type": "websocket.accept"})
             # Through the connection: its handshake response must be out first.
@@ -232,9 +237,8 @@ class StreamHub:
                 scope.cancel()
                 return
 
-    async def _write_events(
-        self, client: _Client, send: Send, raw: RawSend | None
-    ) -> tuple[int, str] | None:
+    async def _write_events(self, client: _Client, send: Send,
+                            raw: RawSend | None) -> tuple[int, str] | None:
         """Forward events until the client must be closed: returns the close code and
         reason, or None when the connection is already gone."""
         heartbeat = self.settings.heartbeat_s
@@ -248,27 +252,22 @@ class StreamHub:
             if self._closing.is_set():
                 return (CLOSE_GOING_AWAY, "going away")
             event: Event | None = None
-            ended = False
             try:
-                # Fast path, no cancel scope: an event is already waiting.
-                event = receive.receive_nowait()
-            except trio.EndOfChannel:
-                ended = True
-            except trio.WouldBlock:
-                # Only the wait is cancellable from outside (close_all, abort); a
-                # write in progress is never interrupted, so no frame is ever cut
-                # in half. The scope's deadline is the heartbeat.
-                with trio.CancelScope(deadline=trio.current_time() + heartbeat) as wait_scope:
-                    client.wait_scope = wait_scope
-                    try:
+                try:
+                    # Fast path, no cancel scope: an event is already waiting.
+                    event = receive.receive_nowait()
+                except trio.WouldBlock:
+                    # Only the wait is cancellable from outside (close_all, abort); a
+                    # write in progress is never interrupted, so no frame is ever cut
+                    # in half. The scope's deadline is the heartbeat.
+                    with trio.CancelScope(deadline=trio.current_time() + heartbeat) as wait_scope:
+                        client.wait_scope = wait_scope
                         event = await receive.receive()
-                    except trio.EndOfChannel:
-                        ended = True
-                client.wait_scope = None
-                if wait_scope.cancelled_caught and (client.aborted or self._closing.is_set()):
-                    continue
-            if ended:
-                # The bus closes a channel only when it overflows.
+                    client.wait_scope = None
+                    if wait_scope.cancelled_caught and (client.aborted or self._closing.is_set()):
+                        continue
+            except trio.EndOfChannel:
+                # The bus closes a channel only when it overflows (said at the loop's top).
                 if client.sub.overflowed:
                     continue
                 return (CLOSE_GOING_AWAY, "going away")
@@ -319,7 +318,8 @@ class StreamHub:
         if not client.dropped:
             client.dropped = True
             self._metrics.stream_dropped.inc()
-            log.warning("stream client too slow; closing", peer=_peer_text(client.peer))
+            peer = None if client.peer is None else "{}:{}".format(*client.peer)
+            log.warning("stream client too slow; closing", peer=peer)
 
     def _abort(self, client: _Client) -> None:
         client.aborted = True
@@ -381,6 +381,3 @@ def _peer(scope: Scope) -> tuple[str, int] | None:
         return (str(client[0]), client[1])
     return None
 
-
-def _peer_text(peer: tuple[str, int] | None) -> str | None:
-    return None if peer is None else f"{peer[0]}:{peer[1]}"

@@ -89,9 +89,8 @@ class ConfigReload:
         fresh: Config | None = None
         with trio.move_on_after(self.timeout_s) as scope:
             try:
-                fresh = await trio.to_thread.run_sync(
-                    partial(self._read, self.path), abandon_on_cancel=True,
-                    limiter=self._limiter)
+                fresh = await trio.to_thread.run_sync(partial(self._read, self.path),
+                                                      abandon_on_cancel=True, limiter=self._limiter)
             except ConfigError as exc:
                 log.error("SIGHUP: configuration not reloaded", error=str(exc))
                 return None

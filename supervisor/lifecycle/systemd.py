@@ -74,11 +74,6 @@ class Notifier:
     def stopping(self) -> None:
         self.send(STOPPING="1", STATUS="stopping")
 
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
 
 def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
     """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off for us."""
@@ -92,9 +87,7 @@ def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
     return int(usec) / 2 / 1_000_000
 
 
-async def run_watchdog(
-    notifier: Notifier, interval_s: float, healthy: Callable[[], bool]
-) -> None:
+async def run_watchdog(notifier: Notifier, interval_s: float, healthy: Callable[[], bool]) -> None:
     """Ping ``WATCHDOG=1`` every ``interval_s`` while ``healthy()``; runs until cancelled.
 
     A crash-looping tree stops the pings, so systemd's ``WatchdogSec`` restarts

@@ -8,7 +8,8 @@ import msgspec
 import pytest
 import trio
 
-from supervisor.admin.app import AdminApp, etag_matches
+from supervisor.admin.app import AdminApp
+from supervisor.admin.responses import etag_matches
 from supervisor.admin.stream import StreamHub
 from supervisor.status_doc import ChildReport
 from tests.adminserver import call, make_ctx

@@ -18,7 +18,7 @@ import trio.testing
 
 from supervisor.app import Daemon
 from supervisor.config import Config, ControlPlaneConfig
-from supervisor.health import status_line
+from supervisor.health import stall_limit_s, status_line
 from supervisor.lifecycle.systemd import Notifier, run_watchdog
 from supervisor.tree import ChildSpec, Supervisor
 
@@ -64,7 +64,7 @@ class HangsOnSecondStart:
 def daemon_with(hanger: HangsOnSecondStart) -> Daemon:
     daemon = Daemon(Config(control_plane=ControlPlaneConfig(poll_interval_s=1.0,
                                                             backoff_max_s=1.0)))
-    assert daemon.start_limit_s() == LIMIT_S
+    assert stall_limit_s(daemon.config.control_plane) == LIMIT_S
 
     async def attempts(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
