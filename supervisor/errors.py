@@ -12,8 +12,8 @@ so a caller never needs to know which driver sits underneath::
     ├── StartError               a resource needed at start cannot be had now (exit 1)
     ├── LabelledError            a failure told by .reason, .revision, .detail
     │   ├── controlplane.errors.ControlPlaneError  store failures, by category
-    │   └── revision.errors.RevisionError          decode and compile refusals, by reason
-    ├── sinks.lkg.CacheError                   last-known-good refusals
+    │   ├── revision.errors.RevisionError          decode and compile refusals, by reason
+    │   └── sinks.lkg.CacheError                   last-known-good refusals
     ├── kube.errors.KubeError                  Kubernetes API failures
     └── admin.errors.AdminError                admin server start failures
 
@@ -114,7 +114,7 @@ def find_leaf(
     return None
 
 
-def _innermost(exc: BaseException) -> BaseException:
+def innermost(exc: BaseException) -> BaseException:
     """The last exception of ``exc``'s chain: its cause, else its context, and so on
     (a group's first exception: trio's "all attempts to connect failed" holds each).
 
@@ -159,7 +159,7 @@ def describe_failure(exc: BaseException, *, limit: int = 500,
     At most ``limit`` characters: ``exc``'s own text is cut first, so the cause
     survives a long message.
     """
-    inner = _innermost(exc)
+    inner = innermost(exc)
     why = "" if inner is exc else (_own_text(inner) or type(inner).__name__)
     own = _own_text(exc)
     if why and why in own:

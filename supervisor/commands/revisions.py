@@ -381,12 +381,13 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
 
     A replica that cannot be read does not stop the rollback (the control plane
     is the authority; the replicas may be down, which is often why one rolls
-    back): a warning says that its refusal could not be checked.
+    back): a warning says that its refusal could not be checked, unless nothing
+    listens at the address the configuration names (no ``--url``).
     """
     import sys
 
     from supervisor.admin.errors import AdminUnreachable
-    from supervisor.errors import ConfigError
+    from supervisor.errors import ConfigError, innermost
 
     try:
         urls, token, ssl_context = replica_access(args)
@@ -402,7 +403,11 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
     for url, doc in zip(urls, replica_statuses(urls, token, ssl_context, timeout_s=3.0),
                         strict=True):
         if isinstance(doc, AdminUnreachable):
-            unread.append(str(doc))
+            # Nothing listening where --config points is the usual case on an operator's
+            # machine; a replica that answered but could not be read (its certificate, its
+            # token) or one named with --url is worth the warning.
+            if args.url or not isinstance(innermost(doc), ConnectionRefusedError):
+                unread.append(str(doc))
             continue
         revision = doc.get("revision")
         rejection = revision.get("last_rejection") if isinstance(revision, dict) else None
@@ -413,9 +418,8 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
     if found:
         raise UsageError("; ".join(sorted(found)) + "; desired was not changed (--force rolls "
                          "back to it anyway)")
-    if args.url:
-        for why in unread:
-            print(f"warning: cannot check the replica's last refusal: {why}", file=sys.stderr)
+    for why in unread:
+        print(f"warning: cannot check the replica's last refusal: {why}", file=sys.stderr)
 
 
 # -- db prune -----------------------------------------------------------------------

@@ -106,3 +106,20 @@ async def test_rollback_without_the_replicas_token_says_it_did_not_ask(tmp_path:
     named = await acli("rollback", "2", "--config", config, "--token-file",
                        str(tmp_path / "no-such.token"), check=False)
     assert named.returncode == 2 and "--token-file" in named.stderr
+
+
+async def test_rollback_with_no_replica_listening_where_the_config_points_says_nothing(
+        tmp_path: Path) -> None:
+    """Nothing listening at the configuration's admin address is the usual case on an
+    operator's machine: the rollback is done without a warning; named with --url, the
+    same address is warned about."""
+    config = str(write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db"))
+    await acli("publish", "--config", config, str(EXAMPLE))
+    await acli("publish", "--config", config, str(_other(tmp_path)))
+    quiet = await acli("rollback", "1", "--config", config, check=False)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "warning" not in quiet.stderr, quiet.stderr
+    named = await acli("rollback", "2", "--config", config, "--url", "http://127.0.0.1:1",
+                       check=False)
+    assert named.returncode == 0, named.stderr
+    assert "warning: cannot check the replica's last refusal" in named.stderr
