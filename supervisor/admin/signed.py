@@ -26,9 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
-
-from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, Header
+from supervisor.sinks.lkg.fileformat import (
+    MAGIC,
+    MAX_HEADER_BYTES,
+    SIGNATURE_BYTES,
+    Header,
+    peek_header,
+)
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
 from supervisor.sinks.lkg.statement import Statement
 
@@ -85,7 +89,7 @@ class SignedRevisionFile:
             raise Unservable(f"the cache file cannot be read: {exc}") from exc
         if data is None:
             raise Unservable("the active revision has not been written to the cache yet")
-        header = _header_of(data)
+        header = peek_header(data, Header)
         if header is None or header.revision != revision or (
             body_sha256 is not None and header.body_sha256 != body_sha256.hex()
         ):
@@ -98,17 +102,3 @@ class SignedRevisionFile:
             raise Unservable("the cache file is larger than any revision can be")
         self._held = (etag_for(revision, body_sha256, statement), data)
         return data
-
-
-def _header_of(data: bytes) -> Header | None:
-    """The header, UNVERIFIED (the follower verifies; here it only picks the file)."""
-    start = len(MAGIC) + 4
-    if not data.startswith(MAGIC) or len(data) < start:
-        return None
-    length = int.from_bytes(data[len(MAGIC):start], "big")
-    if length > MAX_HEADER_BYTES or len(data) < start + length:
-        return None
-    try:
-        return msgspec.json.decode(data[start:start + length], type=Header)
-    except msgspec.DecodeError:
-        return None

@@ -46,7 +46,7 @@ import hmac
 import struct
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn, TypeVar
 
 import msgspec
 import nacl.exceptions
@@ -67,6 +67,7 @@ __all__ = [
     "decode_file",
     "encode_file",
     "encode_header",
+    "peek_header",
     "peek_revision",
 ]
 
@@ -77,6 +78,7 @@ FIRST_FORMAT_VERSION: Final = 1
 MAX_HEADER_BYTES: Final = 64 * 1024
 SIGNATURE_BYTES: Final = 64
 _LENGTH: Final = struct.Struct(">I")
+_Peeked = TypeVar("_Peeked")
 
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 _Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
@@ -282,21 +284,28 @@ class _RevisionPeek(msgspec.Struct):
     revision: Any = None
 
 
-def peek_revision(prefix: bytes) -> int | None:
-    """The header's ``revision`` from the first bytes of a file, UNVERIFIED; None if unreadable.
+def peek_header(prefix: bytes, kind: type[_Peeked]) -> _Peeked | None:
+    """The header decoded as ``kind`` from the first bytes of a file, UNVERIFIED; None if
+    unreadable.
 
-    For decisions that only ever remove or report (never serve): nothing here is
-    authenticated. ``prefix`` needs only the magic, the length and the header.
+    For decisions that never serve on their own (pick, remove or report a file):
+    nothing here is authenticated. ``prefix`` needs only the magic, the length
+    and the header.
     """
-    if not prefix.startswith(MAGIC) or len(prefix) < len(MAGIC) + _LENGTH.size:
+    start = len(MAGIC) + _LENGTH.size
+    if not prefix.startswith(MAGIC) or len(prefix) < start:
         return None
     (header_len,) = _LENGTH.unpack_from(prefix, len(MAGIC))
-    start = len(MAGIC) + _LENGTH.size
     if header_len > MAX_HEADER_BYTES or len(prefix) < start + header_len:
         return None
     try:
-        revision = msgspec.json.decode(prefix[start : start + header_len], type=_RevisionPeek)
+        return msgspec.json.decode(prefix[start : start + header_len], type=kind)
     except msgspec.DecodeError:
         return None
-    value = revision.revision
+
+
+def peek_revision(prefix: bytes) -> int | None:
+    """The header's ``revision`` (:func:`peek_header`), a non-negative integer or None."""
+    peeked = peek_header(prefix, _RevisionPeek)
+    value = None if peeked is None else peeked.revision
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
