@@ -549,10 +549,14 @@ async def test_a_refusal_without_a_revision_is_logged_as_a_refusal_not_an_outage
 async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     class HydrateDown(FakeStore):
         down = False
+        denied = False
 
         async def hydrate(self) -> Any:
             if self.down:
                 raise ControlPlaneError("connection reset", category=FailureCategory.UNAVAILABLE)
+            if self.denied:
+                raise ControlPlaneError("permission denied for table supervisor_desired",
+                                        category=FailureCategory.DENIED)
             return await super().hydrate()
 
     store = HydrateDown()
@@ -574,6 +578,11 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     assert rec.status.report().control_plane_up is True
     assert rec.status.report().desired == 3
     assert sample(rec.metrics, "supervisor_desired_revision") == 3
+    # A refusal about no revision (the pointer's read denied) says nothing of what is desired.
+    store.denied = True
+    outcome = await rec.converge_once("notify")
+    assert (outcome.reason, outcome.revision) == (reasons.DENIED, None)
+    assert rec.status.report().desired == 3
 
 
 async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
