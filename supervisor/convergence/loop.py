@@ -152,6 +152,10 @@ async def compile_body(body: bytes, revision: int, generation: int,
 
 
 class ConvergenceLoop:
+    #: The delay the schedule gave after the last attempt (set by every attempt):
+    #: the wait before the next one unless woken.
+    retry_in_s: float
+
     def __init__(
         self,
         store: ControlPlaneStore,
@@ -188,9 +192,6 @@ class ConvergenceLoop:
         self.schedule = Schedule(poll_interval_s=poll_interval_s,
                                  backoff_initial_s=backoff_initial_s,
                                  backoff_max_s=backoff_max_s, rng=rng)
-        #: The delay the schedule gave after the last attempt (None: none yet):
-        #: the wait before the next one unless woken.
-        self.retry_in_s: float | None = None
         self.resolver = resolver
         self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
                                status=sink_status, forward_to=forward_to)
@@ -460,7 +461,6 @@ class ConvergenceLoop:
                 outcome = await self.converge_once(wakeup.trigger)
             finally:
                 wakeup.resolve(answer_for(outcome))
-            assert self.retry_in_s is not None
             wakeup = await self._next_wakeup(self.retry_in_s, self.schedule.floor_after(outcome))
 
     async def _next_wakeup(self, delay: float, floor: float) -> WakeupBatch:
