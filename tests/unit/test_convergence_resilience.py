@@ -546,6 +546,25 @@ async def test_a_refusal_without_a_revision_is_logged_as_a_refusal_not_an_outage
                       "keeps serving"]
 
 
+async def test_a_different_refusal_without_a_revision_is_logged_at_once() -> None:
+    class Refusing(FakeStore):
+        error = ControlPlaneError("permission denied", category=FailureCategory.DENIED)
+
+        async def observe(self) -> Any:
+            raise self.error
+
+    store = Refusing()
+    rec = make(store)
+    with structlog.testing.capture_logs() as logs:
+        await rec.converge_once()
+        await rec.converge_once()  # the same refusal within a minute: not logged again
+        store.error = ControlPlaneError("malformed desired pointer",
+                                        category=FailureCategory.INVALID)
+        await rec.converge_once()  # another refusal: a new streak, logged at once
+    refused = [e["detail"] for e in logs if e["log_level"] == "error"]
+    assert refused == ["permission denied", "malformed desired pointer"]
+
+
 async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     class HydrateDown(FakeStore):
         down = False

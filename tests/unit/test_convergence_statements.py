@@ -160,6 +160,17 @@ async def test_a_root_signs_again_when_its_sequence_moves(tmp_path: Path) -> Non
     assert rec.status.report().sequence == 2
 
 
+async def test_what_serves_follows_the_sequence_also_without_a_signing_key() -> None:
+    store = RootStore()
+    store.put(BODY)
+    rec = make(store)  # no cache: nothing is signed
+    await rec.converge_once()
+    assert (rec.state.statement, rec.status.report().sequence) == (None, 1)
+    await store.rollback(1, hashlib.sha256(BODY).digest())
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    assert (rec.state.statement, rec.status.report().sequence) == (None, 2)
+
+
 async def test_a_statement_signed_as_unknown_is_signed_again_once_the_root_names_itself(
     tmp_path: Path,
 ) -> None:
