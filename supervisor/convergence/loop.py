@@ -328,12 +328,13 @@ class ConvergenceLoop:
             self.state.sequence = pointer.sequence
         served = self.state.statement
         fresh = pointer.statement
+        # The export of what serves (each publish exports before its swap); None without a cache.
+        last = self.sinks.last_export
         if fresh is None:
             due = (served is None or served.sequence != pointer.sequence
                    or served.root != (self.status.identity or "unknown")
                    or served.age_s(self.wall_clock()) >= self.statement_ttl_s / 2)
-            last = self.sinks.last_export
-            if not due or last is None or pointer.sequence is None:
+            if not due or last is None:
                 return
             fresh = self._statement_for(LoadedRevision(
                 id=pointer.revision, schema_version=last.schema_version, body=b"",
@@ -343,9 +344,7 @@ class ConvergenceLoop:
                 return
         elif served is not None and fresh.etag() == served.etag():
             return
-        last = self.sinks.last_export
-        if (last is not None and last.revision == fresh.revision
-                and hashlib.sha256(last.body).hexdigest() == fresh.body_sha256):
+        if last is not None:
             with trio.CancelScope(shield=True):
                 await self.sinks.export(replace(last, statement=fresh))
         self.state.restate(fresh)
