@@ -65,11 +65,17 @@ class RootStore(FakeStore):
 
 
 class UpstreamStore(FakeStore):
-    """The fake store read as a follower's upstream: every read carries the root's statement."""
+    """A follower's upstream desiring revision 1 (BODY): every read carries the root's statement."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.signed = b""
+        self.root = Root()
+        self.put(BODY)
+        self.sign(T0)
+
+    def sign(self, issued_at: datetime) -> None:
+        """The root signs revision 1 anew (the same sequence), issued at ``issued_at``."""
+        self.signed = self.root.sign(1, sequence=7, body=BODY, issued_at=issued_at)
 
     def statement(self) -> Statement:
         return statement_of(self.signed)
@@ -93,8 +99,13 @@ def cached_statement(cache: LastKnownGood) -> Statement | None:
     return cached.statement
 
 
-def root_loop(tmp_path: Path, store: FakeStore, clock: Clock, **kw: Any) -> Any:
-    return make(store, cache=real_cache(tmp_path), wall_clock=clock, statement_ttl_s=60.0, **kw)
+def a_root(tmp_path: Path, store: RootStore | None = None) -> tuple[Any, RootStore, Clock]:
+    """A root's loop (a signing cache, a 60 s lifetime) on ``store``, which desires BODY."""
+    store = store or RootStore()
+    store.put(BODY)
+    clock = Clock()
+    rec = make(store, cache=real_cache(tmp_path), wall_clock=clock, statement_ttl_s=60.0)
+    return rec, store, clock
 
 
 # -- a root signs ------------------------------------------------------------
@@ -103,10 +114,7 @@ def root_loop(tmp_path: Path, store: FakeStore, clock: Clock, **kw: Any) -> Any:
 async def test_a_root_signs_what_it_publishes_with_its_sequence_and_identity(
     tmp_path: Path,
 ) -> None:
-    store = RootStore()
-    store.put(BODY)
-    clock = Clock()
-    rec = root_loop(tmp_path, store, clock)
+    rec, _store, _clock = a_root(tmp_path)
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
     signed = rec.state.statement
     assert signed == Statement(1, hashlib.sha256(BODY).hexdigest(), 1, "fake:1", T0,
@@ -129,10 +137,7 @@ async def test_nothing_is_signed_without_a_signing_key_or_a_sequence(tmp_path: P
 
 
 async def test_a_converged_root_signs_again_past_half_the_lifetime(tmp_path: Path) -> None:
-    store = RootStore()
-    store.put(BODY)
-    clock = Clock()
-    rec = root_loop(tmp_path, store, clock)
+    rec, _store, clock = a_root(tmp_path)
     await rec.converge_once()
     first = rec.state.statement
     clock.advance(29)
@@ -148,9 +153,7 @@ async def test_a_converged_root_signs_again_past_half_the_lifetime(tmp_path: Pat
 
 
 async def test_a_root_signs_again_when_its_sequence_moves(tmp_path: Path) -> None:
-    store = RootStore()
-    store.put(BODY)
-    rec = root_loop(tmp_path, store, Clock())
+    rec, store, _ = a_root(tmp_path)
     await rec.converge_once()
     # The pointer moved (an operator's rollback to what serves): a higher sequence.
     await store.rollback(1, hashlib.sha256(BODY).digest())
@@ -174,9 +177,7 @@ async def test_what_serves_follows_the_sequence_also_without_a_signing_key() -> 
 async def test_a_statement_signed_as_unknown_is_signed_again_once_the_root_names_itself(
     tmp_path: Path,
 ) -> None:
-    store = RootStore(identity=None)
-    store.put(BODY)
-    rec = root_loop(tmp_path, store, Clock())
+    rec, store, _ = a_root(tmp_path, RootStore(identity=None))
     await rec.converge_once()
     assert rec.state.statement is not None and rec.state.statement.root == "unknown"
     store.identity = "fake:1"
@@ -188,10 +189,7 @@ async def test_a_statement_signed_as_unknown_is_signed_again_once_the_root_names
 async def test_a_root_that_cannot_read_its_control_plane_lets_its_statement_age(
     tmp_path: Path,
 ) -> None:
-    store = RootStore()
-    store.put(BODY)
-    clock = Clock()
-    rec = root_loop(tmp_path, store, clock)
+    rec, store, clock = a_root(tmp_path)
     await rec.converge_once()
     first = rec.state.statement
     store.outage = True
@@ -202,10 +200,7 @@ async def test_a_root_that_cannot_read_its_control_plane_lets_its_statement_age(
 
 
 async def test_a_restarted_root_serves_under_a_statement_signed_anew(tmp_path: Path) -> None:
-    store = RootStore()
-    store.put(BODY)
-    clock = Clock()
-    first = root_loop(tmp_path, store, clock)
+    first, store, clock = a_root(tmp_path)
     await first.converge_once()
     clock.advance(10)
     # A new child run shares the serving state and re-writes the sinks at its first attempt.
@@ -229,10 +224,7 @@ def follower(tmp_path: Path, store: UpstreamStore, **kw: Any) -> Any:
 async def test_a_follower_serves_under_the_roots_statement_and_keeps_its_bytes(
     tmp_path: Path,
 ) -> None:
-    root = Root()
     store = UpstreamStore()
-    store.put(BODY)
-    store.signed = root.sign(1, sequence=7, body=BODY, issued_at=T0)
     rec, seen = follower(tmp_path, store)
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
     assert rec.state.statement == store.statement()
@@ -248,14 +240,11 @@ async def test_a_follower_serves_under_the_roots_statement_and_keeps_its_bytes(
 
 
 async def test_a_converged_follower_passes_a_fresher_statement_on_once(tmp_path: Path) -> None:
-    root = Root()
     store = UpstreamStore()
-    store.put(BODY)
-    store.signed = root.sign(1, sequence=7, body=BODY, issued_at=T0)
     rec, _ = follower(tmp_path, store)
     await rec.converge_once()
     forward = Path(rec.sinks.forward_to)
-    store.signed = root.sign(1, sequence=7, body=BODY, issued_at=T0 + timedelta(seconds=30))
+    store.sign(T0 + timedelta(seconds=30))
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     fresh = store.statement()
     assert rec.state.statement == fresh
@@ -270,8 +259,6 @@ async def test_a_forward_file_that_cannot_be_written_never_blocks_serving(
     tmp_path: Path,
 ) -> None:
     store = UpstreamStore()
-    store.put(BODY)
-    store.signed = Root().sign(1, sequence=7, body=BODY)
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where a directory should be")
     rec = make(store, status=RevisionStatus(ActiveState(upstream=HUB)),
@@ -287,10 +274,7 @@ async def test_a_forward_file_that_cannot_be_written_never_blocks_serving(
 async def test_a_shutdown_while_a_fresher_statement_is_passed_on_still_serves_under_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    root = Root()
     store = UpstreamStore()
-    store.put(BODY)
-    store.signed = root.sign(1, sequence=7, body=BODY, issued_at=T0)
     rec, _ = follower(tmp_path, store)
     await rec.converge_once()
     entered, release = threading.Event(), threading.Event()
@@ -302,19 +286,12 @@ async def test_a_shutdown_while_a_fresher_statement_is_passed_on_still_serves_un
         return write(path, data, **kw)
 
     monkeypatch.setattr(side_sinks, "write_atomic", held)
-    store.signed = root.sign(1, sequence=7, body=BODY, issued_at=T0 + timedelta(seconds=30))
-    scope = trio.CancelScope()
-
-    async def converge() -> None:
-        with scope:
-            await rec.converge_once()
-
+    store.sign(T0 + timedelta(seconds=30))
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(converge)
+            nursery.start_soon(rec.converge_once)
             await trio.to_thread.run_sync(entered.wait, 10)
-            scope.cancel()  # a SIGTERM while the forward file is being written
-            await trio.sleep(0)
+            nursery.cancel_scope.cancel()  # a SIGTERM while the forward file is being written
             release.set()
     # The forward file, the cache and what serves agree on the fresher statement.
     assert Path(rec.sinks.forward_to).read_bytes() == store.signed
