@@ -83,14 +83,20 @@ class UpstreamStore(FakeStore):
     async def observe(self) -> RevisionPointer | None:
         pointer = await super().observe()
         statement = self.statement()
-        return None if pointer is None else replace(pointer, sequence=statement.sequence,
-                                                    statement=statement)
+        return (
+            None
+            if pointer is None
+            else replace(pointer, sequence=statement.sequence, statement=statement)
+        )
 
     async def hydrate(self) -> LoadedRevision | None:
         loaded = await super().hydrate()
         statement = self.statement()
-        return None if loaded is None else replace(loaded, sequence=statement.sequence,
-                                                   statement=statement)
+        return (
+            None
+            if loaded is None
+            else replace(loaded, sequence=statement.sequence, statement=statement)
+        )
 
 
 def cached_statement(cache: LastKnownGood) -> Statement | None:
@@ -117,8 +123,9 @@ async def test_a_root_signs_what_it_publishes_with_its_sequence_and_identity(
     rec, _store, _clock = a_root(tmp_path)
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
     signed = rec.state.statement
-    assert signed == Statement(1, hashlib.sha256(BODY).hexdigest(), 1, "fake:1", T0,
-                               T0 + timedelta(seconds=60))
+    assert signed == Statement(
+        1, hashlib.sha256(BODY).hexdigest(), 1, "fake:1", T0, T0 + timedelta(seconds=60)
+    )
     assert cached_statement(rec.sinks.cache) == signed
     assert rec.status.report().sequence == 1
 
@@ -146,8 +153,9 @@ async def test_a_converged_root_signs_again_past_half_the_lifetime(tmp_path: Pat
     clock.advance(1)
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     fresh = rec.state.statement
-    assert fresh == replace(first, issued_at=T0 + timedelta(seconds=30),
-                            expires_at=T0 + timedelta(seconds=90))
+    assert fresh == replace(
+        first, issued_at=T0 + timedelta(seconds=30), expires_at=T0 + timedelta(seconds=90)
+    )
     assert cached_statement(rec.sinks.cache) == fresh
     assert rec.status.generation == 1  # the same snapshot serves on
 
@@ -204,8 +212,9 @@ async def test_a_restarted_root_serves_under_a_statement_signed_anew(tmp_path: P
     await first.converge_once()
     clock.advance(10)
     # A new child run shares the serving state and re-writes the sinks at its first attempt.
-    second = make(store, status=first.status, cache=first.sinks.cache, wall_clock=clock,
-                  statement_ttl_s=60.0)
+    second = make(
+        store, status=first.status, cache=first.sinks.cache, wall_clock=clock, statement_ttl_s=60.0
+    )
     assert (await second.converge_once()).kind is OutcomeKind.CONVERGED
     signed = second.state.statement
     assert signed is not None and signed.issued_at == T0 + timedelta(seconds=10)
@@ -217,8 +226,13 @@ async def test_a_restarted_root_serves_under_a_statement_signed_anew(tmp_path: P
 
 def follower(tmp_path: Path, store: UpstreamStore, **kw: Any) -> Any:
     status = RevisionStatus(ActiveState(upstream=HUB))
-    return watched(store, status=status, cache=real_cache(tmp_path),
-                   forward_to=str(tmp_path / "cache" / "lkg.bin.upstream"), **kw)
+    return watched(
+        store,
+        status=status,
+        cache=real_cache(tmp_path),
+        forward_to=str(tmp_path / "cache" / "lkg.bin.upstream"),
+        **kw,
+    )
 
 
 async def test_a_follower_serves_under_the_roots_statement_and_keeps_its_bytes(
@@ -261,18 +275,26 @@ async def test_a_forward_file_that_cannot_be_written_never_blocks_serving(
     store = UpstreamStore()
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where a directory should be")
-    rec = make(store, status=RevisionStatus(ActiveState(upstream=HUB)),
-               cache=real_cache(tmp_path), forward_to=str(blocked / "lkg.bin.upstream"))
+    rec = make(
+        store,
+        status=RevisionStatus(ActiveState(upstream=HUB)),
+        cache=real_cache(tmp_path),
+        forward_to=str(blocked / "lkg.bin.upstream"),
+    )
     with structlog.testing.capture_logs() as logs:
         assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
     assert cached_statement(rec.sinks.cache) == store.statement()
     assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="cache") == 1
-    assert [e["log_level"] for e in logs
-            if e["event"].startswith("cannot keep the root's signed statement")] == ["warning"]
+    assert [
+        e["log_level"]
+        for e in logs
+        if e["event"].startswith("cannot keep the root's signed statement")
+    ] == ["warning"]
 
 
 async def test_a_shutdown_while_a_fresher_statement_is_passed_on_still_serves_under_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = UpstreamStore()
     rec, _ = follower(tmp_path, store)
