@@ -152,6 +152,10 @@ async def compile_body(body: bytes, revision: int, generation: int,
 
 
 class ConvergenceLoop:
+    #: The delay the schedule gave after the last attempt (set by every attempt):
+    #: the wait before the next one unless woken.
+    retry_in_s: float
+
     def __init__(
         self,
         store: ControlPlaneStore,
@@ -188,9 +192,6 @@ class ConvergenceLoop:
         self.schedule = Schedule(poll_interval_s=poll_interval_s,
                                  backoff_initial_s=backoff_initial_s,
                                  backoff_max_s=backoff_max_s, rng=rng)
-        #: The delay the schedule gave after the last attempt (None: none yet):
-        #: the wait before the next one unless woken.
-        self.retry_in_s: float | None = None
         self.resolver = resolver
         self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
                                status=sink_status, forward_to=forward_to)
@@ -327,12 +328,13 @@ class ConvergenceLoop:
             self.state.sequence = pointer.sequence
         served = self.state.statement
         fresh = pointer.statement
+        # The export of what serves (each publish exports before its swap); None without a cache.
+        last = self.sinks.last_export
         if fresh is None:
             due = (served is None or served.sequence != pointer.sequence
                    or served.root != (self.status.identity or "unknown")
                    or served.age_s(self.wall_clock()) >= self.statement_ttl_s / 2)
-            last = self.sinks.last_export
-            if not due or last is None or pointer.sequence is None:
+            if not due or last is None:
                 return
             fresh = self._statement_for(LoadedRevision(
                 id=pointer.revision, schema_version=last.schema_version, body=b"",
@@ -342,9 +344,7 @@ class ConvergenceLoop:
                 return
         elif served is not None and fresh.etag() == served.etag():
             return
-        last = self.sinks.last_export
-        if (last is not None and last.revision == fresh.revision
-                and hashlib.sha256(last.body).hexdigest() == fresh.body_sha256):
+        if last is not None:
             with trio.CancelScope(shield=True):
                 await self.sinks.export(replace(last, statement=fresh))
         self.state.restate(fresh)
@@ -460,7 +460,6 @@ class ConvergenceLoop:
                 outcome = await self.converge_once(wakeup.trigger)
             finally:
                 wakeup.resolve(answer_for(outcome))
-            assert self.retry_in_s is not None
             wakeup = await self._next_wakeup(self.retry_in_s, self.schedule.floor_after(outcome))
 
     async def _next_wakeup(self, delay: float, floor: float) -> WakeupBatch:

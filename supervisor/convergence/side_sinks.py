@@ -134,7 +134,7 @@ class SinkStatus:
 
 
 class SideSinks:
-    """The snapshot file and the cache, each with what it is due to hold."""
+    """The snapshot file and the cache, each with what it is due to hold (the loop's task alone)."""
 
     def __init__(self, metrics: Metrics, *, cache: LastKnownGood | None,
                  snapshot_file: SnapshotFile | None, status: SinkStatus | None = None,
@@ -209,8 +209,7 @@ class SideSinks:
         except OSError as exc:
             self._failed("snapshot_file", exc, path=self.snapshot_file.path)
         else:
-            if self._file_due is snapshot:
-                self._file_due = None
+            self._file_due = None
             self.status.ok("snapshot_file", path=self.snapshot_file.path,
                            revision=snapshot.revision)
 
@@ -273,7 +272,6 @@ class SideSinks:
         else:
             self._last_export = export
             self._cache_print = written
-            if self._cache_due is export:
-                self._cache_due = None
+            self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()
             self.status.ok("cache", path=cache.path, revision=export.revision)

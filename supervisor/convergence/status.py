@@ -142,11 +142,6 @@ class RevisionStatus:
         """Unix time the statement serving expires (0.0 without one)."""
         return self.statement.expires_at.timestamp() if self.statement is not None else 0.0
 
-    @property
-    def stale(self) -> bool:
-        """The statement serving has expired (False without one)."""
-        return self.statement is not None and self.statement.expired(self._wall_clock())
-
     def observed(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         """A successful read: the control plane is up and desires ``desired``.
 

@@ -84,7 +84,8 @@ TARGETS: dict[str, Target] = {
                                                           "signal", "status")),
         ("tests/unit/test_convergence_resilience.py", "tests/unit/test_convergence_effects.py",
          "tests/unit/test_revision_status.py", "tests/unit/test_convergence_loop.py",
-         "tests/unit/test_convergence_healing.py", "tests/unit/test_converge_requests.py"),
+         "tests/unit/test_convergence_healing.py", "tests/unit/test_converge_requests.py",
+         "tests/unit/test_convergence_statements.py"),
         85.0),
 }
 

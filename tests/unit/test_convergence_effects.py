@@ -27,13 +27,25 @@ from supervisor import reasons
 from supervisor.admin.context import AdminContext
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.convergence.outcome import OutcomeKind
+from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.file import SnapshotFile
+from supervisor.sinks.lkg import CacheUnwritable
 from supervisor.sinks.state import ActiveState
+from supervisor.status_doc import SinksReport
 from supervisor.telemetry import Metrics
-from tests.convergence import doc, events_of, exported, make, real_cache, sample, watched
+from tests.convergence import (
+    doc,
+    events_of,
+    exported,
+    make,
+    real_cache,
+    sample,
+    watched,
+    with_cache,
+)
 from tests.fakes.store import FakeStore
 
 REFUSED_LINE = "revision refused; previous snapshot keeps serving"
@@ -329,6 +341,51 @@ async def test_every_failure_streak_of_a_sink_is_logged_once_and_its_recovery_on
                      "sink write recovered"]
     assert sample(rec.metrics, "supervisor_sink_write_failures_total",
                   sink="snapshot_file") == 4
+
+
+async def test_each_sink_reports_ok_or_disabled_as_configured(tmp_path: Path) -> None:
+    assert SinkStatus().report() == SinksReport("disabled", "disabled", None, None)
+    store = FakeStore()
+    store.put(doc("a"))
+    only_file = make(store, snapshot_file=SnapshotFile(str(tmp_path / "snapshot.json")))
+    await only_file.converge_once()
+    assert only_file.sinks.status.report() == SinksReport("disabled", "ok", None, None)
+    only_cache, _ = with_cache(store)
+    await only_cache.converge_once()
+    assert only_cache.sinks.status.report() == SinksReport("ok", "disabled", None, None)
+
+
+async def test_a_failing_sink_reports_its_error_until_a_write_succeeds(tmp_path: Path) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    sink = FlakyFile(str(tmp_path / "snapshot.json"))
+    rec = make(store, snapshot_file=sink)
+    sink.fail = True
+    await rec.converge_once()
+    assert rec.sinks.status.report() == SinksReport(
+        "disabled", "failing", None, "[Errno 28] No space left on device")
+    sink.fail = False
+    await rec.converge_once()
+    assert rec.sinks.status.report() == SinksReport("disabled", "ok", None, None)
+
+
+async def test_a_restart_keeps_a_failing_sink_failing_and_one_left_out_is_disabled() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    sinks = SinkStatus()
+    first, cache = with_cache(store, sink_status=sinks)
+    cache.fail = True
+    await first.converge_once()
+    refused = str(CacheUnwritable(cache.path, "No space left on device"))
+    assert (sinks.state("cache"), sinks.error("cache")) == ("failing", refused)
+    # A restart with the cache: nothing was written since, so it is failing still.
+    make(store, status=first.status, cache=cache, sink_status=sinks)
+    assert (sinks.state("cache"), sinks.error("cache")) == ("failing", refused)
+    # A restart that left the cache out (unusable): disabled, its streak and error gone.
+    make(store, status=first.status, sink_status=sinks)
+    assert (sinks.state("cache"), sinks.error("cache")) == ("disabled", None)
+    make(store, status=first.status, cache=cache, sink_status=sinks)
+    assert (sinks.state("cache"), sinks.error("cache")) == ("ok", None)
 
 
 class VanishingCache:

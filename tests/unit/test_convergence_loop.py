@@ -12,10 +12,10 @@ import trio
 import trio.testing
 
 from supervisor import reasons
-from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, SchemaTooNew
 from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence.outcome import OutcomeKind
-from supervisor.errors import BootRefused
+from supervisor.errors import BootRefused, ConfigError
 from supervisor.sinks.file import SnapshotFile
 from tests.convergence import doc, make, sample
 from tests.fakes.store import FakeStore
@@ -194,6 +194,18 @@ async def test_bootstrap_refusals() -> None:
         await make(store).bootstrap()
     assert info.value.refusal == "unavailable"
     assert "no last-known-good cache" in str(info.value)
+
+
+async def test_a_control_plane_schema_newer_than_this_build_is_a_configuration_error() -> None:
+    class Migrated(FakeStore):
+        async def observe(self) -> RevisionPointer | None:
+            raise SchemaTooNew(9, 2)
+
+    with pytest.raises(ConfigError) as info:
+        await make(Migrated()).bootstrap()
+    assert info.value.path == "$.control_plane.url"
+    assert isinstance(info.value.__cause__, SchemaTooNew)
+    assert info.value.reason == str(info.value.__cause__)
 
 
 async def test_bootstrap_publishes_and_run_reports_started_after_it() -> None:

@@ -546,13 +546,36 @@ async def test_a_refusal_without_a_revision_is_logged_as_a_refusal_not_an_outage
                       "keeps serving"]
 
 
+async def test_a_different_refusal_without_a_revision_is_logged_at_once() -> None:
+    class Refusing(FakeStore):
+        error = ControlPlaneError("permission denied", category=FailureCategory.DENIED)
+
+        async def observe(self) -> Any:
+            raise self.error
+
+    store = Refusing()
+    rec = make(store)
+    with structlog.testing.capture_logs() as logs:
+        await rec.converge_once()
+        await rec.converge_once()  # the same refusal within a minute: not logged again
+        store.error = ControlPlaneError("malformed desired pointer",
+                                        category=FailureCategory.INVALID)
+        await rec.converge_once()  # another refusal: a new streak, logged at once
+    refused = [e["detail"] for e in logs if e["log_level"] == "error"]
+    assert refused == ["permission denied", "malformed desired pointer"]
+
+
 async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     class HydrateDown(FakeStore):
         down = False
+        denied = False
 
         async def hydrate(self) -> Any:
             if self.down:
                 raise ControlPlaneError("connection reset", category=FailureCategory.UNAVAILABLE)
+            if self.denied:
+                raise ControlPlaneError("permission denied for table supervisor_desired",
+                                        category=FailureCategory.DENIED)
             return await super().hydrate()
 
     store = HydrateDown()
@@ -574,6 +597,11 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     assert rec.status.report().control_plane_up is True
     assert rec.status.report().desired == 3
     assert sample(rec.metrics, "supervisor_desired_revision") == 3
+    # A refusal about no revision (the pointer's read denied) says nothing of what is desired.
+    store.denied = True
+    outcome = await rec.converge_once("notify")
+    assert (outcome.reason, outcome.revision) == (reasons.DENIED, None)
+    assert rec.status.report().desired == 3
 
 
 async def test_a_cleared_desired_revision_is_reported_as_none() -> None:

@@ -152,6 +152,17 @@ def test_a_followers_lag_counts_from_the_roots_issued_at_and_a_roots_does_not() 
         assert report.upstream == (msgspec.UNSET if upstream is None else upstream)
 
 
+def test_the_statement_expiry_gauge_reads_the_statement_serving_and_zero_without_one() -> None:
+    state = ActiveState()
+    status = RevisionStatus(state, clock=Clock())
+    state.swap(FakeSnapshot(1, 1), source="control_plane")  # type: ignore[arg-type]
+    assert status.statement_expires_at == 0.0
+    issued = datetime(2026, 1, 1, tzinfo=UTC)
+    expires = issued + timedelta(seconds=300)
+    state.restate(Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, expires))
+    assert status.statement_expires_at == expires.timestamp()
+
+
 def test_a_follower_s_report_names_its_upstream_as_source_where_it_is_made() -> None:
     # /status, the stream's status events and the STATUS= line all read this report
     # (or the state's origin): none patches it afterwards.
