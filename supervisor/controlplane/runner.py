@@ -31,7 +31,6 @@ from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     malformed,
-    unavailable_timeout,
 )
 from supervisor.logs import get_logger
 
@@ -210,7 +209,8 @@ class ConnectionRunner(Generic[C]):
         async with self._limiter:
             with trio.move_on_after(deadline_s):
                 return await self._run_locked(what, fn)
-            raise unavailable_timeout(what, deadline_s)
+            raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
+                                    category=FailureCategory.UNAVAILABLE)
 
     async def aclose(self) -> None:
         """Close the connection; later calls are refused. Shielded and bounded."""
@@ -231,10 +231,7 @@ class ConnectionRunner(Generic[C]):
         conn = self._conn
         stop = threading.Event()
         try:
-            if conn is None:
-                conn = await self._open()
-                self._conn = conn
-            else:
+            if conn is not None:
                 try:
                     return await self._call(conn, fn, stop)
                 except StaleConnection as exc:
@@ -244,8 +241,7 @@ class ConnectionRunner(Generic[C]):
                     log.debug("control-plane connection closed while idle; reconnecting",
                               error=str(driver.map_error(exc.__cause__ or exc, what)))
                     await self.discard()
-                    conn = await self._open()
-                    self._conn = conn
+            conn = self._conn = await self._open()
             return await self._call(conn, fn, stop)
         except StaleConnection as exc:
             # Even a new connection failed at once: report why.
