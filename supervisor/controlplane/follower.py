@@ -205,10 +205,9 @@ class FollowerStore:
     # -- the protocol -------------------------------------------------------------
 
     async def desired(self) -> int | None:
-        pointer = await self.observe()
-        return None if pointer is None else pointer.revision
+        return (await self.observe()).revision
 
-    async def observe(self) -> RevisionPointer | None:
+    async def observe(self) -> RevisionPointer:
         loaded = (await self._fetch()).loaded
         return RevisionPointer(loaded.id, loaded.body_sha256, self.identity,
                                sequence=loaded.sequence, statement=loaded.statement)

@@ -195,10 +195,11 @@ class ConnectionRunner(Generic[C]):
         return self._conn
 
     async def discard(self) -> None:
-        """Close the open connection, if any; the next call opens a new one."""
+        """Close the open connection, if any; the next call opens a new one. Cancelled,
+        it returns at once and the close finishes in its worker thread."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            await trio.to_thread.run_sync(partial(self._driver.close, conn))
+            await trio.to_thread.run_sync(partial(self._driver.close, conn), abandon_on_cancel=True)
 
     async def run(self, what: str, fn: Callable[[C], T], *,
                   deadline_s: float | None = None) -> T:
@@ -218,11 +219,7 @@ class ConnectionRunner(Generic[C]):
         # Often called from a cancelled scope during shutdown.
         with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
             async with self._limiter:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        partial(self._driver.close, conn), abandon_on_cancel=True
-                    )
+                await self.discard()
 
     async def _run_locked(self, what: str, fn: Callable[[C], T]) -> T:
         driver = self._driver
