@@ -102,6 +102,7 @@ log = get_logger("controlplane")
 REVISION_PATH = "/v1/revision"
 #: Beside the cache file: the root's signed bytes of the statement this replica serves.
 FORWARD_SUFFIX = ".upstream"
+#: Connecting to the upstream replica: its revision fetches and its stream (upstream_hint).
 CONNECT_TIMEOUT_S = 5.0
 #: At most this much of a non-200 answer's body is read (for the log line).
 ERROR_BODY_BYTES: Final = 4096
@@ -307,8 +308,7 @@ class FollowerStore:
                 )[:MAX_ERROR_CHARS]
 
     def _check_etag(self, response: httpx.Response) -> None:
-        raw = response.headers.get_list("etag")
-        for value in raw:
+        for value in response.headers.get_list("etag"):
             if (len(value) > _MAX_ETAG_CHARS or not value.isascii()
                     or not value.isprintable()):
                 raise ControlPlaneError(

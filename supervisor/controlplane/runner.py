@@ -148,27 +148,21 @@ class Driver(Protocol[C]):
 
     def open(self, stop: threading.Event) -> C:
         """A new, ready connection; closes it itself when its own setup fails."""
-        ...
 
     def call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
         """Run ``fn`` on ``conn`` within the driver's own bounds (a transaction, retries)."""
-        ...
 
     def interrupt(self, conn: C, stop: threading.Event) -> None:
         """Ask the server to stop what ``conn`` is running (best effort)."""
-        ...
 
     def close(self, conn: C) -> None:
         """Close ``conn``; never raises (the connection is being thrown away)."""
-        ...
 
     def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
         """The driver's error as ours (the message scrubbed of secrets)."""
-        ...
 
     def keeps(self, conn: C, error: ControlPlaneError) -> bool:
         """True when ``conn`` is still usable after ``error`` (otherwise it is replaced)."""
-        ...
 
 
 class ConnectionRunner(Generic[C]):

@@ -29,6 +29,7 @@ from trio_websocket import open_websocket_url
 
 from supervisor.admin.client import stream_url
 from supervisor.backoff import Backoff
+from supervisor.controlplane.follower import CONNECT_TIMEOUT_S
 from supervisor.controlplane.listen import WakeFloor
 from supervisor.logs import get_logger
 from supervisor.streak import Streak
@@ -41,7 +42,6 @@ __all__ = ["run_upstream_hint"]
 
 log = get_logger("listen")
 
-CONNECT_TIMEOUT_S = 5.0
 #: Without any message (the upstream pings every heartbeat), the connection is presumed dead.
 IDLE_TIMEOUT_S = 90.0
 
