@@ -127,7 +127,6 @@ class Incompatible(ControlPlaneError):
             reason=reasons.INCOMPATIBLE,
         )
         self.schema_version = schema_version
-        self.max_schema_version = max_schema_version
 
 
 class SchemaTooNew(ControlPlaneError):
@@ -145,8 +144,6 @@ class SchemaTooNew(ControlPlaneError):
             "replica, or point it at a database it can read",
             category=FailureCategory.INVALID,
         )
-        self.found = found
-        self.supported = supported
 
 
 class TooLarge(ControlPlaneError):
