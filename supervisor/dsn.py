@@ -45,7 +45,6 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _SPELLED_PASSWORD = re.compile(_SCHEME.pattern + r"[^:]*:(.+)@", re.S)
 _PIECE_SPLIT = re.compile(r"[@/?#:&=]")
 _KV_SECRET = re.compile(r"password\s*=\s*(.*?)(?=\s+[A-Za-z_]+\s*=|$)", re.S)
-_KV_WORDS = re.compile(r"\s+")
 _URL_SECRET = re.compile(r"[?&](?:ssl)?password=(.+)$", re.S)
 _QUERY_SPLIT = re.compile(r"[&=#]")
 
@@ -168,7 +167,7 @@ def secrets(dsn: str) -> list[str]:
         for match in _KV_SECRET.finditer(dsn):
             value = match[1].strip()
             found.update({value, value.strip("'")})
-            words = (w.strip("'") for w in _KV_WORDS.split(value))
+            words = (w.strip("'") for w in value.split())
             found.update(w for w in words if len(w) >= MIN_PIECE)  # see MIN_PIECE
     return sorted((s for s in found if s), key=len, reverse=True)
 
