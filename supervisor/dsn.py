@@ -41,9 +41,10 @@ SECRET_KEYS = ("password", "sslpassword")
 # masking every "a" of a message would destroy it and protect nothing.
 MIN_PIECE = 4
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# The user (up to the first ":"), then the password up to the last "@" (greedy).
+_SPELLED_PASSWORD = re.compile(_SCHEME.pattern + r"[^:]*:(.+)@", re.S)
 _PIECE_SPLIT = re.compile(r"[@/?#:&=]")
 _KV_SECRET = re.compile(r"password\s*=\s*(.*?)(?=\s+[A-Za-z_]+\s*=|$)", re.S)
-_KV_WORDS = re.compile(r"\s+")
 _URL_SECRET = re.compile(r"[?&](?:ssl)?password=(.+)$", re.S)
 _QUERY_SPLIT = re.compile(r"[&=#]")
 
@@ -87,16 +88,8 @@ def _unknown_parameter(dsn: str) -> str | None:
 
 def _spelled_password(dsn: str) -> str | None:
     """The URL's password as written: after the user's ``:``, up to the last ``@``."""
-    match = _SCHEME.match(dsn)
-    if match is None:
-        return None
-    rest = dsn[match.end() :]
-    at = rest.rfind("@")
-    if at < 0:
-        return None
-    userinfo = rest[:at]
-    _, sep, password = userinfo.partition(":")
-    return password if sep and password else None
+    match = _SPELLED_PASSWORD.match(dsn)
+    return match[1] if match else None
 
 
 def describe(dsn: str) -> str:
@@ -130,11 +123,8 @@ def problem(dsn: str) -> str | None:
         return None
     params = _parse(dsn)
     if params is None:
-        unknown = _unknown_parameter(dsn)
-        if unknown is not None:
-            return unknown
-        return ("libpq cannot parse this DSN (in a URL, percent-encode the password's "
-                "special characters)")
+        return _unknown_parameter(dsn) or ("libpq cannot parse this DSN (in a URL, "
+                                           "percent-encode the password's special characters)")
     spelled = _spelled_password(dsn)
     if spelled is not None:
         try:
@@ -170,14 +160,14 @@ def secrets(dsn: str) -> list[str]:
         for match in _URL_SECRET.finditer(dsn):
             found.add(match[1])
             found.update(p for p in _QUERY_SPLIT.split(match[1]) if len(p) >= MIN_PIECE)
-    if not params and not _is_url(dsn):
+    elif not params:
         # Unparseable key/value text: libpq's error echoes the word it choked on,
         # often a piece of an unquoted password. Mask everything from password=
         # (or sslpassword=) up to the next keyword=, whole and word by word.
         for match in _KV_SECRET.finditer(dsn):
             value = match[1].strip()
             found.update({value, value.strip("'")})
-            words = (w.strip("'") for w in _KV_WORDS.split(value))
+            words = (w.strip("'") for w in value.split())
             found.update(w for w in words if len(w) >= MIN_PIECE)  # see MIN_PIECE
     return sorted((s for s in found if s), key=len, reverse=True)
 
@@ -188,12 +178,9 @@ def credential_files(dsn: str, environ: Mapping[str, str]) -> list[str]:
     libpq's default place under ``$HOME``."""
     params = _parse(dsn) or {}
     home = environ.get("HOME") or os.path.expanduser("~")
-    found = []
-    for key, env, default in (("passfile", "PGPASSFILE", ".pgpass"),
-                              ("sslkey", "PGSSLKEY", ".postgresql/postgresql.key")):
-        value = params.get(key) or environ.get(env) or os.path.join(home, default)
-        found.append(value)
-    return found
+    return [params.get(key) or environ.get(env) or os.path.join(home, default)
+            for key, env, default in (("passfile", "PGPASSFILE", ".pgpass"),
+                                      ("sslkey", "PGSSLKEY", ".postgresql/postgresql.key"))]
 
 
 def scrub(text: str, dsn: str) -> str:

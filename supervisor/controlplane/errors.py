@@ -27,8 +27,7 @@ so callers classify without knowing the driver::
 A refusal about a specific revision (NOT_FOUND, CORRUPT, Incompatible,
 TooLarge) names it in ``.revision``; connection-level failures leave it None.
 Each driver maps its own errors (``postgres.map_error``, ``sqlite.map_error``);
-:func:`malformed` covers a row the code cannot read, :func:`unavailable_timeout`
-a call past its client-side deadline.
+:func:`malformed` covers a row the code cannot read.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ __all__ = [
     "TooLarge",
     "malformed",
     "one_line",
-    "unavailable_timeout",
 ]
 
 MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-supervisor db migrate`"
@@ -57,25 +55,17 @@ MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-super
 class FailureCategory(enum.Enum):
     """What kind of failure a store reports; decides retry and reason label."""
 
-    UNAVAILABLE = "unavailable"
-    CONFLICT = "conflict"
-    NOT_FOUND = "not_found"
-    INVALID = "invalid"
-    DENIED = "denied"
-    CORRUPT = "corrupt"
+    UNAVAILABLE = reasons.UNAVAILABLE
+    CONFLICT = reasons.CONFLICT
+    NOT_FOUND = reasons.NOT_FOUND
+    INVALID = reasons.INVALID
+    DENIED = reasons.DENIED
+    CORRUPT = reasons.CORRUPT
 
 
-# Exhaustive on purpose: a new category without a catalogued label fails here,
-# at import, rather than emitting a label the metrics never pre-initialised.
-_REASONS: dict[FailureCategory, str] = {
-    FailureCategory.UNAVAILABLE: reasons.UNAVAILABLE,
-    FailureCategory.CONFLICT: reasons.CONFLICT,
-    FailureCategory.NOT_FOUND: reasons.NOT_FOUND,
-    FailureCategory.INVALID: reasons.INVALID,
-    FailureCategory.DENIED: reasons.DENIED,
-    FailureCategory.CORRUPT: reasons.CORRUPT,
-}
-assert set(_REASONS) == set(FailureCategory)
+# A category's value is its reason label: a new one without a catalogued label
+# fails here, at import, rather than emitting a label the metrics never pre-initialised.
+assert {c.value for c in FailureCategory} <= set(reasons.REVISION_REASONS)
 
 _RETRYABLE = frozenset({FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT})
 
@@ -90,7 +80,7 @@ class ControlPlaneError(LabelledError):
 
     def __init__(self, message: str, *, category: FailureCategory,
                  revision: int | None = None, reason: str | None = None) -> None:
-        super().__init__(message, reason=reason or _REASONS[category], detail=message,
+        super().__init__(message, reason=reason or category.value, detail=message,
                          revision=revision)
         self.category = category
 
@@ -137,7 +127,6 @@ class Incompatible(ControlPlaneError):
             reason=reasons.INCOMPATIBLE,
         )
         self.schema_version = schema_version
-        self.max_schema_version = max_schema_version
 
 
 class SchemaTooNew(ControlPlaneError):
@@ -155,8 +144,6 @@ class SchemaTooNew(ControlPlaneError):
             "replica, or point it at a database it can read",
             category=FailureCategory.INVALID,
         )
-        self.found = found
-        self.supported = supported
 
 
 class TooLarge(ControlPlaneError):
@@ -217,11 +204,3 @@ def one_line(exc: BaseException, text: str | None = None) -> str:
     Driver messages carry newlines and tab-indented hints.
     """
     return " ".join((str(exc) if text is None else text).split()) or type(exc).__name__
-
-
-def unavailable_timeout(what: str, timeout_s: float) -> ControlPlaneError:
-    """The error for an operation that ran out of its client-side deadline."""
-    return ControlPlaneError(
-        f"control plane {what} timed out after {timeout_s:g} s",
-        category=FailureCategory.UNAVAILABLE,
-    )

@@ -71,6 +71,7 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
+from supervisor.admin.routes import REVISION_PATH
 from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
@@ -94,14 +95,11 @@ from supervisor.tokenfile import read_token
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["ERROR_BODY_BYTES", "FORWARD_SUFFIX", "REVISION_PATH", "FollowerStore",
-           "forward_path", "upstream_token"]
+__all__ = ["ERROR_BODY_BYTES", "FollowerStore", "forward_path", "upstream_token"]
 
 log = get_logger("controlplane")
 
-REVISION_PATH = "/v1/revision"
-#: Beside the cache file: the root's signed bytes of the statement this replica serves.
-FORWARD_SUFFIX = ".upstream"
+#: Connecting to the upstream replica: its revision fetches and its stream (upstream_hint).
 CONNECT_TIMEOUT_S = 5.0
 #: At most this much of a non-200 answer's body is read (for the log line).
 ERROR_BODY_BYTES: Final = 4096
@@ -134,8 +132,9 @@ async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
 
 
 def forward_path(cache_path: str | None) -> str | None:
-    """Where a follower keeps the root's signed bytes it serves (None without a cache)."""
-    return None if cache_path is None else cache_path + FORWARD_SUFFIX
+    """Where a follower keeps, beside the cache file, the root's signed bytes of the statement
+    it serves (None without a cache)."""
+    return None if cache_path is None else cache_path + ".upstream"
 
 
 def upstream_token(config: ControlPlaneConfig) -> str | None:
@@ -205,10 +204,9 @@ class FollowerStore:
     # -- the protocol -------------------------------------------------------------
 
     async def desired(self) -> int | None:
-        pointer = await self.observe()
-        return None if pointer is None else pointer.revision
+        return (await self.observe()).revision
 
-    async def observe(self) -> RevisionPointer | None:
+    async def observe(self) -> RevisionPointer:
         loaded = (await self._fetch()).loaded
         return RevisionPointer(loaded.id, loaded.body_sha256, self.identity,
                                sequence=loaded.sequence, statement=loaded.statement)
@@ -308,8 +306,7 @@ class FollowerStore:
                 )[:MAX_ERROR_CHARS]
 
     def _check_etag(self, response: httpx.Response) -> None:
-        raw = response.headers.get_list("etag")
-        for value in raw:
+        for value in response.headers.get_list("etag"):
             if (len(value) > _MAX_ETAG_CHARS or not value.isascii()
                     or not value.isprintable()):
                 raise ControlPlaneError(

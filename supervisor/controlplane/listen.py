@@ -359,13 +359,10 @@ class _Listener:
         return count
 
     async def _probe(self, conn: Conn) -> None:
-        def select_one() -> None:
-            conn.execute("SELECT 1")
-
         with trio.move_on_after(PROBE_TIMEOUT_S) as deadline:
             try:
                 await call_interruptibly(
-                    select_one,
+                    partial(conn.execute, "SELECT 1"),
                     interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
                     dispose=conn.close,
                 )

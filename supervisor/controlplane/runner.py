@@ -31,7 +31,6 @@ from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     malformed,
-    unavailable_timeout,
 )
 from supervisor.logs import get_logger
 
@@ -149,27 +148,21 @@ class Driver(Protocol[C]):
 
     def open(self, stop: threading.Event) -> C:
         """A new, ready connection; closes it itself when its own setup fails."""
-        ...
 
     def call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
         """Run ``fn`` on ``conn`` within the driver's own bounds (a transaction, retries)."""
-        ...
 
     def interrupt(self, conn: C, stop: threading.Event) -> None:
         """Ask the server to stop what ``conn`` is running (best effort)."""
-        ...
 
     def close(self, conn: C) -> None:
         """Close ``conn``; never raises (the connection is being thrown away)."""
-        ...
 
     def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
         """The driver's error as ours (the message scrubbed of secrets)."""
-        ...
 
     def keeps(self, conn: C, error: ControlPlaneError) -> bool:
         """True when ``conn`` is still usable after ``error`` (otherwise it is replaced)."""
-        ...
 
 
 class ConnectionRunner(Generic[C]):
@@ -196,10 +189,11 @@ class ConnectionRunner(Generic[C]):
         return self._conn
 
     async def discard(self) -> None:
-        """Close the open connection, if any; the next call opens a new one."""
+        """Close the open connection, if any; the next call opens a new one. Cancelled,
+        it returns at once and the close finishes in its worker thread."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            await trio.to_thread.run_sync(partial(self._driver.close, conn))
+            await trio.to_thread.run_sync(partial(self._driver.close, conn), abandon_on_cancel=True)
 
     async def run(self, what: str, fn: Callable[[C], T], *,
                   deadline_s: float | None = None) -> T:
@@ -210,7 +204,8 @@ class ConnectionRunner(Generic[C]):
         async with self._limiter:
             with trio.move_on_after(deadline_s):
                 return await self._run_locked(what, fn)
-            raise unavailable_timeout(what, deadline_s)
+            raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
+                                    category=FailureCategory.UNAVAILABLE)
 
     async def aclose(self) -> None:
         """Close the connection; later calls are refused. Shielded and bounded."""
@@ -218,11 +213,7 @@ class ConnectionRunner(Generic[C]):
         # Often called from a cancelled scope during shutdown.
         with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
             async with self._limiter:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        partial(self._driver.close, conn), abandon_on_cancel=True
-                    )
+                await self.discard()
 
     async def _run_locked(self, what: str, fn: Callable[[C], T]) -> T:
         driver = self._driver
@@ -231,10 +222,7 @@ class ConnectionRunner(Generic[C]):
         conn = self._conn
         stop = threading.Event()
         try:
-            if conn is None:
-                conn = await self._open()
-                self._conn = conn
-            else:
+            if conn is not None:
                 try:
                     return await self._call(conn, fn, stop)
                 except StaleConnection as exc:
@@ -244,8 +232,7 @@ class ConnectionRunner(Generic[C]):
                     log.debug("control-plane connection closed while idle; reconnecting",
                               error=str(driver.map_error(exc.__cause__ or exc, what)))
                     await self.discard()
-                    conn = await self._open()
-                    self._conn = conn
+            conn = self._conn = await self._open()
             return await self._call(conn, fn, stop)
         except StaleConnection as exc:
             # Even a new connection failed at once: report why.

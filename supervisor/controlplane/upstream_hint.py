@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 import trio
 from trio_websocket import open_websocket_url
 
+from supervisor.admin.client import stream_url
 from supervisor.backoff import Backoff
+from supervisor.controlplane.follower import CONNECT_TIMEOUT_S
 from supervisor.controlplane.listen import WakeFloor
 from supervisor.logs import get_logger
 from supervisor.streak import Streak
@@ -36,18 +38,12 @@ from supervisor.tlsconfig import upstream_context
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["run_upstream_hint", "stream_url"]
+__all__ = ["run_upstream_hint"]
 
 log = get_logger("listen")
 
-CONNECT_TIMEOUT_S = 5.0
 #: Without any message (the upstream pings every heartbeat), the connection is presumed dead.
 IDLE_TIMEOUT_S = 90.0
-
-
-def stream_url(upstream: str) -> str:
-    """``http(s)://HOST:PORT`` -> ``ws(s)://HOST:PORT/v1/stream``."""
-    return "ws" + upstream.rstrip("/").removeprefix("http") + "/v1/stream"
 
 
 async def run_upstream_hint(
