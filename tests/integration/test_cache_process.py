@@ -6,9 +6,14 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nacl.signing
@@ -18,9 +23,50 @@ import trio
 from supervisor.sinks import lkg
 from tests.cacheprocess import cache_config, keys, serve_once_and_stop
 from tests.pgfaults import alter_database
-from tests.proc import EXAMPLE, NotifySocket, acli, cli, free_port, run_daemon, write_config
-from tests.tcpproxy import pg_proxy
+from tests.proc import EXAMPLE, Daemon, NotifySocket, acli, cli, free_port, run_daemon, write_config
+from tests.tcpproxy import TcpProxy, pg_proxy
 from tests.tcpproxy import proxied_url as proxied
+
+
+@dataclass
+class Cached:
+    """A replica's config whose control plane is behind ``proxy`` on ``port``."""
+
+    key: Path
+    verify: str
+    port: int
+    config: Path
+    proxy: TcpProxy
+
+
+@asynccontextmanager
+async def cache_written(tmp_path: Path, pg_url: str, *, force: bool = True,
+                        admin_port: int | None = None) -> AsyncIterator[Cached]:
+    """Revision 1 published and served once, so the signed cache holds it; the proxy still up."""
+    key, verify = keys(tmp_path)
+    port = free_port()
+    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
+    async with pg_proxy(port, pg_url) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE), *(["--force"] * force))
+        await serve_once_and_stop(config)
+        yield Cached(key, verify, port, config, proxy)
+
+
+@asynccontextmanager
+async def ready_daemon(tmp_path: Path, config: Path) -> AsyncIterator[Daemon]:
+    """The daemon run with a NOTIFY_SOCKET, once it has said READY=1."""
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+        await notify.wait_for("READY=1")
+        yield daemon
+    notify.close()
+
+
+def refusal(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The last log line of a run that refused to boot."""
+    return dict(json.loads(result.stderr.strip().splitlines()[-1]))
 
 
 async def test_keygen(tmp_path: Path) -> None:
@@ -32,21 +78,13 @@ async def test_keygen(tmp_path: Path) -> None:
 
 
 async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg_url: str) -> None:
-    key, verify = keys(tmp_path)
-    port = free_port()
     admin_port = free_port()
-    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify], admin_port=admin_port)
-    async with pg_proxy(port, pg_url) as proxy:
-        await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
-        await serve_once_and_stop(config)
+    async with cache_written(tmp_path, pg_url, admin_port=admin_port) as cached:
+        config, proxy = cached.config, cached.proxy
         assert (tmp_path / "cache" / "lkg.bin").exists()
         proxy.stop()
-        notify = NotifySocket(tmp_path / "notify")
-        await notify.bind()
         with trio.fail_after(60):
-            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
-                await notify.wait_for("READY=1")
+            async with ready_daemon(tmp_path, config) as daemon:
                 line = await daemon.wait_log("serving the last-known-good cache")
                 assert line["revision"] == 1 and line["cause"] == "unavailable"
                 async with httpx.AsyncClient() as client:
@@ -62,7 +100,6 @@ async def test_boot_from_cache_when_unreachable_then_converge(tmp_path: Path, pg
                     assert status["revision"]["active"] == 2
                 daemon.signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
-        notify.close()
 
 
 def _tamper_body(data: bytes) -> bytes:
@@ -87,44 +124,34 @@ def _truncate(data: bytes) -> bytes:
     ],
 )
 async def test_damaged_cache_refuses_to_boot(tmp_path: Path, pg_url: str, damage, words) -> None:  # type: ignore[no-untyped-def]
-    key, verify = keys(tmp_path)
-    port = free_port()
-    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with pg_proxy(port, pg_url) as proxy:
-        await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
-        await serve_once_and_stop(config)
-        proxy.stop()
+    async with cache_written(tmp_path, pg_url) as cached:
+        config = cached.config
+        cached.proxy.stop()
         cache = tmp_path / "cache" / "lkg.bin"
         cache.write_bytes(damage(cache.read_bytes()))
         result = await acli("run", "--config", str(config), check=False)
     assert result.returncode == 3
-    line = json.loads(result.stderr.strip().splitlines()[-1])
+    line = refusal(result)
     assert line["refusal"] == "cache" and line["reason"] == "cache"
     assert "last-known-good cache" in line["detail"] and words in line["detail"]
 
 
 async def test_unknown_key_and_rollback_refuse_to_boot(tmp_path: Path, pg_url: str) -> None:
-    key, verify = keys(tmp_path)
     _, other = keys(tmp_path, "other.key")
-    port = free_port()
-    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with pg_proxy(port, pg_url) as proxy:
-        await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
-        await serve_once_and_stop(config)
-        proxy.stop()
+    async with cache_written(tmp_path, pg_url) as cached:
+        key, verify, port = cached.key, cached.verify, cached.port
+        cached.proxy.stop()
         # Unknown key: the file was signed by a key this configuration does not trust.
         untrusting = cache_config(tmp_path, proxied(pg_url, port), key, [other])
         result = await acli("run", "--config", str(untrusting), check=False)
         assert result.returncode == 3
-        assert "denied" in json.loads(result.stderr.strip().splitlines()[-1])["detail"]
+        assert "denied" in refusal(result)["detail"]
         # Rollback: this replica already served a later revision than the cache holds.
         config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
         (tmp_path / "cache" / "lkg.bin.served").write_text("5\n")
         result = await acli("run", "--config", str(config), check=False)
         assert result.returncode == 3
-        assert "rollback" in json.loads(result.stderr.strip().splitlines()[-1])["detail"]
+        assert "rollback" in refusal(result)["detail"]
 
 
 async def test_cache_from_a_newer_format_is_reported_as_skew(tmp_path: Path, pg_url: str) -> None:
@@ -179,7 +206,7 @@ async def test_fifo_at_the_cache_path_refuses_to_boot_promptly(tmp_path: Path, p
     result = await acli("run", "--config", str(config), check=False, timeout=30)
     took = time.monotonic() - started
     assert result.returncode == 3, result.stderr
-    line = json.loads(result.stderr.strip().splitlines()[-1])
+    line = refusal(result)
     # reason carries the label; the prose (path, what is there) is in detail.
     assert line["refusal"] == "cache" and line["reason"] == "cache"
     assert str(cache) in line["detail"] and "FIFO" in line["detail"]
@@ -190,32 +217,23 @@ async def test_fifo_at_the_cache_path_refuses_to_boot_promptly(tmp_path: Path, p
 async def test_deleted_served_mark_refuses_to_boot_from_the_cache(
     tmp_path: Path, pg_url: str
 ) -> None:
-    key, verify = keys(tmp_path)
-    port = free_port()
-    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with pg_proxy(port, pg_url) as proxy:
-        await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
-        await serve_once_and_stop(config)
-        proxy.stop()
+    async with cache_written(tmp_path, pg_url) as cached:
+        config = cached.config
+        cached.proxy.stop()
         mark = tmp_path / "cache" / "lkg.bin.served"
         mark.unlink()
         result = await acli("run", "--config", str(config), check=False)
         assert result.returncode == 3
-        detail = json.loads(result.stderr.strip().splitlines()[-1])["detail"]
+        detail = refusal(result)["detail"]
         assert "rollback" in detail and str(mark) in detail
         # The deliberate reset the message describes.
         mark.write_text("1\n")
-        notify = NotifySocket(tmp_path / "notify")
-        await notify.bind()
         with trio.fail_after(60):
-            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
-                await notify.wait_for("READY=1")
+            async with ready_daemon(tmp_path, config) as daemon:
                 line = await daemon.wait_log("serving the last-known-good cache")
                 assert line["revision"] == 1
                 daemon.signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
-        notify.close()
 
 
 async def test_unsafe_cache_directory_is_refused_by_check_and_boot(
@@ -255,13 +273,8 @@ async def test_idle_in_transaction_timeout_at_boot_serves_the_cache(
     # A session the server ends for idling inside a transaction (25P03) is a
     # timeout, like statement_timeout: the control plane cannot answer, so a
     # valid signed cache serves, never exit 3.
-    key, verify = keys(tmp_path)
-    port = free_port()
-    config = cache_config(tmp_path, proxied(pg_url, port), key, [verify])
-    async with pg_proxy(port, pg_url) as proxy:
-        await acli("db", "migrate", "--config", str(config))
-        await acli("publish", "--config", str(config), str(EXAMPLE))
-        await serve_once_and_stop(config)
+    async with cache_written(tmp_path, pg_url, force=False) as cached:
+        config, proxy = cached.config, cached.proxy
         await alter_database(pg_url, "idle_in_transaction_session_timeout", "1ms")
         # A database 20 ms away: every transaction idles between its statements
         # for longer than the timeout, on any machine.

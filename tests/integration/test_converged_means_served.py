@@ -35,25 +35,64 @@ async def get(port: int, path: str) -> dict[str, Any]:
         return dict((await client.get(f"http://127.0.0.1:{port}{path}")).json())
 
 
-async def test_id_reused_after_a_restore_is_published(tmp_path: Path, pg_url: str) -> None:
+async def metric(port: int, name: str, *, missing: float | None = None) -> float:
+    """The value of ``name`` in /metrics; ``missing`` if it is not there (None: an error)."""
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    if missing is None:
+        raise AssertionError(f"{name} not in /metrics")
+    return missing
+
+
+REUSED = ("revision id reused with different content (a restore followed by new "
+          "publishes?): treating it as a new revision")
+
+
+async def pg_at_revision_3(tmp_path: Path, pg_url: str, poll_interval_s: float) -> tuple[int, Path]:
+    """A migrated PostgreSQL control plane with three publishes of a0, a1: the port and config."""
     port = free_port()
-    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.3)
+    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=poll_interval_s)
     await acli("db", "migrate", "--config", str(config))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for _ in range(3):
             publish_sql(conn, body("a0", "a1"))
+    return port, config
+
+
+def restore_pg_to_revision_1(conn: psycopg.Connection[Any]) -> None:
+    """Back to revision 1 with the id sequence reset, then a publish of b (id 2)."""
+    conn.execute("UPDATE supervisor_desired SET revision_id = 1")
+    conn.execute("DELETE FROM supervisor_revisions WHERE id > 1")
+    conn.execute("ALTER TABLE supervisor_revisions ALTER id RESTART WITH 2")
+    publish_sql(conn, body("b"))
+
+
+def sqlite_config(tmp_path: Path) -> tuple[int, Path, Path]:
+    """The daemon's port, its control-plane file and its config (polling every 0.2 s)."""
+    port = free_port()
+    cp = tmp_path / "cp.db"
+    return port, cp, write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+
+
+def other_sqlite_config(tmp_path: Path) -> Path:
+    """The config of the file to restore from, other/new.db, made beside cp.db."""
+    other = tmp_path / "other"
+    other.mkdir()
+    return write_config(other, f"sqlite:///{other / 'new.db'}")
+
+
+async def test_id_reused_after_a_restore_is_published(tmp_path: Path, pg_url: str) -> None:
+    port, config = await pg_at_revision_3(tmp_path, pg_url, poll_interval_s=0.3)
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=3)
             with psycopg.connect(pg_url) as conn:  # one transaction, as a restore script
-                conn.execute("UPDATE supervisor_desired SET revision_id = 1")
-                conn.execute("DELETE FROM supervisor_revisions WHERE id > 1")
-                conn.execute("ALTER TABLE supervisor_revisions ALTER id RESTART WITH 2")
-                publish_sql(conn, body("b"))
+                restore_pg_to_revision_1(conn)
                 assert publish_sql(conn, body(*[f"a{i}" for i in range(7)])) == 3
-            await daemon.wait_log("revision id reused with different content (a restore "
-                                  "followed by new publishes?): treating it as a new revision",
-                                  revision=3)
+            await daemon.wait_log(REUSED, revision=3)
             await daemon.wait_log("published", revision=3, generation=2)
             snap = await get(port, "/v1/snapshot")
             assert sorted(snap["aliases"]) == [f"a{i}" for i in range(7)]
@@ -73,21 +112,18 @@ def publish_sqlite(conn: sqlite3.Connection, data: bytes) -> int:
 
 
 async def test_id_reused_on_sqlite_in_place_and_by_a_restored_file(tmp_path: Path) -> None:
-    port = free_port()
-    db = tmp_path / "cp.db"
-    config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.2)
+    port, db, config = sqlite_config(tmp_path)
     await acli("db", "migrate", "--config", str(config))
     with closing(sqlite3.connect(db)) as conn, conn:
         for _ in range(3):
             publish_sqlite(conn, body("a0", "a1"))
     # The restored file: desired is revision 3 too, with another body.
-    other = tmp_path / "other"
-    other.mkdir()
-    other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
+    other_config = other_sqlite_config(tmp_path)
+    new_db = other_config.parent / "new.db"
     await acli("db", "migrate", "--config", str(other_config))
     # Closed (not only committed): the last connection checkpoints the WAL into
     # the file, so `mv new.db` moves every revision.
-    with closing(sqlite3.connect(other / "new.db")) as conn, conn:
+    with closing(sqlite3.connect(new_db)) as conn, conn:
         for n in range(3):
             publish_sqlite(conn, body(f"f{n}"))
     with trio.fail_after(60):
@@ -100,13 +136,11 @@ async def test_id_reused_on_sqlite_in_place_and_by_a_restored_file(tmp_path: Pat
                              " WHERE name = 'supervisor_revisions'")
                 publish_sqlite(conn, body("b"))
                 assert publish_sqlite(conn, body(*[f"a{i}" for i in range(7)])) == 3
-            await daemon.wait_log("revision id reused with different content (a restore "
-                                  "followed by new publishes?): treating it as a new revision",
-                                  revision=3)
+            await daemon.wait_log(REUSED, revision=3)
             await daemon.wait_log("published", revision=3, generation=2)
             assert sorted((await get(port, "/v1/snapshot"))["aliases"]) == [
                 f"a{i}" for i in range(7)]
-            os.replace(other / "new.db", db)  # mv new.db cp.db: desired 3 again, other body
+            os.replace(new_db, db)  # mv new.db cp.db: desired 3 again, other body
             await daemon.wait_log("published", revision=3, generation=3)
             assert sorted((await get(port, "/v1/snapshot"))["aliases"]) == ["f2"]
             report = (await get(port, "/status"))["revision"]
@@ -114,20 +148,16 @@ async def test_id_reused_on_sqlite_in_place_and_by_a_restored_file(tmp_path: Pat
 
 
 async def test_sqlite_file_replaced_or_deleted_at_runtime(tmp_path: Path) -> None:
-    port = free_port()
-    cp = tmp_path / "cp.db"
-    config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+    port, cp, config = sqlite_config(tmp_path)
     await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     # The "restore": another file with more revisions, made beside it.
-    other = tmp_path / "other"
-    other.mkdir()
-    other_config = write_config(other, f"sqlite:///{other / 'new.db'}")
+    other_config = other_sqlite_config(tmp_path)
     for _ in range(3):
         await acli("publish", "--config", str(other_config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
-            os.replace(other / "new.db", cp)  # mv new.db cp.db
+            os.replace(other_config.parent / "new.db", cp)  # mv new.db cp.db
             await daemon.wait_log("control-plane file replaced or removed; reopening")
             await daemon.wait_log("published", revision=3)
             fds = [os.readlink(f"/proc/{daemon.process.pid}/fd/{fd}")
@@ -152,15 +182,6 @@ async def test_sqlite_file_replaced_or_deleted_at_runtime(tmp_path: Path) -> Non
             assert report["desired"] == report["active"] == 4
 
 
-async def metric(port: int, name: str) -> float:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
-
-
 async def test_listen_reconnects_within_a_second_of_recovery(tmp_path: Path,
                                                              pg_url: str) -> None:
     config = write_config(tmp_path, pg_url)
@@ -181,7 +202,7 @@ async def test_listen_reconnects_within_a_second_of_recovery(tmp_path: Path,
 
                 # Until the LISTEN backoff has grown to several seconds.
                 async def backed_off() -> bool:
-                    return await metric(port, "supervisor_listen_reconnects_total") >= 4
+                    return await metric(port, "supervisor_listen_reconnects_total", missing=0.0) >= 4
 
                 await poll_until(backed_off)
                 start = len(daemon.lines)
@@ -207,15 +228,6 @@ def _ts(line: dict[str, Any]) -> float:
     return datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
-async def exported_metric(port: int, name: str) -> float:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
-
-
 async def test_reused_id_with_a_refused_body_is_not_reported_converged(
         tmp_path: Path, pg_url: str) -> None:
     """A restore reuses the served id 3 for a body that is refused (validation).
@@ -225,33 +237,25 @@ async def test_reused_id_with_a_refused_body_is_not_reported_converged(
     too, so the paging alert (lag > 300 s) fires; the rejection counter keeps
     rising past the first refusal (memo), so the ticket alert holds.
     """
-    port = free_port()
-    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.2)
-    await acli("db", "migrate", "--config", str(config))
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        for _ in range(3):
-            publish_sql(conn, body("a0", "a1"))
+    port, config = await pg_at_revision_3(tmp_path, pg_url, poll_interval_s=0.2)
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=3)
             with psycopg.connect(pg_url) as conn:  # a restore, then a bad publish
-                conn.execute("UPDATE supervisor_desired SET revision_id = 1")
-                conn.execute("DELETE FROM supervisor_revisions WHERE id > 1")
-                conn.execute("ALTER TABLE supervisor_revisions ALTER id RESTART WITH 2")
-                publish_sql(conn, body("b"))
+                restore_pg_to_revision_1(conn)
                 assert publish_sql(conn, body("a0", retries=99)) == 3  # retries 0..10
             await daemon.wait_log("revision refused; previous snapshot keeps serving",
                                   revision=3, reason="validation")
             # Several more polls: the memo answers them.
             async def polls_done() -> bool:
-                return await exported_metric(port, "supervisor_convergence_attempts_total"
+                return await metric(port, "supervisor_convergence_attempts_total"
                                     '{outcome="rejected"}') >= 5
 
             await poll_until(polls_done)
             snap = await get(port, "/v1/snapshot")
             assert sorted(snap["aliases"]) == ["a0", "a1"]  # the old body serves
             report = (await get(port, "/status"))["revision"]
-            lag_metric = await exported_metric(port, "supervisor_convergence_lag_seconds")
+            lag_metric = await metric(port, "supervisor_convergence_lag_seconds")
             assert report["lag_s"] > 0 and lag_metric > 0, (
                 f"serving the old body of revision 3 while desired is a different body "
                 f"under id 3, yet /status says desired={report['desired']} "
@@ -268,13 +272,7 @@ async def test_desired_pointer_gone_while_serving_is_told(tmp_path: Path) -> Non
     (once) and ``last_error`` naming it, like every other way desired state can
     stop being servable.
     """
-    import sqlite3
-
-    from tests.proc import EXAMPLE
-
-    port = free_port()
-    cp = tmp_path / "cp.db"
-    config = write_config(tmp_path, f"sqlite:///{cp}", port=port, poll_interval_s=0.2)
+    port, cp, config = sqlite_config(tmp_path)
     await acli("publish", "--config", str(config), str(EXAMPLE))
     with trio.fail_after(60):
         async with run_daemon(config) as daemon:
@@ -284,8 +282,8 @@ async def test_desired_pointer_gone_while_serving_is_told(tmp_path: Path) -> Non
                 conn.execute("DELETE FROM supervisor_desired")
 
             async def seen_empty() -> bool:
-                return await exported_metric(port, 'supervisor_convergence_attempts_total'
-                                          '{outcome="empty"}') >= 5
+                return await metric(port, 'supervisor_convergence_attempts_total'
+                                 '{outcome="empty"}') >= 5
 
             await poll_until(seen_empty)
             report = (await get(port, "/status"))["revision"]

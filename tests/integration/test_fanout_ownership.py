@@ -76,6 +76,30 @@ def parent_reason(fake: FakeApiServer, name: str) -> str | None:
     return (ready(fake.get("servicedefinitions", CONTROL, name)) or {}).get("reason")
 
 
+def parent_message(fake: FakeApiServer, name: str) -> str:
+    """The message of the parent's Ready condition."""
+    return str(ready(fake.get("servicedefinitions", CONTROL, name))["message"])  # type: ignore[index]
+
+
+def env_names(fake: FakeApiServer, name: str) -> list[str]:
+    """The names of the env variables of Deployment ``name``'s first container."""
+    live = fake.get("deployments", APPS, name) or {}
+    container = live["spec"]["template"]["spec"]["containers"][0]
+    return [e["name"] for e in container.get("env") or []]
+
+
+async def applied(h: Harness, name: str, **spec: Any) -> None:
+    """Parent ``name`` created with ``spec`` and Applied."""
+    h.fake.create(sd(name, **spec))
+    await h.until(lambda: parent_reason(h.fake, name) == "Applied")
+
+
+async def resynced(h: Harness) -> None:
+    """A full resync, and every reaction to it done."""
+    await h.reconciler.resync()
+    await h.idle()
+
+
 async def refused_then_healed(h: Harness, labels: dict[str, str], says: str) -> None:
     """The team's Service and Deployment ``payments`` against a parent of that name."""
     fake = h.fake
@@ -90,7 +114,7 @@ async def refused_then_healed(h: Harness, labels: dict[str, str], says: str) -> 
     assert not [r for r in fake.requests
                 if r.method in ("PATCH", "PUT", "DELETE") and "/payments" in r.path
                 and f"/namespaces/{APPS}/" in r.path]
-    message = ready(fake.get("servicedefinitions", CONTROL, "payments"))["message"]  # type: ignore[index]
+    message = parent_message(fake, "payments")
     assert f"Service {APPS}/payments" in message and f"Deployment {APPS}/payments" in message
     assert says in message
     (event,) = conflict_events(fake, "payments")
@@ -98,8 +122,7 @@ async def refused_then_healed(h: Harness, labels: dict[str, str], says: str) -> 
     assert h.metric("fanout_applies", kind="ServiceDefinition", result="conflict") >= 1
 
     # Retried on the resync: still refused, still untouched, still one Event.
-    await h.reconciler.resync()
-    await h.idle()
+    await resynced(h)
     assert fake.get("services", APPS, "payments") == service
     assert len(conflict_events(fake, "payments")) == 1
 
@@ -107,8 +130,7 @@ async def refused_then_healed(h: Harness, labels: dict[str, str], says: str) -> 
     fake.delete("servicedefinitions", CONTROL, "payments")
     await h.until(lambda: fake.get("servicedefinitions", CONTROL, "payments") is None)
     await h.idle()
-    await h.reconciler.resync()
-    await h.idle()
+    await resynced(h)
     assert fake.get("services", APPS, "payments") == service
     assert fake.get("deployments", APPS, "payments") == deployment
 
@@ -138,8 +160,7 @@ async def test_an_object_handed_over_by_its_labels_is_adopted(tmp_path: Path) ->
         async with harness(tmp_path) as h:
             fake = h.fake
             fake.create(handed_over("payments", 3), field_manager="team")
-            fake.create(sd("payments", replicas=2))
-            await h.until(lambda: parent_reason(fake, "payments") == "Applied")
+            await applied(h, "payments", replicas=2)
             deployment = fake.get("deployments", APPS, "payments")
             assert deployment["spec"]["replicas"] == 2  # type: ignore[index]
             # Its fields were the team's by a create (an update), not applied: one write.
@@ -150,8 +171,7 @@ async def test_a_field_another_manager_applied_is_reported_not_forced(tmp_path: 
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", replicas=2))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", replicas=2)
             await h.idle()
             # Another controller declares spec.replicas its own, with an apply.
             fake.apply({"apiVersion": "apps/v1", "kind": "Deployment",
@@ -164,7 +184,7 @@ async def test_a_field_another_manager_applied_is_reported_not_forced(tmp_path: 
             assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 7  # type: ignore[index]
             tries = fake.find_requests("PATCH", "/deployments/web")
             assert tries and all(r.query.get("force") is None for r in tries)
-            message = ready(fake.get("servicedefinitions", CONTROL, "web"))["message"]  # type: ignore[index]
+            message = parent_message(fake, "web")
             assert "autoscaler" in message and "not forced" in message
             assert conflict_events(fake, "web")
 
@@ -177,8 +197,7 @@ async def test_two_fields_another_manager_applied_are_reported_not_forced(
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", replicas=2))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", replicas=2)
             await h.idle()
             fake.apply({"apiVersion": "apps/v1", "kind": "Deployment",
                         "metadata": {"name": "web", "namespace": APPS,
@@ -187,7 +206,7 @@ async def test_two_fields_another_manager_applied_are_reported_not_forced(
             fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"replicas": 3}})
             await h.until(lambda: parent_reason(fake, "web") == "Conflict")
             await h.idle()
-            message = ready(fake.get("servicedefinitions", CONTROL, "web"))["message"]  # type: ignore[index]
+            message = parent_message(fake, "web")
             assert "autoscaler" in message and "not forced" in message
             assert h.metric("fanout_requeues", kind="ServiceDefinition", cause="conflict") == 0
             assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 7  # type: ignore[index]
@@ -200,8 +219,7 @@ async def test_a_conflict_with_an_earlier_manager_of_ours_is_forced(tmp_path: Pa
         async with harness(tmp_path, settings={"field_manager": "platform-fanout"}) as h:
             fake = h.fake
             fake.apply(handed_over("web", 9), field_manager="trio-supervisor", force=True)
-            fake.create(sd("web", replicas=2))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", replicas=2)
             assert fake.get("deployments", APPS, "web")["spec"]["replicas"] == 2  # type: ignore[index]
             forced = [r for r in fake.find_requests("PATCH", "/deployments/web")
                       if r.query.get("force") == "true"]
@@ -218,8 +236,7 @@ async def test_our_labels_patched_onto_an_unrelated_object_never_get_it_deleted(
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web"))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web")
             fake.create(team_service({"app": "ledger"}, "ledger"), field_manager="team")
             fake.patch("services", APPS, "ledger", {"metadata": {"labels": {
                 MANAGED_BY_KEY: MANAGED_BY_VALUE, INSTALLATION_KEY: CONTROL,
@@ -227,15 +244,13 @@ async def test_our_labels_patched_onto_an_unrelated_object_never_get_it_deleted(
             ledger = fake.get("services", APPS, "ledger")
             await h.until(lambda: h.reconciler.live.get(ChildKey("services", "ledger")) is not None)
             await h.idle()
-            await h.reconciler.resync()
-            await h.idle()
+            await resynced(h)
             assert fake.get("services", APPS, "ledger") == ledger
             assert fake.find_requests("DELETE", "/services/ledger") == []
             # What we did write is still swept when its parent goes.
             fake.delete("servicedefinitions", CONTROL, "web")
             await h.until(lambda: fake.get("deployments", APPS, "web") is None)
             assert fake.get("services", APPS, "ledger") == ledger
-
 
 
 async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_still_deleted(
@@ -248,8 +263,7 @@ async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_stil
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", port=8080))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", port=8080)
             await h.idle()
             service = fake.get("services", APPS, "web")
             assert service is not None
@@ -260,8 +274,7 @@ async def test_a_child_whose_managed_fields_were_reset_is_written_again_and_stil
             await h.until(lambda: "managedFields" in fake.get(  # type: ignore[index]
                 "services", APPS, "web")["metadata"])
             await h.idle()
-            await h.reconciler.resync()
-            await h.idle()
+            await resynced(h)
             # One apply recorded our entry again; nothing written since.
             assert len(fake.find_requests("PATCH", f"/namespaces/{APPS}/services/web")) == 1
             fake.delete("servicedefinitions", CONTROL, "web")
@@ -277,23 +290,19 @@ async def test_a_child_whose_labels_a_user_removed_is_left_to_them_and_reported(
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", port=8080))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", port=8080)
             await h.idle()
             fake.patch("services", APPS, "web", {"metadata": {"labels": {
                 MANAGED_BY_KEY: None, INSTALLATION_KEY: None,
                 LINEAGE_SERVICEDEFINITION: None}}}, field_manager="kubectl-label")
             taken = fake.get("services", APPS, "web")
             await h.until(lambda: parent_reason(fake, "web") == "Conflict")
-            await h.reconciler.resync()
-            await h.idle()
+            await resynced(h)
             assert fake.get("services", APPS, "web") == taken
-            assert f"Service {APPS}/web exists and is not ours" in ready(  # type: ignore[index]
-                fake.get("servicedefinitions", CONTROL, "web"))["message"]
+            assert f"Service {APPS}/web exists and is not ours" in parent_message(fake, "web")
             fake.delete("servicedefinitions", CONTROL, "web")
             await h.until(lambda: fake.get("deployments", APPS, "web") is None)
-            await h.reconciler.resync()
-            await h.idle()
+            await resynced(h)
             assert fake.get("services", APPS, "web") == taken
 
 
@@ -332,17 +341,10 @@ async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_creat
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", env={"KEEP": "1", "DROP": "2"}))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", env={"KEEP": "1", "DROP": "2"})
             await h.idle()
             fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"env": {"DROP": None}}})
-
-            def env() -> list[str]:
-                live = fake.get("deployments", APPS, "web") or {}
-                container = live["spec"]["template"]["spec"]["containers"][0]
-                return [e["name"] for e in container.get("env") or []]
-
-            await h.until(lambda: env() == ["KEEP"])
+            await h.until(lambda: env_names(fake, "web") == ["KEEP"])
             entries = fake.get("deployments", APPS, "web")["metadata"]["managedFields"]  # type: ignore[index]
             assert [(e["manager"], e["operation"]) for e in entries] == [
                 ("trio-supervisor", "Apply")]
@@ -356,12 +358,10 @@ async def test_a_fold_refused_by_its_resource_version_test_is_retried_not_invali
     with trio.fail_after(10):
         async with harness(tmp_path) as h:
             fake = h.fake
-            fake.create(sd("web", env={"KEEP": "1", "DROP": "2"}))
-            await h.until(lambda: parent_reason(fake, "web") == "Applied")
+            await applied(h, "web", env={"KEEP": "1", "DROP": "2"})
             await h.idle()
             fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/web$", status=422, times=1)
             fake.patch("servicedefinitions", CONTROL, "web", {"spec": {"env": {"DROP": None}}})
-            await h.until(lambda: [e["name"] for e in (fake.get("deployments", APPS, "web") or {})[
-                "spec"]["template"]["spec"]["containers"][0].get("env") or []] == ["KEEP"])
+            await h.until(lambda: env_names(fake, "web") == ["KEEP"])
             await h.until(lambda: parent_reason(fake, "web") == "Applied")
             assert not [e for e in fake.objects("events", CONTROL) if e["reason"] == "Invalid"]

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
-from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
+from tests.fakes.apiserver import FakeApiServer, run_fake_apiserver, write_kubeconfig
 from tests.fakes.leases import lease_holder, refuse_lease_writes
 from tests.ha import (
     APPS,
     CONTROL,
     LEASE_NAME,
+    Replica,
     Timings,
     acquired,
     all_ready,
@@ -30,19 +33,35 @@ from tests.ha import (
     replica,
     sd,
 )
-from tests.proc import EXAMPLE, acli, run_daemon
+from tests.proc import EXAMPLE, Daemon, acli, run_daemon
 
 T = Timings()
+
+
+async def published_pair(tmp_path: Path, server: FakeApiServer) -> tuple[Replica, Replica]:
+    """Replicas a and b of one SQLite control plane on ``server``, with EXAMPLE published."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(server, kubeconfig)
+    cp = f"sqlite:///{tmp_path}/cp.db"
+    a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
+    await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
+    return a, b
+
+
+@asynccontextmanager
+async def a_leads_b_stands_by(a: Replica, b: Replica) -> AsyncIterator[tuple[Daemon, Daemon]]:
+    """a's daemon, once it has acquired the lease; then b's, once it has seen a lead."""
+    async with run_daemon(a.config) as da:
+        await da.wait_log("fan-out leadership acquired")
+        async with run_daemon(b.config) as db:
+            await db.wait_log("fan-out leader observed", holder=a.identity)
+            yield da, db
 
 
 async def test_two_replicas_one_fans_out_and_sigterm_hands_over(tmp_path: Path) -> None:
     with trio.fail_after(120):
         async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
-            kubeconfig = tmp_path / "kubeconfig"
-            write_kubeconfig(server, kubeconfig)
-            cp = f"sqlite:///{tmp_path}/cp.db"
-            a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
-            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
+            a, b = await published_pair(tmp_path, server)
             names = [f"web-{i}" for i in range(20)]
             for name in names:
                 server.create(sd(name))
@@ -92,33 +111,26 @@ async def test_two_replicas_one_fans_out_and_sigterm_hands_over(tmp_path: Path) 
 async def test_kill_9_of_the_leader_mid_bulk(tmp_path: Path) -> None:
     with trio.fail_after(180):
         async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
-            kubeconfig = tmp_path / "kubeconfig"
-            write_kubeconfig(server, kubeconfig)
-            cp = f"sqlite:///{tmp_path}/cp.db"
-            a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
-            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
-            async with run_daemon(a.config) as da:
-                await da.wait_log("fan-out leadership acquired")
-                async with run_daemon(b.config) as db:
-                    await db.wait_log("fan-out leader observed", holder=a.identity)
-                    names = [f"bulk-{i}" for i in range(500)]
-                    for name in names:
-                        server.create(sd(name))
-                    await server.wait_until(
-                        lambda: len([r for r in child_writes(server, a.manager)
-                                     if "/deployments/" in r.target]) >= 20)
-                    da.signal(signal.SIGKILL)
-                    killed = time.time()
-                    await da.wait()
-                    took = await db.wait_log("fan-out leadership acquired")
-                    handover = log_time(took) - killed
-                    # A lease duration (from b's last observation) plus one retry period,
-                    # and some slack for two processes on a busy machine.
-                    assert handover <= T.lease_duration_s + T.retry_period_s + 2.0, handover
-                    await server.wait_until(lambda: all_ready(server, names))
-                    assert not [r for r in server.requests
-                                if r.method == "DELETE" and f"/namespaces/{APPS}/" in r.path]
-                    assert len(server.objects("deployments", APPS)) == len(names)
+            a, b = await published_pair(tmp_path, server)
+            async with a_leads_b_stands_by(a, b) as (da, db):
+                names = [f"bulk-{i}" for i in range(500)]
+                for name in names:
+                    server.create(sd(name))
+                await server.wait_until(
+                    lambda: len([r for r in child_writes(server, a.manager)
+                                 if "/deployments/" in r.target]) >= 20)
+                da.signal(signal.SIGKILL)
+                killed = time.time()
+                await da.wait()
+                took = await db.wait_log("fan-out leadership acquired")
+                handover = log_time(took) - killed
+                # A lease duration (from b's last observation) plus one retry period,
+                # and some slack for two processes on a busy machine.
+                assert handover <= T.lease_duration_s + T.retry_period_s + 2.0, handover
+                await server.wait_until(lambda: all_ready(server, names))
+                assert not [r for r in server.requests
+                            if r.method == "DELETE" and f"/namespaces/{APPS}/" in r.path]
+                assert len(server.objects("deployments", APPS)) == len(names)
 
 
 async def test_refused_renewals_stop_the_leader_before_the_lease_expires(
@@ -126,15 +138,9 @@ async def test_refused_renewals_stop_the_leader_before_the_lease_expires(
     """The split: the leader can read but its Lease writes are refused."""
     with trio.fail_after(120):
         async with run_fake_apiserver(bookmark_interval_s=0.5) as server:
-            kubeconfig = tmp_path / "kubeconfig"
-            write_kubeconfig(server, kubeconfig)
-            cp = f"sqlite:///{tmp_path}/cp.db"
-            a, b = replica(tmp_path, "a", kubeconfig, cp), replica(tmp_path, "b", kubeconfig, cp)
-            await acli("publish", "--config", str(a.config), str(EXAMPLE), "--force")
-            async with run_daemon(a.config) as da:
-                await da.wait_log("fan-out leadership acquired")
-                async with run_daemon(b.config) as db, trio.open_nursery() as nursery:
-                    await db.wait_log("fan-out leader observed", holder=a.identity)
+            a, b = await published_pair(tmp_path, server)
+            async with a_leads_b_stands_by(a, b) as (da, db):
+                async with trio.open_nursery() as nursery:
 
                     async def keep_creating() -> None:
                         # New parents all along: the leader writes as long as it leads.

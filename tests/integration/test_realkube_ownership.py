@@ -11,7 +11,8 @@ reason when ``SUPERVISOR_TEST_KUBE_ASSETS`` is unset (tests/realkube.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 import trio
 
 from tests.polling import poll_until
-from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
+from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
 from tests.realkube import Installation, RealKube, start_realkube
 
 GROUP = "platform.trio-supervisor.dev/v1"
@@ -127,6 +128,45 @@ async def daemon_config(tmp_path: Path, inst: Installation, port: int) -> Path:
     return config
 
 
+async def installed(kube: RealKube, tmp_path: Path) -> tuple[Installation, int, Path]:
+    """A fresh installation, the daemon's admin port, and its config with EXAMPLE published."""
+    inst = await trio.to_thread.run_sync(kube.install)
+    port = free_port()
+    return inst, port, await daemon_config(tmp_path, inst, port)
+
+
+@asynccontextmanager
+async def watching(config: Path) -> AsyncIterator[Daemon]:
+    """The daemon, once its fan-out watches ServiceDefinitions."""
+    async with run_daemon(config) as daemon:
+        await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+        yield daemon
+
+
+@asynccontextmanager
+async def fanning_out(
+        kube: RealKube, tmp_path: Path) -> AsyncIterator[tuple[Installation, int, Daemon]]:
+    """:func:`installed`, then :func:`watching`, all within 120 s."""
+    inst, port, config = await installed(kube, tmp_path)
+    with trio.fail_after(120):
+        async with watching(config) as daemon:
+            yield inst, port, daemon
+
+
+async def applied(kube: RealKube, inst: Installation, parent: dict[str, Any]) -> None:
+    """``parent`` applied, and its Ready reason Applied."""
+    await trio.to_thread.run_sync(kube.apply, parent)
+    await poll_until(lambda: reason_is(kube, inst, parent["metadata"]["name"], "Applied"))
+
+
+async def merge_patch(kube: RealKube, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The object at ``path`` after a merge patch of ``body`` (which must succeed)."""
+    response = await trio.to_thread.run_sync(
+        kube.request, "PATCH", path, body, "application/merge-patch+json")
+    assert response.status_code == 200
+    return dict(response.json())
+
+
 def seen(obj: dict[str, Any] | None) -> tuple[Any, ...]:
     """What must not change of a team's object: labels, spec, resourceVersion."""
     assert obj is not None
@@ -139,16 +179,13 @@ async def test_a_team_object_of_a_parents_name_is_left_as_it_was(
     kube: RealKube, tmp_path: Path, owner: str,
 ) -> None:
     labels, says = OWNERS[owner]
-    inst = await trio.to_thread.run_sync(kube.install)
-    port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
+    inst, port, config = await installed(kube, tmp_path)
     with trio.fail_after(120):
         service = await trio.to_thread.run_sync(
             lambda: kube.apply(team_service(inst, "payments", labels), manager="team"))
         deployment = await trio.to_thread.run_sync(
             lambda: kube.apply(team_deployment(inst, "payments", labels), manager="team"))
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
+        async with watching(config):
             await trio.to_thread.run_sync(kube.apply, sd(inst, "payments", port=8080))
             await poll_until(lambda: reason_is(kube, inst, "payments", "Conflict"))
             message = (await ready(kube, inst, "payments"))["message"]
@@ -170,8 +207,7 @@ async def test_a_team_object_of_a_parents_name_is_left_as_it_was(
                 kube.request, "DELETE", parent_path(inst, "payments"))
             assert response.status_code == 200
             await poll_until(lambda: gone(kube, parent_path(inst, "payments")))
-            await trio.to_thread.run_sync(kube.apply, sd(inst, "other"))
-            await poll_until(lambda: reason_is(kube, inst, "other", "Applied"))
+            await applied(kube, inst, sd(inst, "other"))
             unchanged = await applies(port, "unchanged")
             await poll_until(lambda: above(port, "unchanged", unchanged + 2))  # 2 resyncs
             assert seen(await aget(kube, service_path(inst, "payments"))) == seen(service)
@@ -190,36 +226,26 @@ async def test_a_team_object_of_a_parents_name_is_left_as_it_was(
 async def test_our_labels_merge_patched_onto_a_team_service_never_get_it_deleted(
     kube: RealKube, tmp_path: Path,
 ) -> None:
-    inst = await trio.to_thread.run_sync(kube.install)
-    port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
-    with trio.fail_after(120):
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
-            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
-            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
-            await trio.to_thread.run_sync(
-                lambda: kube.apply(team_service(inst, "ledger", {"app": "ledger"}),
-                                   manager="team"))
-            for lineage in ("ghost", "web"):  # no such parent; then an existing one
-                response = await trio.to_thread.run_sync(
-                    kube.request, "PATCH", service_path(inst, "ledger"),
-                    {"metadata": {"labels": {MANAGED_BY: "trio-supervisor",
-                                             INSTALLATION: inst.control, LINEAGE: lineage}}},
-                    "application/merge-patch+json")
-                assert response.status_code == 200
-                ledger = response.json()
-                await daemon.wait_log("an object carries our labels but was never written by"
-                                      " us; " + ("not swept" if lineage == "ghost"
-                                                 else "not deleted"))
-                # Two resyncs more (1 s each, web's two children unchanged in each).
-                unchanged = await applies(port, "unchanged")
-                await poll_until(lambda u=unchanged: above(port, "unchanged", u + 4))
-                assert seen(await aget(kube, service_path(inst, "ledger"))) == seen(ledger)
-            # What we did write still goes with its parent.
-            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
-            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
-            assert await aget(kube, service_path(inst, "ledger")) is not None
+    async with fanning_out(kube, tmp_path) as (inst, port, daemon):
+        await applied(kube, inst, sd(inst, "web", port=8080))
+        await trio.to_thread.run_sync(
+            lambda: kube.apply(team_service(inst, "ledger", {"app": "ledger"}),
+                               manager="team"))
+        for lineage in ("ghost", "web"):  # no such parent; then an existing one
+            ledger = await merge_patch(kube, service_path(inst, "ledger"), {"metadata": {
+                "labels": {MANAGED_BY: "trio-supervisor", INSTALLATION: inst.control,
+                           LINEAGE: lineage}}})
+            await daemon.wait_log("an object carries our labels but was never written by"
+                                  " us; " + ("not swept" if lineage == "ghost"
+                                             else "not deleted"))
+            # Two resyncs more (1 s each, web's two children unchanged in each).
+            unchanged = await applies(port, "unchanged")
+            await poll_until(lambda u=unchanged: above(port, "unchanged", u + 4))
+            assert seen(await aget(kube, service_path(inst, "ledger"))) == seen(ledger)
+        # What we did write still goes with its parent.
+        await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+        await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+        assert await aget(kube, service_path(inst, "ledger")) is not None
 
 
 async def gone(kube: RealKube, path: str) -> bool:
@@ -231,29 +257,21 @@ async def test_a_child_whose_managed_fields_were_reset_still_goes_with_its_paren
 ) -> None:
     # `metadata.managedFields: [{}]` strips every entry (the reset's own request records
     # none): our child then looked never written by us, and its parent's deletion left it.
-    inst = await trio.to_thread.run_sync(kube.install)
-    port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
-    with trio.fail_after(120):
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
-            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
-            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
-            response = await trio.to_thread.run_sync(
-                kube.request, "PATCH", service_path(inst, "web"),
-                {"metadata": {"managedFields": [{}]}}, "application/merge-patch+json")
-            assert response.status_code == 200
-            assert not response.json()["metadata"].get("managedFields")
+    async with fanning_out(kube, tmp_path) as (inst, _, _):
+        await applied(kube, inst, sd(inst, "web", port=8080))
+        reset = await merge_patch(kube, service_path(inst, "web"),
+                                  {"metadata": {"managedFields": [{}]}})
+        assert not reset["metadata"].get("managedFields")
 
-            async def ours_again() -> bool:
-                service = await aget(kube, service_path(inst, "web")) or {}
-                entries = service.get("metadata", {}).get("managedFields") or []
-                return any(e.get("manager") == "trio-supervisor" for e in entries)
+        async def ours_again() -> bool:
+            service = await aget(kube, service_path(inst, "web")) or {}
+            entries = service.get("metadata", {}).get("managedFields") or []
+            return any(e.get("manager") == "trio-supervisor" for e in entries)
 
-            await poll_until(ours_again)
-            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
-            await poll_until(lambda: gone(kube, service_path(inst, "web")))
-            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+        await poll_until(ours_again)
+        await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+        await poll_until(lambda: gone(kube, service_path(inst, "web")))
+        await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
 
 
 async def test_a_child_whose_labels_a_user_removed_is_left_to_them(
@@ -261,30 +279,19 @@ async def test_a_child_whose_labels_a_user_removed_is_left_to_them(
 ) -> None:
     # The watch's selector no longer matches it (a DELETED event to us): never recreated
     # over it nor deleted, the parent says Conflict; deleting the parent leaves it.
-    inst = await trio.to_thread.run_sync(kube.install)
-    port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
-    with trio.fail_after(120):
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
-            await trio.to_thread.run_sync(kube.apply, sd(inst, "web", port=8080))
-            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
-            response = await trio.to_thread.run_sync(
-                kube.request, "PATCH", service_path(inst, "web"),
-                {"metadata": {"labels": {MANAGED_BY: None, INSTALLATION: None,
-                                         LINEAGE: None}}},
-                "application/merge-patch+json")
-            assert response.status_code == 200
-            taken = response.json()
-            await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
-            assert f"Service {inst.apps}/web exists and is not ours" in (
-                await ready(kube, inst, "web"))["message"]
-            tries = await applies(port, "conflict")
-            await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
-            assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
-            await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
-            await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
-            assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
+    async with fanning_out(kube, tmp_path) as (inst, port, _):
+        await applied(kube, inst, sd(inst, "web", port=8080))
+        taken = await merge_patch(kube, service_path(inst, "web"), {"metadata": {"labels": {
+            MANAGED_BY: None, INSTALLATION: None, LINEAGE: None}}})
+        await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
+        assert f"Service {inst.apps}/web exists and is not ours" in (
+            await ready(kube, inst, "web"))["message"]
+        tries = await applies(port, "conflict")
+        await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
+        assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
+        await trio.to_thread.run_sync(kube.request, "DELETE", parent_path(inst, "web"))
+        await poll_until(lambda: gone(kube, deployment_path(inst, "web")))
+        assert seen(await aget(kube, service_path(inst, "web"))) == seen(taken)
 
 
 async def test_a_field_another_manager_force_applied_on_our_child_is_reported_not_forced(
@@ -293,34 +300,28 @@ async def test_a_field_another_manager_force_applied_on_our_child_is_reported_no
     # `kubectl apply --server-side --force-conflicts` by a team on our Deployment takes
     # spec.replicas from us: a declared owner, so a Conflict naming it, never forced
     # back (the real server's conflict message is what names the manager).
-    inst = await trio.to_thread.run_sync(kube.install)
-    port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
-    with trio.fail_after(120):
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
-            await trio.to_thread.run_sync(kube.apply, sd(inst, "web"))
-            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
-            await trio.to_thread.run_sync(lambda: kube.apply(
-                {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": "web", "namespace": inst.apps},
-                 "spec": {"replicas": 7}}, manager="team-hpa"))
-            spec = sd(inst, "web")
-            spec["spec"]["replicas"] = 3
-            await trio.to_thread.run_sync(kube.apply, spec)
-            await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
-            message = (await ready(kube, inst, "web"))["message"]
-            assert "team-hpa" in message and "not forced" in message
-            # Never forced, and nothing written again on the resyncs (our create's
-            # entry folded into our apply entry once, the team's replicas untouched).
-            before = await aget(kube, deployment_path(inst, "web"))
-            tries = await applies(port, "conflict")
-            await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
-            live = await aget(kube, deployment_path(inst, "web"))
-            assert live is not None and before is not None and live["spec"]["replicas"] == 7
-            assert live["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-            assert ("team-hpa", "Apply") in [(m["manager"], m["operation"])
-                                             for m in live["metadata"]["managedFields"]]
+    async with fanning_out(kube, tmp_path) as (inst, port, _):
+        await applied(kube, inst, sd(inst, "web"))
+        await trio.to_thread.run_sync(lambda: kube.apply(
+            {"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": "web", "namespace": inst.apps},
+             "spec": {"replicas": 7}}, manager="team-hpa"))
+        spec = sd(inst, "web")
+        spec["spec"]["replicas"] = 3
+        await trio.to_thread.run_sync(kube.apply, spec)
+        await poll_until(lambda: reason_is(kube, inst, "web", "Conflict"))
+        message = (await ready(kube, inst, "web"))["message"]
+        assert "team-hpa" in message and "not forced" in message
+        # Never forced, and nothing written again on the resyncs (our create's
+        # entry folded into our apply entry once, the team's replicas untouched).
+        before = await aget(kube, deployment_path(inst, "web"))
+        tries = await applies(port, "conflict")
+        await poll_until(lambda: above(port, "conflict", tries + 2))  # two resyncs
+        live = await aget(kube, deployment_path(inst, "web"))
+        assert live is not None and before is not None and live["spec"]["replicas"] == 7
+        assert live["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert ("team-hpa", "Apply") in [(m["manager"], m["operation"])
+                                         for m in live["metadata"]["managedFields"]]
 
 
 async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_created(
@@ -329,27 +330,21 @@ async def test_a_field_the_parent_stops_setting_is_removed_from_a_child_we_creat
     # A child is created with a POST: its fields are then also held by our manager's
     # Update entry (kube-apiserver keys managers by name and operation), and an apply
     # that no longer sets one removes it only if no other entry holds it.
-    inst = await trio.to_thread.run_sync(kube.install)
-    port = free_port()
-    config = await daemon_config(tmp_path, inst, port)
-    with trio.fail_after(120):
-        async with run_daemon(config) as daemon:
-            await daemon.wait_log("fan-out watching", kind="ServiceDefinition")
-            parent = sd(inst, "web")
-            parent["spec"]["env"] = {"KEEP": "1", "DROP": "2"}
-            await trio.to_thread.run_sync(kube.apply, parent)
-            await poll_until(lambda: reason_is(kube, inst, "web", "Applied"))
-            created = await aget(kube, deployment_path(inst, "web"))
-            assert created is not None
-            parent["spec"]["env"] = {"KEEP": "1"}
-            await trio.to_thread.run_sync(kube.apply, parent)
+    async with fanning_out(kube, tmp_path) as (inst, _, _):
+        parent = sd(inst, "web")
+        parent["spec"]["env"] = {"KEEP": "1", "DROP": "2"}
+        await applied(kube, inst, parent)
+        created = await aget(kube, deployment_path(inst, "web"))
+        assert created is not None
+        parent["spec"]["env"] = {"KEEP": "1"}
+        await trio.to_thread.run_sync(kube.apply, parent)
 
-            async def reapplied() -> bool:
-                live = await aget(kube, deployment_path(inst, "web")) or {}
-                return bool(live["metadata"]["generation"] > created["metadata"]["generation"])
+        async def reapplied() -> bool:
+            live = await aget(kube, deployment_path(inst, "web")) or {}
+            return bool(live["metadata"]["generation"] > created["metadata"]["generation"])
 
-            await poll_until(reapplied)
-            live = await aget(kube, deployment_path(inst, "web"))
-            assert live is not None
-            env = live["spec"]["template"]["spec"]["containers"][0].get("env") or []
-            assert [e["name"] for e in env] == ["KEEP"]
+        await poll_until(reapplied)
+        live = await aget(kube, deployment_path(inst, "web"))
+        assert live is not None
+        env = live["spec"]["template"]["spec"]["containers"][0].get("env") or []
+        assert [e["name"] for e in env] == ["KEEP"]

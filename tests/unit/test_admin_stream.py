@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,27 @@ class FakeSocket:
         doc = msgspec.json.decode(message["text"])
         assert isinstance(doc, dict)
         return doc
+
+    def resetting_abort(
+            self, aborted: list[tuple[str, int]] | None = None) -> Callable[[tuple[str, int]], bool]:
+        """An ``abort`` for the hub that does what a TCP reset does to a blocked write: it returns.
+
+        Each peer it is called for is appended to ``aborted``, when given.
+        """
+        def abort(peer: tuple[str, int]) -> bool:
+            if aborted is not None:
+                aborted.append(peer)
+            assert self.gate is not None
+            self.gate.set()
+            return True
+
+        return abort
+
+    async def connect(self, nursery: trio.Nursery, hub: StreamHub) -> None:
+        """Served by ``hub``, past the accept and the first status document."""
+        nursery.start_soon(hub.serve, self.scope, self.receive, self.send)
+        await self.next()
+        await self.next()
 
 
 def make_hub(settings: StreamSettings | None = None, **kwargs: Any) -> tuple[Any, StreamHub]:
@@ -104,9 +126,7 @@ async def test_burst_beyond_buffer_closes_with_1013() -> None:
         ctx, hub = make_hub(StreamSettings(max_buffer=4))
         sock = FakeSocket()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
-            await sock.next()
-            await sock.next()
+            await sock.connect(nursery, hub)
             # No checkpoint in between: the first goes straight to the waiting
             # writer, four fill the buffer, the sixth overflows it.
             for i in range(6):
@@ -124,9 +144,7 @@ async def test_close_all_sends_going_away_and_refuses_new() -> None:
         socks = [FakeSocket() for _ in range(3)]
         async with trio.open_nursery() as nursery:
             for sock in socks:
-                nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
-                await sock.next()
-                await sock.next()
+                await sock.connect(nursery, hub)
             await hub.close_all(timeout_s=1.0)
             assert hub.closing
             for sock in socks:
@@ -140,21 +158,11 @@ async def test_writer_stalled_too_long_is_reset(autojump_clock: trio.testing.Moc
     with trio.fail_after(100):
         aborted: list[tuple[str, int]] = []
         sock = FakeSocket()
-
-        def abort(peer: tuple[str, int]) -> bool:
-            # What a TCP reset does to the connection's blocked write: it returns.
-            aborted.append(peer)
-            assert sock.gate is not None
-            sock.gate.set()
-            return True
-
         ctx, hub = make_hub(StreamSettings(stall_timeout_s=10.0, monitor_interval_s=0.5),
-                            abort=abort)
+                            abort=sock.resetting_abort(aborted))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hub.monitor)
-            nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
-            await sock.next()
-            await sock.next()
+            await sock.connect(nursery, hub)
             sock.gate = trio.Event()
             start = trio.current_time()
             ctx.events.emit(published(1))
@@ -174,22 +182,14 @@ async def test_overflowed_while_blocked_is_reset_sooner(
 ) -> None:
     with trio.fail_after(100):
         sock = FakeSocket()
-
-        def abort(peer: tuple[str, int]) -> bool:
-            assert sock.gate is not None
-            sock.gate.set()
-            return True
-
         ctx, hub = make_hub(
             StreamSettings(max_buffer=2, stall_timeout_s=60.0, close_timeout_s=2.0,
                            monitor_interval_s=0.5),
-            abort=abort,
+            abort=sock.resetting_abort(),
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hub.monitor)
-            nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
-            await sock.next()
-            await sock.next()
+            await sock.connect(nursery, hub)
             sock.gate = trio.Event()
             start = trio.current_time()
             ctx.events.emit(published(0))
@@ -207,18 +207,9 @@ async def test_close_all_resets_clients_that_cannot_take_the_close() -> None:
     with trio.fail_after(5):
         aborted: list[tuple[str, int]] = []
         sock = FakeSocket()
-
-        def abort(peer: tuple[str, int]) -> bool:
-            aborted.append(peer)
-            assert sock.gate is not None
-            sock.gate.set()
-            return True
-
-        ctx, hub = make_hub(abort=abort)
+        ctx, hub = make_hub(abort=sock.resetting_abort(aborted))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
-            await sock.next()
-            await sock.next()
+            await sock.connect(nursery, hub)
             sock.gate = trio.Event()
             ctx.events.emit(published(1))
             await trio.testing.wait_all_tasks_blocked()
@@ -235,9 +226,7 @@ async def test_one_encoding_per_event_and_odd_values() -> None:
         socks = [FakeSocket() for _ in range(2)]
         async with trio.open_nursery() as nursery:
             for sock in socks:
-                nursery.start_soon(hub.serve, sock.scope, sock.receive, sock.send)
-                await sock.next()
-                await sock.next()
+                await sock.connect(nursery, hub)
             # A value of the wrong type (a bug) degrades to its text.
             odd = Path("/x/y")
             ctx.events.emit(Published(revision=1, generation=1, source=odd,  # type: ignore[arg-type]

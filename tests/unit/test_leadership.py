@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
@@ -85,181 +86,185 @@ async def wait_for(predicate: Callable[[], bool], step: float = 0.01) -> None:
         await trio.sleep(step)
 
 
-def start(nursery: trio.Nursery, server: FakeApiServer, writers: Writers,
-          *names: str) -> list[Replica]:
-    replicas = [Replica(server, name, writers) for name in names]
-    for replica in replicas:
-        nursery.start_soon(replica.run)
-    return replicas
+class Election:
+    """One Lease in a fake API server's store, the fan-out stand-ins, and the replicas electing."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.server, self.writers = FakeApiServer(), Writers()
+        self.nursery = nursery
+
+    def start(self, *names: str) -> list[Replica]:
+        replicas = [Replica(self.server, name, self.writers) for name in names]
+        for replica in replicas:
+            self.nursery.start_soon(replica.run)
+        return replicas
+
+    async def leader(self, name: str) -> Replica:
+        """Replica ``name`` started alone, once it leads."""
+        replica, = self.start(name)
+        await wait_for(lambda: replica.elector.leading)
+        return replica
+
+    def label_lease(self) -> None:
+        """An unrelated write to the Lease (a label added by kubectl): a new resourceVersion."""
+        obj = self.server.store.find(LEASE, NS, NAME)
+        assert obj is not None
+        labelled = {**obj, "metadata": {**obj["metadata"], "labels": {"x": "y"}}}
+        self.server.store.replace(LEASE, NS, NAME, labelled, "kubectl")
+
+    async def leader_and_standby(self) -> tuple[Replica, Replica]:
+        """Replicas a and b started together, once one of them leads: (leader, standby)."""
+        a, b = self.start("a", "b")
+        await wait_for(lambda: a.elector.leading or b.elector.leading)
+        return (a, b) if a.elector.leading else (b, a)
+
+
+@asynccontextmanager
+async def election(seconds: float) -> AsyncIterator[Election]:
+    """An :class:`Election` whose replicas run until the block ends, within ``seconds``."""
+    with trio.fail_after(seconds):
+        async with trio.open_nursery() as nursery:
+            yield Election(nursery)
+            nursery.cancel_scope.cancel()
 
 
 async def test_acquire_renew_and_standby(autojump_clock: trio.testing.MockClock) -> None:
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            assert lease_holder(server, NS, NAME) == "a"
-            assert a.status.report() == LeadershipReport(role="leader", holder="a",
-                                                         lease=f"{NS}/{NAME}")
-            assert a.metrics.leader._value.get() == 1.0
-            obj = server.store.find(LEASE, NS, NAME)
-            assert obj is not None and obj["spec"]["leaseDurationSeconds"] == 15
-            first_rv = obj["metadata"]["resourceVersion"]
-            b, = start(nursery, server, writers, "b")
-            await trio.sleep(60)
-            # Renewed every retry period; b stays standby and reports a as the holder.
-            assert a.leases.calls["update"] >= 25
-            assert server.store.find(LEASE, NS, NAME)["metadata"]["resourceVersion"] != first_rv
-            assert a.elector.leading and not b.elector.leading
-            assert b.status.report() == LeadershipReport(role="standby", holder="a",
-                                                         lease=f"{NS}/{NAME}")
-            assert writers.starts == Counter({"a": 1})
-            assert b.leases.calls["update"] == 0 and b.leases.calls["create"] == 0
-            nursery.cancel_scope.cancel()
+    async with election(120) as e:
+        server, writers = e.server, e.writers
+        a = await e.leader("a")
+        assert lease_holder(server, NS, NAME) == "a"
+        assert a.status.report() == LeadershipReport(role="leader", holder="a",
+                                                     lease=f"{NS}/{NAME}")
+        assert a.metrics.leader._value.get() == 1.0
+        obj = server.store.find(LEASE, NS, NAME)
+        assert obj is not None and obj["spec"]["leaseDurationSeconds"] == 15
+        first_rv = obj["metadata"]["resourceVersion"]
+        b, = e.start("b")
+        await trio.sleep(60)
+        # Renewed every retry period; b stays standby and reports a as the holder.
+        assert a.leases.calls["update"] >= 25
+        assert server.store.find(LEASE, NS, NAME)["metadata"]["resourceVersion"] != first_rv
+        assert a.elector.leading and not b.elector.leading
+        assert b.status.report() == LeadershipReport(role="standby", holder="a",
+                                                     lease=f"{NS}/{NAME}")
+        assert writers.starts == Counter({"a": 1})
+        assert b.leases.calls["update"] == 0 and b.leases.calls["create"] == 0
     assert not writers.overlaps
 
 
 async def test_lose_by_deadline_stops_writes_before_expiry(
         autojump_clock: trio.testing.MockClock) -> None:
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(300):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            b, = start(nursery, server, writers, "b")
-            await trio.sleep(7)
-            a.leases.unreachable = True  # a partition: a can reach nothing
-            last_renewal = a.elector._renewed_at
-            await wait_for(lambda: b.elector.leading)
-            lost = a.elector.lost_at
-            assert lost is not None
-            # a stopped at the renew deadline, counted from its last renewal's start ...
-            assert lost <= last_renewal + RENEW_S + 1e-9
-            assert writers.last_write("a") <= lost
-            # ... before b could take over (b waits a lease duration from what it observed).
-            assert writers.first_write("b") >= last_renewal + LEASE_S
-            assert a.status.role == "standby"
-            assert ("standby", "a") in a.changes
-            assert a.metrics.transitions.labels("standby")._value.get() == 1.0
-            nursery.cancel_scope.cancel()
+    async with election(300) as e:
+        writers = e.writers
+        a = await e.leader("a")
+        b, = e.start("b")
+        await trio.sleep(7)
+        a.leases.unreachable = True  # a partition: a can reach nothing
+        last_renewal = a.elector._renewed_at
+        await wait_for(lambda: b.elector.leading)
+        lost = a.elector.lost_at
+        assert lost is not None
+        # a stopped at the renew deadline, counted from its last renewal's start ...
+        assert lost <= last_renewal + RENEW_S + 1e-9
+        assert writers.last_write("a") <= lost
+        # ... before b could take over (b waits a lease duration from what it observed).
+        assert writers.first_write("b") >= last_renewal + LEASE_S
+        assert a.status.role == "standby"
+        assert ("standby", "a") in a.changes
+        assert a.metrics.transitions.labels("standby")._value.get() == 1.0
     assert not writers.overlaps
 
 
 async def test_split_leader_whose_renewals_are_refused(
         autojump_clock: trio.testing.MockClock) -> None:
     """Renewals fail (the server refuses a's writes) while reads work: a must stop first."""
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(300):
-        async with trio.open_nursery() as nursery:
-            a, b = start(nursery, server, writers, "a", "b")
-            await wait_for(lambda: a.elector.leading or b.elector.leading)
-            leader, standby = (a, b) if a.elector.leading else (b, a)
-            await trio.sleep(5)
-            leader.leases.refuse_writes = True
-            refused_at = trio.current_time()
-            await wait_for(lambda: standby.elector.leading)
-            assert leader.elector.lost_at is not None
-            assert leader.elector.lost_at <= refused_at + RENEW_S
-            assert writers.last_write(leader.name) <= leader.elector.lost_at
-            assert writers.first_write(standby.name) > leader.elector.lost_at
-            # The old leader now stands by and reports the new holder.
-            await wait_for(lambda: leader.status.holder == standby.name)
-            assert leader.status.role == "standby"
-            nursery.cancel_scope.cancel()
+    async with election(300) as e:
+        writers = e.writers
+        leader, standby = await e.leader_and_standby()
+        await trio.sleep(5)
+        leader.leases.refuse_writes = True
+        refused_at = trio.current_time()
+        await wait_for(lambda: standby.elector.leading)
+        assert leader.elector.lost_at is not None
+        assert leader.elector.lost_at <= refused_at + RENEW_S
+        assert writers.last_write(leader.name) <= leader.elector.lost_at
+        assert writers.first_write(standby.name) > leader.elector.lost_at
+        # The old leader now stands by and reports the new holder.
+        await wait_for(lambda: leader.status.holder == standby.name)
+        assert leader.status.role == "standby"
     assert not writers.overlaps
 
 
 async def test_conflict_showing_another_holder_loses_at_once(
         autojump_clock: trio.testing.MockClock) -> None:
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            # Someone else writes the Lease (a stale-looking takeover): a's next renewal
-            # carries an old resourceVersion, gets 409, re-reads and sees "intruder".
-            obj = server.store.find(LEASE, NS, NAME)
-            assert obj is not None
-            obj = {**obj, "spec": {**obj["spec"], "holderIdentity": "intruder"}}
-            server.store.replace(LEASE, NS, NAME, obj, "intruder")
-            written = trio.current_time()
-            await wait_for(lambda: not a.elector.leading)
-            assert a.elector.lost_at is not None
-            assert a.elector.lost_at - written <= RETRY_S + 0.1  # no waiting for the deadline
-            assert writers.last_write("a") <= a.elector.lost_at
-            assert a.status.holder == "intruder"
-            nursery.cancel_scope.cancel()
+    async with election(120) as e:
+        server, writers = e.server, e.writers
+        a = await e.leader("a")
+        # Someone else writes the Lease (a stale-looking takeover): a's next renewal
+        # carries an old resourceVersion, gets 409, re-reads and sees "intruder".
+        obj = server.store.find(LEASE, NS, NAME)
+        assert obj is not None
+        obj = {**obj, "spec": {**obj["spec"], "holderIdentity": "intruder"}}
+        server.store.replace(LEASE, NS, NAME, obj, "intruder")
+        written = trio.current_time()
+        await wait_for(lambda: not a.elector.leading)
+        assert a.elector.lost_at is not None
+        assert a.elector.lost_at - written <= RETRY_S + 0.1  # no waiting for the deadline
+        assert writers.last_write("a") <= a.elector.lost_at
+        assert a.status.holder == "intruder"
 
 
 async def test_conflict_with_ourselves_still_holding_is_retried(
         autojump_clock: trio.testing.MockClock) -> None:
     """A 409 from an unrelated write (a label added by kubectl) is not a loss."""
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            obj = server.store.find(LEASE, NS, NAME)
-            assert obj is not None
-            labelled = {**obj, "metadata": {**obj["metadata"], "labels": {"x": "y"}}}
-            server.store.replace(LEASE, NS, NAME, labelled, "kubectl")
-            await trio.sleep(30)
-            assert a.elector.leading and writers.starts["a"] == 1
-            nursery.cancel_scope.cancel()
+    async with election(120) as e:
+        writers = e.writers
+        a = await e.leader("a")
+        e.label_lease()
+        await trio.sleep(30)
+        assert a.elector.leading and writers.starts["a"] == 1
 
 
 async def test_release_on_shutdown_hands_over_within_a_retry_period(
         autojump_clock: trio.testing.MockClock) -> None:
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            a, b = start(nursery, server, writers, "a", "b")
-            await wait_for(lambda: a.elector.leading or b.elector.leading)
-            leader, standby = (a, b) if a.elector.leading else (b, a)
-            await trio.sleep(20)
-            leader.scope.cancel()
-            stopped = trio.current_time()
-            await wait_for(lambda: lease_holder(server, NS, NAME) != leader.name)
-            assert writers.last_write(leader.name) <= stopped
-            await wait_for(lambda: standby.elector.leading)
-            assert trio.current_time() - stopped <= RETRY_S + 0.1
-            obj = server.store.find(LEASE, NS, NAME)
-            assert obj is not None and obj["spec"]["leaseTransitions"] >= 1
-            nursery.cancel_scope.cancel()
+    async with election(120) as e:
+        server, writers = e.server, e.writers
+        leader, standby = await e.leader_and_standby()
+        await trio.sleep(20)
+        leader.scope.cancel()
+        stopped = trio.current_time()
+        await wait_for(lambda: lease_holder(server, NS, NAME) != leader.name)
+        assert writers.last_write(leader.name) <= stopped
+        await wait_for(lambda: standby.elector.leading)
+        assert trio.current_time() - stopped <= RETRY_S + 0.1
+        obj = server.store.find(LEASE, NS, NAME)
+        assert obj is not None and obj["spec"]["leaseTransitions"] >= 1
     assert not writers.overlaps
 
 
 async def test_reacquire_starts_the_fanout_fresh(autojump_clock: trio.testing.MockClock) -> None:
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(300):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            a.leases.unreachable = True
-            await wait_for(lambda: not a.elector.leading)
-            assert not writers.active
-            a.leases.unreachable = False  # nobody took over: the lease still names a
-            await wait_for(lambda: a.elector.leading)
-            assert writers.starts["a"] == 2  # a new run of the fan-out, not a resumed one
-            assert a.metrics.transitions.labels("leader")._value.get() == 2.0
-            nursery.cancel_scope.cancel()
+    async with election(300) as e:
+        writers = e.writers
+        a = await e.leader("a")
+        a.leases.unreachable = True
+        await wait_for(lambda: not a.elector.leading)
+        assert not writers.active
+        a.leases.unreachable = False  # nobody took over: the lease still names a
+        await wait_for(lambda: a.elector.leading)
+        assert writers.starts["a"] == 2  # a new run of the fan-out, not a resumed one
+        assert a.metrics.transitions.labels("leader")._value.get() == 2.0
 
 
 async def test_slow_renewals_within_the_deadline_keep_leadership(
         autojump_clock: trio.testing.MockClock) -> None:
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(300):
-        async with trio.open_nursery() as nursery:
-            a, b = start(nursery, server, writers, "a", "b")
-            await wait_for(lambda: a.elector.leading or b.elector.leading)
-            leader = a if a.elector.leading else b
-            # Each call 1.5 s: a renewal (get + update) takes 3 s; the next one starts 2 s
-            # after, so each completes 5 + 3 = 8 s after the previous one started (< 10 s).
-            leader.leases.latency_s = 1.5
-            await trio.sleep(120)
-            assert leader.elector.leading and writers.starts == Counter({leader.name: 1})
-            nursery.cancel_scope.cancel()
+    async with election(300) as e:
+        writers = e.writers
+        leader, _ = await e.leader_and_standby()
+        # Each call 1.5 s: a renewal (get + update) takes 3 s; the next one starts 2 s
+        # after, so each completes 5 + 3 = 8 s after the previous one started (< 10 s).
+        leader.leases.latency_s = 1.5
+        await trio.sleep(120)
+        assert leader.elector.leading and writers.starts == Counter({leader.name: 1})
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -267,33 +272,31 @@ async def test_never_two_writers_under_random_faults(
         autojump_clock: trio.testing.MockClock, seed: int) -> None:
     """Three replicas, random partitions, refusals, latency and hangs for 30 virtual minutes."""
     rng = random.Random(seed)
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(4000):
-        async with trio.open_nursery() as nursery:
-            replicas = start(nursery, server, writers, "a", "b", "c")
-            for _ in range(120):
-                await trio.sleep(rng.uniform(1, 30))
-                victim = rng.choice(replicas)
-                fault = rng.choice(["unreachable", "refuse", "latency", "hang", "heal", "heal"])
-                leases = victim.leases
-                if fault == "unreachable":
-                    leases.unreachable = True
-                elif fault == "refuse":
-                    leases.refuse_writes = True
-                elif fault == "latency":
-                    leases.latency_s = rng.uniform(0.1, 6.0)
-                elif fault == "hang":
-                    leases.hang = True
-                else:
-                    leases.unreachable = leases.refuse_writes = False
-                    leases.latency_s = 0.0
-                    leases.unhang()
-            for replica in replicas:
-                replica.leases.unreachable = replica.leases.refuse_writes = False
-                replica.leases.latency_s = 0.0
-                replica.leases.unhang()
-            await wait_for(lambda: sum(r.elector.leading for r in replicas) == 1)
-            nursery.cancel_scope.cancel()
+    async with election(4000) as e:
+        writers = e.writers
+        replicas = e.start("a", "b", "c")
+        for _ in range(120):
+            await trio.sleep(rng.uniform(1, 30))
+            victim = rng.choice(replicas)
+            fault = rng.choice(["unreachable", "refuse", "latency", "hang", "heal", "heal"])
+            leases = victim.leases
+            if fault == "unreachable":
+                leases.unreachable = True
+            elif fault == "refuse":
+                leases.refuse_writes = True
+            elif fault == "latency":
+                leases.latency_s = rng.uniform(0.1, 6.0)
+            elif fault == "hang":
+                leases.hang = True
+            else:
+                leases.unreachable = leases.refuse_writes = False
+                leases.latency_s = 0.0
+                leases.unhang()
+        for replica in replicas:
+            replica.leases.unreachable = replica.leases.refuse_writes = False
+            replica.leases.latency_s = 0.0
+            replica.leases.unhang()
+        await wait_for(lambda: sum(r.elector.leading for r in replicas) == 1)
     assert not writers.overlaps
     assert len(writers.starts) >= 2  # leadership did move
 
@@ -323,40 +326,31 @@ async def test_a_slow_read_dates_the_observation_from_its_answer(
     question, the standby would take over up to 9 s early, while the leader
     still writes.
     """
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(300):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            b, = start(nursery, server, writers, "b")
-            await trio.sleep(10)
-            b.leases.read_latency_s = 9.0
-            seen = b.leases.answered["get"]
-            await wait_for(lambda: b.leases.answered["get"] >= seen + 2)  # one slow read
-            a.leases.unreachable = True  # a renewed just before that read's answer
-            b.leases.read_latency_s = 0.0
-            await wait_for(lambda: b.elector.leading)
-            assert a.elector.lost_at is not None
-            assert writers.first_write("b") > a.elector.lost_at
-            nursery.cancel_scope.cancel()
+    async with election(300) as e:
+        writers = e.writers
+        a = await e.leader("a")
+        b, = e.start("b")
+        await trio.sleep(10)
+        b.leases.read_latency_s = 9.0
+        seen = b.leases.answered["get"]
+        await wait_for(lambda: b.leases.answered["get"] >= seen + 2)  # one slow read
+        a.leases.unreachable = True  # a renewed just before that read's answer
+        b.leases.read_latency_s = 0.0
+        await wait_for(lambda: b.elector.leading)
+        assert a.elector.lost_at is not None
+        assert writers.first_write("b") > a.elector.lost_at
     assert not writers.overlaps
 
 
 async def test_release_reads_again_after_a_conflict(autojump_clock: trio.testing.MockClock) -> None:
     """The Lease changed since our last renewal (a label, say): release still happens."""
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
-            obj = server.store.find(LEASE, NS, NAME)
-            assert obj is not None
-            labelled = {**obj, "metadata": {**obj["metadata"], "labels": {"x": "y"}}}
-            server.store.replace(LEASE, NS, NAME, labelled, "kubectl")
-            a.scope.cancel()
-            await wait_for(lambda: lease_holder(server, NS, NAME) is None)
-            assert a.leases.calls["update"] >= 2  # the stale release, then the fresh one
-            nursery.cancel_scope.cancel()
+    async with election(60) as e:
+        server = e.server
+        a = await e.leader("a")
+        e.label_lease()
+        a.scope.cancel()
+        await wait_for(lambda: lease_holder(server, NS, NAME) is None)
+        assert a.leases.calls["update"] >= 2  # the stale release, then the fresh one
 
 
 async def test_announcer_tells_the_stream_and_systemd_once_per_change() -> None:
@@ -386,16 +380,13 @@ async def test_an_outage_warns_once_then_says_when_it_is_over(
         autojump_clock: trio.testing.MockClock) -> None:
     from structlog.testing import capture_logs
 
-    server, writers = FakeApiServer(), Writers()
-    with trio.fail_after(120), capture_logs() as logs:
-        async with trio.open_nursery() as nursery:
-            a, = start(nursery, server, writers, "a")
-            await wait_for(lambda: a.elector.leading)
+    with capture_logs() as logs:
+        async with election(120) as e:
+            a = await e.leader("a")
             a.leases.unreachable = True
             await trio.sleep(60)  # thirty retries
             a.leases.unreachable = False
             await wait_for(lambda: a.elector.leading)
-            nursery.cancel_scope.cancel()
     failed = [e for e in logs if e["event"] == "lease request failed"]
     assert [e["log_level"] for e in failed] == ["warning"]
     ended = [e for e in logs if e["event"] == "lease requests succeed again"]
