@@ -12,8 +12,11 @@ Each iteration publishes a new revision with plain SQL (insert, point
 ``supervisor_desired`` at it; the clock starts just before ``COMMIT``) from a
 worker thread while a trio-websocket client follows the stream; the next
 iteration starts after a random pause of up to one poll interval, so polling
-latency is sampled over the whole poll phase. Printed next to floors measured in
-the same run:
+latency is sampled over the whole poll phase; with LISTEN the pause starts at the
+default ``notify_min_interval_s`` (0.05 s), as publishes an operator makes are
+further apart than that: a notification sooner after the last wake-up is held
+for the rest of the interval (a storm), which is measured by no scenario here.
+Printed next to floors measured in the same run:
 
 * ``notify``: the bare NOTIFY round trip (a plain psycopg listener thread woken by
   a sender's committed ``pg_notify``);
@@ -54,6 +57,7 @@ import psycopg
 import trio
 from trio_websocket import open_websocket_url
 
+from supervisor.config import ControlPlaneConfig
 from supervisor.revision.compile import compile_revision
 from supervisor.revision.secrets import EnvFileResolver
 
@@ -62,6 +66,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
 from tests import pgserver
 
 REPO = Path(__file__).resolve().parents[1]
+# The daemon's default wake-up floor: LISTEN iterations pause at least this long.
+NOTIFY_FLOOR_S = next(f.default for f in msgspec.structs.fields(ControlPlaneConfig)
+                      if f.name == "notify_min_interval_s")
 
 
 @dataclass(frozen=True)
@@ -292,7 +299,8 @@ async def _drive(config: Path, workdir: Path, port: int, url: str, scenario: Sce
                     # Wall clock (same host): commit -> the daemon's event, event -> client.
                     to_event.append(event_at - committed[1])
                     delivery.append(seen_wall - event_at)
-                await trio.sleep(rng.uniform(0, min(scenario.poll_interval_s, 0.05)))
+                floor = NOTIFY_FLOOR_S if scenario.listen else 0.0
+                await trio.sleep(floor + rng.uniform(0, min(scenario.poll_interval_s, 0.05)))
     finally:
         conn.close()
         if process.returncode is None:
