@@ -66,10 +66,17 @@ def _value_at(config: Config, key: str) -> Any:
     return getattr(getattr(config, section), name)
 
 
+_OWN_EXACT = frozenset(OWN_ENV_NAMES)
+_OWN_PREFIXES = tuple(own for own in OWN_ENV_NAMES if own.endswith("_") or own == "PG")
+
+
 def own_env_name(name: str) -> bool:
-    """Is ``name`` a variable the daemon itself reads (:data:`OWN_ENV_NAMES`)?"""
-    return any(name == own or ((own.endswith("_") or own == "PG") and name.startswith(own))
-               for own in OWN_ENV_NAMES)
+    """Is ``name`` a variable the daemon itself reads (:data:`OWN_ENV_NAMES`)?
+
+    Asked once per ``env:`` secret reference of every revision compiled: one
+    set lookup and one ``startswith`` over the prefixes, not a loop per name.
+    """
+    return name in _OWN_EXACT or name.startswith(_OWN_PREFIXES)
 
 
 def credential_files(config: Config, environ: Mapping[str, str] | None = None,
