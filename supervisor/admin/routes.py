@@ -39,6 +39,7 @@ from supervisor.admin.responses import (
 )
 from supervisor.admin.signed import Unservable, etag_for
 from supervisor.admin.stream import Receive, Scope
+from supervisor.controlplane.follower import REVISION_PATH
 from supervisor.logs import get_logger
 
 __all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "READ_SIGNED",
@@ -47,7 +48,6 @@ __all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "REA
 log = get_logger("admin")
 
 STREAM_PATH = "/v1/stream"
-REVISION_PATH = "/v1/revision"
 SIGNED = b"application/vnd.trio-supervisor.lkg"
 CONVERGE_PATH = "/v1/converge"
 CONVERGE_TIMEOUT_S = 60.0

@@ -71,7 +71,6 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
-from supervisor.admin.routes import REVISION_PATH
 from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
@@ -95,10 +94,12 @@ from supervisor.tokenfile import read_token
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["ERROR_BODY_BYTES", "FollowerStore", "forward_path", "upstream_token"]
+__all__ = ["ERROR_BODY_BYTES", "REVISION_PATH", "FollowerStore", "forward_path", "upstream_token"]
 
 log = get_logger("controlplane")
 
+#: The route a replica serves its signed revision on (admin.routes serves it here).
+REVISION_PATH = "/v1/revision"
 #: Connecting to the upstream replica: its revision fetches and its stream (upstream_hint).
 CONNECT_TIMEOUT_S = 5.0
 #: At most this much of a non-200 answer's body is read (for the log line).

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import trio
 from trio_websocket import open_websocket_url
 
-from supervisor.admin.client import stream_url
 from supervisor.backoff import Backoff
 from supervisor.controlplane.follower import CONNECT_TIMEOUT_S
 from supervisor.controlplane.listen import WakeFloor
@@ -44,6 +43,12 @@ log = get_logger("listen")
 
 #: Without any message (the upstream pings every heartbeat), the connection is presumed dead.
 IDLE_TIMEOUT_S = 90.0
+
+
+def stream_url(upstream: str) -> str:
+    """``http(s)://HOST:PORT`` (the forms ``[control_plane].url`` accepts) ->
+    ``ws(s)://HOST:PORT/v1/stream``."""
+    return "ws" + upstream.rstrip("/").removeprefix("http") + "/v1/stream"
 
 
 async def run_upstream_hint(
