@@ -191,9 +191,15 @@ async def test_a_sink_directory_made_again_on_a_full_disk_reports_the_full_disk(
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
             assert shown(snapshot) == 1
-            snapshot.unlink()
-            snap_dir.rmdir()
-            limit_inodes(small_disk, 0)
+            # Stopped meanwhile: a poll between the removal and the limit would make the
+            # directory again on a disk that is not full yet, and nothing would fail.
+            daemon.signal(signal.SIGSTOP)
+            try:
+                snapshot.unlink()
+                snap_dir.rmdir()
+                limit_inodes(small_disk, 0)
+            finally:
+                daemon.signal(signal.SIGCONT)
             try:
                 await daemon.wait_log("sink write failed; still serving, retrying every poll",
                                       sink="snapshot_file")
