@@ -44,7 +44,7 @@ class Writers:
                     if self.active - {name}:
                         self.overlaps.append(frozenset(self.active | {name}))
                     self.active.add(name)
-                    await trio.sleep(0.02)
+                    await trio.sleep(0.02)  # a leader's work tick: the Lease goes over real HTTP
             finally:
                 self.active.discard(name)
 
