@@ -259,6 +259,8 @@ PAGES: Final[dict[str, str]] = {
     "resources of the fan-out.",
     "reasons.md": "every `reason` label, and what to do about it.",
     "log-events.md": "every log line with its level and keys.",
+    "boundaries.md": "every boundary where data enters or the process waits: size, check, "
+    "deadline, reason, test.",
 }
 
 SIGNALS: Final[dict[str, str]] = {

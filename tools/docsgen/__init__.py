@@ -16,6 +16,7 @@ reading the code that implements what it documents, never a copied table:
   catalogue a test holds to a real document, the stream events found in the source);
 - :mod:`.controlplane`: ``control-plane.md`` (the SQL migrations);
 - :mod:`.kubernetes`: ``kubernetes.md`` (the fan-out kinds, labels, annotations, Events);
+- :mod:`.boundaries`: ``boundaries.md`` (:data:`supervisor.boundaries.BOUNDARIES`);
 - :mod:`.index`: ``README.md``, one line per page.
 
 The prose (what a key means, what to do about a label) is in
@@ -29,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from tools.docsgen.adminapi import render_admin_api
+from tools.docsgen.boundaries import render_boundaries
 from tools.docsgen.common import DOCS
 from tools.docsgen.controlplane import render_control_plane
 from tools.docsgen.diagnostics import render_log_events, render_reasons
@@ -39,7 +41,8 @@ from tools.docsgen.process import render_commands, render_exit_codes
 from tools.docsgen.settings import render_configuration, render_revision_schema
 
 __all__ = [
-    "DOCS", "PAGES", "check", "main", "render_admin_api", "render_all", "render_commands",
+    "DOCS", "PAGES", "check", "main", "render_admin_api", "render_all", "render_boundaries",
+    "render_commands",
     "render_configuration", "render_control_plane", "render_exit_codes", "render_index",
     "render_kubernetes", "render_log_events", "render_metrics", "render_reasons",
     "render_revision_schema", "write",
@@ -56,6 +59,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "kubernetes.md": render_kubernetes,
     "reasons.md": render_reasons,
     "log-events.md": render_log_events,
+    "boundaries.md": render_boundaries,
 }
 # The index lists the pages above (it reads PAGES, so it comes last).
 PAGES["README.md"] = lambda: render_index(PAGES)

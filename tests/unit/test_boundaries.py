@@ -1,0 +1,78 @@
+"""The boundary table: every row names a test that exists; the bounds kit holds its promises."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor import bounds
+from supervisor.boundaries import BOUNDARIES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            names |= {f"{node.name}::{f.name}" for f in node.body
+                      if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+    return names
+
+
+@pytest.mark.parametrize("row", BOUNDARIES, ids=lambda b: b.where)
+def test_every_boundary_names_a_test_that_exists(row: object) -> None:
+    path, _, name = row.test.partition("::")  # type: ignore[attr-defined]
+    assert (REPO / path).is_file(), row
+    assert name.split("[")[0] in _test_names(REPO / path), row
+
+
+def test_boundaries_are_unique() -> None:
+    wheres = [(b.where, b.enters) for b in BOUNDARIES]
+    assert len(wheres) == len(set(wheres))
+
+
+@given(st.text(), st.integers(min_value=40, max_value=4096))
+def test_a_cut_text_fits_its_limit_and_names_the_full_length(text: str, limit: int) -> None:
+    out = bounds.cut(text, limit)
+    size = len(text.encode("utf-8", "surrogateescape"))
+    assert len(out.encode("utf-8", "surrogateescape")) <= limit
+    if size <= limit:
+        assert out == text
+    else:
+        assert out.endswith(f"… ({size} bytes)")
+
+
+@given(st.text())
+def test_a_quoted_name_is_one_printable_line(name: str) -> None:
+    out = bounds.quoted(name)
+    assert out.isprintable() and "\n" not in out
+    assert len(out.encode()) <= bounds.NAME_BYTES
+
+
+@given(st.binary(max_size=300_000), st.integers(min_value=0, max_value=200_000))
+def test_a_capped_read_returns_all_or_refuses_past_the_limit(data: bytes, limit: int) -> None:
+    import io
+
+    stream = io.BytesIO(data)
+    if len(data) <= limit:
+        assert bounds.read_capped(stream.read, limit, "x") == data
+    else:
+        with pytest.raises(bounds.TooLarge) as caught:
+            bounds.read_capped(stream.read, limit, "x")
+        assert caught.value.limit == limit
+        # Never read more than the limit and one byte.
+        assert stream.tell() == limit + 1
+
+
+def test_a_range_check_names_the_place_and_both_ends() -> None:
+    assert bounds.check_range("$.x", 5, 0, 10) == 5
+    with pytest.raises(bounds.OutOfRange, match=r"\$\.x: 11 is outside 0\.\.10"):
+        bounds.check_range("$.x", 11, 0, 10)
