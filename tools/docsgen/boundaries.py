@@ -1,4 +1,4 @@
-"""``boundaries.md``: every boundary where data enters or the process waits (supervisor.boundaries)."""
+"""``boundaries.md``: where data enters or the process waits (supervisor.boundaries)."""
 
 from __future__ import annotations
 
