@@ -216,7 +216,7 @@ COMMANDS: dict[str, CommandHelp] = {
         "overwritten) and prints its verify key as the last word of the last line, in the "
         "form [cache].trusted_keys accepts. Point [cache].signing_key at the file and add "
         "the verify key to [cache].trusted_keys of every replica that should accept caches "
-        "signed with it (README.rst, 'Cache key rotation').",
+        "signed with it (docs/operations.md, 'Cache key rotation').",
         ("trio-supervisor keygen --out /etc/trio-supervisor/cache-signing.key",
          "trio-supervisor keygen --out new.key | tail -n1 | awk '{print $NF}'"),
         ((0, "written; the verify key printed last"),

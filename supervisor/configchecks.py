@@ -338,6 +338,6 @@ def placeholders(config: Config) -> list[tuple[str, str]]:
     return [
         (f"$.cache.trusted_keys[{index}]",
          "still the placeholder: put the verify key that `trio-supervisor keygen` printed "
-         "here (README.rst, Operations)")
+         "here (docs/operations.md, Kubernetes)")
         for index, key in enumerate(config.cache.trusted_keys) if "REPLACE" in key
     ]

@@ -1,7 +1,7 @@
 """The one catalogue of every low-cardinality label this daemon emits.
 
 Metrics pre-initialise every label listed here, the status report and the
-stream use exactly these strings, and the README's troubleshooting table is
+stream use exactly these strings, and the troubleshooting table of docs/operations.md is
 keyed by them. A new label is added here first; nothing else spells one.
 """
 

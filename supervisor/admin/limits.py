@@ -40,7 +40,7 @@ MIN_CONNECTIONS = 16
 # arithmetic needs a number: no admin API needs more than this.
 UNLIMITED_CONNECTIONS = 65536
 # The soft limit is raised toward the hard limit up to this: about 50,000
-# stream clients, more than the memory of a control VM holds (README, "The
+# stream clients, more than the memory of a control VM holds (docs/operations.md, "The
 # stream at scale": tens of KiB per subscriber).
 NOFILE_TARGET = 65536
 

@@ -21,7 +21,7 @@ after one breaks. Each call is one short explicit transaction and nothing is
 left open between calls (an idle-in-transaction session holds back vacuum and
 the NOTIFY queue).
 
-Fleets (README "fleets"): the store relies on no session state at all (no
+Fleets (docs/operations.md, "Fleets"): the store relies on no session state at all (no
 session ``SET``, no server-side prepared statements, transaction-scoped
 advisory locks in migrations), so it works unchanged behind PgBouncer in
 transaction pooling mode and against a hot standby (reads only; ``publish``

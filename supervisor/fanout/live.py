@@ -36,7 +36,7 @@ generation; any other child counts as available once it exists
 :class:`ForeignChildren`: children of *other* installations that share our apps
 namespace, never ours to write.
 
-Two installations may share an apps namespace (README, "The installation
+Two installations may share an apps namespace (docs/operations.md, "The installation
 label"). Children are named after their parent, so when both have a parent of
 the same name, both want the same child. Server-side apply with ``force``
 would take the other installation's child over (relabelling it as ours), the

@@ -40,13 +40,13 @@ async def test_check_suggests_the_key_that_was_meant(tmp_path: Path) -> None:
         in result.stderr
 
 
-async def test_the_readme_check_example_is_what_check_prints() -> None:
-    """The README's ``check`` session on the shipped conf/prod.toml, line for line (on a host
-    without /etc/trio-supervisor and /run/trio-supervisor, as the README's session was)."""
+async def test_the_documented_check_example_is_what_check_prints() -> None:
+    """The ``check`` session of docs/operations.md on the shipped conf/prod.toml, line for line
+    (on a host without /etc/trio-supervisor and /run/trio-supervisor, as the session was)."""
     if Path("/etc/trio-supervisor").exists() or Path("/run/trio-supervisor").exists():
         pytest.skip("this host has the production directories the example lacks")
-    readme = (REPO / "README.rst").read_text()
-    session = readme.split("    $ trio-supervisor check --config conf/prod.toml\n", 1)[1]
+    page = (REPO / "docs" / "operations.md").read_text()
+    session = page.split("    $ trio-supervisor check --config conf/prod.toml\n", 1)[1]
     quoted = [line.removeprefix("    ") for line in session.split("\n\n", 1)[0].splitlines()]
     result = await acli("check", "--config", "conf/prod.toml", check=False)
     assert result.returncode == 2

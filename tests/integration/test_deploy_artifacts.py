@@ -90,24 +90,24 @@ def seconds(value: str) -> float:
 
 def test_the_units_documentation_is_installed_by_its_own_steps() -> None:
     """``Documentation=file://...`` names a file the install steps (the unit's comment and
-    the README's) put there: an installed host has no source tree to point into."""
+    docs/operations.md's) put there: an installed host has no source tree to point into."""
     text = UNIT.read_text()
-    readme = (REPO / "README.rst").read_text()
+    operations = (REPO / "docs" / "operations.md").read_text()
     documented = parse_unit(text)["Unit"]["Documentation"]
     files = [d.removeprefix("file://") for line in documented for d in line.split()
              if d.startswith("file://")]
     assert files
     for path in files:
         step = f"install -D -m 0644 README.rst {path}"
-        assert path.endswith("/README.rst") and f"#   {step}" in text and f"    {step}" in readme
+        assert path.endswith("/README.rst") and f"#   {step}" in text and f"    {step}" in operations
 
 
-def test_the_containerfile_run_example_is_the_readmes() -> None:
-    readme = (REPO / "README.rst").read_text()
+def test_the_containerfile_run_example_is_the_documented_one() -> None:
+    operations = (REPO / "docs" / "operations.md").read_text()
     example = re.search(r"#   (docker run .*\\\n#     .*)", CONTAINERFILE.read_text())
     assert example is not None
     command = example.group(1).replace("\\\n#     ", "\\\n      ")
-    assert f"    {command}\n" in readme
+    assert f"    {command}\n" in operations
 
 
 def test_systemd_unit_properties() -> None:
@@ -295,7 +295,7 @@ def test_the_image_installs_exactly_the_locked_dependencies() -> None:
         assert name in pinned, f"{requirement.name} of pyproject.toml is not in the lock"
         assert requirement.specifier.contains(pinned[name]), (
             f"the lock's {name}=={pinned[name]} is outside pyproject's {requirement.specifier}:"
-            " regenerate it (README, \"Containers\")")
+            " regenerate it (docs/operations.md, \"Containers\")")
         for extra in requirement.extras:  # psycopg[binary] -> psycopg-binary
             assert canonicalize_name(f"{requirement.name}-{extra}") in pinned
     build = containerfile_stages(CONTAINERFILE.read_text())[0]

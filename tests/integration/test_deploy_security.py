@@ -104,7 +104,7 @@ def _docs(path: Path) -> list[dict[str, object]]:
 def test_base_image_is_pinned_by_digest() -> None:
     text = (REPO / "deploy/container/Containerfile").read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:[\w.-]+@sha256:[0-9a-f]{64}$", text, re.M)
-    assert "imagetools inspect" in (REPO / "README.rst").read_text()  # the update procedure
+    assert "imagetools inspect" in (REPO / "docs" / "operations.md").read_text()  # the update
 
 
 def test_kubernetes_deployment_keeps_the_password_out_of_the_environment() -> None:

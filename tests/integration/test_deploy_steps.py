@@ -1,4 +1,4 @@
-"""The README's deploy steps work as written.
+"""The deploy steps of docs/operations.md work as written.
 
 - Kubernetes, first block: run for real in a copy of the repository's
   ``deploy/kubernetes/prod.toml`` (keygen, the ``sed`` that replaces the
@@ -10,7 +10,7 @@
 - the placeholder as shipped is refused (exit 2), so a pod never runs with it;
 - containers: the key and token files the configuration names are installed
   owned by the image's user before ``docker run`` mounts them;
-- the README says why there is no PodDisruptionBudget (there is none).
+- docs/operations.md says why there is no PodDisruptionBudget (there is none).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -32,36 +31,35 @@ import pytest
 from tests.deploy import containerfile_stages, kustomize
 from tests.proc import REPO, cli
 
-README = (REPO / "README.rst").read_text()
+OPERATIONS = (REPO / "docs" / "operations.md").read_text()
 PROD = REPO / "deploy" / "kubernetes" / "prod.toml"
 
 
 def literal_blocks(section: str) -> list[list[str]]:
-    """The ``::`` literal blocks of a README subsection (continuation lines joined)."""
-    return literal_blocks_of(section, "~")
-
-
-def literal_blocks_of(section: str, underline: str) -> list[list[str]]:
-    body = README.split(f"\n{section}\n{underline * len(section)}\n", 1)[1]
-    body = re.split(rf"\n\S[^\n]*\n{re.escape(underline)}{{3,}}\n", body, maxsplit=1)[0]
+    """The indented code blocks of a docs/operations.md section (continuation lines joined)."""
+    body = OPERATIONS.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     blocks: list[list[str]] = []
-    lines = body.splitlines()
-    for i, line in enumerate(lines):
-        if line.rstrip().endswith("::"):
-            block: list[str] = []
-            for follow in lines[i + 2:]:
-                if follow and not follow.startswith("    "):
-                    break
-                if follow.strip():
-                    block.append(follow[4:])
-            joined: list[str] = []
-            for line_ in block:
-                if joined and joined[-1].endswith("\\"):
-                    joined[-1] = joined[-1][:-1] + " " + line_.strip()
-                else:
-                    joined.append(line_)
-            blocks.append(joined)
-    return blocks
+    block: list[str] | None = None
+    blank = True
+    for line in body.splitlines():
+        if line.startswith("    ") and (block is not None or blank):
+            if block is None:
+                block = []
+                blocks.append(block)
+            block.append(line[4:])
+        elif line.strip():
+            block = None
+        blank = not line.strip()
+    joined_blocks: list[list[str]] = []
+    for lines in blocks:
+        joined: list[str] = []
+        for line in lines:
+            if joined and joined[-1].endswith("\\"):
+                joined[-1] = joined[-1][:-1] + " " + line.strip()
+            else:
+                joined.append(line)
+        joined_blocks.append(joined)
+    return joined_blocks
 
 
 def test_the_shipped_placeholder_is_refused_with_a_hint() -> None:
@@ -152,7 +150,7 @@ def test_kubernetes_apply_steps_follow_a_working_order(tmp_path: Path) -> None:
             key = argv[4].split("=", 1)[0]
             assert policy and key in json.dumps(policy), f"{line}: no NetworkPolicy admits {key}"
         else:
-            pytest.fail(f"unexpected command in the README: {line}")
+            pytest.fail(f"unexpected command in docs/operations.md: {line}")
     assert applied[-2:] == ["deploy/kubernetes", "deploy/prometheus"]
     # Every Secret the configuration's files come from was created, with that file's key.
     objects = kustomize(REPO / "deploy" / "kubernetes")
@@ -210,11 +208,11 @@ def test_pod_disruption_budget_lets_a_drain_take_one_replica_of_two() -> None:
     assert pdb["spec"]["maxUnavailable"] == 1 < replicas["spec"]["replicas"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= \
         replicas["spec"]["template"]["metadata"]["labels"].items()
-    assert "PodDisruptionBudget" in README and "node drain" in README
+    assert "PodDisruptionBudget" in OPERATIONS and "node drain" in OPERATIONS
 
 
 def test_readme_check_example_is_what_check_prints() -> None:
-    [block] = [b for b in literal_blocks_of("Configuration", "-")
+    [block] = [b for b in literal_blocks("Configuration")
                if b and b[0].startswith("$ trio-supervisor check")]
     argv = shlex.split(block[0][2:])
     result = cli(*argv[1:], check=False)

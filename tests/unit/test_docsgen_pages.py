@@ -52,8 +52,14 @@ def row(text: str, first_cell: str) -> str:
 # -- the set of pages -------------------------------------------------------------
 
 
-def test_docs_holds_exactly_the_generated_pages() -> None:
-    assert {p.name for p in DOCS.glob("*.md")} == set(docsgen.PAGES)
+def test_docs_holds_exactly_the_generated_and_the_hand_written_pages() -> None:
+    from tools.docsgen.index import HAND_WRITTEN
+
+    assert {p.name for p in DOCS.glob("*.md")} == set(docsgen.PAGES) | set(HAND_WRITTEN)
+    assert not set(HAND_WRITTEN) & set(docsgen.PAGES)
+    text = docsgen.render_index(docsgen.PAGES)
+    for name, says in HAND_WRITTEN.items():
+        assert f"- [{name}]({name}): {says}" in text
 
 
 def test_the_index_lists_every_page_with_its_summary() -> None:

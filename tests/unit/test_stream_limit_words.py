@@ -1,4 +1,4 @@
-"""The systemd unit and the README say how many stream clients a descriptor limit allows;
+"""The systemd unit and docs/operations.md say how many stream clients a descriptor limit allows;
 the stream's client limit is derived from RLIMIT_NOFILE (no ``max_clients`` key), so
 their figures are held to :func:`supervisor.admin.limits.derive`."""
 
@@ -11,7 +11,7 @@ from supervisor.admin.limits import derive
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = (REPO / "deploy" / "systemd" / "trio-supervisor.service").read_text()
-README = (REPO / "README.rst").read_text()
+OPERATIONS = (REPO / "docs" / "operations.md").read_text()
 
 
 def _clients(nofile: int) -> str:
@@ -25,9 +25,9 @@ def test_the_units_figures_are_derived_from_its_limit() -> None:
     assert "max_clients" not in UNIT
 
 
-def test_the_readmes_figures_are_derived() -> None:
-    stated = re.findall(r"LimitNOFILE=(\d+)``(?: \(or ``ulimit -Hn``\))?\s+(?:gives|allows)\s+"
-                        r"([\d,]+)", README)
+def test_the_operations_pages_figures_are_derived() -> None:
+    stated = re.findall(r"LimitNOFILE=(\d+)`(?: \(or `ulimit -Hn`\))?\s+(?:gives|allows)\s+"
+                        r"([\d,]+)", OPERATIONS)
     assert len(stated) >= 2, stated
     for limit, clients in stated:
         assert clients == _clients(int(limit)), (limit, clients)

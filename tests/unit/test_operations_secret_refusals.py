@@ -1,4 +1,5 @@
-"""The README's "Day two" session is real output: its refusal lines are what the code prints.
+"""The "Day two" session of docs/operations.md is real output: its refusal lines are what
+the code prints.
 
 The session was recorded from the console script; the messages it quotes drift when
 the code's wording changes (it once said "is not set" after the resolver had learned
@@ -15,12 +16,12 @@ import pytest
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver
 
-README = Path(__file__).resolve().parents[2] / "README.rst"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def _day_two() -> str:
-    text = README.read_text()
-    return text.split("Day two: publish, refuse, roll back, prune\n", 1)[1].split("\n~~~", 1)[0]
+    text = OPERATIONS.read_text()
+    return text.split("\n## Day two: publish, refuse, roll back, prune\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_every_quoted_secret_refusal_is_the_resolvers_own_words() -> None:
