@@ -39,7 +39,7 @@ from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
 from supervisor.lifecycle.reload import ConfigReload
-from supervisor.lifecycle.signals import FAULT_DIR_ENV, HANDLED, HupHooks, run_fault_injection
+from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -404,10 +404,6 @@ class Daemon:
             tree_scope = trio.CancelScope()
             async with trio.open_nursery() as root:
                 root.start_soon(self._signals, receiver, tree_scope, root)
-                fault_dir = os.environ.get(FAULT_DIR_ENV)
-                if fault_dir:
-                    root.start_soon(run_fault_injection, fault_dir, lambda child, hang: (
-                        tree.inject_fault(child, hang_next_start=hang)))
                 try:
                     with tree_scope:
                         async with trio.open_nursery() as tree_nursery:

@@ -70,10 +70,6 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
-class InjectedFault(RuntimeError):
-    """A crash made on purpose by a test (:meth:`Supervisor.inject_fault`)."""
-
-
 class StartFn(Protocol):
     """A child: started with ``nursery.start``, reports ``task_status.started()`` when up."""
 
@@ -113,10 +109,6 @@ class ChildState:
     entered: bool = False
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
-    # The nursery the current run lives in (None between runs).
-    nursery: trio.Nursery | None = None
-    # Tests only (Supervisor.inject_fault): the next start hangs before started.
-    hang_next_start: bool = False
 
     def report(self) -> ChildReport:
         return ChildReport(state=self.state, restarts=self.restarts, last_error=self.last_error)
@@ -127,13 +119,6 @@ def _describe(exc: BaseException) -> str:
         return _describe(exc.exceptions[0])
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-async def _hang_before_started(
-    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """An injected start (tests only) that never reports started."""
-    await trio.sleep_forever()
 
 
 # No restart fixes these: a bad configuration, a refused boot, an address in use.
@@ -206,26 +191,6 @@ class Supervisor:
                 log.warning("child did not stop in time", child=spec.name,
                             timeout_s=spec.shutdown_timeout_s)
 
-    def inject_fault(self, name: str, *, hang_next_start: bool = False) -> bool:
-        """Crash child ``name`` as a real fault would (tests only; see app.FAULT_DIR_ENV).
-
-        An exception raised inside the child's own nursery: its tasks are
-        cancelled, its ``finally`` blocks run, and the tree sees a crash.
-        With ``hang_next_start``, the restart then hangs before reporting
-        started, as a start function stuck on something would (a later
-        injected crash ends the hang). False when the child is not running.
-        """
-        child = self.children.get(name)
-        if child is None or child.nursery is None:
-            return False
-        child.hang_next_start = hang_next_start
-
-        async def fault() -> None:
-            raise InjectedFault(f"fault injected into child {name!r} by a test")
-
-        child.nursery.start_soon(fault)
-        return True
-
     def _set(self, child: ChildState, state: ChildStateName) -> None:
         if child.state != state:
             now = trio.current_time()
@@ -258,12 +223,7 @@ class Supervisor:
                     crashed: BaseException | None = None
                     try:
                         async with trio.open_nursery() as inner:
-                            child.nursery = inner
-                            start = spec.start
-                            if child.hang_next_start:
-                                child.hang_next_start = False
-                                start = _hang_before_started
-                            await inner.start(start)
+                            await inner.start(spec.start)
                             child.started = True
                             self._set(child, "running")
                             report_started()
@@ -274,8 +234,6 @@ class Supervisor:
                             self._set(child, "failed")
                             raise fatal from None
                         crashed = exc
-                    finally:
-                        child.nursery = None
                     if crashed is None:
                         if spec.restart is not Restart.PERMANENT:
                             log.info("child finished", child=spec.name)

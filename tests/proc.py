@@ -22,6 +22,8 @@ from typing import Any
 import trio
 
 REPO = Path(__file__).resolve().parents[1]
+#: Names the directory of a crash drill's fault files (tests/faultdaemon.py).
+FAULT_DIR_ENV = "SUPERVISOR_TEST_FAULT_DIR"
 EXAMPLE = REPO / "conf" / "example-revision.toml"
 
 
@@ -181,13 +183,16 @@ async def run_daemon(config: Path, *, env: Mapping[str, str] | None = None,
     ``cwd`` (default: the repository) is where relative paths in ``config`` start.
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # A fault directory means a crash drill: the real daemon with its children behind
+    # fault switches the test flips (tests/faultdaemon.py).
+    module = "tests.faultdaemon" if FAULT_DIR_ENV in full_env else "supervisor"
 
     def lower_nofile() -> None:
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "supervisor", *args, "--config", str(config)],
+        [sys.executable, "-m", module, *args, "--config", str(config)],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=full_env, cwd=str(cwd or REPO),
         preexec_fn=lower_nofile if nofile is not None else None,
     )

@@ -1,8 +1,8 @@
 """The supervision tree's restarts and shutdown, as a caller sees them.
 
 Shutdown duration (not only order), the restart backoff's exact bounds and cap,
-``crash_looping``, the callbacks, ``inject_fault``, and the report of each
-ending. All under virtual time; every assertion is on what a caller can see.
+``crash_looping``, the callbacks, a crash from inside a child (a fault switch), and the
+report of each ending. All under virtual time; every assertion is on what a caller can see.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from supervisor.errors import BootRefused
 from supervisor.tree import BACKOFF_INITIAL_S, BACKOFF_MAX_S, ChildSpec, Restart, Supervisor
-from tests.fakes.children import Crasher
+from tests.fakes.children import Crasher, FaultSwitch
 
 
 async def forever(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -183,7 +183,7 @@ def test_duplicate_child_names_are_refused() -> None:
         Supervisor([ChildSpec("a", forever), ChildSpec("a", forever)], intensity=1, period_s=1)
 
 
-async def test_inject_fault_crashes_a_running_child_only(
+async def test_a_crash_inside_a_running_child_restarts_it_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     runs: list[float] = []
@@ -196,22 +196,23 @@ async def test_inject_fault_crashes_a_running_child_only(
     async def once(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
 
-    tree = Supervisor([ChildSpec("c", child), ChildSpec("once", once, Restart.TRANSIENT)],
+    c, done = FaultSwitch("c", child), FaultSwitch("once", once)
+    tree = Supervisor([ChildSpec("c", c), ChildSpec("once", done, Restart.TRANSIENT)],
                       intensity=5, period_s=60, rng=random.Random(1))
-    assert tree.inject_fault("c") is False  # not running yet
+    assert c.crash() is False  # not running yet
     async with trio.open_nursery() as nursery:
         await nursery.start(tree.run)
         await trio.sleep(1)
-        assert tree.inject_fault("nobody") is False
-        assert tree.inject_fault("once") is False  # finished: no nursery to crash
-        assert tree.inject_fault("c") is True
+        assert done.crash() is False  # finished: nothing to crash
+        assert c.crash() is True
         await trio.sleep(5)
-        report = tree.report()["c"]
+        report = tree.report()
         nursery.cancel_scope.cancel()
     assert len(runs) == 2
-    assert report.restarts == 1
-    assert report.state == "running"
-    assert "fault injected into child 'c'" in report.last_error
+    assert report["c"].restarts == 1
+    assert report["c"].state == "running"
+    assert report["c"].last_error == "InjectedFault: fault injected into child 'c' by a test"
+    assert report["once"].state == "stopped" and report["once"].restarts == 0
 
 
 async def test_a_fatal_error_marks_the_child_failed(autojump_clock: trio.testing.MockClock) -> None:

@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from supervisor.tree import ChildSpec, Supervisor
+from tests.fakes.children import FaultSwitch
 
 LIMIT_S = 10.0
 
@@ -82,7 +83,7 @@ async def test_a_first_start_that_hangs_is_the_boot_and_never_counted(
         nursery.cancel_scope.cancel()
 
 
-async def test_an_injected_hang_holds_the_restart_until_a_crash_ends_it(
+async def test_a_hung_restart_is_stuck_until_a_crash_ends_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     starts: list[float] = []
@@ -92,18 +93,19 @@ async def test_an_injected_hang_holds_the_restart_until_a_crash_ends_it(
         task_status.started()
         await trio.sleep_forever()
 
-    tree = make([ChildSpec("c", child)])
+    switch = FaultSwitch("c", child)
+    tree = make([ChildSpec("c", switch)])
     async with trio.open_nursery() as nursery:
         await nursery.start(tree.run)
         await trio.sleep(1)
-        assert tree.inject_fault("c", hang_next_start=True) is True
+        assert switch.crash(hang_next_start=True) is True
         await trio.sleep(LIMIT_S + 5)
         # Crashed and restarted, but the restart never reached the child's start.
         assert len(starts) == 1
         assert tree.report()["c"].restarts == 1
         assert "c" in tree.stuck_starting(LIMIT_S)
-        # A plain injected crash ends the hang; the next start is a real one.
-        assert tree.inject_fault("c") is True
+        # A plain crash ends the hang; the next start is a real one.
+        assert switch.crash() is True
         await trio.sleep(5)
         assert len(starts) == 2
         assert tree.report()["c"].state == "running"
