@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
+from structlog.testing import capture_logs
 
 from supervisor import reasons
 from tests.fanout import APPS, CONTROL, Harness, harness, sd
@@ -63,3 +64,40 @@ async def test_a_list_that_never_answers_is_retried_and_shows(tmp_path: Path) ->
             await h.until(lambda: h.status.state == "watching")
             assert h.status.last_error_class is None
             assert fake.get("servicedefinitions", CONTROL, "late") is not None
+
+
+async def test_child_writes_failing_show_and_are_logged_once_per_parent(tmp_path: Path) -> None:
+    parents = 30
+    with trio.fail_after(60):
+        async with harness(tmp_path) as h:
+            fake = h.fake
+            for i in range(parents):
+                fake.create(sd(f"p{i:02}"))
+            await h.until(lambda: all(fake.get("deployments", APPS, f"p{i:02}") is not None
+                                      for i in range(parents)))
+            await h.idle()
+            outage = fake.inject("PATCH", rf"/namespaces/{APPS}/deployments/", status=500,
+                                 times=None)
+            with capture_logs() as logs:
+                for i in range(parents):
+                    fake.patch("servicedefinitions", CONTROL, f"p{i:02}",
+                               {"spec": {"image": "nginx:1.28"}})
+                # Three refused writes a parent, each counted.
+                await h.until(lambda: errors(h, reasons.SERVER_ERROR) >= 3 * parents)
+                assert outage.hits >= 3 * parents
+                assert h.status.last_error_class == reasons.SERVER_ERROR
+                assert h.status.state == "watching"  # the watches are fine
+                fake.clear_injections()
+                await h.until(lambda: all(
+                    fake.get("deployments", APPS, f"p{i:02}")["spec"]["template"]["spec"]
+                    ["containers"][0]["image"] == "nginx:1.28" for i in range(parents)))
+                await h.idle()
+            warned = [e for e in logs if e["log_level"] == "warning"]
+            failed = [e for e in warned if e["event"] == "reconcile failed; requeued"]
+            # Once per parent's streak, not at every retry.
+            assert len(failed) == parents and len(warned) == parents, len(warned)
+            assert {e["error_class"] for e in failed} == {reasons.SERVER_ERROR}
+            ended = [e for e in logs if e["event"] == "reconcile succeeds again"]
+            assert sorted(e["name"] for e in ended) == [f"p{i:02}" for i in range(parents)]
+            assert all(e["failures"] >= 1 and e["log_level"] == "info" for e in ended)
+            assert h.status.last_error_class is None
