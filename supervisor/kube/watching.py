@@ -289,10 +289,15 @@ class Informer(Generic[T]):
                     received = True
                     self._productive = True
                     self.watches_with_events += 1
-                self._handle_line(line)
+                self.handle_line(line)
         return received
 
-    def _handle_line(self, line: bytes) -> None:
+    def handle_line(self, line: bytes) -> None:
+        """One line of the watch stream: an event handed on, a bookmark or a replay
+        taken in, or a refusal raised (a :class:`~supervisor.kube.errors.KubeError`:
+        a line that is not an event, an ``ERROR`` event as its status). Any bytes end
+        in one of those, never in another exception.
+        """
         try:
             event = decode(line, RawWatchEvent)
         except DecodeError as exc:

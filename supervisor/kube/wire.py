@@ -255,13 +255,15 @@ class WatchStream(ResponseBody):
     the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
     ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
     behind a load balancer never errors on its own, and bookmarks guarantee
-    a healthy stream is never silent that long. A line over
-    :data:`MAX_WATCH_LINE_BYTES` is :class:`~supervisor.kube.errors.TooLargeResponse`
+    a healthy stream is never silent that long. A line over ``max_line``
+    (:data:`MAX_WATCH_LINE_BYTES`) is :class:`~supervisor.kube.errors.TooLargeResponse`
     as soon as its bytes pass the bound, never held whole.
     """
 
-    def __init__(self, response: httpx.Response, inactivity_s: float, where: str) -> None:
+    def __init__(self, response: httpx.Response, inactivity_s: float, where: str, *,
+                 max_line: int = MAX_WATCH_LINE_BYTES) -> None:
         super().__init__(response, f"watch {where}")
+        self._max_line = max_line
         self._buffer = bytearray()
         self._inactivity_s = inactivity_s
         self._scanned = 0  # bytes of the buffer known to hold no newline
@@ -269,6 +271,12 @@ class WatchStream(ResponseBody):
     async def next_line(self) -> bytes | None:
         while True:
             index = self._buffer.find(b"\n", self._scanned)
+            try:  # the line so far, or the whole line: never more than one chunk past it
+                check_size(f"{self._where}: one line", len(self._buffer) if index < 0 else index,
+                           self._max_line)
+            except TooLarge as exc:
+                self._buffer.clear()
+                raise TooLargeResponse(f"{exc} (refused; the watch restarts)") from exc
             if index >= 0:
                 line = bytes(self._buffer[:index])
                 del self._buffer[: index + 1]
@@ -277,11 +285,6 @@ class WatchStream(ResponseBody):
                     return line
                 continue
             self._scanned = len(self._buffer)
-            try:
-                check_size(f"{self._where}: one line", len(self._buffer), MAX_WATCH_LINE_BYTES)
-            except TooLarge as exc:
-                self._buffer.clear()
-                raise TooLargeResponse(f"{exc} (refused; the watch restarts)") from exc
             if self._ended:
                 rest, self._buffer = bytes(self._buffer), bytearray()
                 return rest if rest.strip() else None
