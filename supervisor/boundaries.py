@@ -137,6 +137,16 @@ KUBERNETES: Final = (
         released="the fan-out's writes, stopped before the lease expires",
         reason="timeout",
         test="tests/unit/test_leadership.py::test_lose_by_deadline_stops_writes_before_expiry"),
+    Boundary(
+        where="supervisor.kube.config.load_settings_async: the kubeconfig or service account",
+        enters="the configuration, its files, an exec plugin's token",
+        size="not bounded here: the official loader reads them",
+        check="the loader's; any failure is KubeConfigError, retried at the next request",
+        deadline="30 s (LOAD_TIMEOUT_S) in a thread of the client's own limit of 4",
+        released="the caller (the thread, abandoned, gives its token back when it ends)",
+        reason="namespace_or_rbac_unready",
+        test=_KUBE_CLIENT
+        + "test_a_hung_exec_plugin_ends_at_its_deadline_on_the_clients_own_threads"),
 )
 
 #: Every boundary, by area. Each area's rows are kept with the others of that area.

@@ -51,7 +51,7 @@ import httpx
 import msgspec
 import trio
 
-from supervisor.kube.config import KubeSettings, load_settings_async
+from supervisor.kube.config import KubeSettings, load_settings_async, threads
 from supervisor.kube.credentials import Credentials
 from supervisor.kube.errors import (
     KubeConfigError,
@@ -173,7 +173,7 @@ class KubeClient:
                 settings = await self._load()
                 # Abandoned on cancel: the thread only reads files; its context is dropped.
                 verify = await trio.to_thread.run_sync(settings.ssl_context,
-                                                       abandon_on_cancel=True)
+                                                       abandon_on_cancel=True, limiter=threads())
                 self._http = httpx.AsyncClient(
                     base_url=settings.host,
                     verify=verify,

@@ -7,10 +7,12 @@ fake (``inject``, ``deny``, ``set_token``, ``stall_watches``).
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from supervisor import reasons
 from supervisor.fanout.preflight import classify_watch_error
@@ -29,6 +32,7 @@ from supervisor.fanout.servicedefinition import (
     ServiceDefinition,
 )
 from supervisor.kube.client import KubeClient
+from supervisor.kube.config import load_settings_async
 from supervisor.kube.errors import (
     ApiError,
     Conflict,
@@ -359,6 +363,39 @@ async def test_a_watch_line_over_its_bound_is_refused(tmp_path: Path) -> None:
                                            + b"x" * MAX_WATCH_LINE_BYTES + b'"}}')
                     while await stream.next_line() is not None:
                         pass
+
+
+async def test_a_hung_exec_plugin_ends_at_its_deadline_on_the_clients_own_threads(
+    tmp_path: Path,
+) -> None:
+    # trio's shared thread limiter exhausted (as a stuck database's abandoned calls would):
+    # the credentials load on the client's own limit all the same.
+    shared = trio.to_thread.current_default_thread_limiter()
+    shared.total_tokens = 1
+    release = threading.Event()
+    with trio.fail_after(20):
+        async with run_fake_apiserver() as fake, trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                trio.to_thread.run_sync, release.wait, abandon_on_cancel=True))
+            await wait_all_tasks_blocked()
+            assert shared.borrowed_tokens == 1
+            path = tmp_path / "kubeconfig"
+            write_kubeconfig(fake, path)
+            config = json.loads(path.read_text())
+            config["users"][0]["user"] = {"exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "sleep",
+                "args": ["3"], "interactiveMode": "Never"}}
+            path.write_text(json.dumps(config))
+            hung = KubeClient(functools.partial(load_settings_async, str(path), timeout_s=0.5))
+            start = trio.current_time()
+            with pytest.raises(KubeConfigError, match=r"took more than 0\.5 s"):
+                await hung.list(DEPLOYMENTS, APPS, PartialObject)
+            assert trio.current_time() - start < 2.0
+            await hung.aclose()
+            write_kubeconfig(fake, path)  # no plugin: loads on the client's threads
+            async with client_for(fake, tmp_path) as client:
+                assert (await client.list(DEPLOYMENTS, APPS, PartialObject)).items == []
+            release.set()
 
 
 async def test_a_watch_ending_normally_returns_none(tmp_path: Path) -> None:
