@@ -282,8 +282,7 @@ class KubeClient:
         try:
             raw = await body.read(MAX_RESPONSE_BYTES, self._timeout_s)
         finally:
-            with trio.move_on_after(1.0, shield=True):
-                await body.aclose()
+            await body.aclose()
         return decode(raw, type_)
 
     async def list(
