@@ -54,5 +54,100 @@ ADMIN: Final = (
              "test_oversized_heads_and_bodies_are_refused_and_end_their_connection"),
 )
 
+_KUBE_CLIENT = "tests/integration/test_kube_client.py::"
+_FANOUT_FAULTS = "tests/integration/test_fanout_failures_show.py::"
+KUBERNETES: Final = (
+    Boundary(
+        where="supervisor.kube.client: every request's response head (list, get, write, "
+              "Lease, Event, watch)",
+        enters="status line and headers", size="100 KiB (httpcore's h11 head limit)",
+        check="a status >= 400 is our ApiError (kube.errors), 401 re-read once",
+        deadline="the headers within [kubernetes] request timeout_s [10] (a trio deadline "
+                 "around the send; a watch's too)",
+        released="the request and its connection (httpx closes it)", reason="timeout",
+        test=_KUBE_CLIENT
+        + "test_a_watch_whose_headers_never_come_times_out_at_the_request_timeout"),
+    Boundary(
+        where="supervisor.kube.wire.ResponseBody: a list, get or write answer",
+        enters="the JSON body", size="64 MiB (MAX_RESPONSE_BYTES), refused unread past it",
+        check="msgspec decode into the caller's Struct (schema skew named by its $.path)",
+        deadline="timeout_s plus 1 s per 256 KiB read (MIN_BODY_RATE); each silence "
+                 "timeout_s (httpx)",
+        released="the connection", reason="too_large",
+        test=_KUBE_CLIENT + "test_a_body_over_its_bound_is_refused_before_it_is_read_whole"),
+    Boundary(
+        where="supervisor.kube.wire.raise_api_error: an error answer",
+        enters="its Status body", size="64 KiB read (MAX_ERROR_BODY_BYTES), the rest dropped",
+        check="reason cut to 128 bytes, message to 1 KiB (bounds.cut)",
+        deadline="as a body", released="the connection", reason="server_error",
+        test=_KUBE_CLIENT + "test_a_body_over_its_bound_is_refused_before_it_is_read_whole"),
+    Boundary(
+        where="supervisor.kube.wire.retry_after: a 429's Retry-After",
+        enters="a header (seconds or an HTTP date)", size="-",
+        check="finite, 0..30 s (MAX_RETRY_AFTER_S)", reason="throttled",
+        test=_KUBE_CLIENT + "test_a_huge_retry_after_is_capped_in_the_error_too"),
+    Boundary(
+        where="supervisor.kube.watching.Informer: a watch of parents or children",
+        enters="the watch's response head", size="100 KiB (httpcore's h11 head limit)",
+        check="as every request; the kind is not watching until every watch opened",
+        deadline="timeout_s [10], then retried after a backoff of 0.8 s doubling to 30 s",
+        released="the request; /status shows preflight and timeout meanwhile",
+        reason="timeout",
+        test=_FANOUT_FAULTS + "test_a_watch_whose_headers_never_come_is_retried_and_shows"),
+    Boundary(
+        where="supervisor.kube.watching.Informer: a list of parents or children (paged, 500)",
+        enters="one page", size="64 MiB (a body)", check="each item decoded on its own; a "
+        "skewed one named and skipped",
+        deadline="as a body; a failed list retried after the backoff",
+        released="the request; /status shows preflight and the class meanwhile",
+        reason="timeout",
+        test=_FANOUT_FAULTS + "test_a_list_that_never_answers_is_retried_and_shows"),
+    Boundary(
+        where="supervisor.kube.wire.WatchStream: one watch line",
+        enters="one JSON event", size="8 MiB (MAX_WATCH_LINE_BYTES), checked as it grows",
+        check="Informer.handle_line: an event, or a refusal with a fan-out reason",
+        deadline="each line within inactivity_s [120] (bookmarks keep a healthy one talking)",
+        released="the stream, re-watched from its resourceVersion", reason="too_large",
+        test=_FANOUT_FAULTS + "test_a_watch_line_over_its_bound_restarts_the_watch_and_shows"),
+    Boundary(
+        where="supervisor.kube.watching.Informer.handle_line: any bytes of a line",
+        enters="type, object, metadata, an ERROR event's Status", size="one line (above)",
+        check="msgspec types; resourceVersions compared only as integers",
+        reason="schema_skew",
+        test="tests/unit/test_watch_lines.py::"
+             "test_any_watch_line_is_an_event_or_a_refusal_with_a_reason"),
+    Boundary(
+        where="supervisor.kube.wire.WatchStream: a watch gone silent",
+        enters="nothing (a half-open connection)", size="-", check="-",
+        deadline="inactivity_s [120] without a byte", released="the stream, re-watched",
+        reason="timeout",
+        test="tests/integration/test_fanout_watchers.py::test_a_stalled_stream_is_detected"),
+    Boundary(
+        where="supervisor.fanout.childwrites: a child's create, apply or delete",
+        enters="the object returned", size="64 MiB (a body)", check="a map; 5xx, timeouts "
+        "and 429 requeued per parent (0.8 s doubling to 30 s)",
+        deadline="as every request", released="the worker, for the next parent",
+        reason="server_error",
+        test=_FANOUT_FAULTS + "test_child_writes_failing_show_and_are_logged_once_per_parent"),
+    Boundary(
+        where="supervisor.fanout.leadership: the Lease's get, create and update",
+        enters="the Lease", size="64 MiB (a body)", check="a coordination.k8s.io/v1 Lease "
+        "we can write back, else a bad lease",
+        deadline="renew_deadline_s for each renewal (and as every request)",
+        released="the fan-out's writes, stopped before the lease expires",
+        reason="timeout",
+        test="tests/unit/test_leadership.py::test_lose_by_deadline_stops_writes_before_expiry"),
+    Boundary(
+        where="supervisor.kube.config.load_settings_async: the kubeconfig or service account",
+        enters="the configuration, its files, an exec plugin's token",
+        size="not bounded here: the official loader reads them",
+        check="the loader's; any failure is KubeConfigError, retried at the next request",
+        deadline="30 s (LOAD_TIMEOUT_S) in a thread of the client's own limit of 4",
+        released="the caller (the thread, abandoned, gives its token back when it ends)",
+        reason="namespace_or_rbac_unready",
+        test=_KUBE_CLIENT
+        + "test_a_hung_exec_plugin_ends_at_its_deadline_on_the_clients_own_threads"),
+)
+
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN
+BOUNDARIES: Final = ADMIN + KUBERNETES

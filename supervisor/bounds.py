@@ -76,3 +76,14 @@ def read_capped(read: Callable[[int], bytes], limit: int, what: str) -> bytes:
             raise TooLarge(what, limit, total)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def check_size(what: str, size: int, limit: int) -> int:
+    """``size`` when at most ``limit`` bytes; :class:`TooLarge` otherwise.
+
+    For a read in chunks: checked on the running total, so the chunk that
+    crosses ``limit`` is refused before it is kept.
+    """
+    if size > limit:
+        raise TooLarge(what, limit, size)
+    return size

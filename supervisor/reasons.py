@@ -40,7 +40,14 @@ NAMESPACE_OR_RBAC_UNREADY: Final = "namespace_or_rbac_unready"
 # The API server does not serve a child's group/version/resource at all
 # (kube-apiserver 1.20 has no batch/v1 CronJob): no manifest in this repository fixes it.
 CHILD_API_MISSING: Final = "child_api_missing"
-FANOUT_ERROR_CLASSES: Final = (SCHEMA_SKEW, NAMESPACE_OR_RBAC_UNREADY, CHILD_API_MISSING)
+# A watch or a child write that failed once running (a 5xx, a timeout, a 429, a body or a
+# watch line over its bound); the others above may come from a running watch too.
+TIMEOUT: Final = "timeout"
+SERVER_ERROR: Final = "server_error"
+THROTTLED: Final = "throttled"
+TOO_LARGE: Final = "too_large"
+FANOUT_ERROR_CLASSES: Final = (SCHEMA_SKEW, NAMESPACE_OR_RBAC_UNREADY, CHILD_API_MISSING,
+                               TIMEOUT, SERVER_ERROR, THROTTLED, TOO_LARGE)
 FANOUT_KINDS: Final = ("ServiceDefinition", "Workflow")
 FANOUT_APPLY_RESULTS: Final = ("applied", "unchanged", "deleted", "conflict", "error",
                                "repaired")

@@ -162,6 +162,9 @@ class Metrics:
             {"kind": KINDS, "error_class": reasons.FANOUT_ERROR_CLASSES})
         self.fanout_applies = counter("fanout_applies", "Fan-out child writes by kind and result.",
                                       {"kind": KINDS, "result": reasons.FANOUT_APPLY_RESULTS})
+        self.fanout_errors = counter(
+            "fanout_errors", "Failed fan-out lists, watches and child writes by kind and class.",
+            {"kind": KINDS, "class": reasons.FANOUT_ERROR_CLASSES})
         self.fanout_watch_restarts = counter(
             "fanout_watch_restarts", "Watch restarts (relists, reconnects) by kind.",
             {"kind": KINDS})

@@ -76,16 +76,18 @@ async def harness(
     before_start: Any = None,
     token_file: Path | None = None,
     settings: dict[str, Any] | None = None,
+    client_timeout_s: float = 10.0,
     **fake_kwargs: Any,
 ) -> AsyncIterator[Harness]:
-    """The engine of ``kind`` on a fresh fake; ``settings``: more ``[kubernetes]`` keys."""
+    """The engine of ``kind`` on a fresh fake; ``settings``: more ``[kubernetes]`` keys;
+    ``client_timeout_s``: the client's request timeout (a response's headers within it)."""
     fake_kwargs.setdefault("bookmark_interval_s", 0.2)
     async with run_fake_apiserver(**fake_kwargs) as fake:
         kubeconfig = tmp_path / "kubeconfig"
         write_kubeconfig(fake, kubeconfig, token_file=str(token_file) if token_file else None)
         if before_start is not None:
             before_start(fake)
-        client = KubeClient.from_kubeconfig(str(kubeconfig))
+        client = KubeClient.from_kubeconfig(str(kubeconfig), timeout_s=client_timeout_s)
         status = FanoutStatus()
         metrics = Metrics(process=False)
         config = KubernetesConfig(enabled=True, kubeconfig=str(kubeconfig),

@@ -222,6 +222,19 @@ REASONS: Final[dict[str, tuple[str, str]]] = {
                           "version (batch/v1 CronJob needs Kubernetes 1.21 or newer).",
                           "Upgrade the cluster, or disable the kind; the other kind and the "
                           "convergence loop keep working."),
+    "timeout": ("Fan-out: a list, a watch or a child write passed its deadline (no "
+                "response headers within the request timeout, a body too slow, a watch "
+                "silent past its inactivity bound).",
+                "Check the API server's load and the network to it. Retried with backoff."),
+    "server_error": ("Fan-out: the API server answered a list, watch or child write with a "
+                     "5xx.", "Check the API server (and etcd). Retried with backoff."),
+    "throttled": ("Fan-out: the API server answered 429 (API Priority and Fairness).",
+                  "Nothing, or give the daemon's FlowSchema more share. Retried after its "
+                  "Retry-After."),
+    "too_large": ("Fan-out: a response body or a watch line was over its bound (64 MiB, "
+                  "8 MiB) and refused unread.",
+                  "Find the oversized object (a parent or child near etcd's limit); the "
+                  "watch restarts, the list is retried."),
 }
 
 REVISION_TABLES: Final[dict[str, str]] = {
@@ -351,10 +364,12 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "children.<name>.restarts": "Restarts since start.",
     "children.<name>.last_error": "Why it last crashed (null: never).",
     "fanout": "The fan-out watchers, by kind (empty when `[kubernetes].enabled` is false).",
-    "fanout.<kind>.state": "`disabled`, `preflight` (waiting for the CRD, namespace or RBAC) "
-    "or `watching`.",
-    "fanout.<kind>.last_error_class": "Why the preflight last failed (null, or a fan-out "
-    "label of [reasons.md](reasons.md)).",
+    "fanout.<kind>.state": "`disabled`, `preflight` (waiting for the CRD, namespace or RBAC, "
+    "or a list or watch being retried after a failure) or `watching` (every watch of the "
+    "kind open).",
+    "fanout.<kind>.last_error_class": "Why the preflight, a list or watch, or the child writes "
+    "of some parent last failed while that lasts (null, or a fan-out label of "
+    "[reasons.md](reasons.md)).",
     "fanout.<kind>.objects": "Parent objects currently known.",
     "fanout.<kind>.skewed": "Only when there are some: parents (up to 20) that do not decode "
     "and are skipped.",

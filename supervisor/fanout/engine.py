@@ -51,6 +51,15 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   listed in the status report; its existing children are left alone (never
   swept: the parent exists, we just cannot read it).
 
+- **What shows.** ``state`` is ``watching`` once every watch of the kind has
+  opened (its headers came; logged ``fan-out watching``); a list or watch
+  being retried shows ``preflight``
+  with that failure's class in ``last_error_class``
+  (:func:`~supervisor.fanout.preflight.failure_class`) until it is open again.
+  Child writes failing (a 5xx, a timeout, a 429) set ``last_error_class`` too,
+  while any parent's writes keep failing. Every failure counts in
+  ``fanout_errors{kind,class}``.
+
 Status and metrics: :class:`~supervisor.fanout.status.FanoutStatus` (``state``
 preflight|watching, ``last_error_class``, ``objects``, ``skewed``), and
 ``fanout_applies{kind,result}``, ``fanout_objects{kind}``,
@@ -82,6 +91,7 @@ from supervisor.fanout.preflight import (
     CRDS_FIX,
     await_watchable,
     classify_watch_error,
+    failure_class,
 )
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
@@ -91,6 +101,7 @@ from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, DecodeError, Invalid, KubeError, TooManyRequests
 from supervisor.kube.watching import Informer
 from supervisor.logs import get_logger
+from supervisor.streak import Streak
 from supervisor.telemetry import Metrics
 from supervisor.wakeup import Wakeup
 
@@ -138,7 +149,7 @@ class FanoutEngine(Generic[P]):
             self._requeue_after, self._log, self.foreign, self._claimant)
         self.retries = ReconcileRetries(kind.kind, self.tuning, metrics, self._rng,
                                         self.reconcile, self._failed, self._requeue_after,
-                                        self._log)
+                                        self._log, self._show)
         self._resync_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._installation = config.installation_label
@@ -147,6 +158,10 @@ class FanoutEngine(Generic[P]):
         self.reconciles = 0
         self.synced = trio.Event()  # set after the first list and resync
         self.informer: Informer[P] | None = None
+        # While watching: each informer's watch open (True) or not, and its last failure's
+        # class until it opens again. Empty outside _watch_all (the preflight's own).
+        self._open: dict[int, bool] = {}
+        self._watch_errors: dict[int, str] = {}
 
     # -- the child --------------------------------------------------------------
 
@@ -164,10 +179,7 @@ class FanoutEngine(Generic[P]):
             nursery.start_soon(self._resync_loop)
             while True:
                 await self._preflight()
-                self.status.state = "watching"
                 self.status.last_error_class = reasons.SCHEMA_SKEW if self.skewed else None
-                self._log.info("fan-out watching", namespace=self.config.control_namespace,
-                               installation=self._installation)
                 exc, productive = await self._watch_all()
                 # Nothing is compared against children nobody watches any more: the
                 # workers wait until the next watch has listed them again.
@@ -207,6 +219,7 @@ class FanoutEngine(Generic[P]):
             self.config.control_namespace, self,
             name_of=lambda parent: parent.metadata.name,
             tuning=tuning, on_restart=self._on_restart, rng=self._rng,
+            **self._watch_hooks(0),
         )
         self.informer = parents
         foreign = foreign_selector(self.kind.lineage_key, self._installation)
@@ -214,12 +227,55 @@ class FanoutEngine(Generic[P]):
             Informer(
                 self.client, res, dict[str, Any], self.config.apps_namespace, handler,
                 name_of=child_name, tuning=tuning, on_restart=self._on_restart,
-                label_selector=selector, rng=self._rng,
+                label_selector=selector, rng=self._rng, **self._watch_hooks(1 + index),
             )
-            for res in self.kind.child_resources
-            for handler, selector in ((self.live.handler(res), self._selector),
-                                      (self.foreign.handler(res), foreign))
+            for index, (res, handler, selector) in enumerate(
+                (res, handler, selector) for res in self.kind.child_resources
+                for handler, selector in ((self.live.handler(res), self._selector),
+                                          (self.foreign.handler(res), foreign)))
         ]
+        self._open = dict.fromkeys(range(1 + len(children)), False)
+        self._watch_errors.clear()
+        try:
+            await self._run_informers(parents, children, failures)
+        finally:
+            self._open = {}
+            self._watch_errors.clear()
+        productive = parents.watches_with_events > 0 or any(
+            informer.watches_with_events for informer in children)
+        return failures[0], productive
+
+    def _watch_hooks(self, key: int) -> dict[str, Any]:
+        def on_open() -> None:
+            self._open[key] = True
+            self._watch_errors.pop(key, None)
+            self._show()
+
+        def on_failure(exc: KubeError) -> None:
+            error_class = failure_class(exc)
+            self.metrics.fanout_errors.labels(self.kind.kind, error_class).inc()
+            self._open[key] = False
+            self._watch_errors.pop(key, None)
+            self._watch_errors[key] = error_class  # the latest last
+            self._show()
+
+        return {"on_open": on_open, "on_failure": on_failure}
+
+    def _show(self) -> None:
+        """``state`` and ``last_error_class`` while watching (module doc, "What shows")."""
+        if not self._open:
+            return  # in the preflight, which says so itself
+        watching = all(self._open.values())
+        if watching and self.status.state != "watching":
+            self._log.info("fan-out watching", namespace=self.config.control_namespace,
+                           installation=self._installation)
+        self.status.state = "watching" if watching else "preflight"
+        self.status.last_error_class = (
+            next(reversed(self._watch_errors.values()), None) or self.retries.failing_class
+            or (reasons.SCHEMA_SKEW if self.skewed else None))
+
+    async def _run_informers(self, parents: Informer[P], children: list[Informer[Obj]],
+                             failures: list[KubeError]) -> None:
         async with trio.open_nursery() as nursery:
 
             async def guard(informer: Informer[Any]) -> None:
@@ -232,9 +288,6 @@ class FanoutEngine(Generic[P]):
             for informer in children:
                 nursery.start_soon(guard, informer)
             nursery.start_soon(guard, parents)
-        productive = parents.watches_with_events > 0 or any(
-            informer.watches_with_events for informer in children)
-        return failures[0], productive
 
     def _on_restart(self, why: str) -> None:
         self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
@@ -249,6 +302,7 @@ class FanoutEngine(Generic[P]):
         self.metrics.fanout_objects.labels(self.kind.kind).set(count)
         if not self.skewed and self.status.last_error_class == reasons.SCHEMA_SKEW:
             self.status.last_error_class = None
+            self._show()
 
     async def on_list(self, items: Mapping[str, P], skewed: set[str]) -> None:
         self.parents = dict(items)
@@ -385,8 +439,13 @@ class ReconcileRetries:
     - **422** (:class:`~supervisor.kube.errors.Invalid`): not requeued (the parent's
       change or the next resync brings it back); logged at warning; the parent
       reported ``Invalid``.
-    - **Any other** ``KubeError`` (a 403, a 5xx, a timeout, a 429): requeued; logged
-      at warning; the parent reported ``ApplyFailed``.
+    - **Any other** ``KubeError`` (a 403, a 5xx, a timeout, a 429): requeued; the
+      parent reported ``ApplyFailed``; counted in ``fanout_errors{kind,class}``;
+      logged at warning once per streak of failures of that parent (``reconcile
+      failed; requeued``), whose end is logged at info (``reconcile succeeds
+      again``, with ``failures`` and ``after_s``), not at every retry.
+      :attr:`failing_class` is the class of the latest such failure while any
+      parent's streak lasts (``show()`` is called at each change).
     - A requeue waits a per-key backoff counted from the first retry on:
       ``requeue_initial_s`` doubling to ``requeue_max_s`` (0.8 s to 30 s by
       default), jittered down to half; on a 429 at least its ``Retry-After``.
@@ -409,10 +468,40 @@ class ReconcileRetries:
     failed: Callable[[str, str, str], Awaitable[None]]
     requeue_after: Callable[[str, float], None]
     log: Any
+    show: Callable[[], None] = lambda: None
 
     def __post_init__(self) -> None:
         self._backoff = Backoff(self.tuning.requeue_initial_s, self.tuning.requeue_max_s, self.rng)
         self._failures: dict[str, int] = {}  # key -> failed attempts since its last success
+        self._streaks: dict[str, Streak] = {}  # key -> its streak of failed writes
+        self._failing: dict[str, str] = {}  # key -> its latest failure's class, latest last
+
+    @property
+    def failing_class(self) -> str | None:
+        return next(reversed(self._failing.values()), None)
+
+    def _streak_failed(self, name: str, exc: KubeError, delay: float) -> None:
+        error_class = failure_class(exc)
+        self.metrics.fanout_errors.labels(self.kind, error_class).inc()
+        streak = self._streaks.get(name)
+        if streak is None:
+            streak = self._streaks[name] = Streak(
+                self.log, began="reconcile failed; requeued", ended="reconcile succeeds again",
+                count_as="failures")
+        streak.failed(name=name, error=str(exc), error_class=error_class,
+                      delay_s=round(delay, 3))
+        self._failing.pop(name, None)
+        self._failing[name] = error_class
+        self.show()
+
+    def _streak_ended(self, name: str, *, recovered: bool) -> None:
+        streak = self._streaks.pop(name, None)
+        if streak is None:
+            return
+        if recovered:
+            streak.recovered(name=name)
+        self._failing.pop(name, None)
+        self.show()
 
     def requeue(self, name: str, exc: KubeError, cause: str) -> float:
         """Requeue ``name`` after its next backoff delay (returned, in seconds)."""
@@ -441,17 +530,18 @@ class ReconcileRetries:
             self.metrics.fanout_applies.labels(self.kind, "error").inc()
             self.log.warning("child refused by the API server; not retried until the parent"
                               " changes", name=name, error=str(exc))
+            self._streak_ended(name, recovered=False)  # another failure now, said above
             await self.failed(name, "Invalid", str(exc))
         except KubeError as exc:
             result = "error"
             self.metrics.fanout_applies.labels(self.kind, "error").inc()
             cause = "throttled" if isinstance(exc, TooManyRequests) else "error"
             delay = self.requeue(name, exc, cause)
-            self.log.warning("reconcile failed; requeued", name=name, error=str(exc),
-                              delay_s=round(delay, 3))
+            self._streak_failed(name, exc, delay)
             await self.failed(name, "ApplyFailed", str(exc))
         else:
             self._failures.pop(name, None)
+            self._streak_ended(name, recovered=True)
         finally:
             self.metrics.fanout_reconcile_duration.labels(self.kind, result).observe(
                 trio.current_time() - started)

@@ -58,7 +58,15 @@ import trio
 from supervisor import reasons
 from supervisor.backoff import Backoff
 from supervisor.fanout.status import FanoutStatus
-from supervisor.kube.errors import DecodeError, KubeError, NotFound
+from supervisor.kube.errors import (
+    ApiError,
+    DecodeError,
+    KubeError,
+    NotFound,
+    TimedOut,
+    TooLargeResponse,
+    TooManyRequests,
+)
 from supervisor.kube.models import ObjectList, Resource
 from supervisor.logs import get_logger
 from supervisor.telemetry import Metrics
@@ -69,6 +77,7 @@ __all__ = [
     "await_watchable",
     "await_watchable_cancellable",
     "classify_watch_error",
+    "failure_class",
 ]
 
 T = TypeVar("T")
@@ -109,6 +118,24 @@ def classify_watch_error(exc: BaseException) -> ErrorClass:
     if isinstance(exc, DecodeError):
         return reasons.SCHEMA_SKEW
     return reasons.NAMESPACE_OR_RBAC_UNREADY  # child_api_missing needs discovery: _report
+
+
+def failure_class(exc: KubeError) -> str:
+    """The ``last_error_class`` of a list, watch or write that failed once running.
+
+    ``timeout`` (a deadline passed), ``server_error`` (5xx), ``throttled`` (429),
+    ``too_large`` (a body or watch line over its bound); else as
+    :func:`classify_watch_error`.
+    """
+    if isinstance(exc, TimedOut):
+        return reasons.TIMEOUT
+    if isinstance(exc, TooLargeResponse):
+        return reasons.TOO_LARGE
+    if isinstance(exc, TooManyRequests):
+        return reasons.THROTTLED
+    if isinstance(exc, ApiError) and exc.status >= 500:
+        return reasons.SERVER_ERROR
+    return classify_watch_error(exc)
 
 
 def _report(

@@ -19,8 +19,14 @@ Contract:
   (:func:`~supervisor.kube.wire.decode`): a body of another shape raises
   :class:`~supervisor.kube.errors.SchemaSkew`, malformed JSON
   :class:`~supervisor.kube.errors.DecodeError`.
-- Watches are streamed line by line with a client-side inactivity deadline
-  (:class:`~supervisor.kube.wire.WatchStream`); the caller decodes each event on its own.
+- Deadlines: every response's headers arrive within ``timeout_s``, a watch's
+  included (else :class:`~supervisor.kube.errors.TimedOut`); a body is read
+  within ``timeout_s`` plus 1 s per 256 KiB, and up to
+  :data:`~supervisor.kube.wire.MAX_RESPONSE_BYTES` (more is
+  :class:`~supervisor.kube.errors.TooLargeResponse`, refused unread).
+- Watches are streamed line by line with a client-side inactivity deadline and
+  a bound on one line (:class:`~supervisor.kube.wire.WatchStream`); the caller
+  decodes each event on its own.
 
 - A client-side rate limit (:class:`TokenBucket`, client-go's QPS and Burst) paces
   every request when ``qps`` is given; a watch counts once, when it opens. Its
@@ -45,13 +51,21 @@ import httpx
 import msgspec
 import trio
 
-from supervisor.kube.config import KubeSettings, load_settings_async
+from supervisor.kube.config import KubeSettings, load_settings_async, threads
 from supervisor.kube.credentials import Credentials
-from supervisor.kube.errors import KubeConfigError, NotFound, TransportError, transport_error
+from supervisor.kube.errors import (
+    KubeConfigError,
+    NotFound,
+    TimedOut,
+    TransportError,
+    transport_error,
+)
 from supervisor.kube.models import ObjectList, PartialObject, Resource
 from supervisor.kube.wire import (
+    MAX_RESPONSE_BYTES,
     RequestBody,
     ResourceList,
+    ResponseBody,
     WatchStream,
     decode,
     list_type,
@@ -159,7 +173,7 @@ class KubeClient:
                 settings = await self._load()
                 # Abandoned on cancel: the thread only reads files; its context is dropped.
                 verify = await trio.to_thread.run_sync(settings.ssl_context,
-                                                       abandon_on_cancel=True)
+                                                       abandon_on_cancel=True, limiter=threads())
                 self._http = httpx.AsyncClient(
                     base_url=settings.host,
                     verify=verify,
@@ -194,9 +208,9 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content: bytes | None = None,
         content_type: str | None = None,
-        stream: bool = False,
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
+        """Send one request; the response's headers within ``timeout_s``, its body unread."""
         http = await self._ensure()
         if self.limiter is not None:
             await self.limiter.acquire()
@@ -216,10 +230,16 @@ class KubeClient:
             )
             if content is not None:
                 request.stream = RequestBody(content)  # Content-Length is already set
-            try:
-                response = await http.send(request, stream=stream)
-            except httpx.HTTPError as exc:
-                raise self._transport_error(f"{method} {path}", exc) from exc
+            # httpx times each read, not the whole head: a server that never sends its
+            # headers (or a watch's) would hold this request forever without this scope.
+            with trio.move_on_after(self._timeout_s) as scope:
+                try:
+                    response = await http.send(request, stream=True)
+                except httpx.HTTPError as exc:
+                    raise self._transport_error(f"{method} {path}", exc) from exc
+            if scope.cancelled_caught:
+                raise TimedOut(f"{method} {path}: no response headers within "
+                               f"{self._timeout_s:g} s")
             if response.status_code == 401 and attempt == 0:
                 await response.aclose()
                 await self._credentials.reload_after_401(authorization)
@@ -227,13 +247,14 @@ class KubeClient:
             if response.status_code == 429:
                 self._hold(response)
             if response.status_code >= 400:
-                await raise_api_error(response, method, path)
+                await raise_api_error(response, method, path, self._timeout_s)
             return response
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _transport_error(self, where: str, exc: httpx.HTTPError) -> TransportError:
         source = self._settings.source if self._settings is not None else "the kubeconfig"
-        return transport_error(where, exc, certificate_hint=f"the CA of {source}")
+        return transport_error(where, exc, certificate_hint=f"the CA of {source}",
+                               timed_out=isinstance(exc, httpx.TimeoutException))
 
     def _hold(self, response: httpx.Response) -> None:
         """The server said 429: nothing more is sent until its Retry-After has passed."""
@@ -257,12 +278,11 @@ class KubeClient:
             method, path, params=params, content=content,
             content_type=content_type if content is not None else None,
         )
+        body = ResponseBody(response, f"{method} {path}")
         try:
-            raw = await response.aread()
-        except httpx.HTTPError as exc:
-            raise self._transport_error(f"{method} {path}", exc) from exc
+            raw = await body.read(MAX_RESPONSE_BYTES, self._timeout_s)
         finally:
-            await response.aclose()
+            await body.aclose()
         return decode(raw, type_)
 
     async def list(
@@ -362,10 +382,10 @@ class KubeClient:
                         labelSelector=label_selector)
         params["resourceVersion"] = resource_version  # sent even when empty
         path = resource.collection_path(namespace)
-        # No httpx read timeout: the stream's own inactivity deadline decides.
+        # The headers within timeout_s (_send); then no httpx read timeout: the stream's
+        # own inactivity deadline decides.
         response = await self._send(
-            "GET", path, params=params, stream=True,
-            timeout=httpx.Timeout(self._timeout_s, read=None),
+            "GET", path, params=params, timeout=httpx.Timeout(self._timeout_s, read=None),
         )
         stream = WatchStream(response, inactivity_s, path)
         try:

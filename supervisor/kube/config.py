@@ -11,7 +11,8 @@ Contract:
   costs about 0.17 s, and the daemon must not pay that when ``[kubernetes]``
   is disabled; nothing imported at module level here pulls it in.
 - :func:`load_settings` blocks (file reads, exec-plugin subprocesses): callers
-  on trio run it with :func:`load_settings_async`, which uses a worker thread.
+  on trio run it with :func:`load_settings_async`, which uses a worker thread of
+  the client's own limit (:func:`threads`) and a deadline.
 - Source selection (docs/configuration.md, ``kubeconfig``): a path given ->
   that kubeconfig; none, and ``KUBERNETES_SERVICE_HOST`` set -> in-cluster
   service account; none otherwise -> the loader's default (``$KUBECONFIG`` or
@@ -132,8 +133,36 @@ def load_settings(
     )
 
 
-async def load_settings_async(kubeconfig: str | None) -> KubeSettings:
-    """:func:`load_settings` in a worker thread (exec plugins run subprocesses)."""
-    # abandon_on_cancel: a hung exec plugin must not block shutdown; the thread
-    # finishes on its own and its result is dropped.
-    return await trio.to_thread.run_sync(load_settings, kubeconfig, abandon_on_cancel=True)
+#: Loading the configuration (an exec plugin may run) ends within this many seconds.
+LOAD_TIMEOUT_S = 30.0
+#: Worker threads of the Kubernetes client at once (loading settings, TLS contexts).
+THREADS = 4
+_THREADS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("kube_threads")
+
+
+def threads() -> trio.CapacityLimiter:
+    """The Kubernetes client's own worker-thread limit (one per trio run).
+
+    Not trio's shared one: threads a stuck dependency elsewhere abandoned there
+    cannot starve loading the credentials.
+    """
+    try:
+        return _THREADS.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(THREADS)
+        _THREADS.set(limiter)
+        return limiter
+
+
+async def load_settings_async(kubeconfig: str | None, *,
+                              timeout_s: float = LOAD_TIMEOUT_S) -> KubeSettings:
+    """:func:`load_settings` in a worker thread (exec plugins run subprocesses), within
+    ``timeout_s``, else :class:`~supervisor.kube.errors.KubeConfigError`."""
+    # abandon_on_cancel: a hung exec plugin must not block its caller; the thread
+    # finishes on its own (its token given back then) and its result is dropped.
+    with trio.move_on_after(timeout_s):
+        return await trio.to_thread.run_sync(load_settings, kubeconfig, abandon_on_cancel=True,
+                                             limiter=threads())
+    raise KubeConfigError(f"loading the Kubernetes configuration took more than {timeout_s:g} s "
+                          "(an exec plugin or a file that does not answer); the next request "
+                          "tries again")

@@ -15,8 +15,10 @@ preflight, the watchers, the reconcilers) never see httpx or msgspec types::
         │   ├── Gone                  410 (resourceVersion expired: relist)
         │   ├── Invalid               422 (the object we sent was refused)
         │   └── TooManyRequests       429 (``retry_after`` holds Retry-After, seconds)
-        ├── TransportError            connection refused/reset, timeout, TLS failure
-        │   └── StreamStalled         a watch sent nothing within the inactivity deadline
+        ├── TransportError            connection refused/reset, TLS failure
+        │   └── TimedOut              a deadline passed: no headers, a read, a body too slow
+        │       └── StreamStalled     a watch sent nothing within the inactivity deadline
+        ├── TooLargeResponse          a body or a watch line over its bound, refused unread
         └── DecodeError               a body is not the JSON we expect
             └── SchemaSkew            JSON, but not of the expected type (missing
                                       required field, type mismatch): the installed
@@ -44,6 +46,8 @@ __all__ = [
     "NotFound",
     "SchemaSkew",
     "StreamStalled",
+    "TimedOut",
+    "TooLargeResponse",
     "TooManyRequests",
     "TransportError",
     "Unauthorized",
@@ -148,19 +152,29 @@ class TransportError(KubeError):
     """No usable HTTP answer: connection refused or reset, timeout, TLS failure."""
 
 
-def transport_error(where: str, exc: BaseException,
-                    certificate_hint: str | None = None) -> TransportError:
+def transport_error(where: str, exc: BaseException, certificate_hint: str | None = None, *,
+                    timed_out: bool = False) -> TransportError:
     """``where`` failed with the foreign ``exc``, told down to its TLS or OS error.
 
     As :func:`supervisor.errors.describe_failure` tells it (``certificate_hint``
     names where the CA comes from): httpx's ``ConnectError`` often has no text of
-    its own, the refused connection or certificate is in its chain. Raise it
-    ``from exc``.
+    its own, the refused connection or certificate is in its chain. A
+    :class:`TimedOut` when ``timed_out`` (the caller knows its library's timeout
+    type). Raise it ``from exc``.
     """
-    return TransportError(f"{where}: {describe_failure(exc, certificate_hint=certificate_hint)}")
+    cls = TimedOut if timed_out else TransportError
+    return cls(f"{where}: {describe_failure(exc, certificate_hint=certificate_hint)}")
 
 
-class StreamStalled(TransportError):
+class TimedOut(TransportError):
+    """A deadline passed: the response headers, one read, or the whole body came too late."""
+
+
+class TooLargeResponse(KubeError):
+    """A response body or one watch line is over its bound: refused before it is held whole."""
+
+
+class StreamStalled(TimedOut):
     """A watch stream sent nothing (not even a bookmark) within the inactivity deadline."""
 
 

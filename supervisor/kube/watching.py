@@ -32,7 +32,13 @@ Contract of :meth:`Informer.run` (never returns; cancel it to stop):
    last resourceVersion. A stream that delivered any line before it failed
    resets that backoff first: each outage starts again from the initial delay.
    Every relist and reconnect after a failure calls ``on_restart`` (the
-   ``fanout_watch_restarts`` metric).
+   ``fanout_watch_restarts`` metric); each failure that waits a backoff is told
+   to ``on_failure`` first, and ``on_open`` is called when a watch's headers
+   came, so the owner can say whether a watch is open (a watch re-opened
+   after a normal end or a relist is not a failure). A list or watch whose
+   headers do not come within the
+   client's timeout is such a failure (:class:`~supervisor.kube.errors.TimedOut`),
+   and so is a line over its bound (:class:`~supervisor.kube.errors.TooLargeResponse`).
 4. ``403``/``404`` from the list or watch, and an undecodable list envelope,
    are not this loop's to fix (RBAC, namespace, CRD, schema): they propagate
    so the caller can go back to its preflight.
@@ -158,6 +164,8 @@ class Informer(Generic[T]):
     name_of: Callable[[T], str]
     tuning: WatchTuning = WatchTuning()
     on_restart: Callable[[str], None] = lambda why: None
+    on_failure: Callable[[KubeError], None] = lambda exc: None
+    on_open: Callable[[], None] = lambda: None
     label_selector: str | None = None
     rng: random.Random | None = None
 
@@ -170,6 +178,7 @@ class Informer(Generic[T]):
         self._productive = False  # the current (or last) watch stream delivered a line
 
     async def _sleep_backoff(self, exc: KubeError) -> None:
+        self.on_failure(exc)
         delay = self._backoff.next(at_least=exc.retry_after)
         log.warning("watch failed; retrying", resource=str(self.resource),
                     namespace=self.namespace, error=str(exc), delay_s=round(delay, 3))
@@ -274,15 +283,21 @@ class Informer(Generic[T]):
             inactivity_s=self.tuning.inactivity_s,
             label_selector=self.label_selector,
         ) as stream:
+            self.on_open()
             while (line := await stream.next_line()) is not None:
                 if not received:
                     received = True
                     self._productive = True
                     self.watches_with_events += 1
-                self._handle_line(line)
+                self.handle_line(line)
         return received
 
-    def _handle_line(self, line: bytes) -> None:
+    def handle_line(self, line: bytes) -> None:
+        """One line of the watch stream: an event handed on, a bookmark or a replay
+        taken in, or a refusal raised (a :class:`~supervisor.kube.errors.KubeError`:
+        a line that is not an event, an ``ERROR`` event as its status). Any bytes end
+        in one of those, never in another exception.
+        """
         try:
             event = decode(line, RawWatchEvent)
         except DecodeError as exc:

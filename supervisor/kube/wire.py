@@ -3,8 +3,9 @@
 - :func:`decode`: a body into the caller's msgspec type; a body of another
   shape is :class:`~supervisor.kube.errors.SchemaSkew`, malformed JSON
   :class:`~supervisor.kube.errors.DecodeError`.
-- :class:`WatchStream`: one watch response's lines, each within a client-side
-  inactivity deadline.
+- :class:`ResponseBody`: one response's body, read up to a size bound within a
+  deadline that grows with the bytes read; :class:`WatchStream`: one watch
+  response's lines, each within a client-side inactivity deadline and a size bound.
 - :class:`RequestBody`: a request body httpx can abandon without a warning.
 - :func:`raise_api_error`: a refused request (status >= 400) as
   :func:`~supervisor.kube.errors.api_error`, with the reason and message of its
@@ -28,19 +29,28 @@ import httpx
 import msgspec
 import trio
 
+from supervisor.bounds import DETAIL_BYTES, TooLarge, check_size, cut
 from supervisor.kube.errors import (
     DecodeError,
     SchemaSkew,
     StreamStalled,
+    TimedOut,
+    TooLargeResponse,
+    TransportError,
     api_error,
     transport_error,
 )
 from supervisor.kube.models import ObjectList, Status
 
 __all__ = [
+    "MAX_ERROR_BODY_BYTES",
+    "MAX_RESPONSE_BYTES",
     "MAX_RETRY_AFTER_S",
+    "MAX_WATCH_LINE_BYTES",
+    "MIN_BODY_RATE",
     "RequestBody",
     "ResourceList",
+    "ResponseBody",
     "WatchStream",
     "decode",
     "list_type",
@@ -51,6 +61,15 @@ __all__ = [
 T = TypeVar("T")
 
 MAX_RETRY_AFTER_S = 30.0  # the longest wait one 429's Retry-After asks of us
+#: A response body: a list page (500 items) of objects etcd keeps under 1.5 MiB each is
+#: far below this in practice; more is refused unread.
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: An error answer is read this far for its Status; the rest is dropped.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+#: One watch line is one event: one object (etcd keeps at most 1.5 MiB) and its envelope.
+MAX_WATCH_LINE_BYTES = 8 * 1024 * 1024
+#: A body's deadline grows by 1 s per this many bytes read (256 KiB/s).
+MIN_BODY_RATE = 256 * 1024
 
 
 @functools.lru_cache(maxsize=128)
@@ -100,18 +119,24 @@ def retry_after(response: httpx.Response) -> float | None:
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
-async def raise_api_error(response: httpx.Response, method: str, path: str) -> NoReturn:
-    """Raise the refusal ``response`` carries as our API error (module docstring)."""
+async def raise_api_error(response: httpx.Response, method: str, path: str,
+                          timeout_s: float) -> NoReturn:
+    """Raise the refusal ``response`` carries as our API error (module docstring).
+
+    Its body is read up to :data:`MAX_ERROR_BODY_BYTES` within ``timeout_s``; the
+    message is cut to :data:`~supervisor.bounds.DETAIL_BYTES`.
+    """
+    body_reader = ResponseBody(response, f"{method} {path}")
     try:
-        body = await response.aread()
-    except httpx.HTTPError:
+        body = await body_reader.read(MAX_ERROR_BODY_BYTES, timeout_s, truncate=True)
+    except (TransportError, TooLargeResponse):
         body = b""
     finally:
-        await response.aclose()
+        await body_reader.aclose()
     reason = message = ""
     try:
         status = msgspec.json.decode(body, type=Status)
-        reason, message = status.reason, status.message
+        reason, message = cut(status.reason, 128), cut(status.message, DETAIL_BYTES)
     except msgspec.DecodeError:
         message = body[:200].decode("utf-8", "replace").strip()
     raise api_error(
@@ -153,21 +178,20 @@ class ResourceList(msgspec.Struct):
     resources: list[_ResourceName] = []
 
 
-class WatchStream:
-    """The lines of one watch response, each within ``inactivity_s`` of the previous.
+class ResponseBody:
+    """The body of one streamed response, read within its bounds.
 
-    :meth:`next_line` returns one non-empty line (one JSON event), or None when
-    the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
-    ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
-    behind a load balancer never errors on its own, and bookmarks guarantee
-    a healthy stream is never silent that long.
+    :meth:`read` returns at most ``limit`` bytes (more is
+    :class:`~supervisor.kube.errors.TooLargeResponse`, or cut off with
+    ``truncate``) within a deadline of ``timeout_s`` plus 1 s per
+    :data:`MIN_BODY_RATE` bytes read so far (a large list over a slow link
+    finishes; a server dribbling a body does not hold us forever; httpx's read
+    timeout bounds each silence). Passed: :class:`~supervisor.kube.errors.TimedOut`.
     """
 
-    def __init__(self, response: httpx.Response, inactivity_s: float, where: str) -> None:
+    def __init__(self, response: httpx.Response, where: str) -> None:
         self._response = response
         self._chunks = response.aiter_bytes()
-        self._buffer = bytearray()
-        self._inactivity_s = inactivity_s
         self._where = where
         self._ended = False
 
@@ -191,29 +215,85 @@ class WatchStream:
             self._ended = True
         await self._response.aclose()
 
+    async def _chunk(self) -> bytes | None:
+        """The next chunk, or None at the end of the body."""
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._ended = True
+            return None
+        except httpx.HTTPError as exc:
+            raise transport_error(self._where, exc,
+                                  timed_out=isinstance(exc, httpx.TimeoutException)) from exc
+
+    async def read(self, limit: int, timeout_s: float, *, truncate: bool = False) -> bytes:
+        """The whole body (see the class doc); the response stays open (call :meth:`aclose`)."""
+        chunks: list[bytes] = []
+        total = 0
+        started = trio.current_time()
+        with trio.CancelScope(deadline=started + timeout_s) as scope:
+            while (chunk := await self._chunk()) is not None:
+                try:
+                    check_size(self._where, total + len(chunk), limit)
+                except TooLarge as exc:
+                    if truncate:
+                        chunks.append(chunk[: limit - total])
+                        break
+                    raise TooLargeResponse(f"{exc} (the body is refused unread)") from exc
+                total += len(chunk)
+                chunks.append(chunk)
+                scope.deadline = started + timeout_s + total / MIN_BODY_RATE
+            return b"".join(chunks)
+        raise TimedOut(f"{self._where}: {total} bytes of the body in "
+                       f"{trio.current_time() - started:.1f} s, the deadline passed")
+
+
+class WatchStream(ResponseBody):
+    """The lines of one watch response, each within ``inactivity_s`` of the previous.
+
+    :meth:`next_line` returns one non-empty line (one JSON event), or None when
+    the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
+    ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
+    behind a load balancer never errors on its own, and bookmarks guarantee
+    a healthy stream is never silent that long. A line over ``max_line``
+    (:data:`MAX_WATCH_LINE_BYTES`) is :class:`~supervisor.kube.errors.TooLargeResponse`
+    as soon as its bytes pass the bound, never held whole.
+    """
+
+    def __init__(self, response: httpx.Response, inactivity_s: float, where: str, *,
+                 max_line: int = MAX_WATCH_LINE_BYTES) -> None:
+        super().__init__(response, f"watch {where}")
+        self._max_line = max_line
+        self._buffer = bytearray()
+        self._inactivity_s = inactivity_s
+        self._scanned = 0  # bytes of the buffer known to hold no newline
+
     async def next_line(self) -> bytes | None:
         while True:
-            index = self._buffer.find(b"\n")
+            index = self._buffer.find(b"\n", self._scanned)
+            try:  # the line so far, or the whole line: never more than one chunk past it
+                check_size(f"{self._where}: one line", len(self._buffer) if index < 0 else index,
+                           self._max_line)
+            except TooLarge as exc:
+                self._buffer.clear()
+                raise TooLargeResponse(f"{exc} (refused; the watch restarts)") from exc
             if index >= 0:
                 line = bytes(self._buffer[:index])
                 del self._buffer[: index + 1]
+                self._scanned = 0
                 if line.strip():
                     return line
                 continue
+            self._scanned = len(self._buffer)
             if self._ended:
                 rest, self._buffer = bytes(self._buffer), bytearray()
                 return rest if rest.strip() else None
             chunk: bytes | None = None
             with trio.move_on_after(self._inactivity_s) as scope:
-                try:
-                    chunk = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    self._ended = True
-                except httpx.HTTPError as exc:
-                    raise transport_error(f"watch {self._where}", exc) from exc
+                chunk = await self._chunk()
             if scope.cancelled_caught:
                 raise StreamStalled(
-                    f"watch {self._where}: nothing received for {self._inactivity_s:g} s"
+                    f"{self._where}: nothing received for {self._inactivity_s:g} s"
                 )
             if chunk:
                 self._buffer += chunk

@@ -5,7 +5,8 @@ requests with a given status and body (a ``Status`` for the code when no body is
 429 gets ``Retry-After: 1`` as kube-apiserver's max-in-flight filter sends) or never
 answers (``hang``); a wrong bearer token is a 401 ``Unauthorized`` Status; ``deny()``
 is a 403 ``Forbidden`` with RBAC's message (``User "..." cannot <verb> resource ...``);
-``stall_watches()`` is a stream hung behind a load balancer; ``close_watches()`` ends
+``stall_watches()`` is a stream hung behind a load balancer; ``hold_watch_headers()`` a
+watch whose response headers never come (an overloaded server, a proxy holding it); ``close_watches()`` ends
 streams as a server restart does; ``inject_watch_line()`` sends a raw (e.g. malformed)
 line on open watches; ``hold()`` keeps matching requests in flight (a slow write on
 the wire) until the test releases them, then serves them as usual: the server's state
@@ -173,6 +174,13 @@ class FaultControl:
 
             nursery.start_soon(until, rule.released)
             nursery.start_soon(until, self._closing)
+
+    def hold_watch_headers(self, plural: str | None = None) -> Injection:
+        """New watches (of ``plural``, or all) get no response headers at all, until the
+        returned rule is removed (``clear_injections``): each waits until its client
+        goes away. Lists and writes are served as usual."""
+        return self.inject("GET", rf"/{plural or '[^/]+'}$", status=200, hang=True, times=None,
+                           query_contains="watch=true")
 
     def stall_watches(self) -> None:
         """Open watch streams send nothing from now on, new ones hang after the headers

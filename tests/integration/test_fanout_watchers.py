@@ -394,7 +394,8 @@ async def test_one_undecodable_parent_that_sorts_first_never_blocks_its_kind(
         async with harness(tmp_path, before_start=skewed_object) as h:
             fake = h.fake
             await h.until(lambda: fake.get("deployments", APPS, "web") is not None)
-            assert h.status.state == "watching"
+            # Every watch open (the children's may open after the first write).
+            await h.until(lambda: h.status.state == "watching")
             assert h.status.last_error_class == reasons.SCHEMA_SKEW
             assert h.status.report().skewed == ["aaa-old"]
             assert h.metric("fanout_preflight_failures", kind="ServiceDefinition",
@@ -424,6 +425,7 @@ async def test_a_crd_removed_while_watching_sends_the_watcher_back_to_preflight(
             fake = h.fake
             fake.create(sd("kept"))
             await h.until(lambda: fake.get("deployments", APPS, "kept") is not None)
+            await h.until(lambda: h.status.state == "watching")
             fake.uninstall_crd("servicedefinitions", keep_objects=True)
             await h.until(lambda: h.status.state == "preflight")
             assert h.status.last_error_class == reasons.NAMESPACE_OR_RBAC_UNREADY

@@ -7,10 +7,12 @@ fake (``inject``, ``deny``, ``set_token``, ``stall_watches``).
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from supervisor import reasons
 from supervisor.fanout.preflight import classify_watch_error
@@ -29,6 +32,7 @@ from supervisor.fanout.servicedefinition import (
     ServiceDefinition,
 )
 from supervisor.kube.client import KubeClient
+from supervisor.kube.config import load_settings_async
 from supervisor.kube.errors import (
     ApiError,
     Conflict,
@@ -38,11 +42,14 @@ from supervisor.kube.errors import (
     NotFound,
     SchemaSkew,
     StreamStalled,
+    TimedOut,
+    TooLargeResponse,
     TooManyRequests,
     TransportError,
     Unauthorized,
 )
 from supervisor.kube.models import PartialObject, RawWatchEvent
+from supervisor.kube.wire import MAX_RESPONSE_BYTES, MAX_WATCH_LINE_BYTES
 from tests import needs
 from tests.fakes.apiserver import (
     FakeApiServer,
@@ -55,11 +62,11 @@ APPS = "apps"
 
 
 @asynccontextmanager
-async def client_for(fake: FakeApiServer, tmp_path: Path, *,
-                     token_file: Path | None = None) -> AsyncIterator[KubeClient]:
+async def client_for(fake: FakeApiServer, tmp_path: Path, *, token_file: Path | None = None,
+                     timeout_s: float = 10.0) -> AsyncIterator[KubeClient]:
     path = tmp_path / "kubeconfig"
     write_kubeconfig(fake, path, token_file=str(token_file) if token_file else None)
-    client = KubeClient.from_kubeconfig(str(path))
+    client = KubeClient.from_kubeconfig(str(path), timeout_s=timeout_s)
     try:
         yield client
     finally:
@@ -299,6 +306,96 @@ async def test_a_stalled_watch_raises_stream_stalled(tmp_path: Path) -> None:
                     while await stream.next_line() is not None:
                         pass
             assert 0.5 <= trio.current_time() - start < 3.0
+
+
+async def test_a_watch_whose_headers_never_come_times_out_at_the_request_timeout(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(10):
+        async with run_fake_apiserver() as fake, \
+                client_for(fake, tmp_path, timeout_s=0.5) as client:
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject)
+            held = fake.hold_watch_headers("deployments")
+            start = trio.current_time()
+            with pytest.raises(TimedOut, match=r"no response headers within 0\.5 s"):
+                async with client.watch(DEPLOYMENTS, APPS,
+                                        resource_version=page.metadata.resource_version,
+                                        timeout_s=5, inactivity_s=60.0):
+                    pass
+            assert 0.5 <= trio.current_time() - start < 2.0 and held.hits == 1
+            # Lists are answered meanwhile; a cleared hold lets the next watch open.
+            await client.list(DEPLOYMENTS, APPS, PartialObject)
+            fake.clear_injections()
+            async with client.watch(DEPLOYMENTS, APPS,
+                                    resource_version=page.metadata.resource_version,
+                                    timeout_s=5, inactivity_s=60.0):
+                pass
+
+
+async def test_a_body_over_its_bound_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with run_fake_apiserver() as fake, client_for(fake, tmp_path) as client:
+            fake.inject("GET", r"/deployments$", status=200,
+                        body=b'{"items": ["' + b"x" * MAX_RESPONSE_BYTES + b'"]}')
+            with pytest.raises(TooLargeResponse, match=f"more than {MAX_RESPONSE_BYTES} bytes"):
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            # An error answer's body is read only so far, and its message cut.
+            fake.inject("GET", r"/deployments$", status=503, body=msgspec.json.encode(
+                {"kind": "Status", "code": 503, "reason": "ServiceUnavailable",
+                 "message": "m" * 10_000}))
+            with pytest.raises(ApiError) as refused:
+                await client.list(DEPLOYMENTS, APPS, PartialObject)
+            assert refused.value.status == 503 and len(str(refused.value)) < 1200
+            assert (await client.list(DEPLOYMENTS, APPS, PartialObject)).items == []
+
+
+async def test_a_watch_line_over_its_bound_is_refused(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with run_fake_apiserver(bookmark_interval_s=10) as fake, \
+                client_for(fake, tmp_path) as client:
+            page = await client.list(DEPLOYMENTS, APPS, PartialObject)
+            with pytest.raises(TooLargeResponse, match="one line"):
+                async with client.watch(DEPLOYMENTS, APPS,
+                                        resource_version=page.metadata.resource_version,
+                                        timeout_s=5, inactivity_s=5.0) as stream:
+                    await fake.wait_for_watches(1, "deployments")
+                    fake.inject_watch_line(b'{"type": "ADDED", "object": {"x": "'
+                                           + b"x" * MAX_WATCH_LINE_BYTES + b'"}}')
+                    while await stream.next_line() is not None:
+                        pass
+
+
+async def test_a_hung_exec_plugin_ends_at_its_deadline_on_the_clients_own_threads(
+    tmp_path: Path,
+) -> None:
+    # trio's shared thread limiter exhausted (as a stuck database's abandoned calls would):
+    # the credentials load on the client's own limit all the same.
+    shared = trio.to_thread.current_default_thread_limiter()
+    shared.total_tokens = 1
+    release = threading.Event()
+    with trio.fail_after(20):
+        async with run_fake_apiserver() as fake, trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(
+                trio.to_thread.run_sync, release.wait, abandon_on_cancel=True))
+            await wait_all_tasks_blocked()
+            assert shared.borrowed_tokens == 1
+            path = tmp_path / "kubeconfig"
+            write_kubeconfig(fake, path)
+            config = json.loads(path.read_text())
+            config["users"][0]["user"] = {"exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "sleep",
+                "args": ["3"], "interactiveMode": "Never"}}
+            path.write_text(json.dumps(config))
+            hung = KubeClient(functools.partial(load_settings_async, str(path), timeout_s=0.5))
+            start = trio.current_time()
+            with pytest.raises(KubeConfigError, match=r"took more than 0\.5 s"):
+                await hung.list(DEPLOYMENTS, APPS, PartialObject)
+            assert trio.current_time() - start < 2.0
+            await hung.aclose()
+            write_kubeconfig(fake, path)  # no plugin: loads on the client's threads
+            async with client_for(fake, tmp_path) as client:
+                assert (await client.list(DEPLOYMENTS, APPS, PartialObject)).items == []
+            release.set()
 
 
 async def test_a_watch_ending_normally_returns_none(tmp_path: Path) -> None:
