@@ -26,10 +26,11 @@ from supervisor.controlplane.errors import (
     Incompatible,
     TooLarge,
 )
+from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_not_newer
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 
-__all__ = ["OBSERVE_SQL", "HydrateRow", "as_bytes", "check_hydrated", "check_publishable",
-           "hydrate_sql", "parse_time", "pointer_from_row", "refuse_unreadable"]
+__all__ = ["HydrateRow", "as_bytes", "check_hydrated", "check_publishable",
+           "hydrate_sql", "observe_sql", "parse_time", "pointer_from_row", "refuse_unreadable"]
 
 
 @dataclass(frozen=True)
@@ -87,21 +88,26 @@ def hydrate_sql(size: str, named: str) -> str:
             " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id WHERE d.singleton")
 
 
-#: The observe read, identical on both stores: the pointer, its body's digest, the sequence.
-OBSERVE_SQL = (
-    "SELECT d.revision_id, r.body_sha256, d.sequence FROM supervisor_desired d"
-    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-    " WHERE d.singleton"
-)
+def observe_sql(schema_readable: bool = True) -> str:
+    """The observe read, identical on both stores: the pointer, its body's digest, the
+    sequence, and the schema's newest migration (NULL where the role may not read the
+    migrations table), so a database migrated ahead is refused at the next observe."""
+    schema = f"(SELECT max(version) FROM {MIGRATIONS_TABLE})" if schema_readable else "NULL"
+    return (f"SELECT d.revision_id, r.body_sha256, d.sequence, {schema}"
+            " FROM supervisor_desired d LEFT JOIN supervisor_revisions r"
+            " ON r.id = d.revision_id WHERE d.singleton")
 
 
 def pointer_from_row(
-    row: tuple[object, object, object] | None, identity: str | None
+    row: tuple[object, object, object, object] | None, identity: str | None,
+    backend: Backend = "sqlite",
 ) -> RevisionPointer | None:
-    """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer."""
+    """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer,
+    SchemaTooNew for a schema a newer build migrated."""
     if row is None:
         return None
-    revision, digest, sequence = row
+    revision, digest, sequence, schema = row
+    check_not_newer(schema if isinstance(schema, int) else None, backend)
     if not isinstance(revision, int) or revision < 1:
         raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
                         "(ids are >= 1)")

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from supervisor.controlplane.checks import (
-    OBSERVE_SQL,
     HydrateRow,
     as_bytes,
     check_hydrated,
     check_publishable,
     hydrate_sql,
+    observe_sql,
     parse_time,
     pointer_from_row,
 )
@@ -109,6 +109,7 @@ def _desired(conn: Any) -> int | None:
 class pg:  # a namespace of PostgreSQL statements
     Conn = psycopg.Connection[Any]
     NAMED = "%({})s"
+    BACKEND = "postgresql"
 
     @staticmethod
     def one(conn: Conn, query: str, params: Any = None) -> Any:
@@ -217,6 +218,7 @@ class pg:  # a namespace of PostgreSQL statements
 class sqlite:  # a namespace of SQLite statements
     NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
     NAMED = ":{}"
+    BACKEND = "sqlite"
 
     @staticmethod
     def one(conn: sqlite3.Connection, query: str, params: Any = ()) -> Any:
@@ -347,12 +349,18 @@ class DatabaseStore:
     def identity(self) -> str | None:
         raise NotImplementedError
 
+    @property
+    def _schema_readable(self) -> bool:
+        """Whether this store's role may read the migrations table (learnt at connect)."""
+        return True
+
     async def desired(self) -> int | None:
         return await self._runner.run("read", _desired)
 
     async def observe(self) -> RevisionPointer | None:
         def read(conn: Any) -> RevisionPointer | None:
-            return pointer_from_row(self._sql.one(conn, OBSERVE_SQL), self.identity)
+            row = self._sql.one(conn, observe_sql(self._schema_readable))
+            return pointer_from_row(row, self.identity, self._sql.BACKEND)
 
         return await self._runner.run("read", read)
 

@@ -89,7 +89,7 @@ from supervisor import reasons
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
-from supervisor.convergence.outcome import FAST_TRIGGERS, Key, Outcome, OutcomeKind, answer_for
+from supervisor.convergence.outcome import Key, Outcome, OutcomeKind, answer_for
 from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
@@ -234,31 +234,30 @@ class ConvergenceLoop:
         self._set_reachable(True)
         return loaded
 
-    async def attempt(self, *, observe: bool = True) -> Outcome:
+    async def attempt(self) -> Outcome:
         """Observe, hydrate, compile, publish. Raises store and revision errors.
 
-        ``observe=False`` skips the cheap read and hydrates straight away: a
-        notification already says desired state changed, and hydrate reads the
-        desired pointer itself, so the separate round trip would only add latency.
+        Observe decides, whatever woke the loop (a NOTIFY, a hint, a request):
+        the active revision's id and digest seen again end the attempt without
+        a hydrate, so a wake-up costs one small read, not the body.
         """
         start = trio.current_time()
         memory = self.memory
         memory.candidate = None
         await self.sinks.catch_up(self.state.snapshot)
-        if observe:
-            pointer = await self._observe()
-            if pointer is None:
-                return self._empty()
-            self._learn_desired(pointer.revision, pointer.body_sha256)
-            memory.check_epoch(pointer.identity)
-            key: Key = (pointer.revision, pointer.body_sha256)
-            memory.candidate = key
-            if memory.is_active(key) and not memory.sinks_unknown:
-                await self._restate(pointer)
-                return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
-            repeated = memory.still_refused(key)
-            if repeated is not None:
-                return repeated
+        pointer = await self._observe()
+        if pointer is None:
+            return self._empty()
+        self._learn_desired(pointer.revision, pointer.body_sha256)
+        memory.check_epoch(pointer.identity)
+        key: Key = (pointer.revision, pointer.body_sha256)
+        memory.candidate = key
+        if memory.is_active(key) and not memory.sinks_unknown:
+            await self._restate(pointer)
+            return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
+        repeated = memory.still_refused(key)
+        if repeated is not None:
+            return repeated
         loaded = await self._hydrate()
         if loaded is None:
             return self._empty()
@@ -274,7 +273,7 @@ class ConvergenceLoop:
                 statement = self._statement_for(loaded)
                 await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
                                                           loaded.schema_version, loaded.body,
-                                                          statement))
+                                                          statement, loaded.body_sha256))
                 self.state.restate(statement)
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
         repeated = memory.still_refused(key)
@@ -293,7 +292,7 @@ class ConvergenceLoop:
         statement = self._statement_for(loaded)
         with trio.CancelScope(shield=True):
             await self.sinks.export(Export(loaded.id, generation, loaded.schema_version,
-                                           loaded.body, statement))
+                                           loaded.body, statement, loaded.body_sha256))
             await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256,
                                statement=statement, sequence=loaded.sequence)
         memory.sinks_unknown = False
@@ -418,7 +417,7 @@ class ConvergenceLoop:
             self._failures.forget()
         with self.metrics.convergence_duration.time():
             try:
-                outcome = await self.attempt(observe=trigger not in FAST_TRIGGERS)
+                outcome = await self.attempt()
             except LabelledError as exc:
                 outcome = self.record_failure(exc)
             else:
