@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-__all__ = ["DETAIL_BYTES", "OutOfRange", "TooLarge", "check_range", "cut", "quoted",
+__all__ = ["DETAIL_BYTES", "OutOfRange", "TooLarge", "check_range", "cut", "cut_read", "quoted",
            "read_capped"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
@@ -76,3 +76,16 @@ def read_capped(read: Callable[[int], bytes], limit: int, what: str) -> bytes:
             raise TooLarge(what, limit, total)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def cut_read(head: str, size: int, limit: int) -> str:
+    """:func:`cut` for a text of which only ``head`` was read, ``size`` bytes in full.
+
+    A boundary that bounds in the query (SQL's ``left``) reads the head and the
+    length, never the whole text: the result is the one ``cut`` gives for it.
+    """
+    if size <= limit:
+        return head
+    marker = f"… ({size} bytes)"
+    room = max(limit - len(marker.encode()), 0)
+    return head.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore") + marker
