@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
+from supervisor.bounds import cut
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
@@ -389,7 +390,8 @@ class ConvergenceLoop:
     # -- reporting -------------------------------------------------------------
 
     def record_failure(self, exc: LabelledError) -> Outcome:
-        reason, revision, detail = exc.reason, exc.revision, exc.detail
+        # Cut where it enters: the status, the log, the events and the memo carry the cut text.
+        reason, revision, detail = exc.reason, exc.revision, cut(exc.detail)
         outage = reason == reasons.UNAVAILABLE and revision is None
         self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
         self.metrics.revision_rejections.labels(reason).inc()
