@@ -514,7 +514,7 @@ class ConvergenceLoop:
                 # The desired revision itself is refused (corrupt, too large, missing).
                 return await self._restore(exc)
             raise BootRefused(
-                exc.reason, f"refusing to boot: the control plane refused: {exc}"
+                exc.reason, f"refusing to boot: the control plane refused: {cut(str(exc))}"
             ) from exc
         except RevisionError as exc:
             self.record_failure(exc)
@@ -526,7 +526,7 @@ class ConvergenceLoop:
             raise BootRefused(
                 exc.reason,
                 f"refusing to boot: desired revision {exc.revision} cannot be served "
-                f"({exc.reason}): {exc.detail}",
+                f"({exc.reason}): {cut(exc.detail)}",
             ) from exc
         if outcome.kind is OutcomeKind.EMPTY:
             raise BootRefused(
@@ -544,13 +544,13 @@ class ConvergenceLoop:
             return False
         log.error("desired revision refused at boot; serving the last-known-good cache "
                   "([cache].serve_when_desired_refused)", reason=exc.reason,
-                  revision=exc.revision, detail=exc.detail)
+                  revision=exc.revision, detail=cut(exc.detail))
         return True
 
     async def _restore(self, cause: LabelledError) -> Outcome:
         from supervisor.sinks.lkg import CacheError, CacheSkew
 
-        reason, detail = cause.reason, cause.detail
+        reason, detail = cause.reason, cut(cause.detail)
         cache = self.sinks.cache
         if cache is None:
             raise BootRefused(
@@ -591,7 +591,7 @@ class ConvergenceLoop:
             raise BootRefused(
                 "cache",
                 f"refusing to boot: the last-known-good cache (revision {cached.revision}) "
-                f"does not compile ({exc.reason}): {exc.detail}",
+                f"does not compile ({exc.reason}): {cut(exc.detail)}",
             ) from exc
         await self.swap_in(snapshot, "last_known_good", 0.0,
                            body_sha256=hashlib.sha256(cached.body).digest(),

@@ -22,6 +22,11 @@ from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 NAME_BYTES = 15 * 1024 * 1024
 
 
+def _huge_name() -> bytes:
+    return json.dumps({"schema_version": 1, "aliases": {
+        "a" * NAME_BYTES: {"upstream": "https://a.example/v1"}}}).encode()
+
+
 async def test_a_15_mib_alias_name_leaves_status_the_log_and_the_stream_bounded(
     tmp_path: Path, pg_url: str
 ) -> None:
@@ -29,8 +34,7 @@ async def test_a_15_mib_alias_name_leaves_status_the_log_and_the_stream_bounded(
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.5, listen=False)
     await acli("db", "migrate", "--config", str(config))
     await acli("publish", "--config", str(config), str(EXAMPLE))
-    body = json.dumps({"schema_version": 1, "aliases": {
-        "a" * NAME_BYTES: {"upstream": "https://a.example/v1"}}}).encode()
+    body = _huge_name()
     with trio.fail_after(120):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("ready")
@@ -55,3 +59,17 @@ async def test_a_15_mib_alias_name_leaves_status_the_log_and_the_stream_bounded(
     assert len(json.dumps(line)) < 8 * 1024
     assert max(len(raw) for raw in daemon.raw) < 8 * 1024
     assert len(first) < 64 * 1024 and json.loads(first)["type"] == "status"
+
+
+async def test_a_boot_refused_for_a_15_mib_alias_name_says_so_in_a_bounded_line(
+    tmp_path: Path, pg_url: str
+) -> None:
+    config = write_config(tmp_path, pg_url, listen=False)
+    await acli("db", "migrate", "--config", str(config))
+    with psycopg.connect(pg_url) as conn:
+        publish_sql(conn, _huge_name())
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            assert await daemon.wait() == 3
+    assert any("refusing to boot" in raw for raw in daemon.raw), daemon.raw[-3:]
+    assert max(len(raw) for raw in daemon.raw) < 8 * 1024
