@@ -76,7 +76,6 @@ hydrate at its first attempt, since a crash may have come between them.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -594,7 +593,7 @@ class ConvergenceLoop:
                 f"does not compile ({exc.reason}): {cut(exc.detail)}",
             ) from exc
         await self.swap_in(snapshot, "last_known_good", 0.0,
-                           body_sha256=hashlib.sha256(cached.body).digest(),
+                           body_sha256=cached.body_sha256,
                            statement=cached.statement)
         events.labels("restored").inc()
         self.status.attempt_finished()

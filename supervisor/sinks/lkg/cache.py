@@ -133,6 +133,8 @@ class CachedRevision:
                                            compare=False)
     #: The signed statement it carries (format_version 2; None for a version 1 file).
     statement: Statement | None = None
+    #: The body's SHA-256, as the signed header states it and the load verified.
+    body_sha256: bytes = b""
 
     @property
     def age_s(self) -> float:
@@ -375,5 +377,6 @@ class LastKnownGood:
             key_id=header.key_id,
             _clock=self._clock,
             statement=header.statement(),
+            body_sha256=bytes.fromhex(header.body_sha256),
         )
 
