@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-__all__ = ["DETAIL_BYTES", "OutOfRange", "TooLarge", "check_range", "cut", "quoted",
+__all__ = ["DETAIL_BYTES", "OutOfRange", "TooLarge", "check_range", "check_size", "cut", "cut_read",
+           "quoted",
            "read_capped"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
@@ -42,12 +43,7 @@ def cut(text: str, limit: int = DETAIL_BYTES) -> str:
 
     N is the full length in bytes, so the reader knows how much was left out.
     """
-    data = text.encode("utf-8", "surrogateescape")
-    if len(data) <= limit:
-        return text
-    marker = f"… ({len(data)} bytes)"
-    room = max(limit - len(marker.encode()), 0)
-    return data[:room].decode("utf-8", "ignore") + marker
+    return cut_read(text, len(text.encode("utf-8", "surrogateescape")), limit)
 
 
 def quoted(name: str, limit: int = NAME_BYTES) -> str:
@@ -87,3 +83,16 @@ def check_size(what: str, size: int, limit: int) -> int:
     if size > limit:
         raise TooLarge(what, limit, size)
     return size
+
+
+def cut_read(head: str, size: int, limit: int) -> str:
+    """:func:`cut` for a text of which only ``head`` was read, ``size`` bytes in full.
+
+    A boundary that bounds in the query (SQL's ``left``) reads the head and the
+    length, never the whole text: the result is the one ``cut`` gives for it.
+    """
+    if size <= limit:
+        return head
+    marker = f"… ({size} bytes)"
+    room = max(limit - len(marker.encode()), 0)
+    return head.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore") + marker

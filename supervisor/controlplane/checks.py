@@ -17,19 +17,34 @@ upstream's statement too.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from supervisor.bounds import cut_read
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     Incompatible,
     TooLarge,
 )
+from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_not_newer
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 
-__all__ = ["OBSERVE_SQL", "HydrateRow", "as_bytes", "check_hydrated", "check_publishable",
-           "hydrate_sql", "parse_time", "pointer_from_row", "refuse_unreadable"]
+__all__ = [
+    "MESSAGE_BYTES",
+    "HydrateRow",
+    "as_bytes",
+    "bounded_message",
+    "check_hydrated",
+    "check_publishable",
+    "hydrate_sql",
+    "message_columns",
+    "observe_sql",
+    "parse_time",
+    "pointer_from_row",
+    "refuse_unreadable",
+]
 
 
 @dataclass(frozen=True)
@@ -72,36 +87,62 @@ def as_bytes(value: object) -> bytes | None:
     return None
 
 
-def hydrate_sql(size: str, named: str) -> str:
-    """The hydrate read: ``size`` measures ``r.body`` in bytes, ``named`` spells a named parameter.
+#: A revision's message as read: its first this many bytes, cut and marked (never refused).
+MESSAGE_BYTES = 4096
+
+
+def message_columns(size: Callable[[str], str], head: Callable[[str, int], str]) -> str:
+    """The message's head and its size in bytes, bounded in the query itself."""
+    return f"{head('r.message', MESSAGE_BYTES)}, {size('r.message')}"
+
+
+def bounded_message(head: object, size: object) -> str | None:
+    """The message as the bounded read returned it: cut to MESSAGE_BYTES and marked."""
+    if not isinstance(head, str):
+        return None
+    return cut_read(head, size if isinstance(size, int) else 0, MESSAGE_BYTES)
+
+
+def hydrate_sql(size: Callable[[str], str], head: Callable[[str, int], str], named: str,
+                created_at: str = "r.created_at") -> str:
+    """The hydrate read: ``size`` measures a column in bytes, ``head`` reads its first
+    characters, ``named`` spells a named parameter.
 
     One statement is one snapshot (PostgreSQL even under READ COMMITTED;
     SQLite one read transaction): the pointer and the revision it names are
     read consistently. The body is withheld in SQL when it is too large or too
-    new, so an oversize body never crosses the network.
+    new, so an oversize body never crosses the network; the message is read as
+    its head and its length (:data:`MESSAGE_BYTES`).
     """
-    return (f"SELECT d.revision_id, r.id, r.schema_version, {size},"
-            f" CASE WHEN {size} <= {named.format('max_bytes')}"
+    body = size("r.body")
+    return (f"SELECT d.revision_id, r.id, r.schema_version, {body},"
+            f" CASE WHEN {body} <= {named.format('max_bytes')}"
             f" AND r.schema_version <= {named.format('max_schema')} THEN r.body END,"
-            " r.body_sha256, r.created_at, r.message, d.sequence FROM supervisor_desired d"
+            f" r.body_sha256, {created_at}, {message_columns(size, head)}, d.sequence"
+            " FROM supervisor_desired d"
             " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id WHERE d.singleton")
 
 
-#: The observe read, identical on both stores: the pointer, its body's digest, the sequence.
-OBSERVE_SQL = (
-    "SELECT d.revision_id, r.body_sha256, d.sequence FROM supervisor_desired d"
-    " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id"
-    " WHERE d.singleton"
-)
+def observe_sql(schema_readable: bool = True) -> str:
+    """The observe read, identical on both stores: the pointer, its body's digest, the
+    sequence, and the schema's newest migration (NULL where the role may not read the
+    migrations table), so a database migrated ahead is refused at the next observe."""
+    schema = f"(SELECT max(version) FROM {MIGRATIONS_TABLE})" if schema_readable else "NULL"
+    return (f"SELECT d.revision_id, r.body_sha256, d.sequence, {schema}"
+            " FROM supervisor_desired d LEFT JOIN supervisor_revisions r"
+            " ON r.id = d.revision_id WHERE d.singleton")
 
 
 def pointer_from_row(
-    row: tuple[object, object, object] | None, identity: str | None
+    row: tuple[object, object, object, object] | None, identity: str | None,
+    backend: Backend = "sqlite",
 ) -> RevisionPointer | None:
-    """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer."""
+    """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer,
+    SchemaTooNew for a schema a newer build migrated."""
     if row is None:
         return None
-    revision, digest, sequence = row
+    revision, digest, sequence, schema = row
+    check_not_newer(schema if isinstance(schema, int) else None, backend)
     if not isinstance(revision, int) or revision < 1:
         raise TypeError(f"the desired pointer holds {revision!r}, not a revision id "
                         "(ids are >= 1)")

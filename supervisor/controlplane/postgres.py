@@ -278,21 +278,23 @@ def _identity(conn: Conn) -> str | None:
     return f"postgresql:{row[0] or '?'}/{row[1]}"
 
 
-def _identity_checking_schema(conn: Conn) -> str | None:
-    """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew).
+def _identity_checking_schema(conn: Conn) -> tuple[str | None, bool]:
+    """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew),
+    and whether the role may read the migrations table (every observe then looks too).
 
     A replica's role may be granted only what it reads (the pointer and the
     revisions): where it may not read the migrations table the look is skipped
     rather than refusing every read.
     """
+    readable = True
     try:
         # A savepoint inside bounded()'s transaction: a refusal must not abort it.
         with conn.transaction():
             found = migrations.postgres_version(conn)
     except pgerrors.InsufficientPrivilege:
-        found = None
+        found, readable = None, False
     migrations.check_not_newer(found, "postgresql")
-    return _identity(conn)
+    return _identity(conn), readable
 
 
 class PostgresConnections:
@@ -307,6 +309,7 @@ class PostgresConnections:
         # Read at every connect: a restore or another database behind the
         # same DSN can only appear across a new connection.
         self.identity: str | None = None
+        self.schema_readable = False
 
     def open(self, stop: threading.Event) -> Conn:
         # Nothing to interrupt while connecting (``stop`` unused): a cancelled
@@ -314,7 +317,8 @@ class PostgresConnections:
         conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
                        statement_timeout_s=None)
         try:
-            self.identity = bounded(conn, _identity_checking_schema, self.timeout_ms)
+            self.identity, self.schema_readable = bounded(
+                conn, _identity_checking_schema, self.timeout_ms)
         except BaseException:
             dispose_quietly(conn.close)
             raise
@@ -377,6 +381,10 @@ class PostgresStore(revisions.DatabaseStore):
     def identity(self) -> str | None:
         """The cluster and database (``postgresql:<system id>/<oid>``) of the last connect."""
         return self._connections.identity
+
+    @property
+    def _schema_readable(self) -> bool:
+        return self._connections.schema_readable
 
     async def migrate(self) -> migrations.Migrated:
         done = await self._runner.run("migrate", partial(

@@ -36,12 +36,14 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from supervisor.controlplane.checks import (
-    OBSERVE_SQL,
     HydrateRow,
     as_bytes,
+    bounded_message,
     check_hydrated,
     check_publishable,
     hydrate_sql,
+    message_columns,
+    observe_sql,
     parse_time,
     pointer_from_row,
 )
@@ -78,18 +80,18 @@ def _not_found(revision: int) -> ControlPlaneError:
 def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int) -> LoadedRevision:
     if row is None:
         raise _not_found(revision)
-    rid, schema_version, size, body, digest, created_at, message = row
+    rid, schema_version, size, body, digest, created_at, head, message_size = row
     return check_hydrated(
         HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
-                   parse_time(created_at), message),
+                   parse_time(created_at), bounded_message(head, message_size)),
         max_revision_bytes=max_bytes, max_schema_version=sys.maxsize,
     )
 
 
 def _summaries(rows: list[Any]) -> list[RevisionSummary]:
     return [RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
-                            parse_time(created), message)
-            for rid, sv, size, digest, created, message in rows]
+                            parse_time(created), bounded_message(head, length))
+            for rid, sv, size, digest, created, head, length in rows]
 
 
 def _changes(rows: list[Any]) -> list[DesiredChange]:
@@ -109,6 +111,7 @@ def _desired(conn: Any) -> int | None:
 class pg:  # a namespace of PostgreSQL statements
     Conn = psycopg.Connection[Any]
     NAMED = "%({})s"
+    BACKEND = "postgresql"
 
     @staticmethod
     def one(conn: Conn, query: str, params: Any = None) -> Any:
@@ -119,6 +122,12 @@ class pg:  # a namespace of PostgreSQL statements
     @staticmethod
     def size(column: str) -> str:
         return f"octet_length({column})"
+
+    @staticmethod
+    def head(column: str, chars: int) -> str:
+        return f"left({column}, {int(chars)})"
+
+    CREATED_AT = "r.created_at"
 
     @staticmethod
     def publish(conn: Conn, body: bytes, schema_version: int, message: str | None) -> int:
@@ -146,7 +155,7 @@ class pg:  # a namespace of PostgreSQL statements
             rows = cur.execute(
                 "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
                 " r.id, r.schema_version, octet_length(r.body), r.body_sha256,"
-                " r.created_at, r.message"
+                f" r.created_at, {message_columns(pg.size, pg.head)}"
                 " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT * FROM supervisor_revisions"
                 "   ORDER BY id DESC LIMIT %s) r ON true",
                 [limit],
@@ -156,9 +165,10 @@ class pg:  # a namespace of PostgreSQL statements
 
     @staticmethod
     def read_revision(conn: Conn, revision: int, max_bytes: int) -> LoadedRevision:
-        row = pg.one(conn, "SELECT id, schema_version, octet_length(body),"
-                     " CASE WHEN octet_length(body) <= %s THEN body END,"
-                     " body_sha256, created_at, message FROM supervisor_revisions WHERE id = %s",
+        row = pg.one(conn, "SELECT r.id, r.schema_version, octet_length(r.body),"
+                     " CASE WHEN octet_length(r.body) <= %s THEN r.body END, r.body_sha256,"
+                     f" r.created_at, {message_columns(pg.size, pg.head)}"
+                     " FROM supervisor_revisions r WHERE r.id = %s",
                      [max_bytes, revision])
         return _checked(row, revision, max_bytes)
 
@@ -217,6 +227,7 @@ class pg:  # a namespace of PostgreSQL statements
 class sqlite:  # a namespace of SQLite statements
     NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
     NAMED = ":{}"
+    BACKEND = "sqlite"
 
     @staticmethod
     def one(conn: sqlite3.Connection, query: str, params: Any = ()) -> Any:
@@ -229,6 +240,13 @@ class sqlite:  # a namespace of SQLite statements
         characters, so it is measured as bytes instead."""
         return (f"CASE typeof({column}) WHEN 'blob' THEN length({column})"
                 f" ELSE length(CAST({column} AS BLOB)) END")
+
+    @staticmethod
+    def head(column: str, chars: int) -> str:
+        return f"substr({column}, 1, {int(chars)})"
+
+    #: A time is TEXT here, which a plain-SQL writer may make of any length.
+    CREATED_AT = "substr(r.created_at, 1, 64)"
 
     @staticmethod
     def publish(conn: sqlite3.Connection, body: bytes, schema_version: int,
@@ -256,8 +274,9 @@ class sqlite:  # a namespace of SQLite statements
         try:
             row = conn.execute(DESIRED_SQL).fetchone()
             rows = conn.execute(
-                f"SELECT id, schema_version, {sqlite.size('body')}, body_sha256, created_at,"
-                " message FROM supervisor_revisions ORDER BY id DESC LIMIT ?",
+                f"SELECT r.id, r.schema_version, {sqlite.size('r.body')}, r.body_sha256,"
+                f" {sqlite.CREATED_AT}, {message_columns(sqlite.size, sqlite.head)}"
+                " FROM supervisor_revisions r ORDER BY r.id DESC LIMIT ?",
                 (-1 if limit is None else limit,),
             ).fetchall()
         finally:
@@ -267,9 +286,10 @@ class sqlite:  # a namespace of SQLite statements
     @staticmethod
     def read_revision(conn: sqlite3.Connection, revision: int, max_bytes: int) -> LoadedRevision:
         row = conn.execute(
-            f"SELECT id, schema_version, {sqlite.size('body')},"
-            f" CASE WHEN {sqlite.size('body')} <= ? THEN body END,"
-            " body_sha256, created_at, message FROM supervisor_revisions WHERE id = ?",
+            f"SELECT r.id, r.schema_version, {sqlite.size('r.body')},"
+            f" CASE WHEN {sqlite.size('r.body')} <= ? THEN r.body END, r.body_sha256,"
+            f" {sqlite.CREATED_AT}, {message_columns(sqlite.size, sqlite.head)}"
+            " FROM supervisor_revisions r WHERE r.id = ?",
             (max_bytes, revision),
         ).fetchone()
         return _checked(row, revision, max_bytes)
@@ -347,28 +367,34 @@ class DatabaseStore:
     def identity(self) -> str | None:
         raise NotImplementedError
 
+    @property
+    def _schema_readable(self) -> bool:
+        """Whether this store's role may read the migrations table (learnt at connect)."""
+        return True
+
     async def desired(self) -> int | None:
         return await self._runner.run("read", _desired)
 
     async def observe(self) -> RevisionPointer | None:
         def read(conn: Any) -> RevisionPointer | None:
-            return pointer_from_row(self._sql.one(conn, OBSERVE_SQL), self.identity)
+            row = self._sql.one(conn, observe_sql(self._schema_readable))
+            return pointer_from_row(row, self.identity, self._sql.BACKEND)
 
         return await self._runner.run("read", read)
 
     async def hydrate(self) -> LoadedRevision | None:
         sql, max_bytes, max_schema = self._sql, self._max_bytes, self._max_schema
-        query = hydrate_sql(sql.size("r.body"), sql.NAMED)
+        query = hydrate_sql(sql.size, sql.head, sql.NAMED, sql.CREATED_AT)
 
         def read(conn: Any) -> LoadedRevision | None:
             row = sql.one(conn, query, {"max_bytes": max_bytes, "max_schema": max_schema})
             if row is None:
                 return None
-            desired, rid, schema_version, size, body, digest, created_at, message, seq = row
+            desired, rid, schema_version, size, body, digest, created_at, head, length, seq = row
             return check_hydrated(
                 HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
                            size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                           message, seq),
+                           bounded_message(head, length), seq),
                 max_revision_bytes=max_bytes, max_schema_version=max_schema,
             )
 

@@ -76,7 +76,6 @@ hydrate at its first attempt, since a crash may have come between them.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -86,10 +85,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
+from supervisor.bounds import cut
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
-from supervisor.convergence.outcome import FAST_TRIGGERS, Key, Outcome, OutcomeKind, answer_for
+from supervisor.convergence.outcome import Key, Outcome, OutcomeKind, answer_for
 from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
@@ -234,31 +234,30 @@ class ConvergenceLoop:
         self._set_reachable(True)
         return loaded
 
-    async def attempt(self, *, observe: bool = True) -> Outcome:
+    async def attempt(self) -> Outcome:
         """Observe, hydrate, compile, publish. Raises store and revision errors.
 
-        ``observe=False`` skips the cheap read and hydrates straight away: a
-        notification already says desired state changed, and hydrate reads the
-        desired pointer itself, so the separate round trip would only add latency.
+        Observe decides, whatever woke the loop (a NOTIFY, a hint, a request):
+        the active revision's id and digest seen again end the attempt without
+        a hydrate, so a wake-up costs one small read, not the body.
         """
         start = trio.current_time()
         memory = self.memory
         memory.candidate = None
         await self.sinks.catch_up(self.state.snapshot)
-        if observe:
-            pointer = await self._observe()
-            if pointer is None:
-                return self._empty()
-            self._learn_desired(pointer.revision, pointer.body_sha256)
-            memory.check_epoch(pointer.identity)
-            key: Key = (pointer.revision, pointer.body_sha256)
-            memory.candidate = key
-            if memory.is_active(key) and not memory.sinks_unknown:
-                await self._restate(pointer)
-                return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
-            repeated = memory.still_refused(key)
-            if repeated is not None:
-                return repeated
+        pointer = await self._observe()
+        if pointer is None:
+            return self._empty()
+        self._learn_desired(pointer.revision, pointer.body_sha256)
+        memory.check_epoch(pointer.identity)
+        key: Key = (pointer.revision, pointer.body_sha256)
+        memory.candidate = key
+        if memory.is_active(key) and not memory.sinks_unknown:
+            await self._restate(pointer)
+            return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
+        repeated = memory.still_refused(key)
+        if repeated is not None:
+            return repeated
         loaded = await self._hydrate()
         if loaded is None:
             return self._empty()
@@ -274,7 +273,7 @@ class ConvergenceLoop:
                 statement = self._statement_for(loaded)
                 await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
                                                           loaded.schema_version, loaded.body,
-                                                          statement))
+                                                          statement, loaded.body_sha256))
                 self.state.restate(statement)
             return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
         repeated = memory.still_refused(key)
@@ -293,7 +292,7 @@ class ConvergenceLoop:
         statement = self._statement_for(loaded)
         with trio.CancelScope(shield=True):
             await self.sinks.export(Export(loaded.id, generation, loaded.schema_version,
-                                           loaded.body, statement))
+                                           loaded.body, statement, loaded.body_sha256))
             await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256,
                                statement=statement, sequence=loaded.sequence)
         memory.sinks_unknown = False
@@ -390,7 +389,8 @@ class ConvergenceLoop:
     # -- reporting -------------------------------------------------------------
 
     def record_failure(self, exc: LabelledError) -> Outcome:
-        reason, revision, detail = exc.reason, exc.revision, exc.detail
+        # Cut where it enters: the status, the log, the events and the memo carry the cut text.
+        reason, revision, detail = exc.reason, exc.revision, cut(exc.detail)
         outage = reason == reasons.UNAVAILABLE and revision is None
         self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
         self.metrics.revision_rejections.labels(reason).inc()
@@ -418,7 +418,7 @@ class ConvergenceLoop:
             self._failures.forget()
         with self.metrics.convergence_duration.time():
             try:
-                outcome = await self.attempt(observe=trigger not in FAST_TRIGGERS)
+                outcome = await self.attempt()
             except LabelledError as exc:
                 outcome = self.record_failure(exc)
             else:
@@ -513,7 +513,7 @@ class ConvergenceLoop:
                 # The desired revision itself is refused (corrupt, too large, missing).
                 return await self._restore(exc)
             raise BootRefused(
-                exc.reason, f"refusing to boot: the control plane refused: {exc}"
+                exc.reason, f"refusing to boot: the control plane refused: {cut(str(exc))}"
             ) from exc
         except RevisionError as exc:
             self.record_failure(exc)
@@ -525,7 +525,7 @@ class ConvergenceLoop:
             raise BootRefused(
                 exc.reason,
                 f"refusing to boot: desired revision {exc.revision} cannot be served "
-                f"({exc.reason}): {exc.detail}",
+                f"({exc.reason}): {cut(exc.detail)}",
             ) from exc
         if outcome.kind is OutcomeKind.EMPTY:
             raise BootRefused(
@@ -543,13 +543,13 @@ class ConvergenceLoop:
             return False
         log.error("desired revision refused at boot; serving the last-known-good cache "
                   "([cache].serve_when_desired_refused)", reason=exc.reason,
-                  revision=exc.revision, detail=exc.detail)
+                  revision=exc.revision, detail=cut(exc.detail))
         return True
 
     async def _restore(self, cause: LabelledError) -> Outcome:
         from supervisor.sinks.lkg import CacheError, CacheSkew
 
-        reason, detail = cause.reason, cause.detail
+        reason, detail = cause.reason, cut(cause.detail)
         cache = self.sinks.cache
         if cache is None:
             raise BootRefused(
@@ -590,10 +590,10 @@ class ConvergenceLoop:
             raise BootRefused(
                 "cache",
                 f"refusing to boot: the last-known-good cache (revision {cached.revision}) "
-                f"does not compile ({exc.reason}): {exc.detail}",
+                f"does not compile ({exc.reason}): {cut(exc.detail)}",
             ) from exc
         await self.swap_in(snapshot, "last_known_good", 0.0,
-                           body_sha256=hashlib.sha256(cached.body).digest(),
+                           body_sha256=cached.body_sha256,
                            statement=cached.statement)
         events.labels("restored").inc()
         self.status.attempt_finished()

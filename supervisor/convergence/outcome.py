@@ -29,12 +29,9 @@ from supervisor.errors import LabelledError
 from supervisor.revision.errors import RevisionError
 
 __all__ = [
-    "FAST_TRIGGERS", "UNREACHED", "Key", "Outcome", "OutcomeKind", "answer_for",
+    "UNREACHED", "Key", "Outcome", "OutcomeKind", "answer_for",
     "is_final",
 ]
-
-# Wake-ups that already say desired state changed: hydrate without observing first.
-FAST_TRIGGERS = frozenset({"notify"})
 
 # The control plane could not be asked: back off.
 UNREACHED = frozenset({reasons.UNAVAILABLE, reasons.CONFLICT})

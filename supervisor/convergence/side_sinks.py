@@ -83,6 +83,8 @@ class Export:
     schema_version: int
     body: bytes
     statement: Statement | None = None
+    #: The body's digest as the control plane's read verified it (b"": hash it).
+    body_sha256: bytes = b""
 
 
 class SinkStatus:
@@ -244,7 +246,7 @@ class SideSinks:
         def run() -> Fingerprint | None:
             cache.export(revision=export.revision, generation=export.generation,
                          schema_version=export.schema_version, body=export.body,
-                         statement=export.statement)
+                         statement=export.statement, body_sha256=export.body_sha256)
             # Taken after both writes; nothing else writes these files (a
             # change in this instant is missed, unlike the snapshot file's).
             return _fingerprint(paths)

@@ -147,7 +147,7 @@ class ChangeSignal:
         self._plain_pending = False
         # At most one fire-and-forget wake-up is pending; its trigger wins over
         # "request", since it may change what the attempt does (SIGHUP forgets
-        # refusals, a notification skips the cheap read).
+        # refusals).
         plain = [trigger for trigger, request in items if request is None]
         trigger = plain[0] if plain else "request"
         if self._sighup_coalesced:

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
+from supervisor.bounds import cut
 from supervisor.events import utc_now_iso
 from supervisor.status_doc import Rejection, RevisionReport
 
@@ -190,9 +191,14 @@ class RevisionStatus:
 
     def failed(self, revision: int | None, reason: str, detail: str, *,
                refusal: bool = True) -> None:
-        """A failed attempt; a refusal (anything but an outage) sets ``last_rejection``."""
+        """A failed attempt; a refusal (anything but an outage) sets ``last_rejection``.
+
+        Both texts are cut to :data:`~supervisor.bounds.DETAIL_BYTES`, whatever the
+        revision held.
+        """
         self.consecutive_failures += 1
-        self.last_error = f"{reason}: {detail}"
+        detail = cut(detail)
+        self.last_error = cut(f"{reason}: {detail}")
         if refusal:
             self.last_rejection = Rejection(revision=revision, reason=reason, detail=detail,
                                             at=utc_now_iso())

@@ -30,7 +30,7 @@ class FakeCache:
     signing_key_id: str | None = None
 
     def export(self, *, revision: int, generation: int, schema_version: int,
-               body: bytes, statement: object = None) -> None:
+               body: bytes, statement: object = None, body_sha256: bytes = b"") -> None:
         if self.fail:
             raise CacheUnwritable(self.path, "No space left on device")
         self.exported.append((revision, self.state_at_export()))

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from supervisor.controlplane import migrations
-from supervisor.controlplane.errors import ControlPlaneError
+from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew
 from tests.proc import cli, write_config
 from tests.stores import make_store, waits_on_the_desired_row
 
@@ -142,3 +142,20 @@ async def test_a_migration_behind_an_open_transaction_gives_way_to_the_readers(
                 await migrator.aclose()
         assert "lock" in str(refusal[0]) and "idle in transaction" in str(refusal[0])
     assert _sql(pg_url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(1,)]
+
+
+async def test_a_schema_migrated_ahead_is_refused_at_the_next_observe(url: str) -> None:
+    """On the connection already open: not only after a reconnect."""
+    store = make_store(url)
+    try:
+        with trio.fail_after(30):
+            await store.migrate()
+            await store.publish(b'{"schema_version": 1, "aliases": {}}', 1, None)
+            assert await store.observe() is not None
+            _sql(url, f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at)"
+                      f" VALUES ({FUTURE}, 'from_the_future', 'now')")
+            with pytest.raises(SchemaTooNew) as refused:
+                await store.observe()
+            assert f"version {FUTURE}" in str(refused.value)
+    finally:
+        await store.aclose()

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from supervisor.controlplane import migrations
+from supervisor.controlplane.errors import ControlPlaneError
 from supervisor.controlplane.store import ControlPlaneStore
 from tests.proc import EXAMPLE, cli, write_config
 from tests.stores import doc, make_store, waits_on_the_desired_row
@@ -286,3 +287,37 @@ async def test_a_version_1_database_is_upgraded_in_place(url: str) -> None:
             assert await _sequence(s) == 2
         finally:
             await s.aclose()
+
+
+async def test_the_log_takes_rows_only_from_the_trigger_and_sequences_stay_below_2_62(
+        store: ControlPlaneStore, url: str) -> None:
+    """A writer's own row in the change record, one at 2^63-2 above all, is refused: it
+    would move the next publish to 2^63-1 and every later one out of range."""
+    with trio.fail_after(30):
+        first = await store.publish(doc(n=1), 1, None)
+        for sequence, revision in ((2**63 - 2, first), (2, first + 1)):
+            with pytest.raises((psycopg.Error, sqlite3.Error)):
+                _sql(url, "INSERT INTO supervisor_desired_log (sequence, revision_id,"
+                          f" changed_by) VALUES ({sequence}, {revision}, 'someone')")
+        with pytest.raises((psycopg.Error, sqlite3.Error)):
+            _sql(url, f"UPDATE supervisor_desired_log SET sequence = {2**63 - 2}")
+        await store.publish(doc(n=2), 1, None)
+        assert await _sequence(store) == 2
+        assert [c.sequence for c in await store.changes(None)] == [2, 1]
+
+
+async def test_a_sequence_above_2_62_is_refused(store: ControlPlaneStore, url: str) -> None:
+    """Even where the record was made to reach 2^62 (by the schema's owner, triggers off),
+    the next change is refused rather than taken."""
+    with trio.fail_after(30):
+        await store.publish(doc(n=1), 1, None)
+        if url.startswith("sqlite"):
+            _sql(url, "DROP TRIGGER supervisor_desired_log_fixed")
+            _sql(url, f"UPDATE supervisor_desired_log SET sequence = {2**62}")
+        else:
+            _sql(url, "ALTER TABLE supervisor_desired_log DISABLE TRIGGER USER;"
+                      f" UPDATE supervisor_desired_log SET sequence = {2**62};"
+                      " ALTER TABLE supervisor_desired_log ENABLE TRIGGER USER")
+        with pytest.raises(ControlPlaneError):
+            await store.publish(doc(n=2), 1, None)
+        assert await _sequence(store) == 1

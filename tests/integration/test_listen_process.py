@@ -209,3 +209,54 @@ async def test_the_listener_keeps_reading_while_wake_ups_are_held(
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
     assert received >= total, received
+
+
+def _cpu_s(pid: int) -> float:
+    """The process's user + system CPU time so far (/proc/PID/stat fields 14 and 15)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_notifications_against_an_unchanged_large_revision_cost_no_more_than_a_small_one(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Observe decides: a wake-up that finds the active id and digest hydrates nothing, so
+    ten seconds of NOTIFY cost the same against 12 MB as against one alias (within 1.5x)."""
+    import time
+
+    from tests.memorydrills import big_body
+
+    config = write_config(tmp_path, pg_url, poll_interval_s=3600)
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    large = tmp_path / "large.json"
+    large.write_bytes(big_body(12_000_000))
+
+    def notify(for_s: float) -> int:
+        # Paced just past the wake-up floor (0.05 s): each notification is one wake-up,
+        # as a publisher's would be; a flat-out storm measures the floor instead.
+        sent = 0
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            end = time.monotonic() + for_s
+            while time.monotonic() < end:
+                conn.execute("SELECT pg_notify('supervisor_desired', '1')")
+                sent += 1
+                time.sleep(0.06)
+        return sent
+
+    async def cost(daemon_pid: int) -> float:
+        before = _cpu_s(daemon_pid)
+        assert await trio.to_thread.run_sync(notify, 10.0) > 100
+        return _cpu_s(daemon_pid) - before
+
+    with trio.fail_after(180):
+        async with run_daemon(config, env={"TSUP_TEST_NEVER_SET": "s" * 32}) as daemon:
+            await daemon.wait_log("listening for desired-state notifications")
+            await daemon.wait_log("published")
+            small = await cost(daemon.process.pid)
+            await acli("publish", "--config", str(config), str(large))
+            await daemon.wait_log("published", revision=2)
+            big = await cost(daemon.process.pid)
+    assert big <= 1.5 * small, f"{big:.2f} s CPU against 12 MB, {small:.2f} s against one alias"

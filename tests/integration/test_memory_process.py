@@ -80,3 +80,36 @@ async def test_ten_refusals_of_a_large_body_leave_no_memory_behind(
             async with httpx.AsyncClient(timeout=10.0) as client:
                 snap = (await client.get(f"http://127.0.0.1:{port}/v1/snapshot")).json()
             assert snap["revision"] == 1
+
+
+async def test_a_huge_message_is_read_cut_and_costs_the_daemon_no_memory(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A writer gives a revision a 160 MiB message (made by the server): hydrate reads its
+    first 4 KiB and its length, so the daemon's peak RSS does not move by the message."""
+    port = free_port()
+    config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.2, listen=False)
+    await acli("db", "migrate", "--config", str(config))
+    await acli("publish", "--config", str(config), str(EXAMPLE))
+    mib = 1024 * 1024
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            baseline = rss_bytes(daemon.process.pid)
+
+            def insert() -> int:
+                with psycopg.connect(pg_url) as conn:
+                    rid = conn.execute(
+                        "INSERT INTO supervisor_revisions (schema_version, body, body_sha256,"
+                        " message) SELECT schema_version, body, body_sha256,"
+                        " repeat('x', 160 * 1024 * 1024) FROM supervisor_revisions"
+                        " WHERE id = 1 RETURNING id").fetchone()[0]
+                    conn.execute("UPDATE supervisor_desired SET revision_id = %s", (rid,))
+                return int(rid)
+
+            rid = await trio.to_thread.run_sync(insert)
+            await daemon.wait_log("published", revision=rid)
+            peak = rss_bytes(daemon.process.pid)
+            assert peak < baseline + 32 * mib, (
+                f"peak RSS {peak / mib:.0f} MiB after hydrating a 160 MiB message "
+                f"(baseline {baseline / mib:.0f} MiB)")

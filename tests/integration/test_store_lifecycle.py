@@ -201,3 +201,19 @@ async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
             assert await store.desired() != old
     finally:
         await store.aclose()
+
+
+async def test_a_long_message_is_read_cut_to_4_kib_and_marked(store: ControlPlaneStore) -> None:
+    """Cut in the query itself, never refused: every read says the full length."""
+    with trio.fail_after(30):
+        message = "é" * 100_000
+        rid = await store.publish(doc(), 1, message)
+        cut = "… (200000 bytes)"
+        loaded = await store.hydrate()
+        assert loaded is not None and loaded.message is not None
+        assert loaded.message.endswith(cut) and len(loaded.message.encode()) <= 4096
+        assert loaded.message.startswith("é" * 2000)
+        assert (await store.revision(rid)).message == loaded.message
+        assert (await store.history(1))[1][0].message == loaded.message
+        short = await store.publish(doc(n=2), 1, "short")
+        assert (await store.revision(short)).message == "short"

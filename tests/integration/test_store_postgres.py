@@ -85,7 +85,7 @@ async def test_migrate_twice_is_harmless(pg_url: str) -> None:
         assert await s.desired() == rid
         versions = await sql(pg_url, "SELECT version FROM supervisor_schema_migrations"
                                      " ORDER BY version")
-        assert versions == [(1,), (2,)]
+        assert versions == [(1,), (2,), (3,)]
         triggers = await sql(
             pg_url,
             "SELECT tgname FROM pg_trigger WHERE tgrelid = 'supervisor_desired'::regclass"

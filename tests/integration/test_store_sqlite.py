@@ -67,7 +67,7 @@ async def test_migrates_on_open_and_migrating_again_is_harmless(sqlite_url: str)
         await s.aclose()
     with raw(sqlite_url) as conn:
         assert conn.execute("SELECT version FROM supervisor_schema_migrations"
-                            " ORDER BY version").fetchall() == [(1,), (2,)]
+                            " ORDER BY version").fetchall() == [(1,), (2,), (3,)]
 
 
 async def test_round_trip(store: ControlPlaneStore) -> None:

@@ -76,3 +76,9 @@ def test_a_range_check_names_the_place_and_both_ends() -> None:
     assert bounds.check_range("$.x", 5, 0, 10) == 5
     with pytest.raises(bounds.OutOfRange, match=r"\$\.x: 11 is outside 0\.\.10"):
         bounds.check_range("$.x", 11, 0, 10)
+
+
+@given(st.text(), st.integers(min_value=40, max_value=4096))
+def test_a_text_read_as_its_head_and_length_is_cut_as_a_whole_one(text: str, limit: int) -> None:
+    size = len(text.encode("utf-8", "surrogateescape"))
+    assert bounds.cut_read(text[:limit], size, limit) == bounds.cut(text, limit)

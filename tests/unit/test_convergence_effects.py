@@ -70,8 +70,9 @@ async def test_a_refused_read_after_an_outage_says_the_control_plane_is_back() -
     await rec.converge_once()
     assert rec.status.report().control_plane_up is False
     store.outage = False
+    store.put(doc("a", "b"))
     store.deny = True
-    # A notification hydrates without observing: only the refusal says who answered.
+    # Observe answered; the hydrate's refusal keeps the control plane up.
     outcome = await rec.converge_once("notify")
     assert outcome.failed and outcome.reason == reasons.DENIED and outcome.revision is None
     assert rec.status.report().control_plane_up is True
@@ -235,7 +236,8 @@ async def test_a_final_refusal_met_by_a_notification_is_not_hydrated_again() -> 
     assert [what for what, _ in store.calls] == ["desired"]  # observed only, not hydrated
 
 
-async def test_a_refusal_of_a_notified_read_is_not_remembered_for_an_older_candidate() -> None:
+async def test_a_final_refusal_on_a_notification_is_remembered_for_the_observed_candidate(
+) -> None:
     class Refusing(FakeStore):
         error: ControlPlaneError | None = None
 
@@ -254,15 +256,15 @@ async def test_a_refusal_of_a_notified_read_is_not_remembered_for_an_older_candi
     store.error = ControlPlaneError("permission denied", category=FailureCategory.DENIED,
                                     revision=2)
     await rec.converge_once()
-    # ... then, on a notification (no observe: nothing known of the candidate), a final one.
+    # ... then, on a notification (observed first: the candidate is known), a final one.
     store.error = ControlPlaneError("digest mismatch", category=FailureCategory.CORRUPT,
                                     revision=2)
     assert (await rec.converge_once("notify")).reason == reasons.CORRUPT
     store.calls.clear()
-    # The next poll reads revision 2 again: the refusal was never tied to a known body.
+    # The next poll observes the same id and digest: the refusal stands, no hydrate.
     again = await rec.converge_once()
-    assert not again.repeated and again.reason == reasons.CORRUPT
-    assert [what for what, _ in store.calls] == ["desired", "hydrate"]
+    assert again.repeated and again.reason == reasons.CORRUPT
+    assert [what for what, _ in store.calls] == ["desired"]
 
 
 async def test_a_restarted_loop_does_not_rewrite_its_sinks_after_it_published(

@@ -76,12 +76,25 @@ async def test_change_signal_wakes_the_loop_early(autojump_clock: trio.testing.M
         while rec.state.generation < 2:
             await trio.sleep(0.001)
         assert trio.current_time() - start < 0.01
-        # A notification goes straight to hydrate: no separate observe round trip.
-        assert store.calls[0][0] == "hydrate"
+        # Observe decides, hydrate follows the change it saw.
+        assert [what for what, _ in store.calls[:2]] == ["desired", "hydrate"]
         nursery.cancel_scope.cancel()
     # One wake-up goes straight to the waiting loop, one stays pending; the rest coalesce.
     assert rec.signal.coalesced >= 48
     assert rec.status.report().desired == 2
+
+
+@pytest.mark.parametrize("trigger", ["notify", "hint", "request", "poll"])
+async def test_a_wakeup_against_the_unchanged_active_revision_does_not_hydrate(
+        trigger: str) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.calls.clear()
+    for _ in range(3):
+        assert (await rec.converge_once(trigger)).kind is OutcomeKind.CONVERGED
+    assert [what for what, _ in store.calls] == ["desired"] * 3
 
 
 async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> None:

@@ -587,8 +587,7 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     await rec.converge_once()  # observe answers, hydrate does not
     assert rec.status.report().control_plane_up is False
     assert sample(rec.metrics, "supervisor_control_plane_up") == 0
-    # A notification goes straight to hydrate; a refusal about a revision proves
-    # the control plane answers, and says what is desired.
+    # A refusal about a revision proves the control plane answers, and says what is desired.
     store.down = False
     store.put(doc("a", "c"))
     store.corrupt.add(3)
@@ -598,10 +597,11 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     assert rec.status.report().desired == 3
     assert sample(rec.metrics, "supervisor_desired_revision") == 3
     # A refusal about no revision (the pointer's read denied) says nothing of what is desired.
+    store.put(doc("a", "d"))
     store.denied = True
     outcome = await rec.converge_once("notify")
     assert (outcome.reason, outcome.revision) == (reasons.DENIED, None)
-    assert rec.status.report().desired == 3
+    assert rec.status.report().desired == 4
 
 
 async def test_a_cleared_desired_revision_is_reported_as_none() -> None:

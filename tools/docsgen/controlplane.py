@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane import migrations
-from supervisor.controlplane.checks import OBSERVE_SQL
+from supervisor.controlplane.checks import observe_sql
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from tools import docs_catalog
 from tools.docsgen.common import HEADER, UNDESCRIBED, code, table
@@ -129,7 +129,7 @@ def render_control_plane() -> str:
     out.append("\n## The desired pointer\n\n")
     out.append("".join(f"- {rule}\n" for rule in docs_catalog.POINTER_RULES))
     out.append(f"\nEvery poll reads the pointer and its body's digest with:\n\n```sql\n"
-               f"{OBSERVE_SQL}\n```\n")
+               f"{observe_sql()}\n```\n")
     out.append("\n## Follower mode\n\n")
     out.append("".join(f"- {rule}\n" for rule in docs_catalog.FOLLOWER))
     out.append("\n## How a read fails\n\n"

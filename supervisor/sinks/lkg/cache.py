@@ -133,6 +133,8 @@ class CachedRevision:
                                            compare=False)
     #: The signed statement it carries (format_version 2; None for a version 1 file).
     statement: Statement | None = None
+    #: The body's SHA-256, as the signed header states it and the load verified.
+    body_sha256: bytes = b""
 
     @property
     def age_s(self) -> float:
@@ -232,12 +234,13 @@ class LastKnownGood:
     # ----------------------------------------------------------------- export
 
     def export(self, *, revision: int, generation: int, schema_version: int, body: bytes,
-               statement: Statement | None = None) -> None:
+               statement: Statement | None = None, body_sha256: bytes = b"") -> None:
         """Sign and durably write ``body`` as the cache; set the served mark to ``revision``.
 
         With ``statement`` the file is format_version 2 and signs it (its
         revision and digest must be ``revision``'s and ``body``'s: ValueError
-        otherwise); without, version 1.
+        otherwise); without, version 1. ``body_sha256`` is the body's digest where the
+        caller verified it (the control plane's read did): then it is not hashed again.
 
         ``revision`` is a control-plane id (>= 1); ``generation`` and
         ``schema_version`` are >= 0 (ValueError otherwise, nothing written).
@@ -249,9 +252,9 @@ class LastKnownGood:
         for name, value in (("generation", generation), ("schema_version", schema_version)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        digest = body_sha256.hex() or hashlib.sha256(body).hexdigest()
         if statement is not None and (
-                statement.revision != revision
-                or statement.body_sha256 != hashlib.sha256(body).hexdigest()):
+                statement.revision != revision or statement.body_sha256 != digest):
             raise ValueError("the statement is about another revision or body")
         if self._signing_key is None or self.signing_key_id is None:
             raise CacheUnwritable(self._path, "no signing key is configured ($.cache.signing_key)")
@@ -263,6 +266,7 @@ class LastKnownGood:
             created_at=self._clock(),
             body=body,
             key_id=self.signing_key_id,
+            body_sha256=digest,
         )
         data = encode_file(header, body, self._signing_key)
         with self._lock:
@@ -373,5 +377,6 @@ class LastKnownGood:
             key_id=header.key_id,
             _clock=self._clock,
             statement=header.statement(),
+            body_sha256=bytes.fromhex(header.body_sha256),
         )
 

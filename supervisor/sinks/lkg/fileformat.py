@@ -135,8 +135,13 @@ def encode_header(
     key_id: str,
     statement: Statement | None = None,
     format_version: int | None = None,
+    body_sha256: str | None = None,
 ) -> bytes:
-    """The header bytes for ``body``: version 2 with ``statement``, else version 1."""
+    """The header bytes for ``body``: version 2 with ``statement``, else version 1.
+
+    ``body_sha256`` (hex) is the body's digest where the caller verified it already:
+    a body is hashed once on its way from the control plane to the cache.
+    """
     if format_version is None:
         format_version = FIRST_FORMAT_VERSION if statement is None else FORMAT_VERSION
     extra: dict[str, Any] = {}
@@ -151,7 +156,7 @@ def encode_header(
         schema_version=schema_version,
         created_at=_utc(created_at),
         body_length=len(body),
-        body_sha256=hashlib.sha256(body).hexdigest(),
+        body_sha256=body_sha256 or hashlib.sha256(body).hexdigest(),
         key_id=key_id,
         **extra,
     )
