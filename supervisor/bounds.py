@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 __all__ = ["DETAIL_BYTES", "OutOfRange", "TooLarge", "check_range", "check_size", "cut", "cut_read",
-           "quoted",
-           "read_capped"]
+           "quoted", "read_capped"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
