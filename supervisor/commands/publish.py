@@ -64,7 +64,7 @@ from supervisor.commands.revisions import (
 )
 from supervisor.config import Config
 from supervisor.errors import UsageError
-from supervisor.reasons import DENIED
+from supervisor.reasons import DENIED, UNAVAILABLE
 from supervisor.revision.document import decode_body
 from supervisor.revision.errors import RevisionError
 
@@ -95,10 +95,13 @@ class Published(msgspec.Struct, kw_only=True):
 
 
 class PublishedAndWaited(Published, kw_only=True):
-    """``publish --wait --json``: also the replicas' verdicts."""
+    """``publish --wait --json``: also the replicas' verdicts; not active everywhere, the
+    deciding replica's ``reason`` and ``detail`` (the failure document's) too."""
 
     outcome: Outcome
     replicas: list[ReplicaResult]
+    reason: str | None = None
+    detail: str | None = None
 
 
 class DryRun(msgspec.Struct, kw_only=True):
@@ -251,9 +254,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
     last = results[-1]  # the verdict: sorted, a refusal comes last, then anything not active
     outcome, code = _OUTCOMES[last.state]
     if args.json:
-        print_json(PublishedAndWaited(ok=code == EXIT_OK, revision=revision, sequence=sequence,
-                                      unchanged=unchanged, store=store_name, outcome=outcome,
-                                      replicas=results), indent=2)
+        failed = outcome != "active"
+        print_json(PublishedAndWaited(
+            ok=not failed, revision=revision, sequence=sequence, unchanged=unchanged,
+            store=store_name, outcome=outcome, replicas=results,
+            reason=(last.reason or UNAVAILABLE) if failed else None,
+            detail=f"{last.url}: {last.state}: {last.detail}" if failed else None), indent=2)
         return code
     for result in results:
         if result.state == "active":
