@@ -141,6 +141,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                  "(default: [admin].listen of --config)",
                  "with --wait: the CA that https/wss replicas' certificates are",
                  "with --wait: the replicas' admin token")
+    parser.add_argument("--fleet", action="store_true",
+                        help="with --wait: wait for every replica found by walking the follower "
+                             "tree from the one --url, its root (as status --fleet walks it)")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
@@ -188,8 +191,8 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    if (args.url or args.token_file or args.ca_file) and not args.wait:
-        raise UsageError("--url, --token-file and --ca-file go with --wait")
+    if (args.url or args.token_file or args.ca_file or args.fleet) and not args.wait:
+        raise UsageError("--url, --token-file, --ca-file and --fleet go with --wait")
     if args.dry_run and args.wait:
         raise UsageError("--dry-run stores nothing: there is nothing to --wait for")
     config, _ = load_config(args)
@@ -250,6 +253,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.wait:
         print(revision)
         return EXIT_OK
+    if args.fleet:
+        from supervisor.commands.waiting import fleet_urls
+
+        urls = fleet_urls(args, urls, token, ssl_context)
     results = _wait(urls, token, revision, args.timeout, ssl_context)
     last = results[-1]  # the verdict: sorted, a refusal comes last, then anything not active
     outcome, code = _OUTCOMES[last.state]

@@ -16,10 +16,12 @@ prints each as the replica sent it.
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
 from supervisor.commands.common import (
     EXIT_ERROR,
@@ -27,17 +29,21 @@ from supervisor.commands.common import (
     HTTP_SCHEMES,
     Failure,
     add_replicas,
+    config_path,
     print_json,
     replica_access,
     replica_statuses,
 )
+from supervisor.errors import UsageError
 from supervisor.reasons import DENIED, UNAVAILABLE
 from supervisor.texttable import cell, table
 
 if TYPE_CHECKING:
     from supervisor.admin.errors import AdminUnreachable
+    from supervisor.commands.fleet import FleetRow
 
-__all__ = ["Check", "cmd_status", "register", "replica_failure", "rollout_problems"]
+__all__ = ["Check", "FleetAnswer", "cmd_status", "fleet_rows", "register", "replica_failure",
+           "rollout_problems"]
 
 
 class Check(msgspec.Struct):
@@ -90,6 +96,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="a rollout check: exit 1 also unless every replica's active "
                              "revision is the desired one and nothing was refused")
+    parser.add_argument("--fleet", action="store_true",
+                        help="walk the follower tree from the one --url (its root) through "
+                             "each replica's GET /v1/followers: one row a replica (depth, URL, "
+                             "sequence, state, reason, lag); exit 1 unless every one is "
+                             "converged. Statements are verified with --config's trusted keys")
     parser.add_argument("--json", action="store_true",
                         help="print the raw /status JSON document instead of the table "
                              '(with --check also "check": {"ok", "why"}; several --url: an '
@@ -103,6 +114,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.status_view import render_status
 
     urls, token, ssl_context = replica_access(args)
+    if args.fleet:
+        return _fleet(args, urls, token, ssl_context)
     docs = dict(zip(urls, replica_statuses(urls, token, ssl_context), strict=True))
     if len(urls) == 1:
         doc = docs[urls[0]]
@@ -144,6 +157,46 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(*table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES", "VERSION",
                       "STATE"), rows, right=(1, 2, 5)), sep="\n")
     return EXIT_ERROR if failed else EXIT_OK
+
+
+class FleetAnswer(msgspec.Struct):
+    """``status --fleet --json``."""
+
+    ok: bool
+    replicas: list[FleetRow]
+
+
+def fleet_rows(args: argparse.Namespace, root: str, token: str | None,
+               ssl_context: ssl.SSLContext | None) -> list[FleetRow]:
+    """The walk from ``root`` (:mod:`supervisor.commands.fleet`), statements verified with
+    the trusted keys of ``--config`` (``[control_plane]`` and ``[cache]``), if any."""
+    from supervisor.commands.fleet import walk
+    from supervisor.configfile import load
+    from supervisor.sinks.lkg.keys import parse_trusted
+
+    path = config_path(args, required=False)
+    keys: list[str] = []
+    if path is not None:
+        config = load(path)
+        keys = [*config.control_plane.trusted_keys, *config.cache.trusted_keys]
+    trusted = parse_trusted(keys, where_key="--config trusted_keys") if keys else {}
+    return trio.run(walk, root, token, ssl_context, trusted)
+
+
+def _fleet(args: argparse.Namespace, urls: list[str], token: str | None,
+           ssl_context: ssl.SSLContext | None) -> int:
+    if len(urls) != 1:
+        raise UsageError("--fleet walks from one root: pass one --url")
+    rows = fleet_rows(args, urls[0], token, ssl_context)
+    ok = all(row.state == "converged" for row in rows)
+    if args.json:
+        print_json(FleetAnswer(ok, rows), indent=2)
+    else:
+        print(*table(("DEPTH", "REPLICA", "SEQUENCE", "STATE", "REASON", "LAG", "DETAIL"),
+                     [[row.depth, "  " * row.depth + row.url, row.sequence, row.state,
+                       row.reason, None if row.lag_s is None else f"{row.lag_s:.1f}s",
+                       row.detail] for row in rows], right=(0, 2, 5)), sep="\n")
+    return EXIT_OK if ok else EXIT_ERROR
 
 
 def _judged(doc: dict[str, Any], problems: list[str], check: bool) -> dict[str, Any]:
