@@ -46,6 +46,8 @@ MAX_REPLICAS: Final = 256
 MAX_FOLLOWERS_BYTES: Final = 1024 * 1024
 _HEAD_BYTES: Final = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
 _LENGTH: Final = struct.Struct(">I")
+#: Hops asked at once (below trio's worker threads, which resolve the names).
+HOPS_AT_ONCE: Final = 16
 
 
 class FleetRow(msgspec.Struct, kw_only=True):
@@ -164,7 +166,8 @@ async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | 
                ssl_context: ssl.SSLContext | None, anchor: Header | None,
                trusted: Mapping[str, nacl.signing.VerifyKey]) -> _Hop:
     """One replica's three answers, judged; _Refused when it is not walked on."""
-    doc = await fetch_status(url, token, timeout_s=HOP_TIMEOUT_S, ssl_context=ssl_context)
+    doc = await fetch_status(url, token, timeout_s=HOP_TIMEOUT_S, ssl_context=ssl_context,
+                             client=client)
     rev = doc.get("revision")
     rev = rev if isinstance(rev, dict) else {}
     sequence = rev.get("sequence")
@@ -195,12 +198,17 @@ async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | 
 
 async def _hop(client: httpx.AsyncClient, url: str, depth: int, token: str | None,
                ssl_context: ssl.SSLContext | None, anchor: Header | None,
-               trusted: Mapping[str, nacl.signing.VerifyKey]) -> _Hop:
-    """One replica, within HOP_TIMEOUT_S: its row, and what to walk on (none when refused)."""
+               trusted: Mapping[str, nacl.signing.VerifyKey],
+               turns: trio.CapacityLimiter) -> _Hop:
+    """One replica, within HOP_TIMEOUT_S from when it is its turn (``turns``: at most
+    :data:`HOPS_AT_ONCE`, so
+    that names slow to resolve, listed by a hostile follower, cannot spend an honest
+    replica's time): its row, and what to walk on (none when refused)."""
     row = FleetRow(depth=depth, url=url, state="unreachable", reason=UNAVAILABLE)
     try:
-        with trio.fail_after(HOP_TIMEOUT_S):
-            return await _ask(client, url, row, token, ssl_context, anchor, trusted)
+        async with turns:
+            with trio.fail_after(HOP_TIMEOUT_S):
+                return await _ask(client, url, row, token, ssl_context, anchor, trusted)
     except trio.TooSlowError:
         row.detail = f"no complete answer within {HOP_TIMEOUT_S:g} s"
     except AdminUnreachable as exc:
@@ -220,7 +228,8 @@ async def walk(root: str, token: str | None, ssl_context: ssl.SSLContext | None,
     async with httpx.AsyncClient(timeout=HOP_TIMEOUT_S, trust_env=False,
                                  verify=ssl_context or True,
                                  headers=auth_headers(token)) as client:
-        first = await _hop(client, root, 0, token, ssl_context, None, trusted)
+        turns = trio.CapacityLimiter(HOPS_AT_ONCE)
+        first = await _hop(client, root, 0, token, ssl_context, None, trusted, turns)
         anchor = first.header
         if anchor is None and first.row.state != "unreachable":
             first.row.detail = "serves no statement to check its followers by: not walked"
@@ -246,7 +255,8 @@ async def walk(root: str, token: str | None, ssl_context: ssl.SSLContext | None,
             found: dict[str, _Hop] = {}
 
             async def one(url: str, at: int, into: dict[str, _Hop]) -> None:
-                into[url] = await _hop(client, url, at, token, ssl_context, anchor, trusted)
+                into[url] = await _hop(client, url, at, token, ssl_context, anchor, trusted,
+                                       turns)
 
             async with trio.open_nursery() as nursery:
                 for _, url in nxt:
