@@ -85,3 +85,19 @@ def test_the_gauge_counts_followers_by_state() -> None:
     assert value("supervisor_followers", {"state": "stale"}) == 1
     assert value("supervisor_followers", {"state": "refusing"}) == 1
     assert value("supervisor_followers", {"state": "converged"}) == 0
+
+
+def test_a_replica_names_itself_by_its_advertised_url_else_its_listen_address() -> None:
+    import msgspec
+
+    from supervisor.admin.fleet import own_url
+    from supervisor.config import AdminConfig
+
+    def named_by(**admin: str) -> str:
+        return own_url(msgspec.convert(admin, AdminConfig))
+
+    assert named_by(advertise_url="https://edge-1.example:9464") == "https://edge-1.example:9464"
+    assert named_by(listen="127.0.0.1:9500") == "http://127.0.0.1:9500"
+    assert named_by(listen="[::1]:9500") == "http://[::1]:9500"
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"advertise_url": "http://édge:1"}, AdminConfig)  # not ASCII
