@@ -92,6 +92,11 @@ class Daemon:
         cp = self.config.control_plane
         self.state = ActiveState(upstream=cp.url if cp.backend == "follower" else None)
         self.status = RevisionStatus(self.state)
+        if cp.backend == "follower":  # named on each fetch and stream, for the fleet view
+            from supervisor.admin.fleet import describe_follower
+            from supervisor.controlplane.replica_name import name_this_replica
+
+            name_this_replica(partial(describe_follower, self.config, self.status))
 
     # -- children --------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["BOUNDARIES", "DATABASE", "Boundary"]
+__all__ = ["ADMIN", "BOUNDARIES", "DATABASE", "FLEET", "KUBERNETES", "Boundary"]
 
 
 class Boundary(msgspec.Struct, frozen=True, kw_only=True):
@@ -214,5 +214,39 @@ DATABASE: Final = (
              "test_a_15_mib_alias_name_leaves_status_the_log_and_the_stream_bounded"),
 )
 
+FLEET: Final = (
+    Boundary(
+        where="supervisor.controlplane.replica_name.parse: GET /v1/revision and the stream "
+              "handshake (supervisor.admin.fleet.Followers.note)",
+        enters="a follower's X-Supervisor-Follower-* headers",
+        size="url 512, etag 128, reason 32 bytes; at most 256 followers held (MAX_FOLLOWERS)",
+        check="http(s) URL of printable ASCII; sequence 0..2^62; state converged/refusing/"
+              "stale; poll interval 0.01 s and up, capped at 3600 s; a malformed name ignored",
+        deadline="forgotten after 3 of the follower's poll intervals",
+        released="its row", reason="-",
+        test="tests/unit/test_followers_registry.py::"
+             "test_a_malformed_name_is_refused_where_it_enters"),
+    Boundary(
+        where="supervisor.admin.fleet.Followers.seen: the followers table",
+        enters="a new follower URL", size="256 rows (MAX_FOLLOWERS)",
+        check="past the bound, the row seen longest ago is replaced",
+        reason="-",
+        test="tests/integration/test_fleet_hostile_follower.py::"
+             "test_a_hostile_follower_advertising_a_cycle_and_a_huge_list"),
+    Boundary(
+        where="supervisor.commands.fleet.walk: each replica's /status, /v1/revision head "
+              "and /v1/followers",
+        enters="a replica's answers to the fleet walk",
+        size="/status 16 MiB, the statement's head 64 KiB, /v1/followers 1 MiB; 64 "
+             "followers a replica, depth 8, 256 replicas",
+        check="followed only when it serves the root's statement (root identity, key id, "
+              "sequence not above; the signature with --config's keys); a URL seen before "
+              "is a cycle, not walked",
+        deadline="5 s a hop (HOP_TIMEOUT_S), 16 hops at once",
+        released="the hop's connections", reason="unavailable/denied/corrupt",
+        test="tests/integration/test_fleet_hostile_follower.py::"
+             "test_a_hostile_follower_advertising_a_cycle_and_a_huge_list"),
+)
+
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE
+BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET

@@ -150,6 +150,10 @@ class AdminConfig(_Section, frozen=True):
     allow_plaintext: bool = False
     # A second token, accepted for the GET routes (and the stream) only.
     read_token_file: str | None = None
+    # The address this replica names itself by to its upstream (else its listen address).
+    advertise_url: Annotated[str, msgspec.Meta(
+        pattern=r"^https?://[A-Za-z0-9._~%:\[\]-]+(/[A-Za-z0-9._~%/:@!$&'()*+,;=-]*)?$",
+        max_length=512)] | None = None
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -60,3 +60,5 @@ LKG_EVENTS: Final = ("exported", "export_failed", "restored", "refused")
 SINKS: Final = ("snapshot_file", "cache")
 #: A side sink's state (``supervisor_sink_state{state}``, ``/status`` ``sinks``).
 SINK_STATES: Final = ("ok", "failing", "disabled")
+#: A follower's state as it names itself to its upstream (``supervisor_followers{state}``).
+FOLLOWER_STATES: Final = ("converged", "refusing", "stale")

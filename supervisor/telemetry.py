@@ -206,6 +206,15 @@ class Metrics:
             "one refused (refused).",
             {"how": ("evicted", "refused")})
 
+        self.followers = gauge(
+            "followers", "Direct followers listed by GET /v1/followers, by the state they "
+            "named.", {"state": reasons.FOLLOWER_STATES})
+
+    def track_followers(self, count: Callable[[str], int]) -> None:
+        """Read ``supervisor_followers{state}`` from ``count(state)`` at every scrape."""
+        for state in reasons.FOLLOWER_STATES:
+            self.followers.labels(state).set_function(partial(count, state))
+
     def follow_revision(self, status: RevisionFacts) -> None:
         """Read the revision gauges from ``status`` at every scrape (its writer is the loop)."""
 

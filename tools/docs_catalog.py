@@ -115,6 +115,9 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "admin.read_token_file": "A second bearer token, accepted on the GET routes and the "
     "stream only; POST /v1/converge answers it 403 read_only. Give followers this one. "
     "Needs token_file, and must hold another token.",
+    "admin.advertise_url": "The address (`http(s)://HOST:PORT`) this replica names itself "
+    "by to its upstream on each fetch and stream, for `GET /v1/followers` and `status "
+    "--fleet` (default: its listen address; a wildcard one as this host's name).",
     "admin.listen": "HOST:PORT of the admin API (/healthz, /readyz, /status, /metrics, "
     "/v1/snapshot, /v1/stream). A bind failure exits 1 naming the address.",
     "admin.token_file": "A file holding the bearer token every route but /healthz "
@@ -323,6 +326,11 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "the sequence, the body and every re-signing); 304 on `If-None-Match`; 503 when none is "
     "active, no signing key is configured, or the cache does not hold it yet. What followers "
     "poll.",
+    "/v1/followers": "200 `{\"followers\": [{\"url\", \"sequence\", \"etag\", "
+    "\"state\", \"reason\", \"last_seen\"}]}`: the direct followers as their last fetch or "
+    "stream named them (state `converged`, `refusing` or `stale`), each forgotten after 3 "
+    "of its poll intervals, at most 256 (a new one past that replaces the one seen longest "
+    "ago). The read token is enough. What `status --fleet` walks.",
     "/v1/stream": "The live stream (WebSocket, below); a plain GET answers 426.",
     "/v1/converge": "Runs a convergence attempt now and answers when it has finished: "
     "200 `{\"outcome\", \"revision\", \"reason\"}` (outcome `published`, `converged`, "
@@ -480,6 +488,17 @@ FOLLOWER: Final[tuple[str, ...]] = (
     "A follower has no control plane of its own: `publish`, `history`, `show`, `rollback` "
     "and `db` refuse it (`invalid`). A follower can itself be followed, so replicas form a "
     "tree.",
+    "The fleet view: each fetch and stream names the follower to its upstream in "
+    "`X-Supervisor-Follower-*` headers (`url`: `[admin].advertise_url` else its listen "
+    "address; the `sequence` and `etag` it serves; `state` `converged`, `refusing` or "
+    "`stale`; the `reason`; its `poll-interval-s`), each bounded and checked where it "
+    "enters; every replica lists its direct followers on `GET /v1/followers`. "
+    "`trio-supervisor status --fleet --url ROOT` walks the tree from the root (one row a "
+    "replica: depth, URL, sequence, state, reason, lag), following only a replica that "
+    "serves a statement of the root's identity and key, verified with the keys of "
+    "`--config` when it names any; it refuses cycles, stops at depth 8 and 64 followers a "
+    "replica (256 in all), and gives each hop 5 s. `publish --wait --fleet` waits for every "
+    "replica the walk finds.",
 )
 
 FAILURE_CATEGORIES: Final[dict[str, str]] = {

@@ -197,6 +197,7 @@ class AdminApp:
             await reject_handshake(scope, send, refusal)
             return
         assert hub is not None  # refused above when there is none
+        self._handlers.followers.note(scope_headers(scope))
         try:
             await hub.serve(scope, receive, send)
         except Exception:  # one client's failure must not reach the server

@@ -45,7 +45,7 @@ import json
 import random
 import ssl
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 
@@ -196,17 +196,21 @@ async def _bounded_body(response: httpx.Response, url: str) -> bytes:
 
 async def fetch_status(
     base_url: str, token: str | None = None, *, timeout_s: float = 5.0,
-    ssl_context: ssl.SSLContext | None = None,
+    ssl_context: ssl.SSLContext | None = None, client: httpx.AsyncClient | None = None,
 ) -> dict[str, Any]:
     """GET ``<base_url>/status``; see the module docstring for the errors.
-    ``ssl_context``: what an https replica is verified with (None: the system's)."""
+    ``ssl_context``: what an https replica is verified with (None: the system's);
+    ``client``: one to reuse (a walk asks many replicas; None: one made for this call)."""
     url = _status_url(base_url)
     try:
         # httpx's timeout is per phase (connect, read, ...); the scope bounds the whole.
         with trio.fail_after(timeout_s):
-            async with httpx.AsyncClient(timeout=timeout_s, trust_env=False,
-                                         verify=ssl_context or True) as client, \
-                    client.stream("GET", url, headers=auth_headers(token)) as response:
+            async with AsyncExitStack() as stack:
+                if client is None:
+                    client = await stack.enter_async_context(httpx.AsyncClient(
+                        timeout=timeout_s, trust_env=False, verify=ssl_context or True))
+                response = await stack.enter_async_context(
+                    client.stream("GET", url, headers=auth_headers(token)))
                 body = await _bounded_body(response, url)
     except trio.TooSlowError:
         raise AdminUnreachable(url, f"no answer within {timeout_s:g} s") from None

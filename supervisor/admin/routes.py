@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.exposition import choose_encoder
 
 from supervisor.admin.context import AdminContext
+from supervisor.admin.fleet import Followers
 from supervisor.admin.responses import (
     JSON,
     Response,
@@ -42,14 +43,15 @@ from supervisor.admin.stream import Receive, Scope
 from supervisor.controlplane.follower import REVISION_PATH
 from supervisor.logs import get_logger
 
-__all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "READ_SIGNED",
-           "REVISION_PATH", "SIGNED", "STREAM_PATH", "Handler", "Routes"]
+__all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "FOLLOWERS_PATH",
+           "READ_SIGNED", "REVISION_PATH", "SIGNED", "STREAM_PATH", "Handler", "Routes"]
 
 log = get_logger("admin")
 
 STREAM_PATH = "/v1/stream"
 SIGNED = b"application/vnd.trio-supervisor.lkg"
 CONVERGE_PATH = "/v1/converge"
+FOLLOWERS_PATH = "/v1/followers"
 CONVERGE_TIMEOUT_S = 60.0
 CONVERGE_TIMEOUT_MAX_S = 300.0
 
@@ -69,6 +71,9 @@ class Routes:
         # body is encoded once per snapshot (identity), not once per request: a
         # large one costs milliseconds of event loop to encode.
         self._body_of: tuple[object, bytes] | None = None
+        #: The direct followers, as their fetches and streams name them.
+        self.followers = Followers()
+        ctx.metrics.track_followers(self.followers.count)
 
     def table(self) -> dict[str, Handler]:
         """Each path and its handler, in the order docs/admin-api.md lists them."""
@@ -79,6 +84,7 @@ class Routes:
             "/metrics": self.metrics,
             "/v1/snapshot": self.snapshot,
             REVISION_PATH: self.revision,
+            FOLLOWERS_PATH: self.followers_seen,
             STREAM_PATH: self.stream_over_http,
             CONVERGE_PATH: self.converge_not_posted,
         }
@@ -174,7 +180,11 @@ class Routes:
                                   f"no convergence attempt finished within {timeout_s:g} s")
         return json_response(200, answer)
 
+    def followers_seen(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        return json_response(200, self.followers.answer())
+
     def revision(self, headers: list[tuple[bytes, bytes]]) -> Response:
+        self.followers.note(headers)
         signed, snapshot = self.ctx.signed, self.ctx.state.snapshot
         if signed is None or signed.unservable_reason() is not None:
             detail = signed.unservable_reason() if signed is not None else None

@@ -64,7 +64,7 @@ from supervisor.commands.revisions import (
 )
 from supervisor.config import Config
 from supervisor.errors import UsageError
-from supervisor.reasons import DENIED
+from supervisor.reasons import DENIED, UNAVAILABLE
 from supervisor.revision.document import decode_body
 from supervisor.revision.errors import RevisionError
 
@@ -95,10 +95,13 @@ class Published(msgspec.Struct, kw_only=True):
 
 
 class PublishedAndWaited(Published, kw_only=True):
-    """``publish --wait --json``: also the replicas' verdicts."""
+    """``publish --wait --json``: also the replicas' verdicts; not active everywhere, the
+    deciding replica's ``reason`` and ``detail`` (the failure document's) too."""
 
     outcome: Outcome
     replicas: list[ReplicaResult]
+    reason: str | None = None
+    detail: str | None = None
 
 
 class DryRun(msgspec.Struct, kw_only=True):
@@ -138,6 +141,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                  "(default: [admin].listen of --config)",
                  "with --wait: the CA that https/wss replicas' certificates are",
                  "with --wait: the replicas' admin token")
+    parser.add_argument("--fleet", action="store_true",
+                        help="with --wait: wait for every replica found by walking the follower "
+                             "tree from the one --url, its root (as status --fleet walks it)")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
@@ -185,8 +191,8 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    if (args.url or args.token_file or args.ca_file) and not args.wait:
-        raise UsageError("--url, --token-file and --ca-file go with --wait")
+    if (args.url or args.token_file or args.ca_file or args.fleet) and not args.wait:
+        raise UsageError("--url, --token-file, --ca-file and --fleet go with --wait")
     if args.dry_run and args.wait:
         raise UsageError("--dry-run stores nothing: there is nothing to --wait for")
     config, _ = load_config(args)
@@ -247,13 +253,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.wait:
         print(revision)
         return EXIT_OK
+    if args.fleet:
+        from supervisor.commands.waiting import fleet_urls
+
+        urls = fleet_urls(args, urls, token, ssl_context)
     results = _wait(urls, token, revision, args.timeout, ssl_context)
     last = results[-1]  # the verdict: sorted, a refusal comes last, then anything not active
     outcome, code = _OUTCOMES[last.state]
     if args.json:
-        print_json(PublishedAndWaited(ok=code == EXIT_OK, revision=revision, sequence=sequence,
-                                      unchanged=unchanged, store=store_name, outcome=outcome,
-                                      replicas=results), indent=2)
+        failed = outcome != "active"
+        print_json(PublishedAndWaited(
+            ok=not failed, revision=revision, sequence=sequence, unchanged=unchanged,
+            store=store_name, outcome=outcome, replicas=results,
+            reason=(last.reason or UNAVAILABLE) if failed else None,
+            detail=f"{last.url}: {last.state}: {last.detail}" if failed else None), indent=2)
         return code
     for result in results:
         if result.state == "active":

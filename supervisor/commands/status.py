@@ -16,29 +16,50 @@ prints each as the replica sent it.
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
 from supervisor.commands.common import (
     EXIT_ERROR,
     EXIT_OK,
     HTTP_SCHEMES,
+    Failure,
     add_replicas,
+    config_path,
     print_json,
     replica_access,
     replica_statuses,
 )
-from supervisor.texttable import table
+from supervisor.errors import UsageError
+from supervisor.reasons import DENIED, UNAVAILABLE
+from supervisor.texttable import cell, table
 
-__all__ = ["Unreachable", "cmd_status", "register", "rollout_problems"]
+if TYPE_CHECKING:
+    from supervisor.admin.errors import AdminUnreachable
+    from supervisor.commands.fleet import FleetRow
+
+__all__ = ["Check", "FleetAnswer", "cmd_status", "fleet_rows", "register", "replica_failure",
+           "rollout_problems"]
 
 
-class Unreachable(msgspec.Struct):
-    """``status --json`` with several ``--url``: a replica that did not answer."""
+class Check(msgspec.Struct):
+    """``status --check --json``: the verdict, beside the document it judges."""
 
-    error: str
+    ok: bool
+    why: str
+
+
+def replica_failure(exc: AdminUnreachable) -> Failure:
+    """``{"ok": false, "reason", "detail"}`` of a replica that did not answer (``denied``:
+    it refused the token), the same for one ``--url`` as for each of several."""
+    from supervisor.admin.errors import AdminRefused
+
+    return Failure(reason=DENIED if isinstance(exc, AdminRefused) else UNAVAILABLE,
+                   detail=str(exc))
 
 
 def rollout_problems(doc: dict[str, Any]) -> list[str]:
@@ -57,15 +78,13 @@ def rollout_problems(doc: dict[str, Any]) -> list[str]:
     if desired is None:
         problems.append("desired revision unknown")
     elif active != desired:
-        problems.append(f"active revision {active if active is not None else '-'}, "
-                        f"desired {desired}")
+        problems.append(f"active revision {cell(active)}, desired {cell(desired)}")
     rejection = rev.get("last_rejection")
     if isinstance(rejection, dict):
         named = rejection.get("revision")
         failing = bool(rev.get("consecutive_failures"))
         if named == desired or failing:
-            problems.append(f"refused revision {named if named is not None else '-'} "
-                            f"({rejection.get('reason')})")
+            problems.append(f"refused revision {cell(named)} ({cell(rejection.get('reason'))})")
     return problems
 
 
@@ -77,9 +96,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="a rollout check: exit 1 also unless every replica's active "
                              "revision is the desired one and nothing was refused")
+    parser.add_argument("--fleet", action="store_true",
+                        help="walk the follower tree from the one --url (its root) through "
+                             "each replica's GET /v1/followers: one row a replica (depth, URL, "
+                             "sequence, state, reason, lag); exit 1 unless every one is "
+                             "converged. Statements are verified with --config's trusted keys")
     parser.add_argument("--json", action="store_true",
                         help="print the raw /status JSON document instead of the table "
-                             "(several --url: an object keyed by URL)")
+                             '(with --check also "check": {"ok", "why"}; several --url: an '
+                             'object keyed by URL, {"ok": false, "reason", "detail"} for one '
+                             "that did not answer)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -88,21 +114,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.admin.status_view import render_status
 
     urls, token, ssl_context = replica_access(args)
+    if args.fleet:
+        return _fleet(args, urls, token, ssl_context)
     docs = dict(zip(urls, replica_statuses(urls, token, ssl_context), strict=True))
     if len(urls) == 1:
         doc = docs[urls[0]]
         if isinstance(doc, AdminUnreachable):
             raise doc
+        problems = _problems(doc, args.check)
         if args.json:
-            print_json(doc, indent=2)
+            print_json(_judged(doc, problems, args.check), indent=2)
         else:
             print(render_status(doc))
-        problems = _problems(doc, args.check)
         for problem in problems:
             print(f"status: {problem}", file=sys.stderr)
         return EXIT_ERROR if problems else EXIT_OK
     if args.json:
-        print_json({url: Unreachable(str(doc)) if isinstance(doc, AdminUnreachable) else doc
+        print_json({url: replica_failure(doc) if isinstance(doc, AdminUnreachable)
+                    else _judged(doc, _problems(doc, args.check), args.check)
                     for url, doc in docs.items()}, indent=2)
     failed = False
     rows: list[list[object]] = []
@@ -118,7 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         assert isinstance(rev, dict)
         rejection = rev.get("last_rejection")
         note = "; ".join(problems) or (
-            f"last rejection: {rejection.get('revision')} ({rejection.get('reason')})"
+            f"last rejection: {cell(rejection.get('revision'))} ({cell(rejection.get('reason'))})"
             if isinstance(rejection, dict) else "ok")
         up = rev.get("control_plane_up")
         rows.append([url, rev.get("desired"), rev.get("active"), rev.get("source"),
@@ -128,6 +157,53 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(*table(("REPLICA", "DESIRED", "ACTIVE", "SOURCE", "CP UP", "FAILURES", "VERSION",
                       "STATE"), rows, right=(1, 2, 5)), sep="\n")
     return EXIT_ERROR if failed else EXIT_OK
+
+
+class FleetAnswer(msgspec.Struct):
+    """``status --fleet --json``."""
+
+    ok: bool
+    replicas: list[FleetRow]
+
+
+def fleet_rows(args: argparse.Namespace, root: str, token: str | None,
+               ssl_context: ssl.SSLContext | None) -> list[FleetRow]:
+    """The walk from ``root`` (:mod:`supervisor.commands.fleet`), statements verified with
+    the trusted keys of ``--config`` (``[control_plane]`` and ``[cache]``), if any."""
+    from supervisor.commands.fleet import walk
+    from supervisor.configfile import load
+    from supervisor.sinks.lkg.keys import parse_trusted
+
+    path = config_path(args, required=False)
+    keys: list[str] = []
+    if path is not None:
+        config = load(path)
+        keys = [*config.control_plane.trusted_keys, *config.cache.trusted_keys]
+    trusted = parse_trusted(keys, where_key="--config trusted_keys") if keys else {}
+    return trio.run(walk, root, token, ssl_context, trusted)
+
+
+def _fleet(args: argparse.Namespace, urls: list[str], token: str | None,
+           ssl_context: ssl.SSLContext | None) -> int:
+    if len(urls) != 1:
+        raise UsageError("--fleet walks from one root: pass one --url")
+    rows = fleet_rows(args, urls[0], token, ssl_context)
+    ok = all(row.state == "converged" for row in rows)
+    if args.json:
+        print_json(FleetAnswer(ok, rows), indent=2)
+    else:
+        print(*table(("DEPTH", "REPLICA", "SEQUENCE", "STATE", "REASON", "LAG", "DETAIL"),
+                     [[row.depth, "  " * row.depth + row.url, row.sequence, row.state,
+                       row.reason, None if row.lag_s is None else f"{row.lag_s:.1f}s",
+                       row.detail] for row in rows], right=(0, 2, 5)), sep="\n")
+    return EXIT_OK if ok else EXIT_ERROR
+
+
+def _judged(doc: dict[str, Any], problems: list[str], check: bool) -> dict[str, Any]:
+    """The document as the replica sent it, with ``--check``'s verdict as ``check``."""
+    if not check:
+        return doc
+    return {**doc, "check": Check(not problems, "; ".join(problems) or "rollout done")}
 
 
 def _problems(doc: dict[str, Any], check: bool) -> list[str]:

@@ -18,12 +18,17 @@ Once connected, the waiter also asks the replica to converge now
 (``POST /v1/converge``, best effort): a replica that only polls (SQLite, or
 LISTEN off) would otherwise take up to its poll interval. The answer is not
 awaited, and failure is ignored: the stream is what is judged.
+
+``--fleet``: the replicas are those the walk from the one ``--url`` finds at the
+publish (:func:`fleet_urls`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import ssl
+import sys
 from typing import Any, Literal
 
 import httpx
@@ -40,9 +45,10 @@ from supervisor.admin.client import (
     stream_url,
 )
 from supervisor.admin.errors import AdminUnreachable
-from supervisor.errors import describe_failure
+from supervisor.errors import UsageError, describe_failure
+from supervisor.reasons import FOLLOWER_STATES
 
-__all__ = ["ReplicaResult", "judge", "wait_for_revision"]
+__all__ = ["ReplicaResult", "fleet_urls", "judge", "wait_for_revision"]
 
 State = Literal["active", "refused", "superseded", "timeout"]
 RETRY_S = 0.25
@@ -146,3 +152,18 @@ async def wait_for_revision(base: str, revision: int, token: str | None,
             await trio.sleep(RETRY_S)
     return ReplicaResult(base, "timeout", None,
                          f"revision {revision} not active after {timeout_s:g} s ({last})")
+
+
+def fleet_urls(args: argparse.Namespace, urls: list[str], token: str | None,
+               ssl_context: ssl.SSLContext | None) -> list[str]:
+    """Every replica the walk from the one ``--url`` finds and may follow (``status --fleet``);
+    each one it cannot (unreachable, unverified) said on stderr."""
+    from supervisor.commands.status import fleet_rows
+
+    if len(urls) != 1 or not urls[0].startswith(("http://", "https://")):
+        raise UsageError("--fleet walks from one root: pass one --url http(s)://HOST:PORT")
+    rows = fleet_rows(args, urls[0], token, ssl_context)
+    for row in rows:
+        if row.state not in FOLLOWER_STATES:
+            print(f"{row.url}: {row.state}: {row.detail} (not waited for)", file=sys.stderr)
+    return [row.url for row in rows if row.state in FOLLOWER_STATES]

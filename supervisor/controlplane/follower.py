@@ -79,6 +79,7 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.controlplane.migrations import Migrated
+from supervisor.controlplane.replica_name import name_headers
 from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import describe_failure
@@ -279,6 +280,7 @@ class FollowerStore:
     async def _get(self, held: _Accepted | None) -> bytes | None:
         """The statement's bytes; None for a 304 to a conditional request."""
         headers = {"if-none-match": held.statement.etag()} if held is not None else {}
+        headers.update(name_headers())  # this replica, for its upstream's fleet view
         try:
             async with self._client.stream("GET", REVISION_PATH, headers=headers) as response:
                 self._check_etag(response)

@@ -11,6 +11,8 @@ wake the loop at most once (:func:`_follow`, with the LISTEN child's
 :class:`~supervisor.controlplane.listen.WakeFloor`), so a flood of them costs the
 upstream at most one fetch per interval.
 
+Each connection names this replica to the upstream (:mod:`.replica_name`).
+
 Like the LISTEN child it reports started at once (an unreachable upstream must
 not hold up readiness), never lets a failure escape (logged as an outage, then
 a reconnect with bounded exponential backoff and jitter), and lets Cancelled
@@ -30,6 +32,7 @@ from trio_websocket import open_websocket_url
 from supervisor.backoff import Backoff
 from supervisor.controlplane.follower import CONNECT_TIMEOUT_S
 from supervisor.controlplane.listen import WakeFloor
+from supervisor.controlplane.replica_name import name_headers
 from supervisor.logs import get_logger
 from supervisor.streak import Streak
 from supervisor.tlsconfig import upstream_context
@@ -68,7 +71,8 @@ async def run_upstream_hint(
                     ended="upstream stream reachable again")
     while True:
         try:
-            async with open_websocket_url(url, extra_headers=headers,
+            named = [(k.encode(), v.encode()) for k, v in name_headers().items()]
+            async with open_websocket_url(url, extra_headers=headers + named,
                                           connect_timeout=CONNECT_TIMEOUT_S,
                                           ssl_context=upstream_context(config)) as ws:
                 outage.recovered()

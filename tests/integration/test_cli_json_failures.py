@@ -7,7 +7,13 @@ import json
 import subprocess
 from pathlib import Path
 
+import trio
+
+from supervisor.admin.context import AdminContext
 from supervisor.reasons import REVISION_REASONS
+from supervisor.status_doc import Rejection
+from tests.adminserver import make_ctx, running_admin
+from tests.fakes.snapshot import FakeSnapshot
 from tests.proc import EXAMPLE, acli, free_port, write_config
 
 
@@ -57,3 +63,56 @@ async def test_an_unreachable_replica_is_unavailable() -> None:
     assert result.returncode == 1
     doc = failure(result)
     assert doc["reason"] == "unavailable" and "127.0.0.1" in str(doc["detail"])
+
+
+async def test_each_of_several_unreachable_replicas_is_the_failure_document() -> None:
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    result = await acli("status", "--json", "--url", urls[0], "--url", urls[1], check=False)
+    assert result.returncode == 1
+    docs = json.loads(result.stdout)
+    assert list(docs) == urls
+    for url in urls:
+        assert set(docs[url]) == {"ok", "reason", "detail"}, docs[url]
+        assert docs[url]["ok"] is False and docs[url]["reason"] == "unavailable"
+        assert url.removeprefix("http://") in docs[url]["detail"]
+
+
+def _replica_refusing_no_revision() -> AdminContext:
+    """A replica serving revision 1, desired 2, whose last refusal named no revision."""
+    ctx = make_ctx()
+    ctx.state.swap(FakeSnapshot(1, 1))  # type: ignore[arg-type]
+    ctx.revision.desired = 2
+    ctx.revision.consecutive_failures = 1
+    ctx.revision.last_rejection = Rejection(revision=None, reason="stale", detail="expired",
+                                            at="2026-01-01T00:00:00Z")
+    return ctx
+
+
+async def test_status_check_json_carries_its_verdict() -> None:
+    with trio.fail_after(60):
+        async with running_admin(_replica_refusing_no_revision()) as admin:
+            one = await acli("status", "--check", "--json", "--url", admin.base, check=False)
+            assert one.returncode == 1
+            check = json.loads(one.stdout)["check"]
+            assert check["ok"] is False
+            assert "active revision 1, desired 2" in check["why"]
+            assert "refused revision - (stale)" in check["why"]
+            several = await acli("status", "--check", "--json", "--url", admin.base,
+                                 "--url", admin.base + "/", check=False)
+            assert several.returncode == 1
+            for doc in json.loads(several.stdout).values():
+                assert doc["check"] == check
+            unchecked = await acli("status", "--json", "--url", admin.base, check=False)
+            assert "check" not in json.loads(unchecked.stdout)
+
+
+async def test_the_status_tables_never_print_none() -> None:
+    with trio.fail_after(60):
+        async with running_admin(_replica_refusing_no_revision()) as admin:
+            for args in (("--url", admin.base), ("--url", admin.base, "--url", admin.base + "/"),
+                         ("--check", "--url", admin.base, "--url", admin.base + "/")):
+                result = await acli("status", *args, check=False)
+                assert "None" not in result.stdout + result.stderr, result.stdout
+            several = await acli("status", "--url", admin.base, "--url", admin.base + "/",
+                                 check=False)
+            assert "last rejection: - (stale)" in several.stdout

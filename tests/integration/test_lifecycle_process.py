@@ -193,14 +193,18 @@ async def test_a_refused_publish_fails_a_shell_pipeline_with_the_reason_last(
                 "ok": False, "revision": 4, "sequence": 4, "unchanged": False,
                 "store": f"{tmp_path}/cp.db", "outcome": "refused",
                 "replicas": [{"url": base, "state": "refused", "reason": "secret",
-                              "detail": reason.removeprefix("refused: secret: ")}]}
+                              "detail": reason.removeprefix("refused: secret: ")}],
+                # The failure document's pair, naming the replica that decided.
+                "reason": "secret",
+                "detail": f"{base}: refused: {reason.removeprefix('refused: secret: ')}"}
             as_json = await acli("publish", "--config", str(config), str(good), "--wait",
                                  "--json", check=False)
             assert as_json.returncode == 0, as_json.stdout + as_json.stderr
             assert json.loads(as_json.stdout) == {
                 "ok": True, "revision": 5, "sequence": 5, "unchanged": False,
                 "store": f"{tmp_path}/cp.db", "outcome": "active",
-                "replicas": [{"url": base, "state": "active", "reason": None, "detail": None}]}
+                "replicas": [{"url": base, "state": "active", "reason": None, "detail": None}],
+                "reason": None, "detail": None}
 
 
 async def test_publish_wait_follows_a_replica_that_comes_back_mid_wait(tmp_path: Path) -> None:

@@ -1,0 +1,144 @@
+"""The followers a replica has seen: what ``GET /v1/followers`` answers.
+
+Each fetch of ``/v1/revision`` and each stream handshake that names its follower
+(:mod:`supervisor.controlplane.replica_name`) updates that follower's row, keyed
+by its URL. A row is forgotten :data:`FORGET_AFTER_POLLS` of the follower's poll
+intervals after it was last seen. At most :data:`MAX_FOLLOWERS` rows are held:
+a new URL past that replaces the row seen longest ago, so a follower naming
+itself under ever new URLs costs a bounded table, and an honest follower it
+pushed out is listed again at its next poll.
+
+:func:`describe_follower` is the other side: what this replica, a follower, says of itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from supervisor.bounds import OutOfRange, TooLarge
+from supervisor.controlplane.replica_name import ReplicaName, State, parse
+from supervisor.logs import get_logger
+from supervisor.reasons import STALE
+
+if TYPE_CHECKING:
+    from supervisor.config import AdminConfig, Config
+    from supervisor.convergence.status import RevisionStatus
+
+__all__ = ["FORGET_AFTER_POLLS", "MAX_FOLLOWERS", "FollowerRow", "Followers", "FollowersAnswer",
+           "describe_follower", "own_url"]
+
+log = get_logger("admin")
+
+MAX_FOLLOWERS: Final = 256
+FORGET_AFTER_POLLS: Final = 3
+
+
+class FollowerRow(msgspec.Struct, frozen=True):
+    """One follower as last seen (``last_seen``: ISO-8601 UTC)."""
+
+    url: str
+    sequence: int | None
+    etag: str | None
+    state: str
+    reason: str | None
+    last_seen: str
+
+
+class FollowersAnswer(msgspec.Struct):
+    """``GET /v1/followers``."""
+
+    followers: list[FollowerRow]
+
+
+@dataclass
+class _Seen:
+    name: ReplicaName
+    at: float
+    wall: str
+
+
+class Followers:
+    """The table of direct followers (module docstring)."""
+
+    def __init__(self, *, limit: int = MAX_FOLLOWERS,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._limit = limit
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._rows: dict[str, _Seen] = {}
+
+    def note(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Note the follower a request's headers name, if any (a malformed name: ignored)."""
+        try:
+            name = parse(headers)
+        except (TooLarge, OutOfRange) as exc:
+            log.debug("a follower's name ignored", why=str(exc)[:300])
+            return
+        if name is not None:
+            self.seen(name)
+
+    def seen(self, name: ReplicaName) -> None:
+        now = self._clock()
+        self._forget(now)
+        self._rows.pop(name.url, None)
+        if len(self._rows) >= self._limit:
+            del self._rows[next(iter(self._rows))]  # insertion order: seen longest ago
+        wall = self._wall_clock().astimezone(UTC).isoformat(timespec="milliseconds")
+        self._rows[name.url] = _Seen(name, now, wall.replace("+00:00", "Z"))
+
+    def _forget(self, now: float) -> None:
+        for url in [url for url, seen in self._rows.items()
+                    if now - seen.at > FORGET_AFTER_POLLS * seen.name.poll_interval_s]:
+            del self._rows[url]
+
+    def answer(self) -> FollowersAnswer:
+        self._forget(self._clock())
+        return FollowersAnswer([
+            FollowerRow(s.name.url, s.name.sequence, s.name.etag, s.name.state, s.name.reason,
+                        s.wall) for s in sorted(self._rows.values(), key=lambda s: s.name.url)])
+
+    def count(self, state: str) -> int:
+        """Followers listed in ``state`` (``supervisor_followers{state}``)."""
+        self._forget(self._clock())
+        return sum(1 for s in self._rows.values() if s.name.state == state)
+
+
+
+def own_url(config: AdminConfig) -> str:
+    """The address this replica names itself by: ``[admin].advertise_url``, else its listen
+    address (https with TLS; a wildcard address as this host's name)."""
+    if config.advertise_url is not None:
+        return config.advertise_url
+    host, port = config.host_port
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    scheme = "https" if config.tls_cert_file is not None else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def describe_follower(config: Config, status: RevisionStatus) -> ReplicaName:
+    """How this follower names itself now: ``refusing`` while its attempts are refused (the
+    control plane answering), ``stale`` when that refusal is, or the statement it serves has
+    expired; ``converged`` otherwise."""
+    from supervisor.admin.signed import etag_for
+
+    state, snapshot, rejection = status.state, status.state.snapshot, status.last_rejection
+    failing = bool(status.consecutive_failures) and status.control_plane_up
+    statement = state.statement
+    expired = statement is not None and statement.expired(datetime.now(UTC))
+    stale = expired or (failing and rejection is not None and rejection.reason == STALE)
+    named: State = "stale" if stale else "refusing" if failing else "converged"
+    reason = STALE if expired else rejection.reason if named != "converged" and rejection else None
+    return ReplicaName(
+        url=own_url(config.admin), sequence=state.sequence,
+        etag=None if snapshot is None else etag_for(snapshot.revision, state.body_sha256,
+                                                    statement),
+        state=named, reason=reason, poll_interval_s=config.control_plane.poll_interval_s)

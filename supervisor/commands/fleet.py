@@ -1,0 +1,278 @@
+"""``status --fleet``: the follower tree walked from its root, one row a replica.
+
+From the root (``--url``), level by level, each replica is asked within
+:data:`HOP_TIMEOUT_S` in all: ``/status`` (its sequence, state, reason, lag),
+the head of ``/v1/revision`` (its statement) and ``/v1/followers`` (the next
+hops, as that replica last saw them). A follower says what it likes about
+itself and its own followers, so a replica is walked on only when it serves a
+statement of the root's: the same root identity and signing key id as the
+root's statement, a sequence not above it, and, given trusted keys (``--config``'s
+``[control_plane]`` and ``[cache]`` ones), a signature that verifies. An
+address seen before is a ``cycle`` row, not walked again; at most
+:data:`MAX_DEPTH` levels, :data:`MAX_WIDTH` followers of one replica and
+:data:`MAX_REPLICAS` rows in all, what is left out said on the row that named it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+import struct
+from collections.abc import Mapping
+from typing import Any, Final
+
+import httpx
+import msgspec
+import nacl.exceptions
+import nacl.signing
+import trio
+
+from supervisor.admin.client import auth_headers, fetch_status
+from supervisor.admin.errors import AdminUnreachable
+from supervisor.admin.fleet import FollowersAnswer
+from supervisor.admin.routes import FOLLOWERS_PATH, REVISION_PATH
+from supervisor.commands.common import HTTP_SCHEMES, admin_url
+from supervisor.errors import describe_failure
+from supervisor.reasons import STALE, UNAVAILABLE
+from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, Header
+
+__all__ = ["HOP_TIMEOUT_S", "MAX_DEPTH", "MAX_REPLICAS", "MAX_WIDTH", "FleetRow", "walk"]
+
+HOP_TIMEOUT_S: Final = 5.0
+MAX_DEPTH: Final = 8
+MAX_WIDTH: Final = 64
+MAX_REPLICAS: Final = 256
+#: The largest ``/v1/followers`` answer read (256 rows of bounded fields).
+MAX_FOLLOWERS_BYTES: Final = 1024 * 1024
+_HEAD_BYTES: Final = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
+_LENGTH: Final = struct.Struct(">I")
+#: Hops asked at once (below trio's worker threads, which resolve the names).
+HOPS_AT_ONCE: Final = 16
+
+
+class FleetRow(msgspec.Struct, kw_only=True):
+    """One replica of the walk (``status --fleet --json``'s ``replicas``).
+
+    ``state``: ``converged``, ``refusing``, ``stale`` (as its ``/status`` tells),
+    ``unreachable``, ``unverified`` (it does not serve the root's statement) or
+    ``cycle``; only the first three were walked on.
+    """
+
+    depth: int
+    url: str
+    sequence: int | None = None
+    state: str
+    reason: str | None = None
+    detail: str | None = None
+    lag_s: float | None = None
+
+
+class _Hop(msgspec.Struct):
+    row: FleetRow
+    header: Header | None = None
+    followers: list[str] = msgspec.field(default_factory=list)
+
+
+class _Refused(Exception):
+    """This replica is not walked on: ``state`` and why."""
+
+    def __init__(self, state: str, reason: str, detail: str) -> None:
+        self.state, self.reason, self.detail = state, reason, detail
+        super().__init__(detail)
+
+
+def _state_of(doc: dict[str, Any]) -> tuple[str, str | None]:
+    """(converged, refusing or stale; the reason) of a replica's ``/status``."""
+    rev = doc.get("revision")
+    rev = rev if isinstance(rev, dict) else {}
+    rejection = rev.get("last_rejection")
+    reason = rejection.get("reason") if isinstance(rejection, dict) else None
+    failing = bool(rev.get("consecutive_failures")) and rev.get("control_plane_up") is True
+    statement = rev.get("statement")
+    if isinstance(statement, dict) and statement.get("stale") is True:
+        return "stale", STALE
+    if failing:
+        return ("stale" if reason == STALE else "refusing"), str(reason) if reason else None
+    return "converged", None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def _bounded(response: httpx.Response, limit: int) -> bytes:
+    data = b""
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data[:limit]
+
+
+def _verified(head: bytes, trusted: Mapping[str, nacl.signing.VerifyKey]) -> Header:
+    """The signed header at the start of a ``/v1/revision`` answer; its signature checked
+    when keys are given. _Refused when it is not one."""
+    if not head.startswith(MAGIC) or len(head) < len(MAGIC) + _LENGTH.size:
+        raise _Refused("unverified", "corrupt", "/v1/revision is not a signed statement")
+    (length,) = _LENGTH.unpack_from(head, len(MAGIC))
+    end = len(MAGIC) + _LENGTH.size + length
+    if length > MAX_HEADER_BYTES or len(head) < end + SIGNATURE_BYTES:
+        raise _Refused("unverified", "corrupt", "/v1/revision is truncated or oversized")
+    try:
+        header = msgspec.json.decode(head[len(MAGIC) + _LENGTH.size:end], type=Header)
+    except msgspec.DecodeError as exc:
+        raise _Refused("unverified", "corrupt", f"/v1/revision header: {exc}") from None
+    if header.root is None or header.sequence is None:
+        raise _Refused("unverified", "stale", "/v1/revision carries no statement")
+    if trusted:
+        _check_signature(header, head, end, trusted)
+    return header
+
+
+def _listed(answer: bytes, limit: int) -> tuple[list[str], int]:
+    """The followers' URLs of a ``/v1/followers`` answer (each a valid replica address),
+    at most ``limit`` of them, and how many more were listed."""
+    try:
+        rows = msgspec.json.decode(answer, type=FollowersAnswer).followers
+    except msgspec.DecodeError as exc:
+        raise _Refused("unverified", "corrupt", f"/v1/followers: {exc}") from None
+    check = admin_url(HTTP_SCHEMES)
+    urls: list[str] = []
+    for row in rows:
+        try:
+            url = check(row.url).rstrip("/")
+        except argparse.ArgumentTypeError:
+            continue
+        if url not in urls:
+            urls.append(url)
+    return urls[:limit], max(0, len(urls) - limit)
+
+
+def _check_signature(header: Header, head: bytes, end: int,
+                     trusted: Mapping[str, nacl.signing.VerifyKey]) -> None:
+    key = trusted.get(header.key_id)
+    if key is not None:
+        try:
+            key.verify(head[:end], head[end:end + SIGNATURE_BYTES])
+        except nacl.exceptions.BadSignatureError:
+            pass
+        else:
+            return
+    raise _Refused("unverified", "denied", "/v1/revision is not signed by a trusted key "
+                   f"(key id {header.key_id})")
+
+
+async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | None,
+               ssl_context: ssl.SSLContext | None, anchor: Header | None,
+               trusted: Mapping[str, nacl.signing.VerifyKey]) -> _Hop:
+    """One replica's three answers, judged; _Refused when it is not walked on."""
+    doc = await fetch_status(url, token, timeout_s=HOP_TIMEOUT_S, ssl_context=ssl_context,
+                             client=client)
+    rev = doc.get("revision")
+    rev = rev if isinstance(rev, dict) else {}
+    sequence = rev.get("sequence")
+    row.sequence = sequence if isinstance(sequence, int) else None
+    row.lag_s = _number(rev.get("lag_s"))
+    async with client.stream("GET", url + REVISION_PATH) as response:
+        if response.status_code != 200:
+            raise _Refused("unverified", UNAVAILABLE,
+                           f"/v1/revision answered {response.status_code}")
+        header = _verified(await _bounded(response, _HEAD_BYTES), trusted)
+    if anchor is not None and (header.root != anchor.root or header.key_id != anchor.key_id
+                               or (header.sequence or 0) > (anchor.sequence or 0)):
+        raise _Refused("unverified", "denied",
+                       f"serves a statement of root {header.root!a} (key id {header.key_id}, "
+                       f"sequence {header.sequence}), not the root's")
+    async with client.stream("GET", url + FOLLOWERS_PATH) as response:
+        answer = (await _bounded(response, MAX_FOLLOWERS_BYTES + 1)
+                  if response.status_code == 200 else b'{"followers": []}')
+    if len(answer) > MAX_FOLLOWERS_BYTES:
+        raise _Refused("unverified", "denied", f"/v1/followers is over {MAX_FOLLOWERS_BYTES} "
+                       "bytes")
+    followers, more = _listed(answer, MAX_WIDTH)
+    row.state, row.reason = _state_of(doc)
+    if more:
+        row.detail = f"{more} more followers listed, not walked (at most {MAX_WIDTH})"
+    return _Hop(row, header, followers)
+
+
+async def _hop(client: httpx.AsyncClient, url: str, depth: int, token: str | None,
+               ssl_context: ssl.SSLContext | None, anchor: Header | None,
+               trusted: Mapping[str, nacl.signing.VerifyKey],
+               turns: trio.CapacityLimiter) -> _Hop:
+    """One replica, within HOP_TIMEOUT_S from when it is its turn (``turns``: at most
+    :data:`HOPS_AT_ONCE`, so
+    that names slow to resolve, listed by a hostile follower, cannot spend an honest
+    replica's time): its row, and what to walk on (none when refused)."""
+    row = FleetRow(depth=depth, url=url, state="unreachable", reason=UNAVAILABLE)
+    try:
+        async with turns:
+            with trio.fail_after(HOP_TIMEOUT_S):
+                return await _ask(client, url, row, token, ssl_context, anchor, trusted)
+    except trio.TooSlowError:
+        row.detail = f"no complete answer within {HOP_TIMEOUT_S:g} s"
+    except AdminUnreachable as exc:
+        row.detail = exc.reason
+    except httpx.HTTPError as exc:
+        row.detail = describe_failure(exc)
+    except _Refused as exc:
+        row.state, row.reason, row.detail = exc.state, exc.reason, exc.detail
+    return _Hop(row)
+
+
+async def walk(root: str, token: str | None, ssl_context: ssl.SSLContext | None,
+               trusted: Mapping[str, nacl.signing.VerifyKey]) -> list[FleetRow]:
+    """Every replica found from ``root``, depth first in the order they were listed."""
+    root = root.rstrip("/")
+    seen = {root}
+    async with httpx.AsyncClient(timeout=HOP_TIMEOUT_S, trust_env=False,
+                                 verify=ssl_context or True,
+                                 headers=auth_headers(token)) as client:
+        turns = trio.CapacityLimiter(HOPS_AT_ONCE)
+        first = await _hop(client, root, 0, token, ssl_context, None, trusted, turns)
+        anchor = first.header
+        if anchor is None and first.row.state != "unreachable":
+            first.row.detail = "serves no statement to check its followers by: not walked"
+        hops: dict[str, _Hop] = {root: first}
+        children: dict[str, list[str]] = {}
+        level = [first] if anchor is not None else []
+        depth = 0
+        while level and depth < MAX_DEPTH and len(seen) < MAX_REPLICAS:
+            depth += 1
+            nxt: list[tuple[str, str]] = []
+            for hop in level:
+                kids = children.setdefault(hop.row.url, [])
+                for url in hop.followers:
+                    kids.append(url)
+                    if url in seen:
+                        hops.setdefault(f"cycle {hop.row.url} {url}", _Hop(FleetRow(
+                            depth=depth, url=url, state="cycle",
+                            detail=f"listed by {hop.row.url}, already walked")))
+                        kids[-1] = f"cycle {hop.row.url} {url}"
+                    elif len(seen) < MAX_REPLICAS:
+                        seen.add(url)
+                        nxt.append((hop.row.url, url))
+            found: dict[str, _Hop] = {}
+
+            async def one(url: str, at: int, into: dict[str, _Hop]) -> None:
+                into[url] = await _hop(client, url, at, token, ssl_context, anchor, trusted,
+                                       turns)
+
+            async with trio.open_nursery() as nursery:
+                for _, url in nxt:
+                    nursery.start_soon(one, url, depth, found)
+            hops.update(found)
+            level = [found[url] for _, url in nxt if found[url].header is not None
+                     and found[url].row.state != "unverified"]
+    rows: list[FleetRow] = []
+
+    def emit(key: str) -> None:
+        hop = hops.get(key)
+        if hop is None:
+            return
+        rows.append(hop.row)
+        for kid in children.get(key, []):
+            emit(kid)
+
+    emit(root)
+    return rows

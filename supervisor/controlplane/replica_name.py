@@ -1,0 +1,119 @@
+"""How a follower names itself to its upstream: request headers on each fetch and stream.
+
+With each ``GET /v1/revision`` and its ``/v1/stream`` handshake a follower sends
+:data:`HEADERS`: its admin address (``[admin].advertise_url``, else its listen
+address), the sequence and ETag it serves, its state (``converged``,
+``refusing``, ``stale``), the reason of a refusal, and its poll interval (its
+upstream lists it for 3 of them). The upstream reads them with :func:`parse`
+where they enter: each one bounded and checked, a malformed set is ignored (the
+fetch is answered as ever). Nothing said here is believed beyond a listing: a
+fleet walk follows an address only when it answers with the root's statement.
+
+The daemon names its process once (:func:`name_this_replica`); without a name,
+nothing is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, get_args
+
+import msgspec
+
+from supervisor.bounds import OutOfRange, TooLarge, check_range
+from supervisor.reasons import FOLLOWER_STATES
+
+__all__ = ["HEADERS", "MAX_URL_BYTES", "ReplicaName", "State", "name_headers",
+           "name_this_replica", "parse"]
+
+State = Literal["converged", "refusing", "stale"]
+STATES: Final = get_args(State)
+assert STATES == FOLLOWER_STATES
+#: Each header's name, by the field it carries.
+HEADERS: Final = {field: f"x-supervisor-follower-{field.replace('_', '-')}"
+                  for field in ("url", "sequence", "etag", "state", "reason", "poll_interval_s")}
+MAX_URL_BYTES: Final = 512
+MAX_ETAG_BYTES: Final = 128
+MAX_REASON_BYTES: Final = 32
+MAX_SEQUENCE: Final = 2**62
+#: A follower claiming a longer poll interval is listed as if it polled this often.
+MAX_POLL_INTERVAL_S: Final = 3600.0
+
+
+class ReplicaName(msgspec.Struct, frozen=True, kw_only=True):
+    """What one follower says about itself (:data:`HEADERS`)."""
+
+    url: str
+    sequence: int | None
+    etag: str | None
+    state: State
+    reason: str | None
+    poll_interval_s: float
+
+
+_describe: Callable[[], ReplicaName | None] = lambda: None  # noqa: E731 - the default name
+
+
+def name_this_replica(describe: Callable[[], ReplicaName | None]) -> None:
+    """Name this process's fetches and streams with ``describe()`` (read at each one)."""
+    global _describe
+    _describe = describe
+
+
+def name_headers() -> dict[str, str]:
+    """The headers naming this replica now (empty when it has no name)."""
+    name = _describe()
+    if name is None:
+        return {}
+    values = {"url": name.url, "sequence": name.sequence, "etag": name.etag,
+              "state": name.state, "reason": name.reason,
+              "poll_interval_s": f"{name.poll_interval_s:g}"}
+    return {HEADERS[field]: str(value) for field, value in values.items() if value is not None}
+
+
+def _text(values: dict[str, str], field: str, limit: int) -> str | None:
+    value = values.get(HEADERS[field])
+    if value is None:
+        return None
+    if len(value) > limit:
+        raise TooLarge(HEADERS[field], limit, len(value))
+    if not value.isascii() or not value.isprintable():
+        raise OutOfRange(HEADERS[field], value, "printable", "ASCII")
+    return value
+
+
+def _number(text: str | None, field: str, kind: type[int] | type[float],
+            low: float, high: float) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise OutOfRange(HEADERS[field], text, low, high) from None
+    return check_range(HEADERS[field], value, low, high)
+
+
+def parse(headers: Sequence[tuple[bytes, bytes]]) -> ReplicaName | None:
+    """The name a request's headers carry (None: it names no replica); :class:`TooLarge`
+    or :class:`OutOfRange` from :mod:`supervisor.bounds` when one is malformed."""
+    wanted = {name.encode() for name in HEADERS.values()}
+    values = {key.lower().decode(): value.decode("latin-1")
+              for key, value in headers if key.lower() in wanted}
+    url = _text(values, "url", MAX_URL_BYTES)
+    if url is None:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise OutOfRange(HEADERS["url"], url, "http://", "https://")
+    state = _text(values, "state", 16) or "converged"
+    if state not in STATES:
+        raise OutOfRange(HEADERS["state"], state, STATES[0], STATES[-1])
+    reason = _text(values, "reason", MAX_REASON_BYTES)
+    if reason is not None and not reason.replace("_", "").isalpha():
+        raise OutOfRange(HEADERS["reason"], reason, "a", "z")
+    sequence = _number(_text(values, "sequence", 24), "sequence", int, 0, MAX_SEQUENCE)
+    poll = _number(_text(values, "poll_interval_s", 24), "poll_interval_s", float, 0.01,
+                   float("inf"))
+    return ReplicaName(url=url, sequence=None if sequence is None else int(sequence),
+                       etag=_text(values, "etag", MAX_ETAG_BYTES), state=state,  # type: ignore[arg-type]
+                       reason=reason,
+                       poll_interval_s=min(poll or MAX_POLL_INTERVAL_S, MAX_POLL_INTERVAL_S))

@@ -1,0 +1,103 @@
+"""The followers a replica lists: names parsed where they enter, forgotten, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.admin.fleet import MAX_FOLLOWERS, Followers
+from supervisor.bounds import OutOfRange, TooLarge
+from supervisor.controlplane.replica_name import HEADERS, ReplicaName, parse
+from supervisor.telemetry import Metrics
+
+
+def named(url: str = "http://f1:9464", **fields: str) -> list[tuple[bytes, bytes]]:
+    values = {"url": url, "sequence": "7", "etag": '"7.ab.1"', "state": "converged",
+              "poll_interval_s": "2", **fields}
+    return [(HEADERS[k].encode(), v.encode()) for k, v in values.items()]
+
+
+def test_a_name_is_read_from_its_headers() -> None:
+    assert parse(named(reason="stale", state="stale")) == ReplicaName(
+        url="http://f1:9464", sequence=7, etag='"7.ab.1"', state="stale", reason="stale",
+        poll_interval_s=2.0)
+    assert parse([(b"accept", b"*/*")]) is None
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("url", "http://" + "a" * 600, TooLarge),
+    ("url", "file:///etc/passwd", OutOfRange),
+    ("url", "http://f1\x1b[2J", OutOfRange),
+    ("sequence", "-1", OutOfRange),
+    ("sequence", str(2**63), OutOfRange),
+    ("sequence", "seven", OutOfRange),
+    ("state", "happy", OutOfRange),
+    ("reason", "a b", OutOfRange),
+    ("etag", "x" * 200, TooLarge),
+    ("poll_interval_s", "nan", OutOfRange),
+    ("poll_interval_s", "0", OutOfRange),
+])
+def test_a_malformed_name_is_refused_where_it_enters(field: str, value: str,
+                                                     error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse(named(**{field: value}))
+    followers = Followers()
+    followers.note(named(**{field: value}))  # ignored, never raised
+    assert followers.answer().followers == []
+
+
+def test_a_follower_is_forgotten_after_three_of_its_poll_intervals() -> None:
+    now = [0.0]
+    followers = Followers(clock=lambda: now[0])
+    followers.note(named())
+    now[0] = 5.9
+    assert [row.url for row in followers.answer().followers] == ["http://f1:9464"]
+    now[0] = 6.1
+    assert followers.answer().followers == []
+
+
+def test_a_claimed_poll_interval_is_capped() -> None:
+    now = [0.0]
+    followers = Followers(clock=lambda: now[0])
+    followers.note(named(poll_interval_s="1e300"))
+    now[0] = 3 * 3600 + 1
+    assert followers.answer().followers == []
+
+
+def test_the_table_is_bounded_and_keeps_the_most_recent() -> None:
+    followers = Followers()
+    for i in range(MAX_FOLLOWERS * 4):
+        followers.note(named(f"http://hostile-{i}:1"))
+    followers.note(named("http://honest:1"))
+    rows = followers.answer().followers
+    assert len(rows) == MAX_FOLLOWERS
+    assert "http://honest:1" in {row.url for row in rows}
+    assert "http://hostile-0:1" not in {row.url for row in rows}
+
+
+def test_the_gauge_counts_followers_by_state() -> None:
+    metrics = Metrics(process=False)
+    followers = Followers()
+    metrics.track_followers(followers.count)
+    followers.note(named("http://a:1"))
+    followers.note(named("http://b:1", state="refusing", reason="secret"))
+    followers.note(named("http://a:1", state="stale", reason="stale"))  # the same one again
+    value = metrics.registry.get_sample_value
+    assert value("supervisor_followers", {"state": "stale"}) == 1
+    assert value("supervisor_followers", {"state": "refusing"}) == 1
+    assert value("supervisor_followers", {"state": "converged"}) == 0
+
+
+def test_a_replica_names_itself_by_its_advertised_url_else_its_listen_address() -> None:
+    import msgspec
+
+    from supervisor.admin.fleet import own_url
+    from supervisor.config import AdminConfig
+
+    def named_by(**admin: str) -> str:
+        return own_url(msgspec.convert(admin, AdminConfig))
+
+    assert named_by(advertise_url="https://edge-1.example:9464") == "https://edge-1.example:9464"
+    assert named_by(listen="127.0.0.1:9500") == "http://127.0.0.1:9500"
+    assert named_by(listen="[::1]:9500") == "http://[::1]:9500"
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"advertise_url": "http://édge:1"}, AdminConfig)  # not ASCII
