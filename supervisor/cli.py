@@ -27,11 +27,11 @@ from supervisor.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
-    Failure,
     add_ca_file,
     add_token_file,
     add_url,
     config_path,
+    failure_document,
     load_config,
     print_json,
     replica_access,
@@ -474,7 +474,7 @@ def _readable_log_format(path: str | None) -> str | None:
 
 def _print_failure(reason: str, detail: str) -> None:
     try:
-        print_json(Failure(reason=reason, detail=detail), flush=True)
+        print_json(failure_document(reason, detail), flush=True)
     except BrokenPipeError:
         _reader_gone()  # the failure was said on stderr already
 

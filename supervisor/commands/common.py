@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import msgspec
 import trio
 
+from supervisor.bounds import cut
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
 from supervisor.configchecks import placeholders
 from supervisor.configfile import load
@@ -31,8 +32,8 @@ __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "Failure", "ReferenceResolver",
     "add_ca_file", "add_replicas", "add_token_file", "add_url", "admin_base", "admin_url",
-    "config_path", "describe_store", "gather", "iso", "load_config", "print_json",
-    "replica_access", "replica_statuses", "sqlite_file", "with_store",
+    "config_path", "describe_store", "failure_document", "gather", "iso", "load_config",
+    "print_json", "replica_access", "replica_statuses", "sqlite_file", "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -302,12 +303,20 @@ def iso(value: datetime | None) -> str | None:
     return text.replace("+00:00", "Z")
 
 
-class Failure(msgspec.Struct, kw_only=True):
-    """``{"ok": false, "reason", "detail"}``: a command refused or failed before its answer."""
+class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``{"ok": false, "reason", "detail"}`` (and ``"file"`` where one is named): a command
+    refused or failed before its answer. Made by :func:`failure_document`."""
 
-    ok: Literal[False] = False
+    ok: Literal[False]
     reason: str
     detail: str
+    file: str | None = None
+
+
+def failure_document(reason: str, detail: str, *, file: str | None = None) -> Failure:
+    """Every command's ``--json`` failure: the reason label (docs/reasons.md), the detail
+    cut to 1 KiB, and the file the failure is about, if any."""
+    return Failure(ok=False, reason=reason, detail=cut(detail), file=file)
 
 
 def print_json(value: object, *, indent: int | None = None, flush: bool = False) -> None:
