@@ -34,7 +34,9 @@ from supervisor.commands.common import (
     failure_document,
     load_config,
     print_json,
+    probe_schema,
     replica_access,
+    require_current_schema,
 )
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
@@ -204,65 +206,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-#: How long ``check`` waits for the control plane's schema version, in all: whatever the
-#: DSN's own ``connect_timeout`` and however many hosts it names (libpq's timeout is per
-#: host, 2 s at least), ``check`` stays a quick look at the configuration.
-SCHEMA_PROBE_S = 2.0
-
-
 def _schema_problems(config: Config) -> list[tuple[str, str]]:
-    """A control plane a newer build migrated (a read-only look; nothing is created).
+    """A control plane this build has not migrated, or a newer build has (a read-only
+    look; nothing is created).
 
-    An unreachable, slow or not yet migrated control plane is not a configuration
-    problem (the daemon boots from its cache, ``db migrate`` creates the schema): only a
-    schema this build cannot read is reported. Nothing outlives the look on the server's
-    session either (the statement bound is per transaction, as PgBouncer's transaction
-    pooling requires).
+    An unreachable, slow or empty control plane is not a configuration problem (the
+    daemon boots from its cache, ``db migrate`` creates the schema): only a schema
+    this build cannot use is reported, naming ``db migrate`` when that fixes it.
     """
-    from supervisor.controlplane import migrations
-
-    async def look() -> int | None:
-        with trio.move_on_after(SCHEMA_PROBE_S):
-            # Abandoned, not waited for, past the bound: the thread is a daemon thread.
-            return await trio.to_thread.run_sync(
-                partial(_schema_version, config), abandon_on_cancel=True)
-        raise TimeoutError(f"no answer within {SCHEMA_PROBE_S:g} s")
-
-    backend = config.control_plane.backend
     try:
-        if backend in ("sqlite", "postgresql"):
-            migrations.check_not_newer(trio.run(look), backend)
-    except SchemaTooNew as exc:
-        return [("$.control_plane.url", str(exc))]
-    except Exception as exc:  # noqa: BLE001 - outside trio.run, no Cancelled here; see above
+        if config.control_plane.backend in ("sqlite", "postgresql"):
+            require_current_schema(config, probe_schema(config), may_create=True)
+    except (SchemaTooNew, UsageError) as exc:
+        return [("$.control_plane.url", str(exc).removesuffix("; nothing was changed"))]
+    except Exception as exc:  # noqa: BLE001 - outside trio.run, no Cancelled here
         logs.get_logger("daemon").debug("schema check skipped", error=str(exc))
     return []
-
-
-def _schema_version(config: Config) -> int | None:
-    """The control plane's schema version, read-only (blocking; None: no schema yet)."""
-    from supervisor.controlplane import migrations
-
-    cp = config.control_plane
-    if cp.backend == "sqlite":
-        import sqlite3
-        from pathlib import Path
-        from urllib.parse import quote
-
-        from supervisor.config import sqlite_path
-
-        path = sqlite_path(cp.url)
-        if not Path(path).is_file():
-            return None
-        lite = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=1)
-        try:
-            return migrations.sqlite_version(lite)
-        finally:
-            lite.close()
-    from supervisor.controlplane.postgres import bounded, connect, timeout_ms
-
-    with connect(cp.url, connect_timeout_s=SCHEMA_PROBE_S, statement_timeout_s=None) as pg:
-        return bounded(pg, migrations.postgres_version, timeout_ms(SCHEMA_PROBE_S))
 
 
 def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tuple[str, str]]:

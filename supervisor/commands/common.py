@@ -11,6 +11,7 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -215,29 +216,104 @@ def describe_store(config: Config) -> str:
 
 
 def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], *,
-               create: bool = False) -> T:
+               create: bool = False, writes: bool = False) -> T:
     """Run ``fn`` with a store for ``config`` (closed afterwards) under ``trio.run``.
 
     ``create=False`` (every command but ``publish``): a missing SQLite file is
-    an error naming it, not a new empty control plane.
+    an error naming it, not a new empty control plane. ``writes``: the schema is
+    checked first (:func:`require_current_schema`), so nothing is written to a
+    database this build has not migrated.
     """
     from supervisor.controlplane.factory import open_store
     from supervisor.revision.document import SCHEMA_VERSION
 
     if create:
         make_state_directories(config, keys={CONTROL_PLANE})  # the file's directory, if relative
+    lite = config.control_plane.backend == "sqlite"
+    found = None
+    look = writes and config.control_plane.backend in ("sqlite", "postgresql")
+    if look and not (lite and not sqlite_file(config).is_file()):
+        try:
+            found = probe_schema(config)
+        except Exception:  # noqa: BLE001 - outside trio.run; the store's own call says why
+            pass
+        else:
+            require_current_schema(config, found, may_create=create and lite)
 
     async def run() -> T:
         store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION,
                            create=create)
         try:
-            if create and config.control_plane.backend == "sqlite":
-                await store.migrate()
+            if create and lite and found is None:
+                await store.migrate()  # a new file: this build's schema
             return await fn(store)
         finally:
             await store.aclose()
 
     return trio.run(run)
+
+
+#: How long a command waits for the control plane's schema version, in all: whatever the
+#: DSN's own ``connect_timeout`` and however many hosts it names (libpq's timeout is per
+#: host, 2 s at least), the look stays quick.
+SCHEMA_PROBE_S = 2.0
+
+
+def probe_schema(config: Config) -> int | None:
+    """The control plane's schema version (None: no schema yet), read-only, within
+    :data:`SCHEMA_PROBE_S` (TimeoutError past it). Nothing outlives the look on the
+    server's session (the statement bound is per transaction, as PgBouncer's
+    transaction pooling requires)."""
+
+    async def look() -> int | None:
+        with trio.move_on_after(SCHEMA_PROBE_S):
+            # Abandoned, not waited for, past the bound: the thread is a daemon thread.
+            return await trio.to_thread.run_sync(partial(_schema_version, config),
+                                                 abandon_on_cancel=True)
+        raise TimeoutError(f"no answer within {SCHEMA_PROBE_S:g} s")
+
+    return trio.run(look)
+
+
+def _schema_version(config: Config) -> int | None:
+    """The control plane's schema version, read-only (blocking; None: no schema yet)."""
+    from supervisor.controlplane import migrations
+
+    cp = config.control_plane
+    if cp.backend == "sqlite":
+        import sqlite3
+        from urllib.parse import quote
+
+        path = sqlite_path(cp.url)
+        if not Path(path).is_file():
+            return None
+        lite = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=1)
+        try:
+            return migrations.sqlite_version(lite)
+        finally:
+            lite.close()
+    from supervisor.controlplane.postgres import bounded, connect, timeout_ms
+
+    with connect(cp.url, connect_timeout_s=SCHEMA_PROBE_S, statement_timeout_s=None) as pg:
+        return bounded(pg, migrations.postgres_version, timeout_ms(SCHEMA_PROBE_S))
+
+
+def require_current_schema(config: Config, found: int | None, *, may_create: bool) -> None:
+    """UsageError (exit 2, naming ``db migrate``) unless the schema ``found`` is this
+    build's (None, no schema, is fine where ``may_create``); SchemaTooNew past it."""
+    from supervisor.controlplane import migrations
+
+    backend: Literal["sqlite", "postgresql"] = (
+        "sqlite" if config.control_plane.backend == "sqlite" else "postgresql")
+    migrations.check_not_newer(found, backend)
+    latest = migrations.latest_version(backend)
+    if found is None and not may_create:
+        raise UsageError("the control plane has no schema yet: run `trio-supervisor db "
+                         "migrate` first; nothing was changed")
+    if found is not None and found < latest:
+        raise UsageError(f"the control-plane schema is version {found}, older than this "
+                         f"build's {latest}: run `trio-supervisor db migrate` first; nothing "
+                         f"was changed")
 
 
 def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = "",

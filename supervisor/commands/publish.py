@@ -270,7 +270,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         from supervisor.commands import waiting  # noqa: F401
     store_name = describe_store(config)
     new_file = _no_control_plane_yet(config)
-    revision, sequence, unchanged = with_store(config, publish, create=True)
+    revision, sequence, unchanged = with_store(config, publish, create=True, writes=True)
     if new_file:
         _say_a_control_plane_was_created(config, store_name)
     if args.json and not args.wait:

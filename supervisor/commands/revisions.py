@@ -364,7 +364,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         previous = await store.rollback(loaded.id, loaded.body_sha256, args.message)
         return previous, await sequence_of(store, loaded.id, before)
 
-    previous, sequence = with_store(config, roll)
+    previous, sequence = with_store(config, roll, writes=True)
     if args.json:
         print_json(RolledBack(revision=args.revision, previous=previous, sequence=sequence,
                               message=args.message))
@@ -434,7 +434,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         deleted = await store.prune(args.keep)
         return deleted, await store.desired()
 
-    deleted, desired = with_store(config, prune)
+    deleted, desired = with_store(config, prune, writes=True)
     if args.json:
         print_json(Pruned(deleted=deleted, keep=args.keep, desired=desired))
         return EXIT_OK
