@@ -134,6 +134,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="with prune: how many of the newest revisions to keep")
     db.add_argument("--json", action="store_true",
                     help="with prune: print one JSON document instead of the summary")
+    db.add_argument("--dry-run", action="store_true",
+                    help="with prune: say what would be deleted; delete nothing")
+    db.add_argument("--yes", action="store_true",
+                    help="with prune: delete without asking (it asks on a terminal, and "
+                         "exits 2 without --yes where there is none)")
     publish.register(command("publish"))
     for name in ("history", "show", "diff", "rollback"):
         revisions.register(name, command(name))
@@ -146,8 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
     completion = command("completion", config=False)
-    completion.add_argument("shell", choices=SHELLS,
+    completion.add_argument("shell", choices=SHELLS, nargs="?",
                             help="the shell whose completion script to print")
+    # The scripts' own (completion.revision_ids): not offered, not in --help.
+    completion.add_argument("--revision-ids", action="store_true", help=argparse.SUPPRESS)
     keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
@@ -265,8 +272,8 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
 def cmd_db(args: argparse.Namespace) -> int:
     if args.action == "prune":
         return revisions.cmd_prune(args)
-    if args.keep is not None or args.json:
-        raise UsageError("--keep and --json go with db prune")
+    if args.keep is not None or args.json or args.dry_run or args.yes:
+        raise UsageError("--keep, --json, --dry-run and --yes go with db prune")
     config, _ = load_config(args)
     from supervisor.controlplane.factory import open_store
     from supervisor.controlplane.migrations import Migrated
@@ -295,8 +302,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from supervisor.completion import script
+    from supervisor.completion import revision_ids, script
 
+    if args.revision_ids:
+        print(*revision_ids(args), sep="\n")
+        return EXIT_OK
+    if args.shell is None:
+        raise UsageError("completion needs a shell: bash or zsh")
     print(script(_parser(), args.shell), end="")
     return EXIT_OK
 
@@ -353,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is cmd_run and _logged_config_error(args, exc):
             return EXIT_USAGE
         code = _unreachable(args.command, exc) or _report(exc)
+        if command is revisions.cmd_diff and code == EXIT_ERROR:
+            code = EXIT_USAGE  # diff(1): 1 says the revisions differ
         if getattr(args, "json", False) and code != EXIT_OK:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
