@@ -41,7 +41,7 @@ from supervisor.commands.common import (
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders, unconfined_secrets
-from supervisor.configfile import all_problems, load
+from supervisor.configfile import all_problems, env_warnings, load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
     BootRefused,
@@ -153,8 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     completion = command("completion", config=False)
     completion.add_argument("shell", choices=SHELLS, nargs="?",
                             help="the shell whose completion script to print")
-    # The scripts' own (completion.revision_ids): not offered, not in --help.
-    completion.add_argument("--revision-ids", action="store_true", help=argparse.SUPPRESS)
+    completion.add_argument("--revision-ids", action="store_true",
+                            help="print the newest revision ids of --config's control plane, "
+                                 "one a line (what the scripts complete REV with); nothing "
+                                 "when it cannot be read")
     keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
@@ -174,6 +176,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(key, problem)  # the first: `check` lists them all
     for key, file, why in loose_secret_files(config):
         logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
+    for variable, why in env_warnings():
+        logs.get_logger("daemon").warning("environment variable not read", variable=variable,
+                                          why=why)
     from supervisor.app import run_daemon
 
     trio.run(run_daemon, config, path)
@@ -199,6 +204,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problems:
         return EXIT_USAGE
     warnings += [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
+    warnings += [("$", why) for _, why in env_warnings()]
     if unconfined_secrets(config):
         warnings.append(("$.revision", "neither secret_env_prefixes nor secret_dirs is set: "
                          "a published revision may reference any environment variable or "
@@ -315,10 +321,13 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from supervisor.sinks.lkg import generate_signing_key
+    from supervisor.sinks.lkg.keys import parse_verify_key
 
     verify_key = generate_signing_key(args.out)
+    key_id, _ = parse_verify_key(verify_key)
     print(f"wrote signing key {args.out}")
-    print(f"add to [cache].trusted_keys: {verify_key}")
+    # "key id X": the form every message naming a key uses (a header names it so).
+    print(f"add to [cache].trusted_keys (key id {key_id}): {verify_key}")
     return EXIT_OK
 
 

@@ -61,7 +61,7 @@ def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], list[
     paths: list[str] = []
     revisions = False
     for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
+        if isinstance(action, argparse._SubParsersAction):
             continue
         if action.option_strings:
             options += [o for o in action.option_strings if o.startswith("--")]

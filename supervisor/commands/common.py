@@ -9,6 +9,7 @@ import json
 import os
 import re
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -21,7 +22,7 @@ import trio
 from supervisor.bounds import cut
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
 from supervisor.configchecks import placeholders
-from supervisor.configfile import load
+from supervisor.configfile import env_warnings, load
 from supervisor.errors import ConfigError, UsageError
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories
 
@@ -178,6 +179,9 @@ def load_config(args: argparse.Namespace) -> tuple[Config, str]:
     path = config_path(args)
     assert path is not None
     config = load(path)
+    if getattr(args, "command", None) not in (None, "run"):  # run logs them
+        for _, warning in env_warnings():
+            print(f"warning: {warning}", file=sys.stderr)
     for key, problem in placeholders(config):
         raise ConfigError(key, problem, source=path)
     require_sqlite_directory(config)
@@ -224,12 +228,20 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
     checked first (:func:`require_current_schema`), so nothing is written to a
     database this build has not migrated.
     """
+    from supervisor.controlplane.errors import ControlPlaneError
+    from supervisor.controlplane.errors import FailureCategory as Category
     from supervisor.controlplane.factory import open_store
     from supervisor.revision.document import SCHEMA_VERSION
 
     if create:
         make_state_directories(config, keys={CONTROL_PLANE})  # the file's directory, if relative
     lite = config.control_plane.backend == "sqlite"
+    if writes and config.control_plane.backend == "follower":
+        from supervisor.dsn import redact
+
+        raise UsageError(f"this replica follows {redact(config.control_plane.url)} and has no "
+                         f"control plane of its own: publish, rollback and db prune run "
+                         f"against the upstream's control plane; nothing was changed")
     found = None
     look = writes and config.control_plane.backend in ("sqlite", "postgresql")
     if look and not (lite and not sqlite_file(config).is_file()):
@@ -247,6 +259,10 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
             if create and lite and found is None:
                 await store.migrate()  # a new file: this build's schema
             return await fn(store)
+        except ControlPlaneError as exc:
+            if config.control_plane.backend == "follower" and exc.category is Category.INVALID:
+                raise UsageError(str(exc)) from exc  # no control plane of its own here
+            raise
         finally:
             await store.aclose()
 

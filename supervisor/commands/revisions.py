@@ -126,7 +126,7 @@ class RevisionRow(msgspec.Struct, kw_only=True):
     message: str | None
     schema_version: int
     size: int
-    body_sha256: str  # its first 12 hex digits
+    body_sha256: str  # all 64 hex digits (the tables show the first 12)
     desired: bool
 
 
@@ -187,7 +187,7 @@ def _row_fields(row: RevisionSummary | LoadedRevision, size: int,
     """A stored revision's :class:`RevisionRow` fields."""
     return {"id": row.id, "created_at": iso(row.created_at), "message": row.message,
             "schema_version": row.schema_version, "size": size,
-            "body_sha256": row.body_sha256.hex()[:12], "desired": row.id == desired}
+            "body_sha256": row.body_sha256.hex(), "desired": row.id == desired}
 
 
 # -- history ------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         print("no revisions yet; publish one with `trio-supervisor publish`")
         return EXIT_OK
     body = [["*" if r.desired else "", r.id, r.created_at, r.schema_version, r.size,
-             r.body_sha256, r.message] for r in rows]
+             r.body_sha256[:12], r.message] for r in rows]
     print(*table(("", "ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"), body,
                  right=(1, 3, 4)), sep="\n")
     note = f"* desired: revision {desired}" if desired is not None else "nothing is desired"

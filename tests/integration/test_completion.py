@@ -35,7 +35,8 @@ def test_bash_completes_subcommands_options_and_choices() -> None:
     assert _completions("trio-supervisor", "publish", "--f") == ["--force"]
     assert sorted(_completions("trio-supervisor", "status", "--c")) == ["--ca-file", "--check", "--config"]
     assert _completions("trio-supervisor", "db", "m") == ["migrate"]
-    assert sorted(_completions("trio-supervisor", "completion", "")) == ["--help", "bash", "zsh"]
+    assert sorted(_completions("trio-supervisor", "completion", "")) == [
+        "--help", "--revision-ids", "bash", "zsh"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh"])

@@ -116,7 +116,7 @@ async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> Non
     assert doc["desired"] == 2 and [r["id"] for r in doc["revisions"]] == [2]
     row = doc["revisions"][0]
     _, body = load_document_file(_second(tmp_path))
-    assert row["body_sha256"] == hashlib.sha256(body).hexdigest()[:12]
+    assert row["body_sha256"] == hashlib.sha256(body).hexdigest()  # all 64 hex digits
     assert row["size"] == len(body) and row["desired"] is True and row["schema_version"] == 1
     assert row["created_at"].endswith("Z") and row["message"] == "add search"
 
@@ -492,6 +492,10 @@ async def test_rollback_and_prune_dry_run_and_prune_asks_before_deleting(
         assert rolled.returncode == 0, err(rolled)
         assert out(rolled).splitlines() == [
             "would point desired revision 3 -> 1; nothing was changed (--dry-run)"]
+        already = await run("rollback", "3", "--config", config)
+        assert already.returncode == 0, err(already)
+        assert out(already).splitlines() == [
+            "revision 3 is already desired (sequence 3); nothing was changed"]
         assert pruned.returncode == 0, err(pruned)
         assert out(pruned).splitlines()[0] == \
             "would delete 2 revision(s): 1-2; nothing was deleted (--dry-run)"

@@ -91,3 +91,31 @@ def test_publish_dash_refuses_standard_input_past_the_bound(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     assert "standard input: more than 16777216 bytes (max_revision_bytes)" in result.stderr
     assert not (tmp_path / "cp.db").exists()
+
+
+def test_a_json_array_document_is_a_validation_refusal(tmp_path: Path) -> None:
+    """An array is valid JSON of the wrong shape: the author's to fix, not damage."""
+    document = tmp_path / "revision.json"
+    document.write_text("[]")
+    result = cli("publish", "--config", str(_config(tmp_path)), str(document), "--json",
+                 check=False)
+    assert result.returncode == 2, result.stderr
+    assert f"refused: validation: {document}: $: " in result.stderr
+    assert json.loads(result.stdout)["reason"] == "validation"
+
+
+@pytest.mark.parametrize("command", [("publish", "FILE"), ("history",), ("rollback", "1"),
+                                     ("db", "prune", "--keep", "1", "--yes")])
+def test_a_lifecycle_command_on_a_follower_is_a_usage_error(
+        command: tuple[str, ...], tmp_path: Path) -> None:
+    """A follower has no control plane of its own: exit 2, as for any wrong usage."""
+    revision = tmp_path / "revision.toml"
+    revision.write_text("schema_version = 1\n")
+    config = tmp_path / "follower.toml"
+    config.write_text('[control_plane]\nurl = "http://127.0.0.1:1"\n'
+                      'trusted_keys = ["ed25519:' + "A" * 43 + '="]\n')
+    args = [str(revision) if word == "FILE" else word for word in command]
+    result = cli(*args, "--config", str(config), "--json", check=False)
+    assert result.returncode == 2, result.stderr
+    assert "upstream" in result.stderr, result.stderr
+    assert json.loads(result.stdout)["reason"] == "invalid"
