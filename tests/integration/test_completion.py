@@ -22,8 +22,9 @@ def _completions(*words: str, env: dict[str, str] | None = None) -> list[str]:
     program = (f'source <("{SCRIPT}" completion bash)\n'
                f"COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}\n"
                '_trio_supervisor; printf "%s\\n" "${COMPREPLY[@]}"\n')
+    # Two interpreter starts (the script, then the revision ids): 90 s on a loaded machine.
     result = subprocess.run(["bash", "-c", program], capture_output=True, text=True,
-                            timeout=30, check=False, env=env)
+                            timeout=90, check=False, env=env)
     assert result.returncode == 0, result.stderr
     assert env is None or result.stderr == "", result.stderr
     return result.stdout.split()

@@ -219,7 +219,7 @@ async def test_dry_run_refuses_as_the_daemon_would(url: str, tmp_path: Path) -> 
     assert last.startswith(f"refused: {daemon.value.reason}: ")
     assert daemon.value.detail in last and "$.keys.team-b.secret" in last
     assert json.loads(out(as_json)) == {"ok": False, "reason": "secret",
-                                        "detail": daemon.value.detail}
+                                        "detail": daemon.value.detail, "file": str(second)}
 
     ok = await run("publish", "--config", config, str(second), "--dry-run",
                    env={UNSET: "team-b-secret"})
@@ -284,7 +284,8 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
     refused = await run("publish", "--config", config, str(_second(tmp_path)),
                         "--resolve-secrets", "--json")
     assert refused.returncode == 2
-    assert _shape(json.loads(out(refused))) == {"ok": "bool", "reason": "str", "detail": "str"}
+    assert _shape(json.loads(out(refused))) == {"ok": "bool", "reason": "str", "detail": "str",
+                                                "file": "str"}  # the file it names
     history, shown, diff, dry = await run_all(
         ("history", "--config", config, "--json"),
         ("show", "1", "--config", config, "--json"),
