@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["ADMIN", "BOUNDARIES", "DATABASE", "FLEET", "KUBERNETES", "Boundary"]
+__all__ = ["ADMIN", "BOUNDARIES", "COMMANDS", "DATABASE", "FLEET", "KUBERNETES", "Boundary"]
 
 
 class Boundary(msgspec.Struct, frozen=True, kw_only=True):
@@ -248,5 +248,49 @@ FLEET: Final = (
              "test_a_hostile_follower_advertising_a_cycle_and_a_huge_list"),
 )
 
+COMMANDS: Final = (
+    Boundary(
+        where="supervisor.commands.publish.read_input: publish FILE",
+        enters="the revision document file",
+        size="[control_plane].max_revision_bytes (fstat before any read; read_capped after)",
+        check="a regular file only, opened O_NONBLOCK (a FIFO, a device, a directory refused "
+              "at once, naming it); then TOML or JSON by revision.document",
+        reason="denied (too large), invalid (not a regular file), corrupt/validation",
+        test="tests/integration/test_publish_options.py::"
+             "test_publish_refuses_a_file_over_max_revision_bytes_before_reading_it"),
+    Boundary(
+        where="supervisor.commands.publish.read_input: publish FILE (not a regular file)",
+        enters="a FIFO, a character device, a directory", size="nothing is read",
+        check="fstat of the descriptor opened O_NONBLOCK: never blocks on a FIFO without "
+              "a writer",
+        reason="invalid",
+        test="tests/integration/test_publish_options.py::"
+             "test_publish_refuses_what_is_not_a_regular_file_without_blocking"),
+    Boundary(
+        where="supervisor.commands.publish.read_input: publish -",
+        enters="standard input", size="[control_plane].max_revision_bytes (read_capped)",
+        check="refused at the first byte past the bound, then as a file",
+        reason="denied",
+        test="tests/integration/test_publish_options.py::"
+             "test_publish_dash_refuses_standard_input_past_the_bound"),
+    Boundary(
+        where="supervisor.commands.common.probe_schema: publish, rollback, db prune, check",
+        enters="the control plane's schema version (one integer)", size="-",
+        check="equal to this build's latest migration before any write (older: db migrate; "
+              "newer: SchemaTooNew)",
+        deadline="2 s (SCHEMA_PROBE_S)", released="the worker thread (abandoned)",
+        reason="invalid",
+        test="tests/integration/test_db_migrate.py::"
+             "test_a_schema_older_than_the_build_is_refused_before_any_write"),
+    Boundary(
+        where="supervisor.completion.revision_ids: completion --revision-ids",
+        enters="the newest revision ids (history)", size="50 ids (REVISION_IDS)",
+        check="none: printed as integers; any failure prints nothing",
+        deadline="2 s (REVISION_IDS_S)", released="the store's call",
+        reason="-",
+        test="tests/integration/test_completion.py::"
+             "test_bash_completes_revision_ids_from_the_configured_store"),
+)
+
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET
+BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET + COMMANDS

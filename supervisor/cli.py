@@ -27,19 +27,21 @@ from supervisor.commands.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
-    Failure,
     add_ca_file,
     add_token_file,
     add_url,
     config_path,
+    failure_document,
     load_config,
     print_json,
+    probe_schema,
     replica_access,
+    require_current_schema,
 )
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders, unconfined_secrets
-from supervisor.configfile import all_problems, load
+from supervisor.configfile import all_problems, env_warnings, load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
     BootRefused,
@@ -132,6 +134,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="with prune: how many of the newest revisions to keep")
     db.add_argument("--json", action="store_true",
                     help="with prune: print one JSON document instead of the summary")
+    db.add_argument("--dry-run", action="store_true",
+                    help="with prune: say what would be deleted; delete nothing")
+    db.add_argument("--yes", action="store_true",
+                    help="with prune: delete without asking (it asks on a terminal, and "
+                         "exits 2 without --yes where there is none)")
     publish.register(command("publish"))
     for name in ("history", "show", "diff", "rollback"):
         revisions.register(name, command(name))
@@ -144,8 +151,12 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--no-reconnect", action="store_true",
                        help="exit when the stream ends (0 on a clean close, 1 when lost)")
     completion = command("completion", config=False)
-    completion.add_argument("shell", choices=SHELLS,
+    completion.add_argument("shell", choices=SHELLS, nargs="?",
                             help="the shell whose completion script to print")
+    completion.add_argument("--revision-ids", action="store_true",
+                            help="print the newest revision ids of --config's control plane, "
+                                 "one a line (what the scripts complete REV with); nothing "
+                                 "when it cannot be read")
     keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
@@ -165,6 +176,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(key, problem)  # the first: `check` lists them all
     for key, file, why in loose_secret_files(config):
         logs.get_logger("daemon").warning("secret file too open", key=key, path=file, why=why)
+    for variable, why in env_warnings():
+        logs.get_logger("daemon").warning("environment variable not read", variable=variable,
+                                          why=why)
     from supervisor.app import run_daemon
 
     trio.run(run_daemon, config, path)
@@ -190,6 +204,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problems:
         return EXIT_USAGE
     warnings += [(key, f"{file} is {why}") for key, file, why in loose_secret_files(config)]
+    warnings += [("$", why) for _, why in env_warnings()]
     if unconfined_secrets(config):
         warnings.append(("$.revision", "neither secret_env_prefixes nor secret_dirs is set: "
                          "a published revision may reference any environment variable or "
@@ -204,65 +219,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-#: How long ``check`` waits for the control plane's schema version, in all: whatever the
-#: DSN's own ``connect_timeout`` and however many hosts it names (libpq's timeout is per
-#: host, 2 s at least), ``check`` stays a quick look at the configuration.
-SCHEMA_PROBE_S = 2.0
-
-
 def _schema_problems(config: Config) -> list[tuple[str, str]]:
-    """A control plane a newer build migrated (a read-only look; nothing is created).
+    """A control plane this build has not migrated, or a newer build has (a read-only
+    look; nothing is created).
 
-    An unreachable, slow or not yet migrated control plane is not a configuration
-    problem (the daemon boots from its cache, ``db migrate`` creates the schema): only a
-    schema this build cannot read is reported. Nothing outlives the look on the server's
-    session either (the statement bound is per transaction, as PgBouncer's transaction
-    pooling requires).
+    An unreachable, slow or empty control plane is not a configuration problem (the
+    daemon boots from its cache, ``db migrate`` creates the schema): only a schema
+    this build cannot use is reported, naming ``db migrate`` when that fixes it.
     """
-    from supervisor.controlplane import migrations
-
-    async def look() -> int | None:
-        with trio.move_on_after(SCHEMA_PROBE_S):
-            # Abandoned, not waited for, past the bound: the thread is a daemon thread.
-            return await trio.to_thread.run_sync(
-                partial(_schema_version, config), abandon_on_cancel=True)
-        raise TimeoutError(f"no answer within {SCHEMA_PROBE_S:g} s")
-
-    backend = config.control_plane.backend
     try:
-        if backend in ("sqlite", "postgresql"):
-            migrations.check_not_newer(trio.run(look), backend)
-    except SchemaTooNew as exc:
-        return [("$.control_plane.url", str(exc))]
-    except Exception as exc:  # noqa: BLE001 - outside trio.run, no Cancelled here; see above
+        if config.control_plane.backend in ("sqlite", "postgresql"):
+            require_current_schema(config, probe_schema(config), may_create=True)
+    except (SchemaTooNew, UsageError) as exc:
+        return [("$.control_plane.url", str(exc).removesuffix("; nothing was changed"))]
+    except Exception as exc:  # noqa: BLE001 - outside trio.run, no Cancelled here
         logs.get_logger("daemon").debug("schema check skipped", error=str(exc))
     return []
-
-
-def _schema_version(config: Config) -> int | None:
-    """The control plane's schema version, read-only (blocking; None: no schema yet)."""
-    from supervisor.controlplane import migrations
-
-    cp = config.control_plane
-    if cp.backend == "sqlite":
-        import sqlite3
-        from pathlib import Path
-        from urllib.parse import quote
-
-        from supervisor.config import sqlite_path
-
-        path = sqlite_path(cp.url)
-        if not Path(path).is_file():
-            return None
-        lite = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=1)
-        try:
-            return migrations.sqlite_version(lite)
-        finally:
-            lite.close()
-    from supervisor.controlplane.postgres import bounded, connect, timeout_ms
-
-    with connect(cp.url, connect_timeout_s=SCHEMA_PROBE_S, statement_timeout_s=None) as pg:
-        return bounded(pg, migrations.postgres_version, timeout_ms(SCHEMA_PROBE_S))
 
 
 def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -306,8 +278,8 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
 def cmd_db(args: argparse.Namespace) -> int:
     if args.action == "prune":
         return revisions.cmd_prune(args)
-    if args.keep is not None or args.json:
-        raise UsageError("--keep and --json go with db prune")
+    if args.keep is not None or args.json or args.dry_run or args.yes:
+        raise UsageError("--keep, --json, --dry-run and --yes go with db prune")
     config, _ = load_config(args)
     from supervisor.controlplane.factory import open_store
     from supervisor.controlplane.migrations import Migrated
@@ -336,18 +308,26 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from supervisor.completion import script
+    from supervisor.completion import revision_ids, script
 
+    if args.revision_ids:
+        print(*revision_ids(args), sep="\n")
+        return EXIT_OK
+    if args.shell is None:
+        raise UsageError("completion needs a shell: bash or zsh")
     print(script(_parser(), args.shell), end="")
     return EXIT_OK
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from supervisor.sinks.lkg import generate_signing_key
+    from supervisor.sinks.lkg.keys import parse_verify_key
 
     verify_key = generate_signing_key(args.out)
+    key_id, _ = parse_verify_key(verify_key)
     print(f"wrote signing key {args.out}")
-    print(f"add to [cache].trusted_keys: {verify_key}")
+    # "key id X": the form every message naming a key uses (a header names it so).
+    print(f"add to [cache].trusted_keys (key id {key_id}): {verify_key}")
     return EXIT_OK
 
 
@@ -394,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command is cmd_run and _logged_config_error(args, exc):
             return EXIT_USAGE
         code = _unreachable(args.command, exc) or _report(exc)
+        if command is revisions.cmd_diff and code == EXIT_ERROR:
+            code = EXIT_USAGE  # diff(1): 1 says the revisions differ
         if getattr(args, "json", False) and code != EXIT_OK:
             # The lines went to stderr; a `| jq` pipeline still gets its one document.
             _print_failure(*failure(exc))
@@ -474,7 +456,7 @@ def _readable_log_format(path: str | None) -> str | None:
 
 def _print_failure(reason: str, detail: str) -> None:
     try:
-        print_json(Failure(reason=reason, detail=detail), flush=True)
+        print_json(failure_document(reason, detail), flush=True)
     except BrokenPipeError:
         _reader_gone()  # the failure was said on stderr already
 

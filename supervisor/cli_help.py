@@ -78,12 +78,18 @@ COMMANDS: dict[str, CommandHelp] = {
         "migrate before rolling the daemons during an upgrade: replicas of the previous "
         "version keep working on the migrated schema. ACTION prune --keep N deletes every "
         "revision older than the newest N, in one transaction, and never the desired one "
-        "(so a rollback target in use survives); running it twice is harmless.",
+        "(so a rollback target in use survives); running it twice is harmless. Before "
+        "deleting, prune asks on a terminal (y/N); elsewhere it needs --yes. --dry-run "
+        "lists what it would delete and deletes nothing.",
         ("trio-supervisor db migrate --config /etc/trio-supervisor/prod.toml",
-         "trio-supervisor db prune --keep 50 --config prod.toml"),
-        ((0, "the schema is up to date / the old revisions are deleted"),
-         (1, "the control plane could not be reached or refused the change"),
-         (2, "bad usage (prune without --keep) or invalid configuration")),
+         "trio-supervisor db prune --keep 50 --yes --config prod.toml"),
+        ((0, "the schema is up to date / the old revisions are deleted (or, --dry-run, "
+             "listed)"),
+         (1, "the control plane could not be reached or refused the change; prune "
+             "declined at its question"),
+         (2, "bad usage (prune without --keep, or without --yes and no terminal to ask), "
+             "invalid configuration, or (prune) a schema older than this build's: run db "
+             "migrate")),
     ),
     "publish": CommandHelp(
         "validate a revision document, store it and make it desired",
@@ -105,8 +111,10 @@ COMMANDS: dict[str, CommandHelp] = {
              "last. --dry-run: it would be accepted"),
          (1, "the control plane could not be reached or refused the write; with --wait: "
              "a replica timed out, was unreachable, or already serves a newer revision"),
-         (2, "FILE is missing or invalid, or (--dry-run, --resolve-secrets) a secret "
-             "cannot be resolved here: the reason label and $.path printed; nothing was "
+         (2, "FILE is missing, not a regular file, over max_revision_bytes or invalid, or "
+             "(--dry-run, --resolve-secrets) a secret cannot be resolved here: the reason "
+             "label and $.path printed; or the control plane's schema is older than this "
+             "build's (run db migrate), or this replica is a follower; nothing was "
              "stored"),
          (5, "with --wait: a replica refused the revision (the reason on the last line)")),
     ),
@@ -141,13 +149,14 @@ COMMANDS: dict[str, CommandHelp] = {
         "show what changes from revision A to revision B (default: the desired one)",
         "Compares two stored revisions alias by alias and key by key: + an entry added, - "
         "removed, ~ one field changed (old -> new), each named by its $.path. Secret "
-        "references are compared as references and never resolved. Exits 0 whether or not "
-        "there are changes.",
+        "references are compared as references and never resolved. As diff(1) and kubectl "
+        "diff: exits 1 when there are changes, 0 when there are none, 2 on any error.",
         ("trio-supervisor diff 5 --config prod.toml",
          "trio-supervisor diff 5 7 --config prod.toml --json | jq '.changes[].path'"),
-        ((0, "compared"),
-         (1, "A or B does not exist, or the control plane could not be reached"),
-         (2, "this build cannot read A or B (the reason label printed)")),
+        ((0, "compared: no changes"),
+         (1, "compared: A and B differ"),
+         (2, "A or B does not exist or this build cannot read it (the reason label "
+             "printed), or the control plane could not be reached")),
     ),
     "rollback": CommandHelp(
         "point desired at an existing revision (no new body)",
@@ -158,14 +167,17 @@ COMMANDS: dict[str, CommandHelp] = {
         "would refuse, is not made desired, nor (unless --force) one that a replica's "
         "last refusal names (its /status is read first, when it answers). --message is "
         "stored with the change (see history). Replicas with a cache move their rollback "
-        "mark with it. Prints REV as the last line.",
+        "mark with it. Prints REV as the last line. REV desired already: nothing is "
+        "changed or recorded. --dry-run checks all of this and changes nothing.",
         ("trio-supervisor rollback 5 --config prod.toml --message 'team-b broke chat'",
          "trio-supervisor rollback \"$(trio-supervisor history --config prod.toml --json "
          "| jq '.revisions[1].id')\" --config prod.toml"),
-        ((0, "desired now points at REV; REV printed last"),
+        ((0, "desired now points at REV (or did already; --dry-run: would); REV printed "
+             "last"),
          (1, "REV does not exist, or the control plane could not be reached"),
-         (2, "this build cannot read REV, would refuse it (the reason label printed), or "
-             "a replica refused it (--force)")),
+         (2, "this build cannot read REV, would refuse it (the reason label printed), "
+             "a replica refused it (--force), or the schema is older than this build's (run "
+             "db migrate)")),
     ),
     "status": CommandHelp(
         "print the running replica's status report (one line each for several --url)",

@@ -4,17 +4,46 @@ The script is built from the argparse parser at the time it is asked for, so a n
 subcommand or option completes without anyone editing a script: subcommands after
 the program name, each subcommand's options after it, an option's choices (``db``'s
 actions, ``completion``'s shells) where argparse declares them, and file names for
-options that take a path (``metavar`` ``PATH`` or ``FILE``).
+options that take a path (``metavar`` ``PATH`` or ``FILE``), and revision ids where
+a command takes one (``metavar`` ``REV``, ``A``, ``B``), asked of the configured
+control plane (``completion --revision-ids``; nothing when it cannot be read).
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+from typing import TYPE_CHECKING
 
-__all__ = ["SHELLS", "script"]
+if TYPE_CHECKING:
+    from supervisor.controlplane.store import ControlPlaneStore
+
+__all__ = ["REVISION_IDS", "SHELLS", "revision_ids", "script"]
 
 SHELLS = ("bash", "zsh")
+#: How many of the newest revision ids are offered, and how long asking for them may take.
+REVISION_IDS, REVISION_IDS_S = 50, 2.0
+#: The metavars of a positional that is a revision id.
+_REVISION_METAVARS = ("REV", "A", "B")
+
+
+def revision_ids(args: argparse.Namespace) -> list[int]:
+    """The newest :data:`REVISION_IDS` ids of the configured control plane, newest first;
+    none when it cannot be read within :data:`REVISION_IDS_S` (a shell is waiting)."""
+    import trio
+
+    from supervisor.commands.common import load_config, with_store
+
+    async def newest(store: ControlPlaneStore) -> list[int]:
+        with trio.fail_after(REVISION_IDS_S):
+            _, rows = await store.history(REVISION_IDS)
+        return [row.id for row in rows]
+
+    try:
+        config, _ = load_config(args)
+        return with_store(config, newest)
+    except Exception:  # noqa: BLE001 - outside trio.run; completion fails quietly
+        return []
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -24,11 +53,13 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return {}
 
 
-def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], list[str]]:
-    """(option strings, choices of the positionals, options that take a path)."""
+def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], list[str], bool]:
+    """(option strings, choices of the positionals, options that take a path, whether a
+    positional is a revision id)."""
     options: list[str] = []
     choices: list[str] = []
     paths: list[str] = []
+    revisions = False
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             continue
@@ -38,18 +69,20 @@ def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], list[
                 paths += [o for o in action.option_strings if o.startswith("--")]
         elif action.choices:
             choices += [str(c) for c in action.choices]
-    return options, choices, paths
+        revisions |= not action.option_strings and action.metavar in _REVISION_METAVARS
+    return options, choices, paths, revisions
 
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The completion script of ``parser`` for ``shell`` (one of :data:`SHELLS`)."""
     commands = _subcommands(parser)
-    top_options, _, top_paths = _words(parser)
+    top_options, _, top_paths, _ = _words(parser)
     label, body, top = ("        {})", 12, 8) if shell == "bash" else ("      ({})", 8, 4)
     cases = ""
     for name, sub in commands.items():
-        options, choices, paths = _words(sub)
-        cases += (f"{label.format(name)}\n{_on_path(shell, body, paths)}{' ' * body}"
+        options, choices, paths, revisions = _words(sub)
+        ids = _on_revision(shell, body, parser.prog) if revisions else ""
+        cases += (f"{label.format(name)}\n{_on_path(shell, body, paths)}{ids}{' ' * body}"
                   f"{_offer(shell, options + choices)};;\n")
     first = (f"{_on_path(shell, top, top_paths)}{' ' * top}"
              f"{_offer(shell, [*commands, *top_options])}\n")
@@ -61,10 +94,11 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
             f"#   source <({prog} completion bash)\n"
             f"{function}() {{\n"
             "    local cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
-            "    local i command=\"\"\n"
+            "    local i command=\"\" config=()\n"
             "    for ((i = 1; i < COMP_CWORD; i++)); do\n"
             "        case \"${COMP_WORDS[i]}\" in\n"
-            f"            {names}) command=\"${{COMP_WORDS[i]}}\"; break;;\n"
+            "            --config) config=(--config \"${COMP_WORDS[i+1]}\");;\n"
+            f"            {names}) [[ -z \"$command\" ]] && command=\"${{COMP_WORDS[i]}}\";;\n"
             "        esac\n"
             "    done\n"
             "    if [[ -z \"$command\" ]]; then\n"
@@ -83,8 +117,12 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
         f"#   source <({prog} completion zsh)    # after compinit\n"
         f"{function}() {{\n"
         "  local command i\n"
+        "  local -a config\n"
         "  for ((i = 2; i < CURRENT; i++)); do\n"
-        f"    case $words[i] in ({names}) command=$words[i]; break;; esac\n"
+        "    case $words[i] in\n"
+        "      (--config) config=(--config $words[i+1]);;\n"
+        f"      ({names}) [[ -z $command ]] && command=$words[i];;\n"
+        "    esac\n"
         "  done\n"
         "  if [[ -z $command ]]; then\n"
         f"{first}"
@@ -106,6 +144,17 @@ def _on_path(shell: str, indent: int, paths: list[str]) -> str:
         return (f'{" " * indent}case "$prev" in {"|".join(paths)}) '
                 'COMPREPLY=($(compgen -f -- "$cur")); return;; esac\n')
     return f"{' ' * indent}case $words[CURRENT-1] in ({'|'.join(paths)}) _files; return;; esac\n"
+
+
+def _on_revision(shell: str, indent: int, prog: str) -> str:
+    """The line that offers the stored revision ids for a word not starting with ``-``."""
+    ask = f'{prog} "${{config[@]}}" completion --revision-ids 2>/dev/null'
+    if shell == "bash":
+        return (f'{" " * indent}if [[ "$cur" != -* ]]; then COMPREPLY=($(compgen -W "$({ask})" '
+                '-- "$cur")); [[ ${#COMPREPLY[@]} -gt 0 ]] && return; fi\n')
+    return (f'{" " * indent}if [[ $PREFIX != -* ]]; then local -a ids; '
+            f'ids=(${{(f)"$({ask})"}}); (( $#ids )) && {{ compadd -V ids -- $ids; return; }}; '
+            'fi\n')
 
 
 def _offer(shell: str, words: list[str]) -> str:

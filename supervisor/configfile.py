@@ -38,7 +38,7 @@ from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config
 from supervisor.configchecks import cross_check
 from supervisor.errors import ConfigError
 
-__all__ = ["all_problems", "load", "load_text"]
+__all__ = ["all_problems", "env_warnings", "load", "load_text"]
 
 
 def _env_value(text: str) -> Any:
@@ -84,6 +84,25 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
         if origins is not None:
             origins[f"$.{section}.{key}"] = name
     return raw
+
+
+def env_warnings(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(variable, warning) for each ``SUPERVISOR_`` variable that is not read but would
+    name a key with ``__`` between its section and key (``SUPERVISOR_CONTROL_PLANE_URL``
+    for ``SUPERVISOR_CONTROL_PLANE__URL``): ignored, as any unknown variable, but said."""
+    found: list[tuple[str, str]] = []
+    sections = {f.name: f.type for f in msgspec.structs.fields(Config)}
+    for name in sorted(os.environ if environ is None else environ):
+        rest = name[len(ENV_PREFIX):].lower() if name.startswith(ENV_PREFIX) else ""
+        if not rest or "__" in name or name == CONFIG_ENV:
+            continue
+        for section, spec in sections.items():
+            key = rest.removeprefix(f"{section}_")
+            if key != rest and key in getattr(spec, "__struct_fields__", ()):
+                right = f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+                found.append((name, f"the environment variable {name} is not read: did you "
+                                    f"mean {right}?"))
+    return found
 
 
 def load_text(

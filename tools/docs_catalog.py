@@ -408,8 +408,8 @@ CONTROL_PLANE_TABLES: Final[dict[str, str]] = {
     "only pointed at (or pruned).",
     "supervisor_desired": "The one-row pointer to the revision every replica should serve.",
     "supervisor_desired_log": "One row per change of the pointer: when, by whom and why "
-    "(no command prints them yet: read the table). No foreign key: pruning a revision "
-    "keeps the record.",
+    "(`history` prints them, newest first). No foreign key: pruning a revision keeps the "
+    "record.",
 }
 
 CONTROL_PLANE_COLUMNS: Final[dict[str, str]] = {

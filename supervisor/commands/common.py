@@ -9,17 +9,20 @@ import json
 import os
 import re
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 import trio
 
+from supervisor.bounds import cut
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
 from supervisor.configchecks import placeholders
-from supervisor.configfile import load
+from supervisor.configfile import env_warnings, load
 from supervisor.errors import ConfigError, UsageError
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories
 
@@ -31,8 +34,8 @@ __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "Failure", "ReferenceResolver",
     "add_ca_file", "add_replicas", "add_token_file", "add_url", "admin_base", "admin_url",
-    "config_path", "describe_store", "gather", "iso", "load_config", "print_json",
-    "replica_access", "replica_statuses", "sqlite_file", "with_store",
+    "config_path", "describe_store", "failure_document", "gather", "iso", "load_config",
+    "print_json", "replica_access", "replica_statuses", "sqlite_file", "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -176,6 +179,9 @@ def load_config(args: argparse.Namespace) -> tuple[Config, str]:
     path = config_path(args)
     assert path is not None
     config = load(path)
+    if getattr(args, "command", None) not in (None, "run"):  # run logs them
+        for _, warning in env_warnings():
+            print(f"warning: {warning}", file=sys.stderr)
     for key, problem in placeholders(config):
         raise ConfigError(key, problem, source=path)
     require_sqlite_directory(config)
@@ -214,29 +220,116 @@ def describe_store(config: Config) -> str:
 
 
 def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], *,
-               create: bool = False) -> T:
+               create: bool = False, writes: bool = False) -> T:
     """Run ``fn`` with a store for ``config`` (closed afterwards) under ``trio.run``.
 
     ``create=False`` (every command but ``publish``): a missing SQLite file is
-    an error naming it, not a new empty control plane.
+    an error naming it, not a new empty control plane. ``writes``: the schema is
+    checked first (:func:`require_current_schema`), so nothing is written to a
+    database this build has not migrated.
     """
+    from supervisor.controlplane.errors import ControlPlaneError
+    from supervisor.controlplane.errors import FailureCategory as Category
     from supervisor.controlplane.factory import open_store
     from supervisor.revision.document import SCHEMA_VERSION
 
     if create:
         make_state_directories(config, keys={CONTROL_PLANE})  # the file's directory, if relative
+    lite = config.control_plane.backend == "sqlite"
+    if writes and config.control_plane.backend == "follower":
+        from supervisor.dsn import redact
+
+        raise UsageError(f"this replica follows {redact(config.control_plane.url)} and has no "
+                         f"control plane of its own: publish, rollback and db prune run "
+                         f"against the upstream's control plane; nothing was changed")
+    found = None
+    look = writes and config.control_plane.backend in ("sqlite", "postgresql")
+    if look and not (lite and not sqlite_file(config).is_file()):
+        try:
+            found = probe_schema(config)
+        except Exception:  # noqa: BLE001 - outside trio.run; the store's own call says why
+            pass
+        else:
+            require_current_schema(config, found, may_create=create and lite)
 
     async def run() -> T:
         store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION,
                            create=create)
         try:
-            if create and config.control_plane.backend == "sqlite":
-                await store.migrate()
+            if create and lite and found is None:
+                await store.migrate()  # a new file: this build's schema
             return await fn(store)
+        except ControlPlaneError as exc:
+            if config.control_plane.backend == "follower" and exc.category is Category.INVALID:
+                raise UsageError(str(exc)) from exc  # no control plane of its own here
+            raise
         finally:
             await store.aclose()
 
     return trio.run(run)
+
+
+#: How long a command waits for the control plane's schema version, in all: whatever the
+#: DSN's own ``connect_timeout`` and however many hosts it names (libpq's timeout is per
+#: host, 2 s at least), the look stays quick.
+SCHEMA_PROBE_S = 2.0
+
+
+def probe_schema(config: Config) -> int | None:
+    """The control plane's schema version (None: no schema yet), read-only, within
+    :data:`SCHEMA_PROBE_S` (TimeoutError past it). Nothing outlives the look on the
+    server's session (the statement bound is per transaction, as PgBouncer's
+    transaction pooling requires)."""
+
+    async def look() -> int | None:
+        with trio.move_on_after(SCHEMA_PROBE_S):
+            # Abandoned, not waited for, past the bound: the thread is a daemon thread.
+            return await trio.to_thread.run_sync(partial(_schema_version, config),
+                                                 abandon_on_cancel=True)
+        raise TimeoutError(f"no answer within {SCHEMA_PROBE_S:g} s")
+
+    return trio.run(look)
+
+
+def _schema_version(config: Config) -> int | None:
+    """The control plane's schema version, read-only (blocking; None: no schema yet)."""
+    from supervisor.controlplane import migrations
+
+    cp = config.control_plane
+    if cp.backend == "sqlite":
+        import sqlite3
+        from urllib.parse import quote
+
+        path = sqlite_path(cp.url)
+        if not Path(path).is_file():
+            return None
+        lite = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=1)
+        try:
+            return migrations.sqlite_version(lite)
+        finally:
+            lite.close()
+    from supervisor.controlplane.postgres import bounded, connect, timeout_ms
+
+    with connect(cp.url, connect_timeout_s=SCHEMA_PROBE_S, statement_timeout_s=None) as pg:
+        return bounded(pg, migrations.postgres_version, timeout_ms(SCHEMA_PROBE_S))
+
+
+def require_current_schema(config: Config, found: int | None, *, may_create: bool) -> None:
+    """UsageError (exit 2, naming ``db migrate``) unless the schema ``found`` is this
+    build's (None, no schema, is fine where ``may_create``); SchemaTooNew past it."""
+    from supervisor.controlplane import migrations
+
+    backend: Literal["sqlite", "postgresql"] = (
+        "sqlite" if config.control_plane.backend == "sqlite" else "postgresql")
+    migrations.check_not_newer(found, backend)
+    latest = migrations.latest_version(backend)
+    if found is None and not may_create:
+        raise UsageError("the control plane has no schema yet: run `trio-supervisor db "
+                         "migrate` first; nothing was changed")
+    if found is not None and found < latest:
+        raise UsageError(f"the control-plane schema is version {found}, older than this "
+                         f"build's {latest}: run `trio-supervisor db migrate` first; nothing "
+                         f"was changed")
 
 
 def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = "",
@@ -302,12 +395,20 @@ def iso(value: datetime | None) -> str | None:
     return text.replace("+00:00", "Z")
 
 
-class Failure(msgspec.Struct, kw_only=True):
-    """``{"ok": false, "reason", "detail"}``: a command refused or failed before its answer."""
+class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``{"ok": false, "reason", "detail"}`` (and ``"file"`` where one is named): a command
+    refused or failed before its answer. Made by :func:`failure_document`."""
 
-    ok: Literal[False] = False
+    ok: Literal[False]
     reason: str
     detail: str
+    file: str | None = None
+
+
+def failure_document(reason: str, detail: str, *, file: str | None = None) -> Failure:
+    """Every command's ``--json`` failure: the reason label (docs/reasons.md), the detail
+    cut to 1 KiB, and the file the failure is about, if any."""
+    return Failure(ok=False, reason=reason, detail=cut(detail), file=file)
 
 
 def print_json(value: object, *, indent: int | None = None, flush: bool = False) -> None:

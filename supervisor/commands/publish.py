@@ -31,23 +31,27 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import ssl
+import stat
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from supervisor.bounds import TooLarge, read_capped
 from supervisor.commands.common import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_REPLICA_REFUSED,
     EXIT_USAGE,
     REPLICA_SCHEMES,
-    Failure,
     ReferenceResolver,
     add_replicas,
     describe_store,
+    failure_document,
     gather,
     load_config,
     print_json,
@@ -64,7 +68,8 @@ from supervisor.commands.revisions import (
 )
 from supervisor.config import Config
 from supervisor.errors import UsageError
-from supervisor.reasons import DENIED, UNAVAILABLE
+from supervisor.filemodes import describe_mode
+from supervisor.reasons import DENIED, INVALID, UNAVAILABLE
 from supervisor.revision.document import decode_body
 from supervisor.revision.errors import RevisionError
 
@@ -169,13 +174,8 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
     from supervisor.revision.files import load_document_file
     from supervisor.revision.secrets import EnvFileResolver
 
-    try:
-        Path(args.file).open("rb").close()
-    except OSError as exc:
-        # Not `corrupt`: nothing was read. Say what the shell would.
-        raise UsageError(f"{args.file}: {exc.strerror or exc}; nothing was stored") from exc
-    schema_version, body = load_document_file(args.file)
     limit = config.control_plane.max_revision_bytes
+    schema_version, body = load_document_file(args.file, read_input(args.file, limit))
     if len(body) > limit:
         raise RevisionError(DENIED, f"the revision is {len(body)} bytes, over "
                                     f"max_revision_bytes ({limit})")
@@ -183,6 +183,42 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
                 else ReferenceResolver(config.revision))
     compile_revision(body, revision=0, generation=0, resolver=resolver)
     return schema_version, body
+
+
+def read_input(file: str, limit: int) -> bytes:
+    """The bytes of ``file`` (``-``: standard input), at most ``limit`` of them.
+
+    Only a regular file is read (opened without blocking, so a FIFO with no
+    writer or a device is refused at once), and its size is checked before a byte
+    is: over ``limit`` is ``denied``. Standard input is read up to ``limit`` and
+    refused past it. Nothing was read: UsageError (exit 2) naming the file.
+    """
+    if file == "-":
+        try:
+            return read_capped(sys.stdin.buffer.read, limit, "standard input")
+        except TooLarge as exc:
+            raise RevisionError(DENIED, f"standard input: more than {limit} bytes "
+                                        f"(max_revision_bytes)") from exc
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        # Not `corrupt`: nothing was read. Say what the shell would.
+        raise UsageError(f"{file}: {exc.strerror or exc}; nothing was stored") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{file}: {describe_mode(st.st_mode)}, not a regular file; "
+                             f"nothing was stored")
+        if st.st_size > limit:
+            raise RevisionError(DENIED, f"{file}: {st.st_size} bytes, over "
+                                        f"max_revision_bytes ({limit}); nothing was read")
+        try:
+            return read_capped(partial(os.read, fd), limit, file)  # it may have grown since
+        except TooLarge as exc:
+            raise RevisionError(DENIED, f"{file}: more than {limit} bytes "
+                                        f"(max_revision_bytes)") from exc
+    finally:
+        os.close(fd)
 
 
 def _refusal_line(file: str, exc: RevisionError) -> str:
@@ -201,9 +237,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
                                         resolve=args.dry_run or args.resolve_secrets)
     except RevisionError as exc:
         if args.json:
-            print_json(Failure(reason=exc.reason, detail=exc.detail))
+            print_json(failure_document(exc.reason, exc.detail, file=args.file))
         # The label and the $.path on the last line: what a replica would log.
         print(_refusal_line(args.file, exc) + "; nothing was stored", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as exc:
+        if args.json:
+            print_json(failure_document(INVALID, str(exc), file=args.file))
+        print(f"trio-supervisor: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.dry_run:
         return _dry_run(args, config, body)
@@ -235,7 +276,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         from supervisor.commands import waiting  # noqa: F401
     store_name = describe_store(config)
     new_file = _no_control_plane_yet(config)
-    revision, sequence, unchanged = with_store(config, publish, create=True)
+    revision, sequence, unchanged = with_store(config, publish, create=True, writes=True)
     if new_file:
         _say_a_control_plane_was_created(config, store_name)
     if args.json and not args.wait:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from supervisor.commands.common import (
+    EXIT_ERROR,
     EXIT_OK,
     HTTP_SCHEMES,
     ReferenceResolver,
@@ -102,6 +103,9 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                             help="why; stored with the change (see `history`)")
         parser.add_argument("--force", action="store_true",
                             help="roll back even to a revision a replica's last refusal names")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="check everything a rollback checks, say what it would "
+                                 "change, and change nothing")
         add_replicas(parser, HTTP_SCHEMES,
                      "a replica whose last refusal is checked first, http://HOST:PORT; repeat "
                      "for several (default: [admin].listen of --config)",
@@ -122,7 +126,7 @@ class RevisionRow(msgspec.Struct, kw_only=True):
     message: str | None
     schema_version: int
     size: int
-    body_sha256: str  # its first 12 hex digits
+    body_sha256: str  # all 64 hex digits (the tables show the first 12)
     desired: bool
 
 
@@ -156,17 +160,26 @@ class Diff(msgspec.Struct, kw_only=True, rename={"old": "from", "new": "to"}):
     changes: list[Change]
 
 
-class RolledBack(msgspec.Struct, kw_only=True):
+class RolledBack(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``rollback --json``; ``unchanged`` when it was desired already, ``dry_run`` when
+    nothing was changed on purpose (both only when true)."""
+
     revision: int
     previous: int | None
     sequence: int | None
     message: str | None
+    unchanged: bool = False
+    dry_run: bool = False
 
 
-class Pruned(msgspec.Struct, kw_only=True):
+class Pruned(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``db prune --json``; with ``--dry-run``, ``deleted`` is what would be and
+    ``dry_run`` is true."""
+
     deleted: list[int]
     keep: int
     desired: int | None
+    dry_run: bool = False
 
 
 def _row_fields(row: RevisionSummary | LoadedRevision, size: int,
@@ -174,7 +187,7 @@ def _row_fields(row: RevisionSummary | LoadedRevision, size: int,
     """A stored revision's :class:`RevisionRow` fields."""
     return {"id": row.id, "created_at": iso(row.created_at), "message": row.message,
             "schema_version": row.schema_version, "size": size,
-            "body_sha256": row.body_sha256.hex()[:12], "desired": row.id == desired}
+            "body_sha256": row.body_sha256.hex(), "desired": row.id == desired}
 
 
 # -- history ------------------------------------------------------------------------
@@ -203,7 +216,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         print("no revisions yet; publish one with `trio-supervisor publish`")
         return EXIT_OK
     body = [["*" if r.desired else "", r.id, r.created_at, r.schema_version, r.size,
-             r.body_sha256, r.message] for r in rows]
+             r.body_sha256[:12], r.message] for r in rows]
     print(*table(("", "ID", "CREATED", "SCHEMA", "SIZE", "SHA256", "MESSAGE"), body,
                  right=(1, 3, 4)), sep="\n")
     note = f"* desired: revision {desired}" if desired is not None else "nothing is desired"
@@ -328,12 +341,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     old, new = with_store(config, read)
     changes = diff_documents(readable(old), readable(new))
+    # diff(1) and kubectl diff: 1 when they differ (any error is 2: cli.main).
+    code = EXIT_DIFFERENT if changes else EXIT_OK
     if args.json:
         print_json(Diff(old=old.id, new=new.id, changes=changes), indent=2)
-        return EXIT_OK
+        return code
     print(f"revision {old.id} -> revision {new.id}: {len(changes)} change(s)",
           *render_changes(changes), sep="\n")
-    return EXIT_OK
+    return code
+
+
+#: ``diff``: the two revisions differ.
+EXIT_DIFFERENT = 1
 
 
 # -- rollback -----------------------------------------------------------------------
@@ -346,7 +365,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if not args.force:
         _refuse_what_a_replica_refused(args)
 
-    async def roll(store: ControlPlaneStore) -> tuple[int | None, int | None]:
+    async def roll(store: ControlPlaneStore) -> tuple[int | None, int | None, bool]:
         loaded = await _readable_row(store, args.revision, "; desired was not changed")
         if loaded.schema_version > SCHEMA_VERSION:
             raise UsageError(
@@ -361,16 +380,28 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             raise UsageError(f"revision {loaded.id} would be refused: {exc.detail} "
                              f"({exc.reason}); desired was not changed") from exc
         before = await store.observe()
+        if before is not None and before.revision == loaded.id:
+            return loaded.id, before.sequence, True  # no `2 -> 2` change on the record
+        if args.dry_run:
+            return None if before is None else before.revision, None, False
         previous = await store.rollback(loaded.id, loaded.body_sha256, args.message)
-        return previous, await sequence_of(store, loaded.id, before)
+        return previous, await sequence_of(store, loaded.id, before), False
 
-    previous, sequence = with_store(config, roll)
+    previous, sequence, unchanged = with_store(config, roll, writes=not args.dry_run)
     if args.json:
         print_json(RolledBack(revision=args.revision, previous=previous, sequence=sequence,
-                              message=args.message))
+                              message=None if unchanged or args.dry_run else args.message,
+                              unchanged=unchanged, dry_run=args.dry_run))
+        return EXIT_OK
+    at = "" if sequence is None else f" (sequence {sequence})"
+    if unchanged:
+        print(f"revision {args.revision} is already desired{at}; nothing was changed")
+        return EXIT_OK
+    if args.dry_run:
+        print(f"would point desired revision {previous} -> {args.revision}; nothing was "
+              f"changed (--dry-run)")
         return EXIT_OK
     why = f": {' '.join(cell(args.message).split())}" if args.message else ""
-    at = "" if sequence is None else f" (sequence {sequence})"
     print(f"desired revision {previous} -> {args.revision}{at}{why}")
     print(args.revision)
     return EXIT_OK
@@ -430,22 +461,57 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.keep is None:
         raise UsageError("db prune needs --keep N (how many of the newest revisions to keep)")
 
+    async def plan(store: ControlPlaneStore) -> tuple[list[int], int | None]:
+        """What a prune would delete now: all but the newest ``keep`` and the desired."""
+        desired, rows = await store.history(None)
+        newest_first = sorted((r.id for r in rows), reverse=True)
+        return sorted(i for i in newest_first[args.keep:] if i != desired), desired
+
     async def prune(store: ControlPlaneStore) -> tuple[list[int], int | None]:
         deleted = await store.prune(args.keep)
         return deleted, await store.desired()
 
-    deleted, desired = with_store(config, prune)
+    if args.dry_run or not args.yes:
+        doomed, desired = with_store(config, plan)
+        if args.dry_run:
+            return _pruned(args, doomed, desired, dry_run=True)
+        if doomed and not _confirmed(f"delete {len(doomed)} revision(s): {_ranges(doomed)}"):
+            return EXIT_ERROR
+    deleted, desired = with_store(config, prune, writes=True)
+    return _pruned(args, deleted, desired, dry_run=False)
+
+
+def _confirmed(what: str) -> bool:
+    """The operator's yes on a terminal; UsageError (exit 2) where there is none to ask."""
+    import sys
+
+    if not sys.stdin.isatty():
+        raise UsageError(f"db prune would {what}; pass --yes to delete without a terminal to "
+                         f"ask on (--dry-run lists them)")
+    print(f"{what}? [y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() in ("y", "yes"):
+        return True
+    print("nothing was deleted", file=sys.stderr)
+    return False
+
+
+def _pruned(args: argparse.Namespace, deleted: list[int], desired: int | None, *,
+            dry_run: bool) -> int:
     if args.json:
-        print_json(Pruned(deleted=deleted, keep=args.keep, desired=desired))
+        print_json(Pruned(deleted=deleted, keep=args.keep, desired=desired, dry_run=dry_run))
         return EXIT_OK
-    if deleted:
+    if deleted and dry_run:
+        print(f"would delete {len(deleted)} revision(s): {_ranges(deleted)}; nothing was "
+              f"deleted (--dry-run)")
+    elif deleted:
         print(f"deleted {len(deleted)} revision(s): {_ranges(deleted)}")
     else:
         print("nothing to delete")
+    kept = "would keep" if dry_run else "kept"
     if desired is None:
-        print(f"kept the newest {args.keep}; nothing is desired")
+        print(f"{kept} the newest {args.keep}; nothing is desired")
     else:
-        print(f"kept the newest {args.keep} and the desired one ({desired})")
+        print(f"{kept} the newest {args.keep} and the desired one ({desired})")
     return EXIT_OK
 
 

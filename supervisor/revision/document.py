@@ -10,10 +10,9 @@ Contract (docs/revision-schema.md)::
 Alias and key names match :data:`NAME_PATTERN`. A stored body is the UTF-8 JSON of
 such a document. :func:`decode_body` refuses, in this order:
 
-1. ``corrupt``: not UTF-8, not JSON (also nested too deeply), or not a JSON object
-   (and, for TOML files, not TOML: nested too deeply, or an integer of more than
-   4300 digits, included);
-2. ``validation``: ``schema_version`` missing or not an integer (or below 1);
+1. ``corrupt``: not UTF-8, or not JSON (also nested too deeply);
+2. ``validation``: valid JSON that is not an object (an array: the author's to
+   fix, not damage); ``schema_version`` missing or not an integer (or below 1);
 3. ``incompatible``: ``schema_version`` above :data:`SCHEMA_VERSION`, whatever
    the rest looks like (a newer schema may have a different shape);
 4. ``validation``: any other shape or constraint error, ``detail`` starting
@@ -200,7 +199,8 @@ def _decode_body(body: bytes, revision: int | None) -> RevisionDocument:
 def document_from_object(obj: object, *, revision: int | None = None) -> RevisionDocument:
     """Validate an already-parsed document (a TOML file's tables) by the same rules."""
     if not isinstance(obj, dict):
-        raise RevisionError(reasons.CORRUPT, f"not an object (got {_kind(obj)})", revision=revision)
+        raise RevisionError(reasons.VALIDATION, f"$: expected an object, got {_kind(obj)}",
+                            revision=revision)
     _check_version(obj.get("schema_version", _MISSING), revision)
     try:
         doc = msgspec.convert(obj, RevisionDocument)

@@ -25,8 +25,10 @@ from supervisor.revision.errors import RevisionError
 __all__ = ["load_document_file"]
 
 
-def load_document_file(path: str | os.PathLike[str]) -> tuple[int, bytes]:
-    """Read and fully validate a TOML or JSON revision document file.
+def load_document_file(path: str | os.PathLike[str],
+                       raw: bytes | None = None) -> tuple[int, bytes]:
+    """Read (unless ``raw`` holds its bytes already) and fully validate a TOML or JSON
+    revision document file.
 
     ``.toml`` files are TOML, ``.json`` files JSON; any other name is JSON when
     its first non-blank byte is ``{`` and TOML otherwise. Returns
@@ -36,7 +38,7 @@ def load_document_file(path: str | os.PathLike[str]) -> tuple[int, bytes]:
     """
     where = os.fspath(path)
     try:
-        raw = Path(where).read_bytes()
+        raw = Path(where).read_bytes() if raw is None else raw
     except OSError as exc:
         raise RevisionError(
             reasons.CORRUPT, f"{where}: cannot read: {exc.strerror or exc}"

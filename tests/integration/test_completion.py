@@ -4,6 +4,7 @@ with it (the real bash, sourcing what the real console script prints)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,14 +17,16 @@ from supervisor.cli import _parser
 SCRIPT = str(Path(sys.executable).parent / "trio-supervisor")
 
 
-def _completions(*words: str) -> list[str]:
-    line = " ".join(words)
+def _completions(*words: str, env: dict[str, str] | None = None) -> list[str]:
+    line = " ".join(shlex.quote(w) for w in words)
     program = (f'source <("{SCRIPT}" completion bash)\n'
                f"COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}\n"
                '_trio_supervisor; printf "%s\\n" "${COMPREPLY[@]}"\n')
+    # Two interpreter starts (the script, then the revision ids): 90 s on a loaded machine.
     result = subprocess.run(["bash", "-c", program], capture_output=True, text=True,
-                            timeout=30, check=False)
+                            timeout=90, check=False, env=env)
     assert result.returncode == 0, result.stderr
+    assert env is None or result.stderr == "", result.stderr
     return result.stdout.split()
 
 
@@ -33,7 +36,8 @@ def test_bash_completes_subcommands_options_and_choices() -> None:
     assert _completions("trio-supervisor", "publish", "--f") == ["--force"]
     assert sorted(_completions("trio-supervisor", "status", "--c")) == ["--ca-file", "--check", "--config"]
     assert _completions("trio-supervisor", "db", "m") == ["migrate"]
-    assert sorted(_completions("trio-supervisor", "completion", "")) == ["--help", "bash", "zsh"]
+    assert sorted(_completions("trio-supervisor", "completion", "")) == [
+        "--help", "--revision-ids", "bash", "zsh"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh"])
@@ -59,3 +63,21 @@ def test_an_unknown_shell_is_exit_2() -> None:
     result = subprocess.run([SCRIPT, "completion", "fish"], capture_output=True, text=True,
                             timeout=30, check=False)
     assert result.returncode == 2 and "invalid choice: 'fish'" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_bash_completes_revision_ids_from_the_configured_store(tmp_path: Path) -> None:
+    from tests.proc import EXAMPLE, REPO, cli, write_config
+
+    config = str(write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db"))
+    for _ in range(3):
+        cli("publish", "--config", config, str(EXAMPLE), "--force")
+    env = {"PYTHONPATH": str(REPO), "PATH": f"{Path(SCRIPT).parent}:/usr/bin:/bin"}
+    for command in ("show", "rollback", "diff"):
+        offered = _completions("trio-supervisor", "--config", config, command, "", env=env)
+        assert offered == ["3", "2", "1"], command
+    assert _completions("trio-supervisor", "--config", config, "show", "2", env=env) == ["2"]
+    # A store that cannot be read offers no ids, and says nothing.
+    gone = _completions("trio-supervisor", "--config", str(tmp_path / "none.toml"), "show", "",
+                        env=env)
+    assert gone == ["--help", "--config", "--json"]  # the options, as before

@@ -142,3 +142,35 @@ def test_a_startup_configuration_error_follows_the_log_format(tmp_path: Path) ->
     # The format itself unreadable: the plain line, as before.
     plain = run("run", "--config", str(config(tmp_path, '[log]\nformat = "xml"\n')))
     refused(plain, "trio-supervisor: configuration error:", "$.log.format")
+
+
+def test_a_misspelt_environment_override_is_warned_of_naming_the_right_one(
+        tmp_path: Path) -> None:
+    """One underscore where the real name has two: ignored, but never silently."""
+    result = run("check", "--config", str(config(tmp_path)),
+                 env={"SUPERVISOR_CONTROL_PLANE_URL": "sqlite:///elsewhere.db",
+                      "SUPERVISOR_LOG_LEVEL": "debug"})
+    assert result.returncode == 0, result.stderr
+    assert ("SUPERVISOR_CONTROL_PLANE_URL is not read: did you mean "
+            "SUPERVISOR_CONTROL_PLANE__URL?") in result.stderr
+    assert "SUPERVISOR_LOG_LEVEL is not read: did you mean SUPERVISOR_LOG__LEVEL?" \
+        in result.stderr
+    strict = run("check", "--strict", "--config", str(config(tmp_path)),
+                 env={"SUPERVISOR_CONTROL_PLANE_URL": "x"})
+    assert strict.returncode == 2, strict.stderr
+
+
+def test_the_shipped_dev_configuration_passes_check_strict(tmp_path: Path) -> None:
+    result = run("check", "--strict", "--config", str(REPO / "conf" / "dev.toml"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+
+
+def test_keygen_prints_the_key_id_beside_the_key(tmp_path: Path) -> None:
+    from supervisor.sinks.lkg.keys import parse_verify_key
+
+    result = run("keygen", "--out", str(tmp_path / "signing.key"))
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.splitlines()[-1]
+    key_id, _ = parse_verify_key(line.split()[-1])
+    assert line.startswith(f"add to [cache].trusted_keys (key id {key_id}): ed25519:"), line

@@ -159,3 +159,23 @@ async def test_a_schema_migrated_ahead_is_refused_at_the_next_observe(url: str) 
             assert f"version {FUTURE}" in str(refused.value)
     finally:
         await store.aclose()
+
+
+def test_a_schema_older_than_the_build_is_refused_before_any_write(
+        tmp_path: Path, url: str) -> None:
+    _create_version_1(url)
+    config = write_config(tmp_path, url)
+    revision = tmp_path / "rev.toml"
+    revision.write_text('schema_version = 1\n[aliases]\n')
+    desired = _sql(url, "SELECT * FROM supervisor_desired")
+    for args in (("publish", str(revision)), ("rollback", "1"), ("db", "prune", "--keep", "0"),
+                 ("check",)):
+        result = cli(*args, "--config", str(config), check=False, timeout=60)
+        said = result.stdout + result.stderr
+        assert result.returncode == 2, (args, said)
+        assert "db migrate" in said and f"version 1, older than this build's {LATEST}" in said, \
+            (args, said)
+        assert "configuration OK" not in said
+    assert _sql(url, "SELECT * FROM supervisor_desired") == desired
+    assert _sql(url, "SELECT count(*) FROM supervisor_revisions") == [(0,)]
+    assert _sql(url, f"SELECT max(version) FROM {migrations.MIGRATIONS_TABLE}") == [(1,)]

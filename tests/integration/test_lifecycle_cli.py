@@ -116,7 +116,7 @@ async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> Non
     assert doc["desired"] == 2 and [r["id"] for r in doc["revisions"]] == [2]
     row = doc["revisions"][0]
     _, body = load_document_file(_second(tmp_path))
-    assert row["body_sha256"] == hashlib.sha256(body).hexdigest()[:12]
+    assert row["body_sha256"] == hashlib.sha256(body).hexdigest()  # all 64 hex digits
     assert row["size"] == len(body) and row["desired"] is True and row["schema_version"] == 1
     assert row["created_at"].endswith("Z") and row["message"] == "add search"
 
@@ -132,7 +132,7 @@ async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> Non
     assert shown_json["desired"] is False and shown_json["message"] == "first"
     assert shown_json["document"]["keys"]["example"]["secret"] == "file:conf/example.key"
 
-    assert diff.returncode == 0
+    assert diff.returncode == 1  # they differ, as diff(1) says it
     assert out(diff).splitlines() == [
         "revision 1 -> revision 2: 3 change(s)",
         "  ~ $.aliases.embeddings.timeout_s: 5.0 -> 10.0",
@@ -154,11 +154,11 @@ async def test_history_show_diff_rollback_prune(url: str, tmp_path: Path) -> Non
         await run("publish", "--config", config, str(EXAMPLE), "--message", f"again {i}",
                   "--force")
     await run("rollback", "2", "--config", config)
-    pruned = await run("db", "prune", "--keep", "2", "--config", config)
+    pruned = await run("db", "prune", "--keep", "2", "--yes", "--config", config)
     assert pruned.returncode == 0
     assert out(pruned).splitlines() == ["deleted 2 revision(s): 1, 3",
                                         "kept the newest 2 and the desired one (2)"]
-    again = json.loads(out(await run("db", "prune", "--keep", "2", "--config", config,
+    again = json.loads(out(await run("db", "prune", "--keep", "2", "--yes", "--config", config,
                                      "--json")))
     assert again == {"deleted": [], "keep": 2, "desired": 2}
     left = json.loads(out(await run("history", "--config", config, "--json")))
@@ -172,7 +172,7 @@ async def test_error_exits(url: str, tmp_path: Path) -> None:
     missing = (("show", "9"), ("rollback", "9"), ("diff", "9"), ("diff", "1", "9"))
     for command, result in zip(missing, await run_all(*((*c, "--config", config)
                                                         for c in missing)), strict=True):
-        assert result.returncode == 1, command
+        assert result.returncode == (2 if command[0] == "diff" else 1), command
         assert "revision 9 does not exist" in err(result)
     # Unreadable: a newer schema, a body that does not validate, one the daemon would refuse.
     _raw_insert(url, 2, b'{"schema_version": 2, "routes": {}}')
@@ -219,7 +219,7 @@ async def test_dry_run_refuses_as_the_daemon_would(url: str, tmp_path: Path) -> 
     assert last.startswith(f"refused: {daemon.value.reason}: ")
     assert daemon.value.detail in last and "$.keys.team-b.secret" in last
     assert json.loads(out(as_json)) == {"ok": False, "reason": "secret",
-                                        "detail": daemon.value.detail}
+                                        "detail": daemon.value.detail, "file": str(second)}
 
     ok = await run("publish", "--config", config, str(second), "--dry-run",
                    env={UNSET: "team-b-secret"})
@@ -284,7 +284,8 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
     refused = await run("publish", "--config", config, str(_second(tmp_path)),
                         "--resolve-secrets", "--json")
     assert refused.returncode == 2
-    assert _shape(json.loads(out(refused))) == {"ok": "bool", "reason": "str", "detail": "str"}
+    assert _shape(json.loads(out(refused))) == {"ok": "bool", "reason": "str", "detail": "str",
+                                                "file": "str"}  # the file it names
     history, shown, diff, dry = await run_all(
         ("history", "--config", config, "--json"),
         ("show", "1", "--config", config, "--json"),
@@ -308,7 +309,7 @@ async def test_every_json_document_keeps_its_keys_and_types(url: str, tmp_path: 
     assert rolled.returncode == 0, err(rolled)
     assert json.loads(out(rolled)) == {"revision": 1, "previous": 2, "sequence": 3,
                                        "message": "why"}
-    pruned = json.loads(out(await run("db", "prune", "--keep", "0", "--config", config,
+    pruned = json.loads(out(await run("db", "prune", "--keep", "0", "--yes", "--config", config,
                                       "--json")))
     assert pruned == {"deleted": [2], "keep": 0, "desired": 1}
 
@@ -439,3 +440,80 @@ async def test_a_missing_sqlite_file_says_what_creates_it(tmp_path: Path) -> Non
         assert f"the control-plane file {db} does not exist" in err(result)
         assert "db migrate" in err(result) and "publish FILE" in err(result)
         assert not db.exists()  # a read never creates the file
+
+
+async def _three(config: str, tmp_path: Path) -> None:
+    """Revisions 1 (EXAMPLE), 2 (another body) and 3 (EXAMPLE again), 3 desired."""
+    for args in ((str(EXAMPLE),), (str(_second(tmp_path)),), (str(EXAMPLE), "--force")):
+        assert (await run("publish", "--config", config, *args)).returncode == 0
+
+
+async def test_diff_exits_1_on_differences_0_on_none_2_on_trouble(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """diff(1) and kubectl diff: a pipeline can tell "differs" from "failed"."""
+    with trio.fail_after(180):
+        config = str(write_config(tmp_path, sqlite_url))
+        await _three(config, tmp_path)
+        differ, same, missing, as_json = await run_all(
+            ("diff", "1", "2", "--config", config), ("diff", "1", "3", "--config", config),
+            ("diff", "1", "9", "--config", config), ("diff", "1", "2", "--config", config,
+                                                     "--json"))
+    assert differ.returncode == 1 and "3 change(s)" in out(differ), err(differ)
+    assert same.returncode == 0 and "0 change(s)" in out(same), err(same)
+    assert missing.returncode == 2 and "revision 9 does not exist" in err(missing)
+    assert as_json.returncode == 1 and len(json.loads(out(as_json))["changes"]) == 3
+
+
+def _pty_answer(args: list[str], answer: bytes) -> subprocess.CompletedProcess[str]:
+    """``args`` with a terminal on standard input that has ``answer`` typed into it."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        os.write(leader, answer)
+        return subprocess.run([SCRIPT, *args], stdin=follower, capture_output=True, text=True,
+                              check=False, cwd=str(REPO), timeout=60)
+    finally:
+        os.close(follower)
+        os.close(leader)
+
+
+async def test_rollback_and_prune_dry_run_and_prune_asks_before_deleting(
+        sqlite_url: str, tmp_path: Path) -> None:
+    with trio.fail_after(240):
+        config = str(write_config(tmp_path, sqlite_url))
+        await _three(config, tmp_path)
+        before = out(await run("history", "--config", config, "--json"))
+        rolled, pruned, pruned_json, refused, all_refused = await run_all(
+            ("rollback", "1", "--dry-run", "--config", config),
+            ("db", "prune", "--keep", "1", "--dry-run", "--config", config),
+            ("db", "prune", "--keep", "1", "--dry-run", "--json", "--config", config),
+            ("db", "prune", "--keep", "1", "--config", config),
+            ("db", "prune", "--keep", "0", "--config", config))
+        assert rolled.returncode == 0, err(rolled)
+        assert out(rolled).splitlines() == [
+            "would point desired revision 3 -> 1; nothing was changed (--dry-run)"]
+        already = await run("rollback", "3", "--config", config)
+        assert already.returncode == 0, err(already)
+        assert out(already).splitlines() == [
+            "revision 3 is already desired (sequence 3); nothing was changed"]
+        assert pruned.returncode == 0, err(pruned)
+        assert out(pruned).splitlines()[0] == \
+            "would delete 2 revision(s): 1-2; nothing was deleted (--dry-run)"
+        assert json.loads(out(pruned_json)) == {"deleted": [1, 2], "keep": 1, "desired": 3,
+                                                "dry_run": True}
+        for result in (refused, all_refused):
+            assert result.returncode == 2, err(result)
+            assert "would delete" in err(result) and "--yes" in err(result)
+        assert out(await run("history", "--config", config, "--json")) == before
+        declined = await trio.to_thread.run_sync(
+            _pty_answer, ["db", "prune", "--keep", "1", "--config", config], b"n\n")
+        assert declined.returncode == 1, err(declined)
+        assert "delete 2 revision(s): 1-2? [y/N]" in err(declined)
+        assert out(await run("history", "--config", config, "--json")) == before
+        agreed = await trio.to_thread.run_sync(
+            _pty_answer, ["db", "prune", "--keep", "1", "--config", config], b"y\n")
+        assert agreed.returncode == 0, err(agreed)
+        assert out(agreed).splitlines()[0] == "deleted 2 revision(s): 1-2"
+        again = await run("db", "prune", "--keep", "1", "--config", config)
+        assert again.returncode == 0 and out(again).startswith("nothing to delete")

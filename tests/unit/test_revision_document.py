@@ -86,6 +86,14 @@ def test_acceptable_upstreams(upstream: str) -> None:
     assert decode_body(with_alias(upstream=upstream)).aliases["chat"].upstream == upstream
 
 
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'"a string"', b"null"])
+def test_json_that_is_not_an_object_is_the_authors_to_fix(raw: bytes) -> None:
+    with pytest.raises(RevisionError) as info:
+        decode_body(raw)
+    assert info.value.reason == reasons.VALIDATION
+    assert info.value.detail.startswith("$: expected an object, got ")
+
+
 # -- corrupt -------------------------------------------------------------------
 
 
@@ -97,9 +105,6 @@ def test_acceptable_upstreams(upstream: str) -> None:
         b"not json",
         b'{"schema_version": 1} trailing',
         b"",
-        b"[1, 2]",
-        b'"a string"',
-        b"null",
         b"[" * 10_000,
         b'{"a":' * 10_000,
     ],
@@ -109,9 +114,6 @@ def test_acceptable_upstreams(upstream: str) -> None:
         "not-json",
         "trailing",
         "empty",
-        "array",
-        "string",
-        "null",
         "deep-array",
         "deep-object",
     ],

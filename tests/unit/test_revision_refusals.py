@@ -130,7 +130,7 @@ def test_an_unreadable_document_file_names_the_os_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("obj", "detail"), [
-    ([], "not an object (got an array)"),
+    ([], "$: expected an object, got an array"),
     ({"schema_version": {}}, "$.schema_version: expected an integer, got an object"),
     ({"schema_version": [1]}, "$.schema_version: expected an integer, got an array"),
 ])

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from supervisor import cli, cli_help, errors
 from supervisor.commands import common
+from supervisor.controlplane import errors as store_errors
 from supervisor.lifecycle import signals
 from tools import docs_catalog
 from tools.docsgen.common import HEADER, UNDESCRIBED, code, table
@@ -179,8 +180,10 @@ def _returned_exit(body: list[ast.stmt]) -> str | None:
 
 
 def _first_line(name: str) -> str:
-    """The first line of the docstring of ``supervisor.errors.<name>``, in Markdown."""
-    doc = inspect.getdoc(getattr(errors, name)) if hasattr(errors, name) else None
+    """The first line of the docstring of the error ``name`` (``supervisor.errors`` or the
+    control plane's), in Markdown."""
+    kind = getattr(errors, name, None) or getattr(store_errors, name, None)
+    doc = inspect.getdoc(kind) if kind is not None else None
     return doc.splitlines()[0].replace("``", "`") if doc else UNDESCRIBED
 
 
