@@ -30,6 +30,7 @@ from supervisor.commands.common import (
     Failure,
     add_replicas,
     config_path,
+    failure_document,
     print_json,
     replica_access,
     replica_statuses,
@@ -58,8 +59,7 @@ def replica_failure(exc: AdminUnreachable) -> Failure:
     it refused the token), the same for one ``--url`` as for each of several."""
     from supervisor.admin.errors import AdminRefused
 
-    return Failure(reason=DENIED if isinstance(exc, AdminRefused) else UNAVAILABLE,
-                   detail=str(exc))
+    return failure_document(DENIED if isinstance(exc, AdminRefused) else UNAVAILABLE, str(exc))
 
 
 def rollout_problems(doc: dict[str, Any]) -> list[str]:
