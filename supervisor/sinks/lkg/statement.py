@@ -43,6 +43,8 @@ _MICROSECOND: Final = timedelta(microseconds=1)
 
 
 def _utc(what: str, moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise OutOfRange(what, moment.isoformat(), "a time with its offset", "")
     try:
         utc = moment.astimezone(UTC)
     except (OverflowError, ValueError):  # past year 9999 or before year 1 once converted
@@ -54,7 +56,7 @@ def _utc(what: str, moment: datetime) -> datetime:
 def utc_times(issued_at: datetime, expires_at: datetime) -> tuple[datetime, datetime]:
     """Both times in UTC, in range (module docstring); :class:`OutOfRange` otherwise.
 
-    The times must carry an offset (naive ones are refused before this).
+    A time without an offset is out of range too.
     """
     issued, expires = _utc("issued_at", issued_at), _utc("expires_at", expires_at)
     check_range("expires_at - issued_at (seconds, at most 30 days)",
