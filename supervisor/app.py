@@ -213,13 +213,13 @@ class Daemon:
         return ChildSpec("convergence", run, Restart.PERMANENT, shutdown_timeout_s=3.0)
 
     async def _restore_accepted(self, accepted: AcceptedStatements) -> None:
-        """No accepted file: the statement this follower passes on is the highest (floor)."""
+        """At start: the statement this follower passes on, when above its accepted file."""
         from supervisor.controlplane.follower import forward_path
         from supervisor.sinks.lkg.errors import CacheError
         from supervisor.sinks.lkg.fileformat import MAX_HEADER_BYTES, SIGNATURE_BYTES
 
         forward = forward_path(self.config.cache.path)
-        if accepted.highest is not None or forward is None or accepted.path is None:
+        if forward is None or accepted.path is None:
             return
         cp = self.config.control_plane
         limit = cp.max_revision_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 64
@@ -231,8 +231,8 @@ class Daemon:
                         "forget it", error=str(exc))
             restored = accepted.highest
         if restored is not None:
-            log.warning("the accepted statements file was missing: the highest accepted is "
-                        "the statement this follower passes on", path=accepted.path,
+            log.warning("the accepted statements file was missing or behind: the highest "
+                        "accepted is the statement this follower passes on", path=accepted.path,
                         sequence=restored.sequence, revision=restored.revision)
 
     def _listen_child(self) -> ChildSpec | None:
@@ -393,7 +393,8 @@ class Daemon:
         if self.config.cache.path is not None:
             from supervisor.sinks.lkg.files import hold_cache_lock
 
-            lock = hold_cache_lock(self.config.cache.path)  # one daemon per cache
+            # One daemon per cache; a predecessor still stopping is waited for.
+            lock = await trio.to_thread.run_sync(hold_cache_lock, self.config.cache.path)
             if lock is None:
                 log.warning("cache lock not taken: its directory cannot be written; serving "
                             "without it", path=self.config.cache.path)

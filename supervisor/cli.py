@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import trio
 
 from supervisor import __version__, cli_help, logs
-from supervisor.commands import publish, revisions, status
+from supervisor.commands import follower, publish, revisions, status
 from supervisor.commands.common import (
     EXIT_ERROR,
     EXIT_GAVE_UP,
@@ -143,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("history", "show", "diff", "rollback"):
         revisions.register(name, command(name))
     status.register(command("status"))
+    follower.register(command("follower"))
     watch = command("watch")
     add_url(watch, REPLICA_SCHEMES,
             "ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)", many=False)
@@ -341,6 +342,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "diff": revisions.cmd_diff,
     "rollback": revisions.cmd_rollback,
     "status": status.cmd_status,
+    "follower": follower.cmd_follower,
     "watch": cmd_watch,
     "keygen": cmd_keygen,
     "completion": cmd_completion,

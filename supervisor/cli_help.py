@@ -222,6 +222,19 @@ COMMANDS: dict[str, CommandHelp] = {
         ((0, "printed"),
          (2, "an unknown shell")),
     ),
+    "follower": CommandHelp(
+        "forget a follower's accepted sequence and pinned root (follower reset)",
+        "reset: replaces the follower's <[cache].path>.accepted with a reset record, so it "
+        "forgets the highest sequence it accepted and the root identity it is pinned to. "
+        "A running follower takes its root's next statement at its next poll, without a "
+        "restart, and that statement pins the root again. It asks on a terminal; --yes is "
+        "needed otherwise. The way to move a follower tree to a new root (README.rst).",
+        ("trio-supervisor follower reset --config /etc/trio-supervisor/follower.toml",
+         "trio-supervisor follower reset --config follower.toml --yes"),
+        ((0, "reset"), (1, "the accepted file cannot be written"),
+         (2, "not a follower, no [cache].path, no --yes without a terminal, or not "
+             "confirmed")),
+    ),
     "keygen": CommandHelp(
         "write a new Ed25519 signing key for the last-known-good cache",
         "Writes a new Ed25519 signing key to --out (mode 0600; an existing file is never "

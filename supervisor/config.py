@@ -81,6 +81,8 @@ class ControlPlaneConfig(_Section, frozen=True):
     token_file: str | None = None
     # Follower mode only: the root's verify keys (ed25519:...) its statements must carry.
     trusted_keys: list[str] = msgspec.field(default_factory=list)
+    # Follower mode only: the root identity to follow (None: the first one accepted).
+    root_identity: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
     # Follower mode only: one fetch of the upstream's statement, as a whole.
     fetch_timeout_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)] = 10.0
     # Follower mode only: stream hints within this interval cause at most one fetch.

@@ -67,6 +67,7 @@ class RevisionReport(_Part):
     last_error: str | None
     sequence: int | None
     statement: StatementReport | None
+    statement_age_s: float | None = None
     upstream: str | msgspec.UnsetType = msgspec.UNSET
 
 

@@ -1,5 +1,6 @@
 """The pieces of the tests' one-request HTTP proxies in front of an upstream replica.
 
+:class:`SwitchingProxy` sends each request to one of several upstreams.
 A proxy reads one request head (:func:`read_head`), forwards a GET with the
 headers the follower protocol uses (:func:`forward_get`), and answers with a
 body and the upstream's ETag, closing the connection (:func:`answer`); what it
@@ -42,3 +43,42 @@ async def answer(stream: trio.SocketStream, response: httpx.Response, body: byte
             f"etag: {response.headers.get('etag', '')}\r\nconnection: close\r\n\r\n")
     await stream.send_all(head.encode() + body)
     await stream.aclose()
+
+
+class SwitchingProxy:
+    """``GET`` forwarded to one of ``upstreams``: ``index`` chooses it, or ``round_robin``
+    alternates at every request; what each request got is counted in ``answers``."""
+
+    def __init__(self, *upstreams: str) -> None:
+        self.upstreams = list(upstreams)
+        self.index = 0
+        self.round_robin = False
+        self.port = 0
+        self.answers: dict[int, int] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            head = await read_head(stream)
+            if head is None:
+                return
+            upstream = self.upstreams[self.index]
+            if self.round_robin:
+                self.index = (self.index + 1) % len(self.upstreams)
+            response = await forward_get(upstream, head[0], head[1])
+            self.answers[response.status_code] = self.answers.get(response.status_code, 0) + 1
+            await answer(stream, response, response.content)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, httpx.HTTPError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)

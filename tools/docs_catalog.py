@@ -45,6 +45,10 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "(ed25519:...) a signed statement must carry, whichever hop passed it on. Never this "
     "replica's own cache key (check exits 2): a key that signs caches must not vouch for "
     "what the upstream sends.",
+    "control_plane.root_identity": "Follower mode: the root's control-plane identity "
+    "(`revision.statement.root` of its `/status`) this follower follows. Unset: the root of "
+    "the first statement it accepts, pinned in `<[cache].path>.accepted`; a statement of "
+    "another root is denied until `follower reset` or this key names the new one.",
     "control_plane.fetch_timeout_s": "Follower mode: one fetch of the upstream's statement "
     "(connect, headers and body) ends within this, as a whole: a slow drip is unavailable.",
     "control_plane.hint_min_interval_s": "Follower mode: any number of the upstream's stream "
@@ -364,8 +368,10 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "change of desired state, rollbacks included; null: unknown).",
     "revision.statement": "The signed statement serving: `{\"sequence\", \"root\", "
     "\"issued_at\", \"expires_at\", \"age_s\", \"stale\"}` (`root`: the root's "
-    "control-plane identity; `stale`: expired), null without one. In follower mode "
-    "`lag_s` is at least its `age_s`.",
+    "control-plane identity; `stale`: expired), null without one.",
+    "revision.statement_age_s": "Seconds since the root issued the statement serving (null "
+    "without one): a root that stopped signing shows here on every follower below it; "
+    "`lag_s` stays the divergence time (0 when converged).",
     "revision.upstream": "Follower mode only: the upstream replica's address.",
     "children": "The supervised children, by name.",
     "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`.",

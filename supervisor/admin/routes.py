@@ -34,11 +34,10 @@ from supervisor.admin.responses import (
     JSON,
     Response,
     error_response,
-    etag_matches,
     header_value,
     json_response,
 )
-from supervisor.admin.signed import Unservable, etag_for
+from supervisor.admin.signed import Unservable, etag_for, not_modified
 from supervisor.admin.stream import Receive, Scope
 from supervisor.controlplane.follower import REVISION_PATH
 from supervisor.logs import get_logger
@@ -129,7 +128,7 @@ class Routes:
         if snapshot is None:
             return error_response(503, "no_snapshot", "no snapshot published yet")
         etag = snapshot.etag()
-        if _not_modified(headers, etag):
+        if not_modified(header_value(headers, b"if-none-match"), etag, None):
             return _tagged(304, b"", None, etag)
         cached = self._body_of
         if cached is not None and cached[0] is snapshot:
@@ -194,7 +193,7 @@ class Routes:
         state = self.ctx.state
         # Sequence, digest and issued_at: a reused id or a fresh statement is never a 304.
         etag = etag_for(snapshot.revision, state.body_sha256, state.statement)
-        if _not_modified(headers, etag):
+        if not_modified(header_value(headers, b"if-none-match"), etag, state.statement):
             return _tagged(304, b"", None, etag)
         data = signed.held(etag)
         return READ_SIGNED if data is None else _tagged(200, data, SIGNED, etag)
@@ -213,11 +212,6 @@ class Routes:
     def stream_over_http(self, headers: list[tuple[bytes, bytes]]) -> Response:
         return error_response(426, "upgrade_required", "this route is a WebSocket",
                               [(b"upgrade", b"websocket")])
-
-
-def _not_modified(headers: list[tuple[bytes, bytes]], etag: str) -> bool:
-    if_none_match = header_value(headers, b"if-none-match")
-    return if_none_match is not None and etag_matches(if_none_match, etag)
 
 
 def _tagged(status: int, body: bytes, content_type: bytes | None, etag: str) -> Response:

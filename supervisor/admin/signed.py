@@ -15,7 +15,11 @@ route answers 503 and the follower retries.
 
 The ETag (:func:`etag_for`) is the statement's: sequence, body digest and
 ``issued_at``, so a revision id reused for another body, or a fresh statement
-about the same revision, is never answered 304. The last bytes served are
+about the same revision, is never answered 304. A conditional request
+(:func:`not_modified`) is answered 304 when it names this ETag, or the same
+sequence and digest issued no earlier than this statement: a follower holding
+a sibling root's statement of the same intent (several roots on one control
+plane behind one address) has nothing to gain from this one's body. The last bytes served are
 kept in memory under that ETag, so a fleet polling an unchanged upstream costs
 no file read; a conditional request naming it costs nothing at all (304
 before this module runs).
@@ -24,8 +28,11 @@ before this module runs).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Final
 
+from supervisor.admin.responses import etag_matches
 from supervisor.sinks.lkg.fileformat import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -36,7 +43,9 @@ from supervisor.sinks.lkg.fileformat import (
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
 from supervisor.sinks.lkg.statement import Statement
 
-__all__ = ["SignedRevisionFile", "Unservable", "etag_for"]
+__all__ = ["SignedRevisionFile", "Unservable", "etag_for", "not_modified"]
+
+_STATEMENT_ETAG: Final = re.compile(r'"(\d{1,20})\.([0-9a-f]{32})\.(-?\d{1,20})"')
 
 
 def etag_for(revision: int, body_sha256: bytes | None, statement: Statement | None) -> str:
@@ -45,6 +54,19 @@ def etag_for(revision: int, body_sha256: bytes | None, statement: Statement | No
         return statement.etag()
     digest = body_sha256.hex()[:32] if body_sha256 is not None else "-"
     return f'"{revision}.{digest}"'
+
+def not_modified(if_none_match: str | None, etag: str, statement: Statement | None) -> bool:
+    """Whether ``If-None-Match`` lets ``GET /v1/revision`` answer 304 (module docstring)."""
+    if if_none_match is None:
+        return False
+    if etag_matches(if_none_match, etag):
+        return True
+    if statement is None:
+        return False
+    ours = statement.etag()[1:-1].split(".")
+    return any(sequence == ours[0] and digest == ours[1] and int(micros) >= int(ours[2])
+               for sequence, digest, micros in _STATEMENT_ETAG.findall(if_none_match))
+
 
 _FRAMING = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES
 

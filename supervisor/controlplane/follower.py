@@ -20,18 +20,22 @@ A statement is accepted only when all hold, in this order:
 * ``issued_at`` at most :data:`MAX_CLOCK_AHEAD_S` ahead of this replica's
   clock, else ``stale`` (a root whose clock ran ahead must not set the
   highest: see the constant);
-* against the highest statement ever accepted
+* against the highest statement ever accepted and the root it pins
   (:class:`~supervisor.sinks.lkg.accepted.AcceptedStatements`, persisted
-  beside the cache and held by the daemon across child restarts): a lower
-  sequence is ``rollback``, the same sequence with another body ``corrupt``,
-  and a root identity change is accepted only when issued later
-  (:func:`~supervisor.sinks.lkg.accepted.refusal_of`);
+  beside the cache and held by the daemon across child restarts): another
+  root identity is ``denied`` (until ``follower reset`` or
+  ``[control_plane].root_identity``), a lower sequence ``rollback``, the same
+  sequence with another body ``corrupt``
+  (:func:`~supervisor.sinks.lkg.accepted.refusal_of`); the same intent from a
+  sibling root (issued earlier) is no refusal, and the later-expiring of the
+  two is kept;
 * ``expires_at`` not passed, else ``stale``; checked at every poll, a 304
   included (the statement held is judged again);
 * the body within ``max_revision_bytes`` (``denied``), a ``schema_version``
   this build reads (``incompatible``).
 
-Only then is the highest raised (durably, before anything serves it) and the
+Only then is the highest raised (durably, before anything serves it; a failed
+write is retried at every poll, a 304 included) and the
 revision handed to the loop, as a :class:`LoadedRevision` carrying the
 statement and its signed bytes: the loop compiles it with this replica's own
 secrets and, once it serves it, passes those bytes on unchanged to its own
@@ -64,6 +68,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import httpx
@@ -84,7 +89,7 @@ from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
-from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of
+from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of, supersedes
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, decode_file
 from supervisor.sinks.lkg.keys import parse_trusted
@@ -172,6 +177,7 @@ class FollowerStore:
         self._trusted: dict[str, nacl.signing.VerifyKey] = parse_trusted(
             config.trusted_keys, where_key="$.control_plane.trusted_keys")
         self._fetch_timeout_s = config.fetch_timeout_s
+        self._root_identity = config.root_identity
         # Held by the daemon, so a restarted child keeps the highest accepted.
         self._highest = accepted if accepted is not None else AcceptedStatements(None)
         self._clock = clock
@@ -251,8 +257,19 @@ class FollowerStore:
 
     # -- one fetch -----------------------------------------------------------------
 
+    async def _persist(self, call: Callable[[], object]) -> object:
+        try:
+            return await trio.to_thread.run_sync(call)
+        except CacheError as exc:
+            # Held in memory regardless: this process still refuses what it should.
+            log.warning("cannot persist the highest accepted statement; a restart would "
+                        "forget it", error=str(exc))
+            return None
+
     async def _fetch(self) -> _Accepted:
         """GET the upstream's statement (conditionally), judge it, remember it."""
+        if await self._persist(self._highest.sync):
+            self._accepted = None  # reset meanwhile: the next statement is judged afresh
         held = self._accepted
         try:
             with trio.fail_after(self._fetch_timeout_s):
@@ -268,12 +285,11 @@ class FollowerStore:
             self._refuse_expired(held.statement)
             return held
         accepted = self._verify(data)
-        try:
-            await trio.to_thread.run_sync(self._highest.accept, accepted.statement)
-        except CacheError as exc:
-            # Held in memory regardless: this process still refuses what it should.
-            log.warning("cannot persist the highest accepted statement; a restart would "
-                        "forget it", error=str(exc))
+        if held is not None and _same_intent(accepted.statement, held.statement) and (
+                not supersedes(accepted.statement, held.statement)):
+            return held  # a sibling root's earlier-issued statement: the held one stays
+        if supersedes(accepted.statement, self._highest.highest):
+            await self._persist(partial(self._highest.accept, accepted.statement))
         self._accepted = accepted
         return accepted
 
@@ -408,7 +424,7 @@ class FollowerStore:
             raise StatementRefused(reasons.CORRUPT, f"{self._where}: signed revision "
                                    f"{header.revision} is not a revision id")
         self._refuse_ahead(statement)
-        refused = refusal_of(statement, self._highest.highest)
+        refused = refusal_of(statement, self._highest.highest, self._root_identity)
         if refused is not None:
             raise StatementRefused(refused[0], f"{self._where}: {refused[1]}")
         self._refuse_expired(statement)
@@ -425,3 +441,9 @@ class FollowerStore:
             statement=statement,
         )
         return _Accepted(statement, loaded)
+
+
+def _same_intent(one: Statement, other: Statement) -> bool:
+    """One root's one intent: root identity, sequence, revision and body (siblings' match)."""
+    return (one.root, one.sequence, one.revision, one.body_sha256) == (
+        other.root, other.sequence, other.revision, other.body_sha256)

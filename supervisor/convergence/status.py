@@ -32,10 +32,11 @@ is how long ago that was, which ``/healthz`` and the watchdog compare with
 The signed statement the active revision serves under: ``sequence`` (the
 root's desired-state sequence, None without a statement) and ``statement``
 (``sequence``, ``root``, ``issued_at``, ``expires_at``, its ``age_s`` and
-whether it is ``stale``; None without one). In follower mode ``lag_s`` is at
-least the statement's age: it counts from the root's ``issued_at``, so a root
-that stopped signing (its control plane unreadable, or a hop freezing it)
-shows as a growing lag on every follower below it.
+whether it is ``stale``; None without one). In follower mode too ``lag_s`` is
+the divergence time only (0 when converged); the statement's age is
+``statement_age_s`` (None without one), so a root that stopped signing (its
+control plane unreadable, or a hop freezing it) shows as a growing age on
+every follower below it, not as lag.
 
 Two keys beyond the contract's example, so that an outage is visible in the
 report itself and not only as a growing lag: ``control_plane_up`` (the control
@@ -102,11 +103,6 @@ class RevisionStatus:
             self._diverged_at = self._clock()
 
     @property
-    def follower(self) -> bool:
-        """Follower mode: lag counts from the root's issued_at too."""
-        return self.state.upstream is not None
-
-    @property
     def active(self) -> int | None:
         snapshot = self.state.snapshot
         return None if snapshot is None else snapshot.revision
@@ -133,10 +129,7 @@ class RevisionStatus:
 
     @property
     def lag_s(self) -> float:
-        lag = 0.0 if self._diverged_at is None else max(0.0, self._clock() - self._diverged_at)
-        if self.follower and self.statement is not None:
-            lag = max(lag, self.statement.age_s(self._wall_clock()))
-        return lag
+        return 0.0 if self._diverged_at is None else max(0.0, self._clock() - self._diverged_at)
 
     @property
     def statement_expires_at(self) -> float:
@@ -220,5 +213,7 @@ class RevisionStatus:
             sequence=self.sequence,
             statement=(self.statement.report(self._wall_clock())
                        if self.statement is not None else None),
+            statement_age_s=(round(self.statement.age_s(self._wall_clock()), 3)
+                             if self.statement is not None else None),
             upstream=self.state.upstream if self.state.upstream is not None else msgspec.UNSET,
         )

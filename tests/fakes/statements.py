@@ -51,6 +51,24 @@ class Root:
                                key_id=key_id_of(self.key.verify_key), statement=statement)
         return encode_file(header, body, self.key)
 
+    def sign_fields(self, revision: int, sequence: int, body: bytes = BODY, /,
+                    **fields: object) -> bytes:
+        """A version 2 file whose header fields are ``fields`` over genuine ones, as given.
+
+        What no root writes (a time with any offset, a string where a number
+        goes), signed with the root's key: the follower must judge the fields.
+        """
+        issued = datetime.now(UTC)
+        header: dict[str, object] = {
+            "format_version": 2, "revision": revision, "generation": 1, "schema_version": 1,
+            "created_at": issued.isoformat(), "body_length": len(body),
+            "body_sha256": hashlib.sha256(body).hexdigest(),
+            "key_id": key_id_of(self.key.verify_key), "sequence": sequence,
+            "root": self.identity, "issued_at": issued.isoformat(),
+            "expires_at": (issued + timedelta(seconds=300)).isoformat()}
+        header.update(fields)
+        return encode_file(json.dumps(header).encode(), body, self.key)
+
 
 def statement_of(data: bytes) -> Statement:
     """The statement of genuine signed bytes (verified against the key that signed them)."""

@@ -98,8 +98,9 @@ async def test_a_replay_is_refused_after_a_child_crash_and_a_restart_and_never_p
                 f.signal(signal.SIGTERM)
                 assert await f.wait() == 0
                 await stack.enter_async_context(run_daemon(follower.config, env=env))
-                report = await wait_status(follower, rejected("rollback"))
-                assert report["revision"]["active"] == 3
+                # The first refusal may show before the cache has booted: wait for both.
+                report = await wait_status(follower, lambda r: rejected("rollback")(r)
+                                           and r["revision"]["active"] == 3)
                 assert report["revision"]["source"] == "last_known_good"
                 assert report["revision"]["sequence"] == 3
                 assert mark.read_text().strip() == "3"
@@ -138,10 +139,13 @@ async def test_an_operator_rollback_reaches_both_hops_within_a_poll_each_without
             assert (await status_of(root))["revision"]["sequence"] == 4
 
 
-async def test_a_restored_root_reusing_an_id_for_another_body_reaches_its_followers(
+async def test_a_restored_root_reusing_an_id_for_another_body_reaches_its_followers_on_reset(
     tmp_path: Path
 ) -> None:
-    """The root's SQLite file restored from a backup; id 3 then names another body."""
+    """The root's SQLite file restored from a backup; id 3 then names another body.
+
+    The restored file is another root identity: denied until ``follower reset``.
+    """
     database = tmp_path / "cp.db"
     root = make_node(tmp_path, "root", f"sqlite:///{database}", [])
     follower = make_node(tmp_path, "f", root.url, [root.verify_key],
@@ -169,6 +173,9 @@ async def test_a_restored_root_reusing_an_id_for_another_body_reaches_its_follow
             after = statement_of(await capture(root, 3))
             assert after.body_sha256 != before.body_sha256 and after.root != before.root
             assert after.sequence <= before.sequence  # the restored count is behind
+
+            await wait_status(follower, rejected("denied"))
+            await acli("follower", "reset", "--config", str(follower.config), "--yes")
 
             def serves_the_new_body(report: dict) -> bool:  # type: ignore[type-arg]
                 statement = report["revision"]["statement"] or {}

@@ -1,7 +1,8 @@
 """Property: whatever the hub replays, and however often the follower restarts, it never goes back.
 
 A model root publishes, rolls back and is restored from a backup (a new
-identity, its sequence behind); each change is a genuine signed statement.
+identity, its sequence behind; the operator then runs ``follower reset`` while
+the hub serves the restored root); each change is a genuine signed statement.
 The hub in between serves any statement ever signed (a replay), or the latest;
 the follower restarts at any point (a new store, its highest accepted read
 back from the file). Invariants, for any interleaving:
@@ -28,7 +29,7 @@ from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.errors import ControlPlaneError
 from supervisor.controlplane.follower import FollowerStore
 from supervisor.sinks.lkg import Statement, format_verify_key
-from supervisor.sinks.lkg.accepted import AcceptedStatements
+from supervisor.sinks.lkg.accepted import AcceptedStatements, write_reset
 from tests.fakes.statements import BODY, Root, statement_of
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -99,7 +100,7 @@ async def run(ops: list[tuple[str, int]], directory: str) -> None:
         try:
             pointer = await store.observe()
         except ControlPlaneError as exc:
-            assert exc.reason in ("rollback", "corrupt"), exc
+            assert exc.reason in ("rollback", "corrupt", "denied"), exc
             return
         assert pointer is not None and pointer.statement is not None
         statement = pointer.statement
@@ -117,6 +118,9 @@ async def run(ops: list[tuple[str, int]], directory: str) -> None:
             model.rollback(value)
         elif op == "restore":
             model.restore(value)
+            write_reset(path)
+            upstream[0] = model.signed[-1]
+            await poll()
         elif op == "replay":
             upstream[0] = model.signed[value % len(model.signed)]
             await poll()

@@ -25,7 +25,7 @@ from supervisor.controlplane.factory import open_store
 from supervisor.controlplane.follower import ERROR_BODY_BYTES, FollowerStore, forward_path
 from supervisor.errors import ConfigError
 from supervisor.sinks.lkg import encode_file, encode_header, format_verify_key, key_id_of
-from supervisor.sinks.lkg.accepted import AcceptedStatements
+from supervisor.sinks.lkg.accepted import AcceptedStatements, write_reset
 from tests.fakes.statements import BODY, HostileUpstream, Root, gzip_bomb, statement_of
 
 ROOT = Root()
@@ -132,12 +132,16 @@ async def test_the_same_sequence_with_another_body_is_corrupt() -> None:
     await store.observe()
     upstream.data = ROOT.sign(3, sequence=3, body=OTHER_BODY)
     assert (await refusal(store)).reason == "corrupt"
-    # A refresh (same intent, later issued_at) is accepted; an earlier one is a replay.
+    # A refresh (same intent, later issued_at) is accepted; an earlier one (a sibling
+    # root's) is no refusal, and the later-expiring statement is the one kept.
     first = statement_of(ROOT.sign(3, sequence=3))
-    upstream.data = ROOT.sign(3, sequence=3, issued_at=first.issued_at + timedelta(seconds=5))
+    later = ROOT.sign(3, sequence=3, issued_at=first.issued_at + timedelta(seconds=5))
+    upstream.data = later
     assert (await store.observe()) is not None
     upstream.data = ROOT.sign(3, sequence=3, issued_at=first.issued_at - timedelta(seconds=60))
-    assert (await refusal(store)).reason == "rollback"
+    pointer = await store.observe()
+    assert pointer.statement is not None and pointer.statement.signed == later
+    assert store.highest is not None and store.highest.etag() == statement_of(later).etag()
 
 
 async def test_an_expired_statement_is_stale_also_when_the_upstream_answers_304() -> None:
@@ -188,25 +192,55 @@ def test_a_garbled_accepted_file_refuses_to_start(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ConfigError) as info:
         AcceptedStatements(str(path))
-    assert str(path) in str(info.value) and "remove" in str(info.value)
+    assert str(path) in str(info.value) and "follower reset" in str(info.value)
 
 
-async def test_another_root_identity_is_accepted_only_when_issued_later() -> None:
+async def test_another_root_identity_is_denied_until_a_reset_or_root_identity(
+    tmp_path: Path
+) -> None:
     restored = Root(ROOT.key, identity="sqlite:2:99")  # the root's file restored from a backup
     now = datetime.now(UTC)
+    path = str(tmp_path / "lkg.bin.accepted")
     upstream = FakeUpstream(ROOT.sign(3, sequence=9, issued_at=now))
-    store = store_for(upstream)
+    store = store_for(upstream, accepted=AcceptedStatements(path))
     await store.observe()
     upstream.data = restored.sign(3, sequence=2, body=OTHER_BODY,
-                                  issued_at=now - timedelta(seconds=1))
-    assert (await refusal(store)).reason == "rollback"
-    upstream.data = restored.sign(3, sequence=2, body=OTHER_BODY,
-                                  issued_at=now + timedelta(seconds=1))
+                                  issued_at=now + timedelta(seconds=1))  # issued later
+    error = await refusal(store)
+    assert error.reason == "denied"
+    assert "'sqlite:2:99'" in str(error) and f"{ROOT.identity!r}" in str(error)
+    # follower reset, written while the store runs: the next statement is taken and pins.
+    write_reset(path)
     loaded = await store.observe()
     assert loaded is not None and loaded.sequence == 2
-    # And the old root's statements are now replays.
-    upstream.data = ROOT.sign(4, sequence=10, issued_at=now)
-    assert (await refusal(store)).reason == "rollback"
+    assert json.loads(Path(path).read_text())["root"] == "sqlite:2:99"
+    upstream.data = ROOT.sign(4, sequence=10, issued_at=now + timedelta(seconds=2))
+    assert (await refusal(store)).reason == "denied"
+    # A restart after a reset restores nothing; root_identity re-pins without a reset.
+    write_reset(path)
+    assert AcceptedStatements(path).highest is None and AcceptedStatements(path).reset
+    upstream.data = restored.sign(3, sequence=2, body=OTHER_BODY)
+    await store_for(upstream, accepted=AcceptedStatements(path)).observe()
+    upstream.data = ROOT.sign(4, sequence=1)
+    repinned = store_for(upstream, accepted=AcceptedStatements(path),
+                         root_identity=ROOT.identity)
+    pointer = await repinned.observe()
+    assert pointer.sequence == 1 and json.loads(Path(path).read_text())["root"] == ROOT.identity
+
+
+async def test_an_unwritten_accepted_file_is_written_again_at_the_next_304(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "lkg.bin.accepted"
+    upstream = FakeUpstream(ROOT.sign(3, sequence=3))
+    store = store_for(upstream, accepted=AcceptedStatements(str(path)))
+    path.mkdir()  # the atomic rename fails, as a write on a full disk does
+    await store.observe()
+    assert path.is_dir()
+    path.rmdir()
+    await store.observe()  # 304
+    assert upstream.not_modified == 1
+    assert json.loads(Path(path).read_text())["sequence"] == 3
 
 
 async def test_newer_schema_is_incompatible_and_oversize_is_denied() -> None:

@@ -31,7 +31,7 @@ def test_the_report_before_any_attempt() -> None:
         "desired": None, "loaded": None, "active": None, "generation": 0, "source": None,
         "lag_s": 0.0, "last_convergence_s": None, "consecutive_failures": 0,
         "last_rejection": None, "control_plane_up": None, "last_error": None,
-        "sequence": None, "statement": None,
+        "sequence": None, "statement": None, "statement_age_s": None,
     }
 
 
@@ -136,10 +136,10 @@ def test_an_answer_after_an_outage_ends_the_lag_at_once() -> None:
     assert status.report().lag_s == 0.0
 
 
-def test_a_followers_lag_counts_from_the_roots_issued_at_and_a_roots_does_not() -> None:
+def test_lag_is_the_divergence_time_and_the_statement_age_is_apart() -> None:
     issued = datetime(2026, 1, 1, tzinfo=UTC)
     statement = Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, issued + timedelta(seconds=300))
-    for upstream, lag in ((None, 0.0), ("http://hub:9464", 40.0)):
+    for upstream in (None, "http://hub:9464"):
         state = ActiveState(upstream=upstream)
         state.swap(FakeSnapshot(1, 1), source="control_plane",  # type: ignore[arg-type]
                    statement=statement)
@@ -147,7 +147,8 @@ def test_a_followers_lag_counts_from_the_roots_issued_at_and_a_roots_does_not() 
                                 wall_clock=lambda: issued + timedelta(seconds=40))
         status.observed(1)
         report = status.report()
-        assert report.lag_s == lag
+        assert report.lag_s == 0.0  # converged: what the root desires serves
+        assert report.statement_age_s == 40.0
         assert report.source == (upstream or "control_plane")
         assert report.upstream == (msgspec.UNSET if upstream is None else upstream)
 

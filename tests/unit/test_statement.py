@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from supervisor.sinks.lkg import Statement
-from supervisor.sinks.lkg.accepted import refusal_of
+from supervisor.sinks.lkg.accepted import refusal_of, supersedes
 from supervisor.status_doc import StatementReport
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -43,14 +43,15 @@ def test_without_bytes_drops_only_the_signed_bytes() -> None:
 @pytest.mark.parametrize(("changes", "reason"), [
     ({}, None),  # the same statement again
     ({"issued_at": T0 + timedelta(seconds=1)}, None),  # a refresh
-    ({"issued_at": T0 - timedelta(seconds=1)}, "rollback"),  # an earlier refresh replayed
+    ({"issued_at": T0 - timedelta(seconds=1)}, None),  # a sibling root's, or an earlier one
     ({"sequence": 8, "revision": 1}, None),  # an operator's rollback: higher sequence
     ({"sequence": 6, "issued_at": T0 + timedelta(days=1)}, "rollback"),  # older intent
     ({"revision": 4}, "corrupt"),  # one sequence, two revisions
     ({"body_sha256": "cd" * 32}, "corrupt"),  # one sequence, two bodies
-    ({"root": "pg:9:9", "sequence": 1, "issued_at": T0 + timedelta(seconds=1)}, None),
-    ({"root": "pg:9:9", "sequence": 99, "issued_at": T0}, "rollback"),  # not after
-    ({"root": "pg:9:9", "sequence": 99, "issued_at": T0 - timedelta(seconds=1)}, "rollback"),
+    # Another root identity, however issued: the follower is pinned to its first.
+    ({"root": "pg:9:9", "sequence": 1, "issued_at": T0 + timedelta(seconds=1)}, "denied"),
+    ({"root": "pg:9:9", "sequence": 99, "issued_at": T0}, "denied"),
+    ({"root": "pg:9:9", "sequence": 99, "issued_at": T0 - timedelta(seconds=1)}, "denied"),
 ])
 def test_refusal_against_the_highest_accepted(changes: dict[str, object],
                                               reason: str | None) -> None:
@@ -72,3 +73,32 @@ def test_a_corrupt_refusal_names_both_digests_by_their_first_12_hex_characters()
     refused = refusal_of(replace(HIGHEST, body_sha256="cd" * 32), HIGHEST)
     assert refused is not None and refused[0] == "corrupt"
     assert "(sha256 cdcdcdcdcdcd)" in refused[1] and "(sha256 abababababab)" in refused[1]
+
+
+def test_another_root_is_denied_naming_both_until_root_identity_names_it() -> None:
+    other = replace(HIGHEST, root="pg:9:9", sequence=1)
+    refused = refusal_of(other, HIGHEST)
+    assert refused is not None and refused[0] == "denied"
+    assert "'pg:9:9'" in refused[1] and "'pg:1:2'" in refused[1]
+    assert "follower reset" in refused[1]
+    # [control_plane].root_identity re-pins: the new root's count starts afresh.
+    assert refusal_of(other, HIGHEST, "pg:9:9") is None
+    refused = refusal_of(HIGHEST, None, "pg:9:9")
+    assert refused is not None and "[control_plane].root_identity" in refused[1]
+
+
+def test_a_rollback_names_both_sequences_and_the_root() -> None:
+    refused = refusal_of(replace(HIGHEST, sequence=2), HIGHEST)
+    assert refused is not None and refused[0] == "rollback"
+    assert all(text in refused[1] for text in ("sequence 2", "sequence 7", "'pg:1:2'",
+                                                "follower reset"))
+
+
+def test_of_two_siblings_the_later_expiring_supersedes() -> None:
+    later = replace(HIGHEST, issued_at=T0 - timedelta(seconds=5),
+                    expires_at=HIGHEST.expires_at + timedelta(seconds=1))
+    assert supersedes(later, HIGHEST) and not supersedes(HIGHEST, later)
+    assert not supersedes(HIGHEST, HIGHEST)
+    assert supersedes(replace(HIGHEST, sequence=8), HIGHEST)
+    assert not supersedes(replace(HIGHEST, sequence=6), HIGHEST)
+    assert supersedes(HIGHEST, None) and supersedes(replace(HIGHEST, root="x"), HIGHEST)

@@ -23,7 +23,9 @@ __all__ = ["Column", "render_control_plane", "schema"]
 
 _CREATE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\((.*?)\)\s*;",
                      re.S | re.I)
-_ADD = re.compile(r"ALTER\s+TABLE\s+(\w+)\s+ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?"
+# ``ADD CONSTRAINT name ...`` adds no column.
+_ADD = re.compile(r"ALTER\s+TABLE\s+(\w+)\s+ADD\s+(?!CONSTRAINT\b)(?:COLUMN\s+)?"
+                  r"(?:IF\s+NOT\s+EXISTS\s+)?"
                   r"(\w+)\s+([^;]*?)\s*;", re.S | re.I)
 _FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)", re.I)
 _TABLE_CONSTRAINT = ("PRIMARY", "FOREIGN", "UNIQUE", "CHECK", "CONSTRAINT", "EXCLUDE")

@@ -1,54 +1,68 @@
-"""A follower's highest accepted statement: its rollback protection, kept across restarts.
+"""A follower's highest accepted statement and the root it is pinned to, kept across restarts.
 
 ``<cache path>.accepted`` (:data:`ACCEPTED_SUFFIX`) holds the statement
 (:mod:`~supervisor.sinks.lkg.statement`, without its signature: it was
 verified when accepted) of the highest root intent this follower ever
-accepted, as one JSON object, replaced atomically and fsynced before the
-statement it names is served. It is read when the daemon starts and kept in
-memory by the daemon, not by the convergence child, so neither a crash of the
-child nor a restart of the process forgets it.
+accepted, as one JSON object, replaced atomically and fsynced. Its ``root``
+is the root identity this follower is pinned to (as TUF pins its root): set
+by the first statement accepted, and kept until ``trio-supervisor follower
+reset`` replaces the file with a reset record (:func:`write_reset`). It is
+read when the daemon starts and kept in memory by the daemon, not by the
+convergence child, so neither a crash of the child nor a restart of the
+process forgets it. A write that fails (a full disk) is retried at every poll
+(:meth:`AcceptedStatements.sync`) until one succeeds; the same call notices a
+reset written meanwhile and forgets the highest, so a running follower takes
+its root's next statement without a restart.
 
 :func:`refusal_of` is the rule a candidate statement must pass against it
 (after its signature verified, before its expiry is looked at):
 
-* another root identity (the root's control plane was restored from a backup,
-  or replaced): accepted only when issued after the highest accepted
-  statement, so a replay of anything the old root ever signed stays refused,
-  while the new root's sequence (which may restart lower) starts a new count;
+* another root identity than the pinned one (or than ``[control_plane].root_identity``
+  when set, which re-pins): ``denied``, naming both, however it was issued: a
+  restored copy of the root's database (a DR drill, a staging clone) signing
+  with the same key must not move the tree;
 * the same root: a lower ``sequence`` is ``rollback`` (a replay of an older
-  statement); the same ``sequence`` naming another revision or body is
+  statement, or a root whose count went back: both numbers and the root are
+  named); the same ``sequence`` naming another revision or body is
   ``corrupt`` (one intent, two contents: a forger or a broken root); the same
-  intent issued before the one held is ``rollback`` (a replay of an earlier
-  refresh, which would make the tree look fresher than it is).
+  intent issued earlier is no refusal: a sibling root (another replica on the
+  same control plane) signed it, and :func:`supersedes` keeps the
+  later-expiring one.
 
 Missing file: nothing accepted yet (a first start), unless this follower has
 passed a statement on: :meth:`AcceptedStatements.restore_from` then takes the
-root's signed bytes it forwards (verified again) as the highest, so a deleted
-file does not silently drop the protection (to reset it deliberately, remove
-both files). A file that cannot be
+root's signed bytes it forwards (verified again) when higher, so a deleted or
+unwritten file does not silently drop the protection. A file that cannot be
 read or decoded refuses to start (:class:`~supervisor.errors.ConfigError`
-naming it): silently dropping rollback protection is never the answer; remove
-the file to reset it deliberately. Blocking file I/O: call from a worker thread.
+naming it): silently dropping rollback protection is never the answer.
+Blocking file I/O: call from a worker thread.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Final
 
 import msgspec
 
 from supervisor import reasons
+from supervisor.bounds import OutOfRange, quoted
 from supervisor.errors import ConfigError
 from supervisor.sinks.atomic import write_atomic
 from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, CacheUnwritable
 from supervisor.sinks.lkg.fileformat import decode_file
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
 from supervisor.sinks.lkg.keys import parse_trusted
-from supervisor.sinks.lkg.statement import Statement
+from supervisor.sinks.lkg.statement import Statement, utc_times
 
-__all__ = ["ACCEPTED_SUFFIX", "AcceptedStatements", "refusal_of"]
+__all__ = ["ACCEPTED_SUFFIX", "RESET_HINT", "AcceptedStatements", "refusal_of", "supersedes",
+           "write_reset"]
+
+#: How an operator moves a follower to another root, or below a sequence it holds.
+RESET_HINT: Final = ("`trio-supervisor follower reset --config FILE` forgets it (or "
+                     "[control_plane].root_identity names the root to follow)")
 
 ACCEPTED_SUFFIX: Final = ".accepted"
 _MAX_BYTES: Final = 4096
@@ -63,20 +77,35 @@ class _Record(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     expires_at: datetime
 
 
-def refusal_of(candidate: Statement, highest: Statement | None) -> tuple[str, str] | None:
-    """(reason, detail) when ``candidate`` may not be accepted after ``highest``; else None."""
-    if highest is None:
-        return None
-    if candidate.root != highest.root:
-        if candidate.issued_at > highest.issued_at:
-            return None
-        return (ROLLBACK, f"a statement of root {candidate.root!r} issued at "
-                f"{candidate.issued_at.isoformat()}, not after the statement of root "
-                f"{highest.root!r} already accepted (issued at {highest.issued_at.isoformat()})")
+class _Reset(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What ``follower reset`` leaves: nothing accepted, no root pinned, no restore."""
+
+    reset_at: datetime
+
+
+def refusal_of(candidate: Statement, highest: Statement | None,
+               root_identity: str | None = None) -> tuple[str, str] | None:
+    """(reason, detail) when ``candidate`` may not be accepted after ``highest``; else None.
+
+    ``root_identity`` (``[control_plane].root_identity``) pins the root in place of
+    ``highest``'s.
+    """
+    pinned = root_identity if root_identity is not None else (
+        highest.root if highest is not None else None)
+    if pinned is not None and candidate.root != pinned:
+        source = ("[control_plane].root_identity" if root_identity is not None
+                  else "the first statement it accepted")
+        return (reasons.DENIED, f"a statement of root {quoted(candidate.root)}, but this "
+                f"follower is pinned to root {quoted(pinned)} (by {source}): another control "
+                f"plane signing with a trusted key; to follow the new root, {RESET_HINT}")
+    if highest is None or candidate.root != highest.root:
+        return None  # the first statement, or the first of the root named by root_identity
     if candidate.sequence < highest.sequence:
-        return (ROLLBACK, f"sequence {candidate.sequence} (revision {candidate.revision}) is "
-                f"below sequence {highest.sequence} (revision {highest.revision}) already "
-                "accepted: a replayed statement")
+        return (ROLLBACK, f"sequence {candidate.sequence} (revision {candidate.revision}) of "
+                f"root {quoted(candidate.root)} is below sequence {highest.sequence} "
+                f"(revision {highest.revision}) already accepted: a replayed statement, or "
+                f"a root whose count went back; if the root will never reach "
+                f"{highest.sequence} again, {RESET_HINT}")
     if candidate.sequence == highest.sequence:
         if (candidate.revision, candidate.body_sha256) != (highest.revision,
                                                             highest.body_sha256):
@@ -84,11 +113,23 @@ def refusal_of(candidate: Statement, highest: Statement | None) -> tuple[str, st
                     f"{candidate.revision} (sha256 {candidate.body_sha256[:12]}), but revision "
                     f"{highest.revision} (sha256 {highest.body_sha256[:12]}) was accepted "
                     "under the same sequence")
-        if candidate.issued_at < highest.issued_at:
-            return (ROLLBACK, f"sequence {candidate.sequence} issued at "
-                    f"{candidate.issued_at.isoformat()}, before the refresh already accepted "
-                    f"(issued at {highest.issued_at.isoformat()}): a replayed statement")
     return None
+
+
+def supersedes(candidate: Statement, highest: Statement | None) -> bool:
+    """Whether an accepted ``candidate`` replaces ``highest``: another root, a higher
+    sequence, or the same intent expiring later (of two siblings, the later-expiring)."""
+    if highest is None or candidate.root != highest.root:
+        return True
+    if candidate.sequence != highest.sequence:
+        return candidate.sequence > highest.sequence
+    return (candidate.expires_at, candidate.issued_at) > (highest.expires_at, highest.issued_at)
+
+
+def write_reset(path: str) -> None:
+    """Replace the accepted file at ``path`` with a reset record (``follower reset``)."""
+    record = _Reset(datetime.now(UTC))
+    write_atomic(path, msgspec.json.encode(record) + b"\n", mode=0o600)
 
 
 class AcceptedStatements:
@@ -97,6 +138,11 @@ class AcceptedStatements:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._highest: Statement | None = None
+        #: A reset record is on disk: nothing accepted, and nothing is restored.
+        self.reset = False
+        # The file as last read or written (inode, mtime, size); another: someone reset it.
+        self._seen: tuple[int, int, int] | None = None
+        self._durable = True
         self._lock = threading.Lock()
         if path is not None:
             self._highest = self._read(path)
@@ -105,11 +151,24 @@ class AcceptedStatements:
     def highest(self) -> Statement | None:
         return self._highest
 
-    @staticmethod
-    def _read(path: str) -> Statement | None:
+    @property
+    def durable(self) -> bool:
+        """Whether the file holds what is in memory (False after a failed write)."""
+        return self._durable
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self, path: str) -> Statement | None:
         where = "$.cache.path"
-        reset = (f"remove {path} (and the statement passed on, beside it) to reset the "
+        reset = (f"`trio-supervisor follower reset` (or removing {path}) resets the "
                  "follower's rollback protection deliberately")
+        self._seen = self._stat()
         try:
             raw = read_regular(path, limit=_MAX_BYTES)
         except NotRegularFile as exc:
@@ -121,22 +180,58 @@ class AcceptedStatements:
         try:
             record = msgspec.json.decode(raw, type=_Record)
         except msgspec.DecodeError as exc:
-            raise ConfigError(where, f"{path} is not an accepted statement ({exc}); {reset}"
-                              ) from exc
+            try:
+                msgspec.json.decode(raw, type=_Reset)
+            except msgspec.DecodeError:
+                raise ConfigError(where, f"{path} is not an accepted statement ({exc}); "
+                                  f"{reset}") from exc
+            self.reset = True
+            return None
+        try:
+            issued_at, expires_at = utc_times(record.issued_at, record.expires_at)
+        except OutOfRange as exc:
+            raise ConfigError(where, f"{path} is not an accepted statement ({exc}); "
+                              f"{reset}") from None
+        self.reset = False
         return Statement(record.revision, record.body_sha256, record.sequence, record.root,
-                         record.issued_at, record.expires_at)
+                         issued_at, expires_at)
+
+    def sync(self) -> bool:
+        """At every poll: take a reset written meanwhile, or write again a failed write.
+
+        True when the file was read again (changed by someone else: a reset); a
+        file removed, or changed into something unreadable, is written again from
+        memory. Raises CacheUnwritable as :meth:`accept` when the write fails.
+        """
+        if self.path is None:
+            return False
+        with self._lock:
+            now = self._stat()
+            if now is not None and now != self._seen:
+                try:
+                    self._highest = self._read(self.path)
+                except ConfigError:
+                    self._durable = False  # overwritten below from memory
+                else:
+                    self._durable = True
+                    return True
+            if (now is None or not self._durable) and self._highest is not None:
+                self._write(self._highest)
+            return False
 
     def restore_from(self, signed_path: str, trusted_keys: list[str], *,
                      limit: int) -> Statement | None:
-        """With nothing accepted: the statement of the root's signed file at ``signed_path``.
+        """The statement of the root's signed file at ``signed_path``, when it supersedes.
 
         The file a follower passes on holds a statement it accepted, so it is a
-        floor for the highest (the accepted file deleted, or lost to a disk
-        restored without it). Verified against ``trusted_keys``; a missing,
-        unreadable or refused file restores nothing (None). Made the highest
-        (and written) when restored; raises CacheUnwritable as :meth:`accept`.
+        floor for the highest (the accepted file deleted, lost to a disk
+        restored without it, or not written on a full disk). Verified against
+        ``trusted_keys``; a missing, unreadable or refused file, one of another
+        root than the pinned one, or a reset record restores nothing (None).
+        Made the highest (and written) when restored; raises CacheUnwritable as
+        :meth:`accept`.
         """
-        if self._highest is not None:
+        if self.reset:
             return None
         try:
             data = read_regular(signed_path, limit=limit)
@@ -146,8 +241,10 @@ class AcceptedStatements:
         except (NotRegularFile, OSError, CacheError, ConfigError):
             return None
         statement = header.statement()
-        if statement is not None:
-            self.accept(statement)
+        if statement is None or refusal_of(statement, self._highest) is not None or (
+                not supersedes(statement, self._highest)):
+            return None
+        self.accept(statement)
         return statement
 
     def accept(self, statement: Statement) -> None:
@@ -155,17 +252,24 @@ class AcceptedStatements:
 
         Raises :class:`~supervisor.sinks.lkg.errors.CacheUnwritable` when the
         file cannot be written; the statement is then held in memory anyway
-        (this process still refuses what it would have refused), and the next
-        accept writes again.
+        (this process still refuses what it would have refused), and
+        :meth:`sync` writes again at the next poll.
         """
         with self._lock:
             self._highest = statement.without_bytes()
-            if self.path is None:
-                return
-            record = _Record(statement.revision, statement.body_sha256, statement.sequence,
-                             statement.root, statement.issued_at, statement.expires_at)
-            try:
-                write_atomic(self.path, msgspec.json.encode(record) + b"\n", mode=0o600)
-            except OSError as exc:
-                raise CacheUnwritable(self.path, "the highest accepted statement could not be "
-                                      f"written: {exc.strerror or exc}") from exc
+            self.reset = False
+            if self.path is not None:
+                self._write(self._highest)
+
+    def _write(self, statement: Statement) -> None:
+        assert self.path is not None
+        record = _Record(statement.revision, statement.body_sha256, statement.sequence,
+                         statement.root, statement.issued_at, statement.expires_at)
+        self._durable = False
+        try:
+            write_atomic(self.path, msgspec.json.encode(record) + b"\n", mode=0o600)
+        except OSError as exc:
+            raise CacheUnwritable(self.path, "the highest accepted statement could not be "
+                                  f"written: {exc.strerror or exc}") from exc
+        self._durable = True
+        self._seen = self._stat()

@@ -53,9 +53,10 @@ import nacl.exceptions
 import nacl.signing
 
 from supervisor import reasons
+from supervisor.bounds import OutOfRange
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.keys import KEY_ID_HEX_DIGITS
-from supervisor.sinks.lkg.statement import Statement
+from supervisor.sinks.lkg.statement import Statement, utc_times
 
 __all__ = [
     "FIRST_FORMAT_VERSION",
@@ -99,7 +100,7 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defau
     body_length: _NonNegative
     body_sha256: _Sha256Hex
     key_id: _KeyId
-    sequence: _NonNegative | None = None
+    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None
     root: _Root | None = None
     issued_at: datetime | None = None
     expires_at: datetime | None = None
@@ -274,6 +275,15 @@ def decode_file(
     if any(moment is not None and moment.tzinfo is None
            for moment in (header.issued_at, header.expires_at)):
         corrupt("the header is authentic but its times have no time zone", header.revision)
+    try:
+        created_at = header.created_at.astimezone(UTC)
+        if header.issued_at is not None and header.expires_at is not None:
+            issued_at, expires_at = utc_times(header.issued_at, header.expires_at)
+            header = msgspec.structs.replace(header, issued_at=issued_at, expires_at=expires_at)
+        header = msgspec.structs.replace(header, created_at=created_at)
+    except (OutOfRange, OverflowError) as exc:
+        corrupt(f"the header is authentic but its times are out of range: {exc}",
+                header.revision)
     if len(body) != header.body_length:
         corrupt(
             f"the body is {len(body)} bytes but the signed header says {header.body_length} "

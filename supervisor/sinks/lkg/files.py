@@ -17,9 +17,11 @@ file on every poll with their own revisions, and a later boot would serve
 whichever wrote last. It takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<cache
 path>.lock`` (created 0600, its directory 0700 when missing) and keeps the
 file open: the kernel releases the lock when the process ends however it ends,
-so a crashed daemon never leaves a stale lock behind. A second daemon is
-refused at start with a :class:`~supervisor.errors.ConfigError` at
-``$.cache.path`` naming the path (exit 2). A lock file that cannot be made at
+so a crashed daemon never leaves a stale lock behind. The holder writes its
+pid into the file. A second daemon waits up to :data:`LOCK_WAIT_S` for the
+lock (a previous instance still stopping), then is refused with a
+:class:`~supervisor.errors.StartError` naming the path and the holder's pid
+(exit 1: a restart may succeed once the holder is gone). A lock file that cannot be made at
 all (the cache's directory is a file, read-only, or full) is not a reason to
 stop serving: the cache cannot be written either, which the sinks report
 (``/status`` ``sinks.cache``), so :func:`hold_cache_lock` returns None and the
@@ -39,15 +41,17 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import time
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, StartError
 from supervisor.filemodes import describe_mode, refuse_unsafe_place
 from supervisor.sinks.atomic import directory_mode, fsync_directory, write_atomic
 
 __all__ = [
     "LOCK_SUFFIX",
+    "LOCK_WAIT_S",
     "CacheFiles",
     "CacheLock",
     "DurableFiles",
@@ -174,6 +178,9 @@ def _create_missing(directory: str) -> None:
 
 
 LOCK_SUFFIX: Final = ".lock"
+#: How long a second daemon waits for the cache lock, and how often it tries.
+LOCK_WAIT_S: Final = 10.0
+_LOCK_RETRY_S: Final = 0.1
 
 
 class CacheLock:
@@ -189,10 +196,13 @@ class CacheLock:
             self._fd = None
 
 
-def hold_cache_lock(cache_path: str) -> CacheLock | None:
-    """Lock ``cache_path`` for this process; ConfigError when another daemon holds it.
+def hold_cache_lock(cache_path: str, *, wait_s: float = LOCK_WAIT_S) -> CacheLock | None:
+    """Lock ``cache_path`` for this process, waiting up to ``wait_s`` for another holder.
 
-    None when the lock file cannot be made (see the module docstring).
+    Raises :class:`~supervisor.errors.StartError` when another daemon still
+    holds it then; None when the lock file cannot be made (module docstring).
+    Blocking (it sleeps while it waits): call it before the daemon's event loop
+    serves anything, or from a worker thread.
     """
     path = cache_path + LOCK_SUFFIX
     try:
@@ -201,13 +211,26 @@ def hold_cache_lock(cache_path: str) -> CacheLock | None:
                      0o600)
     except OSError:
         return None
+    deadline = time.monotonic() + wait_s
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ConfigError(_WHERE, f"{cache_path} is in use by another daemon (it holds the "
-                          f"lock {path}): one daemon per cache") from None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                    raise StartError(
+                        f"{cache_path} is in use by another daemon (pid {holder} holds the "
+                        f"lock {path}, still after {wait_s:g} s): one daemon per cache"
+                    ) from None
+                time.sleep(_LOCK_RETRY_S)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError as exc:
         os.close(fd)
         raise ConfigError(_WHERE, f"cannot lock {path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
     return CacheLock(path, fd)

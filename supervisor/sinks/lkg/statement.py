@@ -15,6 +15,11 @@ alive and reading its control plane at ``issued_at``.
 :meth:`Statement.etag` is what ``GET /v1/revision`` answers as ``ETag``: it
 changes whenever the sequence, the body or ``issued_at`` does, so a revision
 id reused for another body (a restore from a backup) is never a 304.
+
+Its times are checked where they enter (:func:`utc_times`): each converts to
+UTC inside years :data:`YEARS`, and the window from ``issued_at`` to
+``expires_at`` is at most :data:`MAX_WINDOW_S`; a signed header outside these
+is refused as ``corrupt`` before any clock arithmetic sees it.
 """
 
 from __future__ import annotations
@@ -23,12 +28,40 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from supervisor.bounds import OutOfRange, check_range
 from supervisor.status_doc import StatementReport
 
-__all__ = ["Statement", "etag_of"]
+__all__ = ["MAX_WINDOW_S", "YEARS", "Statement", "etag_of", "utc_times"]
+
+#: The years a statement's times may fall in, after conversion to UTC.
+YEARS: Final = (2000, 9998)
+#: The longest a statement may be valid: ``expires_at - issued_at``, in seconds.
+MAX_WINDOW_S: Final = 30 * 86400
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
+
+
+def _utc(what: str, moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise OutOfRange(what, moment.isoformat(), "a time with its offset", "")
+    try:
+        utc = moment.astimezone(UTC)
+    except (OverflowError, ValueError):  # past year 9999 or before year 1 once converted
+        raise OutOfRange(what, moment.isoformat(), *YEARS) from None
+    check_range(f"{what} (year, in UTC)", utc.year, *YEARS)
+    return utc
+
+
+def utc_times(issued_at: datetime, expires_at: datetime) -> tuple[datetime, datetime]:
+    """Both times in UTC, in range (module docstring); :class:`OutOfRange` otherwise.
+
+    A time without an offset is out of range too.
+    """
+    issued, expires = _utc("issued_at", issued_at), _utc("expires_at", expires_at)
+    check_range("expires_at - issued_at (seconds, at most 30 days)",
+                (expires - issued).total_seconds(), 0.0, float(MAX_WINDOW_S))
+    return issued, expires
 
 
 def etag_of(sequence: int, body_sha256_hex: str, issued_at: datetime) -> str:
