@@ -337,7 +337,14 @@ class Daemon:
     # -- signals ---------------------------------------------------------------
 
     async def _on_sighup(self) -> None:
-        """Re-read the file off the loop (:mod:`~supervisor.lifecycle.reload`), then the hooks."""
+        """Re-read the file off the loop (:mod:`~supervisor.lifecycle.reload`), then the hooks.
+
+        Once ready, systemd is told ``RELOADING=1`` first and ``READY=1`` when done.
+        """
+        ready = self._ready
+        if ready:
+            self.notifier.reloading()
+        failed: list[str] = []
         if self.config_path is not None:
             if self._reload is None:
                 self._reload = ConfigReload(self.config_path, self.config)
@@ -346,8 +353,15 @@ class Daemon:
                 logs.set_level(fresh.log.level)
                 log.info("SIGHUP: log level set", new_level=fresh.log.level)
                 self._reload.restart_needed(fresh)
+            else:
+                failed.append(f"configuration not reloaded: {self._reload.last_error}")
         for name, exc in self.hup.run():
             log.error("SIGHUP hook failed", hook=name, error=str(exc))
+            failed.append(f"{name} failed: {exc}")
+        if ready:
+            active = self.status.active
+            self.notifier.reloaded("; ".join(["reload failed", *failed]) if failed
+                                   else f"reloaded; serving revision {active}")
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:

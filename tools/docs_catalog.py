@@ -268,7 +268,8 @@ SIGNALS: Final[dict[str, str]] = {
     "start order, all within `[supervisor].shutdown_grace_s`; exit 0. A second SIGTERM or "
     "SIGINT cancels everything at once.",
     "SIGINT": "As SIGTERM (Ctrl-C).",
-    "SIGHUP": "Re-read `[log].level` from the configuration file and run a convergence "
+    "SIGHUP": "Under systemd `RELOADING=1` first, `READY=1` when done. Re-read "
+    "`[log].level` from the configuration file and run a convergence "
     "attempt now (and wake the fan-out watchers waiting in their preflight). The file is read "
     "off the event loop within 5 s (anything but a regular file is refused); every other "
     "changed key is named in one warning, `SIGHUP: restart needed for <keys>`.",
@@ -279,6 +280,11 @@ SYSTEMD: Final[dict[str, str]] = {
     "watcher waiting in its preflight has started: READY never waits for Kubernetes).",
     "STATUS": "On state changes: what is served, what is failing, `stopping`.",
     "STOPPING": "When shutdown begins (the first SIGTERM/SIGINT).",
+    "RELOADING": "On SIGHUP once ready, before the re-read (`Type=notify-reload` waits for "
+    "it); `READY=1` follows when the reload is done, its `STATUS=` saying `reloaded` or "
+    "`reload failed; <why>`.",
+    "MONOTONIC_USEC": "With `RELOADING=1`: `CLOCK_MONOTONIC` in microseconds when the reload "
+    "began.",
     "WATCHDOG": "Every half `WATCHDOG_USEC` (when `WATCHDOG_PID` is unset or this process) "
     "while healthy; a crash-looping tree, a restarted child stuck `starting` or a stalled "
     "loop stops it, so `WatchdogSec` restarts the process.",
