@@ -38,7 +38,7 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
-from supervisor.lifecycle.reload import ConfigReload
+from supervisor.lifecycle.reload import RELOAD_TIMEOUT_S, ConfigReload
 from supervisor.lifecycle.signals import FAULT_DIR_ENV, HANDLED, HupHooks, run_fault_injection
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
@@ -47,6 +47,7 @@ from supervisor.tree import ChildSpec, Restart, Supervisor
 from supervisor.wakeup import Wakeup
 
 if TYPE_CHECKING:
+    from supervisor.admin.context import AdminContext
     from supervisor.admin.signed import SignedRevisionFile
     from supervisor.fanout.leadership import LeadershipStatus
     from supervisor.sinks.lkg import LastKnownGood
@@ -85,6 +86,7 @@ class Daemon:
     _ready: bool = False
     _watchdog_was_healthy: bool = True
     _reload: ConfigReload | None = None
+    _admin_ctx: AdminContext | None = None
     # Follower mode: the highest statement accepted, kept across child restarts.
     _accepted: AcceptedStatements | None = None
 
@@ -122,6 +124,7 @@ class Daemon:
                 converge=self.signal.converge, signed=self._signed_revision_file(),
                 leadership=self.leadership.report if self.leadership is not None else None,
                 sinks=self.sinks)
+            self._admin_ctx = ctx  # SIGHUP replaces its tokens
             async with trio.open_nursery() as nursery:
                 await nursery.start(
                     partial(serve_admin, tls=tls.current if tls is not None else None),
@@ -355,6 +358,16 @@ class Daemon:
                 self._reload.restart_needed(fresh)
             else:
                 failed.append(f"configuration not reloaded: {self._reload.last_error}")
+        admin = self.config.admin
+        if self._admin_ctx is not None and (admin.token_file or admin.read_token_file):
+            from supervisor.admin.auth import reread_tokens
+
+            tokens = await reread_tokens(admin.token_file, admin.read_token_file,
+                                         timeout_s=RELOAD_TIMEOUT_S)
+            if tokens is None:
+                failed.append("tokens not reloaded")
+            else:
+                self._admin_ctx.token, self._admin_ctx.read_token = tokens
         for name, exc in self.hup.run():
             log.error("SIGHUP hook failed", hook=name, error=str(exc))
             failed.append(f"{name} failed: {exc}")
