@@ -273,8 +273,8 @@ SIGNALS: Final[dict[str, str]] = {
     "attempt now (and wake the fan-out watchers waiting in their preflight). The file is read "
     "off the event loop within 5 s (anything but a regular file is refused); every other "
     "changed key is named in one warning, `SIGHUP: restart needed for <keys>`. "
-    "`[admin].token_file` and `read_token_file` are read again (`SIGHUP: tokens reloaded`): the old tokens are "
-    "refused from then on; an unusable file keeps both old ones.",
+    "`[admin].token_file` and `read_token_file` are read again (`SIGHUP: tokens reloaded`): "
+    "the old tokens are refused from then on; an unusable file keeps both old ones.",
 }
 
 SYSTEMD: Final[dict[str, str]] = {
