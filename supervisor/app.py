@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from supervisor.admin.context import AdminContext
     from supervisor.admin.signed import SignedRevisionFile
     from supervisor.fanout.leadership import LeadershipStatus
+    from supervisor.sinks.hook import ReloadHook
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.accepted import AcceptedStatements
 
@@ -337,6 +338,16 @@ class Daemon:
         if troubled and self._ready:
             self.notifier.status("restarting: " + ", ".join(troubled))
 
+    def _reload_hook(self) -> ReloadHook:
+        """``[hook].command``, told of each swap through the sinks' status."""
+        from supervisor.sinks.hook import ReloadHook
+
+        hook, path = self.config.hook, self.config.snapshot.path
+        self.sinks.hook = ReloadHook(hook.command, hook.timeout_s, state=self.state,
+                                     metrics=self.metrics,
+                                     snapshot_path=os.path.abspath(path) if path else None)
+        return self.sinks.hook
+
     # -- signals ---------------------------------------------------------------
 
     async def _on_sighup(self) -> None:
@@ -431,6 +442,8 @@ class Daemon:
             tree_scope = trio.CancelScope()
             async with trio.open_nursery() as root:
                 root.start_soon(self._signals, receiver, tree_scope, root)
+                if self.config.hook.command:
+                    root.start_soon(self._reload_hook().run)
                 fault_dir = os.environ.get(FAULT_DIR_ENV)
                 if fault_dir:
                     root.start_soon(run_fault_injection, fault_dir, lambda child, hang: (

@@ -54,5 +54,18 @@ ADMIN: Final = (
              "test_oversized_heads_and_bodies_are_refused_and_end_their_connection"),
 )
 
+HOOK: Final = (
+    Boundary(
+        where="supervisor.sinks.hook: run_command ([hook].command)",
+        enters="the hook's stdout and stderr (one pipe)", size="4 KiB kept (OUTPUT_KEPT); "
+        "the rest read and discarded",
+        check="decoded as UTF-8, errors replaced",
+        deadline="[hook].timeout_s (30 s) for the run and its output",
+        released="the hook's process group (SIGKILL) and the pipe",
+        reason="timeout (supervisor_hook_runs_total)",
+        test="tests/integration/test_reload_hook_process.py::"
+             "test_hook_env_hang_fork_flood_and_failure_through_the_daemon"),
+)
+
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN
+BOUNDARIES: Final = ADMIN + HOOK

@@ -53,3 +53,5 @@ LKG_EVENTS: Final = ("exported", "export_failed", "restored", "refused")
 SINKS: Final = ("snapshot_file", "cache")
 #: A side sink's state (``supervisor_sink_state{state}``, ``/status`` ``sinks``).
 SINK_STATES: Final = ("ok", "failing", "disabled")
+#: How a run of the reload hook ended (``supervisor_hook_runs_total{outcome}``).
+HOOK_OUTCOMES: Final = ("ok", "failed", "timeout", "error")

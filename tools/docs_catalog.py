@@ -99,6 +99,13 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "report stale once it expires.",
     "snapshot.path": "Where the active snapshot is written atomically as JSON for local "
     "consumers (digests only, never secrets). Unset: not written.",
+    "hook.command": "A program run after each swap (a list: the program and its arguments, "
+    "run without a shell), with SUPERVISOR_REVISION, SUPERVISOR_SEQUENCE and "
+    "SUPERVISOR_SNAPSHOT (the snapshot file's absolute path) in its environment; one run at "
+    "a time, coalesced to the newest revision, retried with backoff when it fails; "
+    "convergence never waits on it. Empty: no hook.",
+    "hook.timeout_s": "How long one run of the hook may take (up to 3600 s): then its whole "
+    "process group is killed and the run counts as `timeout`.",
     "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
     "besides its listen address and the loopback names; any other Host header gets 421, and "
     "a WebSocket from another Origin 403 (DNS rebinding, cross-site WebSockets).",
@@ -383,6 +390,11 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "sinks.cache_error": "Why the cache's last write was refused (null unless failing).",
     "sinks.snapshot_file_error": "Why the snapshot file's last write was refused (null "
     "unless failing).",
+    "sinks.hook": "The reload hook (`[hook].command`): `state` (`ok`, `failing` from a "
+    "failed run until one succeeds, `disabled`), `running`, and its last finished run: "
+    "`revision`, `sequence`, `outcome` (`ok`, `failed`, `timeout`, `error`: it could not "
+    "start), `exit_code` (negative: the signal that ended it), `duration_s`, `output` (its "
+    "first 4 KiB, stdout and stderr together), `finished_at`.",
     "version": "The build of trio-supervisor serving (as `trio-supervisor --version`): an "
     "upgrade's progress across the fleet (`status --url A --url B`, column VERSION).",
     "started_at": "When this process started (UTC, ISO 8601): a restart shows here.",
