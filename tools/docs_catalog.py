@@ -23,9 +23,11 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "supervisor.restart_period_s": "The window restart_intensity is counted in.",
     "log.level": "The lowest level logged. SIGHUP re-reads it without a restart.",
     "log.format": "auto: journal when $JOURNAL_STREAM names stderr, else console on a "
-    "terminal, else json. json: one JSON object per line. journal: the same behind a "
-    "syslog priority prefix (<3> error, <4> warning, <6> info, <7> debug) for journald. "
-    "console: readable lines.",
+    "terminal, else json. json: one JSON object per line. journal: journald's native "
+    "protocol, every key a journal field in upper case (journalctl REASON=secret), MESSAGE "
+    "the JSON line; where no journal socket exists (/run/systemd/journal/socket, or "
+    "$SUPERVISOR_JOURNAL_SOCKET), the JSON line on stderr behind a syslog priority prefix "
+    "(<3> error, <4> warning, <6> info, <7> debug). console: readable lines.",
     "control_plane.url": "Where the desired revision lives: postgresql://USER@HOST/DB "
     "(the password in a pgpass file, never here), or sqlite:///PATH (relative to the "
     "working directory; four slashes for an absolute path), or http(s)://HOST:PORT: "
