@@ -104,13 +104,14 @@ class LeadershipReport(_Part):
 
 
 class HookReport(_Part):
-    """The reload hook: ``failing`` from a failed run until a run succeeds; its last run.
+    """The reload hook (None without one): ``failing`` from a failed run until a run
+    succeeds; its last finished run.
 
     ``outcome`` is ``ok``, ``failed`` (a non-zero exit or a signal), ``timeout``
     (its process group killed) or ``error`` (it could not be started).
     """
 
-    state: SinkState = "disabled"
+    state: SinkState = "ok"
     running: bool = False
     revision: int | None = None
     sequence: int | None = None
@@ -131,7 +132,7 @@ class SinksReport(_Part):
     snapshot_file: SinkState
     cache_error: str | None
     snapshot_file_error: str | None
-    hook: HookReport = msgspec.field(default_factory=HookReport)
+    hook: HookReport | None = None
 
 
 class StatusDocument(_Part):

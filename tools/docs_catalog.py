@@ -392,11 +392,13 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "sinks.cache_error": "Why the cache's last write was refused (null unless failing).",
     "sinks.snapshot_file_error": "Why the snapshot file's last write was refused (null "
     "unless failing).",
-    "sinks.hook": "The reload hook (`[hook].command`): `state` (`ok`, `failing` from a "
-    "failed run until one succeeds, `disabled`), `running`, and its last finished run: "
-    "`revision`, `sequence`, `outcome` (`ok`, `failed`, `timeout`, `error`: it could not "
-    "start), `exit_code` (negative: the signal that ended it), `duration_s`, `output` (its "
-    "first 4 KiB, stdout and stderr together), `finished_at`.",
+    "sinks.hook": "The reload hook (`[hook].command`; null without one): `state` (`ok`, or "
+    "`failing` from a failed run until a run succeeds), `running` (a run in progress), and "
+    "its last finished run: `revision` and `sequence` (what it was told), `outcome` (`ok`, "
+    "`failed`: a non-zero exit or a signal, `timeout`: its process group killed at "
+    "`[hook].timeout_s`, `error`: it could not be started), `exit_code` (negative: the "
+    "signal that ended it), `duration_s`, `output` (its first 4 KiB, stdout and stderr "
+    "together), `finished_at` (UTC, ISO 8601).",
     "version": "The build of trio-supervisor serving (as `trio-supervisor --version`): an "
     "upgrade's progress across the fleet (`status --url A --url B`, column VERSION).",
     "started_at": "When this process started (UTC, ISO 8601): a restart shows here.",

@@ -136,7 +136,7 @@ class SinkStatus:
                            snapshot_file=self.state("snapshot_file"),
                            cache_error=self._error["cache"],
                            snapshot_file_error=self._error["snapshot_file"],
-                           **({} if self.hook is None else {"hook": self.hook.report()}))
+                           hook=None if self.hook is None else self.hook.report())
 
 
 class SideSinks:

@@ -131,7 +131,7 @@ class ReloadHook:
         self._wake = trio.Event()
         self._failures = Streak(log, began="reload hook failed; retrying with backoff",
                                 ended="reload hook recovered", count_as="runs")
-        self._report = HookReport(state="ok")
+        self._report = HookReport()
 
     def swapped(self) -> None:
         """A new snapshot serves: a run is due (coalesced with any already due)."""
