@@ -52,8 +52,12 @@ def row(text: str, first_cell: str) -> str:
 # -- the set of pages -------------------------------------------------------------
 
 
+# Written by hand, not generated.
+HANDWRITTEN = {"operations.md"}
+
+
 def test_docs_holds_exactly_the_generated_pages() -> None:
-    assert {p.name for p in DOCS.glob("*.md")} == set(docsgen.PAGES)
+    assert {p.name for p in DOCS.glob("*.md")} - HANDWRITTEN == set(docsgen.PAGES)
 
 
 def test_the_index_lists_every_page_with_its_summary() -> None:
