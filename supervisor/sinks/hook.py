@@ -6,7 +6,8 @@ waits on it:
 
 - without a shell, stdin from ``/dev/null``, with ``SUPERVISOR_REVISION``,
   ``SUPERVISOR_SEQUENCE`` (empty: unknown) and ``SUPERVISOR_SNAPSHOT`` (the
-  snapshot file's path; empty: none) added to the daemon's environment;
+  snapshot file's path; empty: none) added to the daemon's environment (less
+  ``NOTIFY_SOCKET`` and the watchdog's variables);
 - one run at a time, coalesced: the swaps made during a run leave one run due,
   for the revision serving when it starts;
 - a failed run is retried with backoff (1 s doubling to 5 min; a newer swap
@@ -48,6 +49,7 @@ log = get_logger("hook")
 OUTPUT_KEPT = 4096
 RETRY_INITIAL_S = 1.0
 RETRY_MAX_S = 300.0
+_NOT_PASSED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 # How long a killed group may take to be reaped before it is left to the kernel.
 _REAP_S = 5.0
 
@@ -148,6 +150,8 @@ class ReloadHook:
 
     def _environment(self, revision: int | None, sequence: int | None) -> dict[str, str]:
         env = dict(os.environ if self._environ is None else self._environ)
+        for name in _NOT_PASSED:  # systemd's word is for the daemon, not its hook
+            env.pop(name, None)
         env.update(SUPERVISOR_REVISION="" if revision is None else str(revision),
                    SUPERVISOR_SEQUENCE="" if sequence is None else str(sequence),
                    SUPERVISOR_SNAPSHOT=self.snapshot_path or "")

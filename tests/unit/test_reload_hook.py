@@ -46,7 +46,8 @@ def _serve(state: ActiveState, revision: int, sequence: int) -> None:
 
 def _hook(state: ActiveState, runner: Runner, metrics: Metrics) -> ReloadHook:
     return ReloadHook(["/bin/true"], 30.0, state=state, metrics=metrics,
-                      snapshot_path="/run/snapshot.json", runner=runner, environ={"PATH": "/bin"},
+                      snapshot_path="/run/snapshot.json", runner=runner,
+                      environ={"PATH": "/bin", "NOTIFY_SOCKET": "/run/notify"},
                       backoff=Backoff(1.0, 8.0, jitter=(1.0, 1.0)))
 
 
@@ -71,7 +72,7 @@ async def test_swaps_during_a_run_coalesce_into_one_run_for_the_newest(
     assert [env["SUPERVISOR_REVISION"] for _, env in runner.runs] == ["1", "4"]
     last = runner.runs[-1][1]
     assert last["SUPERVISOR_SEQUENCE"] == "14" and last["SUPERVISOR_SNAPSHOT"] == "/run/snapshot.json"
-    assert last["PATH"] == "/bin"
+    assert last["PATH"] == "/bin" and "NOTIFY_SOCKET" not in last
     report = hook.report()
     assert (report.state, report.revision, report.outcome, report.exit_code) == ("ok", 4, "ok", 0)
     assert not report.running and report.output == "done\n"
