@@ -8,7 +8,6 @@ open, then sleeps), ``flood`` (prints 100 MB), ``fail`` (exit 7).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -106,7 +105,6 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
 
             # A hook that forks a child holding the pipe and hangs: its group is killed at
             # the timeout, and convergence goes on meanwhile (revision 3 published).
-            started = time.monotonic()
             await _publish(daemon, config, tmp_path, 2, "hang")
             while not (hook_dir / "child.pid").exists():
                 await trio.sleep(0.05)
@@ -116,12 +114,11 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
             events = [(line.get("event"), line.get("revision")) for line in daemon.lines]
             assert events.index(("published", 3)) < events.index(
                 ("reload hook failed; retrying with backoff", 2)), "convergence waited on the hook"
-            took = time.monotonic() - started
-            assert TIMEOUT_S <= took < TIMEOUT_S + 5, took
             main, child = (int((hook_dir / f"{n}.pid").read_text()) for n in ("main", "child"))
             while not (_gone(main) and _gone(child)):
                 await trio.sleep(0.05)
-            assert float(str(hung["duration_s"])) >= TIMEOUT_S
+            # Killed at the timeout: the run lasted it, and not much longer.
+            assert TIMEOUT_S <= float(str(hung["duration_s"])) < TIMEOUT_S + 5, hung
             # The swaps during the hung run coalesced into one run for the newest.
             await _hook_report(client, base, 3, "ok")
 
