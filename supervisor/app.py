@@ -38,7 +38,7 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import ConfigError
 from supervisor.events import EventBus, StatusChanged
 from supervisor.fanout.status import FanoutStatus
-from supervisor.lifecycle.reload import ConfigReload
+from supervisor.lifecycle.reload import RELOAD_TIMEOUT_S, ConfigReload
 from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
@@ -47,8 +47,10 @@ from supervisor.tree import ChildSpec, Restart, Supervisor
 from supervisor.wakeup import Wakeup
 
 if TYPE_CHECKING:
+    from supervisor.admin.context import AdminContext
     from supervisor.admin.signed import SignedRevisionFile
     from supervisor.fanout.leadership import LeadershipStatus
+    from supervisor.sinks.hook import ReloadHook
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.accepted import AcceptedStatements
 
@@ -85,6 +87,7 @@ class Daemon:
     _ready: bool = False
     _watchdog_was_healthy: bool = True
     _reload: ConfigReload | None = None
+    _admin_ctx: AdminContext | None = None
     # Follower mode: the highest statement accepted, kept across child restarts.
     _accepted: AcceptedStatements | None = None
 
@@ -127,6 +130,7 @@ class Daemon:
                 converge=self.signal.converge, signed=self._signed_revision_file(),
                 leadership=self.leadership.report if self.leadership is not None else None,
                 sinks=self.sinks)
+            self._admin_ctx = ctx  # SIGHUP replaces its tokens
             async with trio.open_nursery() as nursery:
                 await nursery.start(
                     partial(serve_admin, tls=tls.current if tls is not None else None),
@@ -339,10 +343,27 @@ class Daemon:
         if troubled and self._ready:
             self.notifier.status("restarting: " + ", ".join(troubled))
 
+    def _reload_hook(self) -> ReloadHook:
+        """``[hook].command``, told of each swap through the sinks' status."""
+        from supervisor.sinks.hook import ReloadHook
+
+        hook, path = self.config.hook, self.config.snapshot.path
+        self.sinks.hook = ReloadHook(hook.command, hook.timeout_s, state=self.state,
+                                     metrics=self.metrics,
+                                     snapshot_path=os.path.abspath(path) if path else None)
+        return self.sinks.hook
+
     # -- signals ---------------------------------------------------------------
 
     async def _on_sighup(self) -> None:
-        """Re-read the file off the loop (:mod:`~supervisor.lifecycle.reload`), then the hooks."""
+        """Re-read the file off the loop (:mod:`~supervisor.lifecycle.reload`), then the hooks.
+
+        Once ready, systemd is told ``RELOADING=1`` first and ``READY=1`` when done.
+        """
+        ready = self._ready
+        if ready:
+            self.notifier.reloading()
+        failed: list[str] = []
         if self.config_path is not None:
             if self._reload is None:
                 self._reload = ConfigReload(self.config_path, self.config)
@@ -351,8 +372,25 @@ class Daemon:
                 logs.set_level(fresh.log.level)
                 log.info("SIGHUP: log level set", new_level=fresh.log.level)
                 self._reload.restart_needed(fresh)
+            else:
+                failed.append(f"configuration not reloaded: {self._reload.last_error}")
+        admin = self.config.admin
+        if self._admin_ctx is not None and (admin.token_file or admin.read_token_file):
+            from supervisor.admin.auth import reread_tokens
+
+            tokens = await reread_tokens(admin.token_file, admin.read_token_file,
+                                         timeout_s=RELOAD_TIMEOUT_S)
+            if tokens is None:
+                failed.append("tokens not reloaded")
+            else:
+                self._admin_ctx.token, self._admin_ctx.read_token = tokens
         for name, exc in self.hup.run():
             log.error("SIGHUP hook failed", hook=name, error=str(exc))
+            failed.append(f"{name} failed: {exc}")
+        if ready:
+            active = self.status.active
+            self.notifier.reloaded("; ".join(["reload failed", *failed]) if failed
+                                   else f"reloaded; serving revision {active}")
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:
@@ -410,6 +448,8 @@ class Daemon:
             tree_scope = trio.CancelScope()
             async with trio.open_nursery() as root:
                 root.start_soon(self._signals, receiver, tree_scope, root)
+                if self.config.hook.command:
+                    root.start_soon(self._reload_hook().run)
                 try:
                     with tree_scope:
                         async with trio.open_nursery() as tree_nursery:

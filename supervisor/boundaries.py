@@ -14,8 +14,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["ADMIN", "BOUNDARIES", "COMMANDS", "DATABASE", "FLEET", "FOLLOWER", "KUBERNETES",
-           "Boundary"]
+__all__ = ["BOUNDARIES", "Boundary"]
 
 
 class Boundary(msgspec.Struct, frozen=True, kw_only=True):
@@ -355,5 +354,18 @@ FOLLOWER: Final = (
              "test_a_follower_behind_two_sibling_roots_round_robin_stays_converged"),
 )
 
+HOOK: Final = (
+    Boundary(
+        where="supervisor.sinks.hook: run_command ([hook].command)",
+        enters="the hook's stdout and stderr (one pipe)", size="4 KiB kept (OUTPUT_KEPT); "
+        "the rest read and discarded",
+        check="decoded as UTF-8, errors replaced",
+        deadline="[hook].timeout_s (30 s) for the run and its output",
+        released="the hook's process group (SIGKILL) and the pipe",
+        reason="timeout (supervisor_hook_runs_total)",
+        test="tests/integration/test_reload_hook_process.py::"
+             "test_hook_env_hang_fork_flood_and_failure_through_the_daemon"),
+)
+
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET + COMMANDS + FOLLOWER
+BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET + COMMANDS + FOLLOWER + HOOK

@@ -33,8 +33,8 @@ from typing import Annotated, Literal
 import msgspec
 
 __all__ = ["CONFIG_ENV", "ENV_PREFIX", "AdminConfig", "CacheConfig", "Config", "ControlPlaneConfig",
-           "KubernetesConfig", "LogConfig", "RevisionConfig", "SnapshotConfig", "SupervisorConfig",
-           "is_loopback", "split_host_port", "sqlite_path"]
+           "HookConfig", "KubernetesConfig", "LogConfig", "RevisionConfig", "SnapshotConfig",
+           "SupervisorConfig", "is_loopback", "split_host_port", "sqlite_path"]
 
 ENV_PREFIX = "SUPERVISOR_"
 CONFIG_ENV = "SUPERVISOR_CONFIG"
@@ -129,6 +129,12 @@ class SnapshotConfig(_Section, frozen=True):
     path: str | None = None
 
 
+class HookConfig(_Section, frozen=True):
+    # Run after each swap, without a shell (argv); empty: no hook.
+    command: list[str] = msgspec.field(default_factory=list)
+    timeout_s: Annotated[float, msgspec.Meta(gt=0.0, le=3600.0)] = 30.0
+
+
 HostName = Annotated[str, msgspec.Meta(pattern=r"^(\*|\.?[A-Za-z0-9_.:\[\]-]+)$")]
 OriginName = Annotated[
     str, msgspec.Meta(pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?$")
@@ -216,6 +222,7 @@ class Config(_Section, frozen=True):
     control_plane: ControlPlaneConfig = msgspec.field(default_factory=ControlPlaneConfig)
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     snapshot: SnapshotConfig = msgspec.field(default_factory=SnapshotConfig)
+    hook: HookConfig = msgspec.field(default_factory=HookConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     kubernetes: KubernetesConfig = msgspec.field(default_factory=KubernetesConfig)
     revision: RevisionConfig = msgspec.field(default_factory=RevisionConfig)

@@ -2,12 +2,18 @@
 
 Contract (docs/log-events.md): keys ``timestamp`` (ISO-8601 UTC),
 ``level``, ``event`` plus context; JSON when ``[log].format`` is ``json``, or
-``auto`` and stderr is not a terminal. ``journal`` is the same JSON with a
-syslog priority prefix per line (``<2>`` critical, ``<3>`` error, ``<4>``
-warning, ``<6>`` info, ``<7>`` debug), which journald strips and stores as the
-line's PRIORITY, so ``journalctl -p err`` finds errors; ``auto`` picks it when
-``$JOURNAL_STREAM`` names stderr (its ``st_dev:st_ino`` are those of fd 2, as
-systemd sets it for a service whose stderr is the journal). Lines of a
+``auto`` and stderr is not a terminal. ``journal`` speaks journald's native
+protocol: one datagram per event to :data:`JOURNAL_SOCKET` (or the path in
+``$SUPERVISOR_JOURNAL_SOCKET``), every key a journal field named in upper case
+(``reason`` is ``REASON``: ``journalctl REASON=secret``), with ``MESSAGE`` the
+JSON line, ``PRIORITY`` its syslog priority (``2`` critical, ``3`` error, ``4``
+warning, ``6`` info, ``7`` debug) and ``SYSLOG_IDENTIFIER=trio-supervisor``;
+a value holding a newline goes in the protocol's length-prefixed form. Where no
+journal socket exists, or a datagram is refused (a full journal, too large),
+the line goes to stderr as JSON behind a ``<N>`` priority prefix, which
+journald strips and stores as the line's PRIORITY. ``auto`` picks ``journal``
+when ``$JOURNAL_STREAM`` names stderr (its ``st_dev:st_ino`` are those of fd
+2, as systemd sets it for a service whose stderr is the journal). Lines of a
 supervised child carry ``child=<name>`` (bound in the child's task through
 :mod:`structlog.contextvars`, which trio tasks inherit at spawn).
 
@@ -20,15 +26,20 @@ break the one-object-per-line format.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import socket
+import struct
 import sys
 from typing import Any, TextIO
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["PRIORITIES", "configure", "get_logger", "resolve_format", "set_level"]
+__all__ = ["JOURNAL_SOCKET", "JOURNAL_SOCKET_ENV", "PRIORITIES", "JournalSocket", "configure",
+           "get_logger", "journal_datagram", "resolve_format", "set_level"]
 
 # syslog(3) priorities, as journald reads them from a "<N>" line prefix.
 PRIORITIES = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
@@ -72,19 +83,106 @@ def resolve_format(fmt: str, stream: TextIO,
     return "console" if stream.isatty() else "json"
 
 
-def _journal_renderer(json_renderer: Processor) -> Processor:
+#: journald's native protocol socket.
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+#: Another path for it (a test's socket, a container's bind mount).
+JOURNAL_SOCKET_ENV = "SUPERVISOR_JOURNAL_SOCKET"
+IDENTIFIER = "trio-supervisor"
+_NOT_FIELD = re.compile(r"[^A-Z0-9_]")
+
+
+def _field_name(key: str) -> str:
+    """A journal field name: upper case, ``[A-Z0-9_]``, not led by ``_`` or a digit."""
+    name = _NOT_FIELD.sub("_", key.upper()).lstrip("_")[:64]
+    return name if name and not name[0].isdigit() else f"F_{name}"[:64]
+
+
+def journal_datagram(fields: dict[str, Any]) -> bytes:
+    """``fields`` in the native protocol: ``KEY=value`` lines; a value with a newline as
+    ``KEY\\n``, its length (64-bit little-endian), the value and ``\\n``."""
+    out = bytearray()
+    for key, value in fields.items():
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        data = text.encode("utf-8", "replace")
+        name = _field_name(key).encode()
+        if b"\n" in data:
+            out += name + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
+        else:
+            out += name + b"=" + data + b"\n"
+    return bytes(out)
+
+
+class JournalSocket:
+    """Datagrams to journald; :meth:`send` never blocks and says whether one was taken."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._sock.setblocking(False)
+
+    @classmethod
+    def found(cls, path: str | None = None) -> JournalSocket | None:
+        """The journal at ``path`` (default: ``$SUPERVISOR_JOURNAL_SOCKET`` or
+        :data:`JOURNAL_SOCKET`), or None where no socket exists there."""
+        path = path or os.environ.get(JOURNAL_SOCKET_ENV) or JOURNAL_SOCKET
+        try:
+            return cls(path) if os.path.exists(path) else None
+        except OSError:
+            return None
+
+    def send(self, payload: bytes) -> bool:
+        try:
+            self._sock.sendto(payload, self.path)
+        except OSError:  # full (EAGAIN), too large (EMSGSIZE), gone: the caller falls back
+            return False
+        return True
+
+
+def _journal_renderer(json_renderer: Processor, journal: JournalSocket | None) -> Processor:
     def render(logger: WrappedLogger, method: str, event_dict: EventDict) -> str:
         level = str(event_dict.get("level", method))
         priority = PRIORITIES.get(level, 3 if level == "exception" else 6)
-        rendered = json_renderer(logger, method, event_dict)
+        rendered = json_renderer(logger, method, dict(event_dict))
         text = rendered.decode() if isinstance(rendered, bytes) else str(rendered)
+        if journal is not None and journal.send(journal_datagram(
+                {"MESSAGE": text, "PRIORITY": str(priority), "SYSLOG_IDENTIFIER": IDENTIFIER,
+                 **event_dict})):
+            return ""  # taken by the journal: nothing on stderr
         return f"<{priority}>{text}"
 
     return render
 
 
-def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
-    """Configure structlog and the stdlib root logger; idempotent."""
+class _Lines(structlog.PrintLogger):
+    """A print logger that writes nothing for an empty line (one the journal took)."""
+
+    def msg(self, message: str) -> None:
+        if message:
+            super().msg(message)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The stdlib's lines, the same way: an empty one (the journal took it) is not written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            if text:
+                self.stream.write(text + self.terminator)
+                self.flush()
+        except Exception:  # noqa: BLE001 - logging's contract: a handler never raises
+            self.handleError(record)
+
+
+def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None, *,
+              journal_socket: str | None = None) -> None:
+    """Configure structlog and the stdlib root logger; idempotent.
+
+    ``journal_socket``: the journal's path for ``journal`` (default as
+    :meth:`JournalSocket.found`)."""
     stream = stream if stream is not None else sys.stderr
     set_level(level)
     resolved = resolve_format(fmt, stream)
@@ -98,15 +196,15 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     if as_json:
         renderer = structlog.processors.JSONRenderer(default=str)
         if resolved == "journal":
-            renderer = _journal_renderer(renderer)
+            renderer = _journal_renderer(renderer, JournalSocket.found(journal_socket))
         shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
     structlog.configure(processors=[_filter_level, *shared, renderer],
-                        logger_factory=structlog.PrintLoggerFactory(file=stream),
+                        logger_factory=lambda *_: _Lines(stream),
                         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
                         cache_logger_on_first_use=True)
-    handler = logging.StreamHandler(stream)
+    handler = _LineHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

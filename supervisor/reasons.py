@@ -62,3 +62,5 @@ SINKS: Final = ("snapshot_file", "cache")
 SINK_STATES: Final = ("ok", "failing", "disabled")
 #: A follower's state as it names itself to its upstream (``supervisor_followers{state}``).
 FOLLOWER_STATES: Final = ("converged", "refusing", "stale")
+#: How a run of the reload hook ended (``supervisor_hook_runs_total{outcome}``).
+HOOK_OUTCOMES: Final = ("ok", "failed", "timeout", "error")

@@ -22,9 +22,21 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["ChildReport", "ChildStateName", "FanoutReport", "FanoutState", "LeadershipReport",
-           "Rejection", "RevisionReport", "Role", "SinkState", "SinksReport", "StatementReport",
-           "StatusDocument"]
+__all__ = [
+    "ChildReport",
+    "ChildStateName",
+    "FanoutReport",
+    "FanoutState",
+    "HookReport",
+    "LeadershipReport",
+    "Rejection",
+    "RevisionReport",
+    "Role",
+    "SinkState",
+    "SinksReport",
+    "StatementReport",
+    "StatusDocument",
+]
 
 ChildStateName = Literal["starting", "running", "backoff", "stopped", "failed"]
 FanoutState = Literal["disabled", "preflight", "watching"]
@@ -92,6 +104,25 @@ class LeadershipReport(_Part):
     lease: str | None
 
 
+class HookReport(_Part):
+    """The reload hook (None without one): ``failing`` from a failed run until a run
+    succeeds; its last finished run.
+
+    ``outcome`` is ``ok``, ``failed`` (a non-zero exit or a signal), ``timeout``
+    (its process group killed) or ``error`` (it could not be started).
+    """
+
+    state: SinkState = "ok"
+    running: bool = False
+    revision: int | None = None
+    sequence: int | None = None
+    outcome: str | None = None
+    exit_code: int | None = None
+    duration_s: float | None = None
+    output: str | None = None
+    finished_at: str | None = None
+
+
 class SinksReport(_Part):
     """The side sinks: ``failing`` from a refused write until a write succeeds.
 
@@ -102,6 +133,7 @@ class SinksReport(_Part):
     snapshot_file: SinkState
     cache_error: str | None
     snapshot_file_error: str | None
+    hook: HookReport | None = None
 
 
 class StatusDocument(_Part):

@@ -140,6 +140,9 @@ class Metrics:
             "1 for each side sink's current state (ok, failing: from a refused write until a "
             "write succeeds, disabled: not configured).",
             {"sink": reasons.SINKS, "state": reasons.SINK_STATES})
+        self.hook_runs = counter(
+            "hook_runs", "Runs of the reload hook ([hook].command) by outcome.",
+            {"outcome": reasons.HOOK_OUTCOMES})
         self.last_known_good_events = counter(
             "last_known_good_events", "Last-known-good cache exports, restores, refusals.",
             {"event": reasons.LKG_EVENTS})

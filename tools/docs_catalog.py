@@ -23,9 +23,11 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "supervisor.restart_period_s": "The window restart_intensity is counted in.",
     "log.level": "The lowest level logged. SIGHUP re-reads it without a restart.",
     "log.format": "auto: journal when $JOURNAL_STREAM names stderr, else console on a "
-    "terminal, else json. json: one JSON object per line. journal: the same behind a "
-    "syslog priority prefix (<3> error, <4> warning, <6> info, <7> debug) for journald. "
-    "console: readable lines.",
+    "terminal, else json. json: one JSON object per line. journal: journald's native "
+    "protocol, every key a journal field in upper case (journalctl REASON=secret), MESSAGE "
+    "the JSON line; where no journal socket exists (/run/systemd/journal/socket, or "
+    "$SUPERVISOR_JOURNAL_SOCKET), the JSON line on stderr behind a syslog priority prefix "
+    "(<3> error, <4> warning, <6> info, <7> debug). console: readable lines.",
     "control_plane.url": "Where the desired revision lives: postgresql://USER@HOST/DB "
     "(the password in a pgpass file, never here), or sqlite:///PATH (relative to the "
     "working directory; four slashes for an absolute path), or http(s)://HOST:PORT: "
@@ -103,6 +105,13 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "report stale once it expires.",
     "snapshot.path": "Where the active snapshot is written atomically as JSON for local "
     "consumers (digests only, never secrets). Unset: not written.",
+    "hook.command": "A program run after each swap (a list: the program and its arguments, "
+    "run without a shell), with SUPERVISOR_REVISION, SUPERVISOR_SEQUENCE and "
+    "SUPERVISOR_SNAPSHOT (the snapshot file's absolute path) in its environment; one run at "
+    "a time, coalesced to the newest revision, retried with backoff when it fails; "
+    "convergence never waits on it. Empty: no hook.",
+    "hook.timeout_s": "How long one run of the hook may take (up to 3600 s): then its whole "
+    "process group is killed and the run counts as `timeout`.",
     "admin.allowed_hosts": "Host names (or .domain suffixes, or *) the admin API answers to "
     "besides its listen address and the loopback names; any other Host header gets 421, and "
     "a WebSocket from another Origin 403 (DNS rebinding, cross-site WebSockets).",
@@ -288,10 +297,13 @@ SIGNALS: Final[dict[str, str]] = {
     "start order, all within `[supervisor].shutdown_grace_s`; exit 0. A second SIGTERM or "
     "SIGINT cancels everything at once.",
     "SIGINT": "As SIGTERM (Ctrl-C).",
-    "SIGHUP": "Re-read `[log].level` from the configuration file and run a convergence "
+    "SIGHUP": "Under systemd `RELOADING=1` first, `READY=1` when done. Re-read "
+    "`[log].level` from the configuration file and run a convergence "
     "attempt now (and wake the fan-out watchers waiting in their preflight). The file is read "
     "off the event loop within 5 s (anything but a regular file is refused); every other "
-    "changed key is named in one warning, `SIGHUP: restart needed for <keys>`.",
+    "changed key is named in one warning, `SIGHUP: restart needed for <keys>`. "
+    "`[admin].token_file` and `read_token_file` are read again (`SIGHUP: tokens reloaded`): "
+    "the old tokens are refused from then on; an unusable file keeps both old ones.",
 }
 
 SYSTEMD: Final[dict[str, str]] = {
@@ -299,6 +311,11 @@ SYSTEMD: Final[dict[str, str]] = {
     "watcher waiting in its preflight has started: READY never waits for Kubernetes).",
     "STATUS": "On state changes: what is served, what is failing, `stopping`.",
     "STOPPING": "When shutdown begins (the first SIGTERM/SIGINT).",
+    "RELOADING": "On SIGHUP once ready, before the re-read (`Type=notify-reload` waits for "
+    "it); `READY=1` follows when the reload is done, its `STATUS=` saying `reloaded` or "
+    "`reload failed; <why>`.",
+    "MONOTONIC_USEC": "With `RELOADING=1`: `CLOCK_MONOTONIC` in microseconds when the reload "
+    "began.",
     "WATCHDOG": "Every half `WATCHDOG_USEC` (when `WATCHDOG_PID` is unset or this process) "
     "while healthy; a crash-looping tree, a restarted child stuck `starting` or a stalled "
     "loop stops it, so `WatchdogSec` restarts the process.",
@@ -404,6 +421,13 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "sinks.cache_error": "Why the cache's last write was refused (null unless failing).",
     "sinks.snapshot_file_error": "Why the snapshot file's last write was refused (null "
     "unless failing).",
+    "sinks.hook": "The reload hook (`[hook].command`; null without one): `state` (`ok`, or "
+    "`failing` from a failed run until a run succeeds), `running` (a run in progress), and "
+    "its last finished run: `revision` and `sequence` (what it was told), `outcome` (`ok`, "
+    "`failed`: a non-zero exit or a signal, `timeout`: its process group killed at "
+    "`[hook].timeout_s`, `error`: it could not be started), `exit_code` (negative: the "
+    "signal that ended it), `duration_s`, `output` (its first 4 KiB, stdout and stderr "
+    "together), `finished_at` (UTC, ISO 8601).",
     "version": "The build of trio-supervisor serving (as `trio-supervisor --version`): an "
     "upgrade's progress across the fleet (`status --url A --url B`, column VERSION).",
     "started_at": "When this process started (UTC, ISO 8601): a restart shows here.",

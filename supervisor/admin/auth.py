@@ -5,10 +5,13 @@ route but ``/healthz`` requires ``Authorization: Bearer <token>``. The token of
 ``[admin].read_token_file`` (a follower's, a dashboard's) is accepted on the
 ``GET``/``HEAD`` routes and the stream only: ``POST /v1/converge`` answers it 403.
 
-- :func:`admin_tokens` reads both files once at start
+- :func:`admin_tokens` reads both files at start
   (:func:`supervisor.tokenfile.read_token`: an unusable file is a
   :class:`ConfigError` on its key), and refuses a read token equal to the full
-  one (``$.admin.read_token_file``).
+  one (``$.admin.read_token_file``). :func:`reread_tokens` reads them again for
+  SIGHUP, off the event loop and within a deadline: the new tokens replace the
+  old ones (refused from then on), or, when either file is unusable, both old
+  ones stay in force.
 - :func:`authorized` compares with :func:`hmac.compare_digest`, so the time it
   takes does not depend on how many leading bytes matched. Exactly one
   ``Authorization`` header is accepted: two are ambiguous (a proxy and a
@@ -19,11 +22,17 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterable
+from functools import partial
+
+import trio
 
 from supervisor.errors import ConfigError
+from supervisor.logs import get_logger
 from supervisor.tokenfile import read_token
 
-__all__ = ["WWW_AUTHENTICATE", "admin_tokens", "authorized"]
+__all__ = ["WWW_AUTHENTICATE", "admin_tokens", "authorized", "reread_tokens"]
+
+log = get_logger("admin")
 
 TOKEN_PATH = "$.admin.token_file"
 READ_TOKEN_PATH = "$.admin.read_token_file"
@@ -41,6 +50,25 @@ def admin_tokens(token_file: str | None,
         raise ConfigError(READ_TOKEN_PATH, f"{read_token_file} holds the same token as "
                           "admin.token_file (it would pass POST /v1/converge): use another")
     return token, read
+
+
+async def reread_tokens(token_file: str | None, read_token_file: str | None, *,
+                        timeout_s: float) -> tuple[str | None, str | None] | None:
+    """:func:`admin_tokens` again (SIGHUP), in a thread within ``timeout_s``; None (logged)
+    when a file is unusable or the read does not finish (a FIFO, a hung mount)."""
+    error = f"reading the token files did not finish within {timeout_s:g} s"
+    with trio.move_on_after(timeout_s):
+        try:
+            tokens = await trio.to_thread.run_sync(
+                partial(admin_tokens, token_file, read_token_file), abandon_on_cancel=True)
+        except ConfigError as exc:
+            error = str(exc)
+        else:
+            log.info("SIGHUP: tokens reloaded", token_file=token_file,
+                     read_token_file=read_token_file)
+            return tokens
+    log.error("SIGHUP: tokens not reloaded; the previous tokens stay in force", error=error)
+    return None
 
 
 def authorized(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:

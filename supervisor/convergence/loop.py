@@ -56,10 +56,9 @@ not hydrated again until desired moves or SIGHUP asks to look again (a body
 repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
 secrets' values) and the store's own refusals are retried every poll.
 
-Each refusal line carries ``retry_in_s``. A refusal repeated unchanged is
-logged at most once a minute (every poll while the cache serves instead of a
-refused desired revision), and an outage as a start, progress once a minute
-and an end (:class:`~supervisor.streak.Streak`).
+Each refusal line carries ``retry_in_s``. A refusal repeated unchanged and an
+outage are each a start, progress once a minute and an end
+(:class:`~supervisor.streak.Streak`).
 
 :meth:`ConvergenceLoop.bootstrap` reaches a first servable snapshot (the signed
 cache answering an outage) or raises :class:`~supervisor.errors.BootRefused`
@@ -431,7 +430,7 @@ class ConvergenceLoop:
         self.retry_in_s = self.schedule.delay_after(outcome)
         if outcome.failed:
             self._failures.report(outcome, self.retry_in_s)
-        elif self._failures.outage.recovered(active=self.status.active):
+        elif self._failures.succeeded(self.status.active):
             self._on_outage_change(False)
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         log.debug("convergence attempt", trigger=trigger, outcome=outcome.kind.value,

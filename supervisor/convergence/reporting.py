@@ -4,11 +4,12 @@ Failures are told as streaks (:class:`~supervisor.streak.Streak`):
 
 - An outage (the control plane could not be asked: ``unavailable``, no revision
   involved) is a start, progress once a minute and an end.
-- A refusal repeated unchanged is logged at most once a minute (a different
-  one begins a new streak), except while the cache serves instead of a refused
-  desired revision: then at every poll, because the replica is serving
-  something other than what is desired. A refusal has no end line (the
-  publish that follows says itself).
+- A refusal is a streak too, for every reason (``stale`` included): logged at
+  ``warning`` when it begins, at most once a minute while it repeats, and its
+  end (``revision refusal recovered``, ``after_s``) at the next success. It
+  repeats while its revision and reason stay the same: its detail may change
+  (a stale statement's age grows every poll) and the line carries the latest.
+  Another revision or reason begins a new streak.
 - Every line carries ``retry_in_s``, the delay before the next attempt.
 """
 
@@ -36,21 +37,30 @@ class FailureLog:
         self.outage = Streak(log, began="control plane unreachable",
                              ongoing="control plane still unreachable",
                              ended="control plane reachable again")
-        self.refused = Streak(log, level="error",
-                              began="revision refused; previous snapshot keeps serving",
-                              ongoing="revision refused; previous snapshot keeps serving")
+        self.refused = Streak(log, began="revision refused; previous snapshot keeps serving",
+                              ongoing="revision refused; previous snapshot keeps serving",
+                              ended="revision refusal recovered")
         self.refused_unasked = Streak(
-            log, level="error",
-            began="convergence attempt refused by the control plane; previous snapshot keeps "
-                  "serving",
+            log, began="convergence attempt refused by the control plane; previous snapshot "
+                       "keeps serving",
             ongoing="convergence attempt refused by the control plane; previous snapshot keeps "
-                    "serving")
-        # (revision, reason, detail) of the refusal the streaks are about.
+                    "serving", ended="revision refusal recovered")
+        # (revision, reason) of the refusal the streaks are about.
         self._refusal: tuple[object, ...] | None = None
 
     def forget(self) -> None:
         """The next refusal is logged even when unchanged (SIGHUP: "look again")."""
         self._refusal = None
+
+    def succeeded(self, active: int | None) -> bool:
+        """An attempt succeeded: a refusal's or an outage's streak ends (logged once).
+
+        True when an outage ended.
+        """
+        self.refused.recovered(active=active)
+        self.refused_unasked.recovered(active=active)
+        self._refusal = None
+        return self.outage.recovered(active=active)
 
     def report(self, outcome: Outcome, retry_in_s: float) -> None:
         """Log a failed attempt (rate-limited when repeated) and update STATUS=."""
@@ -65,8 +75,8 @@ class FailureLog:
             # the control plane answering, logged as a refusal like a denial.
             self.outage.failed(**fields)
         else:
-            refusal = (outcome.revision, outcome.reason, outcome.detail)
-            if refusal != self._refusal or status.source == "last_known_good":
+            refusal = (outcome.revision, outcome.reason)
+            if refusal != self._refusal:
                 self.refused.reset()
                 self.refused_unasked.reset()
             self._refusal = refusal

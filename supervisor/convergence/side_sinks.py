@@ -14,6 +14,8 @@ restart does not forget a streak); every failed write counts in
 configured) and its last error are :class:`SinkStatus`: ``/status`` ``sinks``
 and ``supervisor_sink_state``. A sink directory removed while running is made
 again by the next write, with its mode at start (:mod:`supervisor.sinks.atomic`).
+The reload hook (:mod:`supervisor.sinks.hook`) is the third sink: told of each
+swap once the snapshot file is written (or refused), it runs in its own task.
 
 When an export that failed was a move to an *older* revision (an operator's
 rollback), the newer cache is removed (unlinking needs no disk space) so a
@@ -46,6 +48,7 @@ from supervisor.telemetry import Metrics
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot
     from supervisor.sinks.file import SnapshotFile
+    from supervisor.sinks.hook import ReloadHook
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.statement import Statement
 
@@ -96,6 +99,8 @@ class SinkStatus:
     """
 
     def __init__(self) -> None:
+        #: The reload hook, when ``[hook].command`` is set (the daemon runs its task).
+        self.hook: ReloadHook | None = None
         self._enabled = dict.fromkeys(reasons.SINKS, False)
         self._error: dict[str, str | None] = dict.fromkeys(reasons.SINKS)
         self._streaks = {sink: Streak(log, began="sink write failed; still serving, retrying "
@@ -132,7 +137,8 @@ class SinkStatus:
         return SinksReport(cache=self.state("cache"),
                            snapshot_file=self.state("snapshot_file"),
                            cache_error=self._error["cache"],
-                           snapshot_file_error=self._error["snapshot_file"])
+                           snapshot_file_error=self._error["snapshot_file"],
+                           hook=None if self.hook is None else self.hook.report())
 
 
 class SideSinks:
@@ -190,9 +196,11 @@ class SideSinks:
             await self.export(self._cache_due)
 
     async def write_snapshot_file(self, snapshot: Snapshot) -> None:
-        """The snapshot file now holds ``snapshot``, or is due to."""
+        """The snapshot file now holds ``snapshot``, or is due to; then the hook is due."""
         self._file_due = snapshot
         await self._write_snapshot_file()
+        if self.status.hook is not None:
+            self.status.hook.swapped()
 
     async def _write_snapshot_file(self) -> None:
         snapshot = self._file_due

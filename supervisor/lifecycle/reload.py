@@ -83,22 +83,25 @@ class ConfigReload:
         self.timeout_s = timeout_s
         self._read = read
         self._limiter = trio.CapacityLimiter(1)
+        #: Why the last :meth:`read` gave None (None: it succeeded), for STATUS=.
+        self.last_error: str | None = None
 
     async def read(self) -> Config | None:
         """The file's configuration, or None (the reason logged) when it cannot be had in time."""
         fresh: Config | None = None
+        self.last_error = None
         with trio.move_on_after(self.timeout_s) as scope:
             try:
                 fresh = await trio.to_thread.run_sync(partial(self._read, self.path),
                                                       abandon_on_cancel=True, limiter=self._limiter)
             except ConfigError as exc:
-                log.error("SIGHUP: configuration not reloaded", error=str(exc))
-                return None
+                self.last_error = str(exc)
         if scope.cancelled_caught:
-            log.error("SIGHUP: configuration not reloaded",
-                      error=f"{self.path}: reading it did not finish within "
-                            f"{self.timeout_s:g} s (a hung mount?); the running "
-                            "configuration stays in force")
+            self.last_error = (f"{self.path}: reading it did not finish within "
+                               f"{self.timeout_s:g} s (a hung mount?); the running "
+                               "configuration stays in force")
+        if self.last_error is not None:
+            log.error("SIGHUP: configuration not reloaded", error=self.last_error)
             return None
         return fresh
 

@@ -8,7 +8,9 @@ must keep serving whatever happens to its supervisor's socket.
 
 Messages we send (docs/exit-codes.md): ``READY=1`` once the first snapshot
 is published and every child has started; ``STATUS=<text>`` on state changes;
-``STOPPING=1`` when shutdown begins; ``WATCHDOG=1`` every half
+``STOPPING=1`` when shutdown begins; on SIGHUP ``RELOADING=1`` with
+``MONOTONIC_USEC`` (``Type=notify-reload`` waits for it), then ``READY=1`` when
+the reload is done, its STATUS= saying whether it failed; ``WATCHDOG=1`` every half
 ``$WATCHDOG_USEC`` while healthy (honouring ``$WATCHDOG_PID``).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping
 
 import trio
@@ -70,6 +73,15 @@ class Notifier:
         if text != self.last_status:
             self.last_status = text
             self.send(STATUS=text)
+
+    def reloading(self) -> None:
+        """A reload begins; ``MONOTONIC_USEC`` is CLOCK_MONOTONIC now, as systemd 253 asks."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.send(RELOADING="1", MONOTONIC_USEC=str(usec))
+
+    def reloaded(self, status: str) -> None:
+        """The reload is done (or failed, which ``status`` says): ``READY=1`` again."""
+        self.ready(status)
 
     def stopping(self) -> None:
         self.send(STOPPING="1", STATUS="stopping")

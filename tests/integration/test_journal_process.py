@@ -1,4 +1,4 @@
-"""journald lines through the real process: ``auto`` detects ``$JOURNAL_STREAM``.
+"""journald through the real process: ``auto`` detects ``$JOURNAL_STREAM``; the native protocol.
 
 systemd sets ``JOURNAL_STREAM=DEV:INODE`` for a service whose stderr is the
 journal; here stderr is a file and the variable names that file, which is
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import trio
 
-from tests.proc import REPO, cli, write_config
+from tests.journald import Journal
+from tests.proc import REPO, cli, run_daemon, write_config
 
 LINE = re.compile(r"^<([0-7])>(\{.*\})$")
 
@@ -76,3 +77,22 @@ async def test_auto_without_journal_stream_writes_plain_json(tmp_path: Path) -> 
     assert code == 3
     lines = [json.loads(x) for x in err.read_text().splitlines() if x.strip()]
     assert lines[-1]["event"] == "refused to boot"
+
+
+async def test_journal_format_sends_every_field_to_the_journal_socket(tmp_path: Path) -> None:
+    """``journalctl REASON=secret`` works: the refusal's fields are journal fields."""
+    config = _uncompilable(tmp_path)
+    journal = Journal(tmp_path / "journal.sock")
+    await journal.bind()
+    env = {"SUPERVISOR_LOG__FORMAT": "journal", "SUPERVISOR_JOURNAL_SOCKET": str(journal.path)}
+    try:
+        with trio.fail_after(60):
+            async with run_daemon(config, env=env) as daemon:
+                refused = await journal.wait_for(REASON="secret", EVENT="refused to boot")
+                assert await daemon.wait() == 3
+    finally:
+        journal.close()
+    assert refused["PRIORITY"] == b"2" and refused["SYSLOG_IDENTIFIER"] == b"trio-supervisor"
+    assert json.loads(refused["MESSAGE"])["event"] == "refused to boot"
+    assert any(entry["PRIORITY"] == b"6" for entry in journal.entries)  # info lines before it
+    assert daemon.raw == []  # nothing on stderr: the journal took every line

@@ -66,3 +66,48 @@ async def test_fifo_at_the_config_path_does_not_freeze_healthz(tmp_path: Path) -
     restart_lines = [entry for entry in daemon.lines
                      if str(entry.get("event", "")).startswith("SIGHUP: restart needed for")]
     assert len(restart_lines) == 1
+
+
+async def test_sighup_reloads_both_token_files_and_the_old_tokens_are_refused(
+        tmp_path: Path) -> None:
+    full, read = tmp_path / "admin.token", tmp_path / "read.token"
+    full.write_text("old-full-token\n")
+    read.write_text("old-read-token\n")
+    port = free_port()
+    config = _published(tmp_path, port)
+    config.write_text(config.read_text().replace(
+        "[admin]\n", f'[admin]\ntoken_file = "{full}"\nread_token_file = "{read}"\n'))
+    base = f"http://127.0.0.1:{port}"
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon, httpx.AsyncClient(timeout=10) as client:
+            await daemon.wait_log("ready")
+            assert (await client.get(f"{base}/status", headers=bearer("old-read-token"))
+                    ).status_code == 200
+            # Both files replaced (a rename, as a secret manager does), then SIGHUP.
+            for path, token in ((full, "new-full-token"), (read, "new-read-token")):
+                fresh = path.with_suffix(".new")
+                fresh.write_text(token + "\n")
+                fresh.replace(path)
+            daemon.signal(signal.SIGHUP)
+            await daemon.wait_log("SIGHUP: tokens reloaded")
+            for token in ("old-full-token", "old-read-token"):
+                assert (await client.get(f"{base}/status", headers=bearer(token))
+                        ).status_code == 401
+            assert (await client.post(f"{base}/v1/converge", headers=bearer("old-full-token"))
+                    ).status_code == 401
+            assert (await client.get(f"{base}/status", headers=bearer("new-read-token"))
+                    ).status_code == 200
+            assert (await client.post(f"{base}/v1/converge", headers=bearer("new-full-token"))
+                    ).status_code == 200
+            # An unusable file keeps the tokens in force (the error logged).
+            full.write_text("")
+            daemon.signal(signal.SIGHUP)
+            await daemon.wait_log("SIGHUP: tokens not reloaded; the previous tokens stay in force")
+            assert (await client.post(f"{base}/v1/converge", headers=bearer("new-full-token"))
+                    ).status_code == 200
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0

@@ -114,7 +114,7 @@ async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> Non
     assert report.last_rejection.revision == 2
     assert report.last_rejection.reason == "projection"
     assert report.lag_s >= 0
-    line = next(entry for entry in logs if entry["log_level"] == "error")
+    line = next(entry for entry in logs if entry["log_level"] == "warning")
     assert line["reason"] == "projection" and line["revision"] == 2
     assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="projection") == 1
     store.put(doc("chat", "x", keys={"k": ["x"]}))

@@ -561,7 +561,7 @@ async def test_a_different_refusal_without_a_revision_is_logged_at_once() -> Non
         store.error = ControlPlaneError("malformed desired pointer",
                                         category=FailureCategory.INVALID)
         await rec.converge_once()  # another refusal: a new streak, logged at once
-    refused = [e["detail"] for e in logs if e["log_level"] == "error"]
+    refused = [e["detail"] for e in logs if e["log_level"] == "warning"]
     assert refused == ["permission denied", "malformed desired pointer"]
 
 

@@ -58,7 +58,7 @@ def test_every_key_and_label_has_prose() -> None:
 def test_log_events_page_lists_the_calls_it_finds() -> None:
     text = docsgen.render_log_events()
     assert "| refused to boot | critical | `detail`, `reason`, `refusal` |" in text
-    assert "| revision refused; previous snapshot keeps serving | error |" in text
+    assert "| revision refused; previous snapshot keeps serving | warning |" in text
     # Keys passed as **fields are resolved from the dict literal.
     row = next(line for line in text.splitlines()
                if line.startswith("| convergence attempt refused by the control plane"))

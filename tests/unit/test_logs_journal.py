@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from supervisor import logs
+from tests.journald import Journal
 
 LINE = re.compile(r"^<(\d)>(\{.*\})$")
 
@@ -68,3 +70,40 @@ def test_auto_picks_journal_only_when_journal_stream_names_the_stream(tmp_path: 
         assert logs.resolve_format("auto", stream, {"JOURNAL_STREAM": "garbage"}) == "json"
         assert logs.resolve_format("json", stream, named) == "json"
     assert logs.resolve_format("auto", io.StringIO(), named) == "json"
+
+
+async def test_native_journal_protocol_every_key_a_field_newlines_length_prefixed(
+        tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sock")
+    await journal.bind()
+    stream = io.StringIO()
+    try:
+        logs.configure("info", "journal", stream, journal_socket=str(journal.path))
+        log = logs.get_logger("t")
+        log.error("refused to boot", reason="secret", revision=7, keys=["a"], flag=True,
+                  detail="line one\nline two", **{"odd-key": "x", "_trusted": "y"})
+        log.debug("dropped below the level")
+        logging.getLogger("httpx").warning("boom")
+        with trio.fail_after(5):
+            entry = await journal.receive()
+            foreign = await journal.receive()
+    finally:
+        journal.close()
+    assert stream.getvalue() == ""  # the journal took both lines
+    assert entry["MESSAGE"].startswith(b'{"') and json.loads(entry["MESSAGE"])["reason"] == "secret"
+    assert entry["PRIORITY"] == b"3" and entry["SYSLOG_IDENTIFIER"] == b"trio-supervisor"
+    assert entry["REASON"] == b"secret" and entry["REVISION"] == b"7"
+    assert entry["EVENT"] == b"refused to boot" and entry["COMPONENT"] == b"t"
+    assert entry["KEYS"] == b'["a"]' and entry["FLAG"] == b"true"
+    assert entry["DETAIL"] == b"line one\nline two"
+    assert entry["ODD_KEY"] == b"x" and entry["TRUSTED"] == b"y"  # no client sets _FIELDS
+    assert b"T" in entry["TIMESTAMP"] and entry["LEVEL"] == b"error"
+    assert foreign["PRIORITY"] == b"4" and foreign["EVENT"] == b"boom"
+
+
+def test_without_a_journal_socket_lines_keep_their_priority_prefix(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    logs.configure("info", "journal", stream, journal_socket=str(tmp_path / "none.sock"))
+    logs.get_logger("t").warning("w", reason="stale")
+    [(priority, doc)] = parse(stream.getvalue())
+    assert priority == 4 and doc["reason"] == "stale"

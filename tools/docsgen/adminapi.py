@@ -117,8 +117,8 @@ def status_fields(struct: type[msgspec.Struct] = StatusDocument,
         nested = [k for k in kinds if isinstance(k, msgspec.inspect.StructType)]
         values = [k.value_type for k in kinds if isinstance(k, msgspec.inspect.DictType)
                   and isinstance(k.value_type, msgspec.inspect.StructType)]
-        # last_rejection and statement: objects described in their own row.
-        if nested and field.name not in ("last_rejection", "statement"):
+        # last_rejection, statement and hook: objects described in their own row.
+        if nested and field.name not in ("last_rejection", "statement", "hook"):
             found[path] = "object"
             found.update(status_fields(nested[0].cls, f"{path}."))
         elif values:

@@ -1,0 +1,148 @@
+"""The reload hook through a real daemon and a real hook script (SQLite control plane).
+
+One script, its behaviour chosen by a file the test writes before each publish:
+``record`` (its environment), ``hang`` (forks a child that keeps the output pipe
+open, then sleeps), ``flood`` (prints 100 MB), ``fail`` (exit 7).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.proc import REPO, Daemon, cli, free_port, run_daemon, write_config
+
+SCRIPT = """#!/bin/sh
+dir="$1"
+env | grep '^SUPERVISOR_' | sort > "$dir/env.$SUPERVISOR_REVISION"
+case "$(cat "$dir/mode")" in
+  hang) sleep 1000 & echo $! > "$dir/child.pid"; echo $$ > "$dir/main.pid"; sleep 1000;;
+  flood) head -c 100000000 /dev/zero | tr '\\0' x;;
+  fail) echo "cannot reload"; exit 7;;
+esac
+echo "reloaded $SUPERVISOR_REVISION"
+"""
+# Long enough for a publish (a CLI process, seconds on a loaded machine) to finish
+# while the hung run lasts.
+TIMEOUT_S = 20.0
+
+
+def _revision(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / f"rev{n}.toml"
+    path.write_text(f'schema_version = 1\n[aliases.chat]\nupstream = "https://llm{n}.internal/v1"\n'
+                    f'[keys.example]\nsecret = "file:{REPO}/conf/example.key"\n'
+                    'aliases = ["chat"]\n')
+    return path
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def _hook_report(client: httpx.AsyncClient, base: str, revision: int,
+                       outcome: str) -> dict[str, object]:
+    """``/status`` ``sinks.hook`` once its last finished run is ``revision``'s, with ``outcome``."""
+    while True:
+        hook = (await client.get(f"{base}/status")).json()["sinks"]["hook"]
+        if hook["revision"] == revision and hook["outcome"] == outcome:
+            return dict(hook)
+        await trio.sleep(0.05)
+
+
+async def _publish(daemon: Daemon, config: Path, tmp_path: Path, n: int, mode: str) -> None:
+    (tmp_path / "hook" / "mode").write_text(mode)
+    await trio.to_thread.run_sync(
+        lambda: cli("publish", "--config", str(config), str(_revision(tmp_path, n))))
+    await daemon.wait_log("published", revision=n)
+
+
+def _metric(text: str, outcome: str) -> float:
+    needle = f'supervisor_hook_runs_total{{outcome="{outcome}"}} '
+    return float(next(line for line in text.splitlines() if line.startswith(needle)).split()[-1])
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path: Path) -> None:
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    script = hook_dir / "hook.sh"
+    script.write_text(SCRIPT)
+    (hook_dir / "mode").write_text("record")
+    port = free_port()
+    snapshot = tmp_path / "snapshot.json"
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port,
+                          poll_interval_s=0.2,
+                          extra=f'[snapshot]\npath = "{snapshot}"\n'
+                                f'[hook]\ncommand = ["/bin/sh", "{script}", "{hook_dir}"]\n'
+                                f"timeout_s = {TIMEOUT_S}\n")
+    cli("publish", "--config", str(config), str(_revision(tmp_path, 1)))
+    base = f"http://127.0.0.1:{port}"
+    with trio.fail_after(120):
+        async with run_daemon(config) as daemon, httpx.AsyncClient(timeout=10) as client:
+            await daemon.wait_log("ready")
+            # The boot's swap runs the hook: its environment names what serves.
+            first = await _hook_report(client, base, 1, "ok")
+            assert first["exit_code"] == 0 and first["output"] == "reloaded 1\n"
+            env = dict(line.split("=", 1) for line in
+                       (hook_dir / "env.1").read_text().splitlines())
+            assert env["SUPERVISOR_REVISION"] == "1" and env["SUPERVISOR_SNAPSHOT"] == str(snapshot)
+            assert env["SUPERVISOR_SEQUENCE"].isdigit()
+            assert json.loads(snapshot.read_text())["revision"] == 1
+
+            # A hook that forks a child holding the pipe and hangs: its group is killed at
+            # the timeout, and convergence goes on meanwhile (revision 3 published).
+            await _publish(daemon, config, tmp_path, 2, "hang")
+            while not (hook_dir / "child.pid").exists():
+                await trio.sleep(0.05)
+            (hook_dir / "mode").write_text("record")
+            await _publish(daemon, config, tmp_path, 3, "record")
+            hung = await _hook_report(client, base, 2, "timeout")
+            events = [(line.get("event"), line.get("revision")) for line in daemon.lines]
+            assert events.index(("published", 3)) < events.index(
+                ("reload hook failed; retrying with backoff", 2)), "convergence waited on the hook"
+            main, child = (int((hook_dir / f"{n}.pid").read_text()) for n in ("main", "child"))
+            while not (_gone(main) and _gone(child)):
+                await trio.sleep(0.05)
+            # Killed at the timeout: the run lasted it, and not much longer.
+            assert TIMEOUT_S <= float(str(hung["duration_s"])) < TIMEOUT_S + 5, hung
+            # The swaps during the hung run coalesced into one run for the newest.
+            await _hook_report(client, base, 3, "ok")
+
+            # 100 MB of output: 4 KiB kept, the rest drained without the daemon growing.
+            peak_before = _peak_rss_kib(daemon.process.pid)
+            await _publish(daemon, config, tmp_path, 4, "flood")
+            flood = await _hook_report(client, base, 4, "ok")
+            assert flood["output"] == "x" * 4096
+            growth_kib = _peak_rss_kib(daemon.process.pid) - peak_before
+            print(f"daemon peak RSS growth while draining 100 MB of hook output: {growth_kib} KiB")
+            assert growth_kib < 20 * 1024
+
+            # A failure: retried with backoff (1 s, then 2 s ...) until it succeeds.
+            await _publish(daemon, config, tmp_path, 5, "fail")
+            failed = await _hook_report(client, base, 5, "failed")
+            assert failed["exit_code"] == 7 and failed["state"] == "failing"
+            assert failed["output"] == "cannot reload\n"
+            await daemon.wait_log("reload hook failed; retrying with backoff", revision=5)
+            (hook_dir / "mode").write_text("record")
+            recovered = await _hook_report(client, base, 5, "ok")
+            assert recovered["state"] == "ok"
+            await daemon.wait_log("reload hook recovered", revision=5)
+            metrics = (await client.get(f"{base}/metrics")).text
+            assert _metric(metrics, "timeout") == 1 and _metric(metrics, "failed") >= 1
+            assert _metric(metrics, "ok") >= 4
+            daemon.signal()
+            assert await daemon.wait() == 0
