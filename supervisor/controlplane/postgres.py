@@ -38,6 +38,9 @@ store's own methods blocks: call it from a worker thread.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -204,6 +207,31 @@ def connect(
     return conn
 
 
+def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> None:
+    """Run ``first`` (a cancel request), then shut ``conn``'s socket down (blocking).
+
+    A peer that accepts and never answers (its kernel still ACKs) trips
+    neither keepalives nor ``tcp_user_timeout``, and a cancel request may
+    stall on it too: only the shutdown makes a call blocked in libpq return,
+    so its worker thread ends and its descriptor is closed. The socket is
+    duplicated first, so a descriptor number reused after the connection
+    closes is never touched.
+    """
+    try:
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    except (psycopg.Error, OSError):
+        return  # already closed: nothing blocks on it
+    try:
+        try:
+            first()
+        except (psycopg.Error, OSError) as exc:
+            log.debug("cancel request failed", error=str(exc))
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.close()
+
+
 def timeout_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -309,23 +337,22 @@ class PostgresConnections:
         self.identity: str | None = None
 
     def open(self, stop: threading.Event) -> Conn:
-        # Nothing to interrupt while connecting (``stop`` unused): a cancelled
-        # connect is abandoned, and its connection closed if it ever completes.
+        # Nothing to interrupt while connecting (``stop`` unused; libpq's
+        # connect_timeout bounds it): a cancelled connect is abandoned, and its
+        # connection closed if it ever completes.
         conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
                        statement_timeout_s=None)
-        try:
-            self.identity = bounded(conn, _identity_checking_schema, self.timeout_ms)
-        except BaseException:
-            dispose_quietly(conn.close)
-            raise
         log.debug("control-plane connection opened", url=redact(self.url))
         return conn
+
+    def setup(self, conn: Conn) -> None:
+        self.identity = _identity_checking_schema(conn)
 
     def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
         return bounded(conn, fn, self.timeout_ms)
 
     def interrupt(self, conn: Conn, stop: threading.Event) -> None:
-        conn.cancel_safe(timeout=INTERRUPT_GRACE_S)
+        release_socket(conn, partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S))
 
     def close(self, conn: Conn) -> None:
         dispose_quietly(conn.close)
@@ -352,23 +379,28 @@ class PostgresStore(revisions.DatabaseStore):
         config: ControlPlaneConfig,
         *,
         max_schema_version: int,
-        statement_timeout_s: float = 10.0,
-        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        statement_timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
     ) -> None:
         self._url = config.url
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
-        # The client-side deadline: a connect plus one statement, plus slack
-        # so the server's own statement_timeout normally fires first (its
-        # error says more than ours).
+        # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
+        # connect (5 s) plus one statement (10 s), plus slack so the server's
+        # own statement_timeout normally fires first (its error says more).
+        read_s = config.read_timeout_s
+        connect_s = (min(CONNECT_TIMEOUT_S, read_s / 3) if connect_timeout_s is None
+                     else connect_timeout_s)
+        statement_s = (max(read_s - connect_s - 2.0, read_s / 3) if statement_timeout_s is None
+                       else statement_timeout_s)
         # Per call, never per session (see bounded()); the DSN's options win.
         self._connections = PostgresConnections(
-            config.url, connect_timeout_s,
-            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s),
+            config.url, connect_s,
+            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_s),
         )
-        self._runner = ConnectionRunner(
-            self._connections, deadline_s=connect_timeout_s + statement_timeout_s + 2.0)
+        self._runner = ConnectionRunner(self._connections, deadline_s=(
+            read_s if statement_timeout_s is None else connect_s + statement_s + 2.0))
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"

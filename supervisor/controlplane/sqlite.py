@@ -234,6 +234,9 @@ class SQLiteConnections:
             raise
         return conn
 
+    def setup(self, conn: sqlite3.Connection) -> None:
+        pass  # open() prepared it: SQLite's own waits honour ``stop`` there
+
     def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
              stop: threading.Event) -> T:
         return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
@@ -281,7 +284,7 @@ class SQLiteStore(revisions.DatabaseStore):
         config: ControlPlaneConfig,
         *,
         max_schema_version: int,
-        statement_timeout_s: float = 10.0,
+        statement_timeout_s: float | None = None,
         create: bool = True,
     ) -> None:
         self._path = sqlite_path(config.url)
@@ -291,8 +294,11 @@ class SQLiteStore(revisions.DatabaseStore):
         self._max_schema = max_schema_version
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
         # the problem) well before the client-side deadline cancels the call.
-        self._connections = SQLiteConnections(self._path, create, statement_timeout_s / 2)
-        self._runner = ConnectionRunner(self._connections, deadline_s=statement_timeout_s + 1.0,
+        # The deadline: [control_plane].read_timeout_s, unless a statement timeout is given.
+        deadline_s = (config.read_timeout_s if statement_timeout_s is None
+                      else statement_timeout_s + 1.0)
+        self._connections = SQLiteConnections(self._path, create, (deadline_s - 1.0) / 2)
+        self._runner = ConnectionRunner(self._connections, deadline_s=deadline_s,
                                         before=self._check_file)
 
     def __repr__(self) -> str:
