@@ -16,8 +16,8 @@ import trio
 
 from supervisor.logs import get_logger
 
-__all__ = ["DETAIL_BYTES", "THREAD_LIMITS", "OutOfRange", "ThreadDeadline", "TooLarge",
-           "check_range", "cut", "in_thread", "outliving", "quoted", "read_capped",
+__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "THREAD_LIMITS", "OutOfRange", "ThreadDeadline",
+           "TooLarge", "check_range", "cut", "in_thread", "outliving", "quoted", "read_capped",
            "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
@@ -94,6 +94,8 @@ def read_capped(read: Callable[[int], bytes], limit: int, what: str) -> bytes:
 #: exhausts its own limit and never trio's shared one (40), which the others
 #: would wait on.
 THREAD_LIMITS: Final = {"database": 8, "files": 4, "reload": 2, "kube": 2, "cpu": 4}
+#: File I/O on a sink or a state file (a revision body written or read whole).
+FILE_IO_DEADLINE_S: Final = 60.0
 
 _limiters: trio.lowlevel.RunVar[dict[str, trio.CapacityLimiter]] = trio.lowlevel.RunVar(
     "thread_limiters")

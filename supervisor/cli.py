@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import trio
 
 from supervisor import __version__, cli_help, logs
+from supervisor.bounds import in_thread
 from supervisor.commands import publish, revisions, status
 from supervisor.commands.common import (
     EXIT_ERROR,
@@ -222,11 +223,9 @@ def _schema_problems(config: Config) -> list[tuple[str, str]]:
     from supervisor.controlplane import migrations
 
     async def look() -> int | None:
-        with trio.move_on_after(SCHEMA_PROBE_S):
-            # Abandoned, not waited for, past the bound: the thread is a daemon thread.
-            return await trio.to_thread.run_sync(
-                partial(_schema_version, config), abandon_on_cancel=True)
-        raise TimeoutError(f"no answer within {SCHEMA_PROBE_S:g} s")
+        # Abandoned, not waited for, past the bound: the thread is a daemon thread.
+        return await in_thread(partial(_schema_version, config), dependency="database",
+                               deadline_s=SCHEMA_PROBE_S, what="the schema probe")
 
     backend = config.control_plane.backend
     try:

@@ -64,6 +64,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import httpx
@@ -71,6 +72,7 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
+from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
@@ -268,8 +270,10 @@ class FollowerStore:
             return held
         accepted = self._verify(data)
         try:
-            await trio.to_thread.run_sync(self._highest.accept, accepted.statement)
-        except CacheError as exc:
+            await in_thread(partial(self._highest.accept, accepted.statement),
+                            dependency="files", deadline_s=FILE_IO_DEADLINE_S,
+                            what="the accepted statement write")
+        except (CacheError, ThreadDeadline) as exc:
             # Held in memory regardless: this process still refuses what it should.
             log.warning("cannot persist the highest accepted statement; a restart would "
                         "forget it", error=str(exc))

@@ -35,8 +35,6 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
-import trio
-
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.errors import (
@@ -45,7 +43,7 @@ from supervisor.controlplane.errors import (
     FailureCategory,
     one_line,
 )
-from supervisor.controlplane.runner import ConnectionRunner, dispose_quietly
+from supervisor.controlplane.runner import ConnectionRunner, dispose_quietly, in_db_thread
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
@@ -349,8 +347,9 @@ class SQLiteStore(revisions.DatabaseStore):
         """
         conn = self._runner.connection
         path = self._path
-        current = await trio.to_thread.run_sync(_file_id, path)
-        wal = await trio.to_thread.run_sync(_file_id, path + "-wal")
+        # Inside the runner's call: its deadline bounds these.
+        current = await in_db_thread(partial(_file_id, path), "the control-plane file's status")
+        wal = await in_db_thread(partial(_file_id, path + "-wal"), "the WAL's status")
         # The file last opened, kept after its connection was dropped: a restore
         # may come in two steps (the file moved away, an outage, then the new
         # one moved in), and the new file must be checked against the old WAL
@@ -366,7 +365,7 @@ class SQLiteStore(revisions.DatabaseStore):
                 await self._runner.discard()
             if current is not None:
                 if wal is not None and wal == self._wal_id:
-                    await trio.to_thread.run_sync(_remove_stale_wal, path)
+                    await in_db_thread(partial(_remove_stale_wal, path), "a stale WAL's removal")
                     log.warning("removed the replaced control-plane file's WAL (another "
                                 "process still had the old file open); the new file is read "
                                 "as restored", path=path)

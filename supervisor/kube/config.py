@@ -28,10 +28,10 @@ import os
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-import trio
-
+from supervisor.bounds import ThreadDeadline, in_thread
 from supervisor.kube.errors import KubeConfigError
 
 __all__ = ["KubeSettings", "load_settings", "load_settings_async"]
@@ -132,8 +132,16 @@ def load_settings(
     )
 
 
+#: Loading credentials (a kubeconfig's exec plugin runs a subprocess) ends within this.
+CREDENTIALS_DEADLINE_S = 30.0
+
+
 async def load_settings_async(kubeconfig: str | None) -> KubeSettings:
     """:func:`load_settings` in a worker thread (exec plugins run subprocesses)."""
     # abandon_on_cancel: a hung exec plugin must not block shutdown; the thread
     # finishes on its own and its result is dropped.
-    return await trio.to_thread.run_sync(load_settings, kubeconfig, abandon_on_cancel=True)
+    try:
+        return await in_thread(partial(load_settings, kubeconfig), dependency="kube",
+                               deadline_s=CREDENTIALS_DEADLINE_S, what="the Kubernetes credentials")
+    except ThreadDeadline as exc:
+        raise KubeConfigError(str(exc)) from None
