@@ -162,7 +162,7 @@ class _Handoff(Generic[T]):
                 return
             self.abandoned_at = time.monotonic()
             _outliving[self.dependency] = _outliving.get(self.dependency, 0) + 1
-        _log.warning("worker thread still running after its caller gave up",
+        _log.info("worker thread still running after its caller gave up",
                      dependency=self.dependency, what=self.what)
 
 

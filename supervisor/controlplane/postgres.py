@@ -207,7 +207,24 @@ def connect(
     return conn
 
 
-def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> None:
+def bytes_received(sock: socket.socket) -> int | None:
+    """The bytes a TCP socket has received so far (Linux ``tcpi_bytes_received``)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except (OSError, AttributeError):
+        return None  # not TCP (a Unix socket), or not Linux
+    return int.from_bytes(info[128:136], "little") if len(info) >= 136 else None
+
+
+def _socket_of(conn: Conn) -> socket.socket | None:
+    """A duplicate of ``conn``'s socket (closing it leaves the connection's own open)."""
+    try:
+        return socket.socket(fileno=os.dup(conn.pgconn.socket))
+    except (psycopg.Error, OSError):
+        return None  # already closed
+
+
+def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> int | None:
     """Run ``first`` (a cancel request), then shut ``conn``'s socket down (blocking).
 
     A peer that accepts and never answers (its kernel still ACKs) trips
@@ -215,12 +232,12 @@ def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> No
     stall on it too: only the shutdown makes a call blocked in libpq return,
     so its worker thread ends and its descriptor is closed. The socket is
     duplicated first, so a descriptor number reused after the connection
-    closes is never touched.
+    closes is never touched. Returns the bytes the socket had received.
     """
-    try:
-        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
-    except (psycopg.Error, OSError):
-        return  # already closed: nothing blocks on it
+    sock = _socket_of(conn)
+    if sock is None:
+        return None  # already closed: nothing blocks on it
+    received = bytes_received(sock)
     try:
         try:
             first()
@@ -230,6 +247,7 @@ def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> No
             sock.shutdown(socket.SHUT_RDWR)
     finally:
         sock.close()
+    return received
 
 
 def timeout_ms(seconds: float) -> int:
@@ -335,6 +353,9 @@ class PostgresConnections:
         # Read at every connect: a restore or another database behind the
         # same DSN can only appear across a new connection.
         self.identity: str | None = None
+        # Bytes received: at the last call's start, and by the last call given up on.
+        self._before: int | None = None
+        self._received: int | None = None
 
     def open(self, stop: threading.Event) -> Conn:
         # Nothing to interrupt while connecting (``stop`` unused; libpq's
@@ -349,10 +370,20 @@ class PostgresConnections:
         self.identity = _identity_checking_schema(conn)
 
     def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
+        sock = _socket_of(conn)
+        if sock is not None:
+            with sock:
+                self._before = bytes_received(sock)
         return bounded(conn, fn, self.timeout_ms)
 
     def interrupt(self, conn: Conn, stop: threading.Event) -> None:
-        release_socket(conn, partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S))
+        after = release_socket(conn, partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S))
+        before, self._received = self._before, None
+        if after is not None and before is not None:
+            self._received = after - before
+
+    def received(self) -> int | None:
+        return self._received
 
     def close(self, conn: Conn) -> None:
         dispose_quietly(conn.close)
@@ -386,6 +417,7 @@ class PostgresStore(revisions.DatabaseStore):
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
+        self._min_read_rate_kib_s = config.min_read_rate_kib_s
         # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
         # connect (5 s) plus one statement (10 s), plus slack so the server's
         # own statement_timeout normally fires first (its error says more).

@@ -33,11 +33,13 @@ from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     malformed,
+    slow_read,
 )
 from supervisor.logs import get_logger
 
 __all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
-           "call_interruptibly", "dispose_quietly", "open_interruptibly"]
+           "call_interruptibly", "dispose_quietly", "in_db_thread", "open_interruptibly",
+           "read_deadline_s"]
 
 log = get_logger("controlplane")
 
@@ -175,6 +177,9 @@ class Driver(Protocol[C]):
     def keeps(self, conn: C, error: ControlPlaneError) -> bool:
         """True when ``conn`` is still usable after ``error`` (otherwise it is replaced)."""
 
+    def received(self) -> int | None:
+        """Bytes the last call given up on had received (None: not known)."""
+
 
 class ConnectionRunner(Generic[C]):
     """One lazily opened connection, one call at a time, each under a deadline.
@@ -207,17 +212,30 @@ class ConnectionRunner(Generic[C]):
             with trio.move_on_after(INTERRUPT_GRACE_S):
                 await in_db_thread(partial(self._driver.close, conn), "closing a connection")
 
+    @property
+    def deadline_s(self) -> float:
+        """One call's deadline (a body's read gets more: :func:`read_deadline_s`)."""
+        return self._deadline_s
+
     async def run(self, what: str, fn: Callable[[C], T], *,
-                  deadline_s: float | None = None) -> T:
-        """``fn(conn)`` in a worker thread; raises :class:`ControlPlaneError` naming ``what``."""
+                  deadline_s: float | None = None, body: tuple[int, int] | None = None) -> T:
+        """``fn(conn)`` in a worker thread; raises :class:`ControlPlaneError` naming ``what``.
+
+        ``body`` (revision, size) names what the call reads: its timeout is
+        then :func:`~supervisor.controlplane.errors.slow_read`, not an outage.
+        """
         if self._closed:
             raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
         deadline_s = self._deadline_s if deadline_s is None else deadline_s
         # The deadline covers the wait for the connection too: a call still
         # holding it must not hold every later one without a bound.
+        started = trio.current_time()
         with trio.move_on_after(deadline_s):
             async with self._limiter:
                 return await self._run_locked(what, fn)
+        if body is not None:
+            raise slow_read(what, *body, trio.current_time() - started,
+                            self._driver.received())
         raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
                                 category=FailureCategory.UNAVAILABLE)
 
@@ -293,6 +311,11 @@ class ConnectionRunner(Generic[C]):
             await self.discard()  # whatever failed (a schema too new), never kept
             raise
         return conn
+
+
+def read_deadline_s(base_s: float, size: int, min_rate_kib_s: float) -> float:
+    """A body read's deadline: ``base_s`` plus 1 s per ``min_rate_kib_s`` KiB of ``size``."""
+    return base_s + size / 1024 / min_rate_kib_s
 
 
 async def open_interruptibly(open_one: Callable[[], C], close: Callable[[C], object], *,

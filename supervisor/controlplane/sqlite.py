@@ -232,6 +232,9 @@ class SQLiteConnections:
             raise
         return conn
 
+    def received(self) -> int | None:
+        return None  # a file: no bytes in flight to count
+
     def setup(self, conn: sqlite3.Connection) -> None:
         pass  # open() prepared it: SQLite's own waits honour ``stop`` there
 
@@ -290,6 +293,7 @@ class SQLiteStore(revisions.DatabaseStore):
         self._wal_id: tuple[int, int] | None = None
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
+        self._min_read_rate_kib_s = config.min_read_rate_kib_s
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
         # the problem) well before the client-side deadline cancels the call.
         # The deadline: [control_plane].read_timeout_s, unless a statement timeout is given.

@@ -33,6 +33,9 @@ class _Driver:
     def setup(self, conn: int) -> None:
         pass
 
+    def received(self) -> int | None:
+        return None
+
     def call(self, conn: int, fn: Callable[[int], Any], stop: threading.Event) -> Any:
         self.calls.append(conn)
         if conn in self.stale:
