@@ -140,15 +140,25 @@ SQLSTATE_CODES: dict[str, tuple[FailureCategory, str]] = {
 }
 
 
+#: What the server says when it refuses a session at startup (SQLSTATE class
+#: 28 and 42501, which libpq does not pass on at connect).
+_CONNECT_REFUSALS = ("is not permitted to log in", "permission denied for database",
+                     "password authentication failed", "no pg_hba.conf entry")
+
+
 def classify(exc: BaseException) -> FailureCategory:
     """The failure category of a driver (or socket) error (see :data:`SQLSTATE_CLASSES`)."""
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(exc, psycopg.Error) and isinstance(sqlstate, str) and len(sqlstate) == 5:
         entry = SQLSTATE_CODES.get(sqlstate) or SQLSTATE_CLASSES.get(sqlstate[:2])
         return FailureCategory.INVALID if entry is None else entry[0]
-    # No SQLSTATE: raised by libpq or psycopg, not the server. A failed connect
-    # (FATAL messages at startup carry none), "the connection is lost/closed",
-    # a socket error: the control plane could not be asked.
+    # No SQLSTATE: raised by libpq or psycopg, not the server. A refusal at
+    # connect (FATAL messages at startup carry none) is told by its text; a
+    # failed connect otherwise, "the connection is lost/closed", a socket
+    # error: the control plane could not be asked.
+    if isinstance(exc, psycopg.OperationalError) and any(
+            text in str(exc) for text in _CONNECT_REFUSALS):
+        return FailureCategory.DENIED
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError
                   | TimeoutError):
         return FailureCategory.UNAVAILABLE
@@ -392,7 +402,10 @@ class PostgresConnections:
         return map_error(exc, what=what, url=self.url)
 
     def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
-        return (not conn.closed and not conn.broken
+        # After a refusal the operator may fix a session setting (search_path,
+        # a grant): only a new connection is sure to see the fix.
+        return (error.category not in (FailureCategory.INVALID, FailureCategory.DENIED)
+                and not conn.closed and not conn.broken
                 and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
 
