@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from supervisor import health, logs, reasons
+from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.config import Config
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
@@ -193,8 +194,10 @@ class Daemon:
                 from supervisor.sinks.lkg.accepted import ACCEPTED_SUFFIX, AcceptedStatements
 
                 path = self.config.cache.path
-                self._accepted = await trio.to_thread.run_sync(
-                    AcceptedStatements, None if path is None else path + ACCEPTED_SUFFIX)
+                self._accepted = await in_thread(
+                    partial(AcceptedStatements, None if path is None else path + ACCEPTED_SUFFIX),
+                    dependency="files", deadline_s=FILE_IO_DEADLINE_S,
+                    what="the accepted statement read")
                 await self._restore_accepted(self._accepted)
             store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
                                accepted=self._accepted)
@@ -228,9 +231,11 @@ class Daemon:
         cp = self.config.control_plane
         limit = cp.max_revision_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 64
         try:
-            restored = await trio.to_thread.run_sync(
-                partial(accepted.restore_from, forward, list(cp.trusted_keys), limit=limit))
-        except CacheError as exc:
+            restored = await in_thread(
+                partial(accepted.restore_from, forward, list(cp.trusted_keys), limit=limit),
+                dependency="files", deadline_s=FILE_IO_DEADLINE_S,
+                what="the accepted statement restore")
+        except (CacheError, ThreadDeadline) as exc:
             log.warning("cannot persist the highest accepted statement; a restart would "
                         "forget it", error=str(exc))
             restored = accepted.highest
@@ -432,7 +437,9 @@ class Daemon:
             from supervisor.sinks.lkg.files import hold_cache_lock
 
             # One daemon per cache; a predecessor still stopping is waited for.
-            lock = await trio.to_thread.run_sync(hold_cache_lock, self.config.cache.path)
+            lock = await in_thread(partial(hold_cache_lock, self.config.cache.path),
+                                   dependency="files", deadline_s=FILE_IO_DEADLINE_S,
+                                   what="the cache lock")
             if lock is None:
                 log.warning("cache lock not taken: its directory cannot be written; serving "
                             "without it", path=self.config.cache.path)

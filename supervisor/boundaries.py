@@ -142,7 +142,7 @@ KUBERNETES: Final = (
         enters="the configuration, its files, an exec plugin's token",
         size="not bounded here: the official loader reads them",
         check="the loader's; any failure is KubeConfigError, retried at the next request",
-        deadline="30 s (LOAD_TIMEOUT_S) in a thread of the client's own limit of 4",
+        deadline="30 s (CREDENTIALS_DEADLINE_S) on the kube thread limit (THREAD_LIMITS)",
         released="the caller (the thread, abandoned, gives its token back when it ends)",
         reason="namespace_or_rbac_unready",
         test=_KUBE_CLIENT
@@ -367,5 +367,60 @@ HOOK: Final = (
              "test_hook_env_hang_fork_flood_and_failure_through_the_daemon"),
 )
 
+_STALL = ("tests/integration/test_stalled_database_process.py::"
+          "test_a_database_that_never_answers_leaves_no_thread_or_descriptor_behind")
+_HANDOFF = ("tests/unit/test_thread_handoffs.py::"
+            "test_a_stuck_dependency_exhausts_only_its_own_limit")
+
+DEADLINES: Final = (
+    Boundary(
+        where="supervisor.controlplane.postgres: every store call (observe, publish, history ...)",
+        enters="rows", size="the store's own bounds", check="classify() at the driver boundary",
+        deadline="[control_plane].read_timeout_s (17 s): connect, setup and statement",
+        released="the socket is shut down, so the worker thread returns; the connection is "
+                 "replaced", reason="unavailable", test=_STALL),
+    Boundary(
+        where="supervisor.controlplane.postgres: connect and a new connection's setup query",
+        enters="the session", size="-", check="SQLSTATE class 28 and startup refusals: denied",
+        deadline="libpq connect_timeout (a third of read_timeout_s, at most 5 s), then the "
+                 "setup within read_timeout_s", released="the socket, the thread",
+        reason="denied/unavailable",
+        test="tests/integration/test_role_changes_process.py::"
+             "test_a_role_not_permitted_to_log_in_is_denied_with_the_control_plane_up"),
+    Boundary(
+        where="supervisor.controlplane.revisions: hydrate",
+        enters="the desired revision's body", size="[control_plane].max_revision_bytes",
+        check="its size read first (row header)",
+        deadline="read_timeout_s plus 1 s per min_read_rate_kib_s KiB of the body",
+        released="the socket, the thread; unavailable naming bytes read, control_plane_up true",
+        reason="unavailable",
+        test="tests/integration/test_slow_hydrate_process.py::"
+             "test_a_large_body_over_a_slow_link_is_served_within_its_grown_deadline"),
+    Boundary(
+        where="supervisor.controlplane.sqlite: every store call",
+        enters="rows", size="the store's own bounds", check="classify() at the driver boundary",
+        deadline="read_timeout_s (busy waits half of it)",
+        released="sqlite3 interrupt(); the connection is replaced", reason="unavailable/conflict",
+        test="tests/integration/test_store_sqlite.py::"
+             "test_write_lock_held_elsewhere_is_conflict"),
+    Boundary(
+        where="supervisor.bounds.in_thread: every worker-thread hand-off",
+        enters="a blocking call's result", size="-",
+        check="a limit per dependency (THREAD_LIMITS: database, files, reload, kube, cpu)",
+        deadline="the caller's (the token's wait included)",
+        released="the caller; the thread keeps only its own dependency's token, counted in "
+                 "/status threads_past_deadline", reason="-", test=_HANDOFF),
+    Boundary(
+        where="supervisor.convergence.side_sinks: cache, snapshot file, forwarded statement",
+        enters="file writes and reads", size="the body's", check="-",
+        deadline="FILE_IO_DEADLINE_S (60 s)",
+        released="the convergence loop (a failed write, retried)", reason="-", test=_HANDOFF),
+    Boundary(
+        where="supervisor.kube.config: credentials and TLS settings (exec plugins)",
+        enters="a kubeconfig's credentials", size="-", check="KubeConfigError",
+        deadline="CREDENTIALS_DEADLINE_S (30 s)", released="the fan-out (it retries)",
+        reason="-", test=_HANDOFF),
+)
+
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET + COMMANDS + FOLLOWER + HOOK
+BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET + COMMANDS + FOLLOWER + HOOK + DEADLINES

@@ -77,6 +77,10 @@ class ControlPlaneConfig(_Section, frozen=True):
     max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 16 * 1024 * 1024
     backoff_initial_s: BackoffSeconds = 0.25
     backoff_max_s: BackoffSeconds = 30.0
+    # One database call (connect and statement) ends within this, a hydrate
+    # within this plus 1 s per min_read_rate_kib_s KiB of its body.
+    read_timeout_s: Annotated[float, msgspec.Meta(ge=0.5, le=3600.0)] = 17.0
+    min_read_rate_kib_s: Annotated[float, msgspec.Meta(ge=1.0, le=1 << 20)] = 256.0
     # Follower mode only: the upstream replica's admin token.
     token_file: str | None = None
     # Follower mode only: the root's verify keys (ed25519:...) its statements must carry.

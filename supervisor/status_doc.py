@@ -144,3 +144,6 @@ class StatusDocument(_Part):
     sinks: SinksReport
     version: str
     started_at: str
+    # Per dependency (database, files, reload, kube, cpu): worker threads still
+    # running after their caller's deadline (a stuck call); empty when none.
+    threads_past_deadline: dict[str, int] = msgspec.field(default_factory=dict)

@@ -7,6 +7,11 @@ what a daemon sees when its database host goes away and comes back.
 ``proxied_url(pg_url, port)`` the same URL through it.
 ``proxy.latency_s`` delays every chunk the server sends: a distant database
 (each round trip takes at least that long), the fault itself rather than a wait.
+``proxy.rate_bps`` caps what the server sends at that many bytes a second (a
+slow link). ``proxy.stalled`` is a database that accepts connections and
+never answers a query: a session's startup passes, and from its first query
+on nothing travels either way, on open and new connections alike (the
+kernel still ACKs, so keepalives never trip), until ``stalled`` is False again.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class TcpProxy:
         self._scope: trio.CancelScope | None = None
         self.connections = 0
         self.latency_s = 0.0
+        self.rate_bps: float | None = None
+        self.stalled = False
 
     @property
     def up(self) -> bool:
@@ -56,13 +63,22 @@ class TcpProxy:
         except OSError:
             await client.aclose()
             return
+        asked = False  # the client has sent a query (not only its startup)
         async with client, upstream, trio.open_nursery() as nursery:
 
             async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                nonlocal asked
                 try:
                     async for chunk in src:
+                        if src is client and chunk[:1] in _QUERY_MESSAGES:
+                            asked = True
+                        while self.stalled and asked:
+                            await trio.sleep(0.05)
                         if src is upstream and self.latency_s:
                             await trio.sleep(self.latency_s)
+                        if src is upstream and self.rate_bps:
+                            await self._paced(dst, chunk, self.rate_bps)
+                            continue
                         await dst.send_all(chunk)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
@@ -70,6 +86,19 @@ class TcpProxy:
 
             nursery.start_soon(pump, client, upstream)
             nursery.start_soon(pump, upstream, client)
+
+
+    @staticmethod
+    async def _paced(dst: trio.SocketStream, chunk: bytes, rate_bps: float) -> None:
+        step = max(1, int(rate_bps / 20))
+        for at in range(0, len(chunk), step):
+            await dst.send_all(chunk[at:at + step])
+            await trio.sleep(step / rate_bps)
+
+
+# The frontend messages that ask something once a session is up (simple and
+# extended query protocol); a startup or cancel packet begins with its length.
+_QUERY_MESSAGES = frozenset(bytes([c]) for c in b"QPBEDSHFC")
 
 
 def _server_of(pg_url: str) -> tuple[str, int]:

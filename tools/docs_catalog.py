@@ -68,6 +68,12 @@ CONFIG_KEYS: Final[dict[str, str]] = {
     "control_plane.backoff_initial_s": "The first wait after a failed attempt; it doubles "
     "(with jitter) up to backoff_max_s.",
     "control_plane.backoff_max_s": "The longest wait between failed attempts.",
+    "control_plane.read_timeout_s": "The deadline of one database call, connect and statement "
+    "together (PostgreSQL: a connect within a third of it, at most 5 s; the server's "
+    "statement_timeout 2 s before it). At the deadline the call's socket is shut down, so its "
+    "worker thread returns.",
+    "control_plane.min_read_rate_kib_s": "The slowest link a hydrate must work over: its "
+    "deadline is read_timeout_s plus 1 s per this many KiB of the body.",
     "control_plane.notify_min_interval_s": "At most one notification wake-up per this many "
     "seconds, however many NOTIFYs arrive (any role that may connect may NOTIFY): sooner ones "
     "are held and covered by the next wake-up, counted in supervisor_listen_wakeups_held_total. "

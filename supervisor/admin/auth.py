@@ -24,8 +24,7 @@ import hmac
 from collections.abc import Iterable
 from functools import partial
 
-import trio
-
+from supervisor.bounds import ThreadDeadline, in_thread
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
 from supervisor.tokenfile import read_token
@@ -56,17 +55,16 @@ async def reread_tokens(token_file: str | None, read_token_file: str | None, *,
                         timeout_s: float) -> tuple[str | None, str | None] | None:
     """:func:`admin_tokens` again (SIGHUP), in a thread within ``timeout_s``; None (logged)
     when a file is unusable or the read does not finish (a FIFO, a hung mount)."""
-    error = f"reading the token files did not finish within {timeout_s:g} s"
-    with trio.move_on_after(timeout_s):
-        try:
-            tokens = await trio.to_thread.run_sync(
-                partial(admin_tokens, token_file, read_token_file), abandon_on_cancel=True)
-        except ConfigError as exc:
-            error = str(exc)
-        else:
-            log.info("SIGHUP: tokens reloaded", token_file=token_file,
-                     read_token_file=read_token_file)
-            return tokens
+    try:
+        tokens = await in_thread(partial(admin_tokens, token_file, read_token_file),
+                                 dependency="reload", deadline_s=timeout_s,
+                                 what="reading the token files")
+    except (ConfigError, ThreadDeadline) as exc:
+        error = str(exc)
+    else:
+        log.info("SIGHUP: tokens reloaded", token_file=token_file,
+                 read_token_file=read_token_file)
+        return tokens
     log.error("SIGHUP: tokens not reloaded; the previous tokens stay in force", error=error)
     return None
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from supervisor import __version__
 from supervisor.admin.signed import SignedRevisionFile
+from supervisor.bounds import outliving
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
@@ -58,4 +59,5 @@ class AdminContext:
             fanout={kind: st.report() for kind, st in self.fanout.items()},
             leadership=self.leadership() if self.leadership is not None
             else LeadershipReport(role="disabled", holder=None, lease=None),
-            sinks=self.sinks.report(), version=__version__, started_at=self.started_at)
+            sinks=self.sinks.report(), version=__version__, started_at=self.started_at,
+            threads_past_deadline=outliving())

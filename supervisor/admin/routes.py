@@ -21,6 +21,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -39,6 +40,7 @@ from supervisor.admin.responses import (
 )
 from supervisor.admin.signed import Unservable, etag_for, not_modified
 from supervisor.admin.stream import Receive, Scope
+from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.controlplane.follower import REVISION_PATH
 from supervisor.logs import get_logger
 
@@ -204,8 +206,10 @@ class Routes:
         state = self.ctx.state
         revision, digest, statement = snapshot.revision, state.body_sha256, state.statement
         try:
-            data = await trio.to_thread.run_sync(signed.read, revision, digest, statement)
-        except Unservable as exc:
+            data = await in_thread(partial(signed.read, revision, digest, statement),
+                                   dependency="files", deadline_s=FILE_IO_DEADLINE_S,
+                                   what="the signed revision read")
+        except (Unservable, ThreadDeadline) as exc:
             return error_response(503, "not_exported", str(exc), [(b"retry-after", b"1")])
         return _tagged(200, data, SIGNED, etag_for(revision, digest, statement))
 

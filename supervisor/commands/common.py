@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import msgspec
 import trio
 
-from supervisor.bounds import cut
+from supervisor.bounds import cut, in_thread
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
 from supervisor.configchecks import placeholders
 from supervisor.configfile import env_warnings, load
@@ -282,11 +282,9 @@ def probe_schema(config: Config) -> int | None:
     transaction pooling requires)."""
 
     async def look() -> int | None:
-        with trio.move_on_after(SCHEMA_PROBE_S):
-            # Abandoned, not waited for, past the bound: the thread is a daemon thread.
-            return await trio.to_thread.run_sync(partial(_schema_version, config),
-                                                 abandon_on_cancel=True)
-        raise TimeoutError(f"no answer within {SCHEMA_PROBE_S:g} s")
+        # Abandoned, not waited for, past the bound (ThreadDeadline, a TimeoutError).
+        return await in_thread(partial(_schema_version, config), dependency="database",
+                               deadline_s=SCHEMA_PROBE_S, what="the schema probe")
 
     return trio.run(look)
 

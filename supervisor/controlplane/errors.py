@@ -47,6 +47,7 @@ __all__ = [
     "TooLarge",
     "malformed",
     "one_line",
+    "slow_read",
 ]
 
 MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-supervisor db migrate`"
@@ -79,18 +80,23 @@ class ControlPlaneError(LabelledError):
     """
 
     def __init__(self, message: str, *, category: FailureCategory,
-                 revision: int | None = None, reason: str | None = None) -> None:
+                 revision: int | None = None, reason: str | None = None,
+                 answered: bool | None = None) -> None:
         super().__init__(message, reason=reason or category.value, detail=message,
                          revision=revision)
         self.category = category
+        self._answered = answered
 
     @property
     def answered(self) -> bool:
         """True when the control plane answered (a refusal, contention): only an outage is not.
 
         ``control_plane_up`` follows this: a revoked grant is the database
-        answering, and must not read as the network being down.
+        answering, and must not read as the network being down; so is a read
+        too slow after the observe answered (``answered`` given).
         """
+        if self._answered is not None:
+            return self._answered
         return self.category is not FailureCategory.UNAVAILABLE
 
     @property
@@ -196,6 +202,20 @@ def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
         f"({type(exc).__name__}: {detail})",
         category=FailureCategory.CORRUPT,
     )
+
+
+def slow_read(what: str, revision: int, size: int, elapsed_s: float,
+              received: int | None) -> ControlPlaneError:
+    """A read of ``size`` body bytes that outlasted its deadline: the database answered.
+
+    ``unavailable`` (it may pass on a faster link), yet no outage:
+    ``control_plane_up`` stays true and the detail names what was read.
+    """
+    read = f"{size} bytes" if received is None else f"{received} of {size} bytes read"
+    return ControlPlaneError(
+        f"control plane {what} of revision {revision} timed out after {elapsed_s:.1f} s "
+        f"({read}): the link is slower than [control_plane].min_read_rate_kib_s",
+        category=FailureCategory.UNAVAILABLE, revision=revision, answered=True)
 
 
 def one_line(exc: BaseException, text: str | None = None) -> str:

@@ -20,7 +20,7 @@ def open_store(
     config: ControlPlaneConfig,
     *,
     max_schema_version: int,
-    statement_timeout_s: float = 10.0,
+    statement_timeout_s: float | None = None,
     create: bool = True,
     accepted: AcceptedStatements | None = None,
 ) -> ControlPlaneStore:

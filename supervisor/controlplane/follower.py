@@ -76,6 +76,7 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
+from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
@@ -259,8 +260,9 @@ class FollowerStore:
 
     async def _persist(self, call: Callable[[], object]) -> object:
         try:
-            return await trio.to_thread.run_sync(call)
-        except CacheError as exc:
+            return await in_thread(call, dependency="files", deadline_s=FILE_IO_DEADLINE_S,
+                                   what="the accepted statement write")
+        except (CacheError, ThreadDeadline) as exc:
             # Held in memory regardless: this process still refuses what it should.
             log.warning("cannot persist the highest accepted statement; a restart would "
                         "forget it", error=str(exc))

@@ -82,6 +82,7 @@ from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
 from supervisor.controlplane.runner import (
     INTERRUPT_GRACE_S,
     call_interruptibly,
+    in_db_thread,
     open_interruptibly,
 )
 from supervisor.dsn import redact, scrub
@@ -392,6 +393,6 @@ async def _close(conn: Conn) -> None:
             pass
     with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
         try:
-            await trio.to_thread.run_sync(conn.close, abandon_on_cancel=True)
+            await in_db_thread(conn.close, "closing the LISTEN connection")
         except Exception as exc:  # noqa: BLE001 - the connection is gone either way
             log.debug("closing the LISTEN connection failed", error=str(exc))

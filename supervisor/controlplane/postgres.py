@@ -38,6 +38,9 @@ store's own methods blocks: call it from a worker thread.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -137,15 +140,25 @@ SQLSTATE_CODES: dict[str, tuple[FailureCategory, str]] = {
 }
 
 
+#: What the server says when it refuses a session at startup (SQLSTATE class
+#: 28 and 42501, which libpq does not pass on at connect).
+_CONNECT_REFUSALS = ("is not permitted to log in", "permission denied for database",
+                     "password authentication failed", "no pg_hba.conf entry")
+
+
 def classify(exc: BaseException) -> FailureCategory:
     """The failure category of a driver (or socket) error (see :data:`SQLSTATE_CLASSES`)."""
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(exc, psycopg.Error) and isinstance(sqlstate, str) and len(sqlstate) == 5:
         entry = SQLSTATE_CODES.get(sqlstate) or SQLSTATE_CLASSES.get(sqlstate[:2])
         return FailureCategory.INVALID if entry is None else entry[0]
-    # No SQLSTATE: raised by libpq or psycopg, not the server. A failed connect
-    # (FATAL messages at startup carry none), "the connection is lost/closed",
-    # a socket error: the control plane could not be asked.
+    # No SQLSTATE: raised by libpq or psycopg, not the server. A refusal at
+    # connect (FATAL messages at startup carry none) is told by its text; a
+    # failed connect otherwise, "the connection is lost/closed", a socket
+    # error: the control plane could not be asked.
+    if isinstance(exc, psycopg.OperationalError) and any(
+            text in str(exc) for text in _CONNECT_REFUSALS):
+        return FailureCategory.DENIED
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError
                   | TimeoutError):
         return FailureCategory.UNAVAILABLE
@@ -202,6 +215,49 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+def bytes_received(sock: socket.socket) -> int | None:
+    """The bytes a TCP socket has received so far (Linux ``tcpi_bytes_received``)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except (OSError, AttributeError):
+        return None  # not TCP (a Unix socket), or not Linux
+    return int.from_bytes(info[128:136], "little") if len(info) >= 136 else None
+
+
+def _socket_of(conn: Conn) -> socket.socket | None:
+    """A duplicate of ``conn``'s socket (closing it leaves the connection's own open)."""
+    try:
+        return socket.socket(fileno=os.dup(conn.pgconn.socket))
+    except (psycopg.Error, OSError):
+        return None  # already closed
+
+
+def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> int | None:
+    """Run ``first`` (a cancel request), then shut ``conn``'s socket down (blocking).
+
+    A peer that accepts and never answers (its kernel still ACKs) trips
+    neither keepalives nor ``tcp_user_timeout``, and a cancel request may
+    stall on it too: only the shutdown makes a call blocked in libpq return,
+    so its worker thread ends and its descriptor is closed. The socket is
+    duplicated first, so a descriptor number reused after the connection
+    closes is never touched. Returns the bytes the socket had received.
+    """
+    sock = _socket_of(conn)
+    if sock is None:
+        return None  # already closed: nothing blocks on it
+    received = bytes_received(sock)
+    try:
+        try:
+            first()
+        except (psycopg.Error, OSError) as exc:
+            log.debug("cancel request failed", error=str(exc))
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.close()
+    return received
 
 
 def timeout_ms(seconds: float) -> int:
@@ -310,26 +366,37 @@ class PostgresConnections:
         # same DSN can only appear across a new connection.
         self.identity: str | None = None
         self.schema_readable = False
+        # Bytes received: at the last call's start, and by the last call given up on.
+        self._before: int | None = None
+        self._received: int | None = None
 
     def open(self, stop: threading.Event) -> Conn:
-        # Nothing to interrupt while connecting (``stop`` unused): a cancelled
-        # connect is abandoned, and its connection closed if it ever completes.
+        # Nothing to interrupt while connecting (``stop`` unused; libpq's
+        # connect_timeout bounds it): a cancelled connect is abandoned, and its
+        # connection closed if it ever completes.
         conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
                        statement_timeout_s=None)
-        try:
-            self.identity, self.schema_readable = bounded(
-                conn, _identity_checking_schema, self.timeout_ms)
-        except BaseException:
-            dispose_quietly(conn.close)
-            raise
         log.debug("control-plane connection opened", url=redact(self.url))
         return conn
 
+    def setup(self, conn: Conn) -> None:
+        self.identity, self.schema_readable = _identity_checking_schema(conn)
+
     def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
+        sock = _socket_of(conn)
+        if sock is not None:
+            with sock:
+                self._before = bytes_received(sock)
         return bounded(conn, fn, self.timeout_ms)
 
     def interrupt(self, conn: Conn, stop: threading.Event) -> None:
-        conn.cancel_safe(timeout=INTERRUPT_GRACE_S)
+        after = release_socket(conn, partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S))
+        before, self._received = self._before, None
+        if after is not None and before is not None:
+            self._received = after - before
+
+    def received(self) -> int | None:
+        return self._received
 
     def close(self, conn: Conn) -> None:
         dispose_quietly(conn.close)
@@ -338,7 +405,10 @@ class PostgresConnections:
         return map_error(exc, what=what, url=self.url)
 
     def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
-        return (not conn.closed and not conn.broken
+        # After a refusal the operator may fix a session setting (search_path,
+        # a grant): only a new connection is sure to see the fix.
+        return (error.category not in (FailureCategory.INVALID, FailureCategory.DENIED)
+                and not conn.closed and not conn.broken
                 and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
 
 
@@ -356,23 +426,29 @@ class PostgresStore(revisions.DatabaseStore):
         config: ControlPlaneConfig,
         *,
         max_schema_version: int,
-        statement_timeout_s: float = 10.0,
-        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        statement_timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
     ) -> None:
         self._url = config.url
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
-        # The client-side deadline: a connect plus one statement, plus slack
-        # so the server's own statement_timeout normally fires first (its
-        # error says more than ours).
+        self._min_read_rate_kib_s = config.min_read_rate_kib_s
+        # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
+        # connect (5 s) plus one statement (10 s), plus slack so the server's
+        # own statement_timeout normally fires first (its error says more).
+        read_s = config.read_timeout_s
+        connect_s = (min(CONNECT_TIMEOUT_S, read_s / 3) if connect_timeout_s is None
+                     else connect_timeout_s)
+        statement_s = (max(read_s - connect_s - 2.0, read_s / 3) if statement_timeout_s is None
+                       else statement_timeout_s)
         # Per call, never per session (see bounded()); the DSN's options win.
         self._connections = PostgresConnections(
-            config.url, connect_timeout_s,
-            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_timeout_s),
+            config.url, connect_s,
+            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_s),
         )
-        self._runner = ConnectionRunner(
-            self._connections, deadline_s=connect_timeout_s + statement_timeout_s + 2.0)
+        self._runner = ConnectionRunner(self._connections, deadline_s=(
+            read_s if statement_timeout_s is None else connect_s + statement_s + 2.0))
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"

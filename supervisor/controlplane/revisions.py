@@ -49,6 +49,7 @@ from supervisor.controlplane.checks import (
 )
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.migrations import write_transaction
+from supervisor.controlplane.runner import read_deadline_s
 from supervisor.controlplane.store import (
     DesiredChange,
     LoadedRevision,
@@ -362,6 +363,7 @@ class DatabaseStore:
     _runner: ConnectionRunner[Any]
     _max_bytes: int
     _max_schema: int
+    _min_read_rate_kib_s: float
 
     @property
     def identity(self) -> str | None:
@@ -398,7 +400,15 @@ class DatabaseStore:
                 max_revision_bytes=max_bytes, max_schema_version=max_schema,
             )
 
-        return await self._runner.run("hydrate", read)
+        # The body's size first (answered from the row's header): its read's deadline grows with it.
+        found = await self._runner.run("read", partial(sql.one, query=(
+            f"SELECT r.id, {sql.size('r.body')} FROM supervisor_desired d"
+            " JOIN supervisor_revisions r ON r.id = d.revision_id WHERE d.singleton")))
+        if found is None or found[1] is None or found[1] > max_bytes:
+            return await self._runner.run("hydrate", read)
+        body = (int(found[0]), int(found[1]))
+        return await self._runner.run("hydrate", read, body=body, deadline_s=read_deadline_s(
+            self._runner.deadline_s, body[1], self._min_read_rate_kib_s))
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
         check_publishable(

@@ -20,6 +20,7 @@ descriptor, never shared), so it uses :func:`open_interruptibly` and
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -27,15 +28,18 @@ from typing import Generic, Protocol, TypeVar
 
 import trio
 
+from supervisor.bounds import in_thread
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
     malformed,
+    slow_read,
 )
 from supervisor.logs import get_logger
 
 __all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
-           "call_interruptibly", "dispose_quietly", "open_interruptibly"]
+           "call_interruptibly", "dispose_quietly", "in_db_thread", "open_interruptibly",
+           "read_deadline_s"]
 
 log = get_logger("controlplane")
 
@@ -96,6 +100,11 @@ class _Call(Generic[T]):
         trio.lowlevel.start_thread_soon(lambda: dispose_quietly(dispose), lambda _: None)
 
 
+def in_db_thread(fn: Callable[[], T], what: str, deadline_s: float = math.inf) -> Awaitable[T]:
+    """``fn()`` in a worker thread of the database's own limit (see ``bounds.in_thread``)."""
+    return in_thread(fn, dependency="database", deadline_s=deadline_s, what=what)
+
+
 def dispose_quietly(dispose: Callable[[], object]) -> None:
     """Run ``dispose`` (a connection's close); a failure is only logged, never raised."""
     # Runs where nobody could handle an error: the connection is being thrown
@@ -125,11 +134,12 @@ async def call_interruptibly(
     """
     call = _Call(fn)
     try:
-        return await trio.to_thread.run_sync(call.run, abandon_on_cancel=True)
+        # The caller's deadline bounds it (every caller has one).
+        return await in_db_thread(call.run, "a database call")
     except trio.Cancelled:
-        with trio.move_on_after(grace_s, shield=True):
+        with trio.CancelScope(shield=True):
             try:
-                await trio.to_thread.run_sync(interrupt, abandon_on_cancel=True)
+                await in_db_thread(interrupt, "interrupting a database call", grace_s)
             except Exception as exc:  # noqa: BLE001 - best effort; the connection is discarded anyway
                 log.debug("interrupting a cancelled statement failed", error=str(exc))
         call.give_up(dispose)
@@ -147,7 +157,10 @@ class Driver(Protocol[C]):
     errors: tuple[type[BaseException], ...]
 
     def open(self, stop: threading.Event) -> C:
-        """A new, ready connection; closes it itself when its own setup fails."""
+        """A new connection; closes it itself when opening fails."""
+
+    def setup(self, conn: C) -> None:
+        """A new connection's first call (run through :meth:`call`, so interruptible)."""
 
     def call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
         """Run ``fn`` on ``conn`` within the driver's own bounds (a transaction, retries)."""
@@ -163,6 +176,9 @@ class Driver(Protocol[C]):
 
     def keeps(self, conn: C, error: ControlPlaneError) -> bool:
         """True when ``conn`` is still usable after ``error`` (otherwise it is replaced)."""
+
+    def received(self) -> int | None:
+        """Bytes the last call given up on had received (None: not known)."""
 
 
 class ConnectionRunner(Generic[C]):
@@ -193,19 +209,35 @@ class ConnectionRunner(Generic[C]):
         it returns at once and the close finishes in its worker thread."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            await trio.to_thread.run_sync(partial(self._driver.close, conn), abandon_on_cancel=True)
+            with trio.move_on_after(INTERRUPT_GRACE_S):
+                await in_db_thread(partial(self._driver.close, conn), "closing a connection")
+
+    @property
+    def deadline_s(self) -> float:
+        """One call's deadline (a body's read gets more: :func:`read_deadline_s`)."""
+        return self._deadline_s
 
     async def run(self, what: str, fn: Callable[[C], T], *,
-                  deadline_s: float | None = None) -> T:
-        """``fn(conn)`` in a worker thread; raises :class:`ControlPlaneError` naming ``what``."""
+                  deadline_s: float | None = None, body: tuple[int, int] | None = None) -> T:
+        """``fn(conn)`` in a worker thread; raises :class:`ControlPlaneError` naming ``what``.
+
+        ``body`` (revision, size) names what the call reads: its timeout is
+        then :func:`~supervisor.controlplane.errors.slow_read`, not an outage.
+        """
         if self._closed:
             raise ControlPlaneError("the store is closed", category=FailureCategory.INVALID)
         deadline_s = self._deadline_s if deadline_s is None else deadline_s
-        async with self._limiter:
-            with trio.move_on_after(deadline_s):
+        # The deadline covers the wait for the connection too: a call still
+        # holding it must not hold every later one without a bound.
+        started = trio.current_time()
+        with trio.move_on_after(deadline_s):
+            async with self._limiter:
                 return await self._run_locked(what, fn)
-            raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
-                                    category=FailureCategory.UNAVAILABLE)
+        if body is not None:
+            raise slow_read(what, *body, trio.current_time() - started,
+                            self._driver.received())
+        raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
+                                category=FailureCategory.UNAVAILABLE)
 
     async def aclose(self) -> None:
         """Close the connection; later calls are refused. Shielded and bounded."""
@@ -232,7 +264,7 @@ class ConnectionRunner(Generic[C]):
                     log.debug("control-plane connection closed while idle; reconnecting",
                               error=str(driver.map_error(exc.__cause__ or exc, what)))
                     await self.discard()
-            conn = self._conn = await self._open()
+            conn = await self._open(stop)
             return await self._call(conn, fn, stop)
         except StaleConnection as exc:
             # Even a new connection failed at once: report why.
@@ -266,10 +298,24 @@ class ConnectionRunner(Generic[C]):
             dispose=partial(driver.close, conn),
         )
 
-    async def _open(self) -> C:
-        stop = threading.Event()
-        return await open_interruptibly(partial(self._driver.open, stop), self._driver.close,
-                                        interrupt=stop.set)
+    async def _open(self, stop: threading.Event) -> C:
+        driver = self._driver
+        conn = self._conn = await open_interruptibly(
+            partial(driver.open, stop), driver.close, interrupt=stop.set)
+        try:
+            # A call like any other: past the deadline its socket is released.
+            await self._call(conn, driver.setup, stop)
+        except trio.Cancelled:
+            raise  # call_interruptibly has handed the connection over for closing
+        except BaseException:
+            await self.discard()  # whatever failed (a schema too new), never kept
+            raise
+        return conn
+
+
+def read_deadline_s(base_s: float, size: int, min_rate_kib_s: float) -> float:
+    """A body read's deadline: ``base_s`` plus 1 s per ``min_rate_kib_s`` KiB of ``size``."""
+    return base_s + size / 1024 / min_rate_kib_s
 
 
 async def open_interruptibly(open_one: Callable[[], C], close: Callable[[C], object], *,

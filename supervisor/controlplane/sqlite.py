@@ -35,8 +35,6 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import quote
 
-import trio
-
 from supervisor.config import sqlite_path
 from supervisor.controlplane import migrations, revisions
 from supervisor.controlplane.errors import (
@@ -45,7 +43,7 @@ from supervisor.controlplane.errors import (
     FailureCategory,
     one_line,
 )
-from supervisor.controlplane.runner import ConnectionRunner, dispose_quietly
+from supervisor.controlplane.runner import ConnectionRunner, dispose_quietly, in_db_thread
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
@@ -234,6 +232,12 @@ class SQLiteConnections:
             raise
         return conn
 
+    def received(self) -> int | None:
+        return None  # a file: no bytes in flight to count
+
+    def setup(self, conn: sqlite3.Connection) -> None:
+        pass  # open() prepared it: SQLite's own waits honour ``stop`` there
+
     def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
              stop: threading.Event) -> T:
         return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
@@ -281,7 +285,7 @@ class SQLiteStore(revisions.DatabaseStore):
         config: ControlPlaneConfig,
         *,
         max_schema_version: int,
-        statement_timeout_s: float = 10.0,
+        statement_timeout_s: float | None = None,
         create: bool = True,
     ) -> None:
         self._path = sqlite_path(config.url)
@@ -289,10 +293,14 @@ class SQLiteStore(revisions.DatabaseStore):
         self._wal_id: tuple[int, int] | None = None
         self._max_bytes = config.max_revision_bytes
         self._max_schema = max_schema_version
+        self._min_read_rate_kib_s = config.min_read_rate_kib_s
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
         # the problem) well before the client-side deadline cancels the call.
-        self._connections = SQLiteConnections(self._path, create, statement_timeout_s / 2)
-        self._runner = ConnectionRunner(self._connections, deadline_s=statement_timeout_s + 1.0,
+        # The deadline: [control_plane].read_timeout_s, unless a statement timeout is given.
+        deadline_s = (config.read_timeout_s if statement_timeout_s is None
+                      else statement_timeout_s + 1.0)
+        self._connections = SQLiteConnections(self._path, create, (deadline_s - 1.0) / 2)
+        self._runner = ConnectionRunner(self._connections, deadline_s=deadline_s,
                                         before=self._check_file)
 
     def __repr__(self) -> str:
@@ -343,8 +351,9 @@ class SQLiteStore(revisions.DatabaseStore):
         """
         conn = self._runner.connection
         path = self._path
-        current = await trio.to_thread.run_sync(_file_id, path)
-        wal = await trio.to_thread.run_sync(_file_id, path + "-wal")
+        # Inside the runner's call: its deadline bounds these.
+        current = await in_db_thread(partial(_file_id, path), "the control-plane file's status")
+        wal = await in_db_thread(partial(_file_id, path + "-wal"), "the WAL's status")
         # The file last opened, kept after its connection was dropped: a restore
         # may come in two steps (the file moved away, an outage, then the new
         # one moved in), and the new file must be checked against the old WAL
@@ -360,7 +369,7 @@ class SQLiteStore(revisions.DatabaseStore):
                 await self._runner.discard()
             if current is not None:
                 if wal is not None and wal == self._wal_id:
-                    await trio.to_thread.run_sync(_remove_stale_wal, path)
+                    await in_db_thread(partial(_remove_stale_wal, path), "a stale WAL's removal")
                     log.warning("removed the replaced control-plane file's WAL (another "
                                 "process still had the old file open); the new file is read "
                                 "as restored", path=path)

@@ -75,6 +75,7 @@ hydrate at its first attempt, since a crash may have come between them.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -84,7 +85,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from supervisor import reasons
-from supervisor.bounds import cut
+from supervisor.bounds import FILE_IO_DEADLINE_S, cut, in_thread
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
@@ -146,7 +147,8 @@ async def compile_body(body: bytes, revision: int, generation: int,
         raise refusal
 
     if len(body) > THREAD_COMPILE_BYTES:
-        return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+        # Bounded by the attempt: no deadline of its own (a compile of a 1 GiB body is slow).
+        return await in_thread(run, dependency="cpu", deadline_s=math.inf, what="a compile")
     return run()
 
 
@@ -558,7 +560,8 @@ class ConvergenceLoop:
             ) from cause
         events = self.metrics.last_known_good_events
         try:
-            cached = await trio.to_thread.run_sync(cache.load)
+            cached = await in_thread(cache.load, dependency="files",
+                                     deadline_s=FILE_IO_DEADLINE_S, what="the cache read")
         except CacheSkew as exc:
             log.error("last-known-good cache written by a newer build (version skew); "
                       "treating it as no cache", path=cache.path, error=str(exc))

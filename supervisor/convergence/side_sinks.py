@@ -33,12 +33,12 @@ revision, never of one it received and refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import trio
+from typing import TYPE_CHECKING, TypeVar
 
 from supervisor import reasons
+from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.logs import get_logger
 from supervisor.sinks.atomic import write_atomic
 from supervisor.status_doc import SinksReport, SinkState
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Export", "SideSinks", "SinkStatus"]
 
+T = TypeVar("T")
 log = get_logger("convergence")
 
 # What a successful write left at a sink's paths: (device, inode, size, mtime,
@@ -169,7 +170,10 @@ class SideSinks:
 
     async def _changed(self, paths: tuple[str, ...], written: Fingerprint | None) -> bool:
         """True when the files differ from what the last write left (or, unwritten, are absent)."""
-        now = await trio.to_thread.run_sync(_fingerprint, paths)
+        try:
+            now = await _files(lambda: _fingerprint(paths), "a sink file's status")
+        except ThreadDeadline:
+            return False  # a stuck disk: the write it would cause could not finish either
         if written is None:
             return now is None
         return now != written
@@ -215,7 +219,7 @@ class SideSinks:
             return (_print_of(snapshot_file.write(snapshot)),)
 
         try:
-            self._file_print = await trio.to_thread.run_sync(write)
+            self._file_print = await _files(write, "the snapshot file write")
         except OSError as exc:
             self._failed("snapshot_file", exc, path=self.snapshot_file.path)
         else:
@@ -234,7 +238,8 @@ class SideSinks:
             return
         path, data = self.forward_to, statement.signed
         try:
-            await trio.to_thread.run_sync(lambda: write_atomic(path, data, mode=0o600))
+            await _files(lambda: write_atomic(path, data, mode=0o600),
+                         "the root's statement write")
         except OSError as exc:
             # Only this replica's followers lose: they keep polling and retry.
             self.metrics.sink_write_failures.labels("cache").inc()
@@ -264,13 +269,13 @@ class SideSinks:
 
         self._cache_due = export
         try:
-            written = await trio.to_thread.run_sync(run)
-        except CacheError as exc:
+            written = await _files(run, "the cache write")
+        except (CacheError, ThreadDeadline) as exc:
             self.metrics.last_known_good_events.labels("export_failed").inc()
             self._failed("cache", exc, revision=export.revision)
             try:
-                removed = await trio.to_thread.run_sync(discard)
-            except CacheError as discard_exc:
+                removed = await _files(discard, "the cache removal")
+            except (CacheError, ThreadDeadline) as discard_exc:
                 log.error("the cache holds a newer revision than the one being served and "
                           "could not be removed", error=str(discard_exc))
             else:
@@ -285,3 +290,8 @@ class SideSinks:
             self._cache_due = None
             self.metrics.last_known_good_events.labels("exported").inc()
             self.status.ok("cache", path=cache.path, revision=export.revision)
+
+
+def _files(fn: Callable[[], T], what: str) -> Awaitable[T]:
+    """``fn()`` in a worker thread of the files' own limit, within the file I/O deadline."""
+    return in_thread(fn, dependency="files", deadline_s=FILE_IO_DEADLINE_S, what=what)

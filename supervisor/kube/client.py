@@ -51,7 +51,8 @@ import httpx
 import msgspec
 import trio
 
-from supervisor.kube.config import KubeSettings, load_settings_async, threads
+from supervisor.bounds import in_thread
+from supervisor.kube.config import CREDENTIALS_DEADLINE_S, KubeSettings, load_settings_async
 from supervisor.kube.credentials import Credentials
 from supervisor.kube.errors import (
     KubeConfigError,
@@ -172,8 +173,9 @@ class KubeClient:
                     raise KubeConfigError("the Kubernetes client is closed")
                 settings = await self._load()
                 # Abandoned on cancel: the thread only reads files; its context is dropped.
-                verify = await trio.to_thread.run_sync(settings.ssl_context,
-                                                       abandon_on_cancel=True, limiter=threads())
+                verify = await in_thread(settings.ssl_context, dependency="kube",
+                                         deadline_s=CREDENTIALS_DEADLINE_S,
+                                         what="the Kubernetes TLS settings")
                 self._http = httpx.AsyncClient(
                     base_url=settings.host,
                     verify=verify,

@@ -29,10 +29,10 @@ import os
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-import trio
-
+from supervisor.bounds import ThreadDeadline, in_thread
 from supervisor.kube.errors import KubeConfigError
 
 __all__ = ["KubeSettings", "load_settings", "load_settings_async"]
@@ -133,36 +133,21 @@ def load_settings(
     )
 
 
-#: Loading the configuration (an exec plugin may run) ends within this many seconds.
-LOAD_TIMEOUT_S = 30.0
-#: Worker threads of the Kubernetes client at once (loading settings, TLS contexts).
-THREADS = 4
-_THREADS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("kube_threads")
-
-
-def threads() -> trio.CapacityLimiter:
-    """The Kubernetes client's own worker-thread limit (one per trio run).
-
-    Not trio's shared one: threads a stuck dependency elsewhere abandoned there
-    cannot starve loading the credentials.
-    """
-    try:
-        return _THREADS.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(THREADS)
-        _THREADS.set(limiter)
-        return limiter
+#: Loading credentials (a kubeconfig's exec plugin runs a subprocess) ends within this.
+CREDENTIALS_DEADLINE_S = 30.0
 
 
 async def load_settings_async(kubeconfig: str | None, *,
-                              timeout_s: float = LOAD_TIMEOUT_S) -> KubeSettings:
-    """:func:`load_settings` in a worker thread (exec plugins run subprocesses), within
-    ``timeout_s``, else :class:`~supervisor.kube.errors.KubeConfigError`."""
-    # abandon_on_cancel: a hung exec plugin must not block its caller; the thread
-    # finishes on its own (its token given back then) and its result is dropped.
-    with trio.move_on_after(timeout_s):
-        return await trio.to_thread.run_sync(load_settings, kubeconfig, abandon_on_cancel=True,
-                                             limiter=threads())
-    raise KubeConfigError(f"loading the Kubernetes configuration took more than {timeout_s:g} s "
-                          "(an exec plugin or a file that does not answer); the next request "
-                          "tries again")
+                              timeout_s: float = CREDENTIALS_DEADLINE_S) -> KubeSettings:
+    """:func:`load_settings` in a worker thread of the Kubernetes client's own limit
+    (exec plugins run subprocesses), within ``timeout_s``, else
+    :class:`~supervisor.kube.errors.KubeConfigError`."""
+    # A hung exec plugin must not block its caller; the thread finishes on its own
+    # (its token given back then) and its result is dropped.
+    try:
+        return await in_thread(partial(load_settings, kubeconfig), dependency="kube",
+                               deadline_s=timeout_s, what="the Kubernetes credentials")
+    except ThreadDeadline as exc:
+        raise KubeConfigError(f"loading the Kubernetes configuration took more than "
+                              f"{timeout_s:g} s (an exec plugin or a file that does not "
+                              "answer); the next request tries again") from exc

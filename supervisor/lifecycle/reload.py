@@ -92,6 +92,7 @@ class ConfigReload:
         self.last_error = None
         with trio.move_on_after(self.timeout_s) as scope:
             try:
+                # The scope's deadline bounds it; one read at a time (its own limiter).
                 fresh = await trio.to_thread.run_sync(partial(self._read, self.path),
                                                       abandon_on_cancel=True, limiter=self._limiter)
             except ConfigError as exc:

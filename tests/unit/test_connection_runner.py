@@ -30,6 +30,12 @@ class _Driver:
         self.opened += 1
         return self.opened
 
+    def setup(self, conn: int) -> None:
+        pass
+
+    def received(self) -> int | None:
+        return None
+
     def call(self, conn: int, fn: Callable[[int], Any], stop: threading.Event) -> Any:
         self.calls.append(conn)
         if conn in self.stale:
@@ -61,7 +67,8 @@ async def test_a_kept_connection_closed_while_idle_is_replaced_within_the_call()
         # The server closes it while idle: the next call runs on connection 2.
         driver.stale = {1}
         assert await runner.run("read", lambda conn: conn * 10) == 20
-    assert driver.calls == [1, 1, 2] and driver.closed == [1] and driver.opened == 2
+    # Each new connection's first call is its setup.
+    assert driver.calls == [1, 1, 1, 2, 2] and driver.closed == [1] and driver.opened == 2
 
 
 async def test_a_new_connection_found_closed_at_once_is_an_outage() -> None:
