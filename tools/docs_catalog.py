@@ -437,6 +437,9 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "version": "The build of trio-supervisor serving (as `trio-supervisor --version`): an "
     "upgrade's progress across the fleet (`status --url A --url B`, column VERSION).",
     "started_at": "When this process started (UTC, ISO 8601): a restart shows here.",
+    "threads_past_deadline": "Per dependency (`database`, `files`, `reload`, `kube`, `cpu`), "
+    "the worker threads still running after their caller gave up at a deadline; empty when "
+    "none. A count that stays above 0 names a dependency that is stuck.",
 }
 
 CONTROL_PLANE_TABLES: Final[dict[str, str]] = {

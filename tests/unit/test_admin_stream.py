@@ -85,7 +85,7 @@ async def test_status_first_then_events_in_order() -> None:
             first = await sock.next_json()
             assert first["type"] == "status"
             assert set(first) == {"type", "revision", "children", "fanout", "leadership", "sinks",
-                                  "version", "started_at",
+                                  "version", "started_at", "threads_past_deadline",
                                   "heartbeat_s"}
             assert first["children"]["convergence"]["state"] == "running"
             assert hub.client_count == 1

@@ -117,8 +117,8 @@ def test_arbitrary_bytes_only_raise_revision_errors(raw: bytes) -> None:
 @given(json_values)
 def test_arbitrary_json_only_raises_revision_errors(value: Any) -> None:
     result = outcome(json.dumps(value).encode())
-    if not isinstance(value, dict):
-        assert isinstance(result, RevisionError) and result.reason == reasons.CORRUPT
+    if not isinstance(value, dict):  # JSON, but not a document's shape
+        assert isinstance(result, RevisionError) and result.reason == reasons.VALIDATION
     elif isinstance(result, RevisionError):
         assert result.reason in COMPILE_REASONS
 
