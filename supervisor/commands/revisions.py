@@ -362,11 +362,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from supervisor.revision.compile import compile_revision
 
     config, _ = load_config(args)
-    if not args.force:
-        _refuse_what_a_replica_refused(args)
+    rejections = [] if args.force else _replica_rejections(args)
 
     async def roll(store: ControlPlaneStore) -> tuple[int | None, int | None, bool]:
         loaded = await _readable_row(store, args.revision, "; desired was not changed")
+        await _refuse_what_a_replica_refused(store, loaded, rejections)
         if loaded.schema_version > SCHEMA_VERSION:
             raise UsageError(
                 f"revision {loaded.id} has schema_version {loaded.schema_version}; this build "
@@ -407,8 +407,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
-    """UsageError when a replica's last refusal names the revision to roll back to.
+def _replica_rejections(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """Each replica's last refusal, ``(url, last_rejection)``, for the rollback's check.
 
     A replica that cannot be read does not stop the rollback (the control plane
     is the authority; the replicas may be down, which is often why one rolls
@@ -428,9 +428,8 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
         # The replica's token file is often its own user's alone: an operator who cannot
         # read it can still roll back, told that no replica was asked.
         print(f"warning: cannot check the replica's last refusal: {exc}", file=sys.stderr)
-        return
-    found: list[str] = []
-    unread: list[str] = []
+        return []
+    found: list[tuple[str, dict[str, Any]]] = []
     for url, doc in zip(urls, replica_statuses(urls, token, ssl_context, timeout_s=3.0),
                         strict=True):
         if isinstance(doc, AdminUnreachable):
@@ -438,19 +437,40 @@ def _refuse_what_a_replica_refused(args: argparse.Namespace) -> None:
             # machine; a replica that answered but could not be read (its certificate, its
             # token) or one named with --url is worth the warning.
             if args.url or not isinstance(innermost(doc), ConnectionRefusedError):
-                unread.append(str(doc))
+                print(f"warning: cannot check the replica's last refusal: {doc}",
+                      file=sys.stderr)
             continue
         revision = doc.get("revision")
         rejection = revision.get("last_rejection") if isinstance(revision, dict) else None
-        if isinstance(rejection, dict) and rejection.get("revision") == args.revision:
-            found.append(f"{url} refused revision {args.revision} at "
-                         f"{cell(rejection.get('at'))}: {cell(rejection.get('reason'))}: "
-                         f"{cell(rejection.get('detail'))}")
+        if isinstance(rejection, dict) and isinstance(rejection.get("revision"), int):
+            found.append((url, rejection))
+    return found
+
+
+async def _refuse_what_a_replica_refused(store: ControlPlaneStore, target: LoadedRevision,
+                                         rejections: list[tuple[str, dict[str, Any]]]) -> None:
+    """UsageError when a replica last refused ``target``'s body: the revision itself, or
+    another revision with the same body (a refusal is about content, not an id)."""
+    from supervisor.controlplane.errors import ControlPlaneError
+
+    found = []
+    for url, rejection in rejections:
+        refused = rejection["revision"]
+        same = ""
+        if refused != target.id:
+            try:
+                other = await store.revision(refused)
+            except ControlPlaneError:
+                continue  # pruned or unreadable: not this body as far as can be known
+            if other.body_sha256 != target.body_sha256:
+                continue
+            same = f" (the same body as revision {target.id})"
+        found.append(f"{url} refused revision {refused}{same} at "
+                     f"{cell(rejection.get('at'))}: {cell(rejection.get('reason'))}: "
+                     f"{cell(rejection.get('detail'))}")
     if found:
         raise UsageError("; ".join(sorted(found)) + "; desired was not changed (--force rolls "
                          "back to it anyway)")
-    for why in unread:
-        print(f"warning: cannot check the replica's last refusal: {why}", file=sys.stderr)
 
 
 # -- db prune -----------------------------------------------------------------------

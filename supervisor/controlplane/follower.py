@@ -270,7 +270,8 @@ class FollowerStore:
 
     async def _fetch(self) -> _Accepted:
         """GET the upstream's statement (conditionally), judge it, remember it."""
-        if await self._persist(self._highest.sync):
+        # No file to look at (no [cache].path): no thread to spend.
+        if self._highest.path is not None and await self._persist(self._highest.sync):
             self._accepted = None  # reset meanwhile: the next statement is judged afresh
         held = self._accepted
         try:
@@ -410,8 +411,10 @@ class FollowerStore:
             raise ControlPlaneError(str(exc), category=FailureCategory.INVALID) from exc
         except CacheError as exc:
             reason = reasons.DENIED if exc.reason == reasons.DENIED else reasons.CORRUPT
+            # What the upstream served is its statement, not a cache of ours.
+            detail = f"upstream statement {exc.path}: {exc.reason}: {exc.detail}"
             raise StatementRefused(
-                reason, str(exc).replace("cache.trusted_keys", "control_plane.trusted_keys"),
+                reason, detail.replace("cache.trusted_keys", "control_plane.trusted_keys"),
                 revision=exc.revision if reason == reasons.CORRUPT else None,
             ) from exc
         statement = header.statement(data)

@@ -77,3 +77,30 @@ async def test_status_check_and_rollback_follow_what_the_replica_refused(tmp_pat
             assert json.loads(forced.stdout)["previous"] == 3
             plain_rollback = await acli("rollback", "1", "--config", config, "--message", "ok")
             assert plain_rollback.stdout.splitlines()[-1] == "1"
+
+
+async def test_rollback_refuses_an_older_id_with_the_body_a_replica_refused(tmp_path: Path) -> None:
+    """A refusal is about content: the same body under another id is refused as well."""
+    port = free_port()
+    config = str(write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", port=port,
+                              poll_interval_s=3600))
+    await acli("publish", "--config", config, str(EXAMPLE))
+    bad = str(_variant(tmp_path, "bad.toml", secret=f"env:{UNSET}"))
+    with trio.fail_after(180):
+        async with run_daemon(Path(config)) as daemon:
+            await daemon.wait_log("ready")
+            first = await acli("publish", "--config", config, "--wait", "--timeout", "30", bad,
+                               check=False)
+            assert first.returncode == 5, first.stdout + first.stderr  # revision 2 refused
+            good = await acli("publish", "--config", config, "--wait", "--timeout", "30",
+                              str(_variant(tmp_path, "good.toml")), check=False)
+            assert good.returncode == 0, good.stdout + good.stderr  # revision 3
+            again = await acli("publish", "--config", config, "--force", "--wait",
+                               "--timeout", "30", bad, check=False)
+            assert again.returncode == 5, again.stdout + again.stderr  # revision 4, same body
+            asked = await acli("rollback", "2", "--config", config, check=False)
+            assert asked.returncode == 2, asked.stdout + asked.stderr
+            assert "refused revision 4 (the same body as revision 2)" in asked.stderr
+            assert "desired was not changed" in asked.stderr
+            history = json.loads((await acli("history", "--config", config, "--json")).stdout)
+            assert history["desired"] == 4

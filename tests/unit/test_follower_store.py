@@ -100,6 +100,8 @@ async def test_unknown_key_is_denied_and_names_no_revision() -> None:
     error = await refusal(store_for(FakeUpstream(OTHER.sign(3, 3))))
     assert error.reason == "denied" and error.revision is None
     assert "control_plane.trusted_keys" in str(error)
+    # What an upstream serves is its statement, never called a cache of ours.
+    assert "upstream statement" in str(error) and "last-known-good" not in str(error)
 
 
 async def test_a_flipped_header_byte_is_denied_and_a_flipped_body_byte_corrupt() -> None:
