@@ -144,3 +144,30 @@ async def test_a_replica_saying_a_hostile_reason_is_listed_with_a_bounded_one(
             assert only["state"] == "refusing" and only["reason"] == "corrupt", only
             assert "\\ud800" in only["detail"] and len(only["detail"].encode()) <= 1024
             nursery.cancel_scope.cancel()
+
+
+async def test_a_replica_failing_with_a_hostile_detail_is_shown_bounded() -> None:
+    # Its error document's detail: 600 KB with lone surrogates, which UTF-8 cannot carry:
+    # one line of the table and of --json, bounded.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    detail = json.dumps({"detail": "x\ud800" * 100000}).encode()
+
+    async def serve_failing(stream: trio.SocketStream) -> None:
+        if await read_head(stream) is not None:
+            await stream.send_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: "
+                                  + str(len(detail)).encode() + b"\r\nconnection: close\r\n\r\n"
+                                  + detail)
+        await stream.aclose()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(trio.serve_tcp, serve_failing, port, host="127.0.0.1"))
+            table = await acli("status", "--fleet", "--url", url, check=False)
+            assert table.returncode == 1 and "Traceback" not in table.stderr, table.stderr
+            assert "answered 500: x" in table.stdout
+            assert max(len(line) for line in table.stdout.splitlines()) < 1300
+            walked = await acli("status", "--fleet", "--json", "--url", url, check=False)
+            (only,) = json.loads(walked.stdout)["replicas"]
+            assert only["state"] == "unreachable" and len(only["detail"].encode()) <= 1024
+            nursery.cancel_scope.cancel()
