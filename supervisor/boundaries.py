@@ -220,8 +220,9 @@ FLEET: Final = (
               "handshake (supervisor.admin.fleet.Followers.note)",
         enters="a follower's X-Supervisor-Follower-* headers",
         size="url 512, etag 128, reason 32 bytes; at most 256 followers held (MAX_FOLLOWERS)",
-        check="http(s) URL of printable ASCII; sequence 0..2^62; state converged/refusing/"
-              "stale; poll interval 0.01 s and up, capped at 3600 s; a malformed name ignored",
+        check="http(s) URL of printable ASCII, no credentials; sequence 0..2^62; state "
+              "converged/refusing/stale; poll interval 0.01 s and up, capped at 3600 s; a "
+              "malformed name ignored",
         deadline="forgotten after 3 of the follower's poll intervals",
         released="its row", reason="-",
         test="tests/unit/test_followers_registry.py::"
@@ -246,6 +247,15 @@ FLEET: Final = (
         released="the hop's connections", reason="unavailable/denied/corrupt",
         test="tests/integration/test_fleet_hostile_follower.py::"
              "test_a_hostile_follower_advertising_a_cycle_and_a_huge_list"),
+    Boundary(
+        where="supervisor.commands.fleet._ask and supervisor.admin.client: a replica's row",
+        enters="what a replica's /status or error answer says of itself",
+        size="an error answer's detail 512 bytes (bounds.cut)",
+        check="a reason that is no label is corrupt, the value quoted in the detail; a lag "
+              "that is no finite number is none; a lone surrogate shown as its escape",
+        reason="corrupt",
+        test="tests/integration/test_fleet_hostile_follower.py::"
+             "test_a_replica_saying_a_hostile_reason_is_listed_with_a_bounded_one"),
 )
 
 COMMANDS: Final = (

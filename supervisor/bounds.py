@@ -49,9 +49,11 @@ class OutOfRange(Exception):
 def cut(text: str, limit: int = DETAIL_BYTES) -> str:
     """``text`` in at most ``limit`` UTF-8 bytes; a cut text ends ``… (N bytes)``.
 
-    N is the full length in bytes, so the reader knows how much was left out.
+    N is the full length in bytes, so the reader knows how much was left out. A
+    lone surrogate, which has no UTF-8, is shown as its escape (``\\udcff``).
     """
-    return cut_read(text, len(text.encode("utf-8", "surrogateescape")), limit)
+    shown = text.encode("utf-8", "backslashreplace")
+    return cut_read(shown.decode(), len(shown), limit)
 
 
 def quoted(name: str, limit: int = NAME_BYTES) -> str:
@@ -99,11 +101,12 @@ def cut_read(head: str, size: int, limit: int) -> str:
     A boundary that bounds in the query (SQL's ``left``) reads the head and the
     length, never the whole text: the result is the one ``cut`` gives for it.
     """
+    data = head.encode("utf-8", "backslashreplace")
     if size <= limit:
-        return head
+        return data.decode()
     marker = f"… ({size} bytes)"
     room = max(limit - len(marker.encode()), 0)
-    return head.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore") + marker
+    return data[:room].decode("utf-8", "ignore") + marker
 
 
 # Thread hand-offs: every blocking call runs in a worker thread of its

@@ -74,21 +74,25 @@ listen = "127.0.0.1:{port}"
 
 def cli(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
         timeout: float = 60, cwd: Path = REPO, stdin: Any = None,
-        address_space: int | None = None) -> subprocess.CompletedProcess[str]:
+        address_space: int | None = None,
+        close_stdin: bool = False) -> subprocess.CompletedProcess[str]:
     """The command line, run to its end; ``stdin`` its standard input (a file, a str),
-    ``address_space`` its RLIMIT_AS in bytes (a read past it fails: memory is bounded)."""
+    ``address_space`` its RLIMIT_AS in bytes (a read past it fails: memory is bounded);
+    ``close_stdin``: started with no standard input at all (``<&-``)."""
     full_env = {**os.environ, **(env or {})}
 
     def limit_address_space() -> None:
         if address_space is not None:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        if close_stdin:
+            os.close(0)
 
     result = subprocess.run(
         [sys.executable, "-m", "supervisor", *args],
         capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout, check=False,
         input=stdin if isinstance(stdin, str) else None,
         stdin=None if isinstance(stdin, str) else stdin,
-        preexec_fn=limit_address_space if address_space is not None else None,
+        preexec_fn=limit_address_space if address_space is not None or close_stdin else None,
     )
     if check and result.returncode != 0:
         raise AssertionError(

@@ -60,6 +60,7 @@ from trio_websocket import (
 
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.backoff import Backoff
+from supervisor.bounds import DETAIL_BYTES, cut
 from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
 from supervisor.texttable import printable
@@ -150,12 +151,15 @@ def auth_headers(token: str | None) -> dict[str, str]:
 
 
 def _detail(response: httpx.Response, body: bytes) -> str:
+    """What an error answer says, in half a detail (whatever answers on the port wrote it;
+    it is quoted inside one)."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return response.reason_phrase or ""
+        return cut(response.reason_phrase or "", DETAIL_BYTES // 2)
     if isinstance(doc, dict):
-        return str(doc.get("detail") or doc.get("reason") or doc.get("error") or "")
+        return cut(str(doc.get("detail") or doc.get("reason") or doc.get("error") or ""),
+                   DETAIL_BYTES // 2)
     return ""
 
 

@@ -31,6 +31,7 @@ from supervisor.admin.client import auth_headers, fetch_status
 from supervisor.admin.errors import AdminUnreachable
 from supervisor.admin.fleet import FollowersAnswer
 from supervisor.admin.routes import FOLLOWERS_PATH, REVISION_PATH
+from supervisor.bounds import quoted
 from supervisor.commands.common import HTTP_SCHEMES, admin_url
 from supervisor.errors import describe_failure
 from supervisor.reasons import STALE, UNAVAILABLE
@@ -96,8 +97,18 @@ def _state_of(doc: dict[str, Any]) -> tuple[str, str | None]:
     return "converged", None
 
 
+def _label(reason: object) -> tuple[str | None, str | None]:
+    """A replica's reason as (label, detail): one that is not a label is ``corrupt``, quoted."""
+    if reason is None or (isinstance(reason, str) and len(reason) <= 32
+                          and reason.replace("_", "").isalpha() and reason.isascii()):
+        return reason, None
+    return "corrupt", f"/status says reason {quoted(str(reason))}, which is no reason label"
+
+
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A finite number of seconds (NaN, which Python's JSON reads, is none)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if number and -1e15 <= value <= 1e15 else None
 
 
 async def _bounded(response: httpx.Response, limit: int) -> bytes:
@@ -190,8 +201,9 @@ async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | 
         raise _Refused("unverified", "denied", f"/v1/followers is over {MAX_FOLLOWERS_BYTES} "
                        "bytes")
     followers, more = _listed(answer, MAX_WIDTH)
-    row.state, row.reason = _state_of(doc)
-    if more:
+    row.state, reason = _state_of(doc)
+    row.reason, row.detail = _label(reason)
+    if more and row.detail is None:
         row.detail = f"{more} more followers listed, not walked (at most {MAX_WIDTH})"
     return _Hop(row, header, followers)
 

@@ -194,11 +194,16 @@ def read_input(file: str, limit: int) -> bytes:
     refused past it. Nothing was read: UsageError (exit 2) naming the file.
     """
     if file == "-":
+        if sys.stdin is None:  # started with it closed (`<&-`)
+            raise UsageError("standard input: closed; nothing was stored")
         try:
             return read_capped(sys.stdin.buffer.read, limit, "standard input")
         except TooLarge as exc:
             raise RevisionError(DENIED, f"standard input: more than {limit} bytes "
                                         f"(max_revision_bytes)") from exc
+        except OSError as exc:
+            raise UsageError(f"standard input: {exc.strerror or exc}; nothing was stored"
+                             ) from exc
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

@@ -29,6 +29,7 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_not_newer
+from supervisor.controlplane.replica_name import MAX_SEQUENCE
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 
 __all__ = [
@@ -153,8 +154,11 @@ def pointer_from_row(
 
 
 def _sequence(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TypeError(f"supervisor_desired.sequence holds {value!r}, not a change count")
+    """A change count a signed statement can carry (at most 2^62); TypeError otherwise."""
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or not 0 <= value <= MAX_SEQUENCE):
+        raise TypeError(f"supervisor_desired.sequence holds {value!r}, not a change count "
+                        f"(0..{MAX_SEQUENCE})")
     return value
 
 

@@ -104,6 +104,8 @@ def parse(headers: Sequence[tuple[bytes, bytes]]) -> ReplicaName | None:
         return None
     if not url.startswith(("http://", "https://")):
         raise OutOfRange(HEADERS["url"], url, "http://", "https://")
+    if "@" in url.split("/")[2]:  # credentials, which a listing would show its readers
+        raise OutOfRange(HEADERS["url"], "(a URL with credentials)", "http://", "https://")
     state = _text(values, "state", 16) or "converged"
     if state not in STATES:
         raise OutOfRange(HEADERS["state"], state, STATES[0], STATES[-1])

@@ -11,6 +11,8 @@ at most 256 followers however many names it was given.
 from __future__ import annotations
 
 import json
+import struct
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ import trio
 from supervisor.admin.fleet import MAX_FOLLOWERS
 from supervisor.commands.fleet import MAX_WIDTH
 from supervisor.controlplane.replica_name import HEADERS
+from supervisor.sinks.lkg.fileformat import MAGIC, encode_header
+from supervisor.sinks.lkg.keys import KEY_ID_HEX_DIGITS
+from supervisor.sinks.lkg.statement import Statement
 from tests.followers import capture, make_node
 from tests.httpproxy import read_head
 from tests.proc import EXAMPLE, acli, free_port, run_daemon
@@ -107,4 +112,62 @@ async def test_a_hostile_follower_advertising_a_cycle_and_a_huge_list(tmp_path: 
             rows = json.loads(walked.stdout)["replicas"]
             assert (rows[1]["url"], rows[1]["state"]) == (hostile, "unverified"), rows[1]["detail"]
             assert max(r["depth"] for r in rows) == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_replica_saying_a_hostile_reason_is_listed_with_a_bounded_one(
+        tmp_path: Path) -> None:
+    # JSON may escape a lone surrogate, which no UTF-8 output can carry, and a reason
+    # may be of any length: the row keeps neither, and the walk still prints. A lag of
+    # NaN (which Python's JSON reads) is no lag: the answer stays valid JSON.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    statement = Statement(1, "0" * 64, 1, "root-a", moment, moment + timedelta(days=3650))
+    header = encode_header(revision=1, generation=1, schema_version=1, created_at=moment,
+                           body=b"{}", key_id="0" * KEY_ID_HEX_DIGITS, statement=statement)
+    status = json.dumps({"revision": {"active": 1, "sequence": 1, "consecutive_failures": 3,
+                                      "control_plane_up": True, "lag_s": float("nan"),
+                                      "last_rejection": {"reason": "x\ud800" * 50000}}})
+    answers = {"/status": status.encode(),
+               "/v1/revision": MAGIC + struct.pack(">I", len(header)) + header + b"\0" * 64,
+               "/v1/followers": b'{"followers": []}'}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(trio.serve_tcp, partial(serve_hostile, answers), port,
+                                        host="127.0.0.1"))
+            walked = await acli("status", "--fleet", "--json", "--url", url, check=False)
+            assert "Traceback" not in walked.stderr, walked.stderr
+            assert "NaN" not in walked.stdout
+            (only,) = json.loads(walked.stdout)["replicas"]
+            assert only["lag_s"] is None
+            assert only["state"] == "refusing" and only["reason"] == "corrupt", only
+            assert "\\ud800" in only["detail"] and len(only["detail"].encode()) <= 1024
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_replica_failing_with_a_hostile_detail_is_shown_bounded() -> None:
+    # Its error document's detail: 600 KB with lone surrogates, which UTF-8 cannot carry:
+    # one line of the table and of --json, bounded.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    detail = json.dumps({"detail": "x\ud800" * 100000}).encode()
+
+    async def serve_failing(stream: trio.SocketStream) -> None:
+        if await read_head(stream) is not None:
+            await stream.send_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: "
+                                  + str(len(detail)).encode() + b"\r\nconnection: close\r\n\r\n"
+                                  + detail)
+        await stream.aclose()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(trio.serve_tcp, serve_failing, port, host="127.0.0.1"))
+            table = await acli("status", "--fleet", "--url", url, check=False)
+            assert table.returncode == 1 and "Traceback" not in table.stderr, table.stderr
+            assert "answered 500: x" in table.stdout
+            assert max(len(line) for line in table.stdout.splitlines()) < 1300
+            walked = await acli("status", "--fleet", "--json", "--url", url, check=False)
+            (only,) = json.loads(walked.stdout)["replicas"]
+            assert only["state"] == "unreachable" and len(only["detail"].encode()) <= 1024
             nursery.cancel_scope.cancel()

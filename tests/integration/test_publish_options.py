@@ -93,6 +93,23 @@ def test_publish_dash_refuses_standard_input_past_the_bound(tmp_path: Path) -> N
     assert not (tmp_path / "cp.db").exists()
 
 
+@pytest.mark.parametrize("kind", ["closed", "write-only"])
+def test_publish_dash_without_a_readable_standard_input_is_a_usage_error(
+        kind: str, tmp_path: Path) -> None:
+    # Closed (`<&-`: Python has no sys.stdin) or open for writing only (EBADF on read).
+    writable = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+    try:
+        result = cli("publish", "--config", str(_config(tmp_path)), "-", check=False,
+                     timeout=30, close_stdin=kind == "closed",
+                     stdin=writable if kind == "write-only" else None)
+    finally:
+        os.close(writable)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "standard input: " in result.stderr and "nothing was stored" in result.stderr
+    assert not (tmp_path / "cp.db").exists()
+
+
 def test_a_json_array_document_is_a_validation_refusal(tmp_path: Path) -> None:
     """An array is valid JSON of the wrong shape: the author's to fix, not damage."""
     document = tmp_path / "revision.json"

@@ -50,6 +50,23 @@ def test_a_cut_text_fits_its_limit_and_names_the_full_length(text: str, limit: i
         assert out.endswith(f"… ({size} bytes)")
 
 
+@given(st.text(st.characters(codec=None, categories=["Cs", "Mn", "Lu"])),
+       st.integers(min_value=40, max_value=4096))
+def test_a_cut_text_of_lone_surrogates_is_valid_utf8_that_shows_them(text: str,
+                                                                     limit: int) -> None:
+    # A lone surrogate (JSON's "\\ud800", a byte os.environ could not decode) has no
+    # UTF-8: a detail keeping one could not be logged, stored or sent.
+    out = bounds.cut(text, limit)
+    shown = text.encode("utf-8", "backslashreplace")
+    assert len(out.encode("utf-8")) <= limit
+    assert out == shown.decode() if len(shown) <= limit else out.endswith(f"({len(shown)} bytes)")
+
+
+def test_a_cut_text_shows_a_lone_surrogate_as_its_escape() -> None:
+    assert bounds.cut("a\ud800b") == "a\\ud800b"
+    assert bounds.cut("\udcff" * 2000, 100).endswith("… (12000 bytes)")
+
+
 @given(st.text())
 def test_a_quoted_name_is_one_printable_line(name: str) -> None:
     out = bounds.quoted(name)

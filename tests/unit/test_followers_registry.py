@@ -27,6 +27,9 @@ def test_a_name_is_read_from_its_headers() -> None:
     ("url", "http://" + "a" * 600, TooLarge),
     ("url", "file:///etc/passwd", OutOfRange),
     ("url", "http://f1\x1b[2J", OutOfRange),
+    # No honest follower advertises credentials: listed, anyone reading could use them.
+    ("url", "http://user:secret@f1:9464", OutOfRange),
+    ("url", "https://@f1", OutOfRange),
     ("sequence", "-1", OutOfRange),
     ("sequence", str(2**63), OutOfRange),
     ("sequence", "seven", OutOfRange),

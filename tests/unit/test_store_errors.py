@@ -274,6 +274,14 @@ def test_hydration_check_order() -> None:
     assert info.value.category is C.CORRUPT and info.value.revision == 5
 
 
+def test_a_sequence_no_signed_statement_can_carry_is_malformed() -> None:
+    # bigint holds up to 2^63-1; a statement's sequence at most 2^62 (every follower,
+    # and this root reading its own cache back, refuses more): refused where it is read.
+    assert check(row(sequence=2**62)).sequence == 2**62  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"supervisor_desired\.sequence holds 4611686018427387905"):
+        check(row(sequence=2**62 + 1))
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
