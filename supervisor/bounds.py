@@ -11,15 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, Literal, TypeVar
 
 import trio
 
 from supervisor.logs import get_logger
 
-__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "THREAD_LIMITS", "OutOfRange", "ThreadDeadline",
-           "TooLarge", "check_range", "check_size", "cut", "cut_read", "in_thread", "outliving",
-           "quoted", "read_capped", "thread_limiter"]
+__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "THREAD_LIMITS", "Dependency", "OutOfRange",
+           "ThreadDeadline", "TooLarge", "check_range", "check_size", "cut", "cut_read",
+           "in_thread", "outliving", "quoted", "read_capped", "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
@@ -116,7 +116,8 @@ def cut_read(head: str, size: int, limit: int) -> str:
 #: deadline keeps its token until its call returns, so a stuck dependency
 #: exhausts its own limit and never trio's shared one (40), which the others
 #: would wait on.
-THREAD_LIMITS: Final = {"database": 8, "files": 4, "reload": 2, "kube": 2, "cpu": 4}
+THREAD_LIMITS: Final[dict[Dependency, int]] = {
+    "database": 8, "files": 4, "reload": 2, "kube": 2, "cpu": 4}
 #: File I/O on a sink or a state file (a revision body written or read whole).
 FILE_IO_DEADLINE_S: Final = 60.0
 
@@ -135,7 +136,7 @@ class ThreadDeadline(TimeoutError):
         super().__init__(f"{what} timed out after {deadline_s:g} s")
 
 
-def thread_limiter(dependency: str) -> trio.CapacityLimiter:
+def thread_limiter(dependency: Dependency) -> trio.CapacityLimiter:
     """The worker-thread limit of ``dependency`` (a key of :data:`THREAD_LIMITS`), per run."""
     try:
         limiters = _limiters.get()
@@ -189,7 +190,7 @@ class _Handoff(Generic[T]):
                      dependency=self.dependency, what=self.what)
 
 
-async def in_thread(fn: Callable[[], T], *, dependency: str, deadline_s: float,
+async def in_thread(fn: Callable[[], T], *, dependency: Dependency, deadline_s: float,
                     what: str) -> T:
     """``fn()`` in a worker thread of ``dependency``'s limit, within ``deadline_s``.
 
@@ -208,3 +209,8 @@ async def in_thread(fn: Callable[[], T], *, dependency: str, deadline_s: float,
             handoff.abandon()
             raise
     raise ThreadDeadline(what, deadline_s)
+
+
+#: The names of :data:`THREAD_LIMITS`, as the type of a hand-off's ``dependency``: a
+#: name not in the table fails the type check, not the first call.
+Dependency = Literal["database", "files", "reload", "kube", "cpu"]

@@ -492,7 +492,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return deleted, await store.desired()
 
     if args.dry_run or not args.yes:
-        doomed, desired = with_store(config, plan)
+        # The plan of a write looks at the schema first: opening a SQLite store migrates it.
+        doomed, desired = with_store(config, plan, writes=not args.dry_run)
         if args.dry_run:
             return _pruned(args, doomed, desired, dry_run=True)
         if doomed and not _confirmed(f"delete {len(doomed)} revision(s): {_ranges(doomed)}"):

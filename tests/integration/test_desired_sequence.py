@@ -321,3 +321,59 @@ async def test_a_sequence_above_2_62_is_refused(store: ControlPlaneStore, url: s
         with pytest.raises(ControlPlaneError):
             await store.publish(doc(n=2), 1, None)
         assert await _sequence(store) == 1
+
+
+
+async def test_old_changes_may_be_deleted_the_newest_stays_and_publishing_goes_on(
+        store: ControlPlaneStore, url: str) -> None:
+    """The record grows at every change and pruning keeps it, so an operator deletes its
+    old rows. The newest holds the sequence the next change follows by +1: deleting it
+    (or all, or TRUNCATE) is refused, else every later publish would fail the guard."""
+    with trio.fail_after(30):
+        for n in range(3):
+            await store.publish(doc(n=n), 1, None)
+        clear = ["DELETE FROM supervisor_desired_log", "DELETE FROM supervisor_desired_log"
+                 " WHERE sequence = 3"] + ([] if url.startswith("sqlite") else
+                                           ["TRUNCATE supervisor_desired_log"])
+        for statement in clear:
+            with pytest.raises((psycopg.Error, sqlite3.Error), match="the newest change stays"):
+                _sql(url, statement)
+        _sql(url, "DELETE FROM supervisor_desired_log WHERE sequence < 3")
+        await store.publish(doc(n=9), 1, "after the clean-up")
+        assert await _sequence(store) == 4
+        assert [(c.sequence, c.message) for c in await store.changes(None)] == [
+            (4, "after the clean-up"), (3, None)]
+
+
+async def test_a_version_2_record_missing_its_newest_changes_is_restored_by_the_upgrade(
+        url: str) -> None:
+    """Schema 2 let the newest rows be deleted; the upgrade records the pointer's change
+    again, so the first publish after it follows by +1 instead of failing."""
+    with trio.fail_after(30):
+        s = make_store(url)
+        try:
+            await s.migrate()
+            for n in range(3):
+                await s.publish(doc(n=n), 1, None)
+            # Back to schema 2 (as the owner may), then a record cleared by hand.
+            if url.startswith("sqlite"):
+                for trigger in ("log_guard", "log_fixed", "sequence_range", "log_newest"):
+                    _sql(url, f"DROP TRIGGER supervisor_desired_{trigger}")
+            else:
+                _sql(url, "DROP FUNCTION supervisor_desired_log_guard CASCADE;"
+                          " ALTER TABLE supervisor_desired DROP CONSTRAINT"
+                          " supervisor_desired_sequence_range; ALTER TABLE supervisor_desired_log"
+                          " DROP CONSTRAINT supervisor_desired_log_sequence_range")
+            _sql(url, f"DELETE FROM {migrations.MIGRATIONS_TABLE} WHERE version = 3")
+            _sql(url, "DELETE FROM supervisor_desired_log WHERE sequence > 1")
+            await s.aclose()
+            s = make_store(url)
+            await s.migrate()
+            await s.migrate()
+            await s.publish(doc(n=9), 1, None)
+            assert await _sequence(s) == 4
+            assert [(c.sequence, c.changed_by) for c in await s.changes(None)][1:] == [
+                (3, "db migrate"), (1, (await s.changes(None))[-1].changed_by)]
+        finally:
+            await s.aclose()
+

@@ -203,6 +203,27 @@ async def test_rollback_racing_a_prune_is_not_found(pg_url: str) -> None:
         await store.aclose()
 
 
+async def test_a_message_at_the_bound_is_whole_and_one_byte_over_is_cut_on_a_character(
+        store: ControlPlaneStore) -> None:
+    """The bound is 4096 bytes, read as 4096 characters (left/substr) and a byte length:
+    exactly 4096 bytes stay whole, one more is cut within 4096 bytes, never inside a
+    character; no message reads as None."""
+    with trio.fail_after(30):
+        for n, message in enumerate(("a" * 4096, "é" * 2048, "a" * 4095 + "é", "😀" * 1025, "a" * 4097,
+                                     "é" * 4096, None)):
+            rid = await store.publish(doc(n=n), 1, message)
+            read = (await store.revision(rid)).message
+            loaded = await store.hydrate()
+            assert loaded is not None and loaded.message == read
+            if message is None or len(message.encode()) <= 4096:
+                assert read == message
+                continue
+            assert read is not None and read.endswith(f"… ({len(message.encode())} bytes)")
+            head = read.removesuffix(f"… ({len(message.encode())} bytes)")
+            assert len(read.encode()) <= 4096 and message.startswith(head)
+            assert len(read.encode()) > 4096 - 4 - len(f"… ({len(message.encode())} bytes)")
+
+
 async def test_a_long_message_is_read_cut_to_4_kib_and_marked(store: ControlPlaneStore) -> None:
     """Cut in the query itself, never refused: every read says the full length."""
     with trio.fail_after(30):

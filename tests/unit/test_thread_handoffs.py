@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 
 from supervisor.bounds import THREAD_LIMITS, ThreadDeadline, in_thread, outliving, thread_limiter
 
@@ -40,3 +41,55 @@ async def test_a_stuck_dependency_exhausts_only_its_own_limit() -> None:
             assert await in_thread(lambda: 2, dependency=dependency, deadline_s=5,
                                    what="other") == 2
         release.set()
+
+
+async def test_a_deadline_of_zero_never_starts_the_call() -> None:
+    ran = threading.Event()
+    before = outliving()
+    with trio.fail_after(10):
+        with pytest.raises(ThreadDeadline, match="timed out after 0 s"):
+            await in_thread(ran.set, dependency="files", deadline_s=0, what="instant")
+        assert await in_thread(lambda: 3, dependency="files", deadline_s=5, what="next") == 3
+    assert not ran.is_set() and outliving() == before
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, GeneratorExit])
+async def test_a_base_exception_in_the_thread_reaches_the_caller_and_frees_its_token(
+        exc: type[BaseException]) -> None:
+    def fail() -> None:
+        raise exc
+
+    before = outliving()
+    with trio.fail_after(10):
+        with pytest.raises(exc):
+            await in_thread(fail, dependency="reload", deadline_s=5, what="failing")
+    assert thread_limiter("reload").available_tokens == THREAD_LIMITS["reload"]
+    assert outliving() == before
+
+
+async def test_a_call_cancelled_while_waiting_for_a_token_never_runs() -> None:
+    release, ran = threading.Event(), threading.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for _ in range(THREAD_LIMITS["kube"]):
+                nursery.start_soon(lambda: in_thread(release.wait, dependency="kube",
+                                                     deadline_s=10, what="holder"))
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.05):
+                await in_thread(ran.set, dependency="kube", deadline_s=10, what="waiter")
+            assert outliving().get("kube", 0) == 0
+            release.set()
+        assert await in_thread(lambda: 4, dependency="kube", deadline_s=5, what="after") == 4
+    assert not ran.is_set()
+
+
+def test_the_dependency_names_are_the_limits_keys_so_a_typo_fails_the_type_check() -> None:
+    """A name not in THREAD_LIMITS would raise KeyError at its first call, perhaps at
+    3 a.m.: the parameter's type is the keys, so mypy refuses it before it ships."""
+    from typing import get_args, get_type_hints
+
+    from supervisor import bounds
+
+    assert set(get_args(bounds.Dependency)) == set(THREAD_LIMITS)
+    for fn in (in_thread, thread_limiter):
+        assert get_type_hints(fn)["dependency"] == bounds.Dependency

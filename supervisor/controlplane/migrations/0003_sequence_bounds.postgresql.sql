@@ -9,6 +9,15 @@
 -- supervisor_desired_record (nested in the pointer's own trigger, so at trigger
 -- depth 2), and a row's sequence never changes. Existing rows are not checked
 -- (NOT VALID): an upgrade never fails on a record already written.
+--
+-- The newest row is the pointer's sequence, which the +1 rule follows: old rows
+-- may be deleted, the newest may not (nor the table truncated). A record whose
+-- newest rows were deleted before this version gets the pointer's change back.
+
+INSERT INTO supervisor_desired_log (sequence, revision_id, changed_by, message)
+SELECT d.sequence, d.revision_id, 'db migrate', 'the change record restored to the pointer'
+  FROM supervisor_desired d
+ WHERE d.sequence > (SELECT coalesce(max(l.sequence), 0) FROM supervisor_desired_log l);
 
 ALTER TABLE supervisor_desired ADD CONSTRAINT supervisor_desired_sequence_range
     CHECK (sequence BETWEEN 0 AND 4611686018427387904) NOT VALID;
@@ -18,6 +27,15 @@ ALTER TABLE supervisor_desired_log ADD CONSTRAINT supervisor_desired_log_sequenc
 CREATE FUNCTION supervisor_desired_log_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
+    IF TG_OP = 'TRUNCATE' OR TG_OP = 'DELETE' AND OLD.sequence >=
+            (SELECT max(l.sequence) FROM supervisor_desired_log l) THEN
+        RAISE EXCEPTION 'supervisor_desired_log: the newest change stays (it holds the'
+            ' sequence the next one follows); delete older rows only'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
     IF TG_OP = 'UPDATE' THEN
         IF NEW.sequence IS DISTINCT FROM OLD.sequence THEN
             RAISE EXCEPTION 'supervisor_desired_log.sequence never changes'
@@ -39,5 +57,8 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER supervisor_desired_log_guard BEFORE INSERT OR UPDATE ON supervisor_desired_log
+CREATE TRIGGER supervisor_desired_log_guard
+    BEFORE INSERT OR UPDATE OR DELETE ON supervisor_desired_log
     FOR EACH ROW EXECUTE FUNCTION supervisor_desired_log_guard();
+CREATE TRIGGER supervisor_desired_log_truncate BEFORE TRUNCATE ON supervisor_desired_log
+    FOR EACH STATEMENT EXECUTE FUNCTION supervisor_desired_log_guard();
