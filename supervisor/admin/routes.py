@@ -39,7 +39,6 @@ from supervisor.admin.responses import (
 )
 from supervisor.admin.signed import Unservable, etag_for
 from supervisor.admin.stream import Receive, Scope
-from supervisor.controlplane.follower import REVISION_PATH
 from supervisor.logs import get_logger
 
 __all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "READ_SIGNED",
@@ -48,6 +47,9 @@ __all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "REA
 log = get_logger("admin")
 
 STREAM_PATH = "/v1/stream"
+#: What a follower fetches (the same path as controlplane/follower.py's, whose httpx
+#: client the admin server must not import on a replica that follows nobody).
+REVISION_PATH = "/v1/revision"
 SIGNED = b"application/vnd.trio-supervisor.lkg"
 CONVERGE_PATH = "/v1/converge"
 CONVERGE_TIMEOUT_S = 60.0

@@ -79,7 +79,6 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.controlplane.migrations import Migrated
-from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
@@ -93,6 +92,7 @@ from supervisor.tokenfile import read_token
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["ERROR_BODY_BYTES", "REVISION_PATH", "FollowerStore", "forward_path", "upstream_token"]
 
