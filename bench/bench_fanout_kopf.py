@@ -147,6 +147,7 @@ class Result:
     children_s: float = 0.0
     created_s: float = 0.0  # the bench creating the parents: the floor of children_s
     writes: Counter[str] = field(default_factory=Counter)
+    requests: int = 0  # Leases apart, watches counted when they start
     leases: int = 0
     cpu_s: float = 0.0
     server_cpu_s: float = 0.0
@@ -160,16 +161,21 @@ def user_of(inst: Installation) -> str:
     return f"system:serviceaccount:{inst.control}:trio-supervisor"
 
 
-@contextmanager
-def kopf_process(kube: RealKube, inst: Installation,
-                 tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
-    # kopf patches the parent itself (its progress annotation): more than our Role allows.
+def cluster_admin(kube: RealKube, inst: Installation, name: str) -> None:
+    """The installation's ServiceAccount made cluster-admin (a peer needing more than our Role)."""
     kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": f"kopf-{inst.control}"},
+                "metadata": {"name": f"{name}-{inst.control}"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                             "name": "cluster-admin"},
                 "subjects": [{"kind": "ServiceAccount", "name": "trio-supervisor",
                               "namespace": inst.control}]})
+
+
+@contextmanager
+def kopf_process(kube: RealKube, inst: Installation,
+                 tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
+    # kopf patches the parent itself (its progress annotation): more than our Role allows.
+    cluster_admin(kube, inst, "kopf")
     operator = tmp / f"operator-{inst.control}.py"
     operator.write_text(f"APPS = {inst.apps!r}\n" + textwrap.dedent(KOPF_OPERATOR))
     env = {**os.environ, "KUBECONFIG": str(inst.kubeconfig)}
@@ -243,13 +249,18 @@ def run(kube: RealKube, audit: Audit, name: str, start: Callable[[Installation],
                          "servicedefinitions", parent(inst, i)).raise_for_status()
         result.created_s = time.time() - began
 
-        def creates() -> list[dict[str, Any]]:
-            return [e for e in audit.of(user, began) if e["verb"] == "create"
-                    and resource(e) == "deployments"
-                    and e.get("responseStatus", {}).get("code") == 201]
+        def creates() -> dict[str, float]:
+            """Each Deployment's first write that created it (a create, or a server-side
+            apply answering 201), by name."""
+            first: dict[str, float] = {}
+            for e in audit.of(user, began):
+                if (e["verb"] in ("create", "patch") and resource(e) == "deployments"
+                        and e.get("responseStatus", {}).get("code") == 201):
+                    first.setdefault(e.get("objectRef", {}).get("name", ""), stamp(e))
+            return first
 
         wait(lambda: len(creates()) >= n, 600, f"{name}'s {n} Deployments")
-        result.children_s = max(stamp(e) for e in creates()) - began
+        result.children_s = max(creates().values()) - began
 
         def last_write() -> float:
             writes = [stamp(e) for e in audit.of(user, began)
@@ -264,6 +275,8 @@ def run(kube: RealKube, audit: Audit, name: str, start: Callable[[Installation],
         result.server_cpu_s = sum(cpu_s(p) for p in pids) - server0
         result.rss_mib = rss_mib(process.pid)
         for e in audit.of(user, began):
+            if resource(e) != "leases":
+                result.requests += 1
             if e["verb"] in WRITE_VERBS:
                 if resource(e) == "leases":
                     result.leases += 1

@@ -167,7 +167,6 @@ class Daemon:
             # closed on the way out: a restart after a crash starts fresh (a
             # store closed by the previous run's ``finally`` is never reused).
             from supervisor.controlplane.factory import open_store
-            from supervisor.controlplane.follower import forward_path
             from supervisor.convergence.loop import ConvergenceLoop
             from supervisor.revision.document import SCHEMA_VERSION
             from supervisor.revision.secrets import EnvFileResolver
@@ -188,6 +187,8 @@ class Daemon:
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
             follower = cp.backend == "follower"
+            if follower:  # its httpx client loads only in follower mode
+                from supervisor.controlplane.follower import forward_path
             if follower and self._accepted is None:
                 # Made once per process, read at its first start: a restarted
                 # child keeps the highest statement accepted.
@@ -269,10 +270,11 @@ class Daemon:
     def _signed_revision_file(self) -> SignedRevisionFile:
         """What GET /v1/revision serves: a follower forwards its upstream's signed bytes."""
         from supervisor.admin.signed import SignedRevisionFile
-        from supervisor.controlplane.follower import forward_path
 
         cp, cache = self.config.control_plane, self.config.cache
         follower = cp.backend == "follower"
+        if follower:
+            from supervisor.controlplane.follower import forward_path
         return SignedRevisionFile(forward_path(cache.path) if follower else cache.path,
                                   follower or cache.signing_key is not None,
                                   max_bytes=cp.max_revision_bytes)

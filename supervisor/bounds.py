@@ -164,6 +164,9 @@ class _Handoff(Generic[T]):
 
     def run(self) -> T:
         with _lock:
+            if self.done:
+                # Given up between taking its token and starting: the caller has gone.
+                raise ThreadDeadline(self.what, 0)
             self.started = True
         try:
             return self.fn()

@@ -59,9 +59,10 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
     """The argparse type of every ``--url`` naming a replica: a URL with one of ``schemes``,
     a host and a valid port, else a usage error naming the option (exit 2) before
     anything is stored or sent."""
-    import httpx
 
     def check(text: str) -> str:
+        import httpx  # at parse time, not when the parser is built
+
         example = f"{schemes[0]}://HOST:PORT"
         shown = _CREDENTIALS.sub("//***@", text.strip())
         if shown != text.strip():

@@ -85,8 +85,7 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.controlplane.migrations import Migrated
-from supervisor.controlplane.replica_name import name_headers
-from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
+from supervisor.controlplane.replica_name import REVISION_PATH, name_headers
 from supervisor.controlplane.store import LoadedRevision, RevisionPointer
 from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
@@ -100,13 +99,13 @@ from supervisor.tokenfile import read_token
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
+    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["ERROR_BODY_BYTES", "REVISION_PATH", "FollowerStore", "forward_path", "upstream_token"]
 
 log = get_logger("controlplane")
 
 #: The route a replica serves its signed revision on (admin.routes serves it here).
-REVISION_PATH = "/v1/revision"
 #: Connecting to the upstream replica: its revision fetches and its stream (upstream_hint).
 CONNECT_TIMEOUT_S = 5.0
 #: At most this much of a non-200 answer's body is read (for the log line).

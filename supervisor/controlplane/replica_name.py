@@ -23,6 +23,9 @@ import msgspec
 from supervisor.bounds import OutOfRange, TooLarge, check_range
 from supervisor.reasons import FOLLOWER_STATES
 
+#: What a follower fetches from its upstream: the signed revision (admin.routes serves it).
+REVISION_PATH: Final = "/v1/revision"
+
 __all__ = ["HEADERS", "MAX_URL_BYTES", "ReplicaName", "State", "name_headers",
            "name_this_replica", "parse"]
 

@@ -33,8 +33,6 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
 from supervisor.controlplane.checks import (
     HydrateRow,
     as_bytes,
@@ -59,6 +57,8 @@ from supervisor.controlplane.store import (
 from supervisor.logs import get_logger
 
 if TYPE_CHECKING:
+    import psycopg
+
     from supervisor.controlplane.runner import ConnectionRunner
 
 __all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "pg", "sqlite"]
@@ -110,7 +110,8 @@ def _desired(conn: Any) -> int | None:
 
 
 class pg:  # a namespace of PostgreSQL statements
-    Conn = psycopg.Connection[Any]
+    if TYPE_CHECKING:
+        Conn = psycopg.Connection[Any]
     NAMED = "%({})s"
     BACKEND = "postgresql"
 
@@ -177,6 +178,8 @@ class pg:  # a namespace of PostgreSQL statements
     def rollback(conn: Conn, revision: int, body_sha256: bytes,
                  message: str | None = None) -> int | None:
         """Re-point desired; the id it replaced, read under the same row lock."""
+        import psycopg  # the PostgreSQL driver loads only where it is used
+
         try:
             with conn.transaction():
                 pg.say_why(conn, message)

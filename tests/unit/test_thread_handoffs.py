@@ -27,11 +27,23 @@ async def test_a_call_past_its_deadline_raises_and_its_thread_is_counted_until_i
 async def test_a_stuck_dependency_exhausts_only_its_own_limit() -> None:
     release = threading.Event()
     stuck = THREAD_LIMITS["database"]
-    with trio.fail_after(10):
-        for _ in range(stuck):
-            with pytest.raises(ThreadDeadline):
-                await in_thread(release.wait, dependency="database", deadline_s=0.01,
-                                what="stuck")
+    started: list[int] = []
+
+    def hang() -> None:
+        started.append(1)
+        release.wait()
+
+    async def one() -> None:
+        with pytest.raises(ThreadDeadline):
+            await in_thread(hang, dependency="database", deadline_s=2, what="stuck")
+
+    with trio.fail_after(20):
+        # All at once, each given up only after every thread started (a call given up
+        # before its thread starts never runs, and gives its token back).
+        async with trio.open_nursery() as nursery:
+            for _ in range(stuck):
+                nursery.start_soon(one)
+        assert len(started) == stuck
         assert thread_limiter("database").available_tokens == 0
         # No token left for the database: its next call ends at its deadline ...
         with pytest.raises(ThreadDeadline):
