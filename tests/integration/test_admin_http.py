@@ -35,7 +35,7 @@ async def test_every_route() -> None:
             assert r.status_code == 200
             assert r.headers["content-type"] == "application/json"
             assert set(r.json()) == {"revision", "children", "fanout", "leadership", "sinks", "version",
-                                  "started_at"}
+                                  "started_at", "threads_past_deadline"}
             assert r.json()["fanout"]["ServiceDefinition"]["objects"] == 12
             r = await http.get("/metrics")
             assert r.status_code == 200

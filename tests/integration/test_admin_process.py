@@ -33,7 +33,7 @@ async def test_status_and_watch_commands_against_a_real_daemon(tmp_path: Path) -
             assert raw["revision"]["active"] == 1
             assert raw["children"]["convergence"]["state"] == "running"
             assert set(raw) == {"revision", "children", "fanout", "leadership", "sinks", "version",
-                                  "started_at"}
+                                  "started_at", "threads_past_deadline"}
             assert raw["leadership"] == {"role": "disabled", "holder": None, "lease": None}
             assert raw["fanout"]["ServiceDefinition"] == {
                 "state": "disabled", "last_error_class": None, "objects": 0}

@@ -33,7 +33,7 @@ def _completions(*words: str, env: dict[str, str] | None = None) -> list[str]:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_bash_completes_subcommands_options_and_choices() -> None:
     assert _completions("trio-supervisor", "sta") == ["status"]
-    assert _completions("trio-supervisor", "publish", "--f") == ["--force"]
+    assert _completions("trio-supervisor", "publish", "--fo") == ["--force"]
     assert sorted(_completions("trio-supervisor", "status", "--c")) == ["--ca-file", "--check", "--config"]
     assert _completions("trio-supervisor", "db", "m") == ["migrate"]
     assert sorted(_completions("trio-supervisor", "completion", "")) == [

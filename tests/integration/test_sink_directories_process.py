@@ -74,7 +74,7 @@ async def test_removed_sink_directories_are_made_again_and_status_reports_sinks(
             assert await _served_revision(port) == 1
             assert await _sinks(port) == {
                 "cache": "ok", "snapshot_file": "ok",
-                "cache_error": None, "snapshot_file_error": None}
+                "cache_error": None, "snapshot_file_error": None, "hook": None}
             metrics = (await _get(port, "/metrics")).text
             assert 'supervisor_sink_state{sink="cache",state="ok"} 1.0' in metrics
 
@@ -105,7 +105,7 @@ async def test_removed_sink_directories_are_made_again_and_status_reports_sinks(
             await daemon.wait_log("sink write recovered", sink="cache")
             assert await _sinks(port) == {
                 "cache": "ok", "snapshot_file": "ok",
-                "cache_error": None, "snapshot_file_error": None}
+                "cache_error": None, "snapshot_file_error": None, "hook": None}
             assert _mode(cache_dir) == 0o750
             assert await _served_revision(port) == 3
             daemon.signal(signal.SIGTERM)
