@@ -18,7 +18,7 @@ def test_a_replica_option_without_wait_is_refused(option: list[str], tmp_path: P
     revision.write_text("schema_version = 1\n")
     result = cli("publish", str(revision), *option, check=False, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert "--url, --token-file and --ca-file go with --wait" in result.stderr
+    assert "--url, --token-file, --ca-file and --fleet go with --wait" in result.stderr
     assert not (tmp_path / "var").exists()
 
 

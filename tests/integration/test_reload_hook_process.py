@@ -110,7 +110,9 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
                 await trio.sleep(0.05)
             (hook_dir / "mode").write_text("record")
             await _publish(daemon, config, tmp_path, 3, "record")
-            hung = await _hook_report(client, base, 2, "timeout")
+            # From the log, not /status: revision 3's run may overwrite the report first.
+            hung = await daemon.wait_log("reload hook failed; retrying with backoff",
+                                         revision=2, outcome="timeout")
             events = [(line.get("event"), line.get("revision")) for line in daemon.lines]
             assert events.index(("published", 3)) < events.index(
                 ("reload hook failed; retrying with backoff", 2)), "convergence waited on the hook"
