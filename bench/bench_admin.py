@@ -199,7 +199,7 @@ async def orchestrate(args: argparse.Namespace) -> None:
     from supervisor.admin.stream import StreamSettings
     from supervisor.convergence.status import RevisionStatus
     from supervisor.events import EventBus, Published
-    from supervisor.sinks.state import ActiveState
+    from supervisor.sinks.state import ActiveState, Candidate, Serving
     from supervisor.status_doc import ChildReport
     from supervisor.telemetry import Metrics
 
@@ -213,7 +213,7 @@ async def orchestrate(args: argparse.Namespace) -> None:
                                                      last_error=None)},
     )
     snapshot = make_snapshot(args.aliases, args.keys)
-    ctx.state.swap(snapshot)
+    ctx.state.serve(Serving(snapshot, Candidate(snapshot.revision, b"", b"{}", 1)))
     settings = StreamSettings(max_clients=max(4096, args.stream_clients))
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(

@@ -45,7 +45,7 @@ import psycopg
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.factory import open_admin
 from supervisor.revision.document import SCHEMA_VERSION
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.pgserver
@@ -79,7 +79,7 @@ def our_backends(admin: psycopg.Connection[Any], dbname: str) -> list[int]:
 
 async def observe_reads(url: str, reads: int, admin: psycopg.Connection[Any] | None,
                         dbname: str) -> dict[str, float]:
-    store = open_store(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
+    store = open_admin(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
     try:
         await store.observe()  # connect outside the measurement
         pids = our_backends(admin, dbname) if admin is not None else []
@@ -130,7 +130,7 @@ async def fleet(url: str, replicas: int, poll_s: float, duration_s: float,
                 admin: psycopg.Connection[Any], dbname: str,
                 bouncer_pid: int | None = None) -> dict[str, float]:
     """N replicas' polls on one database; see the module docstring."""
-    stores = [open_store(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
+    stores = [open_admin(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
               for _ in range(replicas)]
     latencies: list[float] = []
     try:
@@ -229,7 +229,7 @@ async def main() -> None:
         admin.execute(f'CREATE DATABASE "{dbname}"')
         try:
             url = dsn_for(args.dsn, dbname)
-            store = open_store(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
+            store = open_admin(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
             await store.migrate()
             await store.publish(BODY, 1, "bench")
             await store.aclose()

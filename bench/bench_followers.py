@@ -31,7 +31,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.factory import open_admin
 from supervisor.revision.document import SCHEMA_VERSION
 from supervisor.sinks.lkg import generate_signing_key
 
@@ -106,7 +106,7 @@ async def run(followers: int, publishes: int, poll: float, listen: bool) -> dict
         root = Path(tmp)
         db = f"sqlite:///{root}/cp.db"
         up_config, up_port = write_node(root, "upstream", db, [], poll=0.2, listen=True)
-        store = open_store(ControlPlaneConfig(url=db), max_schema_version=SCHEMA_VERSION)
+        store = open_admin(ControlPlaneConfig(url=db), max_schema_version=SCHEMA_VERSION)
         await store.migrate()
         await store.publish(BODY, 1, "bench")
         trusted = [(root / "upstream" / "verify").read_text()]
@@ -210,7 +210,7 @@ async def refresh_cost(followers: int, ttl_s: float, window_s: float) -> tuple[f
         db = f"sqlite:///{root}/cp.db"
         up_config, up_port = write_node(root, "upstream", db, [], poll=0.2, listen=True,
                                         ttl_s=ttl_s)
-        store = open_store(ControlPlaneConfig(url=db), max_schema_version=SCHEMA_VERSION)
+        store = open_admin(ControlPlaneConfig(url=db), max_schema_version=SCHEMA_VERSION)
         await store.migrate()
         await store.publish(BODY, 1, "bench")
         await store.aclose()

@@ -166,8 +166,9 @@ class Daemon:
             # Everything this child owns is made here, by every start, and
             # closed on the way out: a restart after a crash starts fresh (a
             # store closed by the previous run's ``finally`` is never reused).
-            from supervisor.controlplane.factory import open_store
-            from supervisor.convergence.loop import ConvergenceLoop
+            from supervisor.controlplane.factory import open_source
+            from supervisor.convergence.loop import ConvergenceLoop, Reporting
+            from supervisor.convergence.side_sinks import SideSinks
             from supervisor.revision.document import SCHEMA_VERSION
             from supervisor.revision.secrets import EnvFileResolver
             from supervisor.sinks.file import SnapshotFile
@@ -200,23 +201,23 @@ class Daemon:
                     dependency="files", deadline_s=FILE_IO_DEADLINE_S,
                     what="the accepted statement read")
                 await self._restore_accepted(self._accepted)
-            store = open_store(cp, max_schema_version=SCHEMA_VERSION, create=False,
-                               accepted=self._accepted)
+            source = open_source(cp, max_schema_version=SCHEMA_VERSION, accepted=self._accepted)
             try:
                 reconciler = ConvergenceLoop(
-                    store, status=self.status, metrics=self.metrics, events=self.events,
-                    signal=self.signal, poll_interval_s=cp.poll_interval_s,
-                    backoff_initial_s=cp.backoff_initial_s, backoff_max_s=cp.backoff_max_s,
-                    resolver=EnvFileResolver.for_daemon(self.config, self.config_path),
-                    cache=cache, snapshot_file=snapshot_file, on_status=self.notifier.status,
-                    on_outage_change=lambda _down: self.listener_poke.wake(),
-                    serve_cache_on_refusal=self.config.cache.serve_when_desired_refused,
-                    sink_status=self.sinks, statement_ttl_s=self.config.cache.statement_ttl_s,
-                    forward_to=forward_path(self.config.cache.path) if follower else None)
+                    source, control_plane=cp, cache=self.config.cache,
+                    report=Reporting(status=self.status, metrics=self.metrics,
+                                     events=self.events, on_status=self.notifier.status,
+                                     on_outage_change=lambda _down: self.listener_poke.wake()),
+                    sinks=SideSinks(self.metrics, cache=cache, snapshot_file=snapshot_file,
+                                    status=self.sinks,
+                                    forward_to=forward_path(self.config.cache.path)
+                                    if follower else None),
+                    signal=self.signal,
+                    resolver=EnvFileResolver.for_daemon(self.config, self.config_path))
                 await reconciler.run(task_status=task_status)
             finally:
                 with trio.move_on_after(2.0, shield=True):
-                    await store.aclose()
+                    await source.aclose()
 
         return ChildSpec("convergence", run, Restart.PERMANENT, shutdown_timeout_s=3.0)
 

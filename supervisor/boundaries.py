@@ -179,7 +179,8 @@ DATABASE: Final = (
         reason="too_large/incompatible/corrupt",
         test=_PG + "test_oversize_body_is_too_large_on_publish_and_on_hydrate"),
     Boundary(
-        where="supervisor.controlplane.checks: hydrate_sql, revision, history",
+        where="supervisor.controlplane.checks: message_columns (revision, history); hydrate "
+              "does not read it",
         enters="supervisor_revisions.message (SQLite: created_at too)",
         size="4 KiB (MESSAGE_BYTES: left/substr in SQL, and its length)",
         check="cut and marked with the full length (bounds.cut_read), never refused",
@@ -189,7 +190,7 @@ DATABASE: Final = (
     Boundary(
         where="supervisor.controlplane.revisions: revision and history",
         enters="supervisor_revisions.message", size="4 KiB (MESSAGE_BYTES)",
-        check="cut and marked, the same as hydrate", reason="-",
+        check="cut and marked (bounds.cut_read)", reason="-",
         test=_LIFE + "test_a_long_message_is_read_cut_to_4_kib_and_marked"),
     Boundary(
         where="migrations 0003: supervisor_desired_log and supervisor_desired",

@@ -282,13 +282,13 @@ def cmd_db(args: argparse.Namespace) -> int:
     if args.keep is not None or args.json or args.dry_run or args.yes:
         raise UsageError("--keep, --json, --dry-run and --yes go with db prune")
     config, _ = load_config(args)
-    from supervisor.controlplane.factory import open_store
+    from supervisor.controlplane.factory import open_admin
     from supervisor.controlplane.migrations import Migrated
     from supervisor.dsn import redact
     from supervisor.revision.document import SCHEMA_VERSION
 
     async def migrate() -> Migrated:
-        store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION)
+        store = open_admin(config.control_plane, max_schema_version=SCHEMA_VERSION)
         try:
             return await store.migrate()
         finally:

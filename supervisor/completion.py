@@ -16,7 +16,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from supervisor.controlplane.store import ControlPlaneStore
+    from supervisor.controlplane.store import RevisionAdmin
 
 __all__ = ["REVISION_IDS", "SHELLS", "revision_ids", "script"]
 
@@ -34,7 +34,7 @@ def revision_ids(args: argparse.Namespace) -> list[int]:
 
     from supervisor.commands.common import load_config, with_store
 
-    async def newest(store: ControlPlaneStore) -> list[int]:
+    async def newest(store: RevisionAdmin) -> list[int]:
         with trio.fail_after(REVISION_IDS_S):
             _, rows = await store.history(REVISION_IDS)
         return [row.id for row in rows]

@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 import trio.testing
 
-from supervisor.controlplane.store import ControlPlaneStore
-from supervisor.convergence.loop import ConvergenceLoop
+from supervisor.config import CacheConfig, ControlPlaneConfig
+from supervisor.controlplane.store import RevisionSource
+from supervisor.convergence.loop import ConvergenceLoop, Reporting
+from supervisor.convergence.side_sinks import SideSinks, SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
@@ -26,6 +29,10 @@ from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 from tests.fakes.cache import FakeCache
 from tests.fakes.store import FakeStore
+
+if TYPE_CHECKING:
+    from supervisor.revision.secrets import SecretResolver
+    from supervisor.sinks.file import SnapshotFile
 
 
 def doc(*aliases: str, keys: dict[str, list[str]] | None = None) -> bytes:
@@ -43,18 +50,40 @@ class Resolver:
         return b"value-of-" + reference.encode()
 
 
-def make(store: ControlPlaneStore, *, state: ActiveState | None = None,
-         status: RevisionStatus | None = None, **kw: Any) -> ConvergenceLoop:
-    """A loop on ``store``; its status reads ``state`` (a fresh one when neither is given)."""
-    params: dict[str, Any] = {
-        "status": status or RevisionStatus(state or ActiveState()),
-        "metrics": Metrics(process=False),
-        "events": EventBus(), "signal": ChangeSignal(), "poll_interval_s": 5.0,
-        "backoff_initial_s": 0.25, "backoff_max_s": 30.0, "resolver": Resolver(),
-        "rng": random.Random(1),
-    }
-    params.update(kw)
-    return ConvergenceLoop(store, **params)
+RESOLVER = Resolver()
+
+
+def make(store: RevisionSource, *, state: ActiveState | None = None,
+         status: RevisionStatus | None = None, metrics: Metrics | None = None,
+         events: EventBus | None = None, signal: ChangeSignal | None = None,
+         poll_interval_s: float = 5.0, backoff_initial_s: float = 0.25,
+         backoff_max_s: float = 30.0, serve_cache_on_refusal: bool = False,
+         statement_ttl_s: float = 300.0, cache: Any = None,
+         snapshot_file: SnapshotFile | None = None, sink_status: SinkStatus | None = None,
+         forward_to: str | None = None, on_status: Callable[[str], None] | None = None,
+         on_outage_change: Callable[[bool], None] | None = None,
+         resolver: SecretResolver | None = RESOLVER, rng: random.Random | None = None,
+         **kw: Any) -> ConvergenceLoop:
+    """A loop on ``store``; its status reads ``state`` (a fresh one when neither is given).
+
+    The keywords are the settings and collaborators a test varies, spelt flat.
+    """
+    metrics = metrics or Metrics(process=False)
+    report = Reporting(status=status or RevisionStatus(state or ActiveState()), metrics=metrics,
+                       events=events or EventBus(),
+                       on_status=on_status or (lambda _text: None),
+                       on_outage_change=on_outage_change or (lambda _down: None))
+    return ConvergenceLoop(
+        store,
+        control_plane=ControlPlaneConfig(poll_interval_s=poll_interval_s,
+                                         backoff_initial_s=backoff_initial_s,
+                                         backoff_max_s=backoff_max_s),
+        cache=CacheConfig(serve_when_desired_refused=serve_cache_on_refusal,
+                          statement_ttl_s=statement_ttl_s),
+        report=report,
+        sinks=SideSinks(metrics, cache=cache, snapshot_file=snapshot_file, status=sink_status,
+                        forward_to=forward_to),
+        signal=signal or ChangeSignal(), resolver=resolver, rng=rng or random.Random(1), **kw)
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

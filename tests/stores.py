@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.factory import open_store
-from supervisor.controlplane.store import ControlPlaneStore
+from supervisor.controlplane.factory import open_admin
+from supervisor.controlplane.store import RevisionAdmin
 from tests.polling import poll_until
 
 
@@ -17,9 +17,9 @@ def doc(**extra: Any) -> bytes:
     return json.dumps({"schema_version": 1, "aliases": {}, **extra}).encode()
 
 
-def make_store(url: str, **cp: Any) -> ControlPlaneStore:
+def make_store(url: str, **cp: Any) -> RevisionAdmin:
     statement_timeout_s = cp.pop("statement_timeout_s", 10.0)
-    return open_store(
+    return open_admin(
         ControlPlaneConfig(url=url, **cp), max_schema_version=1,
         statement_timeout_s=statement_timeout_s,
     )

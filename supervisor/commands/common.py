@@ -28,7 +28,7 @@ from supervisor.statedirs import CONTROL_PLANE, make_state_directories
 
 if TYPE_CHECKING:
     from supervisor.admin.errors import AdminUnreachable
-    from supervisor.controlplane.store import ControlPlaneStore
+    from supervisor.controlplane.store import RevisionAdmin
 
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
@@ -220,7 +220,7 @@ def describe_store(config: Config) -> str:
     return redact(config.control_plane.url)
 
 
-def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], *,
+def with_store(config: Config, fn: Callable[[RevisionAdmin], Awaitable[T]], *,
                create: bool = False, writes: bool = False) -> T:
     """Run ``fn`` with a store for ``config`` (closed afterwards) under ``trio.run``.
 
@@ -230,19 +230,12 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
     database this build has not migrated.
     """
     from supervisor.controlplane.errors import ControlPlaneError
-    from supervisor.controlplane.errors import FailureCategory as Category
-    from supervisor.controlplane.factory import open_store
+    from supervisor.controlplane.factory import open_admin
     from supervisor.revision.document import SCHEMA_VERSION
 
     if create:
         make_state_directories(config, keys={CONTROL_PLANE})  # the file's directory, if relative
     lite = config.control_plane.backend == "sqlite"
-    if writes and config.control_plane.backend == "follower":
-        from supervisor.dsn import redact
-
-        raise UsageError(f"this replica follows {redact(config.control_plane.url)} and has no "
-                         f"control plane of its own: publish, rollback and db prune run "
-                         f"against the upstream's control plane; nothing was changed")
     found = None
     look = writes and config.control_plane.backend in ("sqlite", "postgresql")
     if look and not (lite and not sqlite_file(config).is_file()):
@@ -254,16 +247,15 @@ def with_store(config: Config, fn: Callable[[ControlPlaneStore], Awaitable[T]], 
             require_current_schema(config, found, may_create=create and lite)
 
     async def run() -> T:
-        store = open_store(config.control_plane, max_schema_version=SCHEMA_VERSION,
-                           create=create)
+        try:
+            store = open_admin(config.control_plane, max_schema_version=SCHEMA_VERSION,
+                               create=create)
+        except ControlPlaneError as exc:
+            raise UsageError(str(exc)) from exc  # a follower: no control plane of its own
         try:
             if create and lite and found is None:
                 await store.migrate()  # a new file: this build's schema
             return await fn(store)
-        except ControlPlaneError as exc:
-            if config.control_plane.backend == "follower" and exc.category is Category.INVALID:
-                raise UsageError(str(exc)) from exc  # no control plane of its own here
-            raise
         finally:
             await store.aclose()
 

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     # Annotations of the --json Structs too: encoding one never resolves them, so
     # a plain publish does not import the stream client.
     from supervisor.commands.waiting import ReplicaResult
-    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision
+    from supervisor.controlplane.store import LoadedRevision, RevisionAdmin
 
 __all__ = ["DryRun", "Published", "PublishedAndWaited", "cmd_publish", "register"]
 
@@ -256,7 +256,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     digest = hashlib.sha256(body).digest()
 
-    async def publish(store: ControlPlaneStore) -> tuple[int, int | None, bool]:
+    async def publish(store: RevisionAdmin) -> tuple[int, int | None, bool]:
         """(revision, its change's sequence, unchanged: the desired body already)."""
         from supervisor.controlplane.errors import ControlPlaneError
 
@@ -348,7 +348,7 @@ def _say_a_control_plane_was_created(config: Config, store_name: str) -> None:
 
 
 def _dry_run(args: argparse.Namespace, config: Config, body: bytes) -> int:
-    async def desired(store: ControlPlaneStore) -> LoadedRevision | None:
+    async def desired(store: RevisionAdmin) -> LoadedRevision | None:
         current = await store.desired()
         return None if current is None else await store.revision(current)
 

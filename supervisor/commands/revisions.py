@@ -47,7 +47,7 @@ from supervisor.texttable import block, cell, table
 if TYPE_CHECKING:
     # Also annotations of the --json Structs (encoding never resolves them).
     from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
-    from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision, RevisionPointer
+    from supervisor.controlplane.store import LoadedRevision, RevisionAdmin, RevisionPointer
 
 __all__ = ["Change", "ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "RolledBack",
            "Shown", "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
@@ -197,7 +197,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
     limit = args.limit or None
 
-    async def read(store: ControlPlaneStore) -> tuple[int | None, list[RevisionSummary],
+    async def read(store: RevisionAdmin) -> tuple[int | None, list[RevisionSummary],
                                                       list[DesiredChange]]:
         desired, rows = await store.history(limit)
         # One more change than shown: the oldest shown change's "from".
@@ -243,7 +243,7 @@ def _change_rows(changes: list[ChangeRow], shown: int) -> list[list[object]]:
     return rows
 
 
-async def sequence_of(store: ControlPlaneStore, revision: int,
+async def sequence_of(store: RevisionAdmin, revision: int,
                       before: RevisionPointer | None) -> int | None:
     """The sequence of the change that just made ``revision`` desired: the first change
     naming it after ``before`` (what was desired before it; None: unknown, the record went
@@ -260,7 +260,7 @@ async def sequence_of(store: ControlPlaneStore, revision: int,
 def cmd_show(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
 
-    async def read(store: ControlPlaneStore) -> tuple[LoadedRevision, int | None]:
+    async def read(store: RevisionAdmin) -> tuple[LoadedRevision, int | None]:
         return await store.revision(args.revision), await store.desired()
 
     loaded, desired = with_store(config, read)
@@ -295,7 +295,7 @@ def _as_text(loaded: LoadedRevision) -> str:
         return block(f"# this build cannot read it ({exc.reason}): {exc.detail}\n{text}")
 
 
-async def _readable_row(store: ControlPlaneStore, revision: int,
+async def _readable_row(store: RevisionAdmin, revision: int,
                         consequence: str = "") -> LoadedRevision:
     """``store.revision(revision)``; a body that fails its digest (``corrupt``) or is over
     ``max_revision_bytes`` (``denied``) is UsageError (exit 2, the label named): this
@@ -331,7 +331,7 @@ def readable(loaded: LoadedRevision) -> RevisionDocument:
 def cmd_diff(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
 
-    async def read(store: ControlPlaneStore) -> tuple[LoadedRevision, LoadedRevision]:
+    async def read(store: RevisionAdmin) -> tuple[LoadedRevision, LoadedRevision]:
         target = args.new
         if target is None:
             target = await store.desired()
@@ -364,7 +364,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     config, _ = load_config(args)
     rejections = [] if args.force else _replica_rejections(args)
 
-    async def roll(store: ControlPlaneStore) -> tuple[int | None, int | None, bool]:
+    async def roll(store: RevisionAdmin) -> tuple[int | None, int | None, bool]:
         loaded = await _readable_row(store, args.revision, "; desired was not changed")
         await _refuse_what_a_replica_refused(store, loaded, rejections)
         if loaded.schema_version > SCHEMA_VERSION:
@@ -447,7 +447,7 @@ def _replica_rejections(args: argparse.Namespace) -> list[tuple[str, dict[str, A
     return found
 
 
-async def _refuse_what_a_replica_refused(store: ControlPlaneStore, target: LoadedRevision,
+async def _refuse_what_a_replica_refused(store: RevisionAdmin, target: LoadedRevision,
                                          rejections: list[tuple[str, dict[str, Any]]]) -> None:
     """UsageError when a replica last refused ``target``'s body: the revision itself, or
     another revision with the same body (a refusal is about content, not an id)."""
@@ -481,13 +481,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.keep is None:
         raise UsageError("db prune needs --keep N (how many of the newest revisions to keep)")
 
-    async def plan(store: ControlPlaneStore) -> tuple[list[int], int | None]:
+    async def plan(store: RevisionAdmin) -> tuple[list[int], int | None]:
         """What a prune would delete now: all but the newest ``keep`` and the desired."""
         desired, rows = await store.history(None)
         newest_first = sorted((r.id for r in rows), reverse=True)
         return sorted(i for i in newest_first[args.keep:] if i != desired), desired
 
-    async def prune(store: ControlPlaneStore) -> tuple[list[int], int | None]:
+    async def prune(store: RevisionAdmin) -> tuple[list[int], int | None]:
         deleted = await store.prune(args.keep)
         return deleted, await store.desired()
 

@@ -2,9 +2,9 @@
 
 * :mod:`~supervisor.controlplane.store`: the store interface and what it returns.
 * :mod:`~supervisor.controlplane.errors`: how stores fail (the hierarchy is drawn there).
-* :mod:`~supervisor.controlplane.factory`: :func:`open_store`, the store for a URL.
+* :mod:`~supervisor.controlplane.factory`: :func:`open_admin`, the store for a URL.
 * :mod:`~supervisor.controlplane.postgres` / :mod:`~supervisor.controlplane.sqlite`:
-  the two databases (imported lazily by :func:`open_store`), sharing
+  the two databases (imported lazily by :func:`open_admin`), sharing
   :mod:`~supervisor.controlplane.checks` (what both refuse) and
   :mod:`~supervisor.controlplane.runner` (the blocking-connection lifecycle).
 * :mod:`~supervisor.controlplane.follower`: another replica as the control plane.

@@ -30,7 +30,8 @@ from supervisor.controlplane.errors import (
 )
 from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_not_newer
 from supervisor.controlplane.replica_name import MAX_SEQUENCE
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.controlplane.store import RevisionPointer
+from supervisor.sinks.state import Candidate
 
 __all__ = [
     "MESSAGE_BYTES",
@@ -104,22 +105,21 @@ def bounded_message(head: object, size: object) -> str | None:
     return cut_read(head, size if isinstance(size, int) else 0, MESSAGE_BYTES)
 
 
-def hydrate_sql(size: Callable[[str], str], head: Callable[[str, int], str], named: str,
-                created_at: str = "r.created_at") -> str:
-    """The hydrate read: ``size`` measures a column in bytes, ``head`` reads its first
-    characters, ``named`` spells a named parameter.
+def hydrate_sql(size: Callable[[str], str], named: str, created_at: str = "r.created_at") -> str:
+    """The hydrate read: ``size`` measures a column in bytes, ``named`` spells a named
+    parameter.
 
     One statement is one snapshot (PostgreSQL even under READ COMMITTED;
     SQLite one read transaction): the pointer and the revision it names are
     read consistently. The body is withheld in SQL when it is too large or too
-    new, so an oversize body never crosses the network; the message is read as
-    its head and its length (:data:`MESSAGE_BYTES`).
+    new, so an oversize body never crosses the network; the message is not
+    read (the loop has no use for it).
     """
     body = size("r.body")
     return (f"SELECT d.revision_id, r.id, r.schema_version, {body},"
             f" CASE WHEN {body} <= {named.format('max_bytes')}"
             f" AND r.schema_version <= {named.format('max_schema')} THEN r.body END,"
-            f" r.body_sha256, {created_at}, {message_columns(size, head)}, d.sequence"
+            f" r.body_sha256, {created_at}, d.sequence"
             " FROM supervisor_desired d"
             " LEFT JOIN supervisor_revisions r ON r.id = d.revision_id WHERE d.singleton")
 
@@ -164,7 +164,7 @@ def _sequence(value: object) -> int:
 
 def check_hydrated(
     row: HydrateRow, *, max_revision_bytes: int, max_schema_version: int
-) -> LoadedRevision:
+) -> Candidate:
     """Apply the hydration checks in the contract's order; blocking (hashes the body).
 
     Shared by both stores so they cannot drift apart in what they refuse or in which order.
@@ -197,13 +197,11 @@ def check_hydrated(
             category=FailureCategory.CORRUPT,
             revision=row.id,
         )
-    return LoadedRevision(
+    return Candidate(
         id=row.id,
-        schema_version=schema_version,
-        body=bytes(row.body),
-        created_at=row.created_at,
-        message=row.message,
         body_sha256=bytes(row.body_sha256),
+        body=bytes(row.body),
+        schema_version=schema_version,
         sequence=None if row.sequence is None else _sequence(row.sequence),
     )
 

@@ -36,7 +36,7 @@ A statement is accepted only when all hold, in this order:
 
 Only then is the highest raised (durably, before anything serves it; a failed
 write is retried at every poll, a 304 included) and the
-revision handed to the loop, as a :class:`LoadedRevision` carrying the
+revision handed to the loop, as a :class:`~supervisor.sinks.state.Candidate` carrying the
 statement and its signed bytes: the loop compiles it with this replica's own
 secrets and, once it serves it, passes those bytes on unchanged to its own
 followers (``<[cache].path>.upstream``): a follower of a follower verifies the
@@ -57,9 +57,11 @@ Other failures: connection errors (told with their innermost cause, a refused
 certificate's reason included: :func:`~supervisor.errors.describe_failure`, the
 message at most :data:`MAX_ERROR_CHARS`), timeouts, 5xx and 503 (the upstream has
 nothing active yet) are ``unavailable``; 401/403 are ``denied``; any other
-status is ``invalid``. ``publish`` and ``migrate`` are refused (``invalid``):
-a follower has no control plane of its own. The identity reported to the
-loop is the upstream's address, which is what ``/status`` shows as the source.
+status is ``invalid``. A follower is a
+:class:`~supervisor.controlplane.store.RevisionSource` only: it has no control
+plane of its own, so the commands refuse it
+(:func:`~supervisor.controlplane.factory.open_admin`). The identity reported to
+the loop is the upstream's address, which is what ``/status`` shows as the source.
 """
 
 from __future__ import annotations
@@ -84,9 +86,8 @@ from supervisor.controlplane.errors import (
     StatementRefused,
     TooLarge,
 )
-from supervisor.controlplane.migrations import Migrated
 from supervisor.controlplane.replica_name import REVISION_PATH, name_headers
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.controlplane.store import RevisionPointer
 from supervisor.errors import describe_failure
 from supervisor.logs import get_logger
 from supervisor.sinks.lkg.accepted import AcceptedStatements, refusal_of, supersedes
@@ -94,12 +95,12 @@ from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, decode_file
 from supervisor.sinks.lkg.keys import parse_trusted
 from supervisor.sinks.lkg.statement import Statement
+from supervisor.sinks.state import Candidate
 from supervisor.tlsconfig import upstream_context
 from supervisor.tokenfile import read_token
 
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
-    from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 
 __all__ = ["ERROR_BODY_BYTES", "REVISION_PATH", "FollowerStore", "forward_path", "upstream_token"]
 
@@ -155,11 +156,11 @@ def upstream_token(config: ControlPlaneConfig) -> str | None:
 @dataclass(frozen=True)
 class _Accepted:
     statement: Statement
-    loaded: LoadedRevision
+    candidate: Candidate
 
 
 class FollowerStore:
-    """ControlPlaneStore over an upstream replica's ``/v1/revision`` (module docstring)."""
+    """RevisionSource over an upstream replica's ``/v1/revision`` (module docstring)."""
 
     def __init__(
         self,
@@ -209,48 +210,16 @@ class FollowerStore:
         """The highest statement ever accepted (persisted beside the cache)."""
         return self._highest.highest
 
-    # -- the protocol -------------------------------------------------------------
-
-    async def desired(self) -> int | None:
-        return (await self.observe()).revision
+    # -- the source -------------------------------------------------------------
 
     async def observe(self) -> RevisionPointer:
-        loaded = (await self._fetch()).loaded
-        return RevisionPointer(loaded.id, loaded.body_sha256, self.identity,
-                               sequence=loaded.sequence, statement=loaded.statement)
+        """One signed fetch (a 304 when unchanged): the revision comes whole with its pointer."""
+        candidate = (await self._fetch()).candidate
+        return RevisionPointer(candidate.id, candidate.body_sha256, self.identity,
+                               sequence=candidate.sequence, statement=candidate.statement)
 
-    async def hydrate(self) -> LoadedRevision | None:
-        return (self._accepted or await self._fetch()).loaded
-
-    def _refused(self, why: str) -> ControlPlaneError:
-        return ControlPlaneError(f"this replica follows {self._url}{why}",
-                                 category=FailureCategory.INVALID)
-
-    def _no_lifecycle(self, what: str) -> ControlPlaneError:
-        return self._refused(f": {what} runs against the upstream's control plane, not here")
-
-    async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        raise self._refused(" and has no control plane of its own: publish to the upstream's "
-                            "control plane")
-
-    async def migrate(self) -> Migrated:
-        raise self._refused(": there is no schema to migrate here")
-
-    async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        raise self._no_lifecycle("history")
-
-    async def revision(self, revision: int) -> LoadedRevision:
-        raise self._no_lifecycle("show")
-
-    async def rollback(self, revision: int, body_sha256: bytes,
-                       message: str | None = None) -> int | None:
-        raise self._no_lifecycle("rollback")
-
-    async def prune(self, keep: int) -> list[int]:
-        raise self._no_lifecycle("db prune")
-
-    async def changes(self, limit: int | None) -> list[DesiredChange]:
-        raise self._no_lifecycle("history")
+    async def hydrate(self) -> Candidate | None:
+        return (self._accepted or await self._fetch()).candidate
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -434,17 +403,15 @@ class FollowerStore:
         self._refuse_expired(statement)
         refuse_unreadable(header.revision, len(body), header.schema_version,
                           max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema)
-        loaded = LoadedRevision(
+        candidate = Candidate(
             id=header.revision,
-            schema_version=header.schema_version,
-            body=body,
-            created_at=header.created_at,
-            message=None,
             body_sha256=hashlib.sha256(body).digest(),
+            body=body,
+            schema_version=header.schema_version,
             sequence=statement.sequence,
             statement=statement,
         )
-        return _Accepted(statement, loaded)
+        return _Accepted(statement, candidate)
 
 
 def _same_intent(one: Statement, other: Statement) -> bool:

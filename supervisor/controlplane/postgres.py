@@ -417,7 +417,7 @@ MIGRATE_TIMEOUT_S = 120.0
 
 
 class PostgresStore(revisions.DatabaseStore):
-    """ControlPlaneStore on PostgreSQL (see the module docstring)."""
+    """RevisionAdmin on PostgreSQL (see the module docstring)."""
 
     _sql = revisions.pg
 

@@ -55,6 +55,7 @@ from supervisor.controlplane.store import (
     RevisionSummary,
 )
 from supervisor.logs import get_logger
+from supervisor.sinks.state import Candidate
 
 if TYPE_CHECKING:
     import psycopg
@@ -82,11 +83,12 @@ def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int) -> Load
     if row is None:
         raise _not_found(revision)
     rid, schema_version, size, body, digest, created_at, head, message_size = row
-    return check_hydrated(
-        HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
-                   parse_time(created_at), bounded_message(head, message_size)),
-        max_revision_bytes=max_bytes, max_schema_version=sys.maxsize,
-    )
+    stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
+                        parse_time(created_at), bounded_message(head, message_size))
+    found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
+    assert stored.created_at is not None  # checked: a revision without one is corrupt
+    return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
+                          stored.message, found.body_sha256)
 
 
 def _summaries(rows: list[Any]) -> list[RevisionSummary]:
@@ -355,7 +357,7 @@ def _os_user() -> str:
 
 
 class DatabaseStore:
-    """The ControlPlaneStore methods both databases implement alike.
+    """The RevisionAdmin methods both databases implement alike.
 
     A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`), ``_runner``,
     ``_max_bytes`` and ``_max_schema``, and implements ``identity`` and
@@ -387,19 +389,19 @@ class DatabaseStore:
 
         return await self._runner.run("read", read)
 
-    async def hydrate(self) -> LoadedRevision | None:
+    async def hydrate(self) -> Candidate | None:
         sql, max_bytes, max_schema = self._sql, self._max_bytes, self._max_schema
-        query = hydrate_sql(sql.size, sql.head, sql.NAMED, sql.CREATED_AT)
+        query = hydrate_sql(sql.size, sql.NAMED, sql.CREATED_AT)
 
-        def read(conn: Any) -> LoadedRevision | None:
+        def read(conn: Any) -> Candidate | None:
             row = sql.one(conn, query, {"max_bytes": max_bytes, "max_schema": max_schema})
             if row is None:
                 return None
-            desired, rid, schema_version, size, body, digest, created_at, head, length, seq = row
+            desired, rid, schema_version, size, body, digest, created_at, seq = row
             return check_hydrated(
                 HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
                            size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                           bounded_message(head, length), seq),
+                           None, seq),
                 max_revision_bytes=max_bytes, max_schema_version=max_schema,
             )
 

@@ -276,7 +276,7 @@ def _remove_stale_wal(path: str) -> None:
 
 
 class SQLiteStore(revisions.DatabaseStore):
-    """ControlPlaneStore on an SQLite file (see the module docstring)."""
+    """RevisionAdmin on an SQLite file (see the module docstring)."""
 
     _sql = revisions.sqlite
 

@@ -1,22 +1,10 @@
-"""The control-plane store: what the convergence loop reads, and how it fails.
+"""The control plane as the loop and the commands see it: two protocols and their records.
 
-Contract (docs/control-plane.md): the control plane holds immutable revisions
-(``supervisor_revisions``) and one pointer to the desired one
-(``supervisor_desired``). A store offers exactly the reads the convergence loop
-needs (:meth:`ControlPlaneStore.desired`, the cheap liveness-proving read, and
-:meth:`ControlPlaneStore.hydrate`, one consistent read of the complete desired
-revision), :meth:`~ControlPlaneStore.publish` for the CLI, and
-:meth:`~ControlPlaneStore.migrate`. Three implementations exist:
-:mod:`supervisor.controlplane.postgres`, :mod:`supervisor.controlplane.sqlite`
-and, in follower mode, :mod:`supervisor.controlplane.follower` (another
-replica's signed ``/v1/revision``; it refuses ``publish`` and ``migrate``);
-:func:`~supervisor.controlplane.factory.open_store` picks one from the URL and
-never connects by itself (the first call does, and a failed connection is
-re-made on the next call).
-
-How stores fail is drawn in :mod:`supervisor.controlplane.errors`; the
-checks both databases run in :mod:`supervisor.controlplane.checks`; the
-connection lifecycle they share in :mod:`supervisor.controlplane.runner`.
+:class:`RevisionSource` is what the convergence loop reads (the databases and
+the follower implement it whole); :class:`RevisionAdmin` adds the revision
+lifecycle the commands use (the databases only). Failures are
+:mod:`supervisor.controlplane.errors`; :mod:`supervisor.controlplane.factory`
+opens either.
 """
 
 from __future__ import annotations
@@ -28,19 +16,16 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from supervisor.controlplane.migrations import Migrated
     from supervisor.sinks.lkg.statement import Statement
+    from supervisor.sinks.state import Candidate
 
-__all__ = ["ControlPlaneStore", "DesiredChange", "LoadedRevision", "RevisionPointer",
-           "RevisionSummary"]
+__all__ = ["DesiredChange", "LoadedRevision", "RevisionAdmin", "RevisionPointer",
+           "RevisionSource", "RevisionSummary"]
 
 
 @dataclass(frozen=True)
 class LoadedRevision:
-    """A complete revision as stored: the body is verified against its digest, not decoded.
-
-    ``body_sha256`` is part of the revision's identity: after a restore from a
-    backup an id may be reused for another body, so "the same revision" means
-    the same id *and* the same digest.
-    """
+    """One stored revision as ``show`` and ``rollback`` read it, its body checked against
+    its digest (identity as in :class:`~supervisor.sinks.state.Candidate`)."""
 
     id: int
     schema_version: int
@@ -48,13 +33,6 @@ class LoadedRevision:
     created_at: datetime
     message: str | None
     body_sha256: bytes = b""
-    #: ``supervisor_desired.sequence`` read with the pointer (None: not read
-    #: with it, as by ``revision``): the root's intent, which grows at every
-    #: change of the pointer, rollbacks included.
-    sequence: int | None = None
-    #: Follower mode: the root's signed statement it came with (its bytes kept,
-    #: to be passed on unchanged); None from a database.
-    statement: Statement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -74,7 +52,7 @@ class RevisionPointer:
     identity: str | None = None
     #: ``supervisor_desired.sequence``: grows at every change of the pointer.
     sequence: int | None = None
-    #: Follower mode: the root's signed statement (see LoadedRevision.statement).
+    #: Follower mode: the root's signed statement (see Candidate.statement).
     statement: Statement | None = field(default=None, compare=False)
 
 
@@ -101,32 +79,40 @@ class DesiredChange:
     message: str | None
 
 
-class ControlPlaneStore(Protocol):
-    """What the daemon and the CLI need from a control plane. Raises ControlPlaneError."""
+class RevisionSource(Protocol):
+    """What the convergence loop reads. Raises ControlPlaneError.
 
-    async def desired(self) -> int | None:
-        """The desired revision id, or None when nothing was ever published.
-
-        The cheap read the loop makes every poll; its success is what proves
-        the control plane reachable.
-        """
-        ...
+    Not connected when made: the first call connects, and a failed
+    connection is made again by the next call.
+    """
 
     async def observe(self) -> RevisionPointer | None:
-        """The desired revision's id, body digest and the control plane's identity.
+        """The desired revision's id and digest, and the control plane's identity.
 
-        As cheap as :meth:`desired` (one indexed join, 32 bytes more), and what
-        the loop polls: an id alone cannot tell a reused id from the revision
-        it replaced.
+        None when nothing was ever published. The cheap read of every poll:
+        its success proves the control plane reachable, and an id alone could
+        not tell a reused id from the revision it replaced.
         """
         ...
 
-    async def hydrate(self) -> LoadedRevision | None:
+    async def hydrate(self) -> Candidate | None:
         """One consistent read of the desired pointer and the revision it names.
 
         None when nothing is desired. Raises NOT_FOUND, TooLarge, Incompatible
-        or CORRUPT (in that order of checks) about the revision it read.
+        or CORRUPT (checked in that order) about the revision it read.
         """
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection; the source may not be used afterwards."""
+        ...
+
+
+class RevisionAdmin(RevisionSource, Protocol):
+    """The revision lifecycle the commands use, on a database (never a follower)."""
+
+    async def desired(self) -> int | None:
+        """The desired revision id, or None when nothing was ever published."""
         ...
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
@@ -145,8 +131,6 @@ class ControlPlaneStore(Protocol):
         """
         ...
 
-    # -- the revision lifecycle (statements in controlplane.revisions) --
-
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         """(desired id, the newest ``limit`` revisions newest first, without bodies)."""
         ...
@@ -163,9 +147,8 @@ class ControlPlaneStore(Protocol):
         """Point desired at ``revision`` if it still exists with this digest (else NOT_FOUND).
 
         ``message`` is recorded with the change (``supervisor_desired_log``).
-
-        Returns the desired id this replaced (None: none was desired), read in the
-        same transaction as the write, so a publish racing the rollback is named.
+        Returns the desired id this replaced (None: none was desired), read in
+        the same transaction as the write, so a publish racing the rollback is named.
         """
         ...
 
@@ -175,8 +158,4 @@ class ControlPlaneStore(Protocol):
 
     async def changes(self, limit: int | None) -> list[DesiredChange]:
         """The newest ``limit`` changes of the desired pointer (all when None), newest first."""
-        ...
-
-    async def aclose(self) -> None:
-        """Close the connection; the store may not be used afterwards."""
         ...

@@ -1,98 +1,31 @@
 """The convergence loop: observe, hydrate, compile, publish, or say exactly why not.
 
-One task per replica keeps the active snapshot equal to the control plane's
-desired revision:
-
-1. **observe**: the cheap read of the desired revision's id, body digest and
-   the control plane's identity. It runs even when converged, because it is
-   both the change detector and the liveness check.
-2. **hydrate**: one consistent read of the complete desired revision. A
-   revision published between the two reads is simply the one we converge to.
-3. **compile**: decode, validate, project, resolve secrets, build an immutable
-   :class:`~supervisor.revision.snapshot.Snapshot`.
-4. **publish**: export to the last-known-good cache, then one atomic swap in
-   :class:`~supervisor.sinks.state.ActiveState`, then the snapshot file.
-
-Every failure happens before step 4 touches anything, so a refused candidate
-cannot half-apply: "the previous snapshot keeps serving" follows from the
-control flow, not from a cleanup path.
-
-A revision is its content: "already converged" means the same id *and* the
-same body SHA-256, and an id that comes back with another body (a restore from
-a backup) is a new revision, published with a log line saying the id was
-reused. The control plane's identity is compared on every observe; a change
-starts a new epoch (the sinks are re-written from a fresh hydrate). What the
-loop remembers between attempts (keys, the epoch, the refusal memo below) is
-:mod:`~supervisor.convergence.memory`.
-
-Why the cache is written *before* the swap (the cache must hold what was
-served): once the swap has happened, the snapshot file and every reader say
-the new revision is served; a shutdown arriving after the swap but before the
-export would leave the cache one revision behind, and a boot during an outage
-would then serve an older configuration than the one served before. So the
-export, the swap and the snapshot file write run as one step shielded from
-cancellation (each write is bounded by the disk, not the network): a SIGTERM
-arriving anywhere in it takes effect after it, and at every instant a process
-can be stopped the cache holds the revision served or, under SIGKILL, the one
-about to be (compiled, not yet swapped), never an older one. This holds for an
-operator's rollback too (desired moved to an older id: the cache is lowered to
-it before the swap) and a restore from the cache itself (nothing to export:
-the cache is the source). A failed export never blocks serving; the cache is
-marked due and retried on every poll (and on SIGHUP) until it succeeds, like
-the snapshot file, and a sink file that vanished or changed after a successful write is
-written again; when the export that failed was a move to an older revision,
-the newer cache is removed (unlinking needs no disk space) so a boot cannot
-serve what the operator rolled back from.
-
-:meth:`ConvergenceLoop.run` bootstraps, then converges forever: it waits for
-a wake-up of the change signal or the delay, runs
-:meth:`ConvergenceLoop.converge_once`, which asks the
-:class:`~supervisor.convergence.schedule.Schedule` (the poll interval, the
-backoff while the control plane cannot be asked) for the next delay and logs
-it, and answers the wake-ups that attempt consumed. A revision
-refused for a reason that cannot change while its content does not
-(``corrupt``, ``incompatible``, too large, ``validation``, ``projection``) is
-not hydrated again until desired moves or SIGHUP asks to look again (a body
-repaired in place keeps its key); ``secret``, ``snapshot`` (it depends on the
-secrets' values) and the store's own refusals are retried every poll.
-
-Each refusal line carries ``retry_in_s``. A refusal repeated unchanged and an
-outage are each a start, progress once a minute and an end
-(:class:`~supervisor.streak.Streak`).
-
-:meth:`ConvergenceLoop.bootstrap` reaches a first servable snapshot (the signed
-cache answering an outage) or raises :class:`~supervisor.errors.BootRefused`
-(exit 3); :func:`compile_body` compiles a large body off the event loop; the side
-sinks live in :mod:`~supervisor.convergence.side_sinks`, the failure log lines in
-:mod:`~supervisor.convergence.reporting`, the outcome classification in
-:mod:`~supervisor.convergence.outcome`.
-
-A ConvergenceLoop is built anew by every start of the convergence child (it owns
-nothing that outlives a run but what it is given); one built while a snapshot
-is already serving (a restart after a crash) re-writes the sinks from a fresh
-hydrate at its first attempt, since a crash may have come between them.
+One task per replica keeps what serves equal to the source's desired revision.
+A refused candidate never half-applies: every failure comes before the swap.
+The hops, one by one, are in docs/architecture.md ("A revision, from the
+database to the sinks").
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
 from supervisor import reasons
 from supervisor.bounds import FILE_IO_DEADLINE_S, cut, in_thread
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
 from supervisor.convergence.outcome import Key, Outcome, OutcomeKind, answer_for
 from supervisor.convergence.reporting import FailureLog
 from supervisor.convergence.schedule import Schedule
-from supervisor.convergence.side_sinks import Export, SideSinks, SinkStatus
+from supervisor.convergence.side_sinks import SideSinks
 from supervisor.convergence.signal import ChangeSignal, WakeupBatch
 from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import BootRefused, ConfigError, LabelledError
@@ -100,17 +33,18 @@ from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg.statement import Statement
-from supervisor.sinks.state import Source
+from supervisor.sinks.state import Candidate, Serving
 from supervisor.telemetry import Metrics
 
 if TYPE_CHECKING:
-    from supervisor.controlplane.store import ControlPlaneStore
+    from supervisor.config import CacheConfig, ControlPlaneConfig
+    from supervisor.controlplane.store import RevisionSource
     from supervisor.revision.secrets import SecretResolver
     from supervisor.revision.snapshot import Snapshot
-    from supervisor.sinks.file import SnapshotFile
-    from supervisor.sinks.lkg import LastKnownGood
 
-__all__ = ["THREAD_COMPILE_BYTES", "ConvergenceLoop", "compile_body"]
+__all__ = ["THREAD_COMPILE_BYTES", "ConvergenceLoop", "Reporting", "compile_body"]
+
+T = TypeVar("T")
 
 log = get_logger("convergence")
 
@@ -152,207 +86,200 @@ async def compile_body(body: bytes, revision: int, generation: int,
     return run()
 
 
+def _ignore(_value: object) -> None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reporting:
+    """Where the loop tells what it does; the loop writes, others read."""
+
+    status: RevisionStatus
+    metrics: Metrics
+    events: EventBus
+    #: The systemd STATUS= line.
+    on_status: Callable[[str], None] = _ignore
+    #: Told True when the control plane stops answering, False when it is back
+    #: (the LISTEN child probes at once instead of waiting).
+    on_outage_change: Callable[[bool], None] = _ignore
+
+
 class ConvergenceLoop:
-    #: The delay the schedule gave after the last attempt (set by every attempt):
-    #: the wait before the next one unless woken.
+    """Keeps what serves equal to ``source``'s desired revision (:meth:`run`).
+
+    Built anew by every start of the convergence child; it owns nothing that
+    outlives a run but what it is given. One built while a snapshot already
+    serves (a restart after a crash) re-writes the sinks from a fresh hydrate
+    at its first attempt, since the crash may have come between them.
+    """
+
+    #: The delay the schedule gave after the last attempt: the wait before the
+    #: next one unless woken.
     retry_in_s: float
 
     def __init__(
         self,
-        store: ControlPlaneStore,
+        source: RevisionSource,
         *,
-        status: RevisionStatus,
-        metrics: Metrics,
-        events: EventBus,
+        control_plane: ControlPlaneConfig,
+        cache: CacheConfig,
+        report: Reporting,
+        sinks: SideSinks,
         signal: ChangeSignal,
-        poll_interval_s: float,
-        backoff_initial_s: float,
-        backoff_max_s: float,
         resolver: SecretResolver | None = None,
-        cache: LastKnownGood | None = None,
-        snapshot_file: SnapshotFile | None = None,
-        on_status: Callable[[str], None] | None = None,
-        on_outage_change: Callable[[bool], None] | None = None,
-        serve_cache_on_refusal: bool = False,
         rng: random.Random | None = None,
-        sink_status: SinkStatus | None = None,
-        statement_ttl_s: float = 300.0,
-        forward_to: str | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.store = store
+        self.source = source
+        self.status = report.status
         # What serves (the status reads it too): the one place it is written.
-        self.state = status.state
-        self.status = status
-        self.metrics = metrics
+        self.state = report.status.state
+        self.metrics = report.metrics
         # The revision gauges read the status: it is the one place they are written.
-        metrics.follow_revision(status)
-        self.events = events
-        # Wake-ups that cut the wait between attempts short.
+        self.metrics.follow_revision(report.status)
+        self.events = report.events
+        self.report = report
+        self.sinks = sinks
         self.signal = signal
-        self.schedule = Schedule(poll_interval_s=poll_interval_s,
-                                 backoff_initial_s=backoff_initial_s,
-                                 backoff_max_s=backoff_max_s, rng=rng)
+        self.schedule = Schedule(poll_interval_s=control_plane.poll_interval_s,
+                                 backoff_initial_s=control_plane.backoff_initial_s,
+                                 backoff_max_s=control_plane.backoff_max_s, rng=rng)
         self.resolver = resolver
-        self.sinks = SideSinks(metrics, cache=cache, snapshot_file=snapshot_file,
-                               status=sink_status, forward_to=forward_to)
-        # [cache].statement_ttl_s: how long a statement this root signs is valid.
-        self.statement_ttl_s = statement_ttl_s
+        self.cache_config = cache
         self.wall_clock = wall_clock
-        self._on_status = on_status or (lambda _text: None)
-        # Told True when the control plane stops answering, False when it is
-        # back: the LISTEN child probes / reconnects at once instead of waiting.
-        self._on_outage_change = on_outage_change or (lambda _down: None)
-        self._failures = FailureLog(status, self._on_status)
-        # [cache].serve_when_desired_refused: boot from the cache when desired does not compile.
-        self.serve_cache_on_refusal = serve_cache_on_refusal
+        self._failures = FailureLog(report.status, report.on_status)
         self.attempts = 0
-        self.memory = RevisionMemory(status)
-
-    def _learn_desired(self, desired: int | None, body_sha256: bytes | None = None) -> None:
-        self.status.observed(desired, body_sha256)
+        self.memory = RevisionMemory(report.status)
 
     # -- one attempt -----------------------------------------------------------
 
-    async def _observe(self) -> RevisionPointer | None:
+    async def _read(self, read: Callable[[], Awaitable[T]]) -> T:
+        """One read of the source; its answer (or not) is the control plane's reachability."""
         try:
-            pointer = await self.store.observe()
-        except ControlPlaneError as exc:
-            self._set_reachable(exc.answered)
-            raise
-        self._set_reachable(True)
-        return pointer
-
-    async def _hydrate(self) -> LoadedRevision | None:
-        try:
-            loaded = await self.store.hydrate()
+            found = await read()
         except ControlPlaneError as exc:
             self._set_reachable(exc.answered)
             if not exc.retryable and exc.revision is not None:
-                # Every hydrate refusal about a revision is about the desired one.
-                self._learn_desired(exc.revision)
+                # Every refusal about a revision is about the desired one.
+                self.status.observed(exc.revision)
             raise
         self._set_reachable(True)
-        return loaded
+        return found
 
     async def attempt(self) -> Outcome:
-        """Observe, hydrate, compile, publish. Raises store and revision errors.
+        """Observe, hydrate, compile, publish. Raises source and revision errors.
 
         Observe decides, whatever woke the loop (a NOTIFY, a hint, a request):
-        the active revision's id and digest seen again end the attempt without
-        a hydrate, so a wake-up costs one small read, not the body.
+        the serving revision's id and digest seen again end the attempt without
+        a hydrate, so a wake-up costs one small read, not the body. A revision
+        refused for good (:func:`~supervisor.convergence.outcome.is_final`) is
+        not hydrated again while desired keeps its id and digest.
         """
         start = trio.current_time()
         memory = self.memory
         memory.candidate = None
-        await self.sinks.catch_up(self.state.snapshot)
-        pointer = await self._observe()
+        await self.sinks.catch_up(self.state.serving)
+        pointer = await self._read(self.source.observe)
         if pointer is None:
             return self._empty()
-        self._learn_desired(pointer.revision, pointer.body_sha256)
+        self.status.observed(pointer.revision, pointer.body_sha256)
         memory.check_epoch(pointer.identity)
-        key: Key = (pointer.revision, pointer.body_sha256)
-        memory.candidate = key
-        if memory.is_active(key) and not memory.sinks_unknown:
+        memory.candidate = (pointer.revision, pointer.body_sha256)
+        if memory.is_active(memory.candidate) and not memory.sinks_unknown:
             await self._restate(pointer)
             return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
-        repeated = memory.still_refused(key)
+        repeated = memory.still_refused(memory.candidate)
         if repeated is not None:
             return repeated
-        loaded = await self._hydrate()
-        if loaded is None:
+        candidate = await self._read(self.source.hydrate)
+        if candidate is None:
             return self._empty()
-        self._learn_desired(loaded.id, loaded.body_sha256)
-        key = (loaded.id, loaded.body_sha256)
-        memory.candidate = key
+        # A publish between the two reads is simply the revision converged to.
+        self.status.observed(candidate.id, candidate.body_sha256)
+        key: Key = (candidate.id, candidate.body_sha256)
+        if key != memory.candidate:
+            memory.candidate = key
+            repeated = memory.still_refused(key)
+            if repeated is not None:
+                return repeated
+        serving = self.state.serving
         if memory.is_active(key):
+            assert serving is not None  # is_active
             if memory.sinks_unknown:
                 # A restart or a new epoch: the sinks may not hold what serves.
                 memory.sinks_unknown = False
-                snapshot = self.state.snapshot
-                assert snapshot is not None  # is_active
-                statement = self._statement_for(loaded)
-                await self.sinks.rewrite(snapshot, Export(loaded.id, snapshot.generation,
-                                                          loaded.schema_version, loaded.body,
-                                                          statement, loaded.body_sha256))
-                self.state.restate(statement)
-            return Outcome(OutcomeKind.CONVERGED, revision=loaded.id)
-        repeated = memory.still_refused(key)
-        if repeated is not None:
-            return repeated
-        active = self.state.snapshot
-        if active is not None and active.revision == loaded.id:
+                restated = Serving(serving.snapshot, candidate, serving.source,
+                                   self._statement_for(candidate, candidate.sequence))
+                await self.sinks.rewrite(restated)
+                self.state.serve(restated)
+            return Outcome(OutcomeKind.CONVERGED, revision=candidate.id)
+        if serving is not None and serving.revision == candidate.id:
             log.warning("revision id reused with different content (a restore followed by "
                         "new publishes?): treating it as a new revision",
-                        revision=loaded.id)
+                        revision=candidate.id)
         generation = self.state.generation + 1
-        snapshot = await compile_body(loaded.body, loaded.id, generation, self.resolver)
+        snapshot = await compile_body(candidate.body, candidate.id, generation, self.resolver)
         took = trio.current_time() - start
-        # The cache first, then the swap and the snapshot file, as one step a
-        # shutdown cannot split: see the module docstring.
-        statement = self._statement_for(loaded)
-        with trio.CancelScope(shield=True):
-            await self.sinks.export(Export(loaded.id, generation, loaded.schema_version,
-                                           loaded.body, statement, loaded.body_sha256))
-            await self.swap_in(snapshot, "control_plane", took, body_sha256=loaded.body_sha256,
-                               statement=statement, sequence=loaded.sequence)
+        await self.swap_in(Serving(snapshot, candidate, "control_plane",
+                                   self._statement_for(candidate, candidate.sequence)), took)
         memory.sinks_unknown = False
-        return Outcome(OutcomeKind.PUBLISHED, revision=loaded.id, generation=generation,
+        return Outcome(OutcomeKind.PUBLISHED, revision=candidate.id, generation=generation,
                        took_s=took)
 
     # -- the signed statement ---------------------------------------------------
 
-    def _statement_for(self, loaded: LoadedRevision) -> Statement | None:
-        """What ``loaded`` serves under: the root's (a follower), or one this root signs now.
+    def _statement_for(self, candidate: Candidate, sequence: int | None) -> Statement | None:
+        """What ``candidate`` serves under: the root's (a follower), or one this root signs now.
 
-        None when there is nothing to sign with (no cache, or a store that
+        None when there is nothing to sign with (no cache, or a source that
         does not read the sequence): the cache is then written as version 1.
         """
-        if loaded.statement is not None:
-            return loaded.statement
+        if candidate.statement is not None:
+            return candidate.statement
         cache = self.sinks.cache
-        if cache is None or cache.signing_key_id is None or loaded.sequence is None:
+        if cache is None or cache.signing_key_id is None or sequence is None:
             return None
         now = self.wall_clock()
-        return Statement(loaded.id, loaded.body_sha256.hex(), loaded.sequence,
+        return Statement(candidate.id, candidate.body_sha256.hex(), sequence,
                          self.status.identity or "unknown", now,
-                         now + timedelta(seconds=self.statement_ttl_s))
+                         now + timedelta(seconds=self.cache_config.statement_ttl_s))
 
     async def _restate(self, pointer: RevisionPointer) -> None:
         """Converged: re-sign (a root, past half the TTL) or pass on (a follower) a fresher one.
 
         Only after a successful observe, so a root that cannot read its
-        control plane lets its statement age and expire.
+        control plane lets its statement age and expire. A rollback to what
+        serves moves only the sequence.
         """
-        if pointer.sequence is not None:
-            self.state.sequence = pointer.sequence
-        served = self.state.statement
+        serving = self.state.serving
+        assert serving is not None  # converged
         fresh = pointer.statement
-        # The export of what serves (each publish exports before its swap); None without a cache.
-        last = self.sinks.last_export
+        # The cache holds (or is due to hold) what serves; None without a cache,
+        # or when what serves came from the cache itself.
+        exported = self.sinks.last_export is not None
         if fresh is None:
+            served = serving.statement
             due = (served is None or served.sequence != pointer.sequence
                    or served.root != (self.status.identity or "unknown")
-                   or served.age_s(self.wall_clock()) >= self.statement_ttl_s / 2)
-            if not due or last is None:
-                return
-            fresh = self._statement_for(LoadedRevision(
-                id=pointer.revision, schema_version=last.schema_version, body=b"",
-                created_at=self.wall_clock(), message=None,
-                body_sha256=pointer.body_sha256 or b"", sequence=pointer.sequence))
+                   or served.age_s(self.wall_clock()) >= self.cache_config.statement_ttl_s / 2)
+            if due and exported:
+                fresh = self._statement_for(serving.candidate, pointer.sequence)
             if fresh is None:
+                if pointer.sequence is not None and pointer.sequence != serving.sequence:
+                    self.state.serve(serving.restated(served, pointer.sequence))
                 return
-        elif served is not None and fresh.etag() == served.etag():
+        elif serving.statement is not None and fresh.etag() == serving.statement.etag():
             return
-        if last is not None:
+        restated = serving.restated(fresh, pointer.sequence)
+        if exported:
             with trio.CancelScope(shield=True):
-                await self.sinks.export(replace(last, statement=fresh))
-        self.state.restate(fresh)
+                await self.sinks.export(restated)
+        self.state.serve(restated)
 
     def _empty(self) -> Outcome:
         """Nothing is desired. While a snapshot serves, that is news: said once."""
         was = self.status.desired
-        self._learn_desired(None)
+        self.status.observed(None)
         if was is not None and self.state.snapshot is not None:
             log.warning("the control plane has no desired revision any more (the pointer was "
                         "deleted, or the database restored empty); the previous snapshot "
@@ -369,23 +296,32 @@ class ConvergenceLoop:
         if was != up:
             self.events.emit(StatusChanged(control_plane_up=up, revision=self.status.report()))
 
-    async def swap_in(self, snapshot: Snapshot, source: Source, took_s: float, *,
-                      body_sha256: bytes | None, statement: Statement | None = None,
-                      sequence: int | None = None) -> None:
-        """Serve ``snapshot`` (the one atomic swap), report it, write the snapshot file."""
-        self.state.swap(snapshot, source=source, body_sha256=body_sha256, statement=statement,
-                        sequence=sequence)
-        self.status.published(took_s)
-        # As /status tells it: a follower names its upstream in place of control_plane.
-        origin = self.state.origin or source
-        log.info("published", revision=snapshot.revision, generation=snapshot.generation,
-                 source=origin, took_s=round(took_s, 6))
-        self.events.emit(Published(revision=snapshot.revision, generation=snapshot.generation,
-                                   source=origin, took_s=took_s))
-        self._on_status(
-            f"serving revision {snapshot.revision} (generation {snapshot.generation}, {origin})"
-        )
-        await self.sinks.write_snapshot_file(snapshot)
+    async def swap_in(self, serving: Serving, took_s: float) -> None:
+        """Export the cache, swap, write the snapshot file: one step a shutdown cannot split.
+
+        The cache is written first: once swapped, every reader says the new
+        revision serves, so a stop between the swap and the export would leave
+        the cache behind what served. Shielded from cancellation (each write is
+        bounded by the disk, not the network): a SIGTERM anywhere in it takes
+        effect after it. A revision restored from the cache is not exported
+        again. A failed export never blocks serving (the sinks retry it).
+        """
+        with trio.CancelScope(shield=True):
+            if serving.source == "control_plane":
+                await self.sinks.export(serving)
+            self.state.serve(serving)
+            self.status.published(took_s)
+            # As /status tells it: a follower names its upstream in place of control_plane.
+            origin = self.state.origin or serving.source
+            snapshot = serving.snapshot
+            log.info("published", revision=snapshot.revision, generation=snapshot.generation,
+                     source=origin, took_s=round(took_s, 6))
+            self.events.emit(Published(revision=snapshot.revision,
+                                       generation=snapshot.generation, source=origin,
+                                       took_s=took_s))
+            self.report.on_status(f"serving revision {snapshot.revision} "
+                                  f"(generation {snapshot.generation}, {origin})")
+            await self.sinks.write_snapshot_file(serving)
 
     # -- reporting -------------------------------------------------------------
 
@@ -401,7 +337,7 @@ class ConvergenceLoop:
                                       active=self.status.active))
             self.memory.remember_refusal(exc, outcome)
         if outage and not self._failures.outage.ongoing:
-            self._on_outage_change(True)
+            self.report.on_outage_change(True)
         return outcome
 
     async def converge_once(self, trigger: str = "poll") -> Outcome:
@@ -433,7 +369,7 @@ class ConvergenceLoop:
         if outcome.failed:
             self._failures.report(outcome, self.retry_in_s)
         elif self._failures.succeeded(self.status.active):
-            self._on_outage_change(False)
+            self.report.on_outage_change(False)
         self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         log.debug("convergence attempt", trigger=trigger, outcome=outcome.kind.value,
                   revision=outcome.revision)
@@ -540,7 +476,7 @@ class ConvergenceLoop:
 
     def _serving_cache_instead(self, exc: LabelledError) -> bool:
         """``[cache].serve_when_desired_refused``: a refused desired revision boots the cache."""
-        if not self.serve_cache_on_refusal or self.sinks.cache is None:
+        if not self.cache_config.serve_when_desired_refused or self.sinks.cache is None:
             return False
         log.error("desired revision refused at boot; serving the last-known-good cache "
                   "([cache].serve_when_desired_refused)", reason=exc.reason,
@@ -594,9 +530,11 @@ class ConvergenceLoop:
                 f"refusing to boot: the last-known-good cache (revision {cached.revision}) "
                 f"does not compile ({exc.reason}): {cut(exc.detail)}",
             ) from exc
-        await self.swap_in(snapshot, "last_known_good", 0.0,
-                           body_sha256=cached.body_sha256,
-                           statement=cached.statement)
+        statement = cached.statement
+        candidate = Candidate(cached.revision, cached.body_sha256, cached.body,
+                              cached.schema_version,
+                              None if statement is None else statement.sequence, statement)
+        await self.swap_in(Serving(snapshot, candidate, "last_known_good", statement), 0.0)
         events.labels("restored").inc()
         self.status.attempt_finished()
         log.warning("serving the last-known-good cache", revision=cached.revision,

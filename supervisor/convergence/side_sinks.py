@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from supervisor import reasons
@@ -51,8 +50,9 @@ if TYPE_CHECKING:
     from supervisor.sinks.hook import ReloadHook
     from supervisor.sinks.lkg import LastKnownGood
     from supervisor.sinks.lkg.statement import Statement
+    from supervisor.sinks.state import Serving
 
-__all__ = ["Export", "SideSinks", "SinkStatus"]
+__all__ = ["SideSinks", "SinkStatus"]
 
 T = TypeVar("T")
 log = get_logger("convergence")
@@ -76,19 +76,6 @@ def _fingerprint(paths: tuple[str, ...]) -> Fingerprint | None:
         except OSError:
             return None
     return tuple(found)
-
-
-@dataclass(frozen=True)
-class Export:
-    """What the cache is due to hold (kept until a write succeeds)."""
-
-    revision: int
-    generation: int
-    schema_version: int
-    body: bytes
-    statement: Statement | None = None
-    #: The body's digest as the control plane's read verified it (b"": hash it).
-    body_sha256: bytes = b""
 
 
 class SinkStatus:
@@ -157,9 +144,9 @@ class SideSinks:
         self.status.configure("snapshot_file", snapshot_file is not None)
         # What each sink is due to hold until a write succeeds.
         self._file_due: Snapshot | None = None
-        self._cache_due: Export | None = None
+        self._cache_due: Serving | None = None
         # The last export that succeeded: re-written if the cache file vanishes or changes.
-        self._last_export: Export | None = None
+        self._last_export: Serving | None = None
         # What the last successful write of each left on disk (None: not written yet).
         self._file_print: Fingerprint | None = None
         self._cache_print: Fingerprint | None = None
@@ -178,17 +165,17 @@ class SideSinks:
             return now is None
         return now != written
 
-    async def rewrite(self, snapshot: Snapshot, export: Export) -> None:
+    async def rewrite(self, serving: Serving) -> None:
         """Write both sinks for what serves (a restart or a new epoch may have missed one)."""
-        self._file_due = snapshot
-        self._cache_due = export
-        await self.catch_up(snapshot)
+        self._file_due = serving.snapshot
+        self._cache_due = serving
+        await self.catch_up(serving)
 
-    async def catch_up(self, serving: Snapshot | None) -> None:
+    async def catch_up(self, serving: Serving | None) -> None:
         """Retry whatever write is still due, and re-write a sink file that vanished or changed."""
         if (serving is not None and self._file_due is None and self.snapshot_file is not None
                 and await self._changed((self.snapshot_file.path,), self._file_print)):
-            self._file_due = serving
+            self._file_due = serving.snapshot
         if (self.cache is not None and self._cache_due is None and self._last_export is not None
                 and await self._changed(self.cache.paths, self._cache_print)):
             # A removed or garbled mark must be written again, not assumed.
@@ -199,9 +186,9 @@ class SideSinks:
         if self._cache_due is not None:
             await self.export(self._cache_due)
 
-    async def write_snapshot_file(self, snapshot: Snapshot) -> None:
-        """The snapshot file now holds ``snapshot``, or is due to; then the hook is due."""
-        self._file_due = snapshot
+    async def write_snapshot_file(self, serving: Serving) -> None:
+        """The snapshot file now holds ``serving``, or is due to; then the hook is due."""
+        self._file_due = serving.snapshot
         await self._write_snapshot_file()
         if self.status.hook is not None:
             self.status.hook.swapped()
@@ -228,7 +215,7 @@ class SideSinks:
                            revision=snapshot.revision)
 
     @property
-    def last_export(self) -> Export | None:
+    def last_export(self) -> Serving | None:
         """What the cache holds or is due to hold (None: nothing exported yet)."""
         return self._cache_due or self._last_export
 
@@ -246,7 +233,7 @@ class SideSinks:
             log.warning("cannot keep the root's signed statement for this replica's "
                         "followers", path=path, error=str(exc))
 
-    async def export(self, export: Export) -> None:
+    async def export(self, export: Serving) -> None:
         """The cache now holds ``export``, or is due to (and holds nothing newer)."""
         await self._forward(export.statement)
         if self.cache is None:
@@ -257,9 +244,10 @@ class SideSinks:
         paths = self.cache.paths
 
         def run() -> Fingerprint | None:
-            cache.export(revision=export.revision, generation=export.generation,
-                         schema_version=export.schema_version, body=export.body,
-                         statement=export.statement, body_sha256=export.body_sha256)
+            candidate = export.candidate
+            cache.export(revision=candidate.id, generation=export.generation,
+                         schema_version=candidate.schema_version, body=candidate.body,
+                         statement=export.statement, body_sha256=candidate.body_sha256)
             # Taken after both writes; nothing else writes these files (a
             # change in this instant is missed, unlike the snapshot file's).
             return _fingerprint(paths)

@@ -1,85 +1,126 @@
-"""The in-memory active snapshot: what the admin API, local readers and the status serve.
+"""What serves: the candidate a source hands the loop, the serving record, and its one holder.
 
-Swapping is one attribute assignment: a reader that took :attr:`ActiveState.snapshot`
-keeps the object it holds (snapshots are immutable), and every reader after the
-swap sees the new one. Nothing here can half-apply.
-
-This is the one place the serving revision is kept: its snapshot, where it came
-from, its body digest, and the signed statement and sequence it serves under.
-The convergence status and memory read it; they keep no copy. Where it came
-from is told as :attr:`ActiveState.origin` everywhere (``/status``, the
-stream's events, the STATUS= line, the log): in follower mode the upstream's
-address in place of ``control_plane``.
+A :class:`Candidate` becomes a :class:`Serving` once compiled; :class:`ActiveState`
+holds the serving record and swaps it by one assignment. Admin, status and
+sinks read it; nobody keeps a copy.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot
     from supervisor.sinks.lkg.statement import Statement
 
-__all__ = ["ActiveState", "Source"]
+__all__ = ["ActiveState", "Candidate", "Serving", "Source"]
 
 Source = Literal["control_plane", "last_known_good"]
 
 
-class ActiveState:
-    """The serving snapshot, its source, and the SHA-256 of the body it was compiled from.
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A complete revision as its source read it, its body verified against its digest.
 
-    The digest is the snapshot's identity next to its revision id: after a
-    restore an id can come back with another body, and "already converged"
-    must mean same id *and* same content.
+    A revision is its content: after a restore from a backup an id may come
+    back with another body, so "the same revision" means the same ``id`` and
+    the same ``body_sha256`` (computed once, where the revision is read).
+    ``sequence`` counts the root's changes of the desired pointer (None: not
+    read). ``statement`` is the root's signed statement a follower received
+    (its bytes passed on unchanged); None from a database.
+    """
+
+    id: int
+    body_sha256: bytes
+    body: bytes = field(repr=False)
+    schema_version: int
+    sequence: int | None = None
+    statement: Statement | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """A compiled candidate as it serves: handed whole to every sink.
+
+    ``statement`` is what it serves under: the root's own (signed here), the
+    root's passed on by a follower, or None (nothing to sign with).
+    """
+
+    snapshot: Snapshot
+    candidate: Candidate
+    source: Source = "control_plane"
+    statement: Statement | None = None
+
+    @property
+    def revision(self) -> int:
+        return self.snapshot.revision
+
+    @property
+    def generation(self) -> int:
+        return self.snapshot.generation
+
+    @property
+    def sequence(self) -> int | None:
+        """The root's sequence it serves under: the statement's, else the candidate's."""
+        return self.candidate.sequence if self.statement is None else self.statement.sequence
+
+    def restated(self, statement: Statement | None, sequence: int | None) -> Serving:
+        """The same snapshot under a fresher ``statement`` or a new ``sequence``."""
+        candidate = self.candidate
+        if sequence is not None and sequence != candidate.sequence:
+            candidate = replace(candidate, sequence=sequence)
+        return replace(self, candidate=candidate, statement=statement)
+
+
+class ActiveState:
+    """The one holder of what serves; :meth:`serve` swaps it by one assignment.
+
+    A reader that took :attr:`snapshot` keeps the object it holds (snapshots
+    are immutable); every reader after the swap sees the new one.
     """
 
     def __init__(self, upstream: str | None = None) -> None:
         #: Follower mode: the upstream replica's address (``[control_plane].url``); None
         #: on a replica that reads a database.
         self.upstream = upstream
-        self._snapshot: Snapshot | None = None
-        #: Where the serving snapshot came from (None: nothing serving).
-        self.source: Source | None = None
-        self.body_sha256: bytes | None = None
-        #: The signed statement serving with it (None: none signed, a version 1
-        #: cache): what ``GET /v1/revision`` serves and derives its ETag from.
-        #: Replaced without a swap when the root re-signs the same revision.
-        self.statement: Statement | None = None
-        #: The root's desired-state sequence of what serves (None: unknown).
-        self.sequence: int | None = None
+        self.serving: Serving | None = None
+
+    def serve(self, serving: Serving) -> None:
+        """Serve ``serving`` from now on (the one atomic swap)."""
+        self.serving = serving
 
     @property
     def snapshot(self) -> Snapshot | None:
-        return self._snapshot
+        return None if self.serving is None else self.serving.snapshot
+
+    @property
+    def source(self) -> Source | None:
+        return None if self.serving is None else self.serving.source
+
+    @property
+    def body_sha256(self) -> bytes | None:
+        return None if self.serving is None else self.serving.candidate.body_sha256
+
+    @property
+    def statement(self) -> Statement | None:
+        """What ``GET /v1/revision`` serves and derives its ETag from (None: unsigned)."""
+        return None if self.serving is None else self.serving.statement
+
+    @property
+    def sequence(self) -> int | None:
+        return None if self.serving is None else self.serving.sequence
 
     @property
     def origin(self) -> str | None:
-        """Where what serves came from, as reported: :attr:`source`, but a follower names
-        its upstream's address for what the upstream sent (``last_known_good`` and None
-        as they are)."""
+        """Where what serves came from, as ``/status``, events and logs tell it.
+
+        A follower names its upstream's address in place of ``control_plane``.
+        """
         if self.upstream is not None and self.source == "control_plane":
             return self.upstream
         return self.source
 
     @property
     def generation(self) -> int:
-        return 0 if self._snapshot is None else self._snapshot.generation
-
-    def swap(self, snapshot: Snapshot, *, source: Source = "control_plane",
-             body_sha256: bytes | None = None, statement: Statement | None = None,
-             sequence: int | None = None) -> None:
-        """Serve ``snapshot`` from now on (the one atomic swap).
-
-        ``sequence`` counts when there is no statement (which names its own).
-        """
-        self._snapshot = snapshot
-        self.source = source
-        self.body_sha256 = body_sha256
-        self.statement = statement
-        self.sequence = statement.sequence if statement is not None else sequence
-
-    def restate(self, statement: Statement | None) -> None:
-        """The same snapshot serves under ``statement`` (re-signed, or a fresher one passed on)."""
-        self.statement = statement
-        if statement is not None:
-            self.sequence = statement.sequence
+        return 0 if self.serving is None else self.serving.generation

@@ -13,7 +13,8 @@ import trio
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, Incompatible
 from supervisor.controlplane.migrations import Migrated
 from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
-from supervisor.controlplane.store import ControlPlaneStore, LoadedRevision, RevisionPointer
+from supervisor.controlplane.store import LoadedRevision, RevisionAdmin, RevisionPointer
+from supervisor.sinks.state import Candidate
 
 __all__ = ["FakeStore"]
 
@@ -23,7 +24,7 @@ SCHEMA_VERSION = 2
 
 @dataclass
 class FakeStore:
-    """In-memory ControlPlaneStore; ``outage`` makes every call fail as unavailable.
+    """In-memory RevisionAdmin; ``outage`` makes every call fail as unavailable.
 
     Every method of the Protocol is here (``tests/unit/test_fakes_conform.py``
     holds it to the Protocol with mypy). ``put`` publishes without an await, for
@@ -80,7 +81,7 @@ class FakeStore:
                                None if body is None else hashlib.sha256(body).digest(),
                                self.identity)
 
-    async def hydrate(self) -> LoadedRevision | None:
+    async def hydrate(self) -> Candidate | None:
         self._check("hydrate")
         if self.desired_id is None:
             return None
@@ -91,7 +92,7 @@ class FakeStore:
         loaded = self._loaded(rid)
         if loaded.schema_version > 1:
             raise Incompatible(rid, loaded.schema_version, 1)
-        return loaded
+        return Candidate(loaded.id, loaded.body_sha256, loaded.body, loaded.schema_version)
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
         return self.put(body, message)
@@ -150,4 +151,4 @@ def _not_found(revision: int) -> ControlPlaneError:
 
 if TYPE_CHECKING:
     # mypy holds the fake to the whole Protocol (tests/unit/test_fakes_conform.py runs it).
-    _conforms: type[ControlPlaneStore] = FakeStore
+    _conforms: type[RevisionAdmin] = FakeStore

@@ -16,7 +16,7 @@ from supervisor.admin.errors import AdminBindError, AdminError
 from supervisor.admin.server import serve_admin
 from supervisor.errors import ConfigError, StartError
 from tests.adminserver import make_ctx, owned_ws, running_admin
-from tests.fakes.snapshot import FakeSnapshot
+from tests.fakes.snapshot import FakeSnapshot, serve
 
 TOKEN = "tok-123"
 
@@ -68,7 +68,7 @@ async def test_readyz_turns_ready_on_publish() -> None:
             r = await http.get("/readyz")
             assert r.status_code == 503
             assert "unavailable: connection refused" in r.json()["reason"]
-            ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+            serve(ctx.state, FakeSnapshot(7, 3))
             r = await http.get("/readyz")
             assert (r.status_code, r.json()) == (200, {"ready": True, "revision": 7,
                                                        "generation": 3})
@@ -77,7 +77,7 @@ async def test_readyz_turns_ready_on_publish() -> None:
 async def test_snapshot_etag_and_304() -> None:
     with trio.fail_after(10):
         ctx = make_ctx()
-        ctx.state.swap(FakeSnapshot(7, 3, keys={"team-a": {"sha256": "ab"}}))  # type: ignore[arg-type]
+        serve(ctx.state, FakeSnapshot(7, 3, keys={"team-a": {"sha256": "ab"}}))
         async with running_admin(ctx) as srv, httpx.AsyncClient(base_url=srv.base) as http:
             r = await http.get("/v1/snapshot")
             assert r.status_code == 200
@@ -89,7 +89,7 @@ async def test_snapshot_etag_and_304() -> None:
                 assert r.status_code == 304, header
                 assert r.content == b""
                 assert r.headers["etag"] == '"7-3"'
-            ctx.state.swap(FakeSnapshot(7, 4))  # type: ignore[arg-type]
+            serve(ctx.state, FakeSnapshot(7, 4))
             r = await http.get("/v1/snapshot", headers={"if-none-match": '"7-3"'})
             assert r.status_code == 200
             assert r.headers["etag"] == '"7-4"'
@@ -244,7 +244,7 @@ async def test_real_snapshot_is_served() -> None:
             aliases={"chat": document.AliasSpec(upstream="https://llm.internal:8443/v1")},
             keys={"team-a": snapshot_mod.KeyEntry("ab" * 32, ("chat",))},
         )
-        ctx.state.swap(snapshot)
+        serve(ctx.state, snapshot)
         async with running_admin(ctx) as srv, httpx.AsyncClient(base_url=srv.base) as http:
             r = await http.get("/v1/snapshot")
             assert r.status_code == 200

@@ -19,7 +19,7 @@ from supervisor.admin.limits import derive
 from supervisor.commands.waiting import wait_for_revision
 from supervisor.tlsconfig import server_context
 from tests.adminserver import make_ctx, published, running_admin
-from tests.fakes.snapshot import FakeSnapshot
+from tests.fakes.snapshot import FakeSnapshot, serve
 from tests.floods import until_closed
 
 trustme = pytest.importorskip("trustme")
@@ -82,7 +82,7 @@ async def test_status_watch_and_publish_wait_name_a_certificate_from_an_untruste
     refused = "TLS: CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate"
     with trio.fail_after(30):
         ctx = make_ctx()
-        ctx.state.swap(FakeSnapshot(1, 1))  # type: ignore[arg-type]
+        serve(ctx.state, FakeSnapshot(1, 1))
         async with running_admin(ctx, tls=lambda: server) as srv:
             base = f"https://127.0.0.1:{srv.port}"
             with pytest.raises(AdminUnreachable) as status:

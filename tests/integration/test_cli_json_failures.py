@@ -13,7 +13,7 @@ from supervisor.admin.context import AdminContext
 from supervisor.reasons import REVISION_REASONS
 from supervisor.status_doc import Rejection
 from tests.adminserver import make_ctx, running_admin
-from tests.fakes.snapshot import FakeSnapshot
+from tests.fakes.snapshot import FakeSnapshot, serve
 from tests.proc import EXAMPLE, acli, free_port, write_config
 
 
@@ -81,7 +81,7 @@ async def test_each_of_several_unreachable_replicas_is_the_failure_document() ->
 def _replica_refusing_no_revision() -> AdminContext:
     """A replica serving revision 1, desired 2, whose last refusal named no revision."""
     ctx = make_ctx()
-    ctx.state.swap(FakeSnapshot(1, 1))  # type: ignore[arg-type]
+    serve(ctx.state, FakeSnapshot(1, 1))
     ctx.revision.desired = 2
     ctx.revision.consecutive_failures = 1
     ctx.revision.last_rejection = Rejection(revision=None, reason="stale", detail="expired",

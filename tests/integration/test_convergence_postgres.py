@@ -11,16 +11,13 @@ import trio
 
 from supervisor import reasons
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.factory import open_admin
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
-from supervisor.convergence.signal import ChangeSignal
-from supervisor.convergence.status import RevisionStatus
-from supervisor.events import EventBus, Published
+from supervisor.events import Published
 from supervisor.revision.document import SCHEMA_VERSION
 from supervisor.revision.secrets import EnvFileResolver
-from supervisor.sinks.state import ActiveState
-from supervisor.telemetry import Metrics
+from tests.convergence import make
 
 
 def body(*aliases: str, **extra: Any) -> bytes:
@@ -32,20 +29,16 @@ def body(*aliases: str, **extra: Any) -> bytes:
 
 def reconciler(url: str, **cp: Any) -> ConvergenceLoop:
     config = ControlPlaneConfig(url=url, **cp)
-    return ConvergenceLoop(
-        open_store(config, max_schema_version=SCHEMA_VERSION, statement_timeout_s=30),
-        status=RevisionStatus(ActiveState()), metrics=Metrics(process=False),
-        events=EventBus(), signal=ChangeSignal(),
-        poll_interval_s=config.poll_interval_s, backoff_initial_s=config.backoff_initial_s,
-        backoff_max_s=config.backoff_max_s,
-        resolver=EnvFileResolver({"TEAM_A_KEY": "s3cret"}),
-    )
+    return make(open_admin(config, max_schema_version=SCHEMA_VERSION, statement_timeout_s=30),
+                poll_interval_s=config.poll_interval_s,
+                backoff_initial_s=config.backoff_initial_s, backoff_max_s=config.backoff_max_s,
+                resolver=EnvFileResolver({"TEAM_A_KEY": "s3cret"}))
 
 
 async def test_missed_notification_polling_publishes_within_one_interval(pg_url: str) -> None:
     rec = reconciler(pg_url, poll_interval_s=0.5, listen=False)
-    await rec.store.migrate()
-    await rec.store.publish(body("a"), 1, "first")
+    await rec.source.migrate()
+    await rec.source.publish(body("a"), 1, "first")
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(rec.run)
@@ -69,7 +62,7 @@ async def test_missed_notification_polling_publishes_within_one_interval(pg_url:
                         break
                 assert trio.current_time() - committed <= 0.5 + 0.5  # one interval + slack
             nursery.cancel_scope.cancel()
-    await rec.store.aclose()
+    await rec.source.aclose()
 
 
 @pytest.mark.parametrize(
@@ -81,8 +74,8 @@ async def test_missed_notification_polling_publishes_within_one_interval(pg_url:
 )
 async def test_store_faults_reach_status_and_keep_nothing(pg_url: str, sql: str, reason: str) -> None:
     rec = reconciler(pg_url)
-    await rec.store.migrate()
-    await rec.store.publish(body("a"), 1, None)
+    await rec.source.migrate()
+    await rec.source.publish(body("a"), 1, None)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(sql)
     with trio.fail_after(20):
@@ -90,27 +83,27 @@ async def test_store_faults_reach_status_and_keep_nothing(pg_url: str, sql: str,
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reason
     assert rec.state.snapshot is None
     assert rec.status.report().last_rejection.reason == reason
-    await rec.store.aclose()
+    await rec.source.aclose()
 
 
 async def test_rejected_revision_keeps_previous_then_good_one_publishes(pg_url: str) -> None:
     rec = reconciler(pg_url)
-    await rec.store.migrate()
+    await rec.source.migrate()
     with trio.fail_after(20):
-        await rec.store.publish(body("a"), 1, None)
+        await rec.source.publish(body("a"), 1, None)
         assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
         serving = rec.state.snapshot
-        bad = await rec.store.publish(
+        bad = await rec.source.publish(
             body("a", keys={"team-a": {"secret": "env:TEAM_A_KEY", "aliases": ["zzz"]}}), 1, None)
         outcome = await rec.converge_once()
         assert outcome.reason == reasons.PROJECTION and outcome.revision == bad
         assert rec.state.snapshot is serving
-        missing = await rec.store.publish(
+        missing = await rec.source.publish(
             body("a", keys={"team-a": {"secret": "env:NOT_SET_ANYWHERE", "aliases": ["a"]}}), 1,
             None)
         outcome = await rec.converge_once()
         assert outcome.reason == reasons.SECRET and outcome.revision == missing
-        good = await rec.store.publish(
+        good = await rec.source.publish(
             body("a", keys={"team-a": {"secret": "env:TEAM_A_KEY", "aliases": ["a"]}}), 1, None)
         outcome = await rec.converge_once()
         assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == good
@@ -118,13 +111,13 @@ async def test_rejected_revision_keeps_previous_then_good_one_publishes(pg_url: 
     assert snap is not None
     assert b"s3cret" not in snap.to_json()
     assert rec.status.report().consecutive_failures == 0
-    await rec.store.aclose()
+    await rec.source.aclose()
 
 
 async def test_cancelling_during_a_hung_hydration_is_prompt(pg_url: str) -> None:
     rec = reconciler(pg_url)
-    await rec.store.migrate()
-    await rec.store.publish(body("a"), 1, None)
+    await rec.source.migrate()
+    await rec.source.publish(body("a"), 1, None)
     with psycopg.connect(pg_url) as locker:
         locker.execute("LOCK TABLE supervisor_revisions IN ACCESS EXCLUSIVE MODE")
         with trio.fail_after(10):
@@ -141,4 +134,4 @@ async def test_cancelling_during_a_hung_hydration_is_prompt(pg_url: str) -> None
         outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.PUBLISHED
     assert cancelled_at > 0
-    await rec.store.aclose()
+    await rec.source.aclose()

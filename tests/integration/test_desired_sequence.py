@@ -23,7 +23,7 @@ import trio
 
 from supervisor.controlplane import migrations
 from supervisor.controlplane.errors import ControlPlaneError
-from supervisor.controlplane.store import ControlPlaneStore
+from supervisor.controlplane.store import RevisionAdmin
 from tests.proc import EXAMPLE, cli, write_config
 from tests.stores import doc, make_store, waits_on_the_desired_row
 
@@ -35,7 +35,7 @@ def url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def store(url: str) -> AsyncIterator[ControlPlaneStore]:
+async def store(url: str) -> AsyncIterator[RevisionAdmin]:
     s = make_store(url, max_revision_bytes=4096)
     await s.migrate()
     try:
@@ -53,7 +53,7 @@ def _sql(url: str, statement: str) -> None:
             pg.execute(statement.encode())
 
 
-async def _sequence(store: ControlPlaneStore) -> int | None:
+async def _sequence(store: RevisionAdmin) -> int | None:
     pointer = await store.observe()
     assert pointer is not None
     loaded = await store.hydrate()
@@ -62,7 +62,7 @@ async def _sequence(store: ControlPlaneStore) -> int | None:
 
 
 async def test_publish_and_rollback_each_raise_the_sequence_by_one(
-        store: ControlPlaneStore) -> None:
+        store: RevisionAdmin) -> None:
     with trio.fail_after(30):
         first = await store.publish(doc(n=1), 1, "first")
         assert await _sequence(store) == 1
@@ -75,7 +75,7 @@ async def test_publish_and_rollback_each_raise_the_sequence_by_one(
 
 
 async def test_the_change_record_says_who_and_why_newest_first(
-        store: ControlPlaneStore, url: str) -> None:
+        store: RevisionAdmin, url: str) -> None:
     with trio.fail_after(30):
         first = await store.publish(doc(n=1), 1, "first")
         second = await store.publish(doc(n=2), 1, None)
@@ -90,7 +90,7 @@ async def test_the_change_record_says_who_and_why_newest_first(
 
 
 async def test_the_rollback_commands_message_is_recorded_with_the_change(
-        store: ControlPlaneStore, url: str, tmp_path: Path) -> None:
+        store: RevisionAdmin, url: str, tmp_path: Path) -> None:
     config = str(write_config(tmp_path, url))
     for _ in range(2):
         cli("publish", "--config", config, "--force", "--message", "a deploy", str(EXAMPLE))
@@ -102,7 +102,7 @@ async def test_the_rollback_commands_message_is_recorded_with_the_change(
 
 
 async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
-        store: ControlPlaneStore, url: str) -> None:
+        store: RevisionAdmin, url: str) -> None:
     with trio.fail_after(30):
         first = await store.publish(doc(n=1), 1, None)
         await store.publish(doc(n=2), 1, None)
@@ -121,7 +121,7 @@ async def test_plain_sql_changes_are_counted_and_cannot_lower_the_sequence(
 
 
 async def test_a_plain_sql_writer_choosing_the_sequence_is_overruled_and_recorded(
-        store: ControlPlaneStore, url: str) -> None:
+        store: RevisionAdmin, url: str) -> None:
     with trio.fail_after(30):
         first = await store.publish(doc(n=1), 1, None)
         second = await store.publish(doc(n=2), 1, None)
@@ -290,7 +290,7 @@ async def test_a_version_1_database_is_upgraded_in_place(url: str) -> None:
 
 
 async def test_the_log_takes_rows_only_from_the_trigger_and_sequences_stay_below_2_62(
-        store: ControlPlaneStore, url: str) -> None:
+        store: RevisionAdmin, url: str) -> None:
     """A writer's own row in the change record, one at 2^63-2 above all, is refused: it
     would move the next publish to 2^63-1 and every later one out of range."""
     with trio.fail_after(30):
@@ -306,7 +306,7 @@ async def test_the_log_takes_rows_only_from_the_trigger_and_sequences_stay_below
         assert [c.sequence for c in await store.changes(None)] == [2, 1]
 
 
-async def test_a_sequence_above_2_62_is_refused(store: ControlPlaneStore, url: str) -> None:
+async def test_a_sequence_above_2_62_is_refused(store: RevisionAdmin, url: str) -> None:
     """Even where the record was made to reach 2^62 (by the schema's owner, triggers off),
     the next change is refused rather than taken."""
     with trio.fail_after(30):
@@ -325,7 +325,7 @@ async def test_a_sequence_above_2_62_is_refused(store: ControlPlaneStore, url: s
 
 
 async def test_old_changes_may_be_deleted_the_newest_stays_and_publishing_goes_on(
-        store: ControlPlaneStore, url: str) -> None:
+        store: RevisionAdmin, url: str) -> None:
     """The record grows at every change and pruning keeps it, so an operator deletes its
     old rows. The newest holds the sequence the next change follows by +1: deleting it
     (or all, or TRUNCATE) is refused, else every later publish would fail the guard."""

@@ -19,8 +19,8 @@ import pytest
 import trio
 
 from supervisor.config import ControlPlaneConfig
-from supervisor.controlplane.factory import open_store
-from supervisor.controlplane.store import ControlPlaneStore
+from supervisor.controlplane.factory import open_admin
+from supervisor.controlplane.store import RevisionAdmin
 from supervisor.revision.document import SCHEMA_VERSION
 from tests.pgfleet import pgbouncer
 from tests.pgserver import Server
@@ -51,8 +51,8 @@ async def test_two_stores_share_one_server_session_without_leaking_state(
     pg_url: str, bouncer_port: int
 ) -> None:
     url = through(bouncer_port, pg_url)
-    stores: list[ControlPlaneStore] = [
-        open_store(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
+    stores: list[RevisionAdmin] = [
+        open_admin(ControlPlaneConfig(url=url), max_schema_version=SCHEMA_VERSION)
         for _ in range(2)
     ]
     with trio.fail_after(60):

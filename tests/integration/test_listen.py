@@ -16,7 +16,7 @@ import trio.testing
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane import listen
-from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.factory import open_admin
 from supervisor.controlplane.listen import run_listener
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.telemetry import Metrics
@@ -47,13 +47,13 @@ async def sql(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]
 
 
 async def migrated(url: str) -> None:
-    store = open_store(ControlPlaneConfig(url=url), max_schema_version=1)
+    store = open_admin(ControlPlaneConfig(url=url), max_schema_version=1)
     await store.migrate()
     await store.aclose()
 
 
 async def publish(url: str, body: bytes) -> int:
-    store = open_store(ControlPlaneConfig(url=url), max_schema_version=1)
+    store = open_admin(ControlPlaneConfig(url=url), max_schema_version=1)
     try:
         return await store.publish(body, 1, None)
     finally:

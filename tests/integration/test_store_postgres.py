@@ -23,7 +23,7 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.controlplane.postgres import PostgresStore
-from supervisor.controlplane.store import ControlPlaneStore
+from supervisor.controlplane.store import RevisionAdmin
 from tests.pgserver import Server
 from tests.stores import doc, make_store
 
@@ -58,7 +58,7 @@ def plain_sql_publish(conn: psycopg.Connection[Any], body: bytes, schema_version
 
 
 @pytest.fixture
-async def store(pg_url: str) -> AsyncIterator[ControlPlaneStore]:
+async def store(pg_url: str) -> AsyncIterator[RevisionAdmin]:
     s = make_store(pg_url)
     with trio.fail_after(15):
         await s.migrate()
@@ -139,35 +139,34 @@ async def test_unmigrated_database_is_invalid_and_says_to_migrate(pg_url: str) -
 # -- round trip ------------------------------------------------------------------
 
 
-async def test_nothing_published_yet(store: ControlPlaneStore) -> None:
+async def test_nothing_published_yet(store: RevisionAdmin) -> None:
     with trio.fail_after(10):
         assert await store.desired() is None
         assert await store.hydrate() is None
 
 
-async def test_publish_desired_hydrate_round_trip(store: ControlPlaneStore) -> None:
+async def test_publish_desired_hydrate_round_trip(store: RevisionAdmin) -> None:
     body = doc(note="é ünïcode")
     with trio.fail_after(10):
         first = await store.publish(body, 1, "first")
         assert await store.desired() == first
         loaded = await store.hydrate()
         assert loaded is not None
-        assert (loaded.id, loaded.schema_version, loaded.body, loaded.message) == (
-            first, 1, body, "first",
-        )
-        assert isinstance(loaded.created_at, datetime)
-        assert loaded.created_at.tzinfo is not None
+        assert (loaded.id, loaded.schema_version, loaded.body) == (first, 1, body)
+        assert (await store.revision(first)).message == "first"
+        created_at = (await store.revision(first)).created_at
+        assert isinstance(created_at, datetime) and created_at.tzinfo is not None
 
         second = await store.publish(doc(n=2), 1, None)
         assert second > first
         assert await store.desired() == second
         loaded = await store.hydrate()
         assert loaded is not None
-        assert (loaded.id, loaded.message) == (second, None)
+        assert loaded.id == second and (await store.revision(second)).message is None
 
 
 async def test_publish_stores_the_digest_and_one_desired_row(
-    store: ControlPlaneStore, pg_url: str
+    store: RevisionAdmin, pg_url: str
 ) -> None:
     body = doc()
     with trio.fail_after(10):
@@ -180,7 +179,7 @@ async def test_publish_stores_the_digest_and_one_desired_row(
         assert await sql(pg_url, "SELECT count(*) FROM supervisor_desired") == [(1,)]
 
 
-async def test_concurrent_calls_share_one_connection(store: ControlPlaneStore) -> None:
+async def test_concurrent_calls_share_one_connection(store: RevisionAdmin) -> None:
     with trio.fail_after(20):
         rid = await store.publish(doc(), 1, None)
         results: list[int | None] = []
@@ -232,7 +231,7 @@ TERMINATE_STORE = (
 
 
 async def test_connection_terminated_while_idle_is_replaced_within_the_call(
-    store: ControlPlaneStore, pg_url: str
+    store: RevisionAdmin, pg_url: str
 ) -> None:
     with trio.fail_after(20):
         rid = await store.publish(doc(), 1, None)
@@ -241,7 +240,7 @@ async def test_connection_terminated_while_idle_is_replaced_within_the_call(
 
 
 async def test_lost_connection_that_cannot_be_replaced_is_unavailable_then_reconnects(
-    store: ControlPlaneStore, pg_url: str, pg_server: Server
+    store: RevisionAdmin, pg_url: str, pg_server: Server
 ) -> None:
     dbname = pg_url.rpartition("/")[2]
     with trio.fail_after(20):
@@ -257,7 +256,7 @@ async def test_lost_connection_that_cannot_be_replaced_is_unavailable_then_recon
         assert await store.desired() == rid
 
 
-async def test_missing_privilege_is_denied(store: ControlPlaneStore, pg_url: str,
+async def test_missing_privilege_is_denied(store: RevisionAdmin, pg_url: str,
                                            pg_server: Server) -> None:
     role = f"tsup_noread_{uuid.uuid4().hex[:8]}"
     await sql(pg_server.dsn, f'CREATE ROLE "{role}" LOGIN')
@@ -281,7 +280,7 @@ async def test_missing_privilege_is_denied(store: ControlPlaneStore, pg_url: str
 
 
 async def test_a_role_that_may_read_only_the_pointer_and_the_revisions_reads(
-        store: ControlPlaneStore, pg_url: str, pg_server: Server) -> None:
+        store: RevisionAdmin, pg_url: str, pg_server: Server) -> None:
     """What a replica reads is all a replica's role needs: the look at the schema's
     version (a newer build's schema is refused) is skipped where the role may not read
     the migrations table, rather than refusing every read."""
@@ -308,7 +307,7 @@ async def test_a_role_that_may_read_only_the_pointer_and_the_revisions_reads(
         await sql(pg_server.dsn, f'DROP ROLE "{role}"')
 
 
-async def test_digest_mismatch_is_corrupt(store: ControlPlaneStore, pg_url: str) -> None:
+async def test_digest_mismatch_is_corrupt(store: RevisionAdmin, pg_url: str) -> None:
     with trio.fail_after(10):
         rid = await store.publish(doc(), 1, None)
         await sql(pg_url, "UPDATE supervisor_revisions SET body = %s", (doc(tampered=True),))
@@ -323,7 +322,7 @@ async def test_digest_mismatch_is_corrupt(store: ControlPlaneStore, pg_url: str)
 
 
 async def test_newer_schema_version_is_incompatible(
-    store: ControlPlaneStore, pg_url: str
+    store: RevisionAdmin, pg_url: str
 ) -> None:
     def publish_v2() -> int:
         with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -379,7 +378,7 @@ async def test_too_large_is_checked_before_incompatible(pg_url: str) -> None:
 
 
 async def test_publish_refuses_a_schema_version_this_build_cannot_read(
-    store: ControlPlaneStore,
+    store: RevisionAdmin,
 ) -> None:
     with trio.fail_after(10):
         with pytest.raises(Incompatible):
@@ -391,7 +390,7 @@ async def test_publish_refuses_a_schema_version_this_build_cannot_read(
 
 
 async def test_desired_pointing_at_a_missing_revision_is_not_found(
-    store: ControlPlaneStore, pg_url: str
+    store: RevisionAdmin, pg_url: str
 ) -> None:
     def point_at_nothing() -> None:
         with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
@@ -410,7 +409,7 @@ async def test_desired_pointing_at_a_missing_revision_is_not_found(
     )
 
 
-async def test_statement_timeout_is_unavailable(store: ControlPlaneStore, pg_url: str) -> None:
+async def test_statement_timeout_is_unavailable(store: RevisionAdmin, pg_url: str) -> None:
     s = make_store(pg_url, statement_timeout_s=0.3)
     async with hold_lock(pg_url):
         with trio.fail_after(5):
@@ -456,7 +455,7 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], interval: float =
 
 
 async def test_cancelling_a_hung_query_is_prompt_and_the_store_recovers(
-    store: ControlPlaneStore, pg_url: str
+    store: RevisionAdmin, pg_url: str
 ) -> None:
     rid = await store.publish(doc(), 1, None)
 
@@ -507,7 +506,7 @@ async def test_closed_store_refuses_calls(pg_url: str) -> None:
 
 
 async def test_plain_sql_publish_fires_notify_with_the_revision_id(
-    store: ControlPlaneStore, pg_url: str
+    store: RevisionAdmin, pg_url: str
 ) -> None:
     listener = await trio.to_thread.run_sync(
         lambda: psycopg.connect(pg_url, autocommit=True)
@@ -536,5 +535,5 @@ async def test_plain_sql_publish_fires_notify_with_the_revision_id(
         listener.close()
 
 
-async def test_store_is_a_postgres_store(store: ControlPlaneStore) -> None:
+async def test_store_is_a_postgres_store(store: RevisionAdmin) -> None:
     assert isinstance(store, PostgresStore)

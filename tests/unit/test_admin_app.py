@@ -13,7 +13,7 @@ from supervisor.admin.responses import etag_matches
 from supervisor.admin.stream import StreamHub
 from supervisor.status_doc import ChildReport
 from tests.adminserver import call, make_ctx
-from tests.fakes.snapshot import FakeSnapshot
+from tests.fakes.snapshot import FakeSnapshot, serve
 
 TOKEN = "s3cr3t-token"
 
@@ -43,7 +43,7 @@ async def test_readyz_without_snapshot_then_with() -> None:
     assert status == 503
     assert "unavailable: connection refused" in doc["reason"]
     assert doc["consecutive_failures"] == 1
-    ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+    serve(ctx.state, FakeSnapshot(7, 3))
     status, _, body = await call(app, "GET", "/readyz")
     assert status == 200
     assert msgspec.json.decode(body) == {"ready": True, "revision": 7, "generation": 3}
@@ -93,7 +93,7 @@ async def test_snapshot_503_then_body_and_etag() -> None:
     status, _, body = await call(app, "GET", "/v1/snapshot")
     assert status == 503
     assert msgspec.json.decode(body)["error"] == "no_snapshot"
-    ctx.state.swap(FakeSnapshot(7, 3, aliases={"chat": {}}))  # type: ignore[arg-type]
+    serve(ctx.state, FakeSnapshot(7, 3, aliases={"chat": {}}))
     status, headers, body = await call(app, "GET", "/v1/snapshot")
     assert status == 200
     assert headers[b"etag"] == b'"7-3"'
@@ -118,7 +118,7 @@ async def test_snapshot_503_then_body_and_etag() -> None:
 )
 async def test_snapshot_if_none_match(if_none_match: bytes, expected: int) -> None:
     ctx = make_ctx()
-    ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+    serve(ctx.state, FakeSnapshot(7, 3))
     status, headers, body = await call(
         AdminApp(ctx), "GET", "/v1/snapshot", [(b"if-none-match", if_none_match)]
     )
@@ -131,7 +131,7 @@ async def test_snapshot_if_none_match(if_none_match: bytes, expected: int) -> No
 
 async def test_if_none_match_split_across_headers() -> None:
     ctx = make_ctx()
-    ctx.state.swap(FakeSnapshot(7, 3))  # type: ignore[arg-type]
+    serve(ctx.state, FakeSnapshot(7, 3))
     status, _, _ = await call(
         AdminApp(ctx), "GET", "/v1/snapshot",
         [(b"if-none-match", b'"1-1"'), (b"if-none-match", b'"7-3"')],
@@ -311,10 +311,10 @@ async def test_snapshot_body_encoded_once_per_snapshot() -> None:
 
     ctx = make_ctx()
     app = AdminApp(ctx)
-    ctx.state.swap(Counting(1, 1))  # type: ignore[arg-type]
+    serve(ctx.state, Counting(1, 1))
     for _ in range(3):
         assert (await call(app, "GET", "/v1/snapshot"))[0] == 200
-    ctx.state.swap(Counting(2, 2))  # type: ignore[arg-type]
+    serve(ctx.state, Counting(2, 2))
     status, headers, body = await call(app, "GET", "/v1/snapshot")
     assert (status, headers[b"etag"]) == (200, b'"2-2"')
     assert msgspec.json.decode(body)["revision"] == 2

@@ -13,9 +13,10 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer
+from supervisor.sinks.state import Candidate
 from tests.convergence import doc, make
 from tests.fakes.store import FakeStore
 
@@ -36,7 +37,7 @@ class SlowStore(FakeStore):
         finally:
             self.in_flight -= 1
 
-    async def hydrate(self) -> LoadedRevision | None:
+    async def hydrate(self) -> Candidate | None:
         loaded = await super().hydrate()
         await trio.sleep(self.delay_s)
         return loaded

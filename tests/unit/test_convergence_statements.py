@@ -24,12 +24,12 @@ import pytest
 import structlog
 import trio
 
-from supervisor.controlplane.store import LoadedRevision, RevisionPointer
+from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence import side_sinks
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.status import RevisionStatus
 from supervisor.sinks.lkg import LastKnownGood, Statement
-from supervisor.sinks.state import ActiveState
+from supervisor.sinks.state import ActiveState, Candidate
 from tests.convergence import doc, events_of, make, real_cache, sample, watched, with_cache
 from tests.fakes.statements import Root, statement_of
 from tests.fakes.store import FakeStore
@@ -59,7 +59,7 @@ class RootStore(FakeStore):
         pointer = await super().observe()
         return None if pointer is None else replace(pointer, sequence=len(self.changelog))
 
-    async def hydrate(self) -> LoadedRevision | None:
+    async def hydrate(self) -> Candidate | None:
         loaded = await super().hydrate()
         return None if loaded is None else replace(loaded, sequence=len(self.changelog))
 
@@ -89,7 +89,7 @@ class UpstreamStore(FakeStore):
             else replace(pointer, sequence=statement.sequence, statement=statement)
         )
 
-    async def hydrate(self) -> LoadedRevision | None:
+    async def hydrate(self) -> Candidate | None:
         loaded = await super().hydrate()
         statement = self.statement()
         return (

@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: The fakes that stand in for one of our Protocols (ControlPlaneStore, CacheFiles,
+#: The fakes that stand in for one of our Protocols (RevisionAdmin, CacheFiles,
 #: LeaseApi), and the two that stand in for concrete classes, checked for types alone.
 PROTOCOL_FAKES = ("store.py", "cachefiles.py", "leases.py", "cache.py", "snapshot.py")
 
@@ -45,4 +45,4 @@ def test_the_fakes_match_their_protocols_and_a_drifted_fake_is_caught(tmp_path: 
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert lines, result.stderr
     assert all(line.startswith(str(drifted)) for line in lines), "\n".join(lines)
-    assert any('"type[FakeStore]"' in line and "ControlPlaneStore" in line for line in lines)
+    assert any('"type[FakeStore]"' in line and "RevisionAdmin" in line for line in lines)

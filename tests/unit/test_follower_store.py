@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import trio.testing
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.errors import ControlPlaneError
-from supervisor.controlplane.factory import open_store
+from supervisor.controlplane.factory import open_admin, open_source
 from supervisor.controlplane.follower import ERROR_BODY_BYTES, FollowerStore, forward_path
 from supervisor.errors import ConfigError
 from supervisor.sinks.lkg import encode_file, encode_header, format_verify_key, key_id_of
@@ -87,7 +87,7 @@ async def test_accepts_a_signed_statement_then_revalidates_with_304() -> None:
     assert pointer.statement is not None and pointer.statement.signed == upstream.data
     loaded = await store.hydrate()
     assert loaded is not None and loaded.body == BODY and loaded.id == 3
-    assert await store.desired() == 3
+    assert (await store.observe()).revision == 3
     assert (upstream.full, upstream.not_modified) == (1, 1)
     # The conditional request is the verified statement's ETag; identity is asked for.
     last = upstream.requests[-1]
@@ -352,21 +352,22 @@ async def test_proxies_from_the_environment_are_ignored(monkeypatch: pytest.Monk
     await store.aclose()
 
 
-async def test_token_file_is_sent_and_publish_is_refused(tmp_path: Path) -> None:
+async def test_the_token_file_is_sent(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
     upstream = FakeUpstream(ROOT.sign(1, 1))
     store = store_for(upstream, token_file=str(token))
     await store.observe()
     assert [r.headers.get("authorization") for r in upstream.requests] == ["Bearer s3cret-token"]
+
+
+def test_an_http_url_is_a_follower_source_and_has_no_admin() -> None:
+    assert isinstance(open_source(config_for(), max_schema_version=1), FollowerStore)
     with pytest.raises(ControlPlaneError) as info:
-        await store.publish(BODY, 1, None)
-    assert info.value.reason == "invalid" and "upstream" in str(info.value)
-
-
-def test_open_store_picks_the_follower_for_http_urls() -> None:
-    store = open_store(config_for(), max_schema_version=1)
-    assert isinstance(store, FollowerStore)
+        open_admin(config_for(), max_schema_version=1)
+    assert info.value.reason == "invalid"
+    assert "follows http://upstream.test:9464" in str(info.value)
+    assert "run against the upstream's control plane" in str(info.value)
 
 
 def test_a_bad_trusted_key_names_the_control_plane_key() -> None:
@@ -530,25 +531,6 @@ async def test_hydrate_fetches_when_nothing_was_observed_yet() -> None:
     loaded = await store_for(upstream).hydrate()
     assert loaded is not None and (loaded.id, loaded.body) == (3, BODY)
     assert upstream.full == 1
-
-
-@pytest.mark.parametrize(("command", "named"), [
-    ("migrate", "no schema to migrate"), ("history", "history runs against the upstream"),
-    ("revision", "show runs against"), ("rollback", "rollback runs against"),
-    ("prune", "db prune runs against"), ("changes", "history runs against"),
-])
-async def test_every_lifecycle_command_is_refused_naming_the_upstream(command: str,
-                                                                      named: str) -> None:
-    store = store_for(FakeUpstream(b""))
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "migrate": store.migrate, "history": lambda: store.history(None),
-             "revision": lambda: store.revision(1),
-             "rollback": lambda: store.rollback(1, b"\0" * 32),
-             "prune": lambda: store.prune(1), "changes": lambda: store.changes(None)}
-    with pytest.raises(ControlPlaneError) as info:
-        await calls[command]()
-    assert info.value.reason == "invalid"
-    assert named in str(info.value) and "follows http://upstream.test:9464" in str(info.value)
 
 
 def test_the_forwarded_statement_is_kept_beside_the_cache() -> None:

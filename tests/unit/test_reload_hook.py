@@ -18,6 +18,7 @@ from supervisor.sinks.hook import HookRun, ReloadHook
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
 from tests.convergence import sample
+from tests.fakes.snapshot import serve
 
 
 class Runner:
@@ -40,7 +41,7 @@ class Runner:
 
 
 def _serve(state: ActiveState, revision: int, sequence: int) -> None:
-    state.swap(Snapshot(revision=revision, generation=revision, aliases={}, keys={}),
+    serve(state, Snapshot(revision=revision, generation=revision, aliases={}, keys={}),
                sequence=sequence)
 
 

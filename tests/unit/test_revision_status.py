@@ -15,7 +15,7 @@ import msgspec
 from supervisor.convergence.status import RevisionStatus
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import ActiveState
-from tests.fakes.snapshot import FakeSnapshot
+from tests.fakes.snapshot import FakeSnapshot, restate, serve
 
 
 class Clock:
@@ -48,7 +48,7 @@ def test_an_answer_alone_says_the_control_plane_is_up() -> None:
 def serving(body: bytes | None, clock: Clock, revision: int = 1) -> RevisionStatus:
     """``revision`` just swapped in from the control plane, with the given body digest."""
     state = ActiveState()
-    state.swap(FakeSnapshot(revision, 1), source="control_plane",  # type: ignore[arg-type]
+    serve(state, FakeSnapshot(revision, 1), source="control_plane",
                body_sha256=body)
     status = RevisionStatus(state, clock=clock)
     status.published(0.5)
@@ -141,7 +141,7 @@ def test_lag_is_the_divergence_time_and_the_statement_age_is_apart() -> None:
     statement = Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, issued + timedelta(seconds=300))
     for upstream in (None, "http://hub:9464"):
         state = ActiveState(upstream=upstream)
-        state.swap(FakeSnapshot(1, 1), source="control_plane",  # type: ignore[arg-type]
+        serve(state, FakeSnapshot(1, 1), source="control_plane",
                    statement=statement)
         status = RevisionStatus(state, clock=Clock(),
                                 wall_clock=lambda: issued + timedelta(seconds=40))
@@ -156,11 +156,11 @@ def test_lag_is_the_divergence_time_and_the_statement_age_is_apart() -> None:
 def test_the_statement_expiry_gauge_reads_the_statement_serving_and_zero_without_one() -> None:
     state = ActiveState()
     status = RevisionStatus(state, clock=Clock())
-    state.swap(FakeSnapshot(1, 1), source="control_plane")  # type: ignore[arg-type]
+    serve(state, FakeSnapshot(1, 1), source="control_plane")
     assert status.statement_expires_at == 0.0
     issued = datetime(2026, 1, 1, tzinfo=UTC)
     expires = issued + timedelta(seconds=300)
-    state.restate(Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, expires))
+    restate(state, Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, expires))
     assert status.statement_expires_at == expires.timestamp()
 
 
@@ -171,14 +171,14 @@ def test_a_follower_s_report_names_its_upstream_as_source_where_it_is_made() -> 
     status = RevisionStatus(state, clock=Clock())
     report = status.report()
     assert (report.source, report.upstream) == (None, "http://hub:9464")  # nothing serving
-    state.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
+    serve(state, FakeSnapshot(3, 1), source="control_plane")
     assert state.origin == "http://hub:9464" and state.source == "control_plane"
     report = status.report()
     assert (report.source, report.upstream) == ("http://hub:9464", "http://hub:9464")
-    state.swap(FakeSnapshot(3, 2), source="last_known_good")  # type: ignore[arg-type]
+    serve(state, FakeSnapshot(3, 2), source="last_known_good")
     assert status.report().source == "last_known_good" == state.origin
     # A replica reading a database: its source as it is, and no upstream key at all.
     plain = ActiveState()
-    plain.swap(FakeSnapshot(3, 1), source="control_plane")  # type: ignore[arg-type]
+    serve(plain, FakeSnapshot(3, 1), source="control_plane")
     assert "upstream" not in msgspec.to_builtins(RevisionStatus(plain, clock=Clock()).report())
     assert plain.origin == "control_plane"
