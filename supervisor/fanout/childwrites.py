@@ -55,7 +55,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -77,6 +77,7 @@ from supervisor.fanout.ownership import (
     written_by_us,
 )
 from supervisor.fanout.parentstatus import ParentReporter
+from supervisor.fanout.workqueue import WorkQueue
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, Invalid, KubeError
@@ -86,25 +87,28 @@ from supervisor.telemetry import Metrics
 __all__ = ["ChildWriter", "RepairLimiter"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ChildWriter(Generic[P]):
     """Compares and writes one kind's children; owns what it remembers about past writes.
 
-    ``requeue_after(name, delay)`` adds a parent back to the queue; ``claimant(key)``
-    names the existing parent that wants a child.
+    ``parents`` and ``skewed`` are the engine's cache of parents (read, never
+    written here); ``queue`` takes a parent back after a delay.
     """
 
     client: KubeClient
     kind: FanoutKind[P]
     config: KubernetesConfig
     metrics: Metrics
+    log: Any
+    # What the engine knows of the cluster.
+    parents: Mapping[str, P]
+    skewed: Set[str]
     live: LiveChildren
+    foreign: ForeignChildren
+    # Where the writer's results go.
+    queue: WorkQueue
     drain: Drain
     reporter: ParentReporter
-    requeue_after: Callable[[str, float], None]
-    log: Any
-    foreign: ForeignChildren
-    claimant: Callable[[ChildKey], str | None]
 
     def __post_init__(self) -> None:
         self._taken_said: dict[str, list[str]] = {}  # parent -> what was logged (once)
@@ -124,6 +128,15 @@ class ChildWriter(Generic[P]):
 
     def forget_refusals(self) -> None:
         self._refused.clear()
+
+    def claimant(self, key: ChildKey) -> str | None:
+        """The existing parent that wants child ``key`` (children are named after theirs)."""
+        if key.name in self.skewed:
+            return key.name  # unreadable: whatever it wants is left alone
+        parent = self.parents.get(key.name)
+        if parent is not None and any(c.key == key for c in self.desired(parent)):
+            return key.name
+        return None
 
     def desired(self, parent: P | None) -> list[Desired]:
         if parent is None or parent.metadata.deletion_timestamp is not None:
@@ -201,7 +214,7 @@ class ChildWriter(Generic[P]):
             if owner is not None and owner != name:
                 # Its lineage label was edited to name this parent; the parent that
                 # wants it (by its name) puts the label back. Never delete it.
-                self.requeue_after(owner, 0.0)
+                self.queue.requeue(owner, 0.0)
                 continue
             resource = self.kind.child_resource(key.plural)
             if not self._written_by_us(resource, key, name):
@@ -378,7 +391,7 @@ class ChildWriter(Generic[P]):
                 " another installation with a parent of the same name?); repairs slow down",
                 name=name, resource=str(child.resource), child=child.name,
                 delay_s=round(wait, 3))
-        self.requeue_after(name, wait)
+        self.queue.requeue(name, wait)
         return (f"{child.resource.kind} {self.config.apps_namespace}/{child.name} was"
                 f" {drift} again right after each of its last repairs (another controller,"
                 f" or another installation with a parent of the same name?); its repair is"

@@ -96,7 +96,6 @@ from supervisor.fanout.preflight import (
 from supervisor.fanout.status import FanoutStatus
 from supervisor.fanout.sweep import Sweeper
 from supervisor.fanout.workqueue import WorkQueue
-from supervisor.kube.applying import ChildKey
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, DecodeError, Invalid, KubeError, TooManyRequests
 from supervisor.kube.watching import Informer
@@ -141,17 +140,17 @@ class FanoutEngine(Generic[P]):
         self.foreign = ForeignChildren(kind.child_resources, kind.lineage_key, self.queue.add)
         self.drain = Drain(self.tuning.drain_s)
         self.reporter = ParentReporter(client, kind.resource, config, self.live, self.drain)
-        self.sweeper = Sweeper(client, kind, config, self.live, self.drain, metrics,
-                               self._claimant)
         self._log = log.bind(kind=kind.kind)
         self.writer: ChildWriter[P] = ChildWriter(
-            client, kind, config, metrics, self.live, self.drain, self.reporter,
-            self._requeue_after, self._log, self.foreign, self._claimant)
-        self.retries = ReconcileRetries(kind.kind, self.tuning, metrics, self._rng,
-                                        self.reconcile, self._failed, self._requeue_after,
-                                        self._log, self._show)
+            client=client, kind=kind, config=config, metrics=metrics, log=self._log,
+            parents=self.parents, skewed=self.skewed, live=self.live, foreign=self.foreign,
+            queue=self.queue, drain=self.drain, reporter=self.reporter)
+        self.sweeper = Sweeper(client, kind, config, self.live, self.drain, metrics,
+                               self.writer.claimant)
+        self.retries = ReconcileRetries(
+            kind=kind.kind, tuning=self.tuning, metrics=metrics, rng=self._rng, log=self._log,
+            queue=self.queue, reconcile=self.reconcile, failed=self._failed, show=self._show)
         self._resync_lock = trio.Lock()
-        self._nursery: trio.Nursery | None = None
         self._installation = config.installation_label
         self._selector = lineage_selector(kind.lineage_key, self._installation)
         self.resyncs = 0
@@ -172,7 +171,7 @@ class FanoutEngine(Generic[P]):
         watch = self.tuning.watch
         back_off = Backoff(watch.backoff_initial_s, watch.backoff_max_s, self._rng)
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.queue.bind(nursery)
             nursery.start_soon(self.drain.guard)
             for _ in range(max(1, self.tuning.workers)):
                 nursery.start_soon(self._worker)
@@ -305,8 +304,11 @@ class FanoutEngine(Generic[P]):
             self._show()
 
     async def on_list(self, items: Mapping[str, P], skewed: set[str]) -> None:
-        self.parents = dict(items)
-        self.skewed = set(skewed)
+        # In place: the writer reads these very objects.
+        self.parents.clear()
+        self.parents.update(items)
+        self.skewed.clear()
+        self.skewed.update(skewed)
         # A relist may follow a restored API server whose resourceVersions repeat
         # for other content: forget which (name, RV) statuses were written.
         self.reporter.forget()
@@ -391,15 +393,6 @@ class FanoutEngine(Generic[P]):
             finally:
                 self.queue.done(name)
 
-    def _claimant(self, key: ChildKey) -> str | None:
-        """The existing parent that wants child ``key`` (children are named after theirs)."""
-        if key.name in self.skewed:
-            return key.name  # unreadable: whatever it wants is left alone
-        parent = self.parents.get(key.name)
-        if parent is not None and any(c.key == key for c in self.writer.desired(parent)):
-            return key.name
-        return None
-
     async def _children_synced(self) -> None:
         await self.live.wait_synced()
         await self.foreign.wait_synced()
@@ -417,12 +410,8 @@ class FanoutEngine(Generic[P]):
             return
         await self.writer.failed(name, parent, reason, message)
 
-    def _requeue_after(self, name: str, delay: float) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(self.queue.add_after, name, delay)
 
-
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ReconcileRetries:
     """Runs one key's reconcile and requeues or reports its failure.
 
@@ -456,18 +445,19 @@ class ReconcileRetries:
 
     ``reconcile(name)`` makes the children what the parent wants;
     ``failed(name, reason, message)`` reports a failure on the parent (reason
-    ``Conflict``, ``Invalid`` or ``ApplyFailed``); ``requeue_after(name, delay)``
-    adds the key back to the queue after ``delay`` seconds.
+    ``Conflict``, ``Invalid`` or ``ApplyFailed``); ``queue`` takes the key back
+    after its delay.
     """
 
     kind: str
     tuning: FanoutTuning
     metrics: Metrics
     rng: random.Random
+    log: Any
+    queue: WorkQueue
+    # The engine's steps it runs.
     reconcile: Callable[[str], Awaitable[None]]
     failed: Callable[[str, str, str], Awaitable[None]]
-    requeue_after: Callable[[str, float], None]
-    log: Any
     show: Callable[[], None] = lambda: None
 
     def __post_init__(self) -> None:
@@ -509,7 +499,7 @@ class ReconcileRetries:
         self._failures[name] = failures + 1
         delay = self._backoff.after(failures, at_least=exc.retry_after)
         self.metrics.fanout_requeues.labels(self.kind, cause).inc()
-        self.requeue_after(name, delay)
+        self.queue.requeue(name, delay)
         return delay
 
     async def attempt(self, name: str) -> None:

@@ -36,6 +36,16 @@ class WorkQueue:
         self._delayed: dict[str, tuple[float, trio.CancelScope]] = {}
         self._lot = trio.lowlevel.ParkingLot()
         self._idle_lot = trio.lowlevel.ParkingLot()
+        self._nursery: trio.Nursery | None = None
+
+    def bind(self, nursery: trio.Nursery) -> None:
+        """Run :meth:`requeue`'s delays in ``nursery`` (the engine's, while it runs)."""
+        self._nursery = nursery
+
+    def requeue(self, key: str, delay_s: float) -> None:
+        """:meth:`add_after` without waiting for it: run in the bound nursery."""
+        assert self._nursery is not None, "requeue before bind"
+        self._nursery.start_soon(self.add_after, key, delay_s)
 
     def add(self, key: str) -> None:
         if key in self._queued:
