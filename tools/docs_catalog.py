@@ -397,7 +397,10 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "`lag_s` stays the divergence time (0 when converged).",
     "revision.upstream": "Follower mode only: the upstream replica's address.",
     "children": "The supervised children, by name.",
-    "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`.",
+    "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`; "
+    "`reconnecting` is a running child's own word on itself: the `listen` child "
+    "retrying its connection after a failed connect or a lost connection (wake-ups "
+    "come from the poll alone meanwhile; not unhealthy, the tree does not restart it).",
     "children.<name>.restarts": "Restarts since start.",
     "children.<name>.last_error": "Why it last crashed (null: never).",
     "fanout": "The fan-out watchers, by kind (empty when `[kubernetes].enabled` is false).",
