@@ -408,8 +408,9 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "children.<name>.last_error": "Why it last crashed (null: never).",
     "fanout": "The fan-out watchers, by kind (empty when `[kubernetes].enabled` is false).",
     "fanout.<kind>.state": "`disabled`, `preflight` (waiting for the CRD, namespace or RBAC, "
-    "or a list or watch being retried after a failure) or `watching` (every watch of the "
-    "kind open).",
+    "a list or watch being retried after a failure, or between two watches: the server "
+    "ended one, e.g. at its `timeoutSeconds`, and the next one's headers have not come) or "
+    "`watching` (every watch of the kind open).",
     "fanout.<kind>.last_error_class": "Why the preflight, a list or watch, or the child writes "
     "of some parent last failed while that lasts (null, or a fan-out label of "
     "[reasons.md](reasons.md)).",
