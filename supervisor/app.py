@@ -264,9 +264,15 @@ class Daemon:
                 from supervisor.controlplane.listen import run_listener
 
                 await run_listener(cp, self.signal.notify, self.metrics,
-                                   poke=self.listener_poke, task_status=task_status)
+                                   poke=self.listener_poke, reconnecting=self._listen_reconnecting,
+                                   task_status=task_status)
 
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
+
+    def _listen_reconnecting(self, on: bool) -> None:
+        """The LISTEN child retrying its connection shows ``reconnecting`` in /status."""
+        if self.tree is not None:
+            self.tree.report_substate("listen", "reconnecting" if on else None)
 
     def _signed_revision_file(self) -> SignedRevisionFile:
         """What GET /v1/revision serves: a follower forwards its upstream's signed bytes."""

@@ -399,6 +399,16 @@ DEADLINES: Final = (
         test="tests/integration/test_role_changes_process.py::"
              "test_a_role_not_permitted_to_log_in_is_denied_with_the_control_plane_up"),
     Boundary(
+        where="supervisor.controlplane.listen: the LISTEN session's connect and setup "
+              "(session settings, pg_is_in_recovery(), LISTEN)",
+        enters="the session", size="-", check="a hot standby parks the child (polling alone)",
+        deadline="[control_plane].read_timeout_s (17 s), as one store call (call_bounds): "
+                 "libpq connect_timeout for the connect, then the setup",
+        released="the setup's socket is shut down, so its thread returns; retried with the "
+                 "backoff, children.listen reconnecting", reason="-",
+        test="tests/integration/test_listen.py::"
+             "test_a_server_that_never_answers_the_setup_is_retried_and_reported_reconnecting"),
+    Boundary(
         where="supervisor.controlplane.revisions: hydrate",
         enters="the desired revision's body", size="[control_plane].max_revision_bytes",
         check="its size read first (row header)",

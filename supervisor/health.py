@@ -19,6 +19,7 @@ handling that.
 from __future__ import annotations
 
 from supervisor.config import ControlPlaneConfig
+from supervisor.controlplane.revisions import attempt_deadline_s
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.status import RevisionStatus
 from supervisor.tree import Supervisor
@@ -30,8 +31,12 @@ def stall_limit_s(cp: ControlPlaneConfig) -> float:
     """How long the loop may go without finishing an attempt (docs/admin-api.md), and
     how long a *restarted* child may spend ``starting`` before it counts as down.
 
-    A follower's attempt may itself take up to ``fetch_timeout_s`` (a slow
-    upstream), which is no stall: it is added in follower mode.
+    ``3 * poll_interval_s + backoff_max_s`` (the waits between attempts, with
+    room), plus what one attempt may legitimately take on the store's own
+    deadlines, which is no stall: a database store's observe, size and hydrate
+    calls, the hydrate's deadline grown for the largest body allowed
+    (:func:`~supervisor.controlplane.revisions.attempt_deadline_s`: 160 s in
+    all with the defaults); a follower's fetch (``fetch_timeout_s``).
 
     A restarted child's attempts add up until it runs again
     (:meth:`Supervisor.stuck_starting`): a start that hangs, times out and is
@@ -41,8 +46,8 @@ def stall_limit_s(cp: ControlPlaneConfig) -> float:
     First starts are exempt: convergence's is the boot, which may wait on the
     control plane and the cache, and readiness covers it, not liveness.
     """
-    fetch = cp.fetch_timeout_s if cp.backend == "follower" else 0.0
-    return 3 * cp.poll_interval_s + cp.backoff_max_s + fetch
+    attempt = cp.fetch_timeout_s if cp.backend == "follower" else attempt_deadline_s(cp)
+    return 3 * cp.poll_interval_s + cp.backoff_max_s + attempt
 
 
 def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneConfig, *,

@@ -24,7 +24,9 @@ import msgspec
 
 __all__ = [
     "ChildReport",
+    "ChildReportState",
     "ChildStateName",
+    "ChildSubstate",
     "FanoutReport",
     "FanoutState",
     "HookReport",
@@ -39,6 +41,11 @@ __all__ = [
 ]
 
 ChildStateName = Literal["starting", "running", "backoff", "stopped", "failed"]
+#: What a running child may say of itself instead of ``running`` (the LISTEN
+#: child retrying its connection).
+ChildSubstate = Literal["reconnecting"]
+#: What ``children.<name>.state`` reads: the tree's state or the child's own word.
+ChildReportState = Literal[ChildStateName, ChildSubstate]
 FanoutState = Literal["disabled", "preflight", "watching"]
 Role = Literal["leader", "standby", "disabled"]
 #: reasons.SINK_STATES, typed.
@@ -84,7 +91,7 @@ class RevisionReport(_Part):
 
 
 class ChildReport(_Part):
-    state: ChildStateName
+    state: ChildReportState
     restarts: int
     last_error: str | None
 

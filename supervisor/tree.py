@@ -60,7 +60,7 @@ import trio
 from supervisor.backoff import Backoff
 from supervisor.errors import BootRefused, ConfigError, StartError, SupervisionGaveUp, find_leaf
 from supervisor.logs import get_logger
-from supervisor.status_doc import ChildReport, ChildStateName
+from supervisor.status_doc import ChildReport, ChildStateName, ChildSubstate
 
 __all__ = ["ChildSpec", "ChildState", "Restart", "StartFn", "Supervisor"]
 
@@ -104,6 +104,9 @@ class ChildState:
     starting_before: float = 0.0
     restarts: int = 0
     last_error: str | None = None
+    # What a running child says of itself (Supervisor.report_substate): shown
+    # in place of ``running``, forgotten when the child leaves ``running``.
+    substate: ChildSubstate | None = None
     recent: deque[float] = field(default_factory=deque)
     started: bool = False
     entered: bool = False
@@ -111,7 +114,8 @@ class ChildState:
     done: trio.Event = field(default_factory=trio.Event)
 
     def report(self) -> ChildReport:
-        return ChildReport(state=self.state, restarts=self.restarts, last_error=self.last_error)
+        state = self.substate if self.state == "running" and self.substate else self.state
+        return ChildReport(state=state, restarts=self.restarts, last_error=self.last_error)
 
 
 def _describe(exc: BaseException) -> str:
@@ -145,6 +149,19 @@ class Supervisor:
 
     def report(self) -> dict[str, ChildReport]:
         return {name: child.report() for name, child in self.children.items()}
+
+    def report_substate(self, name: str, substate: ChildSubstate | None) -> None:
+        """A running child's word on itself (``reconnecting``), or None: plainly ``running``.
+
+        Only the report shows it: restarts, liveness and readiness follow the
+        tree's own state. Said while not running, it is ignored.
+        """
+        child = self.children[name]
+        substate = substate if child.state == "running" else None
+        if child.substate != substate:
+            child.substate = substate
+            if self._on_change is not None:
+                self._on_change()
 
     def stuck_starting(self, limit_s: float) -> dict[str, float]:
         """Children restarted and still ``starting`` after ``limit_s``: name -> seconds so far.
@@ -199,6 +216,7 @@ class Supervisor:
             elif child.state == "starting":
                 child.starting_before += now - child.since
             child.state = state
+            child.substate = None
             child.since = now
             if self._on_change is not None:
                 self._on_change()

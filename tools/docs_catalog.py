@@ -331,7 +331,10 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "/healthz": "200 `{\"ok\": true}` while the event loop responds and every child is "
     "alive; 503 `{\"ok\": false, \"unhealthy\": [reasons]}` when a child has failed for good, "
     "waits to restart, or was restarted and has spent longer than "
-    "`3 * poll_interval_s + backoff_max_s` (in follower mode plus `fetch_timeout_s`) "
+    "the stall limit, `3 * poll_interval_s + backoff_max_s` plus the store's own deadlines "
+    "of one attempt (observe and the body's size at `read_timeout_s` each, the hydrate at "
+    "`read_timeout_s` plus 1 s per `min_read_rate_kib_s` KiB of `max_revision_bytes`; in "
+    "follower mode `fetch_timeout_s` instead: 160 s with the defaults) "
     "starting since it last ran (its restart "
     "attempts added up, backoff waits not; a first start is the boot, covered by "
     "`/readyz`), or the convergence loop has not finished an attempt for that long, or "
@@ -397,13 +400,17 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "`lag_s` stays the divergence time (0 when converged).",
     "revision.upstream": "Follower mode only: the upstream replica's address.",
     "children": "The supervised children, by name.",
-    "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`.",
+    "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`; "
+    "`reconnecting` is a running child's own word on itself: the `listen` child "
+    "retrying its connection after a failed connect or a lost connection (wake-ups "
+    "come from the poll alone meanwhile; not unhealthy, the tree does not restart it).",
     "children.<name>.restarts": "Restarts since start.",
     "children.<name>.last_error": "Why it last crashed (null: never).",
     "fanout": "The fan-out watchers, by kind (empty when `[kubernetes].enabled` is false).",
     "fanout.<kind>.state": "`disabled`, `preflight` (waiting for the CRD, namespace or RBAC, "
-    "or a list or watch being retried after a failure) or `watching` (every watch of the "
-    "kind open).",
+    "a list or watch being retried after a failure, or between two watches: the server "
+    "ended one, e.g. at its `timeoutSeconds`, and the next one's headers have not come) or "
+    "`watching` (every watch of the kind open).",
     "fanout.<kind>.last_error_class": "Why the preflight, a list or watch, or the child writes "
     "of some parent last failed while that lasts (null, or a fan-out label of "
     "[reasons.md](reasons.md)).",

@@ -6,7 +6,14 @@ convergence loop at once instead of at its next poll. It is only a hint:
 NOTIFY is delivered only to sessions listening at commit time and is never
 replayed, so polling stays the correctness path, and this child
   * reports started at once, before connecting: a control plane that is down
-    must not hold up readiness (the child is then "running, reconnecting");
+    must not hold up readiness; from a failed connect or a lost connection
+    until it listens again it says so (``reconnecting``: ``/status`` shows the
+    child ``reconnecting`` rather than ``running``);
+  * connects and sets its session up (its settings, the standby question,
+    ``LISTEN``) within ``[control_plane].read_timeout_s``, the deadline of one
+    store call (:func:`~supervisor.controlplane.postgres.call_bounds`): a
+    server that accepts and never answers its startup or a statement is given
+    up on, the socket shut down, and retried like any failed connect;
   * calls ``wake("reconnect")`` after every (re)connect, since
     whatever was notified while disconnected is gone;
   * never lets a failure escape (each is logged, then it reconnects with
@@ -78,7 +85,13 @@ from psycopg import sql
 
 from supervisor.backoff import Backoff
 from supervisor.controlplane.errors import one_line
-from supervisor.controlplane.postgres import CONNECT_TIMEOUT_S, Conn, connect
+from supervisor.controlplane.postgres import (
+    Conn,
+    call_bounds,
+    connect,
+    release_socket,
+    set_session,
+)
 from supervisor.controlplane.runner import (
     INTERRUPT_GRACE_S,
     call_interruptibly,
@@ -115,9 +128,15 @@ async def run_listener(
     *,
     probe_interval_s: float = 30.0,
     poke: Wakeup | None = None,
+    reconnecting: Callable[[bool], None] = lambda _on: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen for desired-state notifications until cancelled; never raises otherwise."""
+    """Listen for desired-state notifications until cancelled; never raises otherwise.
+
+    ``reconnecting(True)`` is called when a connect fails or the connection is
+    lost, ``reconnecting(False)`` once it listens again (or parks on a standby):
+    only on a change.
+    """
     task_status.started()
     if config.backend != "postgresql" or not config.listen:
         log.info(
@@ -126,7 +145,8 @@ async def run_listener(
             listen=config.listen,
         )
         await trio.sleep_forever()
-    await _Listener(config, wake, metrics, probe_interval_s, poke or Wakeup()).run()
+    await _Listener(config, wake, metrics, probe_interval_s, poke or Wakeup(),
+                    reconnecting=reconnecting).run()
 
 
 class WakeFloor:
@@ -173,6 +193,10 @@ class _ConnectionLost(Exception):
     """The LISTEN connection stopped answering (probe deadline)."""
 
 
+class _SessionTimedOut(Exception):
+    """No listening session within the deadline (a connect or a statement unanswered)."""
+
+
 class _InRecovery(Exception):
     """The server is a hot standby: LISTEN cannot run there, NOTIFY is not replicated."""
 
@@ -185,8 +209,16 @@ class _Listener:
         metrics: Metrics,
         probe_interval_s: float,
         poke: Wakeup,
+        *,
+        reconnecting: Callable[[bool], None] = lambda _on: None,
     ) -> None:
         self.url = config.listen_dsn
+        # One store call's bounds: the connect's, the session's statements', and
+        # the deadline of the whole connect and setup.
+        self.connect_s, self.statement_s = call_bounds(config.read_timeout_s)
+        self.session_deadline_s = config.read_timeout_s
+        self._reconnecting = reconnecting
+        self._reported_reconnecting = False
         self.poke = poke
         self.pokes_seen = poke.count  # the pokes a wait of ours has already answered
         self.standby_reported = False
@@ -212,9 +244,11 @@ class _Listener:
             try:
                 conn = await self._connect()
             except _InRecovery:
+                self._report_reconnecting(False)
                 await self._park_on_standby()
                 continue
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
+                self._report_reconnecting(True)
                 self.metrics.listen_reconnects.inc()
                 delay = self.backoff.next()
                 self.outage.failed(
@@ -226,6 +260,7 @@ class _Listener:
                 continue
 
             self.metrics.listen_connected.set(1)
+            self._report_reconnecting(False)
             self._owns_conn = True
             self.outage.recovered()
             log.info("listening for desired-state notifications", channel=self.channel)
@@ -235,12 +270,18 @@ class _Listener:
             try:
                 await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
+                self._report_reconnecting(True)
                 self.outage.failed(error=self._describe(exc), url=redact(self.url))
             finally:
                 self.metrics.listen_connected.set(0)
                 if self._owns_conn:
                     await _close(conn)
             await self._sleep_unless_poked(self.backoff.next())
+
+    def _report_reconnecting(self, on: bool) -> None:
+        if on != self._reported_reconnecting:
+            self._reported_reconnecting = on
+            self._reconnecting(on)
 
     async def _park_on_standby(self) -> None:
         """Idle while the server is a hot standby: an outage it is not, so no error lines."""
@@ -272,21 +313,40 @@ class _Listener:
         return one_line(exc, scrub(str(exc), self.url))
 
     async def _connect(self) -> Conn:
-        url, channel = self.url, self.channel
+        """A listening session, connected and set up within ``session_deadline_s``.
 
-        def open_and_listen() -> Conn:
-            conn = connect(url, connect_timeout_s=CONNECT_TIMEOUT_S, waits_idle=True)
+        The connect and the setup are two calls, as the store's open and setup
+        are (:class:`~supervisor.controlplane.runner.ConnectionRunner`): a
+        connect given up on is abandoned (libpq's ``connect_timeout`` ends its
+        thread, and the connection is closed if it ever completes); a setup
+        given up on has its socket shut down, so its thread returns at once.
+        """
+        deadline_s = self.session_deadline_s
+        with trio.move_on_after(deadline_s):
+            conn = await open_interruptibly(
+                partial(connect, self.url, connect_timeout_s=self.connect_s,
+                        statement_timeout_s=None),
+                lambda conn: conn.close())
             try:
-                _refuse_standby(conn)
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                await call_interruptibly(
+                    partial(self._set_up, conn),
+                    interrupt=partial(release_socket, conn,
+                                      partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S)),
+                    dispose=conn.close)
+            except trio.Cancelled:
+                raise  # call_interruptibly has handed the connection over for closing
             except BaseException:
-                conn.close()
+                await _close(conn)
                 raise
             return conn
+        raise _SessionTimedOut(f"connect and LISTEN did not finish within {deadline_s:g} s "
+                               "([control_plane].read_timeout_s)")
 
-        # Cancelled mid-connect (shutdown): the thread is abandoned and closes
-        # the connection itself if the connect ever completes.
-        return await open_interruptibly(open_and_listen, lambda conn: conn.close())
+    def _set_up(self, conn: Conn) -> None:
+        """The session's settings, the standby question and ``LISTEN`` (blocking)."""
+        set_session(conn, statement_timeout_s=self.statement_s, waits_idle=True)
+        _refuse_standby(conn)
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
     async def _serve(self, conn: Conn) -> None:
         fd = conn.fileno()

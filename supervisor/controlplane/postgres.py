@@ -71,8 +71,9 @@ if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
 __all__ = ["CONNECT_TIMEOUT_S", "SQLSTATE_CLASSES", "SQLSTATE_CODES", "Conn",
-           "PostgresConnections", "PostgresStore", "bounded", "classify", "connect",
-           "dsn_sets_statement_timeout", "map_error", "timeout_ms"]
+           "PostgresConnections", "PostgresStore", "bounded", "call_bounds", "classify", "connect",
+           "dsn_sets_statement_timeout", "map_error", "release_socket", "set_session",
+           "timeout_ms"]
 
 log = get_logger("controlplane")
 
@@ -202,19 +203,42 @@ def connect(
     conninfo = make_conninfo("", **params)
     conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
     try:
-        if statement_timeout_s is not None:
-            # set_config rather than "options=-c ..." at connect: a DSN's own
-            # options parameter must keep working.
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, false)",
-                [f"{timeout_ms(statement_timeout_s)}ms"],
-            )
-        if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
-            conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
+        set_session(conn, statement_timeout_s=statement_timeout_s, waits_idle=waits_idle)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def set_session(conn: Conn, *, statement_timeout_s: float | None, waits_idle: bool) -> None:
+    """A direct session's own settings (:func:`connect`'s; blocking, its first statements).
+
+    Apart from the connect so that a caller may run them as a call of their own,
+    whose deadline can shut the socket down (:func:`release_socket`): a server
+    that completes the startup and then never answers holds them, not the connect.
+    """
+    if statement_timeout_s is not None:
+        # set_config rather than "options=-c ..." at connect: a DSN's own
+        # options parameter must keep working.
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false)",
+            [f"{timeout_ms(statement_timeout_s)}ms"],
+        )
+    if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
+        conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
+
+
+def call_bounds(read_timeout_s: float) -> tuple[float, float]:
+    """A call's connect timeout and statement timeout, from ``[control_plane].read_timeout_s``.
+
+    The client-side deadline of one call (a connect, its setup and one statement)
+    is ``read_timeout_s`` (17 s): the connect takes a third of it, at most
+    ``CONNECT_TIMEOUT_S``; the statement the rest less 2 s of slack, so the
+    server's own statement_timeout normally fires first (its error says more).
+    The store's calls and the LISTEN child's connect and setup share it.
+    """
+    connect_s = min(CONNECT_TIMEOUT_S, read_timeout_s / 3)
+    return connect_s, max(read_timeout_s - connect_s - 2.0, read_timeout_s / 3)
 
 
 def bytes_received(sock: socket.socket) -> int | None:
@@ -435,11 +459,9 @@ class PostgresStore(revisions.DatabaseStore):
         self._max_schema = max_schema_version
         self._min_read_rate_kib_s = config.min_read_rate_kib_s
         # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
-        # connect (5 s) plus one statement (10 s), plus slack so the server's
-        # own statement_timeout normally fires first (its error says more).
+        # connect (5 s) plus one statement (10 s), plus slack (call_bounds).
         read_s = config.read_timeout_s
-        connect_s = (min(CONNECT_TIMEOUT_S, read_s / 3) if connect_timeout_s is None
-                     else connect_timeout_s)
+        connect_s = call_bounds(read_s)[0] if connect_timeout_s is None else connect_timeout_s
         statement_s = (max(read_s - connect_s - 2.0, read_s / 3) if statement_timeout_s is None
                        else statement_timeout_s)
         # Per call, never per session (see bounded()); the DSN's options win.

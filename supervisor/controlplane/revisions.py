@@ -60,9 +60,11 @@ from supervisor.sinks.state import Candidate
 if TYPE_CHECKING:
     import psycopg
 
+    from supervisor.config import ControlPlaneConfig
     from supervisor.controlplane.runner import ConnectionRunner
 
-__all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "pg", "sqlite"]
+__all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "attempt_deadline_s", "pg",
+           "sqlite"]
 
 log = get_logger("controlplane")
 
@@ -354,6 +356,20 @@ def _os_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (a bare container)
         return f"uid {os.getuid()}"
+
+
+def attempt_deadline_s(config: ControlPlaneConfig) -> float:
+    """The longest a convergence attempt may spend in a database store on its own deadlines.
+
+    An attempt that reads a body makes three calls: observe, the body's size and
+    the hydrate (:meth:`DatabaseStore.hydrate`). Each of the first two may take
+    ``read_timeout_s`` (a connect and its setup included: the runner's deadline
+    covers them); the hydrate of the largest body allowed (``max_revision_bytes``)
+    its grown deadline (:func:`~supervisor.controlplane.runner.read_deadline_s`).
+    """
+    read_s = config.read_timeout_s
+    return 2 * read_s + read_deadline_s(read_s, config.max_revision_bytes,
+                                        config.min_read_rate_kib_s)
 
 
 class DatabaseStore:

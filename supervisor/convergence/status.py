@@ -27,7 +27,8 @@ copied here.
 Liveness: :attr:`RevisionStatus.last_attempt_at` is the clock reading when the
 last attempt (successful or not) finished; :meth:`RevisionStatus.stalled_for`
 is how long ago that was, which ``/healthz`` and the watchdog compare with
-``3 * poll_interval_s + backoff_max_s``.
+:func:`supervisor.health.stall_limit_s` (the waits between attempts plus the
+store's own deadlines of one).
 
 The signed statement the active revision serves under: ``sequence`` (the
 root's desired-state sequence, None without a statement) and ``statement``

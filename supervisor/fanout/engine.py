@@ -51,8 +51,11 @@ One :class:`FanoutEngine` per kind runs as one supervised child
   listed in the status report; its existing children are left alone (never
   swept: the parent exists, we just cannot read it).
 
-- **What shows.** ``state`` is ``watching`` once every watch of the kind has
-  opened (its headers came; logged ``fan-out watching``); a list or watch
+- **What shows.** ``state`` is ``watching`` while every watch of the kind is
+  open (its headers came; logged ``fan-out watching``, again only after a
+  failure); between two watches (the server ended one, e.g. at
+  ``timeoutSeconds``, or a relist) it is ``preflight``, as while the first
+  opens, with no error class of its own; a list or watch
   being retried shows ``preflight``
   with that failure's class in ``last_error_class``
   (:func:`~supervisor.fanout.preflight.failure_class`) until it is open again.
@@ -161,6 +164,9 @@ class FanoutEngine(Generic[P]):
         # class until it opens again. Empty outside _watch_all (the preflight's own).
         self._open: dict[int, bool] = {}
         self._watch_errors: dict[int, str] = {}
+        # "fan-out watching" said since the last failure: a watch re-opened after a
+        # normal end (timeoutSeconds, every few minutes) is not news.
+        self._said_watching = False
 
     # -- the child --------------------------------------------------------------
 
@@ -235,6 +241,7 @@ class FanoutEngine(Generic[P]):
         ]
         self._open = dict.fromkeys(range(1 + len(children)), False)
         self._watch_errors.clear()
+        self._said_watching = False
         try:
             await self._run_informers(parents, children, failures)
         finally:
@@ -250,22 +257,30 @@ class FanoutEngine(Generic[P]):
             self._watch_errors.pop(key, None)
             self._show()
 
+        def on_close() -> None:
+            # Ended (normally too: timeoutSeconds): none open until the next one's headers.
+            if key in self._open:
+                self._open[key] = False
+                self._show()
+
         def on_failure(exc: KubeError) -> None:
             error_class = failure_class(exc)
             self.metrics.fanout_errors.labels(self.kind.kind, error_class).inc()
             self._open[key] = False
+            self._said_watching = False
             self._watch_errors.pop(key, None)
             self._watch_errors[key] = error_class  # the latest last
             self._show()
 
-        return {"on_open": on_open, "on_failure": on_failure}
+        return {"on_open": on_open, "on_close": on_close, "on_failure": on_failure}
 
     def _show(self) -> None:
         """``state`` and ``last_error_class`` while watching (module doc, "What shows")."""
         if not self._open:
             return  # in the preflight, which says so itself
         watching = all(self._open.values())
-        if watching and self.status.state != "watching":
+        if watching and not self._said_watching:
+            self._said_watching = True
             self._log.info("fan-out watching", namespace=self.config.control_namespace,
                            installation=self._installation)
         self.status.state = "watching" if watching else "preflight"

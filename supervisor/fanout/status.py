@@ -1,6 +1,7 @@
 """Per-kind fan-out status, written by a watcher and read by the status report.
 
-``state`` is ``disabled``, ``preflight`` or ``watching`` (docs/admin-api.md);
+``state`` is ``disabled``, ``preflight`` (also between two watches) or
+``watching`` (every watch of the kind open) (docs/admin-api.md);
 ``last_error_class`` is None, ``schema_skew`` or ``namespace_or_rbac_unready``;
 ``objects`` is the number of parent objects currently known; ``skewed`` names
 (up to 20) the parents that do not decode and are skipped, reported

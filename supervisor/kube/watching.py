@@ -33,9 +33,11 @@ Contract of :meth:`Informer.run` (never returns; cancel it to stop):
    resets that backoff first: each outage starts again from the initial delay.
    Every relist and reconnect after a failure calls ``on_restart`` (the
    ``fanout_watch_restarts`` metric); each failure that waits a backoff is told
-   to ``on_failure`` first, and ``on_open`` is called when a watch's headers
-   came, so the owner can say whether a watch is open (a watch re-opened
-   after a normal end or a relist is not a failure). A list or watch whose
+   to ``on_failure`` first, ``on_open`` is called when a watch's headers
+   came and ``on_close`` when that watch ended, however (a normal end, a
+   failure, a relist, cancellation), so the owner can say whether a watch is
+   open (a watch re-opened after a normal end or a relist is not a failure,
+   but none is open until its headers come). A list or watch whose
    headers do not come within the
    client's timeout is such a failure (:class:`~supervisor.kube.errors.TimedOut`),
    and so is a line over its bound (:class:`~supervisor.kube.errors.TooLargeResponse`).
@@ -166,6 +168,7 @@ class Informer(Generic[T]):
     on_restart: Callable[[str], None] = lambda why: None
     on_failure: Callable[[KubeError], None] = lambda exc: None
     on_open: Callable[[], None] = lambda: None
+    on_close: Callable[[], None] = lambda: None
     label_selector: str | None = None
     rng: random.Random | None = None
 
@@ -284,12 +287,15 @@ class Informer(Generic[T]):
             label_selector=self.label_selector,
         ) as stream:
             self.on_open()
-            while (line := await stream.next_line()) is not None:
-                if not received:
-                    received = True
-                    self._productive = True
-                    self.watches_with_events += 1
-                self.handle_line(line)
+            try:
+                while (line := await stream.next_line()) is not None:
+                    if not received:
+                        received = True
+                        self._productive = True
+                        self.watches_with_events += 1
+                    self.handle_line(line)
+            finally:
+                self.on_close()
         return received
 
     def handle_line(self, line: bytes) -> None:

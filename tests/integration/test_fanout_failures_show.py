@@ -45,6 +45,23 @@ async def test_a_watch_whose_headers_never_come_is_retried_and_shows(tmp_path: P
             assert h.status.last_error_class is None
 
 
+async def test_a_watch_the_server_ended_is_not_watching_until_the_next_one_opens(
+        tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with harness(tmp_path, client_timeout_s=3.0) as h:
+            fake = h.fake
+            await h.until(lambda: h.status.state == "watching")
+            held = fake.hold_watch_headers("servicedefinitions")
+            fake.close_watches("servicedefinitions")  # ended normally (timeoutSeconds)
+            await h.until(lambda: held.hits >= 1)  # its re-watch sent, headers held
+            # Between two watches, none open: the state the first watch opens in, and
+            # no failure (a normal end is none) until the re-watch times out.
+            assert h.status.state == "preflight"
+            assert h.status.last_error_class is None
+            fake.clear_injections()
+            await h.until(lambda: h.status.state == "watching")
+
+
 async def test_a_list_that_never_answers_is_retried_and_shows(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with harness(tmp_path, client_timeout_s=1.0) as h:

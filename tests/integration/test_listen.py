@@ -21,6 +21,7 @@ from supervisor.controlplane.listen import run_listener
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.telemetry import Metrics
 from tests.polling import poll_until
+from tests.tcpproxy import pg_proxy, proxied_url
 
 
 def fast(url: str) -> ControlPlaneConfig:
@@ -143,6 +144,31 @@ async def test_starts_at_once_and_keeps_retrying_while_the_server_is_down() -> N
             start = trio.current_time()
             nursery.cancel_scope.cancel()
     assert trio.current_time() - start < 0.5
+
+
+async def test_a_server_that_never_answers_the_setup_is_retried_and_reported_reconnecting(
+    pg_url: str,
+) -> None:
+    # The session's startup passes, then its first statement is never answered:
+    # each connect and setup is given up at read_timeout_s and retried.
+    await migrated(pg_url)
+    signal, metrics = ChangeSignal(), Metrics(process=False)
+    reported: list[bool] = []
+    async with pg_proxy(free_port(), pg_url) as proxy:
+        proxy.stalled = True
+        config = ControlPlaneConfig(url=proxied_url(pg_url, proxy.port), read_timeout_s=0.5,
+                                    backoff_initial_s=0.02, backoff_max_s=0.1)
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(run_listener, config, signal.notify, metrics,
+                                            reconnecting=reported.append))
+                await poll_until(lambda: sample(metrics, "listen_reconnects_total") >= 2)
+                assert signal.sent == 0 and sample(metrics, "listen_connected") == 0
+                assert reported[-1] is True
+                proxy.stalled = False
+                assert await signal.wait() == "reconnect"
+                assert reported[-1] is False and sample(metrics, "listen_connected") == 1
+                nursery.cancel_scope.cancel()
 
 
 async def test_shutdown_while_waiting_is_prompt(pg_url: str) -> None:

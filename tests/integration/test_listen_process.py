@@ -9,9 +9,11 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import httpx
 import psycopg
 import trio
 
+from tests.health import status
 from tests.polling import poll_until
 from tests.postgres import listener_pids, sql_publish
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
@@ -96,6 +98,51 @@ async def test_shutdown_while_the_listener_reconnects_is_prompt(tmp_path: Path, 
                 assert not [line for line in daemon.lines
                             if line.get("event") == "child did not stop in time"]
         notify.close()
+
+
+async def test_status_shows_the_listener_reconnecting_while_its_setup_goes_unanswered(
+    tmp_path: Path, pg_url: str
+) -> None:
+    port, admin_port = free_port(), free_port()
+    config = write_config(tmp_path, proxied_url(pg_url, port), port=admin_port,
+                          poll_interval_s=3600, backoff_initial_s=0.05, backoff_max_s=0.2,
+                          control_plane_extra="read_timeout_s = 1.0")
+    async with pg_proxy(port, pg_url) as proxy:
+        await acli("db", "migrate", "--config", str(config))
+        await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
+        notify = NotifySocket(tmp_path / "notify")
+        await notify.bind()
+        with trio.fail_after(60):
+            async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+                await notify.wait_for("READY=1")
+                await daemon.wait_log("listening for desired-state notifications")
+                assert (await status(admin_port))["children"]["listen"]["state"] == "running"
+                # Cut, then back as a server whose sessions start and never answer.
+                proxy.stop()
+                proxy.stalled = True
+                await proxy.start()
+                await daemon.wait_log("LISTEN connection unreachable")
+                # Each setup given up at read_timeout_s and retried.
+                await poll_until(lambda: _reconnects_at_least(admin_port, 3))
+                listen = (await status(admin_port))["children"]["listen"]
+                assert listen["state"] == "reconnecting" and listen["restarts"] == 0
+                proxy.stalled = False
+                await daemon.wait_log("LISTEN connection reachable again")
+                await poll_until(lambda: _listen_state(admin_port, "running"))
+                daemon.signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+        notify.close()
+
+
+async def _reconnects_at_least(admin_port: int, count: float) -> bool:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        text = (await client.get(f"http://127.0.0.1:{admin_port}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("supervisor_listen_reconnects_total")) >= count
+
+
+async def _listen_state(admin_port: int, state: str) -> bool:
+    return bool((await status(admin_port))["children"]["listen"]["state"] == state)
 
 
 def _attempts(metrics: str) -> float:

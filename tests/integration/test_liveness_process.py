@@ -2,11 +2,13 @@
 
 The stall rule: ``/healthz`` answers 503 naming the stall, and ``WATCHDOG=1``
 stops, while the convergence loop has not finished an attempt for longer than
-``3 * poll_interval_s + backoff_max_s``. Here the limit is 0.04 s and a real
-attempt outlasts it many times over: a ~12 MB revision whose one key names a secret that is
-never set takes well over a second to hydrate and compile before it is
-refused, and it is retried at every poll. Once a good revision is published,
-attempts are quick again: 200, and the pings resume.
+``stall_limit_s``: the waits between attempts plus the store's own deadlines of
+one (its reads at ``read_timeout_s``, the hydrate's grown with the largest body
+allowed), which a slow store never exceeds. A compile has no deadline of its
+own: here the limit is about 1.6 s (the store's deadlines at their smallest) and
+a ~48 MB revision whose one key names a secret that is never set takes over two
+seconds to compile before it is refused, and it is retried at every poll. Once
+a good revision is published, attempts are quick again: 200, and the pings resume.
 
 The start rule: a restarted child that has not reported started for longer than
 the same limit is down. The test-only fault ``hang-<child>`` crashes the LISTEN
@@ -18,6 +20,7 @@ involved), and an injected crash that ends the hang brings both back.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import signal
 import sqlite3
@@ -31,6 +34,8 @@ from typing import Any
 import httpx
 import trio
 
+from supervisor.config import ControlPlaneConfig
+from supervisor.health import stall_limit_s
 from tests.memorydrills import big_body, failures
 from tests.polling import POLL_INTERVAL_S, poll_until
 from tests.postgres import listener_pids
@@ -38,6 +43,13 @@ from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write
 
 STALL = "convergence has not finished an attempt for"
 STUCK = "child listen has been starting for"
+#: The store's deadlines at their smallest: the stall limit is mostly the poll and backoff.
+QUICK_STORE = {"read_timeout_s": 0.5, "min_read_rate_kib_s": 1 << 20,
+               "max_revision_bytes": 64 * 1024 * 1024}
+
+
+def quick_store_lines() -> str:
+    return "\n".join(f"{key} = {value}" for key, value in QUICK_STORE.items())
 
 
 def publish(db: Path, data: bytes) -> int:
@@ -107,9 +119,10 @@ async def test_a_stalled_convergence_loop_is_unhealthy_and_stops_the_watchdog(
     port = free_port()
     db = tmp_path / "cp.db"
     config = write_config(tmp_path, f"sqlite:///{db}", port=port, poll_interval_s=0.01,
-                          backoff_initial_s=0.01, backoff_max_s=0.01)
+                          backoff_initial_s=0.01, backoff_max_s=0.01,
+                          control_plane_extra=quick_store_lines())
     await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
-    big = big_body(12 * 1024 * 1024)
+    big = big_body(48 * 1024 * 1024)
     with trio.fail_after(120):
         async with observed(config, port, tmp_path, {}) as (daemon, seen, pings):
             await scenario(daemon, port, db, big, seen, pings)
@@ -122,28 +135,28 @@ async def scenario(daemon: Any, port: int, db: Path, big: bytes,
     await trio.to_thread.run_sync(publish, db, big)
     await daemon.wait_log("revision refused; previous snapshot keeps serving",
                           reason="secret")
-    # Ten more refusals, each a long attempt (the secret is retried every poll).
+    # Three more refusals, each a long attempt (the secret is retried every poll).
     stalled_from = time.monotonic()
     first = await failures(port)
 
-    async def ten_more() -> bool:
-        return await failures(port) >= first + 10
+    async def three_more() -> bool:
+        return await failures(port) >= first + 3
 
-    await poll_until(ten_more)
+    await poll_until(three_more)
     stalled_until = time.monotonic()
     unhealthy = [b for t, code, b in seen if code == 503 and t >= stalled_from]
     assert unhealthy, "/healthz never answered 503 while the loop stalled"
-    assert all(any(reason.startswith(STALL) for reason in b["unhealthy"])
-               for b in unhealthy), unhealthy
-    # Each attempt that finishes leaves the loop healthy for the 0.04 s of the limit, and
-    # a ping may fall in that gap (about 0.4 of the attempts on an idle machine, where an
-    # attempt takes ~0.2 s): so not none, but far fewer than a healthy daemon's one each
-    # 0.1 s (which the same window gets with the stall rule removed).
+    limit = stall_limit_s(ControlPlaneConfig(poll_interval_s=0.01, backoff_initial_s=0.01,
+                                             backoff_max_s=0.01, **QUICK_STORE))
+    assert all(any(reason.startswith(STALL) and reason.endswith(f"(limit {limit:g} s)")
+                   for reason in b["unhealthy"]) for b in unhealthy), unhealthy
+    # Each attempt past the limit stops the pings until it finishes (a healthy daemon
+    # pings every 0.1 s): a gap of several intervals, once for each stalled attempt.
     during = [t for t in pings if stalled_from <= t <= stalled_until]
-    expected = (stalled_until - stalled_from) / 0.1
-    assert len(during) <= 0.5 * expected, (
+    gaps = [b - a for a, b in itertools.pairwise([stalled_from, *during, stalled_until])]
+    assert max(gaps) >= 0.3, (
         f"{len(during)} WATCHDOG=1 pings in {stalled_until - stalled_from:.2f} s of stalled "
-        f"attempts (a healthy daemon pings every 0.1 s)")
+        f"attempts, never 0.3 s apart (a healthy daemon pings every 0.1 s)")
     small = json.dumps({"schema_version": 1,
                         "aliases": {"a": {"upstream": "https://a.example/v1"}}}).encode()
     good = await trio.to_thread.run_sync(publish, db, small)
@@ -159,9 +172,10 @@ async def test_a_restart_stuck_starting_is_unhealthy_and_stops_the_watchdog(
     port = free_port()
     fault_dir = tmp_path / "faults"
     fault_dir.mkdir()
-    # The limit: 3 * 0.3 + 0.3 = 1.2 s; a PostgreSQL attempt takes milliseconds.
+    # The limit (stall_limit_s): 3 * 0.3 + 0.3 s plus the store's smallest deadlines;
+    # a PostgreSQL attempt takes milliseconds.
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=0.3, listen=True,
-                          backoff_max_s=0.3)
+                          backoff_max_s=0.3, control_plane_extra=quick_store_lines())
     await acli("db", "migrate", "--config", str(config))
     await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
     with trio.fail_after(60):
@@ -195,7 +209,10 @@ async def stuck_scenario(daemon: Any, port: int, pg_url: str, fault_dir: Path,
     assert during == [], (f"{len(during)} WATCHDOG=1 pings in {window[1] - window[0]:.2f} s "
                           "with listen stuck starting (a healthy daemon pings every 0.1 s)")
     reasons = next(b["unhealthy"] for t, code, b in reversed(seen) if code == 503)
-    assert any(r.startswith(STUCK) and r.endswith("(limit 1.2 s)") for r in reasons), reasons
+    limit = stall_limit_s(ControlPlaneConfig(poll_interval_s=0.3, backoff_max_s=0.3,
+                                             **QUICK_STORE))
+    assert any(r.startswith(STUCK) and r.endswith(f"(limit {limit:g} s)") for r in reasons), (
+        reasons)
     async with httpx.AsyncClient(timeout=5.0) as client:
         report = (await client.get(f"http://127.0.0.1:{port}/status")).json()
     assert report["children"]["listen"] == {

@@ -321,7 +321,13 @@ async def test_a_restarted_api_server_answers_410_and_the_daemon_relists(
             await trio.to_thread.run_sync(kube.apply, sd(inst, "after"))
             await poll_until(lambda: has_deployments(kube, inst, ["after", "before"]))
             assert not seen(fresh), "the 410 was answered by a relist, not a preflight"
-            assert (await status(port))["fanout"]["ServiceDefinition"]["state"] == "watching"
+
+            async def watching() -> bool:
+                report = await status(port)
+                return bool(report["fanout"]["ServiceDefinition"]["state"] == "watching")
+
+            await poll_until(watching)  # every re-watch open again
+            assert not seen(fresh)
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
 

@@ -1,8 +1,7 @@
 """The daemon's liveness rules (``/healthz`` reasons, ``WATCHDOG=1``) for a stuck restart.
 
 A restarted child that hangs before reporting started is down once it has been
-``starting`` longer than the start limit (the stall limit,
-``3 * poll_interval_s + backoff_max_s``): ``Daemon.unhealthy()`` names it with
+``starting`` longer than the start limit (the stall limit, ``stall_limit_s``): ``Daemon.unhealthy()`` names it with
 how long, and the watchdog stops pinging, so systemd restarts the process. The
 daemon's own tree is replaced by fakes of the tree's seam (start functions);
 a sibling finishes a convergence attempt every 0.5 s so the stall rule stays
@@ -22,8 +21,8 @@ from supervisor.health import stall_limit_s, status_line
 from supervisor.lifecycle.systemd import Notifier, run_watchdog
 from supervisor.tree import ChildSpec, Supervisor
 
-# 3 * poll_interval_s + backoff_max_s
-LIMIT_S = 4.0
+CONTROL_PLANE = ControlPlaneConfig(poll_interval_s=1.0, backoff_max_s=1.0)
+LIMIT_S = stall_limit_s(CONTROL_PLANE)
 PING_S = 0.5
 
 
@@ -62,9 +61,7 @@ class HangsOnSecondStart:
 
 
 def daemon_with(hanger: HangsOnSecondStart) -> Daemon:
-    daemon = Daemon(Config(control_plane=ControlPlaneConfig(poll_interval_s=1.0,
-                                                            backoff_max_s=1.0)))
-    assert stall_limit_s(daemon.config.control_plane) == LIMIT_S
+    daemon = Daemon(Config(control_plane=CONTROL_PLANE))
 
     async def attempts(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -116,8 +113,7 @@ async def test_a_boot_that_takes_long_is_for_readiness_not_liveness(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The first start (the convergence child's is the boot) is never counted."""
-    daemon = Daemon(Config(control_plane=ControlPlaneConfig(poll_interval_s=1.0,
-                                                            backoff_max_s=1.0)))
+    daemon = Daemon(Config(control_plane=CONTROL_PLANE))
 
     async def boot(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.sleep_forever()

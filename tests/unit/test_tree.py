@@ -218,3 +218,26 @@ async def test_shutdown_gives_a_stuck_child_only_its_timeout(
         await tree.shutdown()
         assert trio.current_time() - start == pytest.approx(3.0)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_running_childs_own_substate_is_reported_until_it_clears_or_the_child_restarts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    changes: list[str] = []
+    crasher = Crasher(after_s=10.0, crashes=1)
+    tree = Supervisor([ChildSpec("listen", crasher.run)], intensity=5, period_s=60,
+                      rng=random.Random(7),
+                      on_change=lambda: changes.append(tree.report()["listen"].state))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(tree.run)
+        tree.report_substate("listen", "reconnecting")
+        tree.report_substate("listen", "reconnecting")  # no change: no event
+        assert tree.report()["listen"].state == "reconnecting"
+        assert tree.children["listen"].state == "running"  # liveness reads the tree's own
+        tree.report_substate("listen", None)
+        assert tree.report()["listen"].state == "running"
+        tree.report_substate("listen", "reconnecting")
+        await trio.sleep(11)  # crashed and restarted: the word said before is forgotten
+        assert tree.report()["listen"].state == "running"
+        nursery.cancel_scope.cancel()
+    assert changes[:4] == ["running", "reconnecting", "running", "reconnecting"]
