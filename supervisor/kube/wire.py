@@ -1,21 +1,4 @@
-"""The wire side of the Kubernetes client: decoding bodies, request bodies, watch lines.
-
-- :func:`decode`: a body into the caller's msgspec type; a body of another
-  shape is :class:`~supervisor.kube.errors.SchemaSkew`, malformed JSON
-  :class:`~supervisor.kube.errors.DecodeError`.
-- :class:`ResponseBody`: one response's body, read up to a size bound within a
-  deadline that grows with the bytes read; :class:`WatchStream`: one watch
-  response's lines, each within a client-side inactivity deadline and a size bound.
-- :class:`RequestBody`: a request body httpx can abandon without a warning.
-- :func:`raise_api_error`: a refused request (status >= 400) as
-  :func:`~supervisor.kube.errors.api_error`, with the reason and message of its
-  ``Status`` body (or the start of a body that is not one) and ``Retry-After``;
-  the response is closed.
-- :func:`retry_after`: ``Retry-After`` (seconds, or an HTTP date) in seconds from
-  now, at most :data:`MAX_RETRY_AFTER_S`
-  (a server asking for hours is not believed: the client's hold, the requeue
-  and the watcher's backoff all wait for this one figure).
-"""
+"""The wire side of the Kubernetes client: decoding bodies, request bodies, watch lines."""
 
 from __future__ import annotations
 
@@ -104,6 +87,12 @@ def _seconds_until(http_date: str) -> float | None:
 
 
 def retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` (seconds, or an HTTP date) in seconds from now; None if absent or bad.
+
+    At most :data:`MAX_RETRY_AFTER_S`.
+    A server asking for hours is not believed: the client's hold, the requeue and the
+    watcher's backoff all wait for this one figure.
+    """
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -121,10 +110,12 @@ def retry_after(response: httpx.Response) -> float | None:
 
 async def raise_api_error(response: httpx.Response, method: str, path: str,
                           timeout_s: float) -> NoReturn:
-    """Raise the refusal ``response`` carries as our API error (module docstring).
+    """Raise the refusal ``response`` carries (status >= 400) as :func:`~.errors.api_error`.
 
-    Its body is read up to :data:`MAX_ERROR_BODY_BYTES` within ``timeout_s``; the
-    message is cut to :data:`~supervisor.bounds.DETAIL_BYTES`.
+    It carries the reason and message of the ``Status`` body (or the start of a body
+    that is not one) and ``Retry-After``; the response is closed. The body is read up to
+    :data:`MAX_ERROR_BODY_BYTES` within ``timeout_s``; the message is cut to
+    :data:`~supervisor.bounds.DETAIL_BYTES`.
     """
     body_reader = ResponseBody(response, f"{method} {path}")
     try:
