@@ -1,6 +1,7 @@
-"""What the subcommands share: exit codes, loading the configuration, a store for one call,
-the admin address and token, and the ``--json`` documents' text (the tables' text:
-:mod:`supervisor.texttable`)."""
+"""What the subcommands share: exit codes, configuration, a store for one call, admin access.
+
+Also the ``--json`` documents' text; the tables' text is :mod:`supervisor.texttable`'s.
+"""
 
 from __future__ import annotations
 

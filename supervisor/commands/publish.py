@@ -1,30 +1,6 @@
 """``publish FILE`` and its modes: ``--dry-run``, ``--resolve-secrets``, ``--wait``.
 
-The contract: docs/commands.md.
-
-Every mode first validates and compiles FILE with the daemon's own code path
-(:func:`~supervisor.revision.compile.compile_revision` on the canonical body
-``publish`` would store), so a refusal names the same reason label and
-``$.path`` a replica would log. Secrets:
-
-- plain ``publish``: each secret reference stands in for its value (the
-  secrets may exist only on the replicas' hosts), yet one outside
-  ``[revision]``'s confinement is refused as the daemon refuses it;
-- ``--resolve-secrets`` and ``--dry-run``: resolved in this environment, as
-  the daemon resolves them (``secret`` refusal, exit 2, when one cannot be).
-
-``--dry-run`` stores nothing and prints the changes against the desired
-revision. ``--wait`` publishes, then follows each ``--url`` replica's stream
-(:mod:`supervisor.commands.waiting`): exit 0 when all report the revision
-active, 5 when any refused it (the reason label and detail on the last line),
-1 when any timed out, was unreachable, or serves a newer revision already.
-
-``--json`` (every mode) prints one JSON document on stdout instead of the
-lines, with the same exit codes: ``{"ok", "revision"}``; ``--dry-run``
-``{"ok", "desired", "changes"}``; ``--wait`` adds ``"outcome"`` (``active``,
-``refused``, ``not_active``) and ``"replicas"`` (``url``, ``state``,
-``reason``, ``detail``); refused before storing ``{"ok": false, "reason",
-"detail"}`` (the refusal line still goes to stderr).
+The user-facing contract (options, ``--json`` keys, exit codes): docs/commands.md.
 """
 
 from __future__ import annotations
@@ -232,6 +208,20 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    """Validate and compile FILE as a replica would, then store it, or only compare (``--dry-run``).
+
+    Every mode compiles the canonical body ``publish`` would store with the daemon's own
+    code (:func:`_compile`). So a refusal names the reason label and ``$.path`` a replica
+    would log. Plain ``publish``: secret references stand in for values
+    (:class:`~.common.ReferenceResolver`). ``--resolve-secrets`` and ``--dry-run``
+    resolve them here, as the daemon does (``secret``, exit 2, when one cannot be).
+
+    ``--wait`` then follows each replica's stream (:mod:`supervisor.commands.waiting`):
+    exit 0 when all report it active, 5 when any refused it (label and detail on the
+    last line), 1 when any timed out, was unreachable or serves a newer revision.
+    ``--json`` prints one document instead of the lines, same exit codes; a refusal
+    before storing still prints its line on stderr.
+    """
     if (args.url or args.token_file or args.ca_file or args.fleet) and not args.wait:
         raise UsageError("--url, --token-file, --ca-file and --fleet go with --wait")
     if args.dry_run and args.wait:

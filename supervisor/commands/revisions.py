@@ -1,15 +1,7 @@
-"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune`` (docs/commands.md), and
-revision documents for people: ``show``'s TOML rendering, ``diff``'s field-by-field changes.
+"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune``, and revisions for people.
 
-Exit codes: 0 done; 1 a revision that does not exist, or the control plane
-unreachable or refusing; 2 bad usage, or (``diff``, ``rollback``) a revision
-this build cannot read, with the reason label. ``--json`` prints one JSON
-document on stdout instead of the table (keys and types held by
-``tests/integration/test_lifecycle_cli.py``).
-
-The renderings work on decoded documents only: a key's ``secret`` is its reference
-(``env:NAME``, ``file:PATH``), compared and printed as such. Nothing here
-resolves a secret, so nothing here can print one.
+Exit codes and ``--json`` keys: docs/commands.md; tests/integration/test_lifecycle_cli.py holds
+the keys. The renderings see decoded documents only: a secret is its reference, never its value.
 """
 
 from __future__ import annotations

@@ -1,17 +1,4 @@
-"""``status``: one replica's report as a table, or one line per replica for several ``--url``.
-
-Exit 1 when any replica is unreachable, not ready (no active snapshot) or has a
-failed child, so it works as a health check over a fleet. With ``--check`` also
-when a rollout is not done (:func:`rollout_problems`): a replica whose active
-revision is not the desired one, or that refused the desired revision, or whose
-last attempt was refused.
-
-A replica's document is read as the JSON it is, not decoded into this build's
-:class:`~supervisor.status_doc.StatusDocument`: during a rollout the replicas
-run other builds, whose documents have keys this one lacks or lacks keys it
-has, and ``status`` (``--check`` above all) must still read them; ``--json``
-prints each as the replica sent it.
-"""
+"""``status``: one replica's report as a table, or one line per replica for several ``--url``."""
 
 from __future__ import annotations
 
@@ -109,7 +96,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """One replica's report (unreachable: AdminUnreachable, exit 1), or one row each."""
+    """One replica's report (unreachable: AdminUnreachable, exit 1), or one row each.
+
+    Exit 1 when any replica is unreachable, not ready (no active snapshot) or has a
+    failed child: a health check over a fleet. With ``--check`` also when a rollout
+    is not done (:func:`rollout_problems`).
+
+    A document is read as the JSON it is, not decoded into this build's
+    :class:`~supervisor.status_doc.StatusDocument`. During a rollout replicas run other
+    builds, with keys this one lacks or lacking keys it has. ``--json`` prints each as sent.
+    """
     from supervisor.admin.errors import AdminUnreachable
     from supervisor.admin.status_view import render_status
 
