@@ -1,10 +1,7 @@
 """The command line: subcommands and exit codes, nothing else.
 
 The contract: docs/commands.md and docs/exit-codes.md.
-
-Exit codes: 0 clean shutdown; 1 anything else; 2 bad usage or invalid
-configuration (or an invalid input file); 3 refused to boot; 4 supervision
-gave up. ``python -m supervisor --config PATH`` is ``run``.
+``python -m supervisor --config PATH`` is ``run``.
 """
 
 from __future__ import annotations

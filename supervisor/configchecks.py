@@ -1,21 +1,4 @@
-"""The checks on a configuration that its types alone cannot say.
-
-Contract:
-
-- :func:`cross_check` enforces the rules between keys (and the files they
-  name) on a decoded :class:`~supervisor.config.Config`: the admin token off
-  loopback, the control-plane URL's forms and what each mode requires, the
-  backoff and election durations against each other, no file written by the
-  daemon shared with another, no secret place admitting the daemon's own
-  credentials. The first rule broken raises
-  :class:`~supervisor.errors.ConfigError` with the key's JSON path and the
-  reason (:mod:`supervisor.configfile` runs it on every load; the CLI turns it
-  into exit 2).
-- :func:`check_files` and :func:`placeholders` raise nothing: they return
-  (key path, problem) pairs about the files the configuration names and the
-  values the shipped examples leave to fill, for ``check`` to report all at
-  once. They are not part of loading.
-"""
+"""The checks on a configuration that its types alone cannot say."""
 
 from __future__ import annotations
 
@@ -160,7 +143,14 @@ def _check_admin_tls(config: Config, host: str) -> None:
 
 
 def cross_check(config: Config) -> None:
-    """The rules between keys (and files) that the types alone cannot say."""
+    """The rules between keys (and files) that the types alone cannot say.
+
+    The admin token off loopback; the control-plane URL's forms and what each mode
+    requires; backoff and election durations against each other; no file the daemon
+    writes shared with another; no secret place admitting the daemon's own
+    credentials. The first broken rule raises :class:`~supervisor.errors.ConfigError`
+    with the key's JSON path. :func:`~supervisor.configfile.load` runs it on every load.
+    """
     try:
         host, _ = config.admin.host_port
     except ValueError as exc:
@@ -282,7 +272,10 @@ def _refuse_shared_files(config: Config) -> None:
 
 
 def check_files(config: Config) -> list[tuple[str, str]]:
-    """Check the files the configuration names; return (path, problem) pairs."""
+    """Check the files the configuration names; return (path, problem) pairs.
+
+    Raises nothing, so ``check`` reports every problem at once. Not part of loading.
+    """
     problems: list[tuple[str, str]] = []
 
     def parent_writable(key: str, value: str | None, *, created: bool = False) -> None:

@@ -1,8 +1,6 @@
 """The root of every exception this package raises on purpose.
 
-Foreign errors (psycopg, httpx, msgspec, nacl, OS) are mapped to these at the
-module that touches the foreign library, chained with ``raise ... from exc``,
-so a caller never needs to know which driver sits underneath::
+::
 
     SupervisorError
     ├── ConfigError              invalid configuration (exit 2); names the $.path
@@ -16,9 +14,6 @@ so a caller never needs to know which driver sits underneath::
     │   └── sinks.lkg.CacheError                   last-known-good refusals
     ├── kube.errors.KubeError                  Kubernetes API failures
     └── admin.errors.AdminError                admin server start failures
-
-Each feature's module docstring draws its own sub-tree. :func:`describe_failure`
-is how a foreign error is told in such a message.
 """
 
 from __future__ import annotations
@@ -27,7 +22,12 @@ import ssl
 
 
 class SupervisorError(Exception):
-    """Base class of every error raised on purpose by this package."""
+    """Base class of every error raised on purpose by this package.
+
+    The module that touches a foreign library (psycopg, httpx, msgspec, nacl, OS) maps
+    its errors to these, ``from`` the original. So a caller never needs to know the
+    driver underneath. :func:`describe_failure` tells the foreign error in the message.
+    """
 
 
 class LabelledError(SupervisorError):
