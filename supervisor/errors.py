@@ -1,20 +1,4 @@
-"""The root of every exception this package raises on purpose.
-
-::
-
-    SupervisorError
-    ├── ConfigError              invalid configuration (exit 2); names the $.path
-    ├── UsageError               bad command line or input file (exit 2)
-    ├── BootRefused              nothing servable at boot (exit 3); names the refusal
-    ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
-    ├── StartError               a resource needed at start cannot be had now (exit 1)
-    ├── LabelledError            a failure told by .reason, .revision, .detail
-    │   ├── controlplane.errors.ControlPlaneError  store failures, by category
-    │   ├── revision.errors.RevisionError          decode and compile refusals, by reason
-    │   └── sinks.lkg.CacheError                   last-known-good refusals
-    ├── kube.errors.KubeError                  Kubernetes API failures
-    └── admin.errors.AdminError                admin server start failures
-"""
+"""The root of every exception this package raises on purpose, and how a foreign one is told."""
 
 from __future__ import annotations
 
@@ -27,6 +11,20 @@ class SupervisorError(Exception):
     The module that touches a foreign library (psycopg, httpx, msgspec, nacl, OS) maps
     its errors to these, ``from`` the original. So a caller never needs to know the
     driver underneath. :func:`describe_failure` tells the foreign error in the message.
+    Each feature's errors module lists its own sub-tree::
+
+        SupervisorError
+        ├── ConfigError              invalid configuration (exit 2); names the $.path
+        ├── UsageError               bad command line or input file (exit 2)
+        ├── BootRefused              nothing servable at boot (exit 3); names the refusal
+        ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
+        ├── StartError               a resource needed at start cannot be had now (exit 1)
+        ├── LabelledError            a failure told by .reason, .revision, .detail
+        │   ├── controlplane.errors.ControlPlaneError  store failures, by category
+        │   ├── revision.errors.RevisionError          decode and compile refusals, by reason
+        │   └── sinks.lkg.CacheError                   last-known-good refusals
+        ├── kube.errors.KubeError                  Kubernetes API failures
+        └── admin.errors.AdminError                admin server start failures
     """
 
 

@@ -1,15 +1,5 @@
 """The cache's refusals and the key file's errors.
 
-::
-
-    SupervisorError
-    ├── LabelledError      (supervisor.errors): .reason, .revision, .detail
-    │   └── CacheError     .path; reason: corrupt | denied | incompatible | rollback | unwritable
-    │       ├── CacheSkew  format newer than this build (reason incompatible): treat as no cache
-    │       └── CacheUnwritable  export, discard or mark write failed (reason unwritable)
-    └── KeyFileError       keygen could not write the key file
-        └── KeyFileExists  the key file already exists (keygen never overwrites)
-
 Bad keys and unsafe cache files are ConfigError instead (exit 2): see LastKnownGood.
 """
 
