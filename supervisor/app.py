@@ -424,9 +424,9 @@ class Daemon:
            that have no handler.
         2. The supervision tree (:meth:`build_tree`), children in order: ``admin`` (so
            /healthz and /readyz answer during bootstrap); ``listen`` (a notification during
-           bootstrap wakes the loop right after it); ``convergence`` (started only once the
-           first snapshot is published, or boot is refused, exit 3); then one watcher per
-           fan-out kind, dormant in their preflight, so readiness never waits for Kubernetes.
+           bootstrap wakes the loop right after it); ``convergence`` (started once the first
+           snapshot is published; else boot is refused, exit 3). Then one watcher per
+           fan-out kind, dormant in its preflight: readiness never waits for Kubernetes.
            With ``[kubernetes].leader_election``, one ``fanout`` child instead: the Lease
            election, running every kind only while this replica leads.
         3. ``READY=1`` once the tree reports every child started.

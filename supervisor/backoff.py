@@ -14,7 +14,7 @@ class Backoff:
     """Delays of ``initial_s * 2**n`` (n: failures so far), capped at ``maximum_s``, then jittered.
 
     The jitter is a uniform factor in ``jitter``. The default [0.5, 1.0] ("equal jitter")
-    never goes below half the nominal delay: an outage never becomes a hot loop, and
+    never goes below half the nominal delay. So an outage never becomes a hot loop, and
     replicas failing together spread out. ``(1.0, 1.0)``: no jitter.
 
     :meth:`next` counts a failure; :meth:`reset` after a success. :meth:`after` is the

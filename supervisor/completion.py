@@ -67,10 +67,10 @@ def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], list[
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The completion script of ``parser`` for ``shell`` (one of :data:`SHELLS`).
 
-    Built from the parser when asked, so a new subcommand or option completes with no
-    script to edit. It completes subcommands, each one's options, declared choices,
-    file names for a ``PATH`` or ``FILE`` metavar, and revision ids for ``REV``, ``A``
-    and ``B`` (from :func:`revision_ids`, via ``completion --revision-ids``).
+    Built from the parser when asked, so a new subcommand or option completes with no script
+    to edit. It completes subcommands, their options and declared choices. File names follow
+    a ``PATH`` or ``FILE`` metavar. Revision ids fill ``REV``, ``A`` and ``B``
+    (:func:`revision_ids`, via ``completion --revision-ids``).
     """
     commands = _subcommands(parser)
     top_options, _, top_paths, _ = _words(parser)

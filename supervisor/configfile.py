@@ -45,10 +45,10 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
     """``raw`` with the environment's overrides; ``origins`` gets ``$.section.key`` -> the
     variable that set it, so an error about that key blames the variable, not the file.
 
-    A value is parsed as TOML when it parses (``["a", "b"]`` a list, ``2.5`` a float),
-    else taken as a string (``postgresql://...`` needs no quotes). msgspec's lax
-    conversion then makes ``"true"`` or ``"5"`` the declared type. A name or value that
-    is not UTF-8 (lone surrogates in ``os.environ``) is refused.
+    A value is parsed as TOML when it parses: ``["a", "b"]`` a list, ``2.5`` a float. Else
+    it is a string, so ``postgresql://...`` needs no quotes. msgspec's lax conversion then
+    makes ``"true"`` or ``"5"`` the declared type. A name or value that is not UTF-8 (lone
+    surrogates in ``os.environ``) is refused.
     """
     sections = set(Config.__struct_fields__)
     for name, value in sorted(environ.items()):
@@ -75,9 +75,11 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
 
 
 def env_warnings(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-    """(variable, warning) for each ``SUPERVISOR_`` variable that is not read but would
-    name a key with ``__`` between its section and key (``SUPERVISOR_CONTROL_PLANE_URL``
-    for ``SUPERVISOR_CONTROL_PLANE__URL``): ignored, as any unknown variable, but said."""
+    """(variable, warning) for each ``SUPERVISOR_`` variable not read that nearly names a key.
+
+    Nearly: ``__`` missing between section and key (``SUPERVISOR_CONTROL_PLANE_URL`` for
+    ``SUPERVISOR_CONTROL_PLANE__URL``). Ignored, as any unknown variable, but said.
+    """
     found: list[tuple[str, str]] = []
     sections = {f.name: f.type for f in msgspec.structs.fields(Config)}
     for name in sorted(os.environ if environ is None else environ):
@@ -141,10 +143,10 @@ def all_problems(path: str | os.PathLike[str], *,
                  environ: Mapping[str, str] | None = None) -> list[ConfigError]:
     """Every problem :func:`load` would refuse, not only the first (``check``).
 
-    msgspec stops at the first error of a document, so each key of each section is
-    converted on its own (every key has a default); the rules between keys
-    (:func:`~supervisor.configchecks.cross_check`) are judged only on a document whose
-    keys are each valid, and report their first problem.
+    msgspec stops at a document's first error. So each key of each section is converted
+    on its own (every key has a default). The rules between keys
+    (:func:`~supervisor.configchecks.cross_check`) are judged only when every key is
+    valid, and report their first problem.
     """
     try:
         load(path, environ=environ)

@@ -1,7 +1,7 @@
 """The ``/status`` document, declared once as msgspec Structs.
 
-A bottom module (it imports nothing of ours): every owner returns its part as declared
-here, and the event bus carries them. docs/admin-api.md documents exactly these fields.
+A bottom module (it imports nothing of ours). Every owner returns its part as declared here;
+the event bus carries them. docs/admin-api.md documents exactly these fields.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """TLS contexts between replicas: the admin API's server side and the follower's client side.
 
-A file that cannot be read, or does not hold what it should, is a ConfigError naming
-its key: ``check`` and a start exit 2, never a traceback.
+A file unreadable, or not holding what it should, is a ConfigError naming its key. ``check``
+and a start exit 2, never with a traceback.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ ALPN = ["http/1.1"]
 
 
 def _load(load: Callable[[], None], files: dict[str, str], where: str, what: str) -> None:
-    """Run ``load``; a file it cannot read is a ConfigError on that file's key
-    (``files``: path -> key), anything else one on ``where``: ``what`` it should be."""
+    """Run ``load``. A file it cannot read is a ConfigError on that file's key (``files``: path
+    -> key). Anything else is one on ``where``, saying ``what`` it should be.
+    """
     try:
         load()
     except (FileNotFoundError, PermissionError) as exc:

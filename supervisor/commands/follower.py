@@ -21,11 +21,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 def cmd_follower(args: argparse.Namespace) -> int:
     """Replace ``<[cache].path>.accepted`` with a reset record (:func:`~.accepted.write_reset`).
 
-    The way out of a sequence the root will never reach again (its database restored
-    from before a rollback), and the way to move a follower to a new root. A running
-    follower notices at its next poll and takes its root's next statement, which pins
-    that root again. A follower started later does not restore them from the statement
-    it forwards. Asks on a terminal; elsewhere ``--yes`` is needed (exit 2 without).
+    It moves a follower to a new root. It is also the way out of a sequence the root will
+    never reach again (its database restored from before a rollback). A running follower
+    notices at its next poll and takes its root's next statement, which pins that root
+    again. A follower started later does not restore them from the statement it forwards.
+    Asks on a terminal; elsewhere ``--yes`` is needed (exit 2 without).
     """
     from supervisor.sinks.lkg.accepted import ACCEPTED_SUFFIX, AcceptedStatements, write_reset
 

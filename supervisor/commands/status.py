@@ -42,8 +42,9 @@ class Check(msgspec.Struct):
 
 
 def replica_failure(exc: AdminUnreachable) -> Failure:
-    """``{"ok": false, "reason", "detail"}`` of a replica that did not answer (``denied``:
-    it refused the token), the same for one ``--url`` as for each of several."""
+    """``{"ok": false, "reason", "detail"}`` of a replica that did not answer (``denied``: it
+    refused the token). The same for one ``--url`` as for each of several.
+    """
     from supervisor.admin.errors import AdminRefused
 
     return failure_document(DENIED if isinstance(exc, AdminRefused) else UNAVAILABLE, str(exc))
@@ -52,10 +53,9 @@ def replica_failure(exc: AdminUnreachable) -> Failure:
 def rollout_problems(doc: dict[str, Any]) -> list[str]:
     """Why a replica has not finished the rollout of the desired revision; empty when done.
 
-    A refusal counts when it names the desired revision (a replica may have refused
-    it, kept the one before, and show active == desired only after a rollback to
-    it), or when the last attempt failed. A refusal of a revision that is no longer
-    desired (it was rolled back from) does not.
+    A refusal counts when it names the desired revision, or when the last attempt
+    failed. (A replica may refuse it, keep the one before, and show active == desired
+    only after a rollback to it.) A refusal of a revision rolled back from does not count.
     """
     rev = doc.get("revision")
     if not isinstance(rev, dict):

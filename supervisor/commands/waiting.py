@@ -127,11 +127,11 @@ async def wait_for_revision(base: str, revision: int, token: str | None,
                             ssl_context: ssl.SSLContext | None = None) -> ReplicaResult:
     """Follow ``base``'s stream until ``revision`` is active, refused or superseded there.
 
-    ``timeout`` when none of that happened before the deadline. A replica unreachable,
-    or whose connection drops, is retried until then; the last error is kept.
-    Once connected it asks the replica to converge now (``POST /v1/converge``, best
-    effort, not awaited): a replica that only polls would otherwise take its poll
-    interval. The stream alone is judged.
+    ``timeout`` when none of that happened before the deadline. A replica unreachable, or
+    whose connection drops, is retried until then; the last error is kept. Once connected,
+    it asks the replica to converge now (``POST /v1/converge``, best effort, not awaited). A
+    replica that only polls would otherwise wait its poll interval. The stream alone is
+    judged.
     """
     last = "no answer yet"
     with trio.move_on_after(timeout_s):

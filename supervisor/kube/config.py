@@ -20,11 +20,10 @@ __all__ = ["KubeSettings", "load_settings", "load_settings_async"]
 class KubeSettings:
     """What the HTTP client needs, copied out of a ``kubernetes.client.Configuration``.
 
-    ``authorization`` is the full header value (``Bearer ...``) or None.
-    ``refresh`` re-runs the loader's ``refresh_api_key_hook`` (in-cluster it
-    re-reads the service-account token once a minute) and returns the current
-    header value; it blocks, so call it in a thread. ``source`` describes
-    where the settings came from, for logs (never a secret).
+    ``authorization`` is the full header value (``Bearer ...``) or None. ``refresh`` re-runs
+    the loader's ``refresh_api_key_hook`` and returns the current header value. In-cluster
+    it re-reads the service-account token once a minute. It blocks: call it in a thread.
+    ``source`` describes where the settings came from, for logs (never a secret).
     """
 
     host: str

@@ -134,11 +134,10 @@ def transport_error(where: str, exc: BaseException, certificate_hint: str | None
                     timed_out: bool = False) -> TransportError:
     """``where`` failed with the foreign ``exc``, told down to its TLS or OS error.
 
-    As :func:`supervisor.errors.describe_failure` tells it (``certificate_hint``
-    names where the CA comes from): httpx's ``ConnectError`` often has no text of
-    its own, the refused connection or certificate is in its chain. A
-    :class:`TimedOut` when ``timed_out`` (the caller knows its library's timeout
-    type). Raise it ``from exc``.
+    Told as :func:`supervisor.errors.describe_failure` tells it; ``certificate_hint`` names
+    where the CA comes from. httpx's ``ConnectError`` often has no text: the refused
+    connection or certificate is in its chain. A :class:`TimedOut` when ``timed_out`` (the
+    caller knows its library's timeout type). Raise it ``from exc``.
     """
     cls = TimedOut if timed_out else TransportError
     return cls(f"{where}: {describe_failure(exc, certificate_hint=certificate_hint)}")

@@ -38,8 +38,9 @@ class Involved:
 class EventRecorder:
     """Records Events for one component; best effort, as client-go's recorder.
 
-    It never fails the caller. A refused or failed write is logged at warning, once per
-    reason and error text (a missing RBAC rule does not flood the log), and dropped.
+    It never fails the caller. A refused or failed write is logged at warning and dropped.
+    It is logged once per reason and error text, so a missing RBAC rule does not flood the
+    log.
     """
 
     def __init__(self, client: KubeClient, component: str, *, window_s: float = 60.0) -> None:
@@ -60,9 +61,10 @@ class EventRecorder:
         ``<parent name>.<16 hex digits>``, the parent's name cut to fit 253 characters.
 
         Aggregation, as client-go's correlator: the same reason on the same uid within
-        ``window_s`` of the last is counted into it (merge patch: ``count`` + 1, latest
-        ``lastTimestamp`` and ``message``). So a parent failing every retry records one
-        ApplyFailed with a count. A patch that finds the Event expired creates a new one.
+        ``window_s`` of the last is counted into it. The merge patch sets ``count`` + 1 and
+        the latest ``lastTimestamp`` and ``message``. So a parent failing every retry
+        records one ApplyFailed with a count. A patch that finds the Event expired creates a
+        new one.
         """
         key = (about.namespace, about.name, about.uid, reason)
         now = trio.current_time()

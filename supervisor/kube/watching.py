@@ -85,10 +85,10 @@ def is_preflight_matter(exc: KubeError) -> bool:
 def is_too_large_resource_version(exc: KubeError) -> bool:
     """True for "Too large resource version": asked for an RV newer than the server's.
 
-    As client-go's ``isTooLargeResourceVersionError``: the ``ResourceVersionTooLarge``
-    cause in the ``Status`` (read from the error's body: the response's, or the watch
-    ``ERROR`` event's object), or, from servers before 1.18.6, a ``Timeout`` whose cause
-    or message says so.
+    As client-go's ``isTooLargeResourceVersionError``: the ``ResourceVersionTooLarge`` cause
+    in the ``Status``. It is read from the error's body: the response's, or the watch
+    ``ERROR`` event's object. Servers before 1.18.6 send a ``Timeout`` whose cause or
+    message says so.
     """
     if not isinstance(exc, ApiError):
         return False
@@ -152,14 +152,14 @@ class Informer(Generic[T]):
            position. An event not newer than the position is a replay: logged, never
            handed on (it would roll the handler back).
         3. A stream the server ends is re-opened at once from the last resourceVersion.
-           ``410 Gone`` means **relist**. So does ``ResourceVersionTooLarge`` (an
-           ``ERROR`` event, or a 504 ``Timeout``): the server's RV went backwards (etcd
-           restored), and watching from ours would see nothing until it caught up. As
-           client-go's reflector does. When that RV came straight from a list, the relist
-           waits a backoff first, so the loop cannot run hot.
-           Any other failure (transport, stall, timeout, oversized line, 5xx, 429) waits a
-           backoff of 0.8 s doubling to 30 s with jitter (at least ``Retry-After``), then
-           re-watches. A stream that delivered a line resets the backoff first.
+           ``410 Gone`` means **relist**. So does ``ResourceVersionTooLarge`` (an ``ERROR``
+           event, or a 504 ``Timeout``). The server's RV went backwards (etcd restored);
+           watching from ours would see nothing until it caught up. As client-go's reflector
+           does. When that RV came straight from a list, the relist waits a backoff first,
+           so the loop cannot run hot. Any other failure (transport, stall, timeout,
+           oversized line, 5xx, 429) waits a backoff, then re-watches. The backoff is 0.8 s
+           doubling to 30 s with jitter, at least ``Retry-After``. A stream that delivered a
+           line resets the backoff first.
         4. ``403``/``404`` and an undecodable list envelope are not this loop's to fix (RBAC,
            namespace, CRD, schema): they propagate, so the caller goes back to its preflight.
 
@@ -275,10 +275,10 @@ class Informer(Generic[T]):
         return received
 
     def handle_line(self, line: bytes) -> None:
-        """One line of the watch stream: an event handed on, a bookmark or a replay
-        taken in, or a refusal raised (a :class:`~supervisor.kube.errors.KubeError`:
-        a line that is not an event, an ``ERROR`` event as its status). Any bytes end
-        in one of those, never in another exception.
+        """One line of the watch stream: an event handed on, a bookmark or a replay taken in,
+        or a refusal raised. A refusal is a :class:`~supervisor.kube.errors.KubeError`: a
+        line that is not an event, or an ``ERROR`` event as its status. Any bytes end in one
+        of those, never in another exception.
         """
         try:
             event = decode(line, RawWatchEvent)

@@ -112,8 +112,8 @@ async def raise_api_error(response: httpx.Response, method: str, path: str,
                           timeout_s: float) -> NoReturn:
     """Raise the refusal ``response`` carries (status >= 400) as :func:`~.errors.api_error`.
 
-    It carries the reason and message of the ``Status`` body (or the start of a body
-    that is not one) and ``Retry-After``; the response is closed. The body is read up to
+    It carries ``Retry-After`` and the ``Status`` body's reason and message (or the start of
+    a body that is not one). The response is closed. The body is read up to
     :data:`MAX_ERROR_BODY_BYTES` within ``timeout_s``; the message is cut to
     :data:`~supervisor.bounds.DETAIL_BYTES`.
     """
@@ -139,9 +139,9 @@ async def raise_api_error(response: httpx.Response, method: str, path: str,
 class RequestBody(httpx.AsyncByteStream):
     """A request body whose iterator is an object, not an async generator.
 
-    httpx wraps ``content=bytes`` in a stream whose ``__aiter__`` is an async
-    generator; a request cancelled mid-send abandons it, and trio's GC hook
-    then warns (encode/httpx#3686). A plain iterator has nothing to finalise.
+    httpx wraps ``content=bytes`` in a stream whose ``__aiter__`` is an async generator. A
+    request cancelled mid-send abandons it, and trio's GC hook then warns
+    (encode/httpx#3686). A plain iterator has nothing to finalise.
     """
 
     def __init__(self, data: bytes) -> None:
@@ -172,12 +172,12 @@ class ResourceList(msgspec.Struct):
 class ResponseBody:
     """The body of one streamed response, read within its bounds.
 
-    :meth:`read` returns at most ``limit`` bytes (more is
-    :class:`~supervisor.kube.errors.TooLargeResponse`, or cut off with
-    ``truncate``) within a deadline of ``timeout_s`` plus 1 s per
-    :data:`MIN_BODY_RATE` bytes read so far (a large list over a slow link
-    finishes; a server dribbling a body does not hold us forever; httpx's read
-    timeout bounds each silence). Passed: :class:`~supervisor.kube.errors.TimedOut`.
+    :meth:`read` returns at most ``limit`` bytes. More is
+    :class:`~supervisor.kube.errors.TooLargeResponse`, or cut off with ``truncate``.
+    The deadline is ``timeout_s`` plus 1 s per :data:`MIN_BODY_RATE` bytes read so far:
+    a large list over a slow link finishes, a server dribbling a body cannot hold us
+    forever. httpx's read timeout bounds each silence. Passed:
+    :class:`~supervisor.kube.errors.TimedOut`.
     """
 
     def __init__(self, response: httpx.Response, where: str) -> None:
@@ -189,11 +189,10 @@ class ResponseBody:
     async def aclose(self) -> None:
         """Finish the byte iterator, then close the response.
 
-        httpx's body iterators are nested async generators; abandoning them
-        half-way leaves trio's GC hook to finalise them, with a ResourceWarning
-        (encode/httpx#3686). Pulling once more inside an already-cancelled
-        scope raises Cancelled at their innermost checkpoint instead, which
-        finishes every level properly.
+        httpx's body iterators are nested async generators. Abandoned half-way, trio's GC
+        hook finalises them with a ResourceWarning (encode/httpx#3686). Pulling once more
+        inside an already-cancelled scope raises Cancelled at their innermost checkpoint
+        instead, which finishes every level properly.
         """
         if not self._ended:
             with trio.CancelScope() as scope:
@@ -242,13 +241,12 @@ class ResponseBody:
 class WatchStream(ResponseBody):
     """The lines of one watch response, each within ``inactivity_s`` of the previous.
 
-    :meth:`next_line` returns one non-empty line (one JSON event), or None when
-    the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
-    ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
-    behind a load balancer never errors on its own, and bookmarks guarantee
-    a healthy stream is never silent that long. A line over ``max_line``
-    (:data:`MAX_WATCH_LINE_BYTES`) is :class:`~supervisor.kube.errors.TooLargeResponse`
-    as soon as its bytes pass the bound, never held whole.
+    :meth:`next_line` returns one non-empty line (one JSON event), or None when the server
+    ended the stream (its ``timeoutSeconds`` elapsed). No bytes for ``inactivity_s`` raises
+    :class:`StreamStalled`. A half-open connection behind a load balancer never errors on
+    its own; bookmarks keep a healthy stream from such silence. A line over ``max_line``
+    (:data:`MAX_WATCH_LINE_BYTES`) is :class:`~supervisor.kube.errors.TooLargeResponse` as
+    soon as its bytes pass the bound, never held whole.
     """
 
     def __init__(self, response: httpx.Response, inactivity_s: float, where: str, *,

@@ -78,12 +78,12 @@ class ConfigReload:
     async def read(self) -> Config | None:
         """The file's configuration, or None (the reason logged) when it cannot be had in time.
 
-        The read runs in a worker thread under ``RELOAD_TIMEOUT_S``, so nothing at the path
-        can stop the event loop (and with it ``/healthz`` and the watchdog). A FIFO or
-        device is refused before it is opened. A read that hangs (a hard NFS mount whose
-        server is gone) is abandoned at the deadline; its thread finishes by itself.
-        These reads have a limiter of their own, one thread: a hung read never takes a
-        thread the stores need, and later SIGHUPs report it instead of piling up threads.
+        The read runs in a worker thread under ``RELOAD_TIMEOUT_S``. So nothing at the path
+        can stop the event loop, nor with it ``/healthz`` and the watchdog. A FIFO or device
+        is refused before it is opened. A read that hangs (a hard NFS mount whose server is
+        gone) is abandoned at the deadline; its thread finishes by itself. These reads have
+        a limiter of their own, one thread. A hung read never takes a thread the stores
+        need; later SIGHUPs report it instead of piling up threads.
         """
         fresh: Config | None = None
         self.last_error = None

@@ -31,11 +31,11 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600,
                  directory_mode: int | None = None) -> os.stat_result:
     """Replace ``path`` with ``data`` atomically and durably.
 
-    After it returns, ``path`` holds exactly ``data`` with permission bits ``mode``,
-    and survives a power loss. If it raises, ``path`` holds what it held before (old
-    content, or nothing) and no temporary file is left. Readers never see a partial
-    file: the data goes to a temporary file in the *same directory* (``os.replace``
-    is atomic within one file system only), then is renamed over the target.
+    After it returns, ``path`` holds exactly ``data`` with permission bits ``mode``, and
+    survives a power loss. If it raises, ``path`` holds what it held before (old content, or
+    nothing) and no temporary file is left. Readers never see a partial file. The data goes
+    to a temporary file in the *same directory*, then is renamed over the target
+    (``os.replace`` is atomic within one file system only).
 
     Errors are the system's ``OSError``, unchanged; each caller maps it to its own
     refusal (the cache raises ``CacheUnwritable``).

@@ -185,9 +185,9 @@ class AcceptedStatements:
     def sync(self) -> bool:
         """At every poll: take a reset written meanwhile, or write again a failed write.
 
-        True when the file was read again (changed by someone else: a reset); a
-        file removed, or changed into something unreadable, is written again from
-        memory. Raises CacheUnwritable as :meth:`accept` when the write fails.
+        True when the file was read again (changed by someone else: a reset). A file
+        removed, or changed into something unreadable, is written again from memory. Raises
+        CacheUnwritable as :meth:`accept` when the write fails.
         """
         if self.path is None:
             return False
@@ -209,13 +209,12 @@ class AcceptedStatements:
                      limit: int) -> Statement | None:
         """The statement of the root's signed file at ``signed_path``, when it supersedes.
 
-        The file a follower passes on holds a statement it accepted, so it is a
-        floor for the highest (the accepted file deleted, lost to a disk
-        restored without it, or not written on a full disk). Verified against
-        ``trusted_keys``; a missing, unreadable or refused file, one of another
-        root than the pinned one, or a reset record restores nothing (None).
-        Made the highest (and written) when restored; raises CacheUnwritable as
-        :meth:`accept`.
+        The file a follower passes on holds a statement it accepted, so it is a floor for
+        the highest. It matters when the accepted file was deleted, lost in a restore, or
+        not written on a full disk. Verified against ``trusted_keys``; a missing, unreadable
+        or refused file, one of another root than the pinned one, or a reset record restores
+        nothing (None). Made the highest (and written) when restored; raises CacheUnwritable
+        as :meth:`accept`.
         """
         if self.reset:
             return None
@@ -236,10 +235,9 @@ class AcceptedStatements:
     def accept(self, statement: Statement) -> None:
         """Make ``statement`` the highest: durably first, then in memory.
 
-        Raises :class:`~supervisor.sinks.lkg.errors.CacheUnwritable` when the
-        file cannot be written; the statement is then held in memory anyway
-        (this process still refuses what it would have refused), and
-        :meth:`sync` writes again at the next poll.
+        Raises :class:`~supervisor.sinks.lkg.errors.CacheUnwritable` when the file cannot be
+        written. The statement is held in memory anyway, so this process still refuses what
+        it would have. :meth:`sync` writes again at the next poll.
         """
         with self._lock:
             self._highest = statement.without_bytes()

@@ -79,8 +79,8 @@ class LastKnownGood:
     without a mark, and the mark is <= the cached revision. :meth:`export` keeps it
     by the order of its two atomic writes (see there).
 
-    The constructor creates a missing cache directory (0700, parents too) and records
-    its mode: a directory removed while running is made again by the next write.
+    The constructor creates a missing cache directory (0700, parents too). It records the
+    mode for :class:`~.files.DurableFiles`, which remakes a directory removed while running.
     It refuses unsafe ownership or modes as ConfigError (:func:`~.files.prepare_directory`),
     and loads the signing key now, so ``check`` and boot report a bad key.
 
@@ -132,10 +132,10 @@ class LastKnownGood:
     def forget_files(self) -> None:
         """The files were changed by someone else: re-read the mark before the next write.
 
-        The mark is otherwise read once and rewritten only when its value
-        changes, so a mark deleted or garbled under a running daemon would not
-        be written again by an export of the same revision. What this process
-        noted as served is kept (a deleted mark never lowers it).
+        The mark is otherwise read once and rewritten only when its value changes. So a mark
+        deleted or garbled under a running daemon would survive an export of the same
+        revision. What this process noted as served is kept (a deleted mark never lowers
+        it).
         """
         with self._lock:
             self._mark.forget_file()
@@ -151,9 +151,9 @@ class LastKnownGood:
     def refuse_own_key_among(self, trusted_keys: Sequence[str], where: str) -> None:
         """ConfigError at ``where`` when this cache's signing key is in ``trusted_keys``.
 
-        A follower's upstream keys must be the root's: trusting its own cache
-        key there would let anyone holding that key (this replica, or every
-        replica of a fleet sharing one key list) forge statements for it.
+        A follower's upstream keys must be the root's. Trusting its own cache key there
+        would let anyone holding that key forge statements for it: this replica, or every
+        replica of a fleet sharing one key list.
         """
         upstream = parse_trusted(trusted_keys, where_key=where)
         if self.signing_key_id is not None and self.signing_key_id in upstream:
@@ -261,11 +261,11 @@ class LastKnownGood:
     def discard_if_newer(self, revision: int) -> bool:
         """Remove the cache file when it holds a revision above ``revision``; True when removed.
 
-        For a rollback whose export failed (desired moved to an older revision,
-        the disk is full): the newer cache must not be served by the next boot.
-        The mark is left as it is; unlink needs no disk space. A missing (or
-        unreadable, or never servable) file is not removed and is no error.
-        Raises :class:`CacheUnwritable` when the removal fails. Blocking.
+        For a rollback whose export failed (desired moved to an older revision; the disk is
+        full). The next boot must not serve the newer cache. The mark is left as it is;
+        unlink needs no disk space. A missing (or unreadable, or never servable) file is not
+        removed and is no error. Raises :class:`CacheUnwritable` when the removal fails.
+        Blocking.
         """
         if revision < 0:
             raise ValueError(f"revision must be >= 0, got {revision}")

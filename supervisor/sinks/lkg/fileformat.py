@@ -87,9 +87,8 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defau
 class _Envelope(msgspec.Struct):
     """The two fields every format version keeps, read before the signature is checked.
 
-    Lenient on purpose (unknown fields ignored, key_id of any type) so that a
-    newer format's header still yields its version and key, and surfaces as
-    skew rather than as corruption.
+    Lenient on purpose: unknown fields are ignored, key_id may be any type. So a newer
+    format's header still yields its version and key, and shows as skew, not corruption.
     """
 
     format_version: int
@@ -110,8 +109,8 @@ def encode_header(
 ) -> bytes:
     """The header bytes for ``body``: version 2 with ``statement``, else version 1.
 
-    ``body_sha256`` (hex) is the body's digest where the caller verified it already:
-    a body is hashed once on its way from the control plane to the cache.
+    ``body_sha256`` (hex) is the body's digest where the caller verified it already. A body
+    is hashed once on its way from the control plane to the cache.
     """
     if format_version is None:
         format_version = FIRST_FORMAT_VERSION if statement is None else FORMAT_VERSION

@@ -169,8 +169,8 @@ class CacheLock:
 def hold_cache_lock(cache_path: str, *, wait_s: float = LOCK_WAIT_S) -> CacheLock | None:
     """Lock ``cache_path`` for this process, waiting up to ``wait_s`` for another holder.
 
-    Two daemons on one cache would each rewrite the cache, mark and forward file
-    with their own revisions; the next boot would serve whichever wrote last.
+    Two daemons on one cache would each rewrite the cache, mark and forward file with their
+    revisions. The next boot would serve whichever wrote last.
 
     Takes ``flock(LOCK_EX | LOCK_NB)`` on ``<cache path>.lock`` (0600; a missing
     directory is made 0700) and keeps it open. The kernel releases it when the process
