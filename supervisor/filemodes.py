@@ -52,11 +52,12 @@ def refuse_unsafe_place(key: str, directory: str, what: str, files: Sequence[str
     world-writable directory is refused too: another user may create the file first,
     and the daemon could then never replace it. Only the directory itself is checked,
     not its ancestors. A directory's symlinks are followed (a state directory may be a
-    link); a file's are not (a symlink is checked for its owner only). Used for the
-    cache, the snapshot file and an SQLite control plane, each with its directory.
+    link). A file's are not: a symlink is checked for its owner only, and the reader
+    refuses it as not a regular file. Used for the cache, the snapshot file and an
+    SQLite control plane, each with its directory.
 
     A missing directory, or a non-directory where it should be, is not checked:
-    the writes then fail and ``check`` reports it.
+    the writes then fail (``unwritable``) and ``check`` reports it.
     """
     def inspect(path: str, *, follow: bool) -> os.stat_result | None:
         try:

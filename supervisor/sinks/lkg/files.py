@@ -87,8 +87,8 @@ class CacheFiles(Protocol):
 class DurableFiles:
     """The real :class:`CacheFiles`: atomic fsynced replacement, and unlink made durable.
 
-    ``directory_mode`` (the cache directory's mode at start): a directory
-    removed while running is made again, with it, by the next write.
+    ``directory_mode``: the cache directory's mode at start, with which
+    :func:`~supervisor.sinks.atomic.write_atomic` remakes a removed directory.
     """
 
     def __init__(self, directory_mode: int | None = None) -> None:
@@ -111,15 +111,10 @@ class DurableFiles:
 def prepare_directory(directory: str, files: Sequence[str]) -> None:
     """Create ``directory`` when missing (0700, parents too), then refuse unsafe ownership or modes.
 
-    The directory and each existing file of ``files`` must belong to the effective uid
-    and not be group- or world-writable. Another local user who could replace or
-    delete them could make the replica boot an old revision.
-
-    The directory's symlinks are followed (a state directory may be a link). A file's
-    are not: a symlink is checked for its owner, and refused as not regular when read.
-    With a non-directory in the directory's place nothing is checked: every write then
-    fails as ``unwritable``, which ``check`` reports. Raises
-    :class:`~supervisor.errors.ConfigError` at ``$.cache.path``, naming the path and octal mode.
+    The rules are :func:`~supervisor.filemodes.refuse_unsafe_place`'s. Here, another local
+    user who could replace or delete these files could make the replica boot an old
+    revision. Raises :class:`~supervisor.errors.ConfigError` at ``$.cache.path``, naming
+    the path and its octal mode.
     """
     _create_missing(directory or ".")
     refuse_unsafe_place(_WHERE, directory or ".", "the cache directory", files)
