@@ -1,7 +1,8 @@
 """The ``/status`` document, declared once as msgspec Structs.
 
 A bottom module (it imports nothing of ours). Every owner returns its part as declared here;
-the event bus carries them. docs/admin-api.md documents exactly these fields.
+the event bus carries them. docs/admin-api.md documents exactly these fields
+(tests/unit/test_docsgen_pages.py holds its prose to them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Server-side apply of desired objects: the apply configuration and its digest.
 
-Children are written by :mod:`supervisor.fanout.childwrites`. Skipping unchanged
-writes is the reconciler's (:func:`supervisor.fanout.live.covers`).
+Children are written by :mod:`supervisor.fanout.childwrites` (created when absent,
+applied without ``force`` to what is ours: :mod:`supervisor.fanout.ownership`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ class Desired:
 
     ``body`` is the complete apply configuration we own (apiVersion, kind, metadata
     with labels, spec). :attr:`digest` is a SHA-256 of it in canonical (sorted-key)
-    JSON, stamped as :data:`DIGEST_ANNOTATION`. It tells drift (the live child
-    carries the digest we still want) from a desired change (it carries an older one).
+    JSON, stamped as :data:`DIGEST_ANNOTATION`.
+
+    The reconciler skips a write only when the live child covers ``body``
+    (:func:`supervisor.fanout.live.covers`: every field we set has our value; server
+    defaults do not count). So someone else's edit is seen and repaired, annotation
+    untouched or not. The digest tells such drift (the live child carries the digest we
+    still want) from a desired change (it carries an older one).
     """
 
     resource: Resource

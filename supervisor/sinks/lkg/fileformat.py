@@ -63,17 +63,17 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defau
     """
 
     format_version: int
-    revision: _NonNegative
-    generation: _NonNegative
-    schema_version: _NonNegative
+    revision: _NonNegative  # the control-plane revision id (>= 1 when written)
+    generation: _NonNegative  # the snapshot generation it was published as
+    schema_version: _NonNegative  # the revision document's
     created_at: datetime
     body_length: _NonNegative
-    body_sha256: _Sha256Hex
+    body_sha256: _Sha256Hex  # lowercase hex
     key_id: _KeyId
-    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None
-    root: _Root | None = None
-    issued_at: datetime | None = None
-    expires_at: datetime | None = None
+    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None  # the root's
+    root: _Root | None = None  # the root's control-plane identity
+    issued_at: datetime | None = None  # when the root signed it
+    expires_at: datetime | None = None  # after which it is stale
 
     def statement(self, signed: bytes | None = None) -> Statement | None:
         """The signed statement of a version 2 header (None for version 1)."""
