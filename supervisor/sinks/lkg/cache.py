@@ -69,15 +69,17 @@ class CachedRevision:
 class LastKnownGood:
     """One replica's signed cache file and its served-revision mark.
 
-    A replica exports every revision it publishes (:meth:`export`). At boot, with the
-    control plane unreachable or unreadable, it may serve that file instead (:meth:`load`).
+    A replica exports every revision it publishes (:meth:`export`). At boot, when the
+    control plane is unreachable or holds a revision this build cannot read, it may
+    serve that file instead (:meth:`load`).
     The cache is this deployment's statement "revision N was good". So it is signed,
     and refused whenever it cannot be trusted. It never expires by age: an outage is
     exactly when it is needed. :attr:`CachedRevision.age_s` shows the age.
 
     Invariant: at every instant a process can stop, a cache file never exists
     without a mark, and the mark is <= the cached revision. :meth:`export` keeps it
-    by the order of its two atomic writes (see there).
+    by the order of its two atomic writes (see there), given that it held before.
+    A deleted mark refuses the cache until reset (:class:`~.mark.ServedMark`).
 
     The constructor creates a missing cache directory (0700, parents too). It records the
     mode for :class:`~.files.DurableFiles`, which remakes a directory removed while running.
