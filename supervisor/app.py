@@ -1,23 +1,6 @@
 """The daemon: builds every component from the configuration and runs the root nursery.
 
-Start-up order, and why:
-
-1. The signal receiver, before anything slow (PID 1 in a container drops
-   signals that have no handler).
-2. The supervision tree, children in this order: ``admin`` (so /healthz and
-   /readyz answer during bootstrap), ``listen`` (PostgreSQL with
-   ``listen = true``: a notification during bootstrap wakes the loop right
-   after it), ``convergence`` (reports started only once the first snapshot is
-   published, or refuses to boot with exit 3), then one watcher per fan-out
-   kind (started while dormant in their preflight, so readiness never waits
-   for Kubernetes), or, with ``[kubernetes].leader_election``, one ``fanout``
-   child: the Lease election, running every kind only while this replica
-   leads (readiness never waits for leadership either).
-3. ``READY=1`` once the tree reports every child started.
-
-Shutdown: the first SIGTERM/SIGINT sends ``STOPPING=1`` and stops the children
-in reverse order within ``shutdown_grace_s``; whatever is still running then is
-cancelled. A second signal cancels at once.
+The start-up and shutdown order: :meth:`Daemon.run`.
 """
 
 from __future__ import annotations
@@ -440,7 +423,25 @@ class Daemon:
     # -- running ---------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run until shutdown. Raises BootRefused, SupervisionGaveUp, ConfigError."""
+        """Run until shutdown. Raises BootRefused, SupervisionGaveUp, ConfigError.
+
+        Start-up order, and why:
+
+        1. The signal receiver, before anything slow: PID 1 in a container drops signals
+           that have no handler.
+        2. The supervision tree (:meth:`build_tree`), children in order: ``admin`` (so
+           /healthz and /readyz answer during bootstrap); ``listen`` (a notification during
+           bootstrap wakes the loop right after it); ``convergence`` (started once the first
+           snapshot is published; else boot is refused, exit 3). Then one watcher per
+           fan-out kind, dormant in its preflight: readiness never waits for Kubernetes.
+           With ``[kubernetes].leader_election``, one ``fanout`` child instead: the Lease
+           election, running every kind only while this replica leads.
+        3. ``READY=1`` once the tree reports every child started.
+
+        Shutdown: the first SIGTERM/SIGINT sends ``STOPPING=1`` and stops the children in
+        reverse order within ``shutdown_grace_s``; what still runs is then cancelled. A
+        second signal cancels at once. SIGHUP runs :meth:`_on_sighup` in a task of its own.
+        """
         lock = None
         if self.config.cache.path is not None:
             from supervisor.sinks.lkg.files import hold_cache_lock

@@ -1,16 +1,6 @@
-"""Bounded exponential backoff with jitter: the one used by every retry loop.
+"""Bounded exponential backoff with jitter: the one every retry loop uses.
 
-``next()`` returns ``initial * 2**n`` (n = failures so far) capped at ``maximum``,
-scaled by a uniform jitter in ``jitter`` (default [0.5, 1.0], "equal jitter":
-never below half the nominal delay, so an outage never becomes a hot loop, and
-replicas failing together spread out; ``(1.0, 1.0)``: no jitter). ``reset()``
-after a success. ``after(n)`` is the same delay for a count kept elsewhere (per
-key, or the events inside a window). Either takes ``at_least``, a floor the
-delay never goes under (a 429's ``Retry-After``).
-
-Used by the convergence loop, the LISTEN child, the Kubernetes watch, fan-out
-requeues, preflights and repairs, the supervision tree's restarts and the
-``watch`` command. It sits at the bottom of the package: it imports nothing of ours.
+It sits at the bottom of the package: it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -21,6 +11,16 @@ __all__ = ["Backoff"]
 
 
 class Backoff:
+    """Delays of ``initial_s * 2**n`` (n: failures so far), capped at ``maximum_s``, then jittered.
+
+    The jitter is a uniform factor in ``jitter``. The default [0.5, 1.0] ("equal jitter")
+    never goes below half the nominal delay. So an outage never becomes a hot loop, and
+    replicas failing together spread out. ``(1.0, 1.0)``: no jitter.
+
+    :meth:`next` counts a failure; :meth:`reset` after a success. :meth:`after` is the
+    same delay for a count kept elsewhere (per key, or within a window). Both take
+    ``at_least``, a floor such as a 429's ``Retry-After``.
+    """
     def __init__(
         self,
         initial_s: float,

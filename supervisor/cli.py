@@ -1,10 +1,7 @@
 """The command line: subcommands and exit codes, nothing else.
 
 The contract: docs/commands.md and docs/exit-codes.md.
-
-Exit codes: 0 clean shutdown; 1 anything else; 2 bad usage or invalid
-configuration (or an invalid input file); 3 refused to boot; 4 supervision
-gave up. ``python -m supervisor --config PATH`` is ``run``.
+``python -m supervisor --config PATH`` is ``run``.
 """
 
 from __future__ import annotations
@@ -221,12 +218,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _schema_problems(config: Config) -> list[tuple[str, str]]:
-    """A control plane this build has not migrated, or a newer build has (a read-only
-    look; nothing is created).
+    """A control plane this build has not migrated, or a newer build has; a read-only look.
 
-    An unreachable, slow or empty control plane is not a configuration problem (the
-    daemon boots from its cache, ``db migrate`` creates the schema): only a schema
-    this build cannot use is reported, naming ``db migrate`` when that fixes it.
+    An unreachable, slow or empty control plane is no configuration problem: the daemon
+    boots from its cache, and ``db migrate`` creates the schema. Only a schema this build
+    cannot use is reported, naming ``db migrate`` when that fixes it. Nothing is created.
     """
     try:
         if config.control_plane.backend in ("sqlite", "postgresql"):
@@ -397,8 +393,10 @@ def _unreachable(command: str, exc: BaseException) -> int:
 
 
 def _reader_gone() -> int:
-    """stdout's reader went away (``| head -1``): exit 1 with nothing more said, as
-    whatever is left to write, and Python's own flush at exit, would fail again."""
+    """stdout's reader went away (``| head -1``): exit 1, with nothing more said.
+
+    Whatever is left to write would fail again, and so would Python's own flush at exit.
+    """
     import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -412,9 +410,11 @@ _STOPPED_BY_CTRL_C = (cmd_run, cmd_watch)
 
 
 def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
-    """``run``'s configuration error as a log line of ``[log].format`` (journal, JSON), as
-    every other line of the unit, whenever that format itself could be read: a JSON
-    pipeline or ``journalctl -p err`` then sees why the unit exited 2."""
+    """``run``'s configuration error as a log line of ``[log].format`` (journal, JSON).
+
+    So it looks like every other line of the unit, whenever that format could be read.
+    A JSON pipeline or ``journalctl -p err`` then sees why the unit exited 2.
+    """
     found = find_leaf(exc, (ConfigError, UsageError))
     if found is None:
         return False
@@ -466,10 +466,10 @@ def _print_failure(reason: str, detail: str) -> None:
 def failure(exc: BaseException) -> tuple[str, str]:
     """(reason label of docs/reasons.md, detail) of a command's failure.
 
-    A store's or a revision's own label wins (``not_found``, ``corrupt``...), also
-    behind the usage error that names it; a bad argument or configuration is
-    ``invalid``, a replica that refuses the token ``denied``, one that does not
-    answer ``unavailable``, as is anything else that kept the command from its answer.
+    A store's or a revision's own label wins (``not_found``, ``corrupt``...), also behind
+    the usage error that names it. A bad argument or configuration is ``invalid``.
+    A replica that refuses the token is ``denied``. One that does not answer is
+    ``unavailable``, as is anything else that kept the command from its answer.
     """
     from supervisor.admin.errors import AdminRefused
 

@@ -1,11 +1,7 @@
 """The words of ``trio-supervisor --help``: one entry per subcommand.
 
-Each :class:`CommandHelp` gives the one-line summary shown in the top-level
-list, a one-paragraph description, two examples and the exit codes, which
-:func:`epilog` renders below argparse's option list. Everything here refers to
-the installed command and the repository's own files (``README.rst``,
-``conf/``), never to documents outside it. ``tests/unit/test_cli_help.py``
-walks the parser and fails on any subcommand or option without help.
+They refer to the installed command and the repository's own files (``README.rst``,
+``conf/``), never outside it. ``tests/unit/test_cli_help.py`` fails on an option without help.
 """
 
 from __future__ import annotations
@@ -17,6 +13,11 @@ __all__ = ["COMMANDS", "EXIT_CODES", "PROGRAM", "CommandHelp", "epilog"]
 
 @dataclass(frozen=True)
 class CommandHelp:
+    """One subcommand's words: summary, description, two examples and its exit codes.
+
+    The summary is its line in the top-level list; :func:`epilog` renders the rest
+    below argparse's option list.
+    """
     summary: str
     description: str
     examples: tuple[str, str]

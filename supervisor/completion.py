@@ -1,13 +1,4 @@
-"""``trio-supervisor completion bash|zsh``: shell completion generated from the real parser.
-
-The script is built from the argparse parser at the time it is asked for, so a new
-subcommand or option completes without anyone editing a script: subcommands after
-the program name, each subcommand's options after it, an option's choices (``db``'s
-actions, ``completion``'s shells) where argparse declares them, and file names for
-options that take a path (``metavar`` ``PATH`` or ``FILE``), and revision ids where
-a command takes one (``metavar`` ``REV``, ``A``, ``B``), asked of the configured
-control plane (``completion --revision-ids``; nothing when it cannot be read).
-"""
+"""``trio-supervisor completion bash|zsh``: shell completion generated from the real parser."""
 
 from __future__ import annotations
 
@@ -74,7 +65,13 @@ def _words(parser: argparse.ArgumentParser) -> tuple[list[str], list[str], list[
 
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
-    """The completion script of ``parser`` for ``shell`` (one of :data:`SHELLS`)."""
+    """The completion script of ``parser`` for ``shell`` (one of :data:`SHELLS`).
+
+    Built from the parser when asked, so a new subcommand or option completes with no script
+    to edit. It completes subcommands, their options and declared choices. File names follow
+    a ``PATH`` or ``FILE`` metavar. Revision ids fill ``REV``, ``A`` and ``B``
+    (:func:`revision_ids`, via ``completion --revision-ids``).
+    """
     commands = _subcommands(parser)
     top_options, _, top_paths, _ = _words(parser)
     label, body, top = ("        {})", 12, 8) if shell == "bash" else ("      ({})", 8, 4)

@@ -1,28 +1,7 @@
 """The configuration's schema: every section and key, their types and bounds.
 
-Contract (docs/configuration.md): unknown keys are errors; every key can be
-overridden from the environment as ``SUPERVISOR_<SECTION>__<KEY>``; an invalid
-file is refused with the JSON-path of the bad key and the reason, which the
-CLI turns into exit 2. Also here: the parsers of a few values that other
-modules share (:func:`split_host_port`, :func:`is_loopback`, :func:`sqlite_path`).
-
-Durations, in seconds, each with a sane minimum and a finite maximum (the
-error names both)::
-
-    supervisor.shutdown_grace_s       0.1 .. 3600   below 0.1 s nothing can close
-    supervisor.restart_period_s       1 .. 86400
-    control_plane.poll_interval_s     0.01 .. 86400 (a day)
-    control_plane.backoff_initial_s   0.01 .. 3600
-    control_plane.backoff_max_s       0.01 .. 3600  (also >= backoff_initial_s)
-    control_plane.notify_min_interval_s  0 .. 60    (0: every notification wakes)
-    kubernetes.preflight_retry_s      0.1 .. 86400
-    kubernetes.lease_duration_s       1 .. 3600    (renew_deadline_s < lease_duration_s)
-    kubernetes.renew_deadline_s       0.5 .. 3600  (retry_period_s < renew_deadline_s)
-    kubernetes.retry_period_s         0.1 .. 3600
-
-The rules between keys, and the files they name, that the types cannot say:
-:mod:`supervisor.configchecks`. Reading a file, the environment overrides and
-the error messages: :mod:`supervisor.configfile`.
+Loading, environment overrides and errors: :mod:`supervisor.configfile`.
+The rules between keys that the types cannot say: :mod:`supervisor.configchecks`.
 """
 
 from __future__ import annotations
@@ -40,7 +19,8 @@ ENV_PREFIX = "SUPERVISOR_"
 CONFIG_ENV = "SUPERVISOR_CONFIG"
 
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
-# Durations (module docstring): inf and nan fail these bounds too.
+# Durations in seconds, each with a sane minimum and a finite maximum (the error
+# names both); inf and nan fail these bounds too.
 GraceSeconds = Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)]
 PeriodSeconds = Annotated[float, msgspec.Meta(ge=1.0, le=86400.0)]
 PollSeconds = Annotated[float, msgspec.Meta(ge=0.01, le=86400.0)]
@@ -56,7 +36,7 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
 
 
 class SupervisorConfig(_Section, frozen=True):
-    shutdown_grace_s: GraceSeconds = 10.0
+    shutdown_grace_s: GraceSeconds = 10.0  # below 0.1 s nothing can close
     restart_intensity: NonNegativeInt = 5
     restart_period_s: PeriodSeconds = 60.0
 
@@ -76,7 +56,7 @@ class ControlPlaneConfig(_Section, frozen=True):
     # At most 1 GiB: a body is held in memory (about 7x while it compiles).
     max_revision_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 16 * 1024 * 1024
     backoff_initial_s: BackoffSeconds = 0.25
-    backoff_max_s: BackoffSeconds = 30.0
+    backoff_max_s: BackoffSeconds = 30.0  # also >= backoff_initial_s (configchecks)
     # One database call (connect and statement) ends within this, a hydrate
     # within this plus 1 s per min_read_rate_kib_s KiB of its body.
     read_timeout_s: Annotated[float, msgspec.Meta(ge=0.5, le=3600.0)] = 17.0
@@ -208,6 +188,7 @@ class KubernetesConfig(_Section, frozen=True):
     lease_name: Annotated[
         str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
     ] = "trio-supervisor-fanout"
+    # retry_period_s < renew_deadline_s < lease_duration_s (configchecks).
     lease_duration_s: Annotated[float, msgspec.Meta(ge=1.0, le=3600.0)] = 15.0
     renew_deadline_s: Annotated[float, msgspec.Meta(ge=0.5, le=3600.0)] = 10.0
     retry_period_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600.0)] = 2.0

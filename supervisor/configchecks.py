@@ -1,21 +1,4 @@
-"""The checks on a configuration that its types alone cannot say.
-
-Contract:
-
-- :func:`cross_check` enforces the rules between keys (and the files they
-  name) on a decoded :class:`~supervisor.config.Config`: the admin token off
-  loopback, the control-plane URL's forms and what each mode requires, the
-  backoff and election durations against each other, no file written by the
-  daemon shared with another, no secret place admitting the daemon's own
-  credentials. The first rule broken raises
-  :class:`~supervisor.errors.ConfigError` with the key's JSON path and the
-  reason (:mod:`supervisor.configfile` runs it on every load; the CLI turns it
-  into exit 2).
-- :func:`check_files` and :func:`placeholders` raise nothing: they return
-  (key path, problem) pairs about the files the configuration names and the
-  values the shipped examples leave to fill, for ``check`` to report all at
-  once. They are not part of loading.
-"""
+"""The checks on a configuration that its types alone cannot say."""
 
 from __future__ import annotations
 
@@ -83,11 +66,10 @@ def credential_files(config: Config, environ: Mapping[str, str] | None = None,
                      config_path: str | None = None) -> list[tuple[str, str]]:
     """``(key, path)`` of every file the daemon reads a credential from.
 
-    The files the configuration names (the tokens, the signing key, the TLS
-    private keys, the kubeconfig), the configuration file itself (it may hold the DSN's
-    password), and the files its clients read by default: libpq's password file
-    and client key for each DSN, the kubeconfig of ``KUBECONFIG`` or
-    ``~/.kube/config``, the netrc file of the follower's HTTP client.
+    The files the configuration names: tokens, signing key, TLS private keys, kubeconfig.
+    The configuration file itself (it may hold the DSN's password). And the files its
+    clients read by default: libpq's password file and client key for each DSN, the
+    kubeconfig of ``KUBECONFIG`` or ``~/.kube/config``, the follower's netrc file.
     """
     env = os.environ if environ is None else environ
     home = env.get("HOME") or os.path.expanduser("~")
@@ -160,7 +142,14 @@ def _check_admin_tls(config: Config, host: str) -> None:
 
 
 def cross_check(config: Config) -> None:
-    """The rules between keys (and files) that the types alone cannot say."""
+    """The rules between keys (and files) that the types alone cannot say.
+
+    The rules: the admin token off loopback; the control-plane URL's forms and each mode's
+    needs; backoff and election durations against each other. No file the daemon writes is
+    shared with another. No secret place admits the daemon's own credentials. The first
+    broken rule raises :class:`~supervisor.errors.ConfigError` with the key's JSON path.
+    :func:`~supervisor.configfile.load` runs it on every load.
+    """
     try:
         host, _ = config.admin.host_port
     except ValueError as exc:
@@ -225,11 +214,11 @@ def cross_check(config: Config) -> None:
 def _refuse_secret_places_holding_credentials(config: Config) -> None:
     """[revision]'s secret places never admit what the daemon itself keeps secret.
 
-    Whoever can publish chooses the references; a place that admits the admin
-    token, the cache signing key or the daemon's own settings would let them have
-    the daemon hash those and serve the digest (docs/configuration.md). A ``..``
-    component makes a directory admit more than it appears to name. (The
-    resolver refuses these places whatever the lists say; this says so at load.)
+    Whoever can publish chooses the references. A place admitting the admin token, the
+    cache signing key or the daemon's settings would let them have the daemon hash those
+    and serve the digest (docs/configuration.md). A ``..`` component makes a directory
+    admit more than it appears to name. The resolver refuses these places anyway; this
+    says so at load.
     """
     for i, prefix in enumerate(config.revision.secret_env_prefixes):
         own = next((o for o in OWN_ENV_NAMES if o.startswith(prefix)), None)
@@ -282,7 +271,10 @@ def _refuse_shared_files(config: Config) -> None:
 
 
 def check_files(config: Config) -> list[tuple[str, str]]:
-    """Check the files the configuration names; return (path, problem) pairs."""
+    """Check the files the configuration names; return (path, problem) pairs.
+
+    Raises nothing, so ``check`` reports every problem at once. Not part of loading.
+    """
     problems: list[tuple[str, str]] = []
 
     def parent_writable(key: str, value: str | None, *, created: bool = False) -> None:

@@ -1,24 +1,6 @@
 """Reading a configuration: TOML text, environment overrides, errors that name the key.
 
-Contract (docs/configuration.md): unknown keys are errors; every key can be
-overridden from the environment as ``SUPERVISOR_<SECTION>__<KEY>``; an invalid
-file is refused with the JSON-path of the bad key and the reason, which the
-CLI turns into exit 2. The schema itself is :mod:`supervisor.config`, the
-rules between keys :mod:`supervisor.configchecks`.
-
-Environment values are parsed as TOML values when they parse (so
-``["a", "b"]`` is a list and ``2.5`` a float) and taken as plain strings
-otherwise (so ``postgresql://...`` needs no quoting); msgspec's lax conversion
-then turns ``"true"`` or ``"5"`` into the declared type. An override whose name
-or value is not UTF-8 (``os.environ`` holds such bytes as lone surrogates) is
-refused.
-
-Anywhere in the file or the environment, ``inf``/``nan`` and strings holding a
-NUL character are refused with their path, and input that breaks the parser
-itself (nesting deeper than the interpreter's recursion limit, an integer of
-more digits than Python converts, text that is not UTF-8) is a
-:class:`~supervisor.errors.ConfigError` like any other: nothing here raises
-anything else.
+Operators: docs/configuration.md. The schema is :mod:`supervisor.config`.
 """
 
 from __future__ import annotations
@@ -61,7 +43,13 @@ def _is_utf8(text: str) -> bool:
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
                origins: dict[str, str] | None = None) -> dict[str, Any]:
     """``raw`` with the environment's overrides; ``origins`` gets ``$.section.key`` -> the
-    variable that set it, so an error about that key blames the variable, not the file."""
+    variable that set it, so an error about that key blames the variable, not the file.
+
+    A value is parsed as TOML when it parses: ``["a", "b"]`` a list, ``2.5`` a float. Else
+    it is a string, so ``postgresql://...`` needs no quotes. msgspec's lax conversion then
+    makes ``"true"`` or ``"5"`` the declared type. A name or value that is not UTF-8 (lone
+    surrogates in ``os.environ``) is refused.
+    """
     sections = set(Config.__struct_fields__)
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name or name == CONFIG_ENV:
@@ -87,9 +75,11 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
 
 
 def env_warnings(environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-    """(variable, warning) for each ``SUPERVISOR_`` variable that is not read but would
-    name a key with ``__`` between its section and key (``SUPERVISOR_CONTROL_PLANE_URL``
-    for ``SUPERVISOR_CONTROL_PLANE__URL``): ignored, as any unknown variable, but said."""
+    """(variable, warning) for each ``SUPERVISOR_`` variable not read that nearly names a key.
+
+    Nearly: ``__`` missing between section and key (``SUPERVISOR_CONTROL_PLANE_URL`` for
+    ``SUPERVISOR_CONTROL_PLANE__URL``). Ignored, as any unknown variable, but said.
+    """
     found: list[tuple[str, str]] = []
     sections = {f.name: f.type for f in msgspec.structs.fields(Config)}
     for name in sorted(os.environ if environ is None else environ):
@@ -108,7 +98,13 @@ def env_warnings(environ: Mapping[str, str] | None = None) -> list[tuple[str, st
 def load_text(
     text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None
 ) -> Config:
-    """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only."""
+    """Parse TOML text, apply environment overrides, validate. Raises ConfigError, only.
+
+    Unknown keys are errors. Every key can be overridden as ``SUPERVISOR_<SECTION>__<KEY>``.
+    An error names the bad key's JSON path and the reason; the CLI exits 2.
+    Input that breaks the parser (nesting past the recursion limit, an integer too long
+    to convert, text not UTF-8) is a ConfigError like any other.
+    """
     origins: dict[str, str] = {}
     try:
         raw = _apply_env(_parse_toml(text), os.environ if environ is None else environ, origins)
@@ -147,10 +143,10 @@ def all_problems(path: str | os.PathLike[str], *,
                  environ: Mapping[str, str] | None = None) -> list[ConfigError]:
     """Every problem :func:`load` would refuse, not only the first (``check``).
 
-    msgspec stops at the first error of a document, so each key of each section is
-    converted on its own (every key has a default); the rules between keys
-    (:func:`~supervisor.configchecks.cross_check`) are judged only on a document whose
-    keys are each valid, and report their first problem.
+    msgspec stops at a document's first error. So each key of each section is converted
+    on its own (every key has a default). The rules between keys
+    (:func:`~supervisor.configchecks.cross_check`) are judged only when every key is
+    valid, and report their first problem.
     """
     try:
         load(path, environ=environ)

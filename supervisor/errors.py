@@ -1,25 +1,4 @@
-"""The root of every exception this package raises on purpose.
-
-Foreign errors (psycopg, httpx, msgspec, nacl, OS) are mapped to these at the
-module that touches the foreign library, chained with ``raise ... from exc``,
-so a caller never needs to know which driver sits underneath::
-
-    SupervisorError
-    ├── ConfigError              invalid configuration (exit 2); names the $.path
-    ├── UsageError               bad command line or input file (exit 2)
-    ├── BootRefused              nothing servable at boot (exit 3); names the refusal
-    ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
-    ├── StartError               a resource needed at start cannot be had now (exit 1)
-    ├── LabelledError            a failure told by .reason, .revision, .detail
-    │   ├── controlplane.errors.ControlPlaneError  store failures, by category
-    │   ├── revision.errors.RevisionError          decode and compile refusals, by reason
-    │   └── sinks.lkg.CacheError                   last-known-good refusals
-    ├── kube.errors.KubeError                  Kubernetes API failures
-    └── admin.errors.AdminError                admin server start failures
-
-Each feature's module docstring draws its own sub-tree. :func:`describe_failure`
-is how a foreign error is told in such a message.
-"""
+"""The root of every exception this package raises on purpose, and how a foreign one is told."""
 
 from __future__ import annotations
 
@@ -27,16 +6,35 @@ import ssl
 
 
 class SupervisorError(Exception):
-    """Base class of every error raised on purpose by this package."""
+    """Base class of every error raised on purpose by this package.
+
+    The module that touches a foreign library (psycopg, httpx, msgspec, nacl, OS) maps
+    its errors to these, ``from`` the original. So a caller never needs to know the
+    driver underneath. :func:`describe_failure` tells the foreign error in the message.
+    Each feature's errors module lists its own sub-tree::
+
+        SupervisorError
+        ├── ConfigError              invalid configuration (exit 2); names the $.path
+        ├── UsageError               bad command line or input file (exit 2)
+        ├── BootRefused              nothing servable at boot (exit 3); names the refusal
+        ├── SupervisionGaveUp        a child exceeded its restart intensity (exit 4)
+        ├── StartError               a resource needed at start cannot be had now (exit 1)
+        ├── LabelledError            a failure told by .reason, .revision, .detail
+        │   ├── controlplane.errors.ControlPlaneError  store failures, by category
+        │   ├── revision.errors.RevisionError          decode and compile refusals, by reason
+        │   └── sinks.lkg.CacheError                   last-known-good refusals
+        ├── kube.errors.KubeError                  Kubernetes API failures
+        └── admin.errors.AdminError                admin server start failures
+    """
 
 
 class LabelledError(SupervisorError):
     """A failure the convergence loop reports as it is: a reason label, a revision, a detail.
 
-    ``reason`` is a low-cardinality label (:mod:`supervisor.reasons`) for
-    metrics and status, ``revision`` the revision the failure is about (None:
-    none, an outage for one), ``detail`` the human text for logs and
-    ``/status``. The message (``str``) is each subclass's own.
+    ``reason`` is a low-cardinality label (:mod:`supervisor.reasons`) for metrics and
+    status. ``revision`` is the revision it is about (None: none, an outage say).
+    ``detail`` is the human text for logs and ``/status``. The message (``str``) is each
+    subclass's own.
     """
 
     def __init__(self, message: str, *, reason: str, detail: str,
@@ -77,11 +75,10 @@ class BootRefused(SupervisorError):
 class StartError(SupervisorError):
     """Something the process needs at start cannot be had right now (exit 1).
 
-    Not restarted inside the process (the tree ends the process with it, like
-    a :class:`ConfigError`), but unlike a configuration error a restart of the
-    whole process may succeed: a port held by a previous instance, an address
-    not yet assigned. Exit 1 lets systemd's ``Restart=on-failure`` retry it,
-    while exit 2 stays for what no restart fixes.
+    Not restarted inside the process: the tree ends the process with it, as with a
+    :class:`ConfigError`. Unlike that, a restart of the whole process may succeed: a port
+    held by a previous instance, an address not yet assigned. Exit 1 lets systemd's
+    ``Restart=on-failure`` retry; exit 2 stays for what no restart fixes.
     """
 
 
@@ -101,8 +98,8 @@ def find_leaf(
 ) -> BaseException | None:
     """The first leaf of ``kinds`` in ``exc``, looking inside (nested) exception groups.
 
-    trio's nurseries wrap a child's error in groups; the CLI's exit-code mapping
-    and the supervision tree's "fatal, do not restart" both look through them.
+    trio's nurseries wrap a child's error in groups. The CLI's exit-code mapping and the
+    tree's "fatal, do not restart" both look through them.
     """
     if isinstance(exc, kinds):
         return exc
@@ -115,8 +112,8 @@ def find_leaf(
 
 
 def innermost(exc: BaseException) -> BaseException:
-    """The last exception of ``exc``'s chain: its cause, else its context, and so on
-    (a group's first exception: trio's "all attempts to connect failed" holds each).
+    """The last exception of ``exc``'s chain: its cause, else its context, and so on. In a
+    group, its first exception (trio's "all attempts to connect failed" holds each).
 
     The context counts even when suppressed: httpcore re-raises its ConnectError
     ``from None``, which hides the TLS error it was raised from.
@@ -150,14 +147,12 @@ def describe_failure(exc: BaseException, *, limit: int = 500,
                      certificate_hint: str | None = None) -> str:
     """``<type>: <text>`` of a foreign error ``exc``, then its innermost cause's text.
 
-    httpx's ConnectError, trio's BrokenResourceError and the like often carry no
-    text of their own: what failed (a certificate refused, a connection
-    refused) is at the end of their chain, so that is named too. A TLS error is
-    told as ``TLS: <reason>``, a refused certificate as ``TLS:
-    CERTIFICATE_VERIFY_FAILED: <why it was refused>`` followed by
-    ``(<certificate_hint>)`` (where the CA to verify against is configured).
-    At most ``limit`` characters: ``exc``'s own text is cut first, so the cause
-    survives a long message.
+    httpx's ConnectError, trio's BrokenResourceError and the like often carry no text.
+    What failed (a certificate, a refused connection) is at the end of their chain, so it
+    is named too. A TLS error reads ``TLS: <reason>``. A refused certificate reads
+    ``TLS: CERTIFICATE_VERIFY_FAILED: <why>`` and then ``(<certificate_hint>)``: where the
+    CA to verify against is configured. At most ``limit`` characters; ``exc``'s own text
+    is cut first, so the cause survives a long message.
     """
     inner = innermost(exc)
     why = "" if inner is exc else (_own_text(inner) or type(inner).__name__)

@@ -1,21 +1,6 @@
 """The in-process event bus: what was published, rejected, or changed state.
 
-Producers (the convergence loop, the supervision tree, the fan-out's elector)
-call :meth:`EventBus.emit`, which never blocks and never fails: each subscriber
-has its own bounded buffer, and a subscriber whose buffer is full is *dropped*
-(its receive channel is closed and :attr:`Subscription.overflowed` is set)
-rather than slowing the producer or the other subscribers. The admin API's
-WebSocket stream is the consumer; it closes a dropped client with a reason.
-
-What the daemon emits is declared here, once, as msgspec Structs tagged by
-``type`` (:class:`Published`, :class:`Rejected`, :class:`StatusChanged`):
-producers call :meth:`EventBus.emit` with one, the bus stamps ``seq`` (a
-monotonically increasing number) and ``at`` (UTC, ISO 8601) on a copy, and
-subscribers receive that stamped Struct; its JSON (``msgspec.json.encode``)
-is ``type`` first, then ``seq``, ``at`` and the event's own keys. A ``status``
-event carries only the parts of the ``/status`` document that changed, as the
-Structs of :mod:`supervisor.status_doc` declare them. ``docs/admin-api.md`` is
-generated from these Structs.
+``docs/admin-api.md`` is generated from the event Structs declared here.
 """
 
 from __future__ import annotations
@@ -112,6 +97,14 @@ class Subscription:
 
 
 class EventBus:
+    """Carries events from producers to subscribers; producers are never slowed.
+
+    Producers (the convergence loop, the supervision tree, the fan-out's elector) call
+    :meth:`emit` with one of :class:`Published`, :class:`Rejected`, :class:`StatusChanged`.
+    Each subscriber has a bounded buffer. One whose buffer is full is *dropped*: its
+    channel is closed and :attr:`Subscription.overflowed` set. The admin API's WebSocket
+    stream is the consumer; it closes a dropped client with a reason.
+    """
     def __init__(self) -> None:
         self._subscribers: set[Subscription] = set()
         self._seq = itertools.count(1)
@@ -126,7 +119,11 @@ class EventBus:
         return len(self._subscribers)
 
     def emit(self, event: _E) -> _E:
-        """Deliver ``event``, stamped, to every subscriber now; never blocks.
+        """Deliver ``event``, stamped, to every subscriber now; never blocks, never fails.
+
+        The copy gets ``seq`` (monotonically increasing) and ``at`` (UTC, ISO 8601). Its
+        JSON is ``type`` first, then ``seq``, ``at`` and the event's own keys. A ``status``
+        event carries only the parts of ``/status`` that changed (:mod:`supervisor.status_doc`).
 
         Returns the stamped copy every subscriber received (``event`` is left as it was).
         """

@@ -1,23 +1,4 @@
-"""Files others may read, and places others may write.
-
-Secret files that others may read (:func:`loose_secret_files`): the admin token
-and the cache signing key. ``check`` prints a warning for each (and exits 2
-under ``--strict``); the daemon logs one at boot. A file is too open when
-others may read or write it, or when its group may read it and that group is
-not the daemon's own (a Kubernetes Secret volume is group-readable by design,
-through ``fsGroup`` = the pod's own group, and that is fine).
-
-Places others may write (:func:`refuse_unsafe_place`, :func:`unsafe_state_places`):
-a directory the daemon writes in, and the files it keeps there, must belong to
-the effective uid and must not be group- or world-writable (a sticky
-world-writable directory included: there another user may create the file
-first, and the daemon can then never replace it). Checked for the cache
-directory and its files, the snapshot file's own directory and the file, and
-an SQLite control plane's directory and its files; only the directory itself,
-not its ancestors. A directory is checked with symlinks followed (a state
-directory may be a link), a file without (a symlink is checked for its owner
-only).
-"""
+"""Files others may read, and places others may write."""
 
 from __future__ import annotations
 
@@ -65,11 +46,18 @@ def _unsafe(path: str, st: os.stat_result, what: str, *, owner_only: bool = Fals
 
 
 def refuse_unsafe_place(key: str, directory: str, what: str, files: Sequence[str]) -> None:
-    """Raise :class:`~supervisor.errors.ConfigError` at ``key`` when ``directory`` or
-    any of ``files`` that exists could be replaced by another user (module docstring).
+    """ConfigError at ``key`` when another user could replace ``directory`` or its ``files``.
+
+    Each must belong to the effective uid and not be group- or world-writable. A sticky
+    world-writable directory is refused too: another user may create the file first,
+    and the daemon could then never replace it. Only the directory itself is checked,
+    not its ancestors. A directory's symlinks are followed (a state directory may be a
+    link). A file's are not: a symlink is checked for its owner only, and the reader
+    refuses it as not a regular file. Used for the cache, the snapshot file and an
+    SQLite control plane, each with its directory.
 
     A missing directory, or a non-directory where it should be, is not checked:
-    the writes then fail and ``check`` reports it.
+    the writes then fail (``unwritable``) and ``check`` reports it.
     """
     def inspect(path: str, *, follow: bool) -> os.stat_result | None:
         try:
@@ -117,7 +105,13 @@ def unsafe_state_places(config: Config) -> list[tuple[str, str]]:
 
 
 def loose_secret_files(config: Config) -> list[tuple[str, str, str]]:
-    """``(key, path, why)`` for each secret file readable beyond the daemon's user."""
+    """``(key, path, why)`` for each secret file readable beyond the daemon's user.
+
+    The secret files: the admin token and the cache signing key. Too open: others may
+    read or write it, or its group may read it and is not the daemon's own. A Kubernetes
+    Secret volume is group-readable by design (``fsGroup``, the pod's group): fine.
+    ``check`` warns for each (exit 2 under ``--strict``); the daemon logs one at boot.
+    """
     found: list[tuple[str, str, str]] = []
     for key, path in (
         ("$.admin.token_file", config.admin.token_file),

@@ -1,27 +1,6 @@
-"""Logging: structlog, one JSON object per line on stderr, or console lines.
+"""Logging: structlog, one JSON object per line on stderr, console lines, or journald.
 
-Contract (docs/log-events.md): keys ``timestamp`` (ISO-8601 UTC),
-``level``, ``event`` plus context; JSON when ``[log].format`` is ``json``, or
-``auto`` and stderr is not a terminal. ``journal`` speaks journald's native
-protocol: one datagram per event to :data:`JOURNAL_SOCKET` (or the path in
-``$SUPERVISOR_JOURNAL_SOCKET``), every key a journal field named in upper case
-(``reason`` is ``REASON``: ``journalctl REASON=secret``), with ``MESSAGE`` the
-JSON line, ``PRIORITY`` its syslog priority (``2`` critical, ``3`` error, ``4``
-warning, ``6`` info, ``7`` debug) and ``SYSLOG_IDENTIFIER=trio-supervisor``;
-a value holding a newline goes in the protocol's length-prefixed form. Where no
-journal socket exists, or a datagram is refused (a full journal, too large),
-the line goes to stderr as JSON behind a ``<N>`` priority prefix, which
-journald strips and stores as the line's PRIORITY. ``auto`` picks ``journal``
-when ``$JOURNAL_STREAM`` names stderr (its ``st_dev:st_ino`` are those of fd
-2, as systemd sets it for a service whose stderr is the journal). Lines of a
-supervised child carry ``child=<name>`` (bound in the child's task through
-:mod:`structlog.contextvars`, which trio tasks inherit at spawn).
-
-The level is a module-level setting read by a filtering processor rather than
-baked into a cached logger class, so SIGHUP can change it in place
-(:func:`set_level`). The stdlib loggers of httpx, httpcore and psycopg
-go through the same renderer at WARNING, so third-party lines never
-break the one-object-per-line format.
+The contract (keys, formats, journald fields): docs/log-events.md.
 """
 
 from __future__ import annotations
@@ -56,6 +35,11 @@ def _filter_level(_: WrappedLogger, method: str, event_dict: EventDict) -> Event
 
 
 def set_level(level: str) -> None:
+    """Change the level in place (SIGHUP).
+
+    The level is a module setting read by a filtering processor, not baked into a
+    cached logger class, so it can change while running.
+    """
     global _threshold
     _threshold = _LEVELS[level]
 
@@ -75,7 +59,11 @@ def _is_journal(stream: TextIO, environ: dict[str, str] | os._Environ[str]) -> b
 
 def resolve_format(fmt: str, stream: TextIO,
                    environ: dict[str, str] | os._Environ[str] | None = None) -> str:
-    """``journal``, ``json`` or ``console`` for the configured ``fmt`` on ``stream``."""
+    """``journal``, ``json`` or ``console`` for the configured ``fmt`` on ``stream``.
+
+    ``auto`` is ``journal`` when ``$JOURNAL_STREAM`` names ``stream`` (its
+    ``st_dev:st_ino``, as systemd sets it), else ``json`` off a terminal, ``console`` on one.
+    """
     if fmt != "auto":
         return fmt
     if _is_journal(stream, os.environ if environ is None else environ):
@@ -181,8 +169,16 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
               journal_socket: str | None = None) -> None:
     """Configure structlog and the stdlib root logger; idempotent.
 
-    ``journal_socket``: the journal's path for ``journal`` (default as
-    :meth:`JournalSocket.found`)."""
+    ``journal`` sends one datagram per event (:func:`journal_datagram`): each key a field
+    in upper case (``journalctl REASON=secret``), ``MESSAGE`` the JSON line, ``PRIORITY``
+    its syslog priority, ``SYSLOG_IDENTIFIER=trio-supervisor``. With no journal socket,
+    or a refused datagram, the line goes to stderr as JSON behind a ``<N>`` priority prefix.
+    ``journal_socket``: the journal's path (default as :meth:`JournalSocket.found`).
+
+    httpx, httpcore and psycopg log through the same renderer at WARNING, so third-party
+    lines keep the one-object-per-line format. A supervised child's lines carry
+    ``child=<name>``, bound through :mod:`structlog.contextvars` (trio tasks inherit it).
+    """
     stream = stream if stream is not None else sys.stderr
     set_level(level)
     resolved = resolve_format(fmt, stream)

@@ -1,8 +1,7 @@
 """The one catalogue of every low-cardinality label this daemon emits.
 
-Metrics pre-initialise every label listed here, the status report and the
-stream use exactly these strings, and the troubleshooting table of docs/operations.md is
-keyed by them. A new label is added here first; nothing else spells one.
+Metrics pre-initialise every label here; status and stream use exactly these strings;
+docs/operations.md's troubleshooting table is keyed by them. Add a label here first.
 """
 
 from __future__ import annotations

@@ -1,29 +1,4 @@
-"""The state directories of relative paths: made at start, mode 0700.
-
-A relative path in the configuration (the embedded default's
-``sqlite:///var/controlplane.db`` and ``var/snapshot.json``) names a place under
-the working directory, which belongs to whoever runs the daemon there: ``run``
-creates the missing directories of the SQLite file, the snapshot file and the
-cache file, and ``publish`` that of the SQLite file. Each directory made is mode
-0700 (narrowed by the umask, never widened) and logged as ``created state
-directory`` with its key; an existing directory is never changed.
-
-An absolute path's directory belongs to the deployment (systemd's
-``StateDirectory=``/``RuntimeDirectory=``, a volume): a missing one is more
-likely a volume that is not mounted than a directory to make, so it is left as
-before (a missing SQLite directory is refused with exit 2, ``check`` reports
-the rest). The cache has always made its own directory, any path (its
-constructor, ``sinks/lkg/files.py``).
-
-Only directories: the SQLite *file* is still made by ``publish`` alone. The
-daemon reads an existing file or reports the control plane unavailable (a
-vanished control plane is an outage, not an empty one), so a directory made
-here changes nothing a missing file means: the daemon refuses to boot on it
-until something is published, exactly as with an empty ``var/``.
-
-When a directory cannot be made, :class:`~supervisor.errors.ConfigError`
-names the key and the path (exit 2: no restart makes it).
-"""
+"""The state directories of relative paths: made at start, mode 0700."""
 
 from __future__ import annotations
 
@@ -90,7 +65,22 @@ def creation_problems(config: Config) -> list[tuple[str, str]]:
 def make_state_directories(config: Config, keys: Collection[str] | None = None) -> list[Path]:
     """Make the missing relative state directories (of ``keys``, default all); return them.
 
-    Raises :class:`~supervisor.errors.ConfigError` at the key whose directory cannot be made.
+    A relative path (the default ``sqlite:///var/controlplane.db``, ``var/snapshot.json``)
+    is under the working directory, which belongs to whoever runs the daemon there.
+    ``run`` makes the directories of the SQLite file, snapshot and cache; ``publish``
+    the SQLite file's. Each is mode 0700 (narrowed by the umask, never widened), logged
+    as ``created state directory`` with its key. An existing directory is never changed.
+
+    An absolute path's directory belongs to the deployment (``StateDirectory=``, a
+    volume): a missing one is likelier an unmounted volume, so it is left alone. The
+    cache makes its own directory, any path (LastKnownGood). A missing SQLite
+    directory is refused with exit 2; ``check`` reports the rest.
+
+    Only directories: ``publish`` alone makes the SQLite file. A missing file is an
+    outage, not an empty control plane, so the daemon refuses to boot until a publish.
+
+    Raises :class:`~supervisor.errors.ConfigError` at the key whose directory cannot be
+    made (exit 2: no restart makes it).
     """
     made: list[Path] = []
     for key, directory in state_directories(config):

@@ -1,19 +1,8 @@
 """The ``/status`` document, declared once as msgspec Structs.
 
-:class:`StatusDocument` is the outward contract of ``GET /status`` (and of the
-stream's first message); each part is what its owner reports: the convergence
-loop's :class:`RevisionReport` (with the signed :class:`StatementReport` and the
-last :class:`Rejection`), the supervision tree's :class:`ChildReport`, the
-fan-out's :class:`FanoutReport` and :class:`LeadershipReport`, the side sinks'
-:class:`SinksReport`. :meth:`AdminContext.status` assembles the document from
-those Structs and it is encoded once, as it is; a ``status`` stream event
-(:class:`supervisor.events.StatusChanged`) carries the same parts.
-
-A bottom module (it imports nothing of ours), so that every owner returns its
-part as declared here and the event bus can carry them. ``docs/admin-api.md``
-documents exactly these fields (``tests/unit/test_docsgen_pages.py`` holds the
-catalogue's prose to them), and a client may decode the document with these
-very Structs.
+A bottom module (it imports nothing of ours). Every owner returns its part as declared here;
+the event bus carries them. docs/admin-api.md documents exactly these fields
+(tests/unit/test_docsgen_pages.py holds its prose to them).
 """
 
 from __future__ import annotations
@@ -144,6 +133,13 @@ class SinksReport(_Part):
 
 
 class StatusDocument(_Part):
+    """The outward contract of ``GET /status``, and of the stream's first message.
+
+    Each part is its owner's report: the convergence loop's :class:`RevisionReport`, the
+    tree's :class:`ChildReport`, the fan-out's :class:`FanoutReport` and
+    :class:`LeadershipReport`, the sinks' :class:`SinksReport`. ``AdminContext.status``
+    assembles it and encodes it once. A client may decode it with these very Structs.
+    """
     revision: RevisionReport
     children: dict[str, ChildReport]
     fanout: dict[str, FanoutReport]

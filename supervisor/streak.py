@@ -1,27 +1,4 @@
-"""A streak of failures said the way an operator wants to read it: start, progress, end.
-
-A dependency that stays down (the control plane, the LISTEN connection) fails
-once per retry; a full disk fails every write, a process out of descriptors
-every accept. One line per failure buries the log (a two-minute outage at a
-0.25 s..30 s backoff is a dozen lines per component, and an operator cannot
-tell from them when it ended). :class:`Streak` logs instead:
-
-- its first failure, at once (``began``, at ``level``), with the caller's fields;
-- while it lasts, at most one line per ``every_s`` (``ongoing``, at ``level``;
-  none when ``ongoing`` is None) with the failures so far (``attempts``), how
-  long it has lasted (``for_s``) and the caller's fields;
-- its end, once (``ended``, at ``ended_level``; none when ``ended`` is None)
-  with how long it lasted (``after_s``) and its failures (``attempts``, or the
-  name ``count_as`` gives). With ``quiet_s``, only a success at least that long
-  after the last failure ends it: failures interleaved with successes (a flood
-  at a limit, where some still get in) are one streak.
-
-Each event is a constant the caller passes (its own words: an outage is
-``<what> unreachable`` .. ``<what> reachable again``, a storm ``began`` ..
-``ended``), so an alert matches it and the log-events page lists it.
-
-Time comes from trio's clock, so tests drive it with a ``MockClock``.
-"""
+"""A streak of failures said the way an operator wants to read it: start, progress, end."""
 
 from __future__ import annotations
 
@@ -37,7 +14,22 @@ PROGRESS_EVERY_S = 60.0
 
 
 class Streak:
-    """One streak of failures, as log lines (see the module docstring)."""
+    """One streak of failures, as log lines: one when it begins, few while it lasts, one at its end.
+
+    A dependency that stays down fails once per retry. One line per failure buries the
+    log, and an operator cannot tell when the outage ended. So :class:`Streak` logs:
+
+    - its first failure, at once (``began``, at ``level``), with the caller's fields;
+    - while it lasts, at most one line per ``every_s`` (``ongoing``; none when None),
+      with the failures so far (``attempts``), ``for_s`` and the caller's fields;
+    - its end, once (``ended``, at ``ended_level``; none when None), with ``after_s`` and
+      its failures (``attempts``, or the name ``count_as`` gives).
+
+    With ``quiet_s``, only a success that long after the last failure ends it: failures
+    interleaved with successes (a flood at a limit) are one streak. Each event is a
+    constant the caller passes, so an alert matches it and the log-events page lists it.
+    Time is trio's clock: tests drive it with a ``MockClock``.
+    """
 
     def __init__(self, logger: Any, *, began: str, ongoing: str | None = None,
                  ended: str | None = None, every_s: float = PROGRESS_EVERY_S, quiet_s: float = 0.0,

@@ -1,18 +1,4 @@
-"""Every Prometheus metric of the daemon, in one place.
-
-One :class:`Metrics` per process (tests make their own), each on its own
-``CollectorRegistry`` so nothing leaks between tests. Names follow Prometheus
-conventions (``_total`` counters, ``_seconds`` units). Revision ids are gauge
-*values*, never labels; every label value comes from :mod:`supervisor.reasons`
-and is pre-initialised to 0 so a rate() over a never-seen reason is 0, not absent.
-
-No ``_created`` series: prometheus_client would export one per counter and
-histogram child, doubling the series count for a timestamp nobody alerts on
-(:func:`prometheus_client.disable_created_metrics`, a process-wide switch).
-``supervisor_build_info{version}`` is always 1; ``supervisor_fanout_state{kind,
-state}`` is 1 for each kind's current state and 0 for the others, read from the
-fan-out's status objects at scrape time (:meth:`Metrics.track_fanout`).
-"""
+"""Every Prometheus metric of the daemon, in one place."""
 
 from __future__ import annotations
 
@@ -85,6 +71,16 @@ def _metric(cls: type[_M], registry: CollectorRegistry, name: str, doc: str,
 
 
 class Metrics:
+    """The daemon's metrics, on a ``CollectorRegistry`` of their own (tests make their own).
+
+    Names follow Prometheus conventions (``_total`` counters, ``_seconds`` units).
+    Revision ids are gauge *values*, never labels. Every label value comes from
+    :mod:`supervisor.reasons`, pre-initialised to 0: a rate() over an unseen reason is 0.
+
+    No ``_created`` series: they would double the series count for a timestamp nobody
+    alerts on (``disable_created_metrics`` is process-wide).
+    ``supervisor_build_info{version}`` is always 1.
+    """
     def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -243,7 +239,10 @@ class Metrics:
             self.sink_state.labels(sink, state).set_function(_is(read, state))
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:
-        """Export ``supervisor_fanout_state`` from ``statuses`` (kind -> FanoutStatus)."""
+        """Export ``supervisor_fanout_state{kind, state}`` from ``statuses`` (kind -> FanoutStatus).
+
+        1 for each kind's current state, 0 for the others, read at scrape time.
+        """
 
         def current(kind: str) -> str:
             return str(getattr(statuses.get(kind), "state", "disabled"))

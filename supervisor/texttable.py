@@ -1,8 +1,6 @@
 """Text for a terminal from what others sent or stored: cells, blocks and aligned tables.
 
-A replica's ``/status``, a revision's message or a stored error can hold any
-character; here every non-printable one (newline, ANSI escape, BEL) becomes a
-space, so it can neither break a table's rows nor drive the terminal.
+Anything others sent may hold any character: see :func:`printable`.
 """
 
 from __future__ import annotations

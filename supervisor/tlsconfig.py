@@ -1,23 +1,7 @@
 """TLS contexts between replicas: the admin API's server side and the follower's client side.
 
-Contract:
-
-- :func:`server_context` loads ``[admin].tls_cert_file`` and ``tls_key_file`` (a
-  PEM chain and its key) into a server context of TLS 1.2 or later that offers
-  ``http/1.1`` alone over ALPN and refuses renegotiation; with
-  ``[admin].client_ca_file`` every client must present a certificate that CA
-  signed (mutual TLS).
-- :func:`client_context` is what a client of a replica verifies against: the CA
-  file given (``[control_plane].ca_file``, ``--ca-file``), else the system's
-  trust store; with a certificate and key it presents them (mutual TLS).
-- A file that cannot be read or does not hold what it should is a
-  :class:`~supervisor.errors.ConfigError` naming its key: ``check`` and a start
-  exit 2, never a traceback.
-- :class:`ServerContexts` holds the server context in force and builds a new
-  one on :meth:`ServerContexts.reload` (SIGHUP): each new handshake takes the
-  context of its moment, so a renewed short-lived certificate is served without
-  a restart, and connections already open keep theirs. A reload that fails
-  keeps the context in force and says why.
+A file unreadable, or not holding what it should, is a ConfigError naming its key. ``check``
+and a start exit 2, never with a traceback.
 """
 
 from __future__ import annotations
@@ -38,8 +22,9 @@ ALPN = ["http/1.1"]
 
 
 def _load(load: Callable[[], None], files: dict[str, str], where: str, what: str) -> None:
-    """Run ``load``; a file it cannot read is a ConfigError on that file's key
-    (``files``: path -> key), anything else one on ``where``: ``what`` it should be."""
+    """Run ``load``. A file it cannot read is a ConfigError on that file's key (``files``: path
+    -> key). Anything else is one on ``where``, saying ``what`` it should be.
+    """
     try:
         load()
     except (FileNotFoundError, PermissionError) as exc:
@@ -66,7 +51,11 @@ def _load_ca(context: ssl.SSLContext, ca_file: str, where: str) -> None:
 
 def server_context(cert_file: str, key_file: str, client_ca_file: str | None = None,
                    ) -> ssl.SSLContext:
-    """The admin API's server context; see the module docstring."""
+    """The admin API's server context, from ``[admin].tls_cert_file`` and ``tls_key_file``.
+
+    TLS 1.2 or later, ``http/1.1`` alone over ALPN, no renegotiation. With
+    ``[admin].client_ca_file`` every client must present a certificate that CA signed.
+    """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # A client renegotiating TLS 1.2 over and over costs a handshake each time:
@@ -111,7 +100,11 @@ def upstream_context(config: ControlPlaneConfig) -> ssl.SSLContext | None:
 
 
 class ServerContexts:
-    """The admin server's TLS context in force; :meth:`reload` swaps it (SIGHUP)."""
+    """The admin server's TLS context in force; :meth:`reload` swaps it (SIGHUP).
+
+    Each new handshake takes the context of its moment. So a renewed short-lived
+    certificate is served without a restart; open connections keep theirs.
+    """
 
     def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None) -> None:
         self._files = (cert_file, key_file, client_ca_file)

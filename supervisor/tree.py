@@ -1,48 +1,4 @@
-"""The supervision tree: one-for-one restarts of long-lived children.
-
-A :class:`ChildSpec` names a child, its start function, its restart type and
-its shutdown timeout. The start function has trio's ``nursery.start`` shape::
-
-    async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        ... set up ...
-        task_status.started()       # "I am serving": readiness is explicit
-        ... serve until cancelled ...
-
-:meth:`Supervisor.run` starts the children in order, each with
-``nursery.start``, and reports started (to its own caller) once every child
-has reported started, which is what ``READY=1`` waits for.
-
-Restart semantics follow OTP's one_for_one: only the crashed child restarts,
-its siblings keep running.
-
-- ``permanent``: always restarted, also when it returns.
-- ``transient``: restarted only when it crashes; a normal return ends it.
-- ``temporary``: never restarted.
-
-A child that raises :class:`~supervisor.errors.ConfigError`,
-:class:`~supervisor.errors.BootRefused` or :class:`~supervisor.errors.StartError`
-is not restarted in the process: the error ends the process with its own exit
-code (a port in use exits 1, which systemd retries).
-
-Restarts wait an exponential backoff with jitter (``BACKOFF_INITIAL_S`` doubling
-to ``BACKOFF_MAX_S``). More than ``intensity`` restarts of one child within
-``period_s`` raise :class:`~supervisor.errors.SupervisionGaveUp`, which ends
-the process with exit 4 so systemd or Kubernetes restart it whole.
-
-A restarted child that has spent longer than a limit ``starting`` since it
-last ran (the attempts added up: a start that hangs, times out and restarts
-never runs either; backoff waits are not counted) is stuck:
-:meth:`Supervisor.stuck_starting` names it (the daemon's ``/healthz`` and
-watchdog count it as down). A first start is not counted: it is the caller's
-own start-up, which :meth:`Supervisor.run`'s started report (readiness) covers.
-
-A crash is logged once, with its traceback. ``trio.Cancelled`` is a
-``BaseException`` and is never caught here, so shutdown always unwinds.
-
-Shutdown (:meth:`Supervisor.shutdown`) stops children in reverse start order,
-giving each up to its ``shutdown_timeout_s`` to unwind (children clean up in
-``finally`` blocks under ``trio.move_on_after(..., shield=True)``).
-"""
+"""The supervision tree: one-for-one restarts of long-lived children."""
 
 from __future__ import annotations
 
@@ -71,12 +27,25 @@ BACKOFF_MAX_S = 30.0
 
 
 class StartFn(Protocol):
-    """A child: started with ``nursery.start``, reports ``task_status.started()`` when up."""
+    """A child: started with ``nursery.start``, reports ``task_status.started()`` when up.
+
+    ::
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            ... set up ...
+            task_status.started()       # "I am serving": readiness is explicit
+            ... serve until cancelled ...
+    """
 
     def __call__(self, *, task_status: trio.TaskStatus[None] = ...) -> Awaitable[None]: ...
 
 
 class Restart(enum.Enum):
+    """When a child restarts, as OTP's one_for_one: only the crashed child, siblings run on.
+
+    ``permanent``: always, also when it returns. ``transient``: only when it crashes.
+    ``temporary``: never.
+    """
     PERMANENT = "permanent"
     TRANSIENT = "transient"
     TEMPORARY = "temporary"
@@ -84,6 +53,7 @@ class Restart(enum.Enum):
 
 @dataclass(frozen=True)
 class ChildSpec:
+    """A child: its name, start function, restart type and shutdown timeout."""
     name: str
     start: StartFn
     restart: Restart = Restart.PERMANENT
@@ -166,11 +136,10 @@ class Supervisor:
     def stuck_starting(self, limit_s: float) -> dict[str, float]:
         """Children restarted and still ``starting`` after ``limit_s``: name -> seconds so far.
 
-        Only a restart counts (a child that has reported started before): a
-        first start is the caller's start-up, which readiness covers. The
-        seconds are every attempt's time ``starting`` since the child last ran
-        (backoff waits excluded): restarts that each hang a while and then
-        fail never run either.
+        Only a restart counts: a first start is the caller's start-up, which readiness
+        covers. The seconds add up every attempt ``starting`` since the child last ran,
+        backoff waits excluded: restarts that each hang, then fail, never run either.
+        ``/healthz`` and the watchdog count such a child as down.
         """
         now = trio.current_time()
         stuck: dict[str, float] = {}
@@ -189,14 +158,29 @@ class Supervisor:
     # -- running -------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run every child until cancelled, or until one exceeds the restart intensity."""
+        """Run every child until cancelled, or until one exceeds the restart intensity.
+
+        Starts the children in order, each with ``nursery.start``, and reports started once
+        every child has: what ``READY=1`` waits for.
+
+        A crash is logged once, with its traceback, then restarted after a backoff with
+        jitter (``BACKOFF_INITIAL_S`` doubling to ``BACKOFF_MAX_S``). More than ``intensity``
+        restarts of one child within ``period_s`` raise
+        :class:`~supervisor.errors.SupervisionGaveUp`: exit 4, so systemd or Kubernetes
+        restart the process whole. ConfigError, BootRefused and StartError are not restarted:
+        they end the process with their own exit code (a port in use exits 1, which systemd
+        retries). ``trio.Cancelled`` is never caught, so shutdown always unwinds.
+        """
         async with trio.open_nursery() as nursery:
             for spec in self.specs:
                 await nursery.start(self._supervise, spec)
             task_status.started()
 
     async def shutdown(self) -> None:
-        """Stop children in reverse start order, each within its shutdown timeout."""
+        """Stop children in reverse start order, each within its shutdown timeout.
+
+        Children clean up in ``finally`` blocks under ``trio.move_on_after(..., shield=True)``.
+        """
         for spec in reversed(self.specs):
             child = self.children[spec.name]
             child.scope.cancel()

@@ -1,6 +1,7 @@
-"""What the subcommands share: exit codes, loading the configuration, a store for one call,
-the admin address and token, and the ``--json`` documents' text (the tables' text:
-:mod:`supervisor.texttable`)."""
+"""What the subcommands share: exit codes, configuration, a store for one call, admin access.
+
+Also the ``--json`` documents' text; the tables' text is :mod:`supervisor.texttable`'s.
+"""
 
 from __future__ import annotations
 
@@ -56,9 +57,11 @@ _CREDENTIALS = re.compile(r"//[^/?#@]*@")
 
 
 def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
-    """The argparse type of every ``--url`` naming a replica: a URL with one of ``schemes``,
-    a host and a valid port, else a usage error naming the option (exit 2) before
-    anything is stored or sent."""
+    """The argparse type of every ``--url`` naming a replica.
+
+    It must be a URL with one of ``schemes``, a host and a valid port. Otherwise a usage
+    error names the option (exit 2), before anything is stored or sent.
+    """
 
     def check(text: str) -> str:
         import httpx  # at parse time, not when the parser is built
@@ -211,8 +214,11 @@ def sqlite_file(config: Config) -> Path:
 
 
 def describe_store(config: Config) -> str:
-    """The control plane as an operator can find it again: an SQLite file's absolute path
-    (a relative one is relative to this working directory), a PostgreSQL URL redacted."""
+    """The control plane as an operator can find it again.
+
+    An SQLite file by its absolute path (a relative one is under this working
+    directory); a PostgreSQL URL redacted.
+    """
     from supervisor.dsn import redact
 
     if config.control_plane.backend == "sqlite":
@@ -327,9 +333,9 @@ def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = ""
                follow_tls: bool = True) -> tuple[str, str | None]:
     """The admin URL of the replica named by --config (or the default), and its token.
 
-    ``scheme`` (http, ws) becomes https or wss when that replica serves TLS (verified
-    against --ca-file), unless not ``follow_tls``; a wildcard listen address is asked
-    on loopback.
+    ``scheme`` (http, ws) becomes https or wss when that replica serves TLS, verified
+    against --ca-file; not so when ``follow_tls`` is false. A wildcard listen address is
+    asked on loopback.
     """
     import httpx
 
@@ -358,13 +364,12 @@ def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = ""
 
 
 class ReferenceResolver:
-    """Each secret reference stands in for its value: compiles everything but the secrets
-    (which may exist only on the replicas' hosts).
+    """Each secret reference stands in for its value: compiles everything but the secrets.
 
-    Where a reference may point does not depend on the secret: given ``[revision]``
-    (``confinement``), a reference outside ``secret_env_prefixes`` or ``secret_dirs``
-    is refused (``secret``) with the daemon's own words, as every replica with that
-    configuration would refuse it. Nothing is looked up, nothing is read.
+    The secrets may exist only on the replicas' hosts. Where a reference may point does
+    not depend on the secret. Given ``[revision]`` (``confinement``), a reference outside
+    ``secret_env_prefixes`` or ``secret_dirs`` is refused (``secret``) in the daemon's
+    own words, as every replica would refuse it. Nothing is looked up or read.
     """
 
     def __init__(self, confinement: RevisionConfig | None = None) -> None:
@@ -403,7 +408,9 @@ def failure_document(reason: str, detail: str, *, file: str | None = None) -> Fa
 
 
 def print_json(value: object, *, indent: int | None = None, flush: bool = False) -> None:
-    """``value`` (a Struct, or builtins holding Structs: each command declares what its
-    ``--json`` prints beside it) as the standard library's JSON of its builtins (``", "``
-    and ``": "`` between items, non-ASCII escaped): the same on every terminal."""
+    """``value`` as the standard library's JSON of its builtins: the same on every terminal.
+
+    ``value`` is a Struct, or builtins holding Structs; each command declares what its
+    ``--json`` prints beside it. Items are separated by ``", "`` and ``": "``; non-ASCII is escaped.
+    """
     print(json.dumps(msgspec.to_builtins(value), indent=indent), flush=flush)

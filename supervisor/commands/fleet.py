@@ -1,17 +1,4 @@
-"""``status --fleet``: the follower tree walked from its root, one row a replica.
-
-From the root (``--url``), level by level, each replica is asked within
-:data:`HOP_TIMEOUT_S` in all: ``/status`` (its sequence, state, reason, lag),
-the head of ``/v1/revision`` (its statement) and ``/v1/followers`` (the next
-hops, as that replica last saw them). A follower says what it likes about
-itself and its own followers, so a replica is walked on only when it serves a
-statement of the root's: the same root identity and signing key id as the
-root's statement, a sequence not above it, and, given trusted keys (``--config``'s
-``[control_plane]`` and ``[cache]`` ones), a signature that verifies. An
-address seen before is a ``cycle`` row, not walked again; at most
-:data:`MAX_DEPTH` levels, :data:`MAX_WIDTH` followers of one replica and
-:data:`MAX_REPLICAS` rows in all, what is left out said on the row that named it.
-"""
+"""``status --fleet``: the follower tree walked from its root, one row a replica."""
 
 from __future__ import annotations
 
@@ -54,9 +41,9 @@ HOPS_AT_ONCE: Final = 16
 class FleetRow(msgspec.Struct, kw_only=True):
     """One replica of the walk (``status --fleet --json``'s ``replicas``).
 
-    ``state``: ``converged``, ``refusing``, ``stale`` (as its ``/status`` tells),
-    ``unreachable``, ``unverified`` (it does not serve the root's statement) or
-    ``cycle``; only the first three were walked on.
+    ``state`` is ``converged``, ``refusing`` or ``stale`` (as its ``/status`` tells), and
+    only these are walked on. Otherwise ``unreachable``, ``unverified`` (it does not serve
+    the root's statement) or ``cycle``.
     """
 
     depth: int
@@ -212,10 +199,11 @@ async def _hop(client: httpx.AsyncClient, url: str, depth: int, token: str | Non
                ssl_context: ssl.SSLContext | None, anchor: Header | None,
                trusted: Mapping[str, nacl.signing.VerifyKey],
                turns: trio.CapacityLimiter) -> _Hop:
-    """One replica, within HOP_TIMEOUT_S from when it is its turn (``turns``: at most
-    :data:`HOPS_AT_ONCE`, so
-    that names slow to resolve, listed by a hostile follower, cannot spend an honest
-    replica's time): its row, and what to walk on (none when refused)."""
+    """One replica, within HOP_TIMEOUT_S from its turn: its row, and what to walk on.
+
+    ``turns`` lets at most :data:`HOPS_AT_ONCE` run. So names slow to resolve, listed
+    by a hostile follower, cannot spend an honest replica's time. Nothing to walk on when refused.
+    """
     row = FleetRow(depth=depth, url=url, state="unreachable", reason=UNAVAILABLE)
     try:
         async with turns:
@@ -234,7 +222,19 @@ async def _hop(client: httpx.AsyncClient, url: str, depth: int, token: str | Non
 
 async def walk(root: str, token: str | None, ssl_context: ssl.SSLContext | None,
                trusted: Mapping[str, nacl.signing.VerifyKey]) -> list[FleetRow]:
-    """Every replica found from ``root``, depth first in the order they were listed."""
+    """Every replica found from ``root``, depth first in the order they were listed.
+
+    Level by level, each replica is asked three things within :data:`HOP_TIMEOUT_S` in all.
+    ``/status``: sequence, state, reason, lag. The head of ``/v1/revision``: its statement.
+    ``/v1/followers``: its next hops, as it last saw them.
+
+    A follower may say anything about itself and its followers. So a replica is walked on
+    only when it serves a statement of the root's. That is: the same root identity and
+    signing key id, a sequence not above the root's, and (given ``trusted``) a signature
+    that verifies. An address seen before is a ``cycle`` row, not walked again. At most
+    :data:`MAX_DEPTH` levels, :data:`MAX_WIDTH` followers of one replica and
+    :data:`MAX_REPLICAS` rows; what is left out is said on the row that named it.
+    """
     root = root.rstrip("/")
     seen = {root}
     async with httpx.AsyncClient(timeout=HOP_TIMEOUT_S, trust_env=False,

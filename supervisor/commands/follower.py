@@ -1,14 +1,4 @@
-"""``trio-supervisor follower reset``: forget a follower's accepted sequence and pinned root.
-
-The operator's way out of a sequence the root will never reach again (its
-database restored from before a rollback) and the way to move a follower to
-a new root: the follower's ``<[cache].path>.accepted`` is replaced by a reset
-record (:func:`~supervisor.sinks.lkg.accepted.write_reset`). A running
-follower notices it at its next poll and takes its root's next statement,
-which pins that root and sets the sequence again; a follower started later
-does not restore them from the statement it passes on. It asks on a
-terminal; elsewhere ``--yes`` is needed (exit 2 without).
-"""
+"""``trio-supervisor follower reset``: forget a follower's accepted sequence and pinned root."""
 
 from __future__ import annotations
 
@@ -29,6 +19,14 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_follower(args: argparse.Namespace) -> int:
+    """Replace ``<[cache].path>.accepted`` with a reset record (:func:`~.accepted.write_reset`).
+
+    It moves a follower to a new root. It is also the way out of a sequence the root will
+    never reach again (its database restored from before a rollback). A running follower
+    notices at its next poll and takes its root's next statement, which pins that root
+    again. A follower started later does not restore them from the statement it forwards.
+    Asks on a terminal; elsewhere ``--yes`` is needed (exit 2 without).
+    """
     from supervisor.sinks.lkg.accepted import ACCEPTED_SUFFIX, AcceptedStatements, write_reset
 
     config, _ = load_config(args)

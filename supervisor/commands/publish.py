@@ -1,30 +1,6 @@
 """``publish FILE`` and its modes: ``--dry-run``, ``--resolve-secrets``, ``--wait``.
 
-The contract: docs/commands.md.
-
-Every mode first validates and compiles FILE with the daemon's own code path
-(:func:`~supervisor.revision.compile.compile_revision` on the canonical body
-``publish`` would store), so a refusal names the same reason label and
-``$.path`` a replica would log. Secrets:
-
-- plain ``publish``: each secret reference stands in for its value (the
-  secrets may exist only on the replicas' hosts), yet one outside
-  ``[revision]``'s confinement is refused as the daemon refuses it;
-- ``--resolve-secrets`` and ``--dry-run``: resolved in this environment, as
-  the daemon resolves them (``secret`` refusal, exit 2, when one cannot be).
-
-``--dry-run`` stores nothing and prints the changes against the desired
-revision. ``--wait`` publishes, then follows each ``--url`` replica's stream
-(:mod:`supervisor.commands.waiting`): exit 0 when all report the revision
-active, 5 when any refused it (the reason label and detail on the last line),
-1 when any timed out, was unreachable, or serves a newer revision already.
-
-``--json`` (every mode) prints one JSON document on stdout instead of the
-lines, with the same exit codes: ``{"ok", "revision"}``; ``--dry-run``
-``{"ok", "desired", "changes"}``; ``--wait`` adds ``"outcome"`` (``active``,
-``refused``, ``not_active``) and ``"replicas"`` (``url``, ``state``,
-``reason``, ``detail``); refused before storing ``{"ok": false, "reason",
-"detail"}`` (the refusal line still goes to stderr).
+The user-facing contract (options, ``--json`` keys, exit codes): docs/commands.md.
 """
 
 from __future__ import annotations
@@ -165,10 +141,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tuple[int, bytes]:
     """(schema_version, canonical body) of FILE, compiled; RevisionError on refusal.
 
-    The daemon's bounds from ``config`` apply as a replica with it applies them:
-    a body over ``[control_plane].max_revision_bytes`` is ``denied`` (before
-    anything else, as hydration refuses it), and resolved secrets obey
-    ``[revision]``'s confinement.
+    The daemon's bounds from ``config`` apply, as on a replica. A body over
+    ``[control_plane].max_revision_bytes`` is ``denied`` first, as hydration refuses it.
+    Resolved secrets obey ``[revision]``'s confinement.
     """
     from supervisor.revision.compile import compile_revision
     from supervisor.revision.files import load_document_file
@@ -188,10 +163,10 @@ def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tupl
 def read_input(file: str, limit: int) -> bytes:
     """The bytes of ``file`` (``-``: standard input), at most ``limit`` of them.
 
-    Only a regular file is read (opened without blocking, so a FIFO with no
-    writer or a device is refused at once), and its size is checked before a byte
-    is: over ``limit`` is ``denied``. Standard input is read up to ``limit`` and
-    refused past it. Nothing was read: UsageError (exit 2) naming the file.
+    Only a regular file is read. It is opened without blocking, so a FIFO with no writer or
+    a device is refused at once. Its size is checked before a byte is read: over ``limit``
+    is ``denied``. Standard input is read up to ``limit`` and refused past it. Nothing was
+    read: UsageError (exit 2) naming the file.
     """
     if file == "-":
         if sys.stdin is None:  # started with it closed (`<&-`)
@@ -232,6 +207,20 @@ def _refusal_line(file: str, exc: RevisionError) -> str:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    """Validate and compile FILE as a replica would, then store it, or only compare (``--dry-run``).
+
+    Every mode compiles the canonical body ``publish`` would store with the daemon's own
+    code (:func:`_compile`). So a refusal names the reason label and ``$.path`` a replica
+    would log. Plain ``publish``: secret references stand in for values
+    (:class:`~.common.ReferenceResolver`). ``--resolve-secrets`` and ``--dry-run``
+    resolve them here, as the daemon does (``secret``, exit 2, when one cannot be).
+
+    ``--wait`` then follows each replica's stream (:mod:`supervisor.commands.waiting`). Exit
+    0 when all report it active; 5 when any refused it (label and detail on the last line);
+    1 when any timed out, was unreachable or serves a newer revision. ``--json`` prints one
+    document instead of the lines, same exit codes; a refusal before storing still prints
+    its line on stderr.
+    """
     if (args.url or args.token_file or args.ca_file or args.fleet) and not args.wait:
         raise UsageError("--url, --token-file, --ca-file and --fleet go with --wait")
     if args.dry_run and args.wait:
@@ -333,8 +322,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _no_control_plane_yet(config: Config) -> bool:
-    """An SQLite control plane whose file the first ``publish`` has yet to create: a dry
-    run compares against nothing (and, storing nothing, does not create it)."""
+    """An SQLite control plane whose file the first ``publish`` has yet to create. A dry run
+    then compares against nothing, and does not create it.
+    """
     return config.control_plane.backend == "sqlite" and not sqlite_file(config).exists()
 
 

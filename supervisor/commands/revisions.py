@@ -1,15 +1,7 @@
-"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune`` (docs/commands.md), and
-revision documents for people: ``show``'s TOML rendering, ``diff``'s field-by-field changes.
+"""``history``, ``show``, ``diff``, ``rollback`` and ``db prune``, and revisions for people.
 
-Exit codes: 0 done; 1 a revision that does not exist, or the control plane
-unreachable or refusing; 2 bad usage, or (``diff``, ``rollback``) a revision
-this build cannot read, with the reason label. ``--json`` prints one JSON
-document on stdout instead of the table (keys and types held by
-``tests/integration/test_lifecycle_cli.py``).
-
-The renderings work on decoded documents only: a key's ``secret`` is its reference
-(``env:NAME``, ``file:PATH``), compared and printed as such. Nothing here
-resolves a secret, so nothing here can print one.
+Exit codes and ``--json`` keys: docs/commands.md; tests/integration/test_lifecycle_cli.py holds
+the keys. The renderings see decoded documents only: a secret is its reference, never its value.
 """
 
 from __future__ import annotations
@@ -297,9 +289,11 @@ def _as_text(loaded: LoadedRevision) -> str:
 
 async def _readable_row(store: RevisionAdmin, revision: int,
                         consequence: str = "") -> LoadedRevision:
-    """``store.revision(revision)``; a body that fails its digest (``corrupt``) or is over
-    ``max_revision_bytes`` (``denied``) is UsageError (exit 2, the label named): this
-    build cannot read it, as for an incompatible one. Not found stays exit 1."""
+    """``store.revision(revision)``, or UsageError (exit 2) when this build cannot read it.
+
+    A body that fails its digest (``corrupt``) or exceeds ``max_revision_bytes``
+    (``denied``) is treated as an incompatible one, the label named. Not found stays exit 1.
+    """
     from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, TooLarge
 
     try:
@@ -410,10 +404,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def _replica_rejections(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """Each replica's last refusal, ``(url, last_rejection)``, for the rollback's check.
 
-    A replica that cannot be read does not stop the rollback (the control plane
-    is the authority; the replicas may be down, which is often why one rolls
-    back): a warning says that its refusal could not be checked, unless nothing
-    listens at the address the configuration names (no ``--url``).
+    A replica that cannot be read does not stop the rollback. The control plane is the
+    authority, and replicas may be down: often why one rolls back. A warning says its
+    refusal could not be checked. No warning when nothing listens at the configured
+    address and no ``--url`` was given.
     """
     import sys
 
@@ -449,8 +443,9 @@ def _replica_rejections(args: argparse.Namespace) -> list[tuple[str, dict[str, A
 
 async def _refuse_what_a_replica_refused(store: RevisionAdmin, target: LoadedRevision,
                                          rejections: list[tuple[str, dict[str, Any]]]) -> None:
-    """UsageError when a replica last refused ``target``'s body: the revision itself, or
-    another revision with the same body (a refusal is about content, not an id)."""
+    """UsageError when a replica last refused ``target``'s body: that revision, or another with
+    the same body. A refusal is about content, not an id.
+    """
     from supervisor.controlplane.errors import ControlPlaneError
 
     found = []

@@ -1,17 +1,4 @@
-"""``status``: one replica's report as a table, or one line per replica for several ``--url``.
-
-Exit 1 when any replica is unreachable, not ready (no active snapshot) or has a
-failed child, so it works as a health check over a fleet. With ``--check`` also
-when a rollout is not done (:func:`rollout_problems`): a replica whose active
-revision is not the desired one, or that refused the desired revision, or whose
-last attempt was refused.
-
-A replica's document is read as the JSON it is, not decoded into this build's
-:class:`~supervisor.status_doc.StatusDocument`: during a rollout the replicas
-run other builds, whose documents have keys this one lacks or lacks keys it
-has, and ``status`` (``--check`` above all) must still read them; ``--json``
-prints each as the replica sent it.
-"""
+"""``status``: one replica's report as a table, or one line per replica for several ``--url``."""
 
 from __future__ import annotations
 
@@ -55,8 +42,9 @@ class Check(msgspec.Struct):
 
 
 def replica_failure(exc: AdminUnreachable) -> Failure:
-    """``{"ok": false, "reason", "detail"}`` of a replica that did not answer (``denied``:
-    it refused the token), the same for one ``--url`` as for each of several."""
+    """``{"ok": false, "reason", "detail"}`` of a replica that did not answer (``denied``: it
+    refused the token). The same for one ``--url`` as for each of several.
+    """
     from supervisor.admin.errors import AdminRefused
 
     return failure_document(DENIED if isinstance(exc, AdminRefused) else UNAVAILABLE, str(exc))
@@ -65,10 +53,9 @@ def replica_failure(exc: AdminUnreachable) -> Failure:
 def rollout_problems(doc: dict[str, Any]) -> list[str]:
     """Why a replica has not finished the rollout of the desired revision; empty when done.
 
-    A refusal counts when it names the desired revision (a replica may have refused
-    it, kept the one before, and show active == desired only after a rollback to
-    it), or when the last attempt failed. A refusal of a revision that is no longer
-    desired (it was rolled back from) does not.
+    A refusal counts when it names the desired revision, or when the last attempt
+    failed. (A replica may refuse it, keep the one before, and show active == desired
+    only after a rollback to it.) A refusal of a revision rolled back from does not count.
     """
     rev = doc.get("revision")
     if not isinstance(rev, dict):
@@ -109,7 +96,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """One replica's report (unreachable: AdminUnreachable, exit 1), or one row each."""
+    """One replica's report (unreachable: AdminUnreachable, exit 1), or one row each.
+
+    Exit 1 when any replica is unreachable, not ready (no active snapshot) or has a
+    failed child: a health check over a fleet. With ``--check`` also when a rollout
+    is not done (:func:`rollout_problems`).
+
+    A document is read as the JSON it is, not decoded into this build's
+    :class:`~supervisor.status_doc.StatusDocument`. During a rollout replicas run other
+    builds, with keys this one lacks or lacking keys it has. ``--json`` prints each as sent.
+    """
     from supervisor.admin.errors import AdminUnreachable
     from supervisor.admin.status_view import render_status
 

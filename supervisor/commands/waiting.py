@@ -1,27 +1,4 @@
-"""``publish --wait``: follow a replica's stream until it reports a revision active or refused.
-
-One task per replica follows ``/v1/stream`` (trio-websocket) and judges every
-message: the first ``status`` message (the state when it connected, so a
-revision that went live or was refused before the connection is seen too),
-then ``published``, ``rejected`` and ``status`` events. A revision is
-
-- ``active`` when the replica reports it active (published, or the status's
-  ``active``);
-- ``refused`` when a rejection names it (the reason label and detail kept);
-- ``superseded`` when the replica is already serving a newer revision id
-  (someone published after us: ours will never be active there);
-- ``timeout`` when none of that happened before the deadline. A replica that
-  cannot be reached, or whose connection drops, is retried until then, and the
-  last error is kept for the report.
-
-Once connected, the waiter also asks the replica to converge now
-(``POST /v1/converge``, best effort): a replica that only polls (SQLite, or
-LISTEN off) would otherwise take up to its poll interval. The answer is not
-awaited, and failure is ignored: the stream is what is judged.
-
-``--fleet``: the replicas are those the walk from the one ``--url`` finds at the
-publish (:func:`fleet_urls`).
-"""
+"""``publish --wait``: follow a replica's stream until it reports a revision active or refused."""
 
 from __future__ import annotations
 
@@ -65,7 +42,15 @@ class ReplicaResult(msgspec.Struct):
 
 
 def judge(doc: Any, revision: int, url: str) -> ReplicaResult | None:
-    """The verdict one stream message gives about ``revision`` (None: not yet known)."""
+    """The verdict one stream message gives about ``revision`` (None: not yet known).
+
+    - ``active``: the replica reports it active (published, or the status's ``active``);
+    - ``refused``: a rejection names it (the reason label and detail kept);
+    - ``superseded``: it already serves a newer revision id (someone published after us).
+
+    The first ``status`` message is judged too: it is the state when the stream
+    connected, so a revision live or refused before then is seen.
+    """
     if not isinstance(doc, dict):
         return None
     kind = doc.get("type")
@@ -140,7 +125,14 @@ def _failure(exc: BaseException) -> str:
 async def wait_for_revision(base: str, revision: int, token: str | None,
                             timeout_s: float,
                             ssl_context: ssl.SSLContext | None = None) -> ReplicaResult:
-    """Follow ``base``'s stream until ``revision`` is active, refused or superseded there."""
+    """Follow ``base``'s stream until ``revision`` is active, refused or superseded there.
+
+    ``timeout`` when none of that happened before the deadline. A replica unreachable, or
+    whose connection drops, is retried until then; the last error is kept. Once connected,
+    it asks the replica to converge now (``POST /v1/converge``, best effort, not awaited). A
+    replica that only polls would otherwise wait its poll interval. The stream alone is
+    judged.
+    """
     last = "no answer yet"
     with trio.move_on_after(timeout_s):
         while True:

@@ -1,20 +1,7 @@
-"""Server-side apply of desired objects, and knowing when not to write at all.
+"""Server-side apply of desired objects: the apply configuration and its digest.
 
-Contract:
-
-- A :class:`Desired` object is the complete apply configuration we own
-  (apiVersion, kind, metadata with labels, spec). Its :attr:`Desired.digest`
-  is a SHA-256 over that configuration in canonical (sorted-key) JSON, and is
-  stamped on the object as the annotation :data:`DIGEST_ANNOTATION`.
-- Children are written by :mod:`supervisor.fanout.childwrites` (created when
-  absent, server-side applied without ``force`` to what is ours:
-  :mod:`supervisor.fanout.ownership`).
-- Skipping unchanged writes is the reconciler's: it compares each desired
-  body with the live child it watches (:func:`supervisor.fanout.live.covers`,
-  every field we set must have our value; server defaults do not count), so
-  an edit by someone else, annotation untouched or not, is seen and repaired.
-  The digest annotation tells such drift (the live child carries the digest
-  we still want) from a desired change (it carries an older one).
+Children are written by :mod:`supervisor.fanout.childwrites` (created when absent,
+applied without ``force`` to what is ours: :mod:`supervisor.fanout.ownership`).
 """
 
 from __future__ import annotations
@@ -43,7 +30,18 @@ class ChildKey:
 
 @dataclass(frozen=True)
 class Desired:
-    """One object as we want it; ``body`` already carries the digest annotation."""
+    """One object as we want it; ``body`` already carries the digest annotation.
+
+    ``body`` is the complete apply configuration we own (apiVersion, kind, metadata
+    with labels, spec). :attr:`digest` is a SHA-256 of it in canonical (sorted-key)
+    JSON, stamped as :data:`DIGEST_ANNOTATION`.
+
+    The reconciler skips a write only when the live child covers ``body``
+    (:func:`supervisor.fanout.live.covers`: every field we set has our value; server
+    defaults do not count). So someone else's edit is seen and repaired, annotation
+    untouched or not. The digest tells such drift (the live child carries the digest we
+    still want) from a desired change (it carries an older one).
+    """
 
     resource: Resource
     name: str

@@ -1,26 +1,4 @@
-"""Where the API server is and how to authenticate: the ``kubernetes`` package's loaders.
-
-Contract:
-
-- Only the official loaders read configuration:
-  ``kubernetes.config.load_kube_config(config_file=..., client_configuration=cfg)``
-  and ``load_incluster_config(client_configuration=cfg)``. We never parse a
-  kubeconfig ourselves, so contexts, exec plugins, embedded certificates and
-  ``tokenFile`` behave exactly as kubectl's Python sibling does.
-- ``kubernetes`` is imported inside :func:`load_settings` only. Importing it
-  costs about 0.17 s, and the daemon must not pay that when ``[kubernetes]``
-  is disabled; nothing imported at module level here pulls it in.
-- :func:`load_settings` blocks (file reads, exec-plugin subprocesses): callers
-  on trio run it with :func:`load_settings_async`, which uses a worker thread of
-  the client's own limit (:func:`threads`) and a deadline.
-- Source selection (docs/configuration.md, ``kubeconfig``): a path given ->
-  that kubeconfig; none, and ``KUBERNETES_SERVICE_HOST`` set -> in-cluster
-  service account; none otherwise -> the loader's default (``$KUBECONFIG`` or
-  ``~/.kube/config``).
-
-Every loader failure is raised as :class:`~supervisor.kube.errors.KubeConfigError`
-chained to the loader's own exception.
-"""
+"""Where the API server is and how to authenticate: the ``kubernetes`` package's loaders."""
 
 from __future__ import annotations
 
@@ -42,11 +20,10 @@ __all__ = ["KubeSettings", "load_settings", "load_settings_async"]
 class KubeSettings:
     """What the HTTP client needs, copied out of a ``kubernetes.client.Configuration``.
 
-    ``authorization`` is the full header value (``Bearer ...``) or None.
-    ``refresh`` re-runs the loader's ``refresh_api_key_hook`` (in-cluster it
-    re-reads the service-account token once a minute) and returns the current
-    header value; it blocks, so call it in a thread. ``source`` describes
-    where the settings came from, for logs (never a secret).
+    ``authorization`` is the full header value (``Bearer ...``) or None. ``refresh`` re-runs
+    the loader's ``refresh_api_key_hook`` and returns the current header value. In-cluster
+    it re-reads the service-account token once a minute. It blocks: call it in a thread.
+    ``source`` describes where the settings came from, for logs (never a secret).
     """
 
     host: str
@@ -89,10 +66,23 @@ def _header(cfg: Any) -> str | None:
 def load_settings(
     kubeconfig: str | None, *, environ: Mapping[str, str] | None = None
 ) -> KubeSettings:
-    """Load the settings with the official loaders (blocking; imports ``kubernetes``)."""
+    """Load the settings with the official loaders; blocking; KubeConfigError on failure.
+
+    Only ``load_kube_config`` and ``load_incluster_config`` read configuration. We
+    never parse a kubeconfig, so contexts, exec plugins, embedded certificates and
+    ``tokenFile`` behave as in kubectl's Python sibling.
+
+    Source (docs/configuration.md, ``kubeconfig``): a path given, that kubeconfig.
+    None and ``KUBERNETES_SERVICE_HOST`` set: the in-cluster service account.
+    Otherwise the loader's default (``$KUBECONFIG`` or ``~/.kube/config``).
+
+    ``kubernetes`` is imported here only. It costs about 0.17 s, which a daemon with
+    ``[kubernetes]`` disabled must not pay. Every loader failure is
+    :class:`~supervisor.kube.errors.KubeConfigError`, chained to the loader's exception.
+    """
     env = os.environ if environ is None else environ
     try:
-        # Deliberately lazy: see the module docstring.
+        # Deliberately lazy: see the docstring above.
         import yaml  # type: ignore[import-untyped]
         from kubernetes import client as k8s_client
         from kubernetes import config as _k8s_config
@@ -139,9 +129,11 @@ CREDENTIALS_DEADLINE_S = 30.0
 
 async def load_settings_async(kubeconfig: str | None, *,
                               timeout_s: float = CREDENTIALS_DEADLINE_S) -> KubeSettings:
-    """:func:`load_settings` in a worker thread of the Kubernetes client's own limit
-    (exec plugins run subprocesses), within ``timeout_s``, else
-    :class:`~supervisor.kube.errors.KubeConfigError`."""
+    """:func:`load_settings` in a worker thread of the client's own limit, within ``timeout_s``.
+
+    Exec plugins run subprocesses, so it needs a thread and a deadline. Past the
+    deadline: :class:`~supervisor.kube.errors.KubeConfigError`.
+    """
     # A hung exec plugin must not block its caller; the thread finishes on its own
     # (its token given back then) and its result is dropped.
     try:

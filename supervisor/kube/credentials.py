@@ -1,27 +1,4 @@
-"""The bearer token of one Kubernetes client: refreshed on a period, re-read after a 401.
-
-Contract:
-
-- :meth:`Credentials.adopt` takes the token and the refresh hook of settings
-  just loaded (the client's first connection); until then there is no token.
-- :meth:`Credentials.current` is the ``Authorization`` value to send. Every
-  ``refresh_s`` it first runs the settings' refresh hook (in-cluster: the
-  service-account token file). A refresh still running blocks callers
-  (cancellably) instead of starting a second one; when its thread ends its
-  token is adopted, unless :meth:`Credentials.reload_after_401` (or
-  :meth:`Credentials.drop_refresh`, at the client's ``aclose``) superseded it
-  in the meantime: then it is dropped. A refresh that fails keeps the current
-  token (logged).
-- :meth:`Credentials.reload_after_401` runs the whole loader again
-  (re-reading a kubeconfig ``tokenFile``, re-running an exec plugin) and adopts
-  its token and refresh hook. Concurrent ``401`` s for the same token reload
-  once; :attr:`Credentials.reloads` counts the reloads.
-- Both run in worker threads that a cancellation abandons, so a hung exec
-  plugin or token file cannot outlast the caller's deadline (the leader's
-  renew deadline).
-- ``lock`` is the client's: loading settings, for the connection or for the
-  token, is one thing at a time.
-"""
+"""The bearer token of one Kubernetes client: refreshed on a period, re-read after a 401."""
 
 from __future__ import annotations
 
@@ -50,8 +27,13 @@ class _Refresh:
 class Credentials:
     """The ``Authorization`` header value of one client, kept current.
 
-    ``load`` is the client's settings loader (a coroutine function), called
-    again after a 401; ``refresh_s`` the period of the refresh hook.
+    ``load`` is the client's settings loader (a coroutine function), called again
+    after a 401; ``refresh_s`` is the period of the refresh hook. Until :meth:`adopt`
+    there is no token. ``lock`` is the client's: loading settings, for the connection
+    or the token, is one thing at a time.
+
+    Refreshes and reloads run in worker threads that cancellation abandons. So a hung
+    exec plugin or token file cannot outlast the caller's deadline (the leader's renew deadline).
     """
 
     def __init__(
@@ -81,7 +63,13 @@ class Credentials:
         self._refresh_job = None
 
     async def current(self) -> str | None:
-        """The header value to send, refreshed first when the period has passed."""
+        """The header value to send, refreshed first when the period has passed.
+
+        The refresh runs the settings' refresh hook (in-cluster: the service-account token
+        file). A refresh still running blocks callers, cancellably; no second one starts.
+        Its token is adopted when its thread ends, unless :meth:`reload_after_401` or
+        :meth:`drop_refresh` superseded it. A failed refresh keeps the current token (logged).
+        """
         refresh = self._refresh
         if (
             refresh is not None
@@ -126,7 +114,11 @@ class Credentials:
                         error=f"{type(exc).__name__}: {exc}")
 
     async def reload_after_401(self, refused: str | None) -> None:
-        """Run the loader again after ``refused`` drew a 401; once for concurrent callers."""
+        """Run the loader again after ``refused`` drew a 401; once for concurrent callers.
+
+        It re-reads a kubeconfig ``tokenFile`` or re-runs an exec plugin, then adopts the
+        token and refresh hook. Concurrent 401s for one token reload once; :attr:`reloads` counts.
+        """
         async with self._lock:
             if self.authorization != refused:
                 return  # another task already reloaded while we waited for the lock

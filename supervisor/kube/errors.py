@@ -1,31 +1,7 @@
 """Errors of the Kubernetes client, mapped from httpx, msgspec and the loaders.
 
-Every failure the client can meet is raised as one of these, chained with
-``raise ... from exc`` to the foreign error it came from, so callers (the
-preflight, the watchers, the reconcilers) never see httpx or msgspec types::
-
-    supervisor.errors.SupervisorError
-    └── KubeError                     any Kubernetes API failure
-        ├── KubeConfigError           kubeconfig / in-cluster configuration cannot be loaded
-        ├── ApiError                  the API server answered with an error status
-        │   ├── Unauthorized          401 (after the one retry with a re-read token)
-        │   ├── Forbidden             403 (RBAC)
-        │   ├── NotFound              404 (namespace, object, or the CRD itself missing)
-        │   ├── Conflict              409 (a reconciler requeues, never drops)
-        │   ├── Gone                  410 (resourceVersion expired: relist)
-        │   ├── Invalid               422 (the object we sent was refused)
-        │   └── TooManyRequests       429 (``retry_after`` holds Retry-After, seconds)
-        ├── TransportError            connection refused/reset, TLS failure
-        │   └── TimedOut              a deadline passed: no headers, a read, a body too slow
-        │       └── StreamStalled     a watch sent nothing within the inactivity deadline
-        ├── TooLargeResponse          a body or a watch line over its bound, refused unread
-        └── DecodeError               a body is not the JSON we expect
-            └── SchemaSkew            JSON, but not of the expected type (missing
-                                      required field, type mismatch): the installed
-                                      CRD's schema is not the one this build reads
-
 :func:`supervisor.fanout.preflight.classify_watch_error` is the one place that
-turns these into the ``schema_skew`` / ``namespace_or_rbac_unready`` labels.
+turns them into the ``schema_skew`` / ``namespace_or_rbac_unready`` labels.
 """
 
 from __future__ import annotations
@@ -59,9 +35,11 @@ __all__ = [
 class KubeError(SupervisorError):
     """Base of every Kubernetes client failure.
 
-    ``retry_after``: the seconds the server asked us to wait before retrying
-    (a 429's ``Retry-After``); None for every other failure, so a retry loop
-    floors its backoff with it without asking which failure it met.
+    The client raises each failure as one of these, ``from`` the foreign error. So
+    callers (preflight, watchers, reconcilers) never see httpx or msgspec types.
+
+    ``retry_after``: the seconds a 429's ``Retry-After`` asked for; None otherwise.
+    A retry loop floors its backoff with it, whatever the failure.
     """
 
     retry_after: float | None = None
@@ -117,7 +95,7 @@ class NotFound(ApiError):
 
 
 class Conflict(ApiError):
-    """409: a concurrent writer, or a field-manager conflict; retry later."""
+    """409: a concurrent writer, or a field-manager conflict; a reconciler requeues, never drops."""
 
 
 class Gone(ApiError):
@@ -156,11 +134,10 @@ def transport_error(where: str, exc: BaseException, certificate_hint: str | None
                     timed_out: bool = False) -> TransportError:
     """``where`` failed with the foreign ``exc``, told down to its TLS or OS error.
 
-    As :func:`supervisor.errors.describe_failure` tells it (``certificate_hint``
-    names where the CA comes from): httpx's ``ConnectError`` often has no text of
-    its own, the refused connection or certificate is in its chain. A
-    :class:`TimedOut` when ``timed_out`` (the caller knows its library's timeout
-    type). Raise it ``from exc``.
+    Told as :func:`supervisor.errors.describe_failure` tells it; ``certificate_hint`` names
+    where the CA comes from. httpx's ``ConnectError`` often has no text: the refused
+    connection or certificate is in its chain. A :class:`TimedOut` when ``timed_out`` (the
+    caller knows its library's timeout type). Raise it ``from exc``.
     """
     cls = TimedOut if timed_out else TransportError
     return cls(f"{where}: {describe_failure(exc, certificate_hint=certificate_hint)}")

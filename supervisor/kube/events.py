@@ -1,24 +1,4 @@
-"""Kubernetes Events on our parents (core ``v1`` Event), as controllers record them.
-
-Contract of :class:`EventRecorder`:
-
-- :meth:`EventRecorder.emit` creates one Event in the parent's namespace whose
-  ``involvedObject`` is the parent (kind, apiVersion, namespace, name, uid,
-  resourceVersion), with ``reason`` (``Applied``, ``ApplyFailed``,
-  ``Invalid``, ``DriftRepaired``, ``Conflict``), ``type`` ``Normal`` or
-  ``Warning``, and the reporting component (the field manager).
-- The Event is named ``<parent name>.<16 hex digits>``, the parent's name cut
-  so the whole stays within the 253 characters an object name may have.
-- Never fails the caller: Events are best effort, as client-go's recorder.
-  A refused or failed write is logged at warning (once per reason and
-  error text, so a missing RBAC rule does not flood the log) and dropped.
-- Aggregation, as client-go's event correlator: another Event on the same
-  object (same uid) with the same reason within ``window_s`` of the last one
-  is counted into that Event (a merge patch: ``count`` + 1, ``lastTimestamp``
-  and ``message`` the latest), so a parent failing every retry records one
-  ApplyFailed whose count says how often, not one Event per attempt. A patch
-  that finds the Event gone (expired) creates a new one.
-"""
+"""Kubernetes Events on our parents (core ``v1`` Event), as controllers record them."""
 
 from __future__ import annotations
 
@@ -56,7 +36,12 @@ class Involved:
 
 
 class EventRecorder:
-    """Records Events for one component (see the module doc)."""
+    """Records Events for one component; best effort, as client-go's recorder.
+
+    It never fails the caller. A refused or failed write is logged at warning and dropped.
+    It is logged once per reason and error text, so a missing RBAC rule does not flood the
+    log.
+    """
 
     def __init__(self, client: KubeClient, component: str, *, window_s: float = 60.0) -> None:
         self._client = client
@@ -67,7 +52,20 @@ class EventRecorder:
         self._warned: set[tuple[str, str]] = set()
 
     async def emit(self, about: Involved, type_: EventType, reason: str, message: str) -> None:
-        """Record the Event now, or count it into the last like it (best effort; module doc)."""
+        """Record the Event now, or count it into the last like it.
+
+        The Event is in the parent's namespace, ``involvedObject`` the parent (kind,
+        apiVersion, namespace, name, uid, resourceVersion). ``reason`` is ``Applied``,
+        ``ApplyFailed``, ``Invalid``, ``DriftRepaired`` or ``Conflict``; ``type`` is
+        ``Normal`` or ``Warning``; the reporting component is the field manager. Its name is
+        ``<parent name>.<16 hex digits>``, the parent's name cut to fit 253 characters.
+
+        Aggregation, as client-go's correlator: the same reason on the same uid within
+        ``window_s`` of the last is counted into it. The merge patch sets ``count`` + 1 and
+        the latest ``lastTimestamp`` and ``message``. So a parent failing every retry
+        records one ApplyFailed with a count. A patch that finds the Event expired creates a
+        new one.
+        """
         key = (about.namespace, about.name, about.uid, reason)
         now = trio.current_time()
         last = self._recent.get(key)

@@ -1,35 +1,4 @@
-"""The ``coordination.k8s.io/v1`` Lease calls leader election needs: get, create, update.
-
-Contract:
-
-- :class:`LeaseRecord` is what election reads and writes: ``holder``
-  (``spec.holderIdentity``; None or empty = free), ``duration_s``
-  (``leaseDurationSeconds``), ``acquire_time``/``renew_time`` (MicroTime:
-  RFC 3339 with microseconds, always UTC, :func:`micro_time`), ``transitions``
-  (``leaseTransitions``) and the object's ``resource_version``.
-- :class:`LeaseApi` is the seam election is written against (tests drive it
-  with a fake of their own); :class:`KubeLeases` is the implementation on a
-  :class:`~supervisor.kube.client.KubeClient`.
-- ``update`` is a PUT carrying the record's ``resourceVersion``: a concurrent
-  writer makes it fail with :class:`~supervisor.kube.errors.Conflict` (409),
-  never overwrite. ``create`` of an existing Lease is a ``Conflict`` too
-  (409 AlreadyExists). ``get`` answers None for a missing Lease.
-- Writes carry ``fieldManager=<holder identity>`` so the server's
-  managedFields (and audit) say which replica wrote.
-- ``update`` keeps the Lease as read (the record's ``obj``): its labels,
-  annotations and any spec field this build does not know (1.31's
-  ``strategy``/``preferredHolder``) go back unchanged, and only the fields
-  election owns (``holderIdentity``, ``leaseDurationSeconds``, ``acquireTime``,
-  ``renewTime``, ``leaseTransitions``) are replaced, as client-go's LeaseLock
-  does; a PUT built from scratch would wipe the rest. ``create`` builds a new
-  Lease (there is nothing to keep).
-- Failures are the client's :mod:`~supervisor.kube.errors`; a Lease whose
-  times are not MicroTime is a :class:`~supervisor.kube.errors.DecodeError`.
-  An answer that is not a ``coordination.k8s.io/v1`` Lease, or has no
-  ``metadata.resourceVersion``, is a :class:`BadLease`: without a
-  resourceVersion no write can be conditional. ``update`` of a record without
-  one raises :class:`BadLease` and sends nothing (never an unconditional PUT).
-"""
+"""The ``coordination.k8s.io/v1`` Lease calls leader election needs: get, create, update."""
 
 from __future__ import annotations
 
@@ -82,6 +51,13 @@ class BadLease(DecodeError):
 
 @dataclass(frozen=True)
 class LeaseRecord:
+    """What election reads and writes of a Lease.
+
+    ``holder`` is ``spec.holderIdentity`` (None or empty: free); ``duration_s``
+    ``leaseDurationSeconds``; ``acquire_time`` and ``renew_time`` MicroTime
+    (:func:`micro_time`); ``transitions`` ``leaseTransitions``. ``resource_version`` and
+    ``obj`` are the object as read.
+    """
     holder: str | None = None
     duration_s: int | None = None
     acquire_time: datetime | None = None
@@ -97,7 +73,12 @@ class LeaseRecord:
 
 
 class LeaseApi(Protocol):
-    """One Lease, by name: what leader election needs of the API server."""
+    """One Lease, by name: what leader election needs of the API server.
+
+    The seam election is written against; tests drive it with a fake. :class:`KubeLeases`
+    implements it. Failures are :mod:`~supervisor.kube.errors`; times that are not
+    MicroTime are a DecodeError.
+    """
 
     @property
     def where(self) -> str:
@@ -132,7 +113,14 @@ class _Lease(msgspec.Struct, rename="camel"):
 
 
 class KubeLeases:
-    """:class:`LeaseApi` on a :class:`KubeClient`; ``manager`` names the writer (its identity)."""
+    """:class:`LeaseApi` on a :class:`KubeClient`; ``manager`` names the writer (its identity).
+
+    Writes carry ``fieldManager=<manager>``, so managedFields and audit name the replica.
+    ``get`` answers None for a missing Lease. ``create`` of an existing one is a 409
+    :class:`~supervisor.kube.errors.Conflict`. ``update`` is a PUT with the record's
+    ``resourceVersion``: a concurrent writer makes it a Conflict, never an overwrite.
+    A record without one raises :class:`BadLease` and sends nothing.
+    """
 
     def __init__(self, client: KubeClient, namespace: str, name: str, manager: str) -> None:
         self.client = client
@@ -168,7 +156,13 @@ class KubeLeases:
 
 
 def lease_body(record: LeaseRecord, namespace: str, name: str, *, with_rv: bool) -> dict[str, Any]:
-    """The Lease to send: ``record.obj`` (or a new Lease) with the election's fields replaced."""
+    """The Lease to send: ``record.obj`` (or a new Lease) with the election's fields replaced.
+
+    Only ``holderIdentity``, ``leaseDurationSeconds``, ``acquireTime``, ``renewTime``
+    and ``leaseTransitions`` change, as client-go's LeaseLock does. Labels, annotations
+    and unknown spec fields (1.31's ``strategy``/``preferredHolder``) go back unchanged;
+    a PUT built from scratch would wipe them.
+    """
     base = copy.deepcopy(dict(record.obj)) if record.obj is not None and with_rv else {}
     metadata: dict[str, Any] = dict(base.get("metadata") or {})
     # managedFields are the server's bookkeeping: omitted, the server keeps its own.
@@ -191,7 +185,11 @@ def lease_body(record: LeaseRecord, namespace: str, name: str, *, with_rv: bool)
 
 
 def lease_record(body: bytes, where: str) -> LeaseRecord:
-    """The record of a Lease answer; :class:`BadLease` if it is not one a write can name."""
+    """The record of a Lease answer; :class:`BadLease` if it is not one a write can name.
+
+    Not a ``coordination.k8s.io/v1`` Lease, or no ``metadata.resourceVersion``, is
+    BadLease: without a resourceVersion no write can be conditional.
+    """
     lease = decode(body, _Lease)
     if lease.kind != LEASES.kind or lease.api_version != LEASES.api_version:
         raise BadLease(f"Lease {where}: the answer is a {lease.api_version or '(no apiVersion)'} "

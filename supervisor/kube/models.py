@@ -1,15 +1,7 @@
 """Typed shapes of the Kubernetes bodies we read, as msgspec Structs.
 
-Each Struct declares only the fields this daemon reads; every other field is
-ignored on decode (msgspec's default), so a newer server adding fields is not
-a skew. A field we read that is missing or of another type fails the decode
-with a :class:`msgspec.ValidationError` naming its ``$.path``, which the
-client raises as :class:`~supervisor.kube.errors.SchemaSkew`.
-
-Field names are snake_case here and camelCase on the wire (``rename="camel"``).
-
-:class:`Resource` names an API resource (group, version, plural, kind) and
-builds its URL paths; it is plain data, not a Struct.
+Each declares only the fields we read; others are ignored, so a newer server is no skew.
+A missing or mistyped field is a ValidationError naming ``$.path``: the client's SchemaSkew.
 """
 
 from __future__ import annotations
@@ -46,7 +38,10 @@ def kube_time(*, micro: bool = False) -> str:
 
 @dataclass(frozen=True)
 class Resource:
-    """One namespaced API resource: ``group`` is ``""`` for the core group."""
+    """One namespaced API resource: ``group`` is ``""`` for the core group.
+
+    Plain data, not a Struct; builds the resource's URL paths.
+    """
 
     group: str
     version: str
@@ -73,7 +68,7 @@ class Resource:
 
 
 class _Wire(msgspec.Struct, rename="camel", kw_only=True):
-    """Base: camelCase on the wire, unknown fields ignored."""
+    """Base: camelCase on the wire (``rename="camel"``), unknown fields ignored."""
 
 
 class ObjectMeta(_Wire):

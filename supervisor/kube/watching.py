@@ -1,50 +1,4 @@
-"""List-then-watch of one resource in one namespace, with the failure modes handled.
-
-Contract of :meth:`Informer.run` (never returns; cancel it to stop):
-
-1. **List** every object (paged, ``limit=page_size``), items decoded one at a
-   time: an item that does not decode into the item type is reported to the
-   handler as skewed (by name, when its metadata is readable) and skipped,
-   never failing the list. The handler's :meth:`~InformerHandler.on_list` gets
-   the complete set before any watch event.
-2. **Watch** from the list's ``resourceVersion`` with
-   ``allowWatchBookmarks=true`` and the server-side ``timeoutSeconds``; every
-   line must arrive within ``inactivity_s`` (longer than the server's bookmark
-   interval), else the stream is declared stalled. Each event is decoded on
-   its own: a skewed object is reported and skipped, the stream goes on.
-   Bookmarks only advance the resourceVersion. An event whose resourceVersion
-   is not newer than the stream's position (both integers, as kube-apiserver's
-   are) is a replay: logged at warning and ignored, never handed on (it would
-   roll the handler back to an older object).
-3. A stream the server ends normally is re-opened from the last
-   resourceVersion at once. ``410 Gone`` (as a status or as an ``ERROR``
-   event) means **relist**. So does a *too large resource version* (a
-   ``Status`` with the cause ``ResourceVersionTooLarge``, as an ``ERROR``
-   event or an error response; kube-apiserver answers so, a 504 ``Timeout``
-   after waiting a few seconds, when asked for an RV newer than its own): the
-   server's resourceVersion went backwards (etcd restored from a backup), and
-   re-watching from ours would see nothing until the server caught up with it
-   (client-go's reflector relists too, see ``isTooLargeResourceVersionError``).
-   When that RV came straight from a list, the relist waits a backoff first:
-   a server contradicting its own list must not make the loop hot. Any other
-   failure (transport, stall, 5xx, 429) waits a backoff of 0.8 s doubling to
-   30 s with jitter (at least ``Retry-After`` on 429) and re-watches from the
-   last resourceVersion. A stream that delivered any line before it failed
-   resets that backoff first: each outage starts again from the initial delay.
-   Every relist and reconnect after a failure calls ``on_restart`` (the
-   ``fanout_watch_restarts`` metric); each failure that waits a backoff is told
-   to ``on_failure`` first, ``on_open`` is called when a watch's headers
-   came and ``on_close`` when that watch ended, however (a normal end, a
-   failure, a relist, cancellation), so the owner can say whether a watch is
-   open (a watch re-opened after a normal end or a relist is not a failure,
-   but none is open until its headers come). A list or watch whose
-   headers do not come within the
-   client's timeout is such a failure (:class:`~supervisor.kube.errors.TimedOut`),
-   and so is a line over its bound (:class:`~supervisor.kube.errors.TooLargeResponse`).
-4. ``403``/``404`` from the list or watch, and an undecodable list envelope,
-   are not this loop's to fix (RBAC, namespace, CRD, schema): they propagate
-   so the caller can go back to its preflight.
-"""
+"""List-then-watch of one resource in one namespace: :class:`Informer`."""
 
 from __future__ import annotations
 
@@ -131,10 +85,10 @@ def is_preflight_matter(exc: KubeError) -> bool:
 def is_too_large_resource_version(exc: KubeError) -> bool:
     """True for "Too large resource version": asked for an RV newer than the server's.
 
-    As client-go's ``isTooLargeResourceVersionError``: the ``ResourceVersionTooLarge``
-    cause in the ``Status`` (read from the error's body: the response's, or the watch
-    ``ERROR`` event's object), or, from servers before 1.18.6, a ``Timeout`` whose cause
-    or message says so.
+    As client-go's ``isTooLargeResourceVersionError``: the ``ResourceVersionTooLarge`` cause
+    in the ``Status``. It is read from the error's body: the response's, or the watch
+    ``ERROR`` event's object. Servers before 1.18.6 send a ``Timeout`` whose cause or
+    message says so.
     """
     if not isinstance(exc, ApiError):
         return False
@@ -155,7 +109,7 @@ class _LineError(DecodeError):
 
 @dataclass(eq=False)
 class Informer(Generic[T]):
-    """Keeps ``handler`` in step with one resource in one namespace (see the module doc)."""
+    """Keeps ``handler`` in step with one resource in one namespace."""
 
     client: KubeClient
     resource: Resource
@@ -188,7 +142,35 @@ class Informer(Generic[T]):
         await trio.sleep(delay)
 
     async def run(self) -> None:
-        """List, then watch, forever (see the module docstring); raises preflight matters."""
+        """List, then watch, forever; never returns (cancel it to stop).
+
+        1. **List** every object, paged (``limit=page_size``), items decoded one at a time.
+           An item that does not decode is told to ``on_skewed`` and skipped; the list
+           goes on. ``on_list`` gets the complete set before any watch event.
+        2. **Watch** from the list's resourceVersion, with bookmarks and the server's
+           ``timeoutSeconds``. Each line must come within ``inactivity_s``, else the stream
+           stalled. A skewed event is reported and skipped. Bookmarks only advance the
+           position. An event not newer than the position is a replay: logged, never
+           handed on (it would roll the handler back).
+        3. A stream the server ends is re-opened at once from the last resourceVersion.
+           ``410 Gone`` means **relist**. So does ``ResourceVersionTooLarge`` (an ``ERROR``
+           event, or a 504 ``Timeout``). The server's RV went backwards (etcd restored);
+           watching from ours would see nothing until it caught up. As client-go's reflector
+           does. When that RV came straight from a list, the relist waits a backoff first,
+           so the loop cannot run hot. Any other failure (transport, stall, timeout,
+           oversized line, 5xx, 429) waits a backoff, then re-watches. The backoff is 0.8 s
+           doubling to 30 s with jitter, at least ``Retry-After``. A stream that delivered a
+           line resets the backoff first.
+        4. ``403``/``404`` and an undecodable list envelope are not this loop's to fix (RBAC,
+           namespace, CRD, schema): they propagate, so the caller goes back to its preflight.
+
+        Every relist and reconnect after a failure calls ``on_restart`` (the
+        ``fanout_watch_restarts`` metric). A failure that waits a backoff is told to
+        ``on_failure`` first. ``on_open`` is called when a watch's headers came and
+        ``on_close`` when that watch ended, however (a normal end, a failure, a relist,
+        cancellation), so the owner can say whether a watch is open. A re-open after a
+        normal end or relist is no failure, but none is open until its headers come.
+        """
         while True:
             if self.resource_version is None:
                 try:
@@ -299,10 +281,10 @@ class Informer(Generic[T]):
         return received
 
     def handle_line(self, line: bytes) -> None:
-        """One line of the watch stream: an event handed on, a bookmark or a replay
-        taken in, or a refusal raised (a :class:`~supervisor.kube.errors.KubeError`:
-        a line that is not an event, an ``ERROR`` event as its status). Any bytes end
-        in one of those, never in another exception.
+        """One line of the watch stream: an event handed on, a bookmark or a replay taken in,
+        or a refusal raised. A refusal is a :class:`~supervisor.kube.errors.KubeError`: a
+        line that is not an event, or an ``ERROR`` event as its status. Any bytes end in one
+        of those, never in another exception.
         """
         try:
             event = decode(line, RawWatchEvent)

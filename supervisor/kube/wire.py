@@ -1,21 +1,4 @@
-"""The wire side of the Kubernetes client: decoding bodies, request bodies, watch lines.
-
-- :func:`decode`: a body into the caller's msgspec type; a body of another
-  shape is :class:`~supervisor.kube.errors.SchemaSkew`, malformed JSON
-  :class:`~supervisor.kube.errors.DecodeError`.
-- :class:`ResponseBody`: one response's body, read up to a size bound within a
-  deadline that grows with the bytes read; :class:`WatchStream`: one watch
-  response's lines, each within a client-side inactivity deadline and a size bound.
-- :class:`RequestBody`: a request body httpx can abandon without a warning.
-- :func:`raise_api_error`: a refused request (status >= 400) as
-  :func:`~supervisor.kube.errors.api_error`, with the reason and message of its
-  ``Status`` body (or the start of a body that is not one) and ``Retry-After``;
-  the response is closed.
-- :func:`retry_after`: ``Retry-After`` (seconds, or an HTTP date) in seconds from
-  now, at most :data:`MAX_RETRY_AFTER_S`
-  (a server asking for hours is not believed: the client's hold, the requeue
-  and the watcher's backoff all wait for this one figure).
-"""
+"""The wire side of the Kubernetes client: decoding bodies, request bodies, watch lines."""
 
 from __future__ import annotations
 
@@ -104,6 +87,12 @@ def _seconds_until(http_date: str) -> float | None:
 
 
 def retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` (seconds, or an HTTP date) in seconds from now; None if absent or bad.
+
+    At most :data:`MAX_RETRY_AFTER_S`.
+    A server asking for hours is not believed: the client's hold, the requeue and the
+    watcher's backoff all wait for this one figure.
+    """
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -121,10 +110,12 @@ def retry_after(response: httpx.Response) -> float | None:
 
 async def raise_api_error(response: httpx.Response, method: str, path: str,
                           timeout_s: float) -> NoReturn:
-    """Raise the refusal ``response`` carries as our API error (module docstring).
+    """Raise the refusal ``response`` carries (status >= 400) as :func:`~.errors.api_error`.
 
-    Its body is read up to :data:`MAX_ERROR_BODY_BYTES` within ``timeout_s``; the
-    message is cut to :data:`~supervisor.bounds.DETAIL_BYTES`.
+    It carries ``Retry-After`` and the ``Status`` body's reason and message (or the start of
+    a body that is not one). The response is closed. The body is read up to
+    :data:`MAX_ERROR_BODY_BYTES` within ``timeout_s``; the message is cut to
+    :data:`~supervisor.bounds.DETAIL_BYTES`.
     """
     body_reader = ResponseBody(response, f"{method} {path}")
     try:
@@ -148,9 +139,9 @@ async def raise_api_error(response: httpx.Response, method: str, path: str,
 class RequestBody(httpx.AsyncByteStream):
     """A request body whose iterator is an object, not an async generator.
 
-    httpx wraps ``content=bytes`` in a stream whose ``__aiter__`` is an async
-    generator; a request cancelled mid-send abandons it, and trio's GC hook
-    then warns (encode/httpx#3686). A plain iterator has nothing to finalise.
+    httpx wraps ``content=bytes`` in a stream whose ``__aiter__`` is an async generator. A
+    request cancelled mid-send abandons it, and trio's GC hook then warns
+    (encode/httpx#3686). A plain iterator has nothing to finalise.
     """
 
     def __init__(self, data: bytes) -> None:
@@ -181,12 +172,12 @@ class ResourceList(msgspec.Struct):
 class ResponseBody:
     """The body of one streamed response, read within its bounds.
 
-    :meth:`read` returns at most ``limit`` bytes (more is
-    :class:`~supervisor.kube.errors.TooLargeResponse`, or cut off with
-    ``truncate``) within a deadline of ``timeout_s`` plus 1 s per
-    :data:`MIN_BODY_RATE` bytes read so far (a large list over a slow link
-    finishes; a server dribbling a body does not hold us forever; httpx's read
-    timeout bounds each silence). Passed: :class:`~supervisor.kube.errors.TimedOut`.
+    :meth:`read` returns at most ``limit`` bytes. More is
+    :class:`~supervisor.kube.errors.TooLargeResponse`, or cut off with ``truncate``.
+    The deadline is ``timeout_s`` plus 1 s per :data:`MIN_BODY_RATE` bytes read so far:
+    a large list over a slow link finishes, a server dribbling a body cannot hold us
+    forever. httpx's read timeout bounds each silence. Passed:
+    :class:`~supervisor.kube.errors.TimedOut`.
     """
 
     def __init__(self, response: httpx.Response, where: str) -> None:
@@ -198,11 +189,10 @@ class ResponseBody:
     async def aclose(self) -> None:
         """Finish the byte iterator, then close the response.
 
-        httpx's body iterators are nested async generators; abandoning them
-        half-way leaves trio's GC hook to finalise them, with a ResourceWarning
-        (encode/httpx#3686). Pulling once more inside an already-cancelled
-        scope raises Cancelled at their innermost checkpoint instead, which
-        finishes every level properly.
+        httpx's body iterators are nested async generators. Abandoned half-way, trio's GC
+        hook finalises them with a ResourceWarning (encode/httpx#3686). Pulling once more
+        inside an already-cancelled scope raises Cancelled at their innermost checkpoint
+        instead, which finishes every level properly.
         """
         if not self._ended:
             with trio.CancelScope() as scope:
@@ -251,13 +241,12 @@ class ResponseBody:
 class WatchStream(ResponseBody):
     """The lines of one watch response, each within ``inactivity_s`` of the previous.
 
-    :meth:`next_line` returns one non-empty line (one JSON event), or None when
-    the server ended the stream (its ``timeoutSeconds`` elapsed). No bytes for
-    ``inactivity_s`` raises :class:`StreamStalled`: a half-open connection
-    behind a load balancer never errors on its own, and bookmarks guarantee
-    a healthy stream is never silent that long. A line over ``max_line``
-    (:data:`MAX_WATCH_LINE_BYTES`) is :class:`~supervisor.kube.errors.TooLargeResponse`
-    as soon as its bytes pass the bound, never held whole.
+    :meth:`next_line` returns one non-empty line (one JSON event), or None when the server
+    ended the stream (its ``timeoutSeconds`` elapsed). No bytes for ``inactivity_s`` raises
+    :class:`StreamStalled`. A half-open connection behind a load balancer never errors on
+    its own; bookmarks keep a healthy stream from such silence. A line over ``max_line``
+    (:data:`MAX_WATCH_LINE_BYTES`) is :class:`~supervisor.kube.errors.TooLargeResponse` as
+    soon as its bytes pass the bound, never held whole.
     """
 
     def __init__(self, response: httpx.Response, inactivity_s: float, where: str, *,

@@ -1,18 +1,4 @@
-"""SIGHUP's re-read of the configuration file: off the event loop, with a deadline.
-
-The file is read in a worker thread under ``RELOAD_TIMEOUT_S``, so nothing at
-the path can stop the event loop (and with it ``/healthz`` and the watchdog):
-a FIFO or a device is refused before it is opened, and a read that hangs (a
-hard NFS mount whose server is gone) is abandoned at the deadline, its thread
-left to finish by itself. Those reads have a limiter of their own, one thread:
-a hung read never takes a worker thread the stores need, and while it hangs
-later SIGHUPs report it instead of piling up threads.
-
-Only ``[log].level`` applies without a restart (:data:`RELOADABLE`). Every
-other key whose value differs from the running configuration is named in one
-warning line, ``SIGHUP: restart needed for`` with the keys in ``keys``, so an operator who edited
-``[control_plane].url`` and sent SIGHUP learns the edit is not in force.
-"""
+"""SIGHUP's re-read of the configuration file: off the event loop, with a deadline."""
 
 from __future__ import annotations
 
@@ -74,7 +60,10 @@ def changed_keys(running: Config, fresh: Config) -> list[str]:
 
 
 class ConfigReload:
-    """Re-reads ``path`` for SIGHUP; compares with ``running`` (the configuration in force)."""
+    """Re-reads ``path`` for SIGHUP; compares with ``running`` (the configuration in force).
+
+    Only ``[log].level`` applies without a restart (:data:`RELOADABLE`); see :meth:`restart_needed`.
+    """
 
     def __init__(self, path: str, running: Config, *, timeout_s: float = RELOAD_TIMEOUT_S,
                  read: Callable[[str], Config] = read_regular_config) -> None:
@@ -87,7 +76,15 @@ class ConfigReload:
         self.last_error: str | None = None
 
     async def read(self) -> Config | None:
-        """The file's configuration, or None (the reason logged) when it cannot be had in time."""
+        """The file's configuration, or None (the reason logged) when it cannot be had in time.
+
+        The read runs in a worker thread under ``RELOAD_TIMEOUT_S``. So nothing at the path
+        can stop the event loop, nor with it ``/healthz`` and the watchdog. A FIFO or device
+        is refused before it is opened. A read that hangs (a hard NFS mount whose server is
+        gone) is abandoned at the deadline; its thread finishes by itself. These reads have
+        a limiter of their own, one thread. A hung read never takes a thread the stores
+        need; later SIGHUPs report it instead of piling up threads.
+        """
         fresh: Config | None = None
         self.last_error = None
         with trio.move_on_after(self.timeout_s) as scope:
@@ -107,7 +104,11 @@ class ConfigReload:
         return fresh
 
     def restart_needed(self, fresh: Config) -> list[str]:
-        """The changed keys SIGHUP cannot apply; logged as one warning line when any."""
+        """The changed keys SIGHUP cannot apply; logged as one warning line when any.
+
+        The line is ``SIGHUP: restart needed for``, the keys in ``keys``. So an operator who
+        edited ``[control_plane].url`` and sent SIGHUP learns the edit is not in force.
+        """
         keys = [key for key in changed_keys(self.running, fresh) if key not in RELOADABLE]
         if keys:
             log.warning("SIGHUP: restart needed for", keys=keys)

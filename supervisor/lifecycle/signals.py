@@ -1,14 +1,7 @@
 """SIGTERM, SIGINT and SIGHUP, as the daemon's lifecycle sees them.
 
-The receiver is installed first thing in :func:`supervisor.app.run_daemon`,
-before anything slow: as PID 1 in a container the kernel drops signals that
-have no handler. SIGINT is caught here too, so ``KeyboardInterrupt`` never
-surfaces at an arbitrary await.
-
-- First SIGTERM/SIGINT: graceful shutdown, bounded by ``shutdown_grace_s``.
-- Second SIGTERM/SIGINT: cancel everything now.
-- SIGHUP: re-read the log level, then run every registered hook (the
-  convergence loop registers "converge now").
+The receiver and what each signal does: :meth:`supervisor.app.Daemon.run`.
+SIGINT is caught too, so ``KeyboardInterrupt`` never surfaces at an arbitrary await.
 """
 
 from __future__ import annotations
@@ -22,7 +15,11 @@ HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class HupHooks:
-    """Callbacks run on SIGHUP. A hook that raises is logged, never fatal."""
+    """Callbacks run on SIGHUP, after the log level is re-read.
+
+    A hook that raises is logged, never fatal. The convergence loop registers
+    "converge now".
+    """
 
     def __init__(self) -> None:
         self._hooks: list[tuple[str, Callable[[], None]]] = []

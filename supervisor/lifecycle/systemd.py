@@ -1,17 +1,6 @@
 """The systemd notify protocol (``sd_notify``), our own small implementation.
 
-One datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET`` (a filesystem path, or
-``@name`` for an abstract socket, where ``@`` stands for a leading NUL).
-Sending never blocks and never raises: the socket is non-blocking and a full
-or vanished receiver costs one warning per failure streak, because the daemon
-must keep serving whatever happens to its supervisor's socket.
-
-Messages we send (docs/exit-codes.md): ``READY=1`` once the first snapshot
-is published and every child has started; ``STATUS=<text>`` on state changes;
-``STOPPING=1`` when shutdown begins; on SIGHUP ``RELOADING=1`` with
-``MONOTONIC_USEC`` (``Type=notify-reload`` waits for it), then ``READY=1`` when
-the reload is done, its STATUS= saying whether it failed; ``WATCHDOG=1`` every half
-``$WATCHDOG_USEC`` while healthy (honouring ``$WATCHDOG_PID``).
+The messages and when they are sent: docs/exit-codes.md.
 """
 
 from __future__ import annotations
@@ -31,7 +20,15 @@ log = get_logger("systemd")
 
 
 class Notifier:
-    """Sends notify messages; a no-op when ``NOTIFY_SOCKET`` is not set."""
+    """Sends notify messages; a no-op when ``NOTIFY_SOCKET`` is not set.
+
+    One datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``: a path, or ``@name`` for an
+    abstract socket (``@`` stands for a leading NUL).
+
+    Sending never blocks and never raises: the daemon must keep serving whatever happens
+    to its supervisor's socket. The socket is non-blocking; a full or vanished receiver
+    costs one warning per failure streak.
+    """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
@@ -88,7 +85,10 @@ class Notifier:
 
 
 def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
-    """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off for us."""
+    """Half of ``WATCHDOG_USEC`` in seconds, or None when the watchdog is off for us.
+
+    ``$WATCHDOG_PID`` is honoured: a watchdog meant for another process is off for us.
+    """
     env = os.environ if environ is None else environ
     usec = env.get("WATCHDOG_USEC")
     pid = env.get("WATCHDOG_PID")

@@ -1,25 +1,6 @@
-"""Durable, atomic replacement of a small file.
+"""Durable, atomic replacement of a small file: :func:`write_atomic`.
 
-:func:`write_atomic` is the one way this package writes a file that another
-process (or this one, after a crash) reads back whole: the last-known-good
-cache, its served-revision mark, and the snapshot file for local consumers.
-
-Contract: after it returns, ``path`` holds exactly ``data`` with permission
-bits ``mode``, and survives a power loss. If it raises, ``path`` holds what it
-held before (its old content, or nothing), and no temporary file is left
-behind. Readers never see a partly written file, because the new content is
-written to a temporary file in the *same directory* (``os.replace`` is only
-atomic within one file system) and renamed over the target.
-
-Errors are the ``OSError`` the system raised, unchanged: each caller maps it
-to its own refusal (the cache raises ``CacheUnwritable``).
-
-A sink's directory removed while the daemon runs (a tmpfiles cleaner, an
-operator clearing it) is made again by the next write when the caller passes
-``directory_mode``, the mode the directory had at start
-(:func:`directory_mode`): exactly that mode, only that directory (a missing
-parent is left missing: more likely a volume not mounted than a directory to
-make), logged as ``made a missing sink directory again``.
+The one way this package writes a file read back whole: the cache, its mark, the snapshot file.
 """
 
 from __future__ import annotations
@@ -48,14 +29,25 @@ def directory_mode(path: str) -> int | None:
 
 def write_atomic(path: str, data: bytes, *, mode: int = 0o600,
                  directory_mode: int | None = None) -> os.stat_result:
-    """Replace ``path`` with ``data`` atomically and durably (see the module docstring).
+    """Replace ``path`` with ``data`` atomically and durably.
 
-    Returns the written file's status as it was before the rename (device,
-    inode, size and mtime survive the rename): what a caller compares later to
-    notice the file replaced or changed, without the race a ``stat`` after the
-    rename would have with a process that changes the file as soon as it
-    appears. ``directory_mode``: make the file's directory again, with that
-    mode, when it is missing.
+    After it returns, ``path`` holds exactly ``data`` with permission bits ``mode``, and
+    survives a power loss. If it raises, ``path`` holds what it held before (old content, or
+    nothing) and no temporary file is left. Readers never see a partial file. The data goes
+    to a temporary file in the *same directory*, then is renamed over the target
+    (``os.replace`` is atomic within one file system only).
+
+    Errors are the system's ``OSError``, unchanged; each caller maps it to its own
+    refusal (the cache raises ``CacheUnwritable``).
+
+    ``directory_mode`` (from :func:`directory_mode` at start): a missing directory
+    (a tmpfiles cleaner, an operator) is made again with exactly that mode. Only that
+    directory: a missing parent is more likely an unmounted volume. Logged as
+    ``made a missing sink directory again``.
+
+    Returns the file's status before the rename (device, inode, size and mtime
+    survive it). Callers compare it later to notice the file replaced, without the
+    race a ``stat`` after the rename would have.
     """
     try:
         return _replace(path, data, mode)

@@ -1,10 +1,7 @@
 """The snapshot file: the active snapshot as JSON, for local consumers.
 
-Written atomically (temp file, fsync, rename, fsync the directory) so a reader
-sees either the previous snapshot or the new one, never a torn file. Mode 0644:
-the file holds digests, never secrets, and local consumers run as other users.
-Its directory, when removed while running, is made again by the next write
-with the mode it had when this object was made (:func:`~.atomic.write_atomic`).
+Written by :func:`~.atomic.write_atomic`: a reader sees the previous snapshot or the new one.
+Mode 0644: it holds digests, never secrets, and local consumers run as other users.
 """
 
 from __future__ import annotations

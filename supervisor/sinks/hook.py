@@ -1,25 +1,6 @@
 """The reload hook (``[hook].command``): a program run after each swap, as consul-template runs one.
 
-:class:`ReloadHook` is told of each swap (:meth:`~ReloadHook.swapped`, which
-never waits) and runs the command in a task of its own, so convergence never
-waits on it:
-
-- without a shell, stdin from ``/dev/null``, with ``SUPERVISOR_REVISION``,
-  ``SUPERVISOR_SEQUENCE`` (empty: unknown) and ``SUPERVISOR_SNAPSHOT`` (the
-  snapshot file's path; empty: none) added to the daemon's environment (less
-  ``NOTIFY_SOCKET`` and the watchdog's variables);
-- one run at a time, coalesced: the swaps made during a run leave one run due,
-  for the revision serving when it starts;
-- a failed run is retried with backoff (1 s doubling to 5 min; a newer swap
-  runs at once, the backoff kept until a run succeeds);
-- bounded: the command leads a session of its own, and its whole process group
-  is killed at ``timeout_s`` (a hang, or a child it forked that still holds its
-  output open) or when the daemon stops; its output (stdout and stderr, one
-  pipe) is kept up to :data:`OUTPUT_KEPT` bytes, the rest read and discarded.
-
-Its last run is ``/status`` ``sinks.hook``; every run counts in
-``supervisor_hook_runs_total{outcome}``; failures are a streak (one line when
-they begin, one when a run succeeds again).
+Operators: docs/operations.md, "The reload hook".
 """
 
 from __future__ import annotations
@@ -72,7 +53,14 @@ def _kill_group(pgid: int) -> None:
 
 
 async def run_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> HookRun:
-    """Run ``argv`` once, bounded as the module says; never raises but Cancelled."""
+    """Run ``argv`` once, bounded; never raises but Cancelled.
+
+    No shell; stdin from ``/dev/null``. The environment is ``env`` (see ReloadHook).
+    The command leads a session of its own. Its whole process group is killed at
+    ``timeout_s`` (a hang, or a forked child holding the output open) or on
+    cancellation. Output (stdout and stderr, one pipe) is kept up to
+    :data:`OUTPUT_KEPT` bytes; the rest is read and discarded.
+    """
     started = trio.current_time()
     try:
         process = await trio.lowlevel.open_process(
@@ -114,7 +102,23 @@ Runner = Callable[[Sequence[str], Mapping[str, str], float], Awaitable[HookRun]]
 
 
 class ReloadHook:
-    """Runs ``command`` after swaps of ``state`` (see the module docstring)."""
+    """Runs ``command`` after swaps of ``state``, in a task of its own.
+
+    :meth:`swapped` never waits, so convergence never waits on the hook.
+
+    - The daemon's environment (less ``NOTIFY_SOCKET`` and the watchdog's variables)
+      plus ``SUPERVISOR_REVISION``, ``SUPERVISOR_SEQUENCE`` (empty: unknown) and
+      ``SUPERVISOR_SNAPSHOT`` (the snapshot file's path; empty: none).
+    - One run at a time, coalesced: swaps during a run leave one run due, for the
+      revision serving when it starts.
+    - A failed run is retried with backoff (1 s doubling to 5 min). A newer swap runs
+      at once; the backoff is kept until a run succeeds.
+    - Bounded as :func:`run_command` says.
+
+    Its last run is ``/status`` ``sinks.hook``; each run counts in
+    ``supervisor_hook_runs_total{outcome}``. Failures are a streak
+    (:mod:`supervisor.streak`): one line when they begin, one on recovery.
+    """
 
     def __init__(self, command: Sequence[str], timeout_s: float, *, state: ActiveState,
                  metrics: Metrics, snapshot_path: str | None,

@@ -1,19 +1,7 @@
 """The signed last-known-good cache, and the Ed25519 keys that sign it.
 
-Split by concern:
-
-- :mod:`~supervisor.sinks.lkg.errors`: the refusals (``CacheError`` and its labels) and
-  the key file's errors;
-- :mod:`~supervisor.sinks.lkg.keys`: key texts, key ids, the signing key file, ``keygen``;
-- :mod:`~supervisor.sinks.lkg.fileformat`: the signed file format and its verification;
-- :mod:`~supervisor.sinks.lkg.mark`: the served-revision mark file and the rollback
-  refusal it makes possible;
-- :mod:`~supervisor.sinks.lkg.cache`: :class:`LastKnownGood` (export, load, and the
-  order of the cache's and the mark's writes that keeps rollback protection);
-- :mod:`~supervisor.sinks.lkg.statement`: the signed statement (format_version 2);
-- :mod:`~supervisor.sinks.lkg.accepted`: a follower's highest accepted statement;
-- :mod:`~supervisor.sinks.lkg.files`: the cache's files on disk, and one daemon per cache.
-
+:class:`LastKnownGood` (:mod:`~supervisor.sinks.lkg.cache`) is the entry point.
+Each submodule owns one concern and says which in its first line.
 Every public name is importable from here.
 """
 

@@ -1,42 +1,4 @@
-"""A follower's highest accepted statement and the root it is pinned to, kept across restarts.
-
-``<cache path>.accepted`` (:data:`ACCEPTED_SUFFIX`) holds the statement
-(:mod:`~supervisor.sinks.lkg.statement`, without its signature: it was
-verified when accepted) of the highest root intent this follower ever
-accepted, as one JSON object, replaced atomically and fsynced. Its ``root``
-is the root identity this follower is pinned to (as TUF pins its root): set
-by the first statement accepted, and kept until ``trio-supervisor follower
-reset`` replaces the file with a reset record (:func:`write_reset`). It is
-read when the daemon starts and kept in memory by the daemon, not by the
-convergence child, so neither a crash of the child nor a restart of the
-process forgets it. A write that fails (a full disk) is retried at every poll
-(:meth:`AcceptedStatements.sync`) until one succeeds; the same call notices a
-reset written meanwhile and forgets the highest, so a running follower takes
-its root's next statement without a restart.
-
-:func:`refusal_of` is the rule a candidate statement must pass against it
-(after its signature verified, before its expiry is looked at):
-
-* another root identity than the pinned one (or than ``[control_plane].root_identity``
-  when set, which re-pins): ``denied``, naming both, however it was issued: a
-  restored copy of the root's database (a DR drill, a staging clone) signing
-  with the same key must not move the tree;
-* the same root: a lower ``sequence`` is ``rollback`` (a replay of an older
-  statement, or a root whose count went back: both numbers and the root are
-  named); the same ``sequence`` naming another revision or body is
-  ``corrupt`` (one intent, two contents: a forger or a broken root); the same
-  intent issued earlier is no refusal: a sibling root (another replica on the
-  same control plane) signed it, and :func:`supersedes` keeps the
-  later-expiring one.
-
-Missing file: nothing accepted yet (a first start), unless this follower has
-passed a statement on: :meth:`AcceptedStatements.restore_from` then takes the
-root's signed bytes it forwards (verified again) when higher, so a deleted or
-unwritten file does not silently drop the protection. A file that cannot be
-read or decoded refuses to start (:class:`~supervisor.errors.ConfigError`
-naming it): silently dropping rollback protection is never the answer.
-Blocking file I/O: call from a worker thread.
-"""
+"""A follower's highest accepted statement and the root it is pinned to, kept across restarts."""
 
 from __future__ import annotations
 
@@ -87,8 +49,17 @@ def refusal_of(candidate: Statement, highest: Statement | None,
                root_identity: str | None = None) -> tuple[str, str] | None:
     """(reason, detail) when ``candidate`` may not be accepted after ``highest``; else None.
 
-    ``root_identity`` (``[control_plane].root_identity``) pins the root in place of
-    ``highest``'s.
+    Checked after the signature verified, before expiry. ``root_identity``
+    (``[control_plane].root_identity``) pins the root in place of ``highest``'s.
+
+    - Another root than the pinned one: ``denied``, naming both. A restored copy of
+      the root's database (a DR drill, a staging clone) signing with the same key
+      must not move the tree.
+    - Same root, lower ``sequence``: ``rollback`` (a replay, or a root whose count
+      went back).
+    - Same ``sequence``, another revision or body: ``corrupt`` (a forger or a broken root).
+    - The same intent issued earlier is no refusal: a sibling root signed it
+      (see :func:`supersedes`).
     """
     pinned = root_identity if root_identity is not None else (
         highest.root if highest is not None else None)
@@ -133,7 +104,22 @@ def write_reset(path: str) -> None:
 
 
 class AcceptedStatements:
-    """The highest accepted statement, in memory and (``path`` set) on disk (module docstring)."""
+    """The highest accepted statement, in memory and (``path`` set) on disk.
+
+    ``<cache path>.accepted`` (:data:`ACCEPTED_SUFFIX`) holds it as one JSON object,
+    without its signature (verified when accepted), replaced atomically and fsynced.
+    Its ``root`` pins this follower to a root, as TUF pins its root. The first accepted
+    statement sets it; ``follower reset`` clears it (:func:`write_reset`).
+
+    The daemon keeps it, not the convergence child: neither a child crash nor a
+    restart forgets it. A failed write is retried at every :meth:`sync`.
+
+    A missing file means nothing accepted yet, unless :meth:`restore_from` finds a
+    forwarded statement. A file that cannot be read or decoded refuses to start
+    (ConfigError naming it): rollback protection is never silently dropped.
+
+    Blocking file I/O: call from a worker thread.
+    """
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -199,9 +185,9 @@ class AcceptedStatements:
     def sync(self) -> bool:
         """At every poll: take a reset written meanwhile, or write again a failed write.
 
-        True when the file was read again (changed by someone else: a reset); a
-        file removed, or changed into something unreadable, is written again from
-        memory. Raises CacheUnwritable as :meth:`accept` when the write fails.
+        True when the file was read again (changed by someone else: a reset). A file
+        removed, or changed into something unreadable, is written again from memory. Raises
+        CacheUnwritable as :meth:`accept` when the write fails.
         """
         if self.path is None:
             return False
@@ -223,13 +209,12 @@ class AcceptedStatements:
                      limit: int) -> Statement | None:
         """The statement of the root's signed file at ``signed_path``, when it supersedes.
 
-        The file a follower passes on holds a statement it accepted, so it is a
-        floor for the highest (the accepted file deleted, lost to a disk
-        restored without it, or not written on a full disk). Verified against
-        ``trusted_keys``; a missing, unreadable or refused file, one of another
-        root than the pinned one, or a reset record restores nothing (None).
-        Made the highest (and written) when restored; raises CacheUnwritable as
-        :meth:`accept`.
+        The file a follower passes on holds a statement it accepted, so it is a floor for
+        the highest. It matters when the accepted file was deleted, lost in a restore, or
+        not written on a full disk. Verified against ``trusted_keys``; a missing, unreadable
+        or refused file, one of another root than the pinned one, or a reset record restores
+        nothing (None). Made the highest (and written) when restored; raises CacheUnwritable
+        as :meth:`accept`.
         """
         if self.reset:
             return None
@@ -250,10 +235,9 @@ class AcceptedStatements:
     def accept(self, statement: Statement) -> None:
         """Make ``statement`` the highest: durably first, then in memory.
 
-        Raises :class:`~supervisor.sinks.lkg.errors.CacheUnwritable` when the
-        file cannot be written; the statement is then held in memory anyway
-        (this process still refuses what it would have refused), and
-        :meth:`sync` writes again at the next poll.
+        Raises :class:`~supervisor.sinks.lkg.errors.CacheUnwritable` when the file cannot be
+        written. The statement is held in memory anyway, so this process still refuses what
+        it would have. :meth:`sync` writes again at the next poll.
         """
         with self._lock:
             self._highest = statement.without_bytes()

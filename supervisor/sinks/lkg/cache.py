@@ -1,82 +1,6 @@
-"""The signed last-known-good cache: one replica's cache file and its served-revision mark.
+"""The signed last-known-good cache: :class:`LastKnownGood` and the order of its writes.
 
-What it is for
---------------
-A replica writes every revision it publishes to a local file (:meth:`LastKnownGood.export`).
-When it boots and the control plane is unreachable, or holds a revision this
-build cannot read, it may serve that file instead (:meth:`LastKnownGood.load`).
-The cache is a *statement by this deployment* ("revision N was good"), so it is
-signed (:mod:`~supervisor.sinks.lkg.fileformat`, :mod:`~supervisor.sinks.lkg.keys`),
-and it is refused rather than served whenever it cannot be trusted.
-It is never expired by age (an outage is exactly when it is needed):
-:attr:`CachedRevision.age_s` reports the age so the caller can show it.
-
-Refusals (``CacheError.reason``), checked in this order
---------------------------------------------------------
-``corrupt``
-    Anything at the cache path (or the mark path) that is not a regular file: a
-    FIFO, socket, device, directory or symbolic link, named in the detail (it is
-    never read, so a FIFO cannot hang the boot). Unreadable file, bad magic,
-    truncation, a header length over the limit, a validly signed header that is
-    malformed, or a body whose length or SHA-256 differs from the signed header.
-    A body digest mismatch is ``corrupt`` and not ``denied`` on purpose: the
-    signed statement itself is authentic, the bytes it vouches for are not those
-    bytes (bit rot or tampering look the same), exactly the control plane's
-    ``corrupt`` (docs/reasons.md).
-``denied``
-    The header names a key id not in ``trusted_keys``, or the signature does
-    not verify (any altered header byte ends here). When the header is not even
-    decodable, every trusted key is tried: no match is ``denied``, a match
-    means an authentic but malformed header, ``corrupt``.
-``incompatible``
-    As :class:`CacheSkew` when the (authentic) ``format_version`` is newer
-    than this build reads: the caller reports it and treats it as no cache. As
-    plain :class:`CacheError` when ``schema_version`` is above
-    ``max_schema_version``.
-``rollback``
-    ``revision`` is below this replica's served-revision mark, or the mark is
-    missing or 0 next to an existing cache (``path`` is then the mark file).
-``unwritable``
-    Only from :meth:`~LastKnownGood.export`, :meth:`~LastKnownGood.note_served`
-    and :meth:`~LastKnownGood.discard_if_newer` (:class:`CacheUnwritable`, the
-    ``OSError`` chained).
-
-Rollback protection
--------------------
-``<path>.served`` holds one decimal revision id: the served-revision mark
-(:mod:`~supervisor.sinks.lkg.mark`: its file, why an export *sets* it rather
-than only raising it, why a missing or garbled mark refuses the cache).
-:meth:`~LastKnownGood.note_served` raises it; :meth:`~LastKnownGood.export`
-sets it to the exported revision, which is what this replica serves from then
-on; :meth:`~LastKnownGood.load` refuses a cache below it.
-
-The invariant: **at every instant a process can be stopped, a cache file never
-exists without a mark, and the mark is <= the cached revision** (given that it
-held before; a replica whose mark was deleted is refused until reset, as the
-mark's module says).
-:meth:`~LastKnownGood.export` keeps it by ordering its two atomic writes:
-
-- the mark is missing (or 0, or garbled): mark first, then the cache, so a
-  stop between them leaves a mark and no new cache (the first export leaves a
-  mark and no cache at all: nothing to serve, nothing refused);
-- the revision rises: cache first, then the mark (a stop leaves mark < cache);
-- the revision falls: mark first, then the cache (a stop leaves the lower mark
-  next to the newer cache, which still loads; when the export fails instead,
-  :meth:`~LastKnownGood.discard_if_newer` removes that newer cache so that the
-  next boot cannot serve the revision the operator moved away from).
-
-Files and their owners
-----------------------
-The constructor creates a missing cache directory (0700, parents too), and
-records its mode: a directory removed while running is made again, with that
-mode, by the next write (:class:`~supervisor.sinks.lkg.files.DurableFiles`). It
-refuses, as :class:`~supervisor.errors.ConfigError` at ``$.cache.path``, a
-directory or an existing cache or mark file that is not owned by the effective
-uid or is group- or world-writable (:mod:`supervisor.sinks.lkg.files`).
-
-Every method but the properties blocks (file I/O and fsync), the constructor
-included (it may create the directory): call them from a worker thread under
-trio. They are safe to call from several threads.
+Operators: docs/operations.md, "Cache files and rollback protection" and "Cache key rotation".
 """
 
 from __future__ import annotations
@@ -143,7 +67,28 @@ class CachedRevision:
 
 
 class LastKnownGood:
-    """One replica's signed cache file and its served-revision mark (module docstring)."""
+    """One replica's signed cache file and its served-revision mark.
+
+    A replica exports every revision it publishes (:meth:`export`). At boot, when the
+    control plane is unreachable or holds a revision this build cannot read, it may
+    serve that file instead (:meth:`load`).
+    The cache is this deployment's statement "revision N was good". So it is signed,
+    and refused whenever it cannot be trusted. It never expires by age: an outage is
+    exactly when it is needed. :attr:`CachedRevision.age_s` shows the age.
+
+    Invariant: at every instant a process can stop, a cache file never exists
+    without a mark, and the mark is <= the cached revision. :meth:`export` keeps it
+    by the order of its two atomic writes (see there), given that it held before.
+    A deleted mark refuses the cache until reset (:class:`~.mark.ServedMark`).
+
+    The constructor creates a missing cache directory (0700, parents too). It records the
+    mode for :class:`~.files.DurableFiles`, which remakes a directory removed while running.
+    It refuses unsafe ownership or modes as ConfigError (:func:`~.files.prepare_directory`),
+    and loads the signing key now, so ``check`` and boot report a bad key.
+
+    Every method but the properties blocks (file I/O, fsync), the constructor included:
+    call them from a worker thread under trio. They are thread-safe.
+    """
 
     def __init__(
         self,
@@ -189,10 +134,10 @@ class LastKnownGood:
     def forget_files(self) -> None:
         """The files were changed by someone else: re-read the mark before the next write.
 
-        The mark is otherwise read once and rewritten only when its value
-        changes, so a mark deleted or garbled under a running daemon would not
-        be written again by an export of the same revision. What this process
-        noted as served is kept (a deleted mark never lowers it).
+        The mark is otherwise read once and rewritten only when its value changes. So a mark
+        deleted or garbled under a running daemon would survive an export of the same
+        revision. What this process noted as served is kept (a deleted mark never lowers
+        it).
         """
         with self._lock:
             self._mark.forget_file()
@@ -208,9 +153,9 @@ class LastKnownGood:
     def refuse_own_key_among(self, trusted_keys: Sequence[str], where: str) -> None:
         """ConfigError at ``where`` when this cache's signing key is in ``trusted_keys``.
 
-        A follower's upstream keys must be the root's: trusting its own cache
-        key there would let anyone holding that key (this replica, or every
-        replica of a fleet sharing one key list) forge statements for it.
+        A follower's upstream keys must be the root's. Trusting its own cache key there
+        would let anyone holding that key forge statements for it: this replica, or every
+        replica of a fleet sharing one key list.
         """
         upstream = parse_trusted(trusted_keys, where_key=where)
         if self.signing_key_id is not None and self.signing_key_id in upstream:
@@ -237,16 +182,25 @@ class LastKnownGood:
                statement: Statement | None = None, body_sha256: bytes = b"") -> None:
         """Sign and durably write ``body`` as the cache; set the served mark to ``revision``.
 
-        With ``statement`` the file is format_version 2 and signs it (its
-        revision and digest must be ``revision``'s and ``body``'s: ValueError
-        otherwise); without, version 1. ``body_sha256`` is the body's digest where the
-        caller verified it (the control plane's read did): then it is not hashed again.
+        With ``statement`` the file is format_version 2 and signs it; without, version 1.
+        The statement must name ``revision`` and ``body``'s digest (ValueError otherwise).
+        ``body_sha256`` is the digest the caller already verified: it is not hashed again.
 
-        ``revision`` is a control-plane id (>= 1); ``generation`` and
-        ``schema_version`` are >= 0 (ValueError otherwise, nothing written).
-        Raises :class:`CacheUnwritable` (``OSError`` chained) when either file
-        cannot be written, or when no signing key is configured; the two
-        writes are ordered as the module docstring says. Blocking.
+        ``revision`` is a control-plane id (>= 1); ``generation`` and ``schema_version``
+        are >= 0 (ValueError otherwise, nothing written). Raises :class:`CacheUnwritable`
+        (``OSError`` chained) when a file cannot be written or no signing key is set.
+
+        The mark is *set*, not only raised (:mod:`~supervisor.sinks.lkg.mark` says why).
+        The writes are ordered to keep the class invariant:
+
+        - mark missing, 0 or garbled: mark first, then cache. A stop between leaves a
+          mark and no new cache (on a first export: nothing to serve, nothing refused);
+        - revision rises: cache first, then mark. A stop leaves mark < cache;
+        - revision falls: mark first, then cache. A stop leaves the lower mark beside the
+          newer cache, which still loads. If the export fails, the caller runs
+          :meth:`discard_if_newer`, so the next boot cannot serve the abandoned revision.
+
+        Blocking.
         """
         check_revision(revision)
         for name, value in (("generation", generation), ("schema_version", schema_version)):
@@ -309,11 +263,11 @@ class LastKnownGood:
     def discard_if_newer(self, revision: int) -> bool:
         """Remove the cache file when it holds a revision above ``revision``; True when removed.
 
-        For a rollback whose export failed (desired moved to an older revision,
-        the disk is full): the newer cache must not be served by the next boot.
-        The mark is left as it is; unlink needs no disk space. A missing (or
-        unreadable, or never servable) file is not removed and is no error.
-        Raises :class:`CacheUnwritable` when the removal fails. Blocking.
+        For a rollback whose export failed (desired moved to an older revision; the disk is
+        full). The next boot must not serve the newer cache. The mark is left as it is;
+        unlink needs no disk space. A missing (or unreadable, or never servable) file is not
+        removed and is no error. Raises :class:`CacheUnwritable` when the removal fails.
+        Blocking.
         """
         if revision < 0:
             raise ValueError(f"revision must be >= 0, got {revision}")
@@ -338,7 +292,28 @@ class LastKnownGood:
         """The verified cached revision; None when there is no cache file.
 
         Raises :class:`CacheSkew` for a newer format (treat as no cache) and
-        :class:`CacheError` for every other refusal. Blocking.
+        :class:`CacheError` for every other refusal.
+        Labels (``CacheError.reason``), checked in order:
+
+        ``corrupt``
+            Not a regular file at the cache or mark path (FIFO, socket, device, directory,
+            symlink; never read, so a FIFO cannot hang the boot). Also: unreadable, bad
+            magic, truncated, header over the limit, an authentic but malformed header,
+            or a body whose length or SHA-256 differs from the signed header. A digest
+            mismatch is ``corrupt``, not ``denied``: the statement is authentic, the bytes
+            are not the ones it vouches for (bit rot and tampering look the same).
+            The control plane's ``corrupt`` means the same (docs/reasons.md).
+        ``denied``
+            The key id is not trusted, or the signature fails. An undecodable header is
+            tried against every trusted key: no match is ``denied``, a match ``corrupt``.
+        ``incompatible``
+            :class:`CacheSkew` when ``format_version`` is newer than this build reads;
+            plain :class:`CacheError` when ``schema_version`` exceeds ``max_schema_version``.
+        ``rollback``
+            ``revision`` is below the served mark, or the mark is missing or 0 beside a
+            cache (``path`` is then the mark file). See :class:`~.mark.ServedMark`.
+
+        ``unwritable`` (:class:`CacheUnwritable`) comes only from the write methods. Blocking.
         """
         try:
             data = read_regular(self._path)

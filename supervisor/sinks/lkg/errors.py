@@ -1,19 +1,6 @@
 """The cache's refusals and the key file's errors.
 
-::
-
-    SupervisorError
-    ├── LabelledError      (supervisor.errors): .reason, .revision, .detail
-    │   └── CacheError     .path; reason: corrupt | denied | incompatible | rollback | unwritable
-    │       ├── CacheSkew  format newer than this build (reason incompatible): treat as no cache
-    │       └── CacheUnwritable  export, discard or mark write failed (reason unwritable)
-    └── KeyFileError       keygen could not write the key file
-        └── KeyFileExists  the key file already exists (keygen never overwrites)
-
-Bad ``trusted_keys`` text, an unreadable signing key, or a cache directory or
-file with unsafe ownership or permissions is a
-:class:`~supervisor.errors.ConfigError` instead (exit 2), raised by the
-:class:`~supervisor.sinks.lkg.LastKnownGood` constructor.
+Bad keys and unsafe cache files are ConfigError instead (exit 2): see LastKnownGood.
 """
 
 from __future__ import annotations
@@ -41,12 +28,11 @@ CacheReason = Literal["corrupt", "denied", "incompatible", "rollback", "unwritab
 
 
 class CacheError(LabelledError):
-    """The cache was refused (or could not be written); see :mod:`supervisor.sinks.lkg.cache`.
+    """The cache was refused, or could not be written; the labels: LastKnownGood.load.
 
-    ``reason`` is the label, ``path`` the file at fault (the cache, or its
-    ``.served`` mark), ``detail`` the explanation without the path, and
-    ``revision`` the cached revision id when the refusal got far enough to
-    know it authentically (else None).
+    ``reason`` is the label and ``path`` the file at fault (the cache or its ``.served``
+    mark). ``detail`` explains, without the path. ``revision`` is the cached revision
+    id once the refusal knows it authentically, else None.
     """
 
     reason: CacheReason

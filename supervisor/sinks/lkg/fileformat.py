@@ -1,42 +1,6 @@
 """The cache file's format: framing, the signed header, and verification.
 
-File format (format_version 2; version 1 files still load)
-----------------------------------------------------------
-All integers big-endian; offsets from the start of the file::
-
-    magic       20 bytes   b"TRIO-SUPERVISOR-LKG\\n"
-    header_len   4 bytes   unsigned; at most 65536
-    header      header_len bytes: msgspec JSON object, fields in this order:
-                  format_version  int     1
-                  revision        int     control-plane revision id (>= 1 when written)
-                  generation      int     the snapshot generation it was published as
-                  schema_version  int     the revision document's schema_version
-                  created_at      string  RFC 3339, UTC ("...Z")
-                  body_length     int     length of the body in bytes
-                  body_sha256     string  lowercase hex SHA-256 of the body
-                  key_id          string  id of the signing key (below)
-                  sequence        int     version 2: the root's desired-state sequence
-                  root            string  version 2: the root's control-plane identity
-                  issued_at       string  version 2: RFC 3339, UTC, when the root signed it
-                  expires_at      string  version 2: RFC 3339, UTC, after which it is stale
-    signature   64 bytes   Ed25519 detached signature over magic + header_len + header
-    body        body_length bytes: the revision document as the control plane stored it
-
-Version 1 headers have the first eight fields only; a version 2 header has
-all twelve (:mod:`supervisor.sinks.lkg.statement`: the signed statement they
-make). A writer given no statement still writes version 1.
-
-The signature covers every byte before it, so the header, its length prefix
-and the magic cannot be altered without detection; the body is covered through
-the signed ``body_length`` and ``body_sha256``. Truncation anywhere is caught
-by the length prefix, the fixed signature size, or ``body_length``. The framing
-(magic, length prefix, 64-byte signature, body) is fixed for every format
-version; a future format that must change it changes the magic instead.
-
-:func:`decode_file` checks, in this order: framing (``corrupt``), authenticity
-(``denied``), the format version (:class:`CacheSkew`), then the header fields
-and the body they vouch for (``corrupt``); see :mod:`supervisor.sinks.lkg.cache`
-for what each refusal means to the caller.
+The layout is on :func:`encode_file`; the checks and their order on :func:`decode_file`.
 """
 
 from __future__ import annotations
@@ -90,20 +54,26 @@ _Root = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 
 
 class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
-    """The signed header (field order is the on-disk order); the last four are version 2's."""
+    """The signed header; field order is the on-disk order.
+
+    Version 1 has the first eight fields; version 2 adds the last four, the signed
+    statement (:mod:`~supervisor.sinks.lkg.statement`). Without a statement a writer
+    still writes version 1. ``created_at``, ``issued_at`` and ``expires_at`` are
+    RFC 3339 in UTC. ``key_id`` names the signing key (:func:`~.keys.key_id_of`).
+    """
 
     format_version: int
-    revision: _NonNegative
-    generation: _NonNegative
-    schema_version: _NonNegative
+    revision: _NonNegative  # the control-plane revision id (>= 1 when written)
+    generation: _NonNegative  # the snapshot generation it was published as
+    schema_version: _NonNegative  # the revision document's
     created_at: datetime
     body_length: _NonNegative
-    body_sha256: _Sha256Hex
+    body_sha256: _Sha256Hex  # lowercase hex
     key_id: _KeyId
-    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None
-    root: _Root | None = None
-    issued_at: datetime | None = None
-    expires_at: datetime | None = None
+    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None  # the root's
+    root: _Root | None = None  # the root's control-plane identity
+    issued_at: datetime | None = None  # when the root signed it
+    expires_at: datetime | None = None  # after which it is stale
 
     def statement(self, signed: bytes | None = None) -> Statement | None:
         """The signed statement of a version 2 header (None for version 1)."""
@@ -117,9 +87,8 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defau
 class _Envelope(msgspec.Struct):
     """The two fields every format version keeps, read before the signature is checked.
 
-    Lenient on purpose (unknown fields ignored, key_id of any type) so that a
-    newer format's header still yields its version and key, and surfaces as
-    skew rather than as corruption.
+    Lenient on purpose: unknown fields are ignored, key_id may be any type. So a newer
+    format's header still yields its version and key, and shows as skew, not corruption.
     """
 
     format_version: int
@@ -140,8 +109,8 @@ def encode_header(
 ) -> bytes:
     """The header bytes for ``body``: version 2 with ``statement``, else version 1.
 
-    ``body_sha256`` (hex) is the body's digest where the caller verified it already:
-    a body is hashed once on its way from the control plane to the cache.
+    ``body_sha256`` (hex) is the body's digest where the caller verified it already. A body
+    is hashed once on its way from the control plane to the cache.
     """
     if format_version is None:
         format_version = FIRST_FORMAT_VERSION if statement is None else FORMAT_VERSION
@@ -171,7 +140,21 @@ def _utc(moment: datetime) -> datetime:
 
 
 def encode_file(header: bytes, body: bytes, signing_key: nacl.signing.SigningKey) -> bytes:
-    """Frame and sign: magic, header length, header, signature, body."""
+    """Frame and sign: magic, header length, header, signature, body.
+
+    Layout (format_version 2; version 1 still loads). Integers are big-endian::
+
+        magic       20 bytes   b"TRIO-SUPERVISOR-LKG\\n"
+        header_len   4 bytes   unsigned; at most 65536
+        header      header_len bytes: msgspec JSON, the fields of :class:`Header` in order
+        signature   64 bytes   Ed25519 detached signature over magic + header_len + header
+        body        body_length bytes: the revision document as the control plane stored it
+
+    The signature covers every byte before it. The body is covered through the
+    signed ``body_length`` and ``body_sha256``. Truncation anywhere shows in the
+    length prefix, the fixed signature size or ``body_length``. The framing is the
+    same for every format version; a format that must change it changes the magic.
+    """
     if len(header) > MAX_HEADER_BYTES:
         raise ValueError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
     signed = MAGIC + _LENGTH.pack(len(header)) + header
@@ -188,7 +171,12 @@ def _shown(value: object) -> str:
 def decode_file(
     data: bytes, path: str, trusted: Mapping[str, nacl.signing.VerifyKey]
 ) -> tuple[Header, bytes]:
-    """Verify and split a cache file; raises CacheError (see the module docstring)."""
+    """Verify and split a cache file; raises CacheError.
+
+    Checks in order: framing (``corrupt``), authenticity (``denied``), the format
+    version (:class:`CacheSkew`), then the header fields and the body they vouch
+    for (``corrupt``). What each label means: LastKnownGood.load.
+    """
 
     def corrupt(detail: str, revision: int | None = None) -> NoReturn:
         raise CacheError(reasons.CORRUPT, path, detail, revision=revision)

@@ -1,40 +1,4 @@
-"""The cache's files on disk: reading them safely, writing them durably, who may own them.
-
-Reading (:func:`read_regular`): whatever is at a path is opened with
-``O_NONBLOCK | O_NOFOLLOW`` and checked with ``fstat`` before a byte is read,
-so a FIFO planted at the cache path cannot hang the boot, and a symlink, a
-socket, a device or a directory is reported for what it is
-(:class:`NotRegularFile`) instead of being read.
-
-Writing (:class:`CacheFiles`): the seam through which the cache writes and
-removes its two files. :class:`DurableFiles` is the real one (atomic, fsynced
-replacement; an unlink made durable by an fsync of the directory); tests pass
-their own to stop or fail between two writes.
-
-One daemon per cache (:func:`hold_cache_lock`): two daemons given one cache
-path would each rewrite the cache, its served mark and the follower's forward
-file on every poll with their own revisions, and a later boot would serve
-whichever wrote last. It takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<cache
-path>.lock`` (created 0600, its directory 0700 when missing) and keeps the
-file open: the kernel releases the lock when the process ends however it ends,
-so a crashed daemon never leaves a stale lock behind. The holder writes its
-pid into the file. A second daemon waits up to :data:`LOCK_WAIT_S` for the
-lock (a previous instance still stopping), then is refused with a
-:class:`~supervisor.errors.StartError` naming the path and the holder's pid
-(exit 1: a restart may succeed once the holder is gone). A lock file that cannot be made at
-all (the cache's directory is a file, read-only, or full) is not a reason to
-stop serving: the cache cannot be written either, which the sinks report
-(``/status`` ``sinks.cache``), so :func:`hold_cache_lock` returns None and the
-caller says it runs unlocked.
-
-Ownership and permissions (:func:`prepare_directory`): the cache's directory
-and any existing cache or mark file must belong to the effective uid and must
-not be group- or world-writable; anything else is a
-:class:`~supervisor.errors.ConfigError` at ``$.cache.path`` naming the path and
-its octal mode. Another local user able to replace or delete those files could
-make the replica boot an old revision. A missing directory is created (parents
-too) with mode 0700.
-"""
+"""The cache's files on disk: safe reads, durable writes, ownership, one daemon per cache."""
 
 from __future__ import annotations
 
@@ -77,8 +41,9 @@ class NotRegularFile(Exception):
 def read_regular(path: str, *, limit: int = -1) -> bytes | None:
     """The bytes of the regular file at ``path`` (at most ``limit``); None when nothing is there.
 
-    Raises :class:`NotRegularFile` when something else is there (never blocks
-    on a FIFO, never follows a symlink), and ``OSError`` when it cannot be read.
+    Opens with ``O_NONBLOCK | O_NOFOLLOW`` and checks ``fstat`` before reading a byte.
+    So a planted FIFO cannot hang the boot. Anything else (symlink, socket, device,
+    directory) raises :class:`NotRegularFile`, naming what it is. ``OSError`` when unreadable.
     """
     try:
         fd = os.open(path, _READ_FLAGS)
@@ -107,7 +72,10 @@ def read_regular(path: str, *, limit: int = -1) -> bytes | None:
 
 
 class CacheFiles(Protocol):
-    """How the cache changes its files (the seam tests replace)."""
+    """How the cache writes and removes its two files.
+
+    The seam tests replace, to stop or fail between two writes.
+    """
 
     def write(self, path: str, data: bytes, *, mode: int) -> None:
         """Replace ``path`` with ``data``, atomically and durably; OSError when not done."""
@@ -117,10 +85,10 @@ class CacheFiles(Protocol):
 
 
 class DurableFiles:
-    """The real :class:`CacheFiles`: :func:`~supervisor.sinks.atomic.write_atomic`, unlink.
+    """The real :class:`CacheFiles`: atomic fsynced replacement, and unlink made durable.
 
-    ``directory_mode`` (the cache directory's mode at start): a directory
-    removed while running is made again, with it, by the next write.
+    ``directory_mode``: the cache directory's mode at start, with which
+    :func:`~supervisor.sinks.atomic.write_atomic` remakes a removed directory.
     """
 
     def __init__(self, directory_mode: int | None = None) -> None:
@@ -141,15 +109,12 @@ class DurableFiles:
 
 
 def prepare_directory(directory: str, files: Sequence[str]) -> None:
-    """Create ``directory`` when missing (0700), then refuse unsafe ownership or modes.
+    """Create ``directory`` when missing (0700, parents too), then refuse unsafe ownership or modes.
 
-    Checks the directory (symlinks followed: a state directory may be a link)
-    and each of ``files`` that exists (not followed: a symlink is checked for
-    its owner only, and refused as not a regular file when the cache reads it).
-    When a non-directory stands where the directory should be, nothing is
-    checked: every write then fails as ``unwritable`` and ``check`` reports it.
-    Raises :class:`~supervisor.errors.ConfigError` at ``$.cache.path``
-    (:func:`~supervisor.filemodes.refuse_unsafe_place`).
+    The rules are :func:`~supervisor.filemodes.refuse_unsafe_place`'s. Here, another local
+    user who could replace or delete these files could make the replica boot an old
+    revision. Raises :class:`~supervisor.errors.ConfigError` at ``$.cache.path``, naming
+    the path and its octal mode.
     """
     _create_missing(directory or ".")
     refuse_unsafe_place(_WHERE, directory or ".", "the cache directory", files)
@@ -199,10 +164,20 @@ class CacheLock:
 def hold_cache_lock(cache_path: str, *, wait_s: float = LOCK_WAIT_S) -> CacheLock | None:
     """Lock ``cache_path`` for this process, waiting up to ``wait_s`` for another holder.
 
-    Raises :class:`~supervisor.errors.StartError` when another daemon still
-    holds it then; None when the lock file cannot be made (module docstring).
-    Blocking (it sleeps while it waits): call it before the daemon's event loop
-    serves anything, or from a worker thread.
+    Two daemons on one cache would each rewrite the cache, mark and forward file with their
+    revisions. The next boot would serve whichever wrote last.
+
+    Takes ``flock(LOCK_EX | LOCK_NB)`` on ``<cache path>.lock`` (0600; a missing
+    directory is made 0700) and keeps it open. The kernel releases it when the process
+    ends, so a crash leaves no stale lock. The holder writes its pid into the file.
+
+    Raises :class:`~supervisor.errors.StartError` (exit 1) naming the path and the
+    holder's pid when another daemon still holds it after ``wait_s``. Returns None
+    when the lock file cannot be made (directory is a file, read-only, full). That is
+    no reason to stop serving: cache writes fail too, and ``/status`` ``sinks.cache``
+    reports it. The caller logs that it runs unlocked.
+
+    Blocking (it sleeps while it waits): call it before the event loop serves, or from a thread.
     """
     path = cache_path + LOCK_SUFFIX
     try:

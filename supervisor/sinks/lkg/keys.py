@@ -1,17 +1,6 @@
 """The Ed25519 keys that sign the cache: their text forms, ids, and the key file.
 
-Verify key text (``[cache].trusted_keys`` entries, and what ``keygen`` prints):
-``ed25519:<standard base64 of the 32 key bytes>``. Signing key file (what
-:func:`generate_signing_key` writes, mode 0600):
-``ed25519-secret:<standard base64 of the 32-byte seed>`` and a newline. The
-base64 must be canonical (padded, standard alphabet, no inner whitespace, the
-unused low bits zero): each key has exactly one text. Whitespace around the
-whole text is ignored. A key id is the first 16 hex digits of the SHA-256 of
-the 32 verify-key bytes. Several trusted keys may be listed at once, which is
-how a key is rotated: trust the new key everywhere, then switch the signing key,
-then drop the old one.
-
-No message here ever contains key material.
+No message here ever contains key material. Rotation: docs/operations.md, "Cache key rotation".
 """
 
 from __future__ import annotations
@@ -55,7 +44,11 @@ def key_id_of(verify_key: nacl.signing.VerifyKey) -> str:
 
 
 def format_verify_key(verify_key: nacl.signing.VerifyKey) -> str:
-    """``ed25519:<base64>``: the text ``trusted_keys`` accepts and ``keygen`` prints."""
+    """``ed25519:<base64>``: the text ``trusted_keys`` accepts and ``keygen`` prints.
+
+    The base64 is canonical: padded, standard alphabet, no inner whitespace, unused
+    low bits zero. So each key has exactly one text.
+    """
     return VERIFY_KEY_PREFIX + base64.b64encode(bytes(verify_key)).decode("ascii")
 
 
@@ -78,7 +71,11 @@ def _decode_key_text(text: str, prefix: str, what: str) -> bytes:
 
 
 def parse_verify_key(text: str) -> tuple[str, nacl.signing.VerifyKey]:
-    """Parse ``ed25519:<base64 of 32 bytes>`` into (key id, key); ValueError when malformed."""
+    """Parse ``ed25519:<base64 of 32 bytes>`` into (key id, key); ValueError when malformed.
+
+    The base64 must be canonical (see :func:`format_verify_key`).
+    Whitespace around the text is ignored.
+    """
     key = nacl.signing.VerifyKey(_decode_key_text(text, VERIFY_KEY_PREFIX, "verify key"))
     return key_id_of(key), key
 
@@ -128,12 +125,12 @@ def load_signing_key(path: str) -> nacl.signing.SigningKey:
 
 
 def generate_signing_key(out_path: str) -> str:
-    """Write a new Ed25519 signing key to ``out_path`` (mode 0600) and return its verify key text.
+    """Write a new Ed25519 signing key to ``out_path`` (mode 0600); return its verify key text.
 
+    The file is ``ed25519-secret:<canonical base64 of the 32-byte seed>`` and a newline.
     Never overwrites: an existing file (or symlink, even dangling) raises
-    :class:`KeyFileExists`; any other failure raises :class:`KeyFileError`
-    and leaves no file behind. The returned text is exactly what
-    ``[cache].trusted_keys`` accepts.
+    :class:`KeyFileExists`. Any other failure raises :class:`KeyFileError` and
+    leaves no file. The returned text is exactly what ``[cache].trusted_keys`` accepts.
     """
     key = nacl.signing.SigningKey.generate()
     data = (SIGNING_KEY_PREFIX + base64.b64encode(bytes(key)).decode("ascii") + "\n").encode()

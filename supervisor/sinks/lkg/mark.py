@@ -1,39 +1,4 @@
-"""The served-revision mark: the highest revision this replica served, and the rollback refusal.
-
-``<cache path>.served`` (:data:`SERVED_SUFFIX`) holds one decimal revision id,
-written atomically (0600): the served-revision mark. It is what makes the
-cache's ``rollback`` refusal possible (:meth:`ServedMark.refuse_rollback`): a
-cached revision below the mark is older than one this replica already served.
-:meth:`~supervisor.sinks.lkg.cache.LastKnownGood.note_served` raises it
-(:meth:`ServedMark.raise_to`); an export *sets* it to the exported revision,
-which is what this replica serves from then on. It sets rather than only
-raises because an operator may point desired state back at an older revision
-id; a mark that only rose would then make the replica refuse its own, current
-cache at the next boot, during an outage, when it is needed. (The order of the
-mark's and the cache's writes, and the invariant it keeps, are the cache's:
-:mod:`supervisor.sinks.lkg.cache`.)
-
-The mark cannot be defeated by deleting it: a cache file with no mark next to
-it, or a mark of 0, is refused as ``rollback`` (revision ids start at 1, so 0
-is never a served revision: :func:`check_revision`). To trust such a cache
-deliberately, write its revision into the mark file (the refusal says which
-number). A garbled mark, or something other than a regular file there, is
-``corrupt``, for the same reason: the protection is never silently dropped.
-
-Reading is strict for serving, lenient for writing. :meth:`ServedMark.refuse_rollback`
-(the load path) reads the file every time and refuses on anything unusable.
-The write paths (:meth:`ServedMark.known`, :meth:`ServedMark.write`) read it
-once, count a garbled or unreadable file as 0 and write it again, and rewrite
-it only when its value changes (no fsync per publish);
-:meth:`ServedMark.forget_file` makes them read it again. The value in memory
-(:attr:`ServedMark.value`) is the highest this process noted or read: a
-restarted replica, or a mark deleted under a running one, never lowers it
-below what was served.
-
-Blocking file I/O, and not locked: its owner
-(:class:`~supervisor.sinks.lkg.cache.LastKnownGood`) holds its lock around
-every call.
-"""
+"""The served-revision mark: the highest revision this replica served, and the rollback refusal."""
 
 from __future__ import annotations
 
@@ -58,7 +23,27 @@ def check_revision(revision: int) -> None:
 
 
 class ServedMark:
-    """The mark next to the cache at ``cache_path``, and the mark as this process knows it."""
+    """The mark next to the cache at ``cache_path``, and the mark as this process knows it.
+
+    ``<cache path>.served`` holds one decimal revision id, written atomically (0600).
+    A cached revision below it is older than one this replica served: ``rollback``.
+    ``note_served`` raises it (:meth:`raise_to`). An export *sets* it to the exported
+    revision, because an operator may point desired state back at an older id. A mark
+    that only rose would then refuse the replica's own current cache at the next boot.
+    The order of mark and cache writes is LastKnownGood.export's.
+
+    Deleting the mark does not defeat it: a cache with no mark, or a mark of 0, is
+    ``rollback`` (ids start at 1). A garbled mark, or no regular file, is ``corrupt``.
+    To trust such a cache, write its revision into the mark; the refusal names it.
+
+    Strict for serving, lenient for writing. :meth:`refuse_rollback` reads the file every
+    time. The write paths (:meth:`known`, :meth:`write`) read it once, count an unusable
+    file as 0, and rewrite only on a change (no fsync per publish). :meth:`forget_file`
+    makes them read again. :attr:`value` is the highest noted or read: a restart, or a
+    mark deleted under a running replica, never lowers it.
+
+    Blocking file I/O, and not locked: LastKnownGood holds its lock around every call.
+    """
 
     def __init__(self, cache_path: str, files: CacheFiles) -> None:
         self.cache_path = cache_path

@@ -1,26 +1,4 @@
-"""The signed statement: what a root says about its desired revision, and for how long.
-
-A statement is the signed header of a cache file in ``format_version`` 2
-(:mod:`supervisor.sinks.lkg.fileformat`): the revision id and its body's
-SHA-256, the root's ``sequence`` (``supervisor_desired.sequence``: it grows at
-every change of desired state, an operator's rollback included), the root's
-control-plane ``root`` identity, ``issued_at`` and ``expires_at`` (UTC).
-
-Only a root signs one (after a successful read of its control plane, so a
-root that cannot read it lets its statement age); a follower passes the
-root's bytes on unchanged (:attr:`Statement.signed`), so every hop verifies
-the root's signature. Its freshness is the follower's proof that the root was
-alive and reading its control plane at ``issued_at``.
-
-:meth:`Statement.etag` is what ``GET /v1/revision`` answers as ``ETag``: it
-changes whenever the sequence, the body or ``issued_at`` does, so a revision
-id reused for another body (a restore from a backup) is never a 304.
-
-Its times are checked where they enter (:func:`utc_times`): each converts to
-UTC inside years :data:`YEARS`, and the window from ``issued_at`` to
-``expires_at`` is at most :data:`MAX_WINDOW_S`; a signed header outside these
-is refused as ``corrupt`` before any clock arithmetic sees it.
-"""
+"""The signed statement: what a root says about its desired revision, and for how long."""
 
 from __future__ import annotations
 
@@ -54,9 +32,11 @@ def _utc(what: str, moment: datetime) -> datetime:
 
 
 def utc_times(issued_at: datetime, expires_at: datetime) -> tuple[datetime, datetime]:
-    """Both times in UTC, in range (module docstring); :class:`OutOfRange` otherwise.
+    """Both times in UTC, in range; :class:`OutOfRange` otherwise.
 
-    A time without an offset is out of range too.
+    Each must have an offset and fall in years :data:`YEARS` once in UTC. The window
+    ``expires_at - issued_at`` is at most :data:`MAX_WINDOW_S`. A signed header outside
+    these is ``corrupt`` before any clock arithmetic sees it.
     """
     issued, expires = _utc("issued_at", issued_at), _utc("expires_at", expires_at)
     check_range("expires_at - issued_at (seconds, at most 30 days)",
@@ -72,7 +52,18 @@ def etag_of(sequence: int, body_sha256_hex: str, issued_at: datetime) -> str:
 
 @dataclass(frozen=True)
 class Statement:
-    """One signed statement (module docstring); ``signed``: the root's file bytes, if kept."""
+    """One signed statement; ``signed``: the root's file bytes, if kept.
+
+    It is a format_version 2 cache header: the revision and its body's SHA-256, the
+    root's ``sequence``, its control-plane ``root`` identity, ``issued_at`` and
+    ``expires_at`` (UTC). ``sequence`` is ``supervisor_desired.sequence``: it grows at
+    every change of desired state, rollbacks included.
+
+    Only a root signs one, after a successful read of its control plane; a root that
+    cannot read lets it age. A follower forwards the root's bytes unchanged
+    (:attr:`signed`), so every hop verifies the root's signature. Its freshness proves
+    the root was alive and reading at ``issued_at``.
+    """
 
     revision: int
     body_sha256: str  # lowercase hex
@@ -83,6 +74,11 @@ class Statement:
     signed: bytes | None = field(default=None, repr=False, compare=False)
 
     def etag(self) -> str:
+        """What ``GET /v1/revision`` answers as ``ETag``.
+
+        It changes with the sequence, the body or ``issued_at``. So a revision id reused
+        for another body (a restore from backup) is never a 304.
+        """
         return etag_of(self.sequence, self.body_sha256, self.issued_at)
 
     def expired(self, now: datetime) -> bool:
