@@ -197,6 +197,8 @@ class Daemon:
                                     if follower else None),
                     signal=self.signal,
                     resolver=EnvFileResolver.for_daemon(self.config, self.config_path))
+                if self.status.state.snapshot is None:  # the boot
+                    self.notifier.extend_start(health.boot_deadline_s(cp))
                 await reconciler.run(task_status=task_status)
             finally:
                 with trio.move_on_after(2.0, shield=True):

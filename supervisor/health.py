@@ -18,13 +18,14 @@ handling that.
 
 from __future__ import annotations
 
+from supervisor.bounds import FILE_IO_DEADLINE_S
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.revisions import attempt_deadline_s
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.status import RevisionStatus
 from supervisor.tree import Supervisor
 
-__all__ = ["stall_limit_s", "status_line", "unhealthy", "watchdog_healthy"]
+__all__ = ["boot_deadline_s", "stall_limit_s", "status_line", "unhealthy", "watchdog_healthy"]
 
 
 def stall_limit_s(cp: ControlPlaneConfig) -> float:
@@ -46,8 +47,21 @@ def stall_limit_s(cp: ControlPlaneConfig) -> float:
     First starts are exempt: convergence's is the boot, which may wait on the
     control plane and the cache, and readiness covers it, not liveness.
     """
-    attempt = cp.fetch_timeout_s if cp.backend == "follower" else attempt_deadline_s(cp)
-    return 3 * cp.poll_interval_s + cp.backoff_max_s + attempt
+    return 3 * cp.poll_interval_s + cp.backoff_max_s + _attempt_s(cp)
+
+
+def boot_deadline_s(cp: ControlPlaneConfig) -> float:
+    """How long the boot may take on its own deadlines: one attempt, then the cache's read.
+
+    The daemon extends systemd's start timeout to it (``EXTEND_TIMEOUT_USEC``)
+    before the boot, so ``TimeoutStartSec`` cannot kill a slow store that keeps
+    within its deadlines.
+    """
+    return _attempt_s(cp) + FILE_IO_DEADLINE_S
+
+
+def _attempt_s(cp: ControlPlaneConfig) -> float:
+    return cp.fetch_timeout_s if cp.backend == "follower" else attempt_deadline_s(cp)
 
 
 def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneConfig, *,

@@ -66,6 +66,10 @@ class Notifier:
         self.last_status = status
         self.send(READY="1", STATUS=status)
 
+    def extend_start(self, seconds: float) -> None:
+        """Ask systemd for ``seconds`` more to start (``EXTEND_TIMEOUT_USEC``; ignored once ready)."""
+        self.send(EXTEND_TIMEOUT_USEC=str(round(seconds * 1_000_000)))
+
     def status(self, text: str) -> None:
         if text != self.last_status:
             self.last_status = text

@@ -229,3 +229,24 @@ async def test_console_script_is_installed(tmp_path: Path) -> None:
     result = subprocess.run([script, "check", "--config", str(config)],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
+
+
+async def test_the_boot_extends_the_start_timeout_to_its_own_deadline_before_ready(
+        tmp_path: Path) -> None:
+    """systemd's TimeoutStartSec cannot kill a boot whose store is slow within its deadlines."""
+    from supervisor.configfile import load
+    from supervisor.health import boot_deadline_s
+
+    config = published(tmp_path)
+    expected = round(boot_deadline_s(load(config).control_plane) * 1_000_000)
+    notify = NotifySocket(tmp_path / "notify")
+    await notify.bind()
+    with trio.fail_after(30):
+        async with run_daemon(config, env={"NOTIFY_SOCKET": str(notify.path)}) as daemon:
+            await notify.wait_for("READY=1")
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    texts = [text for _, text in notify.messages]
+    ready = next(i for i, text in enumerate(texts) if "READY=1" in text)
+    assert any(f"EXTEND_TIMEOUT_USEC={expected}" in text for text in texts[:ready]), texts
+    notify.close()
