@@ -67,7 +67,7 @@ class Notifier:
         self.send(READY="1", STATUS=status)
 
     def extend_start(self, seconds: float) -> None:
-        """Ask systemd for ``seconds`` more to start (``EXTEND_TIMEOUT_USEC``; ignored once ready)."""
+        """Ask systemd for ``seconds`` more to start (``EXTEND_TIMEOUT_USEC``)."""
         self.send(EXTEND_TIMEOUT_USEC=str(round(seconds * 1_000_000)))
 
     def status(self, text: str) -> None:
