@@ -222,8 +222,8 @@ FLEET: Final = (
         enters="a follower's X-Supervisor-Follower-* headers",
         size="url 512, etag 128, reason 32 bytes; at most 256 followers held (MAX_FOLLOWERS)",
         check="http(s) URL of printable ASCII, no credentials; sequence 0..2^62; state "
-              "converged/refusing/stale; poll interval 0.01 s and up, capped at 3600 s; a "
-              "malformed name ignored",
+              "converged/converging/refusing/stale; poll interval 0.01 s and up, capped at "
+              "3600 s; a malformed name ignored",
         deadline="forgotten after 3 of the follower's poll intervals",
         released="its row", reason="-",
         test="tests/unit/test_followers_registry.py::"

@@ -60,6 +60,6 @@ SINKS: Final = ("snapshot_file", "cache")
 #: A side sink's state (``supervisor_sink_state{state}``, ``/status`` ``sinks``).
 SINK_STATES: Final = ("ok", "failing", "disabled")
 #: A follower's state as it names itself to its upstream (``supervisor_followers{state}``).
-FOLLOWER_STATES: Final = ("converged", "refusing", "stale")
+FOLLOWER_STATES: Final = ("converged", "converging", "refusing", "stale")
 #: How a run of the reload hook ended (``supervisor_hook_runs_total{outcome}``).
 HOOK_OUTCOMES: Final = ("ok", "failed", "timeout", "error")

@@ -361,7 +361,8 @@ ADMIN_ROUTES: Final[dict[str, str]] = {
     "poll.",
     "/v1/followers": "200 `{\"followers\": [{\"url\", \"sequence\", \"etag\", "
     "\"state\", \"reason\", \"last_seen\"}]}`: the direct followers as their last fetch or "
-    "stream named them (state `converged`, `refusing` or `stale`), each forgotten after 3 "
+    "stream named them (state `converged`, `converging`, `refusing` or `stale`), each "
+    "forgotten after 3 "
     "of its poll intervals, at most 256 (a new one past that replaces the one seen longest "
     "ago). The read token is enough. What `status --fleet` walks.",
     "/v1/stream": "The live stream (WebSocket, below); a plain GET answers 426.",
@@ -539,7 +540,8 @@ FOLLOWER: Final[tuple[str, ...]] = (
     "tree.",
     "The fleet view: each fetch and stream names the follower to its upstream in "
     "`X-Supervisor-Follower-*` headers (`url`: `[admin].advertise_url` else its listen "
-    "address; the `sequence` and `etag` it serves; `state` `converged`, `refusing` or "
+    "address; the `sequence` and `etag` it serves; `state` `converged`, `converging`, "
+    "`refusing` or "
     "`stale`; the `reason`; its `poll-interval-s`), each bounded and checked where it "
     "enters; every replica lists its direct followers on `GET /v1/followers`. "
     "`trio-supervisor status --fleet --url ROOT` walks the tree from the root (one row a "

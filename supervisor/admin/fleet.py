@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from supervisor.bounds import OutOfRange, TooLarge
-from supervisor.controlplane.replica_name import ReplicaName, State, parse
+from supervisor.controlplane.replica_name import ReplicaName, follower_state, parse
 from supervisor.logs import get_logger
-from supervisor.reasons import STALE
 
 if TYPE_CHECKING:
     from supervisor.config import AdminConfig, Config
@@ -125,18 +124,16 @@ def own_url(config: AdminConfig) -> str:
 
 
 def describe_follower(config: Config, status: RevisionStatus) -> ReplicaName:
-    """How this follower names itself now: ``refusing`` while its attempts are refused (the
-    control plane answering), ``stale`` when that refusal is, or the statement it serves has
-    expired; ``converged`` otherwise."""
+    """How this follower names itself now (:func:`~.replica_name.follower_state`)."""
     from supervisor.admin.signed import etag_for
 
     state, snapshot, rejection = status.state, status.state.snapshot, status.last_rejection
-    failing = bool(status.consecutive_failures) and status.control_plane_up
     statement = state.statement
-    expired = statement is not None and statement.expired(datetime.now(UTC))
-    stale = expired or (failing and rejection is not None and rejection.reason == STALE)
-    named: State = "stale" if stale else "refusing" if failing else "converged"
-    reason = STALE if expired else rejection.reason if named != "converged" and rejection else None
+    named, reason = follower_state(
+        stale=statement is not None and statement.expired(datetime.now(UTC)),
+        failing=bool(status.consecutive_failures) and status.control_plane_up,
+        reason=None if rejection is None else rejection.reason,
+        serves_desired=status.desired is not None and status.active == status.desired)
     return ReplicaName(
         url=own_url(config.admin), sequence=state.sequence,
         etag=None if snapshot is None else etag_for(snapshot.revision, state.body_sha256,

@@ -20,8 +20,9 @@ from supervisor.admin.fleet import FollowersAnswer
 from supervisor.admin.routes import FOLLOWERS_PATH, REVISION_PATH
 from supervisor.bounds import quoted
 from supervisor.commands.common import HTTP_SCHEMES, admin_url
+from supervisor.controlplane.replica_name import follower_state
 from supervisor.errors import describe_failure
-from supervisor.reasons import STALE, UNAVAILABLE
+from supervisor.reasons import UNAVAILABLE
 from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_BYTES, Header
 
 __all__ = ["HOP_TIMEOUT_S", "MAX_DEPTH", "MAX_REPLICAS", "MAX_WIDTH", "FleetRow", "walk"]
@@ -41,9 +42,9 @@ HOPS_AT_ONCE: Final = 16
 class FleetRow(msgspec.Struct, kw_only=True):
     """One replica of the walk (``status --fleet --json``'s ``replicas``).
 
-    ``state`` is ``converged``, ``refusing`` or ``stale`` (as its ``/status`` tells), and
-    only these are walked on. Otherwise ``unreachable``, ``unverified`` (it does not serve
-    the root's statement) or ``cycle``.
+    ``state`` is ``converged``, ``converging``, ``refusing`` or ``stale`` (as its
+    ``/status`` tells), and only these are walked on. Otherwise ``unreachable``,
+    ``unverified`` (it does not serve the root's statement) or ``cycle``.
     """
 
     depth: int
@@ -70,18 +71,18 @@ class _Refused(Exception):
 
 
 def _state_of(doc: dict[str, Any]) -> tuple[str, str | None]:
-    """(converged, refusing or stale; the reason) of a replica's ``/status``."""
+    """A replica's state and reason, read from its ``/status`` (:func:`follower_state`)."""
     rev = doc.get("revision")
     rev = rev if isinstance(rev, dict) else {}
     rejection = rev.get("last_rejection")
     reason = rejection.get("reason") if isinstance(rejection, dict) else None
-    failing = bool(rev.get("consecutive_failures")) and rev.get("control_plane_up") is True
     statement = rev.get("statement")
-    if isinstance(statement, dict) and statement.get("stale") is True:
-        return "stale", STALE
-    if failing:
-        return ("stale" if reason == STALE else "refusing"), str(reason) if reason else None
-    return "converged", None
+    desired = rev.get("desired")
+    return follower_state(
+        stale=isinstance(statement, dict) and statement.get("stale") is True,
+        failing=bool(rev.get("consecutive_failures")) and rev.get("control_plane_up") is True,
+        reason=None if reason is None else str(reason),
+        serves_desired=desired is not None and rev.get("active") == desired)
 
 
 def _label(reason: object) -> tuple[str | None, str | None]:

@@ -21,15 +21,15 @@ from typing import Final, Literal, get_args
 import msgspec
 
 from supervisor.bounds import OutOfRange, TooLarge, check_range
-from supervisor.reasons import FOLLOWER_STATES
+from supervisor.reasons import FOLLOWER_STATES, STALE
 
 #: What a follower fetches from its upstream: the signed revision (admin.routes serves it).
 REVISION_PATH: Final = "/v1/revision"
 
-__all__ = ["HEADERS", "MAX_URL_BYTES", "ReplicaName", "State", "name_headers",
-           "name_this_replica", "parse"]
+__all__ = ["HEADERS", "MAX_URL_BYTES", "ReplicaName", "State", "follower_state",
+           "name_headers", "name_this_replica", "parse"]
 
-State = Literal["converged", "refusing", "stale"]
+State = Literal["converged", "converging", "refusing", "stale"]
 STATES: Final = get_args(State)
 assert STATES == FOLLOWER_STATES
 #: Each header's name, by the field it carries.
@@ -41,6 +41,21 @@ MAX_REASON_BYTES: Final = 32
 MAX_SEQUENCE: Final = 2**62
 #: A follower claiming a longer poll interval is listed as if it polled this often.
 MAX_POLL_INTERVAL_S: Final = 3600.0
+
+
+def follower_state(*, stale: bool, failing: bool, reason: str | None,
+                   serves_desired: bool) -> tuple[State, str | None]:
+    """A follower's state and its reason, from what its status says.
+
+    ``stale`` (its statement expired, or refused as stale), ``refusing`` (its
+    attempts refused while its upstream answers), ``converging`` (it does not
+    serve the desired revision yet), else ``converged``.
+    """
+    if stale:
+        return "stale", STALE
+    if failing:
+        return ("stale", STALE) if reason == STALE else ("refusing", reason)
+    return ("converged" if serves_desired else "converging"), None
 
 
 class ReplicaName(msgspec.Struct, frozen=True, kw_only=True):

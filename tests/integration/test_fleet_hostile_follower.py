@@ -62,7 +62,7 @@ async def test_a_hostile_follower_advertising_a_cycle_and_a_huge_list(tmp_path: 
         async with run_daemon(root.config), trio.open_nursery() as nursery:
             answers = {
                 "/status": json.dumps({"revision": {
-                    "active": 1, "sequence": 1, "consecutive_failures": 0,
+                    "active": 1, "desired": 1, "sequence": 1, "consecutive_failures": 0,
                     "control_plane_up": True, "lag_s": 0.0}}).encode(),
                 "/v1/revision": await capture(root, 1),
                 "/v1/followers": json.dumps(listing).encode()}

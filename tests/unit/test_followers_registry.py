@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.admin.fleet import MAX_FOLLOWERS, Followers
+from supervisor.admin.fleet import MAX_FOLLOWERS, Followers, describe_follower
 from supervisor.bounds import OutOfRange, TooLarge
+from supervisor.commands.fleet import _state_of as fleet_state_of
+from supervisor.config import Config, ControlPlaneConfig
 from supervisor.controlplane.replica_name import HEADERS, ReplicaName, parse
+from supervisor.convergence.status import RevisionStatus
+from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
+from tests.fakes.snapshot import FakeSnapshot, serve
 
 
 def named(url: str = "http://f1:9464", **fields: str) -> list[tuple[bytes, bytes]]:
@@ -104,3 +109,32 @@ def test_a_replica_names_itself_by_its_advertised_url_else_its_listen_address() 
     assert named_by(listen="[::1]:9500") == "http://[::1]:9500"
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"advertise_url": "http://édge:1"}, AdminConfig)  # not ASCII
+
+
+def _follower_status(active: int | None, desired: int | None) -> RevisionStatus:
+    status = RevisionStatus(ActiveState(upstream="http://root:9464"), clock=lambda: 0.0)
+    if active is not None:
+        serve(status.state, FakeSnapshot(active, 1), body_sha256=b"d" * 32)
+    status.observed(desired, b"d" * 32 if desired == active else b"e" * 32)
+    status.answered()
+    return status
+
+
+@pytest.mark.parametrize(("active", "desired", "state"), [
+    (1, 1, "converged"), (1, 2, "converging"), (None, 2, "converging")])
+def test_a_follower_says_converged_only_when_it_serves_what_is_desired(
+        active: int | None, desired: int, state: str) -> None:
+    config = Config(control_plane=ControlPlaneConfig(url="http://root:9464"))
+    named = describe_follower(config, _follower_status(active, desired))
+    assert (named.state, named.reason) == (state, None)
+
+
+def test_the_fleet_walk_reads_the_same_states_from_a_status_document() -> None:
+    def doc(active: int, desired: int, failures: int = 0) -> dict[str, object]:
+        return {"revision": {"active": active, "desired": desired, "control_plane_up": True,
+                             "consecutive_failures": failures,
+                             "last_rejection": {"reason": "secret"} if failures else None}}
+
+    assert fleet_state_of(doc(1, 1)) == ("converged", None)
+    assert fleet_state_of(doc(1, 2)) == ("converging", None)
+    assert fleet_state_of(doc(1, 2, failures=3)) == ("refusing", "secret")
