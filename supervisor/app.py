@@ -219,7 +219,8 @@ class Daemon:
         limit = cp.max_revision_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 64
         try:
             restored = await in_thread(
-                partial(accepted.restore_from, forward, list(cp.trusted_keys), limit=limit),
+                partial(accepted.restore_from, forward, list(cp.trusted_keys), limit=limit,
+                        root_identity=cp.root_identity),
                 dependency="files", deadline_s=FILE_IO_DEADLINE_S,
                 what="the accepted statement restore")
         except (CacheError, ThreadDeadline) as exc:

@@ -526,6 +526,20 @@ def test_a_missing_accepted_file_is_restored_only_from_a_verified_statement_pass
     assert again.highest is not None and again.highest.sequence == 3
 
 
+def test_the_forward_file_of_another_root_than_root_identity_restores_nothing(
+    tmp_path: Path
+) -> None:
+    forward = tmp_path / "lkg.bin.upstream"
+    forward.write_bytes(ROOT.sign(3, sequence=3))
+    trusted = [format_verify_key(ROOT.key.verify_key)]
+    accepted = AcceptedStatements(str(tmp_path / "lkg.bin.accepted"))
+    assert accepted.restore_from(str(forward), trusted, limit=1 << 20,
+                                 root_identity="postgresql:7:1") is None
+    assert accepted.highest is None
+    assert accepted.restore_from(str(forward), trusted, limit=1 << 20,
+                                 root_identity=ROOT.identity) is not None
+
+
 async def test_hydrate_fetches_when_nothing_was_observed_yet() -> None:
     upstream = FakeUpstream(ROOT.sign(3, sequence=3))
     loaded = await store_for(upstream).hydrate()

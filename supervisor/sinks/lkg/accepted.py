@@ -206,15 +206,16 @@ class AcceptedStatements:
             return False
 
     def restore_from(self, signed_path: str, trusted_keys: list[str], *,
-                     limit: int) -> Statement | None:
+                     limit: int, root_identity: str | None = None) -> Statement | None:
         """The statement of the root's signed file at ``signed_path``, when it supersedes.
 
         The file a follower passes on holds a statement it accepted, so it is a floor for
         the highest. It matters when the accepted file was deleted, lost in a restore, or
         not written on a full disk. Verified against ``trusted_keys``; a missing, unreadable
-        or refused file, one of another root than the pinned one, or a reset record restores
-        nothing (None). Made the highest (and written) when restored; raises CacheUnwritable
-        as :meth:`accept`.
+        or refused file, one of another root than the pinned one (``root_identity`` in place
+        of the highest's, as :func:`refusal_of`), or a reset record restores nothing
+        (None). Made the highest (and written) when restored; raises CacheUnwritable as
+        :meth:`accept`.
         """
         if self.reset:
             return None
@@ -226,7 +227,7 @@ class AcceptedStatements:
         except (NotRegularFile, OSError, CacheError, ConfigError):
             return None
         statement = header.statement()
-        if statement is None or refusal_of(statement, self._highest) is not None or (
+        if statement is None or refusal_of(statement, self._highest, root_identity) or (
                 not supersedes(statement, self._highest)):
             return None
         self.accept(statement)
