@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from supervisor.bounds import quoted
 from supervisor.config import Config, is_loopback, sqlite_path
 from supervisor.errors import ConfigError
 
@@ -295,6 +297,9 @@ def check_files(config: Config) -> list[tuple[str, str]]:
         if value is not None and not os.access(value, os.R_OK):
             problems.append((key, f"cannot read {value}"))
     problems += _tls_problems(config)
+    if config.hook.command and shutil.which(config.hook.command[0]) is None:
+        problems.append(("$.hook.command", f"{quoted(config.hook.command[0])} is no "
+                         "executable file (nor a program on PATH)"))
     parent_writable("$.cache.path", config.cache.path, created=True)
     parent_writable("$.snapshot.path", config.snapshot.path)
     if config.control_plane.backend == "sqlite":

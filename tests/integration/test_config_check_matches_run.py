@@ -78,3 +78,20 @@ async def test_snapshot_path_on_the_control_plane_file_is_refused(tmp_path: Path
             f"overwrote the control plane with its snapshot: {exc}; cp.db now starts with "
             f"{cp.read_bytes()[:40]!r}") from exc
     assert count == (1,)
+
+
+async def test_a_hook_command_that_is_no_executable_is_refused_by_check(tmp_path: Path) -> None:
+    script = tmp_path / "hook.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")  # not executable yet
+    for command, named in [(str(tmp_path / "missing"), "missing"), (str(script), "hook.sh"),
+                           ("no-such-program-anywhere", "no-such-program-anywhere")]:
+        config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                              extra=f'[hook]\ncommand = ["{command}", "--flag"]\n')
+        checked = await acli("check", "--config", str(config), check=False)
+        assert checked.returncode == 2, checked.stderr
+        assert "$.hook.command" in checked.stderr and named in checked.stderr, checked.stderr
+    script.chmod(0o755)
+    config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db",
+                          extra=f'[hook]\ncommand = ["{script}"]\n')
+    checked = await acli("check", "--config", str(config), check=False)
+    assert "$.hook.command" not in checked.stderr, checked.stderr
