@@ -66,7 +66,6 @@ the loop is the upstream's address, which is what ``/status`` shows as the sourc
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -405,7 +404,7 @@ class FollowerStore:
                           max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema)
         candidate = Candidate(
             id=header.revision,
-            body_sha256=hashlib.sha256(body).digest(),
+            body_sha256=bytes.fromhex(header.body_sha256),  # verified by decode_file
             body=body,
             schema_version=header.schema_version,
             sequence=statement.sequence,
