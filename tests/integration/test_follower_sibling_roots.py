@@ -10,6 +10,7 @@ round-robin through a proxy stays converged: no refusal counted, no
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ import trio
 from tests.fakes.statements import statement_of
 from tests.followers import capture, make_node, status_of, wait_active, wait_status
 from tests.httpproxy import SwitchingProxy
+from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, run_daemon
 
 
@@ -40,7 +42,8 @@ async def test_a_follower_behind_two_sibling_roots_round_robin_stays_converged(
         async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
             await stack.enter_async_context(run_daemon(a.config))
             first = statement_of(await capture(a, 1))
-            await trio.sleep(0.05)  # B's statement issued later than A's, for certain
+            # B's statement issued later than A's, for certain.
+            await poll_until(lambda: datetime.now(UTC) > first.issued_at)
             await stack.enter_async_context(run_daemon(b.config))
             second = statement_of(await capture(b, 1))
             assert (first.root, first.sequence) == (second.root, second.sequence)

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from tests.polling import poll_until
 from tests.proc import REPO, Daemon, cli, free_port, run_daemon, write_config
 
 SCRIPT = """#!/bin/sh
@@ -50,11 +51,16 @@ def _gone(pid: int) -> bool:
 async def _hook_report(client: httpx.AsyncClient, base: str, revision: int,
                        outcome: str) -> dict[str, object]:
     """``/status`` ``sinks.hook`` once its last finished run is ``revision``'s, with ``outcome``."""
-    while True:
+    found: dict[str, object] = {}
+
+    async def finished() -> bool:
         hook = (await client.get(f"{base}/status")).json()["sinks"]["hook"]
         if hook["revision"] == revision and hook["outcome"] == outcome:
-            return dict(hook)
-        await trio.sleep(0.05)
+            found.update(hook)
+        return bool(found)
+
+    await poll_until(finished)
+    return found
 
 
 async def _publish(daemon: Daemon, config: Path, tmp_path: Path, n: int, mode: str) -> None:
@@ -106,8 +112,7 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
             # A hook that forks a child holding the pipe and hangs: its group is killed at
             # the timeout, and convergence goes on meanwhile (revision 3 published).
             await _publish(daemon, config, tmp_path, 2, "hang")
-            while not (hook_dir / "child.pid").exists():
-                await trio.sleep(0.05)
+            await poll_until((hook_dir / "child.pid").exists)
             (hook_dir / "mode").write_text("record")
             await _publish(daemon, config, tmp_path, 3, "record")
             # From the log, not /status: revision 3's run may overwrite the report first.
@@ -117,8 +122,7 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
             assert events.index(("published", 3)) < events.index(
                 ("reload hook failed; retrying with backoff", 2)), "convergence waited on the hook"
             main, child = (int((hook_dir / f"{n}.pid").read_text()) for n in ("main", "child"))
-            while not (_gone(main) and _gone(child)):
-                await trio.sleep(0.05)
+            await poll_until(lambda: _gone(main) and _gone(child))
             # Killed at the timeout: the run lasted it, and not much longer.
             assert TIMEOUT_S <= float(str(hung["duration_s"])) < TIMEOUT_S + 5, hung
             # The swaps during the hung run coalesced into one run for the newest.

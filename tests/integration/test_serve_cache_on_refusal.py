@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from tests.cacheprocess import cache_config, keys, serve_once_and_stop
+from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, free_port, run_daemon
 
 
@@ -81,12 +82,11 @@ async def test_switch_serves_the_cache_and_says_so_once_then_its_end(tmp_path: P
                 return [x for x in daemon.lines if x.get("event")
                         == "revision refused; previous snapshot keeps serving"]
 
-            async def failures() -> int:
+            async def five_failures() -> bool:
                 doc = (await http.get(f"{base}/status")).json()["revision"]
-                return int(doc["consecutive_failures"])
+                return int(doc["consecutive_failures"]) >= 5
 
-            while await failures() < 5:
-                await trio.sleep(0.1)
+            await poll_until(five_failures)
             [line] = refusals()
             assert line["level"] == "warning" and line["reason"] == "secret"
             # Desired compiles again: served from the control plane, the refusal's end logged.
