@@ -366,9 +366,6 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     return {}
 
 
-async def status(port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient() as client:
-        return (await client.get(f"http://127.0.0.1:{port}/status")).json()  # type: ignore[no-any-return]
 
 
 async def metric(port: int, name: str, **labels: str) -> float:

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any
 
-import httpx
 import trio
 
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 from tests.fanoutprocess import kube_config, sd
+from tests.health import status
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon
-
-
-async def status(admin_port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient() as client:
-        return (await client.get(f"http://127.0.0.1:{admin_port}/status")).json()  # type: ignore[no-any-return]
 
 
 async def test_children_appear_with_lineage_labels(tmp_path: Path) -> None:

@@ -11,21 +11,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-import httpx
 import trio
 
+from tests.health import status
 from tests.pgfaults import dbname, login_role, sql
 from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
 
 REFUSED = "convergence attempt refused by the control plane; previous snapshot keeps serving"
 
-
-async def _status(port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        document: dict[str, Any] = (await client.get(f"http://127.0.0.1:{port}/status")).json()
-        return document
 
 
 async def _terminate(pg_url: str, role: str) -> None:
@@ -58,9 +52,9 @@ async def _as_role(tmp_path: Path, pg_url: str) -> AsyncIterator[tuple[str, int,
 async def _assert_denied_and_up(daemon: Daemon, port: int, text: str) -> None:
     line = await daemon.wait_log(REFUSED, reason="denied")
     assert text in line["detail"], line
-    status = await _status(port)
-    assert status["revision"]["control_plane_up"] is True
-    assert status["revision"]["active"] == 1
+    doc = await status(port)
+    assert doc["revision"]["control_plane_up"] is True
+    assert doc["revision"]["active"] == 1
     assert not [entry for entry in daemon.lines
                 if str(entry.get("event", "")).startswith("control plane unreachable")]
 

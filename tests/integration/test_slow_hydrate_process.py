@@ -15,10 +15,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
-from tests.health import sample_health_blocking
+from tests.health import sample_health_blocking, status
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import pg_proxy, proxied_url
@@ -38,11 +37,6 @@ def _body(path: Path, target_bytes: int) -> Path:
     path.write_text("\n".join(lines))
     return path
 
-
-async def _status(port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        document: dict[str, Any] = (await client.get(f"http://127.0.0.1:{port}/status")).json()
-        return document
 
 
 async def test_a_large_body_over_a_slow_link_is_served_within_its_grown_deadline(
@@ -67,9 +61,9 @@ async def test_a_large_body_over_a_slow_link_is_served_within_its_grown_deadline
             line = await daemon.wait_log(REFUSED, reason="unavailable")
             assert "timed out after" in line["detail"] and "bytes read" in line["detail"]
             assert line["revision"] == 2
-            status = await _status(admin_port)
-            assert status["revision"]["control_plane_up"] is True
-            assert status["revision"]["active"] == 1
+            doc = await status(admin_port)
+            assert doc["revision"]["control_plane_up"] is True
+            assert doc["revision"]["active"] == 1
             proxy.rate_bps = 512 * 1024  # 5.4 s: over read_timeout_s, within the deadline
             await daemon.wait_log("published", revision=2)
     assert not [entry for entry in daemon.lines

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-import httpx
 import trio
 
+from tests.health import status
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 from tests.tcpproxy import pg_proxy, proxied_url
 
@@ -27,11 +26,6 @@ READ_TIMEOUT_S = 0.5
 def _count(pid: int, what: str) -> int:
     return len(os.listdir(f"/proc/{pid}/{what}"))
 
-
-async def _status(port: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        document: dict[str, Any] = (await client.get(f"http://127.0.0.1:{port}/status")).json()
-        return document
 
 
 async def test_a_database_that_never_answers_leaves_no_thread_or_descriptor_behind(
@@ -59,10 +53,10 @@ async def test_a_database_that_never_answers_leaves_no_thread_or_descriptor_behi
                 await trio.sleep(0.5)
                 peak_threads = max(peak_threads, _count(pid, "task"))
                 peak_fds = max(peak_fds, _count(pid, "fd"))
-                failures = (await _status(admin_port))["revision"]["consecutive_failures"]
-            status = await _status(admin_port)
-            assert "timed out after 0.5 s" in (status["revision"]["last_error"] or "")
-            assert status["revision"]["control_plane_up"] is False
+                failures = (await status(admin_port))["revision"]["consecutive_failures"]
+            doc = await status(admin_port)
+            assert "timed out after 0.5 s" in (doc["revision"]["last_error"] or "")
+            assert doc["revision"]["control_plane_up"] is False
             # A few threads in flight (a call, its interrupt, trio's idle cache),
             # never one per abandoned call.
             assert peak_threads <= threads + 6, (threads, peak_threads)
