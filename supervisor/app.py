@@ -245,6 +245,7 @@ class Daemon:
                 from supervisor.controlplane.upstream_hint import run_upstream_hint
 
                 await run_upstream_hint(cp, self.signal.notify, token=upstream_token(cp),
+                                        reconnecting=self._listen_reconnecting,
                                         task_status=task_status)
             else:
                 from supervisor.controlplane.listen import run_listener
@@ -256,7 +257,8 @@ class Daemon:
         return ChildSpec("listen", run, Restart.PERMANENT, shutdown_timeout_s=2.0)
 
     def _listen_reconnecting(self, on: bool) -> None:
-        """The LISTEN child retrying its connection shows ``reconnecting`` in /status."""
+        """The listen child (LISTEN, or a follower's stream) retrying its connection shows
+        ``reconnecting`` in /status."""
         if self.tree is not None:
             self.tree.report_substate("listen", "reconnecting" if on else None)
 

@@ -406,7 +406,8 @@ STATUS_KEYS: Final[dict[str, str]] = {
     "children": "The supervised children, by name.",
     "children.<name>.state": "`starting`, `running`, `backoff`, `stopped` or `failed`; "
     "`reconnecting` is a running child's own word on itself: the `listen` child "
-    "retrying its connection after a failed connect or a lost connection (wake-ups "
+    "(LISTEN, or a follower's stream of its upstream) retrying its connection after a "
+    "failed connect or a lost connection (wake-ups "
     "come from the poll alone meanwhile; not unhealthy, the tree does not restart it).",
     "children.<name>.restarts": "Restarts since start.",
     "children.<name>.last_error": "Why it last crashed (null: never).",

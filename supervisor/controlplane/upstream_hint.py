@@ -59,9 +59,14 @@ async def run_upstream_hint(
     wake: Callable[[str], None],
     *,
     token: str | None = None,
+    reconnecting: Callable[[bool], None] = lambda _on: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Follow the upstream's stream until cancelled, waking the loop; never raises otherwise."""
+    """Follow the upstream's stream until cancelled, waking the loop; never raises otherwise.
+
+    ``reconnecting(True)`` is called when the stream cannot be opened or ends,
+    ``reconnecting(False)`` once it is open again.
+    """
     task_status.started()
     url = stream_url(config.url)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
@@ -75,6 +80,7 @@ async def run_upstream_hint(
             async with open_websocket_url(url, extra_headers=headers + named,
                                           connect_timeout=CONNECT_TIMEOUT_S,
                                           ssl_context=upstream_context(config)) as ws:
+                reconnecting(False)
                 outage.recovered()
                 log.info("following the upstream's stream for wake-ups", url=url)
                 wake("reconnect")
@@ -82,6 +88,7 @@ async def run_upstream_hint(
                 backoff.reset()
         except Exception as exc:  # noqa: BLE001 - a hint only: logged; polling covers the gap
             outage.failed(error=f"{type(exc).__name__}: {exc}"[:300], url=url)
+            reconnecting(True)
         await trio.sleep(backoff.next())
 
 
