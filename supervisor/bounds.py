@@ -49,7 +49,8 @@ class OutOfRange(Exception):
 def cut(text: str, limit: int = DETAIL_BYTES) -> str:
     """``text`` in at most ``limit`` UTF-8 bytes; a cut text ends ``… (N bytes)``.
 
-    N is the full length in bytes, so the reader knows how much was left out. A
+    N is the full length in bytes, so the reader knows how much was left out (a
+    limit too small for that ends ``…``, one under 3 bytes gives ``""``). A
     lone surrogate, which has no UTF-8, is shown as its escape (``\\udcff``).
     """
     shown = text.encode("utf-8", "backslashreplace")
@@ -104,9 +105,13 @@ def cut_read(head: str, size: int, limit: int) -> str:
     data = head.encode("utf-8", "backslashreplace")
     if size <= limit:
         return data.decode()
-    marker = f"… ({size} bytes)"
-    room = max(limit - len(marker.encode()), 0)
-    return data[:room].decode("utf-8", "ignore") + marker
+    # A limit too small for the length keeps the mark alone; one too small for
+    # the mark keeps nothing, rather than a head that would pass for the whole.
+    for marker in (f"… ({size} bytes)", "…"):
+        room = limit - len(marker.encode())
+        if room >= 0:
+            return data[:room].decode("utf-8", "ignore") + marker
+    return ""
 
 
 # Thread hand-offs: every blocking call runs in a worker thread of its

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor import bounds
@@ -48,6 +48,24 @@ def test_a_cut_text_fits_its_limit_and_names_the_full_length(text: str, limit: i
         assert out == text
     else:
         assert out.endswith(f"… ({size} bytes)")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(min_value=-2, max_value=40))
+def test_a_cut_text_fits_a_limit_smaller_than_its_own_marker(text: str, limit: int) -> None:
+    out = bounds.cut(text, limit)
+    shown = text.encode("utf-8", "backslashreplace")
+    assert len(out.encode()) <= max(limit, 0)
+    if len(shown) <= limit:
+        assert out == shown.decode()
+    elif limit >= len(f"… ({len(shown)} bytes)".encode()):
+        assert out.endswith(f"… ({len(shown)} bytes)")
+    elif limit >= len("…".encode()):
+        # No room for the length: the mark alone still says the text was cut.
+        assert out.endswith("…")
+        assert shown.startswith(out.removesuffix("…").encode())
+    else:
+        assert out == ""
 
 
 @given(st.text(st.characters(codec=None, categories=["Cs", "Mn", "Lu"])),
