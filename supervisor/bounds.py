@@ -17,9 +17,9 @@ import trio
 
 from supervisor.logs import get_logger
 
-__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "THREAD_LIMITS", "Dependency", "OutOfRange",
-           "ThreadDeadline", "TooLarge", "check_range", "check_size", "cut", "cut_read",
-           "in_thread", "outliving", "quoted", "read_capped", "thread_limiter"]
+__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "NAME_BYTES", "THREAD_LIMITS", "Dependency",
+           "OutOfRange", "ThreadDeadline", "TooLarge", "check_range", "check_size", "cut",
+           "cut_read", "in_thread", "outliving", "quoted", "read_capped", "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
