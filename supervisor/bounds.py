@@ -19,7 +19,8 @@ from supervisor.logs import get_logger
 
 __all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "NAME_BYTES", "THREAD_LIMITS", "Dependency",
            "OutOfRange", "ThreadDeadline", "TooLarge", "check_range", "check_size", "cut",
-           "cut_read", "in_thread", "outliving", "quoted", "read_capped", "thread_limiter"]
+           "cut_read", "in_thread", "outliving", "quoted", "read_capped", "shown",
+           "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
@@ -60,6 +61,17 @@ def cut(text: str, limit: int = DETAIL_BYTES) -> str:
 def quoted(name: str, limit: int = NAME_BYTES) -> str:
     """A name from outside, quoted with escapes and cut: safe inside a one-line detail."""
     return cut(ascii(name), limit)
+
+
+def shown(text: str, limit: int = NAME_BYTES) -> str:
+    """``text`` as it is when it is printable and fits ``limit`` bytes; :func:`quoted` else.
+
+    For a name an operator wrote (a path, a parameter), shown as written when it
+    is one plain line, and still safe inside a detail when it is not.
+    """
+    if text.isprintable() and len(text.encode("utf-8", "surrogatepass")) <= limit:
+        return text
+    return quoted(text, limit)
 
 
 def check_range(what: str, value: N, low: N, high: N) -> N:

@@ -33,7 +33,7 @@ from urllib.parse import quote, unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from supervisor.bounds import NAME_BYTES, quoted
+from supervisor.bounds import shown
 
 __all__ = ["MASK", "credential_files", "describe", "problem", "redact", "scrub", "secrets"]
 
@@ -85,8 +85,8 @@ def _unknown_parameter(dsn: str) -> str | None:
             hint = f" (did you mean `{close[0]}`?)" if close else ""
             # The parameter's name only: its value may be a secret. One that is no
             # short printable word is quoted with escapes and cut.
-            plain = name.isascii() and name.isprintable() and len(name) <= NAME_BYTES
-            return f"unknown connection parameter {f'`{name}`' if plain else quoted(name)}{hint}"
+            named = shown(name)
+            return f"unknown connection parameter {f'`{name}`' if named == name else named}{hint}"
     return None
 
 

@@ -92,6 +92,15 @@ def test_a_quoted_name_is_one_printable_line(name: str) -> None:
     assert len(out.encode()) <= bounds.NAME_BYTES
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(min_value=40, max_value=200))
+def test_a_shown_name_is_as_written_when_plain_and_quoted_otherwise(name: str, limit: int) -> None:
+    out = bounds.shown(name, limit)
+    assert out.isprintable() and len(out.encode()) <= limit
+    plain = name.isprintable() and len(name.encode("utf-8", "surrogatepass")) <= limit
+    assert out == (name if plain else bounds.quoted(name, limit))
+
+
 @given(st.binary(max_size=300_000), st.integers(min_value=0, max_value=200_000))
 def test_a_capped_read_returns_all_or_refuses_past_the_limit(data: bytes, limit: int) -> None:
     import io
