@@ -17,15 +17,17 @@ import trio
 
 from supervisor.logs import get_logger
 
-__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "NAME_BYTES", "THREAD_LIMITS", "Dependency",
-           "OutOfRange", "ThreadDeadline", "TooLarge", "check_range", "check_size", "cut",
-           "cut_read", "in_thread", "outliving", "quoted", "read_capped", "shown",
+__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "NAME_BYTES", "PATH_BYTES", "THREAD_LIMITS",
+           "Dependency", "OutOfRange", "ThreadDeadline", "TooLarge", "check_range", "check_size",
+           "cut", "cut_read", "in_thread", "outliving", "quoted", "read_capped", "shown",
            "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
 #: A name from a revision, quoted inside a detail.
 NAME_BYTES: Final = 128
+#: A path (a token file, a secret file) shown inside a detail.
+PATH_BYTES: Final = DETAIL_BYTES // 2
 
 N = TypeVar("N", int, float)
 T = TypeVar("T")

@@ -85,8 +85,7 @@ def _unknown_parameter(dsn: str) -> str | None:
             hint = f" (did you mean `{close[0]}`?)" if close else ""
             # The parameter's name only: its value may be a secret. One that is no
             # short printable word is quoted with escapes and cut.
-            named = shown(name)
-            return f"unknown connection parameter {f'`{name}`' if named == name else named}{hint}"
+            return f"unknown connection parameter `{shown(name)}`{hint}"
     return None
 
 

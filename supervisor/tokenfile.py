@@ -3,7 +3,7 @@
 :func:`read_token` is the one reader of all three; each error is a
 :class:`~supervisor.errors.ConfigError` on the key it is given (``check`` and a
 start exit 2 naming it), and names the file (quoted and cut when it is not
-one printable line of at most :data:`PATH_SHOWN_BYTES`), never its content. A
+one printable line of at most :data:`~supervisor.bounds.PATH_BYTES`), never its content. A
 token file holds one token of printable ASCII without spaces (RFC 6750: anything else
 would be mangled by some HTTP client or proxy on the way, or could not be
 sent in a header at all), surrounding ASCII whitespace stripped (files end with
@@ -21,20 +21,18 @@ from __future__ import annotations
 
 from typing import Final
 
-from supervisor.bounds import DETAIL_BYTES, shown
+from supervisor.bounds import PATH_BYTES, shown
 from supervisor.errors import ConfigError
 
 __all__ = ["MAX_TOKEN_FILE_BYTES", "read_token"]
 
 MAX_TOKEN_FILE_BYTES: Final = 4096
-#: A path longer, or not printable, is shown quoted and cut (bounds.shown).
-PATH_SHOWN_BYTES: Final = DETAIL_BYTES // 2
 _ASCII_WHITESPACE = " \t\n\r\f\v"
 
 
 def read_token(path: str, where: str) -> str:
     """The bearer token stored in ``path``; errors name ``where`` (the configuration key)."""
-    name = shown(path, PATH_SHOWN_BYTES)
+    name = shown(path, PATH_BYTES)
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_TOKEN_FILE_BYTES + 1)
