@@ -17,10 +17,10 @@ import trio
 
 from supervisor.logs import get_logger
 
-__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "NAME_BYTES", "PATH_BYTES", "THREAD_LIMITS",
-           "Dependency", "OutOfRange", "ThreadDeadline", "TooLarge", "check_range", "check_size",
-           "cut", "cut_read", "in_thread", "outliving", "quoted", "read_capped", "shown",
-           "thread_limiter"]
+__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "MAX_SEQUENCE", "NAME_BYTES", "PATH_BYTES",
+           "THREAD_LIMITS", "Dependency", "OutOfRange", "ThreadDeadline", "TooLarge",
+           "check_range", "check_size", "cut", "cut_read", "in_thread", "outliving", "quoted",
+           "read_capped", "shown", "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
@@ -28,6 +28,9 @@ DETAIL_BYTES: Final = 1024
 NAME_BYTES: Final = 128
 #: A path (a token file, a secret file) shown inside a detail.
 PATH_BYTES: Final = DETAIL_BYTES // 2
+#: The highest sequence a signed statement carries (the control plane's CHECK, migration
+#: 0003, holds the same); a higher one is malformed wherever it is read.
+MAX_SEQUENCE: Final = 2**62
 
 N = TypeVar("N", int, float)
 T = TypeVar("T")

@@ -126,3 +126,19 @@ def test_a_range_check_names_the_place_and_both_ends() -> None:
 def test_a_text_read_as_its_head_and_length_is_cut_as_a_whole_one(text: str, limit: int) -> None:
     size = len(text.encode("utf-8", "surrogateescape"))
     assert bounds.cut_read(text[:limit], size, limit) == bounds.cut(text, limit)
+
+
+def test_the_sequence_bound_is_written_once() -> None:
+    # 2^62, the highest sequence a signed statement carries, has one owner
+    # (bounds.MAX_SEQUENCE) that every reader imports, whatever its layer.
+    assert bounds.MAX_SEQUENCE == 2**62
+    spelled = []
+    for path in sorted((REPO / "supervisor").rglob("*.py")):
+        if path.name == "bounds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            written = ast.unparse(node).replace(" ", "") if isinstance(node, ast.BinOp) else ""
+            if written in ("2**62", "1<<62") or (
+                    isinstance(node, ast.Constant) and node.value == 2**62):
+                spelled.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert spelled == []

@@ -7,13 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.admin.fleet import MAX_FOLLOWERS, Followers
-from supervisor.bounds import DETAIL_BYTES, OutOfRange, TooLarge
+from supervisor.bounds import DETAIL_BYTES, MAX_SEQUENCE, OutOfRange, TooLarge
 from supervisor.controlplane.replica_name import (
     HEADERS,
     MAX_ETAG_BYTES,
     MAX_POLL_INTERVAL_S,
     MAX_REASON_BYTES,
-    MAX_SEQUENCE,
     MAX_URL_BYTES,
     ReplicaName,
     parse,
