@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,27 @@ def test_the_sequence_bound_is_written_once() -> None:
                     isinstance(node, ast.Constant) and node.value == 2**62):
                 spelled.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert spelled == []
+
+
+def test_the_table_states_the_bounds_the_code_holds() -> None:
+    said = " ".join(f"{b.size} {b.deadline}" for b in BOUNDARIES)
+    stated = re.findall(r"(\d+)(?: bytes)? \((NAME_BYTES|PATH_BYTES)\)", said)
+    assert {name for _, name in stated} == {"NAME_BYTES", "PATH_BYTES"}
+    for number, name in stated:
+        assert int(number) == getattr(bounds, name), (number, name)
+    assert f"FILE_IO_DEADLINE_S ({bounds.FILE_IO_DEADLINE_S:g} s)" in said
+
+
+def test_a_size_check_passes_the_bound_and_refuses_one_past_it() -> None:
+    assert bounds.check_size("body", 10, 10) == 10
+    with pytest.raises(bounds.TooLarge) as caught:
+        bounds.check_size("body", 11, 10)
+    assert (caught.value.what, caught.value.limit, caught.value.size) == ("body", 10, 11)
+    assert str(caught.value) == "body: more than 10 bytes"
+
+
+def test_a_range_refusal_keeps_what_was_refused_and_the_range() -> None:
+    with pytest.raises(bounds.OutOfRange) as caught:
+        bounds.check_range("$.n", -1, 0, 5)
+    assert (caught.value.what, caught.value.value, caught.value.low, caught.value.high) == (
+        "$.n", -1, 0, 5)
