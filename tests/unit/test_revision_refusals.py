@@ -579,3 +579,16 @@ def test_a_hostile_name_is_quoted_and_bounded_in_the_refusal(place: str, doc: ob
         detail = info.value.detail
         assert detail.isprintable() and len(detail.encode()) <= DETAIL_BYTES, (place, detail[:300])
         assert "\x1b" not in str(info.value) and len(str(info.value).encode()) <= 2 * DETAIL_BYTES
+
+
+def test_an_unknown_field_below_the_top_keeps_its_place_and_no_top_level_suggestion() -> None:
+    # A name repeated within one object: the typed decode refuses the first, msgspec's
+    # own message (its place included) is the detail; "keys" is no field of an alias.
+    repeated = (b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://x", "keyz": 1},'
+                b' "a": {"upstream": "https://x"}}}')
+    with pytest.raises(RevisionError) as info:
+        decode_body(repeated)
+    assert info.value.detail == "$.aliases[...]: Object contains unknown field `keyz`"
+    with pytest.raises(RevisionError) as info:
+        decode_body(b'{"schema_version": 1, "keyz": 1}')
+    assert info.value.detail == "$: Object contains unknown field `keyz` (did you mean `keys`?)"
