@@ -213,6 +213,39 @@ DATABASE: Final = (
         reason="-",
         test="tests/integration/test_refusal_texts_process.py::"
              "test_a_15_mib_alias_name_leaves_status_the_log_and_the_stream_bounded"),
+    Boundary(
+        where="supervisor.revision (document, compile, secrets): a refusal's detail",
+        enters="names from a revision: alias and key names, unknown fields, secret "
+               "references and their paths",
+        size="a name 128 bytes (NAME_BYTES), a path 512 (PATH_BYTES)",
+        check="quoted with escapes and cut where the detail is built (bounds.quoted, "
+              "bounds.shown; a plain one as written)",
+        reason="validation/projection/secret/snapshot",
+        test="tests/unit/test_revision_refusals.py::"
+             "test_a_hostile_name_is_quoted_and_bounded_in_the_refusal"),
+)
+
+CONFIGURATION: Final = (
+    Boundary(
+        where="supervisor.tokenfile.read_token: [admin].token_file, read_token_file, "
+              "[control_plane].token_file, --token-file",
+        enters="a bearer token file, and its path",
+        size="4 KiB (MAX_TOKEN_FILE_BYTES: one byte more read); the path shown in 512 bytes "
+             "(PATH_BYTES)",
+        check="UTF-8, one token of printable ASCII; a path holding a NUL or no bytes is "
+              "unreadable",
+        reason="exit 2 (ConfigError)",
+        test="tests/unit/test_tokenfile.py::"
+             "test_any_file_gives_one_printable_token_or_a_configuration_error"),
+    Boundary(
+        where="supervisor.dsn.problem: [control_plane].url, listen_url (PostgreSQL)",
+        enters="the DSN", size="the configuration's bound (1 MiB); a parameter named in "
+                               "128 bytes (NAME_BYTES)",
+        check="libpq's own parser (a lone surrogate: unparseable); the password read as "
+              "spelled; never echoed",
+        reason="exit 2 (ConfigError)",
+        test="tests/unit/test_dsn.py::"
+             "test_any_dsn_is_judged_with_a_bounded_reason_and_never_raises"),
 )
 
 FLEET: Final = (
@@ -359,10 +392,11 @@ FOLLOWER: Final = (
         where="supervisor.admin.signed.not_modified: a follower's If-None-Match",
         enters="ETags naming sequence, digest and issued_at",
         size="the request head's bound (16 KiB)",
-        check="a regular expression per tag: digits and 32 hex digits only",
+        check="one reading of the list (responses.entity_tags); a regular expression matched "
+              "whole per tag: digits and 32 hex digits only",
         reason="304/200",
-        test="tests/integration/test_follower_sibling_roots.py::"
-             "test_a_follower_behind_two_sibling_roots_round_robin_stays_converged"),
+        test="tests/unit/test_admin_revision.py::"
+             "test_any_if_none_match_is_a_304_only_for_this_statement_or_a_later_issue_of_it"),
 )
 
 HOOK: Final = (
@@ -444,4 +478,5 @@ DEADLINES: Final = (
 )
 
 #: Every boundary, by area. Each area's rows are kept with the others of that area.
-BOUNDARIES: Final = ADMIN + KUBERNETES + DATABASE + FLEET + COMMANDS + FOLLOWER + HOOK + DEADLINES
+BOUNDARIES: Final = (ADMIN + KUBERNETES + DATABASE + CONFIGURATION + FLEET + COMMANDS + FOLLOWER
+                     + HOOK + DEADLINES)

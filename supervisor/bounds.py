@@ -17,14 +17,20 @@ import trio
 
 from supervisor.logs import get_logger
 
-__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "THREAD_LIMITS", "Dependency", "OutOfRange",
-           "ThreadDeadline", "TooLarge", "check_range", "check_size", "cut", "cut_read",
-           "in_thread", "outliving", "quoted", "read_capped", "thread_limiter"]
+__all__ = ["DETAIL_BYTES", "FILE_IO_DEADLINE_S", "MAX_SEQUENCE", "NAME_BYTES", "PATH_BYTES",
+           "THREAD_LIMITS", "Dependency", "OutOfRange", "ThreadDeadline", "TooLarge",
+           "check_range", "check_size", "cut", "cut_read", "in_thread", "outliving", "quoted",
+           "read_capped", "shown", "thread_limiter"]
 
 #: Every ``detail``, ``last_error`` and ``last_rejection`` fits in this many bytes.
 DETAIL_BYTES: Final = 1024
 #: A name from a revision, quoted inside a detail.
 NAME_BYTES: Final = 128
+#: A path (a token file, a secret file) shown inside a detail.
+PATH_BYTES: Final = DETAIL_BYTES // 2
+#: The highest sequence a signed statement carries (the control plane's CHECK, migration
+#: 0003, holds the same); a higher one is malformed wherever it is read.
+MAX_SEQUENCE: Final = 2**62
 
 N = TypeVar("N", int, float)
 T = TypeVar("T")
@@ -49,7 +55,8 @@ class OutOfRange(Exception):
 def cut(text: str, limit: int = DETAIL_BYTES) -> str:
     """``text`` in at most ``limit`` UTF-8 bytes; a cut text ends ``… (N bytes)``.
 
-    N is the full length in bytes, so the reader knows how much was left out. A
+    N is the full length in bytes, so the reader knows how much was left out (a
+    limit too small for that ends ``…``, one under 3 bytes gives ``""``). A
     lone surrogate, which has no UTF-8, is shown as its escape (``\\udcff``).
     """
     shown = text.encode("utf-8", "backslashreplace")
@@ -59,6 +66,17 @@ def cut(text: str, limit: int = DETAIL_BYTES) -> str:
 def quoted(name: str, limit: int = NAME_BYTES) -> str:
     """A name from outside, quoted with escapes and cut: safe inside a one-line detail."""
     return cut(ascii(name), limit)
+
+
+def shown(text: str, limit: int = NAME_BYTES) -> str:
+    """``text`` as it is when it is printable and fits ``limit`` bytes; :func:`quoted` else.
+
+    For a name an operator wrote (a path, a parameter), shown as written when it
+    is one plain line, and still safe inside a detail when it is not.
+    """
+    if text.isprintable() and len(text.encode("utf-8", "surrogatepass")) <= limit:
+        return text
+    return quoted(text, limit)
 
 
 def check_range(what: str, value: N, low: N, high: N) -> N:
@@ -104,9 +122,13 @@ def cut_read(head: str, size: int, limit: int) -> str:
     data = head.encode("utf-8", "backslashreplace")
     if size <= limit:
         return data.decode()
-    marker = f"… ({size} bytes)"
-    room = max(limit - len(marker.encode()), 0)
-    return data[:room].decode("utf-8", "ignore") + marker
+    # A limit too small for the length keeps the mark alone; one too small for
+    # the mark keeps nothing, rather than a head that would pass for the whole.
+    for marker in (f"… ({size} bytes)", "…"):
+        room = limit - len(marker.encode())
+        if room >= 0:
+            return data[:room].decode("utf-8", "ignore") + marker
+    return ""
 
 
 # Thread hand-offs: every blocking call runs in a worker thread of its

@@ -33,6 +33,8 @@ from urllib.parse import quote, unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from supervisor.bounds import shown
+
 __all__ = ["MASK", "credential_files", "describe", "problem", "redact", "scrub", "secrets"]
 
 MASK = "***"
@@ -56,7 +58,7 @@ def _is_url(dsn: str) -> bool:
 def _parse(dsn: str) -> dict[str, str] | None:
     try:
         params = conninfo_to_dict(dsn)
-    except psycopg.Error:
+    except (psycopg.Error, UnicodeEncodeError):  # a lone surrogate: a byte not UTF-8
         return None
     return {k: str(v) for k, v in params.items() if v is not None}
 
@@ -81,8 +83,9 @@ def _unknown_parameter(dsn: str) -> str | None:
         if name and name not in known:
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
             hint = f" (did you mean `{close[0]}`?)" if close else ""
-            # The parameter's name only: its value may be a secret.
-            return f"unknown connection parameter `{name}`{hint}"
+            # The parameter's name only: its value may be a secret. One that is no
+            # short printable word is quoted with escapes and cut.
+            return f"unknown connection parameter `{shown(name)}`{hint}"
     return None
 
 

@@ -2,13 +2,15 @@
 
 :func:`read_token` is the one reader of all three; each error is a
 :class:`~supervisor.errors.ConfigError` on the key it is given (``check`` and a
-start exit 2 naming it), and names the file, never its content. A token file
-holds one token of printable ASCII without spaces (RFC 6750: anything else
+start exit 2 naming it), and names the file (quoted and cut when it is not
+one printable line of at most :data:`~supervisor.bounds.PATH_BYTES`), never its content. A
+token file holds one token of printable ASCII without spaces (RFC 6750: anything else
 would be mangled by some HTTP client or proxy on the way, or could not be
 sent in a header at all), surrounding ASCII whitespace stripped (files end with
 a newline). Refused:
 
-- a file that cannot be read, or is not UTF-8 text;
+- a file that cannot be read (a path holding a NUL or a surrogate that is no
+  byte included), or is not UTF-8 text;
 - a file of more than :data:`MAX_TOKEN_FILE_BYTES` bytes: at most one byte more
   is read, so a path naming some large file costs nothing, and a longer token
   is never cut to one its peer would refuse;
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from supervisor.bounds import PATH_BYTES, shown
 from supervisor.errors import ConfigError
 
 __all__ = ["MAX_TOKEN_FILE_BYTES", "read_token"]
@@ -29,20 +32,22 @@ _ASCII_WHITESPACE = " \t\n\r\f\v"
 
 def read_token(path: str, where: str) -> str:
     """The bearer token stored in ``path``; errors name ``where`` (the configuration key)."""
+    name = shown(path, PATH_BYTES)
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(where, f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL, a surrogate that is no byte
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(where, f"cannot read {name}: {reason}") from exc
     if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise ConfigError(where, f"{path} holds more than {MAX_TOKEN_FILE_BYTES} bytes: a "
+        raise ConfigError(where, f"{name} holds more than {MAX_TOKEN_FILE_BYTES} bytes: a "
                           "token file holds one token (is it the right file?)")
     try:
         token = data.decode("utf-8").strip(_ASCII_WHITESPACE)
     except UnicodeDecodeError as exc:
-        raise ConfigError(where, f"cannot read {path}: it is not UTF-8 text") from exc
+        raise ConfigError(where, f"cannot read {name}: it is not UTF-8 text") from exc
     if not token:
-        raise ConfigError(where, f"{path} is empty")
+        raise ConfigError(where, f"{name} is empty")
     if not all("!" <= c <= "~" for c in token):
-        raise ConfigError(where, f"{path} must hold one token of printable ASCII without spaces")
+        raise ConfigError(where, f"{name} must hold one token of printable ASCII without spaces")
     return token

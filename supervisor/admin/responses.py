@@ -24,9 +24,9 @@ from wsgiref.handlers import format_date_time
 
 from supervisor.admin.stream import Scope, Send, encode_json
 
-__all__ = ["JSON", "Response", "error_response", "etag_matches", "header_value", "http_date",
-           "json_response", "raw_response", "refusal", "reject_handshake", "scope_headers",
-           "send_response"]
+__all__ = ["JSON", "Response", "entity_tags", "error_response", "etag_matches", "header_value",
+           "http_date", "json_response", "raw_response", "refusal", "reject_handshake",
+           "scope_headers", "send_response"]
 
 JSON = b"application/json"
 
@@ -53,12 +53,17 @@ def error_response(
 _ETAG = re.compile(r'(?:W/)?"[^"]*"')
 
 
+def entity_tags(if_none_match: str) -> list[str]:
+    """The entity tags an ``If-None-Match`` lists, quotes kept, ``W/`` dropped (weak
+    comparison): the one reading of the header every match uses."""
+    return [tag.removeprefix("W/") for tag in _ETAG.findall(if_none_match)]
+
+
 def etag_matches(if_none_match: str, etag: str) -> bool:
     """``If-None-Match`` against our ETag, with the weak comparison RFC 9110 asks for."""
     if if_none_match.strip() == "*":
         return True
-    want = etag.removeprefix("W/")
-    return any(tag.removeprefix("W/") == want for tag in _ETAG.findall(if_none_match))
+    return etag.removeprefix("W/") in entity_tags(if_none_match)
 
 
 def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

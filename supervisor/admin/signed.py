@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from supervisor.admin.responses import etag_matches
+from supervisor.admin.responses import entity_tags, etag_matches
 from supervisor.sinks.lkg.fileformat import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -45,7 +45,7 @@ from supervisor.sinks.lkg.statement import Statement
 
 __all__ = ["SignedRevisionFile", "Unservable", "etag_for", "not_modified"]
 
-_STATEMENT_ETAG: Final = re.compile(r'"(\d{1,20})\.([0-9a-f]{32})\.(-?\d{1,20})"')
+_STATEMENT_ETAG: Final = re.compile(r'"([0-9]{1,20})\.([0-9a-f]{32})\.(-?[0-9]{1,20})"')
 
 
 def etag_for(revision: int, body_sha256: bytes | None, statement: Statement | None) -> str:
@@ -64,8 +64,9 @@ def not_modified(if_none_match: str | None, etag: str, statement: Statement | No
     if statement is None:
         return False
     ours = statement.etag()[1:-1].split(".")
-    return any(sequence == ours[0] and digest == ours[1] and int(micros) >= int(ours[2])
-               for sequence, digest, micros in _STATEMENT_ETAG.findall(if_none_match))
+    tags = (_STATEMENT_ETAG.fullmatch(tag) for tag in entity_tags(if_none_match))
+    return any(m[1] == ours[0] and m[2] == ours[1] and int(m[3]) >= int(ours[2])
+               for m in tags if m is not None)
 
 
 _FRAMING = len(MAGIC) + 4 + MAX_HEADER_BYTES + SIGNATURE_BYTES

@@ -24,9 +24,10 @@ Closing (close codes):
   overflowed, so it missed events; it should reconnect and start again from a
   fresh status message. :attr:`Metrics.stream_dropped` counts these.
 
-Sharing: each event is encoded once, into one complete WebSocket frame
-(:func:`text_frame`; server frames are unmasked, so every client gets the same
-bytes), and that one ``bytes`` object is written to every client's socket
+Sharing: the first message is encoded once per state (a client finding the
+document equal to the last one encoded gets those bytes); each event once, into
+one complete WebSocket frame (:func:`text_frame`; server frames are unmasked, so
+every client gets the same bytes), and that one ``bytes`` object is written to every client's socket
 (``raw_sender``: the server's per-connection raw write, under the same lock as
 the connection's own writes, so frames never interleave). Nothing per client but the
 write itself: no ASGI message, no wsproto frame, no UTF-8 copy. That keeps 10,000
@@ -178,6 +179,9 @@ class StreamHub:
         # One encoding per event, not one per client: with 10,000 clients the
         # encode would otherwise dominate the fan-out. Keyed by the bus's seq.
         self._encoded: OrderedDict[int, Encoded] = OrderedDict()
+        # The last first message and its encoding: clients connecting while the state
+        # stays the same (a fleet reconnecting at once) share it.
+        self._first: tuple[FirstMessage, Encoded] | None = None
 
     # -- reading -------------------------------------------------------------
 
@@ -202,9 +206,7 @@ class StreamHub:
         # Snapshot the state and subscribe in one synchronous step (no checkpoint
         # between): an event is either reflected in the first message or
         # delivered after it, never both.
-        first = FirstMessage(**msgspec.structs.asdict(self._status()),
-                             heartbeat_s=self.settings.heartbeat_s)
-        first_message = Encoded(encode_json(first))
+        first_message = self._first_message()
         raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer)
@@ -286,6 +288,18 @@ class StreamHub:
                 await send({"type": "websocket.send", "text": message.text})
         finally:
             client.sending_since = None
+
+    def _first_message(self) -> Encoded:
+        """The first message of the state now, encoded once per state: a client finding
+        the document equal to the last one encoded is given those very bytes."""
+        first = FirstMessage(**msgspec.structs.asdict(self._status()),
+                             heartbeat_s=self.settings.heartbeat_s)
+        held = self._first
+        if held is not None and held[0] == first:
+            return held[1]
+        message = Encoded(self._encode_json(first))
+        self._first = (first, message)
+        return message
 
     def _encode(self, event: Event) -> Encoded:
         seq = event.seq

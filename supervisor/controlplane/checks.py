@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from supervisor.bounds import cut_read
+from supervisor.bounds import MAX_SEQUENCE, cut_read
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
@@ -29,7 +29,6 @@ from supervisor.controlplane.errors import (
     TooLarge,
 )
 from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_not_newer
-from supervisor.controlplane.replica_name import MAX_SEQUENCE
 from supervisor.controlplane.store import RevisionPointer
 from supervisor.sinks.state import Candidate
 

@@ -20,7 +20,7 @@ from typing import Final, Literal, get_args
 
 import msgspec
 
-from supervisor.bounds import OutOfRange, TooLarge, check_range
+from supervisor.bounds import MAX_SEQUENCE, OutOfRange, TooLarge, check_range
 from supervisor.reasons import FOLLOWER_STATES, STALE
 
 #: What a follower fetches from its upstream: the signed revision (admin.routes serves it).
@@ -38,7 +38,6 @@ HEADERS: Final = {field: f"x-supervisor-follower-{field.replace('_', '-')}"
 MAX_URL_BYTES: Final = 512
 MAX_ETAG_BYTES: Final = 128
 MAX_REASON_BYTES: Final = 32
-MAX_SEQUENCE: Final = 2**62
 #: A follower claiming a longer poll interval is listed as if it polled this often.
 MAX_POLL_INTERVAL_S: Final = 3600.0
 

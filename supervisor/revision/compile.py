@@ -39,6 +39,7 @@ from operator import attrgetter, eq, methodcaller
 from typing import Any, Final, NoReturn, cast
 
 from supervisor import reasons
+from supervisor.bounds import PATH_BYTES, quoted, shown
 from supervisor.revision.document import KeySpec, RevisionDocument, decode_body, member_path
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver, SecretResolver
@@ -85,8 +86,8 @@ def _check_projection(doc: RevisionDocument, revision: int) -> None:
     tail = f" ({more} more unknown alias reference{'s' if more > 1 else ''})" if more else ""
     raise RevisionError(
         reasons.PROJECTION,
-        f"{member_path('$.keys', name)}.aliases[{index}]: key {name!r} names "
-        f"unknown alias {alias!r}{tail}",
+        f"{member_path('$.keys', name)}.aliases[{index}]: key {quoted(name)} names "
+        f"unknown alias {quoted(alias)}{tail}",
         revision=revision,
     )
 
@@ -148,7 +149,8 @@ def _secret_refusal(name: str, spec: KeySpec, exc: Exception, revision: int) -> 
     # traceback) may quote the secret value.
     return RevisionError(
         reasons.SECRET,
-        f"{where}: {spec.secret} could not be resolved ({type(exc).__name__})",
+        f"{where}: {shown(spec.secret, PATH_BYTES)} could not be resolved "
+        f"({type(exc).__name__})",
         revision=revision,
     )
 
@@ -168,7 +170,7 @@ def _refuse_digests(entries: dict[str, KeyEntry], revision: int) -> NoReturn:
         if first != name:
             raise RevisionError(
                 reasons.SNAPSHOT,
-                f"keys {first!r} and {name!r} resolve to the same secret; a request "
+                f"keys {quoted(first)} and {quoted(name)} resolve to the same secret; a request "
                 "presenting it could not be attributed to one key",
                 revision=revision,
             )

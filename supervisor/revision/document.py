@@ -45,6 +45,7 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from supervisor import reasons
+from supervisor.bounds import NAME_BYTES, quoted, shown
 from supervisor.revision.errors import RevisionError
 
 __all__ = [
@@ -158,10 +159,18 @@ _ENCODER: Final = msgspec.json.Encoder(order="deterministic")
 
 
 def member_path(parent: str, name: str) -> str:
-    """``$.aliases`` + ``chat`` -> ``$.aliases.chat``; other names quoted: ``$.aliases["a.b"]``."""
-    if _PLAIN_MEMBER.fullmatch(name):
+    """``$.aliases`` + ``chat`` -> ``$.aliases.chat``; other names quoted: ``$.aliases["a.b"]``.
+
+    A name no valid one could be (past :data:`~supervisor.bounds.NAME_BYTES`, or
+    not printable once JSON-quoted) is quoted with escapes and cut
+    (:func:`~supervisor.bounds.quoted`): a path names it inside a refusal's detail.
+    """
+    if len(name) <= NAME_BYTES and _PLAIN_MEMBER.fullmatch(name):
         return f"{parent}.{name}"
-    return f"{parent}[{msgspec.json.encode(name).decode()}]"
+    spelled = msgspec.json.encode(name).decode()
+    if len(spelled) <= NAME_BYTES and spelled.isprintable():
+        return f"{parent}[{spelled}]"
+    return f"{parent}[{quoted(name)}]"
 
 
 _PLAIN_MEMBER: Final = re.compile(r"[A-Za-z0-9_-]+")
@@ -309,7 +318,7 @@ def _first_violation(doc: RevisionDocument) -> str | None:
             if not _NAME.fullmatch(alias_name):
                 return f"{here}.aliases[{index}]: invalid alias name: {_NAME_RULE}"
             if alias_name in seen:
-                return f"{here}.aliases[{index}]: alias {alias_name!r} is listed twice"
+                return f"{here}.aliases[{index}]: alias {quoted(alias_name)} is listed twice"
             seen.add(alias_name)
     return None
 
@@ -333,7 +342,7 @@ def _explain_failure(
         if refusal is not None:
             return refusal
         # The typed message names the field (the untyped one says only `$[...]`).
-        return RevisionError(reasons.VALIDATION, _rebase(str(exc), "$"), revision=revision)
+        return RevisionError(reasons.VALIDATION, _typed_message(exc), revision=revision)
     except msgspec.DecodeError as untyped:
         return RevisionError(reasons.CORRUPT, f"not JSON: {untyped}", revision=revision)
     except RecursionError:
@@ -345,7 +354,12 @@ def _explain_failure(
     # The untyped view converts cleanly although the typed decode did not (for
     # example a name repeated within one JSON object, where the last one wins
     # here but the first one failed there): keep msgspec's own message.
-    return RevisionError(reasons.VALIDATION, _rebase(str(exc), "$"), revision=revision)
+    return RevisionError(reasons.VALIDATION, _typed_message(exc), revision=revision)
+
+
+def _typed_message(exc: msgspec.ValidationError) -> str:
+    """msgspec's own message of a typed decode, as ``$.path: why``."""
+    return _rebase(_suggest(str(exc), RevisionDocument), "$")
 
 
 class _VersionProbe(msgspec.Struct):
@@ -404,21 +418,23 @@ def _convert_error(value: object, spec: type[msgspec.Struct], path: str) -> str 
     return None
 
 
-_UNKNOWN: Final = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`(?P<at> - at `\$`)?")
+_UNKNOWN: Final = re.compile(
+    r"Object contains unknown field `(?P<name>.*?)`(?P<at> - at `\$(?P<path>[^`]*)`)?", re.S)
 
 
 def _suggest(message: str, spec: type[msgspec.Struct]) -> str:
-    """msgspec's unknown field at the top of ``spec``, with the field that was meant."""
+    """msgspec's unknown field, its name shown bounded (:func:`~supervisor.bounds.shown`),
+    and when at the top of ``spec``, with the field that was meant."""
     import difflib
 
     found = _UNKNOWN.fullmatch(message)
     if found is None:
         return message
-    close = difflib.get_close_matches(found["name"], spec.__struct_fields__, n=1, cutoff=0.6)
-    if not close:
-        return message
-    return (f"Object contains unknown field `{found['name']}` (did you mean `{close[0]}`?)"
-            f"{found['at'] or ''}")
+    name = found["name"]
+    close = [] if found["path"] else difflib.get_close_matches(
+        name, spec.__struct_fields__, n=1, cutoff=0.6)
+    hint = f" (did you mean `{close[0]}`?)" if close else ""
+    return f"Object contains unknown field `{shown(name)}`{hint}{found['at'] or ''}"
 
 
 _AT: Final = re.compile(r"(?P<what>.*) - at `\$(?P<rest>[^`]*)`", re.DOTALL)

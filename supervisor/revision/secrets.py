@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from supervisor import reasons
+from supervisor.bounds import PATH_BYTES, shown
 from supervisor.configchecks import SYSTEM_DIRS, credential_files, own_env_name
 from supervisor.revision.errors import RevisionError
 
@@ -60,7 +61,7 @@ _TRANSIENT_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, 
 
 def _os_refusal(path: str, exc: OSError) -> RevisionError:
     if exc.errno in _TRANSIENT_ERRNOS:
-        detail = f"secret file {path}: {exc.strerror or type(exc).__name__}"
+        detail = f"{_file(path)}: {exc.strerror or type(exc).__name__}"
         return RevisionError(reasons.UNAVAILABLE, f"{detail} (transient; retried)")
     return _unresolvable(path)
 
@@ -153,10 +154,10 @@ class EnvFileResolver:
     def _check_env_place(self, name: str) -> None:
         if self._prefixes and not name.startswith(self._prefixes):
             raise _refuse(
-                f"environment variable {name} is outside [revision].secret_env_prefixes"
+                f"{_variable(name)} is outside [revision].secret_env_prefixes"
             )
         if own_env_name(name):
-            raise _refuse(f"environment variable {name} is one the daemon itself reads "
+            raise _refuse(f"{_variable(name)} is one the daemon itself reads "
                           "(its settings, PG*, KUBECONFIG ...): never a secret reference")
 
     def _check_file_place(self, path: str) -> None:
@@ -166,21 +167,21 @@ class EnvFileResolver:
         if spelled.startswith("//"):
             spelled = "/" + spelled.lstrip("/")
         if self._dirs and not _under(spelled, self._dirs):
-            raise _refuse(f"secret file {path} is outside [revision].secret_dirs")
+            raise _refuse(f"{_file(path)} is outside [revision].secret_dirs")
         if _under(spelled, SYSTEM_DIRS):
-            raise _refuse(f"secret file {path} is under /proc, /sys or /dev (or the "
+            raise _refuse(f"{_file(path)} is under /proc, /sys or /dev (or the "
                           "daemon's own service account): never a secret")
 
     def _from_env(self, name: str) -> bytes:
         self._check_env_place(name)
         value = self._environ.get(name)
         if not value:
-            raise _refuse(f"environment variable {name} is not set or empty")
+            raise _refuse(f"{_variable(name)} is not set or empty")
         try:
             # surrogateescape gives back the exact bytes os.environ decoded.
             return value.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
-            raise _refuse(f"environment variable {name} cannot be encoded as bytes") from None
+            raise _refuse(f"{_variable(name)} cannot be encoded as bytes") from None
 
     def _from_file(self, path: str) -> bytes:
         self._check_file_place(path)
@@ -192,6 +193,16 @@ class EnvFileResolver:
         # Checked again on what was opened: a symlink swapped between the
         # check above and the open must not lead outside (TOCTOU).
         return _read_file(path, confined_to=self._real_dirs, credentials=self._credentials)
+
+
+def _file(path: str) -> str:
+    """``secret file PATH`` inside a detail, the path shown bounded (bounds.shown)."""
+    return f"secret file {shown(path, PATH_BYTES)}"
+
+
+def _variable(name: str) -> str:
+    """``environment variable NAME`` inside a detail, the name shown bounded."""
+    return f"environment variable {shown(name, PATH_BYTES)}"
 
 
 _UNSUPPORTED: Final = 'unsupported secret reference: expected "env:NAME" or "file:PATH"'
@@ -218,7 +229,7 @@ def _unresolvable(path: str) -> RevisionError:
     # One message for every cause: which one it was would tell whoever
     # publishes whether the file exists on this host.
     return _refuse(
-        f"secret file {path} cannot be resolved (it must be a readable, non-empty "
+        f"{_file(path)} cannot be resolved (it must be a readable, non-empty "
         f"regular file of at most {MAX_SECRET_BYTES} bytes, with one name)"
     )
 

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from supervisor.admin.hosts import AllowedHosts, host_of
+from supervisor.admin.hosts import LOOPBACK_NAMES, AllowedHosts, host_of, origin_of
 from tests.floods import connect, read_head, request, websocket_request
 from tests.proc import EXAMPLE, REPO, acli, cli, free_port, run_daemon, write_config
 
@@ -173,3 +175,26 @@ async def test_a_page_on_another_port_of_localhost_is_another_origin(tmp_path: P
                 assert (await handshake(origin)).startswith(b"HTTP/1.1 101"), origin
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
+
+
+_HOST_PIECES = st.lists(st.sampled_from([
+    "localhost", "LocalHost", "127.0.0.1", "::1", "[", "]", ":", "9464", "80x", ".", "evil",
+    "example", "http", "https", "://", "/", "?", "#", "@", "user", "%", "\x00", "\x1b", "\xff",
+    " ", "\t", "null", "99999", "-1"]), max_size=10).map("".join)
+_HEADER_TEXT = _HOST_PIECES | st.binary(max_size=100).map(lambda b: b.decode("latin-1"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_HEADER_TEXT)
+def test_any_host_or_origin_header_is_judged_without_raising(value: str) -> None:
+    # A loopback listener knows its loopback names only: anything else it lets in is a bug.
+    hosts = AllowedHosts("127.0.0.1", port=9464)
+    if hosts.allows_host_header(value):
+        assert host_of(value) in LOOPBACK_NAMES
+    origin = origin_of(value)
+    if origin is not None:
+        scheme, host, port = origin
+        assert scheme in ("http", "https") and host and 0 <= port <= 65535
+    if hosts.allows_origin(value):
+        assert origin is not None and origin[0] == "http" and origin[2] == 9464
+        assert origin[1] in LOOPBACK_NAMES

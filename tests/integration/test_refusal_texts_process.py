@@ -1,9 +1,10 @@
 """Refusal texts are bounded whatever a revision holds, through the real daemon.
 
 A revision whose alias name is 15 MiB (published by plain SQL, past every client
-check) is refused; its detail reaches ``/status``, the log and the stream cut to
-1 KiB with its full length, so ``/status`` stays under 64 KiB and the stream's first
-frame under the client's message limit (a follower's hint stream would close 1009).
+check) is refused; its detail names it quoted and cut with its full length, and
+reaches ``/status``, the log and the stream within 1 KiB, so ``/status`` stays under
+64 KiB and the stream's first frame under the client's message limit (a follower's
+hint stream would close 1009).
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ async def test_a_15_mib_alias_name_leaves_status_the_log_and_the_stream_bounded(
     assert len(status.content) < 64 * 1024, len(status.content)
     revision = status.json()["revision"]
     detail = revision["last_rejection"]["detail"]
-    assert len(detail.encode()) <= 1024 and detail.endswith(" bytes)"), detail[-80:]
+    # The name is quoted and cut where the refusal is built, its full length shown.
+    assert len(detail.encode()) <= 1024 and f"… ({NAME_BYTES + 2} bytes)]" in detail, detail
+    assert "not a valid alias name" in detail
     assert len(revision["last_error"].encode()) <= 1024 + 64
     assert len(json.dumps(line)) < 8 * 1024
     assert max(len(raw) for raw in daemon.raw) < 8 * 1024

@@ -72,6 +72,11 @@ TARGETS: dict[str, Target] = {
         ("tests/unit/test_statement.py", "tests/unit/test_follower_store.py",
          "tests/unit/test_follower_never_goes_back.py"),
         90.0),
+    # The bounds every boundary uses: cut, quoted, shown, the range and size checks, the
+    # capped read, the worker-thread hand-offs.
+    "bounds": Target(("supervisor/bounds.py",),
+                     ("tests/unit/test_boundaries.py", "tests/unit/test_thread_handoffs.py"),
+                     90.0),
     "revision": Target(
         tuple(f"supervisor/revision/{m}.py" for m in ("document", "compile", "snapshot",
                                                        "secrets", "errors", "files")),

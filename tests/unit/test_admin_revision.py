@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import msgspec
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from supervisor.admin import signed
 from supervisor.admin.app import AdminApp
 from supervisor.admin.signed import SignedRevisionFile
 from tests.adminserver import call, make_ctx
@@ -95,3 +99,37 @@ async def test_status_names_the_upstream_as_source(tmp_path: Path) -> None:
     report = msgspec.json.decode((await call(AdminApp(ctx), "GET", "/status"))[2])
     assert report["revision"]["source"] == "http://hub:9464"
     assert report["revision"]["upstream"] == "http://hub:9464"
+
+
+_STATEMENT = statement_of(ROOT.sign(7, sequence=9))
+
+
+def _if_none_match_pieces(etag: str) -> st.SearchStrategy[str]:
+    sequence, digest, micros = etag[1:-1].split(".")
+    return st.lists(st.sampled_from([
+        etag, f"W/{etag}", f'"{sequence}.{digest}.{int(micros) + 1}"',
+        f'"{sequence}.{digest}.{int(micros) - 1}"', f'"{sequence}.{digest}.-1"',
+        f'"{sequence}.{digest}"', f'"{int(sequence) + 1}.{digest}.{micros}"', '"7.-"', "*", " *",
+        "W/", '"', ",", ", ", " ", ".", "-", "9" * 25, "\x00", "\xff", "\u0669", digest]),
+        max_size=12).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@example('""' + _STATEMENT.etag()[1:])  # an empty tag, then a stray: no tag of this statement
+@given(_if_none_match_pieces(_STATEMENT.etag()) | st.binary(max_size=200).map(
+    lambda b: b.decode("latin-1")))
+def test_any_if_none_match_is_a_304_only_for_this_statement_or_a_later_issue_of_it(
+    header: str
+) -> None:
+    etag = _STATEMENT.etag()
+    sequence, digest, micros = etag[1:-1].split(".")
+    answer = signed.not_modified(header, etag, _STATEMENT)
+    assert isinstance(answer, bool)
+    tags = re.findall(r'"([^"]*)"', header)
+    later = any(t.split(".")[:2] == [sequence, digest] and t.count(".") == 2
+                and re.fullmatch(r"-?[0-9]{1,20}", t.split(".")[2]) is not None
+                and int(t.split(".")[2]) >= int(micros) for t in tags)
+    assert answer == (header.strip() == "*" or later)
+    # Without a statement only this ETag (weak or strong) or "*" matches.
+    assert signed.not_modified(header, '"7.-"', None) == (
+        header.strip() == "*" or '7.-' in tags)

@@ -11,12 +11,15 @@ import trio.testing
 
 from supervisor.admin.stream import (
     ConnectionGone,
+    FirstMessage,
     StreamHub,
     StreamSettings,
     encode_json,
     text_frame,
 )
+from supervisor.status_doc import StatusDocument
 from tests.adminserver import counter_value, make_ctx, published
+from tests.fakes.snapshot import FakeSnapshot
 
 CLIENTS = 300
 
@@ -84,6 +87,9 @@ async def test_each_event_is_encoded_once_and_the_same_frame_goes_to_every_clien
                 nursery.start_soon(hub.serve, client.scope, client.receive, client.send)
             await trio.testing.wait_all_tasks_blocked()
             assert hub.client_count == CLIENTS
+            # One first message for all of them: the state did not change in between.
+            assert len(encodes) == 1 and isinstance(encodes[0], FirstMessage)
+            encodes.clear()
             events = [ctx.events.emit(published(7 + i)) for i in range(5)]
             await trio.testing.wait_all_tasks_blocked()
             # Five events, five encodes, whatever the number of clients.
@@ -93,10 +99,13 @@ async def test_each_event_is_encoded_once_and_the_same_frame_goes_to_every_clien
                 shared = firsts[0][k]
                 assert all(frames[k] is shared for frames in firsts)  # the same object
                 assert decode_frame(shared)["seq"] == event.seq
-            # The handshake's accept and the status message went through ASGI.
+            # The handshake's accept and the status message went through ASGI, the same
+            # text to every client.
+            shared_first = next(iter(clients.values())).asgi[1]["text"]
             for client in clients.values():
                 assert [m["type"] for m in client.asgi] == ["websocket.accept", "websocket.send"]
-                assert msgspec.json.decode(client.asgi[1]["text"])["type"] == "status"
+                assert client.asgi[1]["text"] is shared_first
+            assert msgspec.json.decode(shared_first)["type"] == "status"
             nursery.cancel_scope.cancel()
 
 
@@ -135,4 +144,40 @@ async def test_a_blocked_client_is_dropped_and_holds_nobody_back(
             await trio.testing.wait_all_tasks_blocked()
             assert counter_value(ctx.metrics.stream_dropped) == 1
             assert hub.client_count == CLIENTS - 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_first_message_is_encoded_again_only_when_the_state_changed() -> None:
+    encodes: list[Any] = []
+
+    def counting_encode(obj: Any) -> bytes:
+        encodes.append(obj)
+        return encode_json(obj)
+
+    def first_of(doc: StatusDocument, heartbeat_s: float) -> bytes:
+        # What a hub that encodes per client sends: the outward bytes to keep.
+        return encode_json(FirstMessage(**msgspec.structs.asdict(doc), heartbeat_s=heartbeat_s))
+
+    with trio.fail_after(10):
+        ctx = make_ctx()
+        hub = StreamHub(ctx.events, ctx.status, ctx.metrics, encode=counting_encode)
+        async with trio.open_nursery() as nursery:
+            async def connect() -> Client:
+                client = Client(2000 + len(encodes))
+                nursery.start_soon(hub.serve, client.scope, client.receive, client.send)
+                await trio.testing.wait_all_tasks_blocked()
+                return client
+
+            heartbeat = hub.settings.heartbeat_s
+            one, two = await connect(), await connect()
+            assert one.asgi[1]["text"] == two.asgi[1]["text"]
+            assert one.asgi[1]["text"].encode() == first_of(ctx.status(), heartbeat)
+            assert len(encodes) == 1
+            # A state change: the next client's first message says it, encoded once more.
+            ctx.state.swap(FakeSnapshot(9, 1), body_sha256=b"\x00" * 32)  # type: ignore[arg-type]
+            three, four = await connect(), await connect()
+            assert three.asgi[1]["text"] != one.asgi[1]["text"]
+            assert three.asgi[1]["text"] == four.asgi[1]["text"]
+            assert three.asgi[1]["text"].encode() == first_of(ctx.status(), heartbeat)
+            assert [type(obj) for obj in encodes] == [FirstMessage, FirstMessage]
             nursery.cancel_scope.cancel()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor import bounds
@@ -50,6 +51,24 @@ def test_a_cut_text_fits_its_limit_and_names_the_full_length(text: str, limit: i
         assert out.endswith(f"… ({size} bytes)")
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(min_value=-2, max_value=40))
+def test_a_cut_text_fits_a_limit_smaller_than_its_own_marker(text: str, limit: int) -> None:
+    out = bounds.cut(text, limit)
+    shown = text.encode("utf-8", "backslashreplace")
+    assert len(out.encode()) <= max(limit, 0)
+    if len(shown) <= limit:
+        assert out == shown.decode()
+    elif limit >= len(f"… ({len(shown)} bytes)".encode()):
+        assert out.endswith(f"… ({len(shown)} bytes)")
+    elif limit >= len("…".encode()):
+        # No room for the length: the mark alone still says the text was cut.
+        assert out.endswith("…")
+        assert shown.startswith(out.removesuffix("…").encode())
+    else:
+        assert out == ""
+
+
 @given(st.text(st.characters(codec=None, categories=["Cs", "Mn", "Lu"])),
        st.integers(min_value=40, max_value=4096))
 def test_a_cut_text_of_lone_surrogates_is_valid_utf8_that_shows_them(text: str,
@@ -72,6 +91,15 @@ def test_a_quoted_name_is_one_printable_line(name: str) -> None:
     out = bounds.quoted(name)
     assert out.isprintable() and "\n" not in out
     assert len(out.encode()) <= bounds.NAME_BYTES
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(min_value=40, max_value=200))
+def test_a_shown_name_is_as_written_when_plain_and_quoted_otherwise(name: str, limit: int) -> None:
+    out = bounds.shown(name, limit)
+    assert out.isprintable() and len(out.encode()) <= limit
+    plain = name.isprintable() and len(name.encode("utf-8", "surrogatepass")) <= limit
+    assert out == (name if plain else bounds.quoted(name, limit))
 
 
 @given(st.binary(max_size=300_000), st.integers(min_value=0, max_value=200_000))
@@ -99,3 +127,43 @@ def test_a_range_check_names_the_place_and_both_ends() -> None:
 def test_a_text_read_as_its_head_and_length_is_cut_as_a_whole_one(text: str, limit: int) -> None:
     size = len(text.encode("utf-8", "surrogateescape"))
     assert bounds.cut_read(text[:limit], size, limit) == bounds.cut(text, limit)
+
+
+def test_the_sequence_bound_is_written_once() -> None:
+    # 2^62, the highest sequence a signed statement carries, has one owner
+    # (bounds.MAX_SEQUENCE) that every reader imports, whatever its layer.
+    assert bounds.MAX_SEQUENCE == 2**62
+    spelled = []
+    for path in sorted((REPO / "supervisor").rglob("*.py")):
+        if path.name == "bounds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            written = ast.unparse(node).replace(" ", "") if isinstance(node, ast.BinOp) else ""
+            if written in ("2**62", "1<<62") or (
+                    isinstance(node, ast.Constant) and node.value == 2**62):
+                spelled.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert spelled == []
+
+
+def test_the_table_states_the_bounds_the_code_holds() -> None:
+    said = " ".join(f"{b.size} {b.deadline}" for b in BOUNDARIES)
+    stated = re.findall(r"(\d+)(?: bytes)? \((NAME_BYTES|PATH_BYTES)\)", said)
+    assert {name for _, name in stated} == {"NAME_BYTES", "PATH_BYTES"}
+    for number, name in stated:
+        assert int(number) == getattr(bounds, name), (number, name)
+    assert f"FILE_IO_DEADLINE_S ({bounds.FILE_IO_DEADLINE_S:g} s)" in said
+
+
+def test_a_size_check_passes_the_bound_and_refuses_one_past_it() -> None:
+    assert bounds.check_size("body", 10, 10) == 10
+    with pytest.raises(bounds.TooLarge) as caught:
+        bounds.check_size("body", 11, 10)
+    assert (caught.value.what, caught.value.limit, caught.value.size) == ("body", 10, 11)
+    assert str(caught.value) == "body: more than 10 bytes"
+
+
+def test_a_range_refusal_keeps_what_was_refused_and_the_range() -> None:
+    with pytest.raises(bounds.OutOfRange) as caught:
+        bounds.check_range("$.n", -1, 0, 5)
+    assert (caught.value.what, caught.value.value, caught.value.low, caught.value.high) == (
+        "$.n", -1, 0, 5)

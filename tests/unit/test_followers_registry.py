@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.admin.fleet import MAX_FOLLOWERS, Followers, describe_follower
-from supervisor.bounds import OutOfRange, TooLarge
+from supervisor.bounds import DETAIL_BYTES, MAX_SEQUENCE, OutOfRange, TooLarge
 from supervisor.commands.fleet import _state_of as fleet_state_of
 from supervisor.config import Config, ControlPlaneConfig
-from supervisor.controlplane.replica_name import HEADERS, ReplicaName, parse
+from supervisor.controlplane.replica_name import (
+    HEADERS,
+    MAX_ETAG_BYTES,
+    MAX_POLL_INTERVAL_S,
+    MAX_REASON_BYTES,
+    MAX_URL_BYTES,
+    ReplicaName,
+    parse,
+)
 from supervisor.convergence.status import RevisionStatus
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -138,3 +148,37 @@ def test_the_fleet_walk_reads_the_same_states_from_a_status_document() -> None:
     assert fleet_state_of(doc(1, 1)) == ("converged", None)
     assert fleet_state_of(doc(1, 2)) == ("converging", None)
     assert fleet_state_of(doc(1, 2, failures=3)) == ("refusing", "secret")
+
+
+_VALUES = (st.binary(max_size=40)
+           | st.sampled_from([b"1", b"0", b"-1", b"nan", b"inf", b"-inf", b"1e400", b"0.001",
+                              b"3601", str(MAX_SEQUENCE).encode(), str(MAX_SEQUENCE + 1).encode(),
+                              b"0x10", b"1_0", b" 7 ", b"\xd9\xa9", b"converged", b"stale",
+                              b"refusing", b"a_b", b"a" * 33, b'"7.ab.1"', b"x" * 129,
+                              b"http://f1", b"http://a@b/c", b"https://", b"http://f1\x1b",
+                              b"http://" + b"a" * 600]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(HEADERS)), st.booleans(), _VALUES),
+                max_size=8))
+def test_any_follower_headers_give_a_bounded_name_or_a_refusal_of_ours(
+    fields: list[tuple[str, bool, bytes]]
+) -> None:
+    headers = [(HEADERS[field].upper().encode() if upper else HEADERS[field].encode(), value)
+               for field, upper, value in fields]
+    try:
+        name = parse(headers)
+    except (TooLarge, OutOfRange) as exc:
+        assert str(exc).isprintable() and len(str(exc).encode()) <= DETAIL_BYTES
+        return
+    if name is None:
+        return
+    assert name.url.startswith(("http://", "https://")) and len(name.url) <= MAX_URL_BYTES
+    assert "@" not in name.url.split("/")[2]
+    assert name.etag is None or len(name.etag) <= MAX_ETAG_BYTES
+    assert name.reason is None or len(name.reason) <= MAX_REASON_BYTES
+    assert name.sequence is None or 0 <= name.sequence <= MAX_SEQUENCE
+    assert 0.01 <= name.poll_interval_s <= MAX_POLL_INTERVAL_S
+    for text in (name.url, name.etag or "", name.reason or "", name.state):
+        assert text.isascii() and text.isprintable()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import reasons
+from supervisor.bounds import DETAIL_BYTES
 from supervisor.revision.compile import compile_revision
 from supervisor.revision.document import decode_body, document_from_object
 from supervisor.revision.errors import RevisionError
@@ -542,3 +543,52 @@ def test_the_daemons_resolver_confines_to_its_config_and_refuses_its_credentials
         with pytest.raises(RevisionError) as info:
             resolver.resolve(reference)
         assert refusal in info.value.detail
+
+
+_HOSTILE = "\x1b[2J\u202e\n" + "n" * 1_000_000  # control characters, a bidi override, 1 MB
+
+
+def _hostile_documents() -> list[tuple[str, object]]:
+    good_alias = {"upstream": "https://a.internal"}
+    good_key = {"secret": "env:K", "aliases": ["a"]}
+    return [
+        ("alias name", {"aliases": {_HOSTILE: good_alias}, "keys": {}}),
+        ("long plain alias name", {"aliases": {"x" * 1_000_000: good_alias}, "keys": {}}),
+        ("key name", {"aliases": {"a": good_alias}, "keys": {_HOSTILE: good_key}}),
+        ("alias listed", {"aliases": {"a": good_alias},
+                          "keys": {"k": {"secret": "env:K", "aliases": ["a", _HOSTILE]}}}),
+        ("field of an alias", {"aliases": {"a": {**good_alias, _HOSTILE: 1}}, "keys": {}}),
+        ("field of the document", {_HOSTILE: 1, "aliases": {}, "keys": {}}),
+        ("field of a key", {"aliases": {"a": good_alias},
+                            "keys": {"k": {**good_key, _HOSTILE: 1}}}),
+        ("secret file", {"aliases": {"a": good_alias},
+                         "keys": {"k": {"secret": "file:/\u202e" + "s" * 4000, "aliases": ["a"]}}}),
+    ]
+
+
+@pytest.mark.parametrize(("place", "doc"), _hostile_documents(), ids=lambda v: str(v)[:24])
+def test_a_hostile_name_is_quoted_and_bounded_in_the_refusal(place: str, doc: object) -> None:
+    top = {"schema_version": 1, **doc}  # type: ignore[dict-item]
+    judges = [lambda: compile_revision(json.dumps(top).encode(), revision=3, generation=1,
+                                       resolver=EnvFileResolver({}, dirs=["/nonexistent"]))]
+    if place != "secret file":  # the document is valid: only resolving it is refused
+        judges.append(lambda: document_from_object(top, revision=3))
+    for judge in judges:
+        with pytest.raises(RevisionError) as info:
+            judge()
+        detail = info.value.detail
+        assert detail.isprintable() and len(detail.encode()) <= DETAIL_BYTES, (place, detail[:300])
+        assert "\x1b" not in str(info.value) and len(str(info.value).encode()) <= 2 * DETAIL_BYTES
+
+
+def test_an_unknown_field_below_the_top_keeps_its_place_and_no_top_level_suggestion() -> None:
+    # A name repeated within one object: the typed decode refuses the first, msgspec's
+    # own message (its place included) is the detail; "keys" is no field of an alias.
+    repeated = (b'{"schema_version": 1, "aliases": {"a": {"upstream": "https://x", "keyz": 1},'
+                b' "a": {"upstream": "https://x"}}}')
+    with pytest.raises(RevisionError) as info:
+        decode_body(repeated)
+    assert info.value.detail == "$.aliases[...]: Object contains unknown field `keyz`"
+    with pytest.raises(RevisionError) as info:
+        decode_body(b'{"schema_version": 1, "keyz": 1}')
+    assert info.value.detail == "$: Object contains unknown field `keyz` (did you mean `keys`?)"

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
+from structlog.testing import capture_logs
 
-from supervisor.bounds import THREAD_LIMITS, ThreadDeadline, in_thread, outliving, thread_limiter
+from supervisor.bounds import (
+    FILE_IO_DEADLINE_S,
+    THREAD_LIMITS,
+    ThreadDeadline,
+    _Handoff,
+    in_thread,
+    outliving,
+    thread_limiter,
+)
+from tests.polling import poll_until
 
 
 async def test_a_call_past_its_deadline_raises_and_its_thread_is_counted_until_it_returns() -> None:
@@ -105,3 +116,46 @@ def test_the_dependency_names_are_the_limits_keys_so_a_typo_fails_the_type_check
     assert set(get_args(bounds.Dependency)) == set(THREAD_LIMITS)
     for fn in (in_thread, thread_limiter):
         assert get_type_hints(fn)["dependency"] == bounds.Dependency
+
+
+async def test_a_stuck_call_is_logged_when_given_up_and_again_when_it_returns() -> None:
+    release = threading.Event()
+    with trio.fail_after(10), capture_logs() as logs:
+        with pytest.raises(ThreadDeadline) as info:
+            await in_thread(release.wait, dependency="files", deadline_s=0.05, what="slow disk")
+        assert (info.value.what, info.value.deadline_s) == ("slow disk", 0.05)
+        release.set()
+        await poll_until(lambda: any(
+            e["event"] == "worker thread returned after its caller gave up" for e in logs))
+    gave_up, returned = (e for e in logs if e["event"].startswith("worker thread"))
+    assert gave_up["event"] == "worker thread still running after its caller gave up"
+    assert (gave_up["dependency"], gave_up["what"]) == ("files", "slow disk")
+    assert (returned["dependency"], returned["what"]) == ("files", "slow disk")
+    assert returned["late_s"] >= 0
+
+
+def test_a_hand_off_given_up_before_its_thread_starts_never_runs_its_call() -> None:
+    # The race between taking a token and starting: the caller gave up in between.
+    ran = threading.Event()
+    before = outliving()
+    handoff = _Handoff(ran.set, "cpu", "late start")
+    handoff.abandon()
+    with pytest.raises(ThreadDeadline, match="late start timed out after 0 s"):
+        handoff.run()
+    assert not ran.is_set() and outliving() == before
+
+
+def test_a_hand_off_given_up_after_its_call_returned_is_not_counted() -> None:
+    # The caller cancelled while the result was on its way back: no thread is left.
+    before = outliving()
+    handoff = _Handoff(lambda: 5, "cpu", "quick")
+    assert handoff.run() == 5
+    handoff.abandon()
+    assert outliving() == before
+
+
+def test_the_limits_and_the_file_deadline_are_those_the_operations_guide_states() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    limits = ", ".join(f"{dep} {n}" for dep, n in THREAD_LIMITS.items())
+    assert f"(`THREAD_LIMITS`: {limits})" in " ".join(guide.split())
+    assert f"a write or read past {FILE_IO_DEADLINE_S:g} s is a failed" in " ".join(guide.split())

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from supervisor.bounds import DETAIL_BYTES
 from supervisor.errors import ConfigError
 from supervisor.tokenfile import MAX_TOKEN_FILE_BYTES, read_token
 from tests import needs
@@ -124,3 +127,43 @@ def test_only_ascii_whitespace_is_stripped(tmp_path: Path, content: str) -> None
     with pytest.raises(ConfigError) as info:
         read_token(str(path), ADMIN)
     assert "printable ASCII" in info.value.reason
+
+
+_CONTENTS = (st.binary(max_size=64)
+             | st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e), min_size=1,
+                       max_size=64).map(lambda t: f" {t}\n".encode())
+             | st.integers(min_value=4090, max_value=4100).map(lambda n: b"a" * n))
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_CONTENTS)
+def test_any_file_gives_one_printable_token_or_a_configuration_error(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    try:
+        token = read_token(str(path), ADMIN)
+    except ConfigError as exc:
+        assert exc.path == ADMIN and exc.reason
+        secret = content.strip(b" \t\n\r\f\v")
+        assert len(secret) < 4 or secret not in str(exc).encode("utf-8", "surrogateescape")
+    else:
+        assert 0 < len(token) <= MAX_TOKEN_FILE_BYTES
+        assert all("!" <= c <= "~" for c in token)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["/", "a", ".", "\x00", "\x1b", "\n", "\ud800", "\udcff", "é",
+                                 "x" * 5000]), max_size=8).map("".join))
+def test_any_path_gives_a_configuration_error_naming_it_bounded(path: str) -> None:
+    # A path from the configuration or the command line: a NUL, a surrogate that is no
+    # byte of argv, or a name past PATH_MAX is refused like a file that cannot be read.
+    try:
+        read_token(path or "/nonexistent", ADMIN)
+    except ConfigError as exc:
+        assert exc.path == ADMIN
+        assert str(exc).isprintable() and len(str(exc).encode()) <= 2 * DETAIL_BYTES
+    else:
+        raise AssertionError(f"{path!a} read as a token")

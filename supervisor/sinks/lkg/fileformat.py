@@ -17,7 +17,7 @@ import nacl.exceptions
 import nacl.signing
 
 from supervisor import reasons
-from supervisor.bounds import OutOfRange
+from supervisor.bounds import MAX_SEQUENCE, OutOfRange
 from supervisor.sinks.lkg.errors import CacheError, CacheSkew
 from supervisor.sinks.lkg.keys import KEY_ID_HEX_DIGITS
 from supervisor.sinks.lkg.statement import Statement, utc_times
@@ -70,10 +70,10 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defau
     body_length: _NonNegative
     body_sha256: _Sha256Hex  # lowercase hex
     key_id: _KeyId
-    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**62)] | None = None  # the root's
-    root: _Root | None = None  # the root's control-plane identity
-    issued_at: datetime | None = None  # when the root signed it
-    expires_at: datetime | None = None  # after which it is stale
+    sequence: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQUENCE)] | None = None
+    root: _Root | None = None
+    issued_at: datetime | None = None
+    expires_at: datetime | None = None
 
     def statement(self, signed: bytes | None = None) -> Statement | None:
         """The signed statement of a version 2 header (None for version 1)."""
