@@ -1,17 +1,6 @@
 """The checks both databases run on what they read and write, so they cannot drift.
 
-Hydration checks, in this order, all before the body is decoded: the pointer
-names a missing revision (NOT_FOUND); the body is larger than
-``max_revision_bytes`` (TooLarge); its ``schema_version`` is newer than the
-build reads (Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT).
-The query itself withholds the body in the first three cases, so an oversize
-or unreadable body never crosses the network. The body is returned as bytes,
-undecoded: decoding is the revision compiler's job.
-
-Also shared: the observe and hydrate statements, the decoding of a stored
-BLOB or time (:func:`as_bytes`, :func:`parse_time`: SQLite may hold TEXT), and
-the two bounds (:func:`refuse_unreadable`), which a follower applies to an
-upstream's statement too.
+Also shared: the observe and hydrate statements, and the decoding of stored values.
 """
 
 from __future__ import annotations
@@ -165,9 +154,13 @@ def _sequence(value: object) -> int:
 def check_hydrated(
     row: HydrateRow, *, max_revision_bytes: int, max_schema_version: int
 ) -> Candidate:
-    """Apply the hydration checks in the contract's order; blocking (hashes the body).
+    """The hydrated row as a Candidate, or the first check it fails; blocking (hashes the body).
 
-    Shared by both stores so they cannot drift apart in what they refuse or in which order.
+    The order, all before the body is decoded: the pointer names a missing revision
+    (NOT_FOUND); the body is over ``max_revision_bytes`` (TooLarge); its ``schema_version``
+    is newer than the build reads (Incompatible); its SHA-256 differs from ``body_sha256``
+    (CORRUPT). The query withholds the body in the first three cases. The body stays
+    bytes: decoding is the revision compiler's job.
     """
     if not isinstance(row.desired, int) or row.desired < 1:
         # The schema says NOT NULL, and identity columns start at 1; only a
@@ -221,7 +214,10 @@ def check_publishable(
 
 def refuse_unreadable(revision: int | None, size: int, schema_version: int, *,
                       max_revision_bytes: int, max_schema_version: int) -> None:
-    """TooLarge for a body over the bound, else Incompatible for a schema this build cannot read."""
+    """TooLarge for a body over the bound, else Incompatible for a schema this build cannot read.
+
+    A follower applies it to an upstream's statement too.
+    """
     if size > max_revision_bytes:
         raise TooLarge(revision, size, max_revision_bytes)
     if schema_version > max_schema_version:

@@ -1,39 +1,7 @@
-"""The PostgreSQL control-plane store, driven from trio through worker threads.
+"""The PostgreSQL control-plane store, and the psycopg boundary it shares.
 
-psycopg's async API is asyncio-only, so
-each call runs the synchronous ``psycopg.Connection`` in a worker thread that
-trio may abandon (``abandon_on_cancel=True``), one call at a time per
-connection (a ``CapacityLimiter(1)``). A cancelled call asks the server to
-stop its statement (``cancel_safe``, shielded and time-limited) and the
-connection is replaced: the old one is closed by its worker thread once the
-driver returns, because closing it under a running call is unsafe.
-
-Bounds on every call, so nothing can hang the convergence loop:
-``connect_timeout``; a server-side ``statement_timeout`` (set per transaction
-with ``SET LOCAL``, never per session: see :func:`bounded`); TCP keepalives and
-``tcp_user_timeout`` against half-open connections; and a client-side deadline
-covering connect plus statement, which also catches what the server cannot
-(a network that swallows packets). Values already present in the DSN win over
-these defaults.
-
-Connections are made lazily, by the first call, and remade by the next call
-after one breaks. Each call is one short explicit transaction and nothing is
-left open between calls (an idle-in-transaction session holds back vacuum and
-the NOTIFY queue).
-
-Fleets (docs/operations.md, "Fleets"): the store relies on no session state at all (no
-session ``SET``, no server-side prepared statements, transaction-scoped
-advisory locks in migrations), so it works unchanged behind PgBouncer in
-transaction pooling mode and against a hot standby (reads only; ``publish``
-and ``migrate`` are refused there as ``unavailable``, a read-only transaction).
-
-Failures are mapped here, at the driver boundary, by :func:`classify`
-(categories in :mod:`supervisor.controlplane.errors`), chained with ``from``,
-with the DSN's password scrubbed from every message (:func:`map_error`).
-
-The psycopg boundary here (:func:`connect`, :func:`bounded`, :func:`classify`)
-also serves the LISTEN child and the CLI's schema probe. Everything but the
-store's own methods blocks: call it from a worker thread.
+:func:`connect`, :func:`bounded` and :func:`classify` serve the LISTEN child and the CLI's
+schema probe too. All but the store's own methods block: call them from a worker thread.
 """
 
 from __future__ import annotations
@@ -441,7 +409,23 @@ MIGRATE_TIMEOUT_S = 120.0
 
 
 class PostgresStore(revisions.DatabaseStore):
-    """RevisionAdmin on PostgreSQL (see the module docstring)."""
+    """RevisionAdmin on PostgreSQL, through worker threads (psycopg's async is asyncio-only).
+
+    A cancelled call asks the server to stop its statement (``cancel_safe``) and the
+    connection is replaced (:func:`~supervisor.controlplane.runner.call_interruptibly`).
+    Every call is bounded, so nothing hangs the loop: ``connect_timeout``; a
+    ``statement_timeout`` per transaction (:func:`bounded`); TCP keepalives and
+    ``tcp_user_timeout`` against half-open connections; a client-side deadline over
+    connect and statement (:func:`call_bounds`), for a network that swallows packets.
+    Values in the DSN win over these defaults.
+
+    Each call is one short explicit transaction; nothing stays open between calls (an
+    idle-in-transaction session holds back vacuum and the NOTIFY queue). No session
+    state at all (no session ``SET``, no server-side prepared statement): it works
+    behind PgBouncer's transaction pooling. On a hot standby it reads; ``publish`` and
+    ``migrate`` are refused there as ``unavailable``. Failures are mapped at this
+    boundary (:func:`map_error`), the DSN's password scrubbed from every message.
+    """
 
     _sql = revisions.pg
 

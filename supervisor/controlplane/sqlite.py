@@ -1,28 +1,4 @@
-"""The embedded SQLite control-plane store: the PostgreSQL store's semantics, one file.
-
-Same tables (docs/control-plane.md, minus the NOTIFY trigger: replicas on
-SQLite converge by polling alone), same hydration checks
-(:func:`~supervisor.controlplane.checks.check_hydrated`), same failure
-categories. The schema is migrated when the connection is first opened (an
-embedded store has no separate operator step; an up-to-date file is only read).
-
-Driving: the stdlib ``sqlite3`` module, one connection
-(``check_same_thread=False``) used from worker threads one call at a time
-under a ``CapacityLimiter(1)``. A cancelled call (shutdown, or the client-side
-deadline) calls ``Connection.interrupt()``, the thread-safe SQLite analogue
-of PostgreSQL's cancel, and the connection is replaced. SQLite's own busy
-wait ignores interrupt(), so the store waits for locks itself (busy timeout
-0, re-running the statement with backoff up to half the statement timeout)
-and stops waiting as soon as the call is cancelled.
-``isolation_level=None``: transactions are explicit, so a read never leaves
-one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
-writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
-
-Error mapping: by SQLite's result code, not the exception class (sqlite3
-raises OperationalError for a syntax error too); the table
-:data:`RESULT_CODES` gives each primary code its label and why. A missing
-table is INVALID with the migrate hint.
-"""
+"""The embedded SQLite control-plane store: the PostgreSQL store's semantics, in one file."""
 
 from __future__ import annotations
 
@@ -276,7 +252,22 @@ def _remove_stale_wal(path: str) -> None:
 
 
 class SQLiteStore(revisions.DatabaseStore):
-    """RevisionAdmin on an SQLite file (see the module docstring)."""
+    """RevisionAdmin on an SQLite file: PostgreSQL's tables, checks and failure categories.
+
+    No NOTIFY trigger: replicas on SQLite converge by polling alone. The schema is
+    migrated when the connection first opens (no separate operator step); an
+    up-to-date file is only read.
+
+    One stdlib ``sqlite3`` connection (``check_same_thread=False``), used from worker
+    threads one call at a time. A cancelled call runs ``Connection.interrupt()``
+    (PostgreSQL's cancel, thread-safe) and the connection is replaced. SQLite's own
+    busy wait ignores interrupt(), so the store waits for locks itself
+    (:func:`_retry_busy`). ``isolation_level=None``: transactions are explicit, so a
+    read never leaves one open. Writes take ``BEGIN IMMEDIATE``: two writers queue
+    instead of deadlocking on the upgrade. Errors map by SQLite's result code, not
+    the exception class (:data:`RESULT_CODES`); a missing table is INVALID with the
+    migrate hint.
+    """
 
     _sql = revisions.sqlite
 
