@@ -1,6 +1,6 @@
 """The LISTEN child: :func:`run_listener` turns PostgreSQL notifications into wake-ups.
 
-Operators: docs/operations.md, "Fleets" and "The LISTEN session cannot be set up".
+Operators: docs/operations.md, "Fleets" and "When a dependency is stuck".
 """
 
 from __future__ import annotations
