@@ -95,14 +95,12 @@ def bounded_message(head: object, size: object) -> str | None:
 
 
 def hydrate_sql(size: Callable[[str], str], named: str, created_at: str = "r.created_at") -> str:
-    """The hydrate read: ``size`` measures a column in bytes, ``named`` spells a named
-    parameter.
+    """The hydrate read: ``size`` measures a column in bytes, ``named`` spells a named parameter.
 
-    One statement is one snapshot (PostgreSQL even under READ COMMITTED;
-    SQLite one read transaction): the pointer and the revision it names are
-    read consistently. The body is withheld in SQL when it is too large or too
-    new, so an oversize body never crosses the network; the message is not
-    read (the loop has no use for it).
+    One statement is one snapshot (PostgreSQL even under READ COMMITTED; SQLite one
+    read transaction): the pointer and its revision are read consistently. The SQL
+    withholds a body too large or too new, so an oversize body never crosses the
+    network. The message is not read: the loop has no use for it.
     """
     body = size("r.body")
     return (f"SELECT d.revision_id, r.id, r.schema_version, {body},"
@@ -114,9 +112,12 @@ def hydrate_sql(size: Callable[[str], str], named: str, created_at: str = "r.cre
 
 
 def observe_sql(schema_readable: bool = True) -> str:
-    """The observe read, identical on both stores: the pointer, its body's digest, the
-    sequence, and the schema's newest migration (NULL where the role may not read the
-    migrations table), so a database migrated ahead is refused at the next observe."""
+    """The observe read, identical on both stores.
+
+    The pointer, its body's digest, the sequence, and the schema's newest migration
+    (NULL where the role may not read the migrations table). So a database migrated
+    ahead is refused at the next observe.
+    """
     schema = f"(SELECT max(version) FROM {MIGRATIONS_TABLE})" if schema_readable else "NULL"
     return (f"SELECT d.revision_id, r.body_sha256, d.sequence, {schema}"
             " FROM supervisor_desired d LEFT JOIN supervisor_revisions r"
@@ -156,11 +157,15 @@ def check_hydrated(
 ) -> Candidate:
     """The hydrated row as a Candidate, or the first check it fails; blocking (hashes the body).
 
-    The order, all before the body is decoded: the pointer names a missing revision
-    (NOT_FOUND); the body is over ``max_revision_bytes`` (TooLarge); its ``schema_version``
-    is newer than the build reads (Incompatible); its SHA-256 differs from ``body_sha256``
-    (CORRUPT). The query withholds the body in the first three cases. The body stays
-    bytes: decoding is the revision compiler's job.
+    The order, all before the body is decoded:
+
+    * the pointer names a missing revision (NOT_FOUND);
+    * the body is over ``max_revision_bytes`` (TooLarge);
+    * its ``schema_version`` is newer than the build reads (Incompatible);
+    * its SHA-256 differs from ``body_sha256`` (CORRUPT).
+
+    The query withholds the body in the first three cases. The body stays bytes:
+    decoding is the revision compiler's job.
     """
     if not isinstance(row.desired, int) or row.desired < 1:
         # The schema says NOT NULL, and identity columns start at 1; only a

@@ -75,9 +75,9 @@ class ControlPlaneError(LabelledError):
     def answered(self) -> bool:
         """True when the control plane answered (a refusal, contention): only an outage is not.
 
-        ``control_plane_up`` follows this: a revoked grant is the database
-        answering, and must not read as the network being down; so is a read
-        too slow after the observe answered (``answered`` given).
+        ``control_plane_up`` follows this. A revoked grant is the database answering, not
+        the network down. So is a read too slow after the observe answered (``answered``
+        given).
         """
         if self._answered is not None:
             return self._answered
@@ -152,13 +152,12 @@ class TooLarge(ControlPlaneError):
 class StatementRefused(ControlPlaneError):
     """Follower mode: the upstream answered, and its statement is refused.
 
-    ``denied`` (signature), ``rollback`` (below the highest accepted),
-    ``corrupt`` (the same sequence with another body, damaged framing) or
-    ``stale`` (expired). The upstream answered, so it is no outage; at boot a
-    follower serves its own valid signed cache instead, as for an unreachable
-    upstream. ``revision`` is None but for a body that does not match its
-    authentic header (``corrupt``): a replayed or forged statement's revision
-    is never reported as the desired one.
+    ``denied`` (signature), ``rollback`` (below the highest accepted), ``corrupt`` (the
+    same sequence with another body, damaged framing) or ``stale`` (expired). The
+    upstream answered, so it is no outage. At boot a follower serves its own valid
+    signed cache instead, as for an unreachable upstream. ``revision`` is None but for
+    a body unlike its authentic header (``corrupt``). So a replayed or forged
+    statement's revision is never reported as the desired one.
     """
 
     _CATEGORIES = {reasons.DENIED: FailureCategory.DENIED,
@@ -174,11 +173,11 @@ class StatementRefused(ControlPlaneError):
 def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
     """A driver call that failed with something no driver error explains.
 
-    A row the code cannot read (a NULL where the schema promises a value, a
-    type the column should not hold) surfaces as TypeError or ValueError from
-    our own decoding: storage holds something the contract does not allow, so
-    it is ``corrupt``, reported like any refusal instead of crashing the loop.
-    The traceback is dropped: its frames hold the rows (possibly a whole body).
+    A row the code cannot read (a NULL where the schema promises a value, a type the
+    column should not hold) surfaces as TypeError or ValueError from our decoding.
+    Storage holds what the contract does not allow, so it is ``corrupt``: reported like
+    any refusal, not crashing the loop. The traceback is dropped: its frames hold the
+    rows (possibly a whole body).
     """
     detail = " ".join(str(exc).split()) or "no detail"
     return ControlPlaneError(

@@ -348,17 +348,19 @@ class FollowerStore:
     def _verify(self, data: bytes) -> _Accepted:
         """The statement accepted, or a ControlPlaneError for the first check it fails.
 
-        In order: framing and signature against ``[control_plane].trusted_keys`` (the
-        root's keys, never this replica's cache key): ``denied`` for a bad signature or
-        an untrusted key, ``corrupt`` for damaged framing or a body unlike its signed
-        header. A version 1 file carries no statement (an older root): ``stale``.
-        Then ``issued_at`` at most :data:`MAX_CLOCK_AHEAD_S` ahead, else ``stale``.
-        Then against the highest accepted and the root it pins
-        (:func:`~supervisor.sinks.lkg.accepted.refusal_of`): another root is ``denied``
-        (until ``follower reset`` or ``root_identity``), a lower sequence ``rollback``,
-        the same sequence with another body ``corrupt``.
-        Then ``expires_at`` not passed (``stale``; a 304's held statement too). Last,
-        the body's size (``denied``) and ``schema_version`` (``incompatible``).
+        In order:
+
+        1. framing and signature against ``[control_plane].trusted_keys`` (the root's keys,
+           never this replica's cache key). A bad signature or an untrusted key is
+           ``denied``; damaged framing or a body unlike its signed header ``corrupt``. A
+           version 1 file carries no statement (an older root): ``stale``.
+        2. ``issued_at`` at most :data:`MAX_CLOCK_AHEAD_S` ahead, else ``stale``.
+        3. against the highest accepted and the root it pins
+           (:func:`~supervisor.sinks.lkg.accepted.refusal_of`). Another root is ``denied``
+           (until ``follower reset`` or ``root_identity``). A lower sequence is
+           ``rollback``; the same sequence with another body ``corrupt``.
+        4. ``expires_at`` not passed, else ``stale`` (a 304's held statement too).
+        5. the body's size (``denied``) and ``schema_version`` (``incompatible``).
         """
         try:
             header, body = decode_file(data, self._where, self._trusted)

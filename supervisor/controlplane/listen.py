@@ -76,12 +76,12 @@ async def run_listener(
     * a failure is logged as a streak (:class:`~supervisor.streak.Streak`), then it
       reconnects with backoff. Cancelled propagates; shutdown is prompt in any state.
 
-    ``reconnecting(True)`` is called when a connect fails or the connection is lost,
-    ``reconnecting(False)`` once it listens again (or parks on a standby): only on a
-    change (``/status`` shows the child ``reconnecting``). ``poke`` is the loop's
-    :class:`~supervisor.wakeup.Wakeup` (the daemon owns it, so it outlives either
-    child): see :meth:`_Listener.run`. SQLite, or ``listen = false``: it reports
-    started and idles until cancelled. Metrics: ``listen_connected``,
+    ``reconnecting(True)`` is called when a connect fails or the connection is lost.
+    ``reconnecting(False)`` comes once it listens again (or parks on a standby). Both
+    only on a change; ``/status`` shows the child ``reconnecting`` meanwhile. ``poke``
+    is the loop's :class:`~supervisor.wakeup.Wakeup`, which the daemon owns, so it
+    outlives either child (:meth:`_Listener.run`). SQLite, or ``listen = false``: it
+    reports started and idles until cancelled. Metrics: ``listen_connected``,
     ``listen_notifications``, ``listen_reconnects``, ``listen_wakeups_held``.
     """
     task_status.started()
@@ -168,9 +168,9 @@ class _Listener:
     notification came). So a server that accepts and drops at once is retried ever
     more slowly.
 
-    On a hot standby (``pg_is_in_recovery()``) LISTEN cannot run and NOTIFY is not
-    replicated: it says so once, at info, closes, and looks again every
-    :data:`STANDBY_RECHECK_S` in case of a promotion. ``[control_plane].listen_url``,
+    On a hot standby (``pg_is_in_recovery()``) LISTEN cannot run, and NOTIFY is not
+    replicated. It says so once, at info, and closes. It looks again every
+    :data:`STANDBY_RECHECK_S`, in case of a promotion. ``[control_plane].listen_url``,
     when set, is a direct connection beside a ``url`` through transaction pooling.
     """
 
@@ -298,11 +298,11 @@ class _Listener:
         (:func:`~supervisor.controlplane.postgres.call_bounds`): a server that never
         answers its startup or a statement is given up on, and retried.
 
-        The connect and the setup are two calls, as the store's open and setup
-        are (:class:`~supervisor.controlplane.runner.ConnectionRunner`): a
-        connect given up on is abandoned (libpq's ``connect_timeout`` ends its
-        thread, and the connection is closed if it ever completes); a setup
-        given up on has its socket shut down, so its thread returns at once.
+        The connect and the setup are two calls, as the store's open and setup are
+        (:class:`~supervisor.controlplane.runner.ConnectionRunner`). A connect given up
+        on is abandoned: libpq's ``connect_timeout`` ends its thread, and the
+        connection is closed if it ever completes. A setup given up on has its socket
+        shut down, so its thread returns at once.
         """
         deadline_s = self.session_deadline_s
         with trio.move_on_after(deadline_s):
@@ -353,10 +353,12 @@ class _Listener:
 
     async def _wait(self, fd: int) -> str:
         """Wait until ``fd`` is readable, a poke, the probe interval, or the floor lets
-        a held wake-up go ("released"): which one came. The socket is read meanwhile,
-        whatever is held: a session that fell behind would keep the server's
-        notification queue from being truncated, and a full queue fails every
-        NOTIFY of the cluster."""
+        a held wake-up go ("released"): which one came.
+
+        The socket is read meanwhile, whatever is held. A session that fell behind
+        would keep the server's notification queue from being truncated. And a full
+        queue fails every NOTIFY of the cluster.
+        """
         woken = "timeout"
         async with trio.open_nursery() as nursery:
 

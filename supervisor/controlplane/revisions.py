@@ -343,11 +343,11 @@ def _os_user() -> str:
 def attempt_deadline_s(config: ControlPlaneConfig) -> float:
     """The longest a convergence attempt may spend in a database store on its own deadlines.
 
-    An attempt that reads a body makes three calls: observe, the body's size and
-    the hydrate (:meth:`DatabaseStore.hydrate`). Each of the first two may take
-    ``read_timeout_s`` (a connect and its setup included: the runner's deadline
-    covers them); the hydrate of the largest body allowed (``max_revision_bytes``)
-    its grown deadline (:func:`~supervisor.controlplane.runner.read_deadline_s`).
+    An attempt that reads a body makes three calls: observe, the body's size, and the
+    hydrate (:meth:`DatabaseStore.hydrate`). Each of the first two may take
+    ``read_timeout_s``, a connect and its setup included. The hydrate of the largest
+    body allowed (``max_revision_bytes``) may take its grown deadline
+    (:func:`~supervisor.controlplane.runner.read_deadline_s`).
     """
     read_s = config.read_timeout_s
     return 2 * read_s + read_deadline_s(read_s, config.max_revision_bytes,

@@ -111,10 +111,9 @@ def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
 def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
     """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
 
-    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
-    and writes that roll back on failure. ``stop`` (set when trio gives the
-    call up) ends the wait at once, so a cancelled write never goes on to
-    commit once the lock frees up.
+    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads, and
+    writes that roll back on failure. ``stop`` (set when trio gives the call up) ends
+    the wait at once: a cancelled write never goes on to commit once the lock frees.
     """
     deadline = time.monotonic() + busy_timeout_s
     delay = 0.002
@@ -329,16 +328,15 @@ class SQLiteStore(revisions.DatabaseStore):
     async def _still_same_file(self) -> None:
         """Drop the connection when the path no longer names the file it reads.
 
-        Raises the ``unavailable`` error when the file is gone (the daemon does
-        not create one: a vanished control plane is an outage, not an empty one).
+        Raises the ``unavailable`` error when the file is gone. The daemon does not create
+        one: a vanished control plane is an outage, not an empty one.
 
-        A replaced file may have the *previous* file's ``-wal`` and ``-shm``
-        next to it, left by another process that still has the old file open
-        (an operator's shell, a CLI command): opening the new file would replay
-        the old file's WAL over it and silently undo the restore. The WAL's
-        inode is recorded while the file is unchanged; after a replacement a WAL
-        with that same inode belongs to the old file (whose name is gone, so
-        nobody can open it again) and is removed with its shared-memory index.
+        A replaced file may have the *previous* file's ``-wal`` and ``-shm`` beside it, left
+        by a process that still has the old file open (an operator's shell, a CLI
+        command). Opening the new file would replay the old WAL over it, silently undoing
+        the restore. So the WAL's inode is recorded while the file is unchanged. After a
+        replacement, a WAL with that inode belongs to the old file, whose name is gone:
+        nobody can open it again. It is removed with its shared-memory index.
         """
         conn = self._runner.connection
         path = self._path

@@ -86,9 +86,9 @@ class RevisionSource(Protocol):
     async def observe(self) -> RevisionPointer | None:
         """The desired revision's id and digest, and the control plane's identity.
 
-        None when nothing was ever published. The cheap read of every poll:
-        its success proves the control plane reachable, and an id alone could
-        not tell a reused id from the revision it replaced.
+        None when nothing was ever published. The cheap read of every poll: its success
+        proves the control plane reachable. The digest comes too: an id alone is not the
+        revision (:class:`~supervisor.sinks.state.Candidate`).
         """
         ...
 

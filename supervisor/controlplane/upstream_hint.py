@@ -82,11 +82,10 @@ async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
                   wake: Callable[[str], None], min_interval_s: float) -> None:
     """Wake the loop on ``published`` events, at most once per ``min_interval_s``.
 
-    A flood of hints (any number within the interval) becomes one wake-up at
-    its start and, when more came after it, one at its end: the loop fetches
-    at most once per interval, and never misses the last hint. Returns never;
-    raises what ``get_message`` raises, or TooSlowError after IDLE_TIMEOUT_S
-    of silence.
+    A flood of hints within the interval becomes one wake-up at its start, and one at
+    its end when more came. So the loop fetches at most once per interval and never
+    misses the last hint. Returns never. Raises what ``get_message`` raises, or
+    TooSlowError after IDLE_TIMEOUT_S of silence.
     """
     floor = WakeFloor(partial(wake, "upstream"), min_interval_s)
     while True:
