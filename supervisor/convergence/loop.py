@@ -57,10 +57,10 @@ THREAD_COMPILE_BYTES = 1024 * 1024
 def _fresh(exc: RevisionError) -> RevisionError:
     """The same refusal without traceback or context.
 
-    Raised from a worker thread, a refusal's traceback keeps every frame's
-    locals alive (the decoded document of a 16 MB body among them), often in
-    cycles the collector rarely frees. The label, the revision and the detail
-    are all the loop needs.
+    Raised from a worker thread, a refusal's traceback keeps every frame's locals
+    alive, the decoded document of a 16 MB body among them. Often in cycles the
+    collector rarely frees. The label, the revision and the detail are all the loop
+    needs.
     """
     return RevisionError(exc.reason, exc.detail, revision=exc.revision)
 

@@ -111,9 +111,9 @@ class SideSinks:
     A failed write leaves its sink *due*: retried at every attempt (every poll, and
     SIGHUP) until it succeeds. Each failed write counts in
     ``supervisor_sink_write_failures_total``. A sink file changed after a good write
-    (removed, truncated, rewritten, replaced, chmod'ed, chown'ed) is written again: one
-    ``stat`` per file per attempt compares it with what the write left (the cache's
-    served mark included). A removed sink directory is made again by the next write
+    (removed, truncated, rewritten, replaced, chmod'ed, chown'ed) is written again.
+    One ``stat`` per file per attempt compares it with what the write left, the
+    cache's served mark included. A removed sink directory is made again by the next write
     (:mod:`supervisor.sinks.atomic`).
     """
 
