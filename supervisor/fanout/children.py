@@ -94,8 +94,8 @@ async def run_fanout_group(
 ) -> None:
     """Every fan-out kind in one nursery, on one client: start and stop them as a group.
 
-    Reports started once every kind has, before any Kubernetes request: ``READY=1``
-    never waits for Kubernetes. Runs until cancelled; cancelling drains and stops
+    Reports started once every kind has (:meth:`FanoutEngine.run`: before any
+    Kubernetes request). Runs until cancelled; cancelling drains and stops
     every kind together. Each run starts fresh (preflight, list, resync, sweep): all
     state is re-read from the API server.
     """
@@ -174,12 +174,12 @@ def elected_fanout_child(
     With ``[kubernetes].leader_election`` the app uses this, named ``fanout``, in place
     of :func:`fanout_children` (:mod:`supervisor.fanout.leadership`).
 
-    The Lease has its own client (no client-side rate limit): a bulk of child
-    writes queued behind the fan-out's token bucket must never delay a renewal.
-    The group's drain is at most half the gap between the renew deadline and the
-    lease duration, so writes in flight when leadership is lost end before the
-    lease can expire for the others. While standing by, every kind reports
-    ``preflight`` (dormant: waiting for leadership).
+    The Lease has its own client, with no client-side rate limit: child writes queued
+    behind the fan-out's token bucket must never delay a renewal. The group's drain is
+    at most half the gap between the renew deadline and the lease duration. So writes
+    in flight when leadership is lost end before the lease can expire for the others.
+    While standing by, every kind reports ``preflight`` (dormant: waiting for
+    leadership).
     """
     wakeup = _prepare(metrics, statuses, hup)
     leader_metrics = LeadershipMetrics(metrics.registry)

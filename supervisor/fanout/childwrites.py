@@ -334,11 +334,10 @@ class ChildWriter(Generic[P]):
         return await apply(True)
 
     async def _fold_created(self, child: Desired, namespace: str) -> None:
-        """Hand the fields our create holds by an update to our apply entry (ownership).
+        """Hand the fields our create holds by an update to our apply entry.
 
-        One JSON patch, guarded by the resourceVersion. Else the POST's Update entry
-        co-owns every field the child was created with, and a field the parent stops
-        setting is never removed.
+        One JSON patch, guarded by the resourceVersion. Why:
+        :func:`~supervisor.fanout.ownership.folded_managed_fields`.
         """
         current = await self.client.find(child.resource, namespace, child.name)
         now = kube_time()
@@ -467,8 +466,8 @@ def _drift(live: Obj | None, child: Desired, applied_digest: str | None,
     """Why ``child`` is being rewritten although its desired state did not change, if so.
 
     ``covered``: its fields are ours already, but no managedFields entry of ours says
-    so (reset by hand, or every field taken over by another manager's apply); written
-    again, or deleting its parent would leave it behind.
+    so (reset by hand, or every field taken over by another manager's apply). Written
+    again: else deleting its parent would leave it behind.
     """
     if live is None:
         return "deleted" if applied_digest == child.digest else None

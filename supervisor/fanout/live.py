@@ -38,9 +38,9 @@ def covers(live: Any, want: Any) -> bool:
     never rewritten. A changed ``replicas`` or image, or a removed label of ours, is
     drift.
 
-    A field we set to a zero value (``""``, 0, false, empty) and the server left out
-    counts as the same: its types omit such fields (an env var's ``value: ""``), so
-    the live object can never show it, and it must not be drift.
+    A field we set to a zero value (``""``, 0, false, empty) that the server left out
+    counts as the same. Its types omit such fields (an env var's ``value: ""``), so the
+    live object can never show it: no drift.
     """
     if isinstance(want, Mapping):
         if not isinstance(live, Mapping):
@@ -125,10 +125,12 @@ def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
 
 
 class ChildIndex(ABC):
-    """What a child resource's informer feeds (a list, an upsert, a delete), for the
-    children of one kind: each change enqueues the parent named by the lineage label,
-    and :attr:`synced` tells when every child resource has been listed since the
-    informers (re)started (:meth:`clear` starts over)."""
+    """What a child resource's informer feeds (a list, an upsert, a delete), for one kind.
+
+    Each change enqueues the parent the lineage label names. :attr:`synced` tells when
+    every child resource has been listed since the informers (re)started; :meth:`clear`
+    starts over.
+    """
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:

@@ -106,9 +106,9 @@ def conflict_managers(exc: Conflict) -> set[str]:
     """The field managers a 409 apply conflict names (empty: not a field conflict).
 
     An apply to what is ours is forced only over managers whose claims are no
-    declarations: our own (:data:`OUR_MANAGERS` and the configured one), and those that
-    changed a field by an update (``kubectl edit``/``scale``/``patch``: drift,
-    repaired). A manager that *applied* declares its fields: the apply goes without
+    declarations. Those are our own (:data:`OUR_MANAGERS` and the configured one), and
+    those that changed a field by an update (``kubectl edit``/``scale``/``patch``:
+    drift, repaired). A manager that *applied* declares its fields: the apply goes without
     ``force``, and a conflict naming it is reported ``Conflict``, never forced. Who
     applied is read from the watched managedFields, so a repair is one write. A
     conflict naming a manager not seen yet is checked on a fresh read before any force.
@@ -127,9 +127,10 @@ def folded_managed_fields(obj: Mapping[str, Any], managers: Iterable[str], manag
     """``obj``'s managedFields with our managers' update entries folded into ``manager``'s
     apply entry (None: nothing to fold).
 
-    kube-apiserver keys managers by name *and* operation: the POST that created a child
-    left an Update entry co-owning every field it was created with, so an apply that
-    stops setting one of them removed nothing. client-go's csaupgrade does the same fold.
+    kube-apiserver keys managers by name *and* operation. The POST that created a child
+    left an Update entry co-owning every field it was created with. So an apply that
+    stops setting one of them removed nothing. client-go's csaupgrade does the same
+    fold.
     """
     ours = set(managers)
     metadata = obj.get("metadata") or {}

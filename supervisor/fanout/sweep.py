@@ -125,10 +125,10 @@ class Sweeper:
         """Sweep again for a child written after the last sweep (unless a refusal holds).
 
         A relist that drops a parent (its DELETED event lost with the watch history)
-        sweeps at once, but a child whose apply was still on the wire then lands after
-        that sweep, and its watch event, no newer than the apply's answer, queues
-        nothing. A refused sweep waits for the next resync to confirm the parent list:
-        this sweep never does.
+        sweeps at once. But a child whose apply was still on the wire lands after that
+        sweep, and its watch event, no newer than the apply's answer, queues nothing. A
+        refused sweep waits for the next resync to confirm the parent list: this sweep
+        never does.
         """
         if not self.guard.holding:
             await self.sweep(known)
