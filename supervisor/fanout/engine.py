@@ -56,12 +56,13 @@ class FanoutEngine(Generic[P]):
     undecodable list from any of them sends the kind back to its preflight, with a
     backoff reset after a watch that delivered.
 
-    A child's change or delete enqueues the parent its lineage label names. A parent
-    is enqueued on :func:`~supervisor.fanout.kind.matters` changes only, not on a
-    status write. The reconcile is :class:`~supervisor.fanout.childwrites.ChildWriter`;
-    its retries :class:`ReconcileRetries`, ``workers`` of them over one
-    :class:`~supervisor.fanout.workqueue.WorkQueue`. Orphans are swept after every
-    parent (re)list and at each resync (:class:`~supervisor.fanout.sweep.Sweeper`).
+    A child's change or delete enqueues the parent its lineage label names. A parent's
+    update enqueues it only when it :func:`~supervisor.fanout.kind.matters`: a status
+    write does not. ``workers`` tasks take names from one
+    :class:`~supervisor.fanout.workqueue.WorkQueue` and run :class:`ReconcileRetries`
+    around the :class:`~supervisor.fanout.childwrites.ChildWriter` reconcile. Orphans
+    are swept after every parent (re)list and at each resync
+    (:class:`~supervisor.fanout.sweep.Sweeper`).
     Writes run shielded: at shutdown none starts, and one in flight gets ``drain_s``
     (:class:`~supervisor.fanout.drain.Drain`). A parent that does not decode (schema
     skew) is logged at error, skipped and listed in the status; its children are left
