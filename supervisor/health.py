@@ -1,19 +1,7 @@
 """Liveness: when the process is unhealthy, and why (``/healthz``, ``WATCHDOG=1``).
 
-Two readers, one rule set, so they never disagree about the same moment:
-
-- :func:`unhealthy` lists the reasons ``/healthz`` answers 503 with (empty: 200);
-- :func:`watchdog_healthy` decides whether the systemd watchdog keeps being fed.
-
-The process is unhealthy when the supervision tree cannot help any more, and a
-restart of the whole process might: a child in ``backoff`` or ``failed``, a
-restarted child stuck ``starting``, or a convergence loop that has not finished
-an attempt, for :func:`stall_limit_s`; and while the
-last write of the snapshot file failed (its local consumers read a file the
-daemon could not replace: ``/healthz`` only, the watchdog is not stopped for it,
-a restart would not help). The watchdog also stops on a crash loop; it keeps
-being fed while a child merely waits for its next restart, since the tree is
-handling that.
+Two readers, one rule set, so they never disagree about the same moment. Operators:
+docs/operations.md, "Signals and boot" and "systemd".
 """
 
 from __future__ import annotations
@@ -32,20 +20,18 @@ def stall_limit_s(cp: ControlPlaneConfig) -> float:
     """How long the loop may go without finishing an attempt (docs/admin-api.md), and
     how long a *restarted* child may spend ``starting`` before it counts as down.
 
-    ``3 * poll_interval_s + backoff_max_s`` (the waits between attempts, with
-    room), plus what one attempt may legitimately take on the store's own
-    deadlines, which is no stall: a database store's observe, size and hydrate
-    calls, the hydrate's deadline grown for the largest body allowed
-    (:func:`~supervisor.controlplane.revisions.attempt_deadline_s`: 160 s in
-    all with the defaults); a follower's fetch (``fetch_timeout_s``).
+    ``3 * poll_interval_s + backoff_max_s`` (the waits between attempts, with room).
+    Plus what one attempt may take on the store's own deadlines, which is no stall:
+    a database's observe, size and hydrate
+    (:func:`~supervisor.controlplane.revisions.attempt_deadline_s`; 160 s in all with
+    the defaults), or a follower's ``fetch_timeout_s``.
 
     A restarted child's attempts add up until it runs again
-    (:meth:`Supervisor.stuck_starting`): a start that hangs, times out and is
-    restarted is down all along. Every restart reports started within moments
-    (convergence skips the boot while a snapshot serves; the others report before
-    connecting), so past this limit it is a hang: one number for the operator.
-    First starts are exempt: convergence's is the boot, which may wait on the
-    control plane and the cache, and readiness covers it, not liveness.
+    (:meth:`Supervisor.stuck_starting`): a start that hangs, times out and restarts
+    is down all along. Every restart reports started within moments (convergence
+    skips the boot while a snapshot serves; the others report before connecting).
+    So past this limit it is a hang: one number for the operator. First starts are
+    exempt: convergence's is the boot, which readiness covers, not liveness.
     """
     return 3 * cp.poll_interval_s + cp.backoff_max_s + _attempt_s(cp)
 
@@ -66,10 +52,13 @@ def _attempt_s(cp: ControlPlaneConfig) -> float:
 
 def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneConfig, *,
               ready: bool, sinks: SinkStatus | None = None) -> list[str]:
-    """Why /healthz answers 503: children down, failed or stuck starting, a stall.
+    """Why /healthz answers 503 (empty: 200): what the tree cannot help, a restart might.
 
-    The stall counts only once the daemon is ready: before, the boot is
-    readiness's business.
+    A child in ``backoff`` or ``failed``; a restarted child stuck ``starting``; a loop
+    with no attempt finished, for :func:`stall_limit_s`. The stall counts only once
+    the daemon is ready: before, the boot is readiness's business. Also while the last
+    snapshot file write failed: its consumers read a file the daemon cannot replace.
+    That one is /healthz only: a restart would not help, so the watchdog is fed.
     """
     found: list[str] = []
     if tree is not None:
@@ -93,7 +82,10 @@ def unhealthy(tree: Supervisor | None, status: RevisionStatus, cp: ControlPlaneC
 
 def watchdog_healthy(tree: Supervisor | None, status: RevisionStatus,
                      cp: ControlPlaneConfig) -> bool:
-    """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall."""
+    """Pings stop when the tree cannot help: a crash loop, a failed or stuck child, a stall.
+
+    They go on while a child merely waits for its next restart: the tree handles that.
+    """
     if tree is None or tree.crash_looping or tree.stuck_starting(stall_limit_s(cp)):
         return False
     if any(child.state == "failed" for child in tree.children.values()):

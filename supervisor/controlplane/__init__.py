@@ -1,16 +1,7 @@
-"""The control plane: where desired state lives, and how a replica hears about changes.
+"""The control plane: where desired state lives, and how a replica hears of changes.
 
-* :mod:`~supervisor.controlplane.store`: the store interface and what it returns.
-* :mod:`~supervisor.controlplane.errors`: how stores fail (the hierarchy is drawn there).
-* :mod:`~supervisor.controlplane.factory`: :func:`open_admin`, the store for a URL.
-* :mod:`~supervisor.controlplane.postgres` / :mod:`~supervisor.controlplane.sqlite`:
-  the two databases (imported lazily by :func:`open_admin`), sharing
-  :mod:`~supervisor.controlplane.checks` (what both refuse) and
-  :mod:`~supervisor.controlplane.runner` (the blocking-connection lifecycle).
-* :mod:`~supervisor.controlplane.follower`: another replica as the control plane.
-* :mod:`~supervisor.controlplane.revisions`: both databases' statements, and the store
-  methods that run them alike.
-* :mod:`~supervisor.controlplane.migrations`: the versioned schema.
-* :mod:`~supervisor.controlplane.listen`: the LISTEN child (PostgreSQL only),
-  which only pokes the convergence loop's change signal.
+:mod:`.store` is the interface, :mod:`.errors` how stores fail, :mod:`.factory` the store
+for a URL: :mod:`.postgres` or :mod:`.sqlite` (sharing :mod:`.checks`, :mod:`.revisions`,
+:mod:`.runner` and :mod:`.migrations`), or :mod:`.follower`, another replica.
+:mod:`.listen` turns PostgreSQL's NOTIFY into wake-ups of the convergence loop.
 """

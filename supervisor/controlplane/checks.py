@@ -1,17 +1,6 @@
 """The checks both databases run on what they read and write, so they cannot drift.
 
-Hydration checks, in this order, all before the body is decoded: the pointer
-names a missing revision (NOT_FOUND); the body is larger than
-``max_revision_bytes`` (TooLarge); its ``schema_version`` is newer than the
-build reads (Incompatible); its SHA-256 differs from ``body_sha256`` (CORRUPT).
-The query itself withholds the body in the first three cases, so an oversize
-or unreadable body never crosses the network. The body is returned as bytes,
-undecoded: decoding is the revision compiler's job.
-
-Also shared: the observe and hydrate statements, the decoding of a stored
-BLOB or time (:func:`as_bytes`, :func:`parse_time`: SQLite may hold TEXT), and
-the two bounds (:func:`refuse_unreadable`), which a follower applies to an
-upstream's statement too.
+Also shared: the observe and hydrate statements, and the decoding of stored values.
 """
 
 from __future__ import annotations
@@ -105,14 +94,12 @@ def bounded_message(head: object, size: object) -> str | None:
 
 
 def hydrate_sql(size: Callable[[str], str], named: str, created_at: str = "r.created_at") -> str:
-    """The hydrate read: ``size`` measures a column in bytes, ``named`` spells a named
-    parameter.
+    """The hydrate read: ``size`` measures a column in bytes, ``named`` spells a named parameter.
 
-    One statement is one snapshot (PostgreSQL even under READ COMMITTED;
-    SQLite one read transaction): the pointer and the revision it names are
-    read consistently. The body is withheld in SQL when it is too large or too
-    new, so an oversize body never crosses the network; the message is not
-    read (the loop has no use for it).
+    One statement is one snapshot (PostgreSQL even under READ COMMITTED; SQLite one
+    read transaction): the pointer and its revision are read consistently. The SQL
+    withholds a body too large or too new, so an oversize body never crosses the
+    network. The message is not read: the loop has no use for it.
     """
     body = size("r.body")
     return (f"SELECT d.revision_id, r.id, r.schema_version, {body},"
@@ -124,9 +111,12 @@ def hydrate_sql(size: Callable[[str], str], named: str, created_at: str = "r.cre
 
 
 def observe_sql(schema_readable: bool = True) -> str:
-    """The observe read, identical on both stores: the pointer, its body's digest, the
-    sequence, and the schema's newest migration (NULL where the role may not read the
-    migrations table), so a database migrated ahead is refused at the next observe."""
+    """The observe read, identical on both stores.
+
+    The pointer, its body's digest, the sequence, and the schema's newest migration
+    (NULL where the role may not read the migrations table). So a database migrated
+    ahead is refused at the next observe.
+    """
     schema = f"(SELECT max(version) FROM {MIGRATIONS_TABLE})" if schema_readable else "NULL"
     return (f"SELECT d.revision_id, r.body_sha256, d.sequence, {schema}"
             " FROM supervisor_desired d LEFT JOIN supervisor_revisions r"
@@ -164,9 +154,17 @@ def _sequence(value: object) -> int:
 def check_hydrated(
     row: HydrateRow, *, max_revision_bytes: int, max_schema_version: int
 ) -> Candidate:
-    """Apply the hydration checks in the contract's order; blocking (hashes the body).
+    """The hydrated row as a Candidate, or the first check it fails; blocking (hashes the body).
 
-    Shared by both stores so they cannot drift apart in what they refuse or in which order.
+    The order, all before the body is decoded:
+
+    * the pointer names a missing revision (NOT_FOUND);
+    * the body is over ``max_revision_bytes`` (TooLarge);
+    * its ``schema_version`` is newer than the build reads (Incompatible);
+    * its SHA-256 differs from ``body_sha256`` (CORRUPT).
+
+    The query withholds the body in the first three cases. The body stays bytes:
+    decoding is the revision compiler's job.
     """
     if not isinstance(row.desired, int) or row.desired < 1:
         # The schema says NOT NULL, and identity columns start at 1; only a
@@ -220,7 +218,10 @@ def check_publishable(
 
 def refuse_unreadable(revision: int | None, size: int, schema_version: int, *,
                       max_revision_bytes: int, max_schema_version: int) -> None:
-    """TooLarge for a body over the bound, else Incompatible for a schema this build cannot read."""
+    """TooLarge for a body over the bound, else Incompatible for a schema this build cannot read.
+
+    A follower applies it to an upstream's statement too.
+    """
     if size > max_revision_bytes:
         raise TooLarge(revision, size, max_revision_bytes)
     if schema_version > max_schema_version:

@@ -1,33 +1,6 @@
-"""How a control-plane store fails: one error type, a category, a reason label.
+"""How a control-plane store fails: :class:`ControlPlaneError`, its category and reason.
 
-Every failure leaves a store as a :class:`ControlPlaneError` carrying a
-:class:`FailureCategory`, chained (``raise ... from``) to the driver's error,
-so callers classify without knowing the driver::
-
-    LabelledError                        (supervisor.errors): .reason, .revision, .detail
-    └── ControlPlaneError                .category, .retryable; .detail is the message
-        ├── Incompatible                 schema_version newer than this build reads
-        │                                (category DENIED, reason "incompatible")
-        ├── SchemaTooNew                 the database was migrated by a newer build
-        │                                (category INVALID; the CLI and boot exit 2)
-        ├── TooLarge                     body over max_revision_bytes
-        │                                (category DENIED, reason "denied")
-        └── StatementRefused             follower: the upstream's signed statement refused
-                                         (reason denied, rollback, corrupt or stale)
-
-    category     reason        retryable  raised for
-    UNAVAILABLE  unavailable   yes        connection failure, timeout, cancelled statement
-    CONFLICT     conflict      yes        serialization failure, deadlock, lock contention
-    NOT_FOUND    not_found     no         desired points at a missing revision
-    INVALID      invalid       no         schema not migrated, malformed request or URL
-    DENIED       denied        no         privileges; body too large; (Incompatible)
-    CORRUPT      corrupt       no         body digest mismatch; damaged storage (PostgreSQL
-                                          SQLSTATE class XX, SQLite CORRUPT/NOTADB)
-
-A refusal about a specific revision (NOT_FOUND, CORRUPT, Incompatible,
-TooLarge) names it in ``.revision``; connection-level failures leave it None.
-Each driver maps its own errors (``postgres.map_error``, ``sqlite.map_error``);
-:func:`malformed` covers a row the code cannot read.
+Each driver maps its own errors (``postgres.map_error``, ``sqlite.map_error``).
 """
 
 from __future__ import annotations
@@ -54,13 +27,22 @@ MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-super
 
 
 class FailureCategory(enum.Enum):
-    """What kind of failure a store reports; decides retry and reason label."""
+    """What kind of failure a store reports; decides retry and reason label.
 
+    The first two are retryable. The value is the reason label.
+    """
+
+    #: Connection failure, timeout, cancelled statement.
     UNAVAILABLE = reasons.UNAVAILABLE
+    #: Serialization failure, deadlock, lock contention.
     CONFLICT = reasons.CONFLICT
+    #: The desired pointer names a missing revision.
     NOT_FOUND = reasons.NOT_FOUND
+    #: Schema not migrated, malformed request or URL.
     INVALID = reasons.INVALID
+    #: Privileges; a body too large; a schema_version too new (:class:`Incompatible`).
     DENIED = reasons.DENIED
+    #: Body digest mismatch; damaged storage (SQLSTATE class XX, SQLite CORRUPT/NOTADB).
     CORRUPT = reasons.CORRUPT
 
 
@@ -72,11 +54,13 @@ _RETRYABLE = frozenset({FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT})
 
 
 class ControlPlaneError(LabelledError):
-    """A store operation failed; see the module docstring for the hierarchy.
+    """A store operation failed, with a :class:`FailureCategory`.
 
-    The message, also the ``detail``, never contains the DSN's password
-    (stores scrub driver messages before wrapping them). ``reason`` is the
-    category's label unless a subclass names its own.
+    Every store failure is one, chained (``raise ... from``) to the driver's error.
+    So callers classify without knowing the driver. The message, also the ``detail``,
+    never holds the DSN's password: stores scrub driver messages first. ``reason`` is
+    the category's label unless a subclass names its own. A refusal of one revision
+    names it in ``revision``; a connection failure leaves it None.
     """
 
     def __init__(self, message: str, *, category: FailureCategory,
@@ -91,9 +75,9 @@ class ControlPlaneError(LabelledError):
     def answered(self) -> bool:
         """True when the control plane answered (a refusal, contention): only an outage is not.
 
-        ``control_plane_up`` follows this: a revoked grant is the database
-        answering, and must not read as the network being down; so is a read
-        too slow after the observe answered (``answered`` given).
+        ``control_plane_up`` follows this. A revoked grant is the database answering, not
+        the network down. So is a read too slow after the observe answered (``answered``
+        given).
         """
         if self._answered is not None:
             return self._answered
@@ -168,13 +152,12 @@ class TooLarge(ControlPlaneError):
 class StatementRefused(ControlPlaneError):
     """Follower mode: the upstream answered, and its statement is refused.
 
-    ``denied`` (signature), ``rollback`` (below the highest accepted),
-    ``corrupt`` (the same sequence with another body, damaged framing) or
-    ``stale`` (expired). The upstream answered, so it is no outage; at boot a
-    follower serves its own valid signed cache instead, as for an unreachable
-    upstream. ``revision`` is None but for a body that does not match its
-    authentic header (``corrupt``): a replayed or forged statement's revision
-    is never reported as the desired one.
+    ``denied`` (signature), ``rollback`` (below the highest accepted), ``corrupt`` (the
+    same sequence with another body, damaged framing) or ``stale`` (expired). The
+    upstream answered, so it is no outage. At boot a follower serves its own valid
+    signed cache instead, as for an unreachable upstream. ``revision`` is None but for
+    a body unlike its authentic header (``corrupt``). So a replayed or forged
+    statement's revision is never reported as the desired one.
     """
 
     _CATEGORIES = {reasons.DENIED: FailureCategory.DENIED,
@@ -190,11 +173,11 @@ class StatementRefused(ControlPlaneError):
 def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
     """A driver call that failed with something no driver error explains.
 
-    A row the code cannot read (a NULL where the schema promises a value, a
-    type the column should not hold) surfaces as TypeError or ValueError from
-    our own decoding: storage holds something the contract does not allow, so
-    it is ``corrupt``, reported like any refusal instead of crashing the loop.
-    The traceback is dropped: its frames hold the rows (possibly a whole body).
+    A row the code cannot read (a NULL where the schema promises a value, a type the
+    column should not hold) surfaces as TypeError or ValueError from our decoding.
+    Storage holds what the contract does not allow, so it is ``corrupt``: reported like
+    any refusal, not crashing the loop. The traceback is dropped: its frames hold the
+    rows (possibly a whole body).
     """
     detail = " ".join(str(exc).split()) or "no detail"
     return ControlPlaneError(

@@ -1,7 +1,6 @@
-"""Open the control plane a ``[control_plane].url`` names: for the loop, or for the commands.
+"""Open the store a ``[control_plane].url`` names, for the loop or for the commands.
 
-Apart from :mod:`supervisor.controlplane.store` (the protocols), so the
-protocols import no driver and no driver imports the factory.
+Kept apart from :mod:`.store`: the protocols import no driver, and no driver imports this.
 """
 
 from __future__ import annotations

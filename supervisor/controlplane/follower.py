@@ -1,67 +1,6 @@
-"""Follower mode: a store whose control plane is another replica (docs/control-plane.md).
+"""Follower mode: :class:`FollowerStore`, a store whose control plane is another replica.
 
-``[control_plane].url = "http(s)://HOST:PORT"`` names an upstream replica's
-admin address. The store polls its ``GET /v1/revision`` (the root's signed
-statement and the revision it names, in the signed last-known-good file
-format, :mod:`supervisor.sinks.lkg.fileformat`), conditionally:
-``If-None-Match`` with the ETag of the statement it holds
-(:meth:`~supervisor.sinks.lkg.statement.Statement.etag`, computed from the
-verified statement, never the upstream's header echoed back), so an unchanged
-upstream answers 304 and costs no body.
-
-A statement is accepted only when all hold, in this order:
-
-* framing and signature (:func:`~supervisor.sinks.lkg.fileformat.decode_file`)
-  against ``[control_plane].trusted_keys`` (the root's keys, never this
-  replica's own cache key): a signature that does not verify or an untrusted
-  key is ``denied``; damaged framing, or a body that does not match its
-  signed header, ``corrupt``; a version 1 file carries no statement (an older
-  root) and cannot be shown fresh: ``stale``;
-* ``issued_at`` at most :data:`MAX_CLOCK_AHEAD_S` ahead of this replica's
-  clock, else ``stale`` (a root whose clock ran ahead must not set the
-  highest: see the constant);
-* against the highest statement ever accepted and the root it pins
-  (:class:`~supervisor.sinks.lkg.accepted.AcceptedStatements`, persisted
-  beside the cache and held by the daemon across child restarts): another
-  root identity is ``denied`` (until ``follower reset`` or
-  ``[control_plane].root_identity``), a lower sequence ``rollback``, the same
-  sequence with another body ``corrupt``
-  (:func:`~supervisor.sinks.lkg.accepted.refusal_of`); the same intent from a
-  sibling root (issued earlier) is no refusal, and the later-expiring of the
-  two is kept;
-* ``expires_at`` not passed, else ``stale``; checked at every poll, a 304
-  included (the statement held is judged again);
-* the body within ``max_revision_bytes`` (``denied``), a ``schema_version``
-  this build reads (``incompatible``).
-
-Only then is the highest raised (durably, before anything serves it; a failed
-write is retried at every poll, a 304 included) and the
-revision handed to the loop, as a :class:`~supervisor.sinks.state.Candidate` carrying the
-statement and its signed bytes: the loop compiles it with this replica's own
-secrets and, once it serves it, passes those bytes on unchanged to its own
-followers (``<[cache].path>.upstream``): a follower of a follower verifies the
-*root's* signature, so a hub can withhold or delay a statement (until it
-expires: ``stale``), but cannot forge one, nor replay an older one.
-
-Fetch bounds: one attempt (connect, headers, body) ends within
-``[control_plane].fetch_timeout_s`` as a whole (a slow drip is
-``unavailable``); ``Accept-Encoding: identity`` is sent and any other
-``Content-Encoding`` is ``corrupt``; the body is counted as its raw bytes
-arrive and refused past the bound (``denied``); a non-200 body is read at most
-:data:`ERROR_BODY_BYTES`; a malformed header (a non-ASCII ``ETag``) is
-``invalid``; the environment's proxy settings are ignored. Whatever the
-upstream sends ends as a :class:`ControlPlaneError`: nothing from the fetch
-path can end the convergence child.
-
-Other failures: connection errors (told with their innermost cause, a refused
-certificate's reason included: :func:`~supervisor.errors.describe_failure`, the
-message at most :data:`MAX_ERROR_CHARS`), timeouts, 5xx and 503 (the upstream has
-nothing active yet) are ``unavailable``; 401/403 are ``denied``; any other
-status is ``invalid``. A follower is a
-:class:`~supervisor.controlplane.store.RevisionSource` only: it has no control
-plane of its own, so the commands refuse it
-(:func:`~supervisor.controlplane.factory.open_admin`). The identity reported to
-the loop is the upstream's address, which is what ``/status`` shows as the source.
+Operators: docs/control-plane.md, "Follower mode", and docs/operations.md, "Follower mode".
 """
 
 from __future__ import annotations
@@ -159,7 +98,32 @@ class _Accepted:
 
 
 class FollowerStore:
-    """RevisionSource over an upstream replica's ``/v1/revision`` (module docstring)."""
+    """A RevisionSource that polls an upstream replica's ``GET /v1/revision``.
+
+    ``[control_plane].url`` names the upstream's admin address. Its answer is the
+    root's signed statement and its revision, in the signed cache's file format
+    (:mod:`supervisor.sinks.lkg.fileformat`). The poll is conditional: ``If-None-Match``
+    carries the ETag of the statement held, computed from the verified statement
+    (:meth:`~supervisor.sinks.lkg.statement.Statement.etag`), never the upstream's
+    header echoed. An unchanged upstream answers 304 and costs no body.
+
+    An accepted statement (:meth:`_verify`) raises the highest, durably, before
+    anything serves it. A failed write is retried at every poll, a 304 included.
+    The revision then goes to the loop as a :class:`~supervisor.sinks.state.Candidate`
+    carrying the statement. The loop compiles it with this replica's own secrets.
+    Once it serves, it passes the root's signed bytes on unchanged
+    (:func:`forward_path`). So a follower of a follower verifies the *root's*
+    signature: a hub can withhold or delay a statement (until ``stale``), never forge
+    or replay one.
+
+    Whatever the upstream sends ends as a :class:`ControlPlaneError`: nothing on the
+    fetch path ends the convergence child. Connection errors (their innermost cause
+    told, :func:`~supervisor.errors.describe_failure`), timeouts and 5xx are
+    ``unavailable``; 401/403 ``denied``; any other status ``invalid``. It is a
+    RevisionSource only: the commands refuse it
+    (:func:`~supervisor.controlplane.factory.open_admin`). Its identity is the
+    upstream's address, which ``/status`` shows as the source.
+    """
 
     def __init__(
         self,
@@ -236,7 +200,12 @@ class FollowerStore:
             return None
 
     async def _fetch(self) -> _Accepted:
-        """GET the upstream's statement (conditionally), judge it, remember it."""
+        """GET the upstream's statement (conditionally), judge it, remember it.
+
+        One attempt (connect, headers, body) ends within ``fetch_timeout_s`` as a
+        whole: a slow drip is ``unavailable``. A sibling root's statement of the same
+        intent is no refusal; of the two, the later-expiring one is kept.
+        """
         # No file to look at (no [cache].path): no thread to spend.
         if self._highest.path is not None and await self._persist(self._highest.sync):
             self._accepted = None  # reset meanwhile: the next statement is judged afresh
@@ -264,7 +233,12 @@ class FollowerStore:
         return accepted
 
     async def _get(self, held: _Accepted | None) -> bytes | None:
-        """The statement's bytes; None for a 304 to a conditional request."""
+        """The statement's bytes; None for a 304 to a conditional request.
+
+        Only ``identity`` encoding is read (else ``corrupt``). The body is counted as
+        its raw bytes arrive, refused past the bound (``denied``). A malformed header
+        (a non-ASCII ``ETag``) is ``invalid``. The environment's proxies are ignored.
+        """
         headers = {"if-none-match": held.statement.etag()} if held is not None else {}
         headers.update(name_headers())  # this replica, for its upstream's fleet view
         try:
@@ -371,7 +345,22 @@ class FollowerStore:
                               "or a hop froze it")
 
     def _verify(self, data: bytes) -> _Accepted:
-        """The checks of the module docstring, in its order; ControlPlaneError when refused."""
+        """The statement accepted, or a ControlPlaneError for the first check it fails.
+
+        In order:
+
+        1. framing and signature against ``[control_plane].trusted_keys`` (the root's keys,
+           never this replica's cache key). A bad signature or an untrusted key is
+           ``denied``; damaged framing or a body unlike its signed header ``corrupt``. A
+           version 1 file carries no statement (an older root): ``stale``.
+        2. ``issued_at`` at most :data:`MAX_CLOCK_AHEAD_S` ahead, else ``stale``.
+        3. against the highest accepted and the root it pins
+           (:func:`~supervisor.sinks.lkg.accepted.refusal_of`). Another root is ``denied``
+           (until ``follower reset`` or ``root_identity``). A lower sequence is
+           ``rollback``; the same sequence with another body ``corrupt``.
+        4. ``expires_at`` not passed, else ``stale`` (a 304's held statement too).
+        5. the body's size (``denied``) and ``schema_version`` (``incompatible``).
+        """
         try:
             header, body = decode_file(data, self._where, self._trusted)
         except CacheSkew as exc:

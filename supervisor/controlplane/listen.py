@@ -1,75 +1,6 @@
-"""The LISTEN child: turns PostgreSQL notifications into ChangeSignal wake-ups.
+"""The LISTEN child: :func:`run_listener` turns PostgreSQL notifications into wake-ups.
 
-Contract: a notification on ``[control_plane].channel`` (sent by the trigger
-on ``supervisor_desired`` at commit, payload the revision id) wakes the
-convergence loop at once instead of at its next poll. It is only a hint:
-NOTIFY is delivered only to sessions listening at commit time and is never
-replayed, so polling stays the correctness path, and this child
-  * reports started at once, before connecting: a control plane that is down
-    must not hold up readiness; from a failed connect or a lost connection
-    until it listens again it says so (``reconnecting``: ``/status`` shows the
-    child ``reconnecting`` rather than ``running``);
-  * connects and sets its session up (its settings, the standby question,
-    ``LISTEN``) within ``[control_plane].read_timeout_s``, the deadline of one
-    store call (:func:`~supervisor.controlplane.postgres.call_bounds`): a
-    server that accepts and never answers its startup or a statement is given
-    up on, the socket shut down, and retried like any failed connect;
-  * calls ``wake("reconnect")`` after every (re)connect, since
-    whatever was notified while disconnected is gone;
-  * never lets a failure escape (each is logged, then it reconnects with
-    bounded exponential backoff and jitter); Cancelled always propagates, and
-    shutdown is prompt whether it is waiting, probing or reconnecting.
-
-Mechanics (measured under trio and psycopg 3): a dedicated autocommit connection runs
-``LISTEN``; the wait is native, ``trio.lowlevel.wait_readable`` on the
-connection's socket (no thread parked), draining ``conn.notifies(timeout=0)``
-before every wait, which is also after the previous one (any statement moves
-pending notifications into psycopg's own backlog, which only ``notifies()``
-reads). The wait is bounded by ``probe_interval_s``; when it runs out, a
-``SELECT 1`` (in a worker thread, under a deadline) proves the connection is
-not half-open, which a socket that never becomes readable cannot show.
-``trio.lowlevel.notify_closing`` precedes every close. Connects and probes run
-in abandonable worker threads (:func:`~supervisor.controlplane.store.call_interruptibly`).
-
-The backoff resets once a connection has proven healthy (a probe succeeded or
-a notification arrived), so a server that accepts and immediately drops
-connections is retried ever more slowly rather than in a tight loop.
-
-Recovery is prompt: the convergence loop pokes this child (a
-:class:`~supervisor.wakeup.Wakeup` the daemon owns, so it survives restarts of
-either child) when the control plane stops or starts answering; a poke that
-comes while the child is not waiting (connecting, probing) counts at its next
-wait. Poked while waiting to reconnect, it reconnects at once with its backoff
-reset (a two-minute outage no longer leaves LISTEN down for a further 30 s);
-poked while connected, it probes the connection at once (a frozen primary is
-noticed within the probe deadline, not at the next probe).
-Failures are logged as a streak (:class:`~supervisor.streak.Streak`): the
-first at once, then at most one line a minute, and one line when it ends.
-
-Storms: anyone who may connect may ``NOTIFY`` the channel, no table privilege
-needed. Notifications wake the loop at most once per
-``[control_plane].notify_min_interval_s`` (:class:`WakeFloor`): whatever
-arrives sooner is held, and the wake-up goes out when the interval has passed,
-covering everything that came meanwhile (the loop reads the control plane,
-not the payload). Each held wake-up counts in ``listen_wakeups_held``; a storm
-is logged as a streak (:class:`~supervisor.streak.Streak`): ``notification
-storm began`` at once, then at most one line a minute, and ``notification
-storm ended`` once a notification comes a full interval after the last wake-up.
-
-Metrics: ``listen_connected`` (1 while listening), ``listen_notifications``
-(notifications received), ``listen_reconnects`` (failed connect attempts),
-``listen_wakeups_held`` (wake-ups held back by the floor).
-SQLite, or ``listen = false``, has nothing to listen to: the child then
-reports started and idles until cancelled, so a supervisor never sees it exit.
-
-Fleets: the child connects to ``[control_plane].listen_url`` when set (a direct
-connection beside a ``url`` that goes through a transaction-pooling PgBouncer,
-which cannot carry LISTEN), else to ``url``. A hot standby refuses ``LISTEN``
-during recovery and NOTIFY is not replicated, so the child asks
-``pg_is_in_recovery()`` before listening: on a standby it says so once, at
-info level, closes the connection and idles (the loop converges by polling),
-looking again only every ``STANDBY_RECHECK_S`` (quietly) in case the standby
-is promoted, when it starts listening like on any primary.
+Operators: docs/operations.md, "Fleets" and "When a dependency is stuck".
 """
 
 from __future__ import annotations
@@ -133,9 +64,25 @@ async def run_listener(
 ) -> None:
     """Listen for desired-state notifications until cancelled; never raises otherwise.
 
-    ``reconnecting(True)`` is called when a connect fails or the connection is
-    lost, ``reconnecting(False)`` once it listens again (or parks on a standby):
-    only on a change.
+    A notification on ``[control_plane].channel`` (the trigger on ``supervisor_desired``
+    sends it at commit) calls ``wake("notify")``: the loop looks at once, not at its
+    next poll. It is only a hint. NOTIFY reaches only sessions listening at commit and
+    is never replayed, so polling stays the correctness path. Hence:
+
+    * it reports started at once, before connecting: a control plane that is down
+      must not hold up readiness;
+    * it calls ``wake("reconnect")`` after every (re)connect: what was notified
+      meanwhile is gone;
+    * a failure is logged as a streak (:class:`~supervisor.streak.Streak`), then it
+      reconnects with backoff. Cancelled propagates; shutdown is prompt in any state.
+
+    ``reconnecting(True)`` is called when a connect fails or the connection is lost.
+    ``reconnecting(False)`` comes once it listens again (or parks on a standby). Both
+    only on a change; ``/status`` shows the child ``reconnecting`` meanwhile. ``poke``
+    is the loop's :class:`~supervisor.wakeup.Wakeup`, which the daemon owns, so it
+    outlives either child (:meth:`_Listener.run`). SQLite, or ``listen = false``: it
+    reports started and idles until cancelled. Metrics: ``listen_connected``,
+    ``listen_notifications``, ``listen_reconnects``, ``listen_wakeups_held``.
     """
     task_status.started()
     if config.backend != "postgresql" or not config.listen:
@@ -150,11 +97,13 @@ async def run_listener(
 
 
 class WakeFloor:
-    """Wake-ups, at most one per ``min_interval_s`` (module docstring); also the upstream hint's.
+    """Wake-ups, at most one per ``min_interval_s``; the upstream hint uses it too.
 
-    :meth:`notified` wakes at once when the interval since the last wake-up
-    has passed, and holds the wake-up otherwise; :meth:`release` waits out the
-    interval of a held one and then sends it. Time is trio's clock.
+    Anyone who may connect may ``NOTIFY`` the channel, with no table privilege. So
+    what comes sooner than the interval is held. One wake-up then covers it all: the
+    loop reads the control plane, not the payload. :meth:`notified` wakes at once when
+    the interval has passed, else holds. :meth:`release` waits out the interval of a
+    held one, then sends it. Time is trio's clock.
     """
 
     def __init__(self, wake: Callable[[], None], min_interval_s: float) -> None:
@@ -202,6 +151,29 @@ class _InRecovery(Exception):
 
 
 class _Listener:
+    """One LISTEN connection at a time, reconnected until cancelled.
+
+    A dedicated autocommit connection runs ``LISTEN``. The wait is native:
+    ``trio.lowlevel.wait_readable`` on its socket, no thread parked. It drains
+    ``conn.notifies(timeout=0)`` before every wait: any statement moves pending
+    notifications into psycopg's backlog, which only ``notifies()`` reads. A wait is
+    bounded by ``probe_interval_s``; then a ``SELECT 1`` under a deadline proves the
+    connection is not half-open. ``notify_closing`` precedes every close. Connects
+    and probes run in abandonable threads
+    (:func:`~supervisor.controlplane.runner.call_interruptibly`).
+
+    A held wake-up counts in ``listen_wakeups_held``; a storm is a streak (``notification
+    storm began`` ... ``ended``, once a notification comes a full interval after the last
+    wake-up). The backoff resets once a connection proved healthy (a probe answered, a
+    notification came). So a server that accepts and drops at once is retried ever
+    more slowly.
+
+    On a hot standby (``pg_is_in_recovery()``) LISTEN cannot run, and NOTIFY is not
+    replicated. It says so once, at info, and closes. It looks again every
+    :data:`STANDBY_RECHECK_S`, in case of a promotion. ``[control_plane].listen_url``,
+    when set, is a direct connection beside a ``url`` through transaction pooling.
+    """
+
     def __init__(
         self,
         config: ControlPlaneConfig,
@@ -240,6 +212,13 @@ class _Listener:
         self._owns_conn = False
 
     async def run(self) -> None:
+        """Connect, serve, reconnect; the loop's pokes cut the waits short.
+
+        The loop pokes when the control plane stops or starts answering. A poke while
+        not waiting (connecting, probing) counts at the next wait. Waiting to reconnect,
+        it reconnects at once, its backoff reset. Connected, it probes at once: a frozen
+        primary shows within the probe deadline.
+        """
         while True:
             try:
                 conn = await self._connect()
@@ -315,11 +294,15 @@ class _Listener:
     async def _connect(self) -> Conn:
         """A listening session, connected and set up within ``session_deadline_s``.
 
-        The connect and the setup are two calls, as the store's open and setup
-        are (:class:`~supervisor.controlplane.runner.ConnectionRunner`): a
-        connect given up on is abandoned (libpq's ``connect_timeout`` ends its
-        thread, and the connection is closed if it ever completes); a setup
-        given up on has its socket shut down, so its thread returns at once.
+        That is ``read_timeout_s``, one store call's deadline
+        (:func:`~supervisor.controlplane.postgres.call_bounds`): a server that never
+        answers its startup or a statement is given up on, and retried.
+
+        The connect and the setup are two calls, as the store's open and setup are
+        (:class:`~supervisor.controlplane.runner.ConnectionRunner`). A connect given up
+        on is abandoned: libpq's ``connect_timeout`` ends its thread, and the
+        connection is closed if it ever completes. A setup given up on has its socket
+        shut down, so its thread returns at once.
         """
         deadline_s = self.session_deadline_s
         with trio.move_on_after(deadline_s):
@@ -370,10 +353,12 @@ class _Listener:
 
     async def _wait(self, fd: int) -> str:
         """Wait until ``fd`` is readable, a poke, the probe interval, or the floor lets
-        a held wake-up go ("released"): which one came. The socket is read meanwhile,
-        whatever is held: a session that fell behind would keep the server's
-        notification queue from being truncated, and a full queue fails every
-        NOTIFY of the cluster."""
+        a held wake-up go ("released"): which one came.
+
+        The socket is read meanwhile, whatever is held. A session that fell behind
+        would keep the server's notification queue from being truncated. And a full
+        queue fails every NOTIFY of the cluster.
+        """
         woken = "timeout"
         async with trio.open_nursery() as nursery:
 

@@ -1,26 +1,9 @@
-"""Versioned, idempotent schema migrations for both control-plane backends.
+"""Versioned, idempotent schema migrations for both control-plane backends (``db migrate``).
 
-Contract (docs/commands.md): ``db migrate`` creates or upgrades the schema
-and running it twice is harmless. Migrations are SQL files shipped as package
-data, ``migrations/NNNN_name.<backend>.sql`` (backend ``postgresql`` or
-``sqlite``); the applied versions are recorded in
-``supervisor_schema_migrations`` and each pending one runs once, in order, in
-the same transaction as its record, so a failed migration leaves nothing
-behind. Each run reports what it did (:class:`Migrated`), and a database
-whose recorded versions go beyond this build's newest migration is refused
-(:class:`~supervisor.controlplane.errors.SchemaTooNew`) before anything is
-read or written: a newer build migrated it, and this one cannot know what the
-new schema means.
-
-PostgreSQL specifics: the whole run holds a transaction-scoped advisory lock,
-so replicas migrating at the same time queue rather than collide; and the
-NOTIFY trigger on ``supervisor_desired`` is reconciled on every run rather
-than versioned, because its channel comes from the configuration (it is the
-trigger's argument): changing ``[control_plane].channel`` and migrating again
-re-points it. The channel was validated as an identifier by the configuration
-and is checked again here, then passed as a quoted literal, never spliced.
-
-The functions here are blocking; the stores call them from worker threads.
+The SQL files, ``migrations/NNNN_name.<backend>.sql``, ship as package data.
+``supervisor_schema_migrations`` records what ran. Each pending one runs once, in order,
+in its record's transaction: a failure leaves nothing behind. A schema a newer build
+migrated is refused before any change (SchemaTooNew). All of it blocks (worker threads).
 """
 
 from __future__ import annotations
@@ -165,6 +148,12 @@ def migrate_postgres(conn: psycopg.Connection[Any], *, channel: str) -> Migrated
     ``conn`` must be in autocommit mode (the run is its own explicit transaction,
     or a savepoint of the caller's). A lock it cannot have within LOCK_TIMEOUT_MS is
     tried again, LOCK_TRIES times, then refused (CONFLICT) naming who holds one.
+
+    The run holds a transaction-scoped advisory lock: replicas migrating at once
+    queue. The NOTIFY trigger is reconciled at every run, not versioned: its channel
+    (its argument) comes from the configuration. So changing ``[control_plane].channel``
+    and migrating again re-points it. The channel is checked as an identifier again
+    here, then passed as a quoted literal, never spliced.
     """
     from psycopg import errors
 

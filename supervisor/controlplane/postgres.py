@@ -1,39 +1,7 @@
-"""The PostgreSQL control-plane store, driven from trio through worker threads.
+"""The PostgreSQL control-plane store, and the psycopg boundary it shares.
 
-psycopg's async API is asyncio-only, so
-each call runs the synchronous ``psycopg.Connection`` in a worker thread that
-trio may abandon (``abandon_on_cancel=True``), one call at a time per
-connection (a ``CapacityLimiter(1)``). A cancelled call asks the server to
-stop its statement (``cancel_safe``, shielded and time-limited) and the
-connection is replaced: the old one is closed by its worker thread once the
-driver returns, because closing it under a running call is unsafe.
-
-Bounds on every call, so nothing can hang the convergence loop:
-``connect_timeout``; a server-side ``statement_timeout`` (set per transaction
-with ``SET LOCAL``, never per session: see :func:`bounded`); TCP keepalives and
-``tcp_user_timeout`` against half-open connections; and a client-side deadline
-covering connect plus statement, which also catches what the server cannot
-(a network that swallows packets). Values already present in the DSN win over
-these defaults.
-
-Connections are made lazily, by the first call, and remade by the next call
-after one breaks. Each call is one short explicit transaction and nothing is
-left open between calls (an idle-in-transaction session holds back vacuum and
-the NOTIFY queue).
-
-Fleets (docs/operations.md, "Fleets"): the store relies on no session state at all (no
-session ``SET``, no server-side prepared statements, transaction-scoped
-advisory locks in migrations), so it works unchanged behind PgBouncer in
-transaction pooling mode and against a hot standby (reads only; ``publish``
-and ``migrate`` are refused there as ``unavailable``, a read-only transaction).
-
-Failures are mapped here, at the driver boundary, by :func:`classify`
-(categories in :mod:`supervisor.controlplane.errors`), chained with ``from``,
-with the DSN's password scrubbed from every message (:func:`map_error`).
-
-The psycopg boundary here (:func:`connect`, :func:`bounded`, :func:`classify`)
-also serves the LISTEN child and the CLI's schema probe. Everything but the
-store's own methods blocks: call it from a worker thread.
+:func:`connect`, :func:`bounded` and :func:`classify` serve the LISTEN child and the CLI's
+schema probe too. All but the store's own methods block: call them from a worker thread.
 """
 
 from __future__ import annotations
@@ -183,18 +151,17 @@ def connect(
 ) -> Conn:
     """Open an autocommit connection (blocking; call it from a worker thread).
 
-    ``waits_idle`` (the LISTEN session, whose job is to idle) turns the
-    server's ``idle_session_timeout`` off for this session (PostgreSQL 14 and
-    later), so a database that ends idle sessions does not end it between two
-    notifications; liveness is the listener's own probe.
+    ``waits_idle`` is for the LISTEN session, whose job is to idle. It turns the
+    server's ``idle_session_timeout`` off for this session (PostgreSQL 14 and later),
+    so a database that ends idle sessions does not end it between two notifications.
+    Liveness is the listener's own probe.
 
-    ``statement_timeout_s`` set here is *session* state: only for a connection
-    known to be direct (the LISTEN child's). The store passes None and bounds
-    each call per transaction instead (:func:`bounded`), which also works
-    behind PgBouncer in transaction pooling mode. Statements are never
-    prepared server-side (``prepare_threshold=None``): a prepared statement is
-    session state too, and under transaction pooling the next transaction may
-    run on a server connection that never saw it.
+    ``statement_timeout_s`` set here is *session* state: only for a connection known to
+    be direct (the LISTEN child's). The store passes None and bounds each call per
+    transaction (:func:`bounded`), which works behind PgBouncer's transaction pooling.
+    Statements are never prepared server-side (``prepare_threshold=None``). A prepared
+    statement is session state too: under transaction pooling, the next transaction
+    may run on a server connection that never saw it.
     """
     # The DSN's parameters win; this daemon's defaults fill in whatever it leaves unset.
     params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
@@ -213,9 +180,9 @@ def connect(
 def set_session(conn: Conn, *, statement_timeout_s: float | None, waits_idle: bool) -> None:
     """A direct session's own settings (:func:`connect`'s; blocking, its first statements).
 
-    Apart from the connect so that a caller may run them as a call of their own,
-    whose deadline can shut the socket down (:func:`release_socket`): a server
-    that completes the startup and then never answers holds them, not the connect.
+    Apart from the connect, so a caller may run them as a call of their own. That
+    call's deadline can shut the socket down (:func:`release_socket`). A server that
+    completes the startup and then never answers holds them, not the connect.
     """
     if statement_timeout_s is not None:
         # set_config rather than "options=-c ..." at connect: a DSN's own
@@ -231,11 +198,11 @@ def set_session(conn: Conn, *, statement_timeout_s: float | None, waits_idle: bo
 def call_bounds(read_timeout_s: float) -> tuple[float, float]:
     """A call's connect timeout and statement timeout, from ``[control_plane].read_timeout_s``.
 
-    The client-side deadline of one call (a connect, its setup and one statement)
-    is ``read_timeout_s`` (17 s): the connect takes a third of it, at most
-    ``CONNECT_TIMEOUT_S``; the statement the rest less 2 s of slack, so the
-    server's own statement_timeout normally fires first (its error says more).
-    The store's calls and the LISTEN child's connect and setup share it.
+    The client-side deadline of one call (a connect, its setup and one statement) is
+    ``read_timeout_s`` (17 s). The connect takes a third of it, at most
+    ``CONNECT_TIMEOUT_S``. The statement takes the rest less 2 s of slack: the server's
+    own statement_timeout normally fires first (its error says more). The store's calls
+    and the LISTEN child's connect and setup share it.
     """
     connect_s = min(CONNECT_TIMEOUT_S, read_timeout_s / 3)
     return connect_s, max(read_timeout_s - connect_s - 2.0, read_timeout_s / 3)
@@ -261,12 +228,12 @@ def _socket_of(conn: Conn) -> socket.socket | None:
 def release_socket(conn: Conn, first: Callable[[], object] = lambda: None) -> int | None:
     """Run ``first`` (a cancel request), then shut ``conn``'s socket down (blocking).
 
-    A peer that accepts and never answers (its kernel still ACKs) trips
-    neither keepalives nor ``tcp_user_timeout``, and a cancel request may
-    stall on it too: only the shutdown makes a call blocked in libpq return,
-    so its worker thread ends and its descriptor is closed. The socket is
-    duplicated first, so a descriptor number reused after the connection
-    closes is never touched. Returns the bytes the socket had received.
+    A peer that accepts and never answers (its kernel still ACKs) trips neither
+    keepalives nor ``tcp_user_timeout``; a cancel request may stall on it too. Only the
+    shutdown makes a call blocked in libpq return: its worker thread ends, its
+    descriptor is closed. The socket is duplicated first, so a descriptor number reused
+    after the connection closes is never touched. Returns the bytes the socket had
+    received.
     """
     sock = _socket_of(conn)
     if sock is None:
@@ -362,9 +329,9 @@ def _identity_checking_schema(conn: Conn) -> tuple[str | None, bool]:
     """:func:`_identity`, after refusing a schema a newer build migrated (SchemaTooNew),
     and whether the role may read the migrations table (every observe then looks too).
 
-    A replica's role may be granted only what it reads (the pointer and the
-    revisions): where it may not read the migrations table the look is skipped
-    rather than refusing every read.
+    A replica's role may be granted only what it reads (the pointer and the revisions).
+    Where it may not read the migrations table, the look is skipped rather than
+    refusing every read.
     """
     readable = True
     try:
@@ -441,7 +408,23 @@ MIGRATE_TIMEOUT_S = 120.0
 
 
 class PostgresStore(revisions.DatabaseStore):
-    """RevisionAdmin on PostgreSQL (see the module docstring)."""
+    """RevisionAdmin on PostgreSQL, through worker threads (psycopg's async is asyncio-only).
+
+    A cancelled call asks the server to stop its statement (``cancel_safe``) and the
+    connection is replaced (:func:`~supervisor.controlplane.runner.call_interruptibly`).
+    Every call is bounded, so nothing hangs the loop: ``connect_timeout``; a
+    ``statement_timeout`` per transaction (:func:`bounded`); TCP keepalives and
+    ``tcp_user_timeout`` against half-open connections; a client-side deadline over
+    connect and statement (:func:`call_bounds`), for a network that swallows packets.
+    Values in the DSN win over these defaults.
+
+    Each call is one short explicit transaction; nothing stays open between calls (an
+    idle-in-transaction session holds back vacuum and the NOTIFY queue). No session
+    state at all (no session ``SET``, no server-side prepared statement): it works
+    behind PgBouncer's transaction pooling. On a hot standby it reads; ``publish`` and
+    ``migrate`` are refused there as ``unavailable``. Failures are mapped at this
+    boundary (:func:`map_error`), the DSN's password scrubbed from every message.
+    """
 
     _sql = revisions.pg
 

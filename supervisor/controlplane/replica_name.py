@@ -1,16 +1,6 @@
 """How a follower names itself to its upstream: request headers on each fetch and stream.
 
-With each ``GET /v1/revision`` and its ``/v1/stream`` handshake a follower sends
-:data:`HEADERS`: its admin address (``[admin].advertise_url``, else its listen
-address), the sequence and ETag it serves, its state (``converged``,
-``refusing``, ``stale``), the reason of a refusal, and its poll interval (its
-upstream lists it for 3 of them). The upstream reads them with :func:`parse`
-where they enter: each one bounded and checked, a malformed set is ignored (the
-fetch is answered as ever). Nothing said here is believed beyond a listing: a
-fleet walk follows an address only when it answers with the root's statement.
-
-The daemon names its process once (:func:`name_this_replica`); without a name,
-nothing is sent.
+The daemon names its process once (:func:`name_this_replica`); without a name, nothing is sent.
 """
 
 from __future__ import annotations
@@ -58,7 +48,13 @@ def follower_state(*, stale: bool, failing: bool, reason: str | None,
 
 
 class ReplicaName(msgspec.Struct, frozen=True, kw_only=True):
-    """What one follower says about itself (:data:`HEADERS`)."""
+    """What one follower says about itself (:data:`HEADERS`), on each fetch and handshake.
+
+    ``url`` is its admin address (``[admin].advertise_url``, else its listen address).
+    ``sequence`` and ``etag`` are what it serves; ``reason`` a refusal's. Its upstream
+    lists it for 3 ``poll_interval_s``. Nothing here is believed beyond a listing: a
+    fleet walk follows an address only when it answers with the root's statement.
+    """
 
     url: str
     sequence: int | None
@@ -112,7 +108,11 @@ def _number(text: str | None, field: str, kind: type[int] | type[float],
 
 def parse(headers: Sequence[tuple[bytes, bytes]]) -> ReplicaName | None:
     """The name a request's headers carry (None: it names no replica); :class:`TooLarge`
-    or :class:`OutOfRange` from :mod:`supervisor.bounds` when one is malformed."""
+    or :class:`OutOfRange` from :mod:`supervisor.bounds` when one is malformed.
+
+    The upstream calls it where they enter. A malformed set is ignored there: the
+    fetch is answered as ever.
+    """
     wanted = {name.encode() for name in HEADERS.values()}
     values = {key.lower().decode(): value.decode("latin-1")
               for key, value in headers if key.lower() in wanted}

@@ -1,26 +1,8 @@
 """The database stores' statements, one set per dialect, and the store methods that run them.
 
-Blocking functions that take a driver connection, one set per dialect
-(:class:`pg`, :class:`sqlite`); :class:`DatabaseStore`, the base of both
-stores, runs them through its ``_run`` (worker thread, deadline,
-interruption, error mapping), so they fail exactly like every other store call.
-Contracts, the same for both dialects:
-
-- ``publish``: the revision stored and made desired in one transaction, its id.
-- ``history``: the newest ``limit`` revisions (all when None), newest first,
-  without bodies, and the desired revision id read in the same statement.
-- ``read_revision``: one revision by id, its body checked against its digest
-  (NOT_FOUND, TooLarge over ``max_revision_bytes``, CORRUPT); the schema version
-  is returned as stored, whatever this build reads: the caller decides.
-- ``rollback``: one statement points desired at ``revision`` if it still
-  exists with ``body_sha256`` (so a revision pruned or replaced meanwhile is
-  NOT_FOUND, never a dangling or different pointer). On PostgreSQL the trigger
-  sends the NOTIFY at commit, as for any publish.
-- ``changes``: the record of the desired pointer's changes
-  (``supervisor_desired_log``), newest first: sequence, revision, when, who, why.
-- ``prune``: one transaction deletes every revision older than the newest
-  ``keep``, never the desired one (the desired row is locked first, so a
-  concurrent rollback or publish waits rather than losing its revision).
+The statements block and take a driver connection (:class:`pg`, :class:`sqlite`).
+:class:`DatabaseStore` runs them through its runner, so they fail like any store call.
+Their contracts are :class:`~supervisor.controlplane.store.RevisionAdmin`'s.
 """
 
 from __future__ import annotations
@@ -361,11 +343,11 @@ def _os_user() -> str:
 def attempt_deadline_s(config: ControlPlaneConfig) -> float:
     """The longest a convergence attempt may spend in a database store on its own deadlines.
 
-    An attempt that reads a body makes three calls: observe, the body's size and
-    the hydrate (:meth:`DatabaseStore.hydrate`). Each of the first two may take
-    ``read_timeout_s`` (a connect and its setup included: the runner's deadline
-    covers them); the hydrate of the largest body allowed (``max_revision_bytes``)
-    its grown deadline (:func:`~supervisor.controlplane.runner.read_deadline_s`).
+    An attempt that reads a body makes three calls: observe, the body's size, and the
+    hydrate (:meth:`DatabaseStore.hydrate`). Each of the first two may take
+    ``read_timeout_s``, a connect and its setup included. The hydrate of the largest
+    body allowed (``max_revision_bytes``) may take its grown deadline
+    (:func:`~supervisor.controlplane.runner.read_deadline_s`).
     """
     read_s = config.read_timeout_s
     return 2 * read_s + read_deadline_s(read_s, config.max_revision_bytes,

@@ -1,21 +1,8 @@
-"""Blocking driver calls from trio: worker threads that may be abandoned, and one connection.
+"""Blocking driver calls from trio: abandonable worker threads, and the one-connection runner.
 
-Both database drivers (psycopg, sqlite3) block. :func:`call_interruptibly` runs
-one blocking call in a worker thread that trio may abandon; a cancelled call is
-interrupted on the server side and its connection thrown away, so a hung query
-neither holds a shutdown nor keeps holding locks. A cancelled write has an
-unknown outcome (the commit may have won the race), like any write whose
-answer never arrived.
-
-:class:`ConnectionRunner` is the connection lifecycle both stores share: one
-connection opened lazily by the first call, one call at a time (a capacity
-limiter), a client-side deadline per call, the connection dropped on
-cancellation and on a driver error that leaves it unusable, and a bounded,
-shielded close. A store gives it a :class:`Driver`: how to open, call,
-interrupt and close its connections, and how its errors map. The LISTEN child
-holds its connection differently (one long-lived session waited on by file
-descriptor, never shared), so it uses :func:`open_interruptibly` and
-:func:`call_interruptibly` directly for its connect and probes.
+:func:`call_interruptibly` runs one call; :class:`ConnectionRunner` is the connection
+lifecycle both stores share. The LISTEN child holds its session itself, with
+:func:`open_interruptibly` and :func:`call_interruptibly`.
 """
 
 from __future__ import annotations
@@ -68,10 +55,10 @@ class StaleConnection(Exception):
 class _Call(Generic[T]):
     """One blocking call in a worker thread, which the trio side may give up on.
 
-    When the trio side gives up while the call still runs, the resource the
-    call uses cannot be closed from trio (the driver is mid-call on it), so the
-    disposal is handed to the worker thread, which runs it when the call
-    finally returns. The lock makes "still running?" and "hand over" atomic.
+    Given up on while it runs, the call's resource cannot be closed from trio: the
+    driver is mid-call on it. So the disposal is handed to the worker thread, which
+    runs it when the call returns. The lock makes "still running?" and "hand over"
+    atomic.
     """
 
     def __init__(self, fn: Callable[[], T]) -> None:
@@ -124,13 +111,13 @@ async def call_interruptibly(
 ) -> T:
     """Run blocking ``fn`` in a worker thread; return its result or raise its error.
 
-    On cancellation, trio abandons the thread at once, and then, shielded and
-    for at most ``grace_s``, ``interrupt()`` runs in another thread (it asks the
-    server to stop the statement: ``cancel_safe`` / ``sqlite3.interrupt``), so
-    a hung query does not keep holding locks on the server. The connection is
-    then thrown away: ``dispose()`` runs as soon as ``fn`` has returned, in a
-    worker thread. The caller must forget the connection when this raises
-    Cancelled and make a new one for the next call.
+    On cancellation trio abandons the thread at once. Then ``interrupt()`` runs in
+    another thread, shielded, for at most ``grace_s``: it asks the server to stop the
+    statement (``cancel_safe`` / ``sqlite3.interrupt``), so a hung query does not keep
+    its locks. The connection is thrown away: ``dispose()`` runs in a worker thread
+    once ``fn`` has returned. The caller must forget the connection when this raises
+    Cancelled, and make a new one. A cancelled write has an unknown outcome (the
+    commit may have won the race), like any unanswered write.
     """
     call = _Call(fn)
     try:
@@ -184,9 +171,13 @@ class Driver(Protocol[C]):
 class ConnectionRunner(Generic[C]):
     """One lazily opened connection, one call at a time, each under a deadline.
 
-    ``before(what)`` (optional) runs inside the lock ahead of every call, before
-    the connection is opened: the SQLite store checks there that its path still
-    names the file its connection reads (and calls :meth:`discard` when not).
+    The connection is dropped on cancellation and on a driver error that leaves it
+    unusable; the next call opens another. The close is bounded and shielded. A store
+    gives it a :class:`Driver`.
+
+    ``before(what)`` (optional) runs inside the lock ahead of every call, before the
+    connection is opened. The SQLite store checks there that its path still names the
+    file its connection reads (else it calls :meth:`discard`).
     """
 
     def __init__(self, driver: Driver[C], *, deadline_s: float,

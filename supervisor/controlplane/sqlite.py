@@ -1,28 +1,4 @@
-"""The embedded SQLite control-plane store: the PostgreSQL store's semantics, one file.
-
-Same tables (docs/control-plane.md, minus the NOTIFY trigger: replicas on
-SQLite converge by polling alone), same hydration checks
-(:func:`~supervisor.controlplane.checks.check_hydrated`), same failure
-categories. The schema is migrated when the connection is first opened (an
-embedded store has no separate operator step; an up-to-date file is only read).
-
-Driving: the stdlib ``sqlite3`` module, one connection
-(``check_same_thread=False``) used from worker threads one call at a time
-under a ``CapacityLimiter(1)``. A cancelled call (shutdown, or the client-side
-deadline) calls ``Connection.interrupt()``, the thread-safe SQLite analogue
-of PostgreSQL's cancel, and the connection is replaced. SQLite's own busy
-wait ignores interrupt(), so the store waits for locks itself (busy timeout
-0, re-running the statement with backoff up to half the statement timeout)
-and stops waiting as soon as the call is cancelled.
-``isolation_level=None``: transactions are explicit, so a read never leaves
-one open; ``BEGIN IMMEDIATE`` for writes takes the write lock up front, so two
-writers queue (for up to the busy timeout) instead of deadlocking on upgrade.
-
-Error mapping: by SQLite's result code, not the exception class (sqlite3
-raises OperationalError for a syntax error too); the table
-:data:`RESULT_CODES` gives each primary code its label and why. A missing
-table is INVALID with the migrate hint.
-"""
+"""The embedded SQLite control-plane store: the PostgreSQL store's semantics, in one file."""
 
 from __future__ import annotations
 
@@ -135,10 +111,9 @@ def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
 def _retry_busy(fn: Callable[[], T], stop: threading.Event, busy_timeout_s: float) -> T:
     """Run ``fn``, re-running it while the database is busy, until ``busy_timeout_s``.
 
-    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads,
-    and writes that roll back on failure. ``stop`` (set when trio gives the
-    call up) ends the wait at once, so a cancelled write never goes on to
-    commit once the lock frees up.
+    Blocking (worker thread). Every caller's ``fn`` is safe to re-run: reads, and
+    writes that roll back on failure. ``stop`` (set when trio gives the call up) ends
+    the wait at once: a cancelled write never goes on to commit once the lock frees.
     """
     deadline = time.monotonic() + busy_timeout_s
     delay = 0.002
@@ -276,7 +251,22 @@ def _remove_stale_wal(path: str) -> None:
 
 
 class SQLiteStore(revisions.DatabaseStore):
-    """RevisionAdmin on an SQLite file (see the module docstring)."""
+    """RevisionAdmin on an SQLite file: PostgreSQL's tables, checks and failure categories.
+
+    No NOTIFY trigger: replicas on SQLite converge by polling alone. The schema is
+    migrated when the connection first opens (no separate operator step); an
+    up-to-date file is only read.
+
+    One stdlib ``sqlite3`` connection (``check_same_thread=False``), used from worker
+    threads one call at a time. A cancelled call runs ``Connection.interrupt()``
+    (PostgreSQL's cancel, thread-safe) and the connection is replaced. SQLite's own
+    busy wait ignores interrupt(), so the store waits for locks itself
+    (:func:`_retry_busy`). ``isolation_level=None``: transactions are explicit, so a
+    read never leaves one open. Writes take ``BEGIN IMMEDIATE``: two writers queue
+    instead of deadlocking on the upgrade. Errors map by SQLite's result code, not
+    the exception class (:data:`RESULT_CODES`); a missing table is INVALID with the
+    migrate hint.
+    """
 
     _sql = revisions.sqlite
 
@@ -338,16 +328,15 @@ class SQLiteStore(revisions.DatabaseStore):
     async def _still_same_file(self) -> None:
         """Drop the connection when the path no longer names the file it reads.
 
-        Raises the ``unavailable`` error when the file is gone (the daemon does
-        not create one: a vanished control plane is an outage, not an empty one).
+        Raises the ``unavailable`` error when the file is gone. The daemon does not create
+        one: a vanished control plane is an outage, not an empty one.
 
-        A replaced file may have the *previous* file's ``-wal`` and ``-shm``
-        next to it, left by another process that still has the old file open
-        (an operator's shell, a CLI command): opening the new file would replay
-        the old file's WAL over it and silently undo the restore. The WAL's
-        inode is recorded while the file is unchanged; after a replacement a WAL
-        with that same inode belongs to the old file (whose name is gone, so
-        nobody can open it again) and is removed with its shared-memory index.
+        A replaced file may have the *previous* file's ``-wal`` and ``-shm`` beside it, left
+        by a process that still has the old file open (an operator's shell, a CLI
+        command). Opening the new file would replay the old WAL over it, silently undoing
+        the restore. So the WAL's inode is recorded while the file is unchanged. After a
+        replacement, a WAL with that inode belongs to the old file, whose name is gone:
+        nobody can open it again. It is removed with its shared-memory index.
         """
         conn = self._runner.connection
         path = self._path

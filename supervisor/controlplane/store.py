@@ -1,10 +1,7 @@
 """The control plane as the loop and the commands see it: two protocols and their records.
 
-:class:`RevisionSource` is what the convergence loop reads (the databases and
-the follower implement it whole); :class:`RevisionAdmin` adds the revision
-lifecycle the commands use (the databases only). Failures are
-:mod:`supervisor.controlplane.errors`; :mod:`supervisor.controlplane.factory`
-opens either.
+:class:`RevisionSource` is what the loop reads; :class:`RevisionAdmin` adds the commands'
+revision lifecycle. :mod:`.factory` opens either.
 """
 
 from __future__ import annotations
@@ -80,18 +77,18 @@ class DesiredChange:
 
 
 class RevisionSource(Protocol):
-    """What the convergence loop reads. Raises ControlPlaneError.
+    """What the convergence loop reads; the databases and the follower implement it.
 
-    Not connected when made: the first call connects, and a failed
-    connection is made again by the next call.
+    Raises :class:`~supervisor.controlplane.errors.ControlPlaneError`. Not connected
+    when made: the first call connects, and the next call remakes a failed connection.
     """
 
     async def observe(self) -> RevisionPointer | None:
         """The desired revision's id and digest, and the control plane's identity.
 
-        None when nothing was ever published. The cheap read of every poll:
-        its success proves the control plane reachable, and an id alone could
-        not tell a reused id from the revision it replaced.
+        None when nothing was ever published. The cheap read of every poll: its success
+        proves the control plane reachable. The digest comes too: an id alone is not the
+        revision (:class:`~supervisor.sinks.state.Candidate`).
         """
         ...
 
@@ -109,7 +106,10 @@ class RevisionSource(Protocol):
 
 
 class RevisionAdmin(RevisionSource, Protocol):
-    """The revision lifecycle the commands use, on a database (never a follower)."""
+    """The revision lifecycle the commands use, on a database (never a follower).
+
+    Both databases implement it alike (:class:`~supervisor.controlplane.revisions.DatabaseStore`).
+    """
 
     async def desired(self) -> int | None:
         """The desired revision id, or None when nothing was ever published."""
@@ -132,7 +132,10 @@ class RevisionAdmin(RevisionSource, Protocol):
         ...
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        """(desired id, the newest ``limit`` revisions newest first, without bodies)."""
+        """(desired id, the newest ``limit`` revisions newest first, without bodies).
+
+        All when ``limit`` is None; the desired id is read in the same statement.
+        """
         ...
 
     async def revision(self, revision: int) -> LoadedRevision:
@@ -149,11 +152,17 @@ class RevisionAdmin(RevisionSource, Protocol):
         ``message`` is recorded with the change (``supervisor_desired_log``).
         Returns the desired id this replaced (None: none was desired), read in
         the same transaction as the write, so a publish racing the rollback is named.
+        One statement: a revision pruned or replaced meanwhile is NOT_FOUND, never a
+        dangling or different pointer. On PostgreSQL the trigger notifies at commit.
         """
         ...
 
     async def prune(self, keep: int) -> list[int]:
-        """Delete revisions older than the newest ``keep``, never the desired one; their ids."""
+        """Delete revisions older than the newest ``keep``, never the desired one; their ids.
+
+        One transaction. The desired row is locked first, so a concurrent rollback or
+        publish waits rather than losing its revision.
+        """
         ...
 
     async def changes(self, limit: int | None) -> list[DesiredChange]:

@@ -1,23 +1,4 @@
-"""Follower mode's wake-up hint: the upstream's ``/v1/stream``, read with trio-websocket.
-
-Contract (docs/control-plane.md): polling ``GET /v1/revision`` every
-``poll_interval_s`` is the correctness path; this child only makes it faster.
-Each ``published`` event from the upstream calls ``wake("upstream")`` and the
-convergence loop polls at once; every (re)connect calls ``wake("reconnect")``,
-since whatever was published while disconnected was not heard. Nothing the
-stream says is believed: the loop still fetches and verifies the signed revision.
-Hints coalesce: any number within ``[control_plane].hint_min_interval_s``
-wake the loop at most once (:func:`_follow`, with the LISTEN child's
-:class:`~supervisor.controlplane.listen.WakeFloor`), so a flood of them costs the
-upstream at most one fetch per interval.
-
-Each connection names this replica to the upstream (:mod:`.replica_name`).
-
-Like the LISTEN child it reports started at once (an unreachable upstream must
-not hold up readiness), never lets a failure escape (logged as an outage, then
-a reconnect with bounded exponential backoff and jitter), and lets Cancelled
-through. ``[control_plane].listen = false`` turns it off.
-"""
+"""Follower mode's wake-up hint: :func:`run_upstream_hint` reads the upstream's ``/v1/stream``."""
 
 from __future__ import annotations
 
@@ -64,6 +45,16 @@ async def run_upstream_hint(
 ) -> None:
     """Follow the upstream's stream until cancelled, waking the loop; never raises otherwise.
 
+    Polling ``GET /v1/revision`` stays the correctness path; this only makes it faster.
+    Each ``published`` event calls ``wake("upstream")``: the loop polls at once. Every
+    (re)connect calls ``wake("reconnect")``: what was published meanwhile went unheard.
+    Nothing the stream says is believed: the loop still fetches and verifies the revision.
+    Hints coalesce (:func:`_follow`) within ``[control_plane].hint_min_interval_s``.
+    Each connection names this replica to the upstream (:mod:`.replica_name`).
+
+    Like the LISTEN child it reports started at once: an unreachable upstream must not
+    hold up readiness. A failure is logged as an outage, then it reconnects with
+    backoff; Cancelled goes through. ``[control_plane].listen = false`` turns it off.
     ``reconnecting(True)`` is called when the stream cannot be opened or ends,
     ``reconnecting(False)`` once it is open again.
     """
@@ -96,11 +87,10 @@ async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
                   wake: Callable[[str], None], min_interval_s: float) -> None:
     """Wake the loop on ``published`` events, at most once per ``min_interval_s``.
 
-    A flood of hints (any number within the interval) becomes one wake-up at
-    its start and, when more came after it, one at its end: the loop fetches
-    at most once per interval, and never misses the last hint. Returns never;
-    raises what ``get_message`` raises, or TooSlowError after IDLE_TIMEOUT_S
-    of silence.
+    A flood of hints within the interval becomes one wake-up at its start, and one at
+    its end when more came. So the loop fetches at most once per interval and never
+    misses the last hint. Returns never. Raises what ``get_message`` raises, or
+    TooSlowError after IDLE_TIMEOUT_S of silence.
     """
     floor = WakeFloor(partial(wake, "upstream"), min_interval_s)
     while True:

@@ -57,10 +57,10 @@ THREAD_COMPILE_BYTES = 1024 * 1024
 def _fresh(exc: RevisionError) -> RevisionError:
     """The same refusal without traceback or context.
 
-    Raised from a worker thread, a refusal's traceback keeps every frame's
-    locals alive (the decoded document of a 16 MB body among them), often in
-    cycles the collector rarely frees. The label, the revision and the detail
-    are all the loop needs.
+    Raised from a worker thread, a refusal's traceback keeps every frame's locals
+    alive, the decoded document of a 16 MB body among them. Often in cycles the
+    collector rarely frees. The label, the revision and the detail are all the loop
+    needs.
     """
     return RevisionError(exc.reason, exc.detail, revision=exc.revision)
 
@@ -107,10 +107,9 @@ class Reporting:
 class ConvergenceLoop:
     """Keeps what serves equal to ``source``'s desired revision (:meth:`run`).
 
-    Built anew by every start of the convergence child; it owns nothing that
-    outlives a run but what it is given. One built while a snapshot already
-    serves (a restart after a crash) re-writes the sinks from a fresh hydrate
-    at its first attempt, since the crash may have come between them.
+    Every start of the convergence child builds one. It owns nothing that outlives
+    a run but what it is given. Built while a snapshot serves, its first attempt
+    re-writes the sinks (:class:`~supervisor.convergence.memory.RevisionMemory`).
     """
 
     #: The delay the schedule gave after the last attempt: the wait before the
@@ -169,11 +168,11 @@ class ConvergenceLoop:
     async def attempt(self) -> Outcome:
         """Observe, hydrate, compile, publish. Raises source and revision errors.
 
-        Observe decides, whatever woke the loop (a NOTIFY, a hint, a request):
-        the serving revision's id and digest seen again end the attempt without
-        a hydrate, so a wake-up costs one small read, not the body. A revision
-        refused for good (:func:`~supervisor.convergence.outcome.is_final`) is
-        not hydrated again while desired keeps its id and digest.
+        Observe decides, whatever woke the loop (a NOTIFY, a hint, a request). The
+        serving revision's id and digest seen again end the attempt without a hydrate:
+        a wake-up costs one small read, not the body. A revision refused for good is
+        not hydrated again (:meth:`RevisionMemory.still_refused
+        <supervisor.convergence.memory.RevisionMemory.still_refused>`).
         """
         start = trio.current_time()
         memory = self.memory
@@ -231,8 +230,8 @@ class ConvergenceLoop:
     def _statement_for(self, candidate: Candidate, sequence: int | None) -> Statement | None:
         """What ``candidate`` serves under: the root's (a follower), or one this root signs now.
 
-        None when there is nothing to sign with (no cache, or a source that
-        does not read the sequence): the cache is then written as version 1.
+        None when there is nothing to sign with (no cache, or a source that does not
+        read the sequence): the cache is then written as version 1.
         """
         if candidate.statement is not None:
             return candidate.statement
@@ -247,9 +246,9 @@ class ConvergenceLoop:
     async def _restate(self, pointer: RevisionPointer) -> None:
         """Converged: re-sign (a root, past half the TTL) or pass on (a follower) a fresher one.
 
-        Only after a successful observe, so a root that cannot read its
-        control plane lets its statement age and expire. A rollback to what
-        serves moves only the sequence.
+        Only after a successful observe: a root that cannot read its control plane
+        lets its statement age and expire. A rollback to what serves moves only the
+        sequence.
         """
         serving = self.state.serving
         assert serving is not None  # converged
@@ -299,12 +298,12 @@ class ConvergenceLoop:
     async def swap_in(self, serving: Serving, took_s: float) -> None:
         """Export the cache, swap, write the snapshot file: one step a shutdown cannot split.
 
-        The cache is written first: once swapped, every reader says the new
-        revision serves, so a stop between the swap and the export would leave
-        the cache behind what served. Shielded from cancellation (each write is
-        bounded by the disk, not the network): a SIGTERM anywhere in it takes
-        effect after it. A revision restored from the cache is not exported
-        again. A failed export never blocks serving (the sinks retry it).
+        The cache is written first. Once swapped, every reader says the new revision
+        serves; a stop before the export would leave the cache behind what served.
+        Shielded from cancellation (each write is bounded by the disk, not the
+        network): a SIGTERM in it takes effect after it. A revision restored from the
+        cache is not exported again. A failed export never blocks serving: the sinks
+        retry it.
         """
         with trio.CancelScope(shield=True):
             if serving.source == "control_plane":
@@ -348,9 +347,7 @@ class ConvergenceLoop:
         """
         self.attempts += 1
         if trigger == "sighup":
-            # The operator's "look again": a revision repaired in place (its
-            # body restored to match its digest) keeps its key, so only this
-            # forgets the refusal.
+            # The operator's "look again" (RevisionMemory.forget_refusal).
             self.memory.forget_refusal()
             self._failures.forget()
         with self.metrics.convergence_duration.time():
@@ -380,12 +377,10 @@ class ConvergenceLoop:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Bootstrap when nothing is serving yet, report started, then converge forever.
 
-        The first attempt's trigger is ``poll``; every later one's is the
-        wake-up's that ended the wait (``poll`` when none came). Every wake-up
-        taken off the change signal is answered (``POST /v1/converge`` waits on
-        it) once the attempt that consumed it has finished, also when that
-        attempt was interrupted. One that arrives while an attempt runs is kept
-        for the next: it may concern something the running attempt did not see.
+        The first attempt's trigger is ``poll``; a later one's is the wake-up's that
+        ended the wait (``poll`` when none came). Every wake-up taken off the signal is
+        answered once its attempt finished, an interrupted one too
+        (:class:`~supervisor.convergence.signal.ChangeSignal`).
         """
         if self.state.snapshot is None:
             await self.bootstrap()
@@ -418,19 +413,15 @@ class ConvergenceLoop:
     async def bootstrap(self) -> Outcome:
         """Reach a first servable snapshot, or raise BootRefused naming the refusal.
 
-        Boot: reach a first servable snapshot, or refuse to boot naming why.
-
-        One attempt of the loop. The signed last-known-good
-        cache answers exactly three failures: an unreachable control plane, a
-        desired revision this build cannot read (``incompatible``, a mixed-version
-        rollout), and, in follower mode, an upstream statement refused
-        (``denied``, ``rollback``, ``corrupt``, ``stale``); and, with
-        ``[cache].serve_when_desired_refused``, any refusal of the desired revision.
-        Otherwise corruption, oversize, refused reads and uncompilable revisions never
-        fall back: cached state would hide damage an
-        operator must fix. Every refusal is :class:`~supervisor.errors.BootRefused`
-        (exit 3), its message naming the cause and, when the cache was tried, why it
-        could not serve either.
+        One attempt of the loop. The signed cache answers exactly three failures: an
+        unreachable control plane; a desired revision this build cannot read
+        (``incompatible``, a mixed-version rollout); in follower mode, a refused
+        statement (``denied``, ``rollback``, ``corrupt``, ``stale``). With
+        ``[cache].serve_when_desired_refused``, any refusal of the desired revision too.
+        Otherwise nothing falls back (corruption, oversize, refused reads, uncompilable
+        revisions): cached state would hide damage an operator must fix. Every refusal
+        is :class:`~supervisor.errors.BootRefused` (exit 3). Its message names the cause
+        and, when the cache was tried, why it could not serve either.
         """
         try:
             outcome = await self.attempt()

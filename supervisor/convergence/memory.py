@@ -1,32 +1,4 @@
-"""What the convergence loop remembers between attempts: revisions by content, the epoch, refusals.
-
-A revision is its content. "Already converged" (:meth:`RevisionMemory.is_active`)
-means the same id *and* the same body SHA-256, served from the control plane
-(the status's lag compares both too): after a restore from a backup an id may
-come back with another body, which is a new revision. A :data:`Key` is that
-pair, ``(id, body SHA-256)``.
-
-The control plane's identity (PostgreSQL cluster and database, SQLite file) is
-compared on every observe (:meth:`RevisionMemory.check_epoch`); a change starts
-a new epoch: it is logged, the sinks are re-written from a fresh hydrate
-(:attr:`RevisionMemory.sinks_unknown`), and the refusal memo is forgotten.
-
-The refusal memo: a revision refused for a reason that cannot change while its
-content does not (:func:`~supervisor.convergence.outcome.is_final`) is
-remembered by its key (:meth:`RevisionMemory.remember_refusal`); while desired
-keeps that key, :meth:`RevisionMemory.still_refused` answers the same refusal,
-marked ``repeated``, and the loop does not hydrate it again. Desired moving to
-another key, a new epoch, or SIGHUP (:meth:`RevisionMemory.forget_refusal`:
-a body repaired in place keeps its key) ends it.
-
-:attr:`RevisionMemory.sinks_unknown` starts True when a snapshot is already
-serving as the memory is made (a restarted child cannot know whether its
-predecessor crashed between the swap and a sink); the loop re-writes the sinks
-at its first attempt and clears it.
-
-The memory belongs to one :class:`~supervisor.convergence.loop.ConvergenceLoop`
-(one task): it is not locked.
-"""
+"""What the convergence loop remembers between attempts: :class:`RevisionMemory`."""
 
 from __future__ import annotations
 
@@ -46,9 +18,14 @@ log = get_logger("convergence")
 
 
 class RevisionMemory:
-    """Which revision was refused for good, the epoch (module docstring).
+    """Which revision was refused for good, and the control plane's epoch.
 
-    What serves is read from the status's :class:`~supervisor.sinks.state.ActiveState`.
+    Revisions are known by :data:`~supervisor.convergence.outcome.Key`, id and body
+    digest (why: :class:`~supervisor.sinks.state.Candidate`). What serves is read from
+    the status's :class:`~supervisor.sinks.state.ActiveState`. :attr:`sinks_unknown`
+    starts True when a snapshot already serves: a restarted child cannot know whether
+    its predecessor crashed between the swap and a sink. The loop re-writes the sinks
+    at its first attempt and clears it. One loop (one task) owns it: no lock.
     """
 
     def __init__(self, status: RevisionStatus) -> None:
@@ -73,13 +50,21 @@ class RevisionMemory:
         )
 
     def still_refused(self, key: Key) -> Outcome | None:
-        """The remembered refusal of ``key``, marked repeated; None when ``key`` was not refused."""
+        """The remembered refusal of ``key``, marked repeated; None when ``key`` was not refused.
+
+        While desired keeps that key, the loop answers this instead of hydrating it again.
+        """
         if self._refused is None or self._refused[0] != key:
             return None
         return replace(self._refused[1], repeated=True)
 
     def check_epoch(self, identity: str | None) -> None:
-        """Note the control plane's identity (None: not told); a change starts a new epoch."""
+        """Note the control plane's identity (None: not told); a change starts a new epoch.
+
+        Compared at every observe (PostgreSQL cluster and database, SQLite file). A new
+        epoch is logged, re-writes the sinks from a fresh hydrate (:attr:`sinks_unknown`)
+        and forgets the refusal.
+        """
         if identity is None:
             return
         known = self.status.identity
@@ -95,11 +80,18 @@ class RevisionMemory:
             self._refused = None
 
     def remember_refusal(self, exc: LabelledError, outcome: Outcome) -> None:
-        """Remember ``outcome`` when ``exc`` is final and about the current candidate."""
+        """Remember ``outcome`` when ``exc`` is final and about the current candidate.
+
+        Final: :func:`~supervisor.convergence.outcome.is_final`. Desired moving to another
+        key, a new epoch, or :meth:`forget_refusal` ends it.
+        """
         candidate = self.candidate
         if is_final(exc) and candidate is not None and candidate[0] == outcome.revision:
             self._refused = (candidate, outcome)
 
     def forget_refusal(self) -> None:
-        """The operator's "look again": the next attempt hydrates whatever is desired."""
+        """The operator's "look again" (SIGHUP): the next attempt hydrates whatever is desired.
+
+        A body repaired in place keeps its key, so only this clears its refusal.
+        """
         self._refused = None

@@ -1,15 +1,6 @@
-"""What one convergence attempt came to, and how a failure is classified.
+"""What one convergence attempt came to (:class:`Outcome`), and how a failure is classified.
 
-An attempt ends in an :class:`Outcome`: published, converged, empty, or
-rejected (with the reason label, the revision when the refusal is about one,
-and the detail). The classification of failures lives here so the loop, the
-bootstrap and the reporting agree on it:
-
-- ``UNREACHED`` (the control plane could not be asked) backs off;
-- :func:`is_final` refusals cannot change while the revision's content does
-  not, so the loop does not hydrate that revision again until desired moves
-  (or SIGHUP asks to look again);
-- :func:`answer_for` maps an outcome to the ``POST /v1/converge`` answer.
+The classification lives here so the loop, the bootstrap and the reporting agree on it.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ __all__ = [
     "is_final",
 ]
 
-# The control plane could not be asked: back off.
+# The control plane could not be asked: back off (the Schedule's backoff).
 UNREACHED = frozenset({reasons.UNAVAILABLE, reasons.CONFLICT})
 
 # Compile refusals that only a new body can change (``secret`` is not here:
@@ -57,6 +48,12 @@ class OutcomeKind(enum.Enum):
 
 @dataclass(frozen=True)
 class Outcome:
+    """An attempt's end: published, converged, empty or rejected.
+
+    A rejection carries the reason label, the revision when it is about one, and
+    the detail.
+    """
+
     kind: OutcomeKind
     revision: int | None = None
     generation: int | None = None
@@ -72,7 +69,11 @@ class Outcome:
 
 
 def is_final(exc: LabelledError) -> bool:
-    """True when the refusal cannot change while the revision's content does not."""
+    """True when the refusal cannot change while the revision's content does not.
+
+    The loop then does not hydrate that revision again until desired moves, or
+    SIGHUP asks to look again (:class:`~supervisor.convergence.memory.RevisionMemory`).
+    """
     if isinstance(exc, RevisionError):
         return exc.reason in _FINAL_COMPILE
     if isinstance(exc, TooLarge | Incompatible):

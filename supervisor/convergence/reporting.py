@@ -1,17 +1,4 @@
-"""How a failed attempt is told: log lines an operator can read, and the STATUS= line.
-
-Failures are told as streaks (:class:`~supervisor.streak.Streak`):
-
-- An outage (the control plane could not be asked: ``unavailable``, no revision
-  involved) is a start, progress once a minute and an end.
-- A refusal is a streak too, for every reason (``stale`` included): logged at
-  ``warning`` when it begins, at most once a minute while it repeats, and its
-  end (``revision refusal recovered``, ``after_s``) at the next success. It
-  repeats while its revision and reason stay the same: its detail may change
-  (a stale statement's age grows every poll) and the line carries the latest.
-  Another revision or reason begins a new streak.
-- Every line carries ``retry_in_s``, the delay before the next attempt.
-"""
+"""How a failed attempt is told: :class:`FailureLog`, its log lines and the STATUS= line."""
 
 from __future__ import annotations
 
@@ -29,7 +16,16 @@ log = get_logger("convergence")
 
 
 class FailureLog:
-    """The log lines and status text of failed attempts, rate-limited as above."""
+    """The log lines and status text of failed attempts, told as streaks.
+
+    Streaks: :class:`~supervisor.streak.Streak`. An outage (``unavailable``, no revision)
+    is a start, progress once a minute, and an end. A refusal, for every reason
+    (``stale`` too), is logged at ``warning`` when it begins, at most once a minute
+    while it repeats. Its end (``revision refusal recovered``, ``after_s``) comes at
+    the next success. It repeats while its revision and reason stay; its detail may
+    change (a stale statement ages every poll), and the line carries the latest.
+    Every line carries ``retry_in_s``, the delay before the next attempt.
+    """
 
     def __init__(self, status: RevisionStatus, on_status: Callable[[str], None]) -> None:
         self.status = status

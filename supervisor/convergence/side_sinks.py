@@ -1,33 +1,7 @@
-"""The two files that follow the active snapshot: the snapshot file and the signed cache.
+"""The two files that follow the active snapshot, the snapshot file and the signed cache.
 
-Neither may ever block serving. A write that fails leaves its sink *due*: it
-is retried at every attempt (every poll, and SIGHUP) until it succeeds, and a
-sink file that vanished or changed after a successful write (removed,
-truncated or rewritten in place, replaced, chmod'ed or chown'ed) is written
-again: one ``stat`` per file per attempt compares device, inode, size, mtime,
-mode and owner with what the write left (the cache's served mark included).
-Failures are logged once per failure streak and their recovery once
-(:class:`~supervisor.streak.Streak`, kept by :class:`SinkStatus`: a loop's
-restart does not forget a streak); every failed write counts in
-``supervisor_sink_write_failures_total``. How each sink is now (``ok``,
-``failing`` from a refused write until a write succeeds, ``disabled`` when not
-configured) and its last error are :class:`SinkStatus`: ``/status`` ``sinks``
-and ``supervisor_sink_state``. A sink directory removed while running is made
-again by the next write, with its mode at start (:mod:`supervisor.sinks.atomic`).
-The reload hook (:mod:`supervisor.sinks.hook`) is the third sink: told of each
-swap once the snapshot file is written (or refused), it runs in its own task.
-
-When an export that failed was a move to an *older* revision (an operator's
-rollback), the newer cache is removed (unlinking needs no disk space) so a
-boot cannot serve what the operator rolled back from.
-
-An export carries the signed statement it serves under
-(:mod:`supervisor.sinks.lkg.statement`): a root's own, signed into the cache
-file; a follower's, the root's, whose signed bytes are written unchanged to
-the forward file (``<[cache].path>.upstream``, what its ``GET /v1/revision``
-serves) before its own cache. Both are written only for what is about to
-serve, so the bytes a follower passes on are always those of its active
-revision, never of one it received and refused.
+:class:`SideSinks` writes them; :class:`SinkStatus` says how each is. Neither may ever
+block serving. The reload hook (:mod:`supervisor.sinks.hook`) is the third sink.
 """
 
 from __future__ import annotations
@@ -81,9 +55,11 @@ def _fingerprint(paths: tuple[str, ...]) -> Fingerprint | None:
 class SinkStatus:
     """How each side sink is, for ``/status`` and the metric; outlives the loop's restarts.
 
-    Made once per process (the convergence child makes a new loop at every
-    start, and a restart must not forget that a sink is failing). A sink is
-    ``failing`` while its failure streak lasts.
+    Made once per process: the convergence child makes a new loop at every start,
+    and a restart must not forget that a sink is failing. A sink is ``ok``,
+    ``failing`` while its failure streak lasts, or ``disabled`` when not configured
+    (``/status`` ``sinks``, ``supervisor_sink_state``). Failures are logged once per
+    streak, and the recovery once (:class:`~supervisor.streak.Streak`).
     """
 
     def __init__(self) -> None:
@@ -130,7 +106,16 @@ class SinkStatus:
 
 
 class SideSinks:
-    """The snapshot file and the cache, each with what it is due to hold (the loop's task alone)."""
+    """The snapshot file and the cache, each with what it is due to hold (the loop's task alone).
+
+    A failed write leaves its sink *due*: retried at every attempt (every poll, and
+    SIGHUP) until it succeeds. Each failed write counts in
+    ``supervisor_sink_write_failures_total``. A sink file changed after a good write
+    (removed, truncated, rewritten, replaced, chmod'ed, chown'ed) is written again.
+    One ``stat`` per file per attempt compares it with what the write left, the
+    cache's served mark included. A removed sink directory is made again by the next write
+    (:mod:`supervisor.sinks.atomic`).
+    """
 
     def __init__(self, metrics: Metrics, *, cache: LastKnownGood | None,
                  snapshot_file: SnapshotFile | None, status: SinkStatus | None = None,
@@ -220,7 +205,12 @@ class SideSinks:
         return self._cache_due or self._last_export
 
     async def _forward(self, statement: Statement | None) -> None:
-        """Follower: the root's signed bytes of what is about to serve, for its followers."""
+        """Follower: the root's signed bytes of what is about to serve, for its followers.
+
+        Written unchanged to ``<[cache].path>.upstream`` (what its ``GET /v1/revision``
+        serves), before its own cache. Only for what is about to serve: a follower
+        passes on its active revision's bytes, never those of one it refused.
+        """
         if self.forward_to is None or statement is None or statement.signed is None:
             return
         path, data = self.forward_to, statement.signed
@@ -234,7 +224,13 @@ class SideSinks:
                         "followers", path=path, error=str(exc))
 
     async def export(self, export: Serving) -> None:
-        """The cache now holds ``export``, or is due to (and holds nothing newer)."""
+        """The cache now holds ``export``, or is due to (and holds nothing newer).
+
+        It carries the statement it serves under: a root's own, signed into the cache;
+        a follower's, the root's (:meth:`_forward`). When the export fails, a newer cache
+        is removed (an operator's rollback; unlinking needs no disk space). So a boot
+        cannot serve what the operator rolled back from.
+        """
         await self._forward(export.statement)
         if self.cache is None:
             return

@@ -1,29 +1,8 @@
 """The change signal: a hint that desired state may have changed, or a request to converge now.
 
-Two kinds of sender share one memory channel into the convergence loop:
-
-- **fire and forget** (the LISTEN child, SIGHUP, a LISTEN reconnect) call
-  :meth:`ChangeSignal.notify`, which never blocks and never fails. At most one
-  such wake-up is pending at a time, so a burst of notifications coalesces into
-  one convergence attempt whose trigger is the first one's, except that a
-  SIGHUP among them always wins (the operator's "look again" forgets refusals,
-  which a notification does not). Nothing is carried but the trigger's name: the
-  payload is only a hint, and a lost signal costs at most one poll interval,
-  because polling is the correctness path.
-- **a caller that wants the outcome** (``POST /v1/converge``) calls
-  :meth:`ChangeSignal.request`, which sends a :class:`ConvergeRequest`: a
-  ``trio.Event`` with a slot for the answer. The caller waits on the event
-  with its own deadline (:meth:`ChangeSignal.converge`); giving up never
-  touches the loop, which sets the event anyway when it gets there.
-
-The loop takes wake-ups with :meth:`ChangeSignal.next_wakeup`, which returns
-every wake-up pending at that moment as one :class:`WakeupBatch` (so bursts of
-requests coalesce too: ten requests that arrive during one attempt are all
-served by the next attempt). After the attempt that consumed them has
-finished, the loop calls :meth:`WakeupBatch.resolve` with that attempt's answer,
-which fills every request's slot and sets every event. A wake-up that arrives
-while an attempt runs is kept for the next one: the running attempt may
-already have read the control plane before the change the caller cares about.
+:class:`ChangeSignal` is one memory channel into the convergence loop, for two kinds of
+sender: fire and forget (:meth:`~ChangeSignal.notify`), or a caller that wants the
+outcome (:meth:`~ChangeSignal.request`).
 """
 
 from __future__ import annotations
@@ -79,6 +58,15 @@ _Item = tuple[str, ConvergeRequest | None]
 
 
 class ChangeSignal:
+    """Wake-ups for the convergence loop, coalesced; polling stays the correctness path.
+
+    The loop takes them with :meth:`next_wakeup`: every one pending as one
+    :class:`WakeupBatch`. So ten requests during one attempt are all served by the
+    next. After that attempt, :meth:`WakeupBatch.resolve` answers them all. A wake-up
+    during an attempt waits for the next one: the running attempt may have read the
+    control plane before the change the caller cares about.
+    """
+
     def __init__(self) -> None:
         # Unbounded, yet small: fire-and-forget senders keep at most one item in
         # it (``_plain_pending``), and requests are bounded by the admin API's
@@ -92,7 +80,13 @@ class ChangeSignal:
         self.requests = 0
 
     def notify(self, trigger: str = "notify") -> None:
-        """Wake the loop now instead of at its next poll. Never blocks."""
+        """Wake the loop now instead of at its next poll. Never blocks, never fails.
+
+        For the LISTEN child, SIGHUP and a reconnect. At most one is pending: a burst
+        is one attempt, with the first one's trigger. But a SIGHUP among them wins: the
+        operator's "look again" forgets refusals, a notification does not. Only the
+        trigger's name is carried. A lost signal costs at most one poll interval.
+        """
         if self._plain_pending:
             self.coalesced += 1
             if trigger == "sighup":
@@ -105,7 +99,11 @@ class ChangeSignal:
         self.sent += 1
 
     def request(self) -> ConvergeRequest:
-        """Ask for an attempt that starts after this call; wait on ``.done`` for its answer."""
+        """Ask for an attempt that starts after this call; wait on ``.done`` for its answer.
+
+        For ``POST /v1/converge``. The caller waits with its own deadline
+        (:meth:`converge`); giving up never touches the loop, which answers anyway.
+        """
         request = ConvergeRequest()
         self._send.send_nowait(("request", request))
         self.requests += 1

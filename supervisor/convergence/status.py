@@ -1,49 +1,6 @@
-"""What one replica reports about its convergence (the ``revision`` part of /status).
+"""What one replica reports about its convergence: :class:`RevisionStatus`, /status ``revision``.
 
-Fields and meaning (docs/admin-api.md):
-
-- ``desired``: the revision the control plane last said is desired (None: never read).
-- ``loaded``: the last revision that compiled (from the store or the cache);
-  a refused candidate never shows here. Every compiled revision is swapped in
-  at once, so it is the active one.
-- ``active``: the revision of the snapshot serving now; ``generation`` counts publishes.
-- ``source``: ``control_plane``, ``last_known_good`` or None (nothing serving); in
-  follower mode the upstream's address in place of ``control_plane``, and ``upstream``
-  holds it (:attr:`~supervisor.sinks.state.ActiveState.origin`).
-
-The serving revision (active, generation, source, body digest, statement,
-sequence) is read from the :class:`~supervisor.sinks.state.ActiveState`, never
-copied here.
-- ``lag_s``: seconds since desired first differed from active (0.0 when equal).
-  While the control plane is unreachable, "desired" is unknown, so lag keeps
-  growing from the moment the replica last knew it was converged.
-- ``last_convergence_s``: duration of the last successful publish.
-- ``consecutive_failures``: failed attempts since the last success.
-- ``last_rejection``: the last refusal (revision, reason, detail, at): every
-  failed attempt except an unreachable control plane, which is an outage, not
-  a refusal (see ``control_plane_up``). ``revision`` is null when the refusal
-  was not about a known revision (a privilege refused, a malformed pointer).
-
-Liveness: :attr:`RevisionStatus.last_attempt_at` is the clock reading when the
-last attempt (successful or not) finished; :meth:`RevisionStatus.stalled_for`
-is how long ago that was, which ``/healthz`` and the watchdog compare with
-:func:`supervisor.health.stall_limit_s` (the waits between attempts plus the
-store's own deadlines of one).
-
-The signed statement the active revision serves under: ``sequence`` (the
-root's desired-state sequence, None without a statement) and ``statement``
-(``sequence``, ``root``, ``issued_at``, ``expires_at``, its ``age_s`` and
-whether it is ``stale``; None without one). In follower mode too ``lag_s`` is
-the divergence time only (0 when converged); the statement's age is
-``statement_age_s`` (None without one), so a root that stopped signing (its
-control plane unreadable, or a hop freezing it) shows as a growing age on
-every follower below it, not as lag.
-
-Two keys beyond the contract's example, so that an outage is visible in the
-report itself and not only as a growing lag: ``control_plane_up`` (the control
-plane answered the last read, a refusal included: only an outage makes it
-false; None before the first read) and ``last_error`` (the last
-failed attempt as ``"<reason>: <detail>"``, None once an attempt succeeds).
+Each key's meaning: docs/admin-api.md (from ``tools.docs_catalog.STATUS_KEYS``).
 """
 
 from __future__ import annotations
@@ -67,6 +24,15 @@ __all__ = ["RevisionStatus"]
 
 
 class RevisionStatus:
+    """The loop's record of its attempts, and the ``revision`` report built from it.
+
+    The serving revision (active, generation, source, body digest, statement,
+    sequence) is read from the :class:`~supervisor.sinks.state.ActiveState`, never
+    copied here. ``loaded`` is ``active``: every compiled revision swaps in at once,
+    and a refused one never shows. ``last_error`` and ``control_plane_up`` show an
+    outage in the report itself, not only as a growing lag.
+    """
+
     def __init__(self, state: ActiveState, clock: Callable[[], float] = trio.current_time,
                  wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         #: What serves: the one owner of the serving revision.
@@ -84,8 +50,7 @@ class RevisionStatus:
         self.identity: str | None = None
         # Start of the clock for liveness: no attempt finished yet counts from here.
         self.last_attempt_at = clock()
-        # Body digest of the desired revision (None: unknown): after a restore
-        # an id can name another body, so equal ids alone are not "converged".
+        # Body digest of the desired revision (None: unknown): see lag_s.
         self.desired_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
@@ -130,6 +95,13 @@ class RevisionStatus:
 
     @property
     def lag_s(self) -> float:
+        """Seconds since desired first differed from active (0.0 when converged).
+
+        Converged is the same id and digest (:class:`~supervisor.sinks.state.Candidate`),
+        from the control plane. While it is unreachable, desired is unknown: lag grows
+        from when the replica last knew it converged. In follower mode too it is the
+        divergence only; a root that stopped signing shows as ``statement_age_s``.
+        """
         return 0.0 if self._diverged_at is None else max(0.0, self._clock() - self._diverged_at)
 
     @property
@@ -176,7 +148,10 @@ class RevisionStatus:
         self.last_attempt_at = self._clock()
 
     def stalled_for(self) -> float:
-        """Seconds since the last attempt finished (or since start, before the first)."""
+        """Seconds since the last attempt finished (or since start, before the first).
+
+        ``/healthz`` and the watchdog compare it with :func:`supervisor.health.stall_limit_s`.
+        """
         return max(0.0, self._clock() - self.last_attempt_at)
 
     def succeeded(self) -> None:

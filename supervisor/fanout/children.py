@@ -1,34 +1,7 @@
 """The fan-out watchers as supervised children: the app wiring's one entry point.
 
-``fanout_children(config, metrics, statuses)`` returns one
-:class:`~supervisor.tree.ChildSpec` per fan-out kind (``ServiceDefinition``,
-``Workflow``) and fills ``statuses`` with one
-:class:`~supervisor.fanout.status.FanoutStatus` per kind. The app imports this
-module lazily, only when ``[kubernetes].enabled``: it pulls in httpx and the
-Kubernetes client code (``kubernetes`` itself is imported later still, on the
-first request, in a worker thread).
-
-Each child reports started before any Kubernetes request (a watcher waiting
-in its preflight has started), so ``READY=1`` never waits for Kubernetes.
-
-The children share one :class:`~supervisor.kube.client.KubeClient` (one
-connection pool, one credential cache, one client-side rate limit of
-``[kubernetes].qps``/``burst``). It is created when the first child starts and
-closed when the last one stops, within a shielded ``CLOSE_TIMEOUT_S`` so
-shutdown never hangs on a dead connection. A child's shutdown timeout covers
-the bounded drain of in-flight writes (``DRAIN_S``) and that close.
-
-SIGHUP: when the daemon passes its :class:`~supervisor.lifecycle.signals.HupHooks`,
-one hook wakes every waiting preflight (a CRD or Role just applied is picked
-up at once instead of at the next retry).
-
-:func:`run_fanout_group` runs every kind in one nursery under one call;
-cancelling it drains and stops every kind together. With
-``[kubernetes].leader_election`` the app uses
-:func:`elected_fanout_child` instead of :func:`fanout_children`: one child
-named ``fanout`` that runs the Lease election
-(:mod:`supervisor.fanout.leadership`) and the group only while leading, on a
-Lease client of its own.
+The app imports it lazily, only when ``[kubernetes].enabled``: it pulls in httpx and the
+Kubernetes client (``kubernetes`` itself comes later, at the first request, in a thread).
 """
 
 from __future__ import annotations
@@ -72,7 +45,12 @@ KINDS: tuple[FanoutKind[Any], ...] = (SERVICE_DEFINITION, WORKFLOW)
 
 
 class SharedClient:
-    """A reference-counted :class:`KubeClient`: made on first use, closed after the last."""
+    """A reference-counted :class:`KubeClient`: made on first use, closed after the last.
+
+    The kinds share it: one connection pool, one credential cache, one client-side
+    rate limit (``[kubernetes].qps``/``burst``). The close is shielded and bounded by
+    ``CLOSE_TIMEOUT_S``, so shutdown never hangs on a dead connection.
+    """
 
     def __init__(self, factory: Callable[[], KubeClient]) -> None:
         self._factory = factory
@@ -116,9 +94,10 @@ async def run_fanout_group(
 ) -> None:
     """Every fan-out kind in one nursery, on one client: start and stop them as a group.
 
-    Reports started once every kind has (before any Kubernetes request);
-    runs until cancelled. Each run starts fresh (preflight, list, resync,
-    sweep): all state is re-read from the API server.
+    Reports started once every kind has (:meth:`FanoutEngine.run`: before any
+    Kubernetes request). Runs until cancelled; cancelling drains and stops
+    every kind together. Each run starts fresh (preflight, list, resync, sweep): all
+    state is re-read from the API server.
     """
     shared = SharedClient(client_factory or _factory(config))
     wake = wakeup or Wakeup()
@@ -141,9 +120,11 @@ def fanout_children(
 ) -> list[ChildSpec]:
     """One supervised child per fan-out kind; fills ``statuses`` (``state="preflight"``).
 
-    ``tuning`` and ``client_factory`` are for tests; production uses the
-    defaults (a client configured from ``config.kubeconfig``). ``hup``: SIGHUP
-    wakes every waiting preflight.
+    The kinds are ``ServiceDefinition`` and ``Workflow``. A child's shutdown timeout
+    covers the drain of in-flight writes (``DRAIN_S``) and the client's close.
+    ``tuning`` and ``client_factory`` are for tests; production uses a client from
+    ``config.kubeconfig``. ``hup``: SIGHUP wakes every waiting preflight, so a CRD or
+    Role just applied is picked up at once.
     """
     shared = SharedClient(client_factory or _factory(config))
     wakeup = _prepare(metrics, statuses, hup)
@@ -190,12 +171,15 @@ def elected_fanout_child(
 ) -> ChildSpec:
     """One supervised child: the leader election, running the fan-out group while leading.
 
-    The Lease has its own client (no client-side rate limit): a bulk of child
-    writes queued behind the fan-out's token bucket must never delay a renewal.
-    The group's drain is at most half the gap between the renew deadline and the
-    lease duration, so writes in flight when leadership is lost end before the
-    lease can expire for the others. While standing by, every kind reports
-    ``preflight`` (dormant: waiting for leadership).
+    With ``[kubernetes].leader_election`` the app uses this, named ``fanout``, in place
+    of :func:`fanout_children` (:mod:`supervisor.fanout.leadership`).
+
+    The Lease has its own client, with no client-side rate limit: child writes queued
+    behind the fan-out's token bucket must never delay a renewal. The group's drain is
+    at most half the gap between the renew deadline and the lease duration. So writes
+    in flight when leadership is lost end before the lease can expire for the others.
+    While standing by, every kind reports ``preflight`` (dormant: waiting for
+    leadership).
     """
     wakeup = _prepare(metrics, statuses, hup)
     leader_metrics = LeadershipMetrics(metrics.registry)

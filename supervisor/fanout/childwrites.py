@@ -1,53 +1,7 @@
-"""One parent's reconcile: desired children against the watched ones, then the writes.
+"""One parent's reconcile: :class:`ChildWriter` compares desired children with the watched ones.
 
-:class:`ChildWriter` is the write half of :class:`~supervisor.fanout.engine.FanoutEngine`
-(the engine watches, queues and retries; this compares and writes). Contract of
-:meth:`ChildWriter.reconcile`:
-
-- Each desired child is compared with the live one
-  (:func:`~supervisor.fanout.live.covers`: every field we set, same value) and
-  written only when it differs, so a reconcile with nothing drifted writes
-  nothing: created (POST) when absent, server-side applied (no ``force``) when
-  ours. Before the first apply to a child we created, the Update entry the POST
-  left in its managedFields is folded into our apply entry (one JSON patch,
-  guarded by the resourceVersion): else it co-owns every field the child was
-  created with, and a field the parent stops setting is never removed. What
-  is ours, what is refused and when a field conflict is forced is
-  :mod:`supervisor.fanout.ownership`; anything refused is left exactly as it
-  is, the parent reported ``Ready=False`` (reason ``Conflict``, a ``Conflict``
-  Event naming the object and its owner labels) and looked at again when that
-  object changes (another installation's child) or on the next resync.
-  A child changed or deleted by someone else while we still want the digest
-  we applied is **drift**: repaired at once (``DriftRepaired`` Event,
-  ``fanout_drift_repairs``), but slowed down by a
-  :class:`RepairLimiter` when something keeps undoing
-  the repair (logged once per child). Only a repair the server accepted counts:
-  a refused one is a failed write like any other (requeued, ``ApplyFailed``).
-  A child of ours whose fields are all as we want but whose managedFields no
-  longer has an entry of ours (reset, or every field taken over) is
-  **disowned**: repaired the same way (one apply records our entry again), as
-  only what we wrote is ever deleted.
-- While a child's repair is deferred by that limiter the parent is requeued for
-  the time the repair may be made, and reported ``Ready=False`` (reason
-  ``RepairDeferred``, the message naming the child and that time in UTC), never
-  ``Applied``: the child is missing or wrong meanwhile. The message stays the
-  same while the repair waits, so a reconcile meanwhile writes no status.
-- A child another installation holds (same name, its installation label:
-  :class:`~supervisor.fanout.live.ForeignChildren`) is refused the same way,
-  the message naming that installation.
-- Children no longer desired, and a deleted parent's children, are deleted;
-  but never a child another existing parent wants (``claimant``: its lineage
-  label was edited by hand to name this one; that parent repairs the label),
-  nor one no field manager of ours ever wrote (labels alone prove nothing).
-- An ``Applied`` Event only with ``[kubernetes].applied_events``.
-- A child the server refused (422) is not resent until its digest changes or
-  the engine calls :meth:`forget_refusals` (the next resync): the earlier
-  :class:`~supervisor.kube.errors.Invalid` is raised again instead.
-- Every write goes through the engine's :class:`~supervisor.fanout.drain.Drain`
-  (shielded, bounded on cancellation); failures propagate as
-  :class:`~supervisor.kube.errors.KubeError` for the engine to requeue.
-- The parent's status (:mod:`supervisor.fanout.parentstatus`) and Events are
-  written after the children; :meth:`failed` writes the failure's.
+The engine watches, queues and retries; this compares and writes. :class:`RepairLimiter`
+keeps a fight with another writer from becoming a hot loop.
 """
 
 from __future__ import annotations
@@ -127,6 +81,7 @@ class ChildWriter(Generic[P]):
         self._refused: dict[ChildKey, tuple[str, Invalid]] = {}
 
     def forget_refusals(self) -> None:
+        """Resend the children the server refused (422) at their next reconcile."""
         self._refused.clear()
 
     def claimant(self, key: ChildKey) -> str | None:
@@ -145,7 +100,34 @@ class ChildWriter(Generic[P]):
         return self.kind.desired(parent, config.apps_namespace, config.installation_label)
 
     async def reconcile(self, name: str, parent: P | None) -> None:
-        """Make ``name``'s children what ``parent`` wants (none when deleted or None)."""
+        """Make ``name``'s children what ``parent`` wants (none when deleted or None).
+
+        A child is written only when it differs (:func:`~supervisor.fanout.live.covers`:
+        every field we set, same value). So nothing drifted writes nothing. Absent, it
+        is created (POST); ours, server-side applied without ``force``
+        (:meth:`_fold_created` first after our create). What is ours and when a conflict
+        is forced: :mod:`supervisor.fanout.ownership`. What is refused, or held by
+        another installation (:class:`~supervisor.fanout.live.ForeignChildren`), is left
+        as it is, reported ``Conflict`` (:meth:`_taken`).
+
+        A child changed or deleted by someone else while we still want the digest we
+        applied is **drift**: repaired at once (``DriftRepaired``,
+        ``fanout_drift_repairs``). Only a repair the server accepted counts. A child of
+        ours with no managedFields entry of ours left is **disowned**: repaired alike,
+        since only what we wrote is ever deleted. A repair the :class:`RepairLimiter`
+        defers requeues the parent for that time, reported ``RepairDeferred``, never
+        ``Applied``.
+
+        Children no longer desired, and a deleted parent's, are deleted. Never a child
+        another parent wants (:meth:`claimant`: a hand-edited lineage label), nor one no
+        manager of ours wrote (labels alone prove nothing). A child the server refused
+        (422) is not resent until its digest changes or :meth:`forget_refusals` (the
+        next resync): the earlier Invalid is raised again. Writes go through the
+        :class:`~supervisor.fanout.drain.Drain`. Failures propagate as
+        :class:`~supervisor.kube.errors.KubeError` for the engine to requeue. The
+        parent's status (:mod:`supervisor.fanout.parentstatus`) and Events come after
+        the children; ``Applied`` only with ``[kubernetes].applied_events``.
+        """
         desired = self.desired(parent)
         applied: list[str] = []
         repaired: list[str] = []
@@ -289,7 +271,9 @@ class ChildWriter(Generic[P]):
         return False
 
     async def _write(self, parent: str, child: Desired, live: Obj | None) -> Obj:
-        """Create ``child`` when absent, else apply it to what is ours (see ownership).
+        """Create ``child`` when absent, else apply it to what is ours.
+
+        When to force: :func:`~supervisor.fanout.ownership.conflict_managers`.
 
         Raises :class:`_NotOurs` when the object or one of its fields belongs to
         someone else: nothing is written then.
@@ -350,7 +334,11 @@ class ChildWriter(Generic[P]):
         return await apply(True)
 
     async def _fold_created(self, child: Desired, namespace: str) -> None:
-        """Hand the fields our create holds by an update to our apply entry (ownership)."""
+        """Hand the fields our create holds by an update to our apply entry.
+
+        One JSON patch, guarded by the resourceVersion. Why:
+        :func:`~supervisor.fanout.ownership.folded_managed_fields`.
+        """
         current = await self.client.find(child.resource, namespace, child.name)
         now = kube_time()
         folded = folded_managed_fields(current or {}, self._managers,
@@ -411,23 +399,19 @@ class ChildWriter(Generic[P]):
 class RepairLimiter:
     """How often one child may be repaired: a fight with another writer must not be a hot loop.
 
-    Something else that keeps changing a child (another controller, a second
-    installation whose parent has the same name, an admission webhook rewriting a
-    field we set) would otherwise meet a repair within milliseconds, every time,
-    forever. Contract of :meth:`RepairLimiter.delay`: the first ``burst`` repairs
-    of one child within ``window_s`` go at once; beyond that each further repair
-    waits 1 s, 2 s, 4 s ... after the previous one, up to ``max_s``. The caller
-    requeues the parent after that delay, logs the fight once and reports the
-    parent not ready (``RepairDeferred``) until the repair is made.
-    :meth:`RepairLimiter.not_before` is the same answer as a point in time
-    (``trio.current_time()``'s clock): it stays the same while the repair waits,
-    so a status naming it is not rewritten by every reconcile meanwhile.
+    Something that keeps changing a child (another controller, a second installation
+    whose parent has the same name, a webhook rewriting a field we set) would meet a
+    repair within milliseconds, every time, forever. :meth:`delay`: the first
+    ``burst`` repairs of one child within ``window_s`` go at once. Each further one
+    waits 1 s, 2 s, 4 s ... after the previous, up to ``max_s``. The caller requeues
+    the parent after that delay, logs the fight once, and reports ``RepairDeferred``
+    until the repair is made. :meth:`not_before` is that answer as a point in time
+    (trio's clock). It stays the same while the repair waits, so its status is not
+    rewritten by every reconcile.
 
-    Only a repair that was *made* (its write succeeded) is recorded: a write the
-    server refused or never answered (the apps namespace terminating, a 5xx, a
-    timeout) changed nothing, so the next attempt is not a fight; it has its own
-    backoff (the engine's requeue). :meth:`recent` tells how many repairs of one
-    child fall in the window (for tests).
+    Only a repair *made* (its write succeeded) is recorded. A write refused or never
+    answered changed nothing, so the next attempt is no fight: it has the engine's
+    requeue backoff. :meth:`recent` counts one child's repairs in the window (tests).
     """
 
     def __init__(self, burst: int = 3, window_s: float = 60.0, max_s: float = 60.0) -> None:
@@ -482,8 +466,8 @@ def _drift(live: Obj | None, child: Desired, applied_digest: str | None,
     """Why ``child`` is being rewritten although its desired state did not change, if so.
 
     ``covered``: its fields are ours already, but no managedFields entry of ours says
-    so (reset by hand, or every field taken over by another manager's apply); written
-    again, or deleting its parent would leave it behind.
+    so (reset by hand, or every field taken over by another manager's apply). Written
+    again: else deleting its parent would leave it behind.
     """
     if live is None:
         return "deleted" if applied_digest == child.digest else None

@@ -1,13 +1,4 @@
-"""Writes that shutdown does not cut in half: a bounded drain.
-
-Contract of :class:`Drain`: :meth:`Drain.write` runs one API write shielded
-from cancellation. Run :meth:`Drain.guard` as a sibling task in the same
-nursery: when that nursery is cancelled (shutdown, or losing leadership) the
-guard gives every write in flight ``drain_s`` more to finish, and no new
-write starts (:meth:`Drain.write` checks for cancellation before it begins).
-A write still unfinished when the drain runs out is abandoned by the
-cancellation, exactly as without the shield.
-"""
+"""Writes that shutdown does not cut in half: :class:`Drain`, a bounded drain."""
 
 from __future__ import annotations
 
@@ -24,6 +15,14 @@ T = TypeVar("T")
 
 
 class Drain:
+    """API writes shielded from cancellation, with ``drain_s`` to finish at shutdown.
+
+    Run :meth:`guard` as a sibling task in the writers' nursery. When that nursery is
+    cancelled (shutdown, or losing leadership), every write in flight gets ``drain_s``
+    more, and no new write starts. A write unfinished when the drain runs out is
+    abandoned by the cancellation, as without the shield.
+    """
+
     def __init__(self, drain_s: float) -> None:
         self.drain_s = drain_s
         self.inflight: set[trio.CancelScope] = set()

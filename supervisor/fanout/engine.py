@@ -1,75 +1,6 @@
-"""The fan-out engine: one parent kind -> its children in the apps namespace.
+"""The fan-out engine: :class:`FanoutEngine`, one parent kind to its children in the apps namespace.
 
-One :class:`FanoutEngine` per kind runs as one supervised child
-(:meth:`FanoutEngine.run`). What it guarantees:
-
-- **Started before Kubernetes.** ``task_status.started()`` is called before
-  the preflight: a watcher waiting for its namespace, RBAC or CRD has started
-  (it is dormant, not failing), so ``READY=1`` never waits for Kubernetes.
-- **Preflight, then watch parents and children.** The preflight
-  (:mod:`supervisor.fanout.preflight`) lists the parent kind in the control
-  namespace and each child resource in the apps namespace. Then one
-  :class:`~supervisor.kube.watching.Informer` lists and watches the parents,
-  and one per child resource watches this installation's children (selected by
-  the managed-by, installation and lineage labels) into
-  :class:`~supervisor.fanout.live.LiveChildren`; one more per child resource
-  watches other installations' children of this kind into
-  :class:`~supervisor.fanout.live.ForeignChildren` (never ours to write).
-  A 403/404 or an undecodable list envelope from any of them sends the kind
-  back to its preflight (with a backoff, reset after a watch that delivered).
-- **Drift repair.** A child's change or delete enqueues the parent named by its
-  lineage label; the reconcile itself (compare, apply what differs, delete what
-  is no longer desired, repair drift) is :class:`~supervisor.fanout.childwrites.ChildWriter`.
-- **Quiet.** A parent update that changes neither generation, labels,
-  annotations nor deletionTimestamp (a status write, ours included) does not
-  enqueue it.
-- **Orphans** (this installation's children whose parent does not exist) are
-  swept after every parent (re)list and on the periodic resync
-  (``[kubernetes].resync_s``), behind :class:`~supervisor.fanout.sweep.SweepGuard`:
-  a sweep of more than half of the children (and more than a handful) is
-  refused, logged at error with the count, until a resync sees the same parent
-  list again. A reconcile whose parent left the list meanwhile with nothing
-  queued for it (a relist dropped it) sweeps again once its writes are done.
-- **A work queue per kind** (:class:`~supervisor.fanout.workqueue.WorkQueue`):
-  deduplicated keys, one worker per key, ``workers`` bound the concurrency.
-  Each worker's attempt is :class:`ReconcileRetries`:
-  a failed reconcile is requeued after a per-key backoff from the first retry on
-  (0.8 s doubling to 30 s, jittered; at least ``Retry-After`` on 429); a 409 is
-  always requeued, never dropped. A 422 is not retried until the parent
-  changes or the next resync.
-- **Parent status** (:mod:`supervisor.fanout.parentstatus`): ``observedGeneration``,
-  ``Ready`` (``Applied``, ``Conflict``, ``Invalid``, ``ApplyFailed``,
-  ``RepairDeferred``) and ``Available`` (from the children's status), written
-  only when they change.
-  **Events** on the parent: ``DriftRepaired``, ``ApplyFailed``, ``Invalid``,
-  ``Conflict``, and ``Applied`` with ``[kubernetes].applied_events``
-  (:mod:`supervisor.kube.events`, best effort, repeats counted into one).
-- **Bounded drain.** Writes run shielded; when the child is cancelled
-  (shutdown) no new write starts and one in flight gets ``drain_s`` to finish.
-- A parent that does not decode (schema skew) is logged at error with
-  ``kind``, ``name``, ``error_class`` and the decode ``path``, skipped, and
-  listed in the status report; its existing children are left alone (never
-  swept: the parent exists, we just cannot read it).
-
-- **What shows.** ``state`` is ``watching`` while every watch of the kind is
-  open (its headers came; logged ``fan-out watching``, again only after a
-  failure); between two watches (the server ended one, e.g. at
-  ``timeoutSeconds``, or a relist) it is ``preflight``, as while the first
-  opens, with no error class of its own; a list or watch
-  being retried shows ``preflight``
-  with that failure's class in ``last_error_class``
-  (:func:`~supervisor.fanout.preflight.failure_class`) until it is open again.
-  Child writes failing (a 5xx, a timeout, a 429) set ``last_error_class`` too,
-  while any parent's writes keep failing. Every failure counts in
-  ``fanout_errors{kind,class}``.
-
-Status and metrics: :class:`~supervisor.fanout.status.FanoutStatus` (``state``
-preflight|watching, ``last_error_class``, ``objects``, ``skewed``), and
-``fanout_applies{kind,result}``, ``fanout_objects{kind}``,
-``fanout_watch_restarts{kind}``, ``fanout_preflight_failures{kind,error_class}``,
-``fanout_reconcile_duration_seconds{kind,result}``, ``fanout_queue_depth{kind}``,
-``fanout_requeues{kind,cause}``, ``fanout_drift_repairs{kind}``,
-``fanout_sweeps_refused{kind}``.
+Operators: docs/operations.md, "The fan-out controller"; docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -113,7 +44,30 @@ log = get_logger("fanout")
 
 
 class FanoutEngine(Generic[P]):
-    """Watches one parent kind and its children and keeps them converged (see the module doc)."""
+    """Watches one parent kind and its children and keeps them converged; one supervised child.
+
+    After a preflight (:mod:`supervisor.fanout.preflight`), one
+    :class:`~supervisor.kube.watching.Informer` lists and watches the parents in the
+    control namespace. One per child resource watches this installation's children
+    (by the managed-by, installation and lineage labels) into :class:`LiveChildren
+    <supervisor.fanout.live.LiveChildren>`. One more per child resource watches other
+    installations' children of this kind into :class:`ForeignChildren
+    <supervisor.fanout.live.ForeignChildren>`, never ours to write. A 403/404 or an
+    undecodable list from any of them sends the kind back to its preflight, with a
+    backoff reset after a watch that delivered.
+
+    A child's change or delete enqueues the parent its lineage label names. A parent's
+    update enqueues it only when it :func:`~supervisor.fanout.kind.matters`: a status
+    write does not. ``workers`` tasks take names from one
+    :class:`~supervisor.fanout.workqueue.WorkQueue` and run :class:`ReconcileRetries`
+    around the :class:`~supervisor.fanout.childwrites.ChildWriter` reconcile. Orphans
+    are swept after every parent (re)list and at each resync
+    (:class:`~supervisor.fanout.sweep.Sweeper`).
+    Writes run shielded: at shutdown none starts, and one in flight gets ``drain_s``
+    (:class:`~supervisor.fanout.drain.Drain`). A parent that does not decode (schema
+    skew) is logged at error, skipped and listed in the status; its children are left
+    alone, never swept.
+    """
 
     def __init__(
         self,
@@ -171,7 +125,11 @@ class FanoutEngine(Generic[P]):
     # -- the child --------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled. Reports started at once, before any Kubernetes request."""
+        """Run until cancelled. Reports started at once, before any Kubernetes request.
+
+        A kind waiting for its namespace, RBAC or CRD is dormant, not failing: ``READY=1``
+        never waits for Kubernetes.
+        """
         self.status.state = "preflight"
         task_status.started()
         watch = self.tuning.watch
@@ -275,7 +233,16 @@ class FanoutEngine(Generic[P]):
         return {"on_open": on_open, "on_close": on_close, "on_failure": on_failure}
 
     def _show(self) -> None:
-        """``state`` and ``last_error_class`` while watching (module doc, "What shows")."""
+        """``state`` and ``last_error_class`` while watching.
+
+        ``watching`` while every watch of the kind is open (its headers came); ``fan-out
+        watching`` is logged again only after a failure. Between two watches (one ended
+        at ``timeoutSeconds``, a relist) it is ``preflight`` with no error class. A list
+        or watch being retried shows its failure's class
+        (:func:`~supervisor.fanout.preflight.failure_class`) until it is open again. So
+        do child writes while any parent's writes keep failing. Every failure counts in
+        ``fanout_errors{kind,class}``.
+        """
         if not self._open:
             return  # in the preflight, which says so itself
         watching = all(self._open.values())
@@ -378,8 +345,9 @@ class FanoutEngine(Generic[P]):
     async def resync(self) -> None:
         """Sweep orphans (behind the sweep guard) and enqueue every parent.
 
-        The children are the watched cache (always current), so a resync reads
-        nothing and writes nothing for parents whose children are as desired.
+        After every parent (re)list, and every ``[kubernetes].resync_s``. The children
+        are the watched cache (always current): a resync reads and writes nothing for
+        parents whose children are as desired.
         """
         await self._sweep(self.sweeper.sweep)
         self.writer.forget_refusals()
@@ -428,40 +396,20 @@ class FanoutEngine(Generic[P]):
 
 @dataclass(eq=False, kw_only=True)
 class ReconcileRetries:
-    """Runs one key's reconcile and requeues or reports its failure.
+    """Runs one key's reconcile and requeues or reports its failure: the retry policy.
 
-    The step each worker of :class:`FanoutEngine` runs for a key it took from the
-    :class:`~supervisor.fanout.workqueue.WorkQueue` (the engine owns the queue, the
-    workers and the watches; this owns the retry policy). Contract of :meth:`attempt`:
+    Each worker of :class:`FanoutEngine` runs :meth:`attempt` for a key it took from
+    the :class:`~supervisor.fanout.workqueue.WorkQueue`. The engine owns the queue,
+    the workers and the watches. ``reconcile(name)`` makes the children what the parent
+    wants. ``failed(name, reason, message)`` reports a failure on the parent
+    (``Conflict``, ``Invalid`` or ``ApplyFailed``). ``queue`` takes the key back after
+    its delay.
 
-    - It runs the reconcile once; a :class:`~supervisor.kube.errors.KubeError`
-      from it is handled here, never raised (anything else, cancellation
-      included, propagates).
-    - **Success** resets the key's backoff.
-    - **409** (:class:`~supervisor.kube.errors.Conflict`): requeued, never dropped;
-      logged at info; the parent reported ``Conflict``.
-    - **422** (:class:`~supervisor.kube.errors.Invalid`): not requeued (the parent's
-      change or the next resync brings it back); logged at warning; the parent
-      reported ``Invalid``.
-    - **Any other** ``KubeError`` (a 403, a 5xx, a timeout, a 429): requeued; the
-      parent reported ``ApplyFailed``; counted in ``fanout_errors{kind,class}``;
-      logged at warning once per streak of failures of that parent (``reconcile
-      failed; requeued``), whose end is logged at info (``reconcile succeeds
-      again``, with ``failures`` and ``after_s``), not at every retry.
-      :attr:`failing_class` is the class of the latest such failure while any
-      parent's streak lasts (``show()`` is called at each change).
-    - A requeue waits a per-key backoff counted from the first retry on:
-      ``requeue_initial_s`` doubling to ``requeue_max_s`` (0.8 s to 30 s by
-      default), jittered down to half; on a 429 at least its ``Retry-After``.
-    - Metrics: ``fanout_applies{kind,result}`` (``conflict`` or ``error`` for a
-      failure), ``fanout_requeues{kind,cause}`` (``conflict``, ``throttled``,
-      ``error``) and ``fanout_reconcile_duration_seconds{kind,result}`` (``success``,
-      ``conflict``, ``invalid``, ``error``) for every attempt.
-
-    ``reconcile(name)`` makes the children what the parent wants;
-    ``failed(name, reason, message)`` reports a failure on the parent (reason
-    ``Conflict``, ``Invalid`` or ``ApplyFailed``); ``queue`` takes the key back
-    after its delay.
+    A requeue waits a per-key backoff from the first retry on: ``requeue_initial_s``
+    doubling to ``requeue_max_s`` (0.8 s to 30 s by default), jittered down to half.
+    On a 429, at least its ``Retry-After``. :attr:`failing_class` is the latest
+    failure's class while any parent's streak lasts; ``show()`` is called at each
+    change.
     """
 
     kind: str
@@ -518,7 +466,19 @@ class ReconcileRetries:
         return delay
 
     async def attempt(self, name: str) -> None:
-        """Reconcile ``name`` once; a failure is requeued or reported, never raised."""
+        """Reconcile ``name`` once; a KubeError is requeued or reported, never raised.
+
+        Anything else, cancellation included, propagates. Success resets the key's
+        backoff. A 409 (:class:`~supervisor.kube.errors.Conflict`) is requeued, never
+        dropped, logged at info. A 422 (:class:`~supervisor.kube.errors.Invalid`) is not
+        requeued: the parent's change or the next resync brings it back. Any other
+        (a 403, a 5xx, a timeout, a 429) is requeued and counted in
+        ``fanout_errors{kind,class}``. It is logged once per streak of that parent's
+        failures (``reconcile failed; requeued``); its end at info (``reconcile
+        succeeds again``, ``failures``, ``after_s``). Every attempt counts in
+        ``fanout_applies``, ``fanout_requeues`` (``conflict``, ``throttled``, ``error``)
+        and ``fanout_reconcile_duration_seconds``.
+        """
         started = trio.current_time()
         result = "success"
         try:

@@ -1,9 +1,4 @@
-"""What the fan-out engine knows of a kind: its parent resource and type, children, tuning.
-
-:class:`FanoutKind` is everything kind-specific (``ServiceDefinition`` and
-``Workflow`` each define one); :class:`FanoutTuning` holds the timings and
-bounds (the defaults suit production; tests shrink them).
-"""
+"""What the fan-out engine knows of a kind: :class:`FanoutKind` and :class:`FanoutTuning`."""
 
 from __future__ import annotations
 
@@ -32,7 +27,10 @@ P = TypeVar("P", bound=Parent)
 
 @dataclass(frozen=True)
 class FanoutKind(Generic[P]):
-    """Everything kind-specific: the parent resource and type, and its children."""
+    """Everything kind-specific: the parent resource and type, and its children.
+
+    ``ServiceDefinition`` and ``Workflow`` each define one.
+    """
 
     kind: str
     resource: Resource

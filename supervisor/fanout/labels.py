@@ -1,21 +1,4 @@
-"""The labels every fanned-out object carries (docs/kubernetes.md).
-
-One definition for every fan-out kind, so a new kind cannot drift the set:
-
-- ``app.kubernetes.io/name=<parent name>``: the standard name label;
-- ``app.kubernetes.io/managed-by=trio-supervisor``: "ours", for operators and selectors;
-- the lineage label ``platform.trio-supervisor.dev/<kind>=<parent name>``
-  (``servicedefinition`` or ``workflow``): which parent owns the object;
-- ``platform.trio-supervisor.dev/installation=<installation>`` (docs/kubernetes.md,
-  ``[kubernetes].installation``, default the control namespace):
-  which installation owns it. Every selector that can lead to a delete (the
-  orphan sweep) and every child watch selects on it, so two installations
-  sharing an apps namespace never see, let alone sweep, each other's children.
-
-Children live in another namespace than their parent, and Kubernetes ignores
-cross-namespace ownerReferences, so the lineage label is how children are
-found again: to delete a deleted parent's children and to sweep orphans.
-"""
+"""The labels every fanned-out object carries, one definition for all kinds (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
@@ -44,7 +27,16 @@ INSTALLATION_KEY: Final = f"{GROUP}/installation"
 
 
 def labels(parent_name: str, lineage_key: str, installation: str) -> dict[str, str]:
-    """The label set of an object fanned out from the parent ``parent_name``."""
+    """The label set of an object fanned out from the parent ``parent_name``.
+
+    The name label; managed-by ``trio-supervisor`` ("ours"); the lineage label
+    (``<GROUP>/servicedefinition`` or ``/workflow``), naming the parent. Children live
+    in another namespace than their parent, and Kubernetes ignores cross-namespace
+    ownerReferences: the lineage label is how they are found again. The installation
+    label (``[kubernetes].installation``) names the owner installation. Every child
+    watch and every selector that can lead to a delete select on it, so two
+    installations sharing an apps namespace never see each other's children.
+    """
     return {
         NAME_KEY: parent_name,
         MANAGED_BY_KEY: MANAGED_BY_VALUE,

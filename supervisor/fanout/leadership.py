@@ -1,56 +1,7 @@
 """Leader election for the fan-out on a Lease, as controller-runtime (client-go) does it.
 
-:meth:`LeaderElector.run` runs until cancelled and runs ``lead`` (the whole
-fan-out group) only while this replica holds the Lease. Its contract:
-
-- **Acquire.** Every ``retry_period_s`` a standby reads the Lease. A free Lease
-  (no holder) is taken at once; one whose record has not changed for
-  ``leaseDurationSeconds`` *as observed by this replica's own monotonic clock*
-  (since it first saw that resourceVersion) is taken over. A missing Lease is
-  created, unless its last holder seen here was someone else whose lease has
-  not expired in our view (deleted by an operator or a restore: that holder
-  leads on until then). Every write carries the resourceVersion read: if
-  anyone wrote in between, the write is a 409 and nothing is taken.
-- **Ours means written by us.** A record naming this replica's identity is
-  ours only if it carries a ``renewTime`` this elector wrote. Another replica
-  configured with the same identity, or a Lease edited or restored to name us,
-  is someone else's lease (logged once as a warning): a restarted process with
-  a fixed identity waits out its predecessor's lease like any standby.
-- **Renew.** The leader writes a fresh ``renewTime`` every ``retry_period_s``.
-  A renewal that has not succeeded ``renew_deadline_s`` after the *start* of
-  the last successful one (an unreachable server, refusals, slowness), or a
-  conflict that shows another holder, loses leadership: ``lead`` is cancelled
-  at that moment, so no fan-out write starts after it (writes in flight get the
-  fan-out's bounded drain). That moment comes before any other replica can
-  take over: they wait ``lease_duration_s`` from when they observed our last
-  renewal, which was no earlier than its start.
-- **Clock assumption** (the Lease protocol's): replicas' clocks *run* at about
-  the same rate over one lease duration. Nothing compares one replica's wall
-  clock with another's: ``renewTime`` is written for humans and tools, and
-  expiry is judged only by local elapsed time since a record change. And, as
-  any lease-based election, that a leader's process is not frozen longer than
-  ``lease_duration_s - renew_deadline_s`` minus the fan-out's drain.
-- **Release.** When cancelled (shutdown) while leading, ``lead`` is stopped
-  first (its drain included), then the Lease is written with no holder (a
-  1-second duration, as client-go), so a standby takes over within its
-  retry period instead of a lease duration. Bounded by ``release_timeout_s``.
-  Cancelled while a write of ours was unanswered (it may have landed), the
-  Lease is read again and released if ours.
-- **Leadership ends** (renewal lost, the fan-out crashed, shutdown): the role,
-  the gauge and the log say so at once, whatever ended it.
-- **Re-acquire** after a loss starts ``lead`` fresh: the fan-out re-reads all
-  state (preflight, list, resync, sweep).
-- Every change of role or of the observed holder goes to ``on_change``
-  (:class:`LeadershipStatus` is updated first), and the
-  ``supervisor_leader`` gauge and ``supervisor_leader_transitions_total``
-  counter follow.
-
-How leadership is reported: :class:`LeadershipStatus` is what the elector
-writes (``/status``'s ``leadership``); :func:`announcer` turns its changes into
-a ``status`` event and a ``STATUS=`` line, once per change;
-:class:`LeadershipMetrics` are ``supervisor_leader`` and
-``supervisor_leader_transitions_total`` (defined here, not in
-:mod:`supervisor.telemetry`: they exist only with election on).
+:class:`LeaderElector` elects; :class:`LeadershipStatus`, :func:`announcer` and
+:class:`LeadershipMetrics` report it. Operators: docs/operations.md, "High availability".
 """
 
 from __future__ import annotations
@@ -95,7 +46,7 @@ def default_identity() -> str:
 
 @dataclass
 class LeadershipStatus:
-    """What /status reports as ``leadership``."""
+    """What /status reports as ``leadership``; the elector writes it."""
 
     role: Role = "disabled"
     holder: str | None = None
@@ -129,7 +80,10 @@ def announcer(events: EventBus, status_line: Callable[[str], None],
 
 
 class LeadershipMetrics:
-    """``supervisor_leader`` (1 while this replica leads) and the transitions counter."""
+    """``supervisor_leader`` (1 while this replica leads) and the transitions counter.
+
+    Defined here, not in :mod:`supervisor.telemetry`: they exist only with election on.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.leader = Gauge("leader", "1 while this replica holds the fan-out Lease, else 0.",
@@ -153,10 +107,43 @@ class _Try(Enum):
 
 @dataclass(eq=False)
 class LeaderElector:
-    """Runs ``lead`` only while holding the Lease ``leases`` names (see the module doc).
+    """Runs ``lead`` (the whole fan-out group) only while holding the Lease ``leases`` names.
 
-    Needs ``retry_period_s < renew_deadline_s < lease_duration_s``; ``status`` is
-    updated in place and handed to ``on_change`` on every change.
+    Needs ``retry_period_s < renew_deadline_s < lease_duration_s``. ``status`` is
+    updated in place, then handed to ``on_change`` at every change of role or
+    observed holder; the metrics follow.
+
+    **Acquire.** Every ``retry_period_s`` a standby reads the Lease. A free one is
+    taken at once. One whose record has not changed for ``leaseDurationSeconds``, by
+    this replica's own monotonic clock since it saw that resourceVersion, is taken
+    over. A missing Lease is created, unless its last holder seen here is someone
+    else not expired in our view (an operator's delete, a restore): that one leads
+    on until then. Every write carries the resourceVersion read: a write in between
+    makes it a 409, and nothing is taken.
+
+    **Ours means written by us.** A record naming our identity is ours only with a
+    ``renewTime`` this elector wrote. A twin with the same identity, or a Lease
+    edited or restored to name us, is someone else's (a warning, once). So a
+    restarted process with a fixed identity waits out its predecessor's lease.
+
+    **Renew.** The leader writes ``renewTime`` every ``retry_period_s``. No success
+    within ``renew_deadline_s`` of the *start* of the last good one, or a conflict
+    showing another holder, loses leadership. ``lead`` is cancelled at that moment:
+    no fan-out write starts after it (those in flight get the drain). Others wait
+    ``lease_duration_s`` from when they saw our last renewal, no earlier than its
+    start, so the loss comes first.
+
+    **Clocks.** Replicas' clocks *run* at about the same rate over a lease duration.
+    No wall clock is compared with another's: ``renewTime`` is for humans, expiry is
+    local elapsed time. And a leader is never frozen longer than
+    ``lease_duration_s - renew_deadline_s`` minus the drain.
+
+    **Release.** Cancelled while leading, ``lead`` stops first (its drain included).
+    Then the Lease is written with no holder and a 1 s duration, as client-go: a
+    standby takes over within its retry period. Bounded by ``release_timeout_s``
+    (:meth:`_release`). An end of leadership shows at once in the role, the gauge and
+    the log, whatever ended it. Re-acquiring starts ``lead`` fresh: the fan-out
+    re-reads all state.
     """
 
     leases: LeaseApi

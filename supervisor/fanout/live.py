@@ -1,61 +1,5 @@
-"""What the children look like right now: a watched cache, and the drift test.
-
-One :class:`LiveChildren` per fan-out kind holds every child of that kind's
-child resources in the apps namespace, as the API server last told us
-(selected by the managed-by, installation and lineage labels, so nothing
-foreign is ever held). It is an informer handler for each child resource:
-
-- ``on_list`` replaces that resource's children (after a list or relist) and
-  marks the resource synced; ``on_upsert``/``on_delete`` keep it current.
-- Every change or delete calls ``enqueue(parent)`` with the parent named by
-  the child's lineage label: that is how a child deleted or edited by hand is
-  repaired within a moment instead of at the next resync.
-- :meth:`LiveChildren.put` records an object a write just returned, so a
-  reconcile right after our own apply sees it before its watch event comes.
-  An event not newer than what is held (by resourceVersion, compared as
-  integers when both are; kube-apiserver's are etcd revisions) neither replaces
-  it nor enqueues: our own write's event is not a reason to reconcile again.
-  A write's answer not newer than a child whose DELETED event came first is
-  not held either (the child was deleted right after our write).
-
-:func:`covers` is the drift test: the live object *covers* the desired one
-when every field we set has the same value live (maps: each key we set;
-lists: same length, element by element; a zero value we set that the server
-omits, as its types do, counts as the same). Fields the server added (defaults,
-status, managedFields) do not count, so an unchanged child is never
-rewritten; a changed ``replicas`` or image, a removed label of ours, or a
-deleted child is drift.
-
-:func:`terminating` tells a child being deleted already (held by a
-finalizer): it is never deleted again. :func:`unavailable` reads availability
-from the live status: a Deployment is available when its ``availableReplicas``
-reach the desired ``replicas`` and its controller has observed the current
-generation; any other child counts as available once it exists
-(docs/kubernetes.md).
-
-:class:`ForeignChildren`: children of *other* installations that share our apps
-namespace, never ours to write.
-
-Two installations may share an apps namespace (docs/operations.md, "The installation
-label"). Children are named after their parent, so when both have a parent of
-the same name, both want the same child. Server-side apply with ``force``
-would take the other installation's child over (relabelling it as ours), the
-other installation would repair it back, and so on. Our own child watch
-cannot see the other's child (it selects on our installation label), so it
-looks absent, and a reconcile would "create" it.
-
-:class:`ForeignChildren` is the informer handler of one more watch per child
-resource, selected by :func:`~supervisor.fanout.labels.foreign_selector` (managed by
-trio-supervisor, this kind's lineage label, an installation label that is not ours).
-Contract:
-
-- :meth:`ForeignChildren.owner` names the installation holding a child of
-  that key (None: no other installation has it). The reconcile leaves such a
-  child alone and reports the parent ``Ready=False`` (reason ``Conflict``).
-- Every change or delete of such a child enqueues our parent of the same name
-  (the lineage label), so ours is created as soon as the other one is gone.
-- Children without any installation label (made by a build before the label)
-  are not foreign: they are adopted and relabelled by their parent's reconcile.
+"""What the children look like right now: watched caches (:class:`LiveChildren`,
+:class:`ForeignChildren`), and the drift test (:func:`covers`).
 """
 
 from __future__ import annotations
@@ -87,11 +31,16 @@ def _empty(value: Any) -> bool:
 
 
 def covers(live: Any, want: Any) -> bool:
-    """True when every field set in ``want`` has the same value in ``live``.
+    """True when every field set in ``want`` has the same value in ``live``: no drift.
 
-    A field we set to a zero value (``""``, 0, false, empty) and the server left out
-    counts as the same: its types omit such fields (an env var's ``value: ""``), so
-    the live object can never show it, and it must not be drift.
+    Maps: each key we set; lists: same length, element by element. Fields the server
+    added (defaults, status, managedFields) do not count, so an unchanged child is
+    never rewritten. A changed ``replicas`` or image, or a removed label of ours, is
+    drift.
+
+    A field we set to a zero value (``""``, 0, false, empty) that the server left out
+    counts as the same. Its types omit such fields (an env var's ``value: ""``), so the
+    live object can never show it: no drift.
     """
     if isinstance(want, Mapping):
         if not isinstance(live, Mapping):
@@ -155,7 +104,11 @@ def terminating(obj: Mapping[str, Any] | None) -> bool:
 
 
 def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
-    """None when ``child`` is available, else why not (for the Available message)."""
+    """None when ``child`` is available, else why not (for the Available message).
+
+    A Deployment is available when its ``availableReplicas`` reach ``replicas`` and its
+    controller observed the current generation. Any other child is, once it exists.
+    """
     if live is None:
         return f"{child.resource.kind} {child.name} does not exist"
     if child.resource.kind != "Deployment":
@@ -172,10 +125,12 @@ def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
 
 
 class ChildIndex(ABC):
-    """What a child resource's informer feeds (a list, an upsert, a delete), for the
-    children of one kind: each change enqueues the parent named by the lineage label,
-    and :attr:`synced` tells when every child resource has been listed since the
-    informers (re)started (:meth:`clear` starts over)."""
+    """What a child resource's informer feeds (a list, an upsert, a delete), for one kind.
+
+    Each change enqueues the parent the lineage label names. :attr:`synced` tells when
+    every child resource has been listed since the informers (re)started; :meth:`clear`
+    starts over.
+    """
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
@@ -247,7 +202,14 @@ class ResourceHandler:
 
 
 class LiveChildren(ChildIndex):
-    """The watched children of one kind (see the module doc)."""
+    """The watched children of one kind, as the API server last told us.
+
+    Every child of the kind's child resources in the apps namespace, selected by the
+    managed-by, installation and lineage labels: nothing foreign is held. An informer
+    handler for each child resource (:meth:`handler`). Every change or delete enqueues
+    the parent the lineage label names: a child deleted or edited by hand is repaired
+    within a moment, not at the next resync.
+    """
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:
@@ -318,7 +280,12 @@ class LiveChildren(ChildIndex):
                     self._enqueue(parent)
 
     def observe(self, resource: Resource, obj: Obj) -> None:
-        """A watch event: hold ``obj`` unless what is held is newer; enqueue its parent."""
+        """A watch event: hold ``obj`` unless what is held is newer; enqueue its parent.
+
+        Newer by resourceVersion, compared as integers when both are (etcd revisions).
+        An event not newer neither replaces nor enqueues: our own write's event is no
+        reason to reconcile again.
+        """
         key = ChildKey(resource.plural, child_name(obj))
         held = self._objects.get(key)
         if _older(obj, held, or_same=True):
@@ -331,7 +298,11 @@ class LiveChildren(ChildIndex):
                 self._enqueue(parent)
 
     def put(self, resource: Resource, obj: Obj) -> None:
-        """Hold what a write of ours just returned (no enqueue: we just reconciled it)."""
+        """Hold what a write of ours just returned (no enqueue: we just reconciled it).
+
+        So a reconcile right after our apply sees it before its watch event. Not held
+        when not newer than a child whose DELETED event came first.
+        """
         key = ChildKey(resource.plural, child_name(obj))
         if _older(obj, self._objects.get(key), or_same=False):
             return
@@ -357,7 +328,18 @@ class LiveChildren(ChildIndex):
 
 
 class ForeignChildren(ChildIndex):
-    """Which of this kind's child names another installation holds (see the module doc)."""
+    """Which of this kind's child names another installation holds; never ours to write.
+
+    Two installations may share an apps namespace (docs/operations.md, "The fan-out
+    controller"). Children are named after their parent: with a parent of the same
+    name, both want one child. ``force`` would take the other's child over, it would
+    repair it back, and so on. Our own watch selects on our installation label, so
+    that child looks absent. Hence one more watch per child resource
+    (:func:`~supervisor.fanout.labels.foreign_selector`). The reconcile leaves a child
+    :meth:`owner` names alone, reporting ``Conflict``. Its change or delete enqueues
+    our parent of the same name: ours is created once the other is gone. A child with
+    no installation label (an older build) is not foreign: its parent adopts it.
+    """
 
     def __init__(self, resources: Iterable[Resource], lineage_key: str,
                  enqueue: Callable[[str], None]) -> None:

@@ -1,31 +1,7 @@
 """Which objects in the apps namespace are ours to write, and which ours to delete.
 
-The apps namespace is shared with its teams: an object of the name a child
-needs may exist already, made by someone else. Contract:
-
-- **Write** (:func:`ours_to_write`): a child is written only when it does not
-  exist (created with a POST, never an apply, so an existing object is a 409
-  ``AlreadyExists`` and never overwritten), or when it already carries
-  ``managed-by=trio-supervisor``, this installation's label and this parent's
-  lineage label, or the managed-by and installation labels and a write of
-  ours (a lineage label edited by hand on a child we made). Any other object
-  of that name is **foreign**: left exactly as it is, the parent reported
-  ``Conflict`` (:func:`describe` names the object and its owner labels).
-  Handing an existing object over to a parent is adding those three labels.
-- **Apply** to what is ours is forced only over managers whose claims are
-  not declarations: our own (:data:`OUR_MANAGERS`, every field manager name
-  this project has used, and the configured one) and managers that changed a
-  field by an update (``kubectl edit``/``scale``/``patch``: drift on a child of
-  ours, repaired). A manager that *applied* to the object declares fields its
-  own: the apply goes without ``force``, and a 409 field conflict naming such
-  a manager (:func:`conflict_managers`) is reported as ``Conflict``, never
-  forced. Who applied what is read from the watched object's managedFields, so
-  a repair is one write; a conflict from a manager not seen yet is checked
-  against a fresh read before anything is forced.
-- **Delete** (:func:`written_by_us`): only an object one of our field managers
-  has written (its ``metadata.managedFields`` has an entry of ours), never on
-  labels alone: labels are anyone's to patch, so a label-only match deleted
-  an unrelated Service whose labels someone had copied from ours.
+The apps namespace is shared with its teams: an object of the name a child needs may
+exist already, made by someone else.
 """
 
 from __future__ import annotations
@@ -84,13 +60,26 @@ def labels_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def written_by_us(obj: Mapping[str, Any], managers: Iterable[str]) -> bool:
-    """Has one of ``managers`` written ``obj`` (a managedFields entry of its own)?"""
+    """Has one of ``managers`` written ``obj`` (a managedFields entry of its own)?
+
+    Only such an object is ever deleted, never on labels alone. Labels are anyone's to
+    patch: a label-only match once deleted an unrelated Service with copied labels.
+    """
     return not set(managers_of(obj)).isdisjoint(managers)
 
 
 def ours_to_write(obj: Mapping[str, Any], *, lineage_key: str, parent: str,
                   installation: str, managers: Iterable[str]) -> bool:
-    """May the parent ``parent`` write the existing ``obj`` (see the module doc)?"""
+    """May the parent ``parent`` write the existing ``obj``?
+
+    Yes when it carries ``managed-by=trio-supervisor``, this installation's label and
+    this parent's lineage label. Or managed-by, installation and a write of ours (a
+    lineage label edited by hand on a child we made). Any other object of that name is
+    **foreign**: left as it is, the parent reported ``Conflict`` (:func:`describe`).
+    Adding those three labels hands an object over. An absent child is created with
+    a POST, never an apply: an existing object is a 409 ``AlreadyExists``, never
+    overwritten.
+    """
     labels = labels_of(obj)
     if labels.get(MANAGED_BY_KEY) != MANAGED_BY_VALUE:
         return False
@@ -114,7 +103,16 @@ def describe(obj: Mapping[str, Any], kind: str, namespace: str, lineage_key: str
 
 
 def conflict_managers(exc: Conflict) -> set[str]:
-    """The field managers a 409 apply conflict names (empty: not a field conflict)."""
+    """The field managers a 409 apply conflict names (empty: not a field conflict).
+
+    An apply to what is ours is forced only over managers whose claims are no
+    declarations. Those are our own (:data:`OUR_MANAGERS` and the configured one), and
+    those that changed a field by an update (``kubectl edit``/``scale``/``patch``:
+    drift, repaired). A manager that *applied* declares its fields: the apply goes without
+    ``force``, and a conflict naming it is reported ``Conflict``, never forced. Who
+    applied is read from the watched managedFields, so a repair is one write. A
+    conflict naming a manager not seen yet is checked on a fresh read before any force.
+    """
     return set(_CONFLICT_WITH.findall(exc.message))
 
 
@@ -129,9 +127,10 @@ def folded_managed_fields(obj: Mapping[str, Any], managers: Iterable[str], manag
     """``obj``'s managedFields with our managers' update entries folded into ``manager``'s
     apply entry (None: nothing to fold).
 
-    kube-apiserver keys managers by name *and* operation: the POST that created a child
-    left an Update entry co-owning every field it was created with, so an apply that
-    stops setting one of them removed nothing. client-go's csaupgrade does the same fold.
+    kube-apiserver keys managers by name *and* operation. The POST that created a child
+    left an Update entry co-owning every field it was created with. So an apply that
+    stops setting one of them removed nothing. client-go's csaupgrade does the same
+    fold.
     """
     ours = set(managers)
     metadata = obj.get("metadata") or {}

@@ -1,26 +1,6 @@
 """The status a reconciler writes on a parent: ``observedGeneration``, ``Ready``, ``Available``.
 
-Contract (docs/kubernetes.md):
-
-- ``Ready``: ``True`` (reason ``Applied``) when every child was applied for
-  the observed generation; ``False`` with reason ``Conflict``, ``Invalid``,
-  ``ApplyFailed`` or ``RepairDeferred`` (a drifting child's repair waits for
-  the repair limiter) otherwise.
-- ``Available``: ``True`` (reason ``ChildrenAvailable``) when every Deployment
-  child reports its desired replicas available (and its controller has seen
-  its current generation) and every other child exists; ``False`` (reason
-  ``ChildrenUnavailable``, the message naming the first child that is not)
-  otherwise.
-- Events (:class:`ParentReporter.event`): ``Applied`` (when enabled),
-  ``DriftRepaired``, ``ApplyFailed``, ``Invalid``, ``Conflict``, best effort
-  (:mod:`supervisor.kube.events`).
-- Written by server-side apply on the status subresource, only when it
-  differs from what the parent already shows (or what we wrote for the same
-  resourceVersion, while our own event is on its way): an idle resync writes
-  nothing. ``lastTransitionTime`` moves only when a condition's status does.
-- A status write answered 404 (the parent deleted meanwhile, its DELETED event
-  not yet here) is quiet, and no status is written again to that version of
-  the parent (same name and resourceVersion): each would be another 404.
+Each condition's reasons and meaning: docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -98,7 +78,14 @@ def status_body(api_version: str, kind: str, name: str, namespace: str,
 
 @dataclass(eq=False)
 class ParentReporter:
-    """Writes a parent's status (only when it changes) and records Events on it."""
+    """Writes a parent's status (only when it changes) and records Events on it.
+
+    ``Ready`` is ``Applied``, ``Conflict``, ``Invalid``, ``ApplyFailed`` or
+    ``RepairDeferred``. ``Available`` comes from the live children
+    (:func:`~supervisor.fanout.live.unavailable`), the message naming the first child
+    that is not. Events (``Applied`` when enabled, ``DriftRepaired``, ``ApplyFailed``,
+    ``Invalid``, ``Conflict``) are best effort (:mod:`supervisor.kube.events`).
+    """
 
     client: KubeClient
     resource: Resource
@@ -142,7 +129,14 @@ class ParentReporter:
 
     async def write(self, parent: Parent, desired: list[Desired], status: str,
                     reason: str, message: str) -> None:
-        """Write ``Ready``/``Available`` unless the parent already shows them."""
+        """Write ``Ready``/``Available`` unless the parent already shows them.
+
+    By server-side apply on the status subresource. Also skipped when we wrote the same
+    for that resourceVersion and our event is on its way: an idle resync writes
+    nothing. ``lastTransitionTime`` moves only when a condition's status does. A 404
+    (the parent deleted, its DELETED event not here yet) is quiet. Nothing is written
+    again to that name and resourceVersion: each would be another 404.
+    """
         want = self.want(parent, desired, status, reason, message)
         meta = parent.metadata
         if self._gone.get(meta.name) == meta.resource_version:

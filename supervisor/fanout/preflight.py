@@ -1,50 +1,6 @@
-"""The preflight every fan-out watcher runs before it watches.
+"""The preflight every fan-out watcher runs before it watches: :func:`await_watchable`.
 
-A watcher stays dormant, not failing, until a one-item list of what it is
-about to watch succeeds. Each attempt is one ``list`` with ``limit=1``; a
-failed attempt is classified, logged, counted, and retried after a delay that
-starts near 1 s and doubles up to ``retry_s`` (``[kubernetes].preflight_retry_s``,
-the ceiling), so a CRD or Role applied just after the daemon started is
-noticed at once. A :class:`~supervisor.wakeup.Wakeup` (the daemon wakes it on
-SIGHUP) ends a waiting delay early and starts the schedule over.
-
-The list's items are *not* decoded here: objects are decoded one at a time by
-the informer, which names each undecodable one (``kind``, ``name``,
-``error_class=schema_skew``, the decode ``path``) and skips it, so one bad
-object never holds its whole kind in the preflight. Only an undecodable list
-envelope is a schema skew of the preflight itself.
-
-Two failures look alike and need different fixes, so
-:func:`classify_watch_error` (the only place that decides) tells them apart:
-
-- ``namespace_or_rbac_unready``: the list failed at the HTTP level (any error
-  status, a refused connection, a configuration that cannot be loaded). The
-  apps namespace or its RBAC is not provisioned yet, or the API server is not
-  reachable: self-healing, so it is logged at **warning**, naming
-  ``manifests/apps-namespace``.
-- ``schema_skew``: the list answered, but its body did not decode into the
-  type this build expects. The installed CRD's schema differs from this
-  build's; that never heals by itself (a CRD does not change under a running
-  process), so it is logged at **error** on every retry, naming the fix
-  ``kubectl apply -k manifests/crds``. It keeps the same retry cadence rather
-  than ending the daemon: the convergence loop and the other watchers keep
-  serving.
-
-- ``child_api_missing``: a child resource answered 404 and the server's
-  discovery confirms it does not serve that group/version/resource at all
-  (kube-apiserver 1.20 has no ``batch/v1`` CronJob). No manifest of ours fixes
-  that: it is logged at **error** naming the API and what serves it.
-
-Every line carries ``kind`` and ``error_class`` (docs/log-events.md). While
-waiting, the kind's :class:`~supervisor.fanout.status.FanoutStatus` says
-``state="preflight"`` with ``last_error_class`` set, and
-``fanout_preflight_failures{kind,error_class}`` counts each failed attempt.
-
-:func:`await_watchable` waits until serveable (cancel it with trio's usual
-scopes); :func:`await_watchable_cancellable` takes an explicit ``cancel``
-(a :class:`trio.Event` to set, or an unentered :class:`trio.CancelScope` to
-cancel) and returns False when that fired first, so an owner whose shutdown
-must unwind the wait never waits out a retry sleep.
+Operators: docs/operations.md, "The fan-out controller"; docs/log-events.md.
 """
 
 from __future__ import annotations
@@ -109,11 +65,16 @@ class ListClient(Protocol):
 def classify_watch_error(exc: BaseException) -> ErrorClass:
     """``schema_skew`` when a body failed to decode into the expected type, else unready.
 
-    A :class:`~supervisor.kube.errors.DecodeError` (its subclass
-    :class:`~supervisor.kube.errors.SchemaSkew` included) means the server
-    answered and we could not read the answer. Everything else, any HTTP error
-    status, a transport failure, a configuration that does not load, means
-    the watch is not reachable yet.
+    The two look alike and need different fixes; this is the only place that decides.
+    A :class:`~supervisor.kube.errors.DecodeError` (:class:`~supervisor.kube.errors.SchemaSkew`
+    too) means the server answered and we could not read it. The installed CRD's
+    schema differs from this build's, which never heals by itself. So it is logged at
+    **error** at every retry, naming ``kubectl apply -k manifests/crds``. It keeps the
+    retry cadence rather than ending the daemon: the loop and the other watchers keep
+    serving. Anything else (an HTTP error status, a transport failure, a configuration
+    that does not load) is ``namespace_or_rbac_unready``: the apps namespace or its
+    RBAC is not there yet, or the server unreachable. Self-healing, so at **warning**,
+    naming ``manifests/apps-namespace``.
     """
     if isinstance(exc, DecodeError):
         return reasons.SCHEMA_SKEW
@@ -224,12 +185,21 @@ async def await_watchable(
 ) -> None:
     """Return once a one-item list of ``resource`` in ``namespace`` succeeds.
 
-    ``kind`` is the fan-out kind named in logs and metrics (default: the
-    resource's own kind). Retries start after :data:`FIRST_RETRY_S` (or
-    ``retry_s`` if smaller) and double up to ``retry_s``; ``wakeup`` ends a
-    wait early and restarts that schedule. ``is_served`` (a discovery check)
-    tells a child API the server does not serve from an ordinary 404. Cancel
-    with an enclosing cancel scope.
+    Until then the watcher is dormant, not failing: ``state="preflight"`` with
+    ``last_error_class`` set. Each failed attempt is classified
+    (:func:`classify_watch_error`), logged with ``kind`` and ``error_class``, and
+    counted in ``fanout_preflight_failures{kind,error_class}``. The items are not
+    decoded here: the informer decodes them one by one, skipping an undecodable
+    one, so one bad object never holds its kind in the preflight. Only an
+    undecodable list envelope is a preflight's schema skew. A 404 that discovery
+    confirms (``is_served``) is ``child_api_missing`` (kube-apiserver 1.20 has no
+    ``batch/v1`` CronJob), at **error**, naming the API: no manifest of ours fixes it.
+
+    ``kind`` is the fan-out kind named in logs and metrics (default: the resource's
+    own kind). Retries start after :data:`FIRST_RETRY_S` (or ``retry_s`` if smaller)
+    and double up to ``retry_s`` (``[kubernetes].preflight_retry_s``). So a CRD or Role
+    applied just after start is noticed at once. ``wakeup`` (SIGHUP) ends a wait early
+    and restarts that schedule. Cancel with an enclosing cancel scope.
     """
     label = kind or resource.kind
     if status is not None:

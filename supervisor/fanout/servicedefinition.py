@@ -1,16 +1,6 @@
 """ServiceDefinition -> Deployment (+ Service when ``port`` is set), in the apps namespace.
 
-docs/kubernetes.md: ``platform.trio-supervisor.dev/v1`` ``ServiceDefinition``
-(plural ``servicedefinitions``), spec ``image``, ``replicas`` [1], ``port``
-(optional), ``env`` (map). The children are named after the parent and carry
-:func:`supervisor.fanout.labels.labels` with the lineage key
-``platform.trio-supervisor.dev/servicedefinition``. The Deployment's selector
-uses the name and lineage labels only, which never change for a given parent
-(a Deployment's selector is immutable).
-
-:class:`ServiceDefinition` declares only the fields read here; a CRD whose
-schema disagrees (``replicas`` a string, ``image`` missing) fails its decode,
-which the preflight and the watcher report as a schema skew.
+The resource and its spec: docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -49,12 +39,23 @@ class ServiceDefinitionSpec(msgspec.Struct, rename="camel", kw_only=True):
 
 
 class ServiceDefinition(Parent, kw_only=True):
+    """The fields read here only: a CRD whose schema disagrees fails its decode (schema skew).
+
+    ``replicas`` a string or ``image`` missing, say; the preflight and the watcher
+    report it.
+    """
+
     spec: ServiceDefinitionSpec
 
 
 def desired_children(
     parent: ServiceDefinition, namespace: str, installation: str
 ) -> list[Desired]:
+    """The Deployment, and the Service with ``port``: named after the parent, our labels.
+
+    The Deployment's selector uses the name and lineage labels only. They never change
+    for a given parent, and a Deployment's selector is immutable.
+    """
     name = parent.metadata.name
     spec = parent.spec
     own = labels(name, LINEAGE_SERVICEDEFINITION, installation)

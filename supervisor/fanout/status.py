@@ -1,12 +1,4 @@
-"""Per-kind fan-out status, written by a watcher and read by the status report.
-
-``state`` is ``disabled``, ``preflight`` (also between two watches) or
-``watching`` (every watch of the kind open) (docs/admin-api.md);
-``last_error_class`` is None, ``schema_skew`` or ``namespace_or_rbac_unready``;
-``objects`` is the number of parent objects currently known; ``skewed`` names
-(up to 20) the parents that do not decode and are skipped, reported
-only when there are any.
-"""
+"""Per-kind fan-out status, written by a watcher, read by the status report (docs/admin-api.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +13,13 @@ __all__ = ["FanoutStatus"]
 
 @dataclass
 class FanoutStatus:
+    """One kind's ``state``, ``last_error_class``, parent ``objects`` and ``skewed`` names.
+
+    ``state``: ``disabled``, ``preflight`` (also between two watches) or ``watching``
+    (every watch of the kind open). ``skewed``: up to 20 parents that do not decode and
+    are skipped, reported only when there are any.
+    """
+
     state: FanoutState = "disabled"
     last_error_class: str | None = None
     objects: int = 0

@@ -1,29 +1,4 @@
-"""The orphan sweep's safety catch.
-
-An orphan is a child of this installation (managed-by, installation and
-lineage labels) whose parent is not in the parent list. A parent list that is
-wrong (a mistyped ``control_namespace`` whose list the RBAC happens to allow,
-a restored-empty etcd, a CRD reinstalled empty) makes *every* child look
-orphaned, and deleting them all is the one mistake a controller must not make
-on its own.
-
-Contract of :meth:`SweepGuard.allow`: a sweep that would delete more than
-half of the children it sees *and* more than ``handful`` of them is refused
-(False), and the parent list it saw is remembered. It stays refused until a
-later sweep (the next resync) sees the very same parent list again: then the
-list was not a glitch, and the sweep goes ahead. Any smaller sweep is allowed
-and clears the memory.
-
-:class:`Sweeper` finds the orphans in the watched children
-(:class:`~supervisor.fanout.live.LiveChildren`, already selected by this
-installation's labels; a child being deleted already, held by a finalizer,
-is not an orphan to delete again, nor one an existing parent wants whose
-lineage label was edited by hand, nor one no field manager of ours ever wrote:
-labels are anyone's to patch, :mod:`supervisor.fanout.ownership`), asks the
-guard, and deletes them (each failure logged and left to the next resync).
-:meth:`Sweeper.sweep_late` sweeps again for a child that landed after a sweep
-(see there); it never confirms a refused sweep.
-"""
+"""The orphan sweep (:class:`Sweeper`) and its safety catch (:class:`SweepGuard`)."""
 
 from __future__ import annotations
 
@@ -50,7 +25,12 @@ HANDFUL = 5
 
 
 class SweepGuard:
-    """Refuses implausibly large sweeps until the same parent list is seen twice."""
+    """Refuses implausibly large sweeps until the same parent list is seen twice.
+
+    A wrong parent list (a mistyped ``control_namespace`` the RBAC allows, a
+    restored-empty etcd, a CRD reinstalled empty) makes *every* child look orphaned.
+    Deleting them all is the one mistake a controller must not make on its own.
+    """
 
     def __init__(self, handful: int = HANDFUL) -> None:
         self.handful = handful
@@ -63,7 +43,13 @@ class SweepGuard:
         return self._refused_for is not None
 
     def allow(self, orphans: int, seen: int, parents: Iterable[str]) -> bool:
-        """May a sweep delete ``orphans`` of the ``seen`` children, given ``parents``?"""
+        """May a sweep delete ``orphans`` of the ``seen`` children, given ``parents``?
+
+        Not when over half of them *and* over ``handful``: refused, and the parent list
+        remembered. It stays refused until a later sweep (the next resync) sees the very
+        same list: then it was no glitch, and the sweep goes ahead. A smaller sweep is
+        allowed and clears the memory.
+        """
         current = frozenset(parents)
         if orphans <= self.handful or orphans * 2 <= seen:
             self._refused_for = None
@@ -80,7 +66,12 @@ class SweepGuard:
 class Sweeper:
     """Deletes this installation's orphans, behind a :class:`SweepGuard`.
 
-    ``claimant(key)`` names the existing parent that wants a child (never swept).
+    An orphan is a child of this installation whose parent is not in the parent list,
+    found in the watched children (:class:`~supervisor.fanout.live.LiveChildren`). Not
+    one being deleted already (a finalizer holds it). Not one ``claimant(key)`` names,
+    an existing parent that wants it (a hand-edited lineage label). Not one no manager
+    of ours wrote (:func:`~supervisor.fanout.ownership.written_by_us`). A failed delete
+    is logged and left to the next resync.
     """
 
     client: KubeClient
@@ -134,10 +125,10 @@ class Sweeper:
         """Sweep again for a child written after the last sweep (unless a refusal holds).
 
         A relist that drops a parent (its DELETED event lost with the watch history)
-        sweeps at once, but a child whose apply was still on the wire then lands after
-        that sweep, and its watch event, no newer than the apply's answer, queues
-        nothing. A refused sweep waits for the next resync to confirm the parent list:
-        this sweep never does.
+        sweeps at once. But a child whose apply was still on the wire lands after that
+        sweep, and its watch event, no newer than the apply's answer, queues nothing. A
+        refused sweep waits for the next resync to confirm the parent list: this sweep
+        never does.
         """
         if not self.guard.holding:
             await self.sweep(known)

@@ -1,14 +1,4 @@
-"""Workflow -> CronJob, in the apps namespace.
-
-docs/kubernetes.md: ``platform.trio-supervisor.dev/v1`` ``Workflow``
-(plural ``workflows``), spec ``image``, ``schedule`` (cron), ``args``. The
-CronJob is named after the parent and carries
-:func:`supervisor.fanout.labels.labels` with the lineage key
-``platform.trio-supervisor.dev/workflow``, on the CronJob and on its pod
-template (so the Jobs' pods are attributable too). The schedule is passed
-through as written; the API server validates it (a refusal shows as
-``Ready=False``, reason ``Invalid``, on the Workflow).
-"""
+"""Workflow -> CronJob, in the apps namespace (the resource and its spec: docs/kubernetes.md)."""
 
 from __future__ import annotations
 
@@ -40,6 +30,11 @@ class Workflow(Parent, kw_only=True):
 
 
 def desired_children(parent: Workflow, namespace: str, installation: str) -> list[Desired]:
+    """The CronJob, named after the parent, our labels on it and on its pod template.
+
+    So the Jobs' pods are attributable too. The schedule goes through as written: the
+    API server validates it (a refusal shows as ``Ready=False``, reason ``Invalid``).
+    """
     name = parent.metadata.name
     spec = parent.spec
     own = labels(name, LINEAGE_WORKFLOW, installation)

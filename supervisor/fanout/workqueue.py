@@ -1,15 +1,4 @@
-"""The per-kind work queue of parent names (client-go's workqueue, in small).
-
-Contract: keys are deduplicated; one key is never handed to two workers at
-once (a key added while it is processed is processed once more after
-:meth:`WorkQueue.done`); :meth:`WorkQueue.add_after` delays a requeue (one
-pending delay per key, the sooner one, as client-go's delaying queue: a long
-retry-after-failure wait must not hold back a deferred repair due sooner);
-:meth:`WorkQueue.pending` tells whether a key will be taken (again);
-:meth:`WorkQueue.wait_idle` returns once nothing is queued, processing or
-waiting to be requeued. Its ``len`` (queued, not yet taken) is what the
-``fanout_queue_depth`` gauge shows.
-"""
+"""The per-kind work queue of parent names: :class:`WorkQueue`, client-go's workqueue in small."""
 
 from __future__ import annotations
 
@@ -24,7 +13,8 @@ class WorkQueue:
     """Deduplicating keys, one worker per key at a time (client-go's workqueue, in small).
 
     A key added while queued is a no-op; added while being processed, it is
-    processed once more after :meth:`done`.
+    processed once more after :meth:`done`. Its ``len`` (queued, not yet taken) is the
+    ``fanout_queue_depth`` gauge.
     """
 
     def __init__(self) -> None:
@@ -60,9 +50,11 @@ class WorkQueue:
     async def add_after(self, key: str, delay_s: float) -> None:
         """Add ``key`` after ``delay_s`` (run it in a nursery); the sooner pending delay wins.
 
-        A delay ending later than the one pending is dropped; a pending one
-        ending later is superseded: its wait ends at once, adding nothing. A
-        cancelled delay adds nothing either (and may leave the queue idle).
+        One pending delay per key, as client-go's delaying queue: a long retry wait must
+        not hold back a deferred repair due sooner. A delay ending later than the one
+        pending is dropped; a pending one ending later is superseded: its wait ends at
+        once, adding nothing. A cancelled delay adds nothing either (and may leave the
+        queue idle).
         """
         due = trio.current_time() + delay_s
         pending = self._delayed.get(key)
