@@ -385,7 +385,7 @@ class Daemon:
             if tokens is None:
                 failed.append("tokens not reloaded")
             else:
-                self._admin_ctx.token, self._admin_ctx.read_token = tokens
+                self._admin_ctx.set_tokens(*tokens)
         for name, exc in self.hup.run():
             log.error("SIGHUP hook failed", hook=name, error=str(exc))
             failed.append(f"{name} failed: {exc}")

@@ -309,7 +309,8 @@ SIGNALS: Final[dict[str, str]] = {
     "off the event loop within 5 s (anything but a regular file is refused); every other "
     "changed key is named in one warning, `SIGHUP: restart needed for <keys>`. "
     "`[admin].token_file` and `read_token_file` are read again (`SIGHUP: tokens reloaded`): "
-    "the old tokens are refused from then on; an unusable file keeps both old ones.",
+    "the old tokens are refused from then on, and a stream opened with one is closed (1008 "
+    "`token no longer valid`); an unusable file keeps both old ones.",
 }
 
 SYSTEMD: Final[dict[str, str]] = {

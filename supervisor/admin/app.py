@@ -36,6 +36,7 @@ request waiting, and the loop answers the abandoned request into the void.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from supervisor.admin.auth import WWW_AUTHENTICATE, authorized
@@ -199,7 +200,8 @@ class AdminApp:
         assert hub is not None  # refused above when there is none
         self._handlers.followers.note(scope_headers(scope))
         try:
-            await hub.serve(scope, receive, send)
+            await hub.serve(scope, receive, send,
+                            allowed=partial(self._authorized, scope_headers(scope)))
         except Exception:  # one client's failure must not reach the server
             log.exception("stream client failed", peer=str(scope.get("client")))
 

@@ -34,6 +34,8 @@ class AdminContext:
     token: str | None = None
     # [admin].read_token_file's token: the GET routes and the stream only.
     read_token: str | None = None
+    # Told after set_tokens: the stream closes the clients the new tokens refuse.
+    tokens_changed: list[Callable[[], None]] = field(default_factory=list)
     # Why the process is not healthy (empty: healthy); the daemon's health().
     unhealthy: Callable[[], list[str]] = field(default=lambda: [])
     # [admin].allowed_hosts: names besides the listen address and loopback.
@@ -51,6 +53,12 @@ class AdminContext:
     sinks: SinkStatus = field(default_factory=SinkStatus)
     # When this process started serving its admin API (UTC, ISO 8601): /status `started_at`.
     started_at: str = field(default_factory=utc_now_iso)
+
+    def set_tokens(self, token: str | None, read_token: str | None) -> None:
+        """Replace both tokens (a reload); the old ones are refused from now on, streams too."""
+        self.token, self.read_token = token, read_token
+        for told in self.tokens_changed:
+            told()
 
     def status(self) -> StatusDocument:
         """The /status document (:class:`~supervisor.status_doc.StatusDocument`)."""

@@ -359,6 +359,7 @@ async def serve_admin(
         server = _Server(sock, limits, ctx.metrics, tls)
         hub = StreamHub(ctx.events, ctx.status, ctx.metrics, settings, abort=server.reset,
                         raw_sender=server.raw_sender)
+        ctx.tokens_changed.append(hub.revoke)
         hosts = AllowedHosts(split_host_port(listen)[0], ctx.allowed_hosts, port=port,
                              scheme="http" if tls is None else "https", origins=ctx.allowed_origins)
         server.mount(AdminApp(ctx, hub, hosts))
@@ -372,6 +373,7 @@ async def serve_admin(
             try:
                 await trio.sleep_forever()
             finally:
+                ctx.tokens_changed.remove(hub.revoke)
                 with trio.move_on_after(shutdown_timeout_s, shield=True):
                     await server.stop(hub, shutdown_timeout_s)
                 server.kill()

@@ -61,9 +61,9 @@ from supervisor.logs import get_logger
 from supervisor.status_doc import StatusDocument
 from supervisor.telemetry import Metrics
 
-__all__ = ["CLOSE_GOING_AWAY", "CLOSE_TOO_SLOW", "ConnectionGone", "Encoded", "FirstMessage",
-           "RawSend", "Receive", "Scope", "Send", "StreamHub", "StreamSettings", "encode_json",
-           "text_frame"]
+__all__ = ["CLOSE_GOING_AWAY", "CLOSE_POLICY", "CLOSE_TOO_SLOW", "ConnectionGone", "Encoded",
+           "FirstMessage", "RawSend", "Receive", "Scope", "Send", "StreamHub", "StreamSettings",
+           "encode_json", "text_frame"]
 
 log = get_logger("admin.stream")
 
@@ -72,6 +72,8 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 CLOSE_GOING_AWAY = 1001
+#: A client whose token a reload retired (RFC 6455 "policy violation").
+CLOSE_POLICY = 1008
 CLOSE_TOO_SLOW = 1013
 
 # Writes bytes that are already a complete WebSocket frame; ConnectionGone when
@@ -148,6 +150,9 @@ class _Client:
     wait_scope: trio.CancelScope | None = None
     aborted: bool = False
     dropped: bool = False
+    # Whether the credentials it opened with still let it in (asked after a token reload).
+    allowed: Callable[[], bool] = lambda: True
+    revoked: bool = False
 
 
 class StreamHub:
@@ -199,9 +204,14 @@ class StreamHub:
 
     # -- one client ----------------------------------------------------------
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, *,
+                    allowed: Callable[[], bool] = lambda: True) -> None:
         """Run one accepted-to-be client: the app has read ``websocket.connect``
-        and checked the token; this accepts, streams, and closes."""
+        and checked the token; this accepts, streams, and closes.
+
+        ``allowed()`` says whether its credentials still let it in: asked by
+        :meth:`revoke`, a client it refuses is closed with 1008.
+        """
         peer = _peer(scope)
         # Snapshot the state and subscribe in one synchronous step (no checkpoint
         # between): an event is either reflected in the first message or
@@ -209,7 +219,7 @@ class StreamHub:
         first_message = self._first_message()
         raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
-        client = _Client(sub, peer)
+        client = _Client(sub, peer, allowed=allowed)
         self._add(client)
         try:
             await send({"type": "websocket.accept"})
@@ -253,6 +263,8 @@ class StreamHub:
                 return (CLOSE_TOO_SLOW, "client too slow")
             if self._closing.is_set():
                 return (CLOSE_GOING_AWAY, "going away")
+            if client.revoked:
+                return (CLOSE_POLICY, "token no longer valid")
             event: Event | None = None
             try:
                 try:
@@ -266,7 +278,8 @@ class StreamHub:
                         client.wait_scope = wait_scope
                         event = await receive.receive()
                     client.wait_scope = None
-                    if wait_scope.cancelled_caught and (client.aborted or self._closing.is_set()):
+                    if wait_scope.cancelled_caught and (
+                            client.aborted or client.revoked or self._closing.is_set()):
                         continue
             except trio.EndOfChannel:
                 # The bus closes a channel only when it overflows (said at the loop's top).
@@ -368,6 +381,14 @@ class StreamHub:
         while True:
             await trio.sleep(self.settings.monitor_interval_s)
             self.abort_stalled()
+
+    def revoke(self) -> None:
+        """Close, with 1008, every client whose credentials no longer let it in (a reload)."""
+        for client in list(self._clients):
+            if not client.revoked and not client.allowed():
+                client.revoked = True
+                if client.wait_scope is not None:
+                    client.wait_scope.cancel()
 
     async def close_all(self, timeout_s: float) -> None:
         """Close every client with 1001 "going away" and refuse new ones.

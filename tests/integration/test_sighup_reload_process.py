@@ -12,7 +12,9 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
+import trio_websocket
 
 from tests.proc import EXAMPLE, cli, free_port, run_daemon, write_config
 
@@ -109,5 +111,41 @@ async def test_sighup_reloads_both_token_files_and_the_old_tokens_are_refused(
             await daemon.wait_log("SIGHUP: tokens not reloaded; the previous tokens stay in force")
             assert (await client.post(f"{base}/v1/converge", headers=bearer("new-full-token"))
                     ).status_code == 200
+            daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+
+
+async def test_a_stream_opened_with_a_token_sighup_retired_is_closed_and_the_others_stay(
+        tmp_path: Path) -> None:
+    full, read = tmp_path / "admin.token", tmp_path / "read.token"
+    full.write_text("kept-full-token\n")
+    read.write_text("old-read-token\n")
+    port = free_port()
+    config = _published(tmp_path, port)
+    config.write_text(config.read_text().replace(
+        "[admin]\n", f'[admin]\ntoken_file = "{full}"\nread_token_file = "{read}"\n'))
+    url = f"ws://127.0.0.1:{port}/v1/stream"
+
+    def bearer(token: str) -> list[tuple[str, str]]:
+        return [("Authorization", f"Bearer {token}")]
+
+    with trio.fail_after(60):
+        async with run_daemon(config) as daemon:
+            await daemon.wait_log("ready")
+            async with trio_websocket.open_websocket_url(
+                    url, extra_headers=bearer("old-read-token")) as retired, \
+                    trio_websocket.open_websocket_url(
+                        url, extra_headers=bearer("kept-full-token")) as kept:
+                await retired.get_message()
+                await kept.get_message()
+                read.write_text("new-read-token\n")
+                daemon.signal(signal.SIGHUP)
+                await daemon.wait_log("SIGHUP: tokens reloaded")
+                with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                    while True:
+                        await retired.get_message()
+                assert closed.value.reason is not None
+                assert closed.value.reason.code == 1008, closed.value.reason
+                assert not kept.closed
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0

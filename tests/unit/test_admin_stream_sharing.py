@@ -19,7 +19,7 @@ from supervisor.admin.stream import (
 )
 from supervisor.status_doc import StatusDocument
 from tests.adminserver import counter_value, make_ctx, published
-from tests.fakes.snapshot import FakeSnapshot
+from tests.fakes.snapshot import FakeSnapshot, serve
 
 CLIENTS = 300
 
@@ -174,7 +174,7 @@ async def test_the_first_message_is_encoded_again_only_when_the_state_changed() 
             assert one.asgi[1]["text"].encode() == first_of(ctx.status(), heartbeat)
             assert len(encodes) == 1
             # A state change: the next client's first message says it, encoded once more.
-            ctx.state.swap(FakeSnapshot(9, 1), body_sha256=b"\x00" * 32)  # type: ignore[arg-type]
+            serve(ctx.state, FakeSnapshot(9, 1), body_sha256=b"\x00" * 32)
             three, four = await connect(), await connect()
             assert three.asgi[1]["text"] != one.asgi[1]["text"]
             assert three.asgi[1]["text"] == four.asgi[1]["text"]
