@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from supervisor import health, logs, reasons
-from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.config import Config
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ChangeSignal
@@ -27,6 +26,7 @@ from supervisor.lifecycle.signals import HANDLED, HupHooks
 from supervisor.lifecycle.systemd import Notifier, run_watchdog, watchdog_interval
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
+from supervisor.threads import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.tree import ChildSpec, Restart, Supervisor
 from supervisor.wakeup import Wakeup
 

@@ -5,7 +5,7 @@ check, its deadline and what the deadline releases, its reason label, and the
 test that proves it. ``docs/boundaries.md`` is rendered from :data:`BOUNDARIES`
 (``python -m tools.docsgen``); a unit test checks every row's test exists. The
 bounds themselves are the constants of the modules named here, used through
-:mod:`supervisor.bounds`.
+:mod:`supervisor.bounds` and :mod:`supervisor.threads`.
 """
 
 from __future__ import annotations
@@ -459,7 +459,7 @@ DEADLINES: Final = (
         test="tests/integration/test_store_sqlite.py::"
              "test_write_lock_held_elsewhere_is_conflict"),
     Boundary(
-        where="supervisor.bounds.in_thread: every worker-thread hand-off",
+        where="supervisor.threads.in_thread: every worker-thread hand-off",
         enters="a blocking call's result", size="-",
         check="a limit per dependency (THREAD_LIMITS: database, files, reload, kube, cpu)",
         deadline="the caller's (the token's wait included)",

@@ -6,11 +6,11 @@ docs/operations.md, "Signals and boot" and "systemd".
 
 from __future__ import annotations
 
-from supervisor.bounds import FILE_IO_DEADLINE_S
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.revisions import attempt_deadline_s
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.status import RevisionStatus
+from supervisor.threads import FILE_IO_DEADLINE_S
 from supervisor.tree import Supervisor
 
 __all__ = ["boot_deadline_s", "stall_limit_s", "status_line", "unhealthy", "watchdog_healthy"]

@@ -24,9 +24,9 @@ import hmac
 from collections.abc import Iterable
 from functools import partial
 
-from supervisor.bounds import ThreadDeadline, in_thread
 from supervisor.errors import ConfigError
 from supervisor.logs import get_logger
+from supervisor.threads import ThreadDeadline, in_thread
 from supervisor.tokenfile import read_token
 
 __all__ = ["WWW_AUTHENTICATE", "admin_tokens", "authorized", "reread_tokens"]

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from supervisor import __version__
 from supervisor.admin.signed import SignedRevisionFile
-from supervisor.bounds import outliving
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.convergence.signal import ConvergeAnswer
 from supervisor.convergence.status import RevisionStatus
@@ -17,6 +16,7 @@ from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
 from supervisor.status_doc import ChildReport, LeadershipReport, StatusDocument
 from supervisor.telemetry import Metrics
+from supervisor.threads import outliving
 
 __all__ = ["AdminContext"]
 

@@ -40,9 +40,9 @@ from supervisor.admin.responses import (
 )
 from supervisor.admin.signed import Unservable, etag_for, not_modified
 from supervisor.admin.stream import Receive, Scope
-from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.controlplane.replica_name import REVISION_PATH
 from supervisor.logs import get_logger
+from supervisor.threads import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 
 __all__ = ["CONVERGE_PATH", "CONVERGE_TIMEOUT_MAX_S", "CONVERGE_TIMEOUT_S", "FOLLOWERS_PATH",
            "READ_SIGNED", "REVISION_PATH", "SIGNED", "STREAM_PATH", "Handler", "Routes"]

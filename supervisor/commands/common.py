@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import msgspec
 import trio
 
-from supervisor.bounds import cut, in_thread
+from supervisor.bounds import cut
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
 from supervisor.configchecks import placeholders
 from supervisor.configfile import env_warnings, load
 from supervisor.errors import ConfigError, UsageError
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories
+from supervisor.threads import in_thread
 
 if TYPE_CHECKING:
     from supervisor.admin.errors import AdminUnreachable

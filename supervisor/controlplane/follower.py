@@ -16,7 +16,6 @@ import nacl.signing
 import trio
 
 from supervisor import reasons
-from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.controlplane.checks import refuse_unreadable
 from supervisor.controlplane.errors import (
     ControlPlaneError,
@@ -34,6 +33,7 @@ from supervisor.sinks.lkg.fileformat import MAGIC, MAX_HEADER_BYTES, SIGNATURE_B
 from supervisor.sinks.lkg.keys import parse_trusted
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import Candidate
+from supervisor.threads import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.tlsconfig import upstream_context
 from supervisor.tokenfile import read_token
 

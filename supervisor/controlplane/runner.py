@@ -15,7 +15,6 @@ from typing import Generic, Protocol, TypeVar
 
 import trio
 
-from supervisor.bounds import in_thread
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
@@ -23,6 +22,7 @@ from supervisor.controlplane.errors import (
     slow_read,
 )
 from supervisor.logs import get_logger
+from supervisor.threads import in_thread
 
 __all__ = ["INTERRUPT_GRACE_S", "ConnectionRunner", "Driver", "StaleConnection",
            "call_interruptibly", "dispose_quietly", "in_db_thread", "open_interruptibly",
@@ -88,7 +88,7 @@ class _Call(Generic[T]):
 
 
 def in_db_thread(fn: Callable[[], T], what: str, deadline_s: float = math.inf) -> Awaitable[T]:
-    """``fn()`` in a worker thread of the database's own limit (see ``bounds.in_thread``)."""
+    """``fn()`` in a worker thread of the database's own limit (see ``threads.in_thread``)."""
     return in_thread(fn, dependency="database", deadline_s=deadline_s, what=what)
 
 

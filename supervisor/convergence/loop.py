@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from supervisor import reasons
-from supervisor.bounds import FILE_IO_DEADLINE_S, cut, in_thread
+from supervisor.bounds import cut
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence.memory import RevisionMemory
@@ -35,6 +35,7 @@ from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import Candidate, Serving
 from supervisor.telemetry import Metrics
+from supervisor.threads import FILE_IO_DEADLINE_S, in_thread
 
 if TYPE_CHECKING:
     from supervisor.config import CacheConfig, ControlPlaneConfig

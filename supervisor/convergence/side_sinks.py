@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from supervisor import reasons
-from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 from supervisor.logs import get_logger
 from supervisor.sinks.atomic import write_atomic
 from supervisor.status_doc import SinksReport, SinkState
 from supervisor.streak import Streak
 from supervisor.telemetry import Metrics
+from supervisor.threads import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
 
 if TYPE_CHECKING:
     from supervisor.revision.snapshot import Snapshot

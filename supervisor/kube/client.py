@@ -51,7 +51,6 @@ import httpx
 import msgspec
 import trio
 
-from supervisor.bounds import in_thread
 from supervisor.kube.config import CREDENTIALS_DEADLINE_S, KubeSettings, load_settings_async
 from supervisor.kube.credentials import Credentials
 from supervisor.kube.errors import (
@@ -74,6 +73,7 @@ from supervisor.kube.wire import (
     retry_after,
 )
 from supervisor.logs import get_logger
+from supervisor.threads import in_thread
 
 __all__ = ["APPLY_PATCH", "KubeClient", "TokenBucket", "WatchStream", "decode"]
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from supervisor.bounds import ThreadDeadline, in_thread
 from supervisor.kube.errors import KubeConfigError
+from supervisor.threads import ThreadDeadline, in_thread
 
 __all__ = ["KubeSettings", "load_settings", "load_settings_async"]
 

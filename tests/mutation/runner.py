@@ -74,7 +74,7 @@ TARGETS: dict[str, Target] = {
         90.0),
     # The bounds every boundary uses: cut, quoted, shown, the range and size checks, the
     # capped read, the worker-thread hand-offs.
-    "bounds": Target(("supervisor/bounds.py",),
+    "bounds": Target(("supervisor/bounds.py", "supervisor/threads.py"),
                      ("tests/unit/test_boundaries.py", "tests/unit/test_thread_handoffs.py"),
                      90.0),
     "revision": Target(

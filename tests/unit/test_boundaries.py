@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import bounds
+from supervisor import bounds, threads
 from supervisor.boundaries import BOUNDARIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +151,7 @@ def test_the_table_states_the_bounds_the_code_holds() -> None:
     assert {name for _, name in stated} == {"NAME_BYTES", "PATH_BYTES"}
     for number, name in stated:
         assert int(number) == getattr(bounds, name), (number, name)
-    assert f"FILE_IO_DEADLINE_S ({bounds.FILE_IO_DEADLINE_S:g} s)" in said
+    assert f"FILE_IO_DEADLINE_S ({threads.FILE_IO_DEADLINE_S:g} s)" in said
 
 
 def test_a_size_check_passes_the_bound_and_refuses_one_past_it() -> None:

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from supervisor.bounds import (
+from supervisor.threads import (
     FILE_IO_DEADLINE_S,
     THREAD_LIMITS,
     ThreadDeadline,
@@ -118,11 +118,11 @@ def test_the_dependency_names_are_the_limits_keys_so_a_typo_fails_the_type_check
     3 a.m.: the parameter's type is the keys, so mypy refuses it before it ships."""
     from typing import get_args, get_type_hints
 
-    from supervisor import bounds
+    from supervisor import threads
 
-    assert set(get_args(bounds.Dependency)) == set(THREAD_LIMITS)
+    assert set(get_args(threads.Dependency)) == set(THREAD_LIMITS)
     for fn in (in_thread, thread_limiter):
-        assert get_type_hints(fn)["dependency"] == bounds.Dependency
+        assert get_type_hints(fn)["dependency"] == threads.Dependency
 
 
 async def test_a_stuck_call_is_logged_when_given_up_and_again_when_it_returns() -> None:
