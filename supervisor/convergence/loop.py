@@ -213,7 +213,8 @@ class ConvergenceLoop:
                 await self.sinks.rewrite(restated)
                 self.state.serve(restated)
             return Outcome(OutcomeKind.CONVERGED, revision=candidate.id)
-        if serving is not None and serving.revision == candidate.id:
+        if (serving is not None and serving.revision == candidate.id
+                and serving.candidate.body_sha256 != candidate.body_sha256):
             log.warning("revision id reused with different content (a restore followed by "
                         "new publishes?): treating it as a new revision",
                         revision=candidate.id)
