@@ -390,6 +390,28 @@ async def test_a_restart_keeps_a_failing_sink_failing_and_one_left_out_is_disabl
     assert (sinks.state("cache"), sinks.error("cache")) == ("ok", None)
 
 
+async def test_a_restart_while_the_control_plane_is_down_still_retries_a_failing_sink_write(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    sinks = SinkStatus()
+    sink = FlakyFile(str(tmp_path / "snapshot.json"))
+    first = make(store, snapshot_file=sink, sink_status=sinks)
+    await first.converge_once()
+    store.put(doc("a", "b"))
+    sink.fail = True  # a full disk: revision 2 serves, the file still holds revision 1
+    assert (await first.converge_once()).kind is OutcomeKind.PUBLISHED
+    assert sinks.state("snapshot_file") == "failing"
+    # The child restarts while the control plane is down; the disk has room again.
+    store.outage = True
+    sink.fail = False
+    restarted = make(store, status=first.status, snapshot_file=sink, sink_status=sinks)
+    assert (await restarted.converge_once()).kind is OutcomeKind.REJECTED
+    assert json.loads(Path(sink.path).read_bytes())["revision"] == 2
+    assert sinks.state("snapshot_file") == "ok"
+
+
 class VanishingCache:
     """The signed cache, whose first export's files are removed the instant it returns
     (another process cleaning the directory): the write succeeded, nothing is left."""
