@@ -150,6 +150,9 @@ class ConvergenceLoop:
         self._failures = FailureLog(report.status, report.on_status)
         self.attempts = 0
         self.memory = RevisionMemory(report.status)
+        if self.state.serving is not None:
+            # A restart: a sink write still failing is retried whether the store answers or not.
+            sinks.resume(self.state.serving)
 
     # -- one attempt -----------------------------------------------------------
 

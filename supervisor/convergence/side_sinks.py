@@ -8,7 +8,8 @@ again: one ``stat`` per file per attempt compares device, inode, size, mtime,
 mode and owner with what the write left (the cache's served mark included).
 Failures are logged once per failure streak and their recovery once
 (:class:`~supervisor.streak.Streak`, kept by :class:`SinkStatus`: a loop's
-restart does not forget a streak); every failed write counts in
+restart does not forget a streak, and the restarted loop retries the sink's
+write from what serves, :meth:`SideSinks.resume`); every failed write counts in
 ``supervisor_sink_write_failures_total``. How each sink is now (``ok``,
 ``failing`` from a refused write until a write succeeds, ``disabled`` when not
 configured) and its last error are :class:`SinkStatus`: ``/status`` ``sinks``
@@ -150,6 +151,19 @@ class SideSinks:
         # What the last successful write of each left on disk (None: not written yet).
         self._file_print: Fingerprint | None = None
         self._cache_print: Fingerprint | None = None
+
+    def resume(self, serving: Serving) -> None:
+        """A restarted loop's sinks: a write the status says is failing is due again.
+
+        The status outlives the loop, what was due does not: without this, a
+        restart while the control plane is down left the failing sink behind
+        what serves until a hydrate succeeded.
+        """
+        if self.snapshot_file is not None and self.status.state("snapshot_file") == "failing":
+            self._file_due = serving.snapshot
+        if (self.cache is not None and serving.source == "control_plane"
+                and self.status.state("cache") == "failing"):
+            self._cache_due = serving
 
     def _failed(self, sink: str, exc: BaseException, **context: object) -> None:
         self.metrics.sink_write_failures.labels(sink).inc()
