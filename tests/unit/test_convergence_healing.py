@@ -26,6 +26,7 @@ from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver
 from supervisor.sinks.file import SnapshotFile
+from supervisor.sinks.lkg import CacheUnwritable
 from supervisor.status_doc import RevisionReport
 from tests.convergence import doc, make, real_cache, sample, with_cache
 from tests.fakes.store import FakeStore
@@ -307,6 +308,29 @@ async def test_failed_rollback_export_removes_the_newer_cache() -> None:
     outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 1
     assert cache.discarded == [2] and cache.revision is None
+
+
+async def test_failed_export_of_a_reused_id_removes_the_cache_of_the_content_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    cache = real_cache(tmp_path)
+    rec = make(store, cache=cache)
+    await rec.converge_once()
+    # A restore from a backup, then a publish: id 1 comes back with another body,
+    # and the disk is full.
+    store.revisions[1] = doc("b")
+
+    def full(**_kw: Any) -> None:
+        raise CacheUnwritable(cache.path, "No space left on device")
+
+    monkeypatch.setattr(cache, "export", full)
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and sorted(rec.state.snapshot.aliases) == ["b"]
+    # A boot with the control plane down must not serve the body the operator replaced.
+    cached = cache.load()
+    assert cached is None or cached.body == doc("b")
 
 
 async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) -> None:
