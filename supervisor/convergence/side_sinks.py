@@ -19,7 +19,8 @@ The reload hook (:mod:`supervisor.sinks.hook`) is the third sink: told of each
 swap once the snapshot file is written (or refused), it runs in its own task.
 
 When an export that failed was a move to an *older* revision (an operator's
-rollback), the newer cache is removed (unlinking needs no disk space) so a
+rollback), or to the same id with another body (a restore, then a publish), the
+cache is removed (unlinking needs no disk space) so a
 boot cannot serve what the operator rolled back from.
 
 An export carries the signed statement it serves under
@@ -267,7 +268,7 @@ class SideSinks:
             return _fingerprint(paths)
 
         def discard() -> bool:
-            return cache.discard_if_newer(export.revision)
+            return cache.discard_if_newer(export.revision, export.candidate.body_sha256)
 
         self._cache_due = export
         try:

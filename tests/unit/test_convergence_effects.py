@@ -132,8 +132,8 @@ class HeldCache:
         self.release.wait(10)
         self.real.export(**kw)
 
-    def discard_if_newer(self, revision: int) -> bool:
-        return self.real.discard_if_newer(revision)
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
+        return self.real.discard_if_newer(revision, body_sha256)
 
     def forget_files(self) -> None:
         self.real.forget_files()
@@ -430,8 +430,8 @@ class VanishingCache:
             for path in self.paths:
                 os.unlink(path)
 
-    def discard_if_newer(self, revision: int) -> bool:
-        return self.real.discard_if_newer(revision)
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
+        return self.real.discard_if_newer(revision, body_sha256)
 
     def forget_files(self) -> None:
         self.real.forget_files()
