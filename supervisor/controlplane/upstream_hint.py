@@ -15,8 +15,8 @@ Each connection names this replica to the upstream (:mod:`.replica_name`).
 
 Like the LISTEN child it reports started at once (an unreachable upstream must
 not hold up readiness), never lets a failure escape (logged as an outage, then
-a reconnect with bounded exponential backoff and jitter), and lets Cancelled
-through. ``[control_plane].listen = false`` turns it off.
+a reconnect with bounded exponential backoff and jitter, reset by a stream
+that delivered), and lets Cancelled through. ``[control_plane].listen = false`` turns it off.
 """
 
 from __future__ import annotations
@@ -84,8 +84,10 @@ async def run_upstream_hint(
                 outage.recovered()
                 log.info("following the upstream's stream for wake-ups", url=url)
                 wake("reconnect")
-                await _follow(ws.get_message, wake, config.hint_min_interval_s)
-                backoff.reset()
+                # A stream that delivered resets the backoff (_follow never returns):
+                # its cut is a new outage, not the next failure of the last one.
+                await _follow(ws.get_message, wake, config.hint_min_interval_s,
+                              delivered=backoff.reset)
         except Exception as exc:  # noqa: BLE001 - a hint only: logged; polling covers the gap
             outage.failed(error=f"{type(exc).__name__}: {exc}"[:300], url=url)
             reconnecting(True)
@@ -93,14 +95,15 @@ async def run_upstream_hint(
 
 
 async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
-                  wake: Callable[[str], None], min_interval_s: float) -> None:
+                  wake: Callable[[str], None], min_interval_s: float, *,
+                  delivered: Callable[[], None] = lambda: None) -> None:
     """Wake the loop on ``published`` events, at most once per ``min_interval_s``.
 
     A flood of hints (any number within the interval) becomes one wake-up at
     its start and, when more came after it, one at its end: the loop fetches
-    at most once per interval, and never misses the last hint. Returns never;
-    raises what ``get_message`` raises, or TooSlowError after IDLE_TIMEOUT_S
-    of silence.
+    at most once per interval, and never misses the last hint. ``delivered()``
+    is called at every message. Returns never; raises what ``get_message``
+    raises, or TooSlowError after IDLE_TIMEOUT_S of silence.
     """
     floor = WakeFloor(partial(wake, "upstream"), min_interval_s)
     while True:
@@ -108,6 +111,7 @@ async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
         with trio.move_on_at(min(floor.due, idle_deadline)) as waiting:
             message = await get_message()
         if not waiting.cancelled_caught:
+            delivered()
             if _is_published(message):
                 floor.notified()
         elif trio.current_time() >= idle_deadline:
