@@ -160,6 +160,9 @@ class FollowerStore:
             verify=upstream_context(config) or True,
         )
         self._accepted: _Accepted | None = None
+        # The ETag of the upstream's last statement kept out for the held one (a sibling's
+        # or a refresh expiring earlier): asked with it, an unchanged upstream answers 304.
+        self._passed_over: str | None = None
 
     def __repr__(self) -> str:
         return f"FollowerStore({self._url!r})"
@@ -209,6 +212,7 @@ class FollowerStore:
         # No file to look at (no [cache].path): no thread to spend.
         if self._highest.path is not None and await self._persist(self._highest.sync):
             self._accepted = None  # reset meanwhile: the next statement is judged afresh
+            self._passed_over = None
         held = self._accepted
         try:
             with trio.fail_after(self._fetch_timeout_s):
@@ -226,7 +230,11 @@ class FollowerStore:
         accepted = self._verify(data)
         if held is not None and _same_intent(accepted.statement, held.statement) and (
                 not supersedes(accepted.statement, held.statement)):
-            return held  # a sibling root's earlier-issued statement: the held one stays
+            # A sibling root's earlier-issued statement, or a refresh expiring earlier:
+            # the held one stays, and this one's ETag is asked with next time.
+            self._passed_over = accepted.statement.etag()
+            return held
+        self._passed_over = None
         if supersedes(accepted.statement, self._highest.highest):
             await self._persist(partial(self._highest.accept, accepted.statement))
         self._accepted = accepted
@@ -239,7 +247,8 @@ class FollowerStore:
         its raw bytes arrive, refused past the bound (``denied``). A malformed header
         (a non-ASCII ``ETag``) is ``invalid``. The environment's proxies are ignored.
         """
-        headers = {"if-none-match": held.statement.etag()} if held is not None else {}
+        headers = ({"if-none-match": self._passed_over or held.statement.etag()}
+                   if held is not None else {})
         headers.update(name_headers())  # this replica, for its upstream's fleet view
         try:
             async with self._client.stream("GET", REVISION_PATH, headers=headers) as response:

@@ -75,8 +75,10 @@ async def run_upstream_hint(
                 outage.recovered()
                 log.info("following the upstream's stream for wake-ups", url=url)
                 wake("reconnect")
-                await _follow(ws.get_message, wake, config.hint_min_interval_s)
-                backoff.reset()
+                # A stream that delivered resets the backoff (_follow never returns):
+                # its cut is a new outage, not the next failure of the last one.
+                await _follow(ws.get_message, wake, config.hint_min_interval_s,
+                              delivered=backoff.reset)
         except Exception as exc:  # noqa: BLE001 - a hint only: logged; polling covers the gap
             outage.failed(error=f"{type(exc).__name__}: {exc}"[:300], url=url)
             reconnecting(True)
@@ -84,12 +86,13 @@ async def run_upstream_hint(
 
 
 async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
-                  wake: Callable[[str], None], min_interval_s: float) -> None:
+                  wake: Callable[[str], None], min_interval_s: float, *,
+                  delivered: Callable[[], None] = lambda: None) -> None:
     """Wake the loop on ``published`` events, at most once per ``min_interval_s``.
 
     A flood of hints within the interval becomes one wake-up at its start, and one at
     its end when more came. So the loop fetches at most once per interval and never
-    misses the last hint. Returns never. Raises what ``get_message`` raises, or
+    misses the last hint. ``delivered()`` is called at every message. Returns never. Raises what ``get_message`` raises, or
     TooSlowError after IDLE_TIMEOUT_S of silence.
     """
     floor = WakeFloor(partial(wake, "upstream"), min_interval_s)
@@ -98,6 +101,7 @@ async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
         with trio.move_on_at(min(floor.due, idle_deadline)) as waiting:
             message = await get_message()
         if not waiting.cancelled_caught:
+            delivered()
             if _is_published(message):
                 floor.notified()
         elif trio.current_time() >= idle_deadline:

@@ -150,6 +150,9 @@ class ConvergenceLoop:
         self._failures = FailureLog(report.status, report.on_status)
         self.attempts = 0
         self.memory = RevisionMemory(report.status)
+        if self.state.serving is not None:
+            # A restart: a sink write still failing is retried whether the store answers or not.
+            sinks.resume(self.state.serving)
 
     # -- one attempt -----------------------------------------------------------
 
@@ -213,7 +216,8 @@ class ConvergenceLoop:
                 await self.sinks.rewrite(restated)
                 self.state.serve(restated)
             return Outcome(OutcomeKind.CONVERGED, revision=candidate.id)
-        if serving is not None and serving.revision == candidate.id:
+        if (serving is not None and serving.revision == candidate.id
+                and serving.candidate.body_sha256 != candidate.body_sha256):
             log.warning("revision id reused with different content (a restore followed by "
                         "new publishes?): treating it as a new revision",
                         revision=candidate.id)

@@ -136,6 +136,19 @@ class SideSinks:
         self._file_print: Fingerprint | None = None
         self._cache_print: Fingerprint | None = None
 
+    def resume(self, serving: Serving) -> None:
+        """A restarted loop's sinks: a write the status says is failing is due again.
+
+        The status outlives the loop, what was due does not: without this, a
+        restart while the control plane is down left the failing sink behind
+        what serves until a hydrate succeeded.
+        """
+        if self.snapshot_file is not None and self.status.state("snapshot_file") == "failing":
+            self._file_due = serving.snapshot
+        if (self.cache is not None and serving.source == "control_plane"
+                and self.status.state("cache") == "failing"):
+            self._cache_due = serving
+
     def _failed(self, sink: str, exc: BaseException, **context: object) -> None:
         self.metrics.sink_write_failures.labels(sink).inc()
         self.status.failed(sink, " ".join(str(exc).split()) or type(exc).__name__, **context)
@@ -227,9 +240,10 @@ class SideSinks:
         """The cache now holds ``export``, or is due to (and holds nothing newer).
 
         It carries the statement it serves under: a root's own, signed into the cache;
-        a follower's, the root's (:meth:`_forward`). When the export fails, a newer cache
-        is removed (an operator's rollback; unlinking needs no disk space). So a boot
-        cannot serve what the operator rolled back from.
+        a follower's, the root's (:meth:`_forward`). When the export fails, a newer cache,
+        or one of the same id with another body, is removed (a rollback, or a restore then
+        a publish; unlinking needs no disk space). So a boot cannot serve what the
+        operator moved away from.
         """
         await self._forward(export.statement)
         if self.cache is None:
@@ -249,7 +263,7 @@ class SideSinks:
             return _fingerprint(paths)
 
         def discard() -> bool:
-            return cache.discard_if_newer(export.revision)
+            return cache.discard_if_newer(export.revision, export.candidate.body_sha256)
 
         self._cache_due = export
         try:

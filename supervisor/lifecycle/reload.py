@@ -86,20 +86,23 @@ class ConfigReload:
         need; later SIGHUPs report it instead of piling up threads.
         """
         fresh: Config | None = None
-        self.last_error = None
+        # This read's own error: two quick SIGHUPs read concurrently (one
+        # waiting for the other's thread), and neither may report the other's.
+        error: str | None = None
         with trio.move_on_after(self.timeout_s) as scope:
             try:
                 # The scope's deadline bounds it; one read at a time (its own limiter).
                 fresh = await trio.to_thread.run_sync(partial(self._read, self.path),
                                                       abandon_on_cancel=True, limiter=self._limiter)
             except ConfigError as exc:
-                self.last_error = str(exc)
+                error = str(exc)
         if scope.cancelled_caught:
-            self.last_error = (f"{self.path}: reading it did not finish within "
-                               f"{self.timeout_s:g} s (a hung mount?); the running "
-                               "configuration stays in force")
-        if self.last_error is not None:
-            log.error("SIGHUP: configuration not reloaded", error=self.last_error)
+            error = (f"{self.path}: reading it did not finish within "
+                     f"{self.timeout_s:g} s (a hung mount?); the running "
+                     "configuration stays in force")
+        self.last_error = error
+        if error is not None:
+            log.error("SIGHUP: configuration not reloaded", error=error)
             return None
         return fresh
 

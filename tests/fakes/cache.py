@@ -44,7 +44,7 @@ class FakeCache:
     def forget_files(self) -> None:
         self.forgotten += 1
 
-    def discard_if_newer(self, revision: int) -> bool:
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
         if self.revision is not None and self.revision > revision:
             self.discarded.append(self.revision)
             self.revision = None

@@ -65,6 +65,43 @@ async def test_a_read_that_hangs_is_given_up_at_the_deadline(
         release.set()
 
 
+async def test_a_second_sighup_reads_the_file_whatever_the_first_read_it_waited_for_found(
+) -> None:
+    # Two quick SIGHUPs: the first read finds the file mid-edit, the second
+    # (waiting for the one reload thread) finds it complete.
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def reader(path: str) -> Config:
+        calls.append(path)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(30)
+            raise ConfigError("$", "half-written", source=path)
+        return _config('[log]\nlevel = "debug"\n')
+
+    reload = ConfigReload("supervisor.toml", _config(), timeout_s=5.0, read=reader)
+    results: dict[str, Config | None] = {}
+
+    async def read(name: str) -> None:
+        results[name] = await reload.read()
+
+    try:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, "first")
+                await trio.to_thread.run_sync(entered.wait, 10)
+                nursery.start_soon(read, "second")
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()
+    finally:
+        release.set()
+    assert results["first"] is None
+    second = results["second"]
+    assert second is not None and second.log.level == "debug"
+    assert reload.last_error is None
+
+
 async def test_restart_needed_names_every_changed_key_but_the_log_level() -> None:
     running = _config()
     fresh = _config('poll_interval_s = 7.0\n[log]\nlevel = "debug"\n[admin]\nlisten = "127.0.0.1:1"\n')

@@ -132,8 +132,8 @@ class HeldCache:
         self.release.wait(10)
         self.real.export(**kw)
 
-    def discard_if_newer(self, revision: int) -> bool:
-        return self.real.discard_if_newer(revision)
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
+        return self.real.discard_if_newer(revision, body_sha256)
 
     def forget_files(self) -> None:
         self.real.forget_files()
@@ -390,6 +390,28 @@ async def test_a_restart_keeps_a_failing_sink_failing_and_one_left_out_is_disabl
     assert (sinks.state("cache"), sinks.error("cache")) == ("ok", None)
 
 
+async def test_a_restart_while_the_control_plane_is_down_still_retries_a_failing_sink_write(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    sinks = SinkStatus()
+    sink = FlakyFile(str(tmp_path / "snapshot.json"))
+    first = make(store, snapshot_file=sink, sink_status=sinks)
+    await first.converge_once()
+    store.put(doc("a", "b"))
+    sink.fail = True  # a full disk: revision 2 serves, the file still holds revision 1
+    assert (await first.converge_once()).kind is OutcomeKind.PUBLISHED
+    assert sinks.state("snapshot_file") == "failing"
+    # The child restarts while the control plane is down; the disk has room again.
+    store.outage = True
+    sink.fail = False
+    restarted = make(store, status=first.status, snapshot_file=sink, sink_status=sinks)
+    assert (await restarted.converge_once()).kind is OutcomeKind.REJECTED
+    assert json.loads(Path(sink.path).read_bytes())["revision"] == 2
+    assert sinks.state("snapshot_file") == "ok"
+
+
 class VanishingCache:
     """The signed cache, whose first export's files are removed the instant it returns
     (another process cleaning the directory): the write succeeded, nothing is left."""
@@ -408,8 +430,8 @@ class VanishingCache:
             for path in self.paths:
                 os.unlink(path)
 
-    def discard_if_newer(self, revision: int) -> bool:
-        return self.real.discard_if_newer(revision)
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
+        return self.real.discard_if_newer(revision, body_sha256)
 
     def forget_files(self) -> None:
         self.real.forget_files()

@@ -26,8 +26,9 @@ from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.errors import RevisionError
 from supervisor.revision.secrets import EnvFileResolver
 from supervisor.sinks.file import SnapshotFile
+from supervisor.sinks.lkg import CacheUnwritable
 from supervisor.status_doc import RevisionReport
-from tests.convergence import doc, make, sample, with_cache
+from tests.convergence import doc, make, real_cache, sample, with_cache
 from tests.fakes.store import FakeStore
 
 # -- a revision is its content -------------------------------------------
@@ -58,6 +59,26 @@ async def test_reused_id_with_new_content_is_a_new_revision() -> None:
     assert (await rec.converge_once("notify")).kind is OutcomeKind.PUBLISHED
     assert sorted(rec.state.snapshot.aliases) == ["z"]
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+
+
+async def test_the_cached_revision_published_again_from_the_control_plane_is_no_id_reuse(
+    tmp_path: Path,
+) -> None:
+    # Booted from the cache during an outage; the control plane comes back
+    # desiring the very revision the cache holds (same id, same body).
+    body = doc("a")
+    store = FakeStore(outage=True)
+    store.put(body)
+    cache = real_cache(tmp_path)
+    cache.export(revision=1, generation=1, schema_version=1, body=body)
+    rec = make(store, cache=cache)
+    await rec.bootstrap()
+    assert rec.state.source == "last_known_good"
+    store.outage = False
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and rec.state.source == "control_plane"
+    assert not [e for e in logs if e["event"].startswith("revision id reused")]
 
 
 async def test_identity_change_starts_an_epoch_and_rewrites_the_sinks() -> None:
@@ -287,6 +308,29 @@ async def test_failed_rollback_export_removes_the_newer_cache() -> None:
     outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 1
     assert cache.discarded == [2] and cache.revision is None
+
+
+async def test_failed_export_of_a_reused_id_removes_the_cache_of_the_content_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    cache = real_cache(tmp_path)
+    rec = make(store, cache=cache)
+    await rec.converge_once()
+    # A restore from a backup, then a publish: id 1 comes back with another body,
+    # and the disk is full.
+    store.revisions[1] = doc("b")
+
+    def full(**_kw: Any) -> None:
+        raise CacheUnwritable(cache.path, "No space left on device")
+
+    monkeypatch.setattr(cache, "export", full)
+    outcome = await rec.converge_once()
+    assert outcome.kind is OutcomeKind.PUBLISHED and sorted(rec.state.snapshot.aliases) == ["b"]
+    # A boot with the control plane down must not serve the body the operator replaced.
+    cached = cache.load()
+    assert cached is None or cached.body == doc("b")
 
 
 async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) -> None:

@@ -146,6 +146,23 @@ async def test_the_same_sequence_with_another_body_is_corrupt() -> None:
     assert store.highest is not None and store.highest.etag() == statement_of(later).etag()
 
 
+async def test_a_refresh_expiring_before_the_held_statement_is_not_downloaded_at_every_poll(
+) -> None:
+    # The root's statement_ttl_s was shortened: its refreshes of the same intent
+    # expire before the statement held, which stays; the body comes once, not per poll.
+    held = ROOT.sign(3, sequence=3, ttl_s=86400.0)
+    first = statement_of(held)
+    upstream = FakeUpstream(held)
+    store = store_for(upstream)
+    await store.observe()
+    upstream.data = ROOT.sign(3, sequence=3, issued_at=first.issued_at + timedelta(seconds=30),
+                              ttl_s=60.0)
+    for _ in range(3):
+        pointer = await store.observe()
+        assert pointer.statement is not None and pointer.statement.etag() == first.etag()
+    assert (upstream.full, upstream.not_modified) == (2, 2)
+
+
 async def test_an_expired_statement_is_stale_also_when_the_upstream_answers_304() -> None:
     now = datetime.now(UTC)
     clock = [now]

@@ -22,6 +22,7 @@ from supervisor.sinks.lkg.fileformat import (
     decode_file,
     encode_file,
     encode_header,
+    peek_digest,
     peek_revision,
 )
 from supervisor.sinks.lkg.files import (
@@ -254,26 +255,35 @@ class LastKnownGood:
         Cheap (reads the header only) and never raises: for logs and for
         :meth:`discard_if_newer`, never for serving (only :meth:`load` verifies).
         """
-        try:
-            prefix = read_regular(self._path, limit=_PEEK_BYTES)
-        except (NotRegularFile, OSError):
-            return None
+        prefix = self._peek()
         return None if prefix is None else peek_revision(prefix)
 
-    def discard_if_newer(self, revision: int) -> bool:
-        """Remove the cache file when it holds a revision above ``revision``; True when removed.
+    def _peek(self) -> bytes | None:
+        try:
+            return read_regular(self._path, limit=_PEEK_BYTES)
+        except (NotRegularFile, OSError):
+            return None
+
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
+        """Remove the cache file when it holds a revision above ``revision``, or ``revision``
+        itself with another body than ``body_sha256``; True when removed.
 
         For a rollback whose export failed (desired moved to an older revision; the disk is
-        full). The next boot must not serve the newer cache. The mark is left as it is;
-        unlink needs no disk space. A missing (or unreadable, or never servable) file is not
-        removed and is no error. Raises :class:`CacheUnwritable` when the removal fails.
-        Blocking.
+        full), or an id that came back with another body (a restore from a backup, then a
+        publish). The next boot must not serve the content moved away from. The mark is left
+        as it is; unlink needs no disk space. A missing (or unreadable, or never servable)
+        file is not removed and is no error. Raises :class:`CacheUnwritable` when the
+        removal fails. Blocking.
         """
         if revision < 0:
             raise ValueError(f"revision must be >= 0, got {revision}")
         with self._lock:
-            held = self.cached_revision()
-            if held is None or held <= revision:
+            prefix = self._peek()
+            held = None if prefix is None else peek_revision(prefix)
+            if held is None or held < revision:
+                return False
+            if held == revision and (body_sha256 is None
+                                     or peek_digest(prefix or b"") == body_sha256.hex()):
                 return False
             try:
                 self._files.remove(self._path)

@@ -285,6 +285,7 @@ def decode_file(
 
 class _RevisionPeek(msgspec.Struct):
     revision: Any = None
+    body_sha256: Any = None
 
 
 def peek_header(prefix: bytes, kind: type[_Peeked]) -> _Peeked | None:
@@ -312,3 +313,10 @@ def peek_revision(prefix: bytes) -> int | None:
     peeked = peek_header(prefix, _RevisionPeek)
     value = None if peeked is None else peeked.revision
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def peek_digest(prefix: bytes) -> str | None:
+    """The header's ``body_sha256`` (:func:`peek_header`): its text, or None."""
+    peeked = peek_header(prefix, _RevisionPeek)
+    value = None if peeked is None else peeked.body_sha256
+    return value if isinstance(value, str) else None
