@@ -92,8 +92,8 @@ async def _follow(get_message: Callable[[], Awaitable[str | bytes]],
 
     A flood of hints within the interval becomes one wake-up at its start, and one at
     its end when more came. So the loop fetches at most once per interval and never
-    misses the last hint. ``delivered()`` is called at every message. Returns never. Raises what ``get_message`` raises, or
-    TooSlowError after IDLE_TIMEOUT_S of silence.
+    misses the last hint. ``delivered()`` is called at every message. Returns never.
+    Raises what ``get_message`` raises, or TooSlowError after IDLE_TIMEOUT_S of silence.
     """
     floor = WakeFloor(partial(wake, "upstream"), min_interval_s)
     while True:
