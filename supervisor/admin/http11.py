@@ -1,36 +1,8 @@
 """One admin connection: HTTP/1.1 over h11, the stream's WebSocket over wsproto.
 
-This module is the admin API's protocol, written against the public APIs of
-``h11`` (an HTTP/1.1 state machine that does no I/O) and ``wsproto`` (the same
-for RFC 6455); trio does the I/O. The ASGI app (:class:`~supervisor.admin.app.AdminApp`)
-sees ordinary ASGI ``http`` and ``websocket`` scopes.
-
-What each connection is held to (the reasons are in :mod:`supervisor.admin.server`):
-
-- HTTP/1.1 (and 1.0) only: a request line of any other version (the HTTP/2
-  preface is ``PRI * HTTP/2.0``) closes the connection at once, without an
-  answer; ``Upgrade: h2c`` is ignored and the request served over HTTP/1.1
-  (RFC 9110 section 7.8 lets a server ignore an upgrade it does not want).
-- A complete request head within ``idle_s`` of the accept, or of the previous
-  answer on a keep-alive connection, whatever trickles in meanwhile (a per-read
-  timer would let one byte every few seconds hold it forever); its body within
-  as long again. A head over ``MAX_HEAD_BYTES`` is answered 431, a body over
-  ``MAX_BODY_BYTES`` 413, a malformed request 400 (among them one framed by both
-  ``Content-Length`` and ``Transfer-Encoding``); each ends its connection.
-- Writes go out in pieces of ``WRITE_PIECE`` bytes, each of which the client
-  must take within ``WRITE_STALL_S``, else the connection is reset: a client
-  that pipelines requests and leaves the answers unread cannot keep it busy.
-- The WebSocket handshake is answered without any extension: the client's
-  ``permessage-deflate`` offer is refused (RFC 6455 lets a server accept none),
-  so a frame is never inflated and a frame with a reserved bit set closes the
-  connection (1002). A client message over ``MAX_MESSAGE_BYTES`` (counted as its
-  frames arrive, never buffered whole) closes it with 1009.
-
-Before a plain connection holds any protocol state, :func:`first_request_head`
-waits (one task, nothing else) until its first request head is complete,
-refusing the HTTP/2 preface at once. :class:`Http11Connection` reports each
-change between idle (no request in progress) and busy to ``on_idle``: the
-connection table uses that to choose which connection to give up when full.
+Our protocol, on the public APIs of ``h11`` and ``wsproto`` (neither does I/O; trio does).
+:func:`first_request_head` waits for a plain connection's first head before any protocol state;
+:class:`Http11Connection` serves it from then on.
 """
 
 from __future__ import annotations
@@ -151,11 +123,27 @@ def _valid_key(key: bytes | None) -> bool:
 
 
 class Http11Connection:
-    """One accepted connection, until it ends; see the module docstring.
+    """One accepted connection, until it ends; the app sees plain ASGI scopes.
 
-    ``stream`` is what is read and written (the socket stream, or a TLS stream
-    over it); ``socket_stream`` is the TCP connection under it, which a stall
-    resets. ``deadline`` is when the first request head is due (from the accept).
+    ``stream`` is read and written (the socket, or TLS over it).
+    ``socket_stream`` is the TCP connection under it, which a stall resets.
+    Each change between idle (no request in progress) and busy goes to ``on_idle``.
+    The connection table uses that to choose whom to drop when full.
+    What each connection is held to (why: :class:`~supervisor.admin.server._Server`):
+
+    - HTTP/1.1 and 1.0 only: another version (HTTP/2's ``PRI * HTTP/2.0``) closes it unanswered.
+      ``Upgrade: h2c`` is ignored and the request served (RFC 9110 section 7.8 allows it).
+    - A complete head within ``idle_s`` of the accept or of the last answer, whatever trickles.
+      A per-read timer would let one byte every few seconds hold it forever.
+      The body is due within as long again.
+    - A head over ``MAX_HEAD_BYTES`` answers 431, a body over ``MAX_BODY_BYTES`` 413.
+      A malformed request answers 400 (framed by both ``Content-Length`` and
+      ``Transfer-Encoding`` among them). Each ends its connection.
+    - Writes go in ``WRITE_PIECE`` pieces, each taken within ``WRITE_STALL_S`` or reset.
+    - The WebSocket handshake takes no extension: ``permessage-deflate`` is refused (RFC 6455).
+      So no frame is inflated, and one with a reserved bit set closes it (1002).
+    - A client message over ``MAX_MESSAGE_BYTES`` closes it with 1009.
+      It is counted as its frames arrive, never buffered whole.
     """
 
     def __init__(self, app: App, stream: trio.abc.Stream, socket_stream: trio.SocketStream, *,
