@@ -1,20 +1,6 @@
-"""Resolving a key's secret reference to the secret's bytes.
+"""Resolving a key's secret reference to the secret's bytes: :class:`EnvFileResolver`.
 
-Contract: a reference is ``env:NAME`` (the environment variable NAME) or
-``file:PATH`` (the file's bytes, one trailing ``\\n`` or ``\\r\\n`` removed so
-``echo value > file`` works; a relative PATH resolves against the working
-directory). A reference that cannot be resolved (unknown scheme, variable
-unset, file missing or unreadable, empty secret), or that points outside
-``[revision].secret_env_prefixes`` / ``secret_dirs``, raises
-``RevisionError(reason="secret")``, except a transient shortage while
-reading a file (EMFILE, ENFILE, ENOMEM, EAGAIN), which is ``unavailable``:
-retried with backoff, and never mistaken for a missing secret.
-
-Refusals name the reference, never the value: a reference is configuration,
-a value is a credential. The compile stage prefixes the key's ``$.path``.
-
-A secret is resolved at compile time, hashed, and dropped: snapshots carry the
-SHA-256 digest only (see :mod:`supervisor.revision.compile`).
+A secret is resolved at compile time, hashed, and dropped: snapshots carry its digest.
 """
 
 from __future__ import annotations
@@ -46,7 +32,18 @@ class SecretResolver(Protocol):
     """Turns a secret reference into the secret's bytes. Must be thread-safe."""
 
     def resolve(self, reference: str) -> bytes:
-        """The secret's bytes; raises ``RevisionError(reason="secret")`` otherwise."""
+        """The secret's bytes; raises ``RevisionError(reason="secret")`` otherwise.
+
+        ``env:NAME`` is the environment variable; ``file:PATH`` the file's bytes.
+        One trailing ``\\n`` or ``\\r\\n`` is removed, so ``echo value > file`` works.
+        A relative PATH resolves against the working directory.
+        Unresolvable: an unknown scheme, a variable unset, a file missing or unreadable,
+        an empty secret, or a place outside ``[revision]``'s confinement.
+        A transient shortage reading a file (EMFILE, ENFILE, ENOMEM, EAGAIN) is ``unavailable``.
+        It is retried with backoff, never mistaken for a missing secret.
+        Refusals name the reference, never the value: a value is a credential.
+        The compile stage prefixes the key's ``$.path``.
+        """
         ...
 
 
