@@ -55,15 +55,14 @@ class _Spare:
 
 
 class AcceptLoop:
-    """Accepts on the listening socket ``sock``; each connection that fits is added
-    to ``table`` and handed to ``spawn``, which must remove it from the table when
-    it ends.
+    """Accepts on the listening socket ``sock``: each connection that fits goes to ``table``.
 
-    Why not trio's ``SocketListener``: it accepts one connection per pass of the
-    scheduler, so under a flood the backlog (and a ``/healthz`` probe in it) waits
-    behind every other task's turn many times over. This loop drains up to
-    ``ACCEPT_BATCH`` waiting connections per wake-up, deciding each one's fate
-    (held, evicting an idle one, or refused) at once. ``table`` decides the pool.
+    Then it is handed to ``spawn``, which must remove it from the table when it ends.
+    Why not trio's ``SocketListener``: it accepts one connection per scheduler pass.
+    Under a flood the backlog, and a ``/healthz`` probe in it, waits behind every task.
+    This loop drains up to ``ACCEPT_BATCH`` waiting connections per wake-up.
+    It decides each one's fate at once: held, evicting an idle one, or refused.
+    ``table`` decides the pool.
 
     ``answer`` answers a request from its head alone: ``/healthz`` with ``Connection: close``,
     as probes send it. When that head is already waiting at accept, the loop answers it.

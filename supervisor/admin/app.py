@@ -110,9 +110,11 @@ class AdminApp:
 
     def _refusal(self, headers: list[tuple[bytes, bytes]], *, origin: bool,
                  write: bool = False) -> Response | None:
-        """Why a request may not proceed, in this order: an unknown Host (421), a foreign
-        Origin (403, checked when ``origin``), no token (401), a read token where
-        ``write`` asks for the full one (403); None when it may."""
+        """Why a request may not proceed; None when it may. In this order:
+
+        an unknown Host (421); a foreign Origin (403, checked when ``origin``);
+        no token (401); a read token where ``write`` asks for the full one (403).
+        """
         hosts = self.hosts
         if hosts is not None and not hosts.allows_host_header(header_value(headers, b"host")):
             return refusal(421, "misdirected_request", "unknown Host; see [admin].allowed_hosts")
@@ -130,10 +132,11 @@ class AdminApp:
                        (b"www-authenticate", challenge))
 
     def answer_at_once(self, head: bytes) -> bytes | None:
-        """The whole answer to a request whose complete head is ``head``, when the
-        accept loop may send it without a connection slot: a ``GET`` or ``HEAD``
-        of ``/healthz`` asking to close the connection (as probes do) with no
-        body and nothing unusual; None for anything else (served as usual)."""
+        """The whole answer to a request whose complete head is ``head``, sent without a slot.
+
+        Only a ``GET`` or ``HEAD`` of ``/healthz`` asking to close the connection, as probes do.
+        It has no body and nothing unusual. None for anything else (served as usual).
+        """
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[1] != b"/healthz" or parts[0] not in (b"GET", b"HEAD"):

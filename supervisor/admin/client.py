@@ -83,9 +83,10 @@ def _status_url(base_url: str) -> str:
 
 
 def _replica(url: httpx.URL, scheme: dict[str, str], endpoint: str) -> str:
-    """A replica's address, its scheme mapped by ``scheme`` (else kept), at ``endpoint``
-    (a path prefix kept, a ``/v1/stream`` or ``/v1/converge`` dropped: both name the
-    replica)."""
+    """A replica's address, its scheme mapped by ``scheme`` (else kept), at ``endpoint``.
+
+    A path prefix is kept; a ``/v1/stream`` or ``/v1/converge`` dropped: both name the replica.
+    """
     path = url.path.rstrip("/")
     for ending in _ENDPOINTS:
         path = path.removesuffix(ending)
@@ -263,12 +264,13 @@ def first_leaf(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
 @asynccontextmanager
 async def replica_websocket(url: str, token: str | None, ssl_context: ssl.SSLContext | None,
                             timeout_s: float) -> AsyncIterator[WebSocketConnection]:
-    """The WebSocket at a ``ws://`` or ``wss://`` URL: TCP, for wss with the TLS handshake
-    done (verified against ``ssl_context``, None: the system's trust store) so that a
-    refused certificate is told as what it is, then the WebSocket handshake, each within
-    ``timeout_s``: :class:`AdminUnreachable` (``cannot connect (...)``, ``no handshake
-    ...``) otherwise. A refused handshake raises ConnectionRejected; what the block
-    raises comes out in an exception group.
+    """The WebSocket at a ``ws://`` or ``wss://`` URL, each step within ``timeout_s``.
+
+    First TCP, and for wss the TLS handshake (``ssl_context``; None: the system's store).
+    So a refused certificate is told as what it is. Then the WebSocket handshake.
+    A step that fails raises :class:`AdminUnreachable` (``cannot connect (...)``,
+    ``no handshake ...``). A refused handshake raises ConnectionRejected.
+    What the block raises comes out in an exception group.
 
     The TCP stream is opened and closed here, not by trio-websocket: its client leaves
     the socket open when the server closes first or refuses the handshake

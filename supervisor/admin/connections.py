@@ -70,11 +70,10 @@ class _Pool:
     def evict_idle(self) -> Peer | None:
         """Close the longest-idle connection; which one (None: none is idle).
 
-        A connection the pool wants to ``keep`` (request bytes already waiting
-        that its task has not had its turn to read: it is about to be busy, and
-        it may be a probe) is passed over; at most EVICTION_SCAN are looked at.
-        So is one idle for less than ``min_idle_s``: just accepted, its client
-        has not had the time to send anything yet.
+        A connection the pool wants to ``keep`` is passed over: request bytes wait unread.
+        Its task has not had its turn: it is about to be busy, and may be a probe.
+        At most EVICTION_SCAN are looked at. One idle under ``min_idle_s`` is passed over too.
+        Just accepted, its client has not had the time to send anything yet.
         """
         now = trio.current_time()
         for _ in range(min(EVICTION_SCAN, len(self.idle))):

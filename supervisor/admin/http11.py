@@ -60,15 +60,15 @@ _REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
                              only: tuple[bytes, ...] | None = None) -> bool:
-    """Wait, without consuming anything, until ``stream`` holds a complete request
-    head; False when it does not within ``deadline_s``, when the peer closed, when
-    it starts with the HTTP/2 preface (``PRI ``: refused at once), or when ``only``
+    """Wait, without consuming anything, until ``stream`` holds a complete request head.
+
+    False when it does not within ``deadline_s``, or when the peer closed.
+    False too for the HTTP/2 preface (``PRI ``: refused at once), and when ``only``
     is given and the head starts with none of its prefixes.
 
     Looks with ``MSG_PEEK``, so the connection then reads the same bytes itself.
-    Between looks, ``SO_RCVLOWAT`` makes the socket readable only once *more*
-    bytes have arrived, so a client trickling its head costs one wake-up per
-    segment, not a polling loop.
+    Between looks, ``SO_RCVLOWAT`` wakes the socket only once *more* bytes arrived.
+    So a client trickling its head costs one wake-up per segment, not a polling loop.
     """
     sock = stream.socket
     want = 1
@@ -175,16 +175,16 @@ class Http11Connection:
             self._idle_scope.cancel()
 
     async def send_raw(self, data: bytes) -> None:
-        """Write ``data``, already a complete WebSocket frame (the stream hub's one
-        frame per event, shared by every client), under the lock every write of
-        this connection takes, so frames never interleave; ConnectionGone when the
-        connection is closed or reset, or the WebSocket no longer open.
+        """Write ``data``, already a complete WebSocket frame: the hub's one frame per event.
 
-        The state is checked inside the lock: once a close frame has been sent or
-        received, no data frame may follow it (RFC 6455, 5.5.1). The write is
-        shielded: a frame is never cut in half by a client's disconnect (a
-        half-closed client still reads); one that stays blocked is reset by the
-        hub's monitor (or at shutdown), which ends it with ConnectionGone."""
+        It goes under the lock every write of this connection takes: frames never interleave.
+        ConnectionGone when the connection is closed or reset, or the WebSocket not open.
+        The state is checked inside the lock. After a close frame sent or received,
+        no data frame may follow (RFC 6455, 5.5.1).
+        The write is shielded: a client's disconnect never cuts a frame in half.
+        (A half-closed client still reads.) One that stays blocked is reset by the hub's
+        monitor, or at shutdown, which ends it with ConnectionGone.
+        """
         async with self._send_lock:
             ws = self._ws
             if ws is None or ws.state is not WsState.OPEN or self._gone:
@@ -367,9 +367,13 @@ class Http11Connection:
             await self._write_locked(data)
 
     async def _write_locked(self, data: bytes) -> None:
-        """Once the connection is gone (closed, reset, stalled) writes are dropped,
-        as ASGI servers do for an app writing to a client that left; the serving
-        loop ends the connection when the app returns."""
+        """Write ``data`` (the caller holds the lock), shielded, in ``WRITE_PIECE`` pieces.
+
+        A piece not taken within ``WRITE_STALL_S`` resets the connection.
+        Once the connection is gone (closed, reset, stalled) writes are dropped.
+        ASGI servers do so for an app writing to a client that left.
+        The serving loop ends the connection when the app returns.
+        """
         if self._gone:
             return
         view = memoryview(data)
@@ -515,9 +519,10 @@ class Http11Connection:
                 ended = not data
 
     async def _finish_websocket(self) -> None:
-        """After the app: a close frame if none was sent, then a little time for the
-        client's own close frame, so that closing the socket does not reset a
-        connection whose last frames the client has not read yet."""
+        """After the app: a close frame if none was sent, then a little time for the client's.
+
+        So closing the socket does not reset a connection whose last frames are unread.
+        """
         ws = self._ws
         if ws is None or self._gone:
             return

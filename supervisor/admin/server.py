@@ -237,10 +237,12 @@ class _Server:
 
     @staticmethod
     async def _close(stream: trio.SocketStream) -> None:
-        """End the connection with a FIN. Closing a socket with unread bytes sends a
-        reset, which can make the client lose our last answer (a 413 before the
-        whole body was read): those bytes are first drained, briefly and boundedly.
-        A closed (reset) socket stays closed."""
+        """End the connection with a FIN; a closed (reset) socket stays closed.
+
+        Closing a socket with unread bytes sends a reset: the client may lose our last answer.
+        (A 413 before the whole body was read.) So those bytes are first drained,
+        briefly and boundedly (``LINGER_S``, ``LINGER_BYTES``).
+        """
         sock = stream.socket
         if sock.fileno() == -1:
             return
