@@ -47,7 +47,7 @@ def compile_revision(
     Every refusal is a :class:`RevisionError` carrying ``revision``.
 
     Pure, synchronous and thread-safe: the caller may run it in a thread for large bodies.
-    A secret exists only between ``resolve`` and ``sha256``, one step of chained ``map`` calls.
+    A secret exists only between ``resolve`` and ``sha256`` (:func:`_resolve_keys`).
     The snapshot adopts the decoded dictionaries instead of copying them.
     Alias specs serve as alias entries; each key spec is replaced in place by its entry.
     So compiling allocates little beyond what decoding built (``bench/bench_compile.py``).
@@ -96,12 +96,12 @@ def _resolve_keys(
 ) -> dict[str, KeyEntry]:
     """Replace each key's spec by its entry, in place, in document order.
 
-    Memory and time are the point: ``doc.keys`` is this compilation's own
-    dictionary, so rewriting its values in place frees each spec and its
-    reference string as soon as the entry replacing it exists, and reuses the
-    dictionary itself. Each secret lives from ``resolve`` to ``sha256`` inside
-    one chain of C-level ``map`` calls and is never collected in a list. The
-    chain pulls one key at a time: resolve, hash, build the entry, store it.
+    Memory and time are the point: ``doc.keys`` is this compilation's own dictionary.
+    Rewriting its values in place frees each spec and its reference once its entry exists,
+    and reuses the dictionary itself.
+    Each secret lives from ``resolve`` to ``sha256`` inside one chain of C-level ``map`` calls.
+    It is never collected in a list.
+    The chain pulls one key at a time: resolve, hash, build the entry, store it.
     """
     table = cast(dict[str, Any], doc.keys)  # KeySpec values become KeyEntry values
     names = list(table)

@@ -69,35 +69,33 @@ class EnvFileResolver:
     ``environ`` defaults to the live ``os.environ`` (read at each resolution,
     not copied at construction); tests and benchmarks inject a mapping.
 
-    Never resolved, whatever the lists below say: a variable the daemon itself
-    reads (:data:`~supervisor.configchecks.OWN_ENV_NAMES`: its settings, the DSN
-    among them, libpq's ``PG*``, ``KUBECONFIG`` ...), a file under ``/proc``,
-    ``/sys``, ``/dev`` or the daemon's own service-account directory
-    (:data:`~supervisor.configchecks.SYSTEM_DIRS`; ``/proc/sys/kernel/ostype``
-    would give a key whose value anyone knows), and any of ``credentials`` (the
-    files the daemon reads credentials from,
-    :func:`~supervisor.configchecks.credential_files`), under any name: the
-    file opened is compared by device and inode, so a symlink or a hard link
-    to one is refused too.
+    Never resolved, whatever the lists below say:
 
-    ``env_prefixes`` and ``dirs`` (``[revision].secret_env_prefixes`` and
-    ``secret_dirs``; empty = anywhere else) confine where references may point:
-    whoever can publish must not make the replica hash, and serve the digest of,
-    whatever it can read. A reference outside is refused before anything is
-    looked up. A file reference inside is refused with one message whatever
-    the cause (missing, unreadable, not a regular file, more than one hard
-    link, empty, too large, or a symlink leading outside the directories), so a
-    refusal does not tell the publisher whether a file exists. Confinement is
-    decided again on the file actually opened, so a symlink swapped between the
-    check and the open (whoever can write in a secret directory) cannot lead
-    outside. Nor can a mount: a file on a kernel filesystem (proc, sysfs, cgroup
-    ...: ``statfs``'s type of the file opened) is refused wherever it is mounted.
+    - a variable the daemon itself reads (:data:`~supervisor.configchecks.OWN_ENV_NAMES`):
+      its settings, the DSN among them, libpq's ``PG*``, ``KUBECONFIG`` ...;
+    - a file under ``/proc``, ``/sys``, ``/dev`` or the daemon's service-account directory
+      (:data:`~supervisor.configchecks.SYSTEM_DIRS`). ``/proc/sys/kernel/ostype`` would
+      give a key whose value anyone knows;
+    - any of ``credentials``, the files the daemon reads credentials from
+      (:func:`~supervisor.configchecks.credential_files`), under any name.
+      The file opened is compared by device and inode: a symlink or hard link is refused too.
 
-    Nothing that is not a regular file is ever opened for reading: the path is
-    first opened with ``O_PATH`` (which runs no device driver and cannot block
-    on a FIFO), checked with ``fstat``, and only the checked file is then opened
-    for reading, through ``/proc/self/fd`` (the same inode, whatever the path
-    names meanwhile).
+    ``env_prefixes`` and ``dirs`` confine where references may point
+    (``[revision].secret_env_prefixes`` and ``secret_dirs``; empty = anywhere else).
+    A publisher must not make the replica hash, and serve the digest of, whatever it can read.
+    A reference outside is refused before anything is looked up.
+    A file reference inside is refused with one message whatever the cause.
+    (Missing, unreadable, not a regular file, more than one hard link, empty, too large,
+    or a symlink leading outside.) So a refusal does not tell whether a file exists.
+    Confinement is decided again on the file actually opened.
+    So a symlink swapped between the check and the open cannot lead outside.
+    Nor can a mount: a file on a kernel filesystem (proc, sysfs, cgroup ...) is refused.
+    That is ``statfs``'s type of the file opened, wherever it is mounted.
+
+    Nothing but a regular file is ever opened for reading. The path is first opened
+    with ``O_PATH``, which runs no device driver and cannot block on a FIFO.
+    It is checked with ``fstat``; only the checked file is then opened for reading.
+    That goes through ``/proc/self/fd``: the same inode, whatever the path names meanwhile.
     """
 
     def __init__(
@@ -206,8 +204,10 @@ _UNSUPPORTED: Final = 'unsupported secret reference: expected "env:NAME" or "fil
 
 
 def _parts(reference: str) -> tuple[str, str, str]:
-    """Scheme, separator and target of ``reference``; a NUL byte (which no path or
-    variable name can hold: the OS calls would raise ValueError) is refused."""
+    """Scheme, separator and target of ``reference``; a NUL byte is refused.
+
+    No path or variable name can hold one: the OS calls would raise ValueError.
+    """
     if "\x00" in reference:
         raise _refuse(_UNSUPPORTED)
     return reference.partition(":")
@@ -240,10 +240,13 @@ def _opened_at(fd: int) -> str | None:
 
 
 def _opened_inside(fd: int, path: str, opened: os.stat_result, dirs: tuple[str, ...]) -> bool:
-    """Is the file opened (``fd``; ``opened``: its fstat) under ``dirs``? Decided after
-    the open, so a symlink swapped before it is caught. On Linux the kernel names
-    the opened file (``/proc/self/fd``), atomically; elsewhere the real path of
-    ``path`` must be under ``dirs`` and be the file opened (device and inode)."""
+    """Is the file opened (``fd``; ``opened``: its fstat) under ``dirs``?
+
+    Decided after the open, so a symlink swapped before it is caught.
+    On Linux the kernel names the opened file (``/proc/self/fd``), atomically.
+    Elsewhere the real path of ``path`` must be under ``dirs`` and be the file opened
+    (device and inode).
+    """
     at = _opened_at(fd)
     if at is not None:
         return _under(at, dirs)
