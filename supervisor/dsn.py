@@ -176,9 +176,10 @@ def secrets(dsn: str) -> list[str]:
 
 
 def credential_files(dsn: str, environ: Mapping[str, str]) -> list[str]:
-    """The files libpq reads credentials from for ``dsn``: its password file and its
-    client key, each from the DSN, else from ``PGPASSFILE`` / ``PGSSLKEY``, else
-    libpq's default place under ``$HOME``."""
+    """The files libpq reads credentials from for ``dsn``: its password file and client key.
+
+    Each from the DSN, else ``PGPASSFILE`` / ``PGSSLKEY``, else libpq's default under ``$HOME``.
+    """
     params = _parse(dsn) or {}
     home = environ.get("HOME") or os.path.expanduser("~")
     return [params.get(key) or environ.get(env) or os.path.join(home, default)
