@@ -1,11 +1,9 @@
 """The table of every boundary where data enters the process, or the process waits on one.
 
-One :class:`Boundary` a row: what enters, its size bound, its range or shape
-check, its deadline and what the deadline releases, its reason label, and the
-test that proves it. ``docs/boundaries.md`` is rendered from :data:`BOUNDARIES`
-(``python -m tools.docsgen``); a unit test checks every row's test exists. The
-bounds themselves are the constants of the modules named here, used through
-:mod:`supervisor.bounds` and :mod:`supervisor.threads`.
+:data:`BOUNDARIES` holds one :class:`Boundary` a row; ``docs/boundaries.md`` is rendered from it.
+Each row names the test that proves it; tests/unit/test_boundaries.py checks the test exists.
+The bounds are the named modules' constants, used through :mod:`supervisor.bounds` and
+:mod:`supervisor.threads`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""Keeping the control-plane passwords out of logs, stdout, status and exceptions.
+"""Keeping the control-plane passwords (``password``, ``sslpassword``) out of logs and errors.
 
-Contract (docs/log-events.md): no secret value ever appears in a log line.
-The DSN carries the store's secrets, ``password`` and ``sslpassword``. One
-redaction, built on libpq's own parser (``psycopg.conninfo.conninfo_to_dict``,
-so the URL and key/value spellings are read exactly as the driver reads them):
-
-- :func:`describe` (also :func:`redact`) is what any message shows of a DSN:
-  ``postgresql://USER@HOST:PORT/DBNAME``, nothing else (no password, no other
-  parameter). A DSN the parser refuses is shown as ``postgresql://<unparseable>``.
-- :func:`scrub` masks, in any text (a driver's error, libpq's own message), every
-  spelling of the secrets: the parsed values, their percent-encoded forms, the
-  raw text of the URL's password, and the pieces of it that libpq may have read
-  as another field when the password holds an unencoded ``@`` or ``/``
-  (libpq then reports, say, ``failed to resolve host "Wb14@127.0.0.1"``), and,
-  in key/value text libpq cannot parse, what follows ``password=`` up to the
-  next keyword, whole and word by word (libpq echoes the word it choked on:
-  ``missing "=" after "..."``), and in a URL query libpq cannot parse, what
-  follows ``password=`` or ``sslpassword=``.
-- :func:`problem` says why a DSN cannot be used as written (libpq refuses it,
-  or reads its URL password differently than it is spelled: percent-encode
-  ``@`` and ``/``); ``check`` and the configuration loader refuse it, naming
-  the key, never the value.
+No secret value ever appears in a log line (docs/log-events.md), stdout, status or exceptions.
+One redaction, on libpq's own parser (``psycopg.conninfo.conninfo_to_dict``): URL and
+key/value spellings read exactly as the driver reads them. :func:`describe` shows a DSN,
+:func:`scrub` masks its secrets in any text, :func:`problem` says why one is unusable.
 """
 
 from __future__ import annotations
@@ -96,7 +79,11 @@ def _spelled_password(dsn: str) -> str | None:
 
 
 def describe(dsn: str) -> str:
-    """``postgresql://USER@HOST:PORT/DBNAME`` of ``dsn``: only those four, when set."""
+    """``postgresql://USER@HOST:PORT/DBNAME`` of ``dsn``: only those four, when set.
+
+    What any message shows of a DSN (also :func:`redact`): no password, no other parameter.
+    A DSN the parser refuses is shown as ``postgresql://<unparseable>``.
+    """
     if dsn.startswith("sqlite:"):
         return dsn  # a path: nothing secret in it
     params = _parse(dsn)
@@ -121,7 +108,12 @@ redact = describe
 
 
 def problem(dsn: str) -> str | None:
-    """Why ``dsn`` cannot be used as written; None when libpq reads it as spelled."""
+    """Why ``dsn`` cannot be used as written; None when libpq reads it as spelled.
+
+    libpq refuses it, or reads its URL password otherwise than spelled
+    (percent-encode ``@`` and ``/``). ``check`` and the configuration loader refuse
+    such a DSN, naming the key, never the value.
+    """
     if dsn.startswith("sqlite:"):
         return None
     params = _parse(dsn)
@@ -141,7 +133,15 @@ def problem(dsn: str) -> str | None:
 
 
 def secrets(dsn: str) -> list[str]:
-    """Every spelling of the DSN's secrets to mask, longest first."""
+    """Every spelling of the DSN's secrets to mask, longest first.
+
+    The parsed values, their percent-encoded forms, and the raw text of the URL's password.
+    Also the pieces libpq may read as another field, when the password holds a bare ``@``
+    or ``/`` (then, say, ``failed to resolve host "Wb14@127.0.0.1"``).
+    In key/value text libpq cannot parse: what follows ``password=`` up to the next keyword,
+    whole and word by word. libpq echoes the word it choked on (``missing "=" after "..."``).
+    In a URL query libpq cannot parse: what follows ``password=`` or ``sslpassword=``.
+    """
     found: set[str] = set()
     params = _parse(dsn) or {}
     misread = problem(dsn) is not None
@@ -176,9 +176,10 @@ def secrets(dsn: str) -> list[str]:
 
 
 def credential_files(dsn: str, environ: Mapping[str, str]) -> list[str]:
-    """The files libpq reads credentials from for ``dsn``: its password file and its
-    client key, each from the DSN, else from ``PGPASSFILE`` / ``PGSSLKEY``, else
-    libpq's default place under ``$HOME``."""
+    """The files libpq reads credentials from for ``dsn``: its password file and client key.
+
+    Each from the DSN, else ``PGPASSFILE`` / ``PGSSLKEY``, else libpq's default under ``$HOME``.
+    """
     params = _parse(dsn) or {}
     home = environ.get("HOME") or os.path.expanduser("~")
     return [params.get(key) or environ.get(env) or os.path.join(home, default)
@@ -187,7 +188,10 @@ def credential_files(dsn: str, environ: Mapping[str, str]) -> list[str]:
 
 
 def scrub(text: str, dsn: str) -> str:
-    """``text`` with ``dsn`` shown as :func:`describe` and every secret spelling masked."""
+    """``text`` with ``dsn`` shown as :func:`describe` and every secret spelling masked.
+
+    For any text: a driver's error, libpq's own message. The spellings are :func:`secrets`.
+    """
     if dsn and dsn in text:
         text = text.replace(dsn, describe(dsn))
     for secret in secrets(dsn):

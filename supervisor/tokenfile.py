@@ -1,20 +1,6 @@
 """Bearer token files: ``[admin].token_file``, ``read_token_file``, ``[control_plane].token_file``.
 
-:func:`read_token` is the one reader of all three; each error is a
-:class:`~supervisor.errors.ConfigError` on the key it is given (``check`` and a
-start exit 2 naming it), and names the file (quoted and cut when it is not
-one printable line of at most :data:`~supervisor.bounds.PATH_BYTES`), never its content. A
-token file holds one token of printable ASCII without spaces (RFC 6750: anything else
-would be mangled by some HTTP client or proxy on the way, or could not be
-sent in a header at all), surrounding ASCII whitespace stripped (files end with
-a newline). Refused:
-
-- a file that cannot be read (a path holding a NUL or a surrogate that is no
-  byte included), or is not UTF-8 text;
-- a file of more than :data:`MAX_TOKEN_FILE_BYTES` bytes: at most one byte more
-  is read, so a path naming some large file costs nothing, and a longer token
-  is never cut to one its peer would refuse;
-- an empty one, or any character but printable ASCII, or whitespace inside.
+:func:`read_token` is the one reader of all three.
 """
 
 from __future__ import annotations
@@ -31,7 +17,21 @@ _ASCII_WHITESPACE = " \t\n\r\f\v"
 
 
 def read_token(path: str, where: str) -> str:
-    """The bearer token stored in ``path``; errors name ``where`` (the configuration key)."""
+    """The bearer token stored in ``path``; errors name ``where`` (the configuration key).
+
+    One token of printable ASCII without spaces, surrounding ASCII whitespace stripped.
+    RFC 6750: anything else is mangled by some client or proxy, or cannot go in a header.
+    Each error is a :class:`~supervisor.errors.ConfigError` on ``where``: ``check`` and a
+    start exit 2. It names the file, never its content; the name is quoted and cut
+    unless it is one printable line of at most :data:`~supervisor.bounds.PATH_BYTES`.
+    Refused:
+
+    - a file that cannot be read (a path holding a NUL, or a surrogate that is no byte);
+    - a file that is not UTF-8 text;
+    - more than :data:`MAX_TOKEN_FILE_BYTES` bytes. At most one byte more is read:
+      naming a large file costs nothing, and a longer token is never cut to one refused;
+    - an empty one, any character but printable ASCII, or whitespace inside.
+    """
     name = shown(path, PATH_BYTES)
     try:
         with open(path, "rb") as f:

@@ -1,24 +1,6 @@
 """The admin server's accept loop: each new connection held, refused, or answered at once.
 
-Contract:
-
-- Each connection accepted goes to the :class:`~supervisor.admin.connections.ConnectionTable`
-  (whose pools, eviction and reserve rules decide whether it fits: main pool,
-  reserve pool for ``/healthz``, or refused at once with a reset) and is handed to
-  ``spawn``. Up to ``ACCEPT_BATCH`` waiting connections are drained per wake-up.
-- A request that can be answered from its head alone, at once (``answer``: the
-  server's ``/healthz`` with ``Connection: close``, the way probes send it), is
-  answered by the accept loop itself when its complete head is already waiting
-  at accept: it takes no slot and waits for no scheduling round beyond the
-  loop's own, so a probe keeps its latency however busy the handlers are.
-- ``accept`` failing for lack of descriptors or memory (``EMFILE``, ``ENFILE``,
-  ``ENOBUFS``, ``ENOMEM``) is logged once when a streak of failures begins and
-  once when it ends, with the count, never once per retry; so are refusals at
-  the limit (:class:`~supervisor.streak.Streak`: a streak ends at the first
-  success a second after its last failure, so failures interleaved with
-  successes, a flood at the limit, are one streak). During a streak a
-  spare descriptor, kept open for this, is let go to accept and reset the
-  waiting connection, so its client is refused rather than left in the backlog.
+:class:`AcceptLoop` owns the accepting; :mod:`supervisor.admin.connections` decides the fit.
 """
 
 from __future__ import annotations
@@ -73,15 +55,26 @@ class _Spare:
 
 
 class AcceptLoop:
-    """Accepts on the listening socket ``sock``; each connection that fits is added
-    to ``table`` and handed to ``spawn``, which must remove it from the table when
-    it ends.
+    """Accepts on the listening socket ``sock``: each connection that fits goes to ``table``.
 
-    Why not trio's ``SocketListener``: it accepts one connection per pass of the
-    scheduler, so under a flood the backlog (and a ``/healthz`` probe in it) waits
-    behind every other task's turn many times over. This loop drains up to
-    ``ACCEPT_BATCH`` waiting connections per wake-up, deciding each one's fate
-    (held, evicting an idle one, or refused) at once.
+    Then it is handed to ``spawn``, which must remove it from the table when it ends.
+    Why not trio's ``SocketListener``: it accepts one connection per scheduler pass.
+    Under a flood the backlog, and a ``/healthz`` probe in it, waits behind every task.
+    This loop drains up to ``ACCEPT_BATCH`` waiting connections per wake-up.
+    It decides each one's fate at once: held, evicting an idle one, or refused.
+    ``table`` decides the pool.
+
+    ``answer`` answers a request from its head alone: ``/healthz`` with ``Connection: close``,
+    as probes send it. When that head is already waiting at accept, the loop answers it.
+    It takes no slot and no scheduling round: a probe keeps its latency however busy.
+
+    ``accept`` out of descriptors or memory (``EMFILE``, ``ENFILE``, ``ENOBUFS``,
+    ``ENOMEM``) is logged once when a streak begins and once when it ends, with the count.
+    So are refusals at the limit (:class:`~supervisor.streak.Streak`).
+    A streak ends at the first success a second after its last failure.
+    So failures interleaved with successes, a flood at the limit, are one streak.
+    During a streak the spare descriptor (:class:`_Spare`) is let go to accept and reset.
+    Its client is refused rather than left in the backlog.
     """
 
     def __init__(self, sock: socket.socket, table: ConnectionTable,

@@ -1,37 +1,7 @@
-"""The admin API as an ASGI application (docs/admin-api.md).
+"""The admin API as an ASGI application: :class:`AdminApp` sends each request to its handler.
 
-The routes and what each answers: ``docs/admin-api.md`` (generated from this
-app's route table and :mod:`tools.docs_catalog`); the handlers are
-:mod:`.routes`, and this module decides which request reaches which. The
-plumbing of answers (status, headers, refusing a WebSocket handshake) is
-:mod:`.responses`.
-
-``HEAD`` is answered like ``GET`` without the body. Any other method gets 405
-with ``Allow``; an unknown path gets 404. Every error body is JSON
-``{"error": "<code>", "detail": "<text>"}``; dynamic answers carry
-``Cache-Control: no-store`` (the snapshot ``no-cache``: revalidate by ETag).
-
-Host and Origin (:mod:`.hosts`): every route but ``/healthz`` answers 421 to a
-``Host`` the server is not known by, and a WebSocket handshake or a ``POST`` with
-a foreign ``Origin`` is refused with 403; both are checked before the token.
-
-Authentication: when :attr:`AdminContext.token` is set, every route except
-``/healthz`` needs ``Authorization: Bearer <token>`` (:mod:`.auth`; the read
-token of :attr:`AdminContext.read_token` passes on every route but ``POST
-/v1/converge``, which answers it 403 ``read_only``); otherwise
-HTTP answers 401 with ``WWW-Authenticate: Bearer realm="trio-supervisor"``, and a
-WebSocket handshake is refused before it is accepted, also with 401 (through
-ASGI's ``websocket.http.response`` extension, which the admin server implements; a
-server without it sends 403). Authentication is checked before routing, so
-without the token nothing reveals which paths exist.
-
-Robustness: a handler that raises answers 500 JSON and is logged; the app never
-lets a request's failure reach the server. It reads state only and never awaits
-anything but the transport (and ``/v1/revision``'s one file read in a worker
-thread), so a slow reader cannot hold up the daemon. The one
-exception, ``POST /v1/converge``, awaits the loop's answer, but the loop never
-awaits it: a client that disconnects (or a deadline that passes) only stops this
-request waiting, and the loop answers the abandoned request into the void.
+The handlers are :mod:`.routes`; the plumbing of answers is :mod:`.responses`.
+Operators: docs/admin-api.md, generated from this app's route table and :mod:`tools.docs_catalog`.
 """
 
 from __future__ import annotations
@@ -65,7 +35,20 @@ OPEN_PATHS = frozenset({"/healthz"})
 
 
 class AdminApp:
-    """The ASGI callable. ``hub`` serves ``/v1/stream`` (None: the stream answers 503)."""
+    """The ASGI callable. ``hub`` serves ``/v1/stream`` (None: the stream answers 503).
+
+    The checks run in order: Host and Origin (:mod:`.hosts`), then the token (:mod:`.auth`).
+    All come before routing, so without the token nothing reveals which paths exist.
+    A WebSocket handshake is refused 401 before it is accepted (:func:`.reject_handshake`).
+    ``HEAD`` answers like ``GET`` without the body.
+    Dynamic answers carry ``Cache-Control: no-store``; the snapshot ``no-cache`` (ETag).
+
+    A handler that raises answers 500 JSON and is logged; no failure reaches the server.
+    It reads state only, and awaits only the transport and ``/v1/revision``'s file read.
+    So a slow reader cannot hold up the daemon.
+    ``POST /v1/converge`` awaits the loop's answer, but the loop never awaits it.
+    A client gone (or a deadline past) only stops its request waiting.
+    """
 
     def __init__(self, ctx: AdminContext, hub: StreamHub | None = None,
                  hosts: AllowedHosts | None = None) -> None:
@@ -127,9 +110,11 @@ class AdminApp:
 
     def _refusal(self, headers: list[tuple[bytes, bytes]], *, origin: bool,
                  write: bool = False) -> Response | None:
-        """Why a request may not proceed, in this order: an unknown Host (421), a foreign
-        Origin (403, checked when ``origin``), no token (401), a read token where
-        ``write`` asks for the full one (403); None when it may."""
+        """Why a request may not proceed; None when it may. In this order:
+
+        an unknown Host (421); a foreign Origin (403, checked when ``origin``);
+        no token (401); a read token where ``write`` asks for the full one (403).
+        """
         hosts = self.hosts
         if hosts is not None and not hosts.allows_host_header(header_value(headers, b"host")):
             return refusal(421, "misdirected_request", "unknown Host; see [admin].allowed_hosts")
@@ -147,10 +132,11 @@ class AdminApp:
                        (b"www-authenticate", challenge))
 
     def answer_at_once(self, head: bytes) -> bytes | None:
-        """The whole answer to a request whose complete head is ``head``, when the
-        accept loop may send it without a connection slot: a ``GET`` or ``HEAD``
-        of ``/healthz`` asking to close the connection (as probes do) with no
-        body and nothing unusual; None for anything else (served as usual)."""
+        """The whole answer to a request whose complete head is ``head``, sent without a slot.
+
+        Only a ``GET`` or ``HEAD`` of ``/healthz`` asking to close the connection, as probes do.
+        It has no body and nothing unusual. None for anything else (served as usual).
+        """
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[1] != b"/healthz" or parts[0] not in (b"GET", b"HEAD"):

@@ -1,21 +1,6 @@
-"""Bearer-token authentication of the admin API.
+"""Bearer-token authentication of the admin API: the full token and the read token.
 
-Contract (docs/admin-api.md): when ``[admin].token_file`` is set, every
-route but ``/healthz`` requires ``Authorization: Bearer <token>``. The token of
-``[admin].read_token_file`` (a follower's, a dashboard's) is accepted on the
-``GET``/``HEAD`` routes and the stream only: ``POST /v1/converge`` answers it 403.
-
-- :func:`admin_tokens` reads both files at start
-  (:func:`supervisor.tokenfile.read_token`: an unusable file is a
-  :class:`ConfigError` on its key), and refuses a read token equal to the full
-  one (``$.admin.read_token_file``). :func:`reread_tokens` reads them again for
-  SIGHUP, off the event loop and within a deadline: the new tokens replace the
-  old ones (refused from then on), or, when either file is unusable, both old
-  ones stay in force.
-- :func:`authorized` compares with :func:`hmac.compare_digest`, so the time it
-  takes does not depend on how many leading bytes matched. Exactly one
-  ``Authorization`` header is accepted: two are ambiguous (a proxy and a
-  client may disagree on which one counts), so they are refused.
+Operators: docs/admin-api.md (which routes need which token).
 """
 
 from __future__ import annotations
@@ -41,8 +26,11 @@ WWW_AUTHENTICATE = b'Bearer realm="trio-supervisor"'
 def admin_tokens(token_file: str | None,
                  read_token_file: str | None) -> tuple[str | None, str | None]:
     """The full token and the read token of ``[admin]`` (None where no file is set).
+
+    Read by :func:`supervisor.tokenfile.read_token`: an unusable file is a ConfigError on its key.
     A read token equal to the full one is a :class:`ConfigError`: its holder could
-    ``POST /v1/converge``, which the read token exists to refuse."""
+    ``POST /v1/converge``, which the read token exists to refuse.
+    """
     token = read_token(token_file, TOKEN_PATH) if token_file else None
     read = read_token(read_token_file, READ_TOKEN_PATH) if read_token_file else None
     if read is not None and read == token:
@@ -54,7 +42,10 @@ def admin_tokens(token_file: str | None,
 async def reread_tokens(token_file: str | None, read_token_file: str | None, *,
                         timeout_s: float) -> tuple[str | None, str | None] | None:
     """:func:`admin_tokens` again (SIGHUP), in a thread within ``timeout_s``; None (logged)
-    when a file is unusable or the read does not finish (a FIFO, a hung mount)."""
+    when a file is unusable or the read does not finish (a FIFO, a hung mount).
+
+    New tokens replace the old, refused from then on; on None both old ones stay in force.
+    """
     try:
         tokens = await in_thread(partial(admin_tokens, token_file, read_token_file),
                                  dependency="reload", deadline_s=timeout_s,
@@ -70,7 +61,11 @@ async def reread_tokens(token_file: str | None, read_token_file: str | None, *,
 
 
 def authorized(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:
-    """True when ``headers`` (ASGI: lower-case names) carry exactly ``Bearer <token>``."""
+    """True when ``headers`` (ASGI: lower-case names) carry exactly ``Bearer <token>``.
+
+    :func:`hmac.compare_digest`: the time taken does not depend on the bytes matched.
+    Exactly one ``Authorization`` header: a proxy and a client may disagree on two.
+    """
     values = [value for name, value in headers if name.lower() == b"authorization"]
     if len(values) != 1:
         return False

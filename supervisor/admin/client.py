@@ -1,41 +1,9 @@
 """The client side of the admin API: what ``trio-supervisor status`` and ``watch`` call.
 
-- :func:`fetch_status` GETs ``/status`` (httpx) and returns the document; any
-  failure (connect, timeout, non-200, undecodable body, a body over
-  ``MAX_STATUS_BYTES``) raises
-  :class:`AdminUnreachable`, a 401/403 its subclass :class:`AdminRefused`. The
-  environment's proxy settings are ignored: the admin API is a local, direct
-  endpoint, and a proxy meant for the internet would only get in the way.
-- :func:`~supervisor.admin.status_view.render_status` (in :mod:`.status_view`)
-  turns the document into a readable block.
-- :func:`watch_stream` follows ``/v1/stream`` (trio-websocket) and writes **one
-  line per message: the message's compact JSON as the server sent it** (the first
-  line is the ``status`` message, then one line per event; heartbeat ``ping``
-  messages are not printed). JSON lines compose with ``jq`` and ``grep``; a
-  prettier rendering is a ``jq`` filter away, while a prose one-liner would lose
-  fields.
-
-  Connection handling: with ``reconnect`` (the default) a lost connection, a
-  close by the server (1001 on its shutdown, 1013 when this client fell behind)
-  or a failed connect is retried after an exponential backoff with jitter
-  (``backoff_initial_s`` doubling to ``backoff_max_s``; reset once a connection
-  delivers a message); every new connection starts with a fresh ``status``
-  line. A server silent for three heartbeat periods counts as lost. Without
-  ``reconnect`` it returns on a clean close (1000/1001) and raises
-  :class:`AdminUnreachable` otherwise. It always returns after ``max_events``
-  printed lines, and a refused token (401/403) always raises :class:`AdminRefused`
-  (retrying cannot fix it). Reconnect notices go to the log (stderr), never to
-  ``out``.
-
-  The WebSocket runs over a TCP stream this module opens and closes itself
-  (:func:`replica_websocket`; ``publish --wait`` connects the same way):
-  ``open_websocket_url`` leaves the socket open when the server closes first or
-  refuses the handshake, which a reconnecting watcher would repeat on every server
-  restart, and it reports a refused certificate only as a handshake timeout. The TLS
-  handshake is done while connecting, so its refusal is told as what it is.
-
-Every failure names its innermost cause (:func:`~supervisor.errors.describe_failure`):
-a refused certificate as ``TLS: CERTIFICATE_VERIFY_FAILED: <why>`` and where its CA
+:func:`fetch_status` gets ``/status``; :func:`watch_stream` follows ``/v1/stream``;
+:func:`~supervisor.admin.status_view.render_status` renders a document.
+Every failure names its innermost cause (:func:`~supervisor.errors.describe_failure`).
+A refused certificate reads ``TLS: CERTIFICATE_VERIFY_FAILED: <why>``, with where its CA
 is given (``--ca-file``).
 """
 
@@ -115,9 +83,10 @@ def _status_url(base_url: str) -> str:
 
 
 def _replica(url: httpx.URL, scheme: dict[str, str], endpoint: str) -> str:
-    """A replica's address, its scheme mapped by ``scheme`` (else kept), at ``endpoint``
-    (a path prefix kept, a ``/v1/stream`` or ``/v1/converge`` dropped: both name the
-    replica)."""
+    """A replica's address, its scheme mapped by ``scheme`` (else kept), at ``endpoint``.
+
+    A path prefix is kept; a ``/v1/stream`` or ``/v1/converge`` dropped: both name the replica.
+    """
     path = url.path.rstrip("/")
     for ending in _ENDPOINTS:
         path = path.removesuffix(ending)
@@ -202,9 +171,15 @@ async def fetch_status(
     base_url: str, token: str | None = None, *, timeout_s: float = 5.0,
     ssl_context: ssl.SSLContext | None = None, client: httpx.AsyncClient | None = None,
 ) -> dict[str, Any]:
-    """GET ``<base_url>/status``; see the module docstring for the errors.
-    ``ssl_context``: what an https replica is verified with (None: the system's);
-    ``client``: one to reuse (a walk asks many replicas; None: one made for this call)."""
+    """GET ``<base_url>/status`` and return the document.
+
+    Any failure raises :class:`AdminUnreachable`: connect, timeout, non-200, an
+    undecodable body, a body over ``MAX_STATUS_BYTES``. A 401/403 raises its subclass
+    :class:`AdminRefused`. The environment's proxy settings are ignored.
+    The admin API is a direct endpoint; a proxy meant for the internet only gets in the way.
+    ``ssl_context``: what an https replica is verified with (None: the system's).
+    ``client``: one to reuse (a walk asks many replicas; None: one made for this call).
+    """
     url = _status_url(base_url)
     try:
         # httpx's timeout is per phase (connect, read, ...); the scope bounds the whole.
@@ -289,16 +264,19 @@ def first_leaf(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
 @asynccontextmanager
 async def replica_websocket(url: str, token: str | None, ssl_context: ssl.SSLContext | None,
                             timeout_s: float) -> AsyncIterator[WebSocketConnection]:
-    """The WebSocket at a ``ws://`` or ``wss://`` URL: TCP, for wss with the TLS handshake
-    done (verified against ``ssl_context``, None: the system's trust store) so that a
-    refused certificate is told as what it is, then the WebSocket handshake, each within
-    ``timeout_s``: :class:`AdminUnreachable` (``cannot connect (...)``, ``no handshake
-    ...``) otherwise. A refused handshake raises ConnectionRejected; what the block
-    raises comes out in an exception group.
+    """The WebSocket at a ``ws://`` or ``wss://`` URL, each step within ``timeout_s``.
+
+    First TCP, and for wss the TLS handshake (``ssl_context``; None: the system's store).
+    So a refused certificate is told as what it is. Then the WebSocket handshake.
+    A step that fails raises :class:`AdminUnreachable` (``cannot connect (...)``,
+    ``no handshake ...``). A refused handshake raises ConnectionRejected.
+    What the block raises comes out in an exception group.
 
     The TCP stream is opened and closed here, not by trio-websocket: its client leaves
     the socket open when the server closes first or refuses the handshake
-    (trio-websocket 0.12).
+    (trio-websocket 0.12). A reconnecting watcher would leak one per server restart.
+    It also reports a refused certificate only as a handshake timeout.
+    ``publish --wait`` connects the same way.
     """
     parts = _url(url)
     host, secure = parts.raw_host.decode("ascii"), parts.scheme == "wss"
@@ -405,8 +383,23 @@ async def watch_stream(
     rng: random.Random | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> None:
-    """Follow the live stream at ``url`` (``ws://``, or an ``http://`` base); see above.
-    ``ssl_context``: what a wss replica is verified with (None: the system's)."""
+    """Follow the live stream at ``url`` (``ws://``, or an ``http://`` base).
+
+    It writes one line per message to ``out``: the compact JSON the server sent.
+    First the ``status`` message, then each event; ``ping`` heartbeats are not printed.
+    JSON lines compose with ``jq`` and ``grep``; a prose one-liner would lose fields.
+
+    With ``reconnect`` (the default) a lost connection, a close by the server (1001,
+    1013) or a failed connect is retried. The backoff is exponential with jitter,
+    ``backoff_initial_s`` doubling to ``backoff_max_s``, reset once a message arrives.
+    Each new connection starts with a fresh ``status`` line.
+    A server silent for three heartbeat periods counts as lost.
+    Without ``reconnect`` it returns on a clean close (1000/1001), else raises
+    :class:`AdminUnreachable`. It always returns after ``max_events`` printed lines.
+    A refused token (401/403) always raises :class:`AdminRefused`: retrying cannot fix it.
+    Reconnect notices go to the log (stderr), never to ``out``.
+    ``ssl_context``: what a wss replica is verified with (None: the system's).
+    """
     url = stream_url(url)
     backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
     watch = _Watch(out, token, max_events, connect_timeout_s, ssl_context=ssl_context)

@@ -1,23 +1,6 @@
 """The admin server's table of held connections: two pools, and which connections are idle.
 
-Contract:
-
-- At most ``limit`` connections are held in the main pool (:mod:`supervisor.admin.limits`
-  derives it from ``RLIMIT_NOFILE``). A connection accepted at the limit makes
-  room by closing the connection that has been *idle* longest: idle means no
-  request in progress, i.e. still waiting for its first complete request head
-  or between keep-alive requests. A flood of connections that never send a
-  request therefore only ever displaces itself, and a ``/healthz`` probe (which
-  sends its request at once) always finds a slot. When no connection is idle
-  (every slot is busy: stream clients are capped below the limit, so this means
-  that many requests in flight), the new connection goes to a small reserve
-  pool that serves ``/healthz`` only (with the same longest-idle rule); when
-  that is full of busy connections too, it is refused at once with a reset.
-  Evictions and refusals are counted in ``supervisor_admin_connections_shed_total``.
-- A connection evicted is closed with a reset (:func:`reset`): what it had
-  buffered is dropped, and a task blocked on it wakes.
-
-Who accepts them and decides each one's pool: :mod:`supervisor.admin.accept`.
+:class:`ConnectionTable` owns the pools; :mod:`supervisor.admin.accept` feeds it.
 """
 
 from __future__ import annotations
@@ -87,11 +70,10 @@ class _Pool:
     def evict_idle(self) -> Peer | None:
         """Close the longest-idle connection; which one (None: none is idle).
 
-        A connection the pool wants to ``keep`` (request bytes already waiting
-        that its task has not had its turn to read: it is about to be busy, and
-        it may be a probe) is passed over; at most EVICTION_SCAN are looked at.
-        So is one idle for less than ``min_idle_s``: just accepted, its client
-        has not had the time to send anything yet.
+        A connection the pool wants to ``keep`` is passed over: request bytes wait unread.
+        Its task has not had its turn: it is about to be busy, and may be a probe.
+        At most EVICTION_SCAN are looked at. One idle under ``min_idle_s`` is passed over too.
+        Just accepted, its client has not had the time to send anything yet.
         """
         now = trio.current_time()
         for _ in range(min(EVICTION_SCAN, len(self.idle))):
@@ -112,10 +94,16 @@ class _Pool:
 class ConnectionTable:
     """Held connections by peer, in two pools, and which of them are idle.
 
-    The main pool holds ``limit`` connections. The reserve pool
-    (``reserved`` slots, taken only when the main pool is full of busy
-    connections) serves ``/healthz`` and nothing else (:attr:`RESERVE`), so a
-    probe is answered even then.
+    The main pool holds ``limit`` connections (:mod:`supervisor.admin.limits`).
+    One accepted at the limit makes room by closing the one idle longest.
+    Idle: no request in progress, before the first complete head or between requests.
+    So a flood that never sends a request only displaces itself.
+    A ``/healthz`` probe, which sends its request at once, always finds a slot.
+    With none idle (that many requests in flight: streams are capped below the limit),
+    the new one goes to the reserve pool, same rule: ``reserved`` slots, ``/healthz``
+    only (:attr:`RESERVE`). When that is full of busy ones too, it is reset at once.
+    Evictions and refusals count in ``supervisor_admin_connections_shed_total``.
+    An evicted connection is reset (:func:`reset`): its buffers drop, a blocked task wakes.
     """
 
     MAIN = "main"

@@ -1,17 +1,4 @@
-"""Errors of the admin API, its server and its client side.
-
-::
-
-    SupervisorError
-    └── AdminError                   anything the admin API raises on purpose
-        ├── AdminBindError           the listen address cannot be bound (also a StartError:
-        │                            the tree does not restart it and the CLI exits 1,
-        │                            so systemd retries; ``path`` is ``$.admin.listen``)
-        └── AdminUnreachable         client side: connect failure, timeout, non-200 answer,
-            │                        undecodable body, a stream that ended abnormally,
-            │                        or an address that is not a URL
-            └── AdminRefused         the server refused our credentials (401/403); retrying
-                                     cannot help, so ``watch`` does not reconnect
+"""Errors of the admin API, its server and its client side, under :class:`AdminError`.
 
 Messages never contain the bearer token.
 """
@@ -31,6 +18,7 @@ class AdminBindError(StartError, AdminError):
     """``[admin].listen`` cannot be bound (in use, not local, not permitted, unresolvable).
 
     ``path`` names the key, ``reason`` says why with the address in it.
+    A StartError: the tree does not restart it and the CLI exits 1, so systemd retries.
     """
 
     def __init__(self, address: str, reason: str) -> None:
@@ -43,6 +31,8 @@ class AdminBindError(StartError, AdminError):
 class AdminUnreachable(AdminError):
     """The admin API could not be reached or did not answer as expected.
 
+    A connect failure, a timeout, a non-200 answer, an undecodable body, a stream
+    that ended abnormally, or an address that is not a URL.
     ``status_code`` is the HTTP status when the server answered (None otherwise).
     """
 
@@ -54,4 +44,7 @@ class AdminUnreachable(AdminError):
 
 
 class AdminRefused(AdminUnreachable):
-    """The server answered 401 or 403: the token is missing or wrong."""
+    """The server answered 401 or 403: the token is missing or wrong.
+
+    Retrying cannot help, so ``watch`` does not reconnect.
+    """

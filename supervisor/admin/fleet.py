@@ -1,14 +1,7 @@
 """The followers a replica has seen: what ``GET /v1/followers`` answers.
 
-Each fetch of ``/v1/revision`` and each stream handshake that names its follower
-(:mod:`supervisor.controlplane.replica_name`) updates that follower's row, keyed
-by its URL. A row is forgotten :data:`FORGET_AFTER_POLLS` of the follower's poll
-intervals after it was last seen. At most :data:`MAX_FOLLOWERS` rows are held:
-a new URL past that replaces the row seen longest ago, so a follower naming
-itself under ever new URLs costs a bounded table, and an honest follower it
-pushed out is listed again at its next poll.
-
-:func:`describe_follower` is the other side: what this replica, a follower, says of itself.
+:class:`Followers` holds them; :func:`describe_follower` is the other side:
+what this replica, a follower, says of itself.
 """
 
 from __future__ import annotations
@@ -64,7 +57,15 @@ class _Seen:
 
 
 class Followers:
-    """The table of direct followers (module docstring)."""
+    """The table of direct followers, one row per URL.
+
+    Each ``/v1/revision`` fetch or stream handshake that names its follower updates its row
+    (:mod:`supervisor.controlplane.replica_name`). A row is forgotten
+    :data:`FORGET_AFTER_POLLS` of the follower's poll intervals after it was last seen.
+    At most :data:`MAX_FOLLOWERS` are held: a new URL past that replaces the oldest-seen row.
+    So a follower naming itself under ever new URLs costs a bounded table.
+    An honest follower pushed out is listed again at its next poll.
+    """
 
     def __init__(self, *, limit: int = MAX_FOLLOWERS,
                  clock: Callable[[], float] = time.monotonic,

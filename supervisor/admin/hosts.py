@@ -1,34 +1,7 @@
 """Which ``Host`` and ``Origin`` the admin API answers (DNS rebinding, cross-site WebSockets).
 
-A web page the operator opens can make the browser send requests to the admin
-API: through DNS rebinding (a name the attacker controls, re-pointed at
-127.0.0.1, so the request carries ``Host: evil.example``) or through a
-cross-site WebSocket (``Origin: http://evil.example``; the same-origin policy
-does not cover WebSockets). Browsers always send these headers truthfully, so:
-
-- a request whose ``Host`` (port ignored) is not a name the server is known by
-  is answered 421 Misdirected Request. Known: the listen address itself; the
-  loopback names ``localhost``, ``127.0.0.1`` and ``::1`` when the listener is
-  loopback or a wildcard (``0.0.0.0``/``::``, which includes loopback); and
-  every entry of ``[admin].allowed_hosts`` (a name, an address, ``.example.com``
-  for that domain and its subdomains, or ``*`` for any); and, on a wildcard
-  listener (whose addresses the server cannot enumerate), any IP address: DNS
-  rebinding needs a name, so an address in ``Host`` is not one (Prometheus and
-  probes address pods by IP). A request without
-  ``Host`` (HTTP/1.0, never a browser) passes.
-- a WebSocket handshake, or a ``POST`` (``/v1/converge``: a cross-site page can
-  send a simple POST without a CORS preflight), whose ``Origin`` is not the
-  listener's own origin is refused with 403. Own: the listener's scheme
-  (``http``, or ``https`` when it serves TLS) and its bound port, with a host
-  the ``Host`` check knows (so on a loopback listener ``localhost``,
-  ``127.0.0.1`` and ``[::1]`` all count). A page on another port of the same
-  host is another origin: any program serving localhost could drive the API
-  otherwise. Entries of ``[admin].allowed_origins`` (``scheme://host[:port]``)
-  are admitted besides. ``null`` and anything malformed are refused; without
-  ``Origin`` (``watch``, ``curl``, any non-browser client) it passes.
-
-``/healthz`` is exempt from the Host check: it reveals nothing, and probes
-(Kubernetes' ``httpGet`` sends the pod IP as Host) must reach it.
+:class:`AllowedHosts` holds the rules; the app applies them before the token.
+Operators: docs/operations.md, "Security".
 """
 
 from __future__ import annotations
@@ -91,7 +64,14 @@ def _is_ip(host: str) -> bool:
 
 
 class AllowedHosts:
-    """The names the server answers to; see the module docstring."""
+    """The names and origins the server answers to; browsers send both headers truthfully.
+
+    A page the operator opens can make the browser call the admin API.
+    DNS rebinding re-points an attacker's name at 127.0.0.1: ``Host: evil.example``.
+    A cross-site WebSocket carries ``Origin: http://evil.example``; same-origin does not cover it.
+    The app answers a foreign ``Host`` 421 and a foreign ``Origin`` 403.
+    ``/healthz`` skips the Host check: it reveals nothing, and probes send the pod IP.
+    """
 
     def __init__(
         self,
@@ -121,6 +101,14 @@ class AllowedHosts:
         self.any_address = host in WILDCARDS
 
     def allows(self, host: str) -> bool:
+        """Whether ``host`` (no port) is a name the server is known by.
+
+        Known: the listen address; ``localhost``, ``127.0.0.1`` and ``::1`` on a loopback
+        or wildcard (``0.0.0.0``/``::``) listener; every ``[admin].allowed_hosts`` entry.
+        An entry is a name, an address, ``.example.com`` (and subdomains) or ``*``.
+        On a wildcard listener any IP address passes: DNS rebinding needs a name.
+        (Prometheus and probes address pods by IP.)
+        """
         if self.any or host in self.names:
             return True
         if self.any_address and _is_ip(host):
@@ -128,9 +116,18 @@ class AllowedHosts:
         return any(host.endswith(s) or host == s[1:] for s in self.suffixes)
 
     def allows_host_header(self, header: str | None) -> bool:
+        """:meth:`allows` on the header's host; no ``Host`` (HTTP/1.0, never a browser) passes."""
         return header is None or self.allows(host_of(header))
 
     def allows_origin(self, origin: str | None) -> bool:
+        """Whether a WebSocket handshake or a ``POST`` from ``origin`` may proceed.
+
+        ``POST`` because a cross-site page sends a simple POST without a CORS preflight.
+        Own origin: the listener's scheme and bound port, with a host :meth:`allows`.
+        Another port of the same host is another origin: any local program could drive us.
+        ``[admin].allowed_origins`` entries (``scheme://host[:port]``) pass besides.
+        ``null`` and anything malformed are refused; no ``Origin`` (a non-browser) passes.
+        """
         if origin is None:
             return True
         parsed = origin_of(origin)

@@ -1,36 +1,8 @@
 """One admin connection: HTTP/1.1 over h11, the stream's WebSocket over wsproto.
 
-This module is the admin API's protocol, written against the public APIs of
-``h11`` (an HTTP/1.1 state machine that does no I/O) and ``wsproto`` (the same
-for RFC 6455); trio does the I/O. The ASGI app (:class:`~supervisor.admin.app.AdminApp`)
-sees ordinary ASGI ``http`` and ``websocket`` scopes.
-
-What each connection is held to (the reasons are in :mod:`supervisor.admin.server`):
-
-- HTTP/1.1 (and 1.0) only: a request line of any other version (the HTTP/2
-  preface is ``PRI * HTTP/2.0``) closes the connection at once, without an
-  answer; ``Upgrade: h2c`` is ignored and the request served over HTTP/1.1
-  (RFC 9110 section 7.8 lets a server ignore an upgrade it does not want).
-- A complete request head within ``idle_s`` of the accept, or of the previous
-  answer on a keep-alive connection, whatever trickles in meanwhile (a per-read
-  timer would let one byte every few seconds hold it forever); its body within
-  as long again. A head over ``MAX_HEAD_BYTES`` is answered 431, a body over
-  ``MAX_BODY_BYTES`` 413, a malformed request 400 (among them one framed by both
-  ``Content-Length`` and ``Transfer-Encoding``); each ends its connection.
-- Writes go out in pieces of ``WRITE_PIECE`` bytes, each of which the client
-  must take within ``WRITE_STALL_S``, else the connection is reset: a client
-  that pipelines requests and leaves the answers unread cannot keep it busy.
-- The WebSocket handshake is answered without any extension: the client's
-  ``permessage-deflate`` offer is refused (RFC 6455 lets a server accept none),
-  so a frame is never inflated and a frame with a reserved bit set closes the
-  connection (1002). A client message over ``MAX_MESSAGE_BYTES`` (counted as its
-  frames arrive, never buffered whole) closes it with 1009.
-
-Before a plain connection holds any protocol state, :func:`first_request_head`
-waits (one task, nothing else) until its first request head is complete,
-refusing the HTTP/2 preface at once. :class:`Http11Connection` reports each
-change between idle (no request in progress) and busy to ``on_idle``: the
-connection table uses that to choose which connection to give up when full.
+Our protocol, on the public APIs of ``h11`` and ``wsproto`` (neither does I/O; trio does).
+:func:`first_request_head` waits for a plain connection's first head before any protocol state;
+:class:`Http11Connection` serves it from then on.
 """
 
 from __future__ import annotations
@@ -88,15 +60,15 @@ _REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
                              only: tuple[bytes, ...] | None = None) -> bool:
-    """Wait, without consuming anything, until ``stream`` holds a complete request
-    head; False when it does not within ``deadline_s``, when the peer closed, when
-    it starts with the HTTP/2 preface (``PRI ``: refused at once), or when ``only``
+    """Wait, without consuming anything, until ``stream`` holds a complete request head.
+
+    False when it does not within ``deadline_s``, or when the peer closed.
+    False too for the HTTP/2 preface (``PRI ``: refused at once), and when ``only``
     is given and the head starts with none of its prefixes.
 
     Looks with ``MSG_PEEK``, so the connection then reads the same bytes itself.
-    Between looks, ``SO_RCVLOWAT`` makes the socket readable only once *more*
-    bytes have arrived, so a client trickling its head costs one wake-up per
-    segment, not a polling loop.
+    Between looks, ``SO_RCVLOWAT`` wakes the socket only once *more* bytes arrived.
+    So a client trickling its head costs one wake-up per segment, not a polling loop.
     """
     sock = stream.socket
     want = 1
@@ -151,11 +123,27 @@ def _valid_key(key: bytes | None) -> bool:
 
 
 class Http11Connection:
-    """One accepted connection, until it ends; see the module docstring.
+    """One accepted connection, until it ends; the app sees plain ASGI scopes.
 
-    ``stream`` is what is read and written (the socket stream, or a TLS stream
-    over it); ``socket_stream`` is the TCP connection under it, which a stall
-    resets. ``deadline`` is when the first request head is due (from the accept).
+    ``stream`` is read and written (the socket, or TLS over it).
+    ``socket_stream`` is the TCP connection under it, which a stall resets.
+    Each change between idle (no request in progress) and busy goes to ``on_idle``.
+    The connection table uses that to choose whom to drop when full.
+    What each connection is held to (why: :class:`~supervisor.admin.server._Server`):
+
+    - HTTP/1.1 and 1.0 only: another version (HTTP/2's ``PRI * HTTP/2.0``) closes it unanswered.
+      ``Upgrade: h2c`` is ignored and the request served (RFC 9110 section 7.8 allows it).
+    - A complete head within ``idle_s`` of the accept or of the last answer, whatever trickles.
+      A per-read timer would let one byte every few seconds hold it forever.
+      The body is due within as long again.
+    - A head over ``MAX_HEAD_BYTES`` answers 431, a body over ``MAX_BODY_BYTES`` 413.
+      A malformed request answers 400 (framed by both ``Content-Length`` and
+      ``Transfer-Encoding`` among them). Each ends its connection.
+    - Writes go in ``WRITE_PIECE`` pieces, each taken within ``WRITE_STALL_S`` or reset.
+    - The WebSocket handshake takes no extension: ``permessage-deflate`` is refused (RFC 6455).
+      So no frame is inflated, and one with a reserved bit set closes it (1002).
+    - A client message over ``MAX_MESSAGE_BYTES`` closes it with 1009.
+      It is counted as its frames arrive, never buffered whole.
     """
 
     def __init__(self, app: App, stream: trio.abc.Stream, socket_stream: trio.SocketStream, *,
@@ -187,16 +175,16 @@ class Http11Connection:
             self._idle_scope.cancel()
 
     async def send_raw(self, data: bytes) -> None:
-        """Write ``data``, already a complete WebSocket frame (the stream hub's one
-        frame per event, shared by every client), under the lock every write of
-        this connection takes, so frames never interleave; ConnectionGone when the
-        connection is closed or reset, or the WebSocket no longer open.
+        """Write ``data``, already a complete WebSocket frame: the hub's one frame per event.
 
-        The state is checked inside the lock: once a close frame has been sent or
-        received, no data frame may follow it (RFC 6455, 5.5.1). The write is
-        shielded: a frame is never cut in half by a client's disconnect (a
-        half-closed client still reads); one that stays blocked is reset by the
-        hub's monitor (or at shutdown), which ends it with ConnectionGone."""
+        It goes under the lock every write of this connection takes: frames never interleave.
+        ConnectionGone when the connection is closed or reset, or the WebSocket not open.
+        The state is checked inside the lock. After a close frame sent or received,
+        no data frame may follow (RFC 6455, 5.5.1).
+        The write is shielded: a client's disconnect never cuts a frame in half.
+        (A half-closed client still reads.) One that stays blocked is reset by the hub's
+        monitor, or at shutdown, which ends it with ConnectionGone.
+        """
         async with self._send_lock:
             ws = self._ws
             if ws is None or ws.state is not WsState.OPEN or self._gone:
@@ -379,9 +367,13 @@ class Http11Connection:
             await self._write_locked(data)
 
     async def _write_locked(self, data: bytes) -> None:
-        """Once the connection is gone (closed, reset, stalled) writes are dropped,
-        as ASGI servers do for an app writing to a client that left; the serving
-        loop ends the connection when the app returns."""
+        """Write ``data`` (the caller holds the lock), shielded, in ``WRITE_PIECE`` pieces.
+
+        A piece not taken within ``WRITE_STALL_S`` resets the connection.
+        Once the connection is gone (closed, reset, stalled) writes are dropped.
+        ASGI servers do so for an app writing to a client that left.
+        The serving loop ends the connection when the app returns.
+        """
         if self._gone:
             return
         view = memoryview(data)
@@ -527,9 +519,10 @@ class Http11Connection:
                 ended = not data
 
     async def _finish_websocket(self) -> None:
-        """After the app: a close frame if none was sent, then a little time for the
-        client's own close frame, so that closing the socket does not reset a
-        connection whose last frames the client has not read yet."""
+        """After the app: a close frame if none was sent, then a little time for the client's.
+
+        So closing the socket does not reset a connection whose last frames are unread.
+        """
         ws = self._ws
         if ws is None or self._gone:
             return

@@ -1,26 +1,8 @@
 """How many connections the admin API may hold, derived from ``RLIMIT_NOFILE``.
 
-Every accepted connection costs one file descriptor. When connections take the
-last descriptors, everything else the daemon does fails with ``EMFILE``: the
-control-plane connection, the secret files a compile reads, the snapshot file,
-and ``accept`` itself. So the admin server holds at most
-:attr:`ConnectionLimits.max_connections`: the soft ``RLIMIT_NOFILE`` minus a
-reserve for the daemon's own files and sockets (``max(RESERVE_MIN, limit //
-RESERVE_DIVISOR)``).
-
-Stream clients hold their connection for as long as they watch, so they may
-take at most :attr:`ConnectionLimits.max_stream_clients`: what is left once a
-share of ``max_connections`` (``HTTP_HEADROOM_DIVISOR``) is kept for plain
-requests (``/healthz``, scrapes, ``status``), i.e. about 77% of the soft limit;
-a configured ``max_clients`` (tests, benchmarks) can only lower it.
-
-The soft limit is usually far below the hard one (systemd: 1024 soft, 524288
-hard; the soft 1024 only protects programs that use ``select()``, which this
-daemon does not: trio uses epoll and psycopg ``poll()``). :func:`raise_nofile`
-raises the soft limit to the hard limit, at most ``NOFILE_TARGET``, before the
-limits are derived, so the descriptor limit an operator sets (``LimitNOFILE=``,
-``ulimit -Hn``) is the one that counts: 16384 gives 12,544 stream clients.
-:func:`derive` is pure; :func:`current_nofile` reads the process's limit.
+:func:`raise_nofile` lifts the soft limit, :func:`current_nofile` reads it,
+:func:`derive` turns it into :class:`ConnectionLimits`.
+Operators: docs/operations.md, "The stream at scale".
 """
 
 from __future__ import annotations
@@ -47,6 +29,15 @@ NOFILE_TARGET = 65536
 
 @dataclass(frozen=True)
 class ConnectionLimits:
+    """How many connections, and stream clients among them, the admin server holds.
+
+    Each connection costs a descriptor; the last ones taken make everything else fail
+    with ``EMFILE``. That is the control-plane connection, a compile's secret files,
+    the snapshot file and ``accept`` itself. Hence ``reserve``, kept back from ``nofile``.
+    Stream clients hold their connection while they watch: a share of
+    ``max_connections`` is kept from them for ``/healthz``, scrapes and ``status``.
+    """
+
     nofile: int | None  # the soft RLIMIT_NOFILE; None = unlimited
     reserve: int  # descriptors kept for the daemon's own files and sockets
     max_connections: int  # admin connections held at once, stream clients included
@@ -71,8 +62,13 @@ def raise_nofile(
     getrlimit: Callable[[int], tuple[int, int]] = resource.getrlimit,
     setrlimit: Callable[[int, tuple[int, int]], None] = resource.setrlimit,
 ) -> tuple[int, int] | None:
-    """Raise the soft ``RLIMIT_NOFILE`` to ``min(hard, target)``; returns ``(before,
-    after)`` when it moved, None when it was already there (or cannot move)."""
+    """Raise the soft ``RLIMIT_NOFILE`` to ``min(hard, target)``, before limits are derived.
+
+    Returns ``(before, after)`` when it moved, None when it was there or cannot move.
+    The soft limit (systemd: 1024, hard 524288) only protects ``select()`` users.
+    This daemon uses none (trio uses epoll, psycopg ``poll()``). So the operator's
+    hard limit (``LimitNOFILE=``, ``ulimit -Hn``) is the one that counts.
+    """
     soft, hard = getrlimit(resource.RLIMIT_NOFILE)
     infinity = resource.RLIM_INFINITY
     want = target if hard == infinity else min(hard, target)
@@ -86,8 +82,13 @@ def raise_nofile(
 
 
 def derive(nofile: int | None, stream_clients: int | None) -> ConnectionLimits:
-    """The admin server's limits for a descriptor limit ``nofile`` and a configured
-    stream client limit (None: derived only); see the module docstring."""
+    """The admin server's limits for descriptor limit ``nofile``; pure.
+
+    Connections: ``nofile`` minus ``max(RESERVE_MIN, nofile // RESERVE_DIVISOR)``.
+    Stream clients: connections minus ``HTTP_HEADROOM_DIVISOR``'s share, about 77% of ``nofile``.
+    So 16384 gives 12,544 stream clients. A configured ``stream_clients`` (tests,
+    benchmarks; None: derived only) can only lower it.
+    """
     if nofile is None:
         reserve = RESERVE_MIN
         max_connections = UNLIMITED_CONNECTIONS

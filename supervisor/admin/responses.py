@@ -1,16 +1,6 @@
 """Answers of the admin API as ASGI messages: JSON bodies, errors, headers, refusals.
 
-Every error body is JSON ``{"error": "<code>", "detail": "<text>"}``; dynamic
-answers carry ``Cache-Control: no-store`` unless the route says otherwise. A
-WebSocket handshake is refused before it is accepted through ASGI's
-``websocket.http.response`` extension (which the admin server implements), so the
-client sees the real status (401, 403, 421); a server without it gets a 1008
-close.
-
-A refusal (401, 403, 421) ends its connection (``Connection: close``): a client
-without the token, or a browser page, gets one small answer and no keep-alive,
-so it cannot pipeline thousands of requests, read the answers slowly, and keep
-a connection busy (its writes blocked) past every idle deadline.
+Every error body is JSON ``{"error": "<code>", "detail": "<text>"}`` (:func:`error_response`).
 """
 
 from __future__ import annotations
@@ -33,6 +23,8 @@ JSON = b"application/json"
 
 @dataclass
 class Response:
+    """One answer; ``cache`` is its ``Cache-Control``, ``no-store`` unless the route says."""
+
     status: int
     body: bytes = b""
     content_type: bytes | None = JSON
@@ -88,7 +80,12 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 def refusal(status: int, error: str, detail: str, *headers: tuple[bytes, bytes]) -> Response:
-    """An error answer that ends its connection (see the module docstring)."""
+    """An error answer (401, 403, 421) that ends its connection (``Connection: close``).
+
+    A client without the token, or a browser page, gets one small answer, no keep-alive.
+    So it cannot pipeline thousands of requests and read the answers slowly.
+    That would keep a connection busy, its writes blocked, past every idle deadline.
+    """
     return error_response(status, error, detail, [*headers, (b"connection", b"close")])
 
 
@@ -130,7 +127,11 @@ async def send_response(send: Send, response: Response, *, head: bool = False,
 
 
 async def reject_handshake(scope: Scope, send: Send, response: Response) -> None:
-    """Refuse a WebSocket handshake before accepting it."""
+    """Refuse a WebSocket handshake before accepting it, with the real status.
+
+    Through ASGI's ``websocket.http.response`` extension, which the admin server implements.
+    A server without it gets a 1008 close.
+    """
     extensions = scope.get("extensions") or {}
     if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
         await send_response(send, response, kind="websocket.http")

@@ -1,21 +1,6 @@
 """What each admin route answers, from the state the loops report (docs/admin-api.md).
 
-Contract:
-
-- :meth:`Routes.table` maps each path to its handler. A handler takes the
-  request's headers and returns its :class:`~supervisor.admin.responses.Response`
-  at once: it reads state only and awaits nothing, so ``/healthz`` answering at
-  all proves the event loop runs.
-- Two routes may await, and the caller (:class:`~supervisor.admin.app.AdminApp`)
-  awaits them itself. ``GET /v1/revision`` answers :data:`READ_SIGNED` when the
-  signed bytes are not held in memory: then :meth:`Routes.revision_from_file`
-  reads them in a worker thread. ``POST /v1/converge`` (:meth:`Routes.converge`)
-  runs an attempt and awaits its answer, at most ``timeout_s`` (the query
-  parameter, default ``CONVERGE_TIMEOUT_S``, at most ``CONVERGE_TIMEOUT_MAX_S``);
-  the loop never awaits it, so a client that disconnects only stops this
-  request waiting (None: nobody to answer).
-- Which requests reach a handler (method, Host, Origin, token) is the
-  caller's decision, made before any handler runs.
+:class:`Routes` holds the handlers; :meth:`Routes.table` maps each path to one.
 """
 
 from __future__ import annotations
@@ -64,7 +49,15 @@ READ_SIGNED = Response(0)
 
 
 class Routes:
-    """The handlers of the admin API's paths, over ``ctx``."""
+    """The handlers of the admin API's paths, over ``ctx``.
+
+    A handler takes the request's headers and returns its Response at once.
+    It reads state only and awaits nothing, so ``/healthz`` answering proves the loop runs.
+    Two routes may await; :class:`~supervisor.admin.app.AdminApp` awaits them itself.
+    ``GET /v1/revision`` answers :data:`READ_SIGNED` when the signed bytes are not in memory;
+    then :meth:`revision_from_file` reads them. ``POST /v1/converge`` is :meth:`converge`.
+    Which requests reach a handler (method, Host, Origin, token) the caller decides first.
+    """
 
     def __init__(self, ctx: AdminContext) -> None:
         self.ctx = ctx
@@ -145,7 +138,12 @@ class Routes:
                               [(b"allow", b"POST")])
 
     async def converge(self, scope: Scope, receive: Receive) -> Response | None:
-        """Run an attempt now and answer its outcome; None when the client went away."""
+        """Run an attempt now and answer its outcome; None when the client went away.
+
+        It waits at most ``timeout_s``: the query parameter, default ``CONVERGE_TIMEOUT_S``,
+        at most ``CONVERGE_TIMEOUT_MAX_S``. The loop never awaits it.
+        So a client that disconnects only stops this request waiting.
+        """
         converge = self.ctx.converge
         if converge is None:
             return error_response(503, "unavailable", "this process runs no convergence loop")
@@ -201,6 +199,7 @@ class Routes:
         return READ_SIGNED if data is None else _tagged(200, data, SIGNED, etag)
 
     async def revision_from_file(self) -> Response:
+        """``GET /v1/revision`` from the cache file, read in a worker thread."""
         signed, snapshot = self.ctx.signed, self.ctx.state.snapshot
         assert signed is not None and snapshot is not None  # revision checked both
         state = self.ctx.state

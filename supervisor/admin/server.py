@@ -1,63 +1,7 @@
 """Serving the admin API: HTTP/1.1 and WebSocket, with or without TLS, under trio.
 
-:func:`serve_admin` has ``nursery.start`` shape. It binds ``listen`` itself,
-*before* reporting started, so:
-
-- a port in use (or an address not of this host, or a privileged port) raises
-  :class:`AdminBindError`, a :class:`~supervisor.errors.StartError` naming
-  ``$.admin.listen`` and the address: the tree does not restart it and the CLI
-  exits 1 (a restart of the process may succeed; a malformed value stays a
-  :class:`~supervisor.errors.ConfigError`, exit 2);
-- ``task_status.started((host, port))`` reports the bound address, so
-  ``"127.0.0.1:0"`` picks a free port and the caller learns which.
-
-Shutdown (cancellation) runs, shielded and within ``shutdown_timeout_s``:
-stop accepting; close every stream client with 1001 "going away"; let idle
-keep-alive connections close and busy ones finish their response; then reset
-whatever is left (a peer that stopped reading) and stop. The deadline holds even
-against such a peer.
-
-The protocol is our own, over ``h11`` and ``wsproto`` (:mod:`supervisor.admin.http11`),
-behind our own accept loop (:mod:`supervisor.admin.accept`); both libraries are
-state machines that do no I/O, so every socket operation, deadline and reset is
-here. A full ASGI server (hypercorn's public ``serve``) was not enough: it
-writes to a socket inside an unbounded cancellation shield (one peer that stops
-reading would block its task and the server's shutdown forever), negotiates
-HTTP/2 and ``permessage-deflate`` whenever a client asks (the first restarts no
-idle timer, the second inflates a frame before any size limit applies), accepts
-connections one per scheduler pass, and gives no way to reset one connection
-or to write a shared frame to it. The stream hub resets a stream client stuck
-in a write (see :mod:`supervisor.admin.stream`), and shutdown resets the rest.
-As a kernel-level backstop the listening socket carries ``TCP_USER_TIMEOUT``
-(30 s, Linux), which accepted sockets inherit: a peer that leaves our data
-unacknowledged that long is dropped by the kernel.
-
-TLS (``tls`` given, :mod:`supervisor.tlsconfig`): each connection's handshake
-must complete within the head deadline, with the context current at that
-moment (a reload applies to new handshakes); the accept loop then cannot read a
-request head, so a ``/healthz`` probe is served by its connection (from the
-reserve pool when the main one is full), not answered at accept.
-
-Connection discipline (why: a flood of connections must not take the
-descriptors the rest of the daemon needs, nor ``/healthz``):
-
-- HTTP/1.1 only: the HTTP/2 preface closes the connection at once;
-- a complete request head within ``IDLE_DEADLINE_S`` of accepting (and of the
-  previous response on a keep-alive connection), or the connection is closed;
-  an answer whose writes make no progress for as long is reset
-  (:mod:`supervisor.admin.http11`), and a refusal (401, 403, 421) ends its
-  connection: pipelining requests and leaving the answers unread keeps no
-  connection busy;
-- at most ``max_connections`` held (:mod:`supervisor.admin.limits`: the soft
-  ``RLIMIT_NOFILE``, first raised to the hard limit, minus a reserve), and at
-  most ``max_stream_clients`` of them stream clients (derived from the same
-  limit; a configured stream ``max_clients`` that does not fit is lowered, with
-  a warning naming both numbers). At the limit the longest-idle connection
-  makes room, or the new one is refused (:mod:`supervisor.admin.connections`);
-- a ``/healthz`` probe whose request (``Connection: close``) is already waiting
-  when it is accepted is answered by the accept loop itself, taking no slot and
-  no handler task (:meth:`AdminApp.answer_at_once`): its latency does not grow
-  with the number of connections being served.
+:func:`serve_admin` binds and serves; :class:`_Server` owns the connections and their shutdown.
+Operators: docs/operations.md, "Security" (the connection discipline) and "The stream at scale".
 """
 
 from __future__ import annotations
@@ -148,7 +92,33 @@ def _bind_failure(exc: OSError) -> str:
 
 
 class _Server:
-    """Our accept loop and HTTP/1.1 connections; see the module docstring."""
+    """Our accept loop and HTTP/1.1 connections, over ``h11`` and ``wsproto``.
+
+    Both libraries do no I/O, so every socket operation, deadline and reset is here.
+    Why not an ASGI server (hypercorn's ``serve``): it writes inside an unbounded shield.
+    One peer that stops reading then blocks its task and shutdown forever.
+    It also negotiates HTTP/2 (which restarts no idle timer) whenever a client asks.
+    It negotiates ``permessage-deflate``, which inflates a frame before any size limit.
+    It accepts one connection per scheduler pass, and cannot reset one connection.
+    Nor can it write a shared frame to one.
+
+    The discipline, so a flood takes neither the daemon's descriptors nor ``/healthz``:
+
+    - HTTP/1.1 only: the HTTP/2 preface closes the connection at once.
+    - A complete request head within ``IDLE_DEADLINE_S`` of accepting or of the last answer.
+      An answer whose writes stall as long is reset (:mod:`supervisor.admin.http11`).
+    - A refusal (401, 403, 421) ends its connection: unread pipelined answers hold nothing.
+    - At most ``max_connections`` held, ``max_stream_clients`` of them streams
+      (:mod:`supervisor.admin.limits`). At the limit the longest-idle one makes room,
+      or the new one is refused (:mod:`supervisor.admin.connections`).
+    - A ``/healthz`` probe already waiting at accept is answered by the accept loop.
+      It takes no slot and no task (:meth:`AdminApp.answer_at_once`).
+    - Under TLS the accept loop cannot read a head: the connection serves the probe,
+      from the reserve pool when the main one is full.
+
+    The stream hub resets a client stuck in a write; :meth:`kill` resets the rest.
+    The kernel backstop: the listening socket's ``TCP_USER_TIMEOUT`` (30 s, Linux), inherited.
+    """
 
     def __init__(self, sock: socket.socket, limits: ConnectionLimits, metrics: Metrics,
                  tls: Callable[[], ssl.SSLContext] | None = None) -> None:
@@ -267,10 +237,12 @@ class _Server:
 
     @staticmethod
     async def _close(stream: trio.SocketStream) -> None:
-        """End the connection with a FIN. Closing a socket with unread bytes sends a
-        reset, which can make the client lose our last answer (a 413 before the
-        whole body was read): those bytes are first drained, briefly and boundedly.
-        A closed (reset) socket stays closed."""
+        """End the connection with a FIN; a closed (reset) socket stays closed.
+
+        Closing a socket with unread bytes sends a reset: the client may lose our last answer.
+        (A 413 before the whole body was read.) So those bytes are first drained,
+        briefly and boundedly (``LINGER_S``, ``LINGER_BYTES``).
+        """
         sock = stream.socket
         if sock.fileno() == -1:
             return
@@ -342,8 +314,22 @@ async def serve_admin(
     tls: Callable[[], ssl.SSLContext] | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on ``listen`` until cancelled; see the module docstring.
-    ``tls``: the server context in force at each handshake (None: plain HTTP)."""
+    """Serve the admin API on ``listen`` until cancelled; ``nursery.start`` shape.
+
+    It binds ``listen`` itself, before reporting started. A port in use, an address
+    not of this host or a privileged port raise :class:`AdminBindError`.
+    That is a :class:`~supervisor.errors.StartError` naming ``$.admin.listen`` and the address.
+    The tree does not restart it and the CLI exits 1: a process restart may succeed.
+    A malformed value stays a :class:`~supervisor.errors.ConfigError` (exit 2).
+    ``task_status.started((host, port))`` reports the bound address: ``"127.0.0.1:0"`` works.
+
+    ``tls``: the server context in force at each handshake (None: plain HTTP).
+    Each handshake must complete within the head deadline; a reload applies to new ones.
+
+    Cancellation runs shutdown, shielded and within ``shutdown_timeout_s``, even against
+    a peer that stopped reading. It stops accepting and closes stream clients with 1001.
+    Idle keep-alive connections close, busy ones finish their answer; the rest are reset.
+    """
     sock = bind_listener(listen)
     try:
         bound = sock.getsockname()

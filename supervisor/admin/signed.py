@@ -1,29 +1,8 @@
 """The bytes ``GET /v1/revision`` serves: the active revision as the cache signed it.
 
-Contract (docs/admin-api.md): the active revision in the signed
-last-known-good file format, the same bytes ``[cache]`` writes. They are read
-from the cache file itself: the convergence loop exports a revision to the
-cache *before* it swaps the snapshot in, so once revision N is active the file
-normally holds N, signed with ``[cache].signing_key``. A follower serves the
-upstream's signed bytes it forwards instead (``<[cache].path>.upstream``,
-:mod:`supervisor.controlplane.follower`), under the same rule. The file is served only
-when its header names the active revision and the active body's SHA-256;
-and, when one serves (:attr:`~supervisor.sinks.state.ActiveState.statement`),
-the signed statement's sequence and ``issued_at``; otherwise (the export
-failed, or the next revision or statement is being exported right now) the
-route answers 503 and the follower retries.
-
-The ETag (:func:`etag_for`) is the statement's: sequence, body digest and
-``issued_at``, so a revision id reused for another body, or a fresh statement
-about the same revision, is never answered 304. A conditional request
-(:func:`not_modified`) is answered 304 when it names this ETag, or the same
-sequence and digest issued no earlier than this statement: a follower holding
-a sibling root's statement of the same intent (several roots on one control
-plane behind one address) has nothing to gain from this one's body. The last bytes served are
-kept in memory under that ETag, so a fleet polling an unchanged upstream costs
-no file read; a conditional request naming it costs nothing at all (304
-before this module runs).
-:meth:`SignedRevisionFile.read` blocks (file I/O): call it from a worker thread.
+The same bytes ``[cache]`` writes, in the signed last-known-good file format (docs/admin-api.md).
+:class:`SignedRevisionFile` reads and checks them; :func:`etag_for` and :func:`not_modified`
+answer conditional requests.
 """
 
 from __future__ import annotations
@@ -49,14 +28,23 @@ _STATEMENT_ETAG: Final = re.compile(r'"([0-9]{1,20})\.([0-9a-f]{32})\.(-?[0-9]{1
 
 
 def etag_for(revision: int, body_sha256: bytes | None, statement: Statement | None) -> str:
-    """The ETag of ``GET /v1/revision``: the statement's; without one, id and digest."""
+    """The ETag of ``GET /v1/revision``: the statement's; without one, id and digest.
+
+    The statement's is sequence, body digest and ``issued_at``. So a revision id reused
+    for another body, or a fresh statement about the same revision, never answers 304.
+    """
     if statement is not None:
         return statement.etag()
     digest = body_sha256.hex()[:32] if body_sha256 is not None else "-"
     return f'"{revision}.{digest}"'
 
 def not_modified(if_none_match: str | None, etag: str, statement: Statement | None) -> bool:
-    """Whether ``If-None-Match`` lets ``GET /v1/revision`` answer 304 (module docstring)."""
+    """Whether ``If-None-Match`` lets ``GET /v1/revision`` answer 304.
+
+    It does when it names ``etag``, or the same sequence and digest issued no earlier.
+    Several roots on one control plane behind one address sign the same intent.
+    A follower holding a sibling root's statement of it gains nothing from this body.
+    """
     if if_none_match is None:
         return False
     if etag_matches(if_none_match, etag):
@@ -78,7 +66,15 @@ class Unservable(Exception):
 
 @dataclass
 class SignedRevisionFile:
-    """The cache file behind ``/v1/revision``; ``path`` None or no signing key: never servable."""
+    """The cache file behind ``/v1/revision``; ``path`` None or no signing key: never servable.
+
+    The loop exports a revision to the cache before it swaps the snapshot in.
+    So once revision N is active the file normally holds N, signed with ``[cache].signing_key``.
+    A follower serves the upstream's signed bytes it forwards instead
+    (``<[cache].path>.upstream``, :mod:`supervisor.controlplane.follower`), under the same rule.
+    The last bytes served are kept under their ETag: a fleet polling costs no file read.
+    A conditional request naming that ETag is answered 304 before this class runs.
+    """
 
     path: str | None
     signing: bool
@@ -100,7 +96,10 @@ class SignedRevisionFile:
              statement: Statement | None = None) -> bytes:
         """The file's bytes when they are this revision's (and statement's); Unservable else.
 
-        Blocking.
+        Its header must name ``revision`` and the active body's SHA-256, and, when one
+        serves, the statement's sequence and ``issued_at``. Otherwise (a failed export,
+        or the next one under way) the route answers 503 and the follower retries.
+        Blocking (file I/O): call it from a worker thread.
         """
         reason = self.unservable_reason()
         if reason is not None:

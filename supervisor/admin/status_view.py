@@ -1,9 +1,7 @@
 """``trio-supervisor status`` as text: the ``/status`` document rendered for people.
 
-:func:`render_status` turns the document into a readable block: the revision
-lines, then a children table, a fan-out table and the leadership line. Missing
-keys show as ``-``, so it renders a document of an older or newer replica too.
-:func:`unhealthy` says why the replica is not healthy (the command's exit 1).
+:func:`render_status` renders it; :func:`unhealthy` says why the replica is not healthy
+(the command's exit 1).
 """
 
 from __future__ import annotations
@@ -57,7 +55,11 @@ def unhealthy(doc: dict[str, Any]) -> list[str]:
 
 
 def render_status(doc: dict[str, Any]) -> str:
-    """A human rendering of the ``/status`` document (see the module docstring)."""
+    """A human rendering of the ``/status`` document, as a readable block.
+
+    The revision lines, then a children table, a fan-out table and the leadership line.
+    Missing keys show as ``-``, so it renders an older or newer replica's document too.
+    """
     raw_rev = doc.get("revision")
     rev: dict[str, Any] = raw_rev if isinstance(raw_rev, dict) else {}
     lines = [

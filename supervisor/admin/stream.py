@@ -1,49 +1,7 @@
 """``WS /v1/stream``: the live event stream, one bounded queue per client.
 
-Messages (text frames, each one compact JSON object):
-
-1. First, the current state (:class:`FirstMessage`): ``{"type": "status", "revision":
-   {...}, "children": {...}, "fanout": {...}, ..., "heartbeat_s": 15.0}``, i.e. the
-   ``/status`` document plus ``type`` and the heartbeat period the client can use to
-   detect a dead server.
-2. Then every :class:`~supervisor.events.EventBus` event, in publish order, as
-   emitted: ``{"type": "published" | "rejected" | "status", "seq": N, "at": "...", ...}``.
-   The client subscribes in the same synchronous step that builds the first
-   message, so no event falls between the two and none is counted twice.
-3. ``{"type": "ping", "at": "..."}`` after ``heartbeat_s`` without any other
-   message: an application-level heartbeat. ASGI gives the application no way
-   to send protocol ping frames (and client libraries rarely surface them); a message every
-   client sees also proves the whole path (event loop, hub, connection) alive,
-   so a client that hears nothing for a few periods knows to reconnect. Pings
-   are not events: ``watch`` does not print them.
-
-Closing (close codes):
-
-- ``1001`` "going away": the server shuts down (:meth:`StreamHub.close_all`).
-- ``1013`` "client too slow": the client's buffer (``max_buffer`` events)
-  overflowed, so it missed events; it should reconnect and start again from a
-  fresh status message. :attr:`Metrics.stream_dropped` counts these.
-
-Sharing: the first message is encoded once per state (a client finding the
-document equal to the last one encoded gets those bytes); each event once, into
-one complete WebSocket frame (:func:`text_frame`; server frames are unmasked, so
-every client gets the same bytes), and that one ``bytes`` object is written to every client's socket
-(``raw_sender``: the server's per-connection raw write, under the same lock as
-the connection's own writes, so frames never interleave). Nothing per client but the
-write itself: no ASGI message, no wsproto frame, no UTF-8 copy. That keeps 10,000
-subscribers on one replica within reach of a bare trio-websocket broadcast
-(``bench/bench_stream.py``). Without a raw sender (tests' fake transports) the
-same text goes through ASGI ``websocket.send``. A permessage-deflate session
-is never negotiated (the server refuses the extension), so the shared
-uncompressed frame is what every client expects.
-
-A client that stops reading altogether cannot even be sent a close frame:
-the connection's socket write is shielded from cancellation and blocks once the
-kernel's buffers are full. The hub's :meth:`StreamHub.monitor` finds writes that
-have been blocked too long (``stall_timeout_s``, or ``close_timeout_s`` once the
-client has overflowed) and asks the server to reset that TCP connection
-(the ``abort`` callback), which unblocks the write. An event never waits for a
-client either way: :meth:`EventBus.emit` only offers to bounded buffers.
+:class:`StreamHub` holds the clients and writes each event to them.
+Operators: docs/admin-api.md, "WS /v1/stream" (the messages and close codes).
 """
 
 from __future__ import annotations
@@ -158,9 +116,18 @@ class _Client:
 class StreamHub:
     """Every connected stream client; the fan-out from the bus to the sockets.
 
-    ``status`` builds the first message's state (the ``/status`` document);
-    ``abort(peer)`` resets the TCP connection of the client at ``peer`` (the ASGI
-    ``scope["client"]``) and returns whether it found one; the server provides it.
+    ``status`` builds the first message's state (the ``/status`` document).
+    ``abort(peer)`` resets the TCP connection of the client at ``peer`` (ASGI
+    ``scope["client"]``) and says whether it found one; the server provides it.
+
+    Each message is encoded once, into one complete frame (:func:`text_frame`).
+    Server frames are unmasked, so every client gets that same ``bytes`` object.
+    ``raw_sender`` writes it: the connection's raw write, under its own write lock.
+    So frames never interleave, and nothing is per client but the write itself.
+    That keeps 10,000 subscribers near a bare trio-websocket broadcast (``bench/bench_stream.py``).
+    Without a raw sender (tests' fake transports) the text goes through ASGI ``websocket.send``.
+    No permessage-deflate is negotiated, so the uncompressed frame is what clients expect.
+    An event never waits for a client: :meth:`EventBus.emit` only offers to bounded buffers.
     """
 
     def __init__(self, events: EventBus, status: Callable[[], StatusDocument], metrics: Metrics,
@@ -209,6 +176,9 @@ class StreamHub:
         """Run one accepted-to-be client: the app has read ``websocket.connect``
         and checked the token; this accepts, streams, and closes.
 
+        The client subscribes in the synchronous step that builds the first message.
+        So no event falls between the two, and none is counted twice.
+
         ``allowed()`` says whether its credentials still let it in: asked by
         :meth:`revoke`, a client it refuses is closed with 1008.
         """
@@ -252,7 +222,11 @@ class StreamHub:
     async def _write_events(self, client: _Client, send: Send,
                             raw: RawSend | None) -> tuple[int, str] | None:
         """Forward events until the client must be closed: returns the close code and
-        reason, or None when the connection is already gone."""
+        reason, or None when the connection is already gone.
+
+        An overflowed buffer (``max_buffer`` events) closes with 1013: the client missed events.
+        :attr:`Metrics.stream_dropped` counts these. A ping follows ``heartbeat_s`` of silence.
+        """
         heartbeat = self.settings.heartbeat_s
         receive = client.sub.receive
         while True:
@@ -359,7 +333,13 @@ class StreamHub:
 
     def abort_stalled(self) -> int:
         """Reset the connections of clients whose current write has been blocked too
-        long; returns how many. Called by :meth:`monitor`; tests call it directly."""
+        long; returns how many. Called by :meth:`monitor`; tests call it directly.
+
+        A client that stops reading cannot even be sent a close frame.
+        The socket write is shielded and blocks once the kernel's buffers are full.
+        Too long is ``stall_timeout_s``, or ``close_timeout_s`` once the client overflowed.
+        The reset (the ``abort`` callback) unblocks the write.
+        """
         now = self._clock()
         s = self.settings
         count = 0
@@ -407,6 +387,11 @@ class StreamHub:
 
 
 def _ping() -> Encoded:
+    """The application-level heartbeat: ASGI cannot send protocol pings.
+
+    Client libraries rarely surface those anyway. A message every client sees also
+    proves the whole path alive: event loop, hub, connection.
+    """
     return Encoded(encode_json({"type": "ping", "at": utc_now_iso()}))
 
 

@@ -1,13 +1,6 @@
-"""Revision documents, their compilation, and the snapshots they compile to.
-
-- :mod:`.document`: the schema_version 1 document (the rule for an alias's
-  upstream URL included), :func:`decode_body` for a stored body;
-- :mod:`.files`: :func:`load_document_file` for ``publish`` (TOML or JSON);
-- :mod:`.secrets`: secret references (``env:NAME``, ``file:PATH``);
-- :mod:`.compile`: :func:`compile_revision`, body -> :class:`Snapshot`, staged
-  so each refusal carries one reason label;
-- :mod:`.snapshot`: the immutable :class:`Snapshot` (digests, never secrets);
-- :mod:`.errors`: :class:`RevisionError`, the one exception for all refusals.
+"""Revision documents (:mod:`.document`, :mod:`.files`), their compilation
+(:mod:`.compile`, :mod:`.secrets`), and the :class:`Snapshot` they compile to
+(:mod:`.snapshot`); every refusal is a :class:`RevisionError` (:mod:`.errors`).
 """
 
 from __future__ import annotations

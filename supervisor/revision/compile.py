@@ -1,33 +1,6 @@
-"""Compile a stored revision body into a servable :class:`Snapshot`.
+"""Compile a stored revision body into a servable :class:`Snapshot`: :func:`compile_revision`.
 
-Contract (docs/revision-schema.md): compilation runs these stages in order and
-the first refusal wins, so a body's reason label is stable whatever else is
-wrong with it:
-
-1. decode (:func:`~supervisor.revision.document.decode_body`): ``corrupt``,
-   ``incompatible``, or ``validation`` with the ``$.path``;
-2. projection: every alias a key names must be defined, else ``projection``
-   naming the key and the alias (and how many other dangling references exist);
-3. secrets: every key's reference resolves to a non-empty secret, else
-   ``secret`` naming the key's ``$.path`` and the reference, never the value
-   (``unavailable`` for a transient shortage while reading a secret file);
-4. snapshot: the build itself. Rule: no two keys may share one secret (equal
-   digests). Clients authenticate by presenting the secret; a shared secret
-   would make the key, and so the aliases the request may use, ambiguous.
-   Refused as ``snapshot``, naming both keys (in document order).
-
-A refused candidate never produces a snapshot, so it can never replace the
-active one: this function either returns a whole snapshot or raises
-:class:`RevisionError`.
-
-Pure, synchronous and thread-safe (no shared mutable state), so the caller may
-run it in ``trio.to_thread.run_sync`` for large bodies. A secret exists only
-between ``resolve`` and ``sha256`` (one step of a chain of ``map`` calls, never
-gathered in a list); the snapshot holds SHA-256 hex digests. The snapshot
-adopts the decoded dictionaries instead of copying them: alias specs serve as
-alias entries unchanged, and each key spec is replaced in place by its entry,
-so compiling allocates little beyond what decoding built (see
-``bench/bench_compile.py``).
+Operators: docs/revision-schema.md (the document), docs/reasons.md (the refusals).
 """
 
 from __future__ import annotations
@@ -55,10 +28,29 @@ def compile_revision(
     generation: int,
     resolver: SecretResolver | None = None,
 ) -> Snapshot:
-    """Decode, check, resolve and build; see the module docstring for the stages.
+    """Decode, check, resolve and build: a whole snapshot, or a :class:`RevisionError`.
 
-    ``resolver`` defaults to an :class:`EnvFileResolver` over the live
-    environment. Every refusal is a :class:`RevisionError` carrying ``revision``.
+    The stages run in order and the first refusal wins, so a body's reason is stable:
+
+    1. decode (:func:`~supervisor.revision.document.decode_body`).
+    2. projection: every alias a key names is defined, else ``projection`` naming both.
+       The detail also counts the other dangling references.
+    3. secrets: every key's reference resolves to a non-empty secret, else ``secret``.
+       It names the key's ``$.path`` and the reference, never the value.
+       A transient shortage reading a secret file is ``unavailable``.
+    4. snapshot: no two keys may share one secret (equal digests), else ``snapshot``.
+       Clients authenticate by the secret: a shared one makes the key ambiguous.
+       So would be the aliases the request may use. Both keys are named, in document order.
+
+    A refused candidate never produces a snapshot, so it can never replace the active one.
+    ``resolver`` defaults to an :class:`EnvFileResolver` over the live environment.
+    Every refusal is a :class:`RevisionError` carrying ``revision``.
+
+    Pure, synchronous and thread-safe: the caller may run it in a thread for large bodies.
+    A secret exists only between ``resolve`` and ``sha256`` (:func:`_resolve_keys`).
+    The snapshot adopts the decoded dictionaries instead of copying them.
+    Alias specs serve as alias entries; each key spec is replaced in place by its entry.
+    So compiling allocates little beyond what decoding built (``bench/bench_compile.py``).
     """
     doc = decode_body(body, revision=revision)
     _check_projection(doc, revision)
@@ -104,12 +96,12 @@ def _resolve_keys(
 ) -> dict[str, KeyEntry]:
     """Replace each key's spec by its entry, in place, in document order.
 
-    Memory and time are the point: ``doc.keys`` is this compilation's own
-    dictionary, so rewriting its values in place frees each spec and its
-    reference string as soon as the entry replacing it exists, and reuses the
-    dictionary itself. Each secret lives from ``resolve`` to ``sha256`` inside
-    one chain of C-level ``map`` calls and is never collected in a list. The
-    chain pulls one key at a time: resolve, hash, build the entry, store it.
+    Memory and time are the point: ``doc.keys`` is this compilation's own dictionary.
+    Rewriting its values in place frees each spec and its reference once its entry exists,
+    and reuses the dictionary itself.
+    Each secret lives from ``resolve`` to ``sha256`` inside one chain of C-level ``map`` calls.
+    It is never collected in a list.
+    The chain pulls one key at a time: resolve, hash, build the entry, store it.
     """
     table = cast(dict[str, Any], doc.keys)  # KeySpec values become KeyEntry values
     names = list(table)

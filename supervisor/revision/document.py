@@ -1,36 +1,7 @@
 """The revision document, schema_version 1: its types, decoding, and file loading.
 
-Contract (docs/revision-schema.md)::
-
-    schema_version = 1
-    [aliases.NAME]  upstream (required; http or https URL with a host, no credentials)
-                    timeout_s (> 0, at most 86400; default 30), retries (0..10; default 2)
-    [keys.NAME]     secret ("env:NAME" or "file:PATH"), aliases (non-empty, no repeats)
-
-Alias and key names match :data:`NAME_PATTERN`. A stored body is the UTF-8 JSON of
-such a document. :func:`decode_body` refuses, in this order:
-
-1. ``corrupt``: not UTF-8, or not JSON (also nested too deeply);
-2. ``validation``: valid JSON that is not an object (an array: the author's to
-   fix, not damage); ``schema_version`` missing or not an integer (or below 1);
-3. ``incompatible``: ``schema_version`` above :data:`SCHEMA_VERSION`, whatever
-   the rest looks like (a newer schema may have a different shape);
-4. ``validation``: any other shape or constraint error, ``detail`` starting
-   with the ``$.path`` of the offending value (``$.aliases.chat.timeout_s``).
-
-Cross-references (a key naming an unknown alias) and secrets are the compile
-stage's business (:mod:`supervisor.revision.compile`), not the document's.
-
-Design, for bodies of 100,000 aliases: the success path is one typed msgspec
-decode (types, required fields and numeric bounds as msgspec ``Meta``, checked
-in C) plus one pass of C-level ``map`` calls for the rest (names, secret
-references, upstream URLs, repeated aliases). Only a refusal walks the document
-in Python to name the first offender. msgspec reports a dictionary value's path
-as ``$.aliases[...]``, without the name, so when the typed decode fails we
-decode again, untyped, to classify the failure and to name the exact entry.
-The same checks serve TOML files (:func:`document_from_object`, used by
-:mod:`supervisor.revision.files`), so a file and the body it becomes get the
-same verdict.
+:class:`RevisionDocument` is the shape; :func:`decode_body` reads a stored body (UTF-8 JSON).
+Names match :data:`NAME_PATTERN`. Operators: docs/revision-schema.md (the fields and bounds).
 """
 
 from __future__ import annotations
@@ -177,9 +148,26 @@ _PLAIN_MEMBER: Final = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def decode_body(body: bytes, *, revision: int | None = None) -> RevisionDocument:
-    """Decode and validate a stored revision body (UTF-8 JSON). See the module docstring.
+    """Decode and validate a stored revision body (UTF-8 JSON).
 
-    Raises :class:`RevisionError` and nothing else for any body.
+    Raises :class:`RevisionError` and nothing else for any body, in this order:
+
+    1. ``corrupt``: not UTF-8, or not JSON (also nested too deeply).
+    2. ``validation``: JSON that is not an object (an array is the author's to fix,
+       not damage), or ``schema_version`` missing, not an integer or below 1.
+    3. ``incompatible``: ``schema_version`` above :data:`SCHEMA_VERSION`, whatever the rest.
+       A newer schema may have a different shape.
+    4. ``validation``: any other shape or constraint error.
+       ``detail`` starts with the offending ``$.path`` (``$.aliases.chat.timeout_s``).
+
+    Cross-references and secrets are the compile stage's (:mod:`supervisor.revision.compile`).
+
+    Built for bodies of 100,000 aliases: success is one typed msgspec decode.
+    Types, required fields and bounds are msgspec ``Meta``, checked in C.
+    One pass of C-level ``map`` calls does the rest: names, secret references, URLs, repeats.
+    Only a refusal walks the document in Python to name the first offender.
+    msgspec reports a dict value's path as ``$.aliases[...]``, without the name.
+    So a failed typed decode decodes again, untyped, to classify it and name the entry.
     """
     try:
         return _decode_body(body, revision)
@@ -206,7 +194,10 @@ def _decode_body(body: bytes, revision: int | None) -> RevisionDocument:
 
 
 def document_from_object(obj: object, *, revision: int | None = None) -> RevisionDocument:
-    """Validate an already-parsed document (a TOML file's tables) by the same rules."""
+    """Validate an already-parsed document (a TOML file's tables) by the same rules.
+
+    So a file (:mod:`supervisor.revision.files`) and the body it becomes get one verdict.
+    """
     if not isinstance(obj, dict):
         raise RevisionError(reasons.VALIDATION, f"$: expected an object, got {_kind(obj)}",
                             revision=revision)

@@ -1,27 +1,4 @@
-"""Why a revision document was refused: one exception, labelled by reason.
-
-Contract (docs/reasons.md): every refusal of a revision document,
-whether it happens while decoding a stored body, while compiling it, or while
-``publish`` validates a file, is a :class:`RevisionError` whose ``reason`` is
-one of the labels catalogued in :mod:`supervisor.reasons`:
-
-- ``corrupt``: not UTF-8, not JSON, or not a JSON object;
-- ``incompatible``: ``schema_version`` newer than this build reads;
-- ``validation``: a shape or constraint error; ``detail`` starts with the ``$.path``;
-- ``projection``: a key names an alias the document does not define;
-- ``secret``: a secret reference cannot be resolved;
-- ``snapshot``: the snapshot cannot be built (two keys share one secret).
-
-``detail`` is human text for logs, ``/status`` and the CLI. It never contains a
-secret value: secret refusals name the key's ``$.path`` and the reference
-(``env:NAME``, ``file:/path``), which are not secret.
-
-::
-
-    SupervisorError
-    └── LabelledError            (supervisor.errors): .reason, .revision, .detail
-        └── RevisionError(reason, detail, revision=None)
-"""
+"""Why a revision document was refused: :class:`RevisionError`, labelled by reason."""
 
 from __future__ import annotations
 
@@ -39,7 +16,14 @@ _KNOWN_REASONS: frozenset[str] = frozenset(reasons.REVISION_REASONS)
 
 
 class RevisionError(LabelledError):
-    """A revision document was refused; ``reason`` says at which stage, ``detail`` why."""
+    """A revision document was refused; ``reason`` says at which stage, ``detail`` why.
+
+    Every refusal is one: decoding a stored body, compiling it, ``publish`` validating a file.
+    ``reason`` is a label of :mod:`supervisor.reasons` (docs/reasons.md says each one's meaning).
+    A ``validation`` detail starts with the ``$.path``. ``detail`` is human text for logs,
+    ``/status`` and the CLI. It never holds a secret value: a ``secret`` refusal names the
+    key's ``$.path`` and the reference (``env:NAME``, ``file:/path``), which are not secret.
+    """
 
     def __init__(self, reason: str, detail: str, *, revision: int | None = None) -> None:
         if reason not in _KNOWN_REASONS:

@@ -1,8 +1,6 @@
-"""Revision document files (TOML or JSON) as ``publish`` reads them.
+"""Revision document files (TOML or JSON) as ``publish`` reads them: :func:`load_document_file`.
 
-A file becomes a stored body through the same rules a replica applies to the
-body (:mod:`supervisor.revision.document`), so a file and the body it becomes
-get the same verdict.
+The same rules a replica applies to the body (:func:`.document.document_from_object`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Resolving a key's secret reference to the secret's bytes.
+"""Resolving a key's secret reference to the secret's bytes: :class:`EnvFileResolver`.
 
-Contract: a reference is ``env:NAME`` (the environment variable NAME) or
-``file:PATH`` (the file's bytes, one trailing ``\\n`` or ``\\r\\n`` removed so
-``echo value > file`` works; a relative PATH resolves against the working
-directory). A reference that cannot be resolved (unknown scheme, variable
-unset, file missing or unreadable, empty secret), or that points outside
-``[revision].secret_env_prefixes`` / ``secret_dirs``, raises
-``RevisionError(reason="secret")``, except a transient shortage while
-reading a file (EMFILE, ENFILE, ENOMEM, EAGAIN), which is ``unavailable``:
-retried with backoff, and never mistaken for a missing secret.
-
-Refusals name the reference, never the value: a reference is configuration,
-a value is a credential. The compile stage prefixes the key's ``$.path``.
-
-A secret is resolved at compile time, hashed, and dropped: snapshots carry the
-SHA-256 digest only (see :mod:`supervisor.revision.compile`).
+A secret is resolved at compile time, hashed, and dropped: snapshots carry its digest.
 """
 
 from __future__ import annotations
@@ -46,7 +32,18 @@ class SecretResolver(Protocol):
     """Turns a secret reference into the secret's bytes. Must be thread-safe."""
 
     def resolve(self, reference: str) -> bytes:
-        """The secret's bytes; raises ``RevisionError(reason="secret")`` otherwise."""
+        """The secret's bytes; raises ``RevisionError(reason="secret")`` otherwise.
+
+        ``env:NAME`` is the environment variable; ``file:PATH`` the file's bytes.
+        One trailing ``\\n`` or ``\\r\\n`` is removed, so ``echo value > file`` works.
+        A relative PATH resolves against the working directory.
+        Unresolvable: an unknown scheme, a variable unset, a file missing or unreadable,
+        an empty secret, or a place outside ``[revision]``'s confinement.
+        A transient shortage reading a file (EMFILE, ENFILE, ENOMEM, EAGAIN) is ``unavailable``.
+        It is retried with backoff, never mistaken for a missing secret.
+        Refusals name the reference, never the value: a value is a credential.
+        The compile stage prefixes the key's ``$.path``.
+        """
         ...
 
 
@@ -72,35 +69,33 @@ class EnvFileResolver:
     ``environ`` defaults to the live ``os.environ`` (read at each resolution,
     not copied at construction); tests and benchmarks inject a mapping.
 
-    Never resolved, whatever the lists below say: a variable the daemon itself
-    reads (:data:`~supervisor.configchecks.OWN_ENV_NAMES`: its settings, the DSN
-    among them, libpq's ``PG*``, ``KUBECONFIG`` ...), a file under ``/proc``,
-    ``/sys``, ``/dev`` or the daemon's own service-account directory
-    (:data:`~supervisor.configchecks.SYSTEM_DIRS`; ``/proc/sys/kernel/ostype``
-    would give a key whose value anyone knows), and any of ``credentials`` (the
-    files the daemon reads credentials from,
-    :func:`~supervisor.configchecks.credential_files`), under any name: the
-    file opened is compared by device and inode, so a symlink or a hard link
-    to one is refused too.
+    Never resolved, whatever the lists below say:
 
-    ``env_prefixes`` and ``dirs`` (``[revision].secret_env_prefixes`` and
-    ``secret_dirs``; empty = anywhere else) confine where references may point:
-    whoever can publish must not make the replica hash, and serve the digest of,
-    whatever it can read. A reference outside is refused before anything is
-    looked up. A file reference inside is refused with one message whatever
-    the cause (missing, unreadable, not a regular file, more than one hard
-    link, empty, too large, or a symlink leading outside the directories), so a
-    refusal does not tell the publisher whether a file exists. Confinement is
-    decided again on the file actually opened, so a symlink swapped between the
-    check and the open (whoever can write in a secret directory) cannot lead
-    outside. Nor can a mount: a file on a kernel filesystem (proc, sysfs, cgroup
-    ...: ``statfs``'s type of the file opened) is refused wherever it is mounted.
+    - a variable the daemon itself reads (:data:`~supervisor.configchecks.OWN_ENV_NAMES`):
+      its settings, the DSN among them, libpq's ``PG*``, ``KUBECONFIG`` ...;
+    - a file under ``/proc``, ``/sys``, ``/dev`` or the daemon's service-account directory
+      (:data:`~supervisor.configchecks.SYSTEM_DIRS`). ``/proc/sys/kernel/ostype`` would
+      give a key whose value anyone knows;
+    - any of ``credentials``, the files the daemon reads credentials from
+      (:func:`~supervisor.configchecks.credential_files`), under any name.
+      The file opened is compared by device and inode: a symlink or hard link is refused too.
 
-    Nothing that is not a regular file is ever opened for reading: the path is
-    first opened with ``O_PATH`` (which runs no device driver and cannot block
-    on a FIFO), checked with ``fstat``, and only the checked file is then opened
-    for reading, through ``/proc/self/fd`` (the same inode, whatever the path
-    names meanwhile).
+    ``env_prefixes`` and ``dirs`` confine where references may point
+    (``[revision].secret_env_prefixes`` and ``secret_dirs``; empty = anywhere else).
+    A publisher must not make the replica hash, and serve the digest of, whatever it can read.
+    A reference outside is refused before anything is looked up.
+    A file reference inside is refused with one message whatever the cause.
+    (Missing, unreadable, not a regular file, more than one hard link, empty, too large,
+    or a symlink leading outside.) So a refusal does not tell whether a file exists.
+    Confinement is decided again on the file actually opened.
+    So a symlink swapped between the check and the open cannot lead outside.
+    Nor can a mount: a file on a kernel filesystem (proc, sysfs, cgroup ...) is refused.
+    That is ``statfs``'s type of the file opened, wherever it is mounted.
+
+    Nothing but a regular file is ever opened for reading. The path is first opened
+    with ``O_PATH``, which runs no device driver and cannot block on a FIFO.
+    It is checked with ``fstat``; only the checked file is then opened for reading.
+    That goes through ``/proc/self/fd``: the same inode, whatever the path names meanwhile.
     """
 
     def __init__(
@@ -209,8 +204,10 @@ _UNSUPPORTED: Final = 'unsupported secret reference: expected "env:NAME" or "fil
 
 
 def _parts(reference: str) -> tuple[str, str, str]:
-    """Scheme, separator and target of ``reference``; a NUL byte (which no path or
-    variable name can hold: the OS calls would raise ValueError) is refused."""
+    """Scheme, separator and target of ``reference``; a NUL byte is refused.
+
+    No path or variable name can hold one: the OS calls would raise ValueError.
+    """
     if "\x00" in reference:
         raise _refuse(_UNSUPPORTED)
     return reference.partition(":")
@@ -243,10 +240,13 @@ def _opened_at(fd: int) -> str | None:
 
 
 def _opened_inside(fd: int, path: str, opened: os.stat_result, dirs: tuple[str, ...]) -> bool:
-    """Is the file opened (``fd``; ``opened``: its fstat) under ``dirs``? Decided after
-    the open, so a symlink swapped before it is caught. On Linux the kernel names
-    the opened file (``/proc/self/fd``), atomically; elsewhere the real path of
-    ``path`` must be under ``dirs`` and be the file opened (device and inode)."""
+    """Is the file opened (``fd``; ``opened``: its fstat) under ``dirs``?
+
+    Decided after the open, so a symlink swapped before it is caught.
+    On Linux the kernel names the opened file (``/proc/self/fd``), atomically.
+    Elsewhere the real path of ``path`` must be under ``dirs`` and be the file opened
+    (device and inode).
+    """
     at = _opened_at(fd)
     if at is not None:
         return _under(at, dirs)

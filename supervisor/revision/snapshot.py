@@ -1,23 +1,6 @@
-"""The compiled, immutable form of a revision: what the daemon serves.
+"""The compiled, immutable form of a revision, what the daemon serves: :class:`Snapshot`.
 
-Contract (docs/revision-schema.md and docs/admin-api.md): a snapshot names its ``revision`` (the
-control-plane id) and ``generation`` (how many snapshots this replica has
-published), its aliases, and its keys, each key as the SHA-256 hex digest of its
-secret plus the aliases it may use. It never holds a secret.
-
-:meth:`Snapshot.to_json` is the body of ``GET /v1/snapshot`` and of the
-``[snapshot].path`` file::
-
-    {"revision": 7, "generation": 3,
-     "aliases": {"chat": {"upstream": "https://...", "timeout_s": 30.0, "retries": 2}},
-     "keys": {"team-a": {"digest": "<sha256 hex>", "aliases": ["chat"]}}}
-
-and :meth:`Snapshot.etag` its ``ETag``, ``"<revision>-<generation>"``.
-
-Immutability is what makes publishing a single reference swap safe (readers
-keep whichever snapshot they took): attributes cannot be set or deleted, the
-mappings are read-only views, and the entries are frozen Structs holding
-tuples. A snapshot is shared between threads and trio tasks without locks.
+Operators: docs/admin-api.md (``GET /v1/snapshot``).
 """
 
 from __future__ import annotations
@@ -47,7 +30,17 @@ _ENCODER: Final = msgspec.json.Encoder()
 
 
 class Snapshot:
-    """An immutable compiled revision; :func:`.compile.compile_revision` builds one."""
+    """An immutable compiled revision; :func:`.compile.compile_revision` builds one.
+
+    It names its ``revision`` (the control-plane id) and ``generation`` (this replica's
+    publish count), its aliases, and its keys. Each key is its secret's SHA-256 hex digest
+    plus the aliases it may use; it never holds a secret.
+
+    Immutability makes publishing a single reference swap safe: readers keep theirs.
+    Attributes cannot be set or deleted, the mappings are read-only views,
+    and the entries are frozen Structs holding tuples.
+    So a snapshot is shared between threads and trio tasks without locks.
+    """
 
     __slots__ = ("_alias_dict", "_aliases", "_generation", "_key_dict", "_keys", "_revision")
 
@@ -132,7 +125,14 @@ class Snapshot:
         raise AttributeError(f"Snapshot is immutable; cannot delete {name!r}")
 
     def to_json(self) -> bytes:
-        """``{"revision", "generation", "aliases", "keys"}`` as UTF-8 JSON (``/v1/snapshot``)."""
+        """``{"revision", "generation", "aliases", "keys"}`` as UTF-8 JSON.
+
+        The body of ``GET /v1/snapshot`` and of the ``[snapshot].path`` file::
+
+            {"revision": 7, "generation": 3,
+             "aliases": {"chat": {"upstream": "https://...", "timeout_s": 30.0, "retries": 2}},
+             "keys": {"team-a": {"digest": "<sha256 hex>", "aliases": ["chat"]}}}
+        """
         return _ENCODER.encode(
             {
                 "revision": self.revision,
