@@ -197,8 +197,6 @@ class Daemon:
                                     if follower else None),
                     signal=self.signal,
                     resolver=EnvFileResolver.for_daemon(self.config, self.config_path))
-                if self.status.state.snapshot is None:  # the boot
-                    self.notifier.extend_start(health.boot_deadline_s(cp))
                 await reconciler.run(task_status=task_status)
             finally:
                 with trio.move_on_after(2.0, shield=True):
@@ -447,6 +445,8 @@ class Daemon:
         reverse order within ``shutdown_grace_s``; what still runs is then cancelled. A
         second signal cancels at once. SIGHUP runs :meth:`_on_sighup` in a task of its own.
         """
+        # Before anything slow: a start within its deadlines outlasts TimeoutStartSec.
+        self.notifier.extend_start(health.boot_deadline_s(self.config.control_plane))
         lock = None
         if self.config.cache.path is not None:
             from supervisor.sinks.lkg.files import hold_cache_lock

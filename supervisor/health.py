@@ -13,7 +13,8 @@ from supervisor.convergence.status import RevisionStatus
 from supervisor.threads import FILE_IO_DEADLINE_S
 from supervisor.tree import Supervisor
 
-__all__ = ["boot_deadline_s", "stall_limit_s", "status_line", "unhealthy", "watchdog_healthy"]
+__all__ = ["BOOT_FILE_CALLS", "FOLLOWER_BOOT_FILE_CALLS", "boot_deadline_s", "stall_limit_s",
+           "status_line", "unhealthy", "watchdog_healthy"]
 
 
 def stall_limit_s(cp: ControlPlaneConfig) -> float:
@@ -36,14 +37,23 @@ def stall_limit_s(cp: ControlPlaneConfig) -> float:
     return 3 * cp.poll_interval_s + cp.backoff_max_s + _attempt_s(cp)
 
 
-def boot_deadline_s(cp: ControlPlaneConfig) -> float:
-    """How long the boot may take on its own deadlines: one attempt, then the cache's read.
+#: The file calls a start may make before READY, each within FILE_IO_DEADLINE_S: the
+#: cache lock, the cache's read or export, a newer cache's removal, the snapshot file.
+BOOT_FILE_CALLS = 4
+#: A follower's more: its accepted statement's read and restore, the root's bytes written.
+FOLLOWER_BOOT_FILE_CALLS = 3
 
-    The daemon extends systemd's start timeout to it (``EXTEND_TIMEOUT_USEC``)
-    before the boot, so ``TimeoutStartSec`` cannot kill a slow store that keeps
-    within its deadlines.
+
+def boot_deadline_s(cp: ControlPlaneConfig) -> float:
+    """How long a start may take to READY on its own deadlines.
+
+    One attempt on the store's deadlines and the file calls around it
+    (:data:`BOOT_FILE_CALLS`; 355 s with the defaults). The daemon extends
+    systemd's start timeout to it (``EXTEND_TIMEOUT_USEC``) as it starts, so
+    ``TimeoutStartSec`` cannot kill a start that keeps within its deadlines.
     """
-    return _attempt_s(cp) + FILE_IO_DEADLINE_S
+    calls = BOOT_FILE_CALLS + (FOLLOWER_BOOT_FILE_CALLS if cp.backend == "follower" else 0)
+    return _attempt_s(cp) + calls * FILE_IO_DEADLINE_S
 
 
 def _attempt_s(cp: ControlPlaneConfig) -> float:

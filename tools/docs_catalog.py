@@ -323,9 +323,9 @@ SYSTEMD: Final[dict[str, str]] = {
     "`reload failed; <why>`.",
     "MONOTONIC_USEC": "With `RELOADING=1`: `CLOCK_MONOTONIC` in microseconds when the reload "
     "began.",
-    "EXTEND_TIMEOUT_USEC": "Before the boot: the boot's own deadline (one attempt on the "
-    "store's deadlines, then the cache's read: about 175 s with the defaults), so "
-    "`TimeoutStartSec` cannot kill a slow store that keeps within them.",
+    "EXTEND_TIMEOUT_USEC": "As the start begins: its own deadline to READY (one attempt on "
+    "the store's deadlines and the file calls around it, each within 60 s: 355 s with the "
+    "defaults), so `TimeoutStartSec` cannot kill a start that keeps within them.",
     "WATCHDOG": "Every half `WATCHDOG_USEC` (when `WATCHDOG_PID` is unset or this process) "
     "while healthy; a crash-looping tree, a restarted child stuck `starting` or a stalled "
     "loop stops it, so `WatchdogSec` restarts the process.",

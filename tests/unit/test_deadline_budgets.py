@@ -19,7 +19,6 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.bounds import FILE_IO_DEADLINE_S
 from supervisor.config import ControlPlaneConfig
 from supervisor.controlplane.revisions import attempt_deadline_s
 from supervisor.controlplane.store import RevisionPointer
@@ -28,6 +27,7 @@ from supervisor.convergence.outcome import OutcomeKind
 from supervisor.health import boot_deadline_s, stall_limit_s
 from supervisor.sinks.file import SnapshotFile
 from supervisor.sinks.state import Candidate
+from supervisor.threads import FILE_IO_DEADLINE_S
 from tests.convergence import doc, make, real_cache
 from tests.fakes.store import FakeStore
 
@@ -48,10 +48,6 @@ class EdgeStore(FakeStore):
         return await super().hydrate()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "boot_deadline_s counts one attempt on the store's deadlines and the cache's read, "
-    "not the export and the snapshot file write of the swap (each bounded by "
-    "FILE_IO_DEADLINE_S): a boot within every deadline outlasts EXTEND_TIMEOUT_USEC"))
 async def test_a_boot_within_each_of_its_deadlines_finishes_within_the_boot_deadline(
     tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
