@@ -40,22 +40,34 @@ class Recording(httpcore.AsyncNetworkStream):
 
 
 class Backend(httpcore.AsyncNetworkBackend):
-    def __init__(self, stream: Recording) -> None:
-        self.stream = stream
+    """Hands out ``streams`` in turn, one a connection."""
+
+    def __init__(self, *streams: Recording) -> None:
+        self.streams = list(streams)
+        self.connects = 0
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None,
                           socket_options: Iterable[Any] | None = None,
                           ) -> httpcore.AsyncNetworkStream:
-        return self.stream
+        self.connects += 1
+        return self.streams.pop(0)
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
 
 
-def _transport(stream: Recording) -> Transport:
+def _transport(*streams: Recording, backend: Backend | None = None) -> Transport:
     return Transport("http://kube.test:8080", True, max_connections=4,
-                     network_backend=Backend(stream))
+                     network_backend=backend or Backend(*streams))
+
+
+async def _get(transport: Transport, *, read: bool) -> None:
+    response = await transport.send(b"GET", b"/api/v1", [(b"Host", transport.host_header)],
+                                    None, httpx.Timeout(5.0))
+    if read:
+        await response.aread()
+    await response.aclose()
 
 
 async def test_a_request_with_a_body_is_one_write_its_head_and_body_together() -> None:
@@ -85,3 +97,36 @@ async def test_a_failure_of_the_connection_is_httpxs_chained_from_httpcores() ->
     await transport.aclose()
     assert isinstance(failed.value.__cause__, httpcore.ReadError)
     assert "reset by peer" in str(failed.value)
+
+
+async def test_a_connection_whose_response_was_read_is_reused() -> None:
+    backend = Backend(Recording([RESPONSE, RESPONSE]), Recording([RESPONSE]))
+    transport = _transport(backend=backend)
+    with trio.fail_after(5):
+        await _get(transport, read=True)
+        await _get(transport, read=True)
+        await transport.aclose()
+    assert backend.connects == 1
+
+
+async def test_a_connection_whose_response_was_closed_unread_is_not_reused() -> None:
+    backend = Backend(Recording([RESPONSE]), Recording([RESPONSE]))
+    transport = _transport(backend=backend)
+    with trio.fail_after(5):
+        await _get(transport, read=False)
+        await _get(transport, read=True)
+        await transport.aclose()
+    assert backend.connects == 2
+
+
+async def test_no_free_connection_within_the_pool_timeout_is_httpxs_pool_timeout() -> None:
+    transport = Transport("http://kube.test:8080", True, max_connections=1,
+                          network_backend=Backend(Recording([RESPONSE])))
+    with trio.fail_after(5):
+        held = await transport.send(b"GET", b"/a", [(b"Host", transport.host_header)], None,
+                                    httpx.Timeout(5.0))
+        with pytest.raises(httpx.PoolTimeout):
+            await transport.send(b"GET", b"/b", [(b"Host", transport.host_header)], None,
+                                 httpx.Timeout(5.0, pool=0.01))
+        await held.aclose()
+        await transport.aclose()
