@@ -13,10 +13,10 @@ client while it watches (:func:`bench.bench_fanout_kopf.run`: the server set-up,
 audit log, /proc). Prints time to the last Deployment, requests and writes a parent,
 CPU and RSS of each, and ours as ratios against client-go and kopf beside the aims.
 The machine may be shared: the ratios, not the seconds, are the result; the load
-average is printed. ``--against`` adds the daemon of another tree (``git archive``
-of an older commit unpacked there) as the contender "ours (before)", run first, for
-an A/B of a change in the same run; ``--only`` leaves contenders out (ours and
-client-go are always run: the ratios are against client-go).
+average is printed. ``--against`` (repeatable) adds the daemon of another tree
+(``git archive`` of an older commit unpacked there) as the contender "ours@<its
+directory name>", run first, for an A/B of a change in the same run; ``--only``
+leaves kopf out (ours and client-go are always run: the ratios are against client-go).
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def table(results: list[Result], n: int) -> str:
         lines.append(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
     by = {r.name: r for r in results}
     go, kopf = by["client-go"], by.get("kopf")
-    for name in ("ours (before)", "ours"):
-        ours = by.get(name)
-        if ours is None:
+    for ours in results:
+        name = ours.name
+        if not name.startswith("ours"):
             continue
         aims = [("time / client-go's", ours.children_s / go.children_s, 1.1),
                 ("CPU / client-go's", ours.cpu_s / go.cpu_s, 2.0),
@@ -106,8 +106,8 @@ def main() -> None:
     parser.add_argument("--edits", type=int, default=0, help="drift repairs of ours after")
     parser.add_argument("--profile", type=Path, default=None,
                         help="py-spy raw profile of ours during the bulk")
-    parser.add_argument("--against", type=Path, default=None,
-                        help="another tree whose daemon runs too, as 'ours (before)'")
+    parser.add_argument("--against", type=Path, action="append", default=[],
+                        help="another tree whose daemon runs too, as 'ours@<directory>'")
     parser.add_argument("--only", default="ours,client-go,kopf",
                         help="contenders to run, comma-separated (kopf may be left out)")
     args = parser.parse_args()
@@ -123,10 +123,10 @@ def main() -> None:
         audit = Audit(kube.run_dir / "audit.log")
         before = os.getloadavg()
         results = []
-        if args.against is not None:
-            against = args.against
-            results.append(run(kube, audit, "ours (before)",
-                               lambda inst: our_process(inst, tmp, repo=against), args))
+        for against in args.against:
+            results.append(run(kube, audit, f"ours@{against.name}",
+                               lambda inst, tree=against: our_process(inst, tmp, repo=tree),
+                               args))
         results += [
             run(kube, audit, "ours", lambda inst: our_process(inst, tmp), args, args.profile),
             run(kube, audit, "client-go",

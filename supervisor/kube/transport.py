@@ -29,9 +29,10 @@ Contract of :class:`Transport`:
 
 from __future__ import annotations
 
+import functools
 import math
 import ssl
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -142,10 +143,12 @@ class _CorkedBackend(httpcore.AsyncNetworkBackend):
 
 
 class _Body(httpx.AsyncByteStream):
-    """httpcore's response stream, its failures as httpx's."""
+    """httpcore's response stream, its failures as httpx's; ``closed`` is awaited on close."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any,
+                 closed: Callable[[], Awaitable[None]] | None = None) -> None:
         self._stream = stream
+        self._closed = closed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _as_httpx():
@@ -153,8 +156,14 @@ class _Body(httpx.AsyncByteStream):
                 yield part
 
     async def aclose(self) -> None:
-        with _as_httpx():
-            await self._stream.aclose()
+        closed, self._closed = self._closed, None
+        try:
+            with _as_httpx():
+                await self._stream.aclose()
+        finally:
+            if closed is not None:
+                with trio.CancelScope(shield=True):
+                    await closed()
 
 
 class _Pool:
@@ -175,7 +184,10 @@ class _Pool:
         self._idle: list[httpcore.AsyncHTTPConnection] = []
         self._busy: set[httpcore.AsyncHTTPConnection] = set()
 
-    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+    async def handle_async_request(
+        self, request: httpcore.Request,
+    ) -> tuple[httpcore.Response, Callable[[], Awaitable[None]]]:
+        """The response, and what gives its connection back (call it once it is closed)."""
         timeout = request.extensions.get("timeout", {}).get("pool")
         with trio.move_on_after(math.inf if timeout is None else timeout) as waited:
             await self._slots.acquire()
@@ -202,11 +214,9 @@ class _Pool:
                     await connection.aclose()
             self._slots.release()
             raise
-        return httpcore.Response(response.status, headers=response.headers,
-                                 content=_Returned(self, connection, response.stream),
-                                 extensions=response.extensions)
+        return response, functools.partial(self._give_back, connection)
 
-    async def give_back(self, connection: httpcore.AsyncHTTPConnection) -> None:
+    async def _give_back(self, connection: httpcore.AsyncHTTPConnection) -> None:
         self._busy.discard(connection)
         self._slots.release()
         if connection.is_idle():
@@ -220,29 +230,6 @@ class _Pool:
         self._busy.clear()
         for connection in connections:
             await connection.aclose()
-
-
-class _Returned:
-    """A response's stream that gives its connection back to the pool when closed."""
-
-    def __init__(self, pool: _Pool, connection: httpcore.AsyncHTTPConnection,
-                 stream: Any) -> None:
-        self._pool = pool
-        self._connection: httpcore.AsyncHTTPConnection | None = connection
-        self._stream = stream
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self._stream:
-            yield part
-
-    async def aclose(self) -> None:
-        connection, self._connection = self._connection, None
-        try:
-            await self._stream.aclose()
-        finally:
-            if connection is not None:
-                with trio.CancelScope(shield=True):
-                    await self._pool.give_back(connection)
 
 
 class Transport:
@@ -297,10 +284,15 @@ class Transport:
             method, httpcore.URL(scheme=self._scheme, host=self._host, port=self._port,
                                  target=self._prefix + target),
             headers=headers, content=stream, extensions=extensions)
+        closed: Callable[[], Awaitable[None]] | None = None
         with _as_httpx():
-            response = await self._pool.handle_async_request(request)
+            if isinstance(self._pool, _Pool):
+                response, closed = await self._pool.handle_async_request(request)
+            else:
+                response = await self._pool.handle_async_request(request)
         return httpx.Response(response.status, headers=response.headers,
-                              stream=_Body(response.stream), extensions=response.extensions)
+                              stream=_Body(response.stream, closed),
+                              extensions=response.extensions)
 
     async def aclose(self) -> None:
         with _as_httpx():
