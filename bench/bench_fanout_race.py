@@ -69,6 +69,8 @@ def table(results: list[Result], n: int) -> str:
              "| --- |" + " --- |" * len(results)]
     rows = [(f"time to the last of {n} Deployments (s)", lambda r: f"{r.children_s:.2f}"),
             ("  the client creating the parents (s)", lambda r: f"{r.created_s:.2f}"),
+            ("  after the last parent was created (s)",
+             lambda r: f"{r.children_s - r.created_s:.2f}"),
             ("requests a parent (Leases apart)", lambda r: f"{r.requests / n:.2f}"),
             ("writes a parent (Leases apart)", lambda r: f"{sum(r.writes.values()) / n:.2f}"),
             ("contender CPU (s)", lambda r: f"{r.cpu_s:.2f}"),
