@@ -130,3 +130,17 @@ async def test_no_free_connection_within_the_pool_timeout_is_httpxs_pool_timeout
                                  httpx.Timeout(5.0, pool=0.01))
         await held.aclose()
         await transport.aclose()
+
+
+async def test_through_an_http_proxy_a_request_names_its_url_and_the_proxys_credentials(
+) -> None:
+    stream = Recording([RESPONSE])
+    backend = Backend(stream)
+    transport = Transport("http://kube.test:8080", True, max_connections=4,
+                          proxy="http://user:secret@proxy.test:3128", network_backend=backend)
+    with trio.fail_after(5):
+        await _get(transport, read=True)
+        await transport.aclose()
+    head = b"".join(stream.writes)
+    assert head.startswith(b"GET http://kube.test:8080/api/v1 HTTP/1.1\r\n")
+    assert b"\r\nProxy-Authorization: Basic dXNlcjpzZWNyZXQ=\r\n" in head
