@@ -195,7 +195,9 @@ def kopf_process(kube: RealKube, inst: Installation,
 
 
 @contextmanager
-def our_process(inst: Installation, tmp: Path, **kube: Any) -> Iterator[subprocess.Popen[bytes]]:
+def our_process(inst: Installation, tmp: Path, repo: Path = REPO,
+                **kube: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """The daemon of the tree at ``repo`` (this one by default: another commit's for an A/B)."""
     directory = tmp / f"ours-{inst.control}"
     directory.mkdir()
     config = write_config(directory, f"sqlite:///{directory}/cp.db",
@@ -205,7 +207,8 @@ def our_process(inst: Installation, tmp: Path, **kube: Any) -> Iterator[subproce
     cli("publish", "--config", str(config), str(EXAMPLE))
     log = (directory / "daemon.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "supervisor", "--config", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+                               stdout=subprocess.DEVNULL, stderr=log, cwd=repo,
+                               env={**os.environ, "PYTHONPATH": str(repo)})
     try:
         yield process
     finally:

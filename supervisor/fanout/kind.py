@@ -49,9 +49,10 @@ class FanoutTuning:
     """Timings and bounds; the defaults suit production, tests shrink them."""
 
     watch: WatchTuning = field(default_factory=WatchTuning)
-    # Parents reconciled at once. 16 cost a quarter more CPU in a 1,000-parent bulk on the
-    # real server and were not faster (bench/bench_fanout_kopf.py, a shared machine).
-    workers: int = 4
+    # Parents reconciled at once: each waits on its two writes' round trips, so a bulk is
+    # paced by this (bench/bench_fanout_race.py, a 1,000-parent bulk on the real server:
+    # 4 fell seconds behind the client creating them, 16 kept up, at no more CPU than 8).
+    workers: int = 16
     resync_s: float | None = None  # None: [kubernetes].resync_s
     requeue_initial_s: float = 0.8
     requeue_max_s: float = 30.0

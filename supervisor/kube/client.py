@@ -1,4 +1,4 @@
-"""A small Kubernetes API client on ``httpx.AsyncClient``, for trio.
+"""A small Kubernetes API client for trio, on httpcore's pool (:mod:`supervisor.kube.transport`).
 
 Contract:
 
@@ -46,6 +46,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
 
 import httpx
 import msgspec
@@ -61,6 +62,7 @@ from supervisor.kube.errors import (
     transport_error,
 )
 from supervisor.kube.models import ObjectList, PartialObject, Resource
+from supervisor.kube.transport import Transport
 from supervisor.kube.wire import (
     MAX_RESPONSE_BYTES,
     RequestBody,
@@ -83,6 +85,12 @@ log = get_logger("kube")
 
 APPLY_PATCH = "application/apply-patch+yaml"
 _JSON = "application/json"
+# Kept as they are in a path: what Kubernetes names and our paths are made of.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+# What httpx.AsyncClient sent by default, as before (the API server's audit log
+# and managedFields of a write without fieldManager name the user agent).
+_HEADERS = [(b"Accept", _JSON.encode()), (b"Accept-Encoding", b"gzip, deflate"),
+            (b"User-Agent", f"python-httpx/{httpx.__version__}".encode())]
 
 
 class TokenBucket:
@@ -145,7 +153,7 @@ class KubeClient:
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._lock = trio.Lock()
-        self._http: httpx.AsyncClient | None = None
+        self._http: Transport | None = None
         self._settings: KubeSettings | None = None
         self._credentials = Credentials(settings, refresh_s=token_refresh_s, lock=self._lock)
         self._closed = False
@@ -164,7 +172,7 @@ class KubeClient:
 
     # -- lifecycle --------------------------------------------------------------
 
-    async def _ensure(self) -> httpx.AsyncClient:
+    async def _ensure(self) -> Transport:
         if self._http is not None:
             return self._http
         async with self._lock:
@@ -176,17 +184,12 @@ class KubeClient:
                 verify = await in_thread(settings.ssl_context, dependency="kube",
                                          deadline_s=CREDENTIALS_DEADLINE_S,
                                          what="the Kubernetes TLS settings")
-                self._http = httpx.AsyncClient(
-                    base_url=settings.host,
-                    verify=verify,
-                    proxy=settings.proxy,
-                    timeout=self._timeout,
-                    limits=httpx.Limits(
-                        max_connections=self._max_connections,
-                        max_keepalive_connections=self._max_connections,
-                    ),
-                    trust_env=False,
-                )
+                try:
+                    self._http = Transport(settings.host, verify, proxy=settings.proxy,
+                                           max_connections=self._max_connections)
+                except (ValueError, ImportError, httpx.InvalidURL) as exc:
+                    raise KubeConfigError(f"cannot use {settings.host} (proxy "
+                                          f"{settings.proxy or 'none'}): {exc}") from exc
                 self._settings = settings
                 self._credentials.adopt(settings)
                 log.info("kubernetes client configured", host=settings.host, source=settings.source)
@@ -221,22 +224,25 @@ class KubeClient:
             self.paused_s += self._resume_at - now
             await trio.sleep_until(self._resume_at)
         server_name = self._settings.tls_server_name if self._settings is not None else None
-        extensions = _given(sni_hostname=server_name)
+        target = quote(path, safe=_PATH_SAFE)
+        if params:
+            target += "?" + urlencode(params, quote_via=quote)
+        fixed = [(b"Host", http.host_header), *_HEADERS]
+        if content is not None:
+            fixed += [(b"Content-Type", (content_type or _JSON).encode()),
+                      (b"Content-Length", b"%d" % len(content))]
         for attempt in (0, 1):
             authorization = await self._credentials.current()
-            headers = _given(Accept=_JSON, Authorization=authorization,
-                             **{"Content-Type": content_type})
-            request = http.build_request(
-                method, path, params=params, content=content, headers=headers,
-                timeout=timeout or self._timeout, extensions=extensions,
-            )
-            if content is not None:
-                request.stream = RequestBody(content)  # Content-Length is already set
+            headers = fixed if not authorization else [
+                *fixed, (b"Authorization", authorization.encode())]
             # httpx times each read, not the whole head: a server that never sends its
             # headers (or a watch's) would hold this request forever without this scope.
             with trio.move_on_after(self._timeout_s) as scope:
                 try:
-                    response = await http.send(request, stream=True)
+                    response = await http.send(
+                        method.encode(), target.encode(), headers,
+                        RequestBody(content) if content is not None else None,
+                        timeout or self._timeout, server_name)
                 except httpx.HTTPError as exc:
                     raise self._transport_error(f"{method} {path}", exc) from exc
             if scope.cancelled_caught:

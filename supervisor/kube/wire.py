@@ -182,7 +182,13 @@ class ResponseBody:
 
     def __init__(self, response: httpx.Response, where: str) -> None:
         self._response = response
-        self._chunks = response.aiter_bytes()
+        # A body sent as it is (no Content-Encoding: all but a large list's) is read
+        # straight from its stream, not through httpx's decoding and chunking layers
+        # (a watch is a chunk an event).
+        plain = "content-encoding" not in response.headers
+        self._chunks = (response.stream.__aiter__()
+                        if plain and isinstance(response.stream, httpx.AsyncByteStream)
+                        else response.aiter_bytes())
         self._where = where
         self._ended = False
 

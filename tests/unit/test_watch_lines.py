@@ -9,6 +9,7 @@ gets out, and every refusal carries a fan-out reason label.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +28,7 @@ from supervisor.kube.config import KubeSettings
 from supervisor.kube.errors import DecodeError, KubeError, TooLargeResponse
 from supervisor.kube.models import PartialObject, Resource
 from supervisor.kube.watching import Informer
-from supervisor.kube.wire import WatchStream
+from supervisor.kube.wire import ResponseBody, WatchStream
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 RESOURCE = Resource("platform.trio-supervisor.dev", "v1", "servicedefinitions",
@@ -185,3 +186,18 @@ def test_an_error_event_is_refused_with_its_status() -> None:
         informer(Recorder()).handle_line(msgspec.json.encode({"type": "ERROR",
                                                               "object": status}))
     assert failure_class(refused.value) == reasons.SERVER_ERROR
+
+
+async def test_a_gzip_encoded_body_is_read_decoded_and_a_plain_one_as_sent() -> None:
+    text = b'{"kind": "DeploymentList", "items": []}'
+    packed = gzip.compress(text)
+    encoded = httpx.Response(200, headers={"Content-Encoding": "gzip"},
+                             stream=Chunks([packed[:10], packed[10:]]))
+    plain = httpx.Response(200, stream=Chunks([text[:7], text[7:]]))
+    with trio.fail_after(5):
+        for response in (encoded, plain):
+            body = ResponseBody(response, "GET /x")
+            try:
+                assert await body.read(1024, 5.0) == text
+            finally:
+                await body.aclose()
