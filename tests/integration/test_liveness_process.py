@@ -6,8 +6,8 @@ stops, while the convergence loop has not finished an attempt for longer than
 one (its reads at ``read_timeout_s``, the hydrate's grown with the largest body
 allowed), which a slow store never exceeds. A compile has no deadline of its
 own: here the limit is about 1.6 s (the store's deadlines at their smallest) and
-a ~48 MB revision whose one key names a secret that is never set takes over two
-seconds to compile before it is refused, and it is retried at every poll. Once
+a ~57 MB revision of 1.6 million small aliases whose one key names a secret that
+is never set takes over 2.5 s to compile (an idle machine) before it is refused, and it is retried at every poll. Once
 a good revision is published, attempts are quick again: 200, and the pings resume.
 
 The start rule: a restarted child that has not reported started for longer than
@@ -36,7 +36,7 @@ import trio
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.health import stall_limit_s
-from tests.memorydrills import big_body, failures
+from tests.memorydrills import costly_body, failures
 from tests.polling import POLL_INTERVAL_S, poll_until
 from tests.postgres import listener_pids
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
@@ -122,7 +122,7 @@ async def test_a_stalled_convergence_loop_is_unhealthy_and_stops_the_watchdog(
                           backoff_initial_s=0.01, backoff_max_s=0.01,
                           control_plane_extra=quick_store_lines())
     await acli("publish", "--config", str(config), str(EXAMPLE), "--force")
-    big = big_body(48 * 1024 * 1024)
+    big = costly_body(60 * 1024 * 1024)
     with trio.fail_after(120):
         async with observed(config, port, tmp_path, {}) as (daemon, seen, pings):
             await scenario(daemon, port, db, big, seen, pings)

@@ -34,6 +34,7 @@ import trio
 import yaml
 
 from supervisor import reasons
+from tests.health import status
 from tests.polling import poll_until
 from tests.proc import free_port, run_daemon
 from tests.realkube import (
@@ -49,7 +50,6 @@ from tests.realkube import (
     parent_path,
     sd,
     start_realkube,
-    status,
 )
 
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trio
 
+from tests.health import status
 from tests.polling import poll_until
 from tests.proc import free_port, run_daemon
 from tests.realkube import (
@@ -33,7 +34,6 @@ from tests.realkube import (
     parent_path,
     sd,
     start_realkube,
-    status,
 )
 
 HOLD = "example.com/hold"

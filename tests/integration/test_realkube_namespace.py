@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.health import status
 from tests.polling import poll_until
 from tests.proc import free_port, run_daemon
 from tests.realkube import (
@@ -36,7 +37,6 @@ from tests.realkube import (
     parent_path,
     sd,
     start_realkube,
-    status,
 )
 
 CHILDREN = (("/apis/apps/v1", "deployments"), ("/api/v1", "services"))
