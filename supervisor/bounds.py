@@ -2,7 +2,7 @@
 
 A value from outside is bounded where it enters, by one of these. Waits are
 bounded by :mod:`supervisor.threads`; the table of boundaries that use both is
-:mod:`supervisor.boundaries`.
+``tools/boundary_table.py``.
 """
 
 from __future__ import annotations

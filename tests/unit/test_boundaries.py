@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor import bounds, threads
-from supervisor.boundaries import BOUNDARIES
+from tools.boundary_table import BOUNDARIES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ LAYERS = {
     0: {"errors", "reasons", "logs", "backoff", "wakeup", "streak", "events", "telemetry",
         "config", "configchecks", "configfile", "filemodes", "tokenfile", "dsn", "statedirs",
         "texttable",
-        "tlsconfig", "status_doc", "bounds", "threads", "boundaries",
+        "tlsconfig", "status_doc", "bounds", "threads",
         "__init__"},
     1: {"controlplane", "kube", "revision", "sinks", "lifecycle", "tree"},
     2: {"convergence", "fanout"},

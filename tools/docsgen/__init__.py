@@ -16,7 +16,7 @@ reading the code that implements what it documents, never a copied table:
   catalogue a test holds to a real document, the stream events found in the source);
 - :mod:`.controlplane`: ``control-plane.md`` (the SQL migrations);
 - :mod:`.kubernetes`: ``kubernetes.md`` (the fan-out kinds, labels, annotations, Events);
-- :mod:`.boundaries`: ``boundaries.md`` (:data:`supervisor.boundaries.BOUNDARIES`);
+- :mod:`.boundaries`: ``boundaries.md`` (:data:`tools.boundary_table.BOUNDARIES`);
 - :mod:`.index`: ``README.md``, one line per page.
 
 The prose (what a key means, what to do about a label) is in

@@ -1,8 +1,8 @@
-"""``boundaries.md``: where data enters or the process waits (supervisor.boundaries)."""
+"""``boundaries.md``: where data enters or the process waits (tools.boundary_table)."""
 
 from __future__ import annotations
 
-from supervisor.boundaries import BOUNDARIES
+from tools.boundary_table import BOUNDARIES
 from tools.docsgen.common import HEADER, code, table
 
 __all__ = ["render_boundaries"]
@@ -16,6 +16,6 @@ def render_boundaries() -> str:
             "something outside it: the bound on its size, the check on its range or shape, "
             "its deadline and what that deadline releases, the reason a refusal carries "
             "([reasons.md](reasons.md)) and the test that proves it. Rendered from "
-            "`supervisor/boundaries.py`.\n\n"
+            "`tools/boundary_table.py`.\n\n"
             + table(("where", "what enters", "size", "check", "deadline", "released",
                      "reason", "test"), rows))

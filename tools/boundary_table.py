@@ -1,4 +1,4 @@
-"""The table of every boundary where data enters the process, or the process waits on one.
+"""The table of every boundary where data enters the daemon, or the daemon waits on one.
 
 :data:`BOUNDARIES` holds one :class:`Boundary` a row; ``docs/boundaries.md`` is rendered from it.
 Each row names the test that proves it; tests/unit/test_boundaries.py checks the test exists.
