@@ -70,15 +70,23 @@ async def test_fifo_at_the_config_path_does_not_freeze_healthz(tmp_path: Path) -
     assert len(restart_lines) == 1
 
 
-async def test_sighup_reloads_both_token_files_and_the_old_tokens_are_refused(
-        tmp_path: Path) -> None:
+def _with_tokens(tmp_path: Path, port: int, full_token: str,
+                 read_token: str) -> tuple[Path, Path, Path]:
+    """A published daemon's configuration whose admin API takes these two tokens;
+    (the configuration, the full token's file, the read token's file)."""
     full, read = tmp_path / "admin.token", tmp_path / "read.token"
-    full.write_text("old-full-token\n")
-    read.write_text("old-read-token\n")
-    port = free_port()
+    full.write_text(full_token + "\n")
+    read.write_text(read_token + "\n")
     config = _published(tmp_path, port)
     config.write_text(config.read_text().replace(
         "[admin]\n", f'[admin]\ntoken_file = "{full}"\nread_token_file = "{read}"\n'))
+    return config, full, read
+
+
+async def test_sighup_reloads_both_token_files_and_the_old_tokens_are_refused(
+        tmp_path: Path) -> None:
+    port = free_port()
+    config, full, read = _with_tokens(tmp_path, port, "old-full-token", "old-read-token")
     base = f"http://127.0.0.1:{port}"
 
     def bearer(token: str) -> dict[str, str]:
@@ -117,13 +125,8 @@ async def test_sighup_reloads_both_token_files_and_the_old_tokens_are_refused(
 
 async def test_a_stream_opened_with_a_token_sighup_retired_is_closed_and_the_others_stay(
         tmp_path: Path) -> None:
-    full, read = tmp_path / "admin.token", tmp_path / "read.token"
-    full.write_text("kept-full-token\n")
-    read.write_text("old-read-token\n")
     port = free_port()
-    config = _published(tmp_path, port)
-    config.write_text(config.read_text().replace(
-        "[admin]\n", f'[admin]\ntoken_file = "{full}"\nread_token_file = "{read}"\n'))
+    config, _, read = _with_tokens(tmp_path, port, "kept-full-token", "old-read-token")
     url = f"ws://127.0.0.1:{port}/v1/stream"
 
     def bearer(token: str) -> list[tuple[str, str]]:

@@ -39,9 +39,10 @@ def _body(path: Path, target_bytes: int) -> Path:
 
 
 
-async def test_a_large_body_over_a_slow_link_is_served_within_its_grown_deadline(
-    tmp_path: Path, pg_url: str
-) -> None:
+async def _behind_a_proxy(tmp_path: Path, pg_url: str) -> tuple[Path, Path, Path, int, int]:
+    """Revision 1 published; a daemon reading PostgreSQL through a proxy the test slows
+    (read_timeout_s 2 s, 256 KiB/s); a 2 MiB revision to publish.
+    (direct configuration, the daemon's, the big revision, proxy port, admin port)."""
     direct = write_config(tmp_path, pg_url)
     await acli("db", "migrate", "--config", str(direct))
     await acli("publish", "--config", str(direct), str(EXAMPLE))
@@ -53,6 +54,13 @@ async def test_a_large_body_over_a_slow_link_is_served_within_its_grown_deadline
         daemon_dir, proxied_url(pg_url, proxy_port), port=admin_port, poll_interval_s=0.5,
         listen=False, backoff_initial_s=0.1, backoff_max_s=0.5,
         control_plane_extra="read_timeout_s = 2.0\nmin_read_rate_kib_s = 256")
+    return direct, config, big, proxy_port, admin_port
+
+
+async def test_a_large_body_over_a_slow_link_is_served_within_its_grown_deadline(
+    tmp_path: Path, pg_url: str
+) -> None:
+    direct, config, big, proxy_port, admin_port = await _behind_a_proxy(tmp_path, pg_url)
     with trio.fail_after(120):
         async with pg_proxy(proxy_port, pg_url) as proxy, run_daemon(config) as daemon:
             await daemon.wait_log("published", revision=1)
@@ -75,17 +83,7 @@ async def test_a_slow_but_progressing_hydrate_is_not_called_stalled(
 ) -> None:
     # 3 * poll_interval_s + backoff_max_s is 2 s here; the hydrate takes 5.4 s, within
     # its own deadline: the stall limit counts the store's deadlines of an attempt.
-    direct = write_config(tmp_path, pg_url)
-    await acli("db", "migrate", "--config", str(direct))
-    await acli("publish", "--config", str(direct), str(EXAMPLE))
-    big = _body(tmp_path / "big.toml", 2 * 1024 * 1024)
-    proxy_port, admin_port = free_port(), free_port()
-    daemon_dir = tmp_path / "daemon"
-    daemon_dir.mkdir()
-    config = write_config(
-        daemon_dir, proxied_url(pg_url, proxy_port), port=admin_port, poll_interval_s=0.5,
-        listen=False, backoff_initial_s=0.1, backoff_max_s=0.5,
-        control_plane_extra="read_timeout_s = 2.0\nmin_read_rate_kib_s = 256")
+    direct, config, big, proxy_port, admin_port = await _behind_a_proxy(tmp_path, pg_url)
     seen: list[tuple[int, dict[str, Any]] | None] = []
     stop = threading.Event()
     with trio.fail_after(120):
