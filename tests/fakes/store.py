@@ -16,7 +16,7 @@ from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionAdmin, RevisionPointer
 from supervisor.sinks.state import Candidate
 
-__all__ = ["FakeStore"]
+__all__ = ["FakeStore", "RefusingStore", "SlowStore"]
 
 #: The schema version the fake reports as migrated.
 SCHEMA_VERSION = 2
@@ -142,6 +142,56 @@ class FakeStore:
 
     async def aclose(self) -> None:
         pass
+
+
+@dataclass
+class RefusingStore(FakeStore):
+    """A FakeStore whose observe or hydrate raises the error set for it (counted as a read first).
+
+    ``observe_error`` stands for a refused or failed read of the desired pointer,
+    ``hydrate_error`` for one of the desired revision; None reads as FakeStore does.
+    """
+
+    observe_error: Exception | None = None
+    hydrate_error: Exception | None = None
+
+    async def observe(self) -> RevisionPointer | None:
+        if self.observe_error is not None:
+            self._check("desired")
+            raise self.observe_error
+        return await super().observe()
+
+    async def hydrate(self) -> Candidate | None:
+        if self.hydrate_error is not None:
+            self._check("hydrate")
+            raise self.hydrate_error
+        return await super().hydrate()
+
+
+@dataclass
+class SlowStore(FakeStore):
+    """Every read sees the store as it starts, then takes ``delay_s`` of (virtual) time.
+
+    ``in_flight`` counts the observes under way: a test waits for one to know an
+    attempt is reading.
+    """
+
+    delay_s: float = 1.0
+    in_flight: int = 0
+
+    async def observe(self) -> RevisionPointer | None:
+        self.in_flight += 1
+        try:
+            pointer = await super().observe()
+            await trio.sleep(self.delay_s)
+            return pointer
+        finally:
+            self.in_flight -= 1
+
+    async def hydrate(self) -> Candidate | None:
+        loaded = await super().hydrate()
+        await trio.sleep(self.delay_s)
+        return loaded
 
 
 def _not_found(revision: int) -> ControlPlaneError:

@@ -35,7 +35,11 @@ from tests.fakes.statements import Root, statement_of
 from tests.fakes.store import FakeStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
 BODY = doc("a")
+
+
 HUB = "http://hub:9464"
 
 
@@ -112,9 +116,6 @@ def a_root(tmp_path: Path, store: RootStore | None = None) -> tuple[Any, RootSto
     clock = Clock()
     rec = make(store, cache=real_cache(tmp_path), wall_clock=clock, statement_ttl_s=60.0)
     return rec, store, clock
-
-
-# -- a root signs ------------------------------------------------------------
 
 
 async def test_a_root_signs_what_it_publishes_with_its_sequence_and_identity(
@@ -221,9 +222,6 @@ async def test_a_restarted_root_serves_under_a_statement_signed_anew(tmp_path: P
     assert cached_statement(second.sinks.cache) == signed
 
 
-# -- a follower passes the root's on ----------------------------------------------
-
-
 def follower(tmp_path: Path, store: UpstreamStore, **kw: Any) -> Any:
     status = RevisionStatus(ActiveState(upstream=HUB))
     return watched(
@@ -319,3 +317,4 @@ async def test_a_shutdown_while_a_fresher_statement_is_passed_on_still_serves_un
     assert Path(rec.sinks.forward_to).read_bytes() == store.signed
     assert cached_statement(rec.sinks.cache) == store.statement()
     assert rec.state.statement == store.statement()
+
