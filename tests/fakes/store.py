@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionAdmin, RevisionPointer
 from supervisor.sinks.state import Candidate
 
-__all__ = ["FakeStore", "RefusingStore", "SlowStore"]
+__all__ = ["FakeStore", "MovedBetweenTheReads", "RefusingStore", "SlowStore"]
 
 #: The schema version the fake reports as migrated.
 SCHEMA_VERSION = 2
@@ -192,6 +193,24 @@ class SlowStore(FakeStore):
         loaded = await super().hydrate()
         await trio.sleep(self.delay_s)
         return loaded
+
+
+@dataclass
+class MovedBetweenTheReads(FakeStore):
+    """A FakeStore whose desired pointer moves between one attempt's observe and its hydrate.
+
+    ``between`` (run once, after the next observe) moves it: a publish, or
+    ``desired_id`` set back, landing between the two reads.
+    """
+
+    between: Callable[[FakeStore], object] | None = None
+
+    async def observe(self) -> RevisionPointer | None:
+        pointer = await super().observe()
+        if self.between is not None:
+            move, self.between = self.between, None
+            move(self)
+        return pointer
 
 
 def _not_found(revision: int) -> ControlPlaneError:

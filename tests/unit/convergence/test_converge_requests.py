@@ -148,3 +148,12 @@ async def test_notify_bursts_still_coalesce_next_to_requests(
     assert await signal.wait() == "request"
     assert late.answer == ConvergeAnswer("failed")
 
+
+async def test_no_wakeup_of_a_fresh_signal_is_taken_for_a_sighup() -> None:
+    notified = ChangeSignal()
+    notified.notify("notify")
+    assert (await notified.next_wakeup()).trigger == "notify"
+    asked = ChangeSignal()
+    request = asked.request()
+    wakeup = await asked.next_wakeup()
+    assert wakeup.trigger == "request" and wakeup.requests == [request]

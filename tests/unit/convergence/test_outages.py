@@ -221,3 +221,22 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     assert (outcome.reason, outcome.revision) == (reasons.DENIED, None)
     assert rec.status.report().desired == 4
 
+
+async def test_a_refusal_about_a_revision_says_it_is_desired_and_a_failure_about_one_does_not(
+) -> None:
+    store = RefusingStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    # The hydrate read revision 3 (published after the observe) and refused it.
+    store.hydrate_error = ControlPlaneError("digest mismatch", category=FailureCategory.CORRUPT,
+                                            revision=3)
+    await rec.converge_once()
+    assert rec.status.report().desired == 3
+    # A read of revision 4 that failed (it may succeed later) says nothing of what is desired.
+    store.hydrate_error = ControlPlaneError("connection reset",
+                                            category=FailureCategory.UNAVAILABLE, revision=4)
+    await rec.converge_once()
+    report = rec.status.report()
+    assert (report.desired, report.control_plane_up) == (2, False)

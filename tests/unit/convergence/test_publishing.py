@@ -26,7 +26,7 @@ from supervisor.sinks.file import SnapshotFile
 from supervisor.sinks.state import ActiveState
 from supervisor.status_doc import RevisionReport
 from tests.convergence import WrappedCache, doc, make, sample
-from tests.fakes.store import FakeStore
+from tests.fakes.store import FakeStore, MovedBetweenTheReads
 
 
 async def test_converge_once_publishes_then_reports_converged() -> None:
@@ -302,3 +302,18 @@ async def test_a_large_compile_is_abandoned_on_cancellation() -> None:
         release.set()
     assert rec.state.snapshot is None
 
+
+async def test_a_revision_published_between_the_two_reads_is_the_one_converged_to(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MovedBetweenTheReads()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    store.between = lambda moved: moved.put(doc("a", "c"))  # observed 2, hydrated 3
+    outcome = await rec.converge_once()
+    assert (outcome.kind, outcome.revision) == (OutcomeKind.PUBLISHED, 3)
+    await trio.sleep(10)
+    report = rec.status.report()
+    assert (report.desired, report.active, report.lag_s) == (3, 3, 0.0)

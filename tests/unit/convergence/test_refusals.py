@@ -23,7 +23,7 @@ from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, T
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.secrets import EnvFileResolver
 from tests.convergence import doc, events_of, make, sample, watched
-from tests.fakes.store import FakeStore, RefusingStore
+from tests.fakes.store import FakeStore, MovedBetweenTheReads, RefusingStore
 
 REFUSED_LINE = "revision refused; previous snapshot keeps serving"
 ANSWERED_LINE = "convergence attempt refused by the control plane; previous snapshot keeps serving"
@@ -423,3 +423,54 @@ async def test_sighup_is_not_lost_when_a_notification_is_already_pending(
             assert rec.status.active == bad, "the SIGHUP's 'look again' was coalesced away"
             nursery.cancel_scope.cancel()
 
+
+async def test_a_revision_published_between_the_two_reads_and_refused_is_remembered() -> None:
+    store = MovedBetweenTheReads()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    store.between = lambda moved: moved.put(doc("a", keys={"k": ["nope"]}))  # hydrated: 3
+    outcome = await rec.converge_once()
+    assert (outcome.reason, outcome.revision) == (reasons.PROJECTION, 3)
+    assert rec.status.report().desired == 3
+    store.calls.clear()
+    again = await rec.converge_once()  # observes 3 now: the refusal stands
+    assert again.repeated and again.revision == 3
+    assert [what for what, _ in store.calls] == ["desired"]
+
+
+async def test_a_refused_revision_desired_again_between_the_two_reads_is_not_compiled_again(
+) -> None:
+    store = MovedBetweenTheReads()
+    store.put(doc("a"))
+    rec, seen = watched(store)
+    await rec.converge_once()
+    bad = store.put(doc("a", keys={"k": ["nope"]}))
+    await rec.converge_once()  # refused for good
+    store.put(doc("a", "b"))
+    store.between = lambda moved: setattr(moved, "desired_id", bad)  # observed 3, hydrated 2
+    outcome = await rec.converge_once()
+    assert outcome.repeated and (outcome.reason, outcome.revision) == (reasons.PROJECTION, bad)
+    assert len([e for e in events_of(seen) if e["type"] == "rejected"]) == 1
+
+
+async def test_a_refusal_before_the_candidate_is_known_is_not_remembered_for_the_last_one(
+) -> None:
+    store = RefusingStore()
+    store.put(doc("a"))
+    rec = make(store)
+    await rec.converge_once()
+    store.put(doc("a", "b"))
+    # About revision 2, and retried every poll: not remembered.
+    store.hydrate_error = ControlPlaneError("permission denied", category=FailureCategory.DENIED,
+                                            revision=2)
+    await rec.converge_once()
+    store.hydrate_error = None
+    # A final refusal of the pointer's read: this attempt has no candidate of its own.
+    store.observe_error = ControlPlaneError("digest mismatch", category=FailureCategory.CORRUPT,
+                                            revision=2)
+    assert (await rec.converge_once()).reason == reasons.CORRUPT
+    store.observe_error = None
+    outcome = await rec.converge_once()
+    assert (outcome.kind, outcome.revision) == (OutcomeKind.PUBLISHED, 2)

@@ -18,8 +18,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
+from supervisor.bounds import FILE_IO_DEADLINE_S, ThreadDeadline
+from supervisor.convergence import side_sinks
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.side_sinks import SinkStatus
 from supervisor.sinks.file import SnapshotFile
@@ -356,3 +359,54 @@ async def test_restarted_loop_rewrites_the_sinks_of_what_serves(tmp_path: Path) 
     assert target.exists() and [r for r, _ in cache.exported] == [1, 1]
     assert first.state.generation == 1  # no new generation for the same revision
 
+
+async def test_a_sink_file_whose_status_read_is_stuck_is_not_queued_for_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    target = tmp_path / "snap.json"
+    rec = make(store, snapshot_file=SnapshotFile(str(target)))
+    await rec.converge_once()
+    target.unlink()
+    files = side_sinks._files
+
+    def stuck(fn: Any, what: str) -> Any:
+        if what == "a sink file's status":  # a stuck disk: the stat never returns in time
+            raise ThreadDeadline(what, FILE_IO_DEADLINE_S)
+        return files(fn, what)
+
+    monkeypatch.setattr(side_sinks, "_files", stuck)
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    assert not target.exists()  # the write it would cause could not finish either
+    monkeypatch.undo()
+    await rec.converge_once()  # the disk answers again: the vanished file is noticed
+    assert json.loads(target.read_bytes())["revision"] == 1
+
+
+class RecordingHook:
+    """The reload hook as the sinks tell it: records the snapshot file's revision at each swap."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.told: list[int] = []
+
+    def swapped(self) -> None:
+        self.told.append(json.loads(self.path.read_bytes())["revision"])
+
+
+async def test_the_reload_hook_is_told_of_each_swap_once_the_snapshot_file_holds_it(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "snap.json"
+    hook = RecordingHook(target)
+    sinks = SinkStatus()
+    sinks.hook = hook  # type: ignore[assignment]
+    store = FakeStore()
+    store.put(doc("a"))
+    rec = make(store, snapshot_file=SnapshotFile(str(target)), sink_status=sinks)
+    await rec.converge_once()
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED  # no swap: not told
+    store.put(doc("a", "b"))
+    await rec.converge_once()
+    assert hook.told == [1, 2]

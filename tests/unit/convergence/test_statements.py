@@ -57,11 +57,17 @@ class Clock:
 
 
 class RootStore(FakeStore):
-    """The fake store read as a root's: every read carries the pointer's sequence (its moves)."""
+    """The fake store read as a root's: every read carries the pointer's sequence (its moves).
+
+    ``reads_sequence`` False: the observe does not learn it (None).
+    """
+
+    reads_sequence = True
 
     async def observe(self) -> RevisionPointer | None:
         pointer = await super().observe()
-        return None if pointer is None else replace(pointer, sequence=len(self.changelog))
+        sequence = len(self.changelog) if self.reads_sequence else None
+        return None if pointer is None else replace(pointer, sequence=sequence)
 
     async def hydrate(self) -> Candidate | None:
         loaded = await super().hydrate()
@@ -318,3 +324,13 @@ async def test_a_shutdown_while_a_fresher_statement_is_passed_on_still_serves_un
     assert cached_statement(rec.sinks.cache) == store.statement()
     assert rec.state.statement == store.statement()
 
+
+async def test_a_read_without_a_sequence_keeps_the_sequence_of_what_serves() -> None:
+    store = RootStore()
+    store.put(BODY)
+    rec = make(store)  # no cache: nothing is signed
+    await rec.converge_once()
+    assert rec.status.report().sequence == 1
+    store.reads_sequence = False  # a read that did not learn the sequence
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    assert rec.status.report().sequence == 1

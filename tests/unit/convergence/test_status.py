@@ -20,6 +20,7 @@ import trio.testing
 
 from supervisor import reasons
 from supervisor.admin.context import AdminContext
+from supervisor.bounds import DETAIL_BYTES, cut
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
@@ -260,3 +261,22 @@ async def test_a_followers_status_event_names_the_upstream_as_its_status_documen
     assert (event["source"], event["upstream"]) == ("http://hub:9464", "http://hub:9464")
     assert {k: event[k] for k in serving} == {k: served[k] for k in serving}
 
+
+def test_a_refusal_s_detail_is_cut_in_the_report() -> None:
+    status = RevisionStatus(ActiveState(), clock=Clock())
+    long = "x" * (4 * DETAIL_BYTES)
+    status.failed(2, reasons.PROJECTION, long)
+    report = status.report()
+    assert report.last_rejection is not None
+    assert report.last_rejection.detail == cut(long)
+    assert len(report.last_error.encode()) <= DETAIL_BYTES
+
+
+def test_the_statement_age_is_reported_to_the_millisecond() -> None:
+    issued = datetime(2026, 1, 1, tzinfo=UTC)
+    statement = Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, issued + timedelta(seconds=300))
+    state = ActiveState()
+    serve(state, FakeSnapshot(1, 1), source="control_plane", statement=statement)
+    status = RevisionStatus(state, clock=Clock(),
+                            wall_clock=lambda: issued + timedelta(seconds=40, microseconds=123456))
+    assert status.report().statement_age_s == 40.123
