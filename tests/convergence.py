@@ -1,6 +1,7 @@
 """Building a convergence loop for the unit tests.
 
-A revision body, a loop on a fake store, a metric sample, a loop whose events are watched.
+A revision body, a loop on a fake store, a metric sample, a loop whose events are watched,
+a loop on a fake or a real signed cache, a resolver that cannot read its secrets.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 import trio
 import trio.testing
 
+from supervisor import reasons
 from supervisor.config import CacheConfig, ControlPlaneConfig
 from supervisor.controlplane.store import RevisionSource
 from supervisor.convergence.loop import ConvergenceLoop, Reporting
@@ -24,6 +26,7 @@ from supervisor.convergence.side_sinks import SideSinks, SinkStatus
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.convergence.status import RevisionStatus
 from supervisor.events import EventBus
+from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg import LastKnownGood, generate_signing_key
 from supervisor.sinks.state import ActiveState
 from supervisor.telemetry import Metrics
@@ -51,6 +54,17 @@ class Resolver:
 
 
 RESOLVER = Resolver()
+
+
+class UnavailableResolver:
+    """A resolver meeting a transient shortage (EMFILE) at every secret."""
+
+    def resolve(self, reference: str) -> bytes:
+        raise RevisionError(reasons.UNAVAILABLE, "EMFILE: too many open files")
+
+
+#: The cache's counter (``event``: restored, refused, exported, export_failed...).
+LKG_EVENTS = "supervisor_last_known_good_events_total"
 
 
 def make(store: RevisionSource, *, state: ActiveState | None = None,
@@ -103,6 +117,28 @@ def real_cache(tmp_path: Path) -> LastKnownGood:
     directory.mkdir(mode=0o700, exist_ok=True)
     return LastKnownGood(str(directory / "lkg.bin"), signing_key_path=key_path,
                          trusted_keys=[verify], max_schema_version=1)
+
+
+class WrappedCache:
+    """The real signed cache (on ``tmp_path``) behind the surface the loop uses.
+
+    A test subclasses it to change what ``export`` does around the real write.
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.real = real_cache(tmp_path)
+        self.path = self.real.path
+        self.paths = self.real.paths
+        self.signing_key_id = self.real.signing_key_id
+
+    def export(self, **kw: Any) -> None:
+        self.real.export(**kw)
+
+    def discard_if_newer(self, revision: int, body_sha256: bytes | None = None) -> bool:
+        return self.real.discard_if_newer(revision, body_sha256)
+
+    def forget_files(self) -> None:
+        self.real.forget_files()
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from supervisor.controlplane.revisions import DesiredChange, RevisionSummary
 from supervisor.controlplane.store import LoadedRevision, RevisionAdmin, RevisionPointer
 from supervisor.sinks.state import Candidate
 
-__all__ = ["FakeStore"]
+__all__ = ["FakeStore", "MovedBetweenTheReads", "RefusingStore", "SlowStore"]
 
 #: The schema version the fake reports as migrated.
 SCHEMA_VERSION = 2
@@ -142,6 +143,74 @@ class FakeStore:
 
     async def aclose(self) -> None:
         pass
+
+
+@dataclass
+class RefusingStore(FakeStore):
+    """A FakeStore whose observe or hydrate raises the error set for it (counted as a read first).
+
+    ``observe_error`` stands for a refused or failed read of the desired pointer,
+    ``hydrate_error`` for one of the desired revision; None reads as FakeStore does.
+    """
+
+    observe_error: Exception | None = None
+    hydrate_error: Exception | None = None
+
+    async def observe(self) -> RevisionPointer | None:
+        if self.observe_error is not None:
+            self._check("desired")
+            raise self.observe_error
+        return await super().observe()
+
+    async def hydrate(self) -> Candidate | None:
+        if self.hydrate_error is not None:
+            self._check("hydrate")
+            raise self.hydrate_error
+        return await super().hydrate()
+
+
+@dataclass
+class SlowStore(FakeStore):
+    """Every read sees the store as it starts, then takes ``delay_s`` of (virtual) time.
+
+    ``in_flight`` counts the observes under way: a test waits for one to know an
+    attempt is reading.
+    """
+
+    delay_s: float = 1.0
+    in_flight: int = 0
+
+    async def observe(self) -> RevisionPointer | None:
+        self.in_flight += 1
+        try:
+            pointer = await super().observe()
+            await trio.sleep(self.delay_s)
+            return pointer
+        finally:
+            self.in_flight -= 1
+
+    async def hydrate(self) -> Candidate | None:
+        loaded = await super().hydrate()
+        await trio.sleep(self.delay_s)
+        return loaded
+
+
+@dataclass
+class MovedBetweenTheReads(FakeStore):
+    """A FakeStore whose desired pointer moves between one attempt's observe and its hydrate.
+
+    ``between`` (run once, after the next observe) moves it: a publish, or
+    ``desired_id`` set back, landing between the two reads.
+    """
+
+    between: Callable[[FakeStore], object] | None = None
+
+    async def observe(self) -> RevisionPointer | None:
+        pointer = await super().observe()
+        if self.between is not None:
+            move, self.between = self.between, None
+            move(self)
+        return pointer
 
 
 def _not_found(revision: int) -> ControlPlaneError:

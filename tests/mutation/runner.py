@@ -87,11 +87,10 @@ TARGETS: dict[str, Target] = {
         tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "schedule", "memory",
                                                           "side_sinks", "reporting", "outcome",
                                                           "signal", "status")),
-        ("tests/unit/test_convergence_resilience.py", "tests/unit/test_convergence_effects.py",
-         "tests/unit/test_revision_status.py", "tests/unit/test_convergence_loop.py",
-         "tests/unit/test_convergence_healing.py", "tests/unit/test_converge_requests.py",
-         "tests/unit/test_convergence_statements.py"),
-        85.0),
+        tuple(f"tests/unit/convergence/test_{m}.py" for m in (
+            "publishing", "refusals", "outages", "wakeups", "converge_requests", "bootstrap",
+            "side_sinks", "statements", "status", "refusal_log")),
+        90.0),
 }
 
 

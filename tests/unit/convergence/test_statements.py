@@ -35,7 +35,11 @@ from tests.fakes.statements import Root, statement_of
 from tests.fakes.store import FakeStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
 BODY = doc("a")
+
+
 HUB = "http://hub:9464"
 
 
@@ -53,11 +57,17 @@ class Clock:
 
 
 class RootStore(FakeStore):
-    """The fake store read as a root's: every read carries the pointer's sequence (its moves)."""
+    """The fake store read as a root's: every read carries the pointer's sequence (its moves).
+
+    ``reads_sequence`` False: the observe does not learn it (None).
+    """
+
+    reads_sequence = True
 
     async def observe(self) -> RevisionPointer | None:
         pointer = await super().observe()
-        return None if pointer is None else replace(pointer, sequence=len(self.changelog))
+        sequence = len(self.changelog) if self.reads_sequence else None
+        return None if pointer is None else replace(pointer, sequence=sequence)
 
     async def hydrate(self) -> Candidate | None:
         loaded = await super().hydrate()
@@ -112,9 +122,6 @@ def a_root(tmp_path: Path, store: RootStore | None = None) -> tuple[Any, RootSto
     clock = Clock()
     rec = make(store, cache=real_cache(tmp_path), wall_clock=clock, statement_ttl_s=60.0)
     return rec, store, clock
-
-
-# -- a root signs ------------------------------------------------------------
 
 
 async def test_a_root_signs_what_it_publishes_with_its_sequence_and_identity(
@@ -221,9 +228,6 @@ async def test_a_restarted_root_serves_under_a_statement_signed_anew(tmp_path: P
     assert cached_statement(second.sinks.cache) == signed
 
 
-# -- a follower passes the root's on ----------------------------------------------
-
-
 def follower(tmp_path: Path, store: UpstreamStore, **kw: Any) -> Any:
     status = RevisionStatus(ActiveState(upstream=HUB))
     return watched(
@@ -319,3 +323,14 @@ async def test_a_shutdown_while_a_fresher_statement_is_passed_on_still_serves_un
     assert Path(rec.sinks.forward_to).read_bytes() == store.signed
     assert cached_statement(rec.sinks.cache) == store.statement()
     assert rec.state.statement == store.statement()
+
+
+async def test_a_read_without_a_sequence_keeps_the_sequence_of_what_serves() -> None:
+    store = RootStore()
+    store.put(BODY)
+    rec = make(store)  # no cache: nothing is signed
+    await rec.converge_once()
+    assert rec.status.report().sequence == 1
+    store.reads_sequence = False  # a read that did not learn the sequence
+    assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    assert rec.status.report().sequence == 1

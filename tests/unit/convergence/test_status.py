@@ -1,9 +1,11 @@
-"""The ``revision`` part of /status: reachability, the desired digest and the lag.
+"""What the loop tells of its revision: /status's ``revision`` part, the gauges, STATUS=, events.
 
 The report before any attempt, reachability told by an answer alone, the lag
 when the desired body's digest is unknown, replaced or forgotten, the lag's
-rounding, and a follower's lag and source (the upstream's). Against
-:class:`RevisionStatus` on a hand-driven clock.
+rounding, and a follower's lag and source (the upstream's), against
+:class:`RevisionStatus` on a hand-driven clock; then through the loop: the
+STATUS= text when nothing serves, the gauges read from the status at every
+scrape, and a follower's status event agreeing with its status document.
 """
 
 from __future__ import annotations
@@ -11,11 +13,23 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import msgspec
+import pytest
+import structlog
+import trio
+import trio.testing
 
+from supervisor import reasons
+from supervisor.admin.context import AdminContext
+from supervisor.bounds import DETAIL_BYTES, cut
+from supervisor.convergence.outcome import OutcomeKind
 from supervisor.convergence.status import RevisionStatus
+from supervisor.events import EventBus
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
+from tests.convergence import doc, events_of, make, sample, watched
 from tests.fakes.snapshot import FakeSnapshot, restate, serve
+from tests.fakes.store import FakeStore
 
 
 class Clock:
@@ -42,6 +56,12 @@ def test_an_answer_alone_says_the_control_plane_is_up() -> None:
     status.unreachable()
     assert status.report().control_plane_up is False
     status.answered()
+    assert status.report().control_plane_up is True
+
+
+def test_a_read_alone_says_the_control_plane_is_up() -> None:
+    status = RevisionStatus(ActiveState(), clock=Clock())
+    status.observed(3)
     assert status.report().control_plane_up is True
 
 
@@ -104,12 +124,6 @@ def test_the_lag_is_reported_to_the_microsecond() -> None:
     status.observed(2, b"two")
     clock.now += 1.0 / 3.0
     assert status.report().lag_s == 0.333333
-
-
-def test_a_read_alone_says_the_control_plane_is_up() -> None:
-    status = RevisionStatus(ActiveState(), clock=Clock())
-    status.observed(3)
-    assert status.report().control_plane_up is True
 
 
 def converged(clock: Clock) -> RevisionStatus:
@@ -182,3 +196,87 @@ def test_a_follower_s_report_names_its_upstream_as_source_where_it_is_made() -> 
     serve(plain, FakeSnapshot(3, 1), source="control_plane")
     assert "upstream" not in msgspec.to_builtins(RevisionStatus(plain, clock=Clock()).report())
     assert plain.origin == "control_plane"
+
+
+async def test_not_serving_status_text_names_the_failure() -> None:
+    rec, seen = watched(FakeStore(outage=True))
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+    [line] = [e for e in logs if e["event"] == "control plane unreachable"]
+    assert line["retry_in_s"] == round(rec.retry_in_s or 0, 3) != rec.retry_in_s
+    assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.UNAVAILABLE
+    assert seen.status == ["not serving; last attempt failed: unavailable"]
+    assert rec.status.report().control_plane_up is False
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    # An outage is not a rejection: no event, no last_rejection.
+    assert rec.status.report().last_rejection is None
+    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
+
+
+async def test_revision_gauges_read_the_status_between_attempts(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """One writer per fact: the gauges follow the status report at every scrape.
+
+    The lag grows while the control plane stays unreachable, also between two
+    attempts (a gauge set only at each attempt would stand still), and a
+    refusal that proves the control plane answered marks it up in both.
+    """
+    store = FakeStore()
+    store.put(doc("chat"))
+    rec = make(store)
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    store.put(doc("chat", "mail"))
+    store.outage = True
+    await rec.converge_once()
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    assert rec.status.report().control_plane_up is False
+    await trio.sleep(100)
+    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") >= 100
+    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") == pytest.approx(
+        rec.status.lag_s)
+    store.outage = False
+    store.corrupt.add(2)
+    await rec.converge_once()  # refused as corrupt: the control plane answered
+    assert rec.status.report().control_plane_up is True
+    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.metrics, "supervisor_desired_revision") == 2
+    assert sample(rec.metrics, "supervisor_active_revision") == 1
+
+
+async def test_a_followers_status_event_names_the_upstream_as_its_status_document_does() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    status = RevisionStatus(ActiveState(upstream="http://hub:9464"))  # follower wiring
+    rec, seen = watched(store, status=status)
+    await rec.converge_once()
+    store.outage = True
+    await rec.converge_once()
+    ctx = AdminContext(state=status.state, revision=status, events=EventBus(),
+                       metrics=Metrics(process=False), children=dict)
+    served = msgspec.to_builtins(ctx.status())["revision"]
+    event = [e for e in events_of(seen) if e["type"] == "status"][-1]["revision"]
+    serving = ("active", "generation", "source", "upstream", "sequence", "statement")
+    assert (event["source"], event["upstream"]) == ("http://hub:9464", "http://hub:9464")
+    assert {k: event[k] for k in serving} == {k: served[k] for k in serving}
+
+
+def test_a_refusal_s_detail_is_cut_in_the_report() -> None:
+    status = RevisionStatus(ActiveState(), clock=Clock())
+    long = "x" * (4 * DETAIL_BYTES)
+    status.failed(2, reasons.PROJECTION, long)
+    report = status.report()
+    assert report.last_rejection is not None
+    assert report.last_rejection.detail == cut(long)
+    assert len(report.last_error.encode()) <= DETAIL_BYTES
+
+
+def test_the_statement_age_is_reported_to_the_millisecond() -> None:
+    issued = datetime(2026, 1, 1, tzinfo=UTC)
+    statement = Statement(1, "ab" * 32, 4, "sqlite:1:1", issued, issued + timedelta(seconds=300))
+    state = ActiveState()
+    serve(state, FakeSnapshot(1, 1), source="control_plane", statement=statement)
+    status = RevisionStatus(state, clock=Clock(),
+                            wall_clock=lambda: issued + timedelta(seconds=40, microseconds=123456))
+    assert status.report().statement_age_s == 40.123

@@ -1,46 +1,20 @@
 """Converge-and-wait over the change signal: requests coalesce, every waiter gets its attempt.
 
-The loop runs against the fake store of ``test_convergence_loop`` in virtual time; a
-slow store makes "during one attempt" a span of virtual time that requests can
-arrive in.
+The loop runs against the fake store in virtual time; a slow store
+(``tests/fakes/store.py``) makes "during one attempt" a span of virtual time
+that requests can arrive in.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 import trio
 import trio.testing
 
-from supervisor.controlplane.store import RevisionPointer
 from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.signal import ChangeSignal, ConvergeAnswer
-from supervisor.sinks.state import Candidate
 from tests.convergence import doc, make
-from tests.fakes.store import FakeStore
-
-
-@dataclass
-class SlowStore(FakeStore):
-    """Every read sees the store as it starts, then takes ``delay_s`` of (virtual) time."""
-
-    delay_s: float = 1.0
-    in_flight: int = 0
-
-    async def observe(self) -> RevisionPointer | None:
-        self.in_flight += 1
-        try:
-            pointer = await super().observe()
-            await trio.sleep(self.delay_s)
-            return pointer
-        finally:
-            self.in_flight -= 1
-
-    async def hydrate(self) -> Candidate | None:
-        loaded = await super().hydrate()
-        await trio.sleep(self.delay_s)
-        return loaded
+from tests.fakes.store import FakeStore, RefusingStore, SlowStore
 
 
 async def _started(rec: ConvergenceLoop, nursery: trio.Nursery) -> None:
@@ -126,16 +100,7 @@ async def test_a_waiter_that_gives_up_does_not_disturb_the_loop(
 async def test_an_attempt_that_crashes_still_answers_its_waiters(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    @dataclass
-    class Breaks(FakeStore):
-        broken: bool = False
-
-        async def observe(self) -> RevisionPointer | None:
-            if self.broken:
-                raise RuntimeError("a bug in the store")
-            return await super().observe()
-
-    store = Breaks()
+    store = RefusingStore()
     store.put(doc("a"))
     rec = make(store, poll_interval_s=3600.0)
     request = None
@@ -143,14 +108,14 @@ async def test_an_attempt_that_crashes_still_answers_its_waiters(
         async with trio.open_nursery() as nursery:
             await _started(rec, nursery)
             await _until(lambda: rec.attempts == 1)
-            store.broken = True
+            store.observe_error = RuntimeError("a bug in the store")
             request = rec.signal.request()
     assert caught.group_contains(RuntimeError)
     assert request is not None and request.done.is_set()
     assert request.answer == ConvergeAnswer("failed")
     # A request made while nothing consumes it stays queued for the restarted loop.
     queued = rec.signal.request()
-    store.broken = False
+    store.observe_error = None
     successor = make(store, poll_interval_s=3600.0, signal=rec.signal, state=rec.state)
     async with trio.open_nursery() as nursery:
         await _started(successor, nursery)
@@ -182,3 +147,13 @@ async def test_notify_bursts_still_coalesce_next_to_requests(
     late = signal.request()
     assert await signal.wait() == "request"
     assert late.answer == ConvergeAnswer("failed")
+
+
+async def test_no_wakeup_of_a_fresh_signal_is_taken_for_a_sighup() -> None:
+    notified = ChangeSignal()
+    notified.notify("notify")
+    assert (await notified.next_wakeup()).trigger == "notify"
+    asked = ChangeSignal()
+    request = asked.request()
+    wakeup = await asked.next_wakeup()
+    assert wakeup.trigger == "request" and wakeup.requests == [request]
