@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +83,17 @@ async def test_kill_9_of_the_leader_mid_bulk_on_a_real_api_server(
                                                  "namespace": inst.control},
                                     "spec": {"image": "nginx:1.27", "replicas": 1}})
 
-                await trio.to_thread.run_sync(create_all)
-                await poll_until(lambda: trio.to_thread.run_sync(
-                    lambda: len(deployments(kube, inst)) >= PARENTS // 5))
-                da.signal(9)
-                killed = time.time()
-                await da.wait()
-                before = {d["metadata"]["name"]: d for d in
-                          await trio.to_thread.run_sync(deployments, kube, inst)}
+                # The kill lands while the parents are still being created: the leader
+                # cannot have written the children of parents that do not exist yet.
+                async with trio.open_nursery() as bulk:
+                    bulk.start_soon(partial(trio.to_thread.run_sync, create_all))
+                    await poll_until(lambda: trio.to_thread.run_sync(
+                        lambda: len(deployments(kube, inst)) >= PARENTS // 5))
+                    da.signal(9)
+                    killed = time.time()
+                    await da.wait()
+                    before = {d["metadata"]["name"]: d for d in
+                              await trio.to_thread.run_sync(deployments, kube, inst)}
                 assert len(before) < PARENTS, "the bulk finished before the kill"
                 assert all(managers(d) & {"mgr-a", "mgr-b"} == {"mgr-a"}
                            for d in before.values()), "the standby wrote while standing by"
