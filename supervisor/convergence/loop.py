@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -21,20 +20,16 @@ from supervisor import reasons
 from supervisor.bounds import cut
 from supervisor.controlplane.errors import ControlPlaneError, SchemaTooNew, StatementRefused
 from supervisor.controlplane.store import RevisionPointer
-from supervisor.convergence.memory import RevisionMemory
 from supervisor.convergence.outcome import Key, Outcome, OutcomeKind, answer_for
-from supervisor.convergence.reporting import FailureLog
+from supervisor.convergence.reporting import Reporting
 from supervisor.convergence.schedule import Schedule
 from supervisor.convergence.side_sinks import SideSinks
 from supervisor.convergence.signal import ChangeSignal, WakeupBatch
-from supervisor.convergence.status import RevisionStatus
 from supervisor.errors import BootRefused, ConfigError, LabelledError
-from supervisor.events import EventBus, Published, Rejected, StatusChanged
 from supervisor.logs import get_logger
 from supervisor.revision.errors import RevisionError
 from supervisor.sinks.lkg.statement import Statement
 from supervisor.sinks.state import Candidate, Serving
-from supervisor.telemetry import Metrics
 from supervisor.threads import FILE_IO_DEADLINE_S, in_thread
 
 if TYPE_CHECKING:
@@ -87,30 +82,13 @@ async def compile_body(body: bytes, revision: int, generation: int,
     return run()
 
 
-def _ignore(_value: object) -> None:
-    return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Reporting:
-    """Where the loop tells what it does; the loop writes, others read."""
-
-    status: RevisionStatus
-    metrics: Metrics
-    events: EventBus
-    #: The systemd STATUS= line.
-    on_status: Callable[[str], None] = _ignore
-    #: Told True when the control plane stops answering, False when it is back
-    #: (the LISTEN child probes at once instead of waiting).
-    on_outage_change: Callable[[bool], None] = _ignore
-
-
 class ConvergenceLoop:
     """Keeps what serves equal to ``source``'s desired revision (:meth:`run`).
 
     Every start of the convergence child builds one. It owns nothing that outlives
     a run but what it is given. Built while a snapshot serves, its first attempt
-    re-writes the sinks (:class:`~supervisor.convergence.memory.RevisionMemory`).
+    re-writes the sinks (:attr:`RevisionStatus.sinks_unknown
+    <supervisor.convergence.status.RevisionStatus.sinks_unknown>`).
     """
 
     #: The delay the schedule gave after the last attempt: the wait before the
@@ -131,14 +109,11 @@ class ConvergenceLoop:
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.source = source
-        self.status = report.status
-        # What serves (the status reads it too): the one place it is written.
-        self.state = report.status.state
-        self.metrics = report.metrics
-        # The revision gauges read the status: it is the one place they are written.
-        self.metrics.follow_revision(report.status)
-        self.events = report.events
         self.report = report
+        # The loop's record, and what serves (the record reads it too): the one
+        # place each is written.
+        self.status = report.status
+        self.state = report.status.state
         self.sinks = sinks
         self.signal = signal
         self.schedule = Schedule(poll_interval_s=control_plane.poll_interval_s,
@@ -147,9 +122,8 @@ class ConvergenceLoop:
         self.resolver = resolver
         self.cache_config = cache
         self.wall_clock = wall_clock
-        self._failures = FailureLog(report.status, report.on_status)
         self.attempts = 0
-        self.memory = RevisionMemory(report.status)
+        self.status.restarted()
         if self.state.serving is not None:
             # A restart: a sink write still failing is retried whether the store answers or not.
             sinks.resume(self.state.serving)
@@ -161,12 +135,12 @@ class ConvergenceLoop:
         try:
             found = await read()
         except ControlPlaneError as exc:
-            self._set_reachable(exc.answered)
+            self.report.reachable(exc.answered)
             if not exc.retryable and exc.revision is not None:
                 # Every refusal about a revision is about the desired one.
                 self.status.observed(exc.revision)
             raise
-        self._set_reachable(True)
+        self.report.reachable(True)
         return found
 
     async def attempt(self) -> Outcome:
@@ -175,42 +149,42 @@ class ConvergenceLoop:
         Observe decides, whatever woke the loop (a NOTIFY, a hint, a request). The
         serving revision's id and digest seen again end the attempt without a hydrate:
         a wake-up costs one small read, not the body. A revision refused for good is
-        not hydrated again (:meth:`RevisionMemory.still_refused
-        <supervisor.convergence.memory.RevisionMemory.still_refused>`).
+        not hydrated again (:meth:`RevisionStatus.still_refused
+        <supervisor.convergence.status.RevisionStatus.still_refused>`).
         """
         start = trio.current_time()
-        memory = self.memory
-        memory.candidate = None
+        status = self.status
+        status.candidate = None
         await self.sinks.catch_up(self.state.serving)
         pointer = await self._read(self.source.observe)
         if pointer is None:
             return self._empty()
-        self.status.observed(pointer.revision, pointer.body_sha256)
-        memory.check_epoch(pointer.identity)
-        memory.candidate = (pointer.revision, pointer.body_sha256)
-        if memory.is_active(memory.candidate) and not memory.sinks_unknown:
+        status.observed(pointer.revision, pointer.body_sha256)
+        status.check_epoch(pointer.identity)
+        status.candidate = (pointer.revision, pointer.body_sha256)
+        if status.is_active(status.candidate) and not status.sinks_unknown:
             await self._restate(pointer)
             return Outcome(OutcomeKind.CONVERGED, revision=pointer.revision)
-        repeated = memory.still_refused(memory.candidate)
+        repeated = status.still_refused(status.candidate)
         if repeated is not None:
             return repeated
         candidate = await self._read(self.source.hydrate)
         if candidate is None:
             return self._empty()
         # A publish between the two reads is simply the revision converged to.
-        self.status.observed(candidate.id, candidate.body_sha256)
+        status.observed(candidate.id, candidate.body_sha256)
         key: Key = (candidate.id, candidate.body_sha256)
-        if key != memory.candidate:
-            memory.candidate = key
-            repeated = memory.still_refused(key)
+        if key != status.candidate:
+            status.candidate = key
+            repeated = status.still_refused(key)
             if repeated is not None:
                 return repeated
         serving = self.state.serving
-        if memory.is_active(key):
+        if status.is_active(key):
             assert serving is not None  # is_active
-            if memory.sinks_unknown:
+            if status.sinks_unknown:
                 # A restart or a new epoch: the sinks may not hold what serves.
-                memory.sinks_unknown = False
+                status.sinks_unknown = False
                 restated = Serving(serving.snapshot, candidate, serving.source,
                                    self._statement_for(candidate, candidate.sequence))
                 await self.sinks.rewrite(restated)
@@ -226,7 +200,7 @@ class ConvergenceLoop:
         took = trio.current_time() - start
         await self.swap_in(Serving(snapshot, candidate, "control_plane",
                                    self._statement_for(candidate, candidate.sequence)), took)
-        memory.sinks_unknown = False
+        self.status.sinks_unknown = False
         return Outcome(OutcomeKind.PUBLISHED, revision=candidate.id, generation=generation,
                        took_s=took)
 
@@ -291,15 +265,6 @@ class ConvergenceLoop:
                         active=self.status.active)
         return Outcome(OutcomeKind.EMPTY)
 
-    def _set_reachable(self, up: bool) -> None:
-        was = self.status.control_plane_up
-        if up:
-            self.status.answered()
-        else:
-            self.status.unreachable()
-        if was != up:
-            self.events.emit(StatusChanged(control_plane_up=up, revision=self.status.report()))
-
     async def swap_in(self, serving: Serving, took_s: float) -> None:
         """Export the cache, swap, write the snapshot file: one step a shutdown cannot split.
 
@@ -314,35 +279,8 @@ class ConvergenceLoop:
             if serving.source == "control_plane":
                 await self.sinks.export(serving)
             self.state.serve(serving)
-            self.status.published(took_s)
-            # As /status tells it: a follower names its upstream in place of control_plane.
-            origin = self.state.origin or serving.source
-            snapshot = serving.snapshot
-            log.info("published", revision=snapshot.revision, generation=snapshot.generation,
-                     source=origin, took_s=round(took_s, 6))
-            self.events.emit(Published(revision=snapshot.revision,
-                                       generation=snapshot.generation, source=origin,
-                                       took_s=took_s))
-            self.report.on_status(f"serving revision {snapshot.revision} "
-                                  f"(generation {snapshot.generation}, {origin})")
+            self.report.published(serving, took_s)
             await self.sinks.write_snapshot_file(serving)
-
-    # -- reporting -------------------------------------------------------------
-
-    def record_failure(self, exc: LabelledError) -> Outcome:
-        # Cut where it enters: the status, the log, the events and the memo carry the cut text.
-        reason, revision, detail = exc.reason, exc.revision, cut(exc.detail)
-        outage = reason == reasons.UNAVAILABLE and revision is None
-        self.status.failed(revision, reason, detail, refusal=reason != reasons.UNAVAILABLE)
-        self.metrics.revision_rejections.labels(reason).inc()
-        outcome = Outcome(OutcomeKind.REJECTED, revision=revision, reason=reason, detail=detail)
-        if revision is not None:
-            self.events.emit(Rejected(revision=revision, reason=reason, detail=detail,
-                                      active=self.status.active))
-            self.memory.remember_refusal(exc, outcome)
-        if outage and not self._failures.outage.ongoing:
-            self.report.on_outage_change(True)
-        return outcome
 
     async def converge_once(self, trigger: str = "poll") -> Outcome:
         """One full attempt; never raises on data or store failures (Cancelled propagates).
@@ -352,14 +290,14 @@ class ConvergenceLoop:
         """
         self.attempts += 1
         if trigger == "sighup":
-            # The operator's "look again" (RevisionMemory.forget_refusal).
-            self.memory.forget_refusal()
-            self._failures.forget()
-        with self.metrics.convergence_duration.time():
+            # The operator's "look again".
+            self.status.forget_refusal()
+            self.report.forget()
+        with self.report.metrics.convergence_duration.time():
             try:
                 outcome = await self.attempt()
             except LabelledError as exc:
-                outcome = self.record_failure(exc)
+                outcome = self.report.rejected(exc)
             else:
                 if outcome.repeated:
                     self.status.failed(outcome.revision, outcome.reason or "", outcome.detail
@@ -369,10 +307,10 @@ class ConvergenceLoop:
         self.status.attempt_finished()
         self.retry_in_s = self.schedule.delay_after(outcome)
         if outcome.failed:
-            self._failures.report(outcome, self.retry_in_s)
-        elif self._failures.succeeded(self.status.active):
-            self.report.on_outage_change(False)
-        self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
+            self.report.failed(outcome, self.retry_in_s)
+        else:
+            self.report.succeeded(self.status.active)
+        self.report.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         log.debug("convergence attempt", trigger=trigger, outcome=outcome.kind.value,
                   revision=outcome.revision)
         return outcome
@@ -435,7 +373,7 @@ class ConvergenceLoop:
             # hide that this replica must be upgraded; exit 2 as for a bad config.
             raise ConfigError("$.control_plane.url", str(exc)) from exc
         except ControlPlaneError as exc:
-            self.record_failure(exc)
+            self.report.rejected(exc)
             # A follower's refused statement (denied, rollback, corrupt, stale) is
             # no reason to serve nothing: its own signed cache serves, as for an
             # unreachable upstream, and the refusal stays in last_rejection.
@@ -449,7 +387,7 @@ class ConvergenceLoop:
                 exc.reason, f"refusing to boot: the control plane refused: {cut(str(exc))}"
             ) from exc
         except RevisionError as exc:
-            self.record_failure(exc)
+            self.report.rejected(exc)
             # unavailable: a transient OS error while resolving a secret (EMFILE ...).
             if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
                 return await self._restore(exc)
@@ -467,7 +405,7 @@ class ConvergenceLoop:
                 "revision; publish one with `trio-supervisor publish`",
             )
         self.status.attempt_finished()
-        self.metrics.convergence_attempts.labels(outcome.kind.value).inc()
+        self.report.metrics.convergence_attempts.labels(outcome.kind.value).inc()
         return outcome
 
     def _serving_cache_instead(self, exc: LabelledError) -> bool:
@@ -490,7 +428,7 @@ class ConvergenceLoop:
                 f"refusing to boot: {detail} ({reason}), and no last-known-good cache is "
                 "configured ([cache].path)",
             ) from cause
-        events = self.metrics.last_known_good_events
+        events = self.report.metrics.last_known_good_events
         try:
             cached = await in_thread(cache.load, dependency="files",
                                      deadline_s=FILE_IO_DEADLINE_S, what="the cache read")

@@ -71,8 +71,8 @@ class Outcome:
 def is_final(exc: LabelledError) -> bool:
     """True when the refusal cannot change while the revision's content does not.
 
-    The loop then does not hydrate that revision again until desired moves, or
-    SIGHUP asks to look again (:class:`~supervisor.convergence.memory.RevisionMemory`).
+    The loop then does not hydrate that revision again until desired moves, or SIGHUP
+    asks to look again (:meth:`~supervisor.convergence.status.RevisionStatus.forget_refusal`).
     """
     if isinstance(exc, RevisionError):
         return exc.reason in _FINAL_COMPILE

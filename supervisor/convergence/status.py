@@ -6,6 +6,7 @@ Each key's meaning: docs/admin-api.md (from ``tools.docs_catalog.STATUS_KEYS``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -13,14 +14,19 @@ import msgspec
 import trio
 
 from supervisor.bounds import cut
+from supervisor.convergence.outcome import Key, Outcome, is_final
 from supervisor.events import utc_now_iso
+from supervisor.logs import get_logger
 from supervisor.status_doc import Rejection, RevisionReport
 
 if TYPE_CHECKING:
+    from supervisor.errors import LabelledError
     from supervisor.sinks.lkg.statement import Statement
     from supervisor.sinks.state import ActiveState, Source
 
 __all__ = ["RevisionStatus"]
+
+log = get_logger("convergence")
 
 
 class RevisionStatus:
@@ -31,6 +37,11 @@ class RevisionStatus:
     copied here. ``loaded`` is ``active``: every compiled revision swaps in at once,
     and a refused one never shows. ``last_error`` and ``control_plane_up`` show an
     outage in the report itself, not only as a growing lag.
+
+    It also remembers, between attempts, the revision refused for good and the control
+    plane's epoch. Revisions are known by :data:`~supervisor.convergence.outcome.Key`,
+    id and body digest (why: :class:`~supervisor.sinks.state.Candidate`). One loop (one
+    task) writes it: no lock.
     """
 
     def __init__(self, state: ActiveState, clock: Callable[[], float] = trio.current_time,
@@ -54,6 +65,11 @@ class RevisionStatus:
         self.desired_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
+        self.sinks_unknown = False
+        # The revision refused for a reason only a new body can change.
+        self._refused: tuple[Key, Outcome] | None = None
+        #: The revision the current attempt is about (for the refusal memo).
+        self.candidate: Key | None = None
 
     def _track_lag(self) -> None:
         converged = (
@@ -193,3 +209,66 @@ class RevisionStatus:
                              if self.statement is not None else None),
             upstream=self.state.upstream if self.state.upstream is not None else msgspec.UNSET,
         )
+
+    # -- between attempts ---------------------------------------------------------
+
+    def restarted(self) -> None:
+        """A loop starts: it remembers no refusal, and re-writes the sinks of what serves.
+
+        A restarted child cannot know whether its predecessor crashed between the swap
+        and a sink (:attr:`sinks_unknown`, cleared once they are written).
+        """
+        self.sinks_unknown = self.state.snapshot is not None
+        self._refused = None
+        self.candidate = None
+
+    def is_active(self, key: Key) -> bool:
+        """``key`` is what serves, and it came from the control plane."""
+        return (self.active == key[0] and self.source == "control_plane"
+                and self.state.body_sha256 == key[1])
+
+    def still_refused(self, key: Key) -> Outcome | None:
+        """The remembered refusal of ``key``, marked repeated; None when ``key`` was not refused.
+
+        While desired keeps that key, the loop answers this instead of hydrating it again.
+        """
+        if self._refused is None or self._refused[0] != key:
+            return None
+        return replace(self._refused[1], repeated=True)
+
+    def check_epoch(self, identity: str | None) -> None:
+        """Note the control plane's identity (None: not told); a change starts a new epoch.
+
+        Compared at every observe (PostgreSQL cluster and database, SQLite file). A new
+        epoch is logged, re-writes the sinks from a fresh hydrate (:attr:`sinks_unknown`)
+        and forgets the refusal.
+        """
+        if identity is None:
+            return
+        known, self.identity = self.identity, identity
+        if known is not None and known != identity:
+            log.warning(
+                "control plane identity changed (a restore, or another database): new "
+                "epoch; re-reading the desired revision and re-writing the sinks, and the "
+                "cache's rollback mark follows what this epoch serves",
+                previous=known, identity=identity,
+            )
+            self.sinks_unknown = True
+            self._refused = None
+
+    def remember_refusal(self, exc: LabelledError, outcome: Outcome) -> None:
+        """Remember ``outcome`` when ``exc`` is final and about the current candidate.
+
+        Final: :func:`~supervisor.convergence.outcome.is_final`. Desired moving to another
+        key, a new epoch, or :meth:`forget_refusal` ends it.
+        """
+        candidate = self.candidate
+        if is_final(exc) and candidate is not None and candidate[0] == outcome.revision:
+            self._refused = (candidate, outcome)
+
+    def forget_refusal(self) -> None:
+        """The operator's "look again" (SIGHUP): the next attempt hydrates whatever is desired.
+
+        A body repaired in place keeps its key, so only this clears its refusal.
+        """
+        self._refused = None

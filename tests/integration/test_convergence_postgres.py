@@ -42,7 +42,7 @@ async def test_missed_notification_polling_publishes_within_one_interval(pg_url:
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             await nursery.start(rec.run)
-            with rec.events.subscribe() as sub:
+            with rec.report.events.subscribe() as sub:
                 # Published with plain SQL and no listener: only polling can see it.
                 with psycopg.connect(pg_url, autocommit=True) as conn:
                     rid = conn.execute(

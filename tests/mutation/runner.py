@@ -84,7 +84,7 @@ TARGETS: dict[str, Target] = {
          "tests/unit/test_revision_compile.py", "tests/unit/test_revision_properties.py"),
         90.0),
     "convergence": Target(
-        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "schedule", "memory",
+        tuple(f"supervisor/convergence/{m}.py" for m in ("loop", "schedule",
                                                           "side_sinks", "reporting", "outcome",
                                                           "signal", "status")),
         tuple(f"tests/unit/convergence/test_{m}.py" for m in (

@@ -156,7 +156,7 @@ def test_every_stream_event_struct_is_documented_with_its_emitters() -> None:
     line = row(page, "`rejected`")
     for key in ("active", "detail", "reason", "revision"):
         assert f"`{key}`" in line
-    assert "`supervisor.convergence.loop`" in line
+    assert "`supervisor.convergence.reporting`" in line
 
 
 def test_the_source_scanners_read_literals_names_and_conditionals() -> None:

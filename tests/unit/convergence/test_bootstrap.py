@@ -99,10 +99,10 @@ async def test_boot_from_the_cache_then_republish_the_same_revision_from_the_con
     report = rec.status.report()
     assert (report.active, report.loaded, report.source) == (3, 3, "last_known_good")
     assert report.control_plane_up is False
-    assert sample(rec.metrics, LKG_EVENTS, event="restored") == 1
-    assert sample(rec.metrics, LKG_EVENTS, event="refused") == 0
-    assert sample(rec.metrics, "supervisor_active_revision") == 3
-    assert sample(rec.metrics, "supervisor_active_generation") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="restored") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="refused") == 0
+    assert sample(rec.report.metrics, "supervisor_active_revision") == 3
+    assert sample(rec.report.metrics, "supervisor_active_generation") == 1
     assert seen.status == ["serving revision 3 (generation 1, last_known_good)"]
     published = [e for e in events_of(seen) if e["type"] == "published"]
     assert [(e["revision"], e["generation"], e["source"]) for e in published] == [
@@ -120,7 +120,7 @@ async def test_boot_from_the_cache_then_republish_the_same_revision_from_the_con
     assert rec.status.report().source == "control_plane"
     assert rec.status.report().lag_s == 0.0
     assert seen.status[-1] == "serving revision 3 (generation 2, control_plane)"
-    assert sample(rec.metrics, LKG_EVENTS, event="exported") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="exported") == 1
     assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
     assert cache.load() is not None
 
@@ -133,10 +133,10 @@ async def test_the_serving_cache_gauge_follows_the_source(tmp_path: Path) -> Non
     exported(tmp_path, body)
     rec = make(store, cache=real_cache(tmp_path))
     await rec.bootstrap()
-    assert sample(rec.metrics, "supervisor_serving_last_known_good") == 1
+    assert sample(rec.report.metrics, "supervisor_serving_last_known_good") == 1
     store.outage = False
     await rec.converge_once()
-    assert sample(rec.metrics, "supervisor_serving_last_known_good") == 0
+    assert sample(rec.report.metrics, "supervisor_serving_last_known_good") == 0
 
 
 async def test_an_incompatible_desired_revision_boots_from_the_cache(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ async def test_a_boot_refusal_the_cache_answers_is_still_counted_and_reported(
     assert report.source == "last_known_good"
     assert report.consecutive_failures == 1
     assert report.last_error == "unavailable: $.keys.k.secret: EMFILE: too many open files"
-    assert sample(rec.metrics, "supervisor_revision_rejections_total",
+    assert sample(rec.report.metrics, "supervisor_revision_rejections_total",
                   reason="unavailable") == 1
     rejected = [e for e in events_of(seen) if e["type"] == "rejected"]
     assert [(e["revision"], e["reason"]) for e in rejected] == [(1, "unavailable")]
@@ -215,7 +215,7 @@ async def test_boot_without_a_cache_file_is_refused_with_the_cause(tmp_path: Pat
     assert "cache file does not exist yet" in str(info.value)
     assert rec.state.snapshot is None
     assert seen.status == []
-    assert sample(rec.metrics, LKG_EVENTS, event="refused") == 0
+    assert sample(rec.report.metrics, LKG_EVENTS, event="refused") == 0
 
 
 async def test_boot_with_an_uncompilable_cache_is_refused_as_cache(tmp_path: Path) -> None:
@@ -228,8 +228,8 @@ async def test_boot_with_an_uncompilable_cache_is_refused_as_cache(tmp_path: Pat
     assert rec.state.snapshot is None
     assert rec.status.report().active is None
     assert seen.status == []
-    assert sample(rec.metrics, LKG_EVENTS, event="refused") == 1
-    assert sample(rec.metrics, LKG_EVENTS, event="restored") == 0
+    assert sample(rec.report.metrics, LKG_EVENTS, event="refused") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="restored") == 0
 
 
 @dataclass
@@ -252,7 +252,7 @@ async def test_boot_with_a_cache_from_a_newer_format_is_refused_as_skew() -> Non
             await rec.bootstrap()
     assert info.value.refusal == "cache"
     assert "version skew" in str(info.value)
-    assert sample(rec.metrics, LKG_EVENTS, event="refused") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="refused") == 1
     assert any("version skew" in e["event"] for e in logs)
     assert rec.state.snapshot is None
     assert seen.status == []
@@ -267,7 +267,7 @@ async def test_boot_with_a_refused_cache_names_the_cache_refusal(tmp_path: Path)
         await rec.bootstrap()
     assert info.value.refusal == "cache"
     assert "refused (rollback)" in str(info.value)
-    assert sample(rec.metrics, LKG_EVENTS, event="refused") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="refused") == 1
 
 
 async def test_a_corrupt_desired_revision_is_refused_without_trying_the_cache(
@@ -307,11 +307,11 @@ async def test_refusals_at_boot_reach_the_status_and_metrics(tmp_path: Path) -> 
     with pytest.raises(BootRefused):
         await rec.bootstrap()
     assert rec.status.report().last_rejection.reason == reasons.CORRUPT
-    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="corrupt") == 1
+    assert sample(rec.report.metrics, "supervisor_revision_rejections_total", reason="corrupt") == 1
     exported(tmp_path, doc("a"))
     rec = make(FakeStore(outage=True), cache=real_cache(tmp_path))
     await rec.bootstrap()
-    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
+    assert sample(rec.report.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
     assert rec.status.report().last_convergence_s == 0.0
 
 
@@ -324,7 +324,7 @@ async def test_a_successful_boot_is_counted_and_clears_failures(
     mock_clock.jump(100)
     outcome = await rec.bootstrap()
     assert outcome.kind is OutcomeKind.PUBLISHED
-    assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="published") == 1
+    assert sample(rec.report.metrics, "supervisor_convergence_attempts_total", outcome="published") == 1
     report = rec.status.report()
     assert report.consecutive_failures == 0 and report.source == "control_plane"
     assert seen.status == ["serving revision 1 (generation 1, control_plane)"]

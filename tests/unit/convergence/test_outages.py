@@ -50,7 +50,7 @@ async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
         # Lag counts from the first failed observation (the next poll after the outage began).
         assert rec.status.report().lag_s >= 300 - 5.0 - (outage_start - 1)
         assert rec.status.report().consecutive_failures == len(attempts)
-        assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+        assert sample(rec.report.metrics, "supervisor_control_plane_up") == 0
         assert rec.status.report().control_plane_up is False
         assert rec.status.report().last_error.startswith("unavailable")
         store.outage = False
@@ -61,7 +61,7 @@ async def test_outage_backs_off_to_the_cap_keeps_serving_and_recovers(
         assert trio.current_time() - recovery <= 30.0
         assert rec.status.report().consecutive_failures == 0
         assert rec.status.report().lag_s == 0.0
-        assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+        assert sample(rec.report.metrics, "supervisor_control_plane_up") == 1
         assert rec.status.report().control_plane_up is True
         assert rec.status.report().last_error is None
         nursery.cancel_scope.cancel()
@@ -155,7 +155,7 @@ async def test_reachability_changes_are_published_once_each() -> None:
     await rec.converge_once()
     ups = [e["control_plane_up"] for e in events_of(seen) if e["type"] == "status"]
     assert ups == [True, False, True]
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 1
 
 
 async def test_a_notified_hydrate_after_an_outage_says_the_control_plane_is_back() -> None:
@@ -188,7 +188,7 @@ async def test_a_refused_read_after_an_outage_says_the_control_plane_is_back() -
     outcome = await rec.converge_once("notify")
     assert outcome.failed and outcome.reason == reasons.DENIED and outcome.revision is None
     assert rec.status.report().control_plane_up is True
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 1
     ups = [e["control_plane_up"] for e in events_of(seen) if e["type"] == "status"]
     assert ups == [True, False, True]
 
@@ -203,7 +203,7 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
                                             category=FailureCategory.UNAVAILABLE)
     await rec.converge_once()  # observe answers, hydrate does not
     assert rec.status.report().control_plane_up is False
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 0
     # A refusal about a revision proves the control plane answers, and says what is desired.
     store.hydrate_error = None
     store.put(doc("a", "c"))
@@ -212,7 +212,7 @@ async def test_hydrate_failures_set_reachability_and_what_is_desired() -> None:
     assert outcome.reason == reasons.CORRUPT
     assert rec.status.report().control_plane_up is True
     assert rec.status.report().desired == 3
-    assert sample(rec.metrics, "supervisor_desired_revision") == 3
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == 3
     # A refusal about no revision (the pointer's read denied) says nothing of what is desired.
     store.put(doc("a", "d"))
     store.hydrate_error = ControlPlaneError("permission denied for table supervisor_desired",

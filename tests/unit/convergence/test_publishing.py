@@ -41,8 +41,8 @@ async def test_converge_once_publishes_then_reports_converged() -> None:
     report = rec.status.report()
     assert report.desired == report.active == report.loaded == 1
     assert report.source == "control_plane" and report.lag_s == 0.0
-    assert sample(rec.metrics, "supervisor_active_revision") == 1
-    assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="converged") == 1
+    assert sample(rec.report.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.report.metrics, "supervisor_convergence_attempts_total", outcome="converged") == 1
 
 
 async def test_an_empty_store_publishes_nothing() -> None:
@@ -105,7 +105,7 @@ async def test_desired_moving_back_to_what_serves_is_reported_converged(
     await trio.sleep(30)
     report = rec.status.report()
     assert (report.desired, report.active, report.lag_s) == (1, 1, 0.0)
-    assert sample(rec.metrics, "supervisor_desired_revision") == 1
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == 1
 
 
 async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
@@ -113,11 +113,11 @@ async def test_a_cleared_desired_revision_is_reported_as_none() -> None:
     store.put(doc("a"))
     rec = make(store)
     await rec.converge_once()
-    assert sample(rec.metrics, "supervisor_desired_revision") == 1
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == 1
     store.desired_id = None
     assert (await rec.converge_once()).kind is OutcomeKind.EMPTY
     assert rec.status.report().desired is None
-    assert sample(rec.metrics, "supervisor_desired_revision") == 0
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == 0
     store.desired_id = 1
     await rec.converge_once()
     store.desired_id = None

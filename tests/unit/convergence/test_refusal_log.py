@@ -12,9 +12,11 @@ import trio.testing
 
 from supervisor import reasons
 from supervisor.convergence.outcome import Outcome, OutcomeKind
-from supervisor.convergence.reporting import FailureLog
+from supervisor.convergence.reporting import Reporting
 from supervisor.convergence.status import RevisionStatus
+from supervisor.events import EventBus
 from supervisor.sinks.state import ActiveState
+from supervisor.telemetry import Metrics
 
 BEGAN_UNASKED = ("convergence attempt refused by the control plane; previous snapshot keeps "
                  "serving")
@@ -29,14 +31,17 @@ def _stale(age_s: int) -> Outcome:
 
 async def test_a_stale_refusal_is_one_warning_a_minute_and_its_end_is_logged(
         autojump_clock: trio.testing.MockClock) -> None:
-    failures = FailureLog(RevisionStatus(ActiveState()), lambda _text: None)
+    outages: list[bool] = []
+    failures = Reporting(status=RevisionStatus(ActiveState()), metrics=Metrics(),
+                         events=EventBus(), on_outage_change=outages.append)
     with structlog.testing.capture_logs() as logs:
         for poll in range(150):  # 150 polls, one a second, each with a new age
-            failures.report(_stale(poll), retry_in_s=1.0)
+            failures.failed(_stale(poll), retry_in_s=1.0)
             await trio.sleep(1)
-        assert failures.succeeded(active=1) is False  # no outage ended
+        failures.succeeded(active=1)
         failures.succeeded(active=1)  # a second success: nothing more to end
     lines = [(e["event"], e["log_level"]) for e in logs]
+    assert outages == []  # no outage ended
     assert lines == [(BEGAN_UNASKED, "warning"), (BEGAN_UNASKED, "warning"),
                      (BEGAN_UNASKED, "warning"), (ENDED, "info")]
     progress = [e for e in logs if e["event"] == BEGAN_UNASKED][1:]
@@ -48,15 +53,17 @@ async def test_a_stale_refusal_is_one_warning_a_minute_and_its_end_is_logged(
 
 async def test_another_reason_or_revision_begins_a_new_streak_at_once(
         autojump_clock: trio.testing.MockClock) -> None:
-    failures = FailureLog(RevisionStatus(ActiveState()), lambda _text: None)
+    outages: list[bool] = []
+    failures = Reporting(status=RevisionStatus(ActiveState()), metrics=Metrics(),
+                         events=EventBus(), on_outage_change=outages.append)
     secret = Outcome(OutcomeKind.REJECTED, revision=2, reason=reasons.SECRET, detail="unset")
     with structlog.testing.capture_logs() as logs:
-        failures.report(secret, retry_in_s=1.0)
+        failures.failed(secret, retry_in_s=1.0)
         await trio.sleep(1)
-        failures.report(secret, retry_in_s=1.0)
-        failures.report(Outcome(OutcomeKind.REJECTED, revision=3, reason=reasons.SECRET,
+        failures.failed(secret, retry_in_s=1.0)
+        failures.failed(Outcome(OutcomeKind.REJECTED, revision=3, reason=reasons.SECRET,
                                 detail="unset"), retry_in_s=1.0)
-        failures.report(Outcome(OutcomeKind.REJECTED, revision=3, reason=reasons.VALIDATION,
+        failures.failed(Outcome(OutcomeKind.REJECTED, revision=3, reason=reasons.VALIDATION,
                                 detail="bad"), retry_in_s=1.0)
         await trio.sleep(2)
         failures.succeeded(active=1)

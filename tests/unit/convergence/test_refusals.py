@@ -50,7 +50,7 @@ async def test_rejected_candidate_keeps_previous_snapshot_then_recovers() -> Non
     assert line["event"] == REFUSED_LINE
     assert line["reason"] == "projection" and line["revision"] == 2
     assert line["retry_in_s"] == rec.retry_in_s == 5.0
-    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="projection") == 1
+    assert sample(rec.report.metrics, "supervisor_revision_rejections_total", reason="projection") == 1
     store.put(doc("chat", "x", keys={"k": ["x"]}))
     outcome = await rec.converge_once()
     assert outcome.kind is OutcomeKind.PUBLISHED and outcome.revision == 3
@@ -88,8 +88,8 @@ async def test_publish_refusal_and_recovery_are_visible_everywhere() -> None:
     rejected = [e for e in events_of(seen) if e["type"] == "rejected"]
     assert [(e["revision"], e["reason"], e["active"]) for e in rejected] == [
         (2, "projection", 1)]
-    assert sample(rec.metrics, "supervisor_desired_revision") == 2
-    assert sample(rec.metrics, "supervisor_convergence_attempts_total", outcome="rejected") == 1
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == 2
+    assert sample(rec.report.metrics, "supervisor_convergence_attempts_total", outcome="rejected") == 1
     assert rec.status.report().last_error.startswith("projection")
     # The same refusal again: not hydrated, still reported, not a new event.
     again = await rec.converge_once()
@@ -132,7 +132,7 @@ async def test_notification_refusal_updates_desired_and_last_rejection() -> None
     assert report.desired == bad and report.active == 1
     assert report.loaded == 1  # the refused candidate never shows as loaded
     assert report.last_rejection.revision == bad
-    assert sample(rec.metrics, "supervisor_desired_revision") == bad
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == bad
 
 
 async def test_store_level_refusal_replaces_an_older_rejection() -> None:
@@ -166,7 +166,7 @@ async def test_a_control_plane_that_answers_with_a_refusal_is_up_and_no_outage(
     report = rec.status.report()
     assert report.control_plane_up is True
     assert report.last_rejection.reason == category.value
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 1.0
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 1.0
     assert changes == []  # the LISTEN child is not poked: no outage began
     told = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
     assert told == [ANSWERED_LINE]
@@ -217,7 +217,7 @@ async def test_final_refusal_is_not_hydrated_again_until_desired_moves() -> None
     assert sum(1 for what, _ in store.calls if what == "hydrate") == hydrates
     assert not [e for e in logs if e["event"].startswith("revision refused")]  # < 1/min
     assert rec.status.consecutive_failures == 6
-    assert sample(rec.metrics, "supervisor_revision_rejections_total",
+    assert sample(rec.report.metrics, "supervisor_revision_rejections_total",
                   reason=reasons.PROJECTION) == 1
     store.put(doc("a", "c"))
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED

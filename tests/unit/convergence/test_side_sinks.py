@@ -62,7 +62,7 @@ async def test_snapshot_file_written_and_failure_logged_once_per_streak(tmp_path
     # Three publishes, and before each the retry of the write still due (a
     # failed sink, or one whose file is missing, is retried at every attempt):
     # six failed writes.
-    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 6
+    assert sample(rec.report.metrics, "supervisor_sink_write_failures_total", sink="snapshot_file") == 6
     assert rec.state.snapshot is not None and rec.state.snapshot.revision == 4
 
 
@@ -97,7 +97,7 @@ async def test_every_failure_streak_of_a_sink_is_logged_once_and_its_recovery_on
                      "sink write recovered",
                      "sink write failed; still serving, retrying every poll",
                      "sink write recovered"]
-    assert sample(rec.metrics, "supervisor_sink_write_failures_total",
+    assert sample(rec.report.metrics, "supervisor_sink_write_failures_total",
                   sink="snapshot_file") == 4
 
 
@@ -141,7 +141,7 @@ async def test_a_failed_export_is_counted_and_a_removal_only_logged_when_done() 
     cache.fail = True
     with structlog.testing.capture_logs() as logs:
         await rec.converge_once()  # nothing newer to remove
-    assert sample(rec.metrics, LKG_EVENTS, event="export_failed") == 1
+    assert sample(rec.report.metrics, LKG_EVENTS, event="export_failed") == 1
     assert not [e for e in logs if e["event"].startswith("removed a cache newer")]
 
 

@@ -288,7 +288,7 @@ async def test_a_forward_file_that_cannot_be_written_never_blocks_serving(
     with structlog.testing.capture_logs() as logs:
         assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
     assert cached_statement(rec.sinks.cache) == store.statement()
-    assert sample(rec.metrics, "supervisor_sink_write_failures_total", sink="cache") == 1
+    assert sample(rec.report.metrics, "supervisor_sink_write_failures_total", sink="cache") == 1
     assert [
         e["log_level"]
         for e in logs

@@ -207,10 +207,10 @@ async def test_not_serving_status_text_names_the_failure() -> None:
     assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == reasons.UNAVAILABLE
     assert seen.status == ["not serving; last attempt failed: unavailable"]
     assert rec.status.report().control_plane_up is False
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 0
     # An outage is not a rejection: no event, no last_rejection.
     assert rec.status.report().last_rejection is None
-    assert sample(rec.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
+    assert sample(rec.report.metrics, "supervisor_revision_rejections_total", reason="unavailable") == 1
 
 
 async def test_revision_gauges_read_the_status_between_attempts(
@@ -225,24 +225,24 @@ async def test_revision_gauges_read_the_status_between_attempts(
     store.put(doc("chat"))
     rec = make(store)
     await rec.converge_once()
-    assert sample(rec.metrics, "supervisor_active_revision") == 1
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.report.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 1
     store.put(doc("chat", "mail"))
     store.outage = True
     await rec.converge_once()
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 0
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 0
     assert rec.status.report().control_plane_up is False
     await trio.sleep(100)
-    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") >= 100
-    assert sample(rec.metrics, "supervisor_convergence_lag_seconds") == pytest.approx(
+    assert sample(rec.report.metrics, "supervisor_convergence_lag_seconds") >= 100
+    assert sample(rec.report.metrics, "supervisor_convergence_lag_seconds") == pytest.approx(
         rec.status.lag_s)
     store.outage = False
     store.corrupt.add(2)
     await rec.converge_once()  # refused as corrupt: the control plane answered
     assert rec.status.report().control_plane_up is True
-    assert sample(rec.metrics, "supervisor_control_plane_up") == 1
-    assert sample(rec.metrics, "supervisor_desired_revision") == 2
-    assert sample(rec.metrics, "supervisor_active_revision") == 1
+    assert sample(rec.report.metrics, "supervisor_control_plane_up") == 1
+    assert sample(rec.report.metrics, "supervisor_desired_revision") == 2
+    assert sample(rec.report.metrics, "supervisor_active_revision") == 1
 
 
 async def test_a_followers_status_event_names_the_upstream_as_its_status_document_does() -> None:
