@@ -368,16 +368,6 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 
 
 
-async def metric(port: int, name: str, **labels: str) -> float:
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and line.split("}")[0].split("{")[1] == want:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 async def daemon_config(tmp_path: Path, inst: Installation, port: int, **extra: Any) -> Path:
     config = write_config(tmp_path, f"sqlite:///{tmp_path}/cp.db", inst.toml(**extra),
                           port=port)

@@ -27,6 +27,7 @@ import psycopg
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
+from tests.health import metric_sum
 from tests.polling import poll_until as _poll_until
 from tests.proc import REPO, Daemon, free_port, write_config
 
@@ -172,13 +173,11 @@ async def wait_fields(daemon: Daemon, **fields: Any) -> dict[str, Any]:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """One sample's value from a Prometheus text exposition."""
-    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-                   if labels else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"no sample {want}")
+    """One sample's value from a Prometheus text exposition; no such sample fails."""
+    value = metric_sum(text, name, **labels)
+    if value is None:
+        raise AssertionError(f"no sample {name} {labels}")
+    return value
 
 
 # -- stream clients -----------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.health import metric_sum
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
 
 TOKEN = "converge-token-0123456789"
@@ -91,8 +92,7 @@ async def test_outcomes_match_the_attempts_and_concurrent_requests_share_them(
 
 
 def _attempts(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("supervisor_convergence_attempts_total{"))
+    return metric_sum(metrics, "supervisor_convergence_attempts_total") or 0.0
 
 
 @pytest.mark.chaos  # over 10 s through the real process: run by CI's `pytest -m chaos`

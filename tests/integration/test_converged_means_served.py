@@ -24,6 +24,7 @@ import httpx
 import psycopg
 import trio
 
+from tests.health import metric
 from tests.polling import poll_until
 from tests.postgres import body, publish_sql
 from tests.proc import EXAMPLE, acli, free_port, run_daemon, write_config
@@ -33,18 +34,6 @@ from tests.tcpproxy import pg_proxy, proxied_url
 async def get(port: int, path: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=5.0) as client:
         return dict((await client.get(f"http://127.0.0.1:{port}{path}")).json())
-
-
-async def metric(port: int, name: str, *, missing: float | None = None) -> float:
-    """The value of ``name`` in /metrics; ``missing`` if it is not there (None: an error)."""
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    if missing is None:
-        raise AssertionError(f"{name} not in /metrics")
-    return missing
 
 
 REUSED = ("revision id reused with different content (a restore followed by new "
@@ -202,7 +191,7 @@ async def test_listen_reconnects_within_a_second_of_recovery(tmp_path: Path,
 
                 # Until the LISTEN backoff has grown to several seconds.
                 async def backed_off() -> bool:
-                    return await metric(port, "supervisor_listen_reconnects_total", missing=0.0) >= 4
+                    return await metric(port, "supervisor_listen_reconnects_total") >= 4
 
                 await poll_until(backed_off)
                 start = len(daemon.lines)
@@ -248,8 +237,8 @@ async def test_reused_id_with_a_refused_body_is_not_reported_converged(
                                   revision=3, reason="validation")
             # Several more polls: the memo answers them.
             async def polls_done() -> bool:
-                return await metric(port, "supervisor_convergence_attempts_total"
-                                    '{outcome="rejected"}') >= 5
+                return await metric(port, "supervisor_convergence_attempts_total",
+                                    outcome="rejected") >= 5
 
             await poll_until(polls_done)
             snap = await get(port, "/v1/snapshot")
@@ -282,8 +271,8 @@ async def test_desired_pointer_gone_while_serving_is_told(tmp_path: Path) -> Non
                 conn.execute("DELETE FROM supervisor_desired")
 
             async def seen_empty() -> bool:
-                return await metric(port, 'supervisor_convergence_attempts_total'
-                                 '{outcome="empty"}') >= 5
+                return await metric(port, "supervisor_convergence_attempts_total",
+                                    outcome="empty") >= 5
 
             await poll_until(seen_empty)
             report = (await get(port, "/status"))["revision"]

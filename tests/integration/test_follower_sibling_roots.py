@@ -18,6 +18,7 @@ import trio
 
 from tests.fakes.statements import statement_of
 from tests.followers import capture, make_node, status_of, wait_active, wait_status
+from tests.health import metric_sum
 from tests.httpproxy import SwitchingProxy
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, acli, run_daemon
@@ -26,8 +27,7 @@ from tests.proc import EXAMPLE, acli, run_daemon
 async def rejections(url: str) -> float:
     async with httpx.AsyncClient(base_url=url) as http:
         text = (await http.get("/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("supervisor_revision_rejections_total{"))
+    return metric_sum(text, "supervisor_revision_rejections_total") or 0.0
 
 
 async def test_a_follower_behind_two_sibling_roots_round_robin_stays_converged(

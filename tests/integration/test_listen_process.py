@@ -9,11 +9,10 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import httpx
 import psycopg
 import trio
 
-from tests.health import status
+from tests.health import metric, metric_sum, scrape, status
 from tests.polling import poll_until
 from tests.postgres import listener_pids, sql_publish
 from tests.proc import EXAMPLE, NotifySocket, acli, free_port, run_daemon, write_config
@@ -135,10 +134,7 @@ async def test_status_shows_the_listener_reconnecting_while_its_setup_goes_unans
 
 
 async def _reconnects_at_least(admin_port: int, count: float) -> bool:
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        text = (await client.get(f"http://127.0.0.1:{admin_port}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("supervisor_listen_reconnects_total")) >= count
+    return await metric(admin_port, "supervisor_listen_reconnects_total") >= count
 
 
 async def _listen_state(admin_port: int, state: str) -> bool:
@@ -146,13 +142,11 @@ async def _listen_state(admin_port: int, state: str) -> bool:
 
 
 def _attempts(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("supervisor_convergence_attempts_total{"))
+    return metric_sum(metrics, "supervisor_convergence_attempts_total") or 0.0
 
 
 def _held(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("supervisor_listen_wakeups_held_total"))
+    return metric_sum(metrics, "supervisor_listen_wakeups_held_total") or 0.0
 
 
 async def test_a_notify_storm_by_a_role_without_privileges_is_floored(
@@ -164,7 +158,6 @@ async def test_a_notify_storm_by_a_role_without_privileges_is_floored(
     import secrets
     import time
 
-    import httpx
 
     role = f"stormer_{secrets.token_hex(4)}"
     port = free_port()
@@ -185,20 +178,16 @@ async def test_a_notify_storm_by_a_role_without_privileges_is_floored(
                 sent += 1
         return sent
 
-    async def metrics() -> str:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            return (await http.get("/metrics")).text
-
     try:
         with trio.fail_after(90):
             async with run_daemon(config) as daemon:
                 await daemon.wait_log("listening for desired-state notifications")
                 await daemon.wait_log("published")
-                before = _attempts(await metrics())
+                before = _attempts(await scrape(port))
                 storm_s = 3.0
                 sent = await trio.to_thread.run_sync(notify_storm, storm_s)
                 await daemon.wait_log("notification storm began")
-                after = await metrics()
+                after = await scrape(port)
                 daemon.signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
     finally:
@@ -211,8 +200,7 @@ async def test_a_notify_storm_by_a_role_without_privileges_is_floored(
 
 
 def _received(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("supervisor_listen_notifications_total"))
+    return metric_sum(metrics, "supervisor_listen_notifications_total") or 0.0
 
 
 async def test_the_listener_keeps_reading_while_wake_ups_are_held(
@@ -223,7 +211,6 @@ async def test_the_listener_keeps_reading_while_wake_ups_are_held(
     is full every NOTIFY of the cluster fails (publish's among them). 8,000 large
     notifications sent as fast as the server takes them are all read soon after."""
 
-    import httpx
 
     port = free_port()
     config = write_config(tmp_path, pg_url, port=port, poll_interval_s=3600)
@@ -237,10 +224,6 @@ async def test_the_listener_keeps_reading_while_wake_ups_are_held(
                 conn.execute("SELECT pg_notify('supervisor_desired', repeat('x', 7990) || g) "
                              "FROM generate_series(%s::int, %s::int) g", (start, start + 99))
 
-    async def metrics() -> str:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            return (await http.get("/metrics")).text
-
     with trio.fail_after(90):
         async with run_daemon(config) as daemon:
             await daemon.wait_log("listening for desired-state notifications")
@@ -248,11 +231,11 @@ async def test_the_listener_keeps_reading_while_wake_ups_are_held(
             await trio.to_thread.run_sync(flood)
 
             async def all_received() -> bool:
-                return _received(await metrics()) >= total
+                return _received(await scrape(port)) >= total
 
             with trio.move_on_after(20):  # then the assertion below says how many came
                 await poll_until(all_received)
-            received = _received(await metrics())
+            received = _received(await scrape(port))
             daemon.signal(signal.SIGTERM)
             assert await daemon.wait() == 0
     assert received >= total, received

@@ -36,6 +36,7 @@ import trio
 
 from supervisor.config import ControlPlaneConfig
 from supervisor.health import stall_limit_s
+from tests.health import metric
 from tests.memorydrills import costly_body, failures
 from tests.polling import POLL_INTERVAL_S, poll_until
 from tests.postgres import listener_pids
@@ -232,7 +233,4 @@ async def stuck_scenario(daemon: Any, port: int, pg_url: str, fault_dir: Path,
 
 async def convergence_attempts(port: int) -> float:
     """All convergence attempts so far, by outcome (supervisor_convergence_attempts_total)."""
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("supervisor_convergence_attempts_total{"))
+    return await metric(port, "supervisor_convergence_attempts_total")

@@ -34,7 +34,7 @@ import trio
 import yaml
 
 from supervisor import reasons
-from tests.health import status
+from tests.health import metric, status
 from tests.polling import poll_until
 from tests.proc import free_port, run_daemon
 from tests.realkube import (
@@ -46,7 +46,6 @@ from tests.realkube import (
     daemon_config,
     deployment_path,
     gone,
-    metric,
     parent_path,
     sd,
     start_realkube,

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import trio
 
-from tests.health import status
+from tests.health import metric, status
 from tests.polling import poll_until
 from tests.proc import free_port, run_daemon
 from tests.realkube import (
@@ -30,7 +30,6 @@ from tests.realkube import (
     daemon_config,
     deployment_path,
     gone,
-    metric,
     parent_path,
     sd,
     start_realkube,

@@ -16,10 +16,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
+from tests.health import metric
 from tests.polling import poll_until
 from tests.proc import EXAMPLE, Daemon, acli, free_port, run_daemon, write_config
 from tests.realkube import Installation, RealKube, start_realkube
@@ -108,13 +108,8 @@ async def conflict_events(kube: RealKube, inst: Installation) -> list[dict[str, 
 
 
 async def applies(port: int, result: str) -> float:
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    want = f'supervisor_fanout_applies_total{{kind="ServiceDefinition",result="{result}"}}'
-    for line in text.splitlines():
-        if line.startswith(want):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return await metric(port, "supervisor_fanout_applies_total", kind="ServiceDefinition",
+                        result=result)
 
 
 async def above(port: int, result: str, value: float) -> bool:
