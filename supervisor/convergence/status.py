@@ -44,6 +44,13 @@ class RevisionStatus:
     task) writes it: no lock.
     """
 
+    #: True while the sinks may not hold what serves (set by :meth:`restarted`; a new epoch).
+    sinks_unknown: bool
+    #: The revision the current attempt is about (for the refusal memo).
+    candidate: Key | None = None
+    # The revision refused for a reason only a new body can change.
+    _refused: tuple[Key, Outcome] | None = None
+
     def __init__(self, state: ActiveState, clock: Callable[[], float] = trio.current_time,
                  wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         #: What serves: the one owner of the serving revision.
@@ -65,11 +72,6 @@ class RevisionStatus:
         self.desired_sha256: bytes | None = None
         # Clock reading when desired first differed from active; None when converged.
         self._diverged_at: float | None = None
-        self.sinks_unknown = False
-        # The revision refused for a reason only a new body can change.
-        self._refused: tuple[Key, Outcome] | None = None
-        #: The revision the current attempt is about (for the refusal memo).
-        self.candidate: Key | None = None
 
     def _track_lag(self) -> None:
         converged = (
@@ -220,7 +222,6 @@ class RevisionStatus:
         """
         self.sinks_unknown = self.state.snapshot is not None
         self._refused = None
-        self.candidate = None
 
     def is_active(self, key: Key) -> bool:
         """``key`` is what serves, and it came from the control plane."""

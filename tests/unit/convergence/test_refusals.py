@@ -223,6 +223,22 @@ async def test_final_refusal_is_not_hydrated_again_until_desired_moves() -> None
     assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
 
 
+async def test_a_restarted_loop_hydrates_again_what_its_predecessor_refused_for_good() -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    first = make(store)
+    await first.converge_once()
+    bad = store.put(doc("a", keys={"k": ["nope"]}))
+    assert (await first.converge_once()).revision == bad
+    assert (await first.converge_once()).repeated
+    hydrates = sum(1 for what, _ in store.calls if what == "hydrate")
+    # The child restarts (the status outlives it): it reads the refused revision once more.
+    restarted = make(store, status=first.status)
+    outcome = await restarted.converge_once()
+    assert outcome.revision == bad and not outcome.repeated
+    assert sum(1 for what, _ in store.calls if what == "hydrate") == hydrates + 1
+
+
 async def test_a_final_refusal_met_by_a_notification_is_not_hydrated_again() -> None:
     store = FakeStore()
     store.put(doc("a"))

@@ -434,6 +434,34 @@ async def test_a_restart_while_the_control_plane_is_down_still_retries_a_failing
     assert sinks.state("snapshot_file") == "ok"
 
 
+async def test_a_restart_while_the_control_plane_is_down_still_retries_a_failing_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    sinks = SinkStatus()
+    cache = real_cache(tmp_path)
+    first = make(store, cache=cache, sink_status=sinks)
+    await first.converge_once()
+    store.put(doc("a", "b"))
+    export = cache.export
+
+    def full(**_kw: Any) -> None:
+        raise CacheUnwritable(cache.path, "No space left on device")
+
+    monkeypatch.setattr(cache, "export", full)
+    assert (await first.converge_once()).kind is OutcomeKind.PUBLISHED
+    assert sinks.state("cache") == "failing"
+    # The child restarts while the control plane is down; the disk has room again.
+    store.outage = True
+    monkeypatch.setattr(cache, "export", export)
+    restarted = make(store, status=first.status, cache=cache, sink_status=sinks)
+    assert (await restarted.converge_once()).kind is OutcomeKind.REJECTED
+    cached = cache.load()
+    assert cached is not None and cached.revision == 2
+    assert sinks.state("cache") == "ok"
+
+
 async def test_failed_export_of_a_reused_id_removes_the_cache_of_the_content_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
