@@ -19,7 +19,7 @@ from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
 from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent, matters
 from supervisor.fanout.labels import foreign_selector, lineage_selector
-from supervisor.fanout.live import ForeignChildren, LiveChildren, Obj, child_name
+from supervisor.fanout.live import ForeignChildren, LiveChildren, ResourceHandler, child_name
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
@@ -176,38 +176,40 @@ class FanoutEngine(Generic[P]):
         self.live.clear()
         self.foreign.clear()
         failures: list[KubeError] = []
-        tuning = self.tuning.watch
+        common: dict[str, Any] = {"tuning": self.tuning.watch, "on_restart": self._on_restart,
+                                  "rng": self._rng}
         parents: Informer[P] = Informer(
             self.client, self.kind.resource, self.kind.parent_type,
-            self.config.control_namespace, self,
-            name_of=lambda parent: parent.metadata.name,
-            tuning=tuning, on_restart=self._on_restart, rng=self._rng,
-            **self._watch_hooks(0),
-        )
+            self.config.control_namespace, self, name_of=lambda parent: parent.metadata.name,
+            **common, **self._watch_hooks(0))
         self.informer = parents
         foreign = foreign_selector(self.kind.lineage_key, self._installation)
-        children: list[Informer[Obj]] = [
-            Informer(
-                self.client, res, dict[str, Any], self.config.apps_namespace, handler,
-                name_of=child_name, tuning=tuning, on_restart=self._on_restart,
-                label_selector=selector, rng=self._rng, **self._watch_hooks(1 + index),
-            )
-            for index, (res, handler, selector) in enumerate(
-                (res, handler, selector) for res in self.kind.child_resources
-                for handler, selector in ((self.live.handler(res), self._selector),
-                                          (self.foreign.handler(res), foreign)))
-        ]
-        self._open = dict.fromkeys(range(1 + len(children)), False)
+        watches = [(res, index, selector) for res in self.kind.child_resources
+                   for index, selector in ((self.live, self._selector), (self.foreign, foreign))]
+        informers: list[Informer[Any]] = [parents] + [
+            Informer(self.client, res, dict[str, Any], self.config.apps_namespace,
+                     ResourceHandler(index, res), name_of=child_name, label_selector=selector,
+                     **common, **self._watch_hooks(1 + key))
+            for key, (res, index, selector) in enumerate(watches)]
+        self._open = dict.fromkeys(range(len(informers)), False)
         self._watch_errors.clear()
         self._said_watching = False
         try:
-            await self._run_informers(parents, children, failures)
+            async with trio.open_nursery() as nursery:
+
+                async def guard(informer: Informer[Any]) -> None:
+                    try:
+                        await informer.run()
+                    except KubeError as exc:
+                        failures.append(exc)
+                        nursery.cancel_scope.cancel()
+
+                for informer in [*informers[1:], parents]:
+                    nursery.start_soon(guard, informer)
         finally:
             self._open = {}
             self._watch_errors.clear()
-        productive = parents.watches_with_events > 0 or any(
-            informer.watches_with_events for informer in children)
-        return failures[0], productive
+        return failures[0], any(informer.watches_with_events for informer in informers)
 
     def _watch_hooks(self, key: int) -> dict[str, Any]:
         def on_open() -> None:
@@ -254,21 +256,6 @@ class FanoutEngine(Generic[P]):
         self.status.last_error_class = (
             next(reversed(self._watch_errors.values()), None) or self.retries.failing_class
             or (reasons.SCHEMA_SKEW if self.skewed else None))
-
-    async def _run_informers(self, parents: Informer[P], children: list[Informer[Obj]],
-                             failures: list[KubeError]) -> None:
-        async with trio.open_nursery() as nursery:
-
-            async def guard(informer: Informer[Any]) -> None:
-                try:
-                    await informer.run()
-                except KubeError as exc:
-                    failures.append(exc)
-                    nursery.cancel_scope.cancel()
-
-            for informer in children:
-                nursery.start_soon(guard, informer)
-            nursery.start_soon(guard, parents)
 
     def _on_restart(self, why: str) -> None:
         self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
