@@ -200,10 +200,7 @@ class LeaderElector:
                     await self._release(reread=self._writing)
 
     async def _acquire(self) -> None:
-        while True:
-            outcome = await self._attempt()
-            if outcome is _Try.HELD:
-                return
+        while await self._attempt() is not _Try.HELD:
             await trio.sleep(self.retry_period_s * self.rng.uniform(0.9, 1.0))
 
     async def _lead(self, lead: Callable[[], Awaitable[None]]) -> None:
@@ -214,7 +211,15 @@ class LeaderElector:
         why = "the fan-out failed, or the replica is stopping"
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._run_lead, lead)
+
+                async def run_lead() -> None:
+                    await lead()
+                    # ``lead`` runs until cancelled; returning is a bug: fail the child (its
+                    # restart releases the lease on the way out) rather than hold a lease
+                    # for a fan-out that is not running.
+                    raise LeadEnded("the fan-out ended while leading")
+
+                nursery.start_soon(run_lead)
                 why = await self._renew_until_lost()
                 # No checkpoint between the decision and the cancellation: no fan-out
                 # write starts after this moment (those in flight get the drain).
@@ -228,13 +233,6 @@ class LeaderElector:
             log.warning("fan-out leadership lost; fan-out stopped", lease=self.leases.where,
                         identity=self.identity, holder=self.status.holder, why=why)
             self._changed(transition=True)
-
-    async def _run_lead(self, lead: Callable[[], Awaitable[None]]) -> None:
-        await lead()
-        # ``lead`` runs until cancelled; returning is a bug: fail the child (its
-        # restart releases the lease on the way out) rather than hold a lease for
-        # a fan-out that is not running.
-        raise LeadEnded("the fan-out ended while leading")
 
     async def _renew_until_lost(self) -> str:
         """Renew every retry period; return why leadership was lost."""
@@ -267,10 +265,8 @@ class LeaderElector:
             except (KubeError, trio.TooSlowError):
                 return _Try.FAILED
             self._observe(current, trio.current_time())
-            if current is not None and current.holder is not None \
-                    and not self._ours(current) and self.leading:
-                return _Try.OTHER
-            return _Try.FAILED
+            taken = current is not None and current.holder is not None and not self._ours(current)
+            return _Try.OTHER if taken and self.leading else _Try.FAILED
         except (KubeError, trio.TooSlowError) as exc:
             error = str(exc) if isinstance(exc, KubeError) else (
                 f"no answer within {self.renew_deadline_s:g} s")
@@ -324,10 +320,10 @@ class LeaderElector:
         self._writing = True
         try:
             written = await call(record)
-        except trio.Cancelled:
-            raise  # unanswered: it may have landed (the release re-reads)
-        except BaseException:
-            self._writing = False  # answered (refused) or never sent
+        except BaseException as exc:
+            # Cancelled: unanswered, it may have landed (the release re-reads). Anything
+            # else was answered (refused) or never sent.
+            self._writing = isinstance(exc, trio.Cancelled)
             raise
         self._writing = False
         return written

@@ -40,34 +40,23 @@ class StatusWant:
 
 def needs_write(current: ParentStatus, want: StatusWant) -> bool:
     """Does ``current`` differ from ``want`` in anything we own?"""
-    if current.observed_generation != want.generation:
-        return True
-    for type_, status, reason, message in want.conditions():
-        cond = current.condition(type_)
-        if cond is None or (cond.status, cond.reason, cond.message) != (status, reason, message):
-            return True
-    return False
+    return current.observed_generation != want.generation or any(
+        (cond := current.condition(type_)) is None
+        or (cond.status, cond.reason, cond.message) != (status, reason, message)
+        for type_, status, reason, message in want.conditions())
 
 
 def status_body(api_version: str, kind: str, name: str, namespace: str,
                 current: ParentStatus, want: StatusWant) -> dict[str, Any]:
     """The apply configuration of the status subresource for ``want``."""
-    conditions = []
-    for type_, status, reason, message in want.conditions():
-        cond = current.condition(type_)
-        transition = (
-            cond.last_transition_time
-            if cond is not None and cond.status == status and cond.last_transition_time
-            else kube_time()
-        )
-        conditions.append({
-            "type": type_,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": transition,
-            "observedGeneration": want.generation,
-        })
+    conditions = [
+        {"type": type_, "status": status, "reason": reason, "message": message,
+         # Moved only when the condition's status does.
+         "lastTransitionTime": cond.last_transition_time
+         if (cond := current.condition(type_)) is not None and cond.status == status
+         and cond.last_transition_time else kube_time(),
+         "observedGeneration": want.generation}
+        for type_, status, reason, message in want.conditions()]
     return {
         "apiVersion": api_version,
         "kind": kind,
@@ -111,14 +100,11 @@ class ParentReporter:
     def want(self, parent: Parent, desired: list[Desired], status: str, reason: str,
              message: str) -> StatusWant:
         """The status for ``Ready`` as given, and ``Available`` from the live children."""
-        generation = parent.metadata.generation
         missing = [why for child in desired
                    if (why := unavailable(child, self.live.get(child.key))) is not None]
-        if missing:
-            return StatusWant(generation, status, reason, message, "False",
-                              "ChildrenUnavailable", missing[0][:1024])
-        return StatusWant(generation, status, reason, message, "True", "ChildrenAvailable",
-                          f"{len(desired)} of {len(desired)} available")
+        available = (("False", "ChildrenUnavailable", missing[0][:1024]) if missing else
+                     ("True", "ChildrenAvailable", f"{len(desired)} of {len(desired)} available"))
+        return StatusWant(parent.metadata.generation, status, reason, message, *available)
 
     async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
@@ -141,8 +127,7 @@ class ParentReporter:
         meta = parent.metadata
         if self._gone.get(meta.name) == meta.resource_version:
             return  # this version of the parent is deleted; its DELETED event follows
-        written = self._written.get(meta.name)
-        if written is not None and written == (meta.resource_version, want):
+        if self._written.get(meta.name) == (meta.resource_version, want):
             return  # written already; our own MODIFIED event has not arrived yet
         if not needs_write(parent.status, want):
             return
