@@ -108,7 +108,7 @@ class ChildWriter(Generic[P]):
         (:meth:`_fold_created` first after our create). What is ours and when a conflict
         is forced: :mod:`supervisor.fanout.ownership`. What is refused, or held by
         another installation (:class:`~supervisor.fanout.live.ForeignChildren`), is left
-        as it is, reported ``Conflict`` (:meth:`_taken`).
+        as it is, reported ``Conflict``.
 
         A child changed or deleted by someone else while we still want the digest we
         applied is **drift**: repaired at once (``DriftRepaired``,
@@ -221,7 +221,18 @@ class ChildWriter(Generic[P]):
             await self.reporter.event(parent, "Normal", "Applied",
                                       "applied " + ", ".join(applied))
         if taken:
-            await self._taken(name, parent, desired, taken)
+            # Objects not ours hold names (or fields) we want: left, reported Conflict. Not
+            # requeued: another installation's child enqueues this parent when it changes
+            # or goes; any other object is looked at again on the next resync.
+            message = "not written: " + "; ".join(taken)
+            self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
+            if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
+                self._taken_said[name] = taken
+                self.log.warning("an object that is not ours has the name (or holds fields)"
+                                 " this parent's child needs; left alone", name=name,
+                                 children=taken)
+            await self.reporter.event(parent, "Warning", "Conflict", message)
+            await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
             return
         self._taken_said.pop(name, None)
         if deferred:
@@ -232,22 +243,6 @@ class ChildWriter(Generic[P]):
         noun = "object" if len(desired) == 1 else "objects"
         await self.reporter.write(parent, desired, "True", "Applied",
                                   f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
-
-    async def _taken(self, name: str, parent: P, desired: list[Desired],
-                     taken: list[str]) -> None:
-        """Objects not ours hold names (or fields) we want: leave them, report ``Conflict``.
-
-        Not requeued: another installation's child enqueues this parent when it
-        changes or goes; any other object is looked at again on the next resync.
-        """
-        message = "not written: " + "; ".join(taken)
-        self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
-        if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
-            self._taken_said[name] = taken
-            self.log.warning("an object that is not ours has the name (or holds fields) this"
-                              " parent's child needs; left alone", name=name, children=taken)
-        await self.reporter.event(parent, "Warning", "Conflict", message)
-        await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
 
     def _foreign_appliers(self, obj: Obj) -> list[str]:
         """Managers not ours that applied to ``obj`` (declared owners of fields)."""
