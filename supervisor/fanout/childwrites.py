@@ -35,7 +35,7 @@ from supervisor.fanout.workqueue import WorkQueue
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, Invalid, KubeError
-from supervisor.kube.models import Resource, kube_time
+from supervisor.kube.models import kube_time
 from supervisor.telemetry import Metrics
 
 __all__ = ["ChildWriter", "RepairLimiter"]
@@ -190,7 +190,8 @@ class ChildWriter(Generic[P]):
                                child=child.name)
         wanted = {child.key for child in desired}
         for key in sorted(self.live.of_parent(name) - wanted):
-            if terminating(self.live.get(key)):
+            live = self.live.get(key)
+            if terminating(live):
                 continue  # deleted already, held by a finalizer
             owner = self.claimant(key)
             if owner is not None and owner != name:
@@ -199,7 +200,13 @@ class ChildWriter(Generic[P]):
                 self.queue.requeue(owner, 0.0)
                 continue
             resource = self.kind.child_resource(key.plural)
-            if not self._written_by_us(resource, key, name):
+            if not written_by_us(live or {}, self._managers):
+                # Only what we wrote is deleted: our labels alone prove nothing (said once).
+                if key not in self._unwritten_said:
+                    self._unwritten_said.add(key)
+                    self.log.warning("an object carries our labels but was never written by"
+                                     " us; not deleted", name=name, resource=str(resource),
+                                     child=key.name)
                 continue
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                    key.name)
@@ -252,18 +259,6 @@ class ChildWriter(Generic[P]):
     def _ours(self, live: Obj, parent: str) -> bool:
         return ours_to_write(live, lineage_key=self.kind.lineage_key, parent=parent,
                              installation=self.config.installation_label, managers=self._managers)
-
-    def _written_by_us(self, resource: Resource, key: ChildKey, parent: str) -> bool:
-        """Delete only what we wrote; a child with our labels alone is left (logged once)."""
-        live = self.live.get(key)
-        if live is not None and written_by_us(live, self._managers):
-            return True
-        if key not in self._unwritten_said:
-            self._unwritten_said.add(key)
-            self.log.warning("an object carries our labels but was never written by us;"
-                              " not deleted", name=parent, resource=str(resource),
-                              child=key.name)
-        return False
 
     async def _write(self, parent: str, child: Desired, live: Obj | None) -> Obj:
         """Create ``child`` when absent, else apply it to what is ours.

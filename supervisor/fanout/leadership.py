@@ -244,7 +244,8 @@ class LeaderElector:
                     if outcome is _Try.HELD:
                         break
                     if outcome is _Try.OTHER:
-                        return f"the lease is held by {self._observed_holder()}"
+                        holder = self._observed.holder if self._observed else None
+                        return f"the lease is held by {holder or 'nobody'}"
                     await trio.sleep(self.retry_period_s)
                 continue
             return (f"no renewal succeeded within renew_deadline_s "
@@ -362,9 +363,6 @@ class LeaderElector:
         self._observed_at = started
         self._renewed_at = started
         self.status.holder = self.identity
-
-    def _observed_holder(self) -> str:
-        return (self._observed.holder if self._observed is not None else None) or "nobody"
 
     async def _release(self, *, reread: bool = False) -> None:
         """Write the Lease with no holder; once more on a 409 if it still names us.
