@@ -215,27 +215,25 @@ class FanoutEngine(Generic[P]):
         return failures[0], any(informer.watches_with_events for informer in informers)
 
     def _watch_hooks(self, key: int) -> dict[str, Any]:
-        def on_open() -> None:
-            self._open[key] = True
-            self._watch_errors.pop(key, None)
-            self._show()
-
-        def on_close() -> None:
+        def opened(now_open: bool) -> None:
             # Ended (normally too: timeoutSeconds): none open until the next one's headers.
             if key in self._open:
-                self._open[key] = False
+                self._open[key] = now_open
+                if now_open:
+                    self._watch_errors.pop(key, None)
                 self._show()
 
         def on_failure(exc: KubeError) -> None:
+            # After its watch closed (or a list that never opened one).
             error_class = failure_class(exc)
             self.metrics.fanout_errors.labels(self.kind.kind, error_class).inc()
-            self._open[key] = False
             self._said_watching = False
             self._watch_errors.pop(key, None)
             self._watch_errors[key] = error_class  # the latest last
             self._show()
 
-        return {"on_open": on_open, "on_close": on_close, "on_failure": on_failure}
+        return {"on_open": lambda: opened(True), "on_close": lambda: opened(False),
+                "on_failure": on_failure}
 
     def _show(self) -> None:
         """``state`` and ``last_error_class`` while watching.

@@ -6,7 +6,7 @@ Operators: docs/operations.md, "The fan-out controller"; docs/log-events.md.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -91,9 +91,11 @@ def failure_class(exc: KubeError) -> str:
     return classify_watch_error(exc)
 
 
-def _report(exc: KubeError, resource: Resource, context: dict[str, Any]) -> None:
+def _report(exc: KubeError, resource: Resource, error_class: ErrorClass, kind: str,
+            namespace: str, retry_s: float) -> None:
     """Log one failed attempt, at error when no retry heals it, with the fix to apply."""
-    error_class = context["error_class"]
+    context = {"kind": kind, "error_class": error_class, "resource": str(resource),
+               "namespace": namespace, "error": str(exc), "retry_s": retry_s}
     if error_class == reasons.CHILD_API_MISSING:
         hint = (" (batch/v1 CronJob is served from Kubernetes 1.21)" if (resource.group,
                 resource.version, resource.plural) == ("batch", "v1", "cronjobs") else "")
@@ -101,7 +103,7 @@ def _report(exc: KubeError, resource: Resource, context: dict[str, Any]) -> None
                f" {resource.plural}{hint}")
         log.error("fan-out child API not served; retrying", detail=
                   f"the API server does not serve {resource.api_version} {resource.plural} (a"
-                  f" child resource of {context['kind']}); no manifest fixes this: {fix};"
+                  f" child resource of {kind}); no manifest fixes this: {fix};"
                   " retrying", fix=fix, **context)
     elif error_class == reasons.SCHEMA_SKEW:
         if path := getattr(exc, "path", ""):
@@ -180,9 +182,7 @@ async def await_watchable(
             status.last_error_class = error_class
         if metrics is not None:
             metrics.fanout_preflight_failures.labels(label, error_class).inc()
-        _report(exc, resource, {"kind": label, "error_class": error_class,
-                                "resource": str(resource), "namespace": namespace,
-                                "error": str(exc), "retry_s": round(delay, 3)})
+        _report(exc, resource, error_class, label, namespace, round(delay, 3))
         if wakeup is None:
             await trio.sleep(delay)
         elif await wakeup.wait(delay, since=seen):
