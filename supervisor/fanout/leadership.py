@@ -300,11 +300,10 @@ class LeaderElector:
                         "by it: another replica uses the same [kubernetes].identity, or the "
                         "Lease was edited or restored; treated as someone else's lease",
                         lease=self.leases.where, identity=self.identity)
-        if not ours and current.holder and not self._expired(current):
-            return _Try.OTHER
-        if not ours and self.leading:
-            # The record says we no longer hold it (someone took an expired lease
-            # from us): never take it back while we think we are leading.
+        if not ours and (self.leading or (current.holder and not self._expired(current))):
+            # Someone else's, not expired. Or, while we think we are leading, the record
+            # says we no longer hold it (someone took an expired lease from us): never
+            # take it back then.
             return _Try.OTHER
         update = current.but(holder=self.identity, duration_s=self._duration(),
                              renew_time=now)

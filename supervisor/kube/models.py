@@ -167,7 +167,4 @@ class ParentStatus(_Wire):
     conditions: list[Condition] = []
 
     def condition(self, type_: str) -> Condition | None:
-        for cond in self.conditions:
-            if cond.type == type_:
-                return cond
-        return None
+        return next((cond for cond in self.conditions if cond.type == type_), None)
