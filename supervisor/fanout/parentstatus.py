@@ -15,7 +15,7 @@ from supervisor.fanout.live import LiveChildren, unavailable
 from supervisor.kube.applying import Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NotFound
-from supervisor.kube.events import EventRecorder, EventType, Involved
+from supervisor.kube.events import EventRecorder, EventType
 from supervisor.kube.models import ParentStatus, Resource, kube_time
 
 __all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
@@ -83,7 +83,8 @@ class ParentReporter:
     drain: Drain
 
     def __post_init__(self) -> None:
-        self.events = EventRecorder(self.client, self.config.field_manager)
+        self.events = EventRecorder(self.client, self.config.field_manager, self.resource,
+                                    self.config.control_namespace)
         # The status we last wrote, with the parent's resourceVersion at that time.
         self._written: dict[str, tuple[str, StatusWant]] = {}
         # The resourceVersion of a parent whose status write found it deleted.
@@ -108,10 +109,7 @@ class ParentReporter:
 
     async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
-        meta = parent.metadata
-        about = Involved(self.resource, self.config.control_namespace, meta.name, meta.uid,
-                         meta.resource_version)
-        await self.events.emit(about, type_, reason, message)
+        await self.events.emit(parent.metadata, type_, reason, message)
 
     async def write(self, parent: Parent, desired: list[Desired], status: str,
                     reason: str, message: str) -> None:

@@ -134,7 +134,8 @@ class Informer(Generic[T]):
         self.watches_with_events = 0
         self._productive = False  # the current (or last) watch stream delivered a line
 
-    async def _sleep_backoff(self, exc: KubeError) -> None:
+    async def _sleep_backoff(self, exc: KubeError, why: str) -> None:
+        self.on_restart(why)
         self.on_failure(exc)
         delay = self._backoff.next(at_least=exc.retry_after)
         log.warning("watch failed; retrying", resource=str(self.resource),
@@ -178,8 +179,7 @@ class Informer(Generic[T]):
                 except KubeError as exc:
                     if is_preflight_matter(exc):
                         raise
-                    self.on_restart("list_failed")
-                    await self._sleep_backoff(exc)
+                    await self._sleep_backoff(exc, "list_failed")
                     continue
             try:
                 received = await self._watch_once()
@@ -199,8 +199,8 @@ class Informer(Generic[T]):
                     # The stream delivered before it was cut: this is a new outage, not
                     # the next failure of the last one (kube-rs resets after a good event).
                     self._backoff.reset()
-                self.on_restart("stalled" if isinstance(exc, StreamStalled) else "error")
-                await self._sleep_backoff(exc)
+                await self._sleep_backoff(exc, "stalled" if isinstance(exc, StreamStalled)
+                                          else "error")
                 continue
             if received:
                 self._backoff.reset()
@@ -310,9 +310,6 @@ class Informer(Generic[T]):
                         resource=str(self.resource), type=event.type, name=meta.name or None,
                         event_resource_version=rv, resource_version=self.resource_version)
             return
-        if event.type == "BOOKMARK":
-            self.resource_version = rv or self.resource_version
-            return
         if event.type == "DELETED":
             if meta.name:
                 self.handler.on_delete(meta.name)
@@ -321,7 +318,7 @@ class Informer(Generic[T]):
             obj = self._decode_object(event.object, skewed)
             if obj is not None:
                 self.handler.on_upsert(obj, self.name_of(obj))
-        else:
+        elif event.type != "BOOKMARK":  # a bookmark only advances the position
             log.warning("unknown watch event type; ignored", type=event.type,
                         resource=str(self.resource))
         self.resource_version = rv or self.resource_version
