@@ -86,12 +86,10 @@ class ChildWriter(Generic[P]):
 
     def claimant(self, key: ChildKey) -> str | None:
         """The existing parent that wants child ``key`` (children are named after theirs)."""
-        if key.name in self.skewed:
-            return key.name  # unreadable: whatever it wants is left alone
-        parent = self.parents.get(key.name)
-        if parent is not None and any(c.key == key for c in self.desired(parent)):
-            return key.name
-        return None
+        # An unreadable parent: whatever it wants is left alone.
+        wanted = key.name in self.skewed or any(
+            c.key == key for c in self.desired(self.parents.get(key.name)))
+        return key.name if wanted else None
 
     def desired(self, parent: P | None) -> list[Desired]:
         if parent is None or parent.metadata.deletion_timestamp is not None:
@@ -276,10 +274,9 @@ class ChildWriter(Generic[P]):
             # meanwhile), and nothing is in the way of creating it again at once.
             for _ in range(2):
                 try:
-                    created: Obj = await self.drain.write(
+                    return await self.drain.write(
                         self.client.create_object, child.resource, namespace, child.body,
                         field_manager=manager)
-                    return created
                 except Conflict as exc:
                     if exc.reason != "AlreadyExists":
                         raise
@@ -425,9 +422,7 @@ class RepairLimiter:
         else:
             self._times.pop(key, None)
         excess = len(times) - self.burst + 1
-        if excess <= 0:
-            return now
-        return times[-1] + self._wait.after(excess - 1)
+        return now if excess <= 0 else times[-1] + self._wait.after(excess - 1)
 
     def recent(self, key: Hashable, now: float) -> int:
         """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""

@@ -194,8 +194,7 @@ class FanoutEngine(Generic[P]):
                      ResourceHandler(index, res), name_of=child_name, label_selector=selector,
                      **common, **self._watch_hooks(1 + key))
             for key, (res, index, selector) in enumerate(watches)]
-        self._open = dict.fromkeys(range(len(informers)), False)
-        self._watch_errors.clear()
+        self._open = dict.fromkeys(range(len(informers)), False)  # and no errors: see finally
         self._said_watching = False
         try:
             async with trio.open_nursery() as nursery:

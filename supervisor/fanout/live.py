@@ -283,11 +283,10 @@ class LiveChildren(ChildIndex):
         when not newer than a child whose DELETED event came first.
         """
         key = ChildKey(resource.plural, child_name(obj))
-        if _older(obj, self._objects.get(key), or_same=False):
-            return
-        if _older(obj, self._gone.get(key), or_same=True):
-            return  # deleted after this write: its DELETED event came first
-        self._store(key, obj)
+        # Not when a child deleted after this write had its DELETED event first.
+        if not (_older(obj, self._objects.get(key), or_same=False)
+                or _older(obj, self._gone.get(key), or_same=True)):
+            self._store(key, obj)
 
     def forget(self, resource: Resource, name: str) -> None:
         """A child is gone (watch DELETED, or our own delete): enqueue its parent."""

@@ -239,12 +239,11 @@ class Informer(Generic[T]):
                     items[self.name_of(obj)] = obj
             continue_token = page.metadata.continue_
             if not continue_token:
-                resource_version = page.metadata.resource_version
                 break
         self.lists += 1
         self._backoff.reset()
         await self.handler.on_list(items, skewed)
-        self.resource_version = self._listed_version = resource_version
+        self.resource_version = self._listed_version = page.metadata.resource_version
 
     def _decode_object(self, raw: msgspec.Raw, skewed: set[str]) -> T | None:
         try:
