@@ -123,11 +123,10 @@ class ParentReporter:
     """
         want = self.want(parent, desired, status, reason, message)
         meta = parent.metadata
-        if self._gone.get(meta.name) == meta.resource_version:
-            return  # this version of the parent is deleted; its DELETED event follows
-        if self._written.get(meta.name) == (meta.resource_version, want):
-            return  # written already; our own MODIFIED event has not arrived yet
-        if not needs_write(parent.status, want):
+        if (self._gone.get(meta.name) == meta.resource_version  # deleted; DELETED follows
+                # Written already; our own MODIFIED event has not arrived yet.
+                or self._written.get(meta.name) == (meta.resource_version, want)
+                or not needs_write(parent.status, want)):
             return
         body = status_body(self.resource.api_version, self.resource.kind, meta.name,
                            self.config.control_namespace, parent.status, want)

@@ -61,9 +61,9 @@ class EventRecorder:
         key = (about.name, about.uid, reason)
         now = trio.current_time()
         last = self._recent.get(key)
-        if last is not None and now - last.at < self._window_s:
-            if await self._count_into(about, last, message, now):
-                return
+        if (last is not None and now - last.at < self._window_s
+                and await self._count_into(about, last, message, now)):
+            return
         if len(self._recent) > 4096:  # bounded: forget what is past the window
             self._recent = {k: r for k, r in self._recent.items()
                             if now - r.at < self._window_s}
