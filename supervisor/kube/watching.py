@@ -96,11 +96,9 @@ def is_too_large_resource_version(exc: KubeError) -> bool:
         status = decode(exc.body, Status) if exc.body else Status()
     except DecodeError:
         status = Status()  # no causes to read
-    if status.has_cause(RV_TOO_LARGE_CAUSE):
-        return True
-    return exc.reason == "Timeout" and (
-        any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes)
-        or _RV_TOO_LARGE_TEXT in exc.message)
+    return any(c.reason == RV_TOO_LARGE_CAUSE for c in status.causes) or (
+        exc.reason == "Timeout" and (any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes)
+                                     or _RV_TOO_LARGE_TEXT in exc.message))
 
 
 class _LineError(DecodeError):
@@ -258,7 +256,6 @@ class Informer(Generic[T]):
     async def _watch_once(self) -> bool:
         """One watch request until the server ends it; True when any line arrived."""
         assert self.resource_version is not None
-        received = False
         self._productive = False
         async with self.client.watch(
             self.resource, self.namespace,
@@ -270,14 +267,13 @@ class Informer(Generic[T]):
             self.on_open()
             try:
                 while (line := await stream.next_line()) is not None:
-                    if not received:
-                        received = True
+                    if not self._productive:
                         self._productive = True
                         self.watches_with_events += 1
                     self.handle_line(line)
             finally:
                 self.on_close()
-        return received
+        return self._productive
 
     def handle_line(self, line: bytes) -> None:
         """One line of the watch stream: an event handed on, a bookmark or a replay taken in,
