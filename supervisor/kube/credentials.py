@@ -72,7 +72,7 @@ class Credentials:
                     job = self._refresh_job
                     if job is None:
                         job = self._refresh_job = self._start_refresh(refresh)
-                    # Cancellable; the thread runs on and _refreshed adopts its answer.
+                    # Cancellable; the thread runs on and its answer is adopted when it ends.
                     await job.wait()
         return self.authorization
 
@@ -80,7 +80,7 @@ class Credentials:
         done = trio.Event()
         trio_token = trio.lowlevel.current_trio_token()
 
-        def adopt(result: outcome.Outcome[str | None]) -> None:
+        def finish(result: outcome.Outcome[str | None]) -> None:
             """The refresh thread ended (in trio's thread): adopt its token unless superseded."""
             done.set()
             if self._refresh_job is not done:
@@ -95,7 +95,7 @@ class Credentials:
 
         def deliver(result: outcome.Outcome[str | None]) -> None:  # in the worker thread
             with suppress(trio.RunFinishedError):
-                trio_token.run_sync_soon(adopt, result)
+                trio_token.run_sync_soon(finish, result)
 
         trio.lowlevel.start_thread_soon(refresh, deliver, name="kube token refresh")
         return done
