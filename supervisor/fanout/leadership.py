@@ -191,17 +191,14 @@ class LeaderElector:
         task_status.started()
         try:
             while True:
-                await self._acquire()
+                while await self._attempt() is not _Try.HELD:  # acquire
+                    await trio.sleep(self.retry_period_s * self.rng.uniform(0.9, 1.0))
                 await self._lead(lead)
         finally:
             # A write still unanswered (acquire or renew) may have landed: re-read.
             if self._writing or (self._observed is not None and self._ours(self._observed)):
                 with trio.move_on_after(self.release_timeout_s, shield=True):
                     await self._release(reread=self._writing)
-
-    async def _acquire(self) -> None:
-        while await self._attempt() is not _Try.HELD:
-            await trio.sleep(self.retry_period_s * self.rng.uniform(0.9, 1.0))
 
     async def _lead(self, lead: Callable[[], Awaitable[None]]) -> None:
         self.leading = True

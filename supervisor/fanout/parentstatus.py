@@ -98,15 +98,6 @@ class ParentReporter:
             else:
                 memo.pop(name, None)
 
-    def want(self, parent: Parent, desired: list[Desired], status: str, reason: str,
-             message: str) -> StatusWant:
-        """The status for ``Ready`` as given, and ``Available`` from the live children."""
-        missing = [why for child in desired
-                   if (why := unavailable(child, self.live.get(child.key))) is not None]
-        available = (("False", "ChildrenUnavailable", missing[0][:1024]) if missing else
-                     ("True", "ChildrenAvailable", f"{len(desired)} of {len(desired)} available"))
-        return StatusWant(parent.metadata.generation, status, reason, message, *available)
-
     async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
         await self.events.emit(parent.metadata, type_, reason, message)
@@ -121,7 +112,12 @@ class ParentReporter:
     (the parent deleted, its DELETED event not here yet) is quiet. Nothing is written
     again to that name and resourceVersion: each would be another 404.
     """
-        want = self.want(parent, desired, status, reason, message)
+        # Available from the live children, the message naming the first that is not.
+        missing = [why for child in desired
+                   if (why := unavailable(child, self.live.get(child.key))) is not None]
+        available = (("False", "ChildrenUnavailable", missing[0][:1024]) if missing else
+                     ("True", "ChildrenAvailable", f"{len(desired)} of {len(desired)} available"))
+        want = StatusWant(parent.metadata.generation, status, reason, message, *available)
         meta = parent.metadata
         if (self._gone.get(meta.name) == meta.resource_version  # deleted; DELETED follows
                 # Written already; our own MODIFIED event has not arrived yet.
