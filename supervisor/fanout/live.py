@@ -168,7 +168,7 @@ class ChildIndex:
         return str(labels_of(obj).get(self._lineage_key, ""))
 
     def _enqueue_all(self, parents: Iterable[str]) -> None:
-        for parent in sorted(parents):
+        for parent in parents:
             if parent:
                 self._enqueue(parent)
 
@@ -258,7 +258,7 @@ class LiveChildren(ChildIndex):
         touched.update(self._store(ChildKey(resource.plural, child_name(obj)), obj)
                        for obj in objects)
         if not self._mark_listed(resource):  # a relist: whatever changed meanwhile gets a look
-            self._enqueue_all(touched)
+            self._enqueue_all(sorted(touched))
 
     def observe(self, resource: Resource, obj: Obj) -> None:
         """A watch event: hold ``obj`` unless what is held is newer; enqueue its parent.
@@ -334,7 +334,7 @@ class ForeignChildren(ChildIndex):
                       if key.plural != resource.plural}
         touched.update(self._store(resource, obj) for obj in objects)
         self._mark_listed(resource)
-        self._enqueue_all(touched)
+        self._enqueue_all(sorted(touched))
 
     def observe(self, resource: Resource, obj: Obj) -> None:
         self._enqueue_all([self._store(resource, obj)])
