@@ -35,7 +35,7 @@ from supervisor.fanout.workqueue import WorkQueue
 from supervisor.kube.applying import DIGEST_ANNOTATION, ChildKey, Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import Conflict, Invalid, KubeError
-from supervisor.kube.models import Resource, kube_time
+from supervisor.kube.models import kube_time
 from supervisor.telemetry import Metrics
 
 __all__ = ["ChildWriter", "RepairLimiter"]
@@ -86,12 +86,10 @@ class ChildWriter(Generic[P]):
 
     def claimant(self, key: ChildKey) -> str | None:
         """The existing parent that wants child ``key`` (children are named after theirs)."""
-        if key.name in self.skewed:
-            return key.name  # unreadable: whatever it wants is left alone
-        parent = self.parents.get(key.name)
-        if parent is not None and any(c.key == key for c in self.desired(parent)):
-            return key.name
-        return None
+        # An unreadable parent: whatever it wants is left alone.
+        wanted = key.name in self.skewed or any(
+            c.key == key for c in self.desired(self.parents.get(key.name)))
+        return key.name if wanted else None
 
     def desired(self, parent: P | None) -> list[Desired]:
         if parent is None or parent.metadata.deletion_timestamp is not None:
@@ -108,7 +106,7 @@ class ChildWriter(Generic[P]):
         (:meth:`_fold_created` first after our create). What is ours and when a conflict
         is forced: :mod:`supervisor.fanout.ownership`. What is refused, or held by
         another installation (:class:`~supervisor.fanout.live.ForeignChildren`), is left
-        as it is, reported ``Conflict`` (:meth:`_taken`).
+        as it is, reported ``Conflict``.
 
         A child changed or deleted by someone else while we still want the digest we
         applied is **drift**: repaired at once (``DriftRepaired``,
@@ -190,7 +188,8 @@ class ChildWriter(Generic[P]):
                                child=child.name)
         wanted = {child.key for child in desired}
         for key in sorted(self.live.of_parent(name) - wanted):
-            if terminating(self.live.get(key)):
+            live = self.live.get(key)
+            if terminating(live):
                 continue  # deleted already, held by a finalizer
             owner = self.claimant(key)
             if owner is not None and owner != name:
@@ -199,7 +198,13 @@ class ChildWriter(Generic[P]):
                 self.queue.requeue(owner, 0.0)
                 continue
             resource = self.kind.child_resource(key.plural)
-            if not self._written_by_us(resource, key, name):
+            if not written_by_us(live or {}, self._managers):
+                # Only what we wrote is deleted: our labels alone prove nothing (said once).
+                if key not in self._unwritten_said:
+                    self._unwritten_said.add(key)
+                    self.log.warning("an object carries our labels but was never written by"
+                                     " us; not deleted", name=name, resource=str(resource),
+                                     child=key.name)
                 continue
             await self.drain.write(self.client.delete, resource, self.config.apps_namespace,
                                    key.name)
@@ -221,7 +226,18 @@ class ChildWriter(Generic[P]):
             await self.reporter.event(parent, "Normal", "Applied",
                                       "applied " + ", ".join(applied))
         if taken:
-            await self._taken(name, parent, desired, taken)
+            # Objects not ours hold names (or fields) we want: left, reported Conflict. Not
+            # requeued: another installation's child enqueues this parent when it changes
+            # or goes; any other object is looked at again on the next resync.
+            message = "not written: " + "; ".join(taken)
+            self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
+            if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
+                self._taken_said[name] = taken
+                self.log.warning("an object that is not ours has the name (or holds fields)"
+                                 " this parent's child needs; left alone", name=name,
+                                 children=taken)
+            await self.reporter.event(parent, "Warning", "Conflict", message)
+            await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
             return
         self._taken_said.pop(name, None)
         if deferred:
@@ -233,22 +249,6 @@ class ChildWriter(Generic[P]):
         await self.reporter.write(parent, desired, "True", "Applied",
                                   f"{len(desired)} {noun} applied in {self.config.apps_namespace}")
 
-    async def _taken(self, name: str, parent: P, desired: list[Desired],
-                     taken: list[str]) -> None:
-        """Objects not ours hold names (or fields) we want: leave them, report ``Conflict``.
-
-        Not requeued: another installation's child enqueues this parent when it
-        changes or goes; any other object is looked at again on the next resync.
-        """
-        message = "not written: " + "; ".join(taken)
-        self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
-        if self._taken_said.get(name) != taken:  # their status updates re-enqueue us
-            self._taken_said[name] = taken
-            self.log.warning("an object that is not ours has the name (or holds fields) this"
-                              " parent's child needs; left alone", name=name, children=taken)
-        await self.reporter.event(parent, "Warning", "Conflict", message)
-        await self.reporter.write(parent, desired, "False", "Conflict", message[:1024])
-
     def _foreign_appliers(self, obj: Obj) -> list[str]:
         """Managers not ours that applied to ``obj`` (declared owners of fields)."""
         return sorted(m for m, ops in managers_of(obj).items()
@@ -257,18 +257,6 @@ class ChildWriter(Generic[P]):
     def _ours(self, live: Obj, parent: str) -> bool:
         return ours_to_write(live, lineage_key=self.kind.lineage_key, parent=parent,
                              installation=self.config.installation_label, managers=self._managers)
-
-    def _written_by_us(self, resource: Resource, key: ChildKey, parent: str) -> bool:
-        """Delete only what we wrote; a child with our labels alone is left (logged once)."""
-        live = self.live.get(key)
-        if live is not None and written_by_us(live, self._managers):
-            return True
-        if key not in self._unwritten_said:
-            self._unwritten_said.add(key)
-            self.log.warning("an object carries our labels but was never written by us;"
-                              " not deleted", name=parent, resource=str(resource),
-                              child=key.name)
-        return False
 
     async def _write(self, parent: str, child: Desired, live: Obj | None) -> Obj:
         """Create ``child`` when absent, else apply it to what is ours.
@@ -286,10 +274,9 @@ class ChildWriter(Generic[P]):
             # meanwhile), and nothing is in the way of creating it again at once.
             for _ in range(2):
                 try:
-                    created: Obj = await self.drain.write(
+                    return await self.drain.write(
                         self.client.create_object, child.resource, namespace, child.body,
                         field_manager=manager)
-                    return created
                 except Conflict as exc:
                     if exc.reason != "AlreadyExists":
                         raise
@@ -435,9 +422,7 @@ class RepairLimiter:
         else:
             self._times.pop(key, None)
         excess = len(times) - self.burst + 1
-        if excess <= 0:
-            return now
-        return times[-1] + self._wait.after(excess - 1)
+        return now if excess <= 0 else times[-1] + self._wait.after(excess - 1)
 
     def recent(self, key: Hashable, now: float) -> int:
         """How many repairs of ``key`` were recorded within ``window_s`` before ``now``."""

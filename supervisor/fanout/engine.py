@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic
 
 import trio
@@ -19,7 +18,7 @@ from supervisor.fanout.childwrites import ChildWriter
 from supervisor.fanout.drain import Drain
 from supervisor.fanout.kind import FanoutKind, FanoutTuning, P, Parent, matters
 from supervisor.fanout.labels import foreign_selector, lineage_selector
-from supervisor.fanout.live import ForeignChildren, LiveChildren, Obj, child_name
+from supervisor.fanout.live import ForeignChildren, LiveChildren, ResourceHandler, child_name
 from supervisor.fanout.parentstatus import ParentReporter
 from supervisor.fanout.preflight import (
     CRDS_FIX,
@@ -38,7 +37,7 @@ from supervisor.streak import Streak
 from supervisor.telemetry import Metrics
 from supervisor.wakeup import Wakeup
 
-__all__ = ["FanoutEngine", "FanoutKind", "FanoutTuning", "Parent", "ReconcileRetries", "WorkQueue"]
+__all__ = ["FanoutEngine", "FanoutKind", "FanoutTuning", "Parent", "WorkQueue"]
 
 log = get_logger("fanout")
 
@@ -59,8 +58,8 @@ class FanoutEngine(Generic[P]):
     A child's change or delete enqueues the parent its lineage label names. A parent's
     update enqueues it only when it :func:`~supervisor.fanout.kind.matters`: a status
     write does not. ``workers`` tasks take names from one
-    :class:`~supervisor.fanout.workqueue.WorkQueue` and run :class:`ReconcileRetries`
-    around the :class:`~supervisor.fanout.childwrites.ChildWriter` reconcile. Orphans
+    :class:`~supervisor.fanout.workqueue.WorkQueue` and run :meth:`attempt` (the retry
+    policy) around the :class:`~supervisor.fanout.childwrites.ChildWriter` reconcile. Orphans
     are swept after every parent (re)list and at each resync
     (:class:`~supervisor.fanout.sweep.Sweeper`).
     Writes run shielded: at shutdown none starts, and one in flight gets ``drain_s``
@@ -104,9 +103,13 @@ class FanoutEngine(Generic[P]):
             queue=self.queue, drain=self.drain, reporter=self.reporter)
         self.sweeper = Sweeper(client, kind, config, self.live, self.drain, metrics,
                                self.writer.claimant)
-        self.retries = ReconcileRetries(
-            kind=kind.kind, tuning=self.tuning, metrics=metrics, rng=self._rng, log=self._log,
-            queue=self.queue, reconcile=self.reconcile, failed=self._failed, show=self._show)
+        # The retry policy (:meth:`attempt`): failed attempts of each key since its last
+        # success, its streak of failures, and its latest failure's class (latest last).
+        self._requeue_backoff = Backoff(self.tuning.requeue_initial_s,
+                                        self.tuning.requeue_max_s, self._rng)
+        self._failures: dict[str, int] = {}
+        self._streaks: dict[str, Streak] = {}
+        self._failing: dict[str, str] = {}
         self._resync_lock = trio.Lock()
         self._installation = config.installation_label
         self._selector = lineage_selector(kind.lineage_key, self._installation)
@@ -176,61 +179,60 @@ class FanoutEngine(Generic[P]):
         self.live.clear()
         self.foreign.clear()
         failures: list[KubeError] = []
-        tuning = self.tuning.watch
+        common: dict[str, Any] = {"tuning": self.tuning.watch, "on_restart": self._on_restart,
+                                  "rng": self._rng}
         parents: Informer[P] = Informer(
             self.client, self.kind.resource, self.kind.parent_type,
-            self.config.control_namespace, self,
-            name_of=lambda parent: parent.metadata.name,
-            tuning=tuning, on_restart=self._on_restart, rng=self._rng,
-            **self._watch_hooks(0),
-        )
+            self.config.control_namespace, self, name_of=lambda parent: parent.metadata.name,
+            **common, **self._watch_hooks(0))
         self.informer = parents
         foreign = foreign_selector(self.kind.lineage_key, self._installation)
-        children: list[Informer[Obj]] = [
-            Informer(
-                self.client, res, dict[str, Any], self.config.apps_namespace, handler,
-                name_of=child_name, tuning=tuning, on_restart=self._on_restart,
-                label_selector=selector, rng=self._rng, **self._watch_hooks(1 + index),
-            )
-            for index, (res, handler, selector) in enumerate(
-                (res, handler, selector) for res in self.kind.child_resources
-                for handler, selector in ((self.live.handler(res), self._selector),
-                                          (self.foreign.handler(res), foreign)))
-        ]
-        self._open = dict.fromkeys(range(1 + len(children)), False)
-        self._watch_errors.clear()
+        watches = [(res, index, selector) for res in self.kind.child_resources
+                   for index, selector in ((self.live, self._selector), (self.foreign, foreign))]
+        informers: list[Informer[Any]] = [parents] + [
+            Informer(self.client, res, dict[str, Any], self.config.apps_namespace,
+                     ResourceHandler(index, res), name_of=child_name, label_selector=selector,
+                     **common, **self._watch_hooks(1 + key))
+            for key, (res, index, selector) in enumerate(watches)]
+        self._open = dict.fromkeys(range(len(informers)), False)  # and no errors: see finally
         self._said_watching = False
         try:
-            await self._run_informers(parents, children, failures)
+            async with trio.open_nursery() as nursery:
+
+                async def guard(informer: Informer[Any]) -> None:
+                    try:
+                        await informer.run()
+                    except KubeError as exc:
+                        failures.append(exc)
+                        nursery.cancel_scope.cancel()
+
+                for informer in [*informers[1:], parents]:
+                    nursery.start_soon(guard, informer)
         finally:
             self._open = {}
             self._watch_errors.clear()
-        productive = parents.watches_with_events > 0 or any(
-            informer.watches_with_events for informer in children)
-        return failures[0], productive
+        return failures[0], any(informer.watches_with_events for informer in informers)
 
     def _watch_hooks(self, key: int) -> dict[str, Any]:
-        def on_open() -> None:
-            self._open[key] = True
-            self._watch_errors.pop(key, None)
-            self._show()
-
-        def on_close() -> None:
+        def opened(now_open: bool) -> None:
             # Ended (normally too: timeoutSeconds): none open until the next one's headers.
             if key in self._open:
-                self._open[key] = False
+                self._open[key] = now_open
+                if now_open:
+                    self._watch_errors.pop(key, None)
                 self._show()
 
         def on_failure(exc: KubeError) -> None:
+            # After its watch closed (or a list that never opened one).
             error_class = failure_class(exc)
             self.metrics.fanout_errors.labels(self.kind.kind, error_class).inc()
-            self._open[key] = False
             self._said_watching = False
             self._watch_errors.pop(key, None)
             self._watch_errors[key] = error_class  # the latest last
             self._show()
 
-        return {"on_open": on_open, "on_close": on_close, "on_failure": on_failure}
+        return {"on_open": lambda: opened(True), "on_close": lambda: opened(False),
+                "on_failure": on_failure}
 
     def _show(self) -> None:
         """``state`` and ``last_error_class`` while watching.
@@ -252,23 +254,8 @@ class FanoutEngine(Generic[P]):
                            installation=self._installation)
         self.status.state = "watching" if watching else "preflight"
         self.status.last_error_class = (
-            next(reversed(self._watch_errors.values()), None) or self.retries.failing_class
+            next(reversed(self._watch_errors.values()), None) or self.failing_class
             or (reasons.SCHEMA_SKEW if self.skewed else None))
-
-    async def _run_informers(self, parents: Informer[P], children: list[Informer[Obj]],
-                             failures: list[KubeError]) -> None:
-        async with trio.open_nursery() as nursery:
-
-            async def guard(informer: Informer[Any]) -> None:
-                try:
-                    await informer.run()
-                except KubeError as exc:
-                    failures.append(exc)
-                    nursery.cancel_scope.cancel()
-
-            for informer in children:
-                nursery.start_soon(guard, informer)
-            nursery.start_soon(guard, parents)
 
     def _on_restart(self, why: str) -> None:
         self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
@@ -369,7 +356,7 @@ class FanoutEngine(Generic[P]):
                 # Never compare against a cache that has not been listed yet.
                 await self._children_synced()
                 listed = name in self.parents
-                await self.retries.attempt(name)
+                await self.attempt(name)
                 if listed and name not in self.parents and not self.queue.pending(name):
                     # A relist dropped the parent while its children were written.
                     await self._sweep(self.sweeper.sweep_late)
@@ -393,41 +380,7 @@ class FanoutEngine(Generic[P]):
             return
         await self.writer.failed(name, parent, reason, message)
 
-
-@dataclass(eq=False, kw_only=True)
-class ReconcileRetries:
-    """Runs one key's reconcile and requeues or reports its failure: the retry policy.
-
-    Each worker of :class:`FanoutEngine` runs :meth:`attempt` for a key it took from
-    the :class:`~supervisor.fanout.workqueue.WorkQueue`. The engine owns the queue,
-    the workers and the watches. ``reconcile(name)`` makes the children what the parent
-    wants. ``failed(name, reason, message)`` reports a failure on the parent
-    (``Conflict``, ``Invalid`` or ``ApplyFailed``). ``queue`` takes the key back after
-    its delay.
-
-    A requeue waits a per-key backoff from the first retry on: ``requeue_initial_s``
-    doubling to ``requeue_max_s`` (0.8 s to 30 s by default), jittered down to half.
-    On a 429, at least its ``Retry-After``. :attr:`failing_class` is the latest
-    failure's class while any parent's streak lasts; ``show()`` is called at each
-    change.
-    """
-
-    kind: str
-    tuning: FanoutTuning
-    metrics: Metrics
-    rng: random.Random
-    log: Any
-    queue: WorkQueue
-    # The engine's steps it runs.
-    reconcile: Callable[[str], Awaitable[None]]
-    failed: Callable[[str, str, str], Awaitable[None]]
-    show: Callable[[], None] = lambda: None
-
-    def __post_init__(self) -> None:
-        self._backoff = Backoff(self.tuning.requeue_initial_s, self.tuning.requeue_max_s, self.rng)
-        self._failures: dict[str, int] = {}  # key -> failed attempts since its last success
-        self._streaks: dict[str, Streak] = {}  # key -> its streak of failed writes
-        self._failing: dict[str, str] = {}  # key -> its latest failure's class, latest last
+    # -- the retry policy -----------------------------------------------------------
 
     @property
     def failing_class(self) -> str | None:
@@ -435,17 +388,17 @@ class ReconcileRetries:
 
     def _streak_failed(self, name: str, exc: KubeError, delay: float) -> None:
         error_class = failure_class(exc)
-        self.metrics.fanout_errors.labels(self.kind, error_class).inc()
+        self.metrics.fanout_errors.labels(self.kind.kind, error_class).inc()
         streak = self._streaks.get(name)
         if streak is None:
             streak = self._streaks[name] = Streak(
-                self.log, began="reconcile failed; requeued", ended="reconcile succeeds again",
+                self._log, began="reconcile failed; requeued", ended="reconcile succeeds again",
                 count_as="failures")
         streak.failed(name=name, error=str(exc), error_class=error_class,
                       delay_s=round(delay, 3))
         self._failing.pop(name, None)
         self._failing[name] = error_class
-        self.show()
+        self._show()
 
     def _streak_ended(self, name: str, *, recovered: bool) -> None:
         streak = self._streaks.pop(name, None)
@@ -454,14 +407,14 @@ class ReconcileRetries:
         if recovered:
             streak.recovered(name=name)
         self._failing.pop(name, None)
-        self.show()
+        self._show()
 
     def requeue(self, name: str, exc: KubeError, cause: str) -> float:
         """Requeue ``name`` after its next backoff delay (returned, in seconds)."""
         failures = self._failures.get(name, 0)
         self._failures[name] = failures + 1
-        delay = self._backoff.after(failures, at_least=exc.retry_after)
-        self.metrics.fanout_requeues.labels(self.kind, cause).inc()
+        delay = self._requeue_backoff.after(failures, at_least=exc.retry_after)
+        self.metrics.fanout_requeues.labels(self.kind.kind, cause).inc()
         self.queue.requeue(name, delay)
         return delay
 
@@ -478,6 +431,12 @@ class ReconcileRetries:
         succeeds again``, ``failures``, ``after_s``). Every attempt counts in
         ``fanout_applies``, ``fanout_requeues`` (``conflict``, ``throttled``, ``error``)
         and ``fanout_reconcile_duration_seconds``.
+
+        A requeue waits a per-key backoff from the first retry on: ``requeue_initial_s``
+        doubling to ``requeue_max_s`` (0.8 s to 30 s by default), jittered down to half.
+        On a 429, at least its ``Retry-After``. :attr:`failing_class` is the latest
+        failure's class while any parent's streak lasts; the status is shown again at
+        each change.
         """
         started = trio.current_time()
         result = "success"
@@ -485,28 +444,28 @@ class ReconcileRetries:
             await self.reconcile(name)
         except Conflict as exc:
             result = "conflict"
-            self.metrics.fanout_applies.labels(self.kind, "conflict").inc()
+            self.metrics.fanout_applies.labels(self.kind.kind, "conflict").inc()
             delay = self.requeue(name, exc, "conflict")
-            self.log.info("conflict writing a child; requeued", name=name, error=str(exc),
+            self._log.info("conflict writing a child; requeued", name=name, error=str(exc),
                            delay_s=round(delay, 3))
-            await self.failed(name, "Conflict", str(exc))
+            await self._failed(name, "Conflict", str(exc))
         except Invalid as exc:
             result = "invalid"
-            self.metrics.fanout_applies.labels(self.kind, "error").inc()
-            self.log.warning("child refused by the API server; not retried until the parent"
+            self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
+            self._log.warning("child refused by the API server; not retried until the parent"
                               " changes", name=name, error=str(exc))
             self._streak_ended(name, recovered=False)  # another failure now, said above
-            await self.failed(name, "Invalid", str(exc))
+            await self._failed(name, "Invalid", str(exc))
         except KubeError as exc:
             result = "error"
-            self.metrics.fanout_applies.labels(self.kind, "error").inc()
+            self.metrics.fanout_applies.labels(self.kind.kind, "error").inc()
             cause = "throttled" if isinstance(exc, TooManyRequests) else "error"
             delay = self.requeue(name, exc, cause)
             self._streak_failed(name, exc, delay)
-            await self.failed(name, "ApplyFailed", str(exc))
+            await self._failed(name, "ApplyFailed", str(exc))
         else:
             self._failures.pop(name, None)
             self._streak_ended(name, recovered=True)
         finally:
-            self.metrics.fanout_reconcile_duration.labels(self.kind, result).observe(
+            self.metrics.fanout_reconcile_duration.labels(self.kind.kind, result).observe(
                 trio.current_time() - started)

@@ -191,20 +191,14 @@ class LeaderElector:
         task_status.started()
         try:
             while True:
-                await self._acquire()
+                while await self._attempt() is not _Try.HELD:  # acquire
+                    await trio.sleep(self.retry_period_s * self.rng.uniform(0.9, 1.0))
                 await self._lead(lead)
         finally:
             # A write still unanswered (acquire or renew) may have landed: re-read.
             if self._writing or (self._observed is not None and self._ours(self._observed)):
                 with trio.move_on_after(self.release_timeout_s, shield=True):
                     await self._release(reread=self._writing)
-
-    async def _acquire(self) -> None:
-        while True:
-            outcome = await self._attempt()
-            if outcome is _Try.HELD:
-                return
-            await trio.sleep(self.retry_period_s * self.rng.uniform(0.9, 1.0))
 
     async def _lead(self, lead: Callable[[], Awaitable[None]]) -> None:
         self.leading = True
@@ -214,7 +208,15 @@ class LeaderElector:
         why = "the fan-out failed, or the replica is stopping"
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._run_lead, lead)
+
+                async def run_lead() -> None:
+                    await lead()
+                    # ``lead`` runs until cancelled; returning is a bug: fail the child (its
+                    # restart releases the lease on the way out) rather than hold a lease
+                    # for a fan-out that is not running.
+                    raise LeadEnded("the fan-out ended while leading")
+
+                nursery.start_soon(run_lead)
                 why = await self._renew_until_lost()
                 # No checkpoint between the decision and the cancellation: no fan-out
                 # write starts after this moment (those in flight get the drain).
@@ -229,13 +231,6 @@ class LeaderElector:
                         identity=self.identity, holder=self.status.holder, why=why)
             self._changed(transition=True)
 
-    async def _run_lead(self, lead: Callable[[], Awaitable[None]]) -> None:
-        await lead()
-        # ``lead`` runs until cancelled; returning is a bug: fail the child (its
-        # restart releases the lease on the way out) rather than hold a lease for
-        # a fan-out that is not running.
-        raise LeadEnded("the fan-out ended while leading")
-
     async def _renew_until_lost(self) -> str:
         """Renew every retry period; return why leadership was lost."""
         while True:
@@ -246,7 +241,8 @@ class LeaderElector:
                     if outcome is _Try.HELD:
                         break
                     if outcome is _Try.OTHER:
-                        return f"the lease is held by {self._observed_holder()}"
+                        holder = self._observed.holder if self._observed else None
+                        return f"the lease is held by {holder or 'nobody'}"
                     await trio.sleep(self.retry_period_s)
                 continue
             return (f"no renewal succeeded within renew_deadline_s "
@@ -267,10 +263,8 @@ class LeaderElector:
             except (KubeError, trio.TooSlowError):
                 return _Try.FAILED
             self._observe(current, trio.current_time())
-            if current is not None and current.holder is not None \
-                    and not self._ours(current) and self.leading:
-                return _Try.OTHER
-            return _Try.FAILED
+            taken = current is not None and current.holder is not None and not self._ours(current)
+            return _Try.OTHER if taken and self.leading else _Try.FAILED
         except (KubeError, trio.TooSlowError) as exc:
             error = str(exc) if isinstance(exc, KubeError) else (
                 f"no answer within {self.renew_deadline_s:g} s")
@@ -303,11 +297,10 @@ class LeaderElector:
                         "by it: another replica uses the same [kubernetes].identity, or the "
                         "Lease was edited or restored; treated as someone else's lease",
                         lease=self.leases.where, identity=self.identity)
-        if not ours and current.holder and not self._expired(current):
-            return _Try.OTHER
-        if not ours and self.leading:
-            # The record says we no longer hold it (someone took an expired lease
-            # from us): never take it back while we think we are leading.
+        if not ours and (self.leading or (current.holder and not self._expired(current))):
+            # Someone else's, not expired. Or, while we think we are leading, the record
+            # says we no longer hold it (someone took an expired lease from us): never
+            # take it back then.
             return _Try.OTHER
         update = current.but(holder=self.identity, duration_s=self._duration(),
                              renew_time=now)
@@ -324,10 +317,10 @@ class LeaderElector:
         self._writing = True
         try:
             written = await call(record)
-        except trio.Cancelled:
-            raise  # unanswered: it may have landed (the release re-reads)
-        except BaseException:
-            self._writing = False  # answered (refused) or never sent
+        except BaseException as exc:
+            # Cancelled: unanswered, it may have landed (the release re-reads). Anything
+            # else was answered (refused) or never sent.
+            self._writing = isinstance(exc, trio.Cancelled)
             raise
         self._writing = False
         return written
@@ -366,9 +359,6 @@ class LeaderElector:
         self._observed_at = started
         self._renewed_at = started
         self.status.holder = self.identity
-
-    def _observed_holder(self) -> str:
-        return (self._observed.holder if self._observed is not None else None) or "nobody"
 
     async def _release(self, *, reread: bool = False) -> None:
         """Write the Lease with no holder; once more on a 409 if it still names us.

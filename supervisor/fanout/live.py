@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -124,7 +123,7 @@ def unavailable(child: Desired, live: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-class ChildIndex(ABC):
+class ChildIndex:
     """What a child resource's informer feeds (a list, an upsert, a delete), for one kind.
 
     Each change enqueues the parent the lineage label names. :attr:`synced` tells when
@@ -139,9 +138,7 @@ class ChildIndex(ABC):
         self._resources = tuple(resources)
         self._listed: set[str] = set()
         self._all_listed = trio.Event()
-
-    def handler(self, resource: Resource) -> ResourceHandler:
-        return ResourceHandler(self, resource)
+        self.clear()
 
     @property
     def synced(self) -> bool:
@@ -170,21 +167,17 @@ class ChildIndex(ABC):
     def parent_of(self, obj: Mapping[str, Any]) -> str:
         return str(labels_of(obj).get(self._lineage_key, ""))
 
-    @abstractmethod
-    def replace(self, resource: Resource, items: Iterable[Obj]) -> None: ...
-
-    @abstractmethod
-    def observe(self, resource: Resource, obj: Obj) -> None: ...
-
-    @abstractmethod
-    def forget(self, resource: Resource, name: str) -> None: ...
+    def _enqueue_all(self, parents: Iterable[str]) -> None:
+        for parent in parents:
+            if parent:
+                self._enqueue(parent)
 
 
 class ResourceHandler:
     """The informer handler of one child resource, delegating to a :class:`ChildIndex`
     (:class:`LiveChildren` here, ``ForeignChildren`` for other installations' children)."""
 
-    def __init__(self, owner: ChildIndex, resource: Resource) -> None:
+    def __init__(self, owner: LiveChildren | ForeignChildren, resource: Resource) -> None:
         self._owner = owner
         self._resource = resource
 
@@ -206,25 +199,18 @@ class LiveChildren(ChildIndex):
 
     Every child of the kind's child resources in the apps namespace, selected by the
     managed-by, installation and lineage labels: nothing foreign is held. An informer
-    handler for each child resource (:meth:`handler`). Every change or delete enqueues
+    handler for each child resource (:class:`ResourceHandler`). Every change or delete enqueues
     the parent the lineage label names: a child deleted or edited by hand is repaired
     within a moment, not at the next resync.
     """
 
-    def __init__(self, resources: Iterable[Resource], lineage_key: str,
-                 enqueue: Callable[[str], None]) -> None:
-        super().__init__(resources, lineage_key, enqueue)
+    def clear(self) -> None:
+        super().clear()
         self._objects: dict[ChildKey, Obj] = {}
         self._by_parent: dict[str, set[ChildKey]] = {}
         # key -> resourceVersion of the child when its DELETED event came: a write's answer
         # arriving after that event is not newer than what was deleted, and is not held.
         self._gone: dict[ChildKey, int] = {}
-
-    def clear(self) -> None:
-        super().clear()
-        self._objects.clear()
-        self._by_parent.clear()
-        self._gone.clear()
 
     def get(self, key: ChildKey) -> Obj | None:
         return self._objects.get(key)
@@ -266,18 +252,13 @@ class LiveChildren(ChildIndex):
 
     def replace(self, resource: Resource, objects: Iterable[Obj]) -> None:
         """A (re)list of ``resource``: its children are exactly ``objects``."""
-        touched: set[str] = set()
         self._gone = {k: rv for k, rv in self._gone.items() if k.plural != resource.plural}
-        for key in [k for k in self._objects if k.plural == resource.plural]:
-            parent = self._drop(key)
-            if parent is not None:
-                touched.add(parent)
-        for obj in objects:
-            touched.add(self._store(ChildKey(resource.plural, child_name(obj)), obj))
+        touched = {self._drop(key) or "" for key in
+                   [k for k in self._objects if k.plural == resource.plural]}
+        touched.update(self._store(ChildKey(resource.plural, child_name(obj)), obj)
+                       for obj in objects)
         if not self._mark_listed(resource):  # a relist: whatever changed meanwhile gets a look
-            for parent in sorted(touched):
-                if parent:
-                    self._enqueue(parent)
+            self._enqueue_all(sorted(touched))
 
     def observe(self, resource: Resource, obj: Obj) -> None:
         """A watch event: hold ``obj`` unless what is held is newer; enqueue its parent.
@@ -293,9 +274,7 @@ class LiveChildren(ChildIndex):
             # nothing we do not hold already, so nothing to reconcile.
             return
         old_parent = self.parent_of(held) if held is not None else ""
-        for parent in {old_parent, self._store(key, obj)}:
-            if parent:
-                self._enqueue(parent)
+        self._enqueue_all({old_parent, self._store(key, obj)})
 
     def put(self, resource: Resource, obj: Obj) -> None:
         """Hold what a write of ours just returned (no enqueue: we just reconciled it).
@@ -304,11 +283,10 @@ class LiveChildren(ChildIndex):
         when not newer than a child whose DELETED event came first.
         """
         key = ChildKey(resource.plural, child_name(obj))
-        if _older(obj, self._objects.get(key), or_same=False):
-            return
-        if _older(obj, self._gone.get(key), or_same=True):
-            return  # deleted after this write: its DELETED event came first
-        self._store(key, obj)
+        # Not when a child deleted after this write had its DELETED event first.
+        if not (_older(obj, self._objects.get(key), or_same=False)
+                or _older(obj, self._gone.get(key), or_same=True)):
+            self._store(key, obj)
 
     def forget(self, resource: Resource, name: str) -> None:
         """A child is gone (watch DELETED, or our own delete): enqueue its parent."""
@@ -318,9 +296,7 @@ class LiveChildren(ChildIndex):
             if len(self._gone) > 10_000:  # bounded: an old answer this late is not expected
                 self._gone.clear()
             self._gone[key] = rv
-        parent = self._drop(key)
-        if parent:
-            self._enqueue(parent)
+        self._enqueue_all([self._drop(key) or ""])
 
     def discard(self, key: ChildKey) -> None:
         """Drop a child we deleted ourselves (no enqueue)."""
@@ -341,15 +317,10 @@ class ForeignChildren(ChildIndex):
     no installation label (an older build) is not foreign: its parent adopts it.
     """
 
-    def __init__(self, resources: Iterable[Resource], lineage_key: str,
-                 enqueue: Callable[[str], None]) -> None:
-        super().__init__(resources, lineage_key, enqueue)
-        # key -> (installation, parent named by the lineage label)
-        self._held: dict[ChildKey, tuple[str, str]] = {}
-
     def clear(self) -> None:
         super().clear()
-        self._held.clear()
+        # key -> (installation, parent named by the lineage label)
+        self._held: dict[ChildKey, tuple[str, str]] = {}
 
     def owner(self, key: ChildKey) -> str | None:
         """The other installation holding ``key``, if any."""
@@ -361,22 +332,16 @@ class ForeignChildren(ChildIndex):
                    if key.plural == resource.plural}
         self._held = {key: value for key, value in self._held.items()
                       if key.plural != resource.plural}
-        for obj in objects:
-            touched.add(self._store(resource, obj))
+        touched.update(self._store(resource, obj) for obj in objects)
         self._mark_listed(resource)
-        for parent in sorted(touched):
-            if parent:
-                self._enqueue(parent)
+        self._enqueue_all(sorted(touched))
 
     def observe(self, resource: Resource, obj: Obj) -> None:
-        parent = self._store(resource, obj)
-        if parent:
-            self._enqueue(parent)
+        self._enqueue_all([self._store(resource, obj)])
 
     def forget(self, resource: Resource, name: str) -> None:
         held = self._held.pop(ChildKey(resource.plural, name), None)
-        if held is not None and held[1]:
-            self._enqueue(held[1])
+        self._enqueue_all([held[1]] if held is not None else [])
 
     def _store(self, resource: Resource, obj: Obj) -> str:
         parent = self.parent_of(obj)

@@ -81,24 +81,19 @@ def ours_to_write(obj: Mapping[str, Any], *, lineage_key: str, parent: str,
     overwritten.
     """
     labels = labels_of(obj)
-    if labels.get(MANAGED_BY_KEY) != MANAGED_BY_VALUE:
-        return False
-    if labels.get(INSTALLATION_KEY) != installation:
-        return False
-    return labels.get(lineage_key) == parent or written_by_us(obj, managers)
+    return (labels.get(MANAGED_BY_KEY) == MANAGED_BY_VALUE
+            and labels.get(INSTALLATION_KEY) == installation
+            and (labels.get(lineage_key) == parent or written_by_us(obj, managers)))
 
 
 def describe(obj: Mapping[str, Any], kind: str, namespace: str, lineage_key: str) -> str:
     """``Service apps/web (owner labels: managed-by=helm, no installation, no lineage)``."""
     labels = labels_of(obj)
     name = (obj.get("metadata") or {}).get("name", "")
-
-    def say(key: str, short: str) -> str:
-        value = labels.get(key)
-        return f"{short}={value}" if value is not None else f"no {short}"
-
-    owners = ", ".join((say(MANAGED_BY_KEY, "managed-by"), say(INSTALLATION_KEY, "installation"),
-                        say(lineage_key, "lineage")))
+    owners = ", ".join(
+        f"{short}={labels[key]}" if labels.get(key) is not None else f"no {short}"
+        for key, short in ((MANAGED_BY_KEY, "managed-by"), (INSTALLATION_KEY, "installation"),
+                           (lineage_key, "lineage")))
     return f"{kind} {namespace}/{name} exists and is not ours (owner labels: {owners})"
 
 

@@ -15,7 +15,7 @@ from supervisor.fanout.live import LiveChildren, unavailable
 from supervisor.kube.applying import Desired
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NotFound
-from supervisor.kube.events import EventRecorder, EventType, Involved
+from supervisor.kube.events import EventRecorder, EventType
 from supervisor.kube.models import ParentStatus, Resource, kube_time
 
 __all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
@@ -40,34 +40,23 @@ class StatusWant:
 
 def needs_write(current: ParentStatus, want: StatusWant) -> bool:
     """Does ``current`` differ from ``want`` in anything we own?"""
-    if current.observed_generation != want.generation:
-        return True
-    for type_, status, reason, message in want.conditions():
-        cond = current.condition(type_)
-        if cond is None or (cond.status, cond.reason, cond.message) != (status, reason, message):
-            return True
-    return False
+    return current.observed_generation != want.generation or any(
+        (cond := current.condition(type_)) is None
+        or (cond.status, cond.reason, cond.message) != (status, reason, message)
+        for type_, status, reason, message in want.conditions())
 
 
 def status_body(api_version: str, kind: str, name: str, namespace: str,
                 current: ParentStatus, want: StatusWant) -> dict[str, Any]:
     """The apply configuration of the status subresource for ``want``."""
-    conditions = []
-    for type_, status, reason, message in want.conditions():
-        cond = current.condition(type_)
-        transition = (
-            cond.last_transition_time
-            if cond is not None and cond.status == status and cond.last_transition_time
-            else kube_time()
-        )
-        conditions.append({
-            "type": type_,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": transition,
-            "observedGeneration": want.generation,
-        })
+    conditions = [
+        {"type": type_, "status": status, "reason": reason, "message": message,
+         # Moved only when the condition's status does.
+         "lastTransitionTime": cond.last_transition_time
+         if (cond := current.condition(type_)) is not None and cond.status == status
+         and cond.last_transition_time else kube_time(),
+         "observedGeneration": want.generation}
+        for type_, status, reason, message in want.conditions()]
     return {
         "apiVersion": api_version,
         "kind": kind,
@@ -94,7 +83,8 @@ class ParentReporter:
     drain: Drain
 
     def __post_init__(self) -> None:
-        self.events = EventRecorder(self.client, self.config.field_manager)
+        self.events = EventRecorder(self.client, self.config.field_manager, self.resource,
+                                    self.config.control_namespace)
         # The status we last wrote, with the parent's resourceVersion at that time.
         self._written: dict[str, tuple[str, StatusWant]] = {}
         # The resourceVersion of a parent whose status write found it deleted.
@@ -108,24 +98,9 @@ class ParentReporter:
             else:
                 memo.pop(name, None)
 
-    def want(self, parent: Parent, desired: list[Desired], status: str, reason: str,
-             message: str) -> StatusWant:
-        """The status for ``Ready`` as given, and ``Available`` from the live children."""
-        generation = parent.metadata.generation
-        missing = [why for child in desired
-                   if (why := unavailable(child, self.live.get(child.key))) is not None]
-        if missing:
-            return StatusWant(generation, status, reason, message, "False",
-                              "ChildrenUnavailable", missing[0][:1024])
-        return StatusWant(generation, status, reason, message, "True", "ChildrenAvailable",
-                          f"{len(desired)} of {len(desired)} available")
-
     async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
-        meta = parent.metadata
-        about = Involved(self.resource, self.config.control_namespace, meta.name, meta.uid,
-                         meta.resource_version)
-        await self.events.emit(about, type_, reason, message)
+        await self.events.emit(parent.metadata, type_, reason, message)
 
     async def write(self, parent: Parent, desired: list[Desired], status: str,
                     reason: str, message: str) -> None:
@@ -137,14 +112,17 @@ class ParentReporter:
     (the parent deleted, its DELETED event not here yet) is quiet. Nothing is written
     again to that name and resourceVersion: each would be another 404.
     """
-        want = self.want(parent, desired, status, reason, message)
+        # Available from the live children, the message naming the first that is not.
+        missing = [why for child in desired
+                   if (why := unavailable(child, self.live.get(child.key))) is not None]
+        available = (("False", "ChildrenUnavailable", missing[0][:1024]) if missing else
+                     ("True", "ChildrenAvailable", f"{len(desired)} of {len(desired)} available"))
+        want = StatusWant(parent.metadata.generation, status, reason, message, *available)
         meta = parent.metadata
-        if self._gone.get(meta.name) == meta.resource_version:
-            return  # this version of the parent is deleted; its DELETED event follows
-        written = self._written.get(meta.name)
-        if written is not None and written == (meta.resource_version, want):
-            return  # written already; our own MODIFIED event has not arrived yet
-        if not needs_write(parent.status, want):
+        if (self._gone.get(meta.name) == meta.resource_version  # deleted; DELETED follows
+                # Written already; our own MODIFIED event has not arrived yet.
+                or self._written.get(meta.name) == (meta.resource_version, want)
+                or not needs_write(parent.status, want)):
             return
         body = status_body(self.resource.api_version, self.resource.kind, meta.name,
                            self.config.control_namespace, parent.status, want)

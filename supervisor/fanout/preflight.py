@@ -6,7 +6,7 @@ Operators: docs/operations.md, "The fan-out controller"; docs/log-events.md.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -45,14 +45,6 @@ ErrorClass = Literal["schema_skew", "namespace_or_rbac_unready", "child_api_miss
 CRDS_FIX = "kubectl apply -k manifests/crds"
 NAMESPACE_FIX = "manifests/apps-namespace"
 FIRST_RETRY_S = 1.0
-
-
-def missing_api_fix(resource: Resource) -> str:
-    """The fix text of ``child_api_missing`` for ``resource``."""
-    hint = " (batch/v1 CronJob is served from Kubernetes 1.21)" if (
-        resource.group, resource.version, resource.plural) == ("batch", "v1", "cronjobs") else ""
-    return (f"run against an API server that serves {resource.api_version} {resource.plural}"
-            f"{hint}")
 
 
 class ListClient(Protocol):
@@ -99,65 +91,32 @@ def failure_class(exc: KubeError) -> str:
     return classify_watch_error(exc)
 
 
-def _report(
-    exc: KubeError,
-    *,
-    missing_api: bool = False,
-    kind: str,
-    resource: Resource,
-    namespace: str,
-    retry_s: float,
-    status: FanoutStatus | None,
-    metrics: Metrics | None,
-) -> ErrorClass:
-    error_class: ErrorClass = (
-        reasons.CHILD_API_MISSING if missing_api else classify_watch_error(exc)
-    )
-    if status is not None:
-        status.state = "preflight"
-        status.last_error_class = error_class
-    if metrics is not None:
-        metrics.fanout_preflight_failures.labels(kind, error_class).inc()
-    context = {
-        "kind": kind,
-        "error_class": error_class,
-        "resource": str(resource),
-        "namespace": namespace,
-        "error": str(exc),
-        "retry_s": retry_s,
-    }
+def _report(exc: KubeError, resource: Resource, error_class: ErrorClass, kind: str,
+            namespace: str, retry_s: float) -> None:
+    """Log one failed attempt, at error when no retry heals it, with the fix to apply."""
+    context = {"kind": kind, "error_class": error_class, "resource": str(resource),
+               "namespace": namespace, "error": str(exc), "retry_s": retry_s}
     if error_class == reasons.CHILD_API_MISSING:
-        fix = missing_api_fix(resource)
-        log.error(
-            "fan-out child API not served; retrying", detail=
-            f"the API server does not serve"
-            f" {resource.api_version} {resource.plural} (a child resource of {kind}); no"
-            f" manifest fixes this: {fix}; retrying",
-            fix=fix,
-            **context,
-        )
+        hint = (" (batch/v1 CronJob is served from Kubernetes 1.21)" if (resource.group,
+                resource.version, resource.plural) == ("batch", "v1", "cronjobs") else "")
+        fix = (f"run against an API server that serves {resource.api_version}"
+               f" {resource.plural}{hint}")
+        log.error("fan-out child API not served; retrying", detail=
+                  f"the API server does not serve {resource.api_version} {resource.plural} (a"
+                  f" child resource of {kind}); no manifest fixes this: {fix};"
+                  " retrying", fix=fix, **context)
     elif error_class == reasons.SCHEMA_SKEW:
-        path = getattr(exc, "path", "")
-        if path:
+        if path := getattr(exc, "path", ""):
             context["path"] = path
-        log.error(
-            "fan-out watch response failed to decode; retrying", detail=
-            "the installed CRD schema differs from"
-            " the one this build reads (schema skew, not a namespace or RBAC problem);"
-            f" apply the current CRDs with `{CRDS_FIX}`; retrying",
-            fix=CRDS_FIX,
-            **context,
-        )
+        log.error("fan-out watch response failed to decode; retrying", detail=
+                  "the installed CRD schema differs from the one this build reads (schema"
+                  " skew, not a namespace or RBAC problem); apply the current CRDs with"
+                  f" `{CRDS_FIX}`; retrying", fix=CRDS_FIX, **context)
     else:
-        log.warning(
-            "fan-out watch not available yet; retrying", detail=
-            "(apps namespace or its RBAC not provisioned,"
-            f" CRDs missing, or the API server unreachable?); apply {NAMESPACE_FIX};"
-            " retrying",
-            fix=NAMESPACE_FIX,
-            **context,
-        )
-    return error_class
+        log.warning("fan-out watch not available yet; retrying", detail=
+                    "(apps namespace or its RBAC not provisioned, CRDs missing, or the API"
+                    f" server unreachable?); apply {NAMESPACE_FIX}; retrying",
+                    fix=NAMESPACE_FIX, **context)
 
 
 async def _not_served(exc: KubeError, resource: Resource,
@@ -215,27 +174,27 @@ async def await_watchable(
         except KubeError as error:
             exc = error
         delay = backoff.next()
-        missing = await _not_served(exc, resource, is_served)
-        _report(exc, missing_api=missing, kind=label, resource=resource,
-                namespace=namespace, retry_s=round(delay, 3), status=status, metrics=metrics)
+        error_class: ErrorClass = (reasons.CHILD_API_MISSING
+                                   if await _not_served(exc, resource, is_served)
+                                   else classify_watch_error(exc))
+        if status is not None:
+            status.state = "preflight"
+            status.last_error_class = error_class
+        if metrics is not None:
+            metrics.fanout_preflight_failures.labels(label, error_class).inc()
+        _report(exc, resource, error_class, label, namespace, round(delay, 3))
         if wakeup is None:
             await trio.sleep(delay)
         elif await wakeup.wait(delay, since=seen):
             backoff.reset()
 
 
-async def await_watchable_cancellable(
-    client: ListClient,
-    resource: Resource,
-    namespace: str,
-    *,
-    retry_s: float,
-    cancel: trio.Event | trio.CancelScope,
-    kind: str | None = None,
-    status: FanoutStatus | None = None,
-    metrics: Metrics | None = None,
-) -> bool:
+async def await_watchable_cancellable(client: ListClient, resource: Resource, namespace: str,
+                                      *, cancel: trio.Event | trio.CancelScope,
+                                      **options: Any) -> bool:
     """:func:`await_watchable` that gives up when ``cancel`` fires: True if serveable first.
+
+    ``options`` are :func:`await_watchable`'s.
 
     ``cancel`` is a :class:`trio.Event` (set it to give up) or a fresh
     :class:`trio.CancelScope` (cancel it to give up; this function enters it).
@@ -246,17 +205,16 @@ async def await_watchable_cancellable(
     if isinstance(cancel, trio.Event) and cancel.is_set():
         return False
     scope = cancel if isinstance(cancel, trio.CancelScope) else trio.CancelScope()
+
+    async def cancel_when_set(event: trio.Event) -> None:
+        await event.wait()
+        scope.cancel()
+
     with scope:
         async with trio.open_nursery() as nursery:
             if isinstance(cancel, trio.Event):
-                nursery.start_soon(_cancel_when_set, cancel, scope)
-            await await_watchable(client, resource, namespace, retry_s=retry_s, kind=kind,
-                                  status=status, metrics=metrics)
+                nursery.start_soon(cancel_when_set, cancel)
+            await await_watchable(client, resource, namespace, **options)
             nursery.cancel_scope.cancel()
         return True
     return False
-
-
-async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()

@@ -51,10 +51,7 @@ class SweepGuard:
         allowed and clears the memory.
         """
         current = frozenset(parents)
-        if orphans <= self.handful or orphans * 2 <= seen:
-            self._refused_for = None
-            return True
-        if self._refused_for is not None and self._refused_for == current:
+        if orphans <= self.handful or orphans * 2 <= seen or self._refused_for == current:
             self._refused_for = None
             return True
         self._refused_for = current

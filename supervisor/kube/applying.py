@@ -53,10 +53,6 @@ class Desired:
         return ChildKey(self.resource.plural, self.name)
 
 
-def _digest(body: Mapping[str, Any]) -> str:
-    return hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()[:32]
-
-
 def make_desired(
     resource: Resource,
     namespace: str,
@@ -72,6 +68,6 @@ def make_desired(
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
         "spec": spec,
     }
-    digest = _digest(body)
+    digest = hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()[:32]
     body["metadata"]["annotations"] = {DIGEST_ANNOTATION: digest}
     return Desired(resource, name, body, digest)

@@ -54,13 +54,7 @@ import trio
 
 from supervisor.kube.config import CREDENTIALS_DEADLINE_S, KubeSettings, load_settings_async
 from supervisor.kube.credentials import Credentials
-from supervisor.kube.errors import (
-    KubeConfigError,
-    NotFound,
-    TimedOut,
-    TransportError,
-    transport_error,
-)
+from supervisor.kube.errors import KubeConfigError, NotFound, TimedOut, transport_error
 from supervisor.kube.models import ObjectList, PartialObject, Resource
 from supervisor.kube.transport import Transport
 from supervisor.kube.wire import (
@@ -244,7 +238,10 @@ class KubeClient:
                         RequestBody(content) if content is not None else None,
                         timeout or self._timeout, server_name)
                 except httpx.HTTPError as exc:
-                    raise self._transport_error(f"{method} {path}", exc) from exc
+                    source = self._settings.source if self._settings else "the kubeconfig"
+                    raise transport_error(
+                        f"{method} {path}", exc, certificate_hint=f"the CA of {source}",
+                        timed_out=isinstance(exc, httpx.TimeoutException)) from exc
             if scope.cancelled_caught:
                 raise TimedOut(f"{method} {path}: no response headers within "
                                f"{self._timeout_s:g} s")
@@ -252,23 +249,14 @@ class KubeClient:
                 await response.aclose()
                 await self._credentials.reload_after_401(authorization)
                 continue
-            if response.status_code == 429:
-                self._hold(response)
+            # A 429: nothing more is sent until its Retry-After (capped) has passed.
+            wait = retry_after(response) if response.status_code == 429 else None
+            if wait is not None and wait > 0:
+                self._resume_at = max(self._resume_at, trio.current_time() + wait)
             if response.status_code >= 400:
                 await raise_api_error(response, method, path, self._timeout_s)
             return response
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _transport_error(self, where: str, exc: httpx.HTTPError) -> TransportError:
-        source = self._settings.source if self._settings is not None else "the kubeconfig"
-        return transport_error(where, exc, certificate_hint=f"the CA of {source}",
-                               timed_out=isinstance(exc, httpx.TimeoutException))
-
-    def _hold(self, response: httpx.Response) -> None:
-        """The server said 429: nothing more is sent until its Retry-After has passed."""
-        wait = retry_after(response)
-        if wait is not None and wait > 0:  # capped: a server asking for hours is not believed
-            self._resume_at = max(self._resume_at, trio.current_time() + wait)
 
     async def request(
         self,
@@ -282,10 +270,8 @@ class KubeClient:
     ) -> T:
         """One request; the JSON body (``body`` encoded by msgspec) decoded into ``type_``."""
         content = msgspec.json.encode(body) if body is not None else None
-        response = await self._send(
-            method, path, params=params, content=content,
-            content_type=content_type if content is not None else None,
-        )
+        response = await self._send(method, path, params=params, content=content,
+                                    content_type=content_type)
         body = ResponseBody(response, f"{method} {path}")
         try:
             raw = await body.read(MAX_RESPONSE_BYTES, self._timeout_s)

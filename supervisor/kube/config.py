@@ -102,8 +102,6 @@ def load_settings(
             k8s_config.load_kube_config(
                 config_file=path, client_configuration=cfg, persist_config=False
             )
-    except KubeConfigError:
-        raise
     except (
         k8s_config.ConfigException, yaml.YAMLError, OSError, ValueError, KeyError, TypeError
     ) as exc:

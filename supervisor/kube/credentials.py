@@ -16,14 +16,6 @@ __all__ = ["Credentials"]
 log = get_logger("kube")
 
 
-class _Refresh:
-    """One token refresh in a worker thread: ``done`` is set (in trio) when the thread ends."""
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.result: outcome.Outcome[str | None] | None = None
-
-
 class Credentials:
     """The ``Authorization`` header value of one client, kept current.
 
@@ -49,7 +41,7 @@ class Credentials:
         self.authorization: str | None = None
         self._refresh: Callable[[], str | None] | None = None
         self._refreshed_at = 0.0
-        self._refresh_job: _Refresh | None = None  # the refresh thread running, if any
+        self._refresh_job: trio.Event | None = None  # set when the refresh thread running ends
         self.reloads = 0
 
     def adopt(self, settings: KubeSettings) -> None:
@@ -80,38 +72,33 @@ class Credentials:
                     job = self._refresh_job
                     if job is None:
                         job = self._refresh_job = self._start_refresh(refresh)
-                    # Cancellable; the thread runs on and _refreshed adopts its answer.
-                    await job.done.wait()
+                    # Cancellable; the thread runs on and its answer is adopted when it ends.
+                    await job.wait()
         return self.authorization
 
-    def _start_refresh(self, refresh: Callable[[], str | None]) -> _Refresh:
-        job = _Refresh()
+    def _start_refresh(self, refresh: Callable[[], str | None]) -> trio.Event:
+        done = trio.Event()
         trio_token = trio.lowlevel.current_trio_token()
 
-        def deliver(result: outcome.Outcome[str | None]) -> None:  # in the worker thread
-            def finish() -> None:
-                job.result = result
-                job.done.set()
-                self._refreshed(job)
+        def finish(result: outcome.Outcome[str | None]) -> None:
+            """The refresh thread ended (in trio's thread): adopt its token unless superseded."""
+            done.set()
+            if self._refresh_job is not done:
+                return  # a reload after 401 or aclose came first: this answer is stale
+            self._refresh_job = None
+            self._refreshed_at = trio.current_time()
+            try:
+                self.authorization = result.unwrap()
+            except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
+                log.warning("token refresh failed; keeping the current token",
+                            error=f"{type(exc).__name__}: {exc}")
 
+        def deliver(result: outcome.Outcome[str | None]) -> None:  # in the worker thread
             with suppress(trio.RunFinishedError):
-                trio_token.run_sync_soon(finish)
+                trio_token.run_sync_soon(finish, result)
 
         trio.lowlevel.start_thread_soon(refresh, deliver, name="kube token refresh")
-        return job
-
-    def _refreshed(self, job: _Refresh) -> None:
-        """A refresh thread ended (in trio's thread): adopt its token unless superseded."""
-        if self._refresh_job is not job:
-            return  # a reload after 401 or aclose came first: this answer is stale
-        self._refresh_job = None
-        self._refreshed_at = trio.current_time()
-        try:
-            assert job.result is not None
-            self.authorization = job.result.unwrap()
-        except Exception as exc:  # noqa: BLE001 - the loader's own errors; keep the old token
-            log.warning("token refresh failed; keeping the current token",
-                        error=f"{type(exc).__name__}: {exc}")
+        return done
 
     async def reload_after_401(self, refused: str | None) -> None:
         """Run the loader again after ``refused`` drew a 401; once for concurrent callers.

@@ -10,10 +10,10 @@ import trio
 
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import KubeError, NotFound
-from supervisor.kube.models import PartialObject, Resource, kube_time
+from supervisor.kube.models import ObjectMeta, PartialObject, Resource, kube_time
 from supervisor.logs import get_logger
 
-__all__ = ["EVENTS", "EventRecorder", "Involved"]
+__all__ = ["EVENTS", "EventRecorder"]
 
 log = get_logger("kube.events")
 
@@ -24,17 +24,6 @@ MERGE_PATCH = "application/merge-patch+json"
 EventType = Literal["Normal", "Warning"]
 
 
-@dataclass(frozen=True)
-class Involved:
-    """The object an Event is about."""
-
-    resource: Resource
-    namespace: str
-    name: str
-    uid: str = ""
-    resource_version: str = ""
-
-
 class EventRecorder:
     """Records Events for one component; best effort, as client-go's recorder.
 
@@ -43,15 +32,18 @@ class EventRecorder:
     log.
     """
 
-    def __init__(self, client: KubeClient, component: str, *, window_s: float = 60.0) -> None:
+    def __init__(self, client: KubeClient, component: str, resource: Resource, namespace: str,
+                 *, window_s: float = 60.0) -> None:
         self._client = client
         self._component = component
+        self._resource = resource  # of the objects the Events are about, all in namespace
+        self._namespace = namespace
         self._window_s = window_s
-        # (namespace, name, uid, reason) -> the Event recorded last for it
-        self._recent: dict[tuple[str, str, str, str], _Recorded] = {}
+        # (name, uid, reason) -> the Event recorded last for it
+        self._recent: dict[tuple[str, str, str], _Recorded] = {}
         self._warned: set[tuple[str, str]] = set()
 
-    async def emit(self, about: Involved, type_: EventType, reason: str, message: str) -> None:
+    async def emit(self, about: ObjectMeta, type_: EventType, reason: str, message: str) -> None:
         """Record the Event now, or count it into the last like it.
 
         The Event is in the parent's namespace, ``involvedObject`` the parent (kind,
@@ -66,12 +58,12 @@ class EventRecorder:
         records one ApplyFailed with a count. A patch that finds the Event expired creates a
         new one.
         """
-        key = (about.namespace, about.name, about.uid, reason)
+        key = (about.name, about.uid, reason)
         now = trio.current_time()
         last = self._recent.get(key)
-        if last is not None and now - last.at < self._window_s:
-            if await self._count_into(about, last, message, now):
-                return
+        if (last is not None and now - last.at < self._window_s
+                and await self._count_into(about, last, message, now)):
+            return
         if len(self._recent) > 4096:  # bounded: forget what is past the window
             self._recent = {k: r for k, r in self._recent.items()
                             if now - r.at < self._window_s}
@@ -80,14 +72,14 @@ class EventRecorder:
             recorded.at = now
             self._recent[key] = recorded
 
-    async def _count_into(self, about: Involved, last: _Recorded, message: str,
+    async def _count_into(self, about: ObjectMeta, last: _Recorded, message: str,
                           now: float) -> bool:
         """Count a repeat into ``last``; False when it must be a new Event (it is gone)."""
         stamp = kube_time()
         patch = {"count": last.count + 1, "lastTimestamp": stamp, "message": message[:1024]}
         try:
             await self._client.request(
-                "PATCH", EVENTS.object_path(about.namespace, last.name), PartialObject,
+                "PATCH", EVENTS.object_path(self._namespace, last.name), PartialObject,
                 body=patch, content_type=MERGE_PATCH)
         except NotFound:
             return False
@@ -98,15 +90,15 @@ class EventRecorder:
         last.at = now
         return True
 
-    def _failed(self, reason: str, about: Involved, exc: KubeError) -> None:
+    def _failed(self, reason: str, about: ObjectMeta, exc: KubeError) -> None:
         warn_key = (reason, type(exc).__name__)
         if warn_key not in self._warned:
             self._warned.add(warn_key)
             log.warning("could not record a Kubernetes Event (RBAC for events in the"
                         " control namespace?); dropped", reason=reason, name=about.name,
-                        namespace=about.namespace, error=str(exc))
+                        namespace=self._namespace, error=str(exc))
 
-    async def _create(self, about: Involved, type_: EventType, reason: str,
+    async def _create(self, about: ObjectMeta, type_: EventType, reason: str,
                       message: str) -> _Recorded | None:
         stamp = kube_time(micro=True)
         name = f"{about.name[:MAX_NAME - 17]}.{secrets.token_hex(8)}"
@@ -117,12 +109,12 @@ class EventRecorder:
                 # Object names may be 253 characters, as may the Event's: the suffix
                 # must not push it over (a long-named parent's Events were refused).
                 "name": name,
-                "namespace": about.namespace,
+                "namespace": self._namespace,
             },
             "involvedObject": {
-                "apiVersion": about.resource.api_version,
-                "kind": about.resource.kind,
-                "namespace": about.namespace,
+                "apiVersion": self._resource.api_version,
+                "kind": self._resource.kind,
+                "namespace": self._namespace,
                 "name": about.name,
                 "uid": about.uid or None,
                 "resourceVersion": about.resource_version or None,
@@ -140,7 +132,7 @@ class EventRecorder:
             "action": reason,
         }
         try:
-            await self._client.request("POST", EVENTS.collection_path(about.namespace),
+            await self._client.request("POST", EVENTS.collection_path(self._namespace),
                                        PartialObject, body=body)
         except KubeError as exc:
             self._failed(reason, about, exc)

@@ -12,7 +12,7 @@ import msgspec
 
 from supervisor.kube.client import KubeClient, decode
 from supervisor.kube.errors import DecodeError, NotFound
-from supervisor.kube.models import Resource
+from supervisor.kube.models import PartialMeta, Resource
 
 __all__ = [
     "LEASES",
@@ -92,11 +92,6 @@ class LeaseApi(Protocol):
     async def update(self, record: LeaseRecord) -> LeaseRecord: ...
 
 
-class _Meta(msgspec.Struct, rename="camel"):
-    name: str = ""
-    resource_version: str = ""
-
-
 class _Spec(msgspec.Struct, rename="camel"):
     holder_identity: str | None = None
     lease_duration_seconds: int | None = None
@@ -108,7 +103,7 @@ class _Spec(msgspec.Struct, rename="camel"):
 class _Lease(msgspec.Struct, rename="camel"):
     api_version: str = ""
     kind: str = ""
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    metadata: PartialMeta = msgspec.field(default_factory=PartialMeta)
     spec: _Spec = msgspec.field(default_factory=_Spec)
 
 

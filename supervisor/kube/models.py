@@ -137,10 +137,6 @@ class Status(_Wire):
     def causes(self) -> list[StatusCause]:
         return self.details.causes if self.details is not None else []
 
-    def has_cause(self, reason: str) -> bool:
-        """True when ``details.causes`` holds one whose reason (cause type) is ``reason``."""
-        return any(cause.reason == reason for cause in self.causes)
-
 
 class RawWatchEvent(_Wire):
     """One line of a watch stream; ``object`` is decoded separately, one at a time."""
@@ -167,7 +163,4 @@ class ParentStatus(_Wire):
     conditions: list[Condition] = []
 
     def condition(self, type_: str) -> Condition | None:
-        for cond in self.conditions:
-            if cond.type == type_:
-                return cond
-        return None
+        return next((cond for cond in self.conditions if cond.type == type_), None)

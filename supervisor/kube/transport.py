@@ -42,32 +42,16 @@ import trio
 
 __all__ = ["Transport", "ssl_context_of"]
 
-# httpcore's exceptions as httpx's own transport maps them (most derived first).
-_MAPPED: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
 @contextmanager
 def _as_httpx() -> Iterator[None]:
+    """httpcore's exceptions as httpx's own transport maps them: each to httpx's namesake."""
     try:
         yield
     except Exception as exc:
-        for theirs, ours in _MAPPED:
-            if isinstance(exc, theirs):
+        for cls in type(exc).__mro__:  # the most derived first
+            ours = getattr(httpx, cls.__name__, None) if cls.__module__.startswith(
+                "httpcore") else None
+            if isinstance(ours, type) and issubclass(ours, httpx.HTTPError):
                 raise ours(str(exc)) from exc
         raise
 
@@ -93,7 +77,7 @@ class _CorkedStream(httpcore.AsyncNetworkStream):
 
     async def _flush(self) -> None:
         if self._held:
-            data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+            data = b"".join(self._held)  # one buffer: itself, not a copy
             self._held.clear()
             await self._stream.write(data, self._timeout)
 
@@ -131,12 +115,6 @@ class _CorkedBackend(httpcore.AsyncNetworkBackend):
                           ) -> httpcore.AsyncNetworkStream:
         return _CorkedStream(await self._backend.connect_tcp(
             host, port, timeout, local_address, socket_options))
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Iterable[Any] | None = None,
-                                  ) -> httpcore.AsyncNetworkStream:
-        return _CorkedStream(await self._backend.connect_unix_socket(
-            path, timeout, socket_options))
 
     async def sleep(self, seconds: float) -> None:
         await self._backend.sleep(seconds)
@@ -248,30 +226,22 @@ class Transport:
         if self._port is not None and self._port != default_port:
             host_header += b":%d" % self._port
         self.host_header = host_header
-        options: dict[str, Any] = {
-            "ssl_context": ssl_context_of(verify) if self._scheme == b"https" else None,
-            "max_connections": max_connections,
-            "max_keepalive_connections": max_connections,
-            "network_backend": _CorkedBackend(network_backend or httpcore.TrioBackend()),
-        }
+        ssl_context = ssl_context_of(verify) if self._scheme == b"https" else None
+        backend = _CorkedBackend(network_backend or httpcore.TrioBackend())
         self._pool: httpcore.AsyncConnectionPool | _Pool
         if proxy is None:
-            self._pool = _Pool(httpcore.Origin(self._scheme, self._host, self._port or
-                                               default_port or 0),
-                               max_connections=max_connections,
-                               ssl_context=options["ssl_context"],
-                               network_backend=options["network_backend"])
+            origin = httpcore.Origin(self._scheme, self._host, self._port or default_port or 0)
+            self._pool = _Pool(origin, max_connections=max_connections, ssl_context=ssl_context,
+                               network_backend=backend)
         else:
             proxied = httpx.URL(proxy)
             auth = ((proxied.username, proxied.password)
                     if proxied.username or proxied.password else None)
-            bare = proxied.copy_with(username=None, password=None)
-            if proxied.scheme in ("socks5", "socks5h"):
-                self._pool = httpcore.AsyncSOCKSProxy(proxy_url=str(bare), proxy_auth=auth,
-                                                      **options)
-            else:
-                self._pool = httpcore.AsyncHTTPProxy(proxy_url=str(bare), proxy_auth=auth,
-                                                     **options)
+            socks = proxied.scheme in ("socks5", "socks5h")
+            self._pool = (httpcore.AsyncSOCKSProxy if socks else httpcore.AsyncHTTPProxy)(
+                proxy_url=str(proxied.copy_with(username=None, password=None)), proxy_auth=auth,
+                ssl_context=ssl_context, max_connections=max_connections,
+                max_keepalive_connections=max_connections, network_backend=backend)
 
     async def send(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                    stream: httpx.AsyncByteStream | None, timeout: httpx.Timeout,

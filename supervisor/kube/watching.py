@@ -96,11 +96,9 @@ def is_too_large_resource_version(exc: KubeError) -> bool:
         status = decode(exc.body, Status) if exc.body else Status()
     except DecodeError:
         status = Status()  # no causes to read
-    if status.has_cause(RV_TOO_LARGE_CAUSE):
-        return True
-    return exc.reason == "Timeout" and (
-        any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes)
-        or _RV_TOO_LARGE_TEXT in exc.message)
+    return any(c.reason == RV_TOO_LARGE_CAUSE for c in status.causes) or (
+        exc.reason == "Timeout" and (any(c.message == _RV_TOO_LARGE_TEXT for c in status.causes)
+                                     or _RV_TOO_LARGE_TEXT in exc.message))
 
 
 class _LineError(DecodeError):
@@ -134,7 +132,8 @@ class Informer(Generic[T]):
         self.watches_with_events = 0
         self._productive = False  # the current (or last) watch stream delivered a line
 
-    async def _sleep_backoff(self, exc: KubeError) -> None:
+    async def _sleep_backoff(self, exc: KubeError, why: str) -> None:
+        self.on_restart(why)
         self.on_failure(exc)
         delay = self._backoff.next(at_least=exc.retry_after)
         log.warning("watch failed; retrying", resource=str(self.resource),
@@ -178,8 +177,7 @@ class Informer(Generic[T]):
                 except KubeError as exc:
                     if is_preflight_matter(exc):
                         raise
-                    self.on_restart("list_failed")
-                    await self._sleep_backoff(exc)
+                    await self._sleep_backoff(exc, "list_failed")
                     continue
             try:
                 received = await self._watch_once()
@@ -199,8 +197,8 @@ class Informer(Generic[T]):
                     # The stream delivered before it was cut: this is a new outage, not
                     # the next failure of the last one (kube-rs resets after a good event).
                     self._backoff.reset()
-                self.on_restart("stalled" if isinstance(exc, StreamStalled) else "error")
-                await self._sleep_backoff(exc)
+                await self._sleep_backoff(exc, "stalled" if isinstance(exc, StreamStalled)
+                                          else "error")
                 continue
             if received:
                 self._backoff.reset()
@@ -239,12 +237,11 @@ class Informer(Generic[T]):
                     items[self.name_of(obj)] = obj
             continue_token = page.metadata.continue_
             if not continue_token:
-                resource_version = page.metadata.resource_version
                 break
         self.lists += 1
         self._backoff.reset()
         await self.handler.on_list(items, skewed)
-        self.resource_version = self._listed_version = resource_version
+        self.resource_version = self._listed_version = page.metadata.resource_version
 
     def _decode_object(self, raw: msgspec.Raw, skewed: set[str]) -> T | None:
         try:
@@ -259,7 +256,6 @@ class Informer(Generic[T]):
     async def _watch_once(self) -> bool:
         """One watch request until the server ends it; True when any line arrived."""
         assert self.resource_version is not None
-        received = False
         self._productive = False
         async with self.client.watch(
             self.resource, self.namespace,
@@ -271,14 +267,13 @@ class Informer(Generic[T]):
             self.on_open()
             try:
                 while (line := await stream.next_line()) is not None:
-                    if not received:
-                        received = True
+                    if not self._productive:
                         self._productive = True
                         self.watches_with_events += 1
                     self.handle_line(line)
             finally:
                 self.on_close()
-        return received
+        return self._productive
 
     def handle_line(self, line: bytes) -> None:
         """One line of the watch stream: an event handed on, a bookmark or a replay taken in,
@@ -310,9 +305,6 @@ class Informer(Generic[T]):
                         resource=str(self.resource), type=event.type, name=meta.name or None,
                         event_resource_version=rv, resource_version=self.resource_version)
             return
-        if event.type == "BOOKMARK":
-            self.resource_version = rv or self.resource_version
-            return
         if event.type == "DELETED":
             if meta.name:
                 self.handler.on_delete(meta.name)
@@ -321,7 +313,7 @@ class Informer(Generic[T]):
             obj = self._decode_object(event.object, skewed)
             if obj is not None:
                 self.handler.on_upsert(obj, self.name_of(obj))
-        else:
+        elif event.type != "BOOKMARK":  # a bookmark only advances the position
             log.warning("unknown watch event type; ignored", type=event.type,
                         resource=str(self.resource))
         self.resource_version = rv or self.resource_version

@@ -76,16 +76,6 @@ def list_type(item_type: type[T]) -> type[ObjectList[T]]:
     return cast("type[ObjectList[T]]", ObjectList[item_type])  # type: ignore[valid-type]
 
 
-def _seconds_until(http_date: str) -> float | None:
-    try:
-        when = email.utils.parsedate_to_datetime(http_date)
-    except (TypeError, ValueError, OverflowError):  # not a date, or a year past datetime's
-        return None
-    if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
-        when = when.replace(tzinfo=_dt.UTC)
-    return (when - _dt.datetime.now(_dt.UTC)).total_seconds()
-
-
 def retry_after(response: httpx.Response) -> float | None:
     """``Retry-After`` (seconds, or an HTTP date) in seconds from now; None if absent or bad.
 
@@ -96,13 +86,16 @@ def retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
-    seconds: float | None
     try:
         seconds = float(value)
     except ValueError:
-        seconds = _seconds_until(value)  # an HTTP-date (RFC 9110): a proxy may send one
-    if seconds is None:
-        return None  # neither: the caller's backoff applies
+        try:  # an HTTP-date (RFC 9110): a proxy may send one
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, OverflowError):  # neither: the caller's backoff applies
+            return None
+        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+            when = when.replace(tzinfo=_dt.UTC)
+        seconds = (when - _dt.datetime.now(_dt.UTC)).total_seconds()
     if not math.isfinite(seconds):
         return None  # "inf" would put the retry off forever: the caller's backoff applies
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
