@@ -189,7 +189,10 @@ class StreamHub:
         raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer, allowed=allowed)
-        self._add(client)
+        if not self._clients:
+            self._empty = trio.Event()
+        self._clients.add(client)
+        self._metrics.stream_clients.set(len(self._clients))
         try:
             await send({"type": "websocket.accept"})
             # Through the connection: its handshake response must be out first.
@@ -207,7 +210,10 @@ class StreamHub:
                 await send({"type": "websocket.close", "code": code, "reason": reason})
         finally:
             sub.close()
-            self._remove(client)
+            self._clients.discard(client)
+            self._metrics.stream_clients.set(len(self._clients))
+            if not self._clients:
+                self._empty.set()
 
     async def _read_until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
         # The stream is one-way; client messages are read (so the connection's bounded
@@ -301,18 +307,6 @@ class StreamHub:
         return message
 
     # -- bookkeeping ---------------------------------------------------------
-
-    def _add(self, client: _Client) -> None:
-        if not self._clients:
-            self._empty = trio.Event()
-        self._clients.add(client)
-        self._metrics.stream_clients.set(len(self._clients))
-
-    def _remove(self, client: _Client) -> None:
-        self._clients.discard(client)
-        self._metrics.stream_clients.set(len(self._clients))
-        if not self._clients:
-            self._empty.set()
 
     def _count_drop(self, client: _Client) -> None:
         if not client.dropped:
