@@ -22,7 +22,7 @@ from supervisor.telemetry import Metrics
 
 __all__ = ["CLOSE_GOING_AWAY", "CLOSE_POLICY", "CLOSE_TOO_SLOW", "ConnectionGone", "Encoded",
            "FirstMessage", "RawSend", "Receive", "Scope", "Send", "StreamHub", "StreamSettings",
-           "encode_json", "text_frame"]
+           "encode_json", "text_frame", "until_disconnect"]
 
 log = get_logger("admin.stream")
 
@@ -199,7 +199,8 @@ class StreamHub:
             await self._send(client, send, None, first_message)
             close: tuple[int, str] | None = None
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_until_disconnect, receive, nursery.cancel_scope)
+                # One-way: what the client sends is read (its queue never fills) and dropped.
+                nursery.start_soon(until_disconnect, receive, nursery.cancel_scope)
                 try:
                     close = await self._write_events(client, send, raw)
                 except ConnectionGone:
@@ -214,15 +215,6 @@ class StreamHub:
             self._metrics.stream_clients.set(len(self._clients))
             if not self._clients:
                 self._empty.set()
-
-    async def _read_until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
-        # The stream is one-way; client messages are read (so the connection's bounded
-        # per-connection queue never fills) and ignored.
-        while True:
-            message = await receive()
-            if message.get("type") == "websocket.disconnect":
-                scope.cancel()
-                return
 
     async def _write_events(self, client: _Client, send: Send,
                             raw: RawSend | None) -> tuple[int, str] | None:
@@ -367,6 +359,17 @@ class StreamHub:
             await self._empty.wait()
         for client in list(self._clients):
             self._abort(client)
+
+
+async def until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Read (and drop) a client's ASGI messages until it disconnects, then cancel ``scope``.
+
+    A server's receive blocks until there is something to read; the checkpoint keeps
+    one that does not from starving the event loop.
+    """
+    while not str((await receive()).get("type")).endswith(".disconnect"):
+        await trio.lowlevel.checkpoint()
+    scope.cancel()
 
 
 def _ping() -> Encoded:
