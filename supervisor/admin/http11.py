@@ -58,11 +58,11 @@ WEBSOCKET_VERSION = b"13"
 _REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 
-async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
+async def first_request_head(stream: trio.SocketStream, *,
                              only: tuple[bytes, ...] | None = None) -> bool:
     """Wait, without consuming anything, until ``stream`` holds a complete request head.
 
-    False when it does not within ``deadline_s``, or when the peer closed.
+    False when the peer closed; the caller's cancel scope bounds the wait.
     False too for the HTTP/2 preface (``PRI ``: refused at once), and when ``only``
     is given and the head starts with none of its prefixes.
 
@@ -73,22 +73,18 @@ async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
     sock = stream.socket
     want = 1
     try:
-        with trio.move_on_after(deadline_s):
-            while True:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                await trio.lowlevel.wait_readable(sock)
-                data = await sock.recv(MAX_HEAD_BYTES, socket.MSG_PEEK)
-                if not data:
-                    return False
-                if data[:4] == H2_PREFACE[:4]:
-                    return False
-                # Readable without more bytes than last time: the peer shut its
-                # side down mid-head; the parser answers what there is (400).
-                ended = len(data) < want
-                if b"\r\n\r\n" in data or len(data) >= MAX_HEAD_BYTES or ended:
-                    return only is None or data.startswith(only)
-                want = len(data) + 1
-        return False
+        while True:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            await trio.lowlevel.wait_readable(sock)
+            data = await sock.recv(MAX_HEAD_BYTES, socket.MSG_PEEK)
+            if not data or data[:4] == H2_PREFACE[:4]:
+                return False
+            # Readable without more bytes than last time: the peer shut its
+            # side down mid-head; the parser answers what there is (400).
+            ended = len(data) < want
+            if b"\r\n\r\n" in data or len(data) >= MAX_HEAD_BYTES or ended:
+                return only is None or data.startswith(only)
+            want = len(data) + 1
     except (OSError, trio.ClosedResourceError):
         return False  # reset by the peer, or closed under us (evicted)
     finally:
