@@ -143,10 +143,7 @@ class AcceptLoop:
 
     def _answered(self, sock: socket.socket, answer: Callable[[bytes], bytes | None]) -> bool:
         """Answer and close ``sock`` now if its waiting head is one ``answer`` knows."""
-        try:
-            waiting = sock.recv(ANSWER_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except OSError:
-            return False
+        waiting = peek(sock, ANSWER_PEEK)
         end = waiting.find(b"\r\n\r\n")
         reply = answer(waiting[: end + 4]) if end >= 0 else None
         if reply is None:

@@ -48,10 +48,10 @@ def has_pending(sock: socket.socket | trio.socket.SocketType) -> bool:
     return int(struct.unpack("i", raw)[0]) > 0
 
 
-def peek(sock: socket.socket) -> bytes:
-    """What the peer has sent so far (up to 64 bytes), without consuming it."""
+def peek(sock: socket.socket, size: int = 64) -> bytes:
+    """What the peer has sent so far (up to ``size`` bytes), without consuming it."""
     try:
-        return sock.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        return sock.recv(size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except OSError:
         return b""
 
