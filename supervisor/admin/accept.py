@@ -32,26 +32,12 @@ ANSWER_PEEK = 2048
 STREAK_QUIET_S = 1.0
 
 
-class _Spare:
+def _spare() -> int | None:
     """One descriptor kept open so that, out of descriptors, accept can still refuse."""
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self.take()
-
-    def take(self) -> None:
-        if self._fd is None:
-            try:
-                self._fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                self._fd = None  # still out of descriptors; retried after the next refusal
-
-    def give(self) -> bool:
-        if self._fd is None:
-            return False
-        os.close(self._fd)
-        self._fd = None
-        return True
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None  # still out of descriptors
 
 
 class AcceptLoop:
@@ -84,7 +70,7 @@ class AcceptLoop:
         self._table = table
         self._spawn = spawn
         self._answer = answer
-        self._spare = _Spare()
+        self._spare = _spare()
         self._accept_errors = Streak(log, began="admin accept failing",
                                      ended="admin accept recovered", quiet_s=STREAK_QUIET_S,
                                      ended_level="warning", count_as="count")
@@ -97,7 +83,9 @@ class AcceptLoop:
         if self._sock.fileno() != -1:
             trio.lowlevel.notify_closing(self._sock)
             self._sock.close()
-        self._spare.give()
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until the socket is closed (returns) or cancelled."""
@@ -155,10 +143,7 @@ class AcceptLoop:
 
     def _answered(self, sock: socket.socket, answer: Callable[[bytes], bytes | None]) -> bool:
         """Answer and close ``sock`` now if its waiting head is one ``answer`` knows."""
-        try:
-            waiting = sock.recv(ANSWER_PEEK, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except OSError:
-            return False
+        waiting = peek(sock, ANSWER_PEEK)
         end = waiting.find(b"\r\n\r\n")
         reply = answer(waiting[: end + 4]) if end >= 0 else None
         if reply is None:
@@ -189,11 +174,10 @@ class AcceptLoop:
         self._accept_errors.failed(error=errno.errorcode.get(exc.errno or 0, "?"))
         # With the spare descriptor let go, the connection waiting in the backlog
         # can be accepted, only to be reset: refused, not left waiting.
-        if self._spare.give():
+        if self._spare is not None:
+            os.close(self._spare)
             try:
-                sock, _ = self._sock.accept()
+                reset(self._sock.accept()[0])
             except OSError:
                 pass
-            else:
-                reset(sock)
-            self._spare.take()
+            self._spare = _spare()

@@ -198,13 +198,7 @@ _NOT_AT_ONCE = frozenset({b"content-length", b"transfer-encoding", b"upgrade", b
 async def _lifespan(receive: Receive, send: Send) -> None:
     # Nothing to set up or tear down: serve_admin owns the resources. Answering
     # keeps any ASGI server that runs a lifespan from logging a warning.
-    while True:
-        message = await receive()
-        kind = message.get("type")
-        if kind == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif kind == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        else:
+    while (kind := (await receive()).get("type")) in ("lifespan.startup", "lifespan.shutdown"):
+        await send({"type": f"{kind}.complete"})
+        if kind == "lifespan.shutdown":
             return

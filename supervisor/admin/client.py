@@ -249,7 +249,8 @@ class _Watch:
 _E = TypeVar("_E", bound=BaseException)
 
 
-def first_leaf(group: BaseExceptionGroup[Any], kind: type[_E]) -> _E | None:
+def first_leaf(group: BaseExceptionGroup[Any],
+               kind: type[_E] | tuple[type[_E], ...]) -> _E | None:
     """The first leaf of ``group`` (nested groups included) that is a ``kind``."""
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
@@ -320,10 +321,6 @@ async def close_politely(ws: WebSocketConnection) -> None:
 
 async def _connect_once(url: str, watch: _Watch) -> _Ended:
     """One connection, start to end (:func:`replica_websocket`)."""
-    unreachable: AdminUnreachable | None = None
-    rejected: ConnectionRejected | None = None
-    broken: BaseException | None = None
-    closed: ConnectionClosed | None = None
     idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
     try:
         async with replica_websocket(url, watch.token, watch.ssl_context,
@@ -348,21 +345,24 @@ async def _connect_once(url: str, watch: _Watch) -> _Ended:
                 if watch.max_events is not None and watch.printed >= watch.max_events:
                     await close_politely(ws)
                     return _Ended("done", worked=True)
-    except* AdminUnreachable as group:
-        unreachable = first_leaf(group, AdminUnreachable)
-    except* ConnectionRejected as group:
-        rejected = first_leaf(group, ConnectionRejected)
-    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
-        broken = first_leaf(group, BaseException)
-    except* ConnectionClosed as group:
-        closed = first_leaf(group, ConnectionClosed)
-    if unreachable is not None:
+    except* (AdminUnreachable, ConnectionRejected, ConnectionClosed, *_BROKEN) as group:
+        ended = _ended_by(group, worked)
+    return ended
+
+
+_BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def _ended_by(group: BaseExceptionGroup[Any], worked: bool) -> _Ended:
+    """How a connection ended, from what its block raised (in this order of precedence)."""
+    if (unreachable := first_leaf(group, AdminUnreachable)) is not None:
         return _Ended("lost", unreachable.reason)
-    if rejected is not None:
+    if (rejected := first_leaf(group, ConnectionRejected)) is not None:
         return _Ended("refused", f"handshake refused ({rejected.status_code})",
                       rejected.status_code)
-    if broken is not None:
+    if (broken := first_leaf(group, _BROKEN)) is not None:
         return _Ended("lost", f"connection failed ({describe_failure(broken)})")
+    closed = first_leaf(group, ConnectionClosed)
     assert closed is not None  # the block returns unless one of the above ended it
     code = closed.reason.code if closed.reason is not None else None
     reason = (closed.reason.reason if closed.reason is not None else None) or ""

@@ -48,10 +48,10 @@ def has_pending(sock: socket.socket | trio.socket.SocketType) -> bool:
     return int(struct.unpack("i", raw)[0]) > 0
 
 
-def peek(sock: socket.socket) -> bytes:
-    """What the peer has sent so far (up to 64 bytes), without consuming it."""
+def peek(sock: socket.socket, size: int = 64) -> bytes:
+    """What the peer has sent so far (up to ``size`` bytes), without consuming it."""
     try:
-        return sock.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        return sock.recv(size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except OSError:
         return b""
 
@@ -124,17 +124,14 @@ class ConnectionTable:
             self.MAIN: _Pool(limit, has_pending),
             self.RESERVE: _Pool(reserved, lambda raw: reserve_admits(peek(raw)), MIN_IDLE_S),
         }
-        self._pool_of: dict[Peer, _Pool] = {}
         if metrics is not None:
             metrics.admin_connection_limit.set(limit)
 
     def __len__(self) -> int:
-        return len(self._pool_of)
+        return sum(len(pool.conns) for pool in self._pools.values())
 
     def get(self, peer: Peer) -> trio.SocketStream | None:
-        pool = self._pool_of.get(peer)
-        held = None if pool is None else pool.conns.get(peer)
-        return None if held is None else held[0]
+        return next((p.conns[peer][0] for p in self._pools.values() if peer in p.conns), None)
 
     def streams(self) -> list[trio.SocketStream]:
         return [held[0] for pool in self._pools.values() for held in pool.conns.values()]
@@ -147,12 +144,11 @@ class ConnectionTable:
         pool = self._pools[pool_name]
         pool.conns[peer] = (stream, raw)
         pool.idle[peer] = trio.current_time()
-        self._pool_of[peer] = pool
         self._count()
 
     def set_idle(self, peer: Peer, stream: trio.SocketStream, idle: bool) -> None:
-        pool = self._pool_of.get(peer)
-        if pool is None or self.get(peer) is not stream:
+        pool = self._holding(peer, stream)
+        if pool is None:
             return  # evicted meanwhile
         if idle:
             pool.idle[peer] = trio.current_time()
@@ -161,12 +157,16 @@ class ConnectionTable:
             pool.idle.pop(peer, None)
 
     def remove(self, peer: Peer, stream: trio.SocketStream) -> None:
-        pool = self._pool_of.get(peer)
-        if pool is not None and self.get(peer) is stream:
+        pool = self._holding(peer, stream)
+        if pool is not None:
             del pool.conns[peer]
             pool.idle.pop(peer, None)
-            del self._pool_of[peer]
             self._count()
+
+    def _holding(self, peer: Peer, stream: trio.SocketStream) -> _Pool | None:
+        """The pool holding ``stream`` as ``peer``'s connection; None once it is not (evicted)."""
+        return next((p for p in self._pools.values()
+                     if peer in p.conns and p.conns[peer][0] is stream), None)
 
     def make_room(self, pool_name: str = MAIN) -> bool:
         """True when one more connection fits in the pool (:attr:`MAIN` or
@@ -178,7 +178,6 @@ class ConnectionTable:
         evicted = pool.evict_idle()
         if evicted is None:
             return False
-        del self._pool_of[evicted]
         self.shed("evicted")
         self._count()
         return True
@@ -189,4 +188,4 @@ class ConnectionTable:
 
     def _count(self) -> None:
         if self._metrics is not None:
-            self._metrics.admin_connections.set(len(self._pool_of))
+            self._metrics.admin_connections.set(len(self))

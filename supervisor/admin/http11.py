@@ -58,11 +58,11 @@ WEBSOCKET_VERSION = b"13"
 _REFUSALS = {413: "body_too_large", 431: "head_too_large"}
 
 
-async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
+async def first_request_head(stream: trio.SocketStream, *,
                              only: tuple[bytes, ...] | None = None) -> bool:
     """Wait, without consuming anything, until ``stream`` holds a complete request head.
 
-    False when it does not within ``deadline_s``, or when the peer closed.
+    False when the peer closed; the caller's cancel scope bounds the wait.
     False too for the HTTP/2 preface (``PRI ``: refused at once), and when ``only``
     is given and the head starts with none of its prefixes.
 
@@ -73,22 +73,18 @@ async def first_request_head(stream: trio.SocketStream, deadline_s: float, *,
     sock = stream.socket
     want = 1
     try:
-        with trio.move_on_after(deadline_s):
-            while True:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                await trio.lowlevel.wait_readable(sock)
-                data = await sock.recv(MAX_HEAD_BYTES, socket.MSG_PEEK)
-                if not data:
-                    return False
-                if data[:4] == H2_PREFACE[:4]:
-                    return False
-                # Readable without more bytes than last time: the peer shut its
-                # side down mid-head; the parser answers what there is (400).
-                ended = len(data) < want
-                if b"\r\n\r\n" in data or len(data) >= MAX_HEAD_BYTES or ended:
-                    return only is None or data.startswith(only)
-                want = len(data) + 1
-        return False
+        while True:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            await trio.lowlevel.wait_readable(sock)
+            data = await sock.recv(MAX_HEAD_BYTES, socket.MSG_PEEK)
+            if not data or data[:4] == H2_PREFACE[:4]:
+                return False
+            # Readable without more bytes than last time: the peer shut its
+            # side down mid-head; the parser answers what there is (400).
+            ended = len(data) < want
+            if b"\r\n\r\n" in data or len(data) >= MAX_HEAD_BYTES or ended:
+                return only is None or data.startswith(only)
+            want = len(data) + 1
     except (OSError, trio.ClosedResourceError):
         return False  # reset by the peer, or closed under us (evicted)
     finally:
@@ -218,8 +214,7 @@ class Http11Connection:
             if self._only is not None and path not in self._only:
                 return  # the reserve pool serves /healthz alone
             headers = [(n, v) for n, v in request.headers]
-            if any(n == b"content-length" for n, _ in headers) and any(
-                    n == b"transfer-encoding" for n, _ in headers):
+            if {b"content-length", b"transfer-encoding"} <= {n for n, _ in headers}:
                 # The framing a proxy in front might read differently (request
                 # smuggling): RFC 9112 section 6.3 lets a server refuse it.
                 await self._refuse(400, "both Content-Length and Transfer-Encoding")
@@ -274,18 +269,16 @@ class Http11Connection:
 
     async def _body(self, timeout_s: float) -> bytes | None:
         """The request's body, if it is all here within ``timeout_s``; None: close."""
-        chunks: list[bytes] = []
-        size = 0
+        body = bytearray()
         with trio.move_on_after(timeout_s):
             while True:
                 event = await self._next_event()
                 if isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > MAX_BODY_BYTES:
+                    body += event.data
+                    if len(body) > MAX_BODY_BYTES:
                         await self._refuse(413, "request body too large")
-                    chunks.append(bytes(event.data))
                 elif isinstance(event, h11.EndOfMessage):
-                    return b"".join(chunks)
+                    return bytes(body)
                 elif event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
                     return None
         return None  # the body did not arrive in time
@@ -318,7 +311,6 @@ class Http11Connection:
     async def _http(self, request: h11.Request, headers: list[tuple[bytes, bytes]],
                     body: bytes) -> None:
         first = [{"type": "http.request", "body": body, "more_body": False}]
-        started: dict[str, Any] | None = None
 
         async def receive() -> dict[str, Any]:
             if first:
@@ -326,18 +318,7 @@ class Http11Connection:
             await self._until_disconnect()
             return {"type": "http.disconnect"}
 
-        async def send(message: Any) -> None:
-            nonlocal started
-            kind = message.get("type")
-            if kind == "http.response.start":
-                started = message
-            elif kind == "http.response.body" and started is not None:
-                if message.get("more_body"):
-                    raise RuntimeError("the admin app sends whole bodies")
-                await self._respond(started, message)
-                started = None
-
-        await self._app(self._scope("http", request, headers), receive, send)
+        await self._app(self._scope("http", request, headers), receive, self._answering())
         if self._gone or self._h11.our_state is h11.SEND_RESPONSE:
             raise _Gone  # the client went away (the app may have answered nothing)
 
@@ -401,7 +382,7 @@ class Http11Connection:
             await self._refuse(400, "bad WebSocket handshake")
         assert key is not None  # _valid_key
         first = [{"type": "websocket.connect"}]
-        refusal: Any = None
+        answer = self._answering(close=True)
         messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
         async with trio.open_nursery() as nursery:
 
@@ -414,15 +395,12 @@ class Http11Connection:
                     return {"type": "websocket.disconnect", "code": 1006}
 
             async def send(message: Any) -> None:
-                nonlocal refusal
                 kind = message.get("type")
                 if kind == "websocket.accept":
                     await self._accept(key)
                     nursery.start_soon(self._read_frames, messages_in)
-                elif kind == "websocket.http.response.start":
-                    refusal = message
-                elif kind == "websocket.http.response.body" and refusal is not None:
-                    await self._respond(refusal, message, close=True)
+                elif kind.startswith("websocket.http."):
+                    await answer(message)  # the handshake refused
                 elif kind == "websocket.send":
                     text, data = message.get("text"), message.get("bytes")
                     event = TextMessage(text) if text is not None else BytesMessage(data or b"")
@@ -451,6 +429,23 @@ class Http11Connection:
         trailing, _ = self._h11.trailing_data
         self._ws = WsConnection(ConnectionType.SERVER, extensions=[], trailing_data=trailing)
         await self._write(data)
+
+    def _answering(self, *, close: bool = False) -> Send:
+        """An ASGI ``send`` for one answer: its ``http.response.start`` and ``.body``
+        messages (or the ``websocket.http.`` ones: a handshake refused) to :meth:`_respond`."""
+        started: Any = None
+
+        async def send(message: Any) -> None:
+            nonlocal started
+            kind = str(message.get("type")).removeprefix("websocket.")
+            if kind == "http.response.start":
+                started = message
+            elif kind == "http.response.body" and started is not None:
+                if message.get("more_body"):
+                    raise RuntimeError("the admin app sends whole bodies")
+                await self._respond(started, message, close=close)
+                started = None
+        return send
 
     async def _respond(self, start: Any, body: Any, *, close: bool = False) -> None:
         """Write one whole answer: ASGI's response ``start`` and ``body`` messages (the

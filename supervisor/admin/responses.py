@@ -67,16 +67,11 @@ def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    raw = scope.get("headers") or []
-    out: list[tuple[bytes, bytes]] = []
-    for item in raw:
-        # Servers hand over well-formed pairs; anything else is dropped rather
-        # than trusted (the app must not crash on what a client sent).
-        if isinstance(item, list | tuple) and len(item) == 2:
-            name, value = item
-            if isinstance(name, bytes) and isinstance(value, bytes):
-                out.append((name, value))
-    return out
+    """The scope's headers; anything but a pair of bytes is dropped rather than trusted
+    (the app must not crash on what a client sent)."""
+    return [(item[0], item[1]) for item in scope.get("headers") or []
+            if isinstance(item, list | tuple) and len(item) == 2
+            and isinstance(item[0], bytes) and isinstance(item[1], bytes)]
 
 
 def refusal(status: int, error: str, detail: str, *headers: tuple[bytes, bytes]) -> Response:

@@ -24,7 +24,7 @@ from supervisor.admin.responses import (
     json_response,
 )
 from supervisor.admin.signed import Unservable, etag_for, not_modified
-from supervisor.admin.stream import Receive, Scope
+from supervisor.admin.stream import Receive, Scope, until_disconnect
 from supervisor.controlplane.replica_name import REVISION_PATH
 from supervisor.logs import get_logger
 from supervisor.threads import FILE_IO_DEADLINE_S, ThreadDeadline, in_thread
@@ -152,26 +152,13 @@ class Routes:
             return error_response(
                 400, "bad_request",
                 f"timeout_s must be a number above 0 and at most {CONVERGE_TIMEOUT_MAX_S:g}")
-        gone = False
         answer = None
-        async with trio.open_nursery() as nursery:
-
-            async def until_disconnect() -> None:
-                nonlocal gone
-                while True:
-                    message = await receive()
-                    # A server's receive blocks once the body is in; a checkpoint
-                    # anyway, so one that does not cannot starve the event loop.
-                    await trio.lowlevel.checkpoint()
-                    if message.get("type") == "http.disconnect":
-                        gone = True
-                        nursery.cancel_scope.cancel()
-                        return
-
-            nursery.start_soon(until_disconnect)
-            answer = await converge(timeout_s)
-            nursery.cancel_scope.cancel()
-        if gone:
+        with trio.CancelScope() as request:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(until_disconnect, receive, request)
+                answer = await converge(timeout_s)
+                nursery.cancel_scope.cancel()
+        if request.cancelled_caught:
             log.debug("converge request abandoned by its client", peer=str(scope.get("client")))
             return None
         if answer is None:

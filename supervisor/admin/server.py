@@ -178,8 +178,7 @@ class _Server:
         connection: Http11Connection | None = None
         try:
             reserve = pool == ConnectionTable.RESERVE
-            deadline_s = RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S
-            deadline = trio.current_time() + deadline_s
+            deadline = trio.current_time() + (RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S)
             served: trio.abc.Stream | None = None
             with trio.CancelScope(deadline=deadline) as waiting:
                 self._waiting[key] = waiting
@@ -189,8 +188,7 @@ class _Server:
                     # Until its first request head is complete a plain connection
                     # costs only this task: an idle flood never reaches a parser.
                     only = HEALTHZ if reserve else None
-                    served = stream if await first_request_head(stream, deadline_s,
-                                                                only=only) else None
+                    served = stream if await first_request_head(stream, only=only) else None
                 else:
                     served = await self._handshake(key, stream)
             if served is None or waiting.cancelled_caught:

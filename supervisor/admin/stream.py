@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import trio
+from wsproto.frame_protocol import FrameProtocol
 
 from supervisor.events import Event, EventBus, Subscription, utc_now_iso
 from supervisor.logs import get_logger
@@ -21,7 +22,7 @@ from supervisor.telemetry import Metrics
 
 __all__ = ["CLOSE_GOING_AWAY", "CLOSE_POLICY", "CLOSE_TOO_SLOW", "ConnectionGone", "Encoded",
            "FirstMessage", "RawSend", "Receive", "Scope", "Send", "StreamHub", "StreamSettings",
-           "encode_json", "text_frame"]
+           "encode_json", "text_frame", "until_disconnect"]
 
 log = get_logger("admin.stream")
 
@@ -46,14 +47,7 @@ class ConnectionGone(Exception):
 def text_frame(payload: bytes) -> bytes:
     """``payload`` (UTF-8) as one final, unmasked WebSocket text frame (RFC 6455,
     section 5.2): what a server sends, identical for every client."""
-    n = len(payload)
-    if n < 126:
-        header = bytes((0x81, n))
-    elif n < 1 << 16:
-        header = bytes((0x81, 126)) + n.to_bytes(2, "big")
-    else:
-        header = bytes((0x81, 127)) + n.to_bytes(8, "big")
-    return header + payload
+    return bytes(FrameProtocol(client=False, extensions=[]).send_data(payload.decode()))
 
 
 class Encoded:
@@ -111,6 +105,11 @@ class _Client:
     # Whether the credentials it opened with still let it in (asked after a token reload).
     allowed: Callable[[], bool] = lambda: True
     revoked: bool = False
+
+    def wake(self) -> None:
+        """Cut short its wait for an event (never a write in progress)."""
+        if self.wait_scope is not None:
+            self.wait_scope.cancel()
 
 
 class StreamHub:
@@ -190,14 +189,18 @@ class StreamHub:
         raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer, allowed=allowed)
-        self._add(client)
+        if not self._clients:
+            self._empty = trio.Event()
+        self._clients.add(client)
+        self._metrics.stream_clients.set(len(self._clients))
         try:
             await send({"type": "websocket.accept"})
             # Through the connection: its handshake response must be out first.
             await self._send(client, send, None, first_message)
             close: tuple[int, str] | None = None
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_until_disconnect, receive, nursery.cancel_scope)
+                # One-way: what the client sends is read (its queue never fills) and dropped.
+                nursery.start_soon(until_disconnect, receive, nursery.cancel_scope)
                 try:
                     close = await self._write_events(client, send, raw)
                 except ConnectionGone:
@@ -208,16 +211,10 @@ class StreamHub:
                 await send({"type": "websocket.close", "code": code, "reason": reason})
         finally:
             sub.close()
-            self._remove(client)
-
-    async def _read_until_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
-        # The stream is one-way; client messages are read (so the connection's bounded
-        # per-connection queue never fills) and ignored.
-        while True:
-            message = await receive()
-            if message.get("type") == "websocket.disconnect":
-                scope.cancel()
-                return
+            self._clients.discard(client)
+            self._metrics.stream_clients.set(len(self._clients))
+            if not self._clients:
+                self._empty.set()
 
     async def _write_events(self, client: _Client, send: Send,
                             raw: RawSend | None) -> tuple[int, str] | None:
@@ -303,18 +300,6 @@ class StreamHub:
 
     # -- bookkeeping ---------------------------------------------------------
 
-    def _add(self, client: _Client) -> None:
-        if not self._clients:
-            self._empty = trio.Event()
-        self._clients.add(client)
-        self._metrics.stream_clients.set(len(self._clients))
-
-    def _remove(self, client: _Client) -> None:
-        self._clients.discard(client)
-        self._metrics.stream_clients.set(len(self._clients))
-        if not self._clients:
-            self._empty.set()
-
     def _count_drop(self, client: _Client) -> None:
         if not client.dropped:
             client.dropped = True
@@ -324,8 +309,7 @@ class StreamHub:
 
     def _abort(self, client: _Client) -> None:
         client.aborted = True
-        if client.wait_scope is not None:
-            client.wait_scope.cancel()
+        client.wake()
         if self._abort_peer is not None and client.peer is not None:
             self._abort_peer(client.peer)
 
@@ -340,21 +324,14 @@ class StreamHub:
         Too long is ``stall_timeout_s``, or ``close_timeout_s`` once the client overflowed.
         The reset (the ``abort`` callback) unblocks the write.
         """
-        now = self._clock()
-        s = self.settings
-        count = 0
-        for client in list(self._clients):
-            since = client.sending_since
-            if since is None or client.aborted:
-                continue
-            blocked = now - since
-            if blocked > s.stall_timeout_s or (
-                client.sub.overflowed and blocked > s.close_timeout_s
-            ):
-                self._count_drop(client)
-                self._abort(client)
-                count += 1
-        return count
+        now, s = self._clock(), self.settings
+        stalled = [c for c in self._clients if c.sending_since is not None and not c.aborted
+                   and now - c.sending_since > (min(s.stall_timeout_s, s.close_timeout_s)
+                                                if c.sub.overflowed else s.stall_timeout_s)]
+        for client in stalled:
+            self._count_drop(client)
+            self._abort(client)
+        return len(stalled)
 
     async def monitor(self) -> None:
         """Run :meth:`abort_stalled` periodically, until cancelled."""
@@ -367,8 +344,7 @@ class StreamHub:
         for client in list(self._clients):
             if not client.revoked and not client.allowed():
                 client.revoked = True
-                if client.wait_scope is not None:
-                    client.wait_scope.cancel()
+                client.wake()
 
     async def close_all(self, timeout_s: float) -> None:
         """Close every client with 1001 "going away" and refuse new ones.
@@ -378,12 +354,22 @@ class StreamHub:
         """
         self._closing.set()
         for client in list(self._clients):
-            if client.wait_scope is not None:
-                client.wait_scope.cancel()
+            client.wake()
         with trio.move_on_after(timeout_s):
             await self._empty.wait()
         for client in list(self._clients):
             self._abort(client)
+
+
+async def until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Read (and drop) a client's ASGI messages until it disconnects, then cancel ``scope``.
+
+    A server's receive blocks until there is something to read; the checkpoint keeps
+    one that does not from starving the event loop.
+    """
+    while not str((await receive()).get("type")).endswith(".disconnect"):
+        await trio.lowlevel.checkpoint()
+    scope.cancel()
 
 
 def _ping() -> Encoded:
