@@ -42,16 +42,32 @@ import trio
 
 __all__ = ["Transport", "ssl_context_of"]
 
+# httpcore's exceptions as httpx's own transport maps them (most derived first).
+_MAPPED: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
 @contextmanager
 def _as_httpx() -> Iterator[None]:
-    """httpcore's exceptions as httpx's own transport maps them: each to httpx's namesake."""
     try:
         yield
     except Exception as exc:
-        for cls in type(exc).__mro__:  # the most derived first
-            ours = getattr(httpx, cls.__name__, None) if cls.__module__.startswith(
-                "httpcore") else None
-            if isinstance(ours, type) and issubclass(ours, httpx.HTTPError):
+        for theirs, ours in _MAPPED:
+            if isinstance(exc, theirs):
                 raise ours(str(exc)) from exc
         raise
 
