@@ -18,6 +18,7 @@ from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
     ReferenceResolver,
+    add_flags,
     add_replicas,
     iso,
     load_config,
@@ -93,11 +94,10 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                             help="the existing revision desired should point at")
         parser.add_argument("--message", metavar="TEXT", default=None,
                             help="why; stored with the change (see `history`)")
-        parser.add_argument("--force", action="store_true",
-                            help="roll back even to a revision a replica's last refusal names")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="check everything a rollback checks, say what it would "
-                                 "change, and change nothing")
+        add_flags(parser, {
+            "--force": "roll back even to a revision a replica's last refusal names",
+            "--dry-run": "check everything a rollback checks, say what it would change, and "
+                         "change nothing"})
         add_replicas(parser, HTTP_SCHEMES,
                      "a replica whose last refusal is checked first, http://HOST:PORT; repeat "
                      "for several (default: [admin].listen of --config)",
