@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import ssl
 import stat
@@ -39,6 +40,7 @@ from supervisor.commands.common import (
 from supervisor.commands.revisions import (
     Change,
     diff_documents,
+    number_type,
     readable,
     render_changes,
     sequence_of,
@@ -94,14 +96,10 @@ class DryRun(msgspec.Struct, kw_only=True):
     changes: list[Change]
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400, got {text}")
-    return value
+_OUT_OF_RANGE = "must be above 0 and at most 86400, got {text}"
+#: Above 0: from the smallest float there is.
+_seconds = number_type(float, math.ulp(0.0), 86400, "not a number of seconds: {text!r}",
+                       _OUT_OF_RANGE, _OUT_OF_RANGE)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
