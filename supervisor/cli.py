@@ -7,6 +7,7 @@ The contract: docs/commands.md and docs/exit-codes.md.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -69,20 +70,13 @@ class _BadArguments(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        message += _did_you_mean(message)
+        # `` (did you mean `status`?)`` for argparse's "invalid choice: 'statu'".
+        match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if match is not None:
+            message += did_you_mean(match.group(1), re.findall(r"'([^']*)'", match.group(2)))
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise _BadArguments(message)
-
-
-def _did_you_mean(message: str) -> str:
-    """`` (did you mean `status`?)`` for argparse's "invalid choice: 'statu'"."""
-    import re
-
-    match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-    if match is None:
-        return ""
-    return did_you_mean(match.group(1), re.findall(r"'([^']*)'", match.group(2)))
 
 
 def _wrap(text: str) -> str:
