@@ -7,6 +7,7 @@ The contract: docs/commands.md and docs/exit-codes.md.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from supervisor.commands.common import (
     EXIT_USAGE,
     REPLICA_SCHEMES,
     add_ca_file,
+    add_flags,
     add_token_file,
     add_url,
     config_path,
@@ -38,7 +40,7 @@ from supervisor.commands.common import (
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
 from supervisor.configchecks import check_files, placeholders, unconfined_secrets
-from supervisor.configfile import all_problems, env_warnings, load
+from supervisor.configfile import all_problems, did_you_mean, env_warnings, load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
     BootRefused,
@@ -68,23 +70,13 @@ class _BadArguments(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        message += _did_you_mean(message)
+        # `` (did you mean `status`?)`` for argparse's "invalid choice: 'statu'".
+        match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if match is not None:
+            message += did_you_mean(match.group(1), re.findall(r"'([^']*)'", match.group(2)))
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise _BadArguments(message)
-
-
-def _did_you_mean(message: str) -> str:
-    """`` (did you mean `status`?)`` for argparse's "invalid choice: 'statu'"."""
-    import difflib
-    import re
-
-    match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-    if match is None:
-        return ""
-    choices = re.findall(r"'([^']*)'", match.group(2))
-    close = difflib.get_close_matches(match.group(1), choices, n=1, cutoff=0.6)
-    return f" (did you mean `{close[0]}`?)" if close else ""
 
 
 def _wrap(text: str) -> str:
@@ -120,22 +112,18 @@ def _parser() -> argparse.ArgumentParser:
 
     command("run")
     check = command("check")
-    check.add_argument("--strict", action="store_true",
-                       help="exit 2 on warnings too (secret files readable by others, "
-                            "secret references confined nowhere)")
+    add_flags(check, {"--strict": "exit 2 on warnings too (secret files readable by others, "
+                                  "secret references confined nowhere)"})
     db = command("db")
     db.add_argument("action", choices=["migrate", "prune"],
                     help="migrate: create or upgrade the schema (idempotent); prune: delete "
                          "revisions older than the newest --keep N, never the desired one")
     db.add_argument("--keep", type=revisions.count, default=None, metavar="N",
                     help="with prune: how many of the newest revisions to keep")
-    db.add_argument("--json", action="store_true",
-                    help="with prune: print one JSON document instead of the summary")
-    db.add_argument("--dry-run", action="store_true",
-                    help="with prune: say what would be deleted; delete nothing")
-    db.add_argument("--yes", action="store_true",
-                    help="with prune: delete without asking (it asks on a terminal, and "
-                         "exits 2 without --yes where there is none)")
+    add_flags(db, {"--json": "with prune: print one JSON document instead of the summary",
+                   "--dry-run": "with prune: say what would be deleted; delete nothing",
+                   "--yes": "with prune: delete without asking (it asks on a terminal, and "
+                            "exits 2 without --yes where there is none)"})
     publish.register(command("publish"))
     for name in ("history", "show", "diff", "rollback"):
         revisions.register(name, command(name))
@@ -146,15 +134,15 @@ def _parser() -> argparse.ArgumentParser:
             "ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)", many=False)
     add_ca_file(watch, "the CA that a wss replica's certificate is")
     add_token_file(watch)
-    watch.add_argument("--no-reconnect", action="store_true",
-                       help="exit when the stream ends (0 on a clean close, 1 when lost)")
+    add_flags(watch, {"--no-reconnect": "exit when the stream ends (0 on a clean close, 1 when "
+                                        "lost)"})
     completion = command("completion", config=False)
     completion.add_argument("shell", choices=SHELLS, nargs="?",
                             help="the shell whose completion script to print")
-    completion.add_argument("--revision-ids", action="store_true",
-                            help="print the newest revision ids of --config's control plane, "
-                                 "one a line (what the scripts complete REV with); nothing "
-                                 "when it cannot be read")
+    add_flags(completion, {"--revision-ids": "print the newest revision ids of --config's "
+                                             "control plane, one a line (what the scripts "
+                                             "complete REV with); nothing when it cannot be "
+                                             "read"})
     keygen = command("keygen", config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")

@@ -20,7 +20,7 @@ from supervisor.config import CONFIG_ENV, ENV_PREFIX, Config
 from supervisor.configchecks import cross_check
 from supervisor.errors import ConfigError
 
-__all__ = ["all_problems", "env_warnings", "load", "load_text"]
+__all__ = ["all_problems", "did_you_mean", "env_warnings", "load", "load_text"]
 
 
 def _env_value(text: str) -> Any:
@@ -331,6 +331,11 @@ def _split_msgspec_error(message: str) -> tuple[str, str]:
 def _did_you_mean(path: str, field: str) -> str:
     """`` (did you mean `x`?)`` for the closest known key at ``path``, or ``""``."""
     info = _type_at(path)
-    known = [f.name for f in info.fields] if isinstance(info, msgspec.inspect.StructType) else []
-    close = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
+    return did_you_mean(field, [f.name for f in info.fields]
+                        if isinstance(info, msgspec.inspect.StructType) else [])
+
+
+def did_you_mean(word: str, known: list[str]) -> str:
+    """`` (did you mean `x`?)`` for the closest of ``known`` to ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
     return f" (did you mean `{close[0]}`?)" if close else ""

@@ -35,9 +35,10 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "Failure", "ReferenceResolver",
-    "add_ca_file", "add_replicas", "add_token_file", "add_url", "admin_base", "admin_url",
-    "config_path", "describe_store", "failure_document", "gather", "iso", "load_config",
-    "print_json", "replica_access", "replica_statuses", "sqlite_file", "with_store",
+    "add_ca_file", "add_flags", "add_replicas", "add_token_file", "add_url", "admin_base",
+    "admin_url", "config_path", "describe_store", "failure_document", "gather", "iso",
+    "load_config", "print_json", "replica_access", "replica_statuses", "sqlite_file",
+    "with_store",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_GAVE_UP = 0, 1, 2, 3, 4
@@ -99,6 +100,12 @@ def admin_url(schemes: Sequence[str]) -> Callable[[str], str]:
         return text.strip()
 
     return check
+
+
+def add_flags(parser: argparse.ArgumentParser, helps: dict[str, str]) -> None:
+    """One ``store_true`` option per ``--name: help``, in that order."""
+    for flag, what in helps.items():
+        parser.add_argument(flag, action="store_true", help=what)
 
 
 def add_token_file(parser: argparse.ArgumentParser,

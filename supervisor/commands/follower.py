@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor.commands.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, load_config
+from supervisor.commands.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, add_flags, load_config
 from supervisor.errors import ConfigError
 
 __all__ = ["cmd_follower", "register"]
@@ -14,8 +14,7 @@ __all__ = ["cmd_follower", "register"]
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["reset"],
                         help="reset: forget the accepted sequence and the pinned root")
-    parser.add_argument("--yes", action="store_true",
-                        help="reset without asking (needed when stdin is not a terminal)")
+    add_flags(parser, {"--yes": "reset without asking (needed when stdin is not a terminal)"})
 
 
 def cmd_follower(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import ssl
 import stat
@@ -25,6 +26,7 @@ from supervisor.commands.common import (
     EXIT_USAGE,
     REPLICA_SCHEMES,
     ReferenceResolver,
+    add_flags,
     add_replicas,
     describe_store,
     failure_document,
@@ -38,6 +40,7 @@ from supervisor.commands.common import (
 from supervisor.commands.revisions import (
     Change,
     diff_documents,
+    number_type,
     readable,
     render_changes,
     sequence_of,
@@ -93,49 +96,40 @@ class DryRun(msgspec.Struct, kw_only=True):
     changes: list[Change]
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400, got {text}")
-    return value
+_OUT_OF_RANGE = "must be above 0 and at most 86400, got {text}"
+#: Above 0: from the smallest float there is.
+_seconds = number_type(float, math.ulp(0.0), 86400, "not a number of seconds: {text!r}",
+                       _OUT_OF_RANGE, _OUT_OF_RANGE)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="TOML or JSON revision document")
     parser.add_argument("--message", metavar="TEXT", default=None,
                         help="why this revision exists; stored with it (like a commit message)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate and compile FILE as the daemon would, secrets resolved "
-                             "here, print the changes against the desired revision; store "
-                             "nothing")
-    parser.add_argument("--resolve-secrets", action="store_true",
-                        help="also resolve every secret reference in this environment and "
-                             "refuse (secret, exit 2) when one cannot be")
-    parser.add_argument("--wait", action="store_true",
-                        help="after publishing, wait until every --url replica reports the "
-                             "revision active (exit 0) or refused (exit 5)")
+    add_flags(parser, {
+        "--dry-run": "validate and compile FILE as the daemon would, secrets resolved here, "
+                     "print the changes against the desired revision; store nothing",
+        "--resolve-secrets": "also resolve every secret reference in this environment and "
+                             "refuse (secret, exit 2) when one cannot be",
+        "--wait": "after publishing, wait until every --url replica reports the revision "
+                  "active (exit 0) or refused (exit 5)"})
     add_replicas(parser, REPLICA_SCHEMES,
                  "with --wait: a replica's admin URL, http://HOST:PORT; repeat for several "
                  "(default: [admin].listen of --config)",
                  "with --wait: the CA that https/wss replicas' certificates are",
                  "with --wait: the replicas' admin token")
-    parser.add_argument("--fleet", action="store_true",
-                        help="with --wait: wait for every replica found by walking the follower "
-                             "tree from the one --url, its root (as status --fleet walks it)")
+    add_flags(parser, {"--fleet": "with --wait: wait for every replica found by walking the "
+                                  "follower tree from the one --url, its root (as status "
+                                  "--fleet walks it)"})
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_WAIT_S, metavar="S",
                         help=f"with --wait: give up after S seconds (exit 1; default "
                              f"{DEFAULT_WAIT_S:g})")
-    parser.add_argument("--force", action="store_true",
-                        help="store a new revision even when FILE's body is the desired one's")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON document on stdout instead of the lines: "
-                             '{"ok", "revision", "sequence", "unchanged", "store"}; with '
-                             '--dry-run {"ok", "desired", "changes"}; with --wait also '
-                             '"outcome" and "replicas"; refused or failed '
-                             '{"ok": false, "reason", "detail"}')
+    add_flags(parser, {
+        "--force": "store a new revision even when FILE's body is the desired one's",
+        "--json": 'print one JSON document on stdout instead of the lines: {"ok", "revision", '
+                  '"sequence", "unchanged", "store"}; with --dry-run {"ok", "desired", '
+                  '"changes"}; with --wait also "outcome" and "replicas"; refused or failed '
+                  '{"ok": false, "reason", "detail"}'})
 
 
 def _compile(args: argparse.Namespace, config: Config, *, resolve: bool) -> tuple[int, bytes]:

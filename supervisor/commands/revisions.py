@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
@@ -18,6 +18,7 @@ from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
     ReferenceResolver,
+    add_flags,
     add_replicas,
     iso,
     load_config,
@@ -43,36 +44,40 @@ if TYPE_CHECKING:
 
 __all__ = ["Change", "ChangeRow", "Diff", "History", "Pruned", "RevisionRow", "RolledBack",
            "Shown", "cmd_diff", "cmd_history", "cmd_prune", "cmd_rollback", "cmd_show", "count",
-           "diff_documents", "register", "render_changes", "render_toml", "sequence_of"]
+           "diff_documents", "number_type", "register", "render_changes", "render_toml",
+           "sequence_of"]
 
 #: The largest id a store holds (PostgreSQL bigint; SQLite's integer is as wide).
 MAX_REVISION_ID = 2**63 - 1
 
+N = TypeVar("N", int, float)
 
-def _integer(low: int, not_one: str, below: str, above: str) -> Callable[[str], int]:
-    """The argparse type of an integer from ``low`` to :data:`MAX_REVISION_ID`; each
-    refusal's words formatted with ``text``, ``value`` and ``top``."""
 
-    def parse(text: str) -> int:
+def number_type(kind: Callable[[str], N], low: N, high: N, not_one: str, below: str,
+                above: str) -> Callable[[str], N]:
+    """The argparse type of a ``kind`` from ``low`` to ``high``; each refusal's words
+    formatted with ``text``, ``value`` and ``top`` (``high``)."""
+
+    def parse(text: str) -> N:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(not_one.format(text=text)) from None
-        if not low <= value <= MAX_REVISION_ID:
+        if not low <= value <= high:
             words = below if value < low else above
-            raise argparse.ArgumentTypeError(words.format(text=text, value=value,
-                                                          top=MAX_REVISION_ID))
+            raise argparse.ArgumentTypeError(words.format(text=text, value=value, top=high))
         return value
 
     return parse
 
 
-_revision_id = _integer(1, "not a revision id: {text!r}", "revision ids start at 1, got {value}",
-                        "revision ids end at {top} (a bigint), got {text}")
+_revision_id = number_type(int, 1, MAX_REVISION_ID, "not a revision id: {text!r}",
+                           "revision ids start at 1, got {value}",
+                           "revision ids end at {top} (a bigint), got {text}")
 #: A count of revisions: past MAX_REVISION_ID is past what SQLite's and PostgreSQL's
 #: LIMIT take, where the store would fail on it.
-count = _integer(0, "not a number: {text!r}", "must be 0 or more, got {value}",
-                 "must be at most {top}, got {text}")
+count = number_type(int, 0, MAX_REVISION_ID, "not a number: {text!r}",
+                    "must be 0 or more, got {value}", "must be at most {top}, got {text}")
 
 
 def register(name: str, parser: argparse.ArgumentParser) -> None:
@@ -93,11 +98,10 @@ def register(name: str, parser: argparse.ArgumentParser) -> None:
                             help="the existing revision desired should point at")
         parser.add_argument("--message", metavar="TEXT", default=None,
                             help="why; stored with the change (see `history`)")
-        parser.add_argument("--force", action="store_true",
-                            help="roll back even to a revision a replica's last refusal names")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="check everything a rollback checks, say what it would "
-                                 "change, and change nothing")
+        add_flags(parser, {
+            "--force": "roll back even to a revision a replica's last refusal names",
+            "--dry-run": "check everything a rollback checks, say what it would change, and "
+                         "change nothing"})
         add_replicas(parser, HTTP_SCHEMES,
                      "a replica whose last refusal is checked first, http://HOST:PORT; repeat "
                      "for several (default: [admin].listen of --config)",

@@ -15,6 +15,7 @@ from supervisor.commands.common import (
     EXIT_OK,
     HTTP_SCHEMES,
     Failure,
+    add_flags,
     add_replicas,
     config_path,
     failure_document,
@@ -80,19 +81,16 @@ def register(parser: argparse.ArgumentParser) -> None:
                  "admin API base URL, http://HOST:PORT (default: [admin].listen of --config, "
                  "else http://127.0.0.1:9464); repeat for several replicas: one line each",
                  "the CA that an https replica's certificate is")
-    parser.add_argument("--check", action="store_true",
-                        help="a rollout check: exit 1 also unless every replica's active "
-                             "revision is the desired one and nothing was refused")
-    parser.add_argument("--fleet", action="store_true",
-                        help="walk the follower tree from the one --url (its root) through "
-                             "each replica's GET /v1/followers: one row a replica (depth, URL, "
-                             "sequence, state, reason, lag); exit 1 unless every one is "
-                             "converged. Statements are verified with --config's trusted keys")
-    parser.add_argument("--json", action="store_true",
-                        help="print the raw /status JSON document instead of the table "
-                             '(with --check also "check": {"ok", "why"}; several --url: an '
-                             'object keyed by URL, {"ok": false, "reason", "detail"} for one '
-                             "that did not answer)")
+    add_flags(parser, {
+        "--check": "a rollout check: exit 1 also unless every replica's active revision is the "
+                   "desired one and nothing was refused",
+        "--fleet": "walk the follower tree from the one --url (its root) through each "
+                   "replica's GET /v1/followers: one row a replica (depth, URL, sequence, "
+                   "state, reason, lag); exit 1 unless every one is converged. Statements are "
+                   "verified with --config's trusted keys",
+        "--json": 'print the raw /status JSON document instead of the table (with --check '
+                  'also "check": {"ok", "why"}; several --url: an object keyed by URL, '
+                  '{"ok": false, "reason", "detail"} for one that did not answer)'})
 
 
 def cmd_status(args: argparse.Namespace) -> int:
