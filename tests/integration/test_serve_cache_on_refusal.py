@@ -95,7 +95,9 @@ async def test_switch_serves_the_cache_and_says_so_once_then_its_end(tmp_path: P
             await daemon.wait_log("published", revision=3, source="control_plane")
             ended = await daemon.wait_log("revision refusal recovered")
             assert ended["level"] == "info" and ended["after_s"] >= 0.8
-            assert ended["attempts"] >= 5
+            # Five failures were seen: the boot's (told by its own line) and at least four
+            # polls, which the streak counts.
+            assert ended["attempts"] >= 4
             assert len(refusals()) == 1
             metrics = (await http.get(f"{base}/metrics")).text
             assert "supervisor_serving_last_known_good 0.0" in metrics
