@@ -312,10 +312,7 @@ class SQLiteStore(revisions.DatabaseStore):
         opened = self._connections.take_migrated()
         if opened is not None:
             done = migrations.Migrated(opened.before, done.after)
-        log.info("control-plane schema migrated" if done.before < done.after
-                 else "control-plane schema up to date",
-                 before=done.before, version=done.after, path=self._path)
-        return done
+        return self._migrated(done, path=self._path)
 
     # -- before every call ---------------------------------------------------------
 
