@@ -290,8 +290,7 @@ class Daemon:
         healthy = health.watchdog_healthy(self.tree, self.status, self.config.control_plane)
         if healthy != self._watchdog_was_healthy:
             self._watchdog_was_healthy = healthy
-            self.notifier.status(health.status_line(healthy, self.unhealthy(),
-                                                    self.status.active))
+            self.notifier.status(health.status_line(healthy, self.unhealthy(), self.status.active))
         return healthy
 
     def _fanout_children(self) -> list[ChildSpec]:
@@ -480,8 +479,7 @@ class Daemon:
                             snapshot = self.state.snapshot
                             revision = snapshot.revision if snapshot is not None else None
                             self.notifier.ready(f"serving revision {revision}")
-                            log.info("ready", revision=revision,
-                                     children=sorted(tree.children))
+                            log.info("ready", revision=revision, children=sorted(tree.children))
                             interval = watchdog_interval()
                             if interval is not None:
                                 tree_nursery.start_soon(run_watchdog, self.notifier, interval,

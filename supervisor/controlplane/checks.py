@@ -21,20 +21,9 @@ from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_
 from supervisor.controlplane.store import RevisionPointer
 from supervisor.sinks.state import Candidate
 
-__all__ = [
-    "MESSAGE_BYTES",
-    "HydrateRow",
-    "as_bytes",
-    "bounded_message",
-    "check_hydrated",
-    "check_publishable",
-    "hydrate_sql",
-    "message_columns",
-    "observe_sql",
-    "parse_time",
-    "pointer_from_row",
-    "refuse_unreadable",
-]
+__all__ = ["MESSAGE_BYTES", "HydrateRow", "as_bytes", "bounded_message", "check_hydrated",
+           "check_publishable", "hydrate_sql", "message_columns", "observe_sql", "parse_time",
+           "pointer_from_row", "refuse_unreadable"]
 
 
 @dataclass(frozen=True)

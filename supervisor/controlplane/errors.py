@@ -10,18 +10,8 @@ import enum
 from supervisor import reasons
 from supervisor.errors import LabelledError
 
-__all__ = [
-    "MIGRATE_HINT",
-    "ControlPlaneError",
-    "FailureCategory",
-    "Incompatible",
-    "SchemaTooNew",
-    "StatementRefused",
-    "TooLarge",
-    "malformed",
-    "one_line",
-    "slow_read",
-]
+__all__ = ["MIGRATE_HINT", "ControlPlaneError", "FailureCategory", "Incompatible", "SchemaTooNew",
+           "StatementRefused", "TooLarge", "malformed", "one_line", "slow_read"]
 
 MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-supervisor db migrate`"
 

@@ -16,13 +16,7 @@ from psycopg import sql
 
 from supervisor.backoff import Backoff
 from supervisor.controlplane.errors import one_line
-from supervisor.controlplane.postgres import (
-    Conn,
-    call_bounds,
-    connect,
-    release_socket,
-    set_session,
-)
+from supervisor.controlplane.postgres import Conn, call_bounds, connect, release_socket, set_session
 from supervisor.controlplane.runner import (
     INTERRUPT_GRACE_S,
     call_interruptibly,

@@ -17,28 +17,14 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor.controlplane.errors import (
-    ControlPlaneError,
-    FailureCategory,
-    SchemaTooNew,
-)
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, SchemaTooNew
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = [
-    "MIGRATIONS_TABLE",
-    "Migrated",
-    "Migration",
-    "check_not_newer",
-    "latest_version",
-    "load_migrations",
-    "migrate_postgres",
-    "migrate_sqlite",
-    "postgres_version",
-    "sqlite_version",
-    "write_transaction",
-]
+__all__ = ["MIGRATIONS_TABLE", "Migrated", "Migration", "check_not_newer", "latest_version",
+           "load_migrations", "migrate_postgres", "migrate_sqlite", "postgres_version",
+           "sqlite_version", "write_transaction"]
 
 Backend = Literal["postgresql", "sqlite"]
 

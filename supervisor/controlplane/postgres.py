@@ -365,8 +365,7 @@ class PostgresConnections:
         # Nothing to interrupt while connecting (``stop`` unused; libpq's
         # connect_timeout bounds it): a cancelled connect is abandoned, and its
         # connection closed if it ever completes.
-        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
-                       statement_timeout_s=None)
+        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s, statement_timeout_s=None)
         log.debug("control-plane connection opened", url=redact(self.url))
         return conn
 

@@ -241,8 +241,7 @@ class pg(Dialect):  # PostgreSQL's spellings
     @staticmethod
     def before(conn: Any, message: str | None) -> None:
         """Hand the change's message to the recording trigger (this transaction only)."""
-        conn.execute("SELECT set_config('supervisor.change_message', %s, true)",
-                     [message or ""])
+        conn.execute("SELECT set_config('supervisor.change_message', %s, true)", [message or ""])
 
     @staticmethod
     def gone() -> tuple[type[BaseException], ...]:

@@ -15,12 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 import trio
 
-from supervisor.controlplane.errors import (
-    ControlPlaneError,
-    FailureCategory,
-    malformed,
-    slow_read,
-)
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, malformed, slow_read
 from supervisor.logs import get_logger
 from supervisor.threads import in_thread
 
@@ -225,8 +220,7 @@ class ConnectionRunner(Generic[C]):
             async with self._limiter:
                 return await self._run_locked(what, fn)
         if body is not None:
-            raise slow_read(what, *body, trio.current_time() - started,
-                            self._driver.received())
+            raise slow_read(what, *body, trio.current_time() - started, self._driver.received())
         raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
                                 category=FailureCategory.UNAVAILABLE)
 
