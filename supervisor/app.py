@@ -318,12 +318,9 @@ class Daemon:
         self.sinks.configure("cache", self.config.cache.path is not None)
         self.sinks.configure("snapshot_file", self.config.snapshot.path is not None)
         self.metrics.follow_sinks(self.sinks)
-        specs = [self._admin_child()]
         listen = self._listen_child()
-        if listen is not None:
-            specs.append(listen)
-        specs.append(self._convergence_child())
-        specs.extend(self._fanout_children())
+        specs = [self._admin_child(), *([listen] if listen is not None else []),
+                 self._convergence_child(), *self._fanout_children()]
         for spec in specs:  # pre-initialised: a rate() over a child never restarted is 0
             self.metrics.child_restarts.labels(spec.name)
         sup = self.config.supervisor

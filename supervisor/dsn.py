@@ -89,19 +89,10 @@ def describe(dsn: str) -> str:
     params = _parse(dsn)
     if params is None or problem(dsn) is not None:
         return "postgresql://<unparseable>"
-    user = params.get("user")
-    host = params.get("host") or params.get("hostaddr") or ""
-    port = params.get("port")
-    dbname = params.get("dbname")
-    text = "postgresql://"
-    if user:
-        text += f"{quote(user, safe='')}@"
-    text += host
-    if port:
-        text += f":{port}"
-    if dbname:
-        text += f"/{quote(dbname, safe='')}"
-    return text
+    user, port, dbname = params.get("user"), params.get("port"), params.get("dbname")
+    return ("postgresql://" + (f"{quote(user, safe='')}@" if user else "")
+            + (params.get("host") or params.get("hostaddr") or "") + (f":{port}" if port else "")
+            + (f"/{quote(dbname, safe='')}" if dbname else ""))
 
 
 redact = describe

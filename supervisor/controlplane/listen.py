@@ -322,7 +322,8 @@ class _Listener:
     def _set_up(self, conn: Conn) -> None:
         """The session's settings, the standby question and ``LISTEN`` (blocking)."""
         set_session(conn, statement_timeout_s=self.statement_s, waits_idle=True)
-        _refuse_standby(conn)
+        if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+            raise _InRecovery
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
     async def _serve(self, conn: Conn) -> None:
@@ -414,12 +415,6 @@ class _Listener:
         if deadline.cancelled_caught:
             raise _ConnectionLost(f"no answer to a probe within {PROBE_TIMEOUT_S:g} s")
         self.backoff.reset()
-
-
-def _refuse_standby(conn: Conn) -> None:
-    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    if row is not None and row[0] is True:
-        raise _InRecovery
 
 
 async def _close(conn: Conn) -> None:

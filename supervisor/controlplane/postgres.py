@@ -469,4 +469,7 @@ class PostgresStore(revisions.DatabaseStore):
     async def migrate(self) -> migrations.Migrated:
         done = await self._runner.run("migrate", partial(
             migrations.migrate_postgres, channel=self._channel), deadline_s=MIGRATE_TIMEOUT_S)
-        return self._migrated(done, url=redact(self._url))
+        log.info("control-plane schema migrated" if done.before < done.after
+                 else "control-plane schema up to date",
+                 before=done.before, version=done.after, url=redact(self._url))
+        return done

@@ -28,7 +28,7 @@ from supervisor.controlplane.checks import (
     pointer_from_row,
 )
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.migrations import Backend, Migrated, write_transaction
+from supervisor.controlplane.migrations import Backend, write_transaction
 from supervisor.controlplane.runner import read_deadline_s
 from supervisor.controlplane.store import (
     DesiredChange,
@@ -428,12 +428,6 @@ class DatabaseStore:
 
     async def changes(self, limit: int | None) -> list[DesiredChange]:
         return await self._runner.run("history", partial(self._sql.changes, limit=limit))
-
-    def _migrated(self, done: Migrated, **where: str) -> Migrated:
-        log.info("control-plane schema migrated" if done.before < done.after
-                 else "control-plane schema up to date",
-                 before=done.before, version=done.after, **where)
-        return done
 
     async def aclose(self) -> None:
         await self._runner.aclose()

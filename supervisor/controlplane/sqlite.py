@@ -78,12 +78,10 @@ EXTENDED_CODES: dict[str, tuple[FailureCategory, str]] = {
     "SQLITE_READONLY_DBMOVED": (_U, "the file was moved or deleted under the connection"),
 }
 
+# Primary codes are below 256, extended ones above: one table holds both.
 _BY_CODE: dict[int, FailureCategory] = {
-    getattr(sqlite3, name): category for name, (category, _why) in RESULT_CODES.items()
-}
-_BY_EXTENDED: dict[int, FailureCategory] = {
-    getattr(sqlite3, name): category for name, (category, _why) in EXTENDED_CODES.items()
-}
+    getattr(sqlite3, name): category
+    for name, (category, _why) in (RESULT_CODES | EXTENDED_CODES).items()}
 _CONFLICT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
@@ -93,14 +91,14 @@ def classify(exc: BaseException) -> FailureCategory:
     if isinstance(code, int):
         # Any code not in the tables (a primary code a later SQLite adds): the
         # request itself is wrong until someone reviews it.
-        return _BY_EXTENDED.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
+        return _BY_CODE.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
     if isinstance(exc, sqlite3.OperationalError | OSError):
         # No result code: raised by this module or the OS, not by SQLite.
         return FailureCategory.UNAVAILABLE
     return FailureCategory.INVALID
 
 
-def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
+def map_error(exc: BaseException, what: str) -> ControlPlaneError:
     detail = one_line(exc)
     if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
             ("no such table", "no such column")):
@@ -207,11 +205,11 @@ class SQLiteConnections:
             raise
         return conn
 
-    def received(self) -> int | None:
-        return None  # a file: no bytes in flight to count
+    def received(self) -> None:
+        """None: a file has no bytes in flight to count."""
 
     def setup(self, conn: sqlite3.Connection) -> None:
-        pass  # open() prepared it: SQLite's own waits honour ``stop`` there
+        """Nothing: open() prepared it (SQLite's own waits honour ``stop`` there)."""
 
     def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
              stop: threading.Event) -> T:
@@ -224,8 +222,7 @@ class SQLiteConnections:
     def close(self, conn: sqlite3.Connection) -> None:
         dispose_quietly(conn.close)
 
-    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
-        return map_error(exc, what=what)
+    map_error = staticmethod(map_error)
 
     def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
         # Reopen next time: the file may have been replaced, repaired or made
@@ -312,7 +309,10 @@ class SQLiteStore(revisions.DatabaseStore):
         opened = self._connections.take_migrated()
         if opened is not None:
             done = migrations.Migrated(opened.before, done.after)
-        return self._migrated(done, path=self._path)
+        log.info("control-plane schema migrated" if done.before < done.after
+                 else "control-plane schema up to date",
+                 before=done.before, version=done.after, path=self._path)
+        return done
 
     # -- before every call ---------------------------------------------------------
 
