@@ -105,8 +105,12 @@ class Dialect:
     CREATED_AT: str
 
     @staticmethod
-    def one(conn: Any, query: str, params: Any = None) -> Any:
+    def one(conn: Any, query: str, params: Any = ()) -> Any:
         return conn.execute(query, params).fetchone()
+
+    @staticmethod
+    def all(conn: Any, query: str, params: Any = ()) -> list[Any]:
+        return list(conn.execute(query, params).fetchall())
 
     @staticmethod
     def size(column: str) -> str:
@@ -136,10 +140,6 @@ class Dialect:
         """The driver's errors for a revision pruned while a rollback re-pointed to it."""
         return ()
 
-    @staticmethod
-    def history(conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        raise NotImplementedError
-
     @classmethod
     def upsert_desired(cls, select: str) -> str:
         return ("INSERT INTO supervisor_desired (singleton, revision_id) " + select
@@ -159,6 +159,19 @@ class Dialect:
             conn.execute(cls.upsert_desired(f"VALUES (TRUE, {cls.P})"), [revision])
             cls.after(conn, message)
         return revision
+
+    @classmethod
+    def history(cls, conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        """One statement, so one snapshot: the pointer and the list agree."""
+        rows = cls.all(
+            conn, "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
+            f" r.id, r.schema_version, {cls.size('r.body')}, r.body_sha256, {cls.CREATED_AT},"
+            f" {message_columns(cls.size, cls.head)} FROM (SELECT 1) one LEFT JOIN"
+            f" (SELECT * FROM supervisor_revisions ORDER BY id DESC LIMIT {cls.P}) r ON TRUE"
+            " ORDER BY r.id DESC", [cls.ALL if limit is None else limit])
+        desired = rows[0][0] if rows and rows[0][0] is not None else None
+        return (None if desired is None else int(desired),
+                _summaries([row[1:] for row in rows if row[1] is not None]))
 
     @classmethod
     def read_revision(cls, conn: Any, revision: int, max_bytes: int) -> LoadedRevision:
@@ -227,6 +240,11 @@ class pg(Dialect):  # PostgreSQL's spellings
             return cur.execute(query, params).fetchone()
 
     @staticmethod
+    def all(conn: Any, query: str, params: Any = None) -> list[Any]:
+        with conn.cursor(binary=True) as cur:
+            return list(cur.execute(query, params).fetchall())
+
+    @staticmethod
     def size(column: str) -> str:
         return f"octet_length({column})"
 
@@ -249,20 +267,6 @@ class pg(Dialect):  # PostgreSQL's spellings
 
         return (psycopg.errors.ForeignKeyViolation,)
 
-    @staticmethod
-    def history(conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        with conn.cursor(binary=True) as cur:
-            rows = cur.execute(
-                "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
-                " r.id, r.schema_version, octet_length(r.body), r.body_sha256,"
-                f" r.created_at, {message_columns(pg.size, pg.head)}"
-                " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT * FROM supervisor_revisions"
-                "   ORDER BY id DESC LIMIT %s) r ON true",
-                [limit],
-            ).fetchall()
-        desired = rows[0][0] if rows else None
-        return desired, _summaries([row[1:] for row in rows if row[1] is not None])
-
 
 class sqlite(Dialect):  # SQLite's spellings
     BACKEND = "sqlite"
@@ -270,10 +274,6 @@ class sqlite(Dialect):  # SQLite's spellings
     NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
     #: A time is TEXT here, which a plain-SQL writer may make of any length.
     CREATED_AT = "substr(r.created_at, 1, 64)"
-
-    @staticmethod
-    def one(conn: Any, query: str, params: Any = ()) -> Any:
-        return conn.execute(query, params).fetchone()
 
     @staticmethod
     def size(column: str) -> str:
@@ -302,21 +302,6 @@ class sqlite(Dialect):  # SQLite's spellings
             " (SELECT sequence FROM supervisor_desired WHERE singleton)",
             (_os_user(), message),
         )
-
-    @staticmethod
-    def history(conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        conn.execute("BEGIN")  # one read transaction: the pointer and the list agree
-        try:
-            row = conn.execute(DESIRED_SQL).fetchone()
-            rows = conn.execute(
-                f"SELECT r.id, r.schema_version, {sqlite.size('r.body')}, r.body_sha256,"
-                f" {sqlite.CREATED_AT}, {message_columns(sqlite.size, sqlite.head)}"
-                " FROM supervisor_revisions r ORDER BY r.id DESC LIMIT ?",
-                (-1 if limit is None else limit,),
-            ).fetchall()
-        finally:
-            conn.execute("COMMIT")
-        return (None if row is None else int(row[0])), _summaries(rows)
 
 
 def _os_user() -> str:
