@@ -80,11 +80,8 @@ async def run_listener(
     """
     task_status.started()
     if config.backend != "postgresql" or not config.listen:
-        log.info(
-            "notifications disabled; converging by polling alone",
-            backend=config.backend,
-            listen=config.listen,
-        )
+        log.info("notifications disabled; converging by polling alone",
+                 backend=config.backend, listen=config.listen)
         await trio.sleep_forever()
     await _Listener(config, wake, metrics, probe_interval_s, poke or Wakeup(),
                     reconnecting=reconnecting).run()
@@ -224,11 +221,8 @@ class _Listener:
                 self._report_reconnecting(True)
                 self.metrics.listen_reconnects.inc()
                 delay = self.backoff.next()
-                self.outage.failed(
-                    error=self._describe(exc),
-                    retry_in_s=round(delay, 3),
-                    url=redact(self.url),
-                )
+                self.outage.failed(error=self._describe(exc), retry_in_s=round(delay, 3),
+                                   url=redact(self.url))
                 await self._sleep_unless_poked(delay)
                 continue
 
@@ -262,12 +256,9 @@ class _Listener:
         self.backoff.reset()
         if not self.standby_reported:
             self.standby_reported = True
-            log.info(
-                "the control plane is a hot standby: LISTEN cannot run during recovery and "
-                "NOTIFY is not replicated; converging by polling alone",
-                url=redact(self.url),
-                recheck_s=STANDBY_RECHECK_S,
-            )
+            log.info("the control plane is a hot standby: LISTEN cannot run during recovery and "
+                     "NOTIFY is not replicated; converging by polling alone",
+                     url=redact(self.url), recheck_s=STANDBY_RECHECK_S)
         await trio.sleep(STANDBY_RECHECK_S)
 
     async def _sleep_unless_poked(self, delay: float) -> None:

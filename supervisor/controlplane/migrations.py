@@ -56,9 +56,8 @@ def load_migrations(backend: Backend) -> tuple[Migration, ...]:
         match = _FILE.match(entry.name)
         if match is None or match["backend"] != backend:
             continue
-        found.append(
-            Migration(int(match["version"]), match["name"], entry.read_text(encoding="utf-8"))
-        )
+        found.append(Migration(int(match["version"]), match["name"],
+                               entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or not found:
@@ -194,17 +193,11 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
         ).fetchone()
         wanted = channel.encode("ascii") + b"\x00"  # tgargs: NUL-terminated arguments
         if current is None or bytes(current[0]) != wanted:
-            conn.execute(
-                sql.SQL("DROP TRIGGER IF EXISTS {} ON supervisor_desired").format(
-                    sql.Identifier(TRIGGER_NAME)
-                )
-            )
-            conn.execute(
-                sql.SQL(
-                    "CREATE TRIGGER {} AFTER INSERT OR UPDATE ON supervisor_desired"
-                    " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})"
-                ).format(sql.Identifier(TRIGGER_NAME), sql.Literal(channel))
-            )
+            trigger = sql.Identifier(TRIGGER_NAME)
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON supervisor_desired").format(trigger))
+            conn.execute(sql.SQL("CREATE TRIGGER {} AFTER INSERT OR UPDATE ON supervisor_desired"
+                                 " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})")
+                         .format(trigger, sql.Literal(channel)))
     return Migrated(max(done, default=0), latest_version("postgresql"))
 
 
