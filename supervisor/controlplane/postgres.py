@@ -195,7 +195,8 @@ def set_session(conn: Conn, *, statement_timeout_s: float | None, waits_idle: bo
         conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
 
 
-def call_bounds(read_timeout_s: float) -> tuple[float, float]:
+def call_bounds(read_timeout_s: float,
+                connect_s: float | None = None) -> tuple[float, float]:
     """A call's connect timeout and statement timeout, from ``[control_plane].read_timeout_s``.
 
     The client-side deadline of one call (a connect, its setup and one statement) is
@@ -204,7 +205,8 @@ def call_bounds(read_timeout_s: float) -> tuple[float, float]:
     own statement_timeout normally fires first (its error says more). The store's calls
     and the LISTEN child's connect and setup share it.
     """
-    connect_s = min(CONNECT_TIMEOUT_S, read_timeout_s / 3)
+    if connect_s is None:
+        connect_s = min(CONNECT_TIMEOUT_S, read_timeout_s / 3)
     return connect_s, max(read_timeout_s - connect_s - 2.0, read_timeout_s / 3)
 
 
@@ -443,9 +445,8 @@ class PostgresStore(revisions.DatabaseStore):
         # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
         # connect (5 s) plus one statement (10 s), plus slack (call_bounds).
         read_s = config.read_timeout_s
-        connect_s = call_bounds(read_s)[0] if connect_timeout_s is None else connect_timeout_s
-        statement_s = (max(read_s - connect_s - 2.0, read_s / 3) if statement_timeout_s is None
-                       else statement_timeout_s)
+        connect_s, statement_s = call_bounds(read_s, connect_timeout_s)
+        statement_s = statement_s if statement_timeout_s is None else statement_timeout_s
         # Per call, never per session (see bounded()); the DSN's options win.
         self._connections = PostgresConnections(
             config.url, connect_s,
