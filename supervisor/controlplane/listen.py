@@ -6,7 +6,7 @@ Operators: docs/operations.md, "Fleets" and "When a dependency is stuck".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -346,31 +346,30 @@ class _Listener:
         queue fails every NOTIFY of the cluster.
         """
         woken = "timeout"
+
+        async def released() -> str | None:  # None: nothing held, so nothing to wait for
+            if not self.floor.held:
+                return None
+            await self.floor.release()
+            return "released"
+
+        async def readable() -> str:
+            await trio.lowlevel.wait_readable(fd)
+            return "readable"
+
+        async def poked() -> str:
+            return "poke" if await self._poked_within(self.probe_interval_s) else "timeout"
+
         async with trio.open_nursery() as nursery:
 
-            async def released() -> None:
+            async def first(wait: Callable[[], Awaitable[str | None]]) -> None:
                 nonlocal woken
-                if not self.floor.held:
-                    return
-                await self.floor.release()
-                woken = "released"
-                nursery.cancel_scope.cancel()
+                if (came := await wait()) is not None:
+                    woken = came
+                    nursery.cancel_scope.cancel()
 
-            async def readable() -> None:
-                nonlocal woken
-                await trio.lowlevel.wait_readable(fd)
-                woken = "readable"
-                nursery.cancel_scope.cancel()
-
-            async def poked() -> None:
-                nonlocal woken
-                if await self._poked_within(self.probe_interval_s):
-                    woken = "poke"
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(readable)
-            nursery.start_soon(poked)
-            nursery.start_soon(released)
+            for wait in (readable, poked, released):
+                nursery.start_soon(first, wait)
         return woken
 
     def _drain(self, conn: Conn) -> int:
