@@ -46,16 +46,10 @@ STANDBY_RECHECK_S = 300.0
 EMPTY_WAKES_BEFORE_PROBE = 3
 
 
-async def run_listener(
-    config: ControlPlaneConfig,
-    wake: Callable[[str], None],
-    metrics: Metrics,
-    *,
-    probe_interval_s: float = 30.0,
-    poke: Wakeup | None = None,
-    reconnecting: Callable[[bool], None] = lambda _on: None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
+async def run_listener(config: ControlPlaneConfig, wake: Callable[[str], None], metrics: Metrics, *,
+                       probe_interval_s: float = 30.0, poke: Wakeup | None = None,
+                       reconnecting: Callable[[bool], None] = lambda _on: None,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Listen for desired-state notifications until cancelled; never raises otherwise.
 
     A notification on ``[control_plane].channel`` (the trigger on ``supervisor_desired``
@@ -165,16 +159,9 @@ class _Listener:
     when set, is a direct connection beside a ``url`` through transaction pooling.
     """
 
-    def __init__(
-        self,
-        config: ControlPlaneConfig,
-        wake: Callable[[str], None],
-        metrics: Metrics,
-        probe_interval_s: float,
-        poke: Wakeup,
-        *,
-        reconnecting: Callable[[bool], None] = lambda _on: None,
-    ) -> None:
+    def __init__(self, config: ControlPlaneConfig, wake: Callable[[str], None], metrics: Metrics,
+                 probe_interval_s: float, poke: Wakeup, *,
+                 reconnecting: Callable[[bool], None] = lambda _on: None) -> None:
         self.url = config.listen_dsn
         # One store call's bounds: the connect's, the session's statements', and
         # the deadline of the whole connect and setup.

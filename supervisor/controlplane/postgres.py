@@ -142,13 +142,8 @@ def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
 
 
-def connect(
-    url: str,
-    *,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-    statement_timeout_s: float | None = 10.0,
-    waits_idle: bool = False,
-) -> Conn:
+def connect(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            statement_timeout_s: float | None = 10.0, waits_idle: bool = False) -> Conn:
     """Open an autocommit connection (blocking; call it from a worker thread).
 
     ``waits_idle`` is for the LISTEN session, whose job is to idle. It turns the
@@ -429,14 +424,9 @@ class PostgresStore(revisions.DatabaseStore):
 
     _sql = revisions.pg
 
-    def __init__(
-        self,
-        config: ControlPlaneConfig,
-        *,
-        max_schema_version: int,
-        statement_timeout_s: float | None = None,
-        connect_timeout_s: float | None = None,
-    ) -> None:
+    def __init__(self, config: ControlPlaneConfig, *, max_schema_version: int,
+                 statement_timeout_s: float | None = None,
+                 connect_timeout_s: float | None = None) -> None:
         self._url = config.url
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes

@@ -97,13 +97,9 @@ def dispose_quietly(dispose: Callable[[], object]) -> None:
         log.debug("closing a control-plane connection failed", error=str(exc))
 
 
-async def call_interruptibly(
-    fn: Callable[[], T],
-    *,
-    interrupt: Callable[[], object],
-    dispose: Callable[[], object],
-    grace_s: float = INTERRUPT_GRACE_S,
-) -> T:
+async def call_interruptibly(fn: Callable[[], T], *, interrupt: Callable[[], object],
+                             dispose: Callable[[], object],
+                             grace_s: float = INTERRUPT_GRACE_S) -> T:
     """Run blocking ``fn`` in a worker thread; return its result or raise its error.
 
     On cancellation trio abandons the thread at once. Then ``interrupt()`` runs in

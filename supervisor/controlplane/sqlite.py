@@ -267,14 +267,8 @@ class SQLiteStore(revisions.DatabaseStore):
 
     _sql = revisions.sqlite
 
-    def __init__(
-        self,
-        config: ControlPlaneConfig,
-        *,
-        max_schema_version: int,
-        statement_timeout_s: float | None = None,
-        create: bool = True,
-    ) -> None:
+    def __init__(self, config: ControlPlaneConfig, *, max_schema_version: int,
+                 statement_timeout_s: float | None = None, create: bool = True) -> None:
         self._path = sqlite_path(config.url)
         self._create = create
         self._wal_id: tuple[int, int] | None = None
