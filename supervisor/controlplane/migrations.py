@@ -181,10 +181,8 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
             # No parameters: psycopg sends it with the simple-query protocol,
             # which allows several statements (and $$-quoted function bodies).
             conn.execute(migration.sql.encode("utf-8"))
-            conn.execute(
-                f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
-                [migration.version, migration.name],
-            )
+            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
+                         [migration.version, migration.name])
 
         current = conn.execute(
             "SELECT t.tgargs FROM pg_trigger t"
@@ -271,10 +269,8 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
                     continue
                 for statement in _sqlite_statements(migration.sql):
                     conn.execute(statement)
-                conn.execute(
-                    f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
-                    (migration.version, migration.name),
-                )
+                conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
+                             (migration.version, migration.name))
     except BaseException as exc:
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
             # A reader without write access cannot upgrade the file; SQLite's

@@ -182,10 +182,8 @@ def set_session(conn: Conn, *, statement_timeout_s: float | None, waits_idle: bo
     if statement_timeout_s is not None:
         # set_config rather than "options=-c ..." at connect: a DSN's own
         # options parameter must keep working.
-        conn.execute(
-            "SELECT set_config('statement_timeout', %s, false)",
-            [f"{timeout_ms(statement_timeout_s)}ms"],
-        )
+        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                     [f"{timeout_ms(statement_timeout_s)}ms"])
     if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
         conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
 

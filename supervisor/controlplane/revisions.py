@@ -55,10 +55,8 @@ DESIRED_SQL = "SELECT revision_id FROM supervisor_desired WHERE singleton"
 
 
 def _not_found(revision: int) -> ControlPlaneError:
-    return ControlPlaneError(
-        f"revision {revision} does not exist", category=FailureCategory.NOT_FOUND,
-        revision=revision,
-    )
+    return ControlPlaneError(f"revision {revision} does not exist",
+                             category=FailureCategory.NOT_FOUND, revision=revision)
 
 
 def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int) -> LoadedRevision:
@@ -385,10 +383,8 @@ class DatabaseStore:
             self._runner.deadline_s, body[1], self._min_read_rate_kib_s))
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        check_publishable(
-            body, schema_version,
-            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
-        )
+        check_publishable(body, schema_version, max_revision_bytes=self._max_bytes,
+                          max_schema_version=self._max_schema)
         revision = await self._runner.run("publish", partial(
             self._sql.publish, body=body, schema_version=schema_version, message=message))
         log.info("revision published", revision=revision, bytes=len(body))

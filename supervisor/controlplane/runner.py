@@ -273,11 +273,9 @@ class ConnectionRunner(Generic[C]):
 
     async def _call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
         driver = self._driver
-        return await call_interruptibly(
-            partial(driver.call, conn, fn, stop),
-            interrupt=partial(driver.interrupt, conn, stop),
-            dispose=partial(driver.close, conn),
-        )
+        return await call_interruptibly(partial(driver.call, conn, fn, stop),
+                                        interrupt=partial(driver.interrupt, conn, stop),
+                                        dispose=partial(driver.close, conn))
 
     async def _open(self, stop: threading.Event) -> C:
         driver = self._driver

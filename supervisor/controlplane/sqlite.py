@@ -185,9 +185,8 @@ class SQLiteConnections:
         # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
         # call would sleep it out and then, the lock gone, commit anyway);
         # _retry_busy waits instead, and stops when told to.
-        conn = sqlite3.connect(
-            uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
-        )
+        conn = sqlite3.connect(uri, timeout=0, check_same_thread=False, isolation_level=None,
+                               uri=True)
         try:
             st = os.stat(path)
             self.file_id = (st.st_dev, st.st_ino)
