@@ -379,11 +379,9 @@ class _Listener:
     async def _probe(self, conn: Conn) -> None:
         with trio.move_on_after(PROBE_TIMEOUT_S) as deadline:
             try:
-                await call_interruptibly(
-                    partial(conn.execute, "SELECT 1"),
-                    interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
-                    dispose=conn.close,
-                )
+                await call_interruptibly(partial(conn.execute, "SELECT 1"), dispose=conn.close,
+                                         interrupt=partial(conn.cancel_safe,
+                                                           timeout=INTERRUPT_GRACE_S))
             except trio.Cancelled:
                 # Shutdown or the probe deadline: the abandoned worker thread
                 # now owns the connection and closes it when the driver returns.

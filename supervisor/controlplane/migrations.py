@@ -167,12 +167,8 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
         # After the advisory lock: replicas migrating at once queue on it unbounded.
         conn.execute(f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)}")
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
-            " version integer PRIMARY KEY,"
-            " name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version integer PRIMARY KEY,"
+                     " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
         done = {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
         check_not_newer(max(done, default=None), "postgresql")
         for migration in load_migrations("postgresql"):
@@ -205,12 +201,9 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
 def _sqlite_applied(conn: sqlite3.Connection, *, create: bool = False) -> set[int]:
     """The versions recorded in the file; ``create`` makes the table when missing."""
     if create:
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
-            " version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL,"
-            " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
-        )
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER PRIMARY KEY,"
+                     " name TEXT NOT NULL,"
+                     " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))")
     elif conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                       (MIGRATIONS_TABLE,)).fetchone() is None:
         return set()

@@ -436,10 +436,8 @@ class PostgresStore(revisions.DatabaseStore):
         connect_s, statement_s = call_bounds(read_s, connect_timeout_s)
         statement_s = statement_s if statement_timeout_s is None else statement_timeout_s
         # Per call, never per session (see bounded()); the DSN's options win.
-        self._connections = PostgresConnections(
-            config.url, connect_s,
-            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_s),
-        )
+        self._connections = PostgresConnections(config.url, connect_s, None if (
+            dsn_sets_statement_timeout(config.url)) else timeout_ms(statement_s))
         self._runner = ConnectionRunner(self._connections, deadline_s=(
             read_s if statement_timeout_s is None else connect_s + statement_s + 2.0))
 

@@ -295,11 +295,9 @@ class sqlite(Dialect):  # SQLite's spellings
 
         SQLite has no database role: the change is the OS user's.
         """
-        conn.execute(
-            "UPDATE supervisor_desired_log SET changed_by = ?, message = ? WHERE sequence ="
-            " (SELECT sequence FROM supervisor_desired WHERE singleton)",
-            (_os_user(), message),
-        )
+        conn.execute("UPDATE supervisor_desired_log SET changed_by = ?, message = ? WHERE sequence"
+                     " = (SELECT sequence FROM supervisor_desired WHERE singleton)",
+                     (_os_user(), message))
 
 
 def _os_user() -> str:
@@ -365,12 +363,11 @@ class DatabaseStore:
             if row is None:
                 return None
             desired, rid, schema_version, size, body, digest, created_at, seq = row
-            return check_hydrated(
-                HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
-                           size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                           None, seq),
-                max_revision_bytes=max_bytes, max_schema_version=max_schema,
-            )
+            stored = HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
+                                size, as_bytes(body), as_bytes(digest), parse_time(created_at),
+                                None, seq)
+            return check_hydrated(stored, max_revision_bytes=max_bytes,
+                                  max_schema_version=max_schema)
 
         # The body's size first (answered from the row's header): its read's deadline grows with it.
         found = await self._runner.run("read", partial(sql.one, query=(

@@ -340,11 +340,8 @@ class SQLiteStore(revisions.DatabaseStore):
         known = self._connections.file_id
         if known is not None and current != known:
             if conn is not None:
-                log.warning(
-                    "control-plane file replaced or removed; reopening"
-                    if current is not None else "control-plane file removed",
-                    path=path,
-                )
+                log.warning("control-plane file replaced or removed; reopening"
+                            if current is not None else "control-plane file removed", path=path)
                 await self._runner.discard()
             if current is not None:
                 if wal is not None and wal == self._wal_id:
@@ -368,6 +365,4 @@ class SQLiteStore(revisions.DatabaseStore):
             raise ControlPlaneError(
                 f"control plane read failed: the control-plane file {path} does not exist"
                 " (`trio-supervisor publish FILE` or `trio-supervisor db migrate` with"
-                " this configuration creates it)",
-                category=FailureCategory.UNAVAILABLE,
-            )
+                " this configuration creates it)", category=FailureCategory.UNAVAILABLE)
