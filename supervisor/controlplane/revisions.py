@@ -11,6 +11,7 @@ import getpass
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -110,20 +111,9 @@ class Dialect:
     def all(conn: Any, query: str, params: Any = ()) -> list[Any]:
         return list(conn.execute(query, params).fetchall())
 
-    @staticmethod
-    def size(column: str) -> str:
-        """A column's size in bytes."""
-        raise NotImplementedError
-
-    @staticmethod
-    def head(column: str, chars: int) -> str:
-        """A text column's first ``chars`` characters."""
-        raise NotImplementedError
-
-    @staticmethod
-    def write(conn: Any) -> AbstractContextManager[object]:
-        """One write transaction."""
-        raise NotImplementedError
+    size: Callable[[str], str]  # a column's size in bytes
+    head: Callable[[str, int], str]  # a text column's first so many characters
+    write: Callable[[Any], AbstractContextManager[object]]  # one write transaction
 
     @staticmethod
     def before(conn: Any, message: str | None) -> None:
