@@ -60,24 +60,6 @@ def _not_found(revision: int) -> ControlPlaneError:
                              category=FailureCategory.NOT_FOUND, revision=revision)
 
 
-def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int) -> LoadedRevision:
-    if row is None:
-        raise _not_found(revision)
-    rid, schema_version, size, body, digest, created_at, head, message_size = row
-    stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
-                        parse_time(created_at), bounded_message(head, message_size))
-    found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
-    assert stored.created_at is not None  # checked: a revision without one is corrupt
-    return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
-                          stored.message, found.body_sha256)
-
-
-def _summaries(rows: list[Any]) -> list[RevisionSummary]:
-    return [RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
-                            parse_time(created), bounded_message(head, length))
-            for rid, sv, size, digest, created, head, length in rows]
-
-
 def _desired(conn: Any) -> int | None:
     row = conn.execute(DESIRED_SQL).fetchone()
     if row is None:
@@ -158,18 +140,28 @@ class Dialect:
             f" (SELECT * FROM supervisor_revisions ORDER BY id DESC LIMIT {cls.P}) r ON TRUE"
             " ORDER BY r.id DESC", [cls.ALL if limit is None else limit])
         desired = rows[0][0] if rows and rows[0][0] is not None else None
-        return (None if desired is None else int(desired),
-                _summaries([row[1:] for row in rows if row[1] is not None]))
+        return None if desired is None else int(desired), [
+            RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
+                            parse_time(created), bounded_message(head, length))
+            for _, rid, sv, size, digest, created, head, length in rows if rid is not None]
 
     @classmethod
     def read_revision(cls, conn: Any, revision: int, max_bytes: int) -> LoadedRevision:
-        size = cls.size("r.body")
-        row = cls.one(conn, f"SELECT r.id, r.schema_version, {size},"
-                      f" CASE WHEN {size} <= {cls.P} THEN r.body END, r.body_sha256,"
+        measured = cls.size("r.body")
+        row = cls.one(conn, f"SELECT r.id, r.schema_version, {measured},"
+                      f" CASE WHEN {measured} <= {cls.P} THEN r.body END, r.body_sha256,"
                       f" {cls.CREATED_AT}, {message_columns(cls.size, cls.head)}"
                       f" FROM supervisor_revisions r WHERE r.id = {cls.P}",
                       [max_bytes, revision])
-        return _checked(row, revision, max_bytes)
+        if row is None:
+            raise _not_found(revision)
+        rid, schema_version, size, body, digest, created_at, head, message_size = row
+        stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
+                            parse_time(created_at), bounded_message(head, message_size))
+        found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
+        assert stored.created_at is not None  # checked: a revision without one is corrupt
+        return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
+                              stored.message, found.body_sha256)
 
     @classmethod
     def rollback(cls, conn: Any, revision: int, body_sha256: bytes,
