@@ -40,8 +40,6 @@ class FailureCategory(enum.Enum):
 # fails here, at import, rather than emitting a label the metrics never pre-initialised.
 assert {c.value for c in FailureCategory} <= set(reasons.REVISION_REASONS)
 
-_RETRYABLE = frozenset({FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT})
-
 
 class ControlPlaneError(LabelledError):
     """A store operation failed, with a :class:`FailureCategory`.
@@ -76,7 +74,7 @@ class ControlPlaneError(LabelledError):
     @property
     def retryable(self) -> bool:
         """True when trying again later may succeed without anyone repairing anything."""
-        return self.category in _RETRYABLE
+        return self.category in (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({str(self)!r}, category={self.category.name}, "

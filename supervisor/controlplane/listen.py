@@ -5,6 +5,7 @@ Operators: docs/operations.md, "Fleets" and "When a dependency is stuck".
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -396,10 +397,8 @@ async def _close(conn: Conn) -> None:
     if not conn.closed:
         # Wake (with ClosedResourceError) any task still waiting on this socket
         # before the descriptor is closed and its number reused.
-        try:
+        with contextlib.suppress(psycopg.Error):
             trio.lowlevel.notify_closing(conn.fileno())
-        except psycopg.Error:
-            pass
     with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
         try:
             await in_db_thread(conn.close, "closing the LISTEN connection")

@@ -345,9 +345,7 @@ class PostgresConnections:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
 
     def __init__(self, url: str, connect_timeout_s: float, timeout_ms: int | None) -> None:
-        self.url = url
-        self.connect_timeout_s = connect_timeout_s
-        self.timeout_ms = timeout_ms
+        self.url, self.connect_timeout_s, self.timeout_ms = url, connect_timeout_s, timeout_ms
         # Read at every connect: a restore or another database behind the
         # same DSN can only appear across a new connection.
         self.identity: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -148,10 +149,8 @@ def _create_private(path: str) -> None:
     """
     flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
              | getattr(os, "O_CLOEXEC", 0))
-    try:
+    with contextlib.suppress(OSError):
         os.close(os.open(path, flags, 0o600))
-    except OSError:
-        return
 
 
 class SQLiteConnections:
@@ -160,9 +159,7 @@ class SQLiteConnections:
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
-        self.path = path
-        self.create = create
-        self.busy_timeout_s = busy_timeout_s
+        self.path, self.create, self.busy_timeout_s = path, create, busy_timeout_s
         # (st_dev, st_ino) of the file the open connection reads: a restore by
         # `mv new.db cp.db` or a deleted file leaves the connection on the old
         # inode, so every call first checks the path still names it.
@@ -240,10 +237,8 @@ def _file_id(path: str) -> tuple[int, int] | None:
 
 def _remove_stale_wal(path: str) -> None:
     for suffix in ("-wal", "-shm"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path + suffix)
-        except FileNotFoundError:
-            pass
 
 
 class SQLiteStore(revisions.DatabaseStore):
