@@ -170,10 +170,7 @@ class Daemon:
             self._convergence_started = True
             snapshot_file = (SnapshotFile(self.config.snapshot.path)
                              if self.config.snapshot.path is not None else None)
-            follower = cp.backend == "follower"
-            if follower:  # its httpx client loads only in follower mode
-                from supervisor.controlplane.follower import forward_path
-            if follower and self._accepted is None:
+            if cp.backend == "follower" and self._accepted is None:
                 # Made once per process, read at its first start: a restarted
                 # child keeps the highest statement accepted.
                 from supervisor.sinks.lkg.accepted import ACCEPTED_SUFFIX, AcceptedStatements
@@ -193,8 +190,7 @@ class Daemon:
                                      on_outage_change=lambda _down: self.listener_poke.wake()),
                     sinks=SideSinks(self.metrics, cache=cache, snapshot_file=snapshot_file,
                                     status=self.sinks,
-                                    forward_to=forward_path(self.config.cache.path)
-                                    if follower else None),
+                                    forward_to=self._forward_path()),
                     signal=self.signal,
                     resolver=EnvFileResolver.for_daemon(self.config, self.config_path))
                 await reconciler.run(task_status=task_status)
@@ -206,11 +202,10 @@ class Daemon:
 
     async def _restore_accepted(self, accepted: AcceptedStatements) -> None:
         """At start: the statement this follower passes on, when above its accepted file."""
-        from supervisor.controlplane.follower import forward_path
         from supervisor.sinks.lkg.errors import CacheError
         from supervisor.sinks.lkg.fileformat import MAX_HEADER_BYTES, SIGNATURE_BYTES
 
-        forward = forward_path(self.config.cache.path)
+        forward = self._forward_path()
         if forward is None or accepted.path is None:
             return
         cp = self.config.control_plane
@@ -260,15 +255,21 @@ class Daemon:
         if self.tree is not None:
             self.tree.report_substate("listen", "reconnecting" if on else None)
 
+    def _forward_path(self) -> str | None:
+        """Where a follower keeps the statement it passes on (None: not a follower, no cache)."""
+        if self.config.control_plane.backend != "follower":
+            return None
+        from supervisor.controlplane.follower import forward_path  # httpx: followers only
+
+        return forward_path(self.config.cache.path)
+
     def _signed_revision_file(self) -> SignedRevisionFile:
         """What GET /v1/revision serves: a follower forwards its upstream's signed bytes."""
         from supervisor.admin.signed import SignedRevisionFile
 
         cp, cache = self.config.control_plane, self.config.cache
         follower = cp.backend == "follower"
-        if follower:
-            from supervisor.controlplane.follower import forward_path
-        return SignedRevisionFile(forward_path(cache.path) if follower else cache.path,
+        return SignedRevisionFile(self._forward_path() if follower else cache.path,
                                   follower or cache.signing_key is not None,
                                   max_bytes=cp.max_revision_bytes)
 
@@ -290,8 +291,7 @@ class Daemon:
         healthy = health.watchdog_healthy(self.tree, self.status, self.config.control_plane)
         if healthy != self._watchdog_was_healthy:
             self._watchdog_was_healthy = healthy
-            self.notifier.status(health.status_line(healthy, self.unhealthy(),
-                                                    self.status.active))
+            self.notifier.status(health.status_line(healthy, self.unhealthy(), self.status.active))
         return healthy
 
     def _fanout_children(self) -> list[ChildSpec]:
@@ -319,12 +319,9 @@ class Daemon:
         self.sinks.configure("cache", self.config.cache.path is not None)
         self.sinks.configure("snapshot_file", self.config.snapshot.path is not None)
         self.metrics.follow_sinks(self.sinks)
-        specs = [self._admin_child()]
         listen = self._listen_child()
-        if listen is not None:
-            specs.append(listen)
-        specs.append(self._convergence_child())
-        specs.extend(self._fanout_children())
+        specs = [self._admin_child(), *([listen] if listen is not None else []),
+                 self._convergence_child(), *self._fanout_children()]
         for spec in specs:  # pre-initialised: a rate() over a child never restarted is 0
             self.metrics.child_restarts.labels(spec.name)
         sup = self.config.supervisor
@@ -480,8 +477,7 @@ class Daemon:
                             snapshot = self.state.snapshot
                             revision = snapshot.revision if snapshot is not None else None
                             self.notifier.ready(f"serving revision {revision}")
-                            log.info("ready", revision=revision,
-                                     children=sorted(tree.children))
+                            log.info("ready", revision=revision, children=sorted(tree.children))
                             interval = watchdog_interval()
                             if interval is not None:
                                 tree_nursery.start_soon(run_watchdog, self.notifier, interval,

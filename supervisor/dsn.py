@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -50,11 +50,8 @@ def _unknown_parameter(dsn: str) -> str | None:
     """``unknown connection parameter `sslmod` (did you mean `sslmode`?)`` for a URL query
     or a ``key=value`` word that libpq does not know; None when every name is known."""
     import difflib
-    from urllib.parse import parse_qsl, urlsplit
 
-    from psycopg import pq
-
-    known = [o.keyword.decode() for o in pq.Conninfo.get_defaults()]
+    known = [o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults()]
     if _is_url(dsn):
         try:
             names = [k for k, _ in parse_qsl(urlsplit(dsn).query, keep_blank_values=True)]
@@ -89,19 +86,10 @@ def describe(dsn: str) -> str:
     params = _parse(dsn)
     if params is None or problem(dsn) is not None:
         return "postgresql://<unparseable>"
-    user = params.get("user")
-    host = params.get("host") or params.get("hostaddr") or ""
-    port = params.get("port")
-    dbname = params.get("dbname")
-    text = "postgresql://"
-    if user:
-        text += f"{quote(user, safe='')}@"
-    text += host
-    if port:
-        text += f":{port}"
-    if dbname:
-        text += f"/{quote(dbname, safe='')}"
-    return text
+    user, port, dbname = params.get("user"), params.get("port"), params.get("dbname")
+    return ("postgresql://" + (f"{quote(user, safe='')}@" if user else "")
+            + (params.get("host") or params.get("hostaddr") or "") + (f":{port}" if port else "")
+            + (f"/{quote(dbname, safe='')}" if dbname else ""))
 
 
 redact = describe

@@ -184,10 +184,8 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     resolved = resolve_format(fmt, stream)
     as_json = resolved in ("json", "journal")
     shared: list[Processor] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
-    ]
+        structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp")]
     renderer: Processor
     if as_json:
         renderer = structlog.processors.JSONRenderer(default=str)
@@ -201,11 +199,9 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
                         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
                         cache_logger_on_first_use=True)
     handler = _LineHandler(stream)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()])
-    )
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()]))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)

@@ -21,20 +21,9 @@ from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_
 from supervisor.controlplane.store import RevisionPointer
 from supervisor.sinks.state import Candidate
 
-__all__ = [
-    "MESSAGE_BYTES",
-    "HydrateRow",
-    "as_bytes",
-    "bounded_message",
-    "check_hydrated",
-    "check_publishable",
-    "hydrate_sql",
-    "message_columns",
-    "observe_sql",
-    "parse_time",
-    "pointer_from_row",
-    "refuse_unreadable",
-]
+__all__ = ["MESSAGE_BYTES", "HydrateRow", "as_bytes", "bounded_message", "check_hydrated",
+           "check_publishable", "hydrate_sql", "message_columns", "observe_sql", "parse_time",
+           "pointer_from_row", "refuse_unreadable"]
 
 
 @dataclass(frozen=True)
@@ -123,10 +112,8 @@ def observe_sql(schema_readable: bool = True) -> str:
             " ON r.id = d.revision_id WHERE d.singleton")
 
 
-def pointer_from_row(
-    row: tuple[object, object, object, object] | None, identity: str | None,
-    backend: Backend = "sqlite",
-) -> RevisionPointer | None:
+def pointer_from_row(row: tuple[object, object, object, object] | None, identity: str | None,
+                     backend: Backend = "sqlite") -> RevisionPointer | None:
     """The observe row as a pointer; TypeError (-> ``malformed``) for an impossible pointer,
     SchemaTooNew for a schema a newer build migrated."""
     if row is None:
@@ -151,9 +138,8 @@ def _sequence(value: object) -> int:
     return value
 
 
-def check_hydrated(
-    row: HydrateRow, *, max_revision_bytes: int, max_schema_version: int
-) -> Candidate:
+def check_hydrated(row: HydrateRow, *, max_revision_bytes: int,
+                   max_schema_version: int) -> Candidate:
     """The hydrated row as a Candidate, or the first check it fails; blocking (hashes the body).
 
     The order, all before the body is decoded:
@@ -171,49 +157,33 @@ def check_hydrated(
         # hand-edited table gets here.
         raise ControlPlaneError(
             f"the desired pointer holds {row.desired!r}, not a revision id (ids are >= 1)",
-            category=FailureCategory.CORRUPT,
-        )
+            category=FailureCategory.CORRUPT)
     if row.id is None:
-        raise ControlPlaneError(
-            f"desired points at revision {row.desired}, which does not exist",
-            category=FailureCategory.NOT_FOUND,
-            revision=row.desired,
-        )
+        raise ControlPlaneError(f"desired points at revision {row.desired}, which does not exist",
+                                category=FailureCategory.NOT_FOUND, revision=row.desired)
     schema_version = row.schema_version if row.schema_version is not None else 0
     refuse_unreadable(row.id, row.size or 0, schema_version,
                       max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
     if row.body is None or row.created_at is None or schema_version < 1:
         raise ControlPlaneError(
             f"revision {row.id} is incomplete (missing body, created_at or schema_version)",
-            category=FailureCategory.CORRUPT,
-            revision=row.id,
-        )
+            category=FailureCategory.CORRUPT, revision=row.id)
     if row.body_sha256 is None or hashlib.sha256(row.body).digest() != bytes(row.body_sha256):
-        raise ControlPlaneError(
-            f"revision {row.id}: body does not match body_sha256",
-            category=FailureCategory.CORRUPT,
-            revision=row.id,
-        )
-    return Candidate(
-        id=row.id,
-        body_sha256=bytes(row.body_sha256),
-        body=bytes(row.body),
-        schema_version=schema_version,
-        sequence=None if row.sequence is None else _sequence(row.sequence),
-    )
+        raise ControlPlaneError(f"revision {row.id}: body does not match body_sha256",
+                                category=FailureCategory.CORRUPT, revision=row.id)
+    return Candidate(id=row.id, body_sha256=bytes(row.body_sha256), body=bytes(row.body),
+                     schema_version=schema_version,
+                     sequence=None if row.sequence is None else _sequence(row.sequence))
 
 
-def check_publishable(
-    body: bytes, schema_version: int, *, max_revision_bytes: int, max_schema_version: int
-) -> None:
+def check_publishable(body: bytes, schema_version: int, *, max_revision_bytes: int,
+                      max_schema_version: int) -> None:
     """Refuse, before anything is stored, what no replica of this build could hydrate."""
     refuse_unreadable(None, len(body), schema_version,
                       max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
     if schema_version < 1:
-        raise ControlPlaneError(
-            f"schema_version must be >= 1, got {schema_version}",
-            category=FailureCategory.INVALID,
-        )
+        raise ControlPlaneError(f"schema_version must be >= 1, got {schema_version}",
+                                category=FailureCategory.INVALID)
 
 
 def refuse_unreadable(revision: int | None, size: int, schema_version: int, *,

@@ -10,18 +10,8 @@ import enum
 from supervisor import reasons
 from supervisor.errors import LabelledError
 
-__all__ = [
-    "MIGRATE_HINT",
-    "ControlPlaneError",
-    "FailureCategory",
-    "Incompatible",
-    "SchemaTooNew",
-    "StatementRefused",
-    "TooLarge",
-    "malformed",
-    "one_line",
-    "slow_read",
-]
+__all__ = ["MIGRATE_HINT", "ControlPlaneError", "FailureCategory", "Incompatible", "SchemaTooNew",
+           "StatementRefused", "TooLarge", "malformed", "one_line", "slow_read"]
 
 MIGRATE_HINT = "the control-plane schema is missing or outdated: run `trio-supervisor db migrate`"
 
@@ -49,8 +39,6 @@ class FailureCategory(enum.Enum):
 # A category's value is its reason label: a new one without a catalogued label
 # fails here, at import, rather than emitting a label the metrics never pre-initialised.
 assert {c.value for c in FailureCategory} <= set(reasons.REVISION_REASONS)
-
-_RETRYABLE = frozenset({FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT})
 
 
 class ControlPlaneError(LabelledError):
@@ -86,13 +74,11 @@ class ControlPlaneError(LabelledError):
     @property
     def retryable(self) -> bool:
         """True when trying again later may succeed without anyone repairing anything."""
-        return self.category in _RETRYABLE
+        return self.category in (FailureCategory.UNAVAILABLE, FailureCategory.CONFLICT)
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({str(self)!r}, category={self.category.name}, "
-            f"revision={self.revision})"
-        )
+        return (f"{type(self).__name__}({str(self)!r}, category={self.category.name}, "
+                f"revision={self.revision})")
 
 
 def _which(revision: int | None) -> str:
@@ -106,16 +92,11 @@ class Incompatible(ControlPlaneError):
     is ``incompatible`` rather than the category's ``denied``.
     """
 
-    def __init__(
-        self, revision: int | None, schema_version: int, max_schema_version: int
-    ) -> None:
-        super().__init__(
-            f"{_which(revision)} has schema_version {schema_version}; "
-            f"this build reads up to {max_schema_version}",
-            category=FailureCategory.DENIED,
-            revision=revision,
-            reason=reasons.INCOMPATIBLE,
-        )
+    def __init__(self, revision: int | None, schema_version: int, max_schema_version: int) -> None:
+        super().__init__(f"{_which(revision)} has schema_version {schema_version}; "
+                         f"this build reads up to {max_schema_version}",
+                         category=FailureCategory.DENIED, revision=revision,
+                         reason=reasons.INCOMPATIBLE)
         self.schema_version = schema_version
 
 
@@ -131,20 +112,15 @@ class SchemaTooNew(ControlPlaneError):
         super().__init__(
             f"the control-plane schema is version {found}, newer than this build's "
             f"version {supported} (a newer trio-supervisor migrated it): upgrade this "
-            "replica, or point it at a database it can read",
-            category=FailureCategory.INVALID,
-        )
+            "replica, or point it at a database it can read", category=FailureCategory.INVALID)
 
 
 class TooLarge(ControlPlaneError):
     """A revision body is larger than ``max_revision_bytes`` (a bound, so DENIED)."""
 
     def __init__(self, revision: int | None, size: int, limit: int) -> None:
-        super().__init__(
-            f"{_which(revision)} is {size} bytes, over max_revision_bytes ({limit})",
-            category=FailureCategory.DENIED,
-            revision=revision,
-        )
+        super().__init__(f"{_which(revision)} is {size} bytes, over max_revision_bytes ({limit})",
+                         category=FailureCategory.DENIED, revision=revision)
         self.size = size
         self.limit = limit
 
@@ -180,11 +156,8 @@ def malformed(exc: Exception, *, what: str) -> ControlPlaneError:
     rows (possibly a whole body).
     """
     detail = " ".join(str(exc).split()) or "no detail"
-    return ControlPlaneError(
-        f"control plane {what} returned data this build cannot read "
-        f"({type(exc).__name__}: {detail})",
-        category=FailureCategory.CORRUPT,
-    )
+    return ControlPlaneError(f"control plane {what} returned data this build cannot read "
+                             f"({type(exc).__name__}: {detail})", category=FailureCategory.CORRUPT)
 
 
 def slow_read(what: str, revision: int, size: int, elapsed_s: float,

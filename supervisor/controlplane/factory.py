@@ -17,12 +17,8 @@ if TYPE_CHECKING:
 __all__ = ["open_admin", "open_source"]
 
 
-def open_source(
-    config: ControlPlaneConfig,
-    *,
-    max_schema_version: int,
-    accepted: AcceptedStatements | None = None,
-) -> RevisionSource:
+def open_source(config: ControlPlaneConfig, *, max_schema_version: int,
+                accepted: AcceptedStatements | None = None) -> RevisionSource:
     """What the convergence loop reads: a database, or an upstream replica; not connected yet.
 
     ``accepted`` is a follower's highest accepted statement, held by the
@@ -37,13 +33,8 @@ def open_source(
     return _database(config, max_schema_version=max_schema_version, create=False)
 
 
-def open_admin(
-    config: ControlPlaneConfig,
-    *,
-    max_schema_version: int,
-    statement_timeout_s: float | None = None,
-    create: bool = True,
-) -> RevisionAdmin:
+def open_admin(config: ControlPlaneConfig, *, max_schema_version: int,
+               statement_timeout_s: float | None = None, create: bool = True) -> RevisionAdmin:
     """The revision lifecycle on a database; not connected yet.
 
     A follower has no control plane of its own: refused (``invalid``), naming

@@ -5,8 +5,9 @@ Operators: docs/operations.md, "Fleets" and "When a dependency is stuck".
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -16,13 +17,7 @@ from psycopg import sql
 
 from supervisor.backoff import Backoff
 from supervisor.controlplane.errors import one_line
-from supervisor.controlplane.postgres import (
-    Conn,
-    call_bounds,
-    connect,
-    release_socket,
-    set_session,
-)
+from supervisor.controlplane.postgres import Conn, call_bounds, connect, release_socket, set_session
 from supervisor.controlplane.runner import (
     INTERRUPT_GRACE_S,
     call_interruptibly,
@@ -52,16 +47,10 @@ STANDBY_RECHECK_S = 300.0
 EMPTY_WAKES_BEFORE_PROBE = 3
 
 
-async def run_listener(
-    config: ControlPlaneConfig,
-    wake: Callable[[str], None],
-    metrics: Metrics,
-    *,
-    probe_interval_s: float = 30.0,
-    poke: Wakeup | None = None,
-    reconnecting: Callable[[bool], None] = lambda _on: None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
+async def run_listener(config: ControlPlaneConfig, wake: Callable[[str], None], metrics: Metrics, *,
+                       probe_interval_s: float = 30.0, poke: Wakeup | None = None,
+                       reconnecting: Callable[[bool], None] = lambda _on: None,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Listen for desired-state notifications until cancelled; never raises otherwise.
 
     A notification on ``[control_plane].channel`` (the trigger on ``supervisor_desired``
@@ -86,11 +75,8 @@ async def run_listener(
     """
     task_status.started()
     if config.backend != "postgresql" or not config.listen:
-        log.info(
-            "notifications disabled; converging by polling alone",
-            backend=config.backend,
-            listen=config.listen,
-        )
+        log.info("notifications disabled; converging by polling alone",
+                 backend=config.backend, listen=config.listen)
         await trio.sleep_forever()
     await _Listener(config, wake, metrics, probe_interval_s, poke or Wakeup(),
                     reconnecting=reconnecting).run()
@@ -174,16 +160,9 @@ class _Listener:
     when set, is a direct connection beside a ``url`` through transaction pooling.
     """
 
-    def __init__(
-        self,
-        config: ControlPlaneConfig,
-        wake: Callable[[str], None],
-        metrics: Metrics,
-        probe_interval_s: float,
-        poke: Wakeup,
-        *,
-        reconnecting: Callable[[bool], None] = lambda _on: None,
-    ) -> None:
+    def __init__(self, config: ControlPlaneConfig, wake: Callable[[str], None], metrics: Metrics,
+                 probe_interval_s: float, poke: Wakeup, *,
+                 reconnecting: Callable[[bool], None] = lambda _on: None) -> None:
         self.url = config.listen_dsn
         # One store call's bounds: the connect's, the session's statements', and
         # the deadline of the whole connect and setup.
@@ -230,11 +209,8 @@ class _Listener:
                 self._report_reconnecting(True)
                 self.metrics.listen_reconnects.inc()
                 delay = self.backoff.next()
-                self.outage.failed(
-                    error=self._describe(exc),
-                    retry_in_s=round(delay, 3),
-                    url=redact(self.url),
-                )
+                self.outage.failed(error=self._describe(exc), retry_in_s=round(delay, 3),
+                                   url=redact(self.url))
                 await self._sleep_unless_poked(delay)
                 continue
 
@@ -268,12 +244,9 @@ class _Listener:
         self.backoff.reset()
         if not self.standby_reported:
             self.standby_reported = True
-            log.info(
-                "the control plane is a hot standby: LISTEN cannot run during recovery and "
-                "NOTIFY is not replicated; converging by polling alone",
-                url=redact(self.url),
-                recheck_s=STANDBY_RECHECK_S,
-            )
+            log.info("the control plane is a hot standby: LISTEN cannot run during recovery and "
+                     "NOTIFY is not replicated; converging by polling alone",
+                     url=redact(self.url), recheck_s=STANDBY_RECHECK_S)
         await trio.sleep(STANDBY_RECHECK_S)
 
     async def _sleep_unless_poked(self, delay: float) -> None:
@@ -328,7 +301,8 @@ class _Listener:
     def _set_up(self, conn: Conn) -> None:
         """The session's settings, the standby question and ``LISTEN`` (blocking)."""
         set_session(conn, statement_timeout_s=self.statement_s, waits_idle=True)
-        _refuse_standby(conn)
+        if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+            raise _InRecovery
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
     async def _serve(self, conn: Conn) -> None:
@@ -360,31 +334,30 @@ class _Listener:
         queue fails every NOTIFY of the cluster.
         """
         woken = "timeout"
+
+        async def released() -> str | None:  # None: nothing held, so nothing to wait for
+            if not self.floor.held:
+                return None
+            await self.floor.release()
+            return "released"
+
+        async def readable() -> str:
+            await trio.lowlevel.wait_readable(fd)
+            return "readable"
+
+        async def poked() -> str:
+            return "poke" if await self._poked_within(self.probe_interval_s) else "timeout"
+
         async with trio.open_nursery() as nursery:
 
-            async def released() -> None:
+            async def first(wait: Callable[[], Awaitable[str | None]]) -> None:
                 nonlocal woken
-                if not self.floor.held:
-                    return
-                await self.floor.release()
-                woken = "released"
-                nursery.cancel_scope.cancel()
+                if (came := await wait()) is not None:
+                    woken = came
+                    nursery.cancel_scope.cancel()
 
-            async def readable() -> None:
-                nonlocal woken
-                await trio.lowlevel.wait_readable(fd)
-                woken = "readable"
-                nursery.cancel_scope.cancel()
-
-            async def poked() -> None:
-                nonlocal woken
-                if await self._poked_within(self.probe_interval_s):
-                    woken = "poke"
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(readable)
-            nursery.start_soon(poked)
-            nursery.start_soon(released)
+            for wait in (readable, poked, released):
+                nursery.start_soon(first, wait)
         return woken
 
     def _drain(self, conn: Conn) -> int:
@@ -407,11 +380,9 @@ class _Listener:
     async def _probe(self, conn: Conn) -> None:
         with trio.move_on_after(PROBE_TIMEOUT_S) as deadline:
             try:
-                await call_interruptibly(
-                    partial(conn.execute, "SELECT 1"),
-                    interrupt=partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S),
-                    dispose=conn.close,
-                )
+                await call_interruptibly(partial(conn.execute, "SELECT 1"), dispose=conn.close,
+                                         interrupt=partial(conn.cancel_safe,
+                                                           timeout=INTERRUPT_GRACE_S))
             except trio.Cancelled:
                 # Shutdown or the probe deadline: the abandoned worker thread
                 # now owns the connection and closes it when the driver returns.
@@ -422,20 +393,12 @@ class _Listener:
         self.backoff.reset()
 
 
-def _refuse_standby(conn: Conn) -> None:
-    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-    if row is not None and row[0] is True:
-        raise _InRecovery
-
-
 async def _close(conn: Conn) -> None:
     if not conn.closed:
         # Wake (with ClosedResourceError) any task still waiting on this socket
         # before the descriptor is closed and its number reused.
-        try:
+        with contextlib.suppress(psycopg.Error):
             trio.lowlevel.notify_closing(conn.fileno())
-        except psycopg.Error:
-            pass
     with trio.move_on_after(INTERRUPT_GRACE_S, shield=True):
         try:
             await in_db_thread(conn.close, "closing the LISTEN connection")

@@ -17,28 +17,14 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor.controlplane.errors import (
-    ControlPlaneError,
-    FailureCategory,
-    SchemaTooNew,
-)
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, SchemaTooNew
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = [
-    "MIGRATIONS_TABLE",
-    "Migrated",
-    "Migration",
-    "check_not_newer",
-    "latest_version",
-    "load_migrations",
-    "migrate_postgres",
-    "migrate_sqlite",
-    "postgres_version",
-    "sqlite_version",
-    "write_transaction",
-]
+__all__ = ["MIGRATIONS_TABLE", "Migrated", "Migration", "check_not_newer", "latest_version",
+           "load_migrations", "migrate_postgres", "migrate_sqlite", "postgres_version",
+           "sqlite_version", "write_transaction"]
 
 Backend = Literal["postgresql", "sqlite"]
 
@@ -70,9 +56,8 @@ def load_migrations(backend: Backend) -> tuple[Migration, ...]:
         match = _FILE.match(entry.name)
         if match is None or match["backend"] != backend:
             continue
-        found.append(
-            Migration(int(match["version"]), match["name"], entry.read_text(encoding="utf-8"))
-        )
+        found.append(Migration(int(match["version"]), match["name"],
+                               entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions) or not found:
@@ -182,12 +167,8 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
         # After the advisory lock: replicas migrating at once queue on it unbounded.
         conn.execute(f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)}")
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
-            " version integer PRIMARY KEY,"
-            " name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version integer PRIMARY KEY,"
+                     " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
         done = {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
         check_not_newer(max(done, default=None), "postgresql")
         for migration in load_migrations("postgresql"):
@@ -196,10 +177,8 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
             # No parameters: psycopg sends it with the simple-query protocol,
             # which allows several statements (and $$-quoted function bodies).
             conn.execute(migration.sql.encode("utf-8"))
-            conn.execute(
-                f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
-                [migration.version, migration.name],
-            )
+            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
+                         [migration.version, migration.name])
 
         current = conn.execute(
             "SELECT t.tgargs FROM pg_trigger t"
@@ -208,17 +187,11 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
         ).fetchone()
         wanted = channel.encode("ascii") + b"\x00"  # tgargs: NUL-terminated arguments
         if current is None or bytes(current[0]) != wanted:
-            conn.execute(
-                sql.SQL("DROP TRIGGER IF EXISTS {} ON supervisor_desired").format(
-                    sql.Identifier(TRIGGER_NAME)
-                )
-            )
-            conn.execute(
-                sql.SQL(
-                    "CREATE TRIGGER {} AFTER INSERT OR UPDATE ON supervisor_desired"
-                    " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})"
-                ).format(sql.Identifier(TRIGGER_NAME), sql.Literal(channel))
-            )
+            trigger = sql.Identifier(TRIGGER_NAME)
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON supervisor_desired").format(trigger))
+            conn.execute(sql.SQL("CREATE TRIGGER {} AFTER INSERT OR UPDATE ON supervisor_desired"
+                                 " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})")
+                         .format(trigger, sql.Literal(channel)))
     return Migrated(max(done, default=0), latest_version("postgresql"))
 
 
@@ -228,12 +201,9 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
 def _sqlite_applied(conn: sqlite3.Connection, *, create: bool = False) -> set[int]:
     """The versions recorded in the file; ``create`` makes the table when missing."""
     if create:
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
-            " version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL,"
-            " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
-        )
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER PRIMARY KEY,"
+                     " name TEXT NOT NULL,"
+                     " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))")
     elif conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                       (MIGRATIONS_TABLE,)).fetchone() is None:
         return set()
@@ -292,10 +262,8 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
                     continue
                 for statement in _sqlite_statements(migration.sql):
                     conn.execute(statement)
-                conn.execute(
-                    f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
-                    (migration.version, migration.name),
-                )
+                conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
+                             (migration.version, migration.name))
     except BaseException as exc:
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
             # A reader without write access cannot upgrade the file; SQLite's

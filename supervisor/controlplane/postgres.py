@@ -142,13 +142,8 @@ def map_error(exc: BaseException, *, what: str, url: str) -> ControlPlaneError:
     return ControlPlaneError(f"control plane {what} failed: {detail}", category=classify(exc))
 
 
-def connect(
-    url: str,
-    *,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-    statement_timeout_s: float | None = 10.0,
-    waits_idle: bool = False,
-) -> Conn:
+def connect(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+            statement_timeout_s: float | None = 10.0, waits_idle: bool = False) -> Conn:
     """Open an autocommit connection (blocking; call it from a worker thread).
 
     ``waits_idle`` is for the LISTEN session, whose job is to idle. It turns the
@@ -187,15 +182,14 @@ def set_session(conn: Conn, *, statement_timeout_s: float | None, waits_idle: bo
     if statement_timeout_s is not None:
         # set_config rather than "options=-c ..." at connect: a DSN's own
         # options parameter must keep working.
-        conn.execute(
-            "SELECT set_config('statement_timeout', %s, false)",
-            [f"{timeout_ms(statement_timeout_s)}ms"],
-        )
+        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                     [f"{timeout_ms(statement_timeout_s)}ms"])
     if waits_idle and conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE:
         conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
 
 
-def call_bounds(read_timeout_s: float) -> tuple[float, float]:
+def call_bounds(read_timeout_s: float,
+                connect_s: float | None = None) -> tuple[float, float]:
     """A call's connect timeout and statement timeout, from ``[control_plane].read_timeout_s``.
 
     The client-side deadline of one call (a connect, its setup and one statement) is
@@ -204,7 +198,8 @@ def call_bounds(read_timeout_s: float) -> tuple[float, float]:
     own statement_timeout normally fires first (its error says more). The store's calls
     and the LISTEN child's connect and setup share it.
     """
-    connect_s = min(CONNECT_TIMEOUT_S, read_timeout_s / 3)
+    if connect_s is None:
+        connect_s = min(CONNECT_TIMEOUT_S, read_timeout_s / 3)
     return connect_s, max(read_timeout_s - connect_s - 2.0, read_timeout_s / 3)
 
 
@@ -350,9 +345,7 @@ class PostgresConnections:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
 
     def __init__(self, url: str, connect_timeout_s: float, timeout_ms: int | None) -> None:
-        self.url = url
-        self.connect_timeout_s = connect_timeout_s
-        self.timeout_ms = timeout_ms
+        self.url, self.connect_timeout_s, self.timeout_ms = url, connect_timeout_s, timeout_ms
         # Read at every connect: a restore or another database behind the
         # same DSN can only appear across a new connection.
         self.identity: str | None = None
@@ -365,8 +358,7 @@ class PostgresConnections:
         # Nothing to interrupt while connecting (``stop`` unused; libpq's
         # connect_timeout bounds it): a cancelled connect is abandoned, and its
         # connection closed if it ever completes.
-        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s,
-                       statement_timeout_s=None)
+        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s, statement_timeout_s=None)
         log.debug("control-plane connection opened", url=redact(self.url))
         return conn
 
@@ -428,14 +420,9 @@ class PostgresStore(revisions.DatabaseStore):
 
     _sql = revisions.pg
 
-    def __init__(
-        self,
-        config: ControlPlaneConfig,
-        *,
-        max_schema_version: int,
-        statement_timeout_s: float | None = None,
-        connect_timeout_s: float | None = None,
-    ) -> None:
+    def __init__(self, config: ControlPlaneConfig, *, max_schema_version: int,
+                 statement_timeout_s: float | None = None,
+                 connect_timeout_s: float | None = None) -> None:
         self._url = config.url
         self._channel = config.channel
         self._max_bytes = config.max_revision_bytes
@@ -444,14 +431,11 @@ class PostgresStore(revisions.DatabaseStore):
         # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
         # connect (5 s) plus one statement (10 s), plus slack (call_bounds).
         read_s = config.read_timeout_s
-        connect_s = call_bounds(read_s)[0] if connect_timeout_s is None else connect_timeout_s
-        statement_s = (max(read_s - connect_s - 2.0, read_s / 3) if statement_timeout_s is None
-                       else statement_timeout_s)
+        connect_s, statement_s = call_bounds(read_s, connect_timeout_s)
+        statement_s = statement_s if statement_timeout_s is None else statement_timeout_s
         # Per call, never per session (see bounded()); the DSN's options win.
-        self._connections = PostgresConnections(
-            config.url, connect_s,
-            None if dsn_sets_statement_timeout(config.url) else timeout_ms(statement_s),
-        )
+        self._connections = PostgresConnections(config.url, connect_s, None if (
+            dsn_sets_statement_timeout(config.url)) else timeout_ms(statement_s))
         self._runner = ConnectionRunner(self._connections, deadline_s=(
             read_s if statement_timeout_s is None else connect_s + statement_s + 2.0))
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import getpass
 import hashlib
 import os
-import sqlite3
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from supervisor.controlplane.checks import (
     HydrateRow,
@@ -28,7 +29,7 @@ from supervisor.controlplane.checks import (
     pointer_from_row,
 )
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
-from supervisor.controlplane.migrations import write_transaction
+from supervisor.controlplane.migrations import Backend, write_transaction
 from supervisor.controlplane.runner import read_deadline_s
 from supervisor.controlplane.store import (
     DesiredChange,
@@ -40,13 +41,11 @@ from supervisor.logs import get_logger
 from supervisor.sinks.state import Candidate
 
 if TYPE_CHECKING:
-    import psycopg
-
     from supervisor.config import ControlPlaneConfig
     from supervisor.controlplane.runner import ConnectionRunner
 
-__all__ = ["DatabaseStore", "DesiredChange", "RevisionSummary", "attempt_deadline_s", "pg",
-           "sqlite"]
+__all__ = ["DatabaseStore", "DesiredChange", "Dialect", "RevisionSummary", "attempt_deadline_s",
+           "pg", "sqlite"]
 
 log = get_logger("controlplane")
 
@@ -57,33 +56,8 @@ DESIRED_SQL = "SELECT revision_id FROM supervisor_desired WHERE singleton"
 
 
 def _not_found(revision: int) -> ControlPlaneError:
-    return ControlPlaneError(
-        f"revision {revision} does not exist", category=FailureCategory.NOT_FOUND,
-        revision=revision,
-    )
-
-
-def _checked(row: tuple[Any, ...] | None, revision: int, max_bytes: int) -> LoadedRevision:
-    if row is None:
-        raise _not_found(revision)
-    rid, schema_version, size, body, digest, created_at, head, message_size = row
-    stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
-                        parse_time(created_at), bounded_message(head, message_size))
-    found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
-    assert stored.created_at is not None  # checked: a revision without one is corrupt
-    return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
-                          stored.message, found.body_sha256)
-
-
-def _summaries(rows: list[Any]) -> list[RevisionSummary]:
-    return [RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
-                            parse_time(created), bounded_message(head, length))
-            for rid, sv, size, digest, created, head, length in rows]
-
-
-def _changes(rows: list[Any]) -> list[DesiredChange]:
-    return [DesiredChange(int(q), int(r), parse_time(at), str(by), msg)
-            for q, r, at, by, msg in rows]
+    return ControlPlaneError(f"revision {revision} does not exist",
+                             category=FailureCategory.NOT_FOUND, revision=revision)
 
 
 def _desired(conn: Any) -> int | None:
@@ -95,17 +69,160 @@ def _desired(conn: Any) -> int | None:
     return int(row[0])
 
 
-class pg:  # a namespace of PostgreSQL statements
-    if TYPE_CHECKING:
-        Conn = psycopg.Connection[Any]
-    NAMED = "%({})s"
-    BACKEND = "postgresql"
+class Dialect:
+    """What the two databases spell differently; the statements both run are its methods.
+
+    A subclass (:class:`pg`, :class:`sqlite`) sets the spellings and overrides the hooks.
+    """
+
+    BACKEND: Backend
+    NAMED: str  # a named parameter, for ``str.format``
+    P: str  # a positional parameter
+    B: str  # a positional bytes parameter
+    NOW: str
+    LOCK: str  # what locks the desired row read ahead of a write
+    IS_NOT: str  # NULL-safe inequality
+    ALL: int | None  # LIMIT's "no limit"
+    CREATED_AT: str
 
     @staticmethod
-    def one(conn: Conn, query: str, params: Any = None) -> Any:
+    def one(conn: Any, query: str, params: Any = ()) -> Any:
+        return conn.execute(query, params).fetchone()
+
+    @staticmethod
+    def all(conn: Any, query: str, params: Any = ()) -> list[Any]:
+        return list(conn.execute(query, params).fetchall())
+
+    size: Callable[[str], str]  # a column's size in bytes
+    head: Callable[[str, int], str]  # a text column's first so many characters
+    write: Callable[[Any], AbstractContextManager[object]]  # one write transaction
+
+    @staticmethod
+    def before(conn: Any, message: str | None) -> None:
+        """Ahead of a change of the pointer (same transaction)."""
+
+    @staticmethod
+    def after(conn: Any, message: str | None) -> None:
+        """After a change of the pointer (same transaction)."""
+
+    @staticmethod
+    def gone() -> tuple[type[BaseException], ...]:
+        """The driver's errors for a revision pruned while a rollback re-pointed to it."""
+        return ()
+
+    @classmethod
+    def upsert_desired(cls, select: str) -> str:
+        return ("INSERT INTO supervisor_desired (singleton, revision_id) " + select
+                + " ON CONFLICT (singleton) DO UPDATE"
+                f" SET revision_id = excluded.revision_id, updated_at = {cls.NOW}")
+
+    @classmethod
+    def publish(cls, conn: Any, body: bytes, schema_version: int, message: str | None) -> int:
+        with cls.write(conn):
+            cls.before(conn, message)
+            row = cls.one(
+                conn, "INSERT INTO supervisor_revisions (schema_version, body, body_sha256,"
+                f" message) VALUES ({cls.P}, {cls.B}, {cls.B}, {cls.P}) RETURNING id",
+                [schema_version, body, hashlib.sha256(body).digest(), message])
+            revision = int(row[0])  # INSERT ... RETURNING always returns the row
+            # On PostgreSQL the trigger on supervisor_desired sends the NOTIFY, at commit.
+            conn.execute(cls.upsert_desired(f"VALUES (TRUE, {cls.P})"), [revision])
+            cls.after(conn, message)
+        return revision
+
+    @classmethod
+    def history(cls, conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
+        """One statement, so one snapshot: the pointer and the list agree."""
+        rows = cls.all(
+            conn, "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
+            f" r.id, r.schema_version, {cls.size('r.body')}, r.body_sha256, {cls.CREATED_AT},"
+            f" {message_columns(cls.size, cls.head)} FROM (SELECT 1) one LEFT JOIN"
+            f" (SELECT * FROM supervisor_revisions ORDER BY id DESC LIMIT {cls.P}) r ON TRUE"
+            " ORDER BY r.id DESC", [cls.ALL if limit is None else limit])
+        desired = rows[0][0] if rows and rows[0][0] is not None else None
+        return None if desired is None else int(desired), [
+            RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
+                            parse_time(created), bounded_message(head, length))
+            for _, rid, sv, size, digest, created, head, length in rows if rid is not None]
+
+    @classmethod
+    def read_revision(cls, conn: Any, revision: int, max_bytes: int) -> LoadedRevision:
+        measured = cls.size("r.body")
+        row = cls.one(conn, f"SELECT r.id, r.schema_version, {measured},"
+                      f" CASE WHEN {measured} <= {cls.P} THEN r.body END, r.body_sha256,"
+                      f" {cls.CREATED_AT}, {message_columns(cls.size, cls.head)}"
+                      f" FROM supervisor_revisions r WHERE r.id = {cls.P}",
+                      [max_bytes, revision])
+        if row is None:
+            raise _not_found(revision)
+        rid, schema_version, size, body, digest, created_at, head, message_size = row
+        stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
+                            parse_time(created_at), bounded_message(head, message_size))
+        found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
+        assert stored.created_at is not None  # checked: a revision without one is corrupt
+        return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
+                              stored.message, found.body_sha256)
+
+    @classmethod
+    def rollback(cls, conn: Any, revision: int, body_sha256: bytes,
+                 message: str | None = None) -> int | None:
+        """Re-point desired; the id it replaced, read under the same lock."""
+        try:
+            with cls.write(conn):
+                cls.before(conn, message)
+                # Locked first, so "previous" is what this write replaces: a
+                # publish committing meanwhile is waited for, and then read.
+                old = conn.execute(DESIRED_SQL + cls.LOCK).fetchone()
+                row = conn.execute(cls.upsert_desired(
+                    "SELECT TRUE, id FROM supervisor_revisions"
+                    f" WHERE id = {cls.P} AND body_sha256 = {cls.B}") + " RETURNING revision_id",
+                    [revision, body_sha256]).fetchone()
+                if row is None:
+                    raise _not_found(revision)  # rolled back: nothing to change
+                cls.after(conn, message)
+        except cls.gone() as exc:
+            # A prune committed between this statement's read of the revision and
+            # its write of the pointer (it waited on the desired row the prune
+            # held): the revision is gone, which is what the caller must hear.
+            raise _not_found(revision) from exc
+        return None if old is None else int(old[0])
+
+    @classmethod
+    def changes(cls, conn: Any, limit: int | None) -> list[DesiredChange]:
+        rows = conn.execute(f"{CHANGES_SQL} LIMIT {cls.P}",
+                            [cls.ALL if limit is None else limit]).fetchall()
+        return [DesiredChange(int(q), int(r), parse_time(at), str(by), msg)
+                for q, r, at, by, msg in rows]
+
+    @classmethod
+    def prune(cls, conn: Any, keep: int) -> list[int]:
+        with cls.write(conn):
+            row = conn.execute(DESIRED_SQL + cls.LOCK).fetchone()
+            rows = conn.execute(
+                "DELETE FROM supervisor_revisions WHERE id NOT IN"
+                f" (SELECT id FROM supervisor_revisions ORDER BY id DESC LIMIT {cls.P})"
+                f" AND id {cls.IS_NOT} {cls.P} RETURNING id",
+                [keep, None if row is None else int(row[0])],
+            ).fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+
+class pg(Dialect):  # PostgreSQL's spellings
+    BACKEND = "postgresql"
+    NAMED, P, B, NOW, LOCK, IS_NOT, ALL = ("%({})s", "%s", "%b", "now()", " FOR UPDATE",
+                                           "IS DISTINCT FROM", None)
+    CREATED_AT = "r.created_at"
+
+    @staticmethod
+    def one(conn: Any, query: str, params: Any = None) -> Any:
         """One row, in binary format: bytea travels as raw bytes, not hex text twice the size."""
         with conn.cursor(binary=True) as cur:
             return cur.execute(query, params).fetchone()
+
+    @staticmethod
+    def all(conn: Any, query: str, params: Any = None) -> list[Any]:
+        with conn.cursor(binary=True) as cur:
+            return list(cur.execute(query, params).fetchall())
 
     @staticmethod
     def size(column: str) -> str:
@@ -115,113 +232,28 @@ class pg:  # a namespace of PostgreSQL statements
     def head(column: str, chars: int) -> str:
         return f"left({column}, {int(chars)})"
 
-    CREATED_AT = "r.created_at"
+    @staticmethod
+    def write(conn: Any) -> AbstractContextManager[object]:
+        return cast("AbstractContextManager[object]", conn.transaction())
 
     @staticmethod
-    def publish(conn: Conn, body: bytes, schema_version: int, message: str | None) -> int:
-        with conn.transaction():
-            pg.say_why(conn, message)
-            row = conn.execute(
-                "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-                " VALUES (%s, %b, %b, %s) RETURNING id",
-                [schema_version, body, hashlib.sha256(body).digest(), message],
-            ).fetchone()
-            assert row is not None  # INSERT ... RETURNING always returns the row
-            revision = int(row[0])
-            # The trigger on supervisor_desired sends the NOTIFY, at commit.
-            conn.execute(
-                "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (true, %s)"
-                " ON CONFLICT (singleton) DO UPDATE"
-                " SET revision_id = EXCLUDED.revision_id, updated_at = now()",
-                [revision],
-            )
-        return revision
+    def before(conn: Any, message: str | None) -> None:
+        """Hand the change's message to the recording trigger (this transaction only)."""
+        conn.execute("SELECT set_config('supervisor.change_message', %s, true)", [message or ""])
 
     @staticmethod
-    def history(conn: Conn, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        with conn.cursor(binary=True) as cur:
-            rows = cur.execute(
-                "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
-                " r.id, r.schema_version, octet_length(r.body), r.body_sha256,"
-                f" r.created_at, {message_columns(pg.size, pg.head)}"
-                " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT * FROM supervisor_revisions"
-                "   ORDER BY id DESC LIMIT %s) r ON true",
-                [limit],
-            ).fetchall()
-        desired = rows[0][0] if rows else None
-        return desired, _summaries([row[1:] for row in rows if row[1] is not None])
-
-    @staticmethod
-    def read_revision(conn: Conn, revision: int, max_bytes: int) -> LoadedRevision:
-        row = pg.one(conn, "SELECT r.id, r.schema_version, octet_length(r.body),"
-                     " CASE WHEN octet_length(r.body) <= %s THEN r.body END, r.body_sha256,"
-                     f" r.created_at, {message_columns(pg.size, pg.head)}"
-                     " FROM supervisor_revisions r WHERE r.id = %s",
-                     [max_bytes, revision])
-        return _checked(row, revision, max_bytes)
-
-    @staticmethod
-    def rollback(conn: Conn, revision: int, body_sha256: bytes,
-                 message: str | None = None) -> int | None:
-        """Re-point desired; the id it replaced, read under the same row lock."""
+    def gone() -> tuple[type[BaseException], ...]:
         import psycopg  # the PostgreSQL driver loads only where it is used
 
-        try:
-            with conn.transaction():
-                pg.say_why(conn, message)
-                # Locked first, so "previous" is what this write replaces: a
-                # publish committing meanwhile is waited for, and then read.
-                old = conn.execute(DESIRED_SQL + " FOR UPDATE").fetchone()
-                row = conn.execute(
-                    "INSERT INTO supervisor_desired (singleton, revision_id)"
-                    " SELECT true, id FROM supervisor_revisions"
-                    " WHERE id = %s AND body_sha256 = %b"
-                    " ON CONFLICT (singleton) DO UPDATE"
-                    " SET revision_id = EXCLUDED.revision_id, updated_at = now()"
-                    " RETURNING revision_id",
-                    [revision, body_sha256],
-                ).fetchone()
-        except psycopg.errors.ForeignKeyViolation as exc:
-            # A prune committed between this statement's read of the revision and
-            # its write of the pointer (it waited on the desired row the prune
-            # held): the revision is gone, which is what the caller must hear.
-            raise _not_found(revision) from exc
-        if row is None:  # nothing was written
-            raise _not_found(revision)
-        return None if old is None else int(old[0])
-
-    @staticmethod
-    def say_why(conn: Conn, message: str | None) -> None:
-        """Hand the change's message to the recording trigger (this transaction only)."""
-        conn.execute("SELECT set_config('supervisor.change_message', %s, true)",
-                     [message or ""])
-
-    @staticmethod
-    def changes(conn: Conn, limit: int | None) -> list[DesiredChange]:
-        return _changes(conn.execute(CHANGES_SQL + " LIMIT %s", [limit]).fetchall())
-
-    @staticmethod
-    def prune(conn: Conn, keep: int) -> list[int]:
-        with conn.transaction():
-            row = conn.execute(DESIRED_SQL + " FOR UPDATE").fetchone()
-            desired = None if row is None else int(row[0])
-            rows = conn.execute(
-                "DELETE FROM supervisor_revisions WHERE id NOT IN"
-                " (SELECT id FROM supervisor_revisions ORDER BY id DESC LIMIT %s)"
-                " AND id IS DISTINCT FROM %s RETURNING id",
-                [keep, desired],
-            ).fetchall()
-        return sorted(int(r[0]) for r in rows)
+        return (psycopg.errors.ForeignKeyViolation,)
 
 
-class sqlite:  # a namespace of SQLite statements
-    NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-    NAMED = ":{}"
+class sqlite(Dialect):  # SQLite's spellings
     BACKEND = "sqlite"
-
-    @staticmethod
-    def one(conn: sqlite3.Connection, query: str, params: Any = ()) -> Any:
-        return conn.execute(query, params).fetchone()
+    NAMED, P, B, LOCK, IS_NOT, ALL = ":{}", "?", "?", "", "IS NOT", -1
+    NOW = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+    #: A time is TEXT here, which a plain-SQL writer may make of any length.
+    CREATED_AT = "substr(r.created_at, 1, 64)"
 
     @staticmethod
     def size(column: str) -> str:
@@ -235,102 +267,19 @@ class sqlite:  # a namespace of SQLite statements
     def head(column: str, chars: int) -> str:
         return f"substr({column}, 1, {int(chars)})"
 
-    #: A time is TEXT here, which a plain-SQL writer may make of any length.
-    CREATED_AT = "substr(r.created_at, 1, 64)"
+    @staticmethod
+    def write(conn: Any) -> AbstractContextManager[object]:
+        return write_transaction(conn)
 
     @staticmethod
-    def publish(conn: sqlite3.Connection, body: bytes, schema_version: int,
-                message: str | None) -> int:
-        with write_transaction(conn):
-            revision = conn.execute(
-                "INSERT INTO supervisor_revisions (schema_version, body, body_sha256, message)"
-                " VALUES (?, ?, ?, ?)",
-                (schema_version, body, hashlib.sha256(body).digest(), message),
-            ).lastrowid
-            assert revision is not None  # set by every successful INSERT
-            conn.execute(
-                "INSERT INTO supervisor_desired (singleton, revision_id) VALUES (TRUE, ?)"
-                " ON CONFLICT (singleton) DO UPDATE"
-                f" SET revision_id = excluded.revision_id, updated_at = {sqlite.NOW}",
-                (revision,),
-            )
-            sqlite.say_who_and_why(conn, message)
-        return revision
-
-    @staticmethod
-    def history(conn: sqlite3.Connection,
-                limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        conn.execute("BEGIN")  # one read transaction: the pointer and the list agree
-        try:
-            row = conn.execute(DESIRED_SQL).fetchone()
-            rows = conn.execute(
-                f"SELECT r.id, r.schema_version, {sqlite.size('r.body')}, r.body_sha256,"
-                f" {sqlite.CREATED_AT}, {message_columns(sqlite.size, sqlite.head)}"
-                " FROM supervisor_revisions r ORDER BY r.id DESC LIMIT ?",
-                (-1 if limit is None else limit,),
-            ).fetchall()
-        finally:
-            conn.execute("COMMIT")
-        return (None if row is None else int(row[0])), _summaries(rows)
-
-    @staticmethod
-    def read_revision(conn: sqlite3.Connection, revision: int, max_bytes: int) -> LoadedRevision:
-        row = conn.execute(
-            f"SELECT r.id, r.schema_version, {sqlite.size('r.body')},"
-            f" CASE WHEN {sqlite.size('r.body')} <= ? THEN r.body END, r.body_sha256,"
-            f" {sqlite.CREATED_AT}, {message_columns(sqlite.size, sqlite.head)}"
-            " FROM supervisor_revisions r WHERE r.id = ?",
-            (max_bytes, revision),
-        ).fetchone()
-        return _checked(row, revision, max_bytes)
-
-    @staticmethod
-    def rollback(conn: sqlite3.Connection, revision: int, body_sha256: bytes,
-                 message: str | None = None) -> int | None:
-        """Re-point desired; the id it replaced, read in the same write transaction."""
-        with write_transaction(conn):
-            old = conn.execute(DESIRED_SQL).fetchone()
-            row = conn.execute(
-                "INSERT INTO supervisor_desired (singleton, revision_id)"
-                " SELECT TRUE, id FROM supervisor_revisions WHERE id = ? AND body_sha256 = ?"
-                " ON CONFLICT (singleton) DO UPDATE"
-                f" SET revision_id = excluded.revision_id, updated_at = {sqlite.NOW}"
-                " RETURNING revision_id",
-                (revision, body_sha256),
-            ).fetchone()
-            if row is None:
-                raise _not_found(revision)  # rolled back: nothing to change
-            sqlite.say_who_and_why(conn, message)
-        return None if old is None else int(old[0])
-
-    @staticmethod
-    def say_who_and_why(conn: sqlite3.Connection, message: str | None) -> None:
+    def after(conn: Any, message: str | None) -> None:
         """Put who made the change just written, and why, on its record (same transaction).
 
         SQLite has no database role: the change is the OS user's.
         """
-        conn.execute(
-            "UPDATE supervisor_desired_log SET changed_by = ?, message = ? WHERE sequence ="
-            " (SELECT sequence FROM supervisor_desired WHERE singleton)",
-            (_os_user(), message),
-        )
-
-    @staticmethod
-    def changes(conn: sqlite3.Connection, limit: int | None) -> list[DesiredChange]:
-        return _changes(conn.execute(CHANGES_SQL + " LIMIT ?",
-                                     (-1 if limit is None else limit,)).fetchall())
-
-    @staticmethod
-    def prune(conn: sqlite3.Connection, keep: int) -> list[int]:
-        with write_transaction(conn):
-            row = conn.execute(DESIRED_SQL).fetchone()
-            rows = conn.execute(
-                "DELETE FROM supervisor_revisions WHERE id NOT IN"
-                " (SELECT id FROM supervisor_revisions ORDER BY id DESC LIMIT ?)"
-                " AND id IS NOT ? RETURNING id",
-                (keep, None if row is None else row[0]),
-            ).fetchall()
-        return sorted(int(r[0]) for r in rows)
+        conn.execute("UPDATE supervisor_desired_log SET changed_by = ?, message = ? WHERE sequence"
+                     " = (SELECT sequence FROM supervisor_desired WHERE singleton)",
+                     (_os_user(), message))
 
 
 def _os_user() -> str:
@@ -362,7 +311,7 @@ class DatabaseStore:
     ``migrate`` itself.
     """
 
-    _sql: Any  # the dialect's namespace of statements
+    _sql: type[Dialect]
     _runner: ConnectionRunner[Any]
     _max_bytes: int
     _max_schema: int
@@ -396,12 +345,11 @@ class DatabaseStore:
             if row is None:
                 return None
             desired, rid, schema_version, size, body, digest, created_at, seq = row
-            return check_hydrated(
-                HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
-                           size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                           None, seq),
-                max_revision_bytes=max_bytes, max_schema_version=max_schema,
-            )
+            stored = HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
+                                size, as_bytes(body), as_bytes(digest), parse_time(created_at),
+                                None, seq)
+            return check_hydrated(stored, max_revision_bytes=max_bytes,
+                                  max_schema_version=max_schema)
 
         # The body's size first (answered from the row's header): its read's deadline grows with it.
         found = await self._runner.run("read", partial(sql.one, query=(
@@ -414,40 +362,32 @@ class DatabaseStore:
             self._runner.deadline_s, body[1], self._min_read_rate_kib_s))
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
-        check_publishable(
-            body, schema_version,
-            max_revision_bytes=self._max_bytes, max_schema_version=self._max_schema,
-        )
-        revision: int = await self._runner.run("publish", partial(
+        check_publishable(body, schema_version, max_revision_bytes=self._max_bytes,
+                          max_schema_version=self._max_schema)
+        revision = await self._runner.run("publish", partial(
             self._sql.publish, body=body, schema_version=schema_version, message=message))
         log.info("revision published", revision=revision, bytes=len(body))
         return revision
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        found: tuple[int | None, list[RevisionSummary]] = await self._runner.run(
-            "history", partial(self._sql.history, limit=limit))
-        return found
+        return await self._runner.run("history", partial(self._sql.history, limit=limit))
 
     async def revision(self, revision: int) -> LoadedRevision:
-        loaded: LoadedRevision = await self._runner.run("read", partial(
+        return await self._runner.run("read", partial(
             self._sql.read_revision, revision=revision, max_bytes=self._max_bytes))
-        return loaded
 
     async def rollback(self, revision: int, body_sha256: bytes,
                        message: str | None = None) -> int | None:
-        previous: int | None = await self._runner.run("rollback", partial(
+        previous = await self._runner.run("rollback", partial(
             self._sql.rollback, revision=revision, body_sha256=body_sha256, message=message))
         log.info("desired revision rolled back", revision=revision, previous=previous)
         return previous
 
     async def prune(self, keep: int) -> list[int]:
-        pruned: list[int] = await self._runner.run("prune", partial(self._sql.prune, keep=keep))
-        return pruned
+        return await self._runner.run("prune", partial(self._sql.prune, keep=keep))
 
     async def changes(self, limit: int | None) -> list[DesiredChange]:
-        found: list[DesiredChange] = await self._runner.run(
-            "history", partial(self._sql.changes, limit=limit))
-        return found
+        return await self._runner.run("history", partial(self._sql.changes, limit=limit))
 
     async def aclose(self) -> None:
         await self._runner.aclose()

@@ -15,12 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 import trio
 
-from supervisor.controlplane.errors import (
-    ControlPlaneError,
-    FailureCategory,
-    malformed,
-    slow_read,
-)
+from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, malformed, slow_read
 from supervisor.logs import get_logger
 from supervisor.threads import in_thread
 
@@ -102,13 +97,9 @@ def dispose_quietly(dispose: Callable[[], object]) -> None:
         log.debug("closing a control-plane connection failed", error=str(exc))
 
 
-async def call_interruptibly(
-    fn: Callable[[], T],
-    *,
-    interrupt: Callable[[], object],
-    dispose: Callable[[], object],
-    grace_s: float = INTERRUPT_GRACE_S,
-) -> T:
+async def call_interruptibly(fn: Callable[[], T], *, interrupt: Callable[[], object],
+                             dispose: Callable[[], object],
+                             grace_s: float = INTERRUPT_GRACE_S) -> T:
     """Run blocking ``fn`` in a worker thread; return its result or raise its error.
 
     On cancellation trio abandons the thread at once. Then ``interrupt()`` runs in
@@ -225,8 +216,7 @@ class ConnectionRunner(Generic[C]):
             async with self._limiter:
                 return await self._run_locked(what, fn)
         if body is not None:
-            raise slow_read(what, *body, trio.current_time() - started,
-                            self._driver.received())
+            raise slow_read(what, *body, trio.current_time() - started, self._driver.received())
         raise ControlPlaneError(f"control plane {what} timed out after {deadline_s:g} s",
                                 category=FailureCategory.UNAVAILABLE)
 
@@ -283,11 +273,9 @@ class ConnectionRunner(Generic[C]):
 
     async def _call(self, conn: C, fn: Callable[[C], T], stop: threading.Event) -> T:
         driver = self._driver
-        return await call_interruptibly(
-            partial(driver.call, conn, fn, stop),
-            interrupt=partial(driver.interrupt, conn, stop),
-            dispose=partial(driver.close, conn),
-        )
+        return await call_interruptibly(partial(driver.call, conn, fn, stop),
+                                        interrupt=partial(driver.interrupt, conn, stop),
+                                        dispose=partial(driver.close, conn))
 
     async def _open(self, stop: threading.Event) -> C:
         driver = self._driver

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -78,12 +79,10 @@ EXTENDED_CODES: dict[str, tuple[FailureCategory, str]] = {
     "SQLITE_READONLY_DBMOVED": (_U, "the file was moved or deleted under the connection"),
 }
 
+# Primary codes are below 256, extended ones above: one table holds both.
 _BY_CODE: dict[int, FailureCategory] = {
-    getattr(sqlite3, name): category for name, (category, _why) in RESULT_CODES.items()
-}
-_BY_EXTENDED: dict[int, FailureCategory] = {
-    getattr(sqlite3, name): category for name, (category, _why) in EXTENDED_CODES.items()
-}
+    getattr(sqlite3, name): category
+    for name, (category, _why) in (RESULT_CODES | EXTENDED_CODES).items()}
 _CONFLICT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 
@@ -93,14 +92,14 @@ def classify(exc: BaseException) -> FailureCategory:
     if isinstance(code, int):
         # Any code not in the tables (a primary code a later SQLite adds): the
         # request itself is wrong until someone reviews it.
-        return _BY_EXTENDED.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
+        return _BY_CODE.get(code) or _BY_CODE.get(code & 0xFF, FailureCategory.INVALID)
     if isinstance(exc, sqlite3.OperationalError | OSError):
         # No result code: raised by this module or the OS, not by SQLite.
         return FailureCategory.UNAVAILABLE
     return FailureCategory.INVALID
 
 
-def map_error(exc: BaseException, *, what: str) -> ControlPlaneError:
+def map_error(exc: BaseException, what: str) -> ControlPlaneError:
     detail = one_line(exc)
     if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(
             ("no such table", "no such column")):
@@ -150,10 +149,8 @@ def _create_private(path: str) -> None:
     """
     flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
              | getattr(os, "O_CLOEXEC", 0))
-    try:
+    with contextlib.suppress(OSError):
         os.close(os.open(path, flags, 0o600))
-    except OSError:
-        return
 
 
 class SQLiteConnections:
@@ -162,9 +159,7 @@ class SQLiteConnections:
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
-        self.path = path
-        self.create = create
-        self.busy_timeout_s = busy_timeout_s
+        self.path, self.create, self.busy_timeout_s = path, create, busy_timeout_s
         # (st_dev, st_ino) of the file the open connection reads: a restore by
         # `mv new.db cp.db` or a deleted file leaves the connection on the old
         # inode, so every call first checks the path still names it.
@@ -187,9 +182,8 @@ class SQLiteConnections:
         # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
         # call would sleep it out and then, the lock gone, commit anyway);
         # _retry_busy waits instead, and stops when told to.
-        conn = sqlite3.connect(
-            uri, timeout=0, check_same_thread=False, isolation_level=None, uri=True
-        )
+        conn = sqlite3.connect(uri, timeout=0, check_same_thread=False, isolation_level=None,
+                               uri=True)
         try:
             st = os.stat(path)
             self.file_id = (st.st_dev, st.st_ino)
@@ -207,11 +201,11 @@ class SQLiteConnections:
             raise
         return conn
 
-    def received(self) -> int | None:
-        return None  # a file: no bytes in flight to count
+    def received(self) -> None:
+        """None: a file has no bytes in flight to count."""
 
     def setup(self, conn: sqlite3.Connection) -> None:
-        pass  # open() prepared it: SQLite's own waits honour ``stop`` there
+        """Nothing: open() prepared it (SQLite's own waits honour ``stop`` there)."""
 
     def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
              stop: threading.Event) -> T:
@@ -224,8 +218,7 @@ class SQLiteConnections:
     def close(self, conn: sqlite3.Connection) -> None:
         dispose_quietly(conn.close)
 
-    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
-        return map_error(exc, what=what)
+    map_error = staticmethod(map_error)
 
     def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
         # Reopen next time: the file may have been replaced, repaired or made
@@ -244,10 +237,8 @@ def _file_id(path: str) -> tuple[int, int] | None:
 
 def _remove_stale_wal(path: str) -> None:
     for suffix in ("-wal", "-shm"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path + suffix)
-        except FileNotFoundError:
-            pass
 
 
 class SQLiteStore(revisions.DatabaseStore):
@@ -270,14 +261,8 @@ class SQLiteStore(revisions.DatabaseStore):
 
     _sql = revisions.sqlite
 
-    def __init__(
-        self,
-        config: ControlPlaneConfig,
-        *,
-        max_schema_version: int,
-        statement_timeout_s: float | None = None,
-        create: bool = True,
-    ) -> None:
+    def __init__(self, config: ControlPlaneConfig, *, max_schema_version: int,
+                 statement_timeout_s: float | None = None, create: bool = True) -> None:
         self._path = sqlite_path(config.url)
         self._create = create
         self._wal_id: tuple[int, int] | None = None
@@ -350,11 +335,8 @@ class SQLiteStore(revisions.DatabaseStore):
         known = self._connections.file_id
         if known is not None and current != known:
             if conn is not None:
-                log.warning(
-                    "control-plane file replaced or removed; reopening"
-                    if current is not None else "control-plane file removed",
-                    path=path,
-                )
+                log.warning("control-plane file replaced or removed; reopening"
+                            if current is not None else "control-plane file removed", path=path)
                 await self._runner.discard()
             if current is not None:
                 if wal is not None and wal == self._wal_id:
@@ -378,6 +360,4 @@ class SQLiteStore(revisions.DatabaseStore):
             raise ControlPlaneError(
                 f"control plane read failed: the control-plane file {path} does not exist"
                 " (`trio-supervisor publish FILE` or `trio-supervisor db migrate` with"
-                " this configuration creates it)",
-                category=FailureCategory.UNAVAILABLE,
-            )
+                " this configuration creates it)", category=FailureCategory.UNAVAILABLE)

@@ -90,7 +90,6 @@ class RevisionSource(Protocol):
         proves the control plane reachable. The digest comes too: an id alone is not the
         revision (:class:`~supervisor.sinks.state.Candidate`).
         """
-        ...
 
     async def hydrate(self) -> Candidate | None:
         """One consistent read of the desired pointer and the revision it names.
@@ -98,11 +97,9 @@ class RevisionSource(Protocol):
         None when nothing is desired. Raises NOT_FOUND, TooLarge, Incompatible
         or CORRUPT (checked in that order) about the revision it read.
         """
-        ...
 
     async def aclose(self) -> None:
         """Close the connection; the source may not be used afterwards."""
-        ...
 
 
 class RevisionAdmin(RevisionSource, Protocol):
@@ -113,7 +110,6 @@ class RevisionAdmin(RevisionSource, Protocol):
 
     async def desired(self) -> int | None:
         """The desired revision id, or None when nothing was ever published."""
-        ...
 
     async def publish(self, body: bytes, schema_version: int, message: str | None) -> int:
         """Store a revision and make it desired in one transaction; return its id.
@@ -122,28 +118,24 @@ class RevisionAdmin(RevisionSource, Protocol):
         ``max_revision_bytes`` (TooLarge) and a ``schema_version`` this build
         does not read (Incompatible), since no replica of it could load them.
         """
-        ...
 
     async def migrate(self) -> Migrated:
         """Create or upgrade the schema; versioned and idempotent; say what was done.
 
         Raises SchemaTooNew (nothing changed) when a newer build migrated it.
         """
-        ...
 
     async def history(self, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
         """(desired id, the newest ``limit`` revisions newest first, without bodies).
 
         All when ``limit`` is None; the desired id is read in the same statement.
         """
-        ...
 
     async def revision(self, revision: int) -> LoadedRevision:
         """One revision, its body checked against its digest; NOT_FOUND, TooLarge, CORRUPT.
 
         ``schema_version`` is returned as stored: the caller decides what it reads.
         """
-        ...
 
     async def rollback(self, revision: int, body_sha256: bytes,
                        message: str | None = None) -> int | None:
@@ -155,7 +147,6 @@ class RevisionAdmin(RevisionSource, Protocol):
         One statement: a revision pruned or replaced meanwhile is NOT_FOUND, never a
         dangling or different pointer. On PostgreSQL the trigger notifies at commit.
         """
-        ...
 
     async def prune(self, keep: int) -> list[int]:
         """Delete revisions older than the newest ``keep``, never the desired one; their ids.
@@ -163,8 +154,6 @@ class RevisionAdmin(RevisionSource, Protocol):
         One transaction. The desired row is locked first, so a concurrent rollback or
         publish waits rather than losing its revision.
         """
-        ...
 
     async def changes(self, limit: int | None) -> list[DesiredChange]:
         """The newest ``limit`` changes of the desired pointer (all when None), newest first."""
-        ...

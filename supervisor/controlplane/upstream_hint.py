@@ -35,14 +35,10 @@ def stream_url(upstream: str) -> str:
     return "ws" + upstream.rstrip("/").removeprefix("http") + "/v1/stream"
 
 
-async def run_upstream_hint(
-    config: ControlPlaneConfig,
-    wake: Callable[[str], None],
-    *,
-    token: str | None = None,
-    reconnecting: Callable[[bool], None] = lambda _on: None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
+async def run_upstream_hint(config: ControlPlaneConfig, wake: Callable[[str], None], *,
+                            token: str | None = None,
+                            reconnecting: Callable[[bool], None] = lambda _on: None,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Follow the upstream's stream until cancelled, waking the loop; never raises otherwise.
 
     Polling ``GET /v1/revision`` stays the correctness path; this only makes it faster.
