@@ -6,7 +6,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from typing import Any, Protocol, TypeVar, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,11 +21,31 @@ from prometheus_client import (
 from supervisor import __version__, reasons
 from supervisor.status_doc import FanoutState
 
-if TYPE_CHECKING:  # what the gauges read: the loop's status report, the side sinks' status
-    from supervisor.convergence.side_sinks import SinkStatus
-    from supervisor.convergence.status import RevisionStatus
+__all__ = ["Metrics", "RevisionFacts"]
 
-__all__ = ["Metrics"]
+
+class RevisionFacts(Protocol):
+    """What the revision gauges read (the convergence loop's status report)."""
+
+    @property
+    def desired(self) -> int | None: ...
+    @property
+    def active(self) -> int | None: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def control_plane_up(self) -> bool: ...
+    @property
+    def lag_s(self) -> float: ...
+    @property
+    def statement_expires_at(self) -> float: ...
+
+class SinkFacts(Protocol):
+    """What the sink gauge reads (the side sinks' status)."""
+
+    def state(self, sink: str) -> str: ...
 
 
 def _is(read: Callable[[], str], state: str) -> Callable[[], float]:
@@ -194,7 +214,7 @@ class Metrics:
         for state in reasons.FOLLOWER_STATES:
             self.followers.labels(state).set_function(partial(count, state))
 
-    def follow_revision(self, status: RevisionStatus) -> None:
+    def follow_revision(self, status: RevisionFacts) -> None:
         """Read the revision gauges from ``status`` at every scrape (its writer is the loop)."""
 
         def lag() -> float:
@@ -212,7 +232,7 @@ class Metrics:
             lambda: 1 if status.source == "last_known_good" else 0)
         self.statement_expires_at.set_function(lambda: status.statement_expires_at)
 
-    def follow_sinks(self, status: SinkStatus) -> None:
+    def follow_sinks(self, status: SinkFacts) -> None:
         """Read ``supervisor_sink_state`` from ``status`` at every scrape."""
         for sink, state in itertools.product(reasons.SINKS, reasons.SINK_STATES):
             read = partial(status.state, sink)
