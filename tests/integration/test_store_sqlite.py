@@ -422,3 +422,20 @@ async def test_a_read_only_file_is_read_and_each_write_is_denied(sqlite_url: str
     finally:
         await reader.aclose()
         subprocess.run(undo, check=True)
+
+
+async def test_prune_under_a_pointer_that_is_no_revision_id_is_corrupt_and_deletes_nothing(
+        store: RevisionAdmin, sqlite_url: str) -> None:
+    """A plain-SQL writer (foreign keys off) left text in the pointer: prune cannot tell
+    which revision is desired, so it refuses, as the pointer's other readers do."""
+    with trio.fail_after(30):
+        ids = [await store.publish(doc(n=n), 1, None) for n in range(3)]
+        with raw(sqlite_url) as conn:
+            conn.execute("UPDATE supervisor_desired SET revision_id = 'abc'")
+        for call in (lambda: store.prune(1), lambda: store.history(None), store.desired):
+            with pytest.raises(ControlPlaneError) as info:
+                await call()
+            assert info.value.category is FailureCategory.CORRUPT
+    with raw(sqlite_url) as conn:
+        assert [r[0] for r in conn.execute("SELECT id FROM supervisor_revisions"
+                                           " ORDER BY id")] == ids
