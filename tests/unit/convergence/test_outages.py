@@ -270,3 +270,32 @@ async def test_an_outage_inside_a_refusal_streak_ending_in_a_success_is_told_onc
     assert told.count("revision refusal recovered") == 1
     assert changes == [True, False]
     assert rec.status.report().consecutive_failures == 0
+
+
+async def test_a_restart_during_an_outage_tells_it_anew_and_its_end_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The telling is the child's: a restarted one says the outage began (and pokes the
+    LISTEN child) at its first failure, and ends it once; the status keeps the count."""
+    store = FakeStore()
+    store.put(doc("a"))
+    first_changes: list[bool] = []
+    changes: list[bool] = []
+    first = make(store, on_outage_change=first_changes.append)
+    await first.converge_once()
+    store.outage = True
+    with structlog.testing.capture_logs() as logs:
+        await first.converge_once()
+        await first.converge_once()
+        restarted = make(store, status=first.status, on_outage_change=changes.append)
+        await restarted.converge_once()
+        await trio.sleep(restarted.retry_in_s)
+        await restarted.converge_once()
+        assert restarted.status.report().consecutive_failures == 4
+        store.outage = False
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+    told = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert told.count("control plane unreachable") == 2  # each loop's first failure
+    assert told.count("control plane reachable again") == 1
+    assert (first_changes, changes) == ([True], [True, False])
+    assert restarted.status.report().consecutive_failures == 0
