@@ -4,6 +4,7 @@ produced by a real fault (a fresh database per test, from the ``pg_url`` fixture
 from __future__ import annotations
 
 import hashlib
+import itertools
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -643,3 +644,32 @@ async def test_a_role_that_may_only_read_is_denied_each_write_and_the_change_rec
     finally:
         await sql(pg_url, f'DROP OWNED BY "{role}"')
         await sql(pg_server.dsn, f'DROP ROLE "{role}"')
+
+
+async def test_rollbacks_racing_publishes_each_report_the_revision_they_replaced(
+        store: RevisionAdmin, pg_url: str) -> None:
+    """On two connections: every rollback's "previous" is the change just before its own."""
+    second = make_store(pg_url)
+    replaced: list[int | None] = []
+    try:
+        with trio.fail_after(30):
+            target = await store.publish(doc(n=0), 1, "target")
+
+            async def roll_back() -> None:
+                for _ in range(10):
+                    replaced.append(await store.rollback(
+                        target, hashlib.sha256(doc(n=0)).digest(), "back"))
+
+            async def publish() -> None:
+                for n in range(1, 11):
+                    await second.publish(doc(n=n), 1, None)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(roll_back)
+                nursery.start_soon(publish)
+            changes = sorted(await store.changes(None), key=lambda c: c.sequence)
+            assert [c.sequence for c in changes] == list(range(1, 22))
+            before = {c.sequence: p.revision_id for p, c in itertools.pairwise(changes)}
+            assert replaced == [before[c.sequence] for c in changes if c.message == "back"]
+    finally:
+        await second.aclose()
