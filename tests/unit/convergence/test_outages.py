@@ -240,3 +240,62 @@ async def test_a_refusal_about_a_revision_says_it_is_desired_and_a_failure_about
     await rec.converge_once()
     report = rec.status.report()
     assert (report.desired, report.control_plane_up) == (2, False)
+
+
+async def test_an_outage_inside_a_refusal_streak_ending_in_a_success_is_told_once_each(
+        autojump_clock: trio.testing.MockClock) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    changes: list[bool] = []
+    rec = make(store, on_outage_change=changes.append)
+    await rec.converge_once()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            assert (await rec.converge_once()).reason == reasons.PROJECTION
+            await trio.sleep(rec.retry_in_s)
+        store.outage = True
+        for _ in range(8):  # past a minute: the outage's progress once
+            assert (await rec.converge_once()).reason == reasons.UNAVAILABLE
+            await trio.sleep(rec.retry_in_s)
+        assert changes == [True]
+        store.outage = False
+        store.put(doc("a", "c"))
+        assert (await rec.converge_once()).kind is OutcomeKind.PUBLISHED
+        assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    told = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert told.count("control plane unreachable") == 1
+    assert told.count("control plane reachable again") == 1
+    assert told.count("revision refused; previous snapshot keeps serving") == 1
+    assert told.count("revision refusal recovered") == 1
+    assert changes == [True, False]
+    assert rec.status.report().consecutive_failures == 0
+
+
+async def test_a_restart_during_an_outage_tells_it_anew_and_its_end_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The telling is the child's: a restarted one says the outage began (and pokes the
+    LISTEN child) at its first failure, and ends it once; the status keeps the count."""
+    store = FakeStore()
+    store.put(doc("a"))
+    first_changes: list[bool] = []
+    changes: list[bool] = []
+    first = make(store, on_outage_change=first_changes.append)
+    await first.converge_once()
+    store.outage = True
+    with structlog.testing.capture_logs() as logs:
+        await first.converge_once()
+        await first.converge_once()
+        restarted = make(store, status=first.status, on_outage_change=changes.append)
+        await restarted.converge_once()
+        await trio.sleep(restarted.retry_in_s)
+        await restarted.converge_once()
+        assert restarted.status.report().consecutive_failures == 4
+        store.outage = False
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+    told = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert told.count("control plane unreachable") == 2  # each loop's first failure
+    assert told.count("control plane reachable again") == 1
+    assert (first_changes, changes) == ([True], [True, False])
+    assert restarted.status.report().consecutive_failures == 0

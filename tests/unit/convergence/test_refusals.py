@@ -22,7 +22,7 @@ from supervisor import reasons
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory, TooLarge
 from supervisor.convergence.outcome import OutcomeKind
 from supervisor.revision.secrets import EnvFileResolver
-from tests.convergence import doc, events_of, make, sample, watched
+from tests.convergence import doc, events_of, make, sample, watched, with_cache
 from tests.fakes.store import FakeStore, MovedBetweenTheReads, RefusingStore
 
 REFUSED_LINE = "revision refused; previous snapshot keeps serving"
@@ -490,3 +490,103 @@ async def test_a_refusal_before_the_candidate_is_known_is_not_remembered_for_the
     store.observe_error = None
     outcome = await rec.converge_once()
     assert (outcome.kind, outcome.revision) == (OutcomeKind.PUBLISHED, 2)
+
+
+ENDED_LINE = "revision refusal recovered"
+
+
+async def test_a_restart_mid_refusal_streak_tells_the_refusal_anew_and_its_end_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    first = make(store)
+    await first.converge_once()
+    bad = store.put(doc("a", keys={"k": ["nope"]}))
+    with structlog.testing.capture_logs() as logs:
+        await first.converge_once()
+        await trio.sleep(5)
+        assert (await first.converge_once()).repeated
+        # The child restarts (the status outlives it, the telling does not).
+        restarted = make(store, status=first.status)
+        await trio.sleep(5)
+        outcome = await restarted.converge_once()
+        assert outcome.revision == bad and not outcome.repeated
+        await trio.sleep(5)
+        assert (await restarted.converge_once()).repeated
+        assert restarted.status.report().consecutive_failures == 4
+        store.put(doc("a", "c"))
+        assert (await restarted.converge_once()).kind is OutcomeKind.PUBLISHED
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+    refused = [e for e in logs if e["event"] == REFUSED_LINE]
+    assert [(e["revision"], e["consecutive_failures"]) for e in refused] == [(bad, 1), (bad, 3)]
+    [ended] = [e for e in logs if e["event"] == ENDED_LINE]
+    assert ended["attempts"] == 2 and ended["active"] == 3  # the restarted loop's streak
+    assert restarted.status.report().consecutive_failures == 0
+
+
+async def test_a_restart_mid_refusal_then_desired_back_at_what_serves_rewrites_the_sinks_once(
+        ) -> None:
+    store = FakeStore()
+    good = store.put(doc("a"))
+    first, cache = with_cache(store)
+    await first.converge_once()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    await first.converge_once()
+    restarted = make(store, status=first.status, cache=cache)
+    assert (await restarted.converge_once()).failed
+    assert [r for r, _ in cache.exported] == [good]  # nothing serves that the sinks lack
+    store.desired_id = good  # an operator's rollback to what serves
+    with structlog.testing.capture_logs() as logs:
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+        assert (await restarted.converge_once()).kind is OutcomeKind.CONVERGED
+    # The restarted child cannot know its predecessor wrote them: once, not per poll.
+    assert [r for r, _ in cache.exported] == [good, good]
+    assert [e["event"] for e in logs].count(ENDED_LINE) == 1
+
+
+async def test_a_new_epoch_mid_refusal_judges_the_revision_once_afresh_then_remembers_it(
+        ) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    rec, cache = with_cache(store)
+    await rec.converge_once()
+    bad = store.put(doc("a", keys={"k": ["nope"]}))
+    await rec.converge_once()
+    assert (await rec.converge_once()).repeated
+    store.identity = "fake:2"  # a restore that kept the refused revision desired
+    store.calls.clear()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await rec.converge_once()
+        assert outcome.revision == bad and not outcome.repeated
+        assert [what for what, _ in store.calls] == ["desired", "hydrate"]
+        assert (await rec.converge_once()).repeated  # remembered again in this epoch
+        assert [what for what, _ in store.calls].count("hydrate") == 1
+        store.desired_id = 1  # the restored database desires what serves
+        assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+        assert (await rec.converge_once()).kind is OutcomeKind.CONVERGED
+    assert len([e for e in logs if "identity changed" in e["event"]]) == 1
+    # The same refusal within the minute: its streak goes on, told at its end once.
+    assert [e["event"] for e in logs].count(REFUSED_LINE) == 0
+    assert [e["event"] for e in logs].count(ENDED_LINE) == 1
+    assert [r for r, _ in cache.exported] == [1, 1]  # the sinks re-written once for the epoch
+
+
+async def test_sighup_right_after_a_restart_hydrates_the_refused_revision_once_and_tells_it_once(
+        ) -> None:
+    store = FakeStore()
+    store.put(doc("a"))
+    first = make(store)
+    await first.converge_once()
+    bad = store.put(doc("a", keys={"k": ["nope"]}))
+    await first.converge_once()
+    restarted = make(store, status=first.status)
+    store.calls.clear()
+    with structlog.testing.capture_logs() as logs:
+        outcome = await restarted.converge_once("sighup")
+        assert outcome.revision == bad and not outcome.repeated
+        assert (await restarted.converge_once()).repeated
+        assert (await restarted.converge_once("sighup")).revision == bad
+    assert [what for what, _ in store.calls].count("hydrate") == 2  # each sighup, no poll
+    refused = [e for e in logs if e["event"] == REFUSED_LINE]
+    assert len(refused) == 2  # the restart's first, and the second sighup's
+    assert restarted.state.snapshot is not None and restarted.state.snapshot.revision == 1
