@@ -25,6 +25,7 @@ from supervisor.controlplane.errors import (
 )
 from supervisor.controlplane.sqlite import SQLiteStore
 from supervisor.controlplane.store import RevisionAdmin
+from tests.needs import missing
 from tests.stores import doc, make_store
 
 
@@ -400,7 +401,8 @@ async def test_a_read_only_file_is_read_and_each_write_is_denied(sqlite_url: str
         await writer.aclose()
     if os.geteuid() == 0:  # root writes through a mode; an immutable file it cannot
         if subprocess.run(["chattr", "+i", path], capture_output=True).returncode:
-            pytest.skip("running as root where chattr +i is not supported")
+            missing("chattr +i on the test's file system (root writes through a mode)",
+                    "run as a non-root user, or with a temporary directory on ext4 or xfs")
         undo = ["chattr", "-i", path]
     else:
         os.chmod(path, 0o444)
