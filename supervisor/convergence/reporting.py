@@ -130,6 +130,9 @@ class Reporting:
             # the control plane answering, logged as a refusal like a denial.
             self.outage.failed(**fields)
         else:
+            # A refusal is the control plane answering: an outage ends here.
+            if self.outage.recovered(active=status.active):
+                self.on_outage_change(False)
             refusal = (outcome.revision, outcome.reason)
             if refusal != self._refusal:
                 self.refused.reset()

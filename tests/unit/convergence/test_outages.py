@@ -272,6 +272,32 @@ async def test_an_outage_inside_a_refusal_streak_ending_in_a_success_is_told_onc
     assert rec.status.report().consecutive_failures == 0
 
 
+async def test_an_outage_ending_in_a_remembered_refusal_is_told_ended_at_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The control plane answering with a refusal is reachable: the outage ends there,
+    and the LISTEN child is told so, not only at the next success."""
+    store = FakeStore()
+    store.put(doc("a"))
+    changes: list[bool] = []
+    rec = make(store, on_outage_change=changes.append)
+    await rec.converge_once()
+    store.put(doc("a", keys={"k": ["nope"]}))
+    assert (await rec.converge_once()).reason == reasons.PROJECTION
+    store.outage = True
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            assert (await rec.converge_once()).reason == reasons.UNAVAILABLE
+            await trio.sleep(rec.retry_in_s)
+        store.outage = False
+        outcome = await rec.converge_once()
+        assert outcome.repeated and outcome.reason == reasons.PROJECTION
+        await rec.converge_once()
+    told = [e["event"] for e in logs if e["log_level"] != "debug"]
+    assert told.count("control plane reachable again") == 1
+    assert changes == [True, False]
+    assert rec.status.report().control_plane_up is True
+
+
 async def test_a_restart_during_an_outage_tells_it_anew_and_its_end_once(
         autojump_clock: trio.testing.MockClock) -> None:
     """The telling is the child's: a restarted one says the outage began (and pokes the
