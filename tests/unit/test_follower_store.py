@@ -9,6 +9,7 @@ against real signed files, altered or replayed the way a proxy or a hub would.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -418,6 +419,11 @@ def test_an_unwritable_accepted_file_keeps_the_highest_in_memory(tmp_path: Path)
         accepted.accept(statement)
     assert accepted.highest == statement
     assert str(info.value).endswith("could not be written: No such file or directory")
+    assert not accepted.durable
+    # Once the directory exists, the next sync writes it from memory.
+    (tmp_path / "gone").mkdir()
+    assert accepted.sync() is False and accepted.durable
+    assert AcceptedStatements(str(tmp_path / "gone" / "lkg.bin.accepted")).highest == statement
 
 
 async def test_an_error_body_read_stops_at_exactly_4_kib() -> None:
@@ -783,3 +789,68 @@ def test_an_unreadable_accepted_file_refuses_to_start_naming_why(tmp_path: Path)
         AcceptedStatements(str(path))
     assert info.value.path == "$.cache.path"
     assert str(info.value).endswith(f"{path} cannot be read: Not a directory")
+
+
+def test_a_reset_record_is_0600(tmp_path: Path) -> None:
+    path = tmp_path / "lkg.bin.accepted"
+    write_reset(str(path))
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_sync_rereads_only_a_file_changed_by_someone_else(tmp_path: Path) -> None:
+    path = str(tmp_path / "lkg.bin.accepted")
+    assert AcceptedStatements(None).sync() is False
+    accepted = AcceptedStatements(path)
+    assert accepted.durable
+    statement = statement_of(ROOT.sign(2, 2)).without_bytes()
+    accepted.accept(statement)
+    inode = os.stat(path).st_ino
+    # Its own write is no change, nor is the file as read at start: not read, not rewritten.
+    assert accepted.sync() is False and os.stat(path).st_ino == inode
+    restarted = AcceptedStatements(path)
+    assert restarted.durable and restarted.sync() is False and os.stat(path).st_ino == inode
+    # A reset written meanwhile is taken; the next accept ends it.
+    write_reset(path)
+    assert accepted.sync() is True and accepted.highest is None and accepted.reset
+    accepted.accept(statement)
+    assert not accepted.reset and AcceptedStatements(path).highest == statement
+    # A statement written by another after a reset ends the reset too.
+    write_reset(path)
+    assert accepted.sync() is True and accepted.reset
+    AcceptedStatements(path).accept(statement)
+    assert accepted.sync() is True and not accepted.reset and accepted.highest == statement
+
+
+def test_sync_writes_again_a_removed_or_garbled_file_from_memory(tmp_path: Path) -> None:
+    path = tmp_path / "lkg.bin.accepted"
+    accepted = AcceptedStatements(str(path))
+    statement = statement_of(ROOT.sign(3, 3)).without_bytes()
+    accepted.accept(statement)
+    path.unlink()
+    assert accepted.sync() is False and AcceptedStatements(str(path)).highest == statement
+    path.write_bytes(b"{garbled")
+    assert accepted.sync() is False and accepted.durable
+    assert AcceptedStatements(str(path)).highest == statement
+
+
+def test_a_reset_taken_by_sync_after_a_failed_write_is_durable(tmp_path: Path) -> None:
+    from supervisor.sinks.lkg import CacheUnwritable
+
+    path = tmp_path / "gone" / "lkg.bin.accepted"
+    accepted = AcceptedStatements(str(path))
+    with pytest.raises(CacheUnwritable):
+        accepted.accept(statement_of(ROOT.sign(2, 2)))
+    (tmp_path / "gone").mkdir()
+    write_reset(str(path))
+    assert accepted.sync() is True and accepted.durable and accepted.highest is None
+
+
+def test_an_accepted_file_with_a_time_out_of_range_refuses_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "lkg.bin.accepted"
+    AcceptedStatements(str(path)).accept(statement_of(ROOT.sign(2, 2)))
+    record = json.loads(path.read_text())
+    record["issued_at"] = "1999-12-31T00:00:00Z"
+    path.write_text(json.dumps(record))
+    with pytest.raises(ConfigError) as info:
+        AcceptedStatements(str(path))
+    assert "is not an accepted statement" in str(info.value) and "1999" in str(info.value)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from supervisor.bounds import OutOfRange
 from supervisor.sinks.lkg import Statement
 from supervisor.sinks.lkg.accepted import refusal_of, supersedes
+from supervisor.sinks.lkg.statement import utc_times
 from supervisor.status_doc import StatementReport
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
@@ -81,6 +83,7 @@ def test_another_root_is_denied_naming_both_until_root_identity_names_it() -> No
     assert refused is not None and refused[0] == "denied"
     assert "'pg:9:9'" in refused[1] and "'pg:1:2'" in refused[1]
     assert "follower reset" in refused[1]
+    assert "(by the first statement it accepted)" in refused[1]
     # [control_plane].root_identity re-pins: the new root's count starts afresh.
     assert refusal_of(other, HIGHEST, "pg:9:9") is None
     refused = refusal_of(HIGHEST, None, "pg:9:9")
@@ -102,3 +105,40 @@ def test_of_two_siblings_the_later_expiring_supersedes() -> None:
     assert supersedes(replace(HIGHEST, sequence=8), HIGHEST)
     assert not supersedes(replace(HIGHEST, sequence=6), HIGHEST)
     assert supersedes(HIGHEST, None) and supersedes(replace(HIGHEST, root="x"), HIGHEST)
+
+
+def test_times_in_years_2000_to_9998_in_utc_are_in_range_and_others_out_of_range() -> None:
+    east = timezone(timedelta(hours=2))
+    issued, expires = utc_times(datetime(2000, 1, 1, 2, 0, tzinfo=east),
+                                datetime(2000, 1, 1, 3, 0, tzinfo=east))
+    assert issued.utcoffset() == timedelta(0) and issued.year == 2000 and expires.hour == 1
+    utc_times(datetime(9998, 12, 31, 0, 0, tzinfo=UTC), datetime(9998, 12, 31, 1, 0, tzinfo=UTC))
+    out = [(datetime(1999, 12, 31, 23, 0, tzinfo=UTC), datetime(2000, 1, 1, 1, 0, tzinfo=UTC)),
+           (datetime(9998, 12, 31, 23, 0, tzinfo=UTC), datetime(9999, 1, 1, 1, 0, tzinfo=UTC)),
+           (datetime(2000, 1, 1, 1, 0, tzinfo=east), datetime(2000, 1, 1, 3, 0, tzinfo=UTC))]
+    for issued_at, expires_at in out:
+        with pytest.raises(OutOfRange) as info:
+            utc_times(issued_at, expires_at)
+        assert "(year, in UTC)" in info.value.what
+
+
+def test_a_time_without_offset_or_past_the_calendar_in_utc_is_out_of_range() -> None:
+    with pytest.raises(OutOfRange) as info:
+        utc_times(datetime(2026, 1, 1), T0)
+    assert info.value.what == "issued_at" and info.value.low == "a time with its offset"
+    west = timezone(-timedelta(hours=2))
+    with pytest.raises(OutOfRange) as info:
+        utc_times(T0, datetime(9999, 12, 31, 23, 0, tzinfo=west))
+    assert (info.value.what, info.value.low, info.value.high) == ("expires_at", 2000, 9998)
+    with pytest.raises(OutOfRange) as info:
+        utc_times(datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))), T0)
+    assert (info.value.what, info.value.low, info.value.high) == ("issued_at", 2000, 9998)
+
+
+def test_the_window_is_0_to_30_days_inclusive() -> None:
+    assert utc_times(T0, T0) == (T0, T0)
+    assert utc_times(T0, T0 + timedelta(days=30)) == (T0, T0 + timedelta(days=30))
+    for expires_at in (T0 - timedelta(microseconds=1), T0 + timedelta(days=30, seconds=1)):
+        with pytest.raises(OutOfRange) as info:
+            utc_times(T0, expires_at)
+        assert info.value.what.startswith("expires_at - issued_at")
