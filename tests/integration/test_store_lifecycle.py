@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sqlite3
 from collections.abc import AsyncIterator
 
@@ -10,6 +11,7 @@ import psycopg
 import pytest
 import trio
 
+from supervisor import reasons
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
 from supervisor.controlplane.store import RevisionAdmin
 from tests.stores import doc, make_store, waits_on_the_desired_row
@@ -235,3 +237,109 @@ async def test_a_long_message_is_read_cut_to_4_kib_and_marked(store: RevisionAdm
         assert (await store.history(1))[1][0].message == message
         short = await store.publish(doc(n=2), 1, "short")
         assert (await store.revision(short)).message == "short"
+
+
+async def test_two_stores_publishing_at_once_get_distinct_ids_each_recorded_once(
+        store: RevisionAdmin, url: str) -> None:
+    """Two connections race for the write lock: each publish learns its own id, the
+    pointer ends at the newest and each change carries its own publish's message."""
+    second = make_store(url)
+    ids: list[int] = []
+
+    async def publish(on: RevisionAdmin, name: str) -> None:
+        for n in range(12):
+            ids.append(await on.publish(doc(by=name, n=n), 1, f"{name} {n}"))
+
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publish, store, "first")
+                nursery.start_soon(publish, second, "second")
+            assert len(set(ids)) == 24
+            assert await store.desired() == max(ids)
+            changes = await second.changes(None)
+            assert sorted(c.revision_id for c in changes) == sorted(ids)
+            for change in changes:
+                loaded = await store.revision(change.revision_id)
+                assert change.message == loaded.message and change.changed_by
+    finally:
+        await second.aclose()
+
+
+async def test_rollbacks_racing_publishes_each_report_the_revision_they_replaced(
+        store: RevisionAdmin, url: str) -> None:
+    """On two connections: every rollback's "previous" is the change just before its own."""
+    second = make_store(url)
+    replaced: list[int | None] = []
+    try:
+        with trio.fail_after(30):
+            target = await store.publish(doc(n=0), 1, "target")
+
+            async def roll_back() -> None:
+                for _ in range(10):
+                    replaced.append(await store.rollback(
+                        target, hashlib.sha256(doc(n=0)).digest(), "back"))
+
+            async def publish() -> None:
+                for n in range(1, 11):
+                    await second.publish(doc(n=n), 1, None)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(roll_back)
+                nursery.start_soon(publish)
+            changes = sorted(await store.changes(None), key=lambda c: c.sequence)
+            assert [c.sequence for c in changes] == list(range(1, 22))
+            before = {c.sequence: p.revision_id for p, c in itertools.pairwise(changes)}
+            assert replaced == [before[c.sequence] for c in changes if c.message == "back"]
+    finally:
+        await second.aclose()
+
+
+async def test_prune_keeping_one_keeps_an_old_desired_and_a_rollback_to_a_pruned_one_is_not_found(
+        store: RevisionAdmin) -> None:
+    with trio.fail_after(30):
+        ids = [await store.publish(doc(n=n), 1, None) for n in range(4)]
+        await store.rollback(ids[0], hashlib.sha256(doc(n=0)).digest())
+        assert await store.prune(1) == ids[1:3]
+        desired, rows = await store.history(None)
+        assert desired == ids[0] and [r.id for r in rows] == [ids[3], ids[0]]
+        loaded = await store.hydrate()
+        assert loaded is not None and loaded.id == ids[0]
+        for n, gone in enumerate(ids[1:3], start=1):
+            with pytest.raises(ControlPlaneError) as info:
+                await store.rollback(gone, hashlib.sha256(doc(n=n)).digest(), "back")
+            assert info.value.category is FailureCategory.NOT_FOUND
+            assert info.value.reason == reasons.NOT_FOUND
+        assert await store.desired() == ids[0]
+        assert len(await store.changes(None)) == 5  # the refused rollbacks wrote nothing
+
+
+async def test_a_null_message_beside_a_huge_one_in_history_and_changes(
+        store: RevisionAdmin) -> None:
+    huge = "é" * 300_000
+    with trio.fail_after(30):
+        quiet = await store.publish(doc(n=1), 1, None)
+        loud = await store.publish(doc(n=2), 1, huge)
+        desired, rows = await store.history(None)
+        assert desired == loud and [r.id for r in rows] == [loud, quiet]
+        assert rows[1].message is None
+        assert rows[0].message is not None and rows[0].message.startswith("é" * 100)
+        assert len(rows[0].message.encode()) < 5000  # cut to the bound, on a character
+        changes = await store.changes(None)
+        assert [c.message for c in changes] == [huge, None]
+        assert await store.history(0) == (loud, [])
+        assert await store.changes(0) == []
+
+
+async def test_history_without_a_desired_row_lists_the_revisions_and_no_pointer(
+        store: RevisionAdmin, url: str) -> None:
+    with trio.fail_after(30):
+        ids = [await store.publish(doc(n=n), 1, None) for n in range(3)]
+        _sql(url, "DELETE FROM supervisor_desired")
+        desired, rows = await store.history(None)
+        assert desired is None and [r.id for r in rows] == ids[::-1]
+        assert await store.history(0) == (None, [])
+        assert await store.desired() is None and await store.hydrate() is None
+        assert await store.prune(1) == ids[:2]  # no desired revision to keep
+        assert await store.rollback(ids[2], hashlib.sha256(doc(n=2)).digest()) is None
+        assert await store.desired() == ids[2]
