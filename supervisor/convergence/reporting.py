@@ -109,13 +109,17 @@ class Reporting:
         """The next refusal is logged even when unchanged (SIGHUP: "look again")."""
         self._refusal = None
 
+    def _answered(self, active: int | None) -> None:
+        """The control plane answered an attempt: an outage's streak ends (logged once)."""
+        if self.outage.recovered(active=active):
+            self.on_outage_change(False)
+
     def succeeded(self, active: int | None) -> None:
         """An attempt succeeded: a refusal's or an outage's streak ends (logged once)."""
         self.refused.recovered(active=active)
         self.refused_unasked.recovered(active=active)
         self._refusal = None
-        if self.outage.recovered(active=active):
-            self.on_outage_change(False)
+        self._answered(active)
 
     def failed(self, outcome: Outcome, retry_in_s: float) -> None:
         """Log a failed attempt (rate-limited when repeated) and update STATUS=."""
@@ -130,9 +134,7 @@ class Reporting:
             # the control plane answering, logged as a refusal like a denial.
             self.outage.failed(**fields)
         else:
-            # A refusal is the control plane answering: an outage ends here.
-            if self.outage.recovered(active=status.active):
-                self.on_outage_change(False)
+            self._answered(status.active)  # a refusal is the control plane answering
             refusal = (outcome.revision, outcome.reason)
             if refusal != self._refusal:
                 self.refused.reset()

@@ -6,7 +6,7 @@ Operators: docs/operations.md, "The fan-out controller"; docs/log-events.md.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -189,12 +189,18 @@ async def await_watchable(
             backoff.reset()
 
 
-async def await_watchable_cancellable(client: ListClient, resource: Resource, namespace: str,
-                                      *, cancel: trio.Event | trio.CancelScope,
-                                      **options: Any) -> bool:
+async def await_watchable_cancellable(
+    client: ListClient,
+    resource: Resource,
+    namespace: str,
+    *,
+    retry_s: float,
+    cancel: trio.Event | trio.CancelScope,
+    kind: str | None = None,
+    status: FanoutStatus | None = None,
+    metrics: Metrics | None = None,
+) -> bool:
     """:func:`await_watchable` that gives up when ``cancel`` fires: True if serveable first.
-
-    ``options`` are :func:`await_watchable`'s.
 
     ``cancel`` is a :class:`trio.Event` (set it to give up) or a fresh
     :class:`trio.CancelScope` (cancel it to give up; this function enters it).
@@ -214,7 +220,8 @@ async def await_watchable_cancellable(client: ListClient, resource: Resource, na
         async with trio.open_nursery() as nursery:
             if isinstance(cancel, trio.Event):
                 nursery.start_soon(cancel_when_set, cancel)
-            await await_watchable(client, resource, namespace, **options)
+            await await_watchable(client, resource, namespace, retry_s=retry_s, kind=kind,
+                                  status=status, metrics=metrics)
             nursery.cancel_scope.cancel()
         return True
     return False

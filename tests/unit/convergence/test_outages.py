@@ -19,6 +19,7 @@ import trio.testing
 
 from supervisor import reasons
 from supervisor.controlplane.errors import ControlPlaneError, FailureCategory
+from supervisor.convergence.loop import ConvergenceLoop
 from supervisor.convergence.outcome import OutcomeKind
 from tests.convergence import doc, events_of, make, sample, watched
 from tests.fakes.store import FakeStore, RefusingStore
@@ -242,14 +243,21 @@ async def test_a_refusal_about_a_revision_says_it_is_desired_and_a_failure_about
     assert (report.desired, report.control_plane_up) == (2, False)
 
 
-async def test_an_outage_inside_a_refusal_streak_ending_in_a_success_is_told_once_each(
-        autojump_clock: trio.testing.MockClock) -> None:
+async def _serving_with_a_refused_one_desired(
+        changes: list[bool]) -> tuple[FakeStore, ConvergenceLoop]:
+    """A loop serving revision 1 whose store desires revision 2, which it refuses for good."""
     store = FakeStore()
     store.put(doc("a"))
-    changes: list[bool] = []
     rec = make(store, on_outage_change=changes.append)
     await rec.converge_once()
     store.put(doc("a", keys={"k": ["nope"]}))
+    return store, rec
+
+
+async def test_an_outage_inside_a_refusal_streak_ending_in_a_success_is_told_once_each(
+        autojump_clock: trio.testing.MockClock) -> None:
+    changes: list[bool] = []
+    store, rec = await _serving_with_a_refused_one_desired(changes)
     with structlog.testing.capture_logs() as logs:
         for _ in range(3):
             assert (await rec.converge_once()).reason == reasons.PROJECTION
@@ -276,12 +284,8 @@ async def test_an_outage_ending_in_a_remembered_refusal_is_told_ended_at_once(
         autojump_clock: trio.testing.MockClock) -> None:
     """The control plane answering with a refusal is reachable: the outage ends there,
     and the LISTEN child is told so, not only at the next success."""
-    store = FakeStore()
-    store.put(doc("a"))
     changes: list[bool] = []
-    rec = make(store, on_outage_change=changes.append)
-    await rec.converge_once()
-    store.put(doc("a", keys={"k": ["nope"]}))
+    store, rec = await _serving_with_a_refused_one_desired(changes)
     assert (await rec.converge_once()).reason == reasons.PROJECTION
     store.outage = True
     with structlog.testing.capture_logs() as logs:
