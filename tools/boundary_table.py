@@ -403,7 +403,8 @@ HOOK: Final = (
         enters="the hook's stdout and stderr (one pipe)", size="4 KiB kept (OUTPUT_KEPT); "
         "the rest read and discarded",
         check="decoded as UTF-8, errors replaced",
-        deadline="[hook].timeout_s (30 s) for the run and its output",
+        deadline="[hook].timeout_s (30 s) for the run; its output read 1 s past its exit "
+                 "(OUTPUT_GRACE_S)",
         released="the hook's process group (SIGKILL) and the pipe",
         reason="timeout (supervisor_hook_runs_total)",
         test="tests/integration/test_reload_hook_process.py::"

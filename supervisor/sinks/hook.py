@@ -22,7 +22,7 @@ from supervisor.status_doc import HookReport
 from supervisor.streak import Streak
 from supervisor.telemetry import Metrics
 
-__all__ = ["OUTPUT_KEPT", "HookRun", "ReloadHook", "run_command"]
+__all__ = ["OUTPUT_GRACE_S", "OUTPUT_KEPT", "HookRun", "ReloadHook", "run_command"]
 
 log = get_logger("hook")
 
@@ -33,6 +33,8 @@ RETRY_MAX_S = 300.0
 _NOT_PASSED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 # How long a killed group may take to be reaped before it is left to the kernel.
 _REAP_S = 5.0
+#: How long the output is read once the command exited (a child it left may hold the pipe).
+OUTPUT_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,10 @@ async def run_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: fl
 
     No shell; stdin from ``/dev/null``. The environment is ``env`` (see ReloadHook).
     The command leads a session of its own. Its whole process group is killed at
-    ``timeout_s`` (a hang, or a forked child holding the output open) or on
-    cancellation. Output (stdout and stderr, one pipe) is kept up to
-    :data:`OUTPUT_KEPT` bytes; the rest is read and discarded.
+    ``timeout_s`` or on cancellation. The run ends when the command exits: its output
+    is read for :data:`OUTPUT_GRACE_S` more, and a child it left holding the pipe (a
+    service it started) keeps running. Output (stdout and stderr, one pipe) is kept up
+    to :data:`OUTPUT_KEPT` bytes; the rest is read and discarded.
     """
     started = trio.current_time()
     try:
@@ -83,7 +86,10 @@ async def run_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: fl
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read)
                 await process.wait()
-            finished = True
+                finished = True
+                # A child it started may hold the pipe for good: its output is the
+                # command's no longer.
+                nursery.cancel_scope.deadline = trio.current_time() + OUTPUT_GRACE_S
     finally:
         if not finished:  # the timeout, or the daemon stopping
             _kill_group(process.pid)

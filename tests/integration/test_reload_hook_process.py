@@ -8,11 +8,14 @@ open, then sleeps), ``flood`` (prints 100 MB), ``fail`` (exit 7).
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import httpx
 import trio
 
+from supervisor.sinks.hook import run_command
 from tests.polling import poll_until
 from tests.proc import REPO, Daemon, cli, free_port, run_daemon, write_config
 
@@ -152,3 +155,21 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
             assert _metric(metrics, "ok") >= 4
             daemon.signal()
             assert await daemon.wait() == 0
+
+
+async def test_a_hook_that_leaves_a_child_holding_its_output_ends_with_its_exit(
+        tmp_path: Path) -> None:
+    # A hook that starts a service: the service inherits the output pipe and keeps it open.
+    # The run ends with the hook's own exit, its output read; the service is left running.
+    child_pid = tmp_path / "child.pid"
+    script = f'sleep 1000 & echo $! > {child_pid}; echo "started"; exit 3'
+    with trio.fail_after(20):
+        run = await run_command(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"},
+                                timeout_s=15.0)
+    child = int(child_pid.read_text())
+    try:
+        assert (run.outcome, run.exit_code, run.output) == ("failed", 3, "started\n")
+        assert run.duration_s < 15.0 / 2, run
+        assert not _gone(child), "the hook's child was killed with the run"
+    finally:
+        os.kill(child, signal.SIGKILL)
