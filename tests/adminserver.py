@@ -94,12 +94,6 @@ def counter_value(counter: Any) -> float:
     return float(counter._value.get())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def raw_stream_client(host: str, port: int, *, rcvbuf: int = 4096) -> trio.socket.SocketType:
     """A WebSocket client that completes the handshake and then never reads:
     a small receive buffer makes the server's writes block soon."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import struct
 from pathlib import Path
@@ -40,7 +42,21 @@ class Journal:
         await self.sock.bind(str(self.path))
 
     async def receive(self) -> dict[str, bytes]:
-        fields = parse_datagram(await self.sock.recv(1 << 20))
+        """The next entry: a datagram's payload, or, as journald reads an entry too large
+        for one, the contents of the sealed memfd it carries."""
+        data, ancillary, _, _ = await self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(4))
+        fds = [fd for level, kind, raw in ancillary
+               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for fd in struct.unpack(f"{len(raw) // 4}i", raw)]
+        if fds:
+            assert data == b"" and len(fds) == 1
+            seals = fcntl.fcntl(fds[0], fcntl.F_GET_SEALS)
+            assert seals & fcntl.F_SEAL_WRITE, "journald takes a sealed memfd only"
+            try:  # from its start, as journald maps it: the offset is the sender's
+                data = os.pread(fds[0], os.fstat(fds[0]).st_size, 0)
+            finally:
+                os.close(fds[0])
+        fields = parse_datagram(data)
         self.entries.append(fields)
         return fields
 

@@ -6,14 +6,16 @@ Every wait here is for an event (a datagram, a log line, process exit) under a
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import resource
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +29,35 @@ FAULT_DIR_ENV = "SUPERVISOR_TEST_FAULT_DIR"
 EXAMPLE = REPO / "conf" / "example-revision.toml"
 
 
+def _ports() -> Iterator[int]:
+    # Below the kernel's ephemeral range (32768 and up by default), so no outgoing
+    # connection takes a port between free_port() and the daemon's bind; each xdist
+    # worker a block of its own, walked from a random start, so two runs side by side
+    # rarely meet.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    first = _PORTS_FROM + (worker % _BLOCKS) * _BLOCK
+    start = random.randrange(_BLOCK)
+    return (first + (start + n) % _BLOCK for n in itertools.count())
+
+
+_PORTS_FROM, _BLOCK, _BLOCKS = 20000, 1500, 8
+_next_port = _ports()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 nothing listens on, for a server the test starts next.
+
+    Never handed out twice by one worker within 1,500 calls, and never one the kernel
+    gives an outgoing connection (the race of binding port 0 and closing it).
+    """
+    for port in _next_port:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("unreachable")
 
 
 def write_config(directory: Path, url: str, extra: str = "", *, port: int | None = None,

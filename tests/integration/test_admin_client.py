@@ -13,7 +13,8 @@ from supervisor.admin.client import fetch_status, watch_stream
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.admin.status_view import render_status
 from supervisor.status_doc import ChildReport
-from tests.adminserver import free_port, make_ctx, published, rejected, running_admin
+from tests.adminserver import make_ctx, published, rejected, running_admin
+from tests.proc import free_port
 
 
 class Lines(io.StringIO):

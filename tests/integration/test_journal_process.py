@@ -1,5 +1,8 @@
 """journald through the real process: ``auto`` detects ``$JOURNAL_STREAM``; the native protocol.
 
+A real systemd-journald, in a mount namespace of the test's own, takes an entry too
+large for a datagram (its memfd).
+
 systemd sets ``JOURNAL_STREAM=DEV:INODE`` for a service whose stderr is the
 journal; here stderr is a file and the variable names that file, which is
 exactly what the daemon compares (``fstat(2)``).
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from tests import needs
 from tests.journald import Journal
 from tests.proc import REPO, cli, run_daemon, write_config
 
@@ -96,3 +100,48 @@ async def test_journal_format_sends_every_field_to_the_journal_socket(tmp_path: 
     assert json.loads(refused["MESSAGE"])["event"] == "refused to boot"
     assert any(entry["PRIORITY"] == b"6" for entry in journal.entries)  # info lines before it
     assert daemon.raw == []  # nothing on stderr: the journal took every line
+
+
+# A private /run, so the journald started here is no one else's: it binds its sockets in
+# /run/systemd/journal and keeps its files in /run/log/journal. In a PID namespace of its
+# own, so nothing it started outlives the test.
+_REAL_JOURNAL = """set -e
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/journal /run/log/journal
+"$JOURNALD" >/dev/null 2>&1 &
+JOURNALD_PID=$!
+trap 'kill $JOURNALD_PID' EXIT
+for _ in $(seq 100); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+"$PYTHON" -c "$LOG"
+for _ in $(seq 100); do
+  "$JOURNALCTL" -D /run/log/journal -o json --all --no-pager EVENT=small > "$OUT"
+  [ -s "$OUT" ] && break; sleep 0.05
+done
+"$JOURNALCTL" -D /run/log/journal -o json --all --no-pager SYSLOG_IDENTIFIER=trio-supervisor > "$OUT"
+"""
+_LOG = """import io
+from supervisor import logs
+logs.configure("info", "journal", io.StringIO(), journal_socket="/run/systemd/journal/socket")
+logs.get_logger("t").error("large", detail="y" * 400_000, revision=42)
+logs.get_logger("t").error("small", revision=43)
+"""
+
+
+def test_the_real_journald_takes_an_entry_too_large_for_a_datagram(tmp_path: Path) -> None:
+    journald = needs.program("systemd-journald", "Debian's systemd package",
+                             also=("/lib/systemd", "/usr/lib/systemd"))
+    journalctl = needs.program("journalctl", "Debian's systemd package")
+    unshare = needs.program("unshare", "util-linux")
+    if os.geteuid() != 0:
+        needs.missing("root", "a private mount namespace for a journald of the test's own")
+    out = tmp_path / "entries.json"
+    env = {**os.environ, "JOURNALD": journald, "JOURNALCTL": journalctl, "OUT": str(out),
+           "PYTHON": sys.executable, "LOG": _LOG, "PYTHONPATH": str(REPO)}
+    subprocess.run([unshare, "--mount", "--propagation", "private", "--fork", "--pid",
+                    "--kill-child", "sh", "-c", _REAL_JOURNAL],
+                   env=env, cwd=REPO, timeout=60, check=True, capture_output=True)
+    entries = {e["EVENT"]: e for e in map(json.loads, out.read_text().splitlines())}
+    assert entries["large"]["DETAIL"] == "y" * 400_000 and entries["large"]["REVISION"] == "42"
+    assert entries["large"]["PRIORITY"] == "3"
+    assert json.loads(entries["large"]["MESSAGE"])["detail"] == "y" * 400_000
+    assert entries["small"]["REVISION"] == "43"

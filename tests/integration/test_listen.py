@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -21,6 +20,7 @@ from supervisor.controlplane.listen import run_listener
 from supervisor.convergence.signal import ChangeSignal
 from supervisor.telemetry import Metrics
 from tests.polling import poll_until
+from tests.proc import free_port
 from tests.tcpproxy import pg_proxy, proxied_url
 
 
@@ -59,12 +59,6 @@ async def publish(url: str, body: bytes) -> int:
         return await store.publish(body, 1, None)
     finally:
         await store.aclose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def listener_pids(url: str) -> list[int]:

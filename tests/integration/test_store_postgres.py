@@ -4,7 +4,6 @@ produced by a real fault (a fresh database per test, from the ``pg_url`` fixture
 from __future__ import annotations
 
 import hashlib
-import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
@@ -25,6 +24,7 @@ from supervisor.controlplane.errors import (
 from supervisor.controlplane.postgres import PostgresStore
 from supervisor.controlplane.store import RevisionAdmin
 from tests.pgserver import Server
+from tests.proc import free_port
 from tests.stores import doc, make_store
 
 
@@ -65,12 +65,6 @@ async def store(pg_url: str) -> AsyncIterator[RevisionAdmin]:
     yield s
     with trio.fail_after(5):
         await s.aclose()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- schema ----------------------------------------------------------------------

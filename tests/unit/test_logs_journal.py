@@ -101,6 +101,26 @@ async def test_native_journal_protocol_every_key_a_field_newlines_length_prefixe
     assert foreign["PRIORITY"] == b"4" and foreign["EVENT"] == b"boom"
 
 
+async def test_an_entry_too_large_for_a_datagram_reaches_the_journal_through_a_memfd(
+        tmp_path: Path) -> None:
+    # Larger than a datagram may be (the socket's send buffer): sent as journald's own
+    # client does, the payload in a sealed memfd passed over the socket.
+    journal = Journal(tmp_path / "journal.sock")
+    await journal.bind()
+    stream = io.StringIO()
+    detail = "x" * 400_000
+    try:
+        logs.configure("info", "journal", stream, journal_socket=str(journal.path))
+        logs.get_logger("t").error("revision refused", detail=detail)
+        with trio.fail_after(5):
+            entry = await journal.receive()
+    finally:
+        journal.close()
+    assert stream.getvalue() == ""
+    assert entry["DETAIL"] == detail.encode() and entry["PRIORITY"] == b"3"
+    assert json.loads(entry["MESSAGE"])["detail"] == detail
+
+
 def test_without_a_journal_socket_lines_keep_their_priority_prefix(tmp_path: Path) -> None:
     stream = io.StringIO()
     logs.configure("info", "journal", stream, journal_socket=str(tmp_path / "none.sock"))
