@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -67,9 +67,6 @@ class LeaseRecord:
     # The Lease object as read (None for a record built here): what an update
     # sends back, with only the fields above replaced. Never mutated.
     obj: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
-
-    def but(self, **changes: Any) -> LeaseRecord:
-        return replace(self, **changes)
 
 
 class LeaseApi(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -53,14 +54,14 @@ async def test_get_create_update_with_optimistic_concurrency(tmp_path: Path) -> 
                 assert stored is not None
                 assert MICRO.match(stored["spec"]["renewTime"])
                 assert stored["spec"]["leaseDurationSeconds"] == 15
-                renewed = await leases.update(made.but(renew_time=datetime.now(UTC)))
+                renewed = await leases.update(replace(made, renew_time=datetime.now(UTC)))
                 assert renewed.resource_version != made.resource_version
                 assert (await leases.get()) == renewed
                 with pytest.raises(Conflict):
-                    await leases.update(made.but(holder="replica-b"))  # a stale version
+                    await leases.update(replace(made, holder="replica-b"))  # a stale version
                 with pytest.raises(Conflict):
                     await leases.create(LeaseRecord(holder="replica-b"))  # already exists
-                released = await leases.update(renewed.but(holder=None, duration_s=1))
+                released = await leases.update(replace(renewed, holder=None, duration_s=1))
                 assert released.holder is None
                 writes = [r for r in server.requests if r.method in ("POST", "PUT")]
                 assert {r.field_manager for r in writes} == {"replica-a"}
@@ -93,10 +94,11 @@ async def test_update_keeps_the_lease_as_read_and_replaces_only_election_fields(
                 current = await leases.get()
                 assert current is not None
                 now = datetime.now(UTC)
-                won = await leases.update(current.but(
+                won = await leases.update(replace(
+                    current,
                     holder="replica-a", duration_s=15, acquire_time=None, renew_time=now,
                     transitions=1))
-                await leases.update(won.but(holder=None, duration_s=1))
+                await leases.update(replace(won, holder=None, duration_s=1))
             finally:
                 await client.aclose()
             stored = server.get("leases", "trio-supervisor", "fanout")
