@@ -40,18 +40,7 @@ import httpx
 import trio
 from httpx._transports.default import AsyncResponseStream, map_httpcore_exceptions
 
-__all__ = ["Transport", "ssl_context_of"]
-
-
-def ssl_context_of(verify: ssl.SSLContext | bool) -> ssl.SSLContext:
-    """httpx's ``verify`` as the context httpcore takes (``False``: nothing verified)."""
-    if isinstance(verify, ssl.SSLContext):
-        return verify
-    ctx = ssl.create_default_context()
-    if not verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
+__all__ = ["Transport"]
 
 
 class _CorkedStream(httpcore.AsyncNetworkStream):
@@ -204,11 +193,8 @@ class Transport:
         self._port = url.port
         self._prefix = url.raw_path.rstrip(b"/")
         default_port = {b"http": 80, b"https": 443}.get(self._scheme)
-        host_header = self._host if b":" not in self._host else b"[" + self._host + b"]"
-        if self._port is not None and self._port != default_port:
-            host_header += b":%d" % self._port
-        self.host_header = host_header
-        ssl_context = ssl_context_of(verify) if self._scheme == b"https" else None
+        self.host_header = url.netloc  # the port only when not the scheme's default
+        ssl_context = httpx.create_ssl_context(verify) if self._scheme == b"https" else None
         backend = _CorkedBackend(network_backend or httpcore.TrioBackend())
         self._pool: httpcore.AsyncConnectionPool | _Pool
         if proxy is None:
@@ -216,12 +202,10 @@ class Transport:
             self._pool = _Pool(origin, max_connections=max_connections, ssl_context=ssl_context,
                                network_backend=backend)
         else:
-            proxied = httpx.URL(proxy)
-            auth = ((proxied.username, proxied.password)
-                    if proxied.username or proxied.password else None)
-            socks = proxied.scheme in ("socks5", "socks5h")
+            proxied = httpx.Proxy(proxy)  # its credentials out of the URL, as httpx does
+            socks = proxied.url.scheme in ("socks5", "socks5h")
             self._pool = (httpcore.AsyncSOCKSProxy if socks else httpcore.AsyncHTTPProxy)(
-                proxy_url=str(proxied.copy_with(username=None, password=None)), proxy_auth=auth,
+                proxy_url=str(proxied.url), proxy_auth=proxied.raw_auth,
                 ssl_context=ssl_context, max_connections=max_connections,
                 max_keepalive_connections=max_connections, network_backend=backend)
 
