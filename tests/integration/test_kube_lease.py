@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
@@ -16,8 +17,8 @@ from supervisor.kube.lease import (
     BadLease,
     KubeLeases,
     LeaseRecord,
+    lease_record,
     micro_time,
-    parse_micro_time,
 )
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 
@@ -28,12 +29,18 @@ def test_micro_time_round_trip() -> None:
     moment = datetime(2026, 11, 30, 12, 0, 1, 5, tzinfo=timezone(timedelta(hours=2)))
     text = micro_time(moment)
     assert text == "2026-11-30T10:00:01.000005Z"
-    assert parse_micro_time(text) == moment
-    assert parse_micro_time("2026-11-30T10:00:01Z") == datetime(2026, 11, 30, 10, 0, 1,
-                                                               tzinfo=UTC)
-    assert parse_micro_time(None) is None and parse_micro_time("") is None
+    assert renewed_at(text) == moment
+    assert renewed_at("2026-11-30T10:00:01Z") == datetime(2026, 11, 30, 10, 0, 1, tzinfo=UTC)
+    assert renewed_at(None) is None
     with pytest.raises(DecodeError):
-        parse_micro_time("yesterday")
+        renewed_at("yesterday")
+
+
+def renewed_at(text: str | None) -> datetime | None:
+    """The renewTime a Lease answer carrying ``text`` is read as."""
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"resourceVersion": "1"}, "spec": {"renewTime": text}}
+    return lease_record(msgspec.json.encode(body), "ns/lease").renew_time
 
 
 async def test_get_create_update_with_optimistic_concurrency(tmp_path: Path) -> None:
