@@ -23,19 +23,14 @@ __all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
 
 @dataclass(frozen=True)
 class StatusWant:
+    """The conditions we own for ``generation``: each one's (status, reason, message)."""
+
     generation: int
-    status: str
-    reason: str
-    message: str
-    available: str = "False"
-    available_reason: str = "ChildrenUnavailable"
-    available_message: str = ""
+    ready: tuple[str, str, str]
+    available: tuple[str, str, str] = ("False", "ChildrenUnavailable", "")
 
     def conditions(self) -> list[tuple[str, str, str, str]]:
-        return [
-            ("Ready", self.status, self.reason, self.message),
-            ("Available", self.available, self.available_reason, self.available_message),
-        ]
+        return [("Ready", *self.ready), ("Available", *self.available)]
 
 
 def needs_write(current: ParentStatus, want: StatusWant) -> bool:
@@ -117,7 +112,7 @@ class ParentReporter:
                    if (why := unavailable(child, self.live.get(child.key))) is not None]
         available = (("False", "ChildrenUnavailable", missing[0][:1024]) if missing else
                      ("True", "ChildrenAvailable", f"{len(desired)} of {len(desired)} available"))
-        want = StatusWant(parent.metadata.generation, status, reason, message, *available)
+        want = StatusWant(parent.metadata.generation, (status, reason, message), available)
         meta = parent.metadata
         if (self._gone.get(meta.name) == meta.resource_version  # deleted; DELETED follows
                 # Written already; our own MODIFIED event has not arrived yet.
