@@ -100,11 +100,10 @@ async def run_fanout_group(
     state is re-read from the API server.
     """
     shared = SharedClient(client_factory or _factory(config))
-    wake = wakeup or Wakeup()
     async with shared.use() as client, trio.open_nursery() as nursery:
         for kind in KINDS:
             status = statuses.setdefault(kind.kind, FanoutStatus())
-            reconciler = FanoutEngine(client, kind, config, metrics, status, tuning, wakeup=wake)
+            reconciler = FanoutEngine(client, kind, config, metrics, status, tuning, wakeup=wakeup)
             await nursery.start(reconciler.run)
         task_status.started()
 

@@ -388,13 +388,12 @@ class RepairLimiter:
 
     Something that keeps changing a child (another controller, a second installation
     whose parent has the same name, a webhook rewriting a field we set) would meet a
-    repair within milliseconds, every time, forever. :meth:`delay`: the first
+    repair within milliseconds, every time, forever. :meth:`not_before`: the first
     ``burst`` repairs of one child within ``window_s`` go at once. Each further one
     waits 1 s, 2 s, 4 s ... after the previous, up to ``max_s``. The caller requeues
-    the parent after that delay, logs the fight once, and reports ``RepairDeferred``
-    until the repair is made. :meth:`not_before` is that answer as a point in time
-    (trio's clock). It stays the same while the repair waits, so its status is not
-    rewritten by every reconcile.
+    the parent until then, logs the fight once, and reports ``RepairDeferred`` until
+    the repair is made. The answer is a point in time (trio's clock). It stays the
+    same while the repair waits, so its status is not rewritten by every reconcile.
 
     Only a repair *made* (its write succeeded) is recorded. A write refused or never
     answered changed nothing, so the next attempt is no fight: it has the engine's
@@ -409,10 +408,6 @@ class RepairLimiter:
         # status names the time (see not_before).
         self._wait = Backoff(1.0, max_s, jitter=(1.0, 1.0))
         self._times: dict[Hashable, list[float]] = {}
-
-    def delay(self, key: Hashable, now: float) -> float:
-        """Seconds until ``key`` may be repaired again (0: now)."""
-        return max(0.0, self.not_before(key, now) - now)
 
     def not_before(self, key: Hashable, now: float) -> float:
         """When ``key`` may be repaired again (``now`` or earlier: at once)."""

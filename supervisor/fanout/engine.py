@@ -104,12 +104,11 @@ class FanoutEngine(Generic[P]):
         self.sweeper = Sweeper(client, kind, config, self.live, self.drain, metrics,
                                self.writer.claimant)
         # The retry policy (:meth:`attempt`): failed attempts of each key since its last
-        # success, its streak of failures, and its latest failure's class (latest last).
+        # success, and its streak of failures with its latest failure's class (latest last).
         self._requeue_backoff = Backoff(self.tuning.requeue_initial_s,
                                         self.tuning.requeue_max_s, self._rng)
         self._failures: dict[str, int] = {}
-        self._streaks: dict[str, Streak] = {}
-        self._failing: dict[str, str] = {}
+        self._failing: dict[str, tuple[Streak, str]] = {}
         self._resync_lock = trio.Lock()
         self._installation = config.installation_label
         self._selector = lineage_selector(kind.lineage_key, self._installation)
@@ -179,7 +178,8 @@ class FanoutEngine(Generic[P]):
         self.live.clear()
         self.foreign.clear()
         failures: list[KubeError] = []
-        common: dict[str, Any] = {"tuning": self.tuning.watch, "on_restart": self._on_restart,
+        restarted = self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc
+        common: dict[str, Any] = {"tuning": self.tuning.watch, "on_restart": restarted,
                                   "rng": self._rng}
         parents: Informer[P] = Informer(
             self.client, self.kind.resource, self.kind.parent_type,
@@ -256,9 +256,6 @@ class FanoutEngine(Generic[P]):
         self.status.last_error_class = (
             next(reversed(self._watch_errors.values()), None) or self.failing_class
             or (reasons.SCHEMA_SKEW if self.skewed else None))
-
-    def _on_restart(self, why: str) -> None:
-        self.metrics.fanout_watch_restarts.labels(self.kind.kind).inc()
 
     # -- the parent informer's handler ----------------------------------------------
 
@@ -384,29 +381,26 @@ class FanoutEngine(Generic[P]):
 
     @property
     def failing_class(self) -> str | None:
-        return next(reversed(self._failing.values()), None)
+        return next((error_class for _, error_class in reversed(self._failing.values())), None)
 
     def _streak_failed(self, name: str, exc: KubeError, delay: float) -> None:
         error_class = failure_class(exc)
         self.metrics.fanout_errors.labels(self.kind.kind, error_class).inc()
-        streak = self._streaks.get(name)
-        if streak is None:
-            streak = self._streaks[name] = Streak(
-                self._log, began="reconcile failed; requeued", ended="reconcile succeeds again",
-                count_as="failures")
+        failing = self._failing.pop(name, None)
+        streak = failing[0] if failing is not None else Streak(
+            self._log, began="reconcile failed; requeued", ended="reconcile succeeds again",
+            count_as="failures")
         streak.failed(name=name, error=str(exc), error_class=error_class,
                       delay_s=round(delay, 3))
-        self._failing.pop(name, None)
-        self._failing[name] = error_class
+        self._failing[name] = (streak, error_class)
         self._show()
 
     def _streak_ended(self, name: str, *, recovered: bool) -> None:
-        streak = self._streaks.pop(name, None)
-        if streak is None:
+        if name not in self._failing:
             return
+        streak, _ = self._failing.pop(name)
         if recovered:
             streak.recovered(name=name)
-        self._failing.pop(name, None)
         self._show()
 
     def requeue(self, name: str, exc: KubeError, cause: str) -> float:

@@ -11,7 +11,7 @@ import os
 import random
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum
 
@@ -302,10 +302,10 @@ class LeaderElector:
             # says we no longer hold it (someone took an expired lease from us): never
             # take it back then.
             return _Try.OTHER
-        update = current.but(holder=self.identity, duration_s=self._duration(),
+        update = replace(current, holder=self.identity, duration_s=self._duration(),
                              renew_time=now)
         if not ours:
-            update = update.but(acquire_time=now, transitions=current.transitions + 1)
+            update = replace(update, acquire_time=now, transitions=current.transitions + 1)
         self._won(await self._write(self.leases.update, update), started)
         return _Try.HELD
 
@@ -376,7 +376,7 @@ class LeaderElector:
                     return  # not ours (any more): nothing to release
                 try:
                     self._observed = await self.leases.update(
-                        current.but(holder=None, duration_s=1, renew_time=self.wall_clock()))
+                        replace(current, holder=None, duration_s=1, renew_time=self.wall_clock()))
                 except Conflict:
                     # A renewal cancelled in flight may have landed: read it again.
                     current = await self.leases.get()

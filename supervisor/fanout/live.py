@@ -246,14 +246,15 @@ class LiveChildren(ChildIndex):
         self._by_parent.setdefault(parent, set()).add(key)
         return parent
 
-    def _drop(self, key: ChildKey) -> str | None:
+    def discard(self, key: ChildKey) -> str | None:
+        """Drop a child, without an enqueue (as after our own delete); its parent, if held."""
         old = self._objects.pop(key, None)
         return self._unindex(key, old) if old is not None else None
 
     def replace(self, resource: Resource, objects: Iterable[Obj]) -> None:
         """A (re)list of ``resource``: its children are exactly ``objects``."""
         self._gone = {k: rv for k, rv in self._gone.items() if k.plural != resource.plural}
-        touched = {self._drop(key) or "" for key in
+        touched = {self.discard(key) or "" for key in
                    [k for k in self._objects if k.plural == resource.plural]}
         touched.update(self._store(ChildKey(resource.plural, child_name(obj)), obj)
                        for obj in objects)
@@ -296,11 +297,7 @@ class LiveChildren(ChildIndex):
             if len(self._gone) > 10_000:  # bounded: an old answer this late is not expected
                 self._gone.clear()
             self._gone[key] = rv
-        self._enqueue_all([self._drop(key) or ""])
-
-    def discard(self, key: ChildKey) -> None:
-        """Drop a child we deleted ourselves (no enqueue)."""
-        self._drop(key)
+        self._enqueue_all([self.discard(key) or ""])
 
 
 class ForeignChildren(ChildIndex):

@@ -23,19 +23,14 @@ __all__ = ["ParentReporter", "StatusWant", "needs_write", "status_body"]
 
 @dataclass(frozen=True)
 class StatusWant:
+    """The conditions we own for ``generation``: each one's (status, reason, message)."""
+
     generation: int
-    status: str
-    reason: str
-    message: str
-    available: str = "False"
-    available_reason: str = "ChildrenUnavailable"
-    available_message: str = ""
+    ready: tuple[str, str, str]
+    available: tuple[str, str, str] = ("False", "ChildrenUnavailable", "")
 
     def conditions(self) -> list[tuple[str, str, str, str]]:
-        return [
-            ("Ready", self.status, self.reason, self.message),
-            ("Available", self.available, self.available_reason, self.available_message),
-        ]
+        return [("Ready", *self.ready), ("Available", *self.available)]
 
 
 def needs_write(current: ParentStatus, want: StatusWant) -> bool:
@@ -85,18 +80,16 @@ class ParentReporter:
     def __post_init__(self) -> None:
         self.events = EventRecorder(self.client, self.config.field_manager, self.resource,
                                     self.config.control_namespace)
-        # The status we last wrote, with the parent's resourceVersion at that time.
-        self._written: dict[str, tuple[str, StatusWant]] = {}
-        # The resourceVersion of a parent whose status write found it deleted.
-        self._gone: dict[str, str] = {}
+        # The parent's resourceVersion when we last wrote its status, and what we wrote
+        # (None: the write found the parent deleted).
+        self._written: dict[str, tuple[str, StatusWant | None]] = {}
 
     def forget(self, name: str | None = None) -> None:
         """Forget what was written (for one parent, or all: after a relist)."""
-        for memo in (self._written, self._gone):
-            if name is None:
-                memo.clear()
-            else:
-                memo.pop(name, None)
+        if name is None:
+            self._written.clear()
+        else:
+            self._written.pop(name, None)
 
     async def event(self, parent: Parent, type_: EventType, reason: str,
                     message: str) -> None:
@@ -117,12 +110,12 @@ class ParentReporter:
                    if (why := unavailable(child, self.live.get(child.key))) is not None]
         available = (("False", "ChildrenUnavailable", missing[0][:1024]) if missing else
                      ("True", "ChildrenAvailable", f"{len(desired)} of {len(desired)} available"))
-        want = StatusWant(parent.metadata.generation, status, reason, message, *available)
+        want = StatusWant(parent.metadata.generation, (status, reason, message), available)
         meta = parent.metadata
-        if (self._gone.get(meta.name) == meta.resource_version  # deleted; DELETED follows
-                # Written already; our own MODIFIED event has not arrived yet.
-                or self._written.get(meta.name) == (meta.resource_version, want)
-                or not needs_write(parent.status, want)):
+        # Found deleted at this resourceVersion (its DELETED event follows), or written
+        # already (our own MODIFIED event has not arrived yet).
+        done = ((meta.resource_version, None), (meta.resource_version, want))
+        if self._written.get(meta.name) in done or not needs_write(parent.status, want):
             return
         body = status_body(self.resource.api_version, self.resource.kind, meta.name,
                            self.config.control_namespace, parent.status, want)
@@ -134,6 +127,6 @@ class ParentReporter:
             )
         except NotFound:
             # The parent was deleted meanwhile; its DELETED event follows (or a relist).
-            self._gone[meta.name] = meta.resource_version
+            self._written[meta.name] = (meta.resource_version, None)
             return
         self._written[meta.name] = (meta.resource_version, want)

@@ -100,7 +100,7 @@ class EventRecorder:
 
     async def _create(self, about: ObjectMeta, type_: EventType, reason: str,
                       message: str) -> _Recorded | None:
-        stamp = kube_time(micro=True)
+        stamp = kube_time()
         name = f"{about.name[:MAX_NAME - 17]}.{secrets.token_hex(8)}"
         body = {
             "apiVersion": "v1",
@@ -125,8 +125,8 @@ class EventRecorder:
             "source": {"component": self._component},
             "reportingComponent": self._component,
             "reportingInstance": self._component,
-            "firstTimestamp": stamp[:19] + "Z",
-            "lastTimestamp": stamp[:19] + "Z",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
             "eventTime": None,
             "count": 1,
             "action": reason,

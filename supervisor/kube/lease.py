@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -23,7 +23,6 @@ __all__ = [
     "lease_body",
     "lease_record",
     "micro_time",
-    "parse_micro_time",
 ]
 
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
@@ -32,17 +31,6 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 def micro_time(moment: datetime) -> str:
     """Kubernetes MicroTime: ``2026-11-30T12:00:00.123456Z`` (UTC, six fractional digits)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_micro_time(text: str | None) -> datetime | None:
-    """A MicroTime (or any RFC 3339 time) as an aware datetime; None for None or empty."""
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise DecodeError(f"Lease time {text!r} is not RFC 3339") from exc
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 class BadLease(DecodeError):
@@ -68,9 +56,6 @@ class LeaseRecord:
     # sends back, with only the fields above replaced. Never mutated.
     obj: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
-    def but(self, **changes: Any) -> LeaseRecord:
-        return replace(self, **changes)
-
 
 class LeaseApi(Protocol):
     """One Lease, by name: what leader election needs of the API server.
@@ -95,8 +80,8 @@ class LeaseApi(Protocol):
 class _Spec(msgspec.Struct, rename="camel"):
     holder_identity: str | None = None
     lease_duration_seconds: int | None = None
-    acquire_time: str | None = None
-    renew_time: str | None = None
+    acquire_time: datetime | None = None  # MicroTime: RFC 3339, read by msgspec
+    renew_time: datetime | None = None
     lease_transitions: int | None = None
 
 
@@ -195,8 +180,8 @@ def lease_record(body: bytes, where: str) -> LeaseRecord:
     return LeaseRecord(
         holder=spec.holder_identity or None,
         duration_s=spec.lease_duration_seconds,
-        acquire_time=parse_micro_time(spec.acquire_time),
-        renew_time=parse_micro_time(spec.renew_time),
+        acquire_time=spec.acquire_time,
+        renew_time=spec.renew_time,
         transitions=spec.lease_transitions or 0,
         resource_version=lease.metadata.resource_version,
         obj=decode(body, dict[str, Any]),

@@ -31,9 +31,9 @@ __all__ = [
 T = TypeVar("T")
 
 
-def kube_time(*, micro: bool = False) -> str:
-    """Now as a Kubernetes ``Time`` (RFC 3339 UTC, whole seconds), or a ``MicroTime``."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+def kube_time() -> str:
+    """Now as a Kubernetes ``Time`` (RFC 3339 UTC, whole seconds)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

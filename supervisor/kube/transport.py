@@ -17,9 +17,9 @@ Contract of :class:`Transport`:
   closes it), read to its end; else it is closed. The direct pool is
   :class:`_Pool` (one host, last used first; httpcore's own, for any number of
   hosts, spent a tenth of the bulk's time choosing a connection).
-- Failures are httpx's exceptions (the same classes httpx's own transport
-  raises for httpcore's), chained ``from`` httpcore's, so callers and their
-  messages are as with httpx (``supervisor.kube.errors.transport_error``).
+- Failures are httpx's exceptions, mapped from httpcore's by httpx's own
+  transport code and chained ``from`` them, so callers and their messages are
+  as with httpx (``supervisor.kube.errors.transport_error``).
 - Timeouts are httpx's: ``connect``, each ``read`` (``None``: no read
   timeout, a watch), each ``write``, waiting for a ``pool`` slot.
 - One write a request: the request's head and body are corked (held) until the
@@ -32,55 +32,15 @@ from __future__ import annotations
 import functools
 import math
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import httpcore
 import httpx
 import trio
+from httpx._transports.default import AsyncResponseStream, map_httpcore_exceptions
 
-__all__ = ["Transport", "ssl_context_of"]
-
-# httpcore's exceptions as httpx's own transport maps them (most derived first).
-_MAPPED: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
-@contextmanager
-def _as_httpx() -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:
-        for theirs, ours in _MAPPED:
-            if isinstance(exc, theirs):
-                raise ours(str(exc)) from exc
-        raise
-
-
-def ssl_context_of(verify: ssl.SSLContext | bool) -> ssl.SSLContext:
-    """httpx's ``verify`` as the context httpcore takes (``False``: nothing verified)."""
-    if isinstance(verify, ssl.SSLContext):
-        return verify
-    ctx = ssl.create_default_context()
-    if not verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
+__all__ = ["Transport"]
 
 
 class _CorkedStream(httpcore.AsyncNetworkStream):
@@ -136,24 +96,19 @@ class _CorkedBackend(httpcore.AsyncNetworkBackend):
         await self._backend.sleep(seconds)
 
 
-class _Body(httpx.AsyncByteStream):
-    """httpcore's response stream, its failures as httpx's; ``closed`` is awaited on close."""
+class _Body(AsyncResponseStream):
+    """httpx's stream of httpcore's response body; ``closed`` is awaited on close."""
 
     def __init__(self, stream: Any,
                  closed: Callable[[], Awaitable[None]] | None = None) -> None:
-        self._stream = stream
+        super().__init__(stream)
         self._closed = closed
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _as_httpx():
-            async for part in self._stream:
-                yield part
 
     async def aclose(self) -> None:
         closed, self._closed = self._closed, None
         try:
-            with _as_httpx():
-                await self._stream.aclose()
+            with map_httpcore_exceptions():
+                await super().aclose()
         finally:
             if closed is not None:
                 with trio.CancelScope(shield=True):
@@ -238,11 +193,8 @@ class Transport:
         self._port = url.port
         self._prefix = url.raw_path.rstrip(b"/")
         default_port = {b"http": 80, b"https": 443}.get(self._scheme)
-        host_header = self._host if b":" not in self._host else b"[" + self._host + b"]"
-        if self._port is not None and self._port != default_port:
-            host_header += b":%d" % self._port
-        self.host_header = host_header
-        ssl_context = ssl_context_of(verify) if self._scheme == b"https" else None
+        self.host_header = url.netloc  # the port only when not the scheme's default
+        ssl_context = httpx.create_ssl_context(verify) if self._scheme == b"https" else None
         backend = _CorkedBackend(network_backend or httpcore.TrioBackend())
         self._pool: httpcore.AsyncConnectionPool | _Pool
         if proxy is None:
@@ -250,12 +202,10 @@ class Transport:
             self._pool = _Pool(origin, max_connections=max_connections, ssl_context=ssl_context,
                                network_backend=backend)
         else:
-            proxied = httpx.URL(proxy)
-            auth = ((proxied.username, proxied.password)
-                    if proxied.username or proxied.password else None)
-            socks = proxied.scheme in ("socks5", "socks5h")
+            proxied = httpx.Proxy(proxy)  # its credentials out of the URL, as httpx does
+            socks = proxied.url.scheme in ("socks5", "socks5h")
             self._pool = (httpcore.AsyncSOCKSProxy if socks else httpcore.AsyncHTTPProxy)(
-                proxy_url=str(proxied.copy_with(username=None, password=None)), proxy_auth=auth,
+                proxy_url=str(proxied.url), proxy_auth=proxied.raw_auth,
                 ssl_context=ssl_context, max_connections=max_connections,
                 max_keepalive_connections=max_connections, network_backend=backend)
 
@@ -271,7 +221,7 @@ class Transport:
                                  target=self._prefix + target),
             headers=headers, content=stream, extensions=extensions)
         closed: Callable[[], Awaitable[None]] | None = None
-        with _as_httpx():
+        with map_httpcore_exceptions():
             if isinstance(self._pool, _Pool):
                 response, closed = await self._pool.handle_async_request(request)
             else:
@@ -281,5 +231,5 @@ class Transport:
                               extensions=response.extensions)
 
     async def aclose(self) -> None:
-        with _as_httpx():
+        with map_httpcore_exceptions():
             await self._pool.aclose()

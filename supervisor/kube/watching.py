@@ -19,7 +19,6 @@ from supervisor.kube.errors import (
     Gone,
     KubeError,
     NotFound,
-    StreamStalled,
     api_error,
 )
 from supervisor.kube.models import PartialMeta, PartialObject, RawWatchEvent, Resource, Status
@@ -117,7 +116,7 @@ class Informer(Generic[T]):
     _: KW_ONLY
     name_of: Callable[[T], str]
     tuning: WatchTuning = WatchTuning()
-    on_restart: Callable[[str], None] = lambda why: None
+    on_restart: Callable[[], None] = lambda: None
     on_failure: Callable[[KubeError], None] = lambda exc: None
     on_open: Callable[[], None] = lambda: None
     on_close: Callable[[], None] = lambda: None
@@ -132,8 +131,8 @@ class Informer(Generic[T]):
         self.watches_with_events = 0
         self._productive = False  # the current (or last) watch stream delivered a line
 
-    async def _sleep_backoff(self, exc: KubeError, why: str) -> None:
-        self.on_restart(why)
+    async def _sleep_backoff(self, exc: KubeError) -> None:
+        self.on_restart()
         self.on_failure(exc)
         delay = self._backoff.next(at_least=exc.retry_after)
         log.warning("watch failed; retrying", resource=str(self.resource),
@@ -177,7 +176,7 @@ class Informer(Generic[T]):
                 except KubeError as exc:
                     if is_preflight_matter(exc):
                         raise
-                    await self._sleep_backoff(exc, "list_failed")
+                    await self._sleep_backoff(exc)
                     continue
             try:
                 received = await self._watch_once()
@@ -185,7 +184,7 @@ class Informer(Generic[T]):
                 log.info("watch resourceVersion expired; relisting",
                          resource=str(self.resource), namespace=self.namespace)
                 self.resource_version = None
-                self.on_restart("gone")
+                self.on_restart()
                 continue
             except KubeError as exc:
                 if is_too_large_resource_version(exc):
@@ -197,8 +196,7 @@ class Informer(Generic[T]):
                     # The stream delivered before it was cut: this is a new outage, not
                     # the next failure of the last one (kube-rs resets after a good event).
                     self._backoff.reset()
-                await self._sleep_backoff(exc, "stalled" if isinstance(exc, StreamStalled)
-                                          else "error")
+                await self._sleep_backoff(exc)
                 continue
             if received:
                 self._backoff.reset()
@@ -217,7 +215,7 @@ class Informer(Generic[T]):
                     resource_version=self.resource_version, error=str(exc),
                     delay_s=round(delay, 3))
         self.resource_version = None
-        self.on_restart("too_large_resource_version")
+        self.on_restart()
         if delay:
             await trio.sleep(delay)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
@@ -15,8 +17,8 @@ from supervisor.kube.lease import (
     BadLease,
     KubeLeases,
     LeaseRecord,
+    lease_record,
     micro_time,
-    parse_micro_time,
 )
 from tests.fakes.apiserver import run_fake_apiserver, write_kubeconfig
 
@@ -27,12 +29,18 @@ def test_micro_time_round_trip() -> None:
     moment = datetime(2026, 11, 30, 12, 0, 1, 5, tzinfo=timezone(timedelta(hours=2)))
     text = micro_time(moment)
     assert text == "2026-11-30T10:00:01.000005Z"
-    assert parse_micro_time(text) == moment
-    assert parse_micro_time("2026-11-30T10:00:01Z") == datetime(2026, 11, 30, 10, 0, 1,
-                                                               tzinfo=UTC)
-    assert parse_micro_time(None) is None and parse_micro_time("") is None
+    assert renewed_at(text) == moment
+    assert renewed_at("2026-11-30T10:00:01Z") == datetime(2026, 11, 30, 10, 0, 1, tzinfo=UTC)
+    assert renewed_at(None) is None
     with pytest.raises(DecodeError):
-        parse_micro_time("yesterday")
+        renewed_at("yesterday")
+
+
+def renewed_at(text: str | None) -> datetime | None:
+    """The renewTime a Lease answer carrying ``text`` is read as."""
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"resourceVersion": "1"}, "spec": {"renewTime": text}}
+    return lease_record(msgspec.json.encode(body), "ns/lease").renew_time
 
 
 async def test_get_create_update_with_optimistic_concurrency(tmp_path: Path) -> None:
@@ -53,14 +61,14 @@ async def test_get_create_update_with_optimistic_concurrency(tmp_path: Path) -> 
                 assert stored is not None
                 assert MICRO.match(stored["spec"]["renewTime"])
                 assert stored["spec"]["leaseDurationSeconds"] == 15
-                renewed = await leases.update(made.but(renew_time=datetime.now(UTC)))
+                renewed = await leases.update(replace(made, renew_time=datetime.now(UTC)))
                 assert renewed.resource_version != made.resource_version
                 assert (await leases.get()) == renewed
                 with pytest.raises(Conflict):
-                    await leases.update(made.but(holder="replica-b"))  # a stale version
+                    await leases.update(replace(made, holder="replica-b"))  # a stale version
                 with pytest.raises(Conflict):
                     await leases.create(LeaseRecord(holder="replica-b"))  # already exists
-                released = await leases.update(renewed.but(holder=None, duration_s=1))
+                released = await leases.update(replace(renewed, holder=None, duration_s=1))
                 assert released.holder is None
                 writes = [r for r in server.requests if r.method in ("POST", "PUT")]
                 assert {r.field_manager for r in writes} == {"replica-a"}
@@ -93,10 +101,11 @@ async def test_update_keeps_the_lease_as_read_and_replaces_only_election_fields(
                 current = await leases.get()
                 assert current is not None
                 now = datetime.now(UTC)
-                won = await leases.update(current.but(
+                won = await leases.update(replace(
+                    current,
                     holder="replica-a", duration_s=15, acquire_time=None, renew_time=now,
                     transitions=1))
-                await leases.update(won.but(holder=None, duration_s=1))
+                await leases.update(replace(won, holder=None, duration_s=1))
             finally:
                 await client.aclose()
             stored = server.get("leases", "trio-supervisor", "fanout")

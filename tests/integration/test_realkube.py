@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -373,12 +374,13 @@ async def test_lease_writes_keep_labels_and_refuse_unconditional_puts(kube: Real
             current = await leases.get()
             assert current is not None and current.holder is None
             now = datetime.now(UTC)
-            held = await leases.update(current.but(
+            held = await leases.update(replace(
+                current,
                 holder="replica-a", duration_s=15, acquire_time=now, renew_time=now,
                 transitions=current.transitions + 1))
-            renewed = await leases.update(held.but(renew_time=datetime.now(UTC)))
+            renewed = await leases.update(replace(held, renew_time=datetime.now(UTC)))
             assert renewed.resource_version != held.resource_version
-            await leases.update(renewed.but(holder=None, duration_s=1))
+            await leases.update(replace(renewed, holder=None, duration_s=1))
         finally:
             await client.aclose()
     stored = await trio.to_thread.run_sync(kube.get, path)

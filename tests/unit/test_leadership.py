@@ -12,6 +12,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import msgspec
 import pytest
@@ -308,12 +309,12 @@ async def test_lease_record_round_trip_through_the_store(
     assert await leases.get() is None
     created = await leases.create(LeaseRecord(holder="x", duration_s=15, transitions=0))
     assert created.holder == "x" and created.resource_version
-    renewed = await leases.update(created.but(holder="y"))
+    renewed = await leases.update(replace(created, holder="y"))
     assert renewed.holder == "y"
     from supervisor.kube.errors import Conflict
 
     with pytest.raises(Conflict):
-        await leases.update(created.but(holder="z"))  # stale resourceVersion
+        await leases.update(replace(created, holder="z"))  # stale resourceVersion
     with pytest.raises(Conflict):
         await leases.create(LeaseRecord(holder="z"))  # already exists
 

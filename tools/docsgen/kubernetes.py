@@ -123,7 +123,7 @@ def render_kubernetes() -> str:
     out.append("\n## Parent status\n\n"
                "Written on each parent's status subresource (server-side apply, only when it "
                "changes), with `observedGeneration`:\n\n")
-    conditions = [c[0] for c in StatusWant(0, "True", "", "").conditions()]
+    conditions = [c[0] for c in StatusWant(0, ("True", "", "")).conditions()]
     out.append(table(("condition", "meaning"),
                      [(code(c), docs_catalog.KUBE_CONDITIONS.get(c, UNDESCRIBED))
                       for c in conditions]))
