@@ -17,9 +17,9 @@ Contract of :class:`Transport`:
   closes it), read to its end; else it is closed. The direct pool is
   :class:`_Pool` (one host, last used first; httpcore's own, for any number of
   hosts, spent a tenth of the bulk's time choosing a connection).
-- Failures are httpx's exceptions, mapped from httpcore's by httpx's own
-  transport code and chained ``from`` them, so callers and their messages are
-  as with httpx (``supervisor.kube.errors.transport_error``).
+- Failures are httpx's exceptions (the same classes httpx's own transport
+  raises for httpcore's), chained ``from`` httpcore's, so callers and their
+  messages are as with httpx (``supervisor.kube.errors.transport_error``).
 - Timeouts are httpx's: ``connect``, each ``read`` (``None``: no read
   timeout, a watch), each ``write``, waiting for a ``pool`` slot.
 - One write a request: the request's head and body are corked (held) until the
@@ -32,15 +32,45 @@ from __future__ import annotations
 import functools
 import math
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpcore
 import httpx
 import trio
-from httpx._transports.default import AsyncResponseStream, map_httpcore_exceptions
 
 __all__ = ["Transport"]
+
+# httpcore's exceptions as httpx's own transport maps them (most derived first).
+_MAPPED: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+@contextmanager
+def _as_httpx() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        for theirs, ours in _MAPPED:
+            if isinstance(exc, theirs):
+                raise ours(str(exc)) from exc
+        raise
+
 
 
 class _CorkedStream(httpcore.AsyncNetworkStream):
@@ -96,19 +126,24 @@ class _CorkedBackend(httpcore.AsyncNetworkBackend):
         await self._backend.sleep(seconds)
 
 
-class _Body(AsyncResponseStream):
-    """httpx's stream of httpcore's response body; ``closed`` is awaited on close."""
+class _Body(httpx.AsyncByteStream):
+    """httpcore's response stream, its failures as httpx's; ``closed`` is awaited on close."""
 
     def __init__(self, stream: Any,
                  closed: Callable[[], Awaitable[None]] | None = None) -> None:
-        super().__init__(stream)
+        self._stream = stream
         self._closed = closed
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _as_httpx():
+            async for part in self._stream:
+                yield part
 
     async def aclose(self) -> None:
         closed, self._closed = self._closed, None
         try:
-            with map_httpcore_exceptions():
-                await super().aclose()
+            with _as_httpx():
+                await self._stream.aclose()
         finally:
             if closed is not None:
                 with trio.CancelScope(shield=True):
@@ -221,7 +256,7 @@ class Transport:
                                  target=self._prefix + target),
             headers=headers, content=stream, extensions=extensions)
         closed: Callable[[], Awaitable[None]] | None = None
-        with map_httpcore_exceptions():
+        with _as_httpx():
             if isinstance(self._pool, _Pool):
                 response, closed = await self._pool.handle_async_request(request)
             else:
@@ -231,5 +266,5 @@ class Transport:
                               extensions=response.extensions)
 
     async def aclose(self) -> None:
-        with map_httpcore_exceptions():
+        with _as_httpx():
             await self._pool.aclose()
