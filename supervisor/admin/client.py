@@ -15,7 +15,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 import httpx
 import trio
@@ -29,7 +29,7 @@ from trio_websocket import (
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.backoff import Backoff
 from supervisor.bounds import DETAIL_BYTES, cut
-from supervisor.errors import describe_failure
+from supervisor.errors import describe_failure, find_leaf
 from supervisor.logs import get_logger
 from supervisor.texttable import printable
 
@@ -39,7 +39,6 @@ __all__ = [
     "close_politely",
     "converge_url",
     "fetch_status",
-    "first_leaf",
     "replica_websocket",
     "stream_url",
     "watch_stream",
@@ -246,22 +245,6 @@ class _Watch:
     ssl_context: ssl.SSLContext | None = None
 
 
-_E = TypeVar("_E", bound=BaseException)
-
-
-def first_leaf(group: BaseExceptionGroup[Any],
-               kind: type[_E] | tuple[type[_E], ...]) -> _E | None:
-    """The first leaf of ``group`` (nested groups included) that is a ``kind``."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = first_leaf(exc, kind)
-            if found is not None:
-                return found
-        elif isinstance(exc, kind):
-            return exc
-    return None
-
-
 @asynccontextmanager
 async def replica_websocket(url: str, token: str | None, ssl_context: ssl.SSLContext | None,
                             timeout_s: float) -> AsyncIterator[WebSocketConnection]:
@@ -355,14 +338,14 @@ _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 def _ended_by(group: BaseExceptionGroup[Any], worked: bool) -> _Ended:
     """How a connection ended, from what its block raised (in this order of precedence)."""
-    if (unreachable := first_leaf(group, AdminUnreachable)) is not None:
+    if (unreachable := find_leaf(group, AdminUnreachable)) is not None:
         return _Ended("lost", unreachable.reason)
-    if (rejected := first_leaf(group, ConnectionRejected)) is not None:
+    if (rejected := find_leaf(group, ConnectionRejected)) is not None:
         return _Ended("refused", f"handshake refused ({rejected.status_code})",
                       rejected.status_code)
-    if (broken := first_leaf(group, _BROKEN)) is not None:
+    if (broken := find_leaf(group, _BROKEN)) is not None:
         return _Ended("lost", f"connection failed ({describe_failure(broken)})")
-    closed = first_leaf(group, ConnectionClosed)
+    closed = find_leaf(group, ConnectionClosed)
     assert closed is not None  # the block returns unless one of the above ended it
     code = closed.reason.code if closed.reason is not None else None
     reason = (closed.reason.reason if closed.reason is not None else None) or ""
