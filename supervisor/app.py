@@ -386,8 +386,9 @@ class Daemon:
             failed.append(f"{name} failed: {exc}")
         if ready:
             active = self.status.active
-            self.notifier.reloaded("; ".join(["reload failed", *failed]) if failed
-                                   else f"reloaded; serving revision {active}")
+            # The reload is done (or failed, which the status says): READY=1 again.
+            self.notifier.ready("; ".join(["reload failed", *failed]) if failed
+                                else f"reloaded; serving revision {active}")
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:

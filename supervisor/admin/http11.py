@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import unquote
 
 import h11
@@ -37,6 +37,7 @@ __all__ = ["App", "Http11Connection", "first_request_head"]
 log = get_logger("admin")
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+_T = TypeVar("_T")
 
 _HTTP1 = frozenset({b"1.0", b"1.1"})
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -121,8 +122,8 @@ def _valid_key(key: bytes | None) -> bool:
 class Http11Connection:
     """One accepted connection, until it ends; the app sees plain ASGI scopes.
 
-    ``stream`` is read and written (the socket, or TLS over it).
-    ``socket_stream`` is the TCP connection under it, which a stall resets.
+    ``socket_stream`` is the TCP connection, which a stall resets; what is read and
+    written is the stream :meth:`run`'s ``opening`` gives (the socket, or TLS over it).
     Each change between idle (no request in progress) and busy goes to ``on_idle``.
     The connection table uses that to choose whom to drop when full.
     What each connection is held to (why: :class:`~supervisor.admin.server._Server`):
@@ -142,12 +143,12 @@ class Http11Connection:
       It is counted as its frames arrive, never buffered whole.
     """
 
-    def __init__(self, app: App, stream: trio.abc.Stream, socket_stream: trio.SocketStream, *,
+    def __init__(self, app: App, socket_stream: trio.SocketStream, *,
                  client: tuple[str, int], server: tuple[str, int], scheme: str,
                  on_idle: Callable[[bool], None], idle_s: float,
                  only_paths: frozenset[bytes] | None = None) -> None:
         self._app = app
-        self._stream = stream
+        self._stream: trio.abc.Stream = socket_stream
         self._socket_stream = socket_stream
         self._client = client
         self._server = server
@@ -165,7 +166,7 @@ class Http11Connection:
     # -- what the server asks of a connection ---------------------------------
 
     def close_if_idle(self) -> None:
-        """Shutdown: end now if waiting for a request; otherwise after the answer."""
+        """Shutdown: end now if opening or waiting for a request; otherwise after the answer."""
         self._closing = True
         if self._idle_scope is not None:
             self._idle_scope.cancel()
@@ -192,13 +193,35 @@ class Http11Connection:
                 self._gone = True
                 raise ConnectionGone(str(exc)) from exc
 
-    async def run(self, deadline: float) -> None:
-        """Serve requests until the connection ends (closed by either side, or a
-        deadline missed); returns having closed nothing (the caller closes)."""
+    async def run(self, deadline: float,
+                  opening: Callable[[], Awaitable[trio.abc.Stream | None]]) -> None:
+        """Open, then serve requests until the connection ends (closed by either side, or a
+        deadline missed); returns having closed nothing (the caller closes).
+
+        ``opening`` waits for the first request head, or does the TLS handshake: the
+        stream to serve, or None. By ``deadline`` and before shutdown, else it is reset.
+        """
+        stream = await self._by(deadline, opening)
+        if stream is None:
+            reset(self._socket_stream)
+            return
+        self._stream = stream
         try:
             await self._serve(deadline)
         except (_Gone, *_TRANSPORT_ERRORS):
             pass  # ended on purpose, or the peer went away
+
+    async def _by(self, deadline: float, step: Callable[[], Awaitable[_T]]) -> _T | None:
+        """``step()``'s answer by ``deadline``; None when missed, or cut short by shutdown."""
+        with trio.CancelScope(deadline=deadline) as scope:
+            self._idle_scope = scope
+            if self._closing:
+                scope.cancel()
+            try:
+                return await step()
+            finally:
+                self._idle_scope = None
+        return None
 
     # -- HTTP ------------------------------------------------------------------
 
@@ -235,16 +258,7 @@ class Http11Connection:
 
     async def _next_request(self, deadline: float) -> h11.Request | None:
         """The next request head by ``deadline``; None: close (deadline, EOF, shutdown)."""
-        with trio.CancelScope(deadline=deadline) as scope:
-            self._idle_scope = scope
-            if self._closing:
-                scope.cancel()
-            try:
-                event = await self._next_event()
-            finally:
-                self._idle_scope = None
-        if scope.cancelled_caught:
-            return None
+        event = await self._by(deadline, self._next_event)
         if isinstance(event, h11.Request):
             # h11 bounds a head that arrives in pieces; one that arrives whole
             # in a single read is measured here.

@@ -138,8 +138,6 @@ class _Server:
         self._scope = trio.CancelScope(shield=True)
         self._accepting = trio.CancelScope()
         self._connections: dict[Peer, Http11Connection] = {}
-        # Connections still waiting for their first request head (or handshake).
-        self._waiting: dict[Peer, trio.CancelScope] = {}
         self._closing = False
         self._done = trio.Event()
 
@@ -175,39 +173,33 @@ class _Server:
             accept.close()
 
     async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
-        connection: Http11Connection | None = None
+        reserve = pool == ConnectionTable.RESERVE
+        assert self._app is not None
+        connection = Http11Connection(
+            self._app, stream, client=key, server=self._server_address(stream),
+            scheme=self._scheme, on_idle=lambda idle: self._table.set_idle(key, stream, idle),
+            idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
+        self._connections[key] = connection
+        if self._closing:
+            connection.close_if_idle()
+
+        async def opening() -> trio.abc.Stream | None:
+            if self._tls is not None:
+                return await self._handshake(key, stream)
+            # Until its first request head is complete a plain connection
+            # costs only this task: an idle flood never reaches a parser.
+            only = HEALTHZ if reserve else None
+            return stream if await first_request_head(stream, only=only) else None
+
         try:
-            reserve = pool == ConnectionTable.RESERVE
             deadline = trio.current_time() + (RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S)
-            served: trio.abc.Stream | None = None
-            with trio.CancelScope(deadline=deadline) as waiting:
-                self._waiting[key] = waiting
-                if self._closing:
-                    waiting.cancel()
-                if self._tls is None:
-                    # Until its first request head is complete a plain connection
-                    # costs only this task: an idle flood never reaches a parser.
-                    only = HEALTHZ if reserve else None
-                    served = stream if await first_request_head(stream, only=only) else None
-                else:
-                    served = await self._handshake(key, stream)
-            if served is None or waiting.cancelled_caught:
-                reset(stream)
-                return
-            assert self._app is not None
-            connection = Http11Connection(
-                self._app, served, stream, client=key, server=self._server_address(stream),
-                scheme=self._scheme, on_idle=lambda idle: self._table.set_idle(key, stream, idle),
-                idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
-            self._connections[key] = connection
-            await connection.run(deadline)
+            await connection.run(deadline, opening)
         except* Exception:
             # One connection's failure must not stop the server, also when it comes
             # grouped with the Cancelled of a stop (which goes on unswallowed).
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
-            self._waiting.pop(key, None)
-            if connection is not None and self._connections.get(key) is connection:
+            if self._connections.get(key) is connection:
                 del self._connections[key]
             self._table.remove(key, stream)
             await self._close(stream)
@@ -279,8 +271,6 @@ class _Server:
         await hub.close_all(timeout_s / 2)
         # Idle connections close now; busy ones after their answer.
         self._closing = True
-        for scope in self._waiting.values():
-            scope.cancel()
         for connection in self._connections.values():
             connection.close_if_idle()
         await self._done.wait()

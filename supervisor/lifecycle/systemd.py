@@ -80,10 +80,6 @@ class Notifier:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         self.send(RELOADING="1", MONOTONIC_USEC=str(usec))
 
-    def reloaded(self, status: str) -> None:
-        """The reload is done (or failed, which ``status`` says): ``READY=1`` again."""
-        self.ready(status)
-
     def stopping(self) -> None:
         self.send(STOPPING="1", STATUS="stopping")
 
