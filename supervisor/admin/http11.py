@@ -419,12 +419,9 @@ class Http11Connection:
                     text, data = message.get("text"), message.get("bytes")
                     event = TextMessage(text) if text is not None else BytesMessage(data or b"")
                     await self._ws_send(event)
-                elif kind == "websocket.close":
-                    if self._ws is None:
-                        await self._respond({"status": 403}, {}, close=True)
-                    else:
-                        await self._ws_send(CloseConnection(
-                            int(message.get("code", 1000)), message.get("reason") or ""))
+                elif kind == "websocket.close" and self._ws is not None:
+                    await self._ws_send(CloseConnection(
+                        int(message.get("code", 1000)), message.get("reason") or ""))
 
             try:
                 await self._app(self._scope("websocket", request, headers), receive, send)
