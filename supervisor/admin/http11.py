@@ -144,15 +144,13 @@ class Http11Connection:
     """
 
     def __init__(self, app: App, socket_stream: trio.SocketStream, *,
-                 client: tuple[str, int], server: tuple[str, int], scheme: str,
+                 client: tuple[str, int],
                  on_idle: Callable[[bool], None], idle_s: float,
                  only_paths: frozenset[bytes] | None = None) -> None:
         self._app = app
         self._stream: trio.abc.Stream = socket_stream
         self._socket_stream = socket_stream
         self._client = client
-        self._server = server
-        self._scheme = scheme
         self._on_idle = on_idle
         self._idle_s = idle_s
         self._only = only_paths
@@ -310,17 +308,9 @@ class Http11Connection:
             path = unquote(raw_path.decode("ascii"))
         except UnicodeDecodeError:
             path = ""
-        scope: Scope = {
-            "type": kind, "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode("ascii"),
-            "scheme": self._scheme if kind == "http" else self._scheme.replace("http", "ws"),
-            "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
-            "headers": headers, "client": self._client, "server": self._server}
-        if kind == "http":
-            scope["method"] = request.method.decode("ascii")
-        else:
-            scope.update(subprotocols=[], extensions={"websocket.http.response": {}})
-        return scope
+        # The keys the admin app reads (it is the only app served).
+        return {"type": kind, "method": request.method.decode("ascii"), "path": path,
+                "query_string": query, "headers": headers, "client": self._client}
 
     async def _http(self, request: h11.Request, headers: list[tuple[bytes, bytes]],
                     body: bytes) -> None:

@@ -126,7 +126,6 @@ class _Server:
         self._answer_at_once: Callable[[bytes], bytes | None] | None = None
         self._sock = sock
         self._tls = tls
-        self._scheme = "http" if tls is None else "https"
         # Under TLS the head is encrypted: a handshake may take a reserve slot,
         # and the connection then serves /healthz alone (as a plain one does).
         self._table = ConnectionTable(
@@ -176,8 +175,8 @@ class _Server:
         reserve = pool == ConnectionTable.RESERVE
         assert self._app is not None
         connection = Http11Connection(
-            self._app, stream, client=key, server=self._server_address(stream),
-            scheme=self._scheme, on_idle=lambda idle: self._table.set_idle(key, stream, idle),
+            self._app, stream, client=key,
+            on_idle=lambda idle: self._table.set_idle(key, stream, idle),
             idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
         self._connections[key] = connection
         if self._closing:
@@ -216,14 +215,6 @@ class _Server:
             log.debug("admin TLS handshake failed", peer=f"{key[0]}:{key[1]}", error=str(cause))
             return None
         return tls
-
-    @staticmethod
-    def _server_address(stream: trio.SocketStream) -> tuple[str, int]:
-        try:
-            name = stream.socket.getsockname()
-        except OSError:
-            return ("", 0)
-        return (str(name[0]), int(name[1]))
 
     @staticmethod
     async def _close(stream: trio.SocketStream) -> None:
