@@ -235,16 +235,6 @@ class _Ended:
     worked: bool = False  # at least one message arrived: reset the backoff
 
 
-@dataclass
-class _Watch:
-    out: TextIO
-    token: str | None
-    max_events: int | None
-    connect_timeout_s: float
-    printed: int = 0
-    ssl_context: ssl.SSLContext | None = None
-
-
 @asynccontextmanager
 async def replica_websocket(url: str, token: str | None, ssl_context: ssl.SSLContext | None,
                             timeout_s: float) -> AsyncIterator[WebSocketConnection]:
@@ -302,37 +292,6 @@ async def close_politely(ws: WebSocketConnection) -> None:
         await ws.aclose()
 
 
-async def _connect_once(url: str, watch: _Watch) -> _Ended:
-    """One connection, start to end (:func:`replica_websocket`)."""
-    idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
-    try:
-        async with replica_websocket(url, watch.token, watch.ssl_context,
-                                     watch.connect_timeout_s) as ws:
-            while True:
-                with trio.move_on_after(idle_s) as idle:
-                    message = await ws.get_message()
-                if idle.cancelled_caught:
-                    return _Ended("lost", f"no message (not even a heartbeat) for {idle_s:g} s",
-                                  worked=worked)
-                worked = True
-                text, doc = _line(message)
-                if doc.get("type") == "ping":
-                    continue
-                if doc.get("type") == "status":
-                    heartbeat = doc.get("heartbeat_s")
-                    if isinstance(heartbeat, int | float) and heartbeat > 0:
-                        idle_s = 3 * float(heartbeat)
-                watch.out.write(text + "\n")
-                watch.out.flush()
-                watch.printed += 1
-                if watch.max_events is not None and watch.printed >= watch.max_events:
-                    await close_politely(ws)
-                    return _Ended("done", worked=True)
-    except* (AdminUnreachable, ConnectionRejected, ConnectionClosed, *_BROKEN) as group:
-        ended = _ended_by(group, worked)
-    return ended
-
-
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -385,9 +344,40 @@ async def watch_stream(
     """
     url = stream_url(url)
     backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
-    watch = _Watch(out, token, max_events, connect_timeout_s, ssl_context=ssl_context)
+    printed = 0
+
+    async def connect_once() -> _Ended:
+        """One connection, start to end (:func:`replica_websocket`)."""
+        nonlocal printed
+        idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
+        try:
+            async with replica_websocket(url, token, ssl_context, connect_timeout_s) as ws:
+                while True:
+                    with trio.move_on_after(idle_s) as idle:
+                        message = await ws.get_message()
+                    if idle.cancelled_caught:
+                        return _Ended("lost", f"no message (not even a heartbeat) for {idle_s:g} s",
+                                      worked=worked)
+                    worked = True
+                    text, doc = _line(message)
+                    if doc.get("type") == "ping":
+                        continue
+                    if doc.get("type") == "status":
+                        heartbeat = doc.get("heartbeat_s")
+                        if isinstance(heartbeat, int | float) and heartbeat > 0:
+                            idle_s = 3 * float(heartbeat)
+                    out.write(text + "\n")
+                    out.flush()
+                    printed += 1
+                    if max_events is not None and printed >= max_events:
+                        await close_politely(ws)
+                        return _Ended("done", worked=True)
+        except* (AdminUnreachable, ConnectionRejected, ConnectionClosed, *_BROKEN) as group:
+            ended = _ended_by(group, worked)
+        return ended
+
     while True:
-        ended = await _connect_once(url, watch)
+        ended = await connect_once()
         if ended.kind == "done":
             return
         if ended.kind == "refused" and ended.code in (401, 403):
