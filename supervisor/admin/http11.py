@@ -19,7 +19,6 @@ from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState as WsState
 from wsproto.connection import ConnectionType
 from wsproto.events import (
-    BytesMessage,
     CloseConnection,
     Message,
     Ping,
@@ -387,28 +386,24 @@ class Http11Connection:
         assert key is not None  # _valid_key
         first = [{"type": "websocket.connect"}]
         answer = self._answering(close=True)
-        messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
+        disconnected = trio.Event()
         async with trio.open_nursery() as nursery:
 
             async def receive() -> dict[str, Any]:
                 if first:
                     return first.pop()
-                try:
-                    return await messages_out.receive()
-                except trio.EndOfChannel:
-                    return {"type": "websocket.disconnect", "code": 1006}
+                await disconnected.wait()  # the stream is one-way: no message is passed on
+                return {"type": "websocket.disconnect", "code": 1006}
 
             async def send(message: Any) -> None:
                 kind = message.get("type")
                 if kind == "websocket.accept":
                     await self._accept(key)
-                    nursery.start_soon(self._read_frames, messages_in)
+                    nursery.start_soon(self._read_frames, disconnected)
                 elif kind.startswith("websocket.http."):
                     await answer(message)  # the handshake refused
-                elif kind == "websocket.send":
-                    text, data = message.get("text"), message.get("bytes")
-                    event = TextMessage(text) if text is not None else BytesMessage(data or b"")
-                    await self._ws_send(event)
+                elif kind == "websocket.send":  # the hub sends text
+                    await self._ws_send(TextMessage(message["text"]))
                 elif kind == "websocket.close" and self._ws is not None:
                     await self._ws_send(CloseConnection(
                         int(message.get("code", 1000)), message.get("reason") or ""))
@@ -470,13 +465,13 @@ class Http11Connection:
                 return  # closing or closed: RFC 6455 allows nothing more
             await self._write_locked(data)
 
-    async def _read_frames(self, messages: trio.MemorySendChannel[dict[str, Any]]) -> None:
-        """Client frames to ASGI messages; answers pings and the close handshake."""
+    async def _read_frames(self, disconnected: trio.Event) -> None:
+        """Client frames, read until the close: each message is measured and dropped (a
+        client has nothing to say on the stream). Answers pings and the close handshake."""
         ws = self._ws
         assert ws is not None
-        async with messages:
+        try:
             size = 0
-            parts: list[Any] = []
             ended = False
             while True:
                 # First the bytes that came behind the upgrade request (wsproto
@@ -487,13 +482,8 @@ class Http11Connection:
                         if size > MAX_MESSAGE_BYTES:
                             await self._ws_send(CloseConnection(CLOSE_TOO_BIG, "message too big"))
                             return
-                        parts.append(event.data)
                         if event.message_finished:
-                            text = isinstance(event, TextMessage)
-                            joined = ("" if text else b"").join(parts)
-                            size, parts = 0, []
-                            await messages.send({"type": "websocket.receive",
-                                                 "text" if text else "bytes": joined})
+                            size = 0
                     elif isinstance(event, Ping):
                         await self._ws_send(event.response())
                     elif isinstance(event, CloseConnection):
@@ -513,6 +503,8 @@ class Http11Connection:
                     return
                 ws.receive_data(data or None)
                 ended = not data
+        finally:
+            disconnected.set()
 
     async def _finish_websocket(self) -> None:
         """After the app: a close frame if none was sent, then a little time for the client's.
