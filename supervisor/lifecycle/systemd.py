@@ -40,10 +40,6 @@ class Notifier:
         self._failing = False
         self.last_status: str | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def send(self, **fields: str) -> bool:
         """Send one datagram with ``KEY=VALUE`` lines; True when it was sent."""
         if self.address is None:
