@@ -9,6 +9,7 @@ import errno
 import os
 import socket
 from collections.abc import Callable
+from contextlib import suppress
 
 import trio
 
@@ -148,13 +149,11 @@ class AcceptLoop:
         reply = answer(waiting[: end + 4]) if end >= 0 else None
         if reply is None:
             return False
-        try:
+        with suppress(OSError):  # the client is gone: nothing to answer
             # Read the head first: closing with unread bytes would reset the
             # connection, and the client could lose the answer.
             sock.recv(end + 4, socket.MSG_DONTWAIT)
             sock.send(reply, socket.MSG_DONTWAIT)  # a few hundred bytes: fits at once
-        except OSError:
-            pass  # the client is gone: nothing to answer
         sock.close()
         return True
 
@@ -176,8 +175,6 @@ class AcceptLoop:
         # can be accepted, only to be reset: refused, not left waiting.
         if self._spare is not None:
             os.close(self._spare)
-            try:
+            with suppress(OSError):
                 reset(self._sock.accept()[0])
-            except OSError:
-                pass
             self._spare = _spare()

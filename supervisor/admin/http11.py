@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import socket
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import unquote
 
@@ -88,10 +89,8 @@ async def first_request_head(stream: trio.SocketStream, *,
     except (OSError, trio.ClosedResourceError):
         return False  # reset by the peer, or closed under us (evicted)
     finally:
-        try:
+        with suppress(OSError):  # closed: nothing will read it any more
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-        except OSError:
-            pass  # closed: nothing will read it any more
 
 
 class _Gone(Exception):
@@ -203,10 +202,8 @@ class Http11Connection:
             reset(self._socket_stream)
             return
         self._stream = stream
-        try:
+        with suppress(_Gone, *_TRANSPORT_ERRORS):  # ended on purpose, or the peer went away
             await self._serve(deadline)
-        except (_Gone, *_TRANSPORT_ERRORS):
-            pass  # ended on purpose, or the peer went away
 
     async def _by(self, deadline: float, step: Callable[[], Awaitable[_T]]) -> _T | None:
         """``step()``'s answer by ``deadline``; None when missed, or cut short by shutdown."""

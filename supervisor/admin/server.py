@@ -10,6 +10,7 @@ import errno
 import socket
 import ssl
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
@@ -227,7 +228,7 @@ class _Server:
         sock = stream.socket
         if sock.fileno() == -1:
             return
-        try:
+        with suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
             if not has_pending(sock):
                 sock.close()
@@ -239,8 +240,6 @@ class _Server:
                     if not data:
                         break
                     drained += len(data)
-        except OSError:
-            pass
         sock.close()
 
     def reset(self, peer: tuple[str, int]) -> bool:
