@@ -150,27 +150,22 @@ class _Server:
         try:
             with self._scope:
                 async with trio.open_nursery() as handlers:
-                    await handlers.start(self._accept, handlers)
+
+                    def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
+                        handlers.start_soon(self._handle, peer, stream, pool)
+
+                    accept = AcceptLoop(self._sock, self._table, spawn, self._answer_at_once)
                     task_status.started()
+                    try:
+                        with self._accepting:
+                            await accept.run()
+                    finally:
+                        # Not accepting any more: close the socket now, so a client that
+                        # connects during the rest of shutdown is refused at once instead
+                        # of waiting in the kernel's backlog.
+                        accept.close()
         finally:
             self._done.set()
-
-    async def _accept(self, handlers: trio.Nursery, *,
-                      task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
-            handlers.start_soon(self._handle, peer, stream, pool)
-
-        accept = AcceptLoop(self._sock, self._table, spawn, self._answer_at_once)
-        try:
-            with self._accepting:
-                await handlers.start(accept.run)
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            # Not accepting any more: close the socket now, so a client that
-            # connects during the rest of shutdown is refused at once instead of
-            # waiting in the kernel's backlog.
-            accept.close()
 
     async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
         reserve = pool == ConnectionTable.RESERVE
