@@ -88,9 +88,8 @@ class AcceptLoop:
             os.close(self._spare)
             self._spare = None
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self) -> None:
         """Until the socket is closed (returns) or cancelled."""
-        task_status.started()
         while True:
             try:
                 await trio.lowlevel.wait_readable(self._sock)
