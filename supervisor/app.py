@@ -318,7 +318,7 @@ class Daemon:
         # Before the loop's first start, so /status is right from the first request.
         self.sinks.configure("cache", self.config.cache.path is not None)
         self.sinks.configure("snapshot_file", self.config.snapshot.path is not None)
-        self.metrics.follow_sinks(self.sinks)
+        self.metrics.follow_sinks(self.sinks.state)
         listen = self._listen_child()
         specs = [self._admin_child(), *([listen] if listen is not None else []),
                  self._convergence_child(), *self._fanout_children()]
