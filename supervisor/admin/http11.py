@@ -434,8 +434,6 @@ class Http11Connection:
             if kind == "http.response.start":
                 started = message
             elif kind == "http.response.body" and started is not None:
-                if message.get("more_body"):
-                    raise RuntimeError("the admin app sends whole bodies")
                 await self._respond(started, message, close=close)
                 started = None
         return send
