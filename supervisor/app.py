@@ -318,7 +318,7 @@ class Daemon:
         # Before the loop's first start, so /status is right from the first request.
         self.sinks.configure("cache", self.config.cache.path is not None)
         self.sinks.configure("snapshot_file", self.config.snapshot.path is not None)
-        self.metrics.follow_sinks(self.sinks)
+        self.metrics.follow_sinks(self.sinks.state)
         listen = self._listen_child()
         specs = [self._admin_child(), *([listen] if listen is not None else []),
                  self._convergence_child(), *self._fanout_children()]
@@ -386,8 +386,9 @@ class Daemon:
             failed.append(f"{name} failed: {exc}")
         if ready:
             active = self.status.active
-            self.notifier.reloaded("; ".join(["reload failed", *failed]) if failed
-                                   else f"reloaded; serving revision {active}")
+            # The reload is done (or failed, which the status says): READY=1 again.
+            self.notifier.ready("; ".join(["reload failed", *failed]) if failed
+                                else f"reloaded; serving revision {active}")
 
     async def _signals(self, receiver: Any, tree_scope: trio.CancelScope,
                        nursery: trio.Nursery) -> None:

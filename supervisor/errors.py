@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from typing import TypeVar
 
 
 class SupervisorError(Exception):
@@ -93,22 +94,22 @@ class SupervisionGaveUp(SupervisorError):
             f"child {child!r} restarted {restarts} times within {period_s:g} s; giving up")
 
 
-def find_leaf(
-    exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]
-) -> BaseException | None:
+_E = TypeVar("_E", bound=BaseException)
+
+
+def find_leaf(exc: BaseException, kinds: type[_E] | tuple[type[_E], ...]) -> _E | None:
     """The first leaf of ``kinds`` in ``exc``, looking inside (nested) exception groups.
 
-    trio's nurseries wrap a child's error in groups. The CLI's exit-code mapping and the
-    tree's "fatal, do not restart" both look through them.
+    trio's nurseries wrap a child's error in groups. The CLI's exit-code mapping, the
+    tree's "fatal, do not restart" and the admin client's endings all look through them.
     """
-    if isinstance(exc, kinds):
-        return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             found = find_leaf(inner, kinds)
             if found is not None:
                 return found
-    return None
+        return None
+    return exc if isinstance(exc, kinds) else None
 
 
 def innermost(exc: BaseException) -> BaseException:

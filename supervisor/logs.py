@@ -158,34 +158,20 @@ def _journal_renderer(json_renderer: Processor, journal: JournalSocket | None) -
         if journal is not None and journal.send(journal_datagram(
                 {"MESSAGE": text, "PRIORITY": str(priority), "SYSLOG_IDENTIFIER": IDENTIFIER,
                  **event_dict})):
-            return ""  # taken by the journal: nothing on stderr
+            raise structlog.DropEvent  # taken by the journal: nothing on stderr
         return f"<{priority}>{text}"
 
     return render
 
 
-class _Lines(structlog.PrintLogger):
-    """A print logger that writes nothing for an empty line (one the journal took)."""
-
-    def msg(self, message: str) -> None:
-        if message:
-            super().msg(message)
-
-    log = debug = info = warn = warning = msg
-    fatal = failure = err = error = critical = exception = msg
-
-
 class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The stdlib's lines, the same way: an empty one (the journal took it) is not written."""
+    """The stdlib's lines, the same way: one the journal took (dropped) is not written."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = self.format(record)
-            if text:
-                self.stream.write(text + self.terminator)
-                self.flush()
-        except Exception:  # noqa: BLE001 - logging's contract: a handler never raises
-            self.handleError(record)
+            super().emit(record)
+        except structlog.DropEvent:
+            pass
 
 
 def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None, *,
@@ -218,7 +204,7 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
     structlog.configure(processors=[_filter_level, *shared, renderer],
-                        logger_factory=lambda *_: _Lines(stream),
+                        logger_factory=structlog.PrintLoggerFactory(stream),
                         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
                         cache_logger_on_first_use=True)
     handler = _LineHandler(stream)

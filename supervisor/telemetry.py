@@ -42,11 +42,6 @@ class RevisionFacts(Protocol):
     @property
     def statement_expires_at(self) -> float: ...
 
-class SinkFacts(Protocol):
-    """What the sink gauge reads (the side sinks' status)."""
-
-    def state(self, sink: str) -> str: ...
-
 
 def _is(read: Callable[[], str], state: str) -> Callable[[], float]:
     """1 while ``read()`` answers ``state``, else 0: a state gauge, read at every scrape."""
@@ -232,10 +227,11 @@ class Metrics:
             lambda: 1 if status.source == "last_known_good" else 0)
         self.statement_expires_at.set_function(lambda: status.statement_expires_at)
 
-    def follow_sinks(self, status: SinkFacts) -> None:
-        """Read ``supervisor_sink_state`` from ``status`` at every scrape."""
+    def follow_sinks(self, sink_state: Callable[[str], str]) -> None:
+        """Read ``supervisor_sink_state`` from ``sink_state(sink)`` (the side sinks' status)
+        at every scrape."""
         for sink, state in itertools.product(reasons.SINKS, reasons.SINK_STATES):
-            read = partial(status.state, sink)
+            read = partial(sink_state, sink)
             self.sink_state.labels(sink, state).set_function(_is(read, state))
 
     def track_fanout(self, statuses: Mapping[str, Any]) -> None:

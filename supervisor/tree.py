@@ -211,14 +211,6 @@ class Supervisor:
         child = self.children[spec.name]
         child.entered = True
         child.since = trio.current_time()
-        reported = False
-
-        def report_started() -> None:
-            nonlocal reported
-            if not reported:
-                reported = True
-                task_status.started()
-
         try:
             with child.scope:
                 while True:
@@ -226,9 +218,11 @@ class Supervisor:
                     try:
                         async with trio.open_nursery() as inner:
                             await inner.start(spec.start)
+                            first = not child.started
                             child.started = True
                             self._set(child, "running")
-                            report_started()
+                            if first:  # supervision is up once the child first started
+                                task_status.started()
                     except Exception as exc:  # noqa: BLE001 - Cancelled is a BaseException: never caught
                         fatal = find_leaf(exc, _FATAL)
                         if fatal is not None:
@@ -240,7 +234,6 @@ class Supervisor:
                         if spec.restart is not Restart.PERMANENT:
                             log.info("child finished", child=spec.name)
                             self._set(child, "stopped")
-                            report_started()
                             return
                         child.last_error = "returned while permanent"
                         log.warning("permanent child returned; restarting", child=spec.name)
@@ -253,7 +246,8 @@ class Supervisor:
                         crashed = None
                         if spec.restart is Restart.TEMPORARY:
                             self._set(child, "failed")
-                            report_started()
+                            if not child.started:
+                                task_status.started()
                             return
                     await self._before_restart(spec, child)
         finally:

@@ -19,10 +19,10 @@ import trio
 from trio_websocket import WebSocketConnection, wrap_client_stream
 
 from supervisor.admin.app import AdminApp
-from supervisor.admin.client import first_leaf
 from supervisor.admin.context import AdminContext
 from supervisor.admin.server import serve_admin
 from supervisor.convergence.status import RevisionStatus
+from supervisor.errors import find_leaf
 from supervisor.events import EventBus, Published, Rejected
 from supervisor.fanout.status import FanoutStatus
 from supervisor.sinks.state import ActiveState
@@ -138,7 +138,7 @@ async def owned_ws(
                 finally:
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            leaf = first_leaf(group, Exception)
+            leaf = find_leaf(group, Exception)
             if leaf is None:
                 raise
             raise leaf from None

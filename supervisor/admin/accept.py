@@ -9,6 +9,7 @@ import errno
 import os
 import socket
 from collections.abc import Callable
+from contextlib import suppress
 
 import trio
 
@@ -87,9 +88,8 @@ class AcceptLoop:
             os.close(self._spare)
             self._spare = None
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self) -> None:
         """Until the socket is closed (returns) or cancelled."""
-        task_status.started()
         while True:
             try:
                 await trio.lowlevel.wait_readable(self._sock)
@@ -148,13 +148,11 @@ class AcceptLoop:
         reply = answer(waiting[: end + 4]) if end >= 0 else None
         if reply is None:
             return False
-        try:
+        with suppress(OSError):  # the client is gone: nothing to answer
             # Read the head first: closing with unread bytes would reset the
             # connection, and the client could lose the answer.
             sock.recv(end + 4, socket.MSG_DONTWAIT)
             sock.send(reply, socket.MSG_DONTWAIT)  # a few hundred bytes: fits at once
-        except OSError:
-            pass  # the client is gone: nothing to answer
         sock.close()
         return True
 
@@ -176,8 +174,6 @@ class AcceptLoop:
         # can be accepted, only to be reset: refused, not left waiting.
         if self._spare is not None:
             os.close(self._spare)
-            try:
+            with suppress(OSError):
                 reset(self._sock.accept()[0])
-            except OSError:
-                pass
             self._spare = _spare()

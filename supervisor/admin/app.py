@@ -18,7 +18,6 @@ from supervisor.admin.responses import (
     header_value,
     raw_response,
     refusal,
-    reject_handshake,
     scope_headers,
     send_response,
 )
@@ -39,7 +38,7 @@ class AdminApp:
 
     The checks run in order: Host and Origin (:mod:`.hosts`), then the token (:mod:`.auth`).
     All come before routing, so without the token nothing reveals which paths exist.
-    A WebSocket handshake is refused 401 before it is accepted (:func:`.reject_handshake`).
+    A WebSocket handshake is refused (401) before it is accepted, with the real status.
     ``HEAD`` answers like ``GET`` without the body.
     Dynamic answers carry ``Cache-Control: no-store``; the snapshot ``no-cache`` (ETag).
 
@@ -65,8 +64,6 @@ class AdminApp:
             await self._http(scope, receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
-        elif kind == "lifespan":
-            await _lifespan(receive, send)
 
     # -- HTTP ----------------------------------------------------------------
 
@@ -181,7 +178,8 @@ class AdminApp:
         if refusal is None and hub is not None and hub.full():
             refusal = error_response(503, "too_many_clients", "too many stream clients")
         if refusal is not None:
-            await reject_handshake(scope, send, refusal)
+            # Through ASGI's websocket.http.response extension, which the admin server has.
+            await send_response(send, refusal, kind="websocket.http")
             return
         assert hub is not None  # refused above when there is none
         self._handlers.followers.note(scope_headers(scope))
@@ -194,11 +192,3 @@ class AdminApp:
 
 # Headers that keep a request from being answered by the accept loop.
 _NOT_AT_ONCE = frozenset({b"content-length", b"transfer-encoding", b"upgrade", b"expect"})
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    # Nothing to set up or tear down: serve_admin owns the resources. Answering
-    # keeps any ASGI server that runs a lifespan from logging a warning.
-    while (kind := (await receive()).get("type")) in ("lifespan.startup", "lifespan.shutdown"):
-        await send({"type": f"{kind}.complete"})
-        if kind == "lifespan.shutdown":
-            return

@@ -51,13 +51,11 @@ async def reread_tokens(token_file: str | None, read_token_file: str | None, *,
                                  dependency="reload", deadline_s=timeout_s,
                                  what="reading the token files")
     except (ConfigError, ThreadDeadline) as exc:
-        error = str(exc)
-    else:
-        log.info("SIGHUP: tokens reloaded", token_file=token_file,
-                 read_token_file=read_token_file)
-        return tokens
-    log.error("SIGHUP: tokens not reloaded; the previous tokens stay in force", error=error)
-    return None
+        log.error("SIGHUP: tokens not reloaded; the previous tokens stay in force", error=str(exc))
+        return None
+    log.info("SIGHUP: tokens reloaded", token_file=token_file,
+             read_token_file=read_token_file)
+    return tokens
 
 
 def authorized(headers: Iterable[tuple[bytes, bytes]], token: str) -> bool:

@@ -15,7 +15,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 import httpx
 import trio
@@ -29,7 +29,7 @@ from trio_websocket import (
 from supervisor.admin.errors import AdminRefused, AdminUnreachable
 from supervisor.backoff import Backoff
 from supervisor.bounds import DETAIL_BYTES, cut
-from supervisor.errors import describe_failure
+from supervisor.errors import describe_failure, find_leaf
 from supervisor.logs import get_logger
 from supervisor.texttable import printable
 
@@ -39,7 +39,6 @@ __all__ = [
     "close_politely",
     "converge_url",
     "fetch_status",
-    "first_leaf",
     "replica_websocket",
     "stream_url",
     "watch_stream",
@@ -236,32 +235,6 @@ class _Ended:
     worked: bool = False  # at least one message arrived: reset the backoff
 
 
-@dataclass
-class _Watch:
-    out: TextIO
-    token: str | None
-    max_events: int | None
-    connect_timeout_s: float
-    printed: int = 0
-    ssl_context: ssl.SSLContext | None = None
-
-
-_E = TypeVar("_E", bound=BaseException)
-
-
-def first_leaf(group: BaseExceptionGroup[Any],
-               kind: type[_E] | tuple[type[_E], ...]) -> _E | None:
-    """The first leaf of ``group`` (nested groups included) that is a ``kind``."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = first_leaf(exc, kind)
-            if found is not None:
-                return found
-        elif isinstance(exc, kind):
-            return exc
-    return None
-
-
 @asynccontextmanager
 async def replica_websocket(url: str, token: str | None, ssl_context: ssl.SSLContext | None,
                             timeout_s: float) -> AsyncIterator[WebSocketConnection]:
@@ -319,50 +292,19 @@ async def close_politely(ws: WebSocketConnection) -> None:
         await ws.aclose()
 
 
-async def _connect_once(url: str, watch: _Watch) -> _Ended:
-    """One connection, start to end (:func:`replica_websocket`)."""
-    idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
-    try:
-        async with replica_websocket(url, watch.token, watch.ssl_context,
-                                     watch.connect_timeout_s) as ws:
-            while True:
-                with trio.move_on_after(idle_s) as idle:
-                    message = await ws.get_message()
-                if idle.cancelled_caught:
-                    return _Ended("lost", f"no message (not even a heartbeat) for {idle_s:g} s",
-                                  worked=worked)
-                worked = True
-                text, doc = _line(message)
-                if doc.get("type") == "ping":
-                    continue
-                if doc.get("type") == "status":
-                    heartbeat = doc.get("heartbeat_s")
-                    if isinstance(heartbeat, int | float) and heartbeat > 0:
-                        idle_s = 3 * float(heartbeat)
-                watch.out.write(text + "\n")
-                watch.out.flush()
-                watch.printed += 1
-                if watch.max_events is not None and watch.printed >= watch.max_events:
-                    await close_politely(ws)
-                    return _Ended("done", worked=True)
-    except* (AdminUnreachable, ConnectionRejected, ConnectionClosed, *_BROKEN) as group:
-        ended = _ended_by(group, worked)
-    return ended
-
-
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 def _ended_by(group: BaseExceptionGroup[Any], worked: bool) -> _Ended:
     """How a connection ended, from what its block raised (in this order of precedence)."""
-    if (unreachable := first_leaf(group, AdminUnreachable)) is not None:
+    if (unreachable := find_leaf(group, AdminUnreachable)) is not None:
         return _Ended("lost", unreachable.reason)
-    if (rejected := first_leaf(group, ConnectionRejected)) is not None:
+    if (rejected := find_leaf(group, ConnectionRejected)) is not None:
         return _Ended("refused", f"handshake refused ({rejected.status_code})",
                       rejected.status_code)
-    if (broken := first_leaf(group, _BROKEN)) is not None:
+    if (broken := find_leaf(group, _BROKEN)) is not None:
         return _Ended("lost", f"connection failed ({describe_failure(broken)})")
-    closed = first_leaf(group, ConnectionClosed)
+    closed = find_leaf(group, ConnectionClosed)
     assert closed is not None  # the block returns unless one of the above ended it
     code = closed.reason.code if closed.reason is not None else None
     reason = (closed.reason.reason if closed.reason is not None else None) or ""
@@ -402,9 +344,40 @@ async def watch_stream(
     """
     url = stream_url(url)
     backoff = Backoff(backoff_initial_s, backoff_max_s, rng)
-    watch = _Watch(out, token, max_events, connect_timeout_s, ssl_context=ssl_context)
+    printed = 0
+
+    async def connect_once() -> _Ended:
+        """One connection, start to end (:func:`replica_websocket`)."""
+        nonlocal printed
+        idle_s, worked = DEFAULT_IDLE_TIMEOUT_S, False
+        try:
+            async with replica_websocket(url, token, ssl_context, connect_timeout_s) as ws:
+                while True:
+                    with trio.move_on_after(idle_s) as idle:
+                        message = await ws.get_message()
+                    if idle.cancelled_caught:
+                        return _Ended("lost", f"no message (not even a heartbeat) for {idle_s:g} s",
+                                      worked=worked)
+                    worked = True
+                    text, doc = _line(message)
+                    if doc.get("type") == "ping":
+                        continue
+                    if doc.get("type") == "status":
+                        heartbeat = doc.get("heartbeat_s")
+                        if isinstance(heartbeat, int | float) and heartbeat > 0:
+                            idle_s = 3 * float(heartbeat)
+                    out.write(text + "\n")
+                    out.flush()
+                    printed += 1
+                    if max_events is not None and printed >= max_events:
+                        await close_politely(ws)
+                        return _Ended("done", worked=True)
+        except* (AdminUnreachable, ConnectionRejected, ConnectionClosed, *_BROKEN) as group:
+            ended = _ended_by(group, worked)
+        return ended
+
     while True:
-        ended = await _connect_once(url, watch)
+        ended = await connect_once()
         if ended.kind == "done":
             return
         if ended.kind == "refused" and ended.code in (401, 403):

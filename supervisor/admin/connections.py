@@ -11,6 +11,7 @@ import struct
 import termios
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import suppress
 
 import trio
 
@@ -32,10 +33,8 @@ def reset(connection: trio.SocketStream | socket.socket) -> None:
     """Abort a connection with a RST: buffered unsent data is dropped, and a task
     blocked on it wakes (trio's close notifies waiters)."""
     sock = connection.socket if isinstance(connection, trio.SocketStream) else connection
-    try:
+    with suppress(OSError):  # already closed or not a TCP socket: closing is all that is left
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass  # already closed or not a TCP socket: closing is all that is left
     sock.close()
 
 

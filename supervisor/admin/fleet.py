@@ -9,7 +9,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
@@ -49,13 +48,6 @@ class FollowersAnswer(msgspec.Struct):
     followers: list[FollowerRow]
 
 
-@dataclass
-class _Seen:
-    name: ReplicaName
-    at: float
-    wall: str
-
-
 class Followers:
     """The table of direct followers, one row per URL.
 
@@ -73,7 +65,8 @@ class Followers:
         self._limit = limit
         self._clock = clock
         self._wall_clock = wall_clock
-        self._rows: dict[str, _Seen] = {}
+        # Each follower's row, and until when it is kept.
+        self._rows: dict[str, tuple[float, FollowerRow]] = {}
 
     def note(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
         """Note the follower a request's headers name, if any (a malformed name: ignored)."""
@@ -92,23 +85,23 @@ class Followers:
         if len(self._rows) >= self._limit:
             del self._rows[next(iter(self._rows))]  # insertion order: seen longest ago
         wall = self._wall_clock().astimezone(UTC).isoformat(timespec="milliseconds")
-        self._rows[name.url] = _Seen(name, now, wall.replace("+00:00", "Z"))
+        row = FollowerRow(name.url, name.sequence, name.etag, name.state, name.reason,
+                          wall.replace("+00:00", "Z"))
+        self._rows[name.url] = (now + FORGET_AFTER_POLLS * name.poll_interval_s, row)
 
     def _forget(self, now: float) -> None:
-        for url in [url for url, seen in self._rows.items()
-                    if now - seen.at > FORGET_AFTER_POLLS * seen.name.poll_interval_s]:
+        for url in [url for url, (until, _) in self._rows.items() if now > until]:
             del self._rows[url]
 
     def answer(self) -> FollowersAnswer:
         self._forget(self._clock())
-        return FollowersAnswer([
-            FollowerRow(s.name.url, s.name.sequence, s.name.etag, s.name.state, s.name.reason,
-                        s.wall) for s in sorted(self._rows.values(), key=lambda s: s.name.url)])
+        return FollowersAnswer(sorted((row for _, row in self._rows.values()),
+                                      key=lambda row: row.url))
 
     def count(self, state: str) -> int:
         """Followers listed in ``state`` (``supervisor_followers{state}``)."""
         self._forget(self._clock())
-        return sum(1 for s in self._rows.values() if s.name.state == state)
+        return sum(1 for _, row in self._rows.values() if row.state == state)
 
 
 

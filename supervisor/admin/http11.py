@@ -10,7 +10,8 @@ from __future__ import annotations
 import base64
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from contextlib import suppress
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import unquote
 
 import h11
@@ -19,7 +20,6 @@ from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState as WsState
 from wsproto.connection import ConnectionType
 from wsproto.events import (
-    BytesMessage,
     CloseConnection,
     Message,
     Ping,
@@ -37,6 +37,7 @@ __all__ = ["App", "Http11Connection", "first_request_head"]
 log = get_logger("admin")
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+_T = TypeVar("_T")
 
 _HTTP1 = frozenset({b"1.0", b"1.1"})
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -88,10 +89,8 @@ async def first_request_head(stream: trio.SocketStream, *,
     except (OSError, trio.ClosedResourceError):
         return False  # reset by the peer, or closed under us (evicted)
     finally:
-        try:
+        with suppress(OSError):  # closed: nothing will read it any more
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-        except OSError:
-            pass  # closed: nothing will read it any more
 
 
 class _Gone(Exception):
@@ -121,8 +120,8 @@ def _valid_key(key: bytes | None) -> bool:
 class Http11Connection:
     """One accepted connection, until it ends; the app sees plain ASGI scopes.
 
-    ``stream`` is read and written (the socket, or TLS over it).
-    ``socket_stream`` is the TCP connection under it, which a stall resets.
+    ``socket_stream`` is the TCP connection, which a stall resets; what is read and
+    written is the stream :meth:`run`'s ``opening`` gives (the socket, or TLS over it).
     Each change between idle (no request in progress) and busy goes to ``on_idle``.
     The connection table uses that to choose whom to drop when full.
     What each connection is held to (why: :class:`~supervisor.admin.server._Server`):
@@ -142,16 +141,14 @@ class Http11Connection:
       It is counted as its frames arrive, never buffered whole.
     """
 
-    def __init__(self, app: App, stream: trio.abc.Stream, socket_stream: trio.SocketStream, *,
-                 client: tuple[str, int], server: tuple[str, int], scheme: str,
+    def __init__(self, app: App, socket_stream: trio.SocketStream, *,
+                 client: tuple[str, int],
                  on_idle: Callable[[bool], None], idle_s: float,
                  only_paths: frozenset[bytes] | None = None) -> None:
         self._app = app
-        self._stream = stream
+        self._stream: trio.abc.Stream = socket_stream
         self._socket_stream = socket_stream
         self._client = client
-        self._server = server
-        self._scheme = scheme
         self._on_idle = on_idle
         self._idle_s = idle_s
         self._only = only_paths
@@ -165,7 +162,7 @@ class Http11Connection:
     # -- what the server asks of a connection ---------------------------------
 
     def close_if_idle(self) -> None:
-        """Shutdown: end now if waiting for a request; otherwise after the answer."""
+        """Shutdown: end now if opening or waiting for a request; otherwise after the answer."""
         self._closing = True
         if self._idle_scope is not None:
             self._idle_scope.cancel()
@@ -192,13 +189,33 @@ class Http11Connection:
                 self._gone = True
                 raise ConnectionGone(str(exc)) from exc
 
-    async def run(self, deadline: float) -> None:
-        """Serve requests until the connection ends (closed by either side, or a
-        deadline missed); returns having closed nothing (the caller closes)."""
-        try:
+    async def run(self, deadline: float,
+                  opening: Callable[[], Awaitable[trio.abc.Stream | None]]) -> None:
+        """Open, then serve requests until the connection ends (closed by either side, or a
+        deadline missed); returns having closed nothing (the caller closes).
+
+        ``opening`` waits for the first request head, or does the TLS handshake: the
+        stream to serve, or None. By ``deadline`` and before shutdown, else it is reset.
+        """
+        stream = await self._by(deadline, opening)
+        if stream is None:
+            reset(self._socket_stream)
+            return
+        self._stream = stream
+        with suppress(_Gone, *_TRANSPORT_ERRORS):  # ended on purpose, or the peer went away
             await self._serve(deadline)
-        except (_Gone, *_TRANSPORT_ERRORS):
-            pass  # ended on purpose, or the peer went away
+
+    async def _by(self, deadline: float, step: Callable[[], Awaitable[_T]]) -> _T | None:
+        """``step()``'s answer by ``deadline``; None when missed, or cut short by shutdown."""
+        with trio.CancelScope(deadline=deadline) as scope:
+            self._idle_scope = scope
+            if self._closing:
+                scope.cancel()
+            try:
+                return await step()
+            finally:
+                self._idle_scope = None
+        return None
 
     # -- HTTP ------------------------------------------------------------------
 
@@ -235,16 +252,7 @@ class Http11Connection:
 
     async def _next_request(self, deadline: float) -> h11.Request | None:
         """The next request head by ``deadline``; None: close (deadline, EOF, shutdown)."""
-        with trio.CancelScope(deadline=deadline) as scope:
-            self._idle_scope = scope
-            if self._closing:
-                scope.cancel()
-            try:
-                event = await self._next_event()
-            finally:
-                self._idle_scope = None
-        if scope.cancelled_caught:
-            return None
+        event = await self._by(deadline, self._next_event)
         if isinstance(event, h11.Request):
             # h11 bounds a head that arrives in pieces; one that arrives whole
             # in a single read is measured here.
@@ -296,17 +304,9 @@ class Http11Connection:
             path = unquote(raw_path.decode("ascii"))
         except UnicodeDecodeError:
             path = ""
-        scope: Scope = {
-            "type": kind, "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode("ascii"),
-            "scheme": self._scheme if kind == "http" else self._scheme.replace("http", "ws"),
-            "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
-            "headers": headers, "client": self._client, "server": self._server}
-        if kind == "http":
-            scope["method"] = request.method.decode("ascii")
-        else:
-            scope.update(subprotocols=[], extensions={"websocket.http.response": {}})
-        return scope
+        # The keys the admin app reads (it is the only app served).
+        return {"type": kind, "method": request.method.decode("ascii"), "path": path,
+                "query_string": query, "headers": headers, "client": self._client}
 
     async def _http(self, request: h11.Request, headers: list[tuple[bytes, bytes]],
                     body: bytes) -> None:
@@ -383,34 +383,27 @@ class Http11Connection:
         assert key is not None  # _valid_key
         first = [{"type": "websocket.connect"}]
         answer = self._answering(close=True)
-        messages_in, messages_out = trio.open_memory_channel[dict[str, Any]](1)
+        disconnected = trio.Event()
         async with trio.open_nursery() as nursery:
 
             async def receive() -> dict[str, Any]:
                 if first:
                     return first.pop()
-                try:
-                    return await messages_out.receive()
-                except trio.EndOfChannel:
-                    return {"type": "websocket.disconnect", "code": 1006}
+                await disconnected.wait()  # the stream is one-way: no message is passed on
+                return {"type": "websocket.disconnect", "code": 1006}
 
             async def send(message: Any) -> None:
                 kind = message.get("type")
                 if kind == "websocket.accept":
                     await self._accept(key)
-                    nursery.start_soon(self._read_frames, messages_in)
+                    nursery.start_soon(self._read_frames, disconnected)
                 elif kind.startswith("websocket.http."):
                     await answer(message)  # the handshake refused
-                elif kind == "websocket.send":
-                    text, data = message.get("text"), message.get("bytes")
-                    event = TextMessage(text) if text is not None else BytesMessage(data or b"")
-                    await self._ws_send(event)
-                elif kind == "websocket.close":
-                    if self._ws is None:
-                        await self._respond({"status": 403}, {}, close=True)
-                    else:
-                        await self._ws_send(CloseConnection(
-                            int(message.get("code", 1000)), message.get("reason") or ""))
+                elif kind == "websocket.send":  # the hub sends text
+                    await self._ws_send(TextMessage(message["text"]))
+                elif kind == "websocket.close" and self._ws is not None:
+                    await self._ws_send(CloseConnection(
+                        int(message.get("code", 1000)), message.get("reason") or ""))
 
             try:
                 await self._app(self._scope("websocket", request, headers), receive, send)
@@ -441,8 +434,6 @@ class Http11Connection:
             if kind == "http.response.start":
                 started = message
             elif kind == "http.response.body" and started is not None:
-                if message.get("more_body"):
-                    raise RuntimeError("the admin app sends whole bodies")
                 await self._respond(started, message, close=close)
                 started = None
         return send
@@ -469,13 +460,13 @@ class Http11Connection:
                 return  # closing or closed: RFC 6455 allows nothing more
             await self._write_locked(data)
 
-    async def _read_frames(self, messages: trio.MemorySendChannel[dict[str, Any]]) -> None:
-        """Client frames to ASGI messages; answers pings and the close handshake."""
+    async def _read_frames(self, disconnected: trio.Event) -> None:
+        """Client frames, read until the close: each message is measured and dropped (a
+        client has nothing to say on the stream). Answers pings and the close handshake."""
         ws = self._ws
         assert ws is not None
-        async with messages:
+        try:
             size = 0
-            parts: list[Any] = []
             ended = False
             while True:
                 # First the bytes that came behind the upgrade request (wsproto
@@ -486,13 +477,8 @@ class Http11Connection:
                         if size > MAX_MESSAGE_BYTES:
                             await self._ws_send(CloseConnection(CLOSE_TOO_BIG, "message too big"))
                             return
-                        parts.append(event.data)
                         if event.message_finished:
-                            text = isinstance(event, TextMessage)
-                            joined = ("" if text else b"").join(parts)
-                            size, parts = 0, []
-                            await messages.send({"type": "websocket.receive",
-                                                 "text" if text else "bytes": joined})
+                            size = 0
                     elif isinstance(event, Ping):
                         await self._ws_send(event.response())
                     elif isinstance(event, CloseConnection):
@@ -512,6 +498,8 @@ class Http11Connection:
                     return
                 ws.receive_data(data or None)
                 ended = not data
+        finally:
+            disconnected.set()
 
     async def _finish_websocket(self) -> None:
         """After the app: a close frame if none was sent, then a little time for the client's.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.handlers import format_date_time
@@ -15,7 +15,7 @@ from wsgiref.handlers import format_date_time
 from supervisor.admin.stream import Scope, Send, encode_json
 
 __all__ = ["JSON", "Response", "entity_tags", "error_response", "etag_matches", "header_value",
-           "http_date", "json_response", "raw_response", "refusal", "reject_handshake",
+           "http_date", "json_response", "raw_response", "refusal",
            "scope_headers", "send_response"]
 
 JSON = b"application/json"
@@ -112,7 +112,7 @@ def raw_response(response: Response, *, head: bool) -> bytes:
 async def send_response(send: Send, response: Response, *, head: bool = False,
                         kind: str = "http") -> None:
     """Send ``response`` as ASGI ``<kind>.response.start`` and ``.body`` messages
-    (``kind`` ``websocket.http``: a handshake refused, see :func:`reject_handshake`)."""
+    (``kind`` ``websocket.http``: a WebSocket handshake refused before its accept)."""
     not_modified = response.status == 304
     length = None if not_modified else len(response.body)
     await send({"type": f"{kind}.response.start", "status": response.status,
@@ -120,15 +120,3 @@ async def send_response(send: Send, response: Response, *, head: bool = False,
     body = b"" if head or not_modified else response.body
     await send({"type": f"{kind}.response.body", "body": body, "more_body": False})
 
-
-async def reject_handshake(scope: Scope, send: Send, response: Response) -> None:
-    """Refuse a WebSocket handshake before accepting it, with the real status.
-
-    Through ASGI's ``websocket.http.response`` extension, which the admin server implements.
-    A server without it gets a 1008 close.
-    """
-    extensions = scope.get("extensions") or {}
-    if isinstance(extensions, MutableMapping) and "websocket.http.response" in extensions:
-        await send_response(send, response, kind="websocket.http")
-    else:
-        await send({"type": "websocket.close", "code": 1008})

@@ -10,6 +10,7 @@ import errno
 import socket
 import ssl
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
@@ -126,7 +127,6 @@ class _Server:
         self._answer_at_once: Callable[[bytes], bytes | None] | None = None
         self._sock = sock
         self._tls = tls
-        self._scheme = "http" if tls is None else "https"
         # Under TLS the head is encrypted: a handshake may take a reserve slot,
         # and the connection then serves /healthz alone (as a plain one does).
         self._table = ConnectionTable(
@@ -138,8 +138,6 @@ class _Server:
         self._scope = trio.CancelScope(shield=True)
         self._accepting = trio.CancelScope()
         self._connections: dict[Peer, Http11Connection] = {}
-        # Connections still waiting for their first request head (or handshake).
-        self._waiting: dict[Peer, trio.CancelScope] = {}
         self._closing = False
         self._done = trio.Event()
 
@@ -152,62 +150,51 @@ class _Server:
         try:
             with self._scope:
                 async with trio.open_nursery() as handlers:
-                    await handlers.start(self._accept, handlers)
+
+                    def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
+                        handlers.start_soon(self._handle, peer, stream, pool)
+
+                    accept = AcceptLoop(self._sock, self._table, spawn, self._answer_at_once)
                     task_status.started()
+                    try:
+                        with self._accepting:
+                            await accept.run()
+                    finally:
+                        # Not accepting any more: close the socket now, so a client that
+                        # connects during the rest of shutdown is refused at once instead
+                        # of waiting in the kernel's backlog.
+                        accept.close()
         finally:
             self._done.set()
 
-    async def _accept(self, handlers: trio.Nursery, *,
-                      task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        def spawn(peer: Peer, stream: trio.SocketStream, pool: str) -> None:
-            handlers.start_soon(self._handle, peer, stream, pool)
-
-        accept = AcceptLoop(self._sock, self._table, spawn, self._answer_at_once)
-        try:
-            with self._accepting:
-                await handlers.start(accept.run)
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            # Not accepting any more: close the socket now, so a client that
-            # connects during the rest of shutdown is refused at once instead of
-            # waiting in the kernel's backlog.
-            accept.close()
-
     async def _handle(self, key: Peer, stream: trio.SocketStream, pool: str) -> None:
-        connection: Http11Connection | None = None
+        reserve = pool == ConnectionTable.RESERVE
+        assert self._app is not None
+        connection = Http11Connection(
+            self._app, stream, client=key,
+            on_idle=lambda idle: self._table.set_idle(key, stream, idle),
+            idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
+        self._connections[key] = connection
+        if self._closing:
+            connection.close_if_idle()
+
+        async def opening() -> trio.abc.Stream | None:
+            if self._tls is not None:
+                return await self._handshake(key, stream)
+            # Until its first request head is complete a plain connection
+            # costs only this task: an idle flood never reaches a parser.
+            only = HEALTHZ if reserve else None
+            return stream if await first_request_head(stream, only=only) else None
+
         try:
-            reserve = pool == ConnectionTable.RESERVE
             deadline = trio.current_time() + (RESERVE_DEADLINE_S if reserve else IDLE_DEADLINE_S)
-            served: trio.abc.Stream | None = None
-            with trio.CancelScope(deadline=deadline) as waiting:
-                self._waiting[key] = waiting
-                if self._closing:
-                    waiting.cancel()
-                if self._tls is None:
-                    # Until its first request head is complete a plain connection
-                    # costs only this task: an idle flood never reaches a parser.
-                    only = HEALTHZ if reserve else None
-                    served = stream if await first_request_head(stream, only=only) else None
-                else:
-                    served = await self._handshake(key, stream)
-            if served is None or waiting.cancelled_caught:
-                reset(stream)
-                return
-            assert self._app is not None
-            connection = Http11Connection(
-                self._app, served, stream, client=key, server=self._server_address(stream),
-                scheme=self._scheme, on_idle=lambda idle: self._table.set_idle(key, stream, idle),
-                idle_s=IDLE_DEADLINE_S, only_paths=HEALTHZ_PATHS if reserve else None)
-            self._connections[key] = connection
-            await connection.run(deadline)
+            await connection.run(deadline, opening)
         except* Exception:
             # One connection's failure must not stop the server, also when it comes
             # grouped with the Cancelled of a stop (which goes on unswallowed).
             log.exception("admin connection failed", peer=f"{key[0]}:{key[1]}")
         finally:
-            self._waiting.pop(key, None)
-            if connection is not None and self._connections.get(key) is connection:
+            if self._connections.get(key) is connection:
                 del self._connections[key]
             self._table.remove(key, stream)
             await self._close(stream)
@@ -226,14 +213,6 @@ class _Server:
         return tls
 
     @staticmethod
-    def _server_address(stream: trio.SocketStream) -> tuple[str, int]:
-        try:
-            name = stream.socket.getsockname()
-        except OSError:
-            return ("", 0)
-        return (str(name[0]), int(name[1]))
-
-    @staticmethod
     async def _close(stream: trio.SocketStream) -> None:
         """End the connection with a FIN; a closed (reset) socket stays closed.
 
@@ -244,7 +223,7 @@ class _Server:
         sock = stream.socket
         if sock.fileno() == -1:
             return
-        try:
+        with suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
             if not has_pending(sock):
                 sock.close()
@@ -256,8 +235,6 @@ class _Server:
                     if not data:
                         break
                     drained += len(data)
-        except OSError:
-            pass
         sock.close()
 
     def reset(self, peer: tuple[str, int]) -> bool:
@@ -279,8 +256,6 @@ class _Server:
         await hub.close_all(timeout_s / 2)
         # Idle connections close now; busy ones after their answer.
         self._closing = True
-        for scope in self._waiting.values():
-            scope.cancel()
         for connection in self._connections.values():
             connection.close_if_idle()
         await self._done.wait()

@@ -97,7 +97,7 @@ class StreamSettings:
 @dataclass(eq=False, slots=True)
 class _Client:
     sub: Subscription
-    peer: tuple[str, int] | None
+    peer: tuple[str, int]
     sending_since: float | None = None
     wait_scope: trio.CancelScope | None = None
     aborted: bool = False
@@ -181,12 +181,12 @@ class StreamHub:
         ``allowed()`` says whether its credentials still let it in: asked by
         :meth:`revoke`, a client it refuses is closed with 1008.
         """
-        peer = _peer(scope)
+        peer: tuple[str, int] = scope["client"]  # the admin server always gives it
         # Snapshot the state and subscribe in one synchronous step (no checkpoint
         # between): an event is either reflected in the first message or
         # delivered after it, never both.
         first_message = self._first_message()
-        raw = self._raw_sender(peer) if self._raw_sender is not None and peer else None
+        raw = self._raw_sender(peer) if self._raw_sender is not None else None
         sub = self._events.subscribe(max_buffer=self.settings.max_buffer)
         client = _Client(sub, peer, allowed=allowed)
         if not self._clients:
@@ -304,13 +304,12 @@ class StreamHub:
         if not client.dropped:
             client.dropped = True
             self._metrics.stream_dropped.inc()
-            peer = None if client.peer is None else "{}:{}".format(*client.peer)
-            log.warning("stream client too slow; closing", peer=peer)
+            log.warning("stream client too slow; closing", peer="{}:{}".format(*client.peer))
 
     def _abort(self, client: _Client) -> None:
         client.aborted = True
         client.wake()
-        if self._abort_peer is not None and client.peer is not None:
+        if self._abort_peer is not None:
             self._abort_peer(client.peer)
 
     # -- the whole hub -------------------------------------------------------
@@ -379,11 +378,4 @@ def _ping() -> Encoded:
     proves the whole path alive: event loop, hub, connection.
     """
     return Encoded(encode_json({"type": "ping", "at": utc_now_iso()}))
-
-
-def _peer(scope: Scope) -> tuple[str, int] | None:
-    client = scope.get("client")
-    if isinstance(client, list | tuple) and len(client) >= 2 and isinstance(client[1], int):
-        return (str(client[0]), client[1])
-    return None
 

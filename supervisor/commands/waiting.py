@@ -17,12 +17,11 @@ from supervisor.admin.client import (
     auth_headers,
     close_politely,
     converge_url,
-    first_leaf,
     replica_websocket,
     stream_url,
 )
 from supervisor.admin.errors import AdminUnreachable
-from supervisor.errors import UsageError, describe_failure
+from supervisor.errors import UsageError, describe_failure, find_leaf
 from supervisor.reasons import FOLLOWER_STATES
 
 __all__ = ["ReplicaResult", "fleet_urls", "judge", "wait_for_revision"]
@@ -140,7 +139,7 @@ async def wait_for_revision(base: str, revision: int, token: str | None,
                 return await _follow(base, revision, token, ssl_context)
             except* (AdminUnreachable, HandshakeError, ConnectionClosed, OSError,
                      trio.BrokenResourceError) as group:
-                last = _failure(first_leaf(group, BaseException) or group)
+                last = _failure(find_leaf(group, BaseException) or group)
             await trio.sleep(RETRY_S)
     return ReplicaResult(base, "timeout", None,
                          f"revision {revision} not active after {timeout_s:g} s ({last})")

@@ -40,10 +40,6 @@ class Notifier:
         self._failing = False
         self.last_status: str | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def send(self, **fields: str) -> bool:
         """Send one datagram with ``KEY=VALUE`` lines; True when it was sent."""
         if self.address is None:
@@ -79,10 +75,6 @@ class Notifier:
         """A reload begins; ``MONOTONIC_USEC`` is CLOCK_MONOTONIC now, as systemd 253 asks."""
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         self.send(RELOADING="1", MONOTONIC_USEC=str(usec))
-
-    def reloaded(self, status: str) -> None:
-        """The reload is done (or failed, which ``status`` says): ``READY=1`` again."""
-        self.ready(status)
 
     def stopping(self) -> None:
         self.send(STOPPING="1", STATUS="stopping")

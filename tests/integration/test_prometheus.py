@@ -137,7 +137,7 @@ async def test_promtool_lints_the_exported_metrics() -> None:
     sinks = SinkStatus()
     sinks.configure("cache", True)
     sinks.failed("cache", "the cache could not be written: No space left on device")
-    metrics.follow_sinks(sinks)
+    metrics.follow_sinks(sinks.state)
     exported = generate_latest(metrics.registry)
     assert b'supervisor_sink_state{sink="cache",state="failing"} 1.0' in exported
     assert b'supervisor_sink_state{sink="snapshot_file",state="disabled"} 1.0' in exported

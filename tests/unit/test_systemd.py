@@ -52,7 +52,7 @@ def test_abstract_socket() -> None:
 
 
 def test_without_socket_is_a_noop_and_a_dead_socket_never_raises(tmp_path: Path) -> None:
-    assert not Notifier({}).enabled
+    assert Notifier({}).address is None
     assert Notifier({}).send(READY="1") is False
     gone = Notifier({"NOTIFY_SOCKET": str(tmp_path / "nobody")})
     assert gone.send(READY="1") is False
