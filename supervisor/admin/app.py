@@ -140,7 +140,7 @@ class AdminApp:
             return None
         if parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
             return None
-        close = False
+        close, hosts = False, 0
         for line in lines[1:]:
             if not line:
                 continue
@@ -148,9 +148,11 @@ class AdminApp:
             name = name.lower()
             if not sep or not name or name != name.strip() or name in _NOT_AT_ONCE:
                 return None  # malformed, a body, or an upgrade: the connection decides
+            hosts += name == b"host"
             if name == b"connection":
                 close = close or b"close" in value.lower().replace(b" ", b"").split(b",")
-        if not close:
+        # HTTP/1.1 needs one Host, HTTP/1.0 at most one: else the connection's 400.
+        if not close or hosts > 1 or (hosts == 0 and parts[2] == b"HTTP/1.1"):
             return None
         return raw_response(self._handlers.healthz([]), head=parts[0] == b"HEAD")
 

@@ -29,6 +29,19 @@ async def test_healthz() -> None:
     assert msgspec.json.decode(body) == {"ok": True}
 
 
+async def test_a_probe_is_answered_at_accept_only_as_its_connection_would_answer_it() -> None:
+    # HTTP/1.1 without Host is a 400 on the connection (h11): not a 200 at accept.
+    app = AdminApp(make_ctx())
+    assert app.answer_at_once(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n") is None
+    assert app.answer_at_once(b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n"
+                              b"Connection: close\r\n\r\n") is None
+    with_host = app.answer_at_once(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
+                                   b"Connection: close\r\n\r\n")
+    assert with_host is not None and with_host.startswith(b"HTTP/1.1 200 ")
+    old = app.answer_at_once(b"GET /healthz HTTP/1.0\r\nConnection: close\r\n\r\n")
+    assert old is not None and old.startswith(b"HTTP/1.1 200 ")
+
+
 async def test_readyz_without_snapshot_then_with() -> None:
     ctx = make_ctx()
     app = AdminApp(ctx)
