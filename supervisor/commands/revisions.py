@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
@@ -537,16 +538,8 @@ def _pruned(args: argparse.Namespace, deleted: list[int], desired: int | None, *
 
 def _ranges(ids: list[int]) -> str:
     """1, 2, 3, 5 -> "1-3, 5"."""
-    parts: list[str] = []
-    start = prev = ids[0]
-    for rid in [*ids[1:], None]:
-        if rid is not None and rid == prev + 1:
-            prev = rid
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if rid is not None:
-            start = prev = rid
-    return ", ".join(parts)
+    runs = [[rid for _, rid in run] for _, run in groupby(enumerate(ids), lambda p: p[1] - p[0])]
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 # -- documents for people ----------------------------------------------------------------
