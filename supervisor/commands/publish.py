@@ -62,10 +62,11 @@ __all__ = ["DryRun", "Published", "PublishedAndWaited", "cmd_publish", "register
 
 DEFAULT_WAIT_S = 60.0
 Outcome = Literal["active", "refused", "not_active"]
-#: ``--wait``'s outcome and exit code by the verdict that decides it.
+#: ``--wait``'s outcome and exit code by the verdict that decides it, in the order the
+#: verdicts are sorted (the deciding one last).
 _OUTCOMES: dict[str, tuple[Outcome, int]] = {
-    "active": ("active", EXIT_OK), "refused": ("refused", EXIT_REPLICA_REFUSED),
-    "superseded": ("not_active", EXIT_ERROR), "timeout": ("not_active", EXIT_ERROR)}
+    "active": ("active", EXIT_OK), "superseded": ("not_active", EXIT_ERROR),
+    "timeout": ("not_active", EXIT_ERROR), "refused": ("refused", EXIT_REPLICA_REFUSED)}
 
 
 class Published(msgspec.Struct, kw_only=True):
@@ -359,5 +360,4 @@ def _wait(urls: list[str], token: str | None, revision: int, timeout_s: float,
     async def one(url: str) -> ReplicaResult:
         return await wait_for_revision(url.rstrip("/"), revision, token, timeout_s, ssl_context)
 
-    order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
-    return sorted(gather(one, urls), key=lambda r: (order[r.state], r.url))
+    return sorted(gather(one, urls), key=lambda r: (list(_OUTCOMES).index(r.state), r.url))
