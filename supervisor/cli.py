@@ -7,12 +7,13 @@ The contract: docs/commands.md and docs/exit-codes.md.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import trio
 
@@ -40,7 +41,7 @@ from supervisor.commands.common import (
 )
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
-from supervisor.configchecks import check_files, placeholders, unconfined_secrets
+from supervisor.configchecks import check_files, note_problem, placeholders, unconfined_secrets
 from supervisor.configfile import all_problems, did_you_mean, env_warnings, load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
@@ -58,8 +59,6 @@ from supervisor.statedirs import creation_problems, make_state_directories
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
-
-T = TypeVar("T")
 
 _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
 
@@ -231,14 +230,7 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
     """What the daemon would refuse at start in the files themselves (keys, token); what it
     would accept but regret goes to ``warnings``."""
     problems: list[tuple[str, str]] = []
-
-    def accepted(read: Callable[[], T]) -> T | None:
-        try:
-            return read()
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
-            return None
-
+    accepted = partial(note_problem, problems)
     if config.admin.token_file:
         from supervisor.admin.auth import admin_tokens
 
@@ -373,8 +365,6 @@ def _reader_gone() -> int:
 
     Whatever is left to write would fail again, and so would Python's own flush at exit.
     """
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
@@ -410,7 +400,6 @@ def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
 def _readable_log_format(path: str | None) -> str | None:
     """``[log].format`` (or its environment override) when it can be read and is one the
     daemon knows, whatever else is wrong with the configuration; else None."""
-    import os
     import tomllib
 
     import msgspec

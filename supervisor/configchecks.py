@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from supervisor.bounds import quoted
@@ -14,7 +15,9 @@ from supervisor.config import Config, is_loopback, sqlite_path
 from supervisor.errors import ConfigError
 
 __all__ = ["OWN_ENV_NAMES", "SYSTEM_DIRS", "check_files", "credential_files", "cross_check",
-           "own_env_name", "placeholders", "unconfined_secrets"]
+           "note_problem", "own_env_name", "placeholders", "unconfined_secrets"]
+
+T = TypeVar("T")
 
 #: What the daemon itself reads from its environment: its settings
 #: (SUPERVISOR_<SECTION>__<KEY>, the DSN among them), libpq's PG* variables, the
@@ -307,6 +310,16 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     return problems
 
 
+def note_problem(problems: list[tuple[str, str]], check: Callable[[], T]) -> T | None:
+    """``check()``; when it raises ConfigError, None, and its ``(key, reason)`` added to
+    ``problems`` (``check`` reports every problem, not only the first)."""
+    try:
+        return check()
+    except ConfigError as exc:
+        problems.append((exc.path, exc.reason))
+        return None
+
+
 def _tls_problems(config: Config) -> list[tuple[str, str]]:
     """The TLS files loaded as the daemon will load them (a key that does not match its
     certificate, a CA file holding no certificate)."""
@@ -314,15 +327,10 @@ def _tls_problems(config: Config) -> list[tuple[str, str]]:
 
     admin = config.admin
     problems: list[tuple[str, str]] = []
-    try:
-        if admin.tls_cert_file is not None and admin.tls_key_file is not None:
-            server_context(admin.tls_cert_file, admin.tls_key_file, admin.client_ca_file)
-    except ConfigError as exc:
-        problems.append((exc.path, exc.reason))
-    try:
-        upstream_context(config.control_plane)  # over https only
-    except ConfigError as exc:
-        problems.append((exc.path, exc.reason))
+    if admin.tls_cert_file is not None and admin.tls_key_file is not None:
+        note_problem(problems, partial(server_context, admin.tls_cert_file, admin.tls_key_file,
+                                       admin.client_ca_file))
+    note_problem(problems, partial(upstream_context, config.control_plane))  # over https only
     return problems
 
 

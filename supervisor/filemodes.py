@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
+from functools import partial
 
 from supervisor.config import Config, sqlite_path
+from supervisor.configchecks import note_problem
 from supervisor.errors import ConfigError
 
 __all__ = ["describe_mode", "loose_secret_files", "refuse_unsafe_place", "unsafe_state_places"]
@@ -95,12 +97,9 @@ def unsafe_state_places(config: Config) -> list[tuple[str, str]]:
         places.append(("$.control_plane.url", os.path.dirname(path),
                        "the control plane's directory",
                        [path + suffix for suffix in ("", "-wal", "-shm", "-journal")]))
-    problems = []
-    for key, directory, what, files in places:
-        try:
-            refuse_unsafe_place(key, directory, what, files)
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
+    problems: list[tuple[str, str]] = []
+    for place in places:
+        note_problem(problems, partial(refuse_unsafe_place, *place))
     return problems
 
 

@@ -126,7 +126,11 @@ def _verified(head: bytes, trusted: Mapping[str, nacl.signing.VerifyKey]) -> Hea
     if header.root is None or header.sequence is None:
         raise _Refused("stale", "/v1/revision carries no statement")
     if trusted:
-        _check_signature(header, head, end, trusted)
+        try:
+            trusted[header.key_id].verify(head[:end], head[end:end + SIGNATURE_BYTES])
+        except (KeyError, nacl.exceptions.BadSignatureError):
+            raise _Refused("denied", "/v1/revision is not signed by a trusted key "
+                           f"(key id {header.key_id})") from None
     return header
 
 
@@ -147,20 +151,6 @@ def _listed(answer: bytes, limit: int) -> tuple[list[str], int]:
         if url not in urls:
             urls.append(url)
     return urls[:limit], max(0, len(urls) - limit)
-
-
-def _check_signature(header: Header, head: bytes, end: int,
-                     trusted: Mapping[str, nacl.signing.VerifyKey]) -> None:
-    key = trusted.get(header.key_id)
-    if key is not None:
-        try:
-            key.verify(head[:end], head[end:end + SIGNATURE_BYTES])
-        except nacl.exceptions.BadSignatureError:
-            pass
-        else:
-            return
-    raise _Refused("denied", "/v1/revision is not signed by a trusted key "
-                   f"(key id {header.key_id})")
 
 
 async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | None,

@@ -196,11 +196,6 @@ def read_input(file: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def _refusal_line(file: str, exc: RevisionError) -> str:
-    detail = exc.detail if exc.detail.startswith(file) else f"{file}: {exc.detail}"
-    return f"refused: {exc.reason}: {detail}"
-
-
 def cmd_publish(args: argparse.Namespace) -> int:
     """Validate and compile FILE as a replica would, then store it, or only compare (``--dry-run``).
 
@@ -228,7 +223,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if args.json:
             print_json(failure_document(exc.reason, exc.detail, file=args.file))
         # The label and the $.path on the last line: what a replica would log.
-        print(_refusal_line(args.file, exc) + "; nothing was stored", file=sys.stderr)
+        detail = exc.detail if exc.detail.startswith(args.file) else f"{args.file}: {exc.detail}"
+        print(f"refused: {exc.reason}: {detail}; nothing was stored", file=sys.stderr)
         return EXIT_USAGE
     except UsageError as exc:
         if args.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -414,8 +415,6 @@ def _replica_rejections(args: argparse.Namespace) -> list[tuple[str, dict[str, A
     refusal could not be checked. No warning when nothing listens at the configured
     address and no ``--url`` was given.
     """
-    import sys
-
     from supervisor.admin.errors import AdminUnreachable
     from supervisor.errors import ConfigError, innermost
 
@@ -504,8 +503,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def _confirmed(what: str) -> bool:
     """The operator's yes on a terminal; UsageError (exit 2) where there is none to ask."""
-    import sys
-
     if not sys.stdin.isatty():
         raise UsageError(f"db prune would {what}; pass --yes to delete without a terminal to "
                          f"ask on (--dry-run lists them)")
