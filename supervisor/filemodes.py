@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from supervisor.config import Config, sqlite_path
-from supervisor.configchecks import note_problem
+from supervisor.configchecks import note_problem, value_at
 from supervisor.errors import ConfigError
 
 __all__ = ["describe_mode", "loose_secret_files", "refuse_unsafe_place", "unsafe_state_places"]
@@ -112,13 +112,9 @@ def loose_secret_files(config: Config) -> list[tuple[str, str, str]]:
     ``check`` warns for each (exit 2 under ``--strict``); the daemon logs one at boot.
     """
     found: list[tuple[str, str, str]] = []
-    for key, path in (
-        ("$.admin.token_file", config.admin.token_file),
-        ("$.cache.signing_key", config.cache.signing_key),
-        ("$.admin.read_token_file", config.admin.read_token_file),
-        ("$.admin.tls_key_file", config.admin.tls_key_file),
-        ("$.control_plane.client_key_file", config.control_plane.client_key_file),
-    ):
+    for key in ("$.admin.token_file", "$.cache.signing_key", "$.admin.read_token_file",
+                "$.admin.tls_key_file", "$.control_plane.client_key_file"):
+        path = value_at(config, key)
         if path is None:
             continue
         try:
