@@ -72,10 +72,9 @@ class _Refused(Exception):
         super().__init__(detail)
 
 
-def _state_of(doc: dict[str, Any]) -> tuple[str, str | None]:
-    """A replica's state and reason, read from its ``/status`` (:func:`follower_state`)."""
-    rev = doc.get("revision")
-    rev = rev if isinstance(rev, dict) else {}
+def _state_of(rev: dict[str, Any]) -> tuple[str, str | None]:
+    """A replica's state and reason, read from the ``revision`` section of its ``/status``
+    (:func:`follower_state`)."""
     rejection = rev.get("last_rejection")
     reason = rejection.get("reason") if isinstance(rejection, dict) else None
     statement = rev.get("statement")
@@ -181,7 +180,7 @@ async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | 
         raise _Refused("denied", f"/v1/followers is over {MAX_FOLLOWERS_BYTES} "
                        "bytes")
     followers, more = _listed(answer, MAX_WIDTH)
-    row.state, reason = _state_of(doc)
+    row.state, reason = _state_of(rev)
     row.reason, row.detail = _label(reason)
     if more and row.detail is None:
         row.detail = f"{more} more followers listed, not walked (at most {MAX_WIDTH})"
