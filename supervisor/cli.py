@@ -7,12 +7,13 @@ The contract: docs/commands.md and docs/exit-codes.md.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import trio
 
@@ -30,6 +31,7 @@ from supervisor.commands.common import (
     add_token_file,
     add_url,
     config_path,
+    failure,
     failure_document,
     load_config,
     print_json,
@@ -39,7 +41,7 @@ from supervisor.commands.common import (
 )
 from supervisor.completion import SHELLS
 from supervisor.config import CONFIG_ENV, Config
-from supervisor.configchecks import check_files, placeholders, unconfined_secrets
+from supervisor.configchecks import check_files, note_problem, placeholders, unconfined_secrets
 from supervisor.configfile import all_problems, did_you_mean, env_warnings, load
 from supervisor.controlplane.errors import SchemaTooNew
 from supervisor.errors import (
@@ -52,13 +54,11 @@ from supervisor.errors import (
     find_leaf,
 )
 from supervisor.filemodes import loose_secret_files, unsafe_state_places
-from supervisor.reasons import DENIED, INVALID, REVISION_REASONS, UNAVAILABLE
+from supervisor.reasons import INVALID, UNAVAILABLE
 from supervisor.statedirs import creation_problems, make_state_directories
 
 __all__ = ["EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
-
-T = TypeVar("T")
 
 _CONFIG_HELP = f"configuration file (TOML); default: ${CONFIG_ENV}"
 
@@ -93,10 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trio-supervisor {__version__}",
                         help="print the version and exit 0")
     parser.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
+    parser.set_defaults(handler=cmd_run)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND",
                                 title="commands")
 
-    def command(name: str, *, config: bool = True) -> argparse.ArgumentParser:
+    def command(name: str, handler: Callable[[argparse.Namespace], int], *,
+                config: bool = True) -> argparse.ArgumentParser:
         text = cli_help.COMMANDS[name]
         p = sub.add_parser(
             name,
@@ -108,13 +110,14 @@ def _parser() -> argparse.ArgumentParser:
         if config:
             p.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
                            help=_CONFIG_HELP)
+        p.set_defaults(handler=handler)
         return p
 
-    command("run")
-    check = command("check")
+    command("run", cmd_run)
+    check = command("check", cmd_check)
     add_flags(check, {"--strict": "exit 2 on warnings too (secret files readable by others, "
                                   "secret references confined nowhere)"})
-    db = command("db")
+    db = command("db", cmd_db)
     db.add_argument("action", choices=["migrate", "prune"],
                     help="migrate: create or upgrade the schema (idempotent); prune: delete "
                          "revisions older than the newest --keep N, never the desired one")
@@ -124,26 +127,27 @@ def _parser() -> argparse.ArgumentParser:
                    "--dry-run": "with prune: say what would be deleted; delete nothing",
                    "--yes": "with prune: delete without asking (it asks on a terminal, and "
                             "exits 2 without --yes where there is none)"})
-    publish.register(command("publish"))
-    for name in ("history", "show", "diff", "rollback"):
-        revisions.register(name, command(name))
-    status.register(command("status"))
-    follower.register(command("follower"))
-    watch = command("watch")
+    publish.register(command("publish", publish.cmd_publish))
+    for name, handler in (("history", revisions.cmd_history), ("show", revisions.cmd_show),
+                          ("diff", revisions.cmd_diff), ("rollback", revisions.cmd_rollback)):
+        revisions.register(name, command(name, handler))
+    status.register(command("status", status.cmd_status))
+    follower.register(command("follower", follower.cmd_follower))
+    watch = command("watch", cmd_watch)
     add_url(watch, REPLICA_SCHEMES,
             "ws://HOST:PORT/v1/stream (default: from [admin].listen of --config)", many=False)
     add_ca_file(watch, "the CA that a wss replica's certificate is")
     add_token_file(watch)
     add_flags(watch, {"--no-reconnect": "exit when the stream ends (0 on a clean close, 1 when "
                                         "lost)"})
-    completion = command("completion", config=False)
+    completion = command("completion", cmd_completion, config=False)
     completion.add_argument("shell", choices=SHELLS, nargs="?",
                             help="the shell whose completion script to print")
     add_flags(completion, {"--revision-ids": "print the newest revision ids of --config's "
                                              "control plane, one a line (what the scripts "
                                              "complete REV with); nothing when it cannot be "
                                              "read"})
-    keygen = command("keygen", config=False)  # it reads no configuration
+    keygen = command("keygen", cmd_keygen, config=False)  # it reads no configuration
     keygen.add_argument("--out", metavar="PATH", required=True,
                         help="where to write the new signing key (mode 0600; must not exist)")
     return parser
@@ -226,14 +230,7 @@ def _check_contents(config: Config, warnings: list[tuple[str, str]]) -> list[tup
     """What the daemon would refuse at start in the files themselves (keys, token); what it
     would accept but regret goes to ``warnings``."""
     problems: list[tuple[str, str]] = []
-
-    def accepted(read: Callable[[], T]) -> T | None:
-        try:
-            return read()
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
-            return None
-
+    accepted = partial(note_problem, problems)
     if config.admin.token_file:
         from supervisor.admin.auth import admin_tokens
 
@@ -316,23 +313,6 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": cmd_run,
-    "check": cmd_check,
-    "db": cmd_db,
-    "publish": publish.cmd_publish,
-    "history": revisions.cmd_history,
-    "show": revisions.cmd_show,
-    "diff": revisions.cmd_diff,
-    "rollback": revisions.cmd_rollback,
-    "status": status.cmd_status,
-    "follower": follower.cmd_follower,
-    "watch": cmd_watch,
-    "keygen": cmd_keygen,
-    "completion": cmd_completion,
-}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -341,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "--json" in words:
             _print_failure(INVALID, str(bad))
         return EXIT_USAGE
-    command = COMMANDS[args.command or "run"]
+    command: Callable[[argparse.Namespace], int] = args.handler
     if command is not cmd_run:
         logs.configure("warning", "console")
     try:
@@ -385,8 +365,6 @@ def _reader_gone() -> int:
 
     Whatever is left to write would fail again, and so would Python's own flush at exit.
     """
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
@@ -422,7 +400,6 @@ def _logged_config_error(args: argparse.Namespace, exc: BaseException) -> bool:
 def _readable_log_format(path: str | None) -> str | None:
     """``[log].format`` (or its environment override) when it can be read and is one the
     daemon knows, whatever else is wrong with the configuration; else None."""
-    import os
     import tomllib
 
     import msgspec
@@ -449,31 +426,6 @@ def _print_failure(reason: str, detail: str) -> None:
         print_json(failure_document(reason, detail), flush=True)
     except BrokenPipeError:
         _reader_gone()  # the failure was said on stderr already
-
-
-def failure(exc: BaseException) -> tuple[str, str]:
-    """(reason label of docs/reasons.md, detail) of a command's failure.
-
-    A store's or a revision's own label wins (``not_found``, ``corrupt``...), also behind
-    the usage error that names it. A bad argument or configuration is ``invalid``.
-    A replica that refuses the token is ``denied``. One that does not answer is
-    ``unavailable``, as is anything else that kept the command from its answer.
-    """
-    from supervisor.admin.errors import AdminRefused
-
-    found = find_leaf(exc, (SupervisorError,)) or exc
-    detail = str(found) or type(found).__name__
-    cause: BaseException | None = found
-    while cause is not None:
-        label = getattr(cause, "reason", None)
-        if label in REVISION_REASONS and not isinstance(cause, ConfigError):
-            return str(label), detail
-        cause = cause.__cause__
-    if isinstance(found, ConfigError | UsageError):
-        return INVALID, detail
-    if isinstance(found, AdminRefused):
-        return DENIED, detail
-    return UNAVAILABLE, detail
 
 
 def _report(exc: BaseException) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from supervisor.bounds import quoted
@@ -14,7 +15,9 @@ from supervisor.config import Config, is_loopback, sqlite_path
 from supervisor.errors import ConfigError
 
 __all__ = ["OWN_ENV_NAMES", "SYSTEM_DIRS", "check_files", "credential_files", "cross_check",
-           "own_env_name", "placeholders", "unconfined_secrets"]
+           "note_problem", "own_env_name", "placeholders", "unconfined_secrets", "value_at"]
+
+T = TypeVar("T")
 
 #: What the daemon itself reads from its environment: its settings
 #: (SUPERVISOR_<SECTION>__<KEY>, the DSN among them), libpq's PG* variables, the
@@ -45,7 +48,7 @@ _READ_KEYS = ("$.admin.token_file", "$.admin.read_token_file", "$.admin.tls_cert
               "$.cache.signing_key", "$.kubernetes.kubeconfig")
 
 
-def _value_at(config: Config, key: str) -> Any:
+def value_at(config: Config, key: str) -> Any:
     """The value of the key at ``$.section.key``."""
     section, _, name = key.removeprefix("$.").partition(".")
     return getattr(getattr(config, section), name)
@@ -76,7 +79,7 @@ def credential_files(config: Config, environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     home = env.get("HOME") or os.path.expanduser("~")
     cp = config.control_plane
-    found = [(key, _value_at(config, key)) for key in _CREDENTIAL_KEYS]
+    found = [(key, value_at(config, key)) for key in _CREDENTIAL_KEYS]
     found.append(("the configuration file", config_path))
     found += [("KUBECONFIG", p) for p in env.get("KUBECONFIG", "").split(os.pathsep)]
     found.append(("the default kubeconfig", os.path.join(home, ".kube", "config")))
@@ -111,7 +114,7 @@ def _check_upstream_url(url: str) -> None:
 
 def _together(config: Config, section: str, first: str, second: str) -> None:
     """Refuse ``[section]`` with one of the two keys set and not the other."""
-    missing = [key for key in (first, second) if _value_at(config, f"$.{section}.{key}") is None]
+    missing = [key for key in (first, second) if value_at(config, f"$.{section}.{key}") is None]
     if len(missing) == 1:
         raise ConfigError(f"$.{section}.{missing[0]}", f"{section}.{first} and "
                           f"{section}.{second} go together (both or neither)")
@@ -255,8 +258,8 @@ def _refuse_shared_files(config: Config) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             owners.setdefault(os.path.realpath(base + suffix), "$.control_plane.url")
     for key in ("$.cache.signing_key", "$.admin.token_file"):
-        if _value_at(config, key) is not None:
-            owners.setdefault(os.path.realpath(_value_at(config, key)), key)
+        if value_at(config, key) is not None:
+            owners.setdefault(os.path.realpath(value_at(config, key)), key)
     written = []
     if config.cache.path is not None:
         written += [("$.cache.path", config.cache.path),
@@ -293,7 +296,7 @@ def check_files(config: Config) -> list[tuple[str, str]]:
             problems.append((key, f"directory {parent} is not writable"))
 
     for key in _READ_KEYS:
-        value = _value_at(config, key)
+        value = value_at(config, key)
         if value is not None and not os.access(value, os.R_OK):
             problems.append((key, f"cannot read {value}"))
     problems += _tls_problems(config)
@@ -307,6 +310,16 @@ def check_files(config: Config) -> list[tuple[str, str]]:
     return problems
 
 
+def note_problem(problems: list[tuple[str, str]], check: Callable[[], T]) -> T | None:
+    """``check()``; when it raises ConfigError, None, and its ``(key, reason)`` added to
+    ``problems`` (``check`` reports every problem, not only the first)."""
+    try:
+        return check()
+    except ConfigError as exc:
+        problems.append((exc.path, exc.reason))
+        return None
+
+
 def _tls_problems(config: Config) -> list[tuple[str, str]]:
     """The TLS files loaded as the daemon will load them (a key that does not match its
     certificate, a CA file holding no certificate)."""
@@ -314,15 +327,10 @@ def _tls_problems(config: Config) -> list[tuple[str, str]]:
 
     admin = config.admin
     problems: list[tuple[str, str]] = []
-    try:
-        if admin.tls_cert_file is not None and admin.tls_key_file is not None:
-            server_context(admin.tls_cert_file, admin.tls_key_file, admin.client_ca_file)
-    except ConfigError as exc:
-        problems.append((exc.path, exc.reason))
-    try:
-        upstream_context(config.control_plane)  # over https only
-    except ConfigError as exc:
-        problems.append((exc.path, exc.reason))
+    if admin.tls_cert_file is not None and admin.tls_key_file is not None:
+        note_problem(problems, partial(server_context, admin.tls_cert_file, admin.tls_key_file,
+                                       admin.client_ca_file))
+    note_problem(problems, partial(upstream_context, config.control_plane))  # over https only
     return problems
 
 

@@ -41,7 +41,7 @@ def _is_utf8(text: str) -> bool:
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
-               origins: dict[str, str] | None = None) -> dict[str, Any]:
+               origins: dict[str, str]) -> dict[str, Any]:
     """``raw`` with the environment's overrides; ``origins`` gets ``$.section.key`` -> the
     variable that set it, so an error about that key blames the variable, not the file.
 
@@ -69,8 +69,7 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str],
         if not isinstance(table, dict):
             raise ConfigError(f"$.{section}", "expected a table")
         table[key] = _env_value(value)
-        if origins is not None:
-            origins[f"$.{section}.{key}"] = name
+        origins[f"$.{section}.{key}"] = name
     return raw
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
+from functools import partial
 
 from supervisor.config import Config, sqlite_path
+from supervisor.configchecks import note_problem, value_at
 from supervisor.errors import ConfigError
 
 __all__ = ["describe_mode", "loose_secret_files", "refuse_unsafe_place", "unsafe_state_places"]
@@ -95,12 +97,9 @@ def unsafe_state_places(config: Config) -> list[tuple[str, str]]:
         places.append(("$.control_plane.url", os.path.dirname(path),
                        "the control plane's directory",
                        [path + suffix for suffix in ("", "-wal", "-shm", "-journal")]))
-    problems = []
-    for key, directory, what, files in places:
-        try:
-            refuse_unsafe_place(key, directory, what, files)
-        except ConfigError as exc:
-            problems.append((exc.path, exc.reason))
+    problems: list[tuple[str, str]] = []
+    for place in places:
+        note_problem(problems, partial(refuse_unsafe_place, *place))
     return problems
 
 
@@ -113,13 +112,9 @@ def loose_secret_files(config: Config) -> list[tuple[str, str, str]]:
     ``check`` warns for each (exit 2 under ``--strict``); the daemon logs one at boot.
     """
     found: list[tuple[str, str, str]] = []
-    for key, path in (
-        ("$.admin.token_file", config.admin.token_file),
-        ("$.cache.signing_key", config.cache.signing_key),
-        ("$.admin.read_token_file", config.admin.read_token_file),
-        ("$.admin.tls_key_file", config.admin.tls_key_file),
-        ("$.control_plane.client_key_file", config.control_plane.client_key_file),
-    ):
+    for key in ("$.admin.token_file", "$.cache.signing_key", "$.admin.read_token_file",
+                "$.admin.tls_key_file", "$.control_plane.client_key_file"):
+        path = value_at(config, key)
         if path is None:
             continue
         try:

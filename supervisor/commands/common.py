@@ -24,7 +24,8 @@ from supervisor.bounds import cut
 from supervisor.config import CONFIG_ENV, Config, RevisionConfig, sqlite_path
 from supervisor.configchecks import placeholders
 from supervisor.configfile import env_warnings, load
-from supervisor.errors import ConfigError, UsageError
+from supervisor.errors import ConfigError, SupervisorError, UsageError, find_leaf
+from supervisor.reasons import DENIED, INVALID, REVISION_REASONS, UNAVAILABLE
 from supervisor.statedirs import CONTROL_PLANE, make_state_directories
 from supervisor.threads import in_thread
 
@@ -36,7 +37,7 @@ __all__ = [
     "EXIT_ERROR", "EXIT_GAVE_UP", "EXIT_OK", "EXIT_REFUSED", "EXIT_REPLICA_REFUSED",
     "EXIT_USAGE", "HTTP_SCHEMES", "REPLICA_SCHEMES", "Failure", "ReferenceResolver",
     "add_ca_file", "add_flags", "add_replicas", "add_token_file", "add_url", "admin_base",
-    "admin_url", "config_path", "describe_store", "failure_document", "gather", "iso",
+    "admin_url", "config_path", "describe_store", "failure", "failure_document", "gather", "iso",
     "load_config", "print_json", "replica_access", "replica_statuses", "sqlite_file",
     "with_store",
 ]
@@ -337,13 +338,12 @@ def require_current_schema(config: Config, found: int | None, *, may_create: boo
                          f"was changed")
 
 
-def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = "",
-               follow_tls: bool = True) -> tuple[str, str | None]:
+def admin_base(args: argparse.Namespace, scheme: str = "http", *,
+               path: str = "") -> tuple[str, str | None]:
     """The admin URL of the replica named by --config (or the default), and its token.
 
     ``scheme`` (http, ws) becomes https or wss when that replica serves TLS, verified
-    against --ca-file; not so when ``follow_tls`` is false. A wildcard listen address is
-    asked on loopback.
+    against --ca-file. A wildcard listen address is asked on loopback.
     """
     import httpx
 
@@ -357,7 +357,7 @@ def admin_base(args: argparse.Namespace, scheme: str = "http", *, path: str = ""
         if config.admin.token_file and token_file is None:
             token = read_token(config.admin.token_file, "$.admin.token_file")
         host, port = config.admin.host_port
-        if follow_tls and config.admin.tls_cert_file is not None:
+        if config.admin.tls_cert_file is not None:
             scheme += "s"
     else:
         host, port = "127.0.0.1", 9464
@@ -407,6 +407,31 @@ class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str
     detail: str
     file: str | None = None
+
+
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(reason label of docs/reasons.md, detail) of a command's failure.
+
+    A store's or a revision's own label wins (``not_found``, ``corrupt``...), also behind
+    the usage error that names it. A bad argument or configuration is ``invalid``.
+    A replica that refuses the token is ``denied``. One that does not answer is
+    ``unavailable``, as is anything else that kept the command from its answer.
+    """
+    from supervisor.admin.errors import AdminRefused
+
+    found = find_leaf(exc, (SupervisorError,)) or exc
+    detail = str(found) or type(found).__name__
+    cause: BaseException | None = found
+    while cause is not None:
+        label = getattr(cause, "reason", None)
+        if label in REVISION_REASONS and not isinstance(cause, ConfigError):
+            return str(label), detail
+        cause = cause.__cause__
+    if isinstance(found, ConfigError | UsageError):
+        return INVALID, detail
+    if isinstance(found, AdminRefused):
+        return DENIED, detail
+    return UNAVAILABLE, detail
 
 
 def failure_document(reason: str, detail: str, *, file: str | None = None) -> Failure:

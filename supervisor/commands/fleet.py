@@ -60,20 +60,21 @@ class _Hop(msgspec.Struct):
     row: FleetRow
     header: Header | None = None
     followers: list[str] = msgspec.field(default_factory=list)
+    #: What the walk found from it: the rows below its own, in its followers' order.
+    below: list[_Hop] = msgspec.field(default_factory=list)
 
 
 class _Refused(Exception):
-    """This replica is not walked on: ``state`` and why."""
+    """This replica is not walked on (``unverified``): the reason label and why."""
 
-    def __init__(self, state: str, reason: str, detail: str) -> None:
-        self.state, self.reason, self.detail = state, reason, detail
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason, self.detail = reason, detail
         super().__init__(detail)
 
 
-def _state_of(doc: dict[str, Any]) -> tuple[str, str | None]:
-    """A replica's state and reason, read from its ``/status`` (:func:`follower_state`)."""
-    rev = doc.get("revision")
-    rev = rev if isinstance(rev, dict) else {}
+def _state_of(rev: dict[str, Any]) -> tuple[str, str | None]:
+    """A replica's state and reason, read from the ``revision`` section of its ``/status``
+    (:func:`follower_state`)."""
     rejection = rev.get("last_rejection")
     reason = rejection.get("reason") if isinstance(rejection, dict) else None
     statement = rev.get("statement")
@@ -112,19 +113,23 @@ def _verified(head: bytes, trusted: Mapping[str, nacl.signing.VerifyKey]) -> Hea
     """The signed header at the start of a ``/v1/revision`` answer; its signature checked
     when keys are given. _Refused when it is not one."""
     if not head.startswith(MAGIC) or len(head) < len(MAGIC) + _LENGTH.size:
-        raise _Refused("unverified", "corrupt", "/v1/revision is not a signed statement")
+        raise _Refused("corrupt", "/v1/revision is not a signed statement")
     (length,) = _LENGTH.unpack_from(head, len(MAGIC))
     end = len(MAGIC) + _LENGTH.size + length
     if length > MAX_HEADER_BYTES or len(head) < end + SIGNATURE_BYTES:
-        raise _Refused("unverified", "corrupt", "/v1/revision is truncated or oversized")
+        raise _Refused("corrupt", "/v1/revision is truncated or oversized")
     try:
         header = msgspec.json.decode(head[len(MAGIC) + _LENGTH.size:end], type=Header)
     except msgspec.DecodeError as exc:
-        raise _Refused("unverified", "corrupt", f"/v1/revision header: {exc}") from None
+        raise _Refused("corrupt", f"/v1/revision header: {exc}") from None
     if header.root is None or header.sequence is None:
-        raise _Refused("unverified", "stale", "/v1/revision carries no statement")
+        raise _Refused("stale", "/v1/revision carries no statement")
     if trusted:
-        _check_signature(header, head, end, trusted)
+        try:
+            trusted[header.key_id].verify(head[:end], head[end:end + SIGNATURE_BYTES])
+        except (KeyError, nacl.exceptions.BadSignatureError):
+            raise _Refused("denied", "/v1/revision is not signed by a trusted key "
+                           f"(key id {header.key_id})") from None
     return header
 
 
@@ -134,7 +139,7 @@ def _listed(answer: bytes, limit: int) -> tuple[list[str], int]:
     try:
         rows = msgspec.json.decode(answer, type=FollowersAnswer).followers
     except msgspec.DecodeError as exc:
-        raise _Refused("unverified", "corrupt", f"/v1/followers: {exc}") from None
+        raise _Refused("corrupt", f"/v1/followers: {exc}") from None
     check = admin_url(HTTP_SCHEMES)
     urls: list[str] = []
     for row in rows:
@@ -145,20 +150,6 @@ def _listed(answer: bytes, limit: int) -> tuple[list[str], int]:
         if url not in urls:
             urls.append(url)
     return urls[:limit], max(0, len(urls) - limit)
-
-
-def _check_signature(header: Header, head: bytes, end: int,
-                     trusted: Mapping[str, nacl.signing.VerifyKey]) -> None:
-    key = trusted.get(header.key_id)
-    if key is not None:
-        try:
-            key.verify(head[:end], head[end:end + SIGNATURE_BYTES])
-        except nacl.exceptions.BadSignatureError:
-            pass
-        else:
-            return
-    raise _Refused("unverified", "denied", "/v1/revision is not signed by a trusted key "
-                   f"(key id {header.key_id})")
 
 
 async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | None,
@@ -174,22 +165,22 @@ async def _ask(client: httpx.AsyncClient, url: str, row: FleetRow, token: str | 
     row.lag_s = _number(rev.get("lag_s"))
     async with client.stream("GET", url + REVISION_PATH) as response:
         if response.status_code != 200:
-            raise _Refused("unverified", UNAVAILABLE,
+            raise _Refused(UNAVAILABLE,
                            f"/v1/revision answered {response.status_code}")
         header = _verified(await _bounded(response, _HEAD_BYTES), trusted)
     if anchor is not None and (header.root != anchor.root or header.key_id != anchor.key_id
                                or (header.sequence or 0) > (anchor.sequence or 0)):
-        raise _Refused("unverified", "denied",
+        raise _Refused("denied",
                        f"serves a statement of root {header.root!a} (key id {header.key_id}, "
                        f"sequence {header.sequence}), not the root's")
     async with client.stream("GET", url + FOLLOWERS_PATH) as response:
         answer = (await _bounded(response, MAX_FOLLOWERS_BYTES + 1)
                   if response.status_code == 200 else b'{"followers": []}')
     if len(answer) > MAX_FOLLOWERS_BYTES:
-        raise _Refused("unverified", "denied", f"/v1/followers is over {MAX_FOLLOWERS_BYTES} "
+        raise _Refused("denied", f"/v1/followers is over {MAX_FOLLOWERS_BYTES} "
                        "bytes")
     followers, more = _listed(answer, MAX_WIDTH)
-    row.state, reason = _state_of(doc)
+    row.state, reason = _state_of(rev)
     row.reason, row.detail = _label(reason)
     if more and row.detail is None:
         row.detail = f"{more} more followers listed, not walked (at most {MAX_WIDTH})"
@@ -217,7 +208,7 @@ async def _hop(client: httpx.AsyncClient, url: str, depth: int, token: str | Non
     except httpx.HTTPError as exc:
         row.detail = describe_failure(exc)
     except _Refused as exc:
-        row.state, row.reason, row.detail = exc.state, exc.reason, exc.detail
+        row.state, row.reason, row.detail = "unverified", exc.reason, exc.detail
     return _Hop(row)
 
 
@@ -246,46 +237,37 @@ async def walk(root: str, token: str | None, ssl_context: ssl.SSLContext | None,
         anchor = first.header
         if anchor is None and first.row.state != "unreachable":
             first.row.detail = "serves no statement to check its followers by: not walked"
-        hops: dict[str, _Hop] = {root: first}
-        children: dict[str, list[str]] = {}
         level = [first] if anchor is not None else []
         depth = 0
+
+        async def one(url: str, at: int, into: dict[str, _Hop]) -> None:
+            into[url] = await _hop(client, url, at, token, ssl_context, anchor, trusted, turns)
+
         while level and depth < MAX_DEPTH and len(seen) < MAX_REPLICAS:
             depth += 1
-            nxt: list[tuple[str, str]] = []
+            asked: dict[str, _Hop] = {}  # each new address, by the replica listing it first
             for hop in level:
-                kids = children.setdefault(hop.row.url, [])
                 for url in hop.followers:
-                    kids.append(url)
-                    if url in seen:
-                        hops.setdefault(f"cycle {hop.row.url} {url}", _Hop(FleetRow(
-                            depth=depth, url=url, state="cycle",
-                            detail=f"listed by {hop.row.url}, already walked")))
-                        kids[-1] = f"cycle {hop.row.url} {url}"
-                    elif len(seen) < MAX_REPLICAS:
+                    if url not in seen and len(seen) < MAX_REPLICAS:
                         seen.add(url)
-                        nxt.append((hop.row.url, url))
+                        asked[url] = hop
             found: dict[str, _Hop] = {}
-
-            async def one(url: str, at: int, into: dict[str, _Hop]) -> None:
-                into[url] = await _hop(client, url, at, token, ssl_context, anchor, trusted,
-                                       turns)
-
             async with trio.open_nursery() as nursery:
-                for _, url in nxt:
+                for url in asked:
                     nursery.start_soon(one, url, depth, found)
-            hops.update(found)
-            level = [found[url] for _, url in nxt if found[url].header is not None
+            for hop in level:
+                hop.below = [found[url] if asked.get(url) is hop else _Hop(FleetRow(
+                    depth=depth, url=url, state="cycle",
+                    detail=f"listed by {hop.row.url}, already walked"))
+                    for url in hop.followers if url in seen]
+            level = [found[url] for url in asked if found[url].header is not None
                      and found[url].row.state != "unverified"]
     rows: list[FleetRow] = []
 
-    def emit(key: str) -> None:
-        hop = hops.get(key)
-        if hop is None:
-            return
+    def emit(hop: _Hop) -> None:
         rows.append(hop.row)
-        for kid in children.get(key, []):
-            emit(kid)
+        for below in hop.below:
+            emit(below)
 
-    emit(root)
+    emit(first)
     return rows

@@ -62,10 +62,11 @@ __all__ = ["DryRun", "Published", "PublishedAndWaited", "cmd_publish", "register
 
 DEFAULT_WAIT_S = 60.0
 Outcome = Literal["active", "refused", "not_active"]
-#: ``--wait``'s outcome and exit code by the verdict that decides it.
+#: ``--wait``'s outcome and exit code by the verdict that decides it, in the order the
+#: verdicts are sorted (the deciding one last).
 _OUTCOMES: dict[str, tuple[Outcome, int]] = {
-    "active": ("active", EXIT_OK), "refused": ("refused", EXIT_REPLICA_REFUSED),
-    "superseded": ("not_active", EXIT_ERROR), "timeout": ("not_active", EXIT_ERROR)}
+    "active": ("active", EXIT_OK), "superseded": ("not_active", EXIT_ERROR),
+    "timeout": ("not_active", EXIT_ERROR), "refused": ("refused", EXIT_REPLICA_REFUSED)}
 
 
 class Published(msgspec.Struct, kw_only=True):
@@ -195,11 +196,6 @@ def read_input(file: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def _refusal_line(file: str, exc: RevisionError) -> str:
-    detail = exc.detail if exc.detail.startswith(file) else f"{file}: {exc.detail}"
-    return f"refused: {exc.reason}: {detail}"
-
-
 def cmd_publish(args: argparse.Namespace) -> int:
     """Validate and compile FILE as a replica would, then store it, or only compare (``--dry-run``).
 
@@ -227,7 +223,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if args.json:
             print_json(failure_document(exc.reason, exc.detail, file=args.file))
         # The label and the $.path on the last line: what a replica would log.
-        print(_refusal_line(args.file, exc) + "; nothing was stored", file=sys.stderr)
+        detail = exc.detail if exc.detail.startswith(args.file) else f"{args.file}: {exc.detail}"
+        print(f"refused: {exc.reason}: {detail}; nothing was stored", file=sys.stderr)
         return EXIT_USAGE
     except UsageError as exc:
         if args.json:
@@ -359,5 +356,4 @@ def _wait(urls: list[str], token: str | None, revision: int, timeout_s: float,
     async def one(url: str) -> ReplicaResult:
         return await wait_for_revision(url.rstrip("/"), revision, token, timeout_s, ssl_context)
 
-    order = {"active": 0, "superseded": 1, "timeout": 2, "refused": 3}
-    return sorted(gather(one, urls), key=lambda r: (order[r.state], r.url))
+    return sorted(gather(one, urls), key=lambda r: (list(_OUTCOMES).index(r.state), r.url))

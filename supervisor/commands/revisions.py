@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
@@ -413,8 +415,6 @@ def _replica_rejections(args: argparse.Namespace) -> list[tuple[str, dict[str, A
     refusal could not be checked. No warning when nothing listens at the configured
     address and no ``--url`` was given.
     """
-    import sys
-
     from supervisor.admin.errors import AdminUnreachable
     from supervisor.errors import ConfigError, innermost
 
@@ -503,8 +503,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def _confirmed(what: str) -> bool:
     """The operator's yes on a terminal; UsageError (exit 2) where there is none to ask."""
-    import sys
-
     if not sys.stdin.isatty():
         raise UsageError(f"db prune would {what}; pass --yes to delete without a terminal to "
                          f"ask on (--dry-run lists them)")
@@ -537,16 +535,8 @@ def _pruned(args: argparse.Namespace, deleted: list[int], desired: int | None, *
 
 def _ranges(ids: list[int]) -> str:
     """1, 2, 3, 5 -> "1-3, 5"."""
-    parts: list[str] = []
-    start = prev = ids[0]
-    for rid in [*ids[1:], None]:
-        if rid is not None and rid == prev + 1:
-            prev = rid
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if rid is not None:
-            start = prev = rid
-    return ", ".join(parts)
+    runs = [[rid for _, rid in run] for _, run in groupby(enumerate(ids), lambda p: p[1] - p[0])]
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 # -- documents for people ----------------------------------------------------------------

@@ -14,25 +14,22 @@ from supervisor.commands.common import (
     EXIT_ERROR,
     EXIT_OK,
     HTTP_SCHEMES,
-    Failure,
     add_flags,
     add_replicas,
     config_path,
+    failure,
     failure_document,
     print_json,
     replica_access,
     replica_statuses,
 )
 from supervisor.errors import UsageError
-from supervisor.reasons import DENIED, UNAVAILABLE
 from supervisor.texttable import cell, table
 
 if TYPE_CHECKING:
-    from supervisor.admin.errors import AdminUnreachable
     from supervisor.commands.fleet import FleetRow
 
-__all__ = ["Check", "FleetAnswer", "cmd_status", "fleet_rows", "register", "replica_failure",
-           "rollout_problems"]
+__all__ = ["Check", "FleetAnswer", "cmd_status", "fleet_rows", "register", "rollout_problems"]
 
 
 class Check(msgspec.Struct):
@@ -40,15 +37,6 @@ class Check(msgspec.Struct):
 
     ok: bool
     why: str
-
-
-def replica_failure(exc: AdminUnreachable) -> Failure:
-    """``{"ok": false, "reason", "detail"}`` of a replica that did not answer (``denied``: it
-    refused the token). The same for one ``--url`` as for each of several.
-    """
-    from supervisor.admin.errors import AdminRefused
-
-    return failure_document(DENIED if isinstance(exc, AdminRefused) else UNAVAILABLE, str(exc))
 
 
 def rollout_problems(doc: dict[str, Any]) -> list[str]:
@@ -124,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"status: {problem}", file=sys.stderr)
         return EXIT_ERROR if problems else EXIT_OK
     if args.json:
-        print_json({url: replica_failure(doc) if isinstance(doc, AdminUnreachable)
+        print_json({url: failure_document(*failure(doc)) if isinstance(doc, AdminUnreachable)
                     else _judged(doc, _problems(doc, args.check), args.check)
                     for url, doc in docs.items()}, indent=2)
     failed = False

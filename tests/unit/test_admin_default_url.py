@@ -32,5 +32,4 @@ def test_the_default_url_is_the_listen_address_on_loopback(
     assert admin_base(args) == (url, "s3cret-token")
     stream = url.replace("http", "ws", 1) + "/v1/stream"
     assert admin_base(args, "ws", path="/v1/stream")[0] == stream
-    assert admin_base(args, follow_tls=False)[0] == url.replace("https:", "http:")
     assert admin_base(argparse.Namespace(config=None)) == ("http://127.0.0.1:9464", None)

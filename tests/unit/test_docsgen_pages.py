@@ -206,7 +206,7 @@ def test_every_subcommand_and_option_of_the_parser_is_on_the_page() -> None:
     page = docsgen.render_commands()
     parser = cli._parser()
     subcommands = process.subcommands(parser)
-    assert set(subcommands) == set(cli.COMMANDS)
+    assert all(callable(sub.get_default("handler")) for sub in subcommands.values())
     for name, sub in subcommands.items():
         part = section(page, f"## {name}")
         assert f"trio-supervisor {name}" in part

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,14 +142,14 @@ def test_a_follower_says_converged_only_when_it_serves_what_is_desired(
 
 
 def test_the_fleet_walk_reads_the_same_states_from_a_status_document() -> None:
-    def doc(active: int, desired: int, failures: int = 0) -> dict[str, object]:
+    def doc(active: int, desired: int, failures: int = 0) -> dict[str, Any]:
         return {"revision": {"active": active, "desired": desired, "control_plane_up": True,
                              "consecutive_failures": failures,
                              "last_rejection": {"reason": "secret"} if failures else None}}
 
-    assert fleet_state_of(doc(1, 1)) == ("converged", None)
-    assert fleet_state_of(doc(1, 2)) == ("converging", None)
-    assert fleet_state_of(doc(1, 2, failures=3)) == ("refusing", "secret")
+    assert fleet_state_of(doc(1, 1)["revision"]) == ("converged", None)
+    assert fleet_state_of(doc(1, 2)["revision"]) == ("converging", None)
+    assert fleet_state_of(doc(1, 2, failures=3)["revision"]) == ("refusing", "secret")
 
 
 _VALUES = (st.binary(max_size=40)
