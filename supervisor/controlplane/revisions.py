@@ -306,25 +306,23 @@ def attempt_deadline_s(config: ControlPlaneConfig) -> float:
 class DatabaseStore:
     """The RevisionAdmin methods both databases implement alike.
 
-    A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`), ``_runner``,
-    ``_max_bytes`` and ``_max_schema``, and implements ``identity`` and
-    ``migrate`` itself.
+    A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`) and ``_runner``, and
+    implements ``migrate``. It is its runner's
+    :class:`~supervisor.controlplane.runner.Driver` too: it opens, sets up, calls and
+    closes the connections, and learns ``identity`` when it opens one.
     """
 
     _sql: type[Dialect]
     _runner: ConnectionRunner[Any]
-    _max_bytes: int
-    _max_schema: int
-    _min_read_rate_kib_s: float
+    #: Which database the last connection reached (None before the first call).
+    identity: str | None = None
+    #: Whether this store's role may read the migrations table (learnt at connect).
+    _schema_readable = True
 
-    @property
-    def identity(self) -> str | None:
-        raise NotImplementedError
-
-    @property
-    def _schema_readable(self) -> bool:
-        """Whether this store's role may read the migrations table (learnt at connect)."""
-        return True
+    def __init__(self, config: ControlPlaneConfig, max_schema_version: int) -> None:
+        self._max_bytes = config.max_revision_bytes
+        self._max_schema = max_schema_version
+        self._min_read_rate_kib_s = config.min_read_rate_kib_s
 
     async def desired(self) -> int | None:
         return await self._runner.run("read", _desired)
