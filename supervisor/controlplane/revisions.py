@@ -17,7 +17,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from supervisor.controlplane.checks import (
-    HydrateRow,
     as_bytes,
     bounded_message,
     check_hydrated,
@@ -155,13 +154,12 @@ class Dialect:
                       [max_bytes, revision])
         if row is None:
             raise _not_found(revision)
-        rid, schema_version, size, body, digest, created_at, head, message_size = row
-        stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
-                            parse_time(created_at), bounded_message(head, message_size))
-        found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
-        assert stored.created_at is not None  # checked: a revision without one is corrupt
-        return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
-                              stored.message, found.body_sha256)
+        found = check_hydrated((revision, *row[:6], None), max_revision_bytes=max_bytes,
+                               max_schema_version=sys.maxsize)
+        created_at = parse_time(row[5])
+        assert created_at is not None  # checked: a revision without one is corrupt
+        return LoadedRevision(found.id, found.schema_version, found.body, created_at,
+                              bounded_message(row[6], row[7]), found.body_sha256)
 
     @classmethod
     def rollback(cls, conn: Any, revision: int, body_sha256: bytes,
@@ -342,12 +340,7 @@ class DatabaseStore:
             row = sql.one(conn, query, {"max_bytes": max_bytes, "max_schema": max_schema})
             if row is None:
                 return None
-            desired, rid, schema_version, size, body, digest, created_at, seq = row
-            stored = HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
-                                size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                                None, seq)
-            return check_hydrated(stored, max_revision_bytes=max_bytes,
-                                  max_schema_version=max_schema)
+            return check_hydrated(row, max_revision_bytes=max_bytes, max_schema_version=max_schema)
 
         # The body's size first (answered from the row's header): its read's deadline grows with it.
         found = await self._runner.run("read", partial(sql.one, query=(
