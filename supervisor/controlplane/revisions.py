@@ -88,10 +88,6 @@ class Dialect:
     def one(conn: Any, query: str, params: Any = ()) -> Any:
         return conn.execute(query, params).fetchone()
 
-    @staticmethod
-    def all(conn: Any, query: str, params: Any = ()) -> list[Any]:
-        return list(conn.execute(query, params).fetchall())
-
     size: Callable[[str], str]  # a column's size in bytes
     head: Callable[[str, int], str]  # a text column's first so many characters
     write: Callable[[Any], AbstractContextManager[object]]  # one write transaction
@@ -131,13 +127,13 @@ class Dialect:
 
     @classmethod
     def history(cls, conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        """One statement, so one snapshot: the pointer and the list agree."""
-        rows = cls.all(
-            conn, "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
+        """One statement, so one snapshot: the pointer and the list agree (no body is read)."""
+        rows = conn.execute(
+            "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
             f" r.id, r.schema_version, {cls.size('r.body')}, r.body_sha256, {cls.CREATED_AT},"
             f" {message_columns(cls.size, cls.head)} FROM (SELECT 1) one LEFT JOIN"
             f" (SELECT * FROM supervisor_revisions ORDER BY id DESC LIMIT {cls.P}) r ON TRUE"
-            " ORDER BY r.id DESC", [cls.ALL if limit is None else limit])
+            " ORDER BY r.id DESC", [cls.ALL if limit is None else limit]).fetchall()
         desired = rows[0][0] if rows and rows[0][0] is not None else None
         return None if desired is None else int(desired), [
             RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
@@ -216,11 +212,6 @@ class pg(Dialect):  # PostgreSQL's spellings
         """One row, in binary format: bytea travels as raw bytes, not hex text twice the size."""
         with conn.cursor(binary=True) as cur:
             return cur.execute(query, params).fetchone()
-
-    @staticmethod
-    def all(conn: Any, query: str, params: Any = None) -> list[Any]:
-        with conn.cursor(binary=True) as cur:
-            return list(cur.execute(query, params).fetchall())
 
     @staticmethod
     def size(column: str) -> str:
