@@ -6,9 +6,9 @@ Also shared: the observe and hydrate statements, and the decoding of stored valu
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from supervisor.bounds import MAX_SEQUENCE, cut_read
 from supervisor.controlplane.errors import (
@@ -21,28 +21,9 @@ from supervisor.controlplane.migrations import MIGRATIONS_TABLE, Backend, check_
 from supervisor.controlplane.store import RevisionPointer
 from supervisor.sinks.state import Candidate
 
-__all__ = ["MESSAGE_BYTES", "HydrateRow", "as_bytes", "bounded_message", "check_hydrated",
+__all__ = ["MESSAGE_BYTES", "as_bytes", "bounded_message", "check_hydrated",
            "check_publishable", "hydrate_sql", "message_columns", "observe_sql", "parse_time",
            "pointer_from_row", "refuse_unreadable"]
-
-
-@dataclass(frozen=True)
-class HydrateRow:
-    """What a store's hydrate query returns, before any check.
-
-    ``body`` is None when the query withheld it (too large or too new): the
-    checks below refuse those rows before they look at the body.
-    """
-
-    desired: int | None
-    id: int | None
-    schema_version: int | None
-    size: int | None
-    body: bytes | None
-    body_sha256: bytes | None
-    created_at: datetime | None
-    message: str | None
-    sequence: object = None
 
 
 def parse_time(value: object) -> datetime | None:
@@ -138,11 +119,14 @@ def _sequence(value: object) -> int:
     return value
 
 
-def check_hydrated(row: HydrateRow, *, max_revision_bytes: int,
+def check_hydrated(row: Sequence[Any], *, max_revision_bytes: int,
                    max_schema_version: int) -> Candidate:
-    """The hydrated row as a Candidate, or the first check it fails; blocking (hashes the body).
+    """The hydrate row as a Candidate, or the first check it fails; blocking (hashes the body).
 
-    The order, all before the body is decoded:
+    ``row`` is what :func:`hydrate_sql` selects: the desired id, the revision's id,
+    ``schema_version``, size, body (None when the query withheld it: too large or too
+    new), ``body_sha256``, ``created_at`` and the sequence. The order, all before the
+    body is decoded:
 
     * the pointer names a missing revision (NOT_FOUND);
     * the body is over ``max_revision_bytes`` (TooLarge);
@@ -152,28 +136,29 @@ def check_hydrated(row: HydrateRow, *, max_revision_bytes: int,
     The query withholds the body in the first three cases. The body stays bytes:
     decoding is the revision compiler's job.
     """
-    if not isinstance(row.desired, int) or row.desired < 1:
+    desired, rid, schema_version, size, body, digest, created_at, sequence = row
+    body, digest = as_bytes(body), as_bytes(digest)
+    if not isinstance(desired, int) or desired < 1:
         # The schema says NOT NULL, and identity columns start at 1; only a
         # hand-edited table gets here.
         raise ControlPlaneError(
-            f"the desired pointer holds {row.desired!r}, not a revision id (ids are >= 1)",
+            f"the desired pointer holds {desired!r}, not a revision id (ids are >= 1)",
             category=FailureCategory.CORRUPT)
-    if row.id is None:
-        raise ControlPlaneError(f"desired points at revision {row.desired}, which does not exist",
-                                category=FailureCategory.NOT_FOUND, revision=row.desired)
-    schema_version = row.schema_version if row.schema_version is not None else 0
-    refuse_unreadable(row.id, row.size or 0, schema_version,
+    if rid is None:
+        raise ControlPlaneError(f"desired points at revision {desired}, which does not exist",
+                                category=FailureCategory.NOT_FOUND, revision=desired)
+    schema_version = schema_version if schema_version is not None else 0
+    refuse_unreadable(rid, size or 0, schema_version,
                       max_revision_bytes=max_revision_bytes, max_schema_version=max_schema_version)
-    if row.body is None or row.created_at is None or schema_version < 1:
+    if body is None or parse_time(created_at) is None or schema_version < 1:
         raise ControlPlaneError(
-            f"revision {row.id} is incomplete (missing body, created_at or schema_version)",
-            category=FailureCategory.CORRUPT, revision=row.id)
-    if row.body_sha256 is None or hashlib.sha256(row.body).digest() != bytes(row.body_sha256):
-        raise ControlPlaneError(f"revision {row.id}: body does not match body_sha256",
-                                category=FailureCategory.CORRUPT, revision=row.id)
-    return Candidate(id=row.id, body_sha256=bytes(row.body_sha256), body=bytes(row.body),
-                     schema_version=schema_version,
-                     sequence=None if row.sequence is None else _sequence(row.sequence))
+            f"revision {rid} is incomplete (missing body, created_at or schema_version)",
+            category=FailureCategory.CORRUPT, revision=rid)
+    if digest is None or hashlib.sha256(body).digest() != digest:
+        raise ControlPlaneError(f"revision {rid}: body does not match body_sha256",
+                                category=FailureCategory.CORRUPT, revision=rid)
+    return Candidate(id=rid, body_sha256=digest, body=body, schema_version=schema_version,
+                     sequence=None if sequence is None else _sequence(sequence))
 
 
 def check_publishable(body: bytes, schema_version: int, *, max_revision_bytes: int,

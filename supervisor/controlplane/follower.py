@@ -5,7 +5,7 @@ Operators: docs/control-plane.md, "Follower mode", and docs/operations.md, "Foll
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -66,15 +66,21 @@ MAX_CLOCK_AHEAD_S: Final = 60.0
 _MALFORMED = (ValueError, TypeError, LookupError, httpx.InvalidURL, httpx.StreamError)
 
 
-async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The body's raw bytes as they arrive (a body some transport already read: at once)."""
+async def _read_up_to(response: httpx.Response, limit: int) -> bytes:
+    """The raw body as it arrives, read no further than the chunk that takes it past
+    ``limit`` (a body some transport already read: whole, at once)."""
     try:
-        content = response.content
+        return response.content
     except httpx.ResponseNotRead:
-        async for chunk in response.aiter_raw():
-            yield chunk
-    else:
-        yield content
+        pass
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)
 
 
 def forward_path(cache_path: str | None) -> str | None:
@@ -301,12 +307,8 @@ class FollowerStore:
 
     async def _read_some(self, response: httpx.Response) -> str:
         """At most ERROR_BODY_BYTES of the body (an endless body is never read whole)."""
-        data = b""
-        async for chunk in _raw_chunks(response):
-            data += chunk[:ERROR_BODY_BYTES - len(data)]
-            if len(data) >= ERROR_BODY_BYTES:
-                break
-        return data.decode("utf-8", "replace")
+        data = await _read_up_to(response, ERROR_BODY_BYTES - 1)
+        return data[:ERROR_BODY_BYTES].decode("utf-8", "replace")
 
     async def _read_bounded(self, response: httpx.Response) -> bytes:
         """The raw body, refused (``denied``) as soon as it passes the bound."""
@@ -314,14 +316,10 @@ class FollowerStore:
         declared = response.headers.get("content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
             raise TooLarge(None, int(declared), self._max_bytes)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in _raw_chunks(response):
-            size += len(chunk)
-            if size > limit:
-                raise TooLarge(None, size, self._max_bytes)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        data = await _read_up_to(response, limit)
+        if len(data) > limit:
+            raise TooLarge(None, len(data), self._max_bytes)
+        return data
 
     def _status_error(self, status: int, detail: str) -> ControlPlaneError:
         text = " ".join(detail.split())[:300]

@@ -66,8 +66,9 @@ async def run_listener(config: ControlPlaneConfig, wake: Callable[[str], None], 
       reconnects with backoff. Cancelled propagates; shutdown is prompt in any state.
 
     ``reconnecting(True)`` is called when a connect fails or the connection is lost.
-    ``reconnecting(False)`` comes once it listens again (or parks on a standby). Both
-    only on a change; ``/status`` shows the child ``reconnecting`` meanwhile. ``poke``
+    ``reconnecting(False)`` comes once it listens again (or parks on a standby), as
+    from the upstream hint: the receiver keeps only a change (``Tree.report_substate``);
+    ``/status`` shows the child ``reconnecting`` meanwhile. ``poke``
     is the loop's :class:`~supervisor.wakeup.Wakeup`, which the daemon owns, so it
     outlives either child (:meth:`_Listener.run`). SQLite, or ``listen = false``: it
     reports started and idles until cancelled. Metrics: ``listen_connected``,
@@ -169,7 +170,6 @@ class _Listener:
         self.connect_s, self.statement_s = call_bounds(config.read_timeout_s)
         self.session_deadline_s = config.read_timeout_s
         self._reconnecting = reconnecting
-        self._reported_reconnecting = False
         self.poke = poke
         self.pokes_seen = poke.count  # the pokes a wait of ours has already answered
         self.standby_reported = False
@@ -202,11 +202,11 @@ class _Listener:
             try:
                 conn = await self._connect()
             except _InRecovery:
-                self._report_reconnecting(False)
+                self._reconnecting(False)
                 await self._park_on_standby()
                 continue
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
-                self._report_reconnecting(True)
+                self._reconnecting(True)
                 self.metrics.listen_reconnects.inc()
                 delay = self.backoff.next()
                 self.outage.failed(error=self._describe(exc), retry_in_s=round(delay, 3),
@@ -215,7 +215,7 @@ class _Listener:
                 continue
 
             self.metrics.listen_connected.set(1)
-            self._report_reconnecting(False)
+            self._reconnecting(False)
             self._owns_conn = True
             self.outage.recovered()
             log.info("listening for desired-state notifications", channel=self.channel)
@@ -225,18 +225,13 @@ class _Listener:
             try:
                 await self._serve(conn)
             except Exception as exc:  # noqa: BLE001 - logged; polling covers the gap
-                self._report_reconnecting(True)
+                self._reconnecting(True)
                 self.outage.failed(error=self._describe(exc), url=redact(self.url))
             finally:
                 self.metrics.listen_connected.set(0)
                 if self._owns_conn:
                     await _close(conn)
             await self._sleep_unless_poked(self.backoff.next())
-
-    def _report_reconnecting(self, on: bool) -> None:
-        if on != self._reported_reconnecting:
-            self._reported_reconnecting = on
-            self._reconnecting(on)
 
     async def _park_on_standby(self) -> None:
         """Idle while the server is a hot standby: an outage it is not, so no error lines."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -107,6 +107,19 @@ def sqlite_version(conn: sqlite3.Connection) -> int | None:
     return max(done) if done else None
 
 
+def _apply_pending(conn: Any, backend: Backend, done: set[int], run: Callable[[str], object],
+                   values: str) -> Migrated:
+    """Run each migration not in ``done`` (the versions recorded), in order, and record it;
+    SchemaTooNew first when a newer build migrated the database. In the caller's transaction."""
+    check_not_newer(max(done, default=None), backend)
+    for migration in load_migrations(backend):
+        if migration.version not in done:
+            run(migration.sql)
+            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES {values}",
+                         (migration.version, migration.name))
+    return Migrated(max(done, default=0), latest_version(backend))
+
+
 # -- PostgreSQL -----------------------------------------------------------------
 
 
@@ -169,16 +182,12 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
         conn.execute(f"SET LOCAL lock_timeout = {int(LOCK_TIMEOUT_MS)}")
         conn.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version integer PRIMARY KEY,"
                      " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
-        done = {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
-        check_not_newer(max(done, default=None), "postgresql")
-        for migration in load_migrations("postgresql"):
-            if migration.version in done:
-                continue
-            # No parameters: psycopg sends it with the simple-query protocol,
-            # which allows several statements (and $$-quoted function bodies).
-            conn.execute(migration.sql.encode("utf-8"))
-            conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
-                         [migration.version, migration.name])
+        # No parameters: psycopg sends a script with the simple-query protocol,
+        # which allows several statements (and $$-quoted function bodies).
+        migrated = _apply_pending(
+            conn, "postgresql",
+            {row[0] for row in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")},
+            lambda script: conn.execute(script.encode("utf-8")), "(%s, %s)")
 
         current = conn.execute(
             "SELECT t.tgargs FROM pg_trigger t"
@@ -192,7 +201,7 @@ def _migrate_postgres_once(conn: psycopg.Connection[Any], channel: str) -> Migra
             conn.execute(sql.SQL("CREATE TRIGGER {} AFTER INSERT OR UPDATE ON supervisor_desired"
                                  " FOR EACH ROW EXECUTE FUNCTION supervisor_desired_notify({})")
                          .format(trigger, sql.Literal(channel)))
-    return Migrated(max(done, default=0), latest_version("postgresql"))
+    return migrated
 
 
 # -- SQLite ---------------------------------------------------------------------
@@ -255,15 +264,9 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
         return Migrated(latest, latest)
     try:
         with write_transaction(conn):  # two processes migrating at once serialise here
-            done = _sqlite_applied(conn, create=True)
-            check_not_newer(max(done, default=None), "sqlite")
-            for migration in load_migrations("sqlite"):
-                if migration.version in done:
-                    continue
-                for statement in _sqlite_statements(migration.sql):
-                    conn.execute(statement)
-                conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, name) VALUES (?, ?)",
-                             (migration.version, migration.name))
+            return _apply_pending(conn, "sqlite", _sqlite_applied(conn, create=True),
+                                  lambda script: [conn.execute(statement) for statement
+                                                  in _sqlite_statements(script)], "(?, ?)")
     except BaseException as exc:
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
             # A reader without write access cannot upgrade the file; SQLite's
@@ -275,4 +278,3 @@ def migrate_sqlite(conn: sqlite3.Connection) -> Migrated:
                 "read-only here: run `trio-supervisor db migrate` where it can be written",
                 category=FailureCategory.INVALID) from exc
         raise
-    return Migrated(max(done, default=0), latest)

@@ -38,10 +38,9 @@ from supervisor.logs import get_logger
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["CONNECT_TIMEOUT_S", "SQLSTATE_CLASSES", "SQLSTATE_CODES", "Conn",
-           "PostgresConnections", "PostgresStore", "bounded", "call_bounds", "classify", "connect",
-           "dsn_sets_statement_timeout", "map_error", "release_socket", "set_session",
-           "timeout_ms"]
+__all__ = ["CONNECT_TIMEOUT_S", "SQLSTATE_CLASSES", "SQLSTATE_CODES", "Conn", "PostgresStore",
+           "bounded", "call_bounds", "classify", "connect", "dsn_sets_statement_timeout",
+           "map_error", "release_socket", "set_session", "timeout_ms"]
 
 log = get_logger("controlplane")
 
@@ -339,62 +338,6 @@ def _identity_checking_schema(conn: Conn) -> tuple[str | None, bool]:
     return _identity(conn), readable
 
 
-class PostgresConnections:
-    """The runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg."""
-
-    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
-
-    def __init__(self, url: str, connect_timeout_s: float, timeout_ms: int | None) -> None:
-        self.url, self.connect_timeout_s, self.timeout_ms = url, connect_timeout_s, timeout_ms
-        # Read at every connect: a restore or another database behind the
-        # same DSN can only appear across a new connection.
-        self.identity: str | None = None
-        self.schema_readable = False
-        # Bytes received: at the last call's start, and by the last call given up on.
-        self._before: int | None = None
-        self._received: int | None = None
-
-    def open(self, stop: threading.Event) -> Conn:
-        # Nothing to interrupt while connecting (``stop`` unused; libpq's
-        # connect_timeout bounds it): a cancelled connect is abandoned, and its
-        # connection closed if it ever completes.
-        conn = connect(self.url, connect_timeout_s=self.connect_timeout_s, statement_timeout_s=None)
-        log.debug("control-plane connection opened", url=redact(self.url))
-        return conn
-
-    def setup(self, conn: Conn) -> None:
-        self.identity, self.schema_readable = _identity_checking_schema(conn)
-
-    def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
-        sock = _socket_of(conn)
-        if sock is not None:
-            with sock:
-                self._before = bytes_received(sock)
-        return bounded(conn, fn, self.timeout_ms)
-
-    def interrupt(self, conn: Conn, stop: threading.Event) -> None:
-        after = release_socket(conn, partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S))
-        before, self._received = self._before, None
-        if after is not None and before is not None:
-            self._received = after - before
-
-    def received(self) -> int | None:
-        return self._received
-
-    def close(self, conn: Conn) -> None:
-        dispose_quietly(conn.close)
-
-    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
-        return map_error(exc, what=what, url=self.url)
-
-    def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
-        # After a refusal the operator may fix a session setting (search_path,
-        # a grant): only a new connection is sure to see the fix.
-        return (error.category not in (FailureCategory.INVALID, FailureCategory.DENIED)
-                and not conn.closed and not conn.broken
-                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
-
-
 # Schema changes can queue behind the advisory lock of another replica's run.
 MIGRATE_TIMEOUT_S = 120.0
 
@@ -416,40 +359,37 @@ class PostgresStore(revisions.DatabaseStore):
     behind PgBouncer's transaction pooling. On a hot standby it reads; ``publish`` and
     ``migrate`` are refused there as ``unavailable``. Failures are mapped at this
     boundary (:func:`map_error`), the DSN's password scrubbed from every message.
+    The store is its runner's :class:`~supervisor.controlplane.runner.Driver` for psycopg.
     """
 
     _sql = revisions.pg
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
 
     def __init__(self, config: ControlPlaneConfig, *, max_schema_version: int,
                  statement_timeout_s: float | None = None,
                  connect_timeout_s: float | None = None) -> None:
+        super().__init__(config, max_schema_version)
         self._url = config.url
         self._channel = config.channel
-        self._max_bytes = config.max_revision_bytes
-        self._max_schema = max_schema_version
-        self._min_read_rate_kib_s = config.min_read_rate_kib_s
         # The client-side deadline ([control_plane].read_timeout_s, 17 s): a
         # connect (5 s) plus one statement (10 s), plus slack (call_bounds).
         read_s = config.read_timeout_s
-        connect_s, statement_s = call_bounds(read_s, connect_timeout_s)
+        self._connect_s, statement_s = call_bounds(read_s, connect_timeout_s)
         statement_s = statement_s if statement_timeout_s is None else statement_timeout_s
         # Per call, never per session (see bounded()); the DSN's options win.
-        self._connections = PostgresConnections(config.url, connect_s, None if (
-            dsn_sets_statement_timeout(config.url)) else timeout_ms(statement_s))
-        self._runner = ConnectionRunner(self._connections, deadline_s=(
-            read_s if statement_timeout_s is None else connect_s + statement_s + 2.0))
+        self._timeout_ms = None if (
+            dsn_sets_statement_timeout(config.url)) else timeout_ms(statement_s)
+        # Read at every connect: a restore or another database behind the
+        # same DSN can only appear across a new connection.
+        self._schema_readable = False
+        # Bytes received: at the last call's start, and by the last call given up on.
+        self._before: int | None = None
+        self._received: int | None = None
+        self._runner = ConnectionRunner(self, deadline_s=(
+            read_s if statement_timeout_s is None else self._connect_s + statement_s + 2.0))
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self._url)!r})"
-
-    @property
-    def identity(self) -> str | None:
-        """The cluster and database (``postgresql:<system id>/<oid>``) of the last connect."""
-        return self._connections.identity
-
-    @property
-    def _schema_readable(self) -> bool:
-        return self._connections.schema_readable
 
     async def migrate(self) -> migrations.Migrated:
         done = await self._runner.run("migrate", partial(
@@ -458,3 +398,46 @@ class PostgresStore(revisions.DatabaseStore):
                  else "control-plane schema up to date",
                  before=done.before, version=done.after, url=redact(self._url))
         return done
+
+    # -- the runner's driver (blocking, in worker threads) ----------------------------
+
+    def open(self, stop: threading.Event) -> Conn:
+        # Nothing to interrupt while connecting (``stop`` unused; libpq's
+        # connect_timeout bounds it): a cancelled connect is abandoned, and its
+        # connection closed if it ever completes.
+        conn = connect(self._url, connect_timeout_s=self._connect_s, statement_timeout_s=None)
+        log.debug("control-plane connection opened", url=redact(self._url))
+        return conn
+
+    def setup(self, conn: Conn) -> None:
+        """The cluster and database (``postgresql:<system id>/<oid>``) become ``identity``."""
+        self.identity, self._schema_readable = _identity_checking_schema(conn)
+
+    def call(self, conn: Conn, fn: Callable[[Conn], T], stop: threading.Event) -> T:
+        sock = _socket_of(conn)
+        if sock is not None:
+            with sock:
+                self._before = bytes_received(sock)
+        return bounded(conn, fn, self._timeout_ms)
+
+    def interrupt(self, conn: Conn, stop: threading.Event) -> None:
+        after = release_socket(conn, partial(conn.cancel_safe, timeout=INTERRUPT_GRACE_S))
+        before, self._received = self._before, None
+        if after is not None and before is not None:
+            self._received = after - before
+
+    def received(self) -> int | None:
+        return self._received
+
+    def close(self, conn: Conn) -> None:
+        dispose_quietly(conn.close)
+
+    def map_error(self, exc: BaseException, what: str) -> ControlPlaneError:
+        return map_error(exc, what=what, url=self._url)
+
+    def keeps(self, conn: Conn, error: ControlPlaneError) -> bool:
+        # After a refusal the operator may fix a session setting (search_path,
+        # a grant): only a new connection is sure to see the fix.
+        return (error.category not in (FailureCategory.INVALID, FailureCategory.DENIED)
+                and not conn.closed and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)

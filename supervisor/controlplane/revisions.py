@@ -17,7 +17,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from supervisor.controlplane.checks import (
-    HydrateRow,
     as_bytes,
     bounded_message,
     check_hydrated,
@@ -89,10 +88,6 @@ class Dialect:
     def one(conn: Any, query: str, params: Any = ()) -> Any:
         return conn.execute(query, params).fetchone()
 
-    @staticmethod
-    def all(conn: Any, query: str, params: Any = ()) -> list[Any]:
-        return list(conn.execute(query, params).fetchall())
-
     size: Callable[[str], str]  # a column's size in bytes
     head: Callable[[str, int], str]  # a text column's first so many characters
     write: Callable[[Any], AbstractContextManager[object]]  # one write transaction
@@ -132,13 +127,13 @@ class Dialect:
 
     @classmethod
     def history(cls, conn: Any, limit: int | None) -> tuple[int | None, list[RevisionSummary]]:
-        """One statement, so one snapshot: the pointer and the list agree."""
-        rows = cls.all(
-            conn, "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
+        """One statement, so one snapshot: the pointer and the list agree (no body is read)."""
+        rows = conn.execute(
+            "SELECT (SELECT revision_id FROM supervisor_desired WHERE singleton),"
             f" r.id, r.schema_version, {cls.size('r.body')}, r.body_sha256, {cls.CREATED_AT},"
             f" {message_columns(cls.size, cls.head)} FROM (SELECT 1) one LEFT JOIN"
             f" (SELECT * FROM supervisor_revisions ORDER BY id DESC LIMIT {cls.P}) r ON TRUE"
-            " ORDER BY r.id DESC", [cls.ALL if limit is None else limit])
+            " ORDER BY r.id DESC", [cls.ALL if limit is None else limit]).fetchall()
         desired = rows[0][0] if rows and rows[0][0] is not None else None
         return None if desired is None else int(desired), [
             RevisionSummary(int(rid), int(sv), int(size), as_bytes(digest) or b"",
@@ -155,13 +150,12 @@ class Dialect:
                       [max_bytes, revision])
         if row is None:
             raise _not_found(revision)
-        rid, schema_version, size, body, digest, created_at, head, message_size = row
-        stored = HydrateRow(revision, rid, schema_version, size, as_bytes(body), as_bytes(digest),
-                            parse_time(created_at), bounded_message(head, message_size))
-        found = check_hydrated(stored, max_revision_bytes=max_bytes, max_schema_version=sys.maxsize)
-        assert stored.created_at is not None  # checked: a revision without one is corrupt
-        return LoadedRevision(found.id, found.schema_version, found.body, stored.created_at,
-                              stored.message, found.body_sha256)
+        found = check_hydrated((revision, *row[:6], None), max_revision_bytes=max_bytes,
+                               max_schema_version=sys.maxsize)
+        created_at = parse_time(row[5])
+        assert created_at is not None  # checked: a revision without one is corrupt
+        return LoadedRevision(found.id, found.schema_version, found.body, created_at,
+                              bounded_message(row[6], row[7]), found.body_sha256)
 
     @classmethod
     def rollback(cls, conn: Any, revision: int, body_sha256: bytes,
@@ -218,11 +212,6 @@ class pg(Dialect):  # PostgreSQL's spellings
         """One row, in binary format: bytea travels as raw bytes, not hex text twice the size."""
         with conn.cursor(binary=True) as cur:
             return cur.execute(query, params).fetchone()
-
-    @staticmethod
-    def all(conn: Any, query: str, params: Any = None) -> list[Any]:
-        with conn.cursor(binary=True) as cur:
-            return list(cur.execute(query, params).fetchall())
 
     @staticmethod
     def size(column: str) -> str:
@@ -306,25 +295,23 @@ def attempt_deadline_s(config: ControlPlaneConfig) -> float:
 class DatabaseStore:
     """The RevisionAdmin methods both databases implement alike.
 
-    A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`), ``_runner``,
-    ``_max_bytes`` and ``_max_schema``, and implements ``identity`` and
-    ``migrate`` itself.
+    A subclass sets ``_sql`` (:class:`pg` or :class:`sqlite`) and ``_runner``, and
+    implements ``migrate``. It is its runner's
+    :class:`~supervisor.controlplane.runner.Driver` too: it opens, sets up, calls and
+    closes the connections, and learns ``identity`` when it opens one.
     """
 
     _sql: type[Dialect]
     _runner: ConnectionRunner[Any]
-    _max_bytes: int
-    _max_schema: int
-    _min_read_rate_kib_s: float
+    #: Which database the last connection reached (None before the first call).
+    identity: str | None = None
+    #: Whether this store's role may read the migrations table (learnt at connect).
+    _schema_readable = True
 
-    @property
-    def identity(self) -> str | None:
-        raise NotImplementedError
-
-    @property
-    def _schema_readable(self) -> bool:
-        """Whether this store's role may read the migrations table (learnt at connect)."""
-        return True
+    def __init__(self, config: ControlPlaneConfig, max_schema_version: int) -> None:
+        self._max_bytes = config.max_revision_bytes
+        self._max_schema = max_schema_version
+        self._min_read_rate_kib_s = config.min_read_rate_kib_s
 
     async def desired(self) -> int | None:
         return await self._runner.run("read", _desired)
@@ -344,12 +331,7 @@ class DatabaseStore:
             row = sql.one(conn, query, {"max_bytes": max_bytes, "max_schema": max_schema})
             if row is None:
                 return None
-            desired, rid, schema_version, size, body, digest, created_at, seq = row
-            stored = HydrateRow(desired if isinstance(desired, int) else None, rid, schema_version,
-                                size, as_bytes(body), as_bytes(digest), parse_time(created_at),
-                                None, seq)
-            return check_hydrated(stored, max_revision_bytes=max_bytes,
-                                  max_schema_version=max_schema)
+            return check_hydrated(row, max_revision_bytes=max_bytes, max_schema_version=max_schema)
 
         # The body's size first (answered from the row's header): its read's deadline grows with it.
         found = await self._runner.run("read", partial(sql.one, query=(

@@ -26,8 +26,7 @@ from supervisor.logs import get_logger
 if TYPE_CHECKING:
     from supervisor.config import ControlPlaneConfig
 
-__all__ = ["EXTENDED_CODES", "RESULT_CODES", "SQLiteConnections", "SQLiteStore", "classify",
-           "map_error"]
+__all__ = ["EXTENDED_CODES", "RESULT_CODES", "SQLiteStore", "classify", "map_error"]
 
 log = get_logger("controlplane")
 
@@ -153,79 +152,6 @@ def _create_private(path: str) -> None:
         os.close(os.open(path, flags, 0o600))
 
 
-class SQLiteConnections:
-    """The runner's :class:`~supervisor.controlplane.runner.Driver` for sqlite3."""
-
-    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
-
-    def __init__(self, path: str, create: bool, busy_timeout_s: float) -> None:
-        self.path, self.create, self.busy_timeout_s = path, create, busy_timeout_s
-        # (st_dev, st_ino) of the file the open connection reads: a restore by
-        # `mv new.db cp.db` or a deleted file leaves the connection on the old
-        # inode, so every call first checks the path still names it.
-        self.file_id: tuple[int, int] | None = None
-        # What the last open's migration did, until the store's migrate() asks.
-        self._migrated: migrations.Migrated | None = None
-
-    def take_migrated(self) -> migrations.Migrated | None:
-        """What the latest open migrated (None: nothing since the last call)."""
-        migrated, self._migrated = self._migrated, None
-        return migrated
-
-    def open(self, stop: threading.Event) -> sqlite3.Connection:
-        path = self.path
-        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
-        # makes the embedded control plane on first publish).
-        uri = f"file:{quote(path)}?mode={'rwc' if self.create else 'rw'}"
-        if self.create:
-            _create_private(path)
-        # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
-        # call would sleep it out and then, the lock gone, commit anyway);
-        # _retry_busy waits instead, and stops when told to.
-        conn = sqlite3.connect(uri, timeout=0, check_same_thread=False, isolation_level=None,
-                               uri=True)
-        try:
-            st = os.stat(path)
-            self.file_id = (st.st_dev, st.st_ino)
-            # Per connection in SQLite; without it the REFERENCES clause is decorative.
-            conn.execute("PRAGMA foreign_keys = ON")
-            # Both steps may meet a lock (another process migrating, or a
-            # closing connection checkpointing the WAL): waited out like any other.
-            migrated = _retry_busy(partial(_prepare, conn), stop, self.busy_timeout_s)
-            if migrated.before < migrated.after:
-                self._migrated = migrated
-                log.info("control-plane schema migrated", before=migrated.before,
-                         version=migrated.after, path=path)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def received(self) -> None:
-        """None: a file has no bytes in flight to count."""
-
-    def setup(self, conn: sqlite3.Connection) -> None:
-        """Nothing: open() prepared it (SQLite's own waits honour ``stop`` there)."""
-
-    def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
-             stop: threading.Event) -> T:
-        return _retry_busy(partial(fn, conn), stop, self.busy_timeout_s)
-
-    def interrupt(self, conn: sqlite3.Connection, stop: threading.Event) -> None:
-        stop.set()
-        conn.interrupt()
-
-    def close(self, conn: sqlite3.Connection) -> None:
-        dispose_quietly(conn.close)
-
-    map_error = staticmethod(map_error)
-
-    def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
-        # Reopen next time: the file may have been replaced, repaired or made
-        # readable meanwhile. Contention keeps the connection.
-        return error.category is FailureCategory.CONFLICT
-
-
 def _file_id(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of ``path``; None when it does not exist. Raises other OSError."""
     try:
@@ -256,51 +182,104 @@ class SQLiteStore(revisions.DatabaseStore):
     read never leaves one open. Writes take ``BEGIN IMMEDIATE``: two writers queue
     instead of deadlocking on the upgrade. Errors map by SQLite's result code, not
     the exception class (:data:`RESULT_CODES`); a missing table is INVALID with the
-    migrate hint.
+    migrate hint. The store is its runner's :class:`~supervisor.controlplane.runner.Driver`;
+    its ``identity`` is ``sqlite:<device>:<inode>`` of the file last opened.
     """
 
     _sql = revisions.sqlite
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, config: ControlPlaneConfig, *, max_schema_version: int,
                  statement_timeout_s: float | None = None, create: bool = True) -> None:
+        super().__init__(config, max_schema_version)
         self._path = sqlite_path(config.url)
+        # mode=rw never creates the file (the daemon); rwc does (the CLI, which
+        # makes the embedded control plane on first publish).
         self._create = create
+        # (st_dev, st_ino) of the file the open connection reads: a restore by
+        # `mv new.db cp.db` or a deleted file leaves the connection on the old
+        # inode, so every call first checks the path still names it.
+        self._file_id: tuple[int, int] | None = None
         self._wal_id: tuple[int, int] | None = None
-        self._max_bytes = config.max_revision_bytes
-        self._max_schema = max_schema_version
-        self._min_read_rate_kib_s = config.min_read_rate_kib_s
+        # What the last open's migration did, until migrate() asks.
+        self._migrated: migrations.Migrated | None = None
         # Lock contention should surface as SQLITE_BUSY (CONFLICT, which names
         # the problem) well before the client-side deadline cancels the call.
         # The deadline: [control_plane].read_timeout_s, unless a statement timeout is given.
         deadline_s = (config.read_timeout_s if statement_timeout_s is None
                       else statement_timeout_s + 1.0)
-        self._connections = SQLiteConnections(self._path, create, (deadline_s - 1.0) / 2)
-        self._runner = ConnectionRunner(self._connections, deadline_s=deadline_s,
-                                        before=self._check_file)
+        self._busy_timeout_s = (deadline_s - 1.0) / 2
+        self._runner = ConnectionRunner(self, deadline_s=deadline_s, before=self._check_file)
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
-
-    @property
-    def identity(self) -> str | None:
-        """``sqlite:<device>:<inode>`` of the open file (None before the first call)."""
-        file_id = self._connections.file_id
-        if file_id is None:
-            return None
-        return f"sqlite:{file_id[0]}:{file_id[1]}"
 
     async def migrate(self) -> migrations.Migrated:
         # Opening the connection migrates; this makes sure one is open (and
         # migrates again, harmlessly, in case the file was replaced meanwhile).
         # What the open did counts: a new file is created there, not here.
         done = await self._runner.run("migrate", migrations.migrate_sqlite)
-        opened = self._connections.take_migrated()
+        opened, self._migrated = self._migrated, None
         if opened is not None:
             done = migrations.Migrated(opened.before, done.after)
         log.info("control-plane schema migrated" if done.before < done.after
                  else "control-plane schema up to date",
                  before=done.before, version=done.after, path=self._path)
         return done
+
+    # -- the runner's driver (blocking, in worker threads) ----------------------------
+
+    def open(self, stop: threading.Event) -> sqlite3.Connection:
+        path = self._path
+        uri = f"file:{quote(path)}?mode={'rwc' if self._create else 'rw'}"
+        if self._create:
+            _create_private(path)
+        # timeout=0: SQLite's own busy wait cannot be interrupted (a cancelled
+        # call would sleep it out and then, the lock gone, commit anyway);
+        # _retry_busy waits instead, and stops when told to.
+        conn = sqlite3.connect(uri, timeout=0, check_same_thread=False, isolation_level=None,
+                               uri=True)
+        try:
+            st = os.stat(path)
+            self._file_id = (st.st_dev, st.st_ino)
+            self.identity = f"sqlite:{st.st_dev}:{st.st_ino}"
+            # Per connection in SQLite; without it the REFERENCES clause is decorative.
+            conn.execute("PRAGMA foreign_keys = ON")
+            # Both steps may meet a lock (another process migrating, or a
+            # closing connection checkpointing the WAL): waited out like any other.
+            migrated = _retry_busy(partial(_prepare, conn), stop, self._busy_timeout_s)
+            if migrated.before < migrated.after:
+                self._migrated = migrated
+                log.info("control-plane schema migrated", before=migrated.before,
+                         version=migrated.after, path=path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def received(self) -> None:
+        """None: a file has no bytes in flight to count."""
+
+    def setup(self, conn: sqlite3.Connection) -> None:
+        """Nothing: open() prepared it (SQLite's own waits honour ``stop`` there)."""
+
+    def call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T],
+             stop: threading.Event) -> T:
+        return _retry_busy(partial(fn, conn), stop, self._busy_timeout_s)
+
+    def interrupt(self, conn: sqlite3.Connection, stop: threading.Event) -> None:
+        stop.set()
+        conn.interrupt()
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        dispose_quietly(conn.close)
+
+    map_error = staticmethod(map_error)
+
+    def keeps(self, conn: sqlite3.Connection, error: ControlPlaneError) -> bool:
+        # Reopen next time: the file may have been replaced, repaired or made
+        # readable meanwhile. Contention keeps the connection.
+        return error.category is FailureCategory.CONFLICT
 
     # -- before every call ---------------------------------------------------------
 
@@ -332,7 +311,7 @@ class SQLiteStore(revisions.DatabaseStore):
         # may come in two steps (the file moved away, an outage, then the new
         # one moved in), and the new file must be checked against the old WAL
         # then too, not only when a connection was open at the replacement.
-        known = self._connections.file_id
+        known = self._file_id
         if known is not None and current != known:
             if conn is not None:
                 log.warning("control-plane file replaced or removed; reopening"

@@ -326,11 +326,9 @@ def _explain_failure(
     except msgspec.ValidationError:
         # Valid JSON holding a number no Python float can hold ("1e400"). A
         # newer or malformed schema_version still takes precedence, as always.
-        version = _probe_version(body)
-        if isinstance(version, RevisionError):
-            return version.with_revision(revision)
-        refusal = _version_refusal(version, revision)
-        if refusal is not None:
+        try:
+            _check_version(_probe_version(body, revision), revision)
+        except RevisionError as refusal:
             return refusal
         # The typed message names the field (the untyped one says only `$[...]`).
         return RevisionError(reasons.VALIDATION, _typed_message(exc), revision=revision)
@@ -357,25 +355,17 @@ class _VersionProbe(msgspec.Struct):
     schema_version: Any = _MISSING
 
 
-def _probe_version(body: bytes) -> object:
-    """``schema_version`` alone, the rest skipped; or a corrupt refusal."""
+def _probe_version(body: bytes, revision: int | None) -> object:
+    """``schema_version`` alone, the rest skipped; raises a corrupt refusal."""
     try:
         return _PROBE.decode(body).schema_version
     except msgspec.ValidationError:
         return math.inf  # schema_version itself out of range: "not an integer"
     except (msgspec.DecodeError, RecursionError) as exc:
-        return RevisionError(reasons.CORRUPT, f"not JSON: {exc}")
+        raise RevisionError(reasons.CORRUPT, f"not JSON: {exc}", revision=revision) from None
 
 
 _PROBE: Final = msgspec.json.Decoder(_VersionProbe)
-
-
-def _version_refusal(version: object, revision: int | None) -> RevisionError | None:
-    try:
-        _check_version(version, revision)
-    except RevisionError as refusal:
-        return refusal
-    return None
 
 
 def _locate(obj: dict[Any, Any]) -> str | None:

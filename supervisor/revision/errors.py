@@ -32,12 +32,6 @@ class RevisionError(LabelledError):
         super().__init__(f"{which} refused ({reason}): {detail}", reason=reason, detail=detail,
                          revision=revision)
 
-    def with_revision(self, revision: int | None) -> RevisionError:
-        """The same refusal attributed to ``revision`` (self when it already is)."""
-        if revision == self.revision:
-            return self
-        return RevisionError(self.reason, self.detail, revision=revision)
-
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only ``revision`` would otherwise be lost by pickling (the
         # default reduce replays ``args``, which holds the formatted message).

@@ -439,6 +439,25 @@ async def test_an_error_body_read_stops_at_exactly_4_kib() -> None:
     await store.aclose()
 
 
+async def test_an_error_body_read_pulls_no_chunk_past_its_4_kib() -> None:
+    pulled = [0]
+
+    async def chunks(sizes: list[int]) -> AsyncIterator[bytes]:
+        for size in sizes:
+            pulled[0] += 1
+            yield b"e" * size
+
+    store = store_for(FakeUpstream(b""))
+    # Four chunks make 4 KiB: the fifth is never asked for.
+    response = httpx.Response(500, content=chunks([1024] * 8))
+    assert len(await store._read_some(response)) == ERROR_BODY_BYTES and pulled[0] == 4
+    # One byte short of 4 KiB after the first chunk: the next one completes it.
+    pulled[0] = 0
+    response = httpx.Response(500, content=chunks([ERROR_BODY_BYTES - 1, 1, 1]))
+    assert len(await store._read_some(response)) == ERROR_BODY_BYTES and pulled[0] == 2
+    await store.aclose()
+
+
 async def test_the_size_bound_is_inclusive_for_the_body_and_its_framing() -> None:
     exact = b'{"schema_version": 1, "pad": "' + b"x" * (1024 - 32) + b'"}'
     assert len(exact) == 1024

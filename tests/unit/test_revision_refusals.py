@@ -259,12 +259,11 @@ def test_a_reference_with_a_nul_byte_is_a_secret_refusal(
         assert "\x00" not in info.value.detail
 
 
-def test_with_revision_attributes_a_refusal() -> None:
-    refusal = RevisionError(reasons.CORRUPT, "not JSON")
-    assert refusal.with_revision(None) is refusal
-    moved = refusal.with_revision(5)
-    assert (moved.reason, moved.detail, moved.revision) == (reasons.CORRUPT, "not JSON", 5)
-    assert str(moved) == "revision 5 refused (corrupt): not JSON"
+def test_a_refusal_names_its_revision() -> None:
+    refusal = RevisionError(reasons.CORRUPT, "not JSON", revision=5)
+    assert (refusal.reason, refusal.detail, refusal.revision) == (reasons.CORRUPT, "not JSON", 5)
+    assert str(refusal) == "revision 5 refused (corrupt): not JSON"
+    assert str(RevisionError(reasons.CORRUPT, "not JSON")) == "revision refused (corrupt): not JSON"
 
 
 def test_a_secret_file_that_fails_while_being_read_is_refused(

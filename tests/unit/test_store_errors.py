@@ -19,7 +19,7 @@ from psycopg import errors as pgerrors
 
 from supervisor import reasons
 from supervisor.controlplane import postgres, sqlite
-from supervisor.controlplane.checks import HydrateRow, check_hydrated
+from supervisor.controlplane.checks import check_hydrated
 from supervisor.controlplane.errors import (
     ControlPlaneError,
     FailureCategory,
@@ -245,16 +245,17 @@ BODY = b'{"schema_version": 1}'
 NOW = datetime(2024, 1, 1, tzinfo=UTC)
 
 
-def row(**changes: object) -> HydrateRow:
+def row(**changes: object) -> tuple[object, ...]:
+    """A hydrate row (:func:`~supervisor.controlplane.checks.hydrate_sql`'s columns)."""
     fields: dict[str, object] = {
         "desired": 5, "id": 5, "schema_version": 1, "size": len(BODY), "body": BODY,
-        "body_sha256": hashlib.sha256(BODY).digest(), "created_at": NOW, "message": "m",
+        "body_sha256": hashlib.sha256(BODY).digest(), "created_at": NOW, "sequence": None,
     }
     fields.update(changes)
-    return HydrateRow(**fields)  # type: ignore[arg-type]
+    return tuple(fields.values())
 
 
-def check(r: HydrateRow) -> object:
+def check(r: tuple[object, ...]) -> object:
     return check_hydrated(r, max_revision_bytes=1024, max_schema_version=1)
 
 
