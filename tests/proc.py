@@ -48,16 +48,17 @@ def free_port() -> int:
     """A port on 127.0.0.1 nothing listens on, for a server the test starts next.
 
     Never handed out twice by one worker within 1,500 calls, and never one the kernel
-    gives an outgoing connection (the race of binding port 0 and closing it).
+    gives an outgoing connection (the race of binding port 0 and closing it). Once
+    round the block finding none free is an error.
     """
-    for port in _next_port:
+    for port in itertools.islice(_next_port, _BLOCK):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return port
-    raise AssertionError("unreachable")
+    raise AssertionError(f"no free port in this worker's block of {_BLOCK}")
 
 
 def write_config(directory: Path, url: str, extra: str = "", *, port: int | None = None,

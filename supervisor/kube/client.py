@@ -181,9 +181,10 @@ class KubeClient:
                 try:
                     self._http = Transport(settings.host, verify, proxy=settings.proxy,
                                            max_connections=self._max_connections)
-                except (ValueError, ImportError, httpx.InvalidURL) as exc:
-                    raise KubeConfigError(f"cannot use {settings.host} (proxy "
-                                          f"{settings.proxy or 'none'}): {exc}") from exc
+                # RuntimeError: httpcore's socks5 without socksio installed.
+                except (ValueError, ImportError, RuntimeError, httpx.InvalidURL) as exc:
+                    raise KubeConfigError(f"cannot use {settings.host} (proxy-url "
+                                          f"{_without_password(settings.proxy)}): {exc}") from exc
                 self._settings = settings
                 self._credentials.adopt(settings)
                 log.info("kubernetes client configured", host=settings.host, source=settings.source)
@@ -393,3 +394,14 @@ class KubeClient:
 def _given(**params: str | None) -> dict[str, str]:
     """The parameters (query, headers) that have a value: None or empty is not sent."""
     return {key: value for key, value in params.items() if value}
+
+
+def _without_password(proxy: str | None) -> str:
+    """A proxy URL as an error shows it: its credentials (all before the last ``@``) masked."""
+    if proxy is None:
+        return "none"
+    at = proxy.rfind("@")
+    if at < 0:
+        return proxy
+    scheme = proxy[:proxy.find("://") + 3] if "://" in proxy[:at] else ""
+    return f"{scheme}***@{proxy[at + 1:]}"

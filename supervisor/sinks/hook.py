@@ -59,9 +59,10 @@ async def run_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: fl
 
     No shell; stdin from ``/dev/null``. The environment is ``env`` (see ReloadHook).
     The command leads a session of its own. Its whole process group is killed at
-    ``timeout_s`` or on cancellation. The run ends when the command exits: its output
-    is read for :data:`OUTPUT_GRACE_S` more, and a child it left holding the pipe (a
-    service it started) keeps running. Output (stdout and stderr, one pipe) is kept up
+    ``timeout_s`` or on cancellation while the command runs. The run ends when the
+    command exits: its output is read for :data:`OUTPUT_GRACE_S` more, and a child it
+    left holding the pipe (a service it started) keeps running until it writes to the
+    pipe: closed then, it gets SIGPIPE. Output (stdout and stderr, one pipe) is kept up
     to :data:`OUTPUT_KEPT` bytes; the rest is read and discarded.
     """
     started = trio.current_time()

@@ -8,6 +8,7 @@ fake (``inject``, ``deny``, ``set_token``, ``stall_watches``).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import socket
 import ssl
@@ -569,3 +570,35 @@ async def test_a_hung_token_refresh_is_abandoned_on_cancel_and_never_run_twice()
             finally:
                 gate.set()
                 await client.aclose()
+
+
+@pytest.mark.parametrize("proxy", ["socks4://admin:s3cret@proxy.test:1080",
+                                   "http://admin:s3cret@proxy.test:notaport",
+                                   pytest.param("socks5://admin:s3cret@proxy.test:1080",
+                                                marks=pytest.mark.skipif(
+                                                    importlib.util.find_spec("socksio")
+                                                    is not None, reason="socksio installed"))])
+async def test_a_proxy_url_that_cannot_be_used_is_a_config_error_without_its_password(
+        tmp_path: Path, proxy: str) -> None:
+    # The kubeconfig's proxy-url, refused before anything is sent: an unknown scheme, a
+    # bad port, or socks5 without socksio installed. The error names the setting and the
+    # proxy, never its password (the error is logged).
+    class Proxied:
+        url = "http://127.0.0.1:1"
+        token: str | None = None
+
+    path = tmp_path / "kubeconfig"
+    write_kubeconfig(Proxied(), path)
+    config = json.loads(path.read_text())
+    config["clusters"][0]["cluster"]["proxy-url"] = proxy
+    path.write_text(json.dumps(config))
+    client = KubeClient.from_kubeconfig(str(path))
+    with trio.fail_after(10):
+        try:
+            with pytest.raises(KubeConfigError) as refused:
+                await client.list(DEPLOYMENTS, APPS, PartialObject, limit=1)
+        finally:
+            await client.aclose()
+    message = str(refused.value)
+    assert "s3cret" not in message, message
+    assert "proxy-url" in message and "proxy.test" in message, message

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from supervisor.kube.client import KubeClient
-from supervisor.kube.errors import Conflict, DecodeError, Forbidden
+from supervisor.kube.errors import Conflict, DecodeError, Forbidden, SchemaSkew
 from supervisor.kube.lease import (
     BadLease,
     KubeLeases,
@@ -34,6 +34,23 @@ def test_micro_time_round_trip() -> None:
     assert renewed_at(None) is None
     with pytest.raises(DecodeError):
         renewed_at("yesterday")
+
+
+def test_lease_times_as_other_clients_write_them() -> None:
+    # Any offset is the instant it names; nanoseconds (Go's RFC3339Nano) round to the
+    # microsecond; a year outside 1..9999 or an empty time is SchemaSkew at its path.
+    assert renewed_at("2026-11-30T12:00:01+02:00") == datetime(2026, 11, 30, 10, 0, 1,
+                                                                tzinfo=UTC)
+    assert renewed_at("2026-11-30T10:00:01.123456789Z") == datetime(
+        2026, 11, 30, 10, 0, 1, 123457, tzinfo=UTC)
+    for text in ("10000-01-01T00:00:00Z", "0000-01-01T00:00:00Z", ""):
+        with pytest.raises(SchemaSkew) as skew:
+            renewed_at(text)
+        assert skew.value.path == "$.spec.renewTime"
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"resourceVersion": "1"}, "spec": {"holderIdentity": "a"}}
+    record = lease_record(msgspec.json.encode(body), "ns/lease")
+    assert record.renew_time is None and record.acquire_time is None
 
 
 def renewed_at(text: str | None) -> datetime | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 from typing import Any
 
@@ -144,3 +145,42 @@ async def test_through_an_http_proxy_a_request_names_its_url_and_the_proxys_cred
     head = b"".join(stream.writes)
     assert head.startswith(b"GET http://kube.test:8080/api/v1 HTTP/1.1\r\n")
     assert b"\r\nProxy-Authorization: Basic dXNlcjpzZWNyZXQ=\r\n" in head
+
+
+@pytest.mark.parametrize(("host", "header"), [
+    ("https://kube.test", b"kube.test"), ("https://kube.test:443", b"kube.test"),
+    ("http://kube.test:80", b"kube.test"), ("http://kube.test:443", b"kube.test:443"),
+    ("https://kube.test:80", b"kube.test:80"), ("https://KUBE.test:6443", b"kube.test:6443"),
+    ("https://[::1]", b"[::1]"), ("https://[::1]:443", b"[::1]"),
+    ("https://[2001:db8::1]:6443", b"[2001:db8::1]:6443"),
+])
+def test_the_host_header_brackets_ipv6_and_names_only_a_port_not_the_schemes_own(
+        host: str, header: bytes) -> None:
+    assert Transport(host, False, max_connections=1).host_header == header
+
+
+async def test_percent_encoded_proxy_credentials_are_sent_decoded() -> None:
+    # A user "ops@corp" with the password "p:ss w/rd", as a URL must spell them.
+    stream = Recording([RESPONSE])
+    transport = Transport("http://kube.test:8080", True, max_connections=4,
+                          proxy="http://ops%40corp:p%3Ass%20w%2Frd@proxy.test:3128",
+                          network_backend=Backend(stream))
+    with trio.fail_after(5):
+        await _get(transport, read=True)
+        await transport.aclose()
+    head = b"".join(stream.writes)
+    assert head.startswith(b"GET http://kube.test:8080/api/v1 HTTP/1.1\r\n"), head
+    credentials = base64.b64encode(b"ops@corp:p:ss w/rd")
+    assert b"\r\nProxy-Authorization: Basic " + credentials + b"\r\n" in head
+
+
+@pytest.mark.xfail(strict=True, reason="httpcore writes a proxy's request target from the "
+                   "bare host: an IPv6 API server's goes unbracketed (http://::1:8080/...)")
+async def test_through_an_http_proxy_an_ipv6_api_servers_url_is_bracketed() -> None:
+    stream = Recording([RESPONSE])
+    transport = Transport("http://[::1]:8080", True, max_connections=4,
+                          proxy="http://proxy.test:3128", network_backend=Backend(stream))
+    with trio.fail_after(5):
+        await _get(transport, read=True)
+        await transport.aclose()
+    assert b"".join(stream.writes).startswith(b"GET http://[::1]:8080/api/v1 HTTP/1.1\r\n")

@@ -392,3 +392,48 @@ async def test_an_outage_warns_once_then_says_when_it_is_over(
     assert [e["log_level"] for e in failed] == ["warning"]
     ended = [e for e in logs if e["event"] == "lease requests succeed again"]
     assert len(ended) == 1 and ended[0]["failures"] > 20  # every failure counted
+
+
+@pytest.mark.parametrize("renew_time", ["10000-01-01T00:00:00Z", "", "2026-13-01T00:00:00Z"])
+async def test_a_lease_with_an_unreadable_time_is_a_failure_naming_it_and_the_election_goes_on(
+        autojump_clock: trio.testing.MockClock, renew_time: str) -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        async with election(300) as e:
+            a = await e.leader("a")
+            obj = e.server.store.find(LEASE, NS, NAME)
+            assert obj is not None
+            edited = {**obj, "spec": {**obj["spec"], "renewTime": renew_time}}
+            e.server.store.replace(LEASE, NS, NAME, edited, "kubectl-edit")
+            # Unreadable: no renewal succeeds, so a stops at its deadline; nothing crashes.
+            await wait_for(lambda: not a.elector.leading)
+            assert a.status.role == "standby" and e.writers.starts["a"] == 1
+            e.server.delete("leases", NS, NAME)  # the operator's fix
+            await wait_for(lambda: a.elector.leading)
+            assert e.writers.starts["a"] == 2
+    [failed] = [e for e in logs if e["event"] == "lease request failed"]
+    assert failed["lease"] == f"{NS}/{NAME}" and "$.spec.renewTime" in failed["error"], failed
+
+
+async def test_a_lease_client_go_wrote_in_another_offset_is_held_until_it_expires(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # Another client's Lease: nanosecond fractions, a zone other than Z. Read as the
+    # instant it names; b stands by for the lease duration, then takes it over.
+    async with election(300) as e:
+        a = await e.leader("a")
+        a.scope.cancel()
+        await wait_for(lambda: not a.elector.leading)
+        obj = e.server.store.find(LEASE, NS, NAME)
+        assert obj is not None
+        other = {**obj, "spec": {**obj["spec"], "holderIdentity": "client-go",
+                                 "leaseDurationSeconds": int(LEASE_S),
+                                 "acquireTime": "2026-11-30T14:00:00.123456789+02:00",
+                                 "renewTime": "2026-11-30T14:00:05.987654321-05:30"}}
+        e.server.store.replace(LEASE, NS, NAME, other, "client-go")
+        b, = e.start("b")
+        await wait_for(lambda: b.status.holder == "client-go")
+        seen = trio.current_time()
+        await wait_for(lambda: b.elector.leading)
+        assert trio.current_time() - seen >= LEASE_S - RETRY_S
+        assert lease_holder(e.server, NS, NAME) == "b"

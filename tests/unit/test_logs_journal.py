@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +129,46 @@ def test_without_a_journal_socket_lines_keep_their_priority_prefix(tmp_path: Pat
     logs.get_logger("t").warning("w", reason="stale")
     [(priority, doc)] = parse(stream.getvalue())
     assert priority == 4 and doc["reason"] == "stale"
+
+
+def test_an_entry_too_large_goes_to_stderr_whole_when_no_memfd_can_be_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    journal_sock.bind(str(tmp_path / "journal.sock"))
+
+    def no_memfd(name: str, flags: int = 0) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    stream = io.StringIO()
+    detail = "x" * 400_000
+    try:
+        logs.configure("info", "journal", stream, journal_socket=str(tmp_path / "journal.sock"))
+        logs.get_logger("t").error("revision refused", detail=detail)
+    finally:
+        journal_sock.close()
+    [(priority, doc)] = parse(stream.getvalue())
+    assert priority == 3 and doc["detail"] == detail
+
+
+async def test_large_entries_leave_no_descriptor_open_and_a_vanished_socket_falls_back(
+        tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.sock")
+    await journal.bind()
+    stream = io.StringIO()
+    logs.configure("info", "journal", stream, journal_socket=str(journal.path))
+    log = logs.get_logger("t")
+    open_fds = len(os.listdir("/proc/self/fd"))
+    try:
+        with trio.fail_after(10):
+            for n in range(100):
+                log.error("revision refused", detail="x" * 300_000, n=n)
+                assert (await journal.receive())["N"] == str(n).encode()
+        assert len(os.listdir("/proc/self/fd")) == open_fds
+    finally:
+        journal.close()
+    journal.path.unlink()  # journald gone between two lines (restarted, or stopped)
+    log.error("small", n=1)
+    log.error("large", detail="y" * 300_000)
+    assert [doc["event"] for _, doc in parse(stream.getvalue())] == ["small", "large"]
+    assert len(os.listdir("/proc/self/fd")) == open_fds - 1  # the journal's own socket
