@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgspec
 
@@ -77,11 +77,15 @@ class LeaseApi(Protocol):
     async def update(self, record: LeaseRecord) -> LeaseRecord: ...
 
 
+#: RFC 3339 with its zone, read by msgspec (a zone-less time would not compare with now).
+_MicroTime = Annotated[datetime, msgspec.Meta(tz=True)]
+
+
 class _Spec(msgspec.Struct, rename="camel"):
     holder_identity: str | None = None
     lease_duration_seconds: int | None = None
-    acquire_time: datetime | None = None  # MicroTime: RFC 3339, read by msgspec
-    renew_time: datetime | None = None
+    acquire_time: _MicroTime | None = None
+    renew_time: _MicroTime | None = None
     lease_transitions: int | None = None
 
 

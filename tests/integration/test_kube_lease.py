@@ -38,12 +38,13 @@ def test_micro_time_round_trip() -> None:
 
 def test_lease_times_as_other_clients_write_them() -> None:
     # Any offset is the instant it names; nanoseconds (Go's RFC3339Nano) round to the
-    # microsecond; a year outside 1..9999 or an empty time is SchemaSkew at its path.
+    # microsecond; a year outside 1..9999, an empty time or one without a zone (RFC 3339
+    # requires it; compared with now it would raise) is SchemaSkew at its path.
     assert renewed_at("2026-11-30T12:00:01+02:00") == datetime(2026, 11, 30, 10, 0, 1,
                                                                 tzinfo=UTC)
     assert renewed_at("2026-11-30T10:00:01.123456789Z") == datetime(
         2026, 11, 30, 10, 0, 1, 123457, tzinfo=UTC)
-    for text in ("10000-01-01T00:00:00Z", "0000-01-01T00:00:00Z", ""):
+    for text in ("10000-01-01T00:00:00Z", "0000-01-01T00:00:00Z", "", "2026-11-30T10:00:01"):
         with pytest.raises(SchemaSkew) as skew:
             renewed_at(text)
         assert skew.value.path == "$.spec.renewTime"
