@@ -5,6 +5,8 @@ Bad keys and unsafe cache files are ConfigError instead (exit 2): see LastKnownG
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final, Literal
 
 from supervisor import reasons
@@ -19,6 +21,7 @@ __all__ = [
     "CacheUnwritable",
     "KeyFileError",
     "KeyFileExists",
+    "unwritable",
 ]
 
 # Labels beyond the revision reasons of supervisor.reasons; spelled once here.
@@ -62,6 +65,15 @@ class CacheUnwritable(CacheError):
 
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(UNWRITABLE, path, detail)
+
+
+@contextmanager
+def unwritable(path: str, what: str) -> Iterator[None]:
+    """An ``OSError`` inside becomes :class:`CacheUnwritable` at ``path``: ``what: strerror``."""
+    try:
+        yield
+    except OSError as exc:
+        raise CacheUnwritable(path, f"{what}: {exc.strerror or exc}") from exc
 
 
 class KeyFileError(SupervisorError):
