@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from supervisor.sinks.lkg.cache import SERVED_SUFFIX, CachedRevision, LastKnownGood
 from supervisor.sinks.lkg.errors import (
-    ROLLBACK,
     UNWRITABLE,
     CacheError,
     CacheReason,
@@ -47,7 +46,6 @@ __all__ = [
     "KEY_ID_HEX_DIGITS",
     "MAGIC",
     "MAX_HEADER_BYTES",
-    "ROLLBACK",
     "SERVED_SUFFIX",
     "SIGNATURE_BYTES",
     "SIGNING_KEY_PREFIX",

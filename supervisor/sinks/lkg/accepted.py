@@ -12,8 +12,9 @@ import msgspec
 from supervisor import reasons
 from supervisor.bounds import OutOfRange, quoted
 from supervisor.errors import ConfigError
+from supervisor.reasons import ROLLBACK
 from supervisor.sinks.atomic import write_atomic
-from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, unwritable
+from supervisor.sinks.lkg.errors import CacheError, unwritable
 from supervisor.sinks.lkg.fileformat import decode_file
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
 from supervisor.sinks.lkg.keys import parse_trusted

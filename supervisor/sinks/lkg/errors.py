@@ -13,7 +13,6 @@ from supervisor import reasons
 from supervisor.errors import LabelledError, SupervisorError
 
 __all__ = [
-    "ROLLBACK",
     "UNWRITABLE",
     "CacheError",
     "CacheReason",
@@ -24,8 +23,7 @@ __all__ = [
     "unwritable",
 ]
 
-# Labels beyond the revision reasons of supervisor.reasons; spelled once here.
-ROLLBACK: Final = "rollback"
+# The label beyond the revision reasons of supervisor.reasons; spelled once here.
 UNWRITABLE: Final = "unwritable"
 CacheReason = Literal["corrupt", "denied", "incompatible", "rollback", "unwritable"]
 
