@@ -39,10 +39,6 @@ class Backoff:
         self.failures = 0
         self._rng = rng or random.Random()
 
-    def nominal(self) -> float:
-        """The next delay before jitter."""
-        return min(self.maximum_s, self.initial_s * 2.0 ** min(self.failures, 64))
-
     def after(self, failures: int, *, at_least: float | None = None) -> float:
         """The jittered delay after ``failures`` failures, never under ``at_least``
         (state untouched)."""

@@ -19,7 +19,7 @@ class Wakeup:
 
     The daemon owns each one, so it outlives restarts of the children on either side.
     The convergence loop wakes the LISTEN child when the control plane stops or starts
-    answering; SIGHUP wakes every waiting fan-out preflight.
+    answering; SIGHUP wakes every waiting fan-out preflight; a swap wakes the reload hook.
     """
     def __init__(self) -> None:
         self._event = trio.Event()

@@ -376,12 +376,11 @@ class ConvergenceLoop:
             self.report.rejected(exc)
             # A follower's refused statement (denied, rollback, corrupt, stale) is
             # no reason to serve nothing: its own signed cache serves, as for an
-            # unreachable upstream, and the refusal stays in last_rejection.
+            # unreachable upstream, and the refusal stays in last_rejection. Last,
+            # the desired revision itself refused (corrupt, too large, missing).
             if (exc.retryable or exc.reason == reasons.INCOMPATIBLE
-                    or isinstance(exc, StatementRefused)):
-                return await self._restore(exc)
-            if exc.revision is not None and self._serving_cache_instead(exc):
-                # The desired revision itself is refused (corrupt, too large, missing).
+                    or isinstance(exc, StatementRefused)
+                    or (exc.revision is not None and self._serving_cache_instead(exc))):
                 return await self._restore(exc)
             raise BootRefused(
                 exc.reason, f"refusing to boot: the control plane refused: {cut(str(exc))}"
@@ -389,9 +388,8 @@ class ConvergenceLoop:
         except RevisionError as exc:
             self.report.rejected(exc)
             # unavailable: a transient OS error while resolving a secret (EMFILE ...).
-            if exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE):
-                return await self._restore(exc)
-            if self._serving_cache_instead(exc):
+            if (exc.reason in (reasons.INCOMPATIBLE, reasons.UNAVAILABLE)
+                    or self._serving_cache_instead(exc)):
                 return await self._restore(exc)
             raise BootRefused(
                 exc.reason,
@@ -432,21 +430,16 @@ class ConvergenceLoop:
         try:
             cached = await in_thread(cache.load, dependency="files",
                                      deadline_s=FILE_IO_DEADLINE_S, what="the cache read")
-        except CacheSkew as exc:
-            log.error("last-known-good cache written by a newer build (version skew); "
-                      "treating it as no cache", path=cache.path, error=str(exc))
-            events.labels("refused").inc()
-            raise BootRefused(
-                "cache",
-                f"refusing to boot: {detail} ({reason}); the last-known-good cache is from "
-                f"a newer format (version skew), treated as no cache: {exc}",
-            ) from exc
         except CacheError as exc:
+            why = f"was refused ({exc.reason})"
+            if isinstance(exc, CacheSkew):
+                log.error("last-known-good cache written by a newer build (version skew); "
+                          "treating it as no cache", path=cache.path, error=str(exc))
+                why = "is from a newer format (version skew), treated as no cache"
             events.labels("refused").inc()
             raise BootRefused(
-                "cache",
-                f"refusing to boot: {detail} ({reason}); the last-known-good cache was "
-                f"refused ({exc.reason}): {exc}",
+                "cache", f"refusing to boot: {detail} ({reason}); the last-known-good cache "
+                f"{why}: {exc}",
             ) from exc
         if cached is None:
             raise BootRefused(

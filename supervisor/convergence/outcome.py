@@ -40,6 +40,8 @@ Key = tuple[int, bytes | None]
 
 
 class OutcomeKind(enum.Enum):
+    """An attempt's end; its value is the ``POST /v1/converge`` answer's ``outcome``."""
+
     PUBLISHED = "published"
     CONVERGED = "converged"
     EMPTY = "empty"
@@ -82,14 +84,6 @@ def is_final(exc: LabelledError) -> bool:
             and exc.revision is not None)
 
 
-_ANSWER_LABELS: dict[OutcomeKind, OutcomeLabel] = {
-    OutcomeKind.PUBLISHED: "published",
-    OutcomeKind.CONVERGED: "converged",
-    OutcomeKind.EMPTY: "empty",
-    OutcomeKind.REJECTED: "rejected",
-}
-
-
 def answer_for(outcome: Outcome | None) -> ConvergeAnswer:
     """The ``POST /v1/converge`` answer for an attempt (None: it was interrupted).
 
@@ -100,4 +94,5 @@ def answer_for(outcome: Outcome | None) -> ConvergeAnswer:
         return ConvergeAnswer("failed")
     if outcome.kind is OutcomeKind.REJECTED and outcome.revision is None:
         return ConvergeAnswer("failed", None, outcome.reason)
-    return ConvergeAnswer(_ANSWER_LABELS[outcome.kind], outcome.revision, outcome.reason)
+    label: OutcomeLabel = outcome.kind.value
+    return ConvergeAnswer(label, outcome.revision, outcome.reason)

@@ -21,7 +21,6 @@ from supervisor.status_doc import Rejection, RevisionReport
 
 if TYPE_CHECKING:
     from supervisor.errors import LabelledError
-    from supervisor.sinks.lkg.statement import Statement
     from supervisor.sinks.state import ActiveState, Source
 
 __all__ = ["RevisionStatus"]
@@ -92,24 +91,12 @@ class RevisionStatus:
         return None if snapshot is None else snapshot.revision
 
     @property
-    def loaded(self) -> int | None:
-        return self.active
-
-    @property
     def generation(self) -> int:
         return self.state.generation
 
     @property
     def source(self) -> Source | None:
         return self.state.source
-
-    @property
-    def statement(self) -> Statement | None:
-        return self.state.statement
-
-    @property
-    def sequence(self) -> int | None:
-        return self.state.sequence
 
     @property
     def lag_s(self) -> float:
@@ -125,7 +112,8 @@ class RevisionStatus:
     @property
     def statement_expires_at(self) -> float:
         """Unix time the statement serving expires (0.0 without one)."""
-        return self.statement.expires_at.timestamp() if self.statement is not None else 0.0
+        statement = self.state.statement
+        return statement.expires_at.timestamp() if statement is not None else 0.0
 
     def observed(self, desired: int | None, body_sha256: bytes | None = None) -> None:
         """A successful read: the control plane is up and desires ``desired``.
@@ -192,9 +180,10 @@ class RevisionStatus:
         self._track_lag()
 
     def report(self) -> RevisionReport:
+        statement = self.state.statement
         return RevisionReport(
             desired=self.desired,
-            loaded=self.loaded,
+            loaded=self.active,
             active=self.active,
             generation=self.generation,
             source=self.state.origin,
@@ -204,11 +193,11 @@ class RevisionStatus:
             last_rejection=self.last_rejection,
             control_plane_up=self.control_plane_up if self._ever_read else None,
             last_error=self.last_error,
-            sequence=self.sequence,
-            statement=(self.statement.report(self._wall_clock())
-                       if self.statement is not None else None),
-            statement_age_s=(round(self.statement.age_s(self._wall_clock()), 3)
-                             if self.statement is not None else None),
+            sequence=self.state.sequence,
+            statement=(statement.report(self._wall_clock())
+                       if statement is not None else None),
+            statement_age_s=(round(statement.age_s(self._wall_clock()), 3)
+                             if statement is not None else None),
             upstream=self.state.upstream if self.state.upstream is not None else msgspec.UNSET,
         )
 

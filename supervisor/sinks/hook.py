@@ -5,6 +5,7 @@ Operators: docs/operations.md, "The reload hook".
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from supervisor.sinks.state import ActiveState
 from supervisor.status_doc import HookReport
 from supervisor.streak import Streak
 from supervisor.telemetry import Metrics
+from supervisor.wakeup import Wakeup
 
 __all__ = ["OUTPUT_GRACE_S", "OUTPUT_KEPT", "HookRun", "ReloadHook", "run_command"]
 
@@ -140,24 +142,18 @@ class ReloadHook:
         self._environ = environ
         # How a run happens: :func:`run_command` (a test gives a stand-in process).
         self._runner = runner or run_command
-        self._due = False
-        self._wake = trio.Event()
+        # Counts the swaps: a run is due while it moved past what the last run started after.
+        self._swaps = Wakeup()
         self._failures = Streak(log, began="reload hook failed; retrying with backoff",
                                 ended="reload hook recovered", count_as="runs")
         self._report = HookReport()
 
     def swapped(self) -> None:
         """A new snapshot serves: a run is due (coalesced with any already due)."""
-        self._due = True
-        self._wake.set()
+        self._swaps.wake()
 
     def report(self) -> HookReport:
         return self._report
-
-    async def _until_due(self) -> None:
-        while not self._due:
-            await self._wake.wait()
-            self._wake = trio.Event()
 
     def _environment(self, revision: int | None, sequence: int | None) -> dict[str, str]:
         env = dict(os.environ if self._environ is None else self._environ)
@@ -192,13 +188,13 @@ class ReloadHook:
 
     async def run(self) -> None:
         """Run the hook whenever one is due, forever (until cancelled)."""
+        seen = 0
         while True:
-            await self._until_due()
-            self._due = False
+            await self._swaps.wait(math.inf, since=seen)
+            seen = self._swaps.count
             run = await self.run_once()
             if run.outcome == "ok":
                 self.backoff.reset()
                 continue
-            with trio.move_on_after(self.backoff.next()):
-                await self._until_due()  # a newer swap runs at once
-            self._due = True
+            await self._swaps.wait(self.backoff.next(), since=seen)  # a newer swap runs at once
+            seen = -1  # the retry is due either way

@@ -44,12 +44,12 @@ def test_delays_double_from_initial_up_to_the_cap_with_the_given_rng() -> None:
 
 def test_the_first_delay_is_initial_within_the_jitter_and_reset_starts_over() -> None:
     backoff = Backoff(1.0, 64.0, jitter=(1.0, 1.0))
-    assert backoff.nominal() == 1.0
+    assert backoff.after(backoff.failures) == 1.0
     assert [backoff.next() for _ in range(4)] == [1.0, 2.0, 4.0, 8.0]
-    assert backoff.nominal() == 16.0
+    assert backoff.after(backoff.failures) == 16.0
     backoff.reset()
     assert backoff.failures == 0
-    assert backoff.nominal() == 1.0
+    assert backoff.after(backoff.failures) == 1.0
     assert backoff.next() == 1.0
 
 
@@ -67,7 +67,7 @@ def test_the_exponent_stops_at_64_so_any_failure_count_is_a_number() -> None:
     backoff = Backoff(1e-30, 1e300, jitter=(1.0, 1.0))
     assert backoff.after(64) == backoff.after(10_000) == pytest.approx(1e-30 * 2.0 ** 64)
     backoff.failures = 5_000
-    assert backoff.nominal() == pytest.approx(1e-30 * 2.0 ** 64)
+    assert backoff.after(backoff.failures) == pytest.approx(1e-30 * 2.0 ** 64)
     assert Backoff(1.0, 30.0, jitter=(1.0, 1.0)).after(10 ** 9) == 30.0
 
 

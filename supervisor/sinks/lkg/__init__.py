@@ -2,17 +2,14 @@
 
 :class:`LastKnownGood` (:mod:`~supervisor.sinks.lkg.cache`) is the entry point.
 Each submodule owns one concern and says which in its first line.
-Every public name is importable from here.
+The names other modules use are importable from here.
 """
 
 from __future__ import annotations
 
-from supervisor.sinks.lkg.cache import SERVED_SUFFIX, CachedRevision, LastKnownGood
+from supervisor.sinks.lkg.cache import LastKnownGood
 from supervisor.sinks.lkg.errors import (
-    ROLLBACK,
-    UNWRITABLE,
     CacheError,
-    CacheReason,
     CacheSkew,
     CacheUnwritable,
     KeyFileError,
@@ -23,15 +20,10 @@ from supervisor.sinks.lkg.fileformat import (
     FORMAT_VERSION,
     MAGIC,
     MAX_HEADER_BYTES,
-    SIGNATURE_BYTES,
     encode_file,
     encode_header,
 )
 from supervisor.sinks.lkg.keys import (
-    KEY_BYTES,
-    KEY_ID_HEX_DIGITS,
-    SIGNING_KEY_PREFIX,
-    VERIFY_KEY_PREFIX,
     format_verify_key,
     generate_signing_key,
     key_id_of,
@@ -43,21 +35,11 @@ from supervisor.sinks.lkg.statement import Statement
 __all__ = [
     "FIRST_FORMAT_VERSION",
     "FORMAT_VERSION",
-    "KEY_BYTES",
-    "KEY_ID_HEX_DIGITS",
     "MAGIC",
     "MAX_HEADER_BYTES",
-    "ROLLBACK",
-    "SERVED_SUFFIX",
-    "SIGNATURE_BYTES",
-    "SIGNING_KEY_PREFIX",
-    "UNWRITABLE",
-    "VERIFY_KEY_PREFIX",
     "CacheError",
-    "CacheReason",
     "CacheSkew",
     "CacheUnwritable",
-    "CachedRevision",
     "KeyFileError",
     "KeyFileExists",
     "LastKnownGood",

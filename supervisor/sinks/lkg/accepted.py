@@ -12,8 +12,9 @@ import msgspec
 from supervisor import reasons
 from supervisor.bounds import OutOfRange, quoted
 from supervisor.errors import ConfigError
+from supervisor.reasons import ROLLBACK
 from supervisor.sinks.atomic import write_atomic
-from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, CacheUnwritable
+from supervisor.sinks.lkg.errors import CacheError, unwritable
 from supervisor.sinks.lkg.fileformat import decode_file
 from supervisor.sinks.lkg.files import NotRegularFile, read_regular
 from supervisor.sinks.lkg.keys import parse_trusted
@@ -123,24 +124,17 @@ class AcceptedStatements:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self._highest: Statement | None = None
+        #: The highest accepted statement (None: nothing accepted yet).
+        self.highest: Statement | None = None
         #: A reset record is on disk: nothing accepted, and nothing is restored.
         self.reset = False
         # The file as last read or written (inode, mtime, size); another: someone reset it.
         self._seen: tuple[int, int, int] | None = None
-        self._durable = True
+        #: Whether the file holds what is in memory (False after a failed write).
+        self.durable = True
         self._lock = threading.Lock()
         if path is not None:
-            self._highest = self._read(path)
-
-    @property
-    def highest(self) -> Statement | None:
-        return self._highest
-
-    @property
-    def durable(self) -> bool:
-        """Whether the file holds what is in memory (False after a failed write)."""
-        return self._durable
+            self.highest = self._read(path)
 
     def _stat(self) -> tuple[int, int, int] | None:
         assert self.path is not None
@@ -195,14 +189,14 @@ class AcceptedStatements:
             now = self._stat()
             if now is not None and now != self._seen:
                 try:
-                    self._highest = self._read(self.path)
+                    self.highest = self._read(self.path)
                 except ConfigError:
-                    self._durable = False  # overwritten below from memory
+                    self.durable = False  # overwritten below from memory
                 else:
-                    self._durable = True
+                    self.durable = True
                     return True
-            if (now is None or not self._durable) and self._highest is not None:
-                self._write(self._highest)
+            if (now is None or not self.durable) and self.highest is not None:
+                self._write(self.highest)
             return False
 
     def restore_from(self, signed_path: str, trusted_keys: list[str], *,
@@ -227,8 +221,8 @@ class AcceptedStatements:
         except (NotRegularFile, OSError, CacheError, ConfigError):
             return None
         statement = header.statement()
-        if statement is None or refusal_of(statement, self._highest, root_identity) or (
-                not supersedes(statement, self._highest)):
+        if statement is None or refusal_of(statement, self.highest, root_identity) or (
+                not supersedes(statement, self.highest)):
             return None
         self.accept(statement)
         return statement
@@ -241,20 +235,17 @@ class AcceptedStatements:
         it would have. :meth:`sync` writes again at the next poll.
         """
         with self._lock:
-            self._highest = statement.without_bytes()
+            self.highest = statement.without_bytes()
             self.reset = False
             if self.path is not None:
-                self._write(self._highest)
+                self._write(self.highest)
 
     def _write(self, statement: Statement) -> None:
         assert self.path is not None
         record = _Record(statement.revision, statement.body_sha256, statement.sequence,
                          statement.root, statement.issued_at, statement.expires_at)
-        self._durable = False
-        try:
+        self.durable = False
+        with unwritable(self.path, "the highest accepted statement could not be written"):
             write_atomic(self.path, msgspec.json.encode(record) + b"\n", mode=0o600)
-        except OSError as exc:
-            raise CacheUnwritable(self.path, "the highest accepted statement could not be "
-                                  f"written: {exc.strerror or exc}") from exc
-        self._durable = True
+        self.durable = True
         self._seen = self._stat()

@@ -15,7 +15,7 @@ from typing import Final
 
 from supervisor import reasons
 from supervisor.errors import ConfigError
-from supervisor.sinks.lkg.errors import CacheError, CacheUnwritable
+from supervisor.sinks.lkg.errors import CacheError, CacheUnwritable, unwritable
 from supervisor.sinks.lkg.fileformat import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -240,12 +240,8 @@ class LastKnownGood:
                 mark.write(revision)
 
     def _write_cache(self, data: bytes) -> None:
-        try:
+        with unwritable(self._path, "the cache could not be written"):
             self._files.write(self._path, data, mode=0o600)
-        except OSError as exc:
-            raise CacheUnwritable(
-                self._path, f"the cache could not be written: {exc.strerror or exc}"
-            ) from exc
 
     # ----------------------------------------------------------------- discard
 
@@ -285,15 +281,11 @@ class LastKnownGood:
             if held == revision and (body_sha256 is None
                                      or peek_digest(prefix or b"") == body_sha256.hex()):
                 return False
-            try:
-                self._files.remove(self._path)
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise CacheUnwritable(
-                    self._path,
-                    f"the cache (revision {held}) could not be removed: {exc.strerror or exc}",
-                ) from exc
+            with unwritable(self._path, f"the cache (revision {held}) could not be removed"):
+                try:
+                    self._files.remove(self._path)
+                except FileNotFoundError:
+                    return False
             return True
 
     # ----------------------------------------------------------------- load

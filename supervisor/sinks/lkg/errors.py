@@ -5,13 +5,14 @@ Bad keys and unsafe cache files are ConfigError instead (exit 2): see LastKnownG
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final, Literal
 
 from supervisor import reasons
 from supervisor.errors import LabelledError, SupervisorError
 
 __all__ = [
-    "ROLLBACK",
     "UNWRITABLE",
     "CacheError",
     "CacheReason",
@@ -19,10 +20,10 @@ __all__ = [
     "CacheUnwritable",
     "KeyFileError",
     "KeyFileExists",
+    "unwritable",
 ]
 
-# Labels beyond the revision reasons of supervisor.reasons; spelled once here.
-ROLLBACK: Final = "rollback"
+# The label beyond the revision reasons of supervisor.reasons; spelled once here.
 UNWRITABLE: Final = "unwritable"
 CacheReason = Literal["corrupt", "denied", "incompatible", "rollback", "unwritable"]
 
@@ -62,6 +63,15 @@ class CacheUnwritable(CacheError):
 
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(UNWRITABLE, path, detail)
+
+
+@contextmanager
+def unwritable(path: str, what: str) -> Iterator[None]:
+    """An ``OSError`` inside becomes :class:`CacheUnwritable` at ``path``: ``what: strerror``."""
+    try:
+        yield
+    except OSError as exc:
+        raise CacheUnwritable(path, f"{what}: {exc.strerror or exc}") from exc
 
 
 class KeyFileError(SupervisorError):

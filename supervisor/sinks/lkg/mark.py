@@ -6,7 +6,7 @@ import os
 from typing import Final
 
 from supervisor import reasons
-from supervisor.sinks.lkg.errors import ROLLBACK, CacheError, CacheUnwritable
+from supervisor.sinks.lkg.errors import CacheError, unwritable
 from supervisor.sinks.lkg.files import CacheFiles, NotRegularFile, read_regular
 
 __all__ = ["SERVED_SUFFIX", "ServedMark", "check_revision"]
@@ -108,13 +108,8 @@ class ServedMark:
         """Make the file hold ``value`` (not :attr:`value`); CacheUnwritable when it cannot."""
         if self._persisted == value:
             return  # no fsync per publish when nothing changed
-        try:
+        with unwritable(self.path, "the served-revision mark could not be written"):
             self._files.write(self.path, f"{value}\n".encode("ascii"), mode=0o600)
-        except OSError as exc:
-            raise CacheUnwritable(
-                self.path,
-                f"the served-revision mark could not be written: {exc.strerror or exc}",
-            ) from exc
         self._persisted = value
 
     def raise_to(self, revision: int) -> None:
@@ -135,7 +130,7 @@ class ServedMark:
         if persisted <= 0:
             state = "0" if os.path.exists(self.path) else "missing"
             raise CacheError(
-                ROLLBACK,
+                reasons.ROLLBACK,
                 self.path,
                 f"the served-revision mark is {state} next to a cache of revision "
                 f"{revision}, so whether that revision is "
@@ -146,7 +141,7 @@ class ServedMark:
             )
         if revision < mark:
             raise CacheError(
-                ROLLBACK,
+                reasons.ROLLBACK,
                 self.cache_path,
                 f"revision {revision} is older than revision {mark}, which this "
                 f"replica already served",
