@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
-from supervisor.sinks.hook import OUTPUT_GRACE_S, OUTPUT_KEPT, run_command
+from supervisor.sinks.hook import OUTPUT_GRACE_S, OUTPUT_KEPT, HookRun, run_command
 from tests.polling import poll_until
 from tests.proc import REPO, Daemon, cli, free_port, run_daemon, write_config
 
@@ -157,125 +159,113 @@ async def test_hook_env_hang_fork_flood_and_failure_through_the_daemon(tmp_path:
             assert await daemon.wait() == 0
 
 
-async def test_a_hook_that_leaves_a_child_holding_its_output_ends_with_its_exit(
-        tmp_path: Path) -> None:
-    # A hook that starts a service: the service inherits the output pipe and keeps it open.
-    # The run ends with the hook's own exit, its output read; the service is left running.
-    child_pid = tmp_path / "child.pid"
-    script = f'sleep 1000 & echo $! > {child_pid}; echo "started"; exit 3'
-    with trio.fail_after(20):
-        run = await run_command(["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"},
-                                timeout_s=15.0)
-    child = int(child_pid.read_text())
-    try:
-        assert (run.outcome, run.exit_code, run.output) == ("failed", 3, "started\n")
-        assert run.duration_s < 15.0 / 2, run
-        assert not _gone(child), "the hook's child was killed with the run"
-    finally:
-        os.kill(child, signal.SIGKILL)
-
-
 PATH_ONLY = {"PATH": "/usr/bin:/bin"}
 
 
-def _kill(pid: int) -> None:
-    if not _gone(pid):
-        os.kill(pid, signal.SIGKILL)
+@pytest.fixture
+def pid_file(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``pid_file(name)``: a file a hook writes a pid to; that process is killed after the test."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        made.append(tmp_path / f"{name}.pid")
+        return made[-1]
+
+    yield make
+    for path in made:
+        if path.exists() and path.read_text().strip() and not _gone(pid := int(path.read_text())):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _sh(script: str, timeout_s: float = 15.0) -> HookRun:
+    return await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=timeout_s)
+
+
+async def test_a_hook_that_leaves_a_child_holding_its_output_ends_with_its_exit(
+        pid_file: Callable[[str], Path]) -> None:
+    # A hook that starts a service: the service inherits the output pipe and keeps it open.
+    # The run ends with the hook's own exit, its output read; the service is left running.
+    child_pid = pid_file("child")
+    with trio.fail_after(20):
+        run = await _sh(f'sleep 1000 & echo $! > {child_pid}; echo "started"; exit 3')
+    assert (run.outcome, run.exit_code, run.output) == ("failed", 3, "started\n")
+    assert run.duration_s < 15.0 / 2, run
+    assert not _gone(int(child_pid.read_text())), "the hook's child was killed with the run"
 
 
 async def test_a_timeout_inside_the_grace_ends_the_run_as_the_command_exited(
-        tmp_path: Path) -> None:
+        pid_file: Callable[[str], Path]) -> None:
     # The command exits 0.8 s before the timeout; its child holds the pipe, so the
     # timeout lands inside the output's grace: the outcome is still the command's exit,
     # and the child (not part of a hang) is left running.
-    child_pid = tmp_path / "child.pid"
-    script = f"sleep 1000 & echo $! > {child_pid}; echo started; sleep 2; exit 4"
+    child_pid = pid_file("child")
     with trio.fail_after(20):
-        run = await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=2.8)
-    child = int(child_pid.read_text())
-    try:
-        assert (run.outcome, run.exit_code, run.output) == ("failed", 4, "started\n"), run
-        assert run.duration_s < 2.8 + 1, run
-        assert not _gone(child), "the timeout killed a group whose command had exited"
-    finally:
-        _kill(child)
+        run = await _sh(f"sleep 1000 & echo $! > {child_pid}; echo started; sleep 2; exit 4",
+                        timeout_s=2.8)
+    assert (run.outcome, run.exit_code, run.output) == ("failed", 4, "started\n"), run
+    assert run.duration_s < 2.8 + 1, run
+    assert not _gone(int(child_pid.read_text())), (
+        "the timeout killed a group whose command had exited")
 
 
 async def test_the_daemon_stopping_inside_the_grace_leaves_the_hooks_child_running(
-        tmp_path: Path) -> None:
-    main_pid, child_pid = tmp_path / "main.pid", tmp_path / "child.pid"
+        pid_file: Callable[[str], Path]) -> None:
+    main_pid, child_pid = pid_file("main"), pid_file("child")
     script = f"sleep 1000 & echo $! > {child_pid}; echo $$ > {main_pid}; exit 0"
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
 
             async def run() -> None:
-                await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=15.0)
+                await _sh(script)
                 raise AssertionError("the run outlived its cancellation")
 
             nursery.start_soon(run)
             await poll_until(lambda: main_pid.exists() and main_pid.read_text().strip() != "")
             await poll_until(lambda: _gone(int(main_pid.read_text())))
             nursery.cancel_scope.cancel()  # inside the output's grace
-    child = int(child_pid.read_text())
-    try:
-        assert not _gone(child), "the stop killed the service the hook had started"
-    finally:
-        _kill(child)
+    assert not _gone(int(child_pid.read_text())), (
+        "the stop killed the service the hook had started")
 
 
 async def test_a_child_flooding_the_output_after_the_hook_exits_is_cut_at_the_grace(
-        tmp_path: Path) -> None:
+        pid_file: Callable[[str], Path]) -> None:
     # Its output is read OUTPUT_GRACE_S more (the first OUTPUT_KEPT bytes kept), then no
     # longer: the flood ends on a broken pipe, and the run does not wait for it.
-    child_pid = tmp_path / "child.pid"
-    script = f"(sleep 0.2; exec yes) & echo $! > {child_pid}; echo started; exit 0"
+    child_pid = pid_file("child")
     with trio.fail_after(20):
-        run = await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=15.0)
-        child = int(child_pid.read_text())
-        try:
-            assert (run.outcome, run.exit_code) == ("ok", 0), run
-            assert run.output.startswith("started\ny\n") and len(run.output) == OUTPUT_KEPT
-            assert OUTPUT_GRACE_S <= run.duration_s < OUTPUT_GRACE_S + 5, run
-            await poll_until(lambda: _gone(child))
-        finally:
-            _kill(child)
+        run = await _sh(f"(sleep 0.2; exec yes) & echo $! > {child_pid}; echo started; exit 0")
+        assert (run.outcome, run.exit_code) == ("ok", 0), run
+        assert run.output.startswith("started\ny\n") and len(run.output) == OUTPUT_KEPT
+        assert OUTPUT_GRACE_S <= run.duration_s < OUTPUT_GRACE_S + 5, run
+        await poll_until(lambda: _gone(int(child_pid.read_text())))
 
 
 async def test_a_childs_late_write_to_the_output_ends_it_with_a_broken_pipe(
-        tmp_path: Path) -> None:
+        pid_file: Callable[[str], Path]) -> None:
     # Past the grace the output is not read: a service the hook left holding it dies of
     # SIGPIPE on its next write (docs/operations.md: start it with its output elsewhere).
-    quiet_pid, late_pid = tmp_path / "quiet.pid", tmp_path / "late.pid"
-    script = (f"sleep 1000 >/dev/null 2>&1 & echo $! > {quiet_pid}; "
-              f"(sleep 3; echo late; sleep 1000) & echo $! > {late_pid}; echo started")
+    quiet_pid, late_pid = pid_file("quiet"), pid_file("late")
     with trio.fail_after(20):
-        run = await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=15.0)
-        quiet, late = int(quiet_pid.read_text()), int(late_pid.read_text())
-        try:
-            assert (run.outcome, run.output) == ("ok", "started\n"), run
-            await poll_until(lambda: _gone(late))
-            assert not _gone(quiet), "a service with its output elsewhere is left running"
-        finally:
-            _kill(quiet)
-            _kill(late)
+        run = await _sh(f"sleep 1000 >/dev/null 2>&1 & echo $! > {quiet_pid}; "
+                        f"(sleep 3; echo late; sleep 1000) & echo $! > {late_pid}; echo started")
+        assert (run.outcome, run.output) == ("ok", "started\n"), run
+        await poll_until(lambda: _gone(int(late_pid.read_text())))
+        assert not _gone(int(quiet_pid.read_text())), (
+            "a service with its output elsewhere is left running")
 
 
 async def test_output_still_in_the_pipe_when_the_hook_exits_is_kept_whole(
-        tmp_path: Path) -> None:
-    child_pid = tmp_path / "child.pid"
-    script = (f"sleep 1000 & echo $! > {child_pid}; "
-              f"head -c {OUTPUT_KEPT - 1} /dev/zero | tr '\\0' y; echo; exit 0")
+        pid_file: Callable[[str], Path]) -> None:
+    child_pid = pid_file("child")
     with trio.fail_after(20):
-        run = await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=15.0)
-    _kill(int(child_pid.read_text()))
+        run = await _sh(f"sleep 1000 & echo $! > {child_pid}; "
+                        f"head -c {OUTPUT_KEPT - 1} /dev/zero | tr '\\0' y; echo; exit 0")
     assert run.output == "y" * (OUTPUT_KEPT - 1) + "\n", run
 
 
 async def test_a_hook_ended_by_a_signal_fails_with_the_signal_as_its_exit_code(
-        tmp_path: Path) -> None:
-    child_pid = tmp_path / "child.pid"
-    script = f"sleep 1000 & echo $! > {child_pid}; echo bye; kill -TERM $$"
+        pid_file: Callable[[str], Path]) -> None:
+    child_pid = pid_file("child")
     with trio.fail_after(20):
-        run = await run_command(["/bin/sh", "-c", script], PATH_ONLY, timeout_s=15.0)
-    _kill(int(child_pid.read_text()))
+        run = await _sh(f"sleep 1000 & echo $! > {child_pid}; echo bye; kill -TERM $$")
     assert (run.outcome, run.exit_code, run.output) == ("failed", -signal.SIGTERM, "bye\n")
