@@ -286,13 +286,18 @@ async def test_a_writer_that_keeps_undoing_repairs_does_not_make_a_hot_loop(
             fake.create(sd("web"))
             await h.until(lambda: ready(fake.get("servicedefinitions", CONTROL, "web")))
 
+            def repairs() -> float:
+                return h.metric("fanout_drift_repairs", kind="ServiceDefinition")
+
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(replicas_fighter, h)
-                await trio.sleep(3.0)  # the observation window: repairs in 3 s are counted
+                await h.until(lambda: repairs() >= 3)
+                third = trio.current_time()
+                await h.until(lambda: repairs() >= 5)
+                fifth, at_fifth = trio.current_time(), repairs()
                 nursery.cancel_scope.cancel()
-    repairs = h.metric("fanout_drift_repairs", kind="ServiceDefinition")
-    # Three at once, then 1 s and 2 s apart: about 5 in 3 s, not hundreds.
-    assert 3 <= repairs <= 6, repairs
+    # Three at once, then 1 s and 2 s apart: the fifth 3 s after the third, not a hot loop.
+    assert at_fifth == 5 and fifth - third >= 3.0 - 0.1, (at_fifth, fifth - third)
     fights = [e for e in logs if "keeps drifting" in str(e.get("event"))]
     assert len(fights) == 1 and fights[0]["log_level"] == "warning"
 
